@@ -1,0 +1,258 @@
+"""Pipeline configs: one loader for YAML and JSON, strict models, graph checks.
+
+The common stage fields live here; each stage kind adds its own fields through
+its ``config_model`` (see ``stages.registry``), so a third-party kind is
+validated as strictly as a built-in one. Unknown keys are errors, never
+warnings. Paths resolve relative to the config file.
+
+Users coming from vLLM-Omni will recognise ``stage_id``, ``engine_args``,
+``engine_input_source``, ``final_output`` and ``final_output_type``: they are
+accepted as aliases (see ``_from_vllm_omni``), never as a second schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.validation import problems_from_validation
+
+REQUEST = "request"
+"""The input name that means 'the user's request' rather than another stage."""
+
+
+class Strict(BaseModel):
+    """Base of every config model: unknown keys rejected, values frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageConfig(Strict):
+    """Fields every stage has. Kinds subclass this with their own fields."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]*$", description="Unique stage name.")
+    kind: str = Field(description="Registered stage kind, e.g. ar_decode or exported_graph.")
+    stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
+    inputs: list[str] = Field(
+        default_factory=lambda: [REQUEST],
+        description="Where this stage's input comes from: 'request' or other stage names.",
+    )
+    devices: list[str] = Field(
+        min_length=1,
+        description="Allowed devices in preference order (cpu, gpu:0, igpu:0, npu:0).",
+    )
+    final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
+    final_output_type: Literal["text", "audio", "tensor"] | None = Field(
+        None, description="What the final output is, when final_output is true."
+    )
+
+
+class PipelineConfig(Strict):
+    """A whole pipeline: its name and stages (already validated per kind)."""
+
+    name: str = Field(description="Pipeline name, shown in plans and run records.")
+    description: str = Field("", description="Free text for humans.")
+    stages: list[StageConfig] = Field(min_length=1, description="Stages, any order; inputs define the graph.")
+    source: str = Field("", description="The file this config was read from (set by the loader).")
+
+    def stage(self, name: str) -> StageConfig:
+        return next(s for s in self.stages if s.name == name)
+
+    def topological(self) -> list[StageConfig]:
+        """Stages ordered so that every stage comes after its inputs (stable)."""
+        done: list[str] = []
+        pending = [s.name for s in self.stages]
+        while pending:
+            for name in pending:
+                if all(i == REQUEST or i in done for i in self.stage(name).inputs):
+                    done.append(name)
+                    pending.remove(name)
+                    break
+            else:  # pragma: no cover - check_graph rejects cycles first
+                raise RuntimeError("cycle")
+        return [self.stage(n) for n in done]
+
+
+class _TopLevel(Strict):
+    """The top level of a config file, before the stages are validated per kind."""
+
+    name: str = Field(description="Pipeline name.")
+    description: str = Field("", description="Free text for humans.")
+    stages: list[Any] = Field(description="Stage mappings.")
+
+
+# ---- loading -------------------------------------------------------------------
+
+
+def read_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file; syntax errors become ``ConfigError`` with a line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError.single(str(p), "file not found", "check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError.single(str(p), f"cannot read: {exc}", "pass a readable YAML or JSON file") from None
+    if p.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        what = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError.single(where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)") from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Load, validate and graph-check a pipeline config.
+
+    Every problem found is reported at once (not only the first) as a
+    ``ConfigError``; relative paths inside stages resolve against the file's
+    directory.
+    """
+    p = Path(path)
+    data = read_document(p)
+    return parse_config(data, where=str(p), base_dir=p.resolve().parent)
+
+
+def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
+    from stages.registry import get_kind, known_kinds
+
+    if not isinstance(data, dict):
+        raise ConfigError.single(where, f"the top level must be a mapping, got {type(data).__name__}", "start the file with 'name:' and 'stages:'")
+    data = _from_vllm_omni(data)
+    problems: list[Problem] = []
+    raw_stages = data.get("stages")
+    stages: list[StageConfig] = []
+    if isinstance(raw_stages, list):
+        for i, raw in enumerate(raw_stages):
+            loc = f"{where}: stages[{i}]"
+            if not isinstance(raw, dict):
+                problems.append(Problem(loc, "a stage must be a mapping", "write name:, kind:, devices: ..."))
+                continue
+            kind_name = raw.get("kind")
+            if kind_name is None:
+                problems.append(Problem(f"{loc}.kind", "required field is missing", f"add kind: one of {', '.join(known_kinds())}"))
+                continue
+            try:
+                kind = get_kind(str(kind_name))
+            except KeyError:
+                problems.append(Problem(f"{loc}.kind", f"unknown stage kind {kind_name!r}", f"use one of {', '.join(known_kinds())}, or install the plugin that provides it"))
+                continue
+            try:
+                stage = kind.config_model.model_validate(raw, context={"base_dir": base_dir})
+            except ValidationError as exc:
+                problems.extend(problems_from_validation(exc, loc, kind.config_model))
+                continue
+            stages.append(kind.resolve_paths(stage, base_dir))
+    top = {k: v for k, v in data.items() if k != "stages"}
+    try:
+        _TopLevel.model_validate({**top, "stages": raw_stages if isinstance(raw_stages, list) else []})
+    except ValidationError as exc:
+        problems.extend(problems_from_validation(exc, where, _TopLevel))
+    if raw_stages is None:
+        problems.append(Problem(f"{where}: stages", "required field is missing", "add a list of stages"))
+    elif not isinstance(raw_stages, list) or not raw_stages:
+        problems.append(Problem(f"{where}: stages", "must be a non-empty list", "add at least one stage"))
+    if problems:
+        raise ConfigError(problems)
+    config = PipelineConfig.model_construct(
+        name=top["name"], description=top.get("description", ""), stages=stages, source=where
+    )
+    check_graph(config, where)
+    return config
+
+
+def check_graph(config: PipelineConfig, where: str) -> None:
+    """Duplicates, unknown inputs, cycles and a missing final output are errors."""
+    problems: list[Problem] = []
+    names = [s.name for s in config.stages]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(Problem(f"{where}: stages", f"stage name {dup!r} is used more than once", "give each stage a unique name"))
+    ids = [s.stage_id for s in config.stages if s.stage_id is not None]
+    for dup in sorted({i for i in ids if ids.count(i) > 1}):
+        problems.append(Problem(f"{where}: stages", f"stage_id {dup} is used more than once", "give each stage a unique stage_id"))
+    for s in config.stages:
+        for inp in s.inputs:
+            if inp != REQUEST and inp not in names:
+                problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"unknown input {inp!r}", f"use 'request' or one of the stage names: {', '.join(names)}"))
+            if inp == s.name:
+                problems.append(Problem(f"{where}: stages.{s.name}.inputs", "a stage cannot take its own output as input", "remove it"))
+        for dev in s.devices:
+            if not _DEVICE_ID.match(dev):
+                problems.append(Problem(f"{where}: stages.{s.name}.devices", f"{dev!r} is not a device id", "use cpu, gpu:N, igpu:N or npu:N"))
+    if problems:
+        raise ConfigError(problems)
+    cycle = _find_cycle(config)
+    if cycle:
+        problems.append(Problem(f"{where}: stages", f"the stage graph has a cycle: {' → '.join(cycle)}", "make one of these stages take its input from earlier stages or 'request'"))
+    if not any(s.final_output for s in config.stages):
+        problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
+    if problems:
+        raise ConfigError(problems)
+
+
+_DEVICE_ID = re.compile(r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")
+
+
+def _find_cycle(config: PipelineConfig) -> list[str]:
+    graph = {s.name: [i for i in s.inputs if i != "request"] for s in config.stages}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str]:
+        state[n] = 1
+        stack.append(n)
+        for m in graph.get(n, []):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m):], m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return []
+
+    for n in graph:
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return []
+
+
+def _from_vllm_omni(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept vLLM-Omni's spelling: ``stage_args`` and per-stage ``engine_args``,
+    ``engine_input_source`` (stage ids). Anything else stays strict."""
+    if "stage_args" not in data:
+        return data
+    out = {k: v for k, v in data.items() if k != "stage_args"}
+    stages = []
+    raw = data["stage_args"] or []
+    by_id = {s.get("stage_id"): s.get("name", f"stage{s.get('stage_id')}") for s in raw if isinstance(s, dict)}
+    for s in raw:
+        if not isinstance(s, dict):
+            stages.append(s)
+            continue
+        s = dict(s)
+        s.setdefault("name", f"stage{s.get('stage_id')}")
+        engine = s.pop("engine_args", None) or {}
+        for k, v in engine.items():
+            s.setdefault(k, v)
+        if "engine_input_source" in s:
+            src = s.pop("engine_input_source") or []
+            s["inputs"] = [by_id.get(i, str(i)) for i in src] or ["request"]
+        stages.append(s)
+    out["stages"] = stages
+    return out

@@ -1,0 +1,92 @@
+"""The exception tree and the refusal codes (contract).
+
+Refusal codes are user-facing: scripts match on them. A new reason gets a new
+code; a code is never reused for another meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ---- refusal codes (contract: docs/refusals.md) ------------------------------
+NO_RUNNABLE_DEVICE = "no_runnable_device"
+WEIGHT_FORMAT_UNSUPPORTED = "weight_format_unsupported"
+BUDGET_EXCEEDS_DEVICE = "budget_exceeds_device"
+CONFIG_UNREADABLE = "config_unreadable"
+NO_EXPORTED_GRAPH = "no_exported_graph"
+EXECUTION_PROVIDER_DECLINED_GRAPH = "execution_provider_declined_graph"
+NUMERIC_GATE_FAILED = "numeric_gate_failed"
+DEVICE_UNREACHABLE = "device_unreachable_from_this_process"
+MODEL_ARCHITECTURE_UNSUPPORTED = "model_architecture_unsupported"
+"""The backend rejects this model's layout (e.g. vLLM and Qwen2/Qwen3 with
+mixed sliding/full attention layers), whatever the device."""
+
+REFUSAL_CODES = (
+    NO_RUNNABLE_DEVICE,
+    WEIGHT_FORMAT_UNSUPPORTED,
+    BUDGET_EXCEEDS_DEVICE,
+    CONFIG_UNREADABLE,
+    NO_EXPORTED_GRAPH,
+    EXECUTION_PROVIDER_DECLINED_GRAPH,
+    NUMERIC_GATE_FAILED,
+    DEVICE_UNREACHABLE,
+    MODEL_ARCHITECTURE_UNSUPPORTED,
+)
+
+
+class OmniEdgeError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+@dataclass
+class Problem:
+    """One thing wrong with an input: where it is, what is wrong, how to fix it."""
+
+    where: str
+    what: str
+    fix: str = ""
+
+    def lines(self) -> list[str]:
+        out = [f"{self.where}: {self.what}"]
+        if self.fix:
+            out.append(f"  how to fix: {self.fix}")
+        return out
+
+
+@dataclass
+class ConfigError(OmniEdgeError):
+    """Bad input: a config, profile, manifest or artifact that cannot be used.
+
+    The CLI prints every problem (where → what → how to fix) and exits 2.
+    """
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(line for p in self.problems for line in p.lines())
+
+    @classmethod
+    def single(cls, where: str, what: str, fix: str = "") -> ConfigError:
+        return cls([Problem(where, what, fix)])
+
+
+class PlanRefused(OmniEdgeError):
+    """Raised by callers that need an admitted plan (``run``) and got a refusal."""
+
+    def __init__(self, plan: object) -> None:
+        super().__init__("the plan was refused")
+        self.plan = plan
+
+
+class VerificationError(OmniEdgeError):
+    """A verification gate could not be run at all (not: a gate that failed)."""
+
+
+class StageFailed(OmniEdgeError):
+    """A stage failed while loading or running: names the stage, device and cause."""
+
+    def __init__(self, stage: str, device: str, cause: str) -> None:
+        super().__init__(f"stage {stage!r} on {device} failed: {cause}")
+        self.stage = stage
+        self.device = device
+        self.cause = cause

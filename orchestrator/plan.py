@@ -1,0 +1,180 @@
+"""The plan (contract ``omni-edge.plan/1``): plain frozen data, JSON and a summary.
+
+The planner returns a :class:`PipelinePlan`; the runtime carries it out and
+never re-decides. ``to_json()`` is the documented contract (docs/plan-format.md);
+``from_json()`` reads it back (the runtime's actors receive plans as JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.ledger import Reservation
+
+PLAN_FORMAT = "omni-edge.plan/1"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A named reason a device was not chosen for a stage, with the remedy."""
+
+    code: str
+    device: str
+    message: str
+    remedy: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """State of an exported placement's gates (coverage, numerics).
+
+    ``status``: 'unverified' (no evidence yet), 'verified' (evidence M passed),
+    'failed' (evidence M refused), 'not_needed' (checkpoint stages).
+    """
+
+    status: str
+    evidence: str = ""
+    """'M' with where and when, or '' when unverified."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    kind: str
+    admitted: bool
+    device: str | None
+    backend: str | None
+    route: str | None
+    reservations: tuple[Reservation, ...]
+    refusals: tuple[Refusal, ...]
+    engine_kwargs: dict[str, Any]
+    artifact: dict[str, Any]
+    """Summary of what describe() read: path, weight bytes/format, digest..."""
+    kv_cache: dict[str, Any] | None = None
+    verification: Verification | None = None
+    inputs: tuple[str, ...] = ()
+    final_output: bool = False
+    final_output_type: str | None = None
+
+    @property
+    def pool(self) -> str | None:
+        return self.reservations[0].pool if self.reservations else None
+
+    def budget_bytes(self) -> int:
+        """This stage's own peak: max(load path, steady state)."""
+        load = sum(r.bytes for r in self.reservations if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
+        steady = sum(r.bytes for r in self.reservations if r.lifetime != "load")
+        return max(load, steady)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "admitted": self.admitted,
+            "device": self.device,
+            "backend": self.backend,
+            "route": self.route,
+            "inputs": list(self.inputs),
+            "final_output": self.final_output,
+            "final_output_type": self.final_output_type,
+            "budget_bytes": self.budget_bytes(),
+            "reservations": [r.to_dict() for r in self.reservations],
+            "refusals": [r.to_dict() for r in self.refusals],
+            "engine_kwargs": self.engine_kwargs,
+            "artifact": self.artifact,
+        }
+        if self.kv_cache is not None:
+            d["kv_cache"] = self.kv_cache
+        if self.verification is not None:
+            d["verification"] = self.verification.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagePlan:
+        ver = d.get("verification")
+        return cls(
+            name=d["name"],
+            kind=d["kind"],
+            admitted=d["admitted"],
+            device=d.get("device"),
+            backend=d.get("backend"),
+            route=d.get("route"),
+            reservations=tuple(Reservation(**r) for r in d.get("reservations", [])),
+            refusals=tuple(Refusal(**r) for r in d.get("refusals", [])),
+            engine_kwargs=dict(d.get("engine_kwargs", {})),
+            artifact=dict(d.get("artifact", {})),
+            kv_cache=d.get("kv_cache"),
+            verification=Verification(**ver) if ver else None,
+            inputs=tuple(d.get("inputs", ())),
+            final_output=bool(d.get("final_output", False)),
+            final_output_type=d.get("final_output_type"),
+        )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    id: str
+    capacity_bytes: int
+    peak_bytes: int
+    contributors: dict[str, int]
+    parent: str | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    pipeline: str
+    admitted: bool
+    profile: str
+    stages: tuple[StagePlan, ...]
+    pools: tuple[PoolPlan, ...]
+    shared_reservations: tuple[Reservation, ...] = ()
+    """Reservations held by the pipeline itself (the Ray runtime, pool margins)."""
+    config_path: str = ""
+    notes: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> StagePlan:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def refusal_codes(self) -> list[str]:
+        return [r.code for s in self.stages if not s.admitted for r in s.refusals]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "pipeline": self.pipeline,
+            "admitted": self.admitted,
+            "profile": self.profile,
+            "config_path": self.config_path,
+            "stages": [s.to_dict() for s in self.stages],
+            "pools": [p.to_dict() for p in self.pools],
+            "shared_reservations": [r.to_dict() for r in self.shared_reservations],
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PipelinePlan:
+        if d.get("format") != PLAN_FORMAT:
+            raise ValueError(f"not an {PLAN_FORMAT} document (format={d.get('format')!r})")
+        return cls(
+            pipeline=d["pipeline"],
+            admitted=d["admitted"],
+            profile=d.get("profile", ""),
+            config_path=d.get("config_path", ""),
+            stages=tuple(StagePlan.from_dict(s) for s in d["stages"]),
+            pools=tuple(PoolPlan(**p) for p in d["pools"]),
+            shared_reservations=tuple(Reservation(**r) for r in d.get("shared_reservations", [])),
+            notes=tuple(d.get("notes", [])),
+        )

@@ -1,0 +1,187 @@
+"""Hardware profile (contract ``omni-edge.profile/1``): devices, pools, routes.
+
+A profile is what the planner plans against. ``omni-edge probe`` writes one
+for this machine; ``configs/profiles/`` holds recorded ones for machines that
+cannot exist here, so the planner and the ledger are tested against any
+machine from this one (the equivalent of tinygrad's NULL device).
+
+Pools are derived, never stored: each GPU's VRAM is ``vram:gpu:N``; CPU, iGPU
+and NPU draw on ``host_ram``, whose capacity is what is *available*, capped by
+a cgroup/WSL limit when there is one. An iGPU's shared-memory cap is a child
+pool of ``host_ram``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.errors import ConfigError
+from orchestrator.validation import problems_from_validation
+
+PROFILE_FORMAT = "omni-edge.profile/1"
+
+DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
+Backend = Literal[
+    "vllm-cuda",
+    "vllm-cpu",
+    "ort-cpu",
+    "ort-cuda",
+    "ort-dml",
+    "ort-vitisai",
+    "ort-openvino",
+    "ort-qnn",
+]
+CHECKPOINT_BACKENDS = ("vllm-cuda", "vllm-cpu")
+EXPORTED_BACKENDS = ("ort-cpu", "ort-cuda", "ort-dml", "ort-vitisai", "ort-openvino", "ort-qnn")
+
+HOST_RAM = "host_ram"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Host(_Strict):
+    os: Literal["linux", "windows", "macos"] = Field(description="Operating system of this process.")
+    wsl: bool = Field(False, description="True when this process runs inside WSL2.")
+    cpu_name: str = Field("", description="CPU model string, informational.")
+    ram_total_bytes: int = Field(ge=0, description="Physical RAM visible to this process.")
+    ram_available_bytes: int = Field(
+        ge=0, description="RAM available now (not total): what plans on host_ram draw from."
+    )
+    ram_limit_bytes: int | None = Field(
+        None, ge=0, description="A cgroup or WSL memory limit below physical RAM, or null."
+    )
+
+
+class Device(_Strict):
+    id: str = Field(
+        pattern=r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$",
+        description="Stable id: cpu, gpu:N, igpu:N or npu:N.",
+    )
+    kind: DeviceKind = Field(description="What sort of compute this is.")
+    name: str = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
+    vendor: str = Field("", description="nvidia, amd, intel, qualcomm, ...")
+    memory_bytes: int | None = Field(
+        None, ge=0, description="A discrete GPU's own VRAM; null for devices on host RAM."
+    )
+    shared_memory_bytes: int | None = Field(
+        None, ge=0, description="An iGPU's cap on how much host RAM it may map; null when uncapped."
+    )
+    compute_capability: str | None = Field(
+        None, pattern=r"^\d+\.\d+$", description="NVIDIA compute capability, e.g. '12.0'."
+    )
+    isa: list[str] = Field(default_factory=list, description="CPU ISA extensions (avx2, avx512f, amx, ...).")
+    backends: list[Backend] = Field(
+        default_factory=list, description="Backends that can drive this device, best first."
+    )
+    route: str = Field("this-process", description="Name of the route (see routes) that reaches it.")
+    source: str = Field("", description="Where these figures come from (a spec sheet, a probe).")
+
+    @property
+    def pool(self) -> str:
+        """The memory pool this device's reservations land in."""
+        if self.kind == "gpu":
+            return f"vram:{self.id}"
+        if self.kind == "igpu" and self.shared_memory_bytes is not None:
+            return f"shared:{self.id}"
+        return HOST_RAM
+
+
+class Route(_Strict):
+    name: str = Field(description="Route name referenced by devices[].route.")
+    kind: Literal["this-process", "interpreter", "host-process"] = Field(
+        "this-process",
+        description="this-process; another interpreter/venv on this OS; or a process across a boundary (WSL→Windows).",
+    )
+    python: str | None = Field(
+        None, description="Interpreter path for 'interpreter'/'host-process' routes; relative to the profile file."
+    )
+    reachable: bool = Field(True, description="Whether this process can drive the route's devices.")
+    reason: str = Field("", description="Why the route is unreachable, or how it was established.")
+    remedy: str = Field("", description="What to do to make it reachable.")
+    providers: list[str] | None = Field(
+        None, description="ONNX Runtime execution providers the route offers, when probed."
+    )
+    ort_version: str | None = Field(None, description="onnxruntime version in the route, when probed.")
+
+
+class HardwareProfile(_Strict):
+    format: Literal["omni-edge.profile/1"] = Field(description="Format tag; must be omni-edge.profile/1.")
+    name: str = Field(description="Human name of the machine.")
+    source: str = Field("", description="Where the figures come from: 'probe <date>' or references.")
+    host: Host = Field(description="The host OS and its RAM.")
+    devices: list[Device] = Field(min_length=1, description="Every compute device, cpu first.")
+    routes: list[Route] = Field(
+        default_factory=lambda: [Route(name="this-process")],
+        description="Ways this process can reach devices.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareProfile:
+        ids = [d.id for d in self.devices]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"device ids must be unique; repeated: {', '.join(dupes)}")
+        names = {r.name for r in self.routes}
+        for d in self.devices:
+            if d.route not in names:
+                raise ValueError(
+                    f"device {d.id} names route {d.route!r}, which routes[] does not define "
+                    f"(defined: {', '.join(sorted(names))})"
+                )
+            if d.kind == "gpu" and d.memory_bytes is None:
+                raise ValueError(f"device {d.id} is a discrete GPU and needs memory_bytes")
+            if d.id.split(":")[0] != d.kind:
+                raise ValueError(f"device {d.id} has kind {d.kind!r}; the id prefix must match the kind")
+        return self
+
+    # -- lookups -------------------------------------------------------------
+    def device(self, device_id: str) -> Device | None:
+        return next((d for d in self.devices if d.id == device_id), None)
+
+    def route(self, name: str) -> Route | None:
+        return next((r for r in self.routes if r.name == name), None)
+
+    @property
+    def host_ram_capacity(self) -> int:
+        """Bytes plans may draw from host RAM: available, capped by any limit.
+
+        Windows RAM, a WSL quota and an iGPU share are limits on one memory,
+        not three memories: the smallest applies, none are added.
+        """
+        cap = self.host.ram_available_bytes
+        if self.host.ram_limit_bytes is not None:
+            cap = min(cap, self.host.ram_limit_bytes)
+        return cap
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Read a profile file; every problem becomes a ``ConfigError`` entry."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError.single(str(p), "profile file not found", "check the path, or run `omni-edge probe --save FILE`") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError.single(
+            f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"
+        ) from None
+    return parse_profile(data, where=str(p))
+
+
+def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:
+    if isinstance(data, dict) and data.get("format") not in (None, PROFILE_FORMAT):
+        raise ConfigError.single(
+            f"{where}: format",
+            f"unknown profile format {data.get('format')!r}",
+            f"this version reads {PROFILE_FORMAT!r}",
+        )
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems_from_validation(exc, where)) from None

@@ -1,0 +1,135 @@
+"""The stage-kind interface: what the planner asks of a kind, and when.
+
+A stage *kind* is code (a subclass of :class:`StageKind`, registered by its
+``kind`` name); an exported stage is data (an artifact directory), so adding a
+new exported stage needs no code at all, and adding a new kind needs no change
+to the orchestrator.
+
+Lifecycle, planning side (no weights read, no engine started, no session
+opened; heavy imports forbidden):
+
+1. ``describe(stage)`` — once per plan. Reads metadata (config.json,
+   safetensors headers, an ONNX graph's initializer sizes) and returns an
+   :class:`ArtifactInfo`. Raises ``ConfigError`` when the artifact cannot be
+   read (the CLI reports it as bad input, exit 2).
+2. ``check(stage, info, device, backend)`` — once per candidate device, after
+   the orchestrator has checked that the device exists and its route is
+   reachable. Returns the refusals that make the device impossible for this
+   stage regardless of memory (format, architecture, missing export), or [].
+3. ``reservations(stage, info, device, backend, limits)`` — every byte the
+   stage intends to hold on the device's pool, with lifetime and evidence.
+4. ``engine_kwargs(...)`` — the backend's own settings derived from the plan.
+
+Runtime side: ``runner(placement)`` returns a :class:`StageRunner`, created
+inside the device actor (it may import heavy modules).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from orchestrator.config import StageConfig
+from orchestrator.ledger import Reservation
+from orchestrator.plan import Refusal
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from orchestrator.profile import Device
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """What a stage's artifact says about itself, read without loading it."""
+
+    kind: str
+    """'checkpoint', 'gguf' or 'exported'."""
+    path: str
+    weight_bytes: int
+    weight_format: str
+    """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see orchestrator.manifests)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific: the text config, dtype histogram, op histogram, precisions ..."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits a stage is planned for; a kind reads the fields it has."""
+
+    max_model_len: int | None = None
+    max_num_seqs: int = 1
+
+
+class StageKind(ABC):
+    """A registered kind of stage. Subclasses set ``kind`` and ``config_model``."""
+
+    kind: ClassVar[str]
+    config_model: ClassVar[type[StageConfig]]
+    backends: ClassVar[tuple[str, ...]]
+    """Backends (from the profile vocabulary) that can run this kind, best first."""
+
+    @classmethod
+    def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
+        """Called by the loader: make relative paths absolute against the config file."""
+        return stage
+
+    @abstractmethod
+    def describe(self, stage: StageConfig) -> ArtifactInfo:
+        """Read the stage's artifact metadata. Called once per plan."""
+
+    @abstractmethod
+    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+        """Refusals that rule ``device`` out for this stage whatever the memory."""
+
+    @abstractmethod
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str
+    ) -> list[Reservation]:
+        """Every byte this stage will hold on ``pool`` while it runs on ``device``."""
+
+    def engine_kwargs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        reservations: list[Reservation], pool_capacity: int,
+    ) -> dict[str, Any]:
+        """Backend settings derived from the plan (vLLM engine args, ORT options)."""
+        return {}
+
+    def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+        """Extra plan fields for this stage (e.g. ``kv_cache`` for AR stages)."""
+        return {}
+
+    def remedy_for_budget(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        pool: str, available: int,
+    ) -> str:
+        """The remedy text when this stage alone does not fit ``available`` bytes."""
+        return "use a smaller or more compressed artifact, or a device with a larger memory pool"
+
+    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
+        """Create the runtime object for an admitted placement (inside a device actor)."""
+        raise NotImplementedError(f"stage kind {self.kind!r} has no runtime yet")
+
+
+class StageRunner(ABC):
+    """A stage placed on a device, at run time.
+
+    ``load()`` is called once, after the ledger admitted the stage's
+    reservations; ``stream()`` once per request, possibly concurrently;
+    ``close()`` once. ``measured_peak_bytes()`` reports what the load and the
+    requests really used (evidence M), or None when it cannot be isolated.
+    """
+
+    @abstractmethod
+    def load(self) -> None: ...
+
+    @abstractmethod
+    def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free the stage's resources."""
+
+    def measured_peak_bytes(self) -> int | None:
+        return None
