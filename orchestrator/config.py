@@ -47,6 +47,10 @@ class StageConfig(Strict):
         min_length=1,
         description="Allowed devices in preference order (cpu, gpu:0, igpu:0, npu:0).",
     )
+    backends: list[str] | None = Field(
+        None,
+        description="Backends to try on each device, in preference order (e.g. [ort-openvino, ort-cpu]); default: the device's own order.",
+    )
     final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
     final_output_type: Literal["text", "audio", "tensor"] | None = Field(
         None, description="What the final output is, when final_output is true."

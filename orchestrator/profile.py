@@ -80,7 +80,15 @@ class Device(_Strict):
         default_factory=list, description="Backends that can drive this device, best first."
     )
     route: str = Field("this-process", description="Name of the route (see routes) that reaches it.")
+    backend_routes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Route per backend where it differs from `route` (e.g. ort-openvino through a venv that has onnxruntime-openvino).",
+    )
     source: str = Field("", description="Where these figures come from (a spec sheet, a probe).")
+
+    def route_for(self, backend: str) -> str:
+        """The route that drives this device with ``backend``."""
+        return self.backend_routes.get(backend, self.route)
 
     @property
     def pool(self) -> str:
@@ -129,11 +137,12 @@ class HardwareProfile(_Strict):
             raise ValueError(f"device ids must be unique; repeated: {', '.join(dupes)}")
         names = {r.name for r in self.routes}
         for d in self.devices:
-            if d.route not in names:
-                raise ValueError(
-                    f"device {d.id} names route {d.route!r}, which routes[] does not define "
-                    f"(defined: {', '.join(sorted(names))})"
-                )
+            for r in {d.route, *d.backend_routes.values()}:
+                if r not in names:
+                    raise ValueError(
+                        f"device {d.id} names route {r!r}, which routes[] does not define "
+                        f"(defined: {', '.join(sorted(names))})"
+                    )
             if d.kind == "gpu" and d.memory_bytes is None:
                 raise ValueError(f"device {d.id} is a discrete GPU and needs memory_bytes")
             if d.id.split(":")[0] != d.kind:

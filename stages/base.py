@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.config import StageConfig
 from orchestrator.ledger import Reservation
-from orchestrator.plan import Refusal
+from orchestrator.plan import Refusal, Verification
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device
+    from orchestrator.profile import Device, Route
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,15 @@ class StageKind(ABC):
     ) -> dict[str, Any]:
         """Backend settings derived from the plan (vLLM engine args, ORT options)."""
         return {}
+
+    def verification(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route
+    ) -> tuple[Verification | None, list[Refusal]]:
+        """Gate state for this placement, from cached evidence only (never opens a
+        session at plan time). Returns the verification record for the plan and
+        any refusals that cached evidence implies (a failed coverage or numeric
+        gate). Checkpoint kinds return (None, [])."""
+        return None, []
 
     def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
         """Extra plan fields for this stage (e.g. ``kv_cache`` for AR stages)."""

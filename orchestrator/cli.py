@@ -1,0 +1,88 @@
+"""The ``omni-edge`` command line.
+
+Each subcommand lives in ``orchestrator/commands/<name>.py`` with
+``add_parser(subparsers)`` and ``run(args) -> int`` and is imported only when
+chosen, so ``omni-edge plan`` never imports the runtime's heavy modules.
+
+Exit codes: 0 success/admitted, 2 bad input (where → what → how to fix, no
+traceback), 3 refused (plan or verification), 4 a stage failed at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib import import_module
+
+from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+EXIT_STAGE_FAILED = 4
+
+COMMANDS = {
+    "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
+    "probe": "Describe this machine as a hardware profile (devices, pools, routes).",
+    "verify": "Run the coverage and numeric gates a plan needs; write the evidence.",
+    "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omni-edge",
+        description="Plan multi-stage omni pipelines onto GPU, CPU, iGPU and NPU before anything loads, then run them.",
+        epilog="Exit codes: 0 ok/admitted, 2 bad input, 3 refused, 4 a stage failed.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = import_module(f"orchestrator.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"orchestrator.commands.{name}":
+                raise
+            p.set_defaults(_unavailable=name)
+            continue
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    if getattr(args, "_unavailable", None):
+        print(f"omni-edge {args.command}: not available in this build", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return int(args._module.run(args))
+    except ConfigError as exc:
+        print("error: the input cannot be used:", file=sys.stderr)
+        for problem in exc.problems:
+            for line in problem.lines():
+                print(f"  {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except StageFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_STAGE_FAILED
+    except OmniEdgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
