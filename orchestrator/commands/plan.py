@@ -1,0 +1,49 @@
+"""``omni-edge plan CONFIG``: decide placements without loading anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="pipeline config (YAML or JSON)")
+    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of this machine")
+    p.add_argument("--mask", action="append", default=[], metavar="DEVICES", help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)")
+    p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
+
+
+def load_profile_arg(path: str | None):  # type: ignore[no-untyped-def]
+    """The profile for ``--profile FILE``, or this machine's, probed."""
+    if path:
+        from orchestrator.profile import load_profile
+
+        return load_profile(path)
+    from orchestrator.probe import probe_profile
+
+    return probe_profile()
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli import EXIT_OK, EXIT_REFUSED
+    from orchestrator.config import load_config
+    from orchestrator.planner import parse_mask, plan_pipeline
+
+    config = load_config(args.config)
+    profile = load_profile_arg(args.profile)
+    plan = plan_pipeline(config, profile, mask=parse_mask(args.mask))
+    doc = plan.to_json()
+    if args.out:
+        from orchestrator.fileio import write_json_atomic
+
+        write_json_atomic(args.out, doc)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from orchestrator.render import print_plan
+
+        print_plan(plan)
+    return EXIT_OK if plan.admitted else EXIT_REFUSED

@@ -1,0 +1,225 @@
+"""KV-cache arithmetic from the real layer layout.
+
+Per layer, from the model's text config:
+
+* full attention: ``2 (K,V) × num_key_value_heads × head_dim × dtype`` bytes
+  per token, held for the whole context;
+* sliding-window attention: the same per token, held for at most
+  ``sliding_window`` tokens (``layer_types``, or Gemma's
+  ``sliding_window_pattern``, or Qwen's ``use_sliding_window`` +
+  ``max_window_layers``);
+* MLA (DeepSeek-style ``kv_lora_rank``): one latent of
+  ``kv_lora_rank + qk_rope_head_dim`` per token (no separate K and V);
+* linear attention / mamba layers: a fixed recurrent state per sequence,
+  independent of the context length.
+
+``bytes_per_token`` is the flat figure (every attention layer, per token);
+``bytes_total_flat`` charges every attention layer the full context;
+``bytes_total`` is the hybrid figure that holds sliding layers to their
+window. All figures are exact arithmetic on the config (evidence E: the
+layout is read, the allocator's block rounding is not modelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "fp32": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+}
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+LINEAR = "linear_attention"
+MAMBA = "mamba"
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    index: int
+    kind: str
+    bytes_per_token: int
+    window: int | None = None
+    state_bytes: int = 0
+    """Fixed per-sequence state (linear attention / mamba)."""
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    bytes_per_token: int
+    bytes_total: int
+    bytes_total_flat: int
+    full_attention_layers: int
+    sliding_window_layers: int
+    recurrent_layers: int
+    max_model_len: int
+    max_num_seqs: int
+    dtype: str
+    sliding_window: int | None = None
+    mla: bool = False
+
+    layers: tuple[LayerKV, ...] = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("layers")
+        return d
+
+    def with_len(self, max_model_len: int) -> KVBudget:
+        """The same layout at another context length."""
+        return _budget(self.layers, max_model_len, self.max_num_seqs, self.dtype, self.sliding_window, self.mla)
+
+
+def text_config(config: dict[str, Any], model_stage: str | None = None) -> dict[str, Any]:
+    """The language model's config inside a (possibly multimodal) config.json.
+
+    ``thinker_config.text_config`` for Qwen2.5-Omni (or ``talker_config`` when
+    ``model_stage='talker'``), ``text_config`` for Gemma 3 / Llava-style
+    models, else the root.
+    """
+    if model_stage:
+        sub = config.get(f"{model_stage}_config")
+        if isinstance(sub, dict):
+            return text_config(sub)
+        raise KeyError(f"config has no {model_stage}_config")
+    for key in ("thinker_config",):
+        if isinstance(config.get(key), dict):
+            return text_config(config[key])
+    if isinstance(config.get("text_config"), dict):
+        merged = dict(config["text_config"])
+        merged.setdefault("model_type", config.get("model_type"))
+        return merged
+    return config
+
+
+def head_dim(cfg: dict[str, Any]) -> int:
+    if cfg.get("head_dim"):
+        return int(cfg["head_dim"])
+    return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+
+
+def layer_kinds(cfg: dict[str, Any]) -> list[str]:
+    """One entry per decoder layer: full_attention, sliding_attention, linear_attention or mamba."""
+    n = int(cfg["num_hidden_layers"])
+    if isinstance(cfg.get("layer_types"), list) and len(cfg["layer_types"]) == n:
+        out = []
+        for t in cfg["layer_types"]:
+            t = str(t)
+            if "sliding" in t or t in ("local", "chunked_attention"):
+                out.append(SLIDING)
+            elif "linear" in t:
+                out.append(LINEAR)
+            elif "mamba" in t or t in ("ssm", "recurrent"):
+                out.append(MAMBA)
+            else:
+                out.append(FULL)
+        return out
+    window = cfg.get("sliding_window")
+    pattern = cfg.get("sliding_window_pattern")
+    if window and isinstance(pattern, int) and pattern > 1:
+        # Gemma 2/3: every pattern-th layer is global, the others local.
+        return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    if window and cfg.get("use_sliding_window"):
+        # Qwen2/Qwen3: layers at index >= max_window_layers use the window.
+        first_sliding = int(cfg.get("max_window_layers", n))
+        return [SLIDING if i >= first_sliding else FULL for i in range(n)]
+    if isinstance(cfg.get("attn_type_list"), list):
+        return [FULL if int(t) == 1 else LINEAR for t in cfg["attn_type_list"]]
+    return [FULL] * n
+
+
+def recurrent_state_bytes(cfg: dict[str, Any], kind: str, dtype_bytes: int) -> int:
+    """Fixed per-sequence state of a linear-attention or mamba layer (bytes)."""
+    if kind == LINEAR and cfg.get("linear_num_value_heads"):
+        # Gated DeltaNet (Qwen3-Next): recurrent state [v_heads, k_dim, v_dim] plus a
+        # causal-conv state of (kernel-1) × (2·key_dim + value_dim) channels.
+        v_heads = int(cfg["linear_num_value_heads"])
+        k_heads = int(cfg.get("linear_num_key_heads", v_heads))
+        k_dim = int(cfg["linear_key_head_dim"])
+        v_dim = int(cfg["linear_value_head_dim"])
+        kernel = int(cfg.get("linear_conv_kernel_dim", 4))
+        conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim)
+        return (v_heads * k_dim * v_dim + conv) * dtype_bytes
+    if kind == MAMBA or cfg.get("mamba_d_state") or cfg.get("state_size"):
+        d_inner = int(cfg.get("mamba_expand", cfg.get("expand", 2))) * int(cfg["hidden_size"])
+        d_state = int(cfg.get("mamba_d_state", cfg.get("state_size", 16)))
+        d_conv = int(cfg.get("mamba_d_conv", cfg.get("conv_kernel", 4)))
+        return (d_inner * d_state + (d_conv - 1) * d_inner) * dtype_bytes
+    return 0
+
+
+def layers_for(cfg: dict[str, Any], dtype_bytes: int) -> tuple[LayerKV, ...]:
+    kinds = layer_kinds(cfg)
+    window = cfg.get("sliding_window")
+    mla = bool(cfg.get("kv_lora_rank"))
+    if mla:
+        per_token = (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))) * dtype_bytes
+    else:
+        kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        per_token = 2 * kv_heads * head_dim(cfg) * dtype_bytes
+    out = []
+    for i, kind in enumerate(kinds):
+        if kind in (LINEAR, MAMBA):
+            out.append(LayerKV(i, kind, 0, None, recurrent_state_bytes(cfg, kind, dtype_bytes)))
+        elif kind == SLIDING:
+            out.append(LayerKV(i, kind, per_token, int(window) if window else None))
+        else:
+            out.append(LayerKV(i, kind, per_token))
+    return tuple(out)
+
+
+def _budget(
+    layers: tuple[LayerKV, ...], max_model_len: int, max_num_seqs: int, dtype: str,
+    window: int | None, mla: bool,
+) -> KVBudget:
+    per_token = sum(layer.bytes_per_token for layer in layers)
+    flat = per_token * max_model_len * max_num_seqs
+    hybrid = 0
+    for layer in layers:
+        if layer.kind == SLIDING and layer.window:
+            hybrid += layer.bytes_per_token * min(layer.window, max_model_len) * max_num_seqs
+        else:
+            hybrid += layer.bytes_per_token * max_model_len * max_num_seqs
+        hybrid += layer.state_bytes * max_num_seqs
+    flat += sum(layer.state_bytes for layer in layers) * max_num_seqs
+    return KVBudget(
+        bytes_per_token=per_token,
+        bytes_total=hybrid,
+        bytes_total_flat=flat,
+        full_attention_layers=sum(1 for layer in layers if layer.kind == FULL),
+        sliding_window_layers=sum(1 for layer in layers if layer.kind == SLIDING),
+        recurrent_layers=sum(1 for layer in layers if layer.kind in (LINEAR, MAMBA)),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        dtype=dtype,
+        sliding_window=window,
+        mla=mla,
+        layers=layers,
+    )
+
+
+def kv_budget(
+    config: dict[str, Any], *, max_model_len: int, max_num_seqs: int = 1, kv_dtype: str = "bfloat16"
+) -> KVBudget:
+    """KV (and recurrent state) bytes for ``max_model_len × max_num_seqs`` on this layout.
+
+    ``config`` is the text config (see :func:`text_config`). ``kv_dtype`` is
+    the cache dtype name (bfloat16, float16, float32, fp8...).
+    """
+    if kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    dtype_bytes = DTYPE_BYTES[kv_dtype]
+    layers = layers_for(config, dtype_bytes)
+    window = config.get("sliding_window") if any(layer.kind == SLIDING for layer in layers) else None
+    return _budget(layers, max_model_len, max_num_seqs, kv_dtype, window, bool(config.get("kv_lora_rank")))

