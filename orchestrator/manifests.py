@@ -54,6 +54,8 @@ class CheckpointManifest:
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("config")
+        d["files"] = list(self.files)
+        d["notes"] = list(self.notes)
         d["shards"] = len(self.files)
         d["model_type"] = self.config.get("model_type")
         d["architectures"] = self.config.get("architectures")

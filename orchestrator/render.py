@@ -54,14 +54,25 @@ def plan_table(plan: PipelinePlan) -> Group:
         pools.add_row(p.id, fmt_bytes(p.peak_bytes), fmt_bytes(p.capacity_bytes), Text(f"{use:.0%}", style="red" if use > 1 else ""), Text(contributors))
 
     parts: list[object] = [head, stages, res, pools]
-    refusals = [(s.name, r, s.admitted) for s in plan.stages for r in s.refusals]
-    if refusals:
+    skipped = [(s.name, r) for s in plan.stages if s.admitted for r in s.refusals]
+    if skipped:
         ref = Table(title="devices not used", title_justify="left", show_lines=True)
         for col in ("stage", "device", "code", "why", "remedy"):
-            ref.add_column(col, overflow="fold")
-        for name, r, admitted in refusals:
-            ref.add_row(name, r.device, Text(r.code, style="yellow" if admitted else "bold red"), Text(r.message), Text(r.remedy))
+            ref.add_column(col, overflow="fold", no_wrap=col == "code")
+        for name, r in skipped:
+            ref.add_row(name, r.device, Text(r.code, style="yellow"), Text(r.message), Text(r.remedy))
         parts.append(ref)
+    for s in plan.stages:
+        if s.admitted:
+            continue
+        block = Text()
+        block.append(f"stage {s.name!r} refused:\n", style="bold red")
+        for r in s.refusals:
+            block.append(f"  [{r.code}] ", style="bold red")
+            block.append(f"{r.device}: {r.message}\n")
+            block.append("    remedy: ", style="bold")
+            block.append(f"{r.remedy}\n")
+        parts.append(block)
     for s in plan.stages:
         if s.admitted and s.engine_kwargs:
             kw = ", ".join(f"{k}={v}" for k, v in s.engine_kwargs.items() if k != "model")

@@ -26,7 +26,9 @@ def problems_from_validation(
     problems = []
     for err in exc.errors():
         loc = _loc(tuple(err["loc"]))
-        place = f"{where}: {loc}" if loc else where
+        # ``where`` is a file, or a file plus a path inside it ("p.yaml: stages[0]")
+        sep = "." if ": " in where else ": "
+        place = f"{where}{sep}{loc}" if loc else where
         kind = err["type"]
         if kind == "extra_forbidden":
             key = str(err["loc"][-1]) if err["loc"] else "?"

@@ -20,9 +20,13 @@ from orchestrator.units import fmt_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the profile as JSON instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print the profile as JSON instead of a table"
+    )
     parser.add_argument("--save", metavar="FILE", help="write the profile to FILE (JSON)")
-    parser.add_argument("--force", action="store_true", help="with --save: replace FILE if it exists")
+    parser.add_argument(
+        "--force", action="store_true", help="with --save: replace FILE if it exists"
+    )
     parser.add_argument(
         "--route",
         metavar="NAME=PYTHON",
@@ -52,15 +56,28 @@ def run(args: argparse.Namespace) -> int:
         try:
             name, python = probe.parse_route_arg(text)
         except ValueError as exc:
-            raise ConfigError.single(f"--route #{i + 1}", str(exc), "write --route NAME=PATH/TO/python") from None
+            raise ConfigError.single(
+                f"--route #{i + 1}", str(exc), "write --route NAME=PATH/TO/python"
+            ) from None
         routes.append(Route(name=name, kind="interpreter", python=python))
     names = [r.name for r in routes]
     if "this-process" in names or len(set(names)) != len(names):
-        raise ConfigError.single("--route", f"route names must be unique and not 'this-process' (got {names})", "rename the route")
+        raise ConfigError.single(
+            "--route",
+            f"route names must be unique and not 'this-process' (got {names})",
+            "rename the route",
+        )
 
     save_path = Path(args.save) if args.save else None
-    if save_path is not None and save_path.exists() and not args.force:
-        raise _exists(save_path)
+    if save_path is not None:
+        if save_path.exists() and not args.force:
+            raise _exists(save_path)
+        if not save_path.parent.is_dir():
+            raise ConfigError.single(
+                str(save_path),
+                f"the directory {save_path.parent} does not exist",
+                "create it first, or save somewhere else",
+            )
 
     kwargs = {"use_default_routes": not args.no_default_routes}
     if args.timeout is not None:
@@ -81,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _exists(path: Path) -> ConfigError:
     return ConfigError.single(
-        str(path), "the file already exists and was left untouched", "pass --force to replace it, or choose another path"
+        str(path),
+        "the file already exists and was left untouched",
+        "pass --force to replace it, or choose another path",
     )
 
 
@@ -139,7 +158,9 @@ def pools_of(profile: HardwareProfile) -> list[PoolRow]:
         if d.kind == "gpu" and d.memory_bytes is not None:
             rows.append(PoolRow(d.pool, d.memory_bytes, None, f"{d.id} VRAM"))
         elif d.pool != HOST_RAM and d.shared_memory_bytes is not None:
-            rows.append(PoolRow(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.id} shared-memory cap"))
+            rows.append(
+                PoolRow(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.id} shared-memory cap")
+            )
     return rows
 
 
@@ -184,4 +205,3 @@ def print_profile(profile: HardwareProfile) -> None:
             why,
         )
     console.print(routes_t)
-

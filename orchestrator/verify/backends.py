@@ -1,0 +1,353 @@
+"""ONNX Runtime backends as data: one row per backend, one row per precision.
+
+Everything that differs between DirectML, VitisAI, QNN, OpenVINO, CUDA and the
+CPU EP lives in the two tables below — the EP name, where it comes from, the
+provider and session options a session gets on each kind of device, what the
+EP holds besides the weights, and which precisions it can run (each entry with
+its reason). Code elsewhere reads rows; it never branches on a vendor.
+
+Provider-option values may hold three placeholders, filled per placement by
+:func:`session_spec`: ``{device_index}`` (the N of ``gpu:N``), ``{cache_dir}``
+(this backend's compile cache under the omni-edge cache) and ``{cache_key}``
+(artifact name, precision and graph digest, so a changed graph never reuses a
+stale compiled blob).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.units import MiB
+
+CPU_EP = "CPUExecutionProvider"
+
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+"""Session config key (ONNX Runtime >= 1.24) that makes the session remember
+which EP took which node, read back with ``get_provider_graph_assignment_info()``."""
+DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
+"""Session config key: fail session creation instead of giving nodes to the CPU EP."""
+
+
+@dataclass(frozen=True)
+class OrtBackend:
+    """How one ``ort-*`` backend opens a session, and what it costs besides weights."""
+
+    backend: str
+    ep: str
+    """The execution provider's registered name."""
+    install: str
+    """How a user gets this EP into an interpreter (the remedy for an unreachable route)."""
+    provider_options: dict[str, dict[str, str]]
+    """Per device kind (``cpu``, ``gpu``, ``igpu``, ``npu``; ``*`` for any)."""
+    session_options: dict[str, Any] = field(default_factory=dict)
+    """Attributes set on ``onnxruntime.SessionOptions`` (``execution_mode`` by name)."""
+    precision_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra provider options when the graph is at a given precision."""
+    cache_options: tuple[str, ...] = ()
+    """Options that only say where compiled blobs go; left out of evidence keys."""
+    workspace_fixed: int = 0
+    workspace_weight_copies: float = 0.0
+    workspace_reason: str = ""
+    """Why the EP's own memory is ``fixed + copies × weights`` (evidence E)."""
+
+
+BACKENDS: dict[str, OrtBackend] = {
+    b.backend: b
+    for b in (
+        OrtBackend(
+            backend="ort-cpu",
+            ep=CPU_EP,
+            install="pip install onnxruntime numpy",
+            provider_options={"*": {}},
+            workspace_fixed=32 * MiB,
+            workspace_reason=(
+                "the CPU EP computes on the weights in place; its arena and thread pool came to "
+                "~30 MiB over the weights when the piper voice was opened here"
+            ),
+        ),
+        OrtBackend(
+            backend="ort-cuda",
+            ep="CUDAExecutionProvider",
+            install="pip install onnxruntime-gpu numpy (with a CUDA 12 driver)",
+            provider_options={"*": {"device_id": "{device_index}"}},
+            workspace_fixed=512 * MiB,
+            workspace_reason=(
+                "the CUDA context plus cuBLAS/cuDNN handles and their workspaces take "
+                "300–500 MiB of VRAM on recent drivers before the first tensor"
+            ),
+        ),
+        OrtBackend(
+            backend="ort-dml",
+            ep="DmlExecutionProvider",
+            install="pip install onnxruntime-directml numpy (Windows only; run natively or through a Windows-side python.exe)",
+            provider_options={
+                # minimum_power picks the integrated adapter, high_performance the discrete one
+                # (DXGI's own preference order), so no fragile adapter index is needed.
+                "igpu": {"device_filter": "gpu", "performance_preference": "minimum_power"},
+                "gpu": {"device_filter": "gpu", "performance_preference": "high_performance"},
+                "npu": {"device_filter": "npu"},
+            },
+            # The DirectML EP documents both as required: it does not support memory
+            # patterns or parallel execution.
+            session_options={"enable_mem_pattern": False, "execution_mode": "sequential"},
+            workspace_fixed=128 * MiB,
+            workspace_weight_copies=1.0,
+            workspace_reason=(
+                "DirectML uploads every initializer into a D3D12 resource (on an iGPU that is host "
+                "RAM again, so the weights are held twice) plus ~128 MiB of descriptor heaps and "
+                "command allocators"
+            ),
+        ),
+        OrtBackend(
+            backend="ort-vitisai",
+            ep="VitisAIExecutionProvider",
+            install=(
+                "install AMD Ryzen AI Software (its environment carries the VitisAI EP build of "
+                "onnxruntime; it is not on PyPI) and run natively on Windows or through its python.exe"
+            ),
+            provider_options={
+                "*": {
+                    "cache_dir": "{cache_dir}",
+                    "cache_key": "{cache_key}",
+                    # Write the compiled model and vitisai_ep_report.json to cache_dir, where
+                    # the coverage gate reads the report.
+                    "enable_cache_file_io_in_mem": "0",
+                }
+            },
+            cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
+            workspace_fixed=256 * MiB,
+            workspace_weight_copies=1.0,
+            workspace_reason=(
+                "the compiled NPU model keeps a packed copy of the weights in host RAM shared with "
+                "the NPU, plus the EP runtime (~256 MiB)"
+            ),
+        ),
+        OrtBackend(
+            backend="ort-qnn",
+            ep="QNNExecutionProvider",
+            install="pip install onnxruntime-qnn numpy (Windows on Snapdragon; Python for ARM64)",
+            provider_options={
+                "*": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "high_performance"}
+            },
+            precision_options={
+                # HTP has no fp32 datapath; with this flag an fp32 graph runs in fp16.
+                "fp32": {"enable_htp_fp16_precision": "1"},
+            },
+            workspace_fixed=128 * MiB,
+            workspace_weight_copies=1.0,
+            workspace_reason=(
+                "the HTP context binary holds its own prepared copy of the weights, plus the QNN "
+                "runtime's buffers (~128 MiB)"
+            ),
+        ),
+        OrtBackend(
+            backend="ort-openvino",
+            ep="OpenVINOExecutionProvider",
+            install=(
+                "onnxruntime-openvino replaces the onnxruntime module, so give it its own "
+                "environment: python -m venv .venvs/openvino && .venvs/openvino/bin/pip install "
+                "onnxruntime-openvino numpy"
+            ),
+            provider_options={
+                "cpu": {"device_type": "CPU"},
+                # GPU and NPU compiles are slow; OpenVINO caches the compiled blob in cache_dir.
+                "igpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
+                "gpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
+                "npu": {"device_type": "NPU", "cache_dir": "{cache_dir}"},
+            },
+            cache_options=("cache_dir",),
+            workspace_fixed=320 * MiB,
+            workspace_weight_copies=1.0,
+            workspace_reason=(
+                "OpenVINO compiles the graph into its own plugin model with its own copy of the "
+                "weights; opening the piper voice (60 MiB of weights) with device_type CPU added "
+                "354 MiB of RSS here"
+            ),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    backend: str
+    precision: str
+    supported: bool
+    reason: str
+    device_kinds: tuple[str, ...] = ()
+    """Empty: any device kind."""
+
+
+PRECISION_RULES: tuple[PrecisionRule, ...] = (
+    PrecisionRule("ort-cpu", "fp32", True, "MLAS kernels cover the whole ONNX opset in fp32"),
+    PrecisionRule("ort-cpu", "fp16", True, "the CPU EP has fp16 kernels for the common ops; an op without one fails session creation, which the coverage gate reports"),
+    PrecisionRule("ort-cpu", "bf16", True, "the CPU EP runs bf16 graphs where it has kernels (AVX512-BF16/AMX fast, otherwise emulated)"),
+    PrecisionRule("ort-cpu", "int8", True, "QDQ and QOperator int8 run through MLAS int8 GEMMs"),
+    PrecisionRule("ort-cpu", "int4", True, "weight-only int4 (MatMulNBits) has a CPU kernel"),
+    PrecisionRule("ort-cuda", "fp32", True, "cuDNN/cuBLAS fp32 (TF32 where allowed)"),
+    PrecisionRule("ort-cuda", "fp16", True, "fp16 tensor-core kernels"),
+    PrecisionRule("ort-cuda", "bf16", True, "bf16 kernels for the common ops (Ampere and newer)"),
+    PrecisionRule("ort-cuda", "int8", True, "QDQ graphs run (dequantized around unsupported ops)"),
+    PrecisionRule("ort-cuda", "int4", True, "MatMulNBits has a CUDA kernel"),
+    PrecisionRule("ort-dml", "fp32", True, "DirectML runs fp32 on any D3D12 GPU"),
+    PrecisionRule("ort-dml", "fp16", True, "DirectML runs fp16 natively; the usual choice on iGPUs"),
+    PrecisionRule("ort-dml", "int8", True, "DirectML has QuantizeLinear/DequantizeLinear and QLinear operators"),
+    PrecisionRule("ort-dml", "int4", True, "MatMulNBits has a DirectML kernel (the int4 LLM path of onnxruntime-genai)"),
+    PrecisionRule("ort-dml", "bf16", False, "DirectML has no bf16 tensor type"),
+    PrecisionRule("ort-vitisai", "int8", True, "the XDNA NPU compiles QDQ int8 graphs (A8W8/A16W8 from AMD Quark)"),
+    PrecisionRule("ort-vitisai", "bf16", True, "XDNA 2 NPUs (Strix/Krackan) compile bf16 graphs"),
+    PrecisionRule("ort-vitisai", "fp32", False, "the XDNA NPU has no fp32 datapath: fp32 nodes stay on the CPU (quantize to QDQ int8 with Quark, or export bf16)"),
+    PrecisionRule("ort-vitisai", "fp16", False, "the VitisAI EP does not compile fp16 graphs for the NPU (export QDQ int8 or bf16)"),
+    PrecisionRule("ort-vitisai", "int4", False, "weight-only int4 runs through AMD's LLM flow, not the VitisAI EP's graph compiler"),
+    PrecisionRule("ort-qnn", "int8", True, "HTP runs QDQ graphs (uint8/uint16 activations, int8 weights) natively"),
+    PrecisionRule("ort-qnn", "fp16", True, "HTP v73+ (Snapdragon X Elite) runs fp16"),
+    PrecisionRule("ort-qnn", "fp32", True, "HTP runs an fp32 graph in fp16 (enable_htp_fp16_precision=1); the numeric gate decides whether that is close enough"),
+    PrecisionRule("ort-qnn", "bf16", False, "HTP has no bf16 datapath"),
+    PrecisionRule("ort-qnn", "int4", False, "MatMulNBits (weight-only int4) is a contrib op the QNN EP does not take; use QDQ int8/int16"),
+    PrecisionRule("ort-openvino", "fp32", True, "the CPU plugin runs fp32; the GPU plugin runs it with an fp16 inference hint", ("cpu", "gpu", "igpu")),
+    PrecisionRule("ort-openvino", "fp32", True, "the NPU plugin compiles fp32 graphs to fp16", ("npu",)),
+    PrecisionRule("ort-openvino", "fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"),
+    PrecisionRule("ort-openvino", "int8", True, "OpenVINO turns QDQ int8 into its low-precision kernels"),
+    PrecisionRule("ort-openvino", "bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)),
+    PrecisionRule("ort-openvino", "bf16", False, "the GPU and NPU plugins have no bf16 path", ("gpu", "igpu", "npu")),
+    PrecisionRule("ort-openvino", "int4", False, "MatMulNBits is not taken by the OpenVINO EP's graph partitioner in general; export QDQ int8"),
+)
+
+
+def backend(name: str) -> OrtBackend:
+    """The row for ``name``; ``KeyError`` names the known backends."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})") from None
+
+
+def precision_rule(backend_name: str, device_kind: str, precision: str) -> PrecisionRule | None:
+    """The rule for one backend × device kind × precision, or None when the table is silent."""
+    for rule in PRECISION_RULES:
+        if rule.backend == backend_name and rule.precision == precision and (
+            not rule.device_kinds or device_kind in rule.device_kinds
+        ):
+            return rule
+    return None
+
+
+def runnable_precisions(backend_name: str, device_kind: str) -> list[str]:
+    """Precisions this backend runs on this kind of device, in table order."""
+    out: list[str] = []
+    for rule in PRECISION_RULES:
+        if (
+            rule.backend == backend_name
+            and rule.supported
+            and (not rule.device_kinds or device_kind in rule.device_kinds)
+            and rule.precision not in out
+        ):
+            out.append(rule.precision)
+    return out
+
+
+def workspace_bytes(backend_name: str, weight_bytes: int) -> int:
+    row = backend(backend_name)
+    return row.workspace_fixed + int(row.workspace_weight_copies * weight_bytes)
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Everything a worker needs to open one session (plain data; crosses processes)."""
+
+    graph: str
+    providers: list[str]
+    provider_options: list[dict[str, str]]
+    session_options: dict[str, Any]
+    session_config: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph,
+            "providers": list(self.providers),
+            "provider_options": [dict(o) for o in self.provider_options],
+            "session_options": dict(self.session_options),
+            "session_config": dict(self.session_config),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SessionSpec:
+        return cls(
+            graph=str(d["graph"]),
+            providers=list(d["providers"]),
+            provider_options=[dict(o) for o in d["provider_options"]],
+            session_options=dict(d.get("session_options", {})),
+            session_config=dict(d.get("session_config", {})),
+        )
+
+    def with_config(self, **entries: str) -> SessionSpec:
+        return SessionSpec(
+            self.graph, self.providers, self.provider_options, self.session_options,
+            {**self.session_config, **entries},
+        )
+
+
+def session_spec(
+    backend_name: str,
+    *,
+    graph: str,
+    device_kind: str,
+    device_id: str,
+    precision: str,
+    cache_key: str,
+    overrides: dict[str, Any] | None = None,
+    target_only: bool = False,
+    cache_dir: str | None = None,
+) -> SessionSpec:
+    """The providers, provider options and session options for one placement.
+
+    The target EP comes first; the CPU EP follows unless the target *is* the CPU
+    EP or ``target_only`` is set, in which case ``session.disable_cpu_ep_fallback``
+    makes ORT fail rather than hand nodes to the CPU. ``overrides`` (the stage
+    config's ``provider_options`` for this backend) win over the table.
+    """
+    row = backend(backend_name)
+    template = row.provider_options.get(device_kind, row.provider_options.get("*", {}))
+    index = device_id.split(":", 1)[1] if ":" in device_id else "0"
+    if cache_dir is None:
+        from orchestrator.verify.settings import ep_cache_dir
+
+        cache_dir = str(ep_cache_dir(backend_name))
+    values = {"device_index": index, "cache_dir": cache_dir, "cache_key": cache_key}
+    options = {k: v.format(**values) for k, v in template.items()}
+    options.update(row.precision_options.get(precision, {}))
+    options.update({k: _option_str(v) for k, v in (overrides or {}).items()})
+    providers = [row.ep]
+    provider_options = [options]
+    config: dict[str, str] = {}
+    if row.ep != CPU_EP:
+        if target_only:
+            config[DISABLE_CPU_FALLBACK] = "1"
+        else:
+            providers.append(CPU_EP)
+            provider_options.append({})
+    return SessionSpec(graph, providers, provider_options, dict(row.session_options), config)
+
+
+def keyed_options(backend_name: str, spec: SessionSpec) -> dict[str, Any]:
+    """The part of a session spec that changes what runs (the evidence key's share).
+
+    Cache locations are left out: moving the cache must not invalidate evidence.
+    """
+    row = backend(backend_name)
+    return {
+        "providers": list(spec.providers),
+        "provider_options": [
+            {k: v for k, v in sorted(opts.items()) if k not in row.cache_options}
+            for opts in spec.provider_options
+        ],
+        "session_options": dict(sorted(spec.session_options.items())),
+        "session_config": dict(sorted(spec.session_config.items())),
+    }
+
+
+def _option_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)

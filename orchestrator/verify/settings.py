@@ -1,0 +1,50 @@
+"""The one place the verification code reads the environment, and its defaults.
+
+Everything here is a plain function or constant; nothing is read at import
+time, so a test that sets ``OMNI_EDGE_CACHE_DIR`` with ``monkeypatch.setenv``
+sees its value on the next call.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
+"""Root of everything omni-edge caches on this machine (evidence, graph stats,
+EP compile caches). Default: ``~/.cache/omni-edge``."""
+
+PROBE_TIMEOUT_S = 60.0
+"""A route probe starts an interpreter and imports numpy and onnxruntime: about
+1 s warm on this 2-core box, 10–20 s on a cold Windows interpreter reached
+through WSL interop. A minute is generous for both and still ends a hung one."""
+
+OPEN_TIMEOUT_S = 900.0
+"""Opening a session compiles the graph for the EP. VitisAI and the OpenVINO NPU
+plugin compile for minutes on first use (AMD documents "can take minutes"); the
+OpenVINO CPU plugin takes ~3 s for the 63 MB piper voice here."""
+
+RUN_TIMEOUT_S = 300.0
+"""One inference call. A TTS sentence takes ~0.05 s on this CPU; five minutes
+only ends a worker that is stuck."""
+
+
+def cache_root() -> Path:
+    """``$OMNI_EDGE_CACHE_DIR`` when set, else ``~/.cache/omni-edge``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "omni-edge"
+
+
+def evidence_dir() -> Path:
+    """Where gate evidence lives: one JSON file per evidence key."""
+    return cache_root() / "evidence"
+
+
+def graph_stats_dir() -> Path:
+    """Where ``describe_graph`` memoises graph statistics, keyed by file size and mtime."""
+    return cache_root() / "graphs"
+
+
+def ep_cache_dir(backend: str) -> Path:
+    """Compile caches an EP may write (VitisAI's cache_dir, OpenVINO's blobs)."""
+    return cache_root() / "ep-cache" / backend

@@ -1,0 +1,156 @@
+"""Pipeline config loading: strict keys, graph checks, where → what → how to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from orchestrator.config import load_config
+from orchestrator.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+THINKER = """
+  - name: thinker
+    kind: ar_decode
+    model: ckpt
+    devices: [gpu:0, cpu]
+    max_model_len: 1024
+    final_output: true
+"""
+
+
+def test_loads_and_resolves_model_path_relative_to_config(tmp_path):
+    cfg = load_config(write(tmp_path, "name: p\nstages:" + THINKER))
+    stage = cfg.stage("thinker")
+    assert stage.model == str((tmp_path / "ckpt").resolve())
+    assert stage.devices == ["gpu:0", "cpu"]
+    assert stage.inputs == ["request"]
+
+
+def test_json_loads_through_the_same_path(tmp_path):
+    p = write(tmp_path, '{"name": "p", "stages": [{"name": "t", "kind": "ar_decode", "model": "m", '
+              '"devices": ["cpu"], "max_model_len": 512, "final_output": true}]}', "p.json")
+    assert load_config(p).stages[0].max_model_len == 512
+
+
+def test_unknown_key_is_an_error_with_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    max_model_lenn: 5\n"))
+    text = str(exc.value)
+    assert "stages[0].max_model_lenn: unknown key 'max_model_lenn'" in text
+    assert "did you mean 'max_model_len'" in text
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    bad = """name: p
+stages:
+  - name: a
+    kind: ar_decode
+    model: m
+    devices: [cpu]
+    max_model_len: 4
+  - name: b
+    kind: warp_drive
+    devices: [cpu]
+"""
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, bad))
+    text = str(exc.value)
+    assert "stages[0].max_model_len" in text and "greater than or equal to 16" in text
+    assert "stages[1].kind: unknown stage kind 'warp_drive'" in text
+    assert "ar_decode" in text  # the fix lists the kinds that exist
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:\n  - name: [unclosed\n"))
+    assert "p.yaml:" in str(exc.value) and "not valid YAML" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("  - name: tts\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n    inputs: [nobody]\n",
+         "unknown input 'nobody'"),
+        ("  - name: thinker\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
+         "stage name 'thinker' is used more than once"),
+        ("  - name: x\n    kind: ar_decode\n    model: m\n    devices: [tpu:0]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
+         "'tpu:0' is not a device id"),
+    ],
+)
+def test_graph_errors(tmp_path, extra, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + THINKER + extra))
+    assert message in str(exc.value)
+
+
+def test_cycle_and_missing_final_output(tmp_path):
+    cyc = """name: p
+stages:
+  - {name: a, kind: ar_decode, model: m, devices: [cpu], max_model_len: 64, sampling: {max_tokens: 8}, inputs: [b]}
+  - {name: b, kind: ar_decode, model: m, devices: [cpu], max_model_len: 64, sampling: {max_tokens: 8}, inputs: [a]}
+"""
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, cyc))
+    text = str(exc.value)
+    assert "cycle" in text and "a → b → a" in text or "b → a → b" in text
+    assert "no stage has final_output: true" in text
+
+
+def test_max_tokens_must_leave_room_for_the_prompt(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {max_tokens: 4096}\n"))
+    assert "sampling.max_tokens (4096) must be smaller than max_model_len (1024)" in str(exc.value)
+
+
+def test_vllm_omni_stage_args_are_recognised(tmp_path):
+    doc = """name: omni
+stage_args:
+  - stage_id: 0
+    name: thinker
+    kind: ar_decode
+    model: m
+    devices: [cpu]
+    engine_args: {max_model_len: 2048, enforce_eager: true}
+    final_output: true
+    final_output_type: text
+  - stage_id: 1
+    name: talker
+    kind: ar_decode
+    model: m
+    devices: [cpu]
+    engine_args: {max_model_len: 1024}
+    engine_input_source: [0]
+"""
+    cfg = load_config(write(tmp_path, doc))
+    assert cfg.stage("talker").inputs == ["thinker"]
+    assert cfg.stage("thinker").max_model_len == 2048
+
+
+def test_every_config_field_has_a_description():
+    from orchestrator import config, profile
+    from stages.registry import get_kind
+
+    models: list[type[BaseModel]] = [config.PipelineConfig, config.StageConfig, profile.HardwareProfile,
+                                     profile.Host, profile.Device, profile.Route]
+    for name in ("ar_decode", "exported_graph"):
+        models.append(get_kind(name).config_model)
+    seen = set()
+    while models:
+        m = models.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        for field_name, info in m.model_fields.items():
+            assert info.description, f"{m.__name__}.{field_name} has no description"
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                models.append(ann)

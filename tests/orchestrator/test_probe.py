@@ -1,0 +1,248 @@
+"""`omni-edge probe` and orchestrator.probe: this machine as a profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator import probe
+from orchestrator.cli import main
+from orchestrator.profile import Route, load_profile, parse_profile
+
+REPO = Path(__file__).resolve().parents[2]
+OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"
+GiB = 2**30
+
+
+# ---- parsers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("max\n", None),
+        ("9223372036854771712\n", None),  # cgroup v1 "no limit"
+        ("8589934592\n", 8 * GiB),
+        ("", None),
+        ("garbage", None),
+        ("0", None),
+    ],
+)
+def test_parse_cgroup_limit(text, expected):
+    assert probe.parse_cgroup_limit(text) == expected
+
+
+def test_cgroup_limit_skips_max_and_reads_the_next_file(tmp_path):
+    v2 = tmp_path / "memory.max"
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text("4294967296\n")
+    assert probe.cgroup_memory_limit([tmp_path / "absent", v2, v1]) == 4 * GiB
+    v1.write_text("9223372036854771712\n")
+    assert probe.cgroup_memory_limit([v2, v1]) is None
+
+
+def test_wsl_is_recognised_from_proc_version():
+    assert probe.is_wsl("Linux version 5.15.167.4-microsoft-standard-WSL2 (root@...)")
+    assert probe.is_wsl("Linux version 4.4.0-19041-Microsoft")
+    assert not probe.is_wsl("Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075)")
+
+
+def test_cpuinfo_name_and_isa():
+    text = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "flags\t\t: fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_bf16 amx_tile amx_bf16 amx_int8\n"
+        "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu\n"
+    )
+    name, isa = probe.parse_cpuinfo(text)
+    assert name == "Intel(R) Xeon(R) Platinum 8480+"
+    assert {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"} <= set(isa)
+    assert "fpu" not in isa
+
+
+def test_cpuinfo_aarch64_features():
+    name, isa = probe.parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm bf16 sve\n")
+    assert name == "" and isa == ["bf16", "dotprod", "i8mm", "neon", "sve"]
+
+
+def test_route_argument():
+    assert probe.parse_route_arg("ov=.venvs/openvino/bin/python") == (
+        "ov",
+        ".venvs/openvino/bin/python",
+    )
+    with pytest.raises(ValueError, match="NAME=PYTHON"):
+        probe.parse_route_arg("just-a-path")
+
+
+# ---- interpreters -------------------------------------------------------------------------
+
+
+def _fake_python(tmp_path: Path, body: str) -> str:
+    """An executable that stands in for an interpreter: it ignores its arguments."""
+    exe = tmp_path / "fake-python"
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_interpreter_that_hangs_times_out(tmp_path):
+    result = probe.probe_interpreter(_fake_python(tmp_path, "sleep 10"), timeout_s=0.5)
+    assert not result.ok and "did not answer within 0.5 s" in result.error
+
+
+def test_interpreter_that_crashes_reports_its_last_line(tmp_path):
+    result = probe.probe_interpreter(
+        _fake_python(tmp_path, "echo 'ImportError: libfoo.so' >&2; exit 3")
+    )
+    assert not result.ok and "exited 3: ImportError: libfoo.so" in result.error
+
+
+def test_missing_interpreter():
+    result = probe.probe_interpreter("/nonexistent/bin/python")
+    assert not result.ok and "not found" in result.error
+
+
+# ---- the probe on this machine -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def here():
+    """One probe of this machine (each costs a cold `import onnxruntime` in a subprocess)."""
+    return probe.probe_profile(use_default_routes=False)
+
+
+def test_probe_returns_a_valid_profile_with_cpu(here):
+    assert here.devices[0].id == "cpu" and here.devices[0].kind == "cpu"
+    again = parse_profile(json.loads(here.model_dump_json()), where="round-trip")
+    assert again == here
+
+
+def test_probe_ram_matches_psutil(here):
+    vm = psutil.virtual_memory()
+    assert here.host.ram_total_bytes == vm.total
+    assert 0 < here.host.ram_available_bytes <= here.host.ram_total_bytes
+    assert abs(here.host.ram_available_bytes - vm.available) < 0.25 * vm.total
+    if here.host.ram_limit_bytes is not None:
+        assert here.host.ram_limit_bytes < here.host.ram_total_bytes
+    assert here.host_ram_capacity <= here.host.ram_available_bytes
+
+
+def test_probe_this_process_route_lists_what_onnxruntime_offers(here):
+    r = here.route("this-process")
+    assert r.reachable
+    try:
+        import importlib.util
+
+        has_ort = importlib.util.find_spec("onnxruntime") is not None
+    except ValueError:
+        has_ort = False
+    if has_ort:
+        assert r.providers and "CPUExecutionProvider" in r.providers
+        assert "ort-cpu" in here.device("cpu").backends
+
+
+def test_extra_route_eps_become_backend_routes(tmp_path):
+    answer = json.dumps(
+        {"v": "9.9", "p": ["OpenVINOExecutionProvider", "CPUExecutionProvider"], "vllm": []}
+    )
+    fake = _fake_python(tmp_path, f"echo '{answer}'")
+    p = probe.probe_profile(
+        [Route(name="fake-ov", kind="interpreter", python=fake)], use_default_routes=False
+    )
+    cpu = p.device("cpu")
+    assert "ort-openvino" in cpu.backends
+    assert cpu.route_for("ort-openvino") == "fake-ov"
+    r = p.route("fake-ov")
+    assert (
+        r.reachable
+        and r.ort_version == "9.9"
+        and r.providers == ["OpenVINOExecutionProvider", "CPUExecutionProvider"]
+    )
+
+
+def test_extra_route_that_does_not_exist_is_unreachable_with_remedy():
+    p = probe.probe_profile(
+        [Route(name="ghost", kind="interpreter", python="/nonexistent/bin/python")],
+        use_default_routes=False,
+    )
+    r = p.route("ghost")
+    assert r.reachable is False
+    assert "not found" in r.reason and "--route" in r.remedy
+    assert all(d.route_for(b) != "ghost" for d in p.devices for b in d.backends)
+
+
+@pytest.mark.openvino
+@pytest.mark.skipif(not OPENVINO_PY.exists(), reason="needs .venvs/openvino")
+def test_openvino_venv_drives_the_cpu():
+    p = probe.probe_profile(
+        [Route(name="openvino-venv", kind="interpreter", python=str(OPENVINO_PY))],
+        use_default_routes=False,
+    )
+    r = p.route("openvino-venv")
+    assert r.reachable and "OpenVINOExecutionProvider" in r.providers
+    assert p.device("cpu").route_for("ort-openvino") == "openvino-venv"
+
+
+def test_probe_imports_nothing_heavy():
+    code = (
+        "import sys, orchestrator.probe as p, orchestrator.commands.probe\n"
+        "p.probe_profile(use_default_routes=False)\n"
+        "print(sorted(m for m in ('onnxruntime', 'torch', 'vllm', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def test_cli_json_parses_as_a_profile(capsys):
+    assert main(["probe", "--json", "--no-default-routes"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    p = parse_profile(data, where="stdout")
+    assert p.format == "omni-edge.profile/1" and p.device("cpu") is not None
+
+
+def test_cli_table_names_devices_pools_and_routes(capsys):
+    assert main(["probe", "--no-default-routes"]) == 0
+    out = capsys.readouterr().out
+    for word in ("devices", "pools", "host_ram", "routes", "this-process"):
+        assert word in out
+
+
+def test_cli_save_writes_a_loadable_profile_atomically(tmp_path, capsys):
+    target = tmp_path / "me.json"
+    assert main(["probe", "--no-default-routes", "--save", str(target)]) == 0
+    assert load_profile(target).device("cpu") is not None
+    assert f"saved to {target}" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == ["me.json"]  # no temporary file left behind
+
+
+def test_cli_save_refuses_to_overwrite_without_force(tmp_path, capsys):
+    target = tmp_path / "mine.json"
+    target.write_text("precious\n")
+    assert main(["probe", "--no-default-routes", "--save", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert str(target) in err and "already exists" in err and "--force" in err
+    assert target.read_text() == "precious\n"
+    assert os.listdir(tmp_path) == ["mine.json"]
+
+
+def test_cli_save_force_replaces(tmp_path):
+    target = tmp_path / "mine.json"
+    target.write_text("old\n")
+    assert main(["probe", "--no-default-routes", "--save", str(target), "--force", "--json"]) == 0
+    assert load_profile(target).device("cpu") is not None
+
+
+def test_cli_bad_route_argument_exits_2(capsys):
+    assert main(["probe", "--route", "no-equals-sign"]) == 2
+    assert "NAME=PYTHON" in capsys.readouterr().err
