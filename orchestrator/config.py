@@ -184,8 +184,8 @@ def check_graph(config: PipelineConfig, where: str) -> None:
     for dup in sorted({n for n in names if names.count(n) > 1}):
         problems.append(Problem(f"{where}: stages", f"stage name {dup!r} is used more than once", "give each stage a unique name"))
     ids = [s.stage_id for s in config.stages if s.stage_id is not None]
-    for dup in sorted({i for i in ids if ids.count(i) > 1}):
-        problems.append(Problem(f"{where}: stages", f"stage_id {dup} is used more than once", "give each stage a unique stage_id"))
+    for dup_id in sorted({i for i in ids if ids.count(i) > 1}):
+        problems.append(Problem(f"{where}: stages", f"stage_id {dup_id} is used more than once", "give each stage a unique stage_id"))
     for s in config.stages:
         for inp in s.inputs:
             if inp != REQUEST and inp not in names:

@@ -288,7 +288,7 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
         **{k: v for k, v in info.details.items() if k != "text_config"},
     }
     extras = kind.plan_extras(stage, info)
-    common = {
+    common: dict[str, Any] = {
         "name": stage.name, "kind": stage.kind, "artifact": artifact, "kv_cache": extras.get("kv_cache"),
         "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
     }

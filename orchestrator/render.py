@@ -59,19 +59,19 @@ def plan_table(plan: PipelinePlan) -> Group:
         ref = Table(title="devices not used", title_justify="left", show_lines=True)
         for col in ("stage", "device", "code", "why", "remedy"):
             ref.add_column(col, overflow="fold", no_wrap=col == "code")
-        for name, r in skipped:
-            ref.add_row(name, r.device, Text(r.code, style="yellow"), Text(r.message), Text(r.remedy))
+        for name, refusal in skipped:
+            ref.add_row(name, refusal.device, Text(refusal.code, style="yellow"), Text(refusal.message), Text(refusal.remedy))
         parts.append(ref)
     for s in plan.stages:
         if s.admitted:
             continue
         block = Text()
         block.append(f"stage {s.name!r} refused:\n", style="bold red")
-        for r in s.refusals:
-            block.append(f"  [{r.code}] ", style="bold red")
-            block.append(f"{r.device}: {r.message}\n")
+        for refusal in s.refusals:
+            block.append(f"  [{refusal.code}] ", style="bold red")
+            block.append(f"{refusal.device}: {refusal.message}\n")
             block.append("    remedy: ", style="bold")
-            block.append(f"{r.remedy}\n")
+            block.append(f"{refusal.remedy}\n")
         parts.append(block)
     for s in plan.stages:
         if s.admitted and s.engine_kwargs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,7 +52,7 @@ def problems_from_validation(
     return problems
 
 
-def _fix_for(kind: str, err: dict) -> str:  # type: ignore[type-arg]
+def _fix_for(kind: str, err: Any) -> str:
     ctx = err.get("ctx") or {}
     if kind == "literal_error":
         return f"use one of {ctx.get('expected', '')}"

@@ -85,7 +85,7 @@ class ArDecodeConfig(StageConfig):
         "auto", description="KV cache dtype; auto follows the model dtype."
     )
     enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
-    sampling: Sampling = Field(default_factory=Sampling, description="Default sampling parameters.")
+    sampling: Sampling = Field(default_factory=lambda: Sampling(), description="Default sampling parameters.")
     system_prompt: str | None = Field(None, description="System message prepended through the chat template.")
 
     @model_validator(mode="after")

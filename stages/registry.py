@@ -31,7 +31,8 @@ _plugins_loaded = False
 def _load(target: str) -> StageKind:
     module, _, attr = target.partition(":")
     cls = getattr(import_module(module), attr)
-    return cls()  # type: ignore[no-any-return]
+    kind: StageKind = cls()
+    return kind
 
 
 def register(kind: StageKind) -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.profile import HardwareProfile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
 
 
-def load_profile_arg(path: str | None):  # type: ignore[no-untyped-def]
+def load_profile_arg(path: str | None) -> HardwareProfile:
     """The profile for ``--profile FILE``, or this machine's, probed."""
     if path:
         from orchestrator.profile import load_profile

@@ -63,7 +63,7 @@ def test_missing_checkpoint_and_bad_profile_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "profile.json: name" in err and "host" in err
     cfg2 = tmp_path / "q.yaml"
-    cfg2.write_text(f"name: q\nstages:\n  - {{name: t, kind: ar_decode, model: nowhere, devices: [cpu], max_model_len: 64, sampling: {{max_tokens: 8}}, final_output: true}}\n")
+    cfg2.write_text("name: q\nstages:\n  - {name: t, kind: ar_decode, model: nowhere, devices: [cpu], max_model_len: 64, sampling: {max_tokens: 8}, final_output: true}\n")
     assert main(["plan", str(cfg2), "--profile", str(REPO / "configs/profiles/cpu-only-linux.json")]) == 2
     assert "checkpoint directory not found" in capsys.readouterr().err
 
@@ -71,10 +71,10 @@ def test_missing_checkpoint_and_bad_profile_exit_2(tmp_path, capsys):
 def test_plan_imports_no_heavy_module(tmp_path):
     cfg, prof = setup(tmp_path)
     code = (
-        "import sys; from orchestrator.cli import main; rc = main(['plan', %r, '--profile', %r, '--json']);"
+        f"import sys; from orchestrator.cli import main; rc = main(['plan', {str(cfg)!r}, '--profile', {str(prof)!r}, '--json']);"
         "heavy = sorted(m for m in ('torch', 'vllm', 'onnxruntime', 'ray', 'transformers') if m in sys.modules);"
         "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)"
-    ) % (str(cfg), str(prof))
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "HEAVY []" in run.stderr

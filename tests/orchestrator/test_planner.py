@@ -6,8 +6,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from orchestrator import errors
 from orchestrator.config import load_config
 from orchestrator.plan import PipelinePlan

