@@ -158,7 +158,7 @@ class SessionHost:
         return fn(**args)
 
     def probe(self) -> dict[str, Any]:
-        dist, version = runtime_identity()
+        dist, _version = runtime_identity()
         out: dict[str, Any] = {
             "python": sys.executable,
             "python_version": platform.python_version(),
@@ -240,7 +240,7 @@ class SessionHost:
         t0 = time.perf_counter()
         values = session.run(names, feeds)
         run_s = time.perf_counter() - t0
-        return {"outputs": {n: np.asarray(v) for n, v in zip(names, values)}, "run_s": run_s}
+        return {"outputs": {n: np.asarray(values[i]) for i, n in enumerate(names)}, "run_s": run_s}
 
     def close(self, handle: int) -> dict[str, Any]:
         self._sessions.pop(handle, None)

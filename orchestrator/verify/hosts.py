@@ -1,0 +1,250 @@
+"""Session hosts: where ONNX Runtime sessions live for one route.
+
+``open_host(route)`` returns a :class:`LocalHost` for this interpreter or a
+:class:`WorkerHost` — a subprocess started with the route's interpreter that
+runs ``route_worker.py`` — with the same four calls: ``probe``, ``open``,
+``run``, ``close``. The gates and the stage runner use hosts and never care
+which one they hold.
+
+Why a subprocess bridge rather than a Ray actor started with another
+interpreter: a Ray worker must run the same Ray and Python version as the
+cluster, so every route environment would need Ray installed (the OpenVINO
+venv is numpy + onnxruntime-openvino, 120 MB; Ray adds ~200 MB and pins
+protobuf), and a Windows ``python.exe`` reached from WSL2 cannot join a Linux
+Ray cluster at all. The bridge needs only numpy and onnxruntime in the route,
+speaks over stdin/stdout (which WSL interop carries), and the device actor that
+owns it is still an ordinary Ray actor. Calls are serialised per host (one
+request in flight) — a device runs one inference at a time anyway.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import VerificationError
+from orchestrator.verify import route_worker, settings
+from orchestrator.verify.routes import ResolvedRoute
+
+log = logging.getLogger(__name__)
+
+_EOF = object()
+
+
+class RouteError(VerificationError):
+    """The route's worker could not be started or stopped answering."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+
+class RemoteError(VerificationError):
+    """A call raised inside the route (the session failed to open, a run failed)."""
+
+    def __init__(self, op: str, type_name: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{op} failed in the route: {type_name}: {message}")
+        self.op = op
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+
+class LocalHost:
+    """Sessions in this interpreter (this-process routes)."""
+
+    in_process = True
+
+    def __init__(self, route: ResolvedRoute) -> None:
+        self.route = route
+        self._host = route_worker.SessionHost()
+        self._lock = threading.Lock()
+
+    def probe(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("probe", {})
+
+    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("open", {"spec": spec, "record": record})
+
+    def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("run", {"handle": handle, "feeds": feeds})
+
+    def close(self, handle: int) -> None:
+        self._call("close", {"handle": handle})
+
+    def shutdown(self) -> None:
+        self._host = route_worker.SessionHost()
+
+    def path(self, p: str | Path) -> str:
+        return str(p)
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
+        with self._lock:
+            try:
+                return self._host.dispatch(op, args)
+            except Exception as exc:
+                raise RemoteError(op, type(exc).__name__, str(exc)) from exc
+
+
+class WorkerHost:
+    """Sessions in a worker subprocess started with the route's interpreter."""
+
+    in_process = False
+
+    def __init__(self, route: ResolvedRoute, *, start_timeout: float = settings.PROBE_TIMEOUT_S) -> None:
+        assert route.python is not None
+        self.route = route
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._replies: queue.Queue[Any] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=200)
+        source = Path(route_worker.__file__).read_bytes()
+        try:
+            self._proc = subprocess.Popen(
+                [route.python, "-I", "-c", route_worker.BOOTSTRAP],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=_worker_env(),
+            )
+        except OSError as exc:
+            raise RouteError(
+                f"cannot start {route.python}: {exc}",
+                "check routes[].python: it must be an interpreter this process can execute",
+            ) from None
+        assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
+        threading.Thread(target=self._read_replies, daemon=True, name=f"route-{route.name}-out").start()
+        threading.Thread(target=self._read_stderr, daemon=True, name=f"route-{route.name}-err").start()
+        try:
+            self._proc.stdin.write(f"{len(source)}\n".encode() + source)
+            self._proc.stdin.flush()
+        except OSError:
+            self._fail("the worker exited before it read its program")
+
+    # -- calls ---------------------------------------------------------------
+    def probe(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("probe", {}, timeout or settings.PROBE_TIMEOUT_S)
+
+    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        spec = {**spec, "graph": self.path(spec["graph"])}
+        return self._call("open", {"spec": spec, "record": record}, timeout or settings.OPEN_TIMEOUT_S)
+
+    def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("run", {"handle": handle, "feeds": feeds}, timeout or settings.RUN_TIMEOUT_S)
+
+    def close(self, handle: int) -> None:
+        with contextlib.suppress(RouteError):
+            self._call("close", {"handle": handle}, settings.RUN_TIMEOUT_S)
+
+    def path(self, p: str | Path) -> str:
+        return self.route.path_for_route(p)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not within ``timeout``."""
+        if self._proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(route_worker.encode({"id": 0, "op": "exit"}))
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        with self._lock:
+            if self._proc.poll() is not None:
+                self._fail(f"the worker has exited (code {self._proc.returncode})")
+            message_id = next(self._ids)
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
+                self._proc.stdin.flush()
+            except OSError:
+                self._fail(f"the worker exited while receiving {op!r}")
+            try:
+                reply = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                self._proc.kill()
+                self._fail(f"{op!r} did not answer within {timeout:.0f} s; the worker was killed")
+            if reply is _EOF or isinstance(reply, BaseException):
+                self._proc.wait(5)
+                detail = f" ({reply})" if isinstance(reply, BaseException) else ""
+                self._fail(f"the worker exited with code {self._proc.returncode} during {op!r}{detail}")
+            if reply.get("id") != message_id:  # pragma: no cover - one request in flight
+                self._fail(f"protocol error: reply {reply.get('id')} to request {message_id}")
+            if not reply.get("ok"):
+                err = reply.get("error", {})
+                raise RemoteError(op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""))
+            return reply.get("result")
+
+    def _fail(self, what: str) -> Any:
+        tail = self.stderr_tail()
+        message = f"route {self.route.name!r} ({self.route.python}): {what}"
+        if tail:
+            message += f"; its last output: {tail}"
+        raise RouteError(message, _remedy_for(tail, self.route))
+
+    def stderr_tail(self, lines: int = 6) -> str:
+        return " | ".join(list(self._stderr)[-lines:])
+
+    def _read_replies(self) -> None:
+        assert self._proc.stdout is not None
+        try:
+            while True:
+                message = route_worker.read_message(self._proc.stdout)
+                if message is None:
+                    break
+                self._replies.put(message)
+        except Exception as exc:  # a torn frame when the worker dies mid-reply
+            self._replies.put(exc)
+            return
+        self._replies.put(_EOF)
+
+    def _read_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for raw in iter(self._proc.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self._stderr.append(line)
+                log.debug("route %s: %s", self.route.name, line)
+
+
+def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:
+    if "No module named 'numpy'" in stderr_tail:
+        return f"{route.python} -m pip install numpy (the route worker needs numpy and onnxruntime)"
+    return f"run {route.python} -c 'import numpy, onnxruntime' to see what is missing, and install it there"
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The route's own site-packages must win; a PYTHONPATH meant for this interpreter
+    # could shadow its onnxruntime with ours.
+    env.pop("PYTHONPATH", None)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def open_host(route: ResolvedRoute, *, start_timeout: float = settings.PROBE_TIMEOUT_S) -> LocalHost | WorkerHost:
+    """A host for ``route``: in this interpreter, or a worker started with its interpreter."""
+    if route.in_process:
+        return LocalHost(route)
+    return WorkerHost(route, start_timeout=start_timeout)
+
+
+def this_process() -> ResolvedRoute:
+    return ResolvedRoute("this-process", "this-process", None)
+
+
+__all__ = ["LocalHost", "RemoteError", "RouteError", "WorkerHost", "open_host", "this_process"]
