@@ -161,6 +161,9 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False, model_stage:
         torch_dtype = str(text_dtype(config) or "bfloat16")
         dtype_bytes[{"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(torch_dtype, torch_dtype.upper())] = weight_bytes
         notes.append("weights not present: sizes from model.safetensors.index.json, dtype from config.json")
+        partial = index.get("metadata", {}).get("omni_edge_partial")
+        if partial:
+            notes.append(f"the index is partial, so weight bytes are a lower bound: {partial}")
     else:
         raise ConfigError.single(str(d), "no *.safetensors files and no model.safetensors.index.json", "download the weights, or at least the index JSON, into this directory")
     fmt = (_format_from_quant(quant) if isinstance(quant, dict) else None) or _format_from_dtypes(dict(dtype_bytes))

@@ -28,7 +28,7 @@ from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
 from orchestrator.ledger import Ledger, Reservation
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
-from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route
+from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
 from orchestrator.units import GiB, MiB, fmt_bytes
 from stages.base import ArtifactInfo, StageKind
 from stages.registry import get_kind
@@ -84,12 +84,8 @@ def _masked(device_id: str, mask: frozenset[str]) -> bool:
 def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Ledger, list[Reservation]]:
     """Pools from the profile, with the pipeline's own reservations admitted."""
     ledger = Ledger()
-    ledger.add_pool(HOST_RAM, profile.host_ram_capacity, note="available host RAM" + (" (capped by the WSL/cgroup limit)" if profile.host.ram_limit_bytes is not None and profile.host.ram_limit_bytes < profile.host.ram_available_bytes else ""))
-    for d in profile.devices:
-        if d.kind == "gpu" and d.memory_bytes is not None:
-            ledger.add_pool(d.pool, d.memory_bytes, note=f"{d.name} VRAM")
-        elif d.pool.startswith("shared:") and d.shared_memory_bytes is not None:
-            ledger.add_pool(d.pool, d.shared_memory_bytes, parent=HOST_RAM, note=f"{d.name} shared-memory cap")
+    for spec in profile_pools(profile):
+        ledger.add_pool(spec.id, spec.capacity, parent=spec.parent, note=spec.note)
     shared = []
     for pool in list(ledger.pools.values()):
         if pool.parent is not None:

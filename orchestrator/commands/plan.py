@@ -27,7 +27,7 @@ def load_profile_arg(path: str | None) -> HardwareProfile:
         return load_profile(path)
     from orchestrator.probe import probe_profile
 
-    return probe_profile()
+    return probe_profile(cached_routes=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -149,19 +149,9 @@ class PoolRow:
 
 def pools_of(profile: HardwareProfile) -> list[PoolRow]:
     """The memory pools a plan against ``profile`` draws on (see docs/profile-format.md)."""
-    host = profile.host
-    note = "available"
-    if host.ram_limit_bytes is not None and host.ram_limit_bytes < host.ram_available_bytes:
-        note = "capped by ram_limit_bytes"
-    rows = [PoolRow(HOST_RAM, profile.host_ram_capacity, None, note)]
-    for d in profile.devices:
-        if d.kind == "gpu" and d.memory_bytes is not None:
-            rows.append(PoolRow(d.pool, d.memory_bytes, None, f"{d.id} VRAM"))
-        elif d.pool != HOST_RAM and d.shared_memory_bytes is not None:
-            rows.append(
-                PoolRow(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.id} shared-memory cap")
-            )
-    return rows
+    from orchestrator.profile import profile_pools
+
+    return [PoolRow(p.id, p.capacity, p.parent, p.note) for p in profile_pools(profile)]
 
 
 def print_profile(profile: HardwareProfile) -> None:

@@ -160,7 +160,8 @@ def test_cpu_only_profile_reaches_openvino_through_its_venv():
     cpu = p.device("cpu")
     assert cpu.backends == ["vllm-cpu", "ort-cpu", "ort-openvino"]
     r = reach(p, "cpu", "ort-openvino")
-    assert r.kind == "interpreter" and r.python == "../../.venvs/openvino/bin/python"
+    # relative to the profile file, made absolute at load
+    assert r.kind == "interpreter" and r.python == str(REPO / ".venvs/openvino/bin/python")
     # Relative to the profile file, the path lands on the repository's venv.
     assert (PROFILES / r.python).resolve() == (REPO / ".venvs/openvino/bin/python").resolve()
     assert p.host_ram_capacity == p.host.ram_available_bytes  # no limit recorded

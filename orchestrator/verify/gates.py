@@ -1,0 +1,340 @@
+"""The two gates of an exported placement: EP node coverage and numerics.
+
+``measure`` opens the sessions in a route's host and returns plain data (the
+body of an evidence record); ``judge`` turns such data plus the current
+thresholds into a verdict with named refusals. Measuring and judging are
+apart so cached evidence is judged exactly like fresh evidence.
+
+Coverage counts nodes per EP from ``get_provider_graph_assignment_info()`` —
+ONNX Runtime's own record of who took what, after its graph optimizations
+(fusions change the count: MatMul+Add becomes one Gemm). ``get_providers()``
+is never evidence: it lists an EP that took zero nodes. Where the VitisAI EP
+wrote ``vitisai_ep_report.json`` its device split is used instead, because
+that EP can claim nodes and run them on its own CPU path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import (
+    EXECUTION_PROVIDER_DECLINED_GRAPH,
+    NUMERIC_GATE_FAILED,
+    VerificationError,
+)
+from orchestrator.plan import Refusal
+from orchestrator.verify.backends import CPU_EP, SessionSpec
+
+if TYPE_CHECKING:
+    from exports.artifact import ExportedArtifact, Tolerance
+    from orchestrator.verify.hosts import LocalHost, WorkerHost
+
+NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
+"""Names VitisAI's report uses for the accelerator in ``deviceStat``."""
+
+
+# ---- coverage ----------------------------------------------------------------------
+
+
+def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> dict[str, Any]:
+    """Node counts per EP from ORT's assignment info (one entry per assigned subgraph).
+
+    ``partitions`` is the number of subgraphs the target EP compiled; the CPU EP
+    runs node by node (ORT lists each node as its own entry), so for it the
+    figure is None rather than the node count.
+    """
+    by_ep: Counter[str] = Counter()
+    subgraphs: Counter[str] = Counter()
+    fallback: Counter[str] = Counter()
+    for sg in assignment:
+        ep = sg["ep"]
+        by_ep[ep] += len(sg["nodes"])
+        subgraphs[ep] += 1
+        if ep != target_ep:
+            for op_type, *_ in sg["nodes"]:
+                fallback[op_type] += 1
+    total = sum(by_ep.values())
+    taken = by_ep.get(target_ep, 0)
+    return {
+        "ep": target_ep,
+        "taken": taken,
+        "total": total,
+        "fraction": taken / total if total else 0.0,
+        "partitions": None if target_ep == CPU_EP else subgraphs.get(target_ep, 0),
+        "by_ep": dict(by_ep),
+        "fallback_op_types": dict(fallback.most_common()),
+        "source": "ort_assignment_info",
+    }
+
+
+def coverage_from_vitisai(report: dict[str, Any], ort_coverage: dict[str, Any] | None) -> dict[str, Any]:
+    stat = report.get("device_stat", {})
+    total = int(stat.get("all", sum(stat.values())))
+    taken = sum(int(v) for k, v in stat.items() if k.upper() in NPU_DEVICE_NAMES)
+    return {
+        "ep": "VitisAIExecutionProvider",
+        "taken": taken,
+        "total": total,
+        "fraction": taken / total if total else 0.0,
+        "partitions": (ort_coverage or {}).get("partitions"),
+        "by_ep": {k: int(v) for k, v in stat.items() if k != "all"},
+        "fallback_op_types": dict(report.get("cpu_op_types", {})),
+        "source": f"vitisai_ep_report ({report.get('path')})",
+        "ort_assignment": ort_coverage,
+    }
+
+
+# ---- numerics ----------------------------------------------------------------------
+
+
+def compare(target: Any, reference: Any) -> dict[str, Any]:
+    """rel L2, max abs and cosine of one output against its reference (float64 maths)."""
+    import numpy as np
+
+    t, r = np.asarray(target), np.asarray(reference)
+    out: dict[str, Any] = {"shape": list(t.shape), "reference_shape": list(r.shape), "dtype": str(t.dtype)}
+    if t.shape != r.shape:
+        out.update(shape_match=False, rel_l2=float("inf"), max_abs=float("inf"), cosine=0.0)
+        return out
+    out["shape_match"] = True
+    if t.dtype.kind in "OSUb" or r.dtype.kind in "OSUb":
+        same = bool(np.array_equal(t, r))
+        out.update(rel_l2=0.0 if same else float("inf"), max_abs=0.0 if same else float("inf"), cosine=1.0 if same else 0.0)
+        return out
+    tf, rf = t.astype(np.float64).ravel(), r.astype(np.float64).ravel()
+    if tf.size == 0:
+        out.update(rel_l2=0.0, max_abs=0.0, cosine=1.0)
+        return out
+    if not np.all(np.isfinite(tf)) and not np.array_equal(np.isfinite(tf), np.isfinite(rf)):
+        out.update(rel_l2=float("inf"), max_abs=float("inf"), cosine=0.0, non_finite=True)
+        return out
+    diff = tf - rf
+    rn, tn, dn = float(np.linalg.norm(rf)), float(np.linalg.norm(tf)), float(np.linalg.norm(diff))
+    out["rel_l2"] = dn / rn if rn > 0 else (0.0 if dn == 0 else float("inf"))
+    out["max_abs"] = float(np.max(np.abs(diff)))
+    if rn > 0 and tn > 0:
+        out["cosine"] = float(np.dot(tf, rf) / (tn * rn))
+    else:
+        out["cosine"] = 1.0 if rn == tn == 0 else 0.0
+    return out
+
+
+def _bit_identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import numpy as np
+
+    return set(a) == set(b) and all(
+        np.asarray(a[k]).shape == np.asarray(b[k]).shape and np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes()
+        for k in a
+    )
+
+
+# ---- measuring ---------------------------------------------------------------------
+
+
+def cpu_reference_spec(graph: str) -> SessionSpec:
+    return SessionSpec(graph, [CPU_EP], [{}], {}, {})
+
+
+def measure(
+    host: LocalHost | WorkerHost,
+    artifact: ExportedArtifact,
+    precision: str,
+    spec: SessionSpec,
+    *,
+    reference_graph: str | None,
+) -> dict[str, Any]:
+    """Open the target session (recording assignment), run the reference inputs,
+    run the reference (recorded outputs, else the CPU EP on the fp32 graph) and
+    compare. Returns the measurement part of an evidence record.
+
+    Raises ``RemoteError`` with ``type_name == 'ProviderUnavailable'`` when the
+    route lacks the EP (the caller refuses the route), and
+    ``VerificationError`` when the graph cannot even load on the CPU EP.
+    """
+    from orchestrator.verify.hosts import RemoteError
+
+    target_ep = spec.providers[0]
+    feeds = artifact.reference_inputs()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"ep": target_ep, "precision": precision, "graph": spec.graph}
+    coverage: dict[str, Any] | None = None
+    target_outputs: dict[str, Any] | None = None
+    target_error = None
+    handle = None
+    try:
+        info = host.open(spec.to_dict(), record=True)
+        handle = info["handle"]
+        timings["open_target_s"] = info["load_s"]
+        result["session_providers"] = info["providers"]
+        if info.get("assignment") is not None:
+            coverage = coverage_from_assignment(info["assignment"], target_ep)
+        if info.get("vitisai_report"):
+            coverage = coverage_from_vitisai(info["vitisai_report"], coverage)
+        if coverage is None:
+            raise VerificationError(
+                f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
+                f"{target_ep}'s node coverage cannot be measured; upgrade onnxruntime in that route"
+            )
+        try:
+            ran = host.run(handle, feeds)
+            target_outputs = ran["outputs"]
+            timings["run_target_s"] = ran["run_s"]
+        except RemoteError as exc:
+            target_error = f"the target session failed on the reference inputs: {exc.type_name}: {exc.message}"
+    except RemoteError as exc:
+        if exc.type_name == "ProviderUnavailable":
+            raise
+        target_error = f"{exc.type_name}: {exc.message}"
+        coverage = {
+            "ep": target_ep, "taken": 0, "total": None, "fraction": 0.0, "partitions": 0,
+            "by_ep": {}, "fallback_op_types": {}, "source": "session_error", "session_error": target_error,
+        }
+    finally:
+        if handle is not None:
+            host.close(handle)
+    result["coverage"] = coverage
+
+    # The CPU EP on the fp32 graph: the reference when no outputs are recorded, and
+    # always the yardstick for "bit-identical to the CPU".
+    cpu_outputs: dict[str, Any] | None = None
+    same_as_target = (
+        target_ep == CPU_EP and precision == "fp32" and not spec.session_options
+        and target_outputs is not None and reference_graph == spec.graph
+    )
+    if same_as_target:
+        cpu_outputs = target_outputs
+    elif reference_graph is not None:
+        t1 = time.perf_counter()
+        try:
+            ref = host.open(cpu_reference_spec(reference_graph).to_dict(), record=False)
+        except RemoteError as exc:
+            if coverage.get("source") == "session_error":
+                raise VerificationError(
+                    f"the graph does not load on the CPU EP either ({exc.type_name}: {exc.message}); "
+                    f"the artifact is broken, not the placement"
+                ) from None
+            raise
+        try:
+            cpu_outputs = host.run(ref["handle"], feeds)["outputs"]
+        finally:
+            host.close(ref["handle"])
+        timings["reference_s"] = time.perf_counter() - t1
+
+    recorded = artifact.reference_outputs()
+    reference = recorded if recorded is not None else cpu_outputs
+    numeric: dict[str, Any] = {
+        "reference": "recorded outputs" if recorded is not None else (
+            "CPU EP, fp32 graph (the target itself)" if same_as_target else "CPU EP, fp32 graph"
+        ),
+        "outputs": {},
+        "error": target_error if coverage.get("source") != "session_error" else None,
+        "bit_identical_to_cpu": None,
+    }
+    if reference is None:
+        numeric["error"] = "no reference: the artifact has neither recorded outputs nor an fp32 graph"
+    elif target_outputs is not None:
+        for name, ref_value in reference.items():
+            if name not in target_outputs:
+                numeric["outputs"][name] = {"missing": True, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "shape_match": False}
+                continue
+            numeric["outputs"][name] = compare(target_outputs[name], ref_value)
+        if cpu_outputs is not None and target_ep != CPU_EP:
+            numeric["bit_identical_to_cpu"] = _bit_identical(target_outputs, cpu_outputs)
+    result["numeric"] = numeric
+    result["suspicious"] = bool(
+        target_ep != CPU_EP and coverage.get("taken", 0) > 0 and numeric["bit_identical_to_cpu"]
+    )
+    timings["total_s"] = time.perf_counter() - t0
+    result["timings"] = timings
+    result["target_outputs"] = target_outputs  # dropped before saving; handy for callers
+    return result
+
+
+# ---- judging -----------------------------------------------------------------------
+
+
+@dataclass
+class Judgement:
+    passed: bool
+    refusals: list[Refusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def judge(
+    record: dict[str, Any],
+    *,
+    artifact_name: str,
+    device_id: str,
+    min_coverage: float,
+    tolerance: Tolerance,
+) -> Judgement:
+    """The verdict a measurement implies under the current thresholds."""
+    cov = record.get("coverage") or {}
+    num = record.get("numeric") or {}
+    ep = cov.get("ep", record.get("ep", "?"))
+    precision = record.get("precision", "?")
+    what = f"{artifact_name} [{precision}] on {device_id}"
+    out = Judgement(passed=True)
+    scope = (
+        f"this refuses {artifact_name} at {precision} on {ep} only, not the model and not {precision} in general"
+    )
+    if cov.get("source") == "session_error":
+        out.refusals.append(Refusal(
+            EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
+            f"{ep} could not build a session for {what}: {cov.get('session_error')}",
+            f"{scope}. With target_only the EP must take every node: allow CPU fallback (target_only: false) "
+            f"and let the coverage gate measure the split, export a graph without the ops the EP rejects, or place the stage elsewhere",
+        ))
+    else:
+        taken, total, frac = cov.get("taken", 0), cov.get("total", 0), cov.get("fraction", 0.0)
+        if frac < min_coverage:
+            left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
+            parts = cov.get("partitions")
+            parts_txt = f" in {parts} partition(s)" if parts is not None else ""
+            out.refusals.append(Refusal(
+                EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
+                f"{ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {what}; the minimum is "
+                f"{min_coverage:.0%}. Left to the CPU EP: {left}",
+                f"{scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
+                f"lower min_ep_coverage for this stage if a partial offload is what you want, or place the stage on the CPU",
+            ))
+    if num.get("error") and cov.get("source") != "session_error":
+        out.refusals.append(Refusal(NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {num['error']}", f"{scope}. Check the graph on this EP directly"))
+    for name, m in (num.get("outputs") or {}).items():
+        if not m.get("shape_match", False):
+            out.refusals.append(Refusal(
+                NUMERIC_GATE_FAILED, device_id,
+                f"{ep} output {name!r} of {what} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
+                + (" (missing from the outputs)" if m.get("missing") else ""),
+                f"{scope}. Try another precision of this artifact or another EP",
+            ))
+            continue
+        bad = []
+        if m["rel_l2"] > tolerance.rel_l2:
+            bad.append("rel L2")
+        if m["max_abs"] > tolerance.max_abs:
+            bad.append("max abs")
+        if m["cosine"] < tolerance.cosine_min:
+            bad.append("cosine")
+        if bad:
+            out.refusals.append(Refusal(
+                NUMERIC_GATE_FAILED, device_id,
+                f"{ep} output {name!r} of {what} differs from the reference ({num.get('reference')}): "
+                f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
+                f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "
+                f"out of tolerance: {', '.join(bad)}",
+                f"{scope}. Try another precision of this artifact (e.g. fp32) or another EP/device; "
+                f"widen `tolerance` in the stage config only if this difference is acceptable for {name!r}",
+            ))
+    if record.get("suspicious"):
+        out.warnings.append(
+            f"suspicious: {ep} claims {cov.get('taken')} of {cov.get('total')} nodes of {what}, yet every "
+            f"output is bit-identical to the CPU EP's; check that the EP really executed them "
+            f"(VitisAI, for one, can claim nodes and run them on its own CPU path)"
+        )
+    out.passed = not out.refusals
+    return out

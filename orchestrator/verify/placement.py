@@ -1,0 +1,230 @@
+"""One exported placement to verify, and the result of verifying it.
+
+A :class:`Placement` is plain data built by the ``exported_graph`` stage kind
+(``ExportedGraphKind.placement``): the artifact and precision, the session
+spec its backend table produced, the thresholds, and the evidence key.
+:func:`verify_placement` measures it in a host of its route (or reuses the
+cached evidence), writes the evidence, and judges it; :func:`cached_verdict`
+does the plan-time half (lookup and judge, nothing opened).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.plan import Refusal, Verification
+from orchestrator.verify.backends import SessionSpec
+from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
+from orchestrator.verify.gates import Judgement, judge, measure
+from orchestrator.verify.routes import ResolvedRoute
+
+if TYPE_CHECKING:
+    from exports.artifact import ExportedArtifact, Tolerance
+    from orchestrator.verify.hosts import LocalHost, WorkerHost
+
+
+@dataclass(frozen=True)
+class Placement:
+    stage: str
+    artifact: ExportedArtifact
+    precision: str
+    backend: str
+    device_id: str
+    device_name: str
+    route: ResolvedRoute
+    spec: SessionSpec
+    reference_graph: str | None
+    """The fp32 graph the CPU reference runs, or None when the artifact has none."""
+    min_coverage: float
+    tolerance: Tolerance
+    key_parts: dict[str, Any]
+    """Every evidence-key field but ``runtime``."""
+    runtime: str | None
+    """The route's onnxruntime build (``distribution==version``); None when unknown."""
+
+    @property
+    def ep(self) -> str:
+        return self.spec.providers[0]
+
+    @property
+    def key(self) -> EvidenceKey | None:
+        """None while the runtime is unknown: evidence cannot be matched then."""
+        return EvidenceKey(**self.key_parts, runtime=self.runtime) if self.runtime else None
+
+    def with_runtime(self, runtime: str | None) -> Placement:
+        """The same placement keyed by the runtime a probe of the route reported."""
+        from dataclasses import replace
+
+        return replace(self, runtime=runtime) if runtime else self
+
+
+@dataclass
+class PlacementResult:
+    """What ``omni-edge verify`` prints for one placement."""
+
+    stage: str
+    device: str
+    backend: str
+    route: str
+    precision: str | None
+    status: str
+    """passed · refused · error"""
+    cached: bool = False
+    refusals: list[Refusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    record: dict[str, Any] | None = None
+    evidence_path: str | None = None
+    error: str | None = None
+    verify_s: float | None = None
+    """Gate time in the route, excluding the interpreter's start."""
+
+    def to_dict(self) -> dict[str, Any]:
+        rec = self.record or {}
+        return {
+            "stage": self.stage,
+            "device": self.device,
+            "backend": self.backend,
+            "route": self.route,
+            "precision": self.precision,
+            "status": self.status,
+            "cached": self.cached,
+            "coverage": _public_coverage(rec.get("coverage")),
+            "numeric": rec.get("numeric"),
+            "suspicious": bool(rec.get("suspicious")),
+            "refusals": [r.to_dict() for r in self.refusals],
+            "warnings": list(self.warnings),
+            "evidence": self.evidence_path,
+            "measured_at": rec.get("measured_at"),
+            "runtime": (rec.get("key") or {}).get("runtime"),
+            "error": self.error,
+            "verify_s": self.verify_s,
+        }
+
+
+def _public_coverage(cov: dict[str, Any] | None) -> dict[str, Any] | None:
+    if cov is None:
+        return None
+    return {k: v for k, v in cov.items() if k != "ort_assignment"}
+
+
+def verify_placement(
+    placement: Placement,
+    host: LocalHost | WorkerHost,
+    *,
+    store: EvidenceStore | None = None,
+    force: bool = False,
+) -> PlacementResult:
+    """Measure (or reuse cached evidence for) one placement, save it, judge it.
+
+    Errors that are not a verdict — the graph does not load on the CPU EP
+    either, the route died — come back as ``status='error'`` with the message.
+    """
+    from orchestrator.errors import VerificationError
+    from orchestrator.verify.hosts import RemoteError
+
+    store = store or EvidenceStore()
+    base = {
+        "stage": placement.stage, "device": placement.device_id, "backend": placement.backend,
+        "route": placement.route.name, "precision": placement.precision,
+    }
+    if placement.key is not None and not force:
+        cached = store.load(placement.key)
+        if cached is not None:
+            verdict = _judge(placement, cached)
+            return PlacementResult(
+                **base, status="passed" if verdict.passed else "refused", cached=True,
+                refusals=verdict.refusals, warnings=verdict.warnings, record=cached,
+                evidence_path=str(store.path(placement.key)),
+                verify_s=(cached.get("timings") or {}).get("total_s"),
+            )
+    t0 = time.perf_counter()
+    try:
+        measurement = measure(
+            host, placement.artifact, placement.precision, placement.spec,
+            reference_graph=placement.reference_graph,
+        )
+    except RemoteError as exc:
+        if exc.type_name == "ProviderUnavailable":
+            refusal = Refusal(
+                DEVICE_UNREACHABLE, placement.device_id,
+                f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
+                "install the EP's onnxruntime build in that route, or name a route that has it",
+            )
+            return PlacementResult(**base, status="refused", refusals=[refusal])
+        return PlacementResult(**base, status="error", error=str(exc))
+    except VerificationError as exc:
+        return PlacementResult(**base, status="error", error=str(exc))
+    elapsed = time.perf_counter() - t0
+    measurement.pop("target_outputs", None)
+    measurement["route"] = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
+    measurement["thresholds_at_measurement"] = {
+        "min_ep_coverage": placement.min_coverage,
+        "tolerance": placement.tolerance.model_dump(),
+    }
+    path = None
+    record = measurement
+    if placement.key is not None:
+        saved = store.save(placement.key, measurement)
+        path = str(saved)
+        record = store.load(placement.key) or measurement
+    verdict = _judge(placement, record)
+    return PlacementResult(
+        **base, status="passed" if verdict.passed else "refused", refusals=verdict.refusals,
+        warnings=verdict.warnings, record=record, evidence_path=path, verify_s=elapsed,
+    )
+
+
+def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
+    return judge(
+        record, artifact_name=placement.artifact.name, device_id=placement.device_id,
+        min_coverage=placement.min_coverage, tolerance=placement.tolerance,
+    )
+
+
+def cached_verdict(placement: Placement, store: EvidenceStore | None = None) -> tuple[Verification, list[Refusal]]:
+    """Plan time: the evidence for this key, judged now; never opens a session."""
+    route = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
+    if placement.key is None:
+        return Verification("unverified", "", {
+            "reason": f"the onnxruntime build of route {placement.route.name!r} is unknown without running it",
+            "hint": "run `omni-edge verify CONFIG`", "route": route,
+        }), []
+    store = store or EvidenceStore()
+    record = store.load(placement.key)
+    if record is None:
+        return Verification("unverified", "", {
+            "reason": "no evidence for this artifact digest, precision, EP, runtime, device and options",
+            "hint": "run `omni-edge verify CONFIG`", "key": placement.key.digest()[:16], "route": route,
+        }), []
+    verdict = _judge(placement, record)
+    cov = record.get("coverage") or {}
+    machine = (record.get("machine") or {}).get("hostname", "?")
+    details: dict[str, Any] = {
+        "coverage": {k: cov.get(k) for k in ("ep", "taken", "total", "fraction", "partitions")},
+        "numeric": _worst(record.get("numeric") or {}),
+        "suspicious": bool(record.get("suspicious")),
+        "warnings": verdict.warnings,
+        "evidence_file": str(store.path(placement.key)),
+        "route": route,
+        "runtime": placement.key.runtime,
+    }
+    return Verification(
+        "verified" if verdict.passed else "failed",
+        f"M: measured on {machine} at {record.get('measured_at')} with {placement.key.runtime}",
+        details,
+    ), verdict.refusals
+
+
+def _worst(numeric: dict[str, Any]) -> dict[str, Any]:
+    outs = numeric.get("outputs") or {}
+    if not outs:
+        return {"reference": numeric.get("reference"), "error": numeric.get("error")}
+    return {
+        "reference": numeric.get("reference"),
+        "rel_l2": max(m.get("rel_l2", 0.0) for m in outs.values()),
+        "max_abs": max(m.get("max_abs", 0.0) for m in outs.values()),
+        "cosine": min(m.get("cosine", 1.0) for m in outs.values()),
+    }

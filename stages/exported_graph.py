@@ -1,0 +1,388 @@
+"""``exported_graph``: an ONNX artifact run by ONNX Runtime with a chosen EP.
+
+Planning reads the artifact's manifest and graph statistics (never a session,
+never onnxruntime); the backend table (``orchestrator.verify.backends``)
+supplies providers, options and EP memory; gate state comes from the evidence
+cache only. At run time the runner opens the session in the placement's route
+— in this interpreter, or in a route worker started with the route's
+interpreter — and streams items through preprocess → session → postprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from exports.artifact import (
+    PACKAGE_SCHEME,
+    ExportedArtifact,
+    Precision,
+    Tolerance,
+    check_against_graph,
+    describe_graph,
+    load_artifact,
+)
+from orchestrator.config import StageConfig, Strict
+from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError, StageFailed
+from orchestrator.ledger import Reservation
+from orchestrator.plan import Refusal, Verification
+from orchestrator.units import MiB, fmt_bytes
+from orchestrator.verify import backends as ort_backends
+from stages.base import ArtifactInfo, StageKind, StageRunner
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from orchestrator.profile import Device, Route
+    from orchestrator.verify.placement import Placement
+    from orchestrator.verify.routes import ResolvedRoute
+
+OrtBackendName = Literal["ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu"]
+
+ACTIVATION_FLOOR = 64 * MiB
+"""One inference's intermediate tensors, at least: the piper voice on a
+160-phoneme sentence added 42 MiB of RSS on the CPU EP here."""
+ACTIVATION_WEIGHT_FRACTION = 0.5
+"""…and at most half the weights again for larger graphs (conv vocoders and
+encoders keep activations well below their weight bytes at one item a call)."""
+
+
+class ToleranceOverride(Strict):
+    """Per-stage tightening or loosening of the manifest's numeric tolerance."""
+
+    rel_l2: float | None = Field(None, ge=0, description="Overrides the manifest's tolerance.rel_l2.")
+    max_abs: float | None = Field(None, ge=0, description="Overrides the manifest's tolerance.max_abs.")
+    cosine_min: float | None = Field(None, ge=-1, le=1, description="Overrides the manifest's tolerance.cosine_min.")
+
+
+class ExportedGraphConfig(StageConfig):
+    """An exported-graph stage in a pipeline config."""
+
+    kind: Literal["exported_graph"] = Field(description="Always exported_graph for this kind.")
+    artifact: str = Field(
+        description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
+    )
+    precision: list[Precision] = Field(
+        default_factory=lambda: ["fp32"], min_length=1,
+        description="Precisions to use, in preference order; the first one the artifact has and the backend runs is chosen.",
+    )
+    min_ep_coverage: float | None = Field(
+        None, ge=0, le=1, description="Overrides the manifest's minimum fraction of nodes the target EP must take.",
+    )
+    target_only: bool = Field(
+        False,
+        description="Run on the target EP alone: sets session.disable_cpu_ep_fallback=1, so a node the EP declines fails the session instead of running on the CPU.",
+    )
+    provider_options: dict[OrtBackendName, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
+    )
+    tolerance: ToleranceOverride | None = Field(None, description="Overrides fields of the manifest's numeric tolerance.")
+
+
+class ExportedGraphKind(StageKind):
+    """ONNX artifacts on ONNX Runtime EPs. Stateless apart from a per-path artifact memo."""
+
+    kind = "exported_graph"
+    config_model = ExportedGraphConfig
+    backends = ("ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu")
+
+    def __init__(self) -> None:
+        self._artifacts: dict[str, tuple[float, ExportedArtifact]] = {}
+
+    @classmethod
+    def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
+        assert isinstance(stage, ExportedGraphConfig)
+        if stage.artifact.startswith(PACKAGE_SCHEME) or Path(stage.artifact).is_absolute():
+            return stage
+        return stage.model_copy(update={"artifact": str((base_dir / stage.artifact).resolve())})
+
+    # -- planning ------------------------------------------------------------
+    def artifact(self, stage: StageConfig) -> ExportedArtifact:
+        """The stage's artifact (manifest re-read when it changes on disk)."""
+        cfg = _cfg(stage)
+        manifest = Path(cfg.artifact) / "manifest.yaml"
+        try:
+            mtime = manifest.stat().st_mtime
+        except OSError:
+            mtime = -1.0
+        hit = self._artifacts.get(cfg.artifact)
+        if hit is None or hit[0] != mtime:
+            hit = (mtime, load_artifact(cfg.artifact))
+            self._artifacts[cfg.artifact] = hit
+        return hit[1]
+
+    def describe(self, stage: StageConfig) -> ArtifactInfo:
+        cfg = _cfg(stage)
+        art = self.artifact(cfg)
+        wanted = [p for p in cfg.precision if p in art.manifest.precisions]
+        if "fp32" in art.manifest.precisions and "fp32" not in wanted:
+            wanted.append("fp32")  # the numeric gate's reference graph
+        precisions: dict[str, Any] = {}
+        for p in wanted:
+            stats = describe_graph(art.graph_path(p))
+            problems = check_against_graph(art, p, stats)
+            if problems:
+                raise ConfigError(problems)
+            precisions[p] = {
+                "graph": stats.path,
+                "sha256": stats.sha256,
+                "initializer_bytes": stats.initializer_bytes,
+                "file_bytes": stats.file_bytes,
+                "node_count": stats.node_count,
+                "opset": stats.opset,
+                "op_histogram": dict(list(stats.op_histogram.items())[:12]),
+            }
+        first = next((p for p in cfg.precision if p in precisions), None)
+        return ArtifactInfo(
+            kind="exported",
+            path=str(art.dir),
+            weight_bytes=precisions[first]["initializer_bytes"] if first else 0,
+            weight_format=first or "none",
+            details={
+                "name": art.name,
+                "version": art.manifest.version,
+                "available_precisions": list(art.manifest.precisions),
+                "precisions": precisions,
+                "reference_sha256": art.reference_digest(),
+                "min_ep_coverage": self._min_coverage(cfg, art),
+                "tolerance": self._tolerance(cfg, art).model_dump(),
+                "source": art.manifest.source.model_dump(),
+            },
+        )
+
+    def choose_precision(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> str | None:
+        """The first preferred precision the artifact has and the backend runs on this device."""
+        runnable = ort_backends.runnable_precisions(backend, device.kind)
+        for p in _cfg(stage).precision:
+            if p in info.details["precisions"] and p in runnable:
+                return p
+        return None
+
+    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+        if self.choose_precision(stage, info, device, backend) is not None:
+            return []
+        cfg = _cfg(stage)
+        has = info.details["available_precisions"]
+        why = []
+        for p in dict.fromkeys([*cfg.precision, *has]):
+            rule = ort_backends.precision_rule(backend, device.kind, p)
+            if rule is not None and not rule.supported:
+                why.append(f"{p}: {rule.reason}")
+        runnable = ort_backends.runnable_precisions(backend, device.kind)
+        return [Refusal(
+            NO_EXPORTED_GRAPH, device.id,
+            f"{info.details['name']} has {', '.join(has)} graph(s) and the stage prefers {', '.join(cfg.precision)}, "
+            f"but {backend} on {device.id} ({device.kind}) runs {', '.join(runnable)}"
+            + (f" — {'; '.join(why)}" if why else ""),
+            f"export a {' or '.join(p for p in runnable if p not in has) or runnable[0]} graph of this artifact "
+            f"and add it to the manifest's precisions (and to the stage's precision list), or place the stage on another device",
+        )]
+
+    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
+        precision = self.choose_precision(stage, info, device, backend)
+        if precision is None:
+            return []
+        g = info.details["precisions"][precision]
+        weights = int(g["initializer_bytes"])
+        row = ort_backends.backend(backend)
+        name = info.details["name"]
+        return [
+            Reservation(pool, "weights", weights, "session", "D", f"initializers of {name} [{precision}], read from the graph"),
+            Reservation(
+                pool, "activations", max(ACTIVATION_FLOOR, int(ACTIVATION_WEIGHT_FRACTION * weights)), "request", "E",
+                "one inference's intermediate tensors (ACTIVATION_FLOOR / ACTIVATION_WEIGHT_FRACTION)", at_load=False,
+            ),
+            Reservation(
+                pool, "ep_workspace", ort_backends.workspace_bytes(backend, weights), "session", "E",
+                f"{row.ep}: {row.workspace_reason}",
+            ),
+            Reservation(
+                pool, "load_transient", int(g["file_bytes"]), "load", "E",
+                "ONNX Runtime holds the parsed model proto while it builds the session",
+            ),
+        ]
+
+    def session_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, precision: str) -> ort_backends.SessionSpec:
+        cfg = _cfg(stage)
+        g = info.details["precisions"][precision]
+        return ort_backends.session_spec(
+            backend, graph=g["graph"], device_kind=device.kind, device_id=device.id, precision=precision,
+            cache_key=f"{info.details['name']}-{precision}-{g['sha256'][:12]}",
+            overrides=cfg.provider_options.get(backend),  # type: ignore[call-overload]
+            target_only=cfg.target_only,
+        )
+
+    def engine_kwargs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        reservations: list[Reservation], pool_capacity: int,
+    ) -> dict[str, Any]:
+        precision = self.choose_precision(stage, info, device, backend)
+        if precision is None:
+            return {}
+        spec = self.session_spec(stage, info, device, backend, precision)
+        return {
+            "ep": spec.providers[0],
+            "precision": precision,
+            "artifact": info.path,
+            "session": spec.to_dict(),
+            "target_only": _cfg(stage).target_only,
+        }
+
+    def verification(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route
+    ) -> tuple[Verification | None, list[Refusal]]:
+        from orchestrator.verify.placement import cached_verdict
+
+        placement = self.placement(stage, info, device, backend, route)
+        if placement is None:
+            return Verification("unverified", "", {"reason": "no runnable precision (see refusals)"}), []
+        return cached_verdict(placement)
+
+    def placement(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route,
+        *, base_dir: Path | None = None, runtime: str | None = None,
+    ) -> Placement | None:
+        """Everything the gates need for one candidate, or None without a runnable precision.
+
+        ``runtime`` (from a probe) wins over the plan-time lookup of the route's
+        onnxruntime build.
+        """
+        from orchestrator.verify.evidence import GATES_VERSION
+        from orchestrator.verify.placement import Placement
+        from orchestrator.verify.routes import resolve, runtime_identity
+
+        precision = self.choose_precision(stage, info, device, backend)
+        if precision is None:
+            return None
+        cfg = _cfg(stage)
+        art = self.artifact(cfg)
+        spec = self.session_spec(stage, info, device, backend, precision)
+        g = info.details["precisions"][precision]
+        reference = info.details["precisions"].get("fp32", {}).get("graph")
+        return Placement(
+            stage=cfg.name, artifact=art, precision=precision, backend=backend,
+            device_id=device.id, device_name=device.name, route=resolve(route, base_dir),
+            spec=spec, reference_graph=reference,
+            min_coverage=self._min_coverage(cfg, art), tolerance=self._tolerance(cfg, art),
+            key_parts={
+                "artifact": art.name, "graph_sha256": g["sha256"],
+                "reference_sha256": info.details["reference_sha256"], "precision": precision,
+                "backend": backend, "ep": spec.providers[0], "device_id": device.id,
+                "device_name": device.name, "options": ort_backends.keyed_options(backend, spec),
+                "gates_version": GATES_VERSION,
+            },
+            runtime=runtime or runtime_identity(route, base_dir),
+        )
+
+    def remedy_for_budget(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
+    ) -> str:
+        smaller = [p for p in ("int8", "int4", "fp16", "bf16") if p in ort_backends.runnable_precisions(backend, device.kind)]
+        return (
+            f"{info.details['name']} needs more than the {fmt_bytes(available)} left in {pool} on {backend}: "
+            f"export a smaller precision ({', '.join(smaller) or 'none runs on this backend'}) and list it in the "
+            f"stage's precision, or place the stage on a device with a larger pool"
+        )
+
+    def _min_coverage(self, cfg: ExportedGraphConfig, art: ExportedArtifact) -> float:
+        return cfg.min_ep_coverage if cfg.min_ep_coverage is not None else art.manifest.min_ep_coverage
+
+    def _tolerance(self, cfg: ExportedGraphConfig, art: ExportedArtifact) -> Tolerance:
+        base = art.manifest.tolerance
+        if cfg.tolerance is None:
+            return base
+        update = {k: v for k, v in cfg.tolerance.model_dump().items() if v is not None}
+        return base.model_copy(update=update)
+
+    # -- runtime -------------------------------------------------------------
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+        """The runner for an admitted placement.
+
+        The route comes from ``route`` when given, else from the plan (the
+        verification details record the route's interpreter), else this
+        interpreter when the plan's route is ``this-process``.
+        """
+        from orchestrator.verify.routes import ResolvedRoute, resolve
+
+        if route is not None:
+            resolved = resolve(route)
+        else:
+            recorded = (stage_plan.verification.details.get("route") if stage_plan.verification else None) or {}
+            if recorded.get("kind"):
+                resolved = ResolvedRoute(recorded["name"], recorded["kind"], recorded.get("python"))
+            elif stage_plan.route in (None, "this-process"):
+                resolved = ResolvedRoute("this-process", "this-process", None)
+            else:
+                raise StageFailed(
+                    stage_plan.name, stage_plan.device or "?",
+                    f"the plan names route {stage_plan.route!r} but not its interpreter; pass route= from the profile",
+                )
+        return ExportedGraphRunner(stage_plan, self.artifact(stage), resolved)
+
+
+class ExportedGraphRunner(StageRunner):
+    """preprocess → session → postprocess per input item, the session in its route.
+
+    ``stream`` yields one output item per input item (for the TTS: a text chunk
+    in, ``{"audio": float32 array, "sample_rate": int}`` out). Hooks run in this
+    process; only the session runs in the route, so a route needs nothing but
+    numpy and its onnxruntime build.
+    """
+
+    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
+        self.plan = stage_plan
+        self.artifact = artifact
+        self.route = route
+        self._host: Any = None
+        self._handle: int | None = None
+        self._pre = artifact.hook("preprocess")
+        self._post = artifact.hook("postprocess")
+        self.load_info: dict[str, Any] = {}
+
+    def load(self) -> None:
+        from orchestrator.verify.hosts import open_host
+
+        spec = self.plan.engine_kwargs.get("session")
+        if not spec:
+            raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
+        try:
+            self._host = open_host(self.route)
+            self.load_info = self._host.open(spec, record=True)
+        except Exception as exc:
+            self.close()
+            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+        self._handle = self.load_info["handle"]
+
+    def run_one(self, item: Any) -> Any:
+        """One item through the chain, synchronously."""
+        if self._handle is None:
+            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
+        feeds = self._pre(item, self.artifact) if self._pre else item
+        outputs = self._host.run(self._handle, feeds)["outputs"]
+        return self._post(outputs, self.artifact) if self._post else outputs
+
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in inputs:
+            try:
+                yield await asyncio.to_thread(self.run_one, item)
+            except StageFailed:
+                raise
+            except Exception as exc:
+                raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        if self._host is not None:
+            if self._handle is not None:
+                self._host.close(self._handle)
+            self._host.shutdown()
+        self._host, self._handle = None, None
+
+
+def _cfg(stage: StageConfig) -> ExportedGraphConfig:
+    if not isinstance(stage, ExportedGraphConfig):
+        raise TypeError(f"stage {stage.name!r} is not an exported_graph stage")
+    return stage
