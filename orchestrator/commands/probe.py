@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.profile import HOST_RAM, HardwareProfile, Route
+from orchestrator.profile import HardwareProfile, Route
 from orchestrator.units import fmt_bytes
 
 
