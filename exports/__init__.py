@@ -1,0 +1,1 @@
+"""Exported artifacts: the manifest contract (``artifact.py``), shipped artifacts, and their hooks."""

@@ -155,6 +155,11 @@ class ExportManifest(_Strict):
             _check_location(self.reference.outputs, "reference.outputs", package_ok=False)
             if not self.reference.outputs.endswith(".npz"):
                 raise ValueError(f"reference.outputs must be an .npz file, got {self.reference.outputs!r}")
+        if "fp32" not in self.precisions and self.reference.outputs is None:
+            raise ValueError(
+                "the numeric gate needs a reference: add an fp32 graph to precisions "
+                "(the CPU EP runs it as the reference) or reference.outputs (recorded expected outputs)"
+            )
         for group in ("inputs", "outputs"):
             names = [t.name for t in getattr(self, group)]
             dupes = sorted({n for n in names if names.count(n) > 1})
@@ -255,7 +260,7 @@ class ExportedArtifact:
             ) from None
         if not callable(fn):
             raise ConfigError.single(f"{self.dir / MANIFEST_NAME}: {which}", f"{target!r} is not callable", "point it at a function")
-        return fn  # type: ignore[no-any-return]
+        return fn
 
 
 def load_artifact(path: str | Path) -> ExportedArtifact:
@@ -291,9 +296,11 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
             continue
         if not p.is_file():
             problems.append(Problem(f"{where}: precisions.{precision}", f"{location} does not exist (looked at {p})", "export the graph there or fix the path"))
-    for field_name, location in (("reference.inputs", manifest.reference.inputs), ("reference.outputs", manifest.reference.outputs)):
-        if location is None:
+    references = (("reference.inputs", manifest.reference.inputs), ("reference.outputs", manifest.reference.outputs))
+    for field_name, ref_location in references:
+        if ref_location is None:
             continue
+        location = ref_location
         p = artifact.resolve(location)
         if not p.is_file():
             problems.append(Problem(f"{where}: {field_name}", f"{location} does not exist (looked at {p})", "write the .npz there (see docs/exported-artifacts.md) or fix the path"))
@@ -498,7 +505,8 @@ def check_against_graph(artifact: ExportedArtifact, precision: str, stats: Graph
     where = f"{artifact.dir / MANIFEST_NAME}"
     problems: list[Problem] = []
     for group, declared in (("inputs", stats.inputs), ("outputs", stats.outputs)):
-        promised = [t.name for t in getattr(artifact.manifest, group)]
+        specs = getattr(artifact.manifest, group)
+        promised = [t.name for t in specs]
         actual = [v["name"] for v in declared]
         if promised != actual:
             problems.append(Problem(
@@ -506,6 +514,24 @@ def check_against_graph(artifact: ExportedArtifact, precision: str, stats: Graph
                 f"the manifest lists {promised} but the {precision} graph's {group} are {actual}",
                 f"make manifest {group} match the graph ({stats.path})",
             ))
+            continue
+        for i, (spec, graph_value) in enumerate(zip(specs, declared, strict=True)):
+            if precision == "fp32" and spec.dtype != graph_value["dtype"]:
+                problems.append(Problem(
+                    f"{where}: {group}[{i}].dtype",
+                    f"{spec.name!r} is {graph_value['dtype']} in the {precision} graph, not {spec.dtype}",
+                    "write the graph's dtype in the manifest",
+                ))
+            shape = graph_value["shape"]
+            clash = len(spec.shape) != len(shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(spec.shape, shape, strict=True)
+            )
+            if clash:
+                problems.append(Problem(
+                    f"{where}: {group}[{i}].shape",
+                    f"{spec.name!r} has shape {shape} in the {precision} graph; the manifest says {spec.shape}",
+                    "match the rank and the fixed dimensions (strings name dynamic axes)",
+                ))
     return problems
 
 

@@ -81,7 +81,8 @@ def _espeak() -> _Espeak:
 
 @functools.lru_cache(maxsize=8)
 def _load_config(path: str) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+    config: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    return config
 
 
 def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:

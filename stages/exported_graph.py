@@ -66,7 +66,7 @@ class ExportedGraphConfig(StageConfig):
         description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
     )
     precision: list[Precision] = Field(
-        default_factory=lambda: ["fp32"], min_length=1,
+        default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
         description="Precisions to use, in preference order; the first one the artifact has and the backend runs is chosen.",
     )
     min_ep_coverage: float | None = Field(

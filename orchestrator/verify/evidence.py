@@ -22,7 +22,7 @@ import os
 import platform
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,16 @@ class EvidenceKey:
     gates_version: int = GATES_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def digest(self) -> str:
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        """sha256 of the canonical JSON of every part (computed once per key)."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+            cached = hashlib.sha256(canonical.encode()).hexdigest()
+            object.__setattr__(self, "_digest", cached)
+        return cached
 
     def filename(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{self.artifact}-{self.precision}-{self.backend}-{self.device_id}")
@@ -95,7 +100,7 @@ class EvidenceStore:
             return None
         if record.get("format") != EVIDENCE_FORMAT or record.get("key_digest") != key.digest():
             return None
-        return record  # type: ignore[no-any-return]
+        return record
 
     def save(self, key: EvidenceKey, measurement: dict[str, Any]) -> Path:
         """Write a record atomically; returns its path."""

@@ -37,6 +37,8 @@ from orchestrator.verify.routes import ResolvedRoute
 log = logging.getLogger(__name__)
 
 _EOF = object()
+PATH_OPTIONS = ("cache_dir", "config_file")
+"""Provider options whose values are local paths (translated for host-process routes)."""
 
 
 class RouteError(VerificationError):
@@ -99,7 +101,7 @@ class WorkerHost:
 
     in_process = False
 
-    def __init__(self, route: ResolvedRoute, *, start_timeout: float = settings.PROBE_TIMEOUT_S) -> None:
+    def __init__(self, route: ResolvedRoute) -> None:
         assert route.python is not None
         self.route = route
         self._ids = itertools.count(1)
@@ -120,19 +122,25 @@ class WorkerHost:
             ) from None
         assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
         threading.Thread(target=self._read_replies, daemon=True, name=f"route-{route.name}-out").start()
-        threading.Thread(target=self._read_stderr, daemon=True, name=f"route-{route.name}-err").start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name=f"route-{route.name}-err")
+        self._stderr_reader.start()
         try:
             self._proc.stdin.write(f"{len(source)}\n".encode() + source)
             self._proc.stdin.flush()
         except OSError:
-            self._fail("the worker exited before it read its program")
+            self._fail("before it read its program")
 
     # -- calls ---------------------------------------------------------------
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("probe", {}, timeout or settings.PROBE_TIMEOUT_S)
 
     def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        spec = {**spec, "graph": self.path(spec["graph"])}
+        """Open a session; local paths in the spec are spelled the way the route reads them."""
+        options = [
+            {k: (self.path(v) if k in PATH_OPTIONS and os.path.isabs(v) else v) for k, v in o.items()}
+            for o in spec["provider_options"]
+        ]
+        spec = {**spec, "graph": self.path(spec["graph"]), "provider_options": options}
         return self._call("open", {"spec": spec, "record": record}, timeout or settings.OPEN_TIMEOUT_S)
 
     def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
@@ -165,23 +173,22 @@ class WorkerHost:
     def _call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
         with self._lock:
             if self._proc.poll() is not None:
-                self._fail(f"the worker has exited (code {self._proc.returncode})")
+                self._fail(f"before {op!r}")
             message_id = next(self._ids)
             try:
                 assert self._proc.stdin is not None
                 self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
                 self._proc.stdin.flush()
             except OSError:
-                self._fail(f"the worker exited while receiving {op!r}")
+                self._fail(f"while receiving {op!r}")
             try:
                 reply = self._replies.get(timeout=timeout)
             except queue.Empty:
                 self._proc.kill()
-                self._fail(f"{op!r} did not answer within {timeout:.0f} s; the worker was killed")
+                self._fail(f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False)
             if reply is _EOF or isinstance(reply, BaseException):
-                self._proc.wait(5)
                 detail = f" ({reply})" if isinstance(reply, BaseException) else ""
-                self._fail(f"the worker exited with code {self._proc.returncode} during {op!r}{detail}")
+                self._fail(f"during {op!r}{detail}")
             if reply.get("id") != message_id:  # pragma: no cover - one request in flight
                 self._fail(f"protocol error: reply {reply.get('id')} to request {message_id}")
             if not reply.get("ok"):
@@ -189,7 +196,16 @@ class WorkerHost:
                 raise RemoteError(op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""))
             return reply.get("result")
 
-    def _fail(self, what: str) -> Any:
+    def _fail(self, what: str, *, exited: bool = True) -> Any:
+        """Raise ``RouteError`` with the exit code and the worker's last stderr lines."""
+        if exited:
+            try:
+                code = self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                code = self._proc.wait()
+            what = f"the worker exited with code {code} {what}"
+        self._stderr_reader.join(2)  # let the reader drain what the worker said last
         tail = self.stderr_tail()
         message = f"route {self.route.name!r} ({self.route.python}): {what}"
         if tail:
@@ -236,11 +252,15 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def open_host(route: ResolvedRoute, *, start_timeout: float = settings.PROBE_TIMEOUT_S) -> LocalHost | WorkerHost:
-    """A host for ``route``: in this interpreter, or a worker started with its interpreter."""
+def open_host(route: ResolvedRoute) -> LocalHost | WorkerHost:
+    """A host for ``route``: in this interpreter, or a worker started with its interpreter.
+
+    Starting returns at once; the first call (``probe``) says whether the
+    route really answers, within its own timeout.
+    """
     if route.in_process:
         return LocalHost(route)
-    return WorkerHost(route, start_timeout=start_timeout)
+    return WorkerHost(route)
 
 
 def this_process() -> ResolvedRoute:

@@ -126,7 +126,7 @@ def verify_placement(
     from orchestrator.verify.hosts import RemoteError
 
     store = store or EvidenceStore()
-    base = {
+    base: dict[str, Any] = {
         "stage": placement.stage, "device": placement.device_id, "backend": placement.backend,
         "route": placement.route.name, "precision": placement.precision,
     }
@@ -210,10 +210,12 @@ def cached_verdict(placement: Placement, store: EvidenceStore | None = None) -> 
         "evidence_file": str(store.path(placement.key)),
         "route": route,
         "runtime": placement.key.runtime,
+        "measured_at": record.get("measured_at"),
+        "machine": record.get("machine"),
     }
     return Verification(
         "verified" if verdict.passed else "failed",
-        f"M: measured on {machine} at {record.get('measured_at')} with {placement.key.runtime}",
+        f"M {machine} {str(record.get('measured_at', '?'))[:16]}",
         details,
     ), verdict.refusals
 

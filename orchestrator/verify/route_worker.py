@@ -30,7 +30,8 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import IO, Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def encode(message: dict[str, Any]) -> bytes:
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *buffers])
 
 
-def read_message(stream: BinaryIO) -> dict[str, Any] | None:
+def read_message(stream: IO[bytes]) -> dict[str, Any] | None:
     """One message, or None at a clean end of stream."""
     head = _read_exact(stream, 8, allow_eof=True)
     if head is None:
@@ -106,10 +107,10 @@ def read_message(stream: BinaryIO) -> dict[str, Any] | None:
             return [walk(v) for v in obj]
         return obj
 
-    return walk(body)  # type: ignore[no-any-return]
+    return walk(body)
 
 
-def _read_exact(stream: BinaryIO, n: int, allow_eof: bool = False) -> Any:
+def _read_exact(stream: IO[bytes], n: int, allow_eof: bool = False) -> Any:
     chunks = []
     got = 0
     while got < n:
@@ -152,7 +153,8 @@ class SessionHost:
         self._next = 1
 
     def dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        fn = {"probe": self.probe, "open": self.open, "run": self.run, "close": self.close}.get(op)
+        ops: dict[str, Callable[..., Any]] = {"probe": self.probe, "open": self.open, "run": self.run, "close": self.close}
+        fn = ops.get(op)
         if fn is None:
             raise ValueError(f"unknown op {op!r}")
         return fn(**args)

@@ -141,7 +141,7 @@ class RouteReport:
         from orchestrator.profile import Route
 
         return Route(
-            name=self.name, kind=self.kind, python=self.python,  # type: ignore[arg-type]
+            name=self.name, kind=self.kind, python=self.python,
             reachable=self.reachable,
             reason=self.reason or f"probed {self.probed_at}: {self.runtime or 'no onnxruntime'}",
             remedy=self.remedy, providers=list(self.providers) or None, ort_version=self.ort_version,
@@ -169,7 +169,7 @@ def probe_route(route: Route, *, base_dir: Path | None = None, timeout: float | 
 def _probe(resolved: ResolvedRoute, timeout: float) -> RouteReport:
     from orchestrator.verify.hosts import RouteError, open_host
 
-    base = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python}
+    base: dict[str, Any] = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python}
     if not resolved.in_process:
         if not resolved.python:
             return RouteReport(**base, reachable=False, reason=f"route {resolved.name!r} names no interpreter",
@@ -181,21 +181,25 @@ def _probe(resolved: ResolvedRoute, timeout: float) -> RouteReport:
                 remedy=f"create that environment (python -m venv {_env_dir(resolved.python)}) and pip install numpy and the onnxruntime build with the EP you need, or fix routes[].python",
             )
     try:
-        host = open_host(resolved, start_timeout=timeout)
+        host = open_host(resolved)
         try:
             info = host.probe(timeout=timeout)
         finally:
             host.shutdown()
     except RouteError as exc:
         return RouteReport(**base, reachable=False, reason=str(exc), remedy=exc.remedy)
-    common = {
+    return report_from_probe(resolved, info)
+
+
+def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteReport:
+    """A ``RouteReport`` from the route worker's ``probe`` answer."""
+    base: dict[str, Any] = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python or info.get("python")}
+    common: dict[str, Any] = {
         "ort_distribution": info.get("ort_distribution"),
         "numpy_version": info.get("numpy_version"),
         "python_version": info.get("python_version"),
         "platform": info.get("platform"),
     }
-    if resolved.in_process:
-        base["python"] = info.get("python")
     if info.get("error"):
         return RouteReport(
             **base, **common, reachable=False,
@@ -284,7 +288,7 @@ def runtime_identity(route: Route, base_dir: Path | None = None) -> str | None:
     resolved = resolve(route, base_dir)
     if resolved.in_process:
         return _this_process_identity()
-    if not resolved.python:
+    if not resolved.python or not os.path.exists(resolved.python):
         return None
     found = _dist_info_identity(resolved.python)
     return found or _remembered(resolved.python)

@@ -1,0 +1,227 @@
+"""Verify every exported placement a plan would consider, route by route.
+
+The candidates are the planner's, before memory: for each ``exported_graph``
+stage, each allowed device that the profile has and the mask does not hide,
+each backend in the stage's (or device's) order that the device offers. A
+candidate the profile already shows unreachable, or with no runnable
+precision, is refused without starting anything; the rest are measured in one
+host per route (the interpreter starts once, and its probe answer supplies the
+runtime part of the evidence key).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.plan import Refusal
+from orchestrator.verify.evidence import EvidenceStore
+from orchestrator.verify.placement import PlacementResult, verify_placement
+from orchestrator.verify.routes import (
+    RouteReport,
+    probe_refusal,
+    report_from_probe,
+    resolve,
+    static_refusal,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.config import PipelineConfig, StageConfig
+    from orchestrator.profile import Device, HardwareProfile, Route
+    from stages.base import ArtifactInfo
+    from stages.exported_graph import ExportedGraphKind
+
+
+@dataclass
+class Candidate:
+    stage: StageConfig
+    kind: ExportedGraphKind
+    info: ArtifactInfo
+    device: Device
+    backend: str
+    route: Route
+
+
+@dataclass
+class VerifyReport:
+    """Everything ``omni-edge verify`` shows: one result per candidate, plus skips."""
+
+    pipeline: str
+    profile: str
+    results: list[PlacementResult] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    routes: dict[str, RouteReport] = field(default_factory=dict)
+    evidence_dir: str = ""
+    route_start_s: dict[str, float] = field(default_factory=dict)
+    """Seconds each route took to start and answer its probe (not part of verify_s)."""
+
+    @property
+    def refused(self) -> bool:
+        return any(r.status == "refused" for r in self.results)
+
+    @property
+    def errors(self) -> bool:
+        return any(r.status == "error" for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "omni-edge.verify/1",
+            "pipeline": self.pipeline,
+            "profile": self.profile,
+            "evidence_dir": self.evidence_dir,
+            "results": [r.to_dict() for r in self.results],
+            "skipped": self.skipped,
+            "routes": {k: v.to_dict() for k, v in self.routes.items()},
+        }
+
+
+def candidates(
+    config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str] = frozenset(),
+) -> tuple[list[Candidate], list[dict[str, str]]]:
+    """(candidates, skipped): what the planner would try for exported stages."""
+    from stages.exported_graph import ExportedGraphKind
+    from stages.registry import get_kind
+
+    out: list[Candidate] = []
+    skipped: list[dict[str, str]] = []
+    for stage in config.topological():
+        kind = get_kind(stage.kind)
+        if not isinstance(kind, ExportedGraphKind):
+            continue
+        info = kind.describe(stage)
+        for dev_id in stage.devices:
+            if dev_id in mask or dev_id.split(":")[0] in mask:
+                skipped.append({"stage": stage.name, "device": dev_id, "why": "excluded by --mask"})
+                continue
+            device = profile.device(dev_id)
+            if device is None:
+                skipped.append({"stage": stage.name, "device": dev_id, "why": f"{profile.name} has no {dev_id}"})
+                continue
+            wanted = stage.backends or list(device.backends)
+            backends = [b for b in wanted if b in device.backends and b in kind.backends]
+            if not backends:
+                skipped.append({"stage": stage.name, "device": dev_id, "why": f"{dev_id} offers no ONNX Runtime backend the stage allows"})
+            for backend in backends:
+                route = profile.route(device.route_for(backend))
+                assert route is not None  # the profile validator guarantees it
+                out.append(Candidate(stage, kind, info, device, backend, route))
+    return out, skipped
+
+
+Step = Callable[[Candidate, str], None]
+
+
+def require_this_machine(profile: HardwareProfile) -> None:
+    """``ConfigError`` (exit 2) when ``profile`` describes another machine."""
+    foreign = foreign_profile(profile)
+    if foreign:
+        raise ConfigError.single(
+            f"profile {profile.name!r}", foreign,
+            "verification measures the devices it runs on: run omni-edge verify on that machine, "
+            "or pass a profile of this one (omni-edge probe --save FILE)",
+        )
+
+
+def foreign_profile(profile: HardwareProfile) -> str | None:
+    """Why ``profile`` is not this machine, or None.
+
+    Evidence is keyed by the profile's device names; measuring here under another
+    machine's names would record a result that machine never produced. Profiles
+    that leave ``host.cpu_name`` empty (hand-written ones) are taken at their word.
+    """
+    import platform
+
+    from orchestrator.probe import PROC_CPUINFO, is_wsl, parse_cpuinfo
+
+    host_os = {"Linux": "linux", "Windows": "windows", "Darwin": "macos"}.get(platform.system(), platform.system().lower())
+    if profile.host.os != host_os:
+        return f"it describes a {profile.host.os} host; this process runs on {host_os}"
+    try:
+        here_wsl = is_wsl(Path("/proc/version").read_text())
+    except OSError:
+        here_wsl = False
+    if profile.host.wsl != here_wsl:
+        return f"it describes a host {'inside' if profile.host.wsl else 'outside'} WSL2; this process runs {'inside' if here_wsl else 'outside'} it"
+    if profile.host.cpu_name:
+        try:
+            here = parse_cpuinfo(PROC_CPUINFO.read_text())[0]
+        except OSError:
+            here = ""
+        here = here or platform.processor() or platform.machine()
+        if here and profile.host.cpu_name.strip() != here.strip():
+            return f"it describes a machine with CPU {profile.host.cpu_name!r}; this one has {here!r}"
+    return None
+
+
+def verify_pipeline(
+    config: PipelineConfig,
+    profile: HardwareProfile,
+    *,
+    mask: frozenset[str] = frozenset(),
+    force: bool = False,
+    store: EvidenceStore | None = None,
+    base_dir: Path | None = None,
+    on_step: Step | None = None,
+    on_done: Callable[[PlacementResult], None] | None = None,
+) -> VerifyReport:
+    """Run the gates for every candidate; write evidence; never raise for a refusal."""
+    from orchestrator.verify.hosts import RouteError, open_host
+
+    require_this_machine(profile)
+    store = store or EvidenceStore()
+    found, skipped = candidates(config, profile, mask)
+    report = VerifyReport(config.name, profile.name, skipped=skipped, evidence_dir=str(store.root))
+    hosts: dict[str, Any] = {}
+
+    def step(c: Candidate, what: str) -> None:
+        if on_step:
+            on_step(c, what)
+
+    def done(result: PlacementResult) -> None:
+        report.results.append(result)
+        if on_done:
+            on_done(result)
+
+    def refuse(c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
+        done(PlacementResult(c.stage.name, c.device.id, c.backend, c.route.name, precision, "refused", refusals=[refusal]))
+
+    try:
+        for c in found:
+            static = static_refusal(profile, c.device, c.backend)
+            if static is not None:
+                refuse(c, static)
+                continue
+            precision_refusals = c.kind.check(c.stage, c.info, c.device, c.backend)
+            if precision_refusals:
+                refuse(c, precision_refusals[0])
+                continue
+            resolved = resolve(c.route, base_dir)
+            if c.route.name not in report.routes:
+                step(c, f"starting route {c.route.name}")
+                t0 = time.perf_counter()
+                try:
+                    host = open_host(resolved)
+                    report.routes[c.route.name] = report_from_probe(resolved, host.probe())
+                    hosts[c.route.name] = host
+                except RouteError as exc:
+                    report.routes[c.route.name] = RouteReport(
+                        c.route.name, c.route.kind, resolved.python, False, str(exc), exc.remedy,
+                    )
+                report.route_start_s[c.route.name] = time.perf_counter() - t0
+            route_report = report.routes[c.route.name]
+            unreachable = probe_refusal(route_report, c.device, c.backend)
+            if unreachable is not None:
+                refuse(c, unreachable)
+                continue
+            placement = c.kind.placement(c.stage, c.info, c.device, c.backend, c.route, base_dir=base_dir, runtime=route_report.runtime)
+            assert placement is not None  # check() found a runnable precision
+            step(c, f"gates on {placement.ep} [{placement.precision}]")
+            done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
+    finally:
+        for host in hosts.values():
+            host.shutdown()
+    return report

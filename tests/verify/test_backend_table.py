@@ -1,0 +1,208 @@
+"""DirectML, VitisAI, QNN, OpenVINO and CUDA placements, up to the options they would pass.
+
+No such device is here: the recorded profiles in configs/profiles stand in for
+the machines (only the device is mocked; the planner, the backend table and the
+evidence lookup are the real ones).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.config import parse_config
+from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NO_EXPORTED_GRAPH
+from orchestrator.profile import HardwareProfile, load_profile
+from orchestrator.verify.backends import keyed_options
+from orchestrator.verify.evidence import EvidenceStore
+from stages.exported_graph import ExportedGraphConfig, ExportedGraphKind
+from tests.verify.helpers import REPO, K, N, write_artifact
+
+PROFILES = REPO / "configs" / "profiles"
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    """The tiny full graph with an fp32 and an int8 file (the same bytes: options only)."""
+    d = write_artifact(tmp_path / "tiny", "full", name="tiny")
+    shutil.copy(d / "fp32.onnx", d / "int8.onnx")
+    doc = yaml.safe_load((d / "manifest.yaml").read_text())
+    doc["precisions"]["int8"] = "int8.onnx"
+    (d / "manifest.yaml").write_text(yaml.safe_dump(doc))
+    return d
+
+
+def kwargs_for(profile: HardwareProfile, artifact: Path, device_id: str, backend: str, **stage: Any) -> dict[str, Any]:
+    kind = ExportedGraphKind()
+    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=[device_id], artifact=str(artifact), **stage)
+    device = profile.device(device_id)
+    assert device is not None
+    info = kind.describe(cfg)
+    assert kind.check(cfg, info, device, backend) == []
+    reservations = kind.reservations(cfg, info, device, backend, device.pool)
+    return kind.engine_kwargs(cfg, info, device, backend, reservations, 0)
+
+
+def test_directml_on_the_radeon_igpu_turns_memory_patterns_off_and_runs_sequentially(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "strix-point-rtx5090-windows.json")
+    kw = kwargs_for(profile, artifact, "igpu:0", "ort-dml", precision=["fp32"])
+    session = kw["session"]
+    assert session["providers"] == ["DmlExecutionProvider", "CPUExecutionProvider"]
+    assert session["provider_options"][0] == {"device_filter": "gpu", "performance_preference": "minimum_power"}
+    assert session["session_options"] == {"enable_mem_pattern": False, "execution_mode": "sequential"}
+    # the discrete RTX through DirectML asks for the high-performance adapter instead
+    kw = kwargs_for(profile, artifact, "gpu:0", "ort-dml", precision=["fp32"])
+    assert kw["session"]["provider_options"][0]["performance_preference"] == "high_performance"
+
+
+def test_vitisai_on_the_xdna_npu_gets_a_digest_keyed_compile_cache(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "c"))
+    profile = load_profile(PROFILES / "strix-point-rtx5090-windows.json")
+    kw = kwargs_for(profile, artifact, "npu:0", "ort-vitisai", precision=["int8", "fp32"])
+    assert kw["precision"] == "int8"
+    opts = kw["session"]["provider_options"][0]
+    assert kw["session"]["providers"] == ["VitisAIExecutionProvider", "CPUExecutionProvider"]
+    assert opts["cache_dir"] == str(tmp_path / "c" / "ep-cache" / "ort-vitisai")
+    assert opts["cache_key"].startswith("tiny-int8-") and len(opts["cache_key"]) == len("tiny-int8-") + 12
+    assert opts["enable_cache_file_io_in_mem"] == "0"  # so vitisai_ep_report.json lands in cache_dir
+    # a config_file from the stage config is passed through
+    kw = kwargs_for(profile, artifact, "npu:0", "ort-vitisai", precision=["int8"],
+                    provider_options={"ort-vitisai": {"config_file": "C:/RyzenAI/vaip_config.json"}})
+    assert kw["session"]["provider_options"][0]["config_file"] == "C:/RyzenAI/vaip_config.json"
+
+
+def test_vitisai_refuses_an_fp32_only_artifact_as_no_exported_graph(tmp_path: Path) -> None:
+    d = write_artifact(tmp_path / "fp32only", "full", name="fp32only")
+    profile = load_profile(PROFILES / "strix-point-rtx5090-windows.json")
+    kind = ExportedGraphKind()
+    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["npu:0"], artifact=str(d), precision=["fp32"])
+    npu = profile.device("npu:0")
+    assert npu is not None
+    (refusal,) = kind.check(cfg, kind.describe(cfg), npu, "ort-vitisai")
+    assert refusal.code == NO_EXPORTED_GRAPH
+    assert "fp32only has fp32 graph(s)" in refusal.message
+    assert "ort-vitisai on npu:0 (npu) runs int8, bf16" in refusal.message
+    assert "no fp32 datapath" in refusal.message
+    assert "export a int8 or bf16 graph" in refusal.remedy
+
+
+def test_qnn_on_the_snapdragon_htp_names_its_backend_library(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "snapdragon-x-elite-32gb.json")
+    kw = kwargs_for(profile, artifact, "npu:0", "ort-qnn", precision=["int8"])
+    opts = kw["session"]["provider_options"][0]
+    assert kw["session"]["providers"][0] == "QNNExecutionProvider"
+    assert opts["backend_path"] == "QnnHtp.dll"
+    assert "enable_htp_fp16_precision" not in opts
+    fp32 = kwargs_for(profile, artifact, "npu:0", "ort-qnn", precision=["fp32"])
+    assert fp32["session"]["provider_options"][0]["enable_htp_fp16_precision"] == "1"
+
+
+def test_openvino_device_type_follows_the_device_kind(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    by_device = {d: kwargs_for(profile, artifact, d, "ort-openvino")["session"]["provider_options"][0]["device_type"] for d in ("cpu", "igpu:0", "npu:0")}
+    assert by_device == {"cpu": "CPU", "igpu:0": "GPU", "npu:0": "NPU"}
+
+
+def test_cuda_names_its_device_and_reserves_on_the_gpus_own_vram(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "strix-point-rtx5090-windows.json")
+    kw = kwargs_for(profile, artifact, "gpu:0", "ort-cuda")
+    assert kw["session"]["providers"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert kw["session"]["provider_options"][0] == {"device_id": "0"}
+    kind = ExportedGraphKind()
+    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["gpu:0"], artifact=str(artifact))
+    gpu = profile.device("gpu:0")
+    assert gpu is not None
+    info = kind.describe(cfg)
+    rs = {r.purpose: r for r in kind.reservations(cfg, info, gpu, "ort-cuda", gpu.pool)}
+    assert {r.pool for r in rs.values()} == {"vram:gpu:0"}
+    assert rs["weights"].evidence == "D" and rs["weights"].bytes == info.details["precisions"]["fp32"]["initializer_bytes"] == (K * N + N) * 4
+    assert {rs[p].evidence for p in ("activations", "ep_workspace", "load_transient")} == {"E"}
+    assert rs["load_transient"].lifetime == "load" and rs["activations"].lifetime == "request"
+
+
+def test_target_only_drops_the_cpu_ep_and_sets_the_no_fallback_key(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    kw = kwargs_for(profile, artifact, "npu:0", "ort-openvino", target_only=True)
+    assert kw["session"]["providers"] == ["OpenVINOExecutionProvider"]
+    assert kw["session"]["session_config"] == {"session.disable_cpu_ep_fallback": "1"}
+    assert kw["target_only"] is True
+
+
+def test_cache_locations_are_not_part_of_the_evidence_key(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.verify.backends import SessionSpec
+
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "a"))
+    a = SessionSpec.from_dict(kwargs_for(profile, artifact, "npu:0", "ort-openvino")["session"])
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "b"))
+    b = SessionSpec.from_dict(kwargs_for(profile, artifact, "npu:0", "ort-openvino")["session"])
+    assert a.provider_options != b.provider_options
+    assert keyed_options("ort-openvino", a) == keyed_options("ort-openvino", b)
+
+
+def _config(artifact: Path, devices: list[str], tmp_path: Path) -> Any:
+    doc = {"name": "p", "stages": [{
+        "name": "voice", "kind": "exported_graph", "artifact": str(artifact), "devices": devices,
+        "backends": ["ort-openvino"], "final_output": True,
+    }]}
+    return parse_config(doc, where="test.yaml", base_dir=tmp_path)
+
+
+def test_the_planner_reads_evidence_and_refuses_on_failed_evidence(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan-time: unverified without evidence; verified (M) with passing evidence;
+    refused with the recorded counts when the evidence says the EP declined."""
+    from orchestrator.planner import plan_pipeline
+
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    config = _config(artifact, ["npu:0", "igpu:0"], tmp_path)
+    plan = plan_pipeline(config, profile, runtime=False)
+    voice = plan.stage("voice")
+    assert (voice.device, voice.verification.status) == ("npu:0", "unverified")  # type: ignore[union-attr]
+
+    kind = ExportedGraphKind()
+    stage = config.stage("voice")
+    info = kind.describe(stage)
+    npu, igpu = profile.device("npu:0"), profile.device("igpu:0")
+    assert npu is not None and igpu is not None
+    route = profile.route("this-process")
+    assert route is not None
+    store = EvidenceStore()
+
+    def record(taken: int, total: int) -> dict[str, Any]:
+        return {"ep": "OpenVINOExecutionProvider", "precision": "fp32",
+                "coverage": {"ep": "OpenVINOExecutionProvider", "taken": taken, "total": total, "fraction": taken / total,
+                             "partitions": 1 if taken else 0, "by_ep": {}, "fallback_op_types": {"Gemm": total - taken}, "source": "ort_assignment_info"},
+                "numeric": {"reference": "CPU EP, fp32 graph", "outputs": {"y": {"shape_match": True, "rel_l2": 1e-6, "max_abs": 1e-6, "cosine": 1.0}}, "error": None},
+                "suspicious": False}
+
+    npu_key = kind.placement(stage, info, npu, "ort-openvino", route).key  # type: ignore[union-attr]
+    igpu_key = kind.placement(stage, info, igpu, "ort-openvino", route).key  # type: ignore[union-attr]
+    assert npu_key is not None and igpu_key is not None and npu_key != igpu_key
+    store.save(npu_key, record(0, 2))
+    store.save(igpu_key, record(2, 2))
+
+    plan = plan_pipeline(config, profile, runtime=False)
+    voice = plan.stage("voice")
+    assert voice.device == "igpu:0"
+    assert voice.verification.status == "verified" and voice.verification.evidence.startswith("M ")  # type: ignore[union-attr]
+    (refusal,) = [r for r in voice.refusals if r.device == "npu:0"]
+    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert "took 0 of 2 nodes (0.0%)" in refusal.message and "Gemm×2" in refusal.message
+
+
+def test_every_config_field_of_the_kind_has_a_description() -> None:
+    from pydantic import BaseModel
+
+    from exports.artifact import ExportManifest, Reference, Source, TensorSpec, Tolerance
+    from stages.exported_graph import ToleranceOverride
+
+    missing = []
+    for model in (ExportedGraphConfig, ToleranceOverride, ExportManifest, Source, TensorSpec, Reference, Tolerance):
+        assert issubclass(model, BaseModel)
+        missing += [f"{model.__name__}.{n}" for n, f in model.model_fields.items() if not f.description]
+    assert missing == []

@@ -1,0 +1,95 @@
+"""``omni-edge verify``: what a user reads, and the exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from tests.verify.helpers import OV_PYTHON, write_artifact
+
+pytestmark = [pytest.mark.openvino, pytest.mark.ort]
+
+
+def _write(tmp_path: Path, graph: str, *, ov_route: str | None = "openvino", backends: tuple[str, ...] = ("ort-openvino", "ort-cpu"), stage: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    if not OV_PYTHON.exists():
+        pytest.skip("no OpenVINO route")
+    write_artifact(tmp_path / "art", graph)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu", "npu:0"],
+        "backends": list(backends), "final_output": True, **(stage or {}),
+    }]}))
+    device: dict[str, Any] = {"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-openvino", "ort-cpu"]}
+    if ov_route:
+        device["backend_routes"] = {"ort-openvino": ov_route}
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "omni-edge.profile/1", "name": "test box",
+        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+        "devices": [device],
+        "routes": [{"name": "this-process"}, {"name": "openvino", "kind": "interpreter", "python": str(OV_PYTHON)}],
+    }))
+    return config, profile
+
+
+def test_all_placements_pass_exit_0_and_the_plan_reads_the_evidence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, profile = _write(tmp_path, "full")
+    assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "omni-edge.verify/1"
+    assert [(r["backend"], r["status"]) for r in doc["results"]] == [("ort-openvino", "passed"), ("ort-cpu", "passed")]
+    ov = doc["results"][0]
+    assert (ov["coverage"]["taken"], ov["coverage"]["total"]) == (2, 2)
+    assert ov["runtime"].startswith("onnxruntime-openvino==")
+    assert Path(ov["evidence"]).is_file()
+    assert doc["skipped"] == [{"stage": "net", "device": "npu:0", "why": "test box has no npu:0"}]
+    assert doc["plan"]["stages"]["net"] == {"device": "cpu", "backend": "ort-openvino", "verification": "verified"}
+    # second run: the evidence is reused, and the table says so
+    assert main(["verify", str(config), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "net · cpu · ort-openvino [fp32]" in out and "2/2 100%" in out and "pass (cached)" in out
+    assert "plan now: net → cpu (ort-openvino), verified" in out
+
+
+def test_a_declined_graph_exits_3_with_the_counts_and_the_remedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, profile = _write(tmp_path, "fp64_only", backends=("ort-openvino",))
+    assert main(["verify", str(config), "--profile", str(profile)]) == 3
+    out = capsys.readouterr().out
+    assert "0/2 0%" in out
+    assert "[execution_provider_declined_graph] net · cpu · ort-openvino: OpenVINOExecutionProvider took 0 of 2 nodes (0.0%)" in out
+    assert "Abs×1, Neg×1" in out
+    assert "remedy:" in out and "lower min_ep_coverage" in out
+
+
+def test_a_route_without_the_ep_exits_3_as_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, profile = _write(tmp_path, "full", ov_route=None, backends=("ort-openvino",))
+    assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 3
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    (refusal,) = result["refusals"]
+    assert refusal["code"] == "device_unreachable_from_this_process"
+    assert "offers" in refusal["message"] and "not OpenVINOExecutionProvider" in refusal["message"]
+    assert "pip install onnxruntime-openvino" in refusal["remedy"]
+
+
+def test_bad_input_exits_2_with_where_and_how_to_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, profile = _write(tmp_path, "full", stage={"min_ep_coverage": 1.5})
+    assert main(["verify", str(config), "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert "stages[0].min_ep_coverage" in err and "less than or equal to 1" in err
+
+
+def test_a_profile_of_another_machine_is_refused_as_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """Evidence is keyed by the profile's device names: measuring here under a
+    Windows laptop's names would record a result that laptop never produced."""
+    from tests.verify.helpers import REPO
+
+    profile = REPO / "configs" / "profiles" / "strix-point-rtx5090-windows.json"
+    assert main(["verify", str(REPO / "configs" / "voice-assistant.yaml"), "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert "it describes a windows host; this process runs on linux" in err
+    assert "run omni-edge verify on that machine" in err
