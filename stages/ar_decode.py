@@ -25,7 +25,7 @@ from stages.base import ArtifactInfo, StageKind
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device
+    from orchestrator.profile import Device, Route
     from stages.base import StageRunner
 
 # ---- estimates (evidence E); each with where the number comes from ---------------
@@ -294,7 +294,7 @@ class ArDecodeKind(StageKind):
         return lo * 16
 
     # -- runtime -----------------------------------------------------------------
-    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         from stages.ar_decode_runtime import VllmRunner
 
         return VllmRunner(stage_plan, stage)

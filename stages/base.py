@@ -117,8 +117,12 @@ class StageKind(ABC):
         """The remedy text when this stage alone does not fit ``available`` bytes."""
         return "use a smaller or more compressed artifact, or a device with a larger memory pool"
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
-        """Create the runtime object for an admitted placement (inside a device actor)."""
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+        """Create the runtime object for an admitted placement (inside a device actor).
+
+        ``route`` is the profile's route for the placement (which interpreter or
+        host process drives the device); kinds that run in this process ignore it.
+        """
         raise NotImplementedError(f"stage kind {self.kind!r} has no runtime yet")
 
 
