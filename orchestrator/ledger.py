@@ -53,6 +53,19 @@ class Reservation:
         return asdict(self)
 
 
+def load_and_steady(reservations: Iterable[Reservation]) -> tuple[int, int]:
+    """``(load path, steady state)`` bytes of one holder's reservations."""
+    rs = list(reservations)
+    load = sum(r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
+    steady = sum(r.bytes for r in rs if r.lifetime != "load")
+    return load, steady
+
+
+def holder_peak(reservations: Iterable[Reservation], pool: str | None = None) -> int:
+    """One holder's peak (on one pool, or over all): max(load path, steady state)."""
+    return max(load_and_steady(r for r in reservations if pool is None or r.pool == pool))
+
+
 @dataclass(frozen=True)
 class Pool:
     id: str
@@ -104,10 +117,7 @@ class Ledger:
 
     def holder_profile(self, holder: str, pool_id: str, extra: Iterable[Reservation] = ()) -> tuple[int, int]:
         """``(load_path, steady)`` bytes of one holder on ``pool_id`` (children included)."""
-        rs = [r for r in [*self.held.get(holder, []), *extra] if self._counts_in(r.pool, pool_id)]
-        load = sum(r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
-        steady = sum(r.bytes for r in rs if r.lifetime != "load")
-        return load, steady
+        return load_and_steady(r for r in [*self.held.get(holder, []), *extra] if self._counts_in(r.pool, pool_id))
 
     def peak(self, pool_id: str, extra: dict[str, list[Reservation]] | None = None) -> tuple[int, dict[str, int]]:
         """The pool's peak and each holder's share of it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.ledger import Reservation
+from orchestrator.ledger import Reservation, holder_peak
 
 PLAN_FORMAT = "omni-edge.plan/1"
 
@@ -69,10 +69,8 @@ class StagePlan:
         return self.reservations[0].pool if self.reservations else None
 
     def budget_bytes(self) -> int:
-        """This stage's own peak: max(load path, steady state)."""
-        load = sum(r.bytes for r in self.reservations if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
-        steady = sum(r.bytes for r in self.reservations if r.lifetime != "load")
-        return max(load, steady)
+        """This stage's own peak on its device's pool: max(load path, steady state)."""
+        return holder_peak(self.reservations, self.pool)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from orchestrator import capabilities, errors
 from orchestrator.config import StageConfig, Strict
 from orchestrator.kv import KVBudget, kv_budget, layer_kinds, text_config
-from orchestrator.ledger import Reservation
+from orchestrator.ledger import Reservation, holder_peak
 from orchestrator.manifests import FORMAT_DTYPE, read_checkpoint, read_gguf, resolve_package_path
 from orchestrator.plan import Refusal
 from orchestrator.units import GiB, MiB, fmt_bytes
@@ -216,11 +216,7 @@ class ArDecodeKind(StageKind):
         reservations: list[Reservation], pool_capacity: int,
     ) -> dict[str, Any]:
         assert isinstance(stage, ArDecodeConfig)
-        pool = reservations[0].pool
-        own = [r for r in reservations if r.pool == pool]
-        load = sum(r.bytes for r in own if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
-        steady = sum(r.bytes for r in own if r.lifetime != "load")
-        budget = max(load, steady)
+        budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
         # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM
         # reads it as the fraction of host RAM. The plan's own budget sets it on both.
@@ -279,10 +275,7 @@ class ArDecodeKind(StageKind):
         """Largest max_model_len (multiple of 16) whose whole stage budget fits ``available``."""
 
         def need(length: int) -> int:
-            rs = [r for r in self.reservations(stage, info, device, backend, pool, max_model_len=length) if r.pool == pool]
-            load = sum(r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
-            steady = sum(r.bytes for r in rs if r.lifetime != "load")
-            return max(load, steady)
+            return holder_peak(self.reservations(stage, info, device, backend, pool, max_model_len=length), pool)
 
         lo, hi = 0, stage.max_model_len // 16
         while lo < hi:

