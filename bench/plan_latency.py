@@ -123,7 +123,8 @@ def main() -> None:
         print()
         cli_profile = cli_seconds(["plan", str(default), "--profile", str(CPU_PROFILE), "--json"], args.cli_repeat)
         cli_probe = cli_seconds(["plan", str(default), "--json"], args.cli_repeat)
-        print(f"{'cold CLI wall time (median of %d)' % args.cli_repeat:<50} {'seconds':>9} {'target':>9} {'ratio':>7}")
+        title = f"cold CLI wall time (median of {args.cli_repeat})"
+        print(f"{title:<50} {'seconds':>9} {'target':>9} {'ratio':>7}")
         print(f"{'omni-edge plan default --profile cpu-only':<50} {cli_profile:8.2f}s {1.0:8.1f}s {cli_profile:6.2f}x")
         print(f"{'omni-edge plan default (probes this machine)':<50} {cli_probe:8.2f}s {1.0:8.1f}s {cli_probe:6.2f}x")
 

@@ -138,6 +138,19 @@ class ExportManifest(_Strict):
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Free map for the hooks and for humans (sample_rate, voice config, ...)."
     )
+    activation_bytes: int | None = Field(
+        None, ge=0,
+        description="Peak bytes of one inference's intermediate tensors for the largest item the preprocess hook "
+        "produces, as measured by the artifact's author (e.g. '320MiB'); default max(64 MiB, half the weights).",
+    )
+    activation_note: str = Field("", description="Where activation_bytes comes from (what was measured, on what input).")
+
+    @field_validator("activation_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        from orchestrator.units import parse_bytes
+
+        return None if value is None else parse_bytes(value)
 
     @field_validator("precisions")
     @classmethod

@@ -145,6 +145,8 @@ class ExportedGraphKind(StageKind):
             details={
                 "name": art.name,
                 "version": art.manifest.version,
+                "activation_bytes": art.manifest.activation_bytes,
+                "activation_note": art.manifest.activation_note,
                 "available_precisions": list(art.manifest.precisions),
                 "precisions": precisions,
                 "reference_sha256": art.reference_digest(),
@@ -182,6 +184,17 @@ class ExportedGraphKind(StageKind):
             f"and add it to the manifest's precisions (and to the stage's precision list), or place the stage on another device",
         )]
 
+    @staticmethod
+    def _activations(pool: str, info: ArtifactInfo, weights: int) -> Reservation:
+        declared = info.details.get("activation_bytes")
+        if declared is not None:
+            note = info.details.get("activation_note") or "declared by the artifact's manifest"
+            return Reservation(pool, "activations", int(declared), "request", "E", f"manifest activation_bytes: {note}", at_load=False)
+        return Reservation(
+            pool, "activations", max(ACTIVATION_FLOOR, int(ACTIVATION_WEIGHT_FRACTION * weights)), "request", "E",
+            "one inference's intermediate tensors (ACTIVATION_FLOOR / ACTIVATION_WEIGHT_FRACTION)", at_load=False,
+        )
+
     def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
@@ -192,10 +205,7 @@ class ExportedGraphKind(StageKind):
         name = info.details["name"]
         return [
             Reservation(pool, "weights", weights, "session", "D", f"initializers of {name} [{precision}], read from the graph"),
-            Reservation(
-                pool, "activations", max(ACTIVATION_FLOOR, int(ACTIVATION_WEIGHT_FRACTION * weights)), "request", "E",
-                "one inference's intermediate tensors (ACTIVATION_FLOOR / ACTIVATION_WEIGHT_FRACTION)", at_load=False,
-            ),
+            self._activations(pool, info, weights),
             Reservation(
                 pool, "ep_workspace", ort_backends.workspace_bytes(backend, weights), "session", "E",
                 f"{row.ep}: {row.workspace_reason}",

@@ -203,7 +203,6 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
     from transformers.utils import logging as hf_logging
 
     torch_dtype = getattr(torch, dtype)

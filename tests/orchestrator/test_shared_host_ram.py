@@ -77,7 +77,7 @@ def test_three_stages_that_fit_alone_are_refused_together(tmp_path, monkeypatch)
 
     plan = plan_pipeline(cfg, tight)
     assert not plan.admitted
-    for name, share in shares.items():
+    for name in shares:
         stage = plan.stage(name)
         assert not stage.admitted
         [refusal] = stage.refusals

@@ -1,0 +1,251 @@
+"""The orchestrator's cost: the same two stages with and without Ray, in one run.
+
+    python bench/pipeline.py [--config configs/voice-assistant.yaml] [--repeat 3] [--json FILE]
+
+Side by side, same plan, same prompt, same sampling seed:
+
+* (a)  **sequential, one process, no orchestrator**: the decode stage's runner
+  produces the whole reply, the text is cut into sentences, then the TTS
+  runner speaks them one after another — the plain way to chain two stages;
+* (a2) **overlapped, one process, no orchestrator**: the same runners, with
+  the TTS speaking each sentence while decoding continues (asyncio and a
+  thread) — what streaming gains without Ray, so (b)/(a2) isolates Ray's cost;
+* (b)  **orchestrated**: ``Pipeline`` — Ray, one actor per device, the ledger
+  actor, streaming generators between stages.
+
+Reported (medians over --repeat requests after one warm-up each): time to
+first token, time to first audio, total time, and the ratios. Targets
+(issue 4): total (b)/(a) ≤ 1.10; time to first audio (b) ≤ first-sentence
+time + that sentence's TTS time (both measured in (a)) + 100 ms; for every
+stage, measured peak ≤ budget with budget/measured ≤ 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orchestrator.runtime.executor import ACTOR_ENV  # noqa: E402
+
+# The baseline runs its engine in this process: same thread settings as a device
+# actor, set before anything imports torch.
+for _k, _v in ACTOR_ENV.items():
+    os.environ.setdefault(_k, _v)
+
+PROMPT = "Tell me one fact about the Moon."
+TTFA_SLACK_S = 0.100
+
+
+async def _one(item: Any) -> Any:
+    yield item
+
+
+async def sequential(thinker: Any, voice: Any, prompt: str, rid: str) -> dict[str, Any]:
+    """(a): decode everything, then speak each sentence in turn."""
+    from stages.text_chunks import SentenceChunker
+
+    t0 = time.perf_counter()
+    first_token = first_sentence = None
+    chunker, chunks, parts = SentenceChunker(), [], []
+    async for delta in thinker.stream(rid, _one(prompt)):
+        now = time.perf_counter() - t0
+        first_token = first_token if first_token is not None else now
+        parts.append(delta)
+        for c in chunker.feed(delta):
+            chunks.append(c)
+            first_sentence = first_sentence if first_sentence is not None else now
+    text_done = time.perf_counter() - t0
+    for c in chunker.flush():
+        chunks.append(c)
+        first_sentence = first_sentence if first_sentence is not None else text_done
+    first_audio, tts, audio_s = None, [], 0.0
+    for i, c in enumerate(chunks):
+        ts = time.perf_counter()
+        async for out in voice.stream(f"{rid}-{i}", _one(c)):
+            audio_s += out["audio"].size / out["sample_rate"]
+        tts.append(time.perf_counter() - ts)
+        first_audio = first_audio if first_audio is not None else time.perf_counter() - t0
+    return {"ttft": first_token, "ttfa": first_audio, "total": time.perf_counter() - t0, "text_done": text_done,
+            "first_sentence": first_sentence, "first_sentence_tts": tts[0] if tts else None,
+            "chunks": len(chunks), "audio_s": audio_s, "text": "".join(parts)}
+
+
+async def overlapped(thinker: Any, voice: Any, prompt: str, rid: str) -> dict[str, Any]:
+    """(a2): the TTS speaks each sentence as soon as it is complete."""
+    from stages.text_chunks import chunk_text
+
+    t0 = time.perf_counter()
+    marks: dict[str, float] = {}
+    parts: list[str] = []
+
+    async def deltas() -> Any:
+        async for d in thinker.stream(rid, _one(prompt)):
+            marks.setdefault("ttft", time.perf_counter() - t0)
+            parts.append(d)
+            yield d
+
+    audio_s = 0.0
+    async for out in voice.stream(f"{rid}-v", chunk_text(deltas())):
+        marks.setdefault("ttfa", time.perf_counter() - t0)
+        audio_s += out["audio"].size / out["sample_rate"]
+    return {"ttft": marks.get("ttft"), "ttfa": marks.get("ttfa"), "total": time.perf_counter() - t0,
+            "audio_s": audio_s, "text": "".join(parts)}
+
+
+async def orchestrated(pipeline: Any, prompt: str, rid: str) -> dict[str, Any]:
+    """(b): the request through the Ray runtime."""
+    from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
+    from stages.text_chunks import SentenceChunker
+
+    t0 = time.perf_counter()
+    ttft = ttfa = first_sentence = in_run_tts = None
+    audio_s, parts = 0.0, []
+    chunker = SentenceChunker()  # the executor's own cut, replayed to time the first sentence
+    async for e in pipeline.stream(prompt, request_id=rid):
+        if isinstance(e, TextDelta):
+            ttft = ttft if ttft is not None else e.t
+            parts.append(e.text)
+            if first_sentence is None and chunker.feed(e.text):
+                first_sentence = e.t
+        elif isinstance(e, AudioChunk):
+            ttfa = ttfa if ttfa is not None else e.t
+            audio_s += e.seconds
+        elif isinstance(e, StageEvent) and e.kind == "done" and e.stats.get("item_latency_s"):
+            in_run_tts = e.stats["item_latency_s"][0]
+    return {"ttft": ttft, "ttfa": ttfa, "total": time.perf_counter() - t0, "audio_s": audio_s, "text": "".join(parts),
+            "first_sentence": first_sentence, "first_sentence_tts": (ttfa - first_sentence) if ttfa and first_sentence else None,
+            "first_sentence_tts_in_stage": in_run_tts,
+            "critical_path_overhead": (ttfa - first_sentence - in_run_tts) if ttfa and first_sentence and in_run_tts else None}
+
+
+def med(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(REPO / "configs/voice-assistant.yaml"))
+    ap.add_argument("--profile", help="hardware profile file (default: probe this machine)")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = ap.parse_args()
+
+    from orchestrator.config import load_config
+    from orchestrator.pipeline import Pipeline, prepare_models, resolve_profile
+    from orchestrator.planner import plan_pipeline
+    from stages.registry import get_kind
+
+    config = load_config(args.config)
+    profile = resolve_profile(args.profile)
+    plan = plan_pipeline(config, profile)
+    if not plan.admitted:
+        print("the plan was refused; run `omni-edge plan` to see why", file=sys.stderr)
+        return 3
+    prepare_models(plan, progress=True)
+    thinker_plan, voice_plan = plan.stages[0], plan.stages[1]
+    routes = {r.name: r for r in profile.routes}
+
+    # -- (a) and (a2): the runners in this process ------------------------------------
+    t = time.perf_counter()
+    thinker = get_kind(thinker_plan.kind).runner(thinker_plan, config.stage(thinker_plan.name))
+    thinker.load()
+    engine_start = time.perf_counter() - t
+    voice_kind = get_kind(voice_plan.kind)
+    route = routes.get(voice_plan.route or "")
+    voice = voice_kind.runner(voice_plan, config.stage(voice_plan.name), route=route) if route else voice_kind.runner(voice_plan, config.stage(voice_plan.name))
+    t = time.perf_counter()
+    voice.load()
+    voice_load = time.perf_counter() - t
+    print(f"in-process: {thinker_plan.name} loaded in {engine_start:.1f} s ({thinker.load_info}), "
+          f"{voice_plan.name} in {voice_load:.1f} s", file=sys.stderr)
+
+    # -- (b): the orchestrated pipeline, started next to the in-process runners ----------
+    tmp = Path(tempfile.mkdtemp(prefix="omni-edge-bench-"))
+    t = time.perf_counter()
+    pipeline = Pipeline(plan, config, profile=profile, record=tmp)
+    pipeline.start()
+    start_b = time.perf_counter() - t
+
+    async def interleaved() -> tuple[list[dict[str, Any]], ...]:
+        # One warm-up each, then (a), (a2), (b) in turn, so that whatever else the
+        # machine does at the time weighs on all three alike.
+        await sequential(thinker, voice, args.prompt, "warm-a")
+        await overlapped(thinker, voice, args.prompt, "warm-a2")
+        await orchestrated(pipeline, args.prompt, "warm-b")
+        a, a2, b = [], [], []
+        for i in range(args.repeat):
+            a.append(await sequential(thinker, voice, args.prompt, f"a{i}"))
+            a2.append(await overlapped(thinker, voice, args.prompt, f"a2-{i}"))
+            b.append(await orchestrated(pipeline, args.prompt, f"b{i}"))
+        return a, a2, b
+
+    try:
+        a, a2, b = asyncio.run(interleaved())
+        record = pipeline.build_record([])
+    finally:
+        final = pipeline.close()
+        thinker.close()
+        voice.close()
+
+    # -- report ---------------------------------------------------------------------------
+    figures = {k: {"a": med(a, k), "a2": med(a2, k), "b": med(b, k)} for k in ("ttft", "ttfa", "total")}
+    first_sentence, first_tts = med(a, "first_sentence"), med(a, "first_sentence_tts")
+    ttfa_bound = (first_sentence or 0) + (first_tts or 0) + TTFA_SLACK_S
+    total_ratio = figures["total"]["b"] / figures["total"]["a"]
+    print(f"\nprompt: {args.prompt!r}; {args.repeat} requests each after one warm-up; medians")
+    print(f"{'':24}{'(a) sequential':>16}{'(a2) overlapped':>17}{'(b) Ray':>10}{'(b)/(a)':>9}{'(b)/(a2)':>10}")
+    for key, label in (("ttft", "time to first token"), ("ttfa", "time to first audio"), ("total", "total time")):
+        f = figures[key]
+        print(f"{label:24}{f['a']:>15.3f}s{f['a2']:>16.3f}s{f['b']:>9.3f}s{f['b'] / f['a']:>9.2f}{f['b'] / f['a2']:>10.2f}")
+    print(f"\nfirst sentence complete at {first_sentence:.3f} s, its TTS took {first_tts:.3f} s (in (a)); "
+          f"in (b): complete at {med(b, 'first_sentence'):.3f} s, first audio {med(b, 'first_sentence_tts'):.3f} s later")
+    overhead = med(b, "critical_path_overhead")
+    print(f"in (b), the voice stage took {med(b, 'first_sentence_tts_in_stage'):.3f} s to speak the first sentence "
+          f"(decoding ran alongside); Ray's hops on the way to the first audio (feed + return): {overhead * 1000:.0f} ms")
+    ok_total = total_ratio <= 1.10
+    ok_ttfa = figures["ttfa"]["b"] <= ttfa_bound
+    print(f"target total (b)/(a) <= 1.10: {total_ratio:.2f} {'PASS' if ok_total else 'FAIL'}")
+    print(f"target first audio (b) <= {first_sentence:.3f} + {first_tts:.3f} + 0.100 = {ttfa_bound:.3f} s: "
+          f"{figures['ttfa']['b']:.3f} s {'PASS' if ok_ttfa else 'FAIL'}")
+    print(f"\nstart-up: engine (in-process) {engine_start:.1f} s; orchestrated start {start_b:.1f} s "
+          f"({record['runtime']['startup']}); Ray memory {record['runtime']['ray']['memory'].get('bytes', 0) / 2**20:.0f} MiB "
+          f"({record['runtime']['ray']['memory'].get('measure')})")
+    ok_mem = True
+    print(f"\n{'stage':10}{'budget':>12}{'measured':>12}{'budget/measured':>17}  verdict")
+    for row in record["stages"]:
+        peak, budget = row["measured_peak_bytes"], row["budget_bytes"]
+        ratio = budget / peak if peak else float("inf")
+        ok = peak is not None and peak <= budget and ratio <= 1.5
+        ok_mem &= ok
+        print(f"{row['stage']:10}{budget / 2**20:>10.0f}Mi{(peak or 0) / 2**20:>10.0f}Mi{ratio:>17.2f}  "
+              f"{'PASS' if ok else ('OVER BUDGET' if peak and peak > budget else 'BUDGET > 1.5x MEASURED')}")
+    print(f"\nledger after close: {final.get('held_bytes')} bytes held")
+    texts_equal = len({r['text'] for r in a + a2 + b}) == 1
+    print(f"same reply text in every run: {texts_equal}")
+    print(f"target (in-run reading) first audio (b) <= first sentence (b) + its TTS in (b) + 0.100 s: "
+          f"overhead {overhead * 1000:.0f} ms {'PASS' if overhead <= TTFA_SLACK_S else 'FAIL'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "figures": figures, "first_sentence_s": first_sentence, "first_sentence_tts_s": first_tts,
+            "ttfa_bound_s": ttfa_bound, "total_ratio": total_ratio, "engine_start_s": engine_start,
+            "orchestrated_start_s": start_b, "runtime": record["runtime"], "stages": record["stages"],
+            "runs": {"a": a, "a2": a2, "b": b}, "versions": record["versions"],
+        }, indent=2, default=str))
+    return 0 if ok_total and ok_ttfa and ok_mem else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""``omni-edge run CONFIG --prompt ... --out reply.wav``: plan, start, stream one request.
+
+Prints the plan summary, streams the reply text as it is generated, writes
+the audio (16-bit PCM WAV at the voice's sample rate), writes the run record,
+and ends with a per-stage table: device, backend, time to first output,
+throughput, budgeted vs measured peak and their ratio.
+
+Exit codes: 0 done, 2 bad input, 3 plan refused (the refusals are printed),
+4 a stage failed (stage, device and cause are printed).
+
+Heavy modules (Ray, vLLM, ONNX Runtime) are imported inside ``run()`` only:
+the CLI parser imports every command module, and ``omni-edge plan`` must stay
+light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.pipeline import Pipeline
+    from orchestrator.plan import PipelinePlan
+    from orchestrator.runtime.events import Result
+
+
+WIDTH_WHEN_PIPED = 132
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="pipeline config (YAML or JSON)")
+    p.add_argument("--prompt", required=True, help="the request: what to say to the pipeline")
+    p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
+    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing this machine")
+    p.add_argument("--mask", action="append", default=[], metavar="DEVICES",
+                   help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
+    p.add_argument("--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (human output goes to stderr)")
+    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
+    p.add_argument("--skip-verify", action="store_true",
+                   help="run exported placements that have no gate evidence yet (default: run `verify` for them first)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from orchestrator.cli import EXIT_OK, EXIT_REFUSED
+    from orchestrator.commands.plan import load_profile_arg
+    from orchestrator.config import load_config
+    from orchestrator.planner import parse_mask, plan_pipeline
+
+    stream = sys.stderr if args.json else sys.stdout
+    # Not a terminal (a pipe, a log file): wide enough that the tables do not fold.
+    console = Console(stderr=args.json, highlight=False, width=None if stream.isatty() else WIDTH_WHEN_PIPED)
+    config = load_config(args.config)
+    profile = load_profile_arg(args.profile)
+    mask = parse_mask(args.mask)
+    plan = plan_pipeline(config, profile, mask=mask)
+    from orchestrator.pipeline import unverified_stages, verify_then_replan
+
+    pending = unverified_stages(plan)
+    if pending and args.skip_verify:
+        console.print(f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
+                      "node coverage and numerics are unchecked[/]")
+    elif pending:
+        from orchestrator.commands.verify import _run_with_progress
+
+        console.print(f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]")
+        plan = verify_then_replan(config, profile, mask,
+                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console))
+    if not plan.admitted:
+        from orchestrator.render import print_plan
+
+        print_plan(plan, console)
+        if args.json:
+            json.dump({"admitted": False, "plan": plan.to_json()}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        return EXIT_REFUSED
+    print_summary(plan, console)
+
+    from orchestrator.pipeline import Pipeline
+
+    pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs)
+    try:
+        console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
+        t0 = time.perf_counter()
+        pipeline.start(progress=True)
+        console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
+        result = asyncio.run(_stream(pipeline, args.prompt, console))
+        wav = None
+        if args.out:
+            if result.audio is None or not result.sample_rate:
+                console.print("[yellow]no stage produced audio; nothing written to --out[/]")
+            else:
+                from orchestrator.runtime.audio import write_wav
+
+                wav = write_wav(args.out, result.audio, result.sample_rate)
+        doc = pipeline.build_record([result], output={"wav": str(wav) if wav else None})
+        from orchestrator.runtime import record as rec
+
+        path = rec.write(doc, args.record, request_id=result.request_id)
+        print_stage_table(doc["stages"], console)
+        if wav:
+            console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)")
+        console.print(f"record: {path}")
+        if args.json:
+            json.dump({"admitted": True, "text": result.text, "wav": str(wav) if wav else None, "record": str(path),
+                       "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
+                       "time_to_first_token_s": result.time_to_first_token_s,
+                       "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
+                      sys.stdout, indent=2)
+            sys.stdout.write("\n")
+    finally:
+        final = pipeline.close()
+        held = final.get("held_bytes")
+        if held:
+            console.print(f"[red]ledger still holds {held} bytes after close[/]")
+    return EXIT_OK
+
+
+async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:
+    from orchestrator.runtime.events import TextDelta, collect
+
+    events = []
+    t0 = time.perf_counter()
+    out = sys.stderr if console.stderr else sys.stdout
+    out.write("\n")
+    async for event in pipeline.stream(prompt):
+        events.append(event)
+        if isinstance(event, TextDelta):
+            out.write(event.text)
+            out.flush()
+    out.write("\n\n")
+    rid = events[0].request_id if events else "run"
+    return collect(rid, prompt, events, time.perf_counter() - t0)
+
+
+def print_summary(plan: PipelinePlan, console: Console) -> None:
+    from rich.table import Table
+
+    from orchestrator.units import fmt_bytes
+
+    table = Table(title=f"plan: pipeline {plan.pipeline!r} on {plan.profile} (admitted)", title_justify="left")
+    for col in ("stage", "kind", "device", "backend", "budget", "verification"):
+        table.add_column(col, justify="right" if col == "budget" else "left")
+    for s in plan.stages:
+        v = s.verification.status if s.verification else "-"
+        table.add_row(s.name, s.kind, s.device or "-", s.backend or "-", fmt_bytes(s.budget_bytes()), v)
+    console.print(table)
+    for note in plan.notes:
+        console.print(f"[dim]note: {note}[/]")
+
+
+def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
+    from rich.table import Table
+
+    from orchestrator.units import fmt_bytes
+
+    table = Table(title="stages", title_justify="left")
+    for col in ("stage", "device", "backend", "first output", "throughput", "budget", "measured", "budget/measured"):
+        table.add_column(col, justify="left" if col in ("stage", "device", "backend") else "right")
+    for r in rows:
+        first = r.get("time_to_first_output_s")
+        tp = r.get("throughput") or {}
+        peak = r.get("measured_peak_bytes")
+        ratio = r.get("budget_over_measured")
+        table.add_row(
+            r["stage"], r.get("device") or "-", r.get("backend") or "-",
+            f"{first * 1000:.0f} ms" if first is not None else "-",
+            f"{tp['value']:g} {tp['unit']}" if tp else "-",
+            fmt_bytes(r["budget_bytes"]),
+            fmt_bytes(peak) if peak is not None else "-",
+            (f"{ratio:.2f}" + ("" if r.get("within_budget") else " OVER")) if ratio is not None else "-",
+        )
+    console.print(table)

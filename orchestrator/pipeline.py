@@ -1,0 +1,244 @@
+"""The Python API: plan a pipeline, start it, stream requests through it.
+
+::
+
+    from orchestrator.pipeline import Pipeline
+
+    with Pipeline.from_config("configs/voice-assistant.yaml") as pipeline:
+        result = pipeline.run("Tell me one fact about the Moon.")
+        print(result.text, result.audio_seconds)
+
+    async with Pipeline.from_config("configs/voice-assistant.yaml") as pipeline:
+        async for event in pipeline.stream(prompt="..."):   # TextDelta, AudioChunk, StageEvent
+            ...
+
+Guarantees:
+
+* ``from_config`` plans first (``orchestrator.planner.plan_pipeline``) and
+  raises ``PlanRefused`` — carrying the plan and its refusals — before Ray or
+  any engine starts when the plan is not admitted.
+* Weights a stage needs in another form are prepared in this process before
+  the actors start, with a progress bar when asked: the decode stage's GGUF
+  is converted once to a cached safetensors checkpoint (``stages.model_cache``).
+* A stage that cannot load, or a device actor that dies, raises
+  ``StageFailed`` (stage, device, cause); the ledger keeps no reservation of a
+  failed or dead stage.
+* ``close()`` (or leaving the ``with`` block) closes every stage and releases
+  every reservation; ``final_ledger`` then shows every pool at zero.
+* ``run()`` writes a run record (``omni-edge.run/1``) per call to ``record``
+  (a directory, default ``runs/``, or a ``.json`` path); ``record=None`` turns
+  it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import PlanRefused
+from orchestrator.runtime.events import Event, Result, collect
+
+if TYPE_CHECKING:
+    from orchestrator.config import PipelineConfig
+    from orchestrator.plan import PipelinePlan
+    from orchestrator.profile import HardwareProfile
+    from orchestrator.runtime.executor import Runtime
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_RECORD = Path("runs")
+
+
+def unverified_stages(plan: PipelinePlan) -> list[str]:
+    """Admitted stages whose placement has no gate evidence yet."""
+    return [s.name for s in plan.stages if s.admitted and s.verification is not None and s.verification.status == "unverified"]
+
+
+def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str],
+                       run_gates: Any = None) -> PipelinePlan:
+    """Run the coverage and numeric gates the plan needs (writing evidence), then
+    plan again. A placement is never run on the strength of "the EP is listed":
+    a gate that refuses it makes the planner take the stage's next candidate, or
+    refuse. ``run_gates(config, profile, mask)`` replaces the silent default
+    (the CLI passes one with a progress bar)."""
+    from orchestrator.planner import plan_pipeline
+    from orchestrator.verify.pipeline import verify_pipeline
+
+    if run_gates is None:
+        verify_pipeline(config, profile, mask=mask)
+    else:
+        run_gates(config, profile, mask)
+    return plan_pipeline(config, profile, mask=mask)
+
+
+class Pipeline:
+    """A planned and started pipeline (see the module docstring)."""
+
+    def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
+                 address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
+                 log_to_driver: bool = False) -> None:
+        from orchestrator.runtime.executor import Runtime
+
+        if not plan.admitted:
+            raise PlanRefused(plan)
+        self.plan = plan
+        self.config = config
+        self.profile = profile
+        self.record = record
+        routes = {r.name: r for r in profile.routes} if profile is not None else {}
+        self.runtime: Runtime = Runtime(plan, config, routes=routes, address=address, log_to_driver=log_to_driver)
+        self.results: list[Result] = []
+        self.records: list[Path] = []
+        self.prepare_s = 0.0
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_config(
+        cls,
+        path: str | Path,
+        *,
+        profile: str | Path | HardwareProfile | None = None,
+        mask: Iterable[str] = (),
+        address: str | None = None,
+        record: str | Path | None = _DEFAULT_RECORD,
+        progress: bool = False,
+        log_to_driver: bool = False,
+        start: bool = True,
+        verify: bool = True,
+    ) -> Pipeline:
+        """Load ``path``, plan it for ``profile`` (a file, a profile, or this
+        machine probed), verify the exported placements that have no evidence
+        yet (unless ``verify=False``) and re-plan with the evidence, and start
+        it. Raises ``ConfigError`` for bad input,
+        ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
+        cannot start."""
+        from orchestrator.config import load_config
+        from orchestrator.planner import parse_mask, plan_pipeline
+
+        config = load_config(path)
+        prof = resolve_profile(profile)
+        plan = plan_pipeline(config, prof, mask=parse_mask(mask))
+        if verify and unverified_stages(plan):
+            plan = verify_then_replan(config, prof, parse_mask(mask))
+        if not plan.admitted:
+            raise PlanRefused(plan)
+        pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver)
+        if start:
+            pipeline.start(progress=progress)
+        return pipeline
+
+    def start(self, *, progress: bool = False) -> Pipeline:
+        """Prepare weights (progress bar when ``progress``), then start the runtime."""
+        t0 = time.perf_counter()
+        prepare_models(self.plan, progress=progress)
+        self.prepare_s = time.perf_counter() - t0
+        self.runtime.start()
+        return self
+
+    # -- requests --------------------------------------------------------------------
+    async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:
+        """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
+        ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails."""
+        async for event in self.runtime.stream(prompt, request_id=request_id):
+            yield event
+
+    async def arun(self, prompt: Any, *, request_id: str | None = None) -> Result:
+        """One request to completion, inside a running event loop."""
+        rid = request_id or uuid.uuid4().hex[:12]
+        t0 = time.perf_counter()
+        events = [e async for e in self.runtime.stream(prompt, request_id=rid)]
+        result = collect(rid, prompt if isinstance(prompt, str) else str(prompt), events, time.perf_counter() - t0)
+        self.results.append(result)
+        return result
+
+    def run(self, prompt: Any, *, request_id: str | None = None, record: str | Path | bool | None = True) -> Result:
+        """One request to completion (blocking; from async code use ``arun``/``stream``).
+
+        Writes a run record to ``self.record`` unless ``record`` is None/False,
+        or to ``record`` when it is a path."""
+        result = asyncio.run(self.arun(prompt, request_id=request_id))
+        target = self.record if record is True else record
+        if target not in (None, False):
+            self.write_record([result], target)  # type: ignore[arg-type]
+        return result
+
+    # -- reports ---------------------------------------------------------------------
+    def build_record(self, results: list[Result] | None = None, **extra: Any) -> dict[str, Any]:
+        from orchestrator.runtime import record as rec
+
+        results = self.results if results is None else results
+        measured = self.runtime.measure() if not self.runtime._closed else {}
+        ledger = self.runtime.ledger_snapshot()
+        extra = {"prepare_s": round(self.prepare_s, 3), **extra}
+        return rec.build(self.runtime, results, measured=measured, ledger=ledger, extra=extra)
+
+    def write_record(self, results: list[Result] | None = None, target: str | Path | None = None, **extra: Any) -> Path:
+        from orchestrator.runtime import record as rec
+
+        doc = self.build_record(results, **extra)
+        rid = results[-1].request_id if results else "run"
+        path = rec.write(doc, target if target is not None else self.record, request_id=rid)
+        self.records.append(path)
+        return path
+
+    def ledger_snapshot(self) -> dict[str, Any]:
+        return self.runtime.ledger_snapshot()
+
+    @property
+    def final_ledger(self) -> dict[str, Any] | None:
+        return self.runtime.final_ledger
+
+    # -- lifecycle -------------------------------------------------------------------
+    def close(self) -> dict[str, Any]:
+        """Close every stage and release every reservation; returns the final ledger."""
+        return self.runtime.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Pipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+
+def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
+    """A profile object from a file path, an object, or None (this machine, probed)."""
+    from orchestrator.profile import HardwareProfile, load_profile
+
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if profile is not None:
+        return load_profile(profile)
+    from orchestrator.probe import probe_profile
+
+    return probe_profile(cached_routes=True)
+
+
+def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
+    """Convert, once, the GGUF weights admitted decode stages will load.
+
+    Done here, in the caller's process, so a first run shows its progress bar
+    in the caller's terminal; a cached checkpoint is found without importing
+    torch. Returns the checkpoint directories prepared.
+    """
+    from stages import model_cache
+
+    out = []
+    for s in plan.stages:
+        model = s.engine_kwargs.get("model") if s.admitted else None
+        if not model or not str(model).lower().endswith(".gguf"):
+            continue
+        dtype = s.engine_kwargs.get("dtype")
+        out.append(model_cache.ensure_checkpoint(
+            model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress))
+    return out

@@ -1,0 +1,220 @@
+"""Ray, started or joined: loopback only, dashboard off, bounded object store.
+
+* **Local by default, on loopback.** ``connect(devices)`` starts a one-node
+  cluster with the dashboard off, a bounded object store, usage stats off
+  (nothing leaves the machine) and logging at WARNING. On Linux, Ray binds its
+  GCS, raylet and workers to the machine's reachable IP and rewrites
+  ``localhost``/``127.0.0.1`` to it (``--node-ip-address=127.0.0.1`` is
+  ignored: ray-project/ray#26293). Ray's own single-machine mode — the one it
+  uses on macOS and Windows — keeps every service on 127.0.0.1; it is selected
+  with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which this module sets for a
+  cluster it starts (checked with ``ss -ltn``: every Ray socket listens on
+  127.0.0.1). With nothing reachable from outside the machine, token
+  authentication is switched off for that cluster (``RAY_AUTH_MODE=disabled``,
+  unless the user set ``RAY_AUTH_MODE`` themselves); a cluster that did not
+  come up on loopback is an error, never used.
+* **Or an existing cluster** with ``address=``: nothing above is changed (a
+  multi-node cluster needs its real addresses and its own auth settings). Its
+  nodes must declare the same resources (``ray start --resources
+  '{"omni_edge_device_cpu": 1}'``); a device no node offers is reported by
+  name before any actor is created. A cluster started with ``ray start`` uses
+  token authentication: the driver needs ``RAY_AUTH_MODE=token`` and the
+  cluster's token (Ray's own rules).
+* The node declares one custom resource per device of the profile
+  (:func:`device_resource`), which is how device actors are placed: Ray's own
+  ``GPU``/``NPU`` resources are not used (``NPU`` means Ascend to Ray).
+* **Shared within a process.** Ray allows one connection per process; several
+  pipelines in one process share it. The cluster is shut down when the last
+  user that started it closes; a connection made by someone else (a test
+  fixture, an application) is left alone.
+* **Ray's own memory** (:func:`ray_memory`) is the summed PSS of the cluster's
+  processes on this machine (GCS, raylet, agents, idle workers, this
+  project's actors before any stage loads) plus the driver's growth from
+  connecting; it is charged to ``host_ram`` as evidence M.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from orchestrator.runtime.memory import descendants, tree_memory
+
+log = logging.getLogger(__name__)
+
+RESOURCE_PREFIX = "omni_edge_device_"
+NODE_RESOURCE_UNITS = 1.0
+"""Each node that hosts a device declares 1 unit of its resource…"""
+ACTOR_RESOURCE_UNITS = 0.001
+"""…and each device actor asks for a thousandth, so several pipelines in one
+process (tests, an application with two assistants) can each have their own
+actor on the same device; the resource says *where*, not *how many*."""
+OBJECT_STORE_BYTES = 256 * 2**20
+"""Bounded object store: audio chunks (≈100–500 KB each) and text deltas are
+all that crosses between actors; 256 MiB holds hundreds of in-flight chunks.
+Ray's minimum is 75 MiB."""
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "1",
+    "RAY_enable_metrics_collection": "0",
+}
+"""Set before ``ray.init`` so the GCS, raylet and workers inherit them."""
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+}
+"""For a cluster started here: Ray's single-machine mode (every service on
+127.0.0.1), and no token auth since nothing is reachable from outside."""
+INIT_TIMEOUT_S = 120.0
+
+
+def device_resource(device_id: str) -> str:
+    """``cpu`` → ``omni_edge_device_cpu``; ``igpu:0`` → ``omni_edge_device_igpu_0``."""
+    return RESOURCE_PREFIX + re.sub(r"[^a-z0-9]+", "_", device_id.lower())
+
+
+@dataclass
+class Cluster:
+    """One process's connection to Ray, and what this project knows about it."""
+
+    address: str
+    owned: bool
+    """True when this process started the cluster (its daemons are our children)."""
+    started_s: float
+    driver_growth_bytes: int
+    connected_here: bool = True
+    """True when this module called ``ray.init`` (and will disconnect at the end)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    node_pids: list[int] = field(default_factory=list)
+    """Processes ``ray.init`` started here (GCS, raylet, agents); Ray's workers
+    are their descendants. Empty for a joined cluster."""
+
+    def missing(self, devices: Iterable[str]) -> list[str]:
+        """Devices whose resource no node of the cluster offers."""
+        import ray
+
+        offered = ray.cluster_resources()
+        return [d for d in devices if offered.get(device_resource(d), 0) <= 0]
+
+
+_lock = threading.Lock()
+_cluster: Cluster | None = None
+_users = 0
+
+
+def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver: bool = False) -> Cluster:
+    """Start (or join) Ray for this process; count one more user of it.
+
+    ``devices`` are declared as custom resources when a local cluster is
+    started here. Raises ``RuntimeError`` (with the address) when Ray cannot
+    be started or reached.
+    """
+    global _cluster, _users
+    with _lock:
+        if _cluster is not None:
+            _users += 1
+            return _cluster
+        for key, value in RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        if not address:
+            for key, value in LOOPBACK_ENV.items():
+                os.environ.setdefault(key, value)
+        import ray
+
+        if not address and not ray.is_initialized():
+            # ray may have been imported before the variable was set; the
+            # constant is read at call time by the address lookup
+            from ray._private import ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = False
+
+        if ray.is_initialized():
+            # Someone else (a test fixture, the application) connected this process.
+            _cluster = Cluster(address=ray.get_runtime_context().gcs_address, owned=False, connected_here=False,
+                               started_s=0.0, driver_growth_bytes=0, resources=ray.cluster_resources())
+            _users = 1
+            return _cluster
+        rss0 = psutil.Process().memory_info().rss
+        before = set(descendants(os.getpid()))
+        t0 = time.perf_counter()
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+            "log_to_driver": log_to_driver,
+            "configure_logging": True,
+        }
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(
+                address="local",
+                object_store_memory=OBJECT_STORE_BYTES,
+                resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
+                **kwargs,
+            )
+        gcs = ray.get_runtime_context().gcs_address
+        if not address and not gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
+            ray.shutdown()
+            raise RuntimeError(
+                f"the local Ray cluster came up on {gcs}, not on loopback; refusing to use it "
+                "(set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before anything imports ray)"
+            )
+        _cluster = Cluster(
+            address=address or gcs,
+            owned=not address,
+            started_s=time.perf_counter() - t0,
+            driver_growth_bytes=max(0, psutil.Process().memory_info().rss - rss0),
+            resources=ray.cluster_resources(),
+            node_pids=[p for p in descendants(os.getpid()) if p not in before] if not address else [],
+        )
+        _users = 1
+        log.info("ray %s at %s in %.1f s", "started" if _cluster.owned else "joined", _cluster.address, _cluster.started_s)
+        return _cluster
+
+
+def release() -> None:
+    """One user fewer; the last one shuts down a cluster this process started."""
+    global _cluster, _users
+    with _lock:
+        if _cluster is None:
+            return
+        _users -= 1
+        if _users > 0:
+            return
+        cluster, _cluster = _cluster, None
+        if cluster.connected_here:  # stops a cluster started here; disconnects from a joined one
+            import ray
+
+            ray.shutdown()
+
+
+def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
+    """Ray's own memory on this machine, measured now (evidence M).
+
+    A cluster started here: the processes ``ray.init`` started (GCS, raylet,
+    agents) and their descendants (workers, this project's actors) — measured
+    before any stage loads, so no stage memory is in it; other children of
+    this process (a stage run in-process with its own worker) are not Ray's —
+    plus the driver's growth from ``ray.init``. A joined cluster: only this
+    project's actors and the driver's growth (its daemons were there before us).
+    """
+    pids = set(actor_pids)
+    if cluster.owned:
+        for root in cluster.node_pids:
+            pids.add(root)
+            pids.update(descendants(root))
+    total, kind = tree_memory(pids)
+    return {
+        "bytes": total + cluster.driver_growth_bytes,
+        "processes": len(pids),
+        "measure": f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
+        "cluster": "local (started here)" if cluster.owned else f"joined {cluster.address}",
+    }

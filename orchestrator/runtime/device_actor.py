@@ -1,0 +1,364 @@
+"""The device actor: one per device, hosting the stages placed on that device.
+
+:class:`DeviceHost` is an asyncio Ray actor. Its lifecycle, driven by the
+executor:
+
+1. ``ready()`` right after creation (Ray reports a constructor that raised
+   only at the first call, so the executor calls this at once).
+2. ``load_stage(...)`` once per stage, one at a time: ``admit`` on the ledger
+   actor (all of the plan's reservations or nothing), the kind's runner
+   created and ``load()``-ed in a worker thread, the ``load`` reservations
+   released, the measured peak reported. A failure releases everything the
+   stage held — the ledger is as before — and raises.
+3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
+   streaming generator (``num_returns="streaming"``) of ``("out", item)``
+   tuples, then one ``("stats", figures)``. Its input is ``initial`` (the
+   request) or the items the executor sends with ``feed`` and closes with
+   ``end_input`` — a bounded queue per request, so a slow stage holds its
+   producer back.
+4. ``close()`` closes every stage (last loaded first) and releases its
+   reservations.
+
+Errors leave this actor as :class:`RemoteStageFailure` (stage, device,
+cause); the executor turns them into ``orchestrator.errors.StageFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import StageFailed
+from orchestrator.plan import StagePlan
+from orchestrator.runtime.memory import RssMeter, descendants, rss_of
+
+log = logging.getLogger(__name__)
+
+ENDED_MEMORY = 4096
+"""How many finished (stage, request) inputs are remembered, so that a late
+``feed`` for a request that already ended is dropped rather than queued forever."""
+INPUT_QUEUE_ITEMS = 4
+"""Items waiting for a stage per request: a TTS stage that is 4 sentences behind
+holds the decode stage's chunks back (backpressure) instead of buffering them."""
+_END = ("__end__",)
+
+
+class RemoteStageFailure(Exception):
+    """A stage failure as it crosses Ray (``StageFailed`` does not pickle)."""
+
+    def __init__(self, stage: str, device: str, cause: str) -> None:
+        super().__init__(stage, device, cause)
+        self.stage, self.device, self.cause = stage, device, cause
+
+    def __str__(self) -> str:
+        return f"stage {self.stage!r} on {self.device} failed: {self.cause}"
+
+
+@dataclass
+class _Hosted:
+    plan: StagePlan
+    runner: Any
+    load_s: float
+    load_info: dict[str, Any]
+    tree_load_peak: int
+    tree_resident: int
+    request_meter: RssMeter | None = None
+    """For runners that do not measure themselves: the processes the load started
+    (a route worker), else this actor's process, sampled while requests run."""
+    tree_request_growth: int = 0
+    busy: int = 0
+    requests: int = 0
+    measured: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceHost:
+    """Hosts the stages placed on one device (see the module docstring)."""
+
+    def __init__(self, device: str, ledger: Any) -> None:
+        self.device = device
+        self.ledger = ledger
+        self.stages: dict[str, _Hosted] = {}
+        self.order: list[str] = []
+        self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
+        self.ended: dict[tuple[str, str], None] = {}
+        self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+
+    async def ready(self) -> dict[str, Any]:
+        return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
+                "rss_bytes": rss_of(os.getpid()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+    # -- loading ---------------------------------------------------------------
+    async def load_stage(self, plan_doc: dict[str, Any], stage_config: Any, kind: Any, route: Any = None) -> dict[str, Any]:
+        plan = StagePlan.from_dict(plan_doc)
+        name = plan.name
+        shortfalls = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
+        if shortfalls:
+            s = shortfalls[0]
+            who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
+            raise RemoteStageFailure(name, self.device, (
+                f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
+                f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})"))
+        before = set(descendants(os.getpid()))
+        meter = RssMeter(children=True).start()
+        runner = None
+        try:
+            params = inspect.signature(kind.runner).parameters
+            runner = kind.runner(plan, stage_config, route=route) if "route" in params else kind.runner(plan, stage_config)
+            t0 = time.perf_counter()
+            await asyncio.to_thread(runner.load)
+            load_s = time.perf_counter() - t0
+        except BaseException as exc:
+            meter.stop()
+            if runner is not None:
+                try:
+                    await asyncio.to_thread(runner.close)
+                except Exception:
+                    log.debug("close after a failed load raised", exc_info=True)
+            await self.ledger.release.remote(name)
+            cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
+            raise RemoteStageFailure(name, self.device, f"load failed: {cause}") from None
+        meter.stop()
+        hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
+                         meter.peak_growth, meter.growth)
+        if runner.measured_peak_bytes() is None:
+            own = [p for p in descendants(os.getpid()) if p not in before]
+            hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
+        self.stages[name] = hosted
+        self.order.append(name)
+        await self.ledger.release.remote(name, "load")
+        hosted.measured = self._measure(hosted)
+        await self.ledger.report.remote(name, hosted.measured)
+        return {"stage": name, "device": self.device, "load_s": round(load_s, 3),
+                "load_info": hosted.load_info, "measured": hosted.measured}
+
+    def _measure(self, h: _Hosted) -> dict[str, Any]:
+        own = h.runner.measured_peak_bytes()
+        if own is not None:
+            peak, method = int(own), f"{type(h.runner).__name__}.measured_peak_bytes()"
+        else:
+            growth = h.tree_request_growth
+            if h.busy and h.request_meter is not None:
+                growth = max(growth, h.request_meter.window_growth)
+            peak = max(h.tree_load_peak, h.tree_resident + growth)
+            method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
+                      "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
+                      "the processes its load started, else in the actor's own process)")
+        budget = h.plan.budget_bytes()
+        return {
+            "measured_peak_bytes": peak,
+            "budget_bytes": budget,
+            "budget_over_measured": round(budget / peak, 3) if peak else None,
+            "within_budget": peak <= budget,
+            "evidence": "M",
+            "method": method,
+            "where": f"{socket.gethostname()}:{self.device} pid {os.getpid()}",
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "requests": h.requests,
+        }
+
+    async def measure(self, stage: str) -> dict[str, Any]:
+        h = self._hosted(stage)
+        h.measured = self._measure(h)
+        await self.ledger.report.remote(stage, h.measured)
+        return h.measured
+
+    # -- requests ----------------------------------------------------------------
+    def _hosted(self, stage: str) -> _Hosted:
+        h = self.stages.get(stage)
+        if h is None:
+            raise RemoteStageFailure(stage, self.device, "the stage is not loaded on this device actor")
+        return h
+
+    def _queue(self, stage: str, request_id: str) -> asyncio.Queue[Any]:
+        key = (stage, request_id)
+        q = self.inputs.get(key)
+        if q is None:
+            q = self.inputs[key] = asyncio.Queue(maxsize=INPUT_QUEUE_ITEMS)
+        return q
+
+    async def feed(self, stage: str, request_id: str, item: Any) -> None:
+        if (stage, request_id) in self.ended:
+            return
+        await self._queue(stage, request_id).put(item)
+
+    async def end_input(self, stage: str, request_id: str) -> None:
+        if (stage, request_id) not in self.ended:
+            await self._queue(stage, request_id).put(_END)
+
+    def _end(self, key: tuple[str, str]) -> None:
+        self.ended[key] = None
+        while len(self.ended) > ENDED_MEMORY:
+            del self.ended[next(iter(self.ended))]
+
+    async def _from_queue(self, stage: str, request_id: str) -> AsyncIterator[Any]:
+        q = self._queue(stage, request_id)
+        while True:
+            item = await q.get()
+            if item == _END:
+                return
+            yield item
+
+    async def stream(self, stage: str, request_id: str, initial: list[Any] | None = None) -> AsyncIterator[tuple[str, Any]]:
+        h = self._hosted(stage)
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.setdefault(request_id, set()).add(task)
+        waited = [0.0, 0.0]
+        latencies: list[float] = []
+        inputs = _timed(_from_list(initial) if initial is not None else self._from_queue(stage, request_id), waited)
+        t0 = time.perf_counter()
+        first: float | None = None
+        n, chars, audio_s = 0, 0, 0.0
+        h.requests += 1
+        if h.request_meter is not None:
+            if h.busy == 0:
+                h.request_meter.rebase()
+                h.request_meter.resume()
+            h.busy += 1
+        agen = h.runner.stream(request_id, inputs)
+        try:
+            async for item in agen:
+                now = time.perf_counter()
+                if first is None:
+                    first = now - t0
+                if waited[1]:
+                    latencies.append(now - waited[1])
+                n += 1
+                if isinstance(item, str):
+                    chars += len(item)
+                elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
+                    audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
+                yield ("out", item)
+        except RemoteStageFailure:
+            raise
+        except StageFailed as exc:
+            raise RemoteStageFailure(exc.stage, exc.device, exc.cause) from None
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            raise RemoteStageFailure(stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}") from None
+        finally:
+            await agen.aclose()
+            if h.request_meter is not None:
+                h.busy -= 1
+                if h.busy == 0:
+                    h.request_meter.stop()
+                    h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
+            self.inputs.pop((stage, request_id), None)
+            self._end((stage, request_id))
+            if task is not None:
+                self.tasks.get(request_id, set()).discard(task)
+                if not self.tasks.get(request_id):
+                    self.tasks.pop(request_id, None)
+        duration = time.perf_counter() - t0
+        stats: dict[str, Any] = {"items": n, "first_output_s": _r(first), "duration_s": _r(duration),
+                                 "busy_s": _r(max(0.0, duration - waited[0]))}
+        if chars:
+            stats["chars"] = chars
+        if latencies and initial is None:
+            # Per output: seconds from its input being handed over to the output
+            # (for a 1:1 stage such as a TTS, the time it took to speak that chunk).
+            stats["item_latency_s"] = [round(x, 4) for x in latencies]
+        if audio_s:
+            stats["audio_s"] = round(audio_s, 3)
+            stats["real_time_factor"] = round(max(0.0, duration - waited[0]) / audio_s, 4)
+        extra = getattr(h.runner, "request_stats", None)
+        if callable(extra):
+            stats.update(extra(request_id) or {})
+        yield ("stats", stats)
+
+    async def cancel(self, request_id: str) -> int:
+        """Stop every stage's work on ``request_id`` here; returns how many were running."""
+        tasks = list(self.tasks.pop(request_id, set()))
+        for t in tasks:
+            t.cancel()
+        for key in [k for k in self.inputs if k[1] == request_id]:
+            self._end(key)
+            self.inputs.pop(key, None)
+        return len(tasks)
+
+    # -- closing -----------------------------------------------------------------
+    async def close_stage(self, stage: str) -> dict[str, Any]:
+        h = self.stages.pop(stage, None)
+        if h is None:
+            return {}
+        self.order.remove(stage)
+        if h.request_meter is not None:
+            h.request_meter.stop()
+        h.measured = self._measure(h)
+        await self.ledger.report.remote(stage, h.measured)
+        try:
+            await asyncio.to_thread(h.runner.close)
+        finally:
+            await self.ledger.release.remote(stage)
+        return h.measured
+
+    async def close(self) -> dict[str, Any]:
+        out = {}
+        for stage in reversed(list(self.order)):
+            out[stage] = await self.close_stage(stage)
+        return out
+
+
+async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:
+    """Pass items through, adding the time spent waiting for each to ``waited[0]``
+    (so a stage's busy time excludes waiting on its producer); ``waited[1]`` is
+    when the last item was handed over."""
+    while True:
+        t = time.perf_counter()
+        try:
+            item = await items.__anext__()
+        except StopAsyncIteration:
+            waited[0] += time.perf_counter() - t
+            return
+        waited[1] = time.perf_counter()
+        waited[0] += waited[1] - t
+        yield item
+
+
+async def _from_list(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _summarize(info: dict[str, Any]) -> dict[str, Any]:
+    """A runner's load_info, small enough for a run record: scalars kept, the EP
+    node assignment reduced to nodes per EP, other large values to their size."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key == "assignment" and isinstance(value, list):
+            out["nodes_per_ep"] = {a.get("ep", "?"): len(a.get("nodes", [])) for a in value if isinstance(a, dict)}
+        elif isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and len(str(value)) <= 400:
+            out[key] = list(value)
+        elif isinstance(value, dict) and len(str(value)) <= 400:
+            out[key] = value
+        else:
+            out[key] = f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"
+    return out
+
+
+ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 64}
+"""No CPU reservation (placement is by the device resource; Ray's CPU count would
+only block a 2-core box), no restarts (a dead actor is reported, not hidden),
+up to 64 concurrent calls (requests × stages, plus feeds)."""
+
+
+def actor_class() -> Any:
+    """``DeviceHost`` as a Ray actor class (created on demand: importing this
+    module does not import Ray). Create it with ``.options(**ACTOR_OPTIONS, ...)``."""
+    import ray
+
+    return ray.remote(DeviceHost)

@@ -1,0 +1,482 @@
+"""Carry out an admitted plan: actors up, stages loaded under the ledger, requests streamed.
+
+:class:`Runtime` guarantees:
+
+* **Nothing is re-decided.** Each stage runs on the plan's device with the
+  plan's backend, engine kwargs and reservations; a plan that was not
+  admitted is refused with ``PlanRefused`` before Ray starts.
+* **One actor per device**, placed by this project's custom resource
+  (``cluster.device_resource``) and checked with ``ready()`` as soon as it is
+  created; a device no node offers, or an actor that cannot start, is a
+  ``StageFailed`` naming the first stage placed there.
+* **Loads go one at a time through the ledger actor** (admit → load →
+  release the load transient → report the measured peak). Ray's own memory is
+  measured before the first load and replaces the plan's estimate for it.
+  When a load fails, the runtime tears down what it started and raises
+  ``StageFailed``; the failed stage holds nothing in the ledger.
+* **Requests stream stage to stage.** Each stage's outputs come back as a Ray
+  streaming generator (0.4–0.7 ms per item here, against ~2 ms for one actor
+  call per item); text from a decode stage is cut into sentences
+  (``stages.text_chunks``) and fed to the next stage while decoding goes on.
+  Backpressure: at most ``GENERATOR_BACKPRESSURE`` unread items per
+  generator, ``device_actor.INPUT_QUEUE_ITEMS`` waiting per stage input.
+  Several requests may be in flight; each keeps its order (one generator and
+  one input queue per request and stage).
+* **Failures are named and prompt.** A device actor that dies fails every
+  request in flight on it with ``StageFailed(stage, device, cause)`` as soon
+  as Ray notices (7 ms after a kill here); the stages
+  it hosted are released from the ledger; later requests that need it fail at
+  once. No request waits on a dead actor.
+
+Graph shape: each stage takes its input from the request or from exactly one
+other stage; a stage may feed several (fan-out). Fan-in is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orchestrator.config import REQUEST, PipelineConfig
+from orchestrator.errors import ConfigError, PlanRefused, StageFailed
+from orchestrator.plan import PipelinePlan, StagePlan
+from orchestrator.runtime import cluster as cluster_mod
+from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
+from stages.text_chunks import SentenceChunker
+
+log = logging.getLogger(__name__)
+
+PIPELINE_HOLDER = "(pipeline)"
+ACTOR_READY_TIMEOUT_S = 120.0
+"""A device actor's worker start plus its imports: ~2 s warm here, tens of
+seconds on a cold 2-core machine; two minutes ends one that cannot start."""
+LOAD_TIMEOUT_S = 900.0
+"""One stage's load: a first GGUF conversion (~40 s), a vLLM engine start
+(~15 s here), an EP compile (minutes on VitisAI/OpenVINO NPU first use)."""
+CLOSE_TIMEOUT_S = 60.0
+GENERATOR_BACKPRESSURE = 16
+"""Unread outputs a stage may run ahead of the executor before Ray pauses it."""
+ACTOR_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+"""Set in every device actor's process before anything imports torch: the
+in-process vLLM engine with one OpenMP thread measured fastest on 2 cores
+(docs/runtime.md); ONNX Runtime keeps its own thread pool."""
+
+
+@dataclass
+class _Device:
+    id: str
+    actor: Any
+    info: dict[str, Any]
+    stages: list[str] = field(default_factory=list)
+    dead: str | None = None
+
+
+class Runtime:
+    """A started pipeline: see the module docstring for what it guarantees."""
+
+    def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, routes: dict[str, Any] | None = None,
+                 address: str | None = None, log_to_driver: bool = False) -> None:
+        if not plan.admitted:
+            raise PlanRefused(plan)
+        self.plan = plan
+        self.config = config
+        self.routes = routes or {}
+        self.address = address
+        self.log_to_driver = log_to_driver
+        order = [s.name for s in config.topological()]
+        self.stages: list[StagePlan] = sorted(plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order))
+        self._check_graph()
+        self.consumers = {s.name: [c.name for c in self.stages if s.name in c.inputs] for s in self.stages}
+        self.devices: dict[str, _Device] = {}
+        self.cluster: cluster_mod.Cluster | None = None
+        self.ledger: Any = None
+        self.load_results: dict[str, dict[str, Any]] = {}
+        self.ray_memory: dict[str, Any] = {}
+        self.ledger_history: list[tuple[str, dict[str, Any]]] = []
+        self.startup: dict[str, float] = {}
+        self.final_ledger: dict[str, Any] | None = None
+        self.ledger_pid = 0
+        self._closed = False
+
+    # -- start ---------------------------------------------------------------------
+    def _check_graph(self) -> None:
+        for s in self.stages:
+            if len(s.inputs) != 1:
+                raise ConfigError.single(
+                    f"stages.{s.name}.inputs", f"the runtime takes one input per stage; {s.name} has {list(s.inputs)}",
+                    "give the stage a single input (the request or one stage); fan-in is not supported yet")
+
+    def start(self) -> None:
+        """Start (or join) Ray, create the ledger and device actors, load every stage."""
+        import ray
+
+        t0 = time.perf_counter()
+        devices = list(dict.fromkeys(s.device or "?" for s in self.stages))
+        try:
+            self.cluster = cluster_mod.connect(devices, address=self.address, log_to_driver=self.log_to_driver)
+        except Exception as exc:
+            where = f"join the Ray cluster at {self.address}" if self.address else "start a local Ray cluster"
+            raise StageFailed(self.stages[0].name, devices[0], f"could not {where}: {_cause(exc)}") from None
+        self.startup["ray_init_s"] = round(self.cluster.started_s, 3)
+        try:
+            missing = self.cluster.missing(devices)
+            if missing:
+                d = missing[0]
+                res = cluster_mod.device_resource(d)
+                raise StageFailed(self._first_stage_on(d), d, (
+                    f"no node of the Ray cluster at {self.cluster.address} offers the resource {res!r} "
+                    f"that marks device {d}; start the node that has it with "
+                    f"`ray start --address ... --resources '{{\"{res}\": 1}}'`"))
+            from orchestrator.runtime import ledger_actor
+
+            self.ledger = ledger_actor.create([p.to_dict() for p in self.plan.pools])
+            self.ledger_pid = int(ray.get(self.ledger.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S))
+            shared = [r.to_dict() for r in self.plan.shared_reservations if r.purpose != "ray_runtime"]
+            self._admit_pipeline(shared)
+            t1 = time.perf_counter()
+            for d in devices:
+                self._start_device(d)
+            self.startup["actors_s"] = round(time.perf_counter() - t1, 3)
+            self._charge_ray()
+            for s in self.stages:
+                self._load(s)
+        except BaseException:
+            self.close()
+            raise
+        self.startup["start_s"] = round(time.perf_counter() - t0, 3)
+
+    def _first_stage_on(self, device: str) -> str:
+        return next(s.name for s in self.stages if s.device == device)
+
+    def _admit_pipeline(self, reservations: list[dict[str, Any]]) -> None:
+        import ray
+
+        shortfalls = ray.get(self.ledger.admit.remote(PIPELINE_HOLDER, reservations))
+        if shortfalls:
+            s = shortfalls[0]
+            raise StageFailed(PIPELINE_HOLDER, s["pool"], f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
+
+    def _start_device(self, device: str) -> None:
+        import ray
+
+        from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class
+
+        stage = self._first_stage_on(device)
+        env = dict(ACTOR_ENV)
+        if device.startswith("gpu:"):
+            # Placement is by our own resource, not Ray's num_gpus, so Ray does not
+            # pick the GPU for the actor: name it, so gpu:1's engine lands on GPU 1.
+            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        actor = actor_class().options(
+            **ACTOR_OPTIONS,
+            resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
+            runtime_env={"env_vars": env},
+        ).remote(device, self.ledger)
+        try:
+            info = ray.get(actor.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+            raise StageFailed(stage, device, f"the device actor did not start: {_cause(exc)}") from None
+        self.devices[device] = _Device(device, actor, info, [s.name for s in self.stages if s.device == device])
+
+    def _charge_ray(self) -> None:
+        import ray
+
+        assert self.cluster is not None
+        pids = [d.info["pid"] for d in self.devices.values()] + ([self.ledger_pid] if self.ledger_pid else [])
+        self.ray_memory = cluster_mod.ray_memory(self.cluster, pids)
+        reservation = {"pool": "host_ram", "purpose": "ray_runtime", "bytes": int(self.ray_memory["bytes"]),
+                       "lifetime": "session", "evidence": "M", "note": self.ray_memory["measure"], "at_load": True}
+        if not any(p.id == "host_ram" for p in self.plan.pools):
+            return
+        shortfalls = ray.get(self.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
+        if shortfalls:
+            s = shortfalls[0]
+            raise StageFailed(PIPELINE_HOLDER, "host_ram", f"Ray's measured memory ({reservation['bytes']} bytes) does not fit host_ram (over by {s['over_by']} bytes)")
+
+    def _load(self, s: StagePlan) -> None:
+        import ray
+
+        from stages.registry import get_kind
+
+        dev = self.devices[s.device or "?"]
+        self.ledger_history.append((f"before load {s.name}", ray.get(self.ledger.snapshot.remote())))
+        cfg = self.config.stage(s.name)
+        route = self.routes.get(s.route or "")
+        try:
+            result = ray.get(dev.actor.load_stage.remote(s.to_dict(), cfg, get_kind(s.kind), route), timeout=LOAD_TIMEOUT_S)
+        except BaseException as exc:
+            failure = self._map(exc, s.name, dev)
+            self.ledger_history.append((f"after failed load {s.name}", ray.get(self.ledger.snapshot.remote())))
+            raise failure from None
+        self.load_results[s.name] = result
+
+    # -- requests ------------------------------------------------------------------
+    async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:
+        """Run one request; yield its events as they happen (see ``events``)."""
+        if self._closed or self.ledger is None:
+            raise RuntimeError("the runtime is not started (or already closed)")
+        rid = request_id or uuid.uuid4().hex[:12]
+        for s in self.stages:
+            dev = self.devices[s.device or "?"]
+            if dev.dead:
+                raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
+        t0 = time.perf_counter()
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
+        gens = {}
+        for s in self.stages:
+            dev = self.devices[s.device or "?"]
+            initial = [prompt] if s.inputs[0] == REQUEST else None
+            gens[s.name] = dev.actor.stream.options(
+                num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
+            ).remote(s.name, rid, initial)
+        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in), name=f"{rid}:{s.name}")
+                 for s in self.stages]
+        finished = asyncio.create_task(self._watch(tasks, events))
+        done = False
+        try:
+            while True:
+                item = await events.get()
+                if item is None:
+                    done = True
+                    break
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                yield item
+        finally:
+            if not done or any(not t.done() for t in tasks):
+                for t in tasks:
+                    t.cancel()
+                self._cancel_everywhere(rid)
+            finished.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _watch(self, tasks: list[asyncio.Task[Any]], events: asyncio.Queue[Any]) -> None:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+            if failed:
+                for t in pending:
+                    t.cancel()
+                events.put_nowait(failed[0].exception())
+                return
+        events.put_nowait(None)
+
+    def _cancel_everywhere(self, rid: str) -> None:
+        for dev in self.devices.values():
+            if not dev.dead:
+                with contextlib.suppress(Exception):
+                    dev.actor.cancel.remote(rid)
+
+    async def _pump(self, s: StagePlan, gen: Any, rid: str, t0: float, events: asyncio.Queue[Any],
+                    chunks_in: dict[str, list[str]]) -> None:
+        """Read one stage's outputs: emit its events, feed its consumers."""
+        dev = self.devices[s.device or "?"]
+        consumers = [self.plan.stage(c) for c in self.consumers[s.name]]
+        chunkers = {c.name: SentenceChunker() for c in consumers if c.kind != "ar_decode"}
+        whole: dict[str, list[str]] = {c.name: [] for c in consumers if c.kind == "ar_decode"}
+        first: float | None = None
+        stats: dict[str, Any] = {}
+        index = 0
+        try:
+            async for ref in gen:
+                kind, payload = await ref
+                if kind == "stats":
+                    stats = payload
+                    continue
+                now = time.perf_counter() - t0
+                if first is None:
+                    first = now
+                    events.put_nowait(StageEvent(s.name, "first_output", rid, now))
+                if s.final_output:
+                    events.put_nowait(self._event(s, payload, rid, now, index))
+                index += 1
+                for c in consumers:
+                    if c.name in whole and isinstance(payload, str):
+                        whole[c.name].append(payload)
+                    elif c.name in chunkers and isinstance(payload, str):
+                        for chunk in chunkers[c.name].feed(payload):
+                            chunks_in[c.name].append(chunk)
+                            await self._feed(c, rid, chunk)
+                    else:
+                        await self._feed(c, rid, payload)
+        except (StageFailed, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            raise self._map(exc, s.name, dev) from None
+        for c in consumers:
+            if c.name in chunkers:
+                for chunk in chunkers[c.name].flush():
+                    chunks_in[c.name].append(chunk)
+                    await self._feed(c, rid, chunk)
+            elif c.name in whole:
+                await self._feed(c, rid, "".join(whole[c.name]))
+            await self._call(c, "end_input", rid)
+        end = time.perf_counter() - t0
+        stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
+                 "done_s": _r(end), "chunks_in": chunks_in.get(s.name, [])}
+        stats["throughput"] = _throughput(stats)
+        events.put_nowait(StageEvent(s.name, "done", rid, end, stats))
+
+    async def _feed(self, c: StagePlan, rid: str, item: Any) -> None:
+        await self._call(c, "feed", rid, item)
+
+    async def _call(self, c: StagePlan, method: str, rid: str, *args: Any) -> None:
+        dev = self.devices[c.device or "?"]
+        try:
+            await getattr(dev.actor, method).remote(c.name, rid, *args)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise self._map(exc, c.name, dev) from None
+
+    @staticmethod
+    def _event(s: StagePlan, payload: Any, rid: str, t: float, index: int) -> Event:
+        if isinstance(payload, str):
+            return TextDelta(s.name, payload, rid, t)
+        if isinstance(payload, dict) and "audio" in payload:
+            return AudioChunk(s.name, np.asarray(payload["audio"]), int(payload.get("sample_rate") or 0), index, rid, t)
+        return OutputItem(s.name, payload, rid, t)
+
+    # -- failures ------------------------------------------------------------------
+    def _map(self, exc: BaseException, stage: str, dev: _Device) -> BaseException:
+        """A Ray error → ``StageFailed`` (stage, device, cause); an actor death also
+        releases the stages that actor hosted."""
+        from ray import exceptions as rex
+
+        from orchestrator.runtime.device_actor import RemoteStageFailure
+
+        if isinstance(exc, StageFailed):
+            return exc
+        if isinstance(exc, rex.RayTaskError):
+            cause = exc.cause
+            if isinstance(cause, RemoteStageFailure):
+                return StageFailed(cause.stage, cause.device, cause.cause)
+            if cause is not None and not isinstance(cause, rex.RayActorError):
+                return StageFailed(stage, dev.id, f"{type(cause).__name__}: {cause}")
+        if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError)) or (
+            isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, rex.RayActorError)
+        ):
+            reason = _cause(exc)
+            self._device_died(dev, reason)
+            return StageFailed(stage, dev.id, f"the device actor for {dev.id} died: {reason}")
+        if isinstance(exc, rex.GetTimeoutError):
+            return StageFailed(stage, dev.id, f"no answer in time: {exc}")
+        return StageFailed(stage, dev.id, f"{type(exc).__name__}: {exc}")
+
+    def _device_died(self, dev: _Device, reason: str) -> None:
+        if dev.dead:
+            return
+        dev.dead = reason
+        log.error("device actor %s died: %s", dev.id, reason)
+        for name in dev.stages:
+            if self.ledger is not None:
+                with contextlib.suppress(Exception):
+                    self.ledger.release.remote(name)
+
+    def kill_device(self, device: str) -> None:
+        """Kill a device actor's process (what a crash or an OOM kill does). For tests
+        and drills: the runtime notices through the next call that touches it."""
+        import ray
+
+        ray.kill(self.devices[device].actor, no_restart=True)
+
+    # -- inspection and closing ----------------------------------------------------
+    def ledger_snapshot(self) -> dict[str, Any]:
+        import ray
+
+        if self.ledger is None:
+            return self.final_ledger or {}
+        return dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+
+    def measure(self) -> dict[str, dict[str, Any]]:
+        """Each live stage's measured peak now (after its requests), next to its budget."""
+        import ray
+
+        out = {}
+        for dev in self.devices.values():
+            if dev.dead:
+                continue
+            for name in dev.stages:
+                if name in self.load_results:
+                    with contextlib.suppress(Exception):
+                        out[name] = ray.get(dev.actor.measure.remote(name), timeout=CLOSE_TIMEOUT_S)
+        return out
+
+    def close(self) -> dict[str, Any]:
+        """Close every stage (releasing its reservations), release the pipeline's own,
+        stop the actors and, when this process started Ray, Ray. Returns the final
+        ledger snapshot (every pool should hold zero bytes)."""
+        import ray
+
+        if self._closed:
+            return self.final_ledger or {}
+        self._closed = True
+        for dev in reversed(list(self.devices.values())):
+            if dev.dead:
+                continue
+            try:
+                ray.get(dev.actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("closing the device actor for %s failed: %s", dev.id, _cause(exc))
+                self._device_died(dev, f"failed to close: {_cause(exc)}")
+        if self.ledger is not None:
+            try:
+                for dev in self.devices.values():  # a dead actor's stages, in case its release raced
+                    for name in dev.stages:
+                        self.ledger.release.remote(name)
+                ray.get(self.ledger.release.remote(PIPELINE_HOLDER), timeout=CLOSE_TIMEOUT_S)
+                self.final_ledger = dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+            except Exception as exc:
+                log.warning("reading the ledger at close failed: %s", _cause(exc))
+        for dev in self.devices.values():
+            with contextlib.suppress(Exception):
+                ray.kill(dev.actor, no_restart=True)
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.ledger, no_restart=True)
+        self.ledger = None
+        if self.cluster is not None:
+            cluster_mod.release()
+            self.cluster = None
+        return self.final_ledger or {}
+
+
+def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:
+    if stats.get("decode_tokens_per_s"):
+        return {"value": stats["decode_tokens_per_s"], "unit": "tok/s"}
+    if stats.get("audio_s") and stats.get("duration_s"):
+        busy = stats.get("busy_s") or stats["duration_s"]
+        return {"value": round(stats["audio_s"] / busy, 2), "unit": "audio s/s"}
+    if stats.get("items") and stats.get("duration_s"):
+        return {"value": round(stats["items"] / stats["duration_s"], 2), "unit": "items/s"}
+    return None
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    head = next((line for line in text if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {head[:300]}"
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)

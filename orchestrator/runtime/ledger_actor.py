@@ -1,0 +1,103 @@
+"""The ledger actor: ``orchestrator.ledger.Ledger`` shared by every device actor.
+
+:class:`LedgerService` is plain Python (tested without Ray); :func:`create`
+wraps it in a Ray actor with ``max_concurrency=1``, so each method runs alone
+and ``admit`` — check and reserve, with nothing awaited inside — is atomic.
+
+Protocol, per stage (the device actor drives it):
+
+1. ``admit(stage, reservations)`` before the load: every reservation of the
+   stage's plan, or none (the shortfalls come back and nothing is held).
+2. ``release(stage, "load")`` once the weights are resident.
+3. ``report(stage, measured)`` after the load and again at close: the
+   measured peak (evidence M) next to the plan's budget.
+4. ``release(stage)`` when the stage closes or its device actor dies.
+
+The pipeline itself holds the plan's shared reservations (external reserve,
+safety margin) and Ray's measured memory under ``(pipeline)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from orchestrator.ledger import Ledger, Reservation
+
+
+class LedgerService:
+    """Pools and reservations, plus the measured peaks reported against them."""
+
+    def __init__(self, pools: list[dict[str, Any]]) -> None:
+        self.ledger = Ledger()
+        # Parents first: a pool can only name a parent that already exists.
+        pending = list(pools)
+        while pending:
+            progressed = False
+            for p in list(pending):
+                if p.get("parent") is None or p["parent"] in self.ledger.pools:
+                    self.ledger.add_pool(p["id"], int(p["capacity_bytes"]), parent=p.get("parent"), note=p.get("note", ""))
+                    pending.remove(p)
+                    progressed = True
+            if not progressed:
+                raise KeyError(f"pools name parents that do not exist: {[p['id'] for p in pending]}")
+        self.measured: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+
+    def ready(self) -> int:
+        """The actor's process id (its memory is Ray's, charged with the runtime)."""
+        import os
+
+        return os.getpid()
+
+    def admit(self, holder: str, reservations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Check and reserve in one step; [] when admitted, else the shortfalls."""
+        rs = [Reservation(**r) for r in reservations]
+        shortfalls = self.ledger.admit(holder, rs)
+        self._log("admit" if not shortfalls else "refuse", holder, sum(r.bytes for r in rs))
+        return [{**asdict(s), "over_by": s.over_by} for s in shortfalls]
+
+    def release(self, holder: str, lifetime: str | None = None) -> int:
+        freed = self.ledger.release(holder, lifetime)  # type: ignore[arg-type]
+        self._log(f"release:{lifetime or 'all'}", holder, freed)
+        return freed
+
+    def replace(self, holder: str, purpose: str, reservation: dict[str, Any]) -> list[dict[str, Any]]:
+        """Swap one held reservation (by purpose) for another — an estimate for
+        its measurement. Atomic: on a shortfall the old one stays."""
+        old = [r for r in self.ledger.held.get(holder, []) if r.purpose == purpose]
+        keep = [r for r in self.ledger.held.get(holder, []) if r.purpose != purpose]
+        self.ledger.held[holder] = keep
+        new = Reservation(**reservation)
+        shortfalls = self.ledger.admit(holder, [new])
+        if shortfalls:
+            self.ledger.held[holder] = keep + old
+        self._log("replace" if not shortfalls else "refuse", holder, new.bytes)
+        return [{**asdict(s), "over_by": s.over_by} for s in shortfalls]
+
+    def report(self, holder: str, measured: dict[str, Any]) -> None:
+        self.measured[holder] = {**self.measured.get(holder, {}), **measured}
+
+    def held_bytes(self, pool: str | None = None) -> int:
+        return self.ledger.held_bytes(pool)
+
+    def holders(self) -> list[str]:
+        return sorted(self.ledger.held)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.ledger.snapshot()
+        snap["measured"] = self.measured
+        snap["held_bytes"] = self.ledger.held_bytes()
+        snap["events"] = self.events[-200:]
+        return snap
+
+    def _log(self, what: str, holder: str, nbytes: int) -> None:
+        self.events.append({"t": time.time(), "event": what, "holder": holder, "bytes": nbytes})
+
+
+def create(pools: list[dict[str, Any]]) -> Any:
+    """A ``LedgerService`` actor (one method at a time), placed anywhere."""
+    import ray
+
+    return ray.remote(LedgerService).options(num_cpus=0, max_concurrency=1, max_restarts=0).remote(pools)

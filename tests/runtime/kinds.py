@@ -1,0 +1,129 @@
+"""A trivial stage kind for runtime tests, and hand-written plans that use it.
+
+``echo`` stages run without weights: ``mode: words`` answers a prompt word by
+word like a decoder (with ``delay_s`` between words); ``mode: tone`` turns
+each text chunk into a short sine wave like a TTS. ``hold_bytes`` is memory
+the runner really allocates at load (so measured peaks are real), and
+``fail_load`` makes ``load()`` raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from orchestrator.config import PipelineConfig, StageConfig, parse_config
+from orchestrator.ledger import Reservation
+from orchestrator.plan import PipelinePlan, PoolPlan, StagePlan
+from orchestrator.units import GiB, MiB
+from stages.base import ArtifactInfo, StageKind, StageRunner
+from stages.registry import register
+
+SAMPLE_RATE = 16000
+REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
+
+
+class EchoConfig(StageConfig):
+    """A weightless stage for runtime tests."""
+
+    kind: Literal["echo"] = Field(description="Always 'echo'.")
+    mode: Literal["words", "tone"] = Field("words", description="words: a decoder; tone: a TTS.")
+    delay_s: float = Field(0.0, ge=0, description="Pause before each output item.")
+    hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
+    fail_load: bool = Field(False, description="Make load() raise.")
+    load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
+
+
+class EchoRunner(StageRunner):
+    def __init__(self, plan: StagePlan, cfg: EchoConfig) -> None:
+        self.plan, self.cfg = plan, cfg
+        self.held: np.ndarray | None = None
+        self.load_info: dict[str, Any] = {}
+
+    def load(self) -> None:
+        time.sleep(self.cfg.load_s)
+        if self.cfg.fail_load:
+            raise RuntimeError("echo stage told to fail its load")
+        if self.cfg.hold_bytes:
+            self.held = np.ones(self.cfg.hold_bytes, dtype=np.uint8)
+        self.load_info = {"mode": self.cfg.mode, "held": self.cfg.hold_bytes}
+
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        if self.cfg.mode == "words":
+            prompt = " ".join([str(i) async for i in inputs])
+            words = f"You said {prompt}. {REPLY}".split(" ")
+            for i, w in enumerate(words):
+                await asyncio.sleep(self.cfg.delay_s)
+                yield w if i == 0 else " " + w
+            return
+        async for chunk in inputs:
+            await asyncio.sleep(self.cfg.delay_s)
+            n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
+            t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
+            yield {"audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), "sample_rate": SAMPLE_RATE, "text": str(chunk)}
+
+    def close(self) -> None:
+        self.held = None
+
+
+class EchoKind(StageKind):
+    kind = "echo"
+    config_model = EchoConfig
+    backends = ("ort-cpu",)
+
+    def describe(self, stage: StageConfig) -> ArtifactInfo:
+        return ArtifactInfo("exported", "<none>", 0, "fp32")
+
+    def check(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str) -> list[Any]:
+        return []
+
+    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str) -> list[Reservation]:
+        assert isinstance(stage, EchoConfig)
+        return [Reservation(pool, "weights", max(stage.hold_bytes, 1 * MiB), "session", "D", "what the echo stage holds"),
+                Reservation(pool, "load_transient", 16 * MiB, "load", "E", "freed after load")]
+
+    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
+        assert isinstance(stage, EchoConfig)
+        return EchoRunner(stage_plan, stage)
+
+
+register(EchoKind())
+
+
+def echo_pipeline(tmp_path: Path, *, thinker: dict[str, Any] | None = None, voice: dict[str, Any] | None = None,
+                  voice_device: str = "cpu", host_ram: int = 8 * GiB) -> tuple[PipelinePlan, PipelineConfig]:
+    """A two-stage words → tone pipeline with its config and a hand-written plan."""
+    doc = {
+        "name": "echo-pipeline",
+        "stages": [
+            {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"], "final_output": True,
+             "final_output_type": "text", **(thinker or {})},
+            {"name": "voice", "kind": "echo", "mode": "tone", "inputs": ["thinker"], "devices": [voice_device],
+             "final_output": True, "final_output_type": "audio", **(voice or {})},
+        ],
+    }
+    config = parse_config(doc, where=str(tmp_path / "echo.yaml"), base_dir=tmp_path)
+
+    def stage(name: str, device: str, inputs: tuple[str, ...], held: int, out_type: str) -> StagePlan:
+        rs = (
+            Reservation("host_ram", "weights", max(held, 1 * MiB), "session", "D", "what the echo stage holds"),
+            Reservation("host_ram", "load_transient", 16 * MiB, "load", "E", "freed after load"),
+        )
+        return StagePlan(name=name, kind="echo", admitted=True, device=device, backend="ort-cpu", route="this-process",
+                         reservations=rs, refusals=(), engine_kwargs={}, artifact={}, inputs=inputs,
+                         final_output=True, final_output_type=out_type)
+
+    t_held = (thinker or {}).get("hold_bytes", 0)
+    v_held = (voice or {}).get("hold_bytes", 0)
+    stages = (stage("thinker", "cpu", ("request",), t_held, "text"), stage("voice", voice_device, ("thinker",), v_held, "audio"))
+    shared = (Reservation("host_ram", "safety_margin", 64 * MiB, "session", "E", "test margin"),
+              Reservation("host_ram", "ray_runtime", 900 * MiB, "session", "E", "estimate the runtime replaces"))
+    plan = PipelinePlan(pipeline="echo-pipeline", admitted=True, profile="test", stages=stages,
+                        pools=(PoolPlan("host_ram", host_ram, 0, {}),), shared_reservations=shared)
+    return plan, config

@@ -1,0 +1,92 @@
+"""``omni-edge run``: what a user sees, and the exit codes (0 done, 3 refused, 4 a stage failed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
+from orchestrator.cli import main
+from orchestrator.runtime.audio import read_wav, rms_dbfs
+from orchestrator.units import GiB
+from tests.conftest import REPO, make_profile
+
+ECHO = """name: echo-cli
+stages:
+  - {{name: thinker, kind: echo, mode: words, devices: [cpu], final_output: true, final_output_type: text{thinker}}}
+  - {{name: voice, kind: echo, mode: tone, inputs: [thinker], devices: [cpu], final_output: true, final_output_type: audio{voice}}}
+"""
+
+
+def write(tmp_path: Path, thinker: str = "", voice: str = "", ram: int = 8 * GiB) -> tuple[Path, Path]:
+    cfg = tmp_path / "echo.yaml"
+    cfg.write_text(ECHO.format(thinker=thinker, voice=voice))
+    prof = tmp_path / "profile.json"
+    prof.write_text(make_profile(ram_available=ram).model_dump_json())
+    return cfg, prof
+
+
+@pytest.mark.ray
+def test_run_streams_text_writes_the_wav_and_the_record_and_prints_the_stage_table(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prof = write(tmp_path)
+    wav, rec = tmp_path / "reply.wav", tmp_path / "record.json"
+    rc = main(["run", str(cfg), "--prompt", "hi there", "--out", str(wav), "--profile", str(prof), "--record", str(rec)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "You said hi there. First sentence is here." in out
+    for header in ("stage", "first output", "throughput", "budget", "measured", "budget/measured"):
+        assert header in out
+    assert f"record: {rec}" in out.replace("\n", "")
+    audio, rate = read_wav(wav)
+    assert rate == 16000 and audio.size > 0 and rms_dbfs(audio) > -20
+    doc = json.loads(rec.read_text())
+    assert doc["format"] == "omni-edge.run/1" and doc["requests"][0]["text"].startswith("You said hi there.")
+    assert doc["ledger"]["pools"] and doc["versions"]["ray"]
+
+
+def test_a_refused_plan_exits_3_with_the_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg, prof = write(tmp_path, thinker=", hold_bytes: 4000000000", ram=2 * GiB)
+    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof)])
+    out = capsys.readouterr().out
+    assert rc == 3
+    assert "REFUSED" in out and "budget_exceeds_device" in out
+
+
+@pytest.mark.ray
+def test_a_stage_that_fails_exits_4_naming_stage_device_and_cause(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prof = write(tmp_path, voice=", fail_load: true")
+    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 4
+    assert "stage 'voice' on cpu failed" in err and "told to fail its load" in err
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
+    """The README's command, in a fresh interpreter with its own local Ray cluster."""
+    wav = tmp_path / "reply.wav"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "run", str(REPO / "configs/voice-assistant.yaml"),
+         "--prompt", "Tell me one fact about the Moon.", "--out", str(wav), "--record", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["text"].strip() and Path(doc["record"]).is_file()
+    audio, rate = read_wav(wav)
+    assert audio.size / rate > 1.0 and rms_dbfs(audio) > -35
+    assert "plan: pipeline 'voice-assistant'" in proc.stderr and "budget/measured" in proc.stderr
+    assert {r["stage"] for r in doc["stages"]} == {"thinker", "voice"}

@@ -1,0 +1,56 @@
+"""The ledger actor's protocol, without Ray (the actor runs these methods one at a time)."""
+
+from __future__ import annotations
+
+from orchestrator.ledger import Reservation
+from orchestrator.runtime.ledger_actor import LedgerService
+from orchestrator.units import MiB
+
+
+def r(purpose: str, n: int, lifetime: str = "session", pool: str = "host_ram", evidence: str = "E") -> dict:
+    return Reservation(pool, purpose, n * MiB, lifetime, evidence).to_dict()  # type: ignore[arg-type]
+
+
+def service() -> LedgerService:
+    return LedgerService([{"id": "shared:igpu:0", "capacity_bytes": 300 * MiB, "parent": "host_ram"},
+                          {"id": "host_ram", "capacity_bytes": 1000 * MiB, "parent": None}])
+
+
+def test_admit_is_all_or_nothing_and_names_the_shortfall() -> None:
+    s = service()
+    assert s.admit("a", [r("weights", 600), r("load_transient", 100, "load")]) == []
+    refused = s.admit("b", [r("weights", 300), r("kv", 200)])
+    assert refused and refused[0]["pool"] == "host_ram"
+    assert refused[0]["over_by"] == (700 + 500 - 1000) * MiB  # a's 600 + 100 excess over steady, b's 500
+    assert refused[0]["contributors"] == {"a": 700 * MiB, "b": 500 * MiB}
+    assert s.holders() == ["a"]  # b holds nothing
+
+
+def test_child_pool_counts_against_its_parent() -> None:
+    s = service()
+    assert s.admit("igpu-stage", [r("weights", 250, pool="shared:igpu:0")]) == []
+    refused = s.admit("cpu-stage", [r("weights", 800)])
+    assert refused[0]["pool"] == "host_ram"
+
+
+def test_load_release_then_report_then_release_all() -> None:
+    s = service()
+    s.admit("a", [r("weights", 600), r("load_transient", 100, "load")])
+    assert s.release("a", "load") == 100 * MiB
+    s.report("a", {"measured_peak_bytes": 550 * MiB, "budget_bytes": 700 * MiB, "evidence": "M"})
+    snap = s.snapshot()
+    assert snap["held_bytes"] == 600 * MiB and snap["measured"]["a"]["evidence"] == "M"
+    assert s.release("a") == 600 * MiB
+    assert s.snapshot()["held_bytes"] == 0
+
+
+def test_replace_swaps_an_estimate_for_a_measurement_atomically() -> None:
+    s = service()
+    s.admit("(pipeline)", [r("ray_runtime", 900), r("safety_margin", 50)])
+    assert s.replace("(pipeline)", "ray_runtime", r("ray_runtime", 500, evidence="M")) == []
+    held = {x["purpose"]: x for x in s.snapshot()["holders"]["(pipeline)"]}
+    assert held["ray_runtime"]["bytes"] == 500 * MiB and held["ray_runtime"]["evidence"] == "M"
+    refused = s.replace("(pipeline)", "ray_runtime", r("ray_runtime", 2000, evidence="M"))
+    assert refused
+    held = {x["purpose"]: x for x in s.snapshot()["holders"]["(pipeline)"]}
+    assert held["ray_runtime"]["bytes"] == 500 * MiB  # the old one stays

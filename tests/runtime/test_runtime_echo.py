@@ -1,0 +1,169 @@
+"""The Ray runtime with a weightless stage kind: actors per device, the ledger actor,
+streaming, concurrency, and failures — fast enough to run on every change."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import StageFailed
+from orchestrator.runtime.events import AudioChunk, StageEvent, collect
+from orchestrator.runtime.executor import PIPELINE_HOLDER, Runtime
+from orchestrator.units import MiB
+from tests.runtime.kinds import REPLY, echo_pipeline
+
+pytestmark = pytest.mark.ray
+
+WORD_DELAY = 0.03
+
+
+def run(rt: Runtime, prompt: str, rid: str | None = None) -> Any:
+    async def main() -> Any:
+        t0 = time.perf_counter()
+        events = [e async for e in rt.stream(prompt, request_id=rid)]
+        return collect(rid or "r", prompt, events, time.perf_counter() - t0), events
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def runtime(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    plan, config = echo_pipeline(tmp_path_factory.mktemp("echo"), thinker={"delay_s": WORD_DELAY, "hold_bytes": 48 * MiB},
+                                 voice={"delay_s": 0.02}, voice_device="igpu:0")
+    rt = Runtime(plan, config)
+    rt.start()
+    yield rt
+    rt.close()
+
+
+def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> None:
+    assert set(runtime.devices) == {"cpu", "igpu:0"}
+    pids = {d.info["pid"] for d in runtime.devices.values()}
+    assert len(pids) == 2
+    assert all(d.info["omp_num_threads"] == "1" for d in runtime.devices.values())
+    assert runtime.cluster is not None
+    assert runtime.cluster.resources.get("omni_edge_device_igpu_0") == 1.0
+    assert "NPU" not in runtime.cluster.resources
+
+
+def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime) -> None:
+    result, events = run(runtime, "hello")
+    assert result.text == f"You said hello. {REPLY}"
+    assert result.chunks == ["You said hello.", "First sentence is here.", "The second one follows, a little longer!", "Is this the third?"]
+    audio = [e for e in events if isinstance(e, AudioChunk)]
+    assert [a.index for a in audio] == [0, 1, 2, 3]  # order kept
+    assert result.audio_seconds == pytest.approx(sum(len(c) for c in result.chunks) * 0.02, rel=1e-6)
+    # Streaming overlaps: the first audio arrives while the text is still being produced.
+    thinker_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done")
+    assert audio[0].t < thinker_done.t
+    assert result.time_to_first_audio_s < result.total_s / 2
+    voice = result.stages["voice"]
+    assert voice["device"] == "igpu:0" and voice["items"] == 4 and len(voice["item_latency_s"]) == 4
+    assert result.stages["thinker"]["throughput"]["unit"] == "items/s"
+
+
+def test_concurrent_requests_each_get_their_own_outputs_in_order(runtime: Runtime) -> None:
+    async def one(p: str) -> Any:
+        events = [e async for e in runtime.stream(p)]
+        return collect("x", p, events, 0.0)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(one(p) for p in ("alpha", "beta", "gamma")))
+
+    t0 = time.perf_counter()
+    results = asyncio.run(main())
+    elapsed = time.perf_counter() - t0
+    for p, r in zip(("alpha", "beta", "gamma"), results, strict=True):
+        assert r.text == f"You said {p}. {REPLY}"
+        assert r.chunks[0] == f"You said {p}."
+        assert r.audio_seconds == pytest.approx(sum(len(c) for c in r.chunks) * 0.02, rel=1e-6)
+    single = len(f"You said alpha. {REPLY}".split()) * WORD_DELAY
+    assert elapsed < 2 * single  # they ran side by side, not one after another
+
+
+def test_stages_hold_their_reservations_and_report_measured_peaks(runtime: Runtime) -> None:
+    snap = runtime.ledger_snapshot()
+    assert set(snap["holders"]) == {PIPELINE_HOLDER, "thinker", "voice"}
+    for stage in ("thinker", "voice"):
+        purposes = {r["purpose"] for r in snap["holders"][stage]}
+        assert purposes == {"weights"}  # the load transient is gone once the stage is loaded
+        m = snap["measured"][stage]
+        assert m["evidence"] == "M" and m["budget_bytes"] == runtime.plan.stage(stage).budget_bytes()
+    held = snap["measured"]["thinker"]["measured_peak_bytes"]
+    assert 48 * MiB <= held <= 48 * MiB * 1.5  # the echo stage really allocated and touched 48 MiB
+    ray_rt = next(r for r in snap["holders"][PIPELINE_HOLDER] if r["purpose"] == "ray_runtime")
+    assert ray_rt["evidence"] == "M" and ray_rt["bytes"] == runtime.ray_memory["bytes"] > 100 * MiB
+
+
+def test_a_stage_that_fails_to_load_is_named_and_leaves_the_ledger_unchanged(ray_cluster: Any, tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path, voice={"fail_load": True}, voice_device="igpu:0")
+    rt = Runtime(plan, config)
+    with pytest.raises(StageFailed) as info:
+        rt.start()
+    e = info.value
+    assert (e.stage, e.device) == ("voice", "igpu:0")
+    assert "told to fail its load" in e.cause
+    before = dict(rt.ledger_history)["before load voice"]
+    after = dict(rt.ledger_history)["after failed load voice"]
+    assert after["holders"] == before["holders"] and "voice" not in after["holders"]
+    assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0  # torn down, all released
+
+
+def test_a_stage_the_ledger_cannot_hold_is_refused_before_it_loads(ray_cluster: Any, tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path, thinker={"hold_bytes": 3000 * MiB}, host_ram=3000 * MiB)
+    rt = Runtime(plan, config)  # the hand-written plan claims admission; the runtime's ledger checks again
+    with pytest.raises(StageFailed) as info:
+        rt.start()
+    assert info.value.stage == "thinker" and "the ledger refused the load" in info.value.cause
+    assert "host_ram" in info.value.cause
+
+
+def test_a_device_no_node_offers_is_named_with_its_resource(ray_cluster: Any, tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path, voice_device="npu:3")
+    with pytest.raises(StageFailed) as info:
+        Runtime(plan, config).start()
+    assert info.value.device == "npu:3" and "omni_edge_device_npu_3" in info.value.cause
+
+
+def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(ray_cluster: Any, tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path, thinker={"delay_s": 0.05}, voice={"delay_s": 0.05}, voice_device="igpu:0")
+    rt = Runtime(plan, config)
+    rt.start()
+    try:
+        async def main() -> tuple[float, BaseException | None]:
+            killed_at = 0.0
+            try:
+                async for e in rt.stream("doomed"):
+                    if isinstance(e, AudioChunk) and not killed_at:
+                        rt.kill_device("igpu:0")
+                        killed_at = time.perf_counter()
+            except StageFailed as exc:
+                return time.perf_counter() - killed_at, exc
+            return 0.0, None
+
+        waited, exc = asyncio.run(main())
+        assert isinstance(exc, StageFailed)
+        assert (exc.stage, exc.device) == ("voice", "igpu:0") and "died" in exc.cause
+        assert waited < 5.0
+        snap = rt.ledger_snapshot()
+        assert "voice" not in snap["holders"] and "thinker" in snap["holders"]  # only the dead device's stage
+        with pytest.raises(StageFailed, match="died earlier"):
+            run(rt, "again")
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0 and final["holders"] == {}
+
+
+def test_close_releases_everything(ray_cluster: Any, tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path)
+    rt = Runtime(plan, config)
+    rt.start()
+    result, _ = run(rt, "bye")
+    assert result.text.startswith("You said bye.")
+    final = rt.close()
+    assert final["held_bytes"] == 0 and final["holders"] == {}
+    assert all(p["held_bytes"] == 0 for p in final["pools"])

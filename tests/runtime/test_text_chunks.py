@@ -1,0 +1,71 @@
+"""Sentences out of a stream of deltas: what a TTS stage receives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stages.text_chunks import SentenceChunker, chunk_text, split_text
+
+REPLY = ("The Moon is about 384,400 km away. It has no atmosphere! Dr. Smith said e.g. pi is 3.14, "
+         "and J. R. R. Tolkien agreed... Really? \"Yes.\"\n- one\n- two")
+EXPECTED = [
+    "The Moon is about 384,400 km away.",
+    "It has no atmosphere!",
+    "Dr. Smith said e.g. pi is 3.14, and J. R. R. Tolkien agreed...",
+    "Really?",
+    '"Yes."',
+    "- one",
+    "- two",
+]
+
+
+def test_sentences_abbreviations_numbers_initials_and_lines() -> None:
+    assert split_text(REPLY) == EXPECTED
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_the_cut_does_not_depend_on_how_the_text_is_split_into_deltas(size: int) -> None:
+    c = SentenceChunker()
+    out = []
+    for i in range(0, len(REPLY), size):
+        out += c.feed(REPLY[i:i + size])
+    assert out + c.flush() == EXPECTED
+
+
+def test_a_sentence_is_emitted_as_soon_as_the_next_character_arrives() -> None:
+    c = SentenceChunker()
+    assert c.feed("Hello there.") == []  # could still be "there.com"
+    assert c.feed(" And") == ["Hello there."]
+    assert c.flush() == ["And"]
+
+
+def test_a_long_clause_is_cut_at_a_clause_mark_then_at_a_space() -> None:
+    text = "word " * 20 + "and then, " + "more " * 40
+    chunks = split_text(text, max_chars=120)
+    assert all(len(c) <= 120 for c in chunks)
+    assert chunks[0].endswith("then,")
+    assert " ".join(chunks).split() == text.split()  # nothing lost, order kept
+
+
+def test_punctuation_alone_is_merged_into_the_next_chunk_and_dropped_at_the_end() -> None:
+    assert split_text("*\n Hello world. ...") == ["* Hello world."]
+
+
+def test_async_chunking_yields_while_the_stream_is_still_open() -> None:
+    seen: list[tuple[int, str]] = []
+
+    async def deltas():
+        for i, d in enumerate(["One. ", "Two", ". Thr", "ee"]):
+            seen.append((i, d))
+            yield d
+
+    async def main() -> list[tuple[int, str]]:
+        out = []
+        async for chunk in chunk_text(deltas()):
+            out.append((len(seen), chunk))
+        return out
+
+    # "One." is out after the 1st delta, "Two." after the 3rd, "Three" at the end.
+    assert asyncio.run(main()) == [(1, "One."), (3, "Two."), (4, "Three")]
