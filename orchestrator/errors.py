@@ -90,3 +90,8 @@ class StageFailed(OmniEdgeError):
         self.stage = stage
         self.device = device
         self.cause = cause
+
+    def __reduce__(self) -> tuple[type[StageFailed], tuple[str, str, str]]:
+        # the default pickling passes only the message to __init__; Ray and
+        # multiprocessing need the three fields back
+        return (StageFailed, (self.stage, self.device, self.cause))
