@@ -87,6 +87,9 @@ class ArDecodeConfig(StageConfig):
     enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
     sampling: Sampling = Field(default_factory=lambda: Sampling(), description="Default sampling parameters.")
     system_prompt: str | None = Field(None, description="System message prepended through the chat template.")
+    digest: bool = Field(
+        False, description="Record the sha256 of the weight files in the plan (reads every byte; off so planning stays fast)."
+    )
 
     @model_validator(mode="after")
     def _limits(self) -> ArDecodeConfig:
@@ -133,7 +136,7 @@ class ArDecodeKind(StageKind):
             manifest = read_gguf(path, materialize_dtype=materialize)
             kind = "gguf"
         else:
-            manifest = read_checkpoint(path, model_stage=stage.model_stage)
+            manifest = read_checkpoint(path, model_stage=stage.model_stage, digest=stage.digest)
             kind = "checkpoint"
         try:
             tcfg = text_config(manifest.config, stage.model_stage)

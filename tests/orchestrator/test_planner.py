@@ -149,3 +149,13 @@ def test_host_ram_capacity_is_available_capped_by_the_wsl_limit(tmp_path, tiny_c
     assert host.capacity_bytes == 12 * GiB
     assert host.contributors["thinker"] > 1 * GiB  # engine runtime is charged
     assert host.contributors["(pipeline)"] == 512 * MiB * 2 + int(0.9 * GiB)
+
+
+def test_digest_is_recorded_only_when_asked(tmp_path, tiny_checkpoint):
+    import hashlib
+
+    plain = plan_pipeline(load_config(config(tmp_path, tiny_checkpoint, devices="[cpu]")), make_profile())
+    assert plain.stage("thinker").artifact["manifest"]["digest"] is None
+    asked = plan_pipeline(load_config(config(tmp_path, tiny_checkpoint, devices="[cpu]", extra="    digest: true\n")), make_profile())
+    expected = "sha256:" + hashlib.sha256((tiny_checkpoint / "model.safetensors").read_bytes()).hexdigest()
+    assert asked.stage("thinker").artifact["manifest"]["digest"] == expected
