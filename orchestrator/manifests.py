@@ -112,7 +112,7 @@ def _format_from_dtypes(dtype_bytes: dict[str, int]) -> str:
     return _DTYPE_FORMAT.get(top, top.lower())
 
 
-def read_checkpoint(model_dir: str | Path, *, digest: bool = False, model_stage: str | None = None) -> CheckpointManifest:
+def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> CheckpointManifest:
     """Describe a Hugging Face checkpoint directory without loading weights.
 
     Prefers the safetensors headers when the files are present; otherwise the

@@ -120,13 +120,13 @@ def plan_pipeline(
         chosen = {s.stage.name: o for s, o in zip(viable, choice, strict=True)}
     elif viable:
         _explain_joint_failure(viable, ledger)
-    final_ledger, _ = build_ledger(profile, runtime=runtime)
+    # the search left the ledger holding only the pipeline's own reservations
     for name, option in chosen.items():
-        final_ledger.admit(name, list(option.reservations))
+        ledger.admit(name, list(option.reservations))
     stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
     pools = []
-    for pool_id, pool in final_ledger.pools.items():
-        peak, shares = final_ledger.peak(pool_id)
+    for pool_id, pool in ledger.pools.items():
+        peak, shares = ledger.peak(pool_id)
         pools.append(PoolPlan(pool_id, pool.capacity, peak, shares, pool.parent, pool.note))
     admitted = all(s.admitted for s in stage_plans)
     notes = []

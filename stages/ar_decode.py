@@ -136,7 +136,7 @@ class ArDecodeKind(StageKind):
             manifest = read_gguf(path, materialize_dtype=materialize)
             kind = "gguf"
         else:
-            manifest = read_checkpoint(path, model_stage=stage.model_stage, digest=stage.digest)
+            manifest = read_checkpoint(path, digest=stage.digest)
             kind = "checkpoint"
         try:
             tcfg = text_config(manifest.config, stage.model_stage)

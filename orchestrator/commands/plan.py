@@ -11,10 +11,15 @@ if TYPE_CHECKING:
     from orchestrator.profile import HardwareProfile
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> None:
+    """CONFIG, --profile and --mask: what every command that plans takes."""
     p.add_argument("config", help="pipeline config (YAML or JSON)")
-    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of this machine")
+    p.add_argument("--profile", metavar="FILE", help=profile_help)
     p.add_argument("--mask", action="append", default=[], metavar="DEVICES", help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of this machine")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)")
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
 

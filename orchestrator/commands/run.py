@@ -34,12 +34,11 @@ WIDTH_WHEN_PIPED = 132
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="pipeline config (YAML or JSON)")
+    from orchestrator.commands.plan import add_pipeline_inputs
+
+    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
     p.add_argument("--prompt", required=True, help="the request: what to say to the pipeline")
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
-    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing this machine")
-    p.add_argument("--mask", action="append", default=[], metavar="DEVICES",
-                   help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
     p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
     p.add_argument("--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (human output goes to stderr)")

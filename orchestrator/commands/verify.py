@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="pipeline config (YAML or JSON)")
-    p.add_argument("--profile", metavar="FILE", help="verify against a recorded hardware profile's routes instead of probing this machine")
-    p.add_argument("--mask", action="append", default=[], metavar="DEVICES", help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+    from orchestrator.commands.plan import add_pipeline_inputs
+
+    add_pipeline_inputs(p, profile_help="verify against a recorded hardware profile's routes instead of probing this machine")
     p.add_argument("--json", action="store_true", help="print the results as JSON (format omni-edge.verify/1)")
     p.add_argument("--force", action="store_true", help="measure again even where evidence for the same key exists")
 
