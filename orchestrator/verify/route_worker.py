@@ -15,8 +15,11 @@ Protocol (stdin → requests, stdout → replies, one at a time, in order)::
             | {"id": n, "ok": false, "error": {"type", "message", "traceback"}}
 
 numpy arrays anywhere in ``args``/``result`` travel as
-``{"__nd__": i, "dtype": "<f4", "shape": [...]}`` plus raw bytes in buffer i:
-no pickle, so the two sides may run different numpy and Python versions.
+``{"__nd__": i, "dtype": "<f4", "shape": [...]}`` plus their C-order bytes in
+buffer i (``"scalar": true`` for a numpy scalar; string tensors as
+``"dtype": "|O"`` with ``"utf8_lengths"``): no pickle, so the two sides may run
+different numpy and Python versions, and shape (0-d, empty), dtype and byte
+order arrive exactly as sent.
 Native libraries that print to stdout (OpenVINO's plugins do) cannot corrupt
 the stream: fd 1 is pointed at stderr and the protocol uses a private dup.
 """
@@ -62,18 +65,14 @@ BOOTSTRAP = (
 
 
 def encode(message: dict[str, Any]) -> bytes:
+    """One frame. numpy arrays and numpy scalars anywhere in ``message`` go as raw buffers."""
     buffers: list[bytes] = []
 
     def walk(obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            arr = obj
-            if arr.dtype == object:
-                arr = arr.astype(str)
-            arr = np.ascontiguousarray(arr)
-            buffers.append(arr.tobytes())
-            return {"__nd__": len(buffers) - 1, "dtype": arr.dtype.str, "shape": list(arr.shape)}
-        if isinstance(obj, np.generic):
-            return obj.item()
+        if isinstance(obj, (np.ndarray, np.generic)):
+            meta, data = _array_to_wire(obj)
+            buffers.append(data)
+            return {"__nd__": len(buffers) - 1, **meta}
         if isinstance(obj, dict):
             return {str(k): walk(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
@@ -84,6 +83,63 @@ def encode(message: dict[str, Any]) -> bytes:
     body["buffers"] = [len(b) for b in buffers]
     header = json.dumps(body).encode("utf-8")
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *buffers])
+
+
+def _array_to_wire(obj: Any) -> tuple[dict[str, Any], bytes]:
+    """(header entry, bytes) that rebuild ``obj`` exactly: shape (0-d and empty
+    included), dtype with its byte order, C-order bytes of any memory layout.
+
+    Not ``np.ascontiguousarray``: it promotes a 0-d array to shape (1,), and a
+    graph with a scalar input (silero VAD's ``sr``) then refuses the tensor.
+    A numpy scalar stays a numpy scalar of its dtype on the other side (not a
+    Python number), so a route behaves exactly like this-process, which passes
+    values untouched. Object arrays must hold ``str`` (ONNX string tensors);
+    they travel as UTF-8 with per-element lengths, because numpy's fixed-width
+    ``<U`` strings would drop trailing NULs.
+    """
+    arr = np.asarray(obj)
+    meta: dict[str, Any] = {"shape": list(arr.shape)}
+    if isinstance(obj, np.generic):
+        meta["scalar"] = True
+    if arr.dtype.kind == "O":
+        items = arr.ravel(order="C").tolist()
+        bad = next((type(v).__name__ for v in items if not isinstance(v, str)), None)
+        if bad is not None:
+            raise TypeError(f"an object array can cross a route only when it holds str (a string tensor), not {bad}")
+        encoded = [v.encode("utf-8") for v in items]
+        meta.update(dtype="|O", utf8_lengths=[len(b) for b in encoded])
+        return meta, b"".join(encoded)
+    if arr.dtype.kind == "V":
+        # Structured and opaque dtypes (ml_dtypes' bfloat16 is '<V2') would arrive as bare bytes.
+        raise TypeError(f"dtype {arr.dtype} cannot cross a route: send a numpy numeric, bool or string array")
+    meta["dtype"] = arr.dtype.str
+    return meta, arr.tobytes(order="C")
+
+
+def _array_from_wire(meta: dict[str, Any], data: bytes) -> Any:
+    shape = tuple(int(n) for n in meta["shape"])
+    count = 1
+    for n in shape:
+        count *= n
+    if "utf8_lengths" in meta:
+        lengths = meta["utf8_lengths"]
+        if len(lengths) != count or sum(lengths) != len(data):
+            raise ValueError(f"protocol error: {len(lengths)} strings in {len(data)} bytes for shape {list(shape)}")
+        arr = np.empty(count, dtype=object)
+        pos = 0
+        for i, n in enumerate(lengths):
+            arr[i] = data[pos:pos + n].decode("utf-8")
+            pos += n
+        arr = arr.reshape(shape)
+    else:
+        dtype = np.dtype(meta["dtype"])
+        if len(data) != count * dtype.itemsize:
+            raise ValueError(f"protocol error: {len(data)} bytes for {list(shape)} of {dtype.str}")
+        if dtype.itemsize == 0:
+            arr = np.empty(shape, dtype=dtype)
+        else:
+            arr = np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)  # writable, owned
+    return arr[()] if meta.get("scalar") else arr
 
 
 def read_message(stream: IO[bytes]) -> dict[str, Any] | None:
@@ -100,8 +156,7 @@ def read_message(stream: IO[bytes]) -> dict[str, Any] | None:
     def walk(obj: Any) -> Any:
         if isinstance(obj, dict):
             if "__nd__" in obj and "dtype" in obj and "shape" in obj:
-                data = bytearray(buffers[obj["__nd__"]])  # writable, owned
-                return np.frombuffer(data, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+                return _array_from_wire(obj, buffers[obj["__nd__"]])
             return {k: walk(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [walk(v) for v in obj]
@@ -239,6 +294,7 @@ class SessionHost:
     def run(self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
         session = self._sessions[handle]
         names = outputs or [o.name for o in session.get_outputs()]
+        feeds = {k: _native_byte_order(v) for k, v in feeds.items()}
         t0 = time.perf_counter()
         values = session.run(names, feeds)
         run_s = time.perf_counter() - t0
@@ -247,6 +303,19 @@ class SessionHost:
     def close(self, handle: int) -> dict[str, Any]:
         self._sessions.pop(handle, None)
         return {}
+
+
+def _native_byte_order(value: Any) -> Any:
+    """``value`` with the same numbers in this machine's byte order.
+
+    ONNX Runtime reads a feed's buffer as native-endian whatever its dtype says:
+    a big-endian ``>i4`` [0, 1, 2, 3] runs as [0, 16777216, 33554432, 50331648],
+    silently. The route carries byte order faithfully; this is where it stops
+    mattering.
+    """
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.byteorder not in ("=", "|"):
+        return np.asarray(value).astype(value.dtype.newbyteorder("="))
+    return value
 
 
 def _meta(arg: Any) -> dict[str, Any]:
@@ -306,7 +375,12 @@ def main() -> None:
         except Exception as exc:
             reply["ok"] = False
             reply["error"] = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-        proto_out.write(encode(reply))
+        try:
+            frame = encode(reply)
+        except TypeError as exc:  # an output that cannot cross (a dtype the wire refuses)
+            frame = encode({"id": reply["id"], "ok": False, "error": {
+                "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}})
+        proto_out.write(frame)
         proto_out.flush()
 
 
