@@ -15,6 +15,7 @@ that EP can claim nodes and run them on its own CPU path.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -271,8 +272,16 @@ def judge(
     device_id: str,
     min_coverage: float,
     tolerance: Tolerance,
+    target_only: bool = False,
+    precisions: tuple[str, ...] = (),
 ) -> Judgement:
-    """The verdict a measurement implies under the current thresholds."""
+    """The verdict a measurement implies under the current thresholds.
+
+    ``target_only`` (the stage's setting) and ``precisions`` (the graphs the
+    artifact has) only shape the remedies: a remedy names what this user can
+    change — never a setting they did not set, never a precision the artifact
+    does not have.
+    """
     cov = record.get("coverage") or {}
     num = record.get("numeric") or {}
     ep = cov.get("ep", record.get("ep", "?"))
@@ -282,12 +291,24 @@ def judge(
     scope = (
         f"this refuses {artifact_name} at {precision} on {ep} only, not the model and not {precision} in general"
     )
+    elsewhere = _elsewhere(ep, precision, precisions)
     if cov.get("source") == "session_error":
+        if target_only:
+            remedy = (
+                f"{scope}. With target_only the EP must take every node: allow CPU fallback (target_only: false) "
+                f"and let the coverage gate measure the split, export a graph without the ops the EP rejects, or {elsewhere}"
+            )
+        else:
+            # With CPU fallback allowed, a failed session means the EP claimed nodes and
+            # then failed to compile them: no threshold or fallback setting changes that.
+            remedy = (
+                f"{scope}. The EP claimed part of the graph and failed to compile it (the error names the construct): "
+                f"export a graph without that construct, or {elsewhere}"
+            )
         out.refusals.append(Refusal(
             EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
-            f"{ep} could not build a session for {what}: {cov.get('session_error')}",
-            f"{scope}. With target_only the EP must take every node: allow CPU fallback (target_only: false) "
-            f"and let the coverage gate measure the split, export a graph without the ops the EP rejects, or place the stage elsewhere",
+            f"{ep} could not build a session for {what}: {brief_error(str(cov.get('session_error')))}",
+            remedy,
         ))
     else:
         taken, total, frac = cov.get("taken", 0), cov.get("total", 0), cov.get("fraction", 0.0)
@@ -295,22 +316,30 @@ def judge(
             left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
             parts = cov.get("partitions")
             parts_txt = f" in {parts} partition(s)" if parts is not None else ""
+            lower = (
+                f"lower min_ep_coverage for this stage (now {min_coverage:g}) if a partial offload is what you want, "
+                if taken else ""  # with no node taken there is no partial offload to admit
+            )
             out.refusals.append(Refusal(
                 EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
                 f"{ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {what}; the minimum is "
                 f"{min_coverage:.0%}. Left to the CPU EP: {left}",
                 f"{scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
-                f"lower min_ep_coverage for this stage if a partial offload is what you want, or place the stage on the CPU",
+                f"{lower}or {elsewhere}",
             ))
     if num.get("error") and cov.get("source") != "session_error":
-        out.refusals.append(Refusal(NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {num['error']}", f"{scope}. Check the graph on this EP directly"))
+        out.refusals.append(Refusal(
+            NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {brief_error(str(num['error']))}",
+            f"{scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
+            f"dtypes with the graph's inputs (the error names the one it refused), or {elsewhere}",
+        ))
     for name, m in (num.get("outputs") or {}).items():
         if not m.get("shape_match", False):
             out.refusals.append(Refusal(
                 NUMERIC_GATE_FAILED, device_id,
                 f"{ep} output {name!r} of {what} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
                 + (" (missing from the outputs)" if m.get("missing") else ""),
-                f"{scope}. Try another precision of this artifact or another EP",
+                f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}",
             ))
             continue
         bad = []
@@ -327,7 +356,7 @@ def judge(
                 f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
                 f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "
                 f"out of tolerance: {', '.join(bad)}",
-                f"{scope}. Try another precision of this artifact (e.g. fp32) or another EP/device; "
+                f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}; "
                 f"widen `tolerance` in the stage config only if this difference is acceptable for {name!r}",
             ))
     if record.get("suspicious"):
@@ -338,3 +367,32 @@ def judge(
         )
     out.passed = not out.refusals
     return out
+
+
+def _elsewhere(ep: str, precision: str, precisions: tuple[str, ...]) -> str:
+    """The alternatives that exist: the artifact's other precisions, other EPs or devices."""
+    others = [p for p in precisions if p != precision]
+    parts = [f"use another precision of this artifact ({', '.join(others)})"] if others else []
+    parts.append("place the stage on another backend or device" if ep == CPU_EP
+                 else "place the stage on another backend or device (e.g. the CPU EP, ort-cpu)")
+    return " or ".join(parts)
+
+
+BRIEF_ERROR_CHARS = 600
+"""Longest runtime error quoted whole in a refusal; the evidence record keeps the full text."""
+
+
+def brief_error(message: str) -> str:
+    """A runtime error as a user reads it: its first line up to the C++ source
+    location, then its last line — where OpenVINO and ONNX Runtime put the actual
+    reason ("CPU plug-in doesn't support Parameter operation with dynamic rank ...").
+    Short messages are returned unchanged."""
+    text = message.strip()
+    if len(text) <= BRIEF_ERROR_CHARS:
+        return text
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    head = re.split(r"\s/\S+\.(?:cc|cpp|h|hpp):\d+", lines[0], maxsplit=1)[0].strip()
+    tail = lines[-1]
+    if len(tail) > BRIEF_ERROR_CHARS:
+        tail = tail[-BRIEF_ERROR_CHARS:]
+    return f"{head[:BRIEF_ERROR_CHARS]} … {tail}" if tail not in head else head[:BRIEF_ERROR_CHARS]

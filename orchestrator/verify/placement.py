@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import DEVICE_UNREACHABLE
 from orchestrator.plan import Refusal, Verification
-from orchestrator.verify.backends import SessionSpec
+from orchestrator.verify.backends import DISABLE_CPU_FALLBACK, SessionSpec
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import Judgement, judge, measure
 from orchestrator.verify.routes import ResolvedRoute
@@ -48,6 +48,11 @@ class Placement:
     @property
     def ep(self) -> str:
         return self.spec.providers[0]
+
+    @property
+    def target_only(self) -> bool:
+        """Whether the stage set target_only (the session may not fall back to the CPU EP)."""
+        return self.spec.session_config.get(DISABLE_CPU_FALLBACK) == "1"
 
     @property
     def key(self) -> EvidenceKey | None:
@@ -181,6 +186,7 @@ def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
     return judge(
         record, artifact_name=placement.artifact.name, device_id=placement.device_id,
         min_coverage=placement.min_coverage, tolerance=placement.tolerance,
+        target_only=placement.target_only, precisions=tuple(placement.artifact.manifest.precisions),
     )
 
 

@@ -94,6 +94,16 @@ def test_partly_taken_graph_reports_what_stayed_on_the_cpu(graph: str, left_on_c
         assert "Det" in message or "Cast" in message
 
 
+def test_a_partial_offload_below_the_minimum_names_the_minimum_in_the_remedy(artifacts: dict[str, Path], ov_host: Any, store: EvidenceStore) -> None:
+    result = verify_placement(placement(artifacts["det"]), ov_host, store=store)
+    (refusal,) = result.refusals
+    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert "lower min_ep_coverage for this stage (now 0.5)" in refusal.remedy
+    # The artifact has only an fp32 graph and the stage never set target_only: neither is offered.
+    assert "precision" not in refusal.remedy.split("only, not the model and not fp32 in general.")[1]
+    assert "target_only" not in refusal.remedy
+
+
 def test_lowering_min_coverage_admits_a_partial_offload(artifacts: dict[str, Path], ov_host: Any, store: EvidenceStore) -> None:
     result = verify_placement(placement(artifacts["det"], min_ep_coverage=0.2), ov_host, store=store)
     assert result.status == "passed", result.refusals
@@ -109,7 +119,10 @@ def test_wholly_declined_graph_is_refused_although_get_providers_lists_the_ep(ar
     assert "OpenVINOExecutionProvider took 0 of 2 nodes (0.0%)" in refusal.message
     assert "the minimum is 50%" in refusal.message
     assert "Abs×1" in refusal.message and "Neg×1" in refusal.message
-    assert "not the model" in refusal.remedy and "min_ep_coverage" in refusal.remedy
+    assert "not the model" in refusal.remedy
+    # Nothing was offloaded, so there is no partial offload that lowering the minimum could admit.
+    assert "min_ep_coverage" not in refusal.remedy
+    assert "ort-cpu" in refusal.remedy and "target_only" not in refusal.remedy
     # ... and the output is the CPU's, bit for bit: no EP ran anything.
     assert result.record["numeric"]["outputs"]["y"]["max_abs"] == 0.0  # type: ignore[index]
     assert not result.record["suspicious"]  # type: ignore[index]
