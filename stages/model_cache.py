@@ -254,15 +254,16 @@ def _progress(enabled: bool) -> Iterator[_Bar]:
     if not enabled:
         yield _Bar(None)
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from orchestrator.console import make_console
 
     with Progress(
         TextColumn("[bold]converting model[/] {task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=make_console(stderr=True),
         transient=False,
     ) as p:
         yield _Bar(p)

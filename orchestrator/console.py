@@ -1,0 +1,69 @@
+"""The one place the CLI's rich consoles are made.
+
+Every command prints through :func:`make_console`, so they agree on:
+
+* **width** — ``COLUMNS`` when it is set (to a positive integer), else the
+  size of the terminal the output goes to, else :data:`WIDTH_WHEN_PIPED`.
+  A pipe or a file gets a fixed 80 columns rather than the width of whatever
+  terminal the command happened to start from: ``omni-edge plan > plan.txt``
+  then reads the same on every machine, in a mail or in a CI log, and the
+  tables are designed to fit 80 columns anyway. ``COLUMNS=200 omni-edge plan
+  | less -S`` asks for the wide layout explicitly.
+* **colour** — styles (and any other escape sequence) only when the stream is
+  a terminal; rich also honours ``NO_COLOR`` (no colours, bold/dim kept) and
+  ``FORCE_COLOR``.
+* **no guessing** — no automatic highlighting of numbers and quotes (the
+  tables colour what matters themselves) and no ``:emoji:`` codes, which a
+  note or a path could contain by accident.
+
+``--json`` outputs never go through a console: they are written with
+``json.dump`` so their bytes do not depend on the terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+from rich.console import Console
+
+WIDTH_WHEN_PIPED = 80
+"""Columns when the output is not a terminal and ``COLUMNS`` is unset."""
+
+
+def _columns_from_env() -> int | None:
+    value = os.environ.get("COLUMNS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+def output_width(stream: TextIO) -> int:
+    """Columns to lay out for ``stream`` (see the module docstring for the order)."""
+    columns = _columns_from_env()
+    if columns is not None:
+        return columns
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns or WIDTH_WHEN_PIPED
+    except (AttributeError, ValueError, OSError):
+        # A replaced stream (pytest's capture, io.StringIO) has no descriptor.
+        pass
+    return WIDTH_WHEN_PIPED
+
+
+def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
+    """A console for standard output (or standard error) with the CLI's rules.
+
+    The stream itself is looked up by rich at each print, so a console made
+    before ``sys.stdout`` is replaced (tests) still writes to the new one; the
+    width is decided here, once.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(
+        stderr=stderr,
+        width=width or output_width(stream),
+        highlight=False,
+        emoji=False,
+    )
