@@ -13,10 +13,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.profile import HardwareProfile, Route
 from orchestrator.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if save_path is not None:
         write_atomic(save_path, text, force=args.force)
         if not args.json:
-            print(f"saved to {save_path}")
+            print(f"\nsaved to {save_path}")
     return 0
 
 
@@ -154,44 +158,56 @@ def pools_of(profile: HardwareProfile) -> list[PoolRow]:
     return [PoolRow(p.id, p.capacity, p.parent, p.note) for p in profile_pools(profile)]
 
 
-def print_profile(profile: HardwareProfile) -> None:
-    from rich.console import Console
+def profile_view(profile: HardwareProfile) -> Group:
+    """The profile as a user reads it (see orchestrator/render.py for the layout rules)."""
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
+    from orchestrator.render import Col, Notes, Sheet, spaced
+
+    notes = Notes()
     h = profile.host
     limit = fmt_bytes(h.ram_limit_bytes) if h.ram_limit_bytes is not None else "none"
-    console.print(
-        f"[bold]{profile.name}[/bold]  {h.os}{' (WSL2)' if h.wsl else ''}  {h.cpu_name}\n"
-        f"RAM total {fmt_bytes(h.ram_total_bytes)}, available {fmt_bytes(h.ram_available_bytes)}, limit {limit}"
-    )
+    head = Table.grid(padding=(0, 2, 0, 0))
+    head.add_column(no_wrap=True, style="bold")
+    head.add_column(overflow="fold")
+    head.add_row("profile", Text(profile.name, style="bold"))
+    head.add_row("host", Text(f"{h.os}{' (WSL2)' if h.wsl else ''}, {h.cpu_name}"))
+    head.add_row("RAM", Text(f"total {fmt_bytes(h.ram_total_bytes)}, available {fmt_bytes(h.ram_available_bytes)}, limit {limit}"))
 
-    devices = Table(title="devices", title_justify="left")
-    for col in ("id", "name", "memory", "backends", "route"):
-        devices.add_column(col)
+    devices = Sheet("devices", (Col("id"), Col("memory"), Col("name", wrap=True)))
     for d in profile.devices:
-        memory = fmt_bytes(d.memory_bytes) if d.memory_bytes is not None else f"host RAM ({d.pool})"
-        routes = ", ".join(f"{b}→{d.route_for(b)}" for b in d.backends) or d.route
-        devices.add_row(d.id, d.name, memory, ", ".join(d.backends) or "(none)", routes)
-    console.print(devices)
+        memory = fmt_bytes(d.memory_bytes) if d.memory_bytes is not None else f"host RAM\n({d.pool})"
+        devices.add_row(d.id, memory, d.name)
 
-    pools = Table(title="pools", title_justify="left")
-    for col in ("pool", "capacity", "inside", "note"):
-        pools.add_column(col)
+    # One row per device and backend: which interpreter runs that backend
+    # there ("ort-openvino → openvino-venv") reads as a sentence, not a list.
+    backends = Sheet("backends", (Col("device"), Col("backend"), Col("route")))
+    for d in profile.devices:
+        if not d.backends:
+            backends.add_row(d.id, "(none)", d.route)
+        for b in d.backends:
+            backends.add_row(d.id, b, d.route_for(b))
+
+    pools = Sheet("pools", (Col("pool"), Col("capacity", "right"), Col("inside"), Col("note", wrap=True)))
     for p in pools_of(profile):
-        pools.add_row(p.id, fmt_bytes(p.capacity_bytes), p.parent or "", p.note)
-    console.print(pools)
+        pools.add_row(p.id, fmt_bytes(p.capacity_bytes), p.parent or "-", p.note or "-")
 
-    routes_t = Table(title="routes", title_justify="left")
-    for col in ("route", "kind", "reachable", "providers", "reason / remedy"):
-        routes_t.add_column(col)
+    routes_t = Sheet("routes", (
+        Col("route"), Col("kind"), Col("reachable"), Col("providers"), Col("why", wrap=True),
+    ))
     for r in profile.routes:
         why = r.reason + (f"\nremedy: {r.remedy}" if r.remedy else "")
         routes_t.add_row(
-            r.name,
-            r.kind,
-            "yes" if r.reachable else "[red]no[/red]",
-            ", ".join(r.providers or []),
-            why,
+            r.name, r.kind,
+            Text("yes") if r.reachable else Text("no", style="bold red"),
+            "\n".join(r.providers or []) or "-",
+            notes.note(why, footnote=f"{r.name}: {why}") if why else "-",
         )
-    console.print(routes_t)
+    return spaced([head, devices, backends, pools, routes_t])
+
+
+def print_profile(profile: HardwareProfile, console: Console | None = None) -> None:
+    from orchestrator.console import make_console
+
+    (console or make_console()).print(profile_view(profile))
