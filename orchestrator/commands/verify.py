@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, Group
 
     from orchestrator.verify.pipeline import VerifyReport
     from orchestrator.verify.placement import PlacementResult
@@ -33,17 +33,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
     from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config
+    from orchestrator.console import make_console
     from orchestrator.planner import parse_mask
 
     config = load_config(args.config)
     profile = load_profile_arg(args.profile)
     mask = parse_mask(args.mask)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     report = _run_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask)
     if args.json:
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        _print_report(report, plan_summary, Console() if sys.stdout.isatty() else Console(width=120))
+        _print_report(report, plan_summary, make_console())
     if report.errors:
         return EXIT_BAD_INPUT
     return EXIT_REFUSED if report.refused else EXIT_OK
@@ -113,15 +112,32 @@ def _fmt(x: Any, spec: str) -> str:
         return str(x)
 
 
-def _print_report(report: VerifyReport, plan_summary: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
+def _placement(r: PlacementResult) -> str:
+    return f"{r.stage} · {r.device} · {r.backend} [{r.precision or '-'}]"
+
+
+def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
+    """What ``omni-edge verify`` prints: two tables keyed by ``#``, then the details.
+
+    One table with every figure is ~110 columns; split in two (the gates, then
+    the numerics) each fits 80, and refusals, warnings and errors follow as
+    blocks that name the row's ``#`` and placement.
+    """
+    from rich.console import Group
     from rich.text import Text
 
-    table = Table(title=f"verification of {report.pipeline!r} on {report.profile}", title_justify="left")
-    numeric_cols = ("EP nodes", "parts", "rel L2", "max abs", "cosine")
-    for col in ("placement", "EP nodes", "parts", "left to CPU", "rel L2", "max abs", "cosine", "verdict"):
-        table.add_column(col, justify="right" if col in numeric_cols else "left", overflow="fold", no_wrap=col in numeric_cols)
-    for r in report.results:
+    from orchestrator.render import Col, Sheet, labelled, problem, spaced
+
+    head = labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")
+    gates = Sheet("gates", (
+        Col("#", "right"), Col("stage"), Col("device"), Col("backend"), Col("prec"),
+        Col("EP nodes", "right"), Col("parts", "right"), Col("verdict"),
+    ))
+    numerics = Sheet("numerics (worst output against the CPU fp32 reference)", (
+        Col("#", "right"), Col("rel L2", "right"), Col("max abs", "right"), Col("cosine", "right"),
+        Col("left to CPU", wrap=True),
+    ))
+    for n, r in enumerate(report.results, 1):
         rec = r.record or {}
         cov = rec.get("coverage") or {}
         outs = ((rec.get("numeric") or {}).get("outputs") or {}).values()
@@ -133,43 +149,59 @@ def _print_report(report: VerifyReport, plan_summary: dict[str, Any], console: C
             nodes = f"{cov['taken']}/{cov['total']} {cov['fraction']:.0%}"
         elif cov.get("source") == "session_error":
             nodes = "no session"
-        left = ", ".join(f"{op}×{n}" for op, n in list((cov.get("fallback_op_types") or {}).items())[:4])
+        left = ", ".join(f"{op}×{k}" for op, k in list((cov.get("fallback_op_types") or {}).items())[:4])
         if r.status == "passed":
             verdict = Text("pass" + (" (cached)" if r.cached else ""), style="green")
             if rec.get("suspicious"):
-                verdict = Text("pass, SUSPICIOUS", style="yellow")
+                verdict = Text("pass, SUSPICIOUS", style="bold yellow")
         elif r.status == "refused":
-            verdict = Text(" + ".join(dict.fromkeys(x.code for x in r.refusals)), style="red")
+            verdict = Text("refused", style="bold red")
         else:
             verdict = Text("error", style="bold red")
         parts = cov.get("partitions")
-        table.add_row(
-            Text(f"{r.stage} · {r.device} · {r.backend} [{r.precision or '-'}]"), nodes,
-            "-" if parts is None else str(parts), Text(left or ("-" if not cov else "none")),
-            _fmt(rel, ".1e"), _fmt(mab, ".1e"), _fmt(cos, ".6f"), verdict,
-        )
-    console.print(table)
-    for r in report.results:
-        where = f"{r.stage} · {r.device} · {r.backend}"
+        gates.add_row(str(n), r.stage, r.device, r.backend, r.precision or "-", nodes,
+                      "-" if parts is None else str(parts), verdict)
+        numerics.add_row(str(n), _fmt(rel, ".1e"), _fmt(mab, ".1e"), _fmt(cos, ".6f"),
+                         left or ("-" if not cov else "none"))
+
+    sections: list[Any] = [head]
+    if report.results:
+        sections += [gates, numerics]
+    else:
+        sections.append(Text("no exported placement to verify"))
+    details: list[Any] = []
+    for n, r in enumerate(report.results, 1):
+        where = f"#{n} {_placement(r)}"
         for refusal in r.refusals:
-            console.print(Text.assemble((f"[{refusal.code}] ", "bold red"), f"{where}: {refusal.message}"))
-            console.print(Text.assemble(("    remedy: ", "bold"), refusal.remedy))
+            details.append(problem(refusal.code, where, refusal.message, refusal.remedy))
         for warning in r.warnings:
-            console.print(Text.assemble(("warning: ", "bold yellow"), f"{where}: {warning}"))
+            details.append(labelled("warning:", f"{where}: {warning}", style="bold yellow"))
         if r.error:
-            console.print(Text.assemble(("error: ", "bold red"), f"{where}: {r.error}"))
-    for s in report.skipped:
-        console.print(Text(f"not considered: {s['stage']} · {s['device']}: {s['why']}", style="dim"))
+            details.append(labelled("error:", f"{where}: {r.error}", style="bold red"))
+    if details:
+        sections.append(Group(*details))
+    tail: list[Any] = [
+        labelled("not considered:", f"{s['stage']} · {s['device']}: {s['why']}", style="dim")
+        for s in report.skipped
+    ]
     timed = [r for r in report.results if r.verify_s is not None and not r.cached]
     if timed:
-        console.print(Text(
-            "gate time (excluding interpreter start): "
-            + ", ".join(f"{r.stage}·{r.device}·{r.backend} {r.verify_s:.1f} s" for r in timed),
+        tail.append(labelled(
+            "gate time:",
+            "; ".join(f"{r.stage} · {r.device} · {r.backend} {r.verify_s:.1f} s" for r in timed)
+            + " (excluding interpreter start)",
             style="dim",
         ))
-    console.print(Text(f"evidence: {report.evidence_dir}", style="dim"))
+    tail.append(labelled("evidence:", report.evidence_dir, style="dim"))
     for name, s in plan_summary["stages"].items():
         if s["device"]:
-            console.print(Text(f"plan now: {name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}", style="dim"))
+            now = f"{name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}"
         else:
-            console.print(Text(f"plan now: {name} refused (see omni-edge plan)", style="dim"))
+            now = f"{name} refused (see omni-edge plan)"
+        tail.append(labelled("plan now:", now, style="dim"))
+    sections.append(Group(*tail))
+    return spaced(sections)
+
+
+def _print_report(report: VerifyReport, plan_summary: dict[str, Any], console: Console) -> None:
+    console.print(report_view(report, plan_summary))
