@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
     from orchestrator.pipeline import Pipeline
     from orchestrator.plan import PipelinePlan
     from orchestrator.runtime.events import Result
-
-
-WIDTH_WHEN_PIPED = 132
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,16 +46,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config
+    from orchestrator.console import make_console
     from orchestrator.planner import parse_mask, plan_pipeline
 
-    stream = sys.stderr if args.json else sys.stdout
-    # Not a terminal (a pipe, a log file): wide enough that the tables do not fold.
-    console = Console(stderr=args.json, highlight=False, width=None if stream.isatty() else WIDTH_WHEN_PIPED)
+    # With --json, stdout carries only the JSON; what a person reads goes to stderr.
+    console = make_console(stderr=args.json)
     config = load_config(args.config)
     profile = load_profile_arg(args.profile)
     mask = parse_mask(args.mask)
@@ -131,51 +127,101 @@ async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:
     t0 = time.perf_counter()
     out = sys.stderr if console.stderr else sys.stdout
     out.write("\n")
+    text = WordWrap(out, console.width)
     async for event in pipeline.stream(prompt):
         events.append(event)
         if isinstance(event, TextDelta):
-            out.write(event.text)
-            out.flush()
+            text.write(event.text)
+    text.close()
     out.write("\n\n")
     rid = events[0].request_id if events else "run"
     return collect(rid, prompt, events, time.perf_counter() - t0)
 
 
+class WordWrap:
+    """Streamed text, wrapped between words at ``width`` columns.
+
+    The reply arrives token by token and a token may end inside a word, so
+    the text after the last blank is held back until the word is complete:
+    the terminal then never splits a word across lines, at the cost of one
+    token of delay on screen.
+    """
+
+    def __init__(self, out: TextIO, width: int) -> None:
+        self.out = out
+        self.width = max(width, 1)
+        self.column = 0
+        self.pending = ""
+
+    def write(self, text: str) -> None:
+        self.pending += text
+        *words, self.pending = re.split(r"(\s)", self.pending)
+        for piece in words:
+            self._put(piece)
+        self.out.flush()
+
+    def close(self) -> None:
+        self._put(self.pending)
+        self.pending = ""
+        self.out.flush()
+
+    def _put(self, piece: str) -> None:
+        from rich.cells import cell_len
+
+        if not piece:
+            return
+        if piece == "\n":
+            self.out.write("\n")
+            self.column = 0
+        elif piece.isspace():
+            # A blank that would end exactly at the margin starts the next
+            # line instead (the terminal would wrap there anyway).
+            if self.column + 1 >= self.width:
+                self.out.write("\n")
+                self.column = 0
+            elif self.column:
+                self.out.write(" ")
+                self.column += 1
+        else:
+            n = cell_len(piece)
+            if self.column and self.column + n > self.width:
+                self.out.write("\n")
+                self.column = 0
+            self.out.write(piece)
+            self.column += n
+
+
 def print_summary(plan: PipelinePlan, console: Console) -> None:
-    from rich.table import Table
+    from orchestrator.render import Notes, labelled, stages_sheet
 
-    from orchestrator.units import fmt_bytes
-
-    table = Table(title=f"plan: pipeline {plan.pipeline!r} on {plan.profile} (admitted)", title_justify="left")
-    for col in ("stage", "kind", "device", "backend", "budget", "verification"):
-        table.add_column(col, justify="right" if col == "budget" else "left")
-    for s in plan.stages:
-        v = s.verification.status if s.verification else "-"
-        table.add_row(s.name, s.kind, s.device or "-", s.backend or "-", fmt_bytes(s.budget_bytes()), v)
-    console.print(table)
+    console.print(stages_sheet(plan, Notes(), title=f"plan: pipeline {plan.pipeline!r} on {plan.profile} (admitted)"))
     for note in plan.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(labelled("note:", note, style="dim"))
 
 
 def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
+    from orchestrator.render import Col, Sheet
     from orchestrator.units import fmt_bytes
 
-    table = Table(title="stages", title_justify="left")
-    for col in ("stage", "device", "backend", "first output", "throughput", "budget", "measured", "budget/measured"):
-        table.add_column(col, justify="left" if col in ("stage", "device", "backend") else "right")
+    # Two-line headers keep the figure columns as narrow as their figures.
+    table = Sheet("stages", (
+        Col("stage"), Col("device"), Col("backend"), Col("first\noutput", "right"), Col("throughput", "right"),
+        Col("budget", "right"), Col("measured\npeak", "right"), Col("budget /\nmeasured", "right"),
+    ))
     for r in rows:
         first = r.get("time_to_first_output_s")
         tp = r.get("throughput") or {}
         peak = r.get("measured_peak_bytes")
         ratio = r.get("budget_over_measured")
+        over = ratio is not None and not r.get("within_budget")
         table.add_row(
             r["stage"], r.get("device") or "-", r.get("backend") or "-",
             f"{first * 1000:.0f} ms" if first is not None else "-",
             f"{tp['value']:g} {tp['unit']}" if tp else "-",
             fmt_bytes(r["budget_bytes"]),
             fmt_bytes(peak) if peak is not None else "-",
-            (f"{ratio:.2f}" + ("" if r.get("within_budget") else " OVER")) if ratio is not None else "-",
+            Text(f"{ratio:.2f}" + (" OVER" if over else ""), style="bold red" if over else "") if ratio is not None else "-",
         )
     console.print(table)
