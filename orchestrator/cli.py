@@ -47,9 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    # -v also after the subcommand (`omni-edge plan -v cfg`): each subparser
+    # counts into its own destination, added to the top-level count in
+    # main(), so `omni-edge -v plan -v` is -vv rather than the subparser's
+    # count overwriting the top-level one.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
+                        help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         try:
             module = import_module(f"orchestrator.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -65,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbosity = args.verbose + getattr(args, "verbose_after", 0)
     logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
+        level=logging.WARNING - 10 * min(verbosity, 2),
         format="%(levelname)s %(name)s: %(message)s",
     )
     if args.command is None:
