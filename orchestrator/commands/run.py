@@ -127,12 +127,17 @@ async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:
     t0 = time.perf_counter()
     out = sys.stderr if console.stderr else sys.stdout
     out.write("\n")
-    text = WordWrap(out, console.width)
+    # On a terminal the reply wraps between words; into a pipe or a file it
+    # is written verbatim (a reader or viewer wraps it as it likes, and grep
+    # finds the reply as generated).
+    text: WordWrap | TextIO = WordWrap(out, console.width) if console.is_terminal else out
     async for event in pipeline.stream(prompt):
         events.append(event)
         if isinstance(event, TextDelta):
             text.write(event.text)
-    text.close()
+            text.flush()
+    if isinstance(text, WordWrap):
+        text.close()
     out.write("\n\n")
     rid = events[0].request_id if events else "run"
     return collect(rid, prompt, events, time.perf_counter() - t0)
@@ -158,6 +163,8 @@ class WordWrap:
         *words, self.pending = re.split(r"(\s)", self.pending)
         for piece in words:
             self._put(piece)
+
+    def flush(self) -> None:
         self.out.flush()
 
     def close(self) -> None:
@@ -202,13 +209,15 @@ def print_summary(plan: PipelinePlan, console: Console) -> None:
 def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
     from rich.text import Text
 
-    from orchestrator.render import Col, Sheet
+    from orchestrator.render import Col, Sheet, spaced
     from orchestrator.units import fmt_bytes
 
-    # Two-line headers keep the figure columns as narrow as their figures.
-    table = Sheet("stages", (
-        Col("stage"), Col("device"), Col("backend"), Col("first\noutput", "right"), Col("throughput", "right"),
-        Col("budget", "right"), Col("measured\npeak", "right"), Col("budget /\nmeasured", "right"),
+    # Two tables, time then memory: one with all eight columns is ~90 wide.
+    timing = Sheet("stages", (
+        Col("stage"), Col("device"), Col("backend"), Col("first output", "right"), Col("throughput", "right"),
+    ))
+    memory = Sheet("memory (budgeted vs measured peak)", (
+        Col("stage"), Col("budget", "right"), Col("measured", "right"), Col("budget/measured", "right"),
     ))
     for r in rows:
         first = r.get("time_to_first_output_s")
@@ -216,12 +225,14 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
         peak = r.get("measured_peak_bytes")
         ratio = r.get("budget_over_measured")
         over = ratio is not None and not r.get("within_budget")
-        table.add_row(
+        timing.add_row(
             r["stage"], r.get("device") or "-", r.get("backend") or "-",
             f"{first * 1000:.0f} ms" if first is not None else "-",
             f"{tp['value']:g} {tp['unit']}" if tp else "-",
-            fmt_bytes(r["budget_bytes"]),
+        )
+        memory.add_row(
+            r["stage"], fmt_bytes(r["budget_bytes"]),
             fmt_bytes(peak) if peak is not None else "-",
             Text(f"{ratio:.2f}" + (" OVER" if over else ""), style="bold red" if over else "") if ratio is not None else "-",
         )
-    console.print(table)
+    console.print(spaced([timing, memory]))

@@ -302,6 +302,54 @@ def test_verify_screen_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> No
     assert "3.4e-05" in narrow and "2685/2685 100%" in narrow and "pass, SUSPICIOUS" in narrow
 
 
+# ---- run (its tables and the streamed reply; nothing started) ------------------------
+
+
+RUN_ROWS = [
+    {"stage": "thinker", "device": "cpu", "backend": "vllm-cpu", "time_to_first_output_s": 0.074,
+     "throughput": {"value": 26.54, "unit": "tok/s"}, "budget_bytes": 1610612736, "measured_peak_bytes": 1320000000,
+     "budget_over_measured": 1.22, "within_budget": True},
+    {"stage": "voice", "device": "cpu", "backend": "ort-openvino", "time_to_first_output_s": 0.347,
+     "throughput": {"value": 5.05, "unit": "audio s/s"}, "budget_bytes": 796000000, "measured_peak_bytes": 900000000,
+     "budget_over_measured": 0.88, "within_budget": False},
+]
+
+
+def test_run_screens_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.commands.run import print_stage_table, print_summary
+
+    plan = plan_of(REPO / "configs/voice-assistant.yaml", REPO / "configs/profiles/strix-point-rtx5090-wsl.json")
+    screens = []
+    for width in (NARROW, REFERENCE):
+        console = make_console(width=width)
+        print_summary(plan, console)
+        print_stage_table(RUN_ROWS, console)
+        screens.append(capsys.readouterr().out)
+    narrow, reference = screens
+    assert_reads_whole(narrow, reference, {"thinker", "voice", "vllm-cpu", "ort-openvino", "26.54 tok/s", "5.05 audio s/s", "0.88 OVER"})
+    # the figures stay in tables at 80 columns (not the one-block-per-row fallback)
+    assert any(line.split() == ["thinker", "1.50", "GiB", "1.23", "GiB", "1.22"] for line in narrow.splitlines())
+
+
+def test_the_streamed_reply_wraps_between_words() -> None:
+    import io
+
+    from orchestrator.commands.run import WordWrap
+
+    reply = ("The Moon is about 384,400 km away from Earth, and it always shows the same face to us because "
+             "its rotation is tidally locked.\nIt orbits every 27.3 days.")
+    for width in (20, 33, 80):
+        out = io.StringIO()
+        wrap = WordWrap(out, width)
+        for i in range(0, len(reply), 3):  # tokens that end inside words
+            wrap.write(reply[i:i + 3])
+        wrap.close()
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= width for line in lines), lines
+        assert out.getvalue().split() == reply.split()
+        assert "It orbits every" in out.getvalue().replace("\n", " ")
+
+
 # ---- the console itself ------------------------------------------------------------
 
 
