@@ -109,7 +109,9 @@ def read_document(path: str | Path) -> Any:
         except json.JSONDecodeError as exc:
             raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
     try:
-        return yaml.safe_load(text)
+        # libyaml's loader when PyYAML was built with it (the PyPI wheels are): the
+        # pure-Python one took most of a warm re-plan's time on the 40-line default config.
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)

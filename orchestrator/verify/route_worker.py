@@ -36,7 +36,9 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
-import numpy as np
+# numpy is imported where arrays are handled, not here: the planner imports this
+# module for ORT_DISTRIBUTIONS and runtime_identity (stdlib only), and `omni-edge
+# plan` must not pay numpy's import for them. main() imports it first thing.
 
 MAGIC = b"OEW1"
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
@@ -66,6 +68,8 @@ BOOTSTRAP = (
 
 def encode(message: dict[str, Any]) -> bytes:
     """One frame. numpy arrays and numpy scalars anywhere in ``message`` go as raw buffers."""
+    import numpy as np
+
     buffers: list[bytes] = []
 
     def walk(obj: Any) -> Any:
@@ -97,6 +101,8 @@ def _array_to_wire(obj: Any) -> tuple[dict[str, Any], bytes]:
     they travel as UTF-8 with per-element lengths, because numpy's fixed-width
     ``<U`` strings would drop trailing NULs.
     """
+    import numpy as np
+
     arr = np.asarray(obj)
     meta: dict[str, Any] = {"shape": list(arr.shape)}
     if isinstance(obj, np.generic):
@@ -117,6 +123,8 @@ def _array_to_wire(obj: Any) -> tuple[dict[str, Any], bytes]:
 
 
 def _array_from_wire(meta: dict[str, Any], data: bytes) -> Any:
+    import numpy as np
+
     shape = tuple(int(n) for n in meta["shape"])
     count = 1
     for n in shape:
@@ -215,6 +223,8 @@ class SessionHost:
         return fn(**args)
 
     def probe(self) -> dict[str, Any]:
+        import numpy as np
+
         dist, _version = runtime_identity()
         out: dict[str, Any] = {
             "python": sys.executable,
@@ -292,6 +302,8 @@ class SessionHost:
         }
 
     def run(self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
+        import numpy as np
+
         session = self._sessions[handle]
         names = outputs or [o.name for o in session.get_outputs()]
         feeds = {k: _native_byte_order(v) for k, v in feeds.items()}
@@ -313,6 +325,8 @@ def _native_byte_order(value: Any) -> Any:
     silently. The route carries byte order faithfully; this is where it stops
     mattering.
     """
+    import numpy as np
+
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.byteorder not in ("=", "|"):
         return np.asarray(value).astype(value.dtype.newbyteorder("="))
     return value
@@ -355,6 +369,10 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
 
 
 def main() -> None:
+    # Fail at start, where hosts.py quotes the ImportError with its remedy, rather
+    # than as an error reply to the first call.
+    import numpy  # noqa: F401
+
     proto_in = sys.stdin.buffer
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else written to fd 1 (native libraries) goes to stderr
