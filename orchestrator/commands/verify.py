@@ -66,14 +66,20 @@ def _run_with_progress(config: Any, profile: Any, mask: frozenset[str], force: b
         TextColumn,
         TimeElapsedColumn,
     )
+    from rich.table import Column
 
     from orchestrator.verify.pipeline import candidates, require_this_machine, verify_pipeline
 
     require_this_machine(profile)
     total = len(candidates(config, profile, mask)[0])
+    # One line that never wraps: the fixed-width parts first, then the step,
+    # which takes what is left and ends in "…" on a narrow terminal. Not
+    # markup: a step such as "gates on … [fp32]" would lose its "[fp32]".
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=not console.is_terminal,
+        SpinnerColumn(), MofNCompleteColumn(), BarColumn(bar_width=10), TimeElapsedColumn(),
+        TextColumn("{task.description}", markup=False,
+                   table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+        console=console, transient=True, disable=not console.is_terminal, expand=True,
     ) as progress:
         task = progress.add_task("verifying", total=total)
 
