@@ -12,6 +12,9 @@ Every command prints through :func:`make_console`, so they agree on:
 * **colour** — styles (and any other escape sequence) only when the stream is
   a terminal; rich also honours ``NO_COLOR`` (no colours, bold/dim kept) and
   ``FORCE_COLOR``.
+* **no trailing blanks** off a terminal — rich pads every table cell to its
+  column's width; in a file or a pipe those blanks are noise (diffs, logs),
+  so they are trimmed there.
 * **no guessing** — no automatic highlighting of numbers and quotes (the
   tables colour what matters themselves) and no ``:emoji:`` codes, which a
   note or a path could contain by accident.
@@ -23,6 +26,7 @@ Every command prints through :func:`make_console`, so they agree on:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TextIO
 
@@ -53,6 +57,47 @@ def output_width(stream: TextIO) -> int:
     return WIDTH_WHEN_PIPED
 
 
+class _TrimmedLines:
+    """Standard output (or error) with the blanks before each newline removed.
+
+    The stream is looked up at each write, like rich does for its own
+    default, so a console made before ``sys.stdout`` is replaced (pytest's
+    capture) writes to the new one.
+    """
+
+    _TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+
+    @property
+    def _stream(self) -> TextIO:
+        return sys.stderr if self._stderr else sys.stdout
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        return self._stream.write(self._TRAILING.sub("", text))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
     """A console for standard output (or standard error) with the CLI's rules.
 
@@ -63,6 +108,9 @@ def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     return Console(
         stderr=stderr,
+        # On a terminal rich writes to the stream itself: live displays
+        # (progress bars) redraw lines and rely on their padding.
+        file=None if _is_terminal(stream) else _TrimmedLines(stderr),  # type: ignore[arg-type]
         width=width or output_width(stream),
         highlight=False,
         emoji=False,

@@ -379,6 +379,7 @@ def test_piped_output_is_plain_and_80_wide_unless_columns_says_otherwise(tmp_pat
     assert piped.returncode == 0, piped.stderr
     assert "\x1b" not in piped.stdout
     assert max(cell_len(line) for line in piped.stdout.splitlines()) == 80
+    assert not [line for line in piped.stdout.splitlines() if line != line.rstrip()], "trailing blanks in a pipe"
     wide = run_cli(*args, columns="200")
     assert max(cell_len(line) for line in wide.stdout.splitlines()) > 120
     assert max(cell_len(line) for line in wide.stdout.splitlines()) <= 200
