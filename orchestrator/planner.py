@@ -46,9 +46,10 @@ capacity is already what is *available*, so this covers drift, not the OS."""
 SAFETY_MARGIN_BYTES = 512 * MiB
 """Fragmentation and allocator slack per top-level pool."""
 RAY_RUNTIME_BYTES = int(0.9 * GiB)
-"""A small local Ray cluster plus its actors, measured at about 0.9 GiB RSS on a
-2-core machine of this class (design.md); the runtime charges its own
-measurement (M) when it starts."""
+"""A small local Ray cluster plus its actors: about 0.9 GiB of summed RSS on a 2-core
+machine of this class, conservative since RSS counts shared pages in every process.
+The runtime replaces it with its own measurement (M) when it starts: 0.46–0.52 GiB
+of PSS here (docs/runtime.md, "Ray's own memory")."""
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ SYS_ACCEL = Path("/sys/class/accel")
 INTERPRETER_TIMEOUT_S = 30.0
 
 # The interpreter route that `probe` looks for by default: the OpenVINO EP
-# replaces the `onnxruntime` module, so it lives in its own venv (design.md).
+# replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).
 DEFAULT_ROUTE_CANDIDATES = (("openvino-venv", Path(".venvs/openvino/bin/python")),)
 
 # ISA extensions worth planning on (CPU kernels in vLLM and ONNX Runtime pick

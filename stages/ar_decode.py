@@ -39,8 +39,9 @@ of each sequence is gathered before sampling)."""
 ENGINE_RUNTIME_BYTES = {"vllm-cuda": 512 * MiB, "vllm-cpu": 1 * GiB}
 """Backend workspace on the device's pool. CUDA: context, cuBLAS and attention
 scratch. CPU: the interpreter with torch and vLLM imported plus the engine's own
-buffers, which live in host RAM next to the weights (design.md: vLLM CPU imports
-in ~12 s and its process is the largest single contributor on a small model)."""
+buffers, which live in host RAM next to the weights (docs/runtime.md, "The decode
+stage on vLLM": 1.42 GiB of RSS after start for SmolLM2-135M, whose weights are
+0.25 GiB and KV cache 0.25 GiB)."""
 HOST_PROCESS_BYTES_FOR_GPU = int(1.5 * GiB)
 """Host RAM held by the process that drives a GPU engine: Python, torch, the CUDA
 runtime and pinned staging buffers. Charged to host_ram, not to the GPU's VRAM."""
