@@ -103,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
         path = rec.write(doc, args.record, request_id=result.request_id)
         print_stage_table(doc["stages"], console)
         if wav:
-            console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)")
-        console.print(f"record: {path}")
+            console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True)
+        # Paths are printed whole (soft_wrap: the terminal wraps them, no
+        # newline is inserted), so they can be copied and pasted.
+        console.print(f"record: {path}", soft_wrap=True)
         if args.json:
             json.dump({"admitted": True, "text": result.text, "wav": str(wav) if wav else None, "record": str(path),
                        "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
