@@ -59,6 +59,9 @@ class Sampling(Strict):
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(-1, ge=-1, description="Top-k; -1 disables it.")
     max_tokens: int = Field(128, ge=1, description="Most tokens generated per request.")
+    min_tokens: int = Field(
+        0, ge=0, description="Fewest tokens generated per request: end-of-sequence is not sampled before them."
+    )
     seed: int | None = Field(None, description="Sampling seed for reproducible output.")
     repetition_penalty: float = Field(1.0, gt=0.0, description="Penalty on repeated tokens; 1.0 is none.")
 
@@ -94,6 +97,11 @@ class ArDecodeConfig(StageConfig):
 
     @model_validator(mode="after")
     def _limits(self) -> ArDecodeConfig:
+        if self.sampling.min_tokens > self.sampling.max_tokens:
+            raise ValueError(
+                f"sampling.min_tokens ({self.sampling.min_tokens}) must not exceed sampling.max_tokens "
+                f"({self.sampling.max_tokens})"
+            )
         if self.sampling.max_tokens >= self.max_model_len:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) must be smaller than max_model_len "

@@ -61,7 +61,7 @@ SmolLM2-135M bf16 on this 2-core box (docs/runtime.md); two OpenMP threads also
 fight the TTS stage and Ray for the same two cores."""
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1"}
 """vLLM logs every engine setting at INFO; the run's own report says what matters."""
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty")
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "repetition_penalty")
 _END = object()
 
 
@@ -256,6 +256,7 @@ class VllmRunner(StageRunner):
             top_p=sampling.get("top_p", 1.0),
             top_k=max(int(sampling.get("top_k", 0)), 0),
             max_tokens=sampling.get("max_tokens", 16),
+            min_tokens=sampling.get("min_tokens", 0),
             seed=sampling.get("seed"),
             repetition_penalty=sampling.get("repetition_penalty", 1.0),
             output_kind=RequestOutputKind.DELTA,
