@@ -8,12 +8,20 @@
         result = pipeline.run("Tell me one fact about the Moon.")
         print(result.text, result.audio_seconds)
 
-    async with Pipeline.from_config("configs/voice-assistant.yaml") as pipeline:
-        async for event in pipeline.stream(prompt="..."):   # TextDelta, AudioChunk, StageEvent
-            ...
+    async def main() -> None:
+        async with Pipeline.open("configs/voice-assistant.yaml") as pipeline:
+            async for event in pipeline.stream("..."):   # TextDelta, AudioChunk, StageEvent
+                ...
+
+    asyncio.run(main())
 
 Guarantees:
 
+* ``open`` is ``from_config`` for async code: planning, weight preparation
+  and the start (tens of seconds: Ray, a vLLM engine) run in a worker thread,
+  so the event loop keeps running meanwhile. Await it for the started
+  pipeline, or use it with ``async with`` (closed on the way out). A
+  cancelled ``open`` closes whatever the thread had started once it finishes.
 * ``from_config`` plans first (``orchestrator.planner.plan_pipeline``) and
   raises ``PlanRefused`` — carrying the plan and its refusals — before Ray or
   any engine starts when the plan is not admitted.
@@ -34,9 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +141,27 @@ class Pipeline:
             pipeline.start(progress=progress)
         return pipeline
 
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        profile: str | Path | HardwareProfile | None = None,
+        mask: Iterable[str] = (),
+        address: str | None = None,
+        record: str | Path | None = _DEFAULT_RECORD,
+        progress: bool = False,
+        log_to_driver: bool = False,
+        verify: bool = True,
+    ) -> Opening:
+        """``from_config`` without blocking the event loop: ``await Pipeline.open(...)``
+        for the started pipeline, or ``async with Pipeline.open(...) as pipeline:``
+        to have it closed on the way out. Raises what ``from_config`` raises."""
+        mask = tuple(mask)
+        return Opening(lambda: cls.from_config(
+            path, profile=profile, mask=mask, address=address, record=record, progress=progress,
+            log_to_driver=log_to_driver, verify=verify))
+
     def start(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``), then start the runtime."""
         t0 = time.perf_counter()
@@ -209,6 +239,53 @@ class Pipeline:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
+
+
+class Opening:
+    """A pipeline being planned and started in a worker thread (``Pipeline.open``).
+
+    Await it once, or enter it once with ``async with``."""
+
+    def __init__(self, start: Callable[[], Pipeline]) -> None:
+        self._start = start
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._started: Pipeline | None = None
+        self._entered: Pipeline | None = None
+
+    def __await__(self) -> Generator[Any, None, Pipeline]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Pipeline:
+        self._entered = await self._open()
+        return self._entered
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._entered is not None:
+            await asyncio.to_thread(self._entered.close)
+
+    async def _open(self) -> Pipeline:
+        try:
+            return await asyncio.to_thread(self._start_or_discard)
+        except asyncio.CancelledError:
+            # A start cannot be stopped half-way (a vLLM engine loading); whoever
+            # finishes last of the thread and this handler closes the pipeline, so a
+            # cancelled open leaves no Ray cluster or engine behind.
+            with self._lock:
+                self._abandoned = True
+                started, self._started = self._started, None
+            if started is not None:
+                threading.Thread(target=started.close, name="omni-edge-close-abandoned").start()
+            raise
+
+    def _start_or_discard(self) -> Pipeline:
+        pipeline = self._start()
+        with self._lock:
+            if not self._abandoned:
+                self._started = pipeline
+                return pipeline
+        pipeline.close()
+        return pipeline
 
 
 def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
