@@ -279,6 +279,7 @@ class Opening:
             raise
 
     def _start_or_discard(self) -> Pipeline:
+        _quiet_ray_off_main_thread()
         pipeline = self._start()
         with self._lock:
             if not self._abandoned:
@@ -286,6 +287,20 @@ class Opening:
                 return pipeline
         pipeline.close()
         return pipeline
+
+
+class _OffMainThreadNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _quiet_ray_off_main_thread() -> None:
+    """Ray warns when it starts off the main thread that it leaves SIGTERM alone;
+    for ``Pipeline.open`` that is the point (the caller's process keeps its own
+    handlers), so the warning would only alarm."""
+    worker_log = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
+        worker_log.addFilter(_OffMainThreadNotice())
 
 
 def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
