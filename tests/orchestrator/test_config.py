@@ -111,6 +111,13 @@ def test_max_tokens_must_leave_room_for_the_prompt(tmp_path):
     assert "sampling.max_tokens (4096) must be smaller than max_model_len (1024)" in str(exc.value)
 
 
+def test_min_tokens_may_not_exceed_max_tokens(tmp_path):
+    assert load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 8, max_tokens: 8}\n"))
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 9, max_tokens: 8}\n"))
+    assert "sampling.min_tokens (9) must not exceed sampling.max_tokens (8)" in str(exc.value)
+
+
 def test_vllm_omni_stage_args_are_recognised(tmp_path):
     doc = """name: omni
 stage_args:
