@@ -226,15 +226,15 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from orchestrator.runtime.executor import ACTOR_ENV
+    from orchestrator.runtime.runtime import ACTOR_ENV
 
     # The baseline runs its engine in this process: same thread settings as a device
     # actor, set before anything imports torch.
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
 
+    from orchestrator.api import Pipeline, prepare_models, resolve_profile
     from orchestrator.config import load_config
-    from orchestrator.pipeline import Pipeline, prepare_models, resolve_profile
     from orchestrator.planner import plan_pipeline
     from stages.registry import get_kind
 

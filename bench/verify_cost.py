@@ -46,12 +46,12 @@ def main() -> int:
 
     from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config, parse_config
+    from orchestrator.ort.hosts import open_host
+    from orchestrator.ort.routes import resolve
     from orchestrator.planner import plan_pipeline
-    from orchestrator.verify.hosts import open_host
-    from orchestrator.verify.pipeline import candidates
     from orchestrator.verify.placement import verify_placement
-    from orchestrator.verify.routes import resolve
-    from stages.exported_graph import ExportedGraphKind
+    from orchestrator.verify.run import candidates
+    from stages.exported_graph.kind import ExportedGraphKind
 
     profile = load_profile_arg(args.profile)
     default = load_config(REPO / "configs" / "voice-assistant.yaml")

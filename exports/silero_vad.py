@@ -108,7 +108,7 @@ def save_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
 
 def write_reference(directory: str | Path, graph: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``reference_inputs.npz`` and ``reference_outputs.npz`` into ``directory``."""
-    from exports.artifact import resolve_package_location
+    from stages.exported_graph.artifact import resolve_package_location
 
     d = Path(directory)
     feeds = reference_feeds()

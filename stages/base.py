@@ -50,7 +50,7 @@ class ArtifactInfo:
     path: str
     weight_bytes: int
     weight_format: str
-    """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see orchestrator.manifests)."""
+    """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see stages.ar_decode.checkpoint)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Kind-specific: the text config, dtype histogram, op histogram, precisions ..."""
 

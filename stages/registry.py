@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "omni_edge.stage_kinds"
 _BUILTIN = {
-    "ar_decode": "stages.ar_decode:ArDecodeKind",
-    "exported_graph": "stages.exported_graph:ExportedGraphKind",
+    "ar_decode": "stages.ar_decode.kind:ArDecodeKind",
+    "exported_graph": "stages.exported_graph.kind:ExportedGraphKind",
 }
 _kinds: dict[str, StageKind] = {}
 _plugins_loaded = False

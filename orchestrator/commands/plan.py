@@ -30,7 +30,7 @@ def load_profile_arg(path: str | None) -> HardwareProfile:
         from orchestrator.profile import load_profile
 
         return load_profile(path)
-    from orchestrator.probe import probe_profile
+    from orchestrator.probe.host import probe_profile
 
     return probe_profile(cached_routes=True)
 

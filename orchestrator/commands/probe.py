@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator import probe
+    from orchestrator.probe import host as probe
 
     routes = []
     for i, text in enumerate(args.route):

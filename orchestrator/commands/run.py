@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from orchestrator.pipeline import Pipeline
+    from orchestrator.api import Pipeline
     from orchestrator.plan import PipelinePlan
     from orchestrator.runtime.events import Result
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile_arg(args.profile)
     mask = parse_mask(args.mask)
     plan = plan_pipeline(config, profile, mask=mask)
-    from orchestrator.pipeline import unverified_stages, verify_then_replan
+    from orchestrator.api import unverified_stages, verify_then_replan
 
     pending = unverified_stages(plan)
     if pending and args.skip_verify:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     print_summary(plan, console)
 
-    from orchestrator.pipeline import Pipeline
+    from orchestrator.api import Pipeline
 
     pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs)
     try:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console, Group
 
-    from orchestrator.verify.pipeline import VerifyReport
     from orchestrator.verify.placement import PlacementResult
+    from orchestrator.verify.run import VerifyReport
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def _run_with_progress(config: Any, profile: Any, mask: frozenset[str], force: b
     )
     from rich.table import Column
 
-    from orchestrator.verify.pipeline import candidates, require_this_machine, verify_pipeline
+    from orchestrator.verify.run import candidates, require_this_machine, verify_pipeline
 
     require_this_machine(profile)
     total = len(candidates(config, profile, mask)[0])

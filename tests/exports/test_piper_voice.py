@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from exports import piper_voice
-from exports.artifact import load_artifact
 from orchestrator.config import load_config
 from orchestrator.planner import plan_pipeline
-from stages.exported_graph import ExportedGraphConfig, ExportedGraphKind
+from stages.exported_graph.artifact import load_artifact
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import REPO, machine_profile
 
 ARTIFACT = REPO / "exports" / "piper-en-us-joe-medium"

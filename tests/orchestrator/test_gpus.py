@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import gpus
-from orchestrator.probe import probe_profile
+from orchestrator.probe import gpus
+from orchestrator.probe.host import probe_profile
 from orchestrator.profile import load_profile, profile_pools
 from orchestrator.units import MiB
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.kv import kv_budget, layer_kinds, text_config
+from stages.ar_decode.kv import kv_budget, layer_kinds, text_config
 from tests.conftest import REPO
 
 MODELS = REPO / "configs" / "models"

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import manifests
-from orchestrator.manifests import file_stamp, gguf_header, parse_gguf_header, read_gguf
+from stages.ar_decode import checkpoint as manifests
+from stages.ar_decode.checkpoint import file_stamp, gguf_header, parse_gguf_header, read_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 U32, F32, STRING, ARRAY, BOOL, U64 = 4, 6, 8, 9, 7, 10
@@ -160,7 +160,7 @@ def test_an_unwritable_or_corrupt_cache_costs_speed_not_correctness(tmp_path: Pa
     p.write_bytes(gguf_bytes())
     cache.mkdir(parents=True)
     (cache / "gguf").write_text("a file where the directory should be")
-    with caplog.at_level(logging.INFO, logger="orchestrator.manifests"):
+    with caplog.at_level(logging.INFO, logger="stages.ar_decode.checkpoint"):
         assert read_gguf(p).config["num_hidden_layers"] == 2
     assert "cannot memoise the GGUF header" in caplog.text
     (cache / "gguf").unlink()

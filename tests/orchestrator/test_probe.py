@@ -1,4 +1,4 @@
-"""`omni-edge probe` and orchestrator.probe: this machine as a profile."""
+"""`omni-edge probe` and orchestrator.probe.host: this machine as a profile."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import probe
 from orchestrator.cli import main
+from orchestrator.probe import host as probe
 from orchestrator.profile import Route, load_profile, parse_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,7 +191,7 @@ def test_openvino_venv_drives_the_cpu():
 
 def test_probe_imports_nothing_heavy():
     code = (
-        "import sys, orchestrator.probe as p, orchestrator.commands.probe\n"
+        "import sys, orchestrator.probe.host as p, orchestrator.commands.probe\n"
         "p.probe_profile(use_default_routes=False)\n"
         "print(sorted(m for m in ('onnxruntime', 'torch', 'vllm', 'ray') if m in sys.modules))\n"
     )

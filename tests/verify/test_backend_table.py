@@ -16,10 +16,10 @@ import yaml
 
 from orchestrator.config import parse_config
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NO_EXPORTED_GRAPH
+from orchestrator.ort.backends import keyed_options
 from orchestrator.profile import HardwareProfile, load_profile
-from orchestrator.verify.backends import keyed_options
 from orchestrator.verify.evidence import EvidenceStore
-from stages.exported_graph import ExportedGraphConfig, ExportedGraphKind
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import REPO, K, N, write_artifact
 
 PROFILES = REPO / "configs" / "profiles"
@@ -133,7 +133,7 @@ def test_target_only_drops_the_cpu_ep_and_sets_the_no_fallback_key(artifact: Pat
 
 
 def test_cache_locations_are_not_part_of_the_evidence_key(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.verify.backends import SessionSpec
+    from orchestrator.ort.backends import SessionSpec
 
     profile = load_profile(PROFILES / "lunar-lake-32gb.json")
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "a"))
@@ -198,8 +198,14 @@ def test_the_planner_reads_evidence_and_refuses_on_failed_evidence(artifact: Pat
 def test_every_config_field_of_the_kind_has_a_description() -> None:
     from pydantic import BaseModel
 
-    from exports.artifact import ExportManifest, Reference, Source, TensorSpec, Tolerance
-    from stages.exported_graph import ToleranceOverride
+    from stages.exported_graph.artifact import (
+        ExportManifest,
+        Reference,
+        Source,
+        TensorSpec,
+        Tolerance,
+    )
+    from stages.exported_graph.kind import ToleranceOverride
 
     missing = []
     for model in (ExportedGraphConfig, ToleranceOverride, ExportManifest, Source, TensorSpec, Reference, Tolerance):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exports.artifact import Tolerance
 from orchestrator.verify.evidence import EVIDENCE_FORMAT, EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import compare, judge
+from stages.exported_graph.artifact import Tolerance
 
 KEY = EvidenceKey(
     artifact="voice", graph_sha256="a" * 64, reference_sha256="b" * 64, precision="fp32",

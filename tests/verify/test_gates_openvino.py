@@ -17,7 +17,7 @@ import pytest
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NUMERIC_GATE_FAILED
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import Placement, verify_placement
-from stages.exported_graph import ExportedGraphConfig, ExportedGraphKind
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import cpu_outputs, machine_profile, ort_own_counts, write_artifact
 
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exports.artifact import Tolerance
 from orchestrator.verify.gates import brief_error, compare, judge
+from stages.exported_graph.artifact import Tolerance
 
 OV = "OpenVINOExecutionProvider"
 

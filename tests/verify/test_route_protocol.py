@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.verify.route_worker import MAGIC, encode, read_message
+from orchestrator.ort.worker import MAGIC, encode, read_message
 
 
 def _f_order() -> np.ndarray:
@@ -166,7 +166,7 @@ def test_this_process_and_a_worker_see_the_same_big_endian_values(tmp_path: Path
     session host converts, so a big-endian reference feed is not silently garbled."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from orchestrator.verify.hosts import open_host, this_process
+    from orchestrator.ort.hosts import open_host, this_process
 
     graph = tmp_path / "identity.onnx"
     _identity_graph(graph)

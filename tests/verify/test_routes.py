@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import DEVICE_UNREACHABLE
-from orchestrator.profile import Route, load_profile
-from orchestrator.verify.routes import (
+from orchestrator.ort.routes import (
     ResolvedRoute,
     probe_refusal,
     probe_route,
     runtime_identity,
     static_refusal,
 )
+from orchestrator.profile import Route, load_profile
 from tests.verify.helpers import OV_PYTHON, REPO, machine_profile
 
 
@@ -120,7 +120,7 @@ def test_a_declared_host_process_route_is_how_wsl_reaches_the_npu() -> None:
 
 
 def test_host_process_routes_get_windows_paths_from_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.verify import routes
+    from orchestrator.ort import routes
 
     calls: list[list[str]] = []
 
@@ -146,7 +146,7 @@ def test_runtime_identity_reads_dist_info_without_running_the_interpreter(tmp_pa
 
 
 def test_relative_route_paths_resolve_against_the_given_base(tmp_path: Path) -> None:
-    from orchestrator.verify.routes import resolve
+    from orchestrator.ort.routes import resolve
 
     r = resolve(Route(name="v", kind="interpreter", python="venv/bin/python"), tmp_path)
     assert r.python == os.path.join(str(tmp_path), "venv/bin/python")

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from exports import silero_vad
-from exports.artifact import check_against_graph, describe_graph, load_artifact
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH
+from orchestrator.ort.hosts import RemoteError
 from orchestrator.verify.evidence import EvidenceStore
-from orchestrator.verify.hosts import RemoteError
 from orchestrator.verify.placement import verify_placement
+from stages.exported_graph.artifact import check_against_graph, describe_graph, load_artifact
 from tests.verify.helpers import REPO
 from tests.verify.test_gates_openvino import placement
 
@@ -82,7 +82,7 @@ def test_the_recorded_outputs_are_the_cpu_eps_answer() -> None:
 @needs_silero
 @pytest.mark.ort
 def test_the_cpu_ep_in_this_interpreter_passes(store: EvidenceStore) -> None:
-    from orchestrator.verify.hosts import open_host, this_process
+    from orchestrator.ort.hosts import open_host, this_process
 
     result = verify_placement(placement(ARTIFACT, backend="ort-cpu"), open_host(this_process()), store=store)
     assert result.status == "passed", result.refusals

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exports.artifact import Tolerance
+from orchestrator.ort.worker import _vitisai_report
 from orchestrator.verify.gates import coverage_from_assignment, coverage_from_vitisai, judge
-from orchestrator.verify.route_worker import _vitisai_report
+from stages.exported_graph.artifact import Tolerance
 
 REPORT = {
     "deviceStat": [

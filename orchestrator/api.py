@@ -2,7 +2,7 @@
 
 ::
 
-    from orchestrator.pipeline import Pipeline
+    from orchestrator.api import Pipeline
 
     with Pipeline.from_config("configs/voice-assistant.yaml") as pipeline:
         result = pipeline.run("Tell me one fact about the Moon.")
@@ -27,7 +27,7 @@ Guarantees:
   any engine starts when the plan is not admitted.
 * Weights a stage needs in another form are prepared in this process before
   the actors start, with a progress bar when asked: the decode stage's GGUF
-  is converted once to a cached safetensors checkpoint (``stages.model_cache``).
+  is converted once to a cached safetensors checkpoint (``stages.ar_decode.model_cache``).
 * A stage that cannot load, or a device actor that dies, raises
   ``StageFailed`` (stage, device, cause); the ledger keeps no reservation of a
   failed or dead stage.
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from orchestrator.config import PipelineConfig
     from orchestrator.plan import PipelinePlan
     from orchestrator.profile import HardwareProfile
-    from orchestrator.runtime.executor import Runtime
+    from orchestrator.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
     refuse. ``run_gates(config, profile, mask)`` replaces the silent default
     (the CLI passes one with a progress bar)."""
     from orchestrator.planner import plan_pipeline
-    from orchestrator.verify.pipeline import verify_pipeline
+    from orchestrator.verify.run import verify_pipeline
 
     if run_gates is None:
         verify_pipeline(config, profile, mask=mask)
@@ -91,7 +91,7 @@ class Pipeline:
     def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
                  address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
                  log_to_driver: bool = False) -> None:
-        from orchestrator.runtime.executor import Runtime
+        from orchestrator.runtime.runtime import Runtime
 
         if not plan.admitted:
             raise PlanRefused(plan)
@@ -311,7 +311,7 @@ def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwarePro
         return profile
     if profile is not None:
         return load_profile(profile)
-    from orchestrator.probe import probe_profile
+    from orchestrator.probe.host import probe_profile
 
     return probe_profile(cached_routes=True)
 
@@ -323,7 +323,7 @@ def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
     in the caller's terminal; a cached checkpoint is found without importing
     torch. Returns the checkpoint directories prepared.
     """
-    from stages import model_cache
+    from stages.ar_decode import model_cache
 
     out = []
     for s in plan.stages:

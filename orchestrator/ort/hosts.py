@@ -30,9 +30,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from orchestrator import settings
 from orchestrator.errors import VerificationError
-from orchestrator.verify import route_worker, settings
-from orchestrator.verify.routes import ResolvedRoute
+from orchestrator.ort import worker as route_worker
+from orchestrator.ort.routes import ResolvedRoute
 
 log = logging.getLogger(__name__)
 

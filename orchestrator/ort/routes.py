@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import settings
 from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.ort.backends import backend as backend_row
+from orchestrator.ort.worker import ORT_DISTRIBUTIONS
 from orchestrator.plan import Refusal
-from orchestrator.verify import settings
-from orchestrator.verify.backends import backend as backend_row
-from orchestrator.verify.route_worker import ORT_DISTRIBUTIONS
 
 if TYPE_CHECKING:
     from orchestrator.profile import Device, HardwareProfile, Route
@@ -167,7 +167,7 @@ def probe_route(route: Route, *, base_dir: Path | None = None, timeout: float | 
 
 
 def _probe(resolved: ResolvedRoute, timeout: float) -> RouteReport:
-    from orchestrator.verify.hosts import RouteError, open_host
+    from orchestrator.ort.hosts import RouteError, open_host
 
     base: dict[str, Any] = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python}
     if not resolved.in_process:
@@ -296,7 +296,7 @@ def runtime_identity(route: Route, base_dir: Path | None = None) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _this_process_identity() -> str | None:
-    from orchestrator.verify.route_worker import runtime_identity as here
+    from orchestrator.ort.worker import runtime_identity as here
 
     dist, version = here()
     return f"{dist}=={version}" if version else None

@@ -19,7 +19,7 @@ What it reads:
 * WSL: ``/proc/version`` mentions "microsoft".
 * CPU: model name and ISA flags from ``/proc/cpuinfo``.
 * NVIDIA GPUs: NVML (``pynvml``), else ``nvidia-smi``, else a CUDA build of
-  torch in a subprocess (``orchestrator.gpus``).
+  torch in a subprocess (``orchestrator.probe.gpus``).
 * NPUs on Linux: ``/sys/class/accel/*/device/driver`` (``intel_vpu``,
   ``amdxdna``); they are listed with the backends some route offers for them.
 * Execution providers: per route (this interpreter, plus interpreter routes
@@ -51,7 +51,7 @@ from typing import Literal
 
 import psutil
 
-from orchestrator.gpus import nvidia_gpus
+from orchestrator.probe.gpus import nvidia_gpus
 from orchestrator.profile import Backend, Device, HardwareProfile, Host, Route
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ def probe_interpreter_cached(python: str, timeout_s: float = INTERPRETER_TIMEOUT
     interpreter or its installed packages change, and then the key changes.
     Failed probes are not cached.
     """
-    from orchestrator.verify.settings import cache_root
+    from orchestrator.settings import cache_root
 
     key = _route_cache_key(python)
     path = cache_root() / "routes.json"
@@ -305,7 +305,7 @@ def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
     dirs = (
         list(search_dirs)
         if search_dirs is not None
-        else [Path.cwd(), Path(__file__).resolve().parents[1]]
+        else [Path.cwd(), Path(__file__).resolve().parents[2]]
     )
     routes: list[Route] = []
     for name, rel in DEFAULT_ROUTE_CANDIDATES:

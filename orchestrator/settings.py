@@ -46,7 +46,7 @@ def graph_stats_dir() -> Path:
 
 
 def gguf_headers_dir() -> Path:
-    """Where ``orchestrator.manifests.gguf_header`` memoises GGUF header facts, keyed by
+    """Where ``stages.ar_decode.checkpoint.gguf_header`` memoises GGUF header facts, keyed by
     each file's size, mtime, ctime, inode and device."""
     return cache_root() / "gguf"
 

@@ -311,7 +311,7 @@ def session_spec(
     template = row.provider_options.get(device_kind, row.provider_options.get("*", {}))
     index = device_id.split(":", 1)[1] if ":" in device_id else "0"
     if cache_dir is None:
-        from orchestrator.verify.settings import ep_cache_dir
+        from orchestrator.settings import ep_cache_dir
 
         cache_dir = str(ep_cache_dir(backend_name))
     values = {"device_index": index, "cache_dir": cache_dir, "cache_key": cache_key}

@@ -1,7 +1,7 @@
 """``exported_graph``: an ONNX artifact run by ONNX Runtime with a chosen EP.
 
 Planning reads the artifact's manifest and graph statistics (never a session,
-never onnxruntime); the backend table (``orchestrator.verify.backends``)
+never onnxruntime); the backend table (``orchestrator.ort.backends``)
 supplies providers, options and EP memory; gate state comes from the evidence
 cache only. At run time the runner opens the session in the placement's route
 — in this interpreter, or in a route worker started with the route's
@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from exports.artifact import (
+from orchestrator.config import StageConfig, Strict
+from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError, StageFailed
+from orchestrator.ledger import Reservation
+from orchestrator.ort import backends as ort_backends
+from orchestrator.plan import Refusal, Verification
+from orchestrator.units import MiB, fmt_bytes
+from stages.base import ArtifactInfo, StageKind, StageRunner
+from stages.exported_graph.artifact import (
     PACKAGE_SCHEME,
     ExportedArtifact,
     Precision,
@@ -26,19 +33,12 @@ from exports.artifact import (
     describe_graph,
     load_artifact,
 )
-from orchestrator.config import StageConfig, Strict
-from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError, StageFailed
-from orchestrator.ledger import Reservation
-from orchestrator.plan import Refusal, Verification
-from orchestrator.units import MiB, fmt_bytes
-from orchestrator.verify import backends as ort_backends
-from stages.base import ArtifactInfo, StageKind, StageRunner
 
 if TYPE_CHECKING:
+    from orchestrator.ort.routes import ResolvedRoute
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
     from orchestrator.verify.placement import Placement
-    from orchestrator.verify.routes import ResolvedRoute
 
 OrtBackendName = Literal["ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu"]
 
@@ -261,9 +261,9 @@ class ExportedGraphKind(StageKind):
         ``runtime`` (from a probe) wins over the plan-time lookup of the route's
         onnxruntime build.
         """
+        from orchestrator.ort.routes import resolve, runtime_identity
         from orchestrator.verify.evidence import GATES_VERSION
         from orchestrator.verify.placement import Placement
-        from orchestrator.verify.routes import resolve, runtime_identity
 
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
@@ -316,7 +316,7 @@ class ExportedGraphKind(StageKind):
         verification details record the route's interpreter), else this
         interpreter when the plan's route is ``this-process``.
         """
-        from orchestrator.verify.routes import ResolvedRoute, resolve
+        from orchestrator.ort.routes import ResolvedRoute, resolve
 
         if route is not None:
             resolved = resolve(route)
@@ -354,7 +354,7 @@ class ExportedGraphRunner(StageRunner):
         self.load_info: dict[str, Any] = {}
 
     def load(self) -> None:
-        from orchestrator.verify.hosts import open_host
+        from orchestrator.ort.hosts import open_host
 
         spec = self.plan.engine_kwargs.get("session")
         if not spec:

@@ -302,7 +302,7 @@ def gguf_header(path: str | Path, *, use_cache: bool = True) -> GgufHeader:
 
 
 def _gguf_memo_path(p: Path) -> Path:
-    from orchestrator.verify.settings import gguf_headers_dir
+    from orchestrator.settings import gguf_headers_dir
 
     return gguf_headers_dir() / f"{hashlib.sha256(str(p).encode()).hexdigest()[:24]}.json"
 

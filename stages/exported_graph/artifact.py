@@ -575,7 +575,7 @@ def _load_npz(path: Path) -> dict[str, Any]:
 
 
 def _memo_path(p: Path) -> Path:
-    from orchestrator.verify.settings import graph_stats_dir
+    from orchestrator.settings import graph_stats_dir
 
     return graph_stats_dir() / f"{hashlib.sha256(str(p).encode()).hexdigest()[:24]}.json"
 

@@ -18,22 +18,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.plan import Refusal
-from orchestrator.verify.evidence import EvidenceStore
-from orchestrator.verify.placement import PlacementResult, verify_placement
-from orchestrator.verify.routes import (
+from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
     report_from_probe,
     resolve,
     static_refusal,
 )
+from orchestrator.plan import Refusal
+from orchestrator.verify.evidence import EvidenceStore
+from orchestrator.verify.placement import PlacementResult, verify_placement
 
 if TYPE_CHECKING:
     from orchestrator.config import PipelineConfig, StageConfig
     from orchestrator.profile import Device, HardwareProfile, Route
     from stages.base import ArtifactInfo
-    from stages.exported_graph import ExportedGraphKind
+    from stages.exported_graph.kind import ExportedGraphKind
 
 
 @dataclass
@@ -83,7 +83,7 @@ def candidates(
     config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str] = frozenset(),
 ) -> tuple[list[Candidate], list[dict[str, str]]]:
     """(candidates, skipped): what the planner would try for exported stages."""
-    from stages.exported_graph import ExportedGraphKind
+    from stages.exported_graph.kind import ExportedGraphKind
     from stages.registry import get_kind
 
     out: list[Candidate] = []
@@ -135,7 +135,7 @@ def foreign_profile(profile: HardwareProfile) -> str | None:
     """
     import platform
 
-    from orchestrator.probe import PROC_CPUINFO, is_wsl, parse_cpuinfo
+    from orchestrator.probe.host import PROC_CPUINFO, is_wsl, parse_cpuinfo
 
     host_os = {"Linux": "linux", "Windows": "windows", "Darwin": "macos"}.get(platform.system(), platform.system().lower())
     if profile.host.os != host_os:
@@ -169,7 +169,7 @@ def verify_pipeline(
     on_done: Callable[[PlacementResult], None] | None = None,
 ) -> VerifyReport:
     """Run the gates for every candidate; write evidence; never raise for a refusal."""
-    from orchestrator.verify.hosts import RouteError, open_host
+    from orchestrator.ort.hosts import RouteError, open_host
 
     require_this_machine(profile)
     store = store or EvidenceStore()

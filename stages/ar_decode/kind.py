@@ -3,7 +3,7 @@
 Planning reads ``config.json`` and the safetensors headers (or the index
 JSON, or a GGUF header) — never the weights — and charges the device's pool
 with every byte the engine will hold. The runtime half lives in
-``stages.ar_decode_runtime`` and is imported only inside a device actor.
+``stages.ar_decode.runner`` and is imported only inside a device actor.
 """
 
 from __future__ import annotations
@@ -14,13 +14,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from orchestrator import capabilities, errors
+from orchestrator import errors
 from orchestrator.config import StageConfig, Strict
-from orchestrator.kv import KVBudget, kv_budget, layer_kinds, text_config
 from orchestrator.ledger import Reservation, holder_peak
-from orchestrator.manifests import FORMAT_DTYPE, read_checkpoint, read_gguf, resolve_package_path
 from orchestrator.plan import Refusal
 from orchestrator.units import GiB, MiB, fmt_bytes
+from stages.ar_decode import formats as capabilities
+from stages.ar_decode.checkpoint import (
+    FORMAT_DTYPE,
+    read_checkpoint,
+    read_gguf,
+    resolve_package_path,
+)
+from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, text_config
 from stages.base import ArtifactInfo, StageKind
 
 if TYPE_CHECKING:
@@ -300,6 +306,6 @@ class ArDecodeKind(StageKind):
 
     # -- runtime -----------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
-        from stages.ar_decode_runtime import VllmRunner
+        from stages.ar_decode.runner import VllmRunner
 
         return VllmRunner(stage_plan, stage)

@@ -3,7 +3,7 @@
 :class:`VllmRunner` carries out an admitted ``ar_decode`` placement:
 
 * ``load()`` resolves the model (a GGUF is converted once into a cached
-  safetensors checkpoint, see ``stages.model_cache``) and starts a vLLM
+  safetensors checkpoint, see ``stages.ar_decode.model_cache``) and starts a vLLM
   ``LLMEngine`` with the plan's ``engine_kwargs`` — the absolute
   ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, request limits,
   ``enforce_eager``, ``dtype`` — and nothing else.
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import StageFailed
-from orchestrator.runtime.memory import RssMeter
+from orchestrator.memory import RssMeter
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class VllmRunner(StageRunner):
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
 
-            from stages.model_cache import resolve_model
+            from stages.ar_decode.model_cache import resolve_model
 
             t_import = time.perf_counter()
             kwargs = dict(self.plan.engine_kwargs)
