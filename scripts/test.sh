@@ -7,4 +7,5 @@ scripts/bootstrap.sh
 export PYTHONUNBUFFERED=1
 echo "== ruff"; ruff check orchestrator stages exports tests bench
 echo "== mypy"; mypy
+echo "== lint-imports (layering contracts in pyproject.toml)"; lint-imports --no-logo
 echo "== pytest"; python -m pytest "$@"
