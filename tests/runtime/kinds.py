@@ -1,124 +1,32 @@
-"""A trivial stage kind for runtime tests, and hand-written plans that use it.
+"""Hand-written plans for the ``echo`` test kind, and the kind's names re-exported.
 
-``echo`` stages run without weights: ``mode: words`` answers a prompt word by
-word like a decoder (with ``delay_s`` between words); ``mode: tone`` turns
-each text chunk into a short sine wave like a TTS.
-
-A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
-"gate_file": path}``, yields exactly those deltas instead; with a
-``gate_file`` it holds the last delta back until that file exists (at most
-``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
-the caller has seen X" true by construction rather than by timing. ``hold_bytes`` is memory
-the runner really allocates at load (so measured peaks are real), and
-``fail_load`` makes ``load()`` raise.
+The kind itself lives in the test plugin distribution
+(tests/plugins/omni_edge_testkinds, installed by scripts/bootstrap.sh) and is
+found through the ``omni_edge.stage_kinds`` entry point: importing this module
+registers nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
-from pydantic import Field
+from omni_edge_testkinds.echo import (
+    GATE_TIMEOUT_S,
+    REPLY,
+    SAMPLE_RATE,
+    EchoConfig,
+    EchoKind,
+    EchoRunner,
+)
 
-from orchestrator.config import PipelineConfig, StageConfig, parse_config
+from orchestrator.config import PipelineConfig, parse_config
 from orchestrator.ledger import Reservation
 from orchestrator.plan import PipelinePlan, PoolPlan, StagePlan
 from orchestrator.units import GiB, MiB
-from stages.base import ArtifactInfo, StageKind, StageRunner
-from stages.registry import register
 
-SAMPLE_RATE = 16000
-REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
-GATE_TIMEOUT_S = 30.0
-"""How long a scripted prompt's last delta waits for its gate file; past it the
-delta is sent anyway, so the test that opens the gate fails instead of hanging."""
+__all__ = ["GATE_TIMEOUT_S", "REPLY", "SAMPLE_RATE", "EchoConfig", "EchoKind", "EchoRunner", "echo_pipeline"]
 
-
-class EchoConfig(StageConfig):
-    """A weightless stage for runtime tests."""
-
-    kind: Literal["echo"] = Field(description="Always 'echo'.")
-    mode: Literal["words", "tone"] = Field("words", description="words: a decoder; tone: a TTS.")
-    delay_s: float = Field(0.0, ge=0, description="Pause before each output item.")
-    hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
-    fail_load: bool = Field(False, description="Make load() raise.")
-    load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
-
-
-class EchoRunner(StageRunner):
-    def __init__(self, plan: StagePlan, cfg: EchoConfig) -> None:
-        self.plan, self.cfg = plan, cfg
-        self.held: np.ndarray | None = None
-        self.load_info: dict[str, Any] = {}
-
-    def load(self) -> None:
-        time.sleep(self.cfg.load_s)
-        if self.cfg.fail_load:
-            raise RuntimeError("echo stage told to fail its load")
-        if self.cfg.hold_bytes:
-            self.held = np.ones(self.cfg.hold_bytes, dtype=np.uint8)
-        self.load_info = {"mode": self.cfg.mode, "held": self.cfg.hold_bytes}
-
-    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        if self.cfg.mode == "words":
-            items = [i async for i in inputs]
-            if len(items) == 1 and isinstance(items[0], dict) and "script" in items[0]:
-                async for delta in self._scripted(items[0]):
-                    yield delta
-                return
-            prompt = " ".join(str(i) for i in items)
-            words = f"You said {prompt}. {REPLY}".split(" ")
-            for i, w in enumerate(words):
-                await asyncio.sleep(self.cfg.delay_s)
-                yield w if i == 0 else " " + w
-            return
-        async for chunk in inputs:
-            await asyncio.sleep(self.cfg.delay_s)
-            n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
-            t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
-            yield {"audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), "sample_rate": SAMPLE_RATE, "text": str(chunk)}
-
-    async def _scripted(self, prompt: dict[str, Any]) -> AsyncIterator[str]:
-        script = [str(d) for d in prompt["script"]]
-        gate = Path(prompt["gate_file"]) if prompt.get("gate_file") else None
-        for i, delta in enumerate(script):
-            await asyncio.sleep(self.cfg.delay_s)
-            if gate is not None and i == len(script) - 1:
-                deadline = time.monotonic() + GATE_TIMEOUT_S
-                while not gate.exists() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
-            yield delta
-
-    def close(self) -> None:
-        self.held = None
-
-
-class EchoKind(StageKind):
-    kind = "echo"
-    config_model = EchoConfig
-    backends = ("ort-cpu",)
-
-    def describe(self, stage: StageConfig) -> ArtifactInfo:
-        return ArtifactInfo("exported", "<none>", 0, "fp32")
-
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str) -> list[Any]:
-        return []
-
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str) -> list[Reservation]:
-        assert isinstance(stage, EchoConfig)
-        return [Reservation(pool, "weights", max(stage.hold_bytes, 1 * MiB), "session", "D", "what the echo stage holds"),
-                Reservation(pool, "load_transient", 16 * MiB, "load", "E", "freed after load")]
-
-    def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
-        assert isinstance(stage, EchoConfig)
-        return EchoRunner(stage_plan, stage)
-
-
-register(EchoKind())
 
 
 def echo_pipeline(tmp_path: Path, *, thinker: dict[str, Any] | None = None, voice: dict[str, Any] | None = None,

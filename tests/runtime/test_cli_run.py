@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
 from orchestrator.cli import main
 from orchestrator.runtime.audio import read_wav, rms_dbfs
 from orchestrator.units import GiB

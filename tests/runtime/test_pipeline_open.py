@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
 from orchestrator.api import Pipeline
 from orchestrator.errors import PlanRefused
 from orchestrator.units import GiB

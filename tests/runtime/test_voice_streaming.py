@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-import tests.runtime.kinds  # noqa: F401 - registers the echo kind in this process
 from orchestrator.api import Pipeline
 from orchestrator.config import parse_config
 from orchestrator.planner import plan_pipeline
