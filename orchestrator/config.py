@@ -1,8 +1,9 @@
 """Pipeline configs: one loader for YAML and JSON, strict models, graph checks.
 
-The common stage fields live here; each stage kind adds its own fields through
-its ``config_model`` (see ``stages.registry``), so a third-party kind is
-validated as strictly as a built-in one. Unknown keys are errors, never
+The fields every stage has live with the stage-kind interface
+(``stages.base.StageConfig``); each kind adds its own through its
+``config_model`` (see ``stages.registry``), so a third-party kind is validated
+as strictly as a built-in one. Unknown keys are errors, never
 warnings. Paths resolve relative to the config file.
 
 Users coming from vLLM-Omni will recognise ``stage_id``, ``engine_args``,
@@ -12,49 +13,16 @@ accepted as aliases (see ``_from_vllm_omni``), never as a second schema.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.validation import problems_from_validation
-
-REQUEST = "request"
-"""The input name that means 'the user's request' rather than another stage."""
-
-
-class Strict(BaseModel):
-    """Base of every config model: unknown keys rejected, values frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StageConfig(Strict):
-    """Fields every stage has. Kinds subclass this with their own fields."""
-
-    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]*$", description="Unique stage name.")
-    kind: str = Field(description="Registered stage kind, e.g. ar_decode or exported_graph.")
-    stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
-    inputs: list[str] = Field(
-        default_factory=lambda: [REQUEST],
-        description="Where this stage's input comes from: 'request' or other stage names.",
-    )
-    devices: list[str] = Field(
-        min_length=1,
-        description="Allowed devices in preference order (cpu, gpu:0, igpu:0, npu:0).",
-    )
-    backends: list[str] | None = Field(
-        None,
-        description="Backends to try on each device, in preference order (e.g. [ort-openvino, ort-cpu]); default: the device's own order.",
-    )
-    final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
-    final_output_type: Literal["text", "audio", "tensor"] | None = Field(
-        None, description="What the final output is, when final_output is true."
-    )
+from orchestrator.validation import Strict, problems_from_validation, read_document
+from stages.base import REQUEST, StageConfig
+from stages.registry import get_kind, known_kinds
 
 
 class PipelineConfig(Strict):
@@ -94,31 +62,6 @@ class _TopLevel(Strict):
 # ---- loading -------------------------------------------------------------------
 
 
-def read_document(path: str | Path) -> Any:
-    """Read a YAML or JSON file; syntax errors become ``ConfigError`` with a line."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError.single(str(p), "file not found", "check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError.single(str(p), f"cannot read: {exc}", "pass a readable YAML or JSON file") from None
-    if p.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
-    try:
-        # libyaml's loader when PyYAML was built with it (the PyPI wheels are): the
-        # pure-Python one took most of a warm re-plan's time on the 40-line default config.
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        what = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError.single(where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)") from None
-
-
 def load_config(path: str | Path) -> PipelineConfig:
     """Load, validate and graph-check a pipeline config.
 
@@ -132,8 +75,6 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 
 def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
-    from stages.registry import get_kind, known_kinds
-
     if not isinstance(data, dict):
         raise ConfigError.single(where, f"the top level must be a mapping, got {type(data).__name__}", "start the file with 'name:' and 'stages:'")
     data = _from_vllm_omni(data)
@@ -212,7 +153,7 @@ _DEVICE_ID = re.compile(r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")
 
 
 def _find_cycle(config: PipelineConfig) -> list[str]:
-    graph = {s.name: [i for i in s.inputs if i != "request"] for s in config.stages}
+    graph = {s.name: [i for i in s.inputs if i != REQUEST] for s in config.stages}
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -258,7 +199,7 @@ def _from_vllm_omni(data: dict[str, Any]) -> dict[str, Any]:
             s.setdefault(k, v)
         if "engine_input_source" in s:
             src = s.pop("engine_input_source") or []
-            s["inputs"] = [by_id.get(i, str(i)) for i in src] or ["request"]
+            s["inputs"] = [by_id.get(i, str(i)) for i in src] or [REQUEST]
         stages.append(s)
     out["stages"] = stages
     return out

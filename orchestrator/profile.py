@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.validation import Strict as _Strict
 from orchestrator.validation import problems_from_validation
 
 PROFILE_FORMAT = "omni-edge.profile/1"
@@ -41,10 +42,6 @@ CHECKPOINT_BACKENDS = ("vllm-cuda", "vllm-cpu")
 EXPORTED_BACKENDS = ("ort-cpu", "ort-cuda", "ort-dml", "ort-vitisai", "ort-openvino", "ort-qnn")
 
 HOST_RAM = "host_ram"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Host(_Strict):

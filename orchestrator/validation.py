@@ -1,13 +1,55 @@
-"""Turn pydantic's errors into where → what → how-to-fix problems."""
+"""Reading user input: YAML/JSON documents, strict models, and problems that say how to fix them.
+
+:class:`Strict` is the one base of every model that reads user input — pipeline
+and stage configs, hardware profiles, artifact manifests — so they all reject
+unknown keys and freeze their values the same way; :func:`read_document` is the
+one YAML/JSON reader; :func:`problems_from_validation` turns pydantic's errors
+into where → what → how-to-fix problems.
+"""
 
 from __future__ import annotations
 
 import difflib
+import json
+import typing
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.errors import Problem
+from orchestrator.errors import ConfigError, Problem
+
+
+class Strict(BaseModel):
+    """Base of every input model: unknown keys are errors (never warnings), values frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def read_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file; syntax errors become ``ConfigError`` with a line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError.single(str(p), "file not found", "check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError.single(str(p), f"cannot read: {exc}", "pass a readable YAML or JSON file") from None
+    if p.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
+    try:
+        # libyaml's loader when PyYAML was built with it (the PyPI wheels are): the
+        # pure-Python one took most of a warm re-plan's time on the 40-line default config.
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        what = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError.single(where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)") from None
 
 
 def _loc(parts: tuple[object, ...]) -> str:
@@ -78,8 +120,6 @@ def _known_fields(model: type[BaseModel] | None, loc: tuple[object, ...]) -> lis
 
 
 def _model_of(annotation: object) -> object:
-    import typing
-
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):

@@ -30,15 +30,46 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from orchestrator.config import StageConfig
+from pydantic import Field
+
 from orchestrator.ledger import Reservation
 from orchestrator.plan import Refusal, Verification
+from orchestrator.validation import Strict
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
+
+REQUEST = "request"
+"""The input name that means 'the user's request' rather than another stage."""
+
+
+class StageConfig(Strict):
+    """Fields every stage has in a pipeline config. Each kind subclasses this with
+    its own fields (its ``config_model``), so a third-party kind is validated as
+    strictly as a built-in one."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]*$", description="Unique stage name.")
+    kind: str = Field(description="Registered stage kind, e.g. ar_decode or exported_graph.")
+    stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
+    inputs: list[str] = Field(
+        default_factory=lambda: [REQUEST],
+        description="Where this stage's input comes from: 'request' or other stage names.",
+    )
+    devices: list[str] = Field(
+        min_length=1,
+        description="Allowed devices in preference order (cpu, gpu:0, igpu:0, npu:0).",
+    )
+    backends: list[str] | None = Field(
+        None,
+        description="Backends to try on each device, in preference order (e.g. [ort-openvino, ort-cpu]); default: the device's own order.",
+    )
+    final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
+    final_output_type: Literal["text", "audio", "tensor"] | None = Field(
+        None, description="What the final output is, when final_output is true."
+    )
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from orchestrator import errors
-from orchestrator.config import StageConfig, Strict
 from orchestrator.ledger import Reservation, holder_peak
 from orchestrator.plan import Refusal
 from orchestrator.units import GiB, MiB, fmt_bytes
+from orchestrator.validation import Strict
 from stages.ar_decode import formats as capabilities
 from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
@@ -27,7 +27,7 @@ from stages.ar_decode.checkpoint import (
     resolve_package_path,
 )
 from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, text_config
-from stages.base import ArtifactInfo, StageKind
+from stages.base import ArtifactInfo, StageConfig, StageKind
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan

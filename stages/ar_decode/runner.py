@@ -47,8 +47,8 @@ from orchestrator.memory import RssMeter
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
-    from orchestrator.config import StageConfig
     from orchestrator.plan import StagePlan
+    from stages.base import StageConfig
 
 log = logging.getLogger(__name__)
 

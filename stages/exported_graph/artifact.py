@@ -34,11 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from orchestrator.config import read_document
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.validation import problems_from_validation
+from orchestrator.validation import Strict, problems_from_validation, read_document
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +66,7 @@ it on the CPU explicitly instead."""
 _ENTRY_POINT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Source(_Strict):
+class Source(Strict):
     """Where the graph came from, so a user can judge and reproduce it."""
 
     origin: str = Field(description="Where the graph was obtained: a URL, a PyPI package and version, or an export script.")
@@ -79,7 +74,7 @@ class Source(_Strict):
     notes: str = Field("", description="Anything else a user should know: training data, who exported it and how.")
 
 
-class TensorSpec(_Strict):
+class TensorSpec(Strict):
     """One graph input or output as the manifest promises it."""
 
     name: str = Field(min_length=1, description="Tensor name exactly as in the ONNX graph.")
@@ -89,7 +84,7 @@ class TensorSpec(_Strict):
     )
 
 
-class Reference(_Strict):
+class Reference(Strict):
     """The data the numeric gate runs."""
 
     inputs: str = Field(description="An .npz file in the artifact directory, one array per graph input name.")
@@ -99,7 +94,7 @@ class Reference(_Strict):
     )
 
 
-class Tolerance(_Strict):
+class Tolerance(Strict):
     """How close the target's outputs must be to the reference (all three must hold)."""
 
     rel_l2: float = Field(1e-3, ge=0, description="Largest allowed ||target − ref||₂ / ||ref||₂ per output.")
@@ -107,7 +102,7 @@ class Tolerance(_Strict):
     cosine_min: float = Field(0.999, ge=-1, le=1, description="Smallest allowed cosine similarity between target and reference, per output.")
 
 
-class ExportManifest(_Strict):
+class ExportManifest(Strict):
     """``manifest.yaml`` of an exported artifact (contract ``omni-edge.export/1``)."""
 
     format: Literal["omni-edge.export/1"] = Field(description="Format tag; must be omni-edge.export/1.")

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.config import StageConfig, Strict
 from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError, StageFailed
 from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal, Verification
 from orchestrator.units import MiB, fmt_bytes
-from stages.base import ArtifactInfo, StageKind, StageRunner
+from orchestrator.validation import Strict
+from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     PACKAGE_SCHEME,
     ExportedArtifact,
