@@ -3,21 +3,17 @@
 Planning reads the artifact's manifest and graph statistics (never a session,
 never onnxruntime); the backend table (``orchestrator.ort.backends``)
 supplies providers, options and EP memory; gate state comes from the evidence
-cache only. At run time the runner opens the session in the placement's route
-— in this interpreter, or in a route worker started with the route's
-interpreter — and streams items through preprocess → session → postprocess.
+cache only. The runtime half is ``stages.exported_graph.runner``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError, StageFailed
+from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
 from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal, Verification
@@ -33,9 +29,9 @@ from stages.exported_graph.artifact import (
     describe_graph,
     load_artifact,
 )
+from stages.exported_graph.runner import ExportedGraphRunner, route_for
 
 if TYPE_CHECKING:
-    from orchestrator.ort.routes import ResolvedRoute
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
     from orchestrator.verify.placement import Placement
@@ -310,86 +306,8 @@ class ExportedGraphKind(StageKind):
 
     # -- runtime -------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
-        """The runner for an admitted placement.
-
-        The route comes from ``route`` when given, else from the plan (the
-        verification details record the route's interpreter), else this
-        interpreter when the plan's route is ``this-process``.
-        """
-        from orchestrator.ort.routes import ResolvedRoute, resolve
-
-        if route is not None:
-            resolved = resolve(route)
-        else:
-            recorded = (stage_plan.verification.details.get("route") if stage_plan.verification else None) or {}
-            if recorded.get("kind"):
-                resolved = ResolvedRoute(recorded["name"], recorded["kind"], recorded.get("python"))
-            elif stage_plan.route in (None, "this-process"):
-                resolved = ResolvedRoute("this-process", "this-process", None)
-            else:
-                raise StageFailed(
-                    stage_plan.name, stage_plan.device or "?",
-                    f"the plan names route {stage_plan.route!r} but not its interpreter; pass route= from the profile",
-                )
-        return ExportedGraphRunner(stage_plan, self.artifact(stage), resolved)
-
-
-class ExportedGraphRunner(StageRunner):
-    """preprocess → session → postprocess per input item, the session in its route.
-
-    ``stream`` yields one output item per input item (for the TTS: a text chunk
-    in, ``{"audio": float32 array, "sample_rate": int}`` out). Hooks run in this
-    process; only the session runs in the route, so a route needs nothing but
-    numpy and its onnxruntime build.
-    """
-
-    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
-        self.plan = stage_plan
-        self.artifact = artifact
-        self.route = route
-        self._host: Any = None
-        self._handle: int | None = None
-        self._pre = artifact.hook("preprocess")
-        self._post = artifact.hook("postprocess")
-        self.load_info: dict[str, Any] = {}
-
-    def load(self) -> None:
-        from orchestrator.ort.hosts import open_host
-
-        spec = self.plan.engine_kwargs.get("session")
-        if not spec:
-            raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
-        try:
-            self._host = open_host(self.route)
-            self.load_info = self._host.open(spec, record=True)
-        except Exception as exc:
-            self.close()
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
-        self._handle = self.load_info["handle"]
-
-    def run_one(self, item: Any) -> Any:
-        """One item through the chain, synchronously."""
-        if self._handle is None:
-            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
-        feeds = self._pre(item, self.artifact) if self._pre else item
-        outputs = self._host.run(self._handle, feeds)["outputs"]
-        return self._post(outputs, self.artifact) if self._post else outputs
-
-    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for item in inputs:
-            try:
-                yield await asyncio.to_thread(self.run_one, item)
-            except StageFailed:
-                raise
-            except Exception as exc:
-                raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
-
-    def close(self) -> None:
-        if self._host is not None:
-            if self._handle is not None:
-                self._host.close(self._handle)
-            self._host.shutdown()
-        self._host, self._handle = None, None
+        """The runner for an admitted placement, in the route ``route_for`` finds."""
+        return ExportedGraphRunner(stage_plan, self.artifact(stage), route_for(stage_plan, route))
 
 
 def _cfg(stage: StageConfig) -> ExportedGraphConfig:

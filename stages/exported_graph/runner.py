@@ -1,0 +1,103 @@
+"""The runtime half of ``exported_graph``: an ONNX Runtime session in its route, item by item.
+
+:class:`ExportedGraphRunner` carries out an admitted ``exported_graph``
+placement inside a device actor: ``load()`` opens the plan's session spec in
+the placement's route (this interpreter, or a route worker started with the
+route's interpreter, ``orchestrator.ort.hosts``); ``stream()`` sends each
+input item through preprocess → session → postprocess. The hooks run in this
+process; only the session runs in the route, so a route needs nothing but
+numpy and its onnxruntime build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import StageFailed
+from orchestrator.ort.hosts import open_host
+from orchestrator.ort.routes import THIS_PROCESS, ResolvedRoute, resolve
+from stages.base import StageRunner
+from stages.exported_graph.artifact import ExportedArtifact
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from orchestrator.profile import Route
+
+
+def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRoute:
+    """Where the session of an admitted placement runs.
+
+    The route comes from ``route`` (the profile's) when given, else from the
+    plan (the verification details record the route's interpreter), else this
+    interpreter when the plan's route is this process. Raises ``StageFailed``
+    when the plan names another route but not its interpreter.
+    """
+    if route is not None:
+        return resolve(route)
+    recorded = (stage_plan.verification.details.get("route") if stage_plan.verification else None) or {}
+    if recorded.get("kind"):
+        return ResolvedRoute(recorded["name"], recorded["kind"], recorded.get("python"))
+    if stage_plan.route in (None, THIS_PROCESS):
+        return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
+    raise StageFailed(
+        stage_plan.name, stage_plan.device or "?",
+        f"the plan names route {stage_plan.route!r} but not its interpreter; pass route= from the profile",
+    )
+
+
+class ExportedGraphRunner(StageRunner):
+    """preprocess → session → postprocess per input item, the session in its route.
+
+    ``stream`` yields one output item per input item (for the TTS: a text chunk
+    in, ``{"audio": float32 array, "sample_rate": int}`` out). Hooks run in this
+    process; only the session runs in the route, so a route needs nothing but
+    numpy and its onnxruntime build.
+    """
+
+    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
+        self.plan = stage_plan
+        self.artifact = artifact
+        self.route = route
+        self._host: Any = None
+        self._handle: int | None = None
+        self._pre = artifact.hook("preprocess")
+        self._post = artifact.hook("postprocess")
+        self.load_info: dict[str, Any] = {}
+
+    def load(self) -> None:
+        spec = self.plan.engine_kwargs.get("session")
+        if not spec:
+            raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
+        try:
+            self._host = open_host(self.route)
+            self.load_info = self._host.open(spec, record=True)
+        except Exception as exc:
+            self.close()
+            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+        self._handle = self.load_info["handle"]
+
+    def run_one(self, item: Any) -> Any:
+        """One item through the chain, synchronously."""
+        if self._handle is None:
+            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
+        feeds = self._pre(item, self.artifact) if self._pre else item
+        outputs = self._host.run(self._handle, feeds)["outputs"]
+        return self._post(outputs, self.artifact) if self._post else outputs
+
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in inputs:
+            try:
+                yield await asyncio.to_thread(self.run_one, item)
+            except StageFailed:
+                raise
+            except Exception as exc:
+                raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        if self._host is not None:
+            if self._handle is not None:
+                self._host.close(self._handle)
+            self._host.shutdown()
+        self._host, self._handle = None, None
