@@ -1,24 +1,89 @@
-"""Writing files so that nothing is ever half-written."""
+"""Writing files so that nothing is ever half-written.
+
+Every file omni-edge writes — plans, profiles, run records, gate evidence, the
+memos of graph statistics, GGUF headers and route probes — goes through
+:func:`write_bytes_atomic`: the bytes go to a temporary file in the target's
+directory, which is then renamed over the target (or, with
+``overwrite=False``, linked to it, so an existing file is never replaced). A
+reader sees the old file or the new one, never a torn one, and two writers of
+the same memo leave one whole file.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename it into place."""
+def write_bytes_atomic(
+    path: str | Path, data: bytes, *, overwrite: bool = True, durable: bool = False
+) -> None:
+    """Write ``data`` to ``path`` atomically, creating the parent directory.
+
+    ``overwrite=False``: raise ``FileExistsError`` when ``path`` exists, even if
+    it appears between any check of the caller's and this write (the last step
+    is a hard link, which fails on an existing name; on a file system without
+    hard links, a check and a rename). ``durable``: ``fsync`` the data before it
+    is renamed into place (for files a user asked for, not for caches).
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (the umask
+    applies), not ``tempfile``'s owner-only 0600.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    directory = target.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, target)
+        else:
+            _link_new(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _link_new(tmp: Path, target: Path) -> None:
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
         raise
+    except OSError:
+        # A file system without hard links: check, then rename.
+        if target.exists():
+            raise FileExistsError(f"{target} exists") from None
+        os.replace(tmp, target)
+
+
+def write_text_atomic(
+    path: str | Path, text: str, *, overwrite: bool = True, durable: bool = False
+) -> None:
+    """:func:`write_bytes_atomic` for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"), overwrite=overwrite, durable=durable)
+
+
+def write_json_atomic(
+    path: str | Path,
+    data: Any,
+    *,
+    indent: int | None = 2,
+    default: Callable[[Any], Any] | None = None,
+    overwrite: bool = True,
+    durable: bool = False,
+) -> None:
+    """:func:`write_bytes_atomic` for a JSON document (with a final newline).
+
+    ``indent=None`` writes it compact (memos that only a program reads);
+    ``default`` converts what ``json`` cannot (as in ``json.dumps``).
+    """
+    text = json.dumps(data, indent=indent, default=default) + "\n"
+    write_text_atomic(path, text, overwrite=overwrite, durable=durable)

@@ -9,13 +9,12 @@ overwrites an existing file unless ``--force`` is given.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
+from orchestrator.fileio import write_text_atomic
 from orchestrator.profile import HardwareProfile, Route
 from orchestrator.units import fmt_bytes
 
@@ -94,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_profile(profile)
     if save_path is not None:
-        write_atomic(save_path, text, force=args.force)
+        try:
+            write_text_atomic(save_path, text, overwrite=args.force, durable=True)
+        except FileExistsError:
+            raise _exists(save_path) from None
         if not args.json:
             print(f"\nsaved to {save_path}")
     return 0
@@ -106,38 +108,6 @@ def _exists(path: Path) -> ConfigError:
         "the file already exists and was left untouched",
         "pass --force to replace it, or choose another path",
     )
-
-
-def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
-
-    Without ``force`` an existing ``path`` is an error even if it appears
-    between the check and the write (the final step is a hard link, which
-    fails on an existing name).
-    """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise _exists(path) from None
-            except OSError:
-                # Filesystems without hard links: check, then rename.
-                if path.exists():
-                    raise _exists(path) from None
-                os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---- the table ---------------------------------------------------------------------

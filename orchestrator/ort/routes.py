@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import settings
 from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.backends import backend as backend_row
 from orchestrator.ort.worker import ORT_DISTRIBUTIONS
 from orchestrator.plan import Refusal
@@ -328,10 +329,7 @@ def _remember(report: RouteReport) -> None:
         return
     path = _memory_path(report.python)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json_atomic(path, report.to_dict(), indent=1)
     except OSError as exc:
         log.info("cannot remember the probe of %s: %s", report.python, exc)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import socket
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
+from orchestrator.fileio import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,7 @@ class EvidenceStore:
             **measurement,
         }
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=_jsonable), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json_atomic(path, record, indent=1, default=_jsonable)
         return path
 
 

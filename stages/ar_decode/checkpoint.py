@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import mmap
-import os
 import struct
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.fileio import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -328,10 +328,7 @@ def _write_gguf_memo(p: Path, stamp: tuple[int, ...], header: GgufHeader) -> Non
     meta, tensors = header
     record = {"version": GGUF_MEMO_VERSION, "path": str(p), "stamp": list(stamp), "metadata": meta, "tensors": tensors}
     try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(tmp, memo)
+        write_json_atomic(memo, record, indent=None)
     except (OSError, ValueError) as exc:  # a read-only cache costs speed, never correctness
         log.info("cannot memoise the GGUF header of %s in %s: %s", p, memo, exc)
 

@@ -28,7 +28,6 @@ import importlib.machinery
 import importlib.util
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.fileio import write_json_atomic
 from orchestrator.validation import Strict, problems_from_validation, read_document
 
 log = logging.getLogger(__name__)
@@ -602,9 +602,6 @@ def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:
         "stats": stats.to_dict(),
     }
     try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(tmp, memo)
+        write_json_atomic(memo, record, indent=None)
     except OSError as exc:  # a read-only cache costs speed, never correctness
         log.info("cannot memoise graph statistics in %s: %s", memo, exc)
