@@ -42,6 +42,9 @@ CHECKPOINT_BACKENDS = ("vllm-cuda", "vllm-cpu")
 EXPORTED_BACKENDS = ("ort-cpu", "ort-cuda", "ort-dml", "ort-vitisai", "ort-openvino", "ort-qnn")
 
 HOST_RAM = "host_ram"
+"""The pool the CPU, iGPUs and NPUs draw on: this machine's RAM."""
+THIS_PROCESS = "this-process"
+"""The route (its default name, and its kind) that runs work in this interpreter."""
 
 
 class Host(_Strict):
@@ -78,7 +81,7 @@ class Device(_Strict):
     backends: list[Backend] = Field(
         default_factory=list, description="Backends that can drive this device, best first."
     )
-    route: str = Field("this-process", description="Name of the route (see routes) that reaches it.")
+    route: str = Field(THIS_PROCESS, description="Name of the route (see routes) that reaches it.")
     backend_routes: dict[str, str] = Field(
         default_factory=dict,
         description="Route per backend where it differs from `route` (e.g. ort-openvino through a venv that has onnxruntime-openvino).",
@@ -102,7 +105,7 @@ class Device(_Strict):
 class Route(_Strict):
     name: str = Field(description="Route name referenced by devices[].route.")
     kind: Literal["this-process", "interpreter", "host-process"] = Field(
-        "this-process",
+        THIS_PROCESS,
         description="this-process; another interpreter/venv on this OS; or a process across a boundary (WSL→Windows).",
     )
     python: str | None = Field(
@@ -124,7 +127,7 @@ class HardwareProfile(_Strict):
     host: Host = Field(description="The host OS and its RAM.")
     devices: list[Device] = Field(min_length=1, description="Every compute device, cpu first.")
     routes: list[Route] = Field(
-        default_factory=lambda: [Route(name="this-process")],
+        default_factory=lambda: [Route(name=THIS_PROCESS)],
         description="Ways this process can reach devices.",
     )
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import write_text_atomic
-from orchestrator.profile import HardwareProfile, Route
+from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route
 from orchestrator.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -64,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         routes.append(Route(name=name, kind="interpreter", python=python))
     names = [r.name for r in routes]
-    if "this-process" in names or len(set(names)) != len(names):
+    if THIS_PROCESS in names or len(set(names)) != len(names):
         raise ConfigError.single(
             "--route",
-            f"route names must be unique and not 'this-process' (got {names})",
+            f"route names must be unique and not {THIS_PROCESS!r} (got {names})",
             "rename the route",
         )
 

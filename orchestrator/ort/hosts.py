@@ -34,6 +34,7 @@ from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.ort import worker as route_worker
 from orchestrator.ort.routes import ResolvedRoute
+from orchestrator.profile import THIS_PROCESS
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ def open_host(route: ResolvedRoute) -> LocalHost | WorkerHost:
 
 
 def this_process() -> ResolvedRoute:
-    return ResolvedRoute("this-process", "this-process", None)
+    return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
 
 
 __all__ = ["LocalHost", "RemoteError", "RouteError", "WorkerHost", "open_host", "this_process"]

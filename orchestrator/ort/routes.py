@@ -38,13 +38,12 @@ from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.backends import backend as backend_row
 from orchestrator.ort.worker import ORT_DISTRIBUTIONS
 from orchestrator.plan import Refusal
+from orchestrator.profile import THIS_PROCESS
 
 if TYPE_CHECKING:
     from orchestrator.profile import Device, HardwareProfile, Route
 
 log = logging.getLogger(__name__)
-
-THIS_PROCESS = "this-process"
 
 
 @dataclass(frozen=True)

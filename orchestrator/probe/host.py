@@ -52,7 +52,7 @@ from typing import Literal
 import psutil
 
 from orchestrator.probe.gpus import nvidia_gpus
-from orchestrator.profile import Backend, Device, HardwareProfile, Host, Route
+from orchestrator.profile import THIS_PROCESS, Backend, Device, HardwareProfile, Host, Route
 
 log = logging.getLogger(__name__)
 
@@ -447,15 +447,15 @@ def probe_profile(
         for dev in targets:
             if backend not in backends[dev]:
                 backends[dev].append(backend)
-                if route != "this-process":
+                if route != THIS_PROCESS:
                     via[dev][backend] = route
 
     has_nvidia = bool(gpus)
     for b in _vllm_backends(_vllm_dists_here(), has_nvidia):
-        offer(b, "this-process")
+        offer(b, THIS_PROCESS)
     for ep in here.providers:
         if ep in EP_BACKENDS:
-            offer(EP_BACKENDS[ep], "this-process")
+            offer(EP_BACKENDS[ep], THIS_PROCESS)
 
     routes = [_this_process_route(here)]
     for r, p in zip(routes_in, probes, strict=True):
@@ -551,8 +551,8 @@ def _this_process_route(p: RouteProbe) -> Route:
     else:
         reason = f"probing {sys.executable} failed: {p.error}"
     return Route(
-        name="this-process",
-        kind="this-process",
+        name=THIS_PROCESS,
+        kind=THIS_PROCESS,
         reachable=True,
         reason=reason,
         providers=p.providers if p.ok and p.providers else None,

@@ -48,6 +48,7 @@ import numpy as np
 from orchestrator.config import REQUEST, PipelineConfig
 from orchestrator.errors import ConfigError, PlanRefused, StageFailed
 from orchestrator.plan import PipelinePlan, StagePlan
+from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from stages.text_chunks import SentenceChunker
@@ -199,14 +200,14 @@ class Runtime:
         assert self.cluster is not None
         pids = [d.info["pid"] for d in self.devices.values()] + ([self.ledger_pid] if self.ledger_pid else [])
         self.ray_memory = cluster_mod.ray_memory(self.cluster, pids)
-        reservation = {"pool": "host_ram", "purpose": "ray_runtime", "bytes": int(self.ray_memory["bytes"]),
+        reservation = {"pool": HOST_RAM, "purpose": "ray_runtime", "bytes": int(self.ray_memory["bytes"]),
                        "lifetime": "session", "evidence": "M", "note": self.ray_memory["measure"], "at_load": True}
-        if not any(p.id == "host_ram" for p in self.plan.pools):
+        if not any(p.id == HOST_RAM for p in self.plan.pools):
             return
         shortfalls = ray.get(self.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
         if shortfalls:
             s = shortfalls[0]
-            raise StageFailed(PIPELINE_HOLDER, "host_ram", f"Ray's measured memory ({reservation['bytes']} bytes) does not fit host_ram (over by {s['over_by']} bytes)")
+            raise StageFailed(PIPELINE_HOLDER, HOST_RAM, f"Ray's measured memory ({reservation['bytes']} bytes) does not fit host_ram (over by {s['over_by']} bytes)")
 
     def _load(self, s: StagePlan) -> None:
         import ray

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from orchestrator import errors
 from orchestrator.ledger import Reservation, holder_peak
 from orchestrator.plan import Refusal
+from orchestrator.profile import HOST_RAM
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.validation import Strict
 from stages.ar_decode import formats as capabilities
@@ -226,7 +227,7 @@ class ArDecodeKind(StageKind):
         if backend == "vllm-cuda":
             if not stage.enforce_eager:
                 rs.append(Reservation(pool, "graph_capture", GRAPH_CAPTURE_BYTES, "session", "E", "CUDA graph pool (enforce_eager: false)", at_load=False))
-            rs.append(Reservation("host_ram", "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
+            rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
         return rs
 
     def engine_kwargs(

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import StageFailed
 from orchestrator.ort.hosts import open_host
-from orchestrator.ort.routes import THIS_PROCESS, ResolvedRoute, resolve
+from orchestrator.ort.routes import ResolvedRoute, resolve
+from orchestrator.profile import THIS_PROCESS
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 
