@@ -49,7 +49,7 @@ def main() -> int:
     from orchestrator.ort.hosts import open_host
     from orchestrator.ort.routes import resolve
     from orchestrator.planner import plan_pipeline
-    from orchestrator.verify.placement import verify_placement
+    from orchestrator.verify.placement import placement_for, verify_placement
     from orchestrator.verify.run import candidates
     from stages.exported_graph.kind import ExportedGraphKind
 
@@ -66,9 +66,10 @@ def main() -> int:
     for config in (default, tiny_config):
         found, _ = candidates(config, profile)
         for c in found:
-            placement = c.kind.placement(c.stage, c.info, c.device, c.backend, c.route)
-            if placement is None:
+            gate = c.kind.gate_spec(c.stage, c.info, c.device, c.backend)
+            if gate is None:
                 continue
+            placement = placement_for(gate, c.route)
             if c.route.name not in hosts:
                 t0 = time.perf_counter()
                 host = open_host(resolve(c.route))
@@ -79,7 +80,7 @@ def main() -> int:
             cov = (result.record or {}).get("coverage") or {}
             timings = (result.record or {}).get("timings") or {}
             print(
-                f"  {placement.artifact.name:<24} {c.device.id:<6} {c.backend:<13} {result.status:<8} "
+                f"  {placement.gate.artifact_name:<24} {c.device.id:<6} {c.backend:<13} {result.status:<8} "
                 f"gates {result.verify_s or 0:7.3f} s  (open {timings.get('open_target_s', 0):.3f}, "
                 f"run {timings.get('run_target_s', 0):.3f}, reference {timings.get('reference_s', 0):.3f})  "
                 f"nodes {cov.get('taken')}/{cov.get('total')}"
@@ -88,11 +89,11 @@ def main() -> int:
         host.shutdown()  # type: ignore[attr-defined]
 
     print(f"\n== planning {default.name!r}: warm evidence vs no verification (median of {args.repeat}) ==")
-    real = ExportedGraphKind.verification
-    off = lambda self, *a, **k: (None, [])  # noqa: E731 - the base class's "no gates" answer
+    real = ExportedGraphKind.gate_spec
+    off = lambda self, *a, **k: None  # noqa: E731 - the base class's "no gates" answer
 
     def timed(verify: bool) -> float:
-        ExportedGraphKind.verification = real if verify else off  # type: ignore[method-assign]
+        ExportedGraphKind.gate_spec = real if verify else off  # type: ignore[method-assign]
         t0 = time.perf_counter()
         plan_pipeline(default, profile)
         return time.perf_counter() - t0
@@ -102,7 +103,7 @@ def main() -> int:
     for _ in range(args.repeat):
         warm.append(timed(True))
         unverified.append(timed(False))
-    ExportedGraphKind.verification = real  # type: ignore[method-assign]
+    ExportedGraphKind.gate_spec = real  # type: ignore[method-assign]
     plan = plan_pipeline(default, profile)
     voice = plan.stage("voice")
     mw, mu = statistics.median(warm), statistics.median(unverified)

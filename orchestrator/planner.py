@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
@@ -30,6 +30,7 @@ from orchestrator.ledger import Ledger, Reservation
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
 from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
 from orchestrator.units import GiB, MiB, fmt_bytes
+from orchestrator.verify.placement import cached_verdict
 from stages.base import ArtifactInfo, StageKind
 from stages.registry import get_kind
 
@@ -50,6 +51,30 @@ RAY_RUNTIME_BYTES = int(0.9 * GiB)
 machine of this class, conservative since RSS counts shared pages in every process.
 The runtime replaces it with its own measurement (M) when it starts: 0.46–0.52 GiB
 of PSS here (docs/runtime.md, "Ray's own memory")."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A (stage, device, backend) the config allows and the profile offers, with the
+    route that reaches the device for that backend (reachable or not)."""
+
+    stage: StageConfig
+    kind: StageKind
+    info: ArtifactInfo
+    device: Device
+    backend: str
+    route: Route
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A device in a stage's list that yields no candidate, and why: ``masked``
+    (``--mask``), ``absent`` (the profile has no such device) or ``no_backend``
+    (none of its backends runs this kind, or the stage allows none of them)."""
+
+    stage: str
+    device: str
+    why: Literal["masked", "absent", "no_backend"]
 
 
 @dataclass(frozen=True)
@@ -141,48 +166,77 @@ def plan_pipeline(
     )
 
 
-def _candidates(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
-    kind = get_kind(stage.kind)
-    info = kind.describe(stage)
-    state = _StageState(stage, kind, info, [], [])
+def stage_candidates(
+    stage: StageConfig, kind: StageKind, info: ArtifactInfo, profile: HardwareProfile, mask: frozenset[str],
+) -> list[Candidate | Excluded]:
+    """Every device of the stage's list, in its order: the candidates it yields (one
+    per backend, in the stage's or else the device's order) or why it yields none.
+
+    The one enumeration of candidates: the planner tries them, ``omni-edge
+    verify`` measures the gated ones. Nothing is checked beyond the config and
+    the profile (no route reachability, no artifact fit).
+    """
+    out: list[Candidate | Excluded] = []
     for dev_id in stage.devices:
         device = profile.device(dev_id)
         if _masked(dev_id, mask):
-            state.refusals.append(Refusal(errors.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it"))
+            out.append(Excluded(stage.name, dev_id, "masked"))
             continue
         if device is None:
-            have = ", ".join(d.id for d in profile.devices)
-            state.refusals.append(Refusal(
-                errors.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
-                "remove it from the stage's devices, or plan with --profile for a machine that has it",
-            ))
+            out.append(Excluded(stage.name, dev_id, "absent"))
             continue
         wanted = stage.backends or list(device.backends)
         backends = [b for b in wanted if b in device.backends and b in kind.backends]
         if not backends:
-            state.refusals.append(Refusal(
-                errors.NO_RUNNABLE_DEVICE, dev_id,
-                f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.backends))}",
-                f"install a backend for {dev_id} ({', '.join(kind.backends)}), or place the stage on another device",
-            ))
+            out.append(Excluded(stage.name, dev_id, "no_backend"))
             continue
         for backend in backends:
-            option = _try(stage, kind, info, device, backend, profile, base, state.refusals)
-            if option is not None:
-                state.options.append(option)
+            route = profile.route(device.route_for(backend))
+            assert route is not None  # the profile validator guarantees it
+            out.append(Candidate(stage, kind, info, device, backend, route))
+    return out
+
+
+def _candidates(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
+    kind = get_kind(stage.kind)
+    info = kind.describe(stage)
+    state = _StageState(stage, kind, info, [], [])
+    for found in stage_candidates(stage, kind, info, profile, mask):
+        if isinstance(found, Excluded):
+            state.refusals.append(_exclusion(found, stage, kind, profile))
+            continue
+        option = _try(found, base, state.refusals)
+        if option is not None:
+            state.options.append(option)
     return state
+
+
+def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile: HardwareProfile) -> Refusal:
+    dev_id = excluded.device
+    if excluded.why == "masked":
+        return Refusal(errors.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it")
+    if excluded.why == "absent":
+        have = ", ".join(d.id for d in profile.devices)
+        return Refusal(
+            errors.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
+            "remove it from the stage's devices, or plan with --profile for a machine that has it",
+        )
+    device = profile.device(dev_id)
+    assert device is not None
+    return Refusal(
+        errors.NO_RUNNABLE_DEVICE, dev_id,
+        f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.backends))}",
+        f"install a backend for {dev_id} ({', '.join(kind.backends)}), or place the stage on another device",
+    )
 
 
 def _where(device: Device, backend: str) -> str:
     return f"{device.id} ({backend})"
 
 
-def _try(
-    stage: StageConfig, kind: StageKind, info: ArtifactInfo, device: Device, backend: str,
-    profile: HardwareProfile, base: Ledger, refusals: list[Refusal],
-) -> _Option | None:
-    route = profile.route(device.route_for(backend))
-    assert route is not None  # the profile validator guarantees it
+def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal]) -> _Option | None:
+    stage, kind, info = candidate.stage, candidate.kind, candidate.info
+    device, backend, route = candidate.device, candidate.backend, candidate.route
     if not route.reachable:
         refusals.append(Refusal(
             errors.DEVICE_UNREACHABLE, device.id,
@@ -194,7 +248,8 @@ def _try(
     if found:
         refusals.extend(found)
         return None
-    verification, failed = kind.verification(stage, info, device, backend, route)
+    gate = kind.gate_spec(stage, info, device, backend)
+    verification, failed = cached_verdict(gate, route) if gate is not None else (None, [])
     if failed:
         refusals.extend(failed)
         return None

@@ -16,9 +16,15 @@ opened; heavy imports forbidden):
    the orchestrator has checked that the device exists and its route is
    reachable. Returns the refusals that make the device impossible for this
    stage regardless of memory (format, architecture, missing export), or [].
-3. ``reservations(stage, info, device, backend, limits)`` — every byte the
+3. ``gate_spec(stage, info, device, backend)`` — once per candidate that
+   ``check`` accepted, for kinds whose ``needs_gates`` is true: what the
+   coverage and numeric gates must measure before the placement is trusted, as
+   plain data (:class:`GateSpec`), or None. The planner asks the evidence cache
+   for a verdict on it (``omni-edge verify`` measures it); the kind never
+   imports ``orchestrator.verify``.
+4. ``reservations(stage, info, device, backend, pool)`` — every byte the
    stage intends to hold on the device's pool, with lifetime and evidence.
-4. ``engine_kwargs(...)`` — the backend's own settings derived from the plan.
+5. ``engine_kwargs(...)`` — the backend's own settings derived from the plan.
 
 Runtime side: ``runner(placement)`` returns a :class:`StageRunner`, created
 inside the device actor (it may import heavy modules).
@@ -35,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field
 
 from orchestrator.ledger import Reservation
-from orchestrator.plan import Refusal, Verification
+from orchestrator.plan import Refusal
 from orchestrator.validation import Strict
 
 if TYPE_CHECKING:
@@ -94,6 +100,47 @@ class Limits:
     max_num_seqs: int = 1
 
 
+@dataclass(frozen=True)
+class GateSpec:
+    """What the gates must measure before a placement is trusted: one ONNX Runtime
+    session's EP node coverage and its outputs against a reference.
+
+    Plain data, built by :meth:`StageKind.gate_spec`. ``orchestrator.verify``
+    measures it in the placement's route (``omni-edge verify``) or, while
+    planning, looks up the evidence recorded for it and judges that against
+    ``min_coverage`` and ``tolerance``. The evidence key is made of the fields
+    below that change what a gate measures, plus the route's onnxruntime build
+    and the gates' own version, which verify adds.
+    """
+
+    stage: str
+    artifact: str
+    """The artifact directory (absolute), for the reference data the gate runs."""
+    artifact_name: str
+    artifact_precisions: tuple[str, ...]
+    """Every precision the artifact has a graph for (remedies name only these)."""
+    precision: str
+    backend: str
+    device_id: str
+    device_name: str
+    session: dict[str, Any]
+    """The target session, as ``orchestrator.ort.backends.SessionSpec.to_dict()``."""
+    graph_sha256: str
+    reference_sha256: str
+    reference_graph: str | None
+    """The fp32 graph the CPU reference runs, or None when the artifact has none."""
+    options: dict[str, Any]
+    """The provider and session options that change what the gate measures."""
+    min_coverage: float
+    """Fraction of the graph's nodes the target EP must take."""
+    tolerance: dict[str, float]
+    """``rel_l2``, ``max_abs`` and ``cosine_min`` the outputs must meet."""
+
+    @property
+    def ep(self) -> str:
+        return str(self.session["providers"][0])
+
+
 class StageKind(ABC):
     """A registered kind of stage. Subclasses set ``kind`` and ``config_model``."""
 
@@ -101,6 +148,10 @@ class StageKind(ABC):
     config_model: ClassVar[type[StageConfig]]
     backends: ClassVar[tuple[str, ...]]
     """Backends (from the profile vocabulary) that can run this kind, best first."""
+    needs_gates: ClassVar[bool] = False
+    """True when a placement of this kind is trusted only after the coverage and
+    numeric gates (``gate_spec`` then describes them); ``omni-edge verify`` looks
+    at these kinds' stages only."""
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -128,14 +179,12 @@ class StageKind(ABC):
         """Backend settings derived from the plan (vLLM engine args, ORT options)."""
         return {}
 
-    def verification(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route
-    ) -> tuple[Verification | None, list[Refusal]]:
-        """Gate state for this placement, from cached evidence only (never opens a
-        session at plan time). Returns the verification record for the plan and
-        any refusals that cached evidence implies (a failed coverage or numeric
-        gate). Checkpoint kinds return (None, [])."""
-        return None, []
+    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+        """What the gates must measure for this placement (plain data), or None when
+        it needs none. Called while planning and by ``omni-edge verify``, only for a
+        candidate ``check`` accepted; reads nothing but ``info`` and the stage.
+        Kinds with ``needs_gates`` false return None (the default)."""
+        return None
 
     def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
         """Extra plan fields for this stage (e.g. ``kv_cache`` for AR stages)."""

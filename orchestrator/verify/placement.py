@@ -1,53 +1,88 @@
-"""One exported placement to verify, and the result of verifying it.
+"""One gated placement to verify, and the result of verifying it.
 
-A :class:`Placement` is plain data built by the ``exported_graph`` stage kind
-(``ExportedGraphKind.placement``): the artifact and precision, the session
-spec its backend table produced, the thresholds, and the evidence key.
-:func:`verify_placement` measures it in a host of its route (or reuses the
-cached evidence), writes the evidence, and judges it; :func:`cached_verdict`
-does the plan-time half (lookup and judge, nothing opened).
+A :class:`Placement` is a stage kind's :class:`~stages.base.GateSpec` (plain
+data: the artifact and precision, the session spec, the thresholds, what the
+evidence key is made of) placed in a route: the route's interpreter and its
+onnxruntime build, which completes the evidence key. :func:`verify_placement`
+measures it in a host of its route (or reuses the cached evidence), writes the
+evidence, and judges it; :func:`cached_verdict` does the plan-time half
+(lookup and judge, nothing opened).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
 
-from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.errors import DEVICE_UNREACHABLE, VerificationError
 from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
-from orchestrator.ort.routes import ResolvedRoute
+from orchestrator.ort.hosts import LocalHost, RemoteError, WorkerHost
+from orchestrator.ort.routes import ResolvedRoute, resolve, runtime_identity
 from orchestrator.plan import Refusal, Verification
+from orchestrator.profile import Route
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import Judgement, judge, measure
-
-if TYPE_CHECKING:
-    from orchestrator.ort.hosts import LocalHost, WorkerHost
-    from stages.exported_graph.artifact import ExportedArtifact, Tolerance
+from stages.base import GateSpec
+from stages.exported_graph.artifact import ExportedArtifact, Tolerance, load_artifact
 
 
 @dataclass(frozen=True)
 class Placement:
-    stage: str
-    artifact: ExportedArtifact
-    precision: str
-    backend: str
-    device_id: str
-    device_name: str
+    """A kind's gate spec in the route that runs it."""
+
+    gate: GateSpec
     route: ResolvedRoute
-    spec: SessionSpec
-    reference_graph: str | None
-    """The fp32 graph the CPU reference runs, or None when the artifact has none."""
-    min_coverage: float
-    tolerance: Tolerance
-    key_parts: dict[str, Any]
-    """Every evidence-key field but ``runtime``."""
     runtime: str | None
     """The route's onnxruntime build (``distribution==version``); None when unknown."""
 
     @property
+    def stage(self) -> str:
+        return self.gate.stage
+
+    @property
+    def precision(self) -> str:
+        return self.gate.precision
+
+    @property
+    def backend(self) -> str:
+        return self.gate.backend
+
+    @property
+    def device_id(self) -> str:
+        return self.gate.device_id
+
+    @property
+    def device_name(self) -> str:
+        return self.gate.device_name
+
+    @property
     def ep(self) -> str:
-        return self.spec.providers[0]
+        return self.gate.ep
+
+    @property
+    def min_coverage(self) -> float:
+        return self.gate.min_coverage
+
+    @property
+    def reference_graph(self) -> str | None:
+        """The fp32 graph the CPU reference runs, or None when the artifact has none."""
+        return self.gate.reference_graph
+
+    @cached_property
+    def spec(self) -> SessionSpec:
+        return SessionSpec.from_dict(self.gate.session)
+
+    @cached_property
+    def tolerance(self) -> Tolerance:
+        return Tolerance(**self.gate.tolerance)
+
+    @cached_property
+    def artifact(self) -> ExportedArtifact:
+        """The artifact (its manifest read now): only measuring needs its reference data."""
+        return load_artifact(self.gate.artifact)
 
     @property
     def target_only(self) -> bool:
@@ -57,13 +92,24 @@ class Placement:
     @property
     def key(self) -> EvidenceKey | None:
         """None while the runtime is unknown: evidence cannot be matched then."""
-        return EvidenceKey(**self.key_parts, runtime=self.runtime) if self.runtime else None
+        if not self.runtime:
+            return None
+        g = self.gate
+        return EvidenceKey(
+            artifact=g.artifact_name, graph_sha256=g.graph_sha256, reference_sha256=g.reference_sha256,
+            precision=g.precision, backend=g.backend, ep=g.ep, runtime=self.runtime,
+            device_id=g.device_id, device_name=g.device_name, options=g.options,
+        )
 
     def with_runtime(self, runtime: str | None) -> Placement:
         """The same placement keyed by the runtime a probe of the route reported."""
-        from dataclasses import replace
-
         return replace(self, runtime=runtime) if runtime else self
+
+
+def placement_for(gate: GateSpec, route: Route, *, base_dir: Path | None = None, runtime: str | None = None) -> Placement:
+    """``gate`` in the profile's ``route``. ``runtime`` (from a probe of the route)
+    wins over the plan-time lookup of the route's onnxruntime build."""
+    return Placement(gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir))
 
 
 @dataclass
@@ -127,9 +173,6 @@ def verify_placement(
     Errors that are not a verdict — the graph does not load on the CPU EP
     either, the route died — come back as ``status='error'`` with the message.
     """
-    from orchestrator.errors import VerificationError
-    from orchestrator.ort.hosts import RemoteError
-
     store = store or EvidenceStore()
     base: dict[str, Any] = {
         "stage": placement.stage, "device": placement.device_id, "backend": placement.backend,
@@ -184,26 +227,29 @@ def verify_placement(
 
 def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
     return judge(
-        record, artifact_name=placement.artifact.name, device_id=placement.device_id,
+        record, artifact_name=placement.gate.artifact_name, device_id=placement.device_id,
         min_coverage=placement.min_coverage, tolerance=placement.tolerance,
-        target_only=placement.target_only, precisions=tuple(placement.artifact.manifest.precisions),
+        target_only=placement.target_only, precisions=placement.gate.artifact_precisions,
     )
 
 
-def cached_verdict(placement: Placement, store: EvidenceStore | None = None) -> tuple[Verification, list[Refusal]]:
-    """Plan time: the evidence for this key, judged now; never opens a session."""
-    route = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
+def cached_verdict(gate: GateSpec, route: Route, store: EvidenceStore | None = None) -> tuple[Verification, list[Refusal]]:
+    """Plan time: the evidence recorded for ``gate`` in ``route``, judged against the
+    current thresholds; never opens a session. Returns the plan's verification
+    record and the refusals a failed gate implies."""
+    placement = placement_for(gate, route)
+    recorded_route = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
     if placement.key is None:
         return Verification("unverified", "", {
             "reason": f"the onnxruntime build of route {placement.route.name!r} is unknown without running it",
-            "hint": "run `omni-edge verify CONFIG`", "route": route,
+            "hint": "run `omni-edge verify CONFIG`", "route": recorded_route,
         }), []
     store = store or EvidenceStore()
     record = store.load(placement.key)
     if record is None:
         return Verification("unverified", "", {
             "reason": "no evidence for this artifact digest, precision, EP, runtime, device and options",
-            "hint": "run `omni-edge verify CONFIG`", "key": placement.key.digest()[:16], "route": route,
+            "hint": "run `omni-edge verify CONFIG`", "key": placement.key.digest()[:16], "route": recorded_route,
         }), []
     verdict = _judge(placement, record)
     cov = record.get("coverage") or {}
@@ -214,7 +260,7 @@ def cached_verdict(placement: Placement, store: EvidenceStore | None = None) -> 
         "suspicious": bool(record.get("suspicious")),
         "warnings": verdict.warnings,
         "evidence_file": str(store.path(placement.key)),
-        "route": route,
+        "route": recorded_route,
         "runtime": placement.key.runtime,
         "measured_at": record.get("measured_at"),
         "machine": record.get("machine"),

@@ -1,23 +1,27 @@
-"""Verify every exported placement a plan would consider, route by route.
+"""Verify every gated placement a plan would consider, route by route.
 
-The candidates are the planner's, before memory: for each ``exported_graph``
-stage, each allowed device that the profile has and the mask does not hide,
-each backend in the stage's (or device's) order that the device offers. A
-candidate the profile already shows unreachable, or with no runnable
-precision, is refused without starting anything; the rest are measured in one
-host per route (the interpreter starts once, and its probe answer supplies the
-runtime part of the evidence key).
+The candidates are the planner's (``planner.stage_candidates``), before
+memory, for the stages whose kind ``needs_gates``: each allowed device that the
+profile has and the mask does not hide, each backend in the stage's (or
+device's) order that the device offers. A candidate the profile already shows
+unreachable, or that the kind's ``check`` refuses (no runnable precision), is
+refused without starting anything; the rest are measured, from the kind's
+``gate_spec``, in one host per route (the interpreter starts once, and its
+probe answer supplies the runtime part of the evidence key).
 """
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError
+from orchestrator.ort.hosts import RouteError, open_host
 from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
@@ -26,24 +30,12 @@ from orchestrator.ort.routes import (
     static_refusal,
 )
 from orchestrator.plan import Refusal
+from orchestrator.planner import Candidate, Excluded, stage_candidates
+from orchestrator.probe.host import PROC_CPUINFO, is_wsl, parse_cpuinfo
+from orchestrator.profile import HardwareProfile
 from orchestrator.verify.evidence import EvidenceStore
-from orchestrator.verify.placement import PlacementResult, verify_placement
-
-if TYPE_CHECKING:
-    from orchestrator.config import PipelineConfig, StageConfig
-    from orchestrator.profile import Device, HardwareProfile, Route
-    from stages.base import ArtifactInfo
-    from stages.exported_graph.kind import ExportedGraphKind
-
-
-@dataclass
-class Candidate:
-    stage: StageConfig
-    kind: ExportedGraphKind
-    info: ArtifactInfo
-    device: Device
-    backend: str
-    route: Route
+from orchestrator.verify.placement import PlacementResult, placement_for, verify_placement
+from stages.registry import get_kind
 
 
 @dataclass
@@ -82,34 +74,27 @@ class VerifyReport:
 def candidates(
     config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str] = frozenset(),
 ) -> tuple[list[Candidate], list[dict[str, str]]]:
-    """(candidates, skipped): what the planner would try for exported stages."""
-    from stages.exported_graph.kind import ExportedGraphKind
-    from stages.registry import get_kind
-
+    """(candidates, skipped): what the planner would try for the stages that need gates."""
     out: list[Candidate] = []
     skipped: list[dict[str, str]] = []
     for stage in config.topological():
         kind = get_kind(stage.kind)
-        if not isinstance(kind, ExportedGraphKind):
+        if not kind.needs_gates:
             continue
-        info = kind.describe(stage)
-        for dev_id in stage.devices:
-            if dev_id in mask or dev_id.split(":")[0] in mask:
-                skipped.append({"stage": stage.name, "device": dev_id, "why": "excluded by --mask"})
-                continue
-            device = profile.device(dev_id)
-            if device is None:
-                skipped.append({"stage": stage.name, "device": dev_id, "why": f"{profile.name} has no {dev_id}"})
-                continue
-            wanted = stage.backends or list(device.backends)
-            backends = [b for b in wanted if b in device.backends and b in kind.backends]
-            if not backends:
-                skipped.append({"stage": stage.name, "device": dev_id, "why": f"{dev_id} offers no ONNX Runtime backend the stage allows"})
-            for backend in backends:
-                route = profile.route(device.route_for(backend))
-                assert route is not None  # the profile validator guarantees it
-                out.append(Candidate(stage, kind, info, device, backend, route))
+        for found in stage_candidates(stage, kind, kind.describe(stage), profile, mask):
+            if isinstance(found, Excluded):
+                skipped.append({"stage": stage.name, "device": found.device, "why": _skip_reason(found, profile)})
+            else:
+                out.append(found)
     return out, skipped
+
+
+def _skip_reason(excluded: Excluded, profile: HardwareProfile) -> str:
+    if excluded.why == "masked":
+        return "excluded by --mask"
+    if excluded.why == "absent":
+        return f"{profile.name} has no {excluded.device}"
+    return f"{excluded.device} offers no ONNX Runtime backend the stage allows"
 
 
 Step = Callable[[Candidate, str], None]
@@ -133,10 +118,6 @@ def foreign_profile(profile: HardwareProfile) -> str | None:
     machine's names would record a result that machine never produced. Profiles
     that leave ``host.cpu_name`` empty (hand-written ones) are taken at their word.
     """
-    import platform
-
-    from orchestrator.probe.host import PROC_CPUINFO, is_wsl, parse_cpuinfo
-
     host_os = {"Linux": "linux", "Windows": "windows", "Darwin": "macos"}.get(platform.system(), platform.system().lower())
     if profile.host.os != host_os:
         return f"it describes a {profile.host.os} host; this process runs on {host_os}"
@@ -169,8 +150,6 @@ def verify_pipeline(
     on_done: Callable[[PlacementResult], None] | None = None,
 ) -> VerifyReport:
     """Run the gates for every candidate; write evidence; never raise for a refusal."""
-    from orchestrator.ort.hosts import RouteError, open_host
-
     require_this_machine(profile)
     store = store or EvidenceStore()
     found, skipped = candidates(config, profile, mask)
@@ -217,8 +196,9 @@ def verify_pipeline(
             if unreachable is not None:
                 refuse(c, unreachable)
                 continue
-            placement = c.kind.placement(c.stage, c.info, c.device, c.backend, c.route, base_dir=base_dir, runtime=route_report.runtime)
-            assert placement is not None  # check() found a runnable precision
+            gate = c.kind.gate_spec(c.stage, c.info, c.device, c.backend)
+            assert gate is not None  # check() found a runnable precision
+            placement = placement_for(gate, c.route, base_dir=base_dir, runtime=route_report.runtime)
             step(c, f"gates on {placement.ep} [{placement.precision}]")
             done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
     finally:

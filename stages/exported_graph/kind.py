@@ -2,8 +2,9 @@
 
 Planning reads the artifact's manifest and graph statistics (never a session,
 never onnxruntime); the backend table (``orchestrator.ort.backends``)
-supplies providers, options and EP memory; gate state comes from the evidence
-cache only. The runtime half is ``stages.exported_graph.runner``.
+supplies providers, options and EP memory; ``gate_spec`` says what the
+coverage and numeric gates must measure, and the planner reads their verdict
+from the evidence cache. The runtime half is ``stages.exported_graph.runner``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pydantic import Field
 from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
 from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
-from orchestrator.plan import Refusal, Verification
+from orchestrator.plan import Refusal
 from orchestrator.units import MiB, fmt_bytes
 from orchestrator.validation import Strict
-from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
+from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     PACKAGE_SCHEME,
     ExportedArtifact,
@@ -34,9 +35,6 @@ from stages.exported_graph.runner import ExportedGraphRunner, route_for
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
-    from orchestrator.verify.placement import Placement
-
-OrtBackendName = Literal["ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu"]
 
 ACTIVATION_FLOOR = 64 * MiB
 """One inference's intermediate tensors, at least: the piper voice on a
@@ -72,7 +70,7 @@ class ExportedGraphConfig(StageConfig):
         False,
         description="Run on the target EP alone: sets session.disable_cpu_ep_fallback=1, so a node the EP declines fails the session instead of running on the CPU.",
     )
-    provider_options: dict[OrtBackendName, dict[str, str | int | float | bool]] = Field(
+    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = Field(
         default_factory=dict,
         description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
     )
@@ -84,7 +82,8 @@ class ExportedGraphKind(StageKind):
 
     kind = "exported_graph"
     config_model = ExportedGraphConfig
-    backends = ("ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu")
+    backends = tuple(ort_backends.BACKENDS)
+    needs_gates = True
 
     def __init__(self) -> None:
         self._artifacts: dict[str, tuple[float, ExportedArtifact]] = {}
@@ -238,50 +237,23 @@ class ExportedGraphKind(StageKind):
             "target_only": _cfg(stage).target_only,
         }
 
-    def verification(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route
-    ) -> tuple[Verification | None, list[Refusal]]:
-        from orchestrator.verify.placement import cached_verdict
-
-        placement = self.placement(stage, info, device, backend, route)
-        if placement is None:
-            return Verification("unverified", "", {"reason": "no runnable precision (see refusals)"}), []
-        return cached_verdict(placement)
-
-    def placement(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, route: Route,
-        *, base_dir: Path | None = None, runtime: str | None = None,
-    ) -> Placement | None:
-        """Everything the gates need for one candidate, or None without a runnable precision.
-
-        ``runtime`` (from a probe) wins over the plan-time lookup of the route's
-        onnxruntime build.
-        """
-        from orchestrator.ort.routes import resolve, runtime_identity
-        from orchestrator.verify.evidence import GATES_VERSION
-        from orchestrator.verify.placement import Placement
-
+    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+        """The coverage and numeric gates of the precision ``check`` chose on this
+        device, or None when none runs there. Read from ``info`` alone."""
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
             return None
-        cfg = _cfg(stage)
-        art = self.artifact(cfg)
         spec = self.session_spec(stage, info, device, backend, precision)
-        g = info.details["precisions"][precision]
-        reference = info.details["precisions"].get("fp32", {}).get("graph")
-        return Placement(
-            stage=cfg.name, artifact=art, precision=precision, backend=backend,
-            device_id=device.id, device_name=device.name, route=resolve(route, base_dir),
-            spec=spec, reference_graph=reference,
-            min_coverage=self._min_coverage(cfg, art), tolerance=self._tolerance(cfg, art),
-            key_parts={
-                "artifact": art.name, "graph_sha256": g["sha256"],
-                "reference_sha256": info.details["reference_sha256"], "precision": precision,
-                "backend": backend, "ep": spec.providers[0], "device_id": device.id,
-                "device_name": device.name, "options": ort_backends.keyed_options(backend, spec),
-                "gates_version": GATES_VERSION,
-            },
-            runtime=runtime or runtime_identity(route, base_dir),
+        graphs = info.details["precisions"]
+        return GateSpec(
+            stage=stage.name, artifact=info.path, artifact_name=info.details["name"],
+            artifact_precisions=tuple(info.details["available_precisions"]),
+            precision=precision, backend=backend, device_id=device.id, device_name=device.name,
+            session=spec.to_dict(), graph_sha256=graphs[precision]["sha256"],
+            reference_sha256=info.details["reference_sha256"],
+            reference_graph=graphs.get("fp32", {}).get("graph"),
+            options=ort_backends.keyed_options(backend, spec),
+            min_coverage=float(info.details["min_ep_coverage"]), tolerance=dict(info.details["tolerance"]),
         )
 
     def remedy_for_budget(

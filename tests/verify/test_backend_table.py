@@ -19,6 +19,7 @@ from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NO_EXPORTED_G
 from orchestrator.ort.backends import keyed_options
 from orchestrator.profile import HardwareProfile, load_profile
 from orchestrator.verify.evidence import EvidenceStore
+from orchestrator.verify.placement import placement_for
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import REPO, K, N, write_artifact
 
@@ -180,8 +181,11 @@ def test_the_planner_reads_evidence_and_refuses_on_failed_evidence(artifact: Pat
                 "numeric": {"reference": "CPU EP, fp32 graph", "outputs": {"y": {"shape_match": True, "rel_l2": 1e-6, "max_abs": 1e-6, "cosine": 1.0}}, "error": None},
                 "suspicious": False}
 
-    npu_key = kind.placement(stage, info, npu, "ort-openvino", route).key  # type: ignore[union-attr]
-    igpu_key = kind.placement(stage, info, igpu, "ort-openvino", route).key  # type: ignore[union-attr]
+    npu_gate = kind.gate_spec(stage, info, npu, "ort-openvino")
+    igpu_gate = kind.gate_spec(stage, info, igpu, "ort-openvino")
+    assert npu_gate is not None and igpu_gate is not None
+    npu_key = placement_for(npu_gate, route).key
+    igpu_key = placement_for(igpu_gate, route).key
     assert npu_key is not None and igpu_key is not None and npu_key != igpu_key
     store.save(npu_key, record(0, 2))
     store.save(igpu_key, record(2, 2))

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NUMERIC_GATE_FAILED
 from orchestrator.verify.evidence import EvidenceStore
-from orchestrator.verify.placement import Placement, verify_placement
+from orchestrator.verify.placement import Placement, placement_for, verify_placement
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import cpu_outputs, machine_profile, ort_own_counts, write_artifact
 
@@ -35,9 +35,9 @@ def placement(artifact: Path, backend: str = "ort-openvino", **stage: Any) -> Pl
     route = profile.route(device.route_for(backend))
     assert route is not None
     info = kind.describe(cfg)
-    p = kind.placement(cfg, info, device, backend, route)
-    assert p is not None
-    return p
+    gate = kind.gate_spec(cfg, info, device, backend)
+    assert gate is not None
+    return placement_for(gate, route)
 
 
 @pytest.fixture(scope="module")
