@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -43,7 +43,7 @@ EXPORTED_BACKENDS = ("ort-cpu", "ort-cuda", "ort-dml", "ort-vitisai", "ort-openv
 
 HOST_RAM = "host_ram"
 """The pool the CPU, iGPUs and NPUs draw on: this machine's RAM."""
-THIS_PROCESS = "this-process"
+THIS_PROCESS: Final = "this-process"
 """The route (its default name, and its kind) that runs work in this interpreter."""
 
 
