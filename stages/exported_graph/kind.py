@@ -26,10 +26,9 @@ from stages.exported_graph.artifact import (
     ExportedArtifact,
     Precision,
     Tolerance,
-    check_against_graph,
-    describe_graph,
     load_artifact,
 )
+from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from stages.exported_graph.runner import ExportedGraphRunner, route_for
 
 if TYPE_CHECKING:

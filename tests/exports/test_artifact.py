@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from orchestrator.errors import ConfigError
-from stages.exported_graph.artifact import describe_graph, load_artifact, resolve_package_location
+from stages.exported_graph.artifact import load_artifact, resolve_package_location
+from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import K, N, full_graph, write_artifact
 
@@ -154,11 +155,11 @@ def test_reference_inputs_must_be_an_npz_inside_the_directory(tmp_path: Path) ->
 
 
 def test_graph_stats_are_memoised_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import stages.exported_graph.artifact as artifact_module
+    import stages.exported_graph.graph_stats as graph_stats_module
 
     d = write_artifact(tmp_path / "a", "full")
     first = describe_graph(d / "fp32.onnx")
-    monkeypatch.setattr(artifact_module, "_read_graph", lambda p: pytest.fail("re-read a memoised graph"))
+    monkeypatch.setattr(graph_stats_module, "_read_graph", lambda p: pytest.fail("re-read a memoised graph"))
     assert describe_graph(d / "fp32.onnx") == first
     monkeypatch.undo()
     write_artifact(tmp_path / "a", "det")  # a different graph in the same place

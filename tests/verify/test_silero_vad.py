@@ -22,7 +22,8 @@ from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH
 from orchestrator.ort.hosts import RemoteError
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
-from stages.exported_graph.artifact import check_against_graph, describe_graph, load_artifact
+from stages.exported_graph.artifact import load_artifact
+from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from tests.verify.helpers import REPO
 from tests.verify.test_gates_openvino import placement
 
