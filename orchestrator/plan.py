@@ -13,6 +13,12 @@ from typing import Any
 from orchestrator.ledger import Reservation, holder_peak
 
 PLAN_FORMAT = "omni-edge.plan/1"
+STAGE_FIELDS = frozenset({
+    "name", "kind", "admitted", "device", "backend", "route", "inputs", "final_output", "final_output_type",
+    "budget_bytes", "reservations", "refusals", "engine_kwargs", "artifact", "verification",
+})
+"""The keys of a stage in the plan JSON that are the plan's own; any other key is
+one of the kind's ``details``."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +64,18 @@ class StagePlan:
     engine_kwargs: dict[str, Any]
     artifact: dict[str, Any]
     """Summary of what describe() read: path, weight bytes/format, digest..."""
-    kv_cache: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific plan fields (``StageKind.plan_details``, e.g. ar_decode's
+    ``kv_cache``), written at the stage's top level in the JSON."""
     verification: Verification | None = None
     inputs: tuple[str, ...] = ()
     final_output: bool = False
     final_output_type: str | None = None
+
+    def __post_init__(self) -> None:
+        clash = sorted(set(self.details) & STAGE_FIELDS)
+        if clash:
+            raise ValueError(f"stage {self.name!r}: kind-specific plan fields {clash} clash with the plan's own")
 
     @property
     def pool(self) -> str | None:
@@ -89,8 +102,7 @@ class StagePlan:
             "engine_kwargs": self.engine_kwargs,
             "artifact": self.artifact,
         }
-        if self.kv_cache is not None:
-            d["kv_cache"] = self.kv_cache
+        d.update(self.details)
         if self.verification is not None:
             d["verification"] = self.verification.to_dict()
         return d
@@ -109,7 +121,7 @@ class StagePlan:
             refusals=tuple(Refusal(**r) for r in d.get("refusals", [])),
             engine_kwargs=dict(d.get("engine_kwargs", {})),
             artifact=dict(d.get("artifact", {})),
-            kv_cache=d.get("kv_cache"),
+            details={k: v for k, v in d.items() if k not in STAGE_FIELDS},
             verification=Verification(**ver) if ver else None,
             inputs=tuple(d.get("inputs", ())),
             final_output=bool(d.get("final_output", False)),

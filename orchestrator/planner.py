@@ -337,11 +337,10 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
     stage, kind, info = state.stage, state.kind, state.info
     artifact: dict[str, Any] = {
         "kind": info.kind, "path": info.path, "weight_bytes": info.weight_bytes, "weight_format": info.weight_format,
-        **{k: v for k, v in info.details.items() if k != "text_config"},
+        **info.details,
     }
-    extras = kind.plan_extras(stage, info)
     common: dict[str, Any] = {
-        "name": stage.name, "kind": stage.kind, "artifact": artifact, "kv_cache": extras.get("kv_cache"),
+        "name": stage.name, "kind": stage.kind, "artifact": artifact, "details": kind.plan_details(stage, info),
         "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
     }
     if option is None:

@@ -326,7 +326,8 @@ STAGE_COLUMNS = (
 def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> Sheet:
     sheet = Sheet(title, STAGE_COLUMNS)
     for s in plan.stages:
-        kv = fmt_bytes(s.kv_cache["bytes_per_token"]) if s.kv_cache else "-"
+        kv_cache = s.details.get("kv_cache")
+        kv = fmt_bytes(kv_cache["bytes_per_token"]) if kv_cache else "-"
         sheet.add_row(
             s.name, s.kind,
             s.device or Text("refused", style="bold red"), s.backend or "-",

@@ -89,7 +89,11 @@ class ArtifactInfo:
     weight_format: str
     """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see stages.ar_decode.checkpoint)."""
     details: dict[str, Any] = field(default_factory=dict)
-    """Kind-specific: the text config, dtype histogram, op histogram, precisions ..."""
+    """Kind-specific facts published in the plan's artifact summary (precisions,
+    digests, the checkpoint manifest ...)."""
+    internal: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific facts the kind keeps for its own later hooks and does not
+    publish in the plan (e.g. ar_decode's whole text config)."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,11 @@ class StageKind(ABC):
         Kinds with ``needs_gates`` false return None (the default)."""
         return None
 
-    def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
-        """Extra plan fields for this stage (e.g. ``kv_cache`` for AR stages)."""
+    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+        """Kind-specific fields of the stage's plan (``StagePlan.details``), written at
+        the stage's top level in the plan JSON, e.g. ar_decode's ``kv_cache``. Called
+        once per stage after ``describe``, whether the stage is admitted or not; the
+        names must not be the plan's own (``orchestrator.plan.STAGE_FIELDS``)."""
         return {}
 
     def remedy_for_budget(

@@ -165,13 +165,13 @@ class ArDecodeKind(StageKind):
         return ArtifactInfo(
             kind=kind, path=str(path), weight_bytes=manifest.weight_bytes,
             weight_format=manifest.weight_format,
-            details={"text_config": tcfg, "manifest": summary, "source": stage.model},
+            details={"manifest": summary, "source": stage.model}, internal={"text_config": tcfg},
         )
 
     def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None) -> KVBudget:
         kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
         return kv_budget(
-            info.details["text_config"], max_model_len=max_model_len or stage.max_model_len,
+            info.internal["text_config"], max_model_len=max_model_len or stage.max_model_len,
             max_num_seqs=stage.max_num_seqs, kv_dtype=kv_dtype,
         )
 
@@ -186,7 +186,7 @@ class ArDecodeKind(StageKind):
                 f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
                 f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
             ))
-        tcfg = info.details["text_config"]
+        tcfg = info.internal["text_config"]
         arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
         if arch:
             out.append(Refusal(
@@ -201,7 +201,7 @@ class ArDecodeKind(StageKind):
         *, max_model_len: int | None = None,
     ) -> list[Reservation]:
         assert isinstance(stage, ArDecodeConfig)
-        tcfg = info.details["text_config"]
+        tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         dtype = _effective_dtype(stage, info)
         act_bytes = 4 if dtype == "float32" else 2
@@ -255,7 +255,8 @@ class ArDecodeKind(StageKind):
             kwargs["kv_cache_dtype"] = stage.kv_cache_dtype
         return kwargs
 
-    def plan_extras(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+        """The KV cache as the plan reports it: bytes per token and in total, by layer kind."""
         assert isinstance(stage, ArDecodeConfig)
         kv = self.kv(stage, info)
         return {"kv_cache": {
