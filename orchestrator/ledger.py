@@ -18,8 +18,11 @@ Rules (see docs/ledger.md):
   steady state. This holds in any load order.
 * Pools nest: a reservation in a child pool also counts against its parent,
   and admission checks the whole chain.
-* ``admit`` is check-and-reserve in one call with nothing awaited inside; a
-  refusal names the pool, the figures and every contributor.
+* ``admit`` is check-and-reserve in one call with nothing awaited inside; it
+  answers an :class:`Admission`, whose refusal names the pool, the figures and
+  every contributor.
+* The pipeline's own reservations (external reserve, safety margins, the Ray
+  runtime) are held under :data:`PIPELINE_HOLDER`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from typing import Any, Literal
 
 Lifetime = Literal["load", "session", "request"]
 Evidence = Literal["D", "E", "M"]
+
+PIPELINE_HOLDER = "(pipeline)"
+"""The holder of the pipeline's own reservations, beside one holder per stage."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,23 @@ class Shortfall:
     @property
     def over_by(self) -> int:
         return self.peak - self.capacity
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``Ledger.admit`` answers: admitted (``ok``, the reservations now held),
+    or refused with the pools that would overflow (nothing new held)."""
+
+    shortfalls: tuple[Shortfall, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.shortfalls
+
+    def __bool__(self) -> bool:
+        # ``if ledger.admit(...)`` read as "admitted" when it used to mean "refused":
+        # make the question explicit.
+        raise TypeError("ask Admission.ok (or look at .shortfalls), not the admission's truth")
 
 
 @dataclass
@@ -157,13 +180,13 @@ class Ledger:
         return self.chain(pool_id)
 
     # -- mutation ------------------------------------------------------------
-    def admit(self, holder: str, reservations: list[Reservation]) -> list[Shortfall]:
-        """Check and reserve in one step. Returns [] when admitted (and then
-        holds the reservations), else the shortfalls (and holds nothing new)."""
+    def admit(self, holder: str, reservations: list[Reservation]) -> Admission:
+        """Check and reserve in one step: when ``.ok`` the reservations are held,
+        otherwise nothing new is held and ``.shortfalls`` says why."""
         shortfalls = self.check({holder: reservations})
         if not shortfalls:
             self.held.setdefault(holder, []).extend(reservations)
-        return shortfalls
+        return Admission(tuple(shortfalls))
 
     def release(self, holder: str, lifetime: Lifetime | None = None) -> int:
         """Drop a holder's reservations (all, or those of one lifetime); returns bytes freed."""

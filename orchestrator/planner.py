@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
-from orchestrator.ledger import Ledger, Reservation
+from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
 from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
 from orchestrator.units import GiB, MiB, fmt_bytes
@@ -35,8 +35,6 @@ from stages.base import ArtifactInfo, StageKind
 from stages.registry import get_kind
 
 log = logging.getLogger(__name__)
-
-PIPELINE_HOLDER = "(pipeline)"
 
 EXTERNAL_RESERVE_VRAM = 1 * GiB
 """VRAM this pipeline does not control: the compositor and other applications'
@@ -148,7 +146,8 @@ def plan_pipeline(
         _explain_joint_failure(viable, ledger)
     # the search left the ledger holding only the pipeline's own reservations
     for name, option in chosen.items():
-        ledger.admit(name, list(option.reservations))
+        admission = ledger.admit(name, list(option.reservations))
+        assert admission.ok, "the search found this assignment fitting"
     stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
     pools = []
     for pool_id, pool in ledger.pools.items():
@@ -283,7 +282,7 @@ def _search(states: list[_StageState], ledger: Ledger) -> list[_Option] | None:
         if i == len(states):
             return True
         for option in states[i].options:
-            if ledger.admit(states[i].stage.name, list(option.reservations)):
+            if not ledger.admit(states[i].stage.name, list(option.reservations)).ok:
                 continue
             picked.append(option)
             if go(i + 1):

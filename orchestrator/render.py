@@ -31,6 +31,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.units import fmt_bytes
 
@@ -352,7 +353,7 @@ def reservations_sheet(plan: PipelinePlan, notes: Notes) -> Sheet:
             sheet.add_row(s.name, r.pool, r.purpose, fmt_bytes(r.bytes), _lifetime(r.lifetime, r.at_load),
                           r.evidence, notes.note(r.note) if r.note else "")
     for r in plan.shared_reservations:
-        sheet.add_row("(pipeline)", r.pool, r.purpose, fmt_bytes(r.bytes), r.lifetime, r.evidence,
+        sheet.add_row(PIPELINE_HOLDER, r.pool, r.purpose, fmt_bytes(r.bytes), r.lifetime, r.evidence,
                       notes.note(r.note) if r.note else "")
     return sheet
 

@@ -98,9 +98,9 @@ class DeviceHost:
     async def load_stage(self, plan_doc: dict[str, Any], stage_config: Any, kind: Any, route: Any = None) -> dict[str, Any]:
         plan = StagePlan.from_dict(plan_doc)
         name = plan.name
-        shortfalls = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
-        if shortfalls:
-            s = shortfalls[0]
+        admission = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
+        if not admission["ok"]:
+            s = admission["shortfalls"][0]
             who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
             raise RemoteStageFailure(name, self.device, (
                 f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "

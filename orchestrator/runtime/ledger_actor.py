@@ -7,23 +7,25 @@ and ``admit`` — check and reserve, with nothing awaited inside — is atomic.
 Protocol, per stage (the device actor drives it):
 
 1. ``admit(stage, reservations)`` before the load: every reservation of the
-   stage's plan, or none (the shortfalls come back and nothing is held).
+   stage's plan, or none (``{"ok": False, "shortfalls": [...]}`` comes back
+   and nothing is held).
 2. ``release(stage, "load")`` once the weights are resident.
 3. ``report(stage, measured)`` after the load and again at close: the
    measured peak (evidence M) next to the plan's budget.
 4. ``release(stage)`` when the stage closes or its device actor dies.
 
 The pipeline itself holds the plan's shared reservations (external reserve,
-safety margin) and Ray's measured memory under ``(pipeline)``.
+safety margin) and Ray's measured memory under ``ledger.PIPELINE_HOLDER``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 from typing import Any
 
-from orchestrator.ledger import Ledger, Reservation
+from orchestrator.ledger import Admission, Ledger, Reservation
 
 
 class LedgerService:
@@ -47,34 +49,34 @@ class LedgerService:
 
     def ready(self) -> int:
         """The actor's process id (its memory is Ray's, charged with the runtime)."""
-        import os
-
         return os.getpid()
 
-    def admit(self, holder: str, reservations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Check and reserve in one step; [] when admitted, else the shortfalls."""
+    def admit(self, holder: str, reservations: list[dict[str, Any]]) -> dict[str, Any]:
+        """Check and reserve in one step; the :class:`~orchestrator.ledger.Admission`
+        as plain data: ``{"ok": bool, "shortfalls": [...]}``."""
         rs = [Reservation(**r) for r in reservations]
-        shortfalls = self.ledger.admit(holder, rs)
-        self._log("admit" if not shortfalls else "refuse", holder, sum(r.bytes for r in rs))
-        return [{**asdict(s), "over_by": s.over_by} for s in shortfalls]
+        admission = self.ledger.admit(holder, rs)
+        self._log("admit" if admission.ok else "refuse", holder, sum(r.bytes for r in rs))
+        return _plain(admission)
 
     def release(self, holder: str, lifetime: str | None = None) -> int:
         freed = self.ledger.release(holder, lifetime)  # type: ignore[arg-type]
         self._log(f"release:{lifetime or 'all'}", holder, freed)
         return freed
 
-    def replace(self, holder: str, purpose: str, reservation: dict[str, Any]) -> list[dict[str, Any]]:
+    def replace(self, holder: str, purpose: str, reservation: dict[str, Any]) -> dict[str, Any]:
         """Swap one held reservation (by purpose) for another — an estimate for
-        its measurement. Atomic: on a shortfall the old one stays."""
+        its measurement. Atomic: when not ``ok`` the old one stays. Answers like
+        ``admit``."""
         old = [r for r in self.ledger.held.get(holder, []) if r.purpose == purpose]
         keep = [r for r in self.ledger.held.get(holder, []) if r.purpose != purpose]
         self.ledger.held[holder] = keep
         new = Reservation(**reservation)
-        shortfalls = self.ledger.admit(holder, [new])
-        if shortfalls:
+        admission = self.ledger.admit(holder, [new])
+        if not admission.ok:
             self.ledger.held[holder] = keep + old
-        self._log("replace" if not shortfalls else "refuse", holder, new.bytes)
-        return [{**asdict(s), "over_by": s.over_by} for s in shortfalls]
+        self._log("replace" if admission.ok else "refuse", holder, new.bytes)
+        return _plain(admission)
 
     def report(self, holder: str, measured: dict[str, Any]) -> None:
         self.measured[holder] = {**self.measured.get(holder, {}), **measured}
@@ -94,6 +96,10 @@ class LedgerService:
 
     def _log(self, what: str, holder: str, nbytes: int) -> None:
         self.events.append({"t": time.time(), "event": what, "holder": holder, "bytes": nbytes})
+
+
+def _plain(admission: Admission) -> dict[str, Any]:
+    return {"ok": admission.ok, "shortfalls": [{**asdict(s), "over_by": s.over_by} for s in admission.shortfalls]}
 
 
 def create(pools: list[dict[str, Any]]) -> Any:

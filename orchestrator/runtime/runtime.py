@@ -47,6 +47,7 @@ import numpy as np
 
 from orchestrator.config import REQUEST, PipelineConfig
 from orchestrator.errors import ConfigError, PlanRefused, StageFailed
+from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
@@ -55,7 +56,6 @@ from stages.text_chunks import SentenceChunker
 
 log = logging.getLogger(__name__)
 
-PIPELINE_HOLDER = "(pipeline)"
 ACTOR_READY_TIMEOUT_S = 120.0
 """A device actor's worker start plus its imports: ~2 s warm here, tens of
 seconds on a cold 2-core machine; two minutes ends one that cannot start."""
@@ -165,9 +165,9 @@ class Runtime:
     def _admit_pipeline(self, reservations: list[dict[str, Any]]) -> None:
         import ray
 
-        shortfalls = ray.get(self.ledger.admit.remote(PIPELINE_HOLDER, reservations))
-        if shortfalls:
-            s = shortfalls[0]
+        admission = ray.get(self.ledger.admit.remote(PIPELINE_HOLDER, reservations))
+        if not admission["ok"]:
+            s = admission["shortfalls"][0]
             raise StageFailed(PIPELINE_HOLDER, s["pool"], f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
 
     def _start_device(self, device: str) -> None:
@@ -204,9 +204,9 @@ class Runtime:
                        "lifetime": "session", "evidence": "M", "note": self.ray_memory["measure"], "at_load": True}
         if not any(p.id == HOST_RAM for p in self.plan.pools):
             return
-        shortfalls = ray.get(self.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
-        if shortfalls:
-            s = shortfalls[0]
+        admission = ray.get(self.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
+        if not admission["ok"]:
+            s = admission["shortfalls"][0]
             raise StageFailed(PIPELINE_HOLDER, HOST_RAM, f"Ray's measured memory ({reservation['bytes']} bytes) does not fit host_ram (over by {s['over_by']} bytes)")
 
     def _load(self, s: StagePlan) -> None:

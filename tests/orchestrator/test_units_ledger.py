@@ -38,7 +38,7 @@ def test_peak_is_max_of_load_path_and_steady_state_not_their_sum():
         r("host_ram", "load_transient", 2 * GiB, "load"),
         r("host_ram", "kv_cache", 3 * GiB, at_load=False),
     ]
-    assert ledger.admit("llm", rs) == []
+    assert ledger.admit("llm", rs).ok
     peak, shares = ledger.peak("host_ram")
     # load path 4+2 = 6, steady 4+3 = 7: the peak is 7, not 9
     assert peak == 7 * GiB
@@ -59,8 +59,10 @@ def test_pool_peak_adds_steady_states_plus_the_largest_load_excess():
 def test_admission_refuses_naming_contributors_and_holds_nothing():
     ledger = Ledger()
     ledger.add_pool("host_ram", 8 * GiB)
-    assert ledger.admit("thinker", [r("host_ram", "weights", 5 * GiB)]) == []
-    shortfalls = ledger.admit("tts", [r("host_ram", "weights", 4 * GiB)])
+    assert ledger.admit("thinker", [r("host_ram", "weights", 5 * GiB)]).ok
+    admission = ledger.admit("tts", [r("host_ram", "weights", 4 * GiB)])
+    assert not admission.ok
+    shortfalls = admission.shortfalls
     assert len(shortfalls) == 1
     sf = shortfalls[0]
     assert (sf.pool, sf.capacity, sf.peak, sf.over_by) == ("host_ram", 8 * GiB, 9 * GiB, 1 * GiB)
@@ -75,13 +77,22 @@ def test_child_pool_counts_against_parent():
     ledger.add_pool("shared:igpu:0", 4 * GiB, parent="host_ram")
     ledger.admit("llm", [r("host_ram", "weights", 7 * GiB)])
     # fits the iGPU's own 4 GiB cap, but not what host RAM has left
-    sfs = ledger.admit("vocoder", [r("shared:igpu:0", "weights", 3500 * MiB)])
+    sfs = ledger.admit("vocoder", [r("shared:igpu:0", "weights", 3500 * MiB)]).shortfalls
     assert [s.pool for s in sfs] == ["host_ram"]
     # over the child's cap even though the parent would have room
     ledger2 = Ledger()
     ledger2.add_pool("host_ram", 100 * GiB)
     ledger2.add_pool("shared:igpu:0", 4 * GiB, parent="host_ram")
-    assert [s.pool for s in ledger2.admit("v", [r("shared:igpu:0", "weights", 5 * GiB)])] == ["shared:igpu:0"]
+    assert [s.pool for s in ledger2.admit("v", [r("shared:igpu:0", "weights", 5 * GiB)]).shortfalls] == ["shared:igpu:0"]
+
+
+def test_an_admission_is_asked_whether_it_is_ok_never_for_its_truth():
+    ledger = Ledger()
+    ledger.add_pool("host_ram", GiB)
+    admission = ledger.admit("s", [r("host_ram", "weights", 2 * GiB)])
+    assert not admission.ok and admission.shortfalls[0].pool == "host_ram"
+    with pytest.raises(TypeError, match=r"Admission\.ok"):
+        bool(admission)
 
 
 def test_release_by_lifetime_then_all():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.ledger import Reservation
+from orchestrator.ledger import PIPELINE_HOLDER, Reservation
 from orchestrator.runtime.ledger_actor import LedgerService
 from orchestrator.units import MiB
 
@@ -18,8 +18,10 @@ def service() -> LedgerService:
 
 def test_admit_is_all_or_nothing_and_names_the_shortfall() -> None:
     s = service()
-    assert s.admit("a", [r("weights", 600), r("load_transient", 100, "load")]) == []
-    refused = s.admit("b", [r("weights", 300), r("kv", 200)])
+    assert s.admit("a", [r("weights", 600), r("load_transient", 100, "load")]) == {"ok": True, "shortfalls": []}
+    answer = s.admit("b", [r("weights", 300), r("kv", 200)])
+    assert not answer["ok"]
+    refused = answer["shortfalls"]
     assert refused and refused[0]["pool"] == "host_ram"
     assert refused[0]["over_by"] == (700 + 500 - 1000) * MiB  # a's 600 + 100 excess over steady, b's 500
     assert refused[0]["contributors"] == {"a": 700 * MiB, "b": 500 * MiB}
@@ -28,8 +30,8 @@ def test_admit_is_all_or_nothing_and_names_the_shortfall() -> None:
 
 def test_child_pool_counts_against_its_parent() -> None:
     s = service()
-    assert s.admit("igpu-stage", [r("weights", 250, pool="shared:igpu:0")]) == []
-    refused = s.admit("cpu-stage", [r("weights", 800)])
+    assert s.admit("igpu-stage", [r("weights", 250, pool="shared:igpu:0")])["ok"]
+    refused = s.admit("cpu-stage", [r("weights", 800)])["shortfalls"]
     assert refused[0]["pool"] == "host_ram"
 
 
@@ -46,11 +48,11 @@ def test_load_release_then_report_then_release_all() -> None:
 
 def test_replace_swaps_an_estimate_for_a_measurement_atomically() -> None:
     s = service()
-    s.admit("(pipeline)", [r("ray_runtime", 900), r("safety_margin", 50)])
-    assert s.replace("(pipeline)", "ray_runtime", r("ray_runtime", 500, evidence="M")) == []
-    held = {x["purpose"]: x for x in s.snapshot()["holders"]["(pipeline)"]}
+    s.admit(PIPELINE_HOLDER, [r("ray_runtime", 900), r("safety_margin", 50)])
+    assert s.replace(PIPELINE_HOLDER, "ray_runtime", r("ray_runtime", 500, evidence="M"))["ok"]
+    held = {x["purpose"]: x for x in s.snapshot()["holders"][PIPELINE_HOLDER]}
     assert held["ray_runtime"]["bytes"] == 500 * MiB and held["ray_runtime"]["evidence"] == "M"
-    refused = s.replace("(pipeline)", "ray_runtime", r("ray_runtime", 2000, evidence="M"))
-    assert refused
-    held = {x["purpose"]: x for x in s.snapshot()["holders"]["(pipeline)"]}
+    refused = s.replace(PIPELINE_HOLDER, "ray_runtime", r("ray_runtime", 2000, evidence="M"))
+    assert not refused["ok"] and refused["shortfalls"][0]["pool"] == "host_ram"
+    held = {x["purpose"]: x for x in s.snapshot()["holders"][PIPELINE_HOLDER]}
     assert held["ray_runtime"]["bytes"] == 500 * MiB  # the old one stays

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import StageFailed
+from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.runtime.events import AudioChunk, StageEvent, collect
-from orchestrator.runtime.runtime import PIPELINE_HOLDER, Runtime
+from orchestrator.runtime.runtime import Runtime
 from orchestrator.units import MiB
 from tests.runtime.kinds import REPLY, echo_pipeline
 

@@ -22,9 +22,9 @@ import pytest
 
 from orchestrator.api import Pipeline
 from orchestrator.errors import StageFailed
+from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.runtime.audio import read_wav
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
-from orchestrator.runtime.runtime import PIPELINE_HOLDER
 from stages.text_chunks import SentenceChunker
 from tests.conftest import REPO
 
