@@ -233,9 +233,10 @@ def main() -> int:
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
 
-    from orchestrator.api import Pipeline, prepare_models, resolve_profile
+    from orchestrator.api import Pipeline, prepare_models
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
+    from orchestrator.probe import resolve_profile
     from stages.registry import get_kind
 
     sampling = {k: v for k, v in (("min_tokens", args.min_tokens), ("max_tokens", args.max_tokens)) if v is not None}

@@ -44,16 +44,16 @@ def main() -> int:
     args = ap.parse_args()
     os.environ["OMNI_EDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="omni-edge-bench-")
 
-    from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config, parse_config
-    from orchestrator.ort.hosts import open_host
     from orchestrator.ort.routes import resolve
+    from orchestrator.ort.sessions import open_sessions
     from orchestrator.planner import plan_pipeline
+    from orchestrator.probe import resolve_profile
     from orchestrator.verify.placement import placement_for, verify_placement
     from orchestrator.verify.run import candidates
     from stages.exported_graph.kind import ExportedGraphKind
 
-    profile = load_profile_arg(args.profile)
+    profile = resolve_profile(args.profile)
     default = load_config(REPO / "configs" / "voice-assistant.yaml")
     tiny = _tiny_artifact(Path(os.environ["OMNI_EDGE_CACHE_DIR"]))
     tiny_config = parse_config({"name": "tiny", "stages": [{
@@ -72,7 +72,7 @@ def main() -> int:
             placement = placement_for(gate, c.route)
             if c.route.name not in hosts:
                 t0 = time.perf_counter()
-                host = open_host(resolve(c.route))
+                host = open_sessions(resolve(c.route))
                 host.probe()
                 hosts[c.route.name] = host
                 print(f"  route {c.route.name}: interpreter start + probe {time.perf_counter() - t0:.2f} s")

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import PlanRefused
+from orchestrator.probe import resolve_profile
 from orchestrator.runtime.events import Event, Result, collect
 
 if TYPE_CHECKING:
@@ -301,19 +302,6 @@ def _quiet_ray_off_main_thread() -> None:
     worker_log = logging.getLogger("ray._private.worker")
     if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
         worker_log.addFilter(_OffMainThreadNotice())
-
-
-def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
-    """A profile object from a file path, an object, or None (this machine, probed)."""
-    from orchestrator.profile import HardwareProfile, load_profile
-
-    if isinstance(profile, HardwareProfile):
-        return profile
-    if profile is not None:
-        return load_profile(profile)
-    from orchestrator.probe.host import probe_profile
-
-    return probe_profile(cached_routes=True)
 
 
 def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:

@@ -143,8 +143,6 @@ def import_cycles() -> list[list[str]]:
     return cycles
 
 
-@pytest.mark.xfail(strict=True, reason="the layout issue removes these (StageConfig moves into stages.base; "
-                   "ort.routes and ort.hosts get one owner); see docs/architecture.md")
 def test_no_import_cycle_among_the_projects_modules() -> None:
     cycles = import_cycles()
     assert not cycles, "import cycles (each a chain of direct imports, type-checking ones included):\n" + "\n".join(

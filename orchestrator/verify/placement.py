@@ -19,8 +19,8 @@ from typing import Any
 
 from orchestrator.errors import DEVICE_UNREACHABLE, VerificationError
 from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
-from orchestrator.ort.hosts import LocalHost, RemoteError, WorkerHost
-from orchestrator.ort.routes import ResolvedRoute, resolve, runtime_identity
+from orchestrator.ort.routes import resolve, runtime_identity
+from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
 from orchestrator.plan import Refusal, Verification
 from orchestrator.profile import Route
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
@@ -163,7 +163,7 @@ def _public_coverage(cov: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def verify_placement(
     placement: Placement,
-    host: LocalHost | WorkerHost,
+    host: Sessions,
     *,
     store: EvidenceStore | None = None,
     force: bool = False,

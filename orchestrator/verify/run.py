@@ -12,7 +12,6 @@ probe answer supplies the runtime part of the evidence key).
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from typing import Any
 
 from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError
-from orchestrator.ort.hosts import RouteError, open_host
 from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
@@ -29,9 +27,10 @@ from orchestrator.ort.routes import (
     resolve,
     static_refusal,
 )
+from orchestrator.ort.sessions import RouteError, open_sessions
 from orchestrator.plan import Refusal
 from orchestrator.planner import Candidate, Excluded, stage_candidates
-from orchestrator.probe.host import PROC_CPUINFO, is_wsl, parse_cpuinfo
+from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.profile import HardwareProfile
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import PlacementResult, placement_for, verify_placement
@@ -118,21 +117,14 @@ def foreign_profile(profile: HardwareProfile) -> str | None:
     machine's names would record a result that machine never produced. Profiles
     that leave ``host.cpu_name`` empty (hand-written ones) are taken at their word.
     """
-    host_os = {"Linux": "linux", "Windows": "windows", "Darwin": "macos"}.get(platform.system(), platform.system().lower())
-    if profile.host.os != host_os:
-        return f"it describes a {profile.host.os} host; this process runs on {host_os}"
-    try:
-        here_wsl = is_wsl(Path("/proc/version").read_text())
-    except OSError:
-        here_wsl = False
+    here_os = host_os()
+    if profile.host.os != here_os:
+        return f"it describes a {profile.host.os} host; this process runs on {here_os}"
+    here_wsl = running_in_wsl()
     if profile.host.wsl != here_wsl:
         return f"it describes a host {'inside' if profile.host.wsl else 'outside'} WSL2; this process runs {'inside' if here_wsl else 'outside'} it"
     if profile.host.cpu_name:
-        try:
-            here = parse_cpuinfo(PROC_CPUINFO.read_text())[0]
-        except OSError:
-            here = ""
-        here = here or platform.processor() or platform.machine()
+        here = cpu_model()[0]
         if here and profile.host.cpu_name.strip() != here.strip():
             return f"it describes a machine with CPU {profile.host.cpu_name!r}; this one has {here!r}"
     return None
@@ -183,7 +175,7 @@ def verify_pipeline(
                 step(c, f"starting route {c.route.name}")
                 t0 = time.perf_counter()
                 try:
-                    host = open_host(resolved)
+                    host = open_sessions(resolved)
                     report.routes[c.route.name] = report_from_probe(resolved, host.probe())
                     hosts[c.route.name] = host
                 except RouteError as exc:

@@ -3,7 +3,7 @@
 :class:`ExportedGraphRunner` carries out an admitted ``exported_graph``
 placement inside a device actor: ``load()`` opens the plan's session spec in
 the placement's route (this interpreter, or a route worker started with the
-route's interpreter, ``orchestrator.ort.hosts``); ``stream()`` sends each
+route's interpreter, ``orchestrator.ort.sessions``); ``stream()`` sends each
 input item through preprocess → session → postprocess. The hooks run in this
 process; only the session runs in the route, so a route needs nothing but
 numpy and its onnxruntime build.
@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import StageFailed
-from orchestrator.ort.hosts import open_host
-from orchestrator.ort.routes import ResolvedRoute, resolve
+from orchestrator.ort.routes import resolve
+from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.profile import THIS_PROCESS
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
@@ -72,7 +72,7 @@ class ExportedGraphRunner(StageRunner):
         if not spec:
             raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
         try:
-            self._host = open_host(self.route)
+            self._host = open_sessions(self.route)
             self.load_info = self._host.open(spec, record=True)
         except Exception as exc:
             self.close()

@@ -184,7 +184,7 @@ def test_verified_stage_and_a_long_stage_name(monkeypatch: pytest.MonkeyPatch, c
 def test_plan_on_this_machine_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
-    from orchestrator.probe.host import probe_profile
+    from orchestrator.probe import probe_profile
     from orchestrator.render import plan_table
 
     # One probe, rendered twice: the free RAM changes between two probes.
@@ -220,7 +220,7 @@ def test_profile_screen_fits_80_columns(profile: Path, capsys: pytest.CaptureFix
 
 def test_probe_of_this_machine_fits_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.commands.probe import profile_view
-    from orchestrator.probe.host import probe_profile
+    from orchestrator.probe import probe_profile
 
     p = probe_profile(cached_routes=True)
     narrow = printed(profile_view(p), NARROW, capsys)

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.probe import gpus
-from orchestrator.probe.host import probe_profile
+from orchestrator.probe import gpus, probe_profile
 from orchestrator.profile import load_profile, profile_pools
 from orchestrator.units import MiB
 

@@ -1,4 +1,4 @@
-"""`omni-edge probe` and orchestrator.probe.host: this machine as a profile."""
+"""`omni-edge probe` and orchestrator.probe: this machine as a profile."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+import orchestrator.probe
 from orchestrator.cli import main
-from orchestrator.probe import host as probe
+from orchestrator.commands.probe import parse_route_arg
+from orchestrator.ort.routes import RouteReport, probe_route
+from orchestrator.probe import host, probe_profile
 from orchestrator.profile import Route, load_profile, parse_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +38,7 @@ GiB = 2**30
     ],
 )
 def test_parse_cgroup_limit(text, expected):
-    assert probe.parse_cgroup_limit(text) == expected
+    assert host.parse_cgroup_limit(text) == expected
 
 
 def test_cgroup_limit_skips_max_and_reads_the_next_file(tmp_path):
@@ -43,15 +46,15 @@ def test_cgroup_limit_skips_max_and_reads_the_next_file(tmp_path):
     v1 = tmp_path / "memory.limit_in_bytes"
     v2.write_text("max\n")
     v1.write_text("4294967296\n")
-    assert probe.cgroup_memory_limit([tmp_path / "absent", v2, v1]) == 4 * GiB
+    assert host.cgroup_memory_limit([tmp_path / "absent", v2, v1]) == 4 * GiB
     v1.write_text("9223372036854771712\n")
-    assert probe.cgroup_memory_limit([v2, v1]) is None
+    assert host.cgroup_memory_limit([v2, v1]) is None
 
 
 def test_wsl_is_recognised_from_proc_version():
-    assert probe.is_wsl("Linux version 5.15.167.4-microsoft-standard-WSL2 (root@...)")
-    assert probe.is_wsl("Linux version 4.4.0-19041-Microsoft")
-    assert not probe.is_wsl("Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075)")
+    assert host.is_wsl("Linux version 5.15.167.4-microsoft-standard-WSL2 (root@...)")
+    assert host.is_wsl("Linux version 4.4.0-19041-Microsoft")
+    assert not host.is_wsl("Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075)")
 
 
 def test_cpuinfo_name_and_isa():
@@ -60,61 +63,70 @@ def test_cpuinfo_name_and_isa():
         "flags\t\t: fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_bf16 amx_tile amx_bf16 amx_int8\n"
         "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu\n"
     )
-    name, isa = probe.parse_cpuinfo(text)
+    name, isa = host.parse_cpuinfo(text)
     assert name == "Intel(R) Xeon(R) Platinum 8480+"
     assert {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"} <= set(isa)
     assert "fpu" not in isa
 
 
 def test_cpuinfo_aarch64_features():
-    name, isa = probe.parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm bf16 sve\n")
+    name, isa = host.parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm bf16 sve\n")
     assert name == "" and isa == ["bf16", "dotprod", "i8mm", "neon", "sve"]
 
 
 def test_route_argument():
-    assert probe.parse_route_arg("ov=.venvs/openvino/bin/python") == (
+    assert parse_route_arg("ov=.venvs/openvino/bin/python") == (
         "ov",
         ".venvs/openvino/bin/python",
     )
     with pytest.raises(ValueError, match="NAME=PYTHON"):
-        probe.parse_route_arg("just-a-path")
+        parse_route_arg("just-a-path")
 
 
-# ---- interpreters -------------------------------------------------------------------------
+# ---- interpreters: asked through orchestrator.ort.routes.probe_route ------------------------
+# (a hung, crashing or missing interpreter: tests/verify/test_routes.py)
 
 
-def _fake_python(tmp_path: Path, body: str) -> str:
-    """An executable that stands in for an interpreter: it ignores its arguments."""
-    exe = tmp_path / "fake-python"
-    exe.write_text("#!/bin/sh\n" + body + "\n")
-    exe.chmod(0o755)
-    return str(exe)
+def test_a_cached_probe_is_reused_until_the_interpreter_changes(tmp_path, monkeypatch):
+    from orchestrator.ort import routes
+
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text("")
+    asked = []
+
+    def fake_probe(resolved, timeout):
+        asked.append(resolved.python)
+        return RouteReport(resolved.name, resolved.kind, resolved.python, True, ort_version="1.0",
+                           providers=("CPUExecutionProvider",), python_version="3.11.7")
+
+    monkeypatch.setattr(routes, "_probe", fake_probe)
+    route = Route(name="v", kind="interpreter", python=str(python))
+    first = probe_route(route, cached=True)
+    again = probe_route(route.model_copy(update={"name": "renamed"}), cached=True)
+    assert len(asked) == 1 and again.name == "renamed" and again.providers == first.providers
+    probe_route(route)  # without cached: asked again (and remembered)
+    assert len(asked) == 2
+    st = site.stat()  # installing a package changes site-packages' mtime
+    os.utime(site, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    probe_route(route, cached=True)
+    assert len(asked) == 3
+    # a plan-time evidence lookup names the build the last probe saw
+    monkeypatch.setattr(routes, "_dist_info_identity", lambda python: None)
+    assert routes.runtime_identity(route) == "onnxruntime==1.0"
 
 
-def test_interpreter_that_hangs_times_out(tmp_path):
-    result = probe.probe_interpreter(_fake_python(tmp_path, "sleep 10"), timeout_s=0.5)
-    assert not result.ok and "did not answer within 0.5 s" in result.error
-
-
-def test_interpreter_that_crashes_reports_its_last_line(tmp_path):
-    result = probe.probe_interpreter(
-        _fake_python(tmp_path, "echo 'ImportError: libfoo.so' >&2; exit 3")
-    )
-    assert not result.ok and "exited 3: ImportError: libfoo.so" in result.error
-
-
-def test_missing_interpreter():
-    result = probe.probe_interpreter("/nonexistent/bin/python")
-    assert not result.ok and "not found" in result.error
-
-
+# ---- the probe on this machine -----------------------------------------------------------
 # ---- the probe on this machine -----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def here():
     """One probe of this machine (each costs a cold `import onnxruntime` in a subprocess)."""
-    return probe.probe_profile(use_default_routes=False)
+    return probe_profile(use_default_routes=False)
 
 
 def test_probe_returns_a_valid_profile_with_cpu(here):
@@ -147,17 +159,22 @@ def test_probe_this_process_route_lists_what_onnxruntime_offers(here):
         assert "ort-cpu" in here.device("cpu").backends
 
 
-def test_extra_route_eps_become_backend_routes(tmp_path):
-    answer = json.dumps(
-        {"v": "9.9", "p": ["OpenVINOExecutionProvider", "CPUExecutionProvider"], "vllm": []}
-    )
-    fake = _fake_python(tmp_path, f"echo '{answer}'")
-    p = probe.probe_profile(
-        [Route(name="fake-ov", kind="interpreter", python=fake)], use_default_routes=False
+def test_extra_route_eps_become_backend_routes(monkeypatch):
+    def fake_probe(route, **kw):
+        if route.name == "fake-ov":
+            return RouteReport(route.name, route.kind, route.python, True, ort_version="9.9",
+                               providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+                               python_version="3.11.7")
+        return RouteReport(route.name, route.kind, None, True, ort_version="1.0",
+                           providers=("CPUExecutionProvider",), python_version="3.11.7")
+
+    monkeypatch.setattr(orchestrator.probe, "probe_route", fake_probe)
+    p = probe_profile(
+        [Route(name="fake-ov", kind="interpreter", python="/opt/ov/bin/python")], use_default_routes=False
     )
     cpu = p.device("cpu")
-    assert "ort-openvino" in cpu.backends
-    assert cpu.route_for("ort-openvino") == "fake-ov"
+    assert cpu.backends[:2] == ["ort-cpu", "ort-openvino"]
+    assert cpu.route_for("ort-openvino") == "fake-ov" and cpu.route_for("ort-cpu") == "this-process"
     r = p.route("fake-ov")
     assert (
         r.reachable
@@ -167,20 +184,20 @@ def test_extra_route_eps_become_backend_routes(tmp_path):
 
 
 def test_extra_route_that_does_not_exist_is_unreachable_with_remedy():
-    p = probe.probe_profile(
+    p = probe_profile(
         [Route(name="ghost", kind="interpreter", python="/nonexistent/bin/python")],
         use_default_routes=False,
     )
     r = p.route("ghost")
     assert r.reachable is False
-    assert "not found" in r.reason and "--route" in r.remedy
+    assert "does not exist" in r.reason and "python -m venv /nonexistent" in r.remedy
     assert all(d.route_for(b) != "ghost" for d in p.devices for b in d.backends)
 
 
 @pytest.mark.openvino
 @pytest.mark.skipif(not OPENVINO_PY.exists(), reason="needs .venvs/openvino")
 def test_openvino_venv_drives_the_cpu():
-    p = probe.probe_profile(
+    p = probe_profile(
         [Route(name="openvino-venv", kind="interpreter", python=str(OPENVINO_PY))],
         use_default_routes=False,
     )
@@ -191,7 +208,7 @@ def test_openvino_venv_drives_the_cpu():
 
 def test_probe_imports_nothing_heavy():
     code = (
-        "import sys, orchestrator.probe.host as p, orchestrator.commands.probe\n"
+        "import sys, orchestrator.probe as p, orchestrator.commands.probe\n"
         "p.probe_profile(use_default_routes=False)\n"
         "print(sorted(m for m in ('onnxruntime', 'torch', 'vllm', 'ray') if m in sys.modules))\n"
     )

@@ -166,11 +166,11 @@ def test_this_process_and_a_worker_see_the_same_big_endian_values(tmp_path: Path
     session host converts, so a big-endian reference feed is not silently garbled."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from orchestrator.ort.hosts import open_host, this_process
+    from orchestrator.ort.sessions import open_sessions, this_process
 
     graph = tmp_path / "identity.onnx"
     _identity_graph(graph)
-    host = open_host(this_process())
+    host = open_sessions(this_process())
     opened = host.open({"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}],
                         "session_options": {}, "session_config": {}})
     feeds = {"sr": np.array(8000, dtype=">i8"), "empty": np.zeros((0, 3), dtype=">f4"),

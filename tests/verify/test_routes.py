@@ -11,12 +11,12 @@ import pytest
 
 from orchestrator.errors import DEVICE_UNREACHABLE
 from orchestrator.ort.routes import (
-    ResolvedRoute,
     probe_refusal,
     probe_route,
     runtime_identity,
     static_refusal,
 )
+from orchestrator.ort.sessions import ResolvedRoute
 from orchestrator.profile import Route, load_profile
 from tests.verify.helpers import OV_PYTHON, REPO, machine_profile
 
@@ -120,7 +120,7 @@ def test_a_declared_host_process_route_is_how_wsl_reaches_the_npu() -> None:
 
 
 def test_host_process_routes_get_windows_paths_from_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.ort import routes
+    from orchestrator.ort import sessions
 
     calls: list[list[str]] = []
 
@@ -128,8 +128,7 @@ def test_host_process_routes_get_windows_paths_from_wsl(monkeypatch: pytest.Monk
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, stdout="\\\\wsl.localhost\\Ubuntu\\home\\me\\voice.onnx\n", stderr="")
 
-    monkeypatch.setattr(routes, "running_in_wsl", lambda: True)
-    monkeypatch.setattr(routes.subprocess, "run", fake_run)
+    monkeypatch.setattr(sessions.subprocess, "run", fake_run)
     host = ResolvedRoute("win", "host-process", "/mnt/c/Users/me/env/Scripts/python.exe")
     assert host.path_for_route("/home/me/voice.onnx") == "\\\\wsl.localhost\\Ubuntu\\home\\me\\voice.onnx"
     assert calls == [["wslpath", "-w", "/home/me/voice.onnx"]]

@@ -19,7 +19,7 @@ import yaml
 
 from exports import silero_vad
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH
-from orchestrator.ort.hosts import RemoteError
+from orchestrator.ort.sessions import RemoteError
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.artifact import load_artifact
@@ -83,9 +83,9 @@ def test_the_recorded_outputs_are_the_cpu_eps_answer() -> None:
 @needs_silero
 @pytest.mark.ort
 def test_the_cpu_ep_in_this_interpreter_passes(store: EvidenceStore) -> None:
-    from orchestrator.ort.hosts import open_host, this_process
+    from orchestrator.ort.sessions import open_sessions, this_process
 
-    result = verify_placement(placement(ARTIFACT, backend="ort-cpu"), open_host(this_process()), store=store)
+    result = verify_placement(placement(ARTIFACT, backend="ort-cpu"), open_sessions(this_process()), store=store)
     assert result.status == "passed", result.refusals
 
 

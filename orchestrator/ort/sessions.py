@@ -1,20 +1,20 @@
-"""Session hosts: where ONNX Runtime sessions live for one route.
+"""Where the ONNX Runtime sessions of one route live.
 
-``open_host(route)`` returns a :class:`LocalHost` for this interpreter or a
-:class:`WorkerHost` — a subprocess started with the route's interpreter that
-runs ``route_worker.py`` — with the same four calls: ``probe``, ``open``,
-``run``, ``close``. The gates and the stage runner use hosts and never care
-which one they hold.
+``open_sessions(route)`` returns :class:`InProcessSessions` for this
+interpreter or :class:`WorkerSessions` — a subprocess started with the route's
+interpreter that runs ``orchestrator/ort/worker.py`` — with the same four
+calls: ``probe``, ``open``, ``run``, ``close``. The gates, the route probe and
+the stage runner hold one of the two and never care which.
 
 Why a subprocess bridge rather than a Ray actor started with another
 interpreter: a Ray worker must run the same Ray and Python version as the
 cluster, so every route environment would need Ray installed (the OpenVINO
-venv is numpy + onnxruntime-openvino, 120 MB; Ray adds ~200 MB and pins
-protobuf), and a Windows ``python.exe`` reached from WSL2 cannot join a Linux
-Ray cluster at all. The bridge needs only numpy and onnxruntime in the route,
-speaks over stdin/stdout (which WSL interop carries), and the device actor that
-owns it is still an ordinary Ray actor. Calls are serialised per host (one
-request in flight) — a device runs one inference at a time anyway.
+venv is numpy + onnxruntime-openvino; Ray adds ~200 MB and pins protobuf), and
+a Windows ``python.exe`` reached from WSL2 cannot join a Linux Ray cluster at
+all. The bridge needs only numpy and onnxruntime in the route, speaks over
+stdin/stdout (which WSL interop carries), and the device actor that owns it is
+still an ordinary Ray actor. Calls are serialised per route (one request in
+flight) — a device runs one inference at a time anyway.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import os
 import queue
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.ort import worker as route_worker
-from orchestrator.ort.routes import ResolvedRoute
 from orchestrator.profile import THIS_PROCESS
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,40 @@ log = logging.getLogger(__name__)
 _EOF = object()
 PATH_OPTIONS = ("cache_dir", "config_file")
 """Provider options whose values are local paths (translated for host-process routes)."""
+
+
+@dataclass(frozen=True)
+class ResolvedRoute:
+    """A route with its interpreter made absolute: what it takes to start its sessions
+    (``orchestrator.ort.routes.resolve`` makes one from a profile's route)."""
+
+    name: str
+    kind: str
+    python: str | None
+    """None for this-process; otherwise the interpreter to start."""
+
+    @property
+    def in_process(self) -> bool:
+        return self.kind == THIS_PROCESS
+
+    def path_for_route(self, path: str | Path) -> str:
+        """A local path as the route's interpreter must spell it.
+
+        A host-process route crosses from WSL2 to Windows (the profile format
+        defines it so), and a process on this side that runs a Windows
+        ``python.exe`` can only be inside WSL: that interpreter needs
+        ``\\\\wsl.localhost\\...`` paths (``wslpath -w``). Every other route
+        shares this file system.
+        """
+        if self.kind == "host-process" and (self.python or "").lower().endswith(".exe") and os.name != "nt":
+            out = subprocess.run(["wslpath", "-w", str(path)], capture_output=True, text=True, check=True, timeout=10)
+            return out.stdout.strip()
+        return str(path)
+
+
+def this_process() -> ResolvedRoute:
+    """The route of this interpreter."""
+    return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
 
 
 class RouteError(VerificationError):
@@ -62,14 +96,14 @@ class RemoteError(VerificationError):
         self.remote_traceback = remote_traceback
 
 
-class LocalHost:
+class InProcessSessions:
     """Sessions in this interpreter (this-process routes)."""
 
     in_process = True
 
     def __init__(self, route: ResolvedRoute) -> None:
         self.route = route
-        self._host = route_worker.SessionHost()
+        self._sessions = route_worker.Sessions()
         self._lock = threading.Lock()
 
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
@@ -85,7 +119,7 @@ class LocalHost:
         self._call("close", {"handle": handle})
 
     def shutdown(self) -> None:
-        self._host = route_worker.SessionHost()
+        self._sessions = route_worker.Sessions()
 
     def path(self, p: str | Path) -> str:
         return str(p)
@@ -93,13 +127,20 @@ class LocalHost:
     def _call(self, op: str, args: dict[str, Any]) -> Any:
         with self._lock:
             try:
-                return self._host.dispatch(op, args)
+                return self._sessions.dispatch(op, args)
             except Exception as exc:
                 raise RemoteError(op, type(exc).__name__, str(exc)) from exc
 
 
-class WorkerHost:
-    """Sessions in a worker subprocess started with the route's interpreter."""
+class WorkerSessions:
+    """Sessions in a worker subprocess started with the route's interpreter.
+
+    The worker runs isolated (``python -I``, no ``PYTHONPATH``): the route's own
+    site-packages must win. A this-process route given an interpreter (the
+    route probe asks this interpreter in a subprocess, so a crashing
+    onnxruntime build cannot take the caller down) keeps this process's
+    environment instead, so it sees what an in-process session would.
+    """
 
     in_process = False
 
@@ -112,10 +153,11 @@ class WorkerHost:
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
         source = Path(route_worker.__file__).read_bytes()
         try:
+            isolated = route.kind != THIS_PROCESS
             self._proc = subprocess.Popen(
-                [route.python, "-I", "-c", route_worker.BOOTSTRAP],
+                [route.python, *(["-I"] if isolated else []), "-c", route_worker.BOOTSTRAP],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=_worker_env(),
+                env=_worker_env() if isolated else None,
             )
         except OSError as exc:
             raise RouteError(
@@ -254,19 +296,22 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def open_host(route: ResolvedRoute) -> LocalHost | WorkerHost:
-    """A host for ``route``: in this interpreter, or a worker started with its interpreter.
+Sessions = InProcessSessions | WorkerSessions
+"""Either kind: what the gates and the runner hold."""
+
+
+def open_sessions(route: ResolvedRoute) -> Sessions:
+    """The sessions of ``route``: in this interpreter, or in a worker started with its interpreter.
 
     Starting returns at once; the first call (``probe``) says whether the
     route really answers, within its own timeout.
     """
     if route.in_process:
-        return LocalHost(route)
-    return WorkerHost(route)
+        return InProcessSessions(route)
+    return WorkerSessions(route)
 
 
-def this_process() -> ResolvedRoute:
-    return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
-
-
-__all__ = ["LocalHost", "RemoteError", "RouteError", "WorkerHost", "open_host", "this_process"]
+__all__ = [
+    "InProcessSessions", "RemoteError", "ResolvedRoute", "RouteError", "Sessions", "WorkerSessions",
+    "open_sessions", "this_process",
+]
