@@ -23,6 +23,8 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.packages import resolve_package_location
+
 if TYPE_CHECKING:
     from stages.exported_graph.artifact import ExportedArtifact
 
@@ -87,8 +89,6 @@ def _load_config(path: str) -> dict[str, Any]:
 
 def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:
     """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales)."""
-    from stages.exported_graph.artifact import resolve_package_location
-
     location = (artifact.metadata.get("voice_config") if artifact else None) or DEFAULT_VOICE_CONFIG
     if location.startswith("package://"):
         path = resolve_package_location(location)

@@ -31,6 +31,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from orchestrator.packages import resolve_package_location
+
 GRAPH = "package://silero_vad/data/silero_vad_op18_ifless.onnx"
 SAMPLE_RATE = 16000
 CHUNK_SAMPLES = 512
@@ -108,8 +110,6 @@ def save_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
 
 def write_reference(directory: str | Path, graph: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``reference_inputs.npz`` and ``reference_outputs.npz`` into ``directory``."""
-    from stages.exported_graph.artifact import resolve_package_location
-
     d = Path(directory)
     feeds = reference_feeds()
     outputs = cpu_outputs(graph or resolve_package_location(GRAPH), feeds)

