@@ -27,12 +27,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from orchestrator.config import StageConfig
 from orchestrator.ledger import Reservation
 from orchestrator.plan import StagePlan
 from orchestrator.profile import Route
 from orchestrator.units import MiB
-from stages.base import ArtifactInfo, StageKind, StageRunner
+from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
 
 SAMPLE_RATE = 16000
 REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
