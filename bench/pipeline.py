@@ -226,13 +226,6 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from orchestrator.runtime.runtime import ACTOR_ENV
-
-    # The baseline runs its engine in this process: same thread settings as a device
-    # actor, set before anything imports torch.
-    for k, v in ACTOR_ENV.items():
-        os.environ.setdefault(k, v)
-
     from orchestrator.api import Pipeline, prepare_models
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
@@ -247,6 +240,11 @@ def main() -> int:
     if not plan.admitted:
         print("the plan was refused; run `omni-edge plan` to see why", file=sys.stderr)
         return 3
+    # The baseline runs its engines in this process: the environment each stage's
+    # device actor would get, set before anything (a GGUF conversion) imports torch.
+    for s in plan.stages:
+        for k, v in get_kind(s.kind).actor_env(s).items():
+            os.environ.setdefault(k, v)
     prepare_models(plan, progress=True)
     thinker_plan, voice_plan = plan.stages[0], plan.stages[1]
     routes = {r.name: r for r in profile.routes}

@@ -26,8 +26,9 @@ Guarantees:
   raises ``PlanRefused`` — carrying the plan and its refusals — before Ray or
   any engine starts when the plan is not admitted.
 * Weights a stage needs in another form are prepared in this process before
-  the actors start, with a progress bar when asked: the decode stage's GGUF
-  is converted once to a cached safetensors checkpoint (``stages.ar_decode.model_cache``).
+  the actors start, with a progress bar when asked: each admitted stage's
+  kind ``prepare``-s its placement (the decode stage's GGUF is converted once
+  to a cached safetensors checkpoint).
 * A stage that cannot load, or a device actor that dies, raises
   ``StageFailed`` (stage, device, cause); the ledger keeps no reservation of a
   failed or dead stage.
@@ -49,15 +50,20 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config import PipelineConfig, load_config
+from orchestrator.console import make_console
 from orchestrator.errors import PlanRefused
+from orchestrator.planner import parse_mask, plan_pipeline
 from orchestrator.probe import resolve_profile
+from orchestrator.runtime import record as rec
 from orchestrator.runtime.events import Event, Result, collect
+from orchestrator.runtime.runtime import Runtime
+from orchestrator.verify.run import verify_pipeline
+from stages.registry import get_kind
 
 if TYPE_CHECKING:
-    from orchestrator.config import PipelineConfig
     from orchestrator.plan import PipelinePlan
     from orchestrator.profile import HardwareProfile
-    from orchestrator.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +82,6 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
     a gate that refuses it makes the planner take the stage's next candidate, or
     refuse. ``run_gates(config, profile, mask)`` replaces the silent default
     (the CLI passes one with a progress bar)."""
-    from orchestrator.planner import plan_pipeline
-    from orchestrator.verify.run import verify_pipeline
-
     if run_gates is None:
         verify_pipeline(config, profile, mask=mask)
     else:
@@ -92,8 +95,6 @@ class Pipeline:
     def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
                  address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
                  log_to_driver: bool = False) -> None:
-        from orchestrator.runtime.runtime import Runtime
-
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
@@ -127,9 +128,6 @@ class Pipeline:
         it. Raises ``ConfigError`` for bad input,
         ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
         cannot start."""
-        from orchestrator.config import load_config
-        from orchestrator.planner import parse_mask, plan_pipeline
-
         config = load_config(path)
         prof = resolve_profile(profile)
         plan = plan_pipeline(config, prof, mask=parse_mask(mask))
@@ -200,8 +198,6 @@ class Pipeline:
 
     # -- reports ---------------------------------------------------------------------
     def build_record(self, results: list[Result] | None = None, **extra: Any) -> dict[str, Any]:
-        from orchestrator.runtime import record as rec
-
         results = self.results if results is None else results
         measured = self.runtime.measure() if not self.runtime._closed else {}
         ledger = self.runtime.ledger_snapshot()
@@ -209,8 +205,6 @@ class Pipeline:
         return rec.build(self.runtime, results, measured=measured, ledger=ledger, extra=extra)
 
     def write_record(self, results: list[Result] | None = None, target: str | Path | None = None, **extra: Any) -> Path:
-        from orchestrator.runtime import record as rec
-
         doc = self.build_record(results, **extra)
         rid = results[-1].request_id if results else "run"
         path = rec.write(doc, target if target is not None else self.record, request_id=rid)
@@ -305,20 +299,51 @@ def _quiet_ray_off_main_thread() -> None:
 
 
 def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
-    """Convert, once, the GGUF weights admitted decode stages will load.
+    """Let each admitted stage's kind prepare its weights (``StageKind.prepare``):
+    the decode stage's GGUF is converted once into a cached checkpoint.
 
     Done here, in the caller's process, so a first run shows its progress bar
-    in the caller's terminal; a cached checkpoint is found without importing
-    torch. Returns the checkpoint directories prepared.
+    in the caller's terminal (on stderr, drawn only when a step starts).
+    Returns what the kinds prepared.
     """
-    from stages.ar_decode import model_cache
-
+    bars = _ProgressBars() if progress else None
     out = []
-    for s in plan.stages:
-        model = s.engine_kwargs.get("model") if s.admitted else None
-        if not model or not str(model).lower().endswith(".gguf"):
-            continue
-        dtype = s.engine_kwargs.get("dtype")
-        out.append(model_cache.ensure_checkpoint(
-            model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress))
+    try:
+        for s in plan.stages:
+            if s.admitted:
+                prepared = get_kind(s.kind).prepare(s, bars)
+                if prepared is not None:
+                    out.append(prepared)
+    finally:
+        if bars is not None:
+            bars.close()
     return out
+
+
+class _ProgressBars:
+    """``stages.base.Progress`` as rich progress bars on stderr, started at the first step."""
+
+    def __init__(self) -> None:
+        self._progress: Any = None
+
+    def __call__(self, total: int | None, description: str) -> Callable[..., None]:
+        if self._progress is None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=make_console(stderr=True), transient=False,
+            )
+            self._progress.start()
+        task = self._progress.add_task(description, total=total or 1)
+        return lambda n=1: self._progress.advance(task, n)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

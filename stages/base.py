@@ -26,14 +26,27 @@ opened; heavy imports forbidden):
    stage intends to hold on the device's pool, with lifetime and evidence.
 5. ``engine_kwargs(...)`` — the backend's own settings derived from the plan.
 
-Runtime side: ``runner(placement)`` returns a :class:`StageRunner`, created
-inside the device actor (it may import heavy modules).
+Run side, in the order the runtime calls them (the decisions are plain data
+the kind declares; the runtime acts on them):
+
+6. ``prepare(stage_plan, progress)`` — in the caller's process, once per
+   admitted stage, before any actor starts: turn weights into the form the
+   runner loads (ar_decode converts a GGUF once into a cached checkpoint).
+7. ``actor_env(stage_plan)`` — in the caller's process, before the device
+   actor is created: environment variables its process needs before anything
+   is imported; the runtime merges those of every stage on the device.
+8. ``runner(stage_plan, stage, route)`` — inside the device actor: returns a
+   :class:`StageRunner` (it may import heavy modules).
+
+Class data the runtime reads: ``consumes`` and ``produces`` (payload types:
+text, audio, tensor) and ``text_input`` (how a text stream is cut before it
+reaches this stage).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -50,6 +63,16 @@ if TYPE_CHECKING:
 
 REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
+
+Payload = Literal["text", "audio", "tensor"]
+"""What flows between stages: text (str deltas or chunks), audio (``{"audio": array,
+"sample_rate": int}``), tensor (anything else: named arrays)."""
+PAYLOADS: tuple[Payload, ...] = ("text", "audio", "tensor")
+
+Progress = Callable[[int | None, str], Callable[..., None]]
+"""A progress display handed to ``StageKind.prepare``: ``progress(total, description)``
+starts a step of ``total`` units (None: one unit of unknown length) and returns
+``advance(n=1)``."""
 
 
 class StageConfig(Strict):
@@ -156,6 +179,16 @@ class StageKind(ABC):
     """True when a placement of this kind is trusted only after the coverage and
     numeric gates (``gate_spec`` then describes them); ``omni-edge verify`` looks
     at these kinds' stages only."""
+    consumes: ClassVar[tuple[Payload, ...]] = PAYLOADS
+    """Payload types this kind takes as input (default: any). The runtime refuses a
+    pipeline where a stage's input produces none of them."""
+    produces: ClassVar[tuple[Payload, ...]] = PAYLOADS
+    """Payload types this kind yields (default: any)."""
+    text_input: ClassVar[Literal["sentences", "whole"]] = "sentences"
+    """How text from the stage feeding this one is delivered: ``sentences`` — cut
+    where sentences end (``stages.text_chunks``) and fed while the producer is
+    still writing, as a voice wants it; ``whole`` — the producer's whole text as
+    one item once it is done, as a decoder wants its prompt."""
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -203,6 +236,23 @@ class StageKind(ABC):
     ) -> str:
         """The remedy text when this stage alone does not fit ``available`` bytes."""
         return "use a smaller or more compressed artifact, or a device with a larger memory pool"
+
+    def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
+        """Make the admitted placement's weights loadable, in the caller's process,
+        before any actor starts (so a first run shows its progress there). Called
+        once per admitted stage by ``Pipeline.start``; may take minutes the first
+        time and must be quick once done. Changes nothing in the plan; returns what
+        it prepared (a path), or None when there was nothing to do (the default)."""
+        return None
+
+    def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
+        """Environment variables the device actor hosting this stage needs before
+        anything is imported in it (thread counts, a backend's process model).
+        Called in the caller's process before the actor is created; the runtime
+        merges the answers of every stage placed on the device, and two stages
+        that want different values for one variable are a configuration error.
+        Default: none."""
+        return {}
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         """Create the runtime object for an admitted placement (inside a device actor).

@@ -124,6 +124,23 @@ class SentenceChunker:
         return self.max_chars
 
 
+class WholeText:
+    """``SentenceChunker``'s interface for a stage that wants the whole text as one
+    item (``StageKind.text_input == "whole"``): ``feed`` keeps every delta and
+    returns nothing; ``flush`` returns the text (empty when nothing came)."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def feed(self, delta: str) -> list[str]:
+        self._parts.append(delta)
+        return []
+
+    def flush(self) -> list[str]:
+        text, self._parts = "".join(self._parts), []
+        return [text]
+
+
 async def chunk_text(
     deltas: AsyncIterable[str], *, max_chars: int = MAX_CHARS, min_cut_chars: int = MIN_CUT_CHARS
 ) -> AsyncIterator[str]:

@@ -5,7 +5,7 @@
   own memory, measured.
 * ``ledger_actor``: the planning ledger's class behind one actor.
 * ``device_actor``: one actor per device; hosts the stages placed there.
-* ``executor``: starts the actors, loads the stages under reservations and
+* ``runtime``: starts the actors, loads the stages under reservations and
   streams requests stage to stage.
 * ``events`` / ``record``: what a request yields, and the run record.
 

@@ -1,10 +1,10 @@
 """The device actor: one per device, hosting the stages placed on that device.
 
-:class:`DeviceHost` is an asyncio Ray actor. Its lifecycle, driven by the
-executor:
+:class:`DeviceActor` is an asyncio Ray actor. Its lifecycle, driven by the
+runtime (``orchestrator.runtime.runtime.Runtime``):
 
 1. ``ready()`` right after creation (Ray reports a constructor that raised
-   only at the first call, so the executor calls this at once).
+   only at the first call, so the runtime calls this at once).
 2. ``load_stage(...)`` once per stage, one at a time: ``admit`` on the ledger
    actor (all of the plan's reservations or nothing), the kind's runner
    created and ``load()``-ed in a worker thread, the ``load`` reservations
@@ -13,14 +13,15 @@ executor:
 3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
    streaming generator (``num_returns="streaming"``) of ``("out", item)``
    tuples, then one ``("stats", figures)``. Its input is ``initial`` (the
-   request) or the items the executor sends with ``feed`` and closes with
+   request) or the items the runtime sends with ``feed`` and closes with
    ``end_input`` — a bounded queue per request, so a slow stage holds its
    producer back.
 4. ``close()`` closes every stage (last loaded first) and releases its
    reservations.
 
-Errors leave this actor as :class:`RemoteStageFailure` (stage, device,
-cause); the executor turns them into ``orchestrator.errors.StageFailed``.
+Errors leave this actor as ``orchestrator.errors.StageFailed`` (stage,
+device, cause), which pickles with its three fields; Ray delivers it as the
+cause of a ``RayTaskError``.
 """
 
 from __future__ import annotations
@@ -50,17 +51,6 @@ holds the decode stage's chunks back (backpressure) instead of buffering them.""
 _END = ("__end__",)
 
 
-class RemoteStageFailure(Exception):
-    """A stage failure as it crosses Ray (``StageFailed`` does not pickle)."""
-
-    def __init__(self, stage: str, device: str, cause: str) -> None:
-        super().__init__(stage, device, cause)
-        self.stage, self.device, self.cause = stage, device, cause
-
-    def __str__(self) -> str:
-        return f"stage {self.stage!r} on {self.device} failed: {self.cause}"
-
-
 @dataclass
 class _Hosted:
     plan: StagePlan
@@ -78,7 +68,7 @@ class _Hosted:
     measured: dict[str, Any] = field(default_factory=dict)
 
 
-class DeviceHost:
+class DeviceActor:
     """Hosts the stages placed on one device (see the module docstring)."""
 
     def __init__(self, device: str, ledger: Any) -> None:
@@ -102,7 +92,7 @@ class DeviceHost:
         if not admission["ok"]:
             s = admission["shortfalls"][0]
             who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
-            raise RemoteStageFailure(name, self.device, (
+            raise StageFailed(name, self.device, (
                 f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
                 f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})"))
         before = set(descendants(os.getpid()))
@@ -123,7 +113,7 @@ class DeviceHost:
                     log.debug("close after a failed load raised", exc_info=True)
             await self.ledger.release.remote(name)
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
-            raise RemoteStageFailure(name, self.device, f"load failed: {cause}") from None
+            raise StageFailed(name, self.device, f"load failed: {cause}") from None
         meter.stop()
         hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
                          meter.peak_growth, meter.growth)
@@ -173,7 +163,7 @@ class DeviceHost:
     def _hosted(self, stage: str) -> _Hosted:
         h = self.stages.get(stage)
         if h is None:
-            raise RemoteStageFailure(stage, self.device, "the stage is not loaded on this device actor")
+            raise StageFailed(stage, self.device, "the stage is not loaded on this device actor")
         return h
 
     def _queue(self, stage: str, request_id: str) -> asyncio.Queue[Any]:
@@ -236,14 +226,12 @@ class DeviceHost:
                 elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
                     audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
                 yield ("out", item)
-        except RemoteStageFailure:
+        except StageFailed:
             raise
-        except StageFailed as exc:
-            raise RemoteStageFailure(exc.stage, exc.device, exc.cause) from None
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            raise RemoteStageFailure(stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}") from None
+            raise StageFailed(stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}") from None
         finally:
             await agen.aclose()
             if h.request_meter is not None:
@@ -352,13 +340,13 @@ def _summarize(info: dict[str, Any]) -> dict[str, Any]:
 
 ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 64}
 """No CPU reservation (placement is by the device resource; Ray's CPU count would
-only block a 2-core box), no restarts (a dead actor is reported, not hidden),
+only block a small machine), no restarts (a dead actor is reported, not hidden),
 up to 64 concurrent calls (requests × stages, plus feeds)."""
 
 
 def actor_class() -> Any:
-    """``DeviceHost`` as a Ray actor class (created on demand: importing this
+    """``DeviceActor`` as a Ray actor class (created on demand: importing this
     module does not import Ray). Create it with ``.options(**ACTOR_OPTIONS, ...)``."""
     import ray
 
-    return ray.remote(DeviceHost)
+    return ray.remote(DeviceActor)

@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.runtime.audio import write_wav
+
 
 @dataclass(frozen=True)
 class TextDelta:
@@ -98,8 +100,6 @@ class Result:
         Raises ``ValueError`` when the request produced no audio: a reply with
         nothing speakable in it (no letter or digit) reaches no TTS, and an
         empty file would pass for a recording."""
-        from orchestrator.runtime.audio import write_wav
-
         if self.audio is None or not self.sample_rate:
             raise ValueError(f"request {self.request_id} produced no audio (reply text: {self.text!r}); nothing to write to {path}")
         return write_wav(path, self.audio, self.sample_rate)

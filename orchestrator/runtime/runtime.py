@@ -15,21 +15,28 @@
   When a load fails, the runtime tears down what it started and raises
   ``StageFailed``; the failed stage holds nothing in the ledger.
 * **Requests stream stage to stage.** Each stage's outputs come back as a Ray
-  streaming generator (0.4–0.7 ms per item here, against ~2 ms for one actor
-  call per item); text from a decode stage is cut into sentences
-  (``stages.text_chunks``) and fed to the next stage while decoding goes on.
+  streaming generator (one item costs well under an actor call per item; figures
+  in docs/benchmarks.md); text reaches the next stage as its kind's
+  ``text_input`` asks: cut into sentences (``stages.text_chunks``) and fed
+  while decoding goes on, or whole once the producer is done.
   Backpressure: at most ``GENERATOR_BACKPRESSURE`` unread items per
   generator, ``device_actor.INPUT_QUEUE_ITEMS`` waiting per stage input.
   Several requests may be in flight; each keeps its order (one generator and
   one input queue per request and stage).
 * **Failures are named and prompt.** A device actor that dies fails every
   request in flight on it with ``StageFailed(stage, device, cause)`` as soon
-  as Ray notices (7 ms after a kill here); the stages
+  as Ray notices (milliseconds after a kill); the stages
   it hosted are released from the ledger; later requests that need it fail at
   once. No request waits on a dead actor.
 
+* **Each device actor gets the environment its stages ask for**
+  (``StageKind.actor_env``, merged; two stages wanting different values for
+  one variable are refused before Ray starts).
+
 Graph shape: each stage takes its input from the request or from exactly one
-other stage; a stage may feed several (fan-out). Fan-in is refused.
+other stage whose kind produces a payload type it consumes
+(``StageKind.consumes``/``produces``); a stage may feed several (fan-out).
+Fan-in is refused.
 """
 
 from __future__ import annotations
@@ -45,37 +52,30 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.config import REQUEST, PipelineConfig
+from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError, PlanRefused, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
+from orchestrator.runtime import ledger_actor
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
-from stages.text_chunks import SentenceChunker
+from stages.base import REQUEST, StageKind
+from stages.registry import get_kind
+from stages.text_chunks import SentenceChunker, WholeText
 
 log = logging.getLogger(__name__)
 
 ACTOR_READY_TIMEOUT_S = 120.0
-"""A device actor's worker start plus its imports: ~2 s warm here, tens of
-seconds on a cold 2-core machine; two minutes ends one that cannot start."""
+"""A device actor's worker start plus its imports: seconds when warm, tens of
+seconds on a cold small machine; two minutes ends one that cannot start."""
 LOAD_TIMEOUT_S = 900.0
-"""One stage's load: a first GGUF conversion (~40 s), a vLLM engine start
-(~15 s here), an EP compile (minutes on VitisAI/OpenVINO NPU first use)."""
+"""One stage's load: a first GGUF conversion, a vLLM engine start, an EP compile
+(minutes on VitisAI/OpenVINO NPU first use); docs/benchmarks.md has figures."""
 CLOSE_TIMEOUT_S = 60.0
 GENERATOR_BACKPRESSURE = 16
-"""Unread outputs a stage may run ahead of the executor before Ray pauses it."""
-ACTOR_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-"""Set in every device actor's process before anything imports torch: the
-in-process vLLM engine with one OpenMP thread measured fastest on 2 cores
-(docs/runtime.md); ONNX Runtime keeps its own thread pool."""
-
-
+"""Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
 @dataclass
 class _Device:
     id: str
@@ -99,8 +99,10 @@ class Runtime:
         self.log_to_driver = log_to_driver
         order = [s.name for s in config.topological()]
         self.stages: list[StagePlan] = sorted(plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order))
+        self.kinds: dict[str, StageKind] = {s.name: get_kind(s.kind) for s in self.stages}
         self._check_graph()
         self.consumers = {s.name: [c.name for c in self.stages if s.name in c.inputs] for s in self.stages}
+        self.actor_envs = {d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)}
         self.devices: dict[str, _Device] = {}
         self.cluster: cluster_mod.Cluster | None = None
         self.ledger: Any = None
@@ -119,6 +121,38 @@ class Runtime:
                 raise ConfigError.single(
                     f"stages.{s.name}.inputs", f"the runtime takes one input per stage; {s.name} has {list(s.inputs)}",
                     "give the stage a single input (the request or one stage); fan-in is not supported yet")
+            source = s.inputs[0]
+            if source == REQUEST:
+                continue
+            takes, gives = self.kinds[s.name].consumes, self.kinds[source].produces
+            if not set(takes) & set(gives):
+                raise ConfigError.single(
+                    f"stages.{s.name}.inputs",
+                    f"{s.name} ({s.kind}) takes {', '.join(takes)}, and {source} ({self.plan.stage(source).kind}) "
+                    f"yields {', '.join(gives)}",
+                    f"feed {s.name} from a stage that yields {' or '.join(takes)}, or from the request")
+
+    def _actor_env(self, device: str) -> dict[str, str]:
+        """The environment of ``device``'s actor: what its stages' kinds ask for, merged."""
+        env: dict[str, str] = {}
+        wanted_by: dict[str, str] = {}
+        for s in self.stages:
+            if (s.device or "?") != device:
+                continue
+            for key, value in self.kinds[s.name].actor_env(s).items():
+                if key in env and env[key] != value:
+                    raise ConfigError.single(
+                        f"stages.{s.name}.devices",
+                        f"{s.name} needs {key}={value} in the process of {device}'s actor, and "
+                        f"{wanted_by[key]}, placed there too, needs {key}={env[key]}",
+                        "place the two stages on different devices",
+                    )
+                env[key], wanted_by[key] = value, s.name
+        if device.startswith("gpu:"):
+            # Placement is by our own resource, not Ray's num_gpus, so Ray does not
+            # pick the GPU for the actor: name it, so gpu:1's engine lands on GPU 1.
+            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        return env
 
     def start(self) -> None:
         """Start (or join) Ray, create the ledger and device actors, load every stage."""
@@ -141,8 +175,6 @@ class Runtime:
                     f"no node of the Ray cluster at {self.cluster.address} offers the resource {res!r} "
                     f"that marks device {d}; start the node that has it with "
                     f"`ray start --address ... --resources '{{\"{res}\": 1}}'`"))
-            from orchestrator.runtime import ledger_actor
-
             self.ledger = ledger_actor.create([p.to_dict() for p in self.plan.pools])
             self.ledger_pid = int(ray.get(self.ledger.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S))
             shared = [r.to_dict() for r in self.plan.shared_reservations if r.purpose != "ray_runtime"]
@@ -173,18 +205,11 @@ class Runtime:
     def _start_device(self, device: str) -> None:
         import ray
 
-        from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class
-
         stage = self._first_stage_on(device)
-        env = dict(ACTOR_ENV)
-        if device.startswith("gpu:"):
-            # Placement is by our own resource, not Ray's num_gpus, so Ray does not
-            # pick the GPU for the actor: name it, so gpu:1's engine lands on GPU 1.
-            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         actor = actor_class().options(
             **ACTOR_OPTIONS,
             resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
-            runtime_env={"env_vars": env},
+            runtime_env={"env_vars": dict(self.actor_envs[device])},
         ).remote(device, self.ledger)
         try:
             info = ray.get(actor.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S)
@@ -212,14 +237,12 @@ class Runtime:
     def _load(self, s: StagePlan) -> None:
         import ray
 
-        from stages.registry import get_kind
-
         dev = self.devices[s.device or "?"]
         self.ledger_history.append((f"before load {s.name}", ray.get(self.ledger.snapshot.remote())))
         cfg = self.config.stage(s.name)
         route = self.routes.get(s.route or "")
         try:
-            result = ray.get(dev.actor.load_stage.remote(s.to_dict(), cfg, get_kind(s.kind), route), timeout=LOAD_TIMEOUT_S)
+            result = ray.get(dev.actor.load_stage.remote(s.to_dict(), cfg, self.kinds[s.name], route), timeout=LOAD_TIMEOUT_S)
         except BaseException as exc:
             failure = self._map(exc, s.name, dev)
             self.ledger_history.append((f"after failed load {s.name}", ray.get(self.ledger.snapshot.remote())))
@@ -293,8 +316,8 @@ class Runtime:
         """Read one stage's outputs: emit its events, feed its consumers."""
         dev = self.devices[s.device or "?"]
         consumers = [self.plan.stage(c) for c in self.consumers[s.name]]
-        chunkers = {c.name: SentenceChunker() for c in consumers if c.kind != "ar_decode"}
-        whole: dict[str, list[str]] = {c.name: [] for c in consumers if c.kind == "ar_decode"}
+        sentences = {c.name for c in consumers if self.kinds[c.name].text_input == "sentences"}
+        chunkers = {c.name: SentenceChunker() if c.name in sentences else WholeText() for c in consumers}
         first: float | None = None
         stats: dict[str, Any] = {}
         index = 0
@@ -312,25 +335,22 @@ class Runtime:
                     events.put_nowait(self._event(s, payload, rid, now, index))
                 index += 1
                 for c in consumers:
-                    if c.name in whole and isinstance(payload, str):
-                        whole[c.name].append(payload)
-                    elif c.name in chunkers and isinstance(payload, str):
-                        for chunk in chunkers[c.name].feed(payload):
-                            chunks_in[c.name].append(chunk)
-                            await self._feed(c, rid, chunk)
-                    else:
+                    if not isinstance(payload, str):
                         await self._feed(c, rid, payload)
-        except (StageFailed, asyncio.CancelledError):
+                        continue
+                    for chunk in chunkers[c.name].feed(payload):
+                        if c.name in sentences:
+                            chunks_in[c.name].append(chunk)
+                        await self._feed(c, rid, chunk)
+        except asyncio.CancelledError:
             raise
         except BaseException as exc:
             raise self._map(exc, s.name, dev) from None
         for c in consumers:
-            if c.name in chunkers:
-                for chunk in chunkers[c.name].flush():
+            for chunk in chunkers[c.name].flush():
+                if c.name in sentences:
                     chunks_in[c.name].append(chunk)
-                    await self._feed(c, rid, chunk)
-            elif c.name in whole:
-                await self._feed(c, rid, "".join(whole[c.name]))
+                await self._feed(c, rid, chunk)
             await self._call(c, "end_input", rid)
         end = time.perf_counter() - t0
         stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
@@ -361,17 +381,15 @@ class Runtime:
     # -- failures ------------------------------------------------------------------
     def _map(self, exc: BaseException, stage: str, dev: _Device) -> BaseException:
         """A Ray error → ``StageFailed`` (stage, device, cause); an actor death also
-        releases the stages that actor hosted."""
+        releases the stages that actor hosted. A ``StageFailed`` raised in an actor
+        arrives as the cause of a ``RayTaskError`` (which Ray makes an instance of
+        the cause's class too, with its own ``cause``), so that is looked at first."""
         from ray import exceptions as rex
 
-        from orchestrator.runtime.device_actor import RemoteStageFailure
-
-        if isinstance(exc, StageFailed):
-            return exc
         if isinstance(exc, rex.RayTaskError):
             cause = exc.cause
-            if isinstance(cause, RemoteStageFailure):
-                return StageFailed(cause.stage, cause.device, cause.cause)
+            if isinstance(cause, StageFailed):
+                return cause
             if cause is not None and not isinstance(cause, rex.RayActorError):
                 return StageFailed(stage, dev.id, f"{type(cause).__name__}: {cause}")
         if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError)) or (
@@ -382,6 +400,8 @@ class Runtime:
             return StageFailed(stage, dev.id, f"the device actor for {dev.id} died: {reason}")
         if isinstance(exc, rex.GetTimeoutError):
             return StageFailed(stage, dev.id, f"no answer in time: {exc}")
+        if isinstance(exc, StageFailed):
+            return exc
         return StageFailed(stage, dev.id, f"{type(exc).__name__}: {exc}")
 
     def _device_died(self, dev: _Device, reason: str) -> None:

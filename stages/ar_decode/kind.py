@@ -2,8 +2,10 @@
 
 Planning reads ``config.json`` and the safetensors headers (or the index
 JSON, or a GGUF header) — never the weights — and charges the device's pool
-with every byte the engine will hold. The runtime half lives in
-``stages.ar_decode.runner`` and is imported only inside a device actor.
+with every byte the engine will hold. Before the run, ``prepare`` converts a
+GGUF once into a cached checkpoint (``stages.ar_decode.model_cache``); the
+device actor gets the engine's environment (``actor_env``); the runner
+(``stages.ar_decode.runner``) imports vLLM only inside the device actor.
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from orchestrator.profile import HOST_RAM
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.validation import Strict
 from stages.ar_decode import formats as capabilities
+from stages.ar_decode import model_cache
 from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
     read_checkpoint,
     read_gguf,
 )
 from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, text_config
-from stages.base import ArtifactInfo, StageConfig, StageKind
+from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner
+from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
-    from stages.base import StageRunner
 
 # ---- estimates (evidence E); each with where the number comes from ---------------
 ACTIVATION_LIVE_TENSORS = 12
@@ -131,6 +134,9 @@ class ArDecodeKind(StageKind):
     kind = "ar_decode"
     config_model = ArDecodeConfig
     backends = ("vllm-cuda", "vllm-cpu")
+    consumes = ("text",)
+    produces = ("text",)
+    text_input = "whole"
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -307,7 +313,20 @@ class ArDecodeKind(StageKind):
         return lo * 16
 
     # -- runtime -----------------------------------------------------------------
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
-        from stages.ar_decode.runner import VllmRunner
+    def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
+        """A GGUF model is converted once into a cached safetensors checkpoint (the
+        engine loads that); a checkpoint directory needs nothing. Finding a cached
+        conversion imports nothing heavy."""
+        model = stage_plan.engine_kwargs.get("model")
+        if not model or not str(model).lower().endswith(".gguf"):
+            return None
+        dtype = stage_plan.engine_kwargs.get("dtype")
+        return model_cache.ensure_checkpoint(
+            model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress)
 
+    def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
+        """vLLM in the actor's own process with one OpenMP thread, and quiet."""
+        return {**CPU_ENGINE_ENV, **QUIET_ENV}
+
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner:
         return VllmRunner(stage_plan, stage)

