@@ -45,10 +45,10 @@ capacity is already what is *available*, so this covers drift, not the OS."""
 SAFETY_MARGIN_BYTES = 512 * MiB
 """Fragmentation and allocator slack per top-level pool."""
 RAY_RUNTIME_BYTES = int(0.9 * GiB)
-"""A small local Ray cluster plus its actors: about 0.9 GiB of summed RSS on a 2-core
-machine of this class, conservative since RSS counts shared pages in every process.
-The runtime replaces it with its own measurement (M) when it starts: 0.46–0.52 GiB
-of PSS here (docs/runtime.md, "Ray's own memory")."""
+"""A small local Ray cluster plus its actors, as summed RSS: conservative, since RSS
+counts shared pages in every process. The runtime replaces it with its own
+measurement (M, summed PSS) when it starts; figures in docs/runtime.md, "Ray's own
+memory", and docs/benchmarks.md."""
 
 
 @dataclass(frozen=True)

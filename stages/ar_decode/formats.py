@@ -1,8 +1,8 @@
 """What each checkpoint backend can execute, with the reason for every entry.
 
 The planner asks :func:`format_refusal` before any memory arithmetic: a
-checkpoint whose format the device's backend cannot execute is refused in
-milliseconds instead of after ~40 s of engine start-up and a stack trace.
+checkpoint whose format the device's backend cannot execute is refused while
+planning, not after the engine's start-up and a stack trace.
 Entries are data (one row per backend × format), not branches per vendor.
 """
 

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from orchestrator.profile import Device, Route
 
 ACTIVATION_FLOOR = 64 * MiB
-"""One inference's intermediate tensors, at least: the piper voice on a
-160-phoneme sentence added 42 MiB of RSS on the CPU EP here."""
+"""One inference's intermediate tensors, at least: above what the Piper voice was
+measured to add on a long sentence on the CPU EP (docs/benchmarks.md)."""
 ACTIVATION_WEIGHT_FRACTION = 0.5
 """…and at most half the weights again for larger graphs (conv vocoders and
 encoders keep activations well below their weight bytes at one item a call)."""
