@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 
 from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed
 
@@ -31,8 +32,6 @@ COMMANDS = {
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("omni-edge")
     except PackageNotFoundError:

@@ -15,18 +15,18 @@ CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
 EP compile caches). Default: ``~/.cache/omni-edge``."""
 
 PROBE_TIMEOUT_S = 60.0
-"""A route probe starts an interpreter and imports numpy and onnxruntime: about
-1 s warm on this 2-core box, 10–20 s on a cold Windows interpreter reached
-through WSL interop. A minute is generous for both and still ends a hung one."""
+"""A route probe starts an interpreter and imports numpy and onnxruntime: seconds
+warm, longer for a cold Windows interpreter reached through WSL interop (figures
+in docs/benchmarks.md). A minute is generous for both and still ends a hung one."""
 
 OPEN_TIMEOUT_S = 900.0
 """Opening a session compiles the graph for the EP. VitisAI and the OpenVINO NPU
 plugin compile for minutes on first use (AMD documents "can take minutes"); the
-OpenVINO CPU plugin takes ~3 s for the 63 MB piper voice here."""
+OpenVINO CPU plugin takes seconds (docs/benchmarks.md)."""
 
 RUN_TIMEOUT_S = 300.0
-"""One inference call. A TTS sentence takes ~0.05 s on this CPU; five minutes
-only ends a worker that is stuck."""
+"""One inference call: a TTS sentence takes a fraction of a second on a CPU
+(docs/benchmarks.md); five minutes only ends a worker that is stuck."""
 
 
 def cache_root() -> Path:

@@ -390,7 +390,7 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
 
 
 def main() -> None:
-    # Fail at start, where hosts.py quotes the ImportError with its remedy, rather
+    # Fail at start, where sessions.py quotes the ImportError with its remedy, rather
     # than as an error reply to the first call.
     import numpy  # noqa: F401
 

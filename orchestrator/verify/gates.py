@@ -1,7 +1,7 @@
 """The two gates of an exported placement: EP node coverage and numerics.
 
-``measure`` opens the sessions in a route's host and returns plain data (the
-body of an evidence record); ``judge`` turns such data plus the current
+``measure`` opens sessions in a route (``orchestrator.ort.sessions``) and
+returns plain data (the body of an evidence record); ``judge`` turns such data plus the current
 thresholds into a verdict with named refusals. Measuring and judging are
 apart so cached evidence is judged exactly like fresh evidence.
 
@@ -140,7 +140,7 @@ def cpu_reference_spec(graph: str) -> SessionSpec:
 
 
 def measure(
-    host: Sessions,
+    sessions: Sessions,
     artifact: ExportedArtifact,
     precision: str,
     spec: SessionSpec,
@@ -155,102 +155,145 @@ def measure(
     route lacks the EP (the caller refuses the route), and
     ``VerificationError`` when the graph cannot even load on the CPU EP.
     """
-    target_ep = spec.providers[0]
     feeds = artifact.reference_inputs()
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    result: dict[str, Any] = {"ep": target_ep, "precision": precision, "graph": spec.graph}
-    coverage: dict[str, Any] | None = None
-    target_outputs: dict[str, Any] | None = None
-    target_error = None
+    target = _run_target(sessions, spec, feeds)
+    # The CPU EP on the fp32 graph: the reference when no outputs are recorded, and
+    # always the yardstick for "bit-identical to the CPU".
+    same_as_target = (
+        target.ep == CPU_EP and precision == "fp32" and not spec.session_options
+        and target.outputs is not None and reference_graph == spec.graph
+    )
+    cpu_outputs = target.outputs if same_as_target else _run_cpu_reference(
+        sessions, reference_graph, feeds, target, failed_to_open=target.coverage.get("source") == "session_error",
+    )
+    numeric = _numeric(target, cpu_outputs, artifact.reference_outputs(), same_as_target=same_as_target)
+    target.timings["total_s"] = time.perf_counter() - t0
+    return {
+        "ep": target.ep, "precision": precision, "graph": spec.graph,
+        **({"session_providers": target.providers} if target.providers is not None else {}),
+        "coverage": target.coverage,
+        "numeric": numeric,
+        "suspicious": bool(
+            target.ep != CPU_EP and target.coverage.get("taken", 0) > 0 and numeric["bit_identical_to_cpu"]
+        ),
+        "timings": target.timings,
+        "target_outputs": target.outputs,  # dropped before saving; handy for callers
+    }
+
+
+@dataclass
+class _Target:
+    """What the target session did: who took which node, and what it answered."""
+
+    ep: str
+    coverage: dict[str, Any]
+    providers: list[str] | None = None
+    outputs: dict[str, Any] | None = None
+    error: str | None = None
+    """Why the session failed on the reference inputs (or to open: see ``coverage``)."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _run_target(sessions: Sessions, spec: SessionSpec, feeds: dict[str, Any]) -> _Target:
+    """Open the target session recording EP assignment, count coverage, run the feeds.
+
+    A session that fails to open is a measurement (coverage ``session_error``),
+    not an error — unless the route lacks the EP altogether, which is raised.
+    """
+    target_ep = spec.providers[0]
     handle = None
     try:
-        info = host.open(spec.to_dict(), record=True)
+        info = sessions.open(spec.to_dict(), record=True)
         handle = info["handle"]
-        timings["open_target_s"] = info["load_s"]
-        result["session_providers"] = info["providers"]
-        if info.get("assignment") is not None:
-            coverage = coverage_from_assignment(info["assignment"], target_ep)
-        if info.get("vitisai_report"):
-            coverage = coverage_from_vitisai(info["vitisai_report"], coverage)
-        if coverage is None:
-            raise VerificationError(
-                f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
-                f"{target_ep}'s node coverage cannot be measured; upgrade onnxruntime in that route"
-            )
+        target = _Target(target_ep, _coverage(info, target_ep), providers=info["providers"],
+                         timings={"open_target_s": info["load_s"]})
         try:
-            ran = host.run(handle, feeds)
-            target_outputs = ran["outputs"]
-            timings["run_target_s"] = ran["run_s"]
+            ran = sessions.run(handle, feeds)
+            target.outputs = ran["outputs"]
+            target.timings["run_target_s"] = ran["run_s"]
         except RemoteError as exc:
-            target_error = f"the target session failed on the reference inputs: {exc.type_name}: {exc.message}"
+            target.error = f"the target session failed on the reference inputs: {exc.type_name}: {exc.message}"
+        return target
     except RemoteError as exc:
         if exc.type_name == "ProviderUnavailable":
             raise
-        target_error = f"{exc.type_name}: {exc.message}"
-        coverage = {
+        error = f"{exc.type_name}: {exc.message}"
+        return _Target(target_ep, {
             "ep": target_ep, "taken": 0, "total": None, "fraction": 0.0, "partitions": 0,
-            "by_ep": {}, "fallback_op_types": {}, "source": "session_error", "session_error": target_error,
-        }
+            "by_ep": {}, "fallback_op_types": {}, "source": "session_error", "session_error": error,
+        }, error=error)
     finally:
         if handle is not None:
-            host.close(handle)
-    result["coverage"] = coverage
+            sessions.close(handle)
 
-    # The CPU EP on the fp32 graph: the reference when no outputs are recorded, and
-    # always the yardstick for "bit-identical to the CPU".
-    cpu_outputs: dict[str, Any] | None = None
-    same_as_target = (
-        target_ep == CPU_EP and precision == "fp32" and not spec.session_options
-        and target_outputs is not None and reference_graph == spec.graph
-    )
-    if same_as_target:
-        cpu_outputs = target_outputs
-    elif reference_graph is not None:
-        t1 = time.perf_counter()
-        try:
-            ref = host.open(cpu_reference_spec(reference_graph).to_dict(), record=False)
-        except RemoteError as exc:
-            if coverage.get("source") == "session_error":
-                raise VerificationError(
-                    f"the graph does not load on the CPU EP either ({exc.type_name}: {exc.message}); "
-                    f"the artifact is broken, not the placement"
-                ) from None
-            raise
-        try:
-            cpu_outputs = host.run(ref["handle"], feeds)["outputs"]
-        finally:
-            host.close(ref["handle"])
-        timings["reference_s"] = time.perf_counter() - t1
 
-    recorded = artifact.reference_outputs()
+def _coverage(info: dict[str, Any], target_ep: str) -> dict[str, Any]:
+    """Coverage from an opened session: VitisAI's own report where it wrote one, else ORT's assignment."""
+    coverage = coverage_from_assignment(info["assignment"], target_ep) if info.get("assignment") is not None else None
+    if info.get("vitisai_report"):
+        coverage = coverage_from_vitisai(info["vitisai_report"], coverage)
+    if coverage is None:
+        raise VerificationError(
+            f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
+            f"{target_ep}'s node coverage cannot be measured; upgrade onnxruntime in that route"
+        )
+    return coverage
+
+
+def _run_cpu_reference(
+    sessions: Sessions, reference_graph: str | None, feeds: dict[str, Any], target: _Target, *, failed_to_open: bool,
+) -> dict[str, Any] | None:
+    """The CPU EP's outputs on the fp32 graph, or None without one.
+
+    When the target failed to open and the CPU EP cannot open the graph either,
+    the artifact is broken, not the placement: ``VerificationError``.
+    """
+    if reference_graph is None:
+        return None
+    t1 = time.perf_counter()
+    try:
+        ref = sessions.open(cpu_reference_spec(reference_graph).to_dict(), record=False)
+    except RemoteError as exc:
+        if failed_to_open:
+            raise VerificationError(
+                f"the graph does not load on the CPU EP either ({exc.type_name}: {exc.message}); "
+                f"the artifact is broken, not the placement"
+            ) from None
+        raise
+    try:
+        outputs: dict[str, Any] = sessions.run(ref["handle"], feeds)["outputs"]
+    finally:
+        sessions.close(ref["handle"])
+    target.timings["reference_s"] = time.perf_counter() - t1
+    return outputs
+
+
+def _numeric(
+    target: _Target, cpu_outputs: dict[str, Any] | None, recorded: dict[str, Any] | None, *, same_as_target: bool,
+) -> dict[str, Any]:
+    """Each output against the reference (the recorded outputs, else the CPU EP's)."""
     reference = recorded if recorded is not None else cpu_outputs
+    failed_to_open = target.coverage.get("source") == "session_error"
     numeric: dict[str, Any] = {
         "reference": "recorded outputs" if recorded is not None else (
             "CPU EP, fp32 graph (the target itself)" if same_as_target else "CPU EP, fp32 graph"
         ),
         "outputs": {},
-        "error": target_error if coverage.get("source") != "session_error" else None,
+        "error": None if failed_to_open else target.error,
         "bit_identical_to_cpu": None,
     }
     if reference is None:
         numeric["error"] = "no reference: the artifact has neither recorded outputs nor an fp32 graph"
-    elif target_outputs is not None:
+    elif target.outputs is not None:
         for name, ref_value in reference.items():
-            if name not in target_outputs:
+            if name not in target.outputs:
                 numeric["outputs"][name] = {"missing": True, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "shape_match": False}
                 continue
-            numeric["outputs"][name] = compare(target_outputs[name], ref_value)
-        if cpu_outputs is not None and target_ep != CPU_EP:
-            numeric["bit_identical_to_cpu"] = _bit_identical(target_outputs, cpu_outputs)
-    result["numeric"] = numeric
-    result["suspicious"] = bool(
-        target_ep != CPU_EP and coverage.get("taken", 0) > 0 and numeric["bit_identical_to_cpu"]
-    )
-    timings["total_s"] = time.perf_counter() - t0
-    result["timings"] = timings
-    result["target_outputs"] = target_outputs  # dropped before saving; handy for callers
-    return result
+            numeric["outputs"][name] = compare(target.outputs[name], ref_value)
+        if cpu_outputs is not None and target.ep != CPU_EP:
+            numeric["bit_identical_to_cpu"] = _bit_identical(target.outputs, cpu_outputs)
+    return numeric
 
 
 # ---- judging -----------------------------------------------------------------------
