@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import write_json_atomic
+from orchestrator.settings import gguf_headers_dir
 
 log = logging.getLogger(__name__)
 
@@ -302,8 +303,6 @@ def gguf_header(path: str | Path, *, use_cache: bool = True) -> GgufHeader:
 
 
 def _gguf_memo_path(p: Path) -> Path:
-    from orchestrator.settings import gguf_headers_dir
-
     return gguf_headers_dir() / f"{hashlib.sha256(str(p).encode()).hexdigest()[:24]}.json"
 
 
