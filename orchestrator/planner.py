@@ -136,7 +136,7 @@ def plan_pipeline(
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
     ledger, shared = build_ledger(profile, runtime=runtime)
-    states = [_candidates(stage, profile, mask, ledger) for stage in config.topological()]
+    states = [_stage_state(stage, profile, mask, ledger) for stage in config.topological()]
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
@@ -196,7 +196,9 @@ def stage_candidates(
     return out
 
 
-def _candidates(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
+def _stage_state(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
+    """The stage's artifact described, each candidate tried alone against ``base``:
+    the options that fit, and a refusal for every other device and backend."""
     kind = get_kind(stage.kind)
     info = kind.describe(stage)
     state = _StageState(stage, kind, info, [], [])
