@@ -113,7 +113,7 @@ class RouteReport:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RouteReport:
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         d = {k: v for k, v in d.items() if k in known}
         return cls(**{**d, "providers": tuple(d.get("providers") or ()),
                       "vllm_distributions": tuple(d.get("vllm_distributions") or ())})
