@@ -31,6 +31,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.console import make_console
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.units import fmt_bytes
@@ -408,6 +409,4 @@ def plan_table(plan: PipelinePlan) -> Group:
 
 
 def print_plan(plan: PipelinePlan, console: Console | None = None) -> None:
-    from orchestrator.console import make_console
-
     (console or make_console()).print(plan_table(plan))

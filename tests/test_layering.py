@@ -150,8 +150,6 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="the layout issue removes these (project modules imported inside "
-                   "functions); see docs/architecture.md")
 def test_function_level_imports_are_for_heavy_packages_only() -> None:
     bad = [f"{m}:{line}: {imported}" for m, line, imported in function_level_imports() if not _allowed(m, imported)]
     assert not bad, (
