@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 
 def _tiny_artifact(root: Path) -> Path:
-    from tests.verify.helpers import write_artifact
+    from tests.helpers.graphs import write_artifact
 
     return write_artifact(root / "tiny-matmul", "full", name="tiny-matmul")
 

@@ -1,9 +1,21 @@
-"""Shared fixtures: tiny checkpoints written by the tests, inline profiles."""
+"""Fixtures and helpers every test directory can reach.
+
+* tiny checkpoints written by the tests, inline profiles (below);
+* ``private_cache`` and ``store``: a private OMNI_EDGE_CACHE_DIR per test, so
+  evidence never leaks between tests (not autouse: the directories whose tests
+  verify placements turn it on in their own conftest.py);
+* ``ov_host``: one worker in the OpenVINO venv, shared by a module's tests;
+* ``ray_cluster``: one local Ray cluster for the whole session.
+
+Graph and artifact helpers are in ``tests/helpers/graphs.py``, the echo kind's
+hand-written plans in ``tests/helpers/echo.py``.
+"""
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +23,12 @@ import pytest
 
 from orchestrator.profile import HardwareProfile, parse_profile
 from orchestrator.units import GiB
+from orchestrator.verify.evidence import EvidenceStore
+from tests.helpers.graphs import OV_PYTHON
 
 REPO = Path(__file__).resolve().parents[1]
+TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
+"""The devices the test cluster's node declares resources for."""
 
 
 def write_checkpoint(
@@ -84,3 +100,45 @@ def tiny_checkpoint(tmp_path: Path) -> Path:
     tensors = {f"model.layers.{i}.mlp.weight": ("BF16", [64, 256]) for i in range(2)}
     tensors["model.embed_tokens.weight"] = ("BF16", [1000, 64])
     return write_checkpoint(tmp_path / "tiny", cfg, tensors)
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own OMNI_EDGE_CACHE_DIR: evidence never leaks between tests."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def store(private_cache: Path) -> EvidenceStore:
+    return EvidenceStore()
+
+
+@pytest.fixture(scope="module")
+def ov_host() -> Iterator[object]:
+    """One worker in the OpenVINO venv, shared by a module's tests (one interpreter start)."""
+    if not OV_PYTHON.exists():
+        pytest.skip(f"the OpenVINO route is missing: {OV_PYTHON} (scripts/bootstrap.sh creates it)")
+    from orchestrator.ort.routes import resolve
+    from orchestrator.ort.sessions import open_sessions
+    from orchestrator.profile import Route
+
+    host = open_sessions(resolve(Route(name="openvino", kind="interpreter", python=str(OV_PYTHON))))
+    yield host
+    host.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster per test session: starting Ray costs ~5–10 s on a
+    2-core box, so every test that needs one shares it
+    (``orchestrator.runtime.cluster.connect``, which pipelines in the same process
+    join). Its node declares the resources of every device the tests place
+    stages on."""
+    pytest.importorskip("ray")
+    from orchestrator.runtime import cluster
+
+    c = cluster.connect(TEST_DEVICES)
+    yield c
+    cluster.release()

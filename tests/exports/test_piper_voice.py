@@ -15,7 +15,7 @@ from orchestrator.config import load_config
 from orchestrator.planner import plan_pipeline
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
-from tests.verify.helpers import REPO, machine_profile
+from tests.helpers.graphs import REPO, machine_profile
 
 ARTIFACT = REPO / "exports" / "piper-en-us-joe-medium"
 

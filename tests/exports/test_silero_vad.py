@@ -24,8 +24,7 @@ from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
-from tests.verify.helpers import REPO
-from tests.verify.test_gates_openvino import placement
+from tests.helpers.graphs import REPO, placement
 
 ARTIFACT = REPO / "exports" / "silero-vad-op18"
 OV = "OpenVINOExecutionProvider"

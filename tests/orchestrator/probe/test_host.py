@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -17,8 +16,8 @@ from orchestrator.commands.probe import parse_route_arg
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import host, probe_profile
 from orchestrator.profile import Route, load_profile, parse_profile
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"
 GiB = 2**30
 
@@ -84,7 +83,7 @@ def test_route_argument():
 
 
 # ---- interpreters: asked through orchestrator.ort.routes.probe_route ------------------------
-# (a hung, crashing or missing interpreter: tests/verify/test_routes.py)
+# (a hung, crashing or missing interpreter: tests/orchestrator/ort/test_routes.py)
 
 
 def test_a_cached_probe_is_reused_until_the_interpreter_changes(tmp_path, monkeypatch):

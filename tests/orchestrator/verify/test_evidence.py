@@ -11,6 +11,7 @@ import pytest
 from orchestrator.verify.evidence import EVIDENCE_FORMAT, EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import compare, judge
 from stages.exported_graph.artifact import Tolerance
+from tests.conftest import REPO
 
 KEY = EvidenceKey(
     artifact="voice", graph_sha256="a" * 64, reference_sha256="b" * 64, precision="fp32",
@@ -81,13 +82,12 @@ import os, sys
 os.environ["OMNI_EDGE_CACHE_DIR"] = {str(tmp_path)!r}
 from orchestrator.config import load_config
 from orchestrator.planner import plan_pipeline
-from tests.verify.helpers import machine_profile
+from tests.helpers.graphs import machine_profile
 config = load_config("configs/voice-assistant.yaml")
 for _ in range(2):
     sys.modules.pop("onnx", None)
     plan = plan_pipeline(config, machine_profile(), mask=frozenset({{"gpu:0"}}))
 print(plan.stage("voice").verification.status, "onnxruntime" in sys.modules, "onnx" in sys.modules)
 """
-    repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["unverified", "False", "False"]

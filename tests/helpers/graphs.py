@@ -1,4 +1,5 @@
-"""Tiny ONNX graphs (onnx.helper), artifact directories and profiles for the verify tests."""
+"""Tiny ONNX graphs (onnx.helper), artifact directories, profiles and placements for the tests
+that verify or run exported graphs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import yaml
 
 from orchestrator.profile import HardwareProfile, parse_profile
 from orchestrator.units import GiB
+from orchestrator.verify.placement import Placement, placement_for
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 
 REPO = Path(__file__).resolve().parents[2]
 OV_PYTHON = REPO / ".venvs" / "openvino" / "bin" / "python"
@@ -145,7 +148,7 @@ def write_artifact(
         "format": "omni-edge.export/1",
         "name": name or graph.replace("_", "-"),
         "version": "1",
-        "source": {"origin": "built by tests/verify/helpers.py with onnx.helper", "license": "Apache-2.0"},
+        "source": {"origin": "built by tests/helpers/graphs.py with onnx.helper", "license": "Apache-2.0"},
         "precisions": {"fp32": "fp32.onnx"},
         "inputs": [spec(v) for v in model.graph.input],
         "outputs": [spec(v) for v in model.graph.output],
@@ -200,3 +203,18 @@ def ort_own_counts(paths: list[Path]) -> dict[str, Any]:
     (independent of omni-edge's worker)."""
     proc = subprocess.run([str(OV_PYTHON), "-c", ORT_COUNTS, *map(str, paths)], capture_output=True, text=True, check=True, timeout=120)
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def placement(artifact: Path, backend: str = "ort-openvino", **stage: Any) -> Placement:
+    """The placement of an exported_graph stage on this machine's CPU device with ``backend``."""
+    kind = ExportedGraphKind()
+    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(artifact), **stage)
+    profile = machine_profile()
+    device = profile.device("cpu")
+    assert device is not None
+    route = profile.route(device.route_for(backend))
+    assert route is not None
+    info = kind.describe(cfg)
+    gate = kind.gate_spec(cfg, info, device, backend)
+    assert gate is not None
+    return placement_for(gate, route)

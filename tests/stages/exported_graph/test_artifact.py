@@ -16,7 +16,7 @@ from orchestrator.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
-from tests.verify.helpers import K, N, full_graph, write_artifact
+from tests.helpers.graphs import K, N, full_graph, write_artifact
 
 
 @pytest.fixture(autouse=True)

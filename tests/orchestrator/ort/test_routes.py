@@ -18,7 +18,7 @@ from orchestrator.ort.routes import (
 )
 from orchestrator.ort.sessions import ResolvedRoute
 from orchestrator.profile import Route, load_profile
-from tests.verify.helpers import OV_PYTHON, REPO, machine_profile
+from tests.helpers.graphs import OV_PYTHON, REPO, machine_profile
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:

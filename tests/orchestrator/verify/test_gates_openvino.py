@@ -16,28 +16,13 @@ import pytest
 
 from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NUMERIC_GATE_FAILED
 from orchestrator.verify.evidence import EvidenceStore
-from orchestrator.verify.placement import Placement, placement_for, verify_placement
-from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
-from tests.verify.helpers import cpu_outputs, machine_profile, ort_own_counts, write_artifact
+from orchestrator.verify.placement import verify_placement
+from tests.helpers.graphs import cpu_outputs, ort_own_counts, placement, write_artifact
 
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 
 OV = "OpenVINOExecutionProvider"
 CPU = "CPUExecutionProvider"
-
-
-def placement(artifact: Path, backend: str = "ort-openvino", **stage: Any) -> Placement:
-    kind = ExportedGraphKind()
-    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(artifact), **stage)
-    profile = machine_profile()
-    device = profile.device("cpu")
-    assert device is not None
-    route = profile.route(device.route_for(backend))
-    assert route is not None
-    info = kind.describe(cfg)
-    gate = kind.gate_spec(cfg, info, device, backend)
-    assert gate is not None
-    return placement_for(gate, route)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from orchestrator.errors import StageFailed
 from orchestrator.planner import plan_pipeline
 from orchestrator.verify.run import verify_pipeline
 from stages.exported_graph.kind import ExportedGraphKind
-from tests.verify.helpers import OV_PYTHON, K, cpu_outputs, machine_profile, write_artifact
+from tests.helpers.graphs import OV_PYTHON, K, cpu_outputs, machine_profile, write_artifact
 
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 

@@ -17,7 +17,7 @@ from orchestrator.runtime.events import AudioChunk, StageEvent, collect
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.units import MiB
 from stages.registry import get_kind
-from tests.runtime.kinds import REPLY, echo_pipeline
+from tests.helpers.echo import REPLY, echo_pipeline
 
 pytestmark = pytest.mark.ray
 

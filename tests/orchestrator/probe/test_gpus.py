@@ -1,5 +1,5 @@
 """NVIDIA GPU discovery without pynvml: nvidia-smi output recorded on a real H200
-machine (tests/orchestrator/data/h200/), replayed by a stand-in ``nvidia-smi`` on
+machine (tests/orchestrator/probe/data/h200/), replayed by a stand-in ``nvidia-smi`` on
 PATH, so the whole path — subprocess, retry, parsing, profile — is the real one."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from tests.verify.helpers import OV_PYTHON, write_artifact
+from tests.helpers.graphs import OV_PYTHON, write_artifact
 
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 
@@ -94,7 +94,7 @@ def test_bad_input_exits_2_with_where_and_how_to_fix(tmp_path: Path, capsys: pyt
 def test_a_profile_of_another_machine_is_refused_as_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     """Evidence is keyed by the profile's device names: measuring here under a
     Windows laptop's names would record a result that laptop never produced."""
-    from tests.verify.helpers import REPO
+    from tests.helpers.graphs import REPO
 
     profile = REPO / "configs" / "profiles" / "strix-point-rtx5090-windows.json"
     assert main(["verify", str(REPO / "configs" / "voice-assistant.yaml"), "--profile", str(profile)]) == 2

@@ -21,7 +21,7 @@ from orchestrator.profile import HardwareProfile, load_profile
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import placement_for
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
-from tests.verify.helpers import REPO, K, N, write_artifact
+from tests.helpers.graphs import REPO, K, N, write_artifact
 
 PROFILES = REPO / "configs" / "profiles"
 
