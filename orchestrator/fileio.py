@@ -11,12 +11,15 @@ the same memo leave one whole file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from orchestrator.errors import ConfigError
 
 
 def write_bytes_atomic(
@@ -87,3 +90,39 @@ def write_json_atomic(
     """
     text = json.dumps(data, indent=indent, default=default) + "\n"
     write_text_atomic(path, text, overwrite=overwrite, durable=durable)
+
+
+def check_writable(path: str | Path, *, what: str) -> None:
+    """Raise ``ConfigError`` (where=``what``) unless a file can be written at ``path``.
+
+    Checked before any work, so a command that would write its result at the
+    end refuses at once: the parent directory must exist and accept a new file
+    (a probe file is created there with ``O_EXCL`` and removed at once, so
+    nothing is left behind), and ``path`` itself must not be a directory. This
+    catches a missing directory, a path under ``/proc`` or ``/sys``, a
+    read-only directory or file system, and a directory given as the file.
+    """
+    target = Path(path)
+    where = f"{what} {target}"
+    if str(path) == "" or target.name in ("", ".", ".."):
+        raise ConfigError.single(where, "this is not a file name", "give a path to a file, e.g. out/plan.json")
+    if target.is_dir():
+        raise ConfigError.single(where, "this is a directory, not a file", f"name a file inside it, e.g. {target / 'out.json'}")
+    parent = target.parent
+    if not parent.exists():
+        raise ConfigError.single(
+            where, f"the directory {parent} does not exist", f"create it first (mkdir -p {parent}), or write somewhere else"
+        )
+    if not parent.is_dir():
+        raise ConfigError.single(where, f"{parent} is not a directory", "write the file into an existing directory")
+    probe = parent / f".{target.name[:64]}.{os.getpid()}.{secrets.token_hex(4)}.probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError.single(
+            where, f"a file cannot be created in {parent}: {reason}", "write to a directory you can write to"
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from orchestrator.fileio import check_writable, write_json_atomic
+
 
 def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> None:
     """CONFIG, --profile and --mask: what every command that plans takes."""
@@ -26,13 +28,13 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.planner import parse_mask, plan_pipeline
     from orchestrator.probe import resolve_profile
 
+    if args.out:
+        check_writable(args.out, what="--out")
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
     plan = plan_pipeline(config, profile, mask=parse_mask(args.mask))
     doc = plan.to_json()
     if args.out:
-        from orchestrator.fileio import write_json_atomic
-
         write_json_atomic(args.out, doc)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)

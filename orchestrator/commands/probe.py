@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
-from orchestrator.fileio import write_text_atomic
+from orchestrator.fileio import check_writable, write_text_atomic
 from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route
 from orchestrator.settings import PROBE_TIMEOUT_S
 from orchestrator.units import fmt_bytes
@@ -84,14 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
     save_path = Path(args.save) if args.save else None
     if save_path is not None:
+        check_writable(save_path, what="--save")
         if save_path.exists() and not args.force:
             raise _exists(save_path)
-        if not save_path.parent.is_dir():
-            raise ConfigError.single(
-                str(save_path),
-                f"the directory {save_path.parent} does not exist",
-                "create it first, or save somewhere else",
-            )
 
     profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
     text = profile.model_dump_json(indent=2) + "\n"

@@ -83,5 +83,6 @@ def test_plan_imports_no_heavy_module(tmp_path):
 def test_out_writes_the_plan_file(tmp_path, capsys):
     cfg, prof = setup(tmp_path)
     out = tmp_path / "plans" / "plan.json"
+    out.parent.mkdir()  # a missing directory is refused (tests/test_bad_inputs.py)
     assert main(["plan", str(cfg), "--profile", str(prof), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["pipeline"] == "cli"
