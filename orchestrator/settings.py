@@ -41,7 +41,8 @@ def evidence_dir() -> Path:
 
 
 def graph_stats_dir() -> Path:
-    """Where ``describe_graph`` memoises graph statistics, keyed by file size and mtime."""
+    """Where ``describe_graph`` memoises graph statistics, keyed by each file's
+    size, mtime, ctime, inode and device."""
     return cache_root() / "graphs"
 
 

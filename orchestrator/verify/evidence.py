@@ -90,17 +90,30 @@ class EvidenceStore:
         return self.root / key.filename()
 
     def load(self, key: EvidenceKey) -> dict[str, Any] | None:
-        """The record for exactly this key, or None (missing, unreadable or another key)."""
+        """The record for exactly this key, or None (missing, unreadable, another key,
+        or not a consistent measurement: see :func:`record_problem`)."""
+        return self.load_checked(key)[0]
+
+    def load_checked(self, key: EvidenceKey) -> tuple[dict[str, Any] | None, str | None]:
+        """``(record, None)``, or ``(None, why)`` when a file exists but cannot be trusted
+        (logged as a warning naming the file); ``(None, None)`` when there is none."""
+        path = self.path(key)
+        problem: str | None
         try:
-            record = json.loads(self.path(key).read_text(encoding="utf-8"))
+            record = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return None
+            return None, None
         except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable evidence %s: %s", self.path(key), exc)
-            return None
-        if record.get("format") != EVIDENCE_FORMAT or record.get("key_digest") != key.digest():
-            return None
-        return record
+            problem = f"unreadable: {exc}"
+        else:
+            problem = record_problem(record, key)
+        if problem is not None:
+            log.warning(
+                "ignoring evidence %s: %s; it is treated as no evidence (`omni-edge verify CONFIG` measures again)",
+                path, problem,
+            )
+            return None, problem
+        return record, None
 
     def save(self, key: EvidenceKey, measurement: dict[str, Any]) -> Path:
         """Write a record atomically; returns its path."""
@@ -116,6 +129,82 @@ class EvidenceStore:
         path = self.path(key)
         write_json_atomic(path, record, indent=1, default=_jsonable)
         return path
+
+
+def record_problem(record: Any, key: EvidenceKey) -> str | None:
+    """Why ``record`` is not a consistent measurement for ``key``, or None.
+
+    Evidence is judged from what it claims to have counted, so the counts must
+    be there and agree with each other: a record carrying a verdict-like
+    ``fraction`` without the counts behind it, or counts that contradict it,
+    is a forgery or a corruption, never a pass.
+    """
+    if not isinstance(record, dict):
+        return f"not a JSON object but {type(record).__name__}"
+    if record.get("format") != EVIDENCE_FORMAT:
+        return f"format is {record.get('format')!r}, not {EVIDENCE_FORMAT!r}"
+    if record.get("key_digest") != key.digest():
+        return "key_digest does not match the file's key"
+    if record.get("key") != key.to_dict():
+        return "its key (graph digest, runtime, device, options) is not the one it is filed under"
+    if record.get("evidence") != "M":
+        return "evidence is not 'M' (a measurement)"
+    for name in ("measured_at", "ep", "precision"):
+        if not isinstance(record.get(name), str):
+            return f"{name} is missing or not a string"
+    if record["precision"] != key.precision:
+        return f"precision {record['precision']!r} is not the key's {key.precision!r}"
+    cov = record.get("coverage")
+    if not isinstance(cov, dict):
+        return "coverage is missing"
+    if cov.get("ep") != record["ep"]:
+        return f"coverage.ep {cov.get('ep')!r} is not the record's ep {record['ep']!r}"
+    if cov.get("source") == "session_error":
+        if not isinstance(cov.get("session_error"), str) or cov.get("taken") != 0:
+            return "a session_error coverage must name the error and have taken 0"
+    else:
+        taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
+        if not isinstance(taken, int) or not isinstance(total, int) or not _is_count(taken) or not _is_count(total):
+            return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
+        if taken > total:
+            return f"coverage.taken {taken} exceeds coverage.total {total}"
+        if total == 0:
+            return "coverage.total is 0: no node was counted"
+        if not isinstance(fraction, int | float) or not _is_number(fraction) or abs(float(fraction) - taken / total) > 1e-9:
+            return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
+        by_ep = cov.get("by_ep")
+        if by_ep and (
+            not isinstance(by_ep, dict) or not all(_is_count(v) for v in by_ep.values())
+            or sum(by_ep.values()) != total or by_ep.get(cov["ep"], 0) != taken
+        ) and not str(cov.get("source", "")).startswith("vitisai"):
+            return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
+    num = record.get("numeric")
+    if not isinstance(num, dict):
+        return "numeric is missing"
+    outputs = num.get("outputs")
+    if not isinstance(outputs, dict):
+        return "numeric.outputs is missing"
+    if not outputs and not num.get("error"):
+        return "numeric has neither outputs nor an error: nothing was compared"
+    for name, m in outputs.items():
+        if not isinstance(m, dict) or not isinstance(m.get("shape_match"), bool):
+            return f"numeric.outputs[{name!r}].shape_match is missing"
+        for metric in ("rel_l2", "max_abs", "cosine"):
+            if not _is_number(m.get(metric)):
+                return f"numeric.outputs[{name!r}].{metric} is missing or not a number"
+        if m["rel_l2"] < 0 or m["max_abs"] < 0 or not -1.0 - 1e-6 <= m["cosine"] <= 1.0 + 1e-6:
+            return f"numeric.outputs[{name!r}] holds impossible values (negative distance or |cosine| > 1)"
+    if not isinstance(record.get("suspicious", False), bool):
+        return "suspicious is not a boolean"
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
 
 
 def _jsonable(value: Any) -> Any:

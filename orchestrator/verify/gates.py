@@ -352,8 +352,11 @@ def judge(
             remedy,
         ))
     else:
-        taken, total, frac = cov.get("taken", 0), cov.get("total", 0), cov.get("fraction", 0.0)
-        if frac < min_coverage:
+        # The verdict follows the counts, never a recorded fraction: a record saying
+        # "taken 0 of 2685, fraction 1.0" is judged as 0 %.
+        taken, total = _count(cov.get("taken")), _count(cov.get("total"))
+        frac = min(taken, total) / total if total else 0.0
+        if frac < min_coverage or total == 0:
             left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
             parts = cov.get("partitions")
             parts_txt = f" in {parts} partition(s)" if parts is not None else ""
@@ -383,12 +386,12 @@ def judge(
                 f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}",
             ))
             continue
-        bad = []
-        if m["rel_l2"] > tolerance.rel_l2:
+        bad = []  # written as "not within" so that a NaN fails
+        if not m["rel_l2"] <= tolerance.rel_l2:
             bad.append("rel L2")
-        if m["max_abs"] > tolerance.max_abs:
+        if not m["max_abs"] <= tolerance.max_abs:
             bad.append("max abs")
-        if m["cosine"] < tolerance.cosine_min:
+        if not m["cosine"] >= tolerance.cosine_min:
             bad.append("cosine")
         if bad:
             out.refusals.append(Refusal(
@@ -408,6 +411,11 @@ def judge(
         )
     out.passed = not out.refusals
     return out
+
+
+def _count(value: Any) -> int:
+    """A node count as recorded, or 0 when it is not a non-negative integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _elsewhere(ep: str, precision: str, precisions: tuple[str, ...]) -> str:

@@ -245,7 +245,13 @@ def cached_verdict(gate: GateSpec, route: Route, store: EvidenceStore | None = N
             "hint": "run `omni-edge verify CONFIG`", "route": recorded_route,
         }), []
     store = store or EvidenceStore()
-    record = store.load(placement.key)
+    record, problem = store.load_checked(placement.key)
+    if problem is not None:
+        return Verification("unverified", "", {
+            "reason": f"the evidence file {store.path(placement.key)} was rejected ({problem}); it counts as no evidence",
+            "hint": "run `omni-edge verify CONFIG` to measure again (it replaces the file)",
+            "key": placement.key.digest()[:16], "route": recorded_route,
+        }), []
     if record is None:
         return Verification("unverified", "", {
             "reason": "no evidence for this artifact digest, precision, EP, runtime, device and options",

@@ -6,8 +6,9 @@
   sha256 of the file(s). External data must stay beside the graph: an absolute
   location or one that climbs out with ``..`` is a ``ConfigError``.
 * ``onnx`` is imported lazily, and a graph's statistics are memoised under the
-  omni-edge cache keyed by each file's size and mtime, so re-planning does not
-  re-read a 60 MB graph.
+  omni-edge cache keyed by each file's size, mtime, ctime, inode and device, so
+  re-planning does not re-read a 60 MB graph; a memo whose numbers are
+  inconsistent or implausible is ignored (with a warning) and the graph re-read.
 * ``check_against_graph`` compares what a manifest promises (input and output
   names, dtypes, shapes) with what a graph declares.
 """
@@ -34,7 +35,7 @@ from stages.exported_graph.artifact import (
 
 log = logging.getLogger(__name__)
 
-GRAPH_STATS_VERSION = 1
+GRAPH_STATS_VERSION = 2
 """Bump when ``GraphStats`` changes so memoised statistics are recomputed."""
 
 
@@ -78,7 +79,8 @@ def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
     """Statistics of one ONNX graph file; never creates a session.
 
     With ``use_cache`` the result is memoised under the omni-edge cache, valid
-    while every file (graph and external data) keeps its size and mtime;
+    while every file (graph and external data) keeps its size, mtime, ctime,
+    inode and device, and its numbers are consistent (:func:`memo_problem`);
     ``use_cache=False`` always reads and hashes (``omni-edge verify --force``).
     Raises ``ConfigError`` for an unreadable graph or external data that
     leaves the graph's directory.
@@ -91,8 +93,9 @@ def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
         cached = _read_memo(memo, p)
         if cached is not None:
             return cached
+    before = _stamp(p)  # before reading: a change during the read must not be memoised as current
     stats = _read_graph(p)
-    if use_cache:
+    if use_cache and _stamp(p) == before:
         _write_memo(memo, p, stats)
     return stats
 
@@ -244,8 +247,49 @@ def _memo_path(p: Path) -> Path:
 
 
 def _stamp(p: Path) -> list[int]:
+    """What must stay equal for a memo of ``p`` to hold: size, mtime, ctime, inode,
+    device (as ``stages.ar_decode.checkpoint.file_stamp``). A rewrite that restores
+    size and mtime still changes ctime; a file swapped in by rename changes the inode."""
     st = p.stat()
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+NON_WEIGHT_BYTES_BASE = 1 << 20
+NON_WEIGHT_BYTES_PER_NODE = 8 << 10
+"""What a graph file may hold besides its weights: names, shapes, attributes and
+metadata. Measured: the piper voice 217 bytes per node, silero VAD 0.66 MB for 90
+nodes (its If bodies); a memo claiming fewer weight bytes than the file minus this
+allowance is implausible (an edited memo would shrink a reservation)."""
+
+
+def memo_problem(stats: GraphStats, stamps: dict[str, list[int]], p: Path) -> str | None:
+    """Why memoised statistics cannot be right for the files they were stamped from, or None."""
+    counts = {
+        "file_bytes": stats.file_bytes, "node_count": stats.node_count,
+        "subgraph_node_count": stats.subgraph_node_count, "initializer_bytes": stats.initializer_bytes,
+        "ir_version": stats.ir_version,
+    }
+    for name, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"{name} is {value!r}, not a non-negative integer"
+    if stats.path != str(p):
+        return f"it describes {stats.path}, not {p}"
+    if not isinstance(stats.sha256, str) or len(stats.sha256) != 64 or any(c not in "0123456789abcdef" for c in stats.sha256):
+        return "sha256 is not a hex digest"
+    if not isinstance(stats.op_histogram, dict) or sum(stats.op_histogram.values()) != stats.node_count:
+        return f"the op histogram does not add up to node_count {stats.node_count}"
+    on_disk = sum(stamp[0] for stamp in stamps.values())
+    if stats.file_bytes != on_disk:
+        return f"file_bytes {stats.file_bytes} is not the {on_disk} bytes the files hold"
+    if stats.initializer_bytes > stats.file_bytes:
+        return f"initializer_bytes {stats.initializer_bytes} exceeds the file bytes {stats.file_bytes}"
+    allowance = NON_WEIGHT_BYTES_BASE + NON_WEIGHT_BYTES_PER_NODE * (stats.node_count + stats.subgraph_node_count)
+    if stats.file_bytes - stats.initializer_bytes > allowance:
+        return (
+            f"initializer_bytes {stats.initializer_bytes} leaves {stats.file_bytes - stats.initializer_bytes} of "
+            f"{stats.file_bytes} bytes to {stats.node_count + stats.subgraph_node_count} nodes (at most {allowance} is plausible)"
+        )
+    return None
 
 
 def _read_memo(memo: Path, p: Path) -> GraphStats | None:
@@ -253,12 +297,26 @@ def _read_memo(memo: Path, p: Path) -> GraphStats | None:
         record = json.loads(memo.read_text(encoding="utf-8"))
         if record.get("version") != GRAPH_STATS_VERSION or record.get("path") != str(p):
             return None
-        for name, stamp in record["stamps"].items():
+        stamps = record["stamps"]
+        if str(p) not in stamps:
+            return None
+        for name, stamp in stamps.items():
             if _stamp(Path(name)) != stamp:
                 return None
-        return GraphStats(**record["stats"])
-    except (OSError, ValueError, KeyError, TypeError):
+        stats = GraphStats(**record["stats"])
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("ignoring the graph statistics memo %s for %s (%s: %s); reading the graph again", memo, p, type(exc).__name__, exc)
+        return None
+    try:
+        problem = memo_problem(stats, stamps, p)
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        log.warning("ignoring the graph statistics memo %s for %s: %s; reading the graph again", memo, p, problem)
+        return None
+    return stats
 
 
 def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:

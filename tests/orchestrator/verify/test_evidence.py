@@ -19,10 +19,16 @@ KEY = EvidenceKey(
     device_id="cpu", device_name="x86", options={"providers": ["OpenVINOExecutionProvider", "CPUExecutionProvider"]},
 )
 
+MEASUREMENT = {
+    "ep": KEY.ep, "precision": KEY.precision,
+    "coverage": {"ep": KEY.ep, "taken": 1, "total": 1, "fraction": 1.0, "source": "ort_assignment_info"},
+    "numeric": {"outputs": {"y": {"shape_match": True, "rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0}}},
+}
+
 
 def test_the_cache_lives_under_omni_edge_cache_dir(private_cache: Path) -> None:
     store = EvidenceStore()
-    path = store.save(KEY, {"coverage": {}, "numeric": {}})
+    path = store.save(KEY, MEASUREMENT)
     assert path.parent == private_cache / "evidence"
     record = store.load(KEY)
     assert record is not None and record["format"] == EVIDENCE_FORMAT and record["evidence"] == "M"
@@ -36,7 +42,7 @@ def test_the_cache_lives_under_omni_edge_cache_dir(private_cache: Path) -> None:
     {"options": {"providers": ["OpenVINOExecutionProvider"]}}, {"backend": "ort-cpu"},
 ])
 def test_any_change_to_a_key_part_misses_the_cache(store: EvidenceStore, change: dict[str, object]) -> None:
-    store.save(KEY, {"coverage": {}})
+    store.save(KEY, MEASUREMENT)
     other = EvidenceKey(**{**KEY.to_dict(), **change})
     assert store.load(other) is None
     assert store.load(KEY) is not None
