@@ -32,6 +32,8 @@ Guarantees:
 * A stage that cannot load, or a device actor that dies, raises
   ``StageFailed`` (stage, device, cause); the ledger keeps no reservation of a
   failed or dead stage.
+* A request beyond what the pipeline can run and queue raises ``PipelineBusy``
+  (the in-flight limit, the numbers in flight and waiting) at once.
 * ``close()`` (or leaving the ``with`` block) closes every stage and releases
   every reservation; ``final_ledger`` then shows every pool at zero.
 * ``run()`` writes a run record (``omni-edge.run/1``) per call to ``record``

@@ -20,6 +20,9 @@ DEVICE_UNREACHABLE = "device_unreachable_from_this_process"
 MODEL_ARCHITECTURE_UNSUPPORTED = "model_architecture_unsupported"
 """The backend rejects this model's layout (e.g. vLLM and Qwen2/Qwen3 with
 mixed sliding/full attention layers), whatever the device."""
+CONTEXT_EXCEEDS_MODEL = "context_exceeds_model"
+"""The stage asks for a longer context (``max_model_len``) than the model has
+positions (``max_position_embeddings``, a GGUF's ``context_length``)."""
 
 REFUSAL_CODES = (
     NO_RUNNABLE_DEVICE,
@@ -31,6 +34,7 @@ REFUSAL_CODES = (
     NUMERIC_GATE_FAILED,
     DEVICE_UNREACHABLE,
     MODEL_ARCHITECTURE_UNSUPPORTED,
+    CONTEXT_EXCEEDS_MODEL,
 )
 
 
@@ -95,3 +99,20 @@ class StageFailed(OmniEdgeError):
         # the default pickling passes only the message to __init__; Ray and
         # multiprocessing need the three fields back
         return (StageFailed, (self.stage, self.device, self.cause))
+
+
+class PipelineBusy(OmniEdgeError):
+    """A request refused because the pipeline already runs (and queues) all it can.
+
+    Carries the in-flight ``limit`` (derived from the device actors'
+    concurrency), how many requests are ``in_flight`` and ``waiting``, and the
+    queue's bound ``max_waiting``: retry later, or raise the bound."""
+
+    def __init__(self, limit: int, in_flight: int, waiting: int, max_waiting: int, why: str = "") -> None:
+        super().__init__(
+            f"the pipeline is busy: {in_flight} requests in flight (limit {limit}), {waiting} waiting "
+            f"(limit {max_waiting}){': ' + why if why else ''}; retry when a request has finished")
+        self.limit, self.in_flight, self.waiting, self.max_waiting, self.why = limit, in_flight, waiting, max_waiting, why
+
+    def __reduce__(self) -> tuple[type[PipelineBusy], tuple[int, int, int, int, str]]:
+        return (PipelineBusy, (self.limit, self.in_flight, self.waiting, self.max_waiting, self.why))

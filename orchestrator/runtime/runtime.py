@@ -46,7 +46,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import ledger_actor
+from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from stages.base import REQUEST, StageKind
@@ -89,7 +90,8 @@ class Runtime:
     """A started pipeline: see the module docstring for what it guarantees."""
 
     def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, routes: dict[str, Any] | None = None,
-                 address: str | None = None, log_to_driver: bool = False) -> None:
+                 address: str | None = None, log_to_driver: bool = False,
+                 max_waiting: int | None = None) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
@@ -113,6 +115,11 @@ class Runtime:
         self.final_ledger: dict[str, Any] | None = None
         self.ledger_pid = 0
         self._closed = False
+        self.calls_per_request = calls_per_request(
+            {s.name: s.device or "?" for s in self.stages},
+            {s.name: (None if s.inputs[0] == REQUEST else s.inputs[0]) for s in self.stages})
+        self.admission = Admission(in_flight_limit(self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])),
+                                   max_waiting=max_waiting)
 
     # -- start ---------------------------------------------------------------------
     def _check_graph(self) -> None:
@@ -255,10 +262,30 @@ class Runtime:
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
         rid = request_id or uuid.uuid4().hex[:12]
+        self._check_alive()
+        await self.admission.acquire()
+        agen = None
+        try:
+            self._check_alive()
+            agen = self._stream(prompt, rid)
+            async for event in agen:
+                yield event
+        finally:
+            try:
+                if agen is not None:
+                    await agen.aclose()
+            finally:
+                self.admission.release()
+
+    def _check_alive(self) -> None:
+        if self._closed or self.ledger is None:
+            raise RuntimeError("the runtime is not started (or already closed)")
         for s in self.stages:
             dev = self.devices[s.device or "?"]
             if dev.dead:
                 raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
+
+    async def _stream(self, prompt: Any, rid: str) -> AsyncGenerator[Event, None]:
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
