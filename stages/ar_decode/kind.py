@@ -30,7 +30,7 @@ from stages.ar_decode.checkpoint import (
     read_checkpoint,
     read_gguf,
 )
-from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, text_config
+from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, model_context_limit, text_config
 from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner
 from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
 
@@ -184,6 +184,17 @@ class ArDecodeKind(StageKind):
     def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
         assert isinstance(stage, ArDecodeConfig)
         out = []
+        limit = model_context_limit(info.internal["text_config"])
+        if limit is not None and stage.max_model_len > limit:
+            source = "its GGUF header's context_length" if info.kind == "gguf" else "max_position_embeddings in its config.json"
+            out.append(Refusal(
+                errors.CONTEXT_EXCEEDS_MODEL, device.id,
+                f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
+                f"({source}: {info.path}); the engine would refuse it at load time",
+                f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
+                "omni-edge never shortens a context on its own — or use a model built for a longer context",
+            ))
+            return out
         reason = capabilities.format_refusal(backend, device, info.weight_format)
         if reason:
             usable = capabilities.supported_formats(backend, device)
@@ -303,7 +314,9 @@ class ArDecodeKind(StageKind):
         def need(length: int) -> int:
             return holder_peak(self.reservations(stage, info, device, backend, pool, max_model_len=length), pool)
 
-        lo, hi = 0, stage.max_model_len // 16
+        limit = model_context_limit(info.internal["text_config"])
+        longest = min(stage.max_model_len, limit) if limit is not None else stage.max_model_len
+        lo, hi = 0, longest // 16
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if need(mid * 16) <= available:

@@ -223,3 +223,35 @@ def kv_budget(
     layers = layers_for(config, dtype_bytes)
     window = config.get("sliding_window") if any(layer.kind == SLIDING for layer in layers) else None
     return _budget(layers, max_model_len, max_num_seqs, kv_dtype, window, bool(config.get("kv_lora_rank")))
+
+
+ROPE_TYPES_WITHOUT_EXTENSION = frozenset({"default", "mrope", "su", "longrope", "llama3"})
+"""rope_scaling types whose ``max_position_embeddings`` is already the extended
+length (vLLM's ``_get_and_verify_max_len`` does not multiply them by ``factor``)."""
+
+
+def model_context_limit(config: dict[str, Any]) -> int | None:
+    """The longest context the model can have, in tokens, as vLLM derives it:
+    ``max_position_embeddings`` (a GGUF's ``<arch>.context_length``), times the
+    ``rope_scaling`` factor for the scaling types that extend it (yarn from its
+    ``original_max_position_embeddings``). ``None`` when the config says nothing."""
+    raw = config.get("max_position_embeddings")
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        return None
+    limit = raw
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict):
+        rope_type = scaling.get("rope_type") or scaling.get("type")
+        factor = scaling.get("factor")
+        if (
+            isinstance(rope_type, str)
+            and rope_type not in ROPE_TYPES_WITHOUT_EXTENSION
+            and isinstance(factor, (int, float))
+            and not isinstance(factor, bool)
+            and factor > 1
+        ):
+            base = scaling.get("original_max_position_embeddings") if rope_type == "yarn" else None
+            if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
+                base = raw
+            limit = int(base * factor)
+    return limit

@@ -21,3 +21,13 @@ def test_refusal_codes_are_unique_and_include_the_contract_ones():
     assert {"no_runnable_device", "weight_format_unsupported", "budget_exceeds_device", "config_unreadable",
             "no_exported_graph", "execution_provider_declined_graph", "numeric_gate_failed",
             "device_unreachable_from_this_process"} <= set(REFUSAL_CODES)
+
+
+def test_every_refusal_code_is_documented_and_every_documented_code_exists():
+    import re
+
+    from tests.conftest import REPO
+
+    table = (REPO / "docs" / "refusals.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M))
+    assert documented == set(REFUSAL_CODES)

@@ -60,7 +60,7 @@ def test_int8_on_ada_runs_on_the_gpu(tmp_path):
 
 def test_weights_fit_but_weights_plus_kv_do_not(tmp_path):
     # 4 GiB of bf16 weights, 32 layers × 8 KV heads × 128 × 2 × 2 = 128 KiB per token
-    cfg = llama_config(layers=32, hidden=4096, heads=32, kv_heads=8)
+    cfg = llama_config(layers=32, hidden=4096, heads=32, kv_heads=8, max_position_embeddings=131072)
     ckpt = write_checkpoint(tmp_path / "big", cfg, {f"w{i}": ("BF16", [1024, 1024]) for i in range(2048)}, files=8)
     profile = make_profile({**RTX4090, "memory_bytes": 8 * GiB})
     plan = plan_pipeline(load_config(config(tmp_path, ckpt, devices="[gpu:0]", max_model_len=32768)), profile)
