@@ -116,3 +116,16 @@ class PipelineBusy(OmniEdgeError):
 
     def __reduce__(self) -> tuple[type[PipelineBusy], tuple[int, int, int, int, str]]:
         return (PipelineBusy, (self.limit, self.in_flight, self.waiting, self.max_waiting, self.why))
+
+
+class LedgerLost(StageFailed):
+    """The ledger actor died or stopped answering: the pipeline's memory accounting
+    is gone, so the run stops (exit 4 like a failed stage) — named as the ledger,
+    never blamed on a device actor."""
+
+    def __init__(self, cause: str) -> None:
+        OmniEdgeError.__init__(self, f"the ledger actor (the pipeline's memory accounting) is gone: {cause}")
+        self.stage, self.device, self.cause = "ledger", "the ledger actor", cause
+
+    def __reduce__(self) -> tuple[type[LedgerLost], tuple[str]]:  # type: ignore[override]
+        return (LedgerLost, (self.cause,))

@@ -24,6 +24,8 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
     from orchestrator.api import Pipeline
@@ -45,7 +47,82 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run exported placements that have no gate evidence yet (default: run `verify` for them first)")
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled like Ctrl-C (SIGINT): the run stops, the pipeline
+    closes, the record is written, and the command exits 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+HANDLED_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    """SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (as SIGINT raises
+    KeyboardInterrupt); returns the handlers they replace. ``cluster.connect``
+    puts a Python handler back after ``ray.init`` replaces it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for name in HANDLED_SIGNALS:
+        num = getattr(signal, name, None)
+        if num is not None:
+            old[num] = signal.signal(num, _raise_interrupted)
+    return old
+
+
+def _restore_signal_handlers(old: dict[int, Any]) -> None:
+    import signal
+
+    for num, handler in old.items():
+        signal.signal(num, handler)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path the user named is writable, before any work (``ConfigError``, exit 2)."""
+    from pathlib import Path
+
+    from orchestrator.fileio import check_writable
+
+    if args.out:
+        check_writable(args.out, what="--out")
+    if args.record:
+        target = Path(args.record)
+        if target.suffix.lower() == ".json":
+            check_writable(target, what="--record")
+        elif target.is_dir():
+            check_writable(target / "record.json", what="--record")
+        elif target.exists():
+            from orchestrator.errors import ConfigError
+
+            raise ConfigError.single(f"--record {target}", "this is a file without the .json suffix, not a directory",
+                                     "name a .json file or a directory for the run records")
+        else:
+            # a directory to be created: its first missing component must be creatable
+            ancestor = target.absolute()
+            while not ancestor.parent.exists():
+                ancestor = ancestor.parent
+            check_writable(ancestor, what="--record")
+
+
 def run(args: argparse.Namespace) -> int:
+    old_handlers = _install_signal_handlers()
+    try:
+        return _run(args)
+    finally:
+        _restore_signal_handlers(old_handlers)
+
+
+def _run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.console import make_console
@@ -54,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
+    check_outputs(args)
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask)
@@ -81,45 +159,117 @@ def run(args: argparse.Namespace) -> int:
     print_summary(plan, console)
 
     from orchestrator.api import Pipeline
+    from orchestrator.errors import ConfigError, LedgerLost, Problem, StageFailed
 
     pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs)
+    result: Result | None = None
+    wav = None
+    failure: BaseException | None = None
+    measured: dict[str, Any] = {}
+    kept: list[tuple[str, str, str]] = []
     try:
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
         result = asyncio.run(_stream(pipeline, args.prompt, console))
-        wav = None
         if args.out:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
             else:
-                from orchestrator.runtime.audio import write_wav
-
-                wav = write_wav(args.out, result.audio, result.sample_rate)
-        doc = pipeline.build_record([result], output={"wav": str(wav) if wav else None})
-        from orchestrator.runtime import record as rec
-
-        path = rec.write(doc, args.record, request_id=result.request_id)
-        print_stage_table(doc["stages"], console)
-        if wav:
-            console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True)
-        # Paths are printed whole (soft_wrap: the terminal wraps them, no
-        # newline is inserted), so they can be copied and pasted.
-        console.print(f"record: {path}", soft_wrap=True)
-        if args.json:
-            json.dump({"admitted": True, "text": result.text, "wav": str(wav) if wav else None, "record": str(path),
-                       "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
-                       "time_to_first_token_s": result.time_to_first_token_s,
-                       "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
-                      sys.stdout, indent=2)
-            sys.stdout.write("\n")
-    finally:
+                wav = _write_wav_or_keep(args.out, result, kept)
+        measured = pipeline.runtime.measure()
+    except (Exception, KeyboardInterrupt) as exc:
+        failure = exc
+    # The record is written whatever happened, after close: its ledger is the
+    # one left behind (a leak shows), and a failure is in it.
+    try:
         final = pipeline.close()
-        held = final.get("held_bytes")
-        if held:
-            console.print(f"[red]ledger still holds {held} bytes after close[/]")
+    except (Exception, KeyboardInterrupt) as exc:  # a second signal while closing
+        failure = failure or exc
+        final = {}
+    if pipeline.runtime.ledger_lost and not isinstance(failure, (StageFailed, KeyboardInterrupt)):
+        failure = LedgerLost(pipeline.runtime.ledger_lost)
+    from orchestrator.runtime import record as rec
+
+    error = None if failure is None else {"type": type(failure).__name__, "message": _one_line(failure)}
+    doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=measured, ledger=final,
+                    extra={"prepare_s": round(pipeline.prepare_s, 3), "output": {"wav": str(wav) if wav else None},
+                           "error": error, "ledger_lost": pipeline.runtime.ledger_lost})
+    path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", kept)
+    if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
+        console.print(f"[red]ledger still holds {pipeline.final_ledger['held_bytes']} bytes after close[/]")
+    if isinstance(failure, KeyboardInterrupt):
+        signum = failure.signum if isinstance(failure, Interrupted) else 2
+        import signal
+
+        print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
+        return 128 + signum
+    if failure is not None:
+        console.print(f"record: {path}", soft_wrap=True)
+        raise failure
+    if kept:
+        raise ConfigError([Problem(*k) for k in kept])
+    assert result is not None
+    print_stage_table(doc["stages"], console)
+    if wav:
+        console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True)
+    # Paths are printed whole (soft_wrap: the terminal wraps them, no
+    # newline is inserted), so they can be copied and pasted.
+    console.print(f"record: {path}", soft_wrap=True)
+    if args.json:
+        json.dump({"admitted": True, "text": result.text, "wav": str(wav) if wav else None, "record": str(path),
+                   "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
+                   "time_to_first_token_s": result.time_to_first_token_s,
+                   "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
     return EXIT_OK
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, Interrupted):
+        import signal
+
+        return f"interrupted by {signal.Signals(exc.signum).name}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _fallback(name: str) -> Path:
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / name
+
+
+def _write_wav_or_keep(target: str, result: Result, kept: list[tuple[str, str, str]]) -> Path:
+    """Write the WAV where asked; when that fails at the end (the directory went
+    away, the disk filled), keep it in the temp dir and note where."""
+    from orchestrator.runtime.audio import write_wav
+
+    assert result.audio is not None and result.sample_rate
+    try:
+        return write_wav(target, result.audio, result.sample_rate)
+    except OSError as exc:
+        spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
+        kept.append((f"--out {target}", f"could not be written at the end ({exc.strerror or exc}); "
+                     f"the audio is kept in {spare}", "copy it from there; the record names it too"))
+        return spare
+
+
+def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: str, kept: list[tuple[str, str, str]]) -> Path:
+    from orchestrator.runtime import record as rec
+
+    try:
+        return rec.write(doc, target, request_id=request_id)
+    except OSError as exc:
+        spare = rec.write(doc, _fallback(f"{request_id}.json"), request_id=request_id)
+        kept.append((f"--record {target or rec.DEFAULT_DIR}", f"could not be written at the end "
+                     f"({exc.strerror or exc}); the record is kept in {spare}", "copy it from there"))
+        return spare
 
 
 async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterable
@@ -151,6 +152,11 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
             "log_to_driver": log_to_driver,
             "configure_logging": True,
         }
+        # ray.init replaces the driver's SIGTERM handler (with sys.exit, then a
+        # native one that dumps a stack): a Python handler the caller installed
+        # (the CLI's: close, write the record, exit 143) is put back afterwards.
+        on_main = threading.current_thread() is threading.main_thread()
+        term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
         if address:
             ray.init(address=address, **kwargs)
         else:
@@ -160,6 +166,8 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
                 resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
                 **kwargs,
             )
+        if on_main and callable(term_handler):
+            signal.signal(signal.SIGTERM, term_handler)
         gcs = ray.get_runtime_context().gcs_address
         if not address and not gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
             ray.shutdown()

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import LedgerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
 
@@ -79,6 +79,20 @@ class DeviceActor:
         self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
         self.ended: dict[tuple[str, str], None] = {}
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        self.ledger_error: str | None = None
+        """Set when a report or release to the ledger actor failed (it died): closing
+        goes on without it, and ``close`` then raises ``LedgerLost``."""
+
+    async def _tell_ledger(self, method: str, *args: Any) -> Any:
+        """A report or release that must not stop a close: a dead ledger is noted
+        (``ledger_error``), not raised here."""
+        try:
+            return await getattr(self.ledger, method).remote(*args)
+        except Exception as exc:
+            head = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+            self.ledger_error = self.ledger_error or f"{type(exc).__name__}: {head}"
+            log.warning("the ledger actor did not take %s(%s): %s", method, args[0] if args else "", self.ledger_error)
+            return None
 
     async def ready(self) -> dict[str, Any]:
         return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
@@ -156,7 +170,7 @@ class DeviceActor:
     async def measure(self, stage: str) -> dict[str, Any]:
         h = self._hosted(stage)
         h.measured = self._measure(h)
-        await self.ledger.report.remote(stage, h.measured)
+        await self._tell_ledger("report", stage, h.measured)
         return h.measured
 
     # -- requests ----------------------------------------------------------------
@@ -281,17 +295,21 @@ class DeviceActor:
         if h.request_meter is not None:
             h.request_meter.stop()
         h.measured = self._measure(h)
-        await self.ledger.report.remote(stage, h.measured)
+        await self._tell_ledger("report", stage, h.measured)
         try:
             await asyncio.to_thread(h.runner.close)
         finally:
-            await self.ledger.release.remote(stage)
+            await self._tell_ledger("release", stage)
         return h.measured
 
     async def close(self) -> dict[str, Any]:
+        """Close every stage, last loaded first; every runner is closed even when the
+        ledger actor is gone, and then ``LedgerLost`` names it."""
         out = {}
         for stage in reversed(list(self.order)):
             out[stage] = await self.close_stage(stage)
+        if self.ledger_error:
+            raise LedgerLost(self.ledger_error)
         return out
 
 

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.config import PipelineConfig
-from orchestrator.errors import ConfigError, PlanRefused, StageFailed
+from orchestrator.errors import ConfigError, LedgerLost, PlanRefused, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.profile import HOST_RAM
@@ -114,6 +114,8 @@ class Runtime:
         self.startup: dict[str, float] = {}
         self.final_ledger: dict[str, Any] | None = None
         self.ledger_pid = 0
+        self.ledger_lost: str | None = None
+        """Why the ledger actor stopped answering (it died), once something noticed."""
         self._closed = False
         self.calls_per_request = calls_per_request(
             {s.name: s.device or "?" for s in self.stages},
@@ -450,11 +452,19 @@ class Runtime:
 
     # -- inspection and closing ----------------------------------------------------
     def ledger_snapshot(self) -> dict[str, Any]:
+        """The ledger actor's pools and holders now (after close: as it was at close).
+        ``LedgerLost`` when the ledger actor is gone."""
         import ray
 
         if self.ledger is None:
+            if self.ledger_lost:
+                raise LedgerLost(self.ledger_lost)
             return self.final_ledger or {}
-        return dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+        try:
+            return dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+        except Exception as exc:
+            self.ledger_lost = self.ledger_lost or _cause(exc)
+            raise LedgerLost(self.ledger_lost) from None
 
     def measure(self) -> dict[str, dict[str, Any]]:
         """Each live stage's measured peak now (after its requests), next to its budget."""
@@ -485,6 +495,11 @@ class Runtime:
             try:
                 ray.get(dev.actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
             except Exception as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, LedgerLost) or isinstance(exc, LedgerLost):
+                    # its stages are closed; what failed was telling the ledger
+                    self.ledger_lost = self.ledger_lost or (cause or exc).cause  # type: ignore[union-attr]
+                    continue
                 log.warning("closing the device actor for %s failed: %s", dev.id, _cause(exc))
                 self._device_died(dev, f"failed to close: {_cause(exc)}")
         if self.ledger is not None:
@@ -495,7 +510,8 @@ class Runtime:
                 ray.get(self.ledger.release.remote(PIPELINE_HOLDER), timeout=CLOSE_TIMEOUT_S)
                 self.final_ledger = dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
             except Exception as exc:
-                log.warning("reading the ledger at close failed: %s", _cause(exc))
+                self.ledger_lost = self.ledger_lost or _cause(exc)
+                log.warning("the ledger actor did not answer at close: %s", self.ledger_lost)
         for dev in self.devices.values():
             with contextlib.suppress(Exception):
                 ray.kill(dev.actor, no_restart=True)
