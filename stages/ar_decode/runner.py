@@ -61,9 +61,13 @@ CPU_ENGINE_ENV = {
 """In-process engine, one OpenMP thread: on a small CPU machine one thread decoded
 faster than two, which also fight the other stages and Ray for the same cores
 (figures: docs/runtime.md, docs/benchmarks.md)."""
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TOKENIZERS_PARALLELISM": "false"}
+NO_TELEMETRY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+"""vLLM's usage statistics off, on every backend: nothing leaves the machine."""
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TOKENIZERS_PARALLELISM": "false",
+             **NO_TELEMETRY_ENV}
 """vLLM logs every engine setting at INFO; the run's own report says what matters.
-The tokenizer's own thread pool stays off (it warns and deadlocks across forks)."""
+The tokenizer's own thread pool stays off (it warns and deadlocks across forks).
+Usage statistics off (``NO_TELEMETRY_ENV``)."""
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "repetition_penalty")
 _END = object()
 
@@ -113,6 +117,7 @@ class VllmRunner(StageRunner):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             for key, value in QUIET_ENV.items():
                 os.environ.setdefault(key, value)
+            os.environ.update(NO_TELEMETRY_ENV)  # not left to an inherited setting
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
 
