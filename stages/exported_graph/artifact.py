@@ -8,7 +8,10 @@ package), and the reference inputs the numeric gate runs. See
 Guarantees:
 
 * ``load_artifact`` reads only the manifest and checks that every file it
-  names exists inside the artifact directory; every problem becomes a
+  names exists inside the artifact directory once links are resolved (inside
+  the package's directory for ``package://`` graphs), and that its hooks are
+  allowed (the ``exports`` package or the ``omni_edge.hooks`` entry points)
+  and exist (their modules are imported); every problem becomes a
   ``ConfigError`` entry (where → what → how to fix).
 * Reference data (``.npz``) is read with numpy, imported only then.
 
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,23 +243,15 @@ class ExportedArtifact:
         return h.hexdigest()
 
     def hook(self, which: Literal["preprocess", "postprocess"]) -> Callable[..., Any] | None:
-        """Import and return a hook, or None when the manifest declares none."""
+        """Import and return a hook, or None when the manifest declares none.
+
+        Only hooks in the shipped artifacts' package (``exports``) or registered
+        under the ``omni_edge.hooks`` entry-point group are imported; anything
+        else (``os:system``) is a ``ConfigError`` naming the manifest key."""
         target = getattr(self.manifest, which)
         if target is None:
             return None
-        module_name, _, attr = target.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-            fn = getattr(module, attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError.single(
-                f"{self.dir / MANIFEST_NAME}: {which}",
-                f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {exc}",
-                "install the package that provides it, or fix the module:function name",
-            ) from None
-        if not callable(fn):
-            raise ConfigError.single(f"{self.dir / MANIFEST_NAME}: {which}", f"{target!r} is not callable", "point it at a function")
-        return fn
+        return resolve_hook(target, f"{self.dir / MANIFEST_NAME}: {which}")
 
 
 def load_artifact(path: str | Path) -> ExportedArtifact:
@@ -290,6 +287,19 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
             continue
         if not p.is_file():
             problems.append(Problem(f"{where}: precisions.{precision}", f"{location} does not exist (looked at {p})", "export the graph there or fix the path"))
+        elif not location.startswith(PACKAGE_SCHEME) and not inside(p, d):
+            problems.append(Problem(
+                f"{where}: precisions.{precision}",
+                f"{location} resolves to {p}, outside the artifact directory {d} (a symlink?)",
+                "copy the graph into the artifact directory instead of linking to it",
+            ))
+    for which in ("preprocess", "postprocess"):
+        target = getattr(manifest, which)
+        if target is not None:
+            try:
+                resolve_hook(target, f"{where}: {which}")
+            except ConfigError as exc:
+                problems.extend(exc.problems)
     references = (("reference.inputs", manifest.reference.inputs), ("reference.outputs", manifest.reference.outputs))
     for field_name, ref_location in references:
         if ref_location is None:
@@ -303,6 +313,65 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
     if problems:
         raise ConfigError(problems)
     return artifact
+
+
+# ---- hooks ------------------------------------------------------------------------
+
+
+HOOKS_ENTRY_POINT_GROUP = "omni_edge.hooks"
+"""Where a distribution registers pre/post-processing hooks for its artifacts:
+``[project.entry-points."omni_edge.hooks"] <name> = "module:function"``."""
+
+SHIPPED_HOOKS_PACKAGE = "exports"
+"""The package of the shipped artifacts; its hooks need no registration."""
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def registered_hooks() -> set[str]:
+    """The ``module:function`` values registered under :data:`HOOKS_ENTRY_POINT_GROUP`."""
+    return {ep.value.replace(" ", "") for ep in entry_points(group=HOOKS_ENTRY_POINT_GROUP)}
+
+
+def _shipped(module_name: str) -> bool:
+    """Whether ``module_name`` is in this project's own ``exports`` package (not one
+    of the same name elsewhere on the path)."""
+    if module_name.split(".")[0] != SHIPPED_HOOKS_PACKAGE:
+        return False
+    spec = importlib.util.find_spec(SHIPPED_HOOKS_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(Path(loc).resolve() == _PROJECT_ROOT / SHIPPED_HOOKS_PACKAGE for loc in locations)
+
+
+def resolve_hook(target: str, where: str) -> Callable[..., Any]:
+    """The callable ``module:function`` names, when it is allowed and exists;
+    else a ``ConfigError`` at ``where`` (the manifest key)."""
+    module_name, _, attr = target.partition(":")
+    if not _shipped(module_name) and target not in registered_hooks():
+        raise ConfigError.single(
+            where,
+            f"the hook {target!r} is not allowed: hooks come from the {SHIPPED_HOOKS_PACKAGE!r} package "
+            f"or from an entry point registered under {HOOKS_ENTRY_POINT_GROUP!r}",
+            f"move the function into {SHIPPED_HOOKS_PACKAGE}/<module>.py, or register it in the distribution that "
+            f"provides it: [project.entry-points.\"{HOOKS_ENTRY_POINT_GROUP}\"] <name> = \"{target}\" "
+            "(see docs/exported-artifacts.md)",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError.single(
+            where, f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {exc}",
+            "install the package that provides it, or fix the module:function name",
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ConfigError.single(
+            where, f"the hook {target!r} cannot be loaded: module {module_name!r} has no {attr!r}",
+            "fix the function name after the ':'",
+        )
+    if not callable(fn):
+        raise ConfigError.single(where, f"{target!r} is not callable", "point it at a function")
+    return fn
 
 
 # ---- files ------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""An artifact cannot reach outside itself: its files stay inside its directory (or its
+package's) once links are resolved, and its hooks come only from the ``exports``
+package or the ``omni_edge.hooks`` entry points, checked when the plan is made."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.errors import ConfigError
+from orchestrator.packages import resolve_package_location
+from stages.exported_graph.artifact import load_artifact
+from tests.helpers.graphs import write_artifact
+
+
+def _plan(tmp_path: Path, artifact: Path, command: str = "plan") -> list[str]:
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True,
+    }]}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "omni-edge.profile/1", "name": "test box",
+        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
+        "routes": [{"name": "this-process"}],
+    }))
+    return [command, str(config), "--profile", str(profile)]
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.startswith("error: the input cannot be used:")
+    return " ".join(captured.err.split())
+
+
+def test_a_graph_symlinked_to_a_graph_outside_the_artifact_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    outside = write_artifact(tmp_path / "elsewhere", "full")
+    art = write_artifact(tmp_path / "art", "full")
+    (art / "fp32.onnx").unlink()
+    (art / "fp32.onnx").symlink_to(outside / "fp32.onnx")
+    with pytest.raises(ConfigError) as exc:
+        load_artifact(art)
+    ((where, what, fix),) = [(p.where, p.what, p.fix) for p in exc.value.problems]
+    assert where == f"{art / 'manifest.yaml'}: precisions.fp32"
+    assert f"resolves to {outside / 'fp32.onnx'}, outside the artifact directory" in what
+    assert "copy the graph into the artifact directory" in fix
+    err = _refused(capsys, _plan(tmp_path, art))
+    assert "manifest.yaml: precisions.fp32" in err and "outside the artifact directory" in err
+
+
+def test_a_package_location_that_links_out_of_its_package_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "secret.onnx"
+    secret.write_bytes(b"x")
+    pkg = tmp_path / "site" / "linky_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "g.onnx").symlink_to(secret)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ConfigError) as exc:
+        resolve_package_location("package://linky_pkg/g.onnx")
+    ((problem),) = exc.value.problems
+    assert problem.where == "package://linky_pkg/g.onnx"
+    assert f"resolves to {secret}, outside the package directory {pkg}" in problem.what
+
+
+@pytest.mark.parametrize("command", ["plan", "verify"])
+def test_a_hook_outside_the_exports_package_is_refused_at_plan_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str,
+) -> None:
+    called: list[str] = []
+    monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd) or 0)
+    art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "os:system"})
+    err = _refused(capsys, _plan(tmp_path, art, command))
+    assert f"{art / 'manifest.yaml'}: preprocess" in err
+    assert "the hook 'os:system' is not allowed" in err
+    assert 'how to fix: move the function into exports/<module>.py, or register it' in err
+    assert '[project.entry-points."omni_edge.hooks"]' in err
+    assert called == []
+
+
+@pytest.mark.parametrize(("hook", "what"), [
+    ("exports.no_such_module:preprocess", "the hook 'exports.no_such_module:preprocess' cannot be loaded: ModuleNotFoundError"),
+    ("exports.piper_voice:no_such_function", "module 'exports.piper_voice' has no 'no_such_function'"),
+])
+def test_a_hook_that_does_not_exist_fails_the_plan_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hook: str, what: str,
+) -> None:
+    art = write_artifact(tmp_path / "art", "full", manifest={"postprocess": hook})
+    err = _refused(capsys, _plan(tmp_path, art))
+    assert f"{art / 'manifest.yaml'}: postprocess" in err and what in err
+
+
+def test_a_hook_registered_under_the_entry_point_group_is_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "my_hooks_dist-1.0.dist-info").mkdir(parents=True)
+    (site / "my_hooks_dist-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: my-hooks-dist\nVersion: 1.0\n")
+    (site / "my_hooks_dist-1.0.dist-info" / "entry_points.txt").write_text("[omni_edge.hooks]\npre = my_hooks_mod:pre\n")
+    (site / "my_hooks_mod.py").write_text("def pre(item, artifact):\n    return item\n")
+    monkeypatch.syspath_prepend(str(site))
+    art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "my_hooks_mod:pre"})
+    hook = load_artifact(art).hook("preprocess")
+    assert hook is not None and hook("x", None) == "x"
+    # an unregistered function of the same module is still refused
+    (art / "manifest.yaml").write_text((art / "manifest.yaml").read_text().replace("my_hooks_mod:pre", "my_hooks_mod:other"))
+    with pytest.raises(ConfigError, match="is not allowed"):
+        load_artifact(art)
+
+
+def test_the_shipped_hooks_still_load() -> None:
+    art = load_artifact("exports/piper-en-us-joe-medium")
+    assert art.hook("preprocess") is not None and art.hook("postprocess") is not None
