@@ -20,6 +20,7 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,7 +28,10 @@ from typing import Any, Literal
 from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
+from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
+from orchestrator.ort.routes import resolve, static_refusal
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
+from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.verify.placement import cached_verdict
@@ -206,7 +210,7 @@ def _stage_state(stage: StageConfig, profile: HardwareProfile, mask: frozenset[s
         if isinstance(found, Excluded):
             state.refusals.append(_exclusion(found, stage, kind, profile))
             continue
-        option = _try(found, base, state.refusals)
+        option = _try(found, base, state.refusals, profile)
         if option is not None:
             state.options.append(option)
     return state
@@ -235,15 +239,51 @@ def _where(device: Device, backend: str) -> str:
     return f"{device.id} ({backend})"
 
 
-def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal]) -> _Option | None:
+def describes_this_machine(profile: HardwareProfile) -> bool:
+    """Whether ``profile`` is this machine (same OS, same side of WSL, and the same
+    CPU when it names one): then its routes' interpreters must exist here."""
+    if profile.host.os != host_os() or profile.host.wsl != running_in_wsl():
+        return False
+    if profile.host.cpu_name:
+        here = cpu_model()[0]
+        if here and profile.host.cpu_name.strip() != here.strip():
+            return False
+    return True
+
+
+def route_refusal(profile: HardwareProfile, device: Device, backend: str, route: Route) -> Refusal | None:
+    """Why ``route`` cannot drive ``device`` with ``backend``, from what is known without
+    starting anything, or None. A refused route is never chosen: the planner takes the
+    next candidate, or refuses the stage."""
+    where = _where(device, backend)
+    if not route.reachable:
+        return Refusal(
+            errors.DEVICE_UNREACHABLE, device.id,
+            f"{where} exists but route {route.name!r} cannot reach it from this process: {route.reason or 'unreachable'}",
+            route.remedy or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
+        )
+    if route.kind == "interpreter" and describes_this_machine(profile):
+        python = resolve(route).python
+        if not python or not os.path.isfile(python) or not os.access(python, os.X_OK):
+            state = "is not set" if not python else ("is not executable" if os.path.isfile(python) else "does not exist")
+            return Refusal(
+                errors.DEVICE_UNREACHABLE, device.id,
+                f"{where}: route {route.name!r} runs through the interpreter {python or '(none)'}, which {state} on this machine",
+                f"create that environment (python -m venv {os.path.dirname(os.path.dirname(python)) if python else 'DIR'}, "
+                "then install the execution provider's onnxruntime build in it), or correct routes[].python in the profile "
+                "(omni-edge probe --save FILE writes a profile whose routes were found here)",
+            )
+    if backend in ORT_BACKENDS:
+        return static_refusal(profile, device, backend)
+    return None
+
+
+def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: HardwareProfile) -> _Option | None:
     stage, kind, info = candidate.stage, candidate.kind, candidate.info
     device, backend, route = candidate.device, candidate.backend, candidate.route
-    if not route.reachable:
-        refusals.append(Refusal(
-            errors.DEVICE_UNREACHABLE, device.id,
-            f"{_where(device, backend)} exists but route {route.name!r} cannot reach it from this process: {route.reason or 'unreachable'}",
-            route.remedy or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
-        ))
+    unreachable = route_refusal(profile, device, backend, route)
+    if unreachable is not None:
+        refusals.append(unreachable)
         return None
     found = kind.check(stage, info, device, backend)
     if found:

@@ -90,3 +90,85 @@ def test_the_memory_remedy_never_suggests_more_than_the_model_has(tmp_path: Path
     assert fits == 8192
     remedy = kind.remedy_for_budget(stage, info, cpu, "vllm-cpu", "host_ram", 100 * GiB)
     assert "max_model_len 8192 " in remedy
+
+
+# ---- a route that cannot run is never chosen ------------------------------------
+
+
+def _ov_profile(tmp_path: Path) -> Path:
+    from tests.conftest import REPO
+
+    doc = json.loads((REPO / "configs" / "profiles" / "cpu-only-linux.json").read_text())
+    doc["host"]["cpu_name"] = ""  # a hand-written profile of this machine
+    ov = next(r for r in doc["routes"] if r["name"] == "openvino-venv")
+    ov["python"] = str(tmp_path / "no-such-venv" / "bin" / "python")
+    path = tmp_path / "ov-missing.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _voice_config(tmp_path: Path, backends: str) -> Path:
+    from tests.conftest import REPO
+
+    ckpt = write_checkpoint(tmp_path / "m", llama_config(), {"w": ("BF16", [64, 64])})
+    cfg = tmp_path / "voice.yaml"
+    cfg.write_text(
+        "name: voice\nstages:\n"
+        f"  - {{name: thinker, kind: ar_decode, model: {ckpt}, devices: [cpu], max_model_len: 1024, final_output: true}}\n"
+        f"  - {{name: voice, kind: exported_graph, artifact: {REPO / 'exports' / 'piper-en-us-joe-medium'}, inputs: [thinker], "
+        f"devices: [cpu], backends: [{backends}], precision: [fp32], final_output: true, final_output_type: audio}}\n"
+    )
+    return cfg
+
+
+def test_a_route_whose_interpreter_does_not_exist_is_refused_and_the_next_candidate_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof = _ov_profile(tmp_path)
+    cfg = _voice_config(tmp_path, "ort-openvino, ort-cpu")
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 0
+    voice = next(s for s in json.loads(capsys.readouterr().out)["stages"] if s["name"] == "voice")
+    assert (voice["device"], voice["backend"]) == ("cpu", "ort-cpu")
+    (refusal,) = voice["refusals"]
+    assert refusal["code"] == "device_unreachable_from_this_process"
+    assert str(tmp_path / "no-such-venv" / "bin" / "python") in refusal["message"] and "does not exist" in refusal["message"]
+    assert "python -m venv" in refusal["remedy"]
+
+
+def test_when_the_only_route_cannot_run_the_plan_is_refused_and_run_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prof = _ov_profile(tmp_path)
+    cfg = _voice_config(tmp_path, "ort-openvino")
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 3
+    voice = next(s for s in json.loads(capsys.readouterr().out)["stages"] if s["name"] == "voice")
+    assert voice["admitted"] is False
+    assert [r["code"] for r in voice["refusals"]] == ["device_unreachable_from_this_process"]
+
+    import orchestrator.api as api
+
+    def nothing_may_start(*a: object, **k: object) -> None:
+        raise AssertionError("the runtime was started for a refused plan")
+
+    monkeypatch.setattr(api.Pipeline, "__init__", nothing_may_start)
+    code = main(["run", str(cfg), "--profile", str(prof), "--prompt", "hi", "--out", str(tmp_path / "reply.wav"),
+                 "--record", str(tmp_path / "runs")])
+    out = capsys.readouterr()
+    assert code == 3, out.err
+    assert "device_unreachable_from_this_process" in out.out + out.err
+    assert not (tmp_path / "reply.wav").exists()
+
+
+def test_a_recorded_profile_of_another_machine_keeps_its_interpreter_routes(tmp_path: Path) -> None:
+    """Planning for another machine cannot look at its disks: only this machine's routes are checked."""
+    from orchestrator.planner import route_refusal
+    from orchestrator.profile import load_profile
+
+    doc = json.loads(_ov_profile(tmp_path).read_text())
+    doc["host"]["os"] = "windows"
+    (tmp_path / "other.json").write_text(json.dumps(doc))
+    profile = load_profile(tmp_path / "other.json")
+    cpu = profile.device("cpu")
+    route = profile.route("openvino-venv")
+    assert cpu is not None and route is not None
+    assert route_refusal(profile, cpu, "ort-openvino", route) is None
