@@ -7,8 +7,14 @@ sees its value on the next call.
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 from pathlib import Path
+
+from orchestrator.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
 """Root of everything omni-edge caches on this machine (evidence, graph stats,
@@ -55,3 +61,55 @@ def gguf_headers_dir() -> Path:
 def ep_cache_dir(backend: str) -> Path:
     """Compile caches an EP may write (VitisAI's cache_dir, OpenVINO's blobs)."""
     return cache_root() / "ep-cache" / backend
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be written in ``directory`` (created if missing), or None.
+
+    A probe file is created with ``O_EXCL`` and removed at once. This catches
+    what stops root too: a regular file where a directory of the path should be,
+    a read-only file system, /proc.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".probe.{os.getpid()}.{secrets.token_hex(4)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        return f"{exc.strerror or type(exc).__name__}{f' ({exc.filename})' if exc.filename else ''}"
+    return None
+
+
+def _fix(directory: Path) -> str:
+    return (
+        f"set {CACHE_ENV} to a directory you can write (now {cache_root()}), "
+        f"or make {directory} a writable directory"
+    )
+
+
+def require_cache_dir(directory: Path, what: str) -> Path:
+    """``directory`` (created), when the command cannot do its job without writing
+    there; else a ``ConfigError`` naming the directory and the fix (exit 2)."""
+    reason = _unwritable(directory)
+    if reason is not None:
+        raise ConfigError.single(
+            str(directory), f"the omni-edge cache directory for {what} cannot be written: {reason}", _fix(directory),
+        )
+    return directory
+
+
+_warned: set[str] = set()
+
+
+def cache_write_failed(directory: Path, what: str, exc: OSError) -> None:
+    """An optional cache could not be written: warn once per directory, then carry on
+    without it (a cache costs speed, never correctness)."""
+    key = str(directory)
+    if key in _warned:
+        log.debug("still cannot cache %s in %s: %s", what, directory, exc)
+        return
+    _warned.add(key)
+    log.warning(
+        "cannot cache %s in %s (%s); continuing without caching. To cache: %s",
+        what, directory, exc.strerror or exc, _fix(directory),
+    )

@@ -101,7 +101,7 @@ class EvidenceStore:
         problem: str | None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None, None
         except (OSError, ValueError) as exc:
             problem = f"unreadable: {exc}"

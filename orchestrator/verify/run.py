@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import settings
 from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError
 from orchestrator.ort.routes import (
@@ -144,6 +145,8 @@ def verify_pipeline(
     """Run the gates for every candidate; write evidence; never raise for a refusal."""
     require_this_machine(profile)
     store = store or EvidenceStore()
+    # Evidence is what verify is for: refuse before measuring when it cannot be kept.
+    settings.require_cache_dir(store.root, "gate evidence")
     found, skipped = candidates(config, profile, mask)
     report = VerifyReport(config.name, profile.name, skipped=skipped, evidence_dir=str(store.root))
     hosts: dict[str, Any] = {}

@@ -12,7 +12,10 @@ module converts such a file once and reuses the result:
   ``omni-edge-cache.json`` marker written last. A directory without the marker
   (a crash, a half copy) is never used; it is moved aside and rebuilt.
 * **Reused** when the marker's source size, mtime (or, when those changed, its
-  sha256) and dtype match. Checking a cached entry imports nothing heavy.
+  sha256) and dtype match, and every file the conversion wrote still has its
+  recorded size and edge digest (sha256 of its first and last MiB). A
+  truncated or corrupted entry is rebuilt, with a warning saying why.
+  Checking a cached entry imports nothing heavy.
 * **What it holds**: ``config.json``, ``model.safetensors``,
   ``generation_config.json`` and the tokenizer files (with the chat template),
   so vLLM and transformers load the directory as they would a Hub download.
@@ -36,7 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.settings import cache_root
+from orchestrator.errors import ConfigError
+from orchestrator.settings import cache_root, require_cache_dir
 
 if TYPE_CHECKING:
     from stages.base import Progress
@@ -44,7 +48,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MARKER = "omni-edge-cache.json"
-CACHE_FORMAT = "omni-edge.model-cache/1"
+CACHE_FORMAT = "omni-edge.model-cache/2"
+"""/2: the marker records each file's size and edge digest (checked on every use)."""
+EDGE_BYTES = 1 << 20
+"""The edge digest is sha256 over a file's first and last MiB: a truncated or
+re-headed safetensors file fails it (with the size) without hashing 270 MB on
+every run."""
 DEFAULT_DTYPE = "bfloat16"
 """bf16: vLLM's CPU backend runs bf16 fastest on CPUs with AVX512-BF16/AMX and
 half the weight bytes of fp32 (measured in docs/runtime.md). The checkpoint's
@@ -109,14 +118,22 @@ def ensure_checkpoint(
     target = models_dir() / (name or cached_name(gguf, dtype))
     if _valid(target, gguf, dtype):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    # The checkpoint is required to run: refuse (exit 2, naming the directory) when it cannot be written.
+    require_cache_dir(target.parent, "converted model checkpoints")
     with _lock(target.parent / f".{target.name}.lock"):
-        if _valid(target, gguf, dtype):  # another process finished while we waited
+        problem = _problem(target, gguf, dtype)
+        if problem is None:  # another process finished while we waited
             return target
         if target.exists():
             aside = target.with_name(f".stale-{target.name}-{uuid.uuid4().hex[:8]}")
-            log.warning("%s is incomplete or stale; moving it aside to %s", target, aside)
-            target.rename(aside)
+            log.warning("cached checkpoint %s is unusable (%s); rebuilding it from %s", target, problem, gguf)
+            try:
+                target.rename(aside)
+            except OSError as exc:
+                raise ConfigError.single(
+                    str(target), f"the cached checkpoint is unusable ({problem}) and cannot be moved aside: {exc}",
+                    f"remove it (rm -rf '{target}') and run again",
+                ) from None
             shutil.rmtree(aside, ignore_errors=True)
         tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
@@ -143,21 +160,58 @@ def _sha256(path: Path) -> str:
 
 
 def _valid(target: Path, gguf: Path, dtype: str) -> bool:
+    return _problem(target, gguf, dtype) is None
+
+
+def _problem(target: Path, gguf: Path, dtype: str) -> str | None:
+    """Why the entry at ``target`` cannot be used for ``gguf`` at ``dtype``, or None."""
     marker = target / MARKER
+    if not target.exists():
+        return "missing"
     try:
         meta = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if meta.get("format") != CACHE_FORMAT or meta.get("dtype") != dtype:
-        return False
-    src = meta.get("source", {})
+    except (OSError, ValueError) as exc:
+        return f"no readable {MARKER}: {type(exc).__name__}"
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        return f"marker format is not {CACHE_FORMAT}"
+    if meta.get("dtype") != dtype:
+        return f"converted to {meta.get('dtype')}, not {dtype}"
+    src = meta.get("source") or {}
     st = gguf.stat()
     if src.get("size") != st.st_size:
-        return False
-    if src.get("mtime_ns") == st.st_mtime_ns:
-        return True
+        return "the GGUF file changed (size)"
     # Same size, touched since: the content decides (a reinstall rewrites mtimes).
-    return bool(src.get("sha256") == _sha256(gguf))
+    if src.get("mtime_ns") != st.st_mtime_ns and src.get("sha256") != _sha256(gguf):
+        return "the GGUF file changed (content)"
+    files = meta.get("files")
+    if not isinstance(files, dict) or "model.safetensors" not in files:
+        return "the marker records no file sizes and digests"
+    for name, want in files.items():
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            return f"the marker names a file {name!r} outside the entry"
+        path = target / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{path} is missing"
+        if not isinstance(want, dict) or size != want.get("size"):
+            return f"{path} holds {size} bytes, not the {want.get('size') if isinstance(want, dict) else '?'} written (truncated?)"
+        if _edge_sha256(path) != want.get("edge_sha256"):
+            return f"{path} differs from what was written (its digest changed)"
+    return None
+
+
+def _edge_sha256(path: Path) -> str:
+    """sha256 of the file's first and last :data:`EDGE_BYTES` (the whole file when smaller)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        head = f.read(EDGE_BYTES)
+        h.update(head)
+        size = f.seek(0, os.SEEK_END)
+        if size > EDGE_BYTES:
+            f.seek(max(EDGE_BYTES, size - EDGE_BYTES))
+            h.update(f.read())
+    return h.hexdigest()
 
 
 def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
@@ -168,7 +222,10 @@ def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
         "source": {"path": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(gguf)},
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "convert_seconds": round(seconds, 2),
-        "files": sorted(p.name for p in tmp.iterdir()),
+        "files": {
+            p.name: {"size": p.stat().st_size, "edge_sha256": _edge_sha256(p)}
+            for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MARKER
+        },
     }
     with contextlib.suppress(ImportError):
         import transformers

@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.fileio import write_json_atomic
-from orchestrator.settings import graph_stats_dir
+from orchestrator.settings import cache_write_failed, graph_stats_dir
 from stages.exported_graph.artifact import (
     MANIFEST_NAME,
     ExportedArtifact,
@@ -304,7 +304,7 @@ def _read_memo(memo: Path, p: Path) -> GraphStats | None:
             if _stamp(Path(name)) != stamp:
                 return None
         stats = GraphStats(**record["stats"])
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("ignoring the graph statistics memo %s for %s (%s: %s); reading the graph again", memo, p, type(exc).__name__, exc)
@@ -330,4 +330,4 @@ def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:
     try:
         write_json_atomic(memo, record, indent=None)
     except OSError as exc:  # a read-only cache costs speed, never correctness
-        log.info("cannot memoise graph statistics in %s: %s", memo, exc)
+        cache_write_failed(memo.parent, "graph statistics", exc)
