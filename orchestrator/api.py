@@ -32,6 +32,9 @@ Guarantees:
 * A stage that cannot load, or a device actor that dies, raises
   ``StageFailed`` (stage, device, cause); the ledger keeps no reservation of a
   failed or dead stage.
+* A request a stage cannot take (not text, blank, sampling out of range,
+  longer than the context by the stage's own tokenizer) raises ``BadRequest``
+  (a ``ConfigError``) before it reaches any actor.
 * A request beyond what the pipeline can run and queue raises ``PipelineBusy``
   (the in-flight limit, the numbers in flight and waiting) at once.
 * ``close()`` (or leaving the ``with`` block) closes every stage and releases
@@ -108,6 +111,7 @@ class Pipeline:
         self.results: list[Result] = []
         self.records: list[Path] = []
         self.prepare_s = 0.0
+        self._prepared = False
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -163,13 +167,27 @@ class Pipeline:
             path, profile=profile, mask=mask, address=address, record=record, progress=progress,
             log_to_driver=log_to_driver, verify=verify))
 
+    def prepare(self, *, progress: bool = False) -> Pipeline:
+        """Prepare weights (progress bar when ``progress``); once."""
+        if not self._prepared:
+            t0 = time.perf_counter()
+            prepare_models(self.plan, progress=progress)
+            self.prepare_s = time.perf_counter() - t0
+            self._prepared = True
+        return self
+
     def start(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``), then start the runtime."""
-        t0 = time.perf_counter()
-        prepare_models(self.plan, progress=progress)
-        self.prepare_s = time.perf_counter() - t0
+        self.prepare(progress=progress)
         self.runtime.start()
         return self
+
+    def validate(self, prompt: Any) -> None:
+        """Check a request without running it: ``BadRequest`` (a ``ConfigError``) for
+        a prompt that is not text or blank, sampling out of range, or a prompt that
+        cannot fit the decode stage's context (by its own tokenizer, once its
+        weights are prepared). ``stream``/``run`` check every request this way."""
+        self.runtime.validate_request(prompt)
 
     # -- requests --------------------------------------------------------------------
     async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:

@@ -129,3 +129,9 @@ class LedgerLost(StageFailed):
 
     def __reduce__(self) -> tuple[type[LedgerLost], tuple[str]]:  # type: ignore[override]
         return (LedgerLost, (self.cause,))
+
+
+class BadRequest(ConfigError):
+    """A request a stage cannot take (an empty prompt, one longer than the context,
+    a sampling value out of range): refused before it reaches the stage, with
+    where → what → how to fix like any bad input (exit 2 on the command line)."""

@@ -162,6 +162,12 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.errors import ConfigError, LedgerLost, Problem, StageFailed
 
     pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs)
+    # The request is checked before anything starts (BadRequest, exit 2, nothing
+    # written): its shape first, then — once the weights are prepared — its length
+    # with the decode stage's own tokenizer.
+    pipeline.validate(args.prompt)
+    pipeline.prepare(progress=True)
+    pipeline.validate(args.prompt)
     result: Result | None = None
     wav = None
     failure: BaseException | None = None

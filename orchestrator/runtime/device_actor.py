@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import LedgerLost, StageFailed
+from orchestrator.errors import ConfigError, LedgerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
 
@@ -240,7 +240,7 @@ class DeviceActor:
                 elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
                     audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
                 yield ("out", item)
-        except StageFailed:
+        except (StageFailed, ConfigError):  # a failed stage, or a request it refused (BadRequest)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             raise

@@ -264,6 +264,7 @@ class Runtime:
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
         rid = request_id or uuid.uuid4().hex[:12]
+        await asyncio.to_thread(self.validate_request, prompt)  # a bad request is refused first
         self._check_alive()
         await self.admission.acquire()
         agen = None
@@ -278,6 +279,16 @@ class Runtime:
                     await agen.aclose()
             finally:
                 self.admission.release()
+
+    def validate_request(self, prompt: Any) -> None:
+        """Let each stage that takes the request check it (``StageKind.validate_request``
+        where a kind has one): ``BadRequest`` before anything is sent to an actor."""
+        for s in self.stages:
+            if s.inputs[0] != REQUEST:
+                continue
+            hook = getattr(self.kinds[s.name], "validate_request", None)
+            if callable(hook):
+                hook(s, self.config.stage(s.name), prompt)
 
     def _check_alive(self) -> None:
         if self._closed or self.ledger is None:
@@ -417,7 +428,7 @@ class Runtime:
 
         if isinstance(exc, rex.RayTaskError):
             cause = exc.cause
-            if isinstance(cause, StageFailed):
+            if isinstance(cause, (StageFailed, ConfigError)):
                 return cause
             if cause is not None and not isinstance(cause, rex.RayActorError):
                 return StageFailed(stage, dev.id, f"{type(cause).__name__}: {cause}")

@@ -31,7 +31,7 @@ from stages.ar_decode.checkpoint import (
     read_gguf,
 )
 from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, model_context_limit, text_config
-from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner
+from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner, validate_request
 from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
 
 if TYPE_CHECKING:
@@ -343,3 +343,9 @@ class ArDecodeKind(StageKind):
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner:
         return VllmRunner(stage_plan, stage)
+
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+        """A request checked before it reaches the engine (``BadRequest``): a prompt
+        that is text and not blank, sampling in range, and prompt + max_tokens
+        within max_model_len by the checkpoint's own tokenizer (runner.validate_request)."""
+        validate_request(stage_plan, stage, prompt)

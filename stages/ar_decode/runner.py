@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -41,11 +42,14 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import StageFailed
+from pydantic import ValidationError
+
+from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.memory import RssMeter
-from stages.ar_decode.model_cache import resolve_model
+from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup, resolve_model
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
@@ -230,33 +234,9 @@ class VllmRunner(StageRunner):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        sampling = self.stage.sampling.model_dump() if hasattr(self.stage, "sampling") else {}
-        messages: list[dict[str, str]] = []
-        texts: list[str] = []
-        for item in items:
-            if isinstance(item, str):
-                texts.append(item)
-            elif isinstance(item, dict):
-                if "messages" in item:
-                    messages.extend(item["messages"])
-                elif "prompt" in item:
-                    texts.append(str(item["prompt"]))
-                sampling.update({k: v for k, v in (item.get("sampling") or {}).items() if k in _SAMPLING_KEYS})
-            else:
-                raise StageFailed(self.plan.name, self.device, f"cannot take a {type(item).__name__} as a prompt")
-        if texts:
-            messages.append({"role": "user", "content": " ".join(t.strip() for t in texts)})
-        if not messages:
-            raise StageFailed(self.plan.name, self.device, "the request carried no prompt")
-        system = getattr(self.stage, "system_prompt", None)
-        if system and messages[0].get("role") != "system":
-            messages.insert(0, {"role": "system", "content": system})
-        if getattr(self._tokenizer, "chat_template", None):
-            prompt_ids = self._tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
-                prompt_ids = prompt_ids["input_ids"]
-        else:
-            prompt_ids = self._tokenizer.encode("\n".join(m["content"] for m in messages))
+        messages, sampling = request_parts(self.stage, items)
+        prompt_ids = _encode(self._tokenizer, messages)
+        check_length(self.stage, len(prompt_ids), sampling)
         params = SamplingParams(
             temperature=sampling.get("temperature", 1.0),
             top_p=sampling.get("top_p", 1.0),
@@ -364,3 +344,139 @@ def _cleanup_vllm() -> None:
         cleanup_dist_env_and_memory()
     except Exception:  # pragma: no cover - best effort at teardown
         log.debug("vLLM distributed cleanup raised", exc_info=True)
+
+
+# -- requests, checked before they reach the engine ------------------------------
+def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """The chat messages (the stage's system prompt first) and the sampling of a
+    request made of ``items`` (strings, or dicts with ``prompt`` or ``messages`` and
+    optional ``sampling`` overrides). ``BadRequest`` for anything the engine would
+    misread: no prompt, a blank one, a prompt that is not text, an unknown or
+    out-of-range sampling value."""
+    base = stage.sampling.model_dump() if hasattr(stage, "sampling") else {}
+    overrides: dict[str, Any] = {}
+    messages: list[dict[str, str]] = []
+    texts: list[str] = []
+    how = "pass the prompt as a string, or as {'prompt': '...', 'sampling': {'max_tokens': 64}}"
+    for item in items:
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"prompt", "messages", "sampling"})
+            if unknown:
+                raise BadRequest.single(f"request.{unknown[0]}", "is not a field of a request", how)
+            if "messages" in item:
+                msgs = item["messages"]
+                if not isinstance(msgs, list) or not all(
+                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                        for m in msgs):
+                    raise BadRequest.single("request.messages", "must be a list of {role, content} with text content",
+                                            "e.g. [{'role': 'user', 'content': 'Hello'}]")
+                messages.extend({"role": m["role"], "content": m["content"]} for m in msgs)
+            if "prompt" in item:
+                texts.append(_text(item["prompt"], "request.prompt", how))
+            sampling = item.get("sampling") or {}
+            if not isinstance(sampling, dict):
+                raise BadRequest.single("request.sampling", f"a {type(sampling).__name__} is not a mapping",
+                                        "e.g. {'max_tokens': 64, 'temperature': 0.3}")
+            unknown = sorted(set(sampling) - set(_SAMPLING_KEYS))
+            if unknown:
+                raise BadRequest.single(f"request.sampling.{unknown[0]}", "is not a sampling setting",
+                                        f"use one of {', '.join(_SAMPLING_KEYS)}")
+            overrides.update(sampling)
+        else:
+            texts.append(_text(item, "prompt", how))
+    if texts:
+        messages.append({"role": "user", "content": " ".join(t.strip() for t in texts)})
+    if not messages or not any(m["content"].strip() for m in messages if m["role"] != "system"):
+        raise BadRequest.single("prompt", "is empty or only whitespace: the model would answer its system prompt",
+                                "say something, e.g. --prompt 'Tell me one fact about the Moon.'")
+    merged = {**base, **overrides}
+    if overrides:
+        merged = _checked_sampling(stage, merged)
+    system = getattr(stage, "system_prompt", None)
+    if system and messages[0].get("role") != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return messages, merged
+
+
+def _text(value: Any, where: str, how: str) -> str:
+    if not isinstance(value, str):
+        shown = "None" if value is None else f"a {type(value).__name__} ({str(value)[:40]})"
+        raise BadRequest.single(where, f"{shown} is not text", how)
+    return value
+
+
+def _checked_sampling(stage: Any, merged: dict[str, Any]) -> dict[str, Any]:
+    model = type(stage.sampling)
+    try:
+        checked = model(**merged).model_dump()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name = ".".join(str(x) for x in err.get("loc", ())) or "sampling"
+        raise BadRequest.single(f"request.sampling.{field_name}", f"{merged.get(field_name)!r}: {err.get('msg')}",
+                                "use a value in the range the stage's sampling allows (docs/plan-format.md)") from None
+    if checked["min_tokens"] > checked["max_tokens"]:
+        raise BadRequest.single("request.sampling.min_tokens",
+                                f"{checked['min_tokens']} is more than max_tokens {checked['max_tokens']}",
+                                "lower min_tokens or raise max_tokens")
+    return checked
+
+
+def check_length(stage: Any, prompt_tokens: int, sampling: dict[str, Any]) -> None:
+    """``BadRequest`` when the prompt and the reply cannot fit the context (``max_model_len``)."""
+    limit = int(getattr(stage, "max_model_len", 0) or 0)
+    if not limit:
+        return
+    max_tokens = int(sampling.get("max_tokens") or 0)
+    if prompt_tokens + max_tokens > limit:
+        room = max(0, limit - max_tokens)
+        raise BadRequest.single(
+            "prompt",
+            f"is {prompt_tokens} tokens with the chat template; with max_tokens {max_tokens} for the reply that is "
+            f"{prompt_tokens + max_tokens}, over the stage's max_model_len of {limit} tokens",
+            f"shorten the prompt to at most {room} tokens (about {room * 3} characters of English), "
+            "or raise max_model_len in the config")
+
+
+def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer.encode("\n".join(m["content"] for m in messages)))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_for(model_dir: str) -> Any:
+    """The checkpoint's tokenizer, loaded once per directory."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def validate_request(stage_plan: StagePlan, stage: Any, prompt: Any) -> None:
+    """Check a request for this stage before it reaches a device actor: its shape
+    and sampling (:func:`request_parts`), then its length with the checkpoint's own
+    tokenizer and chat template (:func:`check_length`). Raises ``BadRequest``.
+
+    The tokenizer is read from the prepared checkpoint (a GGUF's cached
+    conversion); when there is none yet the length is left to the engine."""
+    messages, sampling = request_parts(stage, [prompt])
+    model = stage_plan.engine_kwargs.get("model")
+    if not model:
+        return
+    dtype = stage_plan.engine_kwargs.get("dtype")
+    try:
+        p = Path(str(model)).expanduser()
+        if p.suffix.lower() == ".gguf":
+            found = lookup(p, dtype=dtype if dtype not in (None, "auto") else DEFAULT_DTYPE)
+            if found is None:
+                return
+            p = found
+        tokenizer = _tokenizer_for(str(p))
+    except Exception as exc:  # no tokenizer files: the engine's own check stays
+        log.debug("no tokenizer to check the request's length with: %s", exc)
+        return
+    check_length(stage, len(_encode(tokenizer, messages)), sampling)
+

@@ -1,0 +1,109 @@
+"""Requests are checked before they reach a stage: a clear ``BadRequest`` naming the
+limit (exit 2 on the command line, before Ray starts), never a ``StageFailed``
+from inside the engine.
+
+Uses the default pipeline's plan without starting it; the length check reads
+the decode stage's own tokenizer from its prepared checkpoint (converted once
+into the model cache; the first run of this module may take ~40 s for it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.api import Pipeline
+from orchestrator.cli import main
+from orchestrator.config import load_config
+from orchestrator.errors import BadRequest, ConfigError
+from orchestrator.planner import plan_pipeline
+from orchestrator.runtime.runtime import Runtime
+from orchestrator.units import GiB
+from tests.conftest import REPO, make_profile
+
+CONFIG = REPO / "configs" / "voice-assistant.yaml"
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Pipeline:
+    config = load_config(CONFIG)
+    plan = plan_pipeline(config, make_profile(ram_available=16 * GiB))
+    assert plan.admitted
+    p = Pipeline(plan, config, record=None)
+    p.prepare()
+    return p
+
+
+@pytest.fixture
+def no_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: Runtime) -> None:
+        raise AssertionError("Ray was started for a request that should have been refused")
+
+    monkeypatch.setattr(Runtime, "start", refuse)
+
+
+@pytest.mark.parametrize(("prompt", "where", "what"), [
+    ("", "prompt", "empty"),
+    ("   \n\t ", "prompt", "empty"),
+    (42, "prompt", "int"),
+    (None, "prompt", "None"),
+    ({"prompt": 7}, "request.prompt", "int"),
+    ({"prompt": "hi", "sampling": {"max_tokens": 0}}, "request.sampling.max_tokens", "0"),
+    ({"prompt": "hi", "sampling": {"temperature": -1}}, "request.sampling.temperature", "-1"),
+    ({"prompt": "hi", "sampling": {"temprature": 0.5}}, "request.sampling.temprature", "not a sampling setting"),
+    ({"prompt": "hi", "sampling": {"max_tokens": 4096}}, "prompt", "max_model_len of 2048"),
+])
+def test_a_bad_request_is_refused_naming_where_and_what(pipeline: Pipeline, prompt: Any, where: str, what: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        pipeline.validate(prompt)
+    assert isinstance(info.value, ConfigError)
+    problem = info.value.problems[0]
+    assert problem.where == where and what in problem.what and problem.fix
+
+
+def test_a_prompt_longer_than_the_context_names_the_limit_and_its_token_count(pipeline: Pipeline) -> None:
+    with pytest.raises(BadRequest) as info:
+        pipeline.validate("word " * 20_000)  # 100,000 characters
+    problem = info.value.problems[0]
+    assert "max_model_len of 2048" in problem.what and "max_tokens 96" in problem.what
+    tokens = int(problem.what.split("is ")[1].split(" tokens")[0])
+    assert tokens > 2048
+    assert "at most 1952 tokens" in problem.fix
+
+
+def test_a_good_request_passes(pipeline: Pipeline) -> None:
+    pipeline.validate("Tell me one fact about the Moon.")
+    pipeline.validate({"prompt": "Hi", "sampling": {"max_tokens": 32, "temperature": 0}})
+
+
+def test_the_api_stream_refuses_before_any_actor_is_asked(pipeline: Pipeline) -> None:
+    import asyncio
+
+    async def first() -> Any:
+        async for e in pipeline.stream("  "):
+            return e
+
+    pipeline.runtime.ledger = object()  # looks started; nothing may be sent to it
+    try:
+        with pytest.raises(BadRequest):
+            asyncio.run(first())
+    finally:
+        pipeline.runtime.ledger = None
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("   ", "is empty or only whitespace"),
+    ("word " * 20_000, "over the stage's max_model_len of 2048 tokens"),
+])
+def test_the_cli_exits_2_before_ray_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str], no_start: None,
+                                            prompt: str, expected: str) -> None:
+    prof = tmp_path / "profile.json"
+    prof.write_text(make_profile(ram_available=16 * GiB).model_dump_json())
+    rec = tmp_path / "runs"
+    rc = main(["run", str(CONFIG), "--prompt", prompt, "--profile", str(prof), "--skip-verify", "--record", str(rec)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert expected in err and "how to fix" in err and "Traceback" not in err
+    assert not rec.exists()  # nothing written
