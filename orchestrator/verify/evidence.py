@@ -152,6 +152,8 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     for name in ("measured_at", "ep", "precision"):
         if not isinstance(record.get(name), str):
             return f"{name} is missing or not a string"
+    if record["ep"] != key.ep:
+        return f"ep {record['ep']!r} is not the key's {key.ep!r}"
     if record["precision"] != key.precision:
         return f"precision {record['precision']!r} is not the key's {key.precision!r}"
     cov = record.get("coverage")

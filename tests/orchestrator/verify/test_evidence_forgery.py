@@ -109,6 +109,8 @@ def test_a_record_holding_only_its_key_and_a_fraction_is_no_evidence(
     (lambda r: r["numeric"]["outputs"]["y"].pop("shape_match"), "shape_match is missing"),
     (lambda r: r["key"].update(graph_sha256="0" * 64), "is not the one it is filed under"),
     (lambda r: r.update(evidence="D"), "evidence is not 'M'"),
+    (lambda r: (r.update(ep="X"), r["coverage"].update(ep="X")), "ep 'X' is not the key's 'CPUExecutionProvider'"),
+    (lambda r: r.update(precision="int8"), "precision 'int8' is not the key's 'fp32'"),
     (lambda r: r.pop("measured_at"), "measured_at is missing"),
 ])
 def test_an_inconsistent_record_is_rejected_naming_the_file(
@@ -133,3 +135,25 @@ def test_evidence_is_bound_to_the_graphs_content(store: EvidenceStore, tmp_path:
     after = placement(art, "ort-cpu")
     assert after.key is not None and after.key.graph_sha256 != before.key.graph_sha256
     assert store.load(after.key) is None
+
+
+def test_verify_measures_again_over_a_forged_record_and_replaces_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    from orchestrator.cli import main
+    from tests.orchestrator.verify.test_cache_dir import _argv
+
+    argv = [*_argv(tmp_path, "verify"), "--json"]
+    assert main(argv) == 0
+    (first,) = json.loads(capsys.readouterr().out)["results"]
+    evidence = Path(first["evidence"])
+    record = json.loads(evidence.read_text())
+    record["coverage"].update(taken=0, fraction=1.0)
+    evidence.write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        assert main(argv) == 0
+    (again,) = json.loads(capsys.readouterr().out)["results"]
+    assert again["status"] == "passed" and again["cached"] is False
+    assert any(str(evidence) in m and "is not taken/total" in m for m in caplog.messages)
+    fixed = json.loads(evidence.read_text())["coverage"]
+    assert fixed["taken"] == fixed["total"] > 0 and fixed["fraction"] == 1.0

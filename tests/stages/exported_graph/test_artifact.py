@@ -155,7 +155,7 @@ def test_reference_inputs_must_be_an_npz_inside_the_directory(tmp_path: Path) ->
     assert "must be an .npz file" in _problems(exc)[0][1]
 
 
-def test_graph_stats_are_memoised_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graph_stats_are_memoised_while_the_file_keeps_its_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import stages.exported_graph.graph_stats as graph_stats_module
 
     d = write_artifact(tmp_path / "a", "full")
