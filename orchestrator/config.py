@@ -24,11 +24,16 @@ from orchestrator.validation import Strict, problems_from_validation, read_docum
 from stages.base import REQUEST, StageConfig
 from stages.registry import get_kind, known_kinds
 
+PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""Pipeline names become file names (run records, caches): letters, digits, '.',
+'_' and '-', starting with a letter or digit, at most 64 characters — no path
+separator, no '..', nothing a shell or a file system reads specially."""
+
 
 class PipelineConfig(Strict):
     """A whole pipeline: its name and stages (already validated per kind)."""
 
-    name: str = Field(description="Pipeline name, shown in plans and run records.")
+    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="Pipeline name, shown in plans and run records.")
     description: str = Field("", description="Free text for humans.")
     stages: list[StageConfig] = Field(min_length=1, description="Stages, any order; inputs define the graph.")
     source: str = Field("", description="The file this config was read from (set by the loader).")
@@ -54,7 +59,7 @@ class PipelineConfig(Strict):
 class _TopLevel(Strict):
     """The top level of a config file, before the stages are validated per kind."""
 
-    name: str = Field(description="Pipeline name.")
+    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="Pipeline name.")
     description: str = Field("", description="Free text for humans.")
     stages: list[Any] = Field(description="Stage mappings.")
 
@@ -111,6 +116,12 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
         problems.append(Problem(f"{where}: stages", "required field is missing", "add a list of stages"))
     elif not isinstance(raw_stages, list) or not raw_stages:
         problems.append(Problem(f"{where}: stages", "must be a non-empty list", "add at least one stage"))
+    for i, problem in enumerate(problems):
+        if problem.where == f"{where}: name" and "pattern" in problem.what:
+            problems[i] = Problem(
+                problem.where, f"{problem.what.split(' (got ')[-1].rstrip(')')} is not a usable pipeline name: it becomes part of file names",
+                "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 64 characters",
+            )
     if problems:
         raise ConfigError(problems)
     config = PipelineConfig.model_construct(

@@ -97,11 +97,31 @@ class _StageState:
     refusals: list[Refusal]
 
 
-def parse_mask(values: Iterable[str]) -> frozenset[str]:
-    """``--mask npu,igpu:0`` → device ids or kinds to exclude."""
+DEVICE_KINDS = ("cpu", "gpu", "igpu", "npu")
+
+
+def parse_mask(values: Iterable[str], profile: HardwareProfile | None = None) -> frozenset[str]:
+    """``--mask npu,igpu:0`` → device ids or kinds to exclude.
+
+    With ``profile``, every entry must be a device kind (``cpu``, ``gpu``,
+    ``igpu``, ``npu``) or the id of a device the profile has: a mask that names
+    nothing would silently exclude nothing, so it is a ``ConfigError``."""
     out: set[str] = set()
     for v in values:
         out.update(x.strip() for x in v.split(",") if x.strip())
+    if profile is not None:
+        have = [d.id for d in profile.devices]
+        problems = [
+            errors.Problem(
+                f"--mask {entry}",
+                f"names no device of the profile {profile.name!r} (it has {', '.join(have)})",
+                f"mask one of {', '.join(have)}, or a kind ({', '.join(DEVICE_KINDS)})",
+            )
+            for entry in sorted(out)
+            if entry not in DEVICE_KINDS and entry not in have
+        ]
+        if problems:
+            raise errors.ConfigError(problems)
     return frozenset(out)
 
 

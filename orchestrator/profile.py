@@ -40,16 +40,21 @@ THIS_PROCESS: Final = "this-process"
 """The route (its default name, and its kind) that runs work in this interpreter."""
 
 
+MAX_MEMORY_BYTES = 2**50
+"""1 PiB: more than any one memory a machine this tool plans for has. A larger
+figure in a profile is a typo (or an attack on the arithmetic), refused at load."""
+
+
 class Host(_Strict):
     os: Literal["linux", "windows", "macos"] = Field(description="Operating system of this process.")
     wsl: bool = Field(False, description="True when this process runs inside WSL2.")
     cpu_name: str = Field("", description="CPU model string, informational.")
-    ram_total_bytes: int = Field(ge=0, description="Physical RAM visible to this process.")
+    ram_total_bytes: int = Field(ge=0, le=MAX_MEMORY_BYTES, description="Physical RAM visible to this process.")
     ram_available_bytes: int = Field(
-        ge=0, description="RAM available now (not total): what plans on host_ram draw from."
+        ge=0, le=MAX_MEMORY_BYTES, description="RAM available now (not total): what plans on host_ram draw from."
     )
     ram_limit_bytes: int | None = Field(
-        None, ge=0, description="A cgroup or WSL memory limit below physical RAM, or null."
+        None, ge=0, le=MAX_MEMORY_BYTES, description="A cgroup or WSL memory limit below physical RAM, or null."
     )
 
 
@@ -62,10 +67,10 @@ class Device(_Strict):
     name: str = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
     vendor: str = Field("", description="nvidia, amd, intel, qualcomm, ...")
     memory_bytes: int | None = Field(
-        None, ge=0, description="A discrete GPU's own VRAM; null for devices on host RAM."
+        None, ge=0, le=MAX_MEMORY_BYTES, description="A discrete GPU's own VRAM; null for devices on host RAM."
     )
     shared_memory_bytes: int | None = Field(
-        None, ge=0, description="An iGPU's cap on how much host RAM it may map; null when uncapped."
+        None, ge=0, le=MAX_MEMORY_BYTES, description="An iGPU's cap on how much host RAM it may map; null when uncapped."
     )
     compute_capability: str | None = Field(
         None, pattern=r"^\d+\.\d+$", description="NVIDIA compute capability, e.g. '12.0'."
@@ -198,6 +203,16 @@ def load_profile(path: str | Path) -> HardwareProfile:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError.single(str(p), "profile file not found", "check the path, or run `omni-edge probe --save FILE`") from None
+    except IsADirectoryError:
+        raise ConfigError.single(str(p), "this is a directory, not a profile file", "pass the profile's JSON file (omni-edge probe --save FILE writes one)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError.single(
+            f"{p}: byte {exc.start}", "the file is not UTF-8 text (a profile is JSON)", "pass the JSON file omni-edge probe --save wrote"
+        ) from None
+    except OSError as exc:
+        raise ConfigError.single(str(p), f"cannot read the profile: {exc.strerror or exc}", "make the file readable, or pass another profile") from None
+    except RecursionError:
+        raise ConfigError.single(str(p), "the JSON is nested too deeply to be a profile", "pass the JSON file omni-edge probe --save wrote") from None
     except json.JSONDecodeError as exc:
         raise ConfigError.single(
             f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"

@@ -34,13 +34,21 @@ def read_document(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError.single(str(p), "file not found", "check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError.single(str(p), f"cannot read: {exc}", "pass a readable YAML or JSON file") from None
+    except IsADirectoryError:
+        raise ConfigError.single(str(p), "this is a directory, not a file", "pass the YAML or JSON file itself") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError.single(
+            f"{p}: byte {exc.start}", "the file is not UTF-8 text", "save it as UTF-8 YAML or JSON"
+        ) from None
+    except OSError as exc:
+        raise ConfigError.single(str(p), f"cannot read: {exc.strerror or exc}", "make the file readable, or pass another one") from None
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
+        except RecursionError:
+            raise ConfigError.single(str(p), "the JSON is nested too deeply", "flatten the document") from None
     try:
         # libyaml's loader when PyYAML was built with it (the PyPI wheels are): the
         # pure-Python one took most of a warm re-plan's time on the 40-line default config.
@@ -50,6 +58,8 @@ def read_document(path: str | Path) -> Any:
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         what = getattr(exc, "problem", None) or str(exc)
         raise ConfigError.single(where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)") from None
+    except RecursionError:
+        raise ConfigError.single(str(p), "the YAML is nested too deeply", "flatten the document") from None
 
 
 def _loc(parts: tuple[object, ...]) -> str:
@@ -87,6 +97,8 @@ def problems_from_validation(
             problems.append(Problem(place, "required field is missing", "add it"))
         else:
             msg = err["msg"]
+            if kind == "value_error" and msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
             given = err.get("input")
             if kind not in ("value_error", "assertion_error") and not isinstance(given, (dict, list)):
                 msg = f"{msg} (got {given!r})"
@@ -102,7 +114,11 @@ def _fix_for(kind: str, err: Any) -> str:
         return "change the value to fit the limit"
     if kind == "string_pattern_mismatch":
         return f"match the pattern {ctx.get('pattern', '')}"
-    return ""
+    if kind in ("value_error", "assertion_error"):
+        return "change the values the message names"
+    if kind.startswith(("int_", "float_", "bool_", "string_", "list_", "dict_", "model_", "literal_")):
+        return "give the field a value of the type and form the format documents"
+    return "correct this value (see the format's documentation)"
 
 
 def _known_fields(model: type[BaseModel] | None, loc: tuple[object, ...]) -> list[str]:

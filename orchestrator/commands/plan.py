@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.out, what="--out")
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
-    plan = plan_pipeline(config, profile, mask=parse_mask(args.mask))
+    plan = plan_pipeline(config, profile, mask=parse_mask(args.mask, profile))
     doc = plan.to_json()
     if args.out:
         write_json_atomic(args.out, doc)

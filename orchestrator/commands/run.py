@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     check_outputs(args)
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
-    mask = parse_mask(args.mask)
+    mask = parse_mask(args.mask, profile)
     plan = plan_pipeline(config, profile, mask=mask)
     from orchestrator.api import unverified_stages, verify_then_replan
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
-    mask = parse_mask(args.mask)
+    mask = parse_mask(args.mask, profile)
     err = make_console(stderr=True)
     report = _run_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask)

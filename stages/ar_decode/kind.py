@@ -30,7 +30,14 @@ from stages.ar_decode.checkpoint import (
     read_checkpoint,
     read_gguf,
 )
-from stages.ar_decode.kv import KVBudget, kv_budget, layer_kinds, model_context_limit, text_config
+from stages.ar_decode.kv import (
+    KVBudget,
+    kv_budget,
+    layer_kinds,
+    model_context_limit,
+    text_config,
+    text_config_problems,
+)
 from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner, validate_request
 from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
 
@@ -90,10 +97,10 @@ class ArDecodeConfig(StageConfig):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight/compute dtype; auto takes the checkpoint's own."
     )
-    max_model_len: int = Field(ge=16, description="Longest context (prompt + output) per sequence, in tokens.")
-    max_num_seqs: int = Field(1, ge=1, description="Sequences decoded at once (concurrent requests).")
+    max_model_len: int = Field(ge=16, le=1 << 32, description="Longest context (prompt + output) per sequence, in tokens.")
+    max_num_seqs: int = Field(1, ge=1, le=1 << 16, description="Sequences decoded at once (concurrent requests).")
     max_num_batched_tokens: int | None = Field(
-        None, ge=16, description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len)."
+        None, ge=16, le=1 << 32, description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len)."
     )
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="KV cache dtype; auto follows the model dtype."
@@ -164,9 +171,18 @@ class ArDecodeKind(StageKind):
             tcfg = text_config(manifest.config, stage.model_stage)
         except KeyError as exc:
             raise errors.ConfigError.single(f"stages.{stage.name}.model_stage", f"{exc.args[0]} in {path}", "use a sub-model the checkpoint has, or drop model_stage") from None
-        for key in ("num_hidden_layers", "num_attention_heads"):
-            if not tcfg.get(key):
-                raise errors.ConfigError.single(f"{path}/config.json", f"the text config has no {key}", "use a decoder-only checkpoint (or set model_stage for multi-model configs)")
+        where = str(path) if kind == "gguf" else f"{path}/config.json"
+        problems = [
+            errors.Problem(
+                f"{where}: {key}", f"{key} {what}",
+                "use a decoder-only checkpoint (or set model_stage for multi-model configs)" if what == "is missing"
+                else ("re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged" if kind == "gguf"
+                      else "re-download the checkpoint's config.json: these numbers must be the model's real ones"),
+            )
+            for key, what in text_config_problems(tcfg)
+        ]
+        if problems:
+            raise errors.ConfigError(problems)
         summary = manifest.summary()
         return ArtifactInfo(
             kind=kind, path=str(path), weight_bytes=manifest.weight_bytes,

@@ -255,3 +255,51 @@ def model_context_limit(config: dict[str, Any]) -> int | None:
                 base = raw
             limit = int(base * factor)
     return limit
+
+
+TEXT_CONFIG_LIMITS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 10_000),
+    "num_attention_heads": (1, 65_536),
+    "hidden_size": (1, 1 << 20),
+    "num_key_value_heads": (1, 65_536),
+    "head_dim": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 24),
+    "vocab_size": (1, 1 << 32),
+    "max_position_embeddings": (1, 1 << 32),
+    "sliding_window": (1, 1 << 32),
+    "max_window_layers": (0, 10_000),
+    "sliding_window_pattern": (0, 10_000),
+    "kv_lora_rank": (0, 1 << 20),
+    "qk_rope_head_dim": (0, 1 << 16),
+    **{k: (0, 1 << 20) for k in (
+        "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim",
+        "linear_conv_kernel_dim", "mamba_expand", "mamba_d_state", "state_size", "mamba_d_conv", "conv_kernel",
+    )},
+}
+"""The numbers the KV arithmetic reads, with the range a real model's lie in:
+``(lowest, highest)``. Anything else (a negative layer count, a string, 10^30
+layers) is a broken or hostile config, refused before any arithmetic."""
+REQUIRED_TEXT_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+
+
+def text_config_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, what is wrong)`` for each number the KV arithmetic would read wrongly."""
+    out: list[tuple[str, str]] = []
+    for key in REQUIRED_TEXT_KEYS:
+        if cfg.get(key) is None:
+            out.append((key, "is missing"))
+    for key, (lo, hi) in TEXT_CONFIG_LIMITS.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            out.append((key, f"must be a whole number, got {value!r}"[:200]))
+        elif not lo <= value <= hi:
+            out.append((key, f"is {value}, outside {lo}..{hi}"))
+    types = cfg.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        out.append(("layer_types", "must be a list of strings"))
+    attn = cfg.get("attn_type_list")
+    if attn is not None and not (isinstance(attn, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in attn)):
+        out.append(("attn_type_list", "must be a list of whole numbers"))
+    return out
