@@ -327,6 +327,12 @@ def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:
         "stamps": {str(f): _stamp(f) for f in files},
         "stats": stats.to_dict(),
     }
+    problem = memo_problem(stats, record["stamps"], p)  # type: ignore[arg-type]
+    if problem is not None:
+        # A real graph outside the plausibility bounds (e.g. megabytes of metadata) is read
+        # every time rather than memoised, so its memo is never flagged as edited.
+        log.info("not memoising the statistics of %s: %s", p, problem)
+        return
     try:
         write_json_atomic(memo, record, indent=None)
     except OSError as exc:  # a read-only cache costs speed, never correctness

@@ -81,3 +81,27 @@ def test_an_edited_memo_is_recomputed_with_a_warning(
     with caplog.at_level(logging.WARNING):
         assert describe_graph(graph) == truth
     assert caplog.messages == []
+
+
+def test_a_real_graph_beyond_the_plausibility_bound_is_read_again_not_flagged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Megabytes of metadata and no weights: true numbers the memo check would call
+    implausible are never memoised, so no warning accuses them of being edited."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "meta",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.doc_string = "x" * (2 * MIB)
+    path = tmp_path / "meta.onnx"
+    onnx.save(model, path)
+    with caplog.at_level(logging.WARNING):
+        first = describe_graph(path)
+        assert describe_graph(path) == first
+    assert first.initializer_bytes == 0 and caplog.messages == []
+    assert not _memo_path(path.resolve()).exists()
