@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.console import make_console
 from orchestrator.errors import PlanRefused
-from orchestrator.planner import parse_mask, plan_pipeline
+from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.events import Event, Result, collect
@@ -88,10 +88,12 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
     refuse. ``run_gates(config, profile, mask)`` replaces the silent default
     (the CLI passes one with a progress bar)."""
     if run_gates is None:
-        verify_pipeline(config, profile, mask=mask)
+        report = verify_pipeline(config, profile, mask=mask)
     else:
-        run_gates(config, profile, mask)
-    return plan_pipeline(config, profile, mask=mask)
+        report = run_gates(config, profile, mask)
+    # what the gates refused is refused in the new plan, evidence file or not
+    results = getattr(report, "results", None) or []
+    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results))
 
 
 class Pipeline:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -153,14 +153,20 @@ def plan_pipeline(
     *,
     mask: frozenset[str] = frozenset(),
     runtime: bool = True,
+    refused: Mapping[tuple[str, str, str], Sequence[Refusal]] | None = None,
 ) -> PipelinePlan:
     """Plan every stage of ``config`` on ``profile``; refuse with reasons when impossible.
+
+    ``refused``: verdicts a verification just reached, ``(stage, device,
+    backend)`` → its refusals (what ``omni-edge verify`` found that no evidence
+    file records, e.g. a route that would not start or lacks the EP); such a
+    candidate is never chosen, as if its evidence had failed.
 
     Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
     ledger, shared = build_ledger(profile, runtime=runtime)
-    states = [_stage_state(stage, profile, mask, ledger) for stage in config.topological()]
+    states = [_stage_state(stage, profile, mask, ledger, refused or {}) for stage in config.topological()]
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
@@ -220,7 +226,10 @@ def stage_candidates(
     return out
 
 
-def _stage_state(stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger) -> _StageState:
+def _stage_state(
+    stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger,
+    refused: Mapping[tuple[str, str, str], Sequence[Refusal]],
+) -> _StageState:
     """The stage's artifact described, each candidate tried alone against ``base``:
     the options that fit, and a refusal for every other device and backend."""
     kind = get_kind(stage.kind)
@@ -229,6 +238,10 @@ def _stage_state(stage: StageConfig, profile: HardwareProfile, mask: frozenset[s
     for found in stage_candidates(stage, kind, info, profile, mask):
         if isinstance(found, Excluded):
             state.refusals.append(_exclusion(found, stage, kind, profile))
+            continue
+        verdict = refused.get((stage.name, found.device.id, found.backend))
+        if verdict:
+            state.refusals.extend(verdict)
             continue
         option = _try(found, base, state.refusals, profile)
         if option is not None:
@@ -269,6 +282,17 @@ def describes_this_machine(profile: HardwareProfile) -> bool:
         if here and profile.host.cpu_name.strip() != here.strip():
             return False
     return True
+
+
+def verification_refusals(results: Iterable[Any]) -> dict[tuple[str, str, str], list[Refusal]]:
+    """``(stage, device, backend)`` → refusals, from a verification's results
+    (``orchestrator.verify.placement.PlacementResult``: ``status == "refused"``),
+    for :func:`plan_pipeline`'s ``refused``."""
+    out: dict[tuple[str, str, str], list[Refusal]] = {}
+    for r in results:
+        if r.status == "refused" and r.refusals:
+            out.setdefault((r.stage, r.device, r.backend), []).extend(r.refusals)
+    return out
 
 
 def route_refusal(profile: HardwareProfile, device: Device, backend: str, route: Route) -> Refusal | None:

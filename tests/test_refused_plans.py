@@ -172,3 +172,36 @@ def test_a_recorded_profile_of_another_machine_keeps_its_interpreter_routes(tmp_
     route = profile.route("openvino-venv")
     assert cpu is not None and route is not None
     assert route_refusal(profile, cpu, "ort-openvino", route) is None
+
+
+def test_what_verify_refused_is_never_run_even_without_an_evidence_file(tmp_path: Path) -> None:
+    """A route whose interpreter exists but lacks the EP: verify refuses it (no
+    evidence file records that), and the plan that follows takes the next candidate
+    or refuses — `run` never starts a placement verify refused."""
+    import sys
+
+    from orchestrator.api import verify_then_replan
+    from orchestrator.config import load_config
+    from orchestrator.planner import plan_pipeline
+    from orchestrator.profile import load_profile
+
+    prof = _ov_profile(tmp_path)
+    doc = json.loads(prof.read_text())
+    ov = next(r for r in doc["routes"] if r["name"] == "openvino-venv")
+    ov["python"] = sys.executable  # exists, and has no OpenVINO EP
+    ov.pop("providers"), ov.pop("ort_version")
+    prof.write_text(json.dumps(doc))
+    profile = load_profile(prof)
+
+    config = load_config(_voice_config(tmp_path, "ort-openvino, ort-cpu"))
+    before = plan_pipeline(config, profile).stage("voice")
+    assert (before.backend, before.verification and before.verification.status) == ("ort-openvino", "unverified")
+    after = verify_then_replan(config, profile, frozenset()).stage("voice")
+    assert after.backend == "ort-cpu"
+    assert [r.code for r in after.refusals] == ["device_unreachable_from_this_process"]
+    assert "OpenVINOExecutionProvider" in after.refusals[0].message
+
+    only = load_config(_voice_config(tmp_path, "ort-openvino"))
+    plan = verify_then_replan(only, profile, frozenset())
+    assert not plan.admitted
+    assert [r.code for r in plan.stage("voice").refusals] == ["device_unreachable_from_this_process"]

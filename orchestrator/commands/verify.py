@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     mask = parse_mask(args.mask, profile)
     err = make_console(stderr=True)
     report = _run_with_progress(config, profile, mask, args.force, err)
-    plan_summary = _replan(config, profile, mask)
+    plan_summary = _replan(config, profile, mask, report)
     if args.json:
         doc = report.to_json()
         doc["plan"] = plan_summary
@@ -92,11 +92,12 @@ def _run_with_progress(config: Any, profile: Any, mask: frozenset[str], force: b
         return verify_pipeline(config, profile, mask=mask, force=force, on_step=on_step, on_done=on_done)
 
 
-def _replan(config: Any, profile: Any, mask: frozenset[str]) -> dict[str, Any]:
-    """What ``omni-edge plan`` now decides for each stage, with the fresh evidence."""
-    from orchestrator.planner import plan_pipeline
+def _replan(config: Any, profile: Any, mask: frozenset[str], report: VerifyReport) -> dict[str, Any]:
+    """What ``omni-edge plan`` now decides for each stage, with the fresh evidence
+    and what this verification refused."""
+    from orchestrator.planner import plan_pipeline, verification_refusals
 
-    plan = plan_pipeline(config, profile, mask=mask)
+    plan = plan_pipeline(config, profile, mask=mask, refused=verification_refusals(report.results))
     return {
         "admitted": plan.admitted,
         "stages": {
