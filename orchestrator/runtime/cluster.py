@@ -9,10 +9,12 @@
   uses on macOS and Windows — keeps every service on 127.0.0.1; it is selected
   with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which this module sets for a
   cluster it starts (checked with ``ss -ltn``: every Ray socket listens on
-  127.0.0.1). With nothing reachable from outside the machine, token
-  authentication is switched off for that cluster (``RAY_AUTH_MODE=disabled``,
-  unless the user set ``RAY_AUTH_MODE`` themselves); a cluster that did not
-  come up on loopback is an error, never used.
+  127.0.0.1). Loopback keeps other machines out, not other users or
+  processes of this one: the cluster gets token authentication with a fresh
+  token in a file only its owner can read (``RAY_AUTH_MODE=token``,
+  ``RAY_AUTH_TOKEN_PATH``; unless the user set ``RAY_AUTH_MODE`` themselves),
+  so a process without it cannot join. A cluster that did not come up on
+  loopback is an error, never used.
 * **Or an existing cluster** with ``address=``: nothing above is changed (a
   multi-node cluster needs its real addresses and its own auth settings). Its
   nodes must declare the same resources (``ray start --resources
@@ -35,10 +37,14 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
+import secrets
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -70,10 +76,12 @@ RAY_ENV = {
 """Set before ``ray.init`` so the GCS, raylet and workers inherit them."""
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "disabled",
 }
-"""For a cluster started here: Ray's single-machine mode (every service on
-127.0.0.1), and no token auth since nothing is reachable from outside."""
+"""For a cluster started here: Ray's single-machine mode (every service on 127.0.0.1)."""
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""Ray's token authentication settings. Loopback is no boundary between users of
+one machine: a cluster started here gets a fresh token (:func:`_fresh_token`)
+unless the user set ``RAY_AUTH_MODE`` themselves."""
 INIT_TIMEOUT_S = 120.0
 
 
@@ -94,6 +102,9 @@ class Cluster:
     connected_here: bool = True
     """True when this module called ``ray.init`` (and will disconnect at the end)."""
     resources: dict[str, float] = field(default_factory=dict)
+    auth_saved: dict[str, str | None] | None = None
+    """The auth settings before this process gave its cluster a fresh token (put
+    back when it shuts down); None when it did not."""
     node_pids: list[int] = field(default_factory=list)
     """Processes ``ray.init`` started here (GCS, raylet, agents); Ray's workers
     are their descendants. Empty for a joined cluster."""
@@ -130,6 +141,10 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
                 os.environ.setdefault(key, value)
         import ray
 
+        auth_saved: dict[str, str | None] | None = None
+        if not address and not ray.is_initialized() and "RAY_AUTH_MODE" not in os.environ:
+            auth_saved = _fresh_token()
+
         if not address and not ray.is_initialized():
             # ray may have been imported before the variable was set; the
             # constant is read at call time by the address lookup
@@ -157,15 +172,20 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
         # (the CLI's: close, write the record, exit 143) is put back afterwards.
         on_main = threading.current_thread() is threading.main_thread()
         term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            ray.init(
-                address="local",
-                object_store_memory=OBJECT_STORE_BYTES,
-                resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
-                **kwargs,
-            )
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                ray.init(
+                    address="local",
+                    object_store_memory=OBJECT_STORE_BYTES,
+                    resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
+                    **kwargs,
+                )
+        except BaseException:
+            if auth_saved is not None:
+                _restore_auth(auth_saved)
+            raise
         if on_main and callable(term_handler):
             signal.signal(signal.SIGTERM, term_handler)
         gcs = ray.get_runtime_context().gcs_address
@@ -176,6 +196,7 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
                 "(set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before anything imports ray)"
             )
         _cluster = Cluster(
+            auth_saved=auth_saved,
             address=address or gcs,
             owned=not address,
             started_s=time.perf_counter() - t0,
@@ -202,6 +223,60 @@ def release() -> None:
             import ray
 
             ray.shutdown()
+        if cluster.auth_saved is not None:
+            _restore_auth(cluster.auth_saved)
+
+
+_token_dirs: list[str] = []
+
+
+def _fresh_token() -> dict[str, str | None]:
+    """Token authentication for a cluster about to start here: a new random token
+    in a file only this user can read (0600 in a 0700 directory, removed when the
+    process exits), named to Ray by ``RAY_AUTH_TOKEN_PATH`` — which the GCS, the
+    raylet and every worker inherit — with ``RAY_AUTH_MODE=token``. Returns the
+    settings it replaced."""
+    saved = {k: os.environ.get(k) for k in AUTH_ENV}
+    directory = tempfile.mkdtemp(prefix="omni-edge-ray-auth-")  # 0700
+    path = os.path.join(directory, "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    if not _token_dirs:
+        atexit.register(_remove_token_dirs)
+    _token_dirs.append(directory)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = path
+    _reload_auth()
+    return saved
+
+
+def _remove_token_dirs() -> None:
+    for d in _token_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _restore_auth(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read the auth settings again (it caches the mode and
+    the token on first use); the config first, then the token cache, as Ray's own
+    test helpers do."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # a Ray without token auth: nothing cached
+        log.debug("this Ray has no token authentication to reload")
 
 
 def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
