@@ -48,3 +48,32 @@ def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_befor
     before, after = history["before load voice"], history["after failed load voice"]
     assert after["holders"] == before["holders"] and "voice" not in after["holders"]
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
+
+
+def test_an_onnx_session_that_fails_to_open_is_named_and_the_ledger_is_as_before(
+    ray_cluster: Any, tmp_path: Path, private_cache: Path
+) -> None:
+    from orchestrator.config import parse_config
+    from orchestrator.planner import plan_pipeline
+    from tests.helpers.graphs import machine_profile, write_artifact
+
+    artifact = write_artifact(tmp_path / "full", "full")
+    config = parse_config({"name": "p", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
+    }]}, where="t.yaml", base_dir=tmp_path)
+    plan = plan_pipeline(config, machine_profile(), runtime=False)
+    assert plan.admitted
+    # The graph is damaged between the plan and the run (a partial copy, a bad disk).
+    graph = artifact / "fp32.onnx"
+    graph.write_bytes(graph.read_bytes()[:200])
+    rt = Runtime(plan, config)
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed) as info:
+        rt.start()
+    assert time.monotonic() - t0 < 60
+    e = info.value
+    assert (e.stage, e.device) == ("net", "cpu") and e.cause.startswith("load failed:")
+    history = dict(rt.ledger_history)
+    assert history["after failed load net"]["holders"] == history["before load net"]["holders"]
+    assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
