@@ -456,3 +456,34 @@ def test_a_mask_of_a_device_or_a_kind_is_accepted(tmp_path: Path, capsys: pytest
     cfg, prof = good_inputs(tmp_path)
     assert main(["plan", str(cfg), "--profile", str(prof), "--mask", "npu", "--json"]) == 0
     assert main(["plan", str(cfg), "--profile", str(prof), "--mask", "cpu", "--json"]) == 3
+
+
+# ---- a few through a real process: the exit code and stderr a shell sees ---------
+
+
+@pytest.mark.parametrize("name", ["profile: a directory", "config.json: a JSON list", "safetensors: an entry without data_offsets",
+                                  "config: name with ../", "gguf: negative block count"])
+def test_bad_input_in_a_real_process_exits_2_without_a_traceback(tmp_path: Path, name: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    c = Case(tmp_path)
+    mentions = CASES[name](c)
+    out = tmp_path / "plan.json"
+    run = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", str(c.cfg), "--profile", str(c.prof), "--out", str(out)],
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr + run.stdout and run.stdout == ""
+    assert "how to fix:" in run.stderr and all(m in run.stderr for m in mentions)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["verify"], ["run", "--prompt", "hi"]])
+@pytest.mark.parametrize("name", ["profile: not UTF-8", "config.json: negative layer count", "config: name of 300 characters"])
+def test_verify_and_run_refuse_the_same_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], name: str) -> None:
+    c = Case(tmp_path)
+    mentions = CASES[name](c)
+    refused(capsys, [command[0], str(c.cfg), "--profile", str(c.prof), *command[1:]], *mentions)
