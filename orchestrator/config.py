@@ -81,7 +81,8 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     if not isinstance(data, dict):
-        raise ConfigError.single(where, f"the top level must be a mapping, got {type(data).__name__}", "start the file with 'name:' and 'stages:'")
+        got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
+        raise ConfigError.single(where, f"the top level must be a mapping, got {got}", "start the file with 'name:' and 'stages:'")
     data = _from_vllm_omni(data)
     problems: list[Problem] = []
     raw_stages = data.get("stages")
@@ -119,7 +120,7 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     for i, problem in enumerate(problems):
         if problem.where == f"{where}: name" and "pattern" in problem.what:
             problems[i] = Problem(
-                problem.where, f"{problem.what.split(' (got ')[-1].rstrip(')')} is not a usable pipeline name: it becomes part of file names",
+                problem.where, f"{problem.what.split(' (got ', 1)[-1].removesuffix(')')} is not a usable pipeline name: it becomes part of file names",
                 "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 64 characters",
             )
     if problems:

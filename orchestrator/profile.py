@@ -230,6 +230,11 @@ def load_profile(path: str | Path) -> HardwareProfile:
 
 
 def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:
+    if not isinstance(data, dict):
+        raise ConfigError.single(
+            where, f"a profile is a JSON object, this file holds a {type(data).__name__}",
+            "pass the JSON file omni-edge probe --save wrote (see docs/profile-format.md)",
+        )
     if isinstance(data, dict) and data.get("format") not in (None, PROFILE_FORMAT):
         raise ConfigError.single(
             f"{where}: format",

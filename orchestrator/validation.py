@@ -101,7 +101,8 @@ def problems_from_validation(
                 msg = msg[len("Value error, "):]
             given = err.get("input")
             if kind not in ("value_error", "assertion_error") and not isinstance(given, (dict, list)):
-                msg = f"{msg} (got {given!r})"
+                shown = repr(given)
+                msg = f"{msg} (got {shown if len(shown) <= 80 else shown[:60] + '…' + shown[-8:]})"
             problems.append(Problem(place, msg, _fix_for(kind, err)))
     return problems
 

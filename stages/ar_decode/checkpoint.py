@@ -290,9 +290,13 @@ def parse_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, 
             key, pos = read_str(pos)
             (vtype,) = unpack("<I", m, pos)
             pos += 4
+            if vtype not in _GGUF_SCALAR and vtype not in (_GGUF_STRING, _GGUF_ARRAY):
+                raise ValueError(f"metadata key {key[:80]!r} has unknown value type {vtype}")
             if vtype == _GGUF_ARRAY:
                 atype, count = unpack("<IQ", m, pos)
                 pos += 12
+                if atype not in _GGUF_SCALAR and atype != _GGUF_STRING:
+                    raise ValueError(f"metadata key {key[:80]!r} is an array of unknown type {atype}")
                 if atype == _GGUF_STRING:
                     for _ in range(count):
                         (n,) = unpack("<Q", m, pos)
@@ -410,8 +414,11 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
         raise ConfigError.single(str(p), "GGUF file not found", "check the path or install the package that ships it")
     try:
         meta, tensors = gguf_header(p)
-    except (OSError, ValueError, KeyError, IndexError, OverflowError, struct.error) as exc:
-        raise ConfigError.single(str(p), f"not a readable GGUF file: {exc!r}"[:300], "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
+    except struct.error:
+        raise ConfigError.single(str(p), "not a readable GGUF file: its header ends before the entries it declares (cut short or damaged)",
+                                 "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
+    except (OSError, ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise ConfigError.single(str(p), f"not a readable GGUF file: {exc}"[:300], "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
     if materialize_dtype not in FORMAT_DTYPE.values():
         raise ConfigError.single(str(p), f"cannot materialize a GGUF as {materialize_dtype!r}", f"use one of {', '.join(FORMAT_DTYPE.values())}")
 

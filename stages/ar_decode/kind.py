@@ -174,7 +174,7 @@ class ArDecodeKind(StageKind):
         where = str(path) if kind == "gguf" else f"{path}/config.json"
         problems = [
             errors.Problem(
-                f"{where}: {key}", f"{key} {what}",
+                f"{where}: {key}", f"the model's {key} {what}",
                 "use a decoder-only checkpoint (or set model_stage for multi-model configs)" if what == "is missing"
                 else ("re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged" if kind == "gguf"
                       else "re-download the checkpoint's config.json: these numbers must be the model's real ones"),

@@ -295,7 +295,8 @@ def text_config_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(value, bool) or not isinstance(value, int):
             out.append((key, f"must be a whole number, got {value!r}"[:200]))
         elif not lo <= value <= hi:
-            out.append((key, f"is {value}, outside {lo}..{hi}"))
+            shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:12]}… ({len(str(value))} digits)"
+            out.append((key, f"is {shown}; a real model's lies in {lo}..{hi}"))
     types = cfg.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         out.append(("layer_types", "must be a list of strings"))
