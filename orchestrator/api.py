@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
 import time
 import uuid
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.console import make_console
-from orchestrator.errors import PlanRefused
+from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.runtime import record as rec
@@ -136,6 +137,8 @@ class Pipeline:
         it. Raises ``ConfigError`` for bad input,
         ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
         cannot start."""
+        if record is not None:
+            rec.check_target(record, what="record")  # before any work, not after the run
         config = load_config(path)
         prof = resolve_profile(profile)
         plan = plan_pipeline(config, prof, mask=parse_mask(mask))
@@ -212,8 +215,10 @@ class Pipeline:
 
         Writes a run record to ``self.record`` unless ``record`` is None/False,
         or to ``record`` when it is a path."""
-        result = asyncio.run(self.arun(prompt, request_id=request_id))
         target = self.record if record is True else record
+        if target not in (None, False):
+            rec.check_target(target, what="record")  # type: ignore[arg-type]
+        result = asyncio.run(self.arun(prompt, request_id=request_id))
         if target not in (None, False):
             self.write_record([result], target)  # type: ignore[arg-type]
         return result
@@ -229,7 +234,15 @@ class Pipeline:
     def write_record(self, results: list[Result] | None = None, target: str | Path | None = None, **extra: Any) -> Path:
         doc = self.build_record(results, **extra)
         rid = results[-1].request_id if results else "run"
-        path = rec.write(doc, target if target is not None else self.record, request_id=rid)
+        where = target if target is not None else self.record
+        try:
+            path = rec.write(doc, where, request_id=rid)
+        except OSError as exc:
+            # checked before the run, unwritable now (a full disk): keep it, and say where
+            spare = rec.write(doc, Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / f"{rid}.json", request_id=rid)
+            self.records.append(spare)
+            raise ConfigError.single(f"record {where}", f"could not be written ({exc.strerror or exc}); "
+                                     f"the record is kept in {spare}", "copy it from there") from None
         self.records.append(path)
         return path
 

@@ -89,29 +89,14 @@ def _restore_signal_handlers(old: dict[int, Any]) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Every path the user named is writable, before any work (``ConfigError``, exit 2)."""
-    from pathlib import Path
-
     from orchestrator.fileio import check_writable
 
     if args.out:
         check_writable(args.out, what="--out")
     if args.record:
-        target = Path(args.record)
-        if target.suffix.lower() == ".json":
-            check_writable(target, what="--record")
-        elif target.is_dir():
-            check_writable(target / "record.json", what="--record")
-        elif target.exists():
-            from orchestrator.errors import ConfigError
+        from orchestrator.runtime.record import check_target
 
-            raise ConfigError.single(f"--record {target}", "this is a file without the .json suffix, not a directory",
-                                     "name a .json file or a directory for the run records")
-        else:
-            # a directory to be created: its first missing component must be creatable
-            ancestor = target.absolute()
-            while not ancestor.parent.exists():
-                ancestor = ancestor.parent
-            check_writable(ancestor, what="--record")
+        check_target(args.record, what="--record")
 
 
 def run(args: argparse.Namespace) -> int:

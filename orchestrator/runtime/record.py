@@ -24,7 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.fileio import write_json_atomic
+from orchestrator.errors import ConfigError
+from orchestrator.fileio import check_writable, write_json_atomic
 
 RUN_FORMAT = "omni-edge.run/1"
 DEFAULT_DIR = Path("runs")
@@ -129,3 +130,23 @@ def write(doc: dict[str, Any], target: str | Path | None, *, request_id: str = "
     path = t if t.suffix.lower() == ".json" else default_path(t, doc.get("pipeline", "pipeline"), request_id)
     write_json_atomic(path, doc)
     return path
+
+
+def check_target(target: str | Path | None, *, what: str = "--record") -> None:
+    """Before any work: a record can be written to ``target`` (a ``.json`` file, or
+    a directory that exists or can be created). ``ConfigError`` naming ``what``."""
+    t = Path(target) if target is not None else DEFAULT_DIR
+    if t.suffix.lower() == ".json":
+        check_writable(t, what=what)
+    elif t.is_dir():
+        check_writable(t / "record.json", what=what)
+    elif t.exists():
+        raise ConfigError.single(f"{what} {t}", "this is a file without the .json suffix, not a directory",
+                                 "name a .json file or a directory for the run records")
+    else:
+        # a directory to be created: its first missing component must be creatable
+        ancestor = t.absolute()
+        while not ancestor.parent.exists():
+            ancestor = ancestor.parent
+        check_writable(ancestor, what=what)
+

@@ -107,3 +107,25 @@ def test_the_cli_exits_2_before_ray_starts(tmp_path: Path, capsys: pytest.Captur
     assert rc == 2, err
     assert expected in err and "how to fix" in err and "Traceback" not in err
     assert not rec.exists()  # nothing written
+
+
+@pytest.mark.parametrize("record", ["/proc/x/r.json", "/proc/x/runs"])
+def test_a_record_path_that_cannot_be_written_is_refused_before_planning(
+    record: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*a: Any, **k: Any) -> None:
+        raise AssertionError("planned despite an unwritable record path")
+
+    monkeypatch.setattr("orchestrator.api.load_config", never)
+    with pytest.raises(ConfigError) as info:
+        Pipeline.from_config(CONFIG, record=record, start=False)
+    assert info.value.problems[0].where.startswith("record /proc/x")
+
+
+def test_run_checks_its_record_path_before_the_request(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*a: Any, **k: Any) -> None:
+        raise AssertionError("ran the request despite an unwritable record path")
+
+    monkeypatch.setattr(Pipeline, "arun", never)
+    with pytest.raises(ConfigError, match=r"record /proc/x/r\.json"):
+        pipeline.run("hello", record="/proc/x/r.json")
