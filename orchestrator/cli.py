@@ -22,6 +22,8 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
 EXIT_STAGE_FAILED = 4
+MAX_PROBLEMS_SHOWN = 20
+"""A file with thousands of broken entries gets a readable error, not thousands of lines."""
 
 COMMANDS = {
     "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
@@ -86,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._module.run(args))
     except ConfigError as exc:
         print("error: the input cannot be used:", file=sys.stderr)
-        for problem in exc.problems:
+        for problem in exc.problems[:MAX_PROBLEMS_SHOWN]:
             for line in problem.lines():
                 print(f"  {line}", file=sys.stderr)
+        hidden = len(exc.problems) - MAX_PROBLEMS_SHOWN
+        if hidden > 0:
+            print(f"  … and {hidden} more problem{'s' if hidden > 1 else ''} (fix these first)", file=sys.stderr)
         return EXIT_BAD_INPUT
     except StageFailed as exc:
         print(f"error: {exc}", file=sys.stderr)

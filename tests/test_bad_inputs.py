@@ -487,3 +487,19 @@ def test_verify_and_run_refuse_the_same_bad_input(tmp_path: Path, capsys: pytest
     c = Case(tmp_path)
     mentions = CASES[name](c)
     refused(capsys, [command[0], str(c.cfg), "--profile", str(c.prof), *command[1:]], *mentions)
+
+
+@pytest.mark.parametrize("which", ["config", "profile"])
+def test_plan_out_onto_its_own_input_is_refused_and_the_input_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str) -> None:
+    cfg, prof = good_inputs(tmp_path)
+    target = cfg if which == "config" else prof
+    before = target.read_bytes()
+    refused(capsys, ["plan", str(cfg), "--profile", str(prof), "--out", str(target)], "--out", "would replace it")
+    assert target.read_bytes() == before
+
+
+def test_a_file_with_thousands_of_problems_gets_a_bounded_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg, prof = good_inputs(tmp_path)
+    cfg.write_text("name: many\nstages:\n" + "".join(f"  - stage{i}\n" for i in range(5000)))
+    err = refused(capsys, ["plan", str(cfg), "--profile", str(prof)], "stages[0]", "… and 4980 more problems")
+    assert len(err.splitlines()) <= 45

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from orchestrator.errors import ConfigError
 from orchestrator.fileio import check_writable, write_json_atomic
 
 
@@ -30,6 +32,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable(args.out, what="--out")
+        for given, what in ((args.config, "CONFIG"), (args.profile, "--profile")):
+            if given and os.path.exists(given) and os.path.samefile(given, args.out):
+                raise ConfigError.single(
+                    f"--out {args.out}", f"this is the {what} file: writing the plan there would replace it",
+                    "write the plan to another file",
+                )
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
     plan = plan_pipeline(config, profile, mask=parse_mask(args.mask, profile))
