@@ -112,3 +112,26 @@ def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(pipeline:
     with pytest.raises(ValueError, match="produced no audio"):
         result.save_wav(tmp_path / "reply.wav")
     assert not (tmp_path / "reply.wav").exists()
+
+
+def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_busy(pipeline: Pipeline) -> None:
+    """Unbounded, 33 requests filled the device actor with ``stream`` calls and
+    no ``feed`` ever reached the voice: none completed, and nothing said why."""
+    from orchestrator.errors import PipelineBusy
+
+    async def one(i: int) -> Any:
+        try:
+            return [e async for e in pipeline.stream({"script": [f"Number {i}."]})]
+        except PipelineBusy as exc:
+            return exc
+
+    async def main() -> list[Any]:
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), 240)
+
+    results = asyncio.run(main())
+    admission = pipeline.runtime.admission
+    done = [r for r in results if not isinstance(r, PipelineBusy)]
+    assert len(done) == admission.limit + admission.max_waiting  # the rest were told at once
+    for events in done:
+        assert sum(isinstance(e, AudioChunk) for e in events) == 1
+    assert admission.in_flight == 0 and admission.waiting == 0
