@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, what="--out")
         for given, what in ((args.config, "CONFIG"), (args.profile, "--profile")):
-            if given and os.path.exists(given) and os.path.samefile(given, args.out):
+            if given and os.path.exists(given) and os.path.exists(args.out) and os.path.samefile(given, args.out):
                 raise ConfigError.single(
                     f"--out {args.out}", f"this is the {what} file: writing the plan there would replace it",
                     "write the plan to another file",
