@@ -6,7 +6,8 @@ and ends with a per-stage table: device, backend, time to first output,
 throughput, budgeted vs measured peak and their ratio.
 
 Exit codes: 0 done, 2 bad input, 3 plan refused (the refusals are printed),
-4 a stage failed (stage, device and cause are printed).
+4 a stage failed (stage, device and cause are printed); 130, 143, 129 for
+SIGINT, SIGTERM, SIGHUP (the pipeline closed and the record written first).
 
 Heavy modules (Ray, vLLM, ONNX Runtime) are imported inside ``run()`` only:
 the CLI parser imports every command module, and ``omni-edge plan`` must stay
@@ -19,6 +20,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
@@ -67,7 +69,6 @@ def _install_signal_handlers() -> dict[int, Any]:
     """SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (as SIGINT raises
     KeyboardInterrupt); returns the handlers they replace. ``cluster.connect``
     puts a Python handler back after ``ray.init`` replaces it."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -81,8 +82,6 @@ def _install_signal_handlers() -> dict[int, Any]:
 
 
 def _restore_signal_handlers(old: dict[int, Any]) -> None:
-    import signal
-
     for num, handler in old.items():
         signal.signal(num, handler)
 
@@ -172,6 +171,11 @@ def _run(args: argparse.Namespace) -> int:
         measured = pipeline.runtime.measure()
     except (Exception, KeyboardInterrupt) as exc:
         failure = exc
+    except SystemExit as exc:
+        # a SIGTERM inside ray.init, whose own handler exits with the signal number
+        if exc.code != signal.SIGTERM:
+            raise
+        failure = Interrupted(signal.SIGTERM)
     # The record is written whatever happened, after close: its ledger is the
     # one left behind (a leak shows), and a failure is in it.
     try:
@@ -192,8 +196,6 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[red]ledger still holds {pipeline.final_ledger['held_bytes']} bytes after close[/]")
     if isinstance(failure, KeyboardInterrupt):
         signum = failure.signum if isinstance(failure, Interrupted) else 2
-        import signal
-
         print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
         return 128 + signum
     if failure is not None:
@@ -220,8 +222,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, Interrupted):
-        import signal
-
         return f"interrupted by {signal.Signals(exc.signum).name}"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted by SIGINT"
