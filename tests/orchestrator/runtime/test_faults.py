@@ -77,3 +77,90 @@ def test_an_onnx_session_that_fails_to_open_is_named_and_the_ledger_is_as_before
     history = dict(rt.ledger_history)
     assert history["after failed load net"]["holders"] == history["before load net"]["holders"]
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
+
+
+def _worker_runner(tmp_path: Path) -> Any:
+    """An exported stage whose session runs in a route worker (this venv's python as
+    the route's interpreter), loaded."""
+    import sys
+
+    from orchestrator.config import parse_config
+    from orchestrator.ort.sessions import ResolvedRoute
+    from orchestrator.planner import plan_pipeline
+    from stages.exported_graph.kind import ExportedGraphKind
+    from stages.exported_graph.runner import ExportedGraphRunner
+    from tests.helpers.graphs import machine_profile, write_artifact
+
+    artifact = write_artifact(tmp_path / "full", "full")
+    config = parse_config({"name": "p", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
+    }]}, where="t.yaml", base_dir=tmp_path)
+    plan = plan_pipeline(config, machine_profile(), runtime=False)
+    kind = ExportedGraphKind()
+    runner = ExportedGraphRunner(plan.stage("net"), kind.artifact(config.stage("net")),
+                                 ResolvedRoute("worker", "interpreter", sys.executable))
+    runner.load()
+    return runner
+
+
+def _one(runner: Any, rid: str) -> Any:
+    import asyncio
+
+    import numpy as np
+
+    from tests.helpers.graphs import K
+
+    async def items() -> Any:
+        yield {"x": np.ones((2, K), np.float32)}
+
+    async def main() -> list[Any]:
+        return [x async for x in runner.stream(rid, items())]
+
+    return asyncio.run(main())
+
+
+@pytest.mark.ort
+def test_a_route_worker_that_exits_mid_run_is_named_and_the_next_request_refused_clearly(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    import os
+    import signal
+
+    runner = _worker_runner(tmp_path)
+    try:
+        assert len(_one(runner, "ok")) == 1  # works while the worker lives
+        os.kill(runner._host.pid, signal.SIGKILL)  # what an OOM kill does
+        t0 = time.monotonic()
+        with pytest.raises(StageFailed) as info:
+            _one(runner, "r1")
+        assert time.monotonic() - t0 < 15
+        e = info.value
+        assert (e.stage, e.device) == ("net", "cpu") and "request r1" in e.cause
+        assert "route 'worker'" in e.cause and "exited with code -9" in e.cause
+        with pytest.raises(StageFailed, match="exited"):
+            _one(runner, "r2")
+    finally:
+        runner.close()
+
+
+@pytest.mark.ort
+def test_a_route_worker_that_hangs_is_killed_after_its_timeout_and_named(
+    tmp_path: Path, private_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+
+    from orchestrator import settings
+
+    runner = _worker_runner(tmp_path)
+    try:
+        monkeypatch.setattr(settings, "RUN_TIMEOUT_S", 2.0)
+        os.kill(runner._host.pid, signal.SIGSTOP)  # alive, answering nothing
+        t0 = time.monotonic()
+        with pytest.raises(StageFailed) as info:
+            _one(runner, "r1")
+        assert time.monotonic() - t0 < 15
+        assert "did not answer within 2 s; the worker was killed" in info.value.cause
+    finally:
+        runner.close()
