@@ -83,7 +83,7 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     if not isinstance(data, dict):
         got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
         raise ConfigError.single(where, f"the top level must be a mapping, got {got}", "start the file with 'name:' and 'stages:'")
-    data = _from_vllm_omni(data)
+    data = _from_vllm_omni(data, where)
     problems: list[Problem] = []
     raw_stages = data.get("stages")
     stages: list[StageConfig] = []
@@ -191,7 +191,7 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
     return []
 
 
-def _from_vllm_omni(data: dict[str, Any]) -> dict[str, Any]:
+def _from_vllm_omni(data: dict[str, Any], where: str = "<config>") -> dict[str, Any]:
     """Accept vLLM-Omni's spelling: ``stage_args`` and per-stage ``engine_args``,
     ``engine_input_source`` (stage ids). Anything else stays strict."""
     if "stage_args" not in data:
@@ -199,19 +199,28 @@ def _from_vllm_omni(data: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in data.items() if k != "stage_args"}
     stages = []
     raw = data["stage_args"] or []
-    by_id = {s.get("stage_id"): s.get("name", f"stage{s.get('stage_id')}") for s in raw if isinstance(s, dict)}
+    if not isinstance(raw, list):
+        raise ConfigError.single(f"{where}: stage_args", f"must be a list of stages, got a {type(raw).__name__}", "write stage_args: as a list")
+    by_id: dict[Any, Any] = {}
     for s in raw:
+        if isinstance(s, dict) and isinstance(s.get("stage_id"), (int, str, type(None))):
+            by_id[s.get("stage_id")] = s.get("name", f"stage{s.get('stage_id')}")
+    for i, s in enumerate(raw):
         if not isinstance(s, dict):
             stages.append(s)
             continue
         s = dict(s)
         s.setdefault("name", f"stage{s.get('stage_id')}")
         engine = s.pop("engine_args", None) or {}
+        if not isinstance(engine, dict):
+            raise ConfigError.single(f"{where}: stage_args[{i}].engine_args", "must be a mapping of engine settings", "write engine_args: {max_model_len: ...}")
         for k, v in engine.items():
             s.setdefault(k, v)
         if "engine_input_source" in s:
             src = s.pop("engine_input_source") or []
-            s["inputs"] = [by_id.get(i, str(i)) for i in src] or [REQUEST]
+            if not isinstance(src, list) or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in src):
+                raise ConfigError.single(f"{where}: stage_args[{i}].engine_input_source", "must be a list of stage ids", "write engine_input_source: [0]")
+            s["inputs"] = [by_id.get(x, str(x)) for x in src] or [REQUEST]
         stages.append(s)
     out["stages"] = stages
     return out

@@ -319,6 +319,9 @@ case("config: max_num_seqs 0")(lambda c: (str(c.stage(", max_num_seqs: 0")), "ma
 case("config: a device that is no device id")(lambda c: (*_cfg(c, c.cfg.read_text().replace("devices: [cpu]", "devices: [tpu:0]")), "devices"))
 case("config: an input that is no stage")(lambda c: (str(c.stage(", inputs: [ghost]")), "ghost"))
 case("config: model directory missing")(lambda c: (c.stage(model=str(c.tmp / "nowhere")), str(c.tmp / "nowhere"), "not found")[1:])
+case("config: stage_args not a list")(lambda c: (*_cfg(c, "name: x\nstage_args: true\n"), "stage_args"))
+case("config: engine_args not a mapping")(lambda c: (*_cfg(c, "name: x\nstage_args: [{stage_id: 0, engine_args: [1]}]\n"), "stage_args[0].engine_args"))
+case("config: engine_input_source of lists")(lambda c: (*_cfg(c, "name: x\nstage_args: [{stage_id: 0, engine_input_source: [[0]]}]\n"), "engine_input_source"))
 case("config: max_tokens not below max_model_len")(lambda c: (str(c.stage(", sampling: {max_tokens: 4096}")), "max_tokens"))
 
 

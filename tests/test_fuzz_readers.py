@@ -117,3 +117,35 @@ def test_manifest_loader_never_raises_anything_else(tmp_path: Path, data: bytes)
     (art / "ref.npz").write_bytes(b"")
     (art / "manifest.yaml").write_bytes(data)
     _reads_or_refuses(load_artifact, art)
+
+
+_config_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["name", "stages", "kind", "model", "devices", "inputs", "max_model_len", "artifact",
+                         "stage_args", "engine_args", "engine_input_source", "stage_id", "final_output", "x"]),
+        inner, max_size=5),
+    max_leaves=16,
+)
+
+
+@FUZZ
+@given(data=_config_values)
+def test_pipeline_config_of_any_shape_is_parsed_or_refused(tmp_path: Path, data: Any) -> None:
+    from orchestrator.config import parse_config
+
+    try:
+        parse_config(data, where="p.yaml", base_dir=tmp_path)
+    except ConfigError as exc:
+        assert exc.problems and all(p.where and p.what for p in exc.problems)
+
+
+@FUZZ
+@given(data=_config_values)
+def test_profile_of_any_shape_is_parsed_or_refused(data: Any) -> None:
+    from orchestrator.profile import parse_profile
+
+    try:
+        parse_profile(data, where="profile.json")
+    except ConfigError as exc:
+        assert exc.problems and all(p.where and p.what for p in exc.problems)
