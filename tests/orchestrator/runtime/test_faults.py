@@ -164,3 +164,31 @@ def test_a_route_worker_that_hangs_is_killed_after_its_timeout_and_named(
         assert "did not answer within 2 s; the worker was killed" in info.value.cause
     finally:
         runner.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(ray_cluster: Any) -> None:
+    import dataclasses
+
+    from orchestrator.config import load_config
+    from orchestrator.plan import StagePlan
+    from orchestrator.planner import plan_pipeline
+    from tests.conftest import REPO, make_profile
+
+    config = load_config(REPO / "configs/voice-assistant.yaml")
+    plan = plan_pipeline(config, make_profile())
+    assert plan.admitted
+    sp = plan.stage("thinker")
+    bad = StagePlan.from_dict({**sp.to_dict(), "engine_kwargs": {**sp.engine_kwargs, "kv_cache_memory_bytes": 4096}})
+    plan = dataclasses.replace(plan, stages=tuple(bad if s.name == "thinker" else s for s in plan.stages))
+    rt = Runtime(plan, config)
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed) as info:
+        rt.start()
+    assert time.monotonic() - t0 < 180
+    e = info.value
+    assert (e.stage, e.device) == ("thinker", "cpu") and "load failed: vLLM engine did not start" in e.cause
+    history = dict(rt.ledger_history)
+    assert history["after failed load thinker"]["holders"] == history["before load thinker"]["holders"]
+    assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
