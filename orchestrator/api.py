@@ -102,7 +102,7 @@ class Pipeline:
 
     def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
                  address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
-                 log_to_driver: bool = False) -> None:
+                 log_to_driver: bool = False, max_waiting: int | None = None) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
@@ -110,7 +110,8 @@ class Pipeline:
         self.profile = profile
         self.record = record
         routes = {r.name: r for r in profile.routes} if profile is not None else {}
-        self.runtime: Runtime = Runtime(plan, config, routes=routes, address=address, log_to_driver=log_to_driver)
+        self.runtime: Runtime = Runtime(plan, config, routes=routes, address=address, log_to_driver=log_to_driver,
+                                        max_waiting=max_waiting)
         self.results: list[Result] = []
         self.records: list[Path] = []
         self.prepare_s = 0.0
@@ -130,11 +131,14 @@ class Pipeline:
         log_to_driver: bool = False,
         start: bool = True,
         verify: bool = True,
+        max_waiting: int | None = None,
     ) -> Pipeline:
         """Load ``path``, plan it for ``profile`` (a file, a profile, or this
         machine probed), verify the exported placements that have no evidence
         yet (unless ``verify=False``) and re-plan with the evidence, and start
-        it. Raises ``ConfigError`` for bad input,
+        it. ``max_waiting``: requests that may wait for a slot beyond those in
+        flight (default: as many as may be in flight; 0 refuses at once). Raises
+        ``ConfigError`` for bad input,
         ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
         cannot start."""
         if record is not None:
@@ -146,7 +150,8 @@ class Pipeline:
             plan = verify_then_replan(config, prof, parse_mask(mask))
         if not plan.admitted:
             raise PlanRefused(plan)
-        pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver)
+        pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver,
+                       max_waiting=max_waiting)
         if start:
             pipeline.start(progress=progress)
         return pipeline
@@ -163,6 +168,7 @@ class Pipeline:
         progress: bool = False,
         log_to_driver: bool = False,
         verify: bool = True,
+        max_waiting: int | None = None,
     ) -> Opening:
         """``from_config`` without blocking the event loop: ``await Pipeline.open(...)``
         for the started pipeline, or ``async with Pipeline.open(...) as pipeline:``
@@ -170,7 +176,7 @@ class Pipeline:
         mask = tuple(mask)
         return Opening(lambda: cls.from_config(
             path, profile=profile, mask=mask, address=address, record=record, progress=progress,
-            log_to_driver=log_to_driver, verify=verify))
+            log_to_driver=log_to_driver, verify=verify, max_waiting=max_waiting))
 
     def prepare(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``); once."""

@@ -154,3 +154,12 @@ def test_requests_admitted_one_after_another_never_need_a_busy_answer(one_device
     assert asyncio.run(main()) == 3
 
 
+
+
+def test_the_api_passes_the_queue_bound_to_the_runtime(tmp_path: Any) -> None:
+    from orchestrator.api import Pipeline
+
+    plan, config = echo_pipeline(tmp_path)
+    p = Pipeline(plan, config, record=None, max_waiting=0)
+    assert p.runtime.admission.max_waiting == 0
+    assert p.runtime.admission.limit == (ACTOR_OPTIONS["max_concurrency"] - CONTROL_CALLS) // 3
