@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     old_handlers = _install_signal_handlers()
     try:
         return _run(args)
+    except Interrupted as exc:  # before the pipeline existed (planning, verifying, preparing weights)
+        print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
+              file=sys.stderr)
+        return 128 + exc.signum
     finally:
         _restore_signal_handlers(old_handlers)
 

@@ -152,3 +152,20 @@ def test_audio_that_cannot_be_written_at_the_end_is_kept_and_named(
     assert kept.exists() and audio_mod.read_wav(kept)[0].size > 0
     doc = json.loads(rec.read_text())
     assert doc["output"]["wav"] == str(kept)
+
+
+def test_a_signal_before_the_pipeline_starts_exits_128_plus_n_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.commands.run import Interrupted
+
+    def terminated(*a: Any, **k: Any) -> None:
+        raise Interrupted(signal.SIGTERM)  # what the handler raises when SIGTERM lands while weights are prepared
+
+    monkeypatch.setattr("orchestrator.api.prepare_models", terminated)
+    cfg, prof = write(tmp_path)
+    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 143
+    assert "interrupted by SIGTERM before the pipeline started" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
