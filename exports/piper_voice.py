@@ -76,9 +76,20 @@ class _Espeak:
             return " ".join(p for p in pieces if p)
 
 
-@functools.lru_cache(maxsize=1)
+_ENGINE: _Espeak | None = None
+_ENGINE_LOCK = threading.Lock()
+
+
 def _espeak() -> _Espeak:
-    return _Espeak()
+    """The one engine of this process. espeak-ng's state is global to the library,
+    so a second ``espeak_Initialize`` racing the first (two requests phonemizing
+    their first sentence at once) undoes its voice: construction holds a lock too."""
+    global _ENGINE
+    if _ENGINE is None:
+        with _ENGINE_LOCK:
+            if _ENGINE is None:
+                _ENGINE = _Espeak()
+    return _ENGINE
 
 
 @functools.lru_cache(maxsize=8)

@@ -88,3 +88,27 @@ def test_the_voice_synthesizes_non_silent_audio_on_ort_cpu() -> None:
     rms = float(np.sqrt(np.mean(audio**2)))
     assert rms > 0.01, f"silent: rms {rms}"
     assert np.max(np.abs(audio)) < 1.5
+
+
+def test_the_first_phonemizations_racing_in_threads_all_succeed() -> None:
+    """Requests arrive at once on a threaded actor: the engine is built once, not once
+    per thread (a second espeak_Initialize undid the first's voice: 'no voice en-us')."""
+    import subprocess
+    import sys
+
+    script = (
+        "import threading\n"
+        "from exports import piper_voice\n"
+        "errors = []\n"
+        "def one(i):\n"
+        "    try:\n"
+        "        assert piper_voice.phonemize(f'Number {i}.')\n"
+        "    except Exception as exc:\n"
+        "        errors.append(repr(exc))\n"
+        "ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(len(errors), errors[:1])\n"
+    )
+    for _ in range(3):  # a fresh process each time: the race is on first use
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        assert out.startswith("0 "), out

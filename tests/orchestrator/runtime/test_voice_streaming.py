@@ -135,3 +135,6 @@ def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_bus
     for events in done:
         assert sum(isinstance(e, AudioChunk) for e in events) == 1
     assert admission.in_flight == 0 and admission.waiting == 0
+    # The stage's meter samples RSS all along, so its peak is the peak during the load.
+    voice = pipeline.runtime.measure()["voice"]
+    assert voice["evidence"] == "M" and voice["within_budget"], voice
