@@ -30,6 +30,7 @@ COMMANDS = {
     "probe": "Describe this machine as a hardware profile (devices, pools, routes).",
     "verify": "Run the coverage and numeric gates a plan needs; write the evidence.",
     "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",
+    "serve": "Serve a started pipeline over an OpenAI-compatible HTTP API until SIGINT/SIGTERM.",
 }
 
 

@@ -1,7 +1,8 @@
 """``echo``: a weightless stage kind, the test suite's stand-in for a decoder and a voice.
 
 ``mode: words`` answers a prompt word by word like a decoder (with ``delay_s``
-between words); ``mode: tone`` turns each text chunk into a short sine wave
+between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
+prompt or its last user message); ``mode: tone`` turns each text chunk into a short sine wave
 like a TTS.
 
 A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
@@ -72,7 +73,7 @@ class EchoRunner(StageRunner):
                 async for delta in self._scripted(items[0]):
                     yield delta
                 return
-            prompt = " ".join(str(i) for i in items)
+            prompt = " ".join(_prompt_text(i) for i in items)
             words = f"You said {prompt}. {REPLY}".split(" ")
             for i, w in enumerate(words):
                 await asyncio.sleep(self.cfg.delay_s)
@@ -97,6 +98,16 @@ class EchoRunner(StageRunner):
 
     def close(self) -> None:
         self.held = None
+
+
+def _prompt_text(item: Any) -> str:
+    """What a decoder would answer: a dict request's ``prompt``, or its last user message."""
+    if isinstance(item, dict) and ("prompt" in item or "messages" in item):
+        if "prompt" in item:
+            return str(item["prompt"])
+        users = [m.get("content", "") for m in item["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1]) if users else ""
+    return str(item)
 
 
 class EchoKind(StageKind):

@@ -1,0 +1,103 @@
+"""``omni-edge serve CONFIG``: one long-lived pipeline behind an OpenAI-compatible API.
+
+Plans, verifies and starts the pipeline once (``Pipeline.from_config``, the path
+``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
+SIGINT or SIGTERM, then closes the pipeline (every reservation released).
+
+Loopback only by default: binding any other address needs ``--api-key`` (exit 2
+before anything starts otherwise); with a key every request needs
+``Authorization: Bearer KEY``. A signal before the pipeline started exits 128+N
+like ``run``; one while serving is the normal way to stop (exit 0 once closed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+API_KEY_ENV = "OMNI_EDGE_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from orchestrator.commands.plan import add_pipeline_inputs
+
+    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any non-loopback address needs --api-key)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV})")
+    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
+    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
+    p.add_argument("--skip-verify", action="store_true",
+                   help="run exported placements that have no gate evidence yet (default: verify them first)")
+
+
+def check_bind(host: str, port: int, api_key: str | None) -> None:
+    """``ConfigError`` (exit 2) for a bind that must not happen, before anything starts."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.server import is_loopback
+
+    if not 0 <= port <= 65535:
+        raise ConfigError.single("--port", f"{port} is not a port", "use 1-65535, or 0 for a free one")
+    if not is_loopback(host) and not api_key:
+        raise ConfigError.single(
+            "--host", f"{host} is not a loopback address, and no --api-key is set: anyone who can reach it "
+            "could drive the pipeline", f"bind 127.0.0.1 (the default), or pass --api-key KEY (or set ${API_KEY_ENV})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.commands.run import (
+        Interrupted,
+        _install_signal_handlers,
+        _restore_signal_handlers,
+    )
+
+    check_bind(args.host, args.port, args.api_key)
+    old = _install_signal_handlers()
+    try:
+        return _serve(args)
+    except Interrupted as exc:  # before serving (planning, verifying, starting)
+        print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        _restore_signal_handlers(old)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from orchestrator.api import Pipeline
+    from orchestrator.cli import EXIT_OK
+    from orchestrator.console import make_console
+    from orchestrator.server import create_app
+
+    console = make_console(stderr=True)
+    console.print("[dim]planning, verifying and starting the pipeline …[/]")
+    pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
+                                    record=None, progress=True, log_to_driver=args.ray_logs,
+                                    verify=not args.skip_verify)
+    stopped_by: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        config = uvicorn.Config(create_app(pipeline, api_key=args.api_key), host=args.host, port=args.port,
+                                log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
+        console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{args.host}:{args.port}/v1 "
+                      f"{'(API key required)' if args.api_key else ''}— Ctrl-C to stop", soft_wrap=True)
+        # uvicorn re-raises the signal that stopped it once it has shut down; what it
+        # finds then is this recorder, so the pipeline is closed below, not skipped.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
+        server.run()
+    finally:
+        final = pipeline.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    held = (final or {}).get("held_bytes")
+    why = f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else "stopped"
+    console.print(f"{why}: closed the pipeline; ledger holds {held or 0} bytes")
+    return EXIT_OK
