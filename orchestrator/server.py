@@ -64,7 +64,7 @@ def error_response(status: int, message: str, type_: str, *, param: str | None =
 def error_for(exc: BaseException) -> JSONResponse:
     """An exception of a request as OpenAI's error shape and status."""
     if isinstance(exc, BadRequest):
-        where = exc.problems[0].where if exc.problems else None
+        where = _openai_param(exc.problems[0].where) if exc.problems else None
         return error_response(400, str(exc), "invalid_request_error", param=where, code="bad_request")
     if isinstance(exc, PipelineBusy):
         return error_response(429, str(exc), "rate_limit_error", code="pipeline_busy",
@@ -72,6 +72,15 @@ def error_for(exc: BaseException) -> JSONResponse:
     if isinstance(exc, StageFailed):
         return error_response(503, str(exc), "server_error", param=exc.stage, code="stage_failed")
     raise exc
+
+
+def _openai_param(where: str) -> str:
+    """The request field a stage's ``BadRequest`` names, in the OpenAI request's terms."""
+    if where.startswith("request.sampling."):
+        return where.removeprefix("request.sampling.")
+    if where in ("prompt", "request.prompt", "request.messages"):
+        return "messages"
+    return where
 
 
 def _bad(where: str, what: str, fix: str = "") -> BadRequest:

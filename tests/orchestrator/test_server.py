@@ -161,6 +161,18 @@ def test_a_key_is_required_when_set(served_with_key: _Served) -> None:
     assert reply.choices[0].message.content == EXPECTED
 
 
+def test_a_stages_bad_request_names_the_openai_field() -> None:
+    import json
+
+    from orchestrator.errors import BadRequest
+    from orchestrator.server import error_for
+
+    for where, param in (("request.sampling.temperature", "temperature"), ("prompt", "messages")):
+        response = error_for(BadRequest.single(where, "out of range", "use another value"))
+        doc = json.loads(bytes(response.body))["error"]
+        assert response.status_code == 400 and doc["param"] == param and where in doc["message"]
+
+
 def test_the_error_shapes_of_busy_and_failed() -> None:
     import json
 
