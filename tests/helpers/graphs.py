@@ -218,3 +218,21 @@ def placement(artifact: Path, backend: str = "ort-openvino", **stage: Any) -> Pl
     gate = kind.gate_spec(cfg, info, device, backend)
     assert gate is not None
     return placement_for(gate, route)
+
+
+def one_stage_cli_args(tmp_path: Path, artifact: Path, command: str = "plan") -> list[str]:
+    """CLI arguments for ``command`` on a one-stage pipeline (``net``: the artifact
+    on the CPU EP) and a small CPU-only profile, both written under ``tmp_path``."""
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True,
+    }]}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "omni-edge.profile/1", "name": "test box",
+        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
+        "routes": [{"name": "this-process"}],
+    }))
+    return [command, str(config), "--profile", str(profile)]

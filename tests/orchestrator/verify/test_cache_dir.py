@@ -3,16 +3,14 @@ warning), verify — whose product is the evidence — refuses before measuring.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator import settings
 from orchestrator.cli import main
-from tests.helpers.graphs import write_artifact
+from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
 
 @pytest.fixture
@@ -26,20 +24,7 @@ def blocked_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _argv(tmp_path: Path, command: str) -> list[str]:
-    art = write_artifact(tmp_path / "art", "full")
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(art), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True,
-    }]}))
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "test box",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
-        "routes": [{"name": "this-process"}],
-    }))
-    return [command, str(config), "--profile", str(profile)]
+    return one_stage_cli_args(tmp_path, write_artifact(tmp_path / "art", "full"), command)
 
 
 def test_plan_works_without_a_writable_cache_and_warns_once(

@@ -4,34 +4,16 @@ package or the ``omni_edge.hooks`` entry points, checked when the plan is made."
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
-from tests.helpers.graphs import write_artifact
-
-
-def _plan(tmp_path: Path, artifact: Path, command: str = "plan") -> list[str]:
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True,
-    }]}))
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "test box",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
-        "routes": [{"name": "this-process"}],
-    }))
-    return [command, str(config), "--profile", str(profile)]
+from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
 
 def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -55,7 +37,7 @@ def test_a_graph_symlinked_to_a_graph_outside_the_artifact_is_refused(
     assert where == f"{art / 'manifest.yaml'}: precisions.fp32"
     assert f"resolves to {outside / 'fp32.onnx'}, outside the artifact directory" in what
     assert "copy the graph into the artifact directory" in fix
-    err = _refused(capsys, _plan(tmp_path, art))
+    err = _refused(capsys, one_stage_cli_args(tmp_path, art))
     assert "manifest.yaml: precisions.fp32" in err and "outside the artifact directory" in err
 
 
@@ -81,7 +63,7 @@ def test_a_hook_outside_the_exports_package_is_refused_at_plan_time(
     called: list[str] = []
     monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd) or 0)
     art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "os:system"})
-    err = _refused(capsys, _plan(tmp_path, art, command))
+    err = _refused(capsys, one_stage_cli_args(tmp_path, art, command))
     assert f"{art / 'manifest.yaml'}: preprocess" in err
     assert "the hook 'os:system' is not allowed" in err
     assert 'how to fix: move the function into exports/<module>.py, or register it' in err
@@ -97,7 +79,7 @@ def test_a_hook_that_does_not_exist_fails_the_plan_naming_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], hook: str, what: str,
 ) -> None:
     art = write_artifact(tmp_path / "art", "full", manifest={"postprocess": hook})
-    err = _refused(capsys, _plan(tmp_path, art))
+    err = _refused(capsys, one_stage_cli_args(tmp_path, art))
     assert f"{art / 'manifest.yaml'}: postprocess" in err and what in err
 
 
