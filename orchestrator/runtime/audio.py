@@ -1,11 +1,58 @@
-"""Writing and checking audio: stdlib ``wave``, 16-bit PCM, mono."""
+"""Audio in the forms the project writes and serves: 16-bit PCM, mono.
+
+* ``write_wav``/``read_wav``: a whole WAV file (stdlib ``wave``).
+* ``WavStreamWriter``: a WAV written while audio is still being made — the file
+  is a valid WAV after every ``write`` (header sizes rewritten), under a
+  temporary name next to the target that is renamed on ``close``; a failure
+  (``discard``, or leaving the ``with`` block by an exception) leaves no target.
+* ``pcm16_bytes``, ``wav_header``, ``resample``: the pieces an HTTP response
+  streams (OpenAI's ``pcm`` audio is 24 kHz, 16-bit, mono, little-endian:
+  ``OPENAI_PCM_RATE``).
+"""
 
 from __future__ import annotations
 
+import os
+import struct
 import wave
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
+
+OPENAI_PCM_RATE = 24000
+"""The sample rate of OpenAI's ``pcm``/``pcm16`` audio (16-bit mono little-endian)."""
+WAV_HEADER_BYTES = 44
+_UNKNOWN = 0xFFFFFFFF
+
+
+def pcm16_bytes(audio: np.ndarray) -> bytes:
+    """Float audio in [-1, 1] as 16-bit little-endian mono PCM; values outside are clipped."""
+    a = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    return (a * 32767.0).astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
+    """The 44-byte RIFF header of a 16-bit mono WAV holding ``data_bytes`` of PCM.
+    ``None``: length unknown (both sizes 0xFFFFFFFF, the streaming form that
+    browsers and ffmpeg read to the end of the stream)."""
+    rate = int(sample_rate)
+    data = _UNKNOWN if data_bytes is None else int(data_bytes)
+    riff = _UNKNOWN if data_bytes is None else 36 + data
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", data))
+
+
+def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+    """``audio`` at ``from_rate`` converted to ``to_rate`` (float32; soxr's high quality).
+    Each call is independent: resample whole chunks, not sample by sample."""
+    a = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if int(from_rate) == int(to_rate) or a.size == 0:
+        return a
+    import soxr
+
+    return np.asarray(soxr.resample(a, int(from_rate), int(to_rate), quality="HQ"), dtype=np.float32)
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
@@ -13,12 +60,11 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     outside [-1, 1] are clipped. Returns the path."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    pcm = (np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767.0).astype("<i2")
     with wave.open(str(p), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(int(sample_rate))
-        w.writeframes(pcm.tobytes())
+        w.writeframes(pcm16_bytes(audio))
     return p
 
 
@@ -38,3 +84,60 @@ def rms_dbfs(audio: np.ndarray) -> float:
         return float("-inf")
     rms = float(np.sqrt(np.mean(a * a)))
     return 20.0 * float(np.log10(rms)) if rms > 0 else float("-inf")
+
+
+class WavStreamWriter:
+    """A 16-bit mono WAV at ``path``, written chunk by chunk (see the module docstring).
+
+    The temporary file is ``.<name>.partial`` in the target's folder, so the rename
+    on ``close`` is atomic. ``samples``/``seconds``: what has been written so far.
+    """
+
+    def __init__(self, path: str | Path, sample_rate: int) -> None:
+        self.path = Path(path)
+        self.sample_rate = int(sample_rate)
+        if self.sample_rate <= 0:
+            raise ValueError(f"sample rate must be positive, got {sample_rate}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.partial = self.path.with_name(f".{self.path.name}.partial")
+        self._file = open(self.partial, "wb")  # noqa: SIM115 - kept open across writes, closed in close()/discard()
+        self._file.write(wav_header(self.sample_rate, 0))
+        self._file.flush()
+        self.samples = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+    def write(self, audio: np.ndarray) -> None:
+        """Append ``audio`` (float in [-1, 1]) and rewrite the header's sizes."""
+        data = pcm16_bytes(audio)
+        self._file.seek(0, os.SEEK_END)
+        self._file.write(data)
+        self.samples += len(data) // 2
+        self._file.seek(0)
+        self._file.write(wav_header(self.sample_rate, self.samples * 2))
+        self._file.flush()
+
+    def close(self) -> Path:
+        """Finish the file and move it to ``path``. Returns the path."""
+        if not self._file.closed:
+            self._file.close()
+            os.replace(self.partial, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        """Drop what was written: no file at ``path`` from this writer."""
+        if not self._file.closed:
+            self._file.close()
+        self.partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> WavStreamWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
