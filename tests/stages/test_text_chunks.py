@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from stages.text_chunks import SentenceChunker, chunk_text, split_text
+from tests.stages.sentence_corpus import CORPUS, text_of
 
 REPLY = ("The Moon is about 384,400 km away. It has no atmosphere! Dr. Smith said e.g. pi is 3.14, "
          "and J. R. R. Tolkien agreed... Really? \"Yes.\"\n- one\n- two")
@@ -34,10 +35,11 @@ def test_the_cut_does_not_depend_on_how_the_text_is_split_into_deltas(size: int)
     assert out + c.flush() == EXPECTED
 
 
-def test_a_sentence_is_emitted_as_soon_as_the_next_character_arrives() -> None:
+def test_a_sentence_is_emitted_as_soon_as_the_next_non_blank_character_arrives() -> None:
     c = SentenceChunker()
     assert c.feed("Hello there.") == []  # could still be "there.com"
-    assert c.feed(" And") == ["Hello there."]
+    assert c.feed(" ") == []  # could still be "there. and" (a lowercase word: no sentence end)
+    assert c.feed("And") == ["Hello there."]
     assert c.flush() == ["And"]
 
 
@@ -67,5 +69,44 @@ def test_async_chunking_yields_while_the_stream_is_still_open() -> None:
             out.append((len(seen), chunk))
         return out
 
-    # "One." is out after the 1st delta, "Two." after the 3rd, "Three" at the end.
-    assert asyncio.run(main()) == [(1, "One."), (3, "Two."), (4, "Three")]
+    # "One." is out once the next word starts (2nd delta), "Two." with the 3rd, "Three" at the end.
+    assert asyncio.run(main()) == [(2, "One."), (3, "Two."), (4, "Three")]
+
+
+@pytest.mark.parametrize(("language", "sentences"), CORPUS, ids=[f"{lang}{i}" for i, (lang, _) in enumerate(CORPUS)])
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_english_german_chinese_and_japanese_replies_are_cut_where_their_sentences_end(
+        language: str, sentences: list[str], size: int) -> None:
+    """Abbreviations (z.B., z. B., ca., Dr., e.g.), decimals, ordinals (am 3. Mai),
+    quotes after the terminator, CJK terminators without a space: the corpus's
+    hand-made splits, whatever the delta size."""
+    text = text_of(language, sentences)
+    c = SentenceChunker()
+    out = []
+    for i in range(0, len(text), size):
+        out += c.feed(text[i:i + size])
+    assert out + c.flush() == sentences
+
+
+def test_a_cjk_sentence_is_out_when_the_next_character_arrives_without_a_space() -> None:
+    c = SentenceChunker()
+    assert c.feed("今天天气很好。") == []
+    assert c.feed("我") == ["今天天气很好。"]
+    assert c.feed("们去公园吧。」") == []  # a closing quote still belongs to it
+    assert c.feed("好") == ["我们去公园吧。」"]
+
+
+def test_an_ordinal_waits_for_the_next_word_and_nothing_else_does() -> None:
+    c = SentenceChunker()
+    assert c.feed("Wir treffen uns am 3. Ma") == []  # "Mai" or "Man"?
+    assert c.feed("i in Berlin. Kommst") == ["Wir treffen uns am 3. Mai in Berlin."]
+    c = SentenceChunker()
+    assert c.feed("Das sind 3. Ma") == []
+    assert c.feed("n") == []
+    assert c.feed(" sieht") == ["Das sind 3."]
+
+
+def test_a_long_cjk_clause_is_cut_at_a_full_width_comma() -> None:
+    text = "我们" * 30 + "，" + "他们" * 40
+    chunks = split_text(text, max_chars=100)
+    assert chunks[0] == "我们" * 30 + "，" and "".join(chunks) == text
