@@ -31,12 +31,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, TypeGuard
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.api import Pipeline
@@ -49,6 +51,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
                    "top_p": "top_p", "seed": "seed"}
 """OpenAI request fields → the decode stage's sampling keys."""
+WEB_DIR = Path(__file__).with_name("web")
+"""The page at ``/`` (index.html, app.js, style.css): package data served as it is, no build step."""
 
 
 def is_loopback(host: str) -> bool:
@@ -227,6 +231,8 @@ def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
+        Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
     ])
     if api_key:
         app = _BearerAuth(app, api_key)
