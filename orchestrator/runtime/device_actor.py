@@ -5,11 +5,18 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
 
 1. ``ready()`` right after creation (Ray reports a constructor that raised
    only at the first call, so the runtime calls this at once).
-2. ``load_stage(...)`` once per stage, one at a time: ``admit`` on the ledger
-   actor (all of the plan's reservations or nothing), the kind's runner
-   created and ``load()``-ed in a worker thread, the ``load`` reservations
-   released, the measured peak reported. A failure releases everything the
-   stage held — the ledger is as before — and raises.
+2. ``load_stage(...)`` once per stage: ``admit`` on the ledger actor (all of
+   the plan's reservations or nothing; skipped when the runtime had them
+   admitted with others, ``admitted=True``), the kind's runner created and
+   ``load()``-ed in a worker thread, the ``load`` reservations released, the
+   measured peak reported. A failure releases everything the stage held — the
+   ledger is as before — and raises. Several loads may run at once (each in
+   its own thread; the runtime does so only for stages the ledger admitted
+   together). A load that overlapped another in this actor, by a runner that
+   does not measure itself, is measured over the processes its load started
+   (an ONNX Runtime route worker), since the actor's own process grew for the
+   other load too; when it started none, the actor's tree is measured and the
+   figure, an upper bound, says so.
 3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
    streaming generator (``num_returns="streaming"``) of ``("out", item)``
    tuples, then one ``("stats", figures)``. Its input is ``initial`` (the
@@ -63,6 +70,8 @@ class _Hosted:
     """For runners that do not measure themselves: the processes the load started
     (a route worker), else this actor's process, sampled while requests run."""
     tree_request_growth: int = 0
+    load_note: str = ""
+    """Set when the load overlapped another in this actor: how it was measured then."""
     busy: int = 0
     requests: int = 0
     measured: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +88,8 @@ class DeviceActor:
         self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
         self.ended: dict[tuple[str, str], None] = {}
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        self._loading: dict[str, bool] = {}
+        """Loads in flight: stage -> whether another load ran beside it."""
         self.ledger_error: str | None = None
         """Set when a report or release to the ledger actor failed (it died): closing
         goes on without it, and ``close`` then raises ``LedgerLost``."""
@@ -99,18 +110,18 @@ class DeviceActor:
                 "rss_bytes": rss_of(os.getpid()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
     # -- loading ---------------------------------------------------------------
-    async def load_stage(self, plan_doc: dict[str, Any], stage_config: Any, kind: Any, route: Any = None) -> dict[str, Any]:
+    async def load_stage(self, plan_doc: dict[str, Any], stage_config: Any, kind: Any, route: Any = None,
+                         admitted: bool = False) -> dict[str, Any]:
         plan = StagePlan.from_dict(plan_doc)
         name = plan.name
-        admission = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
-        if not admission["ok"]:
-            s = admission["shortfalls"][0]
-            who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
-            raise StageFailed(name, self.device, (
-                f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
-                f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})"))
+        if not admitted:
+            admission = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
+            if not admission["ok"]:
+                raise StageFailed(name, self.device, refusal(admission["shortfalls"][0]))
         before = set(descendants(os.getpid()))
         meter = RssMeter(children=True).start()
+        started = _NewProcessMeter(os.getpid(), before).start()
+        overlapped = self._begin_load(name)
         runner = None
         try:
             params = inspect.signature(kind.runner).parameters
@@ -120,6 +131,8 @@ class DeviceActor:
             load_s = time.perf_counter() - t0
         except BaseException as exc:
             meter.stop()
+            started.stop()
+            self._loading.pop(name, None)
             if runner is not None:
                 try:
                     await asyncio.to_thread(runner.close)
@@ -129,18 +142,36 @@ class DeviceActor:
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
         meter.stop()
+        started.stop()
+        overlapped = self._loading.pop(name, overlapped)
         hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
                          meter.peak_growth, meter.growth)
         if runner.measured_peak_bytes() is None:
             own = [p for p in descendants(os.getpid()) if p not in before]
             hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
+            if overlapped and own:
+                hosted.tree_load_peak, hosted.tree_resident = started.peak_growth, started.growth
+                hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
+                                    "over the processes it started")
+            elif overlapped:
+                hosted.load_note = ("another stage loaded in this process at the same time and is counted too: "
+                                    "an upper bound")
         self.stages[name] = hosted
         self.order.append(name)
         await self.ledger.release.remote(name, "load")
         hosted.measured = self._measure(hosted)
         await self.ledger.report.remote(name, hosted.measured)
-        return {"stage": name, "device": self.device, "load_s": round(load_s, 3),
+        return {"stage": name, "device": self.device, "load_s": round(load_s, 3), "overlapped": overlapped,
                 "load_info": hosted.load_info, "measured": hosted.measured}
+
+    def _begin_load(self, name: str) -> bool:
+        """Note a load in flight; every load running now (this one too) overlapped
+        another when there is more than one. Returns whether this one did so far."""
+        self._loading[name] = False
+        if len(self._loading) > 1:
+            for other in self._loading:
+                self._loading[other] = True
+        return self._loading[name]
 
     def _measure(self, h: _Hosted) -> dict[str, Any]:
         own = h.runner.measured_peak_bytes()
@@ -154,6 +185,8 @@ class DeviceActor:
             method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
                       "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
                       "the processes its load started, else in the actor's own process)")
+            if h.load_note:
+                method += f"; {h.load_note}"
         budget = h.plan.budget_bytes()
         return {
             "measured_peak_bytes": peak,
@@ -311,6 +344,27 @@ class DeviceActor:
         if self.ledger_error:
             raise LedgerLost(self.ledger_error)
         return out
+
+
+def refusal(shortfall: dict[str, Any]) -> str:
+    """The cause of a ``StageFailed`` for a load the ledger refused: the pool, its figures, who holds what."""
+    s = shortfall
+    who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
+    return (f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
+            f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})")
+
+
+class _NewProcessMeter(RssMeter):
+    """RSS of the processes started under ``root`` since ``before`` was taken (not
+    ``root`` itself): what one load's route worker holds while another load grows
+    the actor's own process."""
+
+    def __init__(self, root: int, before: set[int]) -> None:
+        super().__init__(root)
+        self.before = before
+
+    def current(self) -> int:
+        return sum(rss_of(p) for p in descendants(self.pids[0]) if p not in self.before)
 
 
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:

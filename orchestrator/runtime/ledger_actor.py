@@ -14,6 +14,13 @@ Protocol, per stage (the device actor drives it):
    measured peak (evidence M) next to the plan's budget.
 4. ``release(stage)`` when the stage closes or its device actor dies.
 
+To load several stages at once, the runtime asks ``admit_together(batch)``
+first: the longest prefix of the batch whose stages fit with every one of
+them at its own peak — load path or steady state, whichever is larger — at
+the same time, beside what is already held. Those are admitted (their real
+reservations held, as ``admit`` would) and may load in parallel; the device
+actors then skip step 1.
+
 The pipeline itself holds the plan's shared reservations (external reserve,
 safety margin) and Ray's measured memory under ``ledger.PIPELINE_HOLDER``.
 """
@@ -25,7 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from orchestrator.ledger import Admission, Ledger, Reservation
+from orchestrator.ledger import Admission, Ledger, Reservation, holder_peak
 
 
 class LedgerService:
@@ -58,6 +65,39 @@ class LedgerService:
         admission = self.ledger.admit(holder, rs)
         self._log("admit" if admission.ok else "refuse", holder, sum(r.bytes for r in rs))
         return _plain(admission)
+
+    def admit_together(self, batch: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+        """Admit the longest prefix of ``batch`` (``(holder, reservations)`` in load
+        order) whose holders may all load at once; one step, so nothing else is
+        admitted in between.
+
+        A prefix of two or more is checked with each holder at its own peak per
+        pool (``ledger.holder_peak``: its load path or its steady state, whichever
+        is larger) all at the same time — the ledger's usual rule assumes loads one
+        at a time and would let their transients overlap unseen. A prefix of one
+        is the usual ``admit``. Answers ``{"admitted": [holders], "shortfalls": [...]}``:
+        the shortfalls say why the first holder alone is refused (then nothing is
+        admitted), or why the next holder could not join the prefix."""
+        parsed = [(holder, [Reservation(**r) for r in rs]) for holder, rs in batch]
+        why_not: list[Any] = []
+        for n in range(len(parsed), 1, -1):
+            together = {h: _at_peak(rs) for h, rs in parsed[:n]}
+            shortfalls = self.ledger.check(together)
+            if shortfalls:
+                why_not = list(shortfalls)
+                continue
+            for holder, rs in parsed[:n]:
+                # at their peaks together they fit, so each fits the usual rule too
+                self.ledger.held.setdefault(holder, []).extend(rs)
+                self._log("admit", holder, sum(r.bytes for r in rs))
+            return {"admitted": [h for h, _ in parsed[:n]], "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"]}
+        if not parsed:
+            return {"admitted": [], "shortfalls": []}
+        holder, rs = parsed[0]
+        answer = self.admit(holder, [r.to_dict() for r in rs])
+        if not answer["ok"]:
+            return {"admitted": [], "shortfalls": answer["shortfalls"]}
+        return {"admitted": [holder], "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"]}
 
     def release(self, holder: str, lifetime: str | None = None) -> int:
         freed = self.ledger.release(holder, lifetime)  # type: ignore[arg-type]
@@ -100,6 +140,14 @@ class LedgerService:
 
 def _plain(admission: Admission) -> dict[str, Any]:
     return {"ok": admission.ok, "shortfalls": [{**asdict(s), "over_by": s.over_by} for s in admission.shortfalls]}
+
+
+def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
+    """One holder as one steady reservation per pool of its peak there (load path
+    or steady state, whichever is larger): how it weighs while loading beside others."""
+    pools = dict.fromkeys(r.pool for r in reservations)
+    return [Reservation(p, "peak_while_loading", holder_peak(reservations, p), "session", "E",
+                        "load path or steady state, whichever is larger") for p in pools]
 
 
 def create(pools: list[dict[str, Any]]) -> Any:

@@ -9,11 +9,13 @@
   (``cluster.device_resource``) and checked with ``ready()`` as soon as it is
   created; a device no node offers, or an actor that cannot start, is a
   ``StageFailed`` naming the first stage placed there.
-* **Loads go one at a time through the ledger actor** (admit → load →
-  release the load transient → report the measured peak). Ray's own memory is
-  measured before the first load and replaces the plan's estimate for it.
-  When a load fails, the runtime tears down what it started and raises
-  ``StageFailed``; the failed stage holds nothing in the ledger.
+* **Loads go through the ledger actor** (admit → load → release the load
+  transient → report the measured peak), in parallel where the ledger admits
+  them together, else one at a time (``startup``, which also creates every
+  actor at once). Ray's own memory is measured before the first load and
+  replaces the plan's estimate for it. When a load fails, the runtime tears
+  down what it started and raises ``StageFailed``; the failed stage holds
+  nothing in the ledger.
 * **Requests stream stage to stage.** Each stage's outputs come back as a Ray
   streaming generator (one item costs well under an actor call per item; figures
   in docs/benchmarks.md); text reaches the next stage as its kind's
@@ -47,7 +49,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,34 +57,21 @@ from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError, LedgerLost, PlanRefused, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
-from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
-from orchestrator.runtime import ledger_actor
+from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
+from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker, WholeText
 
 log = logging.getLogger(__name__)
 
-ACTOR_READY_TIMEOUT_S = 120.0
-"""A device actor's worker start plus its imports: seconds when warm, tens of
-seconds on a cold small machine; two minutes ends one that cannot start."""
-LOAD_TIMEOUT_S = 900.0
-"""One stage's load: a first GGUF conversion, a vLLM engine start, an EP compile
-(minutes on VitisAI/OpenVINO NPU first use); docs/benchmarks.md has figures."""
 CLOSE_TIMEOUT_S = 60.0
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
-@dataclass
-class _Device:
-    id: str
-    actor: Any
-    info: dict[str, Any]
-    stages: list[str] = field(default_factory=list)
-    dead: str | None = None
 
 
 class Runtime:
@@ -111,7 +99,7 @@ class Runtime:
         self.load_results: dict[str, dict[str, Any]] = {}
         self.ray_memory: dict[str, Any] = {}
         self.ledger_history: list[tuple[str, dict[str, Any]]] = []
-        self.startup: dict[str, float] = {}
+        self.startup: dict[str, Any] = {}
         self.final_ledger: dict[str, Any] | None = None
         self.ledger_pid = 0
         self.ledger_lost: str | None = None
@@ -163,100 +151,10 @@ class Runtime:
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         return env
 
-    def start(self) -> None:
-        """Start (or join) Ray, create the ledger and device actors, load every stage."""
-        import ray
-
-        t0 = time.perf_counter()
-        devices = list(dict.fromkeys(s.device or "?" for s in self.stages))
-        try:
-            self.cluster = cluster_mod.connect(devices, address=self.address, log_to_driver=self.log_to_driver)
-        except Exception as exc:
-            where = f"join the Ray cluster at {self.address}" if self.address else "start a local Ray cluster"
-            raise StageFailed(self.stages[0].name, devices[0], f"could not {where}: {_cause(exc)}") from None
-        self.startup["ray_init_s"] = round(self.cluster.started_s, 3)
-        try:
-            missing = self.cluster.missing(devices)
-            if missing:
-                d = missing[0]
-                res = cluster_mod.device_resource(d)
-                raise StageFailed(self._first_stage_on(d), d, (
-                    f"no node of the Ray cluster at {self.cluster.address} offers the resource {res!r} "
-                    f"that marks device {d}; start the node that has it with "
-                    f"`ray start --address ... --resources '{{\"{res}\": 1}}'`"))
-            self.ledger = ledger_actor.create([p.to_dict() for p in self.plan.pools])
-            self.ledger_pid = int(ray.get(self.ledger.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S))
-            shared = [r.to_dict() for r in self.plan.shared_reservations if r.purpose != "ray_runtime"]
-            self._admit_pipeline(shared)
-            t1 = time.perf_counter()
-            for d in devices:
-                self._start_device(d)
-            self.startup["actors_s"] = round(time.perf_counter() - t1, 3)
-            self._charge_ray()
-            for s in self.stages:
-                self._load(s)
-        except BaseException:
-            self.close()
-            raise
-        self.startup["start_s"] = round(time.perf_counter() - t0, 3)
-
-    def _first_stage_on(self, device: str) -> str:
-        return next(s.name for s in self.stages if s.device == device)
-
-    def _admit_pipeline(self, reservations: list[dict[str, Any]]) -> None:
-        import ray
-
-        admission = ray.get(self.ledger.admit.remote(PIPELINE_HOLDER, reservations))
-        if not admission["ok"]:
-            s = admission["shortfalls"][0]
-            raise StageFailed(PIPELINE_HOLDER, s["pool"], f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
-
-    def _start_device(self, device: str) -> None:
-        import ray
-
-        stage = self._first_stage_on(device)
-        actor = actor_class().options(
-            **ACTOR_OPTIONS,
-            resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
-            runtime_env={"env_vars": dict(self.actor_envs[device])},
-        ).remote(device, self.ledger)
-        try:
-            info = ray.get(actor.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S)
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-            raise StageFailed(stage, device, f"the device actor did not start: {_cause(exc)}") from None
-        self.devices[device] = _Device(device, actor, info, [s.name for s in self.stages if s.device == device])
-
-    def _charge_ray(self) -> None:
-        import ray
-
-        assert self.cluster is not None
-        pids = [d.info["pid"] for d in self.devices.values()] + ([self.ledger_pid] if self.ledger_pid else [])
-        self.ray_memory = cluster_mod.ray_memory(self.cluster, pids)
-        reservation = {"pool": HOST_RAM, "purpose": "ray_runtime", "bytes": int(self.ray_memory["bytes"]),
-                       "lifetime": "session", "evidence": "M", "note": self.ray_memory["measure"], "at_load": True}
-        if not any(p.id == HOST_RAM for p in self.plan.pools):
-            return
-        admission = ray.get(self.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
-        if not admission["ok"]:
-            s = admission["shortfalls"][0]
-            raise StageFailed(PIPELINE_HOLDER, HOST_RAM, f"Ray's measured memory ({reservation['bytes']} bytes) does not fit host_ram (over by {s['over_by']} bytes)")
-
-    def _load(self, s: StagePlan) -> None:
-        import ray
-
-        dev = self.devices[s.device or "?"]
-        self.ledger_history.append((f"before load {s.name}", ray.get(self.ledger.snapshot.remote())))
-        cfg = self.config.stage(s.name)
-        route = self.routes.get(s.route or "")
-        try:
-            result = ray.get(dev.actor.load_stage.remote(s.to_dict(), cfg, self.kinds[s.name], route), timeout=LOAD_TIMEOUT_S)
-        except BaseException as exc:
-            failure = self._map(exc, s.name, dev)
-            self.ledger_history.append((f"after failed load {s.name}", ray.get(self.ledger.snapshot.remote())))
-            raise failure from None
-        self.load_results[s.name] = result
+    def start(self, progress: startup_mod.ProgressCallback | None = None) -> None:
+        """Start (or join) Ray, create the ledger and device actors, load every stage
+        (``orchestrator.runtime.startup``: its guarantees, and ``progress``)."""
+        startup_mod.start(self, progress)
 
     # -- requests ------------------------------------------------------------------
     async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:

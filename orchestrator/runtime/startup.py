@@ -1,0 +1,293 @@
+"""Starting a pipeline: Ray, the ledger actor, the device actors, every stage loaded.
+
+:func:`start` is what ``Runtime.start`` does. It guarantees:
+
+* **Actors together.** The ledger actor and every device actor are created
+  at once and awaited together (``ready()``), so the start pays for the
+  slowest actor, not for their sum. A device no node offers, or an actor that
+  cannot start, is a ``StageFailed`` naming the first stage placed there (the
+  first such device in plan order); the other actors are stopped.
+* **Loads in waves the ledger decides.** Before loading, the runtime asks the
+  ledger actor to admit the not-yet-loaded stages together
+  (``LedgerService.admit_together``): the longest prefix, in graph order,
+  that fits with every stage at its own peak (load path included) at the
+  same time. Those load in parallel — in their device actors, several per
+  actor when they share a device — and the next wave starts when this one
+  has loaded. Where the ledger would not hold two loads at once, stages load
+  one at a time in graph order, as each one alone is admitted.
+* **A failed load** fails the start with ``StageFailed`` naming the stage (the
+  first failed one in graph order); the other loads of its wave are awaited
+  (a vLLM engine start cannot be cut short) and closed, so the ledger
+  snapshot after the failure (``ledger_history``: ``after failed load X``) is
+  as it was before the wave (``before load X``) — the failed stage holds
+  nothing — and then everything that started is torn down.
+* **Ray's measured memory** replaces the plan's estimate before any stage
+  loads (evidence E → M).
+* **Progress through a callback** (``progress``): one :class:`StageProgress`
+  per change of a stage — ``waiting`` for all before Ray starts, ``loading``
+  when its load is sent, then ``loaded`` or ``failed`` — called on the
+  thread that called ``start``. Drawing it is the caller's business.
+* **Timings** in ``runtime.startup``: ``ray_init_s``, ``actors_s``,
+  ``loads_s`` (the loading phase), ``start_s``, ``stage_load_s`` (per stage:
+  seconds from its load being sent to its answer), ``load_waves`` (the stages
+  of each wave) and ``loads_parallel`` (whether any wave held two or more).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from orchestrator.errors import StageFailed
+from orchestrator.ledger import PIPELINE_HOLDER
+from orchestrator.profile import HOST_RAM
+from orchestrator.runtime import cluster as cluster_mod
+from orchestrator.runtime import ledger_actor
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+
+ACTOR_READY_TIMEOUT_S = 120.0
+"""A device actor's worker start plus its imports: seconds when warm, tens of
+seconds on a cold small machine; two minutes ends one that cannot start."""
+LOAD_TIMEOUT_S = 900.0
+"""One stage's load: a first GGUF conversion, a vLLM engine start, an EP compile
+(minutes on VitisAI/OpenVINO NPU first use); docs/benchmarks.md has figures."""
+PARALLEL_LOADS = True
+"""Load what the ledger admits together in parallel. ``bench/startup.py`` sets it
+to False to time the same start with every stage loaded one after another."""
+
+State = Literal["waiting", "loading", "loaded", "failed"]
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    """One stage's state while the pipeline starts."""
+
+    stage: str
+    device: str
+    state: State
+    seconds: float | None = None
+    """For ``loaded`` and ``failed``: seconds since the load was sent."""
+    cause: str | None = None
+    """For ``failed``: why."""
+
+
+ProgressCallback = Callable[[StageProgress], None]
+
+
+@dataclass
+class Device:
+    """A started device actor and the stages placed on it."""
+
+    id: str
+    actor: Any
+    info: dict[str, Any]
+    stages: list[str] = field(default_factory=list)
+    dead: str | None = None
+
+
+def start(rt: Any, progress: ProgressCallback | None = None) -> None:
+    """Start ``rt`` (a ``Runtime``): see the module docstring. On any failure,
+    ``rt.close()`` tears down what started before the error is raised."""
+    tell = progress or (lambda _event: None)
+    for s in rt.stages:
+        tell(StageProgress(s.name, s.device or "?", "waiting"))
+    t0 = time.perf_counter()
+    devices = list(dict.fromkeys(s.device or "?" for s in rt.stages))
+    try:
+        rt.cluster = cluster_mod.connect(devices, address=rt.address, log_to_driver=rt.log_to_driver)
+    except Exception as exc:
+        where = f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
+        raise StageFailed(rt.stages[0].name, devices[0], f"could not {where}: {cause(exc)}") from None
+    rt.startup["ray_init_s"] = round(rt.cluster.started_s, 3)
+    try:
+        _check_resources(rt, devices)
+        t1 = time.perf_counter()
+        rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools])
+        pending = {d: _create_actor(rt, d) for d in devices}  # they start while the ledger answers
+        _admit_pipeline(rt)
+        _await_actors(rt, pending)
+        rt.startup["actors_s"] = round(time.perf_counter() - t1, 3)
+        _charge_ray(rt)
+        t2 = time.perf_counter()
+        _load_all(rt, tell)
+        rt.startup["loads_s"] = round(time.perf_counter() - t2, 3)
+    except BaseException:
+        rt.close()
+        raise
+    rt.startup["start_s"] = round(time.perf_counter() - t0, 3)
+
+
+def first_stage_on(rt: Any, device: str) -> str:
+    return next(s.name for s in rt.stages if (s.device or "?") == device)
+
+
+def _check_resources(rt: Any, devices: list[str]) -> None:
+    missing = rt.cluster.missing(devices)
+    if missing:
+        d = missing[0]
+        res = cluster_mod.device_resource(d)
+        raise StageFailed(first_stage_on(rt, d), d, (
+            f"no node of the Ray cluster at {rt.cluster.address} offers the resource {res!r} "
+            f"that marks device {d}; start the node that has it with "
+            f"`ray start --address ... --resources '{{\"{res}\": 1}}'`"))
+
+
+def _admit_pipeline(rt: Any) -> None:
+    """The ledger actor up, and the pipeline's own reservations (not Ray's: measured later) held."""
+    import ray
+
+    rt.ledger_pid = int(ray.get(rt.ledger.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S))
+    shared = [r.to_dict() for r in rt.plan.shared_reservations if r.purpose != "ray_runtime"]
+    admission = ray.get(rt.ledger.admit.remote(PIPELINE_HOLDER, shared))
+    if not admission["ok"]:
+        s = admission["shortfalls"][0]
+        raise StageFailed(PIPELINE_HOLDER, s["pool"],
+                          f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
+
+
+def _create_actor(rt: Any, device: str) -> tuple[Any, Any]:
+    """Create ``device``'s actor (not awaited); returns it and its ``ready()`` reference."""
+    actor = actor_class().options(
+        **ACTOR_OPTIONS,
+        resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
+        runtime_env={"env_vars": dict(rt.actor_envs[device])},
+    ).remote(device, rt.ledger)
+    return actor, actor.ready.remote()
+
+
+def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
+    """Every actor's ``ready()`` within one deadline; the ones that answered join
+    ``rt.devices`` (so a failure closes them), the first one that did not, in
+    plan order, is the ``StageFailed``."""
+    import ray
+
+    deadline = time.monotonic() + ACTOR_READY_TIMEOUT_S
+    failures: dict[str, str] = {}
+    for device, (actor, ready) in pending.items():
+        try:
+            info = ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
+        except Exception as exc:
+            failures[device] = cause(exc)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+            continue
+        rt.devices[device] = Device(device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device])
+    if failures:
+        device, why = next(iter(failures.items()))
+        raise StageFailed(first_stage_on(rt, device), device, f"the device actor did not start: {why}")
+
+
+def _charge_ray(rt: Any) -> None:
+    """Ray's memory, measured now (before any stage loads), replaces its estimate."""
+    import ray
+
+    pids = [d.info["pid"] for d in rt.devices.values()] + ([rt.ledger_pid] if rt.ledger_pid else [])
+    rt.ray_memory = cluster_mod.ray_memory(rt.cluster, pids)
+    reservation = {"pool": HOST_RAM, "purpose": "ray_runtime", "bytes": int(rt.ray_memory["bytes"]),
+                   "lifetime": "session", "evidence": "M", "note": rt.ray_memory["measure"], "at_load": True}
+    if not any(p.id == HOST_RAM for p in rt.plan.pools):
+        return
+    admission = ray.get(rt.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
+    if not admission["ok"]:
+        s = admission["shortfalls"][0]
+        raise StageFailed(PIPELINE_HOLDER, HOST_RAM, f"Ray's measured memory ({reservation['bytes']} bytes) "
+                          f"does not fit host_ram (over by {s['over_by']} bytes)")
+
+
+def _load_all(rt: Any, tell: ProgressCallback) -> None:
+    """Every stage loaded, wave by wave, as the ledger admits them together."""
+    import ray
+
+    remaining: list[StagePlan] = list(rt.stages)
+    rt.startup["stage_load_s"], rt.startup["load_waves"] = {}, []
+    while remaining:
+        batch = remaining if PARALLEL_LOADS else remaining[:1]
+        snapshot = ray.get(rt.ledger.snapshot.remote())
+        answer = ray.get(rt.ledger.admit_together.remote([(s.name, [r.to_dict() for r in s.reservations])
+                                                          for s in batch]))
+        wave = remaining[:len(answer["admitted"])]
+        for s in wave or remaining[:1]:
+            rt.ledger_history.append((f"before load {s.name}", snapshot))
+        if not wave:
+            s = remaining[0]
+            failure = StageFailed(s.name, s.device or "?", refusal(answer["shortfalls"][0]))
+            tell(StageProgress(s.name, s.device or "?", "failed", 0.0, failure.cause))
+            rt.ledger_history.append((f"after failed load {s.name}", ray.get(rt.ledger.snapshot.remote())))
+            raise failure
+        rt.startup["load_waves"].append([s.name for s in wave])
+        _load_wave(rt, wave, tell)
+        remaining = remaining[len(wave):]
+    rt.startup["loads_parallel"] = any(len(w) > 1 for w in rt.startup["load_waves"])
+
+
+def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
+    """Load ``wave`` (admitted together) in parallel; every load is awaited, and
+    when one failed, the others are closed before the failure is raised."""
+    import ray
+
+    sent = time.perf_counter()
+    refs: dict[Any, StagePlan] = {}
+    for s in wave:
+        dev = rt.devices[s.device or "?"]
+        ref = dev.actor.load_stage.remote(s.to_dict(), rt.config.stage(s.name), rt.kinds[s.name],
+                                          rt.routes.get(s.route or ""), admitted=True)
+        refs[ref] = s
+        tell(StageProgress(s.name, dev.id, "loading"))
+    failures: dict[str, BaseException] = {}
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    waiting = list(refs)
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            for ref in waiting:
+                s = refs[ref]
+                failures[s.name] = StageFailed(s.name, s.device or "?", f"no answer in time: the load took "
+                                               f"more than {LOAD_TIMEOUT_S:.0f} s")
+                tell(StageProgress(s.name, s.device or "?", "failed", time.perf_counter() - sent,
+                                   failures[s.name].cause))  # type: ignore[attr-defined]
+            break
+        s = refs[done[0]]
+        dev = rt.devices[s.device or "?"]
+        seconds = round(time.perf_counter() - sent, 3)
+        rt.startup["stage_load_s"][s.name] = seconds
+        try:
+            rt.load_results[s.name] = ray.get(done[0])
+        except BaseException as exc:
+            failures[s.name] = failure = rt._map(exc, s.name, dev)
+            tell(StageProgress(s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))))
+            continue
+        tell(StageProgress(s.name, dev.id, "loaded", seconds))
+    if failures:
+        _undo_wave(rt, wave, failures)
+
+
+def _undo_wave(rt: Any, wave: list[StagePlan], failures: dict[str, BaseException]) -> None:
+    """Close the wave's loaded stages (the ledger as before the wave), note the
+    ledger after each failure, raise the first failure in graph order."""
+    import ray
+
+    for s in wave:
+        dev = rt.devices[s.device or "?"]
+        if s.name in rt.load_results and not dev.dead:
+            with contextlib.suppress(Exception):
+                ray.get(dev.actor.close_stage.remote(s.name), timeout=ACTOR_READY_TIMEOUT_S)
+            rt.load_results.pop(s.name, None)
+    after = ray.get(rt.ledger.snapshot.remote())
+    for s in wave:
+        if s.name in failures:
+            rt.ledger_history.append((f"after failed load {s.name}", after))
+    first = next(s.name for s in wave if s.name in failures)
+    raise failures[first] from None
+
+
+def cause(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    head = next((line for line in text if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {head[:300]}"
