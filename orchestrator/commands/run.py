@@ -1,9 +1,18 @@
 """``omni-edge run CONFIG --prompt ... --out reply.wav``: plan, start, stream one request.
 
 Prints the plan summary, streams the reply text as it is generated, writes
-the audio (16-bit PCM WAV at the voice's sample rate), writes the run record,
-and ends with a per-stage table: device, backend, time to first output,
-throughput, budgeted vs measured peak and their ratio.
+the audio as it is generated (16-bit PCM WAV at the voice's sample rate: a
+valid WAV under a temporary name after every chunk, renamed to ``--out`` when
+the request is done; nothing at ``--out`` after a failure or a signal), writes
+the run record, and ends with a per-stage table: device, backend, time to
+first output, throughput, budgeted vs measured peak and their ratio.
+
+``--prompt -`` reads the prompt from stdin. ``--system`` replaces the decode
+stage's system prompt for this request; ``--temperature`` and ``--max-tokens``
+override its sampling. They are checked against the config (the stage's
+sampling ranges, ``max_tokens`` below ``max_model_len``) before anything is
+planned or started; the request then goes to the stage as
+``{"messages": [...], "sampling": {...}}``.
 
 Exit codes: 0 done, 2 bad input, 3 plan refused (the refusals are printed),
 4 a stage failed (stage, device and cause are printed); 130, 143, 129 for
@@ -31,15 +40,18 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrator.api import Pipeline
+    from orchestrator.config import PipelineConfig
     from orchestrator.plan import PipelinePlan
-    from orchestrator.runtime.events import Result
+    from orchestrator.runtime.audio import WavStreamWriter
+    from orchestrator.runtime.events import AudioChunk, Result
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_pipeline_inputs
 
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
-    p.add_argument("--prompt", required=True, help="the request: what to say to the pipeline")
+    p.add_argument("--prompt", required=True, help="the request: what to say to the pipeline ('-': read it from stdin)")
+    add_request_options(p)
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
     p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
     p.add_argument("--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)")
@@ -47,6 +59,80 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
     p.add_argument("--skip-verify", action="store_true",
                    help="run exported placements that have no gate evidence yet (default: run `verify` for them first)")
+
+
+def add_request_options(p: argparse.ArgumentParser) -> None:
+    """--system, --temperature, --max-tokens: what ``run`` and ``chat`` take for a request."""
+    p.add_argument("--system", metavar="TEXT", help="system prompt for this request (replaces the config's)")
+    p.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="most tokens in the reply")
+
+
+SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
+
+
+def sampling_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling overrides the user gave (none: the config's own)."""
+    return {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
+
+
+def read_prompt(value: str, stdin: TextIO | None = None) -> str:
+    """``--prompt``'s text; ``-`` reads stdin whole (``ConfigError`` when it is empty)."""
+    from orchestrator.errors import ConfigError
+
+    if value != "-":
+        return value
+    text = (stdin or sys.stdin).read()
+    if not text.strip():
+        raise ConfigError.single("--prompt -", "stdin was empty: there is no prompt",
+                                 "pipe the prompt in, e.g. echo 'Tell me one fact about the Moon.' | "
+                                 "omni-edge run CONFIG --prompt -")
+    return text.strip()
+
+
+def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str = "CONFIG") -> None:
+    """The sampling overrides against the config, before anything is planned or
+    started: every stage that takes the request must have sampling settings, the
+    values in their ranges, and ``max_tokens`` below the stage's ``max_model_len``
+    (the prompt needs room too). ``ConfigError`` naming the flag (exit 2)."""
+    from pydantic import ValidationError
+
+    from orchestrator.errors import ConfigError, Problem
+    from stages.base import REQUEST
+
+    problems: list[Problem] = []
+    for stage in (s for s in config.stages if s.inputs[0] == REQUEST):
+        base = getattr(stage, "sampling", None)
+        if base is None:
+            problems += [Problem(SAMPLING_FLAGS[k], f"stage {stage.name!r} (kind {stage.kind}) takes no sampling "
+                                 "settings", "leave it out for this pipeline") for k in sampling]
+            continue
+        try:
+            type(base)(**{**base.model_dump(), **sampling})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = str(err.get("loc", ("",))[0])
+            flag = SAMPLING_FLAGS.get(key, f"sampling.{key}")
+            problems.append(Problem(flag, f"{sampling.get(key, getattr(base, key, '?'))!r} for stage {stage.name!r}: "
+                                    f"{err.get('msg')}", f"pick a value in the range of {where}'s stage sampling"))
+            continue
+        limit = getattr(stage, "max_model_len", None)
+        wanted = sampling.get("max_tokens")
+        if limit and wanted is not None and wanted >= limit:
+            problems.append(Problem("--max-tokens", f"{wanted} is not below stage {stage.name!r}'s max_model_len of "
+                                    f"{limit} tokens in {where} (the prompt needs room too)",
+                                    f"use at most {limit - 1}, or raise max_model_len in {where}"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def request_of(messages: list[dict[str, str]], system: str | None, sampling: dict[str, Any]) -> dict[str, Any]:
+    """The decode stage's request: ``{"messages": [...], "sampling": {...}}`` with
+    ``system`` (when given) as the first message, replacing the config's."""
+    request: dict[str, Any] = {"messages": ([{"role": "system", "content": system}] if system else []) + messages}
+    if sampling:
+        request["sampling"] = sampling
+    return request
 
 
 class Interrupted(KeyboardInterrupt):
@@ -120,7 +206,13 @@ def _run(args: argparse.Namespace) -> int:
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
     check_outputs(args)
+    prompt = read_prompt(args.prompt)
     config = load_config(args.config)
+    sampling = sampling_of(args)
+    check_sampling(config, sampling, where=args.config)
+    # Without --system or sampling the prompt goes as it is (any first stage takes text).
+    request: Any = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
+        if args.system or sampling else prompt
     profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask, profile)
     plan = plan_pipeline(config, profile, mask=mask)
@@ -153,11 +245,12 @@ def _run(args: argparse.Namespace) -> int:
     # The request is checked before anything starts (BadRequest, exit 2, nothing
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
-    pipeline.validate(args.prompt)
+    pipeline.validate(request)
     pipeline.prepare(progress=True)
-    pipeline.validate(args.prompt)
+    pipeline.validate(request)
     result: Result | None = None
     wav = None
+    wav_out = WavOut(args.out) if args.out else None
     failure: BaseException | None = None
     measured: dict[str, Any] = {}
     kept: list[tuple[str, str, str]] = []
@@ -166,12 +259,12 @@ def _run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
-        result = asyncio.run(_stream(pipeline, args.prompt, console))
-        if args.out:
+        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out))
+        if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
             else:
-                wav = _write_wav_or_keep(args.out, result, kept)
+                wav = wav_out.finish(result, kept)
         measured = pipeline.runtime.measure()
     except (Exception, KeyboardInterrupt) as exc:
         failure = exc
@@ -180,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
         if exc.code != signal.SIGTERM:
             raise
         failure = Interrupted(signal.SIGTERM)
+    if failure is not None and wav_out is not None:
+        wav_out.discard()  # nothing half-written at --out
     # The record is written whatever happened, after close: its ledger is the
     # one left behind (a leak shows), and a failure is in it.
     try:
@@ -240,19 +335,53 @@ def _fallback(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / name
 
 
-def _write_wav_or_keep(target: str, result: Result, kept: list[tuple[str, str, str]]) -> Path:
-    """Write the WAV where asked; when that fails at the end (the directory went
-    away, the disk filled), keep it in the temp dir and note where."""
-    from orchestrator.runtime.audio import write_wav
+class WavOut:
+    """The reply's audio written to ``target`` as it is generated (``WavStreamWriter``:
+    a valid WAV under a temporary name after every chunk, renamed on ``finish``).
 
-    assert result.audio is not None and result.sample_rate
-    try:
-        return write_wav(target, result.audio, result.sample_rate)
-    except OSError as exc:
+    Chunks at another sample rate than the first are left out, as ``Result.audio``
+    leaves them. A write that fails (the directory went away, the disk filled)
+    stops the streaming; ``finish`` then writes the whole audio to the temp dir and
+    notes where in ``kept``. ``discard`` (a failure, a signal) removes the
+    temporary file: nothing is left at ``target``."""
+
+    def __init__(self, target: str | Path) -> None:
+        self.target = target
+        self.writer: WavStreamWriter | None = None
+        self.error: OSError | None = None
+
+    def add(self, chunk: AudioChunk) -> None:
+        from orchestrator.runtime.audio import WavStreamWriter
+
+        if self.error is not None or (self.writer is not None and chunk.sample_rate != self.writer.sample_rate):
+            return
+        try:
+            if self.writer is None:
+                self.writer = WavStreamWriter(self.target, chunk.sample_rate)
+            self.writer.write(chunk.audio)
+        except OSError as exc:
+            self.error = exc
+            self.discard()
+
+    def finish(self, result: Result, kept: list[tuple[str, str, str]]) -> Path:
+        from orchestrator.runtime.audio import write_wav
+
+        assert result.audio is not None and result.sample_rate
+        if self.error is None and self.writer is not None:
+            try:
+                return self.writer.close()
+            except OSError as exc:
+                self.error = exc
+                self.discard()
         spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
-        kept.append((f"--out {target}", f"could not be written at the end ({exc.strerror or exc}); "
+        reason = self.error.strerror or self.error if self.error is not None else "no audio reached it"
+        kept.append((f"--out {self.target}", f"could not be written ({reason}); "
                      f"the audio is kept in {spare}", "copy it from there; the record names it too"))
         return spare
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            self.writer.discard()
 
 
 def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: str, kept: list[tuple[str, str, str]]) -> Path:
@@ -267,8 +396,11 @@ def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: s
         return spare
 
 
-async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:
-    from orchestrator.runtime.events import TextDelta, collect
+async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: Console,
+                       wav_out: WavOut | None = None) -> Result:
+    """Send ``request``; write the reply's text to the console as it is generated
+    (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``."""
+    from orchestrator.runtime.events import AudioChunk, TextDelta, collect
 
     events = []
     t0 = time.perf_counter()
@@ -278,11 +410,13 @@ async def _stream(pipeline: Pipeline, prompt: str, console: Console) -> Result:
     # is written verbatim (a reader or viewer wraps it as it likes, and grep
     # finds the reply as generated).
     text: WordWrap | TextIO = WordWrap(out, console.width) if console.is_terminal else out
-    async for event in pipeline.stream(prompt):
+    async for event in pipeline.stream(request):
         events.append(event)
         if isinstance(event, TextDelta):
             text.write(event.text)
             text.flush()
+        elif isinstance(event, AudioChunk) and wav_out is not None:
+            wav_out.add(event)
     if isinstance(text, WordWrap):
         text.close()
     out.write("\n\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -99,3 +100,54 @@ def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
         assert doc["wav"] is None and not wav.exists() and "nothing written to --out" in proc.stderr
     assert "plan: pipeline 'voice-assistant'" in proc.stderr and "budget/measured" in proc.stderr
     assert {r["stage"] for r in doc["stages"]} == {"thinker", "voice"}
+
+
+@pytest.mark.ray
+def test_the_prompt_from_stdin_with_a_system_prompt_goes_as_messages(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, prof = write(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("piped words\n"))
+    rec = tmp_path / "record.json"
+    rc = main(["run", str(cfg), "--prompt", "-", "--system", "Answer in one word.", "--profile", str(prof),
+               "--record", str(rec)])
+    assert rc == 0
+    # the echo thinker answers the last user message of a {"messages": [...]} request
+    assert "You said piped words. First sentence is here." in capsys.readouterr().out
+    assert json.loads(rec.read_text())["requests"][0]["prompt"] == "piped words"
+
+
+def test_an_empty_stdin_is_bad_input_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, prof = write(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(" \n"))
+    rc = main(["run", str(cfg), "--prompt", "-", "--profile", str(prof)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--prompt -" in err and "stdin was empty" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "where", "what"), [
+    (["--max-tokens", "5000"], "--max-tokens", "max_model_len of 2048"),
+    (["--max-tokens", "0"], "--max-tokens", "greater than or equal to 1"),
+    (["--temperature", "-1"], "--temperature", "greater than or equal to 0"),
+])
+def test_sampling_beyond_the_configs_limits_is_refused_before_planning(
+    flags: list[str], where: str, what: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestrator.planner as planner
+
+    monkeypatch.setattr(planner, "plan_pipeline", lambda *a, **k: pytest.fail("planned despite bad sampling"))
+    rc = main(["run", str(REPO / "configs/voice-assistant.yaml"), "--prompt", "hi", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert where in err and what in err and "Traceback" not in err
+
+
+def test_sampling_for_a_stage_without_sampling_settings_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prof = write(tmp_path)
+    rc = main(["run", str(cfg), "--prompt", "hi", "--temperature", "0.2", "--profile", str(prof)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--temperature" in err and "stage 'thinker' (kind echo) takes no sampling settings" in err

@@ -130,18 +130,15 @@ def test_out_and_record_paths_that_cannot_be_written_are_refused_before_any_work
 
 
 @pytest.mark.ray
-def test_audio_that_cannot_be_written_at_the_end_is_kept_and_named(
+def test_audio_that_cannot_be_written_is_kept_and_named(
     ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "reply.wav"
-    real = audio_mod.write_wav
 
-    def disk_full_at_target(path: Any, audio: Any, rate: int) -> Path:
-        if Path(path) == target:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, audio, rate)
+    def disk_full(self: Any, audio: Any) -> None:  # the disk fills while the reply is written
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(audio_mod, "write_wav", disk_full_at_target)
+    monkeypatch.setattr(audio_mod.WavStreamWriter, "write", disk_full)
     cfg, prof = write(tmp_path)
     rec = tmp_path / "record.json"
     rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--out", str(target), "--record", str(rec)])
@@ -150,6 +147,7 @@ def test_audio_that_cannot_be_written_at_the_end_is_kept_and_named(
     assert f"--out {target}" in err and "No space left on device" in err and "the audio is kept in" in err
     kept = Path(err.split("the audio is kept in ")[1].split()[0])
     assert kept.exists() and audio_mod.read_wav(kept)[0].size > 0
+    assert not target.exists() and list(tmp_path.glob("*.partial")) == []
     doc = json.loads(rec.read_text())
     assert doc["output"]["wav"] == str(kept)
 
@@ -169,3 +167,23 @@ def test_a_signal_before_the_pipeline_starts_exits_128_plus_n_in_one_line(
     assert rc == 143
     assert "interrupted by SIGTERM before the pipeline started" in err and "Traceback" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.ray
+def test_a_signal_while_the_wav_is_being_written_leaves_nothing_at_out(tmp_path: Path) -> None:
+    """The WAV grows under a temporary name while the reply is spoken; a SIGTERM
+    then removes it: no half-written file at --out, no temporary file left."""
+    cfg, prof = write(tmp_path, thinker=", delay_s: 0.5")
+    wav = tmp_path / "reply.wav"
+    partial = tmp_path / ".reply.wav.partial"
+    p, lines, _ = _run_until_text(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--out", str(wav),
+                                   "--record", str(tmp_path / "record.json")])
+    deadline = time.monotonic() + 60
+    while not partial.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert partial.exists(), "the first sentence's audio is written while the reply goes on"
+    assert audio_mod.read_wav(partial)[0].size > 0  # a valid WAV already
+    p.send_signal(signal.SIGTERM)
+    rest, _ = p.communicate(timeout=90)
+    assert p.returncode == 128 + signal.SIGTERM, "".join(lines) + rest
+    assert not wav.exists() and not partial.exists()
