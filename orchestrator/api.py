@@ -64,6 +64,7 @@ from orchestrator.probe import resolve_profile
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
+from orchestrator.runtime.startup import StageProgress
 from orchestrator.verify.run import verify_pipeline
 from stages.registry import get_kind
 
@@ -188,9 +189,18 @@ class Pipeline:
         return self
 
     def start(self, *, progress: bool = False) -> Pipeline:
-        """Prepare weights (progress bar when ``progress``), then start the runtime."""
+        """Prepare weights, then start the runtime. With ``progress``, both are shown
+        on stderr: the weights' progress bars, then each stage's state while it
+        starts (waiting, loading on its device, loaded in N s, failed) — drawn live
+        on a terminal, one plain line per change otherwise."""
         self.prepare(progress=progress)
-        self.runtime.start()
+        display = _StartDisplay(self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]) \
+            if progress else None
+        try:
+            self.runtime.start(progress=display)
+        finally:
+            if display is not None:
+                display.close()
         return self
 
     def validate(self, prompt: Any) -> None:
@@ -359,6 +369,70 @@ def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
         if bars is not None:
             bars.close()
     return out
+
+
+_START_MARKS = {"waiting": "·", "loading": "…", "loaded": "✓", "failed": "✗"}
+
+
+class _StartDisplay:
+    """The runtime's start-up progress (``StageProgress``) for a person, on stderr:
+    a live table of the stages on a terminal (80 columns), else one plain line per
+    stage that starts loading, loads or fails."""
+
+    def __init__(self, pipeline: str, stages: list[tuple[str, str]]) -> None:
+        self._console = make_console(stderr=True)
+        self._pipeline = pipeline
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._rows: dict[str, dict[str, Any]] = {n: {"device": d, "state": "waiting", "since": None, "seconds": None,
+                                                     "cause": None} for n, d in stages}
+        self._live: Any = None
+        if self._console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(get_renderable=self._render, console=self._console, refresh_per_second=4,
+                              transient=False)
+            self._live.start()
+
+    def __call__(self, event: StageProgress) -> None:
+        with self._lock:
+            row = self._rows.setdefault(event.stage, {"device": event.device, "since": None, "cause": None})
+            row.update(state=event.state, seconds=event.seconds, cause=event.cause, device=event.device)
+            if event.state == "loading":
+                row["since"] = time.perf_counter()
+        if self._live is None and event.state != "waiting":
+            self._console.print(self._line(event.stage, row), markup=False, soft_wrap=False)
+
+    def _line(self, name: str, row: dict[str, Any]) -> str:
+        state, device = row["state"], row["device"]
+        if state == "loading":
+            since = row["since"] or time.perf_counter()
+            text = f"loading on {device}" + (f"  {time.perf_counter() - since:.0f} s" if self._live else "")
+        elif state == "loaded":
+            text = f"loaded on {device} in {row['seconds']:.1f} s"
+        elif state == "failed":
+            text = f"failed on {device}: {row['cause']}"
+        else:
+            text = f"waiting (on {device})"
+        line = f"{_START_MARKS.get(state, ' ')} {name}: {text}"
+        width = self._console.width
+        return line if len(line) <= width else line[:width - 1] + "…"
+
+    def _render(self) -> Any:
+        from rich.text import Text
+
+        with self._lock:
+            lines = [self._line(n, row) for n, row in self._rows.items()]
+        states = {row["state"] for row in self._rows.values()}
+        phase = ("Ray and the device actors" if states == {"waiting"} else
+                 "loading stages" if states & {"waiting", "loading"} else "every stage loaded")
+        head = f"starting {self._pipeline}: {phase}  {time.perf_counter() - self._t0:.0f} s"
+        return Text("\n".join([head, *("  " + line for line in lines)]))
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
 
 class _ProgressBars:

@@ -74,7 +74,7 @@ def _start(plan: PipelinePlan, config: Any) -> tuple[Runtime, list[StageProgress
 
 def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(ray_cluster: Any, tmp_path: Path) -> None:
     plan, config = echo_pipeline(tmp_path, thinker={"load_s": 0.3}, voice={"load_s": 0.3}, voice_device="igpu:0")
-    rt, seen = _start(_with_transients(plan, 1 * GiB), config)  # 2 GiB at once, in 8 GiB
+    rt, _ = _start(_with_transients(plan, 1 * GiB), config)  # 2 GiB at once, in 8 GiB
     try:
         assert rt.startup["load_waves"] == [["thinker", "voice"]]
         assert rt.startup["loads_parallel"] is True
@@ -83,7 +83,7 @@ def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(ray_cluster
         before = dict(rt.ledger_history)
         assert before["before load thinker"] is before["before load voice"]
         assert set(before["before load voice"]["holders"]) == {PIPELINE_HOLDER}
-        assert {h for h in rt.ledger_snapshot()["holders"]} == {PIPELINE_HOLDER, "thinker", "voice"}
+        assert set(rt.ledger_snapshot()["holders"]) == {PIPELINE_HOLDER, "thinker", "voice"}
     finally:
         rt.close()
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
@@ -152,3 +152,27 @@ def test_the_progress_callback_sees_every_stage_waiting_loading_then_loaded(ray_
         assert [p.state for p in mine] == ["waiting", "loading", "loaded"]
         assert all(p.device == device for p in mine)
         assert mine[-1].seconds is not None and mine[-1].seconds >= 0
+
+
+def test_pipeline_start_with_progress_prints_one_plain_line_per_change_off_a_terminal(
+        ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.api import Pipeline
+
+    plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
+    with Pipeline(plan, config, record=None).start(progress=True):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert "… thinker: loading on cpu" in lines and "… voice: loading on igpu:0" in lines
+    loaded = [line for line in lines if ": loaded on " in line]
+    assert len(loaded) == 2 and all(line.endswith(" s") and len(line) <= 80 for line in loaded)
+    assert not any("waiting" in line for line in lines)
+
+
+def test_pipeline_start_without_progress_prints_nothing(
+        ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.api import Pipeline
+
+    plan, config = echo_pipeline(tmp_path)
+    with Pipeline(plan, config, record=None).start():
+        pass
+    assert capsys.readouterr().err == ""
