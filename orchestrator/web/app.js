@@ -377,12 +377,22 @@ function renderRecent(recent, stageNames) {
   }));
 }
 
+/** The admission queue, where the server reports it: requests running, waiting, and the bounds. */
+function renderQueue(queue) {
+  const line = $("queue");
+  line.hidden = !queue;
+  if (!queue) return;
+  const bound = queue.max_waiting === null || queue.max_waiting === undefined ? "" : ` (at most ${queue.max_waiting})`;
+  line.textContent = `Requests: ${queue.in_flight} running of ${queue.limit} slots · ${queue.waiting} waiting${bound}`;
+}
+
 function renderStatus() {
   const s = page.status;
   if (!s) return;
   $("pipeline-name").textContent = s.pipeline || "";
   document.title = s.pipeline ? `${s.pipeline} · omni-edge` : "omni-edge";
   renderStages(s.stages || []);
+  renderQueue(s.queue);
   renderPools(s.pools);
   renderRecent(s.recent, (s.stages || []).map((st) => st.name));
   const down = (s.stages || []).filter((st) => st.alive === false).map((st) => `${st.name} on ${st.device}`);

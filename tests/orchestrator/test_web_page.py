@@ -131,6 +131,7 @@ STATUS = {
         {"id": "igpu:0", "capacity_bytes": 8 << 30, "budget_bytes": 1 << 30, "reserved_bytes": 1 << 30,
          "measured_peak_bytes": None},
     ],
+    "queue": {"in_flight": 1, "waiting": 0, "limit": 2, "max_waiting": 8},
     "recent": [
         {"request_id": "abc123def456", "time_to_first_token_s": 0.12, "time_to_first_audio_s": 0.61,
          "total_s": 2.4, "stages": {"thinker": {"time_to_first_output_s": 0.12, "done_s": 1.9},
@@ -247,6 +248,7 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
     assert bars["host_ram"]["peak"] == pytest.approx(0.125, abs=0.02)
     assert bars["igpu:0"]["peak"] is None  # no measured peak yet: no marker
     assert page.locator("#recent tbody tr").count() == 1
+    assert page.locator("#queue").inner_text() == "Requests: 1 running of 2 slots · 0 waiting (at most 8)"
     OUTPUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUTPUT / "page-contract.png"), full_page=True)
 
