@@ -159,15 +159,22 @@ def _contract_app(requests: list[dict[str, Any]]) -> Any:
                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
             return f"data: {json.dumps(doc)}\n\n"
 
+        spoken = SPOKEN * (20 if "slowly" in json.dumps(requests[-1]) else 1)
+
         async def events() -> AsyncIterator[str]:
-            yield chunk({"role": "assistant"})
-            for text, seconds in SPOKEN:
-                await asyncio.sleep(0.05)
-                if text:
-                    yield chunk({"audio": {"id": "audio_1", "transcript": text}})
-                yield chunk({"audio": {"id": "audio_1", "data": _pcm16(seconds)}})
-            yield chunk({}, "stop")
-            yield "data: [DONE]\n\n"
+            finished = False
+            try:
+                yield chunk({"role": "assistant"})
+                for text, seconds in spoken:
+                    await asyncio.sleep(0.05 if len(spoken) == len(SPOKEN) else 0.3)
+                    if text:
+                        yield chunk({"audio": {"id": "audio_1", "transcript": text}})
+                    yield chunk({"audio": {"id": "audio_1", "data": _pcm16(seconds)}})
+                yield chunk({}, "stop")
+                yield "data: [DONE]\n\n"
+                finished = True
+            finally:
+                requests[-1]["finished"] = finished
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -348,4 +355,24 @@ def test_a_person_asks_the_served_voice_assistant_and_hears_the_reply(browser: A
     assert bars and set(bars) == {p["id"] for p in status["pools"]}, (bars, f"screenshot: {shot}")
     assert all(b["budget"] is not None and b["budget"] > 0 for b in bars.values()), (bars, f"screenshot: {shot}")
     assert page.locator("#recent tbody tr").count() >= 1, f"screenshot: {shot}"
+    page.close()
+
+
+def test_stop_ends_the_request_and_its_audio(browser: Any, contract_server: tuple[str, list[dict[str, Any]]]) -> None:
+    url, requests = contract_server
+    page = browser.new_page()
+    page.goto(url + "/")
+    _ask(page, "Say it slowly.")
+    page.wait_for_function("window.omniEdge.audio.chunks >= 2", timeout=10_000)
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function("window.omniEdge.state === 'stopped'", timeout=5_000)
+    chunks = _audio(page)["chunks"]
+    deadline = time.monotonic() + 10
+    while "finished" not in requests[-1]:  # the server sees the client go away
+        assert time.monotonic() < deadline, "the server's stream was never closed"
+        time.sleep(0.05)
+    assert requests[-1]["finished"] is False
+    page.wait_for_timeout(700)  # longer than two chunks' interval: nothing more arrives, nothing plays
+    assert _audio(page)["chunks"] == chunks and not _audio(page)["playing"]
+    assert page.get_by_role("button", name="Send").is_enabled()
     page.close()
