@@ -31,6 +31,7 @@ COMMANDS = {
     "verify": "Run the coverage and numeric gates a plan needs; write the evidence.",
     "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",
     "serve": "Serve a started pipeline over an OpenAI-compatible HTTP API until SIGINT/SIGTERM.",
+    "chat": "Chat with a pipeline (started here, or a running serve via --url), keeping the history.",
 }
 
 

@@ -404,24 +404,41 @@ async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: C
 
     events = []
     t0 = time.perf_counter()
-    out = sys.stderr if console.stderr else sys.stdout
-    out.write("\n")
-    # On a terminal the reply wraps between words; into a pipe or a file it
-    # is written verbatim (a reader or viewer wraps it as it likes, and grep
-    # finds the reply as generated).
-    text: WordWrap | TextIO = WordWrap(out, console.width) if console.is_terminal else out
-    async for event in pipeline.stream(request):
-        events.append(event)
-        if isinstance(event, TextDelta):
-            text.write(event.text)
-            text.flush()
-        elif isinstance(event, AudioChunk) and wav_out is not None:
-            wav_out.add(event)
-    if isinstance(text, WordWrap):
-        text.close()
-    out.write("\n\n")
+    printer = ReplyPrinter(console)
+    try:
+        async for event in pipeline.stream(request):
+            events.append(event)
+            if isinstance(event, TextDelta):
+                printer.write(event.text)
+            elif isinstance(event, AudioChunk) and wav_out is not None:
+                wav_out.add(event)
+    finally:
+        printer.close()
     rid = events[0].request_id if events else "run"
     return collect(rid, prompt, events, time.perf_counter() - t0)
+
+
+class ReplyPrinter:
+    """A reply's text as it streams, on the console's stream, set off by blank lines.
+
+    On a terminal the reply wraps between words; into a pipe or a file it is
+    written verbatim (a reader or viewer wraps it as it likes, and grep finds the
+    reply as generated)."""
+
+    def __init__(self, console: Console) -> None:
+        self.out: TextIO = sys.stderr if console.stderr else sys.stdout
+        self.out.write("\n")
+        self.text: WordWrap | TextIO = WordWrap(self.out, console.width) if console.is_terminal else self.out
+
+    def write(self, text: str) -> None:
+        self.text.write(text)
+        self.text.flush()
+
+    def close(self) -> None:
+        if isinstance(self.text, WordWrap):
+            self.text.close()
+        self.out.write("\n\n")
+        self.out.flush()
 
 
 class WordWrap:

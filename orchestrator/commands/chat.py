@@ -1,0 +1,410 @@
+"""``omni-edge chat CONFIG`` (or ``--url`` of a running server): a conversation that keeps its history.
+
+Two ways to reach a pipeline, one loop:
+
+* ``CONFIG``: the pipeline is planned, verified and started once in this
+  process (``Pipeline.from_config``, progress on stderr) and closed at the end;
+* ``--url http://127.0.0.1:8000``: a running ``omni-edge serve`` is driven over
+  its OpenAI-compatible API (``POST /v1/chat/completions`` with ``stream: true``,
+  server-sent events; ``--api-key`` sends ``Authorization: Bearer KEY``). Only
+  the standard library speaks HTTP here.
+
+Every message goes with the whole history (``{"messages": [...], "sampling":
+{...}}``, ``--system`` first when given, replacing the config's system
+prompt); each reply streams to stdout as it is generated and joins the
+history once complete. A reply that was refused (too long for the context, the
+pipeline busy) or stopped (Ctrl-C while it streams) is not added; the error is
+printed and the chat goes on. ``--out-dir DIR`` writes each reply's audio as
+``DIR/reply-NNN.wav`` while it is spoken (as ``run --out`` does; over
+``--url`` the server's 24 kHz pcm16 audio).
+
+Input: on a terminal, a ``you>`` prompt; otherwise one message per line of
+stdin (blank lines skipped). Commands: ``/reset`` (forget the history),
+``/history`` (print it), ``/exit``; end of input or Ctrl-C at the prompt also
+ends the chat. Status lines go to stderr, replies to stdout.
+
+Exit codes: 0 the chat ended; 2 bad input (CONFIG with --url, an unreachable
+server, a rejected API key), or a message was refused (its error printed); 3
+the plan was refused; 4 a stage failed; 128+N for SIGTERM/SIGHUP (the pipeline
+closed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands.run import (
+    Interrupted,
+    ReplyPrinter,
+    WavOut,
+    _install_signal_handlers,
+    _restore_signal_handlers,
+    add_request_options,
+    request_of,
+    sampling_of,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.api import Pipeline
+
+Messages = list[dict[str, str]]
+HTTP_TIMEOUT_S = 300.0
+"""Longest wait for the next bytes of a reply: a cold engine's first token on a slow CPU."""
+
+
+class Refused(Exception):
+    """A message the pipeline did not answer (bad, busy, stopped): printed, the chat goes on."""
+
+
+class Stopped(Refused):
+    """A reply the user stopped (Ctrl-C while it streamed): not an error."""
+
+
+class Fatal(Exception):
+    """The chat cannot go on: ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="pipeline config (YAML or JSON) to start here; or give --url")
+    p.add_argument("--url", help="drive a running `omni-edge serve` instead, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api-key", metavar="KEY", help="with --url: the server's API key (Authorization: Bearer KEY)")
+    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing")
+    p.add_argument("--mask", action="append", default=[], metavar="DEVICES",
+                   help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
+    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
+    p.add_argument("--skip-verify", action="store_true",
+                   help="run exported placements that have no gate evidence yet (default: verify them first)")
+    add_request_options(p)
+    p.add_argument("--out-dir", metavar="DIR", help="write each reply's audio here as reply-NNN.wav")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """One way to reach a pipeline, and options that fit it (``ConfigError``, exit 2)."""
+    from orchestrator.errors import ConfigError, Problem
+
+    problems = []
+    if args.config and args.url:
+        problems.append(Problem("CONFIG and --url", f"both given ({args.config}, {args.url}): chat starts a pipeline "
+                                "or drives a running server, not both", "drop one of them"))
+    elif not args.config and not args.url:
+        problems.append(Problem("CONFIG", "missing", "give a pipeline config, or --url of a running omni-edge serve"))
+    if args.url and not args.url.startswith(("http://", "https://")):
+        problems.append(Problem("--url", f"{args.url!r} is not an http(s) URL", "e.g. --url http://127.0.0.1:8000"))
+    if args.api_key and not args.url:
+        problems.append(Problem("--api-key", "only used with --url", "drop it, or give --url"))
+    if args.url:
+        problems += [Problem(flag, "only used with CONFIG (a pipeline started here)", "drop it")
+                     for flag, given in (("--profile", args.profile), ("--mask", args.mask),
+                                         ("--address", args.address)) if given]
+    if problems:
+        raise ConfigError(problems)
+
+
+def prepare_out_dir(path: str) -> Path:
+    """``--out-dir``, created when missing, checked writable before anything starts."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.fileio import check_writable
+
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError.single(f"--out-dir {path}", f"cannot be created ({exc.strerror or exc})",
+                                 "name a directory you can write to") from None
+    check_writable(out / "reply-001.wav", what="--out-dir")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.console import make_console
+
+    check_args(args)
+    out_dir = prepare_out_dir(args.out_dir) if args.out_dir else None
+    console = make_console(stderr=True)
+    old = _install_signal_handlers()
+    pipeline: Pipeline | None = None
+    try:
+        if args.url:
+            reply = http_replier(args.url, args.api_key, console)
+        else:
+            pipeline = start_local(args, console)
+            if pipeline is None:
+                from orchestrator.cli import EXIT_REFUSED
+
+                return EXIT_REFUSED
+            reply = local_replier(pipeline, console)
+        return chat_loop(reply, args, console, out_dir)
+    except Interrupted as exc:
+        import signal
+
+        if pipeline is not None:
+            pipeline.close()
+            pipeline = None
+        print(f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline", file=sys.stderr)
+        return 128 + exc.signum
+    except Fatal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    finally:
+        if pipeline is not None:
+            final = pipeline.close()
+            if final.get("held_bytes"):
+                console.print(f"[red]ledger still holds {final['held_bytes']} bytes after close[/]")
+        _restore_signal_handlers(old)
+
+
+# -- the loop -------------------------------------------------------------------------------
+Replier = Callable[[dict[str, Any], str, "Path | None"], str]
+"""(request, the user's message, where to write the reply's WAV) → the reply's text; raises Refused."""
+
+
+def chat_loop(reply: Replier, args: argparse.Namespace, console: Console, out_dir: Path | None) -> int:
+    """Read messages, answer each with the history; the exit code (see the module docstring)."""
+    from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK
+
+    history: Messages = []
+    sampling = sampling_of(args)
+    refused = 0
+    replies = 0
+    interactive = sys.stdin.isatty()
+    if interactive:
+        console.print("[dim]chat: /reset forgets the history, /history prints it, /exit (or Ctrl-D) ends[/]")
+    for line in _messages(interactive):
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            history.clear()
+            console.print("[dim]history cleared[/]")
+            continue
+        if line == "/history":
+            _print_history(history, args.system)
+            continue
+        turn = [*history, {"role": "user", "content": line}]
+        wav = out_dir / f"reply-{replies + 1:03d}.wav" if out_dir else None
+        try:
+            text = reply(request_of(turn, args.system, sampling), line, wav)
+        except Refused as exc:
+            refused += not isinstance(exc, Stopped)
+            console.print(f"[red]not answered:[/] {exc}", soft_wrap=True)
+            continue
+        replies += 1
+        history += [turn[-1], {"role": "assistant", "content": text}]
+    console.print(f"[dim]chat ended: {replies} replies, {len(history)} messages in the history[/]")
+    return EXIT_BAD_INPUT if refused else EXIT_OK
+
+
+def _messages(interactive: bool) -> Iterator[str]:
+    """The user's messages, stripped, blank ones skipped: a prompt on a terminal,
+    one per line otherwise; EOF (and Ctrl-C at the prompt) ends them."""
+    if not interactive:
+        for line in sys.stdin:
+            if line.strip():
+                yield line.strip()
+        return
+    while True:
+        try:
+            line = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if line.strip():
+            yield line.strip()
+
+
+def _print_history(history: Messages, system: str | None) -> None:
+    for m in ([{"role": "system", "content": system}] if system else []) + history:
+        print(f"{m['role']}: {m['content']}")
+    print(f"({len(history)} messages)")
+
+
+# -- a pipeline started here ---------------------------------------------------------------
+def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
+    """Plan, verify and start CONFIG (sampling checked against it first); None
+    when the plan is refused (printed)."""
+    from orchestrator.api import Pipeline
+    from orchestrator.commands.run import check_sampling
+    from orchestrator.config import load_config
+    from orchestrator.errors import PlanRefused
+
+    check_sampling(load_config(args.config), sampling_of(args), where=args.config)
+    console.print("[dim]starting the pipeline (Ray, one actor per device) …[/]")
+    try:
+        pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
+                                        record=None, progress=True, log_to_driver=args.ray_logs,
+                                        verify=not args.skip_verify)
+    except PlanRefused as exc:
+        from orchestrator.render import print_plan
+
+        print_plan(exc.plan, console)  # type: ignore[arg-type]
+        return None
+    console.print(f"[dim]pipeline {pipeline.plan.pipeline!r} started[/]")
+    return pipeline
+
+
+def local_replier(pipeline: Pipeline, console: Console) -> Replier:
+    from orchestrator.commands.run import stream_reply
+    from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
+
+    def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
+        wav_out = WavOut(wav) if wav else None
+        try:
+            pipeline.validate(request)
+            result = asyncio.run(stream_reply(pipeline, request, line, make_stdout_console(), wav_out))
+        except (BadRequest, PipelineBusy) as exc:
+            _discard(wav_out)
+            raise Refused(str(exc)) from None
+        except StageFailed as exc:
+            _discard(wav_out)
+            raise Fatal(str(exc), 4) from None
+        except KeyboardInterrupt as exc:
+            _discard(wav_out)
+            if isinstance(exc, Interrupted):
+                raise
+            raise Stopped("stopped (Ctrl-C)") from None
+        if wav_out is not None and result.audio is not None and result.sample_rate:
+            kept: list[tuple[str, str, str]] = []
+            path = wav_out.finish(result, kept)
+            console.print(f"[dim]audio: {path} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True)
+            for where, what, _ in kept:
+                console.print(f"[yellow]{where}: {what}[/]", soft_wrap=True)
+        return result.text
+
+    return reply
+
+
+def make_stdout_console() -> Console:
+    from orchestrator.console import make_console
+
+    return make_console()
+
+
+def _discard(wav_out: WavOut | None) -> None:
+    if wav_out is not None:
+        wav_out.discard()
+
+
+# -- a running server ---------------------------------------------------------------------
+def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
+    """A ``Replier`` over ``url``'s OpenAI-compatible API; checks the server (and
+    the key) at once with ``GET /v1/models`` (``Fatal``, exit 2)."""
+    base = url.rstrip("/")
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    model = _model_of(base, headers)
+    console.print(f"[dim]chatting with {model!r} at {base}[/]")
+
+    def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
+        body: dict[str, Any] = {"model": model, "messages": request["messages"], "stream": True,
+                                **request.get("sampling", {})}
+        if wav is not None:
+            body |= {"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+        return _stream_http(f"{base}/v1/chat/completions", body, headers, wav, console)
+
+    return reply
+
+
+def _model_of(base: str, headers: dict[str, str]) -> str:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers),
+                                    timeout=30) as resp:
+            data = json.load(resp).get("data") or [{}]
+    except urllib.error.HTTPError as exc:
+        raise Fatal(f"--url {base}: {_http_error(exc)}" + (" (give the server's key with --api-key)"
+                                                           if exc.code == 401 else ""), 2) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Fatal(f"--url {base}: cannot reach an omni-edge server there ({reason}); start one with "
+                    "`omni-edge serve CONFIG` or fix the URL", 2) from None
+    return str(data[0].get("id") or "omni-edge")
+
+
+def _http_error(exc: Any) -> str:
+    try:
+        return f"HTTP {exc.code}: {json.loads(exc.read())['error']['message']}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"HTTP {exc.code} {exc.reason}"
+
+
+def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: Path | None, console: Console) -> str:
+    """POST ``body``, print the streamed reply, write its audio to ``wav``; the reply's text."""
+    import urllib.error
+    import urllib.request
+
+    from orchestrator.runtime.audio import OPENAI_PCM_RATE, WavStreamWriter
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    printer = ReplyPrinter(make_stdout_console())
+    parts: list[str] = []
+    writer: WavStreamWriter | None = None
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+            for doc in _events(resp):
+                if "error" in doc:
+                    raise Refused(str(doc["error"].get("message", doc["error"])))
+                for choice in doc.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    audio = delta.get("audio") or {}
+                    text = delta.get("content") or audio.get("transcript")
+                    if text:
+                        parts.append(text)
+                        printer.write(text)
+                    if audio.get("data") and wav is not None:
+                        import numpy as np
+
+                        pcm = np.frombuffer(base64.b64decode(audio["data"]), dtype="<i2")
+                        writer = writer or WavStreamWriter(wav, OPENAI_PCM_RATE)
+                        writer.write(pcm.astype(np.float32) / 32768.0)
+        printer.close()
+    except urllib.error.HTTPError as exc:
+        printer.close()
+        if writer is not None:
+            writer.discard()
+        message = _http_error(exc)
+        if exc.code == 503:
+            raise Fatal(message, 4) from None
+        if exc.code == 401:
+            raise Fatal(message + " (give the server's key with --api-key)", 2) from None
+        raise Refused(message) from None
+    except (Refused, KeyboardInterrupt, OSError) as exc:
+        printer.close()
+        if writer is not None:
+            writer.discard()
+        if isinstance(exc, Interrupted):
+            raise
+        if isinstance(exc, KeyboardInterrupt):
+            raise Stopped("stopped (Ctrl-C)") from None
+        if isinstance(exc, OSError):
+            raise Fatal(f"the connection to {url} failed ({exc})", 2) from None
+        raise
+    if writer is not None:
+        path = writer.close()
+        console.print(f"[dim]audio: {path} ({writer.seconds:.2f} s)[/]", soft_wrap=True)
+    return "".join(parts)
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    """The JSON documents of a server-sent event stream, up to ``data: [DONE]``."""
+    for raw in resp:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
