@@ -162,6 +162,7 @@ async function ask(prompt, speak) {
   player.reset();
   if (speak) player.unlock();
   const turn = addTurn(prompt);
+  turn.reply.setAttribute("aria-busy", "true");  // read out once it is complete
   const messages = [...page.history.slice(-HISTORY_MESSAGES), { role: "user", content: prompt }];
   const body = { model: (page.status && page.status.pipeline) || "omni-edge", messages, stream: true };
   if (speak) Object.assign(body, { modalities: ["text", "audio"], audio: { voice: "default", format: "pcm16" } });
@@ -208,6 +209,7 @@ async function ask(prompt, speak) {
   } finally {
     controller = null;
     turn.item.classList.remove("pending");
+    turn.reply.removeAttribute("aria-busy");
     render();
   }
 }
@@ -414,7 +416,6 @@ async function pollStatus() {
     if (response.ok || (statusPath === "health" && response.status === 503)) {
       page.status = await response.json();
       page.statusError = null;
-      page.statusAt = Date.now();
     } else {
       page.statusError = `status: ${await errorText(response)}`;
     }

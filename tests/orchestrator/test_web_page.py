@@ -233,6 +233,8 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
         browser: Any, contract_server: tuple[str, list[dict[str, Any]]]) -> None:
     url, requests = contract_server
     page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url + "/")
     page.wait_for_function("document.querySelectorAll('#pools .pool').length === 2")
     _ask(page, "Tell me about the Moon.")
@@ -266,6 +268,7 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
 
     page.set_viewport_size({"width": 390, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "the page scrolls sideways"
+    assert not errors, errors
     page.close()
 
 
@@ -328,6 +331,8 @@ def voice_server(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.slow
 def test_a_person_asks_the_served_voice_assistant_and_hears_the_reply(browser: Any, voice_server: str) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(voice_server + "/")
     page.wait_for_function("document.querySelectorAll('#stages li').length === 2", timeout=20_000)
     _ask(page, "Tell me one fact about the Moon.")
@@ -355,6 +360,7 @@ def test_a_person_asks_the_served_voice_assistant_and_hears_the_reply(browser: A
     assert bars and set(bars) == {p["id"] for p in status["pools"]}, (bars, f"screenshot: {shot}")
     assert all(b["budget"] is not None and b["budget"] > 0 for b in bars.values()), (bars, f"screenshot: {shot}")
     assert page.locator("#recent tbody tr").count() >= 1, f"screenshot: {shot}"
+    assert not errors, (errors, f"screenshot: {shot}")
     page.close()
 
 
