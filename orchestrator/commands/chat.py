@@ -151,10 +151,11 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted as exc:
         import signal
 
+        held = ""
         if pipeline is not None:
-            pipeline.close()
+            held = f"; ledger holds {pipeline.close().get('held_bytes', 0)} bytes"
             pipeline = None
-        print(f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline", file=sys.stderr)
+        print(f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline{held}", file=sys.stderr)
         return 128 + exc.signum
     except Fatal as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -175,3 +175,44 @@ def test_an_unreachable_server_exits_2_saying_how_to_start_one(capsys: pytest.Ca
     rc = main(["chat", "--url", f"http://127.0.0.1:{_free_port()}"])
     err = capsys.readouterr().err
     assert rc == 2 and "cannot reach an omni-edge server there" in err and "omni-edge serve CONFIG" in err
+
+
+def _chat_process(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """``omni-edge chat`` of an echo pipeline that says a word every 0.3 s, fed
+    through a pipe; returns once its first reply has started streaming."""
+    cfg, prof = write(tmp_path, thinker=", delay_s: 0.3")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "chat", str(cfg), "--profile", str(prof)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("first\n")
+    proc.stdin.flush()
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "You said" not in seen and time.monotonic() < deadline:
+        ch = proc.stdout.read(1)
+        if not ch:
+            break
+        seen += ch
+    assert "You said" in seen, proc.communicate()[1][-3000:]
+    return proc, seen
+
+
+@pytest.mark.ray
+def test_ctrl_c_while_a_reply_streams_stops_that_reply_and_the_chat_goes_on(tmp_path: Path) -> None:
+    proc, seen = _chat_process(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate("second\n", timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "not answered: stopped (Ctrl-C)" in err and "Traceback" not in err
+    assert _reply("second") in out and _reply("first") not in seen + out
+    assert "chat ended: 1 replies, 2 messages in the history" in err  # the stopped reply is not in it
+
+
+@pytest.mark.ray
+def test_sigterm_while_a_reply_streams_closes_the_pipeline_and_exits_143(tmp_path: Path) -> None:
+    proc, _ = _chat_process(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "interrupted by SIGTERM: closed the pipeline; ledger holds 0 bytes" in err and "Traceback" not in err
