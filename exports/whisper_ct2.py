@@ -119,6 +119,8 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, Any]]:
             (rank,) = take("<B")
             dims = take(f"<{rank}I")
             dtype_id, nbytes = take("<BI")
+            if pos + nbytes > len(data):
+                raise struct.error(f"{name!r} needs {nbytes} bytes, {len(data) - pos} are left")
             dtype = np.dtype(np.uint16 if dtype_id == 5 else _CT2_DTYPES[dtype_id])
             raw = np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize, offset=pos)
             pos += nbytes
