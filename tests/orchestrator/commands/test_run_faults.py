@@ -89,8 +89,8 @@ def test_a_dead_ledger_is_named_and_the_record_is_still_written(
 
     started = Runtime.start
 
-    def start_then_kill_the_ledger(self: Runtime) -> None:
-        started(self)
+    def start_then_kill_the_ledger(self: Runtime, *args: Any, **kwargs: Any) -> None:
+        started(self, *args, **kwargs)
         ray.kill(self.ledger, no_restart=True)
 
     monkeypatch.setattr(Runtime, "start", start_then_kill_the_ledger)
