@@ -1,6 +1,7 @@
 """Cold start against its bound, in one run: Ray alone, each stage alone, the whole pipeline.
 
-    python bench/startup.py [--config configs/voice-assistant.yaml] [--profile FILE] [--repeat 3] [--json FILE]
+    python bench/startup.py [--config configs/voice-assistant.yaml] [--profile FILE] [--repeat 3]
+                            [--settle LOAD] [--json FILE]
 
 Side by side, interleaved repetition by repetition, each with a fresh local Ray
 cluster (started, then shut down) and the weights already prepared:
@@ -19,8 +20,14 @@ cluster (started, then shut down) and the weights already prepared:
 Reported: medians over ``--repeat`` repetitions (after one warm-up start that
 is not counted), the ratio cold start / (Ray start + the slowest stage's load
 alone) against the target 1.15 (issue 10, part 3), the sequential start's
-ratio, and where the parallel start's time went (Ray, actors, loads, and the
-decode stage's import / engine start as its runner reports them).
+ratio, the same ratios per repetition (each against its own repetition's
+figures, so a busy minute weighs on both sides), the machine's load average
+around each repetition (other work on a small machine moves every figure),
+and where the parallel start's time went (Ray, actors, loads, and the decode
+stage's import / engine start as its runner reports them). ``--settle LOAD``
+waits (at most ``SETTLE_MAX_S`` per step) before each timed step until the
+1-minute load average is below LOAD, so that a burst of other work does not
+land on one variant only.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -38,11 +46,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TARGET = 1.15
+SETTLE_MAX_S = 60.0
 
 
 def med(values: list[float]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+def settle(limit: float | None) -> float:
+    """Wait until the 1-minute load average is below ``limit`` (at most
+    ``SETTLE_MAX_S``); returns the load average then."""
+    deadline = time.monotonic() + SETTLE_MAX_S
+    while limit is not None and os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(2.0)
+    return os.getloadavg()[0]
 
 
 def ray_alone(devices: list[str]) -> float:
@@ -118,6 +136,16 @@ def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> t
                    + (f"; last run: {parts}" if parts else ""))
     waves = rows["parallel"][-1]["startup"].get("load_waves")
     out.append(f"  waves: {waves}")
+    out.append("")
+    out.append("per repetition: ratio parallel / bound, sequential / bound  (1-min load average before)")
+    for i in range(len(rows["ray"])):
+        b = rows["ray"][i] + max(rows[f"alone:{n}"][i]["startup"]["stage_load_s"][n] for n in names)
+        out.append(f"  {i + 1}: {rows['parallel'][i]['wall_s'] / b:.2f}  {rows['sequential'][i]['wall_s'] / b:.2f}"
+                   f"   (bound {b:.2f} s; load {rows['loadavg'][i]:.1f} on {os.cpu_count()} CPUs)")
+    for n in names:
+        out.append(f"  {n}: loaded after (parallel / sequential / alone), medians: "
+                   f"{med([r['startup']['stage_load_s'][n] for r in rows['parallel']]):.2f} / "
+                   f"{med([r['startup']['stage_load_s'][n] for r in rows['sequential']]):.2f} / {alone[n]:.2f} s")
     doc = {"config": args.config, "repeat": args.repeat, "ray_start_s": ray_s, "stage_load_alone_s": alone,
            "stage_load_alone_in_actor_s": alone_actor, "slowest_stage": slowest, "bound_s": bound,
            "cold_start_parallel_s": par, "cold_start_sequential_s": seq, "ratio": ratio,
@@ -130,6 +158,7 @@ def main() -> int:
     ap.add_argument("--config", default="configs/voice-assistant.yaml")
     ap.add_argument("--profile", help="hardware profile file (default: probe this machine)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--settle", type=float, metavar="LOAD", help="before each step, wait for a load average below LOAD")
     ap.add_argument("--json", metavar="FILE", help="also write the figures and every run as JSON")
     args = ap.parse_args()
 
@@ -151,7 +180,8 @@ def main() -> int:
     devices = list(dict.fromkeys(s.device or "?" for s in plan.stages))
     names = [s.name for s in plan.stages]
 
-    rows: dict[str, list[Any]] = {"ray": [], "parallel": [], "sequential": [], **{f"alone:{n}": [] for n in names}}
+    rows: dict[str, list[Any]] = {"ray": [], "parallel": [], "sequential": [], "loadavg": [],
+                                  **{f"alone:{n}": [] for n in names}}
     warm = cold_start(plan, config, routes, parallel=True)
     print(f"warm-up start (not counted): {warm['wall_s']:.2f} s {warm['startup']}", file=sys.stderr)
     for i in range(args.repeat):
@@ -160,8 +190,10 @@ def main() -> int:
                  *((f"alone:{n}", lambda n=n: cold_start(one_stage(plan, n), config, routes, parallel=True))
                    for n in names),
                  ("sequential", lambda: cold_start(plan, config, routes, parallel=False))]
+        rows["loadavg"].append(settle(args.settle))
         k = i % len(steps)  # rotate the order, so that no variant always runs first
         for key, step in steps[k:] + steps[:k]:
+            settle(args.settle)
             value = step()
             rows[key].append(value)
             shown = value if isinstance(value, float) else value["wall_s"]
