@@ -203,38 +203,48 @@ class Pipeline:
                 display.close()
         return self
 
-    def validate(self, prompt: Any) -> None:
+    def validate(self, prompt: Any, *, entry: str | None = None) -> None:
         """Check a request without running it: ``BadRequest`` (a ``ConfigError``) for
         a prompt that is not text or blank, sampling out of range, or a prompt that
         cannot fit the decode stage's context (by its own tokenizer, once its
-        weights are prepared). ``stream``/``run`` check every request this way."""
-        self.runtime.validate_request(prompt)
+        weights are prepared); with ``entry``, a stage that does not take text.
+        ``stream``/``run`` check every request this way."""
+        self.runtime.validate_request(prompt, entry)
 
     # -- requests --------------------------------------------------------------------
-    async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:
+    async def stream(self, prompt: Any, *, request_id: str | None = None,
+                     entry: str | None = None) -> AsyncIterator[Event]:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
-        ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails."""
-        async for event in self.runtime.stream(prompt, request_id=request_id):
-            yield event
+        ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails.
+        ``entry``: the request (text) enters the graph at that stage, and only it
+        and the stages downstream of it run (e.g. the voice, to speak a text)."""
+        events = self.runtime.stream(prompt, request_id=request_id, entry=entry)
+        try:
+            async for event in events:
+                yield event
+        finally:  # closed now, not when collected: a caller that stops early frees the request's slot at once
+            await events.aclose()  # type: ignore[attr-defined]
 
-    async def arun(self, prompt: Any, *, request_id: str | None = None) -> Result:
-        """One request to completion, inside a running event loop."""
+    async def arun(self, prompt: Any, *, request_id: str | None = None, entry: str | None = None) -> Result:
+        """One request to completion, inside a running event loop (``entry``: as in ``stream``)."""
         rid = request_id or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
-        events = [e async for e in self.runtime.stream(prompt, request_id=rid)]
+        events = [e async for e in self.runtime.stream(prompt, request_id=rid, entry=entry)]
         result = collect(rid, prompt if isinstance(prompt, str) else str(prompt), events, time.perf_counter() - t0)
         self.results.append(result)
         return result
 
-    def run(self, prompt: Any, *, request_id: str | None = None, record: str | Path | bool | None = True) -> Result:
-        """One request to completion (blocking; from async code use ``arun``/``stream``).
+    def run(self, prompt: Any, *, request_id: str | None = None, record: str | Path | bool | None = True,
+            entry: str | None = None) -> Result:
+        """One request to completion (blocking; from async code use ``arun``/``stream``;
+        ``entry``: as in ``stream``).
 
         Writes a run record to ``self.record`` unless ``record`` is None/False,
         or to ``record`` when it is a path."""
         target = self.record if record is True else record
         if target not in (None, False):
             rec.check_target(target, what="record")  # type: ignore[arg-type]
-        result = asyncio.run(self.arun(prompt, request_id=request_id))
+        result = asyncio.run(self.arun(prompt, request_id=request_id, entry=entry))
         if target not in (None, False):
             self.write_record([result], target)  # type: ignore[arg-type]
         return result

@@ -1,36 +1,53 @@
 """An OpenAI-compatible HTTP front for one started pipeline (``omni-edge serve``).
 
 The app drives a :class:`~orchestrator.api.Pipeline` that was planned, verified
-and started once (``Pipeline.from_config``, the path ``run`` takes); every HTTP
-request is one ``pipeline.stream`` call. The shapes are OpenAI's, so the
-official ``openai`` client works unchanged:
+and started once (``Pipeline.from_config``, the path ``run`` takes); every
+request that runs the pipeline is one ``pipeline.stream`` call. The shapes are
+OpenAI's, so the official ``openai`` client works unchanged (docs/serving.md
+has every endpoint, shape and metric):
 
 * ``POST /v1/chat/completions``: ``messages`` go to the stage that takes the
   request as ``{"messages": [...], "sampling": {...}}`` (the ar_decode stage
   applies its chat template to the whole list, system message and history
-  included; its own ``system_prompt`` is used when the list has none);
-  ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p`` and
-  ``seed`` become the request's ``sampling``. The reply is the text of the
-  pipeline's text output; ``stream: true`` sends it as server-sent events
-  (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``).
-* ``GET /v1/models``: the pipeline, as the one model.
-* ``GET /health``: every stage with its device, backend and whether its device
-  actor is alive (503 when one is not).
+  included); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
+  ``top_p`` and ``seed`` become the request's ``sampling``. The reply is the
+  text of the pipeline's text output; ``stream: true`` sends it as server-sent
+  events (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``).
+  ``modalities: ["text", "audio"]`` adds the audio output stage's audio as
+  OpenAI does: ``message.audio`` (base64 WAV at the voice's rate, or pcm16 at
+  24 kHz, and the transcript); streamed, ``delta.audio`` chunks carry the
+  transcript as it is generated and each audio chunk (pcm16, 24 kHz) the moment
+  the voice yields it. ``usage`` carries the decode stage's token counts.
+* ``POST /v1/audio/speech``: ``input`` enters the graph at the speech stage
+  (the audio output stage whose kind takes text; ``Pipeline.stream(entry=)``),
+  so only it runs; the body streams as ``audio/wav`` (at the voice's rate, the
+  header's sizes unknown) or ``audio/pcm`` (24 kHz pcm16), ``X-Sample-Rate``.
+* ``GET /v1/models``, ``GET /health`` (every stage: device, backend, loaded,
+  alive; 503 while one is dead), ``GET /v1/plan`` (the plan with each stage's
+  measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
+  last requests' latencies), ``GET /metrics`` (Prometheus text,
+  ``server_metrics``).
+
+A streamed response whose client goes away is cancelled all the way down: the
+body generator is closed (``_Stream``), which closes the pipeline's stream,
+which cancels the request on every device actor and frees its admission slot.
 
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``:
 ``BadRequest`` → 400 (where, what, how to fix), ``PipelineBusy`` → 429 with
-``Retry-After``, ``StageFailed`` → 503 naming the stage and the device. With an
-API key every request needs ``Authorization: Bearer KEY`` (401 otherwise),
-compared in constant time. Audio output is not served yet.
+``Retry-After``, ``StageFailed`` → 503 naming the stage and the device (a dead
+stage fails only the requests that need it). With an API key every request
+needs ``Authorization: Bearer KEY`` (401 otherwise), compared in constant time.
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -43,14 +60,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.api import Pipeline
 from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
-from orchestrator.runtime.events import TextDelta
+from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
+from orchestrator.runtime.events import AudioChunk, Event, TextDelta
+from orchestrator.server_metrics import ServerMetrics, Trace
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 """What a 429 asks a client to wait: requests finish in seconds, and the queue frees a slot as each does."""
+AUDIO_EXPIRES_S = 3600
+"""``message.audio.expires_at``: nothing is kept server-side; the hour is OpenAI's own figure."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
                    "top_p": "top_p", "seed": "seed"}
 """OpenAI request fields → the decode stage's sampling keys."""
+CHAT_AUDIO_FORMATS = ("wav", "pcm16")
+SPEECH_FORMATS = ("wav", "pcm")
+REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
 WEB_DIR = Path(__file__).with_name("web")
 """The page at ``/`` (index.html, app.js, style.css): package data served as it is, no build step."""
 
@@ -103,7 +129,9 @@ def chat_request(body: Any) -> dict[str, Any]:
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise _bad(f"messages[{i}].role", "must be system, developer, user or assistant")
         content = m.get("content")
-        if isinstance(content, list):  # content parts: text only in this slice
+        if m["role"] == "assistant" and content is None and isinstance(m.get("audio"), dict):
+            content = ""  # an earlier audio reply sent back by id: its words are not in the message
+        if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
                 raise _bad(f"messages[{i}].content", "only text parts are served", "send text content")
             content = "".join(p["text"] for p in content)
@@ -130,6 +158,62 @@ def chat_request(body: Any) -> dict[str, Any]:
     return request
 
 
+def audio_format(body: dict[str, Any], *, has_audio: bool) -> str | None:
+    """The audio format a chat body asks for (``modalities`` with ``audio``), or None for text only."""
+    modalities = body.get("modalities") or ["text"]
+    if not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"}:
+        raise _bad("modalities", f"{modalities!r}: only 'text' and 'audio' are served", "e.g. ['text', 'audio']")
+    if "audio" not in modalities:
+        return None
+    if not has_audio:
+        raise _bad("modalities", "this pipeline has no audio output stage", "ask for ['text'] only")
+    audio = body.get("audio")
+    fmt = audio.get("format") if isinstance(audio, dict) else None
+    if fmt not in CHAT_AUDIO_FORMATS:
+        raise _bad("audio.format", f"{fmt!r} is not served", f"use one of {', '.join(CHAT_AUDIO_FORMATS)}")
+    if body.get("stream") and fmt != "pcm16":
+        raise _bad("audio.format", f"{fmt!r} cannot be streamed", "use 'pcm16' with stream: true (as OpenAI does)")
+    return str(fmt)
+
+
+def speech_request(body: Any) -> tuple[str, str]:
+    """(input text, response format) of an OpenAI speech body; ``BadRequest`` for what it cannot take."""
+    if not isinstance(body, dict):
+        raise _bad("body", "is not a JSON object", "send {'model': ..., 'input': '...', 'voice': ...}")
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise _bad("input", "must be text that is not blank", "send the text to speak")
+    fmt = body.get("response_format") or "wav"
+    if fmt not in SPEECH_FORMATS:
+        raise _bad("response_format", f"{fmt!r} is not served", f"use one of {', '.join(SPEECH_FORMATS)}")
+    speed = body.get("speed")
+    if speed not in (None, 1, 1.0):
+        raise _bad("speed", f"{speed!r}: the voice speaks at its own speed", "leave speed unset or 1.0")
+    return text, str(fmt)
+
+
+def pcm24k(chunk: AudioChunk) -> bytes:
+    """An audio chunk as OpenAI's pcm16: 24 kHz, 16-bit, mono, little-endian."""
+    return pcm16_bytes(resample(chunk.audio, chunk.sample_rate, OPENAI_PCM_RATE))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+class _Stream(StreamingResponse):
+    """A streamed response whose body generator is always closed when the response
+    ends — also when the client went away while a chunk was being sent, where
+    Starlette leaves the generator suspended (and so the request running) until
+    it is garbage-collected."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
 class _BearerAuth:
     """``Authorization: Bearer KEY`` on every request (401 otherwise), compared in constant time."""
 
@@ -149,91 +233,290 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
-def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
-    """The ASGI app serving ``pipeline`` (started; closed by whoever started it)."""
-    model = pipeline.plan.pipeline
-    created = int(time.time())
+class _Run:
+    """One pipeline request as the app drives it: its events, seen by its trace,
+    and recorded in the metrics once (whatever way it ends)."""
 
-    async def models(request: Request) -> Response:
+    def __init__(self, app: _App, prompt: Any, endpoint: str, entry: str | None = None) -> None:
+        self.app, self.rid = app, uuid.uuid4().hex[:12]
+        self.trace = Trace(self.rid, endpoint)
+        self.events = app.pipeline.stream(prompt, request_id=self.rid, entry=entry)
+        self.buffered: list[Event] = []
+        self.status = 200
+        self._finished = False
+
+    async def until(self, found: Callable[[Event], bool]) -> None:
+        """Read events until one is ``found`` or the request ends, keeping them for ``rest``.
+        A request refused up front raises here, before any response has started."""
+        async for event in self.events:
+            self.trace.see(event)
+            self.buffered.append(event)
+            if found(event):
+                return
+
+    async def rest(self) -> AsyncIterator[Event]:
+        """The kept events, then the others as they come."""
+        while self.buffered:
+            yield self.buffered.pop(0)
+        async for event in self.events:
+            self.trace.see(event)
+            yield event
+
+    async def close(self, status: int | None = None) -> None:
+        """End the request (cancelling what still runs) and record it, once."""
+        if status is not None:
+            self.status = status
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]
+        finally:
+            if self.status in (400, 429, 503):
+                self.app.metrics.refused(self.trace.endpoint, self.status)
+            else:
+                self.app.metrics.finish(self.trace, self.status)
+
+
+class _App:
+    """The endpoints of one pipeline (see the module docstring)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.runtime = pipeline.runtime
+        self.model = pipeline.plan.pipeline
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(self.runtime)
+        stages = self.runtime.stages
+        self.text_stages = {s.name for s in stages if s.final_output and s.final_output_type == "text"}
+        self.audio_stages = {s.name for s in stages if s.final_output and s.final_output_type == "audio"}
+        takes_text = set(self.runtime.entry_stages())
+        self.speech_stage = next((s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None)
+
+    # -- helpers -------------------------------------------------------------------
+    def is_text(self, event: Event) -> TypeGuard[TextDelta]:
+        return isinstance(event, TextDelta) and event.stage in self.text_stages
+
+    def is_audio(self, event: Event) -> TypeGuard[AudioChunk]:
+        return isinstance(event, AudioChunk) and event.stage in self.audio_stages
+
+    def refuse(self, endpoint: str, exc: BaseException) -> JSONResponse:
+        response = error_for(exc)
+        self.metrics.refused(endpoint, response.status_code)
+        return response
+
+    async def _json(self, request: Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _bad("body", "is not JSON", "send a JSON object") from None
+
+    def stage_states(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self.runtime.stages:
+            dev = self.runtime.devices.get(s.device or "?")
+            alive = dev is not None and not dev.dead and not self.runtime._closed
+            out.append({"name": s.name, "kind": s.kind, "device": s.device, "backend": s.backend,
+                        "loaded": s.name in self.runtime.load_results and alive, "alive": alive,
+                        "final_output_type": s.final_output_type if s.final_output else None,
+                        **({"error": dev.dead} if dev is not None and dev.dead else {})})
+        return out
+
+    # -- endpoints -------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": model, "object": "model", "created": created, "owned_by": "omni-edge"}]})
+            {"id": self.model, "object": "model", "created": self.created, "owned_by": "omni-edge",
+             "stages": [s.name for s in self.runtime.stages]}]})
 
-    async def health(request: Request) -> Response:
-        devices = pipeline.runtime.devices
-        stages = []
-        for s in pipeline.plan.stages:
-            dev = devices.get(s.device or "?")
-            alive = dev is not None and not dev.dead and not pipeline.runtime._closed
-            stages.append({"name": s.name, "device": s.device, "backend": s.backend, "alive": alive,
-                           **({"error": dev.dead} if dev is not None and dev.dead else {})})
+    async def health(self, request: Request) -> Response:
+        stages = self.stage_states()
         ok = all(s["alive"] for s in stages)
-        return JSONResponse({"status": "ok" if ok else "unavailable", "pipeline": model, "stages": stages},
+        return JSONResponse({"status": "ok" if ok else "unavailable", "pipeline": self.model, "stages": stages},
                             status_code=200 if ok else 503)
 
-    async def chat(request: Request) -> Response:
+    async def plan(self, request: Request) -> Response:
+        doc = self.pipeline.plan.to_json()
+        measured = await self.metrics.measured_now()
+        for s in doc["stages"]:
+            m = measured.get(s["name"]) or {}
+            s["measured"] = {"pool": self.pipeline.plan.stage(s["name"]).pool,
+                             "measured_peak_bytes": m.get("measured_peak_bytes"),
+                             "budget_bytes": m.get("budget_bytes", self.pipeline.plan.stage(s["name"]).budget_bytes()),
+                             "within_budget": m.get("within_budget")}
+        return JSONResponse(doc)
+
+    async def status(self, request: Request) -> Response:
+        measured = await self.metrics.measured_now()
+        ledger = await self.metrics.ledger() or {}
+        held = {p["id"]: p["held_bytes"] for p in ledger.get("pools", [])}
+        pools = []
+        for p in self.pipeline.plan.pools:
+            peaks = [m["measured_peak_bytes"] for name, m in measured.items()
+                     if self.pipeline.plan.stage(name).pool == p.id and m.get("measured_peak_bytes") is not None]
+            pools.append({"id": p.id, "capacity_bytes": p.capacity_bytes, "budget_bytes": p.peak_bytes,
+                          "reserved_bytes": held.get(p.id), "measured_peak_bytes": sum(peaks) if peaks else None})
+        stages = [{k: s[k] for k in ("name", "kind", "device", "backend", "alive", "loaded", "final_output_type")}
+                  for s in self.stage_states()]
+        admission = self.runtime.admission
+        return JSONResponse({"pipeline": self.model, "stages": stages, "pools": pools,
+                             "queue": {"in_flight": admission.in_flight, "waiting": admission.waiting,
+                                       "limit": admission.limit, "max_waiting": admission.max_waiting},
+                             "recent": list(self.metrics.recent)})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(await self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def chat(self, request: Request) -> Response:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_for(_bad("body", "is not JSON", "send a JSON object"))
-        try:
+            body = await self._json(request)
             prompt = chat_request(body)
+            fmt = audio_format(body, has_audio=bool(self.audio_stages))
         except BadRequest as exc:
-            return error_for(exc)
-        rid = uuid.uuid4().hex[:12]
-        base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": model}
-        events = pipeline.stream(prompt, request_id=rid)
+            return self.refuse("chat", exc)
+        run = _Run(self, prompt, "chat")
+        base = {"id": f"chatcmpl-{run.rid}", "created": int(time.time()), "model": self.model}
         if body.get("stream"):
-            return await _stream_response(events, base)
+            return await self._chat_stream(run, base, fmt, bool((body.get("stream_options") or {}).get("include_usage")))
+        return await self._chat_whole(run, base, fmt)
+
+    async def _chat_whole(self, run: _Run, base: dict[str, Any], fmt: str | None) -> Response:
         try:
-            text = "".join([e.text async for e in events if _is_reply(e)])
-        except (BadRequest, PipelineBusy, StageFailed) as exc:
-            return error_for(exc)
-        return JSONResponse({**base, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+            events = [e async for e in run.rest()]
+        except REQUEST_ERRORS as exc:
+            response = error_for(exc)
+            await run.close(response.status_code)
+            return response
+        await run.close(200)
+        text = "".join(e.text for e in events if self.is_text(e))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if fmt is not None:
+            chunks = [e for e in events if self.is_audio(e)]
+            message = {"role": "assistant", "content": None, "audio": {
+                "id": f"audio-{run.rid}", "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
+                "data": _b64(self._whole_audio(chunks, fmt)), "transcript": text}}
+        doc: dict[str, Any] = {**base, "object": "chat.completion", "choices": [
+            {"index": 0, "message": message, "finish_reason": self._finish_reason(run)}]}
+        usage = run.trace.usage()
+        if usage:
+            doc["usage"] = usage
+        return JSONResponse(doc)
 
-    def _is_reply(event: Any) -> TypeGuard[TextDelta]:
-        return isinstance(event, TextDelta) and event.stage in text_stages
+    @staticmethod
+    def _whole_audio(chunks: list[AudioChunk], fmt: str) -> bytes:
+        if fmt == "pcm16":
+            return b"".join(pcm24k(c) for c in chunks)
+        pcm = b"".join(pcm16_bytes(c.audio) for c in chunks)
+        rate = chunks[0].sample_rate if chunks else OPENAI_PCM_RATE
+        return wav_header(rate, len(pcm)) + pcm
 
-    text_stages = {s.name for s in pipeline.plan.stages if s.final_output and s.final_output_type == "text"}
+    def _finish_reason(self, run: _Run) -> str:
+        reasons = [s.get("stats", {}).get("finish_reason") for name, s in run.trace.stages.items()
+                   if name in self.text_stages]
+        return "length" if "length" in reasons else "stop"
 
-    async def _stream_response(events: AsyncIterator[Any], base: dict[str, Any]) -> Response:
+    async def _chat_stream(self, run: _Run, base: dict[str, Any], fmt: str | None, include_usage: bool) -> Response:
         # The first event is awaited before the response starts, so a request refused
         # up front (bad, busy, a dead stage) gets its HTTP status, not a broken stream.
         try:
-            first = await anext(events, None)
-        except (BadRequest, PipelineBusy, StageFailed) as exc:
-            return error_for(exc)
+            await run.until(lambda e: True)
+        except REQUEST_ERRORS as exc:
+            response = error_for(exc)
+            await run.close(response.status_code)
+            return response
+        audio_id = f"audio-{run.rid}"
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             doc = {**base, "object": "chat.completion.chunk",
                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
             return f"data: {json.dumps(doc)}\n\n"
 
+        def delta_of(event: Event) -> dict[str, Any] | None:
+            if self.is_text(event):
+                return {"audio": {"id": audio_id, "transcript": event.text}} if fmt else {"content": event.text}
+            if fmt and self.is_audio(event):
+                return {"audio": {"id": audio_id, "data": _b64(pcm24k(event))}}
+            return None
+
         async def sse() -> AsyncIterator[str]:
+            status = 499  # the client went away, unless the stream ends otherwise
             try:
-                yield chunk({"role": "assistant", "content": ""})
-                if first is not None and _is_reply(first):
-                    yield chunk({"content": first.text})
-                if first is not None:
-                    async for event in events:
-                        if _is_reply(event):
-                            yield chunk({"content": event.text})
-                yield chunk({}, "stop")
-            except (BadRequest, PipelineBusy, StageFailed) as exc:
-                yield f"data: {bytes(error_for(exc).body).decode()}\n\n"
+                yield chunk({"role": "assistant", "content": None if fmt else ""})
+                async for event in run.rest():
+                    delta = delta_of(event)
+                    if delta is not None:
+                        yield chunk(delta)
+                yield chunk({}, self._finish_reason(run))
+                usage = run.trace.usage()
+                if include_usage and usage:
+                    yield f"data: {json.dumps({**base, 'object': 'chat.completion.chunk', 'choices': [], 'usage': usage})}\n\n"
+                status = 200
+            except REQUEST_ERRORS as exc:
+                response = error_for(exc)
+                status = response.status_code
+                yield f"data: {bytes(response.body).decode()}\n\n"
             finally:
-                await events.aclose()  # type: ignore[attr-defined]
+                await run.close(status)
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _Stream(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    app: ASGIApp = Starlette(routes=[
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
+    async def speech(self, request: Request) -> Response:
+        try:
+            text, fmt = speech_request(await self._json(request))
+            if self.speech_stage is None:
+                raise _bad("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that takes "
+                           "text)", "serve a pipeline with a voice stage")
+        except BadRequest as exc:
+            return self.refuse("speech", exc)
+        run = _Run(self, text, "speech", entry=self.speech_stage)
+        try:
+            await run.until(self.is_audio)  # the WAV header needs the voice's sample rate
+        except REQUEST_ERRORS as exc:
+            response = error_for(exc)
+            await run.close(response.status_code)
+            return response
+        first = next((e for e in run.buffered if self.is_audio(e)), None)
+        if first is None:
+            await run.close(400)
+            return error_response(400, f"input {text[:60]!r} has nothing to speak (no letter or digit)",
+                                  "invalid_request_error", param="input", code="bad_request")
+        rate = first.sample_rate if fmt == "wav" else OPENAI_PCM_RATE
+
+        async def body() -> AsyncIterator[bytes]:
+            status = 499
+            try:
+                if fmt == "wav":
+                    yield wav_header(rate, None)
+                async for event in run.rest():
+                    if self.is_audio(event):
+                        yield pcm16_bytes(event.audio) if fmt == "wav" else pcm24k(event)
+                status = 200
+            except REQUEST_ERRORS as exc:  # the status is sent: the body ends short
+                status = error_for(exc).status_code
+                log.warning("speech request %s failed after its audio started: %s", run.rid, exc)
+            finally:
+                await run.close(status)
+
+        return _Stream(body(), media_type="audio/wav" if fmt == "wav" else "audio/pcm",
+                       headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
+
+
+def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
+    """The ASGI app serving ``pipeline`` (started; closed by whoever started it)."""
+    app = _App(pipeline)
+    starlette = Starlette(routes=[
+        Route("/v1/chat/completions", app.chat, methods=["POST"]),
+        Route("/v1/audio/speech", app.speech, methods=["POST"]),
+        Route("/v1/models", app.models, methods=["GET"]),
+        Route("/v1/plan", app.plan, methods=["GET"]),
+        Route("/v1/status", app.status, methods=["GET"]),
+        Route("/health", app.health, methods=["GET"]),
+        Route("/metrics", app.metrics_text, methods=["GET"]),
         Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
         Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
     ])
+    starlette.state.omni_edge = app  # for tests and embedding: the metrics, the pipeline
+    served: ASGIApp = starlette
     if api_key:
-        app = _BearerAuth(app, api_key)
-    return app
+        served = _BearerAuth(served, api_key)
+    return served

@@ -2,7 +2,15 @@
 
 Plans, verifies and starts the pipeline once (``Pipeline.from_config``, the path
 ``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
-SIGINT or SIGTERM, then closes the pipeline (every reservation released).
+SIGINT or SIGTERM. Stopping drains: uvicorn stops accepting connections at
+once, requests in flight get up to ``--drain-timeout`` seconds to finish (then
+they are cancelled, which cancels them on every stage), and only then is the
+pipeline closed (every reservation released; the final ledger is printed). A
+second SIGINT while draining stops at once. uvicorn's own handlers catch the
+signals while it serves and re-raise them once it has stopped; this command
+records them then (``stopped by SIGTERM``), so the pipeline is always closed.
+The socket is bound before anything starts: a port in use is exit 2 at once,
+and ``--port 0`` prints the port it got.
 
 Loopback only by default: binding any other address needs ``--api-key`` (exit 2
 before anything starts otherwise); with a key every request needs
@@ -15,9 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
+import time
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
+DRAIN_TIMEOUT_S = 30.0
+"""How long a stop waits for requests in flight: a long reply with its audio takes seconds."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,15 +45,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
     p.add_argument("--skip-verify", action="store_true",
                    help="run exported placements that have no gate evidence yet (default: verify them first)")
+    p.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S, metavar="S",
+                   help=f"on SIGINT/SIGTERM, seconds requests in flight may take to finish (default {DRAIN_TIMEOUT_S:g})")
+    p.add_argument("--max-waiting", type=int, metavar="N",
+                   help="requests that may wait for a slot beyond those in flight; more are answered 429 "
+                        "(default: as many as may be in flight)")
 
 
-def check_bind(host: str, port: int, api_key: str | None) -> None:
-    """``ConfigError`` (exit 2) for a bind that must not happen, before anything starts."""
+def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
+               max_waiting: int | None = None) -> None:
+    """``ConfigError`` (exit 2) for a bind or a bound that must not be, before anything starts."""
     from orchestrator.errors import ConfigError
     from orchestrator.server import is_loopback
 
     if not 0 <= port <= 65535:
         raise ConfigError.single("--port", f"{port} is not a port", "use 1-65535, or 0 for a free one")
+    if drain_timeout < 0:
+        raise ConfigError.single("--drain-timeout", f"{drain_timeout:g} is negative", "use 0 or more seconds")
+    if max_waiting is not None and max_waiting < 0:
+        raise ConfigError.single("--max-waiting", f"{max_waiting} is negative", "use 0 (refuse at once) or more")
     if not is_loopback(host) and not api_key:
         raise ConfigError.single(
             "--host", f"{host} is not a loopback address, and no --api-key is set: anyone who can reach it "
@@ -55,18 +77,37 @@ def run(args: argparse.Namespace) -> int:
         _restore_signal_handlers,
     )
 
-    check_bind(args.host, args.port, args.api_key)
+    check_bind(args.host, args.port, args.api_key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting)
+    sock = bind(args.host, args.port)
     old = _install_signal_handlers()
     try:
-        return _serve(args)
+        return _serve(args, sock)
     except Interrupted as exc:  # before serving (planning, verifying, starting)
         print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
         return 128 + exc.signum
     finally:
         _restore_signal_handlers(old)
+        sock.close()
 
 
-def _serve(args: argparse.Namespace) -> int:
+def bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound before anything starts (a port in use is exit 2
+    at once, not after the pipeline's start); uvicorn listens on it."""
+    from orchestrator.errors import ConfigError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError.single("--host/--port", f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                                 "pick another --port (0: any free one), or stop what holds it") from None
+    return sock
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from orchestrator.api import Pipeline
@@ -78,26 +119,31 @@ def _serve(args: argparse.Namespace) -> int:
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
     pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
                                     record=None, progress=True, log_to_driver=args.ray_logs,
-                                    verify=not args.skip_verify)
+                                    verify=not args.skip_verify, max_waiting=args.max_waiting)
     stopped_by: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         config = uvicorn.Config(create_app(pipeline, api_key=args.api_key), host=args.host, port=args.port,
-                                log_level="warning", lifespan="off")
+                                log_level="warning", lifespan="off", timeout_graceful_shutdown=args.drain_timeout)
         server = uvicorn.Server(config)
+        port = sock.getsockname()[1]
         names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
-        console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{args.host}:{args.port}/v1 "
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
                       f"{'(API key required)' if args.api_key else ''}— Ctrl-C to stop", soft_wrap=True)
         # uvicorn re-raises the signal that stopped it once it has shut down; what it
         # finds then is this recorder, so the pipeline is closed below, not skipped.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
-        server.run()
+        server.run(sockets=[sock])
     finally:
+        t0 = time.perf_counter()
         final = pipeline.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     held = (final or {}).get("held_bytes")
     why = f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else "stopped"
-    console.print(f"{why}: closed the pipeline; ledger holds {held or 0} bytes")
+    console.print(f"{why}: closed the pipeline in {time.perf_counter() - t0:.1f} s; ledger holds {held or 0} bytes")
+    for pool in (final or {}).get("pools", []):
+        console.print(f"  {pool['id']}: {pool['held_bytes']} bytes held of {pool['capacity_bytes']}")
     return EXIT_OK

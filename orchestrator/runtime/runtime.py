@@ -24,7 +24,10 @@
   Backpressure: at most ``GENERATOR_BACKPRESSURE`` unread items per
   generator, ``device_actor.INPUT_QUEUE_ITEMS`` waiting per stage input.
   Several requests may be in flight; each keeps its order (one generator and
-  one input queue per request and stage).
+  one input queue per request and stage). A request may enter the graph at a
+  stage that takes text (``stream(entry=...)``, e.g. text straight to the
+  voice): only that stage and those downstream of it run, and its text is cut
+  and fed as a producer's would be.
 * **Failures are named and prompt.** A device actor that dies fails every
   request in flight on it with ``StageFailed(stage, device, cause)`` as soon
   as Ray notices (milliseconds after a kill); the stages
@@ -54,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.config import PipelineConfig
-from orchestrator.errors import ConfigError, LedgerLost, PlanRefused, StageFailed
+from orchestrator.errors import BadRequest, ConfigError, LedgerLost, PlanRefused, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
@@ -157,18 +160,24 @@ class Runtime:
         startup_mod.start(self, progress)
 
     # -- requests ------------------------------------------------------------------
-    async def stream(self, prompt: Any, *, request_id: str | None = None) -> AsyncIterator[Event]:
-        """Run one request; yield its events as they happen (see ``events``)."""
+    async def stream(self, prompt: Any, *, request_id: str | None = None,
+                     entry: str | None = None) -> AsyncIterator[Event]:
+        """Run one request; yield its events as they happen (see ``events``).
+
+        ``entry``: the request enters the graph at that stage instead (its text is
+        cut as the stage's kind takes text, and fed as a producer would feed it);
+        only that stage and the stages downstream of it run. ``BadRequest`` when
+        the stage does not exist or does not take text, or the prompt is not text."""
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
         rid = request_id or uuid.uuid4().hex[:12]
-        await asyncio.to_thread(self.validate_request, prompt)  # a bad request is refused first
-        self._check_alive()
+        await asyncio.to_thread(self.validate_request, prompt, entry)  # a bad request is refused first
+        self._check_alive(entry)
         await self.admission.acquire()
         agen = None
         try:
-            self._check_alive()
-            agen = self._stream(prompt, rid)
+            self._check_alive(entry)
+            agen = self._stream(prompt, rid, entry)
             async for event in agen:
                 yield event
         finally:
@@ -178,9 +187,29 @@ class Runtime:
             finally:
                 self.admission.release()
 
-    def validate_request(self, prompt: Any) -> None:
+    def entry_stages(self) -> list[str]:
+        """The stages a request may enter at (``stream(entry=...)``): those whose kind takes text."""
+        return [s.name for s in self.stages if "text" in self.kinds[s.name].consumes]
+
+    def downstream(self, entry: str | None) -> list[StagePlan]:
+        """The stages a request entering at ``entry`` runs (all of them for None), in graph order."""
+        if entry is None:
+            return list(self.stages)
+        names, todo = {entry}, [entry]
+        while todo:
+            for c in self.consumers[todo.pop()]:
+                if c not in names:
+                    names.add(c)
+                    todo.append(c)
+        return [s for s in self.stages if s.name in names]
+
+    def validate_request(self, prompt: Any, entry: str | None = None) -> None:
         """Let each stage that takes the request check it (``StageKind.validate_request``
-        where a kind has one): ``BadRequest`` before anything is sent to an actor."""
+        where a kind has one): ``BadRequest`` before anything is sent to an actor.
+        With ``entry``: the stage must take text and the prompt must be text that is not blank."""
+        if entry is not None:
+            self._validate_entry(prompt, entry)
+            return
         for s in self.stages:
             if s.inputs[0] != REQUEST:
                 continue
@@ -188,27 +217,46 @@ class Runtime:
             if callable(hook):
                 hook(s, self.config.stage(s.name), prompt)
 
-    def _check_alive(self) -> None:
+    def _validate_entry(self, prompt: Any, entry: str) -> None:
+        takers = self.entry_stages()
+        if entry not in takers:
+            what = "is not a stage of this pipeline" if entry not in self.kinds else (
+                f"({self.plan.stage(entry).kind}) does not take text")
+            raise BadRequest.single("entry", f"{entry!r} {what}",
+                                    f"enter at a stage that takes text: {', '.join(takers) or 'none has one'}")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BadRequest.single("prompt", f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
+                                    f"stage {entry!r} takes text", "send the text to speak")
+
+    def _check_alive(self, entry: str | None = None) -> None:
+        """``StageFailed`` when a stage the request needs (``downstream(entry)``) sits on a dead actor."""
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
-        for s in self.stages:
+        for s in self.downstream(entry):
             dev = self.devices[s.device or "?"]
             if dev.dead:
                 raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
 
-    async def _stream(self, prompt: Any, rid: str) -> AsyncGenerator[Event, None]:
+    async def _stream(self, prompt: Any, rid: str, entry: str | None = None) -> AsyncGenerator[Event, None]:
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
+        stages = self.downstream(entry)
         gens = {}
-        for s in self.stages:
+        for s in stages:
             dev = self.devices[s.device or "?"]
-            initial = [prompt] if s.inputs[0] == REQUEST else None
+            if s.name == entry:
+                # fed by the runtime below, unless it takes the request (then: no feed call is counted for it)
+                initial = self._cut(entry, prompt, chunks_in) if s.inputs[0] == REQUEST else None
+            else:
+                initial = [prompt] if s.inputs[0] == REQUEST else None
             gens[s.name] = dev.actor.stream.options(
                 num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
             ).remote(s.name, rid, initial)
         tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in), name=f"{rid}:{s.name}")
-                 for s in self.stages]
+                 for s in stages]
+        if entry is not None and stages[0].inputs[0] != REQUEST:
+            tasks.append(asyncio.create_task(self._feed_entry(stages[0], rid, prompt, chunks_in), name=f"{rid}:in"))
         finished = asyncio.create_task(self._watch(tasks, events))
         done = False
         try:
@@ -230,6 +278,21 @@ class Runtime:
             for t in tasks:
                 with contextlib.suppress(BaseException):
                     await t
+
+    def _cut(self, stage: str, text: str, chunks_in: dict[str, list[str]]) -> list[str]:
+        """``text`` as ``stage``'s kind takes it: sentences, or whole."""
+        if self.kinds[stage].text_input != "sentences":
+            return [text]
+        chunker = SentenceChunker()
+        chunks = [*chunker.feed(text), *chunker.flush()]
+        chunks_in.setdefault(stage, []).extend(chunks)
+        return chunks
+
+    async def _feed_entry(self, s: StagePlan, rid: str, text: str, chunks_in: dict[str, list[str]]) -> None:
+        """Feed an entry stage its text the way its producer would: chunk by chunk, then the end."""
+        for chunk in self._cut(s.name, text, chunks_in):
+            await self._feed(s, rid, chunk)
+        await self._call(s, "end_input", rid)
 
     async def _watch(self, tasks: list[asyncio.Task[Any]], events: asyncio.Queue[Any]) -> None:
         pending = set(tasks)

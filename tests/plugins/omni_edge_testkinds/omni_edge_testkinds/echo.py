@@ -2,8 +2,9 @@
 
 ``mode: words`` answers a prompt word by word like a decoder (with ``delay_s``
 between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
-prompt or its last user message); ``mode: tone`` turns each text chunk into a short sine wave
-like a TTS.
+prompt or its last user message; its ``request_stats`` count words the way a
+decoder counts tokens: ``prompt_tokens`` over every message, ``tokens`` out);
+``mode: tone`` turns each text chunk into a short sine wave like a TTS.
 
 A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
 "gate_file": path}``, yields exactly those deltas instead; with a
@@ -57,6 +58,7 @@ class EchoRunner(StageRunner):
         self.plan, self.cfg = plan, cfg
         self.held: np.ndarray | None = None
         self.load_info: dict[str, Any] = {}
+        self.counted: dict[str, dict[str, int]] = {}
 
     def load(self) -> None:
         time.sleep(self.cfg.load_s)
@@ -75,8 +77,11 @@ class EchoRunner(StageRunner):
                 return
             prompt = " ".join(_prompt_text(i) for i in items)
             words = f"You said {prompt}. {REPLY}".split(" ")
+            counted = {"prompt_tokens": _words_in(items), "tokens": 0}
+            self.counted[request_id] = counted
             for i, w in enumerate(words):
                 await asyncio.sleep(self.cfg.delay_s)
+                counted["tokens"] += 1
                 yield w if i == 0 else " " + w
             return
         async for chunk in inputs:
@@ -96,8 +101,24 @@ class EchoRunner(StageRunner):
                     await asyncio.sleep(0.01)
             yield delta
 
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """A words stage's "tokens" (words, like a decoder's usage): every word of every
+        message in, words out (popped: asked once)."""
+        return self.counted.pop(request_id, {})
+
     def close(self) -> None:
         self.held = None
+
+
+def _words_in(items: list[Any]) -> int:
+    """Words of a request: its prompt, or every message of it (system and history too)."""
+    n = 0
+    for item in items:
+        if isinstance(item, dict) and "messages" in item:
+            n += sum(len(str(m.get("content", "")).split()) for m in item["messages"] if isinstance(m, dict))
+        else:
+            n += len(_prompt_text(item).split())
+    return n
 
 
 def _prompt_text(item: Any) -> str:

@@ -1,0 +1,213 @@
+"""What ``omni-edge serve`` measures: Prometheus metrics, the last requests, peaks.
+
+:class:`ServerMetrics` belongs to one app (its own ``CollectorRegistry``, so two
+apps in one process never share a series). The app feeds it:
+
+* every request's events through a :class:`Trace` (``trace.see(event)``, then
+  ``metrics.finish(trace, code)``): per-stage time to first output and to done,
+  time to first token and to first audio, tokens per second of each decode stage;
+* every refused request (``metrics.refused(endpoint, status)``).
+
+At scrape time (``await metrics.render()``) it reads what changes without a
+request: requests in flight and waiting (the runtime's admission), bytes held
+per pool (the ledger actor, asked in a worker thread, never on the event loop),
+and each stage's measured peak (cached; ``runtime.measure()`` runs in a worker
+thread after requests, one refresh at a time). Metric names are listed in
+docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta
+from orchestrator.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+MEASURE_EVERY_S = 2.0
+"""Peaks are re-measured after requests at most this often (each is an actor call per stage)."""
+RECENT = 20
+"""Requests kept for ``/v1/status``'s ``recent``."""
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+PREFIX = "omni_edge_"
+
+
+@dataclass
+class Trace:
+    """One request's timings, as its events arrive (seconds since it was submitted)."""
+
+    request_id: str
+    endpoint: str
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    first_audio: float | None = None
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def see(self, event: Event) -> None:
+        if isinstance(event, TextDelta) and self.first_token is None:
+            self.first_token = event.t
+        elif isinstance(event, AudioChunk) and self.first_audio is None:
+            self.first_audio = event.t
+        elif isinstance(event, StageEvent):
+            entry = self.stages.setdefault(event.stage, {"time_to_first_output_s": None, "done_s": None})
+            if event.kind == "first_output":
+                entry["time_to_first_output_s"] = round(event.t, 4)
+            else:
+                entry["done_s"] = round(event.t, 4)
+                entry["stats"] = event.stats
+
+    def usage(self) -> dict[str, int] | None:
+        """OpenAI's ``usage`` from the decode stages' figures, when a stage counted tokens."""
+        counted = [s["stats"] for s in self.stages.values() if "prompt_tokens" in s.get("stats", {})]
+        if not counted:
+            return None
+        prompt = sum(int(s.get("prompt_tokens") or 0) for s in counted)
+        completion = sum(int(s.get("tokens") or 0) for s in counted)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def summary(self, total_s: float) -> dict[str, Any]:
+        return {"request_id": self.request_id, "endpoint": self.endpoint,
+                "time_to_first_token_s": _r(self.first_token), "time_to_first_audio_s": _r(self.first_audio),
+                "total_s": _r(total_s),
+                "stages": {name: {k: v for k, v in s.items() if k != "stats"} for name, s in self.stages.items()}}
+
+
+class ServerMetrics:
+    """The app's metrics and recent requests (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.registry = CollectorRegistry()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.measured: dict[str, dict[str, Any]] = {}
+        self._measuring: asyncio.Task[None] | None = None
+        self._measured_at = 0.0
+        r, b = self.registry, LATENCY_BUCKETS
+        self.requests = Counter(f"{PREFIX}requests", "Requests answered, by endpoint and HTTP status",
+                                ["endpoint", "code"], registry=r)
+        self.refused_total = Counter(f"{PREFIX}requests_refused", "Requests refused (400, 429, 503), by status",
+                                     ["code"], registry=r)
+        self.request_s = Histogram(f"{PREFIX}request_seconds", "Request duration", ["endpoint"], buckets=b, registry=r)
+        self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Submission to the first text delta",
+                              buckets=b, registry=r)
+        self.ttfa = Histogram(f"{PREFIX}time_to_first_audio_seconds", "Submission to the first audio chunk",
+                              buckets=b, registry=r)
+        self.stage_first = Histogram(f"{PREFIX}stage_first_output_seconds", "Submission to a stage's first output",
+                                     ["stage"], buckets=b, registry=r)
+        self.stage_done = Histogram(f"{PREFIX}stage_done_seconds", "Submission to a stage's end", ["stage"],
+                                    buckets=b, registry=r)
+        self.tokens_per_s = Gauge(f"{PREFIX}decode_tokens_per_second", "Decode rate of a stage's last request",
+                                  ["stage"], registry=r)
+        self.tokens = Counter(f"{PREFIX}generated_tokens", "Tokens generated", ["stage"], registry=r)
+        self.in_flight = Gauge(f"{PREFIX}requests_in_flight", "Requests holding a slot", registry=r)
+        self.waiting = Gauge(f"{PREFIX}requests_waiting", "Requests waiting for a slot", registry=r)
+        self.in_flight_limit = Gauge(f"{PREFIX}requests_in_flight_limit", "Slots", registry=r)
+        self.pool_held = Gauge(f"{PREFIX}ledger_held_bytes", "Bytes the ledger holds in a pool", ["pool"], registry=r)
+        self.pool_capacity = Gauge(f"{PREFIX}pool_capacity_bytes", "A pool's capacity", ["pool"], registry=r)
+        self.pool_budget = Gauge(f"{PREFIX}pool_budget_bytes", "A pool's planned peak", ["pool"], registry=r)
+        self.stage_peak = Gauge(f"{PREFIX}stage_measured_peak_bytes", "A stage's measured peak", ["stage", "pool"],
+                                registry=r)
+        self.stage_budget = Gauge(f"{PREFIX}stage_budget_bytes", "A stage's planned peak", ["stage", "pool"],
+                                  registry=r)
+        self.stage_alive = Gauge(f"{PREFIX}stage_alive", "1 when a stage's device actor is alive", ["stage", "device"],
+                                 registry=r)
+        self.ledger_up = Gauge(f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r)
+        self.in_flight_limit.set(runtime.admission.limit)
+        for s in runtime.stages:
+            self.stage_budget.labels(s.name, s.pool or "?").set(s.budget_bytes())
+
+    # -- fed by the app ------------------------------------------------------------
+    def refused(self, endpoint: str, status: int) -> None:
+        self.refused_total.labels(str(status)).inc()
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def finish(self, trace: Trace, status: int = 200) -> None:
+        """Record a request that ran (completed, failed or cancelled)."""
+        total = time.perf_counter() - trace.started
+        self.requests.labels(trace.endpoint, str(status)).inc()
+        self.request_s.labels(trace.endpoint).observe(total)
+        if trace.first_token is not None:
+            self.ttft.observe(trace.first_token)
+        if trace.first_audio is not None:
+            self.ttfa.observe(trace.first_audio)
+        for name, s in trace.stages.items():
+            if s["time_to_first_output_s"] is not None:
+                self.stage_first.labels(name).observe(s["time_to_first_output_s"])
+            if s["done_s"] is not None:
+                self.stage_done.labels(name).observe(s["done_s"])
+            stats = s.get("stats") or {}
+            if stats.get("decode_tokens_per_s"):
+                self.tokens_per_s.labels(name).set(stats["decode_tokens_per_s"])
+            if stats.get("tokens"):
+                self.tokens.labels(name).inc(int(stats["tokens"]))
+        self.recent.append(trace.summary(total))
+        self.refresh_measured()
+
+    # -- read at scrape time -------------------------------------------------------
+    def refresh_measured(self, *, now: bool = False) -> None:
+        """Re-measure every stage's peak in a worker thread, unless a refresh is running
+        or (without ``now``) one ran less than ``MEASURE_EVERY_S`` ago."""
+        if self._measuring is not None and not self._measuring.done():
+            return
+        if not now and time.monotonic() - self._measured_at < MEASURE_EVERY_S:
+            return
+        self._measured_at = time.monotonic()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
+            self._measuring = asyncio.get_running_loop().create_task(self._measure())
+
+    async def _measure(self) -> None:
+        if self.runtime._closed:
+            return
+        try:
+            self.measured = await asyncio.to_thread(self.runtime.measure)
+        except Exception as exc:  # a peak is a figure, not a reason to fail a request
+            log.warning("measuring the stages failed: %s", exc)
+
+    async def measured_now(self) -> dict[str, dict[str, Any]]:
+        """The cached peaks, measured first when nothing has been yet."""
+        if not self.measured:
+            self.refresh_measured(now=True)
+            if self._measuring is not None:
+                await asyncio.shield(self._measuring)
+        return self.measured
+
+    async def ledger(self) -> dict[str, Any] | None:
+        """The ledger's snapshot (asked off the event loop); None when it cannot answer."""
+        try:
+            return await asyncio.to_thread(self.runtime.ledger_snapshot)
+        except Exception as exc:
+            log.warning("the ledger did not answer: %s", exc)
+            return None
+
+    async def render(self) -> bytes:
+        """The Prometheus text exposition, with the gauges read now."""
+        admission = self.runtime.admission
+        self.in_flight.set(admission.in_flight)
+        self.waiting.set(admission.waiting)
+        for s in self.runtime.stages:
+            dev = self.runtime.devices.get(s.device or "?")
+            self.stage_alive.labels(s.name, s.device or "?").set(int(dev is not None and not dev.dead))
+        snapshot = await self.ledger()
+        self.ledger_up.set(int(snapshot is not None))
+        for p in (snapshot or {}).get("pools", []):
+            self.pool_held.labels(p["id"]).set(p["held_bytes"])
+            self.pool_capacity.labels(p["id"]).set(p["capacity_bytes"])
+        for p in self.runtime.plan.pools:
+            self.pool_budget.labels(p.id).set(p.peak_bytes)
+        for name, m in (await self.measured_now()).items():
+            if m.get("measured_peak_bytes") is not None:
+                self.stage_peak.labels(name, self.runtime.plan.stage(name).pool or "?").set(m["measured_peak_bytes"])
+        return generate_latest(self.registry)
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
