@@ -347,12 +347,10 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
     import urllib.error
     import urllib.request
 
-    from orchestrator.runtime.audio import OPENAI_PCM_RATE, WavStreamWriter
-
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     printer = ReplyPrinter(make_stdout_console())
     parts: list[str] = []
-    writer: WavStreamWriter | None = None
+    writer = PcmWav(wav) if wav is not None else None
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
             for doc in _events(resp):
@@ -365,12 +363,8 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
                     if text:
                         parts.append(text)
                         printer.write(text)
-                    if audio.get("data") and wav is not None:
-                        import numpy as np
-
-                        pcm = np.frombuffer(base64.b64decode(audio["data"]), dtype="<i2")
-                        writer = writer or WavStreamWriter(wav, OPENAI_PCM_RATE)
-                        writer.write(pcm.astype(np.float32) / 32768.0)
+                    if audio.get("data") and writer is not None:
+                        writer.add(base64.b64decode(audio["data"]))
         printer.close()
     except urllib.error.HTTPError as exc:
         printer.close()
@@ -394,9 +388,48 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
             raise Fatal(f"the connection to {url} failed ({exc})", 2) from None
         raise
     if writer is not None:
-        path = writer.close()
-        console.print(f"[dim]audio: {path} ({writer.seconds:.2f} s)[/]", soft_wrap=True)
+        console.print(writer.finish(), soft_wrap=True)
     return "".join(parts)
+
+
+class PcmWav:
+    """A reply's streamed OpenAI pcm16 (24 kHz) audio written to ``path`` as it
+    comes (``WavStreamWriter``). A write that fails stops the writing and removes
+    the file; ``finish`` says what happened, for the user."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writer: Any = None
+        self.error: OSError | None = None
+
+    def add(self, pcm16: bytes) -> None:
+        import numpy as np
+
+        from orchestrator.runtime.audio import OPENAI_PCM_RATE, WavStreamWriter
+
+        if self.error is not None:
+            return
+        try:
+            self.writer = self.writer or WavStreamWriter(self.path, OPENAI_PCM_RATE)
+            self.writer.write(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
+        except OSError as exc:
+            self.error = exc
+            self.discard()
+
+    def finish(self) -> str:
+        if self.error is None and self.writer is not None:
+            try:
+                return f"[dim]audio: {self.writer.close()} ({self.writer.seconds:.2f} s)[/]"
+            except OSError as exc:
+                self.error = exc
+                self.discard()
+        if self.error is None:
+            return "[yellow]the server sent no audio for this reply[/]"
+        return f"[yellow]{self.path}: the reply's audio could not be written ({self.error.strerror or self.error})[/]"
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            self.writer.discard()
 
 
 def _events(resp: Any) -> Iterator[dict[str, Any]]:

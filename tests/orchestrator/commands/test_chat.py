@@ -137,6 +137,26 @@ def test_chat_over_url_keeps_the_history_and_writes_each_replys_audio(
 
 
 @pytest.mark.ray
+def test_audio_that_cannot_be_written_is_named_and_the_chat_goes_on(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from orchestrator.runtime import audio
+
+    def disk_full(self: Any, samples: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(audio.WavStreamWriter, "write", disk_full)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
+    rc = main(["chat", "--url", server, "--api-key", KEY, "--out-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 0 and _reply("two") in captured.out
+    assert captured.err.count("the reply's audio could not be written (No space left on device)") == 2
+    assert list(tmp_path.iterdir()) == []  # nothing half-written, no temporary file
+
+
+@pytest.mark.ray
 def test_a_refused_message_is_printed_the_chat_goes_on_and_exits_2(
     server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
