@@ -79,7 +79,6 @@ stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge
 if [ "${1:-}" = "--dry-run" ]; then
   # What a real run would install here, without installing anything.
   echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
-  if command -v chromium >/dev/null 2>&1; then echo "browser: $(chromium_version)"; else echo "browser: chromium (Debian's package, apt-get)"; fi
   exit 0
 fi
 install_chromium
