@@ -43,7 +43,7 @@ pysbd: 31/37, 37/42, 5 false cuts (``approx. 5``, closing quotes after
 ``。``/``！`` cut off; the same 31/37 on whole texts), ~200 µs per delta.
 stream2sentence: 23/37 with its defaults (it merges short sentences), 29/37
 with merging off (9 false cuts: ``am 3.`` | ``Mai``, ``1.`` | ``Boil``),
-85–165 µs per delta, and a sentence out ~6 characters after its end (it
+75–165 µs per delta, and a sentence out ~6 characters after its end (it
 waits for context). Before these rules the chunker got 10/37 (16 false cuts).
 Neither library serves a streaming voice better; both would add a dependency
 (stream2sentence pulls in emoji and, for its better tokenizers, NLTK or
