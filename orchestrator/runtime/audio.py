@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
+import soxr
 
 OPENAI_PCM_RATE = 24000
 """The sample rate of OpenAI's ``pcm``/``pcm16`` audio (16-bit mono little-endian)."""
@@ -50,8 +51,6 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     a = np.asarray(audio, dtype=np.float32).reshape(-1)
     if int(from_rate) == int(to_rate) or a.size == 0:
         return a
-    import soxr
-
     return np.asarray(soxr.resample(a, int(from_rate), int(to_rate), quality="HQ"), dtype=np.float32)
 
 
