@@ -84,7 +84,9 @@ def _modules(model: Any) -> tuple[Any, Any]:
         def forward(self, input_ids: Any, cross_key: Any, cross_value: Any, past_key: Any, past_value: Any) -> Any:
             past, tokens = past_key.shape[3], input_ids.shape[1]
             x = self.decoder.embed_tokens(input_ids) + self.decoder.embed_positions.weight[past : past + tokens]
-            mask = torch.triu(torch.full((tokens, past + tokens), torch.finfo(torch.float32).min), diagonal=past + 1)
+            # causal mask by comparison, not Trilu (which OpenVINO's EP leaves to the CPU EP)
+            later = torch.arange(past + tokens)[None, :] > torch.arange(tokens)[:, None] + past
+            mask = later.to(torch.float32) * torch.finfo(torch.float32).min
             present_key, present_value = [], []
             for i, layer in enumerate(self.decoder.layers):
                 h = layer.self_attn_layer_norm(x)

@@ -199,6 +199,23 @@ def test_the_cpu_ep_gate_passes_against_pytorch(built: dict[str, Path], name: st
 
 @needs_whisper
 @pytest.mark.slow
+@pytest.mark.openvino
+@pytest.mark.ort
+@pytest.mark.parametrize("name", ["encoder", "decoder"])
+def test_the_openvino_route_takes_every_node_and_passes(
+    built: dict[str, Path], name: str, ov_host: Any, store: EvidenceStore
+) -> None:
+    """One partition, no CPU fallback: the decoder's causal mask is a comparison, not a Trilu."""
+    result = verify_placement(placement(built[name]), ov_host, store=store)
+    assert result.status == "passed", [r.message for r in result.refusals]
+    record: dict[str, Any] = result.record  # type: ignore[assignment]
+    assert record["coverage"]["fraction"] == 1.0 and record["coverage"]["partitions"] == 1
+    for m in record["numeric"]["outputs"].values():
+        assert m["rel_l2"] < 1e-4 and m["cosine"] > 0.99999
+
+
+@needs_whisper
+@pytest.mark.slow
 @pytest.mark.ort
 def test_the_cached_decoding_steps_match_transformers_on_the_whole_prefix(
     built: dict[str, Path], recogniser: whisper_asr.WhisperOnnx
