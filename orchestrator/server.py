@@ -28,9 +28,11 @@ has every endpoint, shape and metric):
   last requests' latencies), ``GET /metrics`` (Prometheus text,
   ``server_metrics``).
 
-A streamed response whose client goes away is cancelled all the way down: the
-body generator is closed (``_Stream``), which closes the pipeline's stream,
-which cancels the request on every device actor and frees its admission slot.
+A client that goes away is cancelled all the way down, whenever it leaves:
+before the response starts (a watcher on the connection, ``_Run.until``) or
+while it streams (the body generator is closed, ``_Stream``); either closes the
+pipeline's stream, which cancels the request on every device actor (the vLLM
+request aborted, queued sentences dropped) and frees its admission slot.
 
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``:
 ``BadRequest`` → 400 (where, what, how to fix), ``PipelineBusy`` → 429 with
@@ -41,6 +43,7 @@ needs ``Authorization: Bearer KEY`` (401 otherwise), compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -72,8 +75,9 @@ AUDIO_EXPIRES_S = 3600
 """``message.audio.expires_at``: nothing is kept server-side; the hour is OpenAI's own figure."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
-                   "top_p": "top_p", "seed": "seed"}
-"""OpenAI request fields → the decode stage's sampling keys."""
+                   "top_p": "top_p", "seed": "seed", "min_tokens": "min_tokens", "top_k": "top_k"}
+"""OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
+``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")
 SPEECH_FORMATS = ("wav", "pcm")
 REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
@@ -151,6 +155,8 @@ def chat_request(body: Any) -> dict[str, Any]:
             raise _bad(field, f"{value!r} is not a number")
         if key == "max_tokens" and (not isinstance(value, int) or value < 1):
             raise _bad(field, f"{value!r}: must be a whole number of at least 1", "e.g. 64")
+        if key in ("min_tokens", "top_k") and not isinstance(value, int):
+            raise _bad(field, f"{value!r}: must be a whole number", "e.g. 16")
         sampling[key] = value
     request: dict[str, Any] = {"messages": out}
     if sampling:
@@ -201,6 +207,12 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+async def _client_gone(request: Request) -> None:
+    """Return once the client has disconnected (its request body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class _Stream(StreamingResponse):
     """A streamed response whose body generator is always closed when the response
     ends — also when the client went away while a chunk was being sent, where
@@ -245,9 +257,26 @@ class _Run:
         self.status = 200
         self._finished = False
 
-    async def until(self, found: Callable[[Event], bool]) -> None:
-        """Read events until one is ``found`` or the request ends, keeping them for ``rest``.
+    async def until(self, found: Callable[[Event], bool], request: Request) -> bool:
+        """Read events until one is ``found`` or the request ends, keeping them for ``rest``;
+        False when the client went away first (the request is then cancelled and recorded).
         A request refused up front raises here, before any response has started."""
+        reading = asyncio.ensure_future(self._until(found))
+        watching = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait({reading, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not reading.done():
+                reading.cancel()  # cancels the request on the stages, frees its slot
+                await asyncio.wait({reading})
+        if reading.cancelled():
+            await self.close(499)  # nobody to answer: the response never starts
+            return False
+        reading.result()  # raises what the request raised
+        return True
+
+    async def _until(self, found: Callable[[Event], bool]) -> None:
         async for event in self.events:
             self.trace.see(event)
             self.buffered.append(event)
@@ -376,11 +405,14 @@ class _App:
         run = _Run(self, prompt, "chat")
         base = {"id": f"chatcmpl-{run.rid}", "created": int(time.time()), "model": self.model}
         if body.get("stream"):
-            return await self._chat_stream(run, base, fmt, bool((body.get("stream_options") or {}).get("include_usage")))
-        return await self._chat_whole(run, base, fmt)
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await self._chat_stream(run, base, fmt, usage, request)
+        return await self._chat_whole(run, base, fmt, request)
 
-    async def _chat_whole(self, run: _Run, base: dict[str, Any], fmt: str | None) -> Response:
+    async def _chat_whole(self, run: _Run, base: dict[str, Any], fmt: str | None, request: Request) -> Response:
         try:
+            if not await run.until(lambda e: False, request):
+                return Response(status_code=499)
             events = [e async for e in run.rest()]
         except REQUEST_ERRORS as exc:
             response = error_for(exc)
@@ -414,11 +446,13 @@ class _App:
                    if name in self.text_stages]
         return "length" if "length" in reasons else "stop"
 
-    async def _chat_stream(self, run: _Run, base: dict[str, Any], fmt: str | None, include_usage: bool) -> Response:
+    async def _chat_stream(self, run: _Run, base: dict[str, Any], fmt: str | None, include_usage: bool,
+                           request: Request) -> Response:
         # The first event is awaited before the response starts, so a request refused
         # up front (bad, busy, a dead stage) gets its HTTP status, not a broken stream.
         try:
-            await run.until(lambda e: True)
+            if not await run.until(lambda e: True, request):
+                return Response(status_code=499)
         except REQUEST_ERRORS as exc:
             response = error_for(exc)
             await run.close(response.status_code)
@@ -470,7 +504,8 @@ class _App:
             return self.refuse("speech", exc)
         run = _Run(self, text, "speech", entry=self.speech_stage)
         try:
-            await run.until(self.is_audio)  # the WAV header needs the voice's sample rate
+            if not await run.until(self.is_audio, request):  # the WAV header needs the voice's sample rate
+                return Response(status_code=499)
         except REQUEST_ERRORS as exc:
             response = error_for(exc)
             await run.close(response.status_code)
