@@ -16,7 +16,8 @@ checkpoint :func:`build` writes two ``omni-edge.export/1`` artifacts:
 
 The ``.onnx`` files and the reference ``.npz`` files are generated (ignored by
 git, each directory's ``.gitignore``): run ``python -m exports.whisper_asr build``
-after installing the package. The recorded reference outputs are PyTorch's
+after installing the package (``python -m exports.whisper_asr transcribe FILE.wav``
+then prints what a 16-bit WAV file says). The recorded reference outputs are PyTorch's
 (transformers' modules on the converted weights), so the numeric gate on the
 CPU EP checks the export itself.
 
@@ -32,11 +33,13 @@ import io
 import re
 import sys
 import warnings
+import wave
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from exports import silero_vad, whisper_ct2
+from orchestrator.errors import ConfigError
 
 EXPORTS = Path(__file__).resolve().parent
 ENCODER_DIR = EXPORTS / "whisper-tiny-en-encoder"
@@ -340,8 +343,46 @@ def _words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
 
 
-if __name__ == "__main__":  # python -m exports.whisper_asr build
-    if sys.argv[1:] != ["build"]:
-        sys.exit("usage: python -m exports.whisper_asr build")
-    print(f"checkpoint: {build()}")
-    print(f"artifacts:  {ENCODER_DIR}, {DECODER_DIR}")
+def read_wav(path: str | Path) -> tuple[Any, int]:
+    """Samples (float32, mono: channels averaged) and the rate of a 16-bit PCM WAV file.
+
+    ``ValueError`` naming the file for anything else (the stdlib ``wave`` reads PCM only).
+    """
+    import numpy as np
+
+    try:
+        with wave.open(str(path), "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except (OSError, EOFError, wave.Error) as exc:
+        raise ValueError(f"{path}: not a readable WAV file ({exc})") from None
+    if width != 2:
+        raise ValueError(f"{path}: {8 * width}-bit samples; convert it to 16-bit PCM")
+    samples = np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
+    return samples.reshape(-1, channels).mean(axis=1), rate
+
+
+def main(argv: list[str]) -> int:
+    """``build`` or ``transcribe FILE.wav``; bad input is one message and exit status 2."""
+    try:
+        if argv == ["build"]:
+            print(f"checkpoint: {build()}")
+            print(f"artifacts:  {ENCODER_DIR}, {DECODER_DIR}")
+            return 0
+        if len(argv) == 2 and argv[0] == "transcribe":
+            audio, rate = read_wav(argv[1])
+            missing = [d / "fp32.onnx" for d in (ENCODER_DIR, DECODER_DIR) if not (d / "fp32.onnx").is_file()]
+            if missing:
+                raise ConfigError.single(str(missing[0]), "the exported graph is missing",
+                                         "run: python -m exports.whisper_asr build")
+            print(WhisperOnnx().transcribe(audio, rate))
+            return 0
+    except (ConfigError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print("usage: python -m exports.whisper_asr build | transcribe FILE.wav", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # python -m exports.whisper_asr build | transcribe FILE.wav
+    sys.exit(main(sys.argv[1:]))

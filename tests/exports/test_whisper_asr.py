@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import struct
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,37 @@ def test_the_encoder_hook_takes_audio_items_of_at_most_30_seconds() -> None:
         whisper_asr.encoder_preprocess({"audio": np.zeros(31 * 16000), "sample_rate": 16000})
     with pytest.raises(TypeError, match="takes audio items"):
         whisper_asr.encoder_preprocess("hello")
+
+
+def test_a_wav_file_is_read_as_mono_floats(tmp_path: Path) -> None:
+    stereo = np.array([[16384, -16384], [32767, 32767]], dtype="<i2")
+    with wave.open(str(tmp_path / "a.wav"), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(22050)
+        w.writeframes(stereo.tobytes())
+    samples, rate = whisper_asr.read_wav(tmp_path / "a.wav")
+    assert rate == 22050 and samples.dtype == np.float32
+    np.testing.assert_allclose(samples, [0.0, 32767 / 32768], atol=1e-7)
+
+
+def test_the_command_line_says_what_is_wrong_with_exit_status_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("not audio")
+    assert whisper_asr.main(["transcribe", str(tmp_path / "notes.txt")]) == 2
+    assert "notes.txt: not a readable WAV file" in capsys.readouterr().err
+    assert whisper_asr.main(["listen"]) == 2
+    assert capsys.readouterr().err.startswith("usage: python -m exports.whisper_asr build | transcribe FILE.wav")
+    with wave.open(str(tmp_path / "a.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 160)
+    monkeypatch.setattr(whisper_asr, "ENCODER_DIR", tmp_path / "nowhere")
+    assert whisper_asr.main(["transcribe", str(tmp_path / "a.wav")]) == 2
+    err = capsys.readouterr().err
+    assert "fp32.onnx: the exported graph is missing" in err and "python -m exports.whisper_asr build" in err
 
 
 @needs_whisper
