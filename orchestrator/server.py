@@ -26,7 +26,8 @@ has every endpoint, shape and metric):
   alive; 503 while one is dead), ``GET /v1/plan`` (the plan with each stage's
   measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
   last requests' latencies), ``GET /metrics`` (Prometheus text,
-  ``server_metrics``).
+  ``server_metrics``), ``GET /`` (the page: ``orchestrator/web``, its files
+  under ``/static``).
 
 A client that goes away is cancelled all the way down, whenever it leaves:
 before the response starts (a watcher on the connection, ``_Run.until``) or
