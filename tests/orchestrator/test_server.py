@@ -379,6 +379,31 @@ def test_usage_counts_the_whole_history(served: _Served) -> None:
     assert one.completion_tokens == len(EXPECTED.split()) and one.total_tokens == one.prompt_tokens + one.completion_tokens
 
 
+@pytest.mark.ray
+def test_eight_concurrent_clients_each_get_their_own_reply(served: _Served) -> None:
+    import base64
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(i: int) -> tuple[str, int]:
+        messages = [{"role": "user", "content": f"client {i}"}]
+        if i % 2:  # half of them streamed, with audio
+            transcript, samples = "", 0
+            for chunk in _client(served).chat.completions.create(
+                    model="echo-serve", messages=messages, stream=True, modalities=["text", "audio"],
+                    audio={"voice": "x", "format": "pcm16"}):
+                audio = chunk.choices[0].delta.audio if chunk.choices else None
+                transcript += (audio.transcript or "") if audio else ""
+                samples += len(base64.b64decode(audio.data)) // 2 if audio and audio.data else 0
+            return transcript, samples
+        return _client(served).chat.completions.create(model="echo-serve", messages=messages).choices[0].message.content, 0
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(8)))
+    for i, (text, samples) in enumerate(replies):
+        assert text == f"You said client {i}. {REPLY}"
+        assert (samples > 0) == bool(i % 2)
+
+
 # -- inspection -------------------------------------------------------------------------------------
 @pytest.mark.ray
 def test_plan_status_and_metrics_describe_the_running_pipeline(served: _Served) -> None:
