@@ -39,7 +39,8 @@ Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``:
 ``BadRequest`` → 400 (where, what, how to fix), ``PipelineBusy`` → 429 with
 ``Retry-After``, ``StageFailed`` → 503 naming the stage and the device (a dead
 stage fails only the requests that need it). With an API key every request
-needs ``Authorization: Bearer KEY`` (401 otherwise), compared in constant time.
+but the page's static files needs ``Authorization: Bearer KEY`` (401
+otherwise), compared in constant time.
 """
 
 from __future__ import annotations
@@ -228,13 +229,17 @@ class _Stream(StreamingResponse):
 
 
 class _BearerAuth:
-    """``Authorization: Bearer KEY`` on every request (401 otherwise), compared in constant time."""
+    """``Authorization: Bearer KEY`` on every request (401 otherwise), compared in constant time —
+    except the page's own static files (``GET /``, ``/static/...``): they hold no data, and
+    the page asks for the key before it calls the API."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        path = str(scope.get("path", ""))
+        public = scope.get("method") in ("GET", "HEAD") and (path == "/" or path.startswith("/static/"))
+        if scope["type"] == "http" and not public:
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, given = header.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):

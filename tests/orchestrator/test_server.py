@@ -190,6 +190,9 @@ def test_a_key_is_required_when_set(served_with_key: _Served) -> None:
     missing = httpx.post(f"{served_with_key.url}/v1/chat/completions", json={"messages": MESSAGES})
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{served_with_key.url}/health").status_code == 401
+    assert httpx.get(f"{served_with_key.url}/v1/status").status_code == 401
+    page = httpx.get(f"{served_with_key.url}/")  # the page itself holds no data; it asks for the key
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     reply = _client(served_with_key, KEY).chat.completions.create(model="echo-serve", messages=MESSAGES)
     assert reply.choices[0].message.content == EXPECTED
 
