@@ -94,6 +94,14 @@ def test_chat_whole_and_streamed(serve: ServeProcess) -> None:
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_prompt_beyond_the_context_is_a_400_naming_both_numbers(serve: ServeProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(serve).chat.completions.create(model="voice-assistant", messages=_ask("word " * 2100), max_tokens=64)
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "messages" and body["code"] == "bad_request"
+    assert "max_tokens 64" in body["message"] and "max_model_len of 2048" in body["message"]
+
+
 def test_streamed_audio_is_speech_sent_as_it_is_made(serve: ServeProcess) -> None:
     stream = _client(serve).chat.completions.create(
         model="voice-assistant", messages=_ask("Tell me two facts about the Moon."), modalities=["text", "audio"],
