@@ -366,6 +366,11 @@ def test_entering_at_a_stage_runs_it_and_what_is_downstream(pipeline: Any) -> No
     assert set(done) == {"voice"} and done["voice"]["chunks_in"] == ["Say this.", "And that."]
     with pytest.raises(BadRequest, match=r"(?s)'nope' is not a stage of this pipeline.*thinker, voice"):
         asyncio.run(events(entry="nope"))
+    with pytest.raises(BadRequest, match="blank text: stage 'voice' takes text"):
+        pipeline.validate("   ", entry="voice")
+    result = pipeline.run("One sentence only.", entry="voice", record=None)
+    assert result.text == "" and result.chunks == ["One sentence only."]
+    assert result.audio_seconds == pytest.approx(len("One sentence only.") * 0.02)
     assert pipeline.runtime.admission.in_flight == 0
 
 
