@@ -125,7 +125,7 @@ def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> t
             "", "where the parallel start's time went (medians):"]
     keys = ("ray_init_s", "actors_s", "loads_s", "start_s")
     phases = {k: med([r["startup"].get(k) for r in rows["parallel"]]) for k in keys}
-    other = (phases["start_s"] or 0) - sum(phases[k] or 0 for k in keys[:3])
+    other = med([r["startup"]["start_s"] - sum(r["startup"][k] for k in keys[:3]) for r in rows["parallel"]])
     out.append("  " + "   ".join(f"{k[:-2]} {phases[k]:.2f} s" for k in keys) + f"   other {other:.2f} s")
     for n in names:
         in_par = med([r["startup"]["stage_load_s"][n] for r in rows["parallel"]])

@@ -119,8 +119,8 @@ class DeviceActor:
             if not admission["ok"]:
                 raise StageFailed(name, self.device, refusal(admission["shortfalls"][0]))
         before = set(descendants(os.getpid()))
-        meter = RssMeter(children=True).start()
-        started = _NewProcessMeter(os.getpid(), before).start()
+        meter = _LoadMeter(before)
+        meter.start()
         overlapped = self._begin_load(name)
         runner = None
         try:
@@ -131,7 +131,6 @@ class DeviceActor:
             load_s = time.perf_counter() - t0
         except BaseException as exc:
             meter.stop()
-            started.stop()
             self._loading.pop(name, None)
             if runner is not None:
                 try:
@@ -142,7 +141,6 @@ class DeviceActor:
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
         meter.stop()
-        started.stop()
         overlapped = self._loading.pop(name, overlapped)
         hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
                          meter.peak_growth, meter.growth)
@@ -150,7 +148,7 @@ class DeviceActor:
             own = [p for p in descendants(os.getpid()) if p not in before]
             hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
             if overlapped and own:
-                hosted.tree_load_peak, hosted.tree_resident = started.peak_growth, started.growth
+                hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
                 hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
                                     "over the processes it started")
             elif overlapped:
@@ -354,17 +352,23 @@ def refusal(shortfall: dict[str, Any]) -> str:
             f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})")
 
 
-class _NewProcessMeter(RssMeter):
-    """RSS of the processes started under ``root`` since ``before`` was taken (not
-    ``root`` itself): what one load's route worker holds while another load grows
-    the actor's own process."""
+class _LoadMeter(RssMeter):
+    """RSS of this process and its descendants (``RssMeter(children=True)``) and,
+    from the same samples, of the processes started since ``before`` was taken
+    (``new_now``, ``new_peak``): what one load's route worker holds while another
+    load grows the actor's own process."""
 
-    def __init__(self, root: int, before: set[int]) -> None:
-        super().__init__(root)
+    def __init__(self, before: set[int]) -> None:
+        super().__init__(children=True)
         self.before = before
+        self.new_now = self.new_peak = 0
 
     def current(self) -> int:
-        return sum(rss_of(p) for p in descendants(self.pids[0]) if p not in self.before)
+        root = self.pids[0]
+        children = [(p, rss_of(p)) for p in descendants(root)]
+        self.new_now = sum(rss for p, rss in children if p not in self.before)
+        self.new_peak = max(self.new_peak, self.new_now)
+        return rss_of(root) + sum(rss for _, rss in children)
 
 
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:
