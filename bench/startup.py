@@ -112,38 +112,40 @@ def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> t
     seq = med([r["wall_s"] for r in rows["sequential"]])
     bound = (ray_s or 0.0) + (alone[slowest] or 0.0)
     ratio, seq_ratio = (par / bound if par else None), (seq / bound if seq else None)
-    out = [f"config: {args.config}; {args.repeat} repetitions after one warm-up start; medians; fresh Ray each time",
+    out = [f"{args.config}: {args.repeat} repetitions after a warm-up; medians; fresh Ray",
            "", f"(a) Ray start alone (ray.init)             {ray_s:8.2f} s"]
     for n in names:
-        out.append(f"(b) {n:12} load alone  runtime {alone[n]:6.2f} s   in its actor {alone_actor[n]:6.2f} s")
+        out.append(f"(b) {n[:10]:10} load alone {alone[n]:8.2f} s  (in its actor {alone_actor[n]:.2f} s)")
     out += [f"(c) cold start, loads in parallel          {par:8.2f} s",
             f"    cold start, loads one after another    {seq:8.2f} s",
             "",
-            f"bound: Ray start + slowest load alone ({slowest}) = {ray_s:.2f} + {alone[slowest]:.2f} = {bound:.2f} s",
-            f"ratio cold start / bound: parallel {ratio:.2f}   sequential {seq_ratio:.2f}   target <= {TARGET:.2f}: "
+            f"bound: Ray start + slowest load alone ({slowest}) = {ray_s:.2f} + {alone[slowest]:.2f}"
+            f" = {bound:.2f} s",
+            f"cold start / bound: parallel {ratio:.2f}, sequential {seq_ratio:.2f}; target <= {TARGET:.2f}: "
             f"{'met' if ratio is not None and ratio <= TARGET else 'NOT met'}",
             "", "where the parallel start's time went (medians):"]
     keys = ("ray_init_s", "actors_s", "loads_s", "start_s")
     phases = {k: med([r["startup"].get(k) for r in rows["parallel"]]) for k in keys}
     other = med([r["startup"]["start_s"] - sum(r["startup"][k] for k in keys[:3]) for r in rows["parallel"]])
-    out.append("  " + "   ".join(f"{k[:-2]} {phases[k]:.2f} s" for k in keys) + f"   other {other:.2f} s")
+    out.append("  " + "  ".join(f"{k[:-2]} {phases[k]:.2f} s" for k in keys) + f"  other {other:.2f} s")
     for n in names:
         in_par = med([r["startup"]["stage_load_s"][n] for r in rows["parallel"]])
         info = rows["parallel"][-1]["load_info"].get(n, {})
-        parts = ", ".join(f"{k} {info[k]:.2f} s" for k in ("import_s", "model_resolve_s", "engine_start_s")
+        parts = ", ".join(f"{k[:-2]} {info[k]:.2f} s" for k in ("import_s", "model_resolve_s", "engine_start_s")
                           if isinstance(info.get(k), (int, float)))
-        out.append(f"  {n:12} loaded {in_par:.2f} s after its load was sent (alone: {alone[n]:.2f} s)"
-                   + (f"; last run: {parts}" if parts else ""))
+        out.append(f"  {n[:10]:10} loaded {in_par:.2f} s after its load was sent (alone {alone[n]:.2f} s)")
+        if parts:
+            out.append(f"  {'':10} last run: {parts}")
     waves = rows["parallel"][-1]["startup"].get("load_waves")
     out.append(f"  waves: {waves}")
     out.append("")
-    out.append("per repetition: ratio parallel / bound, sequential / bound  (1-min load average before)")
+    out.append("per repetition: parallel / bound, sequential / bound (1-min load average)")
     for i in range(len(rows["ray"])):
         b = rows["ray"][i] + max(rows[f"alone:{n}"][i]["startup"]["stage_load_s"][n] for n in names)
         out.append(f"  {i + 1}: {rows['parallel'][i]['wall_s'] / b:.2f}  {rows['sequential'][i]['wall_s'] / b:.2f}"
-                   f"   (bound {b:.2f} s; load {rows['loadavg'][i]:.1f} on {os.cpu_count()} CPUs)")
+                   f"  (bound {b:.2f} s; load {rows['loadavg'][i]:.1f} on {os.cpu_count()} CPUs)")
     for n in names:
-        out.append(f"  {n}: loaded after (parallel / sequential / alone), medians: "
+        out.append(f"  {n[:10]}: loaded after (parallel / sequential / alone) "
                    f"{med([r['startup']['stage_load_s'][n] for r in rows['parallel']]):.2f} / "
                    f"{med([r['startup']['stage_load_s'][n] for r in rows['sequential']]):.2f} / {alone[n]:.2f} s")
     doc = {"config": args.config, "repeat": args.repeat, "ray_start_s": ray_s, "stage_load_alone_s": alone,
