@@ -247,10 +247,10 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
         if not done:
             for ref in waiting:
                 s = refs[ref]
-                failures[s.name] = StageFailed(s.name, s.device or "?", f"no answer in time: the load took "
-                                               f"more than {LOAD_TIMEOUT_S:.0f} s")
-                tell(StageProgress(s.name, s.device or "?", "failed", time.perf_counter() - sent,
-                                   failures[s.name].cause))  # type: ignore[attr-defined]
+                late = StageFailed(s.name, s.device or "?", f"no answer in time: the load took more than "
+                                   f"{LOAD_TIMEOUT_S:.0f} s")
+                failures[s.name] = late
+                tell(StageProgress(s.name, s.device or "?", "failed", time.perf_counter() - sent, late.cause))
             break
         s = refs[done[0]]
         dev = rt.devices[s.device or "?"]
