@@ -196,12 +196,26 @@ class Pipeline:
         self.prepare(progress=progress)
         display = _StartDisplay(self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]) \
             if progress else None
+        warming = threading.Thread(target=self._warm_request_checks, name="omni-edge-warm", daemon=True)
+        warming.start()  # meanwhile: the request checks' tokenizers, so the first request does not wait
         try:
             self.runtime.start(progress=display)
         finally:
             if display is not None:
                 display.close()
+            warming.join()
         return self
+
+    def _warm_request_checks(self) -> None:
+        """Load what each request-taking stage's check needs (``warm_request_check``
+        where a kind has one); a failure here only means the first request loads it."""
+        for s in self.runtime.stages:
+            hook = getattr(self.runtime.kinds[s.name], "warm_request_check", None)
+            if callable(hook):
+                try:
+                    hook(s)
+                except Exception as exc:
+                    log.debug("warming the request check of %s failed: %s", s.name, exc)
 
     def validate(self, prompt: Any, *, entry: str | None = None) -> None:
         """Check a request without running it: ``BadRequest`` (a ``ConfigError``) for

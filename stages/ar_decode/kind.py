@@ -38,7 +38,13 @@ from stages.ar_decode.kv import (
     text_config,
     text_config_problems,
 )
-from stages.ar_decode.runner import CPU_ENGINE_ENV, QUIET_ENV, VllmRunner, validate_request
+from stages.ar_decode.runner import (
+    CPU_ENGINE_ENV,
+    QUIET_ENV,
+    VllmRunner,
+    request_tokenizer,
+    validate_request,
+)
 from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
 
 if TYPE_CHECKING:
@@ -359,6 +365,11 @@ class ArDecodeKind(StageKind):
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner:
         return VllmRunner(stage_plan, stage)
+
+    def warm_request_check(self, stage_plan: StagePlan) -> None:
+        """Load what ``validate_request`` needs (the tokenizer: seconds, once per
+        process) now, so the first request does not pay for it."""
+        request_tokenizer(stage_plan)
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
         """A request checked before it reaches the engine (``BadRequest``): a prompt

@@ -455,6 +455,26 @@ def _tokenizer_for(model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+def request_tokenizer(stage_plan: StagePlan) -> Any | None:
+    """The tokenizer :func:`validate_request` counts with (the prepared checkpoint's;
+    loaded once per process), or None when there is none yet."""
+    model = stage_plan.engine_kwargs.get("model")
+    if not model:
+        return None
+    dtype = stage_plan.engine_kwargs.get("dtype")
+    try:
+        p = Path(str(model)).expanduser()
+        if p.suffix.lower() == ".gguf":
+            found = lookup(p, dtype=dtype if dtype not in (None, "auto") else DEFAULT_DTYPE)
+            if found is None:
+                return None
+            p = found
+        return _tokenizer_for(str(p))
+    except Exception as exc:  # no tokenizer files: the engine's own check stays
+        log.debug("no tokenizer to check the request's length with: %s", exc)
+        return None
+
+
 def validate_request(stage_plan: StagePlan, stage: Any, prompt: Any) -> None:
     """Check a request for this stage before it reaches a device actor: its shape
     and sampling (:func:`request_parts`), then its length with the checkpoint's own
@@ -463,20 +483,7 @@ def validate_request(stage_plan: StagePlan, stage: Any, prompt: Any) -> None:
     The tokenizer is read from the prepared checkpoint (a GGUF's cached
     conversion); when there is none yet the length is left to the engine."""
     messages, sampling = request_parts(stage, [prompt])
-    model = stage_plan.engine_kwargs.get("model")
-    if not model:
-        return
-    dtype = stage_plan.engine_kwargs.get("dtype")
-    try:
-        p = Path(str(model)).expanduser()
-        if p.suffix.lower() == ".gguf":
-            found = lookup(p, dtype=dtype if dtype not in (None, "auto") else DEFAULT_DTYPE)
-            if found is None:
-                return
-            p = found
-        tokenizer = _tokenizer_for(str(p))
-    except Exception as exc:  # no tokenizer files: the engine's own check stays
-        log.debug("no tokenizer to check the request's length with: %s", exc)
-        return
-    check_length(stage, len(_encode(tokenizer, messages)), sampling)
+    tokenizer = request_tokenizer(stage_plan)
+    if tokenizer is not None:
+        check_length(stage, len(_encode(tokenizer, messages)), sampling)
 
