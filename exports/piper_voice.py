@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import re
 import threading
 import unicodedata
@@ -130,8 +131,15 @@ def phoneme_ids(phonemes: str, id_map: dict[str, list[int]]) -> list[int]:
     return ids
 
 
+DETERMINISTIC_ENV = "OMNI_EDGE_PIPER_DETERMINISTIC"
+"""Set to 1: noise_scale = noise_w = 0, so a sentence always becomes the same audio
+(flatter prosody). For benchmarks that compare two runs of the same text."""
+
+
 def _scales(config: dict[str, Any], artifact: ExportedArtifact | None) -> list[float]:
     inference = {**config.get("inference", {}), **((artifact.metadata.get("inference") or {}) if artifact else {})}
+    if os.environ.get(DETERMINISTIC_ENV) == "1":
+        return [0.0, float(inference.get("length_scale", 1.0)), 0.0]
     return [float(inference.get("noise_scale", 0.667)), float(inference.get("length_scale", 1.0)), float(inference.get("noise_w", 0.8))]
 
 

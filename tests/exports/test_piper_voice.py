@@ -44,6 +44,11 @@ def test_preprocess_maps_phonemes_through_the_voice_id_map() -> None:
     assert feeds["scales"].tolist() == pytest.approx([0.667, 1.0, 0.8])
 
 
+def test_deterministic_switch_zeroes_the_noise_only(monkeypatch) -> None:
+    monkeypatch.setenv(piper_voice.DETERMINISTIC_ENV, "1")
+    assert piper_voice.preprocess("Hello, world.")["scales"].tolist() == [0.0, 1.0, 0.0]
+
+
 def test_the_shipped_artifact_matches_its_graph_and_its_reference_is_deterministic() -> None:
     art = load_artifact(ARTIFACT)
     assert art.graph_path("fp32").name == "en_US-joe-medium.onnx"
