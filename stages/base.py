@@ -38,8 +38,9 @@ the kind declares; the runtime acts on them):
 8. ``runner(stage_plan, stage, route)`` — inside the device actor: returns a
    :class:`StageRunner` (it may import heavy modules).
 
-Class data the runtime reads: ``consumes`` and ``produces`` (payload types:
-text, audio, tensor) and ``text_input`` (how a text stream is cut before it
+Class data the config loader and the runtime read: ``consumes`` and
+``produces`` (payload types, ``stages.payloads``; ``ports(stage)`` narrows
+them per stage) and ``text_input`` (how a text stream is cut before it
 reaches this stage).
 """
 
@@ -56,6 +57,7 @@ from pydantic import Field
 from orchestrator.ledger import Reservation
 from orchestrator.plan import Refusal
 from orchestrator.validation import Strict
+from stages.payloads import PAYLOAD_KINDS, PayloadKind, Ports, parse_payloads
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -64,10 +66,10 @@ if TYPE_CHECKING:
 REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
 
-Payload = Literal["text", "audio", "tensor"]
-"""What flows between stages: text (str deltas or chunks), audio (``{"audio": array,
-"sample_rate": int}``), tensor (anything else: named arrays)."""
-PAYLOADS: tuple[Payload, ...] = ("text", "audio", "tensor")
+Join = Literal["all", "zip", "latest"]
+"""How a stage with several inputs combines them: ``all`` waits for one item from
+every input per step, ``zip`` pairs items by sequence number, ``latest`` takes each
+input's newest item. The config format carries it; the runtime refuses fan-in yet."""
 
 Progress = Callable[[int | None, str], Callable[..., None]]
 """A progress display handed to ``StageKind.prepare``: ``progress(total, description)``
@@ -96,8 +98,13 @@ class StageConfig(Strict):
         description="Backends to try on each device, in preference order (e.g. [ort-openvino, ort-cpu]); default: the device's own order.",
     )
     final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
-    final_output_type: Literal["text", "audio", "tensor"] | None = Field(
-        None, description="What the final output is, when final_output is true."
+    join: Join | None = Field(
+        None,
+        description="With several inputs: all (one item from each per step), zip (by sequence) or latest. "
+        "Required when inputs has more than one entry; the runtime does not run fan-in yet.",
+    )
+    final_output_type: PayloadKind | None = Field(
+        None, description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true."
     )
 
 
@@ -179,11 +186,13 @@ class StageKind(ABC):
     """True when a placement of this kind is trusted only after the coverage and
     numeric gates (``gate_spec`` then describes them); ``omni-edge verify`` looks
     at these kinds' stages only."""
-    consumes: ClassVar[tuple[Payload, ...]] = PAYLOADS
-    """Payload types this kind takes as input (default: any). The runtime refuses a
-    pipeline where a stage's input produces none of them."""
-    produces: ClassVar[tuple[Payload, ...]] = PAYLOADS
-    """Payload types this kind yields (default: any)."""
+    consumes: ClassVar[tuple[str, ...]] = PAYLOAD_KINDS
+    """Payload types this kind takes as input, spelled as ``stages.payloads`` parses
+    them (``text``, ``audio@16000``, ``tensor<float32>[seq,896]``; default: every
+    kind, any details). The config loader refuses an edge whose producer yields
+    none of them."""
+    produces: ClassVar[tuple[str, ...]] = PAYLOAD_KINDS
+    """Payload types this kind yields (same spelling; default: every kind)."""
     text_input: ClassVar[Literal["sentences", "whole"]] = "sentences"
     """How text from the stage feeding this one is delivered: ``sentences`` — cut
     where sentences end (``stages.text_chunks``) and fed while the producer is
@@ -194,6 +203,15 @@ class StageKind(ABC):
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
         """Called by the loader: make relative paths absolute against the config file."""
         return stage
+
+    def ports(self, stage: StageConfig) -> Ports:
+        """What ``stage`` consumes and produces: the kind's ``consumes``/``produces``
+        (default), or narrower per stage (an exported graph's manifest may say
+        ``audio@22050``). Called by the config loader, so it reads at most small
+        metadata files and raises ``PayloadSpecError`` for a bad spelling; when that
+        metadata cannot be read it answers the kind's own declaration (``describe``
+        reports the unreadable artifact)."""
+        return Ports(parse_payloads(self.consumes), parse_payloads(self.produces))
 
     @abstractmethod
     def describe(self, stage: StageConfig) -> ArtifactInfo:

@@ -36,6 +36,7 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.packages import PACKAGE_SCHEME, resolve_package_location, split_package_location
 from orchestrator.units import parse_bytes
 from orchestrator.validation import Strict, problems_from_validation, read_document
+from stages.payloads import parse_payloads
 
 EXPORT_FORMAT = "omni-edge.export/1"
 MANIFEST_NAME = "manifest.yaml"
@@ -132,6 +133,20 @@ class ExportManifest(Strict):
         "produces, as measured by the artifact's author (e.g. '320MiB'); default max(64 MiB, half the weights).",
     )
     activation_note: str = Field("", description="Where activation_bytes comes from (what was measured, on what input).")
+    consumes: list[str] | None = Field(
+        None, min_length=1,
+        description="Payload types one input item may be (stages.payloads: text, audio@16000, tensor<float32>[seq,896], ...); default: any.",
+    )
+    produces: list[str] | None = Field(
+        None, min_length=1, description="Payload types one output item may be (same spelling); default: any.",
+    )
+
+    @field_validator("consumes", "produces")
+    @classmethod
+    def _payloads(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            parse_payloads(value)  # PayloadSpecError is a ValueError: reported where → what
+        return value
 
     @field_validator("activation_bytes", mode="before")
     @classmethod

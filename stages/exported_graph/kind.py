@@ -30,6 +30,7 @@ from stages.exported_graph.artifact import (
 )
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from stages.exported_graph.runner import ExportedGraphRunner, route_for
+from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -93,6 +94,19 @@ class ExportedGraphKind(StageKind):
         if stage.artifact.startswith(PACKAGE_SCHEME) or Path(stage.artifact).is_absolute():
             return stage
         return stage.model_copy(update={"artifact": str((base_dir / stage.artifact).resolve())})
+
+    def ports(self, stage: StageConfig) -> Ports:
+        """The manifest's ``consumes``/``produces`` where it declares them, else any payload.
+        An artifact that cannot be read answers "any": ``describe`` reports it while planning."""
+        default = super().ports(stage)
+        try:
+            manifest = self.artifact(stage).manifest
+        except ConfigError:
+            return default
+        return Ports(
+            parse_payloads(manifest.consumes) if manifest.consumes else default.consumes,
+            parse_payloads(manifest.produces) if manifest.produces else default.produces,
+        )
 
     # -- planning ------------------------------------------------------------
     def artifact(self, stage: StageConfig) -> ExportedArtifact:
