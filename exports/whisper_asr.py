@@ -250,6 +250,24 @@ def encoder_preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     return {"input_features": log_mel(samples)}
 
 
+@functools.cache
+def _tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(whisper_ct2.source_files()[1]))
+
+
+def decoder_postprocess(outputs: dict[str, Any], artifact: Any = None) -> str:
+    """One window's greedy token ids ``{"tokens": int[N]}`` → its text (special tokens dropped).
+
+    The decoder's postprocess hook: the ``asr`` stage kind calls it with the tokens it
+    decoded (the graph's own outputs are logits and a cache, not an item). The tokenizer is
+    the package's ``tokenizer.json``, read in place (no conversion needed).
+    """
+    ids = [int(t) for t in outputs["tokens"]]
+    return str(_tokenizer().decode(ids, skip_special_tokens=True)).strip()
+
+
 class WhisperOnnx:
     """Greedy English transcription with the two exported graphs on ONNX Runtime.
 

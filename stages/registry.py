@@ -23,6 +23,7 @@ ENTRY_POINT_GROUP = "omni_edge.stage_kinds"
 _BUILTIN = {
     "ar_decode": "stages.ar_decode.kind:ArDecodeKind",
     "exported_graph": "stages.exported_graph.kind:ExportedGraphKind",
+    "asr": "stages.asr.kind:AsrKind",
 }
 _kinds: dict[str, StageKind] = {}
 _plugins_loaded = False
