@@ -22,6 +22,14 @@ from pydantic import Field, ValidationError
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.validation import Strict, problems_from_validation, read_document
 from stages.base import REQUEST, StageConfig
+from stages.payloads import (
+    REQUEST_PAYLOADS,
+    PayloadSpecError,
+    Ports,
+    edge_mismatch,
+    parse_payloads,
+    spell,
+)
 from stages.registry import get_kind, known_kinds
 
 PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -133,7 +141,41 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
 
 
 def check_graph(config: PipelineConfig, where: str) -> None:
-    """Duplicates, unknown inputs, cycles and a missing final output are errors."""
+    """Every graph problem, before anything is planned (``ConfigError``, exit 2):
+
+    1. the structure — duplicate names or ids, unknown or repeated inputs, a stage
+       fed by itself, device ids, several inputs without a ``join`` (or a join on
+       one input);
+    2. the shape — a cycle (named as its path, in the direction data flows) and no
+       final output;
+    3. the flow — stages no path from the request reaches, outputs that go
+       nowhere (no consumer and not a final output), every edge's payload types
+       (``stages.payloads``: both stages and both types named), the request's
+       payloads into entry stages, and ``final_output_type`` against what the
+       stage produces.
+
+    Several entry stages and several final outputs are allowed; fan-in is
+    accepted here with a declared join (the runtime refuses it, for now).
+    """
+    _raise(_structure_problems(config, where))
+    problems: list[Problem] = []
+    cycle = _find_cycle(config)
+    if cycle:
+        problems.append(Problem(
+            f"{where}: stages", f"the stage graph has a cycle: {' → '.join(cycle)} (each stage feeds the next)",
+            "make one of these stages take its input from earlier stages or 'request'"))
+    if not any(s.final_output for s in config.stages):
+        problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
+    _raise(problems)
+    _raise([*_reach_problems(config, where), *_type_problems(config, where)])
+
+
+def _raise(problems: list[Problem]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
+
+def _structure_problems(config: PipelineConfig, where: str) -> list[Problem]:
     problems: list[Problem] = []
     names = [s.name for s in config.stages]
     for dup in sorted({n for n in names if names.count(n) > 1}):
@@ -147,24 +189,118 @@ def check_graph(config: PipelineConfig, where: str) -> None:
                 problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"unknown input {inp!r}", f"use 'request' or one of the stage names: {', '.join(names)}"))
             if inp == s.name:
                 problems.append(Problem(f"{where}: stages.{s.name}.inputs", "a stage cannot take its own output as input", "remove it"))
+        for inp in sorted({i for i in s.inputs if s.inputs.count(i) > 1}):
+            problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"{inp!r} is listed more than once", "list each input once"))
+        problems.extend(_join_problems(s, where))
         for dev in s.devices:
             if not _DEVICE_ID.match(dev):
                 problems.append(Problem(f"{where}: stages.{s.name}.devices", f"{dev!r} is not a device id", "use cpu, gpu:N, igpu:N or npu:N"))
+    return problems
+
+
+def _join_problems(s: StageConfig, where: str) -> list[Problem]:
+    if len(s.inputs) > 1 and s.join is None:
+        return [Problem(
+            f"{where}: stages.{s.name}.join",
+            f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join, so how they combine is unsaid",
+            "add join: all (one item from each input per step), zip (items paired by sequence) "
+            "or latest (each input's newest item)")]
+    if len(s.inputs) <= 1 and s.join is not None:
+        return [Problem(
+            f"{where}: stages.{s.name}.join", f"join: {s.join} combines several inputs, and {s.name} has "
+            + (f"one ({s.inputs[0]})" if s.inputs else "none"),
+            "remove join, or list the other inputs it should combine")]
+    return []
+
+
+def _reach_problems(config: PipelineConfig, where: str) -> list[Problem]:
+    """Stages the request never reaches, and outputs that go nowhere (the graph has no cycle)."""
+    consumers = {s.name: [c.name for c in config.stages if s.name in c.inputs] for s in config.stages}
+    reached = {s.name for s in config.stages if REQUEST in s.inputs}
+    todo = list(reached)
+    while todo:
+        for c in consumers[todo.pop()]:
+            if c not in reached:
+                reached.add(c)
+                todo.append(c)
+    problems: list[Problem] = []
+    for s in config.stages:
+        if s.name not in reached:
+            chain = _chain_to_root(config, s.name)
+            problems.append(Problem(
+                f"{where}: stages.{s.name}.inputs",
+                f"no path from the request reaches {s.name}: {' → '.join(chain)} starts at {chain[0]}, which has no inputs",
+                f"give {chain[0]} inputs: [request] (or the stage that should feed it), or remove the stages that nothing feeds"))
+        elif not consumers[s.name] and not s.final_output:
+            problems.append(Problem(
+                f"{where}: stages.{s.name}",
+                f"the output of {s.name} goes nowhere: no stage takes it as input and it is not a final output",
+                f"set final_output: true on {s.name}, add it to a later stage's inputs, or remove the stage"))
+    return problems
+
+
+def _chain_to_root(config: PipelineConfig, name: str) -> list[str]:
+    """``root → … → name``, following first inputs back to a stage with none (no cycle, no request)."""
+    chain = [name]
+    while config.stage(chain[0]).inputs:
+        chain.insert(0, config.stage(chain[0]).inputs[0])
+    return chain
+
+
+def _type_problems(config: PipelineConfig, where: str) -> list[Problem]:
+    """Every edge's payload types (``stages.payloads``), the request's into entry stages, and
+    each ``final_output_type`` against what its stage produces."""
+    ports, problems = _ports(config, where)
     if problems:
-        raise ConfigError(problems)
-    cycle = _find_cycle(config)
-    if cycle:
-        problems.append(Problem(f"{where}: stages", f"the stage graph has a cycle: {' → '.join(cycle)}", "make one of these stages take its input from earlier stages or 'request'"))
-    if not any(s.final_output for s in config.stages):
-        problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
-    if problems:
-        raise ConfigError(problems)
+        return problems
+    request = parse_payloads(REQUEST_PAYLOADS)
+    for s in config.stages:
+        consumes = ports[s.name].consumes
+        for inp in s.inputs:
+            gives = request if inp == REQUEST else ports[inp].produces
+            why = edge_mismatch(gives, consumes)
+            if why is None:
+                continue
+            if inp == REQUEST:
+                problems.append(Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"{s.name} ({s.kind}) consumes {spell(consumes)}, and a request carries {spell(request)}",
+                    f"feed {s.name} from a stage that produces {spell(consumes)} instead of 'request'"))
+                continue
+            src = config.stage(inp)
+            problems.append(Problem(
+                f"{where}: stages.{s.name}.inputs",
+                f"{inp} ({src.kind}) produces {spell(gives)}, and {s.name} ({s.kind}) consumes {spell(consumes)}: {why}",
+                f"feed {s.name} from a stage that produces {spell(consumes)}, or put a stage between {inp} and "
+                f"{s.name} that turns {spell(gives)} into {spell(consumes)}"))
+        produced = {t.kind for t in ports[s.name].produces}
+        if s.final_output_type is not None and s.final_output_type not in produced:
+            problems.append(Problem(
+                f"{where}: stages.{s.name}.final_output_type",
+                f"{s.name} ({s.kind}) produces {spell(ports[s.name].produces)}, not {s.final_output_type}",
+                f"set final_output_type: {sorted(produced)[0]}, or leave it out"))
+    return problems
+
+
+def _ports(config: PipelineConfig, where: str) -> tuple[dict[str, Ports], list[Problem]]:
+    """Each stage's ports; a kind that spells a payload type wrongly is a problem named at the stage."""
+    ports: dict[str, Ports] = {}
+    problems: list[Problem] = []
+    for s in config.stages:
+        try:
+            ports[s.name] = get_kind(s.kind).ports(s)
+        except PayloadSpecError as exc:
+            problems.append(Problem(
+                f"{where}: stages.{s.name}.kind", f"the {s.kind} kind declares a payload type wrongly: {exc}",
+                "fix the kind's consumes/produces (the spelling is in stages/payloads.py)"))
+    return ports, problems
 
 
 _DEVICE_ID = re.compile(r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")
 
 
 def _find_cycle(config: PipelineConfig) -> list[str]:
+    """A cycle as stage names in the direction data flows (``a → b → a``: a feeds b feeds a), or []."""
     graph = {s.name: [i for i in s.inputs if i != REQUEST] for s in config.stages}
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -174,7 +310,7 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
         stack.append(n)
         for m in graph.get(n, []):
             if state.get(m) == 1:
-                return [*stack[stack.index(m):], m]
+                return [*stack[stack.index(m):], m][::-1]
             if m not in state:
                 found = visit(m)
                 if found:

@@ -39,9 +39,9 @@
   one variable are refused before Ray starts).
 
 Graph shape: each stage takes its input from the request or from exactly one
-other stage whose kind produces a payload type it consumes
-(``StageKind.consumes``/``produces``); a stage may feed several (fan-out).
-Fan-in is refused.
+other stage that produces a payload type it consumes (``StageKind.ports``;
+the config loader checks every edge first, this is a guard); a stage may
+feed several (fan-out). Fan-in is refused: not supported yet.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
+from stages.payloads import Ports, edge_mismatch, spell
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker, WholeText
 
@@ -124,13 +125,17 @@ class Runtime:
             source = s.inputs[0]
             if source == REQUEST:
                 continue
-            takes, gives = self.kinds[s.name].consumes, self.kinds[source].produces
-            if not set(takes) & set(gives):
+            takes, gives = self._ports(s.name).consumes, self._ports(source).produces
+            if edge_mismatch(gives, takes) is not None:  # the config loader checked it first: a guard
                 raise ConfigError.single(
                     f"stages.{s.name}.inputs",
-                    f"{s.name} ({s.kind}) takes {', '.join(takes)}, and {source} ({self.plan.stage(source).kind}) "
-                    f"yields {', '.join(gives)}",
-                    f"feed {s.name} from a stage that yields {' or '.join(takes)}, or from the request")
+                    f"{s.name} ({s.kind}) takes {spell(takes)}, and {source} ({self.plan.stage(source).kind}) "
+                    f"yields {spell(gives)}",
+                    f"feed {s.name} from a stage that yields {spell(takes)}, or from the request")
+
+    def _ports(self, name: str) -> Ports:
+        """The stage's payload types as its config declares them (``StageKind.ports``)."""
+        return self.kinds[name].ports(self.config.stage(name))
 
     def _actor_env(self, device: str) -> dict[str, str]:
         """The environment of ``device``'s actor: what its stages' kinds ask for, merged."""

@@ -136,6 +136,7 @@ stage_args:
     devices: [cpu]
     engine_args: {max_model_len: 1024}
     engine_input_source: [0]
+    final_output: true
 """
     cfg = load_config(write(tmp_path, doc))
     assert cfg.stage("talker").inputs == ["thinker"]
