@@ -323,6 +323,28 @@ case("config: stage_args not a list")(lambda c: (*_cfg(c, "name: x\nstage_args: 
 case("config: engine_args not a mapping")(lambda c: (*_cfg(c, "name: x\nstage_args: [{stage_id: 0, engine_args: [1]}]\n"), "stage_args[0].engine_args"))
 case("config: engine_input_source of lists")(lambda c: (*_cfg(c, "name: x\nstage_args: [{stage_id: 0, engine_input_source: [[0]]}]\n"), "engine_input_source"))
 case("config: max_tokens not below max_model_len")(lambda c: (str(c.stage(", sampling: {max_tokens: 4096}")), "max_tokens"))
+case("config: a cycle")(lambda c: (str(_graph(c, "[a]", extra="[request, b]")), "a → b → a"))
+case("config: a stage nothing reaches")(lambda c: (str(_graph(c, "[]")), "no path from the request reaches b"))
+case("config: an output that goes nowhere")(lambda c: (str(_graph(c, "[a]", final="false")), "stages.b", "goes nowhere"))
+case("config: several inputs without a join")(lambda c: (str(_graph(c, "[request, a]")), "stages.b.join", "no join"))
+case("config: a join of one input")(lambda c: (str(_graph(c, "[a], join: latest")), "stages.b.join", "join: latest"))
+case("config: final_output_type the stage does not produce")(lambda c: (str(c.stage(", final_output_type: audio")), "final_output_type", "produces text, not audio"))
+case("config: text into a stage that takes audio")(lambda c: (str(_typed_edge(c)), "stages.voice.inputs", "thinker (ar_decode) produces text", "consumes audio@16000"))
+
+
+def _graph(c: Case, b_inputs: str, *, final: str = "true", extra: str = "[request]") -> Path:
+    """Two decoder stages a and b on the good checkpoint; b's inputs (and a's) as given."""
+    row = f"kind: ar_decode, model: '{c.ckpt}', devices: [cpu], max_model_len: 1024"
+    return c.config("name: bad-inputs\nstages:\n"
+                    f"  - {{name: a, {row}, inputs: {extra}, final_output: true{', join: all' if ',' in extra else ''}}}\n"
+                    f"  - {{name: b, {row}, inputs: {b_inputs}, final_output: {final}}}\n")
+
+
+def _typed_edge(c: Case) -> Path:
+    """The thinker feeding an exported stage whose manifest takes audio at 16 kHz only."""
+    art = c.manifest(MANIFEST_OK + "consumes: ['audio@16000']\n", {"model.onnx": b""}).parent
+    return c.config(c.stage().read_text()
+                    + f"  - {{name: voice, kind: exported_graph, artifact: {art}, devices: [cpu], inputs: [thinker]}}\n")
 
 
 def _non_utf8(c: Case) -> str:
@@ -411,6 +433,7 @@ case("manifest: YAML syntax")(lambda c: (str(c.manifest("format: [\n")), "YAML")
 case("manifest: unknown key")(lambda c: (str(c.manifest(MANIFEST_OK + "colour: red\n", {"model.onnx": b""})), "colour"))
 case("manifest: another format")(lambda c: (str(c.manifest(MANIFEST_OK.replace("export/1", "export/7"), {"model.onnx": b""})), "format"))
 case("manifest: a graph outside the directory")(lambda c: (str(c.manifest(MANIFEST_OK.replace("model.onnx", "../../etc/passwd"))), "precisions.fp32"))
+case("manifest: a payload type misspelt")(lambda c: (str(c.manifest(MANIFEST_OK + "produces: ['audio@22kHz']\n", {"model.onnx": b""})), "produces", "audio@22kHz"))
 case("manifest: a graph that does not exist")(lambda c: (str(c.manifest(MANIFEST_OK)), "precisions.fp32"))
 case("manifest: not UTF-8")(lambda c: (_manifest_bytes(c, b"name: caf\xe9\n"), "UTF-8"))
 case("onnx: a graph that is not ONNX")(lambda c: (str(c.manifest(MANIFEST_OK, {"model.onnx": b"\x08\x07garbage\xff\xff"}).parent / "model.onnx"),))
