@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from orchestrator import errors
@@ -35,7 +35,7 @@ from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.verify.placement import cached_verdict
-from stages.base import ArtifactInfo, StageKind
+from stages.base import ArtifactInfo, GateSpec, StageKind
 from stages.registry import get_kind
 
 log = logging.getLogger(__name__)
@@ -333,8 +333,7 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
     if found:
         refusals.extend(found)
         return None
-    gate = kind.gate_spec(stage, info, device, backend)
-    verification, failed = cached_verdict(gate, route) if gate is not None else (None, [])
+    verification, failed = _verdict(kind.gate_specs(stage, info, device, backend), route)
     if failed:
         refusals.extend(failed)
         return None
@@ -354,6 +353,20 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
         ))
         return None
     return _Option(device, backend, route, tuple(reservations), verification)
+
+
+def _verdict(gates: list[GateSpec], route: Route) -> tuple[Verification | None, list[Refusal]]:
+    """The placement's verification from its gates' cached verdicts: the first that
+    refused it, else the first without evidence, else the first (every one verified);
+    None without gates. With several gates, ``details["gates"]`` gives each artifact's status."""
+    verdicts = [cached_verdict(gate, route) for gate in gates]
+    if not verdicts:
+        return None, []
+    verification, failed = min(verdicts, key=lambda vf: (not vf[1], vf[0].status == "verified"))
+    if len(verdicts) > 1:
+        statuses = {g.artifact_name: v.status for g, (v, _) in zip(gates, verdicts, strict=True)}
+        verification = replace(verification, details={**verification.details, "gates": statuses})
+    return verification, failed
 
 
 def _breakdown(reservations: Iterable[Reservation], pool: str) -> str:

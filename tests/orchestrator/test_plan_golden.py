@@ -27,7 +27,11 @@ from orchestrator.cli import main
 from tests.conftest import REPO
 
 GOLDEN = Path(__file__).parent / "golden_plans"
-CONFIGS = sorted([REPO / "configs/voice-assistant.yaml", *(REPO / "configs/examples").glob("*.yaml")])
+GENERATED_GRAPHS = {"asr-only.yaml"}
+"""Configs whose graphs are generated on the machine (python -m exports.whisper_asr build), so
+their digests are no committed fact: tests/stages/asr/test_kind.py plans them instead."""
+CONFIGS = sorted([REPO / "configs/voice-assistant.yaml",
+                  *(c for c in (REPO / "configs/examples").glob("*.yaml") if c.name not in GENERATED_GRAPHS)])
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
 CASES = [(c, p) for c in CONFIGS for p in PROFILES]
 

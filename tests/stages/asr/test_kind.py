@@ -73,19 +73,59 @@ def test_the_plan_holds_both_graphs_and_the_manifests_activation_figure(
     for g in GRAPHS:
         assert kwargs[g]["session"]["graph"] == str(whisper_graphs[g] / "fp32.onnx")
         assert kwargs[g]["session"]["providers"] == ["CPUExecutionProvider"]
-    assert (kwargs["max_new_tokens"], kwargs["gated_graph"]) == (224, "decoder")
+    assert (kwargs["max_new_tokens"], kwargs["ep"]) == (224, "CPUExecutionProvider")
 
 
-def test_the_gate_is_the_decoders(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
+def test_each_graph_has_its_gate(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
     config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
     kind, stage = get_kind("asr"), config.stage("asr")
     info = kind.describe(stage)
     device = profile().device("cpu")
     assert device is not None
-    gate = kind.gate_spec(stage, info, device, "ort-cpu")
-    assert gate is not None
-    assert (gate.stage, gate.artifact_name, gate.precision) == ("asr", "whisper-tiny-en-decoder", "fp32")
-    assert gate.session["graph"] == str(whisper_graphs["decoder"] / "fp32.onnx")
+    gates = kind.gate_specs(stage, info, device, "ort-cpu")
+    assert [(g.stage, g.artifact_name, g.precision) for g in gates] == [
+        ("asr", "whisper-tiny-en-encoder", "fp32"), ("asr", "whisper-tiny-en-decoder", "fp32")]
+    assert [g.session["graph"] for g in gates] == [str(whisper_graphs[g] / "fp32.onnx") for g in GRAPHS]
+
+
+@pytest.mark.ort
+def test_the_plan_trusts_the_stage_only_when_both_gates_passed(
+    whisper_graphs: dict[str, Path], tmp_path: Path,
+) -> None:
+    """No evidence: unverified. Evidence for the decoder alone: still unverified, naming the
+    encoder's gate. Both measured (omni-edge verify's path): verified."""
+    from orchestrator.ort.sessions import open_sessions, this_process
+    from orchestrator.verify.placement import placement_for, verify_placement
+    from orchestrator.verify.run import verify_pipeline
+
+    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    prof = profile()
+
+    def verification() -> Any:
+        found = plan_pipeline(config, prof, runtime=False).stage("asr").verification
+        assert found is not None
+        return found
+
+    assert verification().status == "unverified"
+    kind, stage = get_kind("asr"), config.stage("asr")
+    device = prof.device("cpu")
+    assert device is not None
+    decoder_gate = kind.gate_specs(stage, kind.describe(stage), device, "ort-cpu")[1]
+    host = open_sessions(this_process())
+    try:
+        route = prof.route("this-process")
+        assert route is not None
+        assert verify_placement(placement_for(decoder_gate, route), host).status == "passed"
+    finally:
+        host.shutdown()
+    half = verification()
+    assert half.status == "unverified"
+    assert half.details["gates"] == {"whisper-tiny-en-encoder": "unverified", "whisper-tiny-en-decoder": "verified"}
+    report = verify_pipeline(config, prof)
+    assert [r.status for r in report.results] == ["passed", "passed"]
+    both = verification()
+    assert both.status == "verified"
+    assert set(both.details["gates"].values()) == {"verified"}
 
 
 def test_a_pool_too_small_for_both_graphs_is_refused_with_the_numbers(
