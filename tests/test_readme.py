@@ -42,7 +42,8 @@ EXCLUDED = {
     "scripts/test.sh": "runs lint, types and the whole test suite, this test included: it would run itself",
 }
 """Blocks not run, by a line they contain, with the reason."""
-STARTS_PIPELINE = ("scripts/demo.sh", "omni-edge run", "Pipeline.from_config", "Pipeline.open")
+STARTS_PIPELINE = ("scripts/demo.sh", "omni-edge run", "omni-edge serve", "Pipeline.from_config",
+                   "Pipeline.open")
 RUNS_A_REQUEST_WITH_RECORD = ("scripts/demo.sh", "omni-edge run", "pipeline.run(")
 NOT_MIRRORED = {".git", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache", "__pycache__"}
 
