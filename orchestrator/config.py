@@ -6,6 +6,11 @@ The fields every stage has live with the stage-kind interface
 as strictly as a built-in one. Unknown keys are errors, never
 warnings. Paths resolve relative to the config file.
 
+Then the graph (``check_graph``; docs/pipelines.md): joins where inputs meet,
+cycles as their path, stages the request never reaches, outputs that go
+nowhere, and every edge's payload types (``stages.payloads``, each stage's
+``StageKind.ports``) — all before anything is planned.
+
 Users coming from vLLM-Omni will recognise ``stage_id``, ``engine_args``,
 ``engine_input_source``, ``final_output`` and ``final_output_type``: they are
 accepted as aliases (see ``_from_vllm_omni``), never as a second schema.
