@@ -80,7 +80,8 @@ class AsrRunner(StageRunner):
         raise StageFailed(self.plan.name, self.plan.device or "?", why)
 
     def load(self) -> None:
-        """Open the encoder's then the decoder's session in the route, and load the tokenizer."""
+        """Open the encoder's then the decoder's session in the route; load the tokenizer and
+        the feature extractor (the hooks' first calls)."""
         specs = {g: (self.plan.engine_kwargs.get(g) or {}).get("session") for g in ("encoder", "decoder")}
         if not all(specs.values()):
             self._fail("the plan carries no session spec for the encoder and the decoder (was it admitted?)")
@@ -89,7 +90,8 @@ class AsrRunner(StageRunner):
             for graph, spec in specs.items():
                 self.load_info[graph] = self._host.open(spec, record=True)
                 self._handles[graph] = self.load_info[graph]["handle"]
-            self._detokenize([])
+            self._detokenize([])  # the tokenizer and the feature extractor load now, not on the first request
+            self._pre({"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate}, self.encoder)
         except Exception as exc:
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
