@@ -24,8 +24,8 @@ stage, the device and what was wrong.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import soxr
@@ -49,11 +49,12 @@ class AsrRunner(StageRunner):
         self.plan = stage_plan
         self.route = route
         self.encoder, self.decoder = artifacts["encoder"], artifacts["decoder"]
-        self._pre = self.encoder.hook("preprocess")
-        self._text = self.decoder.hook("postprocess")
-        if self._pre is None or self._text is None:
+        pre, text = self.encoder.hook("preprocess"), self.decoder.hook("postprocess")
+        if pre is None or text is None:
             self._fail("the encoder's manifest needs a preprocess hook (audio → features) and the decoder's a "
                        "postprocess hook (token ids → text)")
+        self._pre: Callable[..., Any] = pre
+        self._text: Callable[..., Any] = text
         meta = self.decoder.metadata
         try:
             self.prompt = [int(t) for t in meta["prompt"]]
@@ -76,7 +77,7 @@ class AsrRunner(StageRunner):
         self._handles: dict[str, int] = {}
         self.load_info: dict[str, Any] = {}
 
-    def _fail(self, why: str) -> Any:
+    def _fail(self, why: str) -> NoReturn:
         raise StageFailed(self.plan.name, self.plan.device or "?", why)
 
     def load(self) -> None:
@@ -118,7 +119,6 @@ class AsrRunner(StageRunner):
         return samples, rate
 
     def _window(self, samples: Any) -> str:
-        assert self._pre is not None
         feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
         return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
@@ -143,7 +143,6 @@ class AsrRunner(StageRunner):
         return tokens
 
     def _detokenize(self, tokens: list[int]) -> str:
-        assert self._text is not None
         return str(self._text({"tokens": np.asarray(tokens, dtype=np.int64)}, self.decoder)).strip()
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
