@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from stages.payloads import PayloadSpecError, edge_mismatch, parse_payload, parse_payloads, spell
+from stages.payloads import (
+    PayloadSpecError,
+    PayloadType,
+    edge_mismatch,
+    mismatch,
+    parse_payload,
+    parse_payloads,
+    spell,
+)
 from stages.registry import get_kind
 
 
@@ -51,3 +61,35 @@ def test_kinds_declare_what_they_take_and_give() -> None:
     assert spell(parse_payloads(thinker.consumes)) == "text" and spell(parse_payloads(thinker.produces)) == "text"
     graph = get_kind("exported_graph")  # per artifact: see test_config's typed-edge tests
     assert spell(parse_payloads(graph.consumes)) == "text or token_ids or audio or tensor or event"
+
+
+@given(st.text(max_size=40))
+def test_any_text_parses_or_is_a_named_spelling_error(spec: str) -> None:
+    try:
+        parsed = parse_payload(spec)
+    except PayloadSpecError as exc:
+        assert str(exc)
+        return
+    assert parse_payload(str(parsed)) == parsed
+
+
+_NAME = st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,8}", fullmatch=True)
+_TYPES = st.one_of(
+    st.builds(PayloadType, st.sampled_from(["text", "token_ids"])),
+    st.builds(PayloadType, st.just("audio"), sample_rate=st.none() | st.integers(1, 192_000)),
+    st.builds(PayloadType, st.sampled_from(["tensor", "event"]), role=st.none() | _NAME),
+    st.builds(PayloadType, st.just("tensor"), role=st.none() | _NAME,
+              dtype=st.none() | st.sampled_from(["float32", "float16", "int64"]),
+              shape=st.none() | st.lists(st.sampled_from(["*", "seq", "1", "896"]), max_size=4).map(tuple)),
+)
+
+
+@given(_TYPES)
+def test_every_type_round_trips_and_feeds_itself(t: PayloadType) -> None:
+    assert parse_payload(str(t)) == t
+    assert mismatch(t, t) is None
+
+
+@given(_TYPES, _TYPES)
+def test_a_mismatch_is_refused_both_ways(a: PayloadType, b: PayloadType) -> None:
+    assert (mismatch(a, b) is None) == (mismatch(b, a) is None)
