@@ -119,3 +119,35 @@ def test_a_one_stage_pipeline_transcribes_an_audio_request(
         assert stage.verification is not None and stage.verification.status == "verified"
         result = pipeline.run({"audio": audio, "sample_rate": rate}, record=False)
     assert word_error_rate(SENTENCES[0], result.text) <= WER_BOUND, result.text
+
+
+@pytest.mark.openvino
+def test_in_the_openvino_route_both_sessions_run_in_its_worker(
+    whisper_graphs: dict[str, Path], tmp_path: Path,
+) -> None:
+    """Verified first (both gates, in the route), then run there: the sessions live in the
+    route's worker process, and the sentence is still heard."""
+    import os
+
+    from orchestrator.verify.run import verify_pipeline
+    from tests.helpers.graphs import OV_PYTHON, machine_profile
+
+    if not OV_PYTHON.exists():
+        pytest.skip("no OpenVINO route")
+    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs, backends=["ort-openvino"])]},
+                          where="t.yaml", base_dir=tmp_path)
+    prof = machine_profile()
+    assert [r.status for r in verify_pipeline(config, prof).results] == ["passed", "passed"]
+    stage = plan_pipeline(config, prof, runtime=False).stage("asr")
+    assert (stage.backend, stage.route) == ("ort-openvino", "openvino")
+    assert stage.verification is not None and stage.verification.status == "verified"
+    r = get_kind("asr").runner(stage, config.stage("asr"))
+    r.load()
+    try:
+        assert r._host.pid != os.getpid()
+        assert [r.load_info[g]["providers"][0] for g in ("encoder", "decoder")] == ["OpenVINOExecutionProvider"] * 2
+        audio, rate = speak(SENTENCES[1])
+        (heard,) = _transcripts(r, {"audio": audio, "sample_rate": rate})
+    finally:
+        r.close()
+    assert word_error_rate(SENTENCES[1], heard) <= WER_BOUND, heard
