@@ -15,7 +15,8 @@ What the decoding loop reads from the decoder's manifest ``metadata``:
 every id above ``end_of_text`` (special and timestamp tokens) is never
 emitted either. The cache's empty shape comes from the ``past_key`` input.
 
-Guarantees: one string per input item, in order; each window yields at most
+Guarantees: one string per input item, in order (after a non-empty one, starting
+with a space: text items are deltas); each window yields at most
 ``max_new_tokens`` tokens; a bad item (not ``{"audio": 1-D samples,
 "sample_rate": int > 0}``) fails the request with ``StageFailed`` naming the
 stage, the device and what was wrong.
@@ -146,13 +147,19 @@ class AsrRunner(StageRunner):
         return str(self._text({"tokens": np.asarray(tokens, dtype=np.int64)}, self.decoder)).strip()
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """One text item per audio item. Text items are deltas (the runtime and the next
+        stage join them as they are), so a transcript after a non-empty one starts with a
+        space: the joined deltas read as one text."""
+        said = False
         async for item in inputs:
             try:
-                yield await asyncio.to_thread(self.transcribe, item)
+                text = await asyncio.to_thread(self.transcribe, item)
             except StageFailed:
                 raise
             except Exception as exc:
                 raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+            yield f" {text}" if said and text else text
+            said = said or bool(text)
 
     def close(self) -> None:
         if self._host is not None:

@@ -24,6 +24,7 @@ from orchestrator.errors import StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind
+from tests.helpers.graphs import REPO
 from tests.helpers.speech import speak
 from tests.stages.asr.test_kind import PROFILE, asr_stage, profile
 
@@ -72,6 +73,7 @@ def test_each_audio_item_yields_its_transcript_in_order_at_any_rate(runner: Stag
     assert word_error_rate(SENTENCES[0], heard[0]) <= WER_BOUND, heard[0]
     assert heard[1] == ""
     assert word_error_rate(SENTENCES[1], heard[2]) <= WER_BOUND, heard[2]
+    assert heard[2].startswith(" ") and not heard[0].startswith(" ")  # deltas: joined, they read as one text
 
 
 def test_a_window_stops_at_max_new_tokens(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
@@ -151,3 +153,30 @@ def test_in_the_openvino_route_both_sessions_run_in_its_worker(
     finally:
         r.close()
     assert word_error_rate(SENTENCES[1], heard) <= WER_BOUND, heard
+
+
+@pytest.mark.ray
+def test_the_voice_feeding_the_recogniser_round_trips_a_text(
+    whisper_graphs: dict[str, Path], ray_cluster: Any, tmp_path: Path,
+) -> None:
+    """voice (Piper, text → audio per sentence) → asr (audio → text), through Ray: an audio edge
+    between two stages. One transcript per audio item the voice yields, and the words come back.
+
+    The voice runs with its shipped noise scales (the actors' environment is the cluster's), so
+    the bound is the loose one; two sentences, 27 words: up to 9 may differ."""
+    import json
+
+    from orchestrator.api import Pipeline
+
+    voice = {"name": "voice", "kind": "exported_graph", "artifact": str(REPO / "exports/piper-en-us-joe-medium"),
+             "devices": ["cpu"], "backends": ["ort-cpu"], "precision": ["fp32"]}
+    config = tmp_path / "round-trip.yaml"
+    config.write_text(yaml.safe_dump({"name": "round-trip", "stages": [
+        voice, asr_stage(whisper_graphs, inputs=["voice"])]}))
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps(PROFILE))
+    said = " ".join(SENTENCES)
+    with Pipeline.from_config(config, profile=prof, record=None) as pipeline:
+        result = pipeline.run(said, record=False)
+    assert result.stages["asr"]["items"] == result.stages["voice"]["items"] >= 1  # a transcript per audio item
+    assert word_error_rate(said, result.text) <= WER_BOUND, result.text
