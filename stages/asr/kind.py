@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import BadRequest, ConfigError, Problem
 from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal
@@ -169,6 +169,28 @@ class AsrKind(StageKind):
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
     ) -> str:
         return self.graphs.remedy_for_budget(graph_config(_cfg(stage), PRIMARY), _info(info, PRIMARY), device, backend, pool, available)
+
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+        """A request entering at this stage is one audio item: ``{"audio": mono samples,
+        "sample_rate": positive int}`` with at least one sample; anything else is a
+        ``BadRequest`` before it reaches the actor."""
+        import numpy as np
+
+        where = f"request (stage {stage.name}, kind asr)"
+        if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
+            got = "text" if isinstance(prompt, str) else type(prompt).__name__
+            raise BadRequest.single(where, f"the stage takes audio, got {got}",
+                                    'send {"audio": float32 mono samples, "sample_rate": Hz}')
+        rate = prompt["sample_rate"]
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
+            raise BadRequest.single(f"{where}: sample_rate", f"{rate!r} is not a positive int", "give the rate in Hz, e.g. 16000")
+        try:
+            samples = np.asarray(prompt["audio"], dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest.single(f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]") from None
+        if samples.ndim != 1 or samples.size == 0:
+            raise BadRequest.single(f"{where}: audio", f"shape {samples.shape}: one channel of at least one sample is needed",
+                                    "average the channels into one (mono), and send a non-empty recording")
 
     # -- runtime -------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:

@@ -192,3 +192,31 @@ def test_bad_stage_fields_are_refused_where_they_are(tmp_path: Path, bad: dict[s
     with pytest.raises(ConfigError) as err:
         parse_config({"name": "p", "stages": [stage]}, where="t.yaml", base_dir=tmp_path)
     assert [p.where for p in err.value.problems] == [f"t.yaml: stages[0].{next(iter(bad))}"]
+
+
+@pytest.mark.parametrize(("prompt", "where", "what"), [
+    ("hello", "request (stage asr, kind asr)", "takes audio, got text"),
+    ({"audio": [0.0, 0.1]}, "request (stage asr, kind asr)", "takes audio, got dict"),
+    ({"audio": [0.0, 0.1], "sample_rate": 0}, "request (stage asr, kind asr): sample_rate", "0 is not a positive int"),
+    ({"audio": [0.0, 0.1], "sample_rate": True}, "request (stage asr, kind asr): sample_rate", "True is not a positive int"),
+    ({"audio": [[0.0, 0.1], [0.2, 0.3]], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (2, 2)"),
+    ({"audio": [], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (0,)"),
+    ({"audio": ["a", "b"], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "not numbers"),
+])
+def test_a_request_that_is_not_one_audio_item_is_refused_before_the_actor(
+    tmp_path: Path, prompt: Any, where: str, what: str,
+) -> None:
+    from orchestrator.errors import BadRequest
+
+    config = parse_config({"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
+                          where="t.yaml", base_dir=tmp_path)
+    with pytest.raises(BadRequest) as err:
+        get_kind("asr").validate_request(None, config.stage("asr"), prompt)  # type: ignore[attr-defined]
+    (problem,) = err.value.problems
+    assert problem.where == where and what in problem.what and problem.fix
+
+
+def test_one_audio_item_is_a_good_request(tmp_path: Path) -> None:
+    config = parse_config({"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
+                          where="t.yaml", base_dir=tmp_path)
+    get_kind("asr").validate_request(None, config.stage("asr"), {"audio": [0.0] * 160, "sample_rate": 8000})  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ import yaml
 
 from exports.whisper_asr import word_error_rate
 from orchestrator.config import parse_config
-from orchestrator.errors import StageFailed
+from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind
@@ -119,6 +119,8 @@ def test_a_one_stage_pipeline_transcribes_an_audio_request(
     with Pipeline.from_config(config, profile=prof, record=None) as pipeline:
         stage = pipeline.plan.stage("asr")
         assert stage.verification is not None and stage.verification.status == "verified"
+        with pytest.raises(BadRequest, match="takes audio, got text"):
+            pipeline.run("hello", record=False)
         result = pipeline.run({"audio": audio, "sample_rate": rate}, record=False)
     assert word_error_rate(SENTENCES[0], result.text) <= WER_BOUND, result.text
 
