@@ -8,16 +8,19 @@ session specs and reservations, by asking an :class:`ExportedGraphKind` about
 a per-graph ``ExportedGraphConfig`` (:func:`graph_config`). What this kind
 adds is how the two are combined:
 
-* memory: both graphs' weights, EP workspaces and load transients, plus one
-  activation figure — the larger of the two graphs' (each manifest's
-  ``activation_bytes``, else exported_graph's default), since the encoder's
-  intermediates are freed before decoding starts;
+* memory: both graphs' weights and EP workspaces; the larger load transient
+  (the sessions open one after the other); one activation figure, the larger
+  of the two graphs' (each manifest's ``activation_bytes``, else
+  exported_graph's default), since the encoder's intermediates are freed
+  before decoding starts;
 * engine kwargs: one session spec per graph (``encoder`` and ``decoder``);
 * gates: one ``GateSpec`` per graph (``gate_specs``): ``omni-edge verify``
   measures both and the planner trusts the placement only when both passed.
 
-Payloads: audio in (``{"audio": float32 mono, "sample_rate": int}``, one item
-per speech segment), text out (one transcript per item). The runtime half is
+Payloads (``stages.payloads``): ``audio`` in, any rate (``{"audio": float32
+mono, "sample_rate": int}``, one item per speech segment), ``text`` out (one
+transcript per item); a request entering here must be one audio item
+(``validate_request``). The runtime half is
 ``stages.asr.runner``; it imports numpy and soxr at its top, so it is loaded
 by name when a runner is made and planning never pays for either.
 """
