@@ -1,9 +1,16 @@
 """Silero VAD (v6, MIT) as an exported artifact: the reference data, made by code.
 
-The graph ships inside the ``silero-vad`` PyPI package
-(``silero_vad/data/silero_vad_op18_ifless.onnx``); the artifact
-``exports/silero-vad-op18`` points at it with a ``package://`` location and
-holds only the reference files this module writes.
+The graphs ship inside the ``silero-vad`` PyPI package; two artifacts point at
+them with ``package://`` locations and hold only the reference files this
+module writes:
+
+* ``exports/silero-vad``: ``silero_vad/data/silero_vad.onnx``, the plain
+  opset-16 graph (the network inside an ``If`` whose branches have dynamic-rank
+  outputs: the CPU EP runs it, OpenVINO's CPU plug-in refuses it);
+* ``exports/silero-vad-op18``: ``silero_vad/data/silero_vad_op18_ifless.onnx``,
+  the same weights without the dynamic-rank ``If`` (OpenVINO compiles it).
+
+The ``vad`` stage kind (``stages/vad``) runs either one window by window.
 
 One call of the graph scores one chunk of 16 kHz audio. Its inputs, as the
 package's own ``OnnxWrapper`` feeds them:
@@ -14,9 +21,11 @@ package's own ``OnnxWrapper`` feeds them:
 * ``state`` float32 ``[2, batch, 128]``: the recurrent state, zeros at the start.
 
 Outputs: ``output`` ``[batch, 1]`` (speech probability) and ``stateN`` (the next
-state). Regenerate the reference files with::
+state). Regenerate an artifact's reference files (its own graph, from its
+manifest) with::
 
     python -m exports.silero_vad exports/silero-vad-op18
+    python -m exports.silero_vad exports/silero-vad
 
 The inputs are a fixed synthetic chunk (no randomness, no audio file); the
 outputs are the CPU EP's answer on this interpreter's onnxruntime, so the
@@ -30,6 +39,8 @@ import sys
 import zipfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from orchestrator.packages import resolve_package_location
 
@@ -108,14 +119,25 @@ def save_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
     return out
 
 
+def manifest_graph(directory: str | Path) -> str:
+    """The fp32 graph an artifact directory's manifest names (a ``package://`` location
+    resolved, a relative path taken from the directory), or ``GRAPH`` without a manifest."""
+    manifest = Path(directory) / "manifest.yaml"
+    if not manifest.is_file():
+        return str(resolve_package_location(GRAPH))
+    where = str(yaml.safe_load(manifest.read_text())["precisions"]["fp32"])
+    return str(resolve_package_location(where) if where.startswith("package://") else Path(directory) / where)
+
+
 def write_reference(directory: str | Path, graph: str | Path | None = None) -> tuple[Path, Path]:
-    """Write ``reference_inputs.npz`` and ``reference_outputs.npz`` into ``directory``."""
+    """Write ``reference_inputs.npz`` and ``reference_outputs.npz`` into ``directory``: the
+    fixed feeds, and ``graph``'s outputs on them (default: the graph its manifest names)."""
     d = Path(directory)
     feeds = reference_feeds()
-    outputs = cpu_outputs(graph or resolve_package_location(GRAPH), feeds)
+    outputs = cpu_outputs(graph or manifest_graph(d), feeds)
     return save_npz(d / "reference_inputs.npz", feeds), save_npz(d / "reference_outputs.npz", outputs)
 
 
-if __name__ == "__main__":  # python -m exports.silero_vad exports/silero-vad-op18
+if __name__ == "__main__":  # python -m exports.silero_vad exports/silero-vad[-op18]
     for written in write_reference(sys.argv[1] if len(sys.argv) > 1 else "."):
         print(written)

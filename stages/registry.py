@@ -24,6 +24,7 @@ _BUILTIN = {
     "ar_decode": "stages.ar_decode.kind:ArDecodeKind",
     "exported_graph": "stages.exported_graph.kind:ExportedGraphKind",
     "asr": "stages.asr.kind:AsrKind",
+    "vad": "stages.vad.kind:VadKind",
 }
 _kinds: dict[str, StageKind] = {}
 _plugins_loaded = False

@@ -186,7 +186,8 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     outputs = num.get("outputs")
     if not isinstance(outputs, dict):
         return "numeric.outputs is missing"
-    if not outputs and not num.get("error"):
+    if not outputs and not num.get("error") and cov.get("source") != "session_error":
+        # (a session that failed to open is the measurement: nothing could be compared)
         return "numeric has neither outputs nor an error: nothing was compared"
     for name, m in outputs.items():
         if not isinstance(m, dict) or not isinstance(m.get("shape_match"), bool):

@@ -1,0 +1,219 @@
+"""``vad``: voice activity detection in front of a pipeline — audio in, speech segments out.
+
+A stage of this kind names one ``omni-edge.export/1`` artifact of Silero VAD
+(``exports/silero-vad``: the package's plain ``silero_vad.onnx``;
+``exports/silero-vad-op18``: its opset-18 graph without the dynamic-rank
+``If``). Planning treats the graph exactly as an ``exported_graph`` stage would
+(:func:`graph_config`: the same describe, precision choice and refusals,
+reservations, session spec and gate, asked of an :class:`ExportedGraphKind`).
+So on OpenVINO the plain graph is a placement ``omni-edge verify`` measures
+and refuses by name (``execution_provider_declined_graph``: the CPU plug-in
+cannot compile a Parameter of dynamic rank), and the planner takes the stage's
+next candidate, the CPU EP; the op18 graph is the one to name for OpenVINO.
+
+What this kind adds is the loop the graph needs (``stages.vad.runner``): the
+audio resampled to the graph's rate (16 kHz), cut into 512-sample windows, each
+scored with the previous window's last 64 samples and the recurrent state of
+the window before; and the segmentation of those scores
+(``stages.vad.segments``): silence trimmed, speech cut at pauses, each
+segment one audio item at the input's own sample rate.
+
+Payloads (``stages.payloads``): ``audio`` in, any rate (the items of one request
+are consecutive pieces of one recording, at one rate), ``audio`` out (one item
+per speech segment, at the input's rate). A request entering here must be one
+audio item (``validate_request``).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator.errors import BadRequest, ConfigError, Problem
+from orchestrator.ledger import Reservation
+from orchestrator.ort import backends as ort_backends
+from orchestrator.plan import Refusal
+from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
+from stages.exported_graph.artifact import ExportedArtifact, Precision
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from orchestrator.profile import Device, Route
+
+METADATA_KEYS = ("sample_rate", "chunk_samples", "context_samples")
+"""What the runner reads from the artifact's manifest ``metadata``."""
+INPUTS = ("input", "sr", "state")
+OUTPUTS = ("output", "stateN")
+
+
+class VadConfig(StageConfig):
+    """A voice-activity-detection stage in a pipeline config."""
+
+    kind: Literal["vad"] = Field(description="Always vad for this kind.")
+    artifact: str = Field(
+        description="The Silero VAD artifact directory (exports/silero-vad, or exports/silero-vad-op18 for "
+                    "OpenVINO), relative to the config file, or package://<package>/<dir>.",
+    )
+    precision: list[Precision] = Field(
+        default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
+        description="Precisions to use, in preference order; the first the artifact has and the backend runs.",
+    )
+    min_ep_coverage: float | None = Field(
+        None, ge=0, le=1, description="Overrides the manifest's minimum fraction of nodes the target EP must take.",
+    )
+    target_only: bool = Field(False, description="Run the graph on the target EP alone (no CPU EP fallback).")
+    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict, description="Per backend, provider options that override the backend table.",
+    )
+    threshold: float = Field(0.5, gt=0, lt=1, description="A window at this speech probability or above is speech.")
+    neg_threshold: float | None = Field(
+        None, ge=0, lt=1,
+        description="Once speech started, a window below this is silence (default: threshold - 0.15).",
+    )
+    min_speech_ms: int = Field(250, ge=0, le=10_000, description="Shorter speech (before padding) is dropped.")
+    min_silence_ms: int = Field(
+        400, ge=32, le=10_000, description="A pause this long ends a segment (shorter ones stay inside it).",
+    )
+    speech_pad_ms: int = Field(
+        100, ge=0, le=2_000, description="Kept before and after each segment's speech (at most min_silence_ms).",
+    )
+    max_segment_s: float = Field(
+        30.0, ge=1, le=600,
+        description="Longest segment, padding included; longer speech is cut there (30: one Whisper window).",
+    )
+
+    @model_validator(mode="after")
+    def _pad_within_pause(self) -> VadConfig:
+        if self.speech_pad_ms > self.min_silence_ms:
+            raise ValueError(f"speech_pad_ms ({self.speech_pad_ms}) must not exceed min_silence_ms "
+                             f"({self.min_silence_ms}): the end pad is cut from the pause that ends a segment")
+        if self.neg_threshold is not None and self.neg_threshold > self.threshold:
+            raise ValueError(f"neg_threshold ({self.neg_threshold}) must not exceed threshold ({self.threshold})")
+        return self
+
+
+def graph_config(stage: VadConfig) -> ExportedGraphConfig:
+    """The ``exported_graph`` stage the VAD's graph would be, with this stage's settings."""
+    return ExportedGraphConfig(
+        name=stage.name, kind="exported_graph", devices=stage.devices, backends=stage.backends,
+        artifact=stage.artifact, precision=stage.precision, min_ep_coverage=stage.min_ep_coverage,
+        target_only=stage.target_only, provider_options=stage.provider_options,
+    )
+
+
+class VadKind(StageKind):
+    """Silero VAD on an ONNX Runtime EP; the window loop and segmentation in the runner."""
+
+    kind = "vad"
+    config_model = VadConfig
+    backends = tuple(ort_backends.BACKENDS)
+    needs_gates = True
+    consumes = ("audio",)
+    produces = ("audio",)
+
+    def __init__(self) -> None:
+        self.graph = ExportedGraphKind()
+        """Asked about the graph as if it were an exported_graph stage (it memoises the manifest)."""
+
+    @classmethod
+    def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
+        cfg = _cfg(stage)
+        resolved = ExportedGraphKind.resolve_paths(graph_config(cfg), base_dir)
+        assert isinstance(resolved, ExportedGraphConfig)
+        return cfg.model_copy(update={"artifact": resolved.artifact})
+
+    def artifact(self, stage: StageConfig) -> ExportedArtifact:
+        return self.graph.artifact(graph_config(_cfg(stage)))
+
+    # -- planning ------------------------------------------------------------
+    def describe(self, stage: StageConfig) -> ArtifactInfo:
+        """The graph as exported_graph describes it, plus a check that the manifest is a VAD's
+        (the metadata and the tensor names the runner feeds)."""
+        cfg = _cfg(stage)
+        info = self.graph.describe(graph_config(cfg))
+        manifest = self.graph.artifact(graph_config(cfg)).manifest
+        problems = []
+        missing = [k for k in METADATA_KEYS if not isinstance(manifest.metadata.get(k), int)]
+        if missing:
+            problems.append(Problem(f"{cfg.artifact}/manifest.yaml: metadata", f"{', '.join(missing)} missing or not whole "
+                                    "numbers: the window loop needs them", "e.g. sample_rate: 16000, chunk_samples: 512, "
+                                    "context_samples: 64 (exports/silero-vad-op18)"))
+        names_in, names_out = {i.name for i in manifest.inputs}, {o.name for o in manifest.outputs}
+        if not set(INPUTS) <= names_in or not set(OUTPUTS) <= names_out:
+            problems.append(Problem(f"{cfg.artifact}/manifest.yaml", f"inputs {sorted(names_in)}, outputs "
+                                    f"{sorted(names_out)}: a vad stage feeds {', '.join(INPUTS)} and reads "
+                                    f"{', '.join(OUTPUTS)}", "name a Silero VAD artifact (exports/silero-vad)"))
+        if problems:
+            raise ConfigError(problems)
+        return info
+
+    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+        return self.graph.check(graph_config(_cfg(stage)), info, device, backend)
+
+    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
+        return self.graph.reservations(graph_config(_cfg(stage)), info, device, backend, pool)
+
+    def engine_kwargs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
+        reservations: list[Reservation], pool_capacity: int,
+    ) -> dict[str, Any]:
+        cfg = _cfg(stage)
+        kwargs = self.graph.engine_kwargs(graph_config(cfg), info, device, backend, reservations, pool_capacity)
+        if not kwargs:
+            return {}
+        return {**kwargs, "segments": {
+            "threshold": cfg.threshold, "neg_threshold": cfg.neg_threshold, "min_speech_ms": cfg.min_speech_ms,
+            "min_silence_ms": cfg.min_silence_ms, "speech_pad_ms": cfg.speech_pad_ms, "max_segment_s": cfg.max_segment_s,
+        }}
+
+    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+        return self.graph.gate_spec(graph_config(_cfg(stage)), info, device, backend)
+
+    def remedy_for_budget(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
+    ) -> str:
+        return self.graph.remedy_for_budget(graph_config(_cfg(stage)), info, device, backend, pool, available)
+
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+        """A request entering here is one audio item ``{"audio": mono samples, "sample_rate":
+        positive int}`` with at least one sample; anything else is a ``BadRequest`` before it
+        reaches the actor."""
+        check_audio_request(prompt, f"request (stage {stage.name}, kind vad)")
+
+    # -- runtime -------------------------------------------------------------
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+        """The runner for an admitted placement, its session in the route ``route_for`` finds."""
+        module = import_module("stages.vad.runner")  # numpy and soxr at its top: never while planning
+        runner: StageRunner = module.VadRunner(stage_plan, self.artifact(stage), module.route_for(stage_plan, route))
+        return runner
+
+
+def check_audio_request(prompt: Any, where: str) -> None:
+    """``BadRequest`` unless ``prompt`` is one audio item: mono, a positive int rate, samples."""
+    import numpy as np
+
+    if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
+        got = "text" if isinstance(prompt, str) else "a chat request" if isinstance(prompt, dict) else type(prompt).__name__
+        raise BadRequest.single(where, f"the stage takes audio, got {got}",
+                                'send {"audio": float32 mono samples, "sample_rate": Hz} '
+                                "(omni-edge run --audio FILE.wav; an input_audio content part on the server)")
+    rate = prompt["sample_rate"]
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
+        raise BadRequest.single(f"{where}: sample_rate", f"{rate!r} is not a positive int", "give the rate in Hz, e.g. 16000")
+    try:
+        samples = np.asarray(prompt["audio"], dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest.single(f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]") from None
+    if samples.ndim != 1 or samples.size == 0:
+        raise BadRequest.single(f"{where}: audio", f"shape {samples.shape}: one channel of at least one sample is needed",
+                                "average the channels into one (mono), and send a non-empty recording")
+
+
+def _cfg(stage: StageConfig) -> VadConfig:
+    if not isinstance(stage, VadConfig):
+        raise TypeError(f"stage {stage.name!r} is not a vad stage")
+    return stage

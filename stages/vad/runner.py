@@ -1,0 +1,257 @@
+"""The runtime half of ``vad``: audio in, speech segments out, the Silero graph run window by window.
+
+:class:`VadRunner` opens the plan's session spec in the placement's route
+(this interpreter or the route's worker, ``orchestrator.ort.sessions``), as an
+``exported_graph`` stage opens its one. Per request (the items are consecutive
+pieces of one recording, at one sample rate):
+
+1. each item is resampled to the graph's rate (``metadata.sample_rate``, 16 kHz)
+   with a streaming soxr resampler, so pieces join without seams;
+2. cut into windows of ``metadata.chunk_samples`` (512: 32 ms); each call feeds
+   ``input`` = the previous window's last ``metadata.context_samples`` (64) samples
+   followed by the window, ``sr`` (a 0-d int64) and ``state`` (the previous call's
+   ``stateN``; zeros at the start of the request), and reads ``output`` (the speech
+   probability);
+3. the probabilities go to a :class:`~stages.vad.segments.Segmenter` (the stage's
+   thresholds and durations, ``engine_kwargs["segments"]``), and each segment it
+   closes is yielded at once, cut from the samples as they came in (the input's
+   own rate, not the graph's): ``{"audio": float32 mono, "sample_rate": rate}``;
+4. at the end the last partial window is padded with zeros and scored, and
+   speech still open is closed at the last sample.
+
+Guarantees: segments in order, not overlapping, each at most ``max_segment_s``
+long; no item at all for audio without speech; ``request_stats`` says how much
+was heard, how many windows were scored and segments kept, and the speech
+seconds. A bad item (not audio, not mono, another rate than the request's first
+item) fails the request with ``StageFailed`` naming the stage and device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import numpy as np
+import soxr
+
+from orchestrator.errors import StageFailed
+from orchestrator.ort.sessions import ResolvedRoute, open_sessions
+from stages.base import StageRunner
+from stages.exported_graph.artifact import ExportedArtifact
+from stages.exported_graph.runner import route_for
+from stages.vad.segments import Segmenter, SegmentRules
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+
+__all__ = ["VadRunner", "route_for"]
+
+
+class VadRunner(StageRunner):
+    """Silero VAD window by window with its state; segments cut at pauses."""
+
+    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
+        self.plan = stage_plan
+        self.artifact = artifact
+        self.route = route
+        meta = artifact.metadata
+        try:
+            self.rate = int(meta["sample_rate"])
+            self.window = int(meta["chunk_samples"])
+            self.context = int(meta["context_samples"])
+        except (KeyError, TypeError, ValueError) as exc:
+            self._fail(f"{artifact.dir}/manifest.yaml: metadata needs sample_rate, chunk_samples and context_samples "
+                       f"({type(exc).__name__}: {exc})")
+        state = next((i for i in artifact.manifest.inputs if i.name == "state"), None)
+        if state is None:
+            self._fail(f"{artifact.dir}/manifest.yaml: no 'state' input")
+        self.state_shape = tuple(d if isinstance(d, int) else 1 for d in state.shape)
+        s = dict(stage_plan.engine_kwargs.get("segments") or {})
+        ms = self.rate // 1000
+        self.rules = SegmentRules(
+            window=self.window, threshold=float(s.get("threshold", 0.5)), neg_threshold=s.get("neg_threshold"),
+            min_speech=int(s.get("min_speech_ms", 250)) * ms, min_silence=int(s.get("min_silence_ms", 400)) * ms,
+            pad=int(s.get("speech_pad_ms", 100)) * ms, max_segment=int(float(s.get("max_segment_s", 30.0)) * self.rate),
+        )
+        self._host: Any = None
+        self._handle: int | None = None
+        self._stats: dict[str, dict[str, Any]] = {}
+        self.load_info: dict[str, Any] = {}
+
+    def _fail(self, why: str) -> NoReturn:
+        raise StageFailed(self.plan.name, self.plan.device or "?", why)
+
+    def load(self) -> None:
+        """Open the session in the route, and score one window of silence (the first run's allocations)."""
+        spec = self.plan.engine_kwargs.get("session")
+        if not spec:
+            self._fail("the plan carries no session spec (was it admitted?)")
+        try:
+            self._host = open_sessions(self.route)
+            self.load_info = self._host.open(spec, record=True)
+            self._handle = self.load_info["handle"]
+            Windows(self).score(np.zeros(self.window, dtype=np.float32))
+        except Exception as exc:
+            self.close()
+            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+
+    def run_window(self, window: Any, context: Any, state: Any) -> tuple[float, Any]:
+        """One call of the graph: (speech probability, next state)."""
+        if self._handle is None:
+            self._fail("run before load()")
+        feeds = {"input": np.concatenate([context, window])[np.newaxis, :].astype(np.float32, copy=False),
+                 "sr": np.array(self.rate, dtype=np.int64), "state": state}
+        out = self._host.run(self._handle, feeds)["outputs"]
+        return float(np.asarray(out["output"]).reshape(-1)[0]), out["stateN"]
+
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """One audio item per speech segment, each yielded as soon as its pause is heard."""
+        cut = Cutter(self)
+        try:
+            async for item in inputs:
+                samples, rate = self._samples(item, cut.source_rate)
+                for segment in await asyncio.to_thread(cut.feed, samples, rate):
+                    yield segment
+            for segment in await asyncio.to_thread(cut.finish):
+                yield segment
+        except StageFailed:
+            raise
+        except Exception as exc:
+            raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+        self._stats[request_id] = cut.stats()
+
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """Seconds heard, windows scored, segments kept and their speech seconds (popped: asked once)."""
+        return self._stats.pop(request_id, {})
+
+    def _samples(self, item: Any, rate_so_far: int | None) -> tuple[Any, int]:
+        if not isinstance(item, dict) or "audio" not in item or "sample_rate" not in item:
+            self._fail(f"a vad stage takes audio items {{'audio': samples, 'sample_rate': rate}}, got {type(item).__name__}")
+        samples = np.asarray(item["audio"], dtype=np.float32)
+        rate = item["sample_rate"]
+        if samples.ndim != 1:
+            self._fail(f"audio must be mono (one dimension), got shape {samples.shape}")
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
+            self._fail(f"sample_rate must be a positive int, got {rate!r}")
+        if rate_so_far is not None and rate != rate_so_far:
+            self._fail(f"the items of one request are one recording: {rate} Hz after {rate_so_far} Hz")
+        return samples, rate
+
+    def close(self) -> None:
+        if self._host is not None:
+            if self._handle is not None:
+                self._host.close(self._handle)
+            self._host.shutdown()
+        self._host, self._handle = None, None
+
+
+class Windows:
+    """The graph's side of one request: samples at the graph's rate → one probability per window."""
+
+    def __init__(self, runner: VadRunner) -> None:
+        self.runner = runner
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.context = np.zeros(runner.context, dtype=np.float32)
+        self.state = np.zeros(runner.state_shape, dtype=np.float32)
+        self.count = 0
+
+    def score(self, window: Any) -> float:
+        prob, self.state = self.runner.run_window(window, self.context, self.state)
+        self.context = window[-self.runner.context:] if self.runner.context else self.context
+        self.count += 1
+        return prob
+
+    def feed(self, samples: Any) -> list[float]:
+        """Scores of every whole window the samples complete."""
+        w = self.runner.window
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
+        whole = len(self.pending) // w
+        probs = [self.score(self.pending[i * w:(i + 1) * w]) for i in range(whole)]
+        self.pending = self.pending[whole * w:]
+        return probs
+
+    def flush(self) -> list[float]:
+        """The last partial window, padded with zeros (none when nothing is left)."""
+        if not len(self.pending):
+            return []
+        window = np.zeros(self.runner.window, dtype=np.float32)
+        window[:len(self.pending)] = self.pending
+        self.pending = np.zeros(0, dtype=np.float32)
+        return [self.score(window)]
+
+
+class Cutter:
+    """One request: the input's samples kept (at its own rate) until no segment can need them,
+    resampled for the graph, scored, segmented, cut."""
+
+    def __init__(self, runner: VadRunner) -> None:
+        self.runner = runner
+        self.windows = Windows(runner)
+        self.segmenter = Segmenter(runner.rules)
+        self.source_rate: int | None = None
+        self.resampler: Any = None
+        self.kept = np.zeros(0, dtype=np.float32)
+        self.kept_from = 0
+        """Index (at the source rate) of ``kept[0]``."""
+        self.received = 0
+        """Samples received (at the source rate)."""
+        self.graph_samples = 0
+        """Samples handed to the graph (at its rate)."""
+        self.segments: list[float] = []
+
+    def feed(self, samples: Any, rate: int) -> list[dict[str, Any]]:
+        if self.source_rate is None:
+            self.source_rate = rate
+            if rate != self.runner.rate:
+                self.resampler = soxr.ResampleStream(rate, self.runner.rate, 1, dtype="float32")
+        self.kept = np.concatenate([self.kept, samples])
+        self.received += len(samples)
+        return self._score(self.resampler.resample_chunk(samples) if self.resampler is not None else samples)
+
+    def finish(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.resampler is not None:
+            out += self._score(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+        for prob in self.windows.flush():
+            out += self._cut(self.segmenter.push(prob))
+        out += self._cut(self.segmenter.finish(self.graph_samples))
+        return out
+
+    def _score(self, graph_samples: Any) -> list[dict[str, Any]]:
+        graph_samples = np.asarray(graph_samples, dtype=np.float32).reshape(-1)
+        self.graph_samples += len(graph_samples)
+        out: list[dict[str, Any]] = []
+        for prob in self.windows.feed(graph_samples):
+            out += self._cut(self.segmenter.push(prob))
+        self._trim()
+        return out
+
+    def _at_source(self, graph_index: int) -> int:
+        assert self.source_rate is not None
+        return min(round(graph_index * self.source_rate / self.runner.rate), self.received)
+
+    def _cut(self, bounds: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        out = []
+        for start, end in bounds:
+            a, b = self._at_source(start) - self.kept_from, self._at_source(end) - self.kept_from
+            audio = self.kept[max(a, 0):max(b, 0)].copy()
+            if audio.size:
+                self.segments.append(audio.size / float(self.source_rate or 1))
+                out.append({"audio": audio, "sample_rate": self.source_rate})
+        return out
+
+    def _trim(self) -> None:
+        """Forget the samples no segment can start before: before the open segment, or
+        (no speech open) before one pad's length behind the last window scored."""
+        seg = self.segmenter
+        keep_from = seg.open_start if seg.open_start is not None else max(seg.heard - seg.rules.pad, seg.last_end)
+        drop = self._at_source(keep_from) - self.kept_from
+        if drop > 0:
+            self.kept = self.kept[drop:]
+            self.kept_from += drop
+
+    def stats(self) -> dict[str, Any]:
+        heard = self.received / float(self.source_rate) if self.source_rate else 0.0
+        return {"heard_s": round(heard, 3), "windows": self.windows.count, "segments": len(self.segments),
+                "speech_s": round(sum(self.segments), 3)}

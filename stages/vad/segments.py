@@ -1,0 +1,136 @@
+"""Speech segments from per-window speech probabilities, decided as the windows arrive.
+
+:class:`Segmenter` is the decision half of the ``vad`` stage, in plain Python
+(no numpy, no session): it is fed one probability per window of ``window``
+samples and answers the segments it can close, as ``(start, end)`` sample
+offsets at the VAD's rate. The rules are silero-vad's ``get_speech_timestamps``
+made streaming:
+
+* speech starts at the first window whose probability is at least
+  ``threshold``;
+* it ends where the probability first fell below ``neg_threshold`` (default
+  ``threshold - 0.15``: hysteresis, so a word's soft consonant does not end
+  it), once that silence has lasted ``min_silence`` samples — a pause; a
+  window back at ``threshold`` or above before then cancels the pause;
+* a segment shorter than ``min_speech`` samples (before padding) is dropped;
+* each kept segment is padded by ``pad`` samples on both sides, never into
+  the previous segment; the end pad is always available when the segment
+  closes, since ``pad <= min_silence`` (checked here);
+* speech longer than ``max_segment`` samples (padding included) is cut there,
+  and the next segment starts where it was cut (no pad between the two: the
+  samples are contiguous);
+* :meth:`finish` closes speech still open when the input ends, at the last
+  sample heard (or where its last pause began).
+
+Guarantees: segments come out in order, do not overlap, lie within the
+samples heard, and each is at most ``max_segment`` samples long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SegmentRules:
+    """The segmentation settings, in samples at the VAD's rate."""
+
+    window: int
+    threshold: float = 0.5
+    neg_threshold: float | None = None
+    min_speech: int = 0
+    min_silence: int = 0
+    pad: int = 0
+    max_segment: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.window <= 0:
+            raise ValueError(f"window must be positive, got {self.window}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must lie strictly between 0 and 1, got {self.threshold}")
+        if not 0.0 <= self.low <= self.threshold:
+            raise ValueError(f"neg_threshold must lie in [0, threshold], got {self.low}")
+        if self.pad > self.min_silence:
+            raise ValueError(f"the pad ({self.pad} samples) must not exceed min_silence ({self.min_silence}): "
+                             "the end pad is cut from the pause that closes a segment")
+        if self.max_segment is not None and self.max_segment < 2 * self.window + 2 * self.pad:
+            raise ValueError(f"max_segment ({self.max_segment} samples) must hold two windows and both pads")
+
+    @property
+    def low(self) -> float:
+        """The probability below which a window counts as silence once speech started."""
+        return self.neg_threshold if self.neg_threshold is not None else max(self.threshold - 0.15, 0.01)
+
+
+class Segmenter:
+    """Feed probabilities one window at a time (:meth:`push`), then :meth:`finish`."""
+
+    def __init__(self, rules: SegmentRules) -> None:
+        self.rules = rules
+        self.windows = 0
+        """Windows pushed so far."""
+        self.heard = 0
+        """Samples the windows cover (``finish`` may say fewer: the last window's padding)."""
+        self.last_end = 0
+        """End of the last segment emitted: the next one's pad never reaches before it."""
+        self._start: int | None = None
+        """Padded start of the open segment, or None when no speech is open."""
+        self._speech_start = 0
+        self._pause: int | None = None
+        """Where the current pause began, inside open speech."""
+
+    @property
+    def open_start(self) -> int | None:
+        """Padded start of the speech still open (samples before it are never emitted again)."""
+        return self._start
+
+    def push(self, prob: float) -> list[tuple[int, int]]:
+        """One window's speech probability; the segments this window closes."""
+        r = self.rules
+        pos = self.windows * r.window
+        self.windows += 1
+        self.heard = pos + r.window
+        out: list[tuple[int, int]] = []
+        if prob >= r.threshold:
+            self._pause = None
+            if self._start is None:
+                self._speech_start = pos
+                self._start = max(pos - r.pad, self.last_end)
+            elif r.max_segment is not None and self.heard - self._start >= r.max_segment:
+                # too long: cut here, the rest continues as a new segment from this sample on
+                end = self._start + r.max_segment
+                out.append((self._start, end))
+                self.last_end = end
+                self._start = self._speech_start = end
+            return out
+        if self._start is not None and prob < r.low:
+            if self._pause is None:
+                self._pause = pos
+            if self.heard - self._pause >= r.min_silence:
+                out += self._close(self._pause)
+        if self._start is not None and r.max_segment is not None and self.heard - self._start >= r.max_segment:
+            # too long, in a pause not yet long enough: end at the pause (or here), padded within the bound
+            out += self._close(min(self._pause if self._pause is not None else self.heard, self._start + r.max_segment))
+        return out
+
+    def finish(self, total: int | None = None) -> list[tuple[int, int]]:
+        """Close speech still open; ``total``: samples really heard (default: every window's)."""
+        heard = self.heard if total is None else min(total, self.heard)
+        self.heard = heard
+        if self._start is None:
+            return []
+        end = self._pause if self._pause is not None else heard
+        return self._close(min(end, heard))
+
+    def _close(self, end: int) -> list[tuple[int, int]]:
+        r = self.rules
+        assert self._start is not None
+        start, speech = self._start, end - self._speech_start
+        self._start, self._pause = None, None
+        if speech < r.min_speech or end <= start:
+            return []
+        stop = min(end + r.pad, self.heard)
+        if r.max_segment is not None:
+            stop = min(stop, start + r.max_segment)
+        self.last_end = stop
+        return [(start, stop)]

@@ -1,0 +1,106 @@
+"""The segmentation rules on probabilities built to have the property each test names:
+speech starts at the threshold, ends after a pause of min_silence, short blips are dropped,
+pads never overlap, long speech is cut at max_segment, and the end of input closes speech."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stages.vad.segments import Segmenter, SegmentRules
+
+W = 10
+"""Samples per window in these tests (the stage's is 512)."""
+
+
+def run(probs: list[float], rules: SegmentRules) -> list[tuple[int, int]]:
+    seg = Segmenter(rules)
+    out = [s for p in probs for s in seg.push(p)]
+    return out + seg.finish()
+
+
+def rules(**kw: int | float | None) -> SegmentRules:
+    base: dict[str, int | float | None] = {"window": W, "threshold": 0.5, "min_speech": 30, "min_silence": 40,
+                                           "pad": 10, "max_segment": None}
+    base.update(kw)
+    return SegmentRules(**base)  # type: ignore[arg-type]
+
+
+def test_two_utterances_split_at_a_pause_with_pads() -> None:
+    probs = [0.0] * 5 + [0.9] * 6 + [0.0] * 6 + [0.9] * 4 + [0.0] * 5
+    # speech windows 5-10 (samples 50-110), pause from 110, 4 windows of silence close it at 150
+    assert run(probs, rules()) == [(40, 120), (160, 220)]
+
+
+def test_a_pause_shorter_than_min_silence_stays_inside() -> None:
+    probs = [0.9] * 5 + [0.0] * 3 + [0.9] * 5 + [0.0] * 5
+    assert run(probs, rules()) == [(0, 140)]
+
+
+def test_hysteresis_keeps_soft_windows_inside_speech() -> None:
+    probs = [0.9] * 4 + [0.4] * 6 + [0.9] * 4 + [0.0] * 4
+    # 0.4 is below the threshold but above threshold - 0.15: not a pause
+    assert run(probs, rules()) == [(0, 150)]
+
+
+def test_a_blip_shorter_than_min_speech_is_dropped() -> None:
+    assert run([0.0] * 3 + [0.9] * 2 + [0.0] * 8, rules()) == []
+
+
+def test_silence_only_yields_nothing() -> None:
+    assert run([0.1] * 50, rules()) == []
+
+
+def test_the_end_of_input_closes_open_speech_at_the_last_sample() -> None:
+    seg = Segmenter(rules())
+    for p in [0.0] * 2 + [0.9] * 5:
+        assert seg.push(p) == []
+    assert seg.finish(total=65) == [(10, 65)]
+
+
+def test_the_start_pad_never_reaches_into_the_previous_segment() -> None:
+    r = rules(pad=40, min_silence=40)
+    probs = [0.9] * 4 + [0.0] * 4 + [0.9] * 4 + [0.0] * 4
+    a, b = run(probs, r)
+    assert a == (0, 80) and b[0] == 80
+
+
+def test_long_speech_is_cut_at_max_segment_contiguously() -> None:
+    out = run([0.9] * 25 + [0.0] * 5, rules(max_segment=100))
+    assert out[0] == (0, 100) and out[1] == (100, 200)
+    assert all(b - a <= 100 for a, b in out)
+    assert [a for a, _ in out[1:]] == [b for _, b in out[:-1]]
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"pad": 50, "min_silence": 40}, "must not exceed min_silence"),
+    ({"threshold": 1.0}, "strictly between 0 and 1"),
+    ({"neg_threshold": 0.7}, r"neg_threshold must lie in \[0, threshold\]"),
+    ({"max_segment": 30}, "two windows and both pads"),
+])
+def test_impossible_rules_are_refused(kw: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        rules(**kw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1), max_size=120), st.integers(0, 4), st.integers(1, 6), st.integers(0, 4),
+       st.one_of(st.none(), st.integers(4, 20)))
+def test_segments_are_ordered_disjoint_bounded_and_within_what_was_heard(
+    probs: list[float], pad_w: int, silence_w: int, speech_w: int, max_w: int | None,
+) -> None:
+    pad = min(pad_w, silence_w) * W
+    max_segment = None if max_w is None else max(max_w * W, 2 * W + 2 * pad)
+    r = rules(pad=pad, min_silence=silence_w * W, min_speech=speech_w * W, max_segment=max_segment)
+    out = run(probs, r)
+    heard = len(probs) * W
+    for a, b in out:
+        assert 0 <= a < b <= heard
+        if max_segment is not None:
+            assert b - a <= max_segment
+    assert all(b1 <= a2 for (_, b1), (a2, _) in itertools.pairwise(out))
+    if all(p < 0.5 for p in probs):
+        assert out == []
