@@ -160,7 +160,8 @@ def check_graph(config: PipelineConfig, where: str) -> None:
        stage produces.
 
     Several entry stages and several final outputs are allowed; fan-in is
-    accepted here with a declared join (the runtime refuses it, for now).
+    accepted with a declared join on a stage whose kind takes joined items
+    (``StageKind.takes_join``; the runtime joins, ``orchestrator.runtime.joins``).
     """
     _raise(_structure_problems(config, where))
     problems: list[Problem] = []
@@ -172,7 +173,7 @@ def check_graph(config: PipelineConfig, where: str) -> None:
     if not any(s.final_output for s in config.stages):
         problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
     _raise(problems)
-    _raise([*_reach_problems(config, where), *_type_problems(config, where)])
+    _raise([*_reach_problems(config, where), *_type_problems(config, where), *_join_kind_problems(config, where)])
 
 
 def _raise(problems: list[Problem]) -> None:
@@ -216,6 +217,16 @@ def _join_problems(s: StageConfig, where: str) -> list[Problem]:
             + (f"one ({s.inputs[0]})" if s.inputs else "none"),
             "remove join, or list the other inputs it should combine")]
     return []
+
+
+def _join_kind_problems(config: PipelineConfig, where: str) -> list[Problem]:
+    """A stage with several inputs must be of a kind that takes joined items (``StageKind.takes_join``)."""
+    return [Problem(
+        f"{where}: stages.{s.name}.inputs",
+        f"{s.name} ({s.kind}) has {len(s.inputs)} inputs ({', '.join(s.inputs)}), and the {s.kind} kind does not take "
+        f"joined items (one dict keyed by source per item)",
+        f"give {s.name} one input, or put a stage of a kind that takes a join in front of it")
+        for s in config.stages if len(s.inputs) > 1 and s.join is not None and not get_kind(s.kind).takes_join]
 
 
 def _reach_problems(config: PipelineConfig, where: str) -> list[Problem]:

@@ -67,9 +67,12 @@ REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
 
 Join = Literal["all", "zip", "latest"]
-"""How a stage with several inputs combines them: ``all`` waits for one item from
-every input per step, ``zip`` pairs items by sequence number, ``latest`` takes each
-input's newest item. The config format carries it; the runtime refuses fan-in yet."""
+"""How a stage with several inputs combines them into one joined item, a ``dict``
+keyed by source (``orchestrator.runtime.joins``): ``zip`` — the i-th item of every
+input, in sequence order; ``all`` — once every input has ended, each input's whole
+output as a list; ``latest`` — on every item of any input, the newest item of each
+input seen so far (an input that produced nothing yet is absent). Only a kind whose
+``takes_join`` is true may have several inputs."""
 
 Progress = Callable[[int | None, str], Callable[..., None]]
 """A progress display handed to ``StageKind.prepare``: ``progress(total, description)``
@@ -100,8 +103,9 @@ class StageConfig(Strict):
     final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
     join: Join | None = Field(
         None,
-        description="With several inputs: all (one item from each per step), zip (by sequence) or latest. "
-        "Required when inputs has more than one entry; the runtime does not run fan-in yet.",
+        description="With several inputs: zip (the i-th item of each), all (each input's whole output, once all "
+        "ended) or latest (each input's newest item); the stage gets one dict keyed by source per joined item. "
+        "Required when inputs has more than one entry, and only for a kind that takes a join.",
     )
     final_output_type: PayloadKind | None = Field(
         None, description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true."
@@ -193,6 +197,12 @@ class StageKind(ABC):
     none of them."""
     produces: ClassVar[tuple[str, ...]] = PAYLOAD_KINDS
     """Payload types this kind yields (same spelling; default: every kind)."""
+    takes_join: ClassVar[bool] = False
+    """Whether a stage of this kind may have several inputs (fan-in, with a ``join``): it
+    then receives joined items, each a ``dict`` keyed by source stage name (or
+    ``request``) — ``zip``: ``{a: item, b: item}``; ``all``: ``{a: [items], b: [items]}``;
+    ``latest``: the newest item of each input so far (inputs with none yet absent). The
+    config loader refuses several inputs on a stage whose kind says false."""
     text_input: ClassVar[Literal["sentences", "whole"]] = "sentences"
     """How text from the stage feeding this one is delivered: ``sentences`` — cut
     where sentences end (``stages.text_chunks``) and fed while the producer is

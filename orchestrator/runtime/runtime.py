@@ -38,10 +38,17 @@
   (``StageKind.actor_env``, merged; two stages wanting different values for
   one variable are refused before Ray starts).
 
-Graph shape: each stage takes its input from the request or from exactly one
-other stage that produces a payload type it consumes (``StageKind.ports``;
-the config loader checks every edge first, this is a guard); a stage may
-feed several (fan-out). Fan-in is refused: not supported yet.
+Graph shape: each stage takes its input from the request and/or other stages
+that produce a payload type it consumes (``StageKind.ports``; the config
+loader checks every edge first, this is a guard); a stage may feed several
+(fan-out: each consumer has its own input queue, and a slow one holds back
+its producer's generator, and so that producer's other consumers). A stage
+with several inputs (fan-in) must declare a ``join`` and be of a kind that
+takes joined items (``StageKind.takes_join``): its inputs' items are combined
+in this process (``orchestrator.runtime.joins``: zip, all or latest, bounded)
+and fed to it as one ``dict`` keyed by source; it gets ``end_input`` once
+every input has ended, and a failed input fails the request naming that
+input's stage.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
+from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
 from stages.payloads import Ports, edge_mismatch, spell
@@ -96,6 +104,10 @@ class Runtime:
         self.kinds: dict[str, StageKind] = {s.name: get_kind(s.kind) for s in self.stages}
         self._check_graph()
         self.consumers = {s.name: [c.name for c in self.stages if s.name in c.inputs] for s in self.stages}
+        """Stage → the stages that take its output (fan-out: several)."""
+        self.joins: dict[str, str] = {s.name: str(self.config.stage(s.name).join) for s in self.stages
+                                      if len(s.inputs) > 1}
+        """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
         self.actor_envs = {d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)}
         self.devices: dict[str, _Device] = {}
         self.cluster: cluster_mod.Cluster | None = None
@@ -111,27 +123,49 @@ class Runtime:
         self._closed = False
         self.calls_per_request = calls_per_request(
             {s.name: s.device or "?" for s in self.stages},
-            {s.name: (None if s.inputs[0] == REQUEST else s.inputs[0]) for s in self.stages})
+            {s.name: self._feeder(s) for s in self.stages})
         self.admission = Admission(in_flight_limit(self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])),
                                    max_waiting=max_waiting)
 
     # -- start ---------------------------------------------------------------------
     def _check_graph(self) -> None:
+        names = {s.name for s in self.stages}
         for s in self.stages:
-            if len(s.inputs) != 1:
-                raise ConfigError.single(
-                    f"stages.{s.name}.inputs", f"the runtime takes one input per stage; {s.name} has {list(s.inputs)}",
-                    "give the stage a single input (the request or one stage); fan-in is not supported yet")
-            source = s.inputs[0]
-            if source == REQUEST:
-                continue
-            takes, gives = self._ports(s.name).consumes, self._ports(source).produces
-            if edge_mismatch(gives, takes) is not None:  # the config loader checked it first: a guard
-                raise ConfigError.single(
-                    f"stages.{s.name}.inputs",
-                    f"{s.name} ({s.kind}) takes {spell(takes)}, and {source} ({self.plan.stage(source).kind}) "
-                    f"yields {spell(gives)}",
-                    f"feed {s.name} from a stage that yields {spell(takes)}, or from the request")
+            if not s.inputs:
+                raise ConfigError.single(f"stages.{s.name}.inputs", f"{s.name} has no input",
+                                         "give it inputs: [request] or the stage(s) that feed it")
+            if len(s.inputs) > 1:
+                join = self.config.stage(s.name).join
+                if join is None:
+                    raise ConfigError.single(
+                        f"stages.{s.name}.join", f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join",
+                        "add join: zip, all or latest")
+                if not self.kinds[s.name].takes_join:
+                    raise ConfigError.single(
+                        f"stages.{s.name}.inputs",
+                        f"{s.name} ({s.kind}) has {len(s.inputs)} inputs, and its kind does not take joined items",
+                        f"give {s.name} one input, or use a kind that takes a join (StageKind.takes_join)")
+            for source in s.inputs:
+                if source == REQUEST:
+                    continue
+                if source not in names:
+                    raise ConfigError.single(f"stages.{s.name}.inputs", f"{source!r} is not a stage of this plan",
+                                             "plan and run the config the plan was made from")
+                takes, gives = self._ports(s.name).consumes, self._ports(source).produces
+                if edge_mismatch(gives, takes) is not None:  # the config loader checked it first: a guard
+                    raise ConfigError.single(
+                        f"stages.{s.name}.inputs",
+                        f"{s.name} ({s.kind}) takes {spell(takes)}, and {source} ({self.plan.stage(source).kind}) "
+                        f"yields {spell(gives)}",
+                        f"feed {s.name} from a stage that yields {spell(takes)}, or from the request")
+
+    @staticmethod
+    def _feeder(s: StagePlan) -> str | None:
+        """Who calls ``feed`` on ``s`` (admission counts the calls): nobody when it takes the
+        request alone, its input's pump, or for a fan-in the one task that feeds it joined items."""
+        if len(s.inputs) > 1:
+            return f"{s.name}:join"
+        return None if s.inputs[0] == REQUEST else s.inputs[0]
 
     def _ports(self, name: str) -> Ports:
         """The stage's payload types as its config declares them (``StageKind.ports``)."""
@@ -193,8 +227,17 @@ class Runtime:
                 self.admission.release()
 
     def entry_stages(self) -> list[str]:
-        """The stages a request may enter at (``stream(entry=...)``): those whose kind takes text."""
-        return [s.name for s in self.stages if "text" in self.kinds[s.name].consumes]
+        """The stages a request may enter at (``stream(entry=...)``): those whose kind takes
+        text, that are no fan-in, and downstream of which every fan-in gets all its inputs
+        (a join would otherwise wait for an input that does not run)."""
+        out = []
+        for s in self.stages:
+            if "text" not in self.kinds[s.name].consumes or s.name in self.joins:
+                continue
+            run = {d.name for d in self.downstream(s.name)}
+            if all(i in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
+                out.append(s.name)
+        return out
 
     def downstream(self, entry: str | None) -> list[StagePlan]:
         """The stages a request entering at ``entry`` runs (all of them for None), in graph order."""
@@ -216,7 +259,7 @@ class Runtime:
             self._validate_entry(prompt, entry)
             return
         for s in self.stages:
-            if s.inputs[0] != REQUEST:
+            if REQUEST not in s.inputs:
                 continue
             hook = getattr(self.kinds[s.name], "validate_request", None)
             if callable(hook):
@@ -247,20 +290,26 @@ class Runtime:
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
         stages = self.downstream(entry)
+        joiners = {s.name: Joiner(s.name, s.device or "?", self.joins[s.name], s.inputs) for s in stages
+                   if s.name in self.joins}
         gens = {}
         for s in stages:
             dev = self.devices[s.device or "?"]
+            alone = list(s.inputs) == [REQUEST]
             if s.name == entry:
                 # fed by the runtime below, unless it takes the request (then: no feed call is counted for it)
-                initial = self._cut(entry, prompt, chunks_in) if s.inputs[0] == REQUEST else None
+                initial = self._cut(entry, prompt, chunks_in) if alone else None
             else:
-                initial = [prompt] if s.inputs[0] == REQUEST else None
+                initial = [prompt] if alone else None
             gens[s.name] = dev.actor.stream.options(
                 num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
             ).remote(s.name, rid, initial)
-        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in), name=f"{rid}:{s.name}")
-                 for s in stages]
-        if entry is not None and stages[0].inputs[0] != REQUEST:
+        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners),
+                                     name=f"{rid}:{s.name}") for s in stages]
+        for name, joiner in joiners.items():
+            tasks.append(asyncio.create_task(self._feed_joined(self.plan.stage(name), rid, joiner,
+                                                               prompt if entry is None else None), name=f"{rid}:{name}:join"))
+        if entry is not None and list(stages[0].inputs) != [REQUEST]:
             tasks.append(asyncio.create_task(self._feed_entry(stages[0], rid, prompt, chunks_in), name=f"{rid}:in"))
         finished = asyncio.create_task(self._watch(tasks, events))
         done = False
@@ -299,6 +348,16 @@ class Runtime:
             await self._feed(s, rid, chunk)
         await self._call(s, "end_input", rid)
 
+    async def _feed_joined(self, s: StagePlan, rid: str, joiner: Joiner, prompt: Any) -> None:
+        """Feed a fan-in stage its joined items, then its end (once every input has ended).
+        A ``request`` input contributes the prompt as its one item."""
+        if REQUEST in s.inputs:
+            await joiner.put(REQUEST, prompt)
+            await joiner.end(REQUEST)
+        async for item in joiner.joined():
+            await self._feed(s, rid, item)
+        await self._call(s, "end_input", rid)
+
     async def _watch(self, tasks: list[asyncio.Task[Any]], events: asyncio.Queue[Any]) -> None:
         pending = set(tasks)
         while pending:
@@ -318,8 +377,17 @@ class Runtime:
                     dev.actor.cancel.remote(rid)
 
     async def _pump(self, s: StagePlan, gen: Any, rid: str, t0: float, events: asyncio.Queue[Any],
-                    chunks_in: dict[str, list[str]]) -> None:
-        """Read one stage's outputs: emit its events, feed its consumers."""
+                    chunks_in: dict[str, list[str]], joiners: dict[str, Joiner] | None = None) -> None:
+        """Read one stage's outputs: emit its events, feed its consumers (a fan-in
+        consumer through its ``Joiner``, which combines this input with its others)."""
+        joiners = joiners or {}
+
+        async def give(c: StagePlan, item: Any) -> None:
+            if c.name in joiners:
+                await joiners[c.name].put(s.name, item)
+            else:
+                await self._feed(c, rid, item)
+
         dev = self.devices[s.device or "?"]
         consumers = [self.plan.stage(c) for c in self.consumers[s.name]]
         sentences = {c.name for c in consumers if self.kinds[c.name].text_input == "sentences"}
@@ -342,12 +410,12 @@ class Runtime:
                 index += 1
                 for c in consumers:
                     if not isinstance(payload, str):
-                        await self._feed(c, rid, payload)
+                        await give(c, payload)
                         continue
                     for chunk in chunkers[c.name].feed(payload):
                         if c.name in sentences:
                             chunks_in[c.name].append(chunk)
-                        await self._feed(c, rid, chunk)
+                        await give(c, chunk)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -356,11 +424,16 @@ class Runtime:
             for chunk in chunkers[c.name].flush():
                 if c.name in sentences:
                     chunks_in[c.name].append(chunk)
-                await self._feed(c, rid, chunk)
-            await self._call(c, "end_input", rid)
+                await give(c, chunk)
+            if c.name in joiners:
+                await joiners[c.name].end(s.name)
+            else:
+                await self._call(c, "end_input", rid)
         end = time.perf_counter() - t0
         stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
                  "done_s": _r(end), "chunks_in": chunks_in.get(s.name, [])}
+        if s.name in joiners:
+            stats["join"] = joiners[s.name].stats()
         stats["throughput"] = _throughput(stats)
         events.put_nowait(StageEvent(s.name, "done", rid, end, stats))
 

@@ -1,6 +1,6 @@
 """The pipeline as a graph: typed edges, joins, cycles, reach and dangling outputs are refused by
 the config loader (where → what → how to fix, exit 2) before anything is planned; the runtime keeps
-its own guard and refuses fan-in, which it does not run yet."""
+its own guard. Fan-in at run time: tests/orchestrator/runtime/test_graph_runtime.py."""
 
 from __future__ import annotations
 
@@ -177,14 +177,16 @@ def test_an_unknown_join_lists_the_ones_there_are(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("join", ["all", "zip", "latest"])
-def test_fan_in_with_a_join_loads_and_the_runtime_refuses_it_by_name(tmp_path: Path, join: str) -> None:
-    plan, config = echo_pipeline(tmp_path, voice={"inputs": ["request", "thinker"], "join": join})
-    assert config.stage("voice").join == join
+def test_fan_in_with_a_join_loads_for_a_kind_that_takes_one_and_the_runtime_runs_it(tmp_path: Path, join: str) -> None:
+    cfg = loads(tmp_path, "  - {name: a, kind: join_echo, mode: count, devices: [cpu]}\n"
+                f"  - {{name: b, kind: join_echo, inputs: [request, a], join: {join}, devices: [cpu], final_output: true}}\n")
+    assert cfg.stage("b").join == join
+    # a kind that takes no join (echo) is refused at load: tests/orchestrator/runtime/test_graph_runtime.py
+    plan, config = echo_pipeline(tmp_path)
     voice = dataclasses.replace(plan.stage("voice"), inputs=("request", "thinker"))
-    plan = dataclasses.replace(plan, stages=(plan.stage("thinker"), voice))
-    with pytest.raises(ConfigError) as exc:
-        Runtime(plan, config)
-    assert "fan-in is not supported yet" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:  # the runtime's own guard, for a plan handed to it directly
+        Runtime(dataclasses.replace(plan, stages=(plan.stage("thinker"), voice)), config)
+    assert "stages.voice" in str(exc.value)
 
 
 def test_the_cli_refuses_a_bad_graph_with_exit_2_before_planning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
