@@ -11,6 +11,7 @@ traceback), 3 refused (plan or verification), 4 a stage failed at run time.
 from __future__ import annotations
 
 import argparse
+import keyword
 import logging
 import sys
 from importlib import import_module
@@ -32,6 +33,7 @@ COMMANDS = {
     "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",
     "serve": "Serve a started pipeline over an OpenAI-compatible HTTP API until SIGINT/SIGTERM.",
     "chat": "Chat with a pipeline (started here, or a running serve via --url), keeping the history.",
+    "import": "Convert another project's pipeline config (vLLM-Omni stage_args or deploy YAML) into an omni-edge config.",
 }
 
 
@@ -61,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         try:
-            module = import_module(f"orchestrator.commands.{name}")
+            module = import_module(f"orchestrator.commands.{name}{'_' * keyword.iskeyword(name)}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"orchestrator.commands.{name}":
+            if exc.name != f"orchestrator.commands.{name}{'_' * keyword.iskeyword(name)}":
                 raise
             p.set_defaults(_unavailable=name)
             continue

@@ -10,6 +10,7 @@ device actor gets the engine's environment (``actor_env``); the runner
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,6 +33,7 @@ from stages.ar_decode.checkpoint import (
 )
 from stages.ar_decode.kv import (
     KVBudget,
+    decoder_weight_params,
     kv_budget,
     layer_kinds,
     model_context_limit,
@@ -46,6 +48,7 @@ from stages.ar_decode.runner import (
     validate_request,
 )
 from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
+from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -143,6 +146,43 @@ def _effective_dtype(stage: ArDecodeConfig, info: ArtifactInfo) -> str:
     return FORMAT_DTYPE.get(info.weight_format, "bfloat16")
 
 
+MODEL_STAGE_PORTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "thinker": (("text",), ("text", "tensor:hidden_states")),
+    "talker": (("tensor:hidden_states", "text"), ("token_ids",)),
+}
+"""Payload types of an Omni checkpoint's sub-models (``model_stage``): the thinker yields
+text and the hidden states a talker reads; the talker reads them and yields codec codes
+(token ids of the codec's vocabulary) for code2wav. Declared for the graph checks and
+planning: the vLLM runner here yields text only, so a talker cannot run yet."""
+WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _index_tensor_names(path: Path) -> list[str] | None:
+    try:
+        weight_map = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [str(k) for k in weight_map] if isinstance(weight_map, dict) else None
+
+
+def _sub_model_weights(stage: ArDecodeConfig, path: Path, source: str, weight_format: str,
+                       tcfg: dict[str, Any]) -> tuple[int, str] | None:
+    """``(bytes, note)`` for a ``model_stage``'s own weights when an index-only checkpoint does
+    not list them (a partial index): the sub-model's decoder from its config (evidence E).
+    None when the checkpoint's figure stands (no model_stage, headers read, or the index
+    lists the sub-model's tensors)."""
+    if not stage.model_stage or source != "index" or weight_format not in WEIGHT_DTYPE_BYTES:
+        return None
+    names = _index_tensor_names(path)
+    prefix = f"{stage.model_stage}."
+    if names is None or any(n.startswith(prefix) for n in names):
+        return None
+    params = decoder_weight_params(tcfg)
+    return params * WEIGHT_DTYPE_BYTES[weight_format], (
+        f"the index lists no {prefix}* tensor: {params:,} parameters of the {stage.model_stage} decoder computed "
+        f"from {stage.model_stage}_config (evidence E), {weight_format}")
+
+
 class ArDecodeKind(StageKind):
     kind = "ar_decode"
     config_model = ArDecodeConfig
@@ -150,6 +190,14 @@ class ArDecodeKind(StageKind):
     consumes = ("text",)
     produces = ("text",)
     text_input = "whole"
+
+    def ports(self, stage: StageConfig) -> Ports:
+        """``text`` → ``text``; an Omni sub-model's own types (``MODEL_STAGE_PORTS``) for
+        ``model_stage: thinker`` (also yields hidden states) and ``talker``."""
+        sub = MODEL_STAGE_PORTS.get(getattr(stage, "model_stage", None) or "")
+        if sub is None:
+            return super().ports(stage)
+        return Ports(parse_payloads(sub[0]), parse_payloads(sub[1]))
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -190,10 +238,17 @@ class ArDecodeKind(StageKind):
         if problems:
             raise errors.ConfigError(problems)
         summary = manifest.summary()
+        weight_bytes, evidence = manifest.weight_bytes, "D"
+        sub = _sub_model_weights(stage, path, manifest.source, manifest.weight_format, tcfg) if kind == "checkpoint" else None
+        if sub is not None:
+            weight_bytes, evidence = sub[0], "E"
+            summary = {**summary, "weight_bytes": weight_bytes,
+                       "notes": ["weights not present and the index does not list them", sub[1]]}
         return ArtifactInfo(
-            kind=kind, path=str(path), weight_bytes=manifest.weight_bytes,
+            kind=kind, path=str(path), weight_bytes=weight_bytes,
             weight_format=manifest.weight_format,
-            details={"manifest": summary, "source": stage.model}, internal={"text_config": tcfg},
+            details={"manifest": summary, "source": stage.model},
+            internal={"text_config": tcfg, "weights_evidence": evidence},
         )
 
     def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None) -> KVBudget:
@@ -250,7 +305,7 @@ class ArDecodeKind(StageKind):
         manifest = info.details["manifest"]
         shards = max(int(manifest.get("shards", 1)), 1)
         rs = [
-            Reservation(pool, "weights", info.weight_bytes, "session", "D",
+            Reservation(pool, "weights", info.weight_bytes, "session", info.internal.get("weights_evidence", "D"),
                         f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}"),
             Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
                         f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq"

@@ -103,6 +103,26 @@ def text_config(config: dict[str, Any], model_stage: str | None = None) -> dict[
     return config
 
 
+def decoder_weight_params(cfg: dict[str, Any]) -> int:
+    """Parameters of a Qwen2-style decoder from its config alone (evidence E): token
+    embeddings (``vocab_size × embedding_size``, else ``hidden_size``), a projection from
+    ``embedding_size`` to ``hidden_size`` when they differ (Qwen2.5-Omni's talker takes the
+    thinker's width), per layer q/k/v with biases, o, a gated MLP and two norms, a final
+    norm and an untied output head of ``vocab_size``. For a sub-model whose tensors a
+    partial index does not list; real safetensors headers are the better figure."""
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    hd = head_dim(cfg)
+    inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    vocab = int(cfg.get("vocab_size") or 0)
+    emb = int(cfg.get("embedding_size") or hidden)
+    layer = (hidden * heads * hd + heads * hd) + 2 * (hidden * kv_heads * hd + kv_heads * hd) \
+        + heads * hd * hidden + 3 * hidden * inter + 2 * hidden
+    proj = emb * hidden + hidden if emb != hidden else 0
+    return vocab * emb + proj + int(cfg["num_hidden_layers"]) * layer + hidden + hidden * vocab
+
+
 def head_dim(cfg: dict[str, Any]) -> int:
     if cfg.get("head_dim"):
         return int(cfg["head_dim"])

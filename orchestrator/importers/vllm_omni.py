@@ -1,0 +1,605 @@
+"""vLLM-Omni stage configs → an omni-edge pipeline config (``omni-edge import vllm-omni``).
+
+Two shapes are read:
+
+* the **legacy** ``stage_args:`` files (``vllm_omni/model_executor/stage_configs/*.yaml``):
+  one entry per stage with ``stage_type``, ``runtime``, ``engine_args``,
+  ``engine_input_source``, ``default_sampling_params``, ``final_output[_type]``;
+* the **deploy** YAML (``vllm_omni/deploy/*.yaml``): ``stages:`` keyed by
+  ``stage_id`` with the engine fields flat on the stage, ``devices: "0"``,
+  ``platforms:`` (per-platform overrides) and ``base_config`` (an overlay's
+  parent, deep-merged by ``stage_id``).
+
+A deploy file carries only per-stage settings; which stage is the thinker, the
+talker or code2wav, and what feeds what, is the model's own pipeline in
+vLLM-Omni. So the importer keeps a small table of known Omni topologies
+(:data:`TOPOLOGIES`) keyed by the checkpoint's ``architectures`` (``--model``'s
+config.json, else a legacy file's ``engine_args.model_arch``) and says which one
+it used. Every key is either mapped (``mapped``: from where, to where) or listed
+as having no equivalent here with one line on why (``no_equivalent``) — never a
+"did you mean": a foreign key is not a misspelling.
+
+The mapping table is in docs/pipelines.md ("Importing vLLM-Omni configs").
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import parse_config
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.validation import read_document
+from stages.ar_decode.kv import model_context_limit, text_config
+from stages.registry import get_kind
+
+FORMAT = "omni-edge.import/1"
+
+
+# ---- the known topologies --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopologyStage:
+    """One stage of a model's pipeline, as vLLM-Omni's pipeline definition has it."""
+
+    stage_id: int
+    model_stage: str
+    kind: str
+    """The omni-edge stage kind that runs it (ar_decode, exported_graph)."""
+    inputs: tuple[str, ...]
+    """``request`` or the model_stage names of the stages feeding it."""
+    carries: str
+    """What travels into it, in words (for the report)."""
+    final_output_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    architectures: tuple[str, ...]
+    description: str
+    stages: tuple[TopologyStage, ...]
+
+    def by_id(self, stage_id: int) -> TopologyStage | None:
+        return next((s for s in self.stages if s.stage_id == stage_id), None)
+
+    def by_model_stage(self, model_stage: str) -> TopologyStage | None:
+        return next((s for s in self.stages if s.model_stage == model_stage), None)
+
+
+_OMNI_STAGES = (
+    TopologyStage(0, "thinker", "ar_decode", ("request",), "the request (text)", "text"),
+    TopologyStage(1, "talker", "ar_decode", ("thinker",),
+                  "the thinker's hidden states and its text (vLLM-Omni's thinker2talker)"),
+    TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio"),
+)
+TOPOLOGIES: tuple[Topology, ...] = (
+    Topology(
+        "qwen2.5-omni", ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration"),
+        "Qwen2.5-Omni: thinker (text, hidden states) → talker (codec codes) → code2wav (token2wav: DiT + BigVGAN, audio)",
+        _OMNI_STAGES,
+    ),
+    Topology(
+        "qwen3-omni-moe", ("Qwen3OmniMoeForConditionalGeneration",),
+        "Qwen3-Omni-MoE: thinker (text, hidden states) → talker (RVQ codec codes) → code2wav (audio)",
+        _OMNI_STAGES,
+    ),
+)
+"""vLLM-Omni's pipeline definitions for the models whose configs this importer reads,
+keyed by the checkpoint's ``architectures``. Stage ids and what feeds what follow
+vLLM-Omni's bundled stage configs for these models (stage 0 thinker, 1 talker,
+2 code2wav; 0 → 1 → 2)."""
+
+
+def topology_for(architectures: list[str]) -> Topology | None:
+    for topo in TOPOLOGIES:
+        if any(a in topo.architectures for a in architectures):
+            return topo
+    return None
+
+
+# ---- why a key has no equivalent -------------------------------------------------
+
+NO_EQUIVALENT: dict[str, str] = {
+    "worker_cls": "vLLM-Omni's worker class; an omni-edge stage kind brings its own runner",
+    "scheduler_cls": "vLLM-Omni's scheduler class; the engine's own scheduler runs each stage",
+    "custom_process_input_func": "Python code that turns the previous stage's output into this stage's input; "
+                                 "edges here carry typed payloads (docs/pipelines.md) and no user code runs between stages",
+    "custom_process_next_stage_input_func": "Python code run between stages; edges here carry typed payloads and no user code",
+    "trust_remote_code": "omni-edge never runs a checkpoint's own Python code",
+    "gpu_memory_utilization": "omni-edge computes each stage's budget from its reservations (weights, KV cache, "
+                              "activations) and sets the engine's fraction itself (the plan's engine_kwargs)",
+    "distributed_executor_backend": "each device is one Ray actor process; there is no executor to choose",
+    "tensor_parallel_size": "a stage is placed on one device; tensor parallelism is not planned",
+    "pipeline_parallel_size": "a stage is placed on one device; pipeline parallelism is not planned",
+    "data_parallel_size": "a stage is placed once; data-parallel replicas are not planned",
+    "engine_output_type": "what a stage yields is its kind's payload types (docs/pipelines.md), from the topology",
+    "hf_config_name": "the sub-config a stage reads (thinker_config, talker_config) follows its model_stage here",
+    "model_arch": "used to choose the topology; the stage's architecture is read from the checkpoint's config.json",
+    "is_comprehension": "the stage that takes the request is the one whose inputs name 'request'",
+    "process": "every device is already its own Ray actor process",
+    "output_connectors": "transport between stages (mooncake, shared memory): payloads travel as Ray objects here",
+    "input_connectors": "transport between stages: payloads travel as Ray objects here",
+    "connectors": "transport between stages: payloads travel as Ray objects here",
+    "detokenize": "an ar_decode stage always yields text",
+    "stop_token_ids": "ar_decode's sampling has no per-stage stop tokens; the model's own end-of-sequence ends a reply",
+    "async_chunk": "stages always stream their items to the next one as they come",
+    "active_stream_window": "stages stream with bounded queues; there is no window to set",
+    "window_size": "stages stream with bounded queues; there is no window to set",
+    "max_inflight": "a stage takes up to max_num_seqs requests at once",
+    "enable_chunked_prefill": "the engine's prefill chunk is max_num_batched_tokens",
+    "quantization": "the weight format is read from the checkpoint itself",
+    "custom_voice_dir": "the talker's voices are not configurable here",
+    "edges": "what feeds what comes from the topology and each stage's inputs",
+    "enabled": "a pipeline config always runs its stages",
+    "defaults": "per-edge streaming windows do not exist here",
+}
+DEFAULT_WHY = "no equivalent in omni-edge; this importer does not know the key"
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty")
+ENGINE_KEYS = {"max_num_batched_tokens": "max_num_batched_tokens", "enforce_eager": "enforce_eager",
+               "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs", "dtype": "dtype"}
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+# ---- the result ------------------------------------------------------------------
+
+
+@dataclass
+class ImportReport:
+    source: str
+    shape: str
+    topology: str
+    topology_by: str
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    mapped: list[dict[str, Any]] = field(default_factory=list)
+    no_equivalent: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def map(self, key: str, to: str, value: Any) -> None:
+        self.mapped.append({"key": key, "to": to, "value": value})
+
+    def foreign(self, key: str, why: str | None = None) -> None:
+        leaf = key.rsplit(".", 1)[-1]
+        self.no_equivalent.append({"key": key, "why": why or NO_EQUIVALENT.get(leaf, DEFAULT_WHY)})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "source": self.source, "shape": self.shape,
+            "topology": {"name": self.topology, "selected_by": self.topology_by},
+            "stages": self.stages, "mapped": self.mapped, "no_equivalent": self.no_equivalent, "notes": self.notes,
+        }
+
+
+@dataclass
+class Imported:
+    config: dict[str, Any]
+    report: ImportReport
+
+
+# ---- reading the two shapes ------------------------------------------------------
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _deep_merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(over)
+
+
+def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
+    """``stages:`` deep-merged by ``stage_id`` (vLLM-Omni's base_config overlay)."""
+    out = [copy.deepcopy(s) for s in base]
+    for s in over:
+        sid = s.get("stage_id") if isinstance(s, dict) else None
+        hit = next((i for i, b in enumerate(out) if isinstance(b, dict) and b.get("stage_id") == sid), None)
+        if hit is None or sid is None:
+            out.append(copy.deepcopy(s))
+        else:
+            out[hit] = _deep_merge(out[hit], s)
+    return out
+
+
+def read_deploy(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A deploy YAML with its ``base_config`` parents applied (stages and platforms deep-merged
+    by stage_id, other scalars: the overlay wins)."""
+    data = read_document(path)
+    if not isinstance(data, dict):
+        raise ConfigError.single(str(path), "the top level must be a mapping", "pass a vLLM-Omni stage config or deploy YAML")
+    parent_ref = data.get("base_config")
+    if parent_ref is None:
+        return data
+    if not isinstance(parent_ref, str):
+        raise ConfigError.single(f"{path}: base_config", "must be a path", "write base_config: other.yaml")
+    parent = (path.parent / parent_ref).resolve()
+    if parent in seen or parent == path.resolve():
+        chain = " → ".join(str(p) for p in (*seen, path.resolve(), parent))
+        raise ConfigError.single(f"{path}: base_config", f"the overlays form a cycle: {chain}", "remove base_config from one of them")
+    base = read_deploy(parent, (*seen, path.resolve()))
+    merged = {k: v for k, v in base.items() if k not in ("stages", "platforms")}
+    for k, v in data.items():
+        if k in ("stages", "platforms", "base_config"):
+            continue
+        merged[k] = copy.deepcopy(v)
+    merged["stages"] = _merge_stages(base.get("stages") or [], data.get("stages") or [])
+    platforms = copy.deepcopy(base.get("platforms") or {})
+    for plat, over in (data.get("platforms") or {}).items():
+        mine = platforms.get(plat)
+        if isinstance(mine, dict) and isinstance(over, dict):
+            merged_plat = _deep_merge({k: v for k, v in mine.items() if k != "stages"},
+                                      {k: v for k, v in over.items() if k != "stages"})
+            merged_plat["stages"] = _merge_stages(mine.get("stages") or [], over.get("stages") or [])
+            platforms[plat] = merged_plat
+        else:
+            platforms[plat] = copy.deepcopy(over)
+    if platforms:
+        merged["platforms"] = platforms
+    merged["base_config"] = str(parent)
+    return merged
+
+
+def _shape(data: dict[str, Any], where: str) -> str:
+    if "stage_args" in data:
+        return "stage_args"
+    stages = data.get("stages")
+    if isinstance(stages, list) and all(isinstance(s, dict) and "stage_id" in s for s in stages) and stages:
+        return "deploy"
+    raise ConfigError.single(
+        where, "neither a vLLM-Omni stage_args: file nor a deploy YAML (stages: with stage_id on each)",
+        "pass a file from vllm_omni/model_executor/stage_configs/ or vllm_omni/deploy/")
+
+
+# ---- the model -------------------------------------------------------------------
+
+
+def _model_config(model: Path | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    cfg = model / "config.json"
+    data = read_document(cfg)
+    if not isinstance(data, dict):
+        raise ConfigError.single(str(cfg), "not a model config (a JSON object)", "point --model at a checkpoint directory")
+    return data
+
+
+def _pick_topology(model_cfg: dict[str, Any] | None, model: Path | None, stages: list[dict[str, Any]],
+                   where: str) -> tuple[Topology, str]:
+    file_archs = sorted({str((s.get("engine_args") or {}).get("model_arch")) for s in stages
+                         if isinstance(s.get("engine_args"), dict) and (s.get("engine_args") or {}).get("model_arch")})
+    if model_cfg is not None:
+        archs = [str(a) for a in model_cfg.get("architectures") or []]
+        topo = topology_for(archs)
+        if topo is None:
+            raise ConfigError.single(
+                f"{model}/config.json: architectures", f"{archs or 'none'}: no known Omni topology for it",
+                f"the importer knows {', '.join(a for t in TOPOLOGIES for a in t.architectures)}")
+        file_topo = topology_for(file_archs)
+        if file_topo is not None and file_topo is not topo:
+            raise ConfigError.single(
+                f"{where}: engine_args.model_arch",
+                f"the file is for {', '.join(file_archs)} ({file_topo.name}), and --model {model} is {', '.join(archs)} ({topo.name})",
+                "pass the checkpoint this file was written for, or the stage config written for this checkpoint")
+        return topo, f"architectures {archs} in {model}/config.json"
+    archs = file_archs
+    topo = topology_for(archs)
+    if topo is None:
+        raise ConfigError.single(
+            where, "which Omni model this is cannot be told: the file names no known model_arch",
+            "pass --model DIR (a checkpoint directory): its config.json's architectures selects the topology")
+    return topo, f"engine_args.model_arch {archs} in the file (no --model given)"
+
+
+def _context_limit(model_cfg: dict[str, Any] | None, model_stage: str) -> int | None:
+    if model_cfg is None:
+        return None
+    try:
+        return model_context_limit(text_config(model_cfg, model_stage))
+    except KeyError:
+        return None
+
+
+def _devices(value: Any) -> list[str] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [f"gpu:{value}"]
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", value):
+        return [f"gpu:{int(d)}" for d in value.split(",")]
+    return None
+
+
+def _pipeline_name(path: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._") or "imported"
+    return name[:64]
+
+
+# ---- the import ------------------------------------------------------------------
+
+
+def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, output: str | Path | None = None,
+                     only: list[str] | None = None, name: str | None = None) -> Imported:
+    """Read a vLLM-Omni stage config (either shape) and return the omni-edge config and the report.
+
+    ``model`` is the checkpoint directory (its config.json selects the topology and gives
+    context limits); ``output`` is where the config will be written, so the model path in it
+    is relative to that file; ``only`` keeps those stages (by name) and leaves the others out,
+    a kept stage whose consumers are all left out becoming a final output. Raises
+    ``ConfigError`` for a file that cannot be read as either shape.
+    """
+    src = Path(path)
+    model_dir = Path(model).resolve() if model is not None else None
+    where = str(src)
+    raw = read_document(src)
+    if not isinstance(raw, dict):
+        raise ConfigError.single(where, "the top level must be a mapping", "pass a vLLM-Omni stage config or deploy YAML")
+    shape = _shape(raw, where)
+    data = read_deploy(src) if shape == "deploy" else raw
+    list_key = "stage_args" if shape == "stage_args" else "stages"
+    entries = data.get(list_key)
+    if not isinstance(entries, list) or not all(isinstance(s, dict) for s in entries):
+        raise ConfigError.single(f"{where}: {list_key}", "must be a list of stage mappings", f"write {list_key}: as a list")
+    model_cfg = _model_config(model_dir)
+    topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where)
+    report = ImportReport(str(src), shape, topo.name, topo_by)
+    if shape == "deploy" and data.get("base_config"):
+        report.notes.append(f"base_config: applied {data['base_config']} under this file (stages merged by stage_id)")
+    out_dir = Path(output).resolve().parent if output is not None else Path.cwd()
+    model_ref = "MODEL_DIR"
+    if model_dir is not None:
+        # relative to the written config when both live under one tree (a repository), else absolute
+        shared = Path(os.path.commonpath([model_dir, out_dir]))
+        model_ref = os.path.relpath(model_dir, out_dir) if len(shared.parts) > 2 else str(model_dir)
+    if model_dir is None:
+        report.notes.append("no --model given: stages' model is MODEL_DIR; pass --model DIR (the checkpoint) or edit it")
+
+    problems: list[Problem] = []
+    by_id: dict[Any, TopologyStage] = {}
+    for i, s in enumerate(entries):
+        loc = f"{list_key}[{i}]"
+        sid = s.get("stage_id", i)
+        if isinstance(sid, bool) or not isinstance(sid, (int, str)):
+            problems.append(Problem(f"{where}: {loc}.stage_id", f"must be a whole number, got {sid!r}"[:200], "write stage_id: 0"))
+            continue
+        for key in ("engine_args", "runtime", "default_sampling_params"):
+            if key in s and not isinstance(s[key], (dict, type(None))):
+                problems.append(Problem(f"{where}: {loc}.{key}", f"must be a mapping, got a {type(s[key]).__name__}", f"write {key}: as key: value lines"))
+        sources = s.get("engine_input_source")
+        if sources is not None and not (isinstance(sources, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in sources)):
+            problems.append(Problem(f"{where}: {loc}.engine_input_source", f"must be a list of stage ids, got {sources!r}"[:200], "write engine_input_source: [0]"))
+        engine = s.get("engine_args") if isinstance(s.get("engine_args"), dict) else {}
+        model_stage = (engine or {}).get("model_stage") or s.get("model_stage")
+        ts = topo.by_model_stage(str(model_stage)) if model_stage else topo.by_id(s.get("stage_id", -1))
+        if ts is None:
+            what = f"model_stage {model_stage!r}" if model_stage else f"stage_id {sid!r}"
+            problems.append(Problem(f"{where}: {loc}", f"{what} is no stage of the {topo.name} topology",
+                                    f"use the topology's stages: {', '.join(f'{t.stage_id} {t.model_stage}' for t in topo.stages)}"))
+            continue
+        if sid in by_id:
+            problems.append(Problem(f"{where}: {loc}.stage_id", f"stage_id {sid} is used more than once", "give each stage its own stage_id"))
+        by_id[sid] = ts
+    if problems:
+        raise ConfigError(problems)
+
+    stages_out: list[dict[str, Any]] = []
+    for i, s in enumerate(entries):
+        loc = f"{list_key}[{i}]"
+        ts = by_id[s.get("stage_id", i)]
+        stages_out.append(_stage(s, loc, ts, topo, by_id, report, model_ref, model_cfg, shape))
+    if only:
+        stages_out = _keep_only(stages_out, only, report, where)
+    for key, value in data.items():
+        if key in (list_key, "base_config"):
+            continue
+        if key == "platforms" and isinstance(value, dict):
+            for plat in value:
+                report.foreign(f"platforms.{plat}", f"overrides for {plat} machines: not applied; omni-edge plans "
+                               "against a hardware profile, so the file's own (CUDA) values are used")
+            continue
+        if key == "runtime" and isinstance(value, dict):
+            for k in value:
+                report.foreign(f"runtime.{k}")
+            continue
+        if key in ("name", "description"):
+            continue
+        report.foreign(key)
+    config = {
+        "name": name or _pipeline_name(src),
+        "description": f"Imported from vLLM-Omni's {src.name} (topology {topo.name}) by omni-edge import vllm-omni.",
+        "stages": stages_out,
+    }
+    return Imported(config, report)
+
+
+def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id: dict[Any, TopologyStage],
+           report: ImportReport, model_ref: str, model_cfg: dict[str, Any] | None, shape: str) -> dict[str, Any]:
+    name = ts.model_stage
+    out: dict[str, Any] = {"name": name, "kind": ts.kind}
+    sid = s.get("stage_id")
+    if isinstance(sid, int) and not isinstance(sid, bool):
+        out["stage_id"] = sid
+        report.map(f"{loc}.stage_id", f"stages.{name}.stage_id", sid)
+    report.stages.append({"stage_id": sid, "name": name, "kind": ts.kind, "model_stage": ts.model_stage,
+                          "inputs": list(ts.inputs), "carries": ts.carries})
+    engine = dict(s.get("engine_args") or {}) if shape == "stage_args" else {}
+    runtime = dict(s.get("runtime") or {}) if shape == "stage_args" else {}
+    flat = {k: v for k, v in s.items() if k not in ("engine_args", "runtime")}
+    if shape == "deploy":
+        engine = {k: v for k, v in flat.items() if k not in (
+            "stage_id", "stage_type", "devices", "default_sampling_params", "engine_input_source",
+            "final_output", "final_output_type", "max_num_seqs")}
+        runtime = {k: flat[k] for k in ("devices", "max_num_seqs") if k in flat}
+    eloc = f"{loc}.engine_args" if shape == "stage_args" else loc
+    rloc = f"{loc}.runtime" if shape == "stage_args" else loc
+
+    # kind, model, model_stage
+    stage_type = s.get("stage_type")
+    if stage_type is not None:
+        report.map(f"{loc}.stage_type", f"stages.{name}.kind", f"{stage_type} → {ts.kind} ({ts.model_stage} in {topo.name})")
+    if ts.kind == "ar_decode":
+        out["model"] = model_ref
+        out["model_stage"] = ts.model_stage
+    else:
+        out["artifact"] = f"{model_ref}/{ts.model_stage}"
+        report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph; artifact {out['artifact']} "
+                            "must hold its manifest (docs/exported-artifacts.md)")
+    if "model_stage" in engine:
+        report.map(f"{eloc}.model_stage", f"stages.{name}.model_stage" if ts.kind == "ar_decode" else f"stages.{name}.artifact",
+                   engine["model_stage"])
+
+    # devices
+    dev_key = "devices"
+    devices = _devices(runtime.get(dev_key)) if dev_key in runtime else None
+    if devices is None:
+        devices = ["gpu:0"]
+        if dev_key in runtime:
+            report.foreign(f"{rloc}.devices", f"{runtime[dev_key]!r} is not a list of GPU indices (\"0\", \"0,1\"); gpu:0 assumed")
+        else:
+            report.notes.append(f"stages.{name}.devices: the file names no devices; gpu:0 assumed")
+    else:
+        report.map(f"{rloc}.devices", f"stages.{name}.devices", devices)
+        if len(devices) > 1:
+            report.notes.append(f"stages.{name}.devices: {runtime[dev_key]!r} lists {len(devices)} GPUs; here they are "
+                                "candidates in preference order and the stage is placed on one of them")
+
+    # engine fields
+    if ts.kind == "ar_decode":
+        seqs = runtime.get("max_batch_size", runtime.get("max_num_seqs"))
+        if isinstance(seqs, int) and not isinstance(seqs, bool) and seqs >= 1:
+            out["max_num_seqs"] = seqs
+            key = "max_batch_size" if "max_batch_size" in runtime else "max_num_seqs"
+            report.map(f"{rloc}.{key}", f"stages.{name}.max_num_seqs", seqs)
+        limit = _context_limit(model_cfg, ts.model_stage)
+        if "max_model_len" not in engine:
+            if limit is not None:
+                out["max_model_len"] = limit
+                report.notes.append(f"stages.{name}.max_model_len: {limit}, the model's own limit "
+                                    "(vLLM-Omni leaves it to the engine, which takes the same)")
+            else:
+                out["max_model_len"] = 32768
+                report.notes.append(f"stages.{name}.max_model_len: 32768 assumed (no --model to read the limit from)")
+    for k, v in engine.items():
+        key = f"{eloc}.{k}"
+        if k == "model_stage":
+            continue
+        if ts.kind == "ar_decode" and k in ENGINE_KEYS and not (k == "dtype" and v not in DTYPES):
+            out[ENGINE_KEYS[k]] = v
+            report.map(key, f"stages.{name}.{ENGINE_KEYS[k]}", v)
+        elif k == "enable_prefix_caching" and v is False:
+            report.map(key, f"stages.{name} (always off here)", v)
+        elif k in ("max_num_batched_tokens", "enforce_eager") and ts.kind != "ar_decode":
+            report.foreign(key, f"an engine setting of a generation engine; {ts.model_stage} runs as an exported graph here")
+        else:
+            report.foreign(key)
+    for k in runtime:
+        if k == "devices" or (k in ("max_batch_size", "max_num_seqs") and ts.kind == "ar_decode"):
+            continue
+        report.foreign(f"{rloc}.{k}", f"{ts.model_stage} runs as an exported graph here, one item at a time"
+                       if k in ("max_batch_size", "max_num_seqs") else None)
+
+    # sampling
+    sampling = s.get("default_sampling_params")
+    if isinstance(sampling, dict):
+        if ts.kind == "ar_decode":
+            mapped = {k: sampling[k] for k in SAMPLING_KEYS if k in sampling}
+            if mapped:
+                out["sampling"] = mapped
+            for k, v in sampling.items():
+                if k in mapped:
+                    report.map(f"{loc}.default_sampling_params.{k}", f"stages.{name}.sampling.{k}", v)
+                else:
+                    report.foreign(f"{loc}.default_sampling_params.{k}")
+        else:
+            report.foreign(f"{loc}.default_sampling_params",
+                           f"{ts.model_stage} does not sample (it turns codec codes into audio); the settings do nothing here")
+
+    # inputs
+    src = s.get("engine_input_source")
+    if src is not None:
+        ids = src if isinstance(src, list) else [src]
+        unknown = [x for x in ids if x not in by_id]
+        if unknown:
+            raise ConfigError.single(f"{report.source}: {loc}.engine_input_source", f"no stage has stage_id {unknown[0]}",
+                                     f"use one of {', '.join(str(k) for k in by_id)}")
+        names = [by_id[x].model_stage for x in ids]
+        inputs = names or ["request"]
+        report.map(f"{loc}.engine_input_source", f"stages.{name}.inputs", inputs)
+        if tuple(inputs) != ts.inputs:
+            report.notes.append(f"stages.{name}.inputs: the file says {inputs}, the {topo.name} topology "
+                                f"{list(ts.inputs)}; the file's is kept")
+    else:
+        inputs = list(ts.inputs)
+        if inputs != ["request"]:
+            report.notes.append(f"stages.{name}.inputs: {inputs} from the {topo.name} topology ({ts.carries})")
+    out["inputs"] = inputs
+    if len(inputs) > 1:
+        out["join"] = "all"
+        report.notes.append(f"stages.{name}.join: all (several inputs, one item from each per step)")
+    out["devices"] = devices
+
+    # final output
+    if shape == "deploy" and "final_output" not in s and ts.final_output_type is not None:
+        out["final_output"] = True
+        out["final_output_type"] = ts.final_output_type
+        report.notes.append(f"stages.{name}.final_output: true, {ts.final_output_type}, from the {topo.name} topology")
+    if "final_output" in s:
+        out["final_output"] = bool(s["final_output"])
+        report.map(f"{loc}.final_output", f"stages.{name}.final_output", s["final_output"])
+    if "final_output_type" in s:
+        out["final_output_type"] = s["final_output_type"]
+        report.map(f"{loc}.final_output_type", f"stages.{name}.final_output_type", s["final_output_type"])
+    for k in s:
+        if k in ("stage_id", "stage_type", "engine_args", "runtime", "default_sampling_params", "engine_input_source",
+                 "final_output", "final_output_type", "model_stage"):
+            continue
+        if shape == "deploy":
+            continue  # flat engine fields, handled above
+        report.foreign(f"{loc}.{k}")
+    return _ordered(out)
+
+
+def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportReport, where: str) -> list[dict[str, Any]]:
+    names = [s["name"] for s in stages]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ConfigError.single(f"--only {','.join(only)}", f"no stage named {', '.join(unknown)} in {where}",
+                                 f"use the imported stage names: {', '.join(names)}")
+    kept = [s for s in stages if s["name"] in only]
+    for s in kept:
+        dropped = [i for i in s["inputs"] if i != "request" and i not in only]
+        if dropped:
+            raise ConfigError.single(f"--only {','.join(only)}", f"{s['name']} takes its input from {', '.join(dropped)}, which is left out",
+                                     f"keep {', '.join(dropped)} too")
+    for s in kept:
+        fed = any(s["name"] in k["inputs"] for k in kept)
+        if not fed and not s.get("final_output"):
+            produced = [t for t in get_kind(s["kind"]).produces]
+            sub = {"thinker": "text", "talker": "token_ids"}.get(str(s.get("model_stage")), produced[0] if produced else None)
+            s["final_output"] = True
+            if sub:
+                s["final_output_type"] = sub
+            report.notes.append(f"stages.{s['name']}.final_output: true ({sub}): the stages it fed are left out (--only)")
+    report.notes.append(f"--only {','.join(only)}: left out {', '.join(n for n in names if n not in only)}")
+    report.stages = [r for r in report.stages if r["name"] in only]
+    return kept
+
+
+_ORDER = ("name", "kind", "stage_id", "model", "model_stage", "artifact", "inputs", "join", "devices", "max_model_len",
+          "max_num_seqs", "max_num_batched_tokens", "dtype", "enforce_eager", "sampling", "final_output", "final_output_type")
+
+
+def _ordered(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in (*_ORDER, *(k for k in d if k not in _ORDER)) if k in d}
+
+
+def check_imported(imported: Imported, output: Path) -> list[str]:
+    """The written config loaded as ``omni-edge plan`` would load it: the problems, or []."""
+    try:
+        parse_config(copy.deepcopy(imported.config), where=str(output), base_dir=output.resolve().parent)
+    except ConfigError as exc:
+        return [" ".join(p.lines()) for p in exc.problems]
+    return []
