@@ -42,23 +42,32 @@ Guarantees:
 * ``run()`` writes a run record (``omni-edge.run/1``) per call to ``record``
   (a directory, default ``runs/``, or a ``.json`` path); ``record=None`` turns
   it off.
+* A request is text, ``{"messages": [...], "sampling": {...}}``, or — for a
+  pipeline whose entry stage takes audio (``audio_entry_stages``: a ``vad`` or
+  ``asr`` stage) — one audio item ``{"audio": float32 mono, "sample_rate": int}``;
+  ``audio_request`` makes one from a WAV file or its bytes::
+
+      with Pipeline.from_config("configs/examples/voice-chat.yaml") as pipeline:
+          result = pipeline.run(audio_request("question.wav"))
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import tempfile
 import threading
 import time
 import uuid
+import wave
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.console import make_console
-from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.errors import BadRequest, ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.runtime import record as rec
@@ -66,6 +75,7 @@ from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import StageProgress
 from orchestrator.verify.run import verify_pipeline
+from stages.base import REQUEST
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
@@ -75,6 +85,57 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DEFAULT_RECORD = Path("runs")
+
+
+def audio_entry_stages(config: PipelineConfig) -> list[str]:
+    """The stages that take the request and consume audio: where an audio request goes."""
+    out = []
+    for stage in config.stages:
+        if REQUEST in stage.inputs and any(t.kind == "audio" for t in get_kind(stage.kind).ports(stage).consumes):
+            out.append(stage.name)
+    return out
+
+
+def audio_request(source: str | Path | bytes, *, where: str | None = None) -> dict[str, Any]:
+    """The audio request of a WAV file (a path) or of its bytes: ``{"audio": float32 mono
+    samples in [-1, 1), "sample_rate": int}``. 16-bit PCM, mono or stereo (the channels are
+    averaged), read with the stdlib. ``BadRequest`` naming ``where`` (default: the path)
+    for anything else: no such file, not a WAV, another sample width, no samples."""
+    import numpy as np
+
+    name = where or (str(source) if not isinstance(source, bytes) else "audio")
+    fix = "give a 16-bit PCM WAV file, mono or stereo (e.g. ffmpeg -i IN -ac 1 -c:a pcm_s16le OUT.wav)"
+    try:
+        handle: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+        with wave.open(handle, "rb") as w:
+            width, channels, rate, frames = w.getsampwidth(), w.getnchannels(), w.getframerate(), w.getnframes()
+            data = w.readframes(frames)
+    except FileNotFoundError:
+        raise BadRequest.single(name, "no such file", "check the path") from None
+    except IsADirectoryError:
+        raise BadRequest.single(name, "is a directory, not a WAV file", fix) from None
+    except (OSError, EOFError, wave.Error) as exc:
+        raise BadRequest.single(name, f"not a readable WAV file ({exc})", fix) from None
+    if width != 2:
+        raise BadRequest.single(name, f"{8 * width}-bit samples: only 16-bit PCM is read", fix)
+    if channels < 1 or rate <= 0:
+        raise BadRequest.single(name, f"{channels} channel(s) at {rate} Hz", fix)
+    samples = np.frombuffer(data[: len(data) - len(data) % (2 * channels)], dtype="<i2")
+    if samples.size == 0:
+        raise BadRequest.single(name, "holds no samples", "record something: the file's data chunk is empty")
+    mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
+    return {"audio": mono.astype(np.float32), "sample_rate": int(rate)}
+
+
+def prompt_label(prompt: Any) -> str:
+    """A request as the result and the run record name it: its text, or what audio it was."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and {"audio", "sample_rate"} <= set(prompt):
+        n = int(getattr(prompt["audio"], "size", 0) or len(prompt["audio"]))
+        rate = prompt["sample_rate"]
+        return f"(audio: {n / rate:.2f} s at {rate} Hz)" if isinstance(rate, int) and rate > 0 else "(audio)"
+    return str(prompt)
 
 
 def unverified_stages(plan: PipelinePlan) -> list[str]:
@@ -231,7 +292,9 @@ class Pipeline:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
         ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails.
         ``entry``: the request (text) enters the graph at that stage, and only it
-        and the stages downstream of it run (e.g. the voice, to speak a text)."""
+        and the stages downstream of it run (e.g. the voice, to speak a text).
+        ``prompt`` may be an audio item for a pipeline whose entry stage takes
+        audio (``audio_request``)."""
         events = self.runtime.stream(prompt, request_id=request_id, entry=entry)
         try:
             async for event in events:
@@ -244,7 +307,7 @@ class Pipeline:
         rid = request_id or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
         events = [e async for e in self.runtime.stream(prompt, request_id=rid, entry=entry)]
-        result = collect(rid, prompt if isinstance(prompt, str) else str(prompt), events, time.perf_counter() - t0)
+        result = collect(rid, prompt_label(prompt), events, time.perf_counter() - t0)
         self.results.append(result)
         return result
 

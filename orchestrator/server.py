@@ -18,6 +18,14 @@ has every endpoint, shape and metric):
   24 kHz, and the transcript); streamed, ``delta.audio`` chunks carry the
   transcript as it is generated and each audio chunk (pcm16, 24 kHz) the moment
   the voice yields it. ``usage`` carries the decode stage's token counts.
+  A user message may carry the request as audio, OpenAI's ``input_audio``
+  content part (``{"type": "input_audio", "input_audio": {"data": base64 WAV,
+  "format": "wav"}}``), for a pipeline whose entry stage takes audio (a VAD or
+  ASR stage): the recording alone is the request then (one such part, no other
+  text and no sampling fields, since nothing but the audio reaches the entry
+  stage), and the reply is the text of the text output stages downstream of
+  another one (the thinker's, not the transcript). A pipeline without an audio
+  entry answers 400.
 * ``POST /v1/audio/speech``: ``input`` enters the graph at the speech stage
   (the audio output stage whose kind takes text; ``Pipeline.stream(entry=)``),
   so only it runs; the body streams as ``audio/wav`` (at the voice's rate, the
@@ -63,7 +71,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.api import Pipeline
+from orchestrator.api import Pipeline, audio_entry_stages, audio_request
 from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
 from orchestrator.runtime.events import AudioChunk, Event, TextDelta
@@ -123,13 +131,22 @@ def _bad(where: str, what: str, fix: str = "") -> BadRequest:
     return BadRequest([Problem(where, what, fix)])
 
 
-def chat_request(body: Any) -> dict[str, Any]:
-    """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take."""
+AUDIO_INPUT_FORMATS = ("wav",)
+
+
+def chat_request(body: Any, *, audio_entry: bool = False) -> dict[str, Any]:
+    """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
+
+    With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
+    stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``."""
     if not isinstance(body, dict):
         raise _bad("body", "is not a JSON object", "send {'model': ..., 'messages': [...]}")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of {role, content}", "e.g. [{'role': 'user', 'content': 'Hi'}]")
+    heard = _input_audio(messages, audio_entry)
+    if heard is not None:
+        return _audio_only(body, messages, heard)
     out: list[dict[str, str]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
@@ -137,9 +154,9 @@ def chat_request(body: Any) -> dict[str, Any]:
         content = m.get("content")
         if m["role"] == "assistant" and content is None and isinstance(m.get("audio"), dict):
             content = ""  # an earlier audio reply sent back by id: its words are not in the message
-        if isinstance(content, list):  # content parts: text only
+        if isinstance(content, list):  # content parts: text only (input_audio is handled above)
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise _bad(f"messages[{i}].content", "only text parts are served", "send text content")
+                raise _bad(f"messages[{i}].content", "only text and input_audio parts are served", "send text content")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise _bad(f"messages[{i}].content", "is not text", "send the message's text as a string")
@@ -164,6 +181,60 @@ def chat_request(body: Any) -> dict[str, Any]:
     if sampling:
         request["sampling"] = sampling
     return request
+
+
+def _input_audio(messages: list[Any], audio_entry: bool) -> tuple[str, dict[str, Any]] | None:
+    """(where, the decoded recording) of the one ``input_audio`` part, or None when there is none."""
+    found = [(i, j, p) for i, m in enumerate(messages) if isinstance(m, dict) and isinstance(m.get("content"), list)
+             for j, p in enumerate(m["content"]) if isinstance(p, dict) and p.get("type") == "input_audio"]
+    if not found:
+        return None
+    i, j, part = found[0]
+    where = f"messages[{i}].content[{j}]"
+    if not audio_entry:
+        raise _bad(where, "this pipeline has no entry stage that takes audio",
+                   "send the message as text, or serve a pipeline whose first stage is a vad or asr stage "
+                   "(configs/examples/voice-chat.yaml)")
+    if len(found) > 1:
+        raise _bad(f"messages[{found[1][0]}].content[{found[1][1]}]", "a request carries one recording",
+                   "send one input_audio part per request")
+    if messages[i].get("role") != "user":
+        raise _bad(f"messages[{i}].role", f"{messages[i].get('role')!r}: audio is heard from the user only",
+                   "put the input_audio part in a user message")
+    inner = part.get("input_audio")
+    if not isinstance(inner, dict) or not isinstance(inner.get("data"), str):
+        raise _bad(f"{where}.input_audio", "must be {'data': base64 audio, 'format': 'wav'}",
+                   "e.g. {'type': 'input_audio', 'input_audio': {'data': base64.b64encode(wav_bytes), 'format': 'wav'}}")
+    fmt = inner.get("format")
+    if fmt not in AUDIO_INPUT_FORMATS:
+        raise _bad(f"{where}.input_audio.format", f"{fmt!r} is not read", "send a 16-bit PCM WAV file, format 'wav'")
+    try:
+        data = base64.b64decode(inner["data"], validate=True)
+    except (ValueError, TypeError):
+        raise _bad(f"{where}.input_audio.data", "is not base64", "base64-encode the WAV file's bytes") from None
+    return where, audio_request(data, where=f"{where}.input_audio.data")
+
+
+def _audio_only(body: dict[str, Any], messages: list[Any], heard: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """The recording as the request, once nothing else in the body would be silently dropped."""
+    where, audio = heard
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for j, p in enumerate(parts):
+            text = p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+            if isinstance(text, str) and text.strip():
+                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(content, list) else "")
+                raise _bad(at, f"text next to the recording in {where}: only the audio reaches the pipeline's "
+                           "audio entry stage, so this text would be ignored",
+                           "send the recording alone (the config's system prompt applies downstream), or text alone")
+    for field in SAMPLING_FIELDS:
+        if body.get(field) is not None:
+            raise _bad(field, "sampling goes to the stage that takes the request, and with audio that stage takes none",
+                       "leave it out with input_audio (the config's sampling applies)")
+    if body.get("n", 1) != 1:
+        raise _bad("n", f"{body.get('n')!r}: one choice per request is served", "leave n unset or 1")
+    return audio
 
 
 def audio_format(body: dict[str, Any], *, has_audio: bool) -> str | None:
@@ -324,6 +395,13 @@ class _App:
         self.metrics = ServerMetrics(self.runtime)
         stages = self.runtime.stages
         self.text_stages = {s.name for s in stages if s.final_output and s.final_output_type == "text"}
+        self.audio_entry = bool(audio_entry_stages(pipeline.config))
+        if self.audio_entry:
+            # the reply is the text of the text stages downstream of another one (the thinker's,
+            # not the transcript the asr stage returns too)
+            replies = {n for n in self.text_stages
+                       if any(n in {s.name for s in self.runtime.downstream(t)} - {t} for t in self.text_stages)}
+            self.text_stages = replies or self.text_stages
         self.audio_stages = {s.name for s in stages if s.final_output and s.final_output_type == "audio"}
         takes_text = set(self.runtime.entry_stages())
         self.speech_stage = next((s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None)
@@ -404,7 +482,7 @@ class _App:
     async def chat(self, request: Request) -> Response:
         try:
             body = await self._json(request)
-            prompt = chat_request(body)
+            prompt = chat_request(body, audio_entry=self.audio_entry)
             fmt = audio_format(body, has_audio=bool(self.audio_stages))
         except BadRequest as exc:
             return self.refuse("chat", exc)

@@ -7,9 +7,16 @@ the request is done; nothing at ``--out`` after a failure or a signal), writes
 the run record, and ends with a per-stage table: device, backend, time to
 first output, throughput, budgeted vs measured peak and their ratio.
 
-``--prompt -`` reads the prompt from stdin. ``--system`` replaces the decode
-stage's system prompt for this request; ``--temperature`` and ``--max-tokens``
-override its sampling. They are checked against the config (the stage's
+``--prompt -`` reads the prompt from stdin. ``--audio FILE.wav`` sends a
+recording instead (16-bit PCM, mono or stereo, any rate; read with the
+stdlib), to a pipeline whose entry stage takes audio (a ``vad`` or ``asr``
+stage, e.g. ``configs/examples/voice-chat.yaml``); a file that cannot be read,
+or a pipeline with no such stage, is exit 2 naming it. When several stages
+return text (the transcript and the reply), each one's text is printed under
+its stage's name, and ``--json`` has them per stage in ``texts``.
+
+``--system`` replaces the decode stage's system prompt for this request;
+``--temperature`` and ``--max-tokens`` override its sampling. They are checked against the config (the stage's
 sampling ranges, ``max_tokens`` below ``max_model_len``) before anything is
 planned or started; the request then goes to the stage as
 ``{"messages": [...], "sampling": {...}}``.
@@ -50,7 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_pipeline_inputs
 
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
-    p.add_argument("--prompt", required=True, help="the request: what to say to the pipeline ('-': read it from stdin)")
+    said = p.add_mutually_exclusive_group(required=True)
+    said.add_argument("--prompt", help="the request: what to say to the pipeline ('-': read it from stdin)")
+    said.add_argument("--audio", metavar="WAV",
+                      help="the request as a recording: a 16-bit PCM WAV file (mono or stereo), for a pipeline whose "
+                           "entry stage takes audio")
     add_request_options(p)
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
     p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
@@ -172,6 +183,25 @@ def _restore_signal_handlers(old: dict[int, Any]) -> None:
         signal.signal(num, handler)
 
 
+def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+    """``--audio``'s recording as the request, after checking the pipeline takes audio and
+    that no text-only option was given (``ConfigError``/``BadRequest``, exit 2)."""
+    from orchestrator.api import audio_entry_stages, audio_request
+    from orchestrator.errors import ConfigError
+    from stages.base import REQUEST
+
+    if not audio_entry_stages(config):
+        entries = ", ".join(f"{s.name} ({s.kind})" for s in config.stages if REQUEST in s.inputs)
+        raise ConfigError.single("--audio", f"pipeline {config.name!r} has no entry stage that takes audio "
+                                 f"(the request goes to {entries or 'no stage'})",
+                                 "use --prompt with this pipeline, or a pipeline whose first stage is a vad or asr stage "
+                                 "(configs/examples/voice-chat.yaml)")
+    if args.system:
+        raise ConfigError.single("--system", "a recording goes to the audio entry stage, which takes no system prompt",
+                                 "leave --system out with --audio (the config's system_prompt applies downstream)")
+    return audio_request(args.audio, where=f"--audio {args.audio}")
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Every path the user named is writable, before any work (``ConfigError``, exit 2)."""
     from orchestrator.fileio import check_writable
@@ -206,13 +236,20 @@ def _run(args: argparse.Namespace) -> int:
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
     check_outputs(args)
-    prompt = read_prompt(args.prompt)
+    prompt = read_prompt(args.prompt) if args.audio is None else ""
     config = load_config(args.config)
     sampling = sampling_of(args)
     check_sampling(config, sampling, where=args.config)
-    # Without --system or sampling the prompt goes as it is (any first stage takes text).
-    request: Any = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
-        if args.system or sampling else prompt
+    request: Any
+    if args.audio is not None:
+        from orchestrator.api import prompt_label
+
+        request = audio_request_of(args, config)
+        prompt = f"{args.audio} {prompt_label(request)}"
+    else:
+        # Without --system or sampling the prompt goes as it is (any first stage takes text).
+        request = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
+            if args.system or sampling else prompt
     profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask, profile)
     plan = plan_pipeline(config, profile, mask=mask)
@@ -254,12 +291,13 @@ def _run(args: argparse.Namespace) -> int:
     failure: BaseException | None = None
     measured: dict[str, Any] = {}
     kept: list[tuple[str, str, str]] = []
+    texts: dict[str, str] = {}
     try:
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
-        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out))
+        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, texts))
         if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
@@ -288,7 +326,8 @@ def _run(args: argparse.Namespace) -> int:
 
     error = None if failure is None else {"type": type(failure).__name__, "message": _one_line(failure)}
     doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=measured, ledger=final,
-                    extra={"prepare_s": round(pipeline.prepare_s, 3), "output": {"wav": str(wav) if wav else None},
+                    extra={"prepare_s": round(pipeline.prepare_s, 3),
+                           "output": {"wav": str(wav) if wav else None, "texts": texts},
                            "error": error, "ledger_lost": pipeline.runtime.ledger_lost})
     path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", kept)
     if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
@@ -310,7 +349,8 @@ def _run(args: argparse.Namespace) -> int:
     # newline is inserted), so they can be copied and pasted.
     console.print(f"record: {path}", soft_wrap=True)
     if args.json:
-        json.dump({"admitted": True, "text": result.text, "wav": str(wav) if wav else None, "record": str(path),
+        json.dump({"admitted": True, "text": result.text, "texts": texts,
+                   "wav": str(wav) if wav else None, "record": str(path),
                    "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
                    "time_to_first_token_s": result.time_to_first_token_s,
                    "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
@@ -397,18 +437,28 @@ def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: s
 
 
 async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: Console,
-                       wav_out: WavOut | None = None) -> Result:
+                       wav_out: WavOut | None = None, texts: dict[str, str] | None = None) -> Result:
     """Send ``request``; write the reply's text to the console as it is generated
-    (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``."""
+    (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``. When
+    several stages return text (a transcript, then the reply), each stage's text
+    starts on a line of its own after its name, and ``texts`` (when given) receives
+    each stage's whole text."""
     from orchestrator.runtime.events import AudioChunk, TextDelta, collect
 
     events = []
     t0 = time.perf_counter()
     printer = ReplyPrinter(console)
+    labelled = sum(1 for s in pipeline.runtime.stages if s.final_output and s.final_output_type == "text") > 1
+    speaking: str | None = None
     try:
         async for event in pipeline.stream(request):
             events.append(event)
             if isinstance(event, TextDelta):
+                if texts is not None:
+                    texts[event.stage] = texts.get(event.stage, "") + event.text
+                if labelled and event.stage != speaking:
+                    printer.write(("\n" if speaking is not None else "") + f"{event.stage}: ")
+                    speaking = event.stage
                 printer.write(event.text)
             elif isinstance(event, AudioChunk) and wav_out is not None:
                 wav_out.add(event)
