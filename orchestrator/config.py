@@ -343,9 +343,26 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
     return []
 
 
+_VLLM_OMNI_MARKS = frozenset({"stage_type", "runtime", "default_sampling_params", "gpu_memory_utilization",
+                               "worker_cls", "custom_process_input_func"})
+"""Keys only a vLLM-Omni stage config has (legacy stage_args or the deploy YAML)."""
+
+
 def _from_vllm_omni(data: dict[str, Any], where: str = "<config>") -> dict[str, Any]:
     """Accept vLLM-Omni's spelling: ``stage_args`` and per-stage ``engine_args``,
-    ``engine_input_source`` (stage ids). Anything else stays strict."""
+    ``engine_input_source`` (stage ids). Anything else stays strict. A vLLM-Omni stage
+    config itself (every stage without ``kind`` and with one of vLLM-Omni's own keys:
+    ``stage_type``, ``runtime``, ``default_sampling_params``, ...) is one problem that
+    names the importer, not one per foreign key."""
+    listed = data.get("stage_args", data.get("stages"))
+    if isinstance(listed, list):
+        foreign = [s for s in listed if isinstance(s, dict) and "kind" not in s and _VLLM_OMNI_MARKS & s.keys()]
+        if foreign and len(foreign) == len(listed):
+            raise ConfigError.single(
+                where, "this is a vLLM-Omni stage config (its stages have stage_type, runtime or default_sampling_params), "
+                "not an omni-edge pipeline config",
+                f"convert it: omni-edge import vllm-omni {where} --model CHECKPOINT_DIR -o CONFIG "
+                "(docs/pipelines.md, 'Importing vLLM-Omni configs')")
     if "stage_args" not in data:
         return data
     out = {k: v for k, v in data.items() if k != "stage_args"}

@@ -150,3 +150,16 @@ def regenerate() -> None:
 
 if __name__ == "__main__":
     regenerate()
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_omni", "qwen3_omni_moe", "deploy_qwen2_5_omni"])
+def test_planning_a_vllm_omni_file_directly_names_the_importer(name: str) -> None:
+    """`omni-edge plan` on an upstream file: one problem that says what the file is and the
+    command that converts it — not one per foreign key, never a "did you mean"."""
+    code, _, stderr = run_cli(["plan", str(FIXTURES / f"{name}.yaml"), "--profile",
+                               str(REPO / "configs/profiles/cpu-only-linux.json")])
+    assert code == 2
+    assert "this is a vLLM-Omni stage config" in stderr
+    assert "omni-edge import vllm-omni" in stderr and "--model CHECKPOINT_DIR -o CONFIG" in stderr
+    assert "did you mean" not in stderr.lower() and "Traceback" not in stderr
+    assert stderr.count("how to fix") == 1
