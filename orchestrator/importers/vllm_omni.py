@@ -389,7 +389,7 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
     for i, s in enumerate(entries):
         loc = f"{list_key}[{i}]"
         ts = by_id[s.get("stage_id", i)]
-        stages_out.append(_stage(s, loc, ts, topo, by_id, report, model_ref, model_cfg, shape))
+        stages_out.append(_stage(s, loc, ts, topo, by_id, report, model_ref, model_cfg, shape, model_dir))
     if only:
         stages_out = _keep_only(stages_out, only, report, where)
     for key, value in data.items():
@@ -416,7 +416,8 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
 
 
 def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id: dict[Any, TopologyStage],
-           report: ImportReport, model_ref: str, model_cfg: dict[str, Any] | None, shape: str) -> dict[str, Any]:
+           report: ImportReport, model_ref: str, model_cfg: dict[str, Any] | None, shape: str,
+           model_dir: Path | None = None) -> dict[str, Any]:
     name = ts.model_stage
     out: dict[str, Any] = {"name": name, "kind": ts.kind}
     sid = s.get("stage_id")
@@ -445,8 +446,11 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
         out["model_stage"] = ts.model_stage
     else:
         out["artifact"] = f"{model_ref}/{ts.model_stage}"
-        report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph; artifact {out['artifact']} "
-                            "must hold its manifest (docs/exported-artifacts.md)")
+        if model_dir is not None and (model_dir / ts.model_stage / "manifest.yaml").is_file():
+            report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph, artifact {out['artifact']}")
+        else:
+            report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph; artifact {out['artifact']} "
+                                "must hold its manifest (docs/exported-artifacts.md)")
     if "model_stage" in engine:
         report.map(f"{eloc}.model_stage", f"stages.{name}.model_stage" if ts.kind == "ar_decode" else f"stages.{name}.artifact",
                    engine["model_stage"])

@@ -96,6 +96,16 @@ class Tolerance(Strict):
     cosine_min: float = Field(0.999, ge=-1, le=1, description="Smallest allowed cosine similarity between target and reference, per output.")
 
 
+class NotExported(Strict):
+    """A graph that is not here yet: its sizes come from metadata, so the stage is planned
+    (weights shown) and refused on every device with ``no_exported_graph`` until exported."""
+
+    weight_bytes: int = Field(ge=0, description="Bytes of the weights the graph will hold, from metadata.")
+    evidence: Literal["D", "E"] = Field(description="D: read from a file (an index, headers); E: computed.")
+    note: str = Field(min_length=1, description="Where weight_bytes comes from.")
+    remedy: str = Field(min_length=1, description="How to export the graph.")
+
+
 class ExportManifest(Strict):
     """``manifest.yaml`` of an exported artifact (contract ``omni-edge.export/1``)."""
 
@@ -133,6 +143,10 @@ class ExportManifest(Strict):
         "produces, as measured by the artifact's author (e.g. '320MiB'); default max(64 MiB, half the weights).",
     )
     activation_note: str = Field("", description="Where activation_bytes comes from (what was measured, on what input).")
+    not_exported: NotExported | None = Field(
+        None, description="Set when the graph is not exported yet: precisions and reference name the files it will "
+        "have, which need not exist; the stage is planned from these sizes and refused with no_exported_graph.",
+    )
     consumes: list[str] | None = Field(
         None, min_length=1,
         description="Payload types one input item may be (stages.payloads: text, audio@16000, tensor<float32>[seq,896], ...); default: any.",
@@ -293,6 +307,8 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
     except ValidationError as exc:
         raise ConfigError(problems_from_validation(exc, where, ExportManifest)) from None
     artifact = ExportedArtifact(d, manifest)
+    if manifest.not_exported is not None:
+        return artifact  # the graph and its reference are not here, by declaration
     problems: list[Problem] = []
     for precision, location in manifest.precisions.items():
         try:

@@ -126,6 +126,15 @@ class ExportedGraphKind(StageKind):
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         cfg = _cfg(stage)
         art = self.artifact(cfg)
+        missing = art.manifest.not_exported
+        if missing is not None:
+            return ArtifactInfo(
+                kind="exported", path=str(art.dir), weight_bytes=missing.weight_bytes, weight_format="not exported",
+                details={
+                    "name": art.name, "version": art.manifest.version, "available_precisions": [], "precisions": {},
+                    "not_exported": missing.model_dump(), "source": art.manifest.source.model_dump(),
+                },
+            )
         wanted = [p for p in cfg.precision if p in art.manifest.precisions]
         if "fp32" in art.manifest.precisions and "fp32" not in wanted:
             wanted.append("fp32")  # the numeric gate's reference graph
@@ -173,6 +182,14 @@ class ExportedGraphKind(StageKind):
         return None
 
     def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+        missing = info.details.get("not_exported")
+        if missing is not None:
+            return [Refusal(
+                NO_EXPORTED_GRAPH, device.id,
+                f"{info.details['name']} is not exported: no graph to run on {device.id}; its weights would be "
+                f"{fmt_bytes(missing['weight_bytes'])} (evidence {missing['evidence']}: {missing['note']})",
+                missing["remedy"],
+            )]
         if self.choose_precision(stage, info, device, backend) is not None:
             return []
         cfg = _cfg(stage)

@@ -72,14 +72,19 @@ def test_codec_codes_do_not_feed_a_text_stage(tmp_path: Path) -> None:
     assert "talker (ar_decode) produces token_ids, and echo (ar_decode) consumes text: token_ids is not text" in str(exc.value)
 
 
-def test_the_one_gpu_import_admits_thinker_and_talker_on_the_rtx_5090() -> None:
+def test_the_one_gpu_import_places_thinker_and_talker_on_the_rtx_5090_and_refuses_code2wav() -> None:
     plan = plan_pipeline(load_config(REPO / "configs/examples/qwen2_5-omni-3b-one-gpu.yaml"), load_profile(WSL))
-    assert plan.admitted
     doc = plan.to_json()
-    talker = next(s for s in doc["stages"] if s["name"] == "talker")
-    assert talker["kv_cache"]["bytes_per_token"] == 12288
-    weights = next(r for r in talker["reservations"] if r["purpose"] == "weights")
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert stages["thinker"]["admitted"] and stages["talker"]["admitted"]
+    assert stages["talker"]["kv_cache"]["bytes_per_token"] == 12288
+    weights = next(r for r in stages["talker"]["reservations"] if r["purpose"] == "weights")
     assert (weights["bytes"], weights["evidence"]) == (384_604_928 * 2, "E")
+    # code2wav: sizes from metadata, no graph to run — refused with the code, the number, the remedy
+    assert not plan.admitted and not stages["code2wav"]["admitted"]
+    refusal = stages["code2wav"]["refusals"][0]
+    assert refusal["code"] == "no_exported_graph"
+    assert "1.67 GiB" in refusal["message"] and "export Qwen2.5-Omni's token2wav" in refusal["remedy"]
 
 
 def test_the_faithful_import_refuses_the_talker_on_a_second_gpu_no_profile_has() -> None:
