@@ -269,3 +269,42 @@ def test_all_and_latest_end_to_end_and_a_failed_input_names_its_stage(ray_cluste
     for before, after in itertools.pairwise(got):
         changed = [k for k in after if before.get(k) != after[k]]
         assert len(changed) == 1 and after[changed[0]]["i"] == (before[changed[0]]["i"] + 1 if changed[0] in before else 0)
+
+
+@pytest.mark.ray
+@pytest.mark.ort
+@pytest.mark.slow
+def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_cluster: Any, tmp_path: Path) -> None:
+    """The default pipeline's Piper voice (ONNX Runtime) fed by a scripted text source; a
+    join_echo stage zips the source's sentences with the voice's audio chunks."""
+    pytest.importorskip("onnxruntime")
+    import yaml
+
+    from orchestrator.api import Pipeline
+    from orchestrator.planner import plan_pipeline
+    from tests.conftest import REPO, make_profile
+
+    doc = yaml.safe_load((REPO / "configs/voice-assistant.yaml").read_text())
+    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"],
+                        "final_output": True, "final_output_type": "text"}
+    doc["stages"].append(sink(["thinker", "voice"], "zip", name="pairs"))
+    config = parse_config(doc, where="voice-assistant.yaml (scripted, with a fan-in)", base_dir=REPO / "configs")
+    profile = make_profile()
+    plan = plan_pipeline(config, profile)
+    assert plan.admitted, [s.refusals for s in plan.stages]
+    p = Pipeline(plan, config, profile=profile, record=tmp_path / "runs")
+    p.start()
+    try:
+        async def main() -> list[Any]:
+            return [e async for e in p.stream({"script": ["One sentence here.", " A second one.", " And a third."]})]
+        events = asyncio.run(main())
+    finally:
+        p.close()
+    pairs = [o["got"] for o in outputs(events, "pairs")]
+    assert [list(x) for x in pairs] == [["thinker", "voice"]] * 3
+    assert [x["thinker"] for x in pairs] == ["One sentence here.", "A second one.", "And a third."]
+    voice = [e for e in events if isinstance(e, AudioChunk) and e.stage == "voice"]
+    assert len(voice) == 3  # the voice is still a final output of its own
+    for x, chunk in zip(pairs, voice, strict=True):
+        assert x["voice"]["sample_rate"] == chunk.sample_rate > 0
+        assert len(x["voice"]["audio"]) == len(chunk.audio) > 0  # the i-th sentence's audio, paired with it

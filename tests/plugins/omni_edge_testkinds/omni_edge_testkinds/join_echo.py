@@ -66,7 +66,7 @@ class JoinEchoKind(StageKind):
     kind = "join_echo"
     config_model = JoinEchoConfig
     backends = ("ort-cpu",)
-    consumes: ClassVar[tuple[str, ...]] = ("text", "event")
+    consumes: ClassVar[tuple[str, ...]] = ("text", "audio", "event")
     produces: ClassVar[tuple[str, ...]] = ("event",)
     takes_join = True
 
