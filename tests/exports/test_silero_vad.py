@@ -1,4 +1,5 @@
-"""Silero VAD (``exports/silero-vad-op18``) verifies on the OpenVINO route, 0-d ``sr`` and all.
+"""Silero VAD (``exports/silero-vad-op18``) verifies on the OpenVINO route, 0-d ``sr`` and all;
+the plain graph (``exports/silero-vad``) is shipped too, for the CPU EP.
 
 The graph has a scalar input (``sr``, int64, shape ``[]``) that the OpenVINO EP
 checks strictly: a route that reshaped it to (1,) made the EP refuse the tensor
@@ -27,6 +28,7 @@ from stages.exported_graph.graph_stats import check_against_graph, describe_grap
 from tests.helpers.graphs import REPO, placement
 
 ARTIFACT = REPO / "exports" / "silero-vad-op18"
+PLAIN = REPO / "exports" / "silero-vad"
 OV = "OpenVINOExecutionProvider"
 
 needs_silero = pytest.mark.skipif(
@@ -46,6 +48,30 @@ def test_the_reference_inputs_are_the_ones_the_code_makes() -> None:
     assert feeds["input"].shape == (1, 64 + 512) and not feeds["input"][0, :64].any()
     assert feeds["state"].shape == (2, 1, 128) and not feeds["state"].any()
     assert 0.49 < float(np.abs(feeds["input"]).max()) <= 0.5
+
+
+def test_both_artifacts_hold_the_same_reference_inputs() -> None:
+    assert (PLAIN / "reference_inputs.npz").read_bytes() == (ARTIFACT / "reference_inputs.npz").read_bytes()
+
+
+@needs_silero
+@pytest.mark.ort
+def test_the_plain_artifact_matches_its_graph_and_its_recorded_outputs() -> None:
+    """The wheel's silero_vad.onnx: input, state, sr in that order, the weights inside its If's
+    branches (counted), and the recorded outputs its CPU EP's answer — within 1e-6 of op18's."""
+    artifact = load_artifact(PLAIN)
+    stats = describe_graph(artifact.graph_path("fp32"), use_cache=False)
+    assert check_against_graph(artifact, "fp32", stats) == []
+    assert [i["name"] for i in stats.inputs] == ["input", "state", "sr"]
+    assert stats.opset == {"ai.onnx": 16} and stats.subgraph_node_count > 0
+    assert 2_100_000 < stats.initializer_bytes < 2_300_000
+    assert silero_vad.manifest_graph(PLAIN) == str(artifact.graph_path("fp32"))
+    got = silero_vad.cpu_outputs(artifact.graph_path("fp32"), silero_vad.reference_feeds())
+    recorded, op18 = artifact.reference_outputs(), load_artifact(ARTIFACT).reference_outputs()
+    assert recorded is not None and op18 is not None
+    for name, value in recorded.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(value, op18[name], rtol=0, atol=1e-6)
 
 
 def test_writing_the_same_arrays_twice_gives_the_same_bytes(tmp_path: Path) -> None:
