@@ -81,6 +81,11 @@ class VadConfig(StageConfig):
     speech_pad_ms: int = Field(
         100, ge=0, le=2_000, description="Kept before and after each segment's speech (at most min_silence_ms).",
     )
+    no_speech: Literal["refuse", "nothing"] = Field(
+        "refuse",
+        description="A request whose audio holds no speech: refuse it (a BadRequest naming the seconds heard and the "
+                    "highest speech probability, so nothing downstream answers an empty prompt), or yield nothing.",
+    )
     max_segment_s: float = Field(
         30.0, ge=1, le=600,
         description="Longest segment, padding included; longer speech is cut there (30: one Whisper window).",
@@ -168,6 +173,7 @@ class VadKind(StageKind):
         return {**kwargs, "segments": {
             "threshold": cfg.threshold, "neg_threshold": cfg.neg_threshold, "min_speech_ms": cfg.min_speech_ms,
             "min_silence_ms": cfg.min_silence_ms, "speech_pad_ms": cfg.speech_pad_ms, "max_segment_s": cfg.max_segment_s,
+            "no_speech": cfg.no_speech,
         }}
 
     def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:

@@ -20,7 +20,9 @@ pieces of one recording, at one sample rate):
    speech still open is closed at the last sample.
 
 Guarantees: segments in order, not overlapping, each at most ``max_segment_s``
-long; no item at all for audio without speech; ``request_stats`` says how much
+long; audio without speech is refused (``BadRequest`` naming the stage, the
+seconds heard and the highest speech probability: nothing downstream answers an
+empty prompt), or with ``no_speech: nothing`` yields no item; ``request_stats`` says how much
 was heard, how many windows were scored and segments kept, and the speech
 seconds. A bad item (not audio, not mono, another rate than the request's first
 item) fails the request with ``StageFailed`` naming the stage and device.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import soxr
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
@@ -74,6 +76,7 @@ class VadRunner(StageRunner):
             min_speech=int(s.get("min_speech_ms", 250)) * ms, min_silence=int(s.get("min_silence_ms", 400)) * ms,
             pad=int(s.get("speech_pad_ms", 100)) * ms, max_segment=int(float(s.get("max_segment_s", 30.0)) * self.rate),
         )
+        self.no_speech = str(s.get("no_speech", "refuse"))
         self._host: Any = None
         self._handle: int | None = None
         self._stats: dict[str, dict[str, Any]] = {}
@@ -119,7 +122,16 @@ class VadRunner(StageRunner):
             raise
         except Exception as exc:
             raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
-        self._stats[request_id] = cut.stats()
+        if cut.segments or self.no_speech != "refuse":
+            self._stats[request_id] = cut.stats()
+        else:
+            heard = cut.received / float(cut.source_rate or 1)
+            raise BadRequest.single(
+                f"request (stage {self.plan.name}, kind vad)",
+                f"no speech was heard in {heard:.2f} s of audio (the highest speech probability of its "
+                f"{cut.windows.count} windows was {cut.top:.2f}; speech starts at {self.rules.threshold:g})",
+                "record the question again, closer to the microphone; or lower the stage's threshold",
+            )
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """Seconds heard, windows scored, segments kept and their speech seconds (popped: asked once)."""
@@ -199,6 +211,8 @@ class Cutter:
         self.graph_samples = 0
         """Samples handed to the graph (at its rate)."""
         self.segments: list[float] = []
+        self.top = 0.0
+        """The highest speech probability scored so far."""
 
     def feed(self, samples: Any, rate: int) -> list[dict[str, Any]]:
         if self.source_rate is None:
@@ -214,6 +228,7 @@ class Cutter:
         if self.resampler is not None:
             out += self._score(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
         for prob in self.windows.flush():
+            self.top = max(self.top, prob)
             out += self._cut(self.segmenter.push(prob))
         out += self._cut(self.segmenter.finish(self.graph_samples))
         return out
@@ -223,6 +238,7 @@ class Cutter:
         self.graph_samples += len(graph_samples)
         out: list[dict[str, Any]] = []
         for prob in self.windows.feed(graph_samples):
+            self.top = max(self.top, prob)
             out += self._cut(self.segmenter.push(prob))
         self._trim()
         return out

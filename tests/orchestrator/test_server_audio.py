@@ -136,6 +136,11 @@ def test_the_openai_client_sends_input_audio_and_gets_the_transcript(served: Any
     reply = client.chat.completions.create(model="hear", messages=[{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}])
     assert word_error_rate(sentence, reply.choices[0].message.content) <= 0.35, reply.choices[0].message.content
+    quiet = base64.b64encode(wav_bytes(np.zeros(RATE, dtype=np.float32))).decode()
+    with pytest.raises(openai.BadRequestError) as err:  # silence: refused by the vad stage, named
+        client.chat.completions.create(model="hear", messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": quiet, "format": "wav"}}]}])
+    assert "no speech was heard in 1.00 s of audio" in str(err.value)
     with pytest.raises(openai.BadRequestError) as err:  # text to a pipeline that hears only audio
         client.chat.completions.create(model="hear", messages=[{"role": "user", "content": "hello"}])
     assert "the stage takes audio" in str(err.value)

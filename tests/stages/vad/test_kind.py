@@ -78,7 +78,8 @@ def test_the_plan_holds_the_graphs_weights_its_subgraphs_included(tmp_path: Path
     kwargs = stage.engine_kwargs
     assert kwargs["session"]["providers"] == ["CPUExecutionProvider"]
     assert kwargs["segments"] == {"threshold": 0.5, "neg_threshold": None, "min_speech_ms": 250,
-                                  "min_silence_ms": 400, "speech_pad_ms": 100, "max_segment_s": 30.0}
+                                  "min_silence_ms": 400, "speech_pad_ms": 100, "max_segment_s": 30.0,
+                                  "no_speech": "refuse"}
 
 
 @needs_silero

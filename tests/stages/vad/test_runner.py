@@ -1,7 +1,7 @@
 """The vad runner on the CPU EP in this process: speech the Piper voice said, with silence
 around and between, comes back as one audio item per utterance at the input's own rate,
 silence trimmed; the same audio fed in small pieces gives the same cuts; silence alone
-gives nothing; long speech is cut at max_segment_s; a bad item names the stage.
+is refused naming what was heard (or, asked to, gives nothing); long speech is cut at max_segment_s; a bad item names the stage.
 
 The input is built here (the project's own voice, noise 0, digital silence between
 sentences), so every bound is a property of the input, not a claim about the model."""
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import parse_config
-from orchestrator.errors import StageFailed
+from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind
@@ -100,9 +100,22 @@ def test_small_pieces_give_the_same_cuts(runner: Any, speech: dict[str, Any]) ->
         assert abs(p["audio"].size - w["audio"].size) <= window
 
 
-def test_silence_alone_yields_nothing(runner: Any) -> None:
-    assert _segments(runner, {"audio": np.zeros(48000, np.float32), "sample_rate": 16000}, rid="quiet") == []
-    assert runner.request_stats("quiet")["segments"] == 0
+def test_silence_alone_is_refused_naming_what_was_heard(runner: Any) -> None:
+    with pytest.raises(BadRequest) as err:
+        _segments(runner, {"audio": np.zeros(48000, np.float32), "sample_rate": 16000}, rid="quiet")
+    (problem,) = err.value.problems
+    assert problem.where == "request (stage vad, kind vad)"
+    assert "no speech was heard in 3.00 s of audio" in problem.what and "of its 94 windows was 0.0" in problem.what
+    assert "speech starts at 0.5" in problem.what and "lower the stage's threshold" in problem.fix
+
+
+def test_with_no_speech_nothing_silence_yields_nothing(tmp_path: Path) -> None:
+    r = _make_runner(tmp_path, no_speech="nothing")
+    try:
+        assert _segments(r, {"audio": np.zeros(48000, np.float32), "sample_rate": 16000}, rid="quiet") == []
+        assert r.request_stats("quiet") == {"heard_s": 3.0, "windows": 94, "segments": 0, "speech_s": 0.0}
+    finally:
+        r.close()
 
 
 def test_long_speech_is_cut_at_max_segment_s(tmp_path: Path, speech: dict[str, Any]) -> None:
