@@ -197,6 +197,11 @@ class StageKind(ABC):
     none of them."""
     produces: ClassVar[tuple[str, ...]] = PAYLOAD_KINDS
     """Payload types this kind yields (same spelling; default: every kind)."""
+    runner_imports: ClassVar[tuple[str, ...]] = ("numpy",)
+    """Modules this kind's runner imports that other kinds' runners import too. A device
+    actor imports them one stage at a time before that stage's load, so two stages
+    loading at once in one process never import them concurrently (a first import of
+    numpy in two threads at once can fail with Python's ``_DeadlockError``)."""
     takes_join: ClassVar[bool] = False
     """Whether a stage of this kind may have several inputs (fan-in, with a ``join``): it
     then receives joined items, each a ``dict`` keyed by source stage name (or

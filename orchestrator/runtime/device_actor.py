@@ -34,10 +34,12 @@ cause of a ``RayTaskError``.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -90,6 +92,8 @@ class DeviceActor:
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
         self._loading: dict[str, bool] = {}
         """Loads in flight: stage -> whether another load ran beside it."""
+        self._importing = asyncio.Lock()
+        """Held while a stage's ``runner_imports`` are imported: one stage at a time."""
         self.ledger_error: str | None = None
         """Set when a report or release to the ledger actor failed (it died): closing
         goes on without it, and ``close`` then raises ``LedgerLost``."""
@@ -124,6 +128,7 @@ class DeviceActor:
         overlapped = self._begin_load(name)
         runner = None
         try:
+            await self._import_first(kind)
             params = inspect.signature(kind.runner).parameters
             runner = kind.runner(plan, stage_config, route=route) if "route" in params else kind.runner(plan, stage_config)
             t0 = time.perf_counter()
@@ -161,6 +166,13 @@ class DeviceActor:
         await self.ledger.report.remote(name, hosted.measured)
         return {"stage": name, "device": self.device, "load_s": round(load_s, 3), "overlapped": overlapped,
                 "load_info": hosted.load_info, "measured": hosted.measured}
+
+    async def _import_first(self, kind: Any) -> None:
+        """Import the kind's ``runner_imports`` not imported yet, one stage at a time."""
+        async with self._importing:
+            missing = [m for m in getattr(kind, "runner_imports", ()) if m not in sys.modules]
+            if missing:
+                await asyncio.to_thread(lambda: [importlib.import_module(m) for m in missing])
 
     def _begin_load(self, name: str) -> bool:
         """Note a load in flight; every load running now (this one too) overlapped

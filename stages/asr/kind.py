@@ -88,6 +88,7 @@ class AsrKind(StageKind):
     kind = "asr"
     config_model = AsrConfig
     backends = tuple(ort_backends.BACKENDS)
+    runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
     consumes = ("audio",)
     produces = ("text",)

@@ -83,6 +83,7 @@ class ExportedGraphKind(StageKind):
     kind = "exported_graph"
     config_model = ExportedGraphConfig
     backends = tuple(ort_backends.BACKENDS)
+    runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
 
     def __init__(self) -> None:

@@ -116,6 +116,7 @@ class VadKind(StageKind):
     kind = "vad"
     config_model = VadConfig
     backends = tuple(ort_backends.BACKENDS)
+    runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
     consumes = ("audio",)
     produces = ("audio",)
