@@ -28,18 +28,16 @@ the trailing NUL) then the bytes; dtype ids are CTranslate2's ``DataType``.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import shutil
 import struct
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.fileio import exclusive_lock, file_sha256
 from orchestrator.packages import resolve_package_location
 from orchestrator.settings import cache_root, require_cache_dir
 
@@ -225,7 +223,7 @@ def ensure_checkpoint(model_bin: Path | None = None, tokenizer_json: Path | None
     if problem(target, model_bin) is None:
         return target
     require_cache_dir(target.parent, "converted model checkpoints")
-    with _lock(target.parent / f".{target.name}.lock"):
+    with exclusive_lock(target.parent / f".{target.name}.lock"):
         if problem(target, model_bin) is None:
             return target
         if target.exists():
@@ -298,7 +296,7 @@ def problem(target: Path, model_bin: Path) -> str | None:
     src, st = meta.get("source") or {}, model_bin.stat()
     if src.get("size") != st.st_size:
         return "model.bin changed (size)"
-    if src.get("mtime_ns") != st.st_mtime_ns and src.get("sha256") != _sha256(model_bin):
+    if src.get("mtime_ns") != st.st_mtime_ns and src.get("sha256") != file_sha256(model_bin):
         return "model.bin changed (content)"
     files = meta.get("files")
     if not isinstance(files, dict) or "model.safetensors" not in files:
@@ -315,7 +313,7 @@ def _write_marker(tmp: Path, model_bin: Path, seconds: float) -> None:
     meta = {
         "format": CACHE_FORMAT,
         "source": {"path": str(model_bin), "package": PACKAGE, "size": st.st_size,
-                   "mtime_ns": st.st_mtime_ns, "sha256": _sha256(model_bin)},
+                   "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(model_bin)},
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "convert_seconds": round(seconds, 2),
         "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
@@ -323,25 +321,3 @@ def _write_marker(tmp: Path, model_bin: Path, seconds: float) -> None:
     (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock between processes (POSIX); a no-op elsewhere."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

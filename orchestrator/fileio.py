@@ -12,14 +12,44 @@ the same memo leave one whole file.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The SHA-256 of a file's bytes (hex), read in ``chunk``-byte blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` between processes (POSIX ``flock``); a
+    no-op elsewhere, where an atomic rename still keeps half-written work out of use."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_bytes_atomic(

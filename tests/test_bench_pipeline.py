@@ -4,24 +4,19 @@ reply lacks are printed as n/a and their targets are not evaluated."""
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.bench import load_bench
 
 MiB = 2**20
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_pipeline", REPO / "bench/pipeline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("pipeline")
 
 
 RECORD = {

@@ -4,22 +4,17 @@ verdict) where a reply had no audio. Only the report is exercised (no server).""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.bench import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_serve", REPO / "bench/serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("serve")
 
 
 def row(ttft: float, ttfa: float | None, total: float) -> dict[str, Any]:

@@ -40,7 +40,6 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "numpy": "arrays exist only where a session or a runner runs; planning must not pay ~0.1 s for it",
     "pynvml": "optional (the gpu extra): the GPU probe falls back to nvidia-smi without it",
     "espeakng_loader": "the Piper voice's phonemizer library, loaded when the hook runs, not when the artifact is read",
-    "fcntl": "POSIX only: the module must still import where there is none (native Windows profiles)",
     "rich": "tables, progress bars and cell widths cost tens of ms to import; `plan --json` and the planning path draw none",
 }
 LAZY_IMPORTERS_ALLOWED: dict[str, str] = {

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.fileio import exclusive_lock, file_sha256
 from orchestrator.settings import cache_root, require_cache_dir
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def ensure_checkpoint(
         return target
     # The checkpoint is required to run: refuse (exit 2, naming the directory) when it cannot be written.
     require_cache_dir(target.parent, "converted model checkpoints")
-    with _lock(target.parent / f".{target.name}.lock"):
+    with exclusive_lock(target.parent / f".{target.name}.lock"):
         problem = _problem(target, gguf, dtype)
         if problem is None:  # another process finished while we waited
             return target
@@ -151,13 +152,6 @@ def ensure_checkpoint(
 # ---- validity -------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _valid(target: Path, gguf: Path, dtype: str) -> bool:
     return _problem(target, gguf, dtype) is None
@@ -181,7 +175,7 @@ def _problem(target: Path, gguf: Path, dtype: str) -> str | None:
     if src.get("size") != st.st_size:
         return "the GGUF file changed (size)"
     # Same size, touched since: the content decides (a reinstall rewrites mtimes).
-    if src.get("mtime_ns") != st.st_mtime_ns and src.get("sha256") != _sha256(gguf):
+    if src.get("mtime_ns") != st.st_mtime_ns and src.get("sha256") != file_sha256(gguf):
         return "the GGUF file changed (content)"
     files = meta.get("files")
     if not isinstance(files, dict) or "model.safetensors" not in files:
@@ -219,7 +213,7 @@ def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
     meta: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "dtype": dtype,
-        "source": {"path": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(gguf)},
+        "source": {"path": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(gguf)},
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "convert_seconds": round(seconds, 2),
         "files": {
@@ -233,22 +227,6 @@ def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
         meta["transformers"] = transformers.__version__
     (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock between processes (POSIX); a no-op elsewhere,
-    where the atomic rename still keeps a half-written directory out of use."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ---- conversion -----------------------------------------------------------------

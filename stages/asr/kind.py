@@ -39,7 +39,7 @@ from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import ExportedArtifact, Precision
-from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
+from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind, as_graph_stage
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -75,11 +75,7 @@ class AsrConfig(StageConfig):
 
 def graph_config(stage: AsrConfig, graph: Graph) -> ExportedGraphConfig:
     """The ``exported_graph`` stage one of the two graphs would be, with this stage's settings."""
-    return ExportedGraphConfig(
-        name=stage.name, kind="exported_graph", devices=stage.devices, backends=stage.backends,
-        artifact=getattr(stage, graph), precision=stage.precision, min_ep_coverage=stage.min_ep_coverage,
-        target_only=stage.target_only, provider_options=stage.provider_options,
-    )
+    return as_graph_stage(stage, getattr(stage, graph))
 
 
 class AsrKind(StageKind):

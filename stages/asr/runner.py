@@ -33,6 +33,7 @@ import soxr
 
 from orchestrator.errors import StageFailed
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
+from stages.audio_items import mono_audio
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.runner import route_for
@@ -109,15 +110,10 @@ class AsrRunner(StageRunner):
         return " ".join(t for t in (self._window(w) for w in windows) if t)
 
     def _samples(self, item: Any) -> tuple[Any, int]:
-        if not isinstance(item, dict) or "audio" not in item or "sample_rate" not in item:
-            self._fail(f"an asr stage takes audio items {{'audio': samples, 'sample_rate': rate}}, got {type(item).__name__}")
-        samples = np.asarray(item["audio"], dtype=np.float32)
-        rate = item["sample_rate"]
-        if samples.ndim != 1:
-            self._fail(f"audio must be mono (one dimension), got shape {samples.shape}")
-        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-            self._fail(f"sample_rate must be a positive int, got {rate!r}")
-        return samples, rate
+        try:
+            return mono_audio(item, "an asr stage")
+        except ValueError as exc:
+            self._fail(str(exc))
 
     def _window(self, samples: Any) -> str:
         feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.fileio import file_sha256
 from orchestrator.packages import PACKAGE_SCHEME, resolve_package_location, split_package_location
 from orchestrator.units import parse_bytes
 from orchestrator.validation import Strict, problems_from_validation, read_document
@@ -406,14 +407,6 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
 
 
 # ---- files ------------------------------------------------------------------------
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def inside(path: Path, root: Path) -> bool:

@@ -10,7 +10,7 @@ from the evidence cache. The runtime half is ``stages.exported_graph.runner``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -75,6 +75,35 @@ class ExportedGraphConfig(StageConfig):
         description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
     )
     tolerance: ToleranceOverride | None = Field(None, description="Overrides fields of the manifest's numeric tolerance.")
+
+
+class GraphSettings(Protocol):
+    """A stage config carrying the EP settings of an exported-graph stage (read-only)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def devices(self) -> list[str]: ...
+    @property
+    def backends(self) -> list[str] | None: ...
+    @property
+    def precision(self) -> list[Precision]: ...
+    @property
+    def min_ep_coverage(self) -> float | None: ...
+    @property
+    def target_only(self) -> bool: ...
+    @property
+    def provider_options(self) -> dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]]: ...
+
+
+def as_graph_stage(stage: GraphSettings, artifact: str) -> ExportedGraphConfig:
+    """The ``exported_graph`` stage that ``artifact`` would be with ``stage``'s devices and
+    EP settings — for kinds that run their graphs through this one (asr, vad)."""
+    return ExportedGraphConfig(
+        name=stage.name, kind="exported_graph", devices=stage.devices, backends=stage.backends,
+        artifact=artifact, precision=stage.precision, min_ep_coverage=stage.min_ep_coverage,
+        target_only=stage.target_only, provider_options=stage.provider_options,
+    )
 
 
 class ExportedGraphKind(StageKind):

@@ -39,6 +39,7 @@ import soxr
 
 from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
+from stages.audio_items import mono_audio
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.runner import route_for
@@ -138,14 +139,10 @@ class VadRunner(StageRunner):
         return self._stats.pop(request_id, {})
 
     def _samples(self, item: Any, rate_so_far: int | None) -> tuple[Any, int]:
-        if not isinstance(item, dict) or "audio" not in item or "sample_rate" not in item:
-            self._fail(f"a vad stage takes audio items {{'audio': samples, 'sample_rate': rate}}, got {type(item).__name__}")
-        samples = np.asarray(item["audio"], dtype=np.float32)
-        rate = item["sample_rate"]
-        if samples.ndim != 1:
-            self._fail(f"audio must be mono (one dimension), got shape {samples.shape}")
-        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-            self._fail(f"sample_rate must be a positive int, got {rate!r}")
+        try:
+            samples, rate = mono_audio(item, "a vad stage")
+        except ValueError as exc:
+            self._fail(str(exc))
         if rate_so_far is not None and rate != rate_so_far:
             self._fail(f"the items of one request are one recording: {rate} Hz after {rate_so_far} Hz")
         return samples, rate
