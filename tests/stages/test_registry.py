@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import parse_config
+from orchestrator.errors import ConfigError
 from orchestrator.planner import plan_pipeline
 from orchestrator.units import MiB
 from stages import registry
@@ -80,3 +81,76 @@ def test_register_puts_a_kind_instance_under_its_name(monkeypatch: pytest.Monkey
     assert "echo_registered_by_hand" in known_kinds()
     with pytest.raises(KeyError):
         get_kind("no_such_kind")
+
+
+# ---- a broken plugin (tests/plugins/omni_edge_brokenplugin) ------------------------------
+
+
+def _broken_installed() -> bool:
+    return any(ep.name == "broken_import" for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+needs_broken = pytest.mark.skipif(not _broken_installed(), reason="the broken test plugin is missing: run scripts/bootstrap.sh")
+
+
+@needs_broken
+def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_asked_for(tmp_path: Path) -> None:
+    """In a fresh interpreter: the config names the broken kind; the error names the entry
+    point, the distribution and the exception; the load and the failure are logged."""
+    code = (
+        "import json, logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(name)s: %(message)s')\n"
+        "from orchestrator.errors import ConfigError\n"
+        "from orchestrator.config import parse_config\n"
+        "from stages.registry import plugin_failures\n"
+        "doc = {'name': 'b', 'stages': [{'name': 's', 'kind': 'broken_import', 'final_output': True,\n"
+        "       'final_output_type': 'text'}]}\n"
+        "try:\n"
+        "    parse_config(doc, where='b.yaml', base_dir=__import__('pathlib').Path('.'))\n"
+        "except ConfigError as exc:\n"
+        "    print(json.dumps({'problems': [[p.where, p.what, p.fix] for p in exc.problems],\n"
+        "                      'failures': [f.to_dict() for f in plugin_failures()]}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    ((where, what, fix),) = out["problems"]
+    assert where == "entry point omni_edge.stage_kinds:broken_import"
+    assert "omni_edge_brokenplugin.needs_missing:BrokenKind" in what
+    assert "(from omni-edge-brokenplugin 0.1.0)" in what
+    assert "ModuleNotFoundError: No module named 'omni_edge_no_such_dependency'" in what
+    assert "pip uninstall omni-edge-brokenplugin" in fix
+    assert [f["name"] for f in out["failures"]] == ["broken_import"]  # echo and the rest untouched
+    assert ("stages.registry: loading stage kind 'broken_import' from "
+            "omni_edge_brokenplugin.needs_missing:BrokenKind (omni-edge-brokenplugin 0.1.0)") in done.stderr
+
+
+@needs_broken
+def test_a_broken_plugin_does_not_stop_another_plugins_kind_from_loading() -> None:
+    code = (
+        "import json\n"
+        "from stages.registry import get_kind, plugin_failures\n"
+        "kind = get_kind('echo')\n"
+        "print(json.dumps({'kind': kind.kind, 'failures': len(plugin_failures())}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"kind": "echo", "failures": 0}
+
+
+@needs_broken
+def test_survey_lists_every_kind_and_each_broken_entry_point_with_its_error() -> None:
+    found = registry.survey()
+    assert {"ar_decode", "exported_graph", "asr", "vad", "echo", "join_echo"} <= set(found.kinds)
+    by_name = {f.name: f for f in found.failures}
+    assert by_name["broken_import"].error.startswith("ModuleNotFoundError: No module named 'omni_edge_no_such_dependency'")
+    assert by_name["not_a_kind"].error == "TypeError: it is a NotAKind, not a stages.base.StageKind"
+    assert by_name["broken_hook"].group == "omni_edge.hooks"
+    assert by_name["broken_hook"].error == "RuntimeError: the broken hook's module raises on import, on purpose"
+    assert all(f.distribution == "omni-edge-brokenplugin 0.1.0" for f in found.failures)
+    echo = registry.origin("echo")
+    assert echo is not None and echo.describe() == "omni-edge-testkinds 0.1.0 (entry point)"
+    vad = registry.origin("vad")
+    assert vad is not None and vad.describe() == "built in"
+    with pytest.raises(ConfigError):  # asked again: the same report, not a KeyError
+        get_kind("not_a_kind")

@@ -1,0 +1,1 @@
+"""A deliberately broken plugin (see this distribution's pyproject.toml)."""
