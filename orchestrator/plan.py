@@ -15,7 +15,7 @@ from orchestrator.ledger import Reservation, holder_peak
 PLAN_FORMAT = "omni-edge.plan/1"
 STAGE_FIELDS = frozenset({
     "name", "kind", "admitted", "device", "backend", "route", "inputs", "final_output", "final_output_type",
-    "budget_bytes", "reservations", "refusals", "engine_kwargs", "artifact", "verification",
+    "budget_bytes", "reservations", "refusals", "engine_kwargs", "artifact", "verification", "calibration",
 })
 """The keys of a stage in the plan JSON that are the plan's own; any other key is
 one of the kind's ``details``."""
@@ -71,6 +71,10 @@ class StagePlan:
     inputs: tuple[str, ...] = ()
     final_output: bool = False
     final_output_type: str | None = None
+    calibration: dict[str, Any] | None = None
+    """What the measurement store did to this stage's reservations (``match``,
+    ``before_bytes``, ``after_bytes``, ``evidence``, ``margin``, ``provenance``);
+    None when the stage was planned from metadata alone (docs/calibration.md)."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & STAGE_FIELDS)
@@ -105,6 +109,8 @@ class StagePlan:
         d.update(self.details)
         if self.verification is not None:
             d["verification"] = self.verification.to_dict()
+        if self.calibration is not None:
+            d["calibration"] = self.calibration
         return d
 
     @classmethod
@@ -126,6 +132,7 @@ class StagePlan:
             inputs=tuple(d.get("inputs", ())),
             final_output=bool(d.get("final_output", False)),
             final_output_type=d.get("final_output_type"),
+            calibration=d.get("calibration"),
         )
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from orchestrator import calibration as cal
 from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
@@ -86,6 +87,18 @@ class _Option:
     route: Route
     reservations: tuple[Reservation, ...]
     verification: Verification | None
+    metadata_reservations: tuple[Reservation, ...] = ()
+    """The kind's own reservations before calibration (the engine is configured from these)."""
+    calibration: cal.Calibration | None = None
+
+
+@dataclass(frozen=True)
+class _Calibrating:
+    """A measurement store the plan reads (``plan_pipeline(calibration=...)``)."""
+
+    store: cal.CalibrationStore
+    pipeline: str
+    profile: HardwareProfile
 
 
 @dataclass
@@ -154,6 +167,7 @@ def plan_pipeline(
     mask: frozenset[str] = frozenset(),
     runtime: bool = True,
     refused: Mapping[tuple[str, str, str], Sequence[Refusal]] | None = None,
+    calibration: cal.CalibrationStore | None = None,
 ) -> PipelinePlan:
     """Plan every stage of ``config`` on ``profile``; refuse with reasons when impossible.
 
@@ -162,11 +176,19 @@ def plan_pipeline(
     file records, e.g. a route that would not start or lacks the EP); such a
     candidate is never chosen, as if its evidence had failed.
 
+    ``calibration``: a measurement store; where it holds measured peaks for a
+    candidate (or a near match), the candidate's reservations come from them
+    (``_calibrated``, docs/calibration.md). None plans from metadata alone.
+
     Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
+    calibrating = _Calibrating(calibration, config.name, profile) if calibration is not None else None
     ledger, shared = build_ledger(profile, runtime=runtime)
-    states = [_stage_state(stage, profile, mask, ledger, refused or {}) for stage in config.topological()]
+    if calibrating is not None:
+        shared = _calibrated_shared(shared, calibrating)
+        ledger.held[PIPELINE_HOLDER] = list(shared)
+    states = [_stage_state(stage, profile, mask, ledger, refused or {}, calibrating) for stage in config.topological()]
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
@@ -187,7 +209,10 @@ def plan_pipeline(
     notes = []
     if any(s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted):
         notes.append("exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`")
-    notes.append("activations, workspaces, transients and margins are estimates (E); the runtime records measured peaks (M) against them")
+    if calibrating is None:
+        notes.append("activations, workspaces, transients and margins are estimates (E); the runtime records measured peaks (M) against them")
+    else:
+        notes += _calibration_notes(stage_plans, shared, calibrating)
     return PipelinePlan(
         pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
         pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,
@@ -228,7 +253,7 @@ def stage_candidates(
 
 def _stage_state(
     stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger,
-    refused: Mapping[tuple[str, str, str], Sequence[Refusal]],
+    refused: Mapping[tuple[str, str, str], Sequence[Refusal]], calibrating: _Calibrating | None = None,
 ) -> _StageState:
     """The stage's artifact described, each candidate tried alone against ``base``:
     the options that fit, and a refusal for every other device and backend."""
@@ -243,7 +268,7 @@ def _stage_state(
         if verdict:
             state.refusals.extend(verdict)
             continue
-        option = _try(found, base, state.refusals, profile)
+        option = _try(found, base, state.refusals, profile, calibrating)
         if option is not None:
             state.options.append(option)
     return state
@@ -322,7 +347,8 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
     return None
 
 
-def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: HardwareProfile) -> _Option | None:
+def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: HardwareProfile,
+         calibrating: _Calibrating | None = None) -> _Option | None:
     stage, kind, info = candidate.stage, candidate.kind, candidate.info
     device, backend, route = candidate.device, candidate.backend, candidate.route
     unreachable = route_refusal(profile, device, backend, route)
@@ -338,7 +364,8 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
         refusals.extend(failed)
         return None
     pool = device.pool
-    reservations = kind.reservations(stage, info, device, backend, pool)
+    metadata = tuple(kind.reservations(stage, info, device, backend, pool))
+    reservations, calibration = _calibrated(candidate, metadata, profile, calibrating)
     shortfalls = base.check({stage.name: list(reservations)})
     if shortfalls:
         sf = shortfalls[0]
@@ -352,7 +379,7 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
             kind.remedy_for_budget(stage, info, device, backend, sf.pool, available),
         ))
         return None
-    return _Option(device, backend, route, tuple(reservations), verification)
+    return _Option(device, backend, route, tuple(reservations), verification, metadata, calibration)
 
 
 def _verdict(gates: list[GateSpec], route: Route) -> tuple[Verification | None, list[Refusal]]:
@@ -431,12 +458,20 @@ def _device_of(states: list[_StageState], holder: str) -> str | None:
     return None
 
 
-def _stage_plan(state: _StageState, option: _Option | None, profile: HardwareProfile) -> StagePlan:
-    stage, kind, info = state.stage, state.kind, state.info
-    artifact: dict[str, Any] = {
+def _artifact(info: ArtifactInfo) -> dict[str, Any]:
+    return {
         "kind": info.kind, "path": info.path, "weight_bytes": info.weight_bytes, "weight_format": info.weight_format,
         **info.details,
     }
+
+
+def _capacity(profile: HardwareProfile, device: Device) -> int:
+    return profile.host_ram_capacity if device.pool == HOST_RAM else (device.memory_bytes or device.shared_memory_bytes or 0)
+
+
+def _stage_plan(state: _StageState, option: _Option | None, profile: HardwareProfile) -> StagePlan:
+    stage, kind, info = state.stage, state.kind, state.info
+    artifact = _artifact(info)
     common: dict[str, Any] = {
         "name": stage.name, "kind": stage.kind, "artifact": artifact, "details": kind.plan_details(stage, info),
         "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
@@ -445,10 +480,69 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
         refusals = tuple(state.refusals) or (Refusal(errors.NO_RUNNABLE_DEVICE, "-", "no device was considered", "list devices for the stage"),)
         return StagePlan(admitted=False, device=None, backend=None, route=None, reservations=(),
                          refusals=refusals, engine_kwargs={}, verification=None, **common)
-    capacity = profile.host_ram_capacity if option.device.pool == HOST_RAM else (option.device.memory_bytes or option.device.shared_memory_bytes or 0)
-    kwargs = kind.engine_kwargs(stage, info, option.device, option.backend, list(option.reservations), capacity)
+    capacity = _capacity(profile, option.device)
+    # the engine is configured from the kind's own reservations: calibration predicts
+    # what it will hold, it never changes what it is asked to allocate
+    kwargs = kind.engine_kwargs(stage, info, option.device, option.backend,
+                                list(option.metadata_reservations or option.reservations), capacity)
     return StagePlan(
         admitted=True, device=option.device.id, backend=option.backend, route=option.route.name,
         reservations=option.reservations, refusals=tuple(state.refusals), engine_kwargs=kwargs,
-        verification=option.verification, **common,
+        verification=option.verification,
+        calibration=option.calibration.to_dict() if option.calibration is not None else None, **common,
     )
+
+
+# -- calibration: reservations from measured peaks (orchestrator/calibration.py) ------------
+
+
+def candidate_key(candidate: Candidate, metadata: Sequence[Reservation], profile: HardwareProfile,
+                  pipeline: str) -> cal.Key:
+    """The measurement store's key of a candidate: what the runtime files its peaks under."""
+    stage, kind, info, device = candidate.stage, candidate.kind, candidate.info, candidate.device
+    kwargs = kind.engine_kwargs(stage, info, device, candidate.backend, list(metadata), _capacity(profile, device))
+    return cal.stage_key(pipeline=pipeline, stage=stage.name, kind=stage.kind, artifact=_artifact(info),
+                         device=device.id, backend=candidate.backend, route=candidate.route.name,
+                         engine_kwargs=kwargs, profile=profile)
+
+
+def _calibrated(candidate: Candidate, metadata: tuple[Reservation, ...], profile: HardwareProfile,
+                calibrating: _Calibrating | None) -> tuple[tuple[Reservation, ...], cal.Calibration | None]:
+    """The candidate's reservations from the measurement store when it holds a match
+    (exact: evidence M; near: E from M), else the kind's own, unchanged."""
+    if calibrating is None or not metadata or len({r.pool for r in metadata}) != 1:
+        return metadata, None
+    key = candidate_key(candidate, metadata, profile, calibrating.pipeline)
+    found = cal.lookup(calibrating.store, key, list(metadata))
+    if found is None:
+        return metadata, None
+    return found
+
+
+def _calibrated_shared(shared: list[Reservation], calibrating: _Calibrating) -> list[Reservation]:
+    """The pipeline's own costs from their measurements (the Ray runtime), where there are some."""
+    out = []
+    for r in shared:
+        if r.purpose == "ray_runtime":
+            r = cal.calibrated_shared(calibrating.store, cal.ray_key(calibrating.profile), r) or r
+        out.append(r)
+    return out
+
+
+def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reservation],
+                       calibrating: _Calibrating) -> list[str]:
+    used = [s for s in stage_plans if s.calibration is not None]
+    notes = list(calibrating.store.problems)
+    ray = any(r.purpose == "ray_runtime" and r.evidence == "M" for r in shared)
+    if used or ray:
+        parts = [f"{s.name} {fmt_bytes(s.calibration['before_bytes'])} → {fmt_bytes(s.calibration['after_bytes'])} "
+                 f"({s.calibration['match']})" for s in used if s.calibration is not None]
+        if ray:
+            parts.append("ray_runtime (M)")
+        notes.append(f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
+                     "`--no-calibration` plans from metadata alone")
+    uncalibrated = [s.name for s in stage_plans if s.admitted and s.calibration is None]
+    if uncalibrated or not used:
+        notes.append(f"{', '.join(uncalibrated) or 'stages'}: no measurement yet, so activations, workspaces, "
+                     "transients and margins are estimates (E); a run records measured peaks (M) for the next plan")
+    return notes
