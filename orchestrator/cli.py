@@ -33,6 +33,7 @@ COMMANDS = {
     "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",
     "serve": "Serve a started pipeline over an OpenAI-compatible HTTP API until SIGINT/SIGTERM.",
     "chat": "Chat with a pipeline (started here, or a running serve via --url), keeping the history.",
+    "stages": "List the stage kinds and exported artifacts this installation knows, with where each came from.",
     "import": "Convert another project's pipeline config (vLLM-Omni stage_args or deploy YAML) into an omni-edge config.",
 }
 

@@ -21,12 +21,10 @@ import logging
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.errors import ConfigError
-
-if TYPE_CHECKING:
-    from stages.base import StageKind
+from stages.base import StageKind
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +131,6 @@ def _load_builtin(name: str) -> StageKind:
 
 
 def _load_plugin(ep: EntryPoint) -> StageKind:
-    from stages.base import StageKind
-
     obj = load_entry_point(ep, ENTRY_POINT_GROUP)
     problem = None
     kind: Any = None
