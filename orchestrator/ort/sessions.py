@@ -34,6 +34,7 @@ from typing import Any
 from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.ort import worker as route_worker
+from orchestrator.packages import require_one_ort_flavour
 from orchestrator.profile import THIS_PROCESS
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class InProcessSessions:
     in_process = True
 
     def __init__(self, route: ResolvedRoute) -> None:
+        require_one_ort_flavour()  # before onnxruntime is imported here: exit 2, naming both builds
         self.route = route
         self._sessions = route_worker.Sessions()
         self._lock = threading.Lock()

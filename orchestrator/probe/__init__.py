@@ -30,6 +30,7 @@ from pathlib import Path
 
 from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
 from orchestrator.ort.routes import RouteReport, probe_route
+from orchestrator.packages import require_one_ort_flavour
 from orchestrator.probe.gpus import nvidia_gpus
 from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
 from orchestrator.probe.npus import linux_npus
@@ -98,6 +99,7 @@ def probe_profile(
     Unless ``use_default_routes`` is False, ``.venvs/openvino/bin/python`` is
     added when it exists and no route of that name was given.
     """
+    require_one_ort_flavour()  # two onnxruntime builds in this environment: exit 2, naming both
     routes_in = [Route(name=THIS_PROCESS), *(extra_routes or [])]
     if use_default_routes:
         given = {r.name for r in routes_in}
