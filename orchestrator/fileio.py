@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,15 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt as _msvcrt
+except ImportError:  # every system but Windows
+    _msvcrt = None  # type: ignore[assignment]
+msvcrt: Any = _msvcrt
+"""Windows' C runtime module (``locking``), or None; ``Any`` because its stubs exist only for win32."""
+
+LOCK_RETRY_S = 0.05
+"""Windows: how long to wait between attempts while another process holds a lock."""
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -39,17 +49,43 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 @contextlib.contextmanager
 def exclusive_lock(path: str | Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` between processes (POSIX ``flock``); a
-    no-op elsewhere, where an atomic rename still keeps half-written work out of use."""
-    if fcntl is None:  # pragma: no cover - Windows
-        yield
+    """An exclusive lock on ``path`` between processes, held while the block runs.
+
+    POSIX: ``flock`` (advisory; it blocks until the holder lets go). Windows:
+    ``msvcrt.locking`` on the file's first byte (mandatory for that byte; its
+    ``LK_LOCK`` gives up after ten one-second tries, so this retries until the
+    holder lets go). With neither, a no-op: an atomic rename still keeps
+    half-written work out of use.
+    """
+    if fcntl is not None:
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
         return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    if msvcrt is not None:
+        with open(path, "a+b") as f:
+            _windows_lock(f.fileno())
+            try:
+                yield
+            finally:
+                os.lseek(f.fileno(), 0, os.SEEK_SET)
+                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+        return
+    yield  # pragma: no cover - neither flock nor msvcrt
+
+
+def _windows_lock(fd: int) -> None:
+    """Lock byte 0 of ``fd`` with ``msvcrt.locking``, waiting as long as another holds it."""
+    while True:
+        os.lseek(fd, 0, os.SEEK_SET)  # locking() locks from the current position
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return
+        except OSError:  # held by another process (EACCES / EDEADLOCK)
+            time.sleep(LOCK_RETRY_S)
 
 
 def write_bytes_atomic(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -18,7 +20,7 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "OMNI_EDGE_CACHE_DIR"
 """Root of everything omni-edge caches on this machine (evidence, graph stats,
-EP compile caches). Default: ``~/.cache/omni-edge``."""
+EP compile caches). Default: the platform's cache directory (:func:`default_cache_root`)."""
 
 PROBE_TIMEOUT_S = 60.0
 """A route probe starts an interpreter and imports numpy and onnxruntime: seconds
@@ -36,9 +38,35 @@ RUN_TIMEOUT_S = 300.0
 
 
 def cache_root() -> Path:
-    """``$OMNI_EDGE_CACHE_DIR`` when set, else ``~/.cache/omni-edge``."""
+    """``$OMNI_EDGE_CACHE_DIR`` when set, else :func:`default_cache_root`."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "omni-edge"
+    return Path(env).expanduser() if env else default_cache_root()
+
+
+def default_cache_root(
+    platform: str | None = None, environ: Mapping[str, str] | None = None, home: Path | None = None,
+) -> Path:
+    """The platform's convention for a per-user cache, with ``omni-edge`` under it:
+
+    * Linux and other POSIX systems: ``$XDG_CACHE_HOME/omni-edge`` when that is an
+      absolute path (the XDG Base Directory spec says to ignore a relative one),
+      else ``~/.cache/omni-edge``;
+    * Windows: ``%LOCALAPPDATA%\\omni-edge\\cache`` (local, not roaming: caches
+      are per machine), else ``~\\AppData\\Local\\omni-edge\\cache``;
+    * macOS: ``~/Library/Caches/omni-edge``.
+
+    The arguments default to this process's ``sys.platform``, environment and home.
+    """
+    platform = sys.platform if platform is None else platform
+    env = os.environ if environ is None else environ
+    home = Path.home() if home is None else home
+    if platform == "win32":
+        local = env.get("LOCALAPPDATA")
+        return (Path(local) if local else home / "AppData" / "Local") / "omni-edge" / "cache"
+    if platform == "darwin":
+        return home / "Library" / "Caches" / "omni-edge"
+    xdg = env.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache") / "omni-edge"
 
 
 def evidence_dir() -> Path:
