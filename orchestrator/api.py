@@ -39,6 +39,11 @@ Guarantees:
   (the in-flight limit, the numbers in flight and waiting) at once.
 * ``close()`` (or leaving the ``with`` block) closes every stage and releases
   every reservation; ``final_ledger`` then shows every pool at zero.
+* Plans read the measurement store (``orchestrator.calibration``): a stage
+  measured on this machine before is budgeted from its measured peaks
+  (``calibration=False`` plans from metadata alone). ``close()`` records each
+  stage's measured peaks, and the Ray runtime's, for the next plan
+  (``record_calibration``; a server calls it periodically too).
 * ``run()`` writes a run record (``omni-edge.run/1``) per call to ``record``
   (a directory, default ``runs/``, or a ``.json`` path); ``record=None`` turns
   it off.
@@ -65,6 +70,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import calibration as cal
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.console import make_console
 from orchestrator.errors import BadRequest, ConfigError, PlanRefused
@@ -144,7 +150,7 @@ def unverified_stages(plan: PipelinePlan) -> list[str]:
 
 
 def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str],
-                       run_gates: Any = None) -> PipelinePlan:
+                       run_gates: Any = None, calibration: cal.CalibrationStore | None = None) -> PipelinePlan:
     """Run the coverage and numeric gates the plan needs (writing evidence), then
     plan again. A placement is never run on the strength of "the EP is listed":
     a gate that refuses it makes the planner take the stage's next candidate, or
@@ -156,7 +162,7 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
         report = run_gates(config, profile, mask)
     # what the gates refused is refused in the new plan, evidence file or not
     results = getattr(report, "results", None) or []
-    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results))
+    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results), calibration=calibration)
 
 
 class Pipeline:
@@ -164,10 +170,14 @@ class Pipeline:
 
     def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
                  address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
-                 log_to_driver: bool = False, max_waiting: int | None = None) -> None:
+                 log_to_driver: bool = False, max_waiting: int | None = None,
+                 calibration: cal.CalibrationStore | None = None) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
+        self.calibration = calibration
+        """Where ``record_calibration`` writes measured peaks (None: nothing is recorded)."""
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         self.config = config
         self.profile = profile
         self.record = record
@@ -194,6 +204,7 @@ class Pipeline:
         start: bool = True,
         verify: bool = True,
         max_waiting: int | None = None,
+        calibration: bool | cal.CalibrationStore = True,
     ) -> Pipeline:
         """Load ``path``, plan it for ``profile`` (a file, a profile, or this
         machine probed), verify the exported placements that have no evidence
@@ -202,18 +213,20 @@ class Pipeline:
         flight (default: as many as may be in flight; 0 refuses at once). Raises
         ``ConfigError`` for bad input,
         ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
-        cannot start."""
+        cannot start. ``calibration``: read (and after the run, write) the measurement
+        store (default), a store of your own, or False for metadata alone."""
         if record is not None:
             rec.check_target(record, what="record")  # before any work, not after the run
         config = load_config(path)
         prof = resolve_profile(profile)
-        plan = plan_pipeline(config, prof, mask=parse_mask(mask))
+        store = calibration_store(calibration)
+        plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store)
         if verify and unverified_stages(plan):
-            plan = verify_then_replan(config, prof, parse_mask(mask))
+            plan = verify_then_replan(config, prof, parse_mask(mask), calibration=store)
         if not plan.admitted:
             raise PlanRefused(plan)
         pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver,
-                       max_waiting=max_waiting)
+                       max_waiting=max_waiting, calibration=store)
         if start:
             pipeline.start(progress=progress)
         return pipeline
@@ -231,6 +244,7 @@ class Pipeline:
         log_to_driver: bool = False,
         verify: bool = True,
         max_waiting: int | None = None,
+        calibration: bool | cal.CalibrationStore = True,
     ) -> Opening:
         """``from_config`` without blocking the event loop: ``await Pipeline.open(...)``
         for the started pipeline, or ``async with Pipeline.open(...) as pipeline:``
@@ -238,7 +252,7 @@ class Pipeline:
         mask = tuple(mask)
         return Opening(lambda: cls.from_config(
             path, profile=profile, mask=mask, address=address, record=record, progress=progress,
-            log_to_driver=log_to_driver, verify=verify, max_waiting=max_waiting))
+            log_to_driver=log_to_driver, verify=verify, max_waiting=max_waiting, calibration=calibration))
 
     def prepare(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``); once."""
@@ -356,9 +370,61 @@ class Pipeline:
     def final_ledger(self) -> dict[str, Any] | None:
         return self.runtime.final_ledger
 
+    # -- calibration -----------------------------------------------------------------
+    def record_calibration(self, prompts: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+        """Write each live stage's measured peaks (and the Ray runtime's) to the measurement
+        store for the next plan: one sample per stage for this pipeline's run, replaced by
+        each later call. Upper bounds are kept labelled and never calibrate. Returns what was
+        recorded (also in ``runtime.calibration_recorded`` for the run record)."""
+        if self.calibration is None or self.profile is None or self.runtime._closed or not self.runtime.load_results:
+            return []
+        texts = [p for p in (prompts if prompts is not None else (r.prompt for r in self.results)) if isinstance(p, str)]
+        longest = max((len(t) for t in texts), default=None)
+        measured = self.runtime.measure()
+        out: list[dict[str, Any]] = []
+        for s in self.runtime.stages:
+            m = measured.get(s.name)
+            if not s.admitted or s.device is None or s.backend is None or not m or not m.get("measured_peak_bytes"):
+                continue
+            key = cal.stage_key(pipeline=self.plan.pipeline, stage=s.name, kind=s.kind, artifact=s.artifact,
+                                device=s.device, backend=s.backend, route=s.route, engine_kwargs=s.engine_kwargs,
+                                profile=self.profile)
+            peak = int(m["measured_peak_bytes"])
+            sample = cal.sample(
+                run=self.run_id, peak=peak, budget=s.budget_bytes(), calibrated=s.calibration is not None,
+                upper_bound=bool(m.get("upper_bound")), load=m.get("load_peak_bytes"),
+                steady=m.get("steady_peak_bytes"), requests=int(m.get("requests") or 0),
+                max_in_flight=int(m.get("max_in_flight") or 0), max_prompt_chars=longest,
+                where=str(m.get("where") or ""), method=str(m.get("method") or ""), pool=s.pool or "host_ram")
+            # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
+            basis = s.reservations if s.calibration is None else ()
+            path = self.calibration.record(key, sample, basis)
+            out.append({"stage": s.name, "entry": str(path), "peak_bytes": peak, "budget_bytes": s.budget_bytes(),
+                        "upper_bound": sample["upper_bound"], "over_budget": sample["over_budget"],
+                        "calibrated": sample["calibrated"]})
+        ray_bytes = self.runtime.ray_memory.get("bytes")
+        if isinstance(ray_bytes, int) and ray_bytes > 0:
+            planned = next((r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None)
+            key = cal.ray_key(self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True)))
+            sample = cal.sample(run=self.run_id, peak=ray_bytes, budget=planned.bytes if planned else None,
+                                calibrated=planned is not None and planned.evidence == "M",
+                                method=str(self.runtime.ray_memory.get("measure") or ""))
+            path = self.calibration.record(key, sample)
+            out.append({"stage": "(ray_runtime)", "entry": str(path), "peak_bytes": ray_bytes,
+                        "budget_bytes": sample["budget_bytes"], "upper_bound": False,
+                        "over_budget": sample["over_budget"], "calibrated": sample["calibrated"]})
+        self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
+        return out
+
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
-        """Close every stage and release every reservation; returns the final ledger."""
+        """Record the measured peaks for the next plan (``record_calibration``), then close
+        every stage and release every reservation; returns the final ledger."""
+        if self.calibration is not None and not self.runtime._closed:
+            try:
+                self.record_calibration()
+            except Exception as exc:  # a measurement store that cannot be written costs the next plan, not this run
+                log.warning("measured peaks were not recorded in %s: %s", self.calibration.root, exc)
         return self.runtime.close()
 
     def __enter__(self) -> Pipeline:
@@ -434,6 +500,13 @@ def _quiet_ray_off_main_thread() -> None:
     worker_log = logging.getLogger("ray._private.worker")
     if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
         worker_log.addFilter(_OffMainThreadNotice())
+
+
+def calibration_store(calibration: bool | cal.CalibrationStore | None) -> cal.CalibrationStore | None:
+    """The measurement store ``calibration`` names: True → the default one, False/None → none."""
+    if isinstance(calibration, cal.CalibrationStore):
+        return calibration
+    return cal.CalibrationStore() if calibration else None
 
 
 def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:

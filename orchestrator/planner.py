@@ -49,6 +49,8 @@ EXTERNAL_RESERVE_HOST = 512 * MiB
 capacity is already what is *available*, so this covers drift, not the OS."""
 SAFETY_MARGIN_BYTES = 512 * MiB
 """Fragmentation and allocator slack per top-level pool."""
+ESTIMATES_NOTE = ("activations, workspaces, transients and margins are estimates (E); the runtime records "
+                  "measured peaks (M) against them")
 RAY_RUNTIME_BYTES = int(0.9 * GiB)
 """A small local Ray cluster plus its actors, as summed RSS: conservative, since RSS
 counts shared pages in every process. The runtime replaces it with its own
@@ -209,10 +211,10 @@ def plan_pipeline(
     notes = []
     if any(s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted):
         notes.append("exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`")
-    if calibrating is None:
-        notes.append("activations, workspaces, transients and margins are estimates (E); the runtime records measured peaks (M) against them")
-    else:
-        notes += _calibration_notes(stage_plans, shared, calibrating)
+    calibrated = _calibration_notes(stage_plans, shared, calibrating) if calibrating is not None else []
+    if not any(s.calibration for s in stage_plans):
+        notes.append(ESTIMATES_NOTE)
+    notes += calibrated
     return PipelinePlan(
         pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
         pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,
@@ -542,7 +544,7 @@ def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reserv
         notes.append(f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
                      "`--no-calibration` plans from metadata alone")
     uncalibrated = [s.name for s in stage_plans if s.admitted and s.calibration is None]
-    if uncalibrated or not used:
-        notes.append(f"{', '.join(uncalibrated) or 'stages'}: no measurement yet, so activations, workspaces, "
-                     "transients and margins are estimates (E); a run records measured peaks (M) for the next plan")
+    if used and uncalibrated:
+        notes.append(f"{', '.join(uncalibrated)}: no measurement yet, so activations, workspaces, transients and "
+                     "margins are estimates (E); a run records measured peaks (M) for the next plan")
     return notes

@@ -338,6 +338,25 @@ def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> She
     return sheet
 
 
+def calibration_sheet(plan: PipelinePlan) -> Sheet | None:
+    """Per calibrated stage: the budget from metadata → from measurements, how it matched,
+    over how many runs, and the margin (None when no stage was calibrated)."""
+    rows = [s for s in plan.stages if s.admitted and s.calibration]
+    if not rows:
+        return None
+    sheet = Sheet("calibration (budget from metadata → from measured peaks)", (
+        Col("stage"), Col("before", "right"), Col("after", "right"), Col("match"), Col("runs", "right"),
+        Col("largest peak", "right"), Col("margin", "right"),
+    ))
+    for s in rows:
+        c = s.calibration or {}
+        match = {"exact": "M", "near": "E from M"}.get(c.get("match", ""), c.get("match", "-"))
+        sheet.add_row(s.name, fmt_bytes(c["before_bytes"]), fmt_bytes(c["after_bytes"]), match,
+                      str(c.get("provenance", {}).get("samples", "-")), fmt_bytes(c["largest_peak_bytes"]),
+                      fmt_bytes(c["margin"]["bytes"]))
+    return sheet
+
+
 def _lifetime(lifetime: str, at_load: bool) -> str:
     # "session" reservations that are not allocated at load (the KV cache) say
     # so; on its own line, so the column stays as narrow as "session".
@@ -388,7 +407,8 @@ def plan_table(plan: PipelinePlan) -> Group:
         style="bold green" if plan.admitted else "bold red",
     )
 
-    parts: list[RenderableType | None] = [head, stages_sheet(plan, notes), reservations_sheet(plan, notes), pools_sheet(plan)]
+    parts: list[RenderableType | None] = [head, stages_sheet(plan, notes), calibration_sheet(plan),
+                                          reservations_sheet(plan, notes), pools_sheet(plan)]
     skipped = [(s.name, r) for s in plan.stages if s.admitted for r in s.refusals]
     if skipped:
         parts.append(Group(

@@ -393,6 +393,8 @@ class _App:
         self.model = pipeline.plan.pipeline
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.runtime)
+        if getattr(pipeline, "calibration", None) is not None:  # measured peaks feed the next plan, while serving
+            self.metrics.recorder = pipeline.record_calibration
         stages = self.runtime.stages
         self.text_stages = {s.name for s in stages if s.final_output and s.final_output_type == "text"}
         self.audio_entry = bool(audio_entry_stages(pipeline.config))

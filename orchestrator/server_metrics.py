@@ -14,6 +14,14 @@ per pool (the ledger actor, asked in a worker thread, never on the event loop),
 and each stage's measured peak (cached; ``runtime.measure()`` runs in a worker
 thread after requests, one refresh at a time). Metric names are listed in
 docs/serving.md.
+
+Drift (docs/calibration.md): after each measurement, a stage whose measured peak
+is above its budget (a judged measurement, not an upper bound) sets
+``omni_edge_stage_over_budget`` and counts once in
+``omni_edge_stage_budget_overruns_total``; ``omni_edge_stage_budget_over_measured``
+is the ratio. With a ``recorder`` (the pipeline's ``record_calibration``), the
+peaks are written to the measurement store at most every ``RECORD_EVERY_S``
+while serving.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +44,8 @@ log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 2.0
 """Peaks are re-measured after requests at most this often (each is an actor call per stage)."""
+RECORD_EVERY_S = 300.0
+"""While serving, measured peaks go to the measurement store at most this often (and at close)."""
 RECENT = 20
 """Requests kept for ``/v1/status``'s ``recent``."""
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -91,6 +102,10 @@ class ServerMetrics:
         self.measured: dict[str, dict[str, Any]] = {}
         self._measuring: asyncio.Task[None] | None = None
         self._measured_at = 0.0
+        self.recorder: Callable[[], Any] | None = None
+        """Writes the measured peaks to the measurement store (``Pipeline.record_calibration``)."""
+        self._recorded_at = time.monotonic()
+        self._over: set[str] = set()
         r, b = self.registry, LATENCY_BUCKETS
         self.requests = Counter(f"{PREFIX}requests", "Requests answered, by endpoint and HTTP status",
                                 ["endpoint", "code"], registry=r)
@@ -120,10 +135,23 @@ class ServerMetrics:
                                   registry=r)
         self.stage_alive = Gauge(f"{PREFIX}stage_alive", "1 when a stage's device actor is alive", ["stage", "device"],
                                  registry=r)
+        self.over_budget = Gauge(f"{PREFIX}stage_over_budget",
+                                 "1 when a stage's measured peak is above its (calibrated) budget", ["stage"],
+                                 registry=r)
+        self.overruns = Counter(f"{PREFIX}stage_budget_overruns",
+                                "Times a stage's measured peak went above its budget", ["stage"], registry=r)
+        self.ratio = Gauge(f"{PREFIX}stage_budget_over_measured", "A stage's budget over its measured peak",
+                           ["stage"], registry=r)
+        self.calibrated = Gauge(f"{PREFIX}stage_calibrated", "1 when a stage's budget came from measured peaks",
+                                ["stage"], registry=r)
+        self.recordings = Counter(f"{PREFIX}calibration_recordings",
+                                  "Times the measured peaks were written to the measurement store", registry=r)
         self.ledger_up = Gauge(f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r)
         self.in_flight_limit.set(runtime.admission.limit)
         for s in runtime.stages:
             self.stage_budget.labels(s.name, s.pool or "?").set(s.budget_bytes())
+            self.calibrated.labels(s.name).set(int(s.calibration is not None))
+            self.over_budget.labels(s.name).set(0)
 
     # -- fed by the app ------------------------------------------------------------
     def refused(self, endpoint: str, status: int) -> None:
@@ -171,6 +199,31 @@ class ServerMetrics:
             self.measured = await asyncio.to_thread(self.runtime.measure)
         except Exception as exc:  # a peak is a figure, not a reason to fail a request
             log.warning("measuring the stages failed: %s", exc)
+            return
+        self.judge(self.measured)
+        if self.recorder is not None and time.monotonic() - self._recorded_at >= RECORD_EVERY_S:
+            self._recorded_at = time.monotonic()
+            try:
+                await asyncio.to_thread(self.recorder)
+                self.recordings.inc()
+            except Exception as exc:  # the next plan loses a sample; the server goes on
+                log.warning("recording the measured peaks failed: %s", exc)
+
+    def judge(self, measured: dict[str, dict[str, Any]]) -> None:
+        """Drift: flag each stage measured above its budget (upper bounds are not judged)."""
+        for name, m in measured.items():
+            peak, budget = m.get("measured_peak_bytes"), m.get("budget_bytes")
+            if peak and budget:
+                self.ratio.labels(name).set(round(budget / peak, 4))
+            over = m.get("within_budget") is False
+            self.over_budget.labels(name).set(int(over))
+            if over and name not in self._over:
+                self.overruns.labels(name).inc()
+                log.warning("stage %s measured %s bytes, above its budget of %s bytes", name, peak, budget)
+            if over:
+                self._over.add(name)
+            else:
+                self._over.discard(name)
 
     async def measured_now(self) -> dict[str, dict[str, Any]]:
         """The cached peaks, measured first when nothing has been yet."""

@@ -4,6 +4,9 @@
 * ``private_cache`` and ``store``: a private OMNI_EDGE_CACHE_DIR per test, so
   evidence never leaks between tests (not autouse: the directories whose tests
   verify placements turn it on in their own conftest.py);
+* ``private_calibration`` (autouse): an empty measurement store
+  (OMNI_EDGE_CALIBRATION_DIR) per module and per test, so no plan depends on
+  the peaks this machine measured before, nor on another test's run;
 * ``ov_host``: one worker in the OpenVINO venv, shared by a module's tests;
 * ``ray_cluster``: one local Ray cluster for the whole session.
 
@@ -14,6 +17,7 @@ hand-written plans in ``tests/helpers/echo.py``.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +111,28 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """This test's own OMNI_EDGE_CACHE_DIR: evidence never leaks between tests."""
     root = tmp_path / "cache"
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An empty measurement store for a module's own fixtures (a pipeline started once per module)."""
+    root = tmp_path_factory.mktemp("calibration")
+    old = os.environ.get("OMNI_EDGE_CALIBRATION_DIR")
+    os.environ["OMNI_EDGE_CALIBRATION_DIR"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("OMNI_EDGE_CALIBRATION_DIR", None)
+    else:
+        os.environ["OMNI_EDGE_CALIBRATION_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def private_calibration(_module_calibration: Path, request: pytest.FixtureRequest,
+                        monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own empty measurement store (created only when something records)."""
+    root = _module_calibration / f"t{abs(hash(request.node.nodeid)):x}"
+    monkeypatch.setenv("OMNI_EDGE_CALIBRATION_DIR", str(root))
     return root
 
 

@@ -6,9 +6,13 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import check_writable, write_json_atomic
+
+if TYPE_CHECKING:
+    from orchestrator.calibration import CalibrationStore
 
 
 def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> None:
@@ -18,8 +22,23 @@ def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> Non
     p.add_argument("--mask", action="append", default=[], metavar="DEVICES", help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
 
 
+def add_calibration_flag(p: argparse.ArgumentParser) -> None:
+    """--no-calibration: what ``plan``, ``run`` and ``serve`` take."""
+    p.add_argument("--no-calibration", action="store_true",
+                   help="plan from metadata alone, ignoring the peaks measured on this machine "
+                        "(the measurement store, docs/calibration.md); run/serve then record none")
+
+
+def calibration_store(args: argparse.Namespace) -> CalibrationStore | None:
+    """The measurement store the command reads (and run/serve write), or None."""
+    from orchestrator.calibration import CalibrationStore
+
+    return None if getattr(args, "no_calibration", False) else CalibrationStore()
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of this machine")
+    add_calibration_flag(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)")
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
 
@@ -40,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 )
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
-    plan = plan_pipeline(config, profile, mask=parse_mask(args.mask, profile))
+    store = calibration_store(args)
+    plan = plan_pipeline(config, profile, mask=parse_mask(args.mask, profile), calibration=store)
     doc = plan.to_json()
     if args.out:
         write_json_atomic(args.out, doc)

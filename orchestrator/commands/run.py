@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from orchestrator.commands.plan import add_pipeline_inputs
+    from orchestrator.commands.plan import add_calibration_flag, add_pipeline_inputs
 
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
     said = p.add_mutually_exclusive_group(required=True)
@@ -70,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
     p.add_argument("--skip-verify", action="store_true",
                    help="run exported placements that have no gate evidence yet (default: run `verify` for them first)")
+    add_calibration_flag(p)
 
 
 def add_request_options(p: argparse.ArgumentParser) -> None:
@@ -252,7 +253,10 @@ def _run(args: argparse.Namespace) -> int:
             if args.system or sampling else prompt
     profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask, profile)
-    plan = plan_pipeline(config, profile, mask=mask)
+    from orchestrator.commands.plan import calibration_store
+
+    store = calibration_store(args)
+    plan = plan_pipeline(config, profile, mask=mask, calibration=store)
     from orchestrator.api import unverified_stages, verify_then_replan
 
     pending = unverified_stages(plan)
@@ -264,7 +268,8 @@ def _run(args: argparse.Namespace) -> int:
 
         console.print(f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]")
         plan = verify_then_replan(config, profile, mask,
-                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console))
+                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
+                                  calibration=store)
     if not plan.admitted:
         from orchestrator.render import print_plan
 
@@ -278,7 +283,8 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.api import Pipeline
     from orchestrator.errors import ConfigError, LedgerLost, Problem, StageFailed
 
-    pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs)
+    pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs,
+                        calibration=store)
     # The request is checked before anything starts (BadRequest, exit 2, nothing
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
@@ -572,7 +578,7 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
         tp = r.get("throughput") or {}
         peak = r.get("measured_peak_bytes")
         ratio = r.get("budget_over_measured")
-        over = ratio is not None and not r.get("within_budget")
+        over = ratio is not None and r.get("within_budget") is False
         timing.add_row(
             r["stage"], r.get("device") or "-", r.get("backend") or "-",
             f"{first * 1000:.0f} ms" if first is not None else "-",
@@ -581,6 +587,7 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
         memory.add_row(
             r["stage"], fmt_bytes(r["budget_bytes"]),
             fmt_bytes(peak) if peak is not None else "-",
-            Text(f"{ratio:.2f}" + (" OVER" if over else ""), style="bold red" if over else "") if ratio is not None else "-",
+            Text(f"{ratio:.2f}" + (" OVER" if over else " (bound)" if r.get("upper_bound") else ""),
+                 style="bold red" if over else "") if ratio is not None else "-",
         )
     console.print(spaced([timing, memory]))

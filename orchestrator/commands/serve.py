@@ -33,7 +33,7 @@ DRAIN_TIMEOUT_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from orchestrator.commands.plan import add_pipeline_inputs
+    from orchestrator.commands.plan import add_calibration_flag, add_pipeline_inputs
 
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
     p.add_argument("--host", default="127.0.0.1",
@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="requests that may wait for a slot beyond those in flight; more are answered 429 "
                         "(default: as many as may be in flight)")
+    add_calibration_flag(p)
 
 
 def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
@@ -119,7 +120,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
     pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
                                     record=None, progress=True, log_to_driver=args.ray_logs,
-                                    verify=not args.skip_verify, max_waiting=args.max_waiting)
+                                    verify=not args.skip_verify, max_waiting=args.max_waiting,
+                                    calibration=not args.no_calibration)
     stopped_by: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

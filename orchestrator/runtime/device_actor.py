@@ -74,8 +74,13 @@ class _Hosted:
     tree_request_growth: int = 0
     load_note: str = ""
     """Set when the load overlapped another in this actor: how it was measured then."""
+    upper_bound: bool = False
+    """The figure counts another stage's load too (it loaded in this process at the same
+    time): an upper bound, not this stage's peak. Never judged over budget, never calibrates."""
     busy: int = 0
     requests: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
     measured: dict[str, Any] = field(default_factory=dict)
 
 
@@ -159,6 +164,11 @@ class DeviceActor:
             elif overlapped:
                 hosted.load_note = ("another stage loaded in this process at the same time and is counted too: "
                                     "an upper bound")
+                hosted.upper_bound = True
+        elif overlapped and hosted.load_info.get("in_process"):
+            hosted.load_note = ("another stage loaded in this process at the same time and the runner's own "
+                                "measure of this process counts it too: an upper bound")
+            hosted.upper_bound = True
         self.stages[name] = hosted
         self.order.append(name)
         await self.ledger.release.remote(name, "load")
@@ -185,29 +195,45 @@ class DeviceActor:
 
     def _measure(self, h: _Hosted) -> dict[str, Any]:
         own = h.runner.measured_peak_bytes()
+        load: int | None
+        steady: int | None
         if own is not None:
             peak, method = int(own), f"{type(h.runner).__name__}.measured_peak_bytes()"
+            lp = h.load_info.get("load_peak_growth_bytes")
+            load = min(int(lp), peak) if isinstance(lp, int) else None
+            steady = peak if load is not None and peak > load else None
         else:
             growth = h.tree_request_growth
             if h.busy and h.request_meter is not None:
                 growth = max(growth, h.request_meter.window_growth)
-            peak = max(h.tree_load_peak, h.tree_resident + growth)
+            load, steady = h.tree_load_peak, h.tree_resident + growth
+            peak = max(load, steady)
             method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
                       "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
                       "the processes its load started, else in the actor's own process)")
-            if h.load_note:
-                method += f"; {h.load_note}"
+        if h.load_note:
+            method += f"; {h.load_note}"
         budget = h.plan.budget_bytes()
+        judged: dict[str, Any] = {"within_budget": peak <= budget}
+        if h.upper_bound:
+            # not this stage's peak: another load in this process is in the figure
+            judged = {"within_budget": None, "within_budget_reason": (
+                "not judged: the figure is an upper bound (another stage loaded in this process at the same "
+                "time and is counted too)")}
         return {
             "measured_peak_bytes": peak,
+            "load_peak_bytes": load,
+            "steady_peak_bytes": steady,
+            "upper_bound": h.upper_bound,
             "budget_bytes": budget,
             "budget_over_measured": round(budget / peak, 3) if peak else None,
-            "within_budget": peak <= budget,
+            **judged,
             "evidence": "M",
             "method": method,
             "where": f"{socket.gethostname()}:{self.device} pid {os.getpid()}",
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "requests": h.requests,
+            "max_in_flight": h.max_in_flight,
         }
 
     async def measure(self, stage: str) -> dict[str, Any]:
@@ -264,6 +290,8 @@ class DeviceActor:
         first: float | None = None
         n, chars, audio_s = 0, 0, 0.0
         h.requests += 1
+        h.in_flight += 1
+        h.max_in_flight = max(h.max_in_flight, h.in_flight)
         if h.request_meter is not None:
             if h.busy == 0:
                 h.request_meter.rebase()
@@ -290,6 +318,7 @@ class DeviceActor:
         except Exception as exc:
             raise StageFailed(stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}") from None
         finally:
+            h.in_flight -= 1
             await agen.aclose()
             if h.request_meter is not None:
                 h.busy -= 1

@@ -68,6 +68,16 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
         last = per_request[-1] if per_request else {}
         budget = s.budget_bytes()
         peak = m.get("measured_peak_bytes")
+        upper_bound = bool(m.get("upper_bound"))
+        judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
+        if upper_bound:
+            judged = {"within_budget": None, "within_budget_reason": m.get("within_budget_reason") or
+                      "not judged: the figure is an upper bound (another load in the same process is counted)"}
+        drift = None
+        if s.calibration is not None and peak is not None and peak > budget and not upper_bound:
+            drift = {"over_by_bytes": peak - budget, "calibrated_budget_bytes": budget,
+                     "match": s.calibration.get("match"),
+                     "note": "measured above its calibrated budget: the next plan widens the margin"}
         rows.append({
             "stage": s.name,
             "kind": s.kind,
@@ -80,7 +90,13 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
             "budget_bytes": budget,
             "measured_peak_bytes": peak,
             "budget_over_measured": round(budget / peak, 3) if peak else None,
-            "within_budget": (peak <= budget) if peak is not None else None,
+            **judged,
+            "upper_bound": upper_bound,
+            "load_peak_bytes": m.get("load_peak_bytes"),
+            "steady_peak_bytes": m.get("steady_peak_bytes"),
+            "max_in_flight": m.get("max_in_flight"),
+            "calibration": s.calibration,
+            "drift": drift,
             "measured_by": m.get("method"),
             "measured_where": m.get("where"),
             "measured_when": m.get("when"),
@@ -105,9 +121,19 @@ def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any
             "startup": runtime.startup,
         },
         "ledger": _ledger_summary(ledger or {}),
+        "calibration": calibration_summary(runtime),
         "versions": versions(runtime.routes),
         "plan": runtime.plan.to_json(),
         **(extra or {}),
+    }
+
+
+def calibration_summary(runtime: Any) -> dict[str, Any]:
+    """Which stages were planned from measurements, and what the run recorded for the next plan
+    (``runtime.calibration_recorded``, set when the pipeline wrote the measurement store)."""
+    return {
+        "calibrated_stages": [s.name for s in runtime.stages if s.calibration is not None],
+        "recorded": getattr(runtime, "calibration_recorded", None),
     }
 
 
