@@ -34,6 +34,12 @@ from typing import Any
 from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.ort import worker as route_worker
+from orchestrator.ort.hostproc import (
+    HOST_PROCESS,
+    PathTranslationError,
+    is_windows_interpreter,
+    windows_path,
+)
 from orchestrator.packages import require_one_ort_flavour
 from orchestrator.profile import THIS_PROCESS
 
@@ -64,12 +70,14 @@ class ResolvedRoute:
         A host-process route crosses from WSL2 to Windows (the profile format
         defines it so), and a process on this side that runs a Windows
         ``python.exe`` can only be inside WSL: that interpreter needs
-        ``\\\\wsl.localhost\\...`` paths (``wslpath -w``). Every other route
-        shares this file system.
+        ``\\\\wsl.localhost\\...`` paths (``wslpath -w``; ``orchestrator.ort.hostproc``).
+        Every other route shares this file system.
         """
-        if self.kind == "host-process" and (self.python or "").lower().endswith(".exe") and os.name != "nt":
-            out = subprocess.run(["wslpath", "-w", str(path)], capture_output=True, text=True, check=True, timeout=10)
-            return out.stdout.strip()
+        if self.kind == HOST_PROCESS and is_windows_interpreter(self.python) and os.name != "nt":
+            try:
+                return windows_path(str(path))
+            except PathTranslationError as exc:
+                raise RouteError(str(exc), "run omni-edge inside WSL2 (where wslpath exists) to use a host-process route") from None
         return str(path)
 
 

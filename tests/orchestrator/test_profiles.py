@@ -23,6 +23,7 @@ GiB = 2**30
 
 EXPECTED_DEVICES = {
     "strix-point-rtx5090-wsl.json": ["cpu", "gpu:0", "igpu:0", "npu:0"],
+    "strix-point-rtx5090-wsl-hostproc.json": ["cpu", "gpu:0", "igpu:0", "npu:0"],
     "strix-point-rtx5090-windows.json": ["cpu", "gpu:0", "igpu:0", "npu:0"],
     "lunar-lake-32gb.json": ["cpu", "igpu:0", "npu:0"],
     "snapdragon-x-elite-32gb.json": ["cpu", "igpu:0", "npu:0"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from orchestrator.ort.routes import (
     runtime_identity,
     static_refusal,
 )
-from orchestrator.ort.sessions import ResolvedRoute
 from orchestrator.profile import Route, load_profile
 from tests.helpers.graphs import OV_PYTHON, REPO, machine_profile
 
@@ -117,23 +115,6 @@ def test_a_declared_host_process_route_is_how_wsl_reaches_the_npu() -> None:
     profile = parse_profile(doc)
     npu = profile.device("npu:0")
     assert npu is not None and static_refusal(profile, npu, "ort-vitisai") is None
-
-
-def test_host_process_routes_get_windows_paths_from_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.ort import sessions
-
-    calls: list[list[str]] = []
-
-    def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, stdout="\\\\wsl.localhost\\Ubuntu\\home\\me\\voice.onnx\n", stderr="")
-
-    monkeypatch.setattr(sessions.subprocess, "run", fake_run)
-    host = ResolvedRoute("win", "host-process", "/mnt/c/Users/me/env/Scripts/python.exe")
-    assert host.path_for_route("/home/me/voice.onnx") == "\\\\wsl.localhost\\Ubuntu\\home\\me\\voice.onnx"
-    assert calls == [["wslpath", "-w", "/home/me/voice.onnx"]]
-    local = ResolvedRoute("venv", "interpreter", "/opt/venv/bin/python")
-    assert local.path_for_route("/home/me/voice.onnx") == "/home/me/voice.onnx"
 
 
 def test_runtime_identity_reads_dist_info_without_running_the_interpreter(tmp_path: Path) -> None:

@@ -1,0 +1,271 @@
+"""The host-process route (WSL2 → a Windows-side python.exe), exercised on Linux.
+
+There is no Windows here. A Linux interpreter stands in for ``python.exe``: a
+script named ``python.exe`` that runs this environment's Python and, like
+Windows, can open only Windows-spelled paths — a ``\\\\wsl.localhost\\<distro>\\...``
+path (WSL's share of the Linux files) or a drive path; a raw ``/home/...`` path
+fails there as it would on Windows. Path translation is checked against
+recorded ``wslpath -w`` output (wslpath_recorded.json). What this cannot show:
+WSL interop itself, the Windows file share, and the DirectML/VitisAI EPs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.ort import hostproc, worker
+from orchestrator.ort.hostproc import PathTranslationError, route_kind_for, translate, windows_path
+from orchestrator.ort.routes import resolve
+from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
+from orchestrator.profile import Route, load_profile
+from tests.conftest import REPO
+from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
+
+RECORDED = json.loads((Path(__file__).parent / "wslpath_recorded.json").read_text())["pairs"]
+HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
+DISTRO = "Ubuntu-Standin"
+
+STANDIN = r'''#!{python}
+"""Stands in for a Windows python.exe started from WSL2 (tests/orchestrator/ort/test_host_process_route.py)."""
+import json, re, sys
+
+LOG = {log!r}
+SHARE = "\\\\wsl.localhost\\" + {distro!r} + "\\"
+
+
+def linux(path):
+    """Open what Windows could open: the WSL share or a drive; never a raw Linux path."""
+    if path.startswith(SHARE):
+        return "/" + path[len(SHARE):].replace("\\", "/")
+    if re.match(r"^[A-Za-z]:\\", path):
+        return "/mnt/" + path[0].lower() + "/" + path[3:].replace("\\", "/")
+    raise FileNotFoundError(f"[WinError 3] The system cannot find the path specified: {{path!r}}")
+
+
+with open(LOG, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:]}}) + "\n")
+assert sys.argv[1:3] == ["-I", "-c"], sys.argv
+n = int(sys.stdin.buffer.readline())
+g = {{"__name__": "omni_edge_route_worker"}}
+exec(compile(sys.stdin.buffer.read(n), "omni_edge_route_worker.py", "exec"), g)
+original = g["Sessions"].open
+
+
+def open_as_windows(self, spec, **kw):
+    with open(LOG, "a") as f:
+        f.write(json.dumps({{"graph": spec["graph"], "provider_options": spec["provider_options"]}}) + "\n")
+    options = [{{k: linux(v) if k in ("cache_dir", "config_file") else v for k, v in o.items()}}
+               for o in spec["provider_options"]]
+    return original(self, {{**spec, "graph": linux(spec["graph"]), "provider_options": options}}, **kw)
+
+
+g["Sessions"].open = open_as_windows
+g["main"]()
+'''
+
+
+def standin_python(tmp_path: Path) -> tuple[Path, Path]:
+    """(the stand-in python.exe, its log), laid out as a Windows venv: ``Scripts\\python.exe``
+    and ``Lib\\site-packages\\<build>.dist-info``, which is how the planner names a
+    route's onnxruntime build without starting it (here: the build the stand-in runs)."""
+    log = tmp_path / "standin.log"
+    venv = tmp_path / "Windows" / "omni-edge" / "venv-directml"
+    exe = venv / "Scripts" / "python.exe"
+    exe.parent.mkdir(parents=True)
+    dist, version = worker.runtime_identity()
+    assert dist and version
+    (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(parents=True)
+    exe.write_text(STANDIN.format(python=sys.executable, log=str(log), distro=DISTRO))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe, log
+
+
+def log_lines(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.fixture
+def inside_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WSL's environment as far as translation sees it: a distribution name, no wslpath on PATH."""
+    monkeypatch.setenv("WSL_DISTRO_NAME", DISTRO)
+    monkeypatch.setattr(hostproc.shutil, "which", lambda *a, **k: None)
+
+
+# ---- path translation ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair", RECORDED, ids=lambda p: p["path"])
+def test_translation_matches_recorded_wslpath_output(pair: dict[str, str]) -> None:
+    assert translate(pair["path"], distro=pair["distro"], share=pair["share"]) == pair["windows"]
+
+
+def test_translation_normalises_and_refuses_relative_paths() -> None:
+    assert translate("/home//me/./a/../x.onnx", distro="Ubuntu") == "\\\\wsl.localhost\\Ubuntu\\home\\me\\x.onnx"
+    assert translate("/mnt/c", distro="Ubuntu") == "C:\\"
+    assert translate("/mnt/wsl/x", distro="Ubuntu") == "\\\\wsl.localhost\\Ubuntu\\mnt\\wsl\\x"  # not a drive
+    with pytest.raises(PathTranslationError):
+        translate("rel/x.onnx", distro="Ubuntu")
+
+
+def test_wslpath_itself_is_asked_when_it_is_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in wslpath that replays the recorded pairs: its answer is what the route uses."""
+    replay = {p["path"]: p["windows"] for p in RECORDED}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "replay.json").write_text(json.dumps(replay))
+    fake = bin_dir / "wslpath"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nassert sys.argv[1] == '-w'\n"
+                    f"print(json.load(open({str(bin_dir / 'replay.json')!r}))[sys.argv[2]])\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("WSL_DISTRO_NAME", raising=False)
+    hostproc._wslpath.cache_clear()
+    for path, expected in replay.items():
+        assert windows_path(path) == expected
+    route = ResolvedRoute("win", "host-process", "/mnt/c/omni-edge/venv-directml/Scripts/python.exe")
+    assert route.path_for_route(RECORDED[2]["path"]) == RECORDED[2]["windows"]
+    assert ResolvedRoute("venv", "interpreter", "/opt/venv/bin/python").path_for_route("/home/me/x") == "/home/me/x"
+
+
+def test_without_wslpath_or_a_distribution_the_route_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WSL_DISTRO_NAME", raising=False)
+    monkeypatch.setattr(hostproc.shutil, "which", lambda *a, **k: None)
+    route = ResolvedRoute("win", "host-process", "/mnt/c/x/python.exe")
+    with pytest.raises(RouteError, match="no wslpath on PATH and WSL_DISTRO_NAME is not set") as info:
+        route.path_for_route("/home/me/x.onnx")
+    assert "inside WSL2" in info.value.remedy
+
+
+def test_an_exe_given_from_inside_wsl_is_a_host_process_route() -> None:
+    assert route_kind_for("/mnt/c/omni-edge/venv-directml/Scripts/python.exe", wsl=True) == "host-process"
+    assert route_kind_for("/mnt/c/omni-edge/venv-directml/Scripts/python.exe", wsl=False) == "interpreter"
+    assert route_kind_for(".venvs/openvino/bin/python", wsl=True) == "interpreter"
+
+
+# ---- a real session through the stand-in ----------------------------------------------
+
+
+@pytest.mark.ort
+def test_a_session_opens_and_runs_through_the_stand_in_route(tmp_path: Path, inside_wsl: None) -> None:
+    exe, log = standin_python(tmp_path)
+    art = write_artifact(tmp_path / "art", "full")
+    graph = art / "fp32.onnx"
+    route = resolve(Route(name="windows-directml", kind="host-process", python=str(exe)))
+    sessions = open_sessions(route)
+    try:
+        info = sessions.probe()
+        assert "CPUExecutionProvider" in info["providers"]
+        opened = sessions.open({"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}],
+                                "session_options": {}, "session_config": {}})
+        feeds = GRAPHS["full"][1]()
+        out = sessions.run(opened["handle"], feeds)["outputs"]
+    finally:
+        sessions.shutdown()
+    expected = cpu_outputs(graph, feeds)
+    assert set(out) == set(expected) and all(np.array_equal(out[k], expected[k]) for k in expected)
+    lines = log_lines(log)
+    assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
+    # the worker was handed the Windows spelling of the graph, as wslpath -w writes it
+    assert lines[1]["graph"] == f"\\\\wsl.localhost\\{DISTRO}" + str(graph).replace("/", "\\")
+
+
+@pytest.mark.ort
+def test_an_untranslated_path_fails_in_the_stand_in_as_on_windows(tmp_path: Path, inside_wsl: None) -> None:
+    """The stand-in is not lenient: a route that skipped translation would fail here."""
+    exe, _ = standin_python(tmp_path)
+    graph = write_artifact(tmp_path / "art", "full") / "fp32.onnx"
+    sessions = open_sessions(ResolvedRoute("windows", "interpreter", str(exe)))  # an interpreter route: no translation
+    try:
+        with pytest.raises(Exception, match="cannot find the path specified"):
+            sessions.open({"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}]})
+    finally:
+        sessions.shutdown()
+
+
+@pytest.mark.ort
+def test_verify_goes_through_the_host_process_route(
+    tmp_path: Path, inside_wsl: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("orchestrator.verify.run.running_in_wsl", lambda: True)  # the stand-in's premise
+    exe, log = standin_python(tmp_path)
+    write_artifact(tmp_path / "art", "full")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True,
+    }]}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "omni-edge.profile/1", "name": "WSL2 box with a stand-in Windows interpreter",
+        "host": {"os": "linux", "wsl": True, "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"],
+                     "backend_routes": {"ort-cpu": "windows-standin"}}],
+        "routes": [{"name": "this-process"},
+                   {"name": "windows-standin", "kind": "host-process", "python": str(exe),
+                    "providers": ["CPUExecutionProvider"]}],
+    }))
+    assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["backend"], r["status"]) for r in doc["results"]] == [("ort-cpu", "passed")]
+    assert doc["plan"]["stages"]["net"] == {"device": "cpu", "backend": "ort-cpu", "verification": "verified"}
+    graphs = [line["graph"] for line in log_lines(log) if "graph" in line]
+    assert graphs and all(g.startswith(f"\\\\wsl.localhost\\{DISTRO}\\") for g in graphs)
+
+
+# ---- the shipped WSL profile with host-process routes --------------------------------------
+
+
+def test_the_hostproc_profile_reaches_the_igpu_and_npu_through_windows_python() -> None:
+    p = load_profile(HOSTPROC)
+    assert p.host.wsl
+    for device_id, backend, route_name in (("igpu:0", "ort-dml", "windows-directml"),
+                                           ("npu:0", "ort-vitisai", "windows-ryzen-ai")):
+        device = p.device(device_id)
+        assert device is not None
+        route = p.route(device.route_for(backend))
+        assert route is not None and route.name == route_name
+        assert route.kind == "host-process" and route.reachable and (route.python or "").endswith("python.exe")
+
+
+def test_plan_puts_the_thinker_on_the_rtx_through_vllm_and_the_voice_on_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(["plan", str(REPO / "configs/voice-assistant.yaml"), "--profile", str(HOSTPROC), "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["admitted"]
+    stages = {s["name"]: s for s in plan["stages"]}
+    assert (stages["thinker"]["device"], stages["thinker"]["backend"], stages["thinker"]["route"]) == (
+        "gpu:0", "vllm-cuda", "this-process")
+    voice = stages["voice"]
+    # the NPU is reachable now; it is the voice's fp32-only graph that keeps it off (VitisAI runs int8/bf16)
+    assert (voice["device"], voice["backend"], voice["route"]) == ("igpu:0", "ort-dml", "windows-directml")
+    assert voice["verification"]["details"]["route"]["kind"] == "host-process"
+    npu = [r for r in voice["refusals"] if r["device"] == "npu:0"]
+    assert [r["code"] for r in npu] == ["no_exported_graph"]
+    # the same laptop without the host-process routes: the voice falls back to the CPU
+    code = main(["plan", str(REPO / "configs/voice-assistant.yaml"),
+                 "--profile", str(REPO / "configs/profiles/strix-point-rtx5090-wsl.json"), "--json"])
+    wsl = {s["name"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
+    assert code == 0 and wsl["voice"]["device"] == "cpu"
+    assert {r["code"] for r in wsl["voice"]["refusals"]} == {"device_unreachable_from_this_process"}
+
+
+def test_the_stand_in_is_started_the_way_wsl_interop_starts_an_exe(tmp_path: Path) -> None:
+    """A sanity check of the stand-in itself: it runs as a program named python.exe."""
+    exe, log = standin_python(tmp_path)
+    proc = subprocess.run([str(exe), "-I", "-c", "x"], input=b"0\n", capture_output=True, timeout=60)
+    assert proc.returncode != 0  # an empty program has no main(): it fails, after logging its argv
+    assert log_lines(log)[0]["argv"] == ["-I", "-c", "x"]
