@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=PYTHON",
         action="append",
         default=[],
-        help="also probe this interpreter (e.g. openvino-venv=.venvs/openvino/bin/python); repeatable",
+        help="also probe this interpreter (e.g. openvino-venv=.venvs/openvino/bin/python; from WSL2 a "
+        "Windows python.exe such as /mnt/c/omni-edge/venv-directml/Scripts/python.exe, a host-process "
+        "route); repeatable",
     )
     parser.add_argument(
         "--no-default-routes",
@@ -63,9 +65,12 @@ def parse_route_arg(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.ort.hostproc import route_kind_for
     from orchestrator.probe import probe_profile
+    from orchestrator.probe.host import running_in_wsl
 
     routes = []
+    wsl = running_in_wsl()
     for i, text in enumerate(args.route):
         try:
             name, python = parse_route_arg(text)
@@ -73,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError.single(
                 f"--route #{i + 1}", str(exc), "write --route NAME=PATH/TO/python"
             ) from None
-        routes.append(Route(name=name, kind="interpreter", python=python))
+        # a Windows python.exe given from inside WSL2 is a host-process route (paths get translated)
+        routes.append(Route(name=name, kind=route_kind_for(python, wsl=wsl), python=python))
     names = [r.name for r in routes]
     if THIS_PROCESS in names or len(set(names)) != len(names):
         raise ConfigError.single(

@@ -269,3 +269,17 @@ def test_the_stand_in_is_started_the_way_wsl_interop_starts_an_exe(tmp_path: Pat
     proc = subprocess.run([str(exe), "-I", "-c", "x"], input=b"0\n", capture_output=True, timeout=60)
     assert proc.returncode != 0  # an empty program has no main(): it fails, after logging its argv
     assert log_lines(log)[0]["argv"] == ["-I", "-c", "x"]
+
+
+@pytest.mark.ort
+def test_probe_route_with_a_windows_exe_from_wsl_declares_a_host_process_route(
+    tmp_path: Path, inside_wsl: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("orchestrator.probe.host.running_in_wsl", lambda: True)  # the stand-in's premise
+    exe, _ = standin_python(tmp_path)
+    assert main(["probe", "--json", "--no-default-routes", "--route", f"windows-directml={exe}"]) == 0
+    routes = {r["name"]: r for r in json.loads(capsys.readouterr().out)["routes"]}
+    win = routes["windows-directml"]
+    assert (win["kind"], win["python"], win["reachable"]) == ("host-process", str(exe), True)
+    assert "CPUExecutionProvider" in win["providers"]
