@@ -15,8 +15,11 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
    together). A load that overlapped another in this actor, by a runner that
    does not measure itself, is measured over the processes its load started
    (an ONNX Runtime route worker), since the actor's own process grew for the
-   other load too; when it started none, the actor's tree is measured and the
-   figure, an upper bound, says so.
+   other load too. A figure that grew this process while another load that
+   grew it too ran beside it (a runner measuring its own process, or one that
+   started no process) is an upper bound: it says so (``upper_bound``), is
+   not judged against the budget (``within_budget`` null, with the reason)
+   and never calibrates a plan.
 3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
    streaming generator (``num_returns="streaming"``) of ``("out", item)``
    tuples, then one ``("stats", figures)``. Its input is ``initial`` (the
@@ -74,9 +77,10 @@ class _Hosted:
     tree_request_growth: int = 0
     load_note: str = ""
     """Set when the load overlapped another in this actor: how it was measured then."""
-    upper_bound: bool = False
-    """The figure counts another stage's load too (it loaded in this process at the same
-    time): an upper bound, not this stage's peak. Never judged over budget, never calibrates."""
+    overlapped_with: set[str] = field(default_factory=set)
+    """The stages whose loads ran in this actor while this one loaded."""
+    in_process: bool = True
+    """Whether the load grew this actor's own process (False: it ran in processes it started)."""
     busy: int = 0
     requests: int = 0
     in_flight: int = 0
@@ -95,8 +99,8 @@ class DeviceActor:
         self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
         self.ended: dict[tuple[str, str], None] = {}
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
-        self._loading: dict[str, bool] = {}
-        """Loads in flight: stage -> whether another load ran beside it."""
+        self._loading: dict[str, set[str]] = {}
+        """Loads in flight: stage -> the other loads that ran beside it."""
         self._importing = asyncio.Lock()
         """Held while a stage's ``runner_imports`` are imported: one stage at a time."""
         self.ledger_error: str | None = None
@@ -142,6 +146,8 @@ class DeviceActor:
         except BaseException as exc:
             meter.stop()
             self._loading.pop(name, None)
+            for others in self._loading.values():
+                others.discard(name)  # a failed load holds nothing: it counts in no one's figure
             if runner is not None:
                 try:
                     await asyncio.to_thread(runner.close)
@@ -151,24 +157,20 @@ class DeviceActor:
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
         meter.stop()
-        overlapped = self._loading.pop(name, overlapped)
+        overlapped_with = self._loading.pop(name, set())
+        overlapped = bool(overlapped_with) or overlapped
         hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
-                         meter.peak_growth, meter.growth)
+                         meter.peak_growth, meter.growth, overlapped_with=set(overlapped_with))
         if runner.measured_peak_bytes() is None:
             own = [p for p in descendants(os.getpid()) if p not in before]
+            hosted.in_process = not own
             hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
             if overlapped and own:
                 hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
                 hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
                                     "over the processes it started")
-            elif overlapped:
-                hosted.load_note = ("another stage loaded in this process at the same time and is counted too: "
-                                    "an upper bound")
-                hosted.upper_bound = True
-        elif overlapped and hosted.load_info.get("in_process"):
-            hosted.load_note = ("another stage loaded in this process at the same time and the runner's own "
-                                "measure of this process counts it too: an upper bound")
-            hosted.upper_bound = True
+        else:
+            hosted.in_process = bool(hosted.load_info.get("in_process", True))
         self.stages[name] = hosted
         self.order.append(name)
         await self.ledger.release.remote(name, "load")
@@ -186,12 +188,25 @@ class DeviceActor:
 
     def _begin_load(self, name: str) -> bool:
         """Note a load in flight; every load running now (this one too) overlapped
-        another when there is more than one. Returns whether this one did so far."""
-        self._loading[name] = False
-        if len(self._loading) > 1:
-            for other in self._loading:
-                self._loading[other] = True
-        return self._loading[name]
+        the others. Returns whether this one did so far."""
+        self._loading[name] = set()
+        for other, others in self._loading.items():
+            if other != name:
+                others.add(name)
+                self._loading[name].add(other)
+        return bool(self._loading[name])
+
+    def _upper_bound(self, h: _Hosted) -> str | None:
+        """Why ``h``'s figure is only an upper bound, or None: its load grew this process while
+        another load that also grew this process ran beside it (a load measured over the
+        processes it started, or beside loads that ran in theirs, is its own)."""
+        if not h.in_process or not h.overlapped_with:
+            return None
+        in_process = [o for o in sorted(h.overlapped_with) if o not in self.stages or self.stages[o].in_process]
+        if not in_process:
+            return None
+        return (f"{', '.join(in_process)} loaded in this process at the same time and is counted too: "
+                "an upper bound")
 
     def _measure(self, h: _Hosted) -> dict[str, Any]:
         own = h.runner.measured_peak_bytes()
@@ -211,20 +226,20 @@ class DeviceActor:
             method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
                       "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
                       "the processes its load started, else in the actor's own process)")
-        if h.load_note:
-            method += f"; {h.load_note}"
+        bound = self._upper_bound(h)
+        for note in (h.load_note, bound):
+            if note:
+                method += f"; {note}"
         budget = h.plan.budget_bytes()
         judged: dict[str, Any] = {"within_budget": peak <= budget}
-        if h.upper_bound:
+        if bound:
             # not this stage's peak: another load in this process is in the figure
-            judged = {"within_budget": None, "within_budget_reason": (
-                "not judged: the figure is an upper bound (another stage loaded in this process at the same "
-                "time and is counted too)")}
+            judged = {"within_budget": None, "within_budget_reason": f"not judged: {bound}"}
         return {
             "measured_peak_bytes": peak,
             "load_peak_bytes": load,
             "steady_peak_bytes": steady,
-            "upper_bound": h.upper_bound,
+            "upper_bound": bound is not None,
             "budget_bytes": budget,
             "budget_over_measured": round(budget / peak, 3) if peak else None,
             **judged,
