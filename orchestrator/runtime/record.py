@@ -8,7 +8,12 @@ What it holds (docs/runtime.md documents every field):
   the figures of its ``done`` event;
 * ``stages[]`` — per stage: device, backend, route, load time, time to first
   output, throughput, the plan's budget next to the measured peak (evidence
-  M) with the ratio budget/measured and how it was measured;
+  M) with the ratio budget/measured and how it was measured; whether the
+  figure is only an upper bound (then ``within_budget`` is null, with
+  ``within_budget_reason``), the plan's ``calibration`` and ``drift`` (a
+  measured peak above a calibrated budget; docs/calibration.md);
+* ``calibration`` — the stages planned from measurements, and what this run
+  recorded in the measurement store;
 * ``runtime`` — Ray start-up time, Ray's measured memory and how, the actor
   start-up time;
 * ``ledger`` — the ledger actor's pools and holders when the record was made;
