@@ -100,6 +100,33 @@ class Device(_Strict):
         return HOST_RAM
 
 
+class EpDevice(_Strict):
+    """One entry of ``onnxruntime.get_ep_devices()`` in a route: an EP paired with a device."""
+
+    ep_name: str = Field(description="The execution provider, e.g. QNNExecutionProvider.")
+    ep_vendor: str = Field("", description="Who made the EP.")
+    device_type: str = Field(description="The hardware device's type: CPU, GPU or NPU.")
+    vendor: str = Field("", description="The device's vendor as ONNX Runtime names it.")
+    vendor_id: int = Field(0, ge=0, description="PCI-style vendor id (0x8086 Intel, 0x1002 AMD, ...).")
+    device_id: int = Field(0, ge=0, description="The vendor's device id.")
+    ep_metadata: dict[str, str] = Field(default_factory=dict, description="The EP's own key/values for the device (OpenVINO: ov_device).")
+    device_metadata: dict[str, str] = Field(default_factory=dict, description="The device's key/values (Windows: Description, DxgiAdapterNumber, ...).")
+
+
+class PluginEpStatus(_Strict):
+    """What registering one plugin EP package in a route gave."""
+
+    package: str = Field(description="The PyPI distribution, e.g. onnxruntime-ep-openvino.")
+    ep: str = Field(description="The EP it provides.")
+    registration: str = Field(description="The name its library was registered under.")
+    version: str | None = Field(None, description="Its installed version.")
+    library: str | None = Field(None, description="The library registered.")
+    status: Literal["registered", "not installed", "not a plugin", "unsupported", "failed"] = Field(
+        description="registered; not installed; not a plugin (a version that is a full build); unsupported (onnxruntime < 1.22); failed.")
+    error: str | None = Field(None, description="Why it is not registered.")
+    devices: int = Field(0, ge=0, description="How many get_ep_devices() entries name its EP.")
+
+
 class Route(_Strict):
     name: str = Field(description="Route name referenced by devices[].route.")
     kind: Literal["this-process", "interpreter", "host-process"] = Field(
@@ -116,6 +143,12 @@ class Route(_Strict):
         None, description="ONNX Runtime execution providers the route offers, when probed."
     )
     ort_version: str | None = Field(None, description="onnxruntime version in the route, when probed.")
+    ep_devices: list[EpDevice] | None = Field(
+        None, description="What onnxruntime.get_ep_devices() listed in the route (after registering plugin EPs), when probed.",
+    )
+    plugin_eps: list[PluginEpStatus] | None = Field(
+        None, description="The plugin EP packages installed in the route and what registering each gave, when probed.",
+    )
 
 
 class HardwareProfile(_Strict):

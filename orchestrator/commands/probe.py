@@ -22,6 +22,8 @@ from orchestrator.units import fmt_bytes
 if TYPE_CHECKING:
     from rich.console import Console, Group
 
+    from orchestrator.render import Sheet
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -183,7 +185,29 @@ def profile_view(profile: HardwareProfile) -> Group:
             "\n".join(r.providers or []) or "-",
             notes.note(why, footnote=f"{r.name}: {why}") if why else "-",
         )
-    return spaced([head, devices, backends, pools, routes_t])
+    return spaced([head, devices, backends, pools, routes_t, *ep_device_sheets(profile)])
+
+
+def ep_device_sheets(profile: HardwareProfile) -> list[Sheet]:
+    """What ``onnxruntime.get_ep_devices()`` listed in each route (after registering the
+    plugin EPs installed there), and those plugin packages with what registering gave."""
+    from orchestrator.render import Col, Sheet
+
+    found = Sheet("EP devices (onnxruntime.get_ep_devices())", (
+        Col("route"), Col("EP"), Col("type"), Col("vendor", wrap=True), Col("device"),
+    ))
+    plugins = Sheet("plugin EPs", (Col("route"), Col("package"), Col("status", wrap=True)))
+    for r in profile.routes:
+        for e in r.ep_devices or []:
+            detail = e.ep_metadata.get("ov_device") or f"0x{e.device_id:04x}"
+            found.add_row(r.name, e.ep_name.removesuffix("ExecutionProvider"), e.device_type,
+                          f"{e.vendor} (0x{e.vendor_id:04x})", detail)
+        for p in r.plugin_eps or []:
+            status = f"{p.status}, {p.devices} device{'s' if p.devices != 1 else ''}"
+            if p.error:
+                status += f": {p.error}"
+            plugins.add_row(r.name, f"{p.package}\n{p.version or ''}".strip(), status)
+    return [sheet for sheet in (found, plugins) if sheet.rows]
 
 
 def print_profile(profile: HardwareProfile, console: Console | None = None) -> None:

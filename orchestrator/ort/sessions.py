@@ -34,6 +34,7 @@ from typing import Any
 from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.ort import worker as route_worker
+from orchestrator.ort.backends import plugin_wire
 from orchestrator.ort.hostproc import (
     HOST_PROCESS,
     PathTranslationError,
@@ -117,10 +118,10 @@ class InProcessSessions:
         self._lock = threading.Lock()
 
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("probe", {})
+        return self._call("probe", {"plugins": plugin_wire()})
 
     def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("open", {"spec": spec, "record": record})
+        return self._call("open", {"spec": with_plugins(spec), "record": record})
 
     def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         return self._call("run", {"handle": handle, "feeds": feeds})
@@ -186,7 +187,7 @@ class WorkerSessions:
 
     # -- calls ---------------------------------------------------------------
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("probe", {}, timeout or settings.PROBE_TIMEOUT_S)
+        return self._call("probe", {"plugins": plugin_wire()}, timeout or settings.PROBE_TIMEOUT_S)
 
     def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Open a session; local paths in the spec are spelled the way the route reads them."""
@@ -194,7 +195,7 @@ class WorkerSessions:
             {k: (self.path(v) if k in PATH_OPTIONS and os.path.isabs(v) else v) for k, v in o.items()}
             for o in spec["provider_options"]
         ]
-        spec = {**spec, "graph": self.path(spec["graph"]), "provider_options": options}
+        spec = {**with_plugins(spec), "graph": self.path(spec["graph"]), "provider_options": options}
         return self._call("open", {"spec": spec, "record": record}, timeout or settings.OPEN_TIMEOUT_S)
 
     def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
@@ -289,6 +290,14 @@ class WorkerSessions:
             if line:
                 self._stderr.append(line)
                 log.debug("route %s: %s", self.route.name, line)
+
+
+def with_plugins(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the plugin packages of its target EP (the backend table's), which
+    the worker registers and takes the EP from when the route's build lacks it."""
+    if "plugins" in spec or not spec.get("providers"):
+        return spec
+    return {**spec, "plugins": plugin_wire(spec["providers"][0])}
 
 
 def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:

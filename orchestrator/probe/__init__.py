@@ -46,7 +46,12 @@ from orchestrator.profile import (
 
 # The interpreter route that `probe` looks for by default: the OpenVINO EP
 # replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).
-DEFAULT_ROUTE_CANDIDATES = (("openvino-venv", Path(".venvs/openvino/bin/python")),)
+# .venvs/ep-openvino (the plain onnxruntime + the onnxruntime-ep-openvino plugin package,
+# docs/plugin-eps.md) is probed when someone made it.
+DEFAULT_ROUTE_CANDIDATES = (
+    ("openvino-venv", Path(".venvs/openvino/bin/python")),
+    ("ep-openvino", Path(".venvs/ep-openvino/bin/python")),
+)
 
 # vLLM's builds, by distribution: the backend and the devices it drives
 # (kind, vendors; empty = any vendor), as the ONNX Runtime table says for EPs.
@@ -121,6 +126,7 @@ def probe_profile(
         *(Device(id=f"npu:{i}", kind="npu", name=n.name, vendor=n.vendor, source=n.source)
           for i, n in enumerate(npus)),
     ]
+    devices += ep_discovered_devices(reports, devices)
     hostname = socket.gethostname()
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes = ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"] if host.wsl else []
@@ -132,6 +138,53 @@ def probe_profile(
         devices=[_with_backends(d, reports) for d in devices],
         routes=[r.to_route() for r in reports],
     )
+
+
+VENDOR_IDS = {0x8086: "intel", 0x1002: "amd", 0x1022: "amd", 0x10DE: "nvidia", 0x17CB: "qualcomm", 0x4D4F4351: "qualcomm"}
+"""PCI vendor ids (and Qualcomm's ACPI 'QCOM') → the profile's vendor names."""
+
+
+def ep_vendor(vendor: str, vendor_id: int) -> str:
+    """The profile's vendor name for what ``get_ep_devices()`` says."""
+    if vendor_id in VENDOR_IDS:
+        return VENDOR_IDS[vendor_id]
+    words = vendor.lower().replace(",", " ").split()
+    if not words:
+        return ""
+    return {"advanced": "amd", "qualcomm(r)": "qualcomm", "qcom": "qualcomm"}.get(words[0], words[0])
+
+
+def ep_discovered_devices(reports: list[RouteReport], known: list[Device]) -> list[Device]:
+    """NPUs and GPUs that only ``get_ep_devices()`` shows (every OS: the way to find an
+    NPU on Windows, or an Intel or AMD GPU): one device per (type, vendor, device id)
+    across routes, skipping kinds and vendors the other probes already found.
+
+    A GPU that is not NVIDIA's becomes an ``igpu`` (its memory is not known here; a
+    discrete one belongs in a recorded profile with its VRAM).
+    """
+    seen = {(d.kind, d.vendor) for d in known}
+    counts = {kind: sum(1 for d in known if d.kind == kind) for kind in ("igpu", "npu")}
+    out: list[Device] = []
+    keys: set[tuple[str, int, int]] = set()
+    for report in reports:
+        if not report.reachable:
+            continue
+        for e in report.ep_devices:
+            kind = {"NPU": "npu", "GPU": "igpu"}.get(str(e.get("device_type")))
+            vendor = ep_vendor(str(e.get("vendor", "")), int(e.get("vendor_id", 0)))
+            key = (str(e.get("device_type")), int(e.get("vendor_id", 0)), int(e.get("device_id", 0)))
+            if kind is None or vendor == "nvidia" or key in keys or (kind, vendor) in seen:
+                continue
+            keys.add(key)
+            meta = e.get("device_metadata") or {}
+            name = str(meta.get("Description") or f"{e.get('vendor') or vendor} {e.get('device_type')} 0x{key[2]:04x}")
+            out.append(Device(
+                id=f"{kind}:{counts[kind]}", kind=kind, name=name, vendor=vendor,
+                source=f"onnxruntime.get_ep_devices() in route {report.name!r}: {e.get('ep_name')} on "
+                       f"{e.get('device_type')} (vendor 0x{key[1]:04x}, device 0x{key[2]:04x})",
+            ))
+            counts[kind] += 1
+    return out
 
 
 def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
