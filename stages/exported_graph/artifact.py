@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -38,6 +39,8 @@ from orchestrator.packages import PACKAGE_SCHEME, resolve_package_location, spli
 from orchestrator.units import parse_bytes
 from orchestrator.validation import Strict, problems_from_validation, read_document
 from stages.payloads import parse_payloads
+
+log = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "omni-edge.export/1"
 MANIFEST_NAME = "manifest.yaml"
@@ -375,6 +378,15 @@ def _shipped(module_name: str) -> bool:
     return any(Path(loc).resolve() == _PROJECT_ROOT / SHIPPED_HOOKS_PACKAGE for loc in locations)
 
 
+def _hook_origin(target: str) -> str:
+    """Where an allowed hook comes from: the shipped package, or which entry point of which distribution."""
+    for ep in entry_points(group=HOOKS_ENTRY_POINT_GROUP):
+        if ep.value.replace(" ", "") == target:
+            dist = getattr(ep, "dist", None)
+            return f"entry point {HOOKS_ENTRY_POINT_GROUP}:{ep.name}" + (f" of {dist.name} {dist.version}" if dist else "")
+    return f"the {SHIPPED_HOOKS_PACKAGE!r} package"
+
+
 def resolve_hook(target: str, where: str) -> Callable[..., Any]:
     """The callable ``module:function`` names, when it is allowed and exists;
     else a ``ConfigError`` at ``where`` (the manifest key)."""
@@ -388,12 +400,15 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
             f"provides it: [project.entry-points.\"{HOOKS_ENTRY_POINT_GROUP}\"] <name> = \"{target}\" "
             "(see docs/exported-artifacts.md)",
         )
+    origin = _hook_origin(target)
+    log.debug("loading hook %s from %s", target, origin)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # not only ImportError: a module that raises while importing is reported too
+        message = " ".join(str(exc).split())
         raise ConfigError.single(
-            where, f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {exc}",
-            "install the package that provides it, or fix the module:function name",
+            where, f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {message} (from {origin})",
+            "install what it needs, fix or uninstall the package that provides it, or fix the module:function name",
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:

@@ -154,3 +154,23 @@ def test_survey_lists_every_kind_and_each_broken_entry_point_with_its_error() ->
     assert vad is not None and vad.describe() == "built in"
     with pytest.raises(ConfigError):  # asked again: the same report, not a KeyError
         get_kind("not_a_kind")
+
+
+@needs_broken
+def test_a_hook_whose_module_raises_on_import_is_reported_by_name_not_as_a_traceback(tmp_path: Path) -> None:
+    import shutil
+
+    from stages.exported_graph.artifact import load_artifact
+
+    shutil.copytree(REPO / "exports" / "silero-vad-op18", tmp_path / "a")
+    manifest = tmp_path / "a" / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace(
+        "\nprecisions:", '\npreprocess: "omni_edge_brokenplugin.broken_hook:preprocess"\nprecisions:', 1))
+    with pytest.raises(ConfigError) as caught:
+        load_artifact(tmp_path / "a")
+    ((where, what, fix),) = [(p.where, p.what, p.fix) for p in caught.value.problems]
+    assert where == f"{manifest}: preprocess"
+    assert what == ("the hook 'omni_edge_brokenplugin.broken_hook:preprocess' cannot be loaded: RuntimeError: the "
+                    "broken hook's module raises on import, on purpose (from entry point omni_edge.hooks:broken_hook "
+                    "of omni-edge-brokenplugin 0.1.0)")
+    assert "uninstall the package" in fix
