@@ -104,3 +104,14 @@ def windows_path(path: str, environ: Mapping[str, str] | None = None) -> str:
             "WSL_DISTRO_NAME is not set (a host-process route runs from inside WSL2)"
         )
     return translate(absolute, distro=distro)
+
+
+def launch_remedy(kind: str, python: str) -> str:
+    """What to check when ``python`` could not be started at all."""
+    if kind == HOST_PROCESS and is_windows_interpreter(python):
+        return (
+            f"a Windows python.exe starts from WSL2 only through WSL's interop: check that {python} exists "
+            "(ls it) and that /proc/sys/fs/binfmt_misc/WSLInterop exists (else set [interop] enabled=true "
+            "in /etc/wsl.conf and run wsl --shutdown from Windows)"
+        )
+    return "check routes[].python: it must be an interpreter this process can execute"

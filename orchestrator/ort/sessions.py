@@ -39,6 +39,7 @@ from orchestrator.ort.hostproc import (
     HOST_PROCESS,
     PathTranslationError,
     is_windows_interpreter,
+    launch_remedy,
     windows_path,
 )
 from orchestrator.packages import require_one_ort_flavour
@@ -172,8 +173,7 @@ class WorkerSessions:
             )
         except OSError as exc:
             raise RouteError(
-                f"cannot start {route.python}: {exc}",
-                "check routes[].python: it must be an interpreter this process can execute",
+                f"cannot start {route.python}: {exc}", launch_remedy(route.kind, route.python),
             ) from None
         assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
         threading.Thread(target=self._read_replies, daemon=True, name=f"route-{route.name}-out").start()

@@ -283,3 +283,15 @@ def test_probe_route_with_a_windows_exe_from_wsl_declares_a_host_process_route(
     win = routes["windows-directml"]
     assert (win["kind"], win["python"], win["reachable"]) == ("host-process", str(exe), True)
     assert "CPUExecutionProvider" in win["providers"]
+
+
+def test_an_exe_that_cannot_be_started_names_wsl_interop(tmp_path: Path) -> None:
+    """What a laptop with interop switched off shows: the .exe exists but cannot be executed."""
+    from orchestrator.ort.routes import probe_route
+
+    exe = tmp_path / "Scripts" / "python.exe"
+    exe.parent.mkdir()
+    exe.write_bytes(b"MZ\x90\x00")  # a PE header stub, not executable here
+    report = probe_route(Route(name="windows-directml", kind="host-process", python=str(exe)), timeout=10)
+    assert not report.reachable and f"cannot start {exe}" in report.reason
+    assert "WSLInterop" in report.remedy and "[interop] enabled=true" in report.remedy
