@@ -1,0 +1,155 @@
+"""``omni-edge export --from {torch,transformers,onnx} SOURCE -o DIR``: a complete,
+validated exported artifact (orchestrator/exporter/, docs/export.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import ConfigError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Export a PyTorch module (pkg.module:factory), a transformers model directory (or package://pkg/dir) "
+        "or an ONNX file as an omni-edge.export/1 artifact: one graph per precision, reference inputs and "
+        "outputs, a manifest with a tolerance suggested from measurement, and digests. It is validated "
+        "(onnx.checker, a CPU session, each precision through the gates on the CPU EP) before it is "
+        "renamed into place; a failure leaves nothing behind."
+    )
+    p.add_argument("--from", dest="source", required=True, choices=["torch", "transformers", "onnx"],
+                   help="what SOURCE is")
+    p.add_argument("location", metavar="SOURCE",
+                   help="torch: pkg.module:factory; transformers: a model directory or package://pkg/dir; onnx: FILE.onnx")
+    p.add_argument("-o", "--out", metavar="DIR", required=True, help="the artifact directory to write (must not exist)")
+    p.add_argument("--precision", default="fp32", metavar="LIST",
+                   help="comma-separated, from fp32,fp16,int8 (fp32 is required; default: fp32)")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset for torch/transformers (13-20, default 17)")
+    p.add_argument("--name", help="artifact name (default: the directory's name)")
+    p.add_argument("--version", dest="artifact_version", default="1.0.0", help="artifact version (default 1.0.0)")
+    p.add_argument("--description", default="", help="free text for the manifest")
+    p.add_argument("--license", default="unknown", help="license of the weights (SPDX id)")
+    p.add_argument("--origin", help="where the weights come from (default: the source)")
+    p.add_argument("--preprocess", metavar="MODULE:FN", help="preprocess hook (exports package or omni_edge.hooks)")
+    p.add_argument("--postprocess", metavar="MODULE:FN", help="postprocess hook (likewise)")
+    p.add_argument("--consumes", metavar="TYPES", help="payload types an input item may be, comma-separated (e.g. text)")
+    p.add_argument("--produces", metavar="TYPES", help="payload types an output item may be (e.g. 'tensor<float32>[384]')")
+    p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="a manifest metadata entry (repeatable)")
+    p.add_argument("--inputs", metavar="NPZ", help="onnx: the reference inputs (one array per graph input)")
+    p.add_argument("--calibration", action="append", default=[], metavar="NPZ",
+                   help="onnx: more calibration inputs, one .npz each (repeatable)")
+    p.add_argument("--force", action="store_true", help="replace DIR once the new artifact is complete and validated")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (format omni-edge.export-result/1)")
+
+
+def _list(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def _metadata(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError.single(f"--metadata {item}", "not KEY=VALUE", "write e.g. --metadata language=en")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""  # 384 is a number, en a string
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+class _Steps:
+    """The export's phases on stderr: a spinner with the elapsed time on a terminal, a line each otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        from orchestrator.console import make_console
+
+        self._console = make_console(stderr=True)
+        self._quiet = quiet
+        self._status: Any = None
+        self._current: str | None = None
+        self._t = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        self._finish()
+        self._current, self._t = what, time.perf_counter()
+        if self._quiet:
+            return
+        if self._console.is_terminal:
+            if self._status is None:
+                self._status = self._console.status(what)
+                self._status.start()
+            else:
+                self._status.update(what)
+
+    def _finish(self) -> None:
+        if self._current is not None and not self._quiet:
+            self._console.print(f"  {self._current} … {time.perf_counter() - self._t:.1f} s")
+        self._current = None
+
+    def close(self, ok: bool) -> None:
+        if ok:
+            self._finish()
+        if self._status is not None:
+            self._status.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli import EXIT_OK
+    from orchestrator.console import make_console
+    from orchestrator.exporter.build import ExportRequest, export
+    from orchestrator.exporter.sources import DEFAULT_OPSET
+    from orchestrator.units import fmt_bytes
+
+    if args.opset is not None and args.source == "onnx":
+        raise ConfigError.single("--opset", "an ONNX source keeps its own opset", "leave --opset out")
+    req = ExportRequest(
+        source=args.source, location=args.location, out=Path(args.out),
+        precisions=tuple(_list(args.precision) or ()), opset=args.opset or DEFAULT_OPSET,
+        name=args.name, version=args.artifact_version, description=args.description, license=args.license,
+        origin=args.origin, preprocess=args.preprocess, postprocess=args.postprocess,
+        consumes=_list(args.consumes), produces=_list(args.produces), metadata=_metadata(args.metadata),
+        inputs_npz=args.inputs, calibration_npz=list(args.calibration), force=args.force,
+        command=shlex.join(["omni-edge", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else "",
+    )
+    steps = _Steps(quiet=args.json)
+    ok = False
+    try:
+        result = export(req, steps)
+        ok = True
+    finally:
+        steps.close(ok)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    console = make_console()
+    console.print(f"wrote {result.out} ({result.name}) in {result.seconds:.1f} s")
+    for group, tensors in (("input", result.inputs), ("output", result.outputs)):
+        for t in tensors:
+            shape = ", ".join(str(d) for d in t["shape"])
+            console.print(f"  {group:<6} {t['name']:<18} {t['dtype']:<8} [{shape}]", markup=False)
+    from rich.table import Table
+
+    console.print("each precision on the CPU EP: worst error vs fp32 and the reference")
+    table = Table(box=None, pad_edge=False)
+    for col in ("precision", "size", "rel L2", "max abs", "cosine", "suggested L2/abs/cos"):
+        table.add_column(col, justify="left" if col == "precision" else "right")
+    for p, m in result.precisions.items():
+        s = m["suggested"]
+        table.add_row(p, fmt_bytes(m["bytes"]), f"{m['rel_l2']:.2g}", f"{m['max_abs']:.2g}", f"{m['cosine']:.6f}",
+                      f"{s['rel_l2']:g}/{s['max_abs']:g}/{s['cosine_min']:g}")
+    console.print(table)
+    t = result.tolerance
+    console.print(f"manifest tolerance (the loosest): rel_l2 {t['rel_l2']:g}, max_abs {t['max_abs']:g}, "
+                  f"cosine_min {t['cosine_min']:g}")
+    console.print("validated: onnx.checker, manifest, hooks, every precision's gates (CPU EP)")
+    return EXIT_OK

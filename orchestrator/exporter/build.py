@@ -1,0 +1,478 @@
+"""An exported artifact, built whole in a temporary directory and renamed into place.
+
+:func:`export` takes an :class:`ExportRequest` and
+
+1. exports the source to an fp32 graph (``orchestrator.exporter.sources``);
+2. refuses non-finite reference outputs (a NaN reference passes no gate);
+3. derives the other precisions: ``fp16`` with ONNX Runtime's float16 converter
+   (``keep_io_types``: the graph takes and returns float32 like the fp32 one, so
+   the reference inputs feed every precision), ``int8`` as QDQ static
+   quantization (``onnxruntime.quantization``, per-channel int8 weights, uint8
+   activations, MinMax over the calibration set);
+4. measures each precision on the CPU EP against the fp32 graph over the
+   calibration set, and against the reference outputs on the reference inputs,
+   and suggests a tolerance: ``HEADROOM`` × the worst error, never tighter than
+   the precision's floor (:data:`FLOORS`);
+5. writes the reference ``.npz`` files (fixed zip timestamps: the same arrays give
+   the same bytes, and the digest keys the evidence) and the manifest;
+6. validates: ``onnx.checker`` on every graph, ``load_artifact`` (the manifest,
+   hooks included), the manifest against each graph, and each precision through
+   the numeric and coverage gates on the CPU EP in this process
+   (``orchestrator.verify.gates``) — the reference round trip;
+7. renames the directory into place (``--force`` replaces an existing one only
+   now). Any failure removes the temporary directory: nothing half-written.
+
+The manifest has one ``tolerance`` for every precision it lists (the gate reads
+that one), so it is the loosest suggestion; each precision's own measurement and
+suggestion are in ``metadata.export.precisions`` — a stage that runs only fp32
+can tighten its ``tolerance`` to that.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.exporter import sources
+from orchestrator.fileio import file_sha256
+from orchestrator.ort.backends import CPU_EP, SessionSpec
+from orchestrator.ort.sessions import open_sessions, this_process
+from orchestrator.verify.gates import compare, judge, measure
+from stages.exported_graph.artifact import EXPORT_FORMAT, MANIFEST_NAME, Tolerance, load_artifact
+from stages.exported_graph.graph_stats import check_against_graph, describe_graph
+from stages.payloads import parse_payloads
+
+EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
+"""What the exporter writes (the format also knows bf16 and int4)."""
+
+HEADROOM = 4.0
+"""The suggested tolerance is this many times the worst error measured on the CPU EP:
+another EP (OpenVINO, an NPU's) rounds differently, and a new input lands elsewhere."""
+
+FLOORS: dict[str, Tolerance] = {
+    "fp32": Tolerance(rel_l2=1e-3, max_abs=1e-3, cosine_min=0.999),
+    "fp16": Tolerance(rel_l2=5e-3, max_abs=1e-2, cosine_min=0.999),
+    "int8": Tolerance(rel_l2=2e-2, max_abs=5e-2, cosine_min=0.995),
+}
+"""The loosest tolerance never needs to be tighter than this per precision: the format's
+defaults for fp32, and what fp16/int8 arithmetic is expected to cost on any EP."""
+
+Step = Callable[[str], None]
+
+
+@dataclass
+class ExportRequest:
+    """Everything ``omni-edge export`` was asked (the CLI's flags, as data)."""
+
+    source: str
+    """``torch``, ``transformers`` or ``onnx``."""
+    location: str
+    out: Path
+    precisions: tuple[str, ...] = ("fp32",)
+    opset: int = sources.DEFAULT_OPSET
+    name: str | None = None
+    version: str = "1.0.0"
+    description: str = ""
+    license: str = "unknown"
+    origin: str | None = None
+    preprocess: str | None = None
+    postprocess: str | None = None
+    consumes: list[str] | None = None
+    produces: list[str] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    inputs_npz: str | None = None
+    calibration_npz: list[str] = field(default_factory=list)
+    force: bool = False
+    command: str = ""
+    """The command line, recorded in the manifest's notes."""
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    name: str
+    precisions: dict[str, dict[str, Any]]
+    tolerance: dict[str, float]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    files: dict[str, str]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "omni-edge.export-result/1", "artifact": str(self.out), "name": self.name,
+            "precisions": self.precisions, "tolerance": self.tolerance, "inputs": self.inputs,
+            "outputs": self.outputs, "sha256": self.files, "seconds": round(self.seconds, 2),
+        }
+
+
+def _no_step(_: str) -> None:
+    return None
+
+
+def check_request(req: ExportRequest) -> None:
+    """Refuse what can be refused before any work (exit 2, nothing written)."""
+    problems: list[Problem] = []
+    if req.source not in ("torch", "transformers", "onnx"):
+        problems.append(Problem("--from", f"unknown source {req.source!r}", "use torch, transformers or onnx"))
+    bad = [p for p in req.precisions if p not in EXPORT_PRECISIONS]
+    if bad or not req.precisions:
+        problems.append(Problem("--precision", f"cannot export {', '.join(bad) or 'nothing'}",
+                                f"choose from {', '.join(EXPORT_PRECISIONS)} (comma-separated)"))
+    elif "fp32" not in req.precisions:
+        problems.append(Problem("--precision", "fp32 is missing: the other precisions are made and measured from it",
+                                "add fp32 (e.g. --precision fp32,int8)"))
+    if req.out.exists() and not req.force:
+        problems.append(Problem(f"-o {req.out}", "it exists", "choose another directory, or pass --force to replace it "
+                                "(only once the new artifact is complete and validated)"))
+    if req.out.exists() and not req.out.is_dir():
+        problems.append(Problem(f"-o {req.out}", "it is a file, not an artifact directory", "choose a directory path"))
+    parent = req.out.resolve().parent
+    if not parent.is_dir():
+        problems.append(Problem(f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"))
+    for flag, value in (("--consumes", req.consumes), ("--produces", req.produces)):
+        if value:
+            try:
+                parse_payloads(value)
+            except ValueError as exc:
+                problems.append(Problem(flag, str(exc), "spell payload types as in docs/pipelines.md (text, audio@16000, tensor<float32>[384])"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def export(req: ExportRequest, step: Step = _no_step) -> ExportResult:
+    """Build the artifact ``req`` asks for; see the module docstring. ``step`` is told each phase."""
+    check_request(req)
+    t0 = time.perf_counter()
+    parent = req.out.resolve().parent
+    work = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.export-", dir=parent))
+    try:
+        result = _build(req, work, step)
+        step("moving the artifact into place")
+        umask = os.umask(0)
+        os.umask(umask)
+        work.chmod(0o777 & ~umask)  # mkdtemp's 0700 is for the work in progress, not the artifact
+        _replace(work, req.out.resolve(), force=req.force)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    result.out = req.out
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _replace(work: Path, target: Path, *, force: bool) -> None:
+    if target.exists():
+        if not force:
+            raise ConfigError.single(f"-o {target}", "it appeared while exporting", "choose another directory or --force")
+        old = target.with_name(f".{target.name}.replaced-{work.name}")
+        target.rename(old)
+        work.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        work.rename(target)
+
+
+def _source(req: ExportRequest, work: Path, step: Step) -> sources.Exported:
+    if req.source == "torch":
+        return sources.from_torch(req.location, work, opset=req.opset, step=step)
+    if req.source == "transformers":
+        return sources.from_transformers(req.location, work, opset=req.opset, step=step)
+    return sources.from_onnx(req.location, work, inputs=req.inputs_npz, calibration=req.calibration_npz, step=step)
+
+
+def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
+    import onnx
+
+    exported = _source(req, work, step)
+    step("checking fp32: onnx.checker, a CPU session")
+    _checker(exported.graph, "fp32")
+    cpu = _CpuRunner()
+    fp32_outputs = [cpu.run(exported.graph, feeds, "fp32") for feeds in exported.calibration]
+    reference_outputs = exported.framework_outputs if exported.framework_outputs is not None else fp32_outputs[0]
+    _refuse_non_finite(reference_outputs, "the reference outputs" + (
+        " (the exporting framework's)" if exported.framework_outputs is not None else " (the CPU EP's, fp32)"))
+    _refuse_non_finite(fp32_outputs[0], "the fp32 graph's outputs on the CPU EP")
+    graphs = {"fp32": exported.graph}
+    if "fp16" in req.precisions:
+        step("converting to fp16 (ORT float16 converter, float32 I/O)")
+        graphs["fp16"] = _to_fp16(exported.graph, work / "fp16.onnx")
+    if "int8" in req.precisions:
+        step(f"quantizing to int8 QDQ ({len(exported.calibration)} calibration inputs)")
+        graphs["int8"] = _to_int8(exported.graph, work / "int8.onnx", exported.calibration, work)
+    measured: dict[str, dict[str, Any]] = {}
+    for precision, graph in graphs.items():
+        step(f"measuring {precision} on the CPU EP ({len(exported.calibration)} inputs)")
+        if precision != "fp32":
+            _checker(graph, precision)
+        measured[precision] = _measure(cpu, graph, precision, exported, fp32_outputs, reference_outputs)
+    suggestions = {p: _suggest(p, m) for p, m in measured.items()}
+    tolerance = Tolerance(
+        rel_l2=max(s.rel_l2 for s in suggestions.values()),
+        max_abs=max(s.max_abs for s in suggestions.values()),
+        cosine_min=min(s.cosine_min for s in suggestions.values()),
+    )
+    step("writing the reference data and the manifest")
+    save_npz(work / "reference_inputs.npz", exported.reference_inputs)
+    save_npz(work / "reference_outputs.npz", reference_outputs)
+    stats = {p: describe_graph(g, use_cache=False) for p, g in graphs.items()}
+    files = {f"{p}.onnx": stats[p].sha256 for p in graphs}
+    for ref in ("reference_inputs.npz", "reference_outputs.npz"):
+        files[ref] = file_sha256(work / ref)
+    name = req.name or req.out.name
+    manifest = _manifest(req, name, exported, stats, tolerance, measured, suggestions, files)
+    text = _header(req) + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    (work / MANIFEST_NAME).write_text(text)
+    step("validating: manifest, hooks, gates on the CPU EP")
+    _validate(work, graphs, stats, onnx)
+    precisions = {p: {"graph": f"{p}.onnx", "bytes": stats[p].file_bytes, "nodes": stats[p].node_count,
+                      **{k: measured[p][k] for k in ("rel_l2", "max_abs", "cosine")},
+                      "suggested": suggestions[p].model_dump()} for p in graphs}
+    return ExportResult(out=req.out, name=name, precisions=precisions, tolerance=tolerance.model_dump(),
+                        inputs=stats["fp32"].inputs, outputs=stats["fp32"].outputs, files=files, seconds=0.0)
+
+
+# ---- graphs ------------------------------------------------------------------------------
+
+
+def _checker(graph: Path, precision: str) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(graph), full_check=True)
+    except Exception as exc:
+        raise ConfigError.single(f"{precision} graph", f"onnx.checker refused it: {str(exc).strip()[:600]}",
+                                 "fix the source model (or its export settings) so the graph is valid ONNX") from None
+
+
+def _to_fp16(fp32: Path, out: Path) -> Path:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True))
+    model.topological_sort()  # the converter appends the float32 → float16 input casts last
+    onnx.save(model.model, str(out))
+    return out
+
+
+class _Calibration:
+    """``onnxruntime.quantization``'s CalibrationDataReader over a list of feed dicts."""
+
+    def __init__(self, feeds: list[dict[str, Any]]) -> None:
+        self._it = iter(feeds)
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:  # pragma: no cover - not used by MinMax
+        pass
+
+
+def _to_int8(fp32: Path, out: Path, calibration: list[dict[str, Any]], work: Path) -> Path:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = work / "int8.pre.onnx"
+    try:
+        quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    except Exception:
+        shutil.copyfile(fp32, pre)  # pre-processing is an optimisation; quantize the graph as it is
+    try:
+        quantize_static(
+            str(pre), str(out), _Calibration(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+        )
+    except Exception as exc:
+        raise ConfigError.single("--precision int8", f"quantize_static failed: {type(exc).__name__}: {str(exc)[:600]}",
+                                 "export fp32 (and fp16) only, or simplify the ops the quantizer rejected") from None
+    finally:
+        pre.unlink(missing_ok=True)
+        for extra in work.glob("*.onnx.data"):
+            extra.unlink(missing_ok=True)
+    return out
+
+
+class _CpuRunner:
+    """One CPU-EP session per graph, kept for the calibration set."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[Path, Any] = {}
+
+    def run(self, graph: Path, feeds: dict[str, Any], precision: str) -> dict[str, Any]:
+        import onnxruntime as ort
+
+        if graph not in self._sessions:
+            try:
+                self._sessions[graph] = ort.InferenceSession(str(graph), providers=[CPU_EP])
+            except Exception as exc:
+                raise ConfigError.single(f"{precision} graph", f"the CPU EP cannot open it: {str(exc).strip()[:600]}",
+                                         "ONNX Runtime here must run the graph: check the opset and custom ops") from None
+        session = self._sessions[graph]
+        try:
+            names = [o.name for o in session.get_outputs()]
+            return dict(zip(names, session.run(names, feeds), strict=True))
+        except Exception as exc:
+            raise ConfigError.single(f"{precision} graph", f"the CPU EP failed on the inputs: {str(exc).strip()[:600]}",
+                                     "the example/calibration inputs must match the graph's inputs") from None
+
+
+def _refuse_non_finite(outputs: dict[str, Any], what: str) -> None:
+    import numpy as np
+
+    bad = {n: int(np.size(v) - np.count_nonzero(np.isfinite(v))) for n, v in outputs.items()
+           if np.asarray(v).dtype.kind == "f" and not np.all(np.isfinite(v))}
+    if bad:
+        listed = ", ".join(f"{n!r}: {k} of {np.size(outputs[n])}" for n, k in bad.items())
+        raise ConfigError.single(
+            "reference outputs", f"{what} are not finite (NaN/Inf values: {listed}); no gate can compare against them",
+            "fix the model or choose example inputs where it is finite (look for log/div/sqrt of zero or overflow)",
+        )
+
+
+def _measure(cpu: _CpuRunner, graph: Path, precision: str, exported: sources.Exported,
+             fp32_outputs: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+    """The worst error of ``graph`` against fp32 over the calibration set and against the reference."""
+    worst = {"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0}
+    outs = [cpu.run(graph, feeds, precision) for feeds in exported.calibration]
+    pairs = [(o, f) for o, f in zip(outs, fp32_outputs, strict=True)] + [(outs[0], reference)]
+    for got, want in pairs:
+        for name, value in want.items():
+            m = compare(got[name], value)
+            worst["rel_l2"] = max(worst["rel_l2"], m["rel_l2"])
+            worst["max_abs"] = max(worst["max_abs"], m["max_abs"])
+            worst["cosine"] = min(worst["cosine"], m["cosine"])
+    if not all(math.isfinite(v) for v in worst.values()):
+        raise ConfigError.single(f"{precision} graph", f"its outputs differ from fp32 without bound ({worst})",
+                                 f"leave {precision} out (--precision fp32,...) or fix the model")
+    return worst
+
+
+def _round_up(x: float) -> float:
+    """Two significant digits, rounded away from tightness."""
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x)) - 1
+    return math.ceil(x / 10**e) * 10**e
+
+
+def _suggest(precision: str, m: dict[str, Any]) -> Tolerance:
+    floor = FLOORS[precision]
+    return Tolerance(
+        rel_l2=float(f"{max(floor.rel_l2, _round_up(HEADROOM * m['rel_l2'])):.2g}"),
+        max_abs=float(f"{max(floor.max_abs, _round_up(HEADROOM * m['max_abs'])):.2g}"),
+        cosine_min=float(f"{min(floor.cosine_min, 1 - _round_up(HEADROOM * (1 - m['cosine']))):.6g}"),
+    )
+
+
+# ---- files -------------------------------------------------------------------------------
+
+
+def save_npz(path: Path, arrays: dict[str, Any]) -> Path:
+    """``numpy.savez`` with fixed zip timestamps (deflated): the same arrays give the same bytes."""
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue(),
+                        compress_type=zipfile.ZIP_DEFLATED)
+    return path
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with short lists of scalars on one line (``shape: [batch, 16]``)."""
+
+
+def _flow_scalars(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = bool(data) and all(isinstance(v, str | int | float) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _flow_scalars)
+
+
+def _header(req: ExportRequest) -> str:
+    lines = ["# Written by omni-edge export (docs/export.md); contract: docs/exported-artifacts.md."]
+    if req.command:
+        lines.append(f"# Regenerate: {req.command}")
+    return "\n".join(lines) + "\n"
+
+
+def _tensors(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": v["name"], "dtype": v["dtype"], "shape": v["shape"]} for v in values]
+
+
+def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: dict[str, Any], tolerance: Tolerance,
+              measured: dict[str, dict[str, Any]], suggestions: dict[str, Tolerance], files: dict[str, str]) -> dict[str, Any]:
+    fp32 = stats["fp32"]
+    notes = [f"opset {exported.opset}; precisions {', '.join(stats)}."]
+    if "fp16" in stats:
+        notes.append("fp16 by onnxruntime's float16 converter (float32 inputs and outputs kept).")
+    if "int8" in stats:
+        notes.append("int8 as QDQ static quantization (per-channel int8 weights, uint8 activations, "
+                     f"MinMax over {len(exported.calibration)} calibration input(s)).")
+    notes.extend(exported.notes)
+    manifest: dict[str, Any] = {
+        "format": EXPORT_FORMAT, "name": name, "version": req.version,
+    }
+    if req.description:
+        manifest["description"] = req.description
+    manifest["source"] = {"origin": req.origin or exported.origin, "license": req.license, "notes": " ".join(notes)}
+    manifest["precisions"] = {p: f"{p}.onnx" for p in stats}
+    manifest["inputs"] = _tensors(fp32.inputs)
+    manifest["outputs"] = _tensors(fp32.outputs)
+    manifest["reference"] = {"inputs": "reference_inputs.npz", "outputs": "reference_outputs.npz"}
+    manifest["tolerance"] = tolerance.model_dump()
+    for key in ("consumes", "produces", "preprocess", "postprocess"):
+        if getattr(req, key):
+            manifest[key] = getattr(req, key)
+    manifest["metadata"] = {
+        **req.metadata,
+        "export": {
+            "reference": "the exporting framework's outputs" if exported.framework_outputs is not None
+            else "the CPU EP's outputs of the fp32 graph",
+            "headroom": HEADROOM,
+            "precisions": {
+                p: {"measured_on_cpu_ep": {k: round(v, 8) if k == "cosine" else float(f"{v:.3g}")
+                                           for k, v in measured[p].items()},
+                    "suggested_tolerance": suggestions[p].model_dump()}
+                for p in stats
+            },
+            "sha256": files,
+        },
+    }
+    return manifest
+
+
+def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any], onnx: Any) -> None:
+    """The artifact as ``plan`` and ``verify`` will read it; every precision through the gates on the CPU EP."""
+    artifact = load_artifact(work)
+    problems = [p for precision in graphs for p in check_against_graph(artifact, precision, stats[precision])]
+    if problems:
+        raise ConfigError(problems)
+    sessions = open_sessions(this_process())
+    try:
+        for precision, graph in graphs.items():
+            spec = SessionSpec(str(graph), [CPU_EP], [{}], {}, {})
+            record = measure(sessions, artifact, precision, spec, reference_graph=str(graphs["fp32"]))
+            verdict = judge(record, artifact_name=artifact.name, device_id="cpu",
+                            min_coverage=artifact.manifest.min_ep_coverage, tolerance=artifact.manifest.tolerance,
+                            precisions=tuple(graphs))
+            if not verdict.passed:
+                raise ConfigError([Problem(f"{precision} graph on the CPU EP", r.message, r.remedy) for r in verdict.refusals])
+    finally:
+        sessions.shutdown()

@@ -1,0 +1,37 @@
+"""Small PyTorch modules for the exporter's tests (factories in the ``omni-edge export`` contract)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mlp() -> dict[str, Any]:
+    """A two-layer MLP over 16 features, batch dynamic, with eight calibration batches."""
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    gen = torch.Generator().manual_seed(1)
+    example = {"x": torch.randn(2, 16, generator=gen)}
+    return {
+        "module": module,
+        "inputs": example,
+        "outputs": ["y"],
+        "dynamic_axes": {"x": {0: "batch"}, "y": {0: "batch"}},
+        "calibration": [{"x": torch.randn(4, 16, generator=gen)} for _ in range(8)],
+    }
+
+
+def nan_module() -> tuple[Any, dict[str, Any]]:
+    """A module whose output is NaN wherever its input is negative (log of a negative number)."""
+    import torch
+
+    class Log(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.log(x)
+
+    return Log(), {"x": torch.tensor([[1.0, -1.0, 2.0]])}
+
+
+def not_a_module() -> dict[str, Any]:
+    return {"module": "nope", "inputs": {}}
