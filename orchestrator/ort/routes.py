@@ -243,6 +243,16 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
         "platform": info.get("platform"),
         "vllm_distributions": tuple(info.get("vllm_distributions") or ()),
     }
+    builds = list(info.get("ort_builds") or [])
+    if len(builds) > 1:
+        where = base["python"] or "this interpreter"
+        return RouteReport(
+            **base, **common, reachable=False,
+            reason=f"{len(builds)} ONNX Runtime builds are installed in {where}: {', '.join(builds)}; they share "
+                   "the 'onnxruntime' module, so the last one installed overwrote the others' files",
+            remedy=f"{where} -m pip uninstall -y {' '.join(b.split('==')[0] for b in builds)}, then install the "
+                   "one build this route is for (docs/install.md: one flavour per environment)",
+        )
     if info.get("error"):
         return RouteReport(
             **base, **common, reachable=False,

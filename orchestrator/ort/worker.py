@@ -219,6 +219,23 @@ def runtime_identity() -> tuple[str | None, str | None]:
     return None, None
 
 
+def ort_builds() -> list[tuple[str, str]]:
+    """Every onnxruntime build installed here, ``(distribution, version)`` (plugin EP
+    packages not counted). More than one is a broken environment: they share the
+    ``onnxruntime`` module, and the last one installed overwrote the others' files
+    (``orchestrator.packages.require_one_ort_flavour`` refuses it in omni-edge's own
+    environment; a route reports it through ``probe``)."""
+    found = []
+    for name in ORT_DISTRIBUTIONS:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if not is_plugin_release(name, version):
+            found.append((name, version))
+    return found
+
+
 def is_plugin_release(distribution: str, version: str) -> bool:
     """Whether ``distribution==version`` is a plugin EP package rather than an onnxruntime build."""
     since = PLUGIN_SINCE.get(distribution)
@@ -386,6 +403,7 @@ class Sessions:
             "providers": [],
             "error": None,
             "vllm_distributions": vllm_distributions(),
+            "ort_builds": [f"{n}=={v}" for n, v in ort_builds()],
         }
         try:
             import onnxruntime as ort

@@ -7,7 +7,9 @@ environment's real metadata (the bootstrap installs exactly one).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,34 @@ def test_probe_exits_2_before_probing_anything(monkeypatch: pytest.MonkeyPatch, 
 
 def test_this_environment_has_exactly_one_build() -> None:
     assert len(installed_ort_flavours()) == 1
+
+
+ROUTE_WITH_A_SECOND_BUILD = '''#!{python}
+"""This environment's interpreter with a second onnxruntime build's metadata on its path."""
+import site, sys
+site.addsitedir({site!r})
+exec(sys.argv[sys.argv.index("-c") + 1])
+'''
+
+
+@pytest.mark.ort
+def test_a_route_with_two_builds_is_unreachable_naming_both(tmp_path: Path) -> None:
+    """A real route worker, in an interpreter that sees a second build's dist-info (fake
+    metadata, the real onnxruntime module): probe reports the route unreachable."""
+    from orchestrator.ort.routes import probe_route
+    from orchestrator.ort.worker import runtime_identity
+    from orchestrator.profile import Route
+
+    site_dir = tmp_path / "site"
+    info = site_dir / "onnxruntime_openvino-1.24.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-openvino\nVersion: 1.24.1\n")
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(ROUTE_WITH_A_SECOND_BUILD.format(python=sys.executable, site=str(site_dir)))
+    python.chmod(0o755)
+    report = probe_route(Route(name="ov", kind="interpreter", python=str(python)), timeout=60)
+    dist, version = runtime_identity()
+    assert not report.reachable
+    assert f"{dist}=={version}" in report.reason and "onnxruntime-openvino==1.24.1" in report.reason
+    assert report.remedy.startswith(f"{python} -m pip uninstall -y onnxruntime-openvino {dist}")
