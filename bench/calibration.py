@@ -13,6 +13,12 @@ against one measurement store (a new temporary directory unless ``--store``):
 2. **calibrated run**: planned again, now from the store (evidence M), and the same
    matrix.
 
+Replies are greedy (temperature 0), so both runs — and the four copies at
+concurrency 4 — speak the same sentences: what differs between the runs is the
+machine, not what the model chose to say (with sampled replies the voice's peak
+at concurrency 4 moved by 12 % between two runs here, the length of the longest
+sentence deciding it).
+
 After every cell, each stage's measured peak so far (``Runtime.measure()``) is set
 against its budget. Targets (issue 12): in the calibrated run, every stage's
 budget/measured over the whole run is between 1.00 and 1.15, and in no cell of
@@ -51,7 +57,10 @@ RATIO_LOW, RATIO_HIGH = 1.00, 1.15
 
 async def cell(pipeline: Any, prompt: str, concurrency: int, tag: str) -> float:
     t0 = time.perf_counter()
-    await asyncio.gather(*(pipeline.arun(prompt, request_id=f"{tag}-{i}") for i in range(concurrency)))
+    # greedy replies: both runs (and the copies at concurrency 4) speak the same sentences,
+    # so what differs between them is the machine, not what the model chose to say
+    request = {"messages": [{"role": "user", "content": prompt}], "sampling": {"temperature": 0.0}}
+    await asyncio.gather(*(pipeline.arun(request, request_id=f"{tag}-{i}") for i in range(concurrency)))
     return time.perf_counter() - t0
 
 

@@ -393,7 +393,8 @@ class Pipeline:
             sample = cal.sample(
                 run=self.run_id, peak=peak, budget=s.budget_bytes(), calibrated=s.calibration is not None,
                 upper_bound=bool(m.get("upper_bound")), load=m.get("load_peak_bytes"),
-                steady=m.get("steady_peak_bytes"), requests=int(m.get("requests") or 0),
+                steady=m.get("steady_peak_bytes"), resident=m.get("resident_bytes"),
+                requests=int(m.get("requests") or 0),
                 max_in_flight=int(m.get("max_in_flight") or 0), max_prompt_chars=longest,
                 where=str(m.get("where") or ""), method=str(m.get("method") or ""), pool=s.pool or "host_ram")
             # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)

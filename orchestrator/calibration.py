@@ -70,6 +70,13 @@ SPREAD_K = 2.0
 WIDEN_PER_OVERRUN = 1.0
 """Each recent overrun adds this to k and one ``FLOOR_FRACTION`` to the floor."""
 MAX_OVERRUN_WIDENING = 4
+REQUEST_PRIOR = 0.25
+"""Until ``SPREAD_SAMPLES`` runs show how the part of a peak that requests bring (the
+peak above what was resident after the load: activations for the longest input, how
+requests overlapped) varies, the margin covers a quarter of that part. One run is one
+draw of what its requests carried: here the voice's part at concurrency 4 moved by a
+third between two runs whose replies differed (docs/calibration.md)."""
+SPREAD_SAMPLES = 3
 WINDOW = 20
 """Recent samples the spread, overruns and settling are judged over."""
 MAX_SAMPLES = 50
@@ -188,8 +195,8 @@ def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
 
 
 # -- samples and entries -------------------------------------------------------------
-SAMPLE_INTS = ("peak_bytes", "load_bytes", "steady_bytes", "budget_bytes", "requests", "max_in_flight",
-               "max_prompt_chars")
+SAMPLE_INTS = ("peak_bytes", "load_bytes", "steady_bytes", "resident_bytes", "budget_bytes", "requests",
+               "max_in_flight", "max_prompt_chars")
 
 
 def sample_problem(s: Any) -> str | None:
@@ -201,9 +208,9 @@ def sample_problem(s: Any) -> str | None:
     for name in SAMPLE_INTS:
         if s.get(name) is not None and not _count(s[name]):
             return f"{name} {s[name]!r} is not a non-negative integer"
-    parts = [s[n] for n in ("load_bytes", "steady_bytes") if s.get(n) is not None]
+    parts = [s[n] for n in ("load_bytes", "steady_bytes", "resident_bytes") if s.get(n) is not None]
     if parts and max(parts) > s["peak_bytes"]:
-        return f"load/steady ({parts}) exceed peak_bytes {s['peak_bytes']}"
+        return f"load/steady/resident ({parts}) exceed peak_bytes {s['peak_bytes']}"
     for name in ("calibrated", "upper_bound", "over_budget"):
         if not isinstance(s.get(name), bool):
             return f"{name} is missing or not a boolean"
@@ -360,7 +367,8 @@ class CalibrationStore:
 
 
 def sample(*, run: str, peak: int, budget: int | None, calibrated: bool, upper_bound: bool = False,
-           load: int | None = None, steady: int | None = None, requests: int = 0, max_in_flight: int = 0,
+           load: int | None = None, steady: int | None = None, resident: int | None = None,
+           requests: int = 0, max_in_flight: int = 0,
            max_prompt_chars: int | None = None, where: str = "", method: str = "", pool: str = "host_ram",
            when: str | None = None) -> dict[str, Any]:
     """One sample, as the store keeps it."""
@@ -368,6 +376,7 @@ def sample(*, run: str, peak: int, budget: int | None, calibrated: bool, upper_b
         "run": run, "when": when or now(), "where": where or socket.gethostname(), "pool": pool,
         "peak_bytes": int(peak), "load_bytes": None if load is None else int(load),
         "steady_bytes": None if steady is None else int(steady),
+        "resident_bytes": None if resident is None else int(resident),
         "budget_bytes": budget, "calibrated": calibrated, "upper_bound": upper_bound,
         "over_budget": budget is not None and int(peak) > budget,
         "requests": requests, "max_in_flight": max_in_flight, "max_prompt_chars": max_prompt_chars,
@@ -383,9 +392,11 @@ class Margin:
     """How it was derived, e.g. "max(5% of peak, 2.0 x spread 3.1 MiB, 8 MiB)"."""
 
 
-def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False) -> Margin:
-    """The margin above the largest of ``peaks``: max(floor x largest, k x stdev, 8 MiB).
-    Each recent overrun widens it (k + 1, floor + 5 %); settled runs narrow the floor to 3 %."""
+def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False, request_part: int = 0) -> Margin:
+    """The margin above the largest of ``peaks``: max(floor x largest, k x stdev, 8 MiB, and
+    while fewer than ``SPREAD_SAMPLES`` runs are known, ``REQUEST_PRIOR`` x the part of the
+    peak that requests brought). Each recent overrun widens it (k + 1, floor + 5 %); settled
+    runs narrow the floor to 3 %."""
     largest = max(peaks)
     spread = statistics.pstdev(peaks) if len(peaks) > 1 else 0.0
     widen = min(overruns, MAX_OVERRUN_WIDENING)
@@ -393,9 +404,13 @@ def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False) -> Ma
     k = SPREAD_K + WIDEN_PER_OVERRUN * widen
     candidates = {"floor": math.ceil(frac * largest), "spread": math.ceil(k * spread),
                   "minimum": MIN_MARGIN_BYTES}
+    prior = ""
+    if len(peaks) < SPREAD_SAMPLES and request_part > 0:
+        candidates["requests"] = math.ceil(REQUEST_PRIOR * request_part)
+        prior = f", {REQUEST_PRIOR:.0%} of the {fmt_bytes(request_part)} requests brought"
     which = max(candidates, key=lambda c: candidates[c])
     rule = (f"max({frac:.0%} of the largest peak, {k:g} x spread {fmt_bytes(int(spread))}, "
-            f"{fmt_bytes(MIN_MARGIN_BYTES)}) = {which}")
+            f"{fmt_bytes(MIN_MARGIN_BYTES)}{prior}) = {which}")
     if widen:
         rule += f"; widened for {widen} recent overrun(s)"
     elif settled:
@@ -459,7 +474,9 @@ def _margin(entry: Entry) -> Margin:
     recent = trusted[-WINDOW:]
     overruns = sum(1 for s in recent if s["over_budget"] and s["calibrated"])
     settled = len(recent) >= SETTLED_RUNS and overruns == 0
-    return margin_for([s["peak_bytes"] for s in recent], overruns, settled)
+    request_part = max((max(s["peak_bytes"] if s.get("steady_bytes") is None else s["steady_bytes"], 0)
+                        - s["resident_bytes"] for s in recent if s.get("resident_bytes") is not None), default=0)
+    return margin_for([s["peak_bytes"] for s in recent], overruns, settled, max(0, request_part))
 
 
 def _rebuild(reservations: list[Reservation], load: int, steady: int, evidence: Evidence, note: str,

@@ -214,15 +214,17 @@ class DeviceActor:
         steady: int | None
         if own is not None:
             peak, method = int(own), f"{type(h.runner).__name__}.measured_peak_bytes()"
-            lp = h.load_info.get("load_peak_growth_bytes")
+            lp, rg = h.load_info.get("load_peak_growth_bytes"), h.load_info.get("resident_growth_bytes")
             load = min(int(lp), peak) if isinstance(lp, int) else None
             steady = peak if load is not None and peak > load else None
+            resident = min(int(rg), peak) if isinstance(rg, int) else None
         else:
             growth = h.tree_request_growth
             if h.busy and h.request_meter is not None:
                 growth = max(growth, h.request_meter.window_growth)
             load, steady = h.tree_load_peak, h.tree_resident + growth
             peak = max(load, steady)
+            resident = min(h.tree_resident, peak)
             method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
                       "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
                       "the processes its load started, else in the actor's own process)")
@@ -239,6 +241,7 @@ class DeviceActor:
             "measured_peak_bytes": peak,
             "load_peak_bytes": load,
             "steady_peak_bytes": steady,
+            "resident_bytes": resident,
             "upper_bound": bound is not None,
             "budget_bytes": budget,
             "budget_over_measured": round(budget / peak, 3) if peak else None,

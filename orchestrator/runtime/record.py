@@ -99,6 +99,7 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
             "upper_bound": upper_bound,
             "load_peak_bytes": m.get("load_peak_bytes"),
             "steady_peak_bytes": m.get("steady_peak_bytes"),
+            "resident_bytes": m.get("resident_bytes"),
             "max_in_flight": m.get("max_in_flight"),
             "calibration": s.calibration,
             "drift": drift,
