@@ -346,3 +346,23 @@ def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_expos
                     min_coverage=artifact.manifest.min_ep_coverage, tolerance=artifact.manifest.tolerance)
     assert record["ep"] == "OpenVINOExecutionProvider"
     assert verdict.passed, verdict.refusals
+
+
+def test_the_probe_of_this_interpreter_reports_its_ep_devices_and_omni_edge_probe_shows_them() -> None:
+    """Real: this interpreter's onnxruntime lists at least the CPU EP on the CPU (>= 1.22)."""
+    report = probe_route(Route(name=THIS_PROCESS), timeout=120)
+    assert report.reachable, report.reason
+    major, minor = (int(x) for x in (report.ort_version or "0.0").split(".")[:2])
+    if (major, minor) < (1, 22):
+        pytest.skip(f"onnxruntime {report.ort_version} has no get_ep_devices() (>= 1.22)")
+    cpu = [d for d in report.ep_devices if d["ep_name"] == "CPUExecutionProvider"]
+    assert cpu and cpu[0]["device_type"] == "CPU"
+    route = report.to_route()
+    assert route.ep_devices is not None and route.ep_devices[0].ep_name == "CPUExecutionProvider"
+    assert route.plugin_eps is not None
+    assert all(p.status != "not installed" for p in route.plugin_eps)  # only what is installed is kept
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "probe", "--json", "--no-default-routes"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (here,) = json.loads(done.stdout)["routes"]
+    assert any(d["ep_name"] == "CPUExecutionProvider" and d["device_type"] == "CPU" for d in here["ep_devices"])
