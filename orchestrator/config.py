@@ -19,6 +19,7 @@ accepted as aliases (see ``_from_vllm_omni``), never as a second schema.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from stages.payloads import (
     edge_mismatch,
     parse_payloads,
     spell,
+    split_input,
 )
 from stages.registry import get_kind, known_kinds
 
@@ -60,13 +62,19 @@ class PipelineConfig(Strict):
         pending = [s.name for s in self.stages]
         while pending:
             for name in pending:
-                if all(i == REQUEST or i in done for i in self.stage(name).inputs):
+                if all(i == REQUEST or i in done for i in sources(self.stage(name).inputs)):
                     done.append(name)
                     pending.remove(name)
                     break
             else:  # pragma: no cover - check_graph rejects cycles first
                 raise RuntimeError("cycle")
         return [self.stage(n) for n in done]
+
+
+def sources(inputs: Iterable[str]) -> list[str]:
+    """The stages (and/or ``request``) a stage's ``inputs`` take items from, each once, in order:
+    ``[thinker.hidden_states, thinker.text]`` → ``[thinker]`` (``stages.payloads.split_input``)."""
+    return list(dict.fromkeys(split_input(i)[0] for i in inputs))
 
 
 class _TopLevel(Strict):
@@ -120,6 +128,8 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
             except ValidationError as exc:
                 problems.extend(problems_from_validation(exc, loc, kind.config_model))
                 continue
+            if len(stage.inputs) > 1 and stage.join is None and (join := kind.default_join(stage)) is not None:
+                stage = stage.model_copy(update={"join": join})  # the kind's own default (StageKind.default_join)
             stages.append(kind.resolve_paths(stage, base_dir))
     top = {k: v for k, v in data.items() if k != "stages"}
     try:
@@ -174,6 +184,7 @@ def check_graph(config: PipelineConfig, where: str) -> None:
         problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
     _raise(problems)
     _raise([*_reach_problems(config, where), *_type_problems(config, where), *_join_kind_problems(config, where)])
+    _raise(_zip_stall_problems(config, where))
 
 
 def _raise(problems: list[Problem]) -> None:
@@ -191,12 +202,23 @@ def _structure_problems(config: PipelineConfig, where: str) -> list[Problem]:
         problems.append(Problem(f"{where}: stages", f"stage_id {dup_id} is used more than once", "give each stage a unique stage_id"))
     for s in config.stages:
         for inp in s.inputs:
-            if inp != REQUEST and inp not in names:
+            src, port = split_input(inp)
+            if src != REQUEST and src not in names:
                 problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"unknown input {inp!r}", f"use 'request' or one of the stage names: {', '.join(names)}"))
-            if inp == s.name:
+            elif src == REQUEST and port is not None:
+                problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"{inp!r}: the request has no output ports",
+                                        "write request"))
+            if src == s.name:
                 problems.append(Problem(f"{where}: stages.{s.name}.inputs", "a stage cannot take its own output as input", "remove it"))
         for inp in sorted({i for i in s.inputs if s.inputs.count(i) > 1}):
             problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"{inp!r} is listed more than once", "list each input once"))
+        for src in sources(s.inputs):
+            if src in s.inputs and any(split_input(i)[0] == src and i != src for i in s.inputs):
+                ported = [i for i in s.inputs if i != src and split_input(i)[0] == src]
+                problems.append(Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"{src} is listed whole and by port ({', '.join(ported)}): {src} alone already takes every item it yields",
+                    f"list {src} alone, or only the ports {s.name} takes"))
         problems.extend(_join_problems(s, where))
         for dev in s.devices:
             if not _DEVICE_ID.match(dev):
@@ -209,7 +231,7 @@ def _join_problems(s: StageConfig, where: str) -> list[Problem]:
         return [Problem(
             f"{where}: stages.{s.name}.join",
             f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join, so how they combine is unsaid",
-            "add join: all (one item from each input per step), zip (items paired by sequence) "
+            "add join: all (each input's whole output, once every input has ended), zip (items paired by sequence) "
             "or latest (each input's newest item)")]
     if len(s.inputs) <= 1 and s.join is not None:
         return [Problem(
@@ -226,12 +248,12 @@ def _join_kind_problems(config: PipelineConfig, where: str) -> list[Problem]:
         f"{s.name} ({s.kind}) has {len(s.inputs)} inputs ({', '.join(s.inputs)}), and the {s.kind} kind does not take "
         f"joined items (one dict keyed by source per item)",
         f"give {s.name} one input, or put a stage of a kind that takes a join in front of it")
-        for s in config.stages if len(s.inputs) > 1 and s.join is not None and not get_kind(s.kind).takes_join]
+        for s in config.stages if len(s.inputs) > 1 and s.join is not None and not get_kind(s.kind).stage_takes_join(s)]
 
 
 def _reach_problems(config: PipelineConfig, where: str) -> list[Problem]:
     """Stages the request never reaches, and outputs that go nowhere (the graph has no cycle)."""
-    consumers = {s.name: [c.name for c in config.stages if s.name in c.inputs] for s in config.stages}
+    consumers = {s.name: [c.name for c in config.stages if s.name in sources(c.inputs)] for s in config.stages}
     reached = {s.name for s in config.stages if REQUEST in s.inputs}
     todo = list(reached)
     while todo:
@@ -259,7 +281,7 @@ def _chain_to_root(config: PipelineConfig, name: str) -> list[str]:
     """``root → … → name``, following first inputs back to a stage with none (no cycle, no request)."""
     chain = [name]
     while config.stage(chain[0]).inputs:
-        chain.insert(0, config.stage(chain[0]).inputs[0])
+        chain.insert(0, sources(config.stage(chain[0]).inputs)[0])
     return chain
 
 
@@ -273,7 +295,16 @@ def _type_problems(config: PipelineConfig, where: str) -> list[Problem]:
     for s in config.stages:
         consumes = ports[s.name].consumes
         for inp in s.inputs:
-            gives = request if inp == REQUEST else ports[inp].produces
+            src_name, port = split_input(inp)
+            if port is not None and not ports[src_name].port(port):
+                have = ports[src_name].port_names()
+                problems.append(Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"{s.name} takes {inp}, and {src_name} ({config.stage(src_name).kind}) has no output port {port!r}; "
+                    f"its ports are {', '.join(have) or 'none'}",
+                    f"name one of {', '.join(f'{src_name}.{p}' for p in have)}, or {src_name} alone for every item it yields"))
+                continue
+            gives = request if inp == REQUEST else ports[src_name].port(port) if port else ports[src_name].produces
             why = edge_mismatch(gives, consumes)
             if why is None:
                 continue
@@ -283,11 +314,11 @@ def _type_problems(config: PipelineConfig, where: str) -> list[Problem]:
                     f"{s.name} ({s.kind}) consumes {spell(consumes)}, and a request carries {spell(request)}",
                     f"feed {s.name} from a stage that produces {spell(consumes)} instead of 'request'"))
                 continue
-            src = config.stage(inp)
+            src = config.stage(src_name)
             problems.append(Problem(
                 f"{where}: stages.{s.name}.inputs",
                 f"{inp} ({src.kind}) produces {spell(gives)}, and {s.name} ({s.kind}) consumes {spell(consumes)}: {why}",
-                f"feed {s.name} from a stage that produces {spell(consumes)}, or put a stage between {inp} and "
+                f"feed {s.name} from a stage that produces {spell(consumes)}, or put a stage between {src_name} and "
                 f"{s.name} that turns {spell(gives)} into {spell(consumes)}"))
         produced = {t.kind for t in ports[s.name].produces}
         if s.final_output_type is not None and s.final_output_type not in produced:
@@ -312,12 +343,62 @@ def _ports(config: PipelineConfig, where: str) -> tuple[dict[str, Ports], list[P
     return ports, problems
 
 
+def _zip_stall_problems(config: PipelineConfig, where: str) -> list[Problem]:
+    """A ``zip`` whose inputs come from one upstream stage along two paths, one that streams
+    that stage's items and one that waits for its end (a stage on it takes ``whole`` text): the
+    streaming input fills the join's buffer, its producer pauses, the upstream stage never ends,
+    and the waiting input never comes — the request stalls. Named with both paths."""
+    ports, problems = _ports(config, where)
+    if problems:
+        return []
+
+    def waits(consumer: StageConfig, entry: str) -> bool:
+        """Whether ``consumer`` gets nothing along ``entry`` before its producer has ended."""
+        src, port = split_input(entry)
+        gives = ports[src].port(port) if port else ports[src].produces
+        return (get_kind(consumer.kind).text_input == "whole" and any(t.kind == "text" for t in gives)
+                and any(t.kind == "text" for t in ports[consumer.name].consumes))
+
+    out: list[Problem] = []
+    for j in config.stages:
+        if j.join != "zip":
+            continue
+        # (upstream stage, the path from it to j as hops, whether the path waits, j's input it ends in)
+        paths: list[tuple[str, list[str], str | None, str]] = []
+        for entry in j.inputs:
+            if entry == REQUEST:
+                continue
+            todo: list[tuple[list[str], str | None]] = [([entry, j.name], j.name if waits(j, entry) else None)]
+            while todo and len(paths) < 256:
+                hops, waiter = todo.pop()
+                head = split_input(hops[0])[0]
+                paths.append((head, hops, waiter, entry))
+                for up in config.stage(head).inputs:
+                    if up != REQUEST:
+                        todo.append(([up, *hops], waiter or (head if waits(config.stage(head), up) else None)))
+        for head, hops, waiter, entry in paths:
+            if waiter is None:
+                continue
+            streaming = next((p for p in paths if p[0] == head and p[2] is None and p[3] != entry), None)
+            if streaming is None:
+                continue
+            out.append(Problem(
+                f"{where}: stages.{j.name}.join",
+                f"join: zip can stall: {' → '.join(streaming[1])} hands {j.name} {head}'s items as they come, and "
+                f"{' → '.join(hops)} only once {head} has ended ({waiter} takes whole text), so the streaming input "
+                f"fills the join's buffer, {head} pauses and never ends",
+                f"use join: all (each input's whole output once every input has ended), or feed {j.name} from paths "
+                "that both stream"))
+            break
+    return out
+
+
 _DEVICE_ID = re.compile(r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")
 
 
 def _find_cycle(config: PipelineConfig) -> list[str]:
     """A cycle as stage names in the direction data flows (``a → b → a``: a feeds b feeds a), or []."""
-    graph = {s.name: [i for i in s.inputs if i != REQUEST] for s in config.stages}
+    graph = {s.name: [i for i in sources(s.inputs) if i != REQUEST] for s in config.stages}
     state: dict[str, int] = {}
     stack: list[str] = []
 

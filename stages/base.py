@@ -90,7 +90,8 @@ class StageConfig(Strict):
     stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
     inputs: list[str] = Field(
         default_factory=lambda: [REQUEST],
-        description="Where this stage's input comes from: 'request' or other stage names.",
+        description="Where this stage's input comes from: 'request', other stage names (every item they "
+        "yield), or 'stage.port' (only the items on that output port, e.g. thinker.hidden_states).",
     )
     devices: list[str] = Field(
         min_length=1,
@@ -219,13 +220,29 @@ class StageKind(ABC):
         """Called by the loader: make relative paths absolute against the config file."""
         return stage
 
+    def stage_takes_join(self, stage: StageConfig) -> bool:
+        """Whether ``stage`` may have several inputs: the kind's ``takes_join`` (default), or
+        narrower per stage (ar_decode: only an Omni talker takes its thinker's two ports)."""
+        return self.takes_join
+
+    def default_join(self, stage: StageConfig) -> Join | None:
+        """The join a stage with several inputs gets when its config names none, or None
+        (the default: the config must say). The config loader applies it."""
+        return None
+
     def ports(self, stage: StageConfig) -> Ports:
         """What ``stage`` consumes and produces: the kind's ``consumes``/``produces``
         (default), or narrower per stage (an exported graph's manifest may say
         ``audio@22050``). Called by the config loader, so it reads at most small
         metadata files and raises ``PayloadSpecError`` for a bad spelling; when that
         metadata cannot be read it answers the kind's own declaration (``describe``
-        reports the unreadable artifact)."""
+        reports the unreadable artifact).
+
+        Each produced type is an output port (``stages.payloads.port_name``: its role,
+        else its kind) a consumer may name as ``stage.port``. A runner of a stage whose
+        consumers may subscribe to different ports yields each item tagged with its
+        port (``stages.payloads.on_port``); an untagged item is on the stage's only
+        port, or, when it is a ``str``, on its ``text`` port."""
         return Ports(parse_payloads(self.consumes), parse_payloads(self.produces))
 
     @abstractmethod

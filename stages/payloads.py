@@ -147,9 +147,51 @@ def spell(types: tuple[PayloadType, ...]) -> str:
     return " or ".join(str(t) for t in types) or "nothing"
 
 
+def port_name(t: PayloadType) -> str:
+    """The name of the output port a produced type is on: its role when it has one
+    (``tensor:hidden_states`` → ``hidden_states``), else its kind (``text``, ``audio@22050`` → ``audio``)."""
+    return t.role or t.kind
+
+
 @dataclass(frozen=True)
 class Ports:
     """What one stage consumes and produces (its kind's declaration, narrowed per stage)."""
 
     consumes: tuple[PayloadType, ...]
     produces: tuple[PayloadType, ...]
+
+    def port_names(self) -> tuple[str, ...]:
+        """The stage's output ports (``port_name`` of each produced type, each once, in order)."""
+        return tuple(dict.fromkeys(port_name(t) for t in self.produces))
+
+    def port(self, name: str) -> tuple[PayloadType, ...]:
+        """The produced types on output port ``name`` (empty when the stage has no such port)."""
+        return tuple(t for t in self.produces if port_name(t) == name)
+
+
+# ---- output ports at run time -----------------------------------------------------
+
+PORT_KEY = "__port__"
+"""The key of a port-tagged item (:func:`on_port`)."""
+
+
+def split_input(spec: str) -> tuple[str, str | None]:
+    """An entry of a stage's ``inputs`` as ``(source, port)``: ``thinker.text`` →
+    ``("thinker", "text")``; ``thinker`` or ``request`` → ``(name, None)`` (every port).
+    Stage names have no dot, so the first dot separates the port."""
+    source, dot, port = spec.partition(".")
+    return (source, port) if dot else (source, None)
+
+
+def on_port(port: str, item: object) -> dict[str, object]:
+    """``item`` tagged with the output port it is on, as a stage of several ports yields it:
+    plain data (a two-key dict), so it travels between actors like any other item. The
+    runtime strips the tag and hands ``item`` only to the consumers of that port."""
+    return {PORT_KEY: port, "item": item}
+
+
+def untag(item: object) -> tuple[str | None, object]:
+    """``(port, item)`` for an item tagged by :func:`on_port`; ``(None, item)`` for any other."""
+    if isinstance(item, dict) and len(item) == 2 and "item" in item and isinstance(item.get(PORT_KEY), str):
+        return item[PORT_KEY], item["item"]
+    return None, item

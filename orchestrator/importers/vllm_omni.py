@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import parse_config
+from orchestrator.config import parse_config, sources
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.validation import read_document
 from stages.ar_decode.kv import model_context_limit, text_config
+from stages.payloads import split_input
 from stages.registry import get_kind
 
 FORMAT = "omni-edge.import/1"
@@ -52,7 +53,8 @@ class TopologyStage:
     kind: str
     """The omni-edge stage kind that runs it (ar_decode, exported_graph)."""
     inputs: tuple[str, ...]
-    """``request`` or the model_stage names of the stages feeding it."""
+    """``request``, the model_stage names of the stages feeding it, or their output ports
+    (``thinker.hidden_states``: ``stages.payloads.split_input``)."""
     carries: str
     """What travels into it, in words (for the report)."""
     final_output_type: str | None = None
@@ -74,8 +76,8 @@ class Topology:
 
 _OMNI_STAGES = (
     TopologyStage(0, "thinker", "ar_decode", ("request",), "the request (text)", "text"),
-    TopologyStage(1, "talker", "ar_decode", ("thinker",),
-                  "the thinker's hidden states and its text (vLLM-Omni's thinker2talker)"),
+    TopologyStage(1, "talker", "ar_decode", ("thinker.hidden_states", "thinker.text"),
+                  "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)"),
     TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio"),
 )
 TOPOLOGIES: tuple[Topology, ...] = (
@@ -530,7 +532,8 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
             raise ConfigError.single(f"{report.source}: {loc}.engine_input_source", f"no stage has stage_id {unknown[0]}",
                                      f"use one of {', '.join(str(k) for k in by_id)}")
         names = [by_id[x].model_stage for x in ids]
-        inputs = names or ["request"]
+        # a source the topology takes by its output ports (thinker2talker: hidden states and text) is those ports
+        inputs = [p for n in names for p in ([i for i in ts.inputs if split_input(i)[0] == n] or [n])] or ["request"]
         report.map(f"{loc}.engine_input_source", f"stages.{name}.inputs", inputs)
         if tuple(inputs) != ts.inputs:
             report.notes.append(f"stages.{name}.inputs: the file says {inputs}, the {topo.name} topology "
@@ -542,7 +545,7 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
     out["inputs"] = inputs
     if len(inputs) > 1:
         out["join"] = "all"
-        report.notes.append(f"stages.{name}.join: all (several inputs, one item from each per step)")
+        report.notes.append(f"stages.{name}.join: all (each input's whole output, once every input has ended)")
     out["devices"] = devices
 
     # final output
@@ -574,12 +577,12 @@ def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportRepo
                                  f"use the imported stage names: {', '.join(names)}")
     kept = [s for s in stages if s["name"] in only]
     for s in kept:
-        dropped = [i for i in s["inputs"] if i != "request" and i not in only]
+        dropped = [i for i in sources(s["inputs"]) if i != "request" and i not in only]
         if dropped:
             raise ConfigError.single(f"--only {','.join(only)}", f"{s['name']} takes its input from {', '.join(dropped)}, which is left out",
                                      f"keep {', '.join(dropped)} too")
     for s in kept:
-        fed = any(s["name"] in k["inputs"] for k in kept)
+        fed = any(s["name"] in sources(k["inputs"]) for k in kept)
         if not fed and not s.get("final_output"):
             produced = [t for t in get_kind(s["kind"]).produces]
             sub = {"thinker": "text", "talker": "token_ids"}.get(str(s.get("model_stage")), produced[0] if produced else None)

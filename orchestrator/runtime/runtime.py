@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.config import PipelineConfig
+from orchestrator.config import PipelineConfig, sources
 from orchestrator.errors import BadRequest, ConfigError, LedgerLost, PlanRefused, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
@@ -75,7 +75,7 @@ from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEven
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
-from stages.payloads import Ports, edge_mismatch, spell
+from stages.payloads import Ports, edge_mismatch, spell, split_input, untag
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker, WholeText
 
@@ -103,8 +103,10 @@ class Runtime:
         self.stages: list[StagePlan] = sorted(plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order))
         self.kinds: dict[str, StageKind] = {s.name: get_kind(s.kind) for s in self.stages}
         self._check_graph()
-        self.consumers = {s.name: [c.name for c in self.stages if s.name in c.inputs] for s in self.stages}
+        self.consumers = {s.name: [c.name for c in self.stages if s.name in sources(c.inputs)] for s in self.stages}
         """Stage → the stages that take its output (fan-out: several)."""
+        self.routes_out = {s.name: self._routes(s.name) for s in self.stages}
+        """Stage → its consumers' inputs that name it, each with the output ports it takes (``_routes``)."""
         self.joins: dict[str, str] = {s.name: str(self.config.stage(s.name).join) for s in self.stages
                                       if len(s.inputs) > 1}
         """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
@@ -140,18 +142,20 @@ class Runtime:
                     raise ConfigError.single(
                         f"stages.{s.name}.join", f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join",
                         "add join: zip, all or latest")
-                if not self.kinds[s.name].takes_join:
+                if not self.kinds[s.name].stage_takes_join(self.config.stage(s.name)):
                     raise ConfigError.single(
                         f"stages.{s.name}.inputs",
                         f"{s.name} ({s.kind}) has {len(s.inputs)} inputs, and its kind does not take joined items",
                         f"give {s.name} one input, or use a kind that takes a join (StageKind.takes_join)")
-            for source in s.inputs:
+            for entry in s.inputs:
+                source, port = split_input(entry)
                 if source == REQUEST:
                     continue
                 if source not in names:
                     raise ConfigError.single(f"stages.{s.name}.inputs", f"{source!r} is not a stage of this plan",
                                              "plan and run the config the plan was made from")
-                takes, gives = self._ports(s.name).consumes, self._ports(source).produces
+                takes = self._ports(s.name).consumes
+                gives = self._ports(source).port(port) if port else self._ports(source).produces
                 if edge_mismatch(gives, takes) is not None:  # the config loader checked it first: a guard
                     raise ConfigError.single(
                         f"stages.{s.name}.inputs",
@@ -165,7 +169,43 @@ class Runtime:
         request alone, its input's pump, or for a fan-in the one task that feeds it joined items."""
         if len(s.inputs) > 1:
             return f"{s.name}:join"
-        return None if s.inputs[0] == REQUEST else s.inputs[0]
+        return None if s.inputs[0] == REQUEST else split_input(s.inputs[0])[0]
+
+    def _routes(self, producer: str) -> list[tuple[str, str, frozenset[str] | None]]:
+        """``(consumer, input, ports)`` for each input of a consumer that names ``producer``:
+        ``thinker.text`` takes port ``text`` only; a plain ``thinker`` takes every port whose
+        types the consumer consumes (all of a single-port producer's), and items whose port
+        is unknown (None: every item)."""
+        ports = self._ports(producer)
+        out: list[tuple[str, str, frozenset[str] | None]] = []
+        for c in self.consumers[producer]:
+            consumes = self._ports(c).consumes
+            for entry in self.plan.stage(c).inputs:
+                source, port = split_input(entry)
+                if source != producer:
+                    continue
+                if port is not None:
+                    out.append((c, entry, frozenset({port})))
+                elif len(ports.port_names()) <= 1:
+                    out.append((c, entry, None))
+                else:
+                    out.append((c, entry, frozenset(p for p in ports.port_names()
+                                                    if edge_mismatch(ports.port(p), consumes) is None)))
+        return out
+
+    def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
+        """``(port, payload)`` of an item ``s`` yielded: a tagged item's port (``stages.payloads.on_port``;
+        one the stage does not have fails it), else the stage's only port, else ``text`` for a ``str``."""
+        port, payload = untag(item)
+        names = self._ports(s.name).port_names()
+        if port is not None:
+            if port not in names:
+                raise StageFailed(s.name, s.device or "?", f"it yielded an item on output port {port!r}, and its "
+                                  f"ports are {', '.join(names) or 'none'}")
+            return port, payload
+        if len(names) == 1:
+            return names[0], payload
+        return ("text" if isinstance(payload, str) and "text" in names else None), payload
 
     def _ports(self, name: str) -> Ports:
         """The stage's payload types as its config declares them (``StageKind.ports``)."""
@@ -235,7 +275,7 @@ class Runtime:
             if "text" not in self.kinds[s.name].consumes or s.name in self.joins:
                 continue
             run = {d.name for d in self.downstream(s.name)}
-            if all(i in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
+            if all(split_input(i)[0] in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
                 out.append(s.name)
         return out
 
@@ -382,53 +422,61 @@ class Runtime:
         consumer through its ``Joiner``, which combines this input with its others)."""
         joiners = joiners or {}
 
-        async def give(c: StagePlan, item: Any) -> None:
+        async def give(c: StagePlan, entry: str, item: Any) -> None:
             if c.name in joiners:
-                await joiners[c.name].put(s.name, item)
+                await joiners[c.name].put(entry, item)
             else:
                 await self._feed(c, rid, item)
 
         dev = self.devices[s.device or "?"]
-        consumers = [self.plan.stage(c) for c in self.consumers[s.name]]
-        sentences = {c.name for c in consumers if self.kinds[c.name].text_input == "sentences"}
-        chunkers = {c.name: SentenceChunker() if c.name in sentences else WholeText() for c in consumers}
+        # each consumer input naming s, with the ports it takes (a consumer may name two ports of s)
+        routes = [(self.plan.stage(c), entry, ports) for c, entry, ports in self.routes_out[s.name]]
+        sentences = {c.name for c, _, _ in routes if self.kinds[c.name].text_input == "sentences"}
+        chunkers = {entry_key: SentenceChunker() if c.name in sentences else WholeText()
+                    for c, entry, _ in routes for entry_key in [(c.name, entry)]}
+        final_kinds = None if s.final_output_type is None else {s.final_output_type}
         first: float | None = None
         stats: dict[str, Any] = {}
         index = 0
         try:
             async for ref in gen:
-                kind, payload = await ref
+                kind, item = await ref
                 if kind == "stats":
-                    stats = payload
+                    stats = item
                     continue
+                port, payload = self._item_port(s, item)
                 now = time.perf_counter() - t0
                 if first is None:
                     first = now
                     events.put_nowait(StageEvent(s.name, "first_output", rid, now))
-                if s.final_output:
+                if s.final_output and (final_kinds is None or port is None or any(
+                        t.kind in final_kinds for t in self._ports(s.name).port(port))):
                     events.put_nowait(self._event(s, payload, rid, now, index))
-                index += 1
-                for c in consumers:
+                    index += 1
+                for c, entry, ports in routes:
+                    if ports is not None and port not in ports:
+                        continue  # not a port this input takes
                     if not isinstance(payload, str):
-                        await give(c, payload)
+                        await give(c, entry, payload)
                         continue
-                    for chunk in chunkers[c.name].feed(payload):
+                    for chunk in chunkers[(c.name, entry)].feed(payload):
                         if c.name in sentences:
                             chunks_in[c.name].append(chunk)
-                        await give(c, chunk)
+                        await give(c, entry, chunk)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             raise self._map(exc, s.name, dev) from None
-        for c in consumers:
-            for chunk in chunkers[c.name].flush():
+        for c, entry, _ in routes:
+            for chunk in chunkers[(c.name, entry)].flush():
                 if c.name in sentences:
                     chunks_in[c.name].append(chunk)
-                await give(c, chunk)
+                await give(c, entry, chunk)
             if c.name in joiners:
-                await joiners[c.name].end(s.name)
-            else:
-                await self._call(c, "end_input", rid)
+                await joiners[c.name].end(entry)
+        for name in dict.fromkeys(c.name for c, _, _ in routes):
+            if name not in joiners:
+                await self._call(self.plan.stage(name), "end_input", rid)
         end = time.perf_counter() - t0
         stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
                  "done_s": _r(end), "chunks_in": chunks_in.get(s.name, [])}

@@ -47,7 +47,7 @@ from stages.ar_decode.runner import (
     request_tokenizer,
     validate_request,
 )
-from stages.base import ArtifactInfo, Progress, StageConfig, StageKind
+from stages.base import ArtifactInfo, Join, Progress, StageConfig, StageKind
 from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
@@ -151,9 +151,18 @@ MODEL_STAGE_PORTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "talker": (("tensor:hidden_states", "text"), ("token_ids",)),
 }
 """Payload types of an Omni checkpoint's sub-models (``model_stage``): the thinker yields
-text and the hidden states a talker reads; the talker reads them and yields codec codes
-(token ids of the codec's vocabulary) for code2wav. Declared for the graph checks and
-planning: the vLLM runner here yields text only, so a talker cannot run yet."""
+text and the hidden states a talker reads — two output ports, ``thinker.text`` and
+``thinker.hidden_states`` (``stages.payloads.port_name``); the talker reads both (its
+inputs name the two ports, joined: ``TALKER_JOIN``) and yields codec codes (token ids of
+the codec's vocabulary) for code2wav, whose exported stage consumes ``token_ids``.
+Declared for the graph checks and planning: the vLLM runner here yields text only (an
+untagged ``str`` is on the thinker's ``text`` port), so a talker cannot run yet."""
+TALKER_JOIN: Join = "all"
+"""The talker's join when its config names none: ``all`` — once the thinker has ended, one
+item ``{"thinker.hidden_states": [...], "thinker.text": [...]}``, as vLLM-Omni's
+thinker2talker hands the talker the thinker's whole output. ``zip`` would pair the i-th
+hidden state with the i-th text item, and the talker takes text whole (one item at the
+thinker's end) while hidden states stream: that zip stalls (the config loader refuses it)."""
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -190,6 +199,13 @@ class ArDecodeKind(StageKind):
     consumes = ("text",)
     produces = ("text",)
     text_input = "whole"
+
+    def stage_takes_join(self, stage: StageConfig) -> bool:
+        """Only an Omni talker (``model_stage: talker``) takes joined items: its thinker's two ports."""
+        return getattr(stage, "model_stage", None) == "talker"
+
+    def default_join(self, stage: StageConfig) -> Join | None:
+        return TALKER_JOIN if self.stage_takes_join(stage) else None
 
     def ports(self, stage: StageConfig) -> Ports:
         """``text`` → ``text``; an Omni sub-model's own types (``MODEL_STAGE_PORTS``) for

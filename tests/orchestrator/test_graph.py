@@ -158,7 +158,7 @@ def test_an_output_that_goes_nowhere_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("stages", "expected"), [
     (thinker("a", extra=", final_output: true") + thinker("b", "[request, a]", ", final_output: true"),
      ("stages.b.join", "b has 2 inputs (request, a) and no join, so how they combine is unsaid",
-      "add join: all (one item from each input per step), zip (items paired by sequence) "
+      "add join: all (each input's whole output, once every input has ended), zip (items paired by sequence) "
       "or latest (each input's newest item)")),
     (thinker("a", extra=", final_output: true, join: zip"),
      ("stages.a.join", "join: zip combines several inputs, and a has one (request)",
@@ -187,6 +187,90 @@ def test_fan_in_with_a_join_loads_for_a_kind_that_takes_one_and_the_runtime_runs
     with pytest.raises(ConfigError) as exc:  # the runtime's own guard, for a plan handed to it directly
         Runtime(dataclasses.replace(plan, stages=(plan.stage("thinker"), voice)), config)
     assert "stages.voice" in str(exc.value)
+
+
+# ---- output ports ----------------------------------------------------------------------
+
+
+def omni(talker_inputs: str = "[thinker.hidden_states, thinker.text]", talker_extra: str = "") -> str:
+    """An Omni thinker (text and hidden states out) and its talker (both in, codec codes out)."""
+    return (thinker(extra=", model_stage: thinker, final_output: true, final_output_type: text")
+            + thinker("talker", talker_inputs, ", model_stage: talker, final_output: true, final_output_type: token_ids"
+                      + talker_extra))
+
+
+def test_a_talker_takes_the_thinkers_two_ports_and_joins_them_all_by_default(tmp_path: Path) -> None:
+    cfg = loads(tmp_path, omni())
+    talker = cfg.stage("talker")
+    assert talker.inputs == ["thinker.hidden_states", "thinker.text"]
+    assert talker.join == "all"  # ar_decode's default for a talker (StageKind.default_join)
+    assert [s.name for s in cfg.topological()] == ["thinker", "talker"]
+    ports = get_kind("ar_decode").ports(cfg.stage("thinker"))
+    assert ports.port_names() == ("text", "hidden_states")
+    assert str(ports.port("hidden_states")[0]) == "tensor:hidden_states"
+    # a plain input still means every item of the stage (back-compatible), type-checked against all its ports
+    assert loads(tmp_path, omni("[thinker]")).stage("talker").join is None
+
+
+def test_a_port_the_producer_does_not_have_names_both_stages_and_the_ports_there_are(tmp_path: Path) -> None:
+    assert refusal(tmp_path, omni("[thinker.codes, thinker.text]")) == [(
+        "stages.talker.inputs",
+        "talker takes thinker.codes, and thinker (ar_decode) has no output port 'codes'; its ports are text, hidden_states",
+        "name one of thinker.text, thinker.hidden_states, or thinker alone for every item it yields")]
+
+
+def test_an_edge_from_a_port_is_checked_against_that_ports_types_only(tmp_path: Path) -> None:
+    stages = (thinker(extra=", model_stage: thinker, final_output: true")
+              + graph("voice", PIPER, "[thinker.hidden_states]", ", final_output: true"))
+    (where, what, _), = refusal(tmp_path, stages)
+    assert where == "stages.voice.inputs"
+    assert what == ("thinker.hidden_states (ar_decode) produces tensor:hidden_states, and voice (exported_graph) "
+                    "consumes text: tensor is not text")
+    # the same voice on the text port, or on the whole thinker (whose text it takes), loads
+    loads(tmp_path, thinker(extra=", model_stage: thinker, final_output: true")
+          + graph("voice", PIPER, "[thinker.text]", ", final_output: true"))
+    loads(tmp_path, thinker(extra=", model_stage: thinker, final_output: true")
+          + graph("voice", PIPER, "[thinker]", ", final_output: true"))
+
+
+@pytest.mark.parametrize(("stages", "expected"), [
+    (omni("[thinker, thinker.text]", ", join: all"),
+     ("stages.talker.inputs", "thinker is listed whole and by port (thinker.text): thinker alone already takes "
+      "every item it yields", "list thinker alone, or only the ports talker takes")),
+    (thinker(inputs="[request.text]", extra=", final_output: true"),
+     ("stages.thinker.inputs", "'request.text': the request has no output ports", "write request")),
+    (omni("[ghost.text, thinker.text]"),
+     ("stages.talker.inputs", "unknown input 'ghost.text'", "use 'request' or one of the stage names: thinker, talker")),
+])
+def test_port_spellings_that_mean_nothing_are_refused(tmp_path: Path, stages: str, expected: tuple[str, str, str]) -> None:
+    assert expected in refusal(tmp_path, stages)
+
+
+def test_only_a_talker_among_ar_decode_stages_takes_a_join(tmp_path: Path) -> None:
+    (where, what, _), = refusal(tmp_path, thinker("a", extra=", model_stage: thinker, final_output: true")
+                                + thinker("b", "[a.text, request]", ", final_output: true, join: all"))
+    assert where == "stages.b.inputs" and "the ar_decode kind does not take joined items" in what
+
+
+def test_a_zip_that_would_stall_is_refused_with_both_paths(tmp_path: Path) -> None:
+    # the talker takes text whole (one item at the thinker's end) while hidden states stream
+    assert refusal(tmp_path, omni(talker_extra=", join: zip")) == [(
+        "stages.talker.join",
+        "join: zip can stall: thinker.hidden_states → talker hands talker thinker's items as they come, and "
+        "thinker.text → talker only once thinker has ended (talker takes whole text), so the streaming input fills "
+        "the join's buffer, thinker pauses and never ends",
+        "use join: all (each input's whole output once every input has ended), or feed talker from paths that both stream")]
+    # a diamond: a feeds the sink directly (sentences, streaming) and through b, a decoder taking a's whole text
+    diamond = (thinker("a") + thinker("b", "[a]")
+               + "  - {name: sink, kind: join_echo, inputs: [a, b], join: zip, devices: [cpu], final_output: true}\n")
+    (where, what, _), = refusal(tmp_path, diamond)
+    assert where == "stages.sink.join"
+    assert what.startswith("join: zip can stall: a → sink hands sink a's items as they come, and a → b → sink only "
+                           "once a has ended (b takes whole text)")
+    assert loads(tmp_path, diamond.replace("join: zip", "join: all")).stage("sink").join == "all"
+    # two streaming paths from one stage (the voice's fan-in test) load under zip
+    loads(tmp_path, thinker("a", extra=", final_output: true") + graph("voice", PIPER, "[a]", ", final_output: true")
+          + "  - {name: sink, kind: join_echo, inputs: [a, voice], join: zip, devices: [cpu], final_output: true}\n")
 
 
 def test_the_cli_refuses_a_bad_graph_with_exit_2_before_planning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

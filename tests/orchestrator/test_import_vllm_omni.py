@@ -94,7 +94,9 @@ def test_the_imported_qwen2_5_omni_config_maps_what_has_a_meaning(tmp_path: Path
     cfg = yaml.safe_load(written)
     thinker, talker, code2wav = cfg["stages"]
     assert (thinker["kind"], thinker["model_stage"], thinker["devices"], thinker["inputs"]) == ("ar_decode", "thinker", ["gpu:0"], ["request"])
-    assert (talker["kind"], talker["model_stage"], talker["devices"], talker["inputs"]) == ("ar_decode", "talker", ["gpu:1"], ["thinker"])
+    assert (talker["kind"], talker["model_stage"], talker["devices"]) == ("ar_decode", "talker", ["gpu:1"])
+    # engine_input_source: [0] is the thinker; thinker2talker carries its hidden states and its text: two ports
+    assert (talker["inputs"], talker["join"]) == (["thinker.hidden_states", "thinker.text"], "all")
     assert (code2wav["kind"], code2wav["inputs"], code2wav["final_output_type"]) == ("exported_graph", ["talker"], "audio")
     assert talker["sampling"] == {"temperature": 0.9, "top_p": 0.8, "top_k": 40, "max_tokens": 2048, "seed": 42,
                                   "repetition_penalty": 1.05}
