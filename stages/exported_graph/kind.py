@@ -10,7 +10,7 @@ from the evidence cache. The runtime half is ``stages.exported_graph.runner``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -52,19 +52,16 @@ class ToleranceOverride(Strict):
     cosine_min: float | None = Field(None, ge=-1, le=1, description="Overrides the manifest's tolerance.cosine_min.")
 
 
-class ExportedGraphConfig(StageConfig):
-    """An exported-graph stage in a pipeline config."""
+class GraphStageConfig(StageConfig):
+    """The EP settings every stage that runs exported graphs has (``exported_graph``, and the
+    kinds that run their graphs through it: ``asr``, ``vad``); each kind subclasses it."""
 
-    kind: Literal["exported_graph"] = Field(description="Always exported_graph for this kind.")
-    artifact: str = Field(
-        description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
-    )
     precision: list[Precision] = Field(
         default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
-        description="Precisions to use, in preference order; the first one the artifact has and the backend runs is chosen.",
+        description="Precisions to use, in preference order; each graph takes the first one it has and the backend runs.",
     )
     min_ep_coverage: float | None = Field(
-        None, ge=0, le=1, description="Overrides the manifest's minimum fraction of nodes the target EP must take.",
+        None, ge=0, le=1, description="Overrides the manifest's (each graph's) minimum fraction of nodes the target EP must take.",
     )
     target_only: bool = Field(
         False,
@@ -74,29 +71,19 @@ class ExportedGraphConfig(StageConfig):
         default_factory=dict,
         description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
     )
+
+
+class ExportedGraphConfig(GraphStageConfig):
+    """An exported-graph stage in a pipeline config."""
+
+    kind: Literal["exported_graph"] = Field(description="Always exported_graph for this kind.")
+    artifact: str = Field(
+        description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
+    )
     tolerance: ToleranceOverride | None = Field(None, description="Overrides fields of the manifest's numeric tolerance.")
 
 
-class GraphSettings(Protocol):
-    """A stage config carrying the EP settings of an exported-graph stage (read-only)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def devices(self) -> list[str]: ...
-    @property
-    def backends(self) -> list[str] | None: ...
-    @property
-    def precision(self) -> list[Precision]: ...
-    @property
-    def min_ep_coverage(self) -> float | None: ...
-    @property
-    def target_only(self) -> bool: ...
-    @property
-    def provider_options(self) -> dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]]: ...
-
-
-def as_graph_stage(stage: GraphSettings, artifact: str) -> ExportedGraphConfig:
+def as_graph_stage(stage: GraphStageConfig, artifact: str) -> ExportedGraphConfig:
     """The ``exported_graph`` stage that ``artifact`` would be with ``stage``'s devices and
     EP settings — for kinds that run their graphs through this one (asr, vad)."""
     return ExportedGraphConfig(

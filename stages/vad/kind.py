@@ -37,8 +37,13 @@ from orchestrator.ledger import Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.plan import Refusal
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
-from stages.exported_graph.artifact import ExportedArtifact, Precision
-from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind, as_graph_stage
+from stages.exported_graph.artifact import ExportedArtifact
+from stages.exported_graph.kind import (
+    ExportedGraphConfig,
+    ExportedGraphKind,
+    GraphStageConfig,
+    as_graph_stage,
+)
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -50,24 +55,13 @@ INPUTS = ("input", "sr", "state")
 OUTPUTS = ("output", "stateN")
 
 
-class VadConfig(StageConfig):
+class VadConfig(GraphStageConfig):
     """A voice-activity-detection stage in a pipeline config."""
 
     kind: Literal["vad"] = Field(description="Always vad for this kind.")
     artifact: str = Field(
         description="The Silero VAD artifact directory (exports/silero-vad, or exports/silero-vad-op18 for "
                     "OpenVINO), relative to the config file, or package://<package>/<dir>.",
-    )
-    precision: list[Precision] = Field(
-        default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
-        description="Precisions to use, in preference order; the first the artifact has and the backend runs.",
-    )
-    min_ep_coverage: float | None = Field(
-        None, ge=0, le=1, description="Overrides the manifest's minimum fraction of nodes the target EP must take.",
-    )
-    target_only: bool = Field(False, description="Run the graph on the target EP alone (no CPU EP fallback).")
-    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = Field(
-        default_factory=dict, description="Per backend, provider options that override the backend table.",
     )
     threshold: float = Field(0.5, gt=0, lt=1, description="A window at this speech probability or above is speech.")
     neg_threshold: float | None = Field(
