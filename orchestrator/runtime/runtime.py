@@ -174,8 +174,8 @@ class Runtime:
     def _routes(self, producer: str) -> list[tuple[str, str, frozenset[str] | None]]:
         """``(consumer, input, ports)`` for each input of a consumer that names ``producer``:
         ``thinker.text`` takes port ``text`` only; a plain ``thinker`` takes every port whose
-        types the consumer consumes (all of a single-port producer's), and items whose port
-        is unknown (None: every item)."""
+        types the consumer consumes (None for a single-port producer: every item), and every
+        item whose port is unknown (``_item_port``), as a plain input always did."""
         ports = self._ports(producer)
         out: list[tuple[str, str, frozenset[str] | None]] = []
         for c in self.consumers[producer]:
@@ -454,8 +454,8 @@ class Runtime:
                     events.put_nowait(self._event(s, payload, rid, now, index))
                     index += 1
                 for c, entry, ports in routes:
-                    if ports is not None and port not in ports:
-                        continue  # not a port this input takes
+                    if ports is not None and port not in ports and (port is not None or "." in entry):
+                        continue  # not a port this input takes (a plain input takes an item of unknown port)
                     if not isinstance(payload, str):
                         await give(c, entry, payload)
                         continue

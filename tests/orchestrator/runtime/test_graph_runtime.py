@@ -339,6 +339,11 @@ def test_the_runtime_routes_each_consumer_input_to_its_ports(tmp_path: Path) -> 
                       ("texts", "src.text"): {"text"}, ("hiddens", "src.hidden_states"): {"hidden_states"},
                       ("plain", "src"): {"text"}}  # a plain input: the ports whose types join_echo consumes
     assert rt.joins == {"both": "zip"}
+    # an item's port: its tag; untagged, a str is on the text port, anything else on no known port
+    src = plan.stage("src")
+    assert rt._item_port(src, {"__port__": "hidden_states", "item": 1}) == ("hidden_states", 1)
+    assert rt._item_port(src, "Hi.") == ("text", "Hi.") and rt._item_port(src, {"x": 1}) == (None, {"x": 1})
+    assert rt._item_port(plan.stage("both"), {"x": 1}) == ("event", {"x": 1})  # a single port: every item
     # one stream per stage; one feeder per device: src's feeds, and on cpu also the join's task for both
     assert rt.calls_per_request == {"cpu": 3 + 2, "igpu:0": 2 + 1}
 
