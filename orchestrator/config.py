@@ -165,9 +165,12 @@ def check_graph(config: PipelineConfig, where: str) -> None:
        final output;
     3. the flow — stages no path from the request reaches, outputs that go
        nowhere (no consumer and not a final output), every edge's payload types
-       (``stages.payloads``: both stages and both types named), the request's
-       payloads into entry stages, and ``final_output_type`` against what the
-       stage produces.
+       (``stages.payloads``: both stages and both types named; an input naming an
+       output port, ``thinker.hidden_states``, must name one the producer has and is
+       checked against that port's types only), the request's payloads into entry
+       stages, and ``final_output_type`` against what the stage produces;
+    4. a ``zip`` that would stall: one upstream stage reaching the join along a path
+       that streams and along one that waits for its end (both paths named).
 
     Several entry stages and several final outputs are allowed; fan-in is
     accepted with a declared join on a stage whose kind takes joined items

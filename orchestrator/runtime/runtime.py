@@ -48,7 +48,10 @@ takes joined items (``StageKind.takes_join``): its inputs' items are combined
 in this process (``orchestrator.runtime.joins``: zip, all or latest, bounded)
 and fed to it as one ``dict`` keyed by source; it gets ``end_input`` once
 every input has ended, and a failed input fails the request naming that
-input's stage.
+input's stage. An input may name one output port of its producer
+(``thinker.hidden_states``): a producer of several ports yields items tagged
+with their port (``stages.payloads.on_port``), and each item reaches only
+the inputs that take its port (``_routes``, ``_item_port``).
 """
 
 from __future__ import annotations
