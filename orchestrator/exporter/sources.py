@@ -245,7 +245,9 @@ def from_transformers(location: str, work: Path, *, opset: int = DEFAULT_OPSET,
     step("loading the model and its tokenizer")
     import torch
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the export's own phases are the progress display
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
