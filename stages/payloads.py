@@ -20,6 +20,11 @@ A part left out means "any": ``audio`` takes every sample rate, ``tensor``
 every dtype and shape. The optional ``:role`` names what a tensor or event
 is (hidden states, codec codes); two roles must match when both are given.
 
+Output ports: each produced type is a port named by its role, else its kind
+(:func:`port_name`); a consumer's input may name one, ``stage.port``
+(:func:`split_input`), and a stage of several ports yields each item tagged
+with its port (:func:`on_port`, a plain two-key dict; :func:`untag`).
+
 Guarantees: :func:`parse_payload` accepts exactly the grammar above and
 round-trips (``str(parse_payload(s))`` is the canonical spelling);
 :func:`mismatch` is symmetric in what it refuses for kinds, roles, sample

@@ -199,6 +199,18 @@ def omni(talker_inputs: str = "[thinker.hidden_states, thinker.text]", talker_ex
                       + talker_extra))
 
 
+def test_port_names_input_spellings_and_tagged_items() -> None:
+    from stages.payloads import on_port, parse_payload, port_name, split_input, untag
+    assert [port_name(parse_payload(t)) for t in ("text", "tensor:hidden_states<float32>", "audio@22050", "tensor")] == [
+        "text", "hidden_states", "audio", "tensor"]
+    assert split_input("thinker.hidden_states") == ("thinker", "hidden_states")
+    assert split_input("thinker") == ("thinker", None) and split_input("request") == ("request", None)
+    tagged = on_port("text", "Hello.")
+    assert tagged == {"__port__": "text", "item": "Hello."} and untag(tagged) == ("text", "Hello.")
+    for plain in ("Hello.", {"item": 1, "other": 2}, {"audio": [0.0], "sample_rate": 16000}, [1, 2]):
+        assert untag(plain) == (None, plain)  # anything else is an untagged item, left as it is
+
+
 def test_a_talker_takes_the_thinkers_two_ports_and_joins_them_all_by_default(tmp_path: Path) -> None:
     cfg = loads(tmp_path, omni())
     talker = cfg.stage("talker")
