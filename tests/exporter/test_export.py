@@ -254,6 +254,20 @@ def test_an_existing_target_is_kept_without_force(mlp: tuple[Path, dict[str, Any
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
+def test_force_replaces_the_target_only_with_a_complete_artifact(tmp_path: Path, capsys: Any) -> None:
+    target = tmp_path / "net"
+    assert _export(["export", "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(target),
+                    "--precision", "fp32,fp16"], capsys)[0] == 0
+    first = (target / "manifest.yaml").read_text()
+    # a failing re-export with --force keeps the old artifact whole
+    _refused(tmp_path, capsys, "--from", "torch", "tests.exporter.tiny:nan_module", "-o", str(target), "--force")
+    assert (target / "manifest.yaml").read_text() == first and (target / "fp16.onnx").is_file()
+    code, out, _ = _export(["export", "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(target), "--force"], capsys)
+    assert code == 0 and "wrote" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net"]  # no temporary or replaced directory left
+    assert list(load_artifact(target).manifest.precisions) == ["fp32"] and not (target / "fp16.onnx").exists()
+
+
 def test_a_failure_in_the_last_validation_writes_nothing(tmp_path: Path, capsys: Any) -> None:
     """The whole export runs, then the manifest's hook does not resolve: the temporary directory goes."""
     err = _refused(tmp_path, capsys, "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(tmp_path / "a"),
