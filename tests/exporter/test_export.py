@@ -234,6 +234,13 @@ def test_non_finite_reference_outputs_are_refused(tmp_path: Path, capsys: Any) -
     assert "not finite" in err and "'output': 1 of 3" in err
 
 
+def test_an_int8_graph_that_loses_too_much_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """No tolerance loose enough to admit it would still catch a broken placement: refused, not written."""
+    err = _refused(tmp_path, capsys, "--from", "torch", "tests.exporter.tiny:outlier", "-o", str(tmp_path / "a"),
+                   "--precision", "fp32,int8")
+    assert "--precision int8: the int8 graph loses too much" in err and "leave int8 out" in err
+
+
 @pytest.mark.parametrize(("spec", "says"), [
     ("tests.exporter.tiny", "not a factory spec"),
     ("tests.exporter.nowhere:mlp", "cannot import 'tests.exporter.nowhere'"),

@@ -35,3 +35,22 @@ def nan_module() -> tuple[Any, dict[str, Any]]:
 
 def not_a_module() -> dict[str, Any]:
     return {"module": "nope", "inputs": {}}
+
+
+def outlier() -> dict[str, Any]:
+    """A linear layer fed one huge channel it ignores: 8-bit activations sized for the outlier round
+    every other channel to zero, so int8 loses everything (the shape of a transformer's outliers)."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 8, bias=False)
+    with torch.no_grad():
+        layer.weight[:, 0] = 0.0
+    gen = torch.Generator().manual_seed(1)
+
+    def feeds() -> dict[str, Any]:
+        x = torch.randn(4, 16, generator=gen)
+        x[:, 0] = 1e4
+        return {"x": x}
+
+    return {"module": layer, "inputs": feeds(), "calibration": [feeds() for _ in range(4)]}
