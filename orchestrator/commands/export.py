@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", metavar="NPZ", help="onnx: the reference inputs (one array per graph input)")
     p.add_argument("--calibration", action="append", default=[], metavar="NPZ",
                    help="onnx: more calibration inputs, one .npz each (repeatable)")
+    p.add_argument("--calibration-text", metavar="FILE",
+                   help="transformers: calibration sentences, one per line (the first is the reference input)")
     p.add_argument("--force", action="store_true", help="replace DIR once the new artifact is complete and validated")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (format omni-edge.export-result/1)")
 
@@ -117,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         name=args.name, version=args.artifact_version, description=args.description, license=args.license,
         origin=args.origin, preprocess=args.preprocess, postprocess=args.postprocess,
         consumes=_list(args.consumes), produces=_list(args.produces), metadata=_metadata(args.metadata),
-        inputs_npz=args.inputs, calibration_npz=list(args.calibration), force=args.force,
+        inputs_npz=args.inputs, calibration_npz=list(args.calibration), calibration_text=args.calibration_text,
+        force=args.force,
         command=shlex.join(["omni-edge", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else "",
     )
     steps = _Steps(quiet=args.json)

@@ -107,6 +107,8 @@ class ExportRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     inputs_npz: str | None = None
     calibration_npz: list[str] = field(default_factory=list)
+    calibration_text: str | None = None
+    """transformers: a text file, one calibration sentence per line."""
     force: bool = False
     command: str = ""
     """The command line, recorded in the manifest's notes."""
@@ -155,6 +157,11 @@ def check_request(req: ExportRequest) -> None:
     parent = req.out.resolve().parent
     if not parent.is_dir():
         problems.append(Problem(f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"))
+    for flag, given, source in (("--inputs", req.inputs_npz, "onnx"), ("--calibration", req.calibration_npz, "onnx"),
+                                ("--calibration-text", req.calibration_text, "transformers")):
+        if given and req.source != source:
+            problems.append(Problem(flag, f"only a --from {source} source reads it",
+                                    "leave it out (a torch factory returns its own 'calibration')"))
     for flag, value in (("--consumes", req.consumes), ("--produces", req.produces)):
         if value:
             try:
@@ -202,7 +209,8 @@ def _source(req: ExportRequest, work: Path, step: Step) -> sources.Exported:
     if req.source == "torch":
         return sources.from_torch(req.location, work, opset=req.opset, step=step)
     if req.source == "transformers":
-        return sources.from_transformers(req.location, work, opset=req.opset, step=step)
+        sentences = sources.read_sentences(req.calibration_text) if req.calibration_text else sources.CALIBRATION_SENTENCES
+        return sources.from_transformers(req.location, work, opset=req.opset, sentences=sentences, step=step)
     return sources.from_onnx(req.location, work, inputs=req.inputs_npz, calibration=req.calibration_npz, step=step)
 
 

@@ -290,6 +290,18 @@ def from_transformers(location: str, work: Path, *, opset: int = DEFAULT_OPSET,
     )
 
 
+def read_sentences(path: str) -> tuple[str, ...]:
+    """Calibration sentences from a text file, one per non-empty line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError.single(f"--calibration-text {path}", f"cannot be read: {exc}", "give a UTF-8 text file") from None
+    sentences = tuple(line.strip() for line in lines if line.strip())
+    if not sentences:
+        raise ConfigError.single(f"--calibration-text {path}", "holds no sentence", "write one sentence per line")
+    return sentences
+
+
 # ---- onnx -------------------------------------------------------------------------------
 
 

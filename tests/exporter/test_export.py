@@ -252,6 +252,12 @@ def test_a_bad_factory_spec_is_refused(tmp_path: Path, capsys: Any, spec: str, s
     assert says in err
 
 
+def test_a_flag_for_another_source_is_refused(tmp_path: Path, capsys: Any) -> None:
+    err = _refused(tmp_path, capsys, "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(tmp_path / "a"),
+                   "--calibration-text", str(tmp_path / "none.txt"))
+    assert "--calibration-text: only a --from transformers source reads it" in err
+
+
 def test_an_existing_target_is_kept_without_force(mlp: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any) -> None:
     target = tmp_path / "taken"
     target.mkdir()
