@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated, from fp32,fp16,int8 (fp32 is required; default: fp32)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset for torch/transformers (13-20, default 17)")
     p.add_argument("--name", help="artifact name (default: the directory's name)")
-    p.add_argument("--version", dest="artifact_version", default="1.0.0", help="artifact version (default 1.0.0)")
+    p.add_argument("--version", dest="artifact_version", default="1.0.0", metavar="VERSION",
+                   help="artifact version (default 1.0.0)")
     p.add_argument("--description", default="", help="free text for the manifest")
     p.add_argument("--license", default="unknown", help="license of the weights (SPDX id)")
     p.add_argument("--origin", help="where the weights come from (default: the source)")
