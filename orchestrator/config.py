@@ -396,7 +396,7 @@ def _zip_stall_problems(config: PipelineConfig, where: str) -> list[Problem]:
     return out
 
 
-_DEVICE_ID = re.compile(r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")
+_DEVICE_ID = re.compile(r"^([A-Za-z][A-Za-z0-9_-]{0,31}/)?(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")  # NODE/ID: one node of a cluster profile
 
 
 def _find_cycle(config: PipelineConfig) -> list[str]:

@@ -33,7 +33,15 @@ from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
 from orchestrator.ort.routes import resolve, static_refusal
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
-from orchestrator.profile import HOST_RAM, Device, HardwareProfile, Route, profile_pools
+from orchestrator.profile import (
+    HOST_RAM,
+    Device,
+    HardwareProfile,
+    Route,
+    host_ram_pools,
+    node_pool,
+    profile_pools,
+)
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.verify.placement import cached_verdict
 from stages.base import ArtifactInfo, GateSpec, StageKind
@@ -126,14 +134,18 @@ def parse_mask(values: Iterable[str], profile: HardwareProfile | None = None) ->
         out.update(x.strip() for x in v.split(",") if x.strip())
     if profile is not None:
         have = [d.id for d in profile.devices]
+        # a cluster: a node's name masks the node; an unqualified id masks it on every node
+        known = {*have, *profile.node_names, *(d.local_id for d in profile.devices if profile.nodes)}
+        nodes = f"; its nodes: {', '.join(profile.node_names)}" if profile.nodes else ""
         problems = [
             errors.Problem(
                 f"--mask {entry}",
-                f"names no device of the profile {profile.name!r} (it has {', '.join(have)})",
-                f"mask one of {', '.join(have)}, or a kind ({', '.join(DEVICE_KINDS)})",
+                f"names no device of the profile {profile.name!r} (it has {', '.join(have)}{nodes})",
+                f"mask one of {', '.join(have)}, or a kind ({', '.join(DEVICE_KINDS)})"
+                + (", or a node" if profile.nodes else ""),
             )
             for entry in sorted(out)
-            if entry not in DEVICE_KINDS and entry not in have
+            if entry not in DEVICE_KINDS and entry not in known
         ]
         if problems:
             raise errors.ConfigError(problems)
@@ -141,7 +153,10 @@ def parse_mask(values: Iterable[str], profile: HardwareProfile | None = None) ->
 
 
 def _masked(device_id: str, mask: frozenset[str]) -> bool:
-    return device_id in mask or device_id.split(":")[0] in mask
+    """By id, by kind, and in a cluster also by node (``laptop``) and by the id on any
+    node (``gpu:0`` masks every node's gpu:0)."""
+    node, _, local = device_id.rpartition("/")
+    return device_id in mask or local in mask or local.split(":")[0] in mask or (bool(node) and node in mask)
 
 
 def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Ledger, list[Reservation]]:
@@ -153,11 +168,12 @@ def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Led
     for pool in list(ledger.pools.values()):
         if pool.parent is not None:
             continue
-        reserve = EXTERNAL_RESERVE_VRAM if pool.id.startswith("vram:") else EXTERNAL_RESERVE_HOST
+        reserve = EXTERNAL_RESERVE_VRAM if pool.id.rpartition("/")[2].startswith("vram:") else EXTERNAL_RESERVE_HOST
         shared.append(Reservation(pool.id, "external_reserve", reserve, "session", "E", "memory this pipeline does not control"))
         shared.append(Reservation(pool.id, "safety_margin", SAFETY_MARGIN_BYTES, "session", "E", "fragmentation and allocator slack"))
-    if runtime:
-        shared.append(Reservation(HOST_RAM, "ray_runtime", RAY_RUNTIME_BYTES, "session", "E", "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)"))
+    if runtime:  # in a cluster: Ray's daemons on every node
+        shared.extend(Reservation(pool, "ray_runtime", RAY_RUNTIME_BYTES, "session", "E", "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)")
+                      for pool in host_ram_pools(profile))
     ledger.held[PIPELINE_HOLDER] = list(shared)
     return ledger, shared
 
@@ -215,6 +231,10 @@ def plan_pipeline(
     if not any(s.calibration for s in stage_plans):
         notes.append(ESTIMATES_NOTE)
     notes += calibrated
+    if profile.nodes:
+        stage_plans, crossing = _with_nodes(stage_plans)
+        notes.append(f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
+                     + (", ".join(crossing) or "none"))
     return PipelinePlan(
         pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
         pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,
@@ -232,6 +252,8 @@ def stage_candidates(
     verify`` measures the gated ones. Nothing is checked beyond the config and
     the profile (no route reachability, no artifact fit).
     """
+    if profile.nodes:
+        return _cluster_candidates(stage, kind, info, profile, mask)
     out: list[Candidate | Excluded] = []
     for dev_id in stage.devices:
         device = profile.device(dev_id)
@@ -280,6 +302,13 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
     dev_id = excluded.device
     if excluded.why == "masked":
         return Refusal(errors.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it")
+    if excluded.why == "absent" and profile.nodes:
+        return Refusal(
+            errors.NO_RUNNABLE_DEVICE, dev_id,
+            f"no node of the cluster ({profile.name}) has {dev_id} (its devices: {', '.join(d.id for d in profile.devices)})",
+            "remove it from the stage's devices, name a device one node has (NODE/ID, or ID for any node's), "
+            "or plan with --profile for a cluster that has it",
+        )
     if excluded.why == "absent":
         have = ", ".join(d.id for d in profile.devices)
         return Refusal(
@@ -351,6 +380,8 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
 
 def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: HardwareProfile,
          calibrating: _Calibrating | None = None) -> _Option | None:
+    if candidate.device.node and profile.nodes:
+        return _try_on_node(candidate, refusals, profile)
     stage, kind, info = candidate.stage, candidate.kind, candidate.info
     device, backend, route = candidate.device, candidate.backend, candidate.route
     unreachable = route_refusal(profile, device, backend, route)
@@ -468,6 +499,9 @@ def _artifact(info: ArtifactInfo) -> dict[str, Any]:
 
 
 def _capacity(profile: HardwareProfile, device: Device) -> int:
+    if device.node and device.node in profile.nodes:
+        node = profile.nodes[device.node].profile
+        return _capacity(node, node.device(device.local_id) or device)
     return profile.host_ram_capacity if device.pool == HOST_RAM else (device.memory_bytes or device.shared_memory_bytes or 0)
 
 
@@ -485,7 +519,7 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
     capacity = _capacity(profile, option.device)
     # the engine is configured from the kind's own reservations: calibration predicts
     # what it will hold, it never changes what it is asked to allocate
-    kwargs = kind.engine_kwargs(stage, info, option.device, option.backend,
+    kwargs = kind.engine_kwargs(stage, info, _local_device(profile, option.device), option.backend,
                                 list(option.metadata_reservations or option.reservations), capacity)
     return StagePlan(
         admitted=True, device=option.device.id, backend=option.backend, route=option.route.name,
@@ -548,3 +582,80 @@ def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reserv
         notes.append(f"{', '.join(uncalibrated)}: no measurement yet, so activations, workspaces, transients and "
                      "margins are estimates (E); a run records measured peaks (M) for the next plan")
     return notes
+
+
+# -- a cluster profile: candidates on every node, each tried against its node alone -------
+
+
+def _cluster_candidates(
+    stage: StageConfig, kind: StageKind, info: ArtifactInfo, profile: HardwareProfile, mask: frozenset[str],
+) -> list[Candidate | Excluded]:
+    """``stage_candidates`` for a cluster profile: ``desktop/gpu:0`` names one node's
+    device; ``gpu:0`` means every node's gpu:0, in the profile's node order (the
+    first node's first). A masked node or device is excluded by its qualified id."""
+    out: list[Candidate | Excluded] = []
+    for entry in stage.devices:
+        matching = [d for d in profile.devices if d.id == entry or ("/" not in entry and d.local_id == entry)]
+        if not matching:
+            out.append(Excluded(stage.name, entry, "masked" if _masked(entry, mask) else "absent"))
+            continue
+        for device in matching:
+            if _masked(device.id, mask):
+                out.append(Excluded(stage.name, device.id, "masked"))
+                continue
+            wanted = stage.backends or list(device.backends)
+            backends = [b for b in wanted if b in device.backends and b in kind.backends]
+            if not backends:
+                out.append(Excluded(stage.name, device.id, "no_backend"))
+                continue
+            for backend in backends:
+                route = profile.route(device.route_for(backend))
+                assert route is not None  # the profile validator guarantees it
+                out.append(Candidate(stage, kind, info, device, backend, route))
+    return out
+
+
+def _local_device(profile: HardwareProfile, device: Device) -> Device:
+    """A cluster device as its own node sees it (``desktop/gpu:0`` → that node's ``gpu:0``)."""
+    if device.node and device.node in profile.nodes:
+        return profile.nodes[device.node].profile.device(device.local_id) or device
+    return device
+
+
+def _try_on_node(candidate: Candidate, refusals: list[Refusal], profile: HardwareProfile) -> _Option | None:
+    """A candidate on one node of a cluster: the same checks as on that machine alone
+    (route, kind, gates, memory against the node's own pools and the pipeline's
+    reservations there), then pools and devices named for the node. The refusals
+    name the node. Calibration is this machine's measurement: not used for nodes."""
+    node_name = candidate.device.node
+    assert node_name is not None
+    node = profile.nodes[node_name].profile
+    device = node.device(candidate.device.local_id)
+    route = node.route(candidate.route.name.split("/", 1)[1])
+    assert device is not None and route is not None  # the cluster was built from this node's profile
+    base, _ = build_ledger(node)
+    found: list[Refusal] = []
+    option = _try(replace(candidate, device=device, route=route), base, found, node)
+    refusals.extend(replace(r, device=node_pool(node_name, r.device) if r.device not in ("", "-") else r.device,
+                            message=f"on {node_name}: {r.message}") for r in found)
+    if option is None:
+        return None
+    return replace(option, device=candidate.device, route=candidate.route,
+                   reservations=tuple(replace(r, pool=node_pool(node_name, r.pool)) for r in option.reservations),
+                   metadata_reservations=tuple(replace(r, pool=node_pool(node_name, r.pool))
+                                               for r in option.metadata_reservations))
+
+
+def _with_nodes(stage_plans: tuple[StagePlan, ...]) -> tuple[tuple[StagePlan, ...], list[str]]:
+    """Each placed stage's ``node``, and ``inputs_across_nodes`` (its inputs from stages
+    on another node) in the plan JSON; the crossing edges as ``a → b (n1 → n2)``."""
+    node_of = {s.name: s.device.split("/", 1)[0] for s in stage_plans if s.device and "/" in s.device}
+    out, crossing = [], []
+    for s in stage_plans:
+        if s.name not in node_of:
+            out.append(s)
+            continue
+        across = [i for i in s.inputs if i in node_of and node_of[i] != node_of[s.name]]
+        crossing += [f"{i} → {s.name} ({node_of[i]} → {node_of[s.name]})" for i in across]
+        out.append(replace(s, details={**s.details, "node": node_of[s.name], "inputs_across_nodes": across}))
+    return tuple(out), crossing

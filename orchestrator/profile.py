@@ -17,9 +17,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from orchestrator.errors import ConfigError
 from orchestrator.ort.backends import OrtBackendName
@@ -27,6 +27,8 @@ from orchestrator.validation import Strict as _Strict
 from orchestrator.validation import problems_from_validation
 
 PROFILE_FORMAT = "omni-edge.profile/1"
+CLUSTER_FORMAT = "omni-edge.cluster/1"
+"""A cluster profile: one profile per node, each named (docs/cluster.md)."""
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
 CheckpointBackendName = Literal["vllm-cuda", "vllm-cpu"]
@@ -35,7 +37,11 @@ Backend = Literal[CheckpointBackendName, OrtBackendName]
 backends of ``orchestrator.ort.backends`` (their one table) for exported graphs."""
 
 HOST_RAM = "host_ram"
-"""The pool the CPU, iGPUs and NPUs draw on: this machine's RAM."""
+"""The pool the CPU, iGPUs and NPUs draw on: this machine's RAM (in a cluster
+profile, each node's: ``NODE/host_ram``, see :func:`node_pool`)."""
+NODE_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_-]{0,31}"
+"""A node's name in a cluster profile: the prefix of its devices (``desktop/gpu:0``),
+its pools (``desktop/host_ram``) and its routes, and part of its Ray resource."""
 THIS_PROCESS: Final = "this-process"
 """The route (its default name, and its kind) that runs work in this interpreter."""
 
@@ -60,8 +66,8 @@ class Host(_Strict):
 
 class Device(_Strict):
     id: str = Field(
-        pattern=r"^(cpu|gpu:\d+|igpu:\d+|npu:\d+)$",
-        description="Stable id: cpu, gpu:N, igpu:N or npu:N.",
+        pattern=r"^(" + NODE_NAME_PATTERN + r"/)?(cpu|gpu:\d+|igpu:\d+|npu:\d+)$",
+        description="Stable id: cpu, gpu:N, igpu:N or npu:N (NODE/gpu:0 in a cluster profile).",
     )
     kind: DeviceKind = Field(description="What sort of compute this is.")
     name: str = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
@@ -85,6 +91,15 @@ class Device(_Strict):
         description="Route per backend where it differs from `route` (e.g. ort-openvino through a venv that has onnxruntime-openvino).",
     )
     source: str = Field("", description="Where these figures come from (a spec sheet, a probe).")
+    @property
+    def node(self) -> str | None:
+        """The node of a cluster profile this device is on (its id's prefix); None on one machine."""
+        return self.id.rsplit("/", 1)[0] if "/" in self.id else None
+
+    @property
+    def local_id(self) -> str:
+        """The id on its own node: ``desktop/gpu:0`` → ``gpu:0`` (single-node ids unchanged)."""
+        return self.id.rsplit("/", 1)[-1]
 
     def route_for(self, backend: str) -> str:
         """The route that drives this device with ``backend``."""
@@ -92,12 +107,14 @@ class Device(_Strict):
 
     @property
     def pool(self) -> str:
-        """The memory pool this device's reservations land in."""
+        """The memory pool this device's reservations land in (its node's, in a cluster)."""
         if self.kind == "gpu":
-            return f"vram:{self.id}"
-        if self.kind == "igpu" and self.shared_memory_bytes is not None:
-            return f"shared:{self.id}"
-        return HOST_RAM
+            local = f"vram:{self.local_id}"
+        elif self.kind == "igpu" and self.shared_memory_bytes is not None:
+            local = f"shared:{self.local_id}"
+        else:
+            local = HOST_RAM
+        return node_pool(self.node, local)
 
 
 class EpDevice(_Strict):
@@ -151,6 +168,17 @@ class Route(_Strict):
     )
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    """One node of a cluster profile: its name, its own profile (ids unqualified, as
+    on that machine alone) and, when gathered live, its Ray node id and address."""
+
+    name: str
+    profile: HardwareProfile
+    address: str = ""
+    ray_node_id: str = ""
+
+
 class HardwareProfile(_Strict):
     format: Literal["omni-edge.profile/1"] = Field(description="Format tag; must be omni-edge.profile/1.")
     name: str = Field(description="Human name of the machine.")
@@ -178,9 +206,13 @@ class HardwareProfile(_Strict):
                     )
             if d.kind == "gpu" and d.memory_bytes is None:
                 raise ValueError(f"device {d.id} is a discrete GPU and needs memory_bytes")
-            if d.id.split(":")[0] != d.kind:
+            if d.local_id.split(":")[0] != d.kind:
                 raise ValueError(f"device {d.id} has kind {d.kind!r}; the id prefix must match the kind")
         return self
+
+    _nodes: dict[str, ClusterNode] = PrivateAttr(default_factory=dict)
+    """A cluster profile's nodes by name (:func:`build_cluster` sets it);
+    empty for one machine."""
 
     # -- lookups -------------------------------------------------------------
     def device(self, device_id: str) -> Device | None:
@@ -188,6 +220,16 @@ class HardwareProfile(_Strict):
 
     def route(self, name: str) -> Route | None:
         return next((r for r in self.routes if r.name == name), None)
+
+    @property
+    def nodes(self) -> dict[str, ClusterNode]:
+        """A cluster profile's nodes, in profile order; empty for one machine."""
+        return self._nodes
+
+    @property
+    def node_names(self) -> list[str]:
+        """The nodes of a cluster profile in profile order; ``[]`` for one machine."""
+        return list(self._nodes)
 
     @property
     def host_ram_capacity(self) -> int:
@@ -212,10 +254,29 @@ class PoolSpec:
     note: str
 
 
+def node_pool(node: str | None, pool: str) -> str:
+    """``pool`` on ``node``: ``desktop/host_ram``; unchanged on one machine (``node`` None)."""
+    return f"{node}/{pool}" if node else pool
+
+
+def pool_node(pool: str) -> str | None:
+    """The node a pool id is on (``desktop/vram:gpu:0`` → ``desktop``), or None."""
+    return pool.split("/", 1)[0] if "/" in pool else None
+
+
+def host_ram_pools(profile: HardwareProfile) -> list[str]:
+    """Every ``host_ram`` pool: ``host_ram`` on one machine, ``NODE/host_ram`` per node of a cluster."""
+    return [node_pool(n, HOST_RAM) for n in profile.node_names] or [HOST_RAM]
+
+
 def profile_pools(profile: HardwareProfile) -> list[PoolSpec]:
     """``host_ram`` (available, capped by any WSL/cgroup limit), ``vram:gpu:N`` per
     discrete GPU, and ``shared:igpu:N`` as a child of ``host_ram`` for an iGPU
     with a shared-memory cap. The one derivation the planner and the probe share."""
+    if profile.nodes:  # a cluster: each node's pools, named for it; nothing is shared between nodes
+        return [PoolSpec(node_pool(n.name, p.id), p.capacity, node_pool(n.name, p.parent) if p.parent else None,
+                         f"{p.note} on {n.name}")
+                for n in profile.nodes.values() for p in profile_pools(n.profile)]
     host = profile.host
     note = "available host RAM"
     if host.ram_limit_bytes is not None and host.ram_limit_bytes < host.ram_available_bytes:
@@ -250,6 +311,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ConfigError.single(
             f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"
         ) from None
+    if isinstance(data, dict) and data.get("format") == CLUSTER_FORMAT:
+        return parse_cluster(data, where=str(p), base=p.resolve().parent)
     profile = parse_profile(data, where=str(p))
     # interpreter paths in a profile are relative to the profile file
     routes = []
@@ -268,13 +331,88 @@ def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:
             where, f"a profile is a JSON object, this file holds a {type(data).__name__}",
             "pass the JSON file omni-edge probe --save wrote (see docs/profile-format.md)",
         )
-    if isinstance(data, dict) and data.get("format") not in (None, PROFILE_FORMAT):
+    if isinstance(data, dict) and data.get("format") not in (None, PROFILE_FORMAT, CLUSTER_FORMAT):
         raise ConfigError.single(
             f"{where}: format",
             f"unknown profile format {data.get('format')!r}",
-            f"this version reads {PROFILE_FORMAT!r}",
+            f"this version reads {PROFILE_FORMAT!r} (one machine) and {CLUSTER_FORMAT!r} (a cluster's nodes)",
         )
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(problems_from_validation(exc, where)) from None
+
+
+# -- cluster profiles ----------------------------------------------------------------
+
+
+class ClusterNodeEntry(_Strict):
+    name: str = Field(pattern=r"^" + NODE_NAME_PATTERN + r"$",
+                      description="The node's name: the prefix of its devices, pools and routes (desktop/gpu:0).")
+    profile: str | dict[str, Any] = Field(
+        description="The node's omni-edge.profile/1: a path (relative to this file) or the profile itself.")
+    address: str = Field("", description="The node's address in the Ray cluster, when known (informational).")
+    ray_node_id: str = Field("", description="The node's Ray node id when the profile was gathered live.")
+
+
+class ClusterFile(_Strict):
+    format: Literal["omni-edge.cluster/1"] = Field(description="Format tag; must be omni-edge.cluster/1.")
+    name: str = Field(description="Human name of the cluster.")
+    source: str = Field("", description="Where the node profiles come from.")
+    nodes: list[ClusterNodeEntry] = Field(min_length=1, description="The nodes, in preference order (the head first).")
+
+    @model_validator(mode="after")
+    def _unique(self) -> ClusterFile:
+        names = [n.name for n in self.nodes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+def parse_cluster(data: object, *, where: str = "<cluster profile>", base: Path | None = None) -> HardwareProfile:
+    """A cluster file → one profile whose devices, routes and pools are qualified by node."""
+    try:
+        doc = ClusterFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems_from_validation(exc, where)) from None
+    nodes = []
+    for i, entry in enumerate(doc.nodes):
+        if isinstance(entry.profile, str):
+            path = Path(entry.profile)
+            if not path.is_absolute() and base is not None:
+                path = base / path
+            prof = load_profile(path)
+            if prof.nodes:
+                raise ConfigError.single(f"{where}: nodes[{i}].profile", f"{path} is itself a cluster profile",
+                                         "name one machine's profile (omni-edge probe --save FILE) per node")
+        else:
+            prof = parse_profile(entry.profile, where=f"{where}: nodes[{i}].profile")
+        nodes.append(ClusterNode(entry.name, prof, entry.address, entry.ray_node_id))
+    return build_cluster(doc.name, nodes, source=doc.source)
+
+
+def build_cluster(name: str, nodes: list[ClusterNode], *, source: str = "") -> HardwareProfile:
+    """One profile of ``nodes`` (each with its own machine's profile): device ids, route
+    names and pools qualified by node (``desktop/gpu:0``, ``desktop/this-process``,
+    ``desktop/host_ram``); the first node's host stands for ``host``. What is per node
+    (RAM, routes, reachability) stays in ``nodes``."""
+    if not nodes:
+        raise ConfigError.single(name, "a cluster profile needs at least one node", "list the nodes' profiles")
+    devices: list[Device] = []
+    routes: list[Route] = []
+    for n in nodes:
+        q = f"{n.name}/"
+        for d in n.profile.devices:
+            devices.append(d.model_copy(update={
+                "id": q + d.id, "route": q + d.route,
+                "backend_routes": {b: q + r for b, r in d.backend_routes.items()},
+            }))
+        routes.extend(r.model_copy(update={"name": q + r.name}) for r in n.profile.routes)
+    merged = HardwareProfile(
+        format="omni-edge.profile/1", name=name,
+        source=source or "; ".join(f"{n.name}: {n.profile.name}" for n in nodes),
+        host=nodes[0].profile.host, devices=devices, routes=routes,
+    )
+    merged._nodes = {n.name: n for n in nodes}
+    return merged
