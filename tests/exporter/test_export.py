@@ -26,7 +26,7 @@ from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
-from tests.helpers.graphs import placement
+from tests.helpers.graphs import REPO, placement
 
 pytestmark = [pytest.mark.ort]
 
@@ -194,6 +194,23 @@ def test_the_sentence_encoder_passes_its_gates_on_openvino(encoder: tuple[Path, 
     assert result.status == "passed", [r.message for r in result.refusals]
     record: dict[str, Any] = result.record  # type: ignore[assignment]
     assert record["coverage"]["taken"] == record["coverage"]["total"] > 0
+
+
+EXAMPLE = REPO / "configs/examples/voice-and-embed.yaml"
+PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p.stem for p in PROFILES])
+def test_the_example_plans_the_encoder_where_the_voice_goes(profile: Path, capsys: Any) -> None:
+    """The generated encoder is planned like the shipped voice on every recorded profile (the golden
+    plans leave this config out: its graph's digest is generated here, not committed)."""
+    if not (REPO / "exports/all-minilm-l6-v2/manifest.yaml").is_file():
+        pytest.skip("the sentence encoder is not built: python -m exports.sentence_encoder build")
+    code, out, err = _export(["plan", str(EXAMPLE), "--profile", str(profile), "--json"], capsys)
+    assert code in (0, 3), err  # 3: a profile whose thinker has no vLLM route (as for voice-assistant.yaml)
+    stages = {s["name"]: s for s in json.loads(out)["stages"]}
+    assert stages["embed"]["device"] is not None and stages["embed"]["inputs"] == ["thinker"]
+    assert (stages["embed"]["device"], stages["embed"]["backend"]) == (stages["voice"]["device"], stages["voice"]["backend"])
 
 
 # ---- refusals: exit 2, a clear message, nothing written -----------------------------------
