@@ -108,6 +108,8 @@ class Runtime:
         self._check_graph()
         self.consumers = {s.name: [c.name for c in self.stages if s.name in sources(c.inputs)] for s in self.stages}
         """Stage → the stages that take its output (fan-out: several)."""
+        self.stage_ports = {s.name: self._ports(s.name) for s in self.stages}
+        """Stage → its payload types (``StageKind.ports``), read once: the pumps look at them per item."""
         self.routes_out = {s.name: self._routes(s.name) for s in self.stages}
         """Stage → its consumers' inputs that name it, each with the output ports it takes (``_routes``)."""
         self.joins: dict[str, str] = {s.name: str(self.config.stage(s.name).join) for s in self.stages
@@ -200,7 +202,7 @@ class Runtime:
         """``(port, payload)`` of an item ``s`` yielded: a tagged item's port (``stages.payloads.on_port``;
         one the stage does not have fails it), else the stage's only port, else ``text`` for a ``str``."""
         port, payload = untag(item)
-        names = self._ports(s.name).port_names()
+        names = self.stage_ports[s.name].port_names()
         if port is not None:
             if port not in names:
                 raise StageFailed(s.name, s.device or "?", f"it yielded an item on output port {port!r}, and its "
@@ -230,10 +232,11 @@ class Runtime:
                         "place the two stages on different devices",
                     )
                 env[key], wanted_by[key] = value, s.name
-        if device.startswith("gpu:"):
+        local = device.rpartition("/")[2]  # a cluster's desktop/gpu:1 is GPU 1 of its node
+        if local.startswith("gpu:"):
             # Placement is by our own resource, not Ray's num_gpus, so Ray does not
             # pick the GPU for the actor: name it, so gpu:1's engine lands on GPU 1.
-            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+            env["CUDA_VISIBLE_DEVICES"] = local.split(":", 1)[1]
         return env
 
     def start(self, progress: startup_mod.ProgressCallback | None = None) -> None:
@@ -435,8 +438,7 @@ class Runtime:
         # each consumer input naming s, with the ports it takes (a consumer may name two ports of s)
         routes = [(self.plan.stage(c), entry, ports) for c, entry, ports in self.routes_out[s.name]]
         sentences = {c.name for c, _, _ in routes if self.kinds[c.name].text_input == "sentences"}
-        chunkers = {entry_key: SentenceChunker() if c.name in sentences else WholeText()
-                    for c, entry, _ in routes for entry_key in [(c.name, entry)]}
+        chunkers = {(c.name, entry): SentenceChunker() if c.name in sentences else WholeText() for c, entry, _ in routes}
         final_kinds = None if s.final_output_type is None else {s.final_output_type}
         first: float | None = None
         stats: dict[str, Any] = {}
@@ -453,7 +455,7 @@ class Runtime:
                     first = now
                     events.put_nowait(StageEvent(s.name, "first_output", rid, now))
                 if s.final_output and (final_kinds is None or port is None or any(
-                        t.kind in final_kinds for t in self._ports(s.name).port(port))):
+                        t.kind in final_kinds for t in self.stage_ports[s.name].port(port))):
                     events.put_nowait(self._event(s, payload, rid, now, index))
                     index += 1
                 for c, entry, ports in routes:
@@ -526,8 +528,8 @@ class Runtime:
             isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, rex.RayActorError)
         ):
             reason = _cause(exc)
-            self._device_died(dev, reason)
-            return StageFailed(stage, dev.id, f"the device actor for {dev.id} died: {reason}")
+            self._device_died(dev, _node_left(dev, reason))
+            return StageFailed(stage, dev.id, f"the device actor for {dev.id} died: {dev.dead}")
         if isinstance(exc, rex.GetTimeoutError):
             return StageFailed(stage, dev.id, f"no answer in time: {exc}")
         if isinstance(exc, StageFailed):
@@ -624,6 +626,24 @@ class Runtime:
             cluster_mod.release()
             self.cluster = None
         return self.final_ledger or {}
+
+
+def _node_left(dev: _Device, reason: str) -> str:
+    """``reason`` with the node named, for a device of a cluster's node: whether that node
+    has left the cluster (Ray reports it dead, or no longer lists it) or is still up."""
+    node = dev.id.rpartition("/")[0]
+    if not node:
+        return reason
+    import ray
+
+    node_id = dev.info.get("node_id")
+    try:
+        state = {n["NodeID"]: bool(n.get("Alive")) for n in ray.nodes()}
+    except Exception:  # the GCS is what is gone: say what is known
+        return f"node {node}: {reason}"
+    if node_id and not state.get(node_id, False):
+        return f"node {node} left the cluster (Ray node {node_id[:12]}): {reason}"
+    return f"node {node} (still in the cluster): {reason}"
 
 
 def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:
