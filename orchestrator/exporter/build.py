@@ -35,6 +35,7 @@ import io
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -55,6 +56,9 @@ from orchestrator.verify.gates import compare, judge, measure
 from stages.exported_graph.artifact import EXPORT_FORMAT, MANIFEST_NAME, Tolerance, load_artifact
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from stages.payloads import parse_payloads
+
+ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+"""As the manifest's ``name`` (stages.exported_graph.artifact): checked before any work."""
 
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
 """What the exporter writes (the format also knows bf16 and int4)."""
@@ -154,6 +158,10 @@ def check_request(req: ExportRequest) -> None:
                                 "(only once the new artifact is complete and validated)"))
     if req.out.exists() and not req.out.is_dir():
         problems.append(Problem(f"-o {req.out}", "it is a file, not an artifact directory", "choose a directory path"))
+    name = req.name or req.out.name
+    if not ARTIFACT_NAME.match(name):
+        problems.append(Problem("--name" if req.name else f"-o {req.out}", f"{name!r} is not an artifact name",
+                                "letters, digits, '_', '.' and '-', starting with a letter or digit (or pass --name)"))
     parent = req.out.resolve().parent
     if not parent.is_dir():
         problems.append(Problem(f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"))
@@ -215,8 +223,6 @@ def _source(req: ExportRequest, work: Path, step: Step) -> sources.Exported:
 
 
 def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
-    import onnx
-
     exported = _source(req, work, step)
     step("checking fp32: onnx.checker, a CPU session")
     _checker(exported.graph, "fp32")
@@ -257,7 +263,7 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
     text = _header(req) + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
     (work / MANIFEST_NAME).write_text(text)
     step("validating: manifest, hooks, gates on the CPU EP")
-    _validate(work, graphs, stats, onnx)
+    _validate(work, graphs, stats)
     precisions = {p: {"graph": f"{p}.onnx", "bytes": stats[p].file_bytes, "nodes": stats[p].node_count,
                       **{k: measured[p][k] for k in ("rel_l2", "max_abs", "cosine")},
                       "suggested": suggestions[p].model_dump()} for p in graphs}
@@ -488,7 +494,7 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
     return manifest
 
 
-def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any], onnx: Any) -> None:
+def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any]) -> None:
     """The artifact as ``plan`` and ``verify`` will read it; every precision through the gates on the CPU EP."""
     artifact = load_artifact(work)
     problems = [p for precision in graphs for p in check_against_graph(artifact, precision, stats[precision])]
