@@ -292,8 +292,12 @@ def test_force_replaces_the_target_only_with_a_complete_artifact(tmp_path: Path,
     # a failing re-export with --force keeps the old artifact whole
     _refused(tmp_path, capsys, "--from", "torch", "tests.exporter.tiny:nan_module", "-o", str(target), "--force")
     assert (target / "manifest.yaml").read_text() == first and (target / "fp16.onnx").is_file()
-    code, out, _ = _export(["export", "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(target), "--force"], capsys)
+    code, out, err = _export(["export", "--from", "torch", "tests.exporter.tiny:mlp", "-o", str(target), "--force"], capsys)
     assert code == 0 and "wrote" in out
+    # the phases, one line each with its time when stderr is no terminal (a spinner on one)
+    phases = [line.split(" … ")[0].strip() for line in err.splitlines() if " … " in line]
+    assert phases[0] == "calling the factory" and phases[-1] == "moving the artifact into place"
+    assert "validating: manifest, hooks, gates on the CPU EP" in phases
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net"]  # no temporary or replaced directory left
     assert list(load_artifact(target).manifest.precisions) == ["fp32"] and not (target / "fp16.onnx").exists()
 
