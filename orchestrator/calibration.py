@@ -70,12 +70,11 @@ SPREAD_K = 2.0
 WIDEN_PER_OVERRUN = 1.0
 """Each recent overrun adds this to k and one ``FLOOR_FRACTION`` to the floor."""
 MAX_OVERRUN_WIDENING = 4
-REQUEST_PRIOR = 0.25
+REQUEST_PRIOR = 0.10
 """Until ``SPREAD_SAMPLES`` runs show how the part of a peak that requests bring (the
-peak above what was resident after the load: activations for the longest input, how
-requests overlapped) varies, the margin covers a quarter of that part. One run is one
-draw of what its requests carried: here the voice's part at concurrency 4 moved by a
-third between two runs whose replies differed (docs/calibration.md)."""
+peak above what was resident after the load: activations for the longest input, what
+the allocator kept between requests) varies, the margin covers a tenth of that part:
+one run is one draw of what its requests carried (docs/calibration.md)."""
 SPREAD_SAMPLES = 3
 WINDOW = 20
 """Recent samples the spread, overruns and settling are judged over."""

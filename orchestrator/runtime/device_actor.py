@@ -119,7 +119,10 @@ class DeviceActor:
             return None
 
     async def ready(self) -> dict[str, Any]:
+        import ray
+
         return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": rss_of(os.getpid()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
     # -- loading ---------------------------------------------------------------
@@ -162,13 +165,25 @@ class DeviceActor:
         hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
                          meter.peak_growth, meter.growth, overlapped_with=set(overlapped_with))
         if runner.measured_peak_bytes() is None:
-            own = [p for p in descendants(os.getpid()) if p not in before]
+            known = _runner_processes(runner)
+            own = [p for p in descendants(os.getpid()) if p not in before] if known is None else known
             hosted.in_process = not own
             hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
-            if overlapped and own:
+            if known and overlapped:
+                # the processes the runner says are its own (its route worker): their whole RSS,
+                # never another load's worker started meanwhile
+                hosted.tree_load_peak = sum(meter.pid_peak.get(p, 0) for p in own)
+                hosted.tree_resident = sum(rss_of(p) for p in own)
+                hosted.tree_load_peak = max(hosted.tree_load_peak, hosted.tree_resident)
+                hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
+                                    "over the processes the runner started")
+            elif overlapped and own:
                 hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
                 hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
-                                    "over the processes it started")
+                                    "over the processes started during it")
+            elif overlapped:
+                # in this process: its growth only, not the workers other loads started meanwhile
+                hosted.tree_load_peak, hosted.tree_resident = meter.root_peak_growth, meter.root_growth
         else:
             hosted.in_process = bool(hosted.load_info.get("in_process", True))
         self.stages[name] = hosted
@@ -222,12 +237,17 @@ class DeviceActor:
             growth = h.tree_request_growth
             if h.busy and h.request_meter is not None:
                 growth = max(growth, h.request_meter.window_growth)
+            if not h.in_process and h.request_meter is not None:
+                # processes of its own (a route worker): all they hold is this stage's, so their
+                # highest RSS since the load counts, memory kept between requests included
+                growth = max(growth, h.request_meter.peak_growth)
             load, steady = h.tree_load_peak, h.tree_resident + growth
             peak = max(load, steady)
             resident = min(h.tree_resident, peak)
             method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
-                      "load + largest rise while this stage had requests in flight, sampled every 10 ms in "
-                      "the processes its load started, else in the actor's own process)")
+                      "load + the highest RSS above it while this stage had requests in flight, sampled every "
+                      "10 ms in the processes its load started (memory they kept between requests counts), "
+                      "else the largest rise of one busy period in the actor's own process)")
         bound = self._upper_bound(h)
         for note in (h.load_note, bound):
             if note:
@@ -414,20 +434,56 @@ def refusal(shortfall: dict[str, Any]) -> str:
 class _LoadMeter(RssMeter):
     """RSS of this process and its descendants (``RssMeter(children=True)``) and,
     from the same samples, of the processes started since ``before`` was taken
-    (``new_now``, ``new_peak``): what one load's route worker holds while another
-    load grows the actor's own process."""
+    (``new_now``, ``new_peak``, and each one's peak, ``pid_peak``) and of this
+    process alone (``root_growth``, ``root_peak_growth``): what one load's route
+    worker holds while another load grows the actor's own process, and what an
+    in-process load grew while other loads started workers."""
 
     def __init__(self, before: set[int]) -> None:
         super().__init__(children=True)
         self.before = before
         self.new_now = self.new_peak = 0
+        self.pid_peak: dict[int, int] = {}
+        self.root_base: int | None = None
+        self.root_now = self.root_peak = 0
 
     def current(self) -> int:
         root = self.pids[0]
         children = [(p, rss_of(p)) for p in descendants(root)]
-        self.new_now = sum(rss for p, rss in children if p not in self.before)
+        new = [(p, rss) for p, rss in children if p not in self.before]
+        self.new_now = sum(rss for _, rss in new)
         self.new_peak = max(self.new_peak, self.new_now)
-        return rss_of(root) + sum(rss for _, rss in children)
+        for p, rss in new:
+            self.pid_peak[p] = max(self.pid_peak.get(p, 0), rss)
+        self.root_now = rss_of(root)
+        if self.root_base is None:
+            self.root_base = self.root_now
+        self.root_peak = max(self.root_peak, self.root_now)
+        return self.root_now + sum(rss for _, rss in children)
+
+    @property
+    def root_growth(self) -> int:
+        return max(0, self.root_now - (self.root_base or 0))
+
+    @property
+    def root_peak_growth(self) -> int:
+        return max(0, self.root_peak - (self.root_base or 0))
+
+
+def _runner_processes(runner: Any) -> list[int] | None:
+    """The processes a runner's work runs in, when it says (``process_ids()``) or its
+    session host does (an ONNX Runtime route worker's ``pid``; ``[]`` in this process);
+    None when unknown."""
+    ids = getattr(runner, "process_ids", None)
+    if callable(ids):
+        return [int(p) for p in ids()]
+    host = getattr(runner, "_host", None)
+    if host is None:
+        return None
+    if getattr(host, "in_process", False):
+        return []
+    pid = getattr(host, "pid", None)
+    return [pid, *descendants(pid)] if isinstance(pid, int) else None
 
 
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:

@@ -186,12 +186,12 @@ def test_samples_are_checked_before_they_are_written(store: cal.CalibrationStore
 def test_until_runs_show_a_spread_the_margin_covers_a_share_of_what_requests_brought(
         store: cal.CalibrationStore) -> None:
     k = key()
-    # resident 430 MiB after the load, 700 MiB at the peak: requests brought 270 MiB
-    store.record(k, sample("r1", 700 * MiB, steady=700 * MiB) | {"resident_bytes": 430 * MiB}, metadata())
+    # resident 100 MiB after the load, 700 MiB at the peak: requests brought 600 MiB
+    store.record(k, sample("r1", 700 * MiB, steady=700 * MiB) | {"resident_bytes": 100 * MiB}, metadata())
     found = cal.lookup(store, k, metadata())
     assert found is not None
-    assert found[1].margin_bytes == round(cal.REQUEST_PRIOR * 270 * MiB) and "requests" in found[1].margin_rule
+    assert found[1].margin_bytes == round(cal.REQUEST_PRIOR * 600 * MiB) and "requests" in found[1].margin_rule
     for i in range(cal.SPREAD_SAMPLES):  # once runs show the spread, it decides
-        store.record(k, sample(f"q{i}", 700 * MiB, steady=700 * MiB) | {"resident_bytes": 430 * MiB})
+        store.record(k, sample(f"q{i}", 700 * MiB, steady=700 * MiB) | {"resident_bytes": 100 * MiB})
     settled = cal.lookup(store, k, metadata())
     assert settled is not None and settled[1].margin_bytes == 35 * MiB  # 5 % of 700 MiB
