@@ -587,7 +587,8 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
         memory.add_row(
             r["stage"], fmt_bytes(r["budget_bytes"]),
             fmt_bytes(peak) if peak is not None else "-",
-            Text(f"{ratio:.2f}" + (" OVER" if over else " (bound)" if r.get("upper_bound") else ""),
+            Text(f"{ratio:.2f}" + (" OVER" if over else " (bound)" if r.get("upper_bound") and
+                                   r.get("within_budget") is None else ""),
                  style="bold red" if over else "") if ratio is not None else "-",
         )
     console.print(spaced([timing, memory]))

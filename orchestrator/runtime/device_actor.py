@@ -254,8 +254,9 @@ class DeviceActor:
                 method += f"; {note}"
         budget = h.plan.budget_bytes()
         judged: dict[str, Any] = {"within_budget": peak <= budget}
-        if bound:
-            # not this stage's peak: another load in this process is in the figure
+        if bound and peak > budget:
+            # not this stage's peak: another load in this process is in the figure (a bound
+            # within the budget still shows the stage within it)
             judged = {"within_budget": None, "within_budget_reason": f"not judged: {bound}"}
         return {
             "measured_peak_bytes": peak,

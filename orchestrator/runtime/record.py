@@ -75,7 +75,7 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
         peak = m.get("measured_peak_bytes")
         upper_bound = bool(m.get("upper_bound"))
         judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
-        if upper_bound:
+        if upper_bound and peak is not None and peak > budget:
             judged = {"within_budget": None, "within_budget_reason": m.get("within_budget_reason") or
                       "not judged: the figure is an upper bound (another load in the same process is counted)"}
         drift = None

@@ -84,8 +84,12 @@ def test_an_overlapped_in_process_load_is_an_upper_bound_and_never_calibrates(ra
     finally:
         p.close()
     for name in ("thinker", "voice"):
-        assert rows[name]["upper_bound"] is True
-        assert rows[name]["within_budget"] is None and "upper bound" in rows[name]["within_budget_reason"]
+        row = rows[name]
+        assert row["upper_bound"] is True
+        if row["measured_peak_bytes"] > row["budget_bytes"]:  # a bound above the budget: not judged
+            assert row["within_budget"] is None and "upper bound" in row["within_budget_reason"]
+        else:  # a bound within the budget: the stage is within it
+            assert row["within_budget"] is True
     again = Pipeline.from_config(cfg, profile=prof, record=None, calibration=cal.CalibrationStore(store.root),
                                  start=False)
     assert all(s.calibration is None for s in again.plan.stages)  # upper bounds never tighten a budget
