@@ -38,6 +38,7 @@
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
 import re
@@ -58,6 +59,8 @@ from orchestrator.memory import descendants, tree_memory
 log = logging.getLogger(__name__)
 
 RESOURCE_PREFIX = "omni_edge_device_"
+NODE_RESOURCE_PREFIX = "omni_edge_node_"
+"""``omni_edge_node_<name>``: the node of a cluster profile named ``<name>`` (docs/cluster.md)."""
 NODE_RESOURCE_UNITS = 1.0
 """Each node that hosts a device declares 1 unit of its resource…"""
 ACTOR_RESOURCE_UNITS = 0.001
@@ -86,8 +89,53 @@ INIT_TIMEOUT_S = 120.0
 
 
 def device_resource(device_id: str) -> str:
-    """``cpu`` → ``omni_edge_device_cpu``; ``igpu:0`` → ``omni_edge_device_igpu_0``."""
+    """``cpu`` → ``omni_edge_device_cpu``; ``igpu:0`` → ``omni_edge_device_igpu_0``;
+    on one node of a cluster, ``laptop/npu:0`` → ``omni_edge_device_laptop_npu_0``."""
     return RESOURCE_PREFIX + re.sub(r"[^a-z0-9]+", "_", device_id.lower())
+
+
+def node_resource(node: str) -> str:
+    """``laptop`` → ``omni_edge_node_laptop``: what marks the node named ``laptop``."""
+    return NODE_RESOURCE_PREFIX + re.sub(r"[^a-z0-9]+", "_", node.lower())
+
+
+def node_start_resources(node: str, devices: Iterable[str]) -> dict[str, float]:
+    """The ``ray start --resources`` of the node ``node`` that hosts ``devices`` (its own
+    ids: ``cpu``, ``npu:0``): its node resource and one per device, qualified by node."""
+    out = {node_resource(node): NODE_RESOURCE_UNITS}
+    out.update({device_resource(f"{node}/{d}"): NODE_RESOURCE_UNITS for d in devices})
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and ::ffff:127.x; a name or a malformed address is not."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def auth_problem(addresses: Iterable[str], env: dict[str, str] | None = None) -> str | None:
+    """Why joining a cluster whose nodes are at ``addresses`` is refused, or None.
+
+    A cluster any of whose nodes is not on loopback is reachable from other hosts
+    (on Linux, Ray's GCS listens on every interface and a node's raylet on its IP
+    even when the head was started with ``--node-ip-address=127.0.0.1``): it must
+    use Ray's token authentication, which this process learns from its
+    environment — ``RAY_AUTH_MODE=token`` and the cluster's token in
+    ``RAY_AUTH_TOKEN`` or the file ``RAY_AUTH_TOKEN_PATH`` (Ray's default:
+    ``~/.ray/auth_token``)."""
+    env = dict(os.environ) if env is None else env
+    exposed = sorted({a for a in addresses if a and not is_loopback(a)})
+    if not exposed or env.get("RAY_AUTH_MODE", "").lower() == "token":
+        return None
+    return (f"the Ray cluster is reachable from other hosts (nodes at {', '.join(exposed)}) and this process "
+            f"does not use Ray's token authentication (RAY_AUTH_MODE={env.get('RAY_AUTH_MODE') or 'unset'}); "
+            "start every node and this process with RAY_AUTH_MODE=token and the cluster's token "
+            "(RAY_AUTH_TOKEN_PATH=FILE with the token, readable by you only, or RAY_AUTH_TOKEN), "
+            "as docs/cluster.md shows")
 
 
 @dataclass
@@ -108,6 +156,8 @@ class Cluster:
     node_pids: list[int] = field(default_factory=list)
     """Processes ``ray.init`` started here (GCS, raylet, agents); Ray's workers
     are their descendants. Empty for a joined cluster."""
+    listening: list[str] = field(default_factory=list)
+    """For a joined cluster: the addresses its GCS and nodes listen on (said at join)."""
 
     def missing(self, devices: Iterable[str]) -> list[str]:
         """Devices whose resource no node of the cluster offers."""
@@ -189,6 +239,14 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
         if on_main and callable(term_handler):
             signal.signal(signal.SIGTERM, term_handler)
         gcs = ray.get_runtime_context().gcs_address
+        listening: list[str] = []
+        if address:
+            listening = cluster_addresses(gcs)
+            problem = auth_problem(a.rsplit(":", 1)[0] for a in listening)
+            log.warning("joined the Ray cluster at %s; it listens on %s", gcs, ", ".join(listening))
+            if problem:
+                ray.shutdown()
+                raise RuntimeError(problem)
         if not address and not gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
             ray.shutdown()
             raise RuntimeError(
@@ -203,10 +261,38 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
             driver_growth_bytes=max(0, psutil.Process().memory_info().rss - rss0),
             resources=ray.cluster_resources(),
             node_pids=[p for p in descendants(os.getpid()) if p not in before] if not address else [],
+            listening=listening,
         )
         _users = 1
         log.info("ray %s at %s in %.1f s", "started" if _cluster.owned else "joined", _cluster.address, _cluster.started_s)
         return _cluster
+
+
+def cluster_addresses(gcs: str) -> list[str]:
+    """Where a joined cluster listens: its GCS and each live node's raylet
+    (``host:port``), as Ray reports them."""
+    import ray
+
+    out = [gcs]
+    for n in ray.nodes():
+        if n.get("Alive"):
+            out.append(f"{n.get('NodeManagerAddress', '?')}:{n.get('NodeManagerPort', '?')}")
+    return list(dict.fromkeys(out))
+
+
+def node_names() -> dict[str, str]:
+    """Ray node id → the name its ``omni_edge_node_<name>`` resource gives it, for the
+    live nodes of the connected cluster (a node without one is left out)."""
+    import ray
+
+    out = {}
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        names = [k[len(NODE_RESOURCE_PREFIX):] for k in n.get("Resources", {}) if k.startswith(NODE_RESOURCE_PREFIX)]
+        if names:
+            out[n["NodeID"]] = names[0]
+    return out
 
 
 def release() -> None:

@@ -150,8 +150,10 @@ def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
                         "load path or steady state, whichever is larger") for p in pools]
 
 
-def create(pools: list[dict[str, Any]]) -> Any:
-    """A ``LedgerService`` actor (one method at a time), placed anywhere."""
+def create(pools: list[dict[str, Any]], **options: Any) -> Any:
+    """A ``LedgerService`` actor (one method at a time), placed anywhere, or as ``options``
+    say (the runtime keeps it on the driver's node of a cluster: a node that leaves
+    must not take the ledger with it)."""
     import ray
 
-    return ray.remote(LedgerService).options(num_cpus=0, max_concurrency=1, max_restarts=0).remote(pools)
+    return ray.remote(LedgerService).options(num_cpus=0, max_concurrency=1, max_restarts=0, **options).remote(pools)

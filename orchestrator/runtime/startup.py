@@ -36,6 +36,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     try:
         _check_resources(rt, devices)
         t1 = time.perf_counter()
-        rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools])
+        rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools], **_on_this_node(rt))
         pending = {d: _create_actor(rt, d) for d in devices}  # they start while the ledger answers
         _admit_pipeline(rt)
         _await_actors(rt, pending)
@@ -135,7 +136,14 @@ def _check_resources(rt: Any, devices: list[str]) -> None:
         raise StageFailed(first_stage_on(rt, d), d, (
             f"no node of the Ray cluster at {rt.cluster.address} offers the resource {res!r} "
             f"that marks device {d}; start the node that has it with "
-            f"`ray start --address ... --resources '{{\"{res}\": 1}}'`"))
+            f"`ray start --address ... --resources '{_resources_hint(d)}'`"))
+
+
+def _resources_hint(device: str) -> str:
+    """The ``ray start --resources`` JSON that offers ``device`` (and, on a cluster's node, names the node)."""
+    node, _, local = device.rpartition("/")
+    res = cluster_mod.node_start_resources(node, [local]) if node else {cluster_mod.device_resource(device): 1.0}
+    return json.dumps({k: int(v) for k, v in res.items()})
 
 
 def _admit_pipeline(rt: Any) -> None:
@@ -149,6 +157,17 @@ def _admit_pipeline(rt: Any) -> None:
         s = admission["shortfalls"][0]
         raise StageFailed(PIPELINE_HOLDER, s["pool"],
                           f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
+
+
+def _on_this_node(rt: Any) -> dict[str, Any]:
+    """For a joined cluster: the ledger actor on the driver's node (it needs no resource,
+    so it always fits there), so a node that leaves never takes the ledger with it."""
+    if not rt.address:
+        return {}
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
 
 
 def _create_actor(rt: Any, device: str) -> tuple[Any, Any]:

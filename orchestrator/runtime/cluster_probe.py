@@ -1,0 +1,68 @@
+"""A cluster profile gathered live: this project's probe run on every node of a Ray cluster.
+
+:func:`gather_profile` needs a connection (``cluster.connect(..., address=...)``).
+Each live node that carries an ``omni_edge_node_<name>`` resource (``ray start
+--resources``, docs/cluster.md) is probed by one small Ray task pinned to it
+(``NodeAffinitySchedulingStrategy``, not soft: it runs there or fails), which
+runs ``orchestrator.probe.probe_profile`` in that node's worker — the same probe
+``omni-edge probe`` runs, so the node's RAM, devices and routes are its own.
+The answers become one profile (``orchestrator.profile.build_cluster``): device
+ids, routes and pools qualified by node, the head node first, then the others
+by name. A node without the resource is not part of the plan (it is named in
+the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.probe import probe_profile
+from orchestrator.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
+from orchestrator.runtime.cluster import NODE_RESOURCE_PREFIX, node_names
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 180.0
+"""One node's probe: its route interpreters are asked in subprocesses (cached after the first time)."""
+
+
+def _probe_here() -> dict[str, Any]:
+    """Runs on the node: this project's probe, as JSON."""
+    return probe_profile(cached_routes=True).model_dump(mode="json")
+
+
+def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
+    """Probe every named node of the connected cluster; ``ConfigError`` when none is named
+    or a node's probe fails (naming the node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    names = node_names()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    unnamed = [n.get("NodeManagerAddress", "?") for n in alive if n["NodeID"] not in names]
+    if unnamed:
+        log.warning("nodes without an %s<name> resource are left out of the plan: %s",
+                    NODE_RESOURCE_PREFIX, ", ".join(unnamed))
+    if not names:
+        raise ConfigError.single(
+            "--address", f"no node of the Ray cluster carries an {NODE_RESOURCE_PREFIX}<name> resource",
+            f"start each node with ray start ... --resources '{{\"{NODE_RESOURCE_PREFIX}laptop\": 1, ...}}' "
+            "(docs/cluster.md), or plan with --profile CLUSTER.json")
+    head = {n["NodeID"] for n in alive if "node:__internal_head__" in n.get("Resources", {})}
+    order = sorted(names, key=lambda nid: (nid not in head, names[nid]))
+    address = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in alive}
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_here)
+    refs = {nid: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
+            for nid in order}
+    nodes = []
+    for nid in order:
+        try:
+            doc = ray.get(refs[nid], timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:
+            raise ConfigError.single(f"node {names[nid]}", f"its probe failed: {type(exc).__name__}: "
+                                     f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
+                                     "check that the node runs this project's environment, or plan with --profile") from None
+        nodes.append(ClusterNode(names[nid], parse_profile(doc, where=f"node {names[nid]}"), address.get(nid, ""), nid))
+    return build_cluster(name, nodes, source="probed live on each node through Ray")

@@ -1,0 +1,288 @@
+"""One pipeline across the two nodes of a real Ray cluster on this machine.
+
+The module starts ONE cluster (module scope): a head and a second node, each
+``ray start --block`` in its own process group with its own temp directory and
+its own ``omni_edge_node_<name>`` and device resources, token authentication on
+(the cluster is reachable from other hosts: on Linux a multi-node Ray cluster
+binds its GCS to every interface and each raylet to the machine's IP, whatever
+``--node-ip-address=127.0.0.1`` says — docs/cluster.md), and tears both down
+whatever happens. The pipeline's driver runs in a subprocess (Ray allows one
+connection per process, and this test process may hold the session's local
+cluster): it gathers the cluster profile live (the probe on each node), plans
+the default pipeline with the thinker on the second node and the voice on the
+head, runs a request end to end, kills the second node in the middle of the
+next request, and reports what it saw as JSON. Nothing depends on the words the
+model says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.runtime.cluster import auth_problem, node_start_resources
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+RAY = str(Path(sys.executable).parent / "ray")
+START_TIMEOUT_S = 120.0
+VOICE_RATE = 22050
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(log: Path, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "Ray runtime started" in text:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{text[-3000:]}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} did not start in {START_TIMEOUT_S:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _kill_node(proc: subprocess.Popen[bytes], temp_dir: Path) -> None:
+    """SIGKILL the node's process group, then any process of it that left the group
+    (Ray's workers are reparented when the raylet dies), found by the temp dir in
+    its command line or among its open files."""
+    with _suppress():
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    for p in psutil.process_iter(["cmdline"]):
+        with _suppress():
+            mine = str(temp_dir) in " ".join(p.info["cmdline"] or []) or any(
+                f.path.startswith(str(temp_dir)) for f in p.open_files())
+            if mine and p.pid != os.getpid():
+                p.kill()
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[dict[str, Any]]:
+    base = Path(tempfile.mkdtemp(prefix="oe-2n-", dir="/tmp"))  # short: Ray's socket paths are bounded
+    token = base / "auth" / "token"
+    token.parent.mkdir(mode=0o700)
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
+               RAY_enable_metrics_collection="0")
+    port = _free_port()
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(name: str, head: bool) -> subprocess.Popen[bytes]:
+        temp = base / name
+        log = base / f"{name}.log"
+        args = [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                f"--resources={json.dumps(node_start_resources(name, ['cpu']))}", f"--temp-dir={temp}",
+                "--object-store-memory=150000000", "--disable-usage-stats",
+                f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+                f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+        if head:
+            args += ["--head", f"--port={port}", "--include-dashboard=false",
+                     f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
+        else:
+            args += [f"--address=127.0.0.1:{port}"]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((proc, temp))
+        _wait_for(log, proc, f"the {name} node")
+        return proc
+
+    try:
+        start("head", True)
+        second = start("second", False)
+        yield {"address": f"127.0.0.1:{port}", "env": env, "second_pgid": second.pid,
+               "second_temp": str(base / "second"), "base": base}
+    finally:
+        for proc, temp in reversed(procs):
+            _kill_node(proc, temp)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
+    out = two_nodes["base"] / "report.json"
+    code = ("import sys; from tests.orchestrator.runtime.test_cluster_nodes import drive; "
+            "drive(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])")
+    done = subprocess.run([sys.executable, "-c", code, two_nodes["address"], str(two_nodes["second_pgid"]),
+                           two_nodes["second_temp"], str(out)],
+                          env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.exists(), f"the driver wrote no report (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return dict(json.loads(out.read_text()))
+
+
+def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
+    """The driver (in its own process): plan on the live cluster, run, kill the second node mid-request."""
+    from orchestrator.api import Pipeline
+    from orchestrator.config import load_config
+    from orchestrator.errors import StageFailed
+    from orchestrator.planner import plan_pipeline
+    from orchestrator.runtime import cluster
+    from orchestrator.runtime.cluster_probe import gather_profile
+    from orchestrator.runtime.events import TextDelta
+
+    doc: dict[str, Any] = {}
+
+    def save() -> None:
+        Path(out).write_text(json.dumps(doc, default=str))
+
+    c = cluster.connect([], address=address)
+    doc["listening"] = c.listening
+    deadline = time.monotonic() + 60
+    import ray
+
+    while len([n for n in ray.nodes() if n.get("Alive")]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    profile = gather_profile("two nodes on loopback")
+    doc["devices"] = [d.id for d in profile.devices]
+    doc["nodes"] = profile.node_names
+    text = (REPO / "configs/voice-assistant.yaml").read_text()
+    text = text.replace("devices: [gpu:0, cpu]", "devices: [second/cpu]")
+    text = text.replace("devices: [npu:0, igpu:0, cpu]", "devices: [head/cpu]")
+    text = text.replace("artifact: ../exports", f"artifact: {REPO}/exports")
+    cfg = Path(second_temp).parent / "voice-two-nodes.yaml"
+    cfg.write_text(text)
+    config = load_config(cfg)
+    plan = plan_pipeline(config, profile)
+    doc["plan"] = {s.name: {"device": s.device, "node": s.details.get("node"),
+                            "across": s.details.get("inputs_across_nodes"), "admitted": s.admitted,
+                            "refusals": [r.message for r in s.refusals]} for s in plan.stages}
+    doc["pools"] = [p.id for p in plan.pools]
+    save()
+    pipeline = Pipeline(plan, config, profile=profile, address=address, record=None)
+    try:
+        pipeline.start()
+        r = pipeline.run({"prompt": "Tell me one fact about the Moon.", "sampling": {"min_tokens": 16}}, record=False)
+        doc["reply"] = {"text": bool(r.text.strip()), "chunks": len(r.chunks), "stages": sorted(r.stages),
+                        "voice_items": r.stages["voice"].get("items"), "sample_rate": r.sample_rate,
+                        "audio_samples": int(r.audio.size) if r.audio is not None else 0,
+                        "devices": {k: v.get("device") for k, v in r.stages.items()}}
+        save()
+
+        async def killed_mid_request() -> dict[str, Any]:
+            seen: dict[str, Any] = {"deltas_before_kill": 0}
+            t0 = 0.0
+            try:
+                async for e in pipeline.stream({"prompt": "Tell me a long story about the sea.",
+                                                "sampling": {"min_tokens": 80}}):
+                    if isinstance(e, TextDelta) and e.stage == "thinker" and not t0:
+                        seen["deltas_before_kill"] += 1
+                        os.killpg(second_pgid, signal.SIGKILL)  # the second node leaves: raylet, workers, all
+                        t0 = time.perf_counter()
+                seen["error"] = None
+            except StageFailed as exc:
+                seen.update(error="StageFailed", stage=exc.stage, device=exc.device, cause=exc.cause,
+                            noticed_s=round(time.perf_counter() - t0, 2))
+            except Exception as exc:
+                seen.update(error=type(exc).__name__, cause=str(exc)[:500])
+            return seen
+
+        lp = pipeline.runtime.ledger_pid
+        doc["placement"] = {"driver_node": ray.get_runtime_context().get_node_id(), "names": cluster.node_names(),
+                            "ledger_pid": lp, "ledger_pgid": os.getpgid(lp) if psutil.pid_exists(lp) else None,
+                            "second_pgid": second_pgid,
+                            "actor_nodes": {a.get("ActorClassName"): (a.get("Address") or {}).get("NodeID")
+                                            for a in ray._private.state.actors().values()},
+                            "actors": {d: (dev.info.get("node_id"), dev.info.get("pid"))
+                                       for d, dev in pipeline.runtime.devices.items()}}
+        save()
+        doc["kill"] = asyncio.run(killed_mid_request())
+        save()
+        time.sleep(1.0)  # the released reservations reach the ledger actor
+        snap = pipeline.ledger_snapshot()
+        doc["ledger_after_kill"] = {p["id"]: sorted(p.get("contributors", {})) for p in snap.get("pools", [])} \
+            if isinstance(snap.get("pools"), list) else snap
+        doc["dead"] = {d: dev.dead for d, dev in pipeline.runtime.devices.items()}
+        doc["health"] = [{"name": s.name, "device": s.device,
+                          "alive": not pipeline.runtime.devices[s.device or "?"].dead,
+                          "error": pipeline.runtime.devices[s.device or "?"].dead} for s in pipeline.runtime.stages]
+        spoken = pipeline.run("The first node still speaks.", entry="voice", record=False)
+        doc["after_kill_voice"] = {"audio_samples": int(spoken.audio.size) if spoken.audio is not None else 0,
+                                   "sample_rate": spoken.sample_rate}
+        save()
+    except BaseException as exc:
+        import traceback
+
+        doc["driver_error"] = "".join(traceback.format_exception(exc))[-4000:]
+        raise
+    finally:
+        final = pipeline.close()
+        doc["final_ledger"] = final
+        save()
+
+
+def test_plan_places_each_stage_on_its_node(report: dict[str, Any]) -> None:
+    assert report["nodes"] == ["head", "second"]
+    assert {"head/cpu", "second/cpu"} <= set(report["devices"])
+    plan = report["plan"]
+    assert plan["thinker"]["device"] == "second/cpu" and plan["thinker"]["node"] == "second"
+    assert plan["voice"]["device"] == "head/cpu" and plan["voice"]["across"] == ["thinker"]
+    assert {"head/host_ram", "second/host_ram"} <= set(report["pools"])
+    assert report["listening"], "joining says where the cluster listens"
+
+
+def test_the_reply_across_nodes_has_the_single_node_form(report: dict[str, Any]) -> None:
+    reply = report["reply"]
+    assert reply["stages"] == ["thinker", "voice"]
+    assert reply["devices"] == {"thinker": "second/cpu", "voice": "head/cpu"}
+    assert reply["text"] and reply["chunks"] >= 1
+    assert reply["voice_items"] == reply["chunks"]
+    assert reply["sample_rate"] == VOICE_RATE and reply["audio_samples"] > 0
+
+
+def test_the_second_node_leaving_fails_the_request_naming_it(report: dict[str, Any]) -> None:
+    assert "driver_error" not in report, (report.get("placement"), report["driver_error"])
+    kill = report["kill"]
+    assert kill["error"] == "StageFailed", kill
+    assert kill["device"].startswith("second/") and "node second" in kill["cause"], kill
+    # its stage's reservations are released; the first node's stage still holds its own and serves
+    holders = report["ledger_after_kill"]
+    assert "thinker" not in holders.get("second/host_ram", []), holders
+    assert "voice" in holders.get("head/host_ram", []), holders
+    health = {h["name"]: h for h in report["health"]}
+    assert not health["thinker"]["alive"] and "node second" in health["thinker"]["error"]
+    assert health["voice"]["alive"]
+    after = report["after_kill_voice"]
+    assert after["audio_samples"] > 0 and after["sample_rate"] == VOICE_RATE
+    # closed: every pool the ledger still knows holds nothing
+    pools = report["final_ledger"].get("pools", [])
+    assert pools and all(p.get("held_bytes", 0) == 0 for p in pools), pools
+
+
+def test_a_cluster_reachable_from_other_hosts_needs_token_auth() -> None:
+    assert auth_problem(["127.0.0.1", "::1"], {}) is None  # loopback only
+    assert auth_problem(["127.0.0.1", "192.0.2.2"], {"RAY_AUTH_MODE": "token"}) is None
+    problem = auth_problem(["127.0.0.1", "192.0.2.2"], {})
+    assert problem is not None and "192.0.2.2" in problem and "RAY_AUTH_MODE=token" in problem
+    assert "RAY_AUTH_TOKEN_PATH" in problem
