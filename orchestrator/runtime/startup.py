@@ -106,6 +106,8 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         where = f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
         raise StageFailed(rt.stages[0].name, devices[0], f"could not {where}: {cause(exc)}") from None
     rt.startup["ray_init_s"] = round(rt.cluster.started_s, 3)
+    if rt.cluster.listening:  # a joined cluster: where it listens (said at join, kept in the record)
+        rt.startup["cluster_listens_on"] = list(rt.cluster.listening)
     try:
         _check_resources(rt, devices)
         t1 = time.perf_counter()
