@@ -416,3 +416,11 @@ def build_cluster(name: str, nodes: list[ClusterNode], *, source: str = "") -> H
     )
     merged._nodes = {n.name: n for n in nodes}
     return merged
+
+
+def cluster_document(profile: HardwareProfile) -> dict[str, Any]:
+    """A cluster profile as an ``omni-edge.cluster/1`` file (each node's profile inline),
+    which ``load_profile`` reads back."""
+    return {"format": CLUSTER_FORMAT, "name": profile.name, "source": profile.source,
+            "nodes": [{"name": n.name, "profile": n.profile.model_dump(mode="json"), "address": n.address,
+                       "ray_node_id": n.ray_node_id} for n in profile.nodes.values()]}

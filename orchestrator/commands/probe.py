@@ -9,13 +9,14 @@ overwrites an existing file unless ``--force`` is given.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import check_writable, write_text_atomic
-from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route
+from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route, cluster_document
 from orchestrator.settings import PROBE_TIMEOUT_S
 from orchestrator.units import fmt_bytes
 
@@ -46,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-default-routes",
         action="store_true",
         help="do not look for .venvs/openvino/bin/python on its own",
+    )
+    parser.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="probe every node of the Ray cluster at this address (nodes named by their "
+        "omni_edge_node_<name> resource, docs/cluster.md) and print or save the cluster profile",
     )
     parser.add_argument(
         "--timeout",
@@ -96,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
         if save_path.exists() and not args.force:
             raise _exists(save_path)
 
-    profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
-    text = profile.model_dump_json(indent=2) + "\n"
+    if getattr(args, "address", None):
+        profile = _gather(args.address)
+        text = json.dumps(cluster_document(profile), indent=2) + "\n"
+    else:
+        profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
+        text = profile.model_dump_json(indent=2) + "\n"
 
     if args.json:
         print(text, end="")
@@ -111,6 +122,23 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"\nsaved to {save_path}")
     return 0
+
+
+def _gather(address: str) -> HardwareProfile:
+    """The cluster at ``address``, each node probed where it runs (runtime/cluster_probe.py)."""
+    from orchestrator.runtime import cluster
+    from orchestrator.runtime.cluster_probe import gather_profile
+
+    try:
+        cluster.connect([], address=address)
+    except Exception as exc:
+        raise ConfigError.single("--address", f"could not join the Ray cluster at {address}: {exc}",
+                                 "check the address (ray status on the head) and the auth settings "
+                                 "(docs/cluster.md)") from None
+    try:
+        return gather_profile(f"Ray cluster at {address}")
+    finally:
+        cluster.release()
 
 
 def _exists(path: Path) -> ConfigError:

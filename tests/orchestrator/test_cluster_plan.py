@@ -18,6 +18,7 @@ from orchestrator.profile import (
     Device,
     HardwareProfile,
     build_cluster,
+    cluster_document,
     load_profile,
     profile_pools,
 )
@@ -147,3 +148,11 @@ def test_bad_cluster_files_are_clear_errors(tmp_path: Path) -> None:
     f.write_text(json.dumps(doc))
     with pytest.raises(errors.ConfigError, match="nodes"):
         load_profile(f)
+
+
+def test_a_cluster_profile_written_as_a_file_reads_back(cluster: HardwareProfile, tmp_path: Path) -> None:
+    f = tmp_path / "cluster.json"
+    f.write_text(json.dumps(cluster_document(cluster)))
+    again = load_profile(f)
+    assert [d.id for d in again.devices] == [d.id for d in cluster.devices]
+    assert [(p.id, p.capacity) for p in profile_pools(again)] == [(p.id, p.capacity) for p in profile_pools(cluster)]

@@ -130,6 +130,22 @@ def two_nodes() -> Iterator[dict[str, Any]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_probe_saves_the_live_cluster_profile_that_plan_reads(two_nodes: dict[str, Any]) -> None:
+    """Runs before the second node is killed (the report fixture below kills it)."""
+    saved = two_nodes["base"] / "cluster.json"
+    cli = str(Path(sys.executable).parent / "omni-edge")
+    probe = subprocess.run([cli, "probe", "--address", two_nodes["address"], "--save", str(saved)],
+                           env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-4000:]
+    doc = json.loads(saved.read_text())
+    assert doc["format"] == "omni-edge.cluster/1" and [n["name"] for n in doc["nodes"]] == ["head", "second"]
+    plan = subprocess.run([cli, "plan", str(REPO / "configs/voice-assistant.yaml"), "--profile", str(saved),
+                           "--json"], env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    stages = {s["name"]: s for s in json.loads(plan.stdout)["stages"]}
+    assert plan.returncode == 0 and stages["thinker"]["device"] == "head/cpu", plan.stdout[-2000:]
+    assert {p["id"] for p in json.loads(plan.stdout)["pools"]} >= {"head/host_ram", "second/host_ram"}
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"
