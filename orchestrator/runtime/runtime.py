@@ -643,7 +643,7 @@ def _node_left(dev: _Device, reason: str) -> str:
         return f"node {node}: {reason}"
     if node_id and not state.get(node_id, False):
         return f"node {node} left the cluster (Ray node {node_id[:12]}): {reason}"
-    return f"node {node} (still in the cluster): {reason}"
+    return f"node {node} (Ray still lists it as alive): {reason}"
 
 
 def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:

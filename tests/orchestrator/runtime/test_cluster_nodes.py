@@ -203,7 +203,8 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
         doc["reply"] = {"text": bool(r.text.strip()), "chunks": len(r.chunks), "stages": sorted(r.stages),
                         "voice_items": r.stages["voice"].get("items"), "sample_rate": r.sample_rate,
                         "audio_samples": int(r.audio.size) if r.audio is not None else 0,
-                        "devices": {k: v.get("device") for k, v in r.stages.items()}}
+                        "devices": {k: v.get("device") for k, v in r.stages.items()},
+                        "listens_on": pipeline.runtime.startup.get("cluster_listens_on")}
         save()
 
         async def killed_mid_request() -> dict[str, Any]:
@@ -275,11 +276,13 @@ def test_the_reply_across_nodes_has_the_single_node_form(report: dict[str, Any])
     assert reply["text"] and reply["chunks"] >= 1
     assert reply["voice_items"] == reply["chunks"]
     assert reply["sample_rate"] == VOICE_RATE and reply["audio_samples"] > 0
+    assert reply["listens_on"] == report["listening"]  # where the joined cluster listens, in the run's record
 
 
 def test_the_second_node_leaving_fails_the_request_naming_it(report: dict[str, Any]) -> None:
     assert "driver_error" not in report, (report.get("placement"), report["driver_error"])
     kill = report["kill"]
+    print("killed mid-request:", kill)
     assert kill["error"] == "StageFailed", kill
     assert kill["device"].startswith("second/") and "node second" in kill["cause"], kill
     # its stage's reservations are released; the first node's stage still holds its own and serves
