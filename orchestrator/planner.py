@@ -640,7 +640,13 @@ def _try_on_node(candidate: Candidate, refusals: list[Refusal], profile: Hardwar
                             message=f"on {node_name}: {r.message}") for r in found)
     if option is None:
         return None
-    return replace(option, device=candidate.device, route=candidate.route,
+    verification = option.verification
+    if verification is not None and verification.status == "verified" and not describes_this_machine(node):
+        # the evidence cache holds this machine's measurements: another machine's node is not verified by them
+        verification = Verification("unverified", "", {
+            "reason": f"the evidence was measured on this machine; node {node_name} is another machine",
+            "hint": f"run `omni-edge verify` on {node_name}"})
+    return replace(option, device=candidate.device, route=candidate.route, verification=verification,
                    reservations=tuple(replace(r, pool=node_pool(node_name, r.pool)) for r in option.reservations),
                    metadata_reservations=tuple(replace(r, pool=node_pool(node_name, r.pool))
                                                for r in option.metadata_reservations))

@@ -156,3 +156,24 @@ def test_a_cluster_profile_written_as_a_file_reads_back(cluster: HardwareProfile
     again = load_profile(f)
     assert [d.id for d in again.devices] == [d.id for d in cluster.devices]
     assert [(p.id, p.capacity) for p in profile_pools(again)] == [(p.id, p.capacity) for p in profile_pools(cluster)]
+
+
+def test_this_machines_evidence_does_not_verify_another_machines_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evidence is this machine's: a node that is another machine stays unverified."""
+    import orchestrator.planner as planner
+    from orchestrator.plan import Verification
+
+    monkeypatch.setattr(planner, "cached_verdict", lambda gate, route: (Verification("verified", "M here"), []))
+    monkeypatch.setattr(planner, "describes_this_machine", lambda p: p.host.cpu_name == "this one")
+    base = load_profile(REPO / "configs" / "profiles" / "cpu-only-linux.json")
+    here = base.model_copy(update={"host": base.host.model_copy(update={"cpu_name": "this one"})})
+    other = base.model_copy(update={"host": base.host.model_copy(update={"cpu_name": "another one"})})
+    two = build_cluster("two", [ClusterNode("here", here), ClusterNode("other", other)])
+    for node, status in (("here", "verified"), ("other", "unverified")):
+        text = VOICE.read_text().replace("devices: [npu:0, igpu:0, cpu]", f"devices: [{node}/cpu]")
+        cfg = tmp_path / f"{node}.yaml"
+        cfg.write_text(text.replace("artifact: ../exports", f"artifact: {REPO}/exports"))
+        voice = _plan(two, config=cfg).stage("voice")
+        assert voice.device == f"{node}/cpu" and voice.verification is not None
+        assert voice.verification.status == status, voice.verification
