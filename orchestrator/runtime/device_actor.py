@@ -313,7 +313,7 @@ class DeviceActor:
         q = self._queue(stage, request_id)
         while True:
             item = await q.get()
-            if item == _END:
+            if item is _END:  # identity: an item may be an array, whose == answers element-wise
                 return
             yield item
 

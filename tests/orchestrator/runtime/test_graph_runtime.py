@@ -382,9 +382,6 @@ def test_a_two_port_producer_feeds_a_join_of_both_and_each_consumer_only_its_por
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the device actor's input queue compares each item with its end marker by == "
-                   "(device_actor._from_queue: item == _END), which a numpy array of several elements cannot answer; "
-                   "'item is _END' fixes it (device_actor.py is not this area's file)")
 def test_a_consumer_of_the_tensor_port_alone_gets_the_arrays(ray_cluster: Any, tmp_path: Path) -> None:
     rt = started(ray_cluster, tmp_path, ports_graph(count=3))
     try:
