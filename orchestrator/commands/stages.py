@@ -183,10 +183,11 @@ def stages_view(doc: dict[str, Any]) -> Group:
 
     from orchestrator.render import Col, Sheet, spaced
 
-    kinds = Sheet("stage kinds", (Col("kind"), Col("from", wrap=True), Col("consumes"), Col("produces")))
+    kinds = Sheet("stage kinds", (Col("kind"), Col("from", wrap=True), Col("consumes", wrap=True),
+                                 Col("produces", wrap=True)))
     for k in doc["kinds"]:
         source = f"{k['distribution']}\n(entry point)" if k["distribution"] else k["source"]
-        kinds.add_row(k["name"], source, "\n".join(k["consumes"]), "\n".join(k["produces"]))
+        kinds.add_row(k["name"], source, ", ".join(k["consumes"]), ", ".join(k["produces"]))
 
     arts = Sheet("exported artifacts", (Col("artifact"), Col("precisions"), Col("where / from", wrap=True)))
     ports = Sheet("artifact ports", (Col("artifact"), Col("inputs", wrap=True), Col("outputs", wrap=True)))
