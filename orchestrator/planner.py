@@ -234,7 +234,9 @@ def plan_pipeline(
     if profile.nodes:
         stage_plans, crossing = _with_nodes(stage_plans)
         notes.append(f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
-                     + (", ".join(crossing) or "none"))
+                     + (", ".join(crossing) or "none")
+                     + ("; their transfer cost (items, bytes per item) is measured at run time: the run "
+                        "record's edges[]" if crossing else ""))
     return PipelinePlan(
         pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
         pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,

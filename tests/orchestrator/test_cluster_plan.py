@@ -66,7 +66,8 @@ def test_thinker_on_the_desktop_gpu_voice_on_the_laptop_npu(cluster: HardwarePro
     stages = {s["name"]: s for s in doc["stages"]}
     assert stages["thinker"]["node"] == "desktop" and stages["voice"]["node"] == "laptop"
     assert stages["voice"]["inputs_across_nodes"] == ["thinker"] and stages["thinker"]["inputs_across_nodes"] == []
-    assert any("thinker → voice (desktop → laptop)" in n for n in plan.notes)
+    crossing = next(n for n in plan.notes if "thinker → voice (desktop → laptop)" in n)
+    assert "measured at run time" in crossing and "edges[]" in crossing  # where to read the transfer cost
     # host_ram per node: the engine's host process on the desktop, the voice on the laptop
     pools = {p.id: p for p in plan.pools}
     assert set(pools["desktop/host_ram"].contributors) == {"(pipeline)", "thinker"}
