@@ -34,11 +34,14 @@ tests/stages/asr/test_kind.py and tests/test_voice_and_embed_example.py plan the
 CONFIGS = sorted([REPO / "configs/voice-assistant.yaml",
                   *(c for c in (REPO / "configs/examples").glob("*.yaml") if c.name not in GENERATED_GRAPHS)])
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
-CASES = [(c, p) for c in CONFIGS for p in PROFILES]
+CLUSTERS = sorted((REPO / "configs/profiles/clusters").glob("*.json"))
+"""Cluster profiles (omni-edge.cluster/1): the default pipeline only, goldens in golden_plans/clusters/."""
+CASES = [(c, p) for c in CONFIGS for p in PROFILES] + [(REPO / "configs/voice-assistant.yaml", p) for p in CLUSTERS]
 
 
 def golden_name(config: Path, profile: Path) -> str:
-    return f"{config.stem}@{profile.stem}.json"
+    sub = "clusters/" if profile.parent.name == "clusters" else ""
+    return f"{sub}{config.stem}@{profile.stem}.json"
 
 
 def normalise(text: str) -> str:
@@ -74,6 +77,7 @@ def regenerate() -> None:
         for config, profile in CASES:
             code, text = plan_json(config, profile)
             doc = {"exit_code": code, "plan": json.loads(text)}
+            (GOLDEN / golden_name(config, profile)).parent.mkdir(exist_ok=True)
             (GOLDEN / golden_name(config, profile)).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
             print(golden_name(config, profile), "exit", code)
 
