@@ -14,6 +14,9 @@ What it holds (docs/runtime.md documents every field):
   measured peak above a calibrated budget; docs/calibration.md);
 * ``calibration`` — the stages planned from measurements, and what this run
   recorded in the measurement store;
+* ``edges[]`` — per edge between two stages: its nodes, whether it crosses
+  between nodes, and the items and bytes that went over it in the record's
+  requests (its transfer cost, measured);
 * ``runtime`` — Ray start-up time, Ray's measured memory and how, the actor
   start-up time;
 * ``ledger`` — the ledger actor's pools and holders when the record was made;
@@ -120,6 +123,7 @@ def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "requests": [r.summary() for r in results],
         "stages": stage_rows(runtime, results, measured),
+        "edges": edge_rows(runtime, results),
         "runtime": {
             "ray": {"address": getattr(runtime.cluster, "address", None),
                     "started_here": getattr(runtime.cluster, "owned", None),
@@ -132,6 +136,28 @@ def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any
         "plan": runtime.plan.to_json(),
         **(extra or {}),
     }
+
+
+def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
+    """One row per edge of the graph (producer → consumer), in graph order: the nodes of
+    its two stages (``""`` on one machine), ``crosses_nodes``, and what went over it in
+    ``results`` — items, bytes (``runtime.payload_bytes``: the payload's size, not Ray's
+    framing), bytes per item (null when nothing went over it, e.g. a request that
+    entered downstream of it), and how many requests ran it. Read from each producer's
+    ``done`` stats (``edges_out``)."""
+    rows = []
+    for s in runtime.stages:
+        for consumer in runtime.consumers.get(s.name, []):
+            c = runtime.plan.stage(consumer)
+            counts = [r.stages[s.name]["edges_out"].get(consumer, {}) for r in results
+                      if "edges_out" in r.stages.get(s.name, {})]
+            items = sum(int(x.get("items", 0)) for x in counts)
+            size = sum(int(x.get("bytes", 0)) for x in counts)
+            src, dst = (s.device or "").rpartition("/")[0], (c.device or "").rpartition("/")[0]
+            rows.append({"from": s.name, "to": consumer, "from_node": src, "to_node": dst,
+                         "crosses_nodes": src != dst, "requests": len(counts), "items": items, "bytes": size,
+                         "bytes_per_item": round(size / items, 1) if items else None})
+    return rows
 
 
 def calibration_summary(runtime: Any) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -428,7 +429,10 @@ class Runtime:
         consumer through its ``Joiner``, which combines this input with its others)."""
         joiners = joiners or {}
 
+        sent: dict[str, list[int]] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
+
         async def give(c: StagePlan, entry: str, item: Any) -> None:
+            _count_item(sent, c.name, item)
             if c.name in joiners:
                 await joiners[c.name].put(entry, item)
             else:
@@ -484,7 +488,7 @@ class Runtime:
                 await self._call(self.plan.stage(name), "end_input", rid)
         end = time.perf_counter() - t0
         stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
-                 "done_s": _r(end), "chunks_in": chunks_in.get(s.name, [])}
+                 "done_s": _r(end), "chunks_in": chunks_in.get(s.name, []), "edges_out": edge_counts(sent)}
         if s.name in joiners:
             stats["join"] = joiners[s.name].stats()
         stats["throughput"] = _throughput(stats)
@@ -644,6 +648,44 @@ def _node_left(dev: _Device, reason: str) -> str:
     if node_id and not state.get(node_id, False):
         return f"node {node} left the cluster (Ray node {node_id[:12]}): {reason}"
     return f"node {node} (Ray still lists it as alive): {reason}"
+
+
+def payload_bytes(item: Any) -> int:
+    """What a payload weighs when it goes from one stage to another, estimated without
+    pickling: text as UTF-8, bytes as they are, an array (numpy, torch) its ``nbytes``,
+    a number 8, a dict its keys and values, a list or tuple its items; anything else
+    ``sys.getsizeof``. Ray's own framing (tens of bytes per object) is not counted."""
+    if isinstance(item, str):
+        return len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+    if isinstance(item, (bytes, bytearray)):
+        return len(item)
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(item, dict):
+        return sum(payload_bytes(k) + payload_bytes(v) for k, v in item.items())
+    if isinstance(item, (list, tuple)):
+        return sum(payload_bytes(v) for v in item)
+    if item is None or isinstance(item, bool):
+        return 1
+    if isinstance(item, (int, float)):
+        return 8
+    return sys.getsizeof(item)
+
+
+def _count_item(sent: dict[str, list[int]], consumer: str, item: Any) -> None:
+    """One more item, and its bytes, on the edge to ``consumer``."""
+    count = sent.setdefault(consumer, [0, 0])
+    count[0] += 1
+    count[1] += payload_bytes(item)
+
+
+def edge_counts(sent: dict[str, list[int]]) -> dict[str, dict[str, int]]:
+    """A producer's edges for one request, as its ``done`` stats carry them (``edges_out``):
+    consumer → ``{"items", "bytes"}`` — what the runtime handed that consumer (after
+    cutting text into sentences), which is what crosses the network when the two stages
+    are on different nodes (docs/cluster.md, "What crosses between nodes")."""
+    return {c: {"items": n, "bytes": b} for c, (n, b) in sent.items()}
 
 
 def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:
