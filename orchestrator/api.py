@@ -77,6 +77,7 @@ from orchestrator.errors import BadRequest, ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.runtime import record as rec
+from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import StageProgress
@@ -144,6 +145,17 @@ def prompt_label(prompt: Any) -> str:
     return str(prompt)
 
 
+def plan_profile(profile: str | Path | HardwareProfile | None, address: str | None) -> HardwareProfile:
+    """What to plan on: ``profile`` (a file or a profile) when given; else, with an
+    ``address``, the cluster there gathered live (the probe on each node,
+    ``cluster_probe.gather_at``; the nodes it found are logged); else this machine."""
+    if profile is None and address:
+        prof = gather_at(address)
+        log.info("planning on the Ray cluster at %s: %s", address, nodes_found(prof))
+        return prof
+    return resolve_profile(profile)
+
+
 def unverified_stages(plan: PipelinePlan) -> list[str]:
     """Admitted stages whose placement has no gate evidence yet."""
     return [s.name for s in plan.stages if s.admitted and s.verification is not None and s.verification.status == "unverified"]
@@ -206,8 +218,9 @@ class Pipeline:
         max_waiting: int | None = None,
         calibration: bool | cal.CalibrationStore = True,
     ) -> Pipeline:
-        """Load ``path``, plan it for ``profile`` (a file, a profile, or this
-        machine probed), verify the exported placements that have no evidence
+        """Load ``path``, plan it for ``profile`` (a file, a profile, or — none
+        given — the cluster at ``address`` or this machine, probed:
+        ``plan_profile``), verify the exported placements that have no evidence
         yet (unless ``verify=False``) and re-plan with the evidence, and start
         it. ``max_waiting``: requests that may wait for a slot beyond those in
         flight (default: as many as may be in flight; 0 refuses at once). Raises
@@ -218,7 +231,7 @@ class Pipeline:
         if record is not None:
             rec.check_target(record, what="record")  # before any work, not after the run
         config = load_config(path)
-        prof = resolve_profile(profile)
+        prof = plan_profile(profile, address)
         store = calibration_store(calibration)
         plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store)
         if verify and unverified_stages(plan):

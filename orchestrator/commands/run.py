@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from orchestrator.api import Pipeline
     from orchestrator.config import PipelineConfig
     from orchestrator.plan import PipelinePlan
+    from orchestrator.profile import HardwareProfile
     from orchestrator.runtime.audio import WavStreamWriter
     from orchestrator.runtime.events import AudioChunk, Result
 
@@ -64,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "entry stage takes audio")
     add_request_options(p)
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
-    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
+    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
+                   "(without --profile: plan on its nodes, each probed where it runs)")
     p.add_argument("--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (human output goes to stderr)")
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
@@ -215,6 +217,17 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_target(args.record, what="--record")
 
 
+def cluster_profile(address: str, console: Console) -> HardwareProfile:
+    """``--address`` without ``--profile``: the cluster there, gathered live (the probe on
+    each node), and which nodes were found, said on ``console``."""
+    from orchestrator.runtime.cluster_probe import gather_at, nodes_found
+
+    console.print(f"[dim]no --profile: probing each node of the Ray cluster at {address} …[/]")
+    profile = gather_at(address)
+    console.print(f"planning on the cluster at {address}: {nodes_found(profile)}", markup=False)
+    return profile
+
+
 def run(args: argparse.Namespace) -> int:
     old_handlers = _install_signal_handlers()
     try:
@@ -251,7 +264,7 @@ def _run(args: argparse.Namespace) -> int:
         # Without --system or sampling the prompt goes as it is (any first stage takes text).
         request = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
             if args.system or sampling else prompt
-    profile = resolve_profile(args.profile)
+    profile = resolve_profile(args.profile) if args.profile or not args.address else cluster_profile(args.address, console)
     mask = parse_mask(args.mask, profile)
     from orchestrator.commands.plan import calibration_store
 

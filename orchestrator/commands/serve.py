@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV})")
-    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
+    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
+                   "(without --profile: plan on its nodes, each probed where it runs)")
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
     p.add_argument("--skip-verify", action="store_true",
                    help="run exported placements that have no gate evidence yet (default: verify them first)")
@@ -118,7 +119,12 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
 
     console = make_console(stderr=True)
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
-    pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
+    profile = args.profile
+    if args.address and not profile:
+        from orchestrator.commands.run import cluster_profile
+
+        profile = cluster_profile(args.address, console)
+    pipeline = Pipeline.from_config(args.config, profile=profile, mask=args.mask, address=args.address,
                                     record=None, progress=True, log_to_driver=args.ray_logs,
                                     verify=not args.skip_verify, max_waiting=args.max_waiting,
                                     calibration=not args.no_calibration)

@@ -10,6 +10,10 @@ The answers become one profile (``orchestrator.profile.build_cluster``): device
 ids, routes and pools qualified by node, the head node first, then the others
 by name. A node without the resource is not part of the plan (it is named in
 the log).
+
+:func:`gather_at` joins the cluster at an address for the probe and leaves it
+again: what ``run``/``serve --address`` without ``--profile`` plan on (the
+pipeline joins again to run); :func:`nodes_found` says which nodes it found.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.probe import probe_profile
 from orchestrator.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
+from orchestrator.runtime import cluster
 from orchestrator.runtime.cluster import NODE_RESOURCE_PREFIX, node_names
 
 log = logging.getLogger(__name__)
@@ -66,3 +71,30 @@ def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
                                      "check that the node runs this project's environment, or plan with --profile") from None
         nodes.append(ClusterNode(names[nid], parse_profile(doc, where=f"node {names[nid]}"), address.get(nid, ""), nid))
     return build_cluster(name, nodes, source="probed live on each node through Ray")
+
+
+def gather_at(address: str, name: str | None = None) -> HardwareProfile:
+    """The cluster profile of the Ray cluster at ``address``, gathered live
+    (:func:`gather_profile`): joins it, probes each named node, leaves it (unless
+    this process was connected already). ``ConfigError`` naming ``--address`` when it
+    cannot be joined (the reason: refused without token auth, nothing there)."""
+    try:
+        cluster.connect([], address=address)
+    except Exception as exc:
+        raise ConfigError.single("--address", f"could not join the Ray cluster at {address}: {exc}",
+                                 "check the address (ray status on the head) and the auth settings "
+                                 "(docs/cluster.md), or plan with --profile CLUSTER.json") from None
+    try:
+        return gather_profile(name or f"Ray cluster at {address}")
+    finally:
+        cluster.release()
+
+
+def nodes_found(profile: HardwareProfile) -> str:
+    """One line for a person: the nodes of a live cluster profile, each with its
+    address and devices: ``2 nodes: head at 10.0.0.2 (cpu, gpu:0); laptop at …``."""
+    parts = []
+    for node in profile.nodes.values():
+        devices = ", ".join(d.id for d in node.profile.devices)
+        parts.append(f"{node.name}{f' at {node.address}' if node.address else ''} ({devices})")
+    return f"{len(parts)} node{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)

@@ -178,3 +178,26 @@ def test_this_machines_evidence_does_not_verify_another_machines_node(
         voice = _plan(two, config=cfg).stage("voice")
         assert voice.device == f"{node}/cpu" and voice.verification is not None
         assert voice.verification.status == status, voice.verification
+
+
+def test_an_address_without_a_profile_plans_on_the_cluster_gathered_there(
+        cluster: HardwareProfile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Pipeline.from_config(address=...)`` with no profile plans on the live cluster
+    profile (``cluster_probe.gather_at``, here replaced by the recorded one); with a
+    profile it never probes. The two-node test runs the real probe (``run --address``)."""
+    from orchestrator import api
+    from orchestrator.runtime.cluster_probe import nodes_found
+
+    asked: list[str] = []
+
+    def gather_at(address: str) -> HardwareProfile:
+        asked.append(address)
+        return cluster
+
+    monkeypatch.setattr(api, "gather_at", gather_at)
+    pipeline = api.Pipeline.from_config(VOICE, address="10.0.0.2:6379", record=None, start=False, verify=False,
+                                        calibration=False)
+    assert asked == ["10.0.0.2:6379"]
+    assert pipeline.plan.stage("thinker").device == "desktop/gpu:0" and pipeline.profile is cluster
+    assert api.plan_profile(CLUSTER, "10.0.0.2:6379").node_names == ["laptop", "desktop"] and len(asked) == 1
+    assert nodes_found(cluster) == "2 nodes: laptop (cpu, igpu:0, npu:0); desktop (cpu, gpu:0)"
