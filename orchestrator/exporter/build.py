@@ -23,10 +23,10 @@
 7. renames the directory into place (``--force`` replaces an existing one only
    now). Any failure removes the temporary directory: nothing half-written.
 
-The manifest has one ``tolerance`` for every precision it lists (the gate reads
-that one), so it is the loosest suggestion; each precision's own measurement and
-suggestion are in ``metadata.export.precisions`` — a stage that runs only fp32
-can tighten its ``tolerance`` to that.
+With more than one precision, the manifest's ``tolerances`` gives each precision
+its own suggestion (the gate judges a graph by its precision's entry), and
+``tolerance`` — what a precision without an entry gets — is the loosest; each
+precision's measurement is in ``metadata.export.precisions``.
 """
 
 from __future__ import annotations
@@ -473,6 +473,8 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
     manifest["outputs"] = _tensors(fp32.outputs)
     manifest["reference"] = {"inputs": "reference_inputs.npz", "outputs": "reference_outputs.npz"}
     manifest["tolerance"] = tolerance.model_dump()
+    if len(stats) > 1:  # each precision judged by its own suggestion, not the loosest
+        manifest["tolerances"] = {p: suggestions[p].model_dump() for p in stats}
     for key in ("consumes", "produces", "preprocess", "postprocess"):
         if getattr(req, key):
             manifest[key] = getattr(req, key)
@@ -506,7 +508,8 @@ def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any]) -> Non
             spec = SessionSpec(str(graph), [CPU_EP], [{}], {}, {})
             record = measure(sessions, artifact, precision, spec, reference_graph=str(graphs["fp32"]))
             verdict = judge(record, artifact_name=artifact.name, device_id="cpu",
-                            min_coverage=artifact.manifest.min_ep_coverage, tolerance=artifact.manifest.tolerance,
+                            min_coverage=artifact.manifest.min_ep_coverage,
+                            tolerance=artifact.manifest.tolerance_for(precision),
                             precisions=tuple(graphs))
             if not verdict.passed:
                 raise ConfigError([Problem(f"{precision} graph on the CPU EP", r.message, r.remedy) for r in verdict.refusals])

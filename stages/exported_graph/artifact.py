@@ -100,6 +100,17 @@ class Tolerance(Strict):
     cosine_min: float = Field(0.999, ge=-1, le=1, description="Smallest allowed cosine similarity between target and reference, per output.")
 
 
+class PrecisionTolerance(Strict):
+    """One precision's own tolerance: each field it gives replaces ``tolerance``'s for that
+    precision's graph; a field it leaves out is ``tolerance``'s."""
+
+    rel_l2: float | None = Field(None, ge=0, description="This precision's largest allowed rel L2 (default: tolerance.rel_l2).")
+    max_abs: float | None = Field(None, ge=0, description="This precision's largest allowed |target − ref| (default: tolerance.max_abs).")
+    cosine_min: float | None = Field(
+        None, ge=-1, le=1, description="This precision's smallest allowed cosine (default: tolerance.cosine_min).",
+    )
+
+
 class NotExported(Strict):
     """A graph that is not here yet: its sizes come from metadata, so the stage is planned
     (weights shown) and refused on every device with ``no_exported_graph`` until exported."""
@@ -125,7 +136,14 @@ class ExportManifest(Strict):
     inputs: list[TensorSpec] = Field(min_length=1, description="Graph inputs, in the graph's order.")
     outputs: list[TensorSpec] = Field(min_length=1, description="Graph outputs, in the graph's order.")
     reference: Reference = Field(description="Reference inputs (and optionally outputs) for the numeric gate.")
-    tolerance: Tolerance = Field(default_factory=Tolerance, description="Numeric gate tolerance.")
+    tolerance: Tolerance = Field(
+        default_factory=Tolerance, description="Numeric gate tolerance of every precision without its own in tolerances.",
+    )
+    tolerances: dict[Precision, PrecisionTolerance] = Field(
+        default_factory=dict,
+        description="Per precision, its own numeric gate tolerance (fields left out fall back to tolerance); "
+        "each key must be a precision this manifest lists.",
+    )
     min_ep_coverage: float = Field(
         DEFAULT_MIN_EP_COVERAGE, ge=0, le=1,
         description="Fraction of the graph's nodes the target EP must take (after ORT's graph optimizations). Default 0.5: below it the CPU does most of the work.",
@@ -192,12 +210,26 @@ class ExportManifest(Strict):
                 "the numeric gate needs a reference: add an fp32 graph to precisions "
                 "(the CPU EP runs it as the reference) or reference.outputs (recorded expected outputs)"
             )
+        stray = [p for p in self.tolerances if p not in self.precisions]
+        if stray:
+            raise ValueError(
+                f"tolerances names {', '.join(stray)}, which precisions does not list "
+                f"(it lists {', '.join(self.precisions)}); a tolerance belongs to a graph the artifact has"
+            )
         for group in ("inputs", "outputs"):
             names = [t.name for t in getattr(self, group)]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{group} names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    def tolerance_for(self, precision: str) -> Tolerance:
+        """The tolerance the numeric gate applies to ``precision``'s graph: its own entry in
+        ``tolerances``, field by field, over ``tolerance``."""
+        own = self.tolerances.get(precision)  # type: ignore[call-overload]
+        if own is None:
+            return self.tolerance
+        return self.tolerance.model_copy(update={k: v for k, v in own.model_dump().items() if v is not None})
 
 
 def _check_location(location: str, field_name: str, *, package_ok: bool = True) -> None:

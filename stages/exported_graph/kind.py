@@ -186,6 +186,7 @@ class ExportedGraphKind(StageKind):
                 "reference_sha256": art.reference_digest(),
                 "min_ep_coverage": self._min_coverage(cfg, art),
                 "tolerance": self._tolerance(cfg, art).model_dump(),
+                **self._tolerances(cfg, art, precisions),
                 "source": art.manifest.source.model_dump(),
             },
         )
@@ -300,7 +301,8 @@ class ExportedGraphKind(StageKind):
             reference_sha256=info.details["reference_sha256"],
             reference_graph=graphs.get("fp32", {}).get("graph"),
             options=ort_backends.keyed_options(backend, spec),
-            min_coverage=float(info.details["min_ep_coverage"]), tolerance=dict(info.details["tolerance"]),
+            min_coverage=float(info.details["min_ep_coverage"]),
+            tolerance=dict(info.details.get("tolerances", {}).get(precision, info.details["tolerance"])),
         )
 
     def remedy_for_budget(
@@ -316,12 +318,22 @@ class ExportedGraphKind(StageKind):
     def _min_coverage(self, cfg: ExportedGraphConfig, art: ExportedArtifact) -> float:
         return cfg.min_ep_coverage if cfg.min_ep_coverage is not None else art.manifest.min_ep_coverage
 
-    def _tolerance(self, cfg: ExportedGraphConfig, art: ExportedArtifact) -> Tolerance:
-        base = art.manifest.tolerance
+    def _tolerance(self, cfg: ExportedGraphConfig, art: ExportedArtifact, precision: str | None = None) -> Tolerance:
+        """The manifest's tolerance (``precision``'s own when given: ``tolerances`` over
+        ``tolerance``), with the stage's ``tolerance`` fields over it."""
+        base = art.manifest.tolerance if precision is None else art.manifest.tolerance_for(precision)
         if cfg.tolerance is None:
             return base
         update = {k: v for k, v in cfg.tolerance.model_dump().items() if v is not None}
         return base.model_copy(update=update)
+
+    def _tolerances(self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]) -> dict[str, Any]:
+        """``{"tolerances": {precision: tolerance}}`` for the described graphs when the manifest
+        gives any precision its own tolerance; nothing otherwise (a plan of an artifact
+        without ``tolerances`` is what it was)."""
+        if not art.manifest.tolerances:
+            return {}
+        return {"tolerances": {p: self._tolerance(cfg, art, p).model_dump() for p in precisions}}
 
     # -- runtime -------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:

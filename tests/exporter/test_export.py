@@ -108,10 +108,15 @@ def test_the_tolerance_is_measured_with_headroom(mlp: tuple[Path, dict[str, Any]
     suggested = int8["suggested"]
     assert suggested["rel_l2"] >= max(FLOORS["int8"].rel_l2, meta["headroom"] * int8["rel_l2"]) * 0.99
     assert suggested["max_abs"] >= meta["headroom"] * int8["max_abs"] * 0.99
-    # the manifest's one tolerance covers every precision it lists: the loosest suggestion
-    tol = load_artifact(out).manifest.tolerance
+    # each precision is judged by its own suggestion (`tolerances`); `tolerance`, for a
+    # precision without an entry, is the loosest
+    manifest = load_artifact(out).manifest
+    tol = manifest.tolerance
     assert tol.rel_l2 == max(fp32["suggested"]["rel_l2"], suggested["rel_l2"]) == doc["tolerance"]["rel_l2"]
     assert meta["precisions"]["fp32"]["suggested_tolerance"] == FLOORS["fp32"].model_dump()
+    assert manifest.tolerance_for("fp32").model_dump() == fp32["suggested"] == FLOORS["fp32"].model_dump()
+    assert manifest.tolerance_for("int8").model_dump() == suggested
+    assert manifest.tolerance_for("fp32").rel_l2 < manifest.tolerance_for("int8").rel_l2
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
