@@ -146,6 +146,42 @@ def test_probe_saves_the_live_cluster_profile_that_plan_reads(two_nodes: dict[st
     assert {p["id"] for p in json.loads(plan.stdout)["pools"]} >= {"head/host_ram", "second/host_ram"}
 
 
+VOICE_ONLY = """\
+name: voice-only
+stages:
+  - name: voice
+    kind: exported_graph
+    artifact: {repo}/exports/piper-en-us-joe-medium
+    inputs: [request]
+    devices: [second/cpu]
+    backends: [ort-cpu]
+    final_output: true
+    final_output_type: audio
+"""
+
+
+def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(two_nodes: dict[str, Any]) -> None:
+    """``omni-edge run --address`` without ``--profile``: the probe runs on each node, the
+    nodes found are said, and the plan is the cluster's (a stage on ``second/cpu`` runs
+    there; a one-machine profile has no such device). Runs before the second node is killed."""
+    base = two_nodes["base"]
+    config = base / "voice-only.yaml"
+    config.write_text(VOICE_ONLY.format(repo=REPO))
+    record = base / "voice-only-run.json"
+    cli = str(Path(sys.executable).parent / "omni-edge")
+    done = subprocess.run([cli, "run", str(config), "--address", two_nodes["address"], "--prompt",
+                           "Hello from the second node.", "--skip-verify", "--no-calibration", "--record", str(record),
+                           "--json"], env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    said = " ".join(done.stderr.split())
+    assert f"planning on the cluster at {two_nodes['address']}: 2 nodes: head" in said, said[-2000:]
+    assert "; second at " in said, said[-2000:]
+    doc = json.loads(record.read_text())
+    assert doc["plan"]["profile"] == f"Ray cluster at {two_nodes['address']}"
+    assert doc["stages"][0]["device"] == "second/cpu" and doc["edges"] == []
+    assert doc["requests"][0]["audio_seconds"] > 0
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"
@@ -204,7 +240,9 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
                         "voice_items": r.stages["voice"].get("items"), "sample_rate": r.sample_rate,
                         "audio_samples": int(r.audio.size) if r.audio is not None else 0,
                         "devices": {k: v.get("device") for k, v in r.stages.items()},
-                        "listens_on": pipeline.runtime.startup.get("cluster_listens_on")}
+                        "listens_on": pipeline.runtime.startup.get("cluster_listens_on"),
+                        "chunk_bytes": sum(len(c.encode()) for c in r.chunks)}
+        doc["edges"] = pipeline.build_record([r])["edges"]  # the run record's transfer cost per edge
         save()
 
         async def killed_mid_request() -> dict[str, Any]:
@@ -277,6 +315,11 @@ def test_the_reply_across_nodes_has_the_single_node_form(report: dict[str, Any])
     assert reply["voice_items"] == reply["chunks"]
     assert reply["sample_rate"] == VOICE_RATE and reply["audio_samples"] > 0
     assert reply["listens_on"] == report["listening"]  # where the joined cluster listens, in the run's record
+    # the edge between the nodes and its transfer cost: each sentence handed to the voice, in UTF-8 bytes
+    assert report["edges"] == [{"from": "thinker", "to": "voice", "from_node": "second", "to_node": "head",
+                                "crosses_nodes": True, "requests": 1, "items": reply["chunks"],
+                                "bytes": reply["chunk_bytes"],
+                                "bytes_per_item": round(reply["chunk_bytes"] / reply["chunks"], 1)}]
 
 
 def test_the_second_node_leaving_fails_the_request_naming_it(report: dict[str, Any]) -> None:
