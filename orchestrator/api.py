@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -71,6 +72,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import calibration as cal
+from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.console import make_console
 from orchestrator.errors import BadRequest, ConfigError, PlanRefused
@@ -162,7 +164,8 @@ def unverified_stages(plan: PipelinePlan) -> list[str]:
 
 
 def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str],
-                       run_gates: Any = None, calibration: cal.CalibrationStore | None = None) -> PipelinePlan:
+                       run_gates: Any = None, calibration: cal.CalibrationStore | None = None,
+                       server: bool = False) -> PipelinePlan:
     """Run the coverage and numeric gates the plan needs (writing evidence), then
     plan again. A placement is never run on the strength of "the EP is listed":
     a gate that refuses it makes the planner take the stage's next candidate, or
@@ -174,7 +177,8 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
         report = run_gates(config, profile, mask)
     # what the gates refused is refused in the new plan, evidence file or not
     results = getattr(report, "results", None) or []
-    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results), calibration=calibration)
+    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results), calibration=calibration,
+                         server=server)
 
 
 class Pipeline:
@@ -217,6 +221,7 @@ class Pipeline:
         verify: bool = True,
         max_waiting: int | None = None,
         calibration: bool | cal.CalibrationStore = True,
+        server: bool = False,
     ) -> Pipeline:
         """Load ``path``, plan it for ``profile`` (a file, a profile, or — none
         given — the cluster at ``address`` or this machine, probed:
@@ -233,9 +238,9 @@ class Pipeline:
         config = load_config(path)
         prof = plan_profile(profile, address)
         store = calibration_store(calibration)
-        plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store)
+        plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store, server=server)
         if verify and unverified_stages(plan):
-            plan = verify_then_replan(config, prof, parse_mask(mask), calibration=store)
+            plan = verify_then_replan(config, prof, parse_mask(mask), calibration=store, server=server)
         if not plan.admitted:
             raise PlanRefused(plan)
         pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver,
@@ -427,8 +432,29 @@ class Pipeline:
             out.append({"stage": "(ray_runtime)", "entry": str(path), "peak_bytes": ray_bytes,
                         "budget_bytes": sample["budget_bytes"], "upper_bound": False,
                         "over_budget": sample["over_budget"], "calibrated": sample["calibrated"]})
+        server = self.server_memory()
+        if server is not None and server["measured_bytes"]:
+            key = cal.server_key(self.profile)
+            sample = cal.sample(run=self.run_id, peak=server["measured_bytes"], budget=server["budget_bytes"],
+                                calibrated=server["evidence"] == "M", method=server["measure"])
+            path = self.calibration.record(key, sample)
+            out.append({"stage": "(server)", "entry": str(path), "peak_bytes": server["measured_bytes"],
+                        "budget_bytes": sample["budget_bytes"], "upper_bound": False,
+                        "over_budget": sample["over_budget"], "calibrated": sample["calibrated"]})
         self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
+
+    def server_memory(self) -> dict[str, Any] | None:
+        """The serving process's own memory against its plan (None when the plan has no
+        ``server`` reservation: ``plan``/``run``): PSS (RSS where PSS cannot be read)
+        of this process now, and the reservation's bytes and evidence."""
+        planned = next((r for r in self.plan.shared_reservations if r.purpose == "server"), None)
+        if planned is None:
+            return None
+        measured, how = memory.tree_memory([os.getpid()])
+        return {"measured_bytes": measured, "measure": f"{how} of the serve process (pid {os.getpid()})",
+                "budget_bytes": planned.bytes, "evidence": planned.evidence, "pool": planned.pool,
+                "within_budget": measured <= planned.bytes if measured else None}
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import os
+import platform
 import socket
 import statistics
 import time
@@ -107,7 +108,7 @@ class Key:
     them); ``scaling``: the settings that only scale memory."""
 
     subject: str
-    """``stage`` or a pipeline cost (``ray_runtime``)."""
+    """``stage`` or a pipeline cost (``ray_runtime``, ``server``)."""
     parts: Mapping[str, Any]
     scaling: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
@@ -191,6 +192,12 @@ def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
     """The key of the Ray runtime's own memory on this machine."""
     return Key("ray_runtime", {"machine": machine_id(profile), "ray": _dist_version("ray"),
                                "cluster": "local" if owned else "joined"}, label="ray-runtime")
+
+
+def server_key(profile: HardwareProfile) -> Key:
+    """The key of the ``serve`` process's own memory on this machine (its Python and Ray)."""
+    return Key("server", {"machine": machine_id(profile), "python": platform.python_version(),
+                          "ray": _dist_version("ray")}, label="server")
 
 
 # -- samples and entries -------------------------------------------------------------
@@ -558,7 +565,7 @@ def lookup(store: CalibrationStore, key: Key, reservations: list[Reservation],
 
 
 def calibrated_shared(store: CalibrationStore, key: Key, reservation: Reservation) -> Reservation | None:
-    """A pipeline cost (``ray_runtime``) from its measurements: largest + margin (M)."""
+    """A pipeline cost (``ray_runtime``, ``server``) from its measurements: largest + margin (M)."""
     entry = store.load(key)
     if entry is None or not entry.trusted():
         return None

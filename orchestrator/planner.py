@@ -60,6 +60,12 @@ SAFETY_MARGIN_BYTES = 512 * MiB
 ESTIMATES_NOTE = ("activations, workspaces, transients and margins are estimates (E); the runtime records "
                   "measured peaks (M) against them")
 RAY_RUNTIME_BYTES = int(0.9 * GiB)
+SERVER_BYTES = 384 * MiB
+"""The ``serve`` process itself (the HTTP app, the Ray driver, the planner's imports):
+a stated figure until a server run measures it (``calibration.server_key``). Here
+the process held 96 MiB RSS (78 MiB PSS) with its imports (orchestrator.api and
+.server, uvicorn, ray) before ``ray.init``; 384 MiB leaves room for the driver's
+Ray core worker, request buffers (audio replies) and the allocator's slack."""
 """A small local Ray cluster plus its actors, as summed RSS: conservative, since RSS
 counts shared pages in every process. The runtime replaces it with its own
 measurement (M, summed PSS) when it starts; figures in docs/runtime.md, "Ray's own
@@ -159,8 +165,10 @@ def _masked(device_id: str, mask: frozenset[str]) -> bool:
     return device_id in mask or local in mask or local.split(":")[0] in mask or (bool(node) and node in mask)
 
 
-def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Ledger, list[Reservation]]:
-    """Pools from the profile, with the pipeline's own reservations admitted."""
+def build_ledger(profile: HardwareProfile, *, runtime: bool = True,
+                 server: bool = False) -> tuple[Ledger, list[Reservation]]:
+    """Pools from the profile, with the pipeline's own reservations admitted
+    (``server``: the ``serve`` process too, on the driver's host RAM)."""
     ledger = Ledger()
     for spec in profile_pools(profile):
         ledger.add_pool(spec.id, spec.capacity, parent=spec.parent, note=spec.note)
@@ -174,6 +182,10 @@ def build_ledger(profile: HardwareProfile, *, runtime: bool = True) -> tuple[Led
     if runtime:  # in a cluster: Ray's daemons on every node
         shared.extend(Reservation(pool, "ray_runtime", RAY_RUNTIME_BYTES, "session", "E", "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)")
                       for pool in host_ram_pools(profile))
+    if server and host_ram_pools(profile):  # the driver runs on the first node (the one that plans)
+        shared.append(Reservation(host_ram_pools(profile)[0], "server", SERVER_BYTES, "session", "E",
+                                  "the serve process itself (HTTP app, Ray driver): stated figure SERVER_BYTES "
+                                  "until a server run measures it"))
     ledger.held[PIPELINE_HOLDER] = list(shared)
     return ledger, shared
 
@@ -186,6 +198,7 @@ def plan_pipeline(
     runtime: bool = True,
     refused: Mapping[tuple[str, str, str], Sequence[Refusal]] | None = None,
     calibration: cal.CalibrationStore | None = None,
+    server: bool = False,
 ) -> PipelinePlan:
     """Plan every stage of ``config`` on ``profile``; refuse with reasons when impossible.
 
@@ -198,11 +211,15 @@ def plan_pipeline(
     candidate (or a near match), the candidate's reservations come from them
     (``_calibrated``, docs/calibration.md). None plans from metadata alone.
 
+    ``server``: the pipeline will be served (``omni-edge serve``): the serve
+    process's own memory is a shared reservation (E from ``SERVER_BYTES``, M
+    once a server run has measured it). ``plan`` and ``run`` leave it out.
+
     Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
     calibrating = _Calibrating(calibration, config.name, profile) if calibration is not None else None
-    ledger, shared = build_ledger(profile, runtime=runtime)
+    ledger, shared = build_ledger(profile, runtime=runtime, server=server)
     if calibrating is not None:
         shared = _calibrated_shared(shared, calibrating)
         ledger.held[PIPELINE_HOLDER] = list(shared)
@@ -563,6 +580,8 @@ def _calibrated_shared(shared: list[Reservation], calibrating: _Calibrating) -> 
     for r in shared:
         if r.purpose == "ray_runtime":
             r = cal.calibrated_shared(calibrating.store, cal.ray_key(calibrating.profile), r) or r
+        elif r.purpose == "server":
+            r = cal.calibrated_shared(calibrating.store, cal.server_key(calibrating.profile), r) or r
         out.append(r)
     return out
 
@@ -572,11 +591,14 @@ def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reserv
     used = [s for s in stage_plans if s.calibration is not None]
     notes = list(calibrating.store.problems)
     ray = any(r.purpose == "ray_runtime" and r.evidence == "M" for r in shared)
-    if used or ray:
+    server = any(r.purpose == "server" and r.evidence == "M" for r in shared)
+    if used or ray or server:
         parts = [f"{s.name} {fmt_bytes(s.calibration['before_bytes'])} → {fmt_bytes(s.calibration['after_bytes'])} "
                  f"({s.calibration['match']})" for s in used if s.calibration is not None]
         if ray:
             parts.append("ray_runtime (M)")
+        if server:
+            parts.append("server (M)")
         notes.append(f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
                      "`--no-calibration` plans from metadata alone")
     uncalibrated = [s.name for s in stage_plans if s.admitted and s.calibration is None]

@@ -395,6 +395,7 @@ class _App:
         self.metrics = ServerMetrics(self.runtime)
         if getattr(pipeline, "calibration", None) is not None:  # measured peaks feed the next plan, while serving
             self.metrics.recorder = pipeline.record_calibration
+        self.metrics.server_memory = getattr(pipeline, "server_memory", None)  # the serve process's own memory
         stages = self.runtime.stages
         self.text_stages = {s.name for s in stages if s.final_output and s.final_output_type == "text"}
         self.audio_entry = bool(audio_entry_stages(pipeline.config))
@@ -458,6 +459,9 @@ class _App:
                              "measured_peak_bytes": m.get("measured_peak_bytes"),
                              "budget_bytes": m.get("budget_bytes", self.pipeline.plan.stage(s["name"]).budget_bytes()),
                              "within_budget": m.get("within_budget")}
+        # the serve process's own memory against its shared reservation (``server``)
+        server_memory = getattr(self.pipeline, "server_memory", None)
+        doc["server"] = await asyncio.to_thread(server_memory) if server_memory is not None else None
         return JSONResponse(doc)
 
     async def status(self, request: Request) -> Response:

@@ -105,6 +105,8 @@ class ServerMetrics:
         self.recorder: Callable[[], Any] | None = None
         """Writes the measured peaks to the measurement store (``Pipeline.record_calibration``)."""
         self._recorded_at = time.monotonic()
+        self.server_memory: Callable[[], dict[str, Any] | None] | None = None
+        """The serve process's own memory and its reservation (``Pipeline.server_memory``)."""
         self._over: set[str] = set()
         r, b = self.registry, LATENCY_BUCKETS
         self.requests = Counter(f"{PREFIX}requests", "Requests answered, by endpoint and HTTP status",
@@ -146,6 +148,10 @@ class ServerMetrics:
                                 ["stage"], registry=r)
         self.recordings = Counter(f"{PREFIX}calibration_recordings",
                                   "Times the measured peaks were written to the measurement store", registry=r)
+        self.server_bytes = Gauge(f"{PREFIX}server_memory_bytes",
+                                  "The serve process's own memory (PSS, else RSS)", registry=r)
+        self.server_budget = Gauge(f"{PREFIX}server_budget_bytes",
+                                   "The serve process's shared reservation in the plan", ["evidence"], registry=r)
         self.ledger_up = Gauge(f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r)
         self.in_flight_limit.set(runtime.admission.limit)
         for s in runtime.stages:
@@ -259,6 +265,10 @@ class ServerMetrics:
         for name, m in (await self.measured_now()).items():
             if m.get("measured_peak_bytes") is not None:
                 self.stage_peak.labels(name, self.runtime.plan.stage(name).pool or "?").set(m["measured_peak_bytes"])
+        server = await asyncio.to_thread(self.server_memory) if self.server_memory is not None else None
+        if server is not None:
+            self.server_bytes.set(server["measured_bytes"])
+            self.server_budget.labels(server["evidence"]).set(server["budget_bytes"])
         return generate_latest(self.registry)
 
 

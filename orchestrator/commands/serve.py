@@ -127,7 +127,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     pipeline = Pipeline.from_config(args.config, profile=profile, mask=args.mask, address=args.address,
                                     record=None, progress=True, log_to_driver=args.ray_logs,
                                     verify=not args.skip_verify, max_waiting=args.max_waiting,
-                                    calibration=not args.no_calibration)
+                                    calibration=not args.no_calibration, server=True)
     stopped_by: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
