@@ -42,6 +42,22 @@ measured to add on a long sentence on the CPU EP (docs/benchmarks.md)."""
 ACTIVATION_WEIGHT_FRACTION = 0.5
 """…and at most half the weights again for larger graphs (conv vocoders and
 encoders keep activations well below their weight bytes at one item a call)."""
+OPENVINO_RETAINED_PER_ITEM = 12 * MiB
+"""What OpenVINO's CPU plugin keeps, per item, for a graph whose output shape is
+computed from the data (a dimension no input has: the Piper voice's ``samples``,
+set by durations it samples): every item brings shapes it has not seen, and the
+plugin keeps memory for each. Measured here (onnxruntime-openvino 1.24.1, the
+voice's route worker, one call at a time, 40-200 character sentences with the
+voice's own scales): 838 MiB after 6 items, 1.68 GiB after 60, 2.53 GiB after
+150 — about 12 MiB an item with no plateau; with fixed durations (scales 0, 1,
+0) the same worker stays at 838 MiB. The ONNX Runtime CPU EP does not grow."""
+OPENVINO_ITEM_HORIZON = 64
+"""Items the estimate covers (64 x 12 MiB = 768 MiB; the curve above puts 64 items of
+up to 200 characters at about 1.7 GiB, the estimate at 1.49 GiB for the voice):
+more than a calibration run of bench/calibration.py speaks (three prompts, each
+alone and four at once; its worker measured 1.19-1.27 GiB). Beyond it the worker
+keeps growing; calibration's drift (measured above budget) widens the next plan,
+and a long-lived server needs the plugin's growth bounded (not done here)."""
 
 
 class ToleranceOverride(Strict):
@@ -246,7 +262,7 @@ class ExportedGraphKind(StageKind):
         weights = int(g["initializer_bytes"])
         row = ort_backends.backend(backend)
         name = info.details["name"]
-        return [
+        out = [
             Reservation(pool, "weights", weights, "session", "D", f"initializers of {name} [{precision}], read from the graph"),
             self._activations(pool, info, weights),
             Reservation(
@@ -258,6 +274,19 @@ class ExportedGraphKind(StageKind):
                 "ONNX Runtime holds the parsed model proto while it builds the session",
             ),
         ]
+        dims = _data_dependent_dims(self.artifact(stage))
+        if backend == "ort-openvino" and dims:
+            # Requests in flight do not multiply the activations: a route worker (and an
+            # in-process session) runs one call at a time (orchestrator/ort/sessions.py), so
+            # concurrent requests queue. What grows is the plugin's memory per new shape.
+            out.append(Reservation(
+                pool, "shape_memory", OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON, "request", "E",
+                f"OpenVINO keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
+                f"the data: {fmt_bytes(OPENVINO_RETAINED_PER_ITEM)} an item (OPENVINO_RETAINED_PER_ITEM, measured) "
+                f"x {OPENVINO_ITEM_HORIZON} items (OPENVINO_ITEM_HORIZON); it keeps growing beyond, measure to calibrate",
+                at_load=False,
+            ))
+        return out
 
     def session_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, precision: str) -> ort_backends.SessionSpec:
         cfg = _cfg(stage)
@@ -339,6 +368,12 @@ class ExportedGraphKind(StageKind):
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         """The runner for an admitted placement, in the route ``route_for`` finds."""
         return ExportedGraphRunner(stage_plan, self.artifact(stage), route_for(stage_plan, route))
+
+
+def _data_dependent_dims(art: ExportedArtifact) -> list[str]:
+    """Named output dimensions that no input has: the graph computes them from the data."""
+    given = {d for t in art.manifest.inputs for d in t.shape if isinstance(d, str)}
+    return sorted({d for t in art.manifest.outputs for d in t.shape if isinstance(d, str) and d not in given})
 
 
 def _cfg(stage: StageConfig) -> ExportedGraphConfig:
