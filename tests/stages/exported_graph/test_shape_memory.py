@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from orchestrator.config import load_config
 from orchestrator.profile import load_profile
-from stages.exported_graph.kind import OPENVINO_ITEM_HORIZON, OPENVINO_RETAINED_PER_ITEM, ExportedGraphKind
+from stages.exported_graph.kind import (
+    OPENVINO_ITEM_HORIZON,
+    OPENVINO_RETAINED_PER_ITEM,
+    ExportedGraphKind,
+)
 from tests.conftest import REPO
 
 MiB = 2**20
