@@ -14,6 +14,9 @@ the log).
 :func:`gather_at` joins the cluster at an address for the probe and leaves it
 again: what ``run``/``serve --address`` without ``--profile`` plan on (the
 pipeline joins again to run); :func:`nodes_found` says which nodes it found.
+
+:func:`node_ray_memory` measures Ray's own memory on each node the same way (a
+task pinned to it): the summed PSS of the processes of that node's Ray session.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psutil
+
 from orchestrator.errors import ConfigError
+from orchestrator.memory import descendants, tree_memory
 from orchestrator.probe import probe_profile
 from orchestrator.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
 from orchestrator.runtime import cluster
@@ -98,3 +104,53 @@ def nodes_found(profile: HardwareProfile) -> str:
         devices = ", ".join(d.id for d in node.profile.devices)
         parts.append(f"{node.name}{f' at {node.address}' if node.address else ''} ({devices})")
     return f"{len(parts)} node{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)
+
+
+def _ray_memory_here() -> dict[str, Any]:
+    """Runs on the node: the summed PSS of this node's Ray processes — those whose command
+    line names its session directory (the GCS on the head, the raylet, its agents, the
+    log monitor, workers) and the raylet's descendants (every worker, this task's too)."""
+    import ray
+
+    session = str(ray._private.worker.global_worker.node.get_session_dir_path())
+    pids: set[int] = set()
+    names: set[str] = set()
+    for proc in psutil.process_iter(["cmdline", "name"]):
+        try:
+            if session in " ".join(proc.info["cmdline"] or []):
+                pids.add(proc.pid)
+                if proc.info["name"] == "raylet":
+                    pids.update(descendants(proc.pid))
+        except (psutil.Error, OSError):
+            continue
+    for pid in pids:
+        try:
+            names.add(psutil.Process(pid).name())
+        except psutil.Error:
+            continue
+    total, kind = tree_memory(pids)
+    return {"bytes": total, "processes": len(pids), "names": sorted(names), "session_dir": session,
+            "measure": f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
+                       "(GCS on the head, raylet, agents, workers)"}
+
+
+def node_ray_memory() -> dict[str, dict[str, Any]]:
+    """Ray's own memory on each named node of the connected cluster, measured now
+    (evidence M): node name → ``bytes``, ``processes``, ``names``, ``measure``. Every
+    worker of the node counts, this project's device actors too: measured before any
+    stage loads (or with no pipeline running) it is Ray's cost on that node. Needs a
+    connection, like :func:`gather_profile`; a node whose task fails is left out (logged)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    names = node_names()
+    task = ray.remote(num_cpus=0, max_retries=0)(_ray_memory_here)
+    refs = {nid: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
+            for nid in names}
+    out = {}
+    for nid, ref in refs.items():
+        try:
+            out[names[nid]] = ray.get(ref, timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("Ray's memory on node %s was not measured: %s", names[nid], exc)
+    return out

@@ -201,7 +201,7 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     from orchestrator.errors import StageFailed
     from orchestrator.planner import plan_pipeline
     from orchestrator.runtime import cluster
-    from orchestrator.runtime.cluster_probe import gather_profile
+    from orchestrator.runtime.cluster_probe import gather_profile, node_ray_memory
     from orchestrator.runtime.events import TextDelta
 
     doc: dict[str, Any] = {}
@@ -219,6 +219,7 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     profile = gather_profile("two nodes on loopback")
     doc["devices"] = [d.id for d in profile.devices]
     doc["nodes"] = profile.node_names
+    doc["ray_memory"] = node_ray_memory()  # each node's own Ray processes, before any stage loads
     text = (REPO / "configs/voice-assistant.yaml").read_text()
     text = text.replace("devices: [gpu:0, cpu]", "devices: [second/cpu]")
     text = text.replace("devices: [npu:0, igpu:0, cpu]", "devices: [head/cpu]")
@@ -305,6 +306,15 @@ def test_plan_places_each_stage_on_its_node(report: dict[str, Any]) -> None:
     assert plan["voice"]["device"] == "head/cpu" and plan["voice"]["across"] == ["thinker"]
     assert {"head/host_ram", "second/host_ram"} <= set(report["pools"])
     assert report["listening"], "joining says where the cluster listens"
+
+
+def test_ray_s_memory_is_measured_on_each_node(report: dict[str, Any]) -> None:
+    m = report["ray_memory"]
+    print("Ray per node:", {n: (v["bytes"], v["processes"], v["names"]) for n, v in m.items()})
+    assert set(m) == {"head", "second"}
+    assert "gcs_server" in m["head"]["names"] and "gcs_server" not in m["second"]["names"]  # the GCS is the head's
+    assert all("raylet" in v["names"] and v["bytes"] > 20 * 2**20 for v in m.values()), m
+    assert m["head"]["session_dir"] != m["second"]["session_dir"]
 
 
 def test_the_reply_across_nodes_has_the_single_node_form(report: dict[str, Any]) -> None:
