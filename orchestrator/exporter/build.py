@@ -501,6 +501,9 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
               measured: dict[str, dict[str, Any]], suggestions: dict[str, Tolerance], files: dict[str, str]) -> dict[str, Any]:
     fp32 = stats["fp32"]
     notes = [f"opset {exported.opset}; precisions {', '.join(stats)}."]
+    raised = {p: st.opset.get("ai.onnx") for p, st in stats.items() if st.opset.get("ai.onnx") not in (None, exported.opset)}
+    if raised:  # onnxruntime's quantizer raises the opset for 16-bit QuantizeLinear (21)
+        notes.append("; ".join(f"{p} graph: opset {o}" for p, o in raised.items()) + " (raised by its converter).")
     if "fp16" in stats:
         notes.append("fp16 by onnxruntime's float16 converter (float32 inputs and outputs kept).")
     if "int8" in stats:
