@@ -88,9 +88,14 @@ install_chromium
 whisper_generated="exports/whisper-tiny-en-encoder/fp32.onnx exports/whisper-tiny-en-decoder/fp32.onnx"
 encoder_generated="exports/all-minilm-l6-v2/manifest.yaml exports/all-minilm-l6-v2/fp32.onnx"
 voice_int8_generated="exports/piper-en-us-joe-medium-int8/manifest.yaml exports/piper-en-us-joe-medium-int8/int8.onnx"
-generated="$whisper_generated $encoder_generated $voice_int8_generated"
+# The int8 voice's error against fp32 is measured on this CPU before it lands; where
+# it is over the exporter's ceiling the build is refused, the reason is kept in this
+# file, and only configs/examples/voice-on-npu.yaml (which needs it) is affected.
+voice_int8_refused="exports/piper-en-us-joe-medium-int8.refused"
+generated="$whisper_generated $encoder_generated"
 have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
-have_generated() { have_all $generated; }
+have_int8_voice() { have_all $voice_int8_generated || [ -f "$voice_int8_refused" ]; }
+have_generated() { have_all $generated && have_int8_voice; }
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
    && [ -x .venvs/openvino/bin/python ] && have_generated; then
@@ -144,9 +149,14 @@ if ! have_all $encoder_generated; then
 fi
 # The Piper voice with an int8 decoder (configs/examples/voice-on-npu.yaml): the
 # exporter quantizes the wheel's graph (~30 s, ~1.2 GiB; docs/export.md).
-if ! have_all $voice_int8_generated; then
+if ! have_int8_voice; then
   log "exporting the int8 Piper voice (exports/piper-en-us-joe-medium-int8)"
-  .venv/bin/python -m exports.piper_voice build
+  if ! .venv/bin/python -m exports.piper_voice build > "$voice_int8_refused.log" 2>&1; then
+    tail -n 15 "$voice_int8_refused.log" > "$voice_int8_refused"
+    log "the int8 voice was refused on this machine (kept in $voice_int8_refused);"
+    log "only configs/examples/voice-on-npu.yaml needs it, everything else is unaffected"
+  fi
+  rm -f "$voice_int8_refused.log"
 fi
 
 log "OpenVINO route (.venvs/openvino)"

@@ -22,16 +22,16 @@ from orchestrator.cli import main
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from tests.conftest import REPO
+from tests.helpers.generated import int8_voice_refused
 
 EXAMPLE = REPO / "configs/examples/voice-on-npu.yaml"
 DEFAULT = REPO / "configs/voice-assistant.yaml"
 HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
 CPU_ONLY = REPO / "configs/profiles/cpu-only-linux.json"
 
-needs_int8_voice = pytest.mark.skipif(
-    not (INT8_ARTIFACT_DIR / "manifest.yaml").is_file(),
-    reason="the int8 voice is not built: python -m exports.piper_voice build (scripts/bootstrap.sh runs it)",
-)
+needs_int8_voice = pytest.mark.skipif(int8_voice_refused() is not None, reason=str(int8_voice_refused()))
+"""Skips only where this machine's build measured the int8 voice over the exporter's
+ceiling (tests/helpers/generated.py); an artifact never built fails the test."""
 
 
 @pytest.fixture(autouse=True)
