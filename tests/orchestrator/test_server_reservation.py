@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -77,3 +77,19 @@ def test_metrics_show_the_server_memory_and_its_budget() -> None:
     assert float(lines["omni_edge_server_memory_bytes"]) == 123 * MiB
     assert float(lines['omni_edge_server_budget_bytes{evidence="E"}']) == SERVER_BYTES
     assert "omni_edge_server_memory_bytes" in generate_latest(ServerMetrics(StubRuntime()).registry).decode()  # type: ignore[arg-type]
+
+
+def test_recording_writes_the_server_entry_that_the_next_served_plan_reads(
+        profile: HardwareProfile, tmp_path: object) -> None:
+    store = cal.CalibrationStore(tmp_path / "calibration")  # type: ignore[operator]
+    served = plan_pipeline(load_config(str(CONFIG)), profile, server=True)
+    runtime = SimpleNamespace(_closed=False, load_results={"thinker": {}}, stages=[], measure=dict, ray_memory={},
+                              cluster=None)
+    pipeline = SimpleNamespace(calibration=store, profile=profile, plan=served, runtime=runtime, results=[],
+                               run_id="served-1")
+    pipeline.server_memory = MethodType(Pipeline.server_memory, pipeline)
+    (row,) = Pipeline.record_calibration(pipeline)  # type: ignore[arg-type]
+    assert row["stage"] == "(server)" and row["budget_bytes"] == SERVER_BYTES and not row["calibrated"]
+    (r,) = server_reservations(plan_pipeline(load_config(str(CONFIG)), profile,
+                                             calibration=cal.CalibrationStore(store.root), server=True))
+    assert r.evidence == "M" and r.bytes >= row["peak_bytes"]
