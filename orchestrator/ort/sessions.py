@@ -33,6 +33,7 @@ from typing import Any
 
 from orchestrator import settings
 from orchestrator.errors import VerificationError
+from orchestrator.memory import rss_of
 from orchestrator.ort import worker as route_worker
 from orchestrator.ort.backends import plugin_wire
 from orchestrator.ort.hostproc import (
@@ -161,8 +162,26 @@ class WorkerSessions:
         self.route = route
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self.recycle_limit: int | None = None
+        """RSS (bytes) above which the worker is replaced between calls; None: never (see :meth:`run`)."""
+        self.recycles = 0
+        """How many times the worker was replaced."""
+        self._opened: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        """Handle given to the caller -> (the open call's arguments, its result): what a recycle reopens."""
+        self._handles: dict[int, int] = {}
+        """Handle given to the caller -> the current worker's handle (they differ after a recycle)."""
+        self._calls_since_start = 0
+        self._largest_rise = 0
+        self._broken: RecycleFailed | None = None
+        self._start()
+
+    def _start(self) -> None:
+        """Start a worker with the route's interpreter and send it its program."""
+        route = self.route
+        assert route.python is not None
         self._replies: queue.Queue[Any] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
+        self._calls_since_start = 0
         source = Path(route_worker.__file__).read_bytes()
         try:
             isolated = route.kind != THIS_PROCESS
@@ -176,8 +195,12 @@ class WorkerSessions:
                 f"cannot start {route.python}: {exc}", launch_remedy(route.kind, route.python),
             ) from None
         assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
-        threading.Thread(target=self._read_replies, daemon=True, name=f"route-{route.name}-out").start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name=f"route-{route.name}-err")
+        # each worker has its own reader threads and queue: an old worker's end of
+        # output never reaches the replies of the one that replaced it
+        threading.Thread(target=self._read_replies, args=(self._proc, self._replies), daemon=True,
+                         name=f"route-{route.name}-out").start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(self._proc, self._stderr),
+                                               daemon=True, name=f"route-{route.name}-err")
         self._stderr_reader.start()
         try:
             self._proc.stdin.write(f"{len(source)}\n".encode() + source)
@@ -196,30 +219,88 @@ class WorkerSessions:
             for o in spec["provider_options"]
         ]
         spec = {**with_plugins(spec), "graph": self.path(spec["graph"]), "provider_options": options}
-        return self._call("open", {"spec": spec, "record": record}, timeout or settings.OPEN_TIMEOUT_S)
+        args = {"spec": spec, "record": record}
+        with self._lock:
+            result = self._call_locked("open", args, timeout or settings.OPEN_TIMEOUT_S)
+            handle = result["handle"]
+            self._opened[handle], self._handles[handle] = (args, result), handle
+        return result
 
     def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("run", {"handle": handle, "feeds": feeds}, timeout or settings.RUN_TIMEOUT_S)
+        """Run a session; between calls, first replace the worker when it holds more than ``recycle_limit``.
+
+        OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose
+        outputs vary in length grows without bound (docs/calibration.md). Before
+        a call, when the worker has run a call and its RSS plus the largest rise
+        one call has caused so far passes ``recycle_limit``, the worker is
+        stopped, a fresh one opens the same sessions (the same arguments; the
+        providers, node assignment and plugin must come back the same) and this
+        call runs there. Calls are serialised, so no call in flight is cut; the
+        old worker is stopped before the new one starts, so the two never hold
+        memory at once. A reopen that fails raises :class:`RecycleFailed`, now
+        and on every later call.
+        """
+        with self._lock:
+            self._maybe_recycle()
+            before = rss_of(self._proc.pid) if self.recycle_limit is not None else 0
+            result = self._call_locked("run", {"handle": self._handles.get(handle, handle), "feeds": feeds},
+                                       timeout or settings.RUN_TIMEOUT_S)
+            self._calls_since_start += 1
+            if self.recycle_limit is not None:
+                self._largest_rise = max(self._largest_rise, rss_of(self._proc.pid) - before)
+            return result
 
     def close(self, handle: int) -> None:
-        with contextlib.suppress(RouteError):
-            self._call("close", {"handle": handle}, settings.RUN_TIMEOUT_S)
+        with contextlib.suppress(RouteError), self._lock:
+            self._opened.pop(handle, None)
+            self._call_locked("close", {"handle": self._handles.pop(handle, handle)}, settings.RUN_TIMEOUT_S)
 
     def path(self, p: str | Path) -> str:
         return self.route.path_for_route(p)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout``."""
-        if self._proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(route_worker.encode({"id": 0, "op": "exit"}))
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        _stop(self._proc, timeout)
+
+    # -- recycling -------------------------------------------------------------
+    def _maybe_recycle(self) -> None:
+        limit = self.recycle_limit
+        if limit is None or self._broken is not None or not self._calls_since_start or self._proc.poll() is not None:
+            return
+        rss = rss_of(self._proc.pid)
+        if rss + self._largest_rise <= limit:
+            return
+        old_pid = self._proc.pid
+        _stop(self._proc, 5.0)
+        try:
+            self._start()
+            handles = {}
+            for handle, (args, first) in self._opened.items():
+                again = self._call_locked("open", args, settings.OPEN_TIMEOUT_S)
+                changed = [k for k in ("providers", "assignment", "plugin") if again.get(k) != first.get(k)]
+                if changed:
+                    raise RemoteError("open", "EvidenceChanged",
+                                      f"the reopened session's {', '.join(changed)} differ from the first open's")
+                handles[handle] = again["handle"]
+        except (RouteError, RemoteError) as exc:
+            _stop(self._proc, 5.0)
+            self._broken = RecycleFailed(
+                f"route {self.route.name!r}: worker pid {old_pid} held {_mib(rss)} MiB, over its limit of "
+                f"{_mib(limit)} MiB; a fresh worker did not reopen its sessions: {exc}",
+                getattr(exc, "remedy", "") or _remedy_for(self.stderr_tail(), self.route),
+            )
+            raise self._broken from exc
+        self._handles = handles
+        self.recycles += 1
+        log.warning(
+            "route %s: recycled the worker (pid %d -> %d): it held %d MiB (+%d MiB, the largest rise of one call), "
+            "over its limit of %d MiB; recycle %d", self.route.name, old_pid, self._proc.pid, _mib(rss),
+            _mib(self._largest_rise), _mib(limit), self.recycles,
+        )
+        fresh = rss_of(self._proc.pid)
+        if fresh + self._largest_rise > limit:
+            log.warning("route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
+                        "recycled before every call; raise the stage's budget", self.route.name, _mib(fresh), _mib(limit))
 
     @property
     def pid(self) -> int:
@@ -227,29 +308,34 @@ class WorkerSessions:
 
     def _call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
         with self._lock:
-            if self._proc.poll() is not None:
-                self._fail(f"before {op!r}")
-            message_id = next(self._ids)
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
-                self._proc.stdin.flush()
-            except OSError:
-                self._fail(f"while receiving {op!r}")
-            try:
-                reply = self._replies.get(timeout=timeout)
-            except queue.Empty:
-                self._proc.kill()
-                self._fail(f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False)
-            if reply is _EOF or isinstance(reply, BaseException):
-                detail = f" ({reply})" if isinstance(reply, BaseException) else ""
-                self._fail(f"during {op!r}{detail}")
-            if reply.get("id") != message_id:  # pragma: no cover - one request in flight
-                self._fail(f"protocol error: reply {reply.get('id')} to request {message_id}")
-            if not reply.get("ok"):
-                err = reply.get("error", {})
-                raise RemoteError(op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""))
-            return reply.get("result")
+            return self._call_locked(op, args, timeout)
+
+    def _call_locked(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        if self._broken is not None:
+            raise self._broken
+        if self._proc.poll() is not None:
+            self._fail(f"before {op!r}")
+        message_id = next(self._ids)
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
+            self._proc.stdin.flush()
+        except OSError:
+            self._fail(f"while receiving {op!r}")
+        try:
+            reply = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            self._proc.kill()
+            self._fail(f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False)
+        if reply is _EOF or isinstance(reply, BaseException):
+            detail = f" ({reply})" if isinstance(reply, BaseException) else ""
+            self._fail(f"during {op!r}{detail}")
+        if reply.get("id") != message_id:  # pragma: no cover - one request in flight
+            self._fail(f"protocol error: reply {reply.get('id')} to request {message_id}")
+        if not reply.get("ok"):
+            err = reply.get("error", {})
+            raise RemoteError(op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""))
+        return reply.get("result")
 
     def _fail(self, what: str, *, exited: bool = True) -> Any:
         """Raise ``RouteError`` with the exit code and the worker's last stderr lines."""
@@ -270,26 +356,49 @@ class WorkerSessions:
     def stderr_tail(self, lines: int = 6) -> str:
         return " | ".join(list(self._stderr)[-lines:])
 
-    def _read_replies(self) -> None:
-        assert self._proc.stdout is not None
+    def _read_replies(self, proc: subprocess.Popen[bytes], replies: queue.Queue[Any]) -> None:
+        assert proc.stdout is not None
         try:
             while True:
-                message = route_worker.read_message(self._proc.stdout)
+                message = route_worker.read_message(proc.stdout)
                 if message is None:
                     break
-                self._replies.put(message)
+                replies.put(message)
         except Exception as exc:  # a torn frame when the worker dies mid-reply
-            self._replies.put(exc)
+            replies.put(exc)
             return
-        self._replies.put(_EOF)
+        replies.put(_EOF)
 
-    def _read_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for raw in iter(self._proc.stderr.readline, b""):
+    def _read_stderr(self, proc: subprocess.Popen[bytes], lines: collections.deque[str]) -> None:
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
-                self._stderr.append(line)
+                lines.append(line)
                 log.debug("route %s: %s", self.route.name, line)
+
+
+class RecycleFailed(RouteError):
+    """A worker over its ``recycle_limit`` was replaced, and the fresh one did not
+    reopen the same sessions the same way: the route can no longer run them."""
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Ask a worker to exit; kill it if it does not within ``timeout``."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.write(route_worker.encode({"id": 0, "op": "exit"}))
+            proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _mib(n: int) -> int:
+    return round(n / 2**20)
 
 
 def with_plugins(spec: dict[str, Any]) -> dict[str, Any]:
@@ -331,6 +440,6 @@ def open_sessions(route: ResolvedRoute) -> Sessions:
 
 
 __all__ = [
-    "InProcessSessions", "RemoteError", "ResolvedRoute", "RouteError", "Sessions", "WorkerSessions",
+    "InProcessSessions", "RecycleFailed", "RemoteError", "ResolvedRoute", "RouteError", "Sessions", "WorkerSessions",
     "open_sessions", "this_process",
 ]

@@ -168,7 +168,8 @@ class DeviceActor:
             known = _runner_processes(runner)
             own = [p for p in descendants(os.getpid()) if p not in before] if known is None else known
             hosted.in_process = not own
-            hosted.request_meter = RssMeter(own or os.getpid(), children=False).start(sampling=False)
+            request_meter = _RunnerMeter(own, runner) if known else RssMeter(own or os.getpid(), children=False)
+            hosted.request_meter = request_meter.start(sampling=False)
             if known and overlapped:
                 # the processes the runner says are its own (its route worker): their whole RSS,
                 # never another load's worker started meanwhile
@@ -469,6 +470,22 @@ class _LoadMeter(RssMeter):
     @property
     def root_peak_growth(self) -> int:
         return max(0, self.root_peak - (self.root_base or 0))
+
+
+class _RunnerMeter(RssMeter):
+    """``RssMeter`` over the processes the runner says are its own, asked again at
+    each sample: a runner that replaces its route worker (a recycle,
+    ``WorkerSessions.recycle_limit``) is followed to the new one."""
+
+    def __init__(self, pids: list[int], runner: Any) -> None:
+        super().__init__(pids)
+        self.runner = runner
+
+    def current(self) -> int:
+        ids = _runner_processes(self.runner)
+        if ids:
+            self.pids = tuple(ids)
+        return super().current()
 
 
 def _runner_processes(runner: Any) -> list[int] | None:

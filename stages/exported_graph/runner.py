@@ -7,6 +7,12 @@ route's interpreter, ``orchestrator.ort.sessions``); ``stream()`` sends each
 input item through preprocess → session → postprocess. The hooks run in this
 process; only the session runs in the route, so a route needs nothing but
 numpy and its onnxruntime build.
+
+A route worker is recycled (``WorkerSessions.recycle_limit``) when its RSS
+would pass the stage's planned budget (``StagePlan.budget_bytes()``: the worker
+holds all of the stage's memory, and the device actor measures the worker's
+RSS against that budget); ``request_stats`` reports ``worker_recycles``, and
+``process_ids()`` names the current worker, so the device actor follows it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import StageFailed
+from orchestrator.memory import descendants
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.profile import THIS_PROCESS
@@ -66,6 +73,7 @@ class ExportedGraphRunner(StageRunner):
         self._pre = artifact.hook("preprocess")
         self._post = artifact.hook("postprocess")
         self.load_info: dict[str, Any] = {}
+        self._pids: list[int] = []
 
     def load(self) -> None:
         spec = self.plan.engine_kwargs.get("session")
@@ -78,6 +86,23 @@ class ExportedGraphRunner(StageRunner):
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
         self._handle = self.load_info["handle"]
+        if not self._host.in_process:
+            self._host.recycle_limit = self.plan.budget_bytes()
+            self.load_info = {**self.load_info, "worker_recycle_limit_bytes": self._host.recycle_limit}
+
+    def process_ids(self) -> list[int]:
+        """The route worker's process (and its children), the current one after a recycle; [] in this process."""
+        host = self._host
+        if host is None or host.in_process:
+            return []
+        if not self._pids or self._pids[0] != host.pid:
+            self._pids = [host.pid, *descendants(host.pid)]
+        return list(self._pids)
+
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """``worker_recycles``: how many times the stage's route worker was replaced since the load."""
+        host = self._host
+        return {} if host is None or host.in_process else {"worker_recycles": host.recycles}
 
     def run_one(self, item: Any) -> Any:
         """One item through the chain, synchronously."""

@@ -1,0 +1,189 @@
+"""A route worker over its memory limit is replaced between calls (``WorkerSessions.recycle_limit``).
+
+OpenVINO's CPU plugin keeps memory for every new shape, so the voice's worker
+grows without bound (docs/calibration.md); the session host bounds it by
+starting a fresh worker that reopens the same sessions. These tests use a real
+worker (this venv's interpreter as a route, the CPU EP) and a limit of one
+byte, so every call after the first recycles.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.errors import StageFailed
+from orchestrator.ort.sessions import RecycleFailed, ResolvedRoute, WorkerSessions
+
+pytestmark = pytest.mark.ort
+
+WEIGHT = np.arange(16, dtype=np.float32).reshape(4, 4) / 7.0
+
+
+def _matmul_graph(path: Path) -> Path:
+    """y = x @ x (any square size: a big x makes a call last) and z = x[:4,:4] @ WEIGHT."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper, save
+
+    starts, ends = numpy_helper.from_array(np.array([0, 0], np.int64), "starts"), \
+        numpy_helper.from_array(np.array([4, 4], np.int64), "ends")
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "x"], ["y"]),
+         h.make_node("Slice", ["x", "starts", "ends"], ["corner"]),
+         h.make_node("MatMul", ["corner", "w"], ["z"])],
+        "square",
+        [h.make_tensor_value_info("x", T.FLOAT, ["n", "n"])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["n", "n"]), h.make_tensor_value_info("z", T.FLOAT, [4, 4])],
+        initializer=[numpy_helper.from_array(WEIGHT, "w"), starts, ends],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, path)
+    return path
+
+
+def _spec(graph: Path) -> dict[str, Any]:
+    return {"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}],
+            "session_options": {}, "session_config": {}}
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Any:
+    h = WorkerSessions(ResolvedRoute("plain", "interpreter", sys.executable))
+    yield h
+    h.shutdown()
+
+
+def test_a_worker_over_its_limit_is_replaced_between_calls_with_the_same_sessions(tmp_path: Path, host: Any) -> None:
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    opened = host.open(_spec(graph))
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    first = host.run(opened["handle"], {"x": x})["outputs"]
+    pid0 = host.pid
+    assert host.recycles == 0
+    host.recycle_limit = 1  # any worker is over one byte
+    second = host.run(opened["handle"], {"x": x})["outputs"]
+    assert host.recycles == 1 and host.pid != pid0
+    third = host.run(opened["handle"], {"x": x})["outputs"]
+    assert host.recycles == 2
+    for out in (second, third):
+        assert np.array_equal(out["y"], first["y"]) and np.array_equal(out["z"], first["z"])
+    np.testing.assert_allclose(first["z"], x[:4, :4] @ WEIGHT, rtol=1e-5)
+    # the old workers are gone, not left holding memory
+    import psutil
+
+    assert not psutil.pid_exists(pid0) or psutil.Process(pid0).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(tmp_path: Path, host: Any) -> None:
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    handle = host.open(_spec(graph))["handle"]
+    small = np.eye(4, dtype=np.float32)
+    host.run(handle, {"x": small})
+    host.recycle_limit = 1
+    big = np.random.default_rng(1).standard_normal((1200, 1200)).astype(np.float32)
+    got: dict[str, Any] = {}
+
+    def slow() -> None:
+        try:
+            got["big"] = host.run(handle, {"x": big})["outputs"]["y"]
+        except Exception as exc:  # pragma: no cover - reported below
+            got["error"] = exc
+
+    a = threading.Thread(target=slow)
+    a.start()
+    deadline = time.monotonic() + 30
+    while host.recycles < 1 and time.monotonic() < deadline:  # A recycled and now runs in the new worker
+        time.sleep(0.005)
+    pid_a = host.pid
+    assert host._lock.locked(), "the big call finished before the next one was issued: make it bigger"
+    out_b = host.run(handle, {"x": small})["outputs"]  # waits for A, then recycles again
+    a.join(60)
+    assert "error" not in got
+    np.testing.assert_allclose(got["big"], big @ big, rtol=1e-3, atol=1e-2)
+    assert host.recycles == 2 and host.pid != pid_a
+    np.testing.assert_allclose(out_b["z"], small @ WEIGHT, rtol=1e-6)
+
+
+def test_a_recycle_whose_reopen_fails_raises_recycle_failed_now_and_after(tmp_path: Path, host: Any) -> None:
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    handle = host.open(_spec(graph))["handle"]
+    x = np.eye(4, dtype=np.float32)
+    host.run(handle, {"x": x})
+    graph.write_bytes(graph.read_bytes()[:100])  # damaged after the load: the reopen cannot read it
+    host.recycle_limit = 1
+    with pytest.raises(RecycleFailed) as info:
+        host.run(handle, {"x": x})
+    message = str(info.value)
+    assert "over its limit of 0 MiB" in message and "did not reopen its sessions" in message
+    assert "open failed in the route" in message
+    with pytest.raises(RecycleFailed):  # never silently degraded: every later call says so
+        host.run(handle, {"x": x})
+    assert host.recycles == 0
+
+
+def _runner(tmp_path: Path) -> Any:
+    from orchestrator.config import parse_config
+    from orchestrator.planner import plan_pipeline
+    from stages.exported_graph.kind import ExportedGraphKind
+    from stages.exported_graph.runner import ExportedGraphRunner
+    from tests.helpers.graphs import machine_profile, write_artifact
+
+    artifact = write_artifact(tmp_path / "full", "full")
+    config = parse_config({"name": "p", "stages": [{
+        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
+        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
+    }]}, where="t.yaml", base_dir=tmp_path)
+    plan = plan_pipeline(config, machine_profile(), runtime=False)
+    runner = ExportedGraphRunner(plan.stage("net"), ExportedGraphKind().artifact(config.stage("net")),
+                                 ResolvedRoute("worker", "interpreter", sys.executable))
+    runner.load()
+    return runner
+
+
+def _one(runner: Any, rid: str) -> Any:
+    import asyncio
+
+    from tests.helpers.graphs import K
+
+    async def items() -> Any:
+        yield {"x": np.ones((2, K), np.float32)}
+
+    async def main() -> list[Any]:
+        return [x async for x in runner.stream(rid, items())]
+
+    return asyncio.run(main())
+
+
+def test_the_runner_limits_its_worker_to_the_stage_budget_and_reports_recycles_and_the_new_pid(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    runner = _runner(tmp_path)
+    try:
+        assert runner._host.recycle_limit == runner.plan.budget_bytes() > 0
+        assert runner.load_info["worker_recycle_limit_bytes"] == runner.plan.budget_bytes()
+        _one(runner, "r0")
+        pids = runner.process_ids()
+        assert pids[0] == runner._host.pid
+        assert runner.request_stats("r0") == {"worker_recycles": 0}
+        runner._host.recycle_limit = 1
+        assert len(_one(runner, "r1")) == 1  # the worker has run a call and is over the limit: recycled first
+        assert runner.request_stats("r1") == {"worker_recycles": 1}
+        assert runner.process_ids()[0] == runner._host.pid != pids[0]
+        graph = tmp_path / "full" / "fp32.onnx"
+        graph.write_bytes(graph.read_bytes()[:200])
+        with pytest.raises(StageFailed) as info:
+            _one(runner, "r2")
+        assert (info.value.stage, info.value.device) == ("net", "cpu")
+        assert "request r2: RecycleFailed" in info.value.cause and "did not reopen" in info.value.cause
+    finally:
+        runner.close()
