@@ -1,6 +1,6 @@
 """The voice's route worker with and without recycling: peak RSS and time over N sentences.
 
-    flock /work/coord/heavy.lock .venv/bin/python bench/route_worker_memory.py [--sentences 80]
+    .venv/bin/python bench/route_worker_memory.py [--sentences 80]
         [--profile configs/profiles/cpu-only-linux.json] [--json FILE]
 
 OpenVINO's CPU plugin keeps memory for every new shape it meets, and the Piper
