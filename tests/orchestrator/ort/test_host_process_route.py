@@ -1,7 +1,7 @@
 """The host-process route (WSL2 → a Windows-side python.exe), exercised on Linux.
 
-There is no Windows here. A Linux interpreter stands in for ``python.exe``: a
-script named ``python.exe`` that runs this environment's Python and, like
+There is no Windows here. A Linux interpreter stands in for ``python.exe``
+(tests/helpers/hostproc.py): a script named ``python.exe`` that runs this environment's Python and, like
 Windows, can open only Windows-spelled paths — a ``\\\\wsl.localhost\\<distro>\\...``
 path (WSL's share of the Linux files) or a drive path; a raw ``/home/...`` path
 fails there as it would on Windows. Path translation is checked against
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -31,68 +29,10 @@ from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
 from orchestrator.profile import Route, load_profile
 from tests.conftest import REPO
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
+from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
 
 RECORDED = json.loads((Path(__file__).parent / "wslpath_recorded.json").read_text())["pairs"]
 HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
-DISTRO = "Ubuntu-Standin"
-
-STANDIN = r'''#!{python}
-"""Stands in for a Windows python.exe started from WSL2 (tests/orchestrator/ort/test_host_process_route.py)."""
-import json, re, sys
-
-LOG = {log!r}
-SHARE = "\\\\wsl.localhost\\" + {distro!r} + "\\"
-
-
-def linux(path):
-    """Open what Windows could open: the WSL share or a drive; never a raw Linux path."""
-    if path.startswith(SHARE):
-        return "/" + path[len(SHARE):].replace("\\", "/")
-    if re.match(r"^[A-Za-z]:\\", path):
-        return "/mnt/" + path[0].lower() + "/" + path[3:].replace("\\", "/")
-    raise FileNotFoundError(f"[WinError 3] The system cannot find the path specified: {{path!r}}")
-
-
-with open(LOG, "a") as f:
-    f.write(json.dumps({{"argv": sys.argv[1:]}}) + "\n")
-assert sys.argv[1:3] == ["-I", "-c"], sys.argv
-n = int(sys.stdin.buffer.readline())
-g = {{"__name__": "omni_edge_route_worker"}}
-exec(compile(sys.stdin.buffer.read(n), "omni_edge_route_worker.py", "exec"), g)
-original = g["Sessions"].open
-
-
-def open_as_windows(self, spec, **kw):
-    with open(LOG, "a") as f:
-        f.write(json.dumps({{"graph": spec["graph"], "provider_options": spec["provider_options"]}}) + "\n")
-    options = [{{k: linux(v) if k in ("cache_dir", "config_file") else v for k, v in o.items()}}
-               for o in spec["provider_options"]]
-    return original(self, {{**spec, "graph": linux(spec["graph"]), "provider_options": options}}, **kw)
-
-
-g["Sessions"].open = open_as_windows
-g["main"]()
-'''
-
-
-def standin_python(tmp_path: Path) -> tuple[Path, Path]:
-    """(the stand-in python.exe, its log), laid out as a Windows venv: ``Scripts\\python.exe``
-    and ``Lib\\site-packages\\<build>.dist-info``, which is how the planner names a
-    route's onnxruntime build without starting it (here: the build the stand-in runs)."""
-    log = tmp_path / "standin.log"
-    venv = tmp_path / "Windows" / "omni-edge" / "venv-directml"
-    exe = venv / "Scripts" / "python.exe"
-    exe.parent.mkdir(parents=True)
-    dist, version = worker.runtime_identity()
-    assert dist and version
-    (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(parents=True)
-    exe.write_text(STANDIN.format(python=sys.executable, log=str(log), distro=DISTRO))
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return exe, log
-
-
-def log_lines(log: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.read_text().splitlines()]
 
 
 @pytest.fixture
@@ -206,16 +146,7 @@ def test_verify_goes_through_the_host_process_route(
         "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu"],
         "backends": ["ort-cpu"], "final_output": True,
     }]}))
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "WSL2 box with a stand-in Windows interpreter",
-        "host": {"os": "linux", "wsl": True, "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"],
-                     "backend_routes": {"ort-cpu": "windows-standin"}}],
-        "routes": [{"name": "this-process"},
-                   {"name": "windows-standin", "kind": "host-process", "python": str(exe),
-                    "providers": ["CPUExecutionProvider"]}],
-    }))
+    profile = standin_profile(tmp_path / "profile.json", exe)
     assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [(r["backend"], r["status"]) for r in doc["results"]] == [("ort-cpu", "passed")]
