@@ -43,7 +43,7 @@ from typing import Any
 
 from orchestrator import settings
 from orchestrator.fileio import exclusive_lock, write_json_atomic
-from orchestrator.ledger import Evidence, Reservation, load_and_steady
+from orchestrator.ledger import RETAINED_GROWTH, Evidence, Reservation, load_and_steady
 from orchestrator.profile import HardwareProfile
 from orchestrator.units import MiB, fmt_bytes
 
@@ -504,6 +504,18 @@ def _rebuild(reservations: list[Reservation], load: int, steady: int, evidence: 
     return tuple(out)
 
 
+def _growth_floor(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> tuple[int, str]:
+    """The steady state a budget keeps at least when the kind reserves growth over more items
+    than a run shows (``RETAINED_GROWTH``): what was resident after the load plus that growth,
+    and the words for the note; (0, "") when it reserves none or no sample knows its resident."""
+    growth = sum(r.bytes for r in reservations if r.purpose == RETAINED_GROWTH)
+    resident = max((s["resident_bytes"] for s in trusted if s.get("resident_bytes") is not None), default=None)
+    if not growth or resident is None:
+        return 0, ""
+    return resident + growth, (f"; at least resident {fmt_bytes(resident)} + {RETAINED_GROWTH} "
+                               f"{fmt_bytes(growth)} (kept: growth beyond what a run shows)")
+
+
 def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Reservation, ...], Calibration] | None:
     """The stage's reservations from an exact entry (evidence M), or None when it holds no
     trusted sample. The budget is the largest peak seen plus the margin, never below it."""
@@ -514,9 +526,10 @@ def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Rese
     peak, load, steady = _profile_of(trusted)
     margin = _margin(entry)
     prov = provenance(entry)
+    floor, floor_note = _growth_floor(reservations, trusted)
     note = (f"measured: largest peak {fmt_bytes(peak)} of {prov['samples']} run(s) "
-            f"({prov['first'][:16]}..{prov['last'][:16]}) + margin {fmt_bytes(margin.bytes)}")
-    out = _rebuild(reservations, load + margin.bytes, steady + margin.bytes, "M", note)
+            f"({prov['first'][:16]}..{prov['last'][:16]}) + margin {fmt_bytes(margin.bytes)}{floor_note}")
+    out = _rebuild(reservations, load + margin.bytes, max(steady + margin.bytes, floor), "M", note)
     after = max(load_and_steady(out))
     assert after >= peak + margin.bytes, "a calibrated budget is never below the largest peak plus its margin"
     return out, Calibration("exact", before, after, "M", margin.bytes, margin.rule, peak, prov, entry=str(entry.path))
@@ -543,7 +556,9 @@ def scaled(reservations: list[Reservation], entry: Entry, scaling: Mapping[str, 
     note = (f"E from M: measured {fmt_bytes(peak)} at {changed or 'other settings'}, moved by the kind's "
             f"arithmetic (load {fmt_bytes(new_load - old_load)}, steady {fmt_bytes(new_steady - old_steady)}) "
             f"+ margin {fmt_bytes(margin.bytes)}")
-    out = _rebuild(reservations, s_load + margin.bytes, s_steady + margin.bytes, "E", note)
+    floor, floor_note = _growth_floor(reservations, trusted)
+    note += floor_note
+    out = _rebuild(reservations, s_load + margin.bytes, max(s_steady + margin.bytes, floor), "E", note)
     after = max(load_and_steady(out))
     prov = {**provenance(entry), "scaled_from": dict(old_scaling)}
     return out, Calibration("near", before, after, "E", margin.bytes, margin.rule, peak, prov, note=note,

@@ -34,6 +34,11 @@ from typing import Any, Literal
 Lifetime = Literal["load", "session", "request"]
 Evidence = Literal["D", "E", "M"]
 
+RETAINED_GROWTH = "shape_memory"
+"""The purpose of a reservation for memory a backend keeps per new item (OpenVINO's per-shape
+memory) over a horizon of items longer than one run shows. Calibration keeps it on top of
+the measured resident state, so a short calibration run cannot budget the growth away."""
+
 PIPELINE_HOLDER = "(pipeline)"
 """The holder of the pipeline's own reservations, beside one holder per stage."""
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
-from orchestrator.ledger import Reservation
+from orchestrator.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.packages import PACKAGE_SCHEME
 from orchestrator.plan import Refusal
@@ -280,7 +280,7 @@ class ExportedGraphKind(StageKind):
             # in-process session) runs one call at a time (orchestrator/ort/sessions.py), so
             # concurrent requests queue. What grows is the plugin's memory per new shape.
             out.append(Reservation(
-                pool, "shape_memory", OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON, "request", "E",
+                pool, RETAINED_GROWTH, OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON, "request", "E",
                 f"OpenVINO keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
                 f"the data: {fmt_bytes(OPENVINO_RETAINED_PER_ITEM)} an item (OPENVINO_RETAINED_PER_ITEM, measured) "
                 f"x {OPENVINO_ITEM_HORIZON} items (OPENVINO_ITEM_HORIZON); it keeps growing beyond, measure to calibrate",

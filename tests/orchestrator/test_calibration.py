@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import calibration as cal
-from orchestrator.ledger import Reservation, holder_peak
+from orchestrator.ledger import RETAINED_GROWTH, Reservation, holder_peak
 from orchestrator.units import GiB, MiB
 
 POOL = "host_ram"
@@ -195,3 +195,24 @@ def test_until_runs_show_a_spread_the_margin_covers_a_share_of_what_requests_bro
         store.record(k, sample(f"q{i}", 700 * MiB, steady=700 * MiB) | {"resident_bytes": 100 * MiB})
     settled = cal.lookup(store, k, metadata())
     assert settled is not None and settled[1].margin_bytes == 35 * MiB  # 5 % of 700 MiB
+
+
+def test_growth_a_run_cannot_show_is_kept_on_top_of_what_was_resident(store: cal.CalibrationStore) -> None:
+    # A backend that keeps memory per new item shape (RETAINED_GROWTH, 768 MiB over its horizon)
+    # measured after a short run: 400 MiB resident after the load, 620 MiB at the peak.
+    growth = Reservation(POOL, RETAINED_GROWTH, 768 * MiB, "request", "E", at_load=False)
+    k = key()
+    store.record(k, sample("short", 620 * MiB, steady=620 * MiB) | {"resident_bytes": 400 * MiB},
+                 [*metadata(), growth])
+    found = cal.lookup(store, k, [*metadata(), growth])
+    assert found is not None
+    reservations, c = found
+    assert c.after_bytes == holder_peak(reservations) == 400 * MiB + 768 * MiB  # not 620 MiB + margin
+    assert RETAINED_GROWTH in next(r.note for r in reservations if r.evidence == "M")
+    # without the growth reservation the same sample budgets the largest peak plus its margin
+    plain = cal.lookup(store, k, metadata())
+    assert plain is not None and plain[1].after_bytes == 620 * MiB + plain[1].margin_bytes
+    # a run that saw more than the floor is budgeted from what it saw
+    store.record(k, sample("long", 1300 * MiB, steady=1300 * MiB) | {"resident_bytes": 400 * MiB})
+    longer = cal.lookup(store, k, [*metadata(), growth])
+    assert longer is not None and longer[1].after_bytes == 1300 * MiB + longer[1].margin_bytes
