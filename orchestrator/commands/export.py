@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="onnx: more calibration inputs, one .npz each (repeatable)")
     p.add_argument("--calibration-text", metavar="FILE",
                    help="transformers: calibration sentences, one per line (the first is the reference input)")
+    p.add_argument("--int8-activations", choices=["uint8", "uint16"], default=None,
+                   help="int8: the activations' type (default uint8; uint16 keeps more of their range)")
+    p.add_argument("--int8-nodes", metavar="PREFIXES",
+                   help="int8: quantize only the nodes whose names start with these comma-separated prefixes "
+                        "(e.g. /dec/), leaving the rest fp32 (default: every node the quantizer takes)")
     p.add_argument("--force", action="store_true", help="replace DIR once the new artifact is complete and validated")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (format omni-edge.export-result/1)")
 
@@ -108,20 +113,31 @@ class _Steps:
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
-    from orchestrator.exporter.build import ExportRequest, export
+    from orchestrator.exporter.build import ExportRequest, Int8Scheme, export
     from orchestrator.exporter.sources import DEFAULT_OPSET
     from orchestrator.units import fmt_bytes
 
     if args.opset is not None and args.source == "onnx":
         raise ConfigError.single("--opset", "an ONNX source keeps its own opset", "leave --opset out")
+    precisions = tuple(_list(args.precision) or ())
+    scheme = Int8Scheme()
+    if args.int8_activations or args.int8_nodes:
+        if "int8" not in precisions:
+            flag = "--int8-activations" if args.int8_activations else "--int8-nodes"
+            raise ConfigError.single(flag, "only shapes the int8 graph, and --precision has no int8",
+                                     "add int8 to --precision (e.g. --precision fp32,int8) or leave the flag out")
+        nodes = tuple(_list(args.int8_nodes) or ())
+        if args.int8_nodes is not None and not nodes:
+            raise ConfigError.single("--int8-nodes", "names no prefix", "give e.g. --int8-nodes /dec/")
+        scheme = Int8Scheme(activations=args.int8_activations or "uint8", nodes=nodes)
     req = ExportRequest(
         source=args.source, location=args.location, out=Path(args.out),
-        precisions=tuple(_list(args.precision) or ()), opset=args.opset or DEFAULT_OPSET,
+        precisions=precisions, opset=args.opset or DEFAULT_OPSET,
         name=args.name, version=args.artifact_version, description=args.description, license=args.license,
         origin=args.origin, preprocess=args.preprocess, postprocess=args.postprocess,
         consumes=_list(args.consumes), produces=_list(args.produces), metadata=_metadata(args.metadata),
         inputs_npz=args.inputs, calibration_npz=list(args.calibration), calibration_text=args.calibration_text,
-        force=args.force,
+        force=args.force, int8=scheme,
         command=shlex.join(["omni-edge", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else "",
     )
     steps = _Steps(quiet=args.json)

@@ -97,7 +97,7 @@ The weights are int8 either way — the manifest's ``int8`` precision."""
 
 @dataclass(frozen=True)
 class Int8Scheme:
-    """How the int8 graph is quantized (the Python API's; the CLI uses the default).
+    """How the int8 graph is quantized (the CLI's ``--int8-activations`` and ``--int8-nodes``).
 
     ``nodes``: name prefixes of the nodes to quantize (``("/dec/",)``), the rest
     left in fp32 — for a graph whose discrete decisions (a duration rounded up to

@@ -117,3 +117,24 @@ def test_the_request_entry_point(tmp_path: Path, capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert "unknown request field(s): precison" in err and "how to fix" in err
     assert not (tmp_path / "y").exists()
+
+
+def test_the_command_line_takes_the_same_scheme(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    src, ref, cal = _source(tmp_path)
+    out = tmp_path / "cli-int8"
+    args = ["export", "--from", "onnx", str(src), "-o", str(out), "--inputs", str(ref),
+            *(a for c in cal for a in ("--calibration", c)), "--precision", "fp32,int8"]
+    assert main([*args, "--int8-activations", "uint16", "--int8-nodes", "/b/", "--json"]) == 0, capsys.readouterr()
+    q = _quantized_nodes(out / "int8.onnx")
+    assert q["fed"]["/b/MatMul"] and not q["fed"]["/a/MatMul"]
+    assert "UINT16" in q["zero_points"] and "UINT8" not in q["zero_points"]
+    capsys.readouterr()
+    # the scheme's flags without an int8 precision: refused before any work, nothing written
+    refused = tmp_path / "refused"
+    code = main(["export", "--from", "onnx", str(src), "-o", str(refused), "--inputs", str(ref),
+                 "--int8-nodes", "/b/"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--int8-nodes" in err and "add int8 to --precision" in err
+    assert not refused.exists()
