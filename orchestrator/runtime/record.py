@@ -104,6 +104,7 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
             "steady_peak_bytes": m.get("steady_peak_bytes"),
             "resident_bytes": m.get("resident_bytes"),
             "max_in_flight": m.get("max_in_flight"),
+            **({"worker_recycles": last["worker_recycles"]} if "worker_recycles" in last else {}),
             "calibration": s.calibration,
             "drift": drift,
             "measured_by": m.get("method"),
