@@ -98,8 +98,8 @@ have_int8_voice() { have_all $voice_int8_generated || [ -f "$voice_int8_refused"
 have_generated() { have_all $generated && have_int8_voice; }
 
 if [ -f .venv/.omni-edge-stamp ] && [ "$(cat .venv/.omni-edge-stamp)" = "$stamp_inputs" ] \
-   && [ -x .venvs/openvino/bin/python ] && have_generated; then
-  log "environments are up to date (.venv, .venvs/openvino)"
+   && [ -x .venvs/openvino/bin/python ] && [ -x .venvs/ep-openvino/bin/python ] && have_generated; then
+  log "environments are up to date (.venv, .venvs/openvino, .venvs/ep-openvino)"
   exit 0
 fi
 
@@ -163,6 +163,15 @@ log "OpenVINO route (.venvs/openvino)"
 [ -x .venvs/openvino/bin/python ] || "$PY" -m venv .venvs/openvino
 pipq .venvs/openvino/bin/python install -q --upgrade pip
 pipq .venvs/openvino/bin/python install -q "onnxruntime-openvino>=1.24" numpy onnx
+
+# The same EP as a plugin library beside the plain onnxruntime (docs/plugin-eps.md):
+# omni-edge registers it in this route and lists what get_ep_devices() shows there;
+# on an AMD CPU it shows no OpenVINO device, and the test that would verify a
+# placement through it says so.
+log "OpenVINO plugin-EP route (.venvs/ep-openvino)"
+[ -x .venvs/ep-openvino/bin/python ] || "$PY" -m venv .venvs/ep-openvino
+pipq .venvs/ep-openvino/bin/python install -q --upgrade pip
+pipq .venvs/ep-openvino/bin/python install -q "onnxruntime>=1.24" "onnxruntime-ep-openvino>=1.8" numpy onnx
 
 echo "$stamp_inputs" > .venv/.omni-edge-stamp
 log "done: activate with '. .venv/bin/activate'"
