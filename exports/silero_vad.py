@@ -34,15 +34,14 @@ numeric gate compares every other EP with the CPU EP on the same inputs.
 
 from __future__ import annotations
 
-import io
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from orchestrator.packages import resolve_package_location
+from stages.exported_graph.artifact import save_npz
 
 GRAPH = "package://silero_vad/data/silero_vad_op18_ifless.onnx"
 SAMPLE_RATE = 16000
@@ -101,24 +100,6 @@ def cpu_outputs(graph: str | Path, feeds: dict[str, Any]) -> dict[str, Any]:
     return dict(zip(names, session.run(names, feeds), strict=True))
 
 
-def save_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
-    """``numpy.savez`` with fixed zip timestamps, so the same arrays give the same bytes.
-
-    ``numpy.savez`` stamps each member with the current time; the file's sha256
-    is part of the evidence key, so a regenerated but identical reference must
-    not look like new data.
-    """
-    import numpy as np
-
-    out = Path(path)
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(arrays):
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.asarray(arrays[name]), allow_pickle=False)
-            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue())
-    return out
-
-
 def manifest_graph(directory: str | Path) -> str:
     """The fp32 graph an artifact directory's manifest names (a ``package://`` location
     resolved, a relative path taken from the directory), or ``GRAPH`` without a manifest."""
@@ -135,7 +116,8 @@ def write_reference(directory: str | Path, graph: str | Path | None = None) -> t
     d = Path(directory)
     feeds = reference_feeds()
     outputs = cpu_outputs(graph or manifest_graph(d), feeds)
-    return save_npz(d / "reference_inputs.npz", feeds), save_npz(d / "reference_outputs.npz", outputs)
+    return (save_npz(d / "reference_inputs.npz", feeds, deflate=False),
+            save_npz(d / "reference_outputs.npz", outputs, deflate=False))
 
 
 if __name__ == "__main__":  # python -m exports.silero_vad exports/silero-vad[-op18]

@@ -29,17 +29,16 @@ window, then greedy decoding from ``<|startoftranscript|><|notimestamps|>``.
 from __future__ import annotations
 
 import functools
-import io
 import re
 import sys
 import warnings
 import wave
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from exports import silero_vad, whisper_ct2
 from orchestrator.errors import ConfigError
+from stages.exported_graph.artifact import save_npz
 
 EXPORTS = Path(__file__).resolve().parent
 ENCODER_DIR = EXPORTS / "whisper-tiny-en-encoder"
@@ -195,19 +194,6 @@ def _tie_logits(path: Path, table: str = "decoder.embed_tokens.weight") -> None:
     model.graph.initializer.extend(kept)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
-
-
-def save_npz(path: Path, arrays: dict[str, Any]) -> Path:
-    """``numpy.savez`` with fixed zip timestamps (deflated): the same arrays give the same bytes."""
-    import numpy as np
-
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name in sorted(arrays):
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue(),
-                        compress_type=zipfile.ZIP_DEFLATED)
-    return path
 
 
 def build(encoder_dir: Path = ENCODER_DIR, decoder_dir: Path = DECODER_DIR) -> Path:

@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
             raise _exists(save_path)
 
     if getattr(args, "address", None):
-        profile = _gather(args.address)
+        from orchestrator.runtime.cluster_probe import gather_at
+
+        profile = gather_at(args.address)
         text = json.dumps(cluster_document(profile), indent=2) + "\n"
     else:
         profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
@@ -122,23 +124,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"\nsaved to {save_path}")
     return 0
-
-
-def _gather(address: str) -> HardwareProfile:
-    """The cluster at ``address``, each node probed where it runs (runtime/cluster_probe.py)."""
-    from orchestrator.runtime import cluster
-    from orchestrator.runtime.cluster_probe import gather_profile
-
-    try:
-        cluster.connect([], address=address)
-    except Exception as exc:
-        raise ConfigError.single("--address", f"could not join the Ray cluster at {address}: {exc}",
-                                 "check the address (ray status on the head) and the auth settings "
-                                 "(docs/cluster.md)") from None
-    try:
-        return gather_profile(f"Ray cluster at {address}")
-    finally:
-        cluster.release()
 
 
 def _exists(path: Path) -> ConfigError:

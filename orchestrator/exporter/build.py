@@ -32,7 +32,6 @@ precision's measurement is in ``metadata.export.precisions``.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
@@ -40,7 +39,6 @@ import re
 import shutil
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +52,13 @@ from orchestrator.fileio import file_sha256
 from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.ort.sessions import open_sessions, this_process
 from orchestrator.verify.gates import compare, judge, measure
-from stages.exported_graph.artifact import EXPORT_FORMAT, MANIFEST_NAME, Tolerance, load_artifact
+from stages.exported_graph.artifact import (
+    EXPORT_FORMAT,
+    MANIFEST_NAME,
+    Tolerance,
+    load_artifact,
+    save_npz,
+)
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
 from stages.payloads import parse_payloads
 
@@ -459,19 +463,6 @@ def _suggest(precision: str, m: dict[str, Any]) -> Tolerance:
 
 
 # ---- files -------------------------------------------------------------------------------
-
-
-def save_npz(path: Path, arrays: dict[str, Any]) -> Path:
-    """``numpy.savez`` with fixed zip timestamps (deflated): the same arrays give the same bytes."""
-    import numpy as np
-
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name in sorted(arrays):
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue(),
-                        compress_type=zipfile.ZIP_DEFLATED)
-    return path
 
 
 class _Dumper(yaml.SafeDumper):

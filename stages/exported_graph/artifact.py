@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import io
 import logging
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -462,6 +464,25 @@ def inside(path: Path, root: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def save_npz(path: str | Path, arrays: dict[str, Any], *, deflate: bool = True) -> Path:
+    """``numpy.savez`` with fixed zip timestamps, so the same arrays give the same bytes:
+    ``numpy.savez`` stamps each member with the current time, and a reference file's
+    sha256 is part of the evidence key, so a regenerated but identical reference must not
+    look like new data. ``deflate=False`` stores the members uncompressed (the shipped
+    Silero references were written that way; their bytes stay as they are)."""
+    import numpy as np
+
+    out = Path(path)
+    method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+    with zipfile.ZipFile(out, "w", compression=method) as zf:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asarray(arrays[name], order="C"), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue(),
+                        compress_type=method)
+    return out
 
 
 def _load_npz(path: Path) -> dict[str, Any]:
