@@ -194,6 +194,11 @@ def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
+KILLED_REQUEST_TOKENS = 1000
+"""Tokens the thinker must decode for the request the second node's death interrupts:
+about 20 s at this machine's ~50 tokens/s, against the 3-4 s the runtime takes to notice."""
+
+
 def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     """The driver (in its own process): plan on the live cluster, run, kill the second node mid-request."""
     from orchestrator.api import Pipeline
@@ -224,6 +229,10 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     text = text.replace("devices: [gpu:0, cpu]", "devices: [second/cpu]")
     text = text.replace("devices: [npu:0, igpu:0, cpu]", "devices: [head/cpu]")
     text = text.replace("artifact: ../exports", f"artifact: {REPO}/exports")
+    # The request killed mid-way must still be decoding when the node's death is noticed
+    # (seconds): with the default 96 tokens a fast CPU could finish the reply first.
+    assert "max_tokens: 96" in text
+    text = text.replace("max_tokens: 96", f"max_tokens: {KILLED_REQUEST_TOKENS}")
     cfg = Path(second_temp).parent / "voice-two-nodes.yaml"
     cfg.write_text(text)
     config = load_config(cfg)
@@ -251,7 +260,7 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
             t0 = 0.0
             try:
                 async for e in pipeline.stream({"prompt": "Tell me a long story about the sea.",
-                                                "sampling": {"min_tokens": 80}}):
+                                                "sampling": {"min_tokens": KILLED_REQUEST_TOKENS}}):
                     if isinstance(e, TextDelta) and e.stage == "thinker" and not t0:
                         seen["deltas_before_kill"] += 1
                         os.killpg(second_pgid, signal.SIGKILL)  # the second node leaves: raylet, workers, all
