@@ -85,6 +85,7 @@ from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import StageProgress
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
+from stages.payloads import sample_rate_problem
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
@@ -105,11 +106,20 @@ def audio_entry_stages(config: PipelineConfig) -> list[str]:
     return out
 
 
-def audio_request(source: str | Path | bytes, *, where: str | None = None) -> dict[str, Any]:
+MAX_AUDIO_SECONDS = 600.0
+"""The longest recording ``audio_request`` reads by default: a spoken request is seconds
+long; ten minutes is generous (``omni-edge serve --max-audio-seconds`` sets the server's)."""
+
+
+def audio_request(source: str | Path | bytes, *, where: str | None = None,
+                  max_seconds: float | None = MAX_AUDIO_SECONDS, seconds_flag: str = "max_seconds") -> dict[str, Any]:
     """The audio request of a WAV file (a path) or of its bytes: ``{"audio": float32 mono
     samples in [-1, 1), "sample_rate": int}``. 16-bit PCM, mono or stereo (the channels are
-    averaged), read with the stdlib. ``BadRequest`` naming ``where`` (default: the path)
-    for anything else: no such file, not a WAV, another sample width, no samples."""
+    averaged), read with the stdlib, at 8-192 kHz (``stages.payloads.MIN_SAMPLE_RATE``..
+    ``MAX_SAMPLE_RATE``) and at most ``max_seconds`` long (None: any length; ``seconds_flag``
+    names the setting in the refusal). ``BadRequest`` naming ``where`` (default: the path)
+    for anything else — checked on the header, before the samples are read: no such file,
+    not a WAV, another sample width, a rate out of range, too long, no samples."""
     import numpy as np
 
     name = where or (str(source) if not isinstance(source, bytes) else "audio")
@@ -118,6 +128,7 @@ def audio_request(source: str | Path | bytes, *, where: str | None = None) -> di
         handle: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with wave.open(handle, "rb") as w:
             width, channels, rate, frames = w.getsampwidth(), w.getnchannels(), w.getframerate(), w.getnframes()
+            _check_wav_header(name, fix, width, channels, rate, frames, max_seconds, seconds_flag)
             data = w.readframes(frames)
     except FileNotFoundError:
         raise BadRequest.single(name, "no such file", "check the path") from None
@@ -125,15 +136,26 @@ def audio_request(source: str | Path | bytes, *, where: str | None = None) -> di
         raise BadRequest.single(name, "is a directory, not a WAV file", fix) from None
     except (OSError, EOFError, wave.Error) as exc:
         raise BadRequest.single(name, f"not a readable WAV file ({exc})", fix) from None
-    if width != 2:
-        raise BadRequest.single(name, f"{8 * width}-bit samples: only 16-bit PCM is read", fix)
-    if channels < 1 or rate <= 0:
-        raise BadRequest.single(name, f"{channels} channel(s) at {rate} Hz", fix)
     samples = np.frombuffer(data[: len(data) - len(data) % (2 * channels)], dtype="<i2")
     if samples.size == 0:
         raise BadRequest.single(name, "holds no samples", "record something: the file's data chunk is empty")
     mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
     return {"audio": mono.astype(np.float32), "sample_rate": int(rate)}
+
+
+def _check_wav_header(name: str, fix: str, width: int, channels: int, rate: int, frames: int,
+                      max_seconds: float | None, seconds_flag: str) -> None:
+    if width != 2:
+        raise BadRequest.single(name, f"{8 * width}-bit samples: only 16-bit PCM is read", fix)
+    if channels < 1:
+        raise BadRequest.single(name, f"{channels} channel(s) at {rate} Hz", fix)
+    problem = sample_rate_problem(rate)
+    if problem is not None:
+        raise BadRequest.single(name, f"declares a sample rate of {problem}",
+                                "resample it to 16000 Hz (ffmpeg -i IN -ar 16000 -ac 1 -c:a pcm_s16le OUT.wav)")
+    if max_seconds is not None and frames / rate > max_seconds:
+        raise BadRequest.single(name, f"{frames / rate:.1f} s of audio: over the cap of {max_seconds:g} s per "
+                                f"recording ({seconds_flag})", f"send a shorter recording, or raise {seconds_flag}")
 
 
 def prompt_label(prompt: Any) -> str:

@@ -200,3 +200,19 @@ def untag(item: object) -> tuple[str | None, object]:
     if isinstance(item, dict) and len(item) == 2 and "item" in item and isinstance(item.get(PORT_KEY), str):
         return item[PORT_KEY], item["item"]
     return None, item
+
+
+MIN_SAMPLE_RATE = 8000
+MAX_SAMPLE_RATE = 192_000
+"""The sample rates an audio item may have: telephone audio (8 kHz) to studio audio
+(192 kHz). A rate outside is not audio anyone records, and a tiny one is an attack: an
+8 Hz "recording" resampled to 16 kHz grows 2000-fold (megabytes in, gigabytes out)."""
+
+
+def sample_rate_problem(rate: object) -> str | None:
+    """What is wrong with an audio item's ``sample_rate``, or None when it is in range."""
+    if not isinstance(rate, int) or isinstance(rate, bool):
+        return f"{rate!r} is not a whole number of Hz"
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        return f"{rate} Hz is outside the {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz that is read"
+    return None

@@ -26,6 +26,10 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.server.protocol import ServerLimits
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
 DRAIN_TIMEOUT_S = 30.0
@@ -51,7 +55,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="requests that may wait for a slot beyond those in flight; more are answered 429 "
                         "(default: as many as may be in flight)")
+    add_limit_arguments(p)
     add_calibration_flag(p)
+
+
+def add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """What one request may carry (``orchestrator.server.ServerLimits``; each named in the 413/400)."""
+    from orchestrator.server.protocol import ServerLimits
+    from orchestrator.units import MiB
+
+    d = ServerLimits()
+    g = p.add_argument_group("request limits (each named, with its value, in the 400/413 that refuses a request)")
+    g.add_argument("--max-body-mib", type=float, metavar="MIB", default=d.max_body_bytes / MiB,
+                   help=f"largest request body (default {d.max_body_bytes / MiB:g} MiB; 413 over it)")
+    g.add_argument("--max-messages", type=int, metavar="N", default=d.max_messages,
+                   help=f"messages per chat request (default {d.max_messages})")
+    g.add_argument("--max-content-chars", type=int, metavar="N", default=d.max_content_chars,
+                   help=f"characters of text in a chat request's messages (default {d.max_content_chars})")
+    g.add_argument("--max-speech-chars", type=int, metavar="N", default=d.max_speech_chars,
+                   help=f"characters of /v1/audio/speech input (default {d.max_speech_chars}, OpenAI's)")
+    g.add_argument("--max-audio-mib", type=float, metavar="MIB", default=d.max_audio_bytes / MiB,
+                   help=f"a recording's WAV size (default {d.max_audio_bytes / MiB:g} MiB)")
+    g.add_argument("--max-audio-seconds", type=float, metavar="S", default=d.max_audio_seconds,
+                   help=f"a recording's duration (default {d.max_audio_seconds:g} s)")
+
+
+def limits_of(args: argparse.Namespace) -> ServerLimits:
+    """The flags as ``ServerLimits``; ``ConfigError`` (exit 2) for one that is not a positive number."""
+    import math
+
+    from orchestrator.errors import ConfigError, Problem
+    from orchestrator.server.protocol import ServerLimits
+    from orchestrator.units import MiB
+
+    given = {"--max-body-mib": args.max_body_mib, "--max-messages": args.max_messages,
+             "--max-content-chars": args.max_content_chars, "--max-speech-chars": args.max_speech_chars,
+             "--max-audio-mib": args.max_audio_mib, "--max-audio-seconds": args.max_audio_seconds}
+    problems = [Problem(flag, f"{value!r} is not a positive number", "give a number above 0")
+                for flag, value in given.items() if not (math.isfinite(value) and value > 0)]
+    if problems:
+        raise ConfigError(problems)
+    return ServerLimits(max_body_bytes=int(args.max_body_mib * MiB), max_messages=args.max_messages,
+                        max_content_chars=args.max_content_chars, max_speech_chars=args.max_speech_chars,
+                        max_audio_bytes=int(args.max_audio_mib * MiB), max_audio_seconds=float(args.max_audio_seconds))
 
 
 def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
@@ -80,10 +126,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     check_bind(args.host, args.port, args.api_key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting)
+    limits = limits_of(args)
     sock = bind(args.host, args.port)
     old = _install_signal_handlers()
     try:
-        return _serve(args, sock)
+        return _serve(args, sock, limits)
     except Interrupted as exc:  # before serving (planning, verifying, starting)
         print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
         return 128 + exc.signum
@@ -109,7 +156,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
+def _serve(args: argparse.Namespace, sock: socket.socket, limits: ServerLimits) -> int:
     import uvicorn
 
     from orchestrator.api import Pipeline
@@ -131,7 +178,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     stopped_by: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        config = uvicorn.Config(create_app(pipeline, api_key=args.api_key), host=args.host, port=args.port,
+        config = uvicorn.Config(create_app(pipeline, api_key=args.api_key, limits=limits), host=args.host, port=args.port,
                                 log_level="warning", lifespan="off", timeout_graceful_shutdown=args.drain_timeout)
         server = uvicorn.Server(config)
         port = sock.getsockname()[1]

@@ -398,6 +398,17 @@ class DeviceActor:
             self.inputs.pop(key, None)
         return len(tasks)
 
+    async def health(self) -> dict[str, dict[str, Any]]:
+        """The hosted stages that can no longer serve though this actor lives (a runner's
+        ``health()``: an engine that stopped), each as ``{"code", "message"}``."""
+        out = {}
+        for name, h in self.stages.items():
+            check = getattr(h.runner, "health", None)
+            state = check() if callable(check) else None
+            if state:
+                out[name] = dict(state)
+        return out
+
     # -- closing -----------------------------------------------------------------
     async def close_stage(self, stage: str) -> dict[str, Any]:
         h = self.stages.pop(stage, None)

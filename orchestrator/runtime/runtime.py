@@ -550,6 +550,24 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     self.ledger.release.remote(name)
 
+    async def stage_failures(self, timeout_s: float) -> dict[str, dict[str, Any]]:
+        """Stages whose engine stopped inside a living device actor (``DeviceActor.health``):
+        stage → ``{"code", "message"}``. An actor that does not answer within ``timeout_s``
+        is left out (a busy actor is not a failed one; a dead one is ``dev.dead``)."""
+        live = [dev for dev in self.devices.values() if not dev.dead]
+
+        async def ask(dev: _Device) -> dict[str, dict[str, Any]]:
+            try:
+                return dict(await asyncio.wait_for(_awaitable(dev.actor.health.remote()), timeout_s))
+            except Exception as exc:  # dead (noticed by the next request) or slow: not this call's to decide
+                log.debug("device actor %s did not report its health: %s", dev.id, exc)
+                return {}
+
+        out: dict[str, dict[str, Any]] = {}
+        for found in await asyncio.gather(*(ask(dev) for dev in live)):
+            out.update(found)
+        return out
+
     def kill_device(self, device: str) -> None:
         """Kill a device actor's process (what a crash or an OOM kill does). For tests
         and drills: the runtime notices through the next call that touches it."""
@@ -697,6 +715,10 @@ def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:
     if stats.get("items") and stats.get("duration_s"):
         return {"value": round(stats["items"] / stats["duration_s"], 2), "unit": "items/s"}
     return None
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
 
 
 def _cause(exc: BaseException) -> str:

@@ -78,18 +78,34 @@ GRAPH_CAPTURE_BYTES = 2 * GiB
 """CUDA graph pool when enforce_eager is false; conservative for small models."""
 
 
-class Sampling(Strict):
-    """Default sampling for this stage (vLLM SamplingParams)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""``seed``'s range: vLLM's OpenAI server bounds it to ``torch.iinfo(torch.long)``; a larger
+one passes ``SamplingParams`` and overflows inside the engine step ("Overflow when
+unpacking long long"), which stops the engine for every later request."""
+INT32_MAX = 2**31 - 1
+"""The bound on token counts and ``top_k``: vLLM keeps them in C ints."""
+TEMPERATURE_MAX = 2.0
+"""OpenAI's documented range for ``temperature`` is 0 to 2 (vLLM's server takes it as is)."""
 
-    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature; 0 is greedy.")
-    top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(-1, ge=-1, description="Top-k; -1 disables it.")
-    max_tokens: int = Field(128, ge=1, description="Most tokens generated per request.")
+
+class Sampling(Strict):
+    """Default sampling for this stage (vLLM SamplingParams); a request's own sampling is
+    checked against the same bounds, and ``max_tokens`` is the most a request may ask for."""
+
+    temperature: float = Field(0.7, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False,
+                               description="Sampling temperature, 0 to 2; 0 is greedy.")
+    top_p: float = Field(0.9, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX, description="Top-k; -1 disables it.")
+    max_tokens: int = Field(128, ge=1, le=INT32_MAX,
+                            description="Most tokens generated per request: the default, and the cap a request's "
+                            "own max_tokens may not pass.")
     min_tokens: int = Field(
-        0, ge=0, description="Fewest tokens generated per request: end-of-sequence is not sampled before them."
+        0, ge=0, le=INT32_MAX,
+        description="Fewest tokens generated per request: end-of-sequence is not sampled before them.",
     )
-    seed: int | None = Field(None, description="Sampling seed for reproducible output.")
-    repetition_penalty: float = Field(1.0, gt=0.0, description="Penalty on repeated tokens; 1.0 is none.")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="Sampling seed for reproducible output (int64).")
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False,
+                                      description="Penalty on repeated tokens; 1.0 is none.")
 
 
 class ArDecodeConfig(StageConfig):

@@ -89,6 +89,11 @@ class _Request:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+ENGINE_FAILED_CODE = "engine_failed"
+ENGINE_STOPPED = ("its vLLM engine stopped after a failed step (code engine_failed; the cause is in the "
+                  "server's log); restart the server")
+
+
 class VllmRunner(StageRunner):
     """An ``ar_decode`` stage on vLLM, in this process (see the module docstring)."""
 
@@ -198,7 +203,7 @@ class VllmRunner(StageRunner):
         if self._engine is None:
             raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
         if self._failed is not None:
-            raise StageFailed(self.plan.name, self.device, f"the engine failed earlier: {self._failed}")
+            raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED)
         items = [item async for item in inputs]
         prompt_ids, params = self._prepare(items)
         loop = asyncio.get_running_loop()
@@ -229,6 +234,14 @@ class VllmRunner(StageRunner):
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """Tokens and timings of a finished request (popped: asked once)."""
         return self._done.pop(request_id, {})
+
+    def health(self) -> dict[str, str] | None:
+        """None while the engine serves; ``{"code", "message"}`` once a step failed and its
+        thread stopped (every later request fails: only a restart brings it back). The
+        exception itself is in the log, not here: its text is no client's business."""
+        if self._failed is None:
+            return None
+        return {"code": ENGINE_FAILED_CODE, "message": ENGINE_STOPPED}
 
     def _prepare(self, items: list[Any]) -> tuple[list[int], Any]:
         from vllm import SamplingParams
@@ -298,7 +311,7 @@ class VllmRunner(StageRunner):
             except Exception as exc:
                 self._failed = exc
                 log.exception("%s: engine step failed", self.plan.name)
-                self._fail_all(StageFailed(self.plan.name, self.device, f"engine step failed: {type(exc).__name__}: {exc}"))
+                self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED))
                 return
             self._meter.sample()
             now = time.perf_counter()
@@ -391,7 +404,7 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], d
                                 "say something, e.g. --prompt 'Tell me one fact about the Moon.'")
     merged = {**base, **overrides}
     if overrides:
-        merged = _checked_sampling(stage, merged)
+        merged = _checked_sampling(stage, merged, base)
     system = getattr(stage, "system_prompt", None)
     if system and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system})
@@ -405,15 +418,26 @@ def _text(value: Any, where: str, how: str) -> str:
     return value
 
 
-def _checked_sampling(stage: Any, merged: dict[str, Any]) -> dict[str, Any]:
+def _checked_sampling(stage: Any, merged: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """A request's sampling within the bounds of the stage's own (its config's ``Sampling``:
+    seed within int64, temperature finite and at most 2, ...); the config's ``max_tokens``
+    is the most a request may ask for."""
     model = type(stage.sampling)
     try:
         checked = model(**merged).model_dump()
     except ValidationError as exc:
         err = exc.errors()[0]
         field_name = ".".join(str(x) for x in err.get("loc", ())) or "sampling"
-        raise BadRequest.single(f"request.sampling.{field_name}", f"{merged.get(field_name)!r}: {err.get('msg')}",
+        shown = repr(merged.get(field_name))
+        raise BadRequest.single(f"request.sampling.{field_name}",
+                                f"{shown if len(shown) <= 40 else shown[:37] + '...'}: {err.get('msg')}",
                                 "use a value in the range the stage's sampling allows (docs/plan-format.md)") from None
+    cap = base.get("max_tokens")
+    if isinstance(cap, int) and checked["max_tokens"] > cap:
+        raise BadRequest.single("request.sampling.max_tokens",
+                                f"{checked['max_tokens']} is over the config's sampling.max_tokens of {cap}, "
+                                "the most a request may ask for",
+                                f"ask for at most {cap}, or raise sampling.max_tokens in the stage's config")
     if checked["min_tokens"] > checked["max_tokens"]:
         raise BadRequest.single("request.sampling.min_tokens",
                                 f"{checked['min_tokens']} is more than max_tokens {checked['max_tokens']}",

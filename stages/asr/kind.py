@@ -45,6 +45,7 @@ from stages.exported_graph.kind import (
     GraphStageConfig,
     as_graph_stage,
 )
+from stages.payloads import sample_rate_problem
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -176,8 +177,9 @@ class AsrKind(StageKind):
             raise BadRequest.single(where, f"the stage takes audio, got {got}",
                                     'send {"audio": float32 mono samples, "sample_rate": Hz}')
         rate = prompt["sample_rate"]
-        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-            raise BadRequest.single(f"{where}: sample_rate", f"{rate!r} is not a positive int", "give the rate in Hz, e.g. 16000")
+        problem = sample_rate_problem(rate)
+        if problem is not None:
+            raise BadRequest.single(f"{where}: sample_rate", problem, "resample the recording to 16000 Hz")
         try:
             samples = np.asarray(prompt["audio"], dtype=np.float32)
         except (TypeError, ValueError) as exc:

@@ -25,15 +25,15 @@ stage, the device and what was wrong.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import soxr
 
 from orchestrator.errors import StageFailed
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
-from stages.audio_items import mono_audio
+from stages.audio_items import Cancelled, mono_audio, resample
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.runner import route_for
@@ -99,15 +99,20 @@ class AsrRunner(StageRunner):
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
 
-    def transcribe(self, item: Any) -> str:
-        """The text of one audio item, its windows' texts joined by a space."""
+    def transcribe(self, item: Any, cancel: threading.Event | None = None) -> str:
+        """The text of one audio item, its windows' texts joined by a space. Resampled in
+        blocks; a set ``cancel`` (its request was cancelled) stops the work between blocks
+        and between windows (``Cancelled``)."""
         if not self._handles:
             self._fail("run before load()")
         samples, rate = self._samples(item)
-        if rate != self.rate:
-            samples = soxr.resample(samples, rate, self.rate).astype(np.float32)
-        windows = [samples[i : i + self.window] for i in range(0, len(samples), self.window)]
-        return " ".join(t for t in (self._window(w) for w in windows) if t)
+        samples = resample(samples, rate, self.rate, cancel)
+        texts = []
+        for i in range(0, len(samples), self.window):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"cancelled before window {i // self.window}")
+            texts.append(self._window(samples[i : i + self.window]))
+        return " ".join(t for t in texts if t)
 
     def _samples(self, item: Any) -> tuple[Any, int]:
         try:
@@ -147,15 +152,20 @@ class AsrRunner(StageRunner):
         stage join them as they are), so a transcript after a non-empty one starts with a
         space: the joined deltas read as one text."""
         said = False
-        async for item in inputs:
-            try:
-                text = await asyncio.to_thread(self.transcribe, item)
-            except StageFailed:
-                raise
-            except Exception as exc:
-                raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
-            yield f" {text}" if said and text else text
-            said = said or bool(text)
+        cancel = threading.Event()
+        try:
+            async for item in inputs:
+                try:
+                    text = await asyncio.to_thread(self.transcribe, item, cancel)
+                except StageFailed:
+                    raise
+                except Exception as exc:
+                    raise StageFailed(self.plan.name, self.plan.device or "?",
+                                      f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+                yield f" {text}" if said and text else text
+                said = said or bool(text)
+        finally:  # cancelled or closed early: the thread still transcribing stops at its next block
+            cancel.set()
 
     def close(self) -> None:
         if self._host is not None:

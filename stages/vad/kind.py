@@ -44,6 +44,7 @@ from stages.exported_graph.kind import (
     GraphStageConfig,
     as_graph_stage,
 )
+from stages.payloads import sample_rate_problem
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -199,8 +200,9 @@ def check_audio_request(prompt: Any, where: str) -> None:
                                 'send {"audio": float32 mono samples, "sample_rate": Hz} '
                                 "(omni-edge run --audio FILE.wav; an input_audio content part on the server)")
     rate = prompt["sample_rate"]
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-        raise BadRequest.single(f"{where}: sample_rate", f"{rate!r} is not a positive int", "give the rate in Hz, e.g. 16000")
+    problem = sample_rate_problem(rate)
+    if problem is not None:
+        raise BadRequest.single(f"{where}: sample_rate", problem, "resample the recording to 16000 Hz")
     try:
         samples = np.asarray(prompt["audio"], dtype=np.float32)
     except (TypeError, ValueError) as exc:

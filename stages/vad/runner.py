@@ -31,6 +31,7 @@ item) fails the request with ``StageFailed`` naming the stage and device.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -39,7 +40,7 @@ import soxr
 
 from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
-from stages.audio_items import mono_audio
+from stages.audio_items import RESAMPLE_BLOCK_SAMPLES, Cancelled, mono_audio
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.runner import route_for
@@ -123,6 +124,8 @@ class VadRunner(StageRunner):
             raise
         except Exception as exc:
             raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+        finally:  # cancelled or closed early: the thread still scoring stops at its next block
+            cut.cancel.set()
         if cut.segments or self.no_speech != "refuse":
             self._stats[request_id] = cut.stats()
         else:
@@ -208,17 +211,27 @@ class Cutter:
         self.graph_samples = 0
         """Samples handed to the graph (at its rate)."""
         self.segments: list[float] = []
+        self.cancel = threading.Event()
+        """Set when the request ends early: work in a thread stops at its next block."""
         self.top = 0.0
         """The highest speech probability scored so far."""
 
     def feed(self, samples: Any, rate: int) -> list[dict[str, Any]]:
+        """Segments the item's samples end, resampled and scored block by block
+        (``RESAMPLE_BLOCK_SAMPLES``); ``Cancelled`` between blocks once ``cancel`` is set."""
         if self.source_rate is None:
             self.source_rate = rate
             if rate != self.runner.rate:
                 self.resampler = soxr.ResampleStream(rate, self.runner.rate, 1, dtype="float32")
-        self.kept = np.concatenate([self.kept, samples])
-        self.received += len(samples)
-        return self._score(self.resampler.resample_chunk(samples) if self.resampler is not None else samples)
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(samples), RESAMPLE_BLOCK_SAMPLES):
+            if self.cancel.is_set():
+                raise Cancelled(f"cancelled after {self.received} samples")
+            block = samples[start:start + RESAMPLE_BLOCK_SAMPLES]
+            self.kept = np.concatenate([self.kept, block])
+            self.received += len(block)
+            out += self._score(self.resampler.resample_chunk(block) if self.resampler is not None else block)
+        return out
 
     def finish(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

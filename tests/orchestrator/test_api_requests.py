@@ -53,7 +53,21 @@ def no_start(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"prompt": "hi", "sampling": {"max_tokens": 0}}, "request.sampling.max_tokens", "0"),
     ({"prompt": "hi", "sampling": {"temperature": -1}}, "request.sampling.temperature", "-1"),
     ({"prompt": "hi", "sampling": {"temprature": 0.5}}, "request.sampling.temprature", "not a sampling setting"),
-    ({"prompt": "hi", "sampling": {"max_tokens": 4096}}, "prompt", "max_model_len of 2048"),
+    # the config's sampling.max_tokens (96) is a cap, not only a default
+    ({"prompt": "hi", "sampling": {"max_tokens": 97}}, "request.sampling.max_tokens",
+     "97 is over the config's sampling.max_tokens of 96"),
+    # bounded as vLLM's own server bounds them: past these the engine step fails, and the engine with it
+    ({"prompt": "hi", "sampling": {"seed": 2**64}}, "request.sampling.seed", "less than or equal to 9223372036854775807"),
+    ({"prompt": "hi", "sampling": {"seed": 2**63}}, "request.sampling.seed", "less than or equal to 9223372036854775807"),
+    ({"prompt": "hi", "sampling": {"seed": -(2**63) - 1}}, "request.sampling.seed", "greater than or equal to"),
+    ({"prompt": "hi", "sampling": {"temperature": 3.0}}, "request.sampling.temperature", "less than or equal to 2"),
+    ({"prompt": "hi", "sampling": {"temperature": float("inf")}}, "request.sampling.temperature", "finite"),
+    ({"prompt": "hi", "sampling": {"temperature": float("nan")}}, "request.sampling.temperature", "finite"),
+    ({"prompt": "hi", "sampling": {"top_p": float("nan")}}, "request.sampling.top_p", "finite"),
+    ({"prompt": "hi", "sampling": {"repetition_penalty": float("inf")}}, "request.sampling.repetition_penalty",
+     "finite"),
+    ({"prompt": "hi", "sampling": {"top_k": 2**31}}, "request.sampling.top_k", "less than or equal to"),
+    ({"prompt": "hi", "sampling": {"min_tokens": 2**40}}, "request.sampling.min_tokens", "less than or equal to"),
 ])
 def test_a_bad_request_is_refused_naming_where_and_what(pipeline: Pipeline, prompt: Any, where: str, what: str) -> None:
     with pytest.raises(BadRequest) as info:
@@ -76,6 +90,8 @@ def test_a_prompt_longer_than_the_context_names_the_limit_and_its_token_count(pi
 def test_a_good_request_passes(pipeline: Pipeline) -> None:
     pipeline.validate("Tell me one fact about the Moon.")
     pipeline.validate({"prompt": "Hi", "sampling": {"max_tokens": 32, "temperature": 0}})
+    pipeline.validate({"prompt": "Hi", "sampling": {"max_tokens": 96, "temperature": 2.0, "seed": 2**63 - 1}})
+    pipeline.validate({"prompt": "Hi", "sampling": {"seed": -(2**63)}})
 
 
 def test_the_api_stream_refuses_before_any_actor_is_asked(pipeline: Pipeline) -> None:

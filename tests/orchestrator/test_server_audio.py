@@ -73,7 +73,7 @@ def test_empty_text_next_to_the_recording_is_fine_and_a_text_request_is_unchange
     ({"messages": [{"role": "assistant", "content": [part(wav_bytes(TONE))]}]}, True, "messages[0].role",
      "audio is heard from the user only"),
     (body(part(wav_bytes(TONE), fmt="mp3")), True, "messages[0].content[0].input_audio.format", "'mp3' is not read"),
-    (body({"type": "input_audio", "input_audio": "abc"}), True, "messages[0].content[0].input_audio", "must be {'data'"),
+    (body({"type": "input_audio", "input_audio": "abc"}), True, "messages[0].content[0].input_audio", "must be a JSON object"),
     (body(part("not base64!")), True, "messages[0].content[0].input_audio.data", "is not base64"),
     (body(part(b"RIFF....nonsense")), True, "messages[0].content[0].input_audio.data", "not a readable WAV file"),
     (body(part(wav_bytes([0.0] * 10, width=1))), True, "messages[0].content[0].input_audio.data", "8-bit samples"),

@@ -1,61 +1,9 @@
-"""An OpenAI-compatible HTTP front for one started pipeline (``omni-edge serve``).
-
-The app drives a :class:`~orchestrator.api.Pipeline` that was planned, verified
-and started once (``Pipeline.from_config``, the path ``run`` takes); every
-request that runs the pipeline is one ``pipeline.stream`` call. The shapes are
-OpenAI's, so the official ``openai`` client works unchanged (docs/serving.md
-has every endpoint, shape and metric):
-
-* ``POST /v1/chat/completions``: ``messages`` go to the stage that takes the
-  request as ``{"messages": [...], "sampling": {...}}`` (the ar_decode stage
-  applies its chat template to the whole list, system message and history
-  included); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
-  ``top_p`` and ``seed`` become the request's ``sampling``. The reply is the
-  text of the pipeline's text output; ``stream: true`` sends it as server-sent
-  events (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``).
-  ``modalities: ["text", "audio"]`` adds the audio output stage's audio as
-  OpenAI does: ``message.audio`` (base64 WAV at the voice's rate, or pcm16 at
-  24 kHz, and the transcript); streamed, ``delta.audio`` chunks carry the
-  transcript as it is generated and each audio chunk (pcm16, 24 kHz) the moment
-  the voice yields it. ``usage`` carries the decode stage's token counts.
-  A user message may carry the request as audio, OpenAI's ``input_audio``
-  content part (``{"type": "input_audio", "input_audio": {"data": base64 WAV,
-  "format": "wav"}}``), for a pipeline whose entry stage takes audio (a VAD or
-  ASR stage): the recording alone is the request then (one such part, no other
-  text and no sampling fields, since nothing but the audio reaches the entry
-  stage), and the reply is the text of the text output stages downstream of
-  another one (the thinker's, not the transcript). A pipeline without an audio
-  entry answers 400.
-* ``POST /v1/audio/speech``: ``input`` enters the graph at the speech stage
-  (the audio output stage whose kind takes text; ``Pipeline.stream(entry=)``),
-  so only it runs; the body streams as ``audio/wav`` (at the voice's rate, the
-  header's sizes unknown) or ``audio/pcm`` (24 kHz pcm16), ``X-Sample-Rate``.
-* ``GET /v1/models``, ``GET /health`` (every stage: device, backend, loaded,
-  alive; 503 while one is dead), ``GET /v1/plan`` (the plan with each stage's
-  measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
-  last requests' latencies), ``GET /metrics`` (Prometheus text,
-  ``server_metrics``), ``GET /`` (the page: ``orchestrator/web``, its files
-  under ``/static``).
-
-A client that goes away is cancelled all the way down, whenever it leaves:
-before the response starts (a watcher on the connection, ``_Run.until``) or
-while it streams (the body generator is closed, ``_Stream``); either closes the
-pipeline's stream, which cancels the request on every device actor (the vLLM
-request aborted, queued sentences dropped) and frees its admission slot.
-
-Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``:
-``BadRequest`` → 400 (where, what, how to fix), ``PipelineBusy`` → 429 with
-``Retry-After``, ``StageFailed`` → 503 naming the stage and the device (a dead
-stage fails only the requests that need it). With an API key every request
-but the page's static files needs ``Authorization: Bearer KEY`` (401
-otherwise), compared in constant time.
-"""
+"""The app: the endpoints of one started pipeline (the package docstring describes them)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import json
 import logging
 import time
@@ -65,16 +13,18 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.api import Pipeline, audio_entry_stages, audio_request
-from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+from orchestrator.api import Pipeline, audio_entry_stages
+from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
 from orchestrator.runtime.events import AudioChunk, Event, TextDelta
+from orchestrator.server.auth import BearerAuth, error_response
+from orchestrator.server.protocol import ServerLimits, body_too_large, read_chat, read_speech
 from orchestrator.server_metrics import ServerMetrics, Trace
 
 log = logging.getLogger(__name__)
@@ -83,26 +33,12 @@ RETRY_AFTER_S = 1
 """What a 429 asks a client to wait: requests finish in seconds, and the queue frees a slot as each does."""
 AUDIO_EXPIRES_S = 3600
 """``message.audio.expires_at``: nothing is kept server-side; the hour is OpenAI's own figure."""
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
-                   "top_p": "top_p", "seed": "seed", "min_tokens": "min_tokens", "top_k": "top_k"}
-"""OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
-``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
-CHAT_AUDIO_FORMATS = ("wav", "pcm16")
-SPEECH_FORMATS = ("wav", "pcm")
+HEALTH_TIMEOUT_S = 2.0
+"""How long ``/health`` waits for a device actor to say how its stages are: an actor
+answers in milliseconds; one that does not within this is reported, not waited for."""
 REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
-WEB_DIR = Path(__file__).with_name("web")
+WEB_DIR = Path(__file__).parent.parent / "web"
 """The page at ``/`` (index.html, app.js, style.css): package data served as it is, no build step."""
-
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
-
-
-def error_response(status: int, message: str, type_: str, *, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
 
 
 def error_for(exc: BaseException) -> JSONResponse:
@@ -127,148 +63,28 @@ def _openai_param(where: str) -> str:
     return where
 
 
-def _bad(where: str, what: str, fix: str = "") -> BadRequest:
-    return BadRequest([Problem(where, what, fix)])
+class BodyTooLarge(Exception):
+    """A request body over ``ServerLimits.max_body_bytes`` (413); ``size`` when the header said it."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
 
 
-AUDIO_INPUT_FORMATS = ("wav",)
-
-
-def chat_request(body: Any, *, audio_entry: bool = False) -> dict[str, Any]:
-    """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
-
-    With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
-    stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``."""
-    if not isinstance(body, dict):
-        raise _bad("body", "is not a JSON object", "send {'model': ..., 'messages': [...]}")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "must be a non-empty list of {role, content}", "e.g. [{'role': 'user', 'content': 'Hi'}]")
-    heard = _input_audio(messages, audio_entry)
-    if heard is not None:
-        return _audio_only(body, messages, heard)
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise _bad(f"messages[{i}].role", "must be system, developer, user or assistant")
-        content = m.get("content")
-        if m["role"] == "assistant" and content is None and isinstance(m.get("audio"), dict):
-            content = ""  # an earlier audio reply sent back by id: its words are not in the message
-        if isinstance(content, list):  # content parts: text only (input_audio is handled above)
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise _bad(f"messages[{i}].content", "only text and input_audio parts are served", "send text content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise _bad(f"messages[{i}].content", "is not text", "send the message's text as a string")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    if not any(m["role"] == "user" and m["content"].strip() for m in out):
-        raise _bad("messages", "has no user message with text", "add {'role': 'user', 'content': '...'}")
-    if body.get("n", 1) != 1:
-        raise _bad("n", f"{body.get('n')!r}: one choice per request is served", "leave n unset or 1")
-    sampling: dict[str, Any] = {}
-    for field, key in SAMPLING_FIELDS.items():
-        value = body.get(field)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _bad(field, f"{value!r} is not a number")
-        if key == "max_tokens" and (not isinstance(value, int) or value < 1):
-            raise _bad(field, f"{value!r}: must be a whole number of at least 1", "e.g. 64")
-        if key in ("min_tokens", "top_k") and not isinstance(value, int):
-            raise _bad(field, f"{value!r}: must be a whole number", "e.g. 16")
-        sampling[key] = value
-    request: dict[str, Any] = {"messages": out}
-    if sampling:
-        request["sampling"] = sampling
-    return request
-
-
-def _input_audio(messages: list[Any], audio_entry: bool) -> tuple[str, dict[str, Any]] | None:
-    """(where, the decoded recording) of the one ``input_audio`` part, or None when there is none."""
-    found = [(i, j, p) for i, m in enumerate(messages) if isinstance(m, dict) and isinstance(m.get("content"), list)
-             for j, p in enumerate(m["content"]) if isinstance(p, dict) and p.get("type") == "input_audio"]
-    if not found:
-        return None
-    i, j, part = found[0]
-    where = f"messages[{i}].content[{j}]"
-    if not audio_entry:
-        raise _bad(where, "this pipeline has no entry stage that takes audio",
-                   "send the message as text, or serve a pipeline whose first stage is a vad or asr stage "
-                   "(configs/examples/voice-chat.yaml)")
-    if len(found) > 1:
-        raise _bad(f"messages[{found[1][0]}].content[{found[1][1]}]", "a request carries one recording",
-                   "send one input_audio part per request")
-    if messages[i].get("role") != "user":
-        raise _bad(f"messages[{i}].role", f"{messages[i].get('role')!r}: audio is heard from the user only",
-                   "put the input_audio part in a user message")
-    inner = part.get("input_audio")
-    if not isinstance(inner, dict) or not isinstance(inner.get("data"), str):
-        raise _bad(f"{where}.input_audio", "must be {'data': base64 audio, 'format': 'wav'}",
-                   "e.g. {'type': 'input_audio', 'input_audio': {'data': base64.b64encode(wav_bytes), 'format': 'wav'}}")
-    fmt = inner.get("format")
-    if fmt not in AUDIO_INPUT_FORMATS:
-        raise _bad(f"{where}.input_audio.format", f"{fmt!r} is not read", "send a 16-bit PCM WAV file, format 'wav'")
-    try:
-        data = base64.b64decode(inner["data"], validate=True)
-    except (ValueError, TypeError):
-        raise _bad(f"{where}.input_audio.data", "is not base64", "base64-encode the WAV file's bytes") from None
-    return where, audio_request(data, where=f"{where}.input_audio.data")
-
-
-def _audio_only(body: dict[str, Any], messages: list[Any], heard: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    """The recording as the request, once nothing else in the body would be silently dropped."""
-    where, audio = heard
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
-        for j, p in enumerate(parts):
-            text = p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
-            if isinstance(text, str) and text.strip():
-                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(content, list) else "")
-                raise _bad(at, f"text next to the recording in {where}: only the audio reaches the pipeline's "
-                           "audio entry stage, so this text would be ignored",
-                           "send the recording alone (the config's system prompt applies downstream), or text alone")
-    for field in SAMPLING_FIELDS:
-        if body.get(field) is not None:
-            raise _bad(field, "sampling goes to the stage that takes the request, and with audio that stage takes none",
-                       "leave it out with input_audio (the config's sampling applies)")
-    if body.get("n", 1) != 1:
-        raise _bad("n", f"{body.get('n')!r}: one choice per request is served", "leave n unset or 1")
-    return audio
-
-
-def audio_format(body: dict[str, Any], *, has_audio: bool) -> str | None:
-    """The audio format a chat body asks for (``modalities`` with ``audio``), or None for text only."""
-    modalities = body.get("modalities") or ["text"]
-    if not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"}:
-        raise _bad("modalities", f"{modalities!r}: only 'text' and 'audio' are served", "e.g. ['text', 'audio']")
-    if "audio" not in modalities:
-        return None
-    if not has_audio:
-        raise _bad("modalities", "this pipeline has no audio output stage", "ask for ['text'] only")
-    audio = body.get("audio")
-    fmt = audio.get("format") if isinstance(audio, dict) else None
-    if fmt not in CHAT_AUDIO_FORMATS:
-        raise _bad("audio.format", f"{fmt!r} is not served", f"use one of {', '.join(CHAT_AUDIO_FORMATS)}")
-    if body.get("stream") and fmt != "pcm16":
-        raise _bad("audio.format", f"{fmt!r} cannot be streamed", "use 'pcm16' with stream: true (as OpenAI does)")
-    return str(fmt)
-
-
-def speech_request(body: Any) -> tuple[str, str]:
-    """(input text, response format) of an OpenAI speech body; ``BadRequest`` for what it cannot take."""
-    if not isinstance(body, dict):
-        raise _bad("body", "is not a JSON object", "send {'model': ..., 'input': '...', 'voice': ...}")
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise _bad("input", "must be text that is not blank", "send the text to speak")
-    fmt = body.get("response_format") or "wav"
-    if fmt not in SPEECH_FORMATS:
-        raise _bad("response_format", f"{fmt!r} is not served", f"use one of {', '.join(SPEECH_FORMATS)}")
-    speed = body.get("speed")
-    if speed not in (None, 1, 1.0):
-        raise _bad("speed", f"{speed!r}: the voice speaks at its own speed", "leave speed unset or 1.0")
-    return text, str(fmt)
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request's body, read no further than ``cap`` bytes: ``BodyTooLarge`` at once when
+    its ``Content-Length`` says more, or as soon as more arrives (the rest is never read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise BodyTooLarge(int(declared))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge(None)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def pcm24k(chunk: AudioChunk) -> bytes:
@@ -297,29 +113,6 @@ class _Stream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-class _BearerAuth:
-    """``Authorization: Bearer KEY`` on every request (401 otherwise), compared in constant time —
-    except the page's own static files (``GET /``, ``/static/...``): they hold no data, and
-    the page asks for the key before it calls the API."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = str(scope.get("path", ""))
-        public = scope.get("method") in ("GET", "HEAD") and (path == "/" or path.startswith("/static/"))
-        if scope["type"] == "http" and not public:
-            header = dict(scope.get("headers") or []).get(b"authorization", b"")
-            scheme, _, given = header.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                response = error_response(401, "a valid API key is required: Authorization: Bearer KEY",
-                                          "invalid_request_error", code="invalid_api_key",
-                                          headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class _Run:
@@ -387,8 +180,9 @@ class _Run:
 class _App:
     """The endpoints of one pipeline (see the module docstring)."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, limits: ServerLimits) -> None:
         self.pipeline = pipeline
+        self.limits = limits
         self.runtime = pipeline.runtime
         self.model = pipeline.plan.pipeline
         self.created = int(time.time())
@@ -421,21 +215,35 @@ class _App:
         self.metrics.refused(endpoint, response.status_code)
         return response
 
-    async def _json(self, request: Request) -> Any:
+    async def _body(self, request: Request, endpoint: str, read: Callable[[bytes], Any]) -> Any:
+        """The body read under the size cap and checked by ``read`` in a worker thread (JSON,
+        base64 and WAV decoding stay off the event loop); a refusal as a ``Response``."""
         try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _bad("body", "is not JSON", "send a JSON object") from None
+            raw = await read_body(request, self.limits.max_body_bytes)
+            return await asyncio.to_thread(read, raw)
+        except BodyTooLarge as exc:
+            self.metrics.refused(endpoint, 413)
+            return error_response(413, body_too_large(self.limits, exc.size), "invalid_request_error", param="body",
+                                  code="body_too_large")
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except BadRequest as exc:
+            return self.refuse(endpoint, exc)
 
-    def stage_states(self) -> list[dict[str, Any]]:
+    def stage_states(self, failures: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Each stage's device, backend and state; ``failures`` (``Runtime.stage_failures``):
+        the stages whose engine stopped though their actor lives, with a code."""
         out = []
         for s in self.runtime.stages:
             dev = self.runtime.devices.get(s.device or "?")
-            alive = dev is not None and not dev.dead and not self.runtime._closed
+            failed = (failures or {}).get(s.name)
+            alive = dev is not None and not dev.dead and not self.runtime._closed and not failed
             out.append({"name": s.name, "kind": s.kind, "device": s.device, "backend": s.backend,
                         "loaded": s.name in self.runtime.load_results and alive, "alive": alive,
                         "final_output_type": s.final_output_type if s.final_output else None,
-                        **({"error": dev.dead} if dev is not None and dev.dead else {})})
+                        **({"error": dev.dead} if dev is not None and dev.dead else {}),
+                        **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
+                        **({"code": failed["code"], "error": failed["message"]} if failed else {})})
         return out
 
     # -- endpoints -------------------------------------------------------------------
@@ -445,10 +253,16 @@ class _App:
              "stages": [s.name for s in self.runtime.stages]}]})
 
     async def health(self, request: Request) -> Response:
-        stages = self.stage_states()
+        """200 while every stage can serve; 503 naming each one that cannot (stage, device,
+        code): a dead device actor, or an engine that stopped inside a living one."""
+        failures = await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
+        stages = self.stage_states(failures)
         ok = all(s["alive"] for s in stages)
-        return JSONResponse({"status": "ok" if ok else "unavailable", "pipeline": self.model, "stages": stages},
-                            status_code=200 if ok else 503)
+        doc: dict[str, Any] = {"status": "ok" if ok else "unavailable", "pipeline": self.model, "stages": stages}
+        if not ok:
+            doc["failed"] = [{"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
+                             for s in stages if not s["alive"]]
+        return JSONResponse(doc, status_code=200 if ok else 503)
 
     async def plan(self, request: Request) -> Response:
         doc = self.pipeline.plan.to_json()
@@ -486,18 +300,15 @@ class _App:
         return Response(await self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def chat(self, request: Request) -> Response:
-        try:
-            body = await self._json(request)
-            prompt = chat_request(body, audio_entry=self.audio_entry)
-            fmt = audio_format(body, has_audio=bool(self.audio_stages))
-        except BadRequest as exc:
-            return self.refuse("chat", exc)
-        run = _Run(self, prompt, "chat")
+        call = await self._body(request, "chat", lambda raw: read_chat(
+            raw, audio_entry=self.audio_entry, has_audio=bool(self.audio_stages), limits=self.limits))
+        if isinstance(call, Response):
+            return call
+        run = _Run(self, call.prompt, "chat")
         base = {"id": f"chatcmpl-{run.rid}", "created": int(time.time()), "model": self.model}
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._chat_stream(run, base, fmt, usage, request)
-        return await self._chat_whole(run, base, fmt, request)
+        if call.stream:
+            return await self._chat_stream(run, base, call.audio_format, call.include_usage, request)
+        return await self._chat_whole(run, base, call.audio_format, request)
 
     async def _chat_whole(self, run: _Run, base: dict[str, Any], fmt: str | None, request: Request) -> Response:
         try:
@@ -585,10 +396,13 @@ class _App:
         return _Stream(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def speech(self, request: Request) -> Response:
+        read = await self._body(request, "speech", lambda raw: read_speech(raw, limits=self.limits))
+        if isinstance(read, Response):
+            return read
+        text, fmt = read
         try:
-            text, fmt = speech_request(await self._json(request))
             if self.speech_stage is None:
-                raise _bad("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that takes "
+                raise BadRequest.single("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that takes "
                            "text)", "serve a pipeline with a voice stage")
         except BadRequest as exc:
             return self.refuse("speech", exc)
@@ -626,9 +440,10 @@ class _App:
                        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
 
 
-def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
-    """The ASGI app serving ``pipeline`` (started; closed by whoever started it)."""
-    app = _App(pipeline)
+def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None) -> ASGIApp:
+    """The ASGI app serving ``pipeline`` (started; closed by whoever started it); ``limits``:
+    what one request may carry (default ``ServerLimits()``)."""
+    app = _App(pipeline, limits or ServerLimits())
     starlette = Starlette(routes=[
         Route("/v1/chat/completions", app.chat, methods=["POST"]),
         Route("/v1/audio/speech", app.speech, methods=["POST"]),
@@ -643,5 +458,5 @@ def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
     starlette.state.omni_edge = app  # for tests and embedding: the metrics, the pipeline
     served: ASGIApp = starlette
     if api_key:
-        served = _BearerAuth(served, api_key)
+        served = BearerAuth(served, api_key)
     return served

@@ -1,0 +1,75 @@
+"""An OpenAI-compatible HTTP front for one started pipeline (``omni-edge serve``).
+
+The app drives a :class:`~orchestrator.api.Pipeline` that was planned, verified
+and started once (``Pipeline.from_config``, the path ``run`` takes); every
+request that runs the pipeline is one ``pipeline.stream`` call. The shapes are
+OpenAI's, so the official ``openai`` client works unchanged (docs/serving.md
+has every endpoint, shape and metric):
+
+* ``POST /v1/chat/completions``: ``messages`` go to the stage that takes the
+  request as ``{"messages": [...], "sampling": {...}}`` (the ar_decode stage
+  applies its chat template to the whole list, system message and history
+  included); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
+  ``top_p`` and ``seed`` become the request's ``sampling``. The reply is the
+  text of the pipeline's text output; ``stream: true`` sends it as server-sent
+  events (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``).
+  ``modalities: ["text", "audio"]`` adds the audio output stage's audio as
+  OpenAI does: ``message.audio`` (base64 WAV at the voice's rate, or pcm16 at
+  24 kHz, and the transcript); streamed, ``delta.audio`` chunks carry the
+  transcript as it is generated and each audio chunk (pcm16, 24 kHz) the moment
+  the voice yields it. ``usage`` carries the decode stage's token counts.
+  A user message may carry the request as audio, OpenAI's ``input_audio``
+  content part (``{"type": "input_audio", "input_audio": {"data": base64 WAV,
+  "format": "wav"}}``), for a pipeline whose entry stage takes audio (a VAD or
+  ASR stage): the recording alone is the request then (one such part, no other
+  text and no sampling fields, since nothing but the audio reaches the entry
+  stage), and the reply is the text of the text output stages downstream of
+  another one (the thinker's, not the transcript). A pipeline without an audio
+  entry answers 400.
+* ``POST /v1/audio/speech``: ``input`` enters the graph at the speech stage
+  (the audio output stage whose kind takes text; ``Pipeline.stream(entry=)``),
+  so only it runs; the body streams as ``audio/wav`` (at the voice's rate, the
+  header's sizes unknown) or ``audio/pcm`` (24 kHz pcm16), ``X-Sample-Rate``.
+* ``GET /v1/models``, ``GET /health`` (every stage: device, backend, loaded,
+  alive; 503 while one is dead or its engine has stopped, ``failed`` naming each
+  one's stage, device and code), ``GET /v1/plan`` (the plan with each stage's
+  measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
+  last requests' latencies), ``GET /metrics`` (Prometheus text,
+  ``server_metrics``), ``GET /`` (the page: ``orchestrator/web``, its files
+  under ``/static``).
+
+A client that goes away is cancelled all the way down, whenever it leaves:
+before the response starts (a watcher on the connection, ``_Run.until``) or
+while it streams (the body generator is closed, ``_Stream``); either closes the
+pipeline's stream, which cancels the request on every device actor (the vLLM
+request aborted, queued sentences dropped) and frees its admission slot.
+
+Every body is checked before the pipeline sees it (``protocol``: pydantic models of
+OpenAI's shapes, extra keys ignored; the body read under a size cap, 413 over it;
+JSON, base64 and WAV decoded in a worker thread, so a large body does not hold up
+``/health``; each limit of ``ServerLimits`` named with its flag in the 400).
+
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``:
+``BadRequest`` → 400 (where, what, how to fix; ``param`` the field, e.g.
+``messages[0].content``), ``PipelineBusy`` → 429 with
+``Retry-After``, ``StageFailed`` → 503 naming the stage and the device (a dead
+stage fails only the requests that need it). With an API key every request
+but the page's static files needs ``Authorization: Bearer KEY`` (401
+otherwise), compared in constant time.
+
+The package: ``protocol`` (the request models, ``ServerLimits``, body → pipeline
+request), ``auth`` (the API key, loopback addresses), ``app`` (the endpoints,
+``create_app``).
+"""
+
+from orchestrator.server.app import WEB_DIR, create_app, error_for, pcm24k
+from orchestrator.server.auth import LOOPBACK_HOSTS, error_response, is_loopback
+from orchestrator.server.protocol import (
+    ServerLimits,
+    audio_format,
+    chat_request,
+    speech_request,
+)
+
+__all__ = ["LOOPBACK_HOSTS", "WEB_DIR", "ServerLimits", "audio_format", "chat_request", "create_app", "error_for",
+           "error_response", "is_loopback", "pcm24k", "speech_request"]

@@ -1,0 +1,478 @@
+"""The request bodies ``omni-edge serve`` takes, as pydantic models of OpenAI's shapes,
+and the limits a body is checked against before the pipeline sees it.
+
+A body goes through four steps, each a 400 in OpenAI's error shape naming the field
+(``messages[0].content``, ``seed``) when it fails, never a 500:
+
+1. read under ``ServerLimits.max_body_bytes`` (413 naming the cap: the app does it);
+2. parsed as JSON (:func:`parse_json`: not JSON, not UTF-8, nested deeper than the
+   parser goes);
+3. validated against its model here (:class:`ChatBody`, :class:`SpeechBody`): types
+   and OpenAI's own ranges, and vLLM's (``seed`` within int64, ``temperature``
+   finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone
+   surrogate) is refused. Keys the models do not name are ignored, as OpenAI's
+   server ignores them;
+4. checked against the server's limits (:class:`ServerLimits`: messages per
+   request, characters of text, the speech input's length, the recording's bytes
+   and seconds), each named with its ``omni-edge serve`` flag in the 400.
+
+What a stage checks itself (the config's sampling limits, the prompt against the
+context) stays with the stage (``Runtime.validate_request``); the app runs steps
+2-4 and the stage's check off the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
+
+from orchestrator.api import audio_request
+from orchestrator.errors import BadRequest, Problem
+from orchestrator.units import MiB
+from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
+
+SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
+                   "top_p": "top_p", "seed": "seed", "min_tokens": "min_tokens", "top_k": "top_k"}
+"""OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
+``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
+CHAT_AUDIO_FORMATS = ("wav", "pcm16")
+SPEECH_FORMATS = ("wav", "pcm")
+AUDIO_INPUT_FORMATS = ("wav",)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may carry; each cap is an ``omni-edge serve`` flag (``FLAGS``)
+    and is named, with its value, in the 413/400 that refuses a request over it."""
+
+    max_body_bytes: int = 32 * MiB
+    """A request body: room for ``max_audio_bytes`` in base64 (4/3 of it, 26.7 MiB) and text."""
+    max_messages: int = 512
+    """Messages per chat request: a long conversation is a few hundred turns."""
+    max_content_chars: int = 262_144
+    """Characters of text in all of a request's messages: 8× a 32k-token context at ~4
+    characters a token; anything longer is tokenized only to be refused by the context check."""
+    max_speech_chars: int = 4096
+    """``/v1/audio/speech`` ``input``: OpenAI's own limit for that endpoint."""
+    max_audio_bytes: int = 20 * MiB
+    """A recording's WAV bytes (``input_audio``): OpenAI's audio uploads stop at 25 MB;
+    20 MiB is 11 minutes of 16 kHz mono 16-bit audio."""
+    max_audio_seconds: float = 600.0
+    """A recording's duration: a spoken question is seconds long; ten minutes is generous."""
+
+    def __post_init__(self) -> None:
+        for name in FLAGS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or not math.isfinite(value):
+                raise ValueError(f"ServerLimits.{name} must be a positive number, got {value!r}")
+
+
+FLAGS = {"max_body_bytes": "--max-body-mib", "max_messages": "--max-messages", "max_content_chars": "--max-content-chars",
+         "max_speech_chars": "--max-speech-chars", "max_audio_bytes": "--max-audio-mib",
+         "max_audio_seconds": "--max-audio-seconds"}
+"""Each limit's ``omni-edge serve`` flag, as the 400 that names it says."""
+
+
+# -- the models ----------------------------------------------------------------------
+def _unicode(value: str) -> str:
+    """Text that can be encoded: JSON's ``\\ud800`` escapes make strings no encoder takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}) at character {exc.start}, "
+                         "which is not text") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
+class _Body(BaseModel):
+    """OpenAI's shapes: keys not named here are ignored; no type is coerced (``"5"`` is no number)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: Text
+
+
+class InputAudio(_Body):
+    data: str
+    format: str | None = None
+
+
+class AudioPart(_Body):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+def _part_type(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"text": "~text", "input_audio": "~input_audio"}.get(kind) if isinstance(kind, str) else None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("~text")] | Annotated[AudioPart, Tag("~input_audio")],
+    Discriminator(_part_type, custom_error_type="content_part",
+                  custom_error_message="only text and input_audio content parts are served"),
+]
+
+
+def _content_kind(value: Any) -> str | None:
+    return "~str" if isinstance(value, str) else "~parts" if isinstance(value, list | tuple) else None
+
+
+Content = Annotated[
+    Annotated[Text, Tag("~str")] | Annotated[list[ContentPart], Tag("~parts")],
+    Discriminator(_content_kind, custom_error_type="content",
+                  custom_error_message="must be text or a list of content parts"),
+]
+
+
+class AssistantAudio(_Body):
+    id: str
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Content | None = None
+    audio: AssistantAudio | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+class AudioOutput(_Body):
+    format: str | None = None
+    voice: Any = None
+
+
+class ChatBody(_Body):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message] = Field(min_length=1)
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    n: int | None = Field(None, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+
+
+class SpeechBody(_Body):
+    """``POST /v1/audio/speech``."""
+
+    input: Text
+    model: str | None = None
+    voice: Any = None
+    response_format: str | None = None
+    speed: float | None = Field(None, allow_inf_nan=False)
+
+
+FIXES = {
+    "seed": f"a whole number from {INT64_MIN} to {INT64_MAX} (int64, as vLLM's server takes)",
+    "temperature": f"a finite number from 0 to {TEMPERATURE_MAX:g}, e.g. 0.7",
+    "top_p": "a number above 0 and at most 1, e.g. 0.9",
+    "top_k": "a whole number: -1 (off) or at least 1, e.g. 40",
+    "max_tokens": "a whole number of at least 1, e.g. 64",
+    "max_completion_tokens": "a whole number of at least 1, e.g. 64",
+    "min_tokens": "a whole number of at least 0, e.g. 16",
+    "n": "leave n unset or 1",
+    "stream": "true or false",
+    "stream_options": "e.g. {'include_usage': true}",
+    "include_usage": "true or false",
+    "modalities": "e.g. ['text'] or ['text', 'audio']",
+    "audio": "e.g. {'voice': 'alloy', 'format': 'pcm16'}",
+    "messages": "e.g. [{'role': 'user', 'content': 'Hi'}]",
+    "role": "system, developer, user or assistant",
+    "content": "send the message's text as a string, or text and input_audio parts",
+    "text": "send the text as a string of valid Unicode",
+    "input_audio": "e.g. {'type': 'input_audio', 'input_audio': {'data': base64 WAV, 'format': 'wav'}}",
+    "data": "base64-encode the WAV file's bytes",
+    "input": "send the text to speak as a string of valid Unicode",
+    "speed": "leave speed unset or 1.0",
+}
+
+
+# -- parsing and validating -------------------------------------------------------------
+def parse_json(raw: bytes) -> Any:
+    """The JSON document of a request body; ``BadRequest`` naming ``body`` when it is none."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise _bad("body", "nests arrays or objects deeper than the JSON reader goes",
+                   "send OpenAI's request shape: it nests a few levels") from None
+    except UnicodeDecodeError:
+        raise _bad("body", "is not UTF-8 text", "send the JSON body encoded as UTF-8") from None
+    except ValueError as exc:  # JSONDecodeError, and numbers too long for int()
+        raise _bad("body", f"is not JSON ({str(exc)[:80]})", "send a JSON object") from None
+
+
+def validated(model: type[_Body], body: Any, example: str) -> Any:
+    """``body`` as ``model``; ``BadRequest`` naming the first field that is wrong."""
+    if not isinstance(body, dict):
+        raise _bad("body", f"is a JSON {_json_type(body)}, not an object", f"send {example}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest([_problem(exc.errors(include_url=False)[0])]) from None
+
+
+def _problem(err: Any) -> Problem:
+    loc = [p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("~"))]
+    where = where_of(loc) or "body"
+    name = next((p for p in reversed(loc) if isinstance(p, str)), "body")
+    msg = str(err.get("msg", "is not valid")).removeprefix("Value error, ")
+    if err.get("type") == "missing":
+        what = "is required"
+    elif err.get("type") in ("model_type", "model_attributes_type", "dict_type"):
+        what = f"{_shown(err.get('input'))}: must be a JSON object"
+    elif err.get("type") == "list_type":
+        what = f"{_shown(err.get('input'))}: must be a JSON array"
+    else:
+        what = f"{_shown(err.get('input'))}: {msg[:1].lower()}{msg[1:]}"
+    return Problem(where, what, FIXES.get(name, ""))
+
+
+def where_of(loc: list[Any]) -> str:
+    """A pydantic location as the field a client wrote: ``messages[0].content[1].text``."""
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=repr) if not isinstance(value, BaseModel) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _bad(where: str, what: str, fix: str = "") -> BadRequest:
+    return BadRequest([Problem(where, what, fix)])
+
+
+def _over(limits: ServerLimits, name: str, shown: str) -> str:
+    cap = getattr(limits, name)
+    unit = {"max_body_bytes": " bytes", "max_audio_bytes": " bytes", "max_audio_seconds": " s",
+            "max_content_chars": " characters", "max_speech_chars": " characters", "max_messages": " messages"}[name]
+    value = f"{cap:g}" if isinstance(cap, float) else str(cap)
+    return f"{shown}: over the cap of {value}{unit} per request ({FLAGS[name]})"
+
+
+# -- chat ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatCall:
+    """A chat body, checked: the pipeline's request and how to answer it."""
+
+    prompt: Any
+    audio_format: str | None
+    stream: bool
+    include_usage: bool
+
+
+def read_chat(raw: bytes, *, audio_entry: bool, has_audio: bool, limits: ServerLimits) -> ChatCall:
+    """A chat request's body bytes, parsed, validated and checked (run it off the event loop:
+    it parses JSON and may decode a recording)."""
+    chat = _chat_body(parse_json(raw), limits)
+    prompt = _chat_prompt(chat, audio_entry, limits)
+    return ChatCall(prompt, audio_format(chat, has_audio=has_audio), bool(chat.stream),
+                    bool(chat.stream_options and chat.stream_options.include_usage))
+
+
+CHAT_EXAMPLE = "{'model': ..., 'messages': [{'role': 'user', 'content': 'Hi'}]}"
+
+
+def chat_request(body: Any, *, audio_entry: bool = False, limits: ServerLimits | None = None) -> dict[str, Any]:
+    """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
+
+    With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
+    stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``."""
+    limits = limits or ServerLimits()
+    return _chat_prompt(_chat_body(body, limits), audio_entry, limits)
+
+
+def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
+    if isinstance(body, dict) and isinstance(body.get("messages"), list) and len(body["messages"]) > limits.max_messages:
+        raise _bad("messages", _over(limits, "max_messages", f"{len(body['messages'])} messages"),
+                   f"send fewer (drop the oldest turns), or raise {FLAGS['max_messages']}")
+    chat: ChatBody = validated(ChatBody, body, CHAT_EXAMPLE)
+    _check_text(chat, limits)
+    return chat
+
+
+def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits) -> dict[str, Any]:
+    if chat.n not in (None, 1):
+        raise _bad("n", f"{chat.n}: one choice per request is served", FIXES["n"])
+    heard = _input_audio(chat.messages, audio_entry, limits)
+    if heard is not None:
+        return _audio_only(chat, heard)
+    out: list[dict[str, str]] = []
+    for m in chat.messages:
+        content = m.content
+        if m.role == "assistant" and content is None and m.audio is not None:
+            content = ""  # an earlier audio reply sent back by id: its words are not in the message
+        if isinstance(content, list):
+            content = "".join(p.text for p in content if isinstance(p, TextPart))
+        if content is None:
+            raise _bad(f"messages[{chat.messages.index(m)}].content", "is missing", FIXES["content"])
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+        raise _bad("messages", "has no user message with text", "add {'role': 'user', 'content': '...'}")
+    sampling = _sampling(chat)
+    request: dict[str, Any] = {"messages": out}
+    if sampling:
+        request["sampling"] = sampling
+    return request
+
+
+def _sampling(chat: ChatBody) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field, key in SAMPLING_FIELDS.items():
+        value = getattr(chat, field)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _texts(chat: ChatBody) -> list[tuple[str, str]]:
+    out = []
+    for i, m in enumerate(chat.messages):
+        if isinstance(m.content, str):
+            out.append((f"messages[{i}].content", m.content))
+        elif isinstance(m.content, list):
+            out += [(f"messages[{i}].content[{j}].text", p.text) for j, p in enumerate(m.content) if isinstance(p, TextPart)]
+    return out
+
+
+def _check_text(chat: ChatBody, limits: ServerLimits) -> None:
+    total = 0
+    for where, text in _texts(chat):
+        total += len(text)
+        if total > limits.max_content_chars:
+            raise _bad(where, _over(limits, "max_content_chars", f"the messages' text reaches {total} characters here"),
+                       f"send less text (drop the oldest turns), or raise {FLAGS['max_content_chars']}")
+
+
+def _input_audio(messages: list[Message], audio_entry: bool, limits: ServerLimits) -> tuple[str, dict[str, Any]] | None:
+    """(where, the decoded recording) of the one ``input_audio`` part, or None when there is none."""
+    found = [(i, j, p) for i, m in enumerate(messages) if isinstance(m.content, list)
+             for j, p in enumerate(m.content) if isinstance(p, AudioPart)]
+    if not found:
+        return None
+    i, j, part = found[0]
+    where = f"messages[{i}].content[{j}]"
+    if not audio_entry:
+        raise _bad(where, "this pipeline has no entry stage that takes audio",
+                   "send the message as text, or serve a pipeline whose first stage is a vad or asr stage "
+                   "(configs/examples/voice-chat.yaml)")
+    if len(found) > 1:
+        raise _bad(f"messages[{found[1][0]}].content[{found[1][1]}]", "a request carries one recording",
+                   "send one input_audio part per request")
+    if messages[i].role != "user":
+        raise _bad(f"messages[{i}].role", f"{messages[i].role!r}: audio is heard from the user only",
+                   "put the input_audio part in a user message")
+    fmt = part.input_audio.format
+    if fmt not in AUDIO_INPUT_FORMATS:
+        raise _bad(f"{where}.input_audio.format", f"{fmt!r} is not read", "send a 16-bit PCM WAV file, format 'wav'")
+    data = part.input_audio.data
+    if len(data) > 4 * math.ceil(limits.max_audio_bytes / 3) + 4:  # before decoding: the cap in base64 characters
+        raise _bad(f"{where}.input_audio.data",
+                   _over(limits, "max_audio_bytes", f"{len(data) * 3 // 4} bytes of audio ({len(data)} base64 characters)"),
+                   f"send a shorter recording (or 16 kHz mono), or raise {FLAGS['max_audio_bytes']}")
+    try:
+        wav = base64.b64decode(data, validate=True)
+    except (ValueError, binascii.Error):
+        raise _bad(f"{where}.input_audio.data", "is not base64", "base64-encode the WAV file's bytes") from None
+    return where, audio_request(wav, where=f"{where}.input_audio.data", max_seconds=limits.max_audio_seconds,
+                                seconds_flag=FLAGS["max_audio_seconds"])
+
+
+def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """The recording as the request, once nothing else in the body would be silently dropped."""
+    where, audio = heard
+    for i, m in enumerate(chat.messages):
+        parts: list[Any] = m.content if isinstance(m.content, list) else [TextPart(type="text", text=m.content or "")]
+        for j, p in enumerate(parts):
+            if isinstance(p, TextPart) and p.text.strip():
+                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
+                raise _bad(at, f"text next to the recording in {where}: only the audio reaches the pipeline's "
+                           "audio entry stage, so this text would be ignored",
+                           "send the recording alone (the config's system prompt applies downstream), or text alone")
+    for field in SAMPLING_FIELDS:
+        if getattr(chat, field) is not None:
+            raise _bad(field, "sampling goes to the stage that takes the request, and with audio that stage takes none",
+                       "leave it out with input_audio (the config's sampling applies)")
+    return audio
+
+
+def audio_format(body: ChatBody | Any, *, has_audio: bool) -> str | None:
+    """The audio format a chat body asks for (``modalities`` with ``audio``), or None for text only."""
+    chat = body if isinstance(body, ChatBody) else validated(ChatBody, body, CHAT_EXAMPLE)
+    if "audio" not in (chat.modalities or ["text"]):
+        return None
+    if not has_audio:
+        raise _bad("modalities", "this pipeline has no audio output stage", "ask for ['text'] only")
+    fmt = chat.audio.format if chat.audio is not None else None
+    if fmt not in CHAT_AUDIO_FORMATS:
+        raise _bad("audio.format", f"{fmt!r} is not served", f"use one of {', '.join(CHAT_AUDIO_FORMATS)}")
+    if chat.stream and fmt != "pcm16":
+        raise _bad("audio.format", f"{fmt!r} cannot be streamed", "use 'pcm16' with stream: true (as OpenAI does)")
+    return str(fmt)
+
+
+# -- speech -------------------------------------------------------------------------------
+def read_speech(raw: bytes, *, limits: ServerLimits) -> tuple[str, str]:
+    """A speech request's body bytes, parsed, validated and checked (off the event loop)."""
+    return speech_request(parse_json(raw), limits=limits)
+
+
+def speech_request(body: Any, *, limits: ServerLimits | None = None) -> tuple[str, str]:
+    """(input text, response format) of an OpenAI speech body; ``BadRequest`` for what it cannot take."""
+    limits = limits or ServerLimits()
+    speech: SpeechBody = validated(SpeechBody, body, "{'model': ..., 'input': '...', 'voice': ...}")
+    if not speech.input.strip():
+        raise _bad("input", "must be text that is not blank", "send the text to speak")
+    if len(speech.input) > limits.max_speech_chars:
+        raise _bad("input", _over(limits, "max_speech_chars", f"{len(speech.input)} characters"),
+                   f"send the text in parts, or raise {FLAGS['max_speech_chars']}")
+    fmt = speech.response_format or "wav"
+    if fmt not in SPEECH_FORMATS:
+        raise _bad("response_format", f"{fmt!r} is not served", f"use one of {', '.join(SPEECH_FORMATS)}")
+    if speech.speed not in (None, 1.0):
+        raise _bad("speed", f"{speech.speed!r}: the voice speaks at its own speed", FIXES["speed"])
+    return speech.input, fmt
+
+
+def body_too_large(limits: ServerLimits, size: int | None) -> str:
+    """The 413's message: the cap, and the body's size where it is known."""
+    shown = f"the request body is {size} bytes" if size is not None else "the request body is larger"
+    return (_over(limits, "max_body_bytes", shown) + f"; send less (a shorter recording), or raise {FLAGS['max_body_bytes']} "
+            f"(now {limits.max_body_bytes / MiB:g})")
