@@ -93,6 +93,8 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
              "--max-audio-mib": args.max_audio_mib, "--max-audio-seconds": args.max_audio_seconds}
     problems = [Problem(flag, f"{value!r} is not a positive number", "give a number above 0")
                 for flag, value in given.items() if not (math.isfinite(value) and value > 0)]
+    if args.max_body_mib * MiB < 1 or args.max_audio_mib * MiB < 1:
+        problems.append(Problem("--max-body-mib/--max-audio-mib", "is less than a byte", "give at least 0.001 MiB"))
     if problems:
         raise ConfigError(problems)
     return ServerLimits(max_body_bytes=int(args.max_body_mib * MiB), max_messages=args.max_messages,

@@ -182,3 +182,19 @@ def test_the_voice_feeding_the_recogniser_round_trips_a_text(
         result = pipeline.run(said, record=False)
     assert result.stages["asr"]["items"] == result.stages["voice"]["items"] >= 1  # a transcript per audio item
     assert word_error_rate(said, result.text) <= WER_BOUND, result.text
+
+
+def test_a_cancelled_request_stops_the_transcribing_thread(runner: StageRunner) -> None:
+    """``stream`` runs ``transcribe`` in a thread and sets the request's cancel flag when it
+    ends early; the thread checks it between resampling blocks and between windows."""
+    import threading
+
+    from stages.audio_items import Cancelled
+
+    said, rate = speak(SENTENCES[0])
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        runner.transcribe({"audio": said, "sample_rate": rate}, cancel)  # type: ignore[attr-defined]
+    assert word_error_rate(SENTENCES[0], runner.transcribe({"audio": said, "sample_rate": rate},  # type: ignore[attr-defined]
+                                                           threading.Event())) <= WER_BOUND

@@ -139,3 +139,41 @@ def test_a_bad_item_fails_the_request_naming_the_stage(runner: Any, items: list[
     with pytest.raises(StageFailed) as err:
         _segments(runner, *items, rid="bad")
     assert err.value.stage == "vad" and why in str(err.value)
+
+
+def test_a_cancelled_request_stops_its_scoring_thread_at_the_next_block(
+        runner: StageRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work runs in a thread (``asyncio.to_thread``), which cancelling the request does not
+    stop by itself: the runner sets its request's cancel flag, and the thread stops between
+    blocks. ``asyncio.run`` joins the executor's threads before it returns, so what the cut
+    had received by then is all the thread ever did."""
+    import stages.vad.runner as vad_runner
+    from stages.audio_items import RESAMPLE_BLOCK_SAMPLES
+
+    cuts: list[Any] = []
+    made = vad_runner.Cutter.__init__
+
+    def seen(self: Any, *a: Any) -> None:
+        made(self, *a)
+        cuts.append(self)
+
+    monkeypatch.setattr(vad_runner.Cutter, "__init__", seen)
+    rate = 48000
+    recording = (np.random.default_rng(0).standard_normal(rate * 600) * 0.01).astype(np.float32)  # 600 s, 440 blocks
+
+    async def main() -> None:
+        async def consume() -> None:
+            async for _ in runner.stream("long", _items({"audio": recording, "sample_rate": rate})):
+                pass
+
+        task = asyncio.create_task(consume())
+        while not (cuts and cuts[0].received):  # the thread has started on the first block
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.wait({task})
+
+    asyncio.run(main())
+    cut = cuts[0]
+    assert cut.cancel.is_set()
+    assert cut.received <= recording.size // 2, f"the thread went on to {cut.received} of {recording.size} samples"
+    assert cut.received % RESAMPLE_BLOCK_SAMPLES == 0  # it stopped between blocks

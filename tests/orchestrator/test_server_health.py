@@ -1,0 +1,71 @@
+"""``/health`` when a stage's engine has stopped inside a device actor that still lives.
+
+The vLLM runner's engine thread stores an engine step's failure and exits; every later
+request to the stage fails. Before, ``/health`` went on saying ``ok`` (the actor was
+alive). The failure is made here the way the int64 seed made it (the defect the
+request checks now prevent): a request with ``seed`` 2**64 handed straight to the
+engine thread, past every check, so the real engine step overflows. Then ``/health``
+is a 503 naming the stage, its device and the code — and not the exception's text —
+and a chat is a 503 saying the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.orchestrator.test_server import _Served
+from tests.orchestrator.test_server_hostile import THINKER
+
+httpx = pytest.importorskip("httpx")
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def served(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, _Served]]:
+    from orchestrator.api import Pipeline
+    from orchestrator.server import create_app
+
+    tmp: Path = tmp_path_factory.mktemp("health")
+    (tmp / "thinker.yaml").write_text(THINKER)
+    pipeline = Pipeline.from_config(tmp / "thinker.yaml", record=None)
+    server = _Served(create_app(pipeline))
+    yield pipeline, server
+    server.stop()
+    pipeline.close()
+
+
+def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_code(served: tuple[Any, _Served]) -> None:
+    import ray
+
+    pipeline, server = served
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    device = pipeline.plan.stage("thinker").device
+
+    def poison(actor: Any) -> None:  # runs in the device actor: the engine thread gets what no check would pass
+        from vllm import SamplingParams
+
+        runner = actor.stages["thinker"].runner
+        runner._commands.put(("add", "poison", [1, 2, 3], SamplingParams(seed=2**64, max_tokens=2)))
+
+    ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(poison))
+    deadline = time.monotonic() + 60
+    while (health := httpx.get(f"{server.url}/health", timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, "the engine did not stop on a seed above int64 (vLLM may now check it)"
+        time.sleep(0.2)
+    assert health.status_code == 503, health.text
+    doc = health.json()
+    assert doc["status"] == "unavailable"
+    assert doc["failed"] == [{"stage": "thinker", "device": device, "code": "engine_failed"}]
+    stage = next(s for s in doc["stages"] if s["name"] == "thinker")
+    assert stage["alive"] is False and stage["code"] == "engine_failed" and "restart the server" in stage["error"]
+    assert "Overflow" not in health.text and "Traceback" not in health.text  # the cause is in the log, not here
+    chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert chat.status_code == 503 and chat.json()["error"]["param"] == "thinker"
+    assert "engine_failed" in chat.json()["error"]["message"] and "Overflow" not in chat.text
