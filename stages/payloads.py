@@ -214,5 +214,5 @@ def sample_rate_problem(rate: object) -> str | None:
     if not isinstance(rate, int) or isinstance(rate, bool):
         return f"{rate!r} is not a whole number of Hz"
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        return f"{rate} Hz is outside the {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz that is read"
+        return f"{rate} Hz: outside the {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz that is read"
     return None

@@ -288,8 +288,9 @@ class _App:
                      if self.pipeline.plan.stage(name).pool == p.id and m.get("measured_peak_bytes") is not None]
             pools.append({"id": p.id, "capacity_bytes": p.capacity_bytes, "budget_bytes": p.peak_bytes,
                           "reserved_bytes": held.get(p.id), "measured_peak_bytes": sum(peaks) if peaks else None})
+        failures = await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
         stages = [{k: s[k] for k in ("name", "kind", "device", "backend", "alive", "loaded", "final_output_type")}
-                  for s in self.stage_states()]
+                  for s in self.stage_states(failures)]
         admission = self.runtime.admission
         return JSONResponse({"pipeline": self.model, "stages": stages, "pools": pools,
                              "queue": {"in_flight": admission.in_flight, "waiting": admission.waiting,

@@ -54,10 +54,13 @@ def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_c
         runner._commands.put(("add", "poison", [1, 2, 3], SamplingParams(seed=2**64, max_tokens=2)))
 
     ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(poison))
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     deadline = time.monotonic() + 60
-    while (health := httpx.get(f"{server.url}/health", timeout=10)).status_code == 200:
+    while (asked := httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)).status_code == 200:
         assert time.monotonic() < deadline, "the engine did not stop on a seed above int64 (vLLM may now check it)"
         time.sleep(0.2)
+    assert asked.status_code == 503 and asked.json()["error"]["param"] == "thinker", asked.text  # the engine stopped
+    health = httpx.get(f"{server.url}/health", timeout=10)
     assert health.status_code == 503, health.text
     doc = health.json()
     assert doc["status"] == "unavailable"
@@ -65,7 +68,4 @@ def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_c
     stage = next(s for s in doc["stages"] if s["name"] == "thinker")
     assert stage["alive"] is False and stage["code"] == "engine_failed" and "restart the server" in stage["error"]
     assert "Overflow" not in health.text and "Traceback" not in health.text  # the cause is in the log, not here
-    chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-    assert chat.status_code == 503 and chat.json()["error"]["param"] == "thinker"
-    assert "engine_failed" in chat.json()["error"]["message"] and "Overflow" not in chat.text
+    assert "engine_failed" in asked.json()["error"]["message"] and "Overflow" not in asked.text

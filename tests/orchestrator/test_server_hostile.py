@@ -225,7 +225,7 @@ def test_a_wav_declaring_8_hz_is_a_400_naming_the_rate_at_once(hears: ServeProce
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "messages[0].content[0].input_audio.data"
-    assert "8 Hz is outside the 8000-192000 Hz" in error["message"] and "16000 Hz" in error["message"]
+    assert "8 Hz: outside the 8000-192000 Hz" in error["message"] and "16000 Hz" in error["message"]
     assert httpx.get(f"{hears.url}/health", timeout=QUICK_S).json()["status"] == "ok"
 
 

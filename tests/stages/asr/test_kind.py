@@ -197,7 +197,7 @@ def test_bad_stage_fields_are_refused_where_they_are(tmp_path: Path, bad: dict[s
 @pytest.mark.parametrize(("prompt", "where", "what"), [
     ("hello", "request (stage asr, kind asr)", "takes audio, got text"),
     ({"audio": [0.0, 0.1]}, "request (stage asr, kind asr)", "takes audio, got dict"),
-    ({"audio": [0.0, 0.1], "sample_rate": 0}, "request (stage asr, kind asr): sample_rate", "0 Hz is outside the 8000-192000 Hz that is read"),
+    ({"audio": [0.0, 0.1], "sample_rate": 0}, "request (stage asr, kind asr): sample_rate", "0 Hz: outside the 8000-192000 Hz that is read"),
     ({"audio": [0.0, 0.1], "sample_rate": True}, "request (stage asr, kind asr): sample_rate", "True is not a whole number of Hz"),
     ({"audio": [[0.0, 0.1], [0.2, 0.3]], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (2, 2)"),
     ({"audio": [], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (0,)"),

@@ -93,7 +93,7 @@ def test_a_window_stops_at_max_new_tokens(whisper_graphs: dict[str, Path], tmp_p
 @pytest.mark.parametrize(("item", "why"), [
     ("hello", "takes audio items"),
     ({"audio": np.zeros((2, 100), dtype=np.float32), "sample_rate": 16000}, "must be mono"),
-    ({"audio": np.zeros(100, dtype=np.float32), "sample_rate": 0}, "sample_rate: 0 Hz is outside the 8000-192000 Hz"),
+    ({"audio": np.zeros(100, dtype=np.float32), "sample_rate": 0}, "sample_rate: 0 Hz: outside the 8000-192000 Hz"),
 ])
 def test_a_bad_item_fails_the_request_naming_the_stage(runner: StageRunner, item: Any, why: str) -> None:
     with pytest.raises(StageFailed) as err:

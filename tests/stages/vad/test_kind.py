@@ -120,7 +120,7 @@ def test_an_artifact_that_is_not_a_vad_is_refused_naming_what_it_lacks(tmp_path:
 @pytest.mark.parametrize(("prompt", "what"), [
     ("hello", "the stage takes audio, got text"),
     ({"messages": [{"role": "user", "content": "hi"}]}, "the stage takes audio, got a chat request"),
-    ({"audio": np.zeros(10, np.float32), "sample_rate": 0}, "0 Hz is outside the 8000-192000 Hz that is read"),
+    ({"audio": np.zeros(10, np.float32), "sample_rate": 0}, "0 Hz: outside the 8000-192000 Hz that is read"),
     ({"audio": np.zeros((2, 10), np.float32), "sample_rate": 16000}, "one channel of at least one sample"),
     ({"audio": np.zeros(0, np.float32), "sample_rate": 16000}, "one channel of at least one sample"),
 ])
