@@ -12,6 +12,11 @@ records them then (``stopped by SIGTERM``), so the pipeline is always closed.
 The socket is bound before anything starts: a port in use is exit 2 at once,
 and ``--port 0`` prints the port it got.
 
+What one request may carry is bounded by the ``--max-*`` flags (body size,
+messages, text, speech input, a recording's bytes and seconds:
+``orchestrator.server.ServerLimits``, docs/serving.md "Request limits"); a flag
+that is not a positive number is exit 2 before anything starts.
+
 Loopback only by default: binding any other address needs ``--api-key`` (exit 2
 before anything starts otherwise); with a key every request needs
 ``Authorization: Bearer KEY``. A signal before the pipeline started exits 128+N

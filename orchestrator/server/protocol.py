@@ -335,14 +335,14 @@ def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits) -> dic
     if heard is not None:
         return _audio_only(chat, heard)
     out: list[dict[str, str]] = []
-    for m in chat.messages:
+    for i, m in enumerate(chat.messages):
         content = m.content
         if m.role == "assistant" and content is None and m.audio is not None:
             content = ""  # an earlier audio reply sent back by id: its words are not in the message
         if isinstance(content, list):
             content = "".join(p.text for p in content if isinstance(p, TextPart))
         if content is None:
-            raise _bad(f"messages[{chat.messages.index(m)}].content", "is missing", FIXES["content"])
+            raise _bad(f"messages[{i}].content", "is missing", FIXES["content"])
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise _bad("messages", "has no user message with text", "add {'role': 'user', 'content': '...'}")

@@ -79,6 +79,7 @@ MALFORMED: list[tuple[bytes | dict[str, Any], str, str]] = [
     ({"messages": []}, "messages", "at least 1 item"),
     ({"model": "m"}, "messages", "is required"),
     ({"messages": [5]}, "messages[0]", "must be a JSON object"),
+    ({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]}, "messages[1].content", "is missing"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'system', 'developer', 'user' or 'assistant'"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "must be text or a list of content parts"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content[0]",
