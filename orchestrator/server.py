@@ -60,7 +60,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -75,6 +75,7 @@ from orchestrator.api import Pipeline, audio_entry_stages, audio_request
 from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
 from orchestrator.runtime.events import AudioChunk, Event, TextDelta
+from orchestrator.server_guard import RequestGuard
 from orchestrator.server_metrics import ServerMetrics, Trace
 
 log = logging.getLogger(__name__)
@@ -626,8 +627,10 @@ class _App:
                        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
 
 
-def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
-    """The ASGI app serving ``pipeline`` (started; closed by whoever started it)."""
+def create_app(pipeline: Pipeline, *, api_key: str | None = None,
+               allowed_hosts: Iterable[str] | None = ()) -> ASGIApp:
+    """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind
+    ``server_guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any)."""
     app = _App(pipeline)
     starlette = Starlette(routes=[
         Route("/v1/chat/completions", app.chat, methods=["POST"]),
@@ -644,4 +647,4 @@ def create_app(pipeline: Pipeline, *, api_key: str | None = None) -> ASGIApp:
     served: ASGIApp = starlette
     if api_key:
         served = _BearerAuth(served, api_key)
-    return served
+    return RequestGuard(served, allowed_hosts=allowed_hosts)
