@@ -15,8 +15,9 @@ guard, on every HTTP request, before authentication and before the app:
   an API key) and given no ``--allowed-host`` takes any ``Host``: the key guards
   it, and its clients use names this process cannot know.
 * **Origin**: absent (curl, the ``openai`` client, a same-origin ``GET``) or this
-  server's own (``scheme://`` + the request's ``Host``): the page at ``/`` is
-  served from here. Any other site's page is refused (403
+  server's own (the request's ``Host``, name and port; the scheme is not
+  compared, since behind a TLS proxy the page is https and this server http):
+  the page at ``/`` is served from here. Any other site's page is refused (403
   ``origin_not_allowed``), with or without a key: the server answers no CORS
   preflight, so no other origin has a use for it.
 * **Content-Type**: a ``POST``, ``PUT`` or ``PATCH`` must declare

@@ -18,8 +18,9 @@ no uvicorn itself: ``serve`` hands it uvicorn's protocol class.
   sending one byte a second is closed like a silent one.
 * **Body**: a request body that stalls ``read_timeout_s`` between two pieces is
   closed (not while the server itself stopped reading: flow control).
-* **Writes**: a response the client stops reading (the transport's buffer past
-  its high-water mark and the socket full) for ``write_timeout_s`` is aborted.
+* **Writes**: a response the client stops reading (the transport's buffer
+  stays past its high-water mark, the socket full, for ``write_timeout_s``:
+  a client that reads nothing, or too little to drain it) is aborted.
   The app sees the client gone (``http.disconnect``), which cancels the
   request on every stage and frees its admission slot, as when a client
   leaves.
@@ -192,8 +193,9 @@ class _Bounded:
     def _write_stalled(self) -> None:
         self._write_timer = None
         if not self.transport.is_closing():
-            log.warning("closed the connection of %s: it read none of its response for %g s (serve "
-                        "--write-timeout); its request is cancelled", _peer(self.client), self.limits.write_timeout_s)
+            log.warning("closed the connection of %s: it stopped reading its response (the send buffer stayed "
+                        "full for %g s: serve --write-timeout); its request is cancelled", _peer(self.client),
+                        self.limits.write_timeout_s)
             self._abort()  # close() would wait to flush what it never reads
 
     def _close(self, why: str) -> None:

@@ -53,8 +53,6 @@ LIMITS = ("--header-timeout", str(HEADER_TIMEOUT_S), "--read-timeout", str(READ_
           "--write-timeout", str(WRITE_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS))
 SECURITY = {"x-frame-options": "DENY", "x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None, key: str | None = None) -> ServeProcess:
     cfg = tmp_path / "echo.yaml"
@@ -109,6 +107,8 @@ def _in_flight(serve: ServeProcess) -> int:
 
 # ------------------------------------------------------------------------- a page on another site
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_foreign_host_is_refused_and_loopback_names_are_served(served: ServeProcess) -> None:
     port = _port(served)
     for host in ("attacker.example", f"attacker.example:{port}", "127.attacker.example", f"10.0.0.1:{port}"):
@@ -124,6 +124,8 @@ def test_a_foreign_host_is_refused_and_loopback_names_are_served(served: ServePr
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_foreign_origin_is_refused_and_the_page_own_origin_is_served(served: ServeProcess) -> None:
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     for origin in ("http://attacker.example", "null", f"http://localhost:{_port(served) + 1}", "https://127.0.0.1"):
@@ -136,6 +138,8 @@ def test_a_foreign_origin_is_refused_and_the_page_own_origin_is_served(served: S
     assert r.json()["choices"][0]["message"]["content"].startswith("You said hi.")
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_body_that_is_not_declared_json_is_415(served: ServeProcess) -> None:
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
     for ctype in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
@@ -151,6 +155,8 @@ def test_a_body_that_is_not_declared_json_is_415(served: ServeProcess) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_every_response_carries_the_security_headers(served: ServeProcess) -> None:
     responses = {
         "page": httpx.get(f"{served.url}/", timeout=10),
@@ -170,6 +176,8 @@ def test_every_response_carries_the_security_headers(served: ServeProcess) -> No
 
 # ------------------------------------------------------------------------- connections without end
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_2000_idle_connections_cannot_lock_out_health_and_are_closed(served: ServeProcess) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = IDLE_SOCKETS + 512
@@ -204,6 +212,8 @@ def test_2000_idle_connections_cannot_lock_out_health_and_are_closed(served: Ser
           f"(--max-connections {MAX_CONNECTIONS})")
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_half_sent_request_is_closed_after_the_header_timeout(served: ServeProcess) -> None:
     with socket.create_connection(("127.0.0.1", _port(served))) as silent, \
             socket.create_connection(("127.0.0.1", _port(served))) as dribbling:
@@ -231,6 +241,8 @@ def test_a_half_sent_request_is_closed_after_the_header_timeout(served: ServePro
     print(f"half-sent requests closed {closed_at:.1f} s after they began (--header-timeout {HEADER_TIMEOUT_S:g})")
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_stalled_body_is_closed_after_the_read_timeout(served: ServeProcess) -> None:
     with socket.create_connection(("127.0.0.1", _port(served))) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -240,6 +252,8 @@ def test_a_stalled_body_is_closed_after_the_read_timeout(served: ServeProcess) -
     assert READ_TIMEOUT_S - 0.5 < took < READ_TIMEOUT_S + 5, took
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_client_that_stops_reading_its_stream_loses_it_and_its_slot(served: ServeProcess) -> None:
     prompt = " ".join(f"Sentence{i:05d} here." for i in range(SENTENCES))
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True,
@@ -265,7 +279,7 @@ def test_a_client_that_stops_reading_its_stream_loses_it_and_its_slot(served: Se
     r = httpx.post(f"{served.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "next"}]},
                    timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("You said next.")
-    assert "read none of its response for 2 s" in served.output()
+    assert "stopped reading its response (the send buffer stayed full for 2 s" in served.output()
     print(f"a client that stopped reading lost its stream and slot {freed:.1f} s after (--write-timeout "
           f"{WRITE_TIMEOUT_S:g})")
 
@@ -311,6 +325,8 @@ def _check_key(serve: ServeProcess, key: str) -> None:
     assert not leaked, f"the API key is in the environment of {len(leaked)} of serve's {len(children)} child processes"
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the children's environments")
 def test_the_api_key_from_the_environment_is_required_and_not_inherited(tmp_path: Path) -> None:
     key = "env-key-0123456789abcdef"
@@ -322,6 +338,8 @@ def test_the_api_key_from_the_environment_is_required_and_not_inherited(tmp_path
     assert "visible to every user" not in serve.output()
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the children's environments")
 def test_the_api_key_from_a_file_is_required(tmp_path: Path) -> None:
     key = "file-key-fedcba9876543210"
