@@ -17,10 +17,19 @@ messages, text, speech input, a recording's bytes and seconds:
 ``orchestrator.server.ServerLimits``, docs/serving.md "Request limits"); a flag
 that is not a positive number is exit 2 before anything starts.
 
-Loopback only by default: binding any other address needs ``--api-key`` (exit 2
-before anything starts otherwise); with a key every request needs
-``Authorization: Bearer KEY``. A signal before the pipeline started exits 128+N
-like ``run``; one while serving is the normal way to stop (exit 0 once closed).
+
+Loopback only by default: binding any other address needs an API key (exit 2
+before anything starts otherwise); with a key every request but the page's own
+files needs ``Authorization: Bearer KEY``. The key comes from
+``$OMNI_EDGE_API_KEY``, ``--api-key-file`` or ``--api-key`` (which other users
+see in ``ps``: a warning says so); it is removed from this process's
+environment before anything starts, so no Ray worker or route worker inherits
+it. Every request passes ``server_guard`` (loopback or ``--allowed-host``
+names, no other site's ``Origin``, JSON bodies) and every connection the bounds
+of ``server_transport`` (``--max-connections``, ``--header-timeout``,
+``--read-timeout``, ``--write-timeout``, ``--keep-alive-timeout``). A signal
+before the pipeline started exits 128+N like ``run``; one while serving is the
+normal way to stop (exit 0 once closed).
 """
 
 from __future__ import annotations
@@ -31,12 +40,15 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.server.protocol import ServerLimits
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
+API_KEY_FILE_MAX_BYTES = 4096
+"""A key is a line of text; a bigger file is not a key file (read no further)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long a stop waits for requests in flight: a long reply with its audio takes seconds."""
 
@@ -45,11 +57,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_calibration_flag, add_pipeline_inputs
 
     add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
+    from orchestrator.server_transport import (
+        HEADER_TIMEOUT_S,
+        KEEP_ALIVE_S,
+        MAX_CONNECTIONS,
+        READ_TIMEOUT_S,
+        WRITE_TIMEOUT_S,
+    )
+
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; any non-loopback address needs --api-key)")
+                   help="address to bind (default 127.0.0.1; any non-loopback address needs an API key)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
-                   help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV})")
+    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                   help="a Host name clients use besides the loopback ones (repeatable; requests naming any other "
+                        "host are refused, against DNS rebinding; a non-loopback --host without it takes any name)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every API request; other users see it in ps: "
+                        f"prefer ${API_KEY_ENV} or --api-key-file")
+    p.add_argument("--api-key-file", metavar="PATH", type=Path,
+                   help=f"read the API key from this file's first line (default: ${API_KEY_ENV}, if set)")
     p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
                    "(without --profile: plan on its nodes, each probed where it runs)")
     p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
@@ -60,6 +86,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="requests that may wait for a slot beyond those in flight; more are answered 429 "
                         "(default: as many as may be in flight)")
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections at most; one more closes the one idle longest (default {MAX_CONNECTIONS})")
+    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                   help=f"seconds a request's line and headers may take to arrive (default {HEADER_TIMEOUT_S:g})")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="S",
+                   help=f"seconds a request body may stall (default {READ_TIMEOUT_S:g})")
+    p.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="S",
+                   help="seconds a client may read nothing of its response; then its connection is closed and its "
+                        f"request cancelled (default {WRITE_TIMEOUT_S:g})")
+    p.add_argument("--keep-alive-timeout", type=int, default=KEEP_ALIVE_S, metavar="S",
+                   help=f"whole seconds an idle connection is kept between requests (default {KEEP_ALIVE_S})")
     add_limit_arguments(p)
     add_calibration_flag(p)
 
@@ -108,10 +145,11 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
 
 
 def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
-               max_waiting: int | None = None) -> None:
-    """``ConfigError`` (exit 2) for a bind or a bound that must not be, before anything starts."""
+               max_waiting: int | None = None, limits: Any = None, allowed_hosts: list[str] | None = None) -> None:
+    """``ConfigError`` (exit 2) for a bind or a bound that must not be, before anything starts
+    (``limits``: a ``server_transport.TransportLimits``)."""
     from orchestrator.errors import ConfigError
-    from orchestrator.server import is_loopback
+    from orchestrator.server_guard import is_loopback, split_host
 
     if not 0 <= port <= 65535:
         raise ConfigError.single("--port", f"{port} is not a port", "use 1-65535, or 0 for a free one")
@@ -119,10 +157,73 @@ def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: floa
         raise ConfigError.single("--drain-timeout", f"{drain_timeout:g} is negative", "use 0 or more seconds")
     if max_waiting is not None and max_waiting < 0:
         raise ConfigError.single("--max-waiting", f"{max_waiting} is negative", "use 0 (refuse at once) or more")
+    if limits is not None:
+        if limits.max_connections < 1:
+            raise ConfigError.single("--max-connections", f"{limits.max_connections} is below 1",
+                                     "use 1 or more (the default is enough for any real load)")
+        for flag, value in (("--header-timeout", limits.header_timeout_s), ("--read-timeout", limits.read_timeout_s),
+                            ("--write-timeout", limits.write_timeout_s)):
+            if not 0 < value < float("inf"):
+                raise ConfigError.single(flag, f"{value:g} is not a positive number of seconds", "e.g. 10")
+        if limits.keep_alive_s < 0:
+            raise ConfigError.single("--keep-alive-timeout", f"{limits.keep_alive_s} is negative", "use 0 or more")
+    for name in allowed_hosts or []:
+        split = split_host(name)
+        if split is None or split[1] is not None or not name.strip() or name.strip() in ("*", "."):
+            raise ConfigError.single("--allowed-host", f"{name!r} is not a host name",
+                                     "give the name (or address) clients use, without a port: e.g. myhost.lan")
     if not is_loopback(host) and not api_key:
         raise ConfigError.single(
-            "--host", f"{host} is not a loopback address, and no --api-key is set: anyone who can reach it "
-            "could drive the pipeline", f"bind 127.0.0.1 (the default), or pass --api-key KEY (or set ${API_KEY_ENV})")
+            "--host", f"{host} is not a loopback address, and no API key is set: anyone who can reach it "
+            "could drive the pipeline",
+            f"bind 127.0.0.1 (the default), or set ${API_KEY_ENV} (or --api-key-file PATH)")
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key of ``--api-key``, ``--api-key-file`` or ``$OMNI_EDGE_API_KEY`` (in that order;
+    the first two together are an error), then removed from this process's environment, so that
+    no process started from here (Ray's, the route workers) inherits it."""
+    from orchestrator.errors import ConfigError
+
+    from_env = os.environ.pop(API_KEY_ENV, None)
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ConfigError.single("--api-key", "is given with --api-key-file", "give one of them")
+    key: str | None
+    if args.api_key is not None:
+        print(f"warning: --api-key is visible to every user of this machine (ps, /proc); "
+              f"prefer ${API_KEY_ENV} or --api-key-file", file=sys.stderr)
+        key, where = args.api_key, "--api-key"
+    elif args.api_key_file is not None:
+        where = "--api-key-file"
+        try:
+            with open(args.api_key_file, "rb") as f:
+                data = f.read(API_KEY_FILE_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError.single(where, f"cannot read {args.api_key_file}: {exc.strerror or exc}",
+                                     "give a readable file holding the key on its first line") from None
+        if len(data) > API_KEY_FILE_MAX_BYTES:
+            raise ConfigError.single(where, f"{args.api_key_file} is over {API_KEY_FILE_MAX_BYTES} bytes",
+                                     "give a file holding only the key") from None
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise ConfigError.single(where, f"{args.api_key_file} is not text", "write the key as text") from None
+        key = lines[0].strip() if lines else ""
+    else:
+        key, where = from_env, f"${API_KEY_ENV}"
+    if key is not None and (not key.strip() or not key.isprintable() or not key.isascii()):
+        raise ConfigError.single(where, "is empty or not printable ASCII (an HTTP header cannot carry it)",
+                                 "use a key of visible ASCII characters, e.g. from `openssl rand -hex 32`")
+    return key
+
+
+def transport_limits(args: argparse.Namespace) -> Any:
+    """The flags' ``server_transport.TransportLimits``."""
+    from orchestrator.server_transport import TransportLimits
+
+    return TransportLimits(max_connections=args.max_connections, keep_alive_s=args.keep_alive_timeout,
+                           header_timeout_s=args.header_timeout, read_timeout_s=args.read_timeout,
+                           write_timeout_s=args.write_timeout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,18 +233,43 @@ def run(args: argparse.Namespace) -> int:
         _restore_signal_handlers,
     )
 
-    check_bind(args.host, args.port, args.api_key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting)
+    key = api_key(args)
+    transport = transport_limits(args)
+    check_bind(args.host, args.port, key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting,
+               limits=transport, allowed_hosts=args.allowed_host)
     limits = limits_of(args)
     sock = bind(args.host, args.port)
     old = _install_signal_handlers()
     try:
-        return _serve(args, sock, limits)
+        return _serve(args, sock, key, transport, limits)
     except Interrupted as exc:  # before serving (planning, verifying, starting)
         print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
         return 128 + exc.signum
     finally:
         _restore_signal_handlers(old)
         sock.close()
+
+
+def raise_fd_limit(max_connections: int) -> str | None:
+    """Raise this process's soft descriptor limit to fit ``max_connections`` client sockets and
+    ``server_transport.FD_RESERVE`` more, as far as the hard limit allows; a warning when it cannot."""
+    import resource
+
+    from orchestrator.server_transport import FD_RESERVE
+
+    need = max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return (f"warning: this process may open {soft} files (ulimit -n), fewer than --max-connections "
+                f"{max_connections} plus {FD_RESERVE} for Ray: lower --max-connections or raise the limit")
+    return None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -163,15 +289,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve(args: argparse.Namespace, sock: socket.socket, limits: ServerLimits) -> int:
+def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, transport: Any,
+           limits: ServerLimits) -> int:
     import uvicorn
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    except ImportError:  # httptools is optional: uvicorn falls back to h11 then, and so does this
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol  # type: ignore[assignment]
 
     from orchestrator.api import Pipeline
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
     from orchestrator.server import create_app
+    from orchestrator.server_guard import is_loopback
 
     console = make_console(stderr=True)
+    fd_warning = raise_fd_limit(transport.max_connections)
+    if fd_warning:
+        console.print(fd_warning, markup=False, soft_wrap=True)
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
     profile = args.profile
     if args.address and not profile:
@@ -185,14 +321,17 @@ def _serve(args: argparse.Namespace, sock: socket.socket, limits: ServerLimits) 
     stopped_by: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        config = uvicorn.Config(create_app(pipeline, api_key=args.api_key, limits=limits), host=args.host, port=args.port,
-                                log_level="warning", lifespan="off", timeout_graceful_shutdown=args.drain_timeout)
+        # a non-loopback bind (which has a key) without --allowed-host takes any Host name
+        allowed = None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host
+        config = uvicorn.Config(create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed),
+                                host=args.host, port=args.port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=args.drain_timeout, **transport.uvicorn_kwargs(Protocol))
         server = uvicorn.Server(config)
         port = sock.getsockname()[1]
         names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
         host = f"[{args.host}]" if ":" in args.host else args.host
         console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
-                      f"{'(API key required)' if args.api_key else ''}— Ctrl-C to stop", soft_wrap=True)
+                      f"{'(API key required)' if key else ''}— Ctrl-C to stop", soft_wrap=True)
         # uvicorn re-raises the signal that stopped it once it has shut down; what it
         # finds then is this recorder, so the pipeline is closed below, not skipped.
         for sig in (signal.SIGINT, signal.SIGTERM):

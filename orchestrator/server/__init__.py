@@ -63,7 +63,7 @@ request), ``auth`` (the API key, loopback addresses), ``app`` (the endpoints,
 """
 
 from orchestrator.server.app import WEB_DIR, create_app, error_for, pcm24k
-from orchestrator.server.auth import LOOPBACK_HOSTS, error_response, is_loopback
+from orchestrator.server.auth import error_response, is_loopback
 from orchestrator.server.protocol import (
     ServerLimits,
     audio_format,
@@ -71,5 +71,5 @@ from orchestrator.server.protocol import (
     speech_request,
 )
 
-__all__ = ["LOOPBACK_HOSTS", "WEB_DIR", "ServerLimits", "audio_format", "chat_request", "create_app", "error_for",
+__all__ = ["WEB_DIR", "ServerLimits", "audio_format", "chat_request", "create_app", "error_for",
            "error_response", "is_loopback", "pcm24k", "speech_request"]

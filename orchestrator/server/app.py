@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -25,6 +25,7 @@ from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, w
 from orchestrator.runtime.events import AudioChunk, Event, TextDelta
 from orchestrator.server.auth import BearerAuth, error_response
 from orchestrator.server.protocol import ServerLimits, body_too_large, read_chat, read_speech
+from orchestrator.server_guard import RequestGuard
 from orchestrator.server_metrics import ServerMetrics, Trace
 
 log = logging.getLogger(__name__)
@@ -441,9 +442,11 @@ class _App:
                        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
 
 
-def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None) -> ASGIApp:
-    """The ASGI app serving ``pipeline`` (started; closed by whoever started it); ``limits``:
-    what one request may carry (default ``ServerLimits()``)."""
+def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None,
+               allowed_hosts: Iterable[str] | None = ()) -> ASGIApp:
+    """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind
+    ``server_guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any);
+    ``limits``: what one request may carry (default ``ServerLimits()``)."""
     app = _App(pipeline, limits or ServerLimits())
     starlette = Starlette(routes=[
         Route("/v1/chat/completions", app.chat, methods=["POST"]),
@@ -460,4 +463,4 @@ def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: Server
     served: ASGIApp = starlette
     if api_key:
         served = BearerAuth(served, api_key)
-    return served
+    return RequestGuard(served, allowed_hosts=allowed_hosts)

@@ -8,11 +8,9 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+from orchestrator.server_guard import is_loopback
 
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+__all__ = ["BearerAuth", "error_response", "is_loopback"]
 
 
 def error_response(status: int, message: str, type_: str, *, param: str | None = None, code: str | None = None,

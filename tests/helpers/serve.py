@@ -2,7 +2,8 @@
 
 :class:`ServeProcess` starts ``python -m orchestrator.cli serve CONFIG --port 0
 ARGS...``, reads its stderr in a thread, learns the port from the line
-``serving ... on http://127.0.0.1:PORT/v1`` and waits for ``/health``; ``stop``
+``serving ... on http://127.0.0.1:PORT/v1`` and waits for ``/health`` (sent with
+``headers``: a key); ``env`` is added to the process's environment; ``stop``
 sends a signal and returns the exit code.
 """
 
@@ -21,14 +22,15 @@ SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)/v1")
 
 
 class ServeProcess:
-    def __init__(self, config: str | Path, *args: str, cwd: Path, start_timeout_s: float = 300.0) -> None:
+    def __init__(self, config: str | Path, *args: str, cwd: Path, start_timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> None:
         import httpx
 
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "serve", str(config), "--port", "0", *args],
             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         deadline = time.monotonic() + start_timeout_s
@@ -42,7 +44,7 @@ class ServeProcess:
             if port is not None:
                 self.url = f"http://127.0.0.1:{port}"
                 try:
-                    if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    if httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass

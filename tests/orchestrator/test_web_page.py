@@ -71,6 +71,23 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+def _wait_for(page: Any, expression: str, timeout: float = 30_000) -> None:
+    """Poll ``expression`` until it is true: Playwright's ``wait_for_function`` evaluates its predicate
+    with ``eval`` in the page, which the page's Content-Security-Policy (no 'unsafe-eval') refuses;
+    ``page.evaluate`` goes through the DevTools protocol, which CSP does not govern."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true within {timeout / 1000:g} s: {expression}"
+        page.wait_for_timeout(50)
+
+
+def _csp(url: str) -> str:
+    """The Content-Security-Policy the page is served with."""
+    import httpx
+
+    return str(httpx.get(url + "/", timeout=10).headers.get("content-security-policy", ""))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,9 +107,12 @@ def test_the_page_and_its_files_are_served_by_the_app() -> None:
 
     from orchestrator.server import WEB_DIR, create_app
 
-    client = TestClient(create_app(_stub_pipeline()))
+    client = TestClient(create_app(_stub_pipeline()), base_url="http://127.0.0.1")  # a loopback Host
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    # the page loads only its own files: the CSP the browser tests run it under (server_guard)
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"
     for name, kind in [("app.js", "javascript"), ("style.css", "text/css")]:
         assert f'"static/{name}"' in page.text
         served = client.get(f"/static/{name}")
@@ -235,10 +255,12 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
     page.goto(url + "/")
-    page.wait_for_function("document.querySelectorAll('#pools .pool').length === 2")
+    assert "script-src 'self'" in _csp(url)  # the page runs under the CSP
+    _wait_for(page, "document.querySelectorAll('#pools .pool').length === 2")
     _ask(page, "Tell me about the Moon.")
-    page.wait_for_function("window.omniEdge.state === 'done'", timeout=20_000)
+    _wait_for(page, "window.omniEdge.state === 'done'", timeout=20_000)
     assert page.evaluate("window.omniEdge.text") == "The Moon is bright."
     assert page.locator("#conversation .reply").last.inner_text() == "The Moon is bright."
     assert requests[-1]["stream"] is True and requests[-1]["modalities"] == ["text", "audio"]
@@ -246,7 +268,7 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
     assert requests[-1]["messages"][-1] == {"role": "user", "content": "Tell me about the Moon."}
     audio = _audio(page)
     assert audio["chunks"] == 3 and audio["seconds"] == pytest.approx(1.2, abs=1e-3), audio
-    page.wait_for_function("window.omniEdge.audio.playing", timeout=5_000)
+    _wait_for(page, "window.omniEdge.audio.playing", timeout=5_000)
     later = _audio(page)
     assert later["contextState"] == "running" and later["contextTime"] > later["startedAt"], later
 
@@ -263,7 +285,7 @@ def test_the_page_streams_text_plays_audio_and_draws_the_pipeline(
 
     # A second turn sends the first as history.
     _ask(page, "And the Sun?")
-    page.wait_for_function("window.omniEdge.state === 'done'", timeout=20_000)
+    _wait_for(page, "window.omniEdge.state === 'done'", timeout=20_000)
     assert [m["role"] for m in requests[-1]["messages"]] == ["user", "assistant", "user"]
 
     page.set_viewport_size({"width": 390, "height": 800})
@@ -281,7 +303,7 @@ def test_a_refused_request_shows_the_servers_message(browser: Any,
         body=json.dumps({"error": {"message": "all 2 slots are busy", "type": "rate_limit_error"}})))
     page.goto(url + "/")
     _ask(page, "hi")
-    page.wait_for_function("window.omniEdge.state === 'error'", timeout=10_000)
+    _wait_for(page, "window.omniEdge.state === 'error'", timeout=10_000)
     assert "429: all 2 slots are busy (retry after 1 s)" in page.locator("#conversation .reply").last.inner_text()
     page.close()
 
@@ -334,15 +356,15 @@ def test_a_person_asks_the_served_voice_assistant_and_hears_the_reply(browser: A
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(voice_server + "/")
-    page.wait_for_function("document.querySelectorAll('#stages li').length === 2", timeout=20_000)
+    _wait_for(page, "document.querySelectorAll('#stages li').length === 2", timeout=20_000)
     _ask(page, "Tell me one fact about the Moon.")
     shot = OUTPUT / "page.png"
     try:
-        page.wait_for_function("window.omniEdge.text.trim().length > 0 || window.omniEdge.state === 'error'",
+        _wait_for(page, "window.omniEdge.text.trim().length > 0 || window.omniEdge.state === 'error'",
                                timeout=120_000)
         assert page.evaluate("window.omniEdge.error") is None
-        page.wait_for_function("window.omniEdge.audio.played || window.omniEdge.state === 'error'", timeout=120_000)
-        page.wait_for_function("window.omniEdge.state === 'done' || window.omniEdge.state === 'error'",
+        _wait_for(page, "window.omniEdge.audio.played || window.omniEdge.state === 'error'", timeout=120_000)
+        _wait_for(page, "window.omniEdge.state === 'done' || window.omniEdge.state === 'error'",
                                timeout=120_000)
         page.wait_for_timeout(2500)  # one status poll after the request: it is in the recent table
     finally:
@@ -369,9 +391,9 @@ def test_stop_ends_the_request_and_its_audio(browser: Any, contract_server: tupl
     page = browser.new_page()
     page.goto(url + "/")
     _ask(page, "Say it slowly.")
-    page.wait_for_function("window.omniEdge.audio.chunks >= 2", timeout=10_000)
+    _wait_for(page, "window.omniEdge.audio.chunks >= 2", timeout=10_000)
     page.get_by_role("button", name="Stop").click()
-    page.wait_for_function("window.omniEdge.state === 'stopped'", timeout=5_000)
+    _wait_for(page, "window.omniEdge.state === 'stopped'", timeout=5_000)
     chunks = _audio(page)["chunks"]
     deadline = time.monotonic() + 10
     while "finished" not in requests[-1]:  # the server sees the client go away
