@@ -89,16 +89,23 @@ class VerificationError(OmniEdgeError):
 class StageFailed(OmniEdgeError):
     """A stage failed while loading or running: names the stage, device and cause."""
 
-    def __init__(self, stage: str, device: str, cause: str) -> None:
+    def __init__(self, stage: str, device: str, cause: str, code: str = "stage_failed") -> None:
         super().__init__(f"stage {stage!r} on {device} failed: {cause}")
         self.stage = stage
         self.device = device
         self.cause = cause
+        self.code = code
+        """A short, fixed name of what went wrong (``stage_failed``, ``engine_failed``): what a
+        server may tell a client, where ``cause`` (paths, stderr tails) goes to its log only."""
 
-    def __reduce__(self) -> tuple[type[StageFailed], tuple[str, str, str]]:
+    def public_message(self) -> str:
+        """What a client may read: the stage, its device and the code, never the cause."""
+        return f"stage {self.stage!r} on {self.device} failed (code {self.code}); the cause is in the server's log"
+
+    def __reduce__(self) -> tuple[type[StageFailed], tuple[str, str, str, str]]:
         # the default pickling passes only the message to __init__; Ray and
-        # multiprocessing need the three fields back
-        return (StageFailed, (self.stage, self.device, self.cause))
+        # multiprocessing need the fields back
+        return (StageFailed, (self.stage, self.device, self.cause, self.code))
 
 
 class PipelineBusy(OmniEdgeError):

@@ -51,7 +51,10 @@ def error_for(exc: BaseException) -> JSONResponse:
         return error_response(429, str(exc), "rate_limit_error", code="pipeline_busy",
                               headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, StageFailed):
-        return error_response(503, str(exc), "server_error", param=exc.stage, code="stage_failed")
+        # the cause may hold interpreter paths and a worker's stderr: the log has it, the client
+        # gets the stage, the device and the code
+        log.warning("request failed: %s", exc)
+        return error_response(503, exc.public_message(), "server_error", param=exc.stage, code="stage_failed")
     raise exc
 
 
@@ -242,7 +245,6 @@ class _App:
             out.append({"name": s.name, "kind": s.kind, "device": s.device, "backend": s.backend,
                         "loaded": s.name in self.runtime.load_results and alive, "alive": alive,
                         "final_output_type": s.final_output_type if s.final_output else None,
-                        **({"error": dev.dead} if dev is not None and dev.dead else {}),
                         **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
                         **({"code": failed["code"], "error": failed["message"]} if failed else {})})
         return out

@@ -203,7 +203,7 @@ class VllmRunner(StageRunner):
         if self._engine is None:
             raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
         if self._failed is not None:
-            raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED)
+            raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
         items = [item async for item in inputs]
         prompt_ids, params = self._prepare(items)
         loop = asyncio.get_running_loop()
@@ -311,7 +311,7 @@ class VllmRunner(StageRunner):
             except Exception as exc:
                 self._failed = exc
                 log.exception("%s: engine step failed", self.plan.name)
-                self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED))
+                self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
                 return
             self._meter.sample()
             now = time.perf_counter()

@@ -221,6 +221,26 @@ def test_the_error_shapes_of_busy_and_failed() -> None:
     failed = error_for(StageFailed("voice", "npu", "the actor died"))
     doc = json.loads(bytes(failed.body))["error"]
     assert failed.status_code == 503 and "'voice' on npu" in doc["message"] and doc["param"] == "voice"
+    assert doc["code"] == "stage_failed" and "(code stage_failed)" in doc["message"]
+
+
+def test_a_stage_failures_cause_goes_to_the_log_not_to_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    """A route worker's failure carries its interpreter's path and a stderr tail: the server logs
+    them, and the client reads the stage, the device and the code only."""
+    import json
+
+    from orchestrator.errors import StageFailed
+    from orchestrator.server import error_for
+
+    cause = ("route worker /home/alice/.venvs/openvino/bin/python exited 1: Traceback ... "
+             "File \"/home/alice/secret/model.py\", line 3")
+    with caplog.at_level("WARNING"):
+        failed = error_for(StageFailed("asr", "npu", cause, "engine_failed"))
+    doc = json.loads(bytes(failed.body))["error"]
+    assert failed.status_code == 503 and doc["param"] == "asr"
+    assert doc["message"] == "stage 'asr' on npu failed (code engine_failed); the cause is in the server's log"
+    assert "/home/alice" not in bytes(failed.body).decode() and "Traceback" not in bytes(failed.body).decode()
+    assert "/home/alice/.venvs/openvino/bin/python" in caplog.text  # kept for whoever runs the server
 
 
 def test_a_non_loopback_bind_without_a_key_exits_2_before_anything_starts(
@@ -543,6 +563,8 @@ def test_a_dead_stage_fails_only_the_requests_that_need_it(ray_cluster: Any, tmp
         health = httpx.get(f"{s.url}/health")
         assert health.status_code == 503
         assert [(x["name"], x["alive"]) for x in health.json()["stages"]] == [("thinker", False), ("voice", True)]
+        thinker = health.json()["stages"][0]
+        assert thinker["code"] == "device_actor_died" and "error" not in thinker  # the cause is logged only
         assert httpx.get(f"{s.url}/v1/plan").status_code == 200
         metrics = _samples(httpx.get(f"{s.url}/metrics").text)
         assert metrics['omni_edge_stage_alive{device="cpu",stage="thinker"}'] == 0
