@@ -22,9 +22,11 @@ stale compiled blob).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from orchestrator.errors import ConfigError
 from orchestrator.settings import ep_cache_dir
 from orchestrator.units import MiB
 
@@ -55,6 +57,35 @@ class PrecisionRule:
 
 ORT_DEVICE_TYPES: dict[str, str] = {"cpu": "CPU", "gpu": "GPU", "igpu": "GPU", "npu": "NPU"}
 """Device kind → the ``OrtHardwareDeviceType`` name ``get_ep_devices()`` reports for it."""
+
+
+@dataclass(frozen=True)
+class PrecisionHint:
+    """How a session tells its EP the precision to compute at, so that no device default decides it.
+
+    OpenVINO picks an inference precision per device when it is told none: bf16
+    on a CPU with AMX-BF16, f16 on its GPU (and NPU) plugin. An fp32 graph then
+    runs at bf16 or f16 without a word: silero-vad-op18 at "fp32" through the
+    OpenVINO plugin EP measured rel L2 6.2e-2 against the CPU EP on a Xeon with
+    AMX-BF16, 2.5e-7 with the hint f32. The planned precision is a promise, so
+    every session of such a backend asks for it: :func:`session_spec` writes
+    ``{DEVICE: {property: value}}`` into the provider option ``option`` (JSON),
+    where the plan shows it. A user's own ``option`` in the stage config is
+    kept; the hint is added to it unless it names the property itself.
+    """
+
+    option: str
+    """The provider option that carries it (OpenVINO's ``load_config``: JSON, device name → properties)."""
+    property: str
+    """The property that sets the precision (OpenVINO's ``INFERENCE_PRECISION_HINT``)."""
+    values: dict[str, dict[str, str]]
+    """Device kind (``*``: any other) → the plan's precision → the property's value."""
+
+    def value(self, device_kind: str, precision: str) -> str | None:
+        for kind in (device_kind, "*"):
+            if precision in self.values.get(kind, {}):
+                return self.values[kind][precision]
+        return None
 
 
 @dataclass(frozen=True)
@@ -127,6 +158,8 @@ class OrtBackend:
     """Why the EP's own memory is ``fixed + copies × weights`` (evidence E)."""
     plugins: tuple[PluginEp, ...] = ()
     """Packages that ship this EP as a plugin library (besides any onnxruntime build that has it built in)."""
+    precision_hint: PrecisionHint | None = None
+    """How a session asks for the plan's precision (an EP that otherwise picks one per device)."""
 
     def drives_device(self, kind: str, vendor: str) -> bool:
         """Whether this backend can drive a device of ``kind`` made by ``vendor``."""
@@ -257,9 +290,23 @@ _TABLE: tuple[OrtBackend, ...] = (
             "gpu": {"device_type": "GPU", "cache_dir": "{cache_dir}"},
             "npu": {"device_type": "NPU", "cache_dir": "{cache_dir}"},
         },
+        precision_hint=PrecisionHint(
+            # OpenVINO's own property, through load_config: the plugin EP ignores the
+            # `precision` provider option ("set it via the load_config as
+            # INFERENCE_PRECISION_HINT"), the built-in EP (>= 1.23) reads both, and the
+            # ONNX Runtime docs deprecate `precision` in favour of load_config.
+            option="load_config", property="INFERENCE_PRECISION_HINT",
+            values={
+                # A QDQ int8 (or int4) graph computes what it does not quantize in fp32,
+                # as the CPU EP's reference does.
+                "*": {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "f32", "int4": "f32"},
+                # f16 is the NPU plugin's only inference precision: asked for by name.
+                "npu": {"fp32": "f16", "fp16": "f16", "int8": "f16"},
+            },
+        ),
         precisions=(
-            PrecisionRule("fp32", True, "the CPU plugin runs fp32; the GPU plugin runs it with an fp16 inference hint", ("cpu", "gpu", "igpu")),
-            PrecisionRule("fp32", True, "the NPU plugin compiles fp32 graphs to fp16", ("npu",)),
+            PrecisionRule("fp32", True, "the CPU and GPU plugins run fp32 when asked to (INFERENCE_PRECISION_HINT f32 in load_config; unasked, the CPU plugin computes in bf16 on a CPU with AMX-BF16 and the GPU plugin in f16)", ("cpu", "gpu", "igpu")),
+            PrecisionRule("fp32", True, "the NPU plugin computes fp32 graphs in fp16, its only precision (asked for: INFERENCE_PRECISION_HINT f16); the numeric gate decides whether that is close enough", ("npu",)),
             PrecisionRule("fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"),
             PrecisionRule("int8", True, "OpenVINO turns QDQ int8 into its low-precision kernels"),
             PrecisionRule("bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)),
@@ -446,6 +493,9 @@ def session_spec(
     options = {k: v.format(**values) for k, v in template.items()}
     options.update(row.precision_options.get(precision, {}))
     options.update({k: _option_str(v) for k, v in (overrides or {}).items()})
+    if row.precision_hint is not None:
+        device_name = options.get("device_type") or ORT_DEVICE_TYPES.get(device_kind, device_kind.upper())
+        _add_precision_hint(options, row, device_name, device_kind, precision)
     providers = [row.ep]
     provider_options = [options]
     config: dict[str, str] = {}
@@ -473,6 +523,32 @@ def keyed_options(backend_name: str, spec: SessionSpec) -> dict[str, Any]:
         "session_options": dict(sorted(spec.session_options.items())),
         "session_config": dict(sorted(spec.session_config.items())),
     }
+
+
+def _add_precision_hint(options: dict[str, str], row: OrtBackend, device_name: str, device_kind: str, precision: str) -> None:
+    """Put ``row``'s precision hint for ``precision`` on ``device_name`` into ``options``,
+    beside what a user's own value of that option holds (theirs wins for the property)."""
+    hint = row.precision_hint
+    assert hint is not None
+    value = hint.value(device_kind, precision)
+    if value is None:
+        return
+    given = options.get(hint.option)
+    config: Any = {}
+    if given:
+        try:
+            config = json.loads(given)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+            raise ConfigError.single(
+                f"provider_options.{row.backend}.{hint.option}",
+                f"{given[:80]!r} is not a JSON object of device names to properties, which {row.ep} takes "
+                f"(and where the planned precision goes: {hint.property})",
+                f'write it as JSON, e.g. \'{{"{device_name}": {{"{hint.property}": "{value}"}}}}\', or leave it out',
+            )
+    config.setdefault(device_name, {}).setdefault(hint.property, value)
+    options[hint.option] = json.dumps(config, sort_keys=True)
 
 
 def _option_str(value: Any) -> str:

@@ -429,7 +429,12 @@ class Sessions:
     def open(self, spec: dict[str, Any], record: bool = True, log_severity: int = 3) -> dict[str, Any]:
         import onnxruntime as ort
 
-        available = set(ort.get_available_providers())
+        # What the build has built in. A plugin library registered here (by the probe, or by
+        # an earlier open) puts its EP in get_available_providers(), but a session that names
+        # it in providers= silently runs on the CPU EP alone: a plugin EP is only ever taken
+        # through add_provider_for_devices.
+        plugged = {r["ep"] for r in _registered.values() if r["status"] == "registered"}
+        available = set(ort.get_available_providers()) - plugged
         missing = [p for p in spec["providers"] if p not in available]
         plugin_devices: list[Any] = []
         plugin_options: dict[str, str] = {}
@@ -501,9 +506,11 @@ class Sessions:
                 {"ep": sg.ep_name, "nodes": [[n.op_type, n.name] for n in sg.get_nodes()]}
                 for sg in session.get_provider_graph_assignment_info()
             ]
+        given = plugin_options if used_plugin is not None else spec["provider_options"][0]
         return {
             "handle": handle,
             "providers": list(session.get_providers()),
+            "ep_options": {"given": dict(given), "reported": _reported_options(session, spec["providers"][0])},
             "assignment": assignment,
             "assignment_api": api,
             "load_s": load_s,
@@ -534,6 +541,19 @@ class Sessions:
     def close(self, handle: int) -> dict[str, Any]:
         self._sessions.pop(handle, None)
         return {}
+
+
+def _reported_options(session: Any, ep: str) -> dict[str, str] | None:
+    """The provider options ``session`` says its target EP holds (``get_provider_options()``),
+    or None where the API is missing. A plugin EP reports what it was given (the OpenVINO
+    plugin its ``load_config``); the built-in OpenVINO EP reports nothing."""
+    get = getattr(session, "get_provider_options", None)
+    if not callable(get):
+        return None
+    try:
+        return {str(k): str(v) for k, v in dict(get().get(ep) or {}).items()}
+    except Exception:  # a build whose report cannot be read is no reason to fail the open
+        return None
 
 
 def _native_byte_order(value: Any) -> Any:

@@ -15,6 +15,14 @@
   ``RAY_AUTH_TOKEN_PATH``; unless the user set ``RAY_AUTH_MODE`` themselves),
   so a process without it cannot join. A cluster that did not come up on
   loopback is an error, never used.
+* **Its files in a private directory.** Ray makes its temp directory and every
+  directory in it (``session_*``, ``sockets/``, ``logs/``) world-writable (0777,
+  no sticky bit: ``try_make_directory_shared``), and by default that is
+  ``/tmp/ray``, shared by every user and left behind after each run. A cluster
+  started here gets ``_temp_dir`` inside a directory of its own, created 0700
+  (:func:`_private_temp_dir`; short, since Ray's Unix socket paths live under
+  it), so no other user can reach its sockets or logs; it is removed when the
+  cluster shuts down. A joined cluster's directories are its own business.
 * **Or an existing cluster** with ``address=``: nothing above is changed (a
   multi-node cluster needs its real addresses and its own auth settings). Its
   nodes must declare the same resources (``ray start --resources
@@ -86,6 +94,13 @@ AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 one machine: a cluster started here gets a fresh token (:func:`_fresh_token`)
 unless the user set ``RAY_AUTH_MODE`` themselves."""
 INIT_TIMEOUT_S = 120.0
+UNIX_SOCKET_PATH_MAX = 107
+"""Bytes of a Unix socket path: ``sun_path`` is 108 bytes on Linux, one for the NUL."""
+RAY_SOCKET_SUFFIX = len("/r/session_2026-12-01_15-20-00_123456_4194304/sockets/plasma_store")
+"""What Ray appends to the private directory for its longest socket: ``/r`` (the
+``_temp_dir`` inside it), the session directory (``session_`` + date to the
+microsecond + the driver's pid, up to 7 digits) and ``sockets/plasma_store``."""
+PRIVATE_TEMP_PREFIX = "oe-ray-"
 
 
 def device_resource(device_id: str) -> str:
@@ -158,6 +173,9 @@ class Cluster:
     are their descendants. Empty for a joined cluster."""
     listening: list[str] = field(default_factory=list)
     """For a joined cluster: the addresses its GCS and nodes listen on (said at join)."""
+    temp_dir: str | None = None
+    """For a cluster started here: the private (0700) directory that holds Ray's
+    temp directory, removed when the cluster shuts down. None for a joined one."""
 
     def missing(self, devices: Iterable[str]) -> list[str]:
         """Devices whose resource no node of the cluster offers."""
@@ -222,19 +240,24 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
         # (the CLI's: close, write the record, exit 143) is put back afterwards.
         on_main = threading.current_thread() is threading.main_thread()
         term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
+        temp_dir = None if address else _private_temp_dir()
         try:
             if address:
                 ray.init(address=address, **kwargs)
             else:
+                assert temp_dir is not None
                 ray.init(
                     address="local",
                     object_store_memory=OBJECT_STORE_BYTES,
                     resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
+                    _temp_dir=os.path.join(temp_dir, "r"),
                     **kwargs,
                 )
         except BaseException:
             if auth_saved is not None:
                 _restore_auth(auth_saved)
+            if temp_dir is not None:
+                _remove_temp_dir(temp_dir)
             raise
         if on_main and callable(term_handler):
             signal.signal(signal.SIGTERM, term_handler)
@@ -249,6 +272,8 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
                 raise RuntimeError(problem)
         if not address and not gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
             ray.shutdown()
+            if temp_dir is not None:
+                _remove_temp_dir(temp_dir)
             raise RuntimeError(
                 f"the local Ray cluster came up on {gcs}, not on loopback; refusing to use it "
                 "(set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before anything imports ray)"
@@ -262,6 +287,7 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
             resources=ray.cluster_resources(),
             node_pids=[p for p in descendants(os.getpid()) if p not in before] if not address else [],
             listening=listening,
+            temp_dir=temp_dir,
         )
         _users = 1
         log.info("ray %s at %s in %.1f s", "started" if _cluster.owned else "joined", _cluster.address, _cluster.started_s)
@@ -309,8 +335,46 @@ def release() -> None:
             import ray
 
             ray.shutdown()
+        if cluster.temp_dir is not None:
+            _remove_temp_dir(cluster.temp_dir)
         if cluster.auth_saved is not None:
             _restore_auth(cluster.auth_saved)
+
+
+_temp_dirs: list[str] = []
+
+
+def _private_temp_dir() -> str:
+    """A new directory only this user can enter (0700), for a cluster about to start
+    here: Ray's ``_temp_dir`` goes inside it (Ray makes that one 0777 itself).
+
+    Under the system's temp directory (``RAY_TMPDIR`` when set, as Ray's own
+    default honours it), or under ``/tmp`` when that path is too long for Ray's
+    Unix sockets (macOS's ``$TMPDIR`` is ~50 bytes): the directory plus
+    :data:`RAY_SOCKET_SUFFIX` must fit :data:`UNIX_SOCKET_PATH_MAX`. Removed when
+    the cluster shuts down, and when this process exits, whichever comes first.
+    """
+    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    longest = len(os.path.join(base, PRIVATE_TEMP_PREFIX + "x" * 8)) + RAY_SOCKET_SUFFIX
+    if longest > UNIX_SOCKET_PATH_MAX and os.path.isdir("/tmp"):
+        base = "/tmp"
+    directory = tempfile.mkdtemp(prefix=PRIVATE_TEMP_PREFIX, dir=base)  # 0700
+    if not _temp_dirs:
+        # registered before ray.init registers its own shutdown, so it runs after it (LIFO)
+        atexit.register(_remove_temp_dirs)
+    _temp_dirs.append(directory)
+    return directory
+
+
+def _remove_temp_dir(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    if directory in _temp_dirs:
+        _temp_dirs.remove(directory)
+
+
+def _remove_temp_dirs() -> None:
+    for d in list(_temp_dirs):
+        _remove_temp_dir(d)
 
 
 _token_dirs: list[str] = []

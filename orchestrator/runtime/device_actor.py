@@ -12,7 +12,8 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
    measured peak reported. A failure releases everything the stage held — the
    ledger is as before — and raises. Several loads may run at once (each in
    its own thread; the runtime does so only for stages the ledger admitted
-   together). A load that overlapped another in this actor, by a runner that
+   together); the imports they make, whatever they import, run one at a time
+   (``orchestrator.runtime.load_imports``). A load that overlapped another in this actor, by a runner that
    does not measure itself, is measured over the processes its load started
    (an ONNX Runtime route worker), since the actor's own process grew for the
    other load too. A figure that grew this process while another load that
@@ -51,6 +52,7 @@ from typing import Any
 from orchestrator.errors import ConfigError, LedgerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
+from orchestrator.runtime.load_imports import call_loading
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +144,15 @@ class DeviceActor:
         try:
             await self._import_first(kind)
             params = inspect.signature(kind.runner).parameters
-            runner = kind.runner(plan, stage_config, route=route) if "route" in params else kind.runner(plan, stage_config)
+
+            def make() -> Any:
+                return kind.runner(plan, stage_config, route=route) if "route" in params else kind.runner(plan, stage_config)
+
+            # the runner is made and loaded as a load: whatever either imports, the imports of
+            # the loads running beside it never interleave with them (load_imports)
+            runner = await asyncio.to_thread(call_loading, make)
             t0 = time.perf_counter()
-            await asyncio.to_thread(runner.load)
+            await asyncio.to_thread(call_loading, runner.load)
             load_s = time.perf_counter() - t0
         except BaseException as exc:
             meter.stop()
@@ -200,7 +208,7 @@ class DeviceActor:
         async with self._importing:
             missing = [m for m in getattr(kind, "runner_imports", ()) if m not in sys.modules]
             if missing:
-                await asyncio.to_thread(lambda: [importlib.import_module(m) for m in missing])
+                await asyncio.to_thread(call_loading, lambda: [importlib.import_module(m) for m in missing])
 
     def _begin_load(self, name: str) -> bool:
         """Note a load in flight; every load running now (this one too) overlapped

@@ -7,6 +7,7 @@ evidence lookup are the real ones).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,51 @@ def test_openvino_device_type_follows_the_device_kind(artifact: Path) -> None:
     profile = load_profile(PROFILES / "lunar-lake-32gb.json")
     by_device = {d: kwargs_for(profile, artifact, d, "ort-openvino")["session"]["provider_options"][0]["device_type"] for d in ("cpu", "igpu:0", "npu:0")}
     assert by_device == {"cpu": "CPU", "igpu:0": "GPU", "npu:0": "NPU"}
+
+
+@pytest.mark.parametrize(("device", "precision", "hint"), [
+    ("cpu", "fp32", {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}),  # unasked: bf16 on a CPU with AMX-BF16
+    ("cpu", "int8", {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}),  # what the QDQ graph leaves in fp32
+    ("igpu:0", "fp32", {"GPU": {"INFERENCE_PRECISION_HINT": "f32"}}),  # unasked: the GPU plugin's f16
+    ("npu:0", "fp32", {"NPU": {"INFERENCE_PRECISION_HINT": "f16"}}),  # the NPU's only precision, by name
+    ("npu:0", "int8", {"NPU": {"INFERENCE_PRECISION_HINT": "f16"}}),
+])
+def test_every_openvino_session_asks_for_the_planned_precision(
+    artifact: Path, device: str, precision: str, hint: dict[str, Any],
+) -> None:
+    """OpenVINO picks an inference precision per device when told none; the plan's
+    precision is a promise, so the session's load_config names it (both the built-in
+    and the plugin EP read load_config; the plugin ignores the `precision` option)."""
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    kw = kwargs_for(profile, artifact, device, "ort-openvino", precision=[precision])
+    assert kw["precision"] == precision
+    options = kw["session"]["provider_options"][0]
+    assert json.loads(options["load_config"]) == hint
+    assert "precision" not in options  # the deprecated option the plugin EP ignores
+
+
+def test_a_users_load_config_keeps_its_properties_and_gains_the_precision(artifact: Path) -> None:
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    own = {"ort-openvino": {"load_config": '{"CPU": {"NUM_STREAMS": "1"}, "GPU": {"CACHE_MODE": "OPTIMIZE_SPEED"}}'}}
+    kw = kwargs_for(profile, artifact, "cpu", "ort-openvino", precision=["fp32"], provider_options=own)
+    assert json.loads(kw["session"]["provider_options"][0]["load_config"]) == {
+        "CPU": {"NUM_STREAMS": "1", "INFERENCE_PRECISION_HINT": "f32"}, "GPU": {"CACHE_MODE": "OPTIMIZE_SPEED"}}
+    # a hint the user wrote is theirs, and the plan shows it
+    mine = {"ort-openvino": {"load_config": '{"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}'}}
+    kw = kwargs_for(profile, artifact, "cpu", "ort-openvino", precision=["fp32"], provider_options=mine)
+    assert json.loads(kw["session"]["provider_options"][0]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
+
+
+def test_a_load_config_that_is_no_json_object_is_refused_naming_it(artifact: Path) -> None:
+    from orchestrator.errors import ConfigError
+
+    profile = load_profile(PROFILES / "lunar-lake-32gb.json")
+    with pytest.raises(ConfigError) as err:
+        kwargs_for(profile, artifact, "cpu", "ort-openvino", precision=["fp32"],
+                   provider_options={"ort-openvino": {"load_config": "ov_config.json"}})
+    text = str(err.value)
+    assert "provider_options.ort-openvino.load_config" in text and "not a JSON object" in text
+    assert '{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}' in text
 
 
 def test_cuda_names_its_device_and_reserves_on_the_gpus_own_vram(artifact: Path) -> None:

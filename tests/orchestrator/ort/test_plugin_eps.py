@@ -79,6 +79,11 @@ def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleT
             for recs in recording["registered"].values():
                 devices.extend(_ep_device(r) for r in recs)
 
+    def get_available_providers() -> list[str]:
+        # as onnxruntime 1.32 answers: a registered plugin's EP is listed beside the built-in ones
+        plugged = [ep for ep in recording["registered"] if ort.registered and expose]
+        return [*recording["built_in_providers"], *plugged]
+
     class SessionOptions:
         def __init__(self) -> None:
             self.log_severity_level = 3
@@ -99,11 +104,19 @@ def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleT
             if providers is None:
                 assert sess_options is not None and sess_options.for_devices, "no EP was given"
                 providers = [sess_options.for_devices[0][0][0].ep_name, "CPUExecutionProvider"]
+            else:
+                # as onnxruntime 1.32 does: a plugin EP named in providers= is dropped without a word
+                providers = [p for p in providers if p in recording["built_in_providers"]] or ["CPUExecutionProvider"]
             self.providers = providers
             ort.sessions.append(self)
 
         def get_providers(self) -> list[str]:
             return list(self.providers)
+
+        def get_provider_options(self) -> dict[str, dict[str, str]]:
+            """As the OpenVINO plugin answers it: a plugin EP reports the options it was given."""
+            given = dict(self.options.for_devices[0][1]) if self.options and self.options.for_devices else {}
+            return {self.providers[0]: given, "CPUExecutionProvider": {}}
 
         def get_inputs(self) -> list[Any]:
             return []
@@ -115,12 +128,28 @@ def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleT
             node = types.SimpleNamespace(op_type="Conv", name="conv0")
             return [types.SimpleNamespace(ep_name=self.providers[0], get_nodes=lambda: [node])]
 
-    ort.get_available_providers = lambda: list(recording["built_in_providers"])
+    ort.get_available_providers = get_available_providers
     ort.get_ep_devices = lambda: list(devices)
     ort.register_execution_provider_library = register_execution_provider_library
     ort.SessionOptions = SessionOptions
     ort.InferenceSession = InferenceSession
     return ort
+
+
+def install_fake_openvino_plugin(site: Path, version: str = "1.8.1") -> Path:
+    """A stand-in ``onnxruntime-ep-openvino`` distribution: its module, library file and dist-info."""
+    pkg = site / "onnxruntime_ep_openvino"
+    pkg.mkdir(parents=True)
+    (pkg / "libonnxruntime_providers_openvino_plugin.so").write_bytes(b"")
+    (pkg / "__init__.py").write_text(
+        "import os\n"
+        "def get_library_path():\n"
+        "    return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'libonnxruntime_providers_openvino_plugin.so')\n"
+    )
+    info = site / f"onnxruntime_ep_openvino-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-ep-openvino\nVersion: {version}\n")
+    return pkg
 
 
 def install_fake_qnn(site: Path, version: str = "2.5.0") -> Path:
@@ -261,6 +290,57 @@ def test_an_installed_plugin_that_exposes_no_device_is_named_in_the_refusal_and_
         worker.Sessions().open(with_plugins(spec.to_dict()))
 
 
+def test_the_openvino_plugin_session_is_asked_for_the_planned_precision(
+    recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plugin EP ignores the `precision` option, and on a CPU with AMX-BF16 computes an
+    fp32 graph in bf16 unless asked otherwise: the session it opens gets the plan's
+    precision in load_config, and the route worker reports what the session holds.
+    (The device list is the one captured on such a Xeon; the real plugin is tried below.)"""
+    ort = recorded("intel-xeon-openvino-plugin.json")
+    install_fake_openvino_plugin(tmp_path / "ov-site")
+    monkeypatch.syspath_prepend(str(tmp_path / "ov-site"))
+    monkeypatch.delitem(sys.modules, "onnxruntime_ep_openvino", raising=False)
+    info = worker.Sessions().probe(plugins=plugin_wire())
+    assert "OpenVINOExecutionProvider" in info["providers"]
+    report = report_from_probe(HERE, info)
+    cpu = _with_backends(Device(id="cpu", kind="cpu", name="Intel(R) Xeon(R) Processor", vendor="intel"), [report])
+    assert "ort-openvino" in cpu.backends
+    plan = plan_pipeline(_voice_config(tmp_path, ["cpu"], ["ort-openvino"]), _profile([cpu], [report.to_route()]))
+    voice = plan.stage("voice")
+    assert (voice.device, voice.backend) == ("cpu", "ort-openvino")
+    hint = {"fp32": "f32", "fp16": "f16", "int8": "f32"}[voice.engine_kwargs["precision"]]
+    wanted = {"CPU": {"INFERENCE_PRECISION_HINT": hint}}
+    assert json.loads(voice.engine_kwargs["session"]["provider_options"][0]["load_config"]) == wanted  # the plan shows it
+
+    opened = worker.Sessions().open(with_plugins(voice.engine_kwargs["session"]))
+    assert opened["plugin"]["package"] == "onnxruntime-ep-openvino"
+    ((eps, options),) = ort.sessions[-1].options.for_devices
+    assert [str(d.device.type) for d in eps] == ["OrtHardwareDeviceType.CPU"]
+    assert json.loads(options["load_config"]) == wanted and "device_type" not in options  # the selection, not an option
+    assert json.loads(opened["ep_options"]["reported"]["load_config"]) == wanted
+    assert json.loads(opened["ep_options"]["given"]["load_config"]) == wanted
+    sys.modules.pop("onnxruntime_ep_openvino", None)
+
+
+def test_a_second_session_in_a_worker_that_registered_the_plugin_still_gets_the_plugin_ep(recorded) -> None:
+    """Once a plugin library is registered (by the probe, or the first open) onnxruntime lists
+    its EP among the available providers, but a session naming it in providers= runs on the
+    CPU EP alone, silently: every open takes a plugin EP through its devices (the ASR opens
+    two graphs in one worker; a probe precedes the opens in every route)."""
+    ort = recorded("snapdragon-x-elite-qnn.json", qnn_version="2.5.0")
+    sessions = worker.Sessions()
+    sessions.probe(plugins=plugin_wire())  # registers the library
+    assert "QNNExecutionProvider" in ort.get_available_providers()
+    spec = with_plugins(session_spec("ort-qnn", graph="g.onnx", device_kind="npu", device_id="npu:0",
+                                     precision="int8", cache_key="k").to_dict())
+    first, second = sessions.open(spec), sessions.open(spec)
+    for opened in (first, second):
+        assert opened["providers"][0] == "QNNExecutionProvider"
+        assert opened["plugin"] is not None and opened["plugin"]["package"] == "onnxruntime-qnn"
+    assert [len(s.options.for_devices) for s in ort.sessions] == [1, 1]
+
+
 def test_onnxruntime_qnn_1x_is_a_build_not_a_plugin(recorded) -> None:
     recorded("snapdragon-x-elite-qnn.json", qnn_version="1.24.4")
     (qnn,) = [p for p in worker.Sessions().probe(plugins=plugin_wire())["plugin_eps"] if p["package"] == "onnxruntime-qnn"]
@@ -343,8 +423,15 @@ def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_expos
     sessions = open_sessions(resolve(route))
     try:
         record = measure(sessions, artifact, "fp32", spec, reference_graph=graph)
+        # the session holds the planned precision (the plugin ignores the `precision` option and,
+        # on a CPU with AMX-BF16, computes fp32 graphs in bf16 unless load_config says f32)
+        opened = sessions.open(spec.to_dict())
+        sessions.close(opened["handle"])
     finally:
         sessions.shutdown()
+    hint = "f16" if kind == "npu" else "f32"
+    assert opened["plugin"] is not None and opened["ep_options"]["reported"] is not None
+    assert json.loads(opened["ep_options"]["reported"]["load_config"]) == {kind.upper(): {"INFERENCE_PRECISION_HINT": hint}}
     verdict = judge(record, artifact_name=artifact.manifest.name, device_id=kind,
                     min_coverage=artifact.manifest.min_ep_coverage, tolerance=artifact.manifest.tolerance)
     assert record["ep"] == "OpenVINOExecutionProvider"

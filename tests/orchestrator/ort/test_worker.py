@@ -179,3 +179,35 @@ def test_this_process_and_a_worker_see_the_same_big_endian_values(tmp_path: Path
     out = host.run(opened["handle"], feeds)["outputs"]
     assert out["big_out"].tolist() == [0, 1, 2, 3, 4]
     assert int(out["sr_out"]) == 8000 and out["half_out"].tolist() == [1.0] * 4
+
+
+@pytest.mark.openvino
+def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any) -> None:
+    """The built-in OpenVINO EP (onnxruntime-openvino): the session the route worker opens
+    for an fp32 placement on the CPU gets load_config with INFERENCE_PRECISION_HINT f32
+    (the EP reports no options back, so the worker says what it gave), and computes
+    like the CPU EP."""
+    import json
+
+    from orchestrator.ort.backends import session_spec
+    from stages.exported_graph.artifact import load_artifact
+    from tests.conftest import REPO
+
+    artifact = load_artifact(REPO / "exports" / "silero-vad-op18")
+    graph = str(artifact.resolve(artifact.manifest.precisions["fp32"]))
+    spec = session_spec("ort-openvino", graph=graph, device_kind="cpu", device_id="cpu", precision="fp32", cache_key="t")
+    feeds = artifact.reference_inputs()
+    opened = ov_host.open(spec.to_dict())
+    reference = ov_host.open({"graph": graph, "providers": ["CPUExecutionProvider"], "provider_options": [{}],
+                              "session_options": {}, "session_config": {}}, record=False)
+    try:
+        got = ov_host.run(opened["handle"], feeds)["outputs"]
+        want = ov_host.run(reference["handle"], feeds)["outputs"]
+    finally:
+        ov_host.close(opened["handle"])
+        ov_host.close(reference["handle"])
+    assert opened["providers"][0] == "OpenVINOExecutionProvider" and opened["plugin"] is None
+    assert json.loads(opened["ep_options"]["given"]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
+    for name, value in want.items():
+        rel = float(np.linalg.norm(got[name] - value) / (np.linalg.norm(value) or 1.0))
+        assert rel < 1e-5, (name, rel)  # f32 (bf16 measured 6.2e-2 on a CPU with AMX-BF16)

@@ -60,3 +60,58 @@ def test_a_process_without_the_token_cannot_join_the_local_cluster(ray_cluster: 
     # the same join with the token succeeds, so the refusal above is the token's doing
     owner = _join(ray_cluster.address, {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}, tmp_path)
     assert "JOINED 42" in owner.stdout, owner.stdout + owner.stderr
+
+
+_LIFECYCLE = """
+import json, os, stat, sys
+from orchestrator.runtime import cluster
+address = sys.argv[1] if len(sys.argv) > 1 else None
+c = cluster.connect(["cpu"], address=address)
+import ray
+session = ray._private.worker.global_worker.node.get_session_dir_path()
+sockets = os.path.join(session, "sockets")
+private = None  # the nearest directory above the session that only its owner can enter
+d = os.path.dirname(session)
+while d != os.path.dirname(d):
+    if stat.S_IMODE(os.stat(d).st_mode) & 0o077 == 0:
+        private = d
+        break
+    d = os.path.dirname(d)
+seen = {"session": session, "owned": c.owned, "private": private,
+        "private_mode": oct(stat.S_IMODE(os.stat(private).st_mode)) if private else None,
+        "temp_dir": getattr(c, "temp_dir", None),
+        "longest_socket": max(len(os.path.join(sockets, s)) for s in os.listdir(sockets))}
+cluster.release()
+seen["session_after_close"] = os.path.exists(session)
+seen["private_after_close"] = bool(private) and os.path.exists(private)
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def _lifecycle(*args: str) -> dict[str, Any]:
+    import json
+
+    done = subprocess.run([sys.executable, "-c", _LIFECYCLE, *args], capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SEEN ")), None)
+    assert done.returncode == 0 and line, done.stdout[-2000:] + done.stderr[-4000:]
+    return dict(json.loads(line[5:]))
+
+
+def test_the_local_cluster_keeps_its_files_in_a_private_directory_it_removes_at_close(ray_cluster: Any) -> None:
+    """Ray makes its temp directory and everything in it 0777 without the sticky bit
+    (by default /tmp/ray, left after each run): a cluster started here puts it in a
+    directory of its own, 0700 while it runs, gone after close."""
+    seen = _lifecycle()
+    assert seen["owned"], seen
+    assert seen["private"] is not None and seen["private_mode"] == "0o700", seen  # no other user reaches it
+    assert seen["longest_socket"] <= 107, seen  # Ray's Unix sockets still fit sun_path
+    assert seen["session_after_close"] is False and seen["private_after_close"] is False, seen
+
+
+def test_a_joined_cluster_gets_no_private_directory_and_its_own_is_left_alone(ray_cluster: Any) -> None:
+    """--address: the cluster's directories belong to whoever started it (here: this
+    test session's cluster, 0700 too); leaving it removes nothing."""
+    seen = _lifecycle(ray_cluster.address)
+    assert seen["owned"] is False and seen["temp_dir"] is None, seen
+    assert seen["private"] == ray_cluster.temp_dir, seen
+    assert seen["session_after_close"] and os.path.isdir(ray_cluster.temp_dir), seen

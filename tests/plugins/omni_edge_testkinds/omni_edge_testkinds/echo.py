@@ -11,8 +11,9 @@ A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
 ``gate_file`` it holds the last delta back until that file exists (at most
 ``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
 the caller has seen X" true by construction rather than by timing. ``hold_bytes`` is memory
-the runner really allocates at load (so measured peaks are real), and
-``fail_load`` makes ``load()`` raise.
+the runner really allocates at load (so measured peaks are real),
+``fail_load`` makes ``load()`` raise, and ``load_imports`` are modules ``load()``
+imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py).
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -21,6 +22,7 @@ Registered by this distribution's entry point (``echo =
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -51,6 +53,7 @@ class EchoConfig(StageConfig):
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
+    load_imports: list[str] = Field(default_factory=list, description="Modules load() imports, in order.")
 
 
 class EchoRunner(StageRunner):
@@ -62,6 +65,8 @@ class EchoRunner(StageRunner):
 
     def load(self) -> None:
         time.sleep(self.cfg.load_s)
+        for module in self.cfg.load_imports:
+            importlib.import_module(module)
         if self.cfg.fail_load:
             raise RuntimeError("echo stage told to fail its load")
         if self.cfg.hold_bytes:
