@@ -309,6 +309,38 @@ class ExportedArtifact:
             h.update(bytes.fromhex(file_sha256(self.resolve(f))))
         return h.hexdigest()
 
+    def feed_problems(self) -> list[Problem]:
+        """Why an item the manifest ``consumes`` could never feed the graph as it is, when no
+        preprocess hook makes the feeds (``runner.feeds_for`` then feeds the item itself):
+        an item that is no tensor (text, audio, token ids, an event); one array (a tensor
+        whose dtype or shape is given) into a graph of several inputs; an array of another
+        dtype, rank or fixed size than the graph's one input. What only an item can say (a
+        mapping's names) is checked per item. Read at plan time (``describe``)."""
+        m = self.manifest
+        if m.preprocess is not None or not m.consumes:
+            return []
+        where = f"{self.dir / MANIFEST_NAME}: consumes"
+        names = ", ".join(t.name for t in m.inputs)
+        problems = []
+        for t in parse_payloads(m.consumes):
+            what = None
+            if t.kind != "tensor":
+                what = (f"{t} items cannot feed the graph as they are (it takes {names}), and there is no preprocess "
+                        "hook: without one an item is the graph's feeds, a numpy array or a mapping of arrays")
+                fix = "add a preprocess hook that turns the item into the graph's inputs, or consume tensors"
+            elif (t.dtype is not None or t.shape is not None) and len(m.inputs) != 1:
+                what = f"{t} is one array and the graph takes {len(m.inputs)} inputs ({names}): a bare array feeds a graph of one input"
+                fix = "consume `tensor` (a mapping of named arrays) or add a preprocess hook"
+            elif t.dtype is not None and t.dtype != m.inputs[0].dtype:
+                what = f"{t} is {t.dtype} and the graph's input {m.inputs[0].name!r} is {m.inputs[0].dtype}"
+                fix = "consume what the graph takes, or convert in a preprocess hook"
+            elif t.shape is not None and not _fits(t.shape, m.inputs[0].shape):
+                what = f"{t} does not fit the graph's input {m.inputs[0].name!r} of shape {m.inputs[0].shape}"
+                fix = "consume what the graph takes, or reshape in a preprocess hook"
+            if what is not None:
+                problems.append(Problem(where, what, fix))
+        return problems
+
     def hook(self, which: Literal["preprocess", "postprocess"]) -> Callable[..., Any] | None:
         """Import and return a hook, or None when the manifest declares none.
 
@@ -319,6 +351,12 @@ class ExportedArtifact:
         if target is None:
             return None
         return resolve_hook(target, f"{self.dir / MANIFEST_NAME}: {which}")
+
+
+def _fits(axes: tuple[str, ...], shape: list[int | str]) -> bool:
+    """A payload's axes against a graph input's: the same rank, the same size wherever both are fixed."""
+    return len(axes) == len(shape) and all(
+        not (a.isdigit() and isinstance(b, int)) or int(a) == b for a, b in zip(axes, shape, strict=True))
 
 
 def load_artifact(path: str | Path) -> ExportedArtifact:

@@ -168,6 +168,9 @@ class ExportedGraphKind(StageKind):
                     "not_exported": missing.model_dump(), "source": art.manifest.source.model_dump(),
                 },
             )
+        fed = art.feed_problems()
+        if fed:
+            raise ConfigError(fed)
         wanted = [p for p in cfg.precision if p in art.manifest.precisions]
         if "fp32" in art.manifest.precisions and "fp32" not in wanted:
             wanted.append("fp32")  # the numeric gate's reference graph
