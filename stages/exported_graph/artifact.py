@@ -10,9 +10,10 @@ Guarantees:
 * ``load_artifact`` reads only the manifest and checks that every file it
   names exists inside the artifact directory once links are resolved (inside
   the package's directory for ``package://`` graphs), and that its hooks are
-  allowed (the ``exports`` package or the ``omni_edge.hooks`` entry points)
-  and exist (their modules are imported); every problem becomes a
-  ``ConfigError`` entry (where → what → how to fix).
+  allowed (a function of the ``exports`` package that its module declares
+  with :func:`artifact_hook`, or a ``omni_edge.hooks`` entry point) and exist
+  (their modules are imported); every problem becomes a ``ConfigError``
+  entry (where → what → how to fix).
 * Reference data (``.npz``) is read with numpy, imported only then.
 
 What an ONNX graph says about itself (node counts, initializer bytes, the
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -344,9 +345,11 @@ class ExportedArtifact:
     def hook(self, which: Literal["preprocess", "postprocess"]) -> Callable[..., Any] | None:
         """Import and return a hook, or None when the manifest declares none.
 
-        Only hooks in the shipped artifacts' package (``exports``) or registered
-        under the ``omni_edge.hooks`` entry-point group are imported; anything
-        else (``os:system``) is a ``ConfigError`` naming the manifest key."""
+        Only modules of the shipped artifacts' package (``exports``) or hooks
+        registered under the ``omni_edge.hooks`` entry-point group are imported,
+        and a function of ``exports`` must be declared (:func:`artifact_hook`);
+        anything else (``os:system``, ``exports.sentence_encoder:build``) is a
+        ``ConfigError`` naming the manifest key."""
         target = getattr(self.manifest, which)
         if target is None:
             return None
@@ -430,7 +433,29 @@ HOOKS_ENTRY_POINT_GROUP = "omni_edge.hooks"
 ``[project.entry-points."omni_edge.hooks"] <name> = "module:function"``."""
 
 SHIPPED_HOOKS_PACKAGE = "exports"
-"""The package of the shipped artifacts; its hooks need no registration."""
+"""The package of the shipped artifacts; its hooks need no entry point, but each is
+declared by its module (:func:`artifact_hook`)."""
+
+HOOK_MARK = "__omni_edge_hook__"
+"""The attribute :func:`artifact_hook` sets on a function it declares."""
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def artifact_hook(fn: _Fn) -> _Fn:
+    """Declare ``fn`` a hook that a manifest may name (``preprocess``/``postprocess``).
+
+    A function of the ``exports`` package is a hook only when its module marks it
+    with this decorator: the package also holds build scripts and helpers
+    (``build``, ``export_args``, ``phonemize``), and a manifest — data a user may
+    have downloaded — must not be able to call those by naming them."""
+    setattr(fn, HOOK_MARK, True)
+    return fn
+
+
+def declared_hooks(module: Any) -> list[str]:
+    """The names of the functions ``module`` declares as hooks (:func:`artifact_hook`)."""
+    return sorted(name for name, value in vars(module).items() if getattr(value, HOOK_MARK, None) is True)
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -490,6 +515,16 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
         )
     if not callable(fn):
         raise ConfigError.single(where, f"{target!r} is not callable", "point it at a function")
+    if target not in registered_hooks() and getattr(fn, HOOK_MARK, None) is not True:
+        declared = declared_hooks(module)
+        raise ConfigError.single(
+            where,
+            f"{target!r} is not declared as a hook: a function of the {SHIPPED_HOOKS_PACKAGE!r} package is a hook "
+            f"only when its module marks it with @artifact_hook ({module_name} declares "
+            f"{', '.join(declared) if declared else 'none'})",
+            f"name a declared hook of {module_name}, or mark the function with @artifact_hook "
+            "(stages.exported_graph.artifact) where it is defined (see docs/exported-artifacts.md)",
+        )
     return fn
 
 
