@@ -93,8 +93,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """One way to reach a pipeline, and options that fit it (``ConfigError``, exit 2)."""
+    """One way to reach a pipeline, and options that fit it (``ConfigError``, exit 2). The
+    sampling flags' ranges are checked here too: over ``--url`` nothing else checks them
+    before they are sent (a started pipeline checks them against its config as well)."""
+    from orchestrator.cli import check_number
     from orchestrator.errors import ConfigError, Problem
+
+    check_number("--temperature", args.temperature, at_least=0, fix="give a temperature such as 0.7 (0: greedy)")
+    check_number("--max-tokens", args.max_tokens, at_least=1, fix="give the most tokens a reply may have, e.g. 128")
 
     problems = []
     if args.config and args.url:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import signal
 import sys
@@ -115,6 +116,10 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
     from stages.base import REQUEST
 
     problems: list[Problem] = []
+    temperature = sampling.get("temperature")
+    if temperature is not None and not math.isfinite(temperature):
+        raise ConfigError.single("--temperature", f"{temperature} is not a finite number",
+                                 "give a temperature such as 0.7 (0: greedy)")
     for stage in (s for s in config.stages if s.inputs[0] == REQUEST):
         base = getattr(stage, "sampling", None)
         if base is None:
