@@ -18,7 +18,7 @@ import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed
+from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  … and {hidden} more problem{'s' if hidden > 1 else ''} (fix these first)", file=sys.stderr)
         return EXIT_BAD_INPUT
     except StageFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return EXIT_STAGE_FAILED
     except OmniEdgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

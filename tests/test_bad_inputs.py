@@ -566,16 +566,15 @@ def test_run_temperature_that_is_not_finite_is_refused_before_planning(
             "--temperature", "is not a finite number", "0.7")
 
 
-@pytest.mark.parametrize(("flag", "value", "what"), [
-    ("--temperature", "inf", "inf is not a finite number"),
-    ("--temperature", "-1", "-1 is below 0"),
-    ("--max-tokens", "0", "0 is below 1"),
-])
-def test_chat_url_sampling_out_of_range_is_refused_before_connecting(
-    capsys: pytest.CaptureFixture[str], flag: str, value: str, what: str,
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_chat_url_temperature_that_is_not_finite_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], value: str,
 ) -> None:
-    # port 9 (discard) on loopback: nothing is contacted, the flag is refused first
-    refused(capsys, ["chat", "--url", "http://127.0.0.1:9", flag, value], flag, what)
+    # (it would go as Infinity or NaN, which is not JSON; a finite value out of range is
+    # the server's to refuse, against its config). Port 9 (discard) on loopback:
+    # nothing is contacted, the flag is refused first.
+    refused(capsys, ["chat", "--url", "http://127.0.0.1:9", f"--temperature={value}"], "--temperature",
+            f"{value} is not a finite number")
 
 
 @pytest.mark.parametrize("opset", ["0", "-5", "99"])
