@@ -173,3 +173,19 @@ def test_a_servers_reply_and_error_reach_the_terminal_without_controls_and_with_
     captured = capsys.readouterr()
     _no_controls(captured.out + captured.err)
     assert "not answered: HTTP 400: [red]refused[/] ]52;c;b3duZWQ=because" in " ".join(captured.err.split())
+
+
+# ---- what a file says, in a table ----------------------------------------------------------------
+
+
+def test_a_manifests_text_reaches_the_stages_table_without_controls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.helpers.graphs import write_artifact
+
+    write_artifact(tmp_path / "arts" / "tiny", "relu", manifest={
+        "source": {"origin": f"a download {OSC52}{CLEAR}page [red]x[/]", "license": "MIT"}})
+    assert main(["stages", "--path", str(tmp_path / "arts")]) == 0
+    out = capsys.readouterr().out
+    _no_controls(out)
+    assert "]52;c;b3duZWQ=[2Jpage" in out and "[red]x[/]" in out  # the rest kept, the markup shown
