@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.packages import resolve_package_location
+from stages.exported_graph.artifact import artifact_hook
 
 if TYPE_CHECKING:
     from stages.exported_graph.artifact import ExportedArtifact
@@ -146,6 +147,7 @@ def _scales(config: dict[str, Any], artifact: ExportedArtifact | None) -> list[f
     return [float(inference.get("noise_scale", 0.667)), float(inference.get("length_scale", 1.0)), float(inference.get("noise_w", 0.8))]
 
 
+@artifact_hook
 def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str, Any]:
     """One text chunk → ``{"input": int64[1, N], "input_lengths": int64[1], "scales": float32[3]}``.
 
@@ -166,6 +168,7 @@ def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str,
     }
 
 
+@artifact_hook
 def postprocess(outputs: dict[str, Any], artifact: ExportedArtifact | None = None) -> dict[str, Any]:
     """The graph's ``output`` ([1, 1, 1, T]) → ``{"audio": float32[T], "sample_rate": int}``."""
     import numpy as np

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.packages import resolve_package_location
+from stages.exported_graph.artifact import artifact_hook
 
 EXPORTS = Path(__file__).resolve().parent
 REPO = EXPORTS.parent
@@ -63,6 +64,7 @@ def _tokenizer(model: str = MODEL) -> Any:
     return AutoTokenizer.from_pretrained(resolve_package_location(model) if model.startswith("package://") else model)
 
 
+@artifact_hook
 def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     """A text item → ``{input name: int64 [1, tokens]}`` for the names the graph takes."""
     import numpy as np
@@ -75,6 +77,7 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     return {n: np.asarray(enc[n], dtype=np.int64) for n in names}
 
 
+@artifact_hook
 def postprocess(outputs: dict[str, Any], artifact: Any = None) -> Any:
     """``last_hidden_state`` → the unit-length mean over tokens, float32 ``[384]``."""
     import numpy as np

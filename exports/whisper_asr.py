@@ -38,7 +38,7 @@ from typing import Any
 
 from exports import silero_vad, whisper_ct2
 from orchestrator.errors import ConfigError
-from stages.exported_graph.artifact import save_npz
+from stages.exported_graph.artifact import artifact_hook, save_npz
 
 EXPORTS = Path(__file__).resolve().parent
 ENCODER_DIR = EXPORTS / "whisper-tiny-en-encoder"
@@ -222,6 +222,7 @@ def log_mel(samples: Any) -> Any:
     return features.astype(np.float32)
 
 
+@artifact_hook
 def encoder_preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     """An audio item ``{"audio": float[T], "sample_rate": int}`` → the encoder's feed dict.
 
@@ -243,6 +244,7 @@ def _tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_file=str(whisper_ct2.source_files()[1]))
 
 
+@artifact_hook
 def decoder_postprocess(outputs: dict[str, Any], artifact: Any = None) -> str:
     """One window's greedy token ids ``{"tokens": int[N]}`` → its text (special tokens dropped).
 

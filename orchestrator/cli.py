@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import keyword
 import logging
+import math
 import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed
+from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -37,6 +38,25 @@ COMMANDS = {
     "import": "Convert another project's pipeline config (vLLM-Omni stage_args or deploy YAML) into an omni-edge config.",
     "export": "Export a PyTorch module, a transformers model or an ONNX file as a validated artifact (docs/export.md).",
 }
+
+
+def check_number(flag: str, value: float | None, *, above: float | None = None, at_least: float | None = None,
+                 fix: str) -> None:
+    """``ConfigError`` (exit 2) naming ``flag`` unless ``value`` is None (not given) or a finite
+    number greater than ``above`` / at least ``at_least``: argparse's ``type=float`` takes
+    ``-5``, ``nan`` and ``inf``, and each became a traceback or a silent misbehaviour
+    where the number was finally used. Commands call it before any slow work."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        what = f"{value} is not a finite number"
+    elif above is not None and not value > above:
+        what = f"{value:g} is not above {above:g}"
+    elif at_least is not None and not value >= at_least:
+        what = f"{value:g} is below {at_least:g}"
+    else:
+        return
+    raise ConfigError.single(flag, what, fix)
 
 
 def _version() -> str:
@@ -102,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  … and {hidden} more problem{'s' if hidden > 1 else ''} (fix these first)", file=sys.stderr)
         return EXIT_BAD_INPUT
     except StageFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return EXIT_STAGE_FAILED
     except OmniEdgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -21,6 +21,14 @@ Every command prints through :func:`make_console`, so they agree on:
 
 ``--json`` outputs never go through a console: they are written with
 ``json.dump`` so their bytes do not depend on the terminal.
+
+Text that comes from a model or a server (a reply, an error message, a model
+id) is written through :func:`terminal_text` — its control characters, except
+newline and tab, removed, so an escape sequence in a reply (OSC 52 sets the
+clipboard, others retitle the window or rewrite what was shown) never reaches
+the terminal — and, where it goes through a console, with its rich markup
+escaped (:func:`plain`), so ``[red]`` or ``[/]`` in it is printed, not obeyed.
+The exact text stays in ``--json`` outputs and run records.
 """
 
 from __future__ import annotations
@@ -31,9 +39,18 @@ import sys
 from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
+
+from orchestrator.errors import terminal_text
 
 WIDTH_WHEN_PIPED = 80
 """Columns when the output is not a terminal and ``COLUMNS`` is unset."""
+
+
+def plain(text: object) -> str:
+    """``text`` (a model's, a server's, an error's) for ``Console.print`` inside markup:
+    control characters removed and rich markup escaped."""
+    return escape(terminal_text(str(text)))
 
 
 def _columns_from_env() -> int | None:

@@ -6,6 +6,7 @@ code; a code is never reused for another meaning.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # ---- refusal codes (contract: docs/refusals.md) ------------------------------
@@ -38,6 +39,21 @@ REFUSAL_CODES = (
 )
 
 
+TERMINAL_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""The C0 controls but newline and tab, DEL and the C1 controls (0x9b is a one-byte CSI):
+what a terminal acts on rather than prints."""
+
+
+def terminal_text(text: str) -> str:
+    """``text`` without the control characters a terminal would act on (newlines and tabs kept).
+
+    Error text carries what others wrote — a server's message, a model's reply, a
+    value from a file — and an escape sequence in it (OSC 52 sets the clipboard)
+    must not reach the terminal it is printed on: the CLI prints errors, replies
+    and server text through this (``Problem.lines`` does it for every problem)."""
+    return TERMINAL_CONTROLS.sub("", text)
+
+
 class OmniEdgeError(Exception):
     """Base of every error this project raises on purpose."""
 
@@ -51,9 +67,10 @@ class Problem:
     fix: str = ""
 
     def lines(self) -> list[str]:
-        out = [f"{self.where}: {self.what}"]
+        """The problem as printed: where: what, then how to fix (control characters removed)."""
+        out = [terminal_text(f"{self.where}: {self.what}")]
         if self.fix:
-            out.append(f"  how to fix: {self.fix}")
+            out.append(terminal_text(f"  how to fix: {self.fix}"))
         return out
 
 

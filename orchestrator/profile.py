@@ -17,14 +17,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, model_validator
 
 from orchestrator.errors import ConfigError
 from orchestrator.ort.backends import OrtBackendName
+from orchestrator.units import fmt_bytes
 from orchestrator.validation import Strict as _Strict
-from orchestrator.validation import problems_from_validation
+from orchestrator.validation import printable, problems_from_validation, refusal
 
 PROFILE_FORMAT = "omni-edge.profile/1"
 CLUSTER_FORMAT = "omni-edge.cluster/1"
@@ -51,10 +52,19 @@ MAX_MEMORY_BYTES = 2**50
 figure in a profile is a typo (or an attack on the arithmetic), refused at load."""
 
 
+MAX_LABEL = 200
+"""The longest machine, device, vendor, CPU or route name a profile may give: above the
+longest recorded (124 characters, a profile's own name), far below what would fill
+every table the CLI prints."""
+
+Label = Annotated[str, AfterValidator(lambda v: printable(v, MAX_LABEL))]
+"""A name a profile gives, printed in plans and tables: no control characters, at most MAX_LABEL."""
+
+
 class Host(_Strict):
     os: Literal["linux", "windows", "macos"] = Field(description="Operating system of this process.")
     wsl: bool = Field(False, description="True when this process runs inside WSL2.")
-    cpu_name: str = Field("", description="CPU model string, informational.")
+    cpu_name: Label = Field("", description="CPU model string, informational.")
     ram_total_bytes: int = Field(ge=0, le=MAX_MEMORY_BYTES, description="Physical RAM visible to this process.")
     ram_available_bytes: int = Field(
         ge=0, le=MAX_MEMORY_BYTES, description="RAM available now (not total): what plans on host_ram draw from."
@@ -63,6 +73,16 @@ class Host(_Strict):
         None, ge=0, le=MAX_MEMORY_BYTES, description="A cgroup or WSL memory limit below physical RAM, or null."
     )
 
+    @model_validator(mode="after")
+    def _available_within_total(self) -> Host:
+        if self.ram_available_bytes > self.ram_total_bytes:
+            raise refusal(
+                f"ram_available_bytes ({fmt_bytes(self.ram_available_bytes)}) is more than ram_total_bytes "
+                f"({fmt_bytes(self.ram_total_bytes)}): plans would draw on RAM the machine does not have",
+                "give at most ram_total_bytes as available (omni-edge probe --save FILE records both from the machine)",
+            )
+        return self
+
 
 class Device(_Strict):
     id: str = Field(
@@ -70,8 +90,8 @@ class Device(_Strict):
         description="Stable id: cpu, gpu:N, igpu:N or npu:N (NODE/gpu:0 in a cluster profile).",
     )
     kind: DeviceKind = Field(description="What sort of compute this is.")
-    name: str = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
-    vendor: str = Field("", description="nvidia, amd, intel, qualcomm, ...")
+    name: Label = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
+    vendor: Label = Field("", description="nvidia, amd, intel, qualcomm, ...")
     memory_bytes: int | None = Field(
         None, ge=0, le=MAX_MEMORY_BYTES, description="A discrete GPU's own VRAM; null for devices on host RAM."
     )
@@ -145,7 +165,7 @@ class PluginEpStatus(_Strict):
 
 
 class Route(_Strict):
-    name: str = Field(description="Route name referenced by devices[].route.")
+    name: Label = Field(description="Route name referenced by devices[].route.")
     kind: Literal["this-process", "interpreter", "host-process"] = Field(
         THIS_PROCESS,
         description="this-process; another interpreter/venv on this OS; or a process across a boundary (WSL→Windows).",
@@ -181,7 +201,7 @@ class ClusterNode:
 
 class HardwareProfile(_Strict):
     format: Literal["omni-edge.profile/1"] = Field(description="Format tag; must be omni-edge.profile/1.")
-    name: str = Field(description="Human name of the machine.")
+    name: Label = Field(description="Human name of the machine.")
     source: str = Field("", description="Where the figures come from: 'probe <date>' or references.")
     host: Host = Field(description="The host OS and its RAM.")
     devices: list[Device] = Field(min_length=1, description="Every compute device, cpu first.")

@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console import make_console
+from orchestrator.errors import terminal_text
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.units import fmt_bytes
@@ -105,13 +106,17 @@ class Col:
 
 
 def _plain(cell: Cell, wide: bool) -> Text:
+    """A cell as rich ``Text``: never read as markup, and without control characters
+    (``terminal_text``): a cell may hold what a file says (a manifest's origin, a
+    profile's device name), and an escape sequence in it must not reach the terminal."""
     if cell is None:
         return Text("-")
     if isinstance(cell, Note):
-        return Text(cell.wide() if wide else cell.narrow())
+        return Text(terminal_text(cell.wide() if wide else cell.narrow()))
     if isinstance(cell, Text):
-        return cell
-    return Text(cell)
+        clean = terminal_text(cell.plain)
+        return cell if clean == cell.plain else Text(clean, style=cell.style)
+    return Text(terminal_text(cell))
 
 
 def _longest_line(text: str) -> int:
@@ -231,7 +236,7 @@ def labelled(label: str, text: str | Text, *, style: str = "", indent: int = 0) 
         cells.append(label)
     grid.add_column(overflow="fold", style=None if label else (style or None))
     # Text, not str: data such as "[fp32]" must not be read as rich markup.
-    grid.add_row(*cells, Text(text) if isinstance(text, str) else text)
+    grid.add_row(*cells, Text(terminal_text(text)) if isinstance(text, str) else text)
     return grid
 
 

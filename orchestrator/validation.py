@@ -4,19 +4,24 @@
 and stage configs, hardware profiles, artifact manifests — so they all reject
 unknown keys and freeze their values the same way; :func:`read_document` is the
 one YAML/JSON reader; :func:`problems_from_validation` turns pydantic's errors
-into where → what → how-to-fix problems.
+into where → what → how-to-fix problems. A validator that knows the remedy
+raises :func:`refusal` (what and fix); :func:`unique` and :func:`printable`
+are the checks several models share.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from orchestrator.errors import ConfigError, Problem
 
@@ -25,6 +30,49 @@ class Strict(BaseModel):
     """Base of every input model: unknown keys are errors (never warnings), values frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+REFUSAL = "omni_edge_refusal"
+"""The pydantic error type of :func:`refusal`: its message is the what, its context's ``fix`` the remedy."""
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 controls (newline and tab too), DEL and the C1 controls: what a terminal may act on
+(ESC starts an escape sequence, 0x9b is a one-byte CSI) rather than print."""
+
+
+def refusal(what: str, fix: str) -> PydanticCustomError:
+    """A validator's error with its own remedy: raise it, and :func:`problems_from_validation`
+    prints ``what`` at the field and ``fix`` as the how-to-fix line."""
+    return PydanticCustomError(REFUSAL, "{what}", {"what": what, "fix": fix})
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """``value`` for an error message: ``repr`` (control characters escaped), cut in the middle
+    past ``limit`` characters, with its length when cut."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 12]}…{text[-8:]} ({len(value)} characters)"
+
+
+def unique(values: Sequence[str], what: str) -> None:
+    """``refusal`` naming the first value listed more than once (``what``: the items' noun)."""
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise refusal(f"{v} is listed more than once ({', '.join(values)})",
+                          f"list each {what} once, in preference order")
+        seen.add(v)
+
+
+def printable(value: str, max_length: int) -> str:
+    """``value`` when it holds no control character and at most ``max_length`` characters;
+    else a ``refusal`` (names are printed in tables and messages, on terminals)."""
+    if CONTROL_CHARACTERS.search(value):
+        raise refusal(f"{shown(value)} holds a control character, and names are printed on terminals",
+                      "remove the control characters (escape sequences, newlines, tabs)")
+    if len(value) > max_length:
+        raise refusal(f"{shown(value)} is longer than {max_length} characters, and names are printed in every table",
+                      f"shorten it to at most {max_length} characters")
+    return value
 
 
 def read_document(path: str | Path) -> Any:
@@ -95,6 +143,9 @@ def problems_from_validation(
             problems.append(Problem(place, f"unknown key {key!r}", fix))
         elif kind == "missing":
             problems.append(Problem(place, "required field is missing", "add it"))
+        elif kind == REFUSAL:
+            ctx = err.get("ctx") or {}
+            problems.append(Problem(place, str(ctx.get("what", err["msg"])), str(ctx.get("fix", ""))))
         else:
             msg = err["msg"]
             if kind == "value_error" and msg.startswith("Value error, "):

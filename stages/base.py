@@ -46,17 +46,18 @@ reaches this stage).
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchestrator.ledger import Reservation
 from orchestrator.plan import Refusal
-from orchestrator.validation import Strict
+from orchestrator.validation import Strict, refusal, shown, unique
 from stages.payloads import PAYLOAD_KINDS, PayloadKind, Ports, parse_payloads
 
 if TYPE_CHECKING:
@@ -65,6 +66,14 @@ if TYPE_CHECKING:
 
 REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
+
+STAGE_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
+"""A stage name: a letter, then letters, digits, '_' and '-' (it becomes part of Ray
+actor names, metric labels and run-record keys)."""
+MAX_STAGE_NAME = 64
+"""The longest stage name, as a pipeline's (``orchestrator.config.PIPELINE_NAME_PATTERN``):
+a stage name is a column of every table the CLI prints, and a 10,000-character one
+filled them all."""
 
 Join = Literal["all", "zip", "latest"]
 """How a stage with several inputs combines them into one joined item, a ``dict``
@@ -85,7 +94,7 @@ class StageConfig(Strict):
     its own fields (its ``config_model``), so a third-party kind is validated as
     strictly as a built-in one."""
 
-    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]*$", description="Unique stage name.")
+    name: str = Field(description=f"Unique stage name: a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters.")
     kind: str = Field(description="Registered stage kind, e.g. ar_decode or exported_graph.")
     stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
     inputs: list[str] = Field(
@@ -111,6 +120,27 @@ class StageConfig(Strict):
     final_output_type: PayloadKind | None = Field(
         None, description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not STAGE_NAME_PATTERN.fullmatch(value) or len(value) > MAX_STAGE_NAME:
+            raise refusal(f"{shown(value)} is not a usable stage name",
+                          f"use a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[str]) -> list[str]:
+        unique(value, "device")
+        return value
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            unique(value, "backend")
+        return value
 
 
 @dataclass(frozen=True)

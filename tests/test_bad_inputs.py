@@ -329,6 +329,11 @@ case("config: an output that goes nowhere")(lambda c: (str(_graph(c, "[a]", fina
 case("config: several inputs without a join")(lambda c: (str(_graph(c, "[request, a]")), "stages.b.join", "no join"))
 case("config: a join of one input")(lambda c: (str(_graph(c, "[a], join: latest")), "stages.b.join", "join: latest"))
 case("config: final_output_type the stage does not produce")(lambda c: (str(c.stage(", final_output_type: audio")), "final_output_type", "produces text, not audio"))
+case("config: a stage name of 10,000 characters")(lambda c: (*_cfg(c, c.cfg.read_text().replace("{name: thinker", "{name: " + "t" * 10_000)), "stages[0].name", "(10000 characters) is not a usable stage name", "at most 64 characters"))
+case("config: a stage name of 65 characters")(lambda c: (*_cfg(c, c.cfg.read_text().replace("{name: thinker", "{name: " + "t" * 65)), "stages[0].name", "at most 64 characters"))
+case("config: a device listed twice")(lambda c: (*_cfg(c, c.cfg.read_text().replace("devices: [cpu]", "devices: [cpu, cpu]")), "stages[0].devices", "cpu is listed more than once (cpu, cpu)", "list each device once"))
+case("config: a backend listed twice")(lambda c: (str(c.stage(", backends: [vllm-cpu, vllm-cpu]")), "stages[0].backends", "vllm-cpu is listed more than once", "list each backend once"))
+case("config: a precision listed twice")(lambda c: (*_cfg(c, "name: bad-inputs\nstages:\n  - {name: voice, kind: exported_graph, artifact: x, devices: [cpu], precision: [fp32, fp32], final_output: true}\n"), "stages[0].precision", "fp32 is listed more than once"))
 case("config: text into a stage that takes audio")(lambda c: (str(_typed_edge(c)), "stages.voice.inputs", "thinker (ar_decode) produces text", "consumes audio@16000"))
 
 
@@ -369,6 +374,9 @@ case("profile: a device id that is no id")(lambda c: (str(c.profile({**PROFILE, 
 case("profile: a GPU without memory")(lambda c: (str(c.profile({**PROFILE, "devices": [*PROFILE["devices"], {"id": "gpu:0", "kind": "gpu", "name": "g", "backends": ["vllm-cuda"]}]})), "memory_bytes"))
 case("profile: a GPU with 10^40 bytes")(lambda c: (str(c.profile({**PROFILE, "devices": [*PROFILE["devices"], {"id": "gpu:0", "kind": "gpu", "name": "g", "memory_bytes": 10**40, "backends": ["vllm-cuda"]}]})), "devices[1].memory_bytes"))
 case("profile: a route nobody defined")(lambda c: (str(c.profile({**PROFILE, "devices": [{**PROFILE["devices"][0], "route": "ghost"}]})), "ghost"))
+case("profile: 4x more RAM available than in total")(lambda c: (str(c.host(ram_available_bytes=4 * PROFILE["host"]["ram_total_bytes"])), ": host", "ram_available_bytes (128.00 GiB) is more than ram_total_bytes (32.00 GiB)", "at most ram_total_bytes"))
+case("profile: a device name with an escape sequence")(lambda c: (str(c.profile({**PROFILE, "devices": [{**PROFILE["devices"][0], "name": "cpu\x1b]52;c;aGk=\x07"}]})), "devices[0].name", "holds a control character", "remove the control characters"))
+case("profile: a machine name of 10,000 characters")(lambda c: (str(c.profile({**PROFILE, "name": "m" * 10_000})), ": name", "is longer than 200 characters"))
 case("profile: an unknown host key")(lambda c: (str(c.host(ram_speed=6400)), "ram_speed"))
 
 # -- the checkpoint's config.json --
@@ -529,3 +537,51 @@ def test_a_file_with_thousands_of_problems_gets_a_bounded_error(tmp_path: Path, 
     cfg.write_text("name: many\nstages:\n" + "".join(f"  - stage{i}\n" for i in range(5000)))
     err = refused(capsys, ["plan", str(cfg), "--profile", str(prof)], "stages[0]", "… and 4980 more problems")
     assert len(err.splitlines()) <= 45
+
+
+# ---- numbers on the command line: caught before any slow work ----------------------
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf"])
+def test_probe_timeout_that_is_no_positive_number_is_refused_before_probing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str,
+) -> None:
+    import orchestrator.probe as probe
+
+    def no_probe(*a: object, **k: object) -> None:
+        raise AssertionError("probed with a bad --timeout")
+
+    monkeypatch.setattr(probe, "probe_profile", no_probe)
+    err = refused(capsys, ["probe", "--timeout", value], "--timeout", "how to fix: give the seconds each interpreter may take")
+    assert ("is not a finite number" if value in ("nan", "inf") else f"{value} is not above 0") in err
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf"])
+def test_run_temperature_that_is_not_finite_is_refused_before_planning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str,
+) -> None:
+    cfg, prof = good_inputs(tmp_path)
+    cfg.write_text(cfg.read_text().replace("final_output: true", "final_output: true, sampling: {max_tokens: 8}"))
+    refused(capsys, ["run", str(cfg), "--profile", str(prof), "--prompt", "hi", f"--temperature={value}"],
+            "--temperature", "is not a finite number", "0.7")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_chat_url_temperature_that_is_not_finite_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], value: str,
+) -> None:
+    # (it would go as Infinity or NaN, which is not JSON; a finite value out of range is
+    # the server's to refuse, against its config). Port 9 (discard) on loopback:
+    # nothing is contacted, the flag is refused first.
+    refused(capsys, ["chat", "--url", "http://127.0.0.1:9", f"--temperature={value}"], "--temperature",
+            f"{value} is not a finite number")
+
+
+@pytest.mark.parametrize("opset", ["0", "-5", "99"])
+def test_export_opset_out_of_range_is_refused_before_the_model_is_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opset: str,
+) -> None:
+    # the factory does not exist: naming the opset (not the factory) shows it was checked first
+    refused(capsys, ["export", "--from", "torch", "no_such_module:factory", "-o", str(tmp_path / "art"), "--opset", opset],
+            "--opset", f"opset {opset} is not supported here")
+    assert not (tmp_path / "art").exists()

@@ -7,7 +7,10 @@ Two ways to reach a pipeline, one loop:
 * ``--url http://127.0.0.1:8000``: a running ``omni-edge serve`` is driven over
   its OpenAI-compatible API (``POST /v1/chat/completions`` with ``stream: true``,
   server-sent events; ``--api-key`` sends ``Authorization: Bearer KEY``). Only
-  the standard library speaks HTTP here.
+  the standard library speaks HTTP here. A redirect is followed with the key
+  only within the server's origin (scheme, host, port): a redirect to another
+  origin is followed without it (``_opener``), so a server (or whoever answers
+  at its address) cannot send the key elsewhere.
 
 Every message goes with the whole history (``{"messages": [...], "sampling":
 {...}}``, ``--system`` first when given, replacing the config's system
@@ -93,8 +96,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """One way to reach a pipeline, and options that fit it (``ConfigError``, exit 2)."""
+    """One way to reach a pipeline, and options that fit it (``ConfigError``, exit 2). A
+    ``--temperature`` that is no finite number is refused here: over ``--url`` it would be
+    sent as ``Infinity``/``NaN``, which is not JSON. Its range, and ``--max-tokens``'s, are
+    the pipeline's config's, checked by it (started here) or by the server (a 400)."""
+    from orchestrator.cli import check_number
     from orchestrator.errors import ConfigError, Problem
+
+    check_number("--temperature", args.temperature, fix="give a temperature such as 0.7 (0: greedy)")
 
     problems = []
     if args.config and args.url:
@@ -158,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline{held}", file=sys.stderr)
         return 128 + exc.signum
     except Fatal as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from orchestrator.errors import terminal_text
+
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return exc.code
     finally:
         if pipeline is not None:
@@ -176,6 +187,7 @@ Replier = Callable[[dict[str, Any], str, "Path | None"], str]
 def chat_loop(reply: Replier, args: argparse.Namespace, console: Console, out_dir: Path | None) -> int:
     """Read messages, answer each with the history; the exit code (see the module docstring)."""
     from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK
+    from orchestrator.console import plain
 
     history: Messages = []
     sampling = sampling_of(args)
@@ -200,7 +212,7 @@ def chat_loop(reply: Replier, args: argparse.Namespace, console: Console, out_di
             text = reply(request_of(turn, args.system, sampling), line, wav)
         except Refused as exc:
             refused += not isinstance(exc, Stopped)
-            console.print(f"[red]not answered:[/] {exc}", soft_wrap=True)
+            console.print(f"[red]not answered:[/] {plain(exc)}", soft_wrap=True)
             continue
         replies += 1
         history += [turn[-1], {"role": "assistant", "content": text}]
@@ -227,8 +239,10 @@ def _messages(interactive: bool) -> Iterator[str]:
 
 
 def _print_history(history: Messages, system: str | None) -> None:
+    from orchestrator.errors import terminal_text
+
     for m in ([{"role": "system", "content": system}] if system else []) + history:
-        print(f"{m['role']}: {m['content']}")
+        print(terminal_text(f"{m['role']}: {m['content']}"))
     print(f"({len(history)} messages)")
 
 
@@ -258,6 +272,7 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
 
 def local_replier(pipeline: Pipeline, console: Console) -> Replier:
     from orchestrator.commands.run import stream_reply
+    from orchestrator.console import plain
     from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
 
     def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
@@ -279,9 +294,9 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
         if wav_out is not None and result.audio is not None and result.sample_rate:
             kept: list[tuple[str, str, str]] = []
             path = wav_out.finish(result, kept)
-            console.print(f"[dim]audio: {path} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True)
+            console.print(f"[dim]audio: {plain(path)} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True)
             for where, what, _ in kept:
-                console.print(f"[yellow]{where}: {what}[/]", soft_wrap=True)
+                console.print(f"[yellow]{plain(where)}: {plain(what)}[/]", soft_wrap=True)
         return result.text
 
     return reply
@@ -302,10 +317,12 @@ def _discard(wav_out: WavOut | None) -> None:
 def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
     """A ``Replier`` over ``url``'s OpenAI-compatible API; checks the server (and
     the key) at once with ``GET /v1/models`` (``Fatal``, exit 2)."""
+    from orchestrator.console import plain
+
     base = url.rstrip("/")
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     model = _model_of(base, headers)
-    console.print(f"[dim]chatting with {model!r} at {base}[/]")
+    console.print(f"[dim]chatting with {plain(repr(model))} at {plain(base)}[/]")
 
     def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
         body: dict[str, Any] = {"model": model, "messages": request["messages"], "stream": True,
@@ -317,13 +334,41 @@ def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
     return reply
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port made explicit: what a key is bound to."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _opener() -> Any:
+    """urllib's opener whose redirects keep ``Authorization`` only within the origin.
+
+    urllib copies every header but the content ones onto the redirected request,
+    whatever host it goes to (CPython follows 301/302/303/307/308 for GET, and turns
+    a POST into a GET on 301/302/303): a server that redirects would receive the
+    key at another host. Here the header is dropped when the new URL's origin
+    differs from the request's, and stays dropped along the rest of the chain."""
+    import urllib.request
+
+    class KeyStaysHome(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            new = super().redirect_request(req, fp, code, msg, headers, newurl)
+            if new is not None and _origin(newurl) != _origin(req.full_url):
+                new.remove_header("Authorization")
+            return new
+
+    return urllib.request.build_opener(KeyStaysHome)
+
+
 def _model_of(base: str, headers: dict[str, str]) -> str:
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers),
-                                    timeout=30) as resp:
+        with _opener().open(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=30) as resp:
             data = json.load(resp).get("data") or [{}]
     except urllib.error.HTTPError as exc:
         raise Fatal(f"--url {base}: {_http_error(exc)}" + (" (give the server's key with --api-key)"
@@ -352,7 +397,7 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
     parts: list[str] = []
     writer = PcmWav(wav) if wav is not None else None
     try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+        with _opener().open(req, timeout=HTTP_TIMEOUT_S) as resp:
             for doc in _events(resp):
                 if "error" in doc:
                     raise Refused(str(doc["error"].get("message", doc["error"])))
@@ -417,15 +462,17 @@ class PcmWav:
             self.discard()
 
     def finish(self) -> str:
+        from orchestrator.console import plain
+
         if self.error is None and self.writer is not None:
             try:
-                return f"[dim]audio: {self.writer.close()} ({self.writer.seconds:.2f} s)[/]"
+                return f"[dim]audio: {plain(self.writer.close())} ({self.writer.seconds:.2f} s)[/]"
             except OSError as exc:
                 self.error = exc
                 self.discard()
         if self.error is None:
             return "[yellow]the server sent no audio for this reply[/]"
-        return f"[yellow]{self.path}: the reply's audio could not be written ({self.error.strerror or self.error})[/]"
+        return f"[yellow]{plain(self.path)}: the reply's audio could not be written ({plain(self.error.strerror or self.error)})[/]"
 
     def discard(self) -> None:
         if self.writer is not None:

@@ -114,11 +114,13 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
     from orchestrator.exporter.build import ExportRequest, Int8Scheme, export
-    from orchestrator.exporter.sources import DEFAULT_OPSET
+    from orchestrator.exporter.sources import DEFAULT_OPSET, TORCH_MAX_OPSET, check_opset
     from orchestrator.units import fmt_bytes
 
     if args.opset is not None and args.source == "onnx":
         raise ConfigError.single("--opset", "an ONNX source keeps its own opset", "leave --opset out")
+    if args.opset is not None:  # before the model is loaded (--opset 0 was the default opset, silently)
+        check_opset(args.opset, where="--opset", highest=TORCH_MAX_OPSET)
     precisions = tuple(_list(args.precision) or ())
     scheme = Int8Scheme()
     if args.int8_activations or args.int8_nodes:
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         scheme = Int8Scheme(activations=args.int8_activations or "uint8", nodes=nodes)
     req = ExportRequest(
         source=args.source, location=args.location, out=Path(args.out),
-        precisions=precisions, opset=args.opset or DEFAULT_OPSET,
+        precisions=precisions, opset=DEFAULT_OPSET if args.opset is None else args.opset,
         name=args.name, version=args.artifact_version, description=args.description, license=args.license,
         origin=args.origin, preprocess=args.preprocess, postprocess=args.postprocess,
         consumes=_list(args.consumes), produces=_list(args.produces), metadata=_metadata(args.metadata),

@@ -74,10 +74,13 @@ def parse_route_arg(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli import check_number
     from orchestrator.ort.hostproc import route_kind_for
     from orchestrator.probe import probe_profile
     from orchestrator.probe.host import running_in_wsl
 
+    check_number("--timeout", args.timeout, above=0,
+                 fix=f"give the seconds each interpreter may take to answer, e.g. --timeout {PROBE_TIMEOUT_S:g}")
     routes = []
     wsl = running_in_wsl()
     for i, text in enumerate(args.route):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import signal
 import sys
@@ -115,6 +116,10 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
     from stages.base import REQUEST
 
     problems: list[Problem] = []
+    temperature = sampling.get("temperature")
+    if temperature is not None and not math.isfinite(temperature):
+        raise ConfigError.single("--temperature", f"{temperature} is not a finite number",
+                                 "give a temperature such as 0.7 (0: greedy)")
     for stage in (s for s in config.stages if s.inputs[0] == REQUEST):
         base = getattr(stage, "sampling", None)
         if base is None:
@@ -220,9 +225,10 @@ def check_outputs(args: argparse.Namespace) -> None:
 def cluster_profile(address: str, console: Console) -> HardwareProfile:
     """``--address`` without ``--profile``: the cluster there, gathered live (the probe on
     each node), and which nodes were found, said on ``console``."""
+    from orchestrator.console import plain
     from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 
-    console.print(f"[dim]no --profile: probing each node of the Ray cluster at {address} …[/]")
+    console.print(f"[dim]no --profile: probing each node of the Ray cluster at {plain(address)} …[/]")
     profile = gather_at(address)
     console.print(f"planning on the cluster at {address}: {nodes_found(profile)}", markup=False)
     return profile
@@ -356,17 +362,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
         return 128 + signum
     if failure is not None:
-        console.print(f"record: {path}", soft_wrap=True)
+        console.print(f"record: {path}", soft_wrap=True, markup=False)
         raise failure
     if kept:
         raise ConfigError([Problem(*k) for k in kept])
     assert result is not None
     print_stage_table(doc["stages"], console)
     if wav:
-        console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True)
+        console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True,
+                      markup=False)
     # Paths are printed whole (soft_wrap: the terminal wraps them, no
     # newline is inserted), so they can be copied and pasted.
-    console.print(f"record: {path}", soft_wrap=True)
+    console.print(f"record: {path}", soft_wrap=True, markup=False)
     if args.json:
         json.dump({"admitted": True, "text": result.text, "texts": texts,
                    "wav": str(wav) if wav else None, "record": str(path),
@@ -491,16 +498,22 @@ class ReplyPrinter:
     """A reply's text as it streams, on the console's stream, set off by blank lines.
 
     On a terminal the reply wraps between words; into a pipe or a file it is
-    written verbatim (a reader or viewer wraps it as it likes, and grep finds the
-    reply as generated)."""
+    written unwrapped (a reader or viewer wraps it as it likes, and grep finds the
+    reply as generated). Either way its control characters but newline and tab
+    are removed (``terminal_text``): a model's reply is text from elsewhere, and an
+    escape sequence in it (OSC 52 sets the clipboard) must not reach a terminal,
+    now or when the file is shown; ``--json`` and the run record keep it exact."""
 
     def __init__(self, console: Console) -> None:
+        from orchestrator.errors import terminal_text
+
+        self._clean = terminal_text
         self.out: TextIO = sys.stderr if console.stderr else sys.stdout
         self.out.write("\n")
         self.text: WordWrap | TextIO = WordWrap(self.out, console.width) if console.is_terminal else self.out
 
     def write(self, text: str) -> None:
-        self.text.write(text)
+        self.text.write(self._clean(text))
         self.text.flush()
 
     def close(self) -> None:

@@ -532,7 +532,7 @@ class Sessions:
 
         session = self._sessions[handle]
         names = outputs or [o.name for o in session.get_outputs()]
-        feeds = {k: _native_byte_order(v) for k, v in feeds.items()}
+        feeds = {k: _native_byte_order(v) for k, v in _by_name(session, feeds).items()}
         t0 = time.perf_counter()
         values = session.run(names, feeds)
         run_s = time.perf_counter() - t0
@@ -554,6 +554,21 @@ def _reported_options(session: Any, ep: str) -> dict[str, str] | None:
         return {str(k): str(v) for k, v in dict(get().get(ep) or {}).items()}
     except Exception:  # a build whose report cannot be read is no reason to fail the open
         return None
+
+
+def _by_name(session: Any, feeds: Any) -> dict[str, Any]:
+    """``feeds`` as ``{input name: array}``: a mapping as it is, a bare array as the
+    only input of a one-input graph; anything else is a ``TypeError`` naming the
+    graph's inputs (it was an ``AttributeError`` on ``.items()``)."""
+    import numpy as np
+
+    if isinstance(feeds, dict):
+        return feeds
+    names = [i.name for i in session.get_inputs()]
+    if isinstance(feeds, (np.ndarray, np.generic)) and len(names) == 1:
+        return {names[0]: feeds}
+    raise TypeError(f"the feeds must be a mapping of input name to array (the graph takes {', '.join(names)}), "
+                    f"or one array for a graph of one input; got {type(feeds).__name__}")
 
 
 def _native_byte_order(value: Any) -> Any:

@@ -10,9 +10,10 @@ Guarantees:
 * ``load_artifact`` reads only the manifest and checks that every file it
   names exists inside the artifact directory once links are resolved (inside
   the package's directory for ``package://`` graphs), and that its hooks are
-  allowed (the ``exports`` package or the ``omni_edge.hooks`` entry points)
-  and exist (their modules are imported); every problem becomes a
-  ``ConfigError`` entry (where → what → how to fix).
+  allowed (a function of the ``exports`` package that its module declares
+  with :func:`artifact_hook`, or a ``omni_edge.hooks`` entry point) and exist
+  (their modules are imported); every problem becomes a ``ConfigError``
+  entry (where → what → how to fix).
 * Reference data (``.npz``) is read with numpy, imported only then.
 
 What an ONNX graph says about itself (node counts, initializer bytes, the
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -309,16 +310,56 @@ class ExportedArtifact:
             h.update(bytes.fromhex(file_sha256(self.resolve(f))))
         return h.hexdigest()
 
+    def feed_problems(self) -> list[Problem]:
+        """Why an item the manifest ``consumes`` could never feed the graph as it is, when no
+        preprocess hook makes the feeds (``runner.feeds_for`` then feeds the item itself):
+        an item that is no tensor (text, audio, token ids, an event); one array (a tensor
+        whose dtype or shape is given) into a graph of several inputs; an array of another
+        dtype, rank or fixed size than the graph's one input. What only an item can say (a
+        mapping's names) is checked per item. Read at plan time (``describe``)."""
+        m = self.manifest
+        if m.preprocess is not None or not m.consumes:
+            return []
+        where = f"{self.dir / MANIFEST_NAME}: consumes"
+        names = ", ".join(t.name for t in m.inputs)
+        problems = []
+        for t in parse_payloads(m.consumes):
+            what = None
+            if t.kind != "tensor":
+                what = (f"{t} items cannot feed the graph as they are (it takes {names}), and there is no preprocess "
+                        "hook: without one an item is the graph's feeds, a numpy array or a mapping of arrays")
+                fix = "add a preprocess hook that turns the item into the graph's inputs, or consume tensors"
+            elif (t.dtype is not None or t.shape is not None) and len(m.inputs) != 1:
+                what = f"{t} is one array and the graph takes {len(m.inputs)} inputs ({names}): a bare array feeds a graph of one input"
+                fix = "consume `tensor` (a mapping of named arrays) or add a preprocess hook"
+            elif t.dtype is not None and t.dtype != m.inputs[0].dtype:
+                what = f"{t} is {t.dtype} and the graph's input {m.inputs[0].name!r} is {m.inputs[0].dtype}"
+                fix = "consume what the graph takes, or convert in a preprocess hook"
+            elif t.shape is not None and not _fits(t.shape, m.inputs[0].shape):
+                what = f"{t} does not fit the graph's input {m.inputs[0].name!r} of shape {m.inputs[0].shape}"
+                fix = "consume what the graph takes, or reshape in a preprocess hook"
+            if what is not None:
+                problems.append(Problem(where, what, fix))
+        return problems
+
     def hook(self, which: Literal["preprocess", "postprocess"]) -> Callable[..., Any] | None:
         """Import and return a hook, or None when the manifest declares none.
 
-        Only hooks in the shipped artifacts' package (``exports``) or registered
-        under the ``omni_edge.hooks`` entry-point group are imported; anything
-        else (``os:system``) is a ``ConfigError`` naming the manifest key."""
+        Only modules of the shipped artifacts' package (``exports``) or hooks
+        registered under the ``omni_edge.hooks`` entry-point group are imported,
+        and a function of ``exports`` must be declared (:func:`artifact_hook`);
+        anything else (``os:system``, ``exports.sentence_encoder:build``) is a
+        ``ConfigError`` naming the manifest key."""
         target = getattr(self.manifest, which)
         if target is None:
             return None
         return resolve_hook(target, f"{self.dir / MANIFEST_NAME}: {which}")
+
+
+def _fits(axes: tuple[str, ...], shape: list[int | str]) -> bool:
+    """A payload's axes against a graph input's: the same rank, the same size wherever both are fixed."""
+    return len(axes) == len(shape) and all(
+        not (a.isdigit() and isinstance(b, int)) or int(a) == b for a, b in zip(axes, shape, strict=True))
 
 
 def load_artifact(path: str | Path) -> ExportedArtifact:
@@ -392,7 +433,29 @@ HOOKS_ENTRY_POINT_GROUP = "omni_edge.hooks"
 ``[project.entry-points."omni_edge.hooks"] <name> = "module:function"``."""
 
 SHIPPED_HOOKS_PACKAGE = "exports"
-"""The package of the shipped artifacts; its hooks need no registration."""
+"""The package of the shipped artifacts; its hooks need no entry point, but each is
+declared by its module (:func:`artifact_hook`)."""
+
+HOOK_MARK = "__omni_edge_hook__"
+"""The attribute :func:`artifact_hook` sets on a function it declares."""
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def artifact_hook(fn: _Fn) -> _Fn:
+    """Declare ``fn`` a hook that a manifest may name (``preprocess``/``postprocess``).
+
+    A function of the ``exports`` package is a hook only when its module marks it
+    with this decorator: the package also holds build scripts and helpers
+    (``build``, ``export_args``, ``phonemize``), and a manifest — data a user may
+    have downloaded — must not be able to call those by naming them."""
+    setattr(fn, HOOK_MARK, True)
+    return fn
+
+
+def declared_hooks(module: Any) -> list[str]:
+    """The names of the functions ``module`` declares as hooks (:func:`artifact_hook`)."""
+    return sorted(name for name, value in vars(module).items() if getattr(value, HOOK_MARK, None) is True)
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -452,6 +515,16 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
         )
     if not callable(fn):
         raise ConfigError.single(where, f"{target!r} is not callable", "point it at a function")
+    if target not in registered_hooks() and getattr(fn, HOOK_MARK, None) is not True:
+        declared = declared_hooks(module)
+        raise ConfigError.single(
+            where,
+            f"{target!r} is not declared as a hook: a function of the {SHIPPED_HOOKS_PACKAGE!r} package is a hook "
+            f"only when its module marks it with @artifact_hook ({module_name} declares "
+            f"{', '.join(declared) if declared else 'none'})",
+            f"name a declared hook of {module_name}, or mark the function with @artifact_hook "
+            "(stages.exported_graph.artifact) where it is defined (see docs/exported-artifacts.md)",
+        )
     return fn
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
 from orchestrator.ledger import RETAINED_GROWTH, Reservation
@@ -20,7 +20,7 @@ from orchestrator.ort import backends as ort_backends
 from orchestrator.packages import PACKAGE_SCHEME
 from orchestrator.plan import Refusal
 from orchestrator.units import MiB, fmt_bytes
-from orchestrator.validation import Strict
+from orchestrator.validation import Strict, unique
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     ExportedArtifact,
@@ -87,6 +87,12 @@ class GraphStageConfig(StageConfig):
         default_factory=dict,
         description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
     )
+
+    @field_validator("precision")
+    @classmethod
+    def _precisions(cls, value: list[str]) -> list[str]:
+        unique(value, "precision")
+        return value
 
 
 class ExportedGraphConfig(GraphStageConfig):
@@ -168,6 +174,9 @@ class ExportedGraphKind(StageKind):
                     "not_exported": missing.model_dump(), "source": art.manifest.source.model_dump(),
                 },
             )
+        fed = art.feed_problems()
+        if fed:
+            raise ConfigError(fed)
         wanted = [p for p in cfg.precision if p in art.manifest.precisions]
         if "fp32" in art.manifest.precisions and "fp32" not in wanted:
             wanted.append("fp32")  # the numeric gate's reference graph

@@ -13,15 +13,24 @@ would pass the stage's planned budget (``StagePlan.budget_bytes()``: the worker
 holds all of the stage's memory, and the device actor measures the worker's
 RSS against that budget); ``request_stats`` reports ``worker_recycles``, and
 ``process_ids()`` names the current worker, so the device actor follows it.
+
+Without a preprocess hook an item feeds the graph as it is (``feeds_for``): a
+bare numpy array feeds a graph of one input, a mapping feeds by input name,
+and anything else — a bare array into a graph of several inputs, a mapping
+whose names are not the graph's, an array of another dtype or rank — is a
+``BadRequest`` naming the stage, the graph's inputs and what came, before
+the item reaches the session. (What a manifest can say wrong before any item
+comes — a hook-less graph that consumes text — is refused when the plan is
+made: ``ExportedArtifact.feed_problems``.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.memory import descendants
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
@@ -108,7 +117,8 @@ class ExportedGraphRunner(StageRunner):
         """One item through the chain, synchronously."""
         if self._handle is None:
             raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
-        feeds = self._pre(item, self.artifact) if self._pre else item
+        feeds = self._pre(item, self.artifact) if self._pre else feeds_for(
+            item, self.load_info.get("inputs") or [], f"request (stage {self.plan.name}, kind {self.plan.kind})")
         outputs = self._host.run(self._handle, feeds)["outputs"]
         return self._post(outputs, self.artifact) if self._post else outputs
 
@@ -116,7 +126,7 @@ class ExportedGraphRunner(StageRunner):
         async for item in inputs:
             try:
                 yield await asyncio.to_thread(self.run_one, item)
-            except StageFailed:
+            except (StageFailed, BadRequest):
                 raise
             except Exception as exc:
                 raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
@@ -127,3 +137,87 @@ class ExportedGraphRunner(StageRunner):
                 self._host.close(self._handle)
             self._host.shutdown()
         self._host, self._handle = None, None
+
+
+ORT_TENSOR_DTYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8",
+    "tensor(uint64)": "uint64", "tensor(uint32)": "uint32", "tensor(uint16)": "uint16", "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool", "tensor(string)": "object",
+}
+"""ONNX Runtime's input type names (``NodeArg.type``) as numpy dtypes; a type not here
+(bfloat16, float8) is not checked before the session sees it."""
+
+
+def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """The session's feeds for ``item`` when no preprocess hook makes them.
+
+    ``inputs``: the session's inputs as the route reported them at load
+    (``{"name", "type", "shape"}``, in the graph's order). A bare numpy array
+    feeds a graph of one input; a mapping feeds by name and must name exactly
+    the graph's inputs; every value must be an array of the input's dtype, rank
+    and fixed sizes. Anything else is a ``BadRequest`` at ``where`` naming the
+    graph's inputs and what came, so a mismatched item never reaches the
+    session (where it was an ``AttributeError`` in the route worker).
+    """
+    import numpy as np
+
+    names = [str(i["name"]) for i in inputs]
+    wanted = ", ".join(_spelled(i) for i in inputs) or "nothing"
+    if isinstance(item, (np.ndarray, np.generic)):
+        if len(names) != 1:
+            raise BadRequest.single(
+                where, f"a bare {_described(item)} array came, and the graph takes {len(names)} inputs ({wanted}): "
+                "a bare array feeds a graph of one input",
+                f"send a mapping {{{', '.join(names)}}} of arrays, or give the artifact a preprocess hook "
+                "that makes the graph's inputs from the item (docs/exported-artifacts.md)")
+        feeds = {names[0]: item}
+    elif isinstance(item, Mapping):
+        got = [str(k) for k in item]
+        missing = [n for n in names if n not in item]
+        extra = [k for k in got if k not in names]
+        if missing or extra:
+            raise BadRequest.single(
+                where, f"a mapping of {', '.join(got) or 'nothing'} came, and the graph takes {wanted}"
+                + (f"; missing: {', '.join(missing)}" if missing else "") + (f"; unknown: {', '.join(extra)}" if extra else ""),
+                "name the arrays as the graph's inputs are named (the manifest's inputs), or give the artifact "
+                "a preprocess hook that makes them from the item")
+        feeds = {str(k): v for k, v in item.items()}
+    else:
+        raise BadRequest.single(
+            where, f"a {type(item).__name__} came, and the graph takes arrays ({wanted})",
+            "feed the stage from one that produces tensors, or give the artifact a preprocess hook that turns "
+            f"a {type(item).__name__} into the graph's inputs")
+    for spec in inputs:
+        problem = _feed_problem(feeds[str(spec["name"])], spec)
+        if problem:
+            raise BadRequest.single(
+                f"{where}: {spec['name']}", f"{problem}; the graph takes {_spelled(spec)}",
+                "produce arrays of the graph's dtype and shape upstream, or convert them in a preprocess hook")
+    return feeds
+
+
+def _feed_problem(value: Any, spec: dict[str, Any]) -> str | None:
+    import numpy as np
+
+    if not isinstance(value, (np.ndarray, np.generic)):
+        return f"a {type(value).__name__} came, not a numpy array"
+    dtype = ORT_TENSOR_DTYPES.get(str(spec.get("type")))
+    if dtype is not None and value.dtype != np.dtype(dtype) and not (dtype == "object" and value.dtype.kind in "OU"):
+        return f"a {_described(value)} array came"
+    shape = spec.get("shape")
+    if shape is not None and (value.ndim != len(shape) or any(
+            isinstance(d, int) and d >= 0 and d != n for d, n in zip(shape, value.shape, strict=True))):
+        return f"a {_described(value)} array came"
+    return None
+
+
+def _described(value: Any) -> str:
+    return f"{value.dtype}{list(value.shape)}"
+
+
+def _spelled(spec: dict[str, Any]) -> str:
+    dtype = ORT_TENSOR_DTYPES.get(str(spec.get("type")), str(spec.get("type")))
+    shape = spec.get("shape")
+    dims = "?" if shape is None else ",".join("*" if d is None else str(d) for d in shape)
+    return f"{spec['name']} {'str' if dtype == 'object' else dtype}[{dims}]"

@@ -109,6 +109,34 @@ def fp64_only_graph() -> Any:
     )
 
 
+EMBEDDING, PROJECTED = 384, 16
+"""The projection graph's sizes: the shipped sentence encoder's embedding in, a few numbers out."""
+
+
+def projection_graph() -> Any:
+    """``projected[16] = embedding[384] @ W``: one input, shaped as the shipped sentence
+    encoder's output (a float32 [384] vector), so it can run downstream of it without hooks."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.random.RandomState(7).randn(EMBEDDING, PROJECTED).astype(np.float32), "W")
+    return _model([h.make_node("MatMul", ["embedding", "W"], ["projected"])],
+                  [h.make_tensor_value_info("embedding", T.FLOAT, [EMBEDDING])],
+                  [h.make_tensor_value_info("projected", T.FLOAT, [PROJECTED])], [w])
+
+
+def add_two_graph() -> Any:
+    """``y = a + b`` over two inputs of any length: fed by a mapping of both names; two
+    lengths that do not broadcast fail inside the session, not before it."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    return _model([h.make_node("Add", ["a", "b"], ["y"])],
+                  [h.make_tensor_value_info("a", T.FLOAT, ["n"]), h.make_tensor_value_info("b", T.FLOAT, ["m"])],
+                  [h.make_tensor_value_info("y", T.FLOAT, ["k"])])
+
+
 GRAPHS = {
     "full": (full_graph, lambda: {"x": np.random.RandomState(1).randn(5, K).astype(np.float32)}),
     "relu": (relu_graph, lambda: {"x": np.random.RandomState(5).randn(4, 8).astype(np.float32)}),
@@ -116,6 +144,8 @@ GRAPHS = {
     "string_cast": (string_cast_graph, lambda: {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2}),
     "det": (det_graph, lambda: {"x": np.random.RandomState(3).rand(2, 3, 3).astype(np.float32)}),
     "fp64_only": (fp64_only_graph, lambda: {"x": np.random.RandomState(4).randn(2, 3)}),
+    "projection": (projection_graph, lambda: {"embedding": np.random.RandomState(6).randn(EMBEDDING).astype(np.float32)}),
+    "add_two": (add_two_graph, lambda: {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)}),
 }
 
 

@@ -1,6 +1,7 @@
 """An artifact cannot reach outside itself: its files stay inside its directory (or its
 package's) once links are resolved, and its hooks come only from the ``exports``
-package or the ``omni_edge.hooks`` entry points, checked when the plan is made."""
+package (declared there with ``@artifact_hook``) or the ``omni_edge.hooks`` entry points,
+checked when the plan is made."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
+from tests.conftest import REPO
 from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
 
@@ -102,3 +104,46 @@ def test_a_hook_registered_under_the_entry_point_group_is_allowed(tmp_path: Path
 def test_the_shipped_hooks_still_load() -> None:
     art = load_artifact("exports/piper-en-us-joe-medium")
     assert art.hook("preprocess") is not None and art.hook("postprocess") is not None
+
+
+@pytest.mark.parametrize("command", ["plan", "verify"])
+def test_an_undeclared_function_of_the_exports_package_is_refused_at_plan_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str,
+) -> None:
+    # write_reference(path, text) writes a file where its first argument says: named as a
+    # preprocess hook it would be called as write_reference(item, artifact), the request's
+    # text choosing the path. It is a helper of the build, not a declared hook.
+    import exports.piper_voice as piper
+
+    called: list[object] = []
+    monkeypatch.setattr(piper, "write_reference", lambda *a: called.append(a))
+    art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "exports.piper_voice:write_reference"})
+    err = _refused(capsys, one_stage_cli_args(tmp_path, art, command))
+    assert f"{art / 'manifest.yaml'}: preprocess" in err
+    assert ("'exports.piper_voice:write_reference' is not declared as a hook: a function of the 'exports' package "
+            "is a hook only when its module marks it with @artifact_hook (exports.piper_voice declares "
+            "postprocess, preprocess)") in err
+    assert "how to fix: name a declared hook of exports.piper_voice, or mark the function with @artifact_hook" in err
+    assert called == []
+
+
+def test_every_hook_a_shipped_manifest_names_is_declared_and_nothing_else_is() -> None:
+    import importlib
+
+    from stages.exported_graph.artifact import declared_hooks
+
+    named: dict[str, set[str]] = {}
+    for manifest in sorted((REPO / "exports").glob("*/manifest.yaml")):
+        art = load_artifact(manifest.parent)
+        for which in ("preprocess", "postprocess"):
+            target = getattr(art.manifest, which)
+            if target:
+                assert art.hook(which) is not None
+                module, _, fn = target.partition(":")
+                named.setdefault(module, set()).add(fn)
+    assert {"exports.piper_voice", "exports.whisper_asr"} <= set(named)
+    named.setdefault("exports.sentence_encoder", set()).update({"preprocess", "postprocess"})  # its artifact is generated
+    for module, fns in named.items():
+        assert declared_hooks(importlib.import_module(module)) == sorted(fns), module
+    for module in ("exports.silero_vad", "exports.whisper_ct2"):
+        assert declared_hooks(importlib.import_module(module)) == [], module

@@ -73,14 +73,17 @@ def test_a_stage_verified_in_the_openvino_route_runs_there_and_matches_the_cpu(t
 
 
 def test_a_failed_request_names_the_stage_and_the_device(tmp_path: Path) -> None:
-    artifact = write_artifact(tmp_path / "full", "full")
+    # Two lengths that do not broadcast: the item fits the graph's inputs, and the
+    # session itself fails (a mismatched item is a BadRequest before it: test_tensor_inputs.py).
+    artifact = write_artifact(tmp_path / "add", "add_two")
     config = _config(artifact, tmp_path, ["ort-cpu"])
     plan = plan_pipeline(config, machine_profile(), runtime=False)
     runner = ExportedGraphKind().runner(plan.stage("net"), config.stage("net"))
     runner.load()
     try:
         with pytest.raises(StageFailed) as info:
-            asyncio.run(_collect(runner.stream("r2", _items({"x": np.zeros((2, 5), np.float32)}))))
+            item = {"a": np.zeros(2, np.float32), "b": np.zeros(5, np.float32)}
+            asyncio.run(_collect(runner.stream("r2", _items(item))))
     finally:
         runner.close()
     assert info.value.stage == "net" and info.value.device == "cpu"
