@@ -118,7 +118,11 @@ class Key:
     parts: Mapping[str, Any]
     scaling: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
-    """For people (pipeline/stage); not part of the key."""
+    """For people (pipeline-stage); not part of the key."""
+    pipeline: str = ""
+    stage: str = ""
+    """The pipeline and stage (or the cost: ``(ray_runtime)``) it was recorded for; not part of the
+    key: what ``omni-edge calibration show/reset`` select by."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"subject": self.subject, "parts": dict(self.parts), "scaling": dict(self.scaling),
@@ -191,19 +195,20 @@ def stage_key(*, pipeline: str, stage: str, kind: str, artifact: Mapping[str, An
         "precision": precision,
         "settings": _sha(kwargs),
     }
-    return Key("stage", parts, scaling, label=f"{pipeline}-{stage}")
+    return Key("stage", parts, scaling, label=f"{pipeline}-{stage}", pipeline=pipeline, stage=stage)
 
 
 def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
     """The key of the Ray runtime's own memory on this machine."""
     return Key("ray_runtime", {"machine": machine_id(profile), "ray": _dist_version("ray"),
-                               "cluster": "local" if owned else "joined"}, label="ray-runtime")
+                               "cluster": "local" if owned else "joined"}, label="ray-runtime",
+               stage="(ray_runtime)")
 
 
 def server_key(profile: HardwareProfile) -> Key:
     """The key of the ``serve`` process's own memory on this machine (its Python and Ray)."""
     return Key("server", {"machine": machine_id(profile), "python": platform.python_version(),
-                          "ray": _dist_version("ray")}, label="server")
+                          "ray": _dist_version("ray")}, label="server", stage="(server)")
 
 
 # -- samples and entries -------------------------------------------------------------
@@ -286,6 +291,8 @@ class Entry:
     samples: tuple[dict[str, Any], ...]
     basis: tuple[Reservation, ...]
     label: str = ""
+    pipeline: str = ""
+    stage: str = ""
 
     def trusted(self) -> list[dict[str, Any]]:
         """Samples that are true measurements (no upper bounds)."""
@@ -304,10 +311,14 @@ class CalibrationStore:
         return self.root / key.filename()
 
     def _read(self, path: Path) -> Entry | None:
+        return self._checked(path)[0]
+
+    def _checked(self, path: Path) -> tuple[Entry | None, str | None]:
+        """The entry at ``path`` (None when there is none), or why it is not trusted."""
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return None
+            return None, None
         except (OSError, ValueError) as exc:
             problem: str | None = f"unreadable: {exc}"
         else:
@@ -317,9 +328,10 @@ class CalibrationStore:
             if line not in self.problems:
                 self.problems.append(line)
                 log.warning("%s; it is not trusted (plans use the metadata estimates)", line)
-            return None
+            return None, problem
         return Entry(path, doc["key"], doc["near_digest"], tuple(doc["samples"]),
-                     tuple(Reservation(**r) for r in doc.get("basis", [])), str(doc.get("label", "")))
+                     tuple(Reservation(**r) for r in doc.get("basis", [])), str(doc.get("label", "")),
+                     str(doc.get("pipeline") or ""), str(doc.get("stage") or "")), None
 
     def load(self, key: Key) -> Entry | None:
         return self._read(self.path(key))
@@ -368,12 +380,40 @@ class CalibrationStore:
                 "near_digest": key.near_digest(),
                 "key": key.to_dict(),
                 "label": key.label,
+                "pipeline": key.pipeline or (entry.pipeline if entry else ""),
+                "stage": key.stage or (entry.stage if entry else ""),
                 "basis": [r.to_dict() for r in basis] or [r.to_dict() for r in (entry.basis if entry else ())],
                 "samples": samples,
                 "updated_at": now(),
             }
             write_json_atomic(path, doc, indent=1)
         return path
+
+    def entries(self) -> tuple[list[Entry], list[tuple[Path, str]]]:
+        """Every entry in the store, and every file that is not one (path, why), sorted by name."""
+        good: list[Entry] = []
+        bad: list[tuple[Path, str]] = []
+        if not self.root.is_dir():
+            return good, bad
+        for path in sorted(self.root.glob("*.json")):
+            entry, problem = self._checked(path)
+            if entry is not None:
+                good.append(entry)
+            elif problem is not None:
+                bad.append((path, problem))
+        return good, bad
+
+    def remove_paths(self, paths: Iterable[Path]) -> list[Path]:
+        """Remove these entry files (under the lock); returns those that were there."""
+        removed = []
+        with exclusive_lock(self.root / ".lock"):
+            for path in paths:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+        return removed
 
     def remove(self, key: Key) -> bool:
         try:
