@@ -1,9 +1,9 @@
 """Does the voice's budget converge? Repeated long runs of the voice alone against one store.
 
     python bench/recycled_calibration.py [--runs 3] [--sentences 60]
-        [--profile configs/profiles/cpu-only-linux.json] [--store DIR] [--json FILE]
+        [--profile FILE] [--store DIR] [--json FILE]
 
-The Piper voice on ``ort-openvino`` (the profile's OpenVINO route worker, which
+The Piper voice on ``ort-openvino`` (this machine's OpenVINO route worker, which
 grows ~12 MiB per new sentence and is recycled at the stage's budget,
 docs/calibration.md), alone in a pipeline, run ``--runs`` times against one
 measurement store (a new temporary directory unless ``--store``): each run
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 
 
-def one_run(config: Path, profile: str, store: Path, texts: list[str]) -> dict[str, Any]:
+def one_run(config: Path, profile: str | None, store: Path, texts: list[str]) -> dict[str, Any]:
     from orchestrator.api import Pipeline
     from orchestrator.calibration import CalibrationStore
 
@@ -70,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=60)
-    ap.add_argument("--profile", default=str(ROOT / "configs/profiles/cpu-only-linux.json"))
+    ap.add_argument("--profile", help="a profile of this machine (default: probe it; the runs verify their gates)")
     ap.add_argument("--store", help="the measurement store (default: a new temporary directory)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
