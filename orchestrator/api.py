@@ -436,7 +436,8 @@ class Pipeline:
                 steady=m.get("steady_peak_bytes"), resident=m.get("resident_bytes"),
                 requests=int(m.get("requests") or 0),
                 max_in_flight=int(m.get("max_in_flight") or 0), max_prompt_chars=longest,
-                where=str(m.get("where") or ""), method=str(m.get("method") or ""), pool=s.pool or "host_ram")
+                where=str(m.get("where") or ""), method=str(m.get("method") or ""), pool=s.pool or "host_ram",
+                worker=m.get("worker"))
             # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
             basis = s.reservations if s.calibration is None else ()
             path = self.calibration.record(key, sample, basis)

@@ -67,9 +67,7 @@ SETTLED_FRACTION = 0.03
 SETTLED_RUNS = 5
 MIN_MARGIN_BYTES = 8 * MiB
 SPREAD_K = 2.0
-"""Margin >= k x the standard deviation of the recent peaks."""
-WIDEN_PER_OVERRUN = 1.0
-"""Each recent overrun adds this to k and one ``FLOOR_FRACTION`` to the floor."""
+"""The budget is at least the mean of the recent peaks + k x their standard deviation."""
 MAX_OVERRUN_WIDENING = 4
 REQUEST_PRIOR = 0.10
 """Until ``SPREAD_SAMPLES`` runs show how the part of a peak that requests bring (the
@@ -79,6 +77,14 @@ one run is one draw of what its requests carried (docs/calibration.md)."""
 SPREAD_SAMPLES = 3
 WINDOW = 20
 """Recent samples the spread, overruns and settling are judged over."""
+GROWTH_HORIZON_CALLS = 64
+"""For a recycled worker whose kind reserves no growth of its own: the calls, at the growth
+rate its runs measured, that the budget lets it grow over before it is recycled (the horizon
+of ``OPENVINO_ITEM_HORIZON`` in ``stages/exported_graph/kind.py``: a recycle costs a reopen,
+about 2.5 s for the voice, so at most one every 64 calls)…"""
+GROWTH_FRACTION = 0.5
+"""…and at most half of what one call needs (resident + its rise) again: a fast-growing
+worker is recycled more often rather than budgeted without bound."""
 MAX_SAMPLES = 50
 """Samples kept per entry (the largest peak is always kept)."""
 
@@ -112,7 +118,11 @@ class Key:
     parts: Mapping[str, Any]
     scaling: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
-    """For people (pipeline/stage); not part of the key."""
+    """For people (pipeline-stage); not part of the key."""
+    pipeline: str = ""
+    stage: str = ""
+    """The pipeline and stage (or the cost: ``(ray_runtime)``) it was recorded for; not part of the
+    key: what ``omni-edge calibration show/reset`` select by."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"subject": self.subject, "parts": dict(self.parts), "scaling": dict(self.scaling),
@@ -185,24 +195,30 @@ def stage_key(*, pipeline: str, stage: str, kind: str, artifact: Mapping[str, An
         "precision": precision,
         "settings": _sha(kwargs),
     }
-    return Key("stage", parts, scaling, label=f"{pipeline}-{stage}")
+    return Key("stage", parts, scaling, label=f"{pipeline}-{stage}", pipeline=pipeline, stage=stage)
 
 
 def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
     """The key of the Ray runtime's own memory on this machine."""
     return Key("ray_runtime", {"machine": machine_id(profile), "ray": _dist_version("ray"),
-                               "cluster": "local" if owned else "joined"}, label="ray-runtime")
+                               "cluster": "local" if owned else "joined"}, label="ray-runtime",
+               stage="(ray_runtime)")
 
 
 def server_key(profile: HardwareProfile) -> Key:
     """The key of the ``serve`` process's own memory on this machine (its Python and Ray)."""
     return Key("server", {"machine": machine_id(profile), "python": platform.python_version(),
-                          "ray": _dist_version("ray")}, label="server")
+                          "ray": _dist_version("ray")}, label="server", stage="(server)")
 
 
 # -- samples and entries -------------------------------------------------------------
+WORKER_FIELDS = ("recycle_limit_bytes", "call_rise_bytes", "worker_recycles", "worker_calls", "retained_bytes",
+                 "fresh_bytes")
+"""A worker the runtime recycles at a limit (``StageRunner.worker_stats``): the limit it ran
+under, the largest rise one call caused, recycles, calls, what the calls left behind, and a
+fresh worker's RSS. Null for every other stage (and in samples recorded before them)."""
 SAMPLE_INTS = ("peak_bytes", "load_bytes", "steady_bytes", "resident_bytes", "budget_bytes", "requests",
-               "max_in_flight", "max_prompt_chars")
+               "max_in_flight", "max_prompt_chars", *WORKER_FIELDS)
 
 
 def sample_problem(s: Any) -> str | None:
@@ -275,6 +291,8 @@ class Entry:
     samples: tuple[dict[str, Any], ...]
     basis: tuple[Reservation, ...]
     label: str = ""
+    pipeline: str = ""
+    stage: str = ""
 
     def trusted(self) -> list[dict[str, Any]]:
         """Samples that are true measurements (no upper bounds)."""
@@ -293,10 +311,14 @@ class CalibrationStore:
         return self.root / key.filename()
 
     def _read(self, path: Path) -> Entry | None:
+        return self._checked(path)[0]
+
+    def _checked(self, path: Path) -> tuple[Entry | None, str | None]:
+        """The entry at ``path`` (None when there is none), or why it is not trusted."""
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return None
+            return None, None
         except (OSError, ValueError) as exc:
             problem: str | None = f"unreadable: {exc}"
         else:
@@ -306,9 +328,10 @@ class CalibrationStore:
             if line not in self.problems:
                 self.problems.append(line)
                 log.warning("%s; it is not trusted (plans use the metadata estimates)", line)
-            return None
+            return None, problem
         return Entry(path, doc["key"], doc["near_digest"], tuple(doc["samples"]),
-                     tuple(Reservation(**r) for r in doc.get("basis", [])), str(doc.get("label", "")))
+                     tuple(Reservation(**r) for r in doc.get("basis", [])), str(doc.get("label", "")),
+                     str(doc.get("pipeline") or ""), str(doc.get("stage") or "")), None
 
     def load(self, key: Key) -> Entry | None:
         return self._read(self.path(key))
@@ -357,12 +380,40 @@ class CalibrationStore:
                 "near_digest": key.near_digest(),
                 "key": key.to_dict(),
                 "label": key.label,
+                "pipeline": key.pipeline or (entry.pipeline if entry else ""),
+                "stage": key.stage or (entry.stage if entry else ""),
                 "basis": [r.to_dict() for r in basis] or [r.to_dict() for r in (entry.basis if entry else ())],
                 "samples": samples,
                 "updated_at": now(),
             }
             write_json_atomic(path, doc, indent=1)
         return path
+
+    def entries(self) -> tuple[list[Entry], list[tuple[Path, str]]]:
+        """Every entry in the store, and every file that is not one (path, why), sorted by name."""
+        good: list[Entry] = []
+        bad: list[tuple[Path, str]] = []
+        if not self.root.is_dir():
+            return good, bad
+        for path in sorted(self.root.glob("*.json")):
+            entry, problem = self._checked(path)
+            if entry is not None:
+                good.append(entry)
+            elif problem is not None:
+                bad.append((path, problem))
+        return good, bad
+
+    def remove_paths(self, paths: Iterable[Path]) -> list[Path]:
+        """Remove these entry files (under the lock); returns those that were there."""
+        removed = []
+        with exclusive_lock(self.root / ".lock"):
+            for path in paths:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+        return removed
 
     def remove(self, key: Key) -> bool:
         try:
@@ -376,8 +427,9 @@ def sample(*, run: str, peak: int, budget: int | None, calibrated: bool, upper_b
            load: int | None = None, steady: int | None = None, resident: int | None = None,
            requests: int = 0, max_in_flight: int = 0,
            max_prompt_chars: int | None = None, where: str = "", method: str = "", pool: str = "host_ram",
-           when: str | None = None) -> dict[str, Any]:
-    """One sample, as the store keeps it."""
+           when: str | None = None, worker: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One sample, as the store keeps it (``worker``: a recycled worker's figures, ``WORKER_FIELDS``)."""
+    figures = {k: (None if not worker or worker.get(k) is None else int(worker[k])) for k in WORKER_FIELDS}
     return {
         "run": run, "when": when or now(), "where": where or socket.gethostname(), "pool": pool,
         "peak_bytes": int(peak), "load_bytes": None if load is None else int(load),
@@ -386,7 +438,7 @@ def sample(*, run: str, peak: int, budget: int | None, calibrated: bool, upper_b
         "budget_bytes": budget, "calibrated": calibrated, "upper_bound": upper_bound,
         "over_budget": budget is not None and int(peak) > budget,
         "requests": requests, "max_in_flight": max_in_flight, "max_prompt_chars": max_prompt_chars,
-        "method": method,
+        "method": method, **figures,
     }
 
 
@@ -399,23 +451,30 @@ class Margin:
 
 
 def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False, request_part: int = 0) -> Margin:
-    """The margin above the largest of ``peaks``: max(floor x largest, k x stdev, 8 MiB, and
-    while fewer than ``SPREAD_SAMPLES`` runs are known, ``REQUEST_PRIOR`` x the part of the
-    peak that requests brought). Each recent overrun widens it (k + 1, floor + 5 %); settled
-    runs narrow the floor to 3 %."""
+    """The margin above the largest of ``peaks``: max(floor x largest, what it takes to reach k
+    standard deviations above their mean, 8 MiB, and while fewer than ``SPREAD_SAMPLES`` runs
+    are known, ``REQUEST_PRIOR`` x the part of the peak that requests brought). Each recent
+    overrun widens the floor by 5 %; settled runs narrow it to 3 %.
+
+    The spread counts from the mean, not from the largest peak: the largest of N draws already
+    sits above the mean by about the spread, and counting k deviations on top of it again (as
+    before) put Ray's reservation at 1.29 GiB over 25 runs whose peaks were 525-932 MiB, the
+    early overruns widening k on top of a maximum that had already absorbed them. An overrun
+    therefore widens the floor only: the largest peak already holds the overrun itself."""
     largest = max(peaks)
+    mean = statistics.fmean(peaks)
     spread = statistics.pstdev(peaks) if len(peaks) > 1 else 0.0
     widen = min(overruns, MAX_OVERRUN_WIDENING)
     frac = (SETTLED_FRACTION if settled and not widen else FLOOR_FRACTION) + FLOOR_FRACTION * widen
-    k = SPREAD_K + WIDEN_PER_OVERRUN * widen
-    candidates = {"floor": math.ceil(frac * largest), "spread": math.ceil(k * spread),
+    k = SPREAD_K
+    candidates = {"floor": math.ceil(frac * largest), "spread": max(0, math.ceil(mean + k * spread - largest)),
                   "minimum": MIN_MARGIN_BYTES}
     prior = ""
     if len(peaks) < SPREAD_SAMPLES and request_part > 0:
         candidates["requests"] = math.ceil(REQUEST_PRIOR * request_part)
         prior = f", {REQUEST_PRIOR:.0%} of the {fmt_bytes(request_part)} requests brought"
     which = max(candidates, key=lambda c: candidates[c])
-    rule = (f"max({frac:.0%} of the largest peak, {k:g} x spread {fmt_bytes(int(spread))}, "
+    rule = (f"max({frac:.0%} of the largest peak, mean + {k:g} x spread {fmt_bytes(int(spread))}, "
             f"{fmt_bytes(MIN_MARGIN_BYTES)}{prior}) = {which}")
     if widen:
         rule += f"; widened for {widen} recent overrun(s)"
@@ -439,14 +498,21 @@ class Calibration:
     provenance: dict[str, Any]
     note: str = ""
     entry: str = ""
+    need: dict[str, Any] | None = None
+    """For a recycled worker: what its budget is made of (``resident_bytes``, ``call_rise_bytes``,
+    ``growth_bytes`` and ``growth_from``); None when the budget is the largest peak + margin."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "match": self.match, "before_bytes": self.before_bytes, "after_bytes": self.after_bytes,
             "evidence": self.evidence, "margin": {"bytes": self.margin_bytes, "rule": self.margin_rule},
             "largest_peak_bytes": self.largest_peak_bytes, "provenance": self.provenance, "note": self.note,
             "entry": self.entry,
         }
+        if self.need is not None:
+            out["need"] = dict(self.need)
+            out["call_rise_bytes"] = self.need["call_rise_bytes"]  # the runner starts its worker from it
+        return out
 
 
 def _profile_of(samples: list[dict[str, Any]]) -> tuple[int, int, int]:
@@ -524,8 +590,11 @@ def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Rese
         return None
     before = max(load_and_steady(reservations))
     peak, load, steady = _profile_of(trusted)
-    margin = _margin(entry)
     prov = provenance(entry)
+    needed = _need(reservations, trusted)
+    if needed is not None:
+        return _from_need(reservations, entry, needed, before, peak, prov)
+    margin = _margin(entry)
     floor, floor_note = _growth_floor(reservations, trusted)
     note = (f"measured: largest peak {fmt_bytes(peak)} of {prov['samples']} run(s) "
             f"({prov['first'][:16]}..{prov['last'][:16]}) + margin {fmt_bytes(margin.bytes)}{floor_note}")
@@ -533,6 +602,57 @@ def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Rese
     after = max(load_and_steady(out))
     assert after >= peak + margin.bytes, "a calibrated budget is never below the largest peak plus its margin"
     return out, Calibration("exact", before, after, "M", margin.bytes, margin.rule, peak, prov, entry=str(entry.path))
+
+
+def _limited(s: Mapping[str, Any]) -> bool:
+    """Whether ``s`` is a run of a worker recycled at a limit, with the figures to budget it from."""
+    return all(s.get(k) is not None for k in ("recycle_limit_bytes", "call_rise_bytes", "resident_bytes"))
+
+
+def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a recycled worker needs to do its work, when the latest run was one (else None):
+    the most it held right after a load (or a reopen), the largest rise one call caused, and the
+    growth it may keep before it is recycled — the kind's ``RETAINED_GROWTH`` reservation, else
+    the growth rate its runs measured over ``GROWTH_HORIZON_CALLS`` (at most ``GROWTH_FRACTION`` of
+    the rest). Its peak is not among them: the recycle limit, set from the budget, decided it."""
+    if not _limited(trusted[-1]):
+        return None
+    recent = [s for s in trusted[-WINDOW:] if _limited(s)]
+    resident = max(max(s["resident_bytes"], s.get("fresh_bytes") or 0) for s in recent)
+    rise = max(s["call_rise_bytes"] for s in recent)
+    kind_growth = sum(r.bytes for r in reservations if r.purpose == RETAINED_GROWTH)
+    calls = sum(s.get("worker_calls") or 0 for s in recent)
+    rate = sum(s.get("retained_bytes") or 0 for s in recent) / calls if calls else 0.0
+    if kind_growth:
+        growth, source = kind_growth, f"the kind's {RETAINED_GROWTH} reservation"
+    else:
+        growth = min(math.ceil(rate * GROWTH_HORIZON_CALLS), math.ceil(GROWTH_FRACTION * (resident + rise)))
+        source = (f"{fmt_bytes(int(rate))} a call measured over {calls} call(s) x {GROWTH_HORIZON_CALLS} "
+                  f"(at most {GROWTH_FRACTION:.0%} of resident + rise)")
+    return {"resident_bytes": resident, "call_rise_bytes": rise, "growth_bytes": growth, "growth_from": source,
+            "runs": len(recent), "needs": [max(s["resident_bytes"], s.get("fresh_bytes") or 0) + s["call_rise_bytes"]
+                                          for s in recent],
+            "overruns": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
+            "load": max(s["resident_bytes"] if s.get("load_bytes") is None else s["load_bytes"] for s in recent)}
+
+
+def _from_need(reservations: list[Reservation], entry: Entry, need: dict[str, Any], before: int, peak: int,
+               prov: dict[str, Any]) -> tuple[tuple[Reservation, ...], Calibration]:
+    """A recycled worker's reservations: steady state = resident + one call's rise + growth + a
+    margin from the spread of (resident + rise) over its runs; the load path as measured + margin.
+    Stationary figures, so the budget converges however long the runs (docs/calibration.md)."""
+    needs, overruns, load = need.pop("needs"), need.pop("overruns"), need.pop("load")
+    settled = need["runs"] >= SETTLED_RUNS and overruns == 0
+    margin = margin_for(needs, overruns, settled)
+    steady = need["resident_bytes"] + need["call_rise_bytes"] + need["growth_bytes"] + margin.bytes
+    note = (f"measured need: resident {fmt_bytes(need['resident_bytes'])} + one call's rise "
+            f"{fmt_bytes(need['call_rise_bytes'])} + growth {fmt_bytes(need['growth_bytes'])} "
+            f"({need['growth_from']}) + margin {fmt_bytes(margin.bytes)} over {need['runs']} run(s); the largest "
+            f"peak {fmt_bytes(peak)} is not evidence of need: the worker is recycled at its budget")
+    out = _rebuild(reservations, load + margin.bytes, steady, "M", note)
+    after = max(load_and_steady(out))
+    return out, Calibration("exact", before, after, "M", margin.bytes, margin.rule, peak, prov, note=note,
+                            entry=str(entry.path), need=need)
 
 
 def scaled(reservations: list[Reservation], entry: Entry, scaling: Mapping[str, Any],

@@ -37,6 +37,7 @@ COMMANDS = {
     "stages": "List the stage kinds and exported artifacts this installation knows, with where each came from.",
     "import": "Convert another project's pipeline config (vLLM-Omni stage_args or deploy YAML) into an omni-edge config.",
     "export": "Export a PyTorch module, a transformers model or an ONNX file as a validated artifact (docs/export.md).",
+    "calibration": "Show the measured budgets this machine keeps for each stage (their history), or reset them.",
 }
 
 

@@ -151,3 +151,27 @@ class RssMeter:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.sample()
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset ``pid``'s peak resident set (Linux: ``/proc/PID/clear_refs`` ← ``5``), so that
+    :func:`peak_rss_of` reads the peak since now; False where it cannot (not Linux, not ours)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_of(pid: int) -> int | None:
+    """``pid``'s peak resident set since it started or since :func:`reset_peak_rss` (Linux's
+    ``VmHWM``), in bytes; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -370,3 +370,11 @@ class StageRunner(ABC):
 
     def measured_peak_bytes(self) -> int | None:
         return None
+
+    def worker_stats(self) -> dict[str, int] | None:
+        """For a stage whose processes the runtime recycles at a memory limit (a route worker):
+        ``recycle_limit_bytes``, ``call_rise_bytes`` (the largest rise one call caused),
+        ``worker_recycles``, ``worker_calls``, ``retained_bytes`` (what the calls left behind),
+        ``fresh_bytes`` (a fresh worker's RSS). None otherwise. Calibration budgets such a
+        stage from these, not from its peak, which the limit shaped (docs/calibration.md)."""
+        return None

@@ -33,7 +33,7 @@ from typing import Any
 
 from orchestrator import settings
 from orchestrator.errors import VerificationError
-from orchestrator.memory import rss_of
+from orchestrator.memory import peak_rss_of, reset_peak_rss, rss_of
 from orchestrator.ort import worker as route_worker
 from orchestrator.ort.backends import plugin_wire
 from orchestrator.ort.hostproc import (
@@ -172,6 +172,12 @@ class WorkerSessions:
         """Handle given to the caller -> the current worker's handle (they differ after a recycle)."""
         self._calls_since_start = 0
         self._largest_rise = 0
+        self.calls = 0
+        """Calls run since the first start (over every worker)."""
+        self.retained_bytes = 0
+        """What the calls left behind: the sum of (RSS after - RSS before) over ``calls``."""
+        self.fresh_bytes = 0
+        """The RSS of the latest fresh worker once it had reopened its sessions (0: not recycled yet)."""
         self._broken: RecycleFailed | None = None
         self._start()
 
@@ -232,7 +238,8 @@ class WorkerSessions:
         OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose
         outputs vary in length grows without bound (docs/calibration.md). Before
         a call, when the worker has run a call and its RSS plus the largest rise
-        one call has caused so far passes ``recycle_limit``, the worker is
+        one call has caused so far (its peak during the call, not only what it
+        left behind: :attr:`largest_rise`) passes ``recycle_limit``, the worker is
         stopped, a fresh one opens the same sessions (the same arguments; the
         providers, node assignment and plugin must come back the same) and this
         call runs there. Calls are serialised, so no call in flight is cut; the
@@ -242,13 +249,31 @@ class WorkerSessions:
         """
         with self._lock:
             self._maybe_recycle()
-            before = rss_of(self._proc.pid) if self.recycle_limit is not None else 0
+            measuring = self.recycle_limit is not None
+            pid = self._proc.pid
+            before = rss_of(pid) if measuring else 0
+            peak_known = measuring and reset_peak_rss(pid)
             result = self._call_locked("run", {"handle": self._handles.get(handle, handle), "feeds": feeds},
                                        timeout or settings.RUN_TIMEOUT_S)
             self._calls_since_start += 1
-            if self.recycle_limit is not None:
-                self._largest_rise = max(self._largest_rise, rss_of(self._proc.pid) - before)
+            self.calls += 1
+            if measuring:
+                after = rss_of(pid)
+                peak = max(after, (peak_rss_of(pid) or 0) if peak_known else 0)
+                self._largest_rise = max(self._largest_rise, peak - before)
+                self.retained_bytes += after - before
             return result
+
+    @property
+    def largest_rise(self) -> int:
+        """The largest rise one call has caused: its peak RSS during the call (Linux's ``VmHWM``,
+        reset before the call; the RSS after it elsewhere) less the RSS before it."""
+        return self._largest_rise
+
+    def expect_rise(self, nbytes: int) -> None:
+        """Start from a rise measured before (a calibrated plan's), so the first calls of a run
+        are judged by it too, not only by the rises this worker has seen."""
+        self._largest_rise = max(self._largest_rise, int(nbytes))
 
     def close(self, handle: int) -> None:
         with contextlib.suppress(RouteError), self._lock:
@@ -297,7 +322,7 @@ class WorkerSessions:
             "over its limit of %d MiB; recycle %d", self.route.name, old_pid, self._proc.pid, _mib(rss),
             _mib(self._largest_rise), _mib(limit), self.recycles,
         )
-        fresh = rss_of(self._proc.pid)
+        fresh = self.fresh_bytes = rss_of(self._proc.pid)
         if fresh + self._largest_rise > limit:
             log.warning("route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
                         "recycled before every call; raise the stage's budget", self.route.name, _mib(fresh), _mib(limit))

@@ -282,6 +282,8 @@ class DeviceActor:
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "requests": h.requests,
             "max_in_flight": h.max_in_flight,
+            # a worker the runtime recycles at a limit: what calibration budgets it from
+            "worker": _worker_stats(h.runner),
         }
 
     async def measure(self, stage: str) -> dict[str, Any]:
@@ -578,3 +580,13 @@ def actor_class() -> Any:
     import ray
 
     return ray.remote(DeviceActor)
+
+
+def _worker_stats(runner: Any) -> dict[str, int] | None:
+    """The runner's ``worker_stats()`` (a recycled route worker's figures), or None."""
+    stats = getattr(runner, "worker_stats", None)
+    try:
+        return stats() if callable(stats) else None
+    except Exception:  # a figure that cannot be read is no figure, never a failed measure
+        log.debug("worker_stats() raised", exc_info=True)
+        return None

@@ -105,6 +105,9 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
             "resident_bytes": m.get("resident_bytes"),
             "max_in_flight": m.get("max_in_flight"),
             **({"worker_recycles": last["worker_recycles"]} if "worker_recycles" in last else {}),
+            # a worker recycled at a limit: the limit, the largest rise of one call, what the calls left
+            # behind — what the next plan budgets it from (its peak the limit shaped; docs/calibration.md)
+            "worker": m.get("worker"),
             "calibration": s.calibration,
             "drift": drift,
             "measured_by": m.get("method"),

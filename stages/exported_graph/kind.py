@@ -55,9 +55,11 @@ OPENVINO_ITEM_HORIZON = 64
 """Items the estimate covers (64 x 12 MiB = 768 MiB; the curve above puts 64 items of
 up to 200 characters at about 1.7 GiB, the estimate at 1.49 GiB for the voice):
 more than a calibration run of bench/calibration.py speaks (three prompts, each
-alone and four at once; its worker measured 1.19-1.27 GiB). Beyond it the worker
-keeps growing; calibration's drift (measured above budget) widens the next plan,
-and a long-lived server needs the plugin's growth bounded (not done here)."""
+alone and four at once; its worker measured 1.19-1.27 GiB). Beyond it the route
+worker is recycled before it passes its budget (stages/exported_graph/runner.py),
+and calibration keeps this growth in the budget on top of what the worker needs
+(resident + one call's rise), never the peak the recycling produced
+(docs/calibration.md, "A worker recycled at its budget")."""
 
 
 class ToleranceOverride(Strict):

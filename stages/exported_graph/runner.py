@@ -8,10 +8,12 @@ input item through preprocess → session → postprocess. The hooks run in this
 process; only the session runs in the route, so a route needs nothing but
 numpy and its onnxruntime build.
 
-A route worker is recycled (``WorkerSessions.recycle_limit``) when its RSS
-would pass the stage's planned budget (``StagePlan.budget_bytes()``: the worker
+A route worker is recycled (``WorkerSessions.recycle_limit``) when its RSS plus
+the largest rise one call has caused would pass the stage's planned budget
+(``StagePlan.budget_bytes()``, less ``RECYCLE_HEADROOM_FRACTION``: the worker
 holds all of the stage's memory, and the device actor measures the worker's
-RSS against that budget); ``request_stats`` reports ``worker_recycles``, and
+RSS against that budget); ``worker_stats()`` reports what calibration budgets
+it from (resident, the rise of one call, the growth the calls left behind); ``request_stats`` reports ``worker_recycles``, and
 ``process_ids()`` names the current worker, so the device actor follows it.
 
 Without a preprocess hook an item feeds the graph as it is (``feeds_for``): a
@@ -35,12 +37,26 @@ from orchestrator.memory import descendants
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.profile import THIS_PROCESS
+from orchestrator.units import MiB
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Route
+
+
+RECYCLE_HEADROOM_FRACTION = 0.02
+"""The recycle limit sits this far below the budget (and at least ``RECYCLE_HEADROOM_MIN``):
+the run-to-run noise of a load here is 1-2 % (docs/calibration.md), and a call may rise a
+little more than the largest rise seen so far."""
+RECYCLE_HEADROOM_MIN = 8 * MiB
+
+
+def recycle_limit(budget: int) -> int:
+    """The RSS a route worker is recycled at (with the largest rise of one call on top): the
+    stage's budget less the headroom, so the worker is replaced before it could pass the budget."""
+    return max(1, budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget)))
 
 
 def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRoute:
@@ -96,7 +112,10 @@ class ExportedGraphRunner(StageRunner):
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
         self._handle = self.load_info["handle"]
         if not self._host.in_process:
-            self._host.recycle_limit = self.plan.budget_bytes()
+            self._host.recycle_limit = recycle_limit(self.plan.budget_bytes())
+            rise = (self.plan.calibration or {}).get("call_rise_bytes")
+            if isinstance(rise, int) and rise > 0:
+                self._host.expect_rise(rise)
             self.load_info = {**self.load_info, "worker_recycle_limit_bytes": self._host.recycle_limit}
 
     def process_ids(self) -> list[int]:
@@ -107,6 +126,15 @@ class ExportedGraphRunner(StageRunner):
         if not self._pids or self._pids[0] != host.pid:
             self._pids = [host.pid, *descendants(host.pid)]
         return list(self._pids)
+
+    def worker_stats(self) -> dict[str, int] | None:
+        """What calibration budgets a recycled worker from (``StageRunner.worker_stats``)."""
+        host = self._host
+        if host is None or host.in_process or host.recycle_limit is None:
+            return None
+        return {"recycle_limit_bytes": int(host.recycle_limit), "call_rise_bytes": max(0, host.largest_rise),
+                "worker_recycles": host.recycles, "worker_calls": host.calls,
+                "retained_bytes": max(0, host.retained_bytes), "fresh_bytes": host.fresh_bytes}
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """``worker_recycles``: how many times the stage's route worker was replaced since the load."""

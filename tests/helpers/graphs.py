@@ -137,6 +137,27 @@ def add_two_graph() -> Any:
                   [h.make_tensor_value_info("y", T.FLOAT, ["k"])])
 
 
+GROWING_ROWS = 16
+"""The growing graph's intermediates are ``GROWING_ROWS`` x n floats (64 bytes per n)."""
+
+
+def growing_graph() -> Any:
+    """y[1, n] = the column sums of sin(x broadcast to [16, n]): two intermediates of 64 bytes per n.
+    Fed a larger n each call, ONNX Runtime's CPU arena (which keeps every region it extends by)
+    grows with every call, by construction: no free region holds the next call's tensors."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    return _model(
+        [h.make_node("Expand", ["x", "rows"], ["e"]), h.make_node("Sin", ["e"], ["s"]),
+         h.make_node("ReduceSum", ["s", "axes"], ["y"], keepdims=1)],
+        [h.make_tensor_value_info("x", T.FLOAT, [1, "n"])], [h.make_tensor_value_info("y", T.FLOAT, [1, "n"])],
+        [numpy_helper.from_array(np.array([GROWING_ROWS, 1], np.int64), "rows"),
+         numpy_helper.from_array(np.array([0], np.int64), "axes")],
+    )
+
+
 GRAPHS = {
     "full": (full_graph, lambda: {"x": np.random.RandomState(1).randn(5, K).astype(np.float32)}),
     "relu": (relu_graph, lambda: {"x": np.random.RandomState(5).randn(4, 8).astype(np.float32)}),
@@ -146,6 +167,7 @@ GRAPHS = {
     "fp64_only": (fp64_only_graph, lambda: {"x": np.random.RandomState(4).randn(2, 3)}),
     "projection": (projection_graph, lambda: {"embedding": np.random.RandomState(6).randn(EMBEDDING).astype(np.float32)}),
     "add_two": (add_two_graph, lambda: {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)}),
+    "growing": (growing_graph, lambda: {"x": np.random.RandomState(6).randn(1, 64).astype(np.float32)}),
 }
 
 

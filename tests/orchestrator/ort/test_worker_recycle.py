@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.errors import StageFailed
 from orchestrator.ort.sessions import RecycleFailed, ResolvedRoute, WorkerSessions
+from stages.exported_graph.runner import RECYCLE_HEADROOM_FRACTION, RECYCLE_HEADROOM_MIN
 
 pytestmark = pytest.mark.ort
 
@@ -169,8 +170,10 @@ def test_the_runner_limits_its_worker_to_the_stage_budget_and_reports_recycles_a
 ) -> None:
     runner = _runner(tmp_path)
     try:
-        assert runner._host.recycle_limit == runner.plan.budget_bytes() > 0
-        assert runner.load_info["worker_recycle_limit_bytes"] == runner.plan.budget_bytes()
+        budget = runner.plan.budget_bytes()
+        # recycled before it could pass the budget: the limit sits the headroom below it
+        assert runner._host.recycle_limit == budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget))
+        assert 0 < runner.load_info["worker_recycle_limit_bytes"] == runner._host.recycle_limit < budget
         _one(runner, "r0")
         pids = runner.process_ids()
         assert pids[0] == runner._host.pid
@@ -187,3 +190,23 @@ def test_the_runner_limits_its_worker_to_the_stage_budget_and_reports_recycles_a
         assert "request r2: RecycleFailed" in info.value.cause and "did not reopen" in info.value.cause
     finally:
         runner.close()
+
+
+def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(tmp_path: Path, host: Any) -> None:
+    """What a call allocates and frees before it returns (here its 16 MiB reply, encoded and sent)
+    counts in the rise the recycle rule adds to the RSS: judged by what the call left behind, a
+    worker at its limit ran past it (1238 MB measured against a 1229 MB budget, issue 19)."""
+    from orchestrator.memory import peak_rss_of, rss_of
+
+    if peak_rss_of(host.pid) is None:
+        pytest.skip("no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    handle = host.open(_spec(graph))["handle"]
+    host.recycle_limit = 1 << 50  # measured, never reached
+    x = np.random.default_rng(2).standard_normal((2048, 2048)).astype(np.float32)  # y: 16 MiB
+    host.run(handle, {"x": x})
+    before = rss_of(host.pid)
+    host.run(handle, {"x": x})
+    left = rss_of(host.pid) - before
+    assert host.largest_rise >= left + 12 * 2**20, (host.largest_rise, left)
+    assert host.calls == 2 and host.recycles == 0
