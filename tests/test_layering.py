@@ -40,6 +40,8 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "numpy": "arrays exist only where a session or a runner runs; planning must not pay ~0.1 s for it",
     "pynvml": "optional (the gpu extra): the GPU probe falls back to nvidia-smi without it",
     "espeakng_loader": "the Piper voice's phonemizer library, loaded when the hook runs, not when the artifact is read",
+    "safetensors": "the Omni talker's own tensors, read when its stage loads (the run extra; planning reads headers itself)",
+    "tokenizers": "the tiny Omni checkpoints' tokenizer, built once at set-up by exports/omni_tiny.py",
     "rich": "tables, progress bars and cell widths cost tens of ms to import; `plan --json` and the planning path draw none",
 }
 LAZY_IMPORTERS_ALLOWED: dict[str, str] = {
