@@ -33,8 +33,8 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     # imported package (top-level name): why it may be imported inside a function
     "ray": "the runtime's cluster and actors; seconds to import, and plan/verify never need it",
     "vllm": "the ar_decode runner, inside a device actor only; 8-12 s to import",
-    "torch": "the GGUF → safetensors conversion in the model cache, before an engine starts",
-    "transformers": "the same conversion and the tokenizer; pulls torch",
+    "torch": "the GGUF → safetensors conversion in the model cache, before an engine starts; the transformers runner",
+    "transformers": "the same conversion, the tokenizer and the transformers runner (in a device actor); pulls torch",
     "onnxruntime": "sessions open only in gates, runners and route workers, never while planning",
     "onnx": "graph statistics, read once per graph file and memoised: a warm plan never imports it",
     "numpy": "arrays exist only where a session or a runner runs; planning must not pay ~0.1 s for it",
