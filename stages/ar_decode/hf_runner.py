@@ -53,7 +53,7 @@ from stages.ar_decode import omni
 from stages.ar_decode.model_cache import resolve_model
 from stages.ar_decode.runner import QUIET_ENV, _encode, check_length, request_parts
 from stages.base import StageRunner
-from stages.payloads import on_port
+from stages.payloads import on_port, split_input
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -77,6 +77,7 @@ class _Request:
     tokens: int = 0
     finish_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    first_input: float | None = None
 
     def put(self, item: Any) -> None:
         # RuntimeError: the request's event loop is gone, nobody is listening.
@@ -172,13 +173,19 @@ class TransformersRunner(StageRunner):
         """Text deltas (and hidden states) for a prompt; codec codes for a talker's joined input."""
         if self._model is None and self._talker is None:
             raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
-        items = [item async for item in inputs]
         req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
-        sampling = request_parts(self.stage, [{"prompt": "-"}])[1] if self._talker is not None else None
-        if self._talker is not None:
-            job = self._talker_job(req, items, sampling or {})
+        feeding: asyncio.Task[None] | None = None
+        if self._talker is not None and getattr(self.stage, "join", None) == "latest":
+            # the talker starts on the thinker's first steps, each joined item bringing the next
+            feed = omni.HandoverFeed(f"{self.plan.name}: thinker.hidden_states")
+            job = self._talker_stream_job(req, feed, request_parts(self.stage, [{"prompt": "-"}])[1])
+            feeding = asyncio.create_task(self._feed(req, feed, inputs))
         else:
-            job = self._text_job(req, items)
+            items = [item async for item in inputs]
+            if self._talker is not None:
+                job = self._talker_job(req, items, request_parts(self.stage, [{"prompt": "-"}])[1])
+            else:
+                job = self._text_job(req, items)
         worker = threading.Thread(target=self._run, args=(req, job), name=f"hf-{self.plan.name}", daemon=True)
         worker.start()
         finished = False
@@ -196,7 +203,26 @@ class TransformersRunner(StageRunner):
             if not finished:
                 req.cancel.set()
                 req.finish_reason = "abort"
+            if feeding is not None and not feeding.done():
+                feeding.cancel()
             self._done[request_id] = self._stats(req)
+
+    async def _feed(self, req: _Request, feed: omni.HandoverFeed, inputs: AsyncIterator[Any]) -> None:
+        """Hand the joined items' hidden states to ``feed`` as they arrive; a malformed one fails the request."""
+        try:
+            async for joined in inputs:
+                if isinstance(joined, dict) and not any(split_input(str(k))[1] == "hidden_states" for k in joined):
+                    continue  # latest: the text arrived before any hidden state
+                feed.add(joined[omni.hidden_key(self.stage, joined)])
+                if req.first_input is None:
+                    req.first_input = time.perf_counter()
+        except BaseException as exc:
+            req.cancel.set()
+            if not isinstance(exc, asyncio.CancelledError):
+                req.put(exc)
+            raise
+        finally:
+            feed.finish()
 
     def _run(self, req: _Request, job: Any) -> None:
         # One generate() at a time (torch's threads are the process's); a request arriving while
@@ -231,9 +257,11 @@ class TransformersRunner(StageRunner):
         def job() -> None:
             detok = omni.Detokenizer(tokenizer)
             pending: dict[str, Any] = {}
+            steps = [0]
 
             def on_step(fed_ids: Any, embeds: Any, hidden: Any) -> None:
-                pending.update(token_ids=fed_ids, embeds=embeds, hidden=hidden)
+                pending.update(step=steps[0], token_ids=fed_ids, embeds=embeds, hidden=hidden)
+                steps[0] += 1
 
             def on_token(token: int) -> None:
                 if req.first_token is None:
@@ -259,6 +287,7 @@ class TransformersRunner(StageRunner):
         talker = self._talker
         assert talker is not None
         handover = omni.joined_handover(self.stage, items)
+        talker.check(handover)  # a hand-over of another width is refused here, before any work
 
         def job() -> None:
             def on_codes(codes: list[int]) -> None:
@@ -273,6 +302,31 @@ class TransformersRunner(StageRunner):
                 "width": int(handover.hidden[0].shape[1]), "dtype": str(handover.hidden[0].dtype),
                 "layer": handover.layer}
             req.finish_reason = talker.generate(handover, sampling, on_codes=on_codes, cancel=req.cancel)
+
+        return job
+
+    def _talker_stream_job(self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]) -> Any:
+        talker = self._talker
+        if not isinstance(talker, omni.Qwen25Talker):
+            raise BadRequest.single(f"stages.{self.plan.name}.join", "latest: this talker starts on its whole "
+                                    "hand-over only", "use join: all")
+
+        def job() -> None:
+            def on_codes(codes: list[int]) -> None:
+                if req.first_token is None:
+                    req.first_token = time.perf_counter()
+                req.tokens += 1
+                req.put(codes)
+
+            req.finish_reason = talker.generate_streaming(feed, sampling, on_codes=on_codes, cancel=req.cancel)
+            req.prompt_tokens = len(feed.steps[0]["token_ids"]) if feed.steps else 0
+            if feed.steps:
+                req.extra["hidden_states"] = {
+                    "steps": len(feed.steps), "tokens": sum(int(s["hidden"].shape[0]) for s in feed.steps),
+                    "width": int(feed.steps[0]["hidden"].shape[1]), "dtype": str(feed.steps[0]["hidden"].dtype),
+                    "layer": int(feed.steps[0]["layer"].reshape(-1)[0]), "streamed": True}
+            if req.first_input is not None and req.first_token is not None:
+                req.extra["first_code_after_first_step_s"] = round(req.first_token - req.first_input, 4)
 
         return job
 

@@ -190,6 +190,9 @@ thinker2talker hands the talker the thinker's whole output. ``zip`` would pair t
 hidden state with the i-th text item, and the talker takes text whole (one item at the
 thinker's end) while hidden states stream: that zip stalls (the config loader refuses it)."""
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+STREAMING_TALKERS = ("qwen2_5_omni",)
+"""Omni checkpoints whose talker may start on the thinker's first steps (``join: latest``,
+vLLM-Omni's async_chunk; ``stages.ar_decode.omni.Qwen25Talker.generate_streaming``)."""
 
 
 def _index_tensor_names(path: Path) -> list[str] | None:
@@ -302,6 +305,11 @@ class ArDecodeKind(StageKind):
             tcfg = text_config(manifest.config, stage.model_stage)
         except KeyError as exc:
             raise errors.ConfigError.single(f"stages.{stage.name}.model_stage", f"{exc.args[0]} in {path}", "use a sub-model the checkpoint has, or drop model_stage") from None
+        if stage.model_stage == "talker" and stage.join == "latest" and manifest.config.get("model_type") not in STREAMING_TALKERS:
+            raise errors.ConfigError.single(
+                f"stages.{stage.name}.join", f"latest: the {manifest.config.get('model_type')} talker here starts on its "
+                "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
+                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)")
         where = str(path) if kind == "gguf" else f"{path}/config.json"
         problems = [
             errors.Problem(

@@ -14,6 +14,7 @@ talker reads, with the token ids. One step is one item on the thinker's
 ==================  ==============  ====================================================
 key                 dtype, shape    what
 ==================  ==============  ====================================================
+``step``            int64 [1]       the forward step (0: the prompt)
 ``token_ids``       int64 [n]       the tokens this step fed (the prompt, then one)
 ``embeds``          float32 [n, H]  their input embeddings (H: the thinker's hidden size)
 ``hidden``          float32 [n, H]  their hidden states at ``layer``
@@ -50,7 +51,7 @@ OMNI_MODEL_TYPES = {
     "qwen3_omni_moe": ("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeTalkerForConditionalGeneration"),
 }
 """``model_type`` of an Omni checkpoint → (its whole model class, its talker class) in transformers."""
-HANDOVER_KEYS = ("token_ids", "embeds", "hidden", "next_token", "eos_token_ids", "layer")
+HANDOVER_KEYS = ("step", "token_ids", "embeds", "hidden", "next_token", "eos_token_ids", "layer")
 DEFAULT_SPEAKER = {"qwen2_5_omni": "Chelsie", "qwen3_omni_moe": "ethan"}
 """The speaker each model's own ``generate()`` uses when none is named."""
 QWEN25_TALKER_EOS = ("tts_codec_pad_token_id", "tts_codec_end_token_id")
@@ -217,6 +218,7 @@ def handover_item(spec: HandoverSpec, step: dict[str, Any], next_token: int) -> 
     import numpy as np
 
     return {
+        "step": np.asarray([step["step"]], dtype=np.int64),
         "token_ids": np.asarray(step["token_ids"], dtype=np.int64),
         "embeds": np.asarray(step["embeds"], dtype=np.float32),
         "hidden": np.asarray(step["hidden"], dtype=np.float32),
@@ -267,34 +269,91 @@ class Handover:
         return len(self.prompt_ids)
 
 
+HOW_TO_FEED = "feed the talker from its thinker: inputs [thinker.hidden_states, thinker.text], join: all (or latest)"
+
+
+def hidden_key(stage: Any, joined: Any) -> str:
+    """The key of a joined item that holds the thinker's hidden states (``BadRequest`` when none)."""
+    keys = [k for k in joined if split_input(str(k))[1] == "hidden_states"] if isinstance(joined, dict) else []
+    if len(keys) != 1:
+        got = sorted(joined) if isinstance(joined, dict) else type(joined).__name__
+        raise BadRequest.single(f"stages.{stage.name}.inputs", f"no thinker hidden_states among {got}", HOW_TO_FEED)
+    return str(keys[0])
+
+
+def check_step(step: Any, where: str, width: int | None) -> tuple[Any, Any, Any]:
+    """One hand-over item's ``(embeds, hidden, token_ids)`` arrays; ``BadRequest`` naming ``where``."""
+    import numpy as np
+
+    if not isinstance(step, dict) or set(step) != set(HANDOVER_KEYS):
+        got = sorted(step) if isinstance(step, dict) else type(step).__name__
+        raise BadRequest.single(where, f"is {got}, not the thinker's hand-over {list(HANDOVER_KEYS)}", HOW_TO_FEED)
+    e, h, t = np.asarray(step["embeds"]), np.asarray(step["hidden"]), np.asarray(step["token_ids"]).reshape(-1)
+    if e.ndim != 2 or h.shape != e.shape or e.shape[0] != t.shape[0] or (width is not None and e.shape[1] != width):
+        raise BadRequest.single(where, f"embeds {e.shape} / hidden {h.shape} / token_ids {t.shape} do not agree: "
+                                f"each must be [tokens, {width or 'hidden'}]", HOW_TO_FEED)
+    return e, h, t
+
+
+class HandoverFeed:
+    """The thinker's hand-over as it arrives (a ``latest`` join: one step per joined item), for a
+    talker that starts on its first steps; the generation thread waits here for the step it needs."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.steps: list[dict[str, Any]] = []
+        self.finished = False
+        self._cond = threading.Condition()
+
+    def add(self, step: Any) -> None:
+        """Append the next step (a repeated one — ``latest`` re-sends the newest with each other input's
+        item — is skipped); ``BadRequest`` for one out of order or malformed."""
+        import numpy as np
+
+        width = self.steps[0]["embeds"].shape[1] if self.steps else None
+        check_step(step, f"{self.key}[{len(self.steps)}]", width)
+        index = int(np.asarray(step["step"]).reshape(-1)[0])
+        with self._cond:
+            if index < len(self.steps):
+                return
+            if index != len(self.steps):
+                raise BadRequest.single(f"{self.key}[{len(self.steps)}]", f"is step {index}, not {len(self.steps)}",
+                                        "the thinker's steps must arrive in order (join: latest or all)")
+            self.steps.append({k: np.asarray(v) for k, v in step.items()})
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self.finished = True
+            self._cond.notify_all()
+
+    def wait(self, i: int, cancel: threading.Event) -> bool:
+        """Whether step ``i`` arrived, waiting for it until the thinker ends or the request is cancelled."""
+        with self._cond:
+            while len(self.steps) <= i and not self.finished and not cancel.is_set():
+                self._cond.wait(0.05)
+            return len(self.steps) > i
+
+
 def joined_handover(stage: Any, items: list[Any]) -> Handover:
     """The talker's joined input (``{"thinker.hidden_states": [...], "thinker.text": [...]}``, as the
     ``all`` join hands it) as a :class:`Handover`; ``BadRequest`` (where, what, fix) for anything else."""
     import numpy as np
 
-    how = "feed the talker from its thinker: inputs [thinker.hidden_states, thinker.text], join: all"
+    how = HOW_TO_FEED
     if len(items) != 1 or not isinstance(items[0], dict):
         raise BadRequest.single(f"stages.{stage.name}.inputs", "the talker takes one joined item (its thinker's whole hand-over)", how)
     joined = items[0]
-    keys = [k for k in joined if split_input(str(k))[1] == "hidden_states"]
-    if len(keys) != 1:
-        raise BadRequest.single(f"stages.{stage.name}.inputs", f"no thinker hidden_states among {sorted(joined)}", how)
-    steps = joined[keys[0]]
+    key = hidden_key(stage, joined)
+    steps = joined[key]
     if not isinstance(steps, list) or not steps:
-        raise BadRequest.single(f"{keys[0]}", "the thinker handed over no hidden states (did it generate a token?)", how)
+        raise BadRequest.single(key, "the thinker handed over no hidden states (did it generate a token?)", how)
     embeds, hidden, prompt, generated = [], [], [], []
     eos: list[int] = []
     layer = -1
     width = None
     for i, step in enumerate(steps):
-        where = f"{keys[0]}[{i}]"
-        if not isinstance(step, dict) or set(step) != set(HANDOVER_KEYS):
-            got = sorted(step) if isinstance(step, dict) else type(step).__name__
-            raise BadRequest.single(where, f"is {got}, not the thinker's hand-over {list(HANDOVER_KEYS)}", how)
-        e, h, t = np.asarray(step["embeds"]), np.asarray(step["hidden"]), np.asarray(step["token_ids"]).reshape(-1)
-        if e.ndim != 2 or h.shape != e.shape or e.shape[0] != t.shape[0] or (width is not None and e.shape[1] != width):
-            raise BadRequest.single(where, f"embeds {e.shape} / hidden {h.shape} / token_ids {t.shape} do not agree: "
-                                    f"each must be [tokens, {width or 'hidden'}]", how)
+        e, h, t = check_step(step, f"{key}[{i}]", width)
         width = e.shape[1]
         embeds.append(e)
         hidden.append(h)
@@ -437,6 +496,79 @@ class Qwen25Talker(Talker):
                             inputs_embeds=embeds, attention_mask=None, suppress_tokens=[talker.codec_bos_token],
                             eos_token_id=stop, pad_token_id=talker.codec_pad_token, use_audio_in_video=False,
                             streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]), **kwargs)
+        return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
+
+
+    def generate_streaming(self, feed: HandoverFeed, sampling: dict[str, Any], *,
+                           on_codes: Callable[[list[int]], None], cancel: threading.Event) -> str:
+        """The same talker started on the thinker's first two steps (vLLM-Omni's ``async_chunk``):
+        the prefill reads the prompt's step and the first generated token's; each later step reads
+        the next entry of what ``generate`` would have built whole (the next fed token's hidden
+        state + embedding, then the text end, then padding), waiting for the thinker when it is
+        behind. Codes are those of :meth:`generate` (the parity test runs both)."""
+        import torch
+        from transformers import StoppingCriteriaList
+
+        if not feed.wait(0, cancel):
+            if cancel.is_set():
+                return "abort"
+            raise BadRequest.single(feed.key, "the thinker handed over no hidden states (did it generate a token?)",
+                                    HOW_TO_FEED)
+        feed.wait(1, cancel)
+        talker, dev = self.talker, self.device
+        first = feed.steps[0]
+        width = int(first["embeds"].shape[1])
+        if width != self.thinker_width:
+            raise BadRequest.single("thinker.hidden_states", f"hidden states are {width} wide; this talker reads "
+                                    f"{self.thinker_width} (its thinker's hidden size)",
+                                    "feed the talker from the thinker of the same checkpoint")
+        input_ids = torch.tensor([[int(t) for t in first["token_ids"]]], dtype=torch.long, device=dev)
+        gen0 = int(first["next_token"].reshape(-1)[0])
+        bos = int(self.speaker_params["bos_token"])
+        text_ids = torch.cat([input_ids, torch.tensor([[bos, gen0]], dtype=torch.long, device=dev)], dim=-1)
+        codec_ids = torch.cat([
+            torch.full_like(input_ids, fill_value=talker.codec_mask_token),
+            torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
+            torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
+        ], dim=1)
+
+        def entry(i: int) -> Any:  # a step's hidden state + embedding, as generate() adds them
+            step = feed.steps[i]
+            return self._tensor(step["hidden"]) + self._tensor(step["embeds"])
+
+        bos_embed = self.embed_tokens(torch.full((1, 1), bos, dtype=torch.long, device=dev))
+        embeds = torch.cat([entry(0), bos_embed, *([entry(1)] if len(feed.steps) > 1 else [])], dim=1)
+        eos_embed = self.embed_tokens(torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev))
+        pad_embed = self.embed_tokens(torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev))
+        decoded = [0]
+
+        def remaining(j: int) -> Any:
+            # generate()'s thinker_reply_part after the prefill took its first entry: the steps
+            # from the third on, the text end, then padding
+            if feed.wait(j + 2, cancel):
+                return entry(j + 2)
+            return eos_embed if j == max(len(feed.steps) - 2, 0) else pad_embed
+
+        def before(module: Any, args: Any, kwargs: Any) -> Any:
+            if kwargs.get("inputs_embeds") is None:  # a decode step: it reads thinker_reply_part's first entry
+                kwargs["thinker_reply_part"] = torch.cat([remaining(decoded[0]), pad_embed], dim=1)
+                decoded[0] += 1
+            return args, kwargs
+
+        stop = [int(getattr(self.config.talker_config, k)) for k in QWEN25_TALKER_EOS]
+        kwargs = _sampling_kwargs(sampling)
+        streamer = _Streamer(lambda t: None if t in stop else on_codes([t]))
+        hook = talker.register_forward_pre_hook(before, with_kwargs=True)
+        _seed(sampling)
+        try:
+            with torch.no_grad():
+                talker.generate(input_ids=codec_ids, input_text_ids=text_ids,
+                                thinker_reply_part=torch.cat([pad_embed, pad_embed], dim=1),
+                                inputs_embeds=embeds, attention_mask=None, suppress_tokens=[talker.codec_bos_token],
+                                eos_token_id=stop, pad_token_id=talker.codec_pad_token, use_audio_in_video=False,
+                                streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]), **kwargs)
+        finally:
+            hook.remove()
         return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
 
 

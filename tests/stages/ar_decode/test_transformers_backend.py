@@ -238,6 +238,14 @@ def test_thinker_tokens_and_talker_codes_match_transformers_generate(model: str,
 
 def test_a_talker_request_closed_after_its_first_code_stops_generating(runners: dict[str, Any]) -> None:
     thinker, talker = runners["qwen2_5.thinker"], runners["qwen2_5.talker"]
+    configured = talker.stage
+    try:
+        _cancel_mid_talker(thinker, talker)
+    finally:
+        talker.stage = configured
+
+
+def _cancel_mid_talker(thinker: Any, talker: Any) -> None:
     long = talker.stage.sampling.model_copy(update={"min_tokens": 600, "max_tokens": 600})
     talker.stage = talker.stage.model_copy(update={"sampling": long})  # 600 codes: long by construction
     text, hidden = _think(thinker, "c1")
@@ -253,3 +261,88 @@ def test_a_talker_request_closed_after_its_first_code_stops_generating(runners: 
     after = talker.request_stats("c2")
     assert after["waited_for_previous"] is False
     assert after["aborted_before"]["requests"] == 1 and after["aborted_before"]["last_tokens"] < 600
+
+
+def test_a_hand_over_the_talker_cannot_read_is_refused_by_name(runners: dict[str, Any]) -> None:
+    import numpy as np
+
+    from orchestrator.errors import BadRequest
+
+    talker = runners["qwen3.talker"]
+    step = {"step": np.array([0]), "token_ids": np.arange(3, dtype=np.int64), "embeds": np.zeros((3, 32), np.float32),
+            "hidden": np.zeros((3, 32), np.float32), "next_token": np.array([5]), "eos_token_ids": np.array([258]),
+            "layer": np.array([1])}
+    with pytest.raises(BadRequest) as exc:
+        _talk(talker, "w1", "x", [step])
+    assert "hidden states are 32 wide; this talker reads 64" in str(exc.value)
+    with pytest.raises(BadRequest) as exc:
+        _talk(talker, "w2", "x", [{**step, "embeds": np.zeros((2, 32), np.float32)}])
+    assert "thinker.hidden_states[0]" in str(exc.value) and "do not agree" in str(exc.value)
+    with pytest.raises(BadRequest) as exc:
+        _talk(talker, "w3", "x", ["not a hand-over"])
+    assert "is str, not the thinker's hand-over" in str(exc.value)
+
+
+def test_sampling_with_a_seed_repeats_and_min_tokens_holds_off_the_end(runners: dict[str, Any]) -> None:
+    thinker = runners["qwen3.thinker"]
+    request = {"prompt": PROMPT, "sampling": {"temperature": 1.5, "top_k": 50, "seed": 7, "min_tokens": 20, "max_tokens": 20}}
+
+    def tokens(rid: str, req: dict[str, Any]) -> list[int]:
+        async def main() -> list[Any]:
+            return [x async for x in thinker.stream(rid, _items(req))]
+
+        return [int(v["next_token"][0]) for p, v in map(untag, asyncio.run(main())) if p == "hidden_states"]
+
+    first, again = tokens("s1", request), tokens("s2", request)
+    other = tokens("s3", {**request, "sampling": {**request["sampling"], "seed": 8}})
+    assert first == again and len(first) == 20 and other != first
+    assert omni_tiny.TOKEN["<|im_end|>"] not in first[:-1]  # the end is not sampled before min_tokens
+    stats = thinker.request_stats("s1")
+    assert (stats["tokens"], stats["finish_reason"]) == (20, "length")
+
+
+def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(runners: dict[str, Any]) -> None:
+    """join: latest — the talker starts on the thinker's first two steps (vLLM-Omni's async_chunk).
+    The rest of the hand-over is held back until the first code has come: a talker that needed the
+    whole hand-over would never produce it (the test would time out). Codes: those of the whole
+    hand-over, and of transformers' generate()."""
+    thinker, talker = runners["qwen2_5.thinker"], runners["qwen2_5.talker"]
+    whole_stage = talker.stage
+    text, hidden = _think(thinker, "l1")
+    whole = _talk(talker, "l0", text, hidden)
+    talker.stage = whole_stage.model_copy(update={"join": "latest"})
+    first_code = asyncio.Event()
+
+    async def latest() -> AsyncIterator[Any]:
+        for i, step in enumerate(hidden):
+            if i == 2:
+                await asyncio.wait_for(first_code.wait(), timeout=60)
+            yield {"thinker.hidden_states": step}
+        yield {"thinker.hidden_states": hidden[-1], "thinker.text": text}  # latest re-sends the newest step
+
+    async def main() -> list[Any]:
+        out = []
+        async for codes in talker.stream("l1", latest()):
+            out.append(codes)
+            first_code.set()
+        return out
+
+    try:
+        streamed = asyncio.run(main())
+    finally:
+        talker.stage = whole_stage
+    assert streamed == whole and len(streamed) == 64
+    stats = talker.request_stats("l1")
+    assert stats["hidden_states"]["streamed"] is True and stats["hidden_states"]["steps"] == len(hidden)
+    ref = reference(DIRS["qwen2_5"], PROMPT, thinker_max=24, talker_max=64)
+    assert streamed == ref.codes
+
+
+def test_a_talker_that_cannot_stream_refuses_join_latest_by_name(tmp_path: Path) -> None:
+    doc = CONFIGS["qwen3"].read_text().replace("join: all", "join: latest").replace(
+        "../../exports", str(REPO / "exports"))
+    (tmp_path / "q3.yaml").write_text(doc)
+    with pytest.raises(errors.ConfigError) as exc:
+        plan_pipeline(load_config(tmp_path / "q3.yaml"), load_profile(CPU_PROFILE))
+    assert "stages.talker.join" in str(exc.value) and "whole hand-over only" in str(exc.value)
+    assert "use join: all" in str(exc.value)
