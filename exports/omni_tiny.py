@@ -98,7 +98,7 @@ SCALE_DOWN: dict[str, list[tuple[str, Any, Any]]] = {
         ("talker: accept_hidden_layer (the thinker layer it reads)", "24", "1"),
         ("talker: num_code_groups / codebook", "16 / 2048", f"{Q3_CODE_GROUPS} / {Q3_CODEBOOK}"),
         ("code predictor: hidden / layers / heads", "1024 / 5 / 16", "32 / 1 / 2"),
-        ("code2wav: hidden / layers / decoder_dim", "1024 / 8 / 1536", "32 / 1 / 32"),
+        ("code2wav: hidden / layers / heads / sliding window / decoder_dim", "1024 / 8 / 16 / 72 / 1536", "32 / 2 / 2 / 8 / 64"),
     ],
 }
 """What each tiny checkpoint scaled down, against the real configuration (transformers'
@@ -246,11 +246,14 @@ def qwen3_omni_config() -> Any:
 
 
 def tiny_code2wav_config() -> dict[str, Any]:
-    """Qwen3-Omni's code2wav scaled down (real: hidden 1024, 8 layers, decoder_dim 1536, codebook
-    2048, 16 quantizers); its codebook and quantizers match the tiny talker's codes."""
+    """Qwen3-Omni's code2wav scaled down (real: hidden 1024, 8 layers, 16 heads, sliding window 72,
+    decoder_dim 1536, codebook 2048, 16 quantizers); its codebook and quantizers match the tiny
+    talker's codes. The same figures as the exported code2wav's tiny model
+    (``exports/qwen3_omni_code2wav.py``, ``tiny_code2wav_config``, a separate piece of work); the
+    weights here are this build's own until that one's are copied in."""
     return {"codebook_size": Q3_CODEBOOK, "num_quantizers": Q3_CODE_GROUPS, "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
-            "decoder_dim": 32, "max_position_embeddings": 8000}
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "sliding_window": 8, "decoder_dim": 64}
 
 
 def _readme(name: str, model_class: str, config: Any, params: int, size: int) -> str:
