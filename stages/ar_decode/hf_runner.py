@@ -216,11 +216,12 @@ class TransformersRunner(StageRunner):
                 feed.add(joined[omni.hidden_key(self.stage, joined)])
                 if req.first_input is None:
                     req.first_input = time.perf_counter()
-        except BaseException as exc:
+        except asyncio.CancelledError:
             req.cancel.set()
-            if not isinstance(exc, asyncio.CancelledError):
-                req.put(exc)
             raise
+        except Exception as exc:  # handed to the request, which raises it (a BadRequest names the item)
+            req.cancel.set()
+            req.put(exc)
         finally:
             feed.finish()
 

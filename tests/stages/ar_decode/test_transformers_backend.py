@@ -346,3 +346,26 @@ def test_a_talker_that_cannot_stream_refuses_join_latest_by_name(tmp_path: Path)
         plan_pipeline(load_config(tmp_path / "q3.yaml"), load_profile(CPU_PROFILE))
     assert "stages.talker.join" in str(exc.value) and "whole hand-over only" in str(exc.value)
     assert "use join: all" in str(exc.value)
+
+
+def test_a_streaming_talker_refuses_a_step_out_of_order_by_name(runners: dict[str, Any]) -> None:
+    from orchestrator.errors import BadRequest
+
+    thinker, talker = runners["qwen2_5.thinker"], runners["qwen2_5.talker"]
+    whole_stage = talker.stage
+    _text, hidden = _think(thinker, "o1")
+    talker.stage = whole_stage.model_copy(update={"join": "latest"})
+
+    async def skipping() -> AsyncIterator[Any]:
+        yield {"thinker.hidden_states": hidden[0]}
+        yield {"thinker.hidden_states": hidden[2]}  # step 1 never came
+
+    async def main() -> list[Any]:
+        return [x async for x in talker.stream("o1", skipping())]
+
+    try:
+        with pytest.raises(BadRequest) as exc:
+            asyncio.run(main())
+    finally:
+        talker.stage = whole_stage
+    assert "thinker.hidden_states[1]: is step 2, not 1" in str(exc.value)
