@@ -24,6 +24,10 @@ mixed sliding/full attention layers), whatever the device."""
 CONTEXT_EXCEEDS_MODEL = "context_exceeds_model"
 """The stage asks for a longer context (``max_model_len``) than the model has
 positions (``max_position_embeddings``, a GGUF's ``context_length``)."""
+MODEL_STAGE_UNSUPPORTED = "model_stage_unsupported"
+"""The backend cannot run this sub-model of a multi-model checkpoint (``model_stage``):
+vLLM here yields an Omni thinker's text only, not the hidden states its port declares,
+and runs no talker."""
 
 REFUSAL_CODES = (
     NO_RUNNABLE_DEVICE,
@@ -36,6 +40,7 @@ REFUSAL_CODES = (
     DEVICE_UNREACHABLE,
     MODEL_ARCHITECTURE_UNSUPPORTED,
     CONTEXT_EXCEEDS_MODEL,
+    MODEL_STAGE_UNSUPPORTED,
 )
 
 

@@ -283,7 +283,7 @@ def stage_candidates(
             out.append(Excluded(stage.name, dev_id, "absent"))
             continue
         wanted = stage.backends or list(device.backends)
-        backends = [b for b in wanted if b in device.backends and b in kind.backends]
+        backends = [b for b in wanted if b in device.backends and b in kind.stage_backends(stage)]
         if not backends:
             out.append(Excluded(stage.name, dev_id, "no_backend"))
             continue
@@ -338,8 +338,8 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
     assert device is not None
     return Refusal(
         errors.NO_RUNNABLE_DEVICE, dev_id,
-        f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.backends))}",
-        f"install a backend for {dev_id} ({', '.join(kind.backends)}), or place the stage on another device",
+        f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
+        f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
     )
 
 
@@ -628,7 +628,7 @@ def _cluster_candidates(
                 out.append(Excluded(stage.name, device.id, "masked"))
                 continue
             wanted = stage.backends or list(device.backends)
-            backends = [b for b in wanted if b in device.backends and b in kind.backends]
+            backends = [b for b in wanted if b in device.backends and b in kind.stage_backends(stage)]
             if not backends:
                 out.append(Excluded(stage.name, device.id, "no_backend"))
                 continue

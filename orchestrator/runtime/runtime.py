@@ -476,8 +476,12 @@ class Runtime:
             raise
         except BaseException as exc:
             raise self._map(exc, s.name, dev) from None
-        for c, entry, _ in routes:
-            for chunk in chunkers[(c.name, entry)].flush():
+        for c, entry, ports in routes:
+            if ports is not None and "text" not in ports:
+                chunks: list[str] = []  # an input of a non-text port (thinker.hidden_states) gets no text
+            else:
+                chunks = chunkers[(c.name, entry)].flush()
+            for chunk in chunks:
                 if c.name in sentences:
                     chunks_in[c.name].append(chunk)
                 await give(c, entry, chunk)

@@ -54,6 +54,14 @@ FORMAT_RULES: tuple[FormatRule, ...] = (
     FormatRule("vllm-cpu", "bnb-4bit", False, "bitsandbytes quantization is CUDA-only in vLLM"),
     FormatRule("vllm-cpu", "bnb-8bit", False, "bitsandbytes quantization is CUDA-only in vLLM"),
     FormatRule("vllm-cpu", "gguf", False, "GGUF loading is not supported by the CPU backend; materialize the GGUF as safetensors"),
+    # transformers' own modules (stages.ar_decode.hf_runner): unquantized weights only; the
+    # quantized formats need kernels (autoawq, gptq, bitsandbytes, fp8) omni-edge does not install
+    *(FormatRule(b, f, True, f"{f} runs through torch's own kernels") for b in ("transformers-cpu", "transformers-cuda")
+      for f in ("fp32", "bf16", "fp16")),
+    *(FormatRule(b, f, False, "the transformers backend here runs unquantized weights (fp32, bf16, fp16) only: "
+                 f"{f} needs quantization kernels omni-edge does not install")
+      for b in ("transformers-cpu", "transformers-cuda")
+      for f in ("int8", "fp8", "awq-4bit", "gptq-4bit", "gptq-8bit", "bnb-4bit", "bnb-8bit", "gguf")),
 )
 
 ARCHITECTURE_RULES: tuple[tuple[frozenset[str], str], ...] = (

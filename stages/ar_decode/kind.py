@@ -1,4 +1,4 @@
-"""``ar_decode``: an autoregressive decode stage run by vLLM (GPU or CPU).
+"""``ar_decode``: an autoregressive decode stage run by vLLM or transformers (GPU or CPU).
 
 Planning reads ``config.json`` and the safetensors headers (or the index
 JSON, or a GGUF header) — never the weights — and charges the device's pool
@@ -6,6 +6,14 @@ with every byte the engine will hold. Before the run, ``prepare`` converts a
 GGUF once into a cached checkpoint (``stages.ar_decode.model_cache``); the
 device actor gets the engine's environment (``actor_env``); the runner
 (``stages.ar_decode.runner``) imports vLLM only inside the device actor.
+
+Backends: vLLM (``vllm-cuda``, ``vllm-cpu``) runs a decoder-only text model;
+transformers (``transformers-cuda``, ``transformers-cpu``,
+``stages.ar_decode.hf_runner``) runs what vLLM cannot here — an Omni thinker
+that hands its hidden states on, and the talker that reads them. A plain decoder
+whose config names no ``backends`` is planned on vLLM alone, as before; an Omni
+sub-model (``model_stage``) is offered every backend, and vLLM refuses it by
+name (``model_stage_unsupported``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
     read_checkpoint,
     read_gguf,
+    read_safetensors_header,
 )
+from stages.ar_decode.hf_runner import TransformersRunner
 from stages.ar_decode.kv import (
     KVBudget,
     decoder_weight_params,
@@ -62,12 +72,22 @@ with the attention workspace."""
 LOGITS_BYTES_PER_VOCAB = 4
 """vLLM's sampler holds logits in fp32, one row per sequence (only the last position
 of each sequence is gathered before sampling)."""
-ENGINE_RUNTIME_BYTES = {"vllm-cuda": 512 * MiB, "vllm-cpu": 1 * GiB}
+ENGINE_RUNTIME_BYTES = {"vllm-cuda": 512 * MiB, "vllm-cpu": 1 * GiB, "transformers-cuda": 512 * MiB,
+                        "transformers-cpu": 768 * MiB}
 """Backend workspace on the device's pool. CUDA: context, cuBLAS and attention
 scratch. CPU: the interpreter with torch and vLLM imported plus the engine's own
 buffers, which live in host RAM next to the weights (docs/runtime.md, "The decode
 stage on vLLM": 1.42 GiB of RSS after start for SmolLM2-135M, whose weights are
-0.25 GiB and KV cache 0.25 GiB)."""
+0.25 GiB and KV cache 0.25 GiB). transformers on the CPU: 446 MiB of RSS after importing
+torch, transformers and the Omni model classes in a fresh interpreter on the project's 2-core
+machine, with generate()'s buffers and the allocator's slack on top; on CUDA the same context
+and cuBLAS figure as vLLM's."""
+VLLM_BACKENDS = ("vllm-cuda", "vllm-cpu")
+TRANSFORMERS_BACKENDS = ("transformers-cuda", "transformers-cpu")
+TRANSFORMERS_CPU_THREADS = 1
+"""torch threads of a transformers stage on the CPU when its config names none: one, as vLLM's
+CPU backend here (``CPU_ENGINE_ENV``): on the small machines this project plans for, a second
+thread fights the other stages and Ray for the same cores."""
 HOST_PROCESS_BYTES_FOR_GPU = int(1.5 * GiB)
 """Host RAM held by the process that drives a GPU engine: Python, torch, the CUDA
 runtime and pinned staging buffers. Charged to host_ram, not to the GPU's VRAM."""
@@ -133,6 +153,11 @@ class ArDecodeConfig(StageConfig):
     enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
     sampling: Sampling = Field(default_factory=lambda: Sampling(), description="Default sampling parameters.")
     system_prompt: str | None = Field(None, description="System message prepended through the chat template.")
+    speaker: str | None = Field(
+        None, description="An Omni talker's voice (Qwen2.5-Omni: a key of spk_dict.pt; Qwen3-Omni: of "
+        "talker_config.speaker_id); default: the one the model's own generate() uses.")
+    cpu_threads: int | None = Field(
+        None, ge=1, le=1024, description="torch threads of the transformers backend on the CPU (default 1).")
     digest: bool = Field(
         False, description="Record the sha256 of the weight files in the plan (reads every byte; off so planning stays fast)."
     )
@@ -171,8 +196,9 @@ text and the hidden states a talker reads — two output ports, ``thinker.text``
 ``thinker.hidden_states`` (``stages.payloads.port_name``); the talker reads both (its
 inputs name the two ports, joined: ``TALKER_JOIN``) and yields codec codes (token ids of
 the codec's vocabulary) for code2wav, whose exported stage consumes ``token_ids``.
-Declared for the graph checks and planning: the vLLM runner here yields text only (an
-untagged ``str`` is on the thinker's ``text`` port), so a talker cannot run yet."""
+The transformers backend runs both (``stages.ar_decode.hf_runner``: a thinker's hand-over,
+``stages.ar_decode.omni``); vLLM here yields text only, so it refuses either sub-model
+(``model_stage_unsupported``)."""
 TALKER_JOIN: Join = "all"
 """The talker's join when its config names none: ``all`` — once the thinker has ended, one
 item ``{"thinker.hidden_states": [...], "thinker.text": [...]}``, as vLLM-Omni's
@@ -180,6 +206,9 @@ thinker2talker hands the talker the thinker's whole output. ``zip`` would pair t
 hidden state with the i-th text item, and the talker takes text whole (one item at the
 thinker's end) while hidden states stream: that zip stalls (the config loader refuses it)."""
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+STREAMING_TALKERS = ("qwen2_5_omni",)
+"""Omni checkpoints whose talker may start on the thinker's first steps (``join: latest``,
+vLLM-Omni's async_chunk; ``stages.ar_decode.omni.Qwen25Talker.generate_streaming``)."""
 
 
 def _index_tensor_names(path: Path) -> list[str] | None:
@@ -208,10 +237,37 @@ def _sub_model_weights(stage: ArDecodeConfig, path: Path, source: str, weight_fo
         f"from {stage.model_stage}_config (evidence E), {weight_format}")
 
 
+SUB_MODEL_EXTRA_TENSORS = {"talker": ("thinker.model.embed_tokens.weight",)}
+"""Tensors outside a sub-model's own prefix that its runner reads: a talker's text-side inputs go
+through the thinker's token embeddings (``stages.ar_decode.omni.load_talker``)."""
+
+
+def _sub_model_header_bytes(model_stage: str, path: Path, files: tuple[str, ...]) -> tuple[int, str] | None:
+    """``(bytes, note)`` of a ``model_stage``'s own tensors (``<model_stage>.*`` and
+    ``SUB_MODEL_EXTRA_TENSORS``) from the safetensors headers (evidence D), or None when the
+    headers list none of them (not a multi-model checkpoint)."""
+    prefix, extra = f"{model_stage}.", SUB_MODEL_EXTRA_TENSORS.get(model_stage, ())
+    total = count = 0
+    for name in files:
+        for tensor, meta in read_safetensors_header(path / name).items():
+            if tensor != "__metadata__" and (tensor.startswith(prefix) or tensor in extra):
+                start, end = meta["data_offsets"]
+                total += int(end) - int(start)
+                count += 1
+    if not count:
+        return None
+    return total, (f"{count} tensors of the {model_stage} ({prefix}*"
+                   + (f" and {', '.join(extra)}" if extra else "") + ") from the safetensors headers")
+
+
 class ArDecodeKind(StageKind):
     kind = "ar_decode"
     config_model = ArDecodeConfig
-    backends = ("vllm-cuda", "vllm-cpu")
+    backends = (*VLLM_BACKENDS, *TRANSFORMERS_BACKENDS)
+    runner_imports = ("numpy", "torch", "transformers")
+    """Both runners import torch and transformers (vLLM does too); two stages loading at once in
+    one actor (an Omni thinker and its talker) must not import them concurrently: a thread that
+    meets transformers half-imported finds no ``AutoConfig`` in it."""
     consumes = ("text",)
     produces = ("text",)
     text_input = "whole"
@@ -222,6 +278,14 @@ class ArDecodeKind(StageKind):
 
     def default_join(self, stage: StageConfig) -> Join | None:
         return TALKER_JOIN if self.stage_takes_join(stage) else None
+
+    def stage_backends(self, stage: StageConfig) -> tuple[str, ...]:
+        """vLLM's alone for a plain decoder whose config names no backend (the plans it had before
+        transformers was a backend); every backend for an Omni sub-model or a stage that names its
+        own (vLLM then refuses what it cannot serve, by name: ``check``)."""
+        if stage.backends or getattr(stage, "model_stage", None):
+            return self.backends
+        return VLLM_BACKENDS
 
     def ports(self, stage: StageConfig) -> Ports:
         """``text`` → ``text``; an Omni sub-model's own types (``MODEL_STAGE_PORTS``) for
@@ -257,6 +321,11 @@ class ArDecodeKind(StageKind):
             tcfg = text_config(manifest.config, stage.model_stage)
         except KeyError as exc:
             raise errors.ConfigError.single(f"stages.{stage.name}.model_stage", f"{exc.args[0]} in {path}", "use a sub-model the checkpoint has, or drop model_stage") from None
+        if stage.model_stage == "talker" and stage.join == "latest" and manifest.config.get("model_type") not in STREAMING_TALKERS:
+            raise errors.ConfigError.single(
+                f"stages.{stage.name}.join", f"latest: the {manifest.config.get('model_type')} talker here starts on its "
+                "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
+                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)")
         where = str(path) if kind == "gguf" else f"{path}/config.json"
         problems = [
             errors.Problem(
@@ -272,6 +341,11 @@ class ArDecodeKind(StageKind):
         summary = manifest.summary()
         weight_bytes, evidence = manifest.weight_bytes, "D"
         sub = _sub_model_weights(stage, path, manifest.source, manifest.weight_format, tcfg) if kind == "checkpoint" else None
+        own = (_sub_model_header_bytes(stage.model_stage, path, manifest.files)
+               if kind == "checkpoint" and stage.model_stage and manifest.source == "safetensors" else None)
+        if own is not None:
+            weight_bytes = own[0]
+            summary = {**summary, "weight_bytes": weight_bytes, "notes": [*(summary.get("notes") or ()), own[1]]}
         if sub is not None:
             weight_bytes, evidence = sub[0], "E"
             summary = {**summary, "weight_bytes": weight_bytes,
@@ -304,6 +378,18 @@ class ArDecodeKind(StageKind):
                 "omni-edge never shortens a context on its own — or use a model built for a longer context",
             ))
             return out
+        if backend in VLLM_BACKENDS and stage.model_stage in MODEL_STAGE_PORTS:
+            what = ("yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
+                    "reading them would get none)") if stage.model_stage == "thinker" else (
+                    "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes")
+            out.append(Refusal(
+                errors.MODEL_STAGE_UNSUPPORTED, device.id,
+                f"model_stage {stage.model_stage}: {backend} {what}",
+                f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
+                f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
+                + ("; for the thinker's text alone on vLLM, drop model_stage" if stage.model_stage == "thinker" else ""),
+            ))
+            return out
         reason = capabilities.format_refusal(backend, device, info.weight_format)
         if reason:
             usable = capabilities.supported_formats(backend, device)
@@ -313,7 +399,7 @@ class ArDecodeKind(StageKind):
                 f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
             ))
         tcfg = info.internal["text_config"]
-        arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
+        arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg)) if backend in VLLM_BACKENDS else None
         if arch:
             out.append(Refusal(
                 errors.MODEL_ARCHITECTURE_UNSUPPORTED, device.id,
@@ -327,6 +413,8 @@ class ArDecodeKind(StageKind):
         *, max_model_len: int | None = None,
     ) -> list[Reservation]:
         assert isinstance(stage, ArDecodeConfig)
+        if backend in TRANSFORMERS_BACKENDS:
+            return self._transformers_reservations(stage, info, backend, pool, max_model_len)
         tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         dtype = _effective_dtype(stage, info)
@@ -356,11 +444,59 @@ class ArDecodeKind(StageKind):
             rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
         return rs
 
+    def _transformers_reservations(self, stage: ArDecodeConfig, info: ArtifactInfo, backend: str, pool: str,
+                                   max_model_len: int | None) -> list[Reservation]:
+        """What a transformers stage holds: its weights (a sub-model's own), the KV cache
+        transformers' DynamicCache grows to (the same arithmetic as vLLM's), one prefill pass of
+        the whole prompt (generate() does not chunk it), the interpreter, and the load."""
+        tcfg = info.internal["text_config"]
+        kv = self.kv(stage, info, max_model_len)
+        length = max_model_len or stage.max_model_len
+        act_bytes = 4 if _effective_dtype(stage, info) == "float32" else 2
+        hidden, vocab = int(tcfg.get("hidden_size") or 0), int(tcfg.get("vocab_size") or 0)
+        manifest = info.details["manifest"]
+        shards = max(int(manifest.get("shards", 1)), 1)
+        omni_stage = stage.model_stage in MODEL_STAGE_PORTS
+        # The Omni models' forward runs their head over every prompt position (no logits_to_keep);
+        # a plain causal LM keeps the last position's only.
+        logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
+        talker = stage.model_stage == "talker"
+        transient = info.weight_bytes if talker else int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards))
+        rs = [
+            Reservation(pool, "weights", info.weight_bytes, "session", info.internal.get("weights_evidence", "D"),
+                        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}"),
+            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
+                        f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq "
+                        "(transformers' DynamicCache grows to it)", at_load=False),
+            Reservation(pool, "activations", length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits, "request", "E",
+                        f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
+                        + (f"logits over all {length} positions" if omni_stage else "the last position's logits")),
+            Reservation(pool, "backend_workspace", ENGINE_RUNTIME_BYTES[backend], "session", "E",
+                        "CUDA context and cuBLAS scratch" if backend == "transformers-cuda" else "interpreter with torch + transformers"),
+            Reservation(pool, "load_transient", transient, "load", "E",
+                        "the talker module is built, then its tensors are read: two copies until the load ends" if talker
+                        else "freed once the weights are resident; one shard copied at a time"),
+        ]
+        if backend == "transformers-cuda":
+            rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E",
+                                  "the stage's host process: Python, torch, the CUDA runtime"))
+        return rs
+
     def engine_kwargs(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
         reservations: list[Reservation], pool_capacity: int,
     ) -> dict[str, Any]:
         assert isinstance(stage, ArDecodeConfig)
+        if backend in TRANSFORMERS_BACKENDS:
+            return {
+                "model": info.path,
+                "dtype": _effective_dtype(stage, info),
+                "max_model_len": stage.max_model_len,
+                "max_num_seqs": stage.max_num_seqs,
+                "model_stage": stage.model_stage,
+                "torch_device": f"cuda:{device.local_id.split(':')[1]}" if backend == "transformers-cuda" else "cpu",
+                "num_threads": stage.cpu_threads or TRANSFORMERS_CPU_THREADS,
+            }
         budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
         # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM
@@ -447,10 +583,15 @@ class ArDecodeKind(StageKind):
             model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress)
 
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
-        """vLLM in the actor's own process with one OpenMP thread, and quiet."""
+        """vLLM in the actor's own process with one OpenMP thread, and quiet; transformers quiet
+        (its threads are set with torch.set_num_threads when it loads)."""
+        if stage_plan.backend in TRANSFORMERS_BACKENDS:
+            return dict(QUIET_ENV)
         return {**CPU_ENGINE_ENV, **QUIET_ENV}
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner:
+    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner | TransformersRunner:
+        if stage_plan.backend in TRANSFORMERS_BACKENDS:
+            return TransformersRunner(stage_plan, stage)
         return VllmRunner(stage_plan, stage)
 
     def warm_request_check(self, stage_plan: StagePlan) -> None:

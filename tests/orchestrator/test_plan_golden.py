@@ -27,12 +27,15 @@ from orchestrator.cli import main
 from tests.conftest import REPO
 
 GOLDEN = Path(__file__).parent / "golden_plans"
-GENERATED_GRAPHS = {"asr-only.yaml", "voice-chat.yaml", "voice-and-embed.yaml", "voice-on-npu.yaml"}
+GENERATED_GRAPHS = {"asr-only.yaml", "voice-chat.yaml", "voice-and-embed.yaml", "voice-on-npu.yaml",
+                    "qwen2_5-omni-tiny.yaml", "qwen3-omni-tiny.yaml"}
 """Configs whose graphs are generated on the machine (python -m exports.whisper_asr build,
 python -m exports.sentence_encoder build, python -m exports.piper_voice build), so their
 digests are no committed fact (the int8 voice's quantization scales come from this CPU's
 arithmetic): tests/stages/asr/test_kind.py, tests/test_voice_and_embed_example.py and
-tests/test_voice_on_npu_example.py plan them instead."""
+tests/test_voice_on_npu_example.py plan them instead. The tiny Omni checkpoints
+(python -m exports.omni_tiny build) are made at set-up too: tests/stages/ar_decode/
+test_transformers_backend.py plans them."""
 CONFIGS = sorted([REPO / "configs/voice-assistant.yaml",
                   *(c for c in (REPO / "configs/examples").glob("*.yaml") if c.name not in GENERATED_GRAPHS)])
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))

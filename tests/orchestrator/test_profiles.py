@@ -159,7 +159,7 @@ def test_snapdragon_npu_via_qnn():
 def test_cpu_only_profile_reaches_openvino_through_its_venv():
     p = profile("cpu-only-linux.json")
     cpu = p.device("cpu")
-    assert cpu.backends == ["vllm-cpu", "ort-cpu", "ort-openvino"]
+    assert cpu.backends == ["vllm-cpu", "transformers-cpu", "ort-cpu", "ort-openvino"]
     r = reach(p, "cpu", "ort-openvino")
     # relative to the profile file, made absolute at load
     assert r.kind == "interpreter" and r.python == str(REPO / ".venvs/openvino/bin/python")

@@ -1,0 +1,351 @@
+"""The ``transformers`` backend of ``ar_decode``: a decoder run by transformers' own ``generate()``.
+
+vLLM runs a decoder-only text model; it cannot hand an Omni thinker's hidden
+states on, nor run the talker that reads them. :class:`TransformersRunner` runs
+what vLLM cannot, in this process, on the CPU (``transformers-cpu``, with the
+plan's thread count) or an NVIDIA GPU (``transformers-cuda``):
+
+* a plain causal LM (``AutoModelForCausalLM``) or an Omni **thinker**
+  (``model_stage: thinker``: the Omni class loaded with ``enable_audio_output``
+  off, so only the thinker's weights are read): text deltas on the ``text``
+  port, and — for a thinker — one item per forward step on the
+  ``hidden_states`` port (:func:`handover_item`): the token ids that step fed,
+  their input embeddings and their hidden states at the layer the talker reads
+  (Qwen2.5-Omni: the last; Qwen3-Omni: ``talker_config.accept_hidden_layer``),
+  and the token it sampled. That is what transformers' Omni ``generate()``
+  (and vLLM-Omni's thinker2talker) hands the talker: the embeddings and hidden
+  states of the prompt and of every generated token that was fed back.
+* an Omni **talker** (``model_stage: talker``): only the talker's weights and
+  the thinker's token-embedding table (which the talker's text-side inputs go
+  through) are read from the checkpoint; its joined input (the thinker's
+  ``hidden_states`` and ``text``) is turned into the talker's inputs exactly as
+  the model's own ``generate()`` does (:mod:`stages.ar_decode.omni`), and codec
+  codes stream out as ``token_ids``: one code per item for Qwen2.5-Omni, one
+  frame of ``num_code_groups`` codes (the talker's first codebook, then its
+  code predictor's) per item for Qwen3-Omni.
+
+Decoding is ``generate()`` itself, run in a thread, with a streamer for the
+sampled tokens and a forward hook for each step's hidden states or codes:
+greedy when ``temperature`` is 0, else sampling with ``top_p``/``top_k``;
+``min_tokens`` (``min_new_tokens``), ``repetition_penalty``, a ``seed``
+(``torch.manual_seed`` before the request; one request decodes at a time, so
+the seed decides it), and a stopping criterion that ends the request when its
+consumer goes away (cancellation). Finish reasons are vLLM's: ``stop``
+(end-of-sequence), ``length`` (``max_tokens``), ``abort`` (cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.memory import RssMeter
+from stages.ar_decode import omni
+from stages.ar_decode.model_cache import resolve_model
+from stages.ar_decode.runner import QUIET_ENV, _encode, check_length, request_parts
+from stages.base import StageRunner
+from stages.payloads import on_port, split_input
+
+if TYPE_CHECKING:
+    from orchestrator.plan import StagePlan
+    from stages.base import StageConfig
+
+log = logging.getLogger(__name__)
+
+_END = object()
+TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class _Request:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any]
+    submitted: float
+    prompt_tokens: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)
+    first_token: float | None = None
+    finished: float | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    first_input: float | None = None
+
+    def put(self, item: Any) -> None:
+        # RuntimeError: the request's event loop is gone, nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class TransformersRunner(StageRunner):
+    """An ``ar_decode`` stage on transformers, in this process (see the module docstring)."""
+
+    def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
+        self.plan = stage_plan
+        self.stage = stage
+        self.device = stage_plan.device or "?"
+        self.model_stage: str | None = getattr(stage, "model_stage", None)
+        self.load_info: dict[str, Any] = {}
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._talker: omni.Talker | None = None
+        self._handover: omni.HandoverSpec | None = None
+        self._torch_device = "cpu"
+        self._gen_lock = threading.Lock()
+        self._done: dict[str, dict[str, Any]] = {}
+        self._meter = RssMeter()
+        self._busy_growth = 0
+        self._aborted = 0
+        self._aborted_tokens: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    def load(self) -> None:
+        """Load the weights the stage needs. Raises ``StageFailed`` (stage, device, cause) when it cannot."""
+        t0 = time.perf_counter()
+        self._meter.start()
+        kwargs = dict(self.plan.engine_kwargs)
+        try:
+            for key, value in QUIET_ENV.items():
+                os.environ.setdefault(key, value)
+            import torch
+            import transformers
+
+            # a sub-model loaded from a whole checkpoint lists the others' tensors as unexpected,
+            # one line each: the run's own report says what was loaded
+            transformers.logging.set_verbosity_error()
+            threads = kwargs.get("num_threads")
+            if threads:
+                torch.set_num_threads(int(threads))
+            self._torch_device = str(kwargs.get("torch_device") or "cpu")
+            dtype = getattr(torch, TORCH_DTYPES.get(str(kwargs.get("dtype")), "float32"))
+            model_dir = resolve_model(kwargs["model"], dtype=str(kwargs.get("dtype")) if kwargs.get("dtype") else None)
+            t_import = time.perf_counter()
+            if self.model_stage == "talker":
+                self._talker = omni.load_talker(Path(model_dir), dtype=dtype, device=self._torch_device,
+                                                speaker=getattr(self.stage, "speaker", None))
+            else:
+                self._model, self._handover = omni.load_text_model(
+                    Path(model_dir), model_stage=self.model_stage, dtype=dtype, device=self._torch_device)
+                self._tokenizer = omni.tokenizer_for(str(model_dir))
+            t_loaded = time.perf_counter()
+        except Exception as exc:
+            self._meter.stop()
+            self._model = self._talker = None
+            raise StageFailed(self.plan.name, self.device,
+                              f"transformers could not load {kwargs.get('model')}: {type(exc).__name__}: {exc}") from exc
+        self._meter.stop()
+        self.load_info = {
+            "model_dir": str(model_dir),
+            "model_stage": self.model_stage,
+            "import_s": round(t_import - t0, 3),
+            "load_s": round(t_loaded - t0, 3),
+            "torch_threads": torch.get_num_threads(),
+            "torch_device": self._torch_device,
+            "in_process": True,
+            "load_peak_growth_bytes": self._meter.peak_growth,
+            "resident_growth_bytes": self._meter.growth,
+        }
+        log.info("%s: transformers loaded %s in %.1f s", self.plan.name, model_dir, t_loaded - t0)
+
+    def close(self) -> None:
+        self._model = self._talker = self._tokenizer = None
+
+    def measured_peak_bytes(self) -> int | None:
+        """RSS growth of this process during ``load()`` and the busiest request (evidence M)."""
+        if not self.load_info:
+            return None
+        return max(self._meter.peak_growth, self._meter.growth + self._busy_growth)
+
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """Tokens and timings of a finished request (popped: asked once)."""
+        return self._done.pop(request_id, {})
+
+    # -- requests ----------------------------------------------------------------
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """Text deltas (and hidden states) for a prompt; codec codes for a talker's joined input."""
+        if self._model is None and self._talker is None:
+            raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
+        req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
+        feeding: asyncio.Task[None] | None = None
+        if self._talker is not None and getattr(self.stage, "join", None) == "latest":
+            # the talker starts on the thinker's first steps, each joined item bringing the next
+            feed = omni.HandoverFeed(f"{self.plan.name}: thinker.hidden_states")
+            job = self._talker_stream_job(req, feed, request_parts(self.stage, [{"prompt": "-"}])[1])
+            feeding = asyncio.create_task(self._feed(req, feed, inputs))
+        else:
+            items = [item async for item in inputs]
+            if self._talker is not None:
+                job = self._talker_job(req, items, request_parts(self.stage, [{"prompt": "-"}])[1])
+            else:
+                job = self._text_job(req, items)
+        worker = threading.Thread(target=self._run, args=(req, job), name=f"hf-{self.plan.name}", daemon=True)
+        worker.start()
+        finished = False
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is _END:
+                    finished = True
+                    break
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                req.cancel.set()
+                req.finish_reason = "abort"
+            if feeding is not None and not feeding.done():
+                feeding.cancel()
+            self._done[request_id] = self._stats(req)
+
+    async def _feed(self, req: _Request, feed: omni.HandoverFeed, inputs: AsyncIterator[Any]) -> None:
+        """Hand the joined items' hidden states to ``feed`` as they arrive; a malformed one fails the request."""
+        try:
+            async for joined in inputs:
+                if isinstance(joined, dict) and not any(split_input(str(k))[1] == "hidden_states" for k in joined):
+                    continue  # latest: the text arrived before any hidden state
+                feed.add(joined[omni.hidden_key(self.stage, joined)])
+                if req.first_input is None:
+                    req.first_input = time.perf_counter()
+        except asyncio.CancelledError:
+            req.cancel.set()
+            raise
+        except Exception as exc:  # handed to the request, which raises it (a BadRequest names the item)
+            req.cancel.set()
+            req.put(exc)
+        finally:
+            feed.finish()
+
+    def _run(self, req: _Request, job: Any) -> None:
+        # One generate() at a time (torch's threads are the process's); a request arriving while
+        # another generates says so in its stats (waited_for_previous), cancelled ones are counted.
+        req.extra["waited_for_previous"] = self._gen_lock.locked()
+        with self._gen_lock:
+            if req.cancel.is_set():
+                req.put(_END)
+                return
+            self._meter.rebase()
+            try:
+                job()
+            except BaseException as exc:  # handed to the request, which raises it in its own task
+                log.exception("%s: generation failed", self.plan.name)
+                req.put(StageFailed(self.plan.name, self.device, f"generation failed: {type(exc).__name__}: {exc}"))
+                return
+            finally:
+                self._busy_growth = max(self._busy_growth, self._meter.window_growth)
+                if req.cancel.is_set():
+                    self._aborted += 1
+                    self._aborted_tokens = req.tokens
+            req.finished = time.perf_counter()
+            req.put(_END)
+
+    def _text_job(self, req: _Request, items: list[Any]) -> Any:
+        messages, sampling = request_parts(self.stage, items)
+        prompt_ids = _encode(self._tokenizer, messages)
+        check_length(self.stage, len(prompt_ids), sampling)
+        req.prompt_tokens = len(prompt_ids)
+        model, spec, tokenizer = self._model, self._handover, self._tokenizer
+
+        def job() -> None:
+            detok = omni.Detokenizer(tokenizer)
+            pending: dict[str, Any] = {}
+            steps = [0]
+
+            def on_step(fed_ids: Any, embeds: Any, hidden: Any) -> None:
+                pending.update(step=steps[0], token_ids=fed_ids, embeds=embeds, hidden=hidden)
+                steps[0] += 1
+
+            def on_token(token: int) -> None:
+                if req.first_token is None:
+                    req.first_token = time.perf_counter()
+                req.tokens += 1
+                if spec is not None and pending:
+                    req.put(on_port("hidden_states", omni.handover_item(spec, pending, token)))
+                    pending.clear()
+                delta = detok.add(token)
+                if delta:
+                    req.put(delta)
+
+            req.finish_reason = omni.generate_text(
+                model, spec, prompt_ids, sampling, on_token=on_token, on_step=on_step if spec else None,
+                cancel=req.cancel, device=self._torch_device)
+            tail = detok.flush()
+            if tail:
+                req.put(tail)
+
+        return job
+
+    def _talker_job(self, req: _Request, items: list[Any], sampling: dict[str, Any]) -> Any:
+        talker = self._talker
+        assert talker is not None
+        handover = omni.joined_handover(self.stage, items)
+        talker.check(handover)  # a hand-over of another width is refused here, before any work
+
+        def job() -> None:
+            def on_codes(codes: list[int]) -> None:
+                if req.first_token is None:
+                    req.first_token = time.perf_counter()
+                req.tokens += 1
+                req.put(codes)
+
+            req.prompt_tokens = handover.prompt_tokens
+            req.extra["hidden_states"] = {
+                "steps": len(handover.hidden), "tokens": sum(h.shape[0] for h in handover.hidden),
+                "width": int(handover.hidden[0].shape[1]), "dtype": str(handover.hidden[0].dtype),
+                "layer": handover.layer}
+            req.finish_reason = talker.generate(handover, sampling, on_codes=on_codes, cancel=req.cancel)
+
+        return job
+
+    def _talker_stream_job(self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]) -> Any:
+        talker = self._talker
+        if not isinstance(talker, omni.Qwen25Talker):
+            raise BadRequest.single(f"stages.{self.plan.name}.join", "latest: this talker starts on its whole "
+                                    "hand-over only", "use join: all")
+
+        def job() -> None:
+            def on_codes(codes: list[int]) -> None:
+                if req.first_token is None:
+                    req.first_token = time.perf_counter()
+                req.tokens += 1
+                req.put(codes)
+
+            req.finish_reason = talker.generate_streaming(feed, sampling, on_codes=on_codes, cancel=req.cancel)
+            req.prompt_tokens = len(feed.steps[0]["token_ids"]) if feed.steps else 0
+            if feed.steps:
+                req.extra["hidden_states"] = {
+                    "steps": len(feed.steps), "tokens": sum(int(s["hidden"].shape[0]) for s in feed.steps),
+                    "width": int(feed.steps[0]["hidden"].shape[1]), "dtype": str(feed.steps[0]["hidden"].dtype),
+                    "layer": int(feed.steps[0]["layer"].reshape(-1)[0]), "streamed": True}
+            if req.first_input is not None and req.first_token is not None:
+                req.extra["first_code_after_first_step_s"] = round(req.first_token - req.first_input, 4)
+
+        return job
+
+    def _stats(self, req: _Request) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens, "finish_reason": req.finish_reason,
+                               "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
+                               **req.extra}
+        if req.first_token is not None:
+            out["ttft_s"] = round(req.first_token - req.submitted, 4)
+            end = req.finished or time.perf_counter()
+            if req.tokens > 1 and end > req.first_token:
+                out["decode_tokens_per_s"] = round((req.tokens - 1) / (end - req.first_token), 2)
+        return out
+
+
+def check_talker_input(stage: Any, items: list[Any]) -> None:
+    """``BadRequest`` when a talker is handed something other than its thinker's join."""
+    omni.joined_handover(stage, items)
+
+
+__all__ = ["BadRequest", "TransformersRunner", "check_talker_input"]
