@@ -111,5 +111,7 @@ def tiny_code2wav(seed: int = TINY_SEED) -> Any:
         for name, param in model.named_parameters():
             if name.endswith("layer_scale.scale") or name.endswith(".gamma"):
                 param.fill_(BRANCH_SCALE)
-        model.decoder[-1].conv.weight.mul_(OUTPUT_GAIN)
-    return model.to(torch.float32).eval()
+        last: Any = model.decoder[-1]
+        last.conv.weight.mul_(OUTPUT_GAIN)
+    model.float()
+    return model.eval()
