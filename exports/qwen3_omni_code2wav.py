@@ -14,12 +14,15 @@ code path, not the voice: its audio is noise-like by construction.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 import types
 from pathlib import Path
 from typing import Any
+
+from safetensors import safe_open
 
 TINY_SEED = 20
 """The seed the tiny code2wav's weights are drawn under (issue 20)."""
@@ -123,6 +126,39 @@ def tiny_code2wav(seed: int = TINY_SEED) -> Any:
                 param.fill_(BRANCH_SCALE)
         last: Any = model.decoder[-1]
         last.conv.weight.mul_(OUTPUT_GAIN)
+    model.float()
+    return model.eval()
+
+
+def load_code2wav(checkpoint: Path | str) -> Any:
+    """The ``Qwen3OmniMoeCode2Wav`` of a Qwen3-Omni checkpoint directory (its
+    ``config.json``'s ``code2wav_config`` and its ``code2wav.*`` tensors, from every
+    ``*.safetensors`` file), fp32, eager attention, in ``eval()`` mode. A tensor the
+    model has and the checkpoint lacks (or the reverse) is a ``ValueError`` naming it.
+
+    For a real checkpoint: a factory ``def factory(): return export_module(load_code2wav(DIR))``
+    exported with ``omni-edge export --from torch`` (docs/omni.md, code2wav)."""
+    import torch
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2WavConfig,
+    )
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    root = Path(checkpoint)
+    config = Qwen3OmniMoeCode2WavConfig(**json.loads((root / "config.json").read_text())["code2wav_config"])
+    config._attn_implementation = "eager"
+    model = Qwen3OmniMoeCode2Wav(config)  # initialised, then overwritten: its buffers (RoPE, offsets) are computed
+    state: dict[str, Any] = {}
+    for shard in sorted(root.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                if key.startswith("code2wav."):
+                    state[key.removeprefix("code2wav.")] = f.get_tensor(key).to(torch.float32)
+    wanted = set(model.state_dict())
+    if wanted != set(state):
+        missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
+        raise ValueError(f"{root}: code2wav tensors missing {missing[:5]}, unexpected {extra[:5]}")
+    model.load_state_dict(state)
     model.float()
     return model.eval()
 

@@ -127,6 +127,27 @@ def test_the_traced_forward_is_transformers_forward() -> None:
         assert torch.equal(a, b)
 
 
+def test_a_checkpoints_code2wav_tensors_load_into_the_module(tmp_path: Path) -> None:
+    """A checkpoint directory (config.json's code2wav_config, code2wav.* safetensors beside
+    other tensors) loads into the same module; a missing tensor is named."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    model = c2w.tiny_code2wav()
+    (tmp_path / "config.json").write_text(json.dumps({"code2wav_config": c2w.tiny_code2wav_config().to_dict()}))
+    tensors = {f"code2wav.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    save_file({"talker.x": torch.zeros(2), **dict(list(tensors.items())[:10])}, str(tmp_path / "model-1.safetensors"))
+    save_file(dict(list(tensors.items())[10:]), str(tmp_path / "model-2.safetensors"))
+    codes = torch.randint(0, c2w.TINY_CODEBOOK_SIZE, (1, c2w.TINY_CODEBOOKS, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(c2w.load_code2wav(tmp_path)(codes), model(codes))
+    (tmp_path / "model-1.safetensors").unlink()
+    with pytest.raises(ValueError, match="code2wav tensors missing"):
+        c2w.load_code2wav(tmp_path)
+
+
 def test_the_manifest_consumes_codes_and_produces_24khz_audio(built: Path) -> None:
     manifest = yaml.safe_load((built / "manifest.yaml").read_text())
     assert manifest["consumes"] == ["token_ids"] and manifest["produces"] == ["audio@24000"]
