@@ -342,6 +342,8 @@ class ExportedGraphKind(StageKind):
             "artifact": info.path,
             "session": spec.to_dict(),
             "target_only": _cfg(stage).target_only,
+            # the plan says how the stage calls its graph: in windows of frames, or item by item
+            **({"chunk": chunk.model_dump()} if (chunk := _cfg(stage).chunk) is not None else {}),
         }
 
     def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:

@@ -23,7 +23,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError, StageFailed
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
-from stages.exported_graph.chunking import FrameChunker
+from stages.exported_graph.chunking import FrameChunker, Window, new_samples
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 from tests.helpers.graphs import machine_profile, placement
 
@@ -77,6 +77,8 @@ def _runner(artifact: Path, tmp_path: Path, chunk: dict[str, Any] | None) -> Any
 
     config = _config(artifact, chunk)
     plan = plan_pipeline(config, machine_profile(), runtime=False)
+    assert plan.stage("code2wav").engine_kwargs.get("chunk") == (  # the plan says how the graph is called
+        None if chunk is None else {"frames": 25, "left_context": 25, "first_frames": 4, **chunk})
     runner = ExportedGraphKind().runner(plan.stage("code2wav"), config.stage("code2wav"))
     runner.load()
     return runner
@@ -316,3 +318,14 @@ def test_the_windows_are_vllm_omnis() -> None:
     assert list(_windows(FrameChunker(25, 25, 0), 50)) == [(0, 0, 25), (0, 25, 25)]
     assert list(_windows(FrameChunker(None, 25, 4), 30)) == [(0, 0, 30)]
     assert list(_windows(FrameChunker(10, 3, 0), 0)) == []
+
+
+def test_the_kept_samples_refill_the_previous_windows_tail() -> None:
+    """A window of 2 + 3 frames at 10 samples a frame whose decoder returns 46 samples (tail 4)
+    keeps [16, 46): 30 samples, the 3 new frames' worth, starting 4 early. A context too short
+    for the tail is refused."""
+    codes = np.zeros((4, 5), dtype=np.int64)
+    assert new_samples(np.zeros((1, 1, 46)), Window(codes, 2, 3), 10) == (16, 46)
+    assert new_samples(np.zeros((1, 1, 26)), Window(codes[:, :3], 0, 3), 10) == (0, 26)  # the first window
+    with pytest.raises(ValueError, match="a left context of 1 frame"):
+        new_samples(np.zeros((1, 1, 25)), Window(codes[:, :4], 1, 3), 10)  # tail 15 > 1 × 10
