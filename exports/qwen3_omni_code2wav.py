@@ -91,9 +91,9 @@ def tiny_code2wav(seed: int = TINY_SEED) -> Any:
     random model makes a waveform of audible range in which every part of the
     model shows (transformers' initialisation gives a waveform of ~1e-6: its
     convolutions shrink the signal at every layer). The same seed gives the same
-    weights on every machine: the tiny Qwen3-Omni checkpoint copies this
-    module's ``state_dict()`` into its ``code2wav.*`` tensors, so the checkpoint
-    and the exported graph hold the same weights.
+    weights on every machine: a tiny Qwen3-Omni checkpoint takes this module's
+    ``state_dict()`` as its ``code2wav.*`` tensors, so the checkpoint and the
+    exported graph hold the same weights.
     """
     import torch
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
