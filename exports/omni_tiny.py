@@ -247,13 +247,14 @@ def qwen3_omni_config() -> Any:
 
 def tiny_code2wav_config() -> dict[str, Any]:
     """Qwen3-Omni's code2wav scaled down (real: hidden 1024, 8 layers, 16 heads, sliding window 72,
-    decoder_dim 1536, codebook 2048, 16 quantizers); its codebook and quantizers match the tiny
-    talker's codes. The same figures as the exported code2wav's tiny model
-    (``exports/qwen3_omni_code2wav.py``, ``tiny_code2wav_config``, a separate piece of work); the
-    weights here are this build's own until that one's are copied in."""
-    return {"codebook_size": Q3_CODEBOOK, "num_quantizers": Q3_CODE_GROUPS, "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
-            "sliding_window": 8, "decoder_dim": 64}
+    decoder_dim 1536, codebook 2048, 16 quantizers): the exported code2wav's own tiny config
+    (``exports.qwen3_omni_code2wav.tiny_code2wav_config``), whose codebooks and codebook size are
+    the tiny talker's codes; the checkpoint takes that module's weights too (``_build_one``), so
+    the checkpoint's code2wav and the exported graph are the same network."""
+    from exports.qwen3_omni_code2wav import tiny_code2wav_config as exported
+
+    config: dict[str, Any] = exported().to_dict()
+    return config
 
 
 def _readme(name: str, model_class: str, config: Any, params: int, size: int) -> str:
@@ -293,6 +294,10 @@ def _build_one(out: Path, name: str, model_class: str, config: Any, extra: dict[
     torch.manual_seed(SEED)
     model = getattr(transformers, model_class)(config).eval()
     _initialise_uninitialised(model)
+    if getattr(model, "code2wav", None) is not None:  # Qwen3-Omni: the exported graph's weights
+        from exports.qwen3_omni_code2wav import tiny_code2wav
+
+        model.code2wav.load_state_dict(tiny_code2wav().state_dict())
     params = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=out.parent) as tmp:
         work = Path(tmp) / name

@@ -91,11 +91,12 @@ voice_int8_generated="exports/piper-en-us-joe-medium-int8/manifest.yaml exports/
 # The tiny Qwen2.5-Omni and Qwen3-Omni checkpoints (random weights, transformers' real classes;
 # configs/examples/qwen*-omni-tiny.yaml, docs/omni.md).
 omni_generated="exports/qwen2_5-omni-tiny/config.json exports/qwen3-omni-tiny/config.json"
+code2wav_generated="exports/qwen3-omni-code2wav-tiny/manifest.yaml exports/qwen3-omni-code2wav-tiny/fp32.onnx"
 # The int8 voice's error against fp32 is measured on this CPU before it lands; where
 # it is over the exporter's ceiling the build is refused, the reason is kept in this
 # file, and only configs/examples/voice-on-npu.yaml (which needs it) is affected.
 voice_int8_refused="exports/piper-en-us-joe-medium-int8.refused"
-generated="$whisper_generated $encoder_generated $omni_generated"
+generated="$whisper_generated $encoder_generated $omni_generated $code2wav_generated"
 have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
 have_int8_voice() { have_all $voice_int8_generated || [ -f "$voice_int8_refused" ]; }
 have_generated() { have_all $generated && have_int8_voice; }
@@ -166,6 +167,12 @@ if ! have_int8_voice; then
     log "only configs/examples/voice-on-npu.yaml needs it, everything else is unaffected"
   fi
   rm -f "$voice_int8_refused.log"
+fi
+# Qwen3-Omni's code2wav, scaled down with seeded random weights: `omni-edge export
+# --from torch` on transformers' Qwen3OmniMoeCode2Wav (~25 s, <1 MiB; docs/omni.md).
+if ! have_all $code2wav_generated; then
+  log "exporting the tiny Qwen3-Omni code2wav (exports/qwen3-omni-code2wav-tiny)"
+  .venv/bin/python -m exports.qwen3_omni_code2wav build > /dev/null
 fi
 
 log "OpenVINO route (.venvs/openvino)"

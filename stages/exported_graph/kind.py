@@ -29,7 +29,7 @@ from stages.exported_graph.artifact import (
     load_artifact,
 )
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
-from stages.exported_graph.runner import ExportedGraphRunner, route_for
+from stages.exported_graph.runner import ChunkSettings, ExportedGraphRunner, route_for
 from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
@@ -97,6 +97,29 @@ class GraphStageConfig(StageConfig):
         return value
 
 
+SAMPLES_PER_FRAME_KEY = "samples_per_frame"
+"""The manifest ``metadata`` key a chunked stage reads: waveform samples per input frame."""
+
+
+class ChunkConfig(Strict):
+    """Decode frames of codes in windows with left context (stages/exported_graph/chunking.py).
+    The defaults are vLLM-Omni's for Qwen3-Omni (its deploy file's connector extras)."""
+
+    frames: int | None = Field(
+        25, ge=1,
+        description="New frames per call (vLLM-Omni's codec_chunk_frames); null: the whole input in one "
+                    "call once it has ended (vLLM-Omni without async_chunk).",
+    )
+    left_context: int = Field(
+        25, ge=1, description="Frames already decoded that each later call takes again before its new ones "
+                              "(codec_left_context_frames); their samples are not kept.",
+    )
+    first_frames: int = Field(
+        4, ge=0, description="New frames in the first call (initial_codec_chunk_frames), so audio starts "
+                             "early; 0: the first call takes `frames` too.",
+    )
+
+
 class ExportedGraphConfig(GraphStageConfig):
     """An exported-graph stage in a pipeline config."""
 
@@ -105,6 +128,11 @@ class ExportedGraphConfig(GraphStageConfig):
         description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
     )
     tolerance: ToleranceOverride | None = Field(None, description="Overrides fields of the manifest's numeric tolerance.")
+    chunk: ChunkConfig | None = Field(
+        None,
+        description="Run the graph on windows of frames (items are frames of codes) instead of item by item; "
+                    "the artifact's metadata must give samples_per_frame.",
+    )
 
 
 def as_graph_stage(stage: GraphStageConfig, artifact: str) -> ExportedGraphConfig:
@@ -167,6 +195,8 @@ class ExportedGraphKind(StageKind):
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         cfg = _cfg(stage)
         art = self.artifact(cfg)
+        if cfg.chunk is not None:
+            samples_per_frame(art, where=f"stages.{cfg.name}.chunk")
         missing = art.manifest.not_exported
         if missing is not None:
             return ArtifactInfo(
@@ -323,6 +353,8 @@ class ExportedGraphKind(StageKind):
             "artifact": info.path,
             "session": spec.to_dict(),
             "target_only": _cfg(stage).target_only,
+            # the plan says how the stage calls its graph: in windows of frames, or item by item
+            **({"chunk": chunk.model_dump()} if (chunk := _cfg(stage).chunk) is not None else {}),
         }
 
     def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
@@ -378,7 +410,26 @@ class ExportedGraphKind(StageKind):
     # -- runtime -------------------------------------------------------------
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         """The runner for an admitted placement, in the route ``route_for`` finds."""
-        return ExportedGraphRunner(stage_plan, self.artifact(stage), route_for(stage_plan, route))
+        cfg = _cfg(stage)
+        art = self.artifact(stage)
+        chunk = None
+        if cfg.chunk is not None:
+            chunk = ChunkSettings(cfg.chunk.frames, cfg.chunk.left_context, cfg.chunk.first_frames,
+                                  samples_per_frame(art, where=f"stages.{cfg.name}.chunk"))
+        return ExportedGraphRunner(stage_plan, art, route_for(stage_plan, route), chunk=chunk)
+
+
+def samples_per_frame(art: ExportedArtifact, *, where: str) -> int:
+    """The artifact's ``metadata.samples_per_frame`` (a positive integer), or a ``ConfigError`` at ``where``."""
+    value = art.metadata.get(SAMPLES_PER_FRAME_KEY)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError.single(
+            where, f"{art.name}'s manifest gives no metadata.{SAMPLES_PER_FRAME_KEY} (got {value!r}): "
+                   "a chunked stage keeps each call's new samples by it",
+            f"add metadata.{SAMPLES_PER_FRAME_KEY} (waveform samples per input frame) to {art.dir}/manifest.yaml, "
+            "or remove `chunk` from the stage",
+        )
+    return value
 
 
 def _data_dependent_dims(art: ExportedArtifact) -> list[str]:

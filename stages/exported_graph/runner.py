@@ -24,12 +24,19 @@ whose names are not the graph's, an array of another dtype or rank — is a
 the item reaches the session. (What a manifest can say wrong before any item
 comes — a hook-less graph that consumes text — is refused when the plan is
 made: ``ExportedArtifact.feed_problems``.)
+
+A stage with ``chunk:`` (:class:`ChunkSettings`) reads its items as frames of
+codes and runs the graph on windows of them (``stages.exported_graph.chunking``):
+preprocess gets a window's codes ``[codebooks, frames]``, postprocess the graph's
+outputs with the first output cut to the window's new samples; one output item
+per window.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BadRequest, StageFailed
@@ -40,6 +47,7 @@ from orchestrator.profile import THIS_PROCESS
 from orchestrator.units import MiB
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
+from stages.exported_graph.chunking import ChunkInputError, FrameChunker, Window, new_samples
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -80,6 +88,16 @@ def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRout
     )
 
 
+@dataclass(frozen=True)
+class ChunkSettings:
+    """A chunked stage's windows (its ``chunk:`` config) and the artifact's samples per frame."""
+
+    frames: int | None
+    left_context: int
+    first_frames: int
+    samples_per_frame: int
+
+
 class ExportedGraphRunner(StageRunner):
     """preprocess → session → postprocess per input item, the session in its route.
 
@@ -89,8 +107,10 @@ class ExportedGraphRunner(StageRunner):
     numpy and its onnxruntime build.
     """
 
-    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
+    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute,
+                 *, chunk: ChunkSettings | None = None) -> None:
         self.plan = stage_plan
+        self.chunk = chunk
         self.artifact = artifact
         self.route = route
         self._host: Any = None
@@ -150,7 +170,45 @@ class ExportedGraphRunner(StageRunner):
         outputs = self._host.run(self._handle, feeds)["outputs"]
         return self._post(outputs, self.artifact) if self._post else outputs
 
+    def run_window(self, window: Window) -> Any:
+        """One window of frames through the chain, synchronously: the new samples only."""
+        if self._handle is None or self.chunk is None:
+            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load(), or not a chunked stage")
+        codes = window.codes  # [codebooks, context + new]
+        feeds = self._pre(codes, self.artifact) if self._pre else {self.artifact.manifest.inputs[0].name: codes[None]}
+        outputs = dict(self._host.run(self._handle, feeds)["outputs"])
+        first = self.artifact.manifest.outputs[0].name
+        start, end = new_samples(outputs[first], window, self.chunk.samples_per_frame)
+        outputs[first] = outputs[first][..., start:end]
+        return self._post(outputs, self.artifact) if self._post else outputs
+
+    async def _stream_chunked(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        assert self.chunk is not None
+        chunker = FrameChunker(self.chunk.frames, self.chunk.left_context, self.chunk.first_frames)
+        async for item in inputs:
+            try:
+                windows = chunker.add(item)
+            except ChunkInputError as exc:
+                raise StageFailed(self.plan.name, self.plan.device or "?",
+                                  f"request {request_id}: an item after {chunker.received} frame(s) of codes: {exc}") from exc
+            for window in windows:
+                yield await self._decode(request_id, window)
+        for window in chunker.finish():
+            yield await self._decode(request_id, window)
+
+    async def _decode(self, request_id: str, window: Window) -> Any:
+        try:
+            return await asyncio.to_thread(self.run_window, window)
+        except StageFailed:
+            raise
+        except Exception as exc:
+            raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        if self.chunk is not None:
+            async for out in self._stream_chunked(request_id, inputs):
+                yield out
+            return
         async for item in inputs:
             try:
                 yield await asyncio.to_thread(self.run_one, item)

@@ -29,6 +29,8 @@ class Reference:
     text: str
     codes: list[list[int]]
     """Per step: [code] (Qwen2.5-Omni) or the frame's codes, one per codebook (Qwen3-Omni)."""
+    waveform: Any = None
+    """Qwen3-Omni: the audio ``generate()`` returned (code2wav on those codes), float32, mono."""
 
 
 def prompt_ids(model_dir: Path, prompt: str) -> list[int]:
@@ -69,6 +71,7 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
         generated = captured["talker"][0, captured["prompt"]:].tolist()
         cut = next((i for i, c in enumerate(generated) if c in stop), len(generated))
         codes = [[c] for c in generated[:cut]]
+        waveform = None  # token2wav is not exported (docs/omni.md)
     else:
         model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
         decode = model.code2wav.chunked_decode
@@ -78,8 +81,9 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
             return decode(codes, *args, **kwargs)
 
         model.code2wav.chunked_decode = spy_code2wav
-        sequences, _wav = model.generate(input_ids, **common)
+        sequences, wav = model.generate(input_ids, **common)
         codes = captured["codes"][0].transpose(0, 1).tolist()  # [groups, frames] → per frame
+        waveform = wav.detach().float().reshape(-1).numpy()
     tokens = sequences[0, len(ids):].tolist()
     text = AutoTokenizer.from_pretrained(model_dir).decode(tokens, skip_special_tokens=True)
-    return Reference(ids, tokens, text, codes)
+    return Reference(ids, tokens, text, codes, waveform)

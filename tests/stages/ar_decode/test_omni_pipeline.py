@@ -103,10 +103,21 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
 
 
 def test_qwen3_omni_through_omni_edge_run_matches_transformers(ray_cluster: Any, tmp_path: Path) -> None:
+    """Text, codes and audio: thinker → talker → the exported code2wav, chunked, against
+    transformers' ``generate()`` (which runs the checkpoint's own code2wav on the same codes)."""
+    import wave
+
+    import numpy as np
+
+    from exports import qwen3_omni_code2wav
+
+    if not (qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").is_file():  # bootstrap builds it
+        assert qwen3_omni_code2wav.build() == 0
     config = REPO / "configs/examples/qwen3-omni-tiny.yaml"
+    out_wav = tmp_path / "reply.wav"
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "run", str(config), "--prompt", PROMPT, "--json",
-         "--record", str(tmp_path / "run.json"), "--no-calibration"],
+         "--record", str(tmp_path / "run.json"), "--no-calibration", "--out", str(out_wav)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
@@ -116,7 +127,16 @@ def test_qwen3_omni_through_omni_edge_run_matches_transformers(ray_cluster: Any,
     assert out["texts"]["thinker"] == ref.text
     assert out["outputs"]["talker"] == ref.codes  # one frame per item: every codebook's code
     assert {len(frame) for frame in out["outputs"]["talker"]} == {omni_tiny.Q3_CODE_GROUPS}
-    assert [s["backend"] for s in out["stages"]] == ["transformers-cpu", "transformers-cpu"]
+    assert [s["backend"] for s in out["stages"]] == ["transformers-cpu", "transformers-cpu", "ort-cpu"]
+    # the audio: 16-bit PCM of code2wav's chunks, against transformers' float waveform — within the
+    # artifact's gate tolerance plus half a 16-bit step of rounding
+    with wave.open(str(out_wav)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32767
+    want = np.clip(ref.waveform, -1, 1)
+    assert pcm.shape == want.shape and len(pcm) > 0
+    assert float(np.max(np.abs(pcm - want))) <= 1e-3 + 1 / 32767
+    assert float(np.linalg.norm(pcm - want) / np.linalg.norm(want)) <= 1e-3
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["output"]["outputs"]["talker"] == ref.codes
     talker = record["requests"][0]["stages"]["talker"]
