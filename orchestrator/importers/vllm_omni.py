@@ -666,6 +666,10 @@ def _async_chunk(data: dict[str, Any], shape: str, topo: Topology, stages: list[
                                     "with left context as they come, so audio starts before the talker ends"
                                     + ("" if edge else "; the file names no connector on the talker → code2wav edge, so "
                                        "vLLM-Omni's defaults"))
+                report.notes.append(f"stages.code2wav.artifact: {code2wav.get('artifact')} is where the checkpoint's "
+                                    "code2wav, exported with metadata.samples_per_frame, goes (docs/export.md, "
+                                    "Qwen3-Omni's code2wav); a manifest marked not_exported there is refused by name "
+                                    "(no_exported_graph)")
             else:
                 code2wav["chunk"] = {"frames": None}
                 report.map("async_chunk", "stages.code2wav.chunk", {"frames": None})

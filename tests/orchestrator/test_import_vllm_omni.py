@@ -325,3 +325,27 @@ def test_num_replicas_other_platforms_and_the_duplex_keys_are_listed_and_cuda_s_
     talker = yaml.safe_load((tmp_path / "o.yaml").read_text())["stages"][1]
     assert (talker["max_num_seqs"], talker["sampling"]["max_tokens"], talker["sampling"]["top_k"]) == (2, 1024, 50)
     assert "platforms.cuda.stages[0].max_num_seqs" in {m["key"] for m in report["mapped"]}
+
+
+def test_a_chunked_code2wav_that_is_not_exported_is_refused_by_name_not_a_config_error(
+        tmp_path: Path, tiny_qwen3: tuple[Path, Path]) -> None:
+    """A Qwen3-Omni checkpoint directory whose code2wav manifest says not_exported (as
+    configs/models/qwen2.5-omni-3b/code2wav's does): the imported chunked stage is refused
+    with no_exported_graph. Before, the chunk's samples_per_frame check came first: exit 2."""
+    model = tmp_path / "qwen3-omni"
+    model.mkdir()
+    for f in tiny_qwen3[0].iterdir():
+        (model / f.name).symlink_to(f)
+    manifest = yaml.safe_load((MODEL / "code2wav/manifest.yaml").read_text())
+    (model / "code2wav").mkdir()
+    (model / "code2wav/manifest.yaml").write_text(yaml.safe_dump({**manifest, "name": "qwen3-omni-code2wav"}))
+    out = tmp_path / "o.yaml"
+    code, _, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", out, "--model", str(model))
+    assert code == 0, stderr
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["stages"][2]["chunk"]["frames"] == 25
+    cfg["stages"][2]["devices"] = ["gpu:0", "cpu"]  # the file's gpu:1 is not on the laptop
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _, plan = plan_json(out)
+    code2wav = next(s for s in plan["stages"] if s["name"] == "code2wav")
+    assert "no_exported_graph" in [r["code"] for r in code2wav["refusals"]]
