@@ -379,7 +379,8 @@ def _pick_topology(model_cfg: dict[str, Any] | None, model: Path | None, stages:
         declared_topo = topology_for_pipeline(key)
         if declared_topo is None:
             raise ConfigError.single(
-                loc, f"vLLM-Omni pipeline {key!r} (by {how}) is not one the importer has a topology for",
+                loc, f"vLLM-Omni pipeline {key!r}" + ("" if loc.endswith(": pipeline") else f" (by {how})")
+                + " is not one the importer has a topology for",
                 f"{known}; for another model, write the omni-edge config by hand (docs/pipelines.md)")
     if model_cfg is not None:
         archs = [str(a) for a in model_cfg.get("architectures") or []]

@@ -245,7 +245,7 @@ def test_a_deploy_file_for_a_pipeline_the_importer_does_not_know_is_exit_2_with_
     code, _, stderr = import_json(DEPLOY / "step_audio_2_asr.yaml", tmp_path / "o.yaml")
     assert code == 2 and "Traceback" not in stderr
     assert "step_audio_2_asr.yaml: pipeline" in stderr  # where
-    assert "vLLM-Omni pipeline 'step_audio_2_asr' (by pipeline: step_audio_2_asr in the file)" in stderr  # what
+    assert "vLLM-Omni pipeline 'step_audio_2_asr' is not one the importer has a topology for" in stderr  # what
     assert "the importer knows the pipelines qwen2_5_omni (qwen2.5-omni), qwen3_omni_moe (qwen3-omni-moe)" in stderr  # fix
     assert not (tmp_path / "o.yaml").exists()
 
