@@ -108,6 +108,10 @@ TOPOLOGIES: tuple[Topology, ...] = (
         "qwen2.5-omni-thinker-only", _QWEN2_5_ARCHS,
         "Qwen2.5-Omni's thinker alone (text)", _OMNI_STAGES[:1], pipelines=("qwen2_5_omni_thinker_only",),
     ),
+    Topology(
+        "qwen3-omni-moe-thinker-only", ("Qwen3OmniMoeForConditionalGeneration",),
+        "Qwen3-Omni-MoE's thinker alone (text): a checkpoint without audio output", _OMNI_STAGES[:1],
+    ),
 )
 """vLLM-Omni's pipeline definitions for the models whose configs this importer reads,
 keyed by the checkpoint's ``architectures`` (the first listed for an architecture is
@@ -139,6 +143,11 @@ def topology_for(architectures: list[str]) -> Topology | None:
         if any(a in topo.architectures for a in architectures):
             return topo
     return None
+
+
+THINKER_ONLY = {"qwen3-omni-moe": "qwen3-omni-moe-thinker-only"}
+"""The topology a checkpoint with ``enable_audio_output: false`` runs (Qwen3-Omni-30B-A3B-Captioner):
+vLLM-Omni's ``resolve_qwen3_omni_pipeline`` picks its thinker-only pipeline for it."""
 
 
 def topology_for_pipeline(key: str) -> Topology | None:
@@ -471,6 +480,9 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
     declared = _declared_pipeline(data, src, shape, where)
     topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where, declared,
                                    deploy=shape == "deploy")
+    if model_cfg is not None and model_cfg.get("enable_audio_output") is False and topo.name in THINKER_ONLY:
+        topo = next(t for t in TOPOLOGIES if t.name == THINKER_ONLY[topo.name])
+        topo_by += " and its enable_audio_output: false (the thinker alone, as vLLM-Omni resolves it)"
     report = ImportReport(str(src), shape, topo.name, topo_by)
     if shape == "deploy" and data.get("base_config"):
         report.notes.append(f"base_config: applied {data['base_config']} under this file (stages merged by stage_id)")
@@ -484,6 +496,14 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
         report.notes.append("no --model given: stages' model is MODEL_DIR; pass --model DIR (the checkpoint) or edit it")
     if shape == "deploy":
         entries = _apply_cuda_platform(data, entries, report)
+    if topo.name in THINKER_ONLY.values():
+        kept = [e for e in entries if topo.by_id(e.get("stage_id", -1)) is not None
+                or topo.by_model_stage(str((e.get("engine_args") or {}).get("model_stage") or e.get("model_stage")))]
+        for i, e in enumerate(entries):
+            if not any(e is k for k in kept):
+                report.foreign(f"{list_key}[{i}]", f"stage_id {e.get('stage_id')!r}: the checkpoint has no audio output "
+                               "(enable_audio_output: false), so vLLM-Omni runs its thinker alone")
+        entries = kept
 
     problems: list[Problem] = []
     by_id: dict[Any, TopologyStage] = {}

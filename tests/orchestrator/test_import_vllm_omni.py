@@ -349,3 +349,26 @@ def test_a_chunked_code2wav_that_is_not_exported_is_refused_by_name_not_a_config
     _, plan = plan_json(out)
     code2wav = next(s for s in plan["stages"] if s["name"] == "code2wav")
     assert "no_exported_graph" in [r["code"] for r in code2wav["refusals"]]
+
+
+def test_a_qwen3_omni_checkpoint_without_audio_output_imports_its_thinker_alone(
+        tmp_path: Path, tiny_qwen3: tuple[Path, Path]) -> None:
+    """vLLM-Omni resolves qwen3_omni_moe to its thinker-only pipeline for a checkpoint with
+    enable_audio_output: false (the Captioner); before, the talker and code2wav it lacks were imported."""
+    model = tmp_path / "captioner"
+    model.mkdir()
+    for f in tiny_qwen3[0].iterdir():
+        if f.name != "config.json":
+            (model / f.name).symlink_to(f)
+    config = json.loads((tiny_qwen3[0] / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "enable_audio_output": False}))
+    out = tmp_path / "o.yaml"
+    code, report, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", out, "--model", str(model))
+    assert code == 0, stderr
+    assert report["topology"]["name"] == "qwen3-omni-moe-thinker-only"
+    assert "enable_audio_output: false" in report["topology"]["selected_by"]
+    assert [s["name"] for s in yaml.safe_load(out.read_text())["stages"]] == ["thinker"]
+    why = {f["key"]: f["why"] for f in report["no_equivalent"]}
+    assert "runs its thinker alone" in why["stages[1]"] and "runs its thinker alone" in why["stages[2]"]
+    assert report["loads"] is True
+    plan_json(out)
