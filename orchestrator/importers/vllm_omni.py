@@ -870,9 +870,9 @@ def _fit_max_tokens(out: dict[str, Any], name: str, report: ImportReport) -> Non
     sampling["max_tokens"] = limit - 1
     report.notes.append(
         f"stages.{name}.sampling.max_tokens: {limit - 1}, the largest that loads: the file's {value} is at or above "
-        f"max_model_len {limit} (vLLM-Omni's \"up to the context\": vLLM ends a reply where the context does). Here a request's prompt and reply must fit "
-        f"max_model_len together, so a request asks for fewer (its own max_tokens), or lower this to leave room "
-        "for the prompt")
+        f"max_model_len {limit} (vLLM-Omni's \"up to the context\"). A request that leaves max_tokens to the "
+        f"config gets what its prompt leaves of the context, as vLLM's server gives it; one that asks for more "
+        f"than that is refused")
 
 
 def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportReport, where: str) -> list[dict[str, Any]]:

@@ -283,7 +283,7 @@ def test_max_tokens_at_the_context_imports_as_the_largest_value_that_loads(tmp_p
     notes = [n for n in report["notes"] if ".sampling.max_tokens: 2047, the largest that loads" in n]
     assert len(notes) == 2
     assert "the file's 4096 is at or above max_model_len 2048" in notes[1]
-    assert "a request asks for fewer (its own max_tokens), or lower this" in notes[1]
+    assert "gets what its prompt leaves of the context" in notes[1]
 
 
 def test_async_chunk_maps_to_code2wav_chunks_from_the_connector_and_to_the_talker_s_join(tmp_path: Path) -> None:
