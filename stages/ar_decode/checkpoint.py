@@ -96,6 +96,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def _header_end(path: Path) -> int:
+    """Where a safetensors file's tensor data starts: 8 bytes of length, then the header."""
+    with path.open("rb") as f:
+        return 8 + int(struct.unpack("<Q", f.read(8))[0])
+
+
 def _entry_problem(name: str, entry: Any) -> str:
     """What is wrong with one tensor entry of a safetensors header, or ''."""
     if name == "__metadata__":
@@ -199,16 +205,26 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
     tensor_count = 0
     if files:
         source = "safetensors"
+        header_only = []
         for f in files:
             header = read_safetensors_header(f)
+            data_end = 0
             for name, t in header.items():
                 if name == "__metadata__":
                     continue
                 start, end = t["data_offsets"]
                 dtype_bytes[t["dtype"]] += int(end) - int(start)
+                data_end = max(data_end, int(end))
                 tensor_count += 1
+            if data_end and f.stat().st_size < _header_end(f) + data_end:
+                header_only.append(f.name)
         weight_bytes = sum(dtype_bytes.values())
         names = tuple(f.name for f in files)
+        if header_only:
+            notes.append(
+                f"weights not present: {len(header_only)} of {len(files)} safetensors file(s) hold less than their "
+                "headers list (header-only metadata, or a download cut short); sizes from the headers, no engine "
+                "can load them")
     elif index_path.exists():
         source = "index"
         try:
