@@ -234,3 +234,33 @@ def test_the_shipped_qwen3_omni_headers_are_the_real_sizes() -> None:
         REPO / "configs/models/qwen3-omni-30b-a3b" / f).items() if k.startswith("code2wav.")
         for s, e in [v["data_offsets"]])
     assert code2wav == 216_016_577 * 2
+
+
+def test_weights_missing_names_an_index_alone_and_header_only_files(tmp_path: Path) -> None:
+    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen2.5-omni-3b")) == (
+        "no *.safetensors files, only model.safetensors.index.json (it lists 3 of them)")
+    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")) == (
+        "15 of 15 safetensors file(s) hold less than their headers list (header-only metadata, or a download cut short)")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    _safetensors(tmp_path / "model.safetensors", 10, with_data=True)
+    assert manifests.weights_missing(manifests.read_checkpoint(tmp_path)) is None
+
+
+def test_running_a_metadata_only_checkpoint_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/examples/qwen2_5-omni.yaml plans on the CPU-only profile (its thinker and talker fit), but its
+    checkpoint directory is metadata only: `run` says so by name, exit 2, before Ray or a load starts —
+    before, the plan went on to start Ray and the load failed inside the device actor."""
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("orchestrator.runtime.cluster.connect",
+                        lambda *a, **k: pytest.fail("Ray was started for a checkpoint without weights"))
+    code = main(["run", str(REPO / "configs/examples/qwen2_5-omni.yaml"), "--profile",
+                 str(REPO / "configs/profiles/cpu-only-linux.json"), "--prompt", "Hello"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "stages.thinker.model" in err and "holds no weights to load" in err
+    assert "only model.safetensors.index.json" in err and "a metadata-only directory plans, it does not run" in err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
