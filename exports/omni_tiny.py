@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exports import qwen3_omni_code2wav
+
 EXPORTS = Path(__file__).resolve().parent
 QWEN2_5_OMNI_DIR = EXPORTS / "qwen2_5-omni-tiny"
 QWEN3_OMNI_DIR = EXPORTS / "qwen3-omni-tiny"
@@ -251,9 +253,7 @@ def tiny_code2wav_config() -> dict[str, Any]:
     (``exports.qwen3_omni_code2wav.tiny_code2wav_config``), whose codebooks and codebook size are
     the tiny talker's codes; the checkpoint takes that module's weights too (``_build_one``), so
     the checkpoint's code2wav and the exported graph are the same network."""
-    from exports.qwen3_omni_code2wav import tiny_code2wav_config as exported
-
-    config: dict[str, Any] = exported().to_dict()
+    config: dict[str, Any] = qwen3_omni_code2wav.tiny_code2wav_config().to_dict()
     return config
 
 
@@ -295,9 +295,7 @@ def _build_one(out: Path, name: str, model_class: str, config: Any, extra: dict[
     model = getattr(transformers, model_class)(config).eval()
     _initialise_uninitialised(model)
     if getattr(model, "code2wav", None) is not None:  # Qwen3-Omni: the exported graph's weights
-        from exports.qwen3_omni_code2wav import tiny_code2wav
-
-        model.code2wav.load_state_dict(tiny_code2wav().state_dict())
+        model.code2wav.load_state_dict(qwen3_omni_code2wav.tiny_code2wav().state_dict())
     params = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=out.parent) as tmp:
         work = Path(tmp) / name

@@ -15,7 +15,8 @@ from orchestrator.fileio import check_writable, write_text_atomic
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", choices=["vllm-omni"], help="the format of FILE (vllm-omni: a stage_args: file or a deploy YAML)")
     p.add_argument("file", metavar="FILE", help="the vLLM-Omni stage config or deploy YAML")
-    p.add_argument("--model", metavar="DIR", help="the checkpoint directory: its config.json's architectures selects the topology")
+    p.add_argument("--model", metavar="DIR", help="the checkpoint directory (its config.json's architectures selects the topology when "
+                        "the file's pipeline: key or name does not)")
     p.add_argument("-o", "--out", metavar="CONFIG", required=True, help="where to write the omni-edge config (YAML)")
     p.add_argument("--name", help="the pipeline's name (default: from FILE's name)")
     p.add_argument("--only", metavar="STAGES", help="keep only these stages (comma-separated names, e.g. thinker,talker)")

@@ -13,9 +13,12 @@ Two shapes are read:
 A deploy file carries only per-stage settings; which stage is the thinker, the
 talker or code2wav, and what feeds what, is the model's own pipeline in
 vLLM-Omni. So the importer keeps a small table of known Omni topologies
-(:data:`TOPOLOGIES`) keyed by the checkpoint's ``architectures`` (``--model``'s
-config.json, else a legacy file's ``engine_args.model_arch``) and says which one
-it used. Every key is either mapped (``mapped``: from where, to where) or listed
+(:data:`TOPOLOGIES`), selected by the file's ``pipeline:`` key (vLLM-Omni's
+pipeline registry key), else by the deploy file's name (vLLM-Omni names its
+bundled deploy files by pipeline), else by the checkpoint's ``architectures``
+(``--model``'s config.json) or a legacy file's ``engine_args.model_arch``, and
+says which one it used; a pipeline it has no topology for is refused with the
+list of those it knows. Every key is either mapped (``mapped``: from where, to where) or listed
 as having no equivalent here with one line on why (``no_equivalent``) — never a
 "did you mean": a foreign key is not a misspelling.
 
@@ -66,6 +69,15 @@ class Topology:
     architectures: tuple[str, ...]
     description: str
     stages: tuple[TopologyStage, ...]
+    pipelines: tuple[str, ...] = ()
+    """vLLM-Omni's pipeline registry keys for it (``vllm_omni/config/pipeline_registry.py``,
+    ``OMNI_PIPELINES``): what a deploy file's ``pipeline:`` names."""
+    streaming_talker: bool = False
+    """The talker may start on the thinker's first steps here (``join: latest``:
+    ``stages.ar_decode.kind.STREAMING_TALKERS``), what vLLM-Omni's ``async_chunk`` asks for."""
+    chunked_code2wav: bool = False
+    """code2wav decodes windows of frames with left context here (the exported_graph
+    kind's ``chunk:``), as vLLM-Omni's ``talker2code2wav_async_chunk`` does."""
 
     def by_id(self, stage_id: int) -> TopologyStage | None:
         return next((s for s in self.stages if s.stage_id == stage_id), None)
@@ -80,22 +92,50 @@ _OMNI_STAGES = (
                   "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)"),
     TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio"),
 )
+_QWEN2_5_ARCHS = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration")
 TOPOLOGIES: tuple[Topology, ...] = (
     Topology(
-        "qwen2.5-omni", ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration"),
+        "qwen2.5-omni", _QWEN2_5_ARCHS,
         "Qwen2.5-Omni: thinker (text, hidden states) → talker (codec codes) → code2wav (token2wav: DiT + BigVGAN, audio)",
-        _OMNI_STAGES,
+        _OMNI_STAGES, pipelines=("qwen2_5_omni",), streaming_talker=True,
     ),
     Topology(
         "qwen3-omni-moe", ("Qwen3OmniMoeForConditionalGeneration",),
         "Qwen3-Omni-MoE: thinker (text, hidden states) → talker (RVQ codec codes) → code2wav (audio)",
-        _OMNI_STAGES,
+        _OMNI_STAGES, pipelines=("qwen3_omni_moe",), chunked_code2wav=True,
+    ),
+    Topology(
+        "qwen2.5-omni-thinker-only", _QWEN2_5_ARCHS,
+        "Qwen2.5-Omni's thinker alone (text)", _OMNI_STAGES[:1], pipelines=("qwen2_5_omni_thinker_only",),
+    ),
+    Topology(
+        "qwen3-omni-moe-thinker-only", ("Qwen3OmniMoeForConditionalGeneration",),
+        "Qwen3-Omni-MoE's thinker alone (text): a checkpoint without audio output", _OMNI_STAGES[:1],
     ),
 )
 """vLLM-Omni's pipeline definitions for the models whose configs this importer reads,
-keyed by the checkpoint's ``architectures``. Stage ids and what feeds what follow
-vLLM-Omni's bundled stage configs for these models (stage 0 thinker, 1 talker,
-2 code2wav; 0 → 1 → 2)."""
+keyed by the checkpoint's ``architectures`` (the first listed for an architecture is
+the one ``--model`` selects) and by vLLM-Omni's pipeline registry keys. Stage ids
+and what feeds what follow vLLM-Omni's pipelines for these models
+(``vllm_omni/model_executor/models/qwen2_5_omni/pipeline.py``,
+``qwen3_omni/pipeline.py``: stage 0 thinker, 1 talker, 2 code2wav; 0 → 1 → 2)."""
+
+UPSTREAM_PIPELINES = (
+    "aura_omni", "qwen2_5_omni", "qwen2_5_omni_thinker_only", "personaplex", "nemotron_voicechat",
+    "nemotron_labs_voicechat", "qwen3_omni_moe", "qwen3_tts", "step_audio_2", "step_audio_2_asr", "covo_audio",
+    "bagel", "bagel_think", "bagel_single_stage", "lance", "dreamzero", "Gr00tN1d7", "pi0", "gepard", "glm_image",
+    "hunyuan_image_3_moe", "hunyuan_image3_ar", "hunyuan_image3_dit", "hunyuan_video_15", "wan2_2_ti2v", "voxcpm2",
+    "dots_tts", "cosyvoice3", "audex_tts", "audex_tta", "audex_thinker_only", "audex_s2s", "nemotron_labs_audex",
+    "mimo_audio", "ming_tts", "ming_tts_moe", "voxtral_tts", "glm_tts", "fish_qwen3_omni", "ming_flash_omni",
+    "ming_flash_omni_tts", "ming_flash_omni_thinker_only", "ming_flash_omni_image", "moss_tts_nano", "omnivoice",
+    "mammoth_moda2", "mammoth_moda2_ar", "moss_tts_delay", "moss_tts_realtime", "moss_tts_local", "minicpmo_4_5",
+    "minimax_music3", "higgs_audio_v2", "higgs_multimodal_qwen3", "dynin_omni", "indextts2", "indextts2_5",
+    "soulxsinger_svc", "soulxsinger_svs",
+)
+"""vLLM-Omni's pipeline registry keys (``OMNI_PIPELINES`` in
+``vllm_omni/config/pipeline_registry.py``, upstream main of 2026-08-22): how a deploy
+file's name is told to be another model's (``fish_qwen3_omni.yaml`` is Fish Speech's,
+not Qwen3-Omni's) rather than a file the importer cannot place."""
 
 
 def topology_for(architectures: list[str]) -> Topology | None:
@@ -103,6 +143,30 @@ def topology_for(architectures: list[str]) -> Topology | None:
         if any(a in topo.architectures for a in architectures):
             return topo
     return None
+
+
+THINKER_ONLY = {"qwen3-omni-moe": "qwen3-omni-moe-thinker-only"}
+"""The topology a checkpoint with ``enable_audio_output: false`` runs (Qwen3-Omni-30B-A3B-Captioner):
+vLLM-Omni's ``resolve_qwen3_omni_pipeline`` picks its thinker-only pipeline for it."""
+
+
+def topology_for_pipeline(key: str) -> Topology | None:
+    return next((t for t in TOPOLOGIES if key in t.pipelines), None)
+
+
+def known_pipelines() -> list[str]:
+    return [f"{p} ({t.name})" for t in TOPOLOGIES for p in t.pipelines]
+
+
+def pipeline_by_file_name(name: str) -> str | None:
+    """The vLLM-Omni pipeline a deploy file's name says it is for: vLLM-Omni names its
+    bundled deploy files by pipeline (``PipelineConfig.default_deploy_config_name``:
+    ``qwen3_omni_moe.yaml``) and their variants ``<pipeline>_<variant>.yaml``
+    (``qwen3_omni_moe_mori_intranode.yaml``). The longest registry key that is the name
+    or its prefix before ``_``; None when none is."""
+    stem = Path(name).stem
+    hits = [k for k in UPSTREAM_PIPELINES if stem == k or stem.startswith(k + "_")]
+    return max(hits, key=len) if hits else None
 
 
 # ---- why a key has no equivalent -------------------------------------------------
@@ -141,7 +205,26 @@ NO_EQUIVALENT: dict[str, str] = {
     "enabled": "a pipeline config always runs its stages",
     "defaults": "per-edge streaming windows do not exist here",
 }
+NO_EQUIVALENT.update({
+    "num_replicas": "a stage is placed once, on one device; replicas of a stage are not planned yet, so one "
+                    "instance serves it (max_num_seqs at once)",
+    "session_mode": "vLLM-Omni's full-duplex sessions (a realtime conversation kept open); omni-edge serves "
+                    "requests, one reply each",
+    "duplex_session": "the lifetimes and buffers of full-duplex sessions, which omni-edge does not have",
+    "enable_prefix_caching": "prefix caching is always off here",
+    "async_scheduling": "vLLM's asynchronous scheduler switch; omni-edge leaves the engine's default",
+    "mm_processor_cache_gb": "the multimodal processor's cache; the thinker here takes text",
+    "enable_flashinfer_autotune": "a CUDA kernel autotuning switch; omni-edge leaves the engine's default",
+    "env": "environment variables for the stage's process; a device's Ray actor has the orchestrator's",
+    "subtalker_sampling_params": "the code predictor's sampling; the talker's runner samples as the model's "
+                                 "own generate() does",
+})
 DEFAULT_WHY = "no equivalent in omni-edge; this importer does not know the key"
+CONNECTOR_WHY = "transport between stages: payloads travel as Ray objects here"
+PLATFORM_WHY = {
+    "musa": "overrides for Moore Threads (MUSA) GPUs: not applied; omni-edge has no MUSA backend",
+}
+"""Why a platform's overrides are not applied, where there is more to say than for any platform."""
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty")
 ENGINE_KEYS = {"max_num_batched_tokens": "max_num_batched_tokens", "enforce_eager": "enforce_eager",
@@ -271,27 +354,75 @@ def _model_config(model: Path | None) -> dict[str, Any] | None:
     return data
 
 
+def _declared_pipeline(data: dict[str, Any], src: Path, shape: str, where: str) -> tuple[str, str, str] | None:
+    """``(registry key, what says so, where)`` for a deploy file: its ``pipeline:`` key (an
+    overlay's, else its base's), else its name or its base_config parent's name
+    (:func:`pipeline_by_file_name`); None for a legacy file or a name that names none."""
+    if shape != "deploy":
+        return None
+    if "pipeline" in data:
+        key = data["pipeline"]
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError.single(f"{where}: pipeline", f"must be a vLLM-Omni pipeline name, got {key!r}"[:200],
+                                     f"write pipeline: one of {', '.join(p for t in TOPOLOGIES for p in t.pipelines)}")
+        return key.strip(), f"pipeline: {key.strip()} in the file", f"{where}: pipeline"
+    names = [("the file name", src.name)]
+    if data.get("base_config"):
+        names.append(("the name of its base_config", Path(str(data["base_config"])).name))
+    for what, name in names:
+        key = pipeline_by_file_name(name)
+        if key is not None:
+            return key, f"{what} {name}, as vLLM-Omni names its deploy files by pipeline", where
+    return None
+
+
 def _pick_topology(model_cfg: dict[str, Any] | None, model: Path | None, stages: list[dict[str, Any]],
-                   where: str) -> tuple[Topology, str]:
+                   where: str, declared: tuple[str, str, str] | None = None,
+                   deploy: bool = False) -> tuple[Topology, str]:
     file_archs = sorted({str((s.get("engine_args") or {}).get("model_arch")) for s in stages
                          if isinstance(s.get("engine_args"), dict) and (s.get("engine_args") or {}).get("model_arch")})
+    known = f"the importer knows the pipelines {', '.join(known_pipelines())}"
+    declared_topo: Topology | None = None
+    if declared is not None:
+        key, how, loc = declared
+        declared_topo = topology_for_pipeline(key)
+        if declared_topo is None:
+            raise ConfigError.single(
+                loc, f"vLLM-Omni pipeline {key!r}" + ("" if loc.endswith(": pipeline") else f" (by {how})")
+                + " is not one the importer has a topology for",
+                f"{known}; for another model, write the omni-edge config by hand (docs/pipelines.md)")
     if model_cfg is not None:
         archs = [str(a) for a in model_cfg.get("architectures") or []]
         topo = topology_for(archs)
         if topo is None:
             raise ConfigError.single(
                 f"{model}/config.json: architectures", f"{archs or 'none'}: no known Omni topology for it",
-                f"the importer knows {', '.join(a for t in TOPOLOGIES for a in t.architectures)}")
+                f"the importer knows {', '.join(dict.fromkeys(a for t in TOPOLOGIES for a in t.architectures))}")
+        if declared is not None and declared_topo is not None and not set(archs) & set(declared_topo.architectures):
+            raise ConfigError.single(
+                declared[2], f"the file is for pipeline {declared[0]} ({declared_topo.name}, by {declared[1]}), "
+                             f"and --model {model} is {', '.join(archs)} ({topo.name})",
+                "pass the checkpoint this file was written for, or the deploy file written for this checkpoint")
         file_topo = topology_for(file_archs)
         if file_topo is not None and file_topo is not topo:
             raise ConfigError.single(
                 f"{where}: engine_args.model_arch",
                 f"the file is for {', '.join(file_archs)} ({file_topo.name}), and --model {model} is {', '.join(archs)} ({topo.name})",
                 "pass the checkpoint this file was written for, or the stage config written for this checkpoint")
+        if declared is not None and declared_topo is not None:
+            return declared_topo, f"{declared[1]}; --model's architectures {archs} agree"
         return topo, f"architectures {archs} in {model}/config.json"
+    if declared is not None and declared_topo is not None:
+        return declared_topo, f"{declared[1]}; no --model given"
     archs = file_archs
     topo = topology_for(archs)
     if topo is None:
+        if deploy:
+            raise ConfigError.single(
+                where, "which Omni model this is cannot be told: the file has no pipeline: key and its name "
+                       "is no vLLM-Omni pipeline's",
+                f"pass --model DIR (a checkpoint directory): its config.json's architectures selects the topology; "
+                f"or add pipeline: to the file ({known})")
         raise ConfigError.single(
             where, "which Omni model this is cannot be told: the file names no known model_arch",
             "pass --model DIR (a checkpoint directory): its config.json's architectures selects the topology")
@@ -346,7 +477,12 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
     if not isinstance(entries, list) or not all(isinstance(s, dict) for s in entries):
         raise ConfigError.single(f"{where}: {list_key}", "must be a list of stage mappings", f"write {list_key}: as a list")
     model_cfg = _model_config(model_dir)
-    topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where)
+    declared = _declared_pipeline(data, src, shape, where)
+    topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where, declared,
+                                   deploy=shape == "deploy")
+    if model_cfg is not None and model_cfg.get("enable_audio_output") is False and topo.name in THINKER_ONLY:
+        topo = next(t for t in TOPOLOGIES if t.name == THINKER_ONLY[topo.name])
+        topo_by += " and its enable_audio_output: false (the thinker alone, as vLLM-Omni resolves it)"
     report = ImportReport(str(src), shape, topo.name, topo_by)
     if shape == "deploy" and data.get("base_config"):
         report.notes.append(f"base_config: applied {data['base_config']} under this file (stages merged by stage_id)")
@@ -358,6 +494,16 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
         model_ref = os.path.relpath(model_dir, out_dir) if len(shared.parts) > 2 else str(model_dir)
     if model_dir is None:
         report.notes.append("no --model given: stages' model is MODEL_DIR; pass --model DIR (the checkpoint) or edit it")
+    if shape == "deploy":
+        entries = _apply_cuda_platform(data, entries, report)
+    if topo.name in THINKER_ONLY.values():
+        kept = [e for e in entries if topo.by_id(e.get("stage_id", -1)) is not None
+                or topo.by_model_stage(str((e.get("engine_args") or {}).get("model_stage") or e.get("model_stage")))]
+        for i, e in enumerate(entries):
+            if not any(e is k for k in kept):
+                report.foreign(f"{list_key}[{i}]", f"stage_id {e.get('stage_id')!r}: the checkpoint has no audio output "
+                               "(enable_audio_output: false), so vLLM-Omni runs its thinker alone")
+        entries = kept
 
     problems: list[Problem] = []
     by_id: dict[Any, TopologyStage] = {}
@@ -387,20 +533,44 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
     if problems:
         raise ConfigError(problems)
 
+    if shape == "deploy":
+        missing = [t for t in topo.stages if t not in by_id.values()]
+        if missing and not only:
+            report.notes.append(
+                f"{', '.join(t.model_stage for t in missing)}: not in the file, so not imported (vLLM-Omni runs a "
+                "pipeline's other stages with its defaults, or leaves them out for a checkpoint without them); "
+                "add them to the file to import them")
+
     stages_out: list[dict[str, Any]] = []
     for i, s in enumerate(entries):
         loc = f"{list_key}[{i}]"
         ts = by_id[s.get("stage_id", i)]
         stages_out.append(_stage(s, loc, ts, topo, by_id, report, model_ref, model_cfg, shape, model_dir))
+    used_connector_keys = _async_chunk(data, shape, topo, stages_out, entries, report) if shape == "deploy" else set()
     if only:
         stages_out = _keep_only(stages_out, only, report, where)
     for key, value in data.items():
-        if key in (list_key, "base_config"):
+        if key in (list_key, "base_config", "async_chunk"):
+            continue
+        if key == "pipeline" and shape == "deploy":
+            report.map("pipeline", "the topology", f"{value} → {topo.name}")
+            continue
+        if key == "connectors" and isinstance(value, dict):
+            for cname, conn in value.items():
+                extra = conn.get("extra") if isinstance(conn, dict) else None
+                for k in (extra if isinstance(extra, dict) else {}):
+                    if f"connectors.{cname}.extra.{k}" not in used_connector_keys:
+                        report.foreign(f"connectors.{cname}.extra.{k}", CONNECTOR_WHY)
+                for k in (conn if isinstance(conn, dict) else {}):
+                    if k != "extra":
+                        report.foreign(f"connectors.{cname}.{k}", CONNECTOR_WHY)
             continue
         if key == "platforms" and isinstance(value, dict):
             for plat in value:
-                report.foreign(f"platforms.{plat}", f"overrides for {plat} machines: not applied; omni-edge plans "
-                               "against a hardware profile, so the file's own (CUDA) values are used")
+                if plat == "cuda":
+                    continue  # applied (_apply_cuda_platform)
+                report.foreign(f"platforms.{plat}", PLATFORM_WHY.get(plat, f"overrides for {plat} machines: not applied; "
+                               "omni-edge plans against a hardware profile, so the file's own (CUDA) values are used"))
             continue
         if key == "runtime" and isinstance(value, dict):
             for k in value:
@@ -415,6 +585,121 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
         "stages": stages_out,
     }
     return Imported(config, report)
+
+
+def _apply_cuda_platform(data: dict[str, Any], entries: list[dict[str, Any]], report: ImportReport) -> list[dict[str, Any]]:
+    """``platforms.cuda``'s stage overrides applied over the stages, as vLLM-Omni applies
+    them on an NVIDIA machine (``_apply_platform_overrides``): omni-edge's ``gpu:N``
+    devices are CUDA devices. Sampling and engine_extras are deep-merged, other keys replaced."""
+    cuda = (data.get("platforms") or {}).get("cuda") if isinstance(data.get("platforms"), dict) else None
+    if not isinstance(cuda, dict):
+        return entries
+    out = [copy.deepcopy(e) for e in entries]
+    for k in cuda:
+        if k != "stages":
+            report.foreign(f"platforms.cuda.{k}")
+    for j, ps in enumerate(cuda.get("stages") or []):
+        if not isinstance(ps, dict):
+            continue
+        hit = next((i for i, e in enumerate(out) if e.get("stage_id") == ps.get("stage_id")), None)
+        if hit is None:
+            report.foreign(f"platforms.cuda.stages[{j}]", f"stage_id {ps.get('stage_id')!r} is no stage of the file")
+            continue
+        for k, v in ps.items():
+            if k == "stage_id":
+                continue
+            mine = out[hit].get(k)
+            out[hit][k] = _deep_merge(mine, v) if isinstance(mine, dict) and isinstance(v, dict) else copy.deepcopy(v)
+            report.map(f"platforms.cuda.stages[{j}].{k}", f"stages[{hit}].{k} (vLLM-Omni applies it on CUDA machines; "
+                       "gpu:N here is one)", v)
+    return out
+
+
+def _connector_extra(data: dict[str, Any], entries: list[dict[str, Any]], src_id: int, dst_id: int) -> tuple[str, dict[str, Any]] | None:
+    """``(name, extra)`` of the connector on the edge ``src_id → dst_id``: the receiving stage's
+    ``input_connectors.from_stage_<src>``, else the sender's ``output_connectors.to_stage_<dst>``."""
+    found = data.get("connectors")
+    connectors: dict[str, Any] = found if isinstance(found, dict) else {}
+    for sid, side, key in ((dst_id, "input_connectors", f"from_stage_{src_id}"), (src_id, "output_connectors", f"to_stage_{dst_id}")):
+        entry = next((e for e in entries if e.get("stage_id") == sid), None)
+        ref = ((entry or {}).get(side) or {}).get(key) if isinstance((entry or {}).get(side), dict) else None
+        conn = connectors.get(ref) if isinstance(ref, str) else None
+        if isinstance(conn, dict):
+            extra = conn.get("extra")
+            return str(ref), (extra if isinstance(extra, dict) else {})
+    return None
+
+
+CHUNK_KEYS = (("codec_chunk_frames", "frames", 25), ("codec_left_context_frames", "left_context", 25),
+              ("initial_codec_chunk_frames", "first_frames", 0))
+"""vLLM-Omni's async-chunk connector extras → the exported_graph kind's ``chunk:`` fields, with
+upstream's defaults when the file gives none (``talker2code2wav_async_chunk`` in
+``vllm_omni/model_executor/stage_input_processors/qwen3_omni.py``: 25, 25, and no smaller
+first chunk)."""
+
+
+def _async_chunk(data: dict[str, Any], shape: str, topo: Topology, stages: list[dict[str, Any]],
+                 entries: list[dict[str, Any]], report: ImportReport) -> set[str]:
+    """vLLM-Omni's ``async_chunk`` (a deploy file's; true when absent, as its ``DeployConfig``
+    has it): the talker starting on the thinker's first chunk, code2wav decoding the talker's
+    codes in windows. Returns the connector extras it mapped."""
+    value = data.get("async_chunk", True)
+    given = "async_chunk" in data
+    by_name = {s["name"]: s for s in stages}
+    talker, code2wav = by_name.get("talker"), by_name.get("code2wav")
+    if not isinstance(value, bool):
+        report.foreign("async_chunk", f"{value!r} is not true or false; read as vLLM-Omni's default, true")
+        value = True
+    if talker is None and code2wav is None:
+        if given:
+            report.foreign("async_chunk", "a one-stage pipeline: nothing streams between stages (vLLM-Omni turns it off too)")
+        return set()
+    said = f"async_chunk: {str(value).lower()}" + ("" if given else " (absent: vLLM-Omni's default)")
+    used: set[str] = set()
+    if talker is not None and len(talker.get("inputs", [])) > 1:
+        if value and topo.streaming_talker:
+            talker["join"] = "latest"
+            report.notes[:] = [n for n in report.notes if not n.startswith("stages.talker.join: all")]
+            report.map("async_chunk", "stages.talker.join", "latest")
+            report.notes.append(f"stages.talker.join: latest ({said}): the talker starts on the thinker's first steps "
+                                "and gives the same codes as with its whole hand-over (docs/omni.md, streaming); "
+                                "vLLM-Omni itself refuses async_chunk for this pipeline (it has no async producer)")
+        elif value:
+            report.notes.append(f"stages.talker.join: all ({said}): this model's talker takes the thinker's whole "
+                                "hand-over here (it refuses join: latest: docs/omni.md), so only code2wav streams")
+        else:
+            report.map("async_chunk", "stages.talker.join", "all")
+    if code2wav is not None:
+        if topo.chunked_code2wav:
+            if value:
+                edge = _connector_extra(data, entries, 1, 2)
+                extra = edge[1] if edge else {}
+                chunk: dict[str, Any] = {}
+                for up, mine, default in CHUNK_KEYS:
+                    v = extra.get(up, default)
+                    if edge and up in extra:
+                        used.add(f"connectors.{edge[0]}.extra.{up}")
+                        report.map(f"connectors.{edge[0]}.extra.{up}", f"stages.code2wav.chunk.{mine}", v)
+                    chunk[mine] = int(v) if isinstance(v, int) and not isinstance(v, bool) else default
+                code2wav["chunk"] = chunk
+                report.map("async_chunk", "stages.code2wav.chunk", chunk)
+                report.notes.append(f"stages.code2wav.chunk: {chunk} ({said}): the talker's codes decoded in windows "
+                                    "with left context as they come, so audio starts before the talker ends"
+                                    + ("" if edge else "; the file names no connector on the talker → code2wav edge, so "
+                                       "vLLM-Omni's defaults"))
+                report.notes.append(f"stages.code2wav.artifact: {code2wav.get('artifact')} is where the checkpoint's "
+                                    "code2wav, exported with metadata.samples_per_frame, goes (docs/export.md, "
+                                    "Qwen3-Omni's code2wav); a manifest marked not_exported there is refused by name "
+                                    "(no_exported_graph)")
+            else:
+                code2wav["chunk"] = {"frames": None}
+                report.map("async_chunk", "stages.code2wav.chunk", {"frames": None})
+                report.notes.append(f"stages.code2wav.chunk: frames null ({said}): the talker's whole code sequence "
+                                    "in one call once it has ended (vLLM-Omni's talker2code2wav_full_payload)")
+        elif value:
+            report.notes.append(f"stages.code2wav ({said}): no chunk: this model's code2wav has no chunked "
+                                "decode here (docs/omni.md, code2wav)")
+    return used
 
 
 def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id: dict[Any, TopologyStage],
@@ -488,6 +773,10 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
             else:
                 out["max_model_len"] = 32768
                 report.notes.append(f"stages.{name}.max_model_len: 32768 assumed (no --model to read the limit from)")
+    replicas = flat.get("num_replicas") if shape == "deploy" else runtime.get("num_replicas")
+    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1:
+        report.notes.append(f"stages.{name}: num_replicas {replicas} in the file; one instance is planned here "
+                            "(stage replicas are not planned yet), on one of its devices")
     for k, v in engine.items():
         key = f"{eloc}.{k}"
         if k == "model_stage":
@@ -519,6 +808,7 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
                     report.map(f"{loc}.default_sampling_params.{k}", f"stages.{name}.sampling.{k}", v)
                 else:
                     report.foreign(f"{loc}.default_sampling_params.{k}")
+            _fit_max_tokens(out, name, report)
         else:
             report.foreign(f"{loc}.default_sampling_params",
                            f"{ts.model_stage} does not sample (it turns codec codes into audio); the settings do nothing here")
@@ -567,6 +857,22 @@ def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id
             continue  # flat engine fields, handled above
         report.foreign(f"{loc}.{k}")
     return _ordered(out)
+
+
+def _fit_max_tokens(out: dict[str, Any], name: str, report: ImportReport) -> None:
+    """``sampling.max_tokens`` at or above ``max_model_len`` — vLLM-Omni's way of writing "up to
+    the context" (its engine caps a reply at what the context has left) — as the largest value
+    that loads here: one below ``max_model_len`` (``ArDecodeConfig`` keeps room for a prompt)."""
+    sampling, limit = out.get("sampling") or {}, out.get("max_model_len")
+    value = sampling.get("max_tokens")
+    if not (isinstance(value, int) and isinstance(limit, int) and not isinstance(value, bool) and value >= limit > 1):
+        return
+    sampling["max_tokens"] = limit - 1
+    report.notes.append(
+        f"stages.{name}.sampling.max_tokens: {limit - 1}, the largest that loads: the file's {value} is at or above "
+        f"max_model_len {limit} (vLLM-Omni's \"up to the context\"). A request that leaves max_tokens to the "
+        f"config gets what its prompt leaves of the context, as vLLM's server gives it; one that asks for more "
+        f"than that is refused")
 
 
 def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportReport, where: str) -> list[dict[str, Any]]:

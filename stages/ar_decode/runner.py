@@ -446,11 +446,22 @@ def _checked_sampling(stage: Any, merged: dict[str, Any], base: dict[str, Any]) 
 
 
 def check_length(stage: Any, prompt_tokens: int, sampling: dict[str, Any]) -> None:
-    """``BadRequest`` when the prompt and the reply cannot fit the context (``max_model_len``)."""
+    """``BadRequest`` when the prompt and the reply cannot fit the context (``max_model_len``).
+
+    A reply left at the config's own ``max_tokens`` takes what the prompt leaves of the
+    context instead (``sampling["max_tokens"]`` is lowered in place), as vLLM's server
+    defaults ``max_tokens`` to the context less the prompt: a config that writes
+    ``max_tokens`` up to the context (an imported vLLM-Omni deploy file) means "as long as
+    the context allows". A ``max_tokens`` the request chose itself is never shortened."""
     limit = int(getattr(stage, "max_model_len", 0) or 0)
     if not limit:
         return
     max_tokens = int(sampling.get("max_tokens") or 0)
+    default = getattr(getattr(stage, "sampling", None), "max_tokens", None)
+    room = limit - prompt_tokens
+    if prompt_tokens + max_tokens > limit and max_tokens == default and room >= max(1, int(sampling.get("min_tokens") or 0)):
+        sampling["max_tokens"] = room
+        return
     if prompt_tokens + max_tokens > limit:
         room = max(0, limit - max_tokens)
         raise BadRequest.single(

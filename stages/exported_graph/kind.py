@@ -195,10 +195,8 @@ class ExportedGraphKind(StageKind):
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         cfg = _cfg(stage)
         art = self.artifact(cfg)
-        if cfg.chunk is not None:
-            samples_per_frame(art, where=f"stages.{cfg.name}.chunk")
         missing = art.manifest.not_exported
-        if missing is not None:
+        if missing is not None:  # refused (no_exported_graph) before any question about the graph, chunk's too
             return ArtifactInfo(
                 kind="exported", path=str(art.dir), weight_bytes=missing.weight_bytes, weight_format="not exported",
                 details={
@@ -206,6 +204,8 @@ class ExportedGraphKind(StageKind):
                     "not_exported": missing.model_dump(), "source": art.manifest.source.model_dump(),
                 },
             )
+        if cfg.chunk is not None:
+            samples_per_frame(art, where=f"stages.{cfg.name}.chunk")
         fed = art.feed_problems()
         if fed:
             raise ConfigError(fed)

@@ -33,7 +33,21 @@ CASES = {
     "qwen3_omni_moe": False,
     "deploy_qwen2_5_omni": True,
     "deploy_overlay": True,
+    # today's upstream deploy files (deploy/: SOURCES.md), their topology from their pipeline
+    "deploy/qwen2_5_omni": False,
+    "deploy/qwen3_omni_moe": False,
+    "deploy/overlay_duplex_cuda": False,
 }
+DEPLOY = FIXTURES / "deploy"
+REAL_DEPLOY = {
+    # upstream's Qwen-Omni deploy files: the topology they import as, and the checkpoint they plan with
+    "qwen2_5_omni": "qwen2.5-omni",
+    "qwen3_omni_moe": "qwen3-omni-moe",
+    "qwen3_omni_moe_mori_intranode": "qwen3-omni-moe",
+    "qwen3_omni_moe_thinking": "qwen3-omni-moe",
+    "qwen3_omni_moe_multi_replicas": "qwen3-omni-moe",
+}
+WSL = REPO / "configs/profiles/strix-point-rtx5090-wsl.json"
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -44,7 +58,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 def do_import(name: str, with_model: bool, out_dir: Path) -> tuple[int, dict, str]:
-    out = out_dir / f"{name}.yaml"
+    out = out_dir / f"{name.replace('/', '_')}.yaml"
     argv = ["import", "vllm-omni", str(FIXTURES / f"{name}.yaml"), "-o", str(out), "--json"]
     if with_model:
         argv += ["--model", str(MODEL)]
@@ -146,6 +160,7 @@ def regenerate() -> None:
         for name, with_model in sorted(CASES.items()):
             code, report, written = do_import(name, with_model, Path(tmp))
             doc = {"exit_code": code, "report": report, "config": written}
+            (GOLDEN / f"{name}.json").parent.mkdir(parents=True, exist_ok=True)
             (GOLDEN / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
             print(name, "exit", code, "loads", report["loads"])
 
@@ -165,3 +180,195 @@ def test_planning_a_vllm_omni_file_directly_names_the_importer(name: str) -> Non
     assert "omni-edge import vllm-omni" in stderr and "--model CHECKPOINT_DIR -o CONFIG" in stderr
     assert "did you mean" not in stderr.lower() and "Traceback" not in stderr
     assert stderr.count("how to fix") == 1
+
+
+# ---- today's upstream deploy schema (issue 20, part 8) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3() -> tuple[Path, Path]:
+    """The tiny Qwen3-Omni checkpoint and its exported code2wav (the bootstrap builds both)."""
+    from exports import omni_tiny, qwen3_omni_code2wav
+
+    omni_tiny.ensure_built()
+    if not (qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").is_file():
+        assert qwen3_omni_code2wav.build() == 0
+    return omni_tiny.QWEN3_OMNI_DIR, qwen3_omni_code2wav.ARTIFACT_DIR
+
+
+def import_json(src: Path, out: Path, *extra: str) -> tuple[int, dict, str]:
+    code, stdout, stderr = run_cli(["import", "vllm-omni", str(src), "-o", str(out), "--json", *extra])
+    return code, (json.loads(stdout) if code == 0 else {}), stderr
+
+
+def plan_json(config: Path, profile: Path = WSL) -> tuple[int, dict]:
+    code, stdout, stderr = run_cli(["plan", str(config), "--profile", str(profile), "--json"])
+    assert code in (0, 3), stderr  # admitted, or refused by name: never a config error (2)
+    return code, json.loads(stdout)
+
+
+@pytest.mark.parametrize("name", sorted(REAL_DEPLOY))
+def test_each_real_qwen_omni_deploy_file_imports_without_model_and_its_config_plans(
+        name: str, tmp_path: Path, tiny_qwen3: tuple[Path, Path]) -> None:
+    """Upstream's deploy files name no model: the file's ``pipeline:`` key, else its name (vLLM-Omni
+    names its deploy files by pipeline), selects the topology. The written config loads; with
+    the checkpoint in place of MODEL_DIR (the note says to) it plans: admitted or refused by
+    name on the RTX 5090 laptop, never a config error."""
+    src = DEPLOY / f"{name}.yaml"
+    code, report, stderr = import_json(src, tmp_path / "bare.yaml")
+    assert code == 0, stderr
+    assert report["topology"]["name"] == REAL_DEPLOY[name]
+    by = report["topology"]["selected_by"]
+    assert ("pipeline: qwen3_omni_moe in the file" in by) if name.endswith("thinking") else (f"the file name {name}.yaml" in by)
+    assert report["loads"] is True and report["problems"] == []
+    assert any("MODEL_DIR" in n for n in report["notes"])
+
+    # the same file with the checkpoint: Qwen2.5-Omni-3B's metadata, or the tiny Qwen3-Omni
+    model = MODEL if REAL_DEPLOY[name] == "qwen2.5-omni" else tiny_qwen3[0]
+    out = tmp_path / "with-model.yaml"
+    code, report, stderr = import_json(src, out, "--model", str(model))
+    assert code == 0, stderr
+    assert report["loads"] is True, report["problems"]
+    assert "--model's architectures" in report["topology"]["selected_by"] and "agree" in report["topology"]["selected_by"]
+    cfg = yaml.safe_load(out.read_text())
+    for stage in cfg["stages"]:
+        if stage["kind"] == "exported_graph" and REAL_DEPLOY[name] == "qwen3-omni-moe":
+            stage["artifact"] = str(tiny_qwen3[1])  # the placeholder a user replaces with their export
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _, plan = plan_json(out)
+    for stage in plan["stages"]:
+        assert stage["device"] is not None or [r["code"] for r in stage["refusals"]], stage["name"]
+
+
+def test_a_deploy_file_for_a_pipeline_the_importer_does_not_know_is_exit_2_with_the_known_ones(tmp_path: Path) -> None:
+    # step_audio_2_asr.yaml says pipeline: step_audio_2_asr
+    code, _, stderr = import_json(DEPLOY / "step_audio_2_asr.yaml", tmp_path / "o.yaml")
+    assert code == 2 and "Traceback" not in stderr
+    assert "step_audio_2_asr.yaml: pipeline" in stderr  # where
+    assert "vLLM-Omni pipeline 'step_audio_2_asr' is not one the importer has a topology for" in stderr  # what
+    assert "the importer knows the pipelines qwen2_5_omni (qwen2.5-omni), qwen3_omni_moe (qwen3-omni-moe)" in stderr  # fix
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_fish_speech_s_deploy_file_is_not_imported_as_qwen_omni_even_with_a_qwen_model(tmp_path: Path) -> None:
+    """fish_qwen3_omni.yaml is Fish Speech's (slow_ar → dac_decoder), named after its HF model_type;
+    before, with --model, its two stages became a Qwen2.5-Omni thinker and talker that did not load."""
+    for extra in ([], ["--model", str(MODEL)]):
+        code, _, stderr = import_json(DEPLOY / "fish_qwen3_omni.yaml", tmp_path / "o.yaml", *extra)
+        assert code == 2 and "Traceback" not in stderr
+        assert "vLLM-Omni pipeline 'fish_qwen3_omni' (by the file name fish_qwen3_omni.yaml" in stderr
+        assert "qwen3_omni_moe (qwen3-omni-moe)" in stderr
+        assert not (tmp_path / "o.yaml").exists()
+
+
+def test_a_file_s_pipeline_and_another_model_are_refused(tmp_path: Path) -> None:
+    code, _, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", tmp_path / "o.yaml", "--model", str(MODEL))
+    assert code == 2
+    assert "the file is for pipeline qwen3_omni_moe (qwen3-omni-moe" in stderr
+    assert "Qwen2_5OmniModel (qwen2.5-omni)" in stderr
+
+
+def test_max_tokens_at_the_context_imports_as_the_largest_value_that_loads(tmp_path: Path,
+                                                                          tiny_qwen3: tuple[Path, Path]) -> None:
+    """qwen3_omni_moe.yaml asks the thinker for 2048 tokens and the talker for 4096; the tiny
+    checkpoint's context is 2048, so upstream means "up to the context". Before, the written
+    config did not load (max_tokens must be below max_model_len)."""
+    out = tmp_path / "o.yaml"
+    code, report, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", out, "--model", str(tiny_qwen3[0]))
+    assert code == 0, stderr
+    assert report["loads"] is True, report["problems"]
+    cfg = {s["name"]: s for s in yaml.safe_load(out.read_text())["stages"]}
+    assert (cfg["thinker"]["max_model_len"], cfg["thinker"]["sampling"]["max_tokens"]) == (2048, 2047)
+    assert (cfg["talker"]["max_model_len"], cfg["talker"]["sampling"]["max_tokens"]) == (2048, 2047)
+    notes = [n for n in report["notes"] if ".sampling.max_tokens: 2047, the largest that loads" in n]
+    assert len(notes) == 2
+    assert "the file's 4096 is at or above max_model_len 2048" in notes[1]
+    assert "gets what its prompt leaves of the context" in notes[1]
+
+
+def test_async_chunk_maps_to_code2wav_chunks_from_the_connector_and_to_the_talker_s_join(tmp_path: Path) -> None:
+    # Qwen3-Omni, async_chunk: true: code2wav decodes windows with the connector's sizes
+    code, report, _ = import_json(DEPLOY / "qwen3_omni_moe.yaml", tmp_path / "q3.yaml")
+    cfg = {s["name"]: s for s in yaml.safe_load((tmp_path / "q3.yaml").read_text())["stages"]}
+    assert code == 0
+    assert cfg["code2wav"]["chunk"] == {"frames": 25, "left_context": 25, "first_frames": 4}
+    assert cfg["talker"]["join"] == "all"  # Qwen3-Omni's talker refuses join: latest
+    mapped = {m["key"]: m["to"] for m in report["mapped"]}
+    assert mapped["connectors.connector_of_shared_memory.extra.initial_codec_chunk_frames"] == "stages.code2wav.chunk.first_frames"
+    assert mapped["async_chunk"] == "stages.code2wav.chunk"
+    assert "async_chunk" not in {f["key"] for f in report["no_equivalent"]}
+    # the Mori file gives no initial_codec_chunk_frames: upstream's default, no smaller first chunk
+    import_json(DEPLOY / "qwen3_omni_moe_mori_intranode.yaml", tmp_path / "mori.yaml")
+    mori = {s["name"]: s for s in yaml.safe_load((tmp_path / "mori.yaml").read_text())["stages"]}
+    assert mori["code2wav"]["chunk"] == {"frames": 25, "left_context": 25, "first_frames": 0}
+    # Qwen2.5-Omni: async_chunk: false keeps the whole hand-over; true streams the talker
+    _, report, _ = import_json(DEPLOY / "qwen2_5_omni.yaml", tmp_path / "q25.yaml")
+    q25 = {s["name"]: s for s in yaml.safe_load((tmp_path / "q25.yaml").read_text())["stages"]}
+    assert q25["talker"]["join"] == "all" and "chunk" not in q25["code2wav"]
+    _, report, written = do_import("deploy_qwen2_5_omni", True, tmp_path)
+    streaming = {s["name"]: s for s in yaml.safe_load(written)["stages"]}
+    assert streaming["talker"]["join"] == "latest"
+    assert {"key": "async_chunk", "to": "stages.talker.join", "value": "latest"} in report["mapped"]
+
+
+def test_num_replicas_other_platforms_and_the_duplex_keys_are_listed_and_cuda_s_overrides_applied(tmp_path: Path) -> None:
+    code, report, _ = import_json(DEPLOY / "overlay_duplex_cuda.yaml", tmp_path / "o.yaml")
+    assert code == 0 and report["topology"]["name"] == "qwen3-omni-moe"
+    assert "the name of its base_config qwen3_omni_moe.yaml" in report["topology"]["selected_by"]
+    why = {f["key"]: f["why"] for f in report["no_equivalent"]}
+    assert "full-duplex" in why["session_mode"] and "full-duplex" in why["duplex_session"]
+    assert "active_stream_window" in why
+    assert "replicas of a stage are not planned yet" in why["stages[1].num_replicas"]
+    assert "no MUSA backend" in why["platforms.musa"]
+    assert "platforms.cuda" not in why
+    assert any(n.startswith("stages.talker: num_replicas 2 in the file; one instance is planned") for n in report["notes"])
+    talker = yaml.safe_load((tmp_path / "o.yaml").read_text())["stages"][1]
+    assert (talker["max_num_seqs"], talker["sampling"]["max_tokens"], talker["sampling"]["top_k"]) == (2, 1024, 50)
+    assert "platforms.cuda.stages[0].max_num_seqs" in {m["key"] for m in report["mapped"]}
+
+
+def test_a_chunked_code2wav_that_is_not_exported_is_refused_by_name_not_a_config_error(
+        tmp_path: Path, tiny_qwen3: tuple[Path, Path]) -> None:
+    """A Qwen3-Omni checkpoint directory whose code2wav manifest says not_exported (as
+    configs/models/qwen2.5-omni-3b/code2wav's does): the imported chunked stage is refused
+    with no_exported_graph. Before, the chunk's samples_per_frame check came first: exit 2."""
+    model = tmp_path / "qwen3-omni"
+    model.mkdir()
+    for f in tiny_qwen3[0].iterdir():
+        (model / f.name).symlink_to(f)
+    manifest = yaml.safe_load((MODEL / "code2wav/manifest.yaml").read_text())
+    (model / "code2wav").mkdir()
+    (model / "code2wav/manifest.yaml").write_text(yaml.safe_dump({**manifest, "name": "qwen3-omni-code2wav"}))
+    out = tmp_path / "o.yaml"
+    code, _, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", out, "--model", str(model))
+    assert code == 0, stderr
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["stages"][2]["chunk"]["frames"] == 25
+    cfg["stages"][2]["devices"] = ["gpu:0", "cpu"]  # the file's gpu:1 is not on the laptop
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _, plan = plan_json(out)
+    code2wav = next(s for s in plan["stages"] if s["name"] == "code2wav")
+    assert "no_exported_graph" in [r["code"] for r in code2wav["refusals"]]
+
+
+def test_a_qwen3_omni_checkpoint_without_audio_output_imports_its_thinker_alone(
+        tmp_path: Path, tiny_qwen3: tuple[Path, Path]) -> None:
+    """vLLM-Omni resolves qwen3_omni_moe to its thinker-only pipeline for a checkpoint with
+    enable_audio_output: false (the Captioner); before, the talker and code2wav it lacks were imported."""
+    model = tmp_path / "captioner"
+    model.mkdir()
+    for f in tiny_qwen3[0].iterdir():
+        if f.name != "config.json":
+            (model / f.name).symlink_to(f)
+    config = json.loads((tiny_qwen3[0] / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "enable_audio_output": False}))
+    out = tmp_path / "o.yaml"
+    code, report, stderr = import_json(DEPLOY / "qwen3_omni_moe.yaml", out, "--model", str(model))
+    assert code == 0, stderr
+    assert report["topology"]["name"] == "qwen3-omni-moe-thinker-only"
+    assert "enable_audio_output: false" in report["topology"]["selected_by"]
+    assert [s["name"] for s in yaml.safe_load(out.read_text())["stages"]] == ["thinker"]
+    why = {f["key"]: f["why"] for f in report["no_equivalent"]}
+    assert "runs its thinker alone" in why["stages[1]"] and "runs its thinker alone" in why["stages[2]"]
+    assert report["loads"] is True
+    plan_json(out)

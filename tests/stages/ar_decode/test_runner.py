@@ -119,3 +119,27 @@ def test_an_engine_vllm_refuses_is_a_stage_failure(thinker: tuple[Any, StagePlan
         runner.load()
     assert info.value.stage == "thinker" and "vLLM engine did not start: ValueError" in info.value.cause
     runner.close()
+
+
+def test_a_reply_left_at_the_configs_max_tokens_takes_what_the_prompt_leaves() -> None:
+    """``max_tokens`` written up to the context (an imported vLLM-Omni deploy file: 2047 of 2048)
+    means "as long as the context allows", as vLLM's server reads a missing ``max_tokens``; a
+    ``max_tokens`` the request asked for itself is never shortened, and a prompt that leaves
+    no room is refused."""
+    from types import SimpleNamespace
+
+    from orchestrator.errors import BadRequest
+    from stages.ar_decode.runner import check_length
+
+    stage = SimpleNamespace(max_model_len=2048, sampling=SimpleNamespace(max_tokens=2047))
+    sampling = {"max_tokens": 2047, "min_tokens": 0}
+    check_length(stage, 48, sampling)
+    assert sampling["max_tokens"] == 2000
+    asked = {"max_tokens": 2010, "min_tokens": 0}
+    with pytest.raises(BadRequest, match="over the stage's max_model_len of 2048"):
+        check_length(stage, 48, asked)
+    assert asked["max_tokens"] == 2010
+    with pytest.raises(BadRequest, match="over the stage's max_model_len of 2048"):
+        check_length(stage, 2048, {"max_tokens": 2047, "min_tokens": 0})
+    with pytest.raises(BadRequest):  # min_tokens cannot be met in the room left
+        check_length(stage, 2000, {"max_tokens": 2047, "min_tokens": 64})
