@@ -39,6 +39,8 @@ _DTYPE_FORMAT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "I8": "int8", "F8
 _TORCH_DTYPE_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 FORMAT_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _MAX_HEADER = 100 * 2**20
+HEADER_ONLY_NOTE = "hold less than their headers list"
+"""The words of a manifest's note on safetensors files shorter than their headers say."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems[:5])
     return header
+
+
+def _header_end(path: Path) -> int:
+    """Where a safetensors file's tensor data starts: 8 bytes of length, then the header."""
+    with path.open("rb") as f:
+        return 8 + int(struct.unpack("<Q", f.read(8))[0])
 
 
 def _entry_problem(name: str, entry: Any) -> str:
@@ -199,16 +207,26 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
     tensor_count = 0
     if files:
         source = "safetensors"
+        header_only = []
         for f in files:
             header = read_safetensors_header(f)
+            data_end = 0
             for name, t in header.items():
                 if name == "__metadata__":
                     continue
                 start, end = t["data_offsets"]
                 dtype_bytes[t["dtype"]] += int(end) - int(start)
+                data_end = max(data_end, int(end))
                 tensor_count += 1
+            if data_end and f.stat().st_size < _header_end(f) + data_end:
+                header_only.append(f.name)
         weight_bytes = sum(dtype_bytes.values())
         names = tuple(f.name for f in files)
+        if header_only:
+            notes.append(
+                f"weights not present: {len(header_only)} of {len(files)} safetensors file(s) {HEADER_ONLY_NOTE} "
+                "(header-only metadata, or a download cut short); sizes from the headers, no engine "
+                "can load them")
     elif index_path.exists():
         source = "index"
         try:
@@ -240,6 +258,16 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
         digest=_digest([d / n for n in names]) if digest and files else None,
         notes=tuple(notes),
     )
+
+
+def weights_missing(manifest: CheckpointManifest) -> str | None:
+    """Why an engine could not load this checkpoint's weights, or None when they are all here:
+    an index without its safetensors files, or files that hold less than their headers list
+    (header-only metadata such as ``configs/models/qwen3-omni-30b-a3b``, or a cut download)."""
+    if manifest.source == "index":
+        return f"no *.safetensors files, only model.safetensors.index.json (it lists {len(manifest.files)} of them)"
+    said = next((n for n in manifest.notes if HEADER_ONLY_NOTE in n), None)
+    return said.removeprefix("weights not present: ").split("; ")[0] if said else None
 
 
 def _json_kind(value: Any) -> str:

@@ -39,6 +39,7 @@ from stages.ar_decode.checkpoint import (
     read_checkpoint,
     read_gguf,
     read_safetensors_header,
+    weights_missing,
 )
 from stages.ar_decode.hf_runner import TransformersRunner
 from stages.ar_decode.kv import (
@@ -576,6 +577,14 @@ class ArDecodeKind(StageKind):
         engine loads that); a checkpoint directory needs nothing. Finding a cached
         conversion imports nothing heavy."""
         model = stage_plan.engine_kwargs.get("model")
+        if model and not str(model).lower().endswith(".gguf"):
+            # planning needs metadata only; loading needs the weights: say so before anything starts
+            missing = weights_missing(read_checkpoint(model))
+            if missing:
+                raise errors.ConfigError.single(
+                    f"stages.{stage_plan.name}.model", f"{model} holds no weights to load: {missing}",
+                    "put the checkpoint's safetensors files in that directory, or point model: at a directory that has "
+                    "them (a metadata-only directory plans, it does not run)")
         if not model or not str(model).lower().endswith(".gguf"):
             return None
         dtype = stage_plan.engine_kwargs.get("dtype")

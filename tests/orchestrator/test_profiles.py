@@ -220,6 +220,7 @@ KV_BYTES_PER_TOKEN = {
     "gemma-3-1b-it": 26 * 2 * 1 * 256 * 2,  # 26_624 flat; 4 global + 22 local (window 512)
     "qwen3-4b": 36 * 2 * 8 * 128 * 2,  # 147_456
     "qwen2.5-omni-3b": 36 * 2 * 2 * 128 * 2,  # 36_864; thinker text config, head_dim = 2048 / 16
+    "qwen3-omni-30b-a3b": 48 * 2 * 4 * 128 * 2,  # 98_304; thinker text config, head_dim 128
 }
 # Exact bf16 weight bytes of the complete checkpoints (2 × parameter count,
 # tied embeddings stored once); Qwen2.5-Omni's index is partial (thinker text
@@ -229,6 +230,7 @@ TOTAL_SIZE = {
     "llama-3.2-1b-instruct": 2_471_628_800,
     "gemma-3-1b-it": 1_999_771_904,
     "qwen3-4b": 8_044_936_192,
+    "qwen3-omni-30b-a3b": 70_519_637_090,  # the sum of its header-only shards (scripts/omni_model_headers.py)
 }
 
 

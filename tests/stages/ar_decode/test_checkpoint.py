@@ -203,3 +203,64 @@ print(plan.admitted, sorted(m for m in ("numpy", "onnxruntime", "onnx", "torch",
             for _ in range(2)]
     assert runs[0].split()[0] == "True"
     assert runs[1].split() == ["True", "[]"]
+
+
+def _safetensors(path: Path, n: int, *, with_data: bool) -> None:
+    body = json.dumps({"w": {"dtype": "BF16", "shape": [n], "data_offsets": [0, 2 * n]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body + (b"\0" * 2 * n if with_data else b""))
+
+
+@pytest.mark.parametrize("with_data", [True, False])
+def test_a_safetensors_file_holding_its_header_only_is_named_in_the_manifest(tmp_path: Path, with_data: bool) -> None:
+    """A metadata-only checkpoint (configs/models/qwen3-omni-30b-a3b: headers, no weights) plans from its
+    headers, and its manifest says no engine can load it; a whole file says nothing of the kind."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    _safetensors(tmp_path / "model.safetensors", 1000, with_data=with_data)
+    m = manifests.read_checkpoint(tmp_path)
+    assert m.source == "safetensors" and m.weight_bytes == 2000
+    said = [n for n in m.notes if "hold less than their headers list" in n]
+    assert said == ([] if with_data else [
+        "weights not present: 1 of 1 safetensors file(s) hold less than their headers list (header-only metadata, "
+        "or a download cut short); sizes from the headers, no engine can load them"])
+
+
+def test_the_shipped_qwen3_omni_headers_are_the_real_sizes() -> None:
+    """configs/models/qwen3-omni-30b-a3b: 15 header-only shards whose code2wav is the 216,016,577 parameters
+    counted from transformers' default code2wav config (docs/omni.md), bf16."""
+    m = manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")
+    assert m.source == "safetensors" and len(m.files) == 15 and m.weight_format == "bf16"
+    assert any("15 of 15 safetensors file(s) hold less" in n for n in m.notes)
+    code2wav = sum(e - s for f in m.files for k, v in manifests.read_safetensors_header(
+        REPO / "configs/models/qwen3-omni-30b-a3b" / f).items() if k.startswith("code2wav.")
+        for s, e in [v["data_offsets"]])
+    assert code2wav == 216_016_577 * 2
+
+
+def test_weights_missing_names_an_index_alone_and_header_only_files(tmp_path: Path) -> None:
+    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen2.5-omni-3b")) == (
+        "no *.safetensors files, only model.safetensors.index.json (it lists 3 of them)")
+    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")) == (
+        "15 of 15 safetensors file(s) hold less than their headers list (header-only metadata, or a download cut short)")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    _safetensors(tmp_path / "model.safetensors", 10, with_data=True)
+    assert manifests.weights_missing(manifests.read_checkpoint(tmp_path)) is None
+
+
+def test_running_a_metadata_only_checkpoint_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/examples/qwen2_5-omni.yaml plans on the CPU-only profile (its thinker and talker fit), but its
+    checkpoint directory is metadata only: `run` says so by name, exit 2, before Ray or a load starts —
+    before, the plan went on to start Ray and the load failed inside the device actor."""
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("orchestrator.runtime.cluster.connect",
+                        lambda *a, **k: pytest.fail("Ray was started for a checkpoint without weights"))
+    code = main(["run", str(REPO / "configs/examples/qwen2_5-omni.yaml"), "--profile",
+                 str(REPO / "configs/profiles/cpu-only-linux.json"), "--prompt", "Hello"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "stages.thinker.model" in err and "holds no weights to load" in err
+    assert "only model.safetensors.index.json" in err and "a metadata-only directory plans, it does not run" in err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
