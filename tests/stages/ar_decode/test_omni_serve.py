@@ -176,6 +176,9 @@ def test_a_request_dropped_mid_talker_frees_every_stage(serve: ServeProcess, ref
     dropped = mine[0]["stages"]
     assert dropped["talker"]["time_to_first_output_s"] is not None and dropped["talker"]["done_s"] is None, \
         f"dropped mid-talker: {dropped}"
+    metrics = httpx.get(f"{serve.url}/metrics", timeout=30).text.splitlines()
+    assert any(line.startswith("omni_edge_requests_total{") and 'code="499"' in line and 'endpoint="chat"' in line
+               for line in metrics), [line for line in metrics if "requests_total" in line]
     print(f"dropped after the first audio chunk: slot free {time.perf_counter() - left:.2f} s later; {dropped}")
     # the next request runs every stage, as if nothing had been dropped
     after = client.chat.completions.create(model="qwen3-omni-tiny", messages=_ask(), modalities=["text", "audio"],
