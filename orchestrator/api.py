@@ -54,6 +54,13 @@ Guarantees:
 
       with Pipeline.from_config("configs/examples/voice-chat.yaml") as pipeline:
           result = pipeline.run(audio_request("question.wav"))
+
+  For a pipeline whose entry stage consumes a tensor (an exported graph:
+  ``tensor_entry_stages``) a request is a numpy array (a graph of one input) or
+  a mapping of the graph's input names to arrays; ``tensor_request`` reads one
+  from a ``.npy`` file (never unpickling). Its dtype and shape are checked
+  against the graph's inputs (``validate``) before anything runs; the graph's
+  outputs are in ``result.outputs[stage]``.
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import StageProgress
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
-from stages.payloads import sample_rate_problem
+from stages.payloads import request_payload, sample_rate_problem
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
@@ -102,6 +109,17 @@ def audio_entry_stages(config: PipelineConfig) -> list[str]:
     out = []
     for stage in config.stages:
         if REQUEST in stage.inputs and any(t.kind == "audio" for t in get_kind(stage.kind).ports(stage).consumes):
+            out.append(stage.name)
+    return out
+
+
+def tensor_entry_stages(config: PipelineConfig) -> list[str]:
+    """The stages that take the request and consume a tensor (or token ids, as an array):
+    where an array request goes (``tensor_request``)."""
+    out = []
+    for stage in config.stages:
+        if REQUEST in stage.inputs and any(t.kind in ("tensor", "token_ids")
+                                           for t in get_kind(stage.kind).ports(stage).consumes):
             out.append(stage.name)
     return out
 
@@ -158,10 +176,79 @@ def _check_wav_header(name: str, fix: str, width: int, channels: int, rate: int,
                                 f"recording ({seconds_flag})", f"send a shorter recording, or raise {seconds_flag}")
 
 
+MAX_TENSOR_BYTES = 256 * 1024 * 1024
+"""The largest .npy ``tensor_request`` reads by default: an image or an embedding is
+kilobytes to a few MiB; 256 MiB (a 8192×8192 float32 image) is generous for one request
+(``omni-edge serve --max-tensor-mib`` sets the server's, far lower)."""
+
+
+NPY_MAGIC = b"\x93NUMPY"
+"""How every ``.npy`` file starts (numpy's format, ``numpy.lib.format.MAGIC_PREFIX``)."""
+
+
+def tensor_request(source: str | Path | bytes, *, where: str | None = None,
+                   max_bytes: int | None = MAX_TENSOR_BYTES, bytes_flag: str = "max_bytes") -> Any:
+    """The array of a ``.npy`` file (a path) or of its bytes, for a pipeline whose entry stage
+    consumes a tensor (``Pipeline.run(array)``, or a mapping ``{input name: array}``).
+
+    Read with ``numpy.load(allow_pickle=False)``: a file holding Python objects (an object
+    array, which only unpickling can make) is refused, never unpickled; so are an ``.npz``
+    archive (one ``.npy`` per input), a structured array, and a file over ``max_bytes``
+    (None: any size; ``bytes_flag`` names the setting). ``BadRequest`` naming ``where``
+    (default: the path) — before any stage sees it. Whether the array fits the entry stage
+    (dtype, shape, input names) is the stage's check (``Pipeline.validate``)."""
+    import numpy as np
+
+    name = where or (str(source) if not isinstance(source, bytes) else "tensor")
+    fix = "save it with numpy.save(path, array) from a numeric array (not an object array)"
+    try:
+        if isinstance(source, bytes):
+            data = source
+        else:
+            size = Path(source).stat().st_size
+            if max_bytes is not None and size > max_bytes:
+                raise BadRequest.single(name, f"{size} bytes: over the cap of {max_bytes} bytes per tensor "
+                                        f"({bytes_flag})", f"send a smaller array, or raise {bytes_flag}")
+            data = Path(source).read_bytes()
+    except FileNotFoundError:
+        raise BadRequest.single(name, "no such file", "check the path") from None
+    except IsADirectoryError:
+        raise BadRequest.single(name, "is a directory, not a .npy file", fix) from None
+    except OSError as exc:
+        raise BadRequest.single(name, f"cannot be read ({exc.strerror or exc})", "check the path") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise BadRequest.single(name, f"{len(data)} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
+                                f"send a smaller array, or raise {bytes_flag}")
+    if data[:4] == b"PK\x03\x04":
+        raise BadRequest.single(name, "is an .npz archive, not one array",
+                                "give one .npy file per input (numpy.save), each named by its input")
+    if data[:6] != NPY_MAGIC:
+        raise BadRequest.single(name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix)
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
+            raise BadRequest.single(name, "holds Python objects (an object array, stored pickled): it is not loaded, "
+                                    "since unpickling runs code", fix) from None
+        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
+    except (OSError, EOFError) as exc:
+        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
+    if not isinstance(array, np.ndarray):
+        raise BadRequest.single(name, f"holds a {type(array).__name__}, not an array", fix)
+    if array.dtype.names is not None or array.dtype.kind not in "biufc":
+        raise BadRequest.single(name, f"holds a {array.dtype} array: only numbers (bool, integers, floats) are taken",
+                                fix)
+    return array
+
+
 def prompt_label(prompt: Any) -> str:
-    """A request as the result and the run record name it: its text, or what audio it was."""
+    """A request as the result and the run record name it: its text, what audio it was, or
+    the dtype and shape of its arrays."""
     if isinstance(prompt, str):
         return prompt
+    if request_payload(prompt) == "tensor":
+        arrays = prompt.items() if isinstance(prompt, dict) else [(None, prompt)]
+        return "(tensor: " + ", ".join(f"{k + ' ' if k else ''}{a.dtype}{list(a.shape)}" for k, a in arrays) + ")"
     if isinstance(prompt, dict) and {"audio", "sample_rate"} <= set(prompt):
         n = int(getattr(prompt["audio"], "size", 0) or len(prompt["audio"]))
         rate = prompt["sample_rate"]

@@ -43,8 +43,36 @@ PayloadKind = Literal["text", "token_ids", "audio", "tensor", "event"]
 PAYLOAD_KINDS: tuple[PayloadKind, ...] = ("text", "token_ids", "audio", "tensor", "event")
 """The vocabulary, in the order docs and errors list it."""
 
-REQUEST_PAYLOADS: tuple[str, ...] = ("text", "audio")
-"""What a request may carry into an entry stage (a stage whose inputs name ``request``)."""
+REQUEST_PAYLOADS: tuple[str, ...] = ("text", "audio", "tensor", "token_ids")
+"""What a request may carry into an entry stage (a stage whose inputs name ``request``):
+every payload a stage consumes but ``event`` (what a stage says about a stream, as a VAD's
+segments, which no caller makes). Which one a request is: :func:`request_payload`."""
+
+
+def request_payload(prompt: object) -> str | None:
+    """The payload kind a request carries, by its shape (numpy is not imported: duck-typed):
+    text (a ``str``, or ``{"messages": [...]}``), audio (``{"audio", "sample_rate"}``),
+    tensor (an array, or a mapping of input names to arrays), token_ids (a list of ints);
+    None for anything else."""
+    if isinstance(prompt, str):
+        return "text"
+    if _is_array(prompt):
+        return "tensor"
+    if isinstance(prompt, dict):
+        if "messages" in prompt:
+            return "text"
+        if {"audio", "sample_rate"} <= set(prompt) and isinstance(prompt.get("sample_rate"), int):
+            return "audio"
+        if prompt and all(isinstance(k, str) and _is_array(v) for k, v in prompt.items()):
+            return "tensor"
+        return None
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        return "token_ids"
+    return None
+
+
+def _is_array(value: object) -> bool:
+    return hasattr(value, "dtype") and hasattr(value, "shape") and hasattr(value, "tolist")
 
 _SPEC = re.compile(
     r"^(?P<kind>[a-z_]+)"

@@ -7,6 +7,13 @@ the request is done; nothing at ``--out`` after a failure or a signal), writes
 the run record, and ends with a per-stage table: device, backend, time to
 first output, throughput, budgeted vs measured peak and their ratio.
 
+``--input NAME=FILE.npy`` (repeatable; ``--input FILE.npy`` for a graph of one
+input) sends arrays instead, to a pipeline whose entry stage consumes a tensor
+(an exported graph): NAME is the graph's input, each file is read without
+unpickling (``api.tensor_request``), and the arrays are checked against the
+graph's inputs (dtype, shape, names) before anything starts — exit 2 naming
+``--input`` otherwise (docs/pipelines.md, "Request payloads").
+
 ``--prompt -`` reads the prompt from stdin. ``--audio FILE.wav`` sends a
 recording instead (16-bit PCM, mono or stereo, any rate; read with the
 stdlib), to a pipeline whose entry stage takes audio (a ``vad`` or ``asr``
@@ -67,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     said.add_argument("--audio", metavar="WAV",
                       help="the request as a recording: a 16-bit PCM WAV file (mono or stereo), for a pipeline whose "
                            "entry stage takes audio")
+    said.add_argument("--input", action="append", metavar="NAME=NPY",
+                      help="the request as arrays, for a pipeline whose entry stage consumes a tensor (an exported "
+                           "graph): NAME=FILE.npy feeds the graph's input NAME (repeat for each input); FILE.npy alone "
+                           "feeds a graph of one input")
     add_request_options(p)
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
     p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
@@ -213,6 +224,42 @@ def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[s
     return audio_request(args.audio, where=f"--audio {args.audio}")
 
 
+def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
+    """``--input``'s arrays as the request: one bare array (``FILE.npy``) or a mapping of the
+    graph's input names to arrays (``NAME=FILE.npy``, repeated), each file read without
+    unpickling (``api.tensor_request``), after checking the pipeline takes a tensor and no
+    text-only option was given (``ConfigError``/``BadRequest``, exit 2). Whether the arrays
+    fit the entry stage is checked next, by ``Pipeline.validate``."""
+    from orchestrator.api import tensor_entry_stages, tensor_request
+    from orchestrator.errors import ConfigError
+    from stages.base import REQUEST
+
+    if not tensor_entry_stages(config):
+        entries = ", ".join(f"{s.name} ({s.kind})" for s in config.stages if REQUEST in s.inputs)
+        raise ConfigError.single("--input", f"pipeline {config.name!r} has no entry stage that consumes a tensor "
+                                 f"(the request goes to {entries or 'no stage'})",
+                                 "use --prompt with this pipeline, or one whose entry stage is an exported graph "
+                                 "taking arrays (docs/pipelines.md#request-payloads)")
+    for flag in ("system", "temperature", "max_tokens"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError.single(f"--{flag.replace('_', '-')}", "arrays go to the tensor entry stage, which takes no "
+                                     "system prompt or sampling", "leave it out with --input (the config's applies)")
+    named: dict[str, Any] = {}
+    bare: list[str] = []
+    for value in args.input:
+        name, sep, path = value.partition("=")
+        if not sep or not name or "/" in name or not path:
+            bare.append(value)
+            continue
+        if name in named:
+            raise ConfigError.single(f"--input {value}", f"input {name!r} is given twice", "give each input once")
+        named[name] = tensor_request(path, where=f"--input {value}", max_bytes=None)
+    if bare and (named or len(bare) > 1):
+        raise ConfigError.single(f"--input {bare[0]}", "names no input, and more than one array is given",
+                                 "name each array by the graph's input it feeds: --input NAME=FILE.npy")
+    return tensor_request(bare[0], where=f"--input {bare[0]}", max_bytes=None) if bare else named
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Every path the user named is writable, before any work (``ConfigError``, exit 2)."""
     from orchestrator.fileio import check_writable
@@ -259,12 +306,17 @@ def _run(args: argparse.Namespace) -> int:
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
     check_outputs(args)
-    prompt = read_prompt(args.prompt) if args.audio is None else ""
+    prompt = read_prompt(args.prompt) if args.prompt is not None else ""
     config = load_config(args.config)
     sampling = sampling_of(args)
     check_sampling(config, sampling, where=args.config)
     request: Any
-    if args.audio is not None:
+    if args.input:
+        from orchestrator.api import prompt_label
+
+        request = tensor_request_of(args, config)
+        prompt = prompt_label(request)
+    elif args.audio is not None:
         from orchestrator.api import prompt_label
 
         request = audio_request_of(args, config)
@@ -310,7 +362,7 @@ def _run(args: argparse.Namespace) -> int:
     # The request is checked before anything starts (BadRequest, exit 2, nothing
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
-    pipeline.validate(request)
+    validate_as_given(pipeline, request, args)
     pipeline.prepare(progress=True)
     pipeline.validate(request)
     result: Result | None = None
@@ -390,6 +442,19 @@ def _run(args: argparse.Namespace) -> int:
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     return EXIT_OK
+
+
+def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace) -> None:
+    """``pipeline.validate(request)``; with ``--input``, each problem is named by the flag
+    (``--input: request (stage proj, kind exported_graph): embedding``), exit 2."""
+    from orchestrator.errors import BadRequest, Problem
+
+    try:
+        pipeline.validate(request)
+    except BadRequest as exc:
+        if not getattr(args, "input", None):
+            raise
+        raise BadRequest([Problem(f"--input: {p.where}", p.what, p.fix) for p in exc.problems]) from None
 
 
 def _one_line(exc: BaseException) -> str:

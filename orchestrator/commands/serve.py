@@ -120,6 +120,9 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"a recording's WAV size (default {d.max_audio_bytes / MiB:g} MiB)")
     g.add_argument("--max-audio-seconds", type=float, metavar="S", default=d.max_audio_seconds,
                    help=f"a recording's duration (default {d.max_audio_seconds:g} s)")
+    g.add_argument("--max-tensor-mib", type=float, metavar="MIB", default=d.max_tensor_bytes / MiB,
+                   help=f"a request's arrays (input_tensor parts' .npy bytes, together; default "
+                        f"{d.max_tensor_bytes / MiB:g} MiB)")
 
 
 def limits_of(args: argparse.Namespace) -> ServerLimits:
@@ -132,16 +135,19 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
 
     given = {"--max-body-mib": args.max_body_mib, "--max-messages": args.max_messages,
              "--max-content-chars": args.max_content_chars, "--max-speech-chars": args.max_speech_chars,
-             "--max-audio-mib": args.max_audio_mib, "--max-audio-seconds": args.max_audio_seconds}
+             "--max-audio-mib": args.max_audio_mib, "--max-audio-seconds": args.max_audio_seconds,
+             "--max-tensor-mib": args.max_tensor_mib}
     problems = [Problem(flag, f"{value!r} is not a positive number", "give a number above 0")
                 for flag, value in given.items() if not (math.isfinite(value) and value > 0)]
-    if args.max_body_mib * MiB < 1 or args.max_audio_mib * MiB < 1:
-        problems.append(Problem("--max-body-mib/--max-audio-mib", "is less than a byte", "give at least 0.001 MiB"))
+    if args.max_body_mib * MiB < 1 or args.max_audio_mib * MiB < 1 or args.max_tensor_mib * MiB < 1:
+        problems.append(Problem("--max-body-mib/--max-audio-mib/--max-tensor-mib", "is less than a byte",
+                                "give at least 0.001 MiB"))
     if problems:
         raise ConfigError(problems)
     return ServerLimits(max_body_bytes=int(args.max_body_mib * MiB), max_messages=args.max_messages,
                         max_content_chars=args.max_content_chars, max_speech_chars=args.max_speech_chars,
-                        max_audio_bytes=int(args.max_audio_mib * MiB), max_audio_seconds=float(args.max_audio_seconds))
+                        max_audio_bytes=int(args.max_audio_mib * MiB), max_audio_seconds=float(args.max_audio_seconds),
+                        max_tensor_bytes=int(args.max_tensor_mib * MiB))
 
 
 def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,

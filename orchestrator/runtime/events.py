@@ -87,6 +87,9 @@ class Result:
     total_s: float
     chunks: list[str] = field(default_factory=list)
     """The speakable chunks the text was cut into, in order."""
+    outputs: dict[str, list[Any]] = field(default_factory=dict)
+    """stage → the items it yielded that are neither text nor audio (``OutputItem``: a graph's
+    arrays, an Omni talker's codes), in order."""
 
     @property
     def audio_seconds(self) -> float:
@@ -130,7 +133,11 @@ def collect(request_id: str, prompt: str, events: list[Event], total_s: float) -
     first_text = next((e.t for e in events if isinstance(e, TextDelta)), None)
     first_audio = audio_events[0].t if audio_events else None
     chunks = [c for s in stages.values() for c in s.get("chunks_in", [])]
-    return Result(request_id, prompt, text, audio, rate, stages, first_text, first_audio, total_s, chunks)
+    outputs: dict[str, list[Any]] = {}
+    for e in events:
+        if isinstance(e, OutputItem):
+            outputs.setdefault(e.stage, []).append(e.value)
+    return Result(request_id, prompt, text, audio, rate, stages, first_text, first_audio, total_s, chunks, outputs)
 
 
 def _r(x: float | None) -> float | None:

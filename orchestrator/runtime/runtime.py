@@ -79,7 +79,7 @@ from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEven
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
-from stages.payloads import Ports, edge_mismatch, spell, split_input, untag
+from stages.payloads import Ports, edge_mismatch, request_payload, spell, split_input, untag
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker, WholeText
 
@@ -274,12 +274,13 @@ class Runtime:
                 self.admission.release()
 
     def entry_stages(self) -> list[str]:
-        """The stages a request may enter at (``stream(entry=...)``): those whose kind takes
-        text, that are no fan-in, and downstream of which every fan-in gets all its inputs
-        (a join would otherwise wait for an input that does not run)."""
+        """The stages a request may enter at (``stream(entry=...)``): those that take text as
+        their config declares them (``StageKind.ports``: an exported graph's manifest, not the
+        kind's every payload), that are no fan-in, and downstream of which every fan-in gets
+        all its inputs (a join would otherwise wait for an input that does not run)."""
         out = []
         for s in self.stages:
-            if "text" not in self.kinds[s.name].consumes or s.name in self.joins:
+            if not any(t.kind == "text" for t in self._ports(s.name).consumes) or s.name in self.joins:
                 continue
             run = {d.name for d in self.downstream(s.name)}
             if all(split_input(i)[0] in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
@@ -305,9 +306,23 @@ class Runtime:
         if entry is not None:
             self._validate_entry(prompt, entry)
             return
+        carried = request_payload(prompt)
         for s in self.stages:
             if REQUEST not in s.inputs:
                 continue
+            takes = self._ports(s.name).consumes
+            kinds = {t.kind for t in takes}
+            fits = carried in kinds or (carried == "tensor" and "token_ids" in kinds
+                                        and getattr(getattr(prompt, "dtype", None), "kind", "") in ("i", "u"))
+            # a text or audio stage's own check names what it takes (its kind's words); arrays, and
+            # the stages that take neither, are checked here
+            if not fits and (carried in ("tensor", "token_ids") or not kinds & {"text", "audio"}):
+                came = {"text": "text", "audio": "audio", "tensor": "a tensor", "token_ids": "token ids"}.get(
+                    carried or "", f"a {type(prompt).__name__} (no payload a request carries)")
+                raise BadRequest.single(
+                    "request", f"{came} came, and {s.name} ({s.kind}), which takes the request, consumes {spell(takes)}",
+                    f"send {spell(takes)}: text as a string, audio as {{'audio', 'sample_rate'}}, a tensor as a numpy "
+                    "array or a mapping of the graph's input names to arrays (docs/pipelines.md#request-payloads)")
             hook = getattr(self.kinds[s.name], "validate_request", None)
             if callable(hook):
                 hook(s, self.config.stage(s.name), prompt)

@@ -25,11 +25,23 @@ has every endpoint, shape and metric):
   text and no sampling fields, since nothing but the audio reaches the entry
   stage), and the reply is the text of the text output stages downstream of
   another one (the thinker's, not the transcript). A pipeline without an audio
-  entry answers 400.
+  entry answers 400. For a pipeline whose entry stage consumes a tensor, the
+  request may be arrays: ``input_tensor`` parts (omni-edge's own:
+  ``{"type": "input_tensor", "input_tensor": {"name": INPUT, "data": base64
+  .npy}}``), read without unpickling under ``ServerLimits.max_tensor_bytes``
+  and checked against the entry graph's inputs before anything runs (a 400
+  whose ``param`` is the part); the items of ``tensor`` final outputs come
+  back in ``message.outputs`` (streamed: ``delta.outputs``), base64 ``.npy``.
+  The reply's text is the ``text`` final outputs', its audio the ``audio``
+  ones' (an Omni pipeline: the thinker's text, code2wav's audio; the talker's
+  ``token_ids`` are neither).
 * ``POST /v1/audio/speech``: ``input`` enters the graph at the speech stage
   (the audio output stage whose kind takes text; ``Pipeline.stream(entry=)``),
   so only it runs; the body streams as ``audio/wav`` (at the voice's rate, the
   header's sizes unknown) or ``audio/pcm`` (24 kHz pcm16), ``X-Sample-Rate``.
+  A pipeline with no such stage (an Omni pipeline: code2wav takes codes, and
+  the talker needs the thinker's hand-over) answers 400 naming each audio
+  stage and what it takes.
 * ``GET /v1/models``, ``GET /health`` (every stage: device, backend, loaded,
   alive; 503 while one is dead or its engine has stopped, ``failed`` naming each
   one's stage, device and code), ``GET /v1/plan`` (the plan with each stage's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 import time
@@ -19,14 +20,21 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.api import Pipeline, audio_entry_stages
-from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
+from orchestrator.api import Pipeline, audio_entry_stages, tensor_entry_stages
+from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
-from orchestrator.runtime.events import AudioChunk, Event, TextDelta
+from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.server.auth import BearerAuth, error_response
-from orchestrator.server.protocol import ServerLimits, body_too_large, read_chat, read_speech
+from orchestrator.server.protocol import (
+    ChatCall,
+    ServerLimits,
+    body_too_large,
+    read_chat,
+    read_speech,
+)
 from orchestrator.server_guard import RequestGuard
 from orchestrator.server_metrics import ServerMetrics, Trace
+from stages.payloads import spell
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +106,23 @@ def pcm24k(chunk: AudioChunk) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def npy_bytes(value: Any) -> bytes:
+    """An array as a ``.npy`` file's bytes (``numpy.save``, never pickled)."""
+    import numpy as np
+
+    out = io.BytesIO()
+    np.save(out, np.asarray(value), allow_pickle=False)
+    return out.getvalue()
+
+
+def _part_of(where: str, tensor_at: dict[str, str]) -> str:
+    """The content part a stage's problem with an array is about: the part of the input it
+    names (``request (stage proj, kind exported_graph): embedding``), else the first part."""
+    named = where.rpartition(": ")[2] if ": " in where else None
+    at = tensor_at.get(named or "") or tensor_at.get("") or next(iter(tensor_at.values()))
+    return f"{at}.input_tensor"
 
 
 async def _client_gone(request: Request) -> None:
@@ -204,6 +229,9 @@ class _App:
                        if any(n in {s.name for s in self.runtime.downstream(t)} - {t} for t in self.text_stages)}
             self.text_stages = replies or self.text_stages
         self.audio_stages = {s.name for s in stages if s.final_output and s.final_output_type == "audio"}
+        self.tensor_stages = {s.name for s in stages if s.final_output and s.final_output_type == "tensor"}
+        """Their items go in the reply as ``outputs`` (base64 .npy): OpenAI's shape has no place for arrays."""
+        self.tensor_entry = bool(tensor_entry_stages(pipeline.config))
         takes_text = set(self.runtime.entry_stages())
         self.speech_stage = next((s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None)
 
@@ -213,6 +241,29 @@ class _App:
 
     def is_audio(self, event: Event) -> TypeGuard[AudioChunk]:
         return isinstance(event, AudioChunk) and event.stage in self.audio_stages
+
+    def output_of(self, event: Event) -> dict[str, Any] | None:
+        """A tensor stage's item as the reply carries it: ``{"stage", "tensor": base64 .npy}``
+        for an array, ``{"stage", "tensors": {name: base64 .npy}}`` for a mapping of them."""
+        if not isinstance(event, OutputItem) or event.stage not in self.tensor_stages:
+            return None
+        value = event.value
+        if isinstance(value, dict):
+            return {"stage": event.stage, "tensors": {str(k): _b64(npy_bytes(v)) for k, v in value.items()}}
+        return {"stage": event.stage, "tensor": _b64(npy_bytes(value))}
+
+    def read_chat(self, raw: bytes) -> ChatCall:
+        """A chat body checked (off the event loop); a request of arrays also against the entry
+        stage (``Pipeline.validate``: names, dtype, shape), its problem named by the part sent."""
+        call = read_chat(raw, audio_entry=self.audio_entry, has_audio=bool(self.audio_stages), limits=self.limits,
+                         tensor_entry=self.tensor_entry)
+        if call.tensor_at:
+            try:
+                self.pipeline.validate(call.prompt)
+            except BadRequest as exc:
+                raise BadRequest([Problem(_part_of(p.where, call.tensor_at), f"{p.where}: {p.what}", p.fix)
+                                  for p in exc.problems]) from None
+        return call
 
     def refuse(self, endpoint: str, exc: BaseException) -> JSONResponse:
         response = error_for(exc)
@@ -248,6 +299,22 @@ class _App:
                         **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
                         **({"code": failed["code"], "error": failed["message"]} if failed else {})})
         return out
+
+    def no_speech_stage(self) -> BadRequest:
+        """Why ``/v1/audio/speech`` has nothing to enter at: each audio output stage and what it
+        takes instead of text (an Omni pipeline's code2wav takes the talker's codes, and the
+        talker needs the thinker's hand-over, so text can only enter at the thinker, whose
+        reply — not the input — would be spoken)."""
+        takes = [f"{name} ({self.runtime.plan.stage(name).kind}) takes "
+                 f"{spell(self.runtime.kinds[name].ports(self.pipeline.config.stage(name)).consumes)}"
+                 for name in sorted(self.audio_stages)]
+        if not takes:
+            return BadRequest([Problem("model", f"pipeline {self.model!r} has no speech stage: no stage's final output "
+                                       "is audio", "serve a pipeline with a voice stage (configs/voice-assistant.yaml)")])
+        fix = ("ask /v1/chat/completions with modalities ['text', 'audio'] for the pipeline's spoken reply, "
+               "or serve a pipeline with a voice stage that takes text (configs/voice-assistant.yaml)")
+        return BadRequest([Problem("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that "
+                                   f"takes text, to speak the input as it is): {'; '.join(takes)}", fix)])
 
     # -- endpoints -------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -304,8 +371,7 @@ class _App:
         return Response(await self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def chat(self, request: Request) -> Response:
-        call = await self._body(request, "chat", lambda raw: read_chat(
-            raw, audio_entry=self.audio_entry, has_audio=bool(self.audio_stages), limits=self.limits))
+        call = await self._body(request, "chat", self.read_chat)
         if isinstance(call, Response):
             return call
         run = _Run(self, call.prompt, "chat")
@@ -326,11 +392,14 @@ class _App:
         await run.close(200)
         text = "".join(e.text for e in events if self.is_text(e))
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        outputs = [o for o in map(self.output_of, events) if o is not None]
         if fmt is not None:
             chunks = [e for e in events if self.is_audio(e)]
             message = {"role": "assistant", "content": None, "audio": {
                 "id": f"audio-{run.rid}", "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
                 "data": _b64(self._whole_audio(chunks, fmt)), "transcript": text}}
+        if outputs:
+            message["outputs"] = outputs
         doc: dict[str, Any] = {**base, "object": "chat.completion", "choices": [
             {"index": 0, "message": message, "finish_reason": self._finish_reason(run)}]}
         usage = run.trace.usage()
@@ -374,7 +443,8 @@ class _App:
                 return {"audio": {"id": audio_id, "transcript": event.text}} if fmt else {"content": event.text}
             if fmt and self.is_audio(event):
                 return {"audio": {"id": audio_id, "data": _b64(pcm24k(event))}}
-            return None
+            output = self.output_of(event)
+            return {"outputs": [output]} if output is not None else None
 
         async def sse() -> AsyncIterator[str]:
             status = 499  # the client went away, unless the stream ends otherwise
@@ -404,12 +474,8 @@ class _App:
         if isinstance(read, Response):
             return read
         text, fmt = read
-        try:
-            if self.speech_stage is None:
-                raise BadRequest.single("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that takes "
-                           "text)", "serve a pipeline with a voice stage")
-        except BadRequest as exc:
-            return self.refuse("speech", exc)
+        if self.speech_stage is None:
+            return self.refuse("speech", self.no_speech_stage())
         run = _Run(self, text, "speech", entry=self.speech_stage)
         try:
             if not await run.until(self.is_audio, request):  # the WAV header needs the voice's sample rate

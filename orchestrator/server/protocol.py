@@ -27,7 +27,7 @@ import base64
 import binascii
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -40,7 +40,7 @@ from pydantic import (
     ValidationError,
 )
 
-from orchestrator.api import audio_request
+from orchestrator.api import audio_request, tensor_request
 from orchestrator.errors import BadRequest, Problem
 from orchestrator.units import MiB
 from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
@@ -73,6 +73,9 @@ class ServerLimits:
     20 MiB is 11 minutes of 16 kHz mono 16-bit audio."""
     max_audio_seconds: float = 600.0
     """A recording's duration: a spoken question is seconds long; ten minutes is generous."""
+    max_tensor_bytes: int = 16 * MiB
+    """A request's arrays (``input_tensor`` parts, their ``.npy`` bytes together): room in the
+    body's 32 MiB for their base64 (21.3 MiB); a 1024×1024 RGB float32 image is 12 MiB."""
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -83,7 +86,7 @@ class ServerLimits:
 
 FLAGS = {"max_body_bytes": "--max-body-mib", "max_messages": "--max-messages", "max_content_chars": "--max-content-chars",
          "max_speech_chars": "--max-speech-chars", "max_audio_bytes": "--max-audio-mib",
-         "max_audio_seconds": "--max-audio-seconds"}
+         "max_audio_seconds": "--max-audio-seconds", "max_tensor_bytes": "--max-tensor-mib"}
 """Each limit's ``omni-edge serve`` flag, as the 400 that names it says."""
 
 
@@ -122,15 +125,32 @@ class AudioPart(_Body):
     input_audio: InputAudio
 
 
+class InputTensor(_Body):
+    data: str
+    """A ``.npy`` file's bytes (``numpy.save``), base64: dtype and shape travel with the values."""
+    name: str | None = Field(None, min_length=1, max_length=256)
+    """The entry graph's input it feeds; left out, the array feeds a graph of one input."""
+
+
+class TensorPart(_Body):
+    """omni-edge's own content part (OpenAI has none for arrays): the request as arrays, for a
+    pipeline whose entry stage consumes a tensor."""
+
+    type: Literal["input_tensor"]
+    input_tensor: InputTensor
+
+
 def _part_type(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return {"text": "~text", "input_audio": "~input_audio"}.get(kind) if isinstance(kind, str) else None
+    return {"text": "~text", "input_audio": "~input_audio", "input_tensor": "~input_tensor"}.get(kind) \
+        if isinstance(kind, str) else None
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("~text")] | Annotated[AudioPart, Tag("~input_audio")],
+    Annotated[TextPart, Tag("~text")] | Annotated[AudioPart, Tag("~input_audio")]
+    | Annotated[TensorPart, Tag("~input_tensor")],
     Discriminator(_part_type, custom_error_type="content_part",
-                  custom_error_message="only text and input_audio content parts are served"),
+                  custom_error_message="only text, input_audio and input_tensor content parts are served"),
 ]
 
 
@@ -212,7 +232,9 @@ FIXES = {
     "content": "send the message's text as a string, or text and input_audio parts",
     "text": "send the text as a string of valid Unicode",
     "input_audio": "e.g. {'type': 'input_audio', 'input_audio': {'data': base64 WAV, 'format': 'wav'}}",
-    "data": "base64-encode the WAV file's bytes",
+    "data": "base64-encode the file's bytes (a WAV for input_audio, a .npy for input_tensor)",
+    "input_tensor": "e.g. {'type': 'input_tensor', 'input_tensor': {'name': 'embedding', 'data': base64 .npy}}",
+    "name": "the entry graph's input name, as its manifest names it",
     "input": "send the text to speak as a string of valid Unicode",
     "speed": "leave speed unset or 1.0",
 }
@@ -282,7 +304,8 @@ def _bad(where: str, what: str, fix: str = "") -> BadRequest:
 def _over(limits: ServerLimits, name: str, shown: str) -> str:
     cap = getattr(limits, name)
     unit = {"max_body_bytes": " bytes", "max_audio_bytes": " bytes", "max_audio_seconds": " s",
-            "max_content_chars": " characters", "max_speech_chars": " characters", "max_messages": " messages"}[name]
+            "max_content_chars": " characters", "max_speech_chars": " characters", "max_messages": " messages",
+            "max_tensor_bytes": " bytes"}[name]
     value = f"{cap:g}" if isinstance(cap, float) else str(cap)
     return f"{shown}: over the cap of {value}{unit} per request ({FLAGS[name]})"
 
@@ -296,27 +319,34 @@ class ChatCall:
     audio_format: str | None
     stream: bool
     include_usage: bool
+    tensor_at: dict[str, str] = field(default_factory=dict)
+    """For a request of arrays: each input name ("" for a bare array) → its content part's place
+    (``messages[0].content[1]``), so the entry stage's check names the field that was sent."""
 
 
-def read_chat(raw: bytes, *, audio_entry: bool, has_audio: bool, limits: ServerLimits) -> ChatCall:
+def read_chat(raw: bytes, *, audio_entry: bool, has_audio: bool, limits: ServerLimits,
+              tensor_entry: bool = False) -> ChatCall:
     """A chat request's body bytes, parsed, validated and checked (run it off the event loop:
-    it parses JSON and may decode a recording)."""
+    it parses JSON and may decode a recording or arrays)."""
     chat = _chat_body(parse_json(raw), limits)
-    prompt = _chat_prompt(chat, audio_entry, limits)
+    prompt, tensor_at = _chat_prompt(chat, audio_entry, limits, tensor_entry)
     return ChatCall(prompt, audio_format(chat, has_audio=has_audio), bool(chat.stream),
-                    bool(chat.stream_options and chat.stream_options.include_usage))
+                    bool(chat.stream_options and chat.stream_options.include_usage), tensor_at)
 
 
 CHAT_EXAMPLE = "{'model': ..., 'messages': [{'role': 'user', 'content': 'Hi'}]}"
 
 
-def chat_request(body: Any, *, audio_entry: bool = False, limits: ServerLimits | None = None) -> dict[str, Any]:
+def chat_request(body: Any, *, audio_entry: bool = False, limits: ServerLimits | None = None,
+                 tensor_entry: bool = False) -> Any:
     """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
 
     With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
-    stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``."""
+    stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``; with
+    ``input_tensor`` parts (and ``tensor_entry``) it is their arrays: one bare array, or a
+    mapping of input names to arrays."""
     limits = limits or ServerLimits()
-    return _chat_prompt(_chat_body(body, limits), audio_entry, limits)
+    return _chat_prompt(_chat_body(body, limits), audio_entry, limits, tensor_entry)[0]
 
 
 def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
@@ -328,12 +358,19 @@ def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
     return chat
 
 
-def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits) -> dict[str, Any]:
+def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits,
+                 tensor_entry: bool = False) -> tuple[Any, dict[str, str]]:
     if chat.n not in (None, 1):
         raise _bad("n", f"{chat.n}: one choice per request is served", FIXES["n"])
+    tensors = _input_tensors(chat.messages, tensor_entry, limits)
     heard = _input_audio(chat.messages, audio_entry, limits)
+    if tensors is not None:
+        if heard is not None:
+            raise _bad(heard[0], "a request carries arrays or a recording, not both",
+                       "send the input_tensor parts alone, or the recording alone")
+        return _alone(chat, tensors[0], next(iter(tensors[1].values())), "arrays"), tensors[1]
     if heard is not None:
-        return _audio_only(chat, heard)
+        return _audio_only(chat, heard), {}
     out: list[dict[str, str]] = []
     for i, m in enumerate(chat.messages):
         content = m.content
@@ -350,13 +387,13 @@ def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits) -> dic
     request: dict[str, Any] = {"messages": out}
     if sampling:
         request["sampling"] = sampling
-    return request
+    return request, {}
 
 
 def _sampling(chat: ChatBody) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for field, key in SAMPLING_FIELDS.items():
-        value = getattr(chat, field)
+    for name, key in SAMPLING_FIELDS.items():
+        value = getattr(chat, name)
         if value is not None:
             out[key] = value
     return out
@@ -415,6 +452,69 @@ def _input_audio(messages: list[Message], audio_entry: bool, limits: ServerLimit
                                 seconds_flag=FLAGS["max_audio_seconds"])
 
 
+def _input_tensors(messages: list[Message], tensor_entry: bool,
+                   limits: ServerLimits) -> tuple[Any, dict[str, str]] | None:
+    """(the request's arrays: one bare array or a mapping by input name, each name → its part's
+    place) of the ``input_tensor`` parts, or None when there is none. Each ``.npy`` is read
+    without unpickling (``api.tensor_request``), under ``max_tensor_bytes`` for them all."""
+    found = [(f"messages[{i}].content[{j}]", m, p) for i, m in enumerate(messages) if isinstance(m.content, list)
+             for j, p in enumerate(m.content) if isinstance(p, TensorPart)]
+    if not found:
+        return None
+    where = found[0][0]
+    if not tensor_entry:
+        raise _bad(where, "this pipeline has no entry stage that consumes a tensor",
+                   "send the message as text, or serve a pipeline whose entry stage is an exported graph taking "
+                   "arrays (docs/pipelines.md#request-payloads)")
+    total = 0
+    arrays: dict[str, Any] = {}
+    at: dict[str, str] = {}
+    for where, message, part in found:
+        if message.role != "user":
+            raise _bad(f"{where.partition('.')[0]}.role", f"{message.role!r}: arrays come from the user only",
+                       "put the input_tensor parts in a user message")
+        name = part.input_tensor.name or ""
+        if name in at:
+            raise _bad(f"{where}.input_tensor.name", f"{name or '(none)'!r}: input given twice (first in {at[name]})",
+                       "name each part by the graph input it feeds, once" if name else
+                       "name each part (input_tensor.name) when a request carries several")
+        if "" in at or (not name and arrays):
+            raise _bad(f"{where}.input_tensor.name", "is missing, and the request carries several arrays",
+                       "name each part by the graph input it feeds")
+        data = part.input_tensor.data
+        total += len(data) * 3 // 4
+        if total > limits.max_tensor_bytes + 3:  # before decoding: the cap in base64 characters
+            raise _bad(f"{where}.input_tensor.data",
+                       _over(limits, "max_tensor_bytes", f"the arrays reach {total} bytes here"),
+                       f"send smaller arrays, or raise {FLAGS['max_tensor_bytes']}")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (ValueError, binascii.Error):
+            raise _bad(f"{where}.input_tensor.data", "is not base64", "base64-encode the .npy file's bytes") from None
+        arrays[name] = tensor_request(raw, where=f"{where}.input_tensor.data", max_bytes=limits.max_tensor_bytes,
+                                      bytes_flag=FLAGS["max_tensor_bytes"])
+        at[name] = where
+    return arrays.get("", arrays), at
+
+
+def _alone(chat: ChatBody, request: Any, where: str, what: str) -> Any:
+    """``request`` (a recording, arrays) as the whole request, once nothing else in the body
+    would be silently dropped: no text beside it, no sampling fields."""
+    for i, m in enumerate(chat.messages):
+        parts: list[Any] = m.content if isinstance(m.content, list) else [TextPart(type="text", text=m.content or "")]
+        for j, p in enumerate(parts):
+            if isinstance(p, TextPart) and p.text.strip():
+                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
+                raise _bad(at, f"text next to the {what} in {where}: only the {what} reach the pipeline's "
+                           "entry stage, so this text would be ignored",
+                           f"send the {what} alone (the config's system prompt applies downstream), or text alone")
+    for field_name in SAMPLING_FIELDS:
+        if getattr(chat, field_name) is not None:
+            raise _bad(field_name, f"sampling goes to the stage that takes the request, and with {what} that stage "
+                       "takes none", f"leave it out with the {what} (the config's sampling applies)")
+    return request
+
+
 def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     """The recording as the request, once nothing else in the body would be silently dropped."""
     where, audio = heard
@@ -426,9 +526,9 @@ def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, 
                 raise _bad(at, f"text next to the recording in {where}: only the audio reaches the pipeline's "
                            "audio entry stage, so this text would be ignored",
                            "send the recording alone (the config's system prompt applies downstream), or text alone")
-    for field in SAMPLING_FIELDS:
-        if getattr(chat, field) is not None:
-            raise _bad(field, "sampling goes to the stage that takes the request, and with audio that stage takes none",
+    for name in SAMPLING_FIELDS:
+        if getattr(chat, name) is not None:
+            raise _bad(name, "sampling goes to the stage that takes the request, and with audio that stage takes none",
                        "leave it out with input_audio (the config's sampling applies)")
     return audio
 

@@ -29,7 +29,13 @@ from stages.exported_graph.artifact import (
     load_artifact,
 )
 from stages.exported_graph.graph_stats import check_against_graph, describe_graph
-from stages.exported_graph.runner import ChunkSettings, ExportedGraphRunner, route_for
+from stages.exported_graph.runner import (
+    ChunkSettings,
+    ExportedGraphRunner,
+    feeds_for,
+    manifest_inputs,
+    route_for,
+)
 from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
@@ -408,6 +414,18 @@ class ExportedGraphKind(StageKind):
         return {"tolerances": {p: self._tolerance(cfg, art, p).model_dump() for p in precisions}}
 
     # -- runtime -------------------------------------------------------------
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+        """A request this stage takes (its inputs name ``request``), checked in the caller's
+        process before anything reaches the session: without a preprocess hook, an array (or a
+        mapping of arrays) must be what the graph's inputs are as the manifest declares them —
+        names, dtype, rank and fixed sizes (``runner.feeds_for``'s check; a ``BadRequest``
+        naming the stage and the input). A hook, or a chunked stage, takes what it takes."""
+        cfg = _cfg(stage)
+        art = self.artifact(cfg)
+        if art.manifest.preprocess is not None or cfg.chunk is not None or art.manifest.not_exported is not None:
+            return
+        feeds_for(prompt, manifest_inputs(art), f"request (stage {stage_plan.name}, kind {stage_plan.kind})")
+
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         """The runner for an admitted placement, in the route ``route_for`` finds."""
         cfg = _cfg(stage)

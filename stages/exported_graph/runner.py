@@ -235,6 +235,15 @@ ORT_TENSOR_DTYPES = {
 (bfloat16, float8) is not checked before the session sees it."""
 
 
+def manifest_inputs(artifact: ExportedArtifact) -> list[dict[str, Any]]:
+    """The graph's inputs as the manifest declares them, in ``feeds_for``'s shape (what a
+    session reports at load: ONNX Runtime's type names, a named axis as None), so a request
+    is checked in the caller's process before any session exists."""
+    types = {dtype: ort for ort, dtype in ORT_TENSOR_DTYPES.items() if dtype != "object"}
+    return [{"name": t.name, "type": types.get(t.dtype, f"tensor({t.dtype})"),
+             "shape": [d if isinstance(d, int) else None for d in t.shape]} for t in artifact.manifest.inputs]
+
+
 def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, Any]:
     """The session's feeds for ``item`` when no preprocess hook makes them.
 

@@ -92,12 +92,19 @@ def test_tensors_of_another_shape_are_refused_at_the_axis(tmp_path: Path) -> Non
 
 
 def test_an_entry_stage_must_take_what_a_request_carries(tmp_path: Path) -> None:
-    talker = artifact(tmp_path, "talker", ["tensor:hidden_states"], ["audio@24000"])
-    assert refusal(tmp_path, graph("talker", talker, "[request]", ", final_output: true")) == [(
+    """A request carries text, audio, a tensor or token ids (docs/pipelines.md#request-payloads),
+    never an event: a stage that consumes events alone cannot take it."""
+    segments = write_artifact(tmp_path / "segments", "relu", name="segments", manifest={
+        "consumes": ["event:segment"], "produces": ["audio@24000"], "preprocess": "exports.sentence_encoder:preprocess"})
+    assert refusal(tmp_path, graph("talker", segments, "[request]", ", final_output: true")) == [(
         "stages.talker.inputs",
-        "talker (exported_graph) consumes tensor:hidden_states, and a request carries text or audio",
-        "feed talker from a stage that produces tensor:hidden_states instead of 'request'",
+        "talker (exported_graph) consumes event:segment, and a request carries text or audio or tensor or token_ids",
+        "feed talker from a stage that produces event:segment instead of 'request'",
     )]
+    # a tensor-consuming entry (an Omni talker fed hidden states by the caller) takes the request
+    talker = artifact(tmp_path, "talker", ["tensor:hidden_states"], ["audio@24000"])
+    assert [s.name for s in loads(tmp_path, graph("talker", talker, "[request]", ", final_output: true")).stages] \
+        == ["talker"]
 
 
 def test_final_output_type_must_be_something_the_stage_produces(tmp_path: Path) -> None:
