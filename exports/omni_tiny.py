@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exports import qwen3_omni_code2wav
+from exports import qwen2_5_omni_token2wav, qwen3_omni_code2wav
 
 EXPORTS = Path(__file__).resolve().parent
 QWEN2_5_OMNI_DIR = EXPORTS / "qwen2_5-omni-tiny"
@@ -296,6 +296,8 @@ def _build_one(out: Path, name: str, model_class: str, config: Any, extra: dict[
     _initialise_uninitialised(model)
     if getattr(model, "code2wav", None) is not None:  # Qwen3-Omni: the exported graph's weights
         model.code2wav.load_state_dict(qwen3_omni_code2wav.tiny_code2wav().state_dict())
+    if getattr(model, "token2wav", None) is not None:  # Qwen2.5-Omni: a vocoder whose audio is audible
+        qwen2_5_omni_token2wav.audible_bigvgan(model.token2wav.code2wav_bigvgan_model, SEED)
     params = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=out.parent) as tmp:
         work = Path(tmp) / name

@@ -38,6 +38,7 @@ _BUILTIN = {
     "exported_graph": "stages.exported_graph.kind:ExportedGraphKind",
     "asr": "stages.asr.kind:AsrKind",
     "vad": "stages.vad.kind:VadKind",
+    "token2wav": "stages.token2wav.kind:Token2WavKind",
 }
 _kinds: dict[str, StageKind] = {}
 _origins: dict[str, KindOrigin] = {}

@@ -2,11 +2,9 @@
 
 A stage of this kind names two ``omni-edge.export/1`` artifacts (e.g.
 ``exports/whisper-tiny-en-encoder`` and ``exports/whisper-tiny-en-decoder``).
-Planning treats each one exactly as an ``exported_graph`` stage would: the
-same describe (graph statistics, manifests), precision choice, refusals,
-session specs and reservations, by asking an :class:`ExportedGraphKind` about
-a per-graph ``ExportedGraphConfig`` (:func:`graph_config`). What this kind
-adds is how the two are combined:
+Planning treats each one exactly as an ``exported_graph`` stage would
+(``stages.exported_graph.graphs``: the same describe, precision choice,
+refusals, session specs and reservations, per graph). How the two are combined:
 
 * memory: both graphs' weights and EP workspaces; the larger load transient
   (the sessions open one after the other); one activation figure, the larger
@@ -28,23 +26,15 @@ by name when a runner is made and planning never pays for either.
 from __future__ import annotations
 
 from importlib import import_module
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.errors import BadRequest, ConfigError, Problem
+from orchestrator.errors import BadRequest
 from orchestrator.ledger import Reservation
-from orchestrator.ort import backends as ort_backends
-from orchestrator.plan import Refusal
-from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
-from stages.exported_graph.artifact import ExportedArtifact
-from stages.exported_graph.kind import (
-    ExportedGraphConfig,
-    ExportedGraphKind,
-    GraphStageConfig,
-    as_graph_stage,
-)
+from stages.base import ArtifactInfo, StageConfig, StageRunner
+from stages.exported_graph.graphs import GraphsKind
+from stages.exported_graph.kind import ExportedGraphConfig, GraphStageConfig, as_graph_stage
 from stages.payloads import sample_rate_problem
 
 if TYPE_CHECKING:
@@ -73,97 +63,23 @@ def graph_config(stage: AsrConfig, graph: Graph) -> ExportedGraphConfig:
     return as_graph_stage(stage, getattr(stage, graph))
 
 
-class AsrKind(StageKind):
+class AsrKind(GraphsKind):
     """Encoder + decoder step on ONNX Runtime EPs, greedy decoding in the runner."""
 
     kind = "asr"
     config_model = AsrConfig
-    backends = tuple(ort_backends.BACKENDS)
-    runner_imports = ("numpy", "onnxruntime")
-    needs_gates = True
+    graph_names = GRAPHS
+    primary = PRIMARY
+    build_hint = BUILD_HINT
     consumes = ("audio",)
     produces = ("text",)
-
-    def __init__(self) -> None:
-        self.graphs = ExportedGraphKind()
-        """Asked about each graph as if it were an exported_graph stage (it memoises the manifests)."""
-
-    @classmethod
-    def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
-        cfg = _cfg(stage)
-        update: dict[str, Any] = {}
-        for graph in GRAPHS:
-            resolved = ExportedGraphKind.resolve_paths(graph_config(cfg, graph), base_dir)
-            assert isinstance(resolved, ExportedGraphConfig)
-            update[graph] = resolved.artifact
-        return cfg.model_copy(update=update)
-
-    def artifacts(self, stage: StageConfig) -> dict[str, ExportedArtifact]:
-        """Both graphs' artifacts, by graph name."""
-        cfg = _cfg(stage)
-        return {g: self.graphs.artifact(graph_config(cfg, g)) for g in GRAPHS}
-
-    # -- planning ------------------------------------------------------------
-    def describe(self, stage: StageConfig) -> ArtifactInfo:
-        """Both graphs described as exported_graph describes one; a missing graph names the build command."""
-        cfg = _cfg(stage)
-        infos: dict[str, ArtifactInfo] = {}
-        for graph in GRAPHS:
-            try:
-                infos[graph] = self.graphs.describe(graph_config(cfg, graph))
-            except ConfigError as exc:
-                raise ConfigError([*exc.problems, Problem(f"stages.{cfg.name}.{graph}", "a graph of the asr stage cannot be read", BUILD_HINT)]) from None
-        enc, dec = infos["encoder"], infos["decoder"]
-        return ArtifactInfo(
-            kind="exported", path=enc.path, weight_bytes=enc.weight_bytes + dec.weight_bytes,
-            weight_format=enc.weight_format if enc.weight_format == dec.weight_format else f"{enc.weight_format}+{dec.weight_format}",
-            details={g: {"path": i.path, "weight_bytes": i.weight_bytes, **i.details} for g, i in infos.items()},
-            internal={"graphs": infos},
-        )
-
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
-        cfg = _cfg(stage)
-        return [r for g in GRAPHS for r in self.graphs.check(graph_config(cfg, g), _info(info, g), device, backend)]
-
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
-        """Both graphs' session memory (weights, EP workspace), the larger activation figure,
-        and the larger load transient (the sessions are opened one after the other)."""
-        cfg = _cfg(stage)
-        per_graph = {g: self.graphs.reservations(graph_config(cfg, g), _info(info, g), device, backend, pool) for g in GRAPHS}
-        if not all(per_graph.values()):
-            return []
-        held = [_renamed(r, f"{g}_{r.purpose}") for g in GRAPHS for r in per_graph[g] if r.purpose in ("weights", "ep_workspace")]
-        for purpose, why in (("activations", "the encoder's intermediates are freed before decoding starts"),
-                             ("load_transient", "the two sessions are opened one after the other")):
-            largest = max((r for g in GRAPHS for r in per_graph[g] if r.purpose == purpose), key=lambda r: r.bytes)
-            held.append(_renamed(largest, purpose, f"{largest.note}; the larger of the two graphs' ({why})"))
-        return held
 
     def engine_kwargs(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
         reservations: list[Reservation], pool_capacity: int,
     ) -> dict[str, Any]:
-        cfg = _cfg(stage)
-        graphs: dict[str, dict[str, Any]] = {g: self.graphs.engine_kwargs(graph_config(cfg, g), _info(info, g), device, backend, [], pool_capacity)
-                  for g in GRAPHS}
-        if not all(graphs.values()):
-            return {}
-        return {**graphs, "ep": graphs[PRIMARY]["ep"], "max_new_tokens": cfg.max_new_tokens}
-
-    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
-        """The primary (decoder) graph's gate; ``gate_specs`` has both."""
-        return self.graphs.gate_spec(graph_config(_cfg(stage), PRIMARY), _info(info, PRIMARY), device, backend)
-
-    def gate_specs(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[GateSpec]:
-        """Both graphs' gates, encoder first; none when either graph has no runnable precision."""
-        cfg = _cfg(stage)
-        specs = [self.graphs.gate_spec(graph_config(cfg, g), _info(info, g), device, backend) for g in GRAPHS]
-        return [s for s in specs if s is not None] if all(specs) else []
-
-    def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
-    ) -> str:
-        return self.graphs.remedy_for_budget(graph_config(_cfg(stage), PRIMARY), _info(info, PRIMARY), device, backend, pool, available)
+        kwargs = super().engine_kwargs(stage, info, device, backend, reservations, pool_capacity)
+        return {**kwargs, "max_new_tokens": _cfg(stage).max_new_tokens} if kwargs else {}
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
         """A request entering at this stage is one audio item: ``{"audio": mono samples,
@@ -194,15 +110,6 @@ class AsrKind(StageKind):
         module = import_module("stages.asr.runner")  # numpy and soxr at its top: never while planning
         runner: StageRunner = module.AsrRunner(stage_plan, self.artifacts(stage), module.route_for(stage_plan, route))
         return runner
-
-
-def _info(info: ArtifactInfo, graph: str) -> ArtifactInfo:
-    found: ArtifactInfo = info.internal["graphs"][graph]
-    return found
-
-
-def _renamed(r: Reservation, purpose: str, note: str | None = None) -> Reservation:
-    return Reservation(r.pool, purpose, r.bytes, r.lifetime, r.evidence, r.note if note is None else note, r.at_load)
 
 
 def _cfg(stage: StageConfig) -> AsrConfig:

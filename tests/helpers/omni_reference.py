@@ -30,7 +30,39 @@ class Reference:
     codes: list[list[int]]
     """Per step: [code] (Qwen2.5-Omni) or the frame's codes, one per codebook (Qwen3-Omni)."""
     waveform: Any = None
-    """Qwen3-Omni: the audio ``generate()`` returned (code2wav on those codes), float32, mono."""
+    """The audio ``generate()`` returned (Qwen3-Omni: code2wav on those codes; Qwen2.5-Omni:
+    token2wav on them, from :func:`seeded_noise`), float32, mono."""
+
+
+def seeded_noise(seed: int) -> Any:
+    """A stand-in for ``torch.randn`` whose draw is numpy's default generator seeded with ``seed``
+    (the same numbers the token2wav stage starts its solver from, for any shape)."""
+    import numpy as np
+    import torch
+
+    def randn(*size: Any, dtype: Any = None, device: Any = None, **_: Any) -> Any:
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+        draw = np.random.default_rng(seed).standard_normal(tuple(int(d) for d in shape), dtype=np.float32)
+        return torch.from_numpy(draw).to(dtype=dtype or torch.float32, device=device)
+
+    return randn
+
+
+def token2wav_reference(model_dir: Path, codes: list[int], *, seed: int, steps: int, speaker: str = "Chelsie") -> Any:
+    """transformers' own ``model.token2wav`` (``Qwen2_5OmniForConditionalGeneration.from_pretrained``,
+    its speakers read by ``load_speakers`` from ``spk_dict.pt``) on ``codes``, its noise from
+    :func:`seeded_noise`: the waveform, float32, mono."""
+    from unittest import mock
+
+    import torch
+    import transformers
+
+    model = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    voice = model.speaker_map[speaker]
+    with mock.patch("torch.randn", seeded_noise(seed)), torch.no_grad():
+        wav = model.token2wav(torch.tensor([codes]), conditioning=voice["cond"].float(),
+                              reference_mel=voice["ref_mel"].float(), num_steps=steps)
+    return wav.float().reshape(-1).numpy()
 
 
 def prompt_ids(model_dir: Path, prompt: str) -> list[int]:
@@ -42,7 +74,11 @@ def prompt_ids(model_dir: Path, prompt: str) -> list[int]:
 
 
 def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int, talker_min: int = 0,
-              repetition_penalty: float = 1.05) -> Reference:
+              repetition_penalty: float = 1.05, token2wav_seed: int = 0, token2wav_steps: int = 10) -> Reference:
+    """Qwen2.5-Omni's token2wav starts from ``torch.randn``: here from :func:`seeded_noise`
+    (``token2wav_seed``), with ``token2wav_steps`` solver time points."""
+    from unittest import mock
+
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -67,11 +103,13 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
 
         model.talker.generate = spy_talker
         stop = [model.talker.codec_pad_token, model.talker.codec_eos_token]  # generate's [8292, 8294], tiny ids
-        sequences, _wav = model.generate(input_ids, talker_eos_token_id=stop, token2wav_num_steps=2, **common)
+        with mock.patch("torch.randn", seeded_noise(token2wav_seed)):
+            sequences, wav = model.generate(input_ids, talker_eos_token_id=stop, token2wav_num_steps=token2wav_steps,
+                                            **common)
         generated = captured["talker"][0, captured["prompt"]:].tolist()
         cut = next((i for i, c in enumerate(generated) if c in stop), len(generated))
         codes = [[c] for c in generated[:cut]]
-        waveform = None  # token2wav is not exported (docs/omni.md)
+        waveform = wav.detach().float().reshape(-1).numpy()
     else:
         model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
         decode = model.code2wav.chunked_decode
