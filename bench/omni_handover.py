@@ -35,6 +35,7 @@ from orchestrator.runtime.events import OutputItem, StageEvent  # noqa: E402
 
 def config(tmp: Path, join: str, thinker_tokens: int, talker_codes: int) -> Path:
     doc = yaml.safe_load((REPO / "configs/examples/qwen2_5-omni-tiny.yaml").read_text())
+    doc["stages"] = [s for s in doc["stages"] if s["kind"] == "ar_decode"]  # the hand-over: thinker → talker
     for stage in doc["stages"]:
         stage["model"] = str(omni_tiny.QWEN2_5_OMNI_DIR)
         if stage["name"] == "thinker":

@@ -92,11 +92,12 @@ voice_int8_generated="exports/piper-en-us-joe-medium-int8/manifest.yaml exports/
 # configs/examples/qwen*-omni-tiny.yaml, docs/omni.md).
 omni_generated="exports/qwen2_5-omni-tiny/config.json exports/qwen3-omni-tiny/config.json"
 code2wav_generated="exports/qwen3-omni-code2wav-tiny/manifest.yaml exports/qwen3-omni-code2wav-tiny/fp32.onnx"
+token2wav_generated="exports/qwen2_5-omni-token2wav-tiny-dit/manifest.yaml exports/qwen2_5-omni-token2wav-tiny-dit/voices.npz exports/qwen2_5-omni-token2wav-tiny-bigvgan/manifest.yaml"
 # The int8 voice's error against fp32 is measured on this CPU before it lands; where
 # it is over the exporter's ceiling the build is refused, the reason is kept in this
 # file, and only configs/examples/voice-on-npu.yaml (which needs it) is affected.
 voice_int8_refused="exports/piper-en-us-joe-medium-int8.refused"
-generated="$whisper_generated $encoder_generated $omni_generated $code2wav_generated"
+generated="$whisper_generated $encoder_generated $omni_generated $code2wav_generated $token2wav_generated"
 have_all() { for f in "$@"; do [ -f "$f" ] || return 1; done; }
 have_int8_voice() { have_all $voice_int8_generated || [ -f "$voice_int8_refused" ]; }
 have_generated() { have_all $generated && have_int8_voice; }
@@ -173,6 +174,12 @@ fi
 if ! have_all $code2wav_generated; then
   log "exporting the tiny Qwen3-Omni code2wav (exports/qwen3-omni-code2wav-tiny)"
   .venv/bin/python -m exports.qwen3_omni_code2wav build > /dev/null
+fi
+# Qwen2.5-Omni's token2wav from the tiny checkpoint: its DiT step and BigVGAN, `omni-edge export
+# --from torch` twice, and the checkpoint's voices into the DiT artifact (~30 s, ~2 MiB; docs/omni.md).
+if ! have_all $token2wav_generated; then
+  log "exporting the tiny Qwen2.5-Omni token2wav (exports/qwen2_5-omni-token2wav-tiny-{dit,bigvgan})"
+  .venv/bin/python -m exports.qwen2_5_omni_token2wav build > /dev/null
 fi
 
 log "OpenVINO route (.venvs/openvino)"

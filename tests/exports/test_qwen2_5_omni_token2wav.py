@@ -1,8 +1,7 @@
 """Qwen2.5-Omni's token2wav: its DiT step and its BigVGAN export to ONNX graphs that hold
 the default gate tolerance against transformers' own modules (same weights, computed
-here), at lengths other than the traced one. The stage that would run the solver loop
-between them is not built: the pipeline refuses token2wav with no_exported_graph
-(docs/omni.md, code2wav)."""
+here), at lengths other than the traced one. The token2wav stage runs the solver loop
+between them (tests/stages/token2wav, docs/omni.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""The tiny Omni checkpoints end to end on Ray: text in → the thinker's text and the talker's
-codec codes out, through the Python API (Qwen2.5-Omni) and ``omni-edge run`` (Qwen3-Omni).
+"""The tiny Omni checkpoints end to end on Ray: text in → the thinker's text, the talker's
+codec codes and the audio out, through the Python API (Qwen2.5-Omni, its token2wav stage) and
+``omni-edge run`` (Qwen3-Omni, its code2wav stage).
 
-Both stages run on the transformers backend in the CPU's device actor; the thinker's
+Thinker and talker run on the transformers backend in the CPU's device actor; the thinker's
 hand-over reaches the talker through the runtime's ``all`` join in the driver (Ray's object
 transport both ways). Compared with transformers' own ``generate()`` on the same weights,
-computed in the same test (greedy, fp32): identical text and codes. A request cancelled
-while the talker is generating frees every stage."""
+computed in the same test (greedy, fp32): identical text and codes, the audio within the
+exported graphs' gate tolerance (Qwen2.5-Omni's token2wav from the same seeded noise). A
+request cancelled while the talker is generating frees every stage."""
 
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ def tiny_checkpoints() -> None:
 def _config(tmp_path: Path, name: str, **talker_sampling: Any) -> Path:
     doc = yaml.safe_load((REPO / f"configs/examples/{name}.yaml").read_text())
     for stage in doc["stages"]:
-        stage["model"] = str((REPO / "configs/examples" / stage["model"]).resolve())
+        for key in ("model", "artifact", "dit", "vocoder"):  # paths relative to the example's directory
+            if key in stage:
+                stage[key] = str((REPO / "configs/examples" / stage[key]).resolve())
         if stage["name"] == "talker":
             stage["sampling"].update(talker_sampling)
     path = tmp_path / f"{name}.yaml"
@@ -50,14 +54,19 @@ def _config(tmp_path: Path, name: str, **talker_sampling: Any) -> Path:
 
 def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_frees_every_stage(
         ray_cluster: Any, tmp_path: Path) -> None:
-    from orchestrator.api import Pipeline
-    from orchestrator.runtime.events import OutputItem, StageEvent, TextDelta
+    import numpy as np
 
+    from exports import qwen2_5_omni_token2wav
+    from orchestrator.api import Pipeline
+    from orchestrator.runtime.events import AudioChunk, OutputItem, StageEvent, TextDelta
+
+    qwen2_5_omni_token2wav.ensure_built()  # bootstrap builds it; again if the checkpoint changed since
     config = _config(tmp_path, "qwen2_5-omni-tiny", min_tokens=TALKER_CODES, max_tokens=TALKER_CODES)
     pipeline = Pipeline.from_config(config, record=tmp_path / "runs", calibration=False)
     try:
         assert {s.name: s.backend for s in pipeline.plan.stages} == {"thinker": "transformers-cpu",
-                                                                        "talker": "transformers-cpu"}
+                                                                        "talker": "transformers-cpu",
+                                                                        "token2wav": "ort-cpu"}
 
         async def whole() -> list[Any]:
             return [e async for e in pipeline.stream(PROMPT)]
@@ -80,11 +89,19 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
     finally:
         pipeline.close()
     assert pipeline.final_ledger is not None and not pipeline.final_ledger.get("held_bytes")
+    # generate()'s own token2wav from the noise the stage draws (seed 0, the config's), 10 time points
     ref = reference(omni_tiny.QWEN2_5_OMNI_DIR, PROMPT, thinker_max=24, talker_max=TALKER_CODES,
-                    talker_min=TALKER_CODES)
+                    talker_min=TALKER_CODES, token2wav_seed=0, token2wav_steps=10)
     text = "".join(e.text for e in events if isinstance(e, TextDelta) and e.stage == "thinker")
     codes = [list(e.value) for e in events if isinstance(e, OutputItem) and e.stage == "talker"]
     assert text == ref.text and codes == ref.codes and len(codes) == TALKER_CODES
+    # the audio: one 24 kHz item of 2 mel frames a code, 240 samples a frame, within the graphs' gate
+    (audio,) = [e for e in events if isinstance(e, AudioChunk) and e.stage == "token2wav"]
+    assert audio.sample_rate == 24000 and audio.audio.shape[-1] == TALKER_CODES * 2 * 240 == len(ref.waveform)
+    got, want = np.asarray(audio.audio, dtype=np.float32).reshape(-1), ref.waveform
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert float(np.abs(want).max()) > 0 and rel <= 1e-3, rel
+    print(f"token2wav on Ray vs generate(): {len(got)} samples, rel L2 {rel:.2e}")
     done = {e.stage: e.stats for e in events if isinstance(e, StageEvent) and e.kind == "done"}
     # the hand-over crossed Ray: one item per thinker step, [tokens, 64] float32, joined whole
     assert done["talker"]["hidden_states"] == {"steps": len(ref.tokens), "tokens": len(ref.prompt_ids) + len(ref.tokens) - 1,
@@ -93,7 +110,7 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
     assert done["thinker"]["edges_out"]["talker"]["items"] == len(ref.tokens) + 1  # + the text, whole
     # after the cancel: the next request ran every stage, and its talker did not wait for the cancelled one
     stats = {e.stage: e.stats for e in after if isinstance(e, StageEvent) and e.kind == "done"}
-    assert set(stats) == {"thinker", "talker"}
+    assert set(stats) == {"thinker", "talker", "token2wav"}
     assert stats["talker"]["waited_for_previous"] is False
     assert stats["talker"]["aborted_before"]["requests"] == 1
     assert stats["talker"]["aborted_before"]["last_tokens"] < TALKER_CODES

@@ -132,3 +132,46 @@ def test_a_voice_the_artifact_lacks_is_refused_naming_the_voices_it_has(
     problem = exc.value.problems[0]
     assert problem.where == "stages.token2wav.voice" and "no voice 'Ethan'" in problem.what
     assert problem.fix == "use one of: Chelsie"
+
+
+def test_both_graphs_pass_their_gates_on_the_cpu_ep(token2wav_graphs: dict[str, Path], tmp_path: Path) -> None:
+    """``omni-edge verify``'s path: one gate per graph, DiT first; the placement verified only when both passed."""
+    from orchestrator.verify.run import verify_pipeline
+
+    config = parse_config({"name": "p", "stages": [_stage(token2wav_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    results = verify_pipeline(config, profile()).results
+    assert [r.status for r in results] == ["passed", "passed"]
+    stage = plan_pipeline(config, profile(), runtime=False).stage("token2wav")
+    assert stage.verification is not None and stage.verification.status == "verified"
+
+
+@pytest.mark.openvino
+def test_in_the_openvino_route_both_graphs_pass_their_gates_and_the_audio_matches(
+        token2wav_graphs: dict[str, Path], tmp_path: Path) -> None:
+    """Verified in the route (both gates), then run there: both sessions in the route's worker
+    process on OpenVINO's EP, the audio still within the gate of transformers' own."""
+    import os
+
+    from orchestrator.verify.run import verify_pipeline
+    from tests.helpers.graphs import OV_PYTHON, machine_profile
+
+    if not OV_PYTHON.exists():
+        pytest.skip("no OpenVINO route")
+    config = parse_config({"name": "p", "stages": [_stage(token2wav_graphs, backends=["ort-openvino"])]},
+                          where="t.yaml", base_dir=tmp_path)
+    prof = machine_profile()
+    assert [r.status for r in verify_pipeline(config, prof).results] == ["passed", "passed"]
+    stage = plan_pipeline(config, prof, runtime=False).stage("token2wav")
+    assert (stage.backend, stage.route) == ("ort-openvino", "openvino")
+    assert stage.verification is not None and stage.verification.status == "verified"
+    r = get_kind("token2wav").runner(stage, config.stage("token2wav"))
+    r.load()
+    codes = _codes(40, 3)
+    try:
+        assert r._host.pid != os.getpid()  # type: ignore[attr-defined]
+        assert [r.load_info[g]["providers"][0] for g in ("dit", "vocoder")] == ["OpenVINOExecutionProvider"] * 2  # type: ignore[attr-defined]
+        (item,) = _stream(r, [codes])
+    finally:
+        r.close()
+    rel, cos = _close(item["audio"], token2wav_reference(omni_tiny.QWEN2_5_OMNI_DIR, codes, seed=0, steps=10))
+    print(f"token2wav in the OpenVINO route vs transformers: rel L2 {rel:.2e}, cosine {cos:.9f}")
