@@ -21,14 +21,20 @@ writes the checkpoint's voices (``spk_dict.pt``: each speaker's ``cond`` and
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import subprocess
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
+import yaml
 from safetensors import safe_open
+
+from orchestrator.fileio import file_sha256
+from stages.exported_graph.artifact import save_npz
 
 
 def dit_step(dit: Any) -> Any:
@@ -96,8 +102,6 @@ def audible_bigvgan(vocoder: Any, seed: int) -> None:
     ``seed``, its last one scaled by :data:`OUTPUT_GAIN`: transformers' initialisation (std 0.02)
     shrinks the signal at every layer, so a random tiny BigVGAN says ~1e-7 — silence in a
     16-bit WAV. For the tiny checkpoint only (``exports/omni_tiny.py``); a trained one has learnt them."""
-    import math
-
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -233,10 +237,6 @@ def bigvgan_factory(checkpoint: Path | str = CHECKPOINT) -> dict[str, Any]:
 def checkpoint_digest(checkpoint: Path = CHECKPOINT) -> str:
     """sha256 over the checkpoint's safetensors and ``spk_dict.pt``: recorded in both
     manifests (``metadata.checkpoint_sha256``), so a rebuilt checkpoint is noticed."""
-    import hashlib
-
-    from orchestrator.fileio import file_sha256
-
     h = hashlib.sha256()
     for f in [*sorted(checkpoint.glob("*.safetensors")), checkpoint / "spk_dict.pt"]:
         h.update(bytes.fromhex(file_sha256(f)))
@@ -271,8 +271,6 @@ def build(checkpoint: Path = CHECKPOINT, dit_dir: Path = DIT_DIR, bigvgan_dir: P
     checkpoint's voices into the DiT artifact (its exit status: the first failure's)."""
     import numpy as np
 
-    from stages.exported_graph.artifact import save_npz
-
     if checkpoint != CHECKPOINT:
         raise ValueError("the factories read exports/qwen2_5-omni-tiny; export another checkpoint with "
                          "omni-edge export --from torch and a factory of your own (docs/omni.md)")
@@ -288,8 +286,6 @@ def build(checkpoint: Path = CHECKPOINT, dit_dir: Path = DIT_DIR, bigvgan_dir: P
 
 def ensure_built() -> None:
     """Build both artifacts unless both exist and were exported from the checkpoint as it is now."""
-    import yaml
-
     digest = checkpoint_digest()
     for out in (DIT_DIR, BIGVGAN_DIR):
         manifest = out / "manifest.yaml"

