@@ -297,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Long (about 145 lines): parse, plan, verify, re-plan, render, run and record in one place;
+    the seam is one admitted-plan function shared with chat, serve and the Python API."""
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.console import make_console

@@ -129,6 +129,8 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
     One table with every figure is ~110 columns; split in two (the gates, then
     the numerics) each fits 80, and refusals, warnings and errors follow as
     blocks that name the row's ``#`` and placement.
+
+    Long (about 85 lines): one table and its notes; the rows and the notes are the seams.
     """
     from rich.console import Group
     from rich.text import Text

@@ -427,6 +427,9 @@ class Sessions:
         return out
 
     def open(self, spec: dict[str, Any], record: bool = True, log_severity: int = 3) -> dict[str, Any]:
+        """Long (about 100 lines): plugin resolution, session options, session creation and the
+        reply in one wire handler; each becomes a function once the session spec and the reply
+        are typed."""
         import onnxruntime as ort
 
         # What the build has built in. A plugin library registered here (by the probe, or by

@@ -196,6 +196,11 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
     ``devices`` are declared as custom resources when a local cluster is
     started here. Raises ``RuntimeError`` (with the address) when Ray cannot
     be started or reached.
+
+    Long (about 100 lines) because Ray's start-up settings, its token, its private temp
+    directory and the join of an existing cluster share one try/except that must undo each
+    partly-made step; the seams are those four steps, to be cut when Ray's forced globals are
+    isolated.
     """
     global _cluster, _users
     with _lock:

@@ -322,6 +322,9 @@ def judge(
     artifact has) only shape the remedies: a remedy names what this user can
     change — never a setting they did not set, never a precision the artifact
     does not have.
+
+    Long (about 100 lines): the coverage verdict and the numeric verdict read one untyped
+    record; they split once the record is a typed class.
     """
     cov = record.get("coverage") or {}
     num = record.get("numeric") or {}

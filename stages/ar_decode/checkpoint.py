@@ -172,16 +172,8 @@ def _format_from_dtypes(dtype_bytes: dict[str, int]) -> str:
     return _DTYPE_FORMAT.get(top, top.lower())
 
 
-def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> CheckpointManifest:
-    """Describe a Hugging Face checkpoint directory without loading weights.
-
-    Prefers the safetensors headers when the files are present; otherwise the
-    index JSON (``metadata.total_size``) so a plan works before a download.
-    """
-    d = Path(model_dir)
-    cfg_path = d / "config.json"
-    if not d.is_dir():
-        raise ConfigError.single(str(d), "checkpoint directory not found", "point `model:` at a directory holding config.json (and the weights or model.safetensors.index.json)")
+def _read_config(cfg_path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json as a mapping; ``ConfigError`` naming what is wrong with it."""
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -197,6 +189,40 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
             str(cfg_path), f"config.json must be a JSON object (the model's settings), got a JSON {_json_kind(config)}",
             "re-download the checkpoint's config.json",
         )
+    return config
+
+
+def _header_sizes(files: list[Path]) -> tuple[Counter[str], int, list[str]]:
+    """The safetensors files' bytes per dtype, their tensor count, and the files whose data
+    is shorter than their headers say (header-only metadata, or a download cut short)."""
+    dtype_bytes: Counter[str] = Counter()
+    tensor_count = 0
+    header_only = []
+    for f in files:
+        header = read_safetensors_header(f)
+        data_end = 0
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = t["data_offsets"]
+            dtype_bytes[t["dtype"]] += int(end) - int(start)
+            data_end = max(data_end, int(end))
+            tensor_count += 1
+        if data_end and f.stat().st_size < _header_end(f) + data_end:
+            header_only.append(f.name)
+    return dtype_bytes, tensor_count, header_only
+
+
+def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> CheckpointManifest:
+    """Describe a Hugging Face checkpoint directory without loading weights.
+
+    Prefers the safetensors headers when the files are present; otherwise the
+    index JSON (``metadata.total_size``) so a plan works before a download.
+    """
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ConfigError.single(str(d), "checkpoint directory not found", "point `model:` at a directory holding config.json (and the weights or model.safetensors.index.json)")
+    config = _read_config(d / "config.json")
     quant = config.get("quantization_config")
     if quant is None and isinstance(config.get("thinker_config"), dict):
         quant = config["thinker_config"].get("quantization_config")
@@ -207,19 +233,7 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
     tensor_count = 0
     if files:
         source = "safetensors"
-        header_only = []
-        for f in files:
-            header = read_safetensors_header(f)
-            data_end = 0
-            for name, t in header.items():
-                if name == "__metadata__":
-                    continue
-                start, end = t["data_offsets"]
-                dtype_bytes[t["dtype"]] += int(end) - int(start)
-                data_end = max(data_end, int(end))
-                tensor_count += 1
-            if data_end and f.stat().st_size < _header_end(f) + data_end:
-                header_only.append(f.name)
+        dtype_bytes, tensor_count, header_only = _header_sizes(files)
         weight_bytes = sum(dtype_bytes.values())
         names = tuple(f.name for f in files)
         if header_only:
