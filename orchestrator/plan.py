@@ -16,6 +16,7 @@ PLAN_FORMAT = "omni-edge.plan/1"
 STAGE_FIELDS = frozenset({
     "name", "kind", "admitted", "device", "backend", "route", "inputs", "final_output", "final_output_type",
     "budget_bytes", "reservations", "refusals", "engine_kwargs", "artifact", "verification", "calibration",
+    "cpu_threads", "cpu_threads_from",
 })
 """The keys of a stage in the plan JSON that are the plan's own; any other key is
 one of the kind's ``details``."""
@@ -75,6 +76,14 @@ class StagePlan:
     """What the measurement store did to this stage's reservations (``match``,
     ``before_bytes``, ``after_bytes``, ``evidence``, ``margin``, ``provenance``);
     None when the stage was planned from metadata alone (docs/calibration.md)."""
+    cpu_threads: int | None = None
+    """Threads the stage's engine runs on the CPU (vLLM's OpenMP threads, llama.cpp's
+    ``n_threads``, torch's, ONNX Runtime's ``intra_op_num_threads``): the planner's share of
+    the host's cores (``orchestrator.cpu_threads``) or the config's ``cpu_threads``. None off
+    the CPU, when the profile does not know the host's cores, or when thread budgets are off:
+    the engine then picks its own."""
+    cpu_threads_from: str | None = None
+    """Where ``cpu_threads`` came from: ``plan`` (the split of the cores) or ``config``."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & STAGE_FIELDS)
@@ -106,6 +115,8 @@ class StagePlan:
             "engine_kwargs": self.engine_kwargs,
             "artifact": self.artifact,
         }
+        d["cpu_threads"] = self.cpu_threads
+        d["cpu_threads_from"] = self.cpu_threads_from
         d.update(self.details)
         if self.verification is not None:
             d["verification"] = self.verification.to_dict()
@@ -133,6 +144,8 @@ class StagePlan:
             final_output=bool(d.get("final_output", False)),
             final_output_type=d.get("final_output_type"),
             calibration=d.get("calibration"),
+            cpu_threads=d.get("cpu_threads"),
+            cpu_threads_from=d.get("cpu_threads_from"),
         )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from orchestrator import calibration as cal
-from orchestrator import errors
+from orchestrator import cpu_threads, errors
 from orchestrator.config import PipelineConfig, StageConfig
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
 from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
@@ -37,6 +37,7 @@ from orchestrator.profile import (
     HOST_RAM,
     Device,
     HardwareProfile,
+    Host,
     Route,
     host_ram_pools,
     node_pool,
@@ -199,6 +200,7 @@ def plan_pipeline(
     refused: Mapping[tuple[str, str, str], Sequence[Refusal]] | None = None,
     calibration: cal.CalibrationStore | None = None,
     server: bool = False,
+    plan_threads: bool = True,
 ) -> PipelinePlan:
     """Plan every stage of ``config`` on ``profile``; refuse with reasons when impossible.
 
@@ -214,6 +216,11 @@ def plan_pipeline(
     ``server``: the pipeline will be served (``omni-edge serve``): the serve
     process's own memory is a shared reservation (E from ``SERVER_BYTES``, M
     once a server run has measured it). ``plan`` and ``run`` leave it out.
+
+    ``plan_threads``: give each stage placed on the CPU a thread budget, its share of
+    the host's cores (``orchestrator.cpu_threads``; a config's ``cpu_threads`` is taken
+    as it is). False leaves every budget but the config's to the engines' own defaults
+    (``bench/threads.py`` compares the two).
 
     Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
     a malformed manifest); every other outcome is a plan, admitted or not.
@@ -236,6 +243,7 @@ def plan_pipeline(
         admission = ledger.admit(name, list(option.reservations))
         assert admission.ok, "the search found this assignment fitting"
     stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
+    stage_plans, thread_notes = _with_cpu_threads(stage_plans, {s.stage.name: s for s in states}, profile, plan_threads)
     pools = []
     for pool_id, pool in ledger.pools.items():
         peak, shares = ledger.peak(pool_id)
@@ -248,6 +256,7 @@ def plan_pipeline(
     if not any(s.calibration for s in stage_plans):
         notes.append(ESTIMATES_NOTE)
     notes += calibrated
+    notes += thread_notes
     if profile.nodes:
         stage_plans, crossing = _with_nodes(stage_plans)
         notes.append(f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
@@ -546,6 +555,78 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
         verification=option.verification,
         calibration=option.calibration.to_dict() if option.calibration is not None else None, **common,
     )
+
+
+# -- CPU threads: each CPU stage's share of the host's cores (orchestrator/cpu_threads.py) ---
+
+
+def _with_cpu_threads(stage_plans: tuple[StagePlan, ...], states: Mapping[str, _StageState],
+                      profile: HardwareProfile, plan_threads: bool) -> tuple[tuple[StagePlan, ...], list[str]]:
+    """Each admitted stage on a CPU device with its ``cpu_threads`` (and where they came from),
+    and the notes that explain the split.
+
+    One device actor hosts every stage placed on a device, so stages on one CPU share its
+    cores; stages whose kinds name the same process-wide pool there (torch's) are one
+    pool of the split, with the largest weight among them and their config's override."""
+    on_cpu: dict[str, list[StagePlan]] = {}
+    for s in stage_plans:
+        device = profile.device(s.device) if s.admitted and s.device else None
+        if device is not None and device.kind == "cpu":
+            on_cpu.setdefault(device.id, []).append(s)
+    threads: dict[str, tuple[int, str]] = {}
+    notes: list[str] = []
+    for device_id, members in on_cpu.items():
+        pools: dict[str, list[StagePlan]] = {}
+        for s in members:
+            shared = states[s.name].kind.cpu_thread_pool(s)
+            pools.setdefault(f"{shared} pool" if shared else s.name, []).append(s)
+        overrides = {key: {n for s in group if (n := states[s.name].stage.cpu_threads) is not None}
+                     for key, group in pools.items()}
+        for key, given in overrides.items():
+            if len(given) > 1:
+                names = ", ".join(s.name for s in pools[key])
+                raise errors.ConfigError.single(
+                    f"stages.{pools[key][0].name}.cpu_threads",
+                    f"{names} share one {key} in {device_id}'s actor (one thread count per process), and their "
+                    f"configs give it {', '.join(map(str, sorted(given)))} threads",
+                    "give them the same cpu_threads, or set it on one of them only")
+        cores = _host_of(profile, device_id).cpu_cores
+        if not plan_threads or cores is None:
+            for key, group in pools.items():
+                if overrides[key]:
+                    threads.update({s.name: (next(iter(overrides[key])), "config") for s in group})
+            notes.append(f"{device_id}: " + ("CPU thread budgets are off" if not plan_threads else
+                         "the profile does not say how many cores the host has (host.cpu_cores; `omni-edge probe` "
+                         "records it)") + ": engines placed there pick their own thread counts"
+                         + (" except where the config sets cpu_threads" if threads else ""))
+            continue
+        keys = list(pools)
+        split = cpu_threads.split_cores(cores, [
+            cpu_threads.Pool(max(_thread_weight(s) for s in pools[k]), next(iter(overrides[k]), None)) for k in keys])
+        for key, n in zip(keys, split.threads, strict=True):
+            threads.update({s.name: (n, "config" if overrides[key] else "plan") for s in pools[key]})
+        shares = ", ".join(f"{'+'.join(s.name for s in pools[k])} {n}" for k, n in zip(keys, split.threads, strict=True))
+        line = (f"{device_id}: {cores} logical CPUs, {split.usable} shared by its stages ("
+                + ("one left to Ray and the OS; " if split.usable < cores else "")
+                + f"decode weighted {cpu_threads.DECODE_WEIGHT}:{cpu_threads.OTHER_WEIGHT}): threads {shares}")
+        if split.oversubscribed:
+            line += (f"; {sum(split.threads)} threads on {split.usable} cores: oversubscribed, the stages take "
+                     "turns on the cores (fewer CPU stages, a machine with more cores, or smaller cpu_threads "
+                     "overrides end it)")
+        notes.append(line)
+    out = tuple(replace(s, cpu_threads=threads[s.name][0], cpu_threads_from=threads[s.name][1])
+                if s.name in threads else s for s in stage_plans)
+    return out, notes
+
+
+def _thread_weight(stage: StagePlan) -> int:
+    return cpu_threads.DECODE_WEIGHT if stage.kind == "ar_decode" else cpu_threads.OTHER_WEIGHT
+
+
+def _host_of(profile: HardwareProfile, device_id: str) -> Host:
+    """The host a device is on: its node's in a cluster profile."""
+    node = device_id.rsplit("/", 1)[0] if "/" in device_id else None
+    return profile.nodes[node].profile.host if node in profile.nodes else profile.host
 
 
 # -- calibration: reservations from measured peaks (orchestrator/calibration.py) ------------

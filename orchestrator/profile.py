@@ -50,6 +50,9 @@ THIS_PROCESS: Final = "this-process"
 MAX_MEMORY_BYTES = 2**50
 """1 PiB: more than any one memory a machine this tool plans for has. A larger
 figure in a profile is a typo (or an attack on the arithmetic), refused at load."""
+MAX_CPU_CORES = 4096
+"""Linux's largest default CONFIG_NR_CPUS (x86-64 MAXSMP is 8192, distributions ship
+4096 or fewer here); more logical CPUs in a profile is a typo."""
 
 
 MAX_LABEL = 200
@@ -71,6 +74,12 @@ class Host(_Strict):
     )
     ram_limit_bytes: int | None = Field(
         None, ge=0, le=MAX_MEMORY_BYTES, description="A cgroup or WSL memory limit below physical RAM, or null."
+    )
+    cpu_cores: int | None = Field(
+        None, ge=1, le=MAX_CPU_CORES,
+        description="Logical CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota "
+        "(what the planner splits among CPU stages as threads); null when not known (profiles recorded before "
+        "it was probed): engines then pick their own thread counts.",
     )
 
     @model_validator(mode="after")

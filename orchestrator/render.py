@@ -330,6 +330,14 @@ STAGE_COLUMNS = (
 )
 
 
+def threads_line(plan: PipelinePlan) -> Table | None:
+    """``CPU threads  thinker 1, voice 1 (config)``: each CPU stage's thread budget, one line
+    under the stages table (a column would push it past 80 columns); None when no stage has one."""
+    shown = [f"{s.name} {s.cpu_threads}" + (" (config)" if s.cpu_threads_from == "config" else "")
+             for s in plan.stages if s.cpu_threads is not None]
+    return labelled("CPU threads:", ", ".join(shown), style="bold") if shown else None
+
+
 def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> Sheet:
     sheet = Sheet(title, STAGE_COLUMNS)
     for s in plan.stages:
@@ -412,7 +420,9 @@ def plan_table(plan: PipelinePlan) -> Group:
         style="bold green" if plan.admitted else "bold red",
     )
 
-    parts: list[RenderableType | None] = [head, stages_sheet(plan, notes), calibration_sheet(plan),
+    threads = threads_line(plan)
+    stages: RenderableType = stages_sheet(plan, notes) if threads is None else Group(stages_sheet(plan, notes), threads)
+    parts: list[RenderableType | None] = [head, stages, calibration_sheet(plan),
                                           reservations_sheet(plan, notes), pools_sheet(plan)]
     skipped = [(s.name, r) for s in plan.stages if s.admitted for r in s.refusals]
     if skipped:

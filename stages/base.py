@@ -64,6 +64,9 @@ if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
     from orchestrator.profile import Device, Route
 
+MAX_CPU_THREADS = 4096
+"""As many threads as a profile may have logical CPUs (``orchestrator.profile.MAX_CPU_CORES``);
+more in a config is a typo."""
 REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
 
@@ -119,6 +122,12 @@ class StageConfig(Strict):
     )
     final_output_type: PayloadKind | None = Field(
         None, description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true."
+    )
+    cpu_threads: int | None = Field(
+        None, ge=1, le=MAX_CPU_THREADS,
+        description="Threads of this stage's engine when it is placed on the CPU (vLLM's OpenMP threads, llama.cpp's "
+        "n_threads, torch's, ONNX Runtime's intra-op threads); default: the planner's share of the host's cores "
+        "(docs/runtime.md, 'CPU threads'). Ignored on other devices.",
     )
 
     @field_validator("name")
@@ -346,6 +355,14 @@ class StageKind(ABC):
         that want different values for one variable are a configuration error.
         Default: none."""
         return {}
+
+    def cpu_thread_pool(self, stage_plan: StagePlan) -> str | None:
+        """The name of a process-wide CPU thread pool this stage's engine shares with every
+        other stage in the same device actor whose kind names the same pool (torch's intra-op
+        pool: its thread count is one per process), or None when the engine's threads are its
+        own (ONNX Runtime's per session, llama.cpp's per context). The planner gives stages
+        that share a pool one thread budget. Default: None."""
+        return None
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
         """Create the runtime object for an admitted placement (inside a device actor).

@@ -465,6 +465,28 @@ class SessionSpec:
         )
 
 
+OPENVINO_THREADS_OPTION = "num_of_threads"
+"""The OpenVINO EP's provider option for its own CPU plugin's threads (ONNX Runtime's
+intra-op threads only run the nodes left to the CPU EP)."""
+
+
+def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any]:
+    """A session spec (its wire form, ``SessionSpec.to_dict``) whose session runs ``threads``
+    CPU threads: ONNX Runtime's ``intra_op_num_threads`` (the calling thread and threads − 1
+    workers), one inter-op thread, and the OpenVINO EP's own ``num_of_threads`` where it runs
+    on the CPU. ``threads`` None: the spec unchanged (ONNX Runtime's default: a thread per
+    core). The spec passed in is not changed."""
+    if threads is None:
+        return spec
+    out = SessionSpec.from_dict(spec)
+    options = {**out.session_options, "intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    provider_options = [dict(o) for o in out.provider_options]
+    for i, ep in enumerate(out.providers):
+        if ep == "OpenVINOExecutionProvider" and provider_options[i].get("device_type", "").upper().startswith("CPU"):
+            provider_options[i][OPENVINO_THREADS_OPTION] = str(threads)
+    return SessionSpec(out.graph, out.providers, provider_options, options, out.session_config).to_dict()
+
+
 def session_spec(
     backend_name: str,
     *,

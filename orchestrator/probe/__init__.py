@@ -21,7 +21,6 @@ profile.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -143,7 +142,7 @@ def probe_profile(
 
     devices = [
         Device(id="cpu", kind="cpu", name=cpu_name, vendor=cpu_vendor(cpu_name), isa=isa,
-               source=f"{PROC_CPUINFO}; {os.cpu_count() or '?'} logical CPUs"),
+               source=f"{PROC_CPUINFO}; {host.cpu_cores} logical CPUs usable (affinity, cgroup quota)"),
         *(Device(id=f"gpu:{i}", kind="gpu", name=g.name, vendor="nvidia", memory_bytes=g.memory_bytes,
                  compute_capability=g.compute_capability, source=g.source) for i, g in enumerate(gpus)),
         *(Device(id=f"npu:{i}", kind="npu", name=n.name, vendor=n.vendor, source=n.source)

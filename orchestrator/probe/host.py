@@ -10,12 +10,16 @@ process or imports anything heavy.
   WSL; the ``.wslconfig`` quota cannot be seen from inside the VM.
 * WSL: ``/proc/version`` mentions "microsoft" (:func:`running_in_wsl`, the one
   check every part of omni-edge uses).
-* CPU: model name and ISA flags from ``/proc/cpuinfo``.
+* CPU: model name and ISA flags from ``/proc/cpuinfo``; the logical CPUs this
+  process may use (``sched_getaffinity``, capped by a cgroup v2 ``cpu.max`` or v1
+  CFS quota).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import platform
 import sys
 from collections.abc import Iterable
@@ -35,6 +39,11 @@ CGROUP_LIMIT_FILES = (
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX (9223372036854771712);
 # anything at or above 2**60 bytes (1 EiB) is that sentinel, not a real limit.
 ABSURD_LIMIT_BYTES = 2**60
+
+CGROUP_CPU_FILES = (
+    (Path("/sys/fs/cgroup/cpu.max"), None),  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+    (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")),  # cgroup v1
+)
 
 PROC_VERSION = Path("/proc/version")
 PROC_CPUINFO = Path("/proc/cpuinfo")
@@ -81,6 +90,32 @@ def parse_cgroup_limit(text: str) -> int | None:
     if n <= 0 or n >= ABSURD_LIMIT_BYTES:
         return None
     return n
+
+
+def parse_cpu_quota(quota: str, period: str | None = None) -> float | None:
+    """A cgroup CPU quota in CPUs: cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max PERIOD")
+    or v1's ``cpu.cfs_quota_us`` with ``period`` (``cpu.cfs_period_us``); None for no
+    limit ("max", -1) or garbage."""
+    fields = quota.split()
+    if period is not None:
+        fields = fields[:1] + period.split()[:1]
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        q, p = int(fields[0]), int(fields[1])
+    except ValueError:
+        return None
+    if q <= 0 or p <= 0:
+        return None
+    return q / p
+
+
+def usable_cpus(affinity: int, quota: float | None) -> int:
+    """Logical CPUs a process can keep busy: its affinity mask, capped by a CPU quota
+    rounded down (a 1.5-CPU quota throttles a second busy thread half the time), at least one."""
+    if quota is None:
+        return max(affinity, 1)
+    return max(1, min(affinity, math.floor(quota)))
 
 
 def is_wsl(proc_version: str) -> bool:
@@ -160,6 +195,31 @@ def cgroup_memory_limit(paths: Iterable[Path] = CGROUP_LIMIT_FILES) -> int | Non
     return None
 
 
+def cgroup_cpu_quota(files: Iterable[tuple[Path, Path | None]] = CGROUP_CPU_FILES) -> float | None:
+    """The first CPU quota among ``files`` (cgroup v2 first, then v1), in CPUs."""
+    for quota_path, period_path in files:
+        try:
+            quota = quota_path.read_text(encoding="utf-8")
+            period = period_path.read_text(encoding="utf-8") if period_path is not None else None
+        except OSError:
+            continue
+        found = parse_cpu_quota(quota, period)
+        if found is not None:
+            log.debug("cgroup CPU quota %.2f CPUs from %s", found, quota_path)
+            return found
+    return None
+
+
+def cpu_cores() -> int:
+    """Logical CPUs this process may run on: ``sched_getaffinity`` (``os.cpu_count`` where
+    there is none), capped by a cgroup CPU quota."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        affinity = os.cpu_count() or 1
+    return usable_cpus(affinity, cgroup_cpu_quota())
+
+
 def this_host() -> Host:
     """The profile's ``host`` for this machine, read now (available RAM changes)."""
     vm = psutil.virtual_memory()
@@ -173,4 +233,5 @@ def this_host() -> Host:
         ram_total_bytes=int(vm.total),
         ram_available_bytes=int(vm.available),
         ram_limit_bytes=limit,
+        cpu_cores=cpu_cores(),
     )

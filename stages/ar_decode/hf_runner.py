@@ -121,9 +121,9 @@ class TransformersRunner(StageRunner):
             # a sub-model loaded from a whole checkpoint lists the others' tensors as unexpected,
             # one line each: the run's own report says what was loaded
             transformers.logging.set_verbosity_error()
-            threads = kwargs.get("num_threads")
-            if threads:
-                torch.set_num_threads(int(threads))
+            threads = self.plan.cpu_threads  # None off the CPU
+            if threads is not None:
+                torch.set_num_threads(threads)  # the plan's share of the cores (orchestrator.cpu_threads)
             self._torch_device = str(kwargs.get("torch_device") or "cpu")
             dtype = getattr(torch, TORCH_DTYPES.get(str(kwargs.get("dtype")), "float32"))
             model_dir = resolve_model(kwargs["model"], dtype=str(kwargs.get("dtype")) if kwargs.get("dtype") else None)

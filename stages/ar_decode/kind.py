@@ -85,10 +85,9 @@ machine, with generate()'s buffers and the allocator's slack on top; on CUDA the
 and cuBLAS figure as vLLM's."""
 VLLM_BACKENDS = ("vllm-cuda", "vllm-cpu")
 TRANSFORMERS_BACKENDS = ("transformers-cuda", "transformers-cpu")
-TRANSFORMERS_CPU_THREADS = 1
-"""torch threads of a transformers stage on the CPU when its config names none: one, as vLLM's
-CPU backend here (``CPU_ENGINE_ENV``): on the small machines this project plans for, a second
-thread fights the other stages and Ray for the same cores."""
+TORCH_CPU_BACKENDS = ("vllm-cpu", "transformers-cpu")
+"""Backends whose engine runs on torch's intra-op pool on the CPU: one thread count per process,
+so stages of these backends in one device actor share one thread budget (``cpu_thread_pool``)."""
 HOST_PROCESS_BYTES_FOR_GPU = int(1.5 * GiB)
 """Host RAM held by the process that drives a GPU engine: Python, torch, the CUDA
 runtime and pinned staging buffers. Charged to host_ram, not to the GPU's VRAM."""
@@ -157,8 +156,6 @@ class ArDecodeConfig(StageConfig):
     speaker: str | None = Field(
         None, description="An Omni talker's voice (Qwen2.5-Omni: a key of spk_dict.pt; Qwen3-Omni: of "
         "talker_config.speaker_id); default: the one the model's own generate() uses.")
-    cpu_threads: int | None = Field(
-        None, ge=1, le=1024, description="torch threads of the transformers backend on the CPU (default 1).")
     digest: bool = Field(
         False, description="Record the sha256 of the weight files in the plan (reads every byte; off so planning stays fast)."
     )
@@ -496,7 +493,6 @@ class ArDecodeKind(StageKind):
                 "max_num_seqs": stage.max_num_seqs,
                 "model_stage": stage.model_stage,
                 "torch_device": f"cuda:{device.local_id.split(':')[1]}" if backend == "transformers-cuda" else "cpu",
-                "num_threads": stage.cpu_threads or TRANSFORMERS_CPU_THREADS,
             }
         budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
@@ -592,11 +588,20 @@ class ArDecodeKind(StageKind):
             model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress)
 
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
-        """vLLM in the actor's own process with one OpenMP thread, and quiet; transformers quiet
-        (its threads are set with torch.set_num_threads when it loads)."""
+        """vLLM in the actor's own process, with the plan's CPU threads as OpenMP's
+        (``OMP_NUM_THREADS``, read once when torch loads; none planned: OpenMP's own
+        default), and quiet; transformers quiet (its threads are set with
+        torch.set_num_threads when it loads)."""
         if stage_plan.backend in TRANSFORMERS_BACKENDS:
             return dict(QUIET_ENV)
-        return {**CPU_ENGINE_ENV, **QUIET_ENV}
+        env = {**CPU_ENGINE_ENV, **QUIET_ENV}
+        if stage_plan.backend == "vllm-cpu" and stage_plan.cpu_threads is not None:
+            env["OMP_NUM_THREADS"] = str(stage_plan.cpu_threads)
+        return env
+
+    def cpu_thread_pool(self, stage_plan: StagePlan) -> str | None:
+        """vLLM's and transformers' CPU engines share torch's pool in their actor."""
+        return "torch" if stage_plan.backend in TORCH_CPU_BACKENDS else None
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner | TransformersRunner:
         if stage_plan.backend in TRANSFORMERS_BACKENDS:

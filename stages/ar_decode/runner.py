@@ -23,10 +23,11 @@
   request in the engine.
 * ``measured_peak_bytes()``: see :meth:`VllmRunner.measured_peak_bytes`.
 
-Environment: the CPU backend wants ``OMP_NUM_THREADS=1`` set before torch is
-imported; the device actor is created with it (:data:`CPU_ENGINE_ENV`, through
-``ArDecodeKind.actor_env``), and ``load()`` sets it when torch is not imported
-yet.
+Environment: the CPU backend's threads are the plan's ``cpu_threads``, as
+``OMP_NUM_THREADS`` before torch is imported: the device actor is created with it
+(``ArDecodeKind.actor_env``), ``load()`` sets it when torch is not imported yet,
+and otherwise sizes torch's pool with ``torch.set_num_threads`` before the engine
+starts (vLLM's CPU worker refuses that call once it has bound its threads).
 """
 
 from __future__ import annotations
@@ -58,13 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CPU_ENGINE_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "OMP_NUM_THREADS": "1",
-}
-"""In-process engine, one OpenMP thread: on a small CPU machine one thread decoded
-faster than two, which also fight the other stages and Ray for the same cores
-(figures: docs/runtime.md, docs/benchmarks.md)."""
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""The engine in this process (docs/runtime.md). Its threads are the plan's
+``cpu_threads`` (``OMP_NUM_THREADS``, through ``ArDecodeKind.actor_env``): the
+planner's share of the host's cores (``orchestrator.cpu_threads``)."""
 NO_TELEMETRY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 """vLLM's usage statistics off, on every backend: nothing leaves the machine."""
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -120,15 +118,22 @@ class VllmRunner(StageRunner):
         t0 = time.perf_counter()
         self._meter.start()
         try:
-            if "torch" not in sys.modules:
-                for key, value in CPU_ENGINE_ENV.items():
-                    os.environ.setdefault(key, value)
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            threads = self.plan.cpu_threads if self.plan.backend == "vllm-cpu" else None
+            if threads is not None and "torch" not in sys.modules:
+                os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # OpenMP reads it when torch loads
+            os.environ.update(CPU_ENGINE_ENV)
             for key, value in QUIET_ENV.items():
                 os.environ.setdefault(key, value)
             os.environ.update(NO_TELEMETRY_ENV)  # not left to an inherited setting
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
+
+            if threads is not None:
+                # torch was imported before (another stage in this actor, or a test's process):
+                # its pool is sized already, so size it now; vLLM's CPU worker forbids it later
+                import torch
+
+                torch.set_num_threads(threads)
 
             t_import = time.perf_counter()
             kwargs = dict(self.plan.engine_kwargs)
@@ -155,6 +160,7 @@ class VllmRunner(StageRunner):
             "engine_start_s": round(t_engine - t_model, 3),
             "load_s": round(t_engine - t0, 3),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": _torch_threads(),
             "in_process": True,
             "load_peak_growth_bytes": self._meter.peak_growth,
             "resident_growth_bytes": self._resident,
@@ -522,3 +528,8 @@ def validate_request(stage_plan: StagePlan, stage: Any, prompt: Any) -> None:
     if tokenizer is not None:
         check_length(stage, len(_encode(tokenizer, messages)), sampling)
 
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process (None before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None

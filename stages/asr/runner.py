@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from orchestrator.errors import StageFailed
+from orchestrator.ort.backends import with_cpu_threads
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import Cancelled, mono_audio, resample
 from stages.base import StageRunner
@@ -85,13 +86,13 @@ class AsrRunner(StageRunner):
     def load(self) -> None:
         """Open the encoder's then the decoder's session in the route; load the tokenizer and
         the feature extractor (the hooks' first calls)."""
-        specs = {g: (self.plan.engine_kwargs.get(g) or {}).get("session") for g in ("encoder", "decoder")}
+        specs = {g: dict((self.plan.engine_kwargs.get(g) or {}).get("session") or {}) for g in ("encoder", "decoder")}
         if not all(specs.values()):
             self._fail("the plan carries no session spec for the encoder and the decoder (was it admitted?)")
         try:
             self._host = open_sessions(self.route)
             for graph, spec in specs.items():
-                self.load_info[graph] = self._host.open(spec, record=True)
+                self.load_info[graph] = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
                 self._handles[graph] = self.load_info[graph]["handle"]
             self._detokenize([])  # the tokenizer and the feature extractor load now, not on the first request
             self._pre({"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate}, self.encoder)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.memory import descendants
+from orchestrator.ort.backends import with_cpu_threads
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.profile import THIS_PROCESS
@@ -126,7 +127,7 @@ class ExportedGraphRunner(StageRunner):
             raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
         try:
             self._host = open_sessions(self.route)
-            self.load_info = self._host.open(spec, record=True)
+            self.load_info = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
         except Exception as exc:
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc

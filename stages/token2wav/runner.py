@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from orchestrator.errors import StageFailed
+from orchestrator.ort.backends import with_cpu_threads
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import Cancelled
 from stages.base import StageRunner
@@ -110,7 +111,7 @@ class Token2WavRunner(StageRunner):
 
     def load(self) -> None:
         """Read the voice, then open the DiT's and the vocoder's sessions in the route."""
-        specs = {g: (self.plan.engine_kwargs.get(g) or {}).get("session") for g in ("dit", "vocoder")}
+        specs = {g: dict((self.plan.engine_kwargs.get(g) or {}).get("session") or {}) for g in ("dit", "vocoder")}
         if not all(specs.values()):
             self._fail("the plan carries no session spec for the DiT and the vocoder (was it admitted?)")
         try:
@@ -125,7 +126,7 @@ class Token2WavRunner(StageRunner):
             self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(1, -1, self.mel_dim)
             self._host = open_sessions(self.route)
             for graph, spec in specs.items():
-                self.load_info[graph] = self._host.open(spec, record=True)
+                self.load_info[graph] = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
                 self._handles[graph] = self.load_info[graph]["handle"]
         except Exception as exc:
             self.close()

@@ -39,6 +39,7 @@ import numpy as np
 import soxr
 
 from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.ort.backends import with_cpu_threads
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import RESAMPLE_BLOCK_SAMPLES, Cancelled, mono_audio
 from stages.base import StageRunner
@@ -94,7 +95,7 @@ class VadRunner(StageRunner):
             self._fail("the plan carries no session spec (was it admitted?)")
         try:
             self._host = open_sessions(self.route)
-            self.load_info = self._host.open(spec, record=True)
+            self.load_info = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
             self._handle = self.load_info["handle"]
             Windows(self).score(np.zeros(self.window, dtype=np.float32))
         except Exception as exc:

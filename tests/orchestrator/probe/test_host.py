@@ -50,6 +50,40 @@ def test_cgroup_limit_skips_max_and_reads_the_next_file(tmp_path):
     assert host.cgroup_memory_limit([v2, v1]) is None
 
 
+@pytest.mark.parametrize(("quota", "period", "expected"), [
+    ("max 100000\n", None, None),            # cgroup v2, no limit
+    ("150000 100000\n", None, 1.5),          # v2: one and a half CPUs
+    ("200000 100000", None, 2.0),
+    ("-1\n", "100000\n", None),              # v1, no limit
+    ("50000\n", "100000\n", 0.5),            # v1: half a CPU
+    ("garbage", None, None),
+    ("0 100000", None, None),
+])
+def test_parse_cpu_quota(quota, period, expected):
+    assert host.parse_cpu_quota(quota, period) == expected
+
+
+@pytest.mark.parametrize(("affinity", "quota", "expected"), [
+    (8, None, 8), (8, 2.0, 2), (8, 1.5, 1), (8, 0.5, 1), (2, 16.0, 2), (0, None, 1),
+])
+def test_usable_cpus_is_the_affinity_capped_by_the_quota_rounded_down(affinity, quota, expected):
+    assert host.usable_cpus(affinity, quota) == expected
+
+
+def test_cpu_quota_skips_an_unlimited_v2_file_and_reads_v1(tmp_path):
+    v2 = tmp_path / "cpu.max"
+    quota, period = tmp_path / "cpu.cfs_quota_us", tmp_path / "cpu.cfs_period_us"
+    v2.write_text("max 100000\n")
+    quota.write_text("300000\n")
+    period.write_text("100000\n")
+    assert host.cgroup_cpu_quota([(tmp_path / "absent", None), (v2, None), (quota, period)]) == 3.0
+
+
+def test_this_host_records_the_cpus_this_process_may_use():
+    cores = host.this_host().cpu_cores
+    assert cores is not None and 1 <= cores <= len(os.sched_getaffinity(0))
+
+
 def test_wsl_is_recognised_from_proc_version():
     assert host.is_wsl("Linux version 5.15.167.4-microsoft-standard-WSL2 (root@...)")
     assert host.is_wsl("Linux version 4.4.0-19041-Microsoft")

@@ -116,7 +116,9 @@ def test_vllm_refuses_an_omni_sub_model_by_name_and_transformers_takes_it(model:
         refusal = next(r for r in s["refusals"] if r["code"] == errors.MODEL_STAGE_UNSUPPORTED)
         assert refusal["device"] == "cpu" and f"model_stage {name}: vllm-cpu" in refusal["message"]
         assert f"list transformers-cpu in stages.{name}.backends" in refusal["remedy"]
-        assert s["engine_kwargs"]["num_threads"] == 1 and s["engine_kwargs"]["model_stage"] == name
+        assert s["engine_kwargs"]["model_stage"] == name
+        # thinker and talker share torch's pool in the CPU actor: one budget (2 cores: torch's 1, the voice's 1)
+        assert (s["cpu_threads"], s["cpu_threads_from"]) == (1, "plan")
     assert "hidden states" in doc["thinker"]["refusals"][-1]["message"]
     # KV per token: layers × 2 (K, V) × KV heads × head_dim × 4 bytes (fp32)
     assert doc["thinker"]["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 16 * 4 == 512
