@@ -32,9 +32,10 @@ CLUSTER_FORMAT = "omni-edge.cluster/1"
 """A cluster profile: one profile per node, each named (docs/cluster.md)."""
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
-CheckpointBackendName = Literal["vllm-cuda", "vllm-cpu", "transformers-cuda", "transformers-cpu"]
+CheckpointBackendName = Literal["llamacpp-cpu", "llamacpp-vulkan", "vllm-cuda", "vllm-cpu", "transformers-cuda",
+                                "transformers-cpu"]
 Backend = Literal[CheckpointBackendName, OrtBackendName]
-"""A backend name a device may list: vLLM's and transformers' for checkpoints, and the ONNX
+"""A backend name a device may list: llama.cpp's, vLLM's and transformers' for checkpoints, and the ONNX
 Runtime backends of ``orchestrator.ort.backends`` (their one table) for exported graphs."""
 
 HOST_RAM = "host_ram"
