@@ -93,20 +93,45 @@ Vulkan for iGPUs and GPUs (offered by recorded profiles; docs/design.md). A GGUF
 LLAMACPP_UBATCH_MAX = 512
 """llama.cpp's default physical batch (``n_ubatch``): the prefill chunk ``n_batch`` is split into
 pieces of at most this many tokens, and the compute buffer is sized for one piece."""
-LLAMACPP_COMPUTE_EMBD_ROWS = 8
-"""[n_ubatch, n_embd] fp32 rows llama.cpp's CPU compute buffer holds besides the logits (one
-[n_ubatch, n_vocab] fp32 row per token): provisional until measured."""
-LLAMACPP_COMPUTE_OVERHEAD_BYTES = 8 * MiB
-"""The graph's own allocations on top (node metadata, the attention's KQ scratch): provisional."""
-LLAMACPP_RUNTIME_BYTES = 128 * MiB
-"""The interpreter with llama_cpp imported: provisional until measured."""
+LLAMACPP_LOGITS_EMBD_ROWS = 2
+"""[n_ubatch, n_embd] fp32 rows llama.cpp's CPU compute buffer holds beside the logits of a whole
+physical batch ([n_ubatch, n_vocab] fp32) at the graph's output end. Fitted to what llama-cpp-python
+0.3.36 prints at load ("sched_reserve: CPU compute buffer size") for SmolLM2-135M's Q4_1 GGUF
+(n_vocab 49152, n_embd 576, 9 heads), n_threads 1, f16 cache, flash attention off, on the
+project's 2-core Xeon: n_ubatch 512 → 98.25 MiB at n_ctx 512 and 99.38 MiB at n_ctx 2048 and
+4096; 256 → 49.13 MiB (n_ctx 512); 128 → 24.84 MiB (n_ctx 2048); 64 → 12.42 MiB (n_ctx 4096);
+32 → 6.14 MiB (n_ctx 512). 512 × (49152 + 2 × 576) × 4 B is exactly 98.25 MiB."""
+LLAMACPP_FLASH_EMBD_ROWS = 6
+"""The same rows with flash attention on (the q8_0 cache needs it): 1024-cell q8_0 caches measured
+102.67 MiB at n_ubatch 512, 51.35 MiB at 256, 24.84 MiB at 128; 99.38 MiB at n_ctx 2048 to 8192
+(n_ubatch 512) and 12.42 MiB at n_ubatch 64, n_ctx 8192. 512 × (49152 + 6 × 576) × 4 B = 102.75 MiB."""
+LLAMACPP_ATTENTION_EMBD_ROWS = 6
+"""Without flash attention the other end of the graph can be the wider one: the attention scores
+of one layer, [n_ctx, n_ubatch, n_head] fp32, and the mask beside them ([n_ctx, n_ubatch], one
+more head's worth), plus this many [n_ubatch, n_embd] fp32 rows (q, k, v, the attention output,
+the residual). Fitted to n_ctx 8192: 166.38 MiB at n_ubatch 512, 20.80 MiB at 64 (the formula:
+166.75 and 20.84)."""
+LLAMACPP_COMPUTE_OVERHEAD_BYTES = int(1.5 * MiB)
+"""Above the larger of the two ends: the 1.13 MiB n_ubatch 512 grew by from n_ctx 512 to
+2048 (the graph's inputs and node metadata), with room: the estimate is then 0.4-16 % above every
+point measured (24 % at n_ubatch 32, where the whole buffer is 6 MiB), never below."""
+LLAMACPP_RUNTIME_BYTES = 64 * MiB
+"""The interpreter with llama_cpp (libllama, libggml, OpenMP) imported and its backend started:
+44.3 MiB of RSS in a fresh ``python -c 'import llama_cpp; llama_cpp.llama_backend_init()'`` on
+the project's 2-core machine (13.3 MiB for the bare interpreter), with room for the runner's own
+objects and the OpenMP threads' stacks."""
 
 
-def llamacpp_compute_bytes(n_ubatch: int, n_vocab: int, n_embd: int) -> int:
-    """llama.cpp's CPU compute buffer for one physical batch: the logits of every token of the
-    batch in fp32 plus ``LLAMACPP_COMPUTE_EMBD_ROWS`` fp32 rows of the model's width per token,
-    and the graph's overhead."""
-    return n_ubatch * (n_vocab + LLAMACPP_COMPUTE_EMBD_ROWS * n_embd) * 4 + LLAMACPP_COMPUTE_OVERHEAD_BYTES
+def llamacpp_compute_bytes(n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int, n_head: int,
+                           *, flash_attn: bool) -> int:
+    """llama.cpp's CPU compute buffer for one physical batch of ``n_ubatch`` tokens: the wider end
+    of its graph — the logits of every token of the batch plus a few [n_ubatch, n_embd] rows, or
+    (without flash attention) one layer's attention scores over ``n_ctx`` cells — and the
+    overhead (constants above, fitted to what llama.cpp prints at load)."""
+    rows = LLAMACPP_FLASH_EMBD_ROWS if flash_attn else LLAMACPP_LOGITS_EMBD_ROWS
+    logits = n_ubatch * (n_vocab + rows * n_embd) * 4
+    scores = 0 if flash_attn else n_ubatch * (n_ctx * (n_head + 1) + LLAMACPP_ATTENTION_EMBD_ROWS * n_embd) * 4
+    return max(logits, scores) + LLAMACPP_COMPUTE_OVERHEAD_BYTES
 
 
 LLAMACPP_KV_TYPES = {"auto": "f16", "float16": "f16", "q8_0": "q8_0"}
@@ -297,9 +322,11 @@ def llamacpp_engine_kwargs(stage: ArDecodeConfig, info: ArtifactInfo, backend: s
     """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
     GGUF as it is; ``n_ctx`` the whole unified cache (``max_model_len`` per sequence ×
     ``max_num_seqs``), the per-sequence limit the runner enforces, the prefill chunk and its
-    physical batch, the cache types, and every layer offloaded on Vulkan, none on the CPU."""
+    physical batch, the cache types, and every layer offloaded on Vulkan, none on the CPU.
+    Flash attention stays off but for a q8_0 cache, which llama.cpp loads only with it."""
     n_batch = stage.batched_tokens
     cache = LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype, "f16")
+    flash = _llamacpp_flash_attn(stage)
     return {
         "model": info.path,
         "n_ctx": stage.max_model_len * stage.max_num_seqs,
@@ -310,8 +337,14 @@ def llamacpp_engine_kwargs(stage: ArDecodeConfig, info: ArtifactInfo, backend: s
         "type_k": cache,
         "type_v": cache,
         "n_gpu_layers": -1 if backend == "llamacpp-vulkan" else 0,
-        "flash_attn": False,
+        "flash_attn": flash,
     }
+
+
+def _llamacpp_flash_attn(stage: ArDecodeConfig) -> bool:
+    """Flash attention on for a q8_0 cache only: llama.cpp refuses a quantized V cache without it
+    ("quantized V cache requires flash_attn to be enabled", llama-cpp-python 0.3.36); off otherwise."""
+    return LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0"
 
 
 class ArDecodeKind(StageKind):
@@ -574,8 +607,11 @@ class ArDecodeKind(StageKind):
         else:  # a ggml type without a known size: the file, header included, bounds its tensors
             weights, evidence = int(quant.get("gguf_file_bytes") or info.weight_bytes), "E"
             what = f"the GGUF file's size (a tensor type without a known block size among {types})"
-        compute = llamacpp_compute_bytes(n_ubatch, vocab, hidden)
         cells = length * stage.max_num_seqs
+        heads = int(tcfg.get("num_attention_heads") or 0)
+        flash = _llamacpp_flash_attn(stage)
+        compute = llamacpp_compute_bytes(n_ubatch, cells, vocab, hidden, heads, flash_attn=flash)
+        output = stage.max_num_seqs * vocab * 4
         return [
             Reservation(pool, "weights", weights, "session", evidence,
                         f"{what}; llama.cpp maps the file (mmap) and computes on the blocks as they are: charged "
@@ -583,9 +619,10 @@ class ArDecodeKind(StageKind):
             Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
                         f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
                         f"({length} tokens × {stage.max_num_seqs} seq, one unified cache)"),
-            Reservation(pool, "compute_buffer", compute, "session", "E",
-                        f"llama.cpp's compute buffer for n_ubatch {n_ubatch}: {n_ubatch} × (n_vocab {vocab} + "
-                        f"{LLAMACPP_COMPUTE_EMBD_ROWS} × n_embd {hidden}) × 4 B + {fmt_bytes(LLAMACPP_COMPUTE_OVERHEAD_BYTES)}"),
+            Reservation(pool, "compute_buffer", compute + output, "session", "E",
+                        f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
+                        f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
+                        f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)"),
             Reservation(pool, "backend_workspace", LLAMACPP_RUNTIME_BYTES, "session", "E",
                         "the interpreter with llama_cpp (libllama, libggml) imported"),
         ]
