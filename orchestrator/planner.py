@@ -30,8 +30,9 @@ from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
 from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
-from orchestrator.ort.routes import resolve, static_refusal
+from orchestrator.ort.routes import probe_route, resolve, static_refusal
 from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
+from orchestrator.probe import llamacpp
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.profile import (
     HOST_RAM,
@@ -88,12 +89,17 @@ class Candidate:
 @dataclass(frozen=True)
 class Excluded:
     """A device in a stage's list that yields no candidate, and why: ``masked``
-    (``--mask``), ``absent`` (the profile has no such device) or ``no_backend``
-    (none of its backends runs this kind, or the stage allows none of them)."""
+    (``--mask``), ``absent`` (the profile has no such device), ``no_backend``
+    (none of its backends runs this kind, or the stage allows none of them) or
+    ``unavailable`` (a backend the stage names that the device's route has but cannot
+    run: ``backend`` and ``reason`` say which and why, e.g. a llama.cpp build for
+    instructions this CPU lacks)."""
 
     stage: str
     device: str
-    why: Literal["masked", "absent", "no_backend"]
+    why: Literal["masked", "absent", "no_backend", "unavailable"]
+    backend: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -284,8 +290,13 @@ def stage_candidates(
             continue
         wanted = stage.backends or list(device.backends)
         backends = [b for b in wanted if b in device.backends and b in kind.stage_backends(stage)]
+        named = [Excluded(stage.name, dev_id, "unavailable", b, why) for b in stage.backends or ()
+                 if b not in device.backends and b in kind.stage_backends(stage)
+                 and (why := backend_unavailable(profile, device, b))]
+        out.extend(named)
         if not backends:
-            out.append(Excluded(stage.name, dev_id, "no_backend"))
+            if not named:
+                out.append(Excluded(stage.name, dev_id, "no_backend"))
             continue
         for backend in backends:
             route = profile.route(device.route_for(backend))
@@ -334,6 +345,11 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
             errors.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
             "remove it from the stage's devices, or plan with --profile for a machine that has it",
         )
+    if excluded.why == "unavailable":
+        return Refusal(
+            errors.DEVICE_UNREACHABLE, dev_id, f"{dev_id} ({excluded.backend}): {excluded.reason}",
+            unavailable_remedy(excluded.backend, stage.name),
+        )
     device = profile.device(dev_id)
     assert device is not None
     return Refusal(
@@ -341,6 +357,43 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
         f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
         f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
     )
+
+
+def backend_unavailable(profile: HardwareProfile, device: Device, backend: str) -> str | None:
+    """Why ``device`` does not offer ``backend`` although its route has it, when the profile
+    says (a llama.cpp build that cannot run on this CPU, or has no GPU offload); else None."""
+    if backend in llamacpp.BACKENDS:
+        return llamacpp.unavailable(profile, device, backend)
+    return None
+
+
+def unavailable_remedy(backend: str, stage: str | None = None) -> str:
+    """What to do about a llama.cpp build that cannot drive the device."""
+    backends = f"stages.{stage}.backends" if stage else "the stage's backends"
+    if backend == llamacpp.LLAMACPP_VULKAN:
+        return ("install a llama-cpp-python built with Vulkan (CMAKE_ARGS=-DGGML_VULKAN=ON) in that interpreter, "
+                f"or list llamacpp-cpu in {backends} to run on the CPU")
+    return ("rebuild llama-cpp-python for this CPU (scripts/bootstrap.sh builds it with GGML_NATIVE=OFF and only the "
+            f"extensions this CPU has), or list vllm-cpu in {backends}")
+
+
+def _llamacpp_route_refusal(profile: HardwareProfile, device: Device, backend: str, route: Route) -> Refusal | None:
+    """For a profile that describes this machine: the llama.cpp build installed in the route's
+    interpreter (its probe, remembered per interpreter) must drive ``device`` with ``backend``
+    — a recorded iGPU profile lists llamacpp-vulkan, and this machine's build may have no GPU
+    offload, or none may be installed."""
+    report = probe_route(route, cached=True)
+    build = report.llama_cpp_build()
+    where = f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
+    if build is None:
+        return Refusal(
+            errors.DEVICE_UNREACHABLE, device.id, f"{where} has no llama-cpp-python installed",
+            "install it there (scripts/bootstrap.sh builds llama-cpp-python), or list a vLLM backend in the stage's backends",
+        )
+    problem = llamacpp.cpu_problem(build, device) if backend == llamacpp.LLAMACPP_CPU else llamacpp.vulkan_problem(build)
+    if problem is None:
+        return None
+    return Refusal(errors.DEVICE_UNREACHABLE, device.id, f"{where}: {problem}", unavailable_remedy(backend))
 
 
 def _where(device: Device, backend: str) -> str:
@@ -394,6 +447,8 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
             )
     if backend in ORT_BACKENDS:
         return static_refusal(profile, device, backend)
+    if backend in llamacpp.BACKENDS and describes_this_machine(profile):
+        return _llamacpp_route_refusal(profile, device, backend, route)
     return None
 
 

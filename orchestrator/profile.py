@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
@@ -32,9 +33,10 @@ CLUSTER_FORMAT = "omni-edge.cluster/1"
 """A cluster profile: one profile per node, each named (docs/cluster.md)."""
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
-CheckpointBackendName = Literal["vllm-cuda", "vllm-cpu", "transformers-cuda", "transformers-cpu"]
+CheckpointBackendName = Literal["llamacpp-cpu", "llamacpp-vulkan", "vllm-cuda", "vllm-cpu", "transformers-cuda",
+                                "transformers-cpu"]
 Backend = Literal[CheckpointBackendName, OrtBackendName]
-"""A backend name a device may list: vLLM's and transformers' for checkpoints, and the ONNX
+"""A backend name a device may list: llama.cpp's, vLLM's and transformers' for checkpoints, and the ONNX
 Runtime backends of ``orchestrator.ort.backends`` (their one table) for exported graphs."""
 
 HOST_RAM = "host_ram"
@@ -164,6 +166,26 @@ class PluginEpStatus(_Strict):
     devices: int = Field(0, ge=0, description="How many get_ep_devices() entries name its EP.")
 
 
+class LlamaCppBuild(_Strict):
+    """The llama.cpp build (llama-cpp-python) a route's interpreter has, as probing it found."""
+
+    version: str | None = Field(None, description="llama-cpp-python's version.")
+    system_info: str = Field("", description="What llama_print_system_info() printed: the build's backends and CPU features.")
+    gpu_offload: bool = Field(False, description="llama_supports_gpu_offload(): the build drives a GPU (Vulkan, CUDA, Metal).")
+    error: str | None = Field(None, description="Why it cannot run here (killed by SIGILL, an import error), or null.")
+
+    @property
+    def features(self) -> list[str]:
+        """The features ``system_info`` reports on (``NAME = 1``), in its order: SSE3, AVX2, AVX512, OPENMP, ..."""
+        return [name for name, value in re.findall(r"([A-Za-z0-9_]+) = (\d+)", self.system_info) if value != "0"]
+
+    @property
+    def label(self) -> str:
+        """``llama-cpp-python 0.3.36 (AVX, AVX2, ...; no GPU offload)``: the build in one line."""
+        isa = ", ".join(self.features) or "features unknown"
+        return f"llama-cpp-python {self.version or '?'} ({isa}; {'GPU offload' if self.gpu_offload else 'no GPU offload'})"
+
+
 class Route(_Strict):
     name: Label = Field(description="Route name referenced by devices[].route.")
     kind: Literal["this-process", "interpreter", "host-process"] = Field(
@@ -185,6 +207,9 @@ class Route(_Strict):
     )
     plugin_eps: list[PluginEpStatus] | None = Field(
         None, description="The plugin EP packages installed in the route and what registering each gave, when probed.",
+    )
+    llama_cpp: LlamaCppBuild | None = Field(
+        None, description="The llama.cpp build (llama-cpp-python) in the route's interpreter, when probed and installed.",
     )
 
 

@@ -201,7 +201,26 @@ def profile_view(profile: HardwareProfile) -> Group:
             "\n".join(r.providers or []) or "-",
             notes.note(why, footnote=f"{r.name}: {why}") if why else "-",
         )
-    return spaced([head, devices, backends, pools, routes_t, *ep_device_sheets(profile)])
+    return spaced([head, devices, backends, pools, routes_t, *llamacpp_sheets(profile), *ep_device_sheets(profile)])
+
+
+def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
+    """The llama.cpp build (llama-cpp-python) each route has: version, the CPU features and GPU
+    offload it was built with, and whether it runs here (or why not)."""
+    from rich.text import Text
+
+    from orchestrator.probe import llamacpp
+    from orchestrator.render import Col, Sheet
+
+    sheet = Sheet("llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True)))
+    cpu = next((d for d in profile.devices if d.kind == "cpu"), None)
+    for r in profile.routes:
+        build = r.llama_cpp
+        if build is None:
+            continue
+        problem = build.error or (llamacpp.isa_problem(build, cpu) if cpu is not None else None)
+        sheet.add_row(r.name, build.label, Text(f"no: {problem}", style="bold red") if problem else "yes (llamacpp-cpu)")
+    return [sheet] if sheet.rows else []
 
 
 def ep_device_sheets(profile: HardwareProfile) -> list[Sheet]:

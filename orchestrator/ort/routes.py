@@ -49,13 +49,14 @@ from orchestrator.profile import (
     Device,
     EpDevice,
     HardwareProfile,
+    LlamaCppBuild,
     PluginEpStatus,
     Route,
 )
 
 log = logging.getLogger(__name__)
 
-ROUTE_MEMORY_VERSION = 2
+ROUTE_MEMORY_VERSION = 3
 """Bump when what a remembered probe holds changes; older files then stop matching."""
 
 
@@ -104,6 +105,9 @@ class RouteReport:
     """What ``get_ep_devices()`` listed there after the plugin EPs were registered."""
     plugin_eps: tuple[dict[str, Any], ...] = ()
     """The plugin EP packages installed there and what registering each gave."""
+    llama_cpp: dict[str, Any] | None = None
+    """The llama.cpp build there (``worker.llama_cpp_build``: version, system_info, gpu_offload,
+    error), None when llama-cpp-python is not installed."""
     probe_s: float = 0.0
     probed_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -145,7 +149,9 @@ class RouteReport:
         onnxruntime); another one is reachable when it has onnxruntime or vLLM.
         """
         where = self.python or sys.executable
-        found = ", ".join([*([f"onnxruntime {self.ort_version}"] if self.providers else []), *self.vllm_distributions])
+        lcpp = self.llama_cpp_build()
+        found = ", ".join([*([f"onnxruntime {self.ort_version}"] if self.providers else []), *self.vllm_distributions,
+                           *([f"llama-cpp-python {lcpp.version}"] if lcpp is not None else [])])
         if self.kind == THIS_PROCESS:
             if self.providers:
                 reason = f"probed {where}: {found}"
@@ -155,16 +161,23 @@ class RouteReport:
                 reason = f"probing {where} failed: {self.reason}"
             return Route(name=self.name, kind=THIS_PROCESS, reachable=True, reason=reason,
                          providers=list(self.providers) or None, ort_version=self.ort_version,
-                         **self._ep_fields())
-        reachable = self.reachable or bool(self.vllm_distributions)
+                         llama_cpp=lcpp, **self._ep_fields())
+        reachable = self.reachable or bool(self.vllm_distributions) or (lcpp is not None and lcpp.error is None)
         return Route(
             name=self.name, kind=self.kind, python=self.python,
             reachable=reachable,
             reason=f"probed {where}: {found or 'no onnxruntime'}" if reachable else self.reason,
             remedy="" if reachable else self.remedy,
             providers=list(self.providers) or None, ort_version=self.ort_version,
-            **self._ep_fields(),
+            llama_cpp=lcpp, **self._ep_fields(),
         )
+
+    def llama_cpp_build(self) -> LlamaCppBuild | None:
+        """The llama.cpp build the probe found there, as the profile records it (None: none installed)."""
+        if not self.llama_cpp:
+            return None
+        known = set(LlamaCppBuild.model_fields)
+        return LlamaCppBuild.model_validate({k: v for k, v in self.llama_cpp.items() if k in known})
 
     def _ep_fields(self) -> dict[str, Any]:
         """The profile's ``ep_devices`` and ``plugin_eps`` (None where the route was not asked)."""
@@ -206,7 +219,7 @@ def probe_route(
     t0 = time.perf_counter()
     report = _probe(asked, timeout if timeout is not None else settings.PROBE_TIMEOUT_S)
     report = RouteReport.from_dict({**report.to_dict(), "probe_s": time.perf_counter() - t0})
-    if python and (report.reachable or report.vllm_distributions):
+    if python and (report.reachable or report.vllm_distributions or report.llama_cpp):
         _remember(asked.kind, python, stamp, report)
     return report
 
@@ -242,6 +255,7 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
         "python_version": info.get("python_version"),
         "platform": info.get("platform"),
         "vllm_distributions": tuple(info.get("vllm_distributions") or ()),
+        "llama_cpp": info.get("llama_cpp") or None,
     }
     builds = list(info.get("ort_builds") or [])
     if len(builds) > 1:

@@ -31,7 +31,9 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import struct
+import subprocess
 import sys
 import time
 import traceback
@@ -371,6 +373,58 @@ def vllm_distributions() -> list[str]:
     return found
 
 
+LLAMA_CPP_PROBE = """
+import json, llama_cpp
+llama_cpp.llama_backend_init()
+print(json.dumps({"version": getattr(llama_cpp, "__version__", None),
+                  "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace"),
+                  "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}))
+"""
+"""What :func:`llama_cpp_build` runs in a child of the route's interpreter: import llama_cpp, start
+ggml's backend, report its version, ``llama_print_system_info()`` (the build's CPU features) and
+whether it offloads to a GPU."""
+LLAMA_CPP_PROBE_TIMEOUT_S = 60.0
+"""Importing llama_cpp and starting its backend takes about a second; a minute is a hung build."""
+LLAMA_CPP_DISTRIBUTION = "llama_cpp_python"
+
+
+def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
+    """The llama.cpp build importable here (llama-cpp-python), asked in a child process so that a
+    build using instructions this CPU lacks (killed by SIGILL) or crashing cannot take the route
+    worker down; None when none is installed. ``error`` says why it cannot run here."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    try:
+        version: str | None = metadata.version(LLAMA_CPP_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        version = None
+    out: dict[str, Any] = {"version": version, "system_info": "", "gpu_offload": False, "error": None}
+    try:
+        proc = subprocess.run([sys.executable, "-c", LLAMA_CPP_PROBE], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return {**out, "error": f"importing llama_cpp did not finish in {timeout:.0f} s"}
+    except OSError as exc:
+        return {**out, "error": f"cannot start {sys.executable}: {exc}"}
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        why = (": the build uses an instruction this CPU does not have" if name == "SIGILL" else "")
+        return {**out, "error": f"importing llama_cpp and starting its backend was killed by {name}{why}"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {**out, "error": f"importing llama_cpp failed (exit {proc.returncode}): {tail}"}
+    try:
+        found = json.loads(lines[-1])
+    except ValueError:
+        return {**out, "error": f"llama_cpp's probe printed no report: {lines[-1][:200]}"}
+    return {**out, "version": version or found.get("version"), "system_info": str(found.get("system_info") or ""),
+            "gpu_offload": bool(found.get("gpu_offload"))}
+
+
 class Sessions:
     """Sessions by handle. Used in-process for this-process routes and by ``main``."""
 
@@ -403,6 +457,7 @@ class Sessions:
             "providers": [],
             "error": None,
             "vllm_distributions": vllm_distributions(),
+            "llama_cpp": llama_cpp_build(),
             "ort_builds": [f"{n}=={v}" for n, v in ort_builds()],
         }
         try:

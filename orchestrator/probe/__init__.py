@@ -32,6 +32,7 @@ from pathlib import Path
 from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.packages import require_one_ort_flavour
+from orchestrator.probe import llamacpp
 from orchestrator.probe.gpus import nvidia_gpus
 from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
 from orchestrator.probe.npus import linux_npus
@@ -159,8 +160,21 @@ def probe_profile(
         source="; ".join([f"omni-edge probe {when} on {hostname}", *notes]),
         host=host,
         devices=[_with_backends(d, reports) for d in devices],
-        routes=[r.to_route() for r in reports],
+        routes=[_with_llamacpp_verdict(r.to_route(), devices[0]) for r in reports],
     )
+
+
+def _with_llamacpp_verdict(route: Route, cpu: Device) -> Route:
+    """``route`` with its llama.cpp build's ``error`` saying why it cannot run on this CPU, when
+    it was built for instructions the CPU lacks (the profile then says why llamacpp-cpu is not
+    offered; ``omni-edge probe`` shows it)."""
+    build = route.llama_cpp
+    if build is None or build.error:
+        return route
+    why = llamacpp.isa_problem(build, cpu)
+    if why is None:
+        return route
+    return route.model_copy(update={"llama_cpp": build.model_copy(update={"error": why})})
 
 
 VENDOR_IDS = {0x8086: "intel", 0x1002: "amd", 0x1022: "amd", 0x10DE: "nvidia", 0x17CB: "qualcomm", 0x4D4F4351: "qualcomm"}
@@ -220,11 +234,26 @@ def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
     return out
 
 
+def _llamacpp_offered(device: Device, reports: list[RouteReport]) -> tuple[list[Backend], dict[str, str]]:
+    """``llamacpp-cpu`` on the CPU through the first route whose llama.cpp build runs on it (its
+    import survived, and it was built for no instruction this CPU lacks: ``llamacpp.cpu_problem``),
+    with that route when it is not this process. ``llamacpp-vulkan`` is never probed here: no
+    iGPU is detected (recorded profiles list it)."""
+    if device.kind != "cpu":
+        return [], {}
+    for report in reports:
+        build = report.llama_cpp_build()
+        if build is not None and llamacpp.cpu_problem(build, device) is None:
+            return ["llamacpp-cpu"], ({} if report.name == THIS_PROCESS else {"llamacpp-cpu": report.name})
+    return [], {}
+
+
 def _with_backends(device: Device, reports: list[RouteReport]) -> Device:
     """``device`` with the backends the routes offer for it, in route order, and the
-    route of each one that is not this process."""
-    backends: list[Backend] = []
-    via: dict[str, str] = {}
+    route of each one that is not this process. llama.cpp's comes first on the CPU: the
+    engine for a GGUF there (a stage that names no backends gets it; a checkpoint directory,
+    which llama.cpp cannot load, still gets vLLM: ``ArDecodeKind.stage_backends``)."""
+    backends, via = _llamacpp_offered(device, reports)
     for report in reports:
         for backend, kind, vendors in _offered(report):
             if kind == device.kind and (not vendors or device.vendor in vendors) and backend not in backends:

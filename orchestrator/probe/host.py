@@ -39,10 +39,14 @@ ABSURD_LIMIT_BYTES = 2**60
 PROC_VERSION = Path("/proc/version")
 PROC_CPUINFO = Path("/proc/cpuinfo")
 
-# ISA extensions worth planning on (CPU kernels in vLLM and ONNX Runtime pick
-# code paths by them). Keys are /proc/cpuinfo flags, values the names we report.
+# ISA extensions worth planning on (CPU kernels in vLLM, ONNX Runtime and llama.cpp
+# pick code paths by them; a llama.cpp build compiled for one runs only where the CPU
+# has it: orchestrator/probe/llamacpp.py). Keys are /proc/cpuinfo flags, values the names we report.
 ISA_FLAGS = {
+    "pni": "sse3",
+    "ssse3": "ssse3",
     "sse4_2": "sse4_2",
+    "bmi2": "bmi2",
     "avx": "avx",
     "avx2": "avx2",
     "fma": "fma",
@@ -51,6 +55,7 @@ ISA_FLAGS = {
     "avx512f": "avx512f",
     "avx512bw": "avx512bw",
     "avx512vl": "avx512vl",
+    "avx512vbmi": "avx512vbmi",
     "avx512_vnni": "avx512_vnni",
     "avx512_bf16": "avx512_bf16",
     "avx512_fp16": "avx512_fp16",

@@ -94,6 +94,8 @@ def _skip_reason(excluded: Excluded, profile: HardwareProfile) -> str:
         return "excluded by --mask"
     if excluded.why == "absent":
         return f"{profile.name} has no {excluded.device}"
+    if excluded.why == "unavailable":
+        return f"{excluded.device} ({excluded.backend}): {excluded.reason}"
     return f"{excluded.device} offers no ONNX Runtime backend the stage allows"
 
 

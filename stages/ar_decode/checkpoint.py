@@ -306,6 +306,32 @@ _GGUF_ARCH_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3
 _GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 # ggml tensor type ids for the names shown in notes (others are reported by number)
+GGML_TYPE_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17),
+}
+"""ggml type id → ``(elements per block, bytes per block)``: what a tensor occupies as stored in a
+GGUF (and in llama.cpp's memory: it computes on the blocks as they are). The figures of ggml's
+``type_traits`` as gguf 0.19.0's ``GGML_QUANT_SIZES`` lists them (F32, F16, Q4_0 … MXFP4)."""
+
+
+def gguf_tensor_bytes(tensors: list[tuple[str, int, int]]) -> tuple[int, list[int]]:
+    """``(bytes as stored, ggml types without a known size)`` of a GGUF tensor table: each
+    tensor's element count in whole blocks × the block's bytes (ggml's ``ggml_nbytes``)."""
+    total, unknown = 0, []
+    for _name, elements, ttype in tensors:
+        size = GGML_TYPE_SIZES.get(ttype)
+        if size is None:
+            unknown.append(ttype)
+            continue
+        block, nbytes = size
+        total += -(-elements // block) * nbytes
+    return total, sorted(set(unknown))
+
+
 _GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 
 
@@ -449,7 +475,9 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
 
     ``weight_bytes`` is what the checkpoint occupies once dequantized to
     ``materialize_dtype`` (the form vLLM loads here), computed exactly from
-    the element counts (evidence D); the GGUF's own size is in ``notes``.
+    the element counts (evidence D); the GGUF's own size is in ``notes``, and
+    what its tensors occupy as stored (llama.cpp's weights: ``gguf_tensor_bytes``
+    in ``quantization``; None when a tensor's ggml type has no known size).
     """
     p = Path(path)
     if not p.is_file():
@@ -491,11 +519,13 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
     per = {"bfloat16": 2, "float16": 2, "float32": 4}[materialize_dtype]
     kinds = Counter(_GGML_TYPES.get(t, str(t)) for _, _, t in tensors)
     size = p.stat().st_size
+    stored, unknown = gguf_tensor_bytes(tensors)
     return CheckpointManifest(
         path=str(p), source="gguf", config=config, weight_bytes=elements * per,
         weight_format=_TORCH_DTYPE_FORMAT[materialize_dtype], files=(p.name,),
         dtype_bytes={materialize_dtype: elements * per}, tensor_count=len(tensors),
-        quantization={"gguf_tensor_types": dict(kinds), "gguf_file_bytes": size},
+        quantization={"gguf_tensor_types": dict(kinds), "gguf_file_bytes": size,
+                      "gguf_tensor_bytes": stored if not unknown else None},
         notes=(
             f"GGUF ({', '.join(sorted(kinds))}; {size} bytes on disk) is materialized once as "
             f"{materialize_dtype} safetensors: {elements} parameters × {per} bytes",

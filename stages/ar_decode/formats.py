@@ -54,6 +54,12 @@ FORMAT_RULES: tuple[FormatRule, ...] = (
     FormatRule("vllm-cpu", "bnb-4bit", False, "bitsandbytes quantization is CUDA-only in vLLM"),
     FormatRule("vllm-cpu", "bnb-8bit", False, "bitsandbytes quantization is CUDA-only in vLLM"),
     FormatRule("vllm-cpu", "gguf", False, "GGUF loading is not supported by the CPU backend; materialize the GGUF as safetensors"),
+    # llama.cpp (llama-cpp-python): GGUF files as they are, every quant type the file holds; nothing else
+    *(FormatRule(b, "gguf", True, "llama.cpp loads the GGUF as it is (every ggml quant type it holds)")
+      for b in ("llamacpp-cpu", "llamacpp-vulkan")),
+    *(FormatRule(b, f, False, "llama.cpp loads GGUF files only")
+      for b in ("llamacpp-cpu", "llamacpp-vulkan")
+      for f in ("bf16", "fp16", "fp32", "int8", "fp8", "awq-4bit", "gptq-4bit", "gptq-8bit", "bnb-4bit", "bnb-8bit")),
     # transformers' own modules (stages.ar_decode.hf_runner): unquantized weights only; the
     # quantized formats need kernels (autoawq, gptq, bitsandbytes, fp8) omni-edge does not install
     *(FormatRule(b, f, True, f"{f} runs through torch's own kernels") for b in ("transformers-cpu", "transformers-cuda")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from orchestrator import errors
-from orchestrator.ledger import Reservation, holder_peak
+from orchestrator.ledger import Evidence, Reservation, holder_peak
 from orchestrator.packages import is_package_location, resolve_package_location
 from orchestrator.plan import Refusal
 from orchestrator.profile import HOST_RAM
@@ -43,6 +43,7 @@ from stages.ar_decode.checkpoint import (
 )
 from stages.ar_decode.hf_runner import TransformersRunner
 from stages.ar_decode.kv import (
+    KV_BLOCK_TYPES,
     KVBudget,
     decoder_weight_params,
     kv_budget,
@@ -51,8 +52,10 @@ from stages.ar_decode.kv import (
     text_config,
     text_config_problems,
 )
+from stages.ar_decode.llamacpp_runner import LlamaCppRunner
 from stages.ar_decode.runner import (
     CPU_ENGINE_ENV,
+    NO_TELEMETRY_ENV,
     QUIET_ENV,
     VllmRunner,
     request_tokenizer,
@@ -84,6 +87,55 @@ torch, transformers and the Omni model classes in a fresh interpreter on the pro
 machine, with generate()'s buffers and the allocator's slack on top; on CUDA the same context
 and cuBLAS figure as vLLM's."""
 VLLM_BACKENDS = ("vllm-cuda", "vllm-cpu")
+LLAMACPP_BACKENDS = ("llamacpp-cpu", "llamacpp-vulkan")
+"""llama.cpp through llama-cpp-python (``stages.ar_decode.llamacpp_runner``): the CPU build, and
+Vulkan for iGPUs and GPUs (offered by recorded profiles; docs/design.md). A GGUF loads as it is."""
+LLAMACPP_UBATCH_MAX = 512
+"""llama.cpp's default physical batch (``n_ubatch``): the prefill chunk ``n_batch`` is split into
+pieces of at most this many tokens, and the compute buffer is sized for one piece."""
+LLAMACPP_LOGITS_EMBD_ROWS = 2
+"""[n_ubatch, n_embd] fp32 rows llama.cpp's CPU compute buffer holds beside the logits of a whole
+physical batch ([n_ubatch, n_vocab] fp32) at the graph's output end. Fitted to what llama-cpp-python
+0.3.36 prints at load ("sched_reserve: CPU compute buffer size") for SmolLM2-135M's Q4_1 GGUF
+(n_vocab 49152, n_embd 576, 9 heads), n_threads 1, f16 cache, flash attention off, on the
+project's 2-core Xeon: n_ubatch 512 → 98.25 MiB at n_ctx 512 and 99.38 MiB at n_ctx 2048 and
+4096; 256 → 49.13 MiB (n_ctx 512); 128 → 24.84 MiB (n_ctx 2048); 64 → 12.42 MiB (n_ctx 4096);
+32 → 6.14 MiB (n_ctx 512). 512 × (49152 + 2 × 576) × 4 B is exactly 98.25 MiB."""
+LLAMACPP_FLASH_EMBD_ROWS = 6
+"""The same rows with flash attention on (the q8_0 cache needs it): 1024-cell q8_0 caches measured
+102.67 MiB at n_ubatch 512, 51.35 MiB at 256, 24.84 MiB at 128; 99.38 MiB at n_ctx 2048 to 8192
+(n_ubatch 512) and 12.42 MiB at n_ubatch 64, n_ctx 8192. 512 × (49152 + 6 × 576) × 4 B = 102.75 MiB."""
+LLAMACPP_ATTENTION_EMBD_ROWS = 6
+"""Without flash attention the other end of the graph can be the wider one: the attention scores
+of one layer, [n_ctx, n_ubatch, n_head] fp32, and the mask beside them ([n_ctx, n_ubatch], one
+more head's worth), plus this many [n_ubatch, n_embd] fp32 rows (q, k, v, the attention output,
+the residual). Fitted to n_ctx 8192: 166.38 MiB at n_ubatch 512, 20.80 MiB at 64 (the formula:
+166.75 and 20.84)."""
+LLAMACPP_COMPUTE_OVERHEAD_BYTES = int(1.5 * MiB)
+"""Above the larger of the two ends: the 1.13 MiB n_ubatch 512 grew by from n_ctx 512 to
+2048 (the graph's inputs and node metadata), with room: the estimate is then 0.4-16 % above every
+point measured (24 % at n_ubatch 32, where the whole buffer is 6 MiB), never below."""
+LLAMACPP_RUNTIME_BYTES = 64 * MiB
+"""The interpreter with llama_cpp (libllama, libggml, OpenMP) imported and its backend started:
+44.3 MiB of RSS in a fresh ``python -c 'import llama_cpp; llama_cpp.llama_backend_init()'`` on
+the project's 2-core machine (13.3 MiB for the bare interpreter), with room for the runner's own
+objects and the OpenMP threads' stacks."""
+
+
+def llamacpp_compute_bytes(n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int, n_head: int,
+                           *, flash_attn: bool) -> int:
+    """llama.cpp's CPU compute buffer for one physical batch of ``n_ubatch`` tokens: the wider end
+    of its graph — the logits of every token of the batch plus a few [n_ubatch, n_embd] rows, or
+    (without flash attention) one layer's attention scores over ``n_ctx`` cells — and the
+    overhead (constants above, fitted to what llama.cpp prints at load)."""
+    rows = LLAMACPP_FLASH_EMBD_ROWS if flash_attn else LLAMACPP_LOGITS_EMBD_ROWS
+    logits = n_ubatch * (n_vocab + rows * n_embd) * 4
+    scores = 0 if flash_attn else n_ubatch * (n_ctx * (n_head + 1) + LLAMACPP_ATTENTION_EMBD_ROWS * n_embd) * 4
+    return max(logits, scores) + LLAMACPP_COMPUTE_OVERHEAD_BYTES
+
+
+LLAMACPP_KV_TYPES = {"auto": "f16", "float16": "f16", "q8_0": "q8_0"}
+"""``kv_cache_dtype`` → llama.cpp's ``type_k``/``type_v``: auto is f16 (llama.cpp's default cache type)."""
 TRANSFORMERS_BACKENDS = ("transformers-cuda", "transformers-cpu")
 TRANSFORMERS_CPU_THREADS = 1
 """torch threads of a transformers stage on the CPU when its config names none: one, as vLLM's
@@ -148,8 +200,8 @@ class ArDecodeConfig(StageConfig):
     max_num_batched_tokens: int | None = Field(
         None, ge=16, le=1 << 32, description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len)."
     )
-    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
-        "auto", description="KV cache dtype; auto follows the model dtype."
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0"] = Field(
+        "auto", description="KV cache dtype; auto follows the model dtype (f16 on llama.cpp); q8_0 is llama.cpp's only."
     )
     enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
     sampling: Sampling = Field(default_factory=lambda: Sampling(), description="Default sampling parameters.")
@@ -180,6 +232,11 @@ class ArDecodeConfig(StageConfig):
     @property
     def batched_tokens(self) -> int:
         return self.max_num_batched_tokens or min(2048, self.max_model_len)
+
+
+def _is_gguf(model: str) -> bool:
+    """Whether ``model`` names a GGUF file (a path or a ``package://`` location)."""
+    return str(model).lower().endswith(".gguf")
 
 
 def _effective_dtype(stage: ArDecodeConfig, info: ArtifactInfo) -> str:
@@ -261,10 +318,39 @@ def _sub_model_header_bytes(model_stage: str, path: Path, files: tuple[str, ...]
                    + (f" and {', '.join(extra)}" if extra else "") + ") from the safetensors headers")
 
 
+def llamacpp_engine_kwargs(stage: ArDecodeConfig, info: ArtifactInfo, backend: str) -> dict[str, Any]:
+    """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
+    GGUF as it is; ``n_ctx`` the whole unified cache (``max_model_len`` per sequence ×
+    ``max_num_seqs``), the per-sequence limit the runner enforces, the prefill chunk and its
+    physical batch, the cache types, and every layer offloaded on Vulkan, none on the CPU.
+    Flash attention stays off but for a q8_0 cache, which llama.cpp loads only with it."""
+    n_batch = stage.batched_tokens
+    cache = LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype, "f16")
+    flash = _llamacpp_flash_attn(stage)
+    return {
+        "model": info.path,
+        "n_ctx": stage.max_model_len * stage.max_num_seqs,
+        "n_seq_max": stage.max_num_seqs,
+        "max_model_len": stage.max_model_len,
+        "n_batch": n_batch,
+        "n_ubatch": min(LLAMACPP_UBATCH_MAX, n_batch),
+        "type_k": cache,
+        "type_v": cache,
+        "n_gpu_layers": -1 if backend == "llamacpp-vulkan" else 0,
+        "flash_attn": flash,
+    }
+
+
+def _llamacpp_flash_attn(stage: ArDecodeConfig) -> bool:
+    """Flash attention on for a q8_0 cache only: llama.cpp refuses a quantized V cache without it
+    ("quantized V cache requires flash_attn to be enabled", llama-cpp-python 0.3.36); off otherwise."""
+    return LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0"
+
+
 class ArDecodeKind(StageKind):
     kind = "ar_decode"
     config_model = ArDecodeConfig
-    backends = (*VLLM_BACKENDS, *TRANSFORMERS_BACKENDS)
+    backends = (*LLAMACPP_BACKENDS, *VLLM_BACKENDS, *TRANSFORMERS_BACKENDS)
     runner_imports = ("numpy", "torch", "transformers")
     """Both runners import torch and transformers (vLLM does too); two stages loading at once in
     one actor (an Omni thinker and its talker) must not import them concurrently: a thread that
@@ -281,11 +367,14 @@ class ArDecodeKind(StageKind):
         return TALKER_JOIN if self.stage_takes_join(stage) else None
 
     def stage_backends(self, stage: StageConfig) -> tuple[str, ...]:
-        """vLLM's alone for a plain decoder whose config names no backend (the plans it had before
-        transformers was a backend); every backend for an Omni sub-model or a stage that names its
-        own (vLLM then refuses what it cannot serve, by name: ``check``)."""
+        """For a plain decoder whose config names no backend: llama.cpp's then vLLM's for a GGUF
+        (llama.cpp reads it as it is), vLLM's alone for a checkpoint directory (the plans it had
+        before); every backend for an Omni sub-model or a stage that names its own (each backend
+        then refuses what it cannot serve, by name: ``check``)."""
         if stage.backends or getattr(stage, "model_stage", None):
             return self.backends
+        if _is_gguf(getattr(stage, "model", "")):
+            return (*LLAMACPP_BACKENDS, *VLLM_BACKENDS)
         return VLLM_BACKENDS
 
     def ports(self, stage: StageConfig) -> Ports:
@@ -358,8 +447,16 @@ class ArDecodeKind(StageKind):
             internal={"text_config": tcfg, "weights_evidence": evidence},
         )
 
-    def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None) -> KVBudget:
-        kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
+    def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None,
+           backend: str | None = None) -> KVBudget:
+        """The KV cache's layout and bytes; on llama.cpp (``backend``) its cache type: auto is
+        f16, q8_0 ggml's 34-byte blocks of 32 values."""
+        if backend in LLAMACPP_BACKENDS:
+            kv_dtype = "q8_0" if LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0" else "float16"
+        elif stage.kv_cache_dtype in KV_BLOCK_TYPES:
+            kv_dtype = _effective_dtype(stage, info)  # refused by check(); planned as the model's dtype
+        else:
+            kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
         return kv_budget(
             info.internal["text_config"], max_model_len=max_model_len or stage.max_model_len,
             max_num_seqs=stage.max_num_seqs, kv_dtype=kv_dtype,
@@ -391,6 +488,18 @@ class ArDecodeKind(StageKind):
                 + ("; for the thinker's text alone on vLLM, drop model_stage" if stage.model_stage == "thinker" else ""),
             ))
             return out
+        if backend in LLAMACPP_BACKENDS:
+            out.extend(self._llamacpp_refusals(stage, info, device, backend))
+            return out
+        if stage.kv_cache_dtype in KV_BLOCK_TYPES:
+            out.append(Refusal(
+                errors.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
+                f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
+                "(it is llama.cpp's block type)",
+                f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
+                f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
+            ))
+            return out
         reason = capabilities.format_refusal(backend, device, info.weight_format)
         if reason:
             usable = capabilities.supported_formats(backend, device)
@@ -409,6 +518,34 @@ class ArDecodeKind(StageKind):
             ))
         return out
 
+    def _llamacpp_refusals(self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device,
+                           backend: str) -> list[Refusal]:
+        """Why llama.cpp cannot run this stage on ``device``: an Omni sub-model, a model that is not
+        a GGUF file, a cache type it does not hold here."""
+        if stage.model_stage:
+            return [Refusal(
+                errors.MODEL_STAGE_UNSUPPORTED, device.id,
+                f"model_stage {stage.model_stage}: {backend} runs a plain decoder's text, not an Omni sub-model",
+                f"list {'transformers-cpu' if device.kind == 'cpu' else 'transformers-cuda'} in stages.{stage.name}.backends, "
+                "or leave backends out so the planner tries it next")]
+        weight_format = "gguf" if info.kind == "gguf" else info.weight_format
+        reason = capabilities.format_refusal(backend, device, weight_format)
+        if reason:
+            return [Refusal(
+                errors.WEIGHT_FORMAT_UNSUPPORTED, device.id,
+                f"the checkpoint is {weight_format} ({info.path}) and {backend} cannot run it: {reason}",
+                f"point stages.{stage.name}.model at a GGUF build of this model (a .gguf file), or list vllm-cpu "
+                f"(vllm-cuda on an NVIDIA GPU) in stages.{stage.name}.backends to run this checkpoint",
+            )]
+        if stage.kv_cache_dtype not in LLAMACPP_KV_TYPES:
+            return [Refusal(
+                errors.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
+                f"kv_cache_dtype {stage.kv_cache_dtype}: {backend}'s KV cache here is f16 or q8_0",
+                f"set stages.{stage.name}.kv_cache_dtype to auto (f16), float16 or q8_0, or list a vLLM backend "
+                f"in stages.{stage.name}.backends for {stage.kv_cache_dtype}",
+            )]
+        return []
+
     def reservations(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str,
         *, max_model_len: int | None = None,
@@ -416,6 +553,8 @@ class ArDecodeKind(StageKind):
         assert isinstance(stage, ArDecodeConfig)
         if backend in TRANSFORMERS_BACKENDS:
             return self._transformers_reservations(stage, info, backend, pool, max_model_len)
+        if backend in LLAMACPP_BACKENDS:
+            return self._llamacpp_reservations(stage, info, backend, pool, max_model_len)
         tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         dtype = _effective_dtype(stage, info)
@@ -444,6 +583,49 @@ class ArDecodeKind(StageKind):
                 rs.append(Reservation(pool, "graph_capture", GRAPH_CAPTURE_BYTES, "session", "E", "CUDA graph pool (enforce_eager: false)", at_load=False))
             rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
         return rs
+
+    def _llamacpp_reservations(self, stage: ArDecodeConfig, info: ArtifactInfo, backend: str, pool: str,
+                               max_model_len: int | None) -> list[Reservation]:
+        """What a llama.cpp stage holds, all of it from the load on (llama.cpp allocates its cache
+        and compute buffers when the context is created): the GGUF's tensors as stored, the
+        unified KV cache of ``n_ctx`` cells in its cache type, the compute buffer for one
+        ``n_ubatch``, and the interpreter with libllama. On an iGPU (Vulkan) the same bytes,
+        on the memory it shares with the host."""
+        tcfg = info.internal["text_config"]
+        kv = self.kv(stage, info, max_model_len, backend)
+        length = max_model_len or stage.max_model_len
+        n_batch = min(stage.batched_tokens, length)
+        n_ubatch = min(LLAMACPP_UBATCH_MAX, n_batch)
+        vocab, hidden = int(tcfg.get("vocab_size") or 0), int(tcfg.get("hidden_size") or 0)
+        quant = info.details["manifest"].get("quantization") or {}
+        stored = quant.get("gguf_tensor_bytes")
+        types = ", ".join(f"{t} ×{n}" for t, n in sorted((quant.get("gguf_tensor_types") or {}).items()))
+        evidence: Evidence
+        if isinstance(stored, int):
+            weights, evidence = stored, "D"
+            what = f"the GGUF's {info.details['manifest'].get('tensor_count')} tensors as stored ({types})"
+        else:  # a ggml type without a known size: the file, header included, bounds its tensors
+            weights, evidence = int(quant.get("gguf_file_bytes") or info.weight_bytes), "E"
+            what = f"the GGUF file's size (a tensor type without a known block size among {types})"
+        cells = length * stage.max_num_seqs
+        heads = int(tcfg.get("num_attention_heads") or 0)
+        flash = _llamacpp_flash_attn(stage)
+        compute = llamacpp_compute_bytes(n_ubatch, cells, vocab, hidden, heads, flash_attn=flash)
+        output = stage.max_num_seqs * vocab * 4
+        return [
+            Reservation(pool, "weights", weights, "session", evidence,
+                        f"{what}; llama.cpp maps the file (mmap) and computes on the blocks as they are: charged "
+                        "to the pool as resident all the same, since every page is read in as the model runs"),
+            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
+                        f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
+                        f"({length} tokens × {stage.max_num_seqs} seq, one unified cache)"),
+            Reservation(pool, "compute_buffer", compute + output, "session", "E",
+                        f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
+                        f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
+                        f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)"),
+            Reservation(pool, "backend_workspace", LLAMACPP_RUNTIME_BYTES, "session", "E",
+                        "the interpreter with llama_cpp (libllama, libggml) imported"),
+        ]
 
     def _transformers_reservations(self, stage: ArDecodeConfig, info: ArtifactInfo, backend: str, pool: str,
                                    max_model_len: int | None) -> list[Reservation]:
@@ -498,6 +680,8 @@ class ArDecodeKind(StageKind):
                 "torch_device": f"cuda:{device.local_id.split(':')[1]}" if backend == "transformers-cuda" else "cpu",
                 "num_threads": stage.cpu_threads or TRANSFORMERS_CPU_THREADS,
             }
+        if backend in LLAMACPP_BACKENDS:
+            return llamacpp_engine_kwargs(stage, info, backend)
         budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
         # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM
@@ -575,7 +759,9 @@ class ArDecodeKind(StageKind):
     def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
         """A GGUF model is converted once into a cached safetensors checkpoint (the
         engine loads that); a checkpoint directory needs nothing. Finding a cached
-        conversion imports nothing heavy."""
+        conversion imports nothing heavy. llama.cpp loads the GGUF as it is: nothing to do."""
+        if stage_plan.backend in LLAMACPP_BACKENDS:
+            return None
         model = stage_plan.engine_kwargs.get("model")
         if model and not str(model).lower().endswith(".gguf"):
             # planning needs metadata only; loading needs the weights: say so before anything starts
@@ -593,12 +779,18 @@ class ArDecodeKind(StageKind):
 
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
         """vLLM in the actor's own process with one OpenMP thread, and quiet; transformers quiet
-        (its threads are set with torch.set_num_threads when it loads)."""
+        (its threads are set with torch.set_num_threads when it loads); llama.cpp without either
+        (its threads are ``n_threads``; a tokenizer's thread pool stays off, telemetry off)."""
+        if stage_plan.backend in LLAMACPP_BACKENDS:
+            return {"TOKENIZERS_PARALLELISM": "false", **NO_TELEMETRY_ENV}
         if stage_plan.backend in TRANSFORMERS_BACKENDS:
             return dict(QUIET_ENV)
         return {**CPU_ENGINE_ENV, **QUIET_ENV}
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> VllmRunner | TransformersRunner:
+    def runner(self, stage_plan: StagePlan, stage: StageConfig,
+               route: Route | None = None) -> VllmRunner | TransformersRunner | LlamaCppRunner:
+        if stage_plan.backend in LLAMACPP_BACKENDS:
+            return LlamaCppRunner(stage_plan, stage)
         if stage_plan.backend in TRANSFORMERS_BACKENDS:
             return TransformersRunner(stage_plan, stage)
         return VllmRunner(stage_plan, stage)

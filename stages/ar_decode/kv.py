@@ -39,6 +39,11 @@ DTYPE_BYTES = {
     "int8": 1,
 }
 
+KV_BLOCK_TYPES = {"q8_0": (32, 34)}
+"""Block-quantized cache types (llama.cpp's ``type_k``/``type_v``): ``(elements per block, bytes
+per block)`` — ggml's ``block_q8_0`` is 32 int8 values and one fp16 scale, 34 bytes (ggml-common.h;
+gguf's ``GGML_QUANT_SIZES`` says the same). A row is rounded up to whole blocks."""
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LINEAR = "linear_attention"
@@ -179,15 +184,29 @@ def recurrent_state_bytes(cfg: dict[str, Any], kind: str, dtype_bytes: int) -> i
     return 0
 
 
-def layers_for(cfg: dict[str, Any], dtype_bytes: int) -> tuple[LayerKV, ...]:
+def row_bytes(kv_dtype: str, elements: int) -> int:
+    """Bytes of one cache row of ``elements`` values in ``kv_dtype`` (whole blocks for a
+    block-quantized type, :data:`KV_BLOCK_TYPES`)."""
+    if kv_dtype in KV_BLOCK_TYPES:
+        block, size = KV_BLOCK_TYPES[kv_dtype]
+        return -(-elements // block) * size
+    return elements * DTYPE_BYTES[kv_dtype]
+
+
+def layers_for(cfg: dict[str, Any], kv_dtype: str) -> tuple[LayerKV, ...]:
+    """One ``LayerKV`` per decoder layer for a cache of ``kv_dtype`` (a ``DTYPE_BYTES`` or
+    ``KV_BLOCK_TYPES`` name): per token, a K and a V row of ``num_key_value_heads × head_dim``
+    values per attention layer (MLA: one latent row)."""
     kinds = layer_kinds(cfg)
     window = cfg.get("sliding_window")
     mla = bool(cfg.get("kv_lora_rank"))
+    # recurrent states are not block-quantized: a block type keeps them in fp16
+    dtype_bytes = DTYPE_BYTES.get(kv_dtype, 2)
     if mla:
-        per_token = (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))) * dtype_bytes
+        per_token = row_bytes(kv_dtype, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0)))
     else:
         kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        per_token = 2 * kv_heads * head_dim(cfg) * dtype_bytes
+        per_token = 2 * row_bytes(kv_dtype, kv_heads * head_dim(cfg))
     out = []
     for i, kind in enumerate(kinds):
         if kind in (LINEAR, MAMBA):
@@ -235,12 +254,11 @@ def kv_budget(
     """KV (and recurrent state) bytes for ``max_model_len × max_num_seqs`` on this layout.
 
     ``config`` is the text config (see :func:`text_config`). ``kv_dtype`` is
-    the cache dtype name (bfloat16, float16, float32, fp8...).
+    the cache dtype name (bfloat16, float16, float32, fp8..., or llama.cpp's q8_0).
     """
-    if kv_dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-    dtype_bytes = DTYPE_BYTES[kv_dtype]
-    layers = layers_for(config, dtype_bytes)
+    if kv_dtype not in DTYPE_BYTES and kv_dtype not in KV_BLOCK_TYPES:
+        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join([*DTYPE_BYTES, *KV_BLOCK_TYPES])}")
+    layers = layers_for(config, kv_dtype)
     window = config.get("sliding_window") if any(layer.kind == SLIDING for layer in layers) else None
     return _budget(layers, max_model_len, max_num_seqs, kv_dtype, window, bool(config.get("kv_lora_rank")))
 
