@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.memory import SAMPLE_INTERVAL_S, RssMeter
+from orchestrator.memory import RssMeter
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
 from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, request_parts
 from stages.base import StageRunner
@@ -85,6 +85,10 @@ UNSEEDED = 0xFFFFFFFF
 """``LLAMA_DEFAULT_SEED``: llama.cpp draws a random seed for a ``dist`` sampler given it."""
 ENGINE_STOPPED = ("its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
                   "in the server's log); restart the server")
+BUSY_SAMPLE_INTERVAL_S = 0.1
+"""RSS read between steps at most this often while busy: llama.cpp allocates its KV cache and
+compute buffers when the context is created, so a busy window grows by Python objects only;
+one read (psutil, tens of microseconds) every step would be ~0.5 % of a 10 ms step."""
 _END = object()
 
 
@@ -116,6 +120,8 @@ class _Request:
     finished: float | None = None
     tokens: int = 0
     finish_reason: str | None = None
+    waited_for_slot: bool = False
+    """No sequence was free when the engine took the request: it waited for one to finish."""
 
     def put(self, item: Any) -> None:
         # RuntimeError: the request's event loop is gone, nobody is listening.
@@ -348,7 +354,8 @@ class LlamaCppRunner(StageRunner):
         return {"code": ENGINE_FAILED_CODE, "message": ENGINE_STOPPED}
 
     def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens, "finish_reason": req.finish_reason}
+        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens,
+                               "finish_reason": req.finish_reason, "waited_for_slot": req.waited_for_slot}
         if req.first_token is not None:
             out["ttft_s"] = round(req.first_token - req.submitted, 4)
             end = req.finished or time.perf_counter()
@@ -451,6 +458,7 @@ class LlamaCppRunner(StageRunner):
                         finish(slot, None)
                     return
                 if cmd[0] == "add":
+                    cmd[1].waited_for_slot = not free or bool(waiting)  # aborts before it have freed theirs
                     waiting.append(cmd[1:])
                 else:  # abort
                     target = cmd[1]
@@ -532,7 +540,7 @@ class LlamaCppRunner(StageRunner):
                     finish(slot, None)
                 continue
             now = time.perf_counter()
-            if now - last_sample >= SAMPLE_INTERVAL_S:
+            if now - last_sample >= BUSY_SAMPLE_INTERVAL_S:
                 self._meter.sample()
                 last_sample = now
 
