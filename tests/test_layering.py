@@ -33,6 +33,8 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     # imported package (top-level name): why it may be imported inside a function
     "ray": "the runtime's cluster and actors; seconds to import, and plan/verify never need it",
     "vllm": "the ar_decode runner, inside a device actor only; 8-12 s to import",
+    "llama_cpp": "the llama.cpp ar_decode runner (in a device actor) and the GGUF vocabulary the request check"
+    " reads; loads its shared library and numpy, and planning reads GGUF headers itself",
     "torch": "the GGUF → safetensors conversion in the model cache, before an engine starts; the transformers runner",
     "transformers": "the same conversion, the tokenizer and the transformers runner (in a device actor); pulls torch",
     "onnxruntime": "sessions open only in gates, runners and route workers, never while planning",

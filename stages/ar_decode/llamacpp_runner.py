@@ -1,30 +1,573 @@
-"""Placeholder for the llama.cpp runner (issue 21; the helper "lcpp-runner" writes the real one).
+"""The ``ar_decode`` stage on llama.cpp (llama-cpp-python's low-level API), streaming text deltas.
 
-Only the class the kind's ``runner()`` names exists here, so planning can name it; a merge
-keeps the runner helper's file.
+:class:`LlamaCppRunner` carries out an admitted ``llamacpp-*`` placement the way
+:class:`stages.ar_decode.runner.VllmRunner` carries out a vLLM one, with the
+same public behaviour (deltas, stats, errors, evidence M):
+
+* ``load()`` loads the GGUF as it is (no conversion) and creates **one**
+  llama.cpp context from the plan's ``engine_kwargs`` — ``n_ctx`` (the whole
+  cache: ``max_model_len`` per sequence), ``n_seq_max`` sequences, ``n_batch``
+  and ``n_ubatch``, the KV cache types, ``n_gpu_layers``, ``flash_attn`` — with
+  ``n_threads`` = ``n_threads_batch`` = the plan's ``cpu_threads`` (1 when
+  unset). The KV cache is not unified: each sequence has its own
+  ``n_ctx / n_seq_max`` cells, as vLLM gives each its ``max_model_len``.
+* **Continuous batching** on that context: one engine thread owns it (a
+  llama.cpp context is not thread-safe) and runs one ``llama_decode`` per step
+  over every running sequence's next token plus, in what room ``n_batch``
+  leaves, the next chunk of prompts still being read (prefill in chunks of
+  ``n_batch``). Requests and aborts reach the thread through a command queue;
+  each step's text goes to the request's asyncio queue on its own loop.
+* Each sequence samples with its own llama.cpp sampler chain:
+  ``repetition_penalty`` (over the prompt and the reply, as vLLM counts it),
+  ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
+  ``seed`` — greedy when ``temperature`` is 0. Temperature comes before
+  ``top_p`` as in vLLM, so a nucleus is taken from the distribution that is
+  sampled. ``min_tokens``: the end-of-generation tokens' logits are set to
+  -inf (a logit-bias sampler at the head of the chain) until that many tokens
+  were generated, then the bias is taken out of the chain.
+* Stop reasons are vLLM's: ``stop`` (an end-of-generation token), ``length``
+  (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
+  closed the stream: the sequence leaves the batch at the next step and its KV
+  cells are cleared, so its slot serves the next request).
+* Text is decoded incrementally (:class:`Utf8Deltas`): a character whose bytes
+  span several tokens is sent once it is whole.
+* The prompt is the GGUF's own chat template (``tokenizer.chat_template``)
+  with the stage's ``system_prompt``, tokenized by the GGUF's vocabulary
+  (:mod:`stages.ar_decode.gguf_vocab`); requests are checked with
+  :func:`stages.ar_decode.runner.request_parts` and
+  :func:`~stages.ar_decode.runner.check_length`, as on vLLM.
+
+The per-step work in Python is a handful of ctypes writes into a batch
+allocated once, one ``llama_decode``, one ``llama_sampler_sample`` per
+sequence and a cached token → bytes lookup: ``bench/decode.py`` compares it with
+llama-cpp-python's own ``Llama.create_completion`` on the same threads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import codecs
+import contextlib
+import ctypes
+import logging
+import queue
+import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stages.base import StageConfig, StageRunner
+from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.memory import RssMeter
+from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
+from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, request_parts
+from stages.base import StageRunner
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
+    from stages.base import StageConfig
+
+log = logging.getLogger(__name__)
+
+KV_CACHE_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "f32": "GGML_TYPE_F32",
+                  "bf16": "GGML_TYPE_BF16"}
+"""``type_k``/``type_v`` names of the plan → llama.cpp's ``GGML_TYPE_*`` constants. The planner
+writes ``f16`` or ``q8_0`` (DESIGN: from ``kv_cache_dtype``); ``f32``/``bf16`` are llama.cpp's
+other unquantized cache types."""
+QUANTIZED_KV_TYPES = ("q8_0",)
+"""A quantized V cache needs flash attention in llama.cpp ("quantized V cache was requested,
+but this requires Flash Attention", llama-context.cpp); the runner turns it on for them."""
+ALL_GPU_LAYERS = 0x7FFFFFFF
+"""``n_gpu_layers: -1`` means every layer: llama.cpp clamps INT32_MAX to the model's count
+(llama-cpp-python passes the same value)."""
+UNSEEDED = 0xFFFFFFFF
+"""``LLAMA_DEFAULT_SEED``: llama.cpp draws a random seed for a ``dist`` sampler given it."""
+ENGINE_STOPPED = ("its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
+                  "in the server's log); restart the server")
+BUSY_SAMPLE_INTERVAL_S = 0.1
+"""RSS read between steps at most this often while busy: llama.cpp allocates its KV cache and
+compute buffers when the context is created, so a busy window grows by Python objects only;
+one read (psutil, tens of microseconds) every step would be ~0.5 % of a 10 ms step."""
+_END = object()
+
+
+class Utf8Deltas:
+    """Text from the bytes of successive tokens: a multi-byte UTF-8 character split across
+    tokens is held back until its last byte arrives; bytes that can never form a
+    character become U+FFFD, as a tokenizer's own decode shows them."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, piece: bytes) -> str:
+        return str(self._decoder.decode(piece))
+
+    def flush(self) -> str:
+        """What is left at the end of the text (an unfinished character becomes U+FFFD)."""
+        return str(self._decoder.decode(b"", final=True))
+
+
+@dataclass
+class _Request:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any]
+    submitted: float
+    prompt_tokens: int
+    first_token: float | None = None
+    finished: float | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    waited_for_slot: bool = False
+    """No sequence was free when the engine took the request: it waited for one to finish."""
+
+    def put(self, item: Any) -> None:
+        # RuntimeError: the request's event loop is gone, nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class _Slot:
+    """One running sequence: its llama.cpp sequence id, prompt progress and sampler chain."""
+
+    __slots__ = ("bias", "chain", "fed", "generated", "last", "max_tokens", "min_tokens", "out", "pos",
+                 "prompt", "req", "seq", "text")
+
+    def __init__(self, seq: int, req: _Request, prompt: list[int], chain: Any, bias: bool,
+                 max_tokens: int, min_tokens: int) -> None:
+        self.seq = seq
+        self.req = req
+        self.prompt = prompt
+        self.fed = 0          # prompt tokens in the KV cache
+        self.pos = 0          # next position to write
+        self.chain = chain
+        self.bias = bias      # the min_tokens bias still heads the chain
+        self.last = -1        # the sampled token still to be fed
+        self.generated = 0
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.text = Utf8Deltas()
+        self.out = -1         # this step's batch row with logits, -1 when none
 
 
 class LlamaCppRunner(StageRunner):
-    """An ``ar_decode`` stage on llama.cpp (llama-cpp-python): not written yet in this branch."""
+    """An ``ar_decode`` stage on llama.cpp, in this process (see the module docstring)."""
 
     def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
         self.plan = stage_plan
         self.stage = stage
+        self.device = stage_plan.device or "?"
+        self.load_info: dict[str, Any] = {}
+        self.threads = int(getattr(stage_plan, "cpu_threads", None) or 1)
+        self._lc: Any = None
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._vocab: GgufVocab | None = None
+        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._requests: dict[str, _Request] = {}
+        self._done: dict[str, dict[str, Any]] = {}
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        self._meter = RssMeter()
+        self._resident = 0
+        self._busy_growth = 0
+        self._lock = threading.Lock()
+        self._seq_limit = 0
+        self._n_batch = 0
+        self._free_slots = 0  # read by tests: sequences not serving a request (engine thread writes)
 
+    # -- lifecycle ---------------------------------------------------------------
     def load(self) -> None:
-        raise NotImplementedError("the llama.cpp runner is the lcpp-runner branch's")
+        """Load the GGUF and create the context. Raises ``StageFailed`` (stage, device, cause)."""
+        t0 = time.perf_counter()
+        self._meter.start()
+        kw = dict(self.plan.engine_kwargs)
+        try:
+            lc = self._lc = llama_cpp_module()
+            t_import = time.perf_counter()
+            path = gguf_path(kw["model"])
+            n_seq = int(kw.get("n_seq_max") or 1)
+            n_ctx = int(kw.get("n_ctx") or int(kw["max_model_len"]) * n_seq)
+            n_batch = int(kw.get("n_batch") or min(2048, n_ctx))
+            n_ubatch = int(kw.get("n_ubatch") or min(512, n_batch))
+            type_k, type_v = str(kw.get("type_k") or "f16"), str(kw.get("type_v") or "f16")
+            for name in (type_k, type_v):
+                if name not in KV_CACHE_TYPES:
+                    raise ValueError(f"KV cache type {name!r} is not one of {', '.join(KV_CACHE_TYPES)}")
+            gpu_layers = int(kw.get("n_gpu_layers") or 0)
+            if gpu_layers and not lc.llama_supports_gpu_offload():
+                raise ValueError(f"n_gpu_layers {gpu_layers}: this llama.cpp build has no GPU offload "
+                                 f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu")
+            flash = bool(kw.get("flash_attn")) or type_v in QUANTIZED_KV_TYPES
 
-    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        raise NotImplementedError("the llama.cpp runner is the lcpp-runner branch's")
-        yield  # pragma: no cover - makes this an async generator
+            mparams = lc.llama_model_default_params()
+            mparams.n_gpu_layers = ALL_GPU_LAYERS if gpu_layers < 0 else gpu_layers
+            self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+            if not self._model:
+                raise ValueError(f"llama.cpp could not load {path} (its log above says why)")
+            t_model = time.perf_counter()
+            cparams = lc.llama_context_default_params()
+            cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
+            cparams.n_batch, cparams.n_ubatch = n_batch, n_ubatch
+            cparams.n_threads = cparams.n_threads_batch = self.threads
+            cparams.type_k = getattr(lc, KV_CACHE_TYPES[type_k])
+            cparams.type_v = getattr(lc, KV_CACHE_TYPES[type_v])
+            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cparams.kv_unified = False
+            cparams.no_perf = True
+            self._ctx = lc.llama_init_from_model(self._model, cparams)
+            if not self._ctx:
+                raise ValueError(f"llama.cpp could not create a context (n_ctx {n_ctx}, n_seq_max {n_seq}, "
+                                 f"n_batch {n_batch}; its log above says why)")
+            self._vocab = GgufVocab(self._model)
+            self._batch = lc.llama_batch_init(n_batch, 0, 1)
+            n_ctx_seq = int(lc.llama_n_ctx_seq(self._ctx))
+            self._seq_limit = min(int(kw.get("max_model_len") or n_ctx_seq), n_ctx_seq)
+            self._n_batch = n_batch
+            t_ctx = time.perf_counter()
+        except Exception as exc:
+            self._meter.stop()
+            self._free()
+            raise StageFailed(self.plan.name, self.device,
+                              f"llama.cpp did not start: {type(exc).__name__}: {exc}") from exc
+        self._thread = threading.Thread(target=self._loop, name=f"llamacpp-{self.plan.name}", daemon=True)
+        self._thread.start()
+        self._meter.stop()
+        self._resident = self._meter.growth
+        self.load_info = {
+            "model_path": str(path),
+            "import_s": round(t_import - t0, 3),
+            "model_load_s": round(t_model - t_import, 3),
+            "context_s": round(t_ctx - t_model, 3),
+            "load_s": round(t_ctx - t0, 3),
+            "n_threads": self.threads,
+            "n_ctx": int(lc.llama_n_ctx(self._ctx)),
+            "n_ctx_seq": n_ctx_seq,
+            "n_seq_max": n_seq,
+            "n_batch": n_batch,
+            "n_ubatch": n_ubatch,
+            "type_k": type_k,
+            "type_v": type_v,
+            "flash_attn": flash,
+            "n_gpu_layers": gpu_layers,
+            "chat_template": self._vocab.chat_template is not None,
+            "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+            "in_process": True,
+            "load_peak_growth_bytes": self._meter.peak_growth,
+            "resident_growth_bytes": self._resident,
+        }
+        log.info("%s: llama.cpp loaded %s in %.2f s (%d thread(s), %d sequence(s) of %d tokens)",
+                 self.plan.name, path, t_ctx - t0, self.threads, n_seq, n_ctx_seq)
+
+    def close(self) -> None:
+        """Stop the engine thread, fail what is still in flight, free the context and the model."""
+        if self._thread is not None:
+            self._commands.put(("stop",))
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._fail_all(StageFailed(self.plan.name, self.device, "the stage was closed"))
+        self._free()
+
+    def _free(self) -> None:
+        lc = self._lc
+        if lc is None:
+            return
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lc.llama_free(self._ctx)
+        self._ctx = None
+        if self._model:
+            lc.llama_model_free(self._model)
+        self._model = None
+        self._vocab = None
+
+    def measured_peak_bytes(self) -> int | None:
+        """RSS growth of this process attributable to the stage (evidence M):
+        ``max(load peak, resident + busiest request window)``, measured as
+        :meth:`VllmRunner.measured_peak_bytes <stages.ar_decode.runner.VllmRunner.measured_peak_bytes>`
+        does (the load: importing llama.cpp, mapping the GGUF, the KV cache and the
+        compute buffers; a window: from the engine going busy to idle again)."""
+        if not self.load_info:
+            return None
+        return max(self._meter.peak_growth, self._resident + self._busy_growth)
+
+    # -- requests ----------------------------------------------------------------
+    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[str]:
+        """Text deltas for the prompt read from ``inputs`` (a string, or a dict with ``prompt``
+        or ``messages`` and optional ``sampling`` overrides, as :class:`VllmRunner` takes them)."""
+        if self._ctx is None or self._vocab is None:
+            raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
+        if self._failed is not None:
+            raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
+        items = [item async for item in inputs]
+        messages, sampling = request_parts(self.stage, items)
+        prompt_ids = _encode(self._vocab, messages)
+        check_length(self.stage, len(prompt_ids), sampling)
+        self._check_fits(len(prompt_ids))
+        req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), len(prompt_ids))
+        with self._lock:
+            if request_id in self._requests:
+                raise StageFailed(self.plan.name, self.device, f"request id {request_id!r} is already in flight")
+            self._requests[request_id] = req
+        self._commands.put(("add", req, prompt_ids, sampling))
+        finished = False
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is _END:
+                    finished = True
+                    break
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                self._commands.put(("abort", req))
+                req.finish_reason = "abort"
+            with self._lock:
+                self._requests.pop(request_id, None)
+            self._done[request_id] = self._stats(req)
+
+    def _check_fits(self, prompt_tokens: int) -> None:
+        """The engine's own limit (a sequence's cells), beyond the stage's ``max_model_len``
+        that :func:`check_length` applied: a prompt needs room for one token of reply."""
+        if prompt_tokens >= self._seq_limit:
+            raise BadRequest.single(
+                "prompt", f"is {prompt_tokens} tokens with the chat template, the whole context of "
+                f"{self._seq_limit} tokens a sequence has", "shorten the prompt or raise max_model_len in the config")
+
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """Tokens and timings of a finished request (popped: asked once)."""
+        return self._done.pop(request_id, {})
+
+    def health(self) -> dict[str, str] | None:
+        """None while the engine serves; ``{"code", "message"}`` once a decode failed and its
+        thread stopped (only a restart brings it back)."""
+        if self._failed is None:
+            return None
+        return {"code": ENGINE_FAILED_CODE, "message": ENGINE_STOPPED}
+
+    def _stats(self, req: _Request) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens,
+                               "finish_reason": req.finish_reason, "waited_for_slot": req.waited_for_slot}
+        if req.first_token is not None:
+            out["ttft_s"] = round(req.first_token - req.submitted, 4)
+            end = req.finished or time.perf_counter()
+            if req.tokens > 1 and end > req.first_token:
+                out["decode_tokens_per_s"] = round((req.tokens - 1) / (end - req.first_token), 2)
+        return out
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            reqs = list(self._requests.values())
+        for req in reqs:
+            req.put(error)
+
+    # -- sampling ------------------------------------------------------------------
+    def _chain(self, sampling: dict[str, Any], prompt: list[int]) -> tuple[Any, bool]:
+        """A sampler chain for one request (see the module docstring); True when it starts with
+        the ``min_tokens`` bias."""
+        lc, vocab = self._lc, self._vocab
+        assert vocab is not None
+        params = lc.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = lc.llama_sampler_chain_init(params)
+        add = lc.llama_sampler_chain_add
+        bias = int(sampling.get("min_tokens") or 0) > 0 and bool(vocab.eog_ids)
+        if bias:
+            eog = sorted(vocab.eog_ids)
+            biases = (lc.llama_logit_bias * len(eog))()
+            for i, token in enumerate(eog):
+                biases[i].token, biases[i].bias = token, float("-inf")
+            add(chain, lc.llama_sampler_init_logit_bias(vocab.n_vocab, len(eog), biases))
+        penalty = float(sampling.get("repetition_penalty") or 1.0)
+        if penalty != 1.0:
+            add(chain, lc.llama_sampler_init_penalties(vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0))
+            for token in prompt:  # vLLM's repetition penalty counts the prompt's tokens too
+                lc.llama_sampler_accept(chain, token)
+        temperature = float(sampling.get("temperature", 1.0))
+        if temperature <= 0.0:
+            add(chain, lc.llama_sampler_init_greedy())
+            return chain, bias
+        top_k = int(sampling.get("top_k") or 0)
+        if top_k > 0:
+            add(chain, lc.llama_sampler_init_top_k(top_k))
+        add(chain, lc.llama_sampler_init_temp(temperature))
+        top_p = float(sampling.get("top_p", 1.0))
+        if top_p < 1.0:
+            add(chain, lc.llama_sampler_init_top_p(top_p, 1))
+        seed = sampling.get("seed")
+        # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "draw one": a config seed (int64) is
+        # folded into 0 .. 0xFFFFFFFE, so a given seed always decodes the same way.
+        add(chain, lc.llama_sampler_init_dist(UNSEEDED if seed is None else int(seed) % UNSEEDED))
+        return chain, bias
+
+    # -- the engine thread ---------------------------------------------------------
+    def _loop(self) -> None:
+        lc, ctx, vocab = self._lc, self._ctx, self._vocab
+        assert vocab is not None
+        batch, n_batch = self._batch, self._n_batch
+        mem = lc.llama_get_memory(ctx)
+        # the batch's arrays, written in place each step (allocated once by llama_batch_init)
+        tokens: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.token.contents))
+        positions: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.pos.contents))
+        wants: Any = (ctypes.c_int8 * n_batch).from_address(ctypes.addressof(batch.logits.contents))
+        n_seq_ids: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.n_seq_id.contents))
+        seq_rows = [batch.seq_id[i] for i in range(n_batch)]
+        n_seq_ids[:] = [1] * n_batch
+        decode, sample, eog = lc.llama_decode, lc.llama_sampler_sample, vocab.eog_ids
+        pieces: dict[int, bytes] = {}
+        n_seq = int(lc.llama_n_seq_max(ctx))
+        free = list(range(n_seq - 1, -1, -1))
+        self._free_slots = len(free)
+        waiting: deque[tuple[_Request, list[int], dict[str, Any]]] = deque()
+        running: list[_Slot] = []
+        limit = self._seq_limit
+        busy = False
+        last_sample = 0.0
+
+        def finish(slot: _Slot, reason: str | None) -> None:
+            lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
+            lc.llama_sampler_free(slot.chain)
+            running.remove(slot)
+            free.append(slot.seq)
+            self._free_slots = len(free)
+            req = slot.req
+            if reason is not None:  # None: aborted, nobody reads the queue
+                tail = slot.text.flush()
+                if tail:
+                    req.put(tail)
+                req.finished = time.perf_counter()
+                req.finish_reason = reason
+                req.put(_END)
+
+        while True:
+            try:
+                cmd: tuple[Any, ...] | None = self._commands.get(block=not running and not waiting)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd[0] == "stop":
+                    for slot in list(running):
+                        finish(slot, None)
+                    return
+                if cmd[0] == "add":
+                    cmd[1].waited_for_slot = not free or bool(waiting)  # aborts before it have freed theirs
+                    waiting.append(cmd[1:])
+                else:  # abort
+                    target = cmd[1]
+                    for item in waiting:
+                        if item[0] is target:
+                            waiting.remove(item)
+                            break
+                    for slot in running:
+                        if slot.req is target:
+                            finish(slot, None)
+                            break
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            while waiting and free:
+                req, prompt, sampling = waiting.popleft()
+                try:
+                    chain, bias = self._chain(sampling, prompt)
+                except Exception as exc:
+                    req.put(StageFailed(self.plan.name, self.device,
+                                        f"llama.cpp refused the request's sampling: {type(exc).__name__}: {exc}"))
+                    continue
+                seq = free.pop()
+                self._free_slots = len(free)
+                lc.llama_memory_seq_rm(mem, seq, -1, -1)
+                running.append(_Slot(seq, req, prompt, chain, bias, int(sampling.get("max_tokens") or 16),
+                                     int(sampling.get("min_tokens") or 0)))
+            if not running:
+                if busy:
+                    busy = False
+                    self._busy_growth = max(self._busy_growth, self._meter.window_growth)
+                continue
+            if not busy:
+                busy = True
+                self._meter.rebase()
+
+            # schedule: every decoding sequence's next token first, then prompt chunks in the room left
+            n = 0
+            for slot in running:
+                if slot.last >= 0:
+                    tokens[n], positions[n], wants[n] = slot.last, slot.pos, 1
+                    seq_rows[n][0] = slot.seq
+                    slot.out = n
+                    n += 1
+                else:
+                    slot.out = -1
+            for slot in running:
+                if slot.last >= 0 or n >= n_batch:
+                    continue
+                take = min(len(slot.prompt) - slot.fed, n_batch - n)
+                end = n + take
+                tokens[n:end] = slot.prompt[slot.fed:slot.fed + take]
+                positions[n:end] = range(slot.pos, slot.pos + take)
+                wants[n:end] = bytes(take)
+                for i in range(n, end):
+                    seq_rows[i][0] = slot.seq
+                slot.fed += take
+                slot.pos += take
+                if slot.fed == len(slot.prompt):
+                    wants[end - 1] = 1
+                    slot.out = end - 1
+                n = end
+            batch.n_tokens = n
+            rc = decode(ctx, batch)
+            if rc != 0:
+                if rc < 0 or rc == 2:
+                    self._failed = RuntimeError(f"llama_decode returned {rc}")
+                    log.error("%s: llama_decode returned %d (batch of %d tokens); the engine stops",
+                              self.plan.name, rc, n)
+                    self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+                    for slot in list(running):
+                        finish(slot, None)
+                    return
+                # 1: no KV cells for this batch; the requests in it fail, the engine serves on
+                for slot in list(running):
+                    slot.req.put(StageFailed(self.plan.name, self.device,
+                                             "llama.cpp found no KV cache cells for the request (llama_decode 1)"))
+                    finish(slot, None)
+                continue
+            now = time.perf_counter()
+            if now - last_sample >= BUSY_SAMPLE_INTERVAL_S:
+                self._meter.sample()
+                last_sample = now
+
+            for slot in list(running):
+                if slot.out < 0:
+                    continue
+                if slot.last >= 0:
+                    slot.pos += 1
+                token = sample(slot.chain, ctx, slot.out)
+                req = slot.req
+                if req.first_token is None:
+                    req.first_token = now
+                req.tokens += 1
+                slot.generated += 1
+                if slot.bias and slot.generated >= slot.min_tokens:
+                    lc.llama_sampler_free(lc.llama_sampler_chain_remove(slot.chain, 0))
+                    slot.bias = False
+                if token in eog:
+                    finish(slot, "stop")
+                    continue
+                piece = pieces.get(token)
+                if piece is None:
+                    piece = pieces[token] = vocab.piece(token)
+                text = slot.text.add(piece)
+                if text:
+                    req.put(text)
+                if slot.generated >= slot.max_tokens or slot.pos >= limit:
+                    finish(slot, "length")
+                else:
+                    slot.last = token

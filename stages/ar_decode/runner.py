@@ -50,6 +50,7 @@ from pydantic import ValidationError
 
 from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.memory import RssMeter
+from stages.ar_decode.gguf_vocab import gguf_vocab
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup, resolve_model
 from stages.base import StageRunner
 
@@ -70,6 +71,9 @@ QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TO
 """vLLM logs every engine setting at INFO; the run's own report says what matters.
 The tokenizer's own thread pool stays off (it warns and deadlocks across forks).
 Usage statistics off (``NO_TELEMETRY_ENV``)."""
+LLAMACPP_PREFIX = "llamacpp-"
+"""Backends whose requests are counted with the GGUF's own vocabulary (``llamacpp-cpu``,
+``llamacpp-vulkan``: stages.ar_decode.llamacpp_runner)."""
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "repetition_penalty")
 _END = object()
 
@@ -498,10 +502,18 @@ def _tokenizer_for(model_dir: str) -> Any:
 
 def request_tokenizer(stage_plan: StagePlan) -> Any | None:
     """The tokenizer :func:`validate_request` counts with (the prepared checkpoint's;
-    loaded once per process), or None when there is none yet."""
+    loaded once per process), or None when there is none yet. A llama.cpp placement
+    (``llamacpp-*``) counts with the GGUF's own vocabulary and chat template
+    (:func:`stages.ar_decode.gguf_vocab.gguf_vocab`: no weights read)."""
     model = stage_plan.engine_kwargs.get("model")
     if not model:
         return None
+    if (stage_plan.backend or "").startswith(LLAMACPP_PREFIX):
+        try:
+            return gguf_vocab(str(model))
+        except Exception as exc:  # no vocabulary to read: llama.cpp's own check stays
+            log.debug("no GGUF vocabulary to check the request's length with: %s", exc)
+            return None
     dtype = stage_plan.engine_kwargs.get("dtype")
     try:
         p = Path(str(model)).expanduser()
@@ -522,7 +534,8 @@ def validate_request(stage_plan: StagePlan, stage: Any, prompt: Any) -> None:
     tokenizer and chat template (:func:`check_length`). Raises ``BadRequest``.
 
     The tokenizer is read from the prepared checkpoint (a GGUF's cached
-    conversion); when there is none yet the length is left to the engine."""
+    conversion), or for llama.cpp from the GGUF itself; when there is none yet the
+    length is left to the engine."""
     messages, sampling = request_parts(stage, [prompt])
     tokenizer = request_tokenizer(stage_plan)
     if tokenizer is not None:

