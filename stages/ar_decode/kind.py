@@ -134,6 +134,18 @@ def llamacpp_compute_bytes(n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int,
     return max(logits, scores) + LLAMACPP_COMPUTE_OVERHEAD_BYTES
 
 
+LLAMACPP_CELL_PAD = 256
+"""llama.cpp gives each sequence its own cache of ``n_ctx / n_seq_max`` cells rounded up to a
+multiple of this (the runner keeps sequences apart: ``kv_unified`` off), and raises ``n_ctx`` to
+match: llama-cpp-python 0.3.36 on SmolLM2 made n_ctx 1000 → 1024 cells, 1000 over 2 sequences →
+2 × 512, 300 over 3 → 3 × 256 (``llama_n_ctx_seq``)."""
+
+
+def llamacpp_cells_per_seq(max_model_len: int) -> int:
+    """The cache cells llama.cpp gives each sequence for ``max_model_len`` tokens (``LLAMACPP_CELL_PAD``)."""
+    return -(-max_model_len // LLAMACPP_CELL_PAD) * LLAMACPP_CELL_PAD
+
+
 LLAMACPP_KV_TYPES = {"auto": "f16", "float16": "f16", "q8_0": "q8_0"}
 """``kv_cache_dtype`` → llama.cpp's ``type_k``/``type_v``: auto is f16 (llama.cpp's default cache type)."""
 TRANSFORMERS_BACKENDS = ("transformers-cuda", "transformers-cpu")
@@ -317,8 +329,8 @@ def _sub_model_header_bytes(model_stage: str, path: Path, files: tuple[str, ...]
 
 def llamacpp_engine_kwargs(stage: ArDecodeConfig, info: ArtifactInfo, backend: str) -> dict[str, Any]:
     """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
-    GGUF as it is; ``n_ctx`` the whole unified cache (``max_model_len`` per sequence ×
-    ``max_num_seqs``), the per-sequence limit the runner enforces, the prefill chunk and its
+    GGUF as it is; ``n_ctx`` the whole cache (``max_model_len`` per sequence × ``max_num_seqs``,
+    each sequence's part rounded up by llama.cpp: ``LLAMACPP_CELL_PAD``), the per-sequence limit the runner enforces, the prefill chunk and its
     physical batch, the cache types, and every layer offloaded on Vulkan, none on the CPU.
     Flash attention stays off but for a q8_0 cache, which llama.cpp loads only with it."""
     n_batch = stage.batched_tokens
@@ -448,14 +460,16 @@ class ArDecodeKind(StageKind):
            backend: str | None = None) -> KVBudget:
         """The KV cache's layout and bytes; on llama.cpp (``backend``) its cache type: auto is
         f16, q8_0 ggml's 34-byte blocks of 32 values."""
+        length = max_model_len or stage.max_model_len
         if backend in LLAMACPP_BACKENDS:
             kv_dtype = "q8_0" if LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0" else "float16"
+            length = llamacpp_cells_per_seq(length)
         elif stage.kv_cache_dtype in KV_BLOCK_TYPES:
             kv_dtype = _effective_dtype(stage, info)  # refused by check(); planned as the model's dtype
         else:
             kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
         return kv_budget(
-            info.internal["text_config"], max_model_len=max_model_len or stage.max_model_len,
+            info.internal["text_config"], max_model_len=length,
             max_num_seqs=stage.max_num_seqs, kv_dtype=kv_dtype,
         )
 
@@ -585,7 +599,7 @@ class ArDecodeKind(StageKind):
                                max_model_len: int | None) -> list[Reservation]:
         """What a llama.cpp stage holds, all of it from the load on (llama.cpp allocates its cache
         and compute buffers when the context is created): the GGUF's tensors as stored, the
-        unified KV cache of ``n_ctx`` cells in its cache type, the compute buffer for one
+        KV cache of ``n_ctx`` cells in its cache type (one part per sequence), the compute buffer for one
         ``n_ubatch``, and the interpreter with libllama. On an iGPU (Vulkan) the same bytes,
         on the memory it shares with the host."""
         tcfg = info.internal["text_config"]
@@ -604,7 +618,7 @@ class ArDecodeKind(StageKind):
         else:  # a ggml type without a known size: the file, header included, bounds its tensors
             weights, evidence = int(quant.get("gguf_file_bytes") or info.weight_bytes), "E"
             what = f"the GGUF file's size (a tensor type without a known block size among {types})"
-        cells = length * stage.max_num_seqs
+        cells = llamacpp_cells_per_seq(length) * stage.max_num_seqs
         heads = int(tcfg.get("num_attention_heads") or 0)
         flash = _llamacpp_flash_attn(stage)
         compute = llamacpp_compute_bytes(n_ubatch, cells, vocab, hidden, heads, flash_attn=flash)
@@ -615,7 +629,8 @@ class ArDecodeKind(StageKind):
                         "to the pool as resident all the same, since every page is read in as the model runs"),
             Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
                         f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
-                        f"({length} tokens × {stage.max_num_seqs} seq, one unified cache)"),
+                        f"({llamacpp_cells_per_seq(length)} cells × {stage.max_num_seqs} seq, one cache per "
+                        f"sequence: {length} tokens rounded up to llama.cpp's {LLAMACPP_CELL_PAD})"),
             Reservation(pool, "compute_buffer", compute + output, "session", "E",
                         f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
                         f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "

@@ -160,7 +160,7 @@ class LlamaCppRunner(StageRunner):
         self.stage = stage
         self.device = stage_plan.device or "?"
         self.load_info: dict[str, Any] = {}
-        self.threads = int(getattr(stage_plan, "cpu_threads", None) or 1)
+        self.threads = int(stage_plan.cpu_threads or 1)
         self._lc: Any = None
         self._model: Any = None
         self._ctx: Any = None
