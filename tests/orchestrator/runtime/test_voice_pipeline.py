@@ -145,6 +145,10 @@ def test_two_concurrent_requests_each_get_their_own_outputs(pipeline: Pipeline) 
 
 
 def test_the_decode_stage_stays_within_its_budget(pipeline: Pipeline) -> None:
+    # The budget is for the stage's worst step: a prefill chunk as wide as the engine's batch (its
+    # compute buffer is sized for it and touched only as far as a prompt reaches). A prompt of
+    # ~700 tokens fills one: what is measured is then the peak the budget is for.
+    pipeline.run({"prompt": "Count these words: " + "apple pear plum " * 230, "sampling": {"max_tokens": 2}})
     measured = pipeline.runtime.measure()
     thinker = measured["thinker"]
     assert thinker["evidence"] == "M" and thinker["within_budget"]
