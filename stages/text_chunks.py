@@ -127,6 +127,13 @@ class SentenceChunker:
             self._buf = self._buf[cut:]
         return out
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters fed and not yet cut off into a chunk: the fed text's length less this is
+        where the last cut fell (the runtime's first-audio trace finds the token that ended a
+        sentence with it)."""
+        return len(self._buf)
+
     def flush(self) -> list[str]:
         """The rest of the text as a last chunk (or nothing when it is blank)."""
         out: list[str] = []
@@ -234,6 +241,11 @@ class WholeText:
     def feed(self, delta: str) -> list[str]:
         self._parts.append(delta)
         return []
+
+    @property
+    def pending_chars(self) -> int:
+        """Characters kept for the end (``SentenceChunker.pending_chars``)."""
+        return sum(len(p) for p in self._parts)
 
     def flush(self) -> list[str]:
         text, self._parts = "".join(self._parts), []
