@@ -63,9 +63,10 @@ little more than the largest rise seen so far."""
 RECYCLE_HEADROOM_MIN = 8 * MiB
 WARMUP_TEXT = "Hello."
 """What a text-consuming stage with a preprocess hook speaks at load (``warmup``): short, so the
-load pays the first run's one-off costs (the Piper voice's first run on the OpenVINO EP took
-1026 ms and its second 541 ms for the same sentence, espeak-ng's start 13 ms of the first
-preprocess; docs/benchmarks.md, "Time to first audio") and little more."""
+load pays the first run's one-off costs and little more. For the Piper voice: espeak-ng's start
+(66 ms of CPU in the first preprocess, 0.5 ms after it; in the pipeline the first request's
+preprocess went from 13-31 ms to 2-5 ms) and the session's first run (measured in CPU time,
+not wall time, which a loaded machine moves more; docs/benchmarks.md, "Time to first audio")."""
 STAMPS_KEPT = 256
 """Requests whose first-item stamps wait for ``request_stats``: a cancelled request is never
 asked for them, so the oldest are dropped past this (a few hundred bytes each)."""
