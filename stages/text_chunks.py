@@ -22,7 +22,9 @@ natural. Guarantees:
 * A number followed by ``.`` does not end a sentence when it is a list marker
   (``1. Buy milk`` at the start of a line) or an ordinal before a month or
   another ordinal noun (``am 3. Mai``, ``im 19. Jahrhundert``); for that case
-  alone the chunker waits for the next word to be complete.
+  alone the chunker waits for the next word, and only while what has come of it
+  can still become such a noun (``1982. However`` is out at ``However``'s
+  first letters, one token after the ``.``, as any sentence).
 * A line break ends a chunk (list items, paragraphs).
 * A clause that runs past ``max_chars`` without a sentence end is cut at its
   last clause mark (``, ; : — ，；：、``) or, failing that, its last space.
@@ -127,6 +129,13 @@ class SentenceChunker:
             self._buf = self._buf[cut:]
         return out
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters fed and not yet cut off into a chunk: the fed text's length less this is
+        where the last cut fell (the runtime's first-audio trace finds the token that ended a
+        sentence with it)."""
+        return len(self._buf)
+
     def flush(self) -> list[str]:
         """The rest of the text as a last chunk (or nothing when it is blank)."""
         out: list[str] = []
@@ -200,9 +209,12 @@ class SentenceChunker:
         m = re.match(r"[^\W\d_]+", buf[k:])
         if m is None:
             return j
+        word = m.group(0).lower()
         if k + m.end() >= len(buf):
-            return None  # the word is not complete yet
-        return _NOT_AN_END if m.group(0).lower() in _ORDINAL_NOUNS else j
+            # the word may go on: it decides only while it can still become an ordinal noun
+            # ("1982. However" is out at " However", "am 3. Ma" waits for "Mai" or "Man")
+            return None if any(noun.startswith(word) for noun in _ORDINAL_NOUNS) else j
+        return _NOT_AN_END if word in _ORDINAL_NOUNS else j
 
     @staticmethod
     def _is_abbreviation(text: str) -> bool:
@@ -234,6 +246,11 @@ class WholeText:
     def feed(self, delta: str) -> list[str]:
         self._parts.append(delta)
         return []
+
+    @property
+    def pending_chars(self) -> int:
+        """Characters kept for the end (``SentenceChunker.pending_chars``)."""
+        return sum(len(p) for p in self._parts)
 
     def flush(self) -> list[str]:
         text, self._parts = "".join(self._parts), []

@@ -100,6 +100,9 @@ class DeviceActor:
         self.order: list[str] = []
         self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
         self.ended: dict[tuple[str, str], None] = {}
+        self.first_fed: dict[tuple[str, str], float] = {}
+        """(stage, request) → when its first fed item reached this actor (``time.perf_counter``),
+        for the first-audio trace (``stamps`` in a stream's figures)."""
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
         self._loading: dict[str, set[str]] = {}
         """Loads in flight: stage -> the other loads that ran beside it."""
@@ -307,8 +310,10 @@ class DeviceActor:
         return q
 
     async def feed(self, stage: str, request_id: str, item: Any) -> None:
-        if (stage, request_id) in self.ended:
+        key = (stage, request_id)
+        if key in self.ended:
             return
+        self.first_fed.setdefault(key, time.perf_counter())
         await self._queue(stage, request_id).put(item)
 
     async def end_input(self, stage: str, request_id: str) -> None:
@@ -333,8 +338,9 @@ class DeviceActor:
         task = asyncio.current_task()
         if task is not None:
             self.tasks.setdefault(request_id, set()).add(task)
-        waited = [0.0, 0.0]
+        waited = [0.0, 0.0, 0.0]
         latencies: list[float] = []
+        emitted: list[float] = []  # when each output left the runner (time.perf_counter): the trace's stamps
         inputs = _timed(_from_list(initial) if initial is not None else self._from_queue(stage, request_id), waited)
         t0 = time.perf_counter()
         first: float | None = None
@@ -351,6 +357,7 @@ class DeviceActor:
         try:
             async for item in agen:
                 now = time.perf_counter()
+                emitted.append(now)
                 if first is None:
                     first = now - t0
                 if waited[1]:
@@ -376,6 +383,7 @@ class DeviceActor:
                     h.request_meter.stop()
                     h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
             self.inputs.pop((stage, request_id), None)
+            fed = self.first_fed.pop((stage, request_id), None)
             self._end((stage, request_id))
             if task is not None:
                 self.tasks.get(request_id, set()).discard(task)
@@ -394,8 +402,15 @@ class DeviceActor:
             stats["audio_s"] = round(audio_s, 3)
             stats["real_time_factor"] = round(max(0.0, duration - waited[0]) / audio_s, 4)
         extra = getattr(h.runner, "request_stats", None)
+        runner_stamps = None
         if callable(extra):
-            stats.update(extra(request_id) or {})
+            figures = dict(extra(request_id) or {})
+            runner_stamps = figures.pop("stamps", None)
+            stats.update(figures)
+        # absolute stamps on this machine's monotonic clock; the runtime reads them (the
+        # first-audio trace) and takes them out before the figures reach a record
+        stats["stamps"] = {"emitted": emitted, "first_fed": fed, "first_taken": waited[2] or None,
+                           "runner": runner_stamps}
         yield ("stats", stats)
 
     async def cancel(self, request_id: str) -> int:
@@ -406,6 +421,7 @@ class DeviceActor:
         for key in [k for k in self.inputs if k[1] == request_id]:
             self._end(key)
             self.inputs.pop(key, None)
+            self.first_fed.pop(key, None)
         return len(tasks)
 
     async def health(self) -> dict[str, dict[str, Any]]:
@@ -528,7 +544,7 @@ def _runner_processes(runner: Any) -> list[int] | None:
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:
     """Pass items through, adding the time spent waiting for each to ``waited[0]``
     (so a stage's busy time excludes waiting on its producer); ``waited[1]`` is
-    when the last item was handed over."""
+    when the last item was handed over, ``waited[2]`` when the first was."""
     while True:
         t = time.perf_counter()
         try:
@@ -538,6 +554,8 @@ async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterato
             return
         waited[1] = time.perf_counter()
         waited[0] += waited[1] - t
+        if not waited[2]:
+            waited[2] = waited[1]
         yield item
 
 

@@ -76,6 +76,7 @@ from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
+from orchestrator.runtime.hop import EdgeTrace, FirstChunk, first_chunk_hop, same_clock
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
@@ -366,7 +367,8 @@ class Runtime:
             gens[s.name] = dev.actor.stream.options(
                 num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
             ).remote(s.name, rid, initial)
-        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners),
+        firsts: dict[str, FirstChunk] = {}  # sentence consumer -> its first chunk, as its producer's pump saw it
+        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
                                      name=f"{rid}:{s.name}") for s in stages]
         for name, joiner in joiners.items():
             tasks.append(asyncio.create_task(self._feed_joined(self.plan.stage(name), rid, joiner,
@@ -439,10 +441,14 @@ class Runtime:
                     dev.actor.cancel.remote(rid)
 
     async def _pump(self, s: StagePlan, gen: Any, rid: str, t0: float, events: asyncio.Queue[Any],
-                    chunks_in: dict[str, list[str]], joiners: dict[str, Joiner] | None = None) -> None:
+                    chunks_in: dict[str, list[str]], joiners: dict[str, Joiner] | None = None,
+                    firsts: dict[str, FirstChunk] | None = None) -> None:
         """Read one stage's outputs: emit its events, feed its consumers (a fan-in
-        consumer through its ``Joiner``, which combines this input with its others)."""
+        consumer through its ``Joiner``, which combines this input with its others).
+        ``firsts``: the first-audio trace of each sentence edge (``orchestrator.runtime.hop``),
+        filled by a producer's pump and read by its consumer's."""
         joiners = joiners or {}
+        firsts = {} if firsts is None else firsts
 
         sent: dict[str, list[int]] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
 
@@ -459,17 +465,23 @@ class Runtime:
         sentences = {c.name for c, _, _ in routes if self.kinds[c.name].text_input == "sentences"}
         chunkers = {(c.name, entry): SentenceChunker() if c.name in sentences else WholeText() for c, entry, _ in routes}
         final_kinds = None if s.final_output_type is None else {s.final_output_type}
+        traces = {c.name: EdgeTrace(s.name) for c, _, _ in routes if c.name in sentences and c.name not in joiners
+                  and same_clock(s.device, c.device)}
+        arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         first: float | None = None
         stats: dict[str, Any] = {}
+        stamps: dict[str, Any] = {}
         index = 0
         try:
             async for ref in gen:
                 kind, item = await ref
                 if kind == "stats":
+                    stamps = item.pop("stamps", None) or {}
                     stats = item
                     continue
+                arrived.append(time.perf_counter())
                 port, payload = self._item_port(s, item)
-                now = time.perf_counter() - t0
+                now = arrived[-1] - t0
                 if first is None:
                     first = now
                     events.put_nowait(StageEvent(s.name, "first_output", rid, now))
@@ -483,7 +495,14 @@ class Runtime:
                     if not isinstance(payload, str):
                         await give(c, entry, payload)
                         continue
-                    for chunk in chunkers[(c.name, entry)].feed(payload):
+                    chunker = chunkers[(c.name, entry)]
+                    trace = traces.get(c.name)
+                    if trace is not None and trace.open:
+                        trace.fed(len(arrived) - 1, payload)
+                    cut = chunker.feed(payload)
+                    if cut and trace is not None and trace.open:
+                        firsts[c.name] = trace.released(chunker.pending_chars, arrived)
+                    for chunk in cut:
                         if c.name in sentences:
                             chunks_in[c.name].append(chunk)
                         await give(c, entry, chunk)
@@ -491,11 +510,17 @@ class Runtime:
             raise
         except BaseException as exc:
             raise self._map(exc, s.name, dev) from None
+        emitted = stamps.get("emitted") or []
         for c, entry, ports in routes:
             if ports is not None and "text" not in ports:
                 chunks: list[str] = []  # an input of a non-text port (thinker.hidden_states) gets no text
             else:
                 chunks = chunkers[(c.name, entry)].flush()
+            trace = traces.get(c.name)
+            if chunks and trace is not None and trace.open:
+                firsts[c.name] = trace.released(0, arrived, at_end=True)
+            if c.name in firsts and firsts[c.name].producer == s.name and len(emitted) == len(arrived):
+                firsts[c.name].token_emitted = emitted[firsts[c.name].token_index]
             for chunk in chunks:
                 if c.name in sentences:
                     chunks_in[c.name].append(chunk)
@@ -508,6 +533,9 @@ class Runtime:
         end = time.perf_counter() - t0
         stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
                  "done_s": _r(end), "chunks_in": chunks_in.get(s.name, []), "edges_out": edge_counts(sent)}
+        hop = first_chunk_hop(firsts[s.name], stamps, arrived[0], t0) if s.name in firsts and arrived else None
+        if hop is not None:
+            stats["first_chunk_hop"] = hop
         if s.name in joiners:
             stats["join"] = joiners[s.name].stats()
         stats["throughput"] = _throughput(stats)

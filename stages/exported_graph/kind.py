@@ -139,6 +139,11 @@ class ExportedGraphConfig(GraphStageConfig):
         description="Run the graph on windows of frames (items are frames of codes) instead of item by item; "
                     "the artifact's metadata must give samples_per_frame.",
     )
+    warmup: bool = Field(
+        True,
+        description="Run once at load (a short text through the hooks for a voice, else the reference inputs), "
+                    "so the first request does not pay the first run's one-off costs; false: a faster load.",
+    )
 
 
 def as_graph_stage(stage: GraphStageConfig, artifact: str) -> ExportedGraphConfig:
@@ -434,7 +439,7 @@ class ExportedGraphKind(StageKind):
         if cfg.chunk is not None:
             chunk = ChunkSettings(cfg.chunk.frames, cfg.chunk.left_context, cfg.chunk.first_frames,
                                   samples_per_frame(art, where=f"stages.{cfg.name}.chunk"))
-        return ExportedGraphRunner(stage_plan, art, route_for(stage_plan, route), chunk=chunk)
+        return ExportedGraphRunner(stage_plan, art, route_for(stage_plan, route), chunk=chunk, warmup=cfg.warmup)
 
 
 def samples_per_frame(art: ExportedArtifact, *, where: str) -> int:

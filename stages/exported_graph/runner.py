@@ -35,6 +35,7 @@ per window.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ from orchestrator.units import MiB
 from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.chunking import ChunkInputError, FrameChunker, Window, new_samples
+from stages.payloads import parse_payloads
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -60,6 +62,15 @@ RECYCLE_HEADROOM_FRACTION = 0.02
 the run-to-run noise of a load here is 1-2 % (docs/calibration.md), and a call may rise a
 little more than the largest rise seen so far."""
 RECYCLE_HEADROOM_MIN = 8 * MiB
+WARMUP_TEXT = "Hello."
+"""What a text-consuming stage with a preprocess hook speaks at load (``warmup``): short, so the
+load pays the first run's one-off costs and little more. For the Piper voice: espeak-ng's start
+(66 ms of CPU in the first preprocess, 0.5 ms after it; in the pipeline the first request's
+preprocess went from 13-31 ms to 2-5 ms) and the session's first run (measured in CPU time,
+not wall time, which a loaded machine moves more; docs/benchmarks.md, "Time to first audio")."""
+STAMPS_KEPT = 256
+"""Requests whose first-item stamps wait for ``request_stats``: a cancelled request is never
+asked for them, so the oldest are dropped past this (a few hundred bytes each)."""
 
 
 def recycle_limit(budget: int) -> int:
@@ -109,9 +120,10 @@ class ExportedGraphRunner(StageRunner):
     """
 
     def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute,
-                 *, chunk: ChunkSettings | None = None) -> None:
+                 *, chunk: ChunkSettings | None = None, warmup: bool = True) -> None:
         self.plan = stage_plan
         self.chunk = chunk
+        self.warmup = warmup
         self.artifact = artifact
         self.route = route
         self._host: Any = None
@@ -120,6 +132,9 @@ class ExportedGraphRunner(StageRunner):
         self._post = artifact.hook("postprocess")
         self.load_info: dict[str, Any] = {}
         self._pids: list[int] = []
+        self._stamps: dict[str, dict[str, float]] = {}
+        """Request → when its first item went through each step (``time.perf_counter``), until
+        ``request_stats`` hands them to the device actor (the first-audio trace)."""
 
     def load(self) -> None:
         spec = self.plan.engine_kwargs.get("session")
@@ -132,12 +147,34 @@ class ExportedGraphRunner(StageRunner):
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
         self._handle = self.load_info["handle"]
+        if self.warmup:
+            try:
+                self.load_info = {**self.load_info, "warmup": self._warm()}
+            except Exception as exc:
+                self.close()
+                raise StageFailed(self.plan.name, self.plan.device or "?",
+                                  f"the warm-up run at load failed: {type(exc).__name__}: {exc}") from exc
         if not self._host.in_process:
             self._host.recycle_limit = recycle_limit(self.plan.budget_bytes())
             rise = (self.plan.calibration or {}).get("call_rise_bytes")
             if isinstance(rise, int) and rise > 0:
                 self._host.expect_rise(rise)
             self.load_info = {**self.load_info, "worker_recycle_limit_bytes": self._host.recycle_limit}
+
+    def _warm(self) -> dict[str, Any]:
+        """One run at load, before any request, so the first request does not pay the first
+        run's one-off costs (an EP's lazy allocations, the hook's library start). A stage that
+        takes text and has a preprocess hook speaks ``WARMUP_TEXT`` through the whole chain;
+        any other runs the artifact's reference inputs through the session. Before the recycle
+        limit is set, so it is the load's memory, and no request's. Returns what ran and how long."""
+        t0 = time.perf_counter()
+        if self._pre is not None and self.chunk is None and any(t.kind == "text" for t in parse_payloads(self.artifact.manifest.consumes or [])):
+            self.run_one(WARMUP_TEXT)
+            item = "text"
+        else:
+            self._host.run(self._handle, self.artifact.reference_inputs())
+            item = "reference inputs"
+        return {"item": item, "s": round(time.perf_counter() - t0, 4)}
 
     def process_ids(self) -> list[int]:
         """The route worker's process (and its children), the current one after a recycle; [] in this process."""
@@ -158,18 +195,37 @@ class ExportedGraphRunner(StageRunner):
                 "retained_bytes": max(0, host.retained_bytes), "fresh_bytes": host.fresh_bytes}
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
-        """``worker_recycles``: how many times the stage's route worker was replaced since the load."""
+        """``worker_recycles``: how many times the stage's route worker was replaced since the load;
+        ``stamps``: when the request's first item went through each step (the device actor takes
+        them out of the figures, for the runtime's first-audio trace)."""
         host = self._host
-        return {} if host is None or host.in_process else {"worker_recycles": host.recycles}
+        out: dict[str, Any] = {} if host is None or host.in_process else {"worker_recycles": host.recycles}
+        stamps = self._stamps.pop(request_id, None)
+        if stamps is not None:
+            out["stamps"] = stamps
+        return out
 
-    def run_one(self, item: Any) -> Any:
-        """One item through the chain, synchronously."""
+    def run_one(self, item: Any, stamps: dict[str, float] | None = None) -> Any:
+        """One item through the chain, synchronously. ``stamps``, when given, gets when each
+        step ended (``time.perf_counter``: ``started``, ``preprocessed``, ``ran``,
+        ``postprocessed``) and the session's own ``run_s`` as the route measured it."""
         if self._handle is None:
             raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
+        if stamps is not None:
+            stamps["started"] = time.perf_counter()
         feeds = self._pre(item, self.artifact) if self._pre else feeds_for(
             item, self.load_info.get("inputs") or [], f"request (stage {self.plan.name}, kind {self.plan.kind})")
-        outputs = self._host.run(self._handle, feeds)["outputs"]
-        return self._post(outputs, self.artifact) if self._post else outputs
+        if stamps is not None:
+            stamps["preprocessed"] = time.perf_counter()
+        result = self._host.run(self._handle, feeds)
+        if stamps is not None:
+            stamps["ran"] = time.perf_counter()
+            stamps["run_s"] = float(result.get("run_s") or 0.0)
+        outputs = result["outputs"]
+        out = self._post(outputs, self.artifact) if self._post else outputs
+        if stamps is not None:
+            stamps["postprocessed"] = time.perf_counter()
+        return out
 
     def run_window(self, window: Window) -> Any:
         """One window of frames through the chain, synchronously: the new samples only."""
@@ -210,13 +266,25 @@ class ExportedGraphRunner(StageRunner):
             async for out in self._stream_chunked(request_id, inputs):
                 yield out
             return
+        first = True
         async for item in inputs:
+            stamps: dict[str, float] | None = None
+            if first:
+                first, stamps = False, {"dispatched": time.perf_counter()}
             try:
-                yield await asyncio.to_thread(self.run_one, item)
+                out = await asyncio.to_thread(self.run_one, item, stamps)
+                if stamps is not None:
+                    self._keep_stamps(request_id, stamps)
+                yield out
             except (StageFailed, BadRequest):
                 raise
             except Exception as exc:
                 raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+
+    def _keep_stamps(self, request_id: str, stamps: dict[str, float]) -> None:
+        self._stamps[request_id] = stamps
+        while len(self._stamps) > STAMPS_KEPT:
+            del self._stamps[next(iter(self._stamps))]
 
     def close(self) -> None:
         if self._host is not None:

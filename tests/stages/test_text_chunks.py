@@ -102,8 +102,20 @@ def test_an_ordinal_waits_for_the_next_word_and_nothing_else_does() -> None:
     assert c.feed("i in Berlin. Kommst") == ["Wir treffen uns am 3. Mai in Berlin."]
     c = SentenceChunker()
     assert c.feed("Das sind 3. Ma") == []
-    assert c.feed("n") == []
-    assert c.feed(" sieht") == ["Das sind 3."]
+    assert c.feed("n") == ["Das sind 3."]  # "Man" can no longer become an ordinal noun: out at once
+
+
+def test_a_sentence_ending_in_a_number_is_out_with_the_next_token_not_the_one_after() -> None:
+    """A decoder's tokens, by hand: "1982." ended the sentence, and " However" cannot begin an
+    ordinal noun, so the sentence goes to the voice when " However" arrives. It waited for
+    "," before (the whole next word), one decode step more."""
+    c = SentenceChunker()
+    out = [c.feed(t) for t in ["It", " opened", " in", " 198", "2", ".", " However", ",", " it"]]
+    assert out[6] == ["It opened in 1982."] and all(o == [] for i, o in enumerate(out) if i != 6)
+    c = SentenceChunker()
+    out = [c.feed(t) for t in ["Es", " war", " am", " 3", ".", " Ma", "i", " in", " Berlin", "."]]
+    assert all(o == [] for o in out)  # "Mai" after "3.": an ordinal, no sentence end
+    assert c.flush() == ["Es war am 3. Mai in Berlin."]
 
 
 def test_a_long_cjk_clause_is_cut_at_a_full_width_comma() -> None:

@@ -88,6 +88,24 @@ def test_first_audio_arrives_before_the_last_text(pipeline: Pipeline, tmp_path: 
     assert voice_done.stats["chunks_in"] == SENTENCES  # the voice got the sentences, cut where they end
 
 
+def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(pipeline: Pipeline) -> None:
+    from orchestrator.runtime.hop import STEPS
+
+    result = pipeline.run({"script": SCRIPT}, record=None)
+    hop = result.stages["voice"]["first_chunk_hop"]
+    # SCRIPT's first delta is the whole first sentence; the second delta's " The" releases it
+    assert (hop["from"], hop["token_index"], hop["released_by"]) == ("thinker", 0, "output 1")
+    assert list(hop["steps_s"]) == list(STEPS)  # the voice's runner stamped its own steps
+    assert all(v >= 0 for v in hop["steps_s"].values()), hop  # one monotonic clock: each step in order
+    assert sum(hop["steps_s"].values()) == pytest.approx(hop["total_s"], abs=1e-3)
+    assert hop["sentence_token_s"] <= hop["first_sentence_s"] <= hop["first_output_s"]
+    assert hop["first_output_s"] == pytest.approx(result.time_to_first_audio_s, abs=0.05)
+    # the stamps the hop was made from stay out of the figures (and so out of the record)
+    assert all("stamps" not in figures for figures in result.stages.values())
+    assert "first_chunk_hop" not in result.stages["thinker"]
+    assert pipeline.runtime.load_results["voice"]["load_info"]["warmup"]["item"] == "text"
+
+
 def test_fixed_sentences_become_real_speech_in_a_valid_wav(pipeline: Pipeline, tmp_path: Path) -> None:
     result = pipeline.run({"script": SCRIPT})
     assert result.text == "".join(SCRIPT) and result.chunks == SENTENCES
