@@ -2,7 +2,7 @@
 
     python bench/first_audio.py [--config configs/voice-assistant.yaml] [--profile FILE]
                                 [--repeat 1] [--temperature 0] [--no-warmup] [--voice-rounds N]
-                                [--json FILE]
+                                [--compare] [--json FILE]
 
 One ``Pipeline`` is started (whatever backends the plan picks for it: the
 decode stage's is printed), then every prompt of ``PROMPTS`` is sent in turn,
@@ -24,6 +24,12 @@ step. A reply with no sentence (nothing speakable) has no hop: ``n/a``.
 The replies are whatever the model says on this machine (greedy output can
 differ between CPUs); the prompts are in this file, not in the test suite, so
 nothing is tuned to them.
+
+``--compare`` runs the config three ways in one run, one after the other, and
+prints them side by side: the decode stage on ``vllm-cpu`` with the voice fed
+whole sentences (the pipeline before issue 21), on ``llamacpp-cpu`` with whole
+sentences, and on ``llamacpp-cpu`` with the voice's first chunk cut early
+(``first_chunk_chars``).
 
 ``--voice-rounds N`` adds the warm-up's own figure, which one pipeline start
 shows only once: the sentence-taking voice stage's runner alone, in this
@@ -209,6 +215,50 @@ def voice_rounds(plan: Any, config: Any, profile: Any, rounds: int) -> tuple[lis
     return out, doc
 
 
+FIRST_CHUNK_CHARS = 40
+"""``--compare``'s first-chunk cut when the config's voice names none."""
+
+
+def compare_variants(base: dict[str, Any], path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The config three ways (``--compare``): its decode stage on ``vllm-cpu`` then on
+    ``llamacpp-cpu``, its sentence-taking voice on whole sentences, then with the first chunk cut early."""
+    import copy
+
+    def variant(backend: str, first: int | None) -> dict[str, Any]:
+        doc = copy.deepcopy(base)
+        decode = [s for s in doc["stages"] if s.get("kind") == "ar_decode"]
+        voices = [s for s in doc["stages"] if s.get("kind") == "exported_graph" and s.get("inputs")]
+        if len(decode) != 1 or not voices:
+            raise ValueError("--compare needs one ar_decode stage and a voice (exported_graph) fed by it")
+        decode[0]["backends"] = [backend]
+        decode[0]["devices"] = ["cpu"]
+        for v in voices:
+            v["first_chunk_chars"] = first
+        return doc
+
+    first = next((s.get("first_chunk_chars") for s in base["stages"] if s.get("first_chunk_chars")), None)
+    return [("vLLM, sentences", variant("vllm-cpu", None)),
+            ("llama.cpp, sentences", variant("llamacpp-cpu", None)),
+            ("llama.cpp, first chunk early", variant("llamacpp-cpu", first or FIRST_CHUNK_CHARS))]
+
+
+def compare_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """Median and p95 of each figure per variant, and each variant over the first."""
+    names = list(summaries)
+    out = ["side by side (ms; ratio: over the first variant's median)", f"{'':18}" + "".join(f"{n[:20]:>22}" for n in names)]
+    for key, label in FIGURES:
+        cells = []
+        base = summaries[names[0]][key]["median"]
+        for n in names:
+            fig = summaries[n][key]
+            med_, p = fig["median"], fig["p95"]
+            ratio = f" {med_ / base:4.2f}x" if med_ is not None and base else ""
+            cells.append(f"{ms(med_, 5)}/{ms(p, 5)}{ratio}".rjust(22))
+        out.append(f"{label:18}" + "".join(cells))
+    out.append(f"{'':18}" + "median/p95 per cell".rjust(22))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs/voice-assistant.yaml"))
@@ -218,6 +268,10 @@ def main() -> int:
     ap.add_argument("--no-warmup", action="store_true", help="load exported-graph stages with warmup: false")
     ap.add_argument("--voice-rounds", type=int, default=0, metavar="N",
                     help="also load the voice alone N times without and with its warm-up (default 0)")
+    ap.add_argument("--compare", action="store_true",
+                    help="run the config three ways in one run, side by side: the thinker on vLLM and the voice on "
+                         "whole sentences; on llama.cpp with whole sentences; on llama.cpp with the first chunk cut "
+                         f"early (first_chunk_chars, the config's or {FIRST_CHUNK_CHARS})")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
     if args.repeat < 1 or args.voice_rounds < 0:
@@ -240,52 +294,67 @@ def main() -> int:
 
     path = Path(args.config)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        for stage in doc.get("stages", []):
-            if args.no_warmup and stage.get("kind") == "exported_graph":
-                stage["warmup"] = False
-        config = parse_config(doc, where=str(path), base_dir=path.parent)
-    except (OSError, yaml.YAMLError, ConfigError) as exc:
+        base = yaml.safe_load(path.read_text(encoding="utf-8"))
+        variants = compare_variants(base, path) if args.compare else [("as configured", base)]
+        configs = []
+        for name, doc in variants:
+            for stage in doc.get("stages", []):
+                if args.no_warmup and stage.get("kind") == "exported_graph":
+                    stage["warmup"] = False
+            configs.append((name, parse_config(doc, where=f"{path} ({name})", base_dir=path.parent)))
+    except (OSError, yaml.YAMLError, ConfigError, ValueError) as exc:
         print(f"error: {args.config}: {exc}", file=sys.stderr)
         return 2
-    t = time.perf_counter()
-    profile = api.plan_profile(args.profile, None)
-    store = api.calibration_store(True)
-    plan = plan_pipeline(config, profile, calibration=store)
-    if api.unverified_stages(plan):
-        plan = api.verify_then_replan(config, profile, frozenset(), calibration=store)
-    if not plan.admitted:
-        print("the plan was refused; run `omni-edge plan` on the config to see why", file=sys.stderr)
-        return 3
-    # planned from the measurement store as `omni-edge run` plans, but records nothing in it: a
-    # benchmark must not move the next plan's budgets (a voice worker recycled at a tighter budget
-    # is seconds inside session_bridge)
-    pipeline = api.Pipeline(plan, config, profile=profile, record=None, calibration=None).start()
-    start_s = time.perf_counter() - t
-    stages = ", ".join(f"{s.name} {s.backend} on {s.device}" for s in pipeline.runtime.stages)
-    plan_line = (f"{pipeline.plan.pipeline}: {stages}; started in {start_s:.1f} s; {os.cpu_count()} CPUs; "
-                 f"load average {os.getloadavg()[0]:.2f}; temperature {args.temperature:g}"
-                 f"{'; no warm-up' if args.no_warmup else ''}")
+    lines: list[str] = []
+    doc: dict[str, Any] = {"variants": {}}
+    summaries: dict[str, dict[str, Any]] = {}
+    for name, config in configs:
+        t = time.perf_counter()
+        profile = api.plan_profile(args.profile, None)
+        store = api.calibration_store(True)
+        plan = plan_pipeline(config, profile, calibration=store)
+        if api.unverified_stages(plan):
+            plan = api.verify_then_replan(config, profile, frozenset(), calibration=store)
+        if not plan.admitted:
+            print(f"{name}: the plan was refused; run `omni-edge plan` on the config to see why", file=sys.stderr)
+            return 3
+        # planned from the measurement store as `omni-edge run` plans, but records nothing in it: a
+        # benchmark must not move the next plan's budgets (a voice worker recycled at a tighter budget
+        # is seconds inside session_bridge)
+        pipeline = api.Pipeline(plan, config, profile=profile, record=None, calibration=None).start()
+        start_s = time.perf_counter() - t
+        stages = ", ".join(f"{s.name} {s.backend} on {s.device}"
+                           + (f" ({s.cpu_threads} thr)" if s.cpu_threads else "") for s in pipeline.runtime.stages)
+        plan_line = (f"[{name}] {pipeline.plan.pipeline}: {stages}; started in {start_s:.1f} s; "
+                     f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; temperature {args.temperature:g}"
+                     f"{'; no warm-up' if args.no_warmup else ''}")
 
-    async def requests() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        cold = await one(pipeline, PROMPTS[0], args.temperature, "first")
-        runs = []
-        for rep in range(args.repeat):
-            for i, prompt in enumerate(PROMPTS):
-                runs.append(await one(pipeline, prompt, args.temperature, f"r{rep}-{i}"))
-        return cold, runs
+        async def requests(pipeline: Any = pipeline) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            cold = await one(pipeline, PROMPTS[0], args.temperature, "first")
+            runs = []
+            for rep in range(args.repeat):
+                for i, prompt in enumerate(PROMPTS):
+                    runs.append(await one(pipeline, prompt, args.temperature, f"r{rep}-{i}"))
+            return cold, runs
 
-    try:
-        cold, runs = asyncio.run(requests())
-    finally:
-        pipeline.close()
-    lines, doc = report(plan_line, cold, runs)
-    if args.voice_rounds:
-        more, doc["voice_warmup"] = voice_rounds(plan, config, profile, args.voice_rounds)
-        lines += more
+        try:
+            cold, runs = asyncio.run(requests())
+        finally:
+            pipeline.close()
+        more, vdoc = report(plan_line, cold, runs)
+        lines += [*more, ""]
+        doc["variants"][name] = vdoc
+        summaries[name] = vdoc["figures"]
+        if args.voice_rounds and name == configs[-1][0]:
+            extra, doc["voice_warmup"] = voice_rounds(plan, config, profile, args.voice_rounds)
+            lines += extra
+    if len(summaries) > 1:
+        lines += compare_table(summaries)
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str))
+        Path(args.json).write_text(json.dumps(doc if len(configs) > 1 else doc["variants"][configs[0][0]]
+                                              | ({"voice_warmup": doc["voice_warmup"]} if "voice_warmup" in doc else {}),
+                                              indent=2, default=str))
     return 0
 
 

@@ -28,6 +28,11 @@ natural. Guarantees:
 * A line break ends a chunk (list items, paragraphs).
 * A clause that runs past ``max_chars`` without a sentence end is cut at its
   last clause mark (``, ; : — ，；：、``) or, failing that, its last space.
+* With ``first_max_chars`` (a TTS stage's ``first_chunk_chars``), the reply's
+  **first** chunk is cut the same way once it runs past that many characters
+  (at its last clause mark, else its last space, never shorter than
+  ``FIRST_MIN_CUT_CHARS``): the voice starts on a few words while the rest of
+  the first sentence is still being decoded. Later chunks are sentences.
 * At the end of the stream the rest is flushed.
 * Chunks with no letter or digit (a stray ``*`` or ``...``) are merged into
   the next chunk rather than spoken alone; a trailing one is dropped (there
@@ -66,6 +71,9 @@ MAX_CHARS = 200
 run-on sentence still reaches the TTS while decoding continues."""
 MIN_CUT_CHARS = 24
 """A forced cut never leaves a fragment shorter than this (it would sound clipped)."""
+FIRST_MIN_CUT_CHARS = 8
+"""The shortest first fragment (``first_max_chars``): two or three short words — "Sure, the" is
+not cut off as "Sure," alone when a later mark or space leaves more."""
 
 _ABBREVIATIONS = frozenset([
     # English
@@ -107,11 +115,16 @@ def _is_cjk(c: str) -> bool:
 class SentenceChunker:
     """The synchronous core: ``feed`` deltas, collect chunks; ``flush`` at the end."""
 
-    def __init__(self, max_chars: int = MAX_CHARS, min_cut_chars: int = MIN_CUT_CHARS) -> None:
+    def __init__(self, max_chars: int = MAX_CHARS, min_cut_chars: int = MIN_CUT_CHARS,
+                 first_max_chars: int | None = None) -> None:
         if max_chars <= min_cut_chars:
             raise ValueError(f"max_chars ({max_chars}) must exceed min_cut_chars ({min_cut_chars})")
+        if first_max_chars is not None and first_max_chars <= FIRST_MIN_CUT_CHARS:
+            raise ValueError(f"first_max_chars ({first_max_chars}) must exceed {FIRST_MIN_CUT_CHARS}")
         self.max_chars = max_chars
         self.min_cut_chars = min_cut_chars
+        self.first_max_chars = first_max_chars
+        self._first = first_max_chars is not None  # the first chunk is still to come
         self._buf = ""
         self._carry = ""  # a punctuation-only chunk waiting for the next one
 
@@ -121,12 +134,17 @@ class SentenceChunker:
         out: list[str] = []
         while True:
             cut = self._sentence_end()
+            if cut is None and self._first and self.first_max_chars is not None \
+                    and len(self._buf) > self.first_max_chars:
+                cut = self._forced_cut(self.first_max_chars, FIRST_MIN_CUT_CHARS)
             if cut is None and len(self._buf) > self.max_chars:
-                cut = self._forced_cut()
+                cut = self._forced_cut(self.max_chars, self.min_cut_chars)
             if cut is None:
                 break
             self._emit(self._buf[:cut], out)
             self._buf = self._buf[cut:]
+            if out:
+                self._first = False
         return out
 
     @property
@@ -226,13 +244,13 @@ class SentenceChunker:
             return word.isupper() or word in _LOWER_INITIALS
         return word.lower() in _ABBREVIATIONS or word.lower().endswith("str")  # Hauptstr.
 
-    def _forced_cut(self) -> int | None:
-        window = self._buf[: self.max_chars]
+    def _forced_cut(self, max_chars: int, min_cut_chars: int) -> int | None:
+        window = self._buf[:max_chars]
         for marks in (_CLAUSE_MARKS, " "):
             pos = max(window.rfind(m) for m in marks)
-            if pos + 1 >= self.min_cut_chars:
+            if pos + 1 >= min_cut_chars:
                 return pos + 1
-        return self.max_chars
+        return max_chars
 
 
 class WholeText:

@@ -397,11 +397,17 @@ class Runtime:
                 with contextlib.suppress(BaseException):
                     await t
 
+    def _sentence_chunker(self, consumer: str) -> SentenceChunker:
+        """The chunker for text fed to ``consumer``: sentences, its first chunk cut early when its
+        config names ``first_chunk_chars`` (a voice that starts on a few words)."""
+        cfg = next((s for s in self.config.stages if s.name == consumer), None)
+        return SentenceChunker(first_max_chars=getattr(cfg, "first_chunk_chars", None))
+
     def _cut(self, stage: str, text: str, chunks_in: dict[str, list[str]]) -> list[str]:
         """``text`` as ``stage``'s kind takes it: sentences, or whole."""
         if self.kinds[stage].text_input != "sentences":
             return [text]
-        chunker = SentenceChunker()
+        chunker = self._sentence_chunker(stage)
         chunks = [*chunker.feed(text), *chunker.flush()]
         chunks_in.setdefault(stage, []).extend(chunks)
         return chunks
@@ -463,7 +469,8 @@ class Runtime:
         # each consumer input naming s, with the ports it takes (a consumer may name two ports of s)
         routes = [(self.plan.stage(c), entry, ports) for c, entry, ports in self.routes_out[s.name]]
         sentences = {c.name for c, _, _ in routes if self.kinds[c.name].text_input == "sentences"}
-        chunkers = {(c.name, entry): SentenceChunker() if c.name in sentences else WholeText() for c, entry, _ in routes}
+        chunkers = {(c.name, entry): self._sentence_chunker(c.name) if c.name in sentences else WholeText()
+                    for c, entry, _ in routes}
         final_kinds = None if s.final_output_type is None else {s.final_output_type}
         traces = {c.name: EdgeTrace(s.name) for c, _, _ in routes if c.name in sentences and c.name not in joiners
                   and same_clock(s.device, c.device)}

@@ -37,6 +37,7 @@ from stages.exported_graph.runner import (
     route_for,
 )
 from stages.payloads import Ports, parse_payloads
+from stages.text_chunks import FIRST_MIN_CUT_CHARS, MAX_CHARS
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -138,6 +139,12 @@ class ExportedGraphConfig(GraphStageConfig):
         None,
         description="Run the graph on windows of frames (items are frames of codes) instead of item by item; "
                     "the artifact's metadata must give samples_per_frame.",
+    )
+    first_chunk_chars: int | None = Field(
+        None, gt=FIRST_MIN_CUT_CHARS, le=MAX_CHARS,
+        description="A voice fed text: cut the reply's first chunk at a clause mark or a space once it runs past "
+                    "this many characters, so speech starts on a few words while the first sentence is still being "
+                    "decoded (later chunks are whole sentences); null: every chunk is a sentence.",
     )
     warmup: bool = Field(
         True,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stages.text_chunks import SentenceChunker, chunk_text, split_text
+from stages.text_chunks import FIRST_MIN_CUT_CHARS, SentenceChunker, chunk_text, split_text
 from tests.stages.sentence_corpus import CORPUS, text_of
 
 REPLY = ("The Moon is about 384,400 km away. It has no atmosphere! Dr. Smith said e.g. pi is 3.14, "
@@ -122,3 +122,24 @@ def test_a_long_cjk_clause_is_cut_at_a_full_width_comma() -> None:
     text = "我们" * 30 + "，" + "他们" * 40
     chunks = split_text(text, max_chars=100)
     assert chunks[0] == "我们" * 30 + "，" and "".join(chunks) == text
+
+
+def test_first_max_chars_cuts_only_the_first_chunk_at_a_clause_mark_or_space() -> None:
+    text = "Well, the Moon is Earth's only natural satellite. It has no air at all, and no water either."
+    chunker = SentenceChunker(first_max_chars=24)
+    chunks = [c for i in range(0, len(text), 3) for c in chunker.feed(text[i:i + 3])] + chunker.flush()
+    # past 24 characters with no sentence end: cut at the last space within them ("Well," alone
+    # would be shorter than FIRST_MIN_CUT_CHARS); every later chunk is a whole sentence
+    assert chunks == ["Well, the Moon is", "Earth's only natural satellite.", "It has no air at all, and no water either."]
+    assert " ".join(chunks) == text
+
+
+def test_first_max_chars_leaves_a_first_sentence_shorter_than_it_whole() -> None:
+    chunker = SentenceChunker(first_max_chars=40)
+    chunks = [c for d in ["Sure", "!", " The", " Moon", " is", " bright", "."] for c in chunker.feed(d)] + chunker.flush()
+    assert chunks == ["Sure!", "The Moon is bright."]
+
+
+def test_first_max_chars_must_leave_room_for_a_fragment() -> None:
+    with pytest.raises(ValueError, match="first_max_chars"):
+        SentenceChunker(first_max_chars=FIRST_MIN_CUT_CHARS)

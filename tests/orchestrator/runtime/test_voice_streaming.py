@@ -156,3 +156,24 @@ def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_bus
     # The stage's meter samples RSS all along, so its peak is the peak during the load.
     voice = pipeline.runtime.measure()["voice"]
     assert voice["evidence"] == "M" and voice["within_budget"], voice
+
+
+def test_a_voice_with_first_chunk_chars_starts_on_the_first_words(ray_cluster: Any) -> None:
+    """``first_chunk_chars`` on the voice: the reply's first chunk is cut at a space once it runs
+    past that many characters (the voice starts on a few words); the rest are sentences."""
+    pytest.importorskip("onnxruntime")
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "delay_s": 0.01, "devices": ["cpu"],
+                        "final_output": True, "final_output_type": "text"}
+    doc["stages"][1]["first_chunk_chars"] = 20
+    config = parse_config(doc, where=f"{CONFIG} (thinker scripted)", base_dir=CONFIG.parent)
+    profile = make_profile()
+    p = Pipeline(plan_pipeline(config, profile), config, profile=profile, record=None)
+    p.start()
+    try:
+        result = p.run({"script": SCRIPT}, record=None)
+    finally:
+        p.close()
+    # "The first sentence is short." is 28 characters: past 20, cut at the last space within them
+    assert result.chunks == ["The first sentence", "is short.", *SENTENCES[1:]]
+    assert result.stages["voice"]["items"] == len(result.chunks)
