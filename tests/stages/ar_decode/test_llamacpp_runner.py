@@ -218,7 +218,27 @@ def test_closing_the_stream_frees_the_slot_and_its_kv_cells(runner: LlamaCppRunn
     assert gone["finish_reason"] == "abort" and gone["tokens"] < 400
     assert (third["tokens"], third["finish_reason"]) == (5, "length") and not third["waited_for_slot"]
     assert keep["finish_reason"] == "abort" and keep["tokens"] < 400
-    assert runner._free_slots == n_seq and _kv_positions(runner) == [-1] * n_seq  # every cell cleared
+    # every reply's cells are cleared; a sequence keeps at most its prompt's (prefix reuse)
+    prompt_tokens = max(gone["prompt_tokens"], keep["prompt_tokens"], third["prompt_tokens"])
+    assert runner._free_slots == n_seq and all(p < prompt_tokens for p in _kv_positions(runner))
+
+
+@needs_llama_cpp
+def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(runner: LlamaCppRunner) -> None:
+    _wait_all_free(runner)
+    question = _fixed("Name a colour of the rainbow.", 6)
+    asyncio.run(_collect(runner, "r1", question))
+    asyncio.run(_collect(runner, "r2", question))
+    asyncio.run(_collect(runner, "r3", _fixed("Name a large animal.", 6)))
+    r1, r2, r3 = (runner.request_stats(r) for r in ("r1", "r2", "r3"))
+    # the same prompt again: all of it kept but its last token, decoded for the reply's first logits
+    assert r2["reused_prompt_tokens"] == r2["prompt_tokens"] - 1
+    # another question: the system prompt and the template's head are kept, the question is decoded
+    assert 0 < r3["reused_prompt_tokens"] < r3["prompt_tokens"] - 1
+    for r in (r1, r2, r3):
+        assert (r["tokens"], r["finish_reason"]) == (6, "length")
+    # nothing beyond the prompts stays: no reply's cells
+    assert all(p < max(r1["prompt_tokens"], r3["prompt_tokens"]) for p in _kv_positions(runner))
 
 
 @needs_llama_cpp
