@@ -84,7 +84,8 @@ install_chromium() {
 # GGML_NATIVE (-march=native): AMX is always off (the native build segfaulted in its first
 # evaluation on an Intel CPU with AMX), AVX-512 is on only where the CPU has the whole family
 # ggml's AVX-512 kernels use. `omni-edge probe` checks the installed build against the CPU.
-cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+# (OMNI_EDGE_CPU_FLAGS stands in for /proc/cpuinfo's flags: the tests show other CPUs' builds)
+cpu_flags=" ${OMNI_EDGE_CPU_FLAGS:-$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2)} "
 has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }
 llama_tier=""
 llama_cmake="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
@@ -112,7 +113,7 @@ else
   llama_cmake+=" -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"
 fi
 llama_tier=${llama_tier:-generic}
-llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/omni-edge/wheels/llama-cpp-python-${LLAMA_CPP_PYTHON_VERSION}-${llama_tier}"
+llama_wheels="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/omni-edge/wheels/llama-cpp-python-${LLAMA_CPP_PYTHON_VERSION}-${llama_tier}"
 install_llama_cpp() {
   if ! ls "$llama_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     if ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then

@@ -129,7 +129,10 @@ def test_bootstrap_on_a_cuda_host_installs_vllm_and_nvml(tmp_path: Path) -> None
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     cuda = subprocess.run(["bash", "scripts/bootstrap.sh", "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, check=True).stdout
-    assert cuda.strip() == "main environment: omni-edge[run,dev,gpu,cpu] vllm"
+    assert cuda.splitlines()[0] == "main environment: omni-edge[run,dev,gpu,cpu] vllm"
+    # llama.cpp is built on every machine, with flags named from its CPU (never -march=native, AMX off)
+    assert cuda.splitlines()[1].startswith("llama.cpp: llama-cpp-python==")
+    assert "-DGGML_NATIVE=OFF" in cuda and "-DGGML_AMX_TILE=OFF" in cuda
     if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
         return  # a real GPU machine: the CPU-only branch cannot be shown here
     env = {"PATH": f"{tmp_path / 'empty'}:/usr/bin:/bin"}  # no nvidia-smi
