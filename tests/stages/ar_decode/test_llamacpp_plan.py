@@ -172,6 +172,21 @@ def test_a_config_listing_only_llamacpp_cpu_on_a_safetensors_model_is_a_named_re
     assert "GGUF build" in refusal["remedy"] and "vllm-cpu" in refusal["remedy"]
 
 
+def test_a_context_beyond_the_ggufs_context_length_is_refused_on_llamacpp_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    limit = int(gguf_header(resolve_package_location(SMOLLM2))[0]["llama.context_length"])  # its own header
+    cfg = write_config(tmp_path, f"{{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], "
+                                 f"backends: [llamacpp-cpu], max_model_len: {limit * 2}, "
+                                 "sampling: {max_tokens: 64}, final_output: true}")
+    code, doc = plan(cfg, cpu_profile(["llamacpp-cpu", "vllm-cpu"], AVX2_FLAGS), tmp_path, capsys)
+    assert code == 3 and doc["admitted"] is False
+    (refusal,) = doc["stages"][0]["refusals"]
+    assert refusal["code"] == "context_exceeds_model" and refusal["device"] == "cpu"
+    assert f"max_model_len {limit * 2}" in refusal["message"] and f"{limit} positions" in refusal["message"]
+    assert "context_length" in refusal["message"] and f"max_model_len to {limit} or less" in refusal["remedy"]
+
+
 def test_vllm_refuses_a_q8_0_kv_cache_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_config(tmp_path, f"{{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], "
                                  "backends: [vllm-cpu], kv_cache_dtype: q8_0, max_model_len: 512, final_output: true}")
