@@ -340,6 +340,8 @@ class LlamaCppRunner(StageRunner):
                 raise StageFailed(self.plan.name, self.device, f"request id {request_id!r} is already in flight")
             self._requests[request_id] = req
         self._commands.put(("add", req, prompt_ids, sampling))
+        if self._failed is not None:  # the thread stopped after the check above: nobody takes the command
+            req.put(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
         finished = False
         try:
             while True:
@@ -436,6 +438,17 @@ class LlamaCppRunner(StageRunner):
 
     # -- the engine thread ---------------------------------------------------------
     def _loop(self) -> None:
+        """The engine thread. Whatever stops it stops the stage in the open: the failure is kept
+        (``health()`` says ``engine_failed``), every request in flight gets it, and every later
+        one is refused with it — never a thread gone quiet with requests waiting on it."""
+        try:
+            self._steps()
+        except BaseException as exc:  # the thread's end: nothing may escape it unreported
+            self._failed = exc
+            log.exception("%s: the llama.cpp engine thread stopped", self.plan.name)
+            self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+
+    def _steps(self) -> None:
         lc, ctx, vocab = self._lc, self._ctx, self._vocab
         assert vocab is not None
         batch, n_batch = self._batch, self._n_batch
