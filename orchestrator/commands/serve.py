@@ -326,7 +326,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
     from orchestrator.api import Pipeline
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
-    from orchestrator.server import create_app
+    from orchestrator.server import close_app, create_app
     from orchestrator.server.realtime import end_of_turn
     from orchestrator.server_guard import is_loopback
 
@@ -345,12 +345,13 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
                                     verify=not args.skip_verify, max_waiting=args.max_waiting,
                                     calibration=not args.no_calibration, server=True)
     stopped_by: list[int] = []
+    app = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # a non-loopback bind (which has a key) without --allowed-host takes any Host name
         allowed = None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host
-        config = uvicorn.Config(create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed,
-                                           realtime=realtime),
+        app = create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed, realtime=realtime)
+        config = uvicorn.Config(app,
                                 host=args.host, port=args.port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=args.drain_timeout, **transport.uvicorn_kwargs(Protocol))
         server = uvicorn.Server(config)
@@ -371,6 +372,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
         server.run(sockets=[sock])
     finally:
         t0 = time.perf_counter()
+        if app is not None:
+            close_app(app)
         final = pipeline.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

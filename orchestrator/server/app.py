@@ -513,6 +513,17 @@ class _App:
                        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
 
 
+def close_app(app: ASGIApp) -> None:
+    """Close what the app opened itself — the realtime turn detector's VAD session (in this
+    process, or a route worker) — once serving has stopped, before the pipeline is closed."""
+    inner: Any = app
+    while inner is not None and not isinstance(inner, Starlette):
+        inner = getattr(inner, "app", None)
+    live = getattr(getattr(inner, "state", None), "realtime", None)
+    if live is not None:
+        live.close()
+
+
 def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None,
                allowed_hosts: Iterable[str] | None = (), realtime: RealtimeLimits | None = None) -> ASGIApp:
     """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind

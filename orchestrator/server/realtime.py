@@ -341,8 +341,8 @@ class Session:
                 return
             await self.send("session.created", session=self.session_doc())
             await self._loop()
-        except WebSocketDisconnect:
-            pass
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:  # the client went away (a send to a closed socket)
+            log.debug("realtime session %s ended: %s", self.id, exc)
         finally:
             await self._end()
 
@@ -605,7 +605,7 @@ class Session:
         transcript: list[str] = []
         told_user = False
         chunker = rt.chunker() if rt.chunker else None
-        status, http = "completed", 200
+        status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: dict[str, Any] | None = None
         wants_audio = "audio" in self.modalities
 
@@ -650,6 +650,7 @@ class Session:
             if wants_audio and r.audio_chunks:
                 await self.send("response.audio.done", response_id=r.id, item_id=r.item_id, output_index=0,
                                 content_index=0)
+            http = 200
         except asyncio.CancelledError:
             status, details, http = "cancelled", {"type": "cancelled", "reason": r.reason or "client_cancelled"}, 499
         except REQUEST_ERRORS as exc:
@@ -665,8 +666,23 @@ class Session:
             details = {"type": "failed", "error": dict(err)}
             if not r.quiet:
                 await self.error(err["message"], type_=err["type"], code=err["code"])
+        except (WebSocketDisconnect, OSError):  # the client went away mid-reply: nobody to tell
+            r.quiet = True
+        except Exception as exc:  # a fault of this server, not of the request: the session goes on
+            log.exception("realtime response %s failed", r.id)
+            status, http = "failed", 500
+            err = {"type": "server_error", "code": "internal_error", "message": f"{type(exc).__name__} (the log has it)"}
+            details = {"type": "failed", "error": dict(err)}
+            if not r.quiet:
+                await self.error(err["message"], type_="server_error", code="internal_error")
         finally:
-            await run.close(http)  # cancels the request on every stage (if still running), frees its slot
+            # cancels the request on every stage (if still running) and frees its slot; shielded, so a
+            # barge-in arriving while it closes does not leave the request half closed
+            closing = asyncio.ensure_future(run.close(http))
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                await closing
         if self.response is r:
             self.response = None
         if r.quiet:
