@@ -1,0 +1,188 @@
+"""``omni-edge chat --url URL --audio-in FILE.wav``: a recording spoken to ``/v1/realtime``.
+
+Bad input is refused with exit 2 and where/what/fix before anything connects:
+the URL given is a listening socket this test holds and never answers, and
+each refusal leaves its accept queue empty (a client that had connected would
+sit there, and then time out with exit 1, not 2). A server that is not there
+is exit 1 with a message that says so.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.commands.realtime_client import realtime_url
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, socket.socket]]:
+    """``http://127.0.0.1:PORT`` of a socket that listens and never accepts: a connection
+    attempt would wait in its queue, where ``_connected`` finds it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        s.setblocking(False)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}", s
+
+
+def _connected(s: socket.socket) -> bool:
+    try:
+        conn, _ = s.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+def _wav(path: Path, rate: int = 16000, seconds: float = 0.5) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.sin(np.arange(int(rate * seconds)) * 0.05) * 8000).astype("<i2").tobytes())
+    return path
+
+
+def _wav_declaring(path: Path, rate: int) -> Path:
+    """A 16-bit mono WAV whose header declares ``rate`` (any number: the header is written by hand)."""
+    data = b"\0\0" * 800
+    path.write_bytes(b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt "
+                     + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16) + b"data"
+                     + struct.pack("<I", len(data)) + data)
+    return path
+
+
+def _refused(capsys: pytest.CaptureFixture[str], s: socket.socket, argv: list[str], *expected: str) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in err, err
+    assert not _connected(s), "a connection was made before the input was checked"
+    return err
+
+
+def test_a_missing_recording_is_refused_before_connecting(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, s = listener
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(tmp_path / "nope.wav")],
+             f"--audio-in {tmp_path / 'nope.wav'}: no such file", "how to fix: check the path")
+
+
+def test_a_file_that_is_not_a_wav_is_refused_before_connecting(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, s = listener
+    text = tmp_path / "question.wav"
+    text.write_text("What is the capital of France?\n")
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(text)],
+             f"--audio-in {text}: not a readable WAV file", "how to fix: give a 16-bit PCM WAV file")
+
+
+@pytest.mark.parametrize("rate", [4000, 384000])
+def test_a_sample_rate_outside_8_to_192_khz_is_refused_before_connecting(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: int
+) -> None:
+    url, s = listener
+    wav = _wav_declaring(tmp_path / "odd.wav", rate)
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(wav)],
+             f"declares a sample rate of {rate} Hz: outside the 8000-192000 Hz", "resample it to 16000 Hz")
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:8000", "127.0.0.1:8000", "http://"])
+def test_a_url_that_is_not_http_or_ws_is_refused(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    _, s = listener
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(_wav(tmp_path / "q.wav"))],
+             f"--url: {url!r} is not an http(s) or ws(s) URL", "e.g. --url http://127.0.0.1:8000")
+
+
+@pytest.mark.parametrize("speed", ["0", "-1", "nan", "inf", "1000"])
+def test_an_audio_speed_that_is_not_a_positive_number_is_refused(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str], speed: str
+) -> None:
+    url, s = listener
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(_wav(tmp_path / "q.wav")), "--audio-speed", speed],
+             "--audio-speed: ", "is not a number above 0 and at most 100", "how to fix: give 1.0")
+
+
+def test_flags_that_do_not_fit_a_spoken_session_are_refused(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, s = listener
+    wav = str(_wav(tmp_path / "q.wav"))
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", wav, "--temperature", "0.5", "--out-dir", str(tmp_path)],
+             "--temperature: not used with --audio-in", "--out-dir: not used with --audio-in",
+             "give --out reply.wav instead")
+    _refused(capsys, s, ["chat", "configs/examples/voice-chat.yaml", "--audio-in", wav],
+             "--audio-in: streams to a running server's /v1/realtime, not to CONFIG")
+    _refused(capsys, s, ["chat", "--url", url, "--json"], "--json: only used with --audio-in")
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_connecting(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, s = listener
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(_wav(tmp_path / "q.wav")),
+                         "--out", str(tmp_path / "missing" / "reply.wav")], "--out ")
+
+
+def test_an_unreadable_key_file_is_refused_before_connecting(
+    listener: tuple[str, socket.socket], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, s = listener
+    _refused(capsys, s, ["chat", "--url", url, "--audio-in", str(_wav(tmp_path / "q.wav")),
+                         "--api-key-file", str(tmp_path / "no-key")],
+             f"--api-key-file {tmp_path / 'no-key'}: cannot be read")
+
+
+def test_no_server_at_the_url_is_exit_1_with_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    rc = main(["chat", "--url", f"http://127.0.0.1:{port}", "--audio-in", str(_wav(tmp_path / "q.wav")),
+               "--out", str(tmp_path / "reply.wav")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert f"--url ws://127.0.0.1:{port}/v1/realtime: cannot connect" in err
+    assert "omni-edge serve configs/examples/voice-chat.yaml" in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [tmp_path / "q.wav"]  # no reply.wav, no partial file
+
+
+@pytest.mark.parametrize(("url", "ws"), [
+    ("http://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/realtime"),
+    ("https://example.test/", "wss://example.test/v1/realtime"),
+    ("http://127.0.0.1:8000/v1", "ws://127.0.0.1:8000/v1/realtime"),
+    ("ws://127.0.0.1:8000/v1/realtime", "ws://127.0.0.1:8000/v1/realtime"),
+])
+def test_the_realtime_url_of_a_server_url(url: str, ws: str) -> None:
+    assert realtime_url(url) == ws
+
+
+def test_the_key_comes_from_the_flag_the_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from orchestrator.commands.chat import key_of
+
+    monkeypatch.setenv("OMNI_EDGE_API_KEY", "from-env")
+    keyfile = tmp_path / "key"
+    keyfile.write_text("from-file\nsecond line ignored\n")
+    assert key_of(argparse.Namespace(api_key=None, api_key_file=None)) == "from-env"
+    assert key_of(argparse.Namespace(api_key=None, api_key_file=keyfile)) == "from-file"
+    assert key_of(argparse.Namespace(api_key="from-flag", api_key_file=None)) == "from-flag"
+    monkeypatch.delenv("OMNI_EDGE_API_KEY")
+    assert key_of(argparse.Namespace(api_key=None, api_key_file=None)) is None
