@@ -26,6 +26,12 @@ stdin (blank lines skipped). Commands: ``/reset`` (forget the history),
 ``/history`` (print it), ``/exit``; end of input or Ctrl-C at the prompt also
 ends the chat. Status lines go to stderr, replies to stdout.
 
+``--url URL --audio-in FILE.wav`` is a spoken conversation instead: the
+recording streamed to the server's ``/v1/realtime`` at the pace of the audio,
+each turn's transcript, reply and latency printed (``chat_audio.py``; its own
+exit codes there). ``--url``'s key: ``--api-key``, ``--api-key-file`` or
+``$OMNI_EDGE_API_KEY``.
+
 Exit codes: 0 the chat ended; 2 bad input (CONFIG with --url, an unreachable
 server, a rejected API key), or a message was refused (its error printed); 3
 the plan was refused; 4 a stage failed; 128+N for SIGTERM/SIGHUP (the pipeline

@@ -133,15 +133,21 @@ class Turn:
         return self.first_audio_at - self.speech_end_at
 
     def breakdown_s(self) -> dict[str, float | None]:
-        """Each step's share of the latency, from the previous step the client saw."""
+        """Each step's share of the latency, from the previous step the client saw (they add up to
+        it). A step that came after the first audio is None: the voice may start on the reply's
+        first words, before its first sentence is complete."""
         steps = [("end_of_turn", self.stopped_at), ("transcript", self.transcript_at),
                  ("first_token", self.first_token_at), ("first_sentence", self.first_sentence_at),
                  ("first_audio", self.first_audio_at)]
         out: dict[str, float | None] = {}
         last = self.speech_end_at
+        end = self.first_audio_at
         for name, at in steps:
-            out[name] = None if at is None or last is None else round(at - last, 4)
-            last = at if at is not None else last
+            if at is None or last is None or (end is not None and name != "first_audio" and at > end):
+                out[name] = None
+                continue
+            out[name] = round(at - last, 4)
+            last = at
         return out
 
     def as_json(self, out_rate: int) -> dict[str, Any]:

@@ -186,3 +186,82 @@ def test_the_key_comes_from_the_flag_the_file_or_the_environment(
     assert key_of(argparse.Namespace(api_key="from-flag", api_key_file=None)) == "from-flag"
     monkeypatch.delenv("OMNI_EDGE_API_KEY")
     assert key_of(argparse.Namespace(api_key=None, api_key_file=None)) is None
+
+
+# -- against a real server -------------------------------------------------------------------
+VOICE_CHAT = Path(__file__).resolve().parents[3] / "configs/examples/voice-chat.yaml"
+QUESTION = "What is the tallest mountain in the world?"
+
+
+@pytest.fixture(scope="module")
+def voice_chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A real ``omni-edge serve configs/examples/voice-chat.yaml`` and a recording of a question:
+    half a second of silence, the question in the project's Piper voice (22 050 Hz: the client
+    resamples it), a little silence — as a microphone records it."""
+    from orchestrator.runtime.audio import write_wav
+    from tests.helpers.serve import ServeProcess
+    from tests.helpers.speech import speak
+
+    if not (VOICE_CHAT.parents[2] / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file():
+        pytest.skip("Whisper's graphs are not built: python -m exports.whisper_asr build")
+    tmp = tmp_path_factory.mktemp("chat-audio-in")
+    samples, rate = speak(QUESTION)
+    silence = np.zeros(rate // 2, np.float32)
+    wav = write_wav(tmp / "question.wav", np.concatenate([silence, samples, silence[: rate // 4]]), rate)
+    server = ServeProcess(VOICE_CHAT, cwd=tmp, start_timeout_s=600)
+    yield server.url, wav
+    rc = server.stop()
+    assert rc == 0, server.output()
+
+
+@pytest.mark.ray
+@pytest.mark.ort
+@pytest.mark.slow
+def test_a_spoken_question_gets_a_transcript_a_reply_a_latency_and_the_reply_audio(
+    voice_chat: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    from orchestrator.runtime.audio import read_wav, rms_dbfs
+
+    url, wav = voice_chat
+    out = tmp_path / "reply.wav"
+    rc = main(["chat", "--url", url, "--audio-in", str(wav), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    heard = re.search(r"^turn 1  you: (.+)$", captured.out, re.M)
+    assert heard and heard.group(1).strip() not in ("", "(nothing heard)"), captured.out
+    reply = re.search(r"^  reply \(turn 1\): (.+)$", captured.out, re.M)
+    assert reply and reply.group(1).strip(), captured.out
+    latency = re.search(r"^  latency (\d+\.\d\d) s \(end of speech → first reply audio\): end of turn \d+\.\d\d",
+                        captured.out, re.M)
+    assert latency and 0 < float(latency.group(1)) < 300, captured.out
+    assert "1 turn answered; latency median" in captured.err
+    audio, rate = read_wav(out)
+    assert rate == 24000 and audio.size / rate > 0.3 and rms_dbfs(audio) > -40, (audio.size, rate, rms_dbfs(audio))
+    assert f"audio: {out} (" in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reply.wav"]  # no partial file left beside it
+
+
+@pytest.mark.ray
+@pytest.mark.ort
+@pytest.mark.slow
+def test_json_prints_one_object_per_turn_with_the_latency_and_its_steps(
+    voice_chat: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    url, wav = voice_chat
+    rc = main(["chat", "--url", url, "--audio-in", str(wav), "--json", "--audio-speed", "2"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    turns = [json.loads(line) for line in captured.out.splitlines()]
+    assert len(turns) == 1, captured.out
+    turn = turns[0]
+    assert turn["status"] == "completed" and turn["transcript"].strip() and turn["reply"].strip(), turn
+    assert turn["latency_s"] > 0 and turn["reply_audio_s"] > 0.3, turn
+    steps = turn["breakdown_s"]
+    assert set(steps) == {"end_of_turn", "transcript", "first_token", "first_sentence", "first_audio"}
+    measured = [v for v in steps.values() if v is not None]
+    assert abs(sum(measured) - turn["latency_s"]) < 0.01, turn  # the steps add up to the latency
+    assert "streamed at 2× real time" in captured.err
