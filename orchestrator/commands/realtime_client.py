@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import json
 import re
 import time
@@ -183,7 +184,9 @@ class VoiceSession:
         """Committed turns whose ``response.done`` has not come."""
         self.speaking = False
         self.sent_at: list[float] = []
-        """When each chunk of the stream was sent (chunk i: samples [i·n, (i+1)·n))."""
+        """When each chunk of the stream was sent …"""
+        self.sent_end: list[int] = []
+        """… and the sample of the stream it ended at (a recording's last chunk may be short)."""
         self.sent_samples = 0
         self.t0: float | None = None
         self.error: SessionError | None = None
@@ -303,6 +306,7 @@ class VoiceSession:
                               "audio": base64.b64encode(pcm16_bytes(part)).decode("ascii")})
             self.sent_at.append(time.perf_counter())
             self.sent_samples += part.size
+            self.sent_end.append(self.sent_samples)
 
     async def _sync(self) -> None:
         """An empty ``session.update``: its ``session.updated`` comes after every event sent before
@@ -325,9 +329,9 @@ class VoiceSession:
             raise SessionError("the server closed the session")
 
     def sent_time(self, ms: float) -> float | None:
-        """When the sample at ``ms`` into the stream was sent (its chunk's send time)."""
-        n = self.in_rate * CHUNK_MS // 1000
-        index = max(int(np.ceil(ms * self.in_rate / 1000.0 / n)) - 1, 0)
+        """When the stream up to ``ms`` had been sent: the send time of the chunk holding the
+        sample just before it (``ms`` is an end, exclusive)."""
+        index = bisect.bisect_left(self.sent_end, max(round(ms * self.in_rate / 1000.0), 1))
         return self.sent_at[index] if index < len(self.sent_at) else None
 
     # -- receiving -----------------------------------------------------------------

@@ -188,6 +188,23 @@ def test_the_key_comes_from_the_flag_the_file_or_the_environment(
     assert key_of(argparse.Namespace(api_key=None, api_key_file=None)) is None
 
 
+
+def test_the_end_of_speech_is_timed_at_the_chunk_that_carried_it_after_a_short_chunk() -> None:
+    """The recording's last chunk is short (its length is no multiple of 20 ms) and the silence
+    after it starts a new chunk: a sample's send time is found by where each chunk ended, not by
+    counting 20 ms chunks (which would be off by the short chunk from there on)."""
+    from orchestrator.commands.realtime_client import VoiceSession
+
+    session = VoiceSession("http://127.0.0.1:1")
+    session.in_rate = 16000
+    session.sent_end = [320, 640, 700, 1020, 1340]  # 20 ms, 20 ms, 3.75 ms, then 20 ms chunks
+    session.sent_at = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert session.sent_time(20.0) == 1.0  # samples 0..319: the first chunk
+    assert session.sent_time(43.75) == 3.0  # ends at sample 700: the short chunk
+    assert session.sent_time(63.75) == 4.0  # ends at sample 1020
+    assert session.sent_time(64.0) == 5.0  # sample 1023 went in the chunk ending at 1340 (counting 20 ms chunks: 4.0)
+    assert session.sent_time(84.0) is None  # not sent yet
+
 # -- against a real server -------------------------------------------------------------------
 VOICE_CHAT = Path(__file__).resolve().parents[3] / "configs/examples/voice-chat.yaml"
 QUESTION = "What is the tallest mountain in the world?"
