@@ -60,7 +60,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.commands.realtime_client import Turn, VoiceSession  # noqa: E402
+from orchestrator.commands.realtime_client import SessionError, Turn, VoiceSession  # noqa: E402
 from orchestrator.runtime.audio import rms_dbfs  # noqa: E402
 
 QUESTIONS = [
@@ -165,16 +165,19 @@ def stop_server(proc: subprocess.Popen[bytes]) -> int:
 
 async def one_turn(url: str, text: str, clip: np.ndarray, rate: int, speed: float) -> dict[str, Any]:
     session = VoiceSession(url, speed=speed)
+    row: dict[str, Any] = {"question": text}
     try:
         await session.connect()
         await session.configure()
         audio = np.concatenate([np.zeros(int(LEAD_S * rate), np.float32), clip])
         await session.speak(audio, rate)
+    except SessionError as exc:
+        row["error"] = str(exc)
     finally:
         await session.close(keep_audio=False)
     turns: list[Turn] = [t for t in session.turns if t.status is not None]
     true_end = 1000.0 * LEAD_S + speech_end_ms(clip, rate)
-    row: dict[str, Any] = {"question": text, "turns_heard": len(turns)}
+    row["turns_heard"] = len(turns)
     if turns:
         first, last = turns[0], turns[-1]
         row |= {k: v for k, v in last.as_json(session.out_rate).items() if k not in ("turn", "item_id", "response_id")}
@@ -214,8 +217,8 @@ def report(result: dict[str, Any]) -> None:
         steps = r.get("breakdown_s") or {}
         print(f"{i:>2}  {fmt(r.get('latency_s')):>7}  " + " ".join(fmt(steps.get(k)) for k in STEPS)
               + f"  {r['question'][:38]}")
-        if r.get("note") or r.get("status") not in ("completed", None):
-            print(f"    {r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip())
+        if r.get("error") or r.get("note") or r.get("status") not in ("completed", None):
+            print(f"    {r.get('error') or r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip())
     s = result["summary"]
     print()
     print(f"{'':>10}{'p50':>8}{'p95':>8}")
@@ -225,6 +228,8 @@ def report(result: dict[str, Any]) -> None:
     err = s["vad_end_error_ms"]
     if err["p50"] is not None:
         print(f"the VAD's end of speech against the clip's: p50 {err['p50']:+.0f} ms, p95 {err['p95']:+.0f} ms")
+    if result["speed"] != 1.0:
+        print(f"note: streamed at {result['speed']:g}× real time: not the real-time figure")
     verdict = "MET" if s["met"] else "NOT MET"
     p50 = s["latency_s"]["p50"]
     print(f"target p50 <= {TARGET_P50_S:.1f} s: {'-' if p50 is None else f'{p50:.2f} s'} {verdict}")

@@ -314,9 +314,11 @@ class VoiceSession:
         target = self._synced + 1
         await self._send({"type": "session.update", "session": {}})
         deadline = time.perf_counter() + REPLY_TIMEOUT_S
-        while self._synced < target:
+        while True:
             self._check()
-            self._changed.clear()
+            if self._synced >= target:
+                return
+            self._changed.clear()  # no await between the check and this: nothing is missed
             try:
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.perf_counter(), 0.01))
             except TimeoutError:
