@@ -282,3 +282,36 @@ def test_json_prints_one_object_per_turn_with_the_latency_and_its_steps(
     measured = [v for v in steps.values() if v is not None]
     assert abs(sum(measured) - turn["latency_s"]) < 0.01, turn  # the steps add up to the latency
     assert "streamed at 2× real time" in captured.err
+
+
+@pytest.mark.ray
+def test_the_key_goes_with_the_upgrade_a_refused_key_is_exit_2_and_a_server_error_event_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed serve of the echo pipeline (no vad stage: the session's server VAD is refused with
+    an ``error`` event once the upgrade is through): no key is a 401 at the upgrade (exit 2, the
+    fix names where a key comes from); the key from ``--api-key-file`` gets through, and the
+    server's ``error`` event is printed, exit 1."""
+    from tests.helpers.serve import ServeProcess
+    from tests.orchestrator.commands.test_run import write
+
+    key = "realtime-client-key"
+    monkeypatch.delenv("OMNI_EDGE_API_KEY", raising=False)
+    cfg, prof = write(tmp_path)
+    keyfile = tmp_path / "key"
+    keyfile.write_text(key + "\n")
+    wav = str(_wav(tmp_path / "q.wav"))
+    server = ServeProcess(cfg, "--profile", str(prof), "--api-key-file", str(keyfile), cwd=tmp_path,
+                          headers={"Authorization": f"Bearer {key}"})
+    try:
+        rc = main(["chat", "--url", server.url, "--audio-in", wav])
+        err = capsys.readouterr().err
+        assert rc == 2, err
+        assert "the server refused the WebSocket upgrade: HTTP 401" in err and "$OMNI_EDGE_API_KEY" in err, err
+        rc = main(["chat", "--url", server.url, "--audio-in", wav, "--api-key-file", str(keyfile)])
+        err = capsys.readouterr().err
+        assert rc == 1, err
+        assert "error: session.update refused: session.turn_detection:" in err and "(invalid_value)" in err, err
+        assert "Traceback" not in err
+    finally:
+        assert server.stop() == 0, server.output()
