@@ -26,6 +26,12 @@ stdin (blank lines skipped). Commands: ``/reset`` (forget the history),
 ``/history`` (print it), ``/exit``; end of input or Ctrl-C at the prompt also
 ends the chat. Status lines go to stderr, replies to stdout.
 
+``--url URL --audio-in FILE.wav`` is a spoken conversation instead: the
+recording streamed to the server's ``/v1/realtime`` at the pace of the audio,
+each turn's transcript, reply and latency printed (``chat_audio.py``; its own
+exit codes there). ``--url``'s key: ``--api-key``, ``--api-key-file`` or
+``$OMNI_EDGE_API_KEY``.
+
 Exit codes: 0 the chat ended; 2 bad input (CONFIG with --url, an unreachable
 server, a rejected API key), or a message was refused (its error printed); 3
 the plan was refused; 4 a stage failed; 128+N for SIGTERM/SIGHUP (the pipeline
@@ -38,6 +44,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +67,13 @@ if TYPE_CHECKING:
     from orchestrator.api import Pipeline
 
 Messages = list[dict[str, str]]
+API_KEY_ENV = "OMNI_EDGE_API_KEY"
+"""Where ``--url``'s key is read when no flag gives it: ``serve``'s own variable."""
+API_KEY_FILE_MAX_BYTES = 4096
+"""A key file is one line: a key of a few dozen characters; anything longer is not a key file."""
+MAX_AUDIO_SPEED = 100.0
+"""``--audio-speed``'s ceiling: 100× real time is 2 ms of wall clock per 20 ms chunk, already
+past what a server scores as it comes; a larger number is a typo."""
 HTTP_TIMEOUT_S = 300.0
 """Longest wait for the next bytes of a reply: a cold engine's first token on a slow CPU."""
 
@@ -83,7 +97,10 @@ class Fatal(Exception):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="pipeline config (YAML or JSON) to start here; or give --url")
     p.add_argument("--url", help="drive a running `omni-edge serve` instead, e.g. http://127.0.0.1:8000")
-    p.add_argument("--api-key", metavar="KEY", help="with --url: the server's API key (Authorization: Bearer KEY)")
+    p.add_argument("--api-key", metavar="KEY", help="with --url: the server's API key (Authorization: Bearer KEY); "
+                   f"shows in ps: prefer ${API_KEY_ENV} or --api-key-file")
+    p.add_argument("--api-key-file", metavar="PATH", type=Path,
+                   help=f"with --url: read the server's API key from this file's first line (default: ${API_KEY_ENV})")
     p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing")
     p.add_argument("--mask", action="append", default=[], metavar="DEVICES",
                    help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
@@ -93,6 +110,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run exported placements that have no gate evidence yet (default: verify them first)")
     add_request_options(p)
     p.add_argument("--out-dir", metavar="DIR", help="write each reply's audio here as reply-NNN.wav")
+    spoken = p.add_argument_group("a spoken conversation over --url's /v1/realtime (WebSocket)")
+    spoken.add_argument("--audio-in", metavar="WAV",
+                        help="stream this recording to --url's /v1/realtime at the pace of the audio; print each "
+                             "turn's transcript, reply and latency")
+    spoken.add_argument("--audio-speed", type=float, default=1.0, metavar="N",
+                        help="with --audio-in: stream N times faster than real time (default 1.0; the latency is "
+                             "then not the real-time figure)")
+    spoken.add_argument("--out", metavar="WAV", help="with --audio-in: write the replies' audio here (24 kHz)")
+    spoken.add_argument("--json", action="store_true", help="with --audio-in: one JSON object per turn on stdout")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -111,16 +137,77 @@ def check_args(args: argparse.Namespace) -> None:
                                 "or drives a running server, not both", "drop one of them"))
     elif not args.config and not args.url:
         problems.append(Problem("CONFIG", "missing", "give a pipeline config, or --url of a running omni-edge serve"))
-    if args.url and not args.url.startswith(("http://", "https://")):
-        problems.append(Problem("--url", f"{args.url!r} is not an http(s) URL", "e.g. --url http://127.0.0.1:8000"))
-    if args.api_key and not args.url:
-        problems.append(Problem("--api-key", "only used with --url", "drop it, or give --url"))
+    schemes = ("http://", "https://", "ws://", "wss://") if args.audio_in else ("http://", "https://")
+    if args.url and not (args.url.lower().startswith(schemes) and len(args.url.split("://", 1)[1].strip("/")) > 0):
+        problems.append(Problem("--url", f"{args.url!r} is not an {'http(s) or ws(s)' if args.audio_in else 'http(s)'} "
+                                "URL", "e.g. --url http://127.0.0.1:8000"))
+    for flag, given in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file)):
+        if given is not None and not args.url:
+            problems.append(Problem(flag, "only used with --url", "drop it, or give --url"))
+    if args.api_key is not None and args.api_key_file is not None:
+        problems.append(Problem("--api-key", "is given with --api-key-file", "give one of them"))
+    if args.audio_in:
+        problems += audio_in_problems(args)
+    else:
+        problems += [Problem(flag, "only used with --audio-in", "drop it, or give --audio-in FILE.wav")
+                     for flag, given in (("--out", args.out), ("--json", args.json),
+                                         ("--audio-speed", args.audio_speed != 1.0)) if given]
     if args.url:
         problems += [Problem(flag, "only used with CONFIG (a pipeline started here)", "drop it")
                      for flag, given in (("--profile", args.profile), ("--mask", args.mask),
                                          ("--address", args.address)) if given]
     if problems:
         raise ConfigError(problems)
+
+
+def audio_in_problems(args: argparse.Namespace) -> list[Any]:
+    """What ``--audio-in`` refuses, before anything connects: it needs ``--url``; the realtime
+    session takes no sampling settings and writes one ``--out`` WAV, not ``--out-dir``."""
+    from orchestrator.errors import Problem
+
+    problems = []
+    if not args.url and args.config:
+        problems.append(Problem("--audio-in", "streams to a running server's /v1/realtime, not to CONFIG",
+                                "start `omni-edge serve CONFIG` and give --url http://127.0.0.1:8000"))
+    problems += [Problem(flag, "not used with --audio-in (the server's pipeline samples as its config says)",
+                         "drop it") for flag, given in (("--temperature", args.temperature),
+                                                        ("--max-tokens", args.max_tokens)) if given is not None]
+    if args.out_dir:
+        problems.append(Problem("--out-dir", "not used with --audio-in", "give --out reply.wav instead"))
+    speed = args.audio_speed
+    if not (math.isfinite(speed) and 0 < speed <= MAX_AUDIO_SPEED):
+        problems.append(Problem("--audio-speed", f"{speed:g} is not a number above 0 and at most {MAX_AUDIO_SPEED:g}",
+                                "give 1.0 (real time, the default) or e.g. 4 to stream four times faster"))
+    return problems
+
+
+def key_of(args: argparse.Namespace) -> str | None:
+    """``--url``'s API key: ``--api-key``, ``--api-key-file``'s first line, else ``$OMNI_EDGE_API_KEY``
+    (``ConfigError`` for a file that cannot be read, or a key no HTTP header can carry)."""
+    import os
+
+    from orchestrator.errors import ConfigError
+
+    if args.api_key is not None:
+        key, where = args.api_key, "--api-key"
+    elif args.api_key_file is not None:
+        where = f"--api-key-file {args.api_key_file}"
+        try:
+            with open(args.api_key_file, "rb") as f:
+                data = f.read(API_KEY_FILE_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError.single(where, f"cannot be read ({exc.strerror or exc})",
+                                     "give a readable file holding the key on its first line") from None
+        if len(data) > API_KEY_FILE_MAX_BYTES:
+            raise ConfigError.single(where, f"is over {API_KEY_FILE_MAX_BYTES} bytes", "give a file holding only the key")
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        key = lines[0].strip() if lines else ""
+    else:
+        key, where = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}"
+    if key is not None and (not key.strip() or not key.isprintable() or not key.isascii()):
+        raise ConfigError.single(where, "is empty or not printable ASCII (an HTTP header cannot carry it)",
+                                 "give the key the server was started with")
+    return key
 
 
 def prepare_out_dir(path: str) -> Path:
@@ -142,13 +229,17 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.console import make_console
 
     check_args(args)
+    if args.audio_in:
+        from orchestrator.commands.chat_audio import run_audio_in
+
+        return run_audio_in(args, key_of(args))
     out_dir = prepare_out_dir(args.out_dir) if args.out_dir else None
     console = make_console(stderr=True)
     old = _install_signal_handlers()
     pipeline: Pipeline | None = None
     try:
         if args.url:
-            reply = http_replier(args.url, args.api_key, console)
+            reply = http_replier(args.url, key_of(args), console)
         else:
             pipeline = start_local(args, console)
             if pipeline is None:
@@ -371,7 +462,7 @@ def _model_of(base: str, headers: dict[str, str]) -> str:
         with _opener().open(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=30) as resp:
             data = json.load(resp).get("data") or [{}]
     except urllib.error.HTTPError as exc:
-        raise Fatal(f"--url {base}: {_http_error(exc)}" + (" (give the server's key with --api-key)"
+        raise Fatal(f"--url {base}: {_http_error(exc)}" + (f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)"
                                                            if exc.code == 401 else ""), 2) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -419,7 +510,7 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
         if exc.code == 503:
             raise Fatal(message, 4) from None
         if exc.code == 401:
-            raise Fatal(message + " (give the server's key with --api-key)", 2) from None
+            raise Fatal(message + f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)", 2) from None
         raise Refused(message) from None
     except (Refused, KeyboardInterrupt, OSError) as exc:
         printer.close()
