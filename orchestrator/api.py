@@ -74,7 +74,7 @@ import threading
 import time
 import uuid
 import wave
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -429,14 +429,16 @@ class Pipeline:
 
     # -- requests --------------------------------------------------------------------
     async def stream(self, prompt: Any, *, request_id: str | None = None,
-                     entry: str | None = None) -> AsyncIterator[Event]:
+                     entry: str | None = None, context: Mapping[str, Sequence[Any]] | None = None,
+                     ) -> AsyncIterator[Event]:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
         ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails.
         ``entry``: the request (text) enters the graph at that stage, and only it
         and the stages downstream of it run (e.g. the voice, to speak a text).
         ``prompt`` may be an audio item for a pipeline whose entry stage takes
-        audio (``audio_request``)."""
-        events = self.runtime.stream(prompt, request_id=request_id, entry=entry)
+        audio (``audio_request``). ``context``: items fed to a stage ahead of its
+        producers' (``Runtime.stream``), e.g. the conversation so far to the decode stage."""
+        events = self.runtime.stream(prompt, request_id=request_id, entry=entry, context=context)
         try:
             async for event in events:
                 yield event

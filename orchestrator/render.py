@@ -338,6 +338,17 @@ def threads_line(plan: PipelinePlan) -> Table | None:
     return labelled("CPU threads:", ", ".join(shown), style="bold") if shown else None
 
 
+def end_of_turn_line(plan: PipelinePlan) -> Table | None:
+    """``End of turn: 400 ms of silence (vad min_silence_ms)``: the delay a spoken turn waits
+    before it is answered (``serve``'s ``/v1/realtime``), for a plan with a vad stage."""
+    for s in plan.stages:
+        segments = s.engine_kwargs.get("segments") if s.kind == "vad" else None
+        if isinstance(segments, dict) and "min_silence_ms" in segments:
+            return labelled("End of turn:", f"{segments['min_silence_ms']} ms of silence ({s.name} min_silence_ms)",
+                            style="bold")
+    return None
+
+
 def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> Sheet:
     sheet = Sheet(title, STAGE_COLUMNS)
     for s in plan.stages:
@@ -420,8 +431,8 @@ def plan_table(plan: PipelinePlan) -> Group:
         style="bold green" if plan.admitted else "bold red",
     )
 
-    threads = threads_line(plan)
-    stages: RenderableType = stages_sheet(plan, notes) if threads is None else Group(stages_sheet(plan, notes), threads)
+    under = [line for line in (threads_line(plan), end_of_turn_line(plan)) if line is not None]
+    stages: RenderableType = stages_sheet(plan, notes) if not under else Group(stages_sheet(plan, notes), *under)
     parts: list[RenderableType | None] = [head, stages, calibration_sheet(plan),
                                           reservations_sheet(plan, notes), pools_sheet(plan)]
     skipped = [(s.name, r) for s in plan.stages if s.admitted for r in s.refusals]

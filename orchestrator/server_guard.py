@@ -26,6 +26,11 @@ guard, on every HTTP request, before authentication and before the app:
 * **Security headers** on every response, the page's and the API's:
   :data:`SECURITY_HEADERS`.
 
+WebSocket upgrades (``/v1/realtime``) get the Host and Origin checks too (a
+browser opens a WebSocket to any site, sending its page's Origin, with no CORS
+in the way); a refused one is answered with the HTTP error instead of the
+handshake (:func:`deny_websocket`).
+
 Refusals are OpenAI's error shape, like every other error of the server.
 """
 
@@ -105,6 +110,9 @@ class RequestGuard:
         self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]") for h in allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -123,6 +131,18 @@ class RequestGuard:
             await _send_error(send_with_headers, status, text, code, param)
             return
         await self.app(scope, receive, send_with_headers)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade (``/v1/realtime``) gets the Host and Origin checks: a browser opens
+        a WebSocket to any site without CORS, sending its page's ``Origin`` — so another site's
+        page is refused here, before the handshake completes."""
+        refusal = self.refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, code, param, text = refusal
+        log.info("refused a WebSocket to %s from %s: %s", scope.get("path"), scope.get("client"), text)
+        await deny_websocket(scope, send, status, text, "invalid_request_error", code, param)
 
     def refusal(self, scope: Scope) -> tuple[int, str, str, str] | None:
         """(status, code, param, message) of a request that must not reach the app, or None."""
@@ -167,6 +187,21 @@ def _same_origin(origin: str, host: str) -> bool:
         return False
     default = 443 if parts.scheme == "https" else 80
     return parts.hostname == split[0] and (port or default) == (split[1] or default)
+
+
+async def deny_websocket(scope: Scope, send: Send, status: int, message: str, type_: str, code: str,
+                         param: str | None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Refuse a WebSocket handshake: an HTTP response in OpenAI's error shape where the server
+    offers ASGI's ``websocket.http.response`` extension (uvicorn's websockets protocols do),
+    else a close before accepting (the client sees a 403)."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *SECURITY_HEADERS, *(headers or [])]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": f"{code}: {message}"[:120]})
 
 
 async def _send_error(send: Send, status: int, message: str, code: str, param: str) -> None:

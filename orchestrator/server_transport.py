@@ -30,6 +30,9 @@ no uvicorn itself: ``serve`` hands it uvicorn's protocol class.
   one is closed. So idle sockets can never lock out a real request, and the
   process keeps descriptors for Ray. uvicorn's ``limit_concurrency`` is set
   one above as a backstop; ``keep_alive_s`` is uvicorn's ``timeout_keep_alive``.
+* **WebSockets** (``/v1/realtime``): once a connection is upgraded the bounds
+  above stop (uvicorn's WebSocket protocol owns the socket; its pings close a
+  peer that stops answering) and the session's own idle timeout applies.
 """
 
 from __future__ import annotations
@@ -134,6 +137,20 @@ class _Bounded:
             return
         self._wait_for_headers()
 
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        """The connection becomes a WebSocket (``/v1/realtime``): uvicorn hands the transport to
+        its WebSocket protocol, and these HTTP bounds stop (the session has its own idle timeout;
+        without this the header deadline, armed for a request that never comes, closed every
+        WebSocket ``--header-timeout`` seconds after it opened)."""
+        self.waiting.pop(self, None)
+        self._cancel()
+        for timer in (self._write_timer,):
+            if timer is not None:
+                timer.cancel()
+        self._write_timer = None
+        self._phase = "upgraded"
+        super().handle_websocket_upgrade(*args)  # type: ignore[misc]
+
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
         if self._write_timer is None:
@@ -169,7 +186,7 @@ class _Bounded:
 
     def _check(self) -> None:
         self._timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._phase == "upgraded":
             return
         if self._phase == "headers":
             if self.cycle is self._seen:

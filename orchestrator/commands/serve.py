@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"request cancelled (default {WRITE_TIMEOUT_S:g})")
     p.add_argument("--keep-alive-timeout", type=int, default=KEEP_ALIVE_S, metavar="S",
                    help=f"whole seconds an idle connection is kept between requests (default {KEEP_ALIVE_S})")
+    p.add_argument("--realtime-idle-timeout", type=float, default=None, metavar="S",
+                   help="seconds a /v1/realtime session may send nothing while no reply runs before it is closed "
+                        "(default 60)")
     add_limit_arguments(p)
     add_calibration_flag(p)
 
@@ -148,6 +151,21 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
                         max_content_chars=args.max_content_chars, max_speech_chars=args.max_speech_chars,
                         max_audio_bytes=int(args.max_audio_mib * MiB), max_audio_seconds=float(args.max_audio_seconds),
                         max_tensor_bytes=int(args.max_tensor_mib * MiB))
+
+
+def realtime_limits(args: argparse.Namespace) -> Any:
+    """``--realtime-idle-timeout`` as ``RealtimeLimits``; ``ConfigError`` (exit 2) unless a positive number."""
+    import math
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.server.realtime import RealtimeLimits
+
+    idle = getattr(args, "realtime_idle_timeout", None)
+    if idle is None:
+        return RealtimeLimits()
+    if not (math.isfinite(idle) and idle > 0):
+        raise ConfigError.single("--realtime-idle-timeout", f"{idle!r} is not a positive number of seconds", "e.g. 60")
+    return RealtimeLimits(idle_timeout_s=float(idle))
 
 
 def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
@@ -244,10 +262,11 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port, key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting,
                limits=transport, allowed_hosts=args.allowed_host)
     limits = limits_of(args)
+    realtime = realtime_limits(args)
     sock = bind(args.host, args.port)
     old = _install_signal_handlers()
     try:
-        return _serve(args, sock, key, transport, limits)
+        return _serve(args, sock, key, transport, limits, realtime)
     except Interrupted as exc:  # before serving (planning, verifying, starting)
         print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
         return 128 + exc.signum
@@ -296,7 +315,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, transport: Any,
-           limits: ServerLimits) -> int:
+           limits: ServerLimits, realtime: Any = None) -> int:
     import uvicorn
 
     try:
@@ -307,7 +326,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
     from orchestrator.api import Pipeline
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
-    from orchestrator.server import create_app
+    from orchestrator.server import close_app, create_app
+    from orchestrator.server.realtime import end_of_turn
     from orchestrator.server_guard import is_loopback
 
     console = make_console(stderr=True)
@@ -325,11 +345,13 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
                                     verify=not args.skip_verify, max_waiting=args.max_waiting,
                                     calibration=not args.no_calibration, server=True)
     stopped_by: list[int] = []
+    app = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # a non-loopback bind (which has a key) without --allowed-host takes any Host name
         allowed = None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host
-        config = uvicorn.Config(create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed),
+        app = create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed, realtime=realtime)
+        config = uvicorn.Config(app,
                                 host=args.host, port=args.port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=args.drain_timeout, **transport.uvicorn_kwargs(Protocol))
         server = uvicorn.Server(config)
@@ -338,6 +360,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
         host = f"[{args.host}]" if ":" in args.host else args.host
         console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
                       f"{'(API key required)' if key else ''}— Ctrl-C to stop", soft_wrap=True)
+        turn = end_of_turn(pipeline.config)
+        if turn is not None:
+            console.print(f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
+                          f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
+                          soft_wrap=True)
         # uvicorn re-raises the signal that stopped it once it has shut down; what it
         # finds then is this recorder, so the pipeline is closed below, not skipped.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -345,6 +372,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
         server.run(sockets=[sock])
     finally:
         t0 = time.perf_counter()
+        if app is not None:
+            close_app(app)
         final = pipeline.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -62,7 +62,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -248,23 +248,32 @@ class Runtime:
 
     # -- requests ------------------------------------------------------------------
     async def stream(self, prompt: Any, *, request_id: str | None = None,
-                     entry: str | None = None) -> AsyncIterator[Event]:
+                     entry: str | None = None, context: Mapping[str, Sequence[Any]] | None = None,
+                     ) -> AsyncIterator[Event]:
         """Run one request; yield its events as they happen (see ``events``).
 
         ``entry``: the request enters the graph at that stage instead (its text is
         cut as the stage's kind takes text, and fed as a producer would feed it);
         only that stage and the stages downstream of it run. ``BadRequest`` when
-        the stage does not exist or does not take text, or the prompt is not text."""
+        the stage does not exist or does not take text, or the prompt is not text.
+
+        ``context``: items fed to a stage before anything its producers send, by
+        stage name (a realtime session's conversation history to the decode stage,
+        ``{"thinker": [{"messages": [...]}]}``, which its kind merges with the
+        transcript that follows). Each named stage must run for this request and
+        take its input from other stages (not the request, not a join)."""
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
         rid = request_id or uuid.uuid4().hex[:12]
+        if context:
+            self._check_context(context, entry)
         await asyncio.to_thread(self.validate_request, prompt, entry)  # a bad request is refused first
         self._check_alive(entry)
         await self.admission.acquire()
         agen = None
         try:
             self._check_alive(entry)
-            agen = self._stream(prompt, rid, entry)
+            agen = self._stream(prompt, rid, entry, context)
             async for event in agen:
                 yield event
         finally:
@@ -339,6 +348,18 @@ class Runtime:
             raise BadRequest.single("prompt", f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
                                     f"stage {entry!r} takes text", "send the text to speak")
 
+    def _check_context(self, context: Mapping[str, Sequence[Any]], entry: str | None) -> None:
+        runs = {s.name for s in self.downstream(entry)}
+        for name in context:
+            if name not in runs:
+                raise BadRequest.single(f"context.{name}", "is not a stage this request runs",
+                                        f"name one of {', '.join(sorted(runs))}")
+            inputs = list(self.plan.stage(name).inputs)
+            if REQUEST in inputs or name in self.joins or name == entry:
+                raise BadRequest.single(f"context.{name}", "takes the request itself or joins several inputs: "
+                                        "context is for a stage fed by one other stage",
+                                        "put what it needs into the request instead")
+
     def _check_alive(self, entry: str | None = None) -> None:
         """``StageFailed`` when a stage the request needs (``downstream(entry)``) sits on a dead actor."""
         if self._closed or self.ledger is None:
@@ -348,7 +369,8 @@ class Runtime:
             if dev.dead:
                 raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
 
-    async def _stream(self, prompt: Any, rid: str, entry: str | None = None) -> AsyncGenerator[Event, None]:
+    async def _stream(self, prompt: Any, rid: str, entry: str | None = None,
+                      context: Mapping[str, Sequence[Any]] | None = None) -> AsyncGenerator[Event, None]:
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
@@ -367,6 +389,13 @@ class Runtime:
             gens[s.name] = dev.actor.stream.options(
                 num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
             ).remote(s.name, rid, initial)
+        try:  # context first: fed before the stages that produce for it have started their pumps
+            for name, items in (context or {}).items():
+                for item in items:
+                    await self._feed(self.plan.stage(name), rid, item)
+        except BaseException:
+            self._cancel_everywhere(rid)
+            raise
         firsts: dict[str, FirstChunk] = {}  # sentence consumer -> its first chunk, as its producer's pump saw it
         tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
                                      name=f"{rid}:{s.name}") for s in stages]

@@ -71,10 +71,10 @@ otherwise), compared in constant time.
 
 The package: ``protocol`` (the request models, ``ServerLimits``, body → pipeline
 request), ``auth`` (the API key, loopback addresses), ``app`` (the endpoints,
-``create_app``).
+``create_app``), ``realtime`` (the WebSocket session).
 """
 
-from orchestrator.server.app import WEB_DIR, create_app, error_for, pcm24k
+from orchestrator.server.app import WEB_DIR, close_app, create_app, error_for, pcm24k
 from orchestrator.server.auth import error_response, is_loopback
 from orchestrator.server.protocol import (
     ServerLimits,
@@ -83,5 +83,5 @@ from orchestrator.server.protocol import (
     speech_request,
 )
 
-__all__ = ["WEB_DIR", "ServerLimits", "audio_format", "chat_request", "create_app", "error_for",
+__all__ = ["WEB_DIR", "ServerLimits", "audio_format", "chat_request", "close_app", "create_app", "error_for",
            "error_response", "is_loopback", "pcm24k", "speech_request"]

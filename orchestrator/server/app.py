@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from orchestrator.server.protocol import (
     read_chat,
     read_speech,
 )
+from orchestrator.server.realtime import Realtime, RealtimeLimits
 from orchestrator.server_guard import RequestGuard
 from orchestrator.server_metrics import ServerMetrics, Trace
 from stages.payloads import spell
@@ -148,10 +149,12 @@ class _Run:
     """One pipeline request as the app drives it: its events, seen by its trace,
     and recorded in the metrics once (whatever way it ends)."""
 
-    def __init__(self, app: _App, prompt: Any, endpoint: str, entry: str | None = None) -> None:
+    def __init__(self, app: _App, prompt: Any, endpoint: str, entry: str | None = None,
+                 context: dict[str, list[Any]] | None = None) -> None:
         self.app, self.rid = app, uuid.uuid4().hex[:12]
         self.trace = Trace(self.rid, endpoint)
-        self.events = app.pipeline.stream(prompt, request_id=self.rid, entry=entry)
+        self.events = (app.pipeline.stream(prompt, request_id=self.rid, entry=entry, context=context) if context
+                       else app.pipeline.stream(prompt, request_id=self.rid, entry=entry))
         self.buffered: list[Event] = []
         self.status = 200
         self._finished = False
@@ -510,13 +513,27 @@ class _App:
                        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
 
 
+def close_app(app: ASGIApp) -> None:
+    """Close what the app opened itself — the realtime turn detector's VAD session (in this
+    process, or a route worker) — once serving has stopped, before the pipeline is closed."""
+    inner: Any = app
+    while inner is not None and not isinstance(inner, Starlette):
+        inner = getattr(inner, "app", None)
+    live = getattr(getattr(inner, "state", None), "realtime", None)
+    if live is not None:
+        live.close()
+
+
 def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None,
-               allowed_hosts: Iterable[str] | None = ()) -> ASGIApp:
+               allowed_hosts: Iterable[str] | None = (), realtime: RealtimeLimits | None = None) -> ASGIApp:
     """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind
     ``server_guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any);
-    ``limits``: what one request may carry (default ``ServerLimits()``)."""
+    ``limits``: what one request may carry (default ``ServerLimits()``); ``realtime``: what one
+    ``/v1/realtime`` session may do (default ``RealtimeLimits()``)."""
     app = _App(pipeline, limits or ServerLimits())
+    live = Realtime(app, realtime or RealtimeLimits(), _Run)
     starlette = Starlette(routes=[
+        WebSocketRoute("/v1/realtime", live.endpoint),
         Route("/v1/chat/completions", app.chat, methods=["POST"]),
         Route("/v1/audio/speech", app.speech, methods=["POST"]),
         Route("/v1/models", app.models, methods=["GET"]),
@@ -528,6 +545,7 @@ def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: Server
         Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
     ])
     starlette.state.omni_edge = app  # for tests and embedding: the metrics, the pipeline
+    starlette.state.realtime = live
     served: ASGIApp = starlette
     if api_key:
         served = BearerAuth(served, api_key)

@@ -198,10 +198,12 @@ class Cutter:
     """One request: the input's samples kept (at its own rate) until no segment can need them,
     resampled for the graph, scored, segmented, cut."""
 
-    def __init__(self, runner: VadRunner) -> None:
+    def __init__(self, runner: VadRunner, rules: SegmentRules | None = None) -> None:
+        """``rules``: the segmentation settings, when not the stage's own (a realtime
+        session's turn detection: its threshold, pause and padding)."""
         self.runner = runner
         self.windows = Windows(runner)
-        self.segmenter = Segmenter(runner.rules)
+        self.segmenter = Segmenter(rules or runner.rules)
         self.source_rate: int | None = None
         self.resampler: Any = None
         self.kept = np.zeros(0, dtype=np.float32)

@@ -84,6 +84,14 @@ class Segmenter:
         """Padded start of the speech still open (samples before it are never emitted again)."""
         return self._start
 
+    @property
+    def open_speech(self) -> int:
+        """Samples of speech in the open segment so far (up to where its current pause began);
+        0 when none is open. Once it reaches ``min_speech`` the segment will be kept."""
+        if self._start is None:
+            return 0
+        return (self._pause if self._pause is not None else self.heard) - self._speech_start
+
     def push(self, prob: float) -> list[tuple[int, int]]:
         """One window's speech probability; the segments this window closes."""
         r = self.rules

@@ -2,7 +2,8 @@
 h11's), in front of a tiny Starlette app in a thread (no pipeline, no Ray): the
 connection cap evicts the longest-waiting connection, a half-sent request is closed at
 the header timeout, and a response nobody reads is aborted at the write timeout with
-the app seeing the client gone. ``serve`` itself is driven in
+the app seeing the client gone; a WebSocket (``/v1/realtime``) outlives the HTTP
+deadlines once upgraded. ``serve`` itself is driven in
 tests/orchestrator/test_server_transport.py."""
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class _Server:
         from starlette.applications import Starlette
         from starlette.requests import Request
         from starlette.responses import JSONResponse, Response, StreamingResponse
-        from starlette.routing import Route
+        from starlette.routing import Route, WebSocketRoute
+        from starlette.websockets import WebSocket
 
         self.stream_ended = threading.Event()
 
@@ -59,7 +61,12 @@ class _Server:
         async def health(request: Request) -> Response:
             return JSONResponse({"status": "ok"})
 
-        app = Starlette(routes=[Route("/health", health), Route("/stream", stream)])
+        async def echo(websocket: WebSocket) -> None:
+            await websocket.accept()
+            while True:
+                await websocket.send_text(await websocket.receive_text())
+
+        app = Starlette(routes=[Route("/health", health), Route("/stream", stream), WebSocketRoute("/ws", echo)])
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
@@ -133,3 +140,14 @@ def test_a_response_nobody_reads_is_aborted_and_the_app_sees_the_client_gone(ser
         s.close()
     assert took > LIMITS.write_timeout_s - 0.3, took
     assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_a_websocket_outlives_the_header_and_read_deadlines(server: _Server) -> None:
+    """Before: the header deadline armed for the upgrade request fired after the upgrade (no HTTP
+    request ever followed on that protocol) and aborted every WebSocket after --header-timeout."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{server.port}/ws", open_timeout=5) as ws:
+        time.sleep(LIMITS.header_timeout_s + LIMITS.read_timeout_s + 0.5)
+        ws.send("still here")
+        assert ws.recv(timeout=5) == "still here"

@@ -206,3 +206,15 @@ def test_the_example_pipeline_plans(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [(s["name"], s["kind"], s["backend"]) for s in doc["stages"]] == [
         ("vad", "vad", "ort-cpu"), ("asr", "asr", "ort-cpu"), ("thinker", "ar_decode", "vllm-cpu"),
         ("voice", "exported_graph", "ort-cpu")]
+
+
+def test_the_plan_shows_the_end_of_turn_delay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The silence that ends a spoken turn (the vad stage's min_silence_ms: what a /v1/realtime
+    session waits before it answers) is a line under the stages table."""
+    config = tmp_path / "p.yaml"
+    config.write_text(json.dumps({"name": "p", "stages": [vad_stage(PLAIN, min_silence_ms=550, speech_pad_ms=80)]}))
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps(PROFILE))
+    assert main(["plan", str(config), "--profile", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert "End of turn: 550 ms of silence (vad min_silence_ms)" in " ".join(out.split())
