@@ -390,3 +390,42 @@ def test_a_consumer_of_the_tensor_port_alone_gets_the_arrays(ray_cluster: Any, t
         rt.close()
     assert [o["got"] for o in outputs(events, "hiddens")] == [
         {"array": [[float(i)] * 4], "dtype": "float32"} for i in range(3)]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_refused(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """``stream(context=)``: items fed to a stage before its producer's (a realtime session's
+    history to the decode stage). The echo ``words`` kind counts the words of every item it
+    was given as its ``prompt_tokens``: the context's three words are counted on top of its
+    producer's reply, and nowhere else. A context naming a stage the request does not reach
+    that way is a ``BadRequest`` before anything runs."""
+    rt = started(ray_cluster, tmp_path, [
+        {"name": "first", "kind": "echo", "mode": "words", "devices": ["cpu"], "final_output": True},
+        {"name": "second", "kind": "echo", "mode": "words", "inputs": ["first"], "devices": ["cpu"],
+         "final_output": True},
+    ])
+
+    async def main(context: Any) -> list[Any]:
+        return [e async for e in rt.stream("hello there", context=context)]
+
+    try:
+        plain = asyncio.run(main(None))
+        history = {"second": [{"messages": [{"role": "user", "content": "one two three"}]}]}
+        given = asyncio.run(main(history))
+        for context, where in (({"first": [{"messages": []}]}, "context.first"), ({"nope": ["x"]}, "context.nope")):
+            with pytest.raises(ConfigError) as refused:
+                asyncio.run(main(context))
+            assert refused.value.problems[0].where == where
+    finally:
+        rt.close()
+
+    def prompt_tokens(events: list[Any], stage: str) -> int:
+        return next(int(e.stats["prompt_tokens"]) for e in events if isinstance(e, StageEvent) and e.kind == "done"
+                    and e.stage == stage)
+
+    first_reply = "".join(e.text for e in plain if isinstance(e, TextDelta) and e.stage == "first")
+    assert prompt_tokens(plain, "second") == len(first_reply.split())
+    assert prompt_tokens(given, "second") == len(first_reply.split()) + 3
+    assert prompt_tokens(given, "first") == prompt_tokens(plain, "first") == 2
