@@ -169,11 +169,16 @@ class _FakeRealtime:
         """response id → the audio bytes sent for it, one entry per delta."""
         self.protocols: list[str] = []
         self.closed = threading.Event()
+        self.key: str | None = None
+        """When set, a session must offer it as ``openai-insecure-api-key.KEY`` (refused before the handshake)."""
 
     async def endpoint(self, ws: Any) -> None:
         from starlette.websockets import WebSocketDisconnect
 
         self.protocols = list(ws.scope.get("subprotocols") or [])
+        if self.key is not None and f"openai-insecure-api-key.{self.key}" not in self.protocols:
+            await ws.close(1008)  # before accept: the handshake is refused (403)
+            return
         await ws.accept(subprotocol="realtime" if "realtime" in self.protocols else None)
         lock = asyncio.Lock()
         rate = OUT_RATE
@@ -277,7 +282,14 @@ def realtime_server() -> Iterator[tuple[str, _FakeRealtime]]:
     async def status(request: Any) -> Any:
         return JSONResponse({"pipeline": "talk-test", "stages": [], "pools": [], "recent": []})
 
+    async def models(request: Any) -> Any:
+        if fake.key is not None and request.headers.get("authorization") != f"Bearer {fake.key}":
+            return JSONResponse({"error": {"message": "a valid API key is required", "type": "invalid_request_error",
+                                           "code": "invalid_api_key"}}, status_code=401)
+        return JSONResponse({"object": "list", "data": []})
+
     app = Starlette(routes=[WebSocketRoute("/v1/realtime", fake.endpoint), Route("/v1/status", status),
+                            Route("/v1/models", models),
                             Mount("/", app=create_app(_stub_pipeline()))])
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
@@ -384,6 +396,36 @@ def _talk_to_the_fake(browser: Any, url: str, fake: _FakeRealtime, q1_s: float, 
     _shot(page, tmp_path / "talk-narrow.png")
     assert not errors and not page.evaluate("window.omniEdge.cspViolations"), errors
     page.close()
+
+
+def test_talk_offers_the_key_as_openais_subprotocol_and_a_refused_session_asks_for_it(
+        realtime_server: tuple[str, _FakeRealtime], tmp_path: Path) -> None:
+    url, fake = realtime_server
+    fake.key = "s3cret-key"
+    wav, _, _ = _conversation(tmp_path / "conversation.wav", GAP_S, TAIL_S)
+    with _mic_browser(wav) as browser:
+        page = browser.new_page()
+        errors = _watch(page)
+        page.goto(url + "/")
+        talk_button = page.get_by_role("button", name="Talk", exact=True)
+        talk_button.click()
+        # refused before the handshake: the page asks the server why over HTTP and opens the key field
+        _wait_for(page, "window.omniEdge.talk.state === 'error'", timeout=20_000)
+        assert page.locator("#talk-state").inner_text() == "Talk: 401: a valid API key is required"
+        assert page.get_by_label("API key").is_visible() and talk_button.is_enabled()
+        page.get_by_label("API key").fill("s3cret-key")
+        talk_button.click()
+        _wait_for(page, "window.omniEdge.talk.state === 'listening'", timeout=20_000)
+        assert fake.protocols == ["realtime", "openai-insecure-api-key.s3cret-key"]
+        # a key a subprotocol cannot carry is refused on the page, before anything is sent
+        page.get_by_role("button", name="Stop talking").click()
+        page.get_by_label("API key").fill("not a token")
+        talk_button.click()
+        _wait_for(page, "window.omniEdge.talk.state === 'error'", timeout=10_000)
+        assert "subprotocol" in page.locator("#talk-state").inner_text()
+        assert fake.protocols == ["realtime", "openai-insecure-api-key.s3cret-key"]
+        assert not errors, errors
+        page.close()
 
 
 # ---------------------------------------------------------------- the real server
