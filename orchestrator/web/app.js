@@ -13,6 +13,7 @@ const HISTORY_MESSAGES = 8;       // earlier turns sent with a prompt (the model
 const RECENT_ROWS = 8;
 const TALK_IN_RATE = 16000;       // the microphone's pcm16 rate asked of a realtime session: what speech models hear
 const KEY_PROTOCOL = "openai-insecure-api-key.";  // how a browser sends the key on a WebSocket (OpenAI's subprotocol)
+const TIMELINE_EVENTS = 500;      // server events (deltas aside) kept with their arrival times, for tests and debugging
 const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;   // what a WebSocket subprotocol may hold (RFC 7230 token)
 
 const $ = (id) => document.getElementById(id);
@@ -304,6 +305,7 @@ const talk = {
   frameBytes: null,
   level: 0,
   events: {},                     // server event type → how many arrived
+  timeline: [],                   // [performance.now() ms, type] of each server event but the deltas
   turns: new Map(),               // user item id → {itemId, transcript, item, you, reply}
   lastTurn: null,
   responses: new Map(),           // response id → {id, itemId, status, reason, text, audioBytes, interrupted, error}
@@ -321,6 +323,7 @@ function talkSnapshot() {
     state: talk.state, error: talk.error, closed: talk.closed, inRate: talk.inRate, outRate: talk.outRate,
     framesSent: talk.framesSent, bytesSent: talk.bytesSent, frameBytes: talk.frameBytes,
     micRate: talk.ctx ? talk.ctx.sampleRate : null, level: talk.level, events: { ...talk.events },
+    timeline: talk.timeline.slice(),
     turns: [...talk.turns.values()].map((t) => ({ itemId: t.itemId, transcript: t.transcript })),
     responses: [...talk.responses.values()].map((r) => ({ ...r, el: undefined })),
     bargeIns: talk.bargeIns.slice(),
@@ -471,6 +474,9 @@ function startMic(rate) {
 function onServerEvent(doc) {
   const type = doc.type;
   talk.events[type] = (talk.events[type] || 0) + 1;
+  if (!type.endsWith(".delta") && talk.timeline.length < TIMELINE_EVENTS) {
+    talk.timeline.push([Math.round(performance.now()), type]);
+  }
   switch (type) {
     case "session.created":
     case "session.updated": {
