@@ -1,5 +1,6 @@
 // omni-edge's page: ask the served pipeline, read the reply as it streams, hear
-// its audio as it arrives, and watch the pipeline (GET v1/status every 2 s).
+// its audio as it arrives, talk to it (the microphone over the v1/realtime WebSocket), and
+// watch the pipeline (GET v1/status every 2 s).
 //
 // Plain JavaScript, no build step, nothing fetched from anywhere but this server.
 // window.omniEdge exposes what the page is doing (state, text, audio, status) so
@@ -10,6 +11,10 @@ const SAMPLE_RATE = 24000;        // the contract's streamed audio: pcm16 LE mon
 const STATUS_EVERY_MS = 2000;
 const HISTORY_MESSAGES = 8;       // earlier turns sent with a prompt (the model's context is small)
 const RECENT_ROWS = 8;
+const TALK_IN_RATE = 16000;       // the microphone's pcm16 rate asked of a realtime session: what speech models hear
+const KEY_PROTOCOL = "openai-insecure-api-key.";  // how a browser sends the key on a WebSocket (OpenAI's subprotocol)
+const TIMELINE_EVENTS = 500;      // server events (deltas aside) kept with their arrival times, for tests and debugging
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;   // what a WebSocket subprotocol may hold (RFC 7230 token)
 
 const $ = (id) => document.getElementById(id);
 
@@ -33,9 +38,12 @@ class ChunkPlayer {
     this.nextTime = 0;            // context time at which the next chunk starts
     this.chunks = 0;
     this.samples = 0;
+    this.seconds = 0;
+    this.bytes = 0;               // pcm16 bytes scheduled since the page opened (every reply)
     this.startedAt = null;        // context time the first chunk of this reply starts playing
     this.carry = null;            // an odd trailing byte, kept for the next chunk
     this.sources = new Set();
+    this.cuts = 0;                // times scheduled audio was cut short (Stop, an interruption)
   }
 
   /** Creates or resumes the context; call from a user gesture (browsers' autoplay rules). */
@@ -54,22 +62,37 @@ class ChunkPlayer {
 
   reset() {
     this.stop();
+    this.newReply();
+  }
+
+  /** Counts from zero for the next reply; whatever still plays goes on. */
+  newReply() {
     this.chunks = 0;
     this.samples = 0;
+    this.seconds = 0;
     this.startedAt = null;
     this.carry = null;
   }
 
+  /** Seconds of audio scheduled but not yet heard. */
+  ahead() {
+    return this.ctx && this.sources.size ? Math.max(0, this.nextTime - this.ctx.currentTime) : 0;
+  }
+
+  /** Silences everything scheduled at once; returns the seconds that were still to play. */
   stop() {
+    const cut = this.ahead();
     for (const s of this.sources) {
       try { s.stop(); } catch (_) { /* already ended */ }
     }
+    if (this.sources.size && cut > 0) this.cuts += 1;
     this.sources.clear();
     this.nextTime = 0;
+    return cut;
   }
 
-  /** Schedules one base64 chunk of pcm16 LE right after the previous one. */
-  play(base64) {
+  /** Schedules one base64 chunk of pcm16 LE mono at `rate` right after the previous one. */
+  play(base64, rate = SAMPLE_RATE) {
     let bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
     if (this.carry !== null) {
       const joined = new Uint8Array(bytes.length + 1);
@@ -86,10 +109,12 @@ class ChunkPlayer {
     this.chunks += 1;
     if (!n) return;
     this.samples += n;
+    this.seconds += n / rate;
+    this.bytes += 2 * n;
     this.unlock();
     if (!this.ctx) return;
     const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-    const buffer = this.ctx.createBuffer(1, n, SAMPLE_RATE);
+    const buffer = this.ctx.createBuffer(1, n, rate);
     const out = buffer.getChannelData(0);
     for (let i = 0; i < n; i++) out[i] = view.getInt16(2 * i, true) / 32768;
     const source = this.ctx.createBufferSource();
@@ -109,7 +134,10 @@ class ChunkPlayer {
     return {
       chunks: this.chunks,
       samples: this.samples,
-      seconds: this.samples / SAMPLE_RATE,
+      seconds: this.seconds,
+      bytes: this.bytes,
+      ahead: this.ahead(),
+      cuts: this.cuts,
       startedAt: this.startedAt,
       contextTime: now,
       contextState: this.ctx ? this.ctx.state : "none",
@@ -129,7 +157,12 @@ window.omniEdge = {
   get firstAudioMs() { return page.firstAudioMs; },
   get status() { return page.status; },
   get audio() { return player.snapshot(); },
+  get talk() { return talkSnapshot(); },
+  cspViolations: [],
 };
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.omniEdge.cspViolations.push(`${e.violatedDirective}: ${e.blockedURI}`);
+});
 
 // ---------------------------------------------------------------- requests
 
@@ -250,6 +283,379 @@ function addTurn(prompt) {
   $("conversation").append(item);
   item.scrollIntoView({ block: "nearest" });
   return { item, reply };
+}
+
+// ---------------------------------------------------------------- talk (v1/realtime)
+
+/** A spoken conversation: the microphone → AudioWorklet (pcm16 at the session's rate, 20 ms
+ * frames) → input_audio_buffer.append on the WebSocket; the server finds the turns (server
+ * VAD) and streams each reply's text and audio back; speaking over a reply stops it here at
+ * once (the server cancels it). */
+const talk = {
+  state: "off",                   // off | connecting | listening | hearing | thinking | replying | closed | error
+  ws: null,
+  ctx: null,                      // the microphone's AudioContext
+  stream: null,
+  node: null,
+  session: null,                  // the server's session document (session.updated)
+  inRate: null,
+  outRate: SAMPLE_RATE,
+  framesSent: 0,
+  bytesSent: 0,
+  frameBytes: null,
+  level: 0,
+  events: {},                     // server event type → how many arrived
+  timeline: [],                   // [performance.now() ms, type] of each server event but the deltas
+  turns: new Map(),               // user item id → {itemId, transcript, item, you, reply}
+  lastTurn: null,
+  responses: new Map(),           // response id → {id, itemId, status, reason, text, audioBytes, interrupted, error}
+  current: null,                  // the response in progress (between response.created and response.done)
+  lastAudio: null,                // the response whose audio was scheduled last (it may still play after its done)
+  interrupted: new Set(),         // responses stopped here: their late deltas are not played
+  bargeIns: [],                   // {responseId, cutSeconds, running}
+  stoppedAt: null,                // performance.now() when the last speech_stopped arrived
+  error: null,
+  closed: null,                   // {code, reason} once the socket closed
+};
+
+function talkSnapshot() {
+  return {
+    state: talk.state, error: talk.error, closed: talk.closed, inRate: talk.inRate, outRate: talk.outRate,
+    framesSent: talk.framesSent, bytesSent: talk.bytesSent, frameBytes: talk.frameBytes,
+    micRate: talk.ctx ? talk.ctx.sampleRate : null, level: talk.level, events: { ...talk.events },
+    timeline: talk.timeline.slice(),
+    turns: [...talk.turns.values()].map((t) => ({ itemId: t.itemId, transcript: t.transcript })),
+    responses: [...talk.responses.values()].map((r) => ({ ...r, el: undefined })),
+    bargeIns: talk.bargeIns.slice(),
+  };
+}
+
+/** Milliseconds since the server said the user's speech stopped: the page's voice-to-voice clock. */
+function sinceTurnEnd() {
+  return talk.stoppedAt === null ? null : performance.now() - talk.stoppedAt;
+}
+
+function talkSay(text, bad = false) {
+  $("talk-state").textContent = text;
+  $("talk-state").classList.toggle("bad", bad);
+}
+
+const TALK_WORDS = {
+  connecting: "Connecting…", listening: "Listening — speak now", hearing: "Hearing you…",
+  thinking: "Thinking…", replying: "Replying — speak to interrupt",
+};
+
+function setTalk(state) {
+  talk.state = state;
+  if (TALK_WORDS[state]) talkSay(TALK_WORDS[state]);
+  renderTalk();
+}
+
+function renderTalk() {
+  const on = !["off", "closed", "error"].includes(talk.state);
+  $("talk").disabled = on || Boolean(controller);
+  $("talk").setAttribute("aria-pressed", String(on));
+  $("talk-stop").disabled = !on;
+  $("send").disabled = on || page.state === "waiting" || page.state === "streaming";
+  $("mic-level").style.width = `${Math.min(100, Math.round(talk.level * 400))}%`;
+}
+
+function realtimeURL() {
+  const url = new URL("v1/realtime", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
+function send(doc) {
+  if (talk.ws && talk.ws.readyState === WebSocket.OPEN) talk.ws.send(JSON.stringify(doc));
+}
+
+function base64(bytes) {
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  return btoa(text);
+}
+
+async function startTalk() {
+  if (!["off", "closed", "error"].includes(talk.state) || controller) return;
+  player.unlock();                // in the click: browsers' autoplay rules
+  Object.assign(talk, { error: null, closed: null, session: null, inRate: null, framesSent: 0, bytesSent: 0,
+    frameBytes: null, current: null });
+  setTalk("connecting");
+  const key = $("api-key").value.trim();
+  if (key && !TOKEN.test(key)) {
+    failTalk("the API key holds characters a WebSocket subprotocol cannot carry");
+    return;
+  }
+  try {
+    const Ctx = window.AudioContext || window.webkitAudioContext;
+    talk.ctx = new Ctx();
+    talk.stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    await talk.ctx.audioWorklet.addModule("static/mic-worklet.js");
+  } catch (err) {
+    failTalk(`the microphone: ${err.message || err.name || err}`);
+    return;
+  }
+  if (talk.state !== "connecting") return;   // stopped meanwhile
+  let ws;
+  try {
+    ws = new WebSocket(realtimeURL(), key ? ["realtime", KEY_PROTOCOL + key] : ["realtime"]);
+  } catch (err) {
+    failTalk(`the WebSocket: ${err.message || err}`);
+    return;
+  }
+  talk.ws = ws;
+  let opened = false;
+  ws.onopen = () => {
+    opened = true;
+    send({
+      type: "session.update",
+      session: {
+        modalities: $("speak").checked ? ["text", "audio"] : ["text"],
+        input_audio_format: "pcm16", output_audio_format: "pcm16",
+        input_audio_sample_rate: TALK_IN_RATE, output_audio_sample_rate: SAMPLE_RATE,
+      },
+    });
+  };
+  ws.onmessage = (event) => {
+    let doc;
+    try { doc = JSON.parse(event.data); } catch (_) { return; }
+    onServerEvent(doc);
+    renderTalk();
+  };
+  ws.onclose = async (event) => {
+    if (talk.ws !== ws) return;
+    talk.closed = { code: event.code, reason: event.reason };
+    const byUs = talk.state === "off";
+    endTalk();
+    if (byUs) return;
+    if (!opened) {
+      // a refused upgrade reaches a page only as a close: ask the server why over HTTP
+      let why = "the server refused the session";
+      try {
+        const r = await fetch("v1/models", { headers: headers(), cache: "no-store" });
+        if (!r.ok) why = await errorText(r);
+      } catch (_) { why = "server unreachable"; }
+      failTalk(why);
+      return;
+    }
+    talk.state = "closed";
+    talkSay(`Session closed by the server${event.reason ? `: ${event.reason}` : ` (code ${event.code})`}`, event.code !== 1000);
+    renderTalk();
+  };
+}
+
+/** The microphone starts once the session says its input rate. */
+function startMic(rate) {
+  if (talk.node) {
+    talk.node.port.postMessage({ rate });
+    return;
+  }
+  const source = talk.ctx.createMediaStreamSource(talk.stream);
+  const node = new AudioWorkletNode(talk.ctx, "mic-frames", { processorOptions: { rate }, numberOfOutputs: 1 });
+  node.port.onmessage = (event) => {
+    const { pcm, rms } = event.data;
+    talk.level = rms;
+    if (!talk.session) return;
+    const bytes = new Uint8Array(pcm);
+    send({ type: "input_audio_buffer.append", audio: base64(bytes) });
+    talk.framesSent += 1;
+    talk.bytesSent += bytes.length;
+    talk.frameBytes = bytes.length;
+  };
+  source.connect(node);
+  node.connect(talk.ctx.destination);  // its output is silence; connected, the graph pulls it
+  talk.node = node;
+  if (talk.ctx.state === "suspended") talk.ctx.resume();
+}
+
+function onServerEvent(doc) {
+  const type = doc.type;
+  talk.events[type] = (talk.events[type] || 0) + 1;
+  if (!type.endsWith(".delta") && talk.timeline.length < TIMELINE_EVENTS) {
+    talk.timeline.push([Math.round(performance.now()), type]);
+  }
+  switch (type) {
+    case "session.created":
+    case "session.updated": {
+      const s = doc.session || {};
+      if (!s.turn_detection) {
+        failTalk("this pipeline detects no turns (it has no vad stage at its audio entry): type instead");
+        return;
+      }
+      talk.session = s;
+      talk.inRate = s.input_audio_sample_rate || SAMPLE_RATE;  // OpenAI's pcm16 is 24 kHz
+      talk.outRate = s.output_audio_sample_rate || SAMPLE_RATE;
+      if (type === "session.updated") {
+        startMic(talk.inRate);
+        setTalk("listening");
+      }
+      break;
+    }
+    case "input_audio_buffer.speech_started":
+      bargeIn();
+      setTalk("hearing");
+      break;
+    case "input_audio_buffer.speech_stopped":
+      talk.stoppedAt = performance.now();
+      setTalk("thinking");
+      break;
+    case "input_audio_buffer.committed":
+      userTurn(doc.item_id);
+      break;
+    case "conversation.item.created":
+      if (doc.item && doc.item.role === "user") {
+        const c = (doc.item.content || [])[0];
+        heard(doc.item.id, c && typeof c.transcript === "string" ? c.transcript : null);
+      }
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      heard(doc.item_id, doc.transcript);
+      break;
+    case "response.created":
+      replyStarted((doc.response || {}).id);
+      break;
+    case "response.text.delta":
+    case "response.audio_transcript.delta": {
+      const r = talk.responses.get(doc.response_id);
+      if (!r || talk.interrupted.has(r.id)) break;
+      r.text += doc.delta || "";
+      r.el.textContent = r.text;
+      if (r.firstTextMs === null) r.firstTextMs = page.firstTextMs = sinceTurnEnd();
+      if (talk.state === "thinking") setTalk("replying");
+      break;
+    }
+    case "response.audio.delta": {
+      const r = talk.responses.get(doc.response_id);
+      if (!r || talk.interrupted.has(r.id)) break;
+      const before = player.bytes;
+      player.play(doc.delta, talk.outRate);
+      r.audioBytes += player.bytes - before;
+      if (r.firstAudioMs === null) r.firstAudioMs = page.firstAudioMs = sinceTurnEnd();
+      talk.lastAudio = r.id;
+      if (talk.state === "thinking") setTalk("replying");
+      break;
+    }
+    case "response.done":
+      replyDone(doc.response || {});
+      break;
+    case "error": {
+      const e = doc.error || {};
+      talk.error = e.message || e.code || "the server reported an error";
+      talkSay(`Error: ${talk.error}`, true);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+/** Speech while a reply runs or plays: silence it now (the server cancels it and says so). */
+function bargeIn() {
+  const running = talk.current ? talk.responses.get(talk.current) : null;
+  const cut = player.stop();
+  const r = running || (cut > 0 ? talk.responses.get(talk.lastAudio) : null);
+  if (!r) return;
+  talk.bargeIns.push({ responseId: r.id, cutSeconds: cut, running: Boolean(running) });
+  talk.interrupted.add(r.id);
+  r.interrupted = true;
+  r.el.classList.add("interrupted");
+  r.el.dataset.note = "interrupted";
+}
+
+function userTurn(itemId) {
+  if (talk.turns.has(itemId)) return talk.turns.get(itemId);
+  const turn = addTurn("…");
+  turn.item.classList.add("spoken");
+  turn.you = turn.item.querySelector(".you");
+  turn.you.classList.add("pending-text");
+  const t = { itemId, transcript: null, ...turn };
+  talk.turns.set(itemId, t);
+  talk.lastTurn = t;
+  return t;
+}
+
+function heard(itemId, transcript) {
+  if (!itemId || transcript === null || transcript === undefined) return;
+  const t = userTurn(itemId);
+  t.transcript = transcript;
+  t.you.textContent = transcript || "(nothing recognised)";
+  t.you.classList.remove("pending-text");
+}
+
+function replyStarted(id) {
+  if (!id) return;
+  const t = talk.lastTurn || userTurn(`unknown-${id}`);
+  let el = t.reply;
+  if (talk.responses.size && [...talk.responses.values()].some((r) => r.el === el)) {
+    el = document.createElement("p");       // a second reply to one turn (response.create)
+    el.className = "reply";
+    t.item.append(el);
+  }
+  el.setAttribute("aria-busy", "true");
+  player.newReply();
+  talk.responses.set(id, { id, itemId: t.itemId, status: "in_progress", reason: null, text: "", audioBytes: 0,
+    interrupted: false, error: null, firstTextMs: null, firstAudioMs: null, el });
+  page.firstTextMs = page.firstAudioMs = null;
+  talk.current = id;
+}
+
+function replyDone(response) {
+  const r = talk.responses.get(response.id);
+  if (talk.current === response.id) talk.current = null;
+  if (!r) return;
+  const details = response.status_details || {};
+  r.status = response.status || "completed";
+  r.reason = details.reason || null;
+  r.el.removeAttribute("aria-busy");
+  r.el.closest(".turn").classList.remove("pending");
+  if (r.status === "cancelled") {
+    const t = talk.turns.get(r.itemId);
+    if (t && t.transcript === null) t.you.textContent = "(cut before its transcript was final)";
+    r.el.classList.add("interrupted");
+    r.el.dataset.note = details.reason === "turn_detected" ? "interrupted" : "cancelled";
+  } else if (r.status === "failed") {
+    r.error = (details.error && details.error.message) || "the reply failed";
+    r.el.classList.add("failed");
+    r.el.textContent = r.text ? `${r.text}\n\n${r.error}` : r.error;
+  }
+  if (!["off", "closed", "error", "hearing"].includes(talk.state)) setTalk("listening");
+}
+
+function failTalk(message) {
+  endTalk();
+  talk.state = "error";
+  talk.error = message;
+  talkSay(`Talk: ${message}`, true);
+  renderTalk();
+}
+
+/** Closes the session, the microphone and the playback. */
+function endTalk() {
+  const ws = talk.ws;
+  talk.ws = null;
+  if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000, "the page stopped talking");
+  if (talk.node) talk.node.port.onmessage = null;
+  if (talk.stream) for (const track of talk.stream.getTracks()) track.stop();
+  if (talk.ctx) talk.ctx.close().catch(() => {});
+  Object.assign(talk, { node: null, stream: null, ctx: null, session: null, current: null, level: 0 });
+  for (const r of talk.responses.values()) {
+    if (r.status === "in_progress") {
+      r.status = "stopped";
+      r.el.removeAttribute("aria-busy");
+      r.el.closest(".turn").classList.remove("pending");
+    }
+  }
+}
+
+function stopTalk() {
+  talk.state = "off";
+  endTalk();
+  player.stop();
+  talkSay("Talk ended.");
+  renderTalk();
 }
 
 // ---------------------------------------------------------------- status panel
@@ -430,8 +836,8 @@ async function pollStatus() {
 
 function render() {
   const busy = page.state === "waiting" || page.state === "streaming";
-  $("send").disabled = busy;
   $("stop").disabled = !busy;
+  renderTalk();
   $("reply-state").textContent = page.error ? `error — ${page.error}` : page.state;
   $("first-text").textContent = page.firstTextMs === null ? "–" : `${Math.round(page.firstTextMs)} ms`;
   $("first-audio").textContent = page.firstAudioMs === null ? "–" : `${Math.round(page.firstAudioMs)} ms`;
@@ -447,13 +853,15 @@ function start() {
   $("ask").addEventListener("submit", (event) => {
     event.preventDefault();
     const prompt = $("prompt").value.trim();
-    if (!prompt || controller) return;
+    if (!prompt || controller || talk.ws) return;
     ask(prompt, $("speak").checked);
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("ask").requestSubmit();
   });
   $("stop").addEventListener("click", () => controller && controller.abort());
+  $("talk").addEventListener("click", () => startTalk());
+  $("talk-stop").addEventListener("click", () => stopTalk());
   $("clear").addEventListener("click", () => {
     if (controller) controller.abort();
     page.history = [];
