@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,6 +93,18 @@ def test_streams_and_holds_to_min_tokens_with_the_seed(pipeline: Pipeline) -> No
     assert result.text == streamed
 
 
+def _engine_state(pipeline: Pipeline) -> tuple[int, list[dict[str, Any]]]:
+    """The decode stage's free sequences and the figures of its aborted requests, read in its device actor."""
+    import ray
+
+    def look(actor: Any) -> tuple[int, list[dict[str, Any]]]:
+        runner = actor.stages["thinker"].runner
+        return runner._free_slots, [s for s in runner._done.values() if s.get("finish_reason") == "abort"]
+
+    device = pipeline.plan.stage("thinker").device
+    return ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(look))  # type: ignore[no-any-return]
+
+
 def test_a_closed_stream_gives_its_sequence_back(pipeline: Pipeline) -> None:
     async def main() -> None:
         events = pipeline.stream(_fixed("Count from one to four hundred.", 400))
@@ -101,6 +114,12 @@ def test_a_closed_stream_gives_its_sequence_back(pipeline: Pipeline) -> None:
         await events.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(main())
+    # the close reaches the engine thread asynchronously: wait for the abort (not for a time)
+    deadline = time.monotonic() + 120
+    while (state := _engine_state(pipeline))[0] != 1 or not state[1]:
+        assert time.monotonic() < deadline, f"the closed request was never aborted: {state}"
+        time.sleep(0.05)
+    assert all(s["tokens"] < 400 for s in state[1])  # it stopped early, it did not run out its 400 tokens
     _, stats = _run(pipeline, _fixed("Hi.", 5))
     # the only sequence was free when this request reached the engine: the closed one left it
     assert (stats["tokens"], stats["finish_reason"], stats["waited_for_slot"]) == (5, "length", False)
