@@ -481,7 +481,10 @@ class Runtime:
         """Read one stage's outputs: emit its events, feed its consumers (a fan-in
         consumer through its ``Joiner``, which combines this input with its others).
         ``firsts``: the first-audio trace of each sentence edge (``orchestrator.runtime.hop``),
-        filled by a producer's pump and read by its consumer's."""
+        filled by a producer's pump and read by its consumer's.
+
+        Kept whole for now (101 lines): the chunkers, joiners, traces and per-edge byte counts
+        are state of one read loop; issue 23 (part 5) names this function for a split."""
         joiners = joiners or {}
         firsts = {} if firsts is None else firsts
 
