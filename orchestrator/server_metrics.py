@@ -152,6 +152,14 @@ class ServerMetrics:
                                   "The serve process's own memory (PSS, else RSS)", registry=r)
         self.server_budget = Gauge(f"{PREFIX}server_budget_bytes",
                                    "The serve process's shared reservation in the plan", ["evidence"], registry=r)
+        self.early_responses = Counter(
+            f"{PREFIX}realtime_early_responses",
+            "Realtime replies started in a pause before it closed the turn, by outcome: adopted (the pause was "
+            "the turn's end), dropped (speech went on, or the turn ended otherwise), failed (e.g. no free slot)",
+            ["outcome"], registry=r)
+        self.voice_to_voice = Histogram(f"{PREFIX}realtime_voice_to_voice_seconds",
+                                        "Realtime: the end of the user's speech to the reply's first audio sent",
+                                        buckets=b, registry=r)
         self.ledger_up = Gauge(f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r)
         self.in_flight_limit.set(runtime.admission.limit)
         for s in runtime.stages:

@@ -267,6 +267,13 @@ class Realtime:
         await Session(self, websocket).run()
 
 
+TIMING_MARKS = ("request", "turn_end", "transcript", "first_token", "first_sentence", "first_audio")
+"""What ``response.done``'s ``timing`` stamps, each in ms after the end of the user's speech: the
+pipeline request started (before ``turn_end`` when the response started early), the pause closed
+the turn (``speech_stopped``), the transcript was final, the first reply token, the first
+sentence cut for the voice, the first reply audio sent."""
+
+
 @dataclass
 class _Response:
     id: str
@@ -276,11 +283,36 @@ class _Response:
     reason: str | None = None
     """Why it was cancelled (``turn_detected``, ``client_cancelled``), once it was."""
     quiet: bool = False
-    """Cancelled because the session ended: nothing more is sent."""
+    """Cancelled because the session ended, or an early start the turn did not confirm: nothing more is sent."""
     text: list[str] = field(default_factory=list)
     chunks: list[str] = field(default_factory=list)
     audio_chunks: int = 0
     audio_ms: float = 0.0
+    transcript: list[str] = field(default_factory=list)
+    told_user: bool = False
+    held: list[tuple[str, dict[str, Any]]] | None = None
+    """Events of an early response (started in the pause, before the turn closed), kept until the
+    turn is confirmed; None once they go straight out."""
+    span: tuple[int, int] | None = None
+    """An early response's segment bounds (the VAD's samples): the closed turn must be the same."""
+    failed_early: bool = False
+    """An early response that failed (e.g. ``pipeline_busy``) before its turn was confirmed: the
+    confirmed turn starts a response of its own, which reports whatever happens then."""
+    history: list[dict[str, str]] = field(default_factory=list)
+    """What it adds to the conversation, once it is over (applied when it goes out)."""
+    speech_end: float = 0.0
+    """When the user's speech ended (``time.monotonic``): the zero of ``marks``."""
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        self.marks.setdefault(name, time.monotonic() if at is None else at)
+
+    def timing(self) -> dict[str, Any]:
+        """``response.done``'s ``timing``: each mark in ms after the end of speech (None: did not happen)."""
+        doc: dict[str, Any] = {f"{k}_ms": (round(1000 * (self.marks[k] - self.speech_end)) if k in self.marks else None)
+                               for k in TIMING_MARKS}
+        doc["early_start"] = self.span is not None
+        return doc
 
 
 class Session:
@@ -303,8 +335,13 @@ class Session:
         self.heard_ms = 0.0
         """Audio appended in this session (ms)."""
         self.history: list[dict[str, str]] = []
-        self.pending: tuple[str, np.ndarray, int] | None = None
+        self.pending: tuple[str, np.ndarray, int, float] | None = None
+        """A committed turn waiting for its response: item id, audio, rate, when its speech ended."""
         self.response: _Response | None = None
+        self.early: _Response | None = None
+        """The response started in the current pause, not yet confirmed (``_early_start``)."""
+        self._pause_at: tuple[int, float] | None = None
+        """The current pause's start (the VAD's sample) and when that audio arrived (``time.monotonic``)."""
         self.last_item: str | None = None
         self.send_lock = asyncio.Lock()
 
@@ -366,6 +403,9 @@ class Session:
             await self.handle(raw)
 
     async def _end(self) -> None:
+        if self.early is not None:
+            early, self.early = self.early, None
+            await self._drop(early)
         response = self.response
         if response is not None and response.task is not None:
             response.quiet = True
@@ -434,6 +474,7 @@ class Session:
 
     async def on_append(self, doc: dict[str, Any]) -> None:
         event: AppendEvent = validated(AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}")
+        arrived = time.monotonic()
         samples = await asyncio.to_thread(_pcm16, event.audio, "audio")
         if not samples.size:
             return
@@ -454,7 +495,10 @@ class Session:
             self.cutter_ms = start_ms
         cutter = self.cutter
         segments = await asyncio.to_thread(cutter.feed, samples, self.in_rate)
-        await self._turns(cutter, segments)
+        self._note_pause(cutter, arrived)
+        await self._turns(cutter, segments, arrived)
+        if self.cutter is cutter:
+            await self._early_start(cutter, arrived)
 
     def _rules(self, runner: VadRunner) -> SegmentRules:
         assert self.turn is not None
@@ -469,17 +513,21 @@ class Session:
     def _ms(self, cutter: Cutter, graph_index: int) -> int:
         return round(self.cutter_ms + 1000.0 * graph_index / cutter.runner.rate)
 
-    async def _turns(self, cutter: Cutter, segments: list[dict[str, Any]]) -> None:
-        """Events for what the VAD decided on the last append: speech started, speech stopped → a turn."""
+    async def _turns(self, cutter: Cutter, segments: list[dict[str, Any]], arrived: float) -> None:
+        """Events for what the VAD decided on the last append: speech started, speech stopped → a turn
+        (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter
         min_speech = seg.rules.min_speech or SPEECH_STARTED_MIN_MS * (cutter.runner.rate // 1000)
-        for segment in segments:
-            end_ms = self._ms(cutter, seg.last_end)
+        spans = cutter.spans[len(cutter.spans) - len(segments):]
+        for segment, span in zip(segments, spans, strict=True):
+            end_ms = self._ms(cutter, span[1])
             if not self.speaking:
                 await self._speech_started(end_ms - int(1000 * segment["audio"].size / segment["sample_rate"]))
             self.speaking = False
             await self.send("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self._next_item())
-            await self._commit(segment["audio"], int(segment["sample_rate"]))
+            speech_end = self._speech_end_at(cutter, max(span[1] - seg.rules.pad, span[0]), arrived)
+            await self._commit(segment["audio"], int(segment["sample_rate"]), early=await self._confirmed(span),
+                               speech_end=speech_end)
         if not self.speaking and seg.open_speech >= min_speech and seg.open_start is not None:
             await self._speech_started(self._ms(cutter, seg.open_start))
 
@@ -504,6 +552,9 @@ class Session:
             rate = self.in_rate
         else:
             cutter, self.cutter = self.cutter, None
+            if self.early is not None:  # the client ends the turn itself: answered from all of it
+                early, self.early = self.early, None
+                await self._drop(early)
             parts = await asyncio.to_thread(cutter.finish) if cutter is not None else []
             audio = np.concatenate([p["audio"] for p in parts]) if parts else np.zeros(0, dtype=np.float32)
             rate = int(parts[0]["sample_rate"]) if parts else self.in_rate
@@ -516,14 +567,18 @@ class Session:
                                     "append audio with speech first")
         await self._commit(audio, rate, auto=self.turn is not None and self.turn.get("create_response", True))
 
-    async def _commit(self, audio: np.ndarray, rate: int, auto: bool | None = None) -> None:
+    async def _commit(self, audio: np.ndarray, rate: int, auto: bool | None = None, early: _Response | None = None,
+                      speech_end: float | None = None) -> None:
         item = self._next_item()
         self._upcoming = None
         await self.send("input_audio_buffer.committed", item_id=item, previous_item_id=self.last_item)
         self.last_item = item
         if auto is None:
-            auto = bool(self.turn and self.turn.get("create_response", True))
-        self.pending = (item, audio, rate)
+            auto = self._auto_response()
+        if early is not None and auto:
+            await self._adopt(early)
+            return
+        self.pending = (item, audio, rate, time.monotonic() if speech_end is None else speech_end)
         if auto:
             await self._respond()
 
@@ -534,7 +589,13 @@ class Session:
     def _reset_buffer(self) -> None:
         if self.cutter is not None:
             self.cutter.cancel.set()
-        self.cutter, self.speaking = None, False
+        if self.early is not None:  # its segment is gone with the buffer
+            early, self.early = self.early, None
+            self.rt.app.metrics.early_responses.labels("dropped").inc()
+            early.quiet = True
+            if early.task is not None:
+                early.task.cancel()
+        self.cutter, self.speaking, self._pause_at = None, False, None
         self.buffer, self.buffered = [], 0
 
     async def on_response_create(self, doc: dict[str, Any]) -> None:
@@ -558,9 +619,10 @@ class Session:
         if self.response is not None:
             await self._cancel("turn_detected")
         assert self.pending is not None
-        item, audio, rate = self.pending
+        item, audio, rate, speech_end = self.pending
         self.pending = None
-        response = _Response(_id("resp"), _id("item"), item)
+        response = _Response(_id("resp"), _id("item"), item, speech_end=speech_end)
+        response.mark("turn_end")
         self.response = response
         response.task = asyncio.create_task(self._run_response(response, audio, rate), name=f"realtime:{response.id}")
 
@@ -571,6 +633,93 @@ class Session:
         response.reason = reason
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
+
+    # -- early responses: started in the pause, sent once the pause closes the turn ---------
+    def _auto_response(self) -> bool:
+        return self.turn is not None and bool(self.turn.get("create_response", True))
+
+    async def _early_start(self, cutter: Cutter, arrived: float) -> None:
+        """Start the reply to the segment the current pause will close, before it has lasted
+        ``silence_duration_ms``: its transcript, first tokens and first audio are under way while
+        the session waits for the rest of the pause. Its events are held; speech resuming (the
+        pause was not the turn's end) drops it unseen."""
+        early = self.early
+        pending = cutter.pending()
+        if early is not None and (pending is None or pending[0] != early.span):
+            self.early = None
+            await self._drop(early)
+        if self.early is not None or self.response is not None or pending is None or not self._auto_response():
+            return
+        span, item = pending
+        r = _Response(_id("resp"), _id("item"), self._next_item(), held=[], span=span,
+                      speech_end=self._speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived))
+        self.early = r
+        r.task = asyncio.create_task(self._run_response(r, item["audio"], int(item["sample_rate"])),
+                                     name=f"realtime:{r.id}:early")
+
+    async def _drop(self, r: _Response) -> None:
+        if not r.failed_early:
+            self.rt.app.metrics.early_responses.labels("dropped").inc()
+        r.quiet = True
+        if r.task is not None:
+            r.task.cancel()
+            await asyncio.gather(r.task, return_exceptions=True)
+
+    async def _confirmed(self, span: tuple[int, int]) -> _Response | None:
+        """The early response, if it answers exactly the turn just closed (dropped otherwise)."""
+        r, self.early = self.early, None
+        if r is None:
+            return None
+        if r.span == span and not r.failed_early:
+            return r
+        if r.failed_early:
+            self.rt.app.metrics.early_responses.labels("failed").inc()
+        await self._drop(r)
+        return None
+
+    async def _adopt(self, r: _Response) -> None:
+        """The turn is confirmed: the early response becomes the session's and its held events go out."""
+        if self.response is not None:
+            await self._cancel("turn_detected")
+        r.mark("turn_end")
+        self.rt.app.metrics.early_responses.labels("adopted").inc()
+        assert r.task is not None and r.held is not None
+        if not r.task.done():
+            self.response = r
+        while r.held:
+            type_, fields = r.held.pop(0)
+            await self._out(r, type_, fields)
+        r.held = None
+        if r.task.done():  # it ended while held: what it adds to the conversation was kept for now
+            self.history += r.history
+
+    def _speech_end_at(self, cutter: Cutter, index: int, arrived: float) -> float:
+        """When the speech that ended at the VAD's sample ``index`` ended, as this server heard it:
+        the time the append holding the pause's start arrived, less the audio after it in that
+        append (a client streaming faster than real time makes the figures look longer)."""
+        if self._pause_at is not None and self._pause_at[0] == index:
+            return self._pause_at[1]
+        return arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate
+
+    def _note_pause(self, cutter: Cutter, arrived: float) -> None:
+        index = cutter.segmenter.pause_start
+        if index is not None and (self._pause_at is None or self._pause_at[0] != index):
+            self._pause_at = (index, arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate)
+
+    # -- one response ------------------------------------------------------------------
+    async def _emit(self, r: _Response, type_: str, **fields: Any) -> None:
+        if r.held is not None:
+            r.held.append((type_, fields))
+        else:
+            await self._out(r, type_, fields)
+
+    async def _out(self, r: _Response, type_: str, fields: dict[str, Any]) -> None:
+        if type_ == "response.audio.delta" and "first_audio" not in r.marks:
+            r.mark("first_audio")
+            self.rt.app.metrics.voice_to_voice.observe(max(r.marks["first_audio"] - r.speech_end, 0.0))
+        elif type_ == "response.done":
+            fields["response"]["timing"] = r.timing()
+        await self.send(type_, **fields)
 
     def _context(self) -> dict[str, list[Any]] | None:
         messages: list[dict[str, str]] = []
@@ -599,87 +748,38 @@ class Session:
                           "output_tokens": u.get("completion_tokens", 0)}}
 
     async def _run_response(self, r: _Response, audio: np.ndarray, rate: int) -> None:
-        """One turn's reply: the segment through the pipeline, its events as the session's.
-
-        Kept whole for now (103 lines): one ``async for`` over the pipeline's events whose
-        branches share the reply's running state (transcript sent, audio bytes sent, the
-        truncation point a barge-in needs); the split along those branches into a small
-        reply-state object is issue 23's (the long functions split along their seams)."""
+        """One turn's reply: the segment through the pipeline, its events as the session's
+        (held while the response is early), then :meth:`_finish`."""
         rt = self.rt
+        r.mark("request")
         run = rt.make_run(rt.app, {"audio": audio, "sample_rate": rate}, "realtime", context=self._context())
-        transcript: list[str] = []
-        told_user = False
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: dict[str, Any] | None = None
         wants_audio = "audio" in self.modalities
-
-        async def tell_user() -> None:
-            nonlocal told_user
-            if told_user:
-                return
-            told_user = True
-            text = " ".join(t.strip() for t in transcript if t.strip())
-            await self.send("conversation.item.created", previous_item_id=None, item={
-                "id": r.user_item_id, "object": "realtime.item", "type": "message", "role": "user",
-                "status": "completed", "content": [{"type": "input_audio", "transcript": text}]})
-            await self.send("conversation.item.input_audio_transcription.completed", item_id=r.user_item_id,
-                            content_index=0, transcript=text,
-                            usage={"type": "duration", "seconds": round(audio.size / float(rate), 3)})
-
+        seconds = round(audio.size / float(rate), 3)
         try:
-            await self.send("response.created", response={
+            await self._emit(r, "response.created", response={
                 "id": r.id, "object": "realtime.response", "status": "in_progress", "status_details": None,
                 "output": [], "modalities": self.modalities, "voice": self.voice, "usage": None})
             async for event in run.rest():
-                if isinstance(event, TextDelta) and event.stage in rt.transcript_stages:
-                    transcript.append(event.text)
-                elif isinstance(event, StageEvent) and event.kind == "done" and event.stage in rt.transcript_stages:
-                    await tell_user()
-                elif isinstance(event, TextDelta) and event.stage in rt.reply_stages:
-                    await tell_user()
-                    r.text.append(event.text)
-                    if chunker is not None:
-                        r.chunks += chunker.feed(event.text)
-                    await self.send("response.audio_transcript.delta" if wants_audio else "response.text.delta",
-                                    response_id=r.id, item_id=r.item_id, output_index=0, content_index=0,
-                                    delta=event.text)
-                elif isinstance(event, AudioChunk) and event.stage in rt.audio_stages and wants_audio:
-                    await tell_user()
-                    pcm = pcm16_bytes(resample(event.audio, event.sample_rate, self.out_rate))
-                    await self.send("response.audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
-                                    content_index=0, delta=base64.b64encode(pcm).decode("ascii"))
-                    r.audio_chunks += 1
-                    r.audio_ms += 1000.0 * (len(pcm) // 2) / self.out_rate
-            await tell_user()
+                await self._on_event(r, event, chunker, wants_audio, seconds)
+            await self._tell_user(r, seconds)
             if wants_audio and r.audio_chunks:
-                await self.send("response.audio.done", response_id=r.id, item_id=r.item_id, output_index=0,
-                                content_index=0)
+                await self._emit(r, "response.audio.done", response_id=r.id, item_id=r.item_id, output_index=0,
+                                 content_index=0)
             http = 200
         except asyncio.CancelledError:
             status, details, http = "cancelled", {"type": "cancelled", "reason": r.reason or "client_cancelled"}, 499
-        except REQUEST_ERRORS as exc:
-            status, http = "failed", (400 if isinstance(exc, BadRequest) else 429 if isinstance(exc, PipelineBusy) else 503)
-            if isinstance(exc, BadRequest):
-                p = exc.problems[0] if exc.problems else Problem("request", str(exc))
-                err = {"type": "invalid_request_error", "code": "bad_request", "message": f"{p.where}: {p.what}"}
-            elif isinstance(exc, PipelineBusy):
-                err = {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)}
-            else:
-                log.warning("realtime response %s failed: %s", r.id, exc)
-                err = {"type": "server_error", "code": "stage_failed", "message": exc.public_message()}
-            details = {"type": "failed", "error": dict(err)}
-            if not r.quiet:
-                await self.error(err["message"], type_=err["type"], code=err["code"])
         except (WebSocketDisconnect, OSError):  # the client went away mid-reply: nobody to tell
             r.quiet = True
-        except Exception as exc:  # a fault of this server, not of the request: the session goes on
-            log.exception("realtime response %s failed", r.id)
-            status, http = "failed", 500
-            err = {"type": "server_error", "code": "internal_error", "message": f"{type(exc).__name__} (the log has it)"}
+        except Exception as exc:
+            status, http, err = self._failure(exc)
             details = {"type": "failed", "error": dict(err)}
-            if not r.quiet:
-                await self.error(err["message"], type_="server_error", code="internal_error")
+            if r.held is not None:  # early: the confirmed turn gets a response of its own, which tells
+                r.failed_early = r.quiet = True
+            elif not r.quiet:
+                await self.error(err["message"], type_=err["type"], code=err["code"])
         finally:
             # cancels the request on every stage (if still running) and frees its slot; shielded, so a
             # barge-in arriving while it closes does not leave the request half closed
@@ -690,22 +790,81 @@ class Session:
                 await closing
         if self.response is r:
             self.response = None
-        if r.quiet:
+        if not r.quiet:
+            await self._finish(r, status, details, chunker, wants_audio, run.trace.usage())
+
+    @staticmethod
+    def _failure(exc: Exception) -> tuple[str, int, dict[str, str]]:
+        """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error."""
+        if isinstance(exc, BadRequest):
+            p = exc.problems[0] if exc.problems else Problem("request", str(exc))
+            return "failed", 400, {"type": "invalid_request_error", "code": "bad_request", "message": f"{p.where}: {p.what}"}
+        if isinstance(exc, PipelineBusy):
+            return "failed", 429, {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)}
+        if isinstance(exc, StageFailed):
+            log.warning("realtime response failed: %s", exc)
+            return "failed", 503, {"type": "server_error", "code": "stage_failed", "message": exc.public_message()}
+        log.error("realtime response failed", exc_info=exc)  # a fault of this server: the session goes on
+        return "failed", 500, {"type": "server_error", "code": "internal_error",
+                               "message": f"{type(exc).__name__} (the log has it)"}
+
+    async def _on_event(self, r: _Response, event: Any, chunker: Any, wants_audio: bool, seconds: float) -> None:
+        rt = self.rt
+        if isinstance(event, TextDelta) and event.stage in rt.transcript_stages:
+            r.transcript.append(event.text)
+        elif isinstance(event, StageEvent) and event.kind == "done" and event.stage in rt.transcript_stages:
+            await self._tell_user(r, seconds)
+        elif isinstance(event, TextDelta) and event.stage in rt.reply_stages:
+            await self._tell_user(r, seconds)
+            r.mark("first_token")
+            r.text.append(event.text)
+            if chunker is not None:
+                cut = chunker.feed(event.text)
+                if cut:
+                    r.mark("first_sentence")
+                r.chunks += cut
+            await self._emit(r, "response.audio_transcript.delta" if wants_audio else "response.text.delta",
+                             response_id=r.id, item_id=r.item_id, output_index=0, content_index=0, delta=event.text)
+        elif isinstance(event, AudioChunk) and event.stage in rt.audio_stages and wants_audio:
+            await self._tell_user(r, seconds)
+            pcm = pcm16_bytes(resample(event.audio, event.sample_rate, self.out_rate))
+            await self._emit(r, "response.audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
+                             content_index=0, delta=base64.b64encode(pcm).decode("ascii"))
+            r.audio_chunks += 1
+            r.audio_ms += 1000.0 * (len(pcm) // 2) / self.out_rate
+
+    async def _tell_user(self, r: _Response, seconds: float) -> None:
+        """The user's turn as the conversation's item, with its transcript (once per response)."""
+        if r.told_user:
             return
+        r.told_user = True
+        r.mark("transcript")
+        text = " ".join(t.strip() for t in r.transcript if t.strip())
+        await self._emit(r, "conversation.item.created", previous_item_id=None, item={
+            "id": r.user_item_id, "object": "realtime.item", "type": "message", "role": "user",
+            "status": "completed", "content": [{"type": "input_audio", "transcript": text}]})
+        await self._emit(r, "conversation.item.input_audio_transcription.completed", item_id=r.user_item_id,
+                         content_index=0, transcript=text, usage={"type": "duration", "seconds": seconds})
+
+    async def _finish(self, r: _Response, status: str, details: dict[str, Any] | None, chunker: Any,
+                      wants_audio: bool, usage: dict[str, int] | None) -> None:
+        """The reply is over: what was heard of it, the conversation, ``response.done``."""
         if chunker is not None:
             r.chunks += chunker.flush()
         text = "".join(r.text)
         heard = text if status == "completed" or not wants_audio or chunker is None else " ".join(
             c.strip() for c in r.chunks[:r.audio_chunks])
         if status == "cancelled" and wants_audio:
-            await self.send("conversation.item.truncated", item_id=r.item_id, content_index=0,
-                            audio_end_ms=int(r.audio_ms))
-        said = " ".join(t.strip() for t in transcript if t.strip())
+            await self._emit(r, "conversation.item.truncated", item_id=r.item_id, content_index=0,
+                             audio_end_ms=int(r.audio_ms))
+        said = " ".join(t.strip() for t in r.transcript if t.strip())
         if said and status != "failed":
-            self.history.append({"role": "user", "content": said})
+            r.history = [{"role": "user", "content": said}]
             if heard.strip():
-                self.history.append({"role": "assistant", "content": heard.strip()})
-        await self.send("response.done", response=self._response_doc(r, status, details, heard, run.trace.usage()))
+                r.history.append({"role": "assistant", "content": heard.strip()})
+        if r.held is None:  # held: added when the turn is confirmed (_adopt)
+            self.history += r.history
+        await self._emit(r, "response.done", response=self._response_doc(r, status, details, heard, usage))
 
 
 HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {

@@ -214,6 +214,8 @@ class Cutter:
         self.graph_samples = 0
         """Samples handed to the graph (at its rate)."""
         self.segments: list[float] = []
+        self.spans: list[tuple[int, int]] = []
+        """Each emitted segment's bounds, in samples at the graph's rate (``Segmenter``'s)."""
         self.cancel = threading.Event()
         """Set when the request ends early: work in a thread stops at its next block."""
         self.top = 0.0
@@ -263,12 +265,26 @@ class Cutter:
     def _cut(self, bounds: list[tuple[int, int]]) -> list[dict[str, Any]]:
         out = []
         for start, end in bounds:
-            a, b = self._at_source(start) - self.kept_from, self._at_source(end) - self.kept_from
-            audio = self.kept[max(a, 0):max(b, 0)].copy()
-            if audio.size:
-                self.segments.append(audio.size / float(self.source_rate or 1))
-                out.append({"audio": audio, "sample_rate": self.source_rate})
+            item = self._item(start, end)
+            if item is not None:
+                self.segments.append(item["audio"].size / float(self.source_rate or 1))
+                self.spans.append((start, end))
+                out.append(item)
         return out
+
+    def _item(self, start: int, end: int) -> dict[str, Any] | None:
+        a, b = self._at_source(start) - self.kept_from, self._at_source(end) - self.kept_from
+        audio = self.kept[max(a, 0):max(b, 0)].copy()
+        return {"audio": audio, "sample_rate": self.source_rate} if audio.size else None
+
+    def pending(self) -> tuple[tuple[int, int], dict[str, Any]] | None:
+        """The segment the current pause will close if no speech resumes (``Segmenter.pending``):
+        its bounds and its audio, cut exactly as the closed segment will be."""
+        span = self.segmenter.pending()
+        if span is None:
+            return None
+        item = self._item(*span)
+        return None if item is None else (span, item)
 
     def _trim(self) -> None:
         """Forget the samples no segment can start before: before the open segment, or

@@ -92,6 +92,28 @@ class Segmenter:
             return 0
         return (self._pause if self._pause is not None else self.heard) - self._speech_start
 
+    @property
+    def pause_start(self) -> int | None:
+        """Where the open speech's current pause began (the end of speech so far), or None."""
+        return self._pause if self._start is not None else None
+
+    def pending(self) -> tuple[int, int] | None:
+        """The segment the current pause will close if no speech resumes, once its end pad
+        has been heard; None before that, with no pause, or when the speech is too short to
+        keep. The bounds are exactly those :meth:`push` then emits (the pause's start plus the
+        pad, within ``max_segment``), so work on the segment can start before the pause has
+        lasted ``min_silence``: a realtime session's early response."""
+        r = self.rules
+        if self._start is None or self._pause is None or self.heard - self._pause < r.pad:
+            return None
+        end = self._pause
+        if end - self._speech_start < r.min_speech or end <= self._start:
+            return None
+        stop = end + r.pad
+        if r.max_segment is not None:
+            stop = min(stop, self._start + r.max_segment)
+        return (self._start, stop)
+
     def push(self, prob: float) -> list[tuple[int, int]]:
         """One window's speech probability; the segments this window closes."""
         r = self.rules

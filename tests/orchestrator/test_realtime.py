@@ -223,11 +223,72 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: Se
             assert audio.size / 16000 > 0.5, f"{audio.size / 16000:.2f} s of reply audio"
             assert np.sqrt(np.mean((audio / 32768.0) ** 2)) > 0.01  # speech, not silence
             assert all(d.response_id == response.id for d in talk.of("response.audio.delta"))
+            # the server's own breakdown, in ms after the end of speech: the reply started in the
+            # pause (early) but nothing of it went out before the pause closed the turn
+            timing = response.model_extra["timing"]
+            assert set(timing) == {"request_ms", "turn_end_ms", "transcript_ms", "first_token_ms",
+                                   "first_sentence_ms", "first_audio_ms", "early_start"}, timing
+            assert timing["early_start"] is True
+            assert 0 <= timing["request_ms"] < timing["turn_end_ms"] <= timing["first_audio_ms"]
+            assert timing["request_ms"] <= timing["transcript_ms"] <= timing["first_token_ms"] <= timing["first_audio_ms"]
+            assert talk.times[order.index("input_audio_buffer.speech_stopped")] <= talk.times[
+                order.index("response.created")]
             first_audio = talk.times[order.index("response.audio.delta")]
             print(f"\nvoice-to-voice (end of the streamed question → first reply audio): "
                   f"{first_audio - talk.spoken_at[1]:.2f} s, reply {audio.size / 16000:.2f} s of audio")
 
     asyncio.run(main())
+
+
+def _trimmed(samples: np.ndarray, floor: float = 0.01) -> np.ndarray:
+    """The clip without Piper's own leading and trailing quiet."""
+    loud = np.flatnonzero(np.abs(samples) > floor)
+    return samples[loud[0]:loud[-1] + 1]
+
+
+def _metric(serve: ServeProcess, name: str, **labels: str) -> float:
+    import httpx
+
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in httpx.get(f"{serve.url}/metrics").text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_short_pause_inside_a_turn_drops_the_early_reply_unseen(serve: ServeProcess,
+                                                                  speech: dict[str, np.ndarray]) -> None:
+    """Two questions with 300 ms of silence between them are one turn (the VAD hears a pause of
+    about 200 ms: its probability falls a few windows after the sound stops and rises with the
+    next word; under the 400 ms that ends a turn, over the 100 ms pad after which a reply starts
+    early): the reply started early in that pause is dropped without a trace in the session, and
+    the turn is answered once, from all of its audio. Appends of 20 ms, so the session sees the
+    pause at that grain."""
+    one, two = _trimmed(speech[QUESTION]), _trimmed(speech[SECOND])
+    gap_s = 0.3
+    dropped, adopted = (_metric(serve, "omni_edge_realtime_early_responses_total", outcome=o)
+                        for o in ("dropped", "adopted"))
+
+    async def main() -> None:
+        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, \
+                Talk(conn, chunk_s=0.02) as talk:
+            talk.say(np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), one,
+                                     np.zeros(int(gap_s * RATE), np.float32), two]))
+            done = await talk.until(_done)
+            assert talk.events[done].response.status == "completed"
+            await asyncio.sleep(1.0)  # anything else would arrive now
+            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", "response.created",
+                         "conversation.item.input_audio_transcription.completed", "response.done"):
+                assert len(talk.of(kind)) == 1, f"{kind}: {[e.type for e in talk.events]}"
+            started = talk.of("input_audio_buffer.speech_started")[0]
+            stopped = talk.of("input_audio_buffer.speech_stopped")[0]
+            heard_ms = stopped.audio_end_ms - started.audio_start_ms
+            assert heard_ms > 1000 * (one.size + two.size) / RATE, heard_ms  # both questions, one turn
+            assert talk.events[done].response.model_extra["timing"]["early_start"] is True
+
+    asyncio.run(main())
+    assert _metric(serve, "omni_edge_realtime_early_responses_total", outcome="dropped") >= dropped + 1
+    assert _metric(serve, "omni_edge_realtime_early_responses_total", outcome="adopted") == adopted + 1
 
 
 def test_response_cancel_stops_the_reply(serve: ServeProcess, speech: dict[str, np.ndarray]) -> None:

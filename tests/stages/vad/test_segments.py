@@ -104,3 +104,40 @@ def test_segments_are_ordered_disjoint_bounded_and_within_what_was_heard(
     assert all(b1 <= a2 for (_, b1), (a2, _) in itertools.pairwise(out))
     if all(p < 0.5 for p in probs):
         assert out == []
+
+
+def test_the_pending_segment_is_known_once_the_pause_has_its_pad() -> None:
+    seg = Segmenter(rules())
+    for p in [0.0] * 5 + [0.9] * 6:  # speech from sample 50 to 110
+        seg.push(p)
+    assert seg.pending() is None  # no pause yet
+    seg.push(0.0)  # the pause starts at 110; 10 samples of it heard: the pad
+    assert seg.pause_start == 110
+    assert seg.pending() == (40, 120)
+    assert seg.push(0.0) == [] and seg.pending() == (40, 120)
+    seg.push(0.9)  # speech resumes: no pause, nothing pending
+    assert seg.pause_start is None and seg.pending() is None
+
+
+def test_nothing_is_pending_for_speech_too_short_to_keep() -> None:
+    seg = Segmenter(rules())
+    for p in [0.9] * 2 + [0.0] * 2:  # 20 samples of speech: under min_speech (30)
+        seg.push(p)
+    assert seg.pause_start == 20 and seg.pending() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 1), max_size=120), st.integers(0, 4), st.integers(1, 6), st.integers(0, 4))
+def test_a_pending_segment_is_exactly_the_segment_its_pause_closes(
+    probs: list[float], pad_w: int, silence_w: int, speech_w: int,
+) -> None:
+    """What a realtime session's early response answers is the turn that closes, when it closes."""
+    pad = min(pad_w, silence_w) * W
+    seg = Segmenter(rules(pad=pad, min_silence=silence_w * W, min_speech=speech_w * W))
+    for p in probs:
+        pending = seg.pending()
+        closed = seg.push(p)
+        if pending is not None and closed:
+            assert closed == [pending]
+        if closed:
+            assert seg.pending() is None
