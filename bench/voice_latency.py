@@ -32,12 +32,17 @@ previous one:
 Also per turn: where the VAD put the end of speech (``speech_stopped``'s
 ``audio_end_ms`` less the padding) against where it is in the clip
 (``vad_end_error_ms``). p50/p95 of each over the counted turns; target p50 ≤ 1.0 s on
-2 cores (issue 22). The server sends no timings of its own: the steps are
-event arrivals at the client, so each includes the server's sending of the
-event and the client's receiving (loopback: well under a millisecond). An
-exact split needs the server to stamp each response (segment closed,
-transcript final, first token, first chunk handed to the voice, first audio
-encoded) — e.g. in ``response.done`` — which it does not.
+2 cores (issue 22).
+
+The client's steps are event arrivals. A reply the server started early (in
+the pause, before it closed the turn; ``timing.early_start``) has its events
+held until the turn is confirmed, so its transcript and first tokens arrive
+together with ``speech_stopped``. The table therefore shows the **server's
+marks** (``response.done``'s ``timing``): when the turn ended, the
+transcript was final, the first token came, the first sentence was cut for the
+voice and the first audio was sent — each in seconds after the end of speech
+as the server heard it (the arrival of that audio). The client's own steps are
+in ``--json`` (``breakdown_s``).
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ SPEECH_DBFS = -45.0
 READY_TIMEOUT_S = 600.0
 """Launch → /health 200 of the example pipeline on 2 cores takes about a minute; ten is a hang."""
 STEPS = ("end_of_turn", "transcript", "first_token", "first_sentence", "first_audio")
+MARKS = ("turn_end_ms", "transcript_ms", "first_token_ms", "first_sentence_ms", "first_audio_ms")
+"""The server's marks (``response.done``'s ``timing``) the table shows, in this order."""
 
 
 @functools.cache
@@ -200,10 +207,13 @@ def pct(values: list[float], q: float) -> float | None:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     counted = [r for r in rows if r.get("latency_s") is not None]
     out: dict[str, Any] = {"turns": len(counted)}
-    for key in ("latency_s", *STEPS, "vad_end_error_ms"):
-        found = [r.get(key) if key in ("latency_s", "vad_end_error_ms") else r["breakdown_s"].get(key) for r in counted]
-        vals = [float(v) for v in found if v is not None]
+    for key in ("latency_s", *STEPS, *MARKS, "vad_end_error_ms"):
+        found = [r.get(key) if key in ("latency_s", "vad_end_error_ms") else
+                 (r.get("server_timing_ms") or {}).get(key) if key in MARKS else r["breakdown_s"].get(key)
+                 for r in counted]
+        vals = [float(v) / (1000.0 if key in MARKS else 1.0) for v in found if v is not None]
         out[key] = {"p50": pct(vals, 50), "p95": pct(vals, 95), "n": len(vals)}
+    out["early_starts"] = sum(1 for r in counted if (r.get("server_timing_ms") or {}).get("early_start"))
     p50 = out["latency_s"]["p50"]
     out["target_p50_s"] = TARGET_P50_S
     out["met"] = p50 is not None and p50 <= TARGET_P50_S
@@ -217,19 +227,21 @@ def fmt(x: float | None) -> str:
 def report(result: dict[str, Any]) -> None:
     print(f"voice to voice over /v1/realtime: {result['config']}, {result['turns_counted']} turns at "
           f"{result['speed']:g}× real time; server ready in {result['cold_start_s']:.1f} s")
+    print(f"{'':>11}  {'server: s after the end of speech':^29}")
     print(f"{'#':>2}  {'latency':>7}  {'eot':>5} {'asr':>5} {'tok':>5} {'sent':>5} {'audio':>5}  question")
     for i, r in enumerate(result["rows"], 1):
-        steps = r.get("breakdown_s") or {}
-        print(f"{i:>2}  {fmt(r.get('latency_s')):>7}  " + " ".join(fmt(steps.get(k)) for k in STEPS)
+        marks = r.get("server_timing_ms") or {}
+        print(f"{i:>2}  {fmt(r.get('latency_s')):>7}  "
+              + " ".join(fmt(None if marks.get(k) is None else marks[k] / 1000.0) for k in MARKS)
               + f"  {r['question'][:38]}")
         if r.get("error") or r.get("note") or r.get("status") not in ("completed", None):
             print(f"    {r.get('error') or r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip())
     s = result["summary"]
     print()
     print(f"{'':>10}{'p50':>8}{'p95':>8}")
-    for key, label in (("latency_s", "latency"), ("end_of_turn", "eot"), ("transcript", "asr"),
-                       ("first_token", "tok"), ("first_sentence", "sent"), ("first_audio", "audio")):
+    for key, label in (("latency_s", "latency"), *zip(MARKS, ("eot", "asr", "tok", "sent", "audio"), strict=True)):
         print(f"{label:>10}{fmt(s[key]['p50']):>8}{fmt(s[key]['p95']):>8}")
+    print(f"replies started early (in the pause): {s['early_starts']} of {s['turns']}")
     err = s["vad_end_error_ms"]
     if err["p50"] is not None:
         print(f"the VAD's end of speech against the clip's: p50 {err['p50']:+.0f} ms, p95 {err['p95']:+.0f} ms")
@@ -238,9 +250,10 @@ def report(result: dict[str, Any]) -> None:
     verdict = "MET" if s["met"] else "NOT MET"
     p50 = s["latency_s"]["p50"]
     print(f"target p50 <= {TARGET_P50_S:.1f} s: {'-' if p50 is None else f'{p50:.2f} s'} {verdict}")
-    print("eot: end of speech in the clip → speech_stopped; asr: → transcript; tok: → first text\n"
-          "delta; sent: → first sentence complete (- when the voice started sooner); audio: → first\n"
-          "audio delta. Event arrivals at the client: the server sends no timings of its own.")
+    print("latency: the clip's end of speech → the first reply audio at the client. The server's\n"
+          "marks (response.done's timing), s after the end of speech as it heard it: eot the turn\n"
+          "closed; asr the transcript; tok the first token; sent the first sentence cut for the\n"
+          "voice (- when none was); audio the first audio sent.")
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -76,7 +76,22 @@ def latency_text(turn: Turn) -> str:
     steps = turn.breakdown_s()
     parts = [f"{label} {steps[name]:.2f}" for name, label in STEPS if steps.get(name) is not None]
     text = f"  latency {latency:.2f} s (end of speech → first reply audio){status}: " + " + ".join(parts)
-    return textwrap.fill(text, WIDTH, subsequent_indent="    ")
+    lines = textwrap.fill(text, WIDTH, subsequent_indent="    ")
+    server = server_text(turn.server_timing)
+    return lines + ("\n" + textwrap.fill(server, WIDTH, initial_indent="    ", subsequent_indent="    ") if server else "")
+
+
+SERVER_MARKS = (("turn_end_ms", "turn end"), ("transcript_ms", "transcript"), ("first_token_ms", "first token"),
+                ("first_sentence_ms", "first sentence"), ("first_audio_ms", "first audio"))
+
+
+def server_text(timing: dict[str, Any]) -> str:
+    """The server's own marks (``response.done``'s ``timing``), ms after the end of speech."""
+    marks = [f"{label} {timing[key]}" for key, label in SERVER_MARKS if isinstance(timing.get(key), int)]
+    if not marks:
+        return ""
+    early = " (started early, in the pause)" if timing.get("early_start") else ""
+    return f"server, ms after the end of speech{early}: " + ", ".join(marks)
 
 
 def run_audio_in(args: argparse.Namespace, api_key: str | None) -> int:

@@ -33,8 +33,14 @@ the VAD's pause, ``silence_duration_ms``, plus the server's scoring),
 vad trim and the asr stage), ``first_token`` (→ the first
 ``response.audio_transcript.delta``), ``first_sentence`` (→ the delta that
 ends the reply's first sentence, ``.``/``!``/``?``), ``first_audio`` (→ the
-first ``response.audio.delta``). The server sends no timings of its own
-(docs/benchmarks.md says what it would need to send for an exact split).
+first ``response.audio.delta``). When the server answered early (it started
+the reply in the pause and held its events until the pause closed the turn),
+the transcript and the first tokens arrive with ``speech_stopped``: the
+client's steps then say when events arrived, not when the work was done. The
+**server's timing** (``response.done``'s ``timing``, an omni-edge extension)
+says that: each mark in ms after the end of speech as the server heard it —
+``request``, ``turn_end``, ``transcript``, ``first_token``,
+``first_sentence``, ``first_audio`` — and ``early_start``.
 """
 
 from __future__ import annotations
@@ -125,6 +131,8 @@ class Turn:
     """``response.done``'s status: completed, cancelled (barge-in), failed."""
     reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    server_timing: dict[str, Any] = field(default_factory=dict)
+    """``response.done``'s ``timing``: the server's own marks, in ms after the end of speech."""
 
     @property
     def latency_s(self) -> float | None:
@@ -158,8 +166,8 @@ class Turn:
                 "reply": "".join(self.reply), "speech_start_ms": self.speech_start_ms,
                 "speech_end_ms": self.speech_end_ms,
                 "latency_s": None if latency is None else round(latency, 4),
-                "breakdown_s": self.breakdown_s(), "reply_audio_s": round(self.audio_samples / out_rate, 3),
-                "usage": self.usage}
+                "breakdown_s": self.breakdown_s(), "server_timing_ms": self.server_timing,
+                "reply_audio_s": round(self.audio_samples / out_rate, 3), "usage": self.usage}
 
 
 class VoiceSession:
@@ -418,6 +426,8 @@ class VoiceSession:
                 details = response.get("status_details") or {}
                 done.reason = details.get("reason") if isinstance(details, dict) else None
                 done.usage = dict(response.get("usage") or {})
+                timing = response.get("timing")
+                done.server_timing = dict(timing) if isinstance(timing, dict) else {}
                 self.on_event("done", done, "")
 
     # -- ending --------------------------------------------------------------------

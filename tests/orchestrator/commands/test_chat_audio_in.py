@@ -253,6 +253,9 @@ def test_a_spoken_question_gets_a_transcript_a_reply_a_latency_and_the_reply_aud
     latency = re.search(r"^  latency (\d+\.\d\d) s \(end of speech → first reply audio\): end of turn \d+\.\d\d",
                         captured.out, re.M)
     assert latency and 0 < float(latency.group(1)) < 300, captured.out
+    server = re.search(r"^\s+server, ms after the end of speech[^:]*:\s+turn\s+end\s+\d+,\s+transcript\s+\d+", captured.out, re.M)
+    assert server, captured.out
+    assert all(len(line) <= 80 for line in captured.out.splitlines() if line.startswith("    ")), captured.out
     assert "1 turn answered; latency median" in captured.err
     audio, rate = read_wav(out)
     assert rate == 24000 and audio.size / rate > 0.3 and rms_dbfs(audio) > -40, (audio.size, rate, rms_dbfs(audio))
@@ -282,6 +285,9 @@ def test_json_prints_one_object_per_turn_with_the_latency_and_its_steps(
     measured = [v for v in steps.values() if v is not None]
     assert abs(sum(measured) - turn["latency_s"]) < 0.01, turn  # the steps add up to the latency
     assert "streamed at 2× real time" in captured.err
+    server = turn["server_timing_ms"]  # response.done's timing: the server's own marks
+    assert server["early_start"] in (True, False), server
+    assert server["turn_end_ms"] <= server["first_audio_ms"], server  # no audio before the turn closed
 
 
 @pytest.mark.ray
