@@ -283,14 +283,14 @@ class Runtime:
             finally:
                 self.admission.release()
 
-    def entry_stages(self) -> list[str]:
-        """The stages a request may enter at (``stream(entry=...)``): those that take text as
-        their config declares them (``StageKind.ports``: an exported graph's manifest, not the
-        kind's every payload), that are no fan-in, and downstream of which every fan-in gets
-        all its inputs (a join would otherwise wait for an input that does not run)."""
+    def entry_stages(self, payload: str = "text") -> list[str]:
+        """The stages a request of ``payload`` (text, or audio) may enter at (``stream(entry=...)``):
+        those that take it as their config declares them (``StageKind.ports``: an exported graph's
+        manifest, not the kind's every payload), that are no fan-in, and downstream of which every
+        fan-in gets all its inputs (a join would otherwise wait for an input that does not run)."""
         out = []
         for s in self.stages:
-            if not any(t.kind == "text" for t in self._ports(s.name).consumes) or s.name in self.joins:
+            if not any(t.kind == payload for t in self._ports(s.name).consumes) or s.name in self.joins:
                 continue
             run = {d.name for d in self.downstream(s.name)}
             if all(split_input(i)[0] in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
@@ -312,7 +312,9 @@ class Runtime:
     def validate_request(self, prompt: Any, entry: str | None = None) -> None:
         """Let each stage that takes the request check it (``StageKind.validate_request``
         where a kind has one): ``BadRequest`` before anything is sent to an actor.
-        With ``entry``: the stage must take text and the prompt must be text that is not blank."""
+        With ``entry``: the stage must take the prompt's payload — text that is not blank, or an
+        audio item (``{"audio", "sample_rate"}``, checked by the stage's kind: e.g. a segment the
+        caller's own VAD cut, entering at the asr stage)."""
         if entry is not None:
             self._validate_entry(prompt, entry)
             return
@@ -338,12 +340,18 @@ class Runtime:
                 hook(s, self.config.stage(s.name), prompt)
 
     def _validate_entry(self, prompt: Any, entry: str) -> None:
-        takers = self.entry_stages()
+        payload = "audio" if isinstance(prompt, Mapping) and "audio" in prompt else "text"
+        takers = self.entry_stages(payload)
         if entry not in takers:
             what = "is not a stage of this pipeline" if entry not in self.kinds else (
-                f"({self.plan.stage(entry).kind}) does not take text")
+                f"({self.plan.stage(entry).kind}) does not take {payload}")
             raise BadRequest.single("entry", f"{entry!r} {what}",
-                                    f"enter at a stage that takes text: {', '.join(takers) or 'none has one'}")
+                                    f"enter at a stage that takes {payload}: {', '.join(takers) or 'none has one'}")
+        if payload == "audio":
+            hook = getattr(self.kinds[entry], "validate_request", None)
+            if callable(hook):
+                hook(self.plan.stage(entry), self.config.stage(entry), prompt)
+            return
         if not isinstance(prompt, str) or not prompt.strip():
             raise BadRequest.single("prompt", f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
                                     f"stage {entry!r} takes text", "send the text to speak")
@@ -441,9 +449,10 @@ class Runtime:
         chunks_in.setdefault(stage, []).extend(chunks)
         return chunks
 
-    async def _feed_entry(self, s: StagePlan, rid: str, text: str, chunks_in: dict[str, list[str]]) -> None:
-        """Feed an entry stage its text the way its producer would: chunk by chunk, then the end."""
-        for chunk in self._cut(s.name, text, chunks_in):
+    async def _feed_entry(self, s: StagePlan, rid: str, prompt: Any, chunks_in: dict[str, list[str]]) -> None:
+        """Feed an entry stage its prompt the way its producer would: text chunk by chunk (an
+        audio item whole), then the end."""
+        for chunk in self._cut(s.name, prompt, chunks_in) if isinstance(prompt, str) else [prompt]:
             await self._feed(s, rid, chunk)
         await self._call(s, "end_input", rid)
 

@@ -18,9 +18,21 @@ the session's ``turn_detection`` as its ``SegmentRules``). Speech that has
 lasted ``min_speech_ms`` is ``input_audio_buffer.speech_started``; a pause of
 ``silence_duration_ms`` (default: the vad stage's ``min_silence_ms``) closes
 the segment: ``speech_stopped``, ``committed``, and the segment is the
-request of one ``Pipeline.stream`` call (the whole pipeline: the vad stage
-trims it again, the asr stage transcribes it, the thinker answers, the voice
-speaks). With ``turn_detection: null`` the client commits the buffer itself.
+request of one ``Pipeline.stream`` call. It enters at the stage the vad stage
+feeds (``entry``: the asr stage transcribes it, the thinker answers, the voice
+speaks), since the same graph already cut it: the vad stage would only trim it
+again. With ``turn_detection: null`` the client commits the buffer itself, and the
+whole pipeline answers it (the vad stage trims its silence).
+
+**Early responses**: once the pause that may end the turn has lasted the
+segment's end pad (``prefix_padding_ms``), the segment it would close is known
+exactly (``Segmenter.pending``), so the response starts then — transcript,
+first tokens, first audio under way while the session waits for the rest of
+``silence_duration_ms``. Its events are held; when the pause closes the turn
+with that same segment, ``speech_stopped`` and ``committed`` go out and then
+the held events. Speech resuming drops it unseen (the pause was inside the
+turn). ``response.done`` carries the server's ``timing``: each step in ms
+after the end of speech, and ``early_start``.
 
 **A response** holds one admission slot while it runs, not the session: a
 pipeline that is full answers an ``error`` event (code ``pipeline_busy``) and
@@ -228,6 +240,9 @@ class Realtime:
         voice = next((s.name for s in runtime.stages if s.name in self.audio_stages), None)
         self.chunker = (lambda: runtime._sentence_chunker(voice)) if voice else None
         self.defaults = self._turn_defaults()
+        self.entry = self._after_vad(runtime)
+        """Where a turn's segment enters the pipeline: the stage the vad stage feeds, when that
+        one takes audio (the segment is already cut by the same graph); None: at the start."""
         self._vad: VadRunner | None = None
         self._vad_lock = asyncio.Lock()
 
@@ -239,6 +254,14 @@ class Realtime:
         return {"type": "server_vad", "threshold": float(stage.threshold),
                 "prefix_padding_ms": int(stage.speech_pad_ms), "silence_duration_ms": int(stage.min_silence_ms),
                 "create_response": True, "interrupt_response": True}
+
+    def _after_vad(self, runtime: Any) -> str | None:
+        if self.vad_stage is None or self.app.pipeline.config.stage(self.vad_stage).final_output:
+            return None
+        consumers = list(runtime.consumers.get(self.vad_stage, []))
+        if len(consumers) != 1 or consumers[0] not in runtime.entry_stages("audio"):
+            return None
+        return str(consumers[0])
 
     def end_of_turn_ms(self) -> int | None:
         """The default end-of-turn delay: the silence that closes a turn (the vad stage's ``min_silence_ms``)."""
@@ -335,8 +358,10 @@ class Session:
         self.heard_ms = 0.0
         """Audio appended in this session (ms)."""
         self.history: list[dict[str, str]] = []
-        self.pending: tuple[str, np.ndarray, int, float] | None = None
-        """A committed turn waiting for its response: item id, audio, rate, when its speech ended."""
+        self.pending: tuple[str, np.ndarray, int, float, str | None] | None = None
+        """A committed turn waiting for its response: item id, audio, rate, when its speech ended,
+        the stage it enters at (``Realtime.entry`` for a segment the VAD cut; None: the client's
+        own buffer, which the vad stage trims)."""
         self.response: _Response | None = None
         self.early: _Response | None = None
         """The response started in the current pause, not yet confirmed (``_early_start``)."""
@@ -578,7 +603,8 @@ class Session:
         if early is not None and auto:
             await self._adopt(early)
             return
-        self.pending = (item, audio, rate, time.monotonic() if speech_end is None else speech_end)
+        self.pending = (item, audio, rate, time.monotonic() if speech_end is None else speech_end,
+                        self.rt.entry if self.turn is not None else None)
         if auto:
             await self._respond()
 
@@ -619,12 +645,13 @@ class Session:
         if self.response is not None:
             await self._cancel("turn_detected")
         assert self.pending is not None
-        item, audio, rate, speech_end = self.pending
+        item, audio, rate, speech_end, entry = self.pending
         self.pending = None
         response = _Response(_id("resp"), _id("item"), item, speech_end=speech_end)
         response.mark("turn_end")
         self.response = response
-        response.task = asyncio.create_task(self._run_response(response, audio, rate), name=f"realtime:{response.id}")
+        response.task = asyncio.create_task(self._run_response(response, audio, rate, entry),
+                                            name=f"realtime:{response.id}")
 
     async def _cancel(self, reason: str) -> None:
         response = self.response
@@ -654,7 +681,7 @@ class Session:
         r = _Response(_id("resp"), _id("item"), self._next_item(), held=[], span=span,
                       speech_end=self._speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived))
         self.early = r
-        r.task = asyncio.create_task(self._run_response(r, item["audio"], int(item["sample_rate"])),
+        r.task = asyncio.create_task(self._run_response(r, item["audio"], int(item["sample_rate"]), self.rt.entry),
                                      name=f"realtime:{r.id}:early")
 
     async def _drop(self, r: _Response) -> None:
@@ -747,12 +774,13 @@ class Session:
                 "usage": {"total_tokens": u.get("total_tokens", 0), "input_tokens": u.get("prompt_tokens", 0),
                           "output_tokens": u.get("completion_tokens", 0)}}
 
-    async def _run_response(self, r: _Response, audio: np.ndarray, rate: int) -> None:
+    async def _run_response(self, r: _Response, audio: np.ndarray, rate: int, entry: str | None) -> None:
         """One turn's reply: the segment through the pipeline, its events as the session's
         (held while the response is early), then :meth:`_finish`."""
         rt = self.rt
         r.mark("request")
-        run = rt.make_run(rt.app, {"audio": audio, "sample_rate": rate}, "realtime", context=self._context())
+        run = rt.make_run(rt.app, {"audio": audio, "sample_rate": rate}, "realtime", entry=entry,
+                          context=self._context())
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: dict[str, Any] | None = None
