@@ -115,6 +115,9 @@ class AsrRunner(StageRunner):
         self.audio_context = str(stage_plan.engine_kwargs.get("audio_context", "full"))
         self.fit_margin_s, self.fit_min_s = FIT_MARGIN_S, float(FIT_MIN_S)
         self.silence: dict[str, Any] = {}
+        self.silent_tail = True
+        """Under fit, splice the silent window's outputs after the cut (False: the cut alone,
+        whisper.cpp's audio_ctx; bench/asr_context.py --no-silent-tail measures it)."""
         if self.audio_context == "fit":
             enc = self.encoder.metadata
             if enc.get("variable_frames") is not True:  # planning refuses this first (stages.asr.kind.fit_problem)
@@ -196,6 +199,8 @@ class AsrRunner(StageRunner):
         features = feeds[self.features]
         feeds[self.features] = np.ascontiguousarray(features[..., :frames] + (SILENCE_LEVEL - features.min()))
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
+        if not self.silent_tail:
+            return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
         key, value = (np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
                       for n in ("cross_key", "cross_value"))
         return self._detokenize(self._greedy(key, value))
