@@ -5,10 +5,12 @@ into a transformers checkpoint by :mod:`exports.whisper_ct2`. From that
 checkpoint :func:`build` writes two ``omni-edge.export/1`` artifacts:
 
 * ``exports/whisper-tiny-en-encoder``: ``input_features`` (log-mel,
-  float32 ``[batch, 80, 3000]``, 30 s at 16 kHz) → ``last_hidden_state``
-  ``[batch, 1500, 384]`` and the decoder's cross-attention keys and values
-  ``cross_key``/``cross_value`` ``[4, batch, 6, 1500, 64]`` (projected once per
-  window here, so the decoder never re-projects 1500 frames per token);
+  float32 ``[batch, 80, frames]``: 3000 for 30 s at 16 kHz as Whisper was
+  trained, or any even count up to it, the positional embeddings sliced to
+  ``frames / 2`` as whisper.cpp's ``audio_ctx`` does) → ``last_hidden_state``
+  ``[batch, positions, 384]`` and the decoder's cross-attention keys and values
+  ``cross_key``/``cross_value`` ``[4, batch, 6, positions, 64]`` (projected once
+  per window here, so the decoder never re-projects 1500 frames per token);
 * ``exports/whisper-tiny-en-decoder``: one decoding step with a self-attention
   KV cache: ``input_ids`` ``[batch, tokens]``, the cross keys/values and
   ``past_key``/``past_value`` ``[4, batch, 6, past, 64]`` → ``logits`` of the
@@ -19,7 +21,8 @@ git, each directory's ``.gitignore``): run ``python -m exports.whisper_asr build
 after installing the package (``python -m exports.whisper_asr transcribe FILE.wav``
 then prints what a 16-bit WAV file says). The recorded reference outputs are PyTorch's
 (transformers' modules on the converted weights), so the numeric gate on the
-CPU EP checks the export itself.
+CPU EP checks the export itself. The reference input stays a full 3000-frame window;
+tests/exports/test_whisper_asr.py checks shorter ones against transformers' encoder.
 
 :class:`WhisperOnnx` runs both graphs with ONNX Runtime: log-mel features
 (transformers' numpy ``WhisperFeatureExtractor``), the encoder once per 30 s
@@ -73,7 +76,16 @@ def _modules(model: Any) -> tuple[Any, Any]:
             self.encoder, self.layers = model.model.encoder, decoder.layers
 
         def forward(self, input_features: Any) -> tuple[Any, Any, Any]:
-            h = self.encoder(input_features).last_hidden_state
+            # WhisperEncoder.forward, written out because it refuses any length but 3000:
+            # the same modules, the positional embeddings sliced to the input's frames / 2
+            # (whisper.cpp's audio_ctx), so the exported graph takes any even frame count.
+            enc = self.encoder
+            x = torch.nn.functional.gelu(enc.conv1(input_features))
+            x = torch.nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
+            x = x + enc.embed_positions.weight[: x.shape[1]]
+            for layer in enc.layers:
+                x = layer(x, None)
+            h = enc.layer_norm(x)
             keys = torch.stack([heads(layer.encoder_attn.k_proj(h)) for layer in self.layers])
             values = torch.stack([heads(layer.encoder_attn.v_proj(h)) for layer in self.layers])
             return h, keys, values
@@ -145,8 +157,8 @@ def export(checkpoint: Path, encoder_dir: Path = ENCODER_DIR, decoder_dir: Path 
         dec_out = [t.numpy() for t in step(**dec_in)]
         _onnx_export(encoder, (torch.from_numpy(features),), encoder_dir / "fp32.onnx", ["input_features"],
                      ["last_hidden_state", "cross_key", "cross_value"],
-                     {"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"},
-                      "cross_key": {1: "batch"}, "cross_value": {1: "batch"}})
+                     {"input_features": {0: "batch", 2: "frames"}, "last_hidden_state": {0: "batch", 1: "positions"},
+                      "cross_key": {1: "batch", 3: "positions"}, "cross_value": {1: "batch", 3: "positions"}})
         _onnx_export(step, tuple(dec_in.values()), decoder_dir / "fp32.onnx", list(dec_in),
                      ["logits", "present_key", "present_value"],
                      {"input_ids": {0: "batch", 1: "tokens"}, "cross_key": {1: "batch", 3: "frames"},

@@ -15,6 +15,21 @@ What the decoding loop reads from the decoder's manifest ``metadata``:
 every id above ``end_of_text`` (special and timestamp tokens) is never
 emitted either. The cache's empty shape comes from the ``past_key`` input.
 
+``audio_context`` (the plan's engine kwargs): ``full`` feeds the encoder 30 s
+windows (3000 log-mel frames, the speech then padding), as Whisper was trained.
+``fit`` runs the encoder on the same features cut to :func:`fit_frames` of the
+window — its length plus ``FIT_MARGIN_S``, rounded up to whole seconds, at least
+``FIT_MIN_S`` (whisper.cpp's ``audio_ctx``) — and hands the decoder the 1500
+positions it was trained on: the encoder's outputs for the cut, then those of a
+silent 30 s window (computed once at ``load()``) for the rest. Fed the cut alone,
+the decoder repeats the transcript until ``max_new_tokens`` on most short
+questions (docs/asr.md has the measurement); with the silent tail it stops as on
+a full window. The window's features are offset so their floor (the padding's
+level) is the tail's, ``SILENCE_LEVEL``: a constant offset of Whisper's log-mel is
+a change of gain, so this only evens the loudness across the splice. The
+encoder's manifest says how many frames a second holds and the bounds
+(``metadata.frames_per_second``, ``min_frames``, ``max_frames``).
+
 Guarantees: one string per input item, in order (after a non-empty one, starting
 with a space: text items are deltas); each window yields at most
 ``max_new_tokens`` tokens; a bad item (not ``{"audio": 1-D samples,
@@ -25,6 +40,7 @@ stage, the device and what was wrong.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -42,7 +58,34 @@ from stages.exported_graph.runner import route_for
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
 
-__all__ = ["AsrRunner", "route_for"]
+__all__ = ["AsrRunner", "fit_frames", "route_for"]
+
+FIT_MARGIN_S = 0.5
+"""Seconds of the padding the encoder still sees after the speech under ``fit`` (before
+rounding up to whole seconds). On the 22 held-out questions of bench/voice_latency.py
+(docs/asr.md) margins 0 and 1 s gave the same words up to one near-tie; half a second
+keeps the speech's last syllable away from the cut whatever the VAD's padding."""
+FIT_MIN_S = 1
+"""The shortest window ``fit`` runs, in seconds: no question is shorter, and 1 s (100
+frames) is the encoder manifest's ``min_frames``."""
+SILENCE_LEVEL = -0.75
+"""The floor of the log-mel features (the padding's value) of the silent tail ``fit``
+splices after the cut, and to which each window's features are offset. Whisper's
+features are ``(max(log10 mel, peak - 8) + 4) / 4``, so the floor is ``peak / 4 - 1``:
+-0.66 to -0.86 on the Piper-spoken questions; the words came out the same with the
+tail computed at each window's own floor and at this one (docs/asr.md)."""
+
+
+def fit_frames(samples: int, rate: int, frames_per_second: int, min_frames: int, max_frames: int,
+               margin_s: float = FIT_MARGIN_S, min_s: float = FIT_MIN_S) -> int:
+    """The encoder frames ``fit`` runs for a window of ``samples`` at ``rate`` Hz: its length
+    plus ``margin_s``, rounded up to whole seconds (so at most 30 different shapes ever reach
+    the EP), at least ``min_s`` seconds and ``min_frames``, at most ``max_frames``; even (the
+    encoder's second convolution has stride 2)."""
+    seconds = max(math.ceil(samples / rate + margin_s), math.ceil(min_s))
+    frames = max(seconds * frames_per_second, min_frames)
+    frames = min(frames + frames % 2, max_frames)
+    return frames - frames % 2
 
 
 class AsrRunner(StageRunner):
@@ -69,6 +112,21 @@ class AsrRunner(StageRunner):
         self.rate = int(self.encoder.metadata.get("sample_rate", 16000))
         self.window = int(self.encoder.metadata.get("window_seconds", 30)) * self.rate
         self.max_new_tokens = int(stage_plan.engine_kwargs.get("max_new_tokens", 224))
+        self.audio_context = str(stage_plan.engine_kwargs.get("audio_context", "full"))
+        self.fit_margin_s, self.fit_min_s = FIT_MARGIN_S, float(FIT_MIN_S)
+        self.silence: dict[str, Any] = {}
+        self.silent_tail = True
+        """Under fit, splice the silent window's outputs after the cut (False: the cut alone,
+        whisper.cpp's audio_ctx; bench/asr_context.py --no-silent-tail measures it)."""
+        if self.audio_context == "fit":
+            enc = self.encoder.metadata
+            if enc.get("variable_frames") is not True:  # planning refuses this first (stages.asr.kind.fit_problem)
+                self._fail(f"audio_context fit: {self.encoder.dir}/manifest.yaml does not declare "
+                           "metadata.variable_frames: true; rebuild: python -m exports.whisper_asr build")
+            self.frames_per_second = int(enc.get("frames_per_second", 100))
+            self.frame_bounds = (int(enc.get("min_frames", 2)), int(enc.get("max_frames", 3000)))
+            self.features = self.encoder.manifest.inputs[0].name
+            self.mel_bins = int(self.encoder.manifest.inputs[0].shape[1])
         vocab = next(int(o.shape[-1]) for o in self.decoder.manifest.outputs if o.name == "logits")
         self.suppress = np.zeros(vocab, dtype=bool)
         self.suppress[self.end + 1 :] = True
@@ -96,6 +154,9 @@ class AsrRunner(StageRunner):
                 self._handles[graph] = self.load_info[graph]["handle"]
             self._detokenize([])  # the tokenizer and the feature extractor load now, not on the first request
             self._pre({"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate}, self.encoder)
+            if self.audio_context == "fit":  # the silent window's cross keys/values, spliced after every cut
+                silent = np.full((1, self.mel_bins, self.frame_bounds[1]), SILENCE_LEVEL, dtype=np.float32)
+                self.silence = self._host.run(self._handles["encoder"], {self.features: silent})["outputs"]
         except Exception as exc:
             self.close()
             raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
@@ -121,10 +182,28 @@ class AsrRunner(StageRunner):
         except ValueError as exc:
             self._fail(str(exc))
 
+    def frames_for(self, samples: int) -> int | None:
+        """The encoder frames for a window of ``samples`` (at the encoder's rate); None under
+        ``full`` (the preprocess hook's 30 s window as it is)."""
+        if self.audio_context != "fit":
+            return None
+        return fit_frames(samples, self.rate, self.frames_per_second, *self.frame_bounds,
+                          margin_s=self.fit_margin_s, min_s=self.fit_min_s)
+
     def _window(self, samples: Any) -> str:
         feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)
+        frames = self.frames_for(len(samples))
+        if frames is None or frames >= self.frame_bounds[1]:
+            encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
+            return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
+        features = feeds[self.features]
+        feeds[self.features] = np.ascontiguousarray(features[..., :frames] + (SILENCE_LEVEL - features.min()))
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
-        return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
+        if not self.silent_tail:
+            return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
+        key, value = (np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
+                      for n in ("cross_key", "cross_value"))
+        return self._detokenize(self._greedy(key, value))
 
     def _greedy(self, cross_key: Any, cross_value: Any) -> list[int]:
         """Greedy token ids after the prompt, without the end token."""

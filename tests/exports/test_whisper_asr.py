@@ -238,6 +238,46 @@ def test_the_openvino_route_takes_every_node_and_passes(
 @needs_whisper
 @pytest.mark.slow
 @pytest.mark.ort
+@pytest.mark.parametrize("frames", [100, 400])
+def test_the_encoder_on_fewer_frames_matches_transformers_whisper_encoder(
+    built: dict[str, Path], recogniser: whisper_asr.WhisperOnnx, frames: int
+) -> None:
+    """The exported encoder on a spoken sentence's first ``frames`` log-mel frames against
+    transformers' own WhisperEncoder built for that length (max_source_positions = frames / 2,
+    the converted weights with the positional table cut to it): the graph's frame axis is
+    dynamic and the shorter window computes what transformers does."""
+    import torch
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    (features,) = load_artifact(built["encoder"]).manifest.inputs
+    assert features.shape == ["batch", 80, "frames"]
+    assert load_artifact(built["encoder"]).metadata["variable_frames"] is True
+    audio, rate = speak(SENTENCES[0])
+    x = np.ascontiguousarray(whisper_asr.log_mel(whisper_asr.resample(audio, rate))[..., :frames])
+    got = dict(zip([o.name for o in recogniser.encoder.get_outputs()],
+                   recogniser.encoder.run(None, {"input_features": x}), strict=True))
+    model = whisper_asr.load_model(built["checkpoint"])
+    config = WhisperConfig(**{**model.config.to_dict(), "max_source_positions": frames // 2})
+    config._attn_implementation = "eager"
+    encoder = WhisperEncoder(config).eval()
+    encoder.load_state_dict({k: v[: frames // 2] if k == "embed_positions.weight" else v
+                             for k, v in model.model.encoder.state_dict().items()})
+    with torch.no_grad():
+        hidden = encoder(torch.from_numpy(x)).last_hidden_state
+        keys = torch.stack([layer.encoder_attn.k_proj(hidden) for layer in model.model.decoder.layers])
+    assert got["last_hidden_state"].shape == (1, frames // 2, 384)
+    assert got["cross_key"].shape == (4, 1, 6, frames // 2, 64)
+    want = {"last_hidden_state": hidden.numpy(),
+            "cross_key": keys.numpy().reshape(4, 1, frames // 2, 6, 64).transpose(0, 1, 3, 2, 4)}
+    for name, w in want.items():
+        rel = np.linalg.norm(got[name] - w) / np.linalg.norm(w)
+        assert rel < 1e-4, (name, rel)
+
+
+@needs_whisper
+@pytest.mark.slow
+@pytest.mark.ort
 def test_the_cached_decoding_steps_match_transformers_on_the_whole_prefix(
     built: dict[str, Path], recogniser: whisper_asr.WhisperOnnx
 ) -> None:
