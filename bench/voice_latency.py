@@ -225,15 +225,16 @@ def fmt(x: float | None) -> str:
 
 
 def report(result: dict[str, Any]) -> None:
-    print(f"voice to voice over /v1/realtime: {result['config']}, {result['turns_counted']} turns at "
-          f"{result['speed']:g}× real time; server ready in {result['cold_start_s']:.1f} s")
+    print(f"voice to voice over /v1/realtime: {result['config']}")
+    print(f"{result['turns_counted']} turns at {result['speed']:g}× real time; "
+          f"server ready in {result['cold_start_s']:.1f} s")
     print(f"{'':>11}  {'server: s after the end of speech':^29}")
     print(f"{'#':>2}  {'latency':>7}  {'eot':>5} {'asr':>5} {'tok':>5} {'sent':>5} {'audio':>5}  question")
     for i, r in enumerate(result["rows"], 1):
         marks = r.get("server_timing_ms") or {}
         print(f"{i:>2}  {fmt(r.get('latency_s')):>7}  "
               + " ".join(fmt(None if marks.get(k) is None else marks[k] / 1000.0) for k in MARKS)
-              + f"  {r['question'][:38]}")
+              + f"  {r['question'][:34]}")
         if r.get("error") or r.get("note") or r.get("status") not in ("completed", None):
             print(f"    {r.get('error') or r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip())
     s = result["summary"]
@@ -250,10 +251,10 @@ def report(result: dict[str, Any]) -> None:
     verdict = "MET" if s["met"] else "NOT MET"
     p50 = s["latency_s"]["p50"]
     print(f"target p50 <= {TARGET_P50_S:.1f} s: {'-' if p50 is None else f'{p50:.2f} s'} {verdict}")
-    print("latency: the clip's end of speech → the first reply audio at the client. The server's\n"
-          "marks (response.done's timing), s after the end of speech as it heard it: eot the turn\n"
-          "closed; asr the transcript; tok the first token; sent the first sentence cut for the\n"
-          "voice (- when none was); audio the first audio sent.")
+    print("latency: the clip's end of speech → the first reply audio at the client.\n"
+          "The server's marks (response.done's timing), s after the end of speech as it\n"
+          "heard it: eot the turn closed; asr the transcript; tok the first token; sent\n"
+          "the first chunk cut for the voice (- when none was); audio the first audio sent.")
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
