@@ -11,9 +11,11 @@ cycles as their path, stages the request never reaches, outputs that go
 nowhere, and every edge's payload types (``stages.payloads``, each stage's
 ``StageKind.ports``) — all before anything is planned.
 
-Users coming from vLLM-Omni will recognise ``stage_id``, ``engine_args``,
-``engine_input_source``, ``final_output`` and ``final_output_type``: they are
-accepted as aliases (see ``_from_vllm_omni``), never as a second schema.
+Users coming from vLLM-Omni will recognise ``stage_id``, ``final_output`` and
+``final_output_type``: omni-edge stages have them too. A vLLM-Omni stage config
+itself (``stage_args:``, or a deploy YAML's ``stages:``) is refused with one
+problem that names ``omni-edge import vllm-omni`` (``_refuse_vllm_omni``): the
+importer (``orchestrator.importers.vllm_omni``) is the one reader of that format.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     if not isinstance(data, dict):
         got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
         raise ConfigError.single(where, f"the top level must be a mapping, got {got}", "start the file with 'name:' and 'stages:'")
-    data = _from_vllm_omni(data, where)
+    _refuse_vllm_omni(data, where)
     problems: list[Problem] = []
     raw_stages = data.get("stages")
     stages: list[StageConfig] = []
@@ -427,53 +429,27 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
     return []
 
 
-_VLLM_OMNI_MARKS = frozenset({"stage_type", "runtime", "default_sampling_params", "gpu_memory_utilization",
-                               "worker_cls", "custom_process_input_func"})
-"""Keys only a vLLM-Omni stage config has (legacy stage_args or the deploy YAML)."""
+_VLLM_OMNI_MARKS = frozenset({"stage_type", "runtime", "engine_args", "engine_input_source", "default_sampling_params",
+                               "gpu_memory_utilization", "worker_cls", "custom_process_input_func"})
+"""Keys only a vLLM-Omni stage has (legacy ``stage_args:`` or the deploy YAML's ``stages:``; an
+omni-edge stage has none of them): a list whose every stage has one and no ``kind`` is
+vLLM-Omni's, not a mistyped omni-edge config."""
 
 
-def _from_vllm_omni(data: dict[str, Any], where: str = "<config>") -> dict[str, Any]:
-    """Accept vLLM-Omni's spelling: ``stage_args`` and per-stage ``engine_args``,
-    ``engine_input_source`` (stage ids). Anything else stays strict. A vLLM-Omni stage
-    config itself (every stage without ``kind`` and with one of vLLM-Omni's own keys:
-    ``stage_type``, ``runtime``, ``default_sampling_params``, ...) is one problem that
-    names the importer, not one per foreign key."""
-    listed = data.get("stage_args", data.get("stages"))
-    if isinstance(listed, list):
-        foreign = [s for s in listed if isinstance(s, dict) and "kind" not in s and _VLLM_OMNI_MARKS & s.keys()]
-        if foreign and len(foreign) == len(listed):
-            raise ConfigError.single(
-                where, "this is a vLLM-Omni stage config (its stages have stage_type, runtime or default_sampling_params), "
-                "not an omni-edge pipeline config",
-                f"convert it: omni-edge import vllm-omni {where} --model CHECKPOINT_DIR -o CONFIG "
-                "(docs/pipelines.md, 'Importing vLLM-Omni configs')")
-    if "stage_args" not in data:
-        return data
-    out = {k: v for k, v in data.items() if k != "stage_args"}
-    stages = []
-    raw = data["stage_args"] or []
-    if not isinstance(raw, list):
-        raise ConfigError.single(f"{where}: stage_args", f"must be a list of stages, got a {type(raw).__name__}", "write stage_args: as a list")
-    by_id: dict[Any, Any] = {}
-    for s in raw:
-        if isinstance(s, dict) and isinstance(s.get("stage_id"), (int, str, type(None))):
-            by_id[s.get("stage_id")] = s.get("name", f"stage{s.get('stage_id')}")
-    for i, s in enumerate(raw):
-        if not isinstance(s, dict):
-            stages.append(s)
-            continue
-        s = dict(s)
-        s.setdefault("name", f"stage{s.get('stage_id')}")
-        engine = s.pop("engine_args", None) or {}
-        if not isinstance(engine, dict):
-            raise ConfigError.single(f"{where}: stage_args[{i}].engine_args", "must be a mapping of engine settings", "write engine_args: {max_model_len: ...}")
-        for k, v in engine.items():
-            s.setdefault(k, v)
-        if "engine_input_source" in s:
-            src = s.pop("engine_input_source") or []
-            if not isinstance(src, list) or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in src):
-                raise ConfigError.single(f"{where}: stage_args[{i}].engine_input_source", "must be a list of stage ids", "write engine_input_source: [0]")
-            s["inputs"] = [by_id.get(x, str(x)) for x in src] or [REQUEST]
-        stages.append(s)
-    out["stages"] = stages
-    return out
+def _refuse_vllm_omni(data: dict[str, Any], where: str) -> None:
+    """A vLLM-Omni stage config is one problem that names the importer (``omni-edge import
+    vllm-omni``, ``orchestrator.importers.vllm_omni``, the one reader of that format), not one
+    per foreign key: a ``stage_args:`` list (the legacy shape), or ``stages:`` whose every
+    entry lacks ``kind`` and has one of vLLM-Omni's own keys (the deploy YAML)."""
+    listed = data.get("stages")
+    if "stage_args" in data:
+        what, loc = "its stages are listed under stage_args:, vLLM-Omni's legacy shape", f"{where}: stage_args"
+    elif (isinstance(listed, list) and listed
+          and all(isinstance(s, dict) and "kind" not in s and _VLLM_OMNI_MARKS & s.keys() for s in listed)):
+        what, loc = "its stages have stage_type, runtime or default_sampling_params and no kind", where
+    else:
+        return
+    raise ConfigError.single(
+        loc, f"this is a vLLM-Omni stage config ({what}), not an omni-edge pipeline config",
+        f"convert it: omni-edge import vllm-omni {where} --model CHECKPOINT_DIR -o CONFIG "
+        "(docs/pipelines.md, 'Importing vLLM-Omni configs')")

@@ -118,7 +118,10 @@ def test_min_tokens_may_not_exceed_max_tokens(tmp_path):
     assert "sampling.min_tokens (9) must not exceed sampling.max_tokens (8)" in str(exc.value)
 
 
-def test_vllm_omni_stage_args_are_recognised(tmp_path):
+def test_a_vllm_omni_stage_args_file_is_refused_naming_the_importer(tmp_path):
+    """config.py reads no vLLM-Omni spelling of its own (issue 23, part 4): a ``stage_args:``
+    file, even one whose stages carry omni-edge's kind, is one problem that names the
+    importer, the one reader of that format."""
     doc = """name: omni
 stage_args:
   - stage_id: 0
@@ -138,9 +141,24 @@ stage_args:
     engine_input_source: [0]
     final_output: true
 """
-    cfg = load_config(write(tmp_path, doc))
-    assert cfg.stage("talker").inputs == ["thinker"]
-    assert cfg.stage("thinker").max_model_len == 2048
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    [problem] = exc.value.problems
+    assert problem.where == f"{path}: stage_args"
+    assert "this is a vLLM-Omni stage config" in problem.what
+    assert f"omni-edge import vllm-omni {path} --model CHECKPOINT_DIR -o CONFIG" in problem.fix
+
+
+def test_deploy_shaped_stages_without_kind_are_refused_naming_the_importer(tmp_path):
+    doc = "name: omni\nstages:\n  - {stage_id: 0, engine_args: {max_model_len: 2048}}\n" \
+          "  - {stage_id: 1, engine_input_source: [0], gpu_memory_utilization: 0.5}\n"
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    [problem] = exc.value.problems
+    assert problem.where == str(path)
+    assert "this is a vLLM-Omni stage config" in problem.what and "omni-edge import vllm-omni" in problem.fix
 
 
 def test_every_config_field_has_a_description():
