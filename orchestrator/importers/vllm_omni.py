@@ -60,6 +60,10 @@ from stages.payloads import split_input
 from stages.registry import get_kind
 
 FORMAT = "omni-edge.import/1"
+DEFAULT_MAX_MODEL_LEN = 32768
+"""A generation stage's ``max_model_len`` when the file gives none and no ``--model`` gives the
+model's own: Qwen2.5-Omni-3B's thinker context (``max_position_embeddings`` in
+configs/models/qwen2.5-omni-3b/config.json)."""
 
 
 # ---- the result ------------------------------------------------------------------
@@ -339,14 +343,12 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
                 "pipeline's other stages with its defaults, or leaves them out for a checkpoint without them); "
                 "add them to the file to import them")
 
-    stages_out: list[dict[str, Any]] = []
-    for i, s in enumerate(entries):
-        loc = f"{list_key}[{i}]"
-        ts = by_id[s.get("stage_id", i)]
-        stages_out.append(_stage(s, loc, ts, topo, by_id, report, model_ref, model_cfg, shape, model_dir))
+    ctx = _Context(topo, by_id, report, model_ref, model_cfg, shape, model_dir)
+    stages_out = [_Stage(s, f"{list_key}[{i}]", by_id[s.get("stage_id", i)], ctx).convert()
+                  for i, s in enumerate(entries)]
     used_connector_keys = _async_chunk(data, shape, topo, stages_out, entries, report) if shape == "deploy" else set()
     if only:
-        stages_out = _keep_only(stages_out, only, report, where)
+        stages_out = _keep_only(stages_out, only, topo, report, where)
     _report_top_level(data, list_key, shape, topo, used_connector_keys, report)
     config = {
         "name": name or _pipeline_name(src),
@@ -552,164 +554,230 @@ def _async_chunk(data: dict[str, Any], shape: str, topo: Topology, stages: list[
     return used
 
 
-def _stage(s: dict[str, Any], loc: str, ts: TopologyStage, topo: Topology, by_id: dict[Any, TopologyStage],
-           report: ImportReport, model_ref: str, model_cfg: dict[str, Any] | None, shape: str,
-           model_dir: Path | None = None) -> dict[str, Any]:
-    """One stage entry of a vLLM-Omni file as an omni-edge stage. Long (about 150 lines): one pass
-    over the entry's devices, engine, sampling, inputs and final output; the seam is one small
-    object per stage with a method for each, not yet cut."""
-    name = ts.model_stage
-    out: dict[str, Any] = {"name": name, "kind": ts.kind}
-    sid = s.get("stage_id")
-    if isinstance(sid, int) and not isinstance(sid, bool):
-        out["stage_id"] = sid
-        report.map(f"{loc}.stage_id", f"stages.{name}.stage_id", sid)
-    report.stages.append({"stage_id": sid, "name": name, "kind": ts.kind, "model_stage": ts.model_stage,
-                          "inputs": list(ts.inputs), "carries": ts.carries})
-    engine = dict(s.get("engine_args") or {}) if shape == "stage_args" else {}
-    runtime = dict(s.get("runtime") or {}) if shape == "stage_args" else {}
-    flat = {k: v for k, v in s.items() if k not in ("engine_args", "runtime")}
-    if shape == "deploy":
-        engine = {k: v for k, v in flat.items() if k not in (
-            "stage_id", "stage_type", "devices", "default_sampling_params", "engine_input_source",
-            "final_output", "final_output_type", "max_num_seqs")}
-        runtime = {k: flat[k] for k in ("devices", "max_num_seqs") if k in flat}
-    eloc = f"{loc}.engine_args" if shape == "stage_args" else loc
-    rloc = f"{loc}.runtime" if shape == "stage_args" else loc
+@dataclass(frozen=True)
+class _Context:
+    """What every stage of one import shares."""
 
-    # kind, model, model_stage
-    stage_type = s.get("stage_type")
-    if stage_type is not None:
-        report.map(f"{loc}.stage_type", f"stages.{name}.kind", f"{stage_type} → {ts.kind} ({ts.model_stage} in {topo.name})")
-    if ts.kind == "ar_decode":
-        out["model"] = model_ref
-        out["model_stage"] = ts.model_stage
-    else:
-        out["artifact"] = f"{model_ref}/{ts.model_stage}"
-        if model_dir is not None and (model_dir / ts.model_stage / "manifest.yaml").is_file():
-            report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph, artifact {out['artifact']}")
-        else:
-            report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph; artifact {out['artifact']} "
-                                "must hold its manifest (docs/exported-artifacts.md)")
-    if "model_stage" in engine:
-        report.map(f"{eloc}.model_stage", f"stages.{name}.model_stage" if ts.kind == "ar_decode" else f"stages.{name}.artifact",
-                   engine["model_stage"])
+    topo: Topology
+    by_id: dict[Any, TopologyStage]
+    """The file's stage ids → their stage of the topology (``_stage_topology``)."""
+    report: ImportReport
+    model_ref: str
+    """The stages' ``model:`` (relative to the written config, or ``MODEL_DIR``)."""
+    model_cfg: dict[str, Any] | None
+    shape: str
+    model_dir: Path | None
 
-    # devices
-    dev_key = "devices"
-    devices = _devices(runtime.get(dev_key)) if dev_key in runtime else None
-    if devices is None:
-        devices = ["gpu:0"]
-        if dev_key in runtime:
-            report.foreign(f"{rloc}.devices", f"{runtime[dev_key]!r} is not a list of GPU indices (\"0\", \"0,1\"); gpu:0 assumed")
+
+_DEPLOY_NOT_ENGINE = ("stage_id", "stage_type", "devices", "default_sampling_params", "engine_input_source",
+                      "final_output", "final_output_type", "max_num_seqs")
+"""A deploy stage's flat keys that are not engine settings (the rest are ``engine_args``)."""
+_STAGE_KEYS = ("stage_id", "stage_type", "engine_args", "runtime", "default_sampling_params", "engine_input_source",
+               "final_output", "final_output_type", "model_stage")
+"""A legacy stage entry's keys that a method of :class:`_Stage` reads."""
+
+
+class _Stage:
+    """One stage entry of a vLLM-Omni file becoming an omni-edge stage (:meth:`convert`): a
+    method for each part of the entry — :meth:`model`, :meth:`devices`, :meth:`engine`,
+    :meth:`sampling`, :meth:`inputs`, :meth:`final` — each writing its fields into ``out``
+    and what it mapped, or found no equivalent for, into the report, in that order."""
+
+    def __init__(self, entry: dict[str, Any], loc: str, ts: TopologyStage, ctx: _Context) -> None:
+        self.s, self.loc, self.ts, self.ctx = entry, loc, ts, ctx
+        self.report = ctx.report
+        self.name = ts.model_stage
+        self.out: dict[str, Any] = {"name": self.name, "kind": ts.kind}
+        self.deploy = ctx.shape == "deploy"
+        self.flat = {k: v for k, v in entry.items() if k not in ("engine_args", "runtime")}
+        self.engine_args: dict[str, Any]
+        self.runtime: dict[str, Any]
+        if self.deploy:  # engine fields flat on the stage
+            self.engine_args = {k: v for k, v in self.flat.items() if k not in _DEPLOY_NOT_ENGINE}
+            self.runtime = {k: self.flat[k] for k in ("devices", "max_num_seqs") if k in self.flat}
         else:
-            report.notes.append(f"stages.{name}.devices: the file names no devices; gpu:0 assumed")
-    else:
-        report.map(f"{rloc}.devices", f"stages.{name}.devices", devices)
+            self.engine_args = dict(entry.get("engine_args") or {})
+            self.runtime = dict(entry.get("runtime") or {})
+        self.eloc = loc if self.deploy else f"{loc}.engine_args"
+        self.rloc = loc if self.deploy else f"{loc}.runtime"
+
+    def convert(self) -> dict[str, Any]:
+        sid = self.s.get("stage_id")
+        if isinstance(sid, int) and not isinstance(sid, bool):
+            self.out["stage_id"] = sid
+            self.report.map(f"{self.loc}.stage_id", f"stages.{self.name}.stage_id", sid)
+        ts = self.ts
+        self.report.stages.append({"stage_id": sid, "name": self.name, "kind": ts.kind, "model_stage": ts.model_stage,
+                                   "inputs": list(ts.inputs), "carries": ts.carries})
+        self.model()
+        devices = self.devices()
+        self.engine()
+        self.sampling()
+        self.inputs()
+        self.out["devices"] = devices
+        self.final()
+        return _ordered(self.out)
+
+    def model(self) -> None:
+        """``kind``, and ``model`` and ``model_stage`` (a generation stage) or ``artifact`` (an
+        exported graph), from the topology."""
+        ts, name, out, report = self.ts, self.name, self.out, self.report
+        stage_type = self.s.get("stage_type")
+        if stage_type is not None:
+            report.map(f"{self.loc}.stage_type", f"stages.{name}.kind",
+                       f"{stage_type} → {ts.kind} ({ts.model_stage} in {self.ctx.topo.name})")
+        if ts.kind == "ar_decode":
+            out["model"] = self.ctx.model_ref
+            out["model_stage"] = ts.model_stage
+        else:
+            out["artifact"] = f"{self.ctx.model_ref}/{ts.model_stage}"
+            model_dir = self.ctx.model_dir
+            if model_dir is not None and (model_dir / ts.model_stage / "manifest.yaml").is_file():
+                report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph, artifact {out['artifact']}")
+            else:
+                report.notes.append(f"stages.{name}: {ts.model_stage} runs as an exported graph; artifact {out['artifact']} "
+                                    "must hold its manifest (docs/exported-artifacts.md)")
+        if "model_stage" in self.engine_args:
+            report.map(f"{self.eloc}.model_stage",
+                       f"stages.{name}.model_stage" if ts.kind == "ar_decode" else f"stages.{name}.artifact",
+                       self.engine_args["model_stage"])
+
+    def devices(self) -> list[str]:
+        """vLLM-Omni's ``devices: "0,1"`` (CUDA indices) as ``gpu:N`` candidates; gpu:0 when
+        the file names none or names them some other way."""
+        runtime, name, report = self.runtime, self.name, self.report
+        devices = _devices(runtime.get("devices")) if "devices" in runtime else None
+        if devices is None:
+            if "devices" in runtime:
+                report.foreign(f"{self.rloc}.devices",
+                               f"{runtime['devices']!r} is not a list of GPU indices (\"0\", \"0,1\"); gpu:0 assumed")
+            else:
+                report.notes.append(f"stages.{name}.devices: the file names no devices; gpu:0 assumed")
+            return ["gpu:0"]
+        report.map(f"{self.rloc}.devices", f"stages.{name}.devices", devices)
         if len(devices) > 1:
-            report.notes.append(f"stages.{name}.devices: {runtime[dev_key]!r} lists {len(devices)} GPUs; here they are "
+            report.notes.append(f"stages.{name}.devices: {runtime['devices']!r} lists {len(devices)} GPUs; here they are "
                                 "candidates in preference order and the stage is placed on one of them")
+        return devices
 
-    # engine fields
-    if ts.kind == "ar_decode":
+    def engine(self) -> None:
+        """The engine's settings (``engine_args``, a deploy stage's flat fields, ``runtime``):
+        a generation stage's batch and context, every other key listed with why."""
+        ts, name, out, report, runtime = self.ts, self.name, self.out, self.report, self.runtime
+        generates = ts.kind == "ar_decode"
+        if generates:
+            self._batch_and_context()
+        replicas = self.flat.get("num_replicas") if self.deploy else runtime.get("num_replicas")
+        if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1:
+            report.notes.append(f"stages.{name}: num_replicas {replicas} in the file; one instance is planned here "
+                                "(stage replicas are not planned yet), on one of its devices")
+        for k, v in self.engine_args.items():
+            key = f"{self.eloc}.{k}"
+            if k == "model_stage":
+                continue
+            if generates and k in ENGINE_KEYS and not (k == "dtype" and v not in DTYPES):
+                out[ENGINE_KEYS[k]] = v
+                report.map(key, f"stages.{name}.{ENGINE_KEYS[k]}", v)
+            elif k == "enable_prefix_caching" and v is False:
+                report.map(key, f"stages.{name} (always off here)", v)
+            elif k in ("max_num_batched_tokens", "enforce_eager") and not generates:
+                report.foreign(key, f"an engine setting of a generation engine; {ts.model_stage} runs as an exported graph here")
+            else:
+                report.foreign(key)
+        for k in runtime:
+            if k == "devices" or (k in ("max_batch_size", "max_num_seqs") and generates):
+                continue
+            report.foreign(f"{self.rloc}.{k}", f"{ts.model_stage} runs as an exported graph here, one item at a time"
+                           if k in ("max_batch_size", "max_num_seqs") else None)
+
+    def _batch_and_context(self) -> None:
+        """A generation stage's ``max_num_seqs`` (the file's batch size) and ``max_model_len``
+        (the file's, else the model's own limit, else 32768)."""
+        name, out, report, runtime = self.name, self.out, self.report, self.runtime
         seqs = runtime.get("max_batch_size", runtime.get("max_num_seqs"))
         if isinstance(seqs, int) and not isinstance(seqs, bool) and seqs >= 1:
             out["max_num_seqs"] = seqs
             key = "max_batch_size" if "max_batch_size" in runtime else "max_num_seqs"
-            report.map(f"{rloc}.{key}", f"stages.{name}.max_num_seqs", seqs)
-        limit = _context_limit(model_cfg, ts.model_stage)
-        if "max_model_len" not in engine:
-            if limit is not None:
-                out["max_model_len"] = limit
-                report.notes.append(f"stages.{name}.max_model_len: {limit}, the model's own limit "
-                                    "(vLLM-Omni leaves it to the engine, which takes the same)")
+            report.map(f"{self.rloc}.{key}", f"stages.{name}.max_num_seqs", seqs)
+        if "max_model_len" in self.engine_args:
+            return
+        limit = _context_limit(self.ctx.model_cfg, self.ts.model_stage)
+        if limit is not None:
+            out["max_model_len"] = limit
+            report.notes.append(f"stages.{name}.max_model_len: {limit}, the model's own limit "
+                                "(vLLM-Omni leaves it to the engine, which takes the same)")
+        else:
+            out["max_model_len"] = DEFAULT_MAX_MODEL_LEN
+            report.notes.append(f"stages.{name}.max_model_len: {DEFAULT_MAX_MODEL_LEN} assumed "
+                                "(no --model to read the limit from)")
+
+    def sampling(self) -> None:
+        """``default_sampling_params``: a generation stage's ``sampling``; nothing for code2wav."""
+        sampling = self.s.get("default_sampling_params")
+        if not isinstance(sampling, dict):
+            return
+        loc, name, report = self.loc, self.name, self.report
+        if self.ts.kind != "ar_decode":
+            report.foreign(f"{loc}.default_sampling_params", f"{self.ts.model_stage} does not sample (it turns codec "
+                           "codes into audio); the settings do nothing here")
+            return
+        mapped = {k: sampling[k] for k in SAMPLING_KEYS if k in sampling}
+        if mapped:
+            self.out["sampling"] = mapped
+        for k, v in sampling.items():
+            if k in mapped:
+                report.map(f"{loc}.default_sampling_params.{k}", f"stages.{name}.sampling.{k}", v)
             else:
-                out["max_model_len"] = 32768
-                report.notes.append(f"stages.{name}.max_model_len: 32768 assumed (no --model to read the limit from)")
-    replicas = flat.get("num_replicas") if shape == "deploy" else runtime.get("num_replicas")
-    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1:
-        report.notes.append(f"stages.{name}: num_replicas {replicas} in the file; one instance is planned here "
-                            "(stage replicas are not planned yet), on one of its devices")
-    for k, v in engine.items():
-        key = f"{eloc}.{k}"
-        if k == "model_stage":
-            continue
-        if ts.kind == "ar_decode" and k in ENGINE_KEYS and not (k == "dtype" and v not in DTYPES):
-            out[ENGINE_KEYS[k]] = v
-            report.map(key, f"stages.{name}.{ENGINE_KEYS[k]}", v)
-        elif k == "enable_prefix_caching" and v is False:
-            report.map(key, f"stages.{name} (always off here)", v)
-        elif k in ("max_num_batched_tokens", "enforce_eager") and ts.kind != "ar_decode":
-            report.foreign(key, f"an engine setting of a generation engine; {ts.model_stage} runs as an exported graph here")
+                report.foreign(f"{loc}.default_sampling_params.{k}")
+        _fit_max_tokens(self.out, name, report)
+
+    def inputs(self) -> None:
+        """``engine_input_source`` (stage ids) as ``inputs`` — a source the topology takes by its
+        output ports as those ports — else the topology's; ``join: all`` for several."""
+        ts, name, report, by_id, topo = self.ts, self.name, self.report, self.ctx.by_id, self.ctx.topo
+        src = self.s.get("engine_input_source")
+        if src is not None:
+            ids = src if isinstance(src, list) else [src]
+            unknown = [x for x in ids if x not in by_id]
+            if unknown:
+                raise ConfigError.single(f"{report.source}: {self.loc}.engine_input_source",
+                                         f"no stage has stage_id {unknown[0]}", f"use one of {', '.join(str(k) for k in by_id)}")
+            names = [by_id[x].model_stage for x in ids]
+            # a source the topology takes by its output ports (thinker2talker: hidden states and text) is those ports
+            inputs = [p for n in names for p in ([i for i in ts.inputs if split_input(i)[0] == n] or [n])] or ["request"]
+            report.map(f"{self.loc}.engine_input_source", f"stages.{name}.inputs", inputs)
+            if tuple(inputs) != ts.inputs:
+                report.notes.append(f"stages.{name}.inputs: the file says {inputs}, the {topo.name} topology "
+                                    f"{list(ts.inputs)}; the file's is kept")
         else:
-            report.foreign(key)
-    for k in runtime:
-        if k == "devices" or (k in ("max_batch_size", "max_num_seqs") and ts.kind == "ar_decode"):
-            continue
-        report.foreign(f"{rloc}.{k}", f"{ts.model_stage} runs as an exported graph here, one item at a time"
-                       if k in ("max_batch_size", "max_num_seqs") else None)
+            inputs = list(ts.inputs)
+            if inputs != ["request"]:
+                report.notes.append(f"stages.{name}.inputs: {inputs} from the {topo.name} topology ({ts.carries})")
+        self.out["inputs"] = inputs
+        if len(inputs) > 1:
+            self.out["join"] = "all"
+            report.notes.append(f"stages.{name}.join: all (each input's whole output, once every input has ended)")
 
-    # sampling
-    sampling = s.get("default_sampling_params")
-    if isinstance(sampling, dict):
-        if ts.kind == "ar_decode":
-            mapped = {k: sampling[k] for k in SAMPLING_KEYS if k in sampling}
-            if mapped:
-                out["sampling"] = mapped
-            for k, v in sampling.items():
-                if k in mapped:
-                    report.map(f"{loc}.default_sampling_params.{k}", f"stages.{name}.sampling.{k}", v)
-                else:
-                    report.foreign(f"{loc}.default_sampling_params.{k}")
-            _fit_max_tokens(out, name, report)
-        else:
-            report.foreign(f"{loc}.default_sampling_params",
-                           f"{ts.model_stage} does not sample (it turns codec codes into audio); the settings do nothing here")
-
-    # inputs
-    src = s.get("engine_input_source")
-    if src is not None:
-        ids = src if isinstance(src, list) else [src]
-        unknown = [x for x in ids if x not in by_id]
-        if unknown:
-            raise ConfigError.single(f"{report.source}: {loc}.engine_input_source", f"no stage has stage_id {unknown[0]}",
-                                     f"use one of {', '.join(str(k) for k in by_id)}")
-        names = [by_id[x].model_stage for x in ids]
-        # a source the topology takes by its output ports (thinker2talker: hidden states and text) is those ports
-        inputs = [p for n in names for p in ([i for i in ts.inputs if split_input(i)[0] == n] or [n])] or ["request"]
-        report.map(f"{loc}.engine_input_source", f"stages.{name}.inputs", inputs)
-        if tuple(inputs) != ts.inputs:
-            report.notes.append(f"stages.{name}.inputs: the file says {inputs}, the {topo.name} topology "
-                                f"{list(ts.inputs)}; the file's is kept")
-    else:
-        inputs = list(ts.inputs)
-        if inputs != ["request"]:
-            report.notes.append(f"stages.{name}.inputs: {inputs} from the {topo.name} topology ({ts.carries})")
-    out["inputs"] = inputs
-    if len(inputs) > 1:
-        out["join"] = "all"
-        report.notes.append(f"stages.{name}.join: all (each input's whole output, once every input has ended)")
-    out["devices"] = devices
-
-    # final output
-    if shape == "deploy" and "final_output" not in s and ts.final_output_type is not None:
-        out["final_output"] = True
-        out["final_output_type"] = ts.final_output_type
-        report.notes.append(f"stages.{name}.final_output: true, {ts.final_output_type}, from the {topo.name} topology")
-    if "final_output" in s:
-        out["final_output"] = bool(s["final_output"])
-        report.map(f"{loc}.final_output", f"stages.{name}.final_output", s["final_output"])
-    if "final_output_type" in s:
-        out["final_output_type"] = s["final_output_type"]
-        report.map(f"{loc}.final_output_type", f"stages.{name}.final_output_type", s["final_output_type"])
-    for k in s:
-        if k in ("stage_id", "stage_type", "engine_args", "runtime", "default_sampling_params", "engine_input_source",
-                 "final_output", "final_output_type", "model_stage"):
-            continue
-        if shape == "deploy":
-            continue  # flat engine fields, handled above
-        report.foreign(f"{loc}.{k}")
-    return _ordered(out)
+    def final(self) -> None:
+        """``final_output`` and its type: the file's, else (a deploy file) the topology's; the
+        legacy entry's remaining keys listed as having no equivalent."""
+        s, ts, name, out, report = self.s, self.ts, self.name, self.out, self.report
+        if self.deploy and "final_output" not in s and ts.final_output_type is not None:
+            out["final_output"] = True
+            out["final_output_type"] = ts.final_output_type
+            report.notes.append(f"stages.{name}.final_output: true, {ts.final_output_type}, "
+                                f"from the {self.ctx.topo.name} topology")
+        if "final_output" in s:
+            out["final_output"] = bool(s["final_output"])
+            report.map(f"{self.loc}.final_output", f"stages.{name}.final_output", s["final_output"])
+        if "final_output_type" in s:
+            out["final_output_type"] = s["final_output_type"]
+            report.map(f"{self.loc}.final_output_type", f"stages.{name}.final_output_type", s["final_output_type"])
+        if self.deploy:
+            return  # a deploy stage's other keys are its flat engine fields (engine())
+        for k in s:
+            if k not in _STAGE_KEYS:
+                report.foreign(f"{self.loc}.{k}")
 
 
 def _fit_max_tokens(out: dict[str, Any], name: str, report: ImportReport) -> None:
@@ -728,7 +796,10 @@ def _fit_max_tokens(out: dict[str, Any], name: str, report: ImportReport) -> Non
         f"than that is refused")
 
 
-def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportReport, where: str) -> list[dict[str, Any]]:
+def _keep_only(stages: list[dict[str, Any]], only: list[str], topo: Topology, report: ImportReport,
+               where: str) -> list[dict[str, Any]]:
+    """The stages ``only`` names; one whose consumers are all left out becomes a final output of
+    what its stage of the topology hands on (``TopologyStage.hands_on``)."""
     names = [s["name"] for s in stages]
     unknown = [n for n in only if n not in names]
     if unknown:
@@ -743,8 +814,9 @@ def _keep_only(stages: list[dict[str, Any]], only: list[str], report: ImportRepo
     for s in kept:
         fed = any(s["name"] in sources(k["inputs"]) for k in kept)
         if not fed and not s.get("final_output"):
-            produced = [t for t in get_kind(s["kind"]).produces]
-            sub = {"thinker": "text", "talker": "token_ids"}.get(str(s.get("model_stage")), produced[0] if produced else None)
+            ts = topo.by_model_stage(s["name"])
+            produced = get_kind(s["kind"]).produces
+            sub = ts.hands_on if ts is not None else (produced[0] if produced else None)
             s["final_output"] = True
             if sub:
                 s["final_output_type"] = sub

@@ -25,6 +25,10 @@ class TopologyStage:
     carries: str
     """What travels into it, in words (for the report)."""
     final_output_type: str | None = None
+    """What it returns to the caller in the full pipeline (None: it only feeds the next stage)."""
+    hands_on: str | None = None
+    """The payload it gives (``stages.payloads``): its ``final_output_type`` when ``--only``
+    leaves out the stages it fed."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,11 @@ class Topology:
 
 
 _OMNI_STAGES = (
-    TopologyStage(0, "thinker", "ar_decode", ("request",), "the request (text)", "text"),
+    TopologyStage(0, "thinker", "ar_decode", ("request",), "the request (text)", "text", hands_on="text"),
     TopologyStage(1, "talker", "ar_decode", ("thinker.hidden_states", "thinker.text"),
-                  "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)"),
-    TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio"),
+                  "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)",
+                  hands_on="token_ids"),
+    TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio", hands_on="audio"),
 )
 _QWEN2_5_ARCHS = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration")
 TOPOLOGIES: tuple[Topology, ...] = (
