@@ -301,49 +301,26 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
     src = Path(path)
     model_dir = Path(model).resolve() if model is not None else None
     where = str(src)
-    raw = read_document(src)
-    if not isinstance(raw, dict):
-        raise ConfigError.single(where, "the top level must be a mapping", "pass a vLLM-Omni stage config or deploy YAML")
-    shape = _shape(raw, where)
-    data = read_deploy(src) if shape == "deploy" else raw
-    list_key = "stage_args" if shape == "stage_args" else "stages"
-    entries = data.get(list_key)
-    if not isinstance(entries, list) or not all(isinstance(s, dict) for s in entries):
-        raise ConfigError.single(f"{where}: {list_key}", "must be a list of stage mappings", f"write {list_key}: as a list")
+    shape, data, list_key, entries = _read(src)
     model_cfg = _model_config(model_dir)
-    declared = _declared_pipeline(data, src, shape, where)
-    topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where, declared,
-                                   deploy=shape == "deploy")
-    if model_cfg is not None and model_cfg.get("enable_audio_output") is False and topo.name in THINKER_ONLY:
-        topo = next(t for t in TOPOLOGIES if t.name == THINKER_ONLY[topo.name])
-        topo_by += " and its enable_audio_output: false (the thinker alone, as vLLM-Omni resolves it)"
+    topo, topo_by = _topology(data, entries, src, shape, model, model_cfg)
     report = ImportReport(str(src), shape, topo.name, topo_by)
     if shape == "deploy" and data.get("base_config"):
         report.notes.append(f"base_config: applied {data['base_config']} under this file (stages merged by stage_id)")
-    out_dir = Path(output).resolve().parent if output is not None else Path.cwd()
-    model_ref = "MODEL_DIR"
-    if model_dir is not None:
-        # relative to the written config when both live under one tree (a repository), else absolute
-        shared = Path(os.path.commonpath([model_dir, out_dir]))
-        model_ref = os.path.relpath(model_dir, out_dir) if len(shared.parts) > 2 else str(model_dir)
     if model_dir is None:
         report.notes.append("no --model given: stages' model is MODEL_DIR; pass --model DIR (the checkpoint) or edit it")
     if shape == "deploy":
         entries = _apply_cuda_platform(data, entries, report)
     if topo.name in THINKER_ONLY.values():
         entries = _thinker_only(entries, topo, list_key, report)
-
     by_id = _stage_topology(entries, topo, list_key, where)
-
-    if shape == "deploy":
-        missing = [t for t in topo.stages if t not in by_id.values()]
-        if missing and not only:
-            report.notes.append(
-                f"{', '.join(t.model_stage for t in missing)}: not in the file, so not imported (vLLM-Omni runs a "
-                "pipeline's other stages with its defaults, or leaves them out for a checkpoint without them); "
-                "add them to the file to import them")
-
-    ctx = _Context(topo, by_id, report, model_ref, model_cfg, shape, model_dir)
+    missing = [t for t in topo.stages if t not in by_id.values()]
+    if shape == "deploy" and missing and not only:
+        report.notes.append(
+            f"{', '.join(t.model_stage for t in missing)}: not in the file, so not imported (vLLM-Omni runs a "
+            "pipeline's other stages with its defaults, or leaves them out for a checkpoint without them); "
+            "add them to the file to import them")
+    ctx = _Context(topo, by_id, report, _model_ref(model_dir, output), model_cfg, shape, model_dir)
     stages_out = [_Stage(s, f"{list_key}[{i}]", by_id[s.get("stage_id", i)], ctx).convert()
                   for i, s in enumerate(entries)]
     used_connector_keys = _async_chunk(data, shape, topo, stages_out, entries, report) if shape == "deploy" else set()
@@ -356,6 +333,46 @@ def import_vllm_omni(path: str | Path, *, model: str | Path | None = None, outpu
         "stages": stages_out,
     }
     return Imported(config, report)
+
+
+def _read(src: Path) -> tuple[str, dict[str, Any], str, list[dict[str, Any]]]:
+    """``(shape, document, the key of its stage list, the stages)``: a deploy file with its
+    ``base_config`` parents applied (:func:`read_deploy`), a legacy file as written."""
+    where = str(src)
+    raw = read_document(src)
+    if not isinstance(raw, dict):
+        raise ConfigError.single(where, "the top level must be a mapping", "pass a vLLM-Omni stage config or deploy YAML")
+    shape = _shape(raw, where)
+    data = read_deploy(src) if shape == "deploy" else raw
+    list_key = "stage_args" if shape == "stage_args" else "stages"
+    entries = data.get(list_key)
+    if not isinstance(entries, list) or not all(isinstance(s, dict) for s in entries):
+        raise ConfigError.single(f"{where}: {list_key}", "must be a list of stage mappings", f"write {list_key}: as a list")
+    return shape, data, list_key, entries
+
+
+def _topology(data: dict[str, Any], entries: list[dict[str, Any]], src: Path, shape: str, model: str | Path | None,
+              model_cfg: dict[str, Any] | None) -> tuple[Topology, str]:
+    """The file's topology and what selected it (:func:`_pick_topology`); a checkpoint without
+    audio output (``enable_audio_output: false``) selects the thinker-only one, as vLLM-Omni does."""
+    where = str(src)
+    declared = _declared_pipeline(data, src, shape, where)
+    topo, topo_by = _pick_topology(model_cfg, Path(model) if model is not None else None, entries, where, declared,
+                                   deploy=shape == "deploy")
+    if model_cfg is not None and model_cfg.get("enable_audio_output") is False and topo.name in THINKER_ONLY:
+        topo = next(t for t in TOPOLOGIES if t.name == THINKER_ONLY[topo.name])
+        topo_by += " and its enable_audio_output: false (the thinker alone, as vLLM-Omni resolves it)"
+    return topo, topo_by
+
+
+def _model_ref(model_dir: Path | None, output: str | Path | None) -> str:
+    """The stages' ``model:``: ``MODEL_DIR`` without ``--model``; else relative to the written
+    config when both live under one tree (a repository), else absolute."""
+    if model_dir is None:
+        return "MODEL_DIR"
+    out_dir = Path(output).resolve().parent if output is not None else Path.cwd()
+    shared = Path(os.path.commonpath([model_dir, out_dir]))
+    return os.path.relpath(model_dir, out_dir) if len(shared.parts) > 2 else str(model_dir)
 
 
 def _thinker_only(entries: list[dict[str, Any]], topo: Topology, list_key: str,
