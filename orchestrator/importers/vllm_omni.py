@@ -22,7 +22,10 @@ list of those it knows. Every key is either mapped (``mapped``: from where, to w
 as having no equivalent here with one line on why (``no_equivalent``) — never a
 "did you mean": a foreign key is not a misspelling.
 
-The mapping table is in docs/pipelines.md ("Importing vLLM-Omni configs").
+Each stage entry is read by one :class:`_Stage` (a method per part: model, devices, engine,
+sampling, inputs, final output). This is the one reader of the format: ``orchestrator.config``
+refuses a vLLM-Omni file, naming this command. The mapping table is in docs/pipelines.md
+("Importing vLLM-Omni configs").
 """
 
 from __future__ import annotations
