@@ -26,7 +26,7 @@ def test_refusal_codes_are_unique_and_include_the_contract_ones():
 def test_every_refusal_code_is_documented_and_every_documented_code_exists():
     import re
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     table = (REPO / "docs" / "refusals.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M))

@@ -11,7 +11,9 @@ from orchestrator.errors import RefusalCode
 from orchestrator.plan import PipelinePlan
 from orchestrator.planner import plan_pipeline
 from orchestrator.units import GiB, MiB
-from tests.conftest import REPO, llama_config, make_profile, write_checkpoint
+from tests.helpers import REPO
+from tests.helpers.checkpoints import llama_config, write_checkpoint
+from tests.helpers.profiles import make_profile
 
 RTX5090 = {"id": "gpu:0", "kind": "gpu", "name": "NVIDIA GeForce RTX 5090 Laptop GPU", "vendor": "nvidia",
            "memory_bytes": 24 * GiB, "compute_capability": "12.0", "backends": ["vllm-cuda", "ort-cuda"]}

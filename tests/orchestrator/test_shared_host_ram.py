@@ -13,7 +13,8 @@ from orchestrator.config import load_config
 from orchestrator.errors import RefusalCode
 from orchestrator.planner import plan_pipeline
 from orchestrator.units import GiB, MiB, fmt_bytes
-from tests.conftest import llama_config, make_profile, write_checkpoint
+from tests.helpers.checkpoints import llama_config, write_checkpoint
+from tests.helpers.profiles import make_profile
 
 onnx = pytest.importorskip("onnx")
 

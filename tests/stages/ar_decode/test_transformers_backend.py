@@ -32,7 +32,7 @@ from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
 from stages.payloads import untag
 from stages.registry import get_kind
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.omni_reference import reference
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
