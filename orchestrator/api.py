@@ -81,15 +81,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import calibration as cal
 from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
-from orchestrator.console import make_console
 from orchestrator.errors import BadRequest, ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
+from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
-from orchestrator.runtime.startup import StageProgress
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
 from stages.payloads import request_payload, sample_rate_problem
@@ -396,7 +395,7 @@ class Pipeline:
         starts (waiting, loading on its device, loaded in N s, failed) — drawn live
         on a terminal, one plain line per change otherwise."""
         self.prepare(progress=progress)
-        display = _StartDisplay(self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]) \
+        display = StartDisplay(self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]) \
             if progress else None
         warming = threading.Thread(target=self._warm_request_checks, name="omni-edge-warm", daemon=True)
         warming.start()  # meanwhile: the request checks' tokenizers, so the first request does not wait
@@ -669,7 +668,7 @@ def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
     in the caller's terminal (on stderr, drawn only when a step starts).
     Returns what the kinds prepared.
     """
-    bars = _ProgressBars() if progress else None
+    bars = ProgressBars() if progress else None
     out = []
     try:
         for s in plan.stages:
@@ -681,96 +680,3 @@ def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
         if bars is not None:
             bars.close()
     return out
-
-
-_START_MARKS = {"waiting": "·", "loading": "…", "loaded": "✓", "failed": "✗"}
-
-
-class _StartDisplay:
-    """The runtime's start-up progress (``StageProgress``) for a person, on stderr:
-    a live table of the stages on a terminal (80 columns), else one plain line per
-    stage that starts loading, loads or fails."""
-
-    def __init__(self, pipeline: str, stages: list[tuple[str, str]]) -> None:
-        self._console = make_console(stderr=True)
-        self._pipeline = pipeline
-        self._t0 = time.perf_counter()
-        self._lock = threading.Lock()
-        self._rows: dict[str, dict[str, Any]] = {n: {"device": d, "state": "waiting", "since": None, "seconds": None,
-                                                     "cause": None} for n, d in stages}
-        self._live: Any = None
-        if self._console.is_terminal:
-            from rich.live import Live
-
-            self._live = Live(get_renderable=self._render, console=self._console, refresh_per_second=4,
-                              transient=False)
-            self._live.start()
-
-    def __call__(self, event: StageProgress) -> None:
-        with self._lock:
-            row = self._rows.setdefault(event.stage, {"device": event.device, "since": None, "cause": None})
-            row.update(state=event.state, seconds=event.seconds, cause=event.cause, device=event.device)
-            if event.state == "loading":
-                row["since"] = time.perf_counter()
-        if self._live is None and event.state != "waiting":
-            self._console.print(self._line(event.stage, row), markup=False, soft_wrap=False)
-
-    def _line(self, name: str, row: dict[str, Any]) -> str:
-        state, device = row["state"], row["device"]
-        if state == "loading":
-            since = row["since"] or time.perf_counter()
-            text = f"loading on {device}" + (f"  {time.perf_counter() - since:.0f} s" if self._live else "")
-        elif state == "loaded":
-            text = f"loaded on {device} in {row['seconds']:.1f} s"
-        elif state == "failed":
-            text = f"failed on {device}: {row['cause']}"
-        else:
-            text = f"waiting (on {device})"
-        line = f"{_START_MARKS.get(state, ' ')} {name}: {text}"
-        width = self._console.width
-        return line if len(line) <= width else line[:width - 1] + "…"
-
-    def _render(self) -> Any:
-        from rich.text import Text
-
-        with self._lock:
-            lines = [self._line(n, row) for n, row in self._rows.items()]
-        states = {row["state"] for row in self._rows.values()}
-        phase = ("Ray and the device actors" if states == {"waiting"} else
-                 "loading stages" if states & {"waiting", "loading"} else "every stage loaded")
-        head = f"starting {self._pipeline}: {phase}  {time.perf_counter() - self._t0:.0f} s"
-        return Text("\n".join([head, *("  " + line for line in lines)]))
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-
-class _ProgressBars:
-    """``stages.base.Progress`` as rich progress bars on stderr, started at the first step."""
-
-    def __init__(self) -> None:
-        self._progress: Any = None
-
-    def __call__(self, total: int | None, description: str) -> Callable[..., None]:
-        if self._progress is None:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=make_console(stderr=True), transient=False,
-            )
-            self._progress.start()
-        task = self._progress.add_task(description, total=total or 1)
-        return lambda n=1: self._progress.advance(task, n)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()

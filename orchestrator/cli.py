@@ -1,11 +1,27 @@
-"""The ``omni-edge`` command line.
+"""The ``omni-edge`` command line: builds the parser, runs one command, maps errors to exit codes.
 
-Each subcommand lives in ``orchestrator/commands/<name>.py`` with
-``add_parser(subparsers)`` and ``run(args) -> int`` and is imported only when
-chosen, so ``omni-edge plan`` never imports the runtime's heavy modules.
+* **Commands.** :data:`COMMANDS` names each subcommand and its one-line help.
+  :func:`build_parser` imports every command module,
+  ``orchestrator/commands/<name>.py`` (``import_.py`` for ``import``, a Python
+  keyword), and lets its ``add_arguments(parser)`` declare the flags; so each
+  module imports at its top only what its parser needs, and what it needs to
+  run inside ``run(args) -> int`` (``omni-edge plan`` must not import the
+  runtime, verify or the renderer). A command module that is absent from this
+  build leaves its subcommand in the help and answers "not available in this
+  build" (exit 2).
+* **Verbosity.** ``-v`` is counted before and after the subcommand alike
+  (``omni-edge -v plan -v`` is ``-vv``): WARNING, INFO, then DEBUG logging.
+* **Errors.** :func:`main` turns what a command raises into a message on
+  stderr and an exit code, never a traceback: a ``ConfigError`` prints each
+  problem (where: what, how to fix; the first :data:`MAX_PROBLEMS_SHOWN`),
+  control characters removed from every message.
+  :func:`check_number` is the commands' check of a numeric flag (finite, in
+  range) before slow work starts.
 
-Exit codes: 0 success/admitted, 2 bad input (where → what → how to fix, no
-traceback), 3 refused (plan or verification), 4 a stage failed at run time.
+Exit codes: 0 success or admitted, 2 bad input (a ``ConfigError``, any other
+``OmniEdgeError``, no command), 3 refused (plan or verification, returned by
+the command), 4 a stage failed at run time (``StageFailed``), 130 interrupted
+(Ctrl-C).
 """
 
 from __future__ import annotations

@@ -8,44 +8,40 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum, unique
+
 
 # ---- refusal codes (contract: docs/refusals.md) ------------------------------
-NO_RUNNABLE_DEVICE = "no_runnable_device"
-WEIGHT_FORMAT_UNSUPPORTED = "weight_format_unsupported"
-BUDGET_EXCEEDS_DEVICE = "budget_exceeds_device"
-CONFIG_UNREADABLE = "config_unreadable"
-NO_EXPORTED_GRAPH = "no_exported_graph"
-EXECUTION_PROVIDER_DECLINED_GRAPH = "execution_provider_declined_graph"
-NUMERIC_GATE_FAILED = "numeric_gate_failed"
-DEVICE_UNREACHABLE = "device_unreachable_from_this_process"
-MODEL_ARCHITECTURE_UNSUPPORTED = "model_architecture_unsupported"
-"""The backend rejects this model's layout (e.g. vLLM and Qwen2/Qwen3 with
-mixed sliding/full attention layers), whatever the device."""
-CONTEXT_EXCEEDS_MODEL = "context_exceeds_model"
-"""The stage asks for a longer context (``max_model_len``) than the model has
-positions (``max_position_embeddings``, a GGUF's ``context_length``)."""
-MODEL_STAGE_UNSUPPORTED = "model_stage_unsupported"
-"""The backend cannot run this sub-model of a multi-model checkpoint (``model_stage``):
-vLLM here yields an Omni thinker's text only, not the hidden states its port declares,
-and runs no talker."""
-KV_CACHE_DTYPE_UNSUPPORTED = "kv_cache_dtype_unsupported"
-"""The backend cannot hold the KV cache in the stage's ``kv_cache_dtype``: q8_0 is llama.cpp's
-block type (vLLM and transformers have no such cache), and llama.cpp's cache here is f16 or q8_0."""
+@unique
+class RefusalCode(StrEnum):
+    """Why a device was not chosen for a stage: the ``code`` of a refusal.
 
-REFUSAL_CODES = (
-    NO_RUNNABLE_DEVICE,
-    WEIGHT_FORMAT_UNSUPPORTED,
-    BUDGET_EXCEEDS_DEVICE,
-    CONFIG_UNREADABLE,
-    NO_EXPORTED_GRAPH,
-    EXECUTION_PROVIDER_DECLINED_GRAPH,
-    NUMERIC_GATE_FAILED,
-    DEVICE_UNREACHABLE,
-    MODEL_ARCHITECTURE_UNSUPPORTED,
-    CONTEXT_EXCEEDS_MODEL,
-    MODEL_STAGE_UNSUPPORTED,
-    KV_CACHE_DTYPE_UNSUPPORTED,
-)
+    A ``StrEnum``: a member is its value wherever a string is expected
+    (``json.dumps``, f-strings, ``==`` against the text a script reads), so the
+    plan JSON carries the bare code, e.g. ``"budget_exceeds_device"``. ``@unique``:
+    two names for one code fail at import."""
+
+    NO_RUNNABLE_DEVICE = "no_runnable_device"
+    WEIGHT_FORMAT_UNSUPPORTED = "weight_format_unsupported"
+    BUDGET_EXCEEDS_DEVICE = "budget_exceeds_device"
+    CONFIG_UNREADABLE = "config_unreadable"
+    NO_EXPORTED_GRAPH = "no_exported_graph"
+    EXECUTION_PROVIDER_DECLINED_GRAPH = "execution_provider_declined_graph"
+    NUMERIC_GATE_FAILED = "numeric_gate_failed"
+    DEVICE_UNREACHABLE = "device_unreachable_from_this_process"
+    MODEL_ARCHITECTURE_UNSUPPORTED = "model_architecture_unsupported"
+    """The backend rejects this model's layout (e.g. vLLM and Qwen2/Qwen3 with
+    mixed sliding/full attention layers), whatever the device."""
+    CONTEXT_EXCEEDS_MODEL = "context_exceeds_model"
+    """The stage asks for a longer context (``max_model_len``) than the model has
+    positions (``max_position_embeddings``, a GGUF's ``context_length``)."""
+    MODEL_STAGE_UNSUPPORTED = "model_stage_unsupported"
+    """The backend cannot run this sub-model of a multi-model checkpoint (``model_stage``):
+    vLLM here yields an Omni thinker's text only, not the hidden states its port declares,
+    and runs no talker."""
+    KV_CACHE_DTYPE_UNSUPPORTED = "kv_cache_dtype_unsupported"
+    """The backend cannot hold the KV cache in the stage's ``kv_cache_dtype``: q8_0 is llama.cpp's
+    block type (vLLM and transformers have no such cache), and llama.cpp's cache here is f16 or q8_0."""
 
 
 TERMINAL_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

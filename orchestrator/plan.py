@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.errors import RefusalCode
 from orchestrator.ledger import Reservation, holder_peak
 
 PLAN_FORMAT = "omni-edge.plan/1"
@@ -26,13 +27,18 @@ one of the kind's ``details``."""
 class Refusal:
     """A named reason a device was not chosen for a stage, with the remedy."""
 
-    code: str
+    code: RefusalCode
     device: str
     message: str
     remedy: str
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Refusal:
+        """A refusal read back from the plan JSON (the code as the enum again)."""
+        return cls(RefusalCode(d["code"]), d["device"], d["message"], d["remedy"])
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ class StagePlan:
             backend=d.get("backend"),
             route=d.get("route"),
             reservations=tuple(Reservation(**r) for r in d.get("reservations", [])),
-            refusals=tuple(Refusal(**r) for r in d.get("refusals", [])),
+            refusals=tuple(Refusal.from_dict(r) for r in d.get("refusals", [])),
             engine_kwargs=dict(d.get("engine_kwargs", {})),
             artifact=dict(d.get("artifact", {})),
             details={k: v for k, v in d.items() if k not in STAGE_FIELDS},
@@ -178,7 +184,7 @@ class PipelinePlan:
         return next(s for s in self.stages if s.name == name)
 
     @property
-    def refusal_codes(self) -> list[str]:
+    def refusal_codes(self) -> list[RefusalCode]:
         return [r.code for s in self.stages if not s.admitted for r in s.refusals]
 
     def to_json(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from orchestrator import calibration as cal
 from orchestrator import cpu_threads, errors
 from orchestrator.config import PipelineConfig, StageConfig
+from orchestrator.errors import RefusalCode
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
 from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
 from orchestrator.ort.routes import probe_route, resolve, static_refusal
@@ -340,10 +341,10 @@ def _stage_state(
 def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile: HardwareProfile) -> Refusal:
     dev_id = excluded.device
     if excluded.why == "masked":
-        return Refusal(errors.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it")
+        return Refusal(RefusalCode.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it")
     if excluded.why == "absent" and profile.nodes:
         return Refusal(
-            errors.NO_RUNNABLE_DEVICE, dev_id,
+            RefusalCode.NO_RUNNABLE_DEVICE, dev_id,
             f"no node of the cluster ({profile.name}) has {dev_id} (its devices: {', '.join(d.id for d in profile.devices)})",
             "remove it from the stage's devices, name a device one node has (NODE/ID, or ID for any node's), "
             "or plan with --profile for a cluster that has it",
@@ -351,18 +352,18 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
     if excluded.why == "absent":
         have = ", ".join(d.id for d in profile.devices)
         return Refusal(
-            errors.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
+            RefusalCode.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
             "remove it from the stage's devices, or plan with --profile for a machine that has it",
         )
     if excluded.why == "unavailable":
         return Refusal(
-            errors.DEVICE_UNREACHABLE, dev_id, f"{dev_id} ({excluded.backend}): {excluded.reason}",
+            RefusalCode.DEVICE_UNREACHABLE, dev_id, f"{dev_id} ({excluded.backend}): {excluded.reason}",
             unavailable_remedy(excluded.backend, stage.name),
         )
     device = profile.device(dev_id)
     assert device is not None
     return Refusal(
-        errors.NO_RUNNABLE_DEVICE, dev_id,
+        RefusalCode.NO_RUNNABLE_DEVICE, dev_id,
         f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
         f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
     )
@@ -396,13 +397,13 @@ def _llamacpp_route_refusal(profile: HardwareProfile, device: Device, backend: s
     where = f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
     if build is None:
         return Refusal(
-            errors.DEVICE_UNREACHABLE, device.id, f"{where} has no llama-cpp-python installed",
+            RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where} has no llama-cpp-python installed",
             "install it there (scripts/bootstrap.sh builds llama-cpp-python), or list a vLLM backend in the stage's backends",
         )
     problem = llamacpp.cpu_problem(build, device) if backend == llamacpp.LLAMACPP_CPU else llamacpp.vulkan_problem(build)
     if problem is None:
         return None
-    return Refusal(errors.DEVICE_UNREACHABLE, device.id, f"{where}: {problem}", unavailable_remedy(backend))
+    return Refusal(RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where}: {problem}", unavailable_remedy(backend))
 
 
 def _where(device: Device, backend: str) -> str:
@@ -439,7 +440,7 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
     where = _where(device, backend)
     if not route.reachable:
         return Refusal(
-            errors.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where} exists but route {route.name!r} cannot reach it from this process: {route.reason or 'unreachable'}",
             route.remedy or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
         )
@@ -448,7 +449,7 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
         if not python or not os.path.isfile(python) or not os.access(python, os.X_OK):
             state = "is not set" if not python else ("is not executable" if os.path.isfile(python) else "does not exist")
             return Refusal(
-                errors.DEVICE_UNREACHABLE, device.id,
+                RefusalCode.DEVICE_UNREACHABLE, device.id,
                 f"{where}: route {route.name!r} runs through the interpreter {python or '(none)'}, which {state} on this machine",
                 f"create that environment (python -m venv {os.path.dirname(os.path.dirname(python)) if python else 'DIR'}, "
                 "then install the execution provider's onnxruntime build in it), or correct routes[].python in the profile "
@@ -488,7 +489,7 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
         own = sf.contributors.get(stage.name, 0)
         available = sf.capacity - (sf.peak - own)
         refusals.append(Refusal(
-            errors.BUDGET_EXCEEDS_DEVICE, device.id,
+            RefusalCode.BUDGET_EXCEEDS_DEVICE, device.id,
             f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({_breakdown(reservations, sf.pool)}) and "
             f"{fmt_bytes(available)} of {fmt_bytes(sf.capacity)} is left after the pipeline's own reservations "
             f"({fmt_bytes(sf.over_by)} short)",
@@ -557,7 +558,7 @@ def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
             continue
         dev = s.options[0].device.id
         s.refusals.append(Refusal(
-            errors.BUDGET_EXCEEDS_DEVICE, dev,
+            RefusalCode.BUDGET_EXCEEDS_DEVICE, dev,
             f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
             f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
             f"and every other allowed placement overflows too",
@@ -596,7 +597,7 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
         "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
     }
     if option is None:
-        refusals = tuple(state.refusals) or (Refusal(errors.NO_RUNNABLE_DEVICE, "-", "no device was considered", "list devices for the stage"),)
+        refusals = tuple(state.refusals) or (Refusal(RefusalCode.NO_RUNNABLE_DEVICE, "-", "no device was considered", "list devices for the stage"),)
         return StagePlan(admitted=False, device=None, backend=None, route=None, reservations=(),
                          refusals=refusals, engine_kwargs={}, verification=None, **common)
     capacity = _capacity(profile, option.device)

@@ -1,6 +1,6 @@
 """Fixtures and helpers every test directory can reach.
 
-* tiny checkpoints written by the tests, inline profiles (below);
+* ``tiny_checkpoint``: a llama-shaped checkpoint (``tests/helpers/checkpoints.py``);
 * ``private_cache`` and ``store``: a private OMNI_EDGE_CACHE_DIR per test, so
   evidence never leaks between tests (not autouse: the directories whose tests
   verify placements turn it on in their own conftest.py);
@@ -10,92 +10,27 @@
 * ``ov_host``: one worker in the OpenVINO venv, shared by a module's tests;
 * ``ray_cluster``: one local Ray cluster for the whole session.
 
-Graph and artifact helpers are in ``tests/helpers/graphs.py``, the echo kind's
-hand-written plans in ``tests/helpers/echo.py``.
+Helpers that are not fixtures are in ``tests/helpers/``: ``REPO`` in its
+``__init__``, tiny checkpoints in ``checkpoints.py``, inline profiles in
+``profiles.py``, graphs and artifacts in ``graphs.py``, the echo kind's
+hand-written plans in ``echo.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.profile import HardwareProfile, parse_profile
-from orchestrator.units import GiB
 from orchestrator.verify.evidence import EvidenceStore
+from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.graphs import OV_PYTHON
 
-REPO = Path(__file__).resolve().parents[1]
 TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
 """The devices the test cluster's node declares resources for."""
-
-
-def write_checkpoint(
-    directory: Path,
-    config: dict[str, Any],
-    tensors: dict[str, tuple[str, list[int]]],
-    *,
-    files: int = 1,
-) -> Path:
-    """A checkpoint dir: config.json and safetensors files whose headers are real
-    and whose data regions are sparse (the planner never reads them)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "F8_E4M3": 1}
-    names = list(tensors)
-    for i in range(files):
-        part = names[i::files]
-        header: dict[str, Any] = {}
-        offset = 0
-        for name in part:
-            dtype, shape = tensors[name]
-            n = sizes[dtype]
-            for d in shape:
-                n *= d
-            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-            offset += n
-        raw = json.dumps(header).encode()
-        path = directory / (f"model-{i + 1:05d}-of-{files:05d}.safetensors" if files > 1 else "model.safetensors")
-        with path.open("wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            f.truncate(8 + len(raw) + offset)
-    return directory
-
-
-def llama_config(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, **extra: Any) -> dict[str, Any]:
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "intermediate_size": hidden * 4,
-        "vocab_size": 1000,
-        "max_position_embeddings": 4096,
-        "torch_dtype": "bfloat16",
-        **extra,
-    }
-
-
-def make_profile(*devices: dict[str, Any], ram_available: int = 16 * GiB, ram_total: int = 32 * GiB,
-                 ram_limit: int | None = None, routes: list[dict[str, Any]] | None = None,
-                 name: str = "test machine") -> HardwareProfile:
-    cpu = {"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["vllm-cpu", "ort-cpu"]}
-    doc = {
-        "format": "omni-edge.profile/1",
-        "name": name,
-        "host": {"os": "linux", "ram_total_bytes": ram_total, "ram_available_bytes": ram_available, "ram_limit_bytes": ram_limit},
-        "devices": [cpu, *devices],
-        "routes": routes or [{"name": "this-process"}],
-    }
-    return parse_profile(doc)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.fileio import check_writable
 from orchestrator.units import GiB
-from tests.conftest import llama_config, write_checkpoint
+from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE: dict[str, Any] = {
     "format": "omni-edge.profile/1", "name": "bad-input box",
@@ -502,7 +502,7 @@ def test_bad_input_in_a_real_process_exits_2_without_a_traceback(tmp_path: Path,
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     c = Case(tmp_path)
     mentions = CASES[name](c)

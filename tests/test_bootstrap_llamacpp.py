@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 ZEN3 = "fpu sse sse2 sse4_1 sse4_2 avx avx2 fma f16c bmi2"
 """An AMD Zen 3's vector flags: AVX2, no AVX-512."""

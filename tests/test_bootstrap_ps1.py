@@ -14,7 +14,7 @@ import re
 import tomllib
 
 from orchestrator.ort.hostproc import translate
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PS1 = (REPO / "scripts/bootstrap.ps1").read_text()
 EXTRAS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]

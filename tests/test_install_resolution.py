@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from orchestrator.packages import ORT_FLAVOURS, PLUGIN_SINCE
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.index
 

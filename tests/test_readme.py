@@ -33,7 +33,7 @@ import yaml
 
 from orchestrator.config import parse_config
 from orchestrator.runtime.audio import read_wav
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 README = REPO / "README.md"
 TIMEOUT_S = 600

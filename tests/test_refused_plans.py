@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.units import GiB
-from tests.conftest import llama_config, write_checkpoint
+from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE: dict[str, Any] = {
     "format": "omni-edge.profile/1", "name": "refusal box",
@@ -82,7 +82,7 @@ def test_the_memory_remedy_never_suggests_more_than_the_model_has(tmp_path: Path
     stage = load_config(cfg).stages[0]
     kind = get_kind("ar_decode")
     info = kind.describe(stage)
-    from tests.conftest import make_profile
+    from tests.helpers.profiles import make_profile
 
     cpu = make_profile().device("cpu")
     assert cpu is not None
@@ -96,7 +96,7 @@ def test_the_memory_remedy_never_suggests_more_than_the_model_has(tmp_path: Path
 
 
 def _ov_profile(tmp_path: Path) -> Path:
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     doc = json.loads((REPO / "configs" / "profiles" / "cpu-only-linux.json").read_text())
     doc["host"]["cpu_name"] = ""  # a hand-written profile of this machine
@@ -108,7 +108,7 @@ def _ov_profile(tmp_path: Path) -> Path:
 
 
 def _voice_config(tmp_path: Path, backends: str) -> Path:
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     ckpt = write_checkpoint(tmp_path / "m", llama_config(), {"w": ("BF16", [64, 64])})
     cfg = tmp_path / "voice.yaml"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.ort]
 

@@ -21,7 +21,7 @@ import pytest
 
 from exports.whisper_asr import word_error_rate
 from orchestrator.runtime.audio import read_wav, rms_dbfs, write_wav
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.ort]
 

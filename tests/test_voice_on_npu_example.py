@@ -21,7 +21,7 @@ from exports.piper_voice import INT8_ARTIFACT_DIR
 from orchestrator.cli import main
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.generated import int8_voice_refused
 
 EXAMPLE = REPO / "configs/examples/voice-on-npu.yaml"

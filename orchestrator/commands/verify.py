@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
+    from rich.text import Text
 
     from orchestrator.verify.placement import PlacementResult
     from orchestrator.verify.run import VerifyReport
@@ -128,16 +129,30 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
 
     One table with every figure is ~110 columns; split in two (the gates, then
     the numerics) each fits 80, and refusals, warnings and errors follow as
-    blocks that name the row's ``#`` and placement.
-
-    Long (about 85 lines): one table and its notes; the rows and the notes are the seams.
+    blocks that name the row's ``#`` and placement, then the notes (what was
+    not considered, the gate time, the evidence, the plan now).
     """
     from rich.console import Group
     from rich.text import Text
 
-    from orchestrator.render import Col, Sheet, labelled, problem, spaced
+    from orchestrator.render import labelled, spaced
 
-    head = labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")
+    sections: list[Any] = [labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")]
+    if report.results:
+        sections += _tables(report)
+    else:
+        sections.append(Text("no exported placement to verify"))
+    details = _details(report)
+    if details:
+        sections.append(Group(*details))
+    sections.append(Group(*_notes(report, plan_summary)))
+    return spaced(sections)
+
+
+def _tables(report: VerifyReport) -> list[Any]:
+    """The gates table and the numerics table, one row per placement, keyed by ``#``."""
+    from orchestrator.render import Col, Sheet
+
     gates = Sheet("gates", (
         Col("#", "right"), Col("stage"), Col("device"), Col("backend"), Col("prec"),
         Col("EP nodes", "right"), Col("parts", "right"), Col("verdict"),
@@ -153,31 +168,41 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
         rel = max((m.get("rel_l2", 0.0) for m in outs), default=None)
         mab = max((m.get("max_abs", 0.0) for m in outs), default=None)
         cos = min((m.get("cosine", 1.0) for m in outs), default=None)
-        nodes = "-"
-        if cov.get("total"):
-            nodes = f"{cov['taken']}/{cov['total']} {cov['fraction']:.0%}"
-        elif cov.get("source") == "session_error":
-            nodes = "no session"
         left = ", ".join(f"{op}×{k}" for op, k in list((cov.get("fallback_op_types") or {}).items())[:4])
-        if r.status == "passed":
-            verdict = Text("pass" + (" (cached)" if r.cached else ""), style="green")
-            if rec.get("suspicious"):
-                verdict = Text("pass, SUSPICIOUS", style="bold yellow")
-        elif r.status == "refused":
-            verdict = Text("refused", style="bold red")
-        else:
-            verdict = Text("error", style="bold red")
         parts = cov.get("partitions")
-        gates.add_row(str(n), r.stage, r.device, r.backend, r.precision or "-", nodes,
-                      "-" if parts is None else str(parts), verdict)
+        gates.add_row(str(n), r.stage, r.device, r.backend, r.precision or "-", _ep_nodes(cov),
+                      "-" if parts is None else str(parts), _verdict(r))
         numerics.add_row(str(n), _fmt(rel, ".1e"), _fmt(mab, ".1e"), _fmt(cos, ".6f"),
                          left or ("-" if not cov else "none"))
+    return [gates, numerics]
 
-    sections: list[Any] = [head]
-    if report.results:
-        sections += [gates, numerics]
-    else:
-        sections.append(Text("no exported placement to verify"))
+
+def _ep_nodes(cov: dict[str, Any]) -> str:
+    """The ``EP nodes`` cell: taken/total and the fraction, ``no session``, or ``-``."""
+    if cov.get("total"):
+        return f"{cov['taken']}/{cov['total']} {cov['fraction']:.0%}"
+    if cov.get("source") == "session_error":
+        return "no session"
+    return "-"
+
+
+def _verdict(r: PlacementResult) -> Text:
+    """The ``verdict`` cell: pass (cached, or SUSPICIOUS), refused or error."""
+    from rich.text import Text
+
+    if r.status == "passed":
+        if (r.record or {}).get("suspicious"):
+            return Text("pass, SUSPICIOUS", style="bold yellow")
+        return Text("pass" + (" (cached)" if r.cached else ""), style="green")
+    if r.status == "refused":
+        return Text("refused", style="bold red")
+    return Text("error", style="bold red")
+
+
+def _details(report: VerifyReport) -> list[Any]:
+    """Each row's refusals, warnings and error, naming its ``#`` and placement."""
+    from orchestrator.render import labelled, problem
+
     details: list[Any] = []
     for n, r in enumerate(report.results, 1):
         where = f"#{n} {_placement(r)}"
@@ -187,29 +212,33 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
             details.append(labelled("warning:", f"{where}: {warning}", style="bold yellow"))
         if r.error:
             details.append(labelled("error:", f"{where}: {r.error}", style="bold red"))
-    if details:
-        sections.append(Group(*details))
-    tail: list[Any] = [
+    return details
+
+
+def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
+    """The dim lines at the end: not considered, gate time, evidence, the plan now."""
+    from orchestrator.render import labelled
+
+    notes: list[Any] = [
         labelled("not considered:", f"{s['stage']} · {s['device']}: {s['why']}", style="dim")
         for s in report.skipped
     ]
     timed = [r for r in report.results if r.verify_s is not None and not r.cached]
     if timed:
-        tail.append(labelled(
+        notes.append(labelled(
             "gate time:",
             "; ".join(f"{r.stage} · {r.device} · {r.backend} {r.verify_s:.1f} s" for r in timed)
             + " (excluding interpreter start)",
             style="dim",
         ))
-    tail.append(labelled("evidence:", report.evidence_dir, style="dim"))
+    notes.append(labelled("evidence:", report.evidence_dir, style="dim"))
     for name, s in plan_summary["stages"].items():
         if s["device"]:
             now = f"{name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}"
         else:
             now = f"{name} refused (see omni-edge plan)"
-        tail.append(labelled("plan now:", now, style="dim"))
-    sections.append(Group(*tail))
-    return spaced(sections)
+        notes.append(labelled("plan now:", now, style="dim"))
+    return notes
 
 
 def _print_report(report: VerifyReport, plan_summary: dict[str, Any], console: Console) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
-from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.errors import RefusalCode
 from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.backends import backend as backend_row
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
@@ -342,13 +342,13 @@ def probe_refusal(report: RouteReport, device: Device, backend_name: str) -> Ref
     where = f"{device.id} ({device.name}) with {backend_name}"
     if not report.reachable:
         return Refusal(
-            DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where}: route {report.name!r} is unreachable: {report.reason}",
             report.remedy or row.install,
         )
     if row.ep not in report.providers:
         return Refusal(
-            DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where}: route {report.name!r} ({report.python or sys.executable}; {report.runtime}) "
             f"offers {', '.join(report.providers) or 'no EP'}, not {row.ep}"
             + plugin_finding(row.ep, report.installed_plugins(), report.ep_devices),
@@ -383,10 +383,10 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
     route = profile.route(name)
     where = f"{device.id} ({device.name}) with {backend_name}"
     if route is None:
-        return Refusal(DEVICE_UNREACHABLE, device.id, f"{where}: the profile defines no route {name!r}", "add it to routes[]")
+        return Refusal(RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where}: the profile defines no route {name!r}", "add it to routes[]")
     if profile.host.wsl and device.kind == "npu" and route.kind != "host-process":
         return Refusal(
-            DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where}: this process runs inside WSL2, where no NPU is exposed (Intel and AMD alike); "
             f"route {name!r} is a {route.kind} route on the Linux side",
             f"declare a host-process route whose python is a Windows-side python.exe with the EP "
@@ -394,7 +394,7 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
         )
     if not route.reachable:
         return Refusal(
-            DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where}: route {name!r} is unreachable: {route.reason or 'marked unreachable in the profile'}",
             route.remedy or row.install,
         )
@@ -402,7 +402,7 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
         finding = plugin_finding(
             row.ep, [p.model_dump() for p in route.plugin_eps or []], [d.model_dump() for d in route.ep_devices or []])
         return Refusal(
-            DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE, device.id,
             f"{where}: route {name!r} (onnxruntime {route.ort_version or '?'}) offers "
             f"{', '.join(route.providers) or 'no EP'}, not {row.ep}{finding}",
             f"{row.install}; then name that interpreter as the route of {backend_name} on {device.id}",

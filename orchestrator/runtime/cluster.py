@@ -197,106 +197,163 @@ def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver
     started here. Raises ``RuntimeError`` (with the address) when Ray cannot
     be started or reached.
 
-    Long (about 100 lines) because Ray's start-up settings, its token, its private temp
-    directory and the join of an existing cluster share one try/except that must undo each
-    partly-made step; the seams are those four steps, to be cut when Ray's forced globals are
-    isolated.
+    Ray allows one connection per process, so the connection is module state
+    (``_cluster``, counted by ``_users`` under ``_lock``): the first caller
+    makes it (:func:`_connect`), later ones share it, and :func:`release`
+    ends it when the last user goes.
     """
     global _cluster, _users
     with _lock:
-        if _cluster is not None:
-            _users += 1
-            return _cluster
-        for key, value in RAY_ENV.items():
-            os.environ.setdefault(key, value)
-        if not address:
-            for key, value in LOOPBACK_ENV.items():
-                os.environ.setdefault(key, value)
-        import ray
-
-        auth_saved: dict[str, str | None] | None = None
-        if not address and not ray.is_initialized() and "RAY_AUTH_MODE" not in os.environ:
-            auth_saved = _fresh_token()
-
-        if not address and not ray.is_initialized():
-            # ray may have been imported before the variable was set; the
-            # constant is read at call time by the address lookup
-            from ray._private import ray_constants
-
-            ray_constants.ENABLE_RAY_CLUSTER = False
-
-        if ray.is_initialized():
-            # Someone else (a test fixture, the application) connected this process.
-            _cluster = Cluster(address=ray.get_runtime_context().gcs_address, owned=False, connected_here=False,
-                               started_s=0.0, driver_growth_bytes=0, resources=ray.cluster_resources())
-            _users = 1
-            return _cluster
-        rss0 = psutil.Process().memory_info().rss
-        before = set(descendants(os.getpid()))
-        t0 = time.perf_counter()
-        kwargs: dict[str, Any] = {
-            "include_dashboard": False,
-            "logging_level": logging.WARNING,
-            "log_to_driver": log_to_driver,
-            "configure_logging": True,
-        }
-        # ray.init replaces the driver's SIGTERM handler (with sys.exit, then a
-        # native one that dumps a stack): a Python handler the caller installed
-        # (the CLI's: close, write the record, exit 143) is put back afterwards.
-        on_main = threading.current_thread() is threading.main_thread()
-        term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
-        temp_dir = None if address else _private_temp_dir()
-        try:
-            if address:
-                ray.init(address=address, **kwargs)
-            else:
-                assert temp_dir is not None
-                ray.init(
-                    address="local",
-                    object_store_memory=OBJECT_STORE_BYTES,
-                    resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
-                    _temp_dir=os.path.join(temp_dir, "r"),
-                    **kwargs,
-                )
-        except BaseException:
-            if auth_saved is not None:
-                _restore_auth(auth_saved)
-            if temp_dir is not None:
-                _remove_temp_dir(temp_dir)
-            raise
-        if on_main and callable(term_handler):
-            signal.signal(signal.SIGTERM, term_handler)
-        gcs = ray.get_runtime_context().gcs_address
-        listening: list[str] = []
-        if address:
-            listening = cluster_addresses(gcs)
-            problem = auth_problem(a.rsplit(":", 1)[0] for a in listening)
-            log.warning("joined the Ray cluster at %s; it listens on %s", gcs, ", ".join(listening))
-            if problem:
-                ray.shutdown()
-                raise RuntimeError(problem)
-        if not address and not gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
-            ray.shutdown()
-            if temp_dir is not None:
-                _remove_temp_dir(temp_dir)
-            raise RuntimeError(
-                f"the local Ray cluster came up on {gcs}, not on loopback; refusing to use it "
-                "(set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before anything imports ray)"
-            )
-        _cluster = Cluster(
-            auth_saved=auth_saved,
-            address=address or gcs,
-            owned=not address,
-            started_s=time.perf_counter() - t0,
-            driver_growth_bytes=max(0, psutil.Process().memory_info().rss - rss0),
-            resources=ray.cluster_resources(),
-            node_pids=[p for p in descendants(os.getpid()) if p not in before] if not address else [],
-            listening=listening,
-            temp_dir=temp_dir,
-        )
-        _users = 1
-        log.info("ray %s at %s in %.1f s", "started" if _cluster.owned else "joined", _cluster.address, _cluster.started_s)
+        if _cluster is None:
+            _cluster = _connect(devices, address, log_to_driver)
+            _users = 0
+        _users += 1
         return _cluster
+
+
+def _connect(devices: Iterable[str], address: str | None, log_to_driver: bool) -> Cluster:
+    """The connection :func:`connect` shares: adopted when someone else already
+    connected this process, else made by ``ray.init`` and checked (a joined
+    cluster's auth, a local one's loopback). Undoes what it set up when it fails."""
+    auth_saved = _prepare_process_for_ray(address)
+    import ray
+
+    if ray.is_initialized():
+        # Someone else (a test fixture, the application) connected this process.
+        return Cluster(address=ray.get_runtime_context().gcs_address, owned=False, connected_here=False,
+                       started_s=0.0, driver_growth_bytes=0, resources=ray.cluster_resources())
+    rss0 = psutil.Process().memory_info().rss
+    before = set(descendants(os.getpid()))
+    t0 = time.perf_counter()
+    temp_dir = None if address else _private_temp_dir()
+    try:
+        _ray_init(devices, address, log_to_driver, temp_dir)
+    except BaseException:
+        if auth_saved is not None:
+            _restore_auth(auth_saved)
+        if temp_dir is not None:
+            _remove_temp_dir(temp_dir)
+        raise
+    gcs = ray.get_runtime_context().gcs_address
+    listening = _check_joined(gcs) if address else []
+    if not address:
+        _check_loopback(gcs, temp_dir)
+    cluster = Cluster(
+        auth_saved=auth_saved,
+        address=address or gcs,
+        owned=not address,
+        started_s=time.perf_counter() - t0,
+        driver_growth_bytes=max(0, psutil.Process().memory_info().rss - rss0),
+        resources=ray.cluster_resources(),
+        node_pids=[p for p in descendants(os.getpid()) if p not in before] if not address else [],
+        listening=listening,
+        temp_dir=temp_dir,
+    )
+    log.info("ray %s at %s in %.1f s", "started" if cluster.owned else "joined", cluster.address, cluster.started_s)
+    return cluster
+
+
+def _prepare_process_for_ray(address: str | None) -> dict[str, str | None] | None:
+    """The process-wide state Ray reads instead of taking arguments, set before ``ray.init``.
+
+    Ray forces these, which is why they live here and nowhere else:
+
+    * **Environment variables** (:data:`RAY_ENV`; :data:`LOOPBACK_ENV` for a cluster
+      started here): the GCS, the raylet and the workers read their settings from
+      the environment they inherit, so there is no per-call way to pass them.
+      ``setdefault``: what the user set wins.
+    * **Token authentication** (:func:`_fresh_token`) for a cluster started here,
+      unless the user set ``RAY_AUTH_MODE``: also environment only. Returns the
+      settings it replaced (put back when the cluster shuts down or fails to
+      start), or None when it changed nothing.
+    * **The patch of ``ray._private.ray_constants.ENABLE_RAY_CLUSTER``.** Ray reads
+      ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when ``ray_constants`` is first
+      imported; if anything imported ray before this module set the variable, the
+      constant still says "cluster mode" and Ray binds to the machine's IP. The
+      constant itself is read at call time (``services.get_node_ip_address``), so
+      setting it to False is what puts a cluster started here on 127.0.0.1. A
+      private attribute: a Ray upgrade that moves it fails the loopback check in
+      :func:`_check_loopback`, never silently.
+
+    Nothing is changed when joining an existing cluster (``address``) or when this
+    process is already connected: that cluster's settings are its own.
+    """
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    if not address:
+        for key, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(key, value)
+    import ray
+
+    if address or ray.is_initialized():
+        return None
+    auth_saved = None if "RAY_AUTH_MODE" in os.environ else _fresh_token()
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    return auth_saved
+
+
+def _ray_init(devices: Iterable[str], address: str | None, log_to_driver: bool, temp_dir: str | None) -> None:
+    """``ray.init``: join ``address``, or start a local cluster (bounded object store,
+    one resource per device, Ray's files under the private ``temp_dir``).
+
+    ``ray.init`` replaces the driver's SIGTERM handler (with sys.exit, then a
+    native one that dumps a stack): a Python handler the caller installed (the
+    CLI's: close, write the record, exit 143) is put back afterwards."""
+    import ray
+
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "log_to_driver": log_to_driver,
+        "configure_logging": True,
+    }
+    on_main = threading.current_thread() is threading.main_thread()
+    term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        assert temp_dir is not None
+        ray.init(
+            address="local",
+            object_store_memory=OBJECT_STORE_BYTES,
+            resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
+            _temp_dir=os.path.join(temp_dir, "r"),
+            **kwargs,
+        )
+    if on_main and callable(term_handler):
+        signal.signal(signal.SIGTERM, term_handler)
+
+
+def _check_joined(gcs: str) -> list[str]:
+    """The addresses a joined cluster listens on (logged); disconnects and raises
+    ``RuntimeError`` when it is reachable from other hosts without token auth."""
+    import ray
+
+    listening = cluster_addresses(gcs)
+    problem = auth_problem(a.rsplit(":", 1)[0] for a in listening)
+    log.warning("joined the Ray cluster at %s; it listens on %s", gcs, ", ".join(listening))
+    if problem:
+        ray.shutdown()
+        raise RuntimeError(problem)
+    return listening
+
+
+def _check_loopback(gcs: str, temp_dir: str | None) -> None:
+    """A cluster started here that did not come up on loopback is stopped, its
+    private directory removed, and ``RuntimeError`` raised: never used."""
+    import ray
+
+    if gcs.startswith(("127.", "[::1]", "[::ffff:127.")):
+        return
+    ray.shutdown()
+    if temp_dir is not None:
+        _remove_temp_dir(temp_dir)
+    raise RuntimeError(
+        f"the local Ray cluster came up on {gcs}, not on loopback; refusing to use it "
+        "(set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before anything imports ray)"
+    )
 
 
 def cluster_addresses(gcs: str) -> list[str]:

@@ -21,11 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import (
-    EXECUTION_PROVIDER_DECLINED_GRAPH,
-    NUMERIC_GATE_FAILED,
-    VerificationError,
-)
+from orchestrator.errors import RefusalCode, VerificationError
 from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.ort.sessions import RemoteError, Sessions
 from orchestrator.plan import Refusal
@@ -350,7 +346,7 @@ def judge(
                 f"export a graph without that construct, or {elsewhere}"
             )
         out.refusals.append(Refusal(
-            EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
+            RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
             f"{ep} could not build a session for {what}: {brief_error(str(cov.get('session_error')))}",
             remedy,
         ))
@@ -368,7 +364,7 @@ def judge(
                 if taken else ""  # with no node taken there is no partial offload to admit
             )
             out.refusals.append(Refusal(
-                EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
+                RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
                 f"{ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {what}; the minimum is "
                 f"{min_coverage:.0%}. Left to the CPU EP: {left}",
                 f"{scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
@@ -376,14 +372,14 @@ def judge(
             ))
     if num.get("error") and cov.get("source") != "session_error":
         out.refusals.append(Refusal(
-            NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {brief_error(str(num['error']))}",
+            RefusalCode.NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {brief_error(str(num['error']))}",
             f"{scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
             f"dtypes with the graph's inputs (the error names the one it refused), or {elsewhere}",
         ))
     for name, m in (num.get("outputs") or {}).items():
         if not m.get("shape_match", False):
             out.refusals.append(Refusal(
-                NUMERIC_GATE_FAILED, device_id,
+                RefusalCode.NUMERIC_GATE_FAILED, device_id,
                 f"{ep} output {name!r} of {what} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
                 + (" (missing from the outputs)" if m.get("missing") else ""),
                 f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}",
@@ -398,7 +394,7 @@ def judge(
             bad.append("cosine")
         if bad:
             out.refusals.append(Refusal(
-                NUMERIC_GATE_FAILED, device_id,
+                RefusalCode.NUMERIC_GATE_FAILED, device_id,
                 f"{ep} output {name!r} of {what} differs from the reference ({num.get('reference')}): "
                 f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
                 f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import DEVICE_UNREACHABLE, VerificationError
+from orchestrator.errors import RefusalCode, VerificationError
 from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
 from orchestrator.ort.routes import resolve, runtime_identity
 from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
@@ -197,7 +197,7 @@ def verify_placement(
     except RemoteError as exc:
         if exc.type_name == "ProviderUnavailable":
             refusal = Refusal(
-                DEVICE_UNREACHABLE, placement.device_id,
+                RefusalCode.DEVICE_UNREACHABLE, placement.device_id,
                 f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
                 "install the EP's onnxruntime build in that route, or name a route that has it",
             )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from orchestrator import errors
+from orchestrator.errors import RefusalCode
 from orchestrator.ledger import Evidence, Reservation, holder_peak
 from orchestrator.packages import is_package_location, resolve_package_location
 from orchestrator.plan import Refusal
@@ -480,7 +481,7 @@ class ArDecodeKind(StageKind):
         if limit is not None and stage.max_model_len > limit:
             source = "its GGUF header's context_length" if info.kind == "gguf" else "max_position_embeddings in its config.json"
             out.append(Refusal(
-                errors.CONTEXT_EXCEEDS_MODEL, device.id,
+                RefusalCode.CONTEXT_EXCEEDS_MODEL, device.id,
                 f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
                 f"({source}: {info.path}); the engine would refuse it at load time",
                 f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
@@ -492,7 +493,7 @@ class ArDecodeKind(StageKind):
                     "reading them would get none)") if stage.model_stage == "thinker" else (
                     "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes")
             out.append(Refusal(
-                errors.MODEL_STAGE_UNSUPPORTED, device.id,
+                RefusalCode.MODEL_STAGE_UNSUPPORTED, device.id,
                 f"model_stage {stage.model_stage}: {backend} {what}",
                 f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
                 f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
@@ -504,7 +505,7 @@ class ArDecodeKind(StageKind):
             return out
         if stage.kv_cache_dtype in KV_BLOCK_TYPES:
             out.append(Refusal(
-                errors.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
+                RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
                 f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
                 "(it is llama.cpp's block type)",
                 f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
@@ -515,7 +516,7 @@ class ArDecodeKind(StageKind):
         if reason:
             usable = capabilities.supported_formats(backend, device)
             out.append(Refusal(
-                errors.WEIGHT_FORMAT_UNSUPPORTED, device.id,
+                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED, device.id,
                 f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
                 f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
             ))
@@ -523,7 +524,7 @@ class ArDecodeKind(StageKind):
         arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg)) if backend in VLLM_BACKENDS else None
         if arch:
             out.append(Refusal(
-                errors.MODEL_ARCHITECTURE_UNSUPPORTED, device.id,
+                RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED, device.id,
                 f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
                 "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
             ))
@@ -535,7 +536,7 @@ class ArDecodeKind(StageKind):
         a GGUF file, a cache type it does not hold here."""
         if stage.model_stage:
             return [Refusal(
-                errors.MODEL_STAGE_UNSUPPORTED, device.id,
+                RefusalCode.MODEL_STAGE_UNSUPPORTED, device.id,
                 f"model_stage {stage.model_stage}: {backend} runs a plain decoder's text, not an Omni sub-model",
                 f"list {'transformers-cpu' if device.kind == 'cpu' else 'transformers-cuda'} in stages.{stage.name}.backends, "
                 "or leave backends out so the planner tries it next")]
@@ -543,14 +544,14 @@ class ArDecodeKind(StageKind):
         reason = capabilities.format_refusal(backend, device, weight_format)
         if reason:
             return [Refusal(
-                errors.WEIGHT_FORMAT_UNSUPPORTED, device.id,
+                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED, device.id,
                 f"the checkpoint is {weight_format} ({info.path}) and {backend} cannot run it: {reason}",
                 f"point stages.{stage.name}.model at a GGUF build of this model (a .gguf file), or list vllm-cpu "
                 f"(vllm-cuda on an NVIDIA GPU) in stages.{stage.name}.backends to run this checkpoint",
             )]
         if stage.kv_cache_dtype not in LLAMACPP_KV_TYPES:
             return [Refusal(
-                errors.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
+                RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
                 f"kv_cache_dtype {stage.kv_cache_dtype}: {backend}'s KV cache here is f16 or q8_0",
                 f"set stages.{stage.name}.kv_cache_dtype to auto (f16), float16 or q8_0, or list a vLLM backend "
                 f"in stages.{stage.name}.backends for {stage.kv_cache_dtype}",

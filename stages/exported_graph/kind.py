@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrator.errors import NO_EXPORTED_GRAPH, ConfigError
+from orchestrator.errors import ConfigError, RefusalCode
 from orchestrator.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.ort import backends as ort_backends
 from orchestrator.packages import PACKAGE_SCHEME
@@ -278,7 +278,7 @@ class ExportedGraphKind(StageKind):
         missing = info.details.get("not_exported")
         if missing is not None:
             return [Refusal(
-                NO_EXPORTED_GRAPH, device.id,
+                RefusalCode.NO_EXPORTED_GRAPH, device.id,
                 f"{info.details['name']} is not exported: no graph to run on {device.id}; its weights would be "
                 f"{fmt_bytes(missing['weight_bytes'])} (evidence {missing['evidence']}: {missing['note']})",
                 missing["remedy"],
@@ -294,7 +294,7 @@ class ExportedGraphKind(StageKind):
                 why.append(f"{p}: {rule.reason}")
         runnable = ort_backends.runnable_precisions(backend, device.kind)
         return [Refusal(
-            NO_EXPORTED_GRAPH, device.id,
+            RefusalCode.NO_EXPORTED_GRAPH, device.id,
             f"{info.details['name']} has {', '.join(has)} graph(s) and the stage prefers {', '.join(cfg.precision)}, "
             f"but {backend} on {device.id} ({device.kind}) runs {', '.join(runnable)}"
             + (f" — {'; '.join(why)}" if why else ""),

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from exports import silero_vad
-from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH
+from orchestrator.errors import RefusalCode
 from orchestrator.ort.sessions import RemoteError
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
@@ -175,7 +175,7 @@ def test_the_plain_graph_is_a_named_refusal_on_openvino(tmp_path: Path, ov_host:
     result = verify_placement(placement(d), ov_host, store=store)
     assert result.status == "refused" and result.error is None
     (refusal,) = result.refusals
-    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert refusal.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
     assert refusal.message.startswith("OpenVINOExecutionProvider could not build a session for silero-vad-plain [fp32] on cpu")
     assert "CPU plug-in doesn't support Parameter operation with dynamic rank" in refusal.message
     assert "target_only" not in refusal.remedy and "failed to compile" in refusal.remedy

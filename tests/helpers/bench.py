@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from types import ModuleType
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def load_bench(name: str) -> ModuleType:

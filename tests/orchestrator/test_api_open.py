@@ -15,7 +15,7 @@ import pytest
 from orchestrator.api import Pipeline
 from orchestrator.errors import PlanRefused
 from orchestrator.units import GiB
-from tests.conftest import make_profile
+from tests.helpers.profiles import make_profile
 
 LOAD_S = 3.0
 """The echo voice's load time: long enough that a blocked event loop shows."""

@@ -20,7 +20,8 @@ from orchestrator.errors import BadRequest, ConfigError
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.units import GiB
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 CONFIG = REPO / "configs" / "voice-assistant.yaml"
 pytest.importorskip("transformers")

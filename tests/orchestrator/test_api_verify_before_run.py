@@ -11,7 +11,7 @@ from orchestrator.api import unverified_stages, verify_then_replan
 from orchestrator.config import load_config
 from orchestrator.planner import plan_pipeline
 from orchestrator.probe import probe_profile
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 

@@ -22,7 +22,7 @@ from orchestrator.plan import PipelinePlan
 from orchestrator.planner import Candidate, candidate_key, plan_pipeline, stage_candidates
 from orchestrator.profile import HardwareProfile, load_profile
 from stages.registry import get_kind
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PROFILE = Path(__file__).parent / "calibration_data" / "laptop-16gb.json"
 CONFIG = REPO / "configs" / "voice-assistant.yaml"

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import errors
 from orchestrator.config import load_config
+from orchestrator.errors import RefusalCode
 from orchestrator.plan import PipelinePlan
 from orchestrator.planner import parse_mask, plan_pipeline
 from orchestrator.profile import (
@@ -83,9 +84,9 @@ def test_thinker_on_the_desktop_gpu_voice_on_the_laptop_npu(cluster: HardwarePro
 def test_mask_a_whole_node(cluster: HardwareProfile) -> None:
     plan = _plan(cluster, ("desktop",))
     codes = {(r.device, r.code) for r in plan.stage("thinker").refusals}
-    assert ("desktop/gpu:0", errors.NO_RUNNABLE_DEVICE) in codes and ("desktop/cpu", errors.NO_RUNNABLE_DEVICE) in codes
+    assert ("desktop/gpu:0", RefusalCode.NO_RUNNABLE_DEVICE) in codes and ("desktop/cpu", RefusalCode.NO_RUNNABLE_DEVICE) in codes
     # the laptop runs native Windows: vLLM cannot run there, llama.cpp can (the thinker's first choice on a CPU)
-    assert any(r.device == "laptop/cpu" and r.code == errors.DEVICE_UNREACHABLE and "vllm-cpu" in r.message
+    assert any(r.device == "laptop/cpu" and r.code == RefusalCode.DEVICE_UNREACHABLE and "vllm-cpu" in r.message
                for r in plan.stage("thinker").refusals)
     assert plan.admitted and (plan.stage("thinker").device, plan.stage("thinker").backend) == ("laptop/cpu", "llamacpp-cpu")
     plan = _plan(cluster, ("laptop",))
@@ -118,7 +119,7 @@ def test_host_ram_is_checked_per_node(cluster: HardwareProfile) -> None:
     small = _shrunk(cluster, {"laptop": 2 * 2**30, "desktop": 48103633715})
     plan = _plan(small)
     assert plan.admitted and plan.stage("voice").device == "desktop/cpu"
-    refused = [r for r in plan.stage("voice").refusals if r.code == errors.BUDGET_EXCEEDS_DEVICE]
+    refused = [r for r in plan.stage("voice").refusals if r.code == RefusalCode.BUDGET_EXCEEDS_DEVICE]
     assert refused and all(r.device.startswith("laptop/") and "on laptop: " in r.message and "host_ram" in r.message
                            for r in refused)
 
@@ -129,7 +130,7 @@ def test_refused_when_neither_node_fits_naming_each_nodes_shortfall(cluster: Har
     assert not plan.admitted
     voice = plan.stage("voice")
     assert not voice.admitted
-    short = {r.device: r.message for r in voice.refusals if r.code == errors.BUDGET_EXCEEDS_DEVICE}
+    short = {r.device: r.message for r in voice.refusals if r.code == RefusalCode.BUDGET_EXCEEDS_DEVICE}
     assert {"laptop/npu:0", "desktop/cpu"} <= set(short)
     assert short["laptop/npu:0"].startswith("on laptop: voice needs") and "short)" in short["laptop/npu:0"]
     assert short["desktop/cpu"].startswith("on desktop: voice needs") and "short)" in short["desktop/cpu"]

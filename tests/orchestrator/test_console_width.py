@@ -33,7 +33,7 @@ from rich.cells import cell_len
 from orchestrator.cli import build_parser, main
 from orchestrator.console import WIDTH_WHEN_PIPED, make_console, output_width
 from orchestrator.plan import PipelinePlan, Refusal, Verification
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.generated import int8_voice_refused
 
 NARROW = 80

@@ -16,7 +16,7 @@ from orchestrator.plan import PipelinePlan
 from orchestrator.planner import plan_pipeline
 from orchestrator.profile import HardwareProfile, load_profile
 from orchestrator.render import plan_table
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 DECODE, OTHER = Pool(DECODE_WEIGHT), Pool(OTHER_WEIGHT)
 DEFAULT = REPO / "configs/voice-assistant.yaml"

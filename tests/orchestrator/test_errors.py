@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pickle
 
-from orchestrator.errors import REFUSAL_CODES, ConfigError, StageFailed
+from orchestrator.errors import ConfigError, RefusalCode, StageFailed
 
 
 def test_stage_failed_survives_pickling_with_its_fields():
@@ -17,17 +17,17 @@ def test_config_error_prints_where_what_and_fix():
 
 
 def test_refusal_codes_are_unique_and_include_the_contract_ones():
-    assert len(set(REFUSAL_CODES)) == len(REFUSAL_CODES)
+    assert len(RefusalCode.__members__) == len(set(RefusalCode))
     assert {"no_runnable_device", "weight_format_unsupported", "budget_exceeds_device", "config_unreadable",
             "no_exported_graph", "execution_provider_declined_graph", "numeric_gate_failed",
-            "device_unreachable_from_this_process"} <= set(REFUSAL_CODES)
+            "device_unreachable_from_this_process"} <= set(RefusalCode)
 
 
 def test_every_refusal_code_is_documented_and_every_documented_code_exists():
     import re
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     table = (REPO / "docs" / "refusals.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M))
-    assert documented == set(REFUSAL_CODES)
+    assert documented == set(RefusalCode)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 FIXTURES = Path(__file__).parent / "vllm_omni_fixtures"
 GOLDEN = FIXTURES / "golden"

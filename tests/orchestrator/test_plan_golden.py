@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 GOLDEN = Path(__file__).parent / "golden_plans"
 GENERATED_GRAPHS = {"asr-only.yaml", "voice-chat.yaml", "voice-and-embed.yaml", "voice-on-npu.yaml",

@@ -6,12 +6,14 @@ import json
 import re
 from pathlib import Path
 
-from orchestrator import errors
 from orchestrator.config import load_config
+from orchestrator.errors import RefusalCode
 from orchestrator.plan import PipelinePlan
 from orchestrator.planner import plan_pipeline
 from orchestrator.units import GiB, MiB
-from tests.conftest import REPO, llama_config, make_profile, write_checkpoint
+from tests.helpers import REPO
+from tests.helpers.checkpoints import llama_config, write_checkpoint
+from tests.helpers.profiles import make_profile
 
 RTX5090 = {"id": "gpu:0", "kind": "gpu", "name": "NVIDIA GeForce RTX 5090 Laptop GPU", "vendor": "nvidia",
            "memory_bytes": 24 * GiB, "compute_capability": "12.0", "backends": ["vllm-cuda", "ort-cuda"]}
@@ -46,7 +48,7 @@ def test_int8_on_compute_capability_12_is_refused_and_the_cpu_admits_it(tmp_path
     stage = plan.stage("thinker")
     assert plan.admitted and stage.device == "cpu" and stage.backend == "vllm-cpu"
     [refusal] = [r for r in stage.refusals if r.device == "gpu:0"]
-    assert refusal.code == errors.WEIGHT_FORMAT_UNSUPPORTED
+    assert refusal.code == RefusalCode.WEIGHT_FORMAT_UNSUPPORTED
     assert "int8" in refusal.message and "compute capability 12.0" in refusal.message
     assert "scaled_mm" in refusal.message
     assert "fp8" in refusal.remedy and "bf16" in refusal.remedy
@@ -66,7 +68,7 @@ def test_weights_fit_but_weights_plus_kv_do_not(tmp_path):
     plan = plan_pipeline(load_config(config(tmp_path, ckpt, devices="[gpu:0]", max_model_len=32768)), profile)
     assert not plan.admitted
     [refusal] = plan.stage("thinker").refusals
-    assert refusal.code == errors.BUDGET_EXCEEDS_DEVICE
+    assert refusal.code == RefusalCode.BUDGET_EXCEEDS_DEVICE
     assert "vram:gpu:0" in refusal.message
     assert "weights 4.00 GiB" in refusal.message and "kv_cache 4.00 GiB" in refusal.message
     fits = int(re.search(r"max_model_len (\d+) \(instead of 32768\)", refusal.remedy).group(1))
@@ -88,7 +90,7 @@ def test_preference_order_and_mask(tmp_path, tiny_checkpoint):
     masked = plan_pipeline(cfg, profile, mask=frozenset({"gpu"}))
     stage = masked.stage("thinker")
     assert stage.device == "cpu"
-    assert stage.refusals[0].code == errors.NO_RUNNABLE_DEVICE and "--mask" in stage.refusals[0].message
+    assert stage.refusals[0].code == RefusalCode.NO_RUNNABLE_DEVICE and "--mask" in stage.refusals[0].message
 
 
 def test_unreachable_route_is_refused_with_its_remedy(tmp_path, tiny_checkpoint):
@@ -98,7 +100,7 @@ def test_unreachable_route_is_refused_with_its_remedy(tmp_path, tiny_checkpoint)
     stage = plan_pipeline(load_config(config(tmp_path, tiny_checkpoint)), profile).stage("thinker")
     assert stage.device == "cpu"
     [r] = stage.refusals
-    assert r.code == errors.DEVICE_UNREACHABLE
+    assert r.code == RefusalCode.DEVICE_UNREACHABLE
     assert "no interop from this container" in r.message and r.remedy == "run omni-edge natively on Windows"
 
 
@@ -108,7 +110,7 @@ def test_qwen3_with_mixed_sliding_layers_is_refused_everywhere(tmp_path):
     plan = plan_pipeline(load_config(config(tmp_path, ckpt)), make_profile(RTX4090))
     assert not plan.admitted
     codes = {(r.device, r.code) for r in plan.stage("thinker").refusals}
-    assert codes == {("gpu:0", errors.MODEL_ARCHITECTURE_UNSUPPORTED), ("cpu", errors.MODEL_ARCHITECTURE_UNSUPPORTED)}
+    assert codes == {("gpu:0", RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED), ("cpu", RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED)}
     assert "Sliding window for some but all layers is not supported" in plan.stage("thinker").refusals[0].message
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.audio import resample
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.serve import ServeProcess
 
 openai = pytest.importorskip("openai")

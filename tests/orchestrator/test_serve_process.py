@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.units import GiB
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
 from tests.helpers.echo import REPLY
+from tests.helpers.profiles import make_profile
 from tests.helpers.serve import ServeProcess
 
 httpx = pytest.importorskip("httpx")

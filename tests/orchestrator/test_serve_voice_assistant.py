@@ -28,7 +28,7 @@ import pytest
 
 from orchestrator.runtime.audio import rms_dbfs
 from stages.text_chunks import SentenceChunker
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.serve import ServeProcess
 
 openai = pytest.importorskip("openai")

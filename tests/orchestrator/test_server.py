@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.units import GiB
-from tests.conftest import make_profile
 from tests.helpers.echo import REPLY
+from tests.helpers.profiles import make_profile
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")

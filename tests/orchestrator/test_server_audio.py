@@ -98,7 +98,7 @@ def test_a_recording_that_cannot_be_heard_as_sent_is_a_400_naming_where(
 def served(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from orchestrator.api import Pipeline
     from orchestrator.server import create_app
-    from tests.conftest import REPO
+    from tests.helpers import REPO
     from tests.orchestrator.test_server import _Served
 
     if importlib.util.find_spec("silero_vad") is None:

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator import errors
 from orchestrator.config import load_config
+from orchestrator.errors import RefusalCode
 from orchestrator.planner import plan_pipeline
 from orchestrator.units import GiB, MiB, fmt_bytes
-from tests.conftest import llama_config, make_profile, write_checkpoint
+from tests.helpers.checkpoints import llama_config, write_checkpoint
+from tests.helpers.profiles import make_profile
 
 onnx = pytest.importorskip("onnx")
 
@@ -81,7 +82,7 @@ def test_three_stages_that_fit_alone_are_refused_together(tmp_path, monkeypatch)
         stage = plan.stage(name)
         assert not stage.admitted
         [refusal] = stage.refusals
-        assert refusal.code == errors.BUDGET_EXCEEDS_DEVICE
+        assert refusal.code == RefusalCode.BUDGET_EXCEEDS_DEVICE
         assert "host_ram cannot hold every stage placed on it" in refusal.message
         for other, other_share in shares.items():
             assert f"{other} {fmt_bytes(other_share)}" in refusal.message

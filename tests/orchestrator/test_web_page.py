@@ -39,7 +39,7 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 OUTPUT = REPO / "test-output"
 """Where the screenshots go (gitignored)."""

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.orchestrator.test_web_page import (
     CHROMIUM_ARGS,
     _chromium,

@@ -18,7 +18,8 @@ from orchestrator.planner import plan_pipeline
 from orchestrator.units import MiB
 from stages import registry
 from stages.registry import ENTRY_POINT_GROUP, get_kind, known_kinds, register
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 pytest.importorskip("omni_edge_testkinds", reason="the test kinds' plugin is missing: run scripts/bootstrap.sh")
 

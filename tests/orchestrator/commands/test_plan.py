@@ -9,7 +9,8 @@ from pathlib import Path
 
 from orchestrator.cli import main
 from orchestrator.units import GiB
-from tests.conftest import REPO, llama_config, write_checkpoint
+from tests.helpers import REPO
+from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE = {
     "format": "omni-edge.profile/1", "name": "cli box",

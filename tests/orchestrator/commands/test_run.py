@@ -16,7 +16,8 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.runtime.audio import read_wav, rms_dbfs
 from orchestrator.units import GiB
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 ECHO = """name: echo-cli
 stages:

@@ -14,7 +14,8 @@ from orchestrator.api import audio_request
 from orchestrator.cli import main
 from orchestrator.errors import BadRequest
 from orchestrator.runtime.audio import write_wav
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 VOICE_CHAT = REPO / "configs/examples/voice-chat.yaml"
 

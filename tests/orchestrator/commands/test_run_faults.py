@@ -23,7 +23,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.runtime import audio as audio_mod
 from orchestrator.runtime.runtime import Runtime
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.orchestrator.commands.test_run import write
 
 

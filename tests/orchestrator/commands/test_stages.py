@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytest.importorskip("omni_edge_testkinds", reason="the test kinds' plugin is missing: run scripts/bootstrap.sh")
 BROKEN_INSTALLED = any(ep.name == "broken_import" for ep in entry_points(group="omni_edge.stage_kinds"))

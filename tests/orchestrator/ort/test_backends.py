@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NO_EXPORTED_GRAPH
+from orchestrator.errors import RefusalCode
 from orchestrator.ort.backends import keyed_options
 from orchestrator.profile import HardwareProfile, load_profile
 from orchestrator.verify.evidence import EvidenceStore
@@ -85,7 +85,7 @@ def test_vitisai_refuses_an_fp32_only_artifact_as_no_exported_graph(tmp_path: Pa
     npu = profile.device("npu:0")
     assert npu is not None
     (refusal,) = kind.check(cfg, kind.describe(cfg), npu, "ort-vitisai")
-    assert refusal.code == NO_EXPORTED_GRAPH
+    assert refusal.code == RefusalCode.NO_EXPORTED_GRAPH
     assert "fp32only has fp32 graph(s)" in refusal.message
     assert "ort-vitisai on npu:0 (npu) runs int8, bf16" in refusal.message
     assert "no fp32 datapath" in refusal.message
@@ -241,7 +241,7 @@ def test_the_planner_reads_evidence_and_refuses_on_failed_evidence(artifact: Pat
     assert voice.device == "igpu:0"
     assert voice.verification.status == "verified" and voice.verification.evidence.startswith("M ")  # type: ignore[union-attr]
     (refusal,) = [r for r in voice.refusals if r.device == "npu:0"]
-    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert refusal.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
     assert "took 0 of 2 nodes (0.0%)" in refusal.message and "Gemm×2" in refusal.message
 
 

@@ -27,7 +27,7 @@ from orchestrator.ort.hostproc import PathTranslationError, route_kind_for, tran
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
 from orchestrator.profile import Route, load_profile
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
 from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
 

@@ -38,7 +38,7 @@ from orchestrator.planner import plan_pipeline
 from orchestrator.probe import _with_backends, ep_discovered_devices
 from orchestrator.profile import THIS_PROCESS, Device, HardwareProfile, Host, Route, parse_profile
 from orchestrator.units import GiB
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 DATA = Path(__file__).parent / "ep_devices"
 HERE = ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import DEVICE_UNREACHABLE
+from orchestrator.errors import RefusalCode
 from orchestrator.ort.routes import (
     probe_refusal,
     probe_route,
@@ -37,7 +37,7 @@ def test_this_interpreter_lacks_the_openvino_ep_and_is_refused_with_its_remedy()
     assert "CPUExecutionProvider" in report.providers
     refusal = probe_refusal(report, device, "ort-openvino")
     assert refusal is not None
-    assert refusal.code == DEVICE_UNREACHABLE
+    assert refusal.code == RefusalCode.DEVICE_UNREACHABLE
     assert "not OpenVINOExecutionProvider" in refusal.message
     assert f"onnxruntime=={report.ort_version}" in refusal.message
     assert "python -m venv .venvs/openvino" in refusal.remedy
@@ -70,7 +70,7 @@ def test_missing_interpreter_is_unreachable_with_the_venv_to_create(tmp_path: Pa
     device = profile.device("cpu")
     assert device is not None
     refusal = probe_refusal(report, device, "ort-openvino")
-    assert refusal is not None and refusal.code == DEVICE_UNREACHABLE
+    assert refusal is not None and refusal.code == RefusalCode.DEVICE_UNREACHABLE
     assert "route 'npu-env' is unreachable" in refusal.message
 
 
@@ -95,7 +95,7 @@ def test_npu_from_inside_wsl2_is_unreachable_without_a_host_process_route() -> N
     npu = profile.device("npu:0")
     assert npu is not None
     refusal = static_refusal(profile, npu, "ort-vitisai")
-    assert refusal is not None and refusal.code == DEVICE_UNREACHABLE
+    assert refusal is not None and refusal.code == RefusalCode.DEVICE_UNREACHABLE
     assert "inside WSL2" in refusal.message
     assert "python.exe" in refusal.remedy and "natively on Windows" in refusal.remedy
     # The GPU is reachable from WSL (CUDA on WSL): no refusal.

@@ -191,7 +191,7 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
 
     from orchestrator.ort.backends import session_spec
     from stages.exported_graph.artifact import load_artifact
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     artifact = load_artifact(REPO / "exports" / "silero-vad-op18")
     graph = str(artifact.resolve(artifact.manifest.precisions["fp32"]))

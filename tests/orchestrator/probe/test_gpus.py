@@ -119,7 +119,7 @@ def test_torch_answer_is_parsed() -> None:
 def test_bootstrap_on_a_cuda_host_installs_vllm_and_nvml(tmp_path: Path) -> None:
     import subprocess
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

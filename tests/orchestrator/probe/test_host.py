@@ -16,7 +16,7 @@ from orchestrator.commands.probe import parse_route_arg
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import host, probe_profile
 from orchestrator.profile import Route, load_profile, parse_profile
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"
 GiB = 2**30

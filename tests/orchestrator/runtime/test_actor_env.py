@@ -12,7 +12,7 @@ from orchestrator.planner import plan_pipeline
 from orchestrator.profile import load_profile
 from orchestrator.runtime.runtime import Runtime
 from stages.registry import get_kind
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 DEFAULT = REPO / "configs/voice-assistant.yaml"
 

@@ -14,7 +14,7 @@ from orchestrator import calibration as cal
 from orchestrator.api import Pipeline
 from orchestrator.runtime import record as rec
 from orchestrator.units import GiB, MiB
-from tests.conftest import make_profile
+from tests.helpers.profiles import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

@@ -36,7 +36,7 @@ import psutil
 import pytest
 
 from orchestrator.runtime.cluster import auth_problem, node_start_resources
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

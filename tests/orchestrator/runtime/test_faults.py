@@ -174,7 +174,8 @@ def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(
     from orchestrator.config import load_config
     from orchestrator.plan import StagePlan
     from orchestrator.planner import plan_pipeline
-    from tests.conftest import REPO, make_profile
+    from tests.helpers import REPO
+    from tests.helpers.profiles import make_profile
 
     config = load_config(REPO / "configs/voice-assistant.yaml")
     plan = plan_pipeline(config, make_profile())

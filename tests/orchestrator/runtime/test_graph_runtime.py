@@ -282,7 +282,8 @@ def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_clust
 
     from orchestrator.api import Pipeline
     from orchestrator.planner import plan_pipeline
-    from tests.conftest import REPO, make_profile
+    from tests.helpers import REPO
+    from tests.helpers.profiles import make_profile
 
     doc = yaml.safe_load((REPO / "configs/voice-assistant.yaml").read_text())
     doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"],

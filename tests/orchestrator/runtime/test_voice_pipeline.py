@@ -26,7 +26,7 @@ from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.runtime.audio import read_wav
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
 from stages.text_chunks import SentenceChunker
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

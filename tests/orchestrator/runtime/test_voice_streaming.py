@@ -23,7 +23,8 @@ from orchestrator.config import parse_config
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.audio import read_wav, rms_dbfs
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 pytestmark = [pytest.mark.ray, pytest.mark.ort]
 

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.verify.evidence import EVIDENCE_FORMAT, EvidenceKey, EvidenceStore
 from orchestrator.verify.gates import compare, judge
 from stages.exported_graph.artifact import Tolerance
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 KEY = EvidenceKey(
     artifact="voice", graph_sha256="a" * 64, reference_sha256="b" * 64, precision="fp32",

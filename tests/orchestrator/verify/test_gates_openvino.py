@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, NUMERIC_GATE_FAILED
+from orchestrator.errors import RefusalCode
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from tests.helpers.graphs import cpu_outputs, ort_own_counts, placement, write_artifact
@@ -82,7 +82,7 @@ def test_partly_taken_graph_reports_what_stayed_on_the_cpu(graph: str, left_on_c
 def test_a_partial_offload_below_the_minimum_names_the_minimum_in_the_remedy(artifacts: dict[str, Path], ov_host: Any, store: EvidenceStore) -> None:
     result = verify_placement(placement(artifacts["det"]), ov_host, store=store)
     (refusal,) = result.refusals
-    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert refusal.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
     assert "lower min_ep_coverage for this stage (now 0.5)" in refusal.remedy
     # The artifact has only an fp32 graph and the stage never set target_only: neither is offered.
     assert "precision" not in refusal.remedy.split("only, not the model and not fp32 in general.")[1]
@@ -99,7 +99,7 @@ def test_wholly_declined_graph_is_refused_although_get_providers_lists_the_ep(ar
     result = verify_placement(placement(artifacts["fp64_only"]), ov_host, store=store)
     assert OV in result.record["session_providers"]  # type: ignore[index]
     assert result.status == "refused"
-    (refusal,) = [r for r in result.refusals if r.code == EXECUTION_PROVIDER_DECLINED_GRAPH]
+    (refusal,) = [r for r in result.refusals if r.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH]
     assert refusal.device == "cpu"
     assert "OpenVINOExecutionProvider took 0 of 2 nodes (0.0%)" in refusal.message
     assert "the minimum is 50%" in refusal.message
@@ -120,7 +120,7 @@ def test_target_only_turns_cpu_fallback_into_a_failed_session(artifacts: dict[st
     result = verify_placement(p, ov_host, store=store)
     assert result.status == "refused"
     refusal = result.refusals[0]
-    assert refusal.code == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert refusal.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
     assert "could not build a session" in refusal.message
     assert "target_only: false" in refusal.remedy
 
@@ -134,7 +134,7 @@ def test_perturbed_reference_output_fails_the_numeric_gate_with_its_figures(tmp_
     result = verify_placement(placement(bad), ov_host, store=store)
     assert result.status == "refused"
     (refusal,) = result.refusals
-    assert refusal.code == NUMERIC_GATE_FAILED
+    assert refusal.code == RefusalCode.NUMERIC_GATE_FAILED
     measured = result.record["numeric"]["outputs"]["y"]  # type: ignore[index]
     assert measured["max_abs"] == pytest.approx(0.05, abs=1e-4)
     assert f"max abs {measured['max_abs']:.3g} (max 0.0001)" in refusal.message

@@ -21,7 +21,7 @@ import pytest
 from orchestrator.packages import resolve_package_location
 from stages.ar_decode import checkpoint as manifests
 from stages.ar_decode.checkpoint import file_stamp, gguf_header, parse_gguf_header, read_gguf
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 U32, F32, STRING, ARRAY, BOOL, U64 = 4, 6, 8, 9, 7, 10
 _FMT = {U32: "<I", F32: "<f", BOOL: "<?", U64: "<Q"}

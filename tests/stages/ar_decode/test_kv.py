@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stages.ar_decode.kv import kv_budget, layer_kinds, text_config
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MODELS = REPO / "configs" / "models"
 

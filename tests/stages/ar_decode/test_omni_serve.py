@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from exports import omni_tiny
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.omni_reference import Reference, reference
 from tests.helpers.serve import ServeProcess
 

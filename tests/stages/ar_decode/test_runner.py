@@ -17,7 +17,8 @@ from orchestrator.errors import StageFailed
 from orchestrator.plan import StagePlan
 from orchestrator.planner import plan_pipeline
 from stages.registry import get_kind
-from tests.conftest import REPO, make_profile
+from tests.helpers import REPO
+from tests.helpers.profiles import make_profile
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

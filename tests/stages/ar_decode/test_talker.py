@@ -16,7 +16,7 @@ from orchestrator.planner import plan_pipeline
 from orchestrator.profile import load_profile
 from stages.ar_decode.kv import decoder_weight_params, kv_budget, text_config
 from stages.registry import get_kind
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MODEL = REPO / "configs/models/qwen2.5-omni-3b"
 WSL = REPO / "configs/profiles/strix-point-rtx5090-wsl.json"

@@ -25,13 +25,14 @@ import pytest
 from exports import omni_tiny
 from orchestrator import errors
 from orchestrator.config import load_config
+from orchestrator.errors import RefusalCode
 from orchestrator.planner import plan_pipeline
 from orchestrator.profile import load_profile
 from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
 from stages.payloads import untag
 from stages.registry import get_kind
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.omni_reference import reference
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
@@ -113,7 +114,7 @@ def test_vllm_refuses_an_omni_sub_model_by_name_and_transformers_takes_it(model:
     for name in ("thinker", "talker"):
         s = doc[name]
         assert (s["device"], s["backend"]) == ("cpu", "transformers-cpu")
-        refusal = next(r for r in s["refusals"] if r["code"] == errors.MODEL_STAGE_UNSUPPORTED)
+        refusal = next(r for r in s["refusals"] if r["code"] == RefusalCode.MODEL_STAGE_UNSUPPORTED)
         assert refusal["device"] == "cpu" and f"model_stage {name}: vllm-cpu" in refusal["message"]
         assert f"list transformers-cpu in stages.{name}.backends" in refusal["remedy"]
         assert s["engine_kwargs"]["model_stage"] == name

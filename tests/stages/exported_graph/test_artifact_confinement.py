@@ -14,7 +14,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
 

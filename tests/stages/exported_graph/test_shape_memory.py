@@ -11,7 +11,7 @@ from stages.exported_graph.kind import (
     OPENVINO_RETAINED_PER_ITEM,
     ExportedGraphKind,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MiB = 2**20
 

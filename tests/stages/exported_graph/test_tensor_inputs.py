@@ -29,7 +29,7 @@ from orchestrator.planner import plan_pipeline
 from orchestrator.profile import parse_profile
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.kind import ExportedGraphKind
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.graphs import EMBEDDING, PROJECTED, cpu_outputs, write_artifact
 
 pytestmark = [pytest.mark.ort]

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.errors import BadRequest, ConfigError
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.graphs import EMBEDDING, PROJECTED, cpu_outputs, write_artifact
 
 pytestmark = [pytest.mark.ort]

@@ -20,7 +20,7 @@ from orchestrator.ort.sessions import ResolvedRoute
 from orchestrator.planner import plan_pipeline
 from stages.exported_graph.kind import ExportedGraphKind
 from stages.exported_graph.runner import WARMUP_TEXT, ExportedGraphRunner
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.helpers.graphs import K, machine_profile, write_artifact
 
 pytestmark = [pytest.mark.ort]

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config import parse_config
-from orchestrator.errors import EXECUTION_PROVIDER_DECLINED_GRAPH, BadRequest, ConfigError
+from orchestrator.errors import BadRequest, ConfigError, RefusalCode
 from orchestrator.ort import backends as ort_backends
 from orchestrator.planner import plan_pipeline
 from orchestrator.profile import HardwareProfile, parse_profile
@@ -165,7 +165,7 @@ def test_on_openvino_the_plain_graph_is_a_named_refusal_and_the_cpu_ep_runs_it(
     ov = results["ort-openvino"]
     assert ov["status"] == "refused"
     (refusal,) = ov["refusals"]
-    assert refusal["code"] == EXECUTION_PROVIDER_DECLINED_GRAPH
+    assert refusal["code"] == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
     assert "could not build a session for silero-vad [fp32] on cpu" in refusal["message"]
     assert "dynamic rank" in refusal["message"]
     assert "failed to compile" in refusal["remedy"] and "ort-cpu" in refusal["remedy"]
@@ -176,7 +176,7 @@ def test_on_openvino_the_plain_graph_is_a_named_refusal_and_the_cpu_ep_runs_it(
     assert main(["plan", str(config), "--profile", str(prof), "--json"]) == 0
     stage = json.loads(capsys.readouterr().out)["stages"][0]
     assert (stage["backend"], stage["verification"]["status"]) == ("ort-cpu", "verified")
-    assert EXECUTION_PROVIDER_DECLINED_GRAPH in json.dumps(stage)
+    assert RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH in json.dumps(stage)
 
 
 @needs_silero
