@@ -63,7 +63,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.errors import BadRequest, StageFailed
 from orchestrator.memory import RssMeter
@@ -442,187 +442,234 @@ class LlamaCppRunner(StageRunner):
         (``health()`` says ``engine_failed``), every request in flight gets it, and every later
         one is refused with it — never a thread gone quiet with requests waiting on it."""
         try:
-            self._steps()
+            _Engine(self).run()
         except BaseException as exc:  # the thread's end: nothing may escape it unreported
             self._failed = exc
             log.exception("%s: the llama.cpp engine thread stopped", self.plan.name)
             self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
 
-    def _steps(self) -> None:
-        lc, ctx, vocab = self._lc, self._ctx, self._vocab
+
+class _Engine:
+    """The engine thread's loop over one context: commands in, sequences admitted to free slots,
+    one ``llama_decode`` per step over every decoding sequence's next token and the prompt chunks
+    that fit, then each sequence's token sampled and its text handed to its request.
+
+    State: the batch's arrays (written in place each step, allocated once by ``llama_batch_init``),
+    the free sequences and the prompt each still holds in the KV cache (``cached``: prefix reuse),
+    the requests waiting for a sequence and the running ones (:class:`_Slot`)."""
+
+    def __init__(self, runner: LlamaCppRunner) -> None:
+        self.runner = r = runner
+        self.lc, self.ctx = r._lc, r._ctx
+        vocab = r._vocab
         assert vocab is not None
-        batch, n_batch = self._batch, self._n_batch
-        mem = lc.llama_get_memory(ctx)
-        # the batch's arrays, written in place each step (allocated once by llama_batch_init)
-        tokens: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.token.contents))
-        positions: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.pos.contents))
-        wants: Any = (ctypes.c_int8 * n_batch).from_address(ctypes.addressof(batch.logits.contents))
+        self.vocab = vocab
+        self.batch, self.n_batch = r._batch, r._n_batch
+        self.mem = self.lc.llama_get_memory(self.ctx)
+        batch, n_batch = self.batch, self.n_batch
+        self.tokens: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.token.contents))
+        self.positions: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.pos.contents))
+        self.wants: Any = (ctypes.c_int8 * n_batch).from_address(ctypes.addressof(batch.logits.contents))
         n_seq_ids: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.n_seq_id.contents))
-        seq_rows = [batch.seq_id[i] for i in range(n_batch)]
         n_seq_ids[:] = [1] * n_batch
-        decode, sample, eog = lc.llama_decode, lc.llama_sampler_sample, vocab.eog_ids
-        pieces: dict[int, bytes] = {}
-        n_seq = int(lc.llama_n_seq_max(ctx))
-        free = list(range(n_seq - 1, -1, -1))
-        cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
-        self._free_slots = len(free)
-        waiting: deque[tuple[_Request, list[int], dict[str, Any]]] = deque()
-        running: list[_Slot] = []
-        limit = self._seq_limit
-        busy = False
-        last_sample = 0.0
+        self.seq_rows = [batch.seq_id[i] for i in range(n_batch)]
+        self.pieces: dict[int, bytes] = {}
+        self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
+        self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
+        r._free_slots = len(self.free)
+        self.waiting: deque[tuple[_Request, list[int], dict[str, Any]]] = deque()
+        self.running: list[_Slot] = []
+        self.busy = False
+        self.last_sample = 0.0
 
-        def finish(slot: _Slot, reason: str | None) -> None:
-            # the prompt's cells stay for the next request that starts the same way (the
-            # system prompt and the template's head: PREFIX_REUSE); the reply's are freed
-            if PREFIX_REUSE and lc.llama_memory_seq_rm(mem, slot.seq, slot.fed, -1):
-                cached[slot.seq] = slot.prompt[:slot.fed]
-            else:
-                lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
-                cached.pop(slot.seq, None)
-            lc.llama_sampler_free(slot.chain)
-            running.remove(slot)
-            free.append(slot.seq)
-            self._free_slots = len(free)
-            req = slot.req
-            if reason is not None:  # None: aborted, nobody reads the queue
-                tail = slot.text.flush()
-                if tail:
-                    req.put(tail)
-                req.finished = time.perf_counter()
-                req.finish_reason = reason
-                req.put(_END)
-
+    def run(self) -> None:
+        """Steps until a ``stop`` command, or a decode error that stops the engine."""
+        r = self.runner
         while True:
+            if not self._commands():
+                return
+            self._admit()
+            if not self.running:
+                if self.busy:
+                    self.busy = False
+                    r._busy_growth = max(r._busy_growth, r._meter.window_growth)
+                continue
+            if not self.busy:
+                self.busy = True
+                r._meter.rebase()
+            n = self._schedule()
+            outcome = self._decode(n)
+            if outcome == "stop":
+                return
+            if outcome == "ok":
+                self._sample(time.perf_counter())
+
+    def finish(self, slot: _Slot, reason: str | None) -> None:
+        """End a sequence: ``reason`` to its request (None: aborted, nobody reads the queue); the
+        prompt's cells stay for the next request that starts the same way (the system prompt and
+        the template's head: PREFIX_REUSE), the reply's are freed."""
+        lc, mem = self.lc, self.mem
+        if PREFIX_REUSE and lc.llama_memory_seq_rm(mem, slot.seq, slot.fed, -1):
+            self.cached[slot.seq] = slot.prompt[:slot.fed]
+        else:
+            lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
+            self.cached.pop(slot.seq, None)
+        lc.llama_sampler_free(slot.chain)
+        self.running.remove(slot)
+        self.free.append(slot.seq)
+        self.runner._free_slots = len(self.free)
+        req = slot.req
+        if reason is not None:
+            tail = slot.text.flush()
+            if tail:
+                req.put(tail)
+            req.finished = time.perf_counter()
+            req.finish_reason = reason
+            req.put(_END)
+
+    def _commands(self) -> bool:
+        """Take the queued commands (waiting for one when idle): add, abort; False on stop."""
+        commands = self.runner._commands
+        try:
+            cmd: tuple[Any, ...] | None = commands.get(block=not self.running and not self.waiting)
+        except queue.Empty:
+            cmd = None
+        while cmd is not None:
+            if cmd[0] == "stop":
+                for slot in list(self.running):
+                    self.finish(slot, None)
+                return False
+            if cmd[0] == "add":
+                cmd[1].waited_for_slot = not self.free or bool(self.waiting)  # aborts before it have freed theirs
+                self.waiting.append(cmd[1:])
+            else:
+                self._abort(cmd[1])
             try:
-                cmd: tuple[Any, ...] | None = self._commands.get(block=not running and not waiting)
+                cmd = commands.get_nowait()
             except queue.Empty:
                 cmd = None
-            while cmd is not None:
-                if cmd[0] == "stop":
-                    for slot in list(running):
-                        finish(slot, None)
-                    return
-                if cmd[0] == "add":
-                    cmd[1].waited_for_slot = not free or bool(waiting)  # aborts before it have freed theirs
-                    waiting.append(cmd[1:])
-                else:  # abort
-                    target = cmd[1]
-                    for item in waiting:
-                        if item[0] is target:
-                            waiting.remove(item)
-                            break
-                    for slot in running:
-                        if slot.req is target:
-                            finish(slot, None)
-                            break
-                try:
-                    cmd = self._commands.get_nowait()
-                except queue.Empty:
-                    cmd = None
-            while waiting and free:
-                req, prompt, sampling = waiting.popleft()
-                try:
-                    chain, bias = self._chain(sampling, prompt)
-                except Exception as exc:
-                    req.put(StageFailed(self.plan.name, self.device,
-                                        f"llama.cpp refused the request's sampling: {type(exc).__name__}: {exc}"))
-                    continue
-                # the free sequence whose cached prompt shares the longest head with this one
-                seq, reuse = max(((q, _common_prefix(cached.get(q, ()), prompt)) for q in free),
-                                 key=lambda qr: qr[1])
-                free.remove(seq)
-                self._free_slots = len(free)
-                reuse = min(reuse, len(prompt) - 1) if PREFIX_REUSE else 0  # one token decoded at least
-                if reuse <= 0 or not lc.llama_memory_seq_rm(mem, seq, reuse, -1):
-                    lc.llama_memory_seq_rm(mem, seq, -1, -1)
-                    reuse = 0
-                cached.pop(seq, None)
-                slot = _Slot(seq, req, prompt, chain, bias, int(sampling.get("max_tokens") or 16),
-                             int(sampling.get("min_tokens") or 0))
-                slot.fed = slot.pos = req.reused_tokens = reuse
-                running.append(slot)
-            if not running:
-                if busy:
-                    busy = False
-                    self._busy_growth = max(self._busy_growth, self._meter.window_growth)
-                continue
-            if not busy:
-                busy = True
-                self._meter.rebase()
+        return True
 
-            # schedule: every decoding sequence's next token first, then prompt chunks in the room left
-            n = 0
-            for slot in running:
-                if slot.last >= 0:
-                    tokens[n], positions[n], wants[n] = slot.last, slot.pos, 1
-                    seq_rows[n][0] = slot.seq
-                    slot.out = n
-                    n += 1
-                else:
-                    slot.out = -1
-            for slot in running:
-                if slot.last >= 0 or n >= n_batch:
-                    continue
-                take = min(len(slot.prompt) - slot.fed, n_batch - n)
-                end = n + take
-                tokens[n:end] = slot.prompt[slot.fed:slot.fed + take]
-                positions[n:end] = range(slot.pos, slot.pos + take)
-                wants[n:end] = bytes(take)
-                for i in range(n, end):
-                    seq_rows[i][0] = slot.seq
-                slot.fed += take
-                slot.pos += take
-                if slot.fed == len(slot.prompt):
-                    wants[end - 1] = 1
-                    slot.out = end - 1
-                n = end
-            batch.n_tokens = n
-            rc = decode(ctx, batch)
-            if rc != 0:
-                if rc < 0 or rc == 2:
-                    self._failed = RuntimeError(f"llama_decode returned {rc}")
-                    log.error("%s: llama_decode returned %d (batch of %d tokens); the engine stops",
-                              self.plan.name, rc, n)
-                    self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
-                    for slot in list(running):
-                        finish(slot, None)
-                    return
-                # 1: no KV cells for this batch; the requests in it fail, the engine serves on
-                for slot in list(running):
-                    slot.req.put(StageFailed(self.plan.name, self.device,
-                                             "llama.cpp found no KV cache cells for the request (llama_decode 1)"))
-                    finish(slot, None)
+    def _abort(self, target: _Request) -> None:
+        for item in self.waiting:
+            if item[0] is target:
+                self.waiting.remove(item)
+                break
+        for slot in self.running:
+            if slot.req is target:
+                self.finish(slot, None)
+                break
+
+    def _admit(self) -> None:
+        """Waiting requests onto free sequences: the one whose cached prompt shares the longest head
+        with the request's, its cells kept up to there (one token decoded at least)."""
+        r, lc, mem = self.runner, self.lc, self.mem
+        while self.waiting and self.free:
+            req, prompt, sampling = self.waiting.popleft()
+            try:
+                chain, bias = r._chain(sampling, prompt)
+            except Exception as exc:
+                req.put(StageFailed(r.plan.name, r.device,
+                                    f"llama.cpp refused the request's sampling: {type(exc).__name__}: {exc}"))
                 continue
+            seq, reuse = max(((q, _common_prefix(self.cached.get(q, ()), prompt)) for q in self.free),
+                             key=lambda qr: qr[1])
+            self.free.remove(seq)
+            r._free_slots = len(self.free)
+            reuse = min(reuse, len(prompt) - 1) if PREFIX_REUSE else 0
+            if reuse <= 0 or not lc.llama_memory_seq_rm(mem, seq, reuse, -1):
+                lc.llama_memory_seq_rm(mem, seq, -1, -1)
+                reuse = 0
+            self.cached.pop(seq, None)
+            slot = _Slot(seq, req, prompt, chain, bias, int(sampling.get("max_tokens") or 16),
+                         int(sampling.get("min_tokens") or 0))
+            slot.fed = slot.pos = req.reused_tokens = reuse
+            self.running.append(slot)
+
+    def _schedule(self) -> int:
+        """Fill the batch: every decoding sequence's next token first, then prompt chunks in the
+        room left; each slot's ``out`` is its row with logits this step (-1: none). Rows used."""
+        tokens, positions, wants, rows = self.tokens, self.positions, self.wants, self.seq_rows
+        n = 0
+        for slot in self.running:
+            if slot.last >= 0:
+                tokens[n], positions[n], wants[n] = slot.last, slot.pos, 1
+                rows[n][0] = slot.seq
+                slot.out = n
+                n += 1
+            else:
+                slot.out = -1
+        for slot in self.running:
+            if slot.last >= 0 or n >= self.n_batch:
+                continue
+            take = min(len(slot.prompt) - slot.fed, self.n_batch - n)
+            end = n + take
+            tokens[n:end] = slot.prompt[slot.fed:slot.fed + take]
+            positions[n:end] = range(slot.pos, slot.pos + take)
+            wants[n:end] = bytes(take)
+            for i in range(n, end):
+                rows[i][0] = slot.seq
+            slot.fed += take
+            slot.pos += take
+            if slot.fed == len(slot.prompt):
+                wants[end - 1] = 1
+                slot.out = end - 1
+            n = end
+        return n
+
+    def _decode(self, n: int) -> Literal["ok", "skip", "stop"]:
+        """One ``llama_decode`` of ``n`` rows. 1 (no KV cells for this batch): its requests fail and
+        the engine serves on (``skip``); below 0 or 2: the engine stops (``stop``)."""
+        r = self.runner
+        self.batch.n_tokens = n
+        rc = self.lc.llama_decode(self.ctx, self.batch)
+        if rc == 0:
             now = time.perf_counter()
-            if now - last_sample >= BUSY_SAMPLE_INTERVAL_S:
-                self._meter.sample()
-                last_sample = now
+            if now - self.last_sample >= BUSY_SAMPLE_INTERVAL_S:
+                r._meter.sample()
+                self.last_sample = now
+            return "ok"
+        if rc < 0 or rc == 2:
+            r._failed = RuntimeError(f"llama_decode returned {rc}")
+            log.error("%s: llama_decode returned %d (batch of %d tokens); the engine stops", r.plan.name, rc, n)
+            r._fail_all(StageFailed(r.plan.name, r.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+            for slot in list(self.running):
+                self.finish(slot, None)
+            return "stop"
+        for slot in list(self.running):
+            slot.req.put(StageFailed(r.plan.name, r.device,
+                                     "llama.cpp found no KV cache cells for the request (llama_decode 1)"))
+            self.finish(slot, None)
+        return "skip"
 
-            for slot in list(running):
-                if slot.out < 0:
-                    continue
-                if slot.last >= 0:
-                    slot.pos += 1
-                token = sample(slot.chain, ctx, slot.out)
-                req = slot.req
-                if req.first_token is None:
-                    req.first_token = now
-                req.tokens += 1
-                slot.generated += 1
-                if slot.bias and slot.generated >= slot.min_tokens:
-                    lc.llama_sampler_free(lc.llama_sampler_chain_remove(slot.chain, 0))
-                    slot.bias = False
-                if token in eog:
-                    finish(slot, "stop")
-                    continue
-                piece = pieces.get(token)
-                if piece is None:
-                    piece = pieces[token] = vocab.piece(token)
-                text = slot.text.add(piece)
-                if text:
-                    req.put(text)
-                if slot.generated >= slot.max_tokens or slot.pos >= limit:
-                    finish(slot, "length")
-                else:
-                    slot.last = token
+    def _sample(self, now: float) -> None:
+        """Each sequence with logits this step: its token sampled, its text to its request, the
+        sequence finished at an end-of-generation token, ``max_tokens`` or the context's end."""
+        lc, eog, limit = self.lc, self.vocab.eog_ids, self.runner._seq_limit
+        for slot in list(self.running):
+            if slot.out < 0:
+                continue
+            if slot.last >= 0:
+                slot.pos += 1
+            token = lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
+            req = slot.req
+            if req.first_token is None:
+                req.first_token = now
+            req.tokens += 1
+            slot.generated += 1
+            if slot.bias and slot.generated >= slot.min_tokens:
+                lc.llama_sampler_free(lc.llama_sampler_chain_remove(slot.chain, 0))
+                slot.bias = False
+            if token in eog:
+                self.finish(slot, "stop")
+                continue
+            piece = self.pieces.get(token)
+            if piece is None:
+                piece = self.pieces[token] = self.vocab.piece(token)
+            text = slot.text.add(piece)
+            if text:
+                req.put(text)
+            if slot.generated >= slot.max_tokens or slot.pos >= limit:
+                self.finish(slot, "length")
+            else:
+                slot.last = token
