@@ -487,107 +487,21 @@ class Runtime:
     async def _pump(self, s: StagePlan, gen: Any, rid: str, t0: float, events: asyncio.Queue[Any],
                     chunks_in: dict[str, list[str]], joiners: dict[str, Joiner] | None = None,
                     firsts: dict[str, FirstChunk] | None = None) -> None:
-        """Read one stage's outputs: emit its events, feed its consumers (a fan-in
-        consumer through its ``Joiner``, which combines this input with its others).
+        """Read one stage's outputs (a :class:`_StagePump`): emit its events, feed its consumers (a
+        fan-in consumer through its ``Joiner``, which combines this input with its others), then
+        end their input and say the stage is done with its stats.
         ``firsts``: the first-audio trace of each sentence edge (``orchestrator.runtime.hop``),
-        filled by a producer's pump and read by its consumer's.
-
-        Kept whole for now (101 lines): the chunkers, joiners, traces and per-edge byte counts
-        are state of one read loop; issue 23 (part 5) names this function for a split."""
-        joiners = joiners or {}
-        firsts = {} if firsts is None else firsts
-
-        sent: dict[str, list[int]] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
-
-        async def give(c: StagePlan, entry: str, item: Any) -> None:
-            _count_item(sent, c.name, item)
-            if c.name in joiners:
-                await joiners[c.name].put(entry, item)
-            else:
-                await self._feed(c, rid, item)
-
-        dev = self.devices[s.device or "?"]
-        # each consumer input naming s, with the ports it takes (a consumer may name two ports of s)
-        routes = [(self.plan.stage(c), entry, ports) for c, entry, ports in self.routes_out[s.name]]
-        sentences = {c.name for c, _, _ in routes if self.kinds[c.name].text_input == "sentences"}
-        chunkers = {(c.name, entry): self._sentence_chunker(c.name) if c.name in sentences else WholeText()
-                    for c, entry, _ in routes}
-        final_kinds = None if s.final_output_type is None else {s.final_output_type}
-        traces = {c.name: EdgeTrace(s.name) for c, _, _ in routes if c.name in sentences and c.name not in joiners
-                  and same_clock(s.device, c.device)}
-        arrived: list[float] = []  # when each output reached this process (time.perf_counter)
-        first: float | None = None
-        stats: dict[str, Any] = {}
-        stamps: dict[str, Any] = {}
-        index = 0
+        filled by a producer's pump and read by its consumer's."""
+        pump = _StagePump(self, s, rid, t0, events, chunks_in, joiners or {}, {} if firsts is None else firsts)
         try:
-            async for ref in gen:
-                kind, item = await ref
-                if kind == "stats":
-                    stamps = item.pop("stamps", None) or {}
-                    stats = item
-                    continue
-                arrived.append(time.perf_counter())
-                port, payload = self._item_port(s, item)
-                now = arrived[-1] - t0
-                if first is None:
-                    first = now
-                    events.put_nowait(StageEvent(s.name, "first_output", rid, now))
-                if s.final_output and (final_kinds is None or port is None or any(
-                        t.kind in final_kinds for t in self.stage_ports[s.name].port(port))):
-                    events.put_nowait(self._event(s, payload, rid, now, index))
-                    index += 1
-                for c, entry, ports in routes:
-                    if ports is not None and port not in ports and (port is not None or "." in entry):
-                        continue  # not a port this input takes (a plain input takes an item of unknown port)
-                    if not isinstance(payload, str):
-                        await give(c, entry, payload)
-                        continue
-                    chunker = chunkers[(c.name, entry)]
-                    trace = traces.get(c.name)
-                    if trace is not None and trace.open:
-                        trace.fed(len(arrived) - 1, payload)
-                    cut = chunker.feed(payload)
-                    if cut and trace is not None and trace.open:
-                        firsts[c.name] = trace.released(chunker.pending_chars, arrived)
-                    for chunk in cut:
-                        if c.name in sentences:
-                            chunks_in[c.name].append(chunk)
-                        await give(c, entry, chunk)
+            await pump.read(gen)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            raise self._map(exc, s.name, dev) from None
-        emitted = stamps.get("emitted") or []
-        for c, entry, ports in routes:
-            if ports is not None and "text" not in ports:
-                chunks: list[str] = []  # an input of a non-text port (thinker.hidden_states) gets no text
-            else:
-                chunks = chunkers[(c.name, entry)].flush()
-            trace = traces.get(c.name)
-            if chunks and trace is not None and trace.open:
-                firsts[c.name] = trace.released(0, arrived, at_end=True)
-            if c.name in firsts and firsts[c.name].producer == s.name and len(emitted) == len(arrived):
-                firsts[c.name].token_emitted = emitted[firsts[c.name].token_index]
-            for chunk in chunks:
-                if c.name in sentences:
-                    chunks_in[c.name].append(chunk)
-                await give(c, entry, chunk)
-            if c.name in joiners:
-                await joiners[c.name].end(entry)
-        for name in dict.fromkeys(c.name for c, _, _ in routes):
-            if name not in joiners:
-                await self._call(self.plan.stage(name), "end_input", rid)
+            raise self._map(exc, s.name, self.devices[s.device or "?"]) from None
+        await pump.end()
         end = time.perf_counter() - t0
-        stats = {**stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(first),
-                 "done_s": _r(end), "chunks_in": chunks_in.get(s.name, []), "edges_out": edge_counts(sent)}
-        hop = first_chunk_hop(firsts[s.name], stamps, arrived[0], t0) if s.name in firsts and arrived else None
-        if hop is not None:
-            stats["first_chunk_hop"] = hop
-        if s.name in joiners:
-            stats["join"] = joiners[s.name].stats()
-        stats["throughput"] = _throughput(stats)
-        events.put_nowait(StageEvent(s.name, "done", rid, end, stats))
+        events.put_nowait(StageEvent(s.name, "done", rid, end, pump.done_stats(end)))
 
     async def _feed(self, c: StagePlan, rid: str, item: Any) -> None:
         await self._call(c, "feed", rid, item)
@@ -784,6 +698,115 @@ def payload_bytes(item: Any) -> int:
     if isinstance(item, (int, float)):
         return 8
     return sys.getsizeof(item)
+
+
+class _StagePump:
+    """One stage's outputs for one request, as ``Runtime._pump`` reads them: the routes to its
+    consumers (each consumer input naming the stage, with the ports it takes), a chunker per
+    route (sentences for a consumer that takes them), the first-chunk traces of sentence edges,
+    the items and bytes handed to each consumer (``edge_counts``), and when each output arrived."""
+
+    def __init__(self, rt: Runtime, s: StagePlan, rid: str, t0: float, events: asyncio.Queue[Any],
+                 chunks_in: dict[str, list[str]], joiners: dict[str, Joiner], firsts: dict[str, FirstChunk]) -> None:
+        self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
+        self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
+        self.sent: dict[str, list[int]] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
+        self.routes = [(rt.plan.stage(c), entry, ports) for c, entry, ports in rt.routes_out[s.name]]
+        self.sentences = {c.name for c, _, _ in self.routes if rt.kinds[c.name].text_input == "sentences"}
+        self.chunkers = {(c.name, entry): rt._sentence_chunker(c.name) if c.name in self.sentences else WholeText()
+                         for c, entry, _ in self.routes}
+        self.final_kinds = None if s.final_output_type is None else {s.final_output_type}
+        self.traces = {c.name: EdgeTrace(s.name) for c, _, _ in self.routes
+                       if c.name in self.sentences and c.name not in joiners and same_clock(s.device, c.device)}
+        self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
+        self.first: float | None = None
+        self.stats: dict[str, Any] = {}
+        self.stamps: dict[str, Any] = {}
+        self.index = 0
+
+    async def give(self, c: StagePlan, entry: str, item: Any) -> None:
+        _count_item(self.sent, c.name, item)
+        if c.name in self.joiners:
+            await self.joiners[c.name].put(entry, item)
+        else:
+            await self.rt._feed(c, self.rid, item)
+
+    async def read(self, gen: Any) -> None:
+        """Every output of the stage's stream, and its closing stats."""
+        async for ref in gen:
+            kind, item = await ref
+            if kind == "stats":
+                self.stamps = item.pop("stamps", None) or {}
+                self.stats = item
+                continue
+            await self._output(item)
+
+    async def _output(self, item: Any) -> None:
+        s, rt = self.s, self.rt
+        self.arrived.append(time.perf_counter())
+        port, payload = rt._item_port(s, item)
+        now = self.arrived[-1] - self.t0
+        if self.first is None:
+            self.first = now
+            self.events.put_nowait(StageEvent(s.name, "first_output", self.rid, now))
+        if s.final_output and (self.final_kinds is None or port is None or any(
+                t.kind in self.final_kinds for t in rt.stage_ports[s.name].port(port))):
+            self.events.put_nowait(rt._event(s, payload, self.rid, now, self.index))
+            self.index += 1
+        for c, entry, ports in self.routes:
+            if ports is not None and port not in ports and (port is not None or "." in entry):
+                continue  # not a port this input takes (a plain input takes an item of unknown port)
+            if not isinstance(payload, str):
+                await self.give(c, entry, payload)
+                continue
+            chunker = self.chunkers[(c.name, entry)]
+            trace = self.traces.get(c.name)
+            if trace is not None and trace.open:
+                trace.fed(len(self.arrived) - 1, payload)
+            cut = chunker.feed(payload)
+            if cut and trace is not None and trace.open:
+                self.firsts[c.name] = trace.released(chunker.pending_chars, self.arrived)
+            for chunk in cut:
+                if c.name in self.sentences:
+                    self.chunks_in[c.name].append(chunk)
+                await self.give(c, entry, chunk)
+
+    async def end(self) -> None:
+        """The stage is done: each route's text still held goes out, its consumers' input ends."""
+        emitted = self.stamps.get("emitted") or []
+        for c, entry, ports in self.routes:
+            if ports is not None and "text" not in ports:
+                chunks: list[str] = []  # an input of a non-text port (thinker.hidden_states) gets no text
+            else:
+                chunks = self.chunkers[(c.name, entry)].flush()
+            trace = self.traces.get(c.name)
+            if chunks and trace is not None and trace.open:
+                self.firsts[c.name] = trace.released(0, self.arrived, at_end=True)
+            first = self.firsts.get(c.name)
+            if first is not None and first.producer == self.s.name and len(emitted) == len(self.arrived):
+                first.token_emitted = emitted[first.token_index]
+            for chunk in chunks:
+                if c.name in self.sentences:
+                    self.chunks_in[c.name].append(chunk)
+                await self.give(c, entry, chunk)
+            if c.name in self.joiners:
+                await self.joiners[c.name].end(entry)
+        for name in dict.fromkeys(c.name for c, _, _ in self.routes):
+            if name not in self.joiners:
+                await self.rt._call(self.rt.plan.stage(name), "end_input", self.rid)
+
+    def done_stats(self, end: float) -> dict[str, Any]:
+        s = self.s
+        stats = {**self.stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(self.first),
+                 "done_s": _r(end), "chunks_in": self.chunks_in.get(s.name, []), "edges_out": edge_counts(self.sent)}
+        if s.name in self.firsts and self.arrived:
+            hop = first_chunk_hop(self.firsts[s.name], self.stamps, self.arrived[0], self.t0)
+            if hop is not None:
+                stats["first_chunk_hop"] = hop
+        if s.name in self.joiners:
+            stats["join"] = self.joiners[s.name].stats()
+        stats["throughput"] = _throughput(stats)
+        return stats
 
 
 def _count_item(sent: dict[str, list[int]], consumer: str, item: Any) -> None:
