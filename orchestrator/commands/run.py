@@ -50,6 +50,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
@@ -297,55 +298,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Long (about 145 lines): parse, plan, verify, re-plan, render, run and record in one place;
-    the seam is one admitted-plan function shared with chat, serve and the Python API."""
+    """The command: the request read and checked, an admitted plan (planned, verified where gate
+    evidence is missing, re-planned), the pipeline run, its record written, the result printed."""
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.console import make_console
-    from orchestrator.planner import parse_mask, plan_pipeline
-    from orchestrator.probe import resolve_profile
 
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
     check_outputs(args)
     prompt = read_prompt(args.prompt) if args.prompt is not None else ""
     config = load_config(args.config)
-    sampling = sampling_of(args)
-    check_sampling(config, sampling, where=args.config)
-    request: Any
-    if args.input:
-        from orchestrator.api import prompt_label
-
-        request = tensor_request_of(args, config)
-        prompt = prompt_label(request)
-    elif args.audio is not None:
-        from orchestrator.api import prompt_label
-
-        request = audio_request_of(args, config)
-        prompt = f"{args.audio} {prompt_label(request)}"
-    else:
-        # Without --system or sampling the prompt goes as it is (any first stage takes text).
-        request = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
-            if args.system or sampling else prompt
-    profile = resolve_profile(args.profile) if args.profile or not args.address else cluster_profile(args.address, console)
-    mask = parse_mask(args.mask, profile)
-    from orchestrator.commands.plan import calibration_store
-
-    store = calibration_store(args)
-    plan = plan_pipeline(config, profile, mask=mask, calibration=store)
-    from orchestrator.api import unverified_stages, verify_then_replan
-
-    pending = unverified_stages(plan)
-    if pending and args.skip_verify:
-        console.print(f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
-                      "node coverage and numerics are unchecked[/]")
-    elif pending:
-        from orchestrator.commands.verify import _run_with_progress
-
-        console.print(f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]")
-        plan = verify_then_replan(config, profile, mask,
-                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
-                                  calibration=store)
+    request, prompt = _request(args, config, prompt)
+    plan, profile, store = _admitted_plan(args, config, console)
     if not plan.admitted:
         from orchestrator.render import print_plan
 
@@ -357,7 +322,6 @@ def _run(args: argparse.Namespace) -> int:
     print_summary(plan, console)
 
     from orchestrator.api import Pipeline
-    from orchestrator.errors import ConfigError, LedgerLost, Problem, StageFailed
 
     pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs,
                         calibration=store)
@@ -367,66 +331,146 @@ def _run(args: argparse.Namespace) -> int:
     validate_as_given(pipeline, request, args)
     pipeline.prepare(progress=True)
     pipeline.validate(request)
+    run = _Outcome()
+    _execute(pipeline, request, prompt, console, args, run)
+    doc, path = _record(pipeline, args, run, console)
+    if isinstance(run.failure, KeyboardInterrupt):
+        signum = run.failure.signum if isinstance(run.failure, Interrupted) else 2
+        print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
+        return 128 + signum
+    if run.failure is not None:
+        console.print(f"record: {path}", soft_wrap=True, markup=False)
+        raise run.failure
+    if run.kept:
+        from orchestrator.errors import ConfigError, Problem
+
+        raise ConfigError([Problem(*k) for k in run.kept])
+    _report(pipeline, args, run, doc, path, console)
+    return EXIT_OK
+
+
+def _request(args: argparse.Namespace, config: Any, prompt: str) -> tuple[Any, str]:
+    """The request the flags describe (text, audio or tensors) and the prompt's label for display."""
+    sampling = sampling_of(args)
+    check_sampling(config, sampling, where=args.config)
+    if args.input:
+        from orchestrator.api import prompt_label
+
+        request = tensor_request_of(args, config)
+        return request, prompt_label(request)
+    if args.audio is not None:
+        from orchestrator.api import prompt_label
+
+        request = audio_request_of(args, config)
+        return request, f"{args.audio} {prompt_label(request)}"
+    # Without --system or sampling the prompt goes as it is (any first stage takes text).
+    request = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
+        if args.system or sampling else prompt
+    return request, prompt
+
+
+def _admitted_plan(args: argparse.Namespace, config: Any, console: Any) -> tuple[Any, Any, Any]:
+    """The plan, after verifying the placements that lack gate evidence (unless --skip-verify)
+    and planning again with what was measured; with the profile and the calibration store."""
+    from orchestrator.api import unverified_stages, verify_then_replan
+    from orchestrator.commands.plan import calibration_store
+    from orchestrator.planner import parse_mask, plan_pipeline
+    from orchestrator.probe import resolve_profile
+
+    profile = resolve_profile(args.profile) if args.profile or not args.address else cluster_profile(args.address, console)
+    mask = parse_mask(args.mask, profile)
+    store = calibration_store(args)
+    plan = plan_pipeline(config, profile, mask=mask, calibration=store)
+    pending = unverified_stages(plan)
+    if pending and args.skip_verify:
+        console.print(f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
+                      "node coverage and numerics are unchecked[/]")
+    elif pending:
+        from orchestrator.commands.verify import _run_with_progress
+
+        console.print(f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]")
+        plan = verify_then_replan(config, profile, mask,
+                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
+                                  calibration=store)
+    return plan, profile, store
+
+
+@dataclass
+class _Outcome:
+    """What one run left: its result, the WAV written, a failure, the measured peaks, the
+    problems kept for the end (``kept``: where, what, fix), the texts and outputs streamed."""
+
     result: Result | None = None
-    wav = None
-    wav_out = WavOut(args.out) if args.out else None
+    wav: Path | None = None
     failure: BaseException | None = None
-    measured: dict[str, Any] = {}
-    kept: list[tuple[str, str, str]] = []
-    texts: dict[str, str] = {}
-    outputs: dict[str, list[Any]] = {}
+    measured: dict[str, Any] = field(default_factory=dict)
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def _execute(pipeline: Pipeline, request: Any, prompt: str, console: Any, args: argparse.Namespace,
+             run: _Outcome) -> None:
+    """Start the pipeline, stream the reply (and the WAV), measure the peaks; a failure or a
+    signal is kept in ``run``, and nothing half-written is left at --out."""
+    wav_out = WavOut(args.out) if args.out else None
     try:
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
-        result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, texts, outputs))
+        run.result = result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, run.texts,
+                                                       run.outputs))
         if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
             else:
-                wav = wav_out.finish(result, kept)
-        measured = pipeline.runtime.measure()
+                run.wav = wav_out.finish(result, run.kept)
+        run.measured = pipeline.runtime.measure()
     except (Exception, KeyboardInterrupt) as exc:
-        failure = exc
+        run.failure = exc
     except SystemExit as exc:
         # a SIGTERM inside ray.init, whose own handler exits with the signal number
         if exc.code != signal.SIGTERM:
             raise
-        failure = Interrupted(signal.SIGTERM)
-    if failure is not None and wav_out is not None:
+        run.failure = Interrupted(signal.SIGTERM)
+    if run.failure is not None and wav_out is not None:
         wav_out.discard()  # nothing half-written at --out
-    # The record is written whatever happened, after close: its ledger is the
-    # one left behind (a leak shows), and a failure is in it.
+
+
+def _record(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, console: Any) -> tuple[dict[str, Any], Path]:
+    """Close the pipeline and write the run record, whatever happened: after close, so its ledger
+    is the one left behind (a leak shows), and a failure is in it."""
+    from orchestrator.errors import LedgerLost, StageFailed
+    from orchestrator.runtime import record as rec
+
     try:
         final = pipeline.close()
     except (Exception, KeyboardInterrupt) as exc:  # a second signal while closing
-        failure = failure or exc
+        run.failure = run.failure or exc
         final = {}
-    if pipeline.runtime.ledger_lost and not isinstance(failure, (StageFailed, KeyboardInterrupt)):
-        failure = LedgerLost(pipeline.runtime.ledger_lost)
-    from orchestrator.runtime import record as rec
-
-    error = None if failure is None else {"type": type(failure).__name__, "message": _one_line(failure)}
-    doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=measured, ledger=final,
+    if pipeline.runtime.ledger_lost and not isinstance(run.failure, (StageFailed, KeyboardInterrupt)):
+        run.failure = LedgerLost(pipeline.runtime.ledger_lost)
+    error = None if run.failure is None else {"type": type(run.failure).__name__, "message": _one_line(run.failure)}
+    result = run.result
+    doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=run.measured, ledger=final,
                     extra={"prepare_s": round(pipeline.prepare_s, 3),
-                           "output": {"wav": str(wav) if wav else None, "texts": texts, "outputs": outputs},
+                           "output": {"wav": str(run.wav) if run.wav else None, "texts": run.texts,
+                                      "outputs": run.outputs},
                            "error": error, "ledger_lost": pipeline.runtime.ledger_lost})
-    path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", kept)
+    path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", run.kept)
     if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
         console.print(f"[red]ledger still holds {pipeline.final_ledger['held_bytes']} bytes after close[/]")
-    if isinstance(failure, KeyboardInterrupt):
-        signum = failure.signum if isinstance(failure, Interrupted) else 2
-        print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
-        return 128 + signum
-    if failure is not None:
-        console.print(f"record: {path}", soft_wrap=True, markup=False)
-        raise failure
-    if kept:
-        raise ConfigError([Problem(*k) for k in kept])
+    return doc, path
+
+
+def _report(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, doc: dict[str, Any], path: Path,
+            console: Any) -> None:
+    """A run that went well: the stage table, the outputs, the WAV and the record (and --json)."""
+    result, wav = run.result, run.wav
     assert result is not None
     print_stage_table(doc["stages"], console)
-    for stage, items in outputs.items():
+    for stage, items in run.outputs.items():
         console.print(f"{stage}: {len(items)} items ({next(s.final_output_type for s in pipeline.runtime.stages if s.name == stage)})"
                       + (" — in --json's outputs" if not args.json else ""))
     if wav:
@@ -436,14 +480,13 @@ def _run(args: argparse.Namespace) -> int:
     # newline is inserted), so they can be copied and pasted.
     console.print(f"record: {path}", soft_wrap=True, markup=False)
     if args.json:
-        json.dump({"admitted": True, "text": result.text, "texts": texts, "outputs": outputs,
+        json.dump({"admitted": True, "text": result.text, "texts": run.texts, "outputs": run.outputs,
                    "wav": str(wav) if wav else None, "record": str(path),
                    "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
                    "time_to_first_token_s": result.time_to_first_token_s,
                    "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
-    return EXIT_OK
 
 
 def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace) -> None:
