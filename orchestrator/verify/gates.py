@@ -312,80 +312,113 @@ def judge(
     target_only: bool = False,
     precisions: tuple[str, ...] = (),
 ) -> Judgement:
-    """The verdict a measurement implies under the current thresholds.
+    """The verdict a measurement implies under the current thresholds: the coverage verdict
+    (:func:`_coverage_refusals`), the numeric verdict (:func:`_numeric_refusals`) and the
+    warning for a claim that looks hollow.
 
     ``target_only`` (the stage's setting) and ``precisions`` (the graphs the
     artifact has) only shape the remedies: a remedy names what this user can
     change — never a setting they did not set, never a precision the artifact
     does not have.
-
-    Long (about 100 lines): the coverage verdict and the numeric verdict read one untyped
-    record; they split once the record is a typed class.
     """
     cov = record.get("coverage") or {}
     num = record.get("numeric") or {}
     ep = cov.get("ep", record.get("ep", "?"))
     precision = record.get("precision", "?")
-    what = f"{artifact_name} [{precision}] on {device_id}"
-    out = Judgement(passed=True)
-    scope = (
-        f"this refuses {artifact_name} at {precision} on {ep} only, not the model and not {precision} in general"
+    what = _What(
+        device_id, ep, f"{artifact_name} [{precision}] on {device_id}",
+        f"this refuses {artifact_name} at {precision} on {ep} only, not the model and not {precision} in general",
+        _elsewhere(ep, precision, precisions),
     )
-    elsewhere = _elsewhere(ep, precision, precisions)
+    out = Judgement(passed=True)
+    out.refusals += _coverage_refusals(cov, what, min_coverage, target_only)
+    if cov.get("source") != "session_error":
+        out.refusals += _numeric_refusals(num, what, tolerance)
+    if record.get("suspicious"):
+        out.warnings.append(
+            f"suspicious: {ep} claims {cov.get('taken')} of {cov.get('total')} nodes of {what.graph}, yet every "
+            f"output is bit-identical to the CPU EP's; check that the EP really executed them "
+            f"(VitisAI, for one, can claim nodes and run them on its own CPU path)"
+        )
+    out.passed = not out.refusals
+    return out
+
+
+@dataclass(frozen=True)
+class _What:
+    """What a refusal of one measurement names: the device, the EP, the graph (artifact,
+    precision, device), its scope (what is refused and what is not), and where else to go."""
+
+    device: str
+    ep: str
+    graph: str
+    scope: str
+    elsewhere: str
+
+
+def _coverage_refusals(cov: dict[str, Any], w: _What, min_coverage: float, target_only: bool) -> list[Refusal]:
+    """A session the EP could not build, or fewer nodes taken than ``min_coverage``."""
     if cov.get("source") == "session_error":
         if target_only:
             remedy = (
-                f"{scope}. With target_only the EP must take every node: allow CPU fallback (target_only: false) "
-                f"and let the coverage gate measure the split, export a graph without the ops the EP rejects, or {elsewhere}"
+                f"{w.scope}. With target_only the EP must take every node: allow CPU fallback (target_only: false) "
+                f"and let the coverage gate measure the split, export a graph without the ops the EP rejects, or {w.elsewhere}"
             )
         else:
             # With CPU fallback allowed, a failed session means the EP claimed nodes and
             # then failed to compile them: no threshold or fallback setting changes that.
             remedy = (
-                f"{scope}. The EP claimed part of the graph and failed to compile it (the error names the construct): "
-                f"export a graph without that construct, or {elsewhere}"
+                f"{w.scope}. The EP claimed part of the graph and failed to compile it (the error names the construct): "
+                f"export a graph without that construct, or {w.elsewhere}"
             )
-        out.refusals.append(Refusal(
-            RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
-            f"{ep} could not build a session for {what}: {brief_error(str(cov.get('session_error')))}",
+        return [Refusal(
+            RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, w.device,
+            f"{w.ep} could not build a session for {w.graph}: {brief_error(str(cov.get('session_error')))}",
             remedy,
-        ))
-    else:
-        # The verdict follows the counts, never a recorded fraction: a record saying
-        # "taken 0 of 2685, fraction 1.0" is judged as 0 %.
-        taken, total = _count(cov.get("taken")), _count(cov.get("total"))
-        frac = min(taken, total) / total if total else 0.0
-        if frac < min_coverage or total == 0:
-            left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
-            parts = cov.get("partitions")
-            parts_txt = f" in {parts} partition(s)" if parts is not None else ""
-            lower = (
-                f"lower min_ep_coverage for this stage (now {min_coverage:g}) if a partial offload is what you want, "
-                if taken else ""  # with no node taken there is no partial offload to admit
-            )
-            out.refusals.append(Refusal(
-                RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, device_id,
-                f"{ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {what}; the minimum is "
-                f"{min_coverage:.0%}. Left to the CPU EP: {left}",
-                f"{scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
-                f"{lower}or {elsewhere}",
-            ))
-    if num.get("error") and cov.get("source") != "session_error":
-        out.refusals.append(Refusal(
-            RefusalCode.NUMERIC_GATE_FAILED, device_id, f"{ep} on {what}: {brief_error(str(num['error']))}",
-            f"{scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
-            f"dtypes with the graph's inputs (the error names the one it refused), or {elsewhere}",
+        )]
+    # The verdict follows the counts, never a recorded fraction: a record saying
+    # "taken 0 of 2685, fraction 1.0" is judged as 0 %.
+    taken, total = _count(cov.get("taken")), _count(cov.get("total"))
+    frac = min(taken, total) / total if total else 0.0
+    if frac >= min_coverage and total != 0:
+        return []
+    left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
+    parts = cov.get("partitions")
+    parts_txt = f" in {parts} partition(s)" if parts is not None else ""
+    lower = (
+        f"lower min_ep_coverage for this stage (now {min_coverage:g}) if a partial offload is what you want, "
+        if taken else ""  # with no node taken there is no partial offload to admit
+    )
+    return [Refusal(
+        RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, w.device,
+        f"{w.ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {w.graph}; the minimum is "
+        f"{min_coverage:.0%}. Left to the CPU EP: {left}",
+        f"{w.scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
+        f"{lower}or {w.elsewhere}",
+    )]
+
+
+def _numeric_refusals(num: dict[str, Any], w: _What, tolerance: Tolerance) -> list[Refusal]:
+    """A run that failed on the reference inputs, an output of the wrong shape, or one out of
+    tolerance (judged as "not within", so that a NaN fails)."""
+    out: list[Refusal] = []
+    elsewhere = f"{w.elsewhere[0].upper()}{w.elsewhere[1:]}"
+    if num.get("error"):
+        out.append(Refusal(
+            RefusalCode.NUMERIC_GATE_FAILED, w.device, f"{w.ep} on {w.graph}: {brief_error(str(num['error']))}",
+            f"{w.scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
+            f"dtypes with the graph's inputs (the error names the one it refused), or {w.elsewhere}",
         ))
     for name, m in (num.get("outputs") or {}).items():
         if not m.get("shape_match", False):
-            out.refusals.append(Refusal(
-                RefusalCode.NUMERIC_GATE_FAILED, device_id,
-                f"{ep} output {name!r} of {what} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
+            out.append(Refusal(
+                RefusalCode.NUMERIC_GATE_FAILED, w.device,
+                f"{w.ep} output {name!r} of {w.graph} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
                 + (" (missing from the outputs)" if m.get("missing") else ""),
-                f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}",
+                f"{w.scope}. {elsewhere}",
             ))
             continue
-        bad = []  # written as "not within" so that a NaN fails
+        bad = []
         if not m["rel_l2"] <= tolerance.rel_l2:
             bad.append("rel L2")
         if not m["max_abs"] <= tolerance.max_abs:
@@ -393,22 +426,15 @@ def judge(
         if not m["cosine"] >= tolerance.cosine_min:
             bad.append("cosine")
         if bad:
-            out.refusals.append(Refusal(
-                RefusalCode.NUMERIC_GATE_FAILED, device_id,
-                f"{ep} output {name!r} of {what} differs from the reference ({num.get('reference')}): "
+            out.append(Refusal(
+                RefusalCode.NUMERIC_GATE_FAILED, w.device,
+                f"{w.ep} output {name!r} of {w.graph} differs from the reference ({num.get('reference')}): "
                 f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
                 f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "
                 f"out of tolerance: {', '.join(bad)}",
-                f"{scope}. {elsewhere[0].upper()}{elsewhere[1:]}; "
+                f"{w.scope}. {elsewhere}; "
                 f"widen `tolerance` in the stage config only if this difference is acceptable for {name!r}",
             ))
-    if record.get("suspicious"):
-        out.warnings.append(
-            f"suspicious: {ep} claims {cov.get('taken')} of {cov.get('total')} nodes of {what}, yet every "
-            f"output is bit-identical to the CPU EP's; check that the EP really executed them "
-            f"(VitisAI, for one, can claim nodes and run them on its own CPU path)"
-        )
-    out.passed = not out.refusals
     return out
 
 
