@@ -3,8 +3,9 @@
 ``open_sessions(route)`` returns :class:`InProcessSessions` for this
 interpreter or :class:`WorkerSessions` — a subprocess started with the route's
 interpreter that runs ``orchestrator/ort/worker.py`` — with the same four
-calls: ``probe``, ``open``, ``run``, ``close``. The gates, the route probe and
-the stage runner hold one of the two and never care which.
+calls: ``probe``, ``open``, ``run``, ``close``, and ``unit()`` around calls that
+must run in one worker (nothing to hold in this process). The gates, the route
+probe and the stage runner hold one of the two and never care which.
 
 Why a subprocess bridge rather than a Ray actor started with another
 interpreter: a Ray worker must run the same Ray and Python version as the
