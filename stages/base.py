@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -380,7 +381,16 @@ class StageRunner(ABC):
     reservations; ``stream()`` once per request, possibly concurrently;
     ``close()`` once. ``measured_peak_bytes()`` reports what the load and the
     requests really used (evidence M), or None when it cannot be isolated.
+
+    What the device actor reads besides, each with a default here: ``load_info``
+    (what the load found, for the run record), ``process_ids()`` (the processes
+    the stage's work runs in), ``worker_stats()``, ``request_stats()`` and
+    ``health()``.
     """
+
+    load_info: Mapping[str, Any] = MappingProxyType({})
+    """What the load found (the EP's node assignment, thread counts, a warm-up's time): set by
+    ``load()``; the device actor keeps it, reduced to small values, in the run record."""
 
     @abstractmethod
     def load(self) -> None: ...
@@ -392,6 +402,22 @@ class StageRunner(ABC):
         """Free the stage's resources."""
 
     def measured_peak_bytes(self) -> int | None:
+        return None
+
+    def process_ids(self) -> list[int] | None:
+        """The processes the stage's work runs in (a route worker and its children, the current
+        one after a recycle), ``[]`` for this process only; None (the default) when the runner
+        does not know: the device actor then measures the processes the load started."""
+        return None
+
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """The runner's own figures of a finished request (merged into its stats; a ``stamps``
+        entry is taken out for the runtime's first-audio trace). Asked once per request."""
+        return {}
+
+    def health(self) -> dict[str, str] | None:
+        """``{"code", "message"}`` when the stage can no longer serve though its actor lives (an
+        engine that stopped); None (the default) while it can."""
         return None
 
     def worker_stats(self) -> dict[str, int] | None:

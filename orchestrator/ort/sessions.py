@@ -3,8 +3,9 @@
 ``open_sessions(route)`` returns :class:`InProcessSessions` for this
 interpreter or :class:`WorkerSessions` — a subprocess started with the route's
 interpreter that runs ``orchestrator/ort/worker.py`` — with the same four
-calls: ``probe``, ``open``, ``run``, ``close``. The gates, the route probe and
-the stage runner hold one of the two and never care which.
+calls: ``probe``, ``open``, ``run``, ``close``, and ``unit()`` around calls that
+must run in one worker (nothing to hold in this process). The gates, the route
+probe and the stage runner hold one of the two and never care which.
 
 Why a subprocess bridge rather than a Ray actor started with another
 interpreter: a Ray worker must run the same Ray and Python version as the
@@ -27,6 +28,7 @@ import os
 import queue
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +133,10 @@ class InProcessSessions:
     def close(self, handle: int) -> None:
         self._call("close", {"handle": handle})
 
+    def unit(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold in this process (``WorkerSessions.unit``)."""
+        return contextlib.nullcontext()
+
     def shutdown(self) -> None:
         self._sessions = route_worker.Sessions()
 
@@ -179,6 +185,9 @@ class WorkerSessions:
         self.fresh_bytes = 0
         """The RSS of the latest fresh worker once it had reopened its sessions (0: not recycled yet)."""
         self._broken: RecycleFailed | None = None
+        self._units = 0
+        """Units (:meth:`unit`) open now, over every thread: no recycle while one is."""
+        self._unit_peak_known = False
         self._start()
 
     def _start(self) -> None:
@@ -249,7 +258,7 @@ class WorkerSessions:
         """
         with self._lock:
             self._maybe_recycle()
-            measuring = self.recycle_limit is not None
+            measuring = self.recycle_limit is not None and not self._units  # a unit measures itself
             pid = self._proc.pid
             before = rss_of(pid) if measuring else 0
             peak_known = measuring and reset_peak_rss(pid)
@@ -263,6 +272,37 @@ class WorkerSessions:
                 self._largest_rise = max(self._largest_rise, peak - before)
                 self.retained_bytes += after - before
             return result
+
+    @contextlib.contextmanager
+    def unit(self) -> Iterator[None]:
+        """Calls that must run in one worker: recycled (when over ``recycle_limit``) before the unit,
+        never between its calls, and the unit's rise (its peak less the RSS before it) counted as
+        one call's, so the next unit is judged by what a whole unit takes.
+
+        For a loop that carries state from call to call (a decoder's cache, fed back as an input):
+        a recycle in the middle would be correct but would reopen the sessions mid-request, and
+        the loop's new shapes would be judged one call at a time. While units of several threads
+        overlap, none is recycled and each rise runs from the first one's start (an overestimate:
+        the worker is recycled earlier, never later).
+        """
+        with self._lock:
+            self._maybe_recycle()
+            measuring = self.recycle_limit is not None
+            pid = self._proc.pid
+            before = rss_of(pid) if measuring else 0
+            if measuring and not self._units:
+                self._unit_peak_known = reset_peak_rss(pid)
+            self._units += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._units -= 1
+                if measuring and self._proc.pid == pid and self._proc.poll() is None:
+                    after = rss_of(pid)
+                    peak = max(after, (peak_rss_of(pid) or 0) if self._unit_peak_known else 0)
+                    self._largest_rise = max(self._largest_rise, peak - before)
+                    self.retained_bytes += after - before
 
     @property
     def largest_rise(self) -> int:
@@ -290,7 +330,8 @@ class WorkerSessions:
     # -- recycling -------------------------------------------------------------
     def _maybe_recycle(self) -> None:
         limit = self.recycle_limit
-        if limit is None or self._broken is not None or not self._calls_since_start or self._proc.poll() is not None:
+        if (limit is None or self._units or self._broken is not None or not self._calls_since_start
+                or self._proc.poll() is not None):
             return
         rss = rss_of(self._proc.pid)
         if rss + self._largest_rise <= limit:

@@ -45,14 +45,17 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ConfigError, LedgerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
 from orchestrator.runtime.load_imports import call_loading
+
+if TYPE_CHECKING:
+    from stages.base import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ _END = ("__end__",)
 @dataclass
 class _Hosted:
     plan: StagePlan
-    runner: Any
+    runner: StageRunner
     load_s: float
     load_info: dict[str, Any]
     tree_load_peak: int
@@ -173,7 +176,7 @@ class DeviceActor:
         meter.stop()
         overlapped_with = self._loading.pop(name, set())
         overlapped = bool(overlapped_with) or overlapped
-        hosted = _Hosted(plan, runner, load_s, _summarize(getattr(runner, "load_info", {}) or {}),
+        hosted = _Hosted(plan, runner, load_s, _summarize(runner.load_info),
                          meter.peak_growth, meter.growth, overlapped_with=set(overlapped_with))
         if runner.measured_peak_bytes() is None:
             known = _runner_processes(runner)
@@ -353,7 +356,7 @@ class DeviceActor:
                 h.request_meter.rebase()
                 h.request_meter.resume()
             h.busy += 1
-        agen = h.runner.stream(request_id, inputs)
+        agen: Any = h.runner.stream(request_id, inputs)  # an async generator: closed below
         try:
             async for item in agen:
                 now = time.perf_counter()
@@ -401,12 +404,9 @@ class DeviceActor:
         if audio_s:
             stats["audio_s"] = round(audio_s, 3)
             stats["real_time_factor"] = round(max(0.0, duration - waited[0]) / audio_s, 4)
-        extra = getattr(h.runner, "request_stats", None)
-        runner_stamps = None
-        if callable(extra):
-            figures = dict(extra(request_id) or {})
-            runner_stamps = figures.pop("stamps", None)
-            stats.update(figures)
+        figures = dict(h.runner.request_stats(request_id) or {})
+        runner_stamps = figures.pop("stamps", None)
+        stats.update(figures)
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
         stats["stamps"] = {"emitted": emitted, "first_fed": fed, "first_taken": waited[2] or None,
@@ -429,8 +429,7 @@ class DeviceActor:
         ``health()``: an engine that stopped), each as ``{"code", "message"}``."""
         out = {}
         for name, h in self.stages.items():
-            check = getattr(h.runner, "health", None)
-            state = check() if callable(check) else None
+            state = h.runner.health()
             if state:
                 out[name] = dict(state)
         return out
@@ -514,7 +513,7 @@ class _RunnerMeter(RssMeter):
     each sample: a runner that replaces its route worker (a recycle,
     ``WorkerSessions.recycle_limit``) is followed to the new one."""
 
-    def __init__(self, pids: list[int], runner: Any) -> None:
+    def __init__(self, pids: list[int], runner: StageRunner) -> None:
         super().__init__(pids)
         self.runner = runner
 
@@ -525,20 +524,11 @@ class _RunnerMeter(RssMeter):
         return super().current()
 
 
-def _runner_processes(runner: Any) -> list[int] | None:
-    """The processes a runner's work runs in, when it says (``process_ids()``) or its
-    session host does (an ONNX Runtime route worker's ``pid``; ``[]`` in this process);
-    None when unknown."""
-    ids = getattr(runner, "process_ids", None)
-    if callable(ids):
-        return [int(p) for p in ids()]
-    host = getattr(runner, "_host", None)
-    if host is None:
-        return None
-    if getattr(host, "in_process", False):
-        return []
-    pid = getattr(host, "pid", None)
-    return [pid, *descendants(pid)] if isinstance(pid, int) else None
+def _runner_processes(runner: StageRunner) -> list[int] | None:
+    """The processes a runner's work runs in, when it says (``StageRunner.process_ids``: an ONNX
+    Runtime route worker and its children; ``[]`` in this process); None when unknown."""
+    ids = runner.process_ids()
+    return None if ids is None else [int(p) for p in ids]
 
 
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:
@@ -568,7 +558,7 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def _summarize(info: dict[str, Any]) -> dict[str, Any]:
+def _summarize(info: Mapping[str, Any]) -> dict[str, Any]:
     """A runner's load_info, small enough for a run record: scalars kept, the EP
     node assignment reduced to nodes per EP, other large values to their size."""
     out: dict[str, Any] = {}
@@ -600,11 +590,10 @@ def actor_class() -> Any:
     return ray.remote(DeviceActor)
 
 
-def _worker_stats(runner: Any) -> dict[str, int] | None:
+def _worker_stats(runner: StageRunner) -> dict[str, int] | None:
     """The runner's ``worker_stats()`` (a recycled route worker's figures), or None."""
-    stats = getattr(runner, "worker_stats", None)
     try:
-        return stats() if callable(stats) else None
+        return runner.worker_stats()
     except Exception:  # a figure that cannot be read is no figure, never a failed measure
         log.debug("worker_stats() raised", exc_info=True)
         return None

@@ -3,7 +3,13 @@
 :class:`AsrRunner` opens the plan's two session specs (encoder, decoder
 step) in one session host of the placement's route — this interpreter or the
 route's worker (``orchestrator.ort.sessions``), exactly as an
-``exported_graph`` stage opens its one. Per audio item: resample to the
+``exported_graph`` stage opens its one (:class:`~stages.ort_runner.OrtRunner`).
+A route worker is recycled at the stage's budget between windows, never in the
+middle of one: a window's encoder run and its decoding loop are one ``_unit``
+(the loop feeds each step's cache back, and OpenVINO meets a new cache shape at
+every step); and only at a calibrated budget (``recycles_at_estimate``).
+
+Per audio item: resample to the
 encoder's rate with soxr, cut into windows (30 s for Whisper), run the
 encoder's preprocess hook (log-mel) and the encoder once per window, then
 decode greedily with the decoder step and its KV cache, and turn the tokens
@@ -43,19 +49,17 @@ import asyncio
 import math
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.errors import StageFailed
-from orchestrator.ort.backends import with_cpu_threads
-from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import Cancelled, mono_audio, resample
-from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
-from stages.exported_graph.runner import route_for
+from stages.ort_runner import OrtRunner, route_for
 
 if TYPE_CHECKING:
+    from orchestrator.ort.sessions import ResolvedRoute
     from orchestrator.plan import StagePlan
 
 __all__ = ["AsrRunner", "fit_frames", "route_for"]
@@ -88,12 +92,19 @@ def fit_frames(samples: int, rate: int, frames_per_second: int, min_frames: int,
     return frames - frames % 2
 
 
-class AsrRunner(StageRunner):
+class AsrRunner(OrtRunner):
     """Encoder + greedy KV-cache decoding, both sessions in the placement's route."""
 
+    recycles_at_estimate = False
+    """The estimate sits below one window's work in a route worker: on OpenVINO (its planned
+    1248 MiB on configs/profiles/cpu-only-linux.json) a fresh worker holds 485 MiB and one
+    window's decode rises 1.1-1.25 GiB (a new cache shape every step), so recycled at it the
+    worker was replaced before every window, 2-9x slower, its peak no lower (docs/asr.md). A
+    calibrated budget counts the window's rise (``call_rise_bytes``), so the worker is recycled
+    at that one only."""
+
     def __init__(self, stage_plan: StagePlan, artifacts: dict[str, ExportedArtifact], route: ResolvedRoute) -> None:
-        self.plan = stage_plan
-        self.route = route
+        super().__init__(stage_plan, route)
         self.encoder, self.decoder = artifacts["encoder"], artifacts["decoder"]
         pre, text = self.encoder.hook("preprocess"), self.decoder.hook("postprocess")
         if pre is None or text is None:
@@ -134,32 +145,20 @@ class AsrRunner(StageRunner):
         self.begin_suppress = begin
         past = next(i for i in self.decoder.manifest.inputs if i.name == "past_key")
         self.empty_cache_shape = tuple(d if isinstance(d, int) else (1 if d == "batch" else 0) for d in past.shape)
-        self._host: Any = None
-        self._handles: dict[str, int] = {}
-        self.load_info: dict[str, Any] = {}
-
-    def _fail(self, why: str) -> NoReturn:
-        raise StageFailed(self.plan.name, self.plan.device or "?", why)
 
     def load(self) -> None:
         """Open the encoder's then the decoder's session in the route; load the tokenizer and
-        the feature extractor (the hooks' first calls)."""
-        specs = {g: dict((self.plan.engine_kwargs.get(g) or {}).get("session") or {}) for g in ("encoder", "decoder")}
-        if not all(specs.values()):
-            self._fail("the plan carries no session spec for the encoder and the decoder (was it admitted?)")
-        try:
-            self._host = open_sessions(self.route)
-            for graph, spec in specs.items():
-                self.load_info[graph] = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
-                self._handles[graph] = self.load_info[graph]["handle"]
+        the feature extractor (the hooks' first calls); then a route worker is recycled at the
+        stage's budget."""
+        specs = self._session_specs("encoder", "decoder")
+        with self._loading():
+            self.load_info = self._open(specs)
             self._detokenize([])  # the tokenizer and the feature extractor load now, not on the first request
             self._pre({"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate}, self.encoder)
             if self.audio_context == "fit":  # the silent window's cross keys/values, spliced after every cut
                 silent = np.full((1, self.mel_bins, self.frame_bounds[1]), SILENCE_LEVEL, dtype=np.float32)
                 self.silence = self._host.run(self._handles["encoder"], {self.features: silent})["outputs"]
-        except Exception as exc:
-            self.close()
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+        self._recycle_at_budget()
 
     def transcribe(self, item: Any, cancel: threading.Event | None = None) -> str:
         """The text of one audio item, its windows' texts joined by a space. Resampled in
@@ -191,6 +190,11 @@ class AsrRunner(StageRunner):
                           margin_s=self.fit_margin_s, min_s=self.fit_min_s)
 
     def _window(self, samples: Any) -> str:
+        """One window's text: its encoder run and decoding loop in one route worker (``_unit``)."""
+        with self._unit():
+            return self._decode_window(samples)
+
+    def _decode_window(self, samples: Any) -> str:
         feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)
         frames = self.frames_for(len(samples))
         if frames is None or frames >= self.frame_bounds[1]:
@@ -240,16 +244,12 @@ class AsrRunner(StageRunner):
                 except StageFailed:
                     raise
                 except Exception as exc:
-                    raise StageFailed(self.plan.name, self.plan.device or "?",
-                                      f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+                    raise self._failed(exc, f"request {request_id}: ") from exc
                 yield f" {text}" if said and text else text
                 said = said or bool(text)
         finally:  # cancelled or closed early: the thread still transcribing stops at its next block
             cancel.set()
 
-    def close(self) -> None:
-        if self._host is not None:
-            for handle in self._handles.values():
-                self._host.close(handle)
-            self._host.shutdown()
-        self._host, self._handles = None, {}
+    def request_stats(self, request_id: str) -> dict[str, Any]:
+        """``worker_recycles`` for a route worker (``OrtRunner``); nothing in this process."""
+        return self._worker_figures()

@@ -8,13 +8,9 @@ input item through preprocess → session → postprocess. The hooks run in this
 process; only the session runs in the route, so a route needs nothing but
 numpy and its onnxruntime build.
 
-A route worker is recycled (``WorkerSessions.recycle_limit``) when its RSS plus
-the largest rise one call has caused would pass the stage's planned budget
-(``StagePlan.budget_bytes()``, less ``RECYCLE_HEADROOM_FRACTION``: the worker
-holds all of the stage's memory, and the device actor measures the worker's
-RSS against that budget); ``worker_stats()`` reports what calibration budgets
-it from (resident, the rise of one call, the growth the calls left behind); ``request_stats`` reports ``worker_recycles``, and
-``process_ids()`` names the current worker, so the device actor follows it.
+The session host, its recycling at the stage's budget (``worker_stats()``,
+``worker_recycles`` in ``request_stats``, ``process_ids()`` following the current
+worker) and the load's failures come from :class:`~stages.ort_runner.OrtRunner`.
 
 Without a preprocess hook an item feeds the graph as it is (``feeds_for``): a
 bare numpy array feeds a graph of one input, a mapping feeds by input name,
@@ -41,27 +37,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.memory import descendants
-from orchestrator.ort.backends import with_cpu_threads
-from orchestrator.ort.routes import resolve
-from orchestrator.ort.sessions import ResolvedRoute, open_sessions
-from orchestrator.profile import THIS_PROCESS
-from orchestrator.units import MiB
-from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.chunking import ChunkInputError, FrameChunker, Window, new_samples
+from stages.ort_runner import (
+    RECYCLE_HEADROOM_FRACTION,
+    RECYCLE_HEADROOM_MIN,
+    OrtRunner,
+    recycle_limit,
+    route_for,
+)
 from stages.payloads import parse_payloads
 
 if TYPE_CHECKING:
+    from orchestrator.ort.sessions import ResolvedRoute
     from orchestrator.plan import StagePlan
-    from orchestrator.profile import Route
 
+__all__ = [
+    "RECYCLE_HEADROOM_FRACTION", "RECYCLE_HEADROOM_MIN", "ChunkSettings", "ExportedGraphRunner", "feeds_for",
+    "manifest_inputs", "recycle_limit", "route_for",
+]
 
-RECYCLE_HEADROOM_FRACTION = 0.02
-"""The recycle limit sits this far below the budget (and at least ``RECYCLE_HEADROOM_MIN``):
-the run-to-run noise of a load here is 1-2 % (docs/calibration.md), and a call may rise a
-little more than the largest rise seen so far."""
-RECYCLE_HEADROOM_MIN = 8 * MiB
 WARMUP_TEXT = "Hello."
 """What a text-consuming stage with a preprocess hook speaks at load (``warmup``): short, so the
 load pays the first run's one-off costs and little more. For the Piper voice: espeak-ng's start
@@ -71,33 +66,6 @@ not wall time, which a loaded machine moves more; docs/benchmarks.md, "Time to f
 STAMPS_KEPT = 256
 """Requests whose first-item stamps wait for ``request_stats``: a cancelled request is never
 asked for them, so the oldest are dropped past this (a few hundred bytes each)."""
-
-
-def recycle_limit(budget: int) -> int:
-    """The RSS a route worker is recycled at (with the largest rise of one call on top): the
-    stage's budget less the headroom, so the worker is replaced before it could pass the budget."""
-    return max(1, budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget)))
-
-
-def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRoute:
-    """Where the session of an admitted placement runs.
-
-    The route comes from ``route`` (the profile's) when given, else from the
-    plan (the verification details record the route's interpreter), else this
-    interpreter when the plan's route is this process. Raises ``StageFailed``
-    when the plan names another route but not its interpreter.
-    """
-    if route is not None:
-        return resolve(route)
-    recorded = (stage_plan.verification.details.get("route") if stage_plan.verification else None) or {}
-    if recorded.get("kind"):
-        return ResolvedRoute(recorded["name"], recorded["kind"], recorded.get("python"))
-    if stage_plan.route in (None, THIS_PROCESS):
-        return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
-    raise StageFailed(
-        stage_plan.name, stage_plan.device or "?",
-        f"the plan names route {stage_plan.route!r} but not its interpreter; pass route= from the profile",
-    )
 
 
 @dataclass(frozen=True)
@@ -110,7 +78,7 @@ class ChunkSettings:
     samples_per_frame: int
 
 
-class ExportedGraphRunner(StageRunner):
+class ExportedGraphRunner(OrtRunner):
     """preprocess → session → postprocess per input item, the session in its route.
 
     ``stream`` yields one output item per input item (for the TTS: a text chunk
@@ -121,45 +89,26 @@ class ExportedGraphRunner(StageRunner):
 
     def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute,
                  *, chunk: ChunkSettings | None = None, warmup: bool = True) -> None:
-        self.plan = stage_plan
+        super().__init__(stage_plan, route)
         self.chunk = chunk
         self.warmup = warmup
         self.artifact = artifact
-        self.route = route
-        self._host: Any = None
         self._handle: int | None = None
         self._pre = artifact.hook("preprocess")
         self._post = artifact.hook("postprocess")
-        self.load_info: dict[str, Any] = {}
-        self._pids: list[int] = []
         self._stamps: dict[str, dict[str, float]] = {}
         """Request → when its first item went through each step (``time.perf_counter``), until
         ``request_stats`` hands them to the device actor (the first-audio trace)."""
 
     def load(self) -> None:
-        spec = self.plan.engine_kwargs.get("session")
-        if not spec:
-            raise StageFailed(self.plan.name, self.plan.device or "?", "the plan carries no session spec (was it admitted?)")
-        try:
-            self._host = open_sessions(self.route)
-            self.load_info = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
-        except Exception as exc:
-            self.close()
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+        specs = self._session_specs()
+        with self._loading():
+            self.load_info = self._open(specs)["session"]
         self._handle = self.load_info["handle"]
         if self.warmup:
-            try:
+            with self._loading("the warm-up run at load failed: "):
                 self.load_info = {**self.load_info, "warmup": self._warm()}
-            except Exception as exc:
-                self.close()
-                raise StageFailed(self.plan.name, self.plan.device or "?",
-                                  f"the warm-up run at load failed: {type(exc).__name__}: {exc}") from exc
-        if not self._host.in_process:
-            self._host.recycle_limit = recycle_limit(self.plan.budget_bytes())
-            rise = (self.plan.calibration or {}).get("call_rise_bytes")
-            if isinstance(rise, int) and rise > 0:
-                self._host.expect_rise(rise)
-            self.load_info = {**self.load_info, "worker_recycle_limit_bytes": self._host.recycle_limit}
+        self._recycle_at_budget()
 
     def _warm(self) -> dict[str, Any]:
         """One run at load, before any request, so the first request does not pay the first
@@ -176,30 +125,11 @@ class ExportedGraphRunner(StageRunner):
             item = "reference inputs"
         return {"item": item, "s": round(time.perf_counter() - t0, 4)}
 
-    def process_ids(self) -> list[int]:
-        """The route worker's process (and its children), the current one after a recycle; [] in this process."""
-        host = self._host
-        if host is None or host.in_process:
-            return []
-        if not self._pids or self._pids[0] != host.pid:
-            self._pids = [host.pid, *descendants(host.pid)]
-        return list(self._pids)
-
-    def worker_stats(self) -> dict[str, int] | None:
-        """What calibration budgets a recycled worker from (``StageRunner.worker_stats``)."""
-        host = self._host
-        if host is None or host.in_process or host.recycle_limit is None:
-            return None
-        return {"recycle_limit_bytes": int(host.recycle_limit), "call_rise_bytes": max(0, host.largest_rise),
-                "worker_recycles": host.recycles, "worker_calls": host.calls,
-                "retained_bytes": max(0, host.retained_bytes), "fresh_bytes": host.fresh_bytes}
-
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """``worker_recycles``: how many times the stage's route worker was replaced since the load;
         ``stamps``: when the request's first item went through each step (the device actor takes
         them out of the figures, for the runtime's first-audio trace)."""
-        host = self._host
-        out: dict[str, Any] = {} if host is None or host.in_process else {"worker_recycles": host.recycles}
+        out = self._worker_figures()
         stamps = self._stamps.pop(request_id, None)
         if stamps is not None:
             out["stamps"] = stamps
@@ -210,7 +140,7 @@ class ExportedGraphRunner(StageRunner):
         step ended (``time.perf_counter``: ``started``, ``preprocessed``, ``ran``,
         ``postprocessed``) and the session's own ``run_s`` as the route measured it."""
         if self._handle is None:
-            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load()")
+            self._fail("run before load()")
         if stamps is not None:
             stamps["started"] = time.perf_counter()
         feeds = self._pre(item, self.artifact) if self._pre else feeds_for(
@@ -230,7 +160,7 @@ class ExportedGraphRunner(StageRunner):
     def run_window(self, window: Window) -> Any:
         """One window of frames through the chain, synchronously: the new samples only."""
         if self._handle is None or self.chunk is None:
-            raise StageFailed(self.plan.name, self.plan.device or "?", "run before load(), or not a chunked stage")
+            self._fail("run before load(), or not a chunked stage")
         codes = window.codes  # [codebooks, context + new]
         feeds = self._pre(codes, self.artifact) if self._pre else {self.artifact.manifest.inputs[0].name: codes[None]}
         outputs = dict(self._host.run(self._handle, feeds)["outputs"])
@@ -246,8 +176,7 @@ class ExportedGraphRunner(StageRunner):
             try:
                 windows = chunker.add(item)
             except ChunkInputError as exc:
-                raise StageFailed(self.plan.name, self.plan.device or "?",
-                                  f"request {request_id}: an item after {chunker.received} frame(s) of codes: {exc}") from exc
+                self._fail(f"request {request_id}: an item after {chunker.received} frame(s) of codes: {exc}")
             for window in windows:
                 yield await self._decode(request_id, window)
         for window in chunker.finish():
@@ -259,7 +188,7 @@ class ExportedGraphRunner(StageRunner):
         except StageFailed:
             raise
         except Exception as exc:
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+            raise self._failed(exc, f"request {request_id}: ") from exc
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         if self.chunk is not None:
@@ -279,7 +208,7 @@ class ExportedGraphRunner(StageRunner):
             except (StageFailed, BadRequest):
                 raise
             except Exception as exc:
-                raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+                raise self._failed(exc, f"request {request_id}: ") from exc
 
     def _keep_stamps(self, request_id: str, stamps: dict[str, float]) -> None:
         self._stamps[request_id] = stamps
@@ -287,11 +216,8 @@ class ExportedGraphRunner(StageRunner):
             del self._stamps[next(iter(self._stamps))]
 
     def close(self) -> None:
-        if self._host is not None:
-            if self._handle is not None:
-                self._host.close(self._handle)
-            self._host.shutdown()
-        self._host, self._handle = None, None
+        super().close()
+        self._handle = None
 
 
 ORT_TENSOR_DTYPES = {

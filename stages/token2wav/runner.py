@@ -1,7 +1,9 @@
 """The runtime half of ``token2wav``: a request's codes in, one waveform out.
 
 :class:`Token2WavRunner` opens the plan's two session specs (DiT step, vocoder) in one
-session host of the placement's route, as ``asr`` does. Per request, when its codes have
+session host of the placement's route, as ``asr`` does (:class:`~stages.ort_runner.OrtRunner`;
+its route worker is not recycled yet: how the DiT's frame counts grow OpenVINO's memory is
+not measured). Per request, when its codes have
 all come (the DiT attends over the whole sequence), it does what transformers'
 ``Qwen2_5OmniToken2WavDiTModel.sample`` and ``Qwen2_5OmniToken2WavModel.forward`` do:
 
@@ -28,20 +30,18 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.errors import StageFailed
-from orchestrator.ort.backends import with_cpu_threads
-from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import Cancelled
-from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
-from stages.exported_graph.runner import route_for
+from stages.ort_runner import OrtRunner, route_for
 from stages.token2wav.kind import VOICES
 
 if TYPE_CHECKING:
+    from orchestrator.ort.sessions import ResolvedRoute
     from orchestrator.plan import StagePlan
 
 __all__ = ["Token2WavRunner", "route_for", "solve", "time_points"]
@@ -75,13 +75,12 @@ def solve(velocity: Any, initial: Any, times: Any) -> Any:
     return x
 
 
-class Token2WavRunner(StageRunner):
+class Token2WavRunner(OrtRunner):
     """DiT step + vocoder sessions in the placement's route; the solver loop here."""
 
     def __init__(self, stage_plan: StagePlan, artifacts: dict[str, ExportedArtifact], route: ResolvedRoute, *,
                  voice: str | None = None, steps: int | None = None, seed: int = 0) -> None:
-        self.plan = stage_plan
-        self.route = route
+        super().__init__(stage_plan, route)
         self.dit, self.vocoder = artifacts["dit"], artifacts["vocoder"]
         meta = {**DEFAULTS, **self.vocoder.metadata, **self.dit.metadata}
         try:
@@ -102,19 +101,11 @@ class Token2WavRunner(StageRunner):
         self.seed = seed
         self.cond: Any = None
         self.ref_mel: Any = None
-        self._host: Any = None
-        self._handles: dict[str, int] = {}
-        self.load_info: dict[str, Any] = {}
-
-    def _fail(self, why: str) -> NoReturn:
-        raise StageFailed(self.plan.name, self.plan.device or "?", why)
 
     def load(self) -> None:
         """Read the voice, then open the DiT's and the vocoder's sessions in the route."""
-        specs = {g: dict((self.plan.engine_kwargs.get(g) or {}).get("session") or {}) for g in ("dit", "vocoder")}
-        if not all(specs.values()):
-            self._fail("the plan carries no session spec for the DiT and the vocoder (was it admitted?)")
-        try:
+        specs = self._session_specs("dit", "vocoder", spelled="the DiT and the vocoder")
+        with self._loading():
             with np.load(self.dit.dir / VOICES) as data:
                 voices = {k: data[k] for k in data.files}
             names = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in voices))
@@ -124,13 +115,7 @@ class Token2WavRunner(StageRunner):
             self.voice_name = name
             self.cond = np.asarray(voices[f"{name}.cond"], dtype=np.float32).reshape(1, 1, -1)
             self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(1, -1, self.mel_dim)
-            self._host = open_sessions(self.route)
-            for graph, spec in specs.items():
-                self.load_info[graph] = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
-                self._handles[graph] = self.load_info[graph]["handle"]
-        except Exception as exc:
-            self.close()
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+            self.load_info = self._open(specs)
 
     def codes_of(self, items: list[Any]) -> Any:
         """The request's items (a code, or a sequence of codes each) as int64 ``[1, codes]``;
@@ -195,15 +180,7 @@ class Token2WavRunner(StageRunner):
             except (StageFailed, Cancelled):
                 raise
             except Exception as exc:
-                raise StageFailed(self.plan.name, self.plan.device or "?",
-                                  f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+                raise self._failed(exc, f"request {request_id}: ") from exc
             yield {"audio": audio, "sample_rate": self.rate}
         finally:  # cancelled or closed early: the thread still solving stops at its next evaluation
             cancel.set()
-
-    def close(self) -> None:
-        if self._host is not None:
-            for handle in self._handles.values():
-                self._host.close(handle)
-            self._host.shutdown()
-        self._host, self._handles = None, {}

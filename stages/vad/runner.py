@@ -2,7 +2,9 @@
 
 :class:`VadRunner` opens the plan's session spec in the placement's route
 (this interpreter or the route's worker, ``orchestrator.ort.sessions``), as an
-``exported_graph`` stage opens its one. Per request (the items are consecutive
+``exported_graph`` stage opens its one (:class:`~stages.ort_runner.OrtRunner`:
+a route worker is recycled at the stage's budget, between items: each item's
+windows are one ``_unit``). Per request (the items are consecutive
 pieces of one recording, at one sample rate):
 
 1. each item is resampled to the graph's rate (``metadata.sample_rate``, 16 kHz)
@@ -32,34 +34,31 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import soxr
 
 from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.ort.backends import with_cpu_threads
-from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from stages.audio_items import RESAMPLE_BLOCK_SAMPLES, Cancelled, mono_audio
-from stages.base import StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
-from stages.exported_graph.runner import route_for
+from stages.ort_runner import OrtRunner, route_for
 from stages.vad.segments import Segmenter, SegmentRules
 
 if TYPE_CHECKING:
+    from orchestrator.ort.sessions import ResolvedRoute
     from orchestrator.plan import StagePlan
 
 __all__ = ["VadRunner", "route_for"]
 
 
-class VadRunner(StageRunner):
+class VadRunner(OrtRunner):
     """Silero VAD window by window with its state; segments cut at pauses."""
 
     def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
-        self.plan = stage_plan
+        super().__init__(stage_plan, route)
         self.artifact = artifact
-        self.route = route
         meta = artifact.metadata
         try:
             self.rate = int(meta["sample_rate"])
@@ -80,27 +79,18 @@ class VadRunner(StageRunner):
             pad=int(s.get("speech_pad_ms", 100)) * ms, max_segment=int(float(s.get("max_segment_s", 30.0)) * self.rate),
         )
         self.no_speech = str(s.get("no_speech", "refuse"))
-        self._host: Any = None
         self._handle: int | None = None
         self._stats: dict[str, dict[str, Any]] = {}
-        self.load_info: dict[str, Any] = {}
-
-    def _fail(self, why: str) -> NoReturn:
-        raise StageFailed(self.plan.name, self.plan.device or "?", why)
 
     def load(self) -> None:
-        """Open the session in the route, and score one window of silence (the first run's allocations)."""
-        spec = self.plan.engine_kwargs.get("session")
-        if not spec:
-            self._fail("the plan carries no session spec (was it admitted?)")
-        try:
-            self._host = open_sessions(self.route)
-            self.load_info = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
+        """Open the session in the route, and score one window of silence (the first run's
+        allocations); then a route worker is recycled at the stage's budget."""
+        specs = self._session_specs()
+        with self._loading():
+            self.load_info = self._open(specs)["session"]
             self._handle = self.load_info["handle"]
             Windows(self).score(np.zeros(self.window, dtype=np.float32))
-        except Exception as exc:
-            self.close()
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"{type(exc).__name__}: {exc}") from exc
+        self._recycle_at_budget()
 
     def run_window(self, window: Any, context: Any, state: Any) -> tuple[float, Any]:
         """One call of the graph: (speech probability, next state)."""
@@ -117,14 +107,14 @@ class VadRunner(StageRunner):
         try:
             async for item in inputs:
                 samples, rate = self._samples(item, cut.source_rate)
-                for segment in await asyncio.to_thread(cut.feed, samples, rate):
+                for segment in await asyncio.to_thread(self._in_unit, cut.feed, samples, rate):
                     yield segment
-            for segment in await asyncio.to_thread(cut.finish):
+            for segment in await asyncio.to_thread(self._in_unit, cut.finish):
                 yield segment
         except StageFailed:
             raise
         except Exception as exc:
-            raise StageFailed(self.plan.name, self.plan.device or "?", f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+            raise self._failed(exc, f"request {request_id}: ") from exc
         finally:  # cancelled or closed early: the thread still scoring stops at its next block
             cut.cancel.set()
         if cut.segments or self.no_speech != "refuse":
@@ -138,9 +128,15 @@ class VadRunner(StageRunner):
                 "record the question again, closer to the microphone; or lower the stage's threshold",
             )
 
+    def _in_unit(self, work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dict[str, Any]]:
+        """One item's windows in one route worker: recycled before or after them, never between."""
+        with self._unit():
+            return work(*args)
+
     def request_stats(self, request_id: str) -> dict[str, Any]:
-        """Seconds heard, windows scored, segments kept and their speech seconds (popped: asked once)."""
-        return self._stats.pop(request_id, {})
+        """Seconds heard, windows scored, segments kept and their speech seconds (popped: asked once);
+        ``worker_recycles`` for a route worker."""
+        return {**self._stats.pop(request_id, {}), **self._worker_figures()}
 
     def _samples(self, item: Any, rate_so_far: int | None) -> tuple[Any, int]:
         try:
@@ -152,11 +148,8 @@ class VadRunner(StageRunner):
         return samples, rate
 
     def close(self) -> None:
-        if self._host is not None:
-            if self._handle is not None:
-                self._host.close(self._handle)
-            self._host.shutdown()
-        self._host, self._handle = None, None
+        super().close()
+        self._handle = None
 
 
 class Windows:
