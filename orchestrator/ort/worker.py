@@ -482,68 +482,17 @@ class Sessions:
         return out
 
     def open(self, spec: dict[str, Any], record: bool = True, log_severity: int = 3) -> dict[str, Any]:
-        """Long (about 100 lines): plugin resolution, session options, session creation and the
-        reply in one wire handler; each becomes a function once the session spec and the reply
-        are typed."""
+        """Open a session from its spec: the providers resolved (a plugin EP on its devices when
+        the target EP is not built in; :func:`_providers`), the session options
+        (:func:`_session_options`), the session created, and the reply: its handle, the providers
+        it took, the EP options given and reported, the node assignment, the graph's inputs and
+        outputs, the plugin it came from."""
         import onnxruntime as ort
 
-        # What the build has built in. A plugin library registered here (by the probe, or by
-        # an earlier open) puts its EP in get_available_providers(), but a session that names
-        # it in providers= silently runs on the CPU EP alone: a plugin EP is only ever taken
-        # through add_provider_for_devices.
-        plugged = {r["ep"] for r in _registered.values() if r["status"] == "registered"}
-        available = set(ort.get_available_providers()) - plugged
-        missing = [p for p in spec["providers"] if p not in available]
-        plugin_devices: list[Any] = []
-        plugin_options: dict[str, str] = {}
-        used_plugin: dict[str, Any] | None = None
-        if missing == spec["providers"][:1] and spec.get("plugins"):
-            # The target EP is not built in: take it from a plugin package, on its devices.
-            tried = []
-            for plugin in spec["plugins"]:
-                reg = register_plugin(ort, plugin)
-                if reg["status"] != "registered":
-                    tried.append(f"{plugin['package']}: {reg['status']}{' (' + reg['error'] + ')' if reg['error'] else ''}")
-                    continue
-                plugin_devices, plugin_options, looked_for = select_ep_devices(
-                    ort, plugin, spec["provider_options"][0])
-                if plugin_devices:
-                    used_plugin = reg
-                    missing = []
-                    break
-                listed = "; ".join(f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in ep_devices(ort))
-                tried.append(f"{plugin['package']} {reg['version']} registered, but get_ep_devices() lists no device "
-                             f"for {looked_for} (it lists: {listed or 'nothing'})")
-            if missing:
-                raise ProviderUnavailable(
-                    f"{missing[0]} is not built into this onnxruntime {ort.__version__} "
-                    f"(it offers {', '.join(sorted(available))}) and no plugin gives it a device: {'; '.join(tried)}"
-                )
-        if missing:
-            # ORT would only warn and fall back to the CPU: that is exactly the silent
-            # success this project exists to prevent.
-            raise ProviderUnavailable(
-                f"{', '.join(missing)} not in this onnxruntime {ort.__version__} build "
-                f"(it offers {', '.join(sorted(available))})"
-            )
-        so = ort.SessionOptions()
-        so.log_severity_level = log_severity
-        for key, value in spec.get("session_options", {}).items():
-            if key == "execution_mode":
-                so.execution_mode = {
-                    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
-                    "parallel": ort.ExecutionMode.ORT_PARALLEL,
-                }[value]
-            elif key == "graph_optimization_level":
-                so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
-            else:
-                setattr(so, key, value)
-        for key, value in spec.get("session_config", {}).items():
-            so.add_session_config_entry(key, str(value))
-        if record:
-            so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+        plugin, plugin_devices, plugin_options = _providers(ort, spec)
+        so = _session_options(ort, spec, record, log_severity)
         t0 = time.perf_counter()
-        if used_plugin is not None:
+        if plugin is not None:
             # The plugin EP first, on the selected devices; ONNX Runtime appends the CPU EP
             # itself unless session.disable_cpu_ep_fallback says not to.
             so.add_provider_for_devices(plugin_devices, plugin_options)
@@ -564,7 +513,7 @@ class Sessions:
                 {"ep": sg.ep_name, "nodes": [[n.op_type, n.name] for n in sg.get_nodes()]}
                 for sg in session.get_provider_graph_assignment_info()
             ]
-        given = plugin_options if used_plugin is not None else spec["provider_options"][0]
+        given = plugin_options if plugin is not None else spec["provider_options"][0]
         return {
             "handle": handle,
             "providers": list(session.get_providers()),
@@ -575,14 +524,7 @@ class Sessions:
             "inputs": [_meta(i) for i in session.get_inputs()],
             "outputs": [_meta(o) for o in session.get_outputs()],
             "vitisai_report": _vitisai_report(spec),
-            "plugin": None if used_plugin is None else {
-                "package": used_plugin["package"], "version": used_plugin["version"],
-                "library": used_plugin["library"],
-                "devices": [{"device_type": str(d.device.type).rsplit(".", 1)[-1], "vendor": d.device.vendor,
-                             "device_id": int(d.device.device_id),
-                             "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()}}
-                            for d in plugin_devices],
-            },
+            "plugin": None if plugin is None else _plugin_reply(plugin, plugin_devices),
         }
 
     def run(self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
@@ -679,6 +621,77 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
 
 # ---- main loop --------------------------------------------------------------------
 
+def _providers(ort: Any, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
+    """The spec's providers, checked against this build: ``(plugin, its devices, its options)``
+    when the target EP comes from a plugin package, ``(None, [], {})`` when every provider is
+    built in; ``ProviderUnavailable`` otherwise.
+
+    A plugin library registered here (by the probe, or by an earlier open) puts its EP in
+    get_available_providers(), but a session that names it in providers= silently runs on the
+    CPU EP alone: a plugin EP is only ever taken through add_provider_for_devices."""
+    plugged = {r["ep"] for r in _registered.values() if r["status"] == "registered"}
+    available = set(ort.get_available_providers()) - plugged
+    missing = [p for p in spec["providers"] if p not in available]
+    if missing == spec["providers"][:1] and spec.get("plugins"):
+        # The target EP is not built in: take it from a plugin package, on its devices.
+        tried = []
+        for plugin in spec["plugins"]:
+            reg = register_plugin(ort, plugin)
+            if reg["status"] != "registered":
+                tried.append(f"{plugin['package']}: {reg['status']}{' (' + reg['error'] + ')' if reg['error'] else ''}")
+                continue
+            devices, options, looked_for = select_ep_devices(ort, plugin, spec["provider_options"][0])
+            if devices:
+                return reg, devices, options
+            listed = "; ".join(f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in ep_devices(ort))
+            tried.append(f"{plugin['package']} {reg['version']} registered, but get_ep_devices() lists no device "
+                         f"for {looked_for} (it lists: {listed or 'nothing'})")
+        raise ProviderUnavailable(
+            f"{missing[0]} is not built into this onnxruntime {ort.__version__} "
+            f"(it offers {', '.join(sorted(available))}) and no plugin gives it a device: {'; '.join(tried)}"
+        )
+    if missing:
+        # ORT would only warn and fall back to the CPU: that is exactly the silent
+        # success this project exists to prevent.
+        raise ProviderUnavailable(
+            f"{', '.join(missing)} not in this onnxruntime {ort.__version__} build "
+            f"(it offers {', '.join(sorted(available))})"
+        )
+    return None, [], {}
+
+
+def _session_options(ort: Any, spec: dict[str, Any], record: bool, log_severity: int) -> Any:
+    """``SessionOptions`` from the spec's ``session_options`` and ``session_config``; with
+    ``record``, the node assignment is recorded."""
+    so = ort.SessionOptions()
+    so.log_severity_level = log_severity
+    for key, value in spec.get("session_options", {}).items():
+        if key == "execution_mode":
+            so.execution_mode = {
+                "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+                "parallel": ort.ExecutionMode.ORT_PARALLEL,
+            }[value]
+        elif key == "graph_optimization_level":
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
+        else:
+            setattr(so, key, value)
+    for key, value in spec.get("session_config", {}).items():
+        so.add_session_config_entry(key, str(value))
+    if record:
+        so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+    return so
+
+
+def _plugin_reply(plugin: dict[str, Any], devices: list[Any]) -> dict[str, Any]:
+    """The plugin a session's EP came from, and the devices it was given, as the reply carries them."""
+    return {
+        "package": plugin["package"], "version": plugin["version"], "library": plugin["library"],
+        "devices": [{"device_type": str(d.device.type).rsplit(".", 1)[-1], "vendor": d.device.vendor,
+                     "device_id": int(d.device.device_id),
+                     "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()}}
+                    for d in devices],
+    }
+
 
 def main() -> None:
     # Fail at start, where sessions.py quotes the ImportError with its remedy, rather
@@ -716,3 +729,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
