@@ -177,6 +177,26 @@ class _Slot:
         self.out = -1         # this step's batch row with logits, -1 when none
 
 
+def _context_settings(kw: dict[str, Any], lc: Any) -> tuple[int, int, int, int, str, str, int, bool]:
+    """The context's settings from the plan's engine kwargs, checked against this build:
+    sequences, context cells, batch and micro-batch sizes, the KV cache types, GPU layers, and
+    flash attention (needed by a quantized V cache)."""
+    n_seq = int(kw.get("n_seq_max") or 1)
+    n_ctx = int(kw.get("n_ctx") or int(kw["max_model_len"]) * n_seq)
+    n_batch = int(kw.get("n_batch") or min(2048, n_ctx))
+    n_ubatch = int(kw.get("n_ubatch") or min(512, n_batch))
+    type_k, type_v = str(kw.get("type_k") or "f16"), str(kw.get("type_v") or "f16")
+    for name in (type_k, type_v):
+        if name not in KV_CACHE_TYPES:
+            raise ValueError(f"KV cache type {name!r} is not one of {', '.join(KV_CACHE_TYPES)}")
+    gpu_layers = int(kw.get("n_gpu_layers") or 0)
+    if gpu_layers and not lc.llama_supports_gpu_offload():
+        raise ValueError(f"n_gpu_layers {gpu_layers}: this llama.cpp build has no GPU offload "
+                         f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu")
+    flash = bool(kw.get("flash_attn")) or type_v in QUANTIZED_KV_TYPES
+    return n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash
+
+
 class LlamaCppRunner(StageRunner):
     """An ``ar_decode`` stage on llama.cpp, in this process (see the module docstring)."""
 
@@ -214,19 +234,7 @@ class LlamaCppRunner(StageRunner):
             lc = self._lc = llama_cpp_module()
             t_import = time.perf_counter()
             path = gguf_path(kw["model"])
-            n_seq = int(kw.get("n_seq_max") or 1)
-            n_ctx = int(kw.get("n_ctx") or int(kw["max_model_len"]) * n_seq)
-            n_batch = int(kw.get("n_batch") or min(2048, n_ctx))
-            n_ubatch = int(kw.get("n_ubatch") or min(512, n_batch))
-            type_k, type_v = str(kw.get("type_k") or "f16"), str(kw.get("type_v") or "f16")
-            for name in (type_k, type_v):
-                if name not in KV_CACHE_TYPES:
-                    raise ValueError(f"KV cache type {name!r} is not one of {', '.join(KV_CACHE_TYPES)}")
-            gpu_layers = int(kw.get("n_gpu_layers") or 0)
-            if gpu_layers and not lc.llama_supports_gpu_offload():
-                raise ValueError(f"n_gpu_layers {gpu_layers}: this llama.cpp build has no GPU offload "
-                                 f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu")
-            flash = bool(kw.get("flash_attn")) or type_v in QUANTIZED_KV_TYPES
+            n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash = _context_settings(kw, lc)
 
             mparams = lc.llama_model_default_params()
             mparams.n_gpu_layers = ALL_GPU_LAYERS if gpu_layers < 0 else gpu_layers
