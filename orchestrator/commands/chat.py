@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrator.api import Pipeline
+    from orchestrator.errors import Problem
 
 Messages = list[dict[str, str]]
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
@@ -383,11 +384,11 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
                 raise
             raise Stopped("stopped (Ctrl-C)") from None
         if wav_out is not None and result.audio is not None and result.sample_rate:
-            kept: list[tuple[str, str, str]] = []
+            kept: list[Problem] = []
             path = wav_out.finish(result, kept)
             console.print(f"[dim]audio: {plain(path)} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True)
-            for where, what, _ in kept:
-                console.print(f"[yellow]{plain(where)}: {plain(what)}[/]", soft_wrap=True)
+            for problem in kept:
+                console.print(f"[yellow]{plain(problem.where)}: {plain(problem.what)}[/]", soft_wrap=True)
         return result.text
 
     return reply

@@ -53,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.errors import Problem
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -127,7 +129,7 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
     (the prompt needs room too). ``ConfigError`` naming the flag (exit 2)."""
     from pydantic import ValidationError
 
-    from orchestrator.errors import ConfigError, Problem
+    from orchestrator.errors import ConfigError
     from stages.base import REQUEST
 
     problems: list[Problem] = []
@@ -342,9 +344,9 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"record: {path}", soft_wrap=True, markup=False)
         raise run.failure
     if run.kept:
-        from orchestrator.errors import ConfigError, Problem
+        from orchestrator.errors import ConfigError
 
-        raise ConfigError([Problem(*k) for k in run.kept])
+        raise ConfigError(list(run.kept))
     _report(pipeline, args, run, doc, path, console)
     return EXIT_OK
 
@@ -404,7 +406,7 @@ class _Outcome:
     wav: Path | None = None
     failure: BaseException | None = None
     measured: dict[str, Any] = field(default_factory=dict)
-    kept: list[tuple[str, str, str]] = field(default_factory=list)
+    kept: list[Problem] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -492,7 +494,7 @@ def _report(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, doc: di
 def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace) -> None:
     """``pipeline.validate(request)``; with ``--input``, each problem is named by the flag
     (``--input: request (stage proj, kind exported_graph): embedding``), exit 2."""
-    from orchestrator.errors import BadRequest, Problem
+    from orchestrator.errors import BadRequest
 
     try:
         pipeline.validate(request)
@@ -546,7 +548,7 @@ class WavOut:
             self.error = exc
             self.discard()
 
-    def finish(self, result: Result, kept: list[tuple[str, str, str]]) -> Path:
+    def finish(self, result: Result, kept: list[Problem]) -> Path:
         from orchestrator.runtime.audio import write_wav
 
         assert result.audio is not None and result.sample_rate
@@ -558,8 +560,8 @@ class WavOut:
                 self.discard()
         spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
         reason = self.error.strerror or self.error if self.error is not None else "no audio reached it"
-        kept.append((f"--out {self.target}", f"could not be written ({reason}); "
-                     f"the audio is kept in {spare}", "copy it from there; the record names it too"))
+        kept.append(Problem(f"--out {self.target}", f"could not be written ({reason}); "
+                            f"the audio is kept in {spare}", "copy it from there; the record names it too"))
         return spare
 
     def discard(self) -> None:
@@ -567,15 +569,15 @@ class WavOut:
             self.writer.discard()
 
 
-def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: str, kept: list[tuple[str, str, str]]) -> Path:
+def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: str, kept: list[Problem]) -> Path:
     from orchestrator.runtime import record as rec
 
     try:
         return rec.write(doc, target, request_id=request_id)
     except OSError as exc:
         spare = rec.write(doc, _fallback(f"{request_id}.json"), request_id=request_id)
-        kept.append((f"--record {target or rec.DEFAULT_DIR}", f"could not be written at the end "
-                     f"({exc.strerror or exc}); the record is kept in {spare}", "copy it from there"))
+        kept.append(Problem(f"--record {target or rec.DEFAULT_DIR}", f"could not be written at the end "
+                            f"({exc.strerror or exc}); the record is kept in {spare}", "copy it from there"))
         return spare
 
 
