@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import RefusalCode, VerificationError
 from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.ort.sessions import RemoteError, Sessions
+from orchestrator.ort.worker import OpenedSession
 from orchestrator.plan import Refusal
 
 if TYPE_CHECKING:
@@ -224,11 +225,12 @@ def _run_target(sessions: Sessions, spec: SessionSpec, feeds: dict[str, Any]) ->
             sessions.close(handle)
 
 
-def _coverage(info: dict[str, Any], target_ep: str) -> dict[str, Any]:
+def _coverage(info: OpenedSession, target_ep: str) -> dict[str, Any]:
     """Coverage from an opened session: VitisAI's own report where it wrote one, else ORT's assignment."""
-    coverage = coverage_from_assignment(info["assignment"], target_ep) if info.get("assignment") is not None else None
-    if info.get("vitisai_report"):
-        coverage = coverage_from_vitisai(info["vitisai_report"], coverage)
+    assignment, vitisai = info.get("assignment"), info.get("vitisai_report")
+    coverage = coverage_from_assignment(assignment, target_ep) if assignment is not None else None
+    if vitisai:
+        coverage = coverage_from_vitisai(vitisai, coverage)
     if coverage is None:
         raise VerificationError(
             f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
