@@ -45,6 +45,7 @@ from orchestrator.ort.hostproc import (
     launch_remedy,
     windows_path,
 )
+from orchestrator.ort.worker import OpenedSession
 from orchestrator.packages import require_one_ort_flavour
 from orchestrator.profile import THIS_PROCESS
 
@@ -124,8 +125,9 @@ class InProcessSessions:
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("probe", {"plugins": plugin_wire()})
 
-    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("open", {"spec": with_plugins(spec), "record": record})
+    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> OpenedSession:
+        result: OpenedSession = self._call("open", {"spec": with_plugins(spec), "record": record})
+        return result
 
     def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         return self._call("run", {"handle": handle, "feeds": feeds})
@@ -172,7 +174,7 @@ class WorkerSessions:
         """RSS (bytes) above which the worker is replaced between calls; None: never (see :meth:`run`)."""
         self.recycles = 0
         """How many times the worker was replaced."""
-        self._opened: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._opened: dict[int, tuple[dict[str, Any], OpenedSession]] = {}
         """Handle given to the caller -> (the open call's arguments, its result): what a recycle reopens."""
         self._handles: dict[int, int] = {}
         """Handle given to the caller -> the current worker's handle (they differ after a recycle)."""
@@ -227,16 +229,18 @@ class WorkerSessions:
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("probe", {"plugins": plugin_wire()}, timeout or settings.PROBE_TIMEOUT_S)
 
-    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        """Open a session; local paths in the spec are spelled the way the route reads them."""
+    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> OpenedSession:
+        """Open a session; local paths in the spec are spelled the way the route reads them.
+        A malformed spec is refused here, by the key, before the worker is asked."""
+        route_worker.check_spec(spec)
         options = [
             {k: (self.path(v) if k in PATH_OPTIONS and os.path.isabs(v) else v) for k, v in o.items()}
             for o in spec["provider_options"]
         ]
         spec = {**with_plugins(spec), "graph": self.path(spec["graph"]), "provider_options": options}
-        args = {"spec": spec, "record": record}
+        args: dict[str, Any] = {"spec": spec, "record": record}
         with self._lock:
-            result = self._call_locked("open", args, timeout or settings.OPEN_TIMEOUT_S)
+            result: OpenedSession = self._call_locked("open", args, timeout or settings.OPEN_TIMEOUT_S)
             handle = result["handle"]
             self._opened[handle], self._handles[handle] = (args, result), handle
         return result

@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import Callable
 from importlib import metadata
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 # numpy is imported where arrays are handled, not here: the planner imports this
 # module for ORT_DISTRIBUTIONS and runtime_identity (stdlib only), and `omni-edge
@@ -425,6 +425,79 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
             "gpu_offload": bool(found.get("gpu_offload"))}
 
 
+# ---- records that cross the process boundary -----------------------------------
+# TypedDicts (stdlib, so this file stays self-contained): the wire is JSON, and these
+# say what a spec and an opened-session reply hold. A spec is checked where it
+# arrives (:func:`check_spec`), so a malformed one is refused by the key it lacks.
+
+
+class _SpecKeys(TypedDict):
+    graph: str
+    providers: list[str]
+    provider_options: list[dict[str, str]]
+
+
+class SpecRecord(_SpecKeys, total=False):
+    """A session spec as it crosses to a route (``backends.SessionSpec.to_dict()``, plus
+    the ``plugins`` that ``sessions.with_plugins`` adds)."""
+
+    session_options: dict[str, Any]
+    session_config: dict[str, str]
+    plugins: list[dict[str, Any]]
+
+
+class EpOptions(TypedDict):
+    given: dict[str, str]
+    reported: dict[str, str] | None
+
+
+class OpenedSession(TypedDict):
+    """What ``open`` answers: the handle, the providers the session took, the EP options
+    given and reported, the node assignment, the graph's inputs and outputs, the plugin."""
+
+    handle: int
+    providers: list[str]
+    ep_options: EpOptions
+    assignment: list[dict[str, Any]] | None
+    assignment_api: bool
+    load_s: float
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    vitisai_report: dict[str, Any] | None
+    plugin: dict[str, Any] | None
+
+
+SPEC_FIX = "a session spec is backends.SessionSpec.to_dict(): graph, providers, provider_options[, session_options, session_config]"
+
+
+def check_spec(spec: Any) -> SpecRecord:
+    """``spec`` as a :class:`SpecRecord`, or a ``ValueError`` naming the key that is missing
+    or of the wrong type (it was a ``KeyError`` or a ``TypeError`` deep in ``open``)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"the session spec is a {type(spec).__name__}, not a mapping ({SPEC_FIX})")
+    missing = [k for k in _SpecKeys.__annotations__ if k not in spec]
+    if missing:
+        raise ValueError(f"the session spec has no {', '.join(repr(k) for k in missing)} ({SPEC_FIX})")
+    wrong = []
+    if not isinstance(spec["graph"], str):
+        wrong.append(f"'graph' is a {type(spec['graph']).__name__}, not a path")
+    providers, options = spec["providers"], spec["provider_options"]
+    if not isinstance(providers, list) or not providers or not all(isinstance(p, str) for p in providers):
+        wrong.append(f"'providers' is {providers!r}, not a non-empty list of EP names")
+    if not isinstance(options, list) or not all(isinstance(o, dict) for o in options):
+        wrong.append(f"'provider_options' is {options!r}, not a list of mappings")
+    elif isinstance(providers, list) and len(options) != len(providers):
+        wrong.append(f"'provider_options' has {len(options)} entries for {len(providers)} providers")
+    for key in ("session_options", "session_config"):
+        if not isinstance(spec.get(key, {}), dict):
+            wrong.append(f"{key!r} is a {type(spec[key]).__name__}, not a mapping")
+    if not isinstance(spec.get("plugins", []), list):
+        wrong.append(f"'plugins' is a {type(spec['plugins']).__name__}, not a list")
+    if wrong:
+        raise ValueError(f"the session spec is malformed: {'; '.join(wrong)} ({SPEC_FIX})")
+    return spec  # type: ignore[return-value]  # checked above, key by key
+
+
 class Sessions:
     """Sessions by handle. Used in-process for this-process routes and by ``main``."""
 
@@ -481,12 +554,13 @@ class Sessions:
                 out["providers"].append(p["ep"])
         return out
 
-    def open(self, spec: dict[str, Any], record: bool = True, log_severity: int = 3) -> dict[str, Any]:
+    def open(self, spec: SpecRecord, record: bool = True, log_severity: int = 3) -> OpenedSession:
         """Open a session from its spec: the providers resolved (a plugin EP on its devices when
         the target EP is not built in; :func:`_providers`), the session options
         (:func:`_session_options`), the session created, and the reply: its handle, the providers
         it took, the EP options given and reported, the node assignment, the graph's inputs and
         outputs, the plugin it came from."""
+        spec = check_spec(spec)  # the process boundary: what arrived is checked before ORT loads
         import onnxruntime as ort
 
         plugin, plugin_devices, plugin_options = _providers(ort, spec)
@@ -590,7 +664,7 @@ def _meta(arg: Any) -> dict[str, Any]:
     return {"name": arg.name, "type": arg.type, "shape": [d if isinstance(d, (int, str)) else None for d in arg.shape]}
 
 
-def _vitisai_report(spec: dict[str, Any]) -> dict[str, Any] | None:
+def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
     """The VitisAI EP's own assignment report, summarised, when it wrote one."""
     candidates = []
     env = os.environ.get("XLNX_ONNX_EP_REPORT_FILE")
@@ -621,7 +695,7 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
 
 # ---- main loop --------------------------------------------------------------------
 
-def _providers(ort: Any, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
+def _providers(ort: Any, spec: SpecRecord) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
     """The spec's providers, checked against this build: ``(plugin, its devices, its options)``
     when the target EP comes from a plugin package, ``(None, [], {})`` when every provider is
     built in; ``ProviderUnavailable`` otherwise.
@@ -660,7 +734,7 @@ def _providers(ort: Any, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, l
     return None, [], {}
 
 
-def _session_options(ort: Any, spec: dict[str, Any], record: bool, log_severity: int) -> Any:
+def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int) -> Any:
     """``SessionOptions`` from the spec's ``session_options`` and ``session_config``; with
     ``record``, the node assignment is recorded."""
     so = ort.SessionOptions()

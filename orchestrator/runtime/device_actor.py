@@ -23,7 +23,7 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
    and never calibrates a plan.
 3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
    streaming generator (``num_returns="streaming"``) of ``("out", item)``
-   tuples, then one ``("stats", figures)``. Its input is ``initial`` (the
+   tuples, then one ``("stats", StageStats)``. Its input is ``initial`` (the
    request) or the items the runtime sends with ``feed`` and closes with
    ``end_input`` — a bounded queue per request, so a slow stage holds its
    producer back.
@@ -47,7 +47,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.errors import ConfigError, LedgerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
@@ -66,6 +66,36 @@ INPUT_QUEUE_ITEMS = 4
 """Items waiting for a stage per request: a TTS stage that is 4 sentences behind
 holds the decode stage's chunks back (backpressure) instead of buffering them."""
 _END = ("__end__",)
+
+
+class Stamps(TypedDict):
+    """Absolute stamps on the device's monotonic clock (``time.perf_counter``), for the
+    runtime's first-audio trace (``hop.first_chunk_hop``); they never reach a record."""
+
+    emitted: list[float]
+    """When each output left the runner."""
+    first_fed: float | None
+    """When the request's first input was handed to this stage (None: it took ``initial``)."""
+    first_taken: float | None
+    """When the runner first took an input (None: never)."""
+    runner: Any
+    """The runner's own ``stamps`` entry of ``request_stats``, as it gave it."""
+
+
+NO_STAMPS: Stamps = {"emitted": [], "first_fed": None, "first_taken": None, "runner": None}
+"""What the runtime holds before a stage's stream has closed."""
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """The closing message of a stage's stream, ``("stats", StageStats)``: the figures of
+    one request on this stage (``items``, ``first_output_s``, ``duration_s``, ``busy_s``,
+    then ``chars``, ``item_latency_s``, ``audio_s``, ``real_time_factor`` where they apply,
+    then the runner's ``request_stats``) and the stamps kept apart from them. Sent by
+    :meth:`DeviceActor.stream`, read by ``runtime._StagePump.read``; it pickles across Ray."""
+
+    figures: dict[str, Any]
+    stamps: Stamps
 
 
 @dataclass
@@ -409,9 +439,9 @@ class DeviceActor:
         stats.update(figures)
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
-        stats["stamps"] = {"emitted": emitted, "first_fed": fed, "first_taken": waited[2] or None,
-                           "runner": runner_stamps}
-        yield ("stats", stats)
+        stamps: Stamps = {"emitted": emitted, "first_fed": fed, "first_taken": waited[2] or None,
+                          "runner": runner_stamps}
+        yield ("stats", StageStats(stats, stamps))
 
     async def cancel(self, request_id: str) -> int:
         """Stop every stage's work on ``request_id`` here; returns how many were running."""

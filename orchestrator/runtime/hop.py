@@ -37,6 +37,7 @@ A consumer whose runner reports no stamps (not an exported graph) gets
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,7 @@ def same_clock(producer_device: str | None, consumer_device: str | None) -> bool
     return (producer_device or "").rpartition("/")[0] == (consumer_device or "").rpartition("/")[0]
 
 
-def first_chunk_hop(first: FirstChunk, stamps: dict[str, Any], voice_arrived: float, t0: float) -> dict[str, Any] | None:
+def first_chunk_hop(first: FirstChunk, stamps: Mapping[str, Any], voice_arrived: float, t0: float) -> dict[str, Any] | None:
     """``first_chunk_hop``: the steps (``STEPS``) from the producer's first sentence to the
     consumer's first output reaching the driver, and where they sit on the request's clock
     (``t0``: when it was submitted). None when a stamp is missing (the consumer yielded

@@ -74,7 +74,7 @@ from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, NO_STAMPS, StageStats, Stamps
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.hop import EdgeTrace, FirstChunk, first_chunk_hop, same_clock
 from orchestrator.runtime.joins import Joiner
@@ -721,7 +721,7 @@ class _StagePump:
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
         self.stats: dict[str, Any] = {}
-        self.stamps: dict[str, Any] = {}
+        self.stamps: Stamps = NO_STAMPS
         self.index = 0
 
     async def give(self, c: StagePlan, entry: str, item: Any) -> None:
@@ -736,8 +736,8 @@ class _StagePump:
         async for ref in gen:
             kind, item = await ref
             if kind == "stats":
-                self.stamps = item.pop("stamps", None) or {}
-                self.stats = item
+                closing: StageStats = item
+                self.stamps, self.stats = closing.stamps, closing.figures
                 continue
             await self._output(item)
 

@@ -19,11 +19,12 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.errors import RefusalCode, VerificationError
 from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.ort.sessions import RemoteError, Sessions
+from orchestrator.ort.worker import OpenedSession
 from orchestrator.plan import Refusal
 
 if TYPE_CHECKING:
@@ -33,10 +34,59 @@ NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
 """Names VitisAI's report uses for the accelerator in ``deviceStat``."""
 
 
+# ---- the records a measurement writes ---------------------------------------------
+# Not total: :func:`judge` also reads records back from the evidence cache, which
+# ``evidence.py`` checks key by key before one is trusted; what is optional there is
+# read with ``.get`` here.
+
+
+class Coverage(TypedDict, total=False):
+    """Who took which node: ``record["coverage"]`` of a measurement (:func:`coverage_from_assignment`,
+    :func:`coverage_from_vitisai`, or a session the EP could not build: ``source`` ``session_error``)."""
+
+    ep: str
+    taken: int
+    total: int | None
+    """None where the session failed to open (nothing was counted)."""
+    fraction: float
+    partitions: int | None
+    """Subgraphs the target EP compiled; None for the CPU EP (it runs node by node)."""
+    by_ep: dict[str, int]
+    fallback_op_types: dict[str, int]
+    source: str
+    session_error: str
+    ort_assignment: Coverage | None
+    """VitisAI only: ONNX Runtime's own count beside the EP's report."""
+
+
+class OutputComparison(TypedDict, total=False):
+    """One output against its reference (:func:`compare`): ``record["numeric"]["outputs"][name]``."""
+
+    shape: list[int]
+    reference_shape: list[int]
+    dtype: str
+    shape_match: bool
+    rel_l2: float
+    max_abs: float
+    cosine: float
+    non_finite: bool
+    missing: bool
+    """The target did not answer this output at all."""
+
+
+class Numeric(TypedDict, total=False):
+    """The outputs against the reference: ``record["numeric"]`` of a measurement (:func:`_numeric`)."""
+
+    reference: str
+    outputs: dict[str, OutputComparison]
+    error: str | None
+    bit_identical_to_cpu: bool | None
+
+
 # ---- coverage ----------------------------------------------------------------------
 
 
-def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> dict[str, Any]:
+def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> Coverage:
     """Node counts per EP from ORT's assignment info (one entry per assigned subgraph).
 
     ``partitions`` is the number of subgraphs the target EP compiled; the CPU EP
@@ -67,7 +117,7 @@ def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -
     }
 
 
-def coverage_from_vitisai(report: dict[str, Any], ort_coverage: dict[str, Any] | None) -> dict[str, Any]:
+def coverage_from_vitisai(report: dict[str, Any], ort_coverage: Coverage | None) -> Coverage:
     stat = report.get("device_stat", {})
     total = int(stat.get("all", sum(stat.values())))
     taken = sum(int(v) for k, v in stat.items() if k.upper() in NPU_DEVICE_NAMES)
@@ -87,26 +137,26 @@ def coverage_from_vitisai(report: dict[str, Any], ort_coverage: dict[str, Any] |
 # ---- numerics ----------------------------------------------------------------------
 
 
-def compare(target: Any, reference: Any) -> dict[str, Any]:
+def compare(target: Any, reference: Any) -> OutputComparison:
     """rel L2, max abs and cosine of one output against its reference (float64 maths)."""
     import numpy as np
 
     t, r = np.asarray(target), np.asarray(reference)
-    out: dict[str, Any] = {"shape": list(t.shape), "reference_shape": list(r.shape), "dtype": str(t.dtype)}
+    out: OutputComparison = {"shape": list(t.shape), "reference_shape": list(r.shape), "dtype": str(t.dtype)}
     if t.shape != r.shape:
-        out.update(shape_match=False, rel_l2=float("inf"), max_abs=float("inf"), cosine=0.0)
+        out.update({"shape_match": False, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0})
         return out
     out["shape_match"] = True
     if t.dtype.kind in "OSUb" or r.dtype.kind in "OSUb":
         same = bool(np.array_equal(t, r))
-        out.update(rel_l2=0.0 if same else float("inf"), max_abs=0.0 if same else float("inf"), cosine=1.0 if same else 0.0)
+        out.update({"rel_l2": 0.0 if same else float("inf"), "max_abs": 0.0 if same else float("inf"), "cosine": 1.0 if same else 0.0})
         return out
     tf, rf = t.astype(np.float64).ravel(), r.astype(np.float64).ravel()
     if tf.size == 0:
-        out.update(rel_l2=0.0, max_abs=0.0, cosine=1.0)
+        out.update({"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0})
         return out
     if not np.all(np.isfinite(tf)) and not np.array_equal(np.isfinite(tf), np.isfinite(rf)):
-        out.update(rel_l2=float("inf"), max_abs=float("inf"), cosine=0.0, non_finite=True)
+        out.update({"rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "non_finite": True})
         return out
     diff = tf - rf
     rn, tn, dn = float(np.linalg.norm(rf)), float(np.linalg.norm(tf)), float(np.linalg.norm(diff))
@@ -183,7 +233,7 @@ class _Target:
     """What the target session did: who took which node, and what it answered."""
 
     ep: str
-    coverage: dict[str, Any]
+    coverage: Coverage
     providers: list[str] | None = None
     outputs: dict[str, Any] | None = None
     error: str | None = None
@@ -224,11 +274,12 @@ def _run_target(sessions: Sessions, spec: SessionSpec, feeds: dict[str, Any]) ->
             sessions.close(handle)
 
 
-def _coverage(info: dict[str, Any], target_ep: str) -> dict[str, Any]:
+def _coverage(info: OpenedSession, target_ep: str) -> Coverage:
     """Coverage from an opened session: VitisAI's own report where it wrote one, else ORT's assignment."""
-    coverage = coverage_from_assignment(info["assignment"], target_ep) if info.get("assignment") is not None else None
-    if info.get("vitisai_report"):
-        coverage = coverage_from_vitisai(info["vitisai_report"], coverage)
+    assignment, vitisai = info.get("assignment"), info.get("vitisai_report")
+    coverage = coverage_from_assignment(assignment, target_ep) if assignment is not None else None
+    if vitisai:
+        coverage = coverage_from_vitisai(vitisai, coverage)
     if coverage is None:
         raise VerificationError(
             f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
@@ -267,11 +318,11 @@ def _run_cpu_reference(
 
 def _numeric(
     target: _Target, cpu_outputs: dict[str, Any] | None, recorded: dict[str, Any] | None, *, same_as_target: bool,
-) -> dict[str, Any]:
+) -> Numeric:
     """Each output against the reference (the recorded outputs, else the CPU EP's)."""
     reference = recorded if recorded is not None else cpu_outputs
     failed_to_open = target.coverage.get("source") == "session_error"
-    numeric: dict[str, Any] = {
+    numeric: Numeric = {
         "reference": "recorded outputs" if recorded is not None else (
             "CPU EP, fp32 graph (the target itself)" if same_as_target else "CPU EP, fp32 graph"
         ),
@@ -321,8 +372,8 @@ def judge(
     change — never a setting they did not set, never a precision the artifact
     does not have.
     """
-    cov = record.get("coverage") or {}
-    num = record.get("numeric") or {}
+    cov: Coverage = record.get("coverage") or Coverage()
+    num: Numeric = record.get("numeric") or Numeric()
     ep = cov.get("ep", record.get("ep", "?"))
     precision = record.get("precision", "?")
     what = _What(
@@ -356,7 +407,7 @@ class _What:
     elsewhere: str
 
 
-def _coverage_refusals(cov: dict[str, Any], w: _What, min_coverage: float, target_only: bool) -> list[Refusal]:
+def _coverage_refusals(cov: Coverage, w: _What, min_coverage: float, target_only: bool) -> list[Refusal]:
     """A session the EP could not build, or fewer nodes taken than ``min_coverage``."""
     if cov.get("source") == "session_error":
         if target_only:
@@ -398,7 +449,7 @@ def _coverage_refusals(cov: dict[str, Any], w: _What, min_coverage: float, targe
     )]
 
 
-def _numeric_refusals(num: dict[str, Any], w: _What, tolerance: Tolerance) -> list[Refusal]:
+def _numeric_refusals(num: Numeric, w: _What, tolerance: Tolerance) -> list[Refusal]:
     """A run that failed on the reference inputs, an output of the wrong shape, or one out of
     tolerance (judged as "not within", so that a NaN fails)."""
     out: list[Refusal] = []

@@ -211,3 +211,55 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
     for name, value in want.items():
         rel = float(np.linalg.norm(got[name] - value) / (np.linalg.norm(value) or 1.0))
         assert rel < 1e-5, (name, rel)  # f32 (bf16 measured 6.2e-2 on a CPU with AMX-BF16)
+
+
+# ---- the session spec at the process boundary ---------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ({"providers": ["CPUExecutionProvider"], "provider_options": [{}]}, "'graph'"),
+    ({"graph": "g.onnx", "provider_options": [{}]}, "'providers'"),
+    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"]}, "'provider_options'"),
+    ({"graph": "g.onnx", "providers": "CPUExecutionProvider", "provider_options": [{}]}, "'providers' is"),
+    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"], "provider_options": [{}, {}]}, "2 entries for 1"),
+    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"], "provider_options": [{}], "session_options": []},
+     "'session_options' is a list"),
+])
+def test_a_malformed_session_spec_is_refused_by_the_key_it_lacks(spec: dict[str, Any], named: str) -> None:
+    """Where the route receives a spec, a missing or mistyped key is a ValueError that names it
+    (it was a bare ``KeyError: 'providers'`` from deep inside ``open``), before onnxruntime loads."""
+    from orchestrator.ort.worker import Sessions
+
+    with pytest.raises(ValueError, match="session spec") as caught:
+        Sessions().open(spec)  # type: ignore[arg-type]  # malformed on purpose
+    assert named in str(caught.value)
+    assert "SessionSpec.to_dict()" in str(caught.value)  # the remedy: what a spec holds
+
+
+def test_a_malformed_spec_through_a_session_host_is_a_remote_error_naming_the_key() -> None:
+    """In-process, the refusal arrives as the RemoteError every caller already handles."""
+    pytest.importorskip("onnxruntime")
+    from orchestrator.ort.sessions import RemoteError, open_sessions, this_process
+
+    host = open_sessions(this_process())
+    with pytest.raises(RemoteError) as caught:
+        host.open({"graph": "g.onnx", "provider_options": [{}]})
+    assert caught.value.type_name == "ValueError"
+    assert "'providers'" in caught.value.message and "session spec" in caught.value.message
+
+
+def test_a_worker_session_host_refuses_a_malformed_spec_before_asking_the_route(tmp_path: Path) -> None:
+    """The worker-process client checks the spec before spelling its paths for the route
+    (it was a ``KeyError: 'provider_options'`` on the client side); the worker is untouched."""
+    import sys
+
+    from orchestrator.ort.sessions import ResolvedRoute, WorkerSessions
+
+    host = WorkerSessions(ResolvedRoute("plain", "interpreter", sys.executable))
+    try:
+        with pytest.raises(ValueError, match="'provider_options'") as caught:
+            host.open({"graph": str(tmp_path / "g.onnx"), "providers": ["CPUExecutionProvider"]})
+        assert "session spec" in str(caught.value)
+        assert host.calls == 0 and not host._opened
+    finally:
+        host.shutdown()
