@@ -80,22 +80,27 @@ def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime) -> Non
 
 
 def test_concurrent_requests_each_get_their_own_outputs_in_order(runtime: Runtime) -> None:
+    spans: dict[str, list[float]] = {}
+
     async def one(p: str) -> Any:
-        events = [e async for e in runtime.stream(p)]
+        events = []
+        async for e in runtime.stream(p):
+            spans.setdefault(p, []).append(time.perf_counter())
+            events.append(e)
         return collect("x", p, events, 0.0)
 
     async def main() -> list[Any]:
         return await asyncio.gather(*(one(p) for p in ("alpha", "beta", "gamma")))
 
-    t0 = time.perf_counter()
     results = asyncio.run(main())
-    elapsed = time.perf_counter() - t0
     for p, r in zip(("alpha", "beta", "gamma"), results, strict=True):
         assert r.text == f"You said {p}. {REPLY}"
         assert r.chunks[0] == f"You said {p}."
         assert r.audio_seconds == pytest.approx(sum(len(c) for c in r.chunks) * 0.02, rel=1e-6)
-    single = len(f"You said alpha. {REPLY}".split()) * WORD_DELAY
-    assert elapsed < 2 * single  # they ran side by side, not one after another
+    # they ran side by side, not one after another: every request had its first event before any
+    # had its last (each one's words come WORD_DELAY apart, a sleep: slow by construction, not by
+    # the machine; a clock bound on the total failed once on a loaded 2-core machine)
+    assert max(t[0] for t in spans.values()) < min(t[-1] for t in spans.values()), spans
 
 
 def test_stages_hold_their_reservations_and_report_measured_peaks(runtime: Runtime) -> None:
