@@ -92,7 +92,7 @@ class StageStats:
     one request on this stage (``items``, ``first_output_s``, ``duration_s``, ``busy_s``,
     then ``chars``, ``item_latency_s``, ``audio_s``, ``real_time_factor`` where they apply,
     then the runner's ``request_stats``) and the stamps kept apart from them. Sent by
-    :meth:`DeviceActor.stream`, read by ``runtime._StagePump.read``; it pickles across Ray."""
+    :meth:`DeviceActor.stream`, read by ``pump._StagePump.read``; it pickles across Ray."""
 
     figures: dict[str, Any]
     stamps: Stamps

@@ -145,7 +145,7 @@ def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any
 def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
     """One row per edge of the graph (producer → consumer), in graph order: the nodes of
     its two stages (``""`` on one machine), ``crosses_nodes``, and what went over it in
-    ``results`` — items, bytes (``runtime.payload_bytes``: the payload's size, not Ray's
+    ``results`` — items, bytes (``pump.payload_bytes``: the payload's size, not Ray's
     framing), bytes per item (null when nothing went over it, e.g. a request that
     entered downstream of it), and how many requests ran it. Read from each producer's
     ``done`` stats (``edges_out``)."""

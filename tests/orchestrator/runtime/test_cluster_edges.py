@@ -1,5 +1,5 @@
 """What crosses an edge between two stages: the payload's size without pickling
-(``runtime.payload_bytes``), counted per producer and consumer for each request
+(``pump.payload_bytes``), counted per producer and consumer for each request
 (``edges_out`` in the producer's done stats), and the run record's ``edges[]``
 (``record.edge_rows``): nodes, ``crosses_nodes``, items, bytes, bytes per item.
 The counting and the record's rows are tested as plain code, then once on real actors
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.events import Result, StageEvent, collect
+from orchestrator.runtime.pump import _count_item, edge_counts, payload_bytes
 from orchestrator.runtime.record import edge_rows
-from orchestrator.runtime.runtime import Runtime, _count_item, edge_counts, payload_bytes
+from orchestrator.runtime.runtime import Runtime
 
 
 def test_payload_bytes_of_text_arrays_and_containers() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.plan import StagePlan
 from orchestrator.runtime.device_actor import NO_STAMPS, DeviceActor, StageStats, _Hosted
-from orchestrator.runtime.runtime import _StagePump
+from orchestrator.runtime.pump import _StagePump
 from stages.base import StageRunner
 
 
