@@ -52,7 +52,8 @@ from stages.registry import get_kind  # noqa: E402
 
 SETTINGS = ("full", "fit")
 PROFILE: dict[str, Any] = {
-    "format": "omni-edge.profile/1", "name": "asr-context bench",
+    "format": "omni-edge.profile/1",
+    "name": "asr-context bench",
     "host": {"os": "linux", "ram_total_bytes": 16 * GiB, "ram_available_bytes": 8 * GiB},
     "devices": [{"id": "cpu", "kind": "cpu", "name": "this CPU", "backends": ["ort-cpu"]}],
     "routes": [{"name": "this-process"}],
@@ -60,19 +61,43 @@ PROFILE: dict[str, Any] = {
 """Enough of a profile to plan the stage on the CPU EP in this process (as tests/stages/asr do)."""
 OV_PROFILE: dict[str, Any] = {
     **PROFILE,
-    "devices": [{"id": "cpu", "kind": "cpu", "name": "this CPU", "backends": ["ort-openvino"],
-                 "backend_routes": {"ort-openvino": "openvino"}}],
-    "routes": [{"name": "this-process"},
-               {"name": "openvino", "kind": "interpreter", "python": str(REPO / ".venvs/openvino/bin/python")}],
+    "devices": [
+        {
+            "id": "cpu",
+            "kind": "cpu",
+            "name": "this CPU",
+            "backends": ["ort-openvino"],
+            "backend_routes": {"ort-openvino": "openvino"},
+        }
+    ],
+    "routes": [
+        {"name": "this-process"},
+        {
+            "name": "openvino",
+            "kind": "interpreter",
+            "python": str(REPO / ".venvs/openvino/bin/python"),
+        },
+    ],
 }
 """…and on OpenVINO's EP in its route worker (as tests/helpers/graphs.machine_profile)."""
 
 
 def make_runner(setting: str, threads: int, base: Path, backend: str = "ort-cpu") -> Any:
-    stage = {"name": "asr", "kind": "asr", "encoder": str(ENCODER_DIR), "decoder": str(DECODER_DIR),
-             "devices": ["cpu"], "backends": [backend], "cpu_threads": threads, "audio_context": setting,
-             "final_output": True, "final_output_type": "text"}
-    config = parse_config({"name": f"asr-{setting}", "stages": [stage]}, where=f"asr-{setting}", base_dir=base)
+    stage = {
+        "name": "asr",
+        "kind": "asr",
+        "encoder": str(ENCODER_DIR),
+        "decoder": str(DECODER_DIR),
+        "devices": ["cpu"],
+        "backends": [backend],
+        "cpu_threads": threads,
+        "audio_context": setting,
+        "final_output": True,
+        "final_output_type": "text",
+    }
+    config = parse_config(
+        {"name": f"asr-{setting}", "stages": [stage]}, where=f"asr-{setting}", base_dir=base
+    )
     profile = parse_profile(OV_PROFILE if backend == "ort-openvino" else PROFILE)
     if backend == "ort-openvino":
         from orchestrator.verify.run import verify_pipeline
@@ -115,13 +140,22 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             timed(runners[s], *clips[0])
         rows = []
         for i, (text, (clip, rate)) in enumerate(zip(questions, clips[1:], strict=True)):
-            row: dict[str, Any] = {"question": text, "audio_s": round(len(clip) / rate, 2),
-                                   "fit_frames": fit.frames_for(round(len(clip) * fit.rate / rate))}
-            for s in (SETTINGS if i % 2 == 0 else SETTINGS[::-1]):
+            row: dict[str, Any] = {
+                "question": text,
+                "audio_s": round(len(clip) / rate, 2),
+                "fit_frames": fit.frames_for(round(len(clip) * fit.rate / rate)),
+            }
+            for s in SETTINGS if i % 2 == 0 else SETTINGS[::-1]:
                 heard, seconds = timed(runners[s], clip, rate)
-                row[s] = {"text": heard, "s": round(seconds, 4), "wer": round(word_error_rate(text, heard), 4)}
-            print(f"  {i + 1:>2}/{len(questions)} full {row['full']['s']:.2f} s  fit {row['fit']['s']:.2f} s  {text}",
-                  file=sys.stderr)
+                row[s] = {
+                    "text": heard,
+                    "s": round(seconds, 4),
+                    "wer": round(word_error_rate(text, heard), 4),
+                }
+            print(
+                f"  {i + 1:>2}/{len(questions)} full {row['full']['s']:.2f} s  fit {row['fit']['s']:.2f} s  {text}",
+                file=sys.stderr,
+            )
             rows.append(row)
     finally:
         for r in runners.values():
@@ -131,63 +165,127 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for s in SETTINGS:
         times = [r[s]["s"] for r in rows]
         errors = sum(r[s]["wer"] * len(_words(r["question"])) for r in rows)
-        summary[s] = {"wer_total": round(errors / words, 4), "exact": sum(r[s]["wer"] == 0 for r in rows),
-                      "p50_s": round(pct(times, 50), 4), "p95_s": round(pct(times, 95), 4),
-                      "mean_s": round(float(np.mean(times)), 4)}
+        summary[s] = {
+            "wer_total": round(errors / words, 4),
+            "exact": sum(r[s]["wer"] == 0 for r in rows),
+            "p50_s": round(pct(times, 50), 4),
+            "p95_s": round(pct(times, 95), 4),
+            "mean_s": round(float(np.mean(times)), 4),
+        }
     ratios = [r["fit"]["s"] / r["full"]["s"] for r in rows]
-    summary["ratio_fit_over_full"] = {"p50_time": round(summary["fit"]["p50_s"] / summary["full"]["p50_s"], 3),
-                                      "per_question_median": round(pct(ratios, 50), 3)}
-    summary["wer_points_fit_minus_full"] = round(100 * (summary["fit"]["wer_total"] - summary["full"]["wer_total"]), 2)
-    return {"questions": len(rows), "reference_words": words, "threads": args.threads, "cpus": os.cpu_count(),
-            "backend": args.backend,
-            "fit_rule": {"margin_s": fit.fit_margin_s, "min_window_s": fit.fit_min_s,
-                         "frames_per_second": fit.frames_per_second, "silent_tail": fit.silent_tail},
-            "load_average": os.getloadavg(), "rows": rows, "summary": summary}
+    summary["ratio_fit_over_full"] = {
+        "p50_time": round(summary["fit"]["p50_s"] / summary["full"]["p50_s"], 3),
+        "per_question_median": round(pct(ratios, 50), 3),
+    }
+    summary["wer_points_fit_minus_full"] = round(
+        100 * (summary["fit"]["wer_total"] - summary["full"]["wer_total"]), 2
+    )
+    return {
+        "questions": len(rows),
+        "reference_words": words,
+        "threads": args.threads,
+        "cpus": os.cpu_count(),
+        "backend": args.backend,
+        "fit_rule": {
+            "margin_s": fit.fit_margin_s,
+            "min_window_s": fit.fit_min_s,
+            "frames_per_second": fit.frames_per_second,
+            "silent_tail": fit.silent_tail,
+        },
+        "load_average": os.getloadavg(),
+        "rows": rows,
+        "summary": summary,
+    }
 
 
 def report(result: dict[str, Any]) -> None:
     rule = result["fit_rule"]
-    print(f"asr audio_context full vs fit: {result['questions']} Piper-spoken questions, "
-          f"{result['backend']}, "
-          f"{result['threads']} threads\nfit: audio + {rule['margin_s']:g} s, whole seconds, "
-          f"at least {rule['min_window_s']:g} s, "
-          + ("the silent window's outputs after the cut" if rule["silent_tail"] else "the cut alone (no silent tail)"))
-    print(f"{'#':>2} {'audio':>5} {'frames':>6} {'full s':>6} {'fit s':>6} {'wer full':>8} {'wer fit':>7}  question")
+    print(
+        f"asr audio_context full vs fit: {result['questions']} Piper-spoken questions, "
+        f"{result['backend']}, "
+        f"{result['threads']} threads\nfit: audio + {rule['margin_s']:g} s, whole seconds, "
+        f"at least {rule['min_window_s']:g} s, "
+        + (
+            "the silent window's outputs after the cut"
+            if rule["silent_tail"]
+            else "the cut alone (no silent tail)"
+        )
+    )
+    print(
+        f"{'#':>2} {'audio':>5} {'frames':>6} {'full s':>6} {'fit s':>6} {'wer full':>8} {'wer fit':>7}  question"
+    )
     for i, r in enumerate(result["rows"], 1):
-        print(f"{i:>2} {r['audio_s']:5.2f} {r['fit_frames']:>6} {r['full']['s']:6.3f} {r['fit']['s']:6.3f} "
-              f"{r['full']['wer']:8.2f} {r['fit']['wer']:7.2f}  {r['question'][:34]}")
+        print(
+            f"{i:>2} {r['audio_s']:5.2f} {r['fit_frames']:>6} {r['full']['s']:6.3f} {r['fit']['s']:6.3f} "
+            f"{r['full']['wer']:8.2f} {r['fit']['wer']:7.2f}  {r['question'][:34]}"
+        )
         if r["full"]["text"] != r["fit"]["text"]:
             print(f"{'':>5}full: {r['full']['text'][:68]}\n{'':>5}fit:  {r['fit']['text'][:68]}")
     s = result["summary"]
     print(f"\n{'':>6}{'WER':>7}{'exact':>7}{'p50 s':>8}{'p95 s':>8}{'mean s':>8}")
     for k in SETTINGS:
-        print(f"{k:>6}{s[k]['wer_total']:7.3f}{s[k]['exact']:>5}/{result['questions']:<2}"
-              f"{s[k]['p50_s']:7.3f}{s[k]['p95_s']:8.3f}{s[k]['mean_s']:8.3f}")
+        print(
+            f"{k:>6}{s[k]['wer_total']:7.3f}{s[k]['exact']:>5}/{result['questions']:<2}"
+            f"{s[k]['p50_s']:7.3f}{s[k]['p95_s']:8.3f}{s[k]['mean_s']:8.3f}"
+        )
     ratio = s["ratio_fit_over_full"]
-    print(f"fit/full: p50 time {ratio['p50_time']:.2f}, per-question median {ratio['per_question_median']:.2f}; "
-          f"WER {s['wer_points_fit_minus_full']:+.1f} points")
-    print(f"load average at the end: {', '.join(f'{x:.1f}' for x in result['load_average'])} "
-          f"on {result['cpus']} CPUs")
+    print(
+        f"fit/full: p50 time {ratio['p50_time']:.2f}, per-question median {ratio['per_question_median']:.2f}; "
+        f"WER {s['wer_points_fit_minus_full']:+.1f} points"
+    )
+    print(
+        f"load average at the end: {', '.join(f'{x:.1f}' for x in result['load_average'])} "
+        f"on {result['cpus']} CPUs"
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=len(QUESTIONS), help=f"questions counted (at most {len(QUESTIONS)})")
-    p.add_argument("--threads", type=int, default=2, help="CPU EP threads of each runner (cpu_threads)")
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=len(QUESTIONS),
+        help=f"questions counted (at most {len(QUESTIONS)})",
+    )
+    p.add_argument(
+        "--threads", type=int, default=2, help="CPU EP threads of each runner (cpu_threads)"
+    )
     p.add_argument("--backend", choices=["ort-cpu", "ort-openvino"], default="ort-cpu")
-    p.add_argument("--margin", type=float, help=f"fit's margin in seconds (default FIT_MARGIN_S = {asr_runner.FIT_MARGIN_S:g})")
-    p.add_argument("--min-window", type=float, help=f"fit's shortest window in seconds (default FIT_MIN_S = {asr_runner.FIT_MIN_S:g})")
-    p.add_argument("--no-silent-tail", action="store_true", help="fit: the decoder sees the cut alone (audio_ctx)")
-    p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the table")
+    p.add_argument(
+        "--margin",
+        type=float,
+        help=f"fit's margin in seconds (default FIT_MARGIN_S = {asr_runner.FIT_MARGIN_S:g})",
+    )
+    p.add_argument(
+        "--min-window",
+        type=float,
+        help=f"fit's shortest window in seconds (default FIT_MIN_S = {asr_runner.FIT_MIN_S:g})",
+    )
+    p.add_argument(
+        "--no-silent-tail",
+        action="store_true",
+        help="fit: the decoder sees the cut alone (audio_ctx)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the whole result as JSON instead of the table"
+    )
     args = p.parse_args()
     if not 1 <= args.turns <= len(QUESTIONS):
         p.error(f"--turns must be 1..{len(QUESTIONS)}")
-    if args.threads < 1 or (args.margin is not None and not 0 <= args.margin <= 30) or \
-            (args.min_window is not None and not 0 < args.min_window <= 30):
+    if (
+        args.threads < 1
+        or (args.margin is not None and not 0 <= args.margin <= 30)
+        or (args.min_window is not None and not 0 < args.min_window <= 30)
+    ):
         p.error("--threads must be >= 1, --margin 0..30 s, --min-window (0, 30] s")
-    missing = [d / "fp32.onnx" for d in (ENCODER_DIR, DECODER_DIR) if not (d / "fp32.onnx").is_file()]
+    missing = [
+        d / "fp32.onnx" for d in (ENCODER_DIR, DECODER_DIR) if not (d / "fp32.onnx").is_file()
+    ]
     if missing:
-        print(f"{missing[0]}: the exported graph is missing; run: python -m exports.whisper_asr build", file=sys.stderr)
+        print(
+            f"{missing[0]}: the exported graph is missing; run: python -m exports.whisper_asr build",
+            file=sys.stderr,
+        )
         return 2
     result = bench(args)
     if args.json:

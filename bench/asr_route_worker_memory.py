@@ -43,23 +43,46 @@ MiB = 2**20
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=16)
-    ap.add_argument("--recycle", action="store_true", help="recycle the worker at the planned budget")
+    ap.add_argument(
+        "--recycle", action="store_true", help="recycle the worker at the planned budget"
+    )
     ap.add_argument("--audio-context", default="full", choices=("full", "fit"))
     ap.add_argument("--profile", default=str(ROOT / "configs/profiles/cpu-only-linux.json"))
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    config = parse_config({"name": "asr-alone", "stages": [{
-        "name": "asr", "kind": "asr", "encoder": str(ROOT / "exports/whisper-tiny-en-encoder"),
-        "decoder": str(ROOT / "exports/whisper-tiny-en-decoder"), "devices": ["cpu"], "backends": ["ort-openvino"],
-        "precision": ["fp32"], "audio_context": args.audio_context, "final_output": True, "final_output_type": "text",
-    }]}, where="bench/asr_route_worker_memory.py", base_dir=ROOT)
+    config = parse_config(
+        {
+            "name": "asr-alone",
+            "stages": [
+                {
+                    "name": "asr",
+                    "kind": "asr",
+                    "encoder": str(ROOT / "exports/whisper-tiny-en-encoder"),
+                    "decoder": str(ROOT / "exports/whisper-tiny-en-decoder"),
+                    "devices": ["cpu"],
+                    "backends": ["ort-openvino"],
+                    "precision": ["fp32"],
+                    "audio_context": args.audio_context,
+                    "final_output": True,
+                    "final_output_type": "text",
+                }
+            ],
+        },
+        where="bench/asr_route_worker_memory.py",
+        base_dir=ROOT,
+    )
     profile = load_profile(args.profile)
     stage = plan_pipeline(config, profile).stage("asr")
     if not stage.admitted or stage.backend != "ort-openvino":
-        print(f"the asr stage was not planned on ort-openvino: {stage.to_dict().get('refusals')}", file=sys.stderr)
+        print(
+            f"the asr stage was not planned on ort-openvino: {stage.to_dict().get('refusals')}",
+            file=sys.stderr,
+        )
         return 2
     if args.recycle:  # the runner recycles at a calibrated budget only; this one is the estimate
-        stage = dataclasses.replace(stage, calibration={"provenance": "bench/asr_route_worker_memory.py --recycle"})
+        stage = dataclasses.replace(
+            stage, calibration={"provenance": "bench/asr_route_worker_memory.py --recycle"}
+        )
     route = next((r for r in profile.routes if r.name == stage.route), None)
     runner: Any = get_kind("asr").runner(stage, config.stage("asr"), route)
     t0 = time.perf_counter()
@@ -74,27 +97,47 @@ def main() -> int:
 
     threading.Thread(target=sample, daemon=True).start()
     rows = []
-    print(f"asr on ort-openvino ({stage.route}), audio_context {args.audio_context}: budget "
-          f"{stage.budget_bytes() / MiB:.0f} MiB, limit {(host.recycle_limit or 0) / MiB:.0f} MiB "
-          f"(0: none); loaded in {load_s:.1f} s, worker {rss_of(host.pid) / MiB:.0f} MiB")
-    print(f"{'item':>4}{'audio s':>9}{'words':>7}{'took s':>8}{'RSS MiB':>9}{'peak MiB':>10}{'recycles':>10}")
+    print(
+        f"asr on ort-openvino ({stage.route}), audio_context {args.audio_context}: budget "
+        f"{stage.budget_bytes() / MiB:.0f} MiB, limit {(host.recycle_limit or 0) / MiB:.0f} MiB "
+        f"(0: none); loaded in {load_s:.1f} s, worker {rss_of(host.pid) / MiB:.0f} MiB"
+    )
+    print(
+        f"{'item':>4}{'audio s':>9}{'words':>7}{'took s':>8}{'RSS MiB':>9}{'peak MiB':>10}{'recycles':>10}"
+    )
     try:
         for i, text in enumerate(sentences(args.items, seed=5)):
             audio, rate = speak(text)
             t0 = time.perf_counter()
             heard = runner.transcribe({"audio": audio, "sample_rate": rate})
-            row = {"audio_s": round(len(audio) / rate, 2), "words": len(heard.split()),
-                   "s": round(time.perf_counter() - t0, 2), "rss_bytes": rss_of(host.pid),
-                   "peak_bytes": peak[0], "recycles": host.recycles}
+            row = {
+                "audio_s": round(len(audio) / rate, 2),
+                "words": len(heard.split()),
+                "s": round(time.perf_counter() - t0, 2),
+                "rss_bytes": rss_of(host.pid),
+                "peak_bytes": peak[0],
+                "recycles": host.recycles,
+            }
             rows.append(row)
-            print(f"{i:>4}{row['audio_s']:>9.2f}{row['words']:>7}{row['s']:>8.2f}{row['rss_bytes'] / MiB:>9.0f}"
-                  f"{row['peak_bytes'] / MiB:>10.0f}{row['recycles']:>10}")
+            print(
+                f"{i:>4}{row['audio_s']:>9.2f}{row['words']:>7}{row['s']:>8.2f}{row['rss_bytes'] / MiB:>9.0f}"
+                f"{row['peak_bytes'] / MiB:>10.0f}{row['recycles']:>10}"
+            )
     finally:
         stop.set()
         runner.close()
     if args.json:
-        Path(args.json).write_text(json.dumps({"budget_bytes": stage.budget_bytes(), "load_s": round(load_s, 2),
-                                               "recycle": args.recycle, "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "budget_bytes": stage.budget_bytes(),
+                    "load_s": round(load_s, 2),
+                    "recycle": args.recycle,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -67,8 +67,12 @@ class TwoNodes:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
-                        RAY_enable_metrics_collection="0")
+        self.env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(token),
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_enable_metrics_collection="0",
+        )
         self.port = _free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self._resources = node_start_resources
@@ -76,21 +80,48 @@ class TwoNodes:
     def start(self) -> str:
         for name, head in (("head", True), ("second", False)):
             log = self.base / f"{name}.log"
-            args = [str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address=127.0.0.1",
-                    "--num-cpus=1", f"--resources={json.dumps(self._resources(name, ['cpu']))}",
-                    f"--temp-dir={self.base / name}", "--object-store-memory=150000000", "--disable-usage-stats",
-                    f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-                    f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
-            args += ([ "--head", f"--port={self.port}", "--include-dashboard=false",
-                       f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
-                     if head else [f"--address=127.0.0.1:{self.port}"])
+            args = [
+                str(Path(sys.executable).parent / "ray"),
+                "start",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                f"--resources={json.dumps(self._resources(name, ['cpu']))}",
+                f"--temp-dir={self.base / name}",
+                "--object-store-memory=150000000",
+                "--disable-usage-stats",
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--dashboard-agent-grpc-port={_free_port()}",
+                f"--metrics-export-port={_free_port()}",
+                f"--runtime-env-agent-port={_free_port()}",
+            ]
+            args += (
+                [
+                    "--head",
+                    f"--port={self.port}",
+                    "--include-dashboard=false",
+                    f"--ray-client-server-port={_free_port()}",
+                    f"--dashboard-port={_free_port()}",
+                ]
+                if head
+                else [f"--address=127.0.0.1:{self.port}"]
+            )
             with log.open("wb") as out:
-                self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        args,
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
             deadline = time.monotonic() + START_TIMEOUT_S
             while "Ray runtime started" not in log.read_text(errors="replace"):
                 if self.procs[-1].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {name} node did not start:\n{log.read_text(errors='replace')[-2000:]}")
+                    raise RuntimeError(
+                        f"the {name} node did not start:\n{log.read_text(errors='replace')[-2000:]}"
+                    )
                 time.sleep(0.5)
         return f"127.0.0.1:{self.port}"
 
@@ -103,8 +134,10 @@ class TwoNodes:
             proc.wait(timeout=30)
         for p in psutil.process_iter(["cmdline"]):  # workers that left their node's process group
             try:
-                if p.pid != os.getpid() and (str(self.base) in " ".join(p.info["cmdline"] or [])
-                                             or any(f.path.startswith(str(self.base)) for f in p.open_files())):
+                if p.pid != os.getpid() and (
+                    str(self.base) in " ".join(p.info["cmdline"] or [])
+                    or any(f.path.startswith(str(self.base)) for f in p.open_files())
+                ):
                     p.kill()
             except (psutil.Error, OSError):
                 pass
@@ -131,12 +164,16 @@ def measure(items: int, repeat: int) -> dict[str, Any]:
 
     head, second = node_resource("head"), node_resource("second")
     consumer = Consumer.options(resources={head: 0.001}).remote()  # type: ignore[attr-defined]
-    producers = {"within one node": Producer.options(resources={head: 0.001}).remote(),  # type: ignore[attr-defined]
-                 "across nodes": Producer.options(resources={second: 0.001}).remote()}  # type: ignore[attr-defined]
+    producers = {
+        "within one node": Producer.options(resources={head: 0.001}).remote(),  # type: ignore[attr-defined]
+        "across nodes": Producer.options(resources={second: 0.001}).remote(),
+    }  # type: ignore[attr-defined]
 
     async def edge(producer: Any, n: int, kind: str) -> float:
         t0 = time.perf_counter()
-        gen = producer.stream.options(num_returns="streaming", _generator_backpressure_num_objects=16).remote(n, kind)
+        gen = producer.stream.options(
+            num_returns="streaming", _generator_backpressure_num_objects=16
+        ).remote(n, kind)
         async for ref in gen:
             await consumer.feed.remote(await ref)
         return (time.perf_counter() - t0) / n * 1000.0
@@ -149,16 +186,25 @@ def measure(items: int, repeat: int) -> dict[str, Any]:
         for _ in range(repeat):
             for where, p in producers.items():
                 per[where].append(asyncio.run(edge(p, items, kind)))
-        within, across = statistics.median(per["within one node"]), statistics.median(per["across nodes"])
-        out["rows"][kind] = {"within_ms": round(within, 3), "across_ms": round(across, 3),
-                             "ratio": round(across / within, 2), "runs": per}
+        within, across = (
+            statistics.median(per["within one node"]),
+            statistics.median(per["across nodes"]),
+        )
+        out["rows"][kind] = {
+            "within_ms": round(within, 3),
+            "across_ms": round(across, 3),
+            "ratio": round(across / within, 2),
+            "runs": per,
+        }
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--items", type=int, default=200, help="items per timed run (default 200)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per variant, interleaved (default 3)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="timed runs per variant, interleaved (default 3)"
+    )
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     nodes = TwoNodes()
@@ -172,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     finally:
         nodes.stop()
-    print(f"per-item cost of one edge, {args.items} items x {args.repeat} runs (medians), "
-          f"two Ray nodes on this machine")
+    print(
+        f"per-item cost of one edge, {args.items} items x {args.repeat} runs (medians), "
+        f"two Ray nodes on this machine"
+    )
     print(f"{'payload':<26}{'within one node':>17}{'across nodes':>14}{'ratio':>8}")
     for kind, row in result["rows"].items():
         label = "text delta (~40 B)" if kind == "text" else f"audio chunk ({AUDIO_BYTES:,} B)"
-        print(f"{label:<26}{row['within_ms']:>14.3f} ms{row['across_ms']:>11.3f} ms{row['ratio']:>7.2f}x")
+        print(
+            f"{label:<26}{row['within_ms']:>14.3f} ms{row['across_ms']:>11.3f} ms{row['ratio']:>7.2f}x"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

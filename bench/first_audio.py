@@ -74,8 +74,12 @@ PROMPTS = (
 """Held out: written for this benchmark, in no test and no other benchmark."""
 VOICE_SENTENCE = "The capital city of Canada is Ottawa."
 NA = "n/a"
-FIGURES = (("first_token_s", "first token"), ("first_sentence_s", "first sentence"),
-           ("first_audio_s", "first audio"), ("hop_s", "sentence → audio"))
+FIGURES = (
+    ("first_token_s", "first token"),
+    ("first_sentence_s", "first sentence"),
+    ("first_audio_s", "first audio"),
+    ("hop_s", "sentence → audio"),
+)
 
 
 def p95(values: list[float]) -> float | None:
@@ -112,10 +116,17 @@ async def one(pipeline: Any, prompt: str, temperature: float, rid: str) -> dict[
         elif isinstance(e, StageEvent) and e.kind == "done" and "first_chunk_hop" in e.stats:
             hop = e.stats["first_chunk_hop"]
             recycles = int(e.stats.get("worker_recycles") or 0)
-    return {"prompt": prompt, "text": "".join(text), "total_s": time.perf_counter() - t,
-            "first_token_s": first_token, "first_audio_s": first_audio,
-            "first_sentence_s": hop["first_sentence_s"] if hop else None,
-            "hop_s": hop["total_s"] if hop else None, "hop": hop, "worker_recycles": recycles}
+    return {
+        "prompt": prompt,
+        "text": "".join(text),
+        "total_s": time.perf_counter() - t,
+        "first_token_s": first_token,
+        "first_audio_s": first_audio,
+        "first_sentence_s": hop["first_sentence_s"] if hop else None,
+        "hop_s": hop["total_s"] if hop else None,
+        "hop": hop,
+        "worker_recycles": recycles,
+    }
 
 
 def step_rows(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -130,13 +141,21 @@ def step_rows(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def report(plan_line: str, cold: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    out = [plan_line, "", f"{'#':>3} {'first token':>12}{'sentence':>10}{'audio':>8}{'hop':>7}  ms; reply"]
+def report(
+    plan_line: str, cold: dict[str, Any], runs: list[dict[str, Any]]
+) -> tuple[list[str], dict[str, Any]]:
+    out = [
+        plan_line,
+        "",
+        f"{'#':>3} {'first token':>12}{'sentence':>10}{'audio':>8}{'hop':>7}  ms; reply",
+    ]
 
     def row(label: str, r: dict[str, Any]) -> str:
         reply = r["text"].replace("\n", " ")
-        return (f"{label:>3} {ms(r['first_token_s'], 12)}{ms(r['first_sentence_s'], 10)}{ms(r['first_audio_s'], 8)}"
-                f"{ms(r['hop_s'], 7)}  {reply[:36] + '…' if len(reply) > 37 else reply}")
+        return (
+            f"{label:>3} {ms(r['first_token_s'], 12)}{ms(r['first_sentence_s'], 10)}{ms(r['first_audio_s'], 8)}"
+            f"{ms(r['hop_s'], 7)}  {reply[:36] + '…' if len(reply) > 37 else reply}"
+        )
 
     out.append(row("1st", cold))
     recycled = runs[-1]["worker_recycles"] if runs else 0
@@ -147,16 +166,26 @@ def report(plan_line: str, cold: dict[str, Any], runs: list[dict[str, Any]]) -> 
     for key, label in FIGURES:
         out.append(f"  {label:36}{ms(figures[key]['median'], 10)}{ms(figures[key]['p95'], 8)}")
     if recycled:
-        out.append(f"  the voice's route worker was recycled {recycled} time(s) at its budget (in session_bridge)")
+        out.append(
+            f"  the voice's route worker was recycled {recycled} time(s) at its budget (in session_bridge)"
+        )
     steps = step_rows(runs)
     cold_steps = (cold["hop"] or {}).get("steps_s", {})
     out += ["", f"the hop, step by step{'median':>23}{'p95':>8}{'1st req':>9}  ms"]
     for name, fig in steps.items():
         first = cold_steps.get(name)
-        out.append(f"  {name:42}{fig['median'] * 1000 if fig['median'] is not None else 0:>8.1f}"
-                   f"{fig['p95'] * 1000 if fig['p95'] is not None else 0:>8.1f}"
-                   f"{NA if first is None else f'{first * 1000:.1f}':>9}")
-    doc = {"plan": plan_line, "figures": figures, "steps": steps, "first_request": cold, "runs": runs}
+        out.append(
+            f"  {name:42}{fig['median'] * 1000 if fig['median'] is not None else 0:>8.1f}"
+            f"{fig['p95'] * 1000 if fig['p95'] is not None else 0:>8.1f}"
+            f"{NA if first is None else f'{first * 1000:.1f}':>9}"
+        )
+    doc = {
+        "plan": plan_line,
+        "figures": figures,
+        "steps": steps,
+        "first_request": cold,
+        "runs": runs,
+    }
     return out, doc
 
 
@@ -177,17 +206,25 @@ def _cpu_s(runner: Any) -> float:
     return total
 
 
-def voice_rounds(plan: Any, config: Any, profile: Any, rounds: int) -> tuple[list[str], dict[str, Any]]:
+def voice_rounds(
+    plan: Any, config: Any, profile: Any, rounds: int
+) -> tuple[list[str], dict[str, Any]]:
     """The voice's first and second request after a load, without and with its warm-up."""
     from stages.registry import get_kind
 
     routes = {r.name: r for r in profile.routes}
-    voice = next(s for s in plan.stages if s.kind == "exported_graph" and get_kind(s.kind).text_input == "sentences")
+    voice = next(
+        s
+        for s in plan.stages
+        if s.kind == "exported_graph" and get_kind(s.kind).text_input == "sentences"
+    )
     runs: dict[str, list[dict[str, float]]] = {"without": [], "with": []}
     for _ in range(rounds):
         for label in ("without", "with"):
             kind = get_kind(voice.kind)
-            runner: Any = kind.runner(voice, config.stage(voice.name), route=routes.get(voice.route or ""))
+            runner: Any = kind.runner(
+                voice, config.stage(voice.name), route=routes.get(voice.route or "")
+            )
             runner.warmup = label == "with"
             t = time.perf_counter()
             runner.load()
@@ -204,14 +241,28 @@ def voice_rounds(plan: Any, config: Any, profile: Any, rounds: int) -> tuple[lis
             finally:
                 runner.close()
             runs[label].append(row)
-    keys = ("load_s", "first_s", "second_s", "first_cpu_s", "second_cpu_s", "first_preprocess_s", "second_preprocess_s")
-    out = ["", f"the voice ({voice.name}, {voice.backend}) loaded {rounds}x without and with its warm-up; medians, ms",
-           f"{'':16}{'load':>7}{'1st wall':>9}{'2nd wall':>9}{'1st CPU':>8}{'2nd CPU':>8}{'1st pre':>8}{'2nd pre':>8}"]
+    keys = (
+        "load_s",
+        "first_s",
+        "second_s",
+        "first_cpu_s",
+        "second_cpu_s",
+        "first_preprocess_s",
+        "second_preprocess_s",
+    )
+    out = [
+        "",
+        f"the voice ({voice.name}, {voice.backend}) loaded {rounds}x without and with its warm-up; medians, ms",
+        f"{'':16}{'load':>7}{'1st wall':>9}{'2nd wall':>9}{'1st CPU':>8}{'2nd CPU':>8}{'1st pre':>8}{'2nd pre':>8}",
+    ]
     doc: dict[str, Any] = {"sentence": VOICE_SENTENCE, "runs": runs}
     for label, rows in runs.items():
         fig = {k: statistics.median(r[k] for r in rows) for k in keys}
         doc[label] = fig
-        out.append(f"{label + ' warm-up':16}" + "".join(ms(fig[k], w) for k, w in zip(keys, (7, 9, 9, 8, 8, 8, 8), strict=True)))
+        out.append(
+            f"{label + ' warm-up':16}"
+            + "".join(ms(fig[k], w) for k, w in zip(keys, (7, 9, 9, 8, 8, 8, 8), strict=True))
+        )
     return out, doc
 
 
@@ -229,23 +280,32 @@ def compare_variants(base: dict[str, Any], path: Path) -> list[tuple[str, dict[s
         decode = [s for s in doc["stages"] if s.get("kind") == "ar_decode"]
         voices = [s for s in doc["stages"] if s.get("kind") == "exported_graph" and s.get("inputs")]
         if len(decode) != 1 or not voices:
-            raise ValueError("--compare needs one ar_decode stage and a voice (exported_graph) fed by it")
+            raise ValueError(
+                "--compare needs one ar_decode stage and a voice (exported_graph) fed by it"
+            )
         decode[0]["backends"] = [backend]
         decode[0]["devices"] = ["cpu"]
         for v in voices:
             v["first_chunk_chars"] = first
         return doc
 
-    first = next((s.get("first_chunk_chars") for s in base["stages"] if s.get("first_chunk_chars")), None)
-    return [("vLLM, sentences", variant("vllm-cpu", None)),
-            ("llama.cpp, sentences", variant("llamacpp-cpu", None)),
-            ("llama.cpp, first chunk early", variant("llamacpp-cpu", first or FIRST_CHUNK_CHARS))]
+    first = next(
+        (s.get("first_chunk_chars") for s in base["stages"] if s.get("first_chunk_chars")), None
+    )
+    return [
+        ("vLLM, sentences", variant("vllm-cpu", None)),
+        ("llama.cpp, sentences", variant("llamacpp-cpu", None)),
+        ("llama.cpp, first chunk early", variant("llamacpp-cpu", first or FIRST_CHUNK_CHARS)),
+    ]
 
 
 def compare_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Median and p95 of each figure per variant, and each variant over the first."""
     names = list(summaries)
-    out = ["side by side (ms; ratio: over the first variant's median)", f"{'':18}" + "".join(f"{n[:20]:>22}" for n in names)]
+    out = [
+        "side by side (ms; ratio: over the first variant's median)",
+        f"{'':18}" + "".join(f"{n[:20]:>22}" for n in names),
+    ]
     for key, label in FIGURES:
         cells = []
         base = summaries[names[0]][key]["median"]
@@ -264,14 +324,29 @@ def main() -> int:
     ap.add_argument("--config", default=str(REPO / "configs/voice-assistant.yaml"))
     ap.add_argument("--profile", help="hardware profile file (default: probe this machine)")
     ap.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="the requests' sampling temperature (0: greedy)")
-    ap.add_argument("--no-warmup", action="store_true", help="load exported-graph stages with warmup: false")
-    ap.add_argument("--voice-rounds", type=int, default=0, metavar="N",
-                    help="also load the voice alone N times without and with its warm-up (default 0)")
-    ap.add_argument("--compare", action="store_true",
-                    help="run the config three ways in one run, side by side: the thinker on vLLM and the voice on "
-                         "whole sentences; on llama.cpp with whole sentences; on llama.cpp with the first chunk cut "
-                         f"early (first_chunk_chars, the config's or {FIRST_CHUNK_CHARS})")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the requests' sampling temperature (0: greedy)",
+    )
+    ap.add_argument(
+        "--no-warmup", action="store_true", help="load exported-graph stages with warmup: false"
+    )
+    ap.add_argument(
+        "--voice-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also load the voice alone N times without and with its warm-up (default 0)",
+    )
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="run the config three ways in one run, side by side: the thinker on vLLM and the voice on "
+        "whole sentences; on llama.cpp with whole sentences; on llama.cpp with the first chunk cut "
+        f"early (first_chunk_chars, the config's or {FIRST_CHUNK_CHARS})",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
     if args.repeat < 1 or args.voice_rounds < 0:
@@ -301,7 +376,9 @@ def main() -> int:
             for stage in doc.get("stages", []):
                 if args.no_warmup and stage.get("kind") == "exported_graph":
                     stage["warmup"] = False
-            configs.append((name, parse_config(doc, where=f"{path} ({name})", base_dir=path.parent)))
+            configs.append(
+                (name, parse_config(doc, where=f"{path} ({name})", base_dir=path.parent))
+            )
     except (OSError, yaml.YAMLError, ConfigError, ValueError) as exc:
         print(f"error: {args.config}: {exc}", file=sys.stderr)
         return 2
@@ -316,18 +393,28 @@ def main() -> int:
         if api.unverified_stages(plan):
             plan = api.verify_then_replan(config, profile, frozenset(), calibration=store)
         if not plan.admitted:
-            print(f"{name}: the plan was refused; run `omni-edge plan` on the config to see why", file=sys.stderr)
+            print(
+                f"{name}: the plan was refused; run `omni-edge plan` on the config to see why",
+                file=sys.stderr,
+            )
             return 3
         # planned from the measurement store as `omni-edge run` plans, but records nothing in it: a
         # benchmark must not move the next plan's budgets (a voice worker recycled at a tighter budget
         # is seconds inside session_bridge)
-        pipeline = api.Pipeline(plan, config, profile=profile, record=None, calibration=None).start()
+        pipeline = api.Pipeline(
+            plan, config, profile=profile, record=None, calibration=None
+        ).start()
         start_s = time.perf_counter() - t
-        stages = ", ".join(f"{s.name} {s.backend} on {s.device}"
-                           + (f" ({s.cpu_threads} thr)" if s.cpu_threads else "") for s in pipeline.runtime.stages)
-        plan_line = (f"[{name}] {pipeline.plan.pipeline}: {stages}; started in {start_s:.1f} s; "
-                     f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; temperature {args.temperature:g}"
-                     f"{'; no warm-up' if args.no_warmup else ''}")
+        stages = ", ".join(
+            f"{s.name} {s.backend} on {s.device}"
+            + (f" ({s.cpu_threads} thr)" if s.cpu_threads else "")
+            for s in pipeline.runtime.stages
+        )
+        plan_line = (
+            f"[{name}] {pipeline.plan.pipeline}: {stages}; started in {start_s:.1f} s; "
+            f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; temperature {args.temperature:g}"
+            f"{'; no warm-up' if args.no_warmup else ''}"
+        )
 
         async def requests(pipeline: Any = pipeline) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             cold = await one(pipeline, PROMPTS[0], args.temperature, "first")
@@ -352,9 +439,16 @@ def main() -> int:
         lines += compare_table(summaries)
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps(doc if len(configs) > 1 else doc["variants"][configs[0][0]]
-                                              | ({"voice_warmup": doc["voice_warmup"]} if "voice_warmup" in doc else {}),
-                                              indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                doc
+                if len(configs) > 1
+                else doc["variants"][configs[0][0]]
+                | ({"voice_warmup": doc["voice_warmup"]} if "voice_warmup" in doc else {}),
+                indent=2,
+                default=str,
+            )
+        )
     return 0
 
 

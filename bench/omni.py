@@ -134,8 +134,15 @@ async def in_process(runners: dict[str, Any], chunked: bool, rid: str) -> dict[s
         first_audio = first_audio if first_audio is not None else time.perf_counter() - t0
         audio_s += _audio_seconds(out)
     total = time.perf_counter() - t0
-    return {"ttfa": first_audio, "total": total, "thinker_done": thinker_done, "talker_done": marks["talker_done"],
-            "code2wav_done": total, "audio_s": audio_s, "frames": len(frames)}
+    return {
+        "ttfa": first_audio,
+        "total": total,
+        "thinker_done": thinker_done,
+        "talker_done": marks["talker_done"],
+        "code2wav_done": total,
+        "audio_s": audio_s,
+        "frames": len(frames),
+    }
 
 
 async def orchestrated(pipeline: Any, rid: str) -> dict[str, Any]:
@@ -153,17 +160,25 @@ async def orchestrated(pipeline: Any, rid: str) -> dict[str, Any]:
             frames += 1
         elif isinstance(e, StageEvent) and e.kind == "done":
             done[e.stage] = e.t
-    return {"ttfa": first_audio, "total": time.perf_counter() - t0, "thinker_done": done.get("thinker"),
-            "talker_done": done.get("talker"), "code2wav_done": done.get("code2wav"), "audio_s": audio_s,
-            "frames": frames}
+    return {
+        "ttfa": first_audio,
+        "total": time.perf_counter() - t0,
+        "thinker_done": done.get("thinker"),
+        "talker_done": done.get("talker"),
+        "code2wav_done": done.get("code2wav"),
+        "audio_s": audio_s,
+        "frames": frames,
+    }
 
 
 def stage_times(row: dict[str, Any]) -> dict[str, float | None]:
     """Each stage's own time on the whole hand-over: the thinker to its end, the talker from
     there to its last frame, code2wav from there to its audio."""
     marks = [0.0, row.get("thinker_done"), row.get("talker_done"), row.get("code2wav_done")]
-    return {s: (marks[i + 1] - marks[i]) if marks[i] is not None and marks[i + 1] is not None else None  # type: ignore[operator]
-            for i, s in enumerate(STAGES)}
+    return {
+        s: (marks[i + 1] - marks[i]) if marks[i] is not None and marks[i + 1] is not None else None  # type: ignore[operator]
+        for i, s in enumerate(STAGES)
+    }
 
 
 def med(values: list[float | None]) -> float | None:
@@ -181,45 +196,73 @@ def fmt(x: float | None, spec: str = ".3f", unit: str = "", width: int = 0) -> s
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The medians, the ratios, and whether every variant gave the same audio length."""
-    figures = {v: {k: med([r.get(k) for r in runs[v]]) for k in ("ttfa", "total", "audio_s", "frames")}
-               for v in VARIANTS}
-    stages = {v: {s: med([stage_times(r)[s] for r in runs[v]]) for s in STAGES} for v in ("inproc_whole", "ray_whole")}
+    figures = {
+        v: {k: med([r.get(k) for r in runs[v]]) for k in ("ttfa", "total", "audio_s", "frames")}
+        for v in VARIANTS
+    }
+    stages = {
+        v: {s: med([stage_times(r)[s] for r in runs[v]]) for s in STAGES}
+        for v in ("inproc_whole", "ray_whole")
+    }
     overhead = {s: ratio(stages["ray_whole"][s], stages["inproc_whole"][s]) for s in STAGES}
     overhead["total"] = ratio(figures["ray_whole"]["total"], figures["inproc_whole"]["total"])
-    ttfa_ratio = {"in_process": ratio(figures["inproc_chunked"]["ttfa"], figures["inproc_whole"]["ttfa"]),
-                  "ray": ratio(figures["ray_chunked"]["ttfa"], figures["ray_whole"]["ttfa"])}
+    ttfa_ratio = {
+        "in_process": ratio(figures["inproc_chunked"]["ttfa"], figures["inproc_whole"]["ttfa"]),
+        "ray": ratio(figures["ray_chunked"]["ttfa"], figures["ray_whole"]["ttfa"]),
+    }
     lengths = {round(r["audio_s"], 6) for v in VARIANTS for r in runs[v]}
-    return {"figures": figures, "stage_s": stages, "overhead_ratio": overhead,
-            "ttfa_chunked_over_whole": ttfa_ratio, "same_audio_length": len(lengths) == 1}
+    return {
+        "figures": figures,
+        "stage_s": stages,
+        "overhead_ratio": overhead,
+        "ttfa_chunked_over_whole": ttfa_ratio,
+        "same_audio_length": len(lengths) == 1,
+    }
 
 
 def report(summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
     f = summary["figures"]
-    out = [f"tiny Qwen3-Omni: {args.thinker_tokens} thinker tokens, {fmt(f['ray_whole']['frames'], 'g')} talker "
-           f"frames, {fmt(f['ray_whole']['audio_s'], '.2f', ' s')} of audio",
-           f"medians of {args.repeat} rounds after a warm-up, the four variants side by side",
-           "", f"{'':22}{'in-process':>12}{'Ray':>10}{'Ray/in-proc':>13}"]
+    out = [
+        f"tiny Qwen3-Omni: {args.thinker_tokens} thinker tokens, {fmt(f['ray_whole']['frames'], 'g')} talker "
+        f"frames, {fmt(f['ray_whole']['audio_s'], '.2f', ' s')} of audio",
+        f"medians of {args.repeat} rounds after a warm-up, the four variants side by side",
+        "",
+        f"{'':22}{'in-process':>12}{'Ray':>10}{'Ray/in-proc':>13}",
+    ]
     for label, key in (("first audio, whole", "whole"), ("first audio, chunked", "chunked")):
         a, b = f[f"inproc_{key}"]["ttfa"], f[f"ray_{key}"]["ttfa"]
-        out.append(f"{label:22}{fmt(a, '.3f', ' s', 12)}{fmt(b, '.3f', ' s', 10)}{fmt(ratio(b, a), '.2f', '', 13)}")
+        out.append(
+            f"{label:22}{fmt(a, '.3f', ' s', 12)}{fmt(b, '.3f', ' s', 10)}{fmt(ratio(b, a), '.2f', '', 13)}"
+        )
     r = summary["ttfa_chunked_over_whole"]
-    out.append(f"{'  chunked / whole':22}{fmt(r['in_process'], '.2f', '', 12)}{fmt(r['ray'], '.2f', '', 10)}")
+    out.append(
+        f"{'  chunked / whole':22}{fmt(r['in_process'], '.2f', '', 12)}{fmt(r['ray'], '.2f', '', 10)}"
+    )
     for label, key in (("total, whole", "whole"), ("total, chunked", "chunked")):
         a, b = f[f"inproc_{key}"]["total"], f[f"ray_{key}"]["total"]
-        out.append(f"{label:22}{fmt(a, '.3f', ' s', 12)}{fmt(b, '.3f', ' s', 10)}{fmt(ratio(b, a), '.2f', '', 13)}")
-    out += ["", "per stage, whole hand-over (the stages do not overlap):",
-            f"{'':22}{'in-process':>12}{'Ray':>10}{'Ray/in-proc':>13}"]
+        out.append(
+            f"{label:22}{fmt(a, '.3f', ' s', 12)}{fmt(b, '.3f', ' s', 10)}{fmt(ratio(b, a), '.2f', '', 13)}"
+        )
+    out += [
+        "",
+        "per stage, whole hand-over (the stages do not overlap):",
+        f"{'':22}{'in-process':>12}{'Ray':>10}{'Ray/in-proc':>13}",
+    ]
     st, oh = summary["stage_s"], summary["overhead_ratio"]
     for s in STAGES:
-        out.append(f"{s:22}{fmt(st['inproc_whole'][s], '.3f', ' s', 12)}{fmt(st['ray_whole'][s], '.3f', ' s', 10)}"
-                   f"{fmt(oh[s], '.2f', '', 13)}")
+        out.append(
+            f"{s:22}{fmt(st['inproc_whole'][s], '.3f', ' s', 12)}{fmt(st['ray_whole'][s], '.3f', ' s', 10)}"
+            f"{fmt(oh[s], '.2f', '', 13)}"
+        )
     out.append(f"same audio length in every variant: {summary['same_audio_length']}")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--thinker-tokens", type=int, default=24, help="the thinker's reply, in tokens (fixed)")
+    parser.add_argument(
+        "--thinker-tokens", type=int, default=24, help="the thinker's reply, in tokens (fixed)"
+    )
     parser.add_argument("--frames", type=int, default=64, help="the talker's codec frames (fixed)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds measured after one warm-up")
     parser.add_argument("--profile", help="hardware profile file (default: probe this machine)")
@@ -236,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     from stages.registry import get_kind
 
     omni_tiny.ensure_built()
-    if not (qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").is_file() and qwen3_omni_code2wav.build() != 0:
+    if (
+        not (qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").is_file()
+        and qwen3_omni_code2wav.build() != 0
+    ):
         log("the tiny code2wav could not be exported (python -m exports.qwen3_omni_code2wav build)")
         return 3
     profile = resolve_profile(args.profile)
@@ -245,36 +291,55 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {k: load_config(p) for k, p in paths.items()}
         plans = {k: plan_pipeline(c, profile) for k, c in cfg.items()}
         if not all(p.admitted for p in plans.values()):
-            log("the plan was refused; run `omni-edge plan configs/examples/qwen3-omni-tiny.yaml` to see why")
+            log(
+                "the plan was refused; run `omni-edge plan configs/examples/qwen3-omni-tiny.yaml` to see why"
+            )
             return 3
         routes = {r.name: r for r in profile.routes}
         runners: dict[str, Any] = {}
         pipelines: dict[str, Any] = {}
         try:
             t = time.perf_counter()
-            for name, key in (("thinker", "whole"), ("talker", "whole"), ("code2wav", "whole"), ("code2wav", "chunked")):
+            for name, key in (
+                ("thinker", "whole"),
+                ("talker", "whole"),
+                ("code2wav", "whole"),
+                ("code2wav", "chunked"),
+            ):
                 sp = plans[key].stage(name)
                 kind = get_kind(sp.kind)
                 route = routes.get(sp.route or "")
-                runner = kind.runner(sp, cfg[key].stage(name), route=route) if route else kind.runner(sp, cfg[key].stage(name))
+                runner = (
+                    kind.runner(sp, cfg[key].stage(name), route=route)
+                    if route
+                    else kind.runner(sp, cfg[key].stage(name))
+                )
                 runner.load()
                 runners[name if name != "code2wav" else f"code2wav_{key}"] = runner
-            log(f"in-process: thinker, talker and both code2wav loaded in {time.perf_counter() - t:.1f} s")
+            log(
+                f"in-process: thinker, talker and both code2wav loaded in {time.perf_counter() - t:.1f} s"
+            )
             for key in ("whole", "chunked"):
                 t = time.perf_counter()
-                pipelines[key] = Pipeline(plans[key], cfg[key], profile=profile, record=None, calibration=None)
+                pipelines[key] = Pipeline(
+                    plans[key], cfg[key], profile=profile, record=None, calibration=None
+                )
                 pipelines[key].start()
                 log(f"Ray, {key}: started in {time.perf_counter() - t:.1f} s")
 
             async def rounds() -> dict[str, list[dict[str, Any]]]:
                 runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
                 for i in range(args.repeat + 1):
-                    got = {"inproc_whole": await in_process(runners, False, f"iw{i}"),
-                           "inproc_chunked": await in_process(runners, True, f"ic{i}"),
-                           "ray_whole": await orchestrated(pipelines["whole"], f"rw{i}"),
-                           "ray_chunked": await orchestrated(pipelines["chunked"], f"rc{i}")}
-                    log(f"round {i}{' (warm-up)' if not i else ''}: first audio "
-                        + ", ".join(f"{v} {fmt(r['ttfa'], '.3f', ' s')}" for v, r in got.items()))
+                    got = {
+                        "inproc_whole": await in_process(runners, False, f"iw{i}"),
+                        "inproc_chunked": await in_process(runners, True, f"ic{i}"),
+                        "ray_whole": await orchestrated(pipelines["whole"], f"rw{i}"),
+                        "ray_chunked": await orchestrated(pipelines["chunked"], f"rc{i}"),
+                    }
+                    log(
+                        f"round {i}{' (warm-up)' if not i else ''}: first audio "
+                        + ", ".join(f"{v} {fmt(r['ttfa'], '.3f', ' s')}" for v, r in got.items())
+                    )
                     if i:
                         for v, r in got.items():
                             runs[v].append(r)
@@ -289,10 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(runs)
     print("\n".join(report(summary, args)))
     if args.json:
-        doc = {"thinker_tokens": args.thinker_tokens, "frames": args.frames, "repeat": args.repeat,
-               "chunk": {"chunked": CHUNKED, "whole": WHOLE},
-               "placement": {s.name: {"device": s.device, "backend": s.backend} for s in plans["chunked"].stages},
-               **summary, "runs": runs}
+        doc = {
+            "thinker_tokens": args.thinker_tokens,
+            "frames": args.frames,
+            "repeat": args.repeat,
+            "chunk": {"chunked": CHUNKED, "whole": WHOLE},
+            "placement": {
+                s.name: {"device": s.device, "backend": s.backend} for s in plans["chunked"].stages
+            },
+            **summary,
+            "runs": runs,
+        }
         args.json.write_text(json.dumps(doc, indent=2))
     return 0 if summary["same_audio_length"] else 1
 

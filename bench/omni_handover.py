@@ -35,7 +35,9 @@ from orchestrator.runtime.events import OutputItem, StageEvent  # noqa: E402
 
 def config(tmp: Path, join: str, thinker_tokens: int, talker_codes: int) -> Path:
     doc = yaml.safe_load((REPO / "configs/examples/qwen2_5-omni-tiny.yaml").read_text())
-    doc["stages"] = [s for s in doc["stages"] if s["kind"] == "ar_decode"]  # the hand-over: thinker → talker
+    doc["stages"] = [
+        s for s in doc["stages"] if s["kind"] == "ar_decode"
+    ]  # the hand-over: thinker → talker
     for stage in doc["stages"]:
         stage["model"] = str(omni_tiny.QWEN2_5_OMNI_DIR)
         if stage["name"] == "thinker":
@@ -56,6 +58,7 @@ def measure(path: Path, repeat: int) -> dict[str, Any]:
     codes: list[Any] = []
     try:
         for i in range(repeat + 1):
+
             async def one() -> tuple[dict[str, float], list[Any]]:
                 t0 = time.perf_counter()
                 first = last = thinker_done = None
@@ -68,8 +71,11 @@ def measure(path: Path, repeat: int) -> dict[str, Any]:
                         last = now
                     elif isinstance(e, StageEvent) and e.kind == "done" and e.stage == "thinker":
                         thinker_done = now
-                return {"thinker_done_s": thinker_done or 0.0, "first_code_s": first or 0.0,
-                        "last_code_s": last or 0.0}, got
+                return {
+                    "thinker_done_s": thinker_done or 0.0,
+                    "first_code_s": first or 0.0,
+                    "last_code_s": last or 0.0,
+                }, got
 
             row, got = asyncio.run(one())
             if i:  # the first is a warm-up
@@ -77,7 +83,10 @@ def measure(path: Path, repeat: int) -> dict[str, Any]:
             codes = got
     finally:
         pipeline.close()
-    return {"median": {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}, "codes": codes}
+    return {
+        "median": {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]},
+        "codes": codes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,19 +98,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     omni_tiny.ensure_built()
     with tempfile.TemporaryDirectory() as tmp:
-        out = {join: measure(config(Path(tmp), join, args.thinker_tokens, args.talker_codes), args.repeat)
-               for join in ("all", "latest")}
+        out = {
+            join: measure(
+                config(Path(tmp), join, args.thinker_tokens, args.talker_codes), args.repeat
+            )
+            for join in ("all", "latest")
+        }
     same = out["all"]["codes"] == out["latest"]["codes"]
     ratio = out["latest"]["median"]["first_code_s"] / out["all"]["median"]["first_code_s"]
     for join in ("all", "latest"):
         m = out[join]["median"]
-        print(f"join: {join:6}  thinker done {m['thinker_done_s']:.3f} s  first code {m['first_code_s']:.3f} s  "
-              f"last code {m['last_code_s']:.3f} s")
+        print(
+            f"join: {join:6}  thinker done {m['thinker_done_s']:.3f} s  first code {m['first_code_s']:.3f} s  "
+            f"last code {m['last_code_s']:.3f} s"
+        )
     print(f"first code, latest / all: {ratio:.2f}; codes identical: {same}")
     if args.json:
-        args.json.write_text(json.dumps({"thinker_tokens": args.thinker_tokens, "talker_codes": args.talker_codes,
-                                         "all": out["all"]["median"], "latest": out["latest"]["median"],
-                                         "first_code_ratio": round(ratio, 3), "codes_identical": same}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "thinker_tokens": args.thinker_tokens,
+                    "talker_codes": args.talker_codes,
+                    "all": out["all"]["median"],
+                    "latest": out["latest"]["median"],
+                    "first_code_ratio": round(ratio, 3),
+                    "codes_identical": same,
+                },
+                indent=2,
+            )
+        )
     return 0 if same else 1
 
 

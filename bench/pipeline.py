@@ -79,9 +79,17 @@ async def sequential(thinker: Any, voice: Any, prompt: Any, rid: str) -> dict[st
             audio_s += out["audio"].size / out["sample_rate"]
         tts.append(time.perf_counter() - ts)
         first_audio = first_audio if first_audio is not None else time.perf_counter() - t0
-    return {"ttft": first_token, "ttfa": first_audio, "total": time.perf_counter() - t0, "text_done": text_done,
-            "first_sentence": first_sentence, "first_sentence_tts": tts[0] if tts else None,
-            "chunks": len(chunks), "audio_s": audio_s, "text": "".join(parts)}
+    return {
+        "ttft": first_token,
+        "ttfa": first_audio,
+        "total": time.perf_counter() - t0,
+        "text_done": text_done,
+        "first_sentence": first_sentence,
+        "first_sentence_tts": tts[0] if tts else None,
+        "chunks": len(chunks),
+        "audio_s": audio_s,
+        "text": "".join(parts),
+    }
 
 
 async def overlapped(thinker: Any, voice: Any, prompt: Any, rid: str) -> dict[str, Any]:
@@ -103,8 +111,14 @@ async def overlapped(thinker: Any, voice: Any, prompt: Any, rid: str) -> dict[st
         marks.setdefault("ttfa", time.perf_counter() - t0)
         audio_s += out["audio"].size / out["sample_rate"]
         n += 1
-    return {"ttft": marks.get("ttft"), "ttfa": marks.get("ttfa"), "total": time.perf_counter() - t0,
-            "chunks": n, "audio_s": audio_s, "text": "".join(parts)}
+    return {
+        "ttft": marks.get("ttft"),
+        "ttfa": marks.get("ttfa"),
+        "total": time.perf_counter() - t0,
+        "chunks": n,
+        "audio_s": audio_s,
+        "text": "".join(parts),
+    }
 
 
 async def orchestrated(pipeline: Any, prompt: Any, rid: str) -> dict[str, Any]:
@@ -132,10 +146,20 @@ async def orchestrated(pipeline: Any, prompt: Any, rid: str) -> dict[str, Any]:
     if first_sentence is None and chunker.flush():
         first_sentence = last_text  # a one-sentence reply: complete when the text ends
     tts = ttfa - first_sentence if ttfa is not None and first_sentence is not None else None
-    return {"ttft": ttft, "ttfa": ttfa, "total": time.perf_counter() - t0, "chunks": n, "audio_s": audio_s,
-            "text": "".join(parts), "first_sentence": first_sentence, "first_sentence_tts": tts,
-            "first_sentence_tts_in_stage": in_run_tts,
-            "critical_path_overhead": tts - in_run_tts if tts is not None and in_run_tts is not None else None}
+    return {
+        "ttft": ttft,
+        "ttfa": ttfa,
+        "total": time.perf_counter() - t0,
+        "chunks": n,
+        "audio_s": audio_s,
+        "text": "".join(parts),
+        "first_sentence": first_sentence,
+        "first_sentence_tts": tts,
+        "first_sentence_tts_in_stage": in_run_tts,
+        "critical_path_overhead": tts - in_run_tts
+        if tts is not None and in_run_tts is not None
+        else None,
+    }
 
 
 def med(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -156,41 +180,74 @@ def verdict(ok: bool | None) -> str:
     return NA if ok is None else ("PASS" if ok else "FAIL")
 
 
-def report(prompt: Any, repeat: int, a: list[dict[str, Any]], a2: list[dict[str, Any]], b: list[dict[str, Any]],
-           record: dict[str, Any], final: dict[str, Any], engine_start: float, start_b: float) -> tuple[list[str], dict[str, Any], bool]:
+def report(
+    prompt: Any,
+    repeat: int,
+    a: list[dict[str, Any]],
+    a2: list[dict[str, Any]],
+    b: list[dict[str, Any]],
+    record: dict[str, Any],
+    final: dict[str, Any],
+    engine_start: float,
+    start_b: float,
+) -> tuple[list[str], dict[str, Any], bool]:
     """The printed report, the figures for --json, and whether every target that
     could be evaluated passed. Never formats a figure the replies did not have."""
     out: list[str] = []
-    figures = {k: {"a": med(a, k), "a2": med(a2, k), "b": med(b, k)} for k in ("ttft", "ttfa", "total")}
+    figures = {
+        k: {"a": med(a, k), "a2": med(a2, k), "b": med(b, k)} for k in ("ttft", "ttfa", "total")
+    }
     first_sentence, first_tts = med(a, "first_sentence"), med(a, "first_sentence_tts")
-    ttfa_bound = first_sentence + first_tts + TTFA_SLACK_S if first_sentence is not None and first_tts is not None else None
+    ttfa_bound = (
+        first_sentence + first_tts + TTFA_SLACK_S
+        if first_sentence is not None and first_tts is not None
+        else None
+    )
     total_ratio = ratio(figures["total"]["b"], figures["total"]["a"])
     out.append(f"\nprompt: {prompt!r}; {repeat} requests each after one warm-up; medians")
-    out.append(f"{'':24}{'(a) sequential':>16}{'(a2) overlapped':>17}{'(b) Ray':>10}{'(b)/(a)':>9}{'(b)/(a2)':>10}")
-    for key, label in (("ttft", "time to first token"), ("ttfa", "time to first audio"), ("total", "total time")):
+    out.append(
+        f"{'':24}{'(a) sequential':>16}{'(a2) overlapped':>17}{'(b) Ray':>10}{'(b)/(a)':>9}{'(b)/(a2)':>10}"
+    )
+    for key, label in (
+        ("ttft", "time to first token"),
+        ("ttfa", "time to first audio"),
+        ("total", "total time"),
+    ):
         f = figures[key]
-        out.append(f"{label:24}{fmt(f['a'], '.3f', 's', 16)}{fmt(f['a2'], '.3f', 's', 17)}{fmt(f['b'], '.3f', 's', 10)}"
-                   f"{fmt(ratio(f['b'], f['a']), '.2f', '', 9)}{fmt(ratio(f['b'], f['a2']), '.2f', '', 10)}")
-    out.append(f"sentences spoken per reply: (a) {fmt(med(a, 'chunks'), 'g')}, (a2) {fmt(med(a2, 'chunks'), 'g')}, "
-               f"(b) {fmt(med(b, 'chunks'), 'g')}")
-    out.append(f"\nfirst sentence complete at {fmt(first_sentence, '.3f', ' s')}, its TTS took {fmt(first_tts, '.3f', ' s')} "
-               f"(in (a)); in (b): complete at {fmt(med(b, 'first_sentence'), '.3f', ' s')}, "
-               f"first audio {fmt(med(b, 'first_sentence_tts'), '.3f', ' s')} later")
+        out.append(
+            f"{label:24}{fmt(f['a'], '.3f', 's', 16)}{fmt(f['a2'], '.3f', 's', 17)}{fmt(f['b'], '.3f', 's', 10)}"
+            f"{fmt(ratio(f['b'], f['a']), '.2f', '', 9)}{fmt(ratio(f['b'], f['a2']), '.2f', '', 10)}"
+        )
+    out.append(
+        f"sentences spoken per reply: (a) {fmt(med(a, 'chunks'), 'g')}, (a2) {fmt(med(a2, 'chunks'), 'g')}, "
+        f"(b) {fmt(med(b, 'chunks'), 'g')}"
+    )
+    out.append(
+        f"\nfirst sentence complete at {fmt(first_sentence, '.3f', ' s')}, its TTS took {fmt(first_tts, '.3f', ' s')} "
+        f"(in (a)); in (b): complete at {fmt(med(b, 'first_sentence'), '.3f', ' s')}, "
+        f"first audio {fmt(med(b, 'first_sentence_tts'), '.3f', ' s')} later"
+    )
     overhead = med(b, "critical_path_overhead")
-    out.append(f"in (b), the voice stage took {fmt(med(b, 'first_sentence_tts_in_stage'), '.3f', ' s')} to speak the first "
-               f"sentence (decoding ran alongside); Ray's hops on the way to the first audio (feed + return): "
-               f"{fmt(None if overhead is None else overhead * 1000, '.0f', ' ms')}")
+    out.append(
+        f"in (b), the voice stage took {fmt(med(b, 'first_sentence_tts_in_stage'), '.3f', ' s')} to speak the first "
+        f"sentence (decoding ran alongside); Ray's hops on the way to the first audio (feed + return): "
+        f"{fmt(None if overhead is None else overhead * 1000, '.0f', ' ms')}"
+    )
     ok_total = None if total_ratio is None else total_ratio <= 1.10
     ttfa_b = figures["ttfa"]["b"]
     ok_ttfa = None if ttfa_bound is None or ttfa_b is None else ttfa_b <= ttfa_bound
     out.append(f"target total (b)/(a) <= 1.10: {fmt(total_ratio, '.2f')} {verdict(ok_total)}")
-    out.append(f"target first audio (b) <= {fmt(first_sentence, '.3f')} + {fmt(first_tts, '.3f')} + 0.100 = "
-               f"{fmt(ttfa_bound, '.3f', ' s')}: {fmt(ttfa_b, '.3f', ' s')} {verdict(ok_ttfa)}")
+    out.append(
+        f"target first audio (b) <= {fmt(first_sentence, '.3f')} + {fmt(first_tts, '.3f')} + 0.100 = "
+        f"{fmt(ttfa_bound, '.3f', ' s')}: {fmt(ttfa_b, '.3f', ' s')} {verdict(ok_ttfa)}"
+    )
     if ok_ttfa is None:
         out.append("  (no audio in some variant: the replies had nothing to speak)")
     mem = record["runtime"]["ray"]["memory"]
-    out.append(f"\nstart-up: engine (in-process) {engine_start:.1f} s; orchestrated start {start_b:.1f} s "
-               f"({record['runtime']['startup']}); Ray memory {mem.get('bytes', 0) / 2**20:.0f} MiB ({mem.get('measure')})")
+    out.append(
+        f"\nstart-up: engine (in-process) {engine_start:.1f} s; orchestrated start {start_b:.1f} s "
+        f"({record['runtime']['startup']}); Ray memory {mem.get('bytes', 0) / 2**20:.0f} MiB ({mem.get('measure')})"
+    )
     ok_mem = True
     out.append(f"\n{'stage':10}{'budget':>12}{'measured':>12}{'budget/measured':>17}  verdict")
     for row in record["stages"]:
@@ -198,20 +255,38 @@ def report(prompt: Any, repeat: int, a: list[dict[str, Any]], a2: list[dict[str,
         r = budget / peak if peak else None
         ok = peak is not None and r is not None and peak <= budget and r <= 1.5
         ok_mem &= ok
-        out.append(f"{row['stage']:10}{budget / 2**20:>10.0f}Mi{fmt(None if peak is None else peak / 2**20, '.0f', 'Mi', 12)}"
-                   f"{fmt(r, '.2f', '', 17)}  "
-                   f"{'PASS' if ok else ('OVER BUDGET' if peak and peak > budget else ('NOT MEASURED' if not peak else 'BUDGET > 1.5x MEASURED'))}")
+        out.append(
+            f"{row['stage']:10}{budget / 2**20:>10.0f}Mi{fmt(None if peak is None else peak / 2**20, '.0f', 'Mi', 12)}"
+            f"{fmt(r, '.2f', '', 17)}  "
+            f"{'PASS' if ok else ('OVER BUDGET' if peak and peak > budget else ('NOT MEASURED' if not peak else 'BUDGET > 1.5x MEASURED'))}"
+        )
     out.append(f"\nledger after close: {final.get('held_bytes')} bytes held")
     # Informational, never a target: seeded output can differ with the engine's batch.
     out.append(f"same reply text in every run: {len({r.get('text', '') for r in a + a2 + b}) == 1}")
     ok_overhead = None if overhead is None else overhead <= TTFA_SLACK_S
-    out.append(f"target (in-run reading) first audio (b) <= first sentence (b) + its TTS in (b) + 0.100 s: "
-               f"overhead {fmt(None if overhead is None else overhead * 1000, '.0f', ' ms')} {verdict(ok_overhead)}")
-    doc = {"figures": figures, "first_sentence_s": first_sentence, "first_sentence_tts_s": first_tts,
-           "ttfa_bound_s": ttfa_bound, "total_ratio": total_ratio, "engine_start_s": engine_start,
-           "orchestrated_start_s": start_b, "runtime": record["runtime"], "stages": record["stages"],
-           "runs": {"a": a, "a2": a2, "b": b}, "versions": record["versions"],
-           "targets": {"total": ok_total, "ttfa": ok_ttfa, "memory": ok_mem, "in_run_overhead": ok_overhead}}
+    out.append(
+        f"target (in-run reading) first audio (b) <= first sentence (b) + its TTS in (b) + 0.100 s: "
+        f"overhead {fmt(None if overhead is None else overhead * 1000, '.0f', ' ms')} {verdict(ok_overhead)}"
+    )
+    doc = {
+        "figures": figures,
+        "first_sentence_s": first_sentence,
+        "first_sentence_tts_s": first_tts,
+        "ttfa_bound_s": ttfa_bound,
+        "total_ratio": total_ratio,
+        "engine_start_s": engine_start,
+        "orchestrated_start_s": start_b,
+        "runtime": record["runtime"],
+        "stages": record["stages"],
+        "runs": {"a": a, "a2": a2, "b": b},
+        "versions": record["versions"],
+        "targets": {
+            "total": ok_total,
+            "ttfa": ok_ttfa,
+            "memory": ok_mem,
+            "in_run_overhead": ok_overhead,
+        },
+    }
     return out, doc, ok_total is not False and ok_ttfa is not False and ok_mem
 
 
@@ -232,7 +307,11 @@ def main() -> int:
     from orchestrator.probe import resolve_profile
     from stages.registry import get_kind
 
-    sampling = {k: v for k, v in (("min_tokens", args.min_tokens), ("max_tokens", args.max_tokens)) if v is not None}
+    sampling = {
+        k: v
+        for k, v in (("min_tokens", args.min_tokens), ("max_tokens", args.max_tokens))
+        if v is not None
+    }
     prompt: Any = {"prompt": args.prompt, "sampling": sampling} if sampling else args.prompt
     config = load_config(args.config)
     profile = resolve_profile(args.profile)
@@ -256,12 +335,19 @@ def main() -> int:
     engine_start = time.perf_counter() - t
     voice_kind = get_kind(voice_plan.kind)
     route = routes.get(voice_plan.route or "")
-    voice = voice_kind.runner(voice_plan, config.stage(voice_plan.name), route=route) if route else voice_kind.runner(voice_plan, config.stage(voice_plan.name))
+    voice = (
+        voice_kind.runner(voice_plan, config.stage(voice_plan.name), route=route)
+        if route
+        else voice_kind.runner(voice_plan, config.stage(voice_plan.name))
+    )
     t = time.perf_counter()
     voice.load()
     voice_load = time.perf_counter() - t
-    print(f"in-process: {thinker_plan.name} loaded in {engine_start:.1f} s ({getattr(thinker, 'load_info', {})}), "
-          f"{voice_plan.name} in {voice_load:.1f} s", file=sys.stderr)
+    print(
+        f"in-process: {thinker_plan.name} loaded in {engine_start:.1f} s ({getattr(thinker, 'load_info', {})}), "
+        f"{voice_plan.name} in {voice_load:.1f} s",
+        file=sys.stderr,
+    )
 
     # -- (b): the orchestrated pipeline, started next to the in-process runners ----------
     tmp = Path(tempfile.mkdtemp(prefix="omni-edge-bench-"))
@@ -291,7 +377,17 @@ def main() -> int:
         thinker.close()
         voice.close()
 
-    lines, doc, ok = report(args.prompt if not sampling else prompt, args.repeat, a, a2, b, record, final, engine_start, start_b)
+    lines, doc, ok = report(
+        args.prompt if not sampling else prompt,
+        args.repeat,
+        a,
+        a2,
+        b,
+        record,
+        final,
+        engine_start,
+        start_b,
+    )
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2, default=str))

@@ -52,9 +52,15 @@ GPU_PROFILE = REPO / "configs/profiles/strix-point-rtx5090-wsl.json"
 def llama8b_four_shards(root: Path) -> Path:
     """config.json + 4 safetensors files in Llama-3.1-8B's layout (sparse data)."""
     cfg = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
         "torch_dtype": "bfloat16",
     }
     h, inter, kvh, hd, vocab = 4096, 14336, 8, 128, 128256
@@ -62,10 +68,14 @@ def llama8b_four_shards(root: Path) -> Path:
     for i in range(32):
         p = f"model.layers.{i}."
         tensors += [
-            (p + "self_attn.q_proj.weight", [h, h]), (p + "self_attn.k_proj.weight", [kvh * hd, h]),
-            (p + "self_attn.v_proj.weight", [kvh * hd, h]), (p + "self_attn.o_proj.weight", [h, h]),
-            (p + "mlp.gate_proj.weight", [inter, h]), (p + "mlp.up_proj.weight", [inter, h]),
-            (p + "mlp.down_proj.weight", [h, inter]), (p + "input_layernorm.weight", [h]),
+            (p + "self_attn.q_proj.weight", [h, h]),
+            (p + "self_attn.k_proj.weight", [kvh * hd, h]),
+            (p + "self_attn.v_proj.weight", [kvh * hd, h]),
+            (p + "self_attn.o_proj.weight", [h, h]),
+            (p + "mlp.gate_proj.weight", [inter, h]),
+            (p + "mlp.up_proj.weight", [inter, h]),
+            (p + "mlp.down_proj.weight", [h, inter]),
+            (p + "input_layernorm.weight", [h]),
             (p + "post_attention_layernorm.weight", [h]),
         ]
     tensors += [("model.norm.weight", [h]), ("lm_head.weight", [vocab, h])]
@@ -75,7 +85,7 @@ def llama8b_four_shards(root: Path) -> Path:
     per = (len(tensors) + 3) // 4
     for k in range(4):
         header, off = {}, 0
-        for name, shape in tensors[k * per:(k + 1) * per]:
+        for name, shape in tensors[k * per : (k + 1) * per]:
             n = 2
             for s in shape:
                 n *= s
@@ -86,7 +96,9 @@ def llama8b_four_shards(root: Path) -> Path:
             f.write(struct.pack("<Q", len(raw)) + raw)
             f.truncate(8 + len(raw) + off)
     cfg_path = root / "llama8b.yaml"
-    cfg_path.write_text(f"name: llama8b\nstages:\n  - {{name: thinker, kind: ar_decode, model: {d}, devices: [gpu:0, cpu], max_model_len: 8192, final_output: true}}\n")
+    cfg_path.write_text(
+        f"name: llama8b\nstages:\n  - {{name: thinker, kind: ar_decode, model: {d}, devices: [gpu:0, cpu], max_model_len: 8192, final_output: true}}\n"
+    )
     return cfg_path
 
 
@@ -128,14 +140,20 @@ def bytecode_env(pycache: Path) -> dict[str, str]:
     return env
 
 
-def cli_seconds(args: list[str], repeat: int, env: dict[str, str] | None = None, *, warm_up: bool = False) -> tuple[float, float]:
+def cli_seconds(
+    args: list[str], repeat: int, env: dict[str, str] | None = None, *, warm_up: bool = False
+) -> tuple[float, float]:
     """(median, fastest) wall time of ``omni-edge ARGS`` in a fresh interpreter."""
     if warm_up:  # writes the bytecode caches and the omni-edge memos
-        subprocess.run([*omni_edge_command(), *args], cwd=REPO, capture_output=True, check=False, env=env)
+        subprocess.run(
+            [*omni_edge_command(), *args], cwd=REPO, capture_output=True, check=False, env=env
+        )
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run([*omni_edge_command(), *args], cwd=REPO, capture_output=True, check=False, env=env)
+        subprocess.run(
+            [*omni_edge_command(), *args], cwd=REPO, capture_output=True, check=False, env=env
+        )
         times.append(time.perf_counter() - t)
     return statistics.median(times), min(times)
 
@@ -147,7 +165,9 @@ def verdict(value: float, target: float | None) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--cli-repeat", type=int, default=5)
     args = ap.parse_args()
@@ -161,29 +181,64 @@ def main() -> None:
             ("4-shard Llama-3.1-8B layout (RTX 5090 profile)", four, gpu, None),
         ):
             cold = first_ms(lambda p=cfg_path, pr=profile: plan_pipeline(load_config(p), pr))
-            med = median_ms(lambda p=cfg_path, pr=profile: plan_pipeline(load_config(p), pr), args.repeat)
+            med = median_ms(
+                lambda p=cfg_path, pr=profile: plan_pipeline(load_config(p), pr), args.repeat
+            )
             rows.append((label, cold, med, target))
-        print(f"{'in-process plan (load config + plan)':<50} {'first':>9} {'median':>9} {'target':>8}  ratio")
+        print(
+            f"{'in-process plan (load config + plan)':<50} {'first':>9} {'median':>9} {'target':>8}  ratio"
+        )
         for label, cold, med, target in rows:
             shown = f"{target:6.1f}ms" if target is not None else f"{'-':>8}"
             print(f"{label:<50} {cold:7.1f}ms {med:7.2f}ms {shown}  {verdict(med, target)}")
         print()
-        profile_args = ["plan", str(default.relative_to(REPO)), "--profile", str(CPU_PROFILE.relative_to(REPO))]
+        profile_args = [
+            "plan",
+            str(default.relative_to(REPO)),
+            "--profile",
+            str(CPU_PROFILE.relative_to(REPO)),
+        ]
         user = bytecode_env(Path(tmp) / "pycache")
         cli_rows = [
-            ("omni-edge plan default --profile cpu-only", cli_seconds(profile_args, args.cli_repeat, user, warm_up=True), CLI_TARGET_S),
-            ("  the same with --json", cli_seconds([*profile_args, "--json"], args.cli_repeat, user), None),
-            ("omni-edge plan default (probes this machine)", cli_seconds(["plan", str(default.relative_to(REPO))], args.cli_repeat, user), None),
+            (
+                "omni-edge plan default --profile cpu-only",
+                cli_seconds(profile_args, args.cli_repeat, user, warm_up=True),
+                CLI_TARGET_S,
+            ),
+            (
+                "  the same with --json",
+                cli_seconds([*profile_args, "--json"], args.cli_repeat, user),
+                None,
+            ),
+            (
+                "omni-edge plan default (probes this machine)",
+                cli_seconds(["plan", str(default.relative_to(REPO))], args.cli_repeat, user),
+                None,
+            ),
         ]
         if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-            cli_rows.append(("  --profile cpu-only, no bytecode caches", cli_seconds(profile_args, args.cli_repeat), None))
+            cli_rows.append(
+                (
+                    "  --profile cpu-only, no bytecode caches",
+                    cli_seconds(profile_args, args.cli_repeat),
+                    None,
+                )
+            )
         empty_cache = {**user, "OMNI_EDGE_CACHE_DIR": str(Path(tmp) / "empty-cache")}
-        cli_rows.append(("  --profile cpu-only, empty omni-edge cache", cli_seconds(profile_args, 1, empty_cache), None))
+        cli_rows.append(
+            (
+                "  --profile cpu-only, empty omni-edge cache",
+                cli_seconds(profile_args, 1, empty_cache),
+                None,
+            )
+        )
         title = f"cold CLI wall time (median of {args.cli_repeat})"
         print(f"{title:<50} {'median':>9} {'fastest':>9} {'target':>8}  ratio")
         for label, (seconds, fastest), target in cli_rows:
             shown = f"{target:7.1f}s" if target is not None else f"{'-':>8}"
-            print(f"{label:<50} {seconds:8.3f}s {fastest:8.3f}s {shown}  {verdict(seconds, target)}")
+            print(
+                f"{label:<50} {seconds:8.3f}s {fastest:8.3f}s {shown}  {verdict(seconds, target)}"
+            )
         print(f"\ncommand: {' '.join(['omni-edge', *profile_args])}")
 
 

@@ -37,9 +37,11 @@ from stages.exported_graph.kind import ExportedGraphKind
 from stages.exported_graph.runner import route_for
 
 ROOT = Path(__file__).resolve().parent.parent
-_TEXT = ("the quick brown fox jumps over a lazy dog while seven patient engineers measure every "
-         "placement on small machines and quiet rivers carry cold water past old stone bridges "
-         "under bright morning light as children count red boats near the harbour")
+_TEXT = (
+    "the quick brown fox jumps over a lazy dog while seven patient engineers measure every "
+    "placement on small machines and quiet rivers carry cold water past old stone bridges "
+    "under bright morning light as children count red boats near the harbour"
+)
 WORDS = _TEXT.split(" ")
 MiB = 2**20
 
@@ -83,7 +85,9 @@ class Peak:
         self.peak = max(self.peak, rss_of(self.host.pid))
 
 
-def speak(route: Any, spec: dict[str, Any], feeds: list[dict[str, Any]], limit: int | None) -> dict[str, Any]:
+def speak(
+    route: Any, spec: dict[str, Any], feeds: list[dict[str, Any]], limit: int | None
+) -> dict[str, Any]:
     host = open_sessions(route)
     assert isinstance(host, WorkerSessions), "the voice's OpenVINO route runs in a worker"
     try:
@@ -99,8 +103,14 @@ def speak(route: Any, spec: dict[str, Any], feeds: list[dict[str, Any]], limit: 
         end = rss_of(host.pid)
     finally:
         host.shutdown()
-    return {"limit_bytes": limit, "peak_rss_bytes": peak.peak, "end_rss_bytes": end, "recycles": host.recycles,
-            "open_s": round(open_s, 2), "speak_s": round(speak_s, 2)}
+    return {
+        "limit_bytes": limit,
+        "peak_rss_bytes": peak.peak,
+        "end_rss_bytes": end,
+        "recycles": host.recycles,
+        "open_s": round(open_s, 2),
+        "speak_s": round(speak_s, 2),
+    }
 
 
 def main() -> int:
@@ -110,16 +120,33 @@ def main() -> int:
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
 
-    config = parse_config({"name": "voice-alone", "stages": [{
-        "name": "voice", "kind": "exported_graph", "artifact": str(ROOT / "exports/piper-en-us-joe-medium"),
-        "devices": ["cpu"], "backends": ["ort-openvino"], "precision": ["fp32"],
-        "final_output": True, "final_output_type": "audio",
-    }]}, where="bench/route_worker_memory.py", base_dir=ROOT)
+    config = parse_config(
+        {
+            "name": "voice-alone",
+            "stages": [
+                {
+                    "name": "voice",
+                    "kind": "exported_graph",
+                    "artifact": str(ROOT / "exports/piper-en-us-joe-medium"),
+                    "devices": ["cpu"],
+                    "backends": ["ort-openvino"],
+                    "precision": ["fp32"],
+                    "final_output": True,
+                    "final_output_type": "audio",
+                }
+            ],
+        },
+        where="bench/route_worker_memory.py",
+        base_dir=ROOT,
+    )
     profile = load_profile(args.profile)
     plan = plan_pipeline(config, profile)
     stage = plan.stage("voice")
     if not stage.admitted or stage.backend != "ort-openvino":
-        print(f"the voice was not planned on ort-openvino: {stage.to_dict().get('refusals')}", file=sys.stderr)
+        print(
+            f"the voice was not planned on ort-openvino: {stage.to_dict().get('refusals')}",
+            file=sys.stderr,
+        )
         return 2
     route = route_for(stage, next((r for r in profile.routes if r.name == stage.route), None))
     budget = stage.budget_bytes()
@@ -131,16 +158,26 @@ def main() -> int:
     spec = stage.engine_kwargs["session"]
     without = speak(route, spec, feeds, None)
     with_ = speak(route, spec, feeds, budget)
-    result = {"sentences": len(texts), "chars": [min(map(len, texts)), max(map(len, texts))],
-              "budget_bytes": budget, "route": route.name, "without": without, "with_recycling": with_,
-              "peak_ratio": round(with_["peak_rss_bytes"] / without["peak_rss_bytes"], 3),
-              "time_ratio": round(with_["speak_s"] / without["speak_s"], 3)}
-    print(f"voice on ort-openvino ({route.name}), {len(texts)} distinct sentences "
-          f"({result['chars'][0]}-{result['chars'][1]} chars); limit = planned budget {budget / MiB:.0f} MiB")
+    result = {
+        "sentences": len(texts),
+        "chars": [min(map(len, texts)), max(map(len, texts))],
+        "budget_bytes": budget,
+        "route": route.name,
+        "without": without,
+        "with_recycling": with_,
+        "peak_ratio": round(with_["peak_rss_bytes"] / without["peak_rss_bytes"], 3),
+        "time_ratio": round(with_["speak_s"] / without["speak_s"], 3),
+    }
+    print(
+        f"voice on ort-openvino ({route.name}), {len(texts)} distinct sentences "
+        f"({result['chars'][0]}-{result['chars'][1]} chars); limit = planned budget {budget / MiB:.0f} MiB"
+    )
     print(f"{'':16}{'peak RSS':>10}{'end RSS':>10}{'recycles':>10}{'speak s':>10}")
     for name, r in (("no recycling", without), ("recycling", with_)):
-        print(f"{name:16}{r['peak_rss_bytes'] / MiB:>6.0f} MiB{r['end_rss_bytes'] / MiB:>6.0f} MiB"
-              f"{r['recycles']:>10}{r['speak_s']:>10.1f}")
+        print(
+            f"{name:16}{r['peak_rss_bytes'] / MiB:>6.0f} MiB{r['end_rss_bytes'] / MiB:>6.0f} MiB"
+            f"{r['recycles']:>10}{r['speak_s']:>10.1f}"
+        )
     print(f"{'ratio':16}{result['peak_ratio']:>9.2f}x{'':10}{'':10}{result['time_ratio']:>9.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -71,10 +71,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(config: str, port: int, profile: str | None) -> tuple[subprocess.Popen[bytes], float]:
+def start_server(
+    config: str, port: int, profile: str | None
+) -> tuple[subprocess.Popen[bytes], float]:
     """``omni-edge serve`` in a subprocess; (process, seconds from launch to /health 200)."""
     exe = Path(sys.executable).with_name("omni-edge")
-    cmd = [str(exe), "serve", config, "--port", str(port)] + (["--profile", profile] if profile else [])
+    cmd = [str(exe), "serve", config, "--port", str(port)] + (
+        ["--profile", profile] if profile else []
+    )
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     while time.perf_counter() - t0 < READY_TIMEOUT_S:
@@ -112,9 +116,15 @@ async def over_http(client: Any, prompt: str, tokens: int) -> dict[str, Any]:
     audio_bytes = 0
     rid = None
     stream = await client.chat.completions.create(
-        model="pipeline", messages=messages(prompt), stream=True, modalities=["text", "audio"],
-        audio={"voice": "default", "format": "pcm16"}, max_tokens=tokens, temperature=0.0,
-        extra_body={"min_tokens": tokens})
+        model="pipeline",
+        messages=messages(prompt),
+        stream=True,
+        modalities=["text", "audio"],
+        audio={"voice": "default", "format": "pcm16"},
+        max_tokens=tokens,
+        temperature=0.0,
+        extra_body={"min_tokens": tokens},
+    )
     async for chunk in stream:
         rid = rid or chunk.id.removeprefix("chatcmpl-")
         if not chunk.choices:
@@ -129,19 +139,33 @@ async def over_http(client: Any, prompt: str, tokens: int) -> dict[str, Any]:
         if audio and audio.get("data"):
             first_audio = now if first_audio is None else first_audio
             audio_bytes += len(base64.b64decode(audio["data"]))
-    return {"ttft": first_text, "ttfa": first_audio, "total": time.perf_counter() - t0,
-            "audio_s": audio_bytes / 2 / 24000, "rid": rid}
+    return {
+        "ttft": first_text,
+        "ttfa": first_audio,
+        "total": time.perf_counter() - t0,
+        "audio_s": audio_bytes / 2 / 24000,
+        "rid": rid,
+    }
 
 
 async def over_raw_http(client: Any, port: int, prompt: str, tokens: int) -> dict[str, Any]:
     """The same request with a bare HTTP client (httpx, SSE lines read as they come):
     the transport's cost without the ``openai`` client's own parsing."""
-    body = {"model": "pipeline", "messages": messages(prompt), "stream": True, "max_tokens": tokens,
-            "min_tokens": tokens, "temperature": 0.0, "modalities": ["text", "audio"],
-            "audio": {"voice": "default", "format": "pcm16"}}
+    body = {
+        "model": "pipeline",
+        "messages": messages(prompt),
+        "stream": True,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 0.0,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "default", "format": "pcm16"},
+    }
     t0 = time.perf_counter()
     first_text = first_audio = None
-    async with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+    async with client.stream(
+        "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body
+    ) as r:
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -158,6 +182,7 @@ async def server_clock(port: int, rows: list[dict[str, Any]]) -> None:
     the server's own timings of that request and the difference: what HTTP, JSON,
     base64 and the client add on top of the pipeline. Read once, after the requests,
     so the reading never overlaps one."""
+
     def status() -> Any:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=10) as r:
             return json.load(r)
@@ -177,8 +202,10 @@ async def in_process(pipeline: Any, prompt: str, tokens: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     first_text = first_audio = None
     audio_s = 0.0
-    request = {"messages": messages(prompt), "sampling": {"max_tokens": tokens, "min_tokens": tokens,
-                                                          "temperature": 0.0}}
+    request = {
+        "messages": messages(prompt),
+        "sampling": {"max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0},
+    }
     async for event in pipeline.stream(request):
         now = time.perf_counter() - t0
         if isinstance(event, TextDelta) and event.text and first_text is None:
@@ -186,7 +213,12 @@ async def in_process(pipeline: Any, prompt: str, tokens: int) -> dict[str, Any]:
         if isinstance(event, AudioChunk):
             first_audio = now if first_audio is None else first_audio
             audio_s += event.seconds
-    return {"ttft": first_text, "ttfa": first_audio, "total": time.perf_counter() - t0, "audio_s": audio_s}
+    return {
+        "ttft": first_text,
+        "ttfa": first_audio,
+        "total": time.perf_counter() - t0,
+        "audio_s": audio_s,
+    }
 
 
 def med(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -220,8 +252,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"server_cold_start_s": round(cold_s, 3), "tokens": args.tokens}
     print(f"server ready in {cold_s:.1f} s (launch → /health 200)", flush=True)
     try:
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
-                             timeout=300)
+        client = AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300
+        )
         raw = httpx.AsyncClient(timeout=300)
         pipeline = await Pipeline.open(args.config, profile=args.profile, record=None)
         try:
@@ -250,10 +283,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     for name, rows in (("http", http_rows), ("http_raw", raw_rows), ("in_process", api_rows)):
         keys = ("ttft", "ttfa", "total", "ttft_added", "ttfa_added")
         out[name] = {k: med(rows, k) for k in keys} | {"rows": rows}
-    for name, rows, wall in (("serial", serial, serial_s), ("concurrent", list(concurrent), concurrent_s)):
+    for name, rows, wall in (
+        ("serial", serial, serial_s),
+        ("concurrent", list(concurrent), concurrent_s),
+    ):
         ttfa = [r["ttfa"] for r in rows if r["ttfa"] is not None]
-        out[name] = {"wall_s": wall, "throughput_rps": len(rows) / wall, "ttfa_p50": pct(ttfa, 0.5),
-                     "ttfa_p95": pct(ttfa, 0.95), "answered": sum(r["total"] is not None for r in rows)}
+        out[name] = {
+            "wall_s": wall,
+            "throughput_rps": len(rows) / wall,
+            "ttfa_p50": pct(ttfa, 0.5),
+            "ttfa_p95": pct(ttfa, 0.95),
+            "answered": sum(r["total"] is not None for r in rows),
+        }
     return out
 
 
@@ -262,38 +303,58 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nHTTP vs in-process, medians of {args.repeat} ({args.tokens} tokens each)")
     for client_name, row in (("httpx (bare SSE)", out["http_raw"]), ("openai client", h)):
         print(f"{client_name:24}{'http':>10}{'in-proc':>10}{'delta':>10}{'target':>10}  verdict")
-        for key, label, target in (("ttft", "time to first token", TTFT_TARGET_S),
-                                   ("ttfa", "time to first audio", TTFA_TARGET_S), ("total", "total", None)):
+        for key, label, target in (
+            ("ttft", "time to first token", TTFT_TARGET_S),
+            ("ttfa", "time to first audio", TTFA_TARGET_S),
+            ("total", "total", None),
+        ):
             d = None if row[key] is None or a[key] is None else row[key] - a[key]
             tgt = f"+{target * 1000:.0f}ms" if target else ""
-            print(f"  {label:22}{ms(row[key]):>10}{ms(a[key]):>10}{ms(d):>10}{tgt:>10}  "
-                  f"{verdict(d, target) if target else ''}")
+            print(
+                f"  {label:22}{ms(row[key]):>10}{ms(a[key]):>10}{ms(d):>10}{tgt:>10}  "
+                f"{verdict(d, target) if target else ''}"
+            )
     found = sum("ttft_added" in r for r in h["rows"])
     print(f"openai client on top of the server's clock (the same requests, {found} of them)")
-    for key, label, target in (("ttft_added", "  time to first token", TTFT_TARGET_S),
-                               ("ttfa_added", "  time to first audio", TTFA_TARGET_S)):
-        print(f"{label:24}{'':>10}{'':>10}{ms(h[key]):>10}{f'+{target * 1000:.0f}ms':>10}  "
-              f"{verdict(h[key], target)}")
+    for key, label, target in (
+        ("ttft_added", "  time to first token", TTFT_TARGET_S),
+        ("ttfa_added", "  time to first audio", TTFA_TARGET_S),
+    ):
+        print(
+            f"{label:24}{'':>10}{'':>10}{ms(h[key]):>10}{f'+{target * 1000:.0f}ms':>10}  "
+            f"{verdict(h[key], target)}"
+        )
     s, c = out["serial"], out["concurrent"]
     print(f"\n{args.clients} clients: one by one vs at once (HTTP)")
     print(f"{'':24}{'req/s':>10}{'ttfa p50':>10}{'ttfa p95':>10}{'answered':>10}")
     for name, row in (("one by one", s), ("at once", c)):
-        print(f"{name:24}{row['throughput_rps']:>10.3f}{ms(row['ttfa_p50']):>10}{ms(row['ttfa_p95']):>10}"
-              f"{row['answered']:>10}")
-    print(f"throughput ratio (at once / one by one): {c['throughput_rps'] / s['throughput_rps']:.2f}x")
-    print(f"\nserver cold start (launch → /health 200): {out['server_cold_start_s']:.1f} s; "
-          f"server exit on SIGTERM: {out['server_exit']}")
+        print(
+            f"{name:24}{row['throughput_rps']:>10.3f}{ms(row['ttfa_p50']):>10}{ms(row['ttfa_p95']):>10}"
+            f"{row['answered']:>10}"
+        )
+    print(
+        f"throughput ratio (at once / one by one): {c['throughput_rps'] / s['throughput_rps']:.2f}x"
+    )
+    print(
+        f"\nserver cold start (launch → /health 200): {out['server_cold_start_s']:.1f} s; "
+        f"server exit on SIGTERM: {out['server_exit']}"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs/voice-assistant.yaml"))
     ap.add_argument("--profile", help="hardware profile file (default: probe this machine)")
-    ap.add_argument("--repeat", type=int, default=12, help="interleaved HTTP/in-process requests (default 12)")
+    ap.add_argument(
+        "--repeat", type=int, default=12, help="interleaved HTTP/in-process requests (default 12)"
+    )
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     ap.add_argument("--tokens", type=int, default=32, help="tokens per reply, fixed (default 32)")
-    ap.add_argument("--natural-voice", action="store_true",
-                    help="leave the voice's noise on (its audio then varies from run to run)")
+    ap.add_argument(
+        "--natural-voice",
+        action="store_true",
+        help="leave the voice's noise on (its audio then varies from run to run)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

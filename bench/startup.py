@@ -90,10 +90,13 @@ def cold_start(plan: Any, config: Any, routes: dict[str, Any], *, parallel: bool
         final = rt.close()
     if final.get("held_bytes"):
         raise SystemExit(f"the ledger held {final['held_bytes']} bytes after close")
-    return {"wall_s": wall, "startup": dict(rt.startup),
-            "load_s": {k: v["load_s"] for k, v in rt.load_results.items()},
-            "load_info": {k: v.get("load_info", {}) for k, v in rt.load_results.items()},
-            "overlapped": {k: v.get("overlapped") for k, v in rt.load_results.items()}}
+    return {
+        "wall_s": wall,
+        "startup": dict(rt.startup),
+        "load_s": {k: v["load_s"] for k, v in rt.load_results.items()},
+        "load_info": {k: v.get("load_info", {}) for k, v in rt.load_results.items()},
+        "overlapped": {k: v.get("overlapped") for k, v in rt.load_results.items()},
+    }
 
 
 def one_stage(plan: Any, name: str) -> Any:
@@ -102,7 +105,9 @@ def one_stage(plan: Any, name: str) -> Any:
     return dataclasses.replace(plan, stages=(dataclasses.replace(s, inputs=("request",)),))
 
 
-def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> tuple[list[str], dict[str, Any]]:
+def report(
+    args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]
+) -> tuple[list[str], dict[str, Any]]:
     names = [s.name for s in plan.stages]
     ray_s = med(rows["ray"])
     alone = {n: med([r["startup"]["stage_load_s"][n] for r in rows[f"alone:{n}"]]) for n in names}
@@ -112,28 +117,45 @@ def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> t
     seq = med([r["wall_s"] for r in rows["sequential"]])
     bound = (ray_s or 0.0) + (alone[slowest] or 0.0)
     ratio, seq_ratio = (par / bound if par else None), (seq / bound if seq else None)
-    out = [f"{args.config}: {args.repeat} repetitions after a warm-up; medians; fresh Ray",
-           "", f"(a) Ray start alone (ray.init)             {ray_s:8.2f} s"]
+    out = [
+        f"{args.config}: {args.repeat} repetitions after a warm-up; medians; fresh Ray",
+        "",
+        f"(a) Ray start alone (ray.init)             {ray_s:8.2f} s",
+    ]
     for n in names:
-        out.append(f"(b) {n[:10]:10} load alone {alone[n]:8.2f} s  (in its actor {alone_actor[n]:.2f} s)")
-    out += [f"(c) cold start, loads in parallel          {par:8.2f} s",
-            f"    cold start, loads one after another    {seq:8.2f} s",
-            "",
-            f"bound: Ray start + slowest load alone ({slowest}) = {ray_s:.2f} + {alone[slowest]:.2f}"
-            f" = {bound:.2f} s",
-            f"cold start / bound: parallel {ratio:.2f}, sequential {seq_ratio:.2f}; target <= {TARGET:.2f}: "
-            f"{'met' if ratio is not None and ratio <= TARGET else 'NOT met'}",
-            "", "where the parallel start's time went (medians):"]
+        out.append(
+            f"(b) {n[:10]:10} load alone {alone[n]:8.2f} s  (in its actor {alone_actor[n]:.2f} s)"
+        )
+    out += [
+        f"(c) cold start, loads in parallel          {par:8.2f} s",
+        f"    cold start, loads one after another    {seq:8.2f} s",
+        "",
+        f"bound: Ray start + slowest load alone ({slowest}) = {ray_s:.2f} + {alone[slowest]:.2f}"
+        f" = {bound:.2f} s",
+        f"cold start / bound: parallel {ratio:.2f}, sequential {seq_ratio:.2f}; target <= {TARGET:.2f}: "
+        f"{'met' if ratio is not None and ratio <= TARGET else 'NOT met'}",
+        "",
+        "where the parallel start's time went (medians):",
+    ]
     keys = ("ray_init_s", "actors_s", "loads_s", "start_s")
     phases = {k: med([r["startup"].get(k) for r in rows["parallel"]]) for k in keys}
-    other = med([r["startup"]["start_s"] - sum(r["startup"][k] for k in keys[:3]) for r in rows["parallel"]])
-    out.append("  " + "  ".join(f"{k[:-2]} {phases[k]:.2f} s" for k in keys) + f"  other {other:.2f} s")
+    other = med(
+        [r["startup"]["start_s"] - sum(r["startup"][k] for k in keys[:3]) for r in rows["parallel"]]
+    )
+    out.append(
+        "  " + "  ".join(f"{k[:-2]} {phases[k]:.2f} s" for k in keys) + f"  other {other:.2f} s"
+    )
     for n in names:
         in_par = med([r["startup"]["stage_load_s"][n] for r in rows["parallel"]])
         info = rows["parallel"][-1]["load_info"].get(n, {})
-        parts = ", ".join(f"{k[:-2]} {info[k]:.2f} s" for k in ("import_s", "model_resolve_s", "engine_start_s")
-                          if isinstance(info.get(k), (int, float)))
-        out.append(f"  {n[:10]:10} loaded {in_par:.2f} s after its load was sent (alone {alone[n]:.2f} s)")
+        parts = ", ".join(
+            f"{k[:-2]} {info[k]:.2f} s"
+            for k in ("import_s", "model_resolve_s", "engine_start_s")
+            if isinstance(info.get(k), (int, float))
+        )
+        out.append(
+            f"  {n[:10]:10} loaded {in_par:.2f} s after its load was sent (alone {alone[n]:.2f} s)"
+        )
         if parts:
             out.append(f"  {'':10} last run: {parts}")
     waves = rows["parallel"][-1]["startup"].get("load_waves")
@@ -142,16 +164,32 @@ def report(args: argparse.Namespace, plan: Any, rows: dict[str, list[Any]]) -> t
     out.append("per repetition: parallel / bound, sequential / bound (1-min load average)")
     for i in range(len(rows["ray"])):
         b = rows["ray"][i] + max(rows[f"alone:{n}"][i]["startup"]["stage_load_s"][n] for n in names)
-        out.append(f"  {i + 1}: {rows['parallel'][i]['wall_s'] / b:.2f}  {rows['sequential'][i]['wall_s'] / b:.2f}"
-                   f"  (bound {b:.2f} s; load {rows['loadavg'][i]:.1f} on {os.cpu_count()} CPUs)")
+        out.append(
+            f"  {i + 1}: {rows['parallel'][i]['wall_s'] / b:.2f}  {rows['sequential'][i]['wall_s'] / b:.2f}"
+            f"  (bound {b:.2f} s; load {rows['loadavg'][i]:.1f} on {os.cpu_count()} CPUs)"
+        )
     for n in names:
-        out.append(f"  {n[:10]}: loaded after (parallel / sequential / alone) "
-                   f"{med([r['startup']['stage_load_s'][n] for r in rows['parallel']]):.2f} / "
-                   f"{med([r['startup']['stage_load_s'][n] for r in rows['sequential']]):.2f} / {alone[n]:.2f} s")
-    doc = {"config": args.config, "repeat": args.repeat, "ray_start_s": ray_s, "stage_load_alone_s": alone,
-           "stage_load_alone_in_actor_s": alone_actor, "slowest_stage": slowest, "bound_s": bound,
-           "cold_start_parallel_s": par, "cold_start_sequential_s": seq, "ratio": ratio,
-           "sequential_ratio": seq_ratio, "target": TARGET, "phases_parallel": phases, "runs": rows}
+        out.append(
+            f"  {n[:10]}: loaded after (parallel / sequential / alone) "
+            f"{med([r['startup']['stage_load_s'][n] for r in rows['parallel']]):.2f} / "
+            f"{med([r['startup']['stage_load_s'][n] for r in rows['sequential']]):.2f} / {alone[n]:.2f} s"
+        )
+    doc = {
+        "config": args.config,
+        "repeat": args.repeat,
+        "ray_start_s": ray_s,
+        "stage_load_alone_s": alone,
+        "stage_load_alone_in_actor_s": alone_actor,
+        "slowest_stage": slowest,
+        "bound_s": bound,
+        "cold_start_parallel_s": par,
+        "cold_start_sequential_s": seq,
+        "ratio": ratio,
+        "sequential_ratio": seq_ratio,
+        "target": TARGET,
+        "phases_parallel": phases,
+        "runs": rows,
+    }
     return out, doc
 
 
@@ -160,7 +198,12 @@ def main() -> int:
     ap.add_argument("--config", default="configs/voice-assistant.yaml")
     ap.add_argument("--profile", help="hardware profile file (default: probe this machine)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--settle", type=float, metavar="LOAD", help="before each step, wait for a load average below LOAD")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        metavar="LOAD",
+        help="before each step, wait for a load average below LOAD",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the figures and every run as JSON")
     args = ap.parse_args()
 
@@ -182,16 +225,28 @@ def main() -> int:
     devices = list(dict.fromkeys(s.device or "?" for s in plan.stages))
     names = [s.name for s in plan.stages]
 
-    rows: dict[str, list[Any]] = {"ray": [], "parallel": [], "sequential": [], "loadavg": [],
-                                  **{f"alone:{n}": [] for n in names}}
+    rows: dict[str, list[Any]] = {
+        "ray": [],
+        "parallel": [],
+        "sequential": [],
+        "loadavg": [],
+        **{f"alone:{n}": [] for n in names},
+    }
     warm = cold_start(plan, config, routes, parallel=True)
     print(f"warm-up start (not counted): {warm['wall_s']:.2f} s {warm['startup']}", file=sys.stderr)
     for i in range(args.repeat):
-        steps = [("ray", lambda: ray_alone(devices)),
-                 ("parallel", lambda: cold_start(plan, config, routes, parallel=True)),
-                 *((f"alone:{n}", lambda n=n: cold_start(one_stage(plan, n), config, routes, parallel=True))
-                   for n in names),
-                 ("sequential", lambda: cold_start(plan, config, routes, parallel=False))]
+        steps = [
+            ("ray", lambda: ray_alone(devices)),
+            ("parallel", lambda: cold_start(plan, config, routes, parallel=True)),
+            *(
+                (
+                    f"alone:{n}",
+                    lambda n=n: cold_start(one_stage(plan, n), config, routes, parallel=True),
+                )
+                for n in names
+            ),
+            ("sequential", lambda: cold_start(plan, config, routes, parallel=False)),
+        ]
         rows["loadavg"].append(settle(args.settle))
         k = i % len(steps)  # rotate the order, so that no variant always runs first
         for key, step in steps[k:] + steps[:k]:

@@ -61,7 +61,7 @@ def pysbd_streamed(deltas: list[str], language: str) -> Iterator[tuple[int, str]
         parts = seg.segment(pending)
         for s in parts[:-1]:
             yield n, s.strip()
-        pending = pending[sum(len(s) for s in parts[:-1]):]
+        pending = pending[sum(len(s) for s in parts[:-1]) :]
     for s in seg.segment(pending) if pending.strip() else []:
         yield len(deltas), s.strip()
 
@@ -88,8 +88,12 @@ def s2s_unmerged(deltas: list[str], language: str) -> Iterator[tuple[int, str]]:
     return _s2s(deltas, language, minimum_sentence_length=1, minimum_first_fragment_length=1)
 
 
-CHUNKERS: dict[str, Streamer] = {"omni-edge": omni_edge, "pysbd": pysbd_streamed,
-                                 "stream2sentence": s2s_default, "stream2sentence (no merging)": s2s_unmerged}
+CHUNKERS: dict[str, Streamer] = {
+    "omni-edge": omni_edge,
+    "pysbd": pysbd_streamed,
+    "stream2sentence": s2s_default,
+    "stream2sentence (no merging)": s2s_unmerged,
+}
 
 
 def _ends(language: str, sentences: list[str]) -> set[int]:
@@ -104,7 +108,7 @@ def _ends(language: str, sentences: list[str]) -> set[int]:
 
 
 def _split(text: str, n: int) -> list[str]:
-    return [text[i:i + n] for i in range(0, len(text), n)]
+    return [text[i : i + n] for i in range(0, len(text), n)]
 
 
 def evaluate(name: str, fn: Streamer, delta_chars: int) -> dict[str, Any]:
@@ -121,13 +125,18 @@ def evaluate(name: str, fn: Streamer, delta_chars: int) -> dict[str, Any]:
         got_sentences = [s for _, s in got]
         exact += got_sentences == sentences
         want = _ends(language, sentences)
-        have = _ends(language, got_sentences) if "".join(got_sentences).replace(" ", "") == text.replace(" ", "") \
+        have = (
+            _ends(language, got_sentences)
+            if "".join(got_sentences).replace(" ", "") == text.replace(" ", "")
             else set()
+        )
         right += len(want & have)
         expected += len(want)
         false_cuts += len(have - want)
         pos = 0
-        for (fed, s), sep in zip(got, [1 if language in ("en", "de") else 0] * len(got), strict=True):
+        for (fed, s), sep in zip(
+            got, [1 if language in ("en", "de") else 0] * len(got), strict=True
+        ):
             pos = text.find(s, pos) + len(s)
             lags.append(max(0, min(fed * delta_chars, len(text)) - pos))
             pos += sep
@@ -138,14 +147,24 @@ def evaluate(name: str, fn: Streamer, delta_chars: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         list(fn(deltas, language))
         long_us[language] = round((time.perf_counter() - t0) / len(deltas) * 1e6, 1)
-    return {"chunker": name, "replies": len(CORPUS), "exact": exact, "boundaries": expected, "right": right,
-            "false_cuts": false_cuts, "mean_lag_chars": round(sum(lags) / max(1, len(lags)), 2),
-            "us_per_delta": round(cpu / n_deltas * 1e6, 1), "us_per_delta_long_reply": long_us}
+    return {
+        "chunker": name,
+        "replies": len(CORPUS),
+        "exact": exact,
+        "boundaries": expected,
+        "right": right,
+        "false_cuts": false_cuts,
+        "mean_lag_chars": round(sum(lags) / max(1, len(lags)), 2),
+        "us_per_delta": round(cpu / n_deltas * 1e6, 1),
+        "us_per_delta_long_reply": long_us,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--delta-chars", type=int, default=4, help="characters per streamed delta (a token is ~4)")
+    ap.add_argument(
+        "--delta-chars", type=int, default=4, help="characters per streamed delta (a token is ~4)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()
     rows = []
@@ -154,11 +173,15 @@ def main() -> int:
             rows.append(evaluate(name, fn, args.delta_chars))
         except ImportError as exc:
             print(f"{name}: not installed ({exc.name})", file=sys.stderr)
-    print(f"{'chunker':30} {'exact':>7} {'bounds':>7} {'false':>5} {'lag':>5} {'µs/Δ':>7}  µs/Δ long (en de zh ja)")
+    print(
+        f"{'chunker':30} {'exact':>7} {'bounds':>7} {'false':>5} {'lag':>5} {'µs/Δ':>7}  µs/Δ long (en de zh ja)"
+    )
     for r in rows:
         long = " ".join(f"{v:g}" for v in r["us_per_delta_long_reply"].values())
-        print(f"{r['chunker']:30} {r['exact']:>3}/{r['replies']:<3} {r['right']:>3}/{r['boundaries']:<3} "
-              f"{r['false_cuts']:>5} {r['mean_lag_chars']:>5} {r['us_per_delta']:>7}  {long}")
+        print(
+            f"{r['chunker']:30} {r['exact']:>3}/{r['replies']:<3} {r['right']:>3}/{r['boundaries']:<3} "
+            f"{r['false_cuts']:>5} {r['mean_lag_chars']:>5} {r['us_per_delta']:>7}  {long}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -73,11 +73,15 @@ async def one(pipeline: Any, prompt: Any, rid: str) -> dict[str, Any]:
     return {"ttft": ttft, "ttfa": ttfa, "total": time.perf_counter() - t0}
 
 
-def run_mode(plan: Any, config: Any, profile: Any, prompt_of: Any, rounds: int, concurrency: int) -> dict[str, Any]:
+def run_mode(
+    plan: Any, config: Any, profile: Any, prompt_of: Any, rounds: int, concurrency: int
+) -> dict[str, Any]:
     from orchestrator.api import Pipeline
 
     t = time.perf_counter()
-    pipeline = Pipeline(plan, config, profile=profile, record=Path(tempfile.mkdtemp(prefix="omni-edge-threads-")))
+    pipeline = Pipeline(
+        plan, config, profile=profile, record=Path(tempfile.mkdtemp(prefix="omni-edge-threads-"))
+    )
     pipeline.start()
     start_s = time.perf_counter() - t
 
@@ -85,14 +89,20 @@ def run_mode(plan: Any, config: Any, profile: Any, prompt_of: Any, rounds: int, 
         await one(pipeline, prompt_of(PROMPTS[0]), "warm")
         rows: list[dict[str, Any]] = []
         for r in range(rounds):
-            batch = [prompt_of(PROMPTS[(r * concurrency + i) % len(PROMPTS)]) for i in range(concurrency)]
-            rows += await asyncio.gather(*(one(pipeline, p, f"r{r}-{i}") for i, p in enumerate(batch)))
+            batch = [
+                prompt_of(PROMPTS[(r * concurrency + i) % len(PROMPTS)]) for i in range(concurrency)
+            ]
+            rows += await asyncio.gather(
+                *(one(pipeline, p, f"r{r}-{i}") for i, p in enumerate(batch))
+            )
         return rows
 
     try:
         rows = asyncio.run(rounds_of_requests())
-        loads = {name: {k: v for k, v in _flat(info).items() if "thread" in k}
-                 for name, info in pipeline.runtime.load_results.items()}
+        loads = {
+            name: {k: v for k, v in _flat(info).items() if "thread" in k}
+            for name, info in pipeline.runtime.load_results.items()
+        }
     finally:
         pipeline.close()
     ttft = [r["ttft"] for r in rows if r["ttft"] is not None]
@@ -103,8 +113,10 @@ def run_mode(plan: Any, config: Any, profile: Any, prompt_of: Any, rounds: int, 
         "start_s": round(start_s, 1),
         "requests": len(rows),
         "with_audio": len(ttfa),
-        "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
-        "ttfa_p50_s": pct(ttfa, 0.5), "ttfa_p95_s": pct(ttfa, 0.95),
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p95_s": pct(ttft, 0.95),
+        "ttfa_p50_s": pct(ttfa, 0.5),
+        "ttfa_p95_s": pct(ttfa, 0.95),
         "ttfa_mean_s": statistics.fmean(ttfa) if ttfa else None,
     }
 
@@ -123,19 +135,26 @@ def table(doc: dict[str, Any]) -> list[str]:
     def s(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.2f}"
 
-    lines = [f"{doc['pipeline']} on {doc['profile']} ({doc['cpu_cores']} logical CPUs), "
-             f"{doc['concurrency']} concurrent requests x {doc['rounds']} rounds per mode",
-             "",
-             f"{'mode':<16} {'threads':<20} {'TTFT p50':>8} {'p95':>6} {'TTFA p50':>8} {'p95':>6} {'audio':>6}",
-             "-" * 76]
+    lines = [
+        f"{doc['pipeline']} on {doc['profile']} ({doc['cpu_cores']} logical CPUs), "
+        f"{doc['concurrency']} concurrent requests x {doc['rounds']} rounds per mode",
+        "",
+        f"{'mode':<16} {'threads':<20} {'TTFT p50':>8} {'p95':>6} {'TTFA p50':>8} {'p95':>6} {'audio':>6}",
+        "-" * 76,
+    ]
     for mode, m in doc["modes"].items():
         threads = ", ".join(f"{k} {'-' if v is None else v}" for k, v in m["threads"].items())
-        lines.append(f"{mode:<16} {threads:<20} {s(m['ttft_p50_s']):>8} {s(m['ttft_p95_s']):>6} "
-                     f"{s(m['ttfa_p50_s']):>8} {s(m['ttfa_p95_s']):>6} {m['with_audio']:>3}/{m['requests']:<2}")
+        lines.append(
+            f"{mode:<16} {threads:<20} {s(m['ttft_p50_s']):>8} {s(m['ttft_p95_s']):>6} "
+            f"{s(m['ttfa_p50_s']):>8} {s(m['ttfa_p95_s']):>6} {m['with_audio']:>3}/{m['requests']:<2}"
+        )
     p, d = doc["modes"]["planned"], doc["modes"]["engine defaults"]
     if p["ttfa_p50_s"] and d["ttfa_p50_s"]:
-        lines += ["", f"time to first audio, engine defaults / planned: p50 {d['ttfa_p50_s'] / p['ttfa_p50_s']:.2f}x, "
-                  f"p95 {d['ttfa_p95_s'] / p['ttfa_p95_s']:.2f}x (seconds, from submission)"]
+        lines += [
+            "",
+            f"time to first audio, engine defaults / planned: p50 {d['ttfa_p50_s'] / p['ttfa_p50_s']:.2f}x, "
+            f"p95 {d['ttfa_p95_s'] / p['ttfa_p95_s']:.2f}x (seconds, from submission)",
+        ]
     return lines
 
 
@@ -163,22 +182,38 @@ def main() -> int:
     if not (planned.admitted and defaults.admitted):
         print("the plan was refused; run `omni-edge plan` to see why", file=sys.stderr)
         return 3
-    if [(s.device, s.backend) for s in planned.stages] != [(s.device, s.backend) for s in defaults.stages]:
-        print("the two modes were placed differently; the comparison would not be of threads alone", file=sys.stderr)
+    if [(s.device, s.backend) for s in planned.stages] != [
+        (s.device, s.backend) for s in defaults.stages
+    ]:
+        print(
+            "the two modes were placed differently; the comparison would not be of threads alone",
+            file=sys.stderr,
+        )
         return 3
     prepare_models(planned, progress=True)
 
     def prompt_of(text: str) -> Any:
-        return {"prompt": text, "sampling": {"max_tokens": args.max_tokens}} if args.max_tokens else text
+        return (
+            {"prompt": text, "sampling": {"max_tokens": args.max_tokens}}
+            if args.max_tokens
+            else text
+        )
 
     modes = {}
     for mode, plan in zip(MODES, (planned, defaults), strict=True):
         print(f"{mode}: starting ...", file=sys.stderr)
         modes[mode] = run_mode(plan, config, profile, prompt_of, args.rounds, args.concurrency)
         print(f"{mode}: {json.dumps(modes[mode])}", file=sys.stderr)
-    doc = {"pipeline": config.name, "profile": profile.name, "cpu_cores": profile.host.cpu_cores,
-           "rounds": args.rounds, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-           "backends": {s.name: s.backend for s in planned.stages}, "modes": modes}
+    doc = {
+        "pipeline": config.name,
+        "profile": profile.name,
+        "cpu_cores": profile.host.cpu_cores,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "backends": {s.name: s.backend for s in planned.stages},
+        "modes": modes,
+    }
     print("\n".join(table(doc)))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))

@@ -39,7 +39,9 @@ def _tiny_artifact(root: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=30, help="planning runs per variant (median reported)")
+    ap.add_argument(
+        "--repeat", type=int, default=30, help="planning runs per variant (median reported)"
+    )
     ap.add_argument("--profile", help="a profile JSON; default: probe this machine (cached routes)")
     args = ap.parse_args()
     os.environ["OMNI_EDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="omni-edge-bench-")
@@ -56,9 +58,22 @@ def main() -> int:
     profile = resolve_profile(args.profile)
     default = load_config(REPO / "configs" / "voice-assistant.yaml")
     tiny = _tiny_artifact(Path(os.environ["OMNI_EDGE_CACHE_DIR"]))
-    tiny_config = parse_config({"name": "tiny", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(tiny), "devices": ["cpu"], "final_output": True,
-    }]}, where="bench", base_dir=REPO)
+    tiny_config = parse_config(
+        {
+            "name": "tiny",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(tiny),
+                    "devices": ["cpu"],
+                    "final_output": True,
+                }
+            ],
+        },
+        where="bench",
+        base_dir=REPO,
+    )
 
     print(f"machine: {profile.name}; evidence cache: {os.environ['OMNI_EDGE_CACHE_DIR']}")
     print("\n== gate time per artifact (in the route, interpreter start excluded) ==")
@@ -75,7 +90,9 @@ def main() -> int:
                 host = open_sessions(resolve(c.route))
                 host.probe()
                 hosts[c.route.name] = host
-                print(f"  route {c.route.name}: interpreter start + probe {time.perf_counter() - t0:.2f} s")
+                print(
+                    f"  route {c.route.name}: interpreter start + probe {time.perf_counter() - t0:.2f} s"
+                )
             result = verify_placement(placement, hosts[c.route.name], force=True)  # type: ignore[arg-type]
             cov = (result.record or {}).get("coverage") or {}
             timings = (result.record or {}).get("timings") or {}
@@ -88,7 +105,9 @@ def main() -> int:
     for host in hosts.values():
         host.shutdown()  # type: ignore[attr-defined]
 
-    print(f"\n== planning {default.name!r}: warm evidence vs no verification (median of {args.repeat}) ==")
+    print(
+        f"\n== planning {default.name!r}: warm evidence vs no verification (median of {args.repeat}) =="
+    )
     real = ExportedGraphKind.gate_spec
     off = lambda self, *a, **k: None  # noqa: E731 - the base class's "no gates" answer
 
@@ -107,10 +126,14 @@ def main() -> int:
     plan = plan_pipeline(default, profile)
     voice = plan.stage("voice")
     mw, mu = statistics.median(warm), statistics.median(unverified)
-    print(f"  warm evidence   {mw * 1e3:7.2f} ms   (voice → {voice.device}/{voice.backend}, {voice.verification.status if voice.verification else '-'})")
+    print(
+        f"  warm evidence   {mw * 1e3:7.2f} ms   (voice → {voice.device}/{voice.backend}, {voice.verification.status if voice.verification else '-'})"
+    )
     print(f"  no verification {mu * 1e3:7.2f} ms")
     ratio = mw / mu
-    print(f"  ratio warm / unverified = {ratio:.3f}  (target ≤ 1.10: {'met' if ratio <= 1.10 else 'MISSED'})")
+    print(
+        f"  ratio warm / unverified = {ratio:.3f}  (target ≤ 1.10: {'met' if ratio <= 1.10 else 'MISSED'})"
+    )
     return 0
 
 

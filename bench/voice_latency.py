@@ -133,7 +133,9 @@ def speak(text: str) -> tuple[np.ndarray, int]:
 def speech_end_ms(samples: np.ndarray, rate: int) -> float:
     """Where the speech in ``samples`` ends: the end of its last 10 ms frame above ``SPEECH_DBFS``."""
     n = rate // 100
-    loud = [i for i in range(samples.size // n) if rms_dbfs(samples[i * n:(i + 1) * n]) > SPEECH_DBFS]
+    loud = [
+        i for i in range(samples.size // n) if rms_dbfs(samples[i * n : (i + 1) * n]) > SPEECH_DBFS
+    ]
     return 1000.0 * ((loud[-1] + 1) * n if loud else samples.size) / rate
 
 
@@ -147,11 +149,15 @@ def start_server(config: str, port: int, log: Path) -> tuple[subprocess.Popen[by
     exe = Path(sys.executable).with_name("omni-edge")
     t0 = time.perf_counter()
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(exe), "serve", config, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=f)
+        proc = subprocess.Popen(
+            [str(exe), "serve", config, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=f
+        )
     while time.perf_counter() - t0 < READY_TIMEOUT_S:
         if proc.poll() is not None:
-            raise SystemExit(f"omni-edge serve exited with {proc.returncode}; its log: {log}\n"
-                             + log.read_text(errors="replace")[-2000:])
+            raise SystemExit(
+                f"omni-edge serve exited with {proc.returncode}; its log: {log}\n"
+                + log.read_text(errors="replace")[-2000:]
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -172,7 +178,9 @@ def stop_server(proc: subprocess.Popen[bytes]) -> int:
         return proc.wait()
 
 
-async def one_turn(url: str, text: str, clip: np.ndarray, rate: int, speed: float) -> dict[str, Any]:
+async def one_turn(
+    url: str, text: str, clip: np.ndarray, rate: int, speed: float
+) -> dict[str, Any]:
     session = VoiceSession(url, speed=speed)
     row: dict[str, Any] = {"question": text}
     try:
@@ -192,11 +200,17 @@ async def one_turn(url: str, text: str, clip: np.ndarray, rate: int, speed: floa
         vad_end = last.speech_end_ms
         # the end of speech is the clip's own, known here exactly: the VAD's placement is reported beside it
         last.speech_end_ms, last.speech_end_at = round(true_end), session.sent_time(true_end)
-        row |= {k: v for k, v in last.as_json(session.out_rate).items() if k not in ("turn", "item_id", "response_id")}
+        row |= {
+            k: v
+            for k, v in last.as_json(session.out_rate).items()
+            if k not in ("turn", "item_id", "response_id")
+        }
         row["heard"] = " ".join((t.transcript or "").strip() for t in turns)
         row["vad_end_error_ms"] = None if vad_end is None else round(vad_end - true_end)
         if first is not last:
-            row["note"] = f"the VAD cut the question into {len(turns)} turns; the last one is counted"
+            row["note"] = (
+                f"the VAD cut the question into {len(turns)} turns; the last one is counted"
+            )
     return row
 
 
@@ -208,12 +222,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     counted = [r for r in rows if r.get("latency_s") is not None]
     out: dict[str, Any] = {"turns": len(counted)}
     for key in ("latency_s", *STEPS, *MARKS, "vad_end_error_ms"):
-        found = [r.get(key) if key in ("latency_s", "vad_end_error_ms") else
-                 (r.get("server_timing_ms") or {}).get(key) if key in MARKS else r["breakdown_s"].get(key)
-                 for r in counted]
+        found = [
+            r.get(key)
+            if key in ("latency_s", "vad_end_error_ms")
+            else (r.get("server_timing_ms") or {}).get(key)
+            if key in MARKS
+            else r["breakdown_s"].get(key)
+            for r in counted
+        ]
         vals = [float(v) / (1000.0 if key in MARKS else 1.0) for v in found if v is not None]
         out[key] = {"p50": pct(vals, 50), "p95": pct(vals, 95), "n": len(vals)}
-    out["early_starts"] = sum(1 for r in counted if (r.get("server_timing_ms") or {}).get("early_start"))
+    out["early_starts"] = sum(
+        1 for r in counted if (r.get("server_timing_ms") or {}).get("early_start")
+    )
     p50 = out["latency_s"]["p50"]
     out["target_p50_s"] = TARGET_P50_S
     out["met"] = p50 is not None and p50 <= TARGET_P50_S
@@ -226,35 +247,50 @@ def fmt(x: float | None) -> str:
 
 def report(result: dict[str, Any]) -> None:
     print(f"voice to voice over /v1/realtime: {result['config']}")
-    print(f"{result['turns_counted']} turns at {result['speed']:g}× real time; "
-          f"server ready in {result['cold_start_s']:.1f} s")
+    print(
+        f"{result['turns_counted']} turns at {result['speed']:g}× real time; "
+        f"server ready in {result['cold_start_s']:.1f} s"
+    )
     print(f"{'':>11}  {'server: s after the end of speech':^29}")
-    print(f"{'#':>2}  {'latency':>7}  {'eot':>5} {'asr':>5} {'tok':>5} {'sent':>5} {'audio':>5}  question")
+    print(
+        f"{'#':>2}  {'latency':>7}  {'eot':>5} {'asr':>5} {'tok':>5} {'sent':>5} {'audio':>5}  question"
+    )
     for i, r in enumerate(result["rows"], 1):
         marks = r.get("server_timing_ms") or {}
-        print(f"{i:>2}  {fmt(r.get('latency_s')):>7}  "
-              + " ".join(fmt(None if marks.get(k) is None else marks[k] / 1000.0) for k in MARKS)
-              + f"  {r['question'][:34]}")
+        print(
+            f"{i:>2}  {fmt(r.get('latency_s')):>7}  "
+            + " ".join(fmt(None if marks.get(k) is None else marks[k] / 1000.0) for k in MARKS)
+            + f"  {r['question'][:34]}"
+        )
         if r.get("error") or r.get("note") or r.get("status") not in ("completed", None):
-            print(f"    {r.get('error') or r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip())
+            print(
+                f"    {r.get('error') or r.get('note') or ''} {r.get('status') or ''} {r.get('reason') or ''}".rstrip()
+            )
     s = result["summary"]
     print()
     print(f"{'':>10}{'p50':>8}{'p95':>8}")
-    for key, label in (("latency_s", "latency"), *zip(MARKS, ("eot", "asr", "tok", "sent", "audio"), strict=True)):
+    for key, label in (
+        ("latency_s", "latency"),
+        *zip(MARKS, ("eot", "asr", "tok", "sent", "audio"), strict=True),
+    ):
         print(f"{label:>10}{fmt(s[key]['p50']):>8}{fmt(s[key]['p95']):>8}")
     print(f"replies started early (in the pause): {s['early_starts']} of {s['turns']}")
     err = s["vad_end_error_ms"]
     if err["p50"] is not None:
-        print(f"the VAD's end of speech against the clip's: p50 {err['p50']:+.0f} ms, p95 {err['p95']:+.0f} ms")
+        print(
+            f"the VAD's end of speech against the clip's: p50 {err['p50']:+.0f} ms, p95 {err['p95']:+.0f} ms"
+        )
     if result["speed"] != 1.0:
         print(f"note: streamed at {result['speed']:g}× real time: not the real-time figure")
     verdict = "MET" if s["met"] else "NOT MET"
     p50 = s["latency_s"]["p50"]
     print(f"target p50 <= {TARGET_P50_S:.1f} s: {'-' if p50 is None else f'{p50:.2f} s'} {verdict}")
-    print("latency: the clip's end of speech → the first reply audio at the client.\n"
-          "The server's marks (response.done's timing), s after the end of speech as it\n"
-          "heard it: eot the turn closed; asr the transcript; tok the first token; sent\n"
-          "the first chunk cut for the voice (- when none was); audio the first audio sent.")
+    print(
+        "latency: the clip's end of speech → the first reply audio at the client.\n"
+        "The server's marks (response.done's timing), s after the end of speech as it\n"
+        "heard it: eot the turn closed; asr the transcript; tok the first token; sent\n"
+        "the first chunk cut for the voice (- when none was); audio the first audio sent."
+    )
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,8 +311,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         rows = []
         for text, (clip, rate) in zip(questions, clips[1:], strict=True):
             row = await one_turn(url, text, clip, rate, args.speed)
-            print(f"  {len(rows) + 1:>2}/{len(questions)} latency {fmt(row.get('latency_s'))} s  {text}",
-                  file=sys.stderr)
+            print(
+                f"  {len(rows) + 1:>2}/{len(questions)} latency {fmt(row.get('latency_s'))} s  {text}",
+                file=sys.stderr,
+            )
             rows.append(row)
     finally:
         rc = stop_server(proc) if proc is not None else None
@@ -284,18 +322,37 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         print(f"warning: omni-edge serve exited with {rc}; its log: {log}", file=sys.stderr)
     else:
         log.unlink(missing_ok=True)
-    return {"config": args.config, "speed": args.speed, "cold_start_s": cold, "warm_up": warm,
-            "turns_counted": len(rows), "rows": rows, "summary": summarise(rows),
-            "cpus": os.cpu_count()}
+    return {
+        "config": args.config,
+        "speed": args.speed,
+        "cold_start_s": cold,
+        "warm_up": warm,
+        "turns_counted": len(rows),
+        "rows": rows,
+        "summary": summarise(rows),
+        "cpus": os.cpu_count(),
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/examples/voice-chat.yaml")
-    p.add_argument("--turns", type=int, default=len(QUESTIONS), help=f"questions counted (at most {len(QUESTIONS)})")
-    p.add_argument("--speed", type=float, default=1.0, help="stream N times faster than real time (1.0: real time)")
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=len(QUESTIONS),
+        help=f"questions counted (at most {len(QUESTIONS)})",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="stream N times faster than real time (1.0: real time)",
+    )
     p.add_argument("--url", help="a running server instead of starting one")
-    p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the table")
+    p.add_argument(
+        "--json", action="store_true", help="print the whole result as JSON instead of the table"
+    )
     args = p.parse_args()
     if not 1 <= args.turns <= len(QUESTIONS):
         p.error(f"--turns must be 1..{len(QUESTIONS)}")

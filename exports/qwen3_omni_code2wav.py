@@ -111,7 +111,9 @@ def tiny_code2wav(seed: int = TINY_SEED) -> Any:
         for module in model.modules():
             if isinstance(module, torch.nn.Conv1d):
                 # weight: [out, in / groups, kernel]
-                module.weight.normal_(0.0, 1.0 / math.sqrt(module.weight.shape[1] * module.weight.shape[2]))
+                module.weight.normal_(
+                    0.0, 1.0 / math.sqrt(module.weight.shape[1] * module.weight.shape[2])
+                )
             elif isinstance(module, torch.nn.ConvTranspose1d):
                 # weight: [in, out, kernel]; each output sample sums in × kernel / stride terms
                 fan_in = module.weight.shape[0] * module.weight.shape[2] / module.stride[0]
@@ -147,9 +149,13 @@ def load_code2wav(checkpoint: Path | str) -> Any:
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
     root = Path(checkpoint)
-    config = Qwen3OmniMoeCode2WavConfig(**json.loads((root / "config.json").read_text())["code2wav_config"])
+    config = Qwen3OmniMoeCode2WavConfig(
+        **json.loads((root / "config.json").read_text())["code2wav_config"]
+    )
     config._attn_implementation = "eager"
-    model = Qwen3OmniMoeCode2Wav(config)  # initialised, then overwritten: its buffers (RoPE, offsets) are computed
+    model = Qwen3OmniMoeCode2Wav(
+        config
+    )  # initialised, then overwritten: its buffers (RoPE, offsets) are computed
     state: dict[str, Any] = {}
     for shard in sorted(root.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
@@ -204,7 +210,9 @@ def traceable(model: Any) -> Any:
     for module in model.modules():
         if isinstance(module, Qwen3OmniMoeCausalConvNet):
             if module.stride != 1:
-                raise ValueError(f"a causal convolution of stride {module.stride}: its extra padding depends on the length")
+                raise ValueError(
+                    f"a causal convolution of stride {module.stride}: its extra padding depends on the length"
+                )
             module.forward = types.MethodType(causal_conv, module)  # type: ignore[method-assign]
 
     class Code2WavGraph(torch.nn.Module):
@@ -219,10 +227,15 @@ def traceable(model: Any) -> Any:
             hidden = inner.code_embedding(codes + inner.code_offset).mean(1)
             frames = torch.arange(codes.shape[-1], device=codes.device)
             back = frames[:, None] - frames[None, :]  # [frames (query), frames (key)]: how far back
-            allowed = (back >= 0) & (back < self.window)  # transformers' sliding window: q - W < k <= q
-            mask = torch.where(allowed, 0.0, torch.finfo(hidden.dtype).min).to(hidden.dtype)[None, None]
+            allowed = (back >= 0) & (
+                back < self.window
+            )  # transformers' sliding window: q - W < k <= q
+            mask = torch.where(allowed, 0.0, torch.finfo(hidden.dtype).min).to(hidden.dtype)[
+                None, None
+            ]
             hidden = inner.pre_transformer(
-                inputs_embeds=hidden, attention_mask={"sliding_attention": mask, "full_attention": mask},
+                inputs_embeds=hidden,
+                attention_mask={"sliding_attention": mask, "full_attention": mask},
                 position_ids=frames[None],
             ).last_hidden_state
             hidden = hidden.permute(0, 2, 1)  # [1, hidden, frames]
@@ -249,7 +262,9 @@ def export_module(model: Any) -> dict[str, Any]:
         "inputs": {"codes": _codes(REFERENCE_FRAMES, 0, q, size)},
         "outputs": ["waveform"],
         "dynamic_axes": {"codes": {2: "frames"}, "waveform": {2: "samples"}},
-        "calibration": [{"codes": _codes(n, i + 1, q, size)} for i, n in enumerate(CALIBRATION_FRAMES)],
+        "calibration": [
+            {"codes": _codes(n, i + 1, q, size)} for i, n in enumerate(CALIBRATION_FRAMES)
+        ],
     }
 
 
@@ -272,17 +287,40 @@ SAMPLES_PER_FRAME = 1920
 def export_args(out: Path | str = ARTIFACT_DIR) -> list[str]:
     """The ``omni-edge export`` arguments that make the tiny code2wav artifact at ``out``."""
     return [
-        "export", "--from", "torch", "exports.qwen3_omni_code2wav:tiny_factory", "-o", str(out),
-        "--precision", "fp32", "--name", "qwen3-omni-code2wav-tiny", "--license", "Apache-2.0",
-        "--origin", f"transformers' Qwen3OmniMoeCode2Wav at exports/qwen3_omni_code2wav.py:tiny_code2wav_config, "
-                    f"random weights (seed {TINY_SEED})",
-        "--description", "Qwen3-Omni code2wav, scaled down with random weights (tests the code path, not the voice): "
-                         f"frames of {TINY_CODEBOOKS} codec codes in, {SAMPLE_RATE} Hz mono audio out.",
-        "--preprocess", "exports.qwen3_omni_code2wav:preprocess",
-        "--postprocess", "exports.qwen3_omni_code2wav:postprocess",
-        "--consumes", "token_ids", "--produces", f"audio@{SAMPLE_RATE}",
-        "--metadata", f"samples_per_frame={SAMPLES_PER_FRAME}", "--metadata", f"sample_rate={SAMPLE_RATE}",
-        "--metadata", f"codebooks={TINY_CODEBOOKS}", "--metadata", f"codebook_size={TINY_CODEBOOK_SIZE}",
+        "export",
+        "--from",
+        "torch",
+        "exports.qwen3_omni_code2wav:tiny_factory",
+        "-o",
+        str(out),
+        "--precision",
+        "fp32",
+        "--name",
+        "qwen3-omni-code2wav-tiny",
+        "--license",
+        "Apache-2.0",
+        "--origin",
+        f"transformers' Qwen3OmniMoeCode2Wav at exports/qwen3_omni_code2wav.py:tiny_code2wav_config, "
+        f"random weights (seed {TINY_SEED})",
+        "--description",
+        "Qwen3-Omni code2wav, scaled down with random weights (tests the code path, not the voice): "
+        f"frames of {TINY_CODEBOOKS} codec codes in, {SAMPLE_RATE} Hz mono audio out.",
+        "--preprocess",
+        "exports.qwen3_omni_code2wav:preprocess",
+        "--postprocess",
+        "exports.qwen3_omni_code2wav:postprocess",
+        "--consumes",
+        "token_ids",
+        "--produces",
+        f"audio@{SAMPLE_RATE}",
+        "--metadata",
+        f"samples_per_frame={SAMPLES_PER_FRAME}",
+        "--metadata",
+        f"sample_rate={SAMPLE_RATE}",
+        "--metadata",
+        f"codebooks={TINY_CODEBOOKS}",
+        "--metadata",
+        f"codebook_size={TINY_CODEBOOK_SIZE}",
     ]
 
 
@@ -297,9 +335,17 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     import numpy as np
 
     meta = artifact.metadata if artifact is not None else {}
-    codebooks, size = int(meta.get("codebooks", TINY_CODEBOOKS)), int(meta.get("codebook_size", TINY_CODEBOOK_SIZE))
+    codebooks, size = (
+        int(meta.get("codebooks", TINY_CODEBOOKS)),
+        int(meta.get("codebook_size", TINY_CODEBOOK_SIZE)),
+    )
     codes = np.asarray(item)
-    if codes.dtype.kind not in "iu" or codes.ndim not in (1, 2) or codes.shape[0] != codebooks or codes.size == 0:
+    if (
+        codes.dtype.kind not in "iu"
+        or codes.ndim not in (1, 2)
+        or codes.shape[0] != codebooks
+        or codes.size == 0
+    ):
         raise ValueError(
             f"code2wav takes frames of {codebooks} integer codes ([{codebooks}] or [{codebooks}, frames]), "
             f"got {codes.dtype} {list(codes.shape)}"
@@ -308,7 +354,9 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     bad = (codes < 0) | (codes >= size)
     if bad.any():
         q, f = (int(i[0]) for i in np.nonzero(bad))
-        raise ValueError(f"code {int(codes[q, f])} (codebook {q}, frame {f}) is outside the codebook [0, {size})")
+        raise ValueError(
+            f"code {int(codes[q, f])} (codebook {q}, frame {f}) is outside the codebook [0, {size})"
+        )
     return {"codes": codes[None]}
 
 
@@ -318,13 +366,18 @@ def postprocess(outputs: dict[str, Any], artifact: Any = None) -> dict[str, Any]
     import numpy as np
 
     rate = int((artifact.metadata if artifact is not None else {}).get("sample_rate", SAMPLE_RATE))
-    return {"audio": np.asarray(outputs["waveform"], dtype=np.float32).reshape(-1), "sample_rate": rate}
+    return {
+        "audio": np.asarray(outputs["waveform"], dtype=np.float32).reshape(-1),
+        "sample_rate": rate,
+    }
 
 
 def build(out: Path = ARTIFACT_DIR) -> int:
     """Run ``omni-edge export`` with :func:`export_args` from the repository root (its exit status)."""
     where = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-    return subprocess.call([sys.executable, "-m", "orchestrator.cli", *export_args(where), "--force"], cwd=REPO)
+    return subprocess.call(
+        [sys.executable, "-m", "orchestrator.cli", *export_args(where), "--force"], cwd=REPO
+    )
 
 
 if __name__ == "__main__":  # python -m exports.qwen3_omni_code2wav build

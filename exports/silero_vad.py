@@ -95,7 +95,9 @@ def cpu_outputs(graph: str | Path, feeds: dict[str, Any]) -> dict[str, Any]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # the graph carries unused initializers ORT warns about
-    session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(graph), sess_options=options, providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
 
@@ -107,7 +109,11 @@ def manifest_graph(directory: str | Path) -> str:
     if not manifest.is_file():
         return str(resolve_package_location(GRAPH))
     where = str(yaml.safe_load(manifest.read_text())["precisions"]["fp32"])
-    return str(resolve_package_location(where) if where.startswith("package://") else Path(directory) / where)
+    return str(
+        resolve_package_location(where)
+        if where.startswith("package://")
+        else Path(directory) / where
+    )
 
 
 def write_reference(directory: str | Path, graph: str | Path | None = None) -> tuple[Path, Path]:
@@ -116,8 +122,10 @@ def write_reference(directory: str | Path, graph: str | Path | None = None) -> t
     d = Path(directory)
     feeds = reference_feeds()
     outputs = cpu_outputs(graph or manifest_graph(d), feeds)
-    return (save_npz(d / "reference_inputs.npz", feeds, deflate=False),
-            save_npz(d / "reference_outputs.npz", outputs, deflate=False))
+    return (
+        save_npz(d / "reference_inputs.npz", feeds, deflate=False),
+        save_npz(d / "reference_outputs.npz", outputs, deflate=False),
+    )
 
 
 if __name__ == "__main__":  # python -m exports.silero_vad exports/silero-vad[-op18]

@@ -95,9 +95,14 @@ def _modules(model: Any) -> tuple[Any, Any]:
             super().__init__()
             self.decoder = decoder
 
-        def forward(self, input_ids: Any, cross_key: Any, cross_value: Any, past_key: Any, past_value: Any) -> Any:
+        def forward(
+            self, input_ids: Any, cross_key: Any, cross_value: Any, past_key: Any, past_value: Any
+        ) -> Any:
             past, tokens = past_key.shape[3], input_ids.shape[1]
-            x = self.decoder.embed_tokens(input_ids) + self.decoder.embed_positions.weight[past : past + tokens]
+            x = (
+                self.decoder.embed_tokens(input_ids)
+                + self.decoder.embed_positions.weight[past : past + tokens]
+            )
             # causal mask by comparison, not Trilu (which OpenVINO's EP leaves to the CPU EP)
             later = torch.arange(past + tokens)[None, :] > torch.arange(tokens)[:, None] + past
             mask = later.to(torch.float32) * torch.finfo(torch.float32).min
@@ -109,13 +114,17 @@ def _modules(model: Any) -> tuple[Any, Any]:
                 present_key.append(k)
                 present_value.append(v)
                 q = heads(layer.self_attn.q_proj(h)) * scale
-                x = x + layer.self_attn.out_proj(merge(torch.softmax(q @ k.transpose(2, 3) + mask, dim=-1) @ v))
+                x = x + layer.self_attn.out_proj(
+                    merge(torch.softmax(q @ k.transpose(2, 3) + mask, dim=-1) @ v)
+                )
                 q = heads(layer.encoder_attn.q_proj(layer.encoder_attn_layer_norm(x))) * scale
                 attn = torch.softmax(q @ cross_key[i].transpose(2, 3), dim=-1) @ cross_value[i]
                 x = x + layer.encoder_attn.out_proj(merge(attn))
                 x = x + layer.fc2(torch.nn.functional.gelu(layer.fc1(layer.final_layer_norm(x))))
             last = self.decoder.layer_norm(x[:, -1])
-            logits = last @ self.decoder.embed_tokens.weight.T  # folded into a copy: see _tie_logits
+            logits = (
+                last @ self.decoder.embed_tokens.weight.T
+            )  # folded into a copy: see _tie_logits
             return logits, torch.stack(present_key), torch.stack(present_value)
 
     return Encoder().eval(), DecoderStep().eval()
@@ -126,8 +135,9 @@ def load_model(checkpoint: Path) -> Any:
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    return WhisperForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    return WhisperForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def synthetic_speech(seconds: float = 2.0) -> Any:
@@ -138,10 +148,14 @@ def synthetic_speech(seconds: float = 2.0) -> Any:
     import numpy as np
 
     chunk = silero_vad.synthetic_chunk()
-    return np.tile(chunk, int(seconds * SAMPLE_RATE) // len(chunk) + 1)[: int(seconds * SAMPLE_RATE)]
+    return np.tile(chunk, int(seconds * SAMPLE_RATE) // len(chunk) + 1)[
+        : int(seconds * SAMPLE_RATE)
+    ]
 
 
-def export(checkpoint: Path, encoder_dir: Path = ENCODER_DIR, decoder_dir: Path = DECODER_DIR) -> None:
+def export(
+    checkpoint: Path, encoder_dir: Path = ENCODER_DIR, decoder_dir: Path = DECODER_DIR
+) -> None:
     """Write ``fp32.onnx`` and the reference files (PyTorch's outputs) of both artifacts."""
     import torch
 
@@ -151,39 +165,84 @@ def export(checkpoint: Path, encoder_dir: Path = ENCODER_DIR, decoder_dir: Path 
     with torch.no_grad():
         enc_out = [t.numpy() for t in encoder(torch.from_numpy(features))]
         empty = torch.zeros(LAYERS, 1, HEADS, 0, HEAD_DIM)
-        dec_in = {"input_ids": torch.tensor([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]]),
-                  "cross_key": torch.from_numpy(enc_out[1]), "cross_value": torch.from_numpy(enc_out[2]),
-                  "past_key": empty, "past_value": empty}
+        dec_in = {
+            "input_ids": torch.tensor([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]]),
+            "cross_key": torch.from_numpy(enc_out[1]),
+            "cross_value": torch.from_numpy(enc_out[2]),
+            "past_key": empty,
+            "past_value": empty,
+        }
         dec_out = [t.numpy() for t in step(**dec_in)]
-        _onnx_export(encoder, (torch.from_numpy(features),), encoder_dir / "fp32.onnx", ["input_features"],
-                     ["last_hidden_state", "cross_key", "cross_value"],
-                     {"input_features": {0: "batch", 2: "frames"}, "last_hidden_state": {0: "batch", 1: "positions"},
-                      "cross_key": {1: "batch", 3: "positions"}, "cross_value": {1: "batch", 3: "positions"}})
-        _onnx_export(step, tuple(dec_in.values()), decoder_dir / "fp32.onnx", list(dec_in),
-                     ["logits", "present_key", "present_value"],
-                     {"input_ids": {0: "batch", 1: "tokens"}, "cross_key": {1: "batch", 3: "frames"},
-                      "cross_value": {1: "batch", 3: "frames"}, "past_key": {1: "batch", 3: "past"},
-                      "past_value": {1: "batch", 3: "past"}, "logits": {0: "batch"},
-                      "present_key": {1: "batch", 3: "total"}, "present_value": {1: "batch", 3: "total"}})
+        _onnx_export(
+            encoder,
+            (torch.from_numpy(features),),
+            encoder_dir / "fp32.onnx",
+            ["input_features"],
+            ["last_hidden_state", "cross_key", "cross_value"],
+            {
+                "input_features": {0: "batch", 2: "frames"},
+                "last_hidden_state": {0: "batch", 1: "positions"},
+                "cross_key": {1: "batch", 3: "positions"},
+                "cross_value": {1: "batch", 3: "positions"},
+            },
+        )
+        _onnx_export(
+            step,
+            tuple(dec_in.values()),
+            decoder_dir / "fp32.onnx",
+            list(dec_in),
+            ["logits", "present_key", "present_value"],
+            {
+                "input_ids": {0: "batch", 1: "tokens"},
+                "cross_key": {1: "batch", 3: "frames"},
+                "cross_value": {1: "batch", 3: "frames"},
+                "past_key": {1: "batch", 3: "past"},
+                "past_value": {1: "batch", 3: "past"},
+                "logits": {0: "batch"},
+                "present_key": {1: "batch", 3: "total"},
+                "present_value": {1: "batch", 3: "total"},
+            },
+        )
     _tie_logits(decoder_dir / "fp32.onnx")
     save_npz(encoder_dir / "reference_inputs.npz", {"input_features": features})
-    save_npz(encoder_dir / "reference_outputs.npz",
-             dict(zip(["last_hidden_state", "cross_key", "cross_value"], enc_out, strict=True)))
+    save_npz(
+        encoder_dir / "reference_outputs.npz",
+        dict(zip(["last_hidden_state", "cross_key", "cross_value"], enc_out, strict=True)),
+    )
     save_npz(decoder_dir / "reference_inputs.npz", {k: v.numpy() for k, v in dec_in.items()})
-    save_npz(decoder_dir / "reference_outputs.npz",
-             dict(zip(["logits", "present_key", "present_value"], dec_out, strict=True)))
+    save_npz(
+        decoder_dir / "reference_outputs.npz",
+        dict(zip(["logits", "present_key", "present_value"], dec_out, strict=True)),
+    )
 
 
-def _onnx_export(module: Any, args: tuple[Any, ...], path: Path, inputs: list[str], outputs: list[str],
-                 axes: dict[str, dict[int, str]]) -> None:
+def _onnx_export(
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict[str, dict[int, str]],
+) -> None:
     """TorchScript-based ``torch.onnx.export`` (no onnxscript needed), written then renamed into place."""
     import torch
 
     tmp = path.with_suffix(".onnx.tmp")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer warnings about shape-dependent slices (they are traced)
-        torch.onnx.export(module, args, str(tmp), input_names=inputs, output_names=outputs, dynamic_axes=axes,
-                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
+        warnings.simplefilter(
+            "ignore"
+        )  # tracer warnings about shape-dependent slices (they are traced)
+        torch.onnx.export(
+            module,
+            args,
+            str(tmp),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
     tmp.replace(path)
 
 
@@ -200,7 +259,9 @@ def _tie_logits(path: Path, table: str = "decoder.embed_tokens.weight") -> None:
     if node.op_type != "MatMul":
         raise ValueError(f"{path}: logits come from a {node.op_type}, expected the folded MatMul")
     copy = node.input[1]
-    node.CopyFrom(onnx.helper.make_node("Gemm", [node.input[0], table], ["logits"], name=node.name, transB=1))
+    node.CopyFrom(
+        onnx.helper.make_node("Gemm", [node.input[0], table], ["logits"], name=node.name, transB=1)
+    )
     kept = [i for i in model.graph.initializer if i.name != copy]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
@@ -229,8 +290,9 @@ def log_mel(samples: Any) -> Any:
     """Whisper's log-mel features of at most 30 s of 16 kHz audio, zero-padded: float32 ``[1, 80, 3000]``."""
     import numpy as np
 
-    features = _feature_extractor()(np.asarray(samples, dtype=np.float32), sampling_rate=SAMPLE_RATE,
-                                    return_tensors="np").input_features
+    features = _feature_extractor()(
+        np.asarray(samples, dtype=np.float32), sampling_rate=SAMPLE_RATE, return_tensors="np"
+    ).input_features
     return features.astype(np.float32)
 
 
@@ -242,10 +304,14 @@ def encoder_preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     into windows first: :meth:`WhisperOnnx.transcribe` does).
     """
     if not isinstance(item, dict) or "audio" not in item or "sample_rate" not in item:
-        raise TypeError("the whisper encoder takes audio items: {'audio': samples, 'sample_rate': rate}")
+        raise TypeError(
+            "the whisper encoder takes audio items: {'audio': samples, 'sample_rate': rate}"
+        )
     samples = resample(item["audio"], int(item["sample_rate"]))
     if len(samples) > WINDOW_SAMPLES:
-        raise ValueError(f"{len(samples) / SAMPLE_RATE:.1f} s of audio; the encoder takes at most 30 s per item")
+        raise ValueError(
+            f"{len(samples) / SAMPLE_RATE:.1f} s of audio; the encoder takes at most 30 s per item"
+        )
     return {"input_features": log_mel(samples)}
 
 
@@ -276,16 +342,25 @@ class WhisperOnnx:
     tokens; special and timestamp tokens are never emitted.
     """
 
-    def __init__(self, checkpoint: Path | None = None, encoder: Path | None = None, decoder: Path | None = None,
-                 providers: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Path | None = None,
+        encoder: Path | None = None,
+        decoder: Path | None = None,
+        providers: list[str] | None = None,
+    ) -> None:
         import numpy as np
         import onnxruntime as ort
         from transformers import GenerationConfig, WhisperTokenizer
 
         checkpoint = checkpoint or whisper_ct2.ensure_checkpoint()
         providers = providers or ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(str(encoder or ENCODER_DIR / "fp32.onnx"), providers=providers)
-        self.decoder = ort.InferenceSession(str(decoder or DECODER_DIR / "fp32.onnx"), providers=providers)
+        self.encoder = ort.InferenceSession(
+            str(encoder or ENCODER_DIR / "fp32.onnx"), providers=providers
+        )
+        self.decoder = ort.InferenceSession(
+            str(decoder or DECODER_DIR / "fp32.onnx"), providers=providers
+        )
         self.tokenizer = WhisperTokenizer.from_pretrained(checkpoint)
         generation = GenerationConfig.from_pretrained(checkpoint)
         self.suppress = np.zeros(whisper_ct2.TINY_EN_CONFIG["vocab_size"], dtype=bool)
@@ -296,12 +371,16 @@ class WhisperOnnx:
     def transcribe(self, audio: Any, sample_rate: int = SAMPLE_RATE) -> str:
         """The text of ``audio`` (float samples, mono)."""
         samples = resample(audio, sample_rate, SAMPLE_RATE)
-        windows = [samples[i : i + WINDOW_SAMPLES] for i in range(0, max(len(samples), 1), WINDOW_SAMPLES)]
+        windows = [
+            samples[i : i + WINDOW_SAMPLES] for i in range(0, max(len(samples), 1), WINDOW_SAMPLES)
+        ]
         return " ".join(t for t in (self.transcribe_window(w) for w in windows) if t)
 
     def transcribe_window(self, samples: Any) -> str:
         """The text of at most 30 s of 16 kHz audio."""
-        return str(self.tokenizer.decode(self.decode(self.encode(samples)), skip_special_tokens=True)).strip()
+        return str(
+            self.tokenizer.decode(self.decode(self.encode(samples)), skip_special_tokens=True)
+        ).strip()
 
     def encode(self, samples: Any) -> dict[str, Any]:
         """The encoder's outputs for one window."""
@@ -314,9 +393,13 @@ class WhisperOnnx:
         import numpy as np
 
         past = np.zeros((LAYERS, 1, HEADS, 0, HEAD_DIM), dtype=np.float32)
-        feeds = {"input_ids": np.array([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]], dtype=np.int64),
-                 "cross_key": encoded["cross_key"], "cross_value": encoded["cross_value"],
-                 "past_key": past, "past_value": past}
+        feeds = {
+            "input_ids": np.array([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]], dtype=np.int64),
+            "cross_key": encoded["cross_key"],
+            "cross_value": encoded["cross_value"],
+            "past_key": past,
+            "past_value": past,
+        }
         tokens: list[int] = []
         while len(tokens) < MAX_NEW_TOKENS:
             logits, feeds["past_key"], feeds["past_value"] = self.decoder.run(None, feeds)
@@ -389,10 +472,17 @@ def main(argv: list[str]) -> int:
             return 0
         if len(argv) == 2 and argv[0] == "transcribe":
             audio, rate = read_wav(argv[1])
-            missing = [d / "fp32.onnx" for d in (ENCODER_DIR, DECODER_DIR) if not (d / "fp32.onnx").is_file()]
+            missing = [
+                d / "fp32.onnx"
+                for d in (ENCODER_DIR, DECODER_DIR)
+                if not (d / "fp32.onnx").is_file()
+            ]
             if missing:
-                raise ConfigError.single(str(missing[0]), "the exported graph is missing",
-                                         "run: python -m exports.whisper_asr build")
+                raise ConfigError.single(
+                    str(missing[0]),
+                    "the exported graph is missing",
+                    "run: python -m exports.whisper_asr build",
+                )
             print(WhisperOnnx().transcribe(audio, rate))
             return 0
     except (ConfigError, ValueError) as exc:

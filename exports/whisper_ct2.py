@@ -107,7 +107,9 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, Any]]:
     try:
         (version,) = take("<I")
         if version not in SUPPORTED_BINARY_VERSIONS:
-            raise ValueError(f"binary version {version}, this reader knows {SUPPORTED_BINARY_VERSIONS}")
+            raise ValueError(
+                f"binary version {version}, this reader knows {SUPPORTED_BINARY_VERSIONS}"
+            )
         spec = text()
         take("<I")  # spec revision
         (count,) = take("<I")
@@ -140,7 +142,9 @@ def dequantize(variables: dict[str, Any], name: str) -> Any:
     array = variables[name]
     scale = variables.get(f"{name}_scale")
     if array.dtype in (np.int8, np.int16) and scale is not None:
-        return array.astype(np.float32) / np.asarray(scale, dtype=np.float32).reshape(-1, *([1] * (array.ndim - 1)))
+        return array.astype(np.float32) / np.asarray(scale, dtype=np.float32).reshape(
+            -1, *([1] * (array.ndim - 1))
+        )
     return array.astype(np.float32)
 
 
@@ -169,14 +173,18 @@ def hf_state_dict(variables: dict[str, Any], layers: int = 4) -> dict[str, Any]:
             sd[f"{dst}.{part}.weight"] = weight
             if part == "k_proj":
                 if np.any(bias):
-                    raise ValueError(f"{src}/bias: the key bias is not zero, transformers' k_proj has none")
+                    raise ValueError(
+                        f"{src}/bias: the key bias is not zero, transformers' k_proj has none"
+                    )
             else:
                 sd[f"{dst}.{part}.bias"] = bias
 
     for side in ("encoder", "decoder"):
         for i in range(layers):
             src, dst = f"{side}/layer_{i}", f"model.{side}.layers.{i}"
-            split(f"{dst}.self_attn", f"{src}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj"))
+            split(
+                f"{dst}.self_attn", f"{src}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj")
+            )
             linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
             norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
             linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
@@ -262,27 +270,50 @@ def convert(model_bin: Path, tokenizer_json: Path, out: Path) -> None:
         raise ValueError(f"{model_bin}: a CTranslate2 {spec}, not a WhisperSpec")
     vocab, d_model = variables["decoder/embeddings/weight"].shape
     if (vocab, d_model) != (TINY_EN_CONFIG["vocab_size"], TINY_EN_CONFIG["d_model"]):
-        raise ValueError(f"{model_bin}: embeddings {vocab}x{d_model}, expected Whisper tiny.en's 51864x384")
+        raise ValueError(
+            f"{model_bin}: embeddings {vocab}x{d_model}, expected Whisper tiny.en's 51864x384"
+        )
     shipped = json.loads((model_bin.parent / "config.json").read_text(encoding="utf-8"))
-    suppress, begin = list(shipped.get("suppress_ids", [])), list(shipped.get("suppress_ids_begin", [220, EOT]))
-    config = WhisperConfig(**{**TINY_EN_CONFIG, "suppress_tokens": suppress, "begin_suppress_tokens": begin})
+    suppress, begin = (
+        list(shipped.get("suppress_ids", [])),
+        list(shipped.get("suppress_ids_begin", [220, EOT])),
+    )
+    config = WhisperConfig(
+        **{**TINY_EN_CONFIG, "suppress_tokens": suppress, "begin_suppress_tokens": begin}
+    )
     model = WhisperForConditionalGeneration(config)
-    tensors = {k: torch.from_numpy(v) for k, v in hf_state_dict(variables, config.encoder_layers).items()}
+    tensors = {
+        k: torch.from_numpy(v) for k, v in hf_state_dict(variables, config.encoder_layers).items()
+    }
     result = model.load_state_dict(tensors, strict=False)
     missing = [k for k in result.missing_keys if k != "proj_out.weight"]
     if missing or result.unexpected_keys:
-        raise ValueError(f"{model_bin}: variables do not match WhisperForConditionalGeneration "
-                         f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})")
+        raise ValueError(
+            f"{model_bin}: variables do not match WhisperForConditionalGeneration "
+            f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+        )
     model.tie_weights()
     out.mkdir(parents=True)
     model.half().save_pretrained(out, safe_serialization=True)
-    GenerationConfig(decoder_start_token_id=SOT, eos_token_id=EOT, pad_token_id=EOT, bos_token_id=SOT,
-                     suppress_tokens=suppress, begin_suppress_tokens=begin, no_timestamps_token_id=NO_TIMESTAMPS,
-                     forced_decoder_ids=[[1, NO_TIMESTAMPS]], max_length=448).save_pretrained(out)
+    GenerationConfig(
+        decoder_start_token_id=SOT,
+        eos_token_id=EOT,
+        pad_token_id=EOT,
+        bos_token_id=SOT,
+        suppress_tokens=suppress,
+        begin_suppress_tokens=begin,
+        no_timestamps_token_id=NO_TIMESTAMPS,
+        forced_decoder_ids=[[1, NO_TIMESTAMPS]],
+        max_length=448,
+    ).save_pretrained(out)
     WhisperFeatureExtractor(feature_size=80).save_pretrained(out)
-    WhisperTokenizer(tokenizer_file=str(tokenizer_json), unk_token="<|endoftext|>",
-                         bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                         pad_token="<|endoftext|>").save_pretrained(out)
+    WhisperTokenizer(
+        tokenizer_file=str(tokenizer_json),
+        unk_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    ).save_pretrained(out)
 
 
 def problem(target: Path, model_bin: Path) -> str | None:
@@ -312,12 +343,15 @@ def _write_marker(tmp: Path, model_bin: Path, seconds: float) -> None:
     st = model_bin.stat()
     meta = {
         "format": CACHE_FORMAT,
-        "source": {"path": str(model_bin), "package": PACKAGE, "size": st.st_size,
-                   "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(model_bin)},
+        "source": {
+            "path": str(model_bin),
+            "package": PACKAGE,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": file_sha256(model_bin),
+        },
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "convert_seconds": round(seconds, 2),
         "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
     }
     (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-
-

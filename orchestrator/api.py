@@ -107,7 +107,9 @@ def audio_entry_stages(config: PipelineConfig) -> list[str]:
     """The stages that take the request and consume audio: where an audio request goes."""
     out = []
     for stage in config.stages:
-        if REQUEST in stage.inputs and any(t.kind == "audio" for t in get_kind(stage.kind).ports(stage).consumes):
+        if REQUEST in stage.inputs and any(
+            t.kind == "audio" for t in get_kind(stage.kind).ports(stage).consumes
+        ):
             out.append(stage.name)
     return out
 
@@ -117,8 +119,9 @@ def tensor_entry_stages(config: PipelineConfig) -> list[str]:
     where an array request goes (``tensor_request``)."""
     out = []
     for stage in config.stages:
-        if REQUEST in stage.inputs and any(t.kind in ("tensor", "token_ids")
-                                           for t in get_kind(stage.kind).ports(stage).consumes):
+        if REQUEST in stage.inputs and any(
+            t.kind in ("tensor", "token_ids") for t in get_kind(stage.kind).ports(stage).consumes
+        ):
             out.append(stage.name)
     return out
 
@@ -128,8 +131,13 @@ MAX_AUDIO_SECONDS = 600.0
 long; ten minutes is generous (``omni-edge serve --max-audio-seconds`` sets the server's)."""
 
 
-def audio_request(source: str | Path | bytes, *, where: str | None = None,
-                  max_seconds: float | None = MAX_AUDIO_SECONDS, seconds_flag: str = "max_seconds") -> dict[str, Any]:
+def audio_request(
+    source: str | Path | bytes,
+    *,
+    where: str | None = None,
+    max_seconds: float | None = MAX_AUDIO_SECONDS,
+    seconds_flag: str = "max_seconds",
+) -> dict[str, Any]:
     """The audio request of a WAV file (a path) or of its bytes: ``{"audio": float32 mono
     samples in [-1, 1), "sample_rate": int}``. 16-bit PCM, mono or stereo (the channels are
     averaged), read with the stdlib, at 8-192 kHz (``stages.payloads.MIN_SAMPLE_RATE``..
@@ -144,7 +152,12 @@ def audio_request(source: str | Path | bytes, *, where: str | None = None,
     try:
         handle: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with wave.open(handle, "rb") as w:
-            width, channels, rate, frames = w.getsampwidth(), w.getnchannels(), w.getframerate(), w.getnframes()
+            width, channels, rate, frames = (
+                w.getsampwidth(),
+                w.getnchannels(),
+                w.getframerate(),
+                w.getnframes(),
+            )
             _check_wav_header(name, fix, width, channels, rate, frames, max_seconds, seconds_flag)
             data = w.readframes(frames)
     except FileNotFoundError:
@@ -155,24 +168,41 @@ def audio_request(source: str | Path | bytes, *, where: str | None = None,
         raise BadRequest.single(name, f"not a readable WAV file ({exc})", fix) from None
     samples = np.frombuffer(data[: len(data) - len(data) % (2 * channels)], dtype="<i2")
     if samples.size == 0:
-        raise BadRequest.single(name, "holds no samples", "record something: the file's data chunk is empty")
+        raise BadRequest.single(
+            name, "holds no samples", "record something: the file's data chunk is empty"
+        )
     mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
     return {"audio": mono.astype(np.float32), "sample_rate": int(rate)}
 
 
-def _check_wav_header(name: str, fix: str, width: int, channels: int, rate: int, frames: int,
-                      max_seconds: float | None, seconds_flag: str) -> None:
+def _check_wav_header(
+    name: str,
+    fix: str,
+    width: int,
+    channels: int,
+    rate: int,
+    frames: int,
+    max_seconds: float | None,
+    seconds_flag: str,
+) -> None:
     if width != 2:
         raise BadRequest.single(name, f"{8 * width}-bit samples: only 16-bit PCM is read", fix)
     if channels < 1:
         raise BadRequest.single(name, f"{channels} channel(s) at {rate} Hz", fix)
     problem = sample_rate_problem(rate)
     if problem is not None:
-        raise BadRequest.single(name, f"declares a sample rate of {problem}",
-                                "resample it to 16000 Hz (ffmpeg -i IN -ar 16000 -ac 1 -c:a pcm_s16le OUT.wav)")
+        raise BadRequest.single(
+            name,
+            f"declares a sample rate of {problem}",
+            "resample it to 16000 Hz (ffmpeg -i IN -ar 16000 -ac 1 -c:a pcm_s16le OUT.wav)",
+        )
     if max_seconds is not None and frames / rate > max_seconds:
-        raise BadRequest.single(name, f"{frames / rate:.1f} s of audio: over the cap of {max_seconds:g} s per "
-                                f"recording ({seconds_flag})", f"send a shorter recording, or raise {seconds_flag}")
+        raise BadRequest.single(
+            name,
+            f"{frames / rate:.1f} s of audio: over the cap of {max_seconds:g} s per "
+            f"recording ({seconds_flag})",
+            f"send a shorter recording, or raise {seconds_flag}",
+        )
 
 
 MAX_TENSOR_BYTES = 256 * 1024 * 1024
@@ -185,8 +215,13 @@ NPY_MAGIC = b"\x93NUMPY"
 """How every ``.npy`` file starts (numpy's format, ``numpy.lib.format.MAGIC_PREFIX``)."""
 
 
-def tensor_request(source: str | Path | bytes, *, where: str | None = None,
-                   max_bytes: int | None = MAX_TENSOR_BYTES, bytes_flag: str = "max_bytes") -> Any:
+def tensor_request(
+    source: str | Path | bytes,
+    *,
+    where: str | None = None,
+    max_bytes: int | None = MAX_TENSOR_BYTES,
+    bytes_flag: str = "max_bytes",
+) -> Any:
     """The array of a ``.npy`` file (a path) or of its bytes, for a pipeline whose entry stage
     consumes a tensor (``Pipeline.run(array)``, or a mapping ``{input name: array}``).
 
@@ -206,37 +241,57 @@ def tensor_request(source: str | Path | bytes, *, where: str | None = None,
         else:
             size = Path(source).stat().st_size
             if max_bytes is not None and size > max_bytes:
-                raise BadRequest.single(name, f"{size} bytes: over the cap of {max_bytes} bytes per tensor "
-                                        f"({bytes_flag})", f"send a smaller array, or raise {bytes_flag}")
+                raise BadRequest.single(
+                    name,
+                    f"{size} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
+                    f"send a smaller array, or raise {bytes_flag}",
+                )
             data = Path(source).read_bytes()
     except FileNotFoundError:
         raise BadRequest.single(name, "no such file", "check the path") from None
     except IsADirectoryError:
         raise BadRequest.single(name, "is a directory, not a .npy file", fix) from None
     except OSError as exc:
-        raise BadRequest.single(name, f"cannot be read ({exc.strerror or exc})", "check the path") from None
+        raise BadRequest.single(
+            name, f"cannot be read ({exc.strerror or exc})", "check the path"
+        ) from None
     if max_bytes is not None and len(data) > max_bytes:
-        raise BadRequest.single(name, f"{len(data)} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
-                                f"send a smaller array, or raise {bytes_flag}")
+        raise BadRequest.single(
+            name,
+            f"{len(data)} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
+            f"send a smaller array, or raise {bytes_flag}",
+        )
     if data[:4] == b"PK\x03\x04":
-        raise BadRequest.single(name, "is an .npz archive, not one array",
-                                "give one .npy file per input (numpy.save), each named by its input")
+        raise BadRequest.single(
+            name,
+            "is an .npz archive, not one array",
+            "give one .npy file per input (numpy.save), each named by its input",
+        )
     if data[:6] != NPY_MAGIC:
-        raise BadRequest.single(name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix)
+        raise BadRequest.single(
+            name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix
+        )
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as exc:
         if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
-            raise BadRequest.single(name, "holds Python objects (an object array, stored pickled): it is not loaded, "
-                                    "since unpickling runs code", fix) from None
+            raise BadRequest.single(
+                name,
+                "holds Python objects (an object array, stored pickled): it is not loaded, "
+                "since unpickling runs code",
+                fix,
+            ) from None
         raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
     except (OSError, EOFError) as exc:
         raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
     if not isinstance(array, np.ndarray):
         raise BadRequest.single(name, f"holds a {type(array).__name__}, not an array", fix)
     if array.dtype.names is not None or array.dtype.kind not in "biufc":
-        raise BadRequest.single(name, f"holds a {array.dtype} array: only numbers (bool, integers, floats) are taken",
-                                fix)
+        raise BadRequest.single(
+            name,
+            f"holds a {array.dtype} array: only numbers (bool, integers, floats) are taken",
+            fix,
+        )
     return array
 
 
@@ -247,15 +302,25 @@ def prompt_label(prompt: Any) -> str:
         return prompt
     if request_payload(prompt) == "tensor":
         arrays = prompt.items() if isinstance(prompt, dict) else [(None, prompt)]
-        return "(tensor: " + ", ".join(f"{k + ' ' if k else ''}{a.dtype}{list(a.shape)}" for k, a in arrays) + ")"
+        return (
+            "(tensor: "
+            + ", ".join(f"{k + ' ' if k else ''}{a.dtype}{list(a.shape)}" for k, a in arrays)
+            + ")"
+        )
     if isinstance(prompt, dict) and {"audio", "sample_rate"} <= set(prompt):
         n = int(getattr(prompt["audio"], "size", 0) or len(prompt["audio"]))
         rate = prompt["sample_rate"]
-        return f"(audio: {n / rate:.2f} s at {rate} Hz)" if isinstance(rate, int) and rate > 0 else "(audio)"
+        return (
+            f"(audio: {n / rate:.2f} s at {rate} Hz)"
+            if isinstance(rate, int) and rate > 0
+            else "(audio)"
+        )
     return str(prompt)
 
 
-def plan_profile(profile: str | Path | HardwareProfile | None, address: str | None) -> HardwareProfile:
+def plan_profile(
+    profile: str | Path | HardwareProfile | None, address: str | None
+) -> HardwareProfile:
     """What to plan on: ``profile`` (a file or a profile) when given; else, with an
     ``address``, the cluster there gathered live (the probe on each node,
     ``cluster_probe.gather_at``; the nodes it found are logged); else this machine."""
@@ -268,12 +333,21 @@ def plan_profile(profile: str | Path | HardwareProfile | None, address: str | No
 
 def unverified_stages(plan: PipelinePlan) -> list[str]:
     """Admitted stages whose placement has no gate evidence yet."""
-    return [s.name for s in plan.stages if s.admitted and s.verification is not None and s.verification.status == "unverified"]
+    return [
+        s.name
+        for s in plan.stages
+        if s.admitted and s.verification is not None and s.verification.status == "unverified"
+    ]
 
 
-def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str],
-                       run_gates: Any = None, calibration: cal.CalibrationStore | None = None,
-                       server: bool = False) -> PipelinePlan:
+def verify_then_replan(
+    config: PipelineConfig,
+    profile: HardwareProfile,
+    mask: frozenset[str],
+    run_gates: Any = None,
+    calibration: cal.CalibrationStore | None = None,
+    server: bool = False,
+) -> PipelinePlan:
     """Run the coverage and numeric gates the plan needs (writing evidence), then
     plan again. A placement is never run on the strength of "the EP is listed":
     a gate that refuses it makes the planner take the stage's next candidate, or
@@ -285,17 +359,31 @@ def verify_then_replan(config: PipelineConfig, profile: HardwareProfile, mask: f
         report = run_gates(config, profile, mask)
     # what the gates refused is refused in the new plan, evidence file or not
     results = getattr(report, "results", None) or []
-    return plan_pipeline(config, profile, mask=mask, refused=verification_refusals(results), calibration=calibration,
-                         server=server)
+    return plan_pipeline(
+        config,
+        profile,
+        mask=mask,
+        refused=verification_refusals(results),
+        calibration=calibration,
+        server=server,
+    )
 
 
 class Pipeline:
     """A planned and started pipeline (see the module docstring)."""
 
-    def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, profile: HardwareProfile | None = None,
-                 address: str | None = None, record: str | Path | None = _DEFAULT_RECORD,
-                 log_to_driver: bool = False, max_waiting: int | None = None,
-                 calibration: cal.CalibrationStore | None = None) -> None:
+    def __init__(
+        self,
+        plan: PipelinePlan,
+        config: PipelineConfig,
+        *,
+        profile: HardwareProfile | None = None,
+        address: str | None = None,
+        record: str | Path | None = _DEFAULT_RECORD,
+        log_to_driver: bool = False,
+        max_waiting: int | None = None,
+        calibration: cal.CalibrationStore | None = None,
+    ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
@@ -306,8 +394,14 @@ class Pipeline:
         self.profile = profile
         self.record = record
         routes = {r.name: r for r in profile.routes} if profile is not None else {}
-        self.runtime: Runtime = Runtime(plan, config, routes=routes, address=address, log_to_driver=log_to_driver,
-                                        max_waiting=max_waiting)
+        self.runtime: Runtime = Runtime(
+            plan,
+            config,
+            routes=routes,
+            address=address,
+            log_to_driver=log_to_driver,
+            max_waiting=max_waiting,
+        )
         self.results: list[Result] = []
         self.records: list[Path] = []
         self.prepare_s = 0.0
@@ -348,11 +442,21 @@ class Pipeline:
         store = calibration_store(calibration)
         plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store, server=server)
         if verify and unverified_stages(plan):
-            plan = verify_then_replan(config, prof, parse_mask(mask), calibration=store, server=server)
+            plan = verify_then_replan(
+                config, prof, parse_mask(mask), calibration=store, server=server
+            )
         if not plan.admitted:
             raise PlanRefused(plan)
-        pipeline = cls(plan, config, profile=prof, address=address, record=record, log_to_driver=log_to_driver,
-                       max_waiting=max_waiting, calibration=store)
+        pipeline = cls(
+            plan,
+            config,
+            profile=prof,
+            address=address,
+            record=record,
+            log_to_driver=log_to_driver,
+            max_waiting=max_waiting,
+            calibration=store,
+        )
         if start:
             pipeline.start(progress=progress)
         return pipeline
@@ -376,9 +480,20 @@ class Pipeline:
         for the started pipeline, or ``async with Pipeline.open(...) as pipeline:``
         to have it closed on the way out. Raises what ``from_config`` raises."""
         mask = tuple(mask)
-        return Opening(lambda: cls.from_config(
-            path, profile=profile, mask=mask, address=address, record=record, progress=progress,
-            log_to_driver=log_to_driver, verify=verify, max_waiting=max_waiting, calibration=calibration))
+        return Opening(
+            lambda: cls.from_config(
+                path,
+                profile=profile,
+                mask=mask,
+                address=address,
+                record=record,
+                progress=progress,
+                log_to_driver=log_to_driver,
+                verify=verify,
+                max_waiting=max_waiting,
+                calibration=calibration,
+            )
+        )
 
     def prepare(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``); once."""
@@ -395,9 +510,16 @@ class Pipeline:
         starts (waiting, loading on its device, loaded in N s, failed) — drawn live
         on a terminal, one plain line per change otherwise."""
         self.prepare(progress=progress)
-        display = StartDisplay(self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]) \
-            if progress else None
-        warming = threading.Thread(target=self._warm_request_checks, name="omni-edge-warm", daemon=True)
+        display = (
+            StartDisplay(
+                self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]
+            )
+            if progress
+            else None
+        )
+        warming = threading.Thread(
+            target=self._warm_request_checks, name="omni-edge-warm", daemon=True
+        )
         warming.start()  # meanwhile: the request checks' tokenizers, so the first request does not wait
         try:
             self.runtime.start(progress=display)
@@ -427,9 +549,14 @@ class Pipeline:
         self.runtime.validate_request(prompt, entry)
 
     # -- requests --------------------------------------------------------------------
-    async def stream(self, prompt: Any, *, request_id: str | None = None,
-                     entry: str | None = None, context: Mapping[str, Sequence[Any]] | None = None,
-                     ) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        entry: str | None = None,
+        context: Mapping[str, Sequence[Any]] | None = None,
+    ) -> AsyncIterator[Event]:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
         ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails.
         ``entry``: the request (text) enters the graph at that stage, and only it
@@ -444,7 +571,9 @@ class Pipeline:
         finally:  # closed now, not when collected: a caller that stops early frees the request's slot at once
             await events.aclose()  # type: ignore[attr-defined]
 
-    async def arun(self, prompt: Any, *, request_id: str | None = None, entry: str | None = None) -> Result:
+    async def arun(
+        self, prompt: Any, *, request_id: str | None = None, entry: str | None = None
+    ) -> Result:
         """One request to completion, inside a running event loop (``entry``: as in ``stream``)."""
         rid = request_id or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
@@ -453,8 +582,14 @@ class Pipeline:
         self.results.append(result)
         return result
 
-    def run(self, prompt: Any, *, request_id: str | None = None, record: str | Path | bool | None = True,
-            entry: str | None = None) -> Result:
+    def run(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        record: str | Path | bool | None = True,
+        entry: str | None = None,
+    ) -> Result:
         """One request to completion (blocking; from async code use ``arun``/``stream``;
         ``entry``: as in ``stream``).
 
@@ -476,7 +611,9 @@ class Pipeline:
         extra = {"prepare_s": round(self.prepare_s, 3), **extra}
         return rec.build(self.runtime, results, measured=measured, ledger=ledger, extra=extra)
 
-    def write_record(self, results: list[Result] | None = None, target: str | Path | None = None, **extra: Any) -> Path:
+    def write_record(
+        self, results: list[Result] | None = None, target: str | Path | None = None, **extra: Any
+    ) -> Path:
         doc = self.build_record(results, **extra)
         rid = results[-1].request_id if results else "run"
         where = target if target is not None else self.record
@@ -484,10 +621,17 @@ class Pipeline:
             path = rec.write(doc, where, request_id=rid)
         except OSError as exc:
             # checked before the run, unwritable now (a full disk): keep it, and say where
-            spare = rec.write(doc, Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / f"{rid}.json", request_id=rid)
+            spare = rec.write(
+                doc,
+                Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / f"{rid}.json",
+                request_id=rid,
+            )
             self.records.append(spare)
-            raise ConfigError.single(f"record {where}", f"could not be written ({exc.strerror or exc}); "
-                                     f"the record is kept in {spare}", "copy it from there") from None
+            raise ConfigError.single(
+                f"record {where}",
+                f"could not be written ({exc.strerror or exc}); the record is kept in {spare}",
+                "copy it from there",
+            ) from None
         self.records.append(path)
         return path
 
@@ -504,54 +648,123 @@ class Pipeline:
         store for the next plan: one sample per stage for this pipeline's run, replaced by
         each later call. Upper bounds are kept labelled and never calibrate. Returns what was
         recorded (also in ``runtime.calibration_recorded`` for the run record)."""
-        if self.calibration is None or self.profile is None or self.runtime._closed or not self.runtime.load_results:
+        if (
+            self.calibration is None
+            or self.profile is None
+            or self.runtime._closed
+            or not self.runtime.load_results
+        ):
             return []
-        texts = [p for p in (prompts if prompts is not None else (r.prompt for r in self.results)) if isinstance(p, str)]
+        texts = [
+            p
+            for p in (prompts if prompts is not None else (r.prompt for r in self.results))
+            if isinstance(p, str)
+        ]
         longest = max((len(t) for t in texts), default=None)
         measured = self.runtime.measure()
         out: list[dict[str, Any]] = []
         for s in self.runtime.stages:
             m = measured.get(s.name)
-            if not s.admitted or s.device is None or s.backend is None or not m or not m.get("measured_peak_bytes"):
+            if (
+                not s.admitted
+                or s.device is None
+                or s.backend is None
+                or not m
+                or not m.get("measured_peak_bytes")
+            ):
                 continue
-            key = cal.stage_key(pipeline=self.plan.pipeline, stage=s.name, kind=s.kind, artifact=s.artifact,
-                                device=s.device, backend=s.backend, route=s.route, engine_kwargs=s.engine_kwargs,
-                                profile=self.profile)
+            key = cal.stage_key(
+                pipeline=self.plan.pipeline,
+                stage=s.name,
+                kind=s.kind,
+                artifact=s.artifact,
+                device=s.device,
+                backend=s.backend,
+                route=s.route,
+                engine_kwargs=s.engine_kwargs,
+                profile=self.profile,
+            )
             peak = int(m["measured_peak_bytes"])
             sample = cal.sample(
-                run=self.run_id, peak=peak, budget=s.budget_bytes(), calibrated=s.calibration is not None,
-                upper_bound=bool(m.get("upper_bound")), load=m.get("load_peak_bytes"),
-                steady=m.get("steady_peak_bytes"), resident=m.get("resident_bytes"),
+                run=self.run_id,
+                peak=peak,
+                budget=s.budget_bytes(),
+                calibrated=s.calibration is not None,
+                upper_bound=bool(m.get("upper_bound")),
+                load=m.get("load_peak_bytes"),
+                steady=m.get("steady_peak_bytes"),
+                resident=m.get("resident_bytes"),
                 requests=int(m.get("requests") or 0),
-                max_in_flight=int(m.get("max_in_flight") or 0), max_prompt_chars=longest,
-                where=str(m.get("where") or ""), method=str(m.get("method") or ""), pool=s.pool or "host_ram",
-                worker=m.get("worker"))
+                max_in_flight=int(m.get("max_in_flight") or 0),
+                max_prompt_chars=longest,
+                where=str(m.get("where") or ""),
+                method=str(m.get("method") or ""),
+                pool=s.pool or "host_ram",
+                worker=m.get("worker"),
+            )
             # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
             basis = s.reservations if s.calibration is None else ()
             path = self.calibration.record(key, sample, basis)
-            out.append({"stage": s.name, "entry": str(path), "peak_bytes": peak, "budget_bytes": s.budget_bytes(),
-                        "upper_bound": sample["upper_bound"], "over_budget": sample["over_budget"],
-                        "calibrated": sample["calibrated"]})
+            out.append(
+                {
+                    "stage": s.name,
+                    "entry": str(path),
+                    "peak_bytes": peak,
+                    "budget_bytes": s.budget_bytes(),
+                    "upper_bound": sample["upper_bound"],
+                    "over_budget": sample["over_budget"],
+                    "calibrated": sample["calibrated"],
+                }
+            )
         ray_bytes = self.runtime.ray_memory.get("bytes")
         if isinstance(ray_bytes, int) and ray_bytes > 0:
-            planned = next((r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None)
-            key = cal.ray_key(self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True)))
-            sample = cal.sample(run=self.run_id, peak=ray_bytes, budget=planned.bytes if planned else None,
-                                calibrated=planned is not None and planned.evidence == "M",
-                                method=str(self.runtime.ray_memory.get("measure") or ""))
+            planned = next(
+                (r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None
+            )
+            key = cal.ray_key(
+                self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True))
+            )
+            sample = cal.sample(
+                run=self.run_id,
+                peak=ray_bytes,
+                budget=planned.bytes if planned else None,
+                calibrated=planned is not None and planned.evidence == "M",
+                method=str(self.runtime.ray_memory.get("measure") or ""),
+            )
             path = self.calibration.record(key, sample)
-            out.append({"stage": "(ray_runtime)", "entry": str(path), "peak_bytes": ray_bytes,
-                        "budget_bytes": sample["budget_bytes"], "upper_bound": False,
-                        "over_budget": sample["over_budget"], "calibrated": sample["calibrated"]})
+            out.append(
+                {
+                    "stage": "(ray_runtime)",
+                    "entry": str(path),
+                    "peak_bytes": ray_bytes,
+                    "budget_bytes": sample["budget_bytes"],
+                    "upper_bound": False,
+                    "over_budget": sample["over_budget"],
+                    "calibrated": sample["calibrated"],
+                }
+            )
         server = self.server_memory()
         if server is not None and server["measured_bytes"]:
             key = cal.server_key(self.profile)
-            sample = cal.sample(run=self.run_id, peak=server["measured_bytes"], budget=server["budget_bytes"],
-                                calibrated=server["evidence"] == "M", method=server["measure"])
+            sample = cal.sample(
+                run=self.run_id,
+                peak=server["measured_bytes"],
+                budget=server["budget_bytes"],
+                calibrated=server["evidence"] == "M",
+                method=server["measure"],
+            )
             path = self.calibration.record(key, sample)
-            out.append({"stage": "(server)", "entry": str(path), "peak_bytes": server["measured_bytes"],
-                        "budget_bytes": sample["budget_bytes"], "upper_bound": False,
-                        "over_budget": sample["over_budget"], "calibrated": sample["calibrated"]})
+            out.append(
+                {
+                    "stage": "(server)",
+                    "entry": str(path),
+                    "peak_bytes": server["measured_bytes"],
+                    "budget_bytes": sample["budget_bytes"],
+                    "upper_bound": False,
+                    "over_budget": sample["over_budget"],
+                    "calibrated": sample["calibrated"],
+                }
+            )
         self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
 
@@ -563,9 +776,14 @@ class Pipeline:
         if planned is None:
             return None
         measured, how = memory.tree_memory([os.getpid()])
-        return {"measured_bytes": measured, "measure": f"{how} of the serve process (pid {os.getpid()})",
-                "budget_bytes": planned.bytes, "evidence": planned.evidence, "pool": planned.pool,
-                "within_budget": measured <= planned.bytes if measured else None}
+        return {
+            "measured_bytes": measured,
+            "measure": f"{how} of the serve process (pid {os.getpid()})",
+            "budget_bytes": planned.bytes,
+            "evidence": planned.evidence,
+            "pool": planned.pool,
+            "within_budget": measured <= planned.bytes if measured else None,
+        }
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
@@ -575,7 +793,9 @@ class Pipeline:
             try:
                 self.record_calibration()
             except Exception as exc:  # a measurement store that cannot be written costs the next plan, not this run
-                log.warning("measured peaks were not recorded in %s: %s", self.calibration.root, exc)
+                log.warning(
+                    "measured peaks were not recorded in %s: %s", self.calibration.root, exc
+                )
         return self.runtime.close()
 
     def __enter__(self) -> Pipeline:
@@ -653,7 +873,9 @@ def _quiet_ray_off_main_thread() -> None:
         worker_log.addFilter(_OffMainThreadNotice())
 
 
-def calibration_store(calibration: bool | cal.CalibrationStore | None) -> cal.CalibrationStore | None:
+def calibration_store(
+    calibration: bool | cal.CalibrationStore | None,
+) -> cal.CalibrationStore | None:
     """The measurement store ``calibration`` names: True → the default one, False/None → none."""
     if isinstance(calibration, cal.CalibrationStore):
         return calibration

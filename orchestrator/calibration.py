@@ -54,8 +54,15 @@ CALIBRATION_ENV = "OMNI_EDGE_CALIBRATION_DIR"
 MEASURE_VERSION = 1
 """Bump when the way a peak is measured changes; older entries then stop matching."""
 
-SCALING_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "n_ctx", "n_seq_max", "n_batch",
-                    "n_ubatch")
+SCALING_SETTINGS = (
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "n_ctx",
+    "n_seq_max",
+    "n_batch",
+    "n_ubatch",
+)
 """Settings that only scale memory: a key differing in these alone is a near match (vLLM's, and
 llama.cpp's context cells, sequences, prefill chunk and physical batch)."""
 BUDGET_DERIVED = ("kv_cache_memory_bytes", "gpu_memory_utilization")
@@ -127,17 +134,25 @@ class Key:
     key: what ``omni-edge calibration show/reset`` select by."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subject": self.subject, "parts": dict(self.parts), "scaling": dict(self.scaling),
-                "measure_version": MEASURE_VERSION}
+        return {
+            "subject": self.subject,
+            "parts": dict(self.parts),
+            "scaling": dict(self.scaling),
+            "measure_version": MEASURE_VERSION,
+        }
 
     def digest(self) -> str:
         return _sha(self.to_dict())
 
     def near_digest(self) -> str:
-        return _sha({"subject": self.subject, "parts": dict(self.parts), "measure_version": MEASURE_VERSION})
+        return _sha(
+            {"subject": self.subject, "parts": dict(self.parts), "measure_version": MEASURE_VERSION}
+        )
 
     def filename(self) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in (self.label or self.subject))[:60]
+        safe = "".join(
+            c if c.isalnum() or c in "-_." else "-" for c in (self.label or self.subject)
+        )[:60]
         return f"{safe}-{self.digest()[:16]}.json"
 
 
@@ -180,17 +195,34 @@ def backend_version(backend: str, route: str | None, profile: HardwareProfile) -
         return _dist_version("llama-cpp-python")
     if r is not None and r.ort_version:
         return f"onnxruntime=={r.ort_version}"
-    return _dist_version("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnxruntime-directml",
-                         "onnxruntime-qnn")
+    return _dist_version(
+        "onnxruntime",
+        "onnxruntime-openvino",
+        "onnxruntime-gpu",
+        "onnxruntime-directml",
+        "onnxruntime-qnn",
+    )
 
 
-def stage_key(*, pipeline: str, stage: str, kind: str, artifact: Mapping[str, Any], device: str, backend: str,
-              route: str | None, engine_kwargs: Mapping[str, Any], profile: HardwareProfile) -> Key:
+def stage_key(
+    *,
+    pipeline: str,
+    stage: str,
+    kind: str,
+    artifact: Mapping[str, Any],
+    device: str,
+    backend: str,
+    route: str | None,
+    engine_kwargs: Mapping[str, Any],
+    profile: HardwareProfile,
+) -> Key:
     """The key of one placement (the planner's candidate, or the plan's stage at run time)."""
     dev = profile.device(device)
     kwargs = {k: v for k, v in engine_kwargs.items() if k not in BUDGET_DERIVED}
     scaling = {k: kwargs.pop(k) for k in SCALING_SETTINGS if k in kwargs}
-    precision = str(kwargs.get("precision") or kwargs.get("dtype") or artifact.get("weight_format") or "")
+    precision = str(
+        kwargs.get("precision") or kwargs.get("dtype") or artifact.get("weight_format") or ""
+    )
     parts = {
         "kind": kind,
         "artifact": artifact_digest(artifact),
@@ -207,25 +239,55 @@ def stage_key(*, pipeline: str, stage: str, kind: str, artifact: Mapping[str, An
 
 def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
     """The key of the Ray runtime's own memory on this machine."""
-    return Key("ray_runtime", {"machine": machine_id(profile), "ray": _dist_version("ray"),
-                               "cluster": "local" if owned else "joined"}, label="ray-runtime",
-               stage="(ray_runtime)")
+    return Key(
+        "ray_runtime",
+        {
+            "machine": machine_id(profile),
+            "ray": _dist_version("ray"),
+            "cluster": "local" if owned else "joined",
+        },
+        label="ray-runtime",
+        stage="(ray_runtime)",
+    )
 
 
 def server_key(profile: HardwareProfile) -> Key:
     """The key of the ``serve`` process's own memory on this machine (its Python and Ray)."""
-    return Key("server", {"machine": machine_id(profile), "python": platform.python_version(),
-                          "ray": _dist_version("ray")}, label="server", stage="(server)")
+    return Key(
+        "server",
+        {
+            "machine": machine_id(profile),
+            "python": platform.python_version(),
+            "ray": _dist_version("ray"),
+        },
+        label="server",
+        stage="(server)",
+    )
 
 
 # -- samples and entries -------------------------------------------------------------
-WORKER_FIELDS = ("recycle_limit_bytes", "call_rise_bytes", "worker_recycles", "worker_calls", "retained_bytes",
-                 "fresh_bytes")
+WORKER_FIELDS = (
+    "recycle_limit_bytes",
+    "call_rise_bytes",
+    "worker_recycles",
+    "worker_calls",
+    "retained_bytes",
+    "fresh_bytes",
+)
 """A worker the runtime recycles at a limit (``StageRunner.worker_stats``): the limit it ran
 under, the largest rise one call caused, recycles, calls, what the calls left behind, and a
 fresh worker's RSS. Null for every other stage (and in samples recorded before them)."""
-SAMPLE_INTS = ("peak_bytes", "load_bytes", "steady_bytes", "resident_bytes", "budget_bytes", "requests",
-               "max_in_flight", "max_prompt_chars", *WORKER_FIELDS)
+SAMPLE_INTS = (
+    "peak_bytes",
+    "load_bytes",
+    "steady_bytes",
+    "resident_bytes",
+    "budget_bytes",
+    "requests",
+    "max_in_flight",
+    "max_prompt_chars",
+    *WORKER_FIELDS,
+)
 
 
 def sample_problem(s: Any) -> str | None:
@@ -243,7 +305,9 @@ def sample_problem(s: Any) -> str | None:
     for name in ("calibrated", "upper_bound", "over_budget"):
         if not isinstance(s.get(name), bool):
             return f"{name} is missing or not a boolean"
-    if s["over_budget"] != (s.get("budget_bytes") is not None and s["peak_bytes"] > s["budget_bytes"]):
+    if s["over_budget"] != (
+        s.get("budget_bytes") is not None and s["peak_bytes"] > s["budget_bytes"]
+    ):
         return "over_budget contradicts peak_bytes and budget_bytes"
     for name in ("when", "where", "run"):
         if not isinstance(s.get(name), str) or not s[name]:
@@ -258,7 +322,11 @@ def entry_problem(doc: Any, path: Path) -> str | None:
     if doc.get("format") != CALIBRATION_FORMAT:
         return f"format is {doc.get('format')!r}, not {CALIBRATION_FORMAT!r}"
     key = doc.get("key")
-    if not isinstance(key, dict) or not isinstance(key.get("parts"), dict) or not isinstance(key.get("scaling"), dict):
+    if (
+        not isinstance(key, dict)
+        or not isinstance(key.get("parts"), dict)
+        or not isinstance(key.get("scaling"), dict)
+    ):
         return "key is missing or malformed"
     if key.get("measure_version") != MEASURE_VERSION:
         return f"measure_version {key.get('measure_version')!r} is not {MEASURE_VERSION}"
@@ -266,7 +334,11 @@ def entry_problem(doc: Any, path: Path) -> str | None:
         return "key_digest does not match its key"
     if not path.name.endswith(f"-{doc['key_digest'][:16]}.json"):
         return "it is not filed under its key's digest"
-    near = {"subject": key.get("subject"), "parts": key["parts"], "measure_version": MEASURE_VERSION}
+    near = {
+        "subject": key.get("subject"),
+        "parts": key["parts"],
+        "measure_version": MEASURE_VERSION,
+    }
     if doc.get("near_digest") != _sha(near):
         return "near_digest does not match its key"
     samples = doc.get("samples")
@@ -336,9 +408,16 @@ class CalibrationStore:
                 self.problems.append(line)
                 log.warning("%s; it is not trusted (plans use the metadata estimates)", line)
             return None, problem
-        return Entry(path, doc["key"], doc["near_digest"], tuple(doc["samples"]),
-                     tuple(Reservation(**r) for r in doc.get("basis", [])), str(doc.get("label", "")),
-                     str(doc.get("pipeline") or ""), str(doc.get("stage") or "")), None
+        return Entry(
+            path,
+            doc["key"],
+            doc["near_digest"],
+            tuple(doc["samples"]),
+            tuple(Reservation(**r) for r in doc.get("basis", [])),
+            str(doc.get("label", "")),
+            str(doc.get("pipeline") or ""),
+            str(doc.get("stage") or ""),
+        ), None
 
     def load(self, key: Key) -> Entry | None:
         return self._read(self.path(key))
@@ -361,7 +440,11 @@ class CalibrationStore:
             if not isinstance(head, dict) or head.get("near_digest") != near:
                 continue
             entry = self._read(path)
-            if entry is not None and entry.trusted() and (best is None or len(entry.trusted()) > len(best.trusted())):
+            if (
+                entry is not None
+                and entry.trusted()
+                and (best is None or len(entry.trusted()) > len(best.trusted()))
+            ):
                 best = entry
         return best
 
@@ -379,7 +462,7 @@ class CalibrationStore:
             samples.append(sample)
             if len(samples) > MAX_SAMPLES:
                 largest = max(samples, key=lambda s: s["peak_bytes"])
-                keep = samples[-(MAX_SAMPLES - 1):]
+                keep = samples[-(MAX_SAMPLES - 1) :]
                 samples = keep if largest in keep else [largest, *keep]
             doc = {
                 "format": CALIBRATION_FORMAT,
@@ -389,7 +472,8 @@ class CalibrationStore:
                 "label": key.label,
                 "pipeline": key.pipeline or (entry.pipeline if entry else ""),
                 "stage": key.stage or (entry.stage if entry else ""),
-                "basis": [r.to_dict() for r in basis] or [r.to_dict() for r in (entry.basis if entry else ())],
+                "basis": [r.to_dict() for r in basis]
+                or [r.to_dict() for r in (entry.basis if entry else ())],
                 "samples": samples,
                 "updated_at": now(),
             }
@@ -430,22 +514,47 @@ class CalibrationStore:
         return True
 
 
-def sample(*, run: str, peak: int, budget: int | None, calibrated: bool, upper_bound: bool = False,
-           load: int | None = None, steady: int | None = None, resident: int | None = None,
-           requests: int = 0, max_in_flight: int = 0,
-           max_prompt_chars: int | None = None, where: str = "", method: str = "", pool: str = "host_ram",
-           when: str | None = None, worker: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def sample(
+    *,
+    run: str,
+    peak: int,
+    budget: int | None,
+    calibrated: bool,
+    upper_bound: bool = False,
+    load: int | None = None,
+    steady: int | None = None,
+    resident: int | None = None,
+    requests: int = 0,
+    max_in_flight: int = 0,
+    max_prompt_chars: int | None = None,
+    where: str = "",
+    method: str = "",
+    pool: str = "host_ram",
+    when: str | None = None,
+    worker: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """One sample, as the store keeps it (``worker``: a recycled worker's figures, ``WORKER_FIELDS``)."""
-    figures = {k: (None if not worker or worker.get(k) is None else int(worker[k])) for k in WORKER_FIELDS}
+    figures = {
+        k: (None if not worker or worker.get(k) is None else int(worker[k])) for k in WORKER_FIELDS
+    }
     return {
-        "run": run, "when": when or now(), "where": where or socket.gethostname(), "pool": pool,
-        "peak_bytes": int(peak), "load_bytes": None if load is None else int(load),
+        "run": run,
+        "when": when or now(),
+        "where": where or socket.gethostname(),
+        "pool": pool,
+        "peak_bytes": int(peak),
+        "load_bytes": None if load is None else int(load),
         "steady_bytes": None if steady is None else int(steady),
         "resident_bytes": None if resident is None else int(resident),
-        "budget_bytes": budget, "calibrated": calibrated, "upper_bound": upper_bound,
+        "budget_bytes": budget,
+        "calibrated": calibrated,
+        "upper_bound": upper_bound,
         "over_budget": budget is not None and int(peak) > budget,
-        "requests": requests, "max_in_flight": max_in_flight, "max_prompt_chars": max_prompt_chars,
-        "method": method, **figures,
+        "requests": requests,
+        "max_in_flight": max_in_flight,
+        "max_prompt_chars": max_prompt_chars,
+        "method": method,
+        **figures,
     }
 
 
@@ -457,7 +566,9 @@ class Margin:
     """How it was derived, e.g. "max(5% of peak, 2.0 x spread 3.1 MiB, 8 MiB)"."""
 
 
-def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False, request_part: int = 0) -> Margin:
+def margin_for(
+    peaks: list[int], overruns: int = 0, settled: bool = False, request_part: int = 0
+) -> Margin:
     """The margin above the largest of ``peaks``: max(floor x largest, what it takes to reach k
     standard deviations above their mean, 8 MiB, and while fewer than ``SPREAD_SAMPLES`` runs
     are known, ``REQUEST_PRIOR`` x the part of the peak that requests brought). Each recent
@@ -474,15 +585,20 @@ def margin_for(peaks: list[int], overruns: int = 0, settled: bool = False, reque
     widen = min(overruns, MAX_OVERRUN_WIDENING)
     frac = (SETTLED_FRACTION if settled and not widen else FLOOR_FRACTION) + FLOOR_FRACTION * widen
     k = SPREAD_K
-    candidates = {"floor": math.ceil(frac * largest), "spread": max(0, math.ceil(mean + k * spread - largest)),
-                  "minimum": MIN_MARGIN_BYTES}
+    candidates = {
+        "floor": math.ceil(frac * largest),
+        "spread": max(0, math.ceil(mean + k * spread - largest)),
+        "minimum": MIN_MARGIN_BYTES,
+    }
     prior = ""
     if len(peaks) < SPREAD_SAMPLES and request_part > 0:
         candidates["requests"] = math.ceil(REQUEST_PRIOR * request_part)
         prior = f", {REQUEST_PRIOR:.0%} of the {fmt_bytes(request_part)} requests brought"
     which = max(candidates, key=lambda c: candidates[c])
-    rule = (f"max({frac:.0%} of the largest peak, mean + {k:g} x spread {fmt_bytes(int(spread))}, "
-            f"{fmt_bytes(MIN_MARGIN_BYTES)}{prior}) = {which}")
+    rule = (
+        f"max({frac:.0%} of the largest peak, mean + {k:g} x spread {fmt_bytes(int(spread))}, "
+        f"{fmt_bytes(MIN_MARGIN_BYTES)}{prior}) = {which}"
+    )
     if widen:
         rule += f"; widened for {widen} recent overrun(s)"
     elif settled:
@@ -511,14 +627,21 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "match": self.match, "before_bytes": self.before_bytes, "after_bytes": self.after_bytes,
-            "evidence": self.evidence, "margin": {"bytes": self.margin_bytes, "rule": self.margin_rule},
-            "largest_peak_bytes": self.largest_peak_bytes, "provenance": self.provenance, "note": self.note,
+            "match": self.match,
+            "before_bytes": self.before_bytes,
+            "after_bytes": self.after_bytes,
+            "evidence": self.evidence,
+            "margin": {"bytes": self.margin_bytes, "rule": self.margin_rule},
+            "largest_peak_bytes": self.largest_peak_bytes,
+            "provenance": self.provenance,
+            "note": self.note,
             "entry": self.entry,
         }
         if self.need is not None:
             out["need"] = dict(self.need)
-            out["call_rise_bytes"] = self.need["call_rise_bytes"]  # the runner starts its worker from it
+            out["call_rise_bytes"] = self.need[
+                "call_rise_bytes"
+            ]  # the runner starts its worker from it
         return out
 
 
@@ -526,8 +649,13 @@ def _profile_of(samples: list[dict[str, Any]]) -> tuple[int, int, int]:
     """(largest peak, largest load path, largest steady state) of trusted samples; an
     unknown part counts as the whole peak."""
     peak = max(s["peak_bytes"] for s in samples)
-    load = max((s["load_bytes"] if s.get("load_bytes") is not None else s["peak_bytes"]) for s in samples)
-    steady = max((s["steady_bytes"] if s.get("steady_bytes") is not None else s["peak_bytes"]) for s in samples)
+    load = max(
+        (s["load_bytes"] if s.get("load_bytes") is not None else s["peak_bytes"]) for s in samples
+    )
+    steady = max(
+        (s["steady_bytes"] if s.get("steady_bytes") is not None else s["peak_bytes"])
+        for s in samples
+    )
     return peak, min(load, peak), min(steady, peak)
 
 
@@ -538,9 +666,11 @@ def provenance(entry: Entry) -> dict[str, Any]:
     return {
         "samples": len(trusted),
         "upper_bounds_ignored": len(entry.samples) - len(trusted),
-        "first": trusted[0]["when"], "last": trusted[-1]["when"],
+        "first": trusted[0]["when"],
+        "last": trusted[-1]["when"],
         "where": sorted({s["where"] for s in trusted})[:3],
-        "peak_min_bytes": min(peaks), "peak_max_bytes": max(peaks),
+        "peak_min_bytes": min(peaks),
+        "peak_max_bytes": max(peaks),
         "spread_bytes": int(statistics.pstdev(peaks)) if len(peaks) > 1 else 0,
         "overruns_recent": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
         "max_in_flight": max((s.get("max_in_flight") or 0) for s in trusted),
@@ -553,13 +683,25 @@ def _margin(entry: Entry) -> Margin:
     recent = trusted[-WINDOW:]
     overruns = sum(1 for s in recent if s["over_budget"] and s["calibrated"])
     settled = len(recent) >= SETTLED_RUNS and overruns == 0
-    request_part = max((max(s["peak_bytes"] if s.get("steady_bytes") is None else s["steady_bytes"], 0)
-                        - s["resident_bytes"] for s in recent if s.get("resident_bytes") is not None), default=0)
+    request_part = max(
+        (
+            max(s["peak_bytes"] if s.get("steady_bytes") is None else s["steady_bytes"], 0)
+            - s["resident_bytes"]
+            for s in recent
+            if s.get("resident_bytes") is not None
+        ),
+        default=0,
+    )
     return margin_for([s["peak_bytes"] for s in recent], overruns, settled, max(0, request_part))
 
 
-def _rebuild(reservations: list[Reservation], load: int, steady: int, evidence: Evidence, note: str,
-             ) -> tuple[Reservation, ...]:
+def _rebuild(
+    reservations: list[Reservation],
+    load: int,
+    steady: int,
+    evidence: Evidence,
+    note: str,
+) -> tuple[Reservation, ...]:
     """The stage's reservations with everything but the data (evidence D) replaced by one
     session reservation and one load reservation, so that its load path is ``load`` and its
     steady state ``steady`` (never below what the data alone holds)."""
@@ -569,27 +711,51 @@ def _rebuild(reservations: list[Reservation], load: int, steady: int, evidence: 
     session = max(0, steady - d_steady)
     transient = max(0, load - (d_load + session))
     out = list(data)
-    out.append(Reservation(pool, "measured_beyond_data", session, "session", evidence,
-                           f"{note}; steady state {fmt_bytes(steady)} less the data above"))
+    out.append(
+        Reservation(
+            pool,
+            "measured_beyond_data",
+            session,
+            "session",
+            evidence,
+            f"{note}; steady state {fmt_bytes(steady)} less the data above",
+        )
+    )
     if transient:
-        out.append(Reservation(pool, "measured_load_transient", transient, "load", evidence,
-                               f"{note}; load path {fmt_bytes(load)} above the steady state"))
+        out.append(
+            Reservation(
+                pool,
+                "measured_load_transient",
+                transient,
+                "load",
+                evidence,
+                f"{note}; load path {fmt_bytes(load)} above the steady state",
+            )
+        )
     return tuple(out)
 
 
-def _growth_floor(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> tuple[int, str]:
+def _growth_floor(
+    reservations: list[Reservation], trusted: list[dict[str, Any]]
+) -> tuple[int, str]:
     """The steady state a budget keeps at least when the kind reserves growth over more items
     than a run shows (``RETAINED_GROWTH``): what was resident after the load plus that growth,
     and the words for the note; (0, "") when it reserves none or no sample knows its resident."""
     growth = sum(r.bytes for r in reservations if r.purpose == RETAINED_GROWTH)
-    resident = max((s["resident_bytes"] for s in trusted if s.get("resident_bytes") is not None), default=None)
+    resident = max(
+        (s["resident_bytes"] for s in trusted if s.get("resident_bytes") is not None), default=None
+    )
     if not growth or resident is None:
         return 0, ""
-    return resident + growth, (f"; at least resident {fmt_bytes(resident)} + {RETAINED_GROWTH} "
-                               f"{fmt_bytes(growth)} (kept: growth beyond what a run shows)")
+    return resident + growth, (
+        f"; at least resident {fmt_bytes(resident)} + {RETAINED_GROWTH} "
+        f"{fmt_bytes(growth)} (kept: growth beyond what a run shows)"
+    )
 
 
-def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Reservation, ...], Calibration] | None:
+def calibrate(
+    reservations: list[Reservation], entry: Entry
+) -> tuple[tuple[Reservation, ...], Calibration] | None:
     """The stage's reservations from an exact entry (evidence M), or None when it holds no
     trusted sample. The budget is the largest peak seen plus the margin, never below it."""
     trusted = entry.trusted()
@@ -603,17 +769,25 @@ def calibrate(reservations: list[Reservation], entry: Entry) -> tuple[tuple[Rese
         return _from_need(reservations, entry, needed, before, peak, prov)
     margin = _margin(entry)
     floor, floor_note = _growth_floor(reservations, trusted)
-    note = (f"measured: largest peak {fmt_bytes(peak)} of {prov['samples']} run(s) "
-            f"({prov['first'][:16]}..{prov['last'][:16]}) + margin {fmt_bytes(margin.bytes)}{floor_note}")
+    note = (
+        f"measured: largest peak {fmt_bytes(peak)} of {prov['samples']} run(s) "
+        f"({prov['first'][:16]}..{prov['last'][:16]}) + margin {fmt_bytes(margin.bytes)}{floor_note}"
+    )
     out = _rebuild(reservations, load + margin.bytes, max(steady + margin.bytes, floor), "M", note)
     after = max(load_and_steady(out))
-    assert after >= peak + margin.bytes, "a calibrated budget is never below the largest peak plus its margin"
-    return out, Calibration("exact", before, after, "M", margin.bytes, margin.rule, peak, prov, entry=str(entry.path))
+    assert after >= peak + margin.bytes, (
+        "a calibrated budget is never below the largest peak plus its margin"
+    )
+    return out, Calibration(
+        "exact", before, after, "M", margin.bytes, margin.rule, peak, prov, entry=str(entry.path)
+    )
 
 
 def _limited(s: Mapping[str, Any]) -> bool:
     """Whether ``s`` is a run of a worker recycled at a limit, with the figures to budget it from."""
-    return all(s.get(k) is not None for k in ("recycle_limit_bytes", "call_rise_bytes", "resident_bytes"))
+    return all(
+        s.get(k) is not None for k in ("recycle_limit_bytes", "call_rise_bytes", "resident_bytes")
+    )
 
 
 def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -633,18 +807,38 @@ def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dic
     if kind_growth:
         growth, source = kind_growth, f"the kind's {RETAINED_GROWTH} reservation"
     else:
-        growth = min(math.ceil(rate * GROWTH_HORIZON_CALLS), math.ceil(GROWTH_FRACTION * (resident + rise)))
-        source = (f"{fmt_bytes(int(rate))} a call measured over {calls} call(s) x {GROWTH_HORIZON_CALLS} "
-                  f"(at most {GROWTH_FRACTION:.0%} of resident + rise)")
-    return {"resident_bytes": resident, "call_rise_bytes": rise, "growth_bytes": growth, "growth_from": source,
-            "runs": len(recent), "needs": [max(s["resident_bytes"], s.get("fresh_bytes") or 0) + s["call_rise_bytes"]
-                                          for s in recent],
-            "overruns": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
-            "load": max(s["resident_bytes"] if s.get("load_bytes") is None else s["load_bytes"] for s in recent)}
+        growth = min(
+            math.ceil(rate * GROWTH_HORIZON_CALLS), math.ceil(GROWTH_FRACTION * (resident + rise))
+        )
+        source = (
+            f"{fmt_bytes(int(rate))} a call measured over {calls} call(s) x {GROWTH_HORIZON_CALLS} "
+            f"(at most {GROWTH_FRACTION:.0%} of resident + rise)"
+        )
+    return {
+        "resident_bytes": resident,
+        "call_rise_bytes": rise,
+        "growth_bytes": growth,
+        "growth_from": source,
+        "runs": len(recent),
+        "needs": [
+            max(s["resident_bytes"], s.get("fresh_bytes") or 0) + s["call_rise_bytes"]
+            for s in recent
+        ],
+        "overruns": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
+        "load": max(
+            s["resident_bytes"] if s.get("load_bytes") is None else s["load_bytes"] for s in recent
+        ),
+    }
 
 
-def _from_need(reservations: list[Reservation], entry: Entry, need: dict[str, Any], before: int, peak: int,
-               prov: dict[str, Any]) -> tuple[tuple[Reservation, ...], Calibration]:
+def _from_need(
+    reservations: list[Reservation],
+    entry: Entry,
+    need: dict[str, Any],
+    before: int,
+    peak: int,
+    prov: dict[str, Any],
+) -> tuple[tuple[Reservation, ...], Calibration]:
     """A recycled worker's reservations: steady state = resident + one call's rise + growth + a
     margin from the spread of (resident + rise) over its runs; the load path as measured + margin.
     Stationary figures, so the budget converges however long the runs (docs/calibration.md)."""
@@ -652,23 +846,44 @@ def _from_need(reservations: list[Reservation], entry: Entry, need: dict[str, An
     settled = need["runs"] >= SETTLED_RUNS and overruns == 0
     margin = margin_for(needs, overruns, settled)
     steady = need["resident_bytes"] + need["call_rise_bytes"] + need["growth_bytes"] + margin.bytes
-    note = (f"measured need: resident {fmt_bytes(need['resident_bytes'])} + one call's rise "
-            f"{fmt_bytes(need['call_rise_bytes'])} + growth {fmt_bytes(need['growth_bytes'])} "
-            f"({need['growth_from']}) + margin {fmt_bytes(margin.bytes)} over {need['runs']} run(s); the largest "
-            f"peak {fmt_bytes(peak)} is not evidence of need: the worker is recycled at its budget")
+    note = (
+        f"measured need: resident {fmt_bytes(need['resident_bytes'])} + one call's rise "
+        f"{fmt_bytes(need['call_rise_bytes'])} + growth {fmt_bytes(need['growth_bytes'])} "
+        f"({need['growth_from']}) + margin {fmt_bytes(margin.bytes)} over {need['runs']} run(s); the largest "
+        f"peak {fmt_bytes(peak)} is not evidence of need: the worker is recycled at its budget"
+    )
     out = _rebuild(reservations, load + margin.bytes, steady, "M", note)
     after = max(load_and_steady(out))
-    return out, Calibration("exact", before, after, "M", margin.bytes, margin.rule, peak, prov, note=note,
-                            entry=str(entry.path), need=need)
+    return out, Calibration(
+        "exact",
+        before,
+        after,
+        "M",
+        margin.bytes,
+        margin.rule,
+        peak,
+        prov,
+        note=note,
+        entry=str(entry.path),
+        need=need,
+    )
 
 
-def scaled(reservations: list[Reservation], entry: Entry, scaling: Mapping[str, Any],
-           ) -> tuple[tuple[Reservation, ...], Calibration] | None:
+def scaled(
+    reservations: list[Reservation],
+    entry: Entry,
+    scaling: Mapping[str, Any],
+) -> tuple[tuple[Reservation, ...], Calibration] | None:
     """From a near match (other scaling settings): the measured load path and steady state
     moved by exactly what the kind's own arithmetic changes between the two (the difference
     of its metadata reservations then and now), with the entry's margin. Evidence E (from M)."""
     trusted = entry.trusted()
-    if not trusted or not entry.basis or not reservations or len({r.pool for r in reservations}) != 1:
+    if (
+        not trusted
+        or not entry.basis
+        or not reservations
+        or len({r.pool for r in reservations}) != 1
+    ):
         return None
     before = max(load_and_steady(reservations))
     peak, load, steady = _profile_of(trusted)
@@ -678,22 +893,42 @@ def scaled(reservations: list[Reservation], entry: Entry, scaling: Mapping[str, 
     s_load = max(0, load + (new_load - old_load))
     s_steady = max(0, steady + (new_steady - old_steady))
     old_scaling = entry.key.get("scaling", {})
-    changed = ", ".join(f"{k} {old_scaling.get(k)}→{scaling.get(k)}" for k in sorted(set(old_scaling) | set(scaling))
-                        if old_scaling.get(k) != scaling.get(k))
-    note = (f"E from M: measured {fmt_bytes(peak)} at {changed or 'other settings'}, moved by the kind's "
-            f"arithmetic (load {fmt_bytes(new_load - old_load)}, steady {fmt_bytes(new_steady - old_steady)}) "
-            f"+ margin {fmt_bytes(margin.bytes)}")
+    changed = ", ".join(
+        f"{k} {old_scaling.get(k)}→{scaling.get(k)}"
+        for k in sorted(set(old_scaling) | set(scaling))
+        if old_scaling.get(k) != scaling.get(k)
+    )
+    note = (
+        f"E from M: measured {fmt_bytes(peak)} at {changed or 'other settings'}, moved by the kind's "
+        f"arithmetic (load {fmt_bytes(new_load - old_load)}, steady {fmt_bytes(new_steady - old_steady)}) "
+        f"+ margin {fmt_bytes(margin.bytes)}"
+    )
     floor, floor_note = _growth_floor(reservations, trusted)
     note += floor_note
-    out = _rebuild(reservations, s_load + margin.bytes, max(s_steady + margin.bytes, floor), "E", note)
+    out = _rebuild(
+        reservations, s_load + margin.bytes, max(s_steady + margin.bytes, floor), "E", note
+    )
     after = max(load_and_steady(out))
     prov = {**provenance(entry), "scaled_from": dict(old_scaling)}
-    return out, Calibration("near", before, after, "E", margin.bytes, margin.rule, peak, prov, note=note,
-                            entry=str(entry.path))
+    return out, Calibration(
+        "near",
+        before,
+        after,
+        "E",
+        margin.bytes,
+        margin.rule,
+        peak,
+        prov,
+        note=note,
+        entry=str(entry.path),
+    )
 
 
-def lookup(store: CalibrationStore, key: Key, reservations: list[Reservation],
-           ) -> tuple[tuple[Reservation, ...], Calibration] | None:
+def lookup(
+    store: CalibrationStore,
+    key: Key,
+    reservations: list[Reservation],
+) -> tuple[tuple[Reservation, ...], Calibration] | None:
     """Calibrated reservations for ``key``: an exact entry, else a near one, else None."""
     entry = store.load(key)
     if entry is not None:
@@ -706,7 +941,9 @@ def lookup(store: CalibrationStore, key: Key, reservations: list[Reservation],
     return None
 
 
-def calibrated_shared(store: CalibrationStore, key: Key, reservation: Reservation) -> Reservation | None:
+def calibrated_shared(
+    store: CalibrationStore, key: Key, reservation: Reservation
+) -> Reservation | None:
     """A pipeline cost (``ray_runtime``, ``server``) from its measurements: largest + margin (M)."""
     entry = store.load(key)
     if entry is None or not entry.trusted():
@@ -714,7 +951,13 @@ def calibrated_shared(store: CalibrationStore, key: Key, reservation: Reservatio
     peak = max(s["peak_bytes"] for s in entry.trusted())
     margin = _margin(entry)
     prov = provenance(entry)
-    return Reservation(reservation.pool, reservation.purpose, peak + margin.bytes, reservation.lifetime, "M",
-                       f"measured: largest {fmt_bytes(peak)} of {prov['samples']} run(s), last {prov['last'][:16]}, "
-                       f"+ margin {fmt_bytes(margin.bytes)} (metadata estimate {fmt_bytes(reservation.bytes)})",
-                       reservation.at_load)
+    return Reservation(
+        reservation.pool,
+        reservation.purpose,
+        peak + margin.bytes,
+        reservation.lifetime,
+        "M",
+        f"measured: largest {fmt_bytes(peak)} of {prov['samples']} run(s), last {prov['last'][:16]}, "
+        f"+ margin {fmt_bytes(margin.bytes)} (metadata estimate {fmt_bytes(reservation.bytes)})",
+        reservation.at_load,
+    )

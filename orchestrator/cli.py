@@ -57,8 +57,14 @@ COMMANDS = {
 }
 
 
-def check_number(flag: str, value: float | None, *, above: float | None = None, at_least: float | None = None,
-                 fix: str) -> None:
+def check_number(
+    flag: str,
+    value: float | None,
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    fix: str,
+) -> None:
     """``ConfigError`` (exit 2) naming ``flag`` unless ``value`` is None (not given) or a finite
     number greater than ``above`` / at least ``at_least``: argparse's ``type=float`` takes
     ``-5``, ``nan`` and ``inf``, and each became a traceback or a silent misbehaviour
@@ -89,15 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan multi-stage omni pipelines onto GPU, CPU, iGPU and NPU before anything loads, then run them.",
         epilog="Exit codes: 0 ok/admitted, 2 bad input, 3 refused, 4 a stage failed.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)"
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     # -v also after the subcommand (`omni-edge plan -v cfg`): each subparser
     # counts into its own destination, added to the top-level count in
     # main(), so `omni-edge -v plan -v` is -vv rather than the subparser's
     # count overwriting the top-level one.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
-                        help="more logging (-vv for debug)")
+    common.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose_after",
+        action="count",
+        default=0,
+        help="more logging (-vv for debug)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
@@ -136,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}", file=sys.stderr)
         hidden = len(exc.problems) - MAX_PROBLEMS_SHOWN
         if hidden > 0:
-            print(f"  … and {hidden} more problem{'s' if hidden > 1 else ''} (fix these first)", file=sys.stderr)
+            print(
+                f"  … and {hidden} more problem{'s' if hidden > 1 else ''} (fix these first)",
+                file=sys.stderr,
+            )
         return EXIT_BAD_INPUT
     except StageFailed as exc:
         print(terminal_text(f"error: {exc}"), file=sys.stderr)

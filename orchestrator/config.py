@@ -50,9 +50,13 @@ separator, no '..', nothing a shell or a file system reads specially."""
 class PipelineConfig(Strict):
     """A whole pipeline: its name and stages (already validated per kind)."""
 
-    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="Pipeline name, shown in plans and run records.")
+    name: str = Field(
+        pattern=PIPELINE_NAME_PATTERN, description="Pipeline name, shown in plans and run records."
+    )
     description: str = Field("", description="Free text for humans.")
-    stages: list[StageConfig] = Field(min_length=1, description="Stages, any order; inputs define the graph.")
+    stages: list[StageConfig] = Field(
+        min_length=1, description="Stages, any order; inputs define the graph."
+    )
     source: str = Field("", description="The file this config was read from (set by the loader).")
 
     def stage(self, name: str) -> StageConfig:
@@ -105,7 +109,11 @@ def load_config(path: str | Path) -> PipelineConfig:
 def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     if not isinstance(data, dict):
         got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
-        raise ConfigError.single(where, f"the top level must be a mapping, got {got}", "start the file with 'name:' and 'stages:'")
+        raise ConfigError.single(
+            where,
+            f"the top level must be a mapping, got {got}",
+            "start the file with 'name:' and 'stages:'",
+        )
     _refuse_vllm_omni(data, where)
     problems: list[Problem] = []
     raw_stages = data.get("stages")
@@ -114,38 +122,65 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
         for i, raw in enumerate(raw_stages):
             loc = f"{where}: stages[{i}]"
             if not isinstance(raw, dict):
-                problems.append(Problem(loc, "a stage must be a mapping", "write name:, kind:, devices: ..."))
+                problems.append(
+                    Problem(loc, "a stage must be a mapping", "write name:, kind:, devices: ...")
+                )
                 continue
             kind_name = raw.get("kind")
             if kind_name is None:
-                problems.append(Problem(f"{loc}.kind", "required field is missing", f"add kind: one of {', '.join(known_kinds())}"))
+                problems.append(
+                    Problem(
+                        f"{loc}.kind",
+                        "required field is missing",
+                        f"add kind: one of {', '.join(known_kinds())}",
+                    )
+                )
                 continue
             try:
                 kind = get_kind(str(kind_name))
             except KeyError:
-                problems.append(Problem(f"{loc}.kind", f"unknown stage kind {kind_name!r}", f"use one of {', '.join(known_kinds())}, or install the plugin that provides it"))
+                problems.append(
+                    Problem(
+                        f"{loc}.kind",
+                        f"unknown stage kind {kind_name!r}",
+                        f"use one of {', '.join(known_kinds())}, or install the plugin that provides it",
+                    )
+                )
                 continue
             try:
                 stage = kind.config_model.model_validate(raw, context={"base_dir": base_dir})
             except ValidationError as exc:
                 problems.extend(problems_from_validation(exc, loc, kind.config_model))
                 continue
-            if len(stage.inputs) > 1 and stage.join is None and (join := kind.default_join(stage)) is not None:
-                stage = stage.model_copy(update={"join": join})  # the kind's own default (StageKind.default_join)
+            if (
+                len(stage.inputs) > 1
+                and stage.join is None
+                and (join := kind.default_join(stage)) is not None
+            ):
+                stage = stage.model_copy(
+                    update={"join": join}
+                )  # the kind's own default (StageKind.default_join)
             stages.append(kind.resolve_paths(stage, base_dir))
     top = {k: v for k, v in data.items() if k != "stages"}
     try:
-        _TopLevel.model_validate({**top, "stages": raw_stages if isinstance(raw_stages, list) else []})
+        _TopLevel.model_validate(
+            {**top, "stages": raw_stages if isinstance(raw_stages, list) else []}
+        )
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, where, _TopLevel))
     if raw_stages is None:
-        problems.append(Problem(f"{where}: stages", "required field is missing", "add a list of stages"))
+        problems.append(
+            Problem(f"{where}: stages", "required field is missing", "add a list of stages")
+        )
     elif not isinstance(raw_stages, list) or not raw_stages:
-        problems.append(Problem(f"{where}: stages", "must be a non-empty list", "add at least one stage"))
+        problems.append(
+            Problem(f"{where}: stages", "must be a non-empty list", "add at least one stage")
+        )
     for i, problem in enumerate(problems):
         if problem.where == f"{where}: name" and "pattern" in problem.what:
             problems[i] = Problem(
-                problem.where, f"{problem.what.split(' (got ', 1)[-1].removesuffix(')')} is not a usable pipeline name: it becomes part of file names",
+                problem.where,
+                f"{problem.what.split(' (got ', 1)[-1].removesuffix(')')} is not a usable pipeline name: it becomes part of file names",
                 "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 64 characters",
             )
     if problems:
@@ -182,13 +217,29 @@ def check_graph(config: PipelineConfig, where: str) -> None:
     problems: list[Problem] = []
     cycle = _find_cycle(config)
     if cycle:
-        problems.append(Problem(
-            f"{where}: stages", f"the stage graph has a cycle: {' → '.join(cycle)} (each stage feeds the next)",
-            "make one of these stages take its input from earlier stages or 'request'"))
+        problems.append(
+            Problem(
+                f"{where}: stages",
+                f"the stage graph has a cycle: {' → '.join(cycle)} (each stage feeds the next)",
+                "make one of these stages take its input from earlier stages or 'request'",
+            )
+        )
     if not any(s.final_output for s in config.stages):
-        problems.append(Problem(f"{where}: stages", "no stage has final_output: true, so the pipeline would return nothing", "set final_output: true on the stage(s) whose output the caller gets"))
+        problems.append(
+            Problem(
+                f"{where}: stages",
+                "no stage has final_output: true, so the pipeline would return nothing",
+                "set final_output: true on the stage(s) whose output the caller gets",
+            )
+        )
     _raise(problems)
-    _raise([*_reach_problems(config, where), *_type_problems(config, where), *_join_kind_problems(config, where)])
+    _raise(
+        [
+            *_reach_problems(config, where),
+            *_type_problems(config, where),
+            *_join_kind_problems(config, where),
+        ]
+    )
     _raise(_zip_stall_problems(config, where))
 
 
@@ -201,64 +252,122 @@ def _structure_problems(config: PipelineConfig, where: str) -> list[Problem]:
     problems: list[Problem] = []
     names = [s.name for s in config.stages]
     for dup in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(Problem(f"{where}: stages", f"stage name {dup!r} is used more than once", "give each stage a unique name"))
+        problems.append(
+            Problem(
+                f"{where}: stages",
+                f"stage name {dup!r} is used more than once",
+                "give each stage a unique name",
+            )
+        )
     ids = [s.stage_id for s in config.stages if s.stage_id is not None]
     for dup_id in sorted({i for i in ids if ids.count(i) > 1}):
-        problems.append(Problem(f"{where}: stages", f"stage_id {dup_id} is used more than once", "give each stage a unique stage_id"))
+        problems.append(
+            Problem(
+                f"{where}: stages",
+                f"stage_id {dup_id} is used more than once",
+                "give each stage a unique stage_id",
+            )
+        )
     for s in config.stages:
         for inp in s.inputs:
             src, port = split_input(inp)
             if src != REQUEST and src not in names:
-                problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"unknown input {inp!r}", f"use 'request' or one of the stage names: {', '.join(names)}"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        f"unknown input {inp!r}",
+                        f"use 'request' or one of the stage names: {', '.join(names)}",
+                    )
+                )
             elif src == REQUEST and port is not None:
-                problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"{inp!r}: the request has no output ports",
-                                        "write request"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        f"{inp!r}: the request has no output ports",
+                        "write request",
+                    )
+                )
             if src == s.name:
-                problems.append(Problem(f"{where}: stages.{s.name}.inputs", "a stage cannot take its own output as input", "remove it"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        "a stage cannot take its own output as input",
+                        "remove it",
+                    )
+                )
         for inp in sorted({i for i in s.inputs if s.inputs.count(i) > 1}):
-            problems.append(Problem(f"{where}: stages.{s.name}.inputs", f"{inp!r} is listed more than once", "list each input once"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"{inp!r} is listed more than once",
+                    "list each input once",
+                )
+            )
         for src in sources(s.inputs):
             if src in s.inputs and any(split_input(i)[0] == src and i != src for i in s.inputs):
                 ported = [i for i in s.inputs if i != src and split_input(i)[0] == src]
-                problems.append(Problem(
-                    f"{where}: stages.{s.name}.inputs",
-                    f"{src} is listed whole and by port ({', '.join(ported)}): {src} alone already takes every item it yields",
-                    f"list {src} alone, or only the ports {s.name} takes"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        f"{src} is listed whole and by port ({', '.join(ported)}): {src} alone already takes every item it yields",
+                        f"list {src} alone, or only the ports {s.name} takes",
+                    )
+                )
         problems.extend(_join_problems(s, where))
         for dev in s.devices:
             if not _DEVICE_ID.match(dev):
-                problems.append(Problem(f"{where}: stages.{s.name}.devices", f"{dev!r} is not a device id", "use cpu, gpu:N, igpu:N or npu:N"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.devices",
+                        f"{dev!r} is not a device id",
+                        "use cpu, gpu:N, igpu:N or npu:N",
+                    )
+                )
     return problems
 
 
 def _join_problems(s: StageConfig, where: str) -> list[Problem]:
     if len(s.inputs) > 1 and s.join is None:
-        return [Problem(
-            f"{where}: stages.{s.name}.join",
-            f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join, so how they combine is unsaid",
-            "add join: all (each input's whole output, once every input has ended), zip (items paired by sequence) "
-            "or latest (each input's newest item)")]
+        return [
+            Problem(
+                f"{where}: stages.{s.name}.join",
+                f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join, so how they combine is unsaid",
+                "add join: all (each input's whole output, once every input has ended), zip (items paired by sequence) "
+                "or latest (each input's newest item)",
+            )
+        ]
     if len(s.inputs) <= 1 and s.join is not None:
-        return [Problem(
-            f"{where}: stages.{s.name}.join", f"join: {s.join} combines several inputs, and {s.name} has "
-            + (f"one ({s.inputs[0]})" if s.inputs else "none"),
-            "remove join, or list the other inputs it should combine")]
+        return [
+            Problem(
+                f"{where}: stages.{s.name}.join",
+                f"join: {s.join} combines several inputs, and {s.name} has "
+                + (f"one ({s.inputs[0]})" if s.inputs else "none"),
+                "remove join, or list the other inputs it should combine",
+            )
+        ]
     return []
 
 
 def _join_kind_problems(config: PipelineConfig, where: str) -> list[Problem]:
     """A stage with several inputs must be of a kind that takes joined items (``StageKind.takes_join``)."""
-    return [Problem(
-        f"{where}: stages.{s.name}.inputs",
-        f"{s.name} ({s.kind}) has {len(s.inputs)} inputs ({', '.join(s.inputs)}), and the {s.kind} kind does not take "
-        f"joined items (one dict keyed by source per item)",
-        f"give {s.name} one input, or put a stage of a kind that takes a join in front of it")
-        for s in config.stages if len(s.inputs) > 1 and s.join is not None and not get_kind(s.kind).stage_takes_join(s)]
+    return [
+        Problem(
+            f"{where}: stages.{s.name}.inputs",
+            f"{s.name} ({s.kind}) has {len(s.inputs)} inputs ({', '.join(s.inputs)}), and the {s.kind} kind does not take "
+            f"joined items (one dict keyed by source per item)",
+            f"give {s.name} one input, or put a stage of a kind that takes a join in front of it",
+        )
+        for s in config.stages
+        if len(s.inputs) > 1 and s.join is not None and not get_kind(s.kind).stage_takes_join(s)
+    ]
 
 
 def _reach_problems(config: PipelineConfig, where: str) -> list[Problem]:
     """Stages the request never reaches, and outputs that go nowhere (the graph has no cycle)."""
-    consumers = {s.name: [c.name for c in config.stages if s.name in sources(c.inputs)] for s in config.stages}
+    consumers = {
+        s.name: [c.name for c in config.stages if s.name in sources(c.inputs)]
+        for s in config.stages
+    }
     reached = {s.name for s in config.stages if REQUEST in s.inputs}
     todo = list(reached)
     while todo:
@@ -270,15 +379,21 @@ def _reach_problems(config: PipelineConfig, where: str) -> list[Problem]:
     for s in config.stages:
         if s.name not in reached:
             chain = _chain_to_root(config, s.name)
-            problems.append(Problem(
-                f"{where}: stages.{s.name}.inputs",
-                f"no path from the request reaches {s.name}: {' → '.join(chain)} starts at {chain[0]}, which has no inputs",
-                f"give {chain[0]} inputs: [request] (or the stage that should feed it), or remove the stages that nothing feeds"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"no path from the request reaches {s.name}: {' → '.join(chain)} starts at {chain[0]}, which has no inputs",
+                    f"give {chain[0]} inputs: [request] (or the stage that should feed it), or remove the stages that nothing feeds",
+                )
+            )
         elif not consumers[s.name] and not s.final_output:
-            problems.append(Problem(
-                f"{where}: stages.{s.name}",
-                f"the output of {s.name} goes nowhere: no stage takes it as input and it is not a final output",
-                f"set final_output: true on {s.name}, add it to a later stage's inputs, or remove the stage"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}",
+                    f"the output of {s.name} goes nowhere: no stage takes it as input and it is not a final output",
+                    f"set final_output: true on {s.name}, add it to a later stage's inputs, or remove the stage",
+                )
+            )
     return problems
 
 
@@ -303,34 +418,52 @@ def _type_problems(config: PipelineConfig, where: str) -> list[Problem]:
             src_name, port = split_input(inp)
             if port is not None and not ports[src_name].port(port):
                 have = ports[src_name].port_names()
-                problems.append(Problem(
-                    f"{where}: stages.{s.name}.inputs",
-                    f"{s.name} takes {inp}, and {src_name} ({config.stage(src_name).kind}) has no output port {port!r}; "
-                    f"its ports are {', '.join(have) or 'none'}",
-                    f"name one of {', '.join(f'{src_name}.{p}' for p in have)}, or {src_name} alone for every item it yields"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        f"{s.name} takes {inp}, and {src_name} ({config.stage(src_name).kind}) has no output port {port!r}; "
+                        f"its ports are {', '.join(have) or 'none'}",
+                        f"name one of {', '.join(f'{src_name}.{p}' for p in have)}, or {src_name} alone for every item it yields",
+                    )
+                )
                 continue
-            gives = request if inp == REQUEST else ports[src_name].port(port) if port else ports[src_name].produces
+            gives = (
+                request
+                if inp == REQUEST
+                else ports[src_name].port(port)
+                if port
+                else ports[src_name].produces
+            )
             why = edge_mismatch(gives, consumes)
             if why is None:
                 continue
             if inp == REQUEST:
-                problems.append(Problem(
-                    f"{where}: stages.{s.name}.inputs",
-                    f"{s.name} ({s.kind}) consumes {spell(consumes)}, and a request carries {spell(request)}",
-                    f"feed {s.name} from a stage that produces {spell(consumes)} instead of 'request'"))
+                problems.append(
+                    Problem(
+                        f"{where}: stages.{s.name}.inputs",
+                        f"{s.name} ({s.kind}) consumes {spell(consumes)}, and a request carries {spell(request)}",
+                        f"feed {s.name} from a stage that produces {spell(consumes)} instead of 'request'",
+                    )
+                )
                 continue
             src = config.stage(src_name)
-            problems.append(Problem(
-                f"{where}: stages.{s.name}.inputs",
-                f"{inp} ({src.kind}) produces {spell(gives)}, and {s.name} ({s.kind}) consumes {spell(consumes)}: {why}",
-                f"feed {s.name} from a stage that produces {spell(consumes)}, or put a stage between {src_name} and "
-                f"{s.name} that turns {spell(gives)} into {spell(consumes)}"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}.inputs",
+                    f"{inp} ({src.kind}) produces {spell(gives)}, and {s.name} ({s.kind}) consumes {spell(consumes)}: {why}",
+                    f"feed {s.name} from a stage that produces {spell(consumes)}, or put a stage between {src_name} and "
+                    f"{s.name} that turns {spell(gives)} into {spell(consumes)}",
+                )
+            )
         produced = {t.kind for t in ports[s.name].produces}
         if s.final_output_type is not None and s.final_output_type not in produced:
-            problems.append(Problem(
-                f"{where}: stages.{s.name}.final_output_type",
-                f"{s.name} ({s.kind}) produces {spell(ports[s.name].produces)}, not {s.final_output_type}",
-                f"set final_output_type: {sorted(produced)[0]}, or leave it out"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}.final_output_type",
+                    f"{s.name} ({s.kind}) produces {spell(ports[s.name].produces)}, not {s.final_output_type}",
+                    f"set final_output_type: {sorted(produced)[0]}, or leave it out",
+                )
+            )
     return problems
 
 
@@ -342,9 +475,13 @@ def _ports(config: PipelineConfig, where: str) -> tuple[dict[str, Ports], list[P
         try:
             ports[s.name] = get_kind(s.kind).ports(s)
         except PayloadSpecError as exc:
-            problems.append(Problem(
-                f"{where}: stages.{s.name}.kind", f"the {s.kind} kind declares a payload type wrongly: {exc}",
-                "fix the kind's consumes/produces (the spelling is in stages/payloads.py)"))
+            problems.append(
+                Problem(
+                    f"{where}: stages.{s.name}.kind",
+                    f"the {s.kind} kind declares a payload type wrongly: {exc}",
+                    "fix the kind's consumes/produces (the spelling is in stages/payloads.py)",
+                )
+            )
     return ports, problems
 
 
@@ -361,8 +498,11 @@ def _zip_stall_problems(config: PipelineConfig, where: str) -> list[Problem]:
         """Whether ``consumer`` gets nothing along ``entry`` before its producer has ended."""
         src, port = split_input(entry)
         gives = ports[src].port(port) if port else ports[src].produces
-        return (get_kind(consumer.kind).text_input == "whole" and any(t.kind == "text" for t in gives)
-                and any(t.kind == "text" for t in ports[consumer.name].consumes))
+        return (
+            get_kind(consumer.kind).text_input == "whole"
+            and any(t.kind == "text" for t in gives)
+            and any(t.kind == "text" for t in ports[consumer.name].consumes)
+        )
 
     out: list[Problem] = []
     for j in config.stages:
@@ -373,32 +513,46 @@ def _zip_stall_problems(config: PipelineConfig, where: str) -> list[Problem]:
         for entry in j.inputs:
             if entry == REQUEST:
                 continue
-            todo: list[tuple[list[str], str | None]] = [([entry, j.name], j.name if waits(j, entry) else None)]
+            todo: list[tuple[list[str], str | None]] = [
+                ([entry, j.name], j.name if waits(j, entry) else None)
+            ]
             while todo and len(paths) < 256:
                 hops, waiter = todo.pop()
                 head = split_input(hops[0])[0]
                 paths.append((head, hops, waiter, entry))
                 for up in config.stage(head).inputs:
                     if up != REQUEST:
-                        todo.append(([up, *hops], waiter or (head if waits(config.stage(head), up) else None)))
+                        todo.append(
+                            (
+                                [up, *hops],
+                                waiter or (head if waits(config.stage(head), up) else None),
+                            )
+                        )
         for head, hops, waiter, entry in paths:
             if waiter is None:
                 continue
-            streaming = next((p for p in paths if p[0] == head and p[2] is None and p[3] != entry), None)
+            streaming = next(
+                (p for p in paths if p[0] == head and p[2] is None and p[3] != entry), None
+            )
             if streaming is None:
                 continue
-            out.append(Problem(
-                f"{where}: stages.{j.name}.join",
-                f"join: zip can stall: {' → '.join(streaming[1])} hands {j.name} {head}'s items as they come, and "
-                f"{' → '.join(hops)} only once {head} has ended ({waiter} takes whole text), so the streaming input "
-                f"fills the join's buffer, {head} pauses and never ends",
-                f"use join: all (each input's whole output once every input has ended), or feed {j.name} from paths "
-                "that both stream"))
+            out.append(
+                Problem(
+                    f"{where}: stages.{j.name}.join",
+                    f"join: zip can stall: {' → '.join(streaming[1])} hands {j.name} {head}'s items as they come, and "
+                    f"{' → '.join(hops)} only once {head} has ended ({waiter} takes whole text), so the streaming input "
+                    f"fills the join's buffer, {head} pauses and never ends",
+                    f"use join: all (each input's whole output once every input has ended), or feed {j.name} from paths "
+                    "that both stream",
+                )
+            )
             break
     return out
 
 
-_DEVICE_ID = re.compile(r"^([A-Za-z][A-Za-z0-9_-]{0,31}/)?(cpu|gpu:\d+|igpu:\d+|npu:\d+)$")  # NODE/ID: one node of a cluster profile
+_DEVICE_ID = re.compile(
+    r"^([A-Za-z][A-Za-z0-9_-]{0,31}/)?(cpu|gpu:\d+|igpu:\d+|npu:\d+)$"
+)  # NODE/ID: one node of a cluster profile
 
 
 def _find_cycle(config: PipelineConfig) -> list[str]:
@@ -412,7 +566,7 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
         stack.append(n)
         for m in graph.get(n, []):
             if state.get(m) == 1:
-                return [*stack[stack.index(m):], m][::-1]
+                return [*stack[stack.index(m) :], m][::-1]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -429,8 +583,18 @@ def _find_cycle(config: PipelineConfig) -> list[str]:
     return []
 
 
-_VLLM_OMNI_MARKS = frozenset({"stage_type", "runtime", "engine_args", "engine_input_source", "default_sampling_params",
-                               "gpu_memory_utilization", "worker_cls", "custom_process_input_func"})
+_VLLM_OMNI_MARKS = frozenset(
+    {
+        "stage_type",
+        "runtime",
+        "engine_args",
+        "engine_input_source",
+        "default_sampling_params",
+        "gpu_memory_utilization",
+        "worker_cls",
+        "custom_process_input_func",
+    }
+)
 """Keys only a vLLM-Omni stage has (legacy ``stage_args:`` or the deploy YAML's ``stages:``; an
 omni-edge stage has none of them): a list whose every stage has one and no ``kind`` is
 vLLM-Omni's, not a mistyped omni-edge config."""
@@ -443,13 +607,26 @@ def _refuse_vllm_omni(data: dict[str, Any], where: str) -> None:
     entry lacks ``kind`` and has one of vLLM-Omni's own keys (the deploy YAML)."""
     listed = data.get("stages")
     if "stage_args" in data:
-        what, loc = "its stages are listed under stage_args:, vLLM-Omni's legacy shape", f"{where}: stage_args"
-    elif (isinstance(listed, list) and listed
-          and all(isinstance(s, dict) and "kind" not in s and _VLLM_OMNI_MARKS & s.keys() for s in listed)):
-        what, loc = "its stages have stage_type, runtime or default_sampling_params and no kind", where
+        what, loc = (
+            "its stages are listed under stage_args:, vLLM-Omni's legacy shape",
+            f"{where}: stage_args",
+        )
+    elif (
+        isinstance(listed, list)
+        and listed
+        and all(
+            isinstance(s, dict) and "kind" not in s and _VLLM_OMNI_MARKS & s.keys() for s in listed
+        )
+    ):
+        what, loc = (
+            "its stages have stage_type, runtime or default_sampling_params and no kind",
+            where,
+        )
     else:
         return
     raise ConfigError.single(
-        loc, f"this is a vLLM-Omni stage config ({what}), not an omni-edge pipeline config",
+        loc,
+        f"this is a vLLM-Omni stage config ({what}), not an omni-edge pipeline config",
         f"convert it: omni-edge import vllm-omni {where} --model CHECKPOINT_DIR -o CONFIG "
-        "(docs/pipelines.md, 'Importing vLLM-Omni configs')")
+        "(docs/pipelines.md, 'Importing vLLM-Omni configs')",
+    )

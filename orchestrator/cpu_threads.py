@@ -92,7 +92,9 @@ def split_cores(cores: int, pools: Sequence[Pool]) -> Split:
     for i, share in shares.items():
         threads[i] = max(1, math.floor(share))
     spare = left - sum(threads[i] for i in free_idx)
-    order = sorted(free_idx, key=lambda i: (-(shares[i] - math.floor(shares[i])), -pools[i].weight, i))
-    for i in order[:max(spare, 0)]:
+    order = sorted(
+        free_idx, key=lambda i: (-(shares[i] - math.floor(shares[i])), -pools[i].weight, i)
+    )
+    for i in order[: max(spare, 0)]:
         threads[i] += 1
     return Split(tuple(threads), usable, sum(threads) > usable)

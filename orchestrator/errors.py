@@ -137,14 +137,26 @@ class PipelineBusy(OmniEdgeError):
     concurrency), how many requests are ``in_flight`` and ``waiting``, and the
     queue's bound ``max_waiting``: retry later, or raise the bound."""
 
-    def __init__(self, limit: int, in_flight: int, waiting: int, max_waiting: int, why: str = "") -> None:
+    def __init__(
+        self, limit: int, in_flight: int, waiting: int, max_waiting: int, why: str = ""
+    ) -> None:
         super().__init__(
             f"the pipeline is busy: {in_flight} requests in flight (limit {limit}), {waiting} waiting "
-            f"(limit {max_waiting}){': ' + why if why else ''}; retry when a request has finished")
-        self.limit, self.in_flight, self.waiting, self.max_waiting, self.why = limit, in_flight, waiting, max_waiting, why
+            f"(limit {max_waiting}){': ' + why if why else ''}; retry when a request has finished"
+        )
+        self.limit, self.in_flight, self.waiting, self.max_waiting, self.why = (
+            limit,
+            in_flight,
+            waiting,
+            max_waiting,
+            why,
+        )
 
     def __reduce__(self) -> tuple[type[PipelineBusy], tuple[int, int, int, int, str]]:
-        return (PipelineBusy, (self.limit, self.in_flight, self.waiting, self.max_waiting, self.why))
+        return (
+            PipelineBusy,
+            (self.limit, self.in_flight, self.waiting, self.max_waiting, self.why),
+        )
 
 
 class LedgerLost(StageFailed):
@@ -153,7 +165,9 @@ class LedgerLost(StageFailed):
     never blamed on a device actor."""
 
     def __init__(self, cause: str) -> None:
-        OmniEdgeError.__init__(self, f"the ledger actor (the pipeline's memory accounting) is gone: {cause}")
+        OmniEdgeError.__init__(
+            self, f"the ledger actor (the pipeline's memory accounting) is gone: {cause}"
+        )
         self.stage, self.device, self.cause = "ledger", "the ledger actor", cause
 
     def __reduce__(self) -> tuple[type[LedgerLost], tuple[str]]:  # type: ignore[override]

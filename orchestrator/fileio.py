@@ -171,23 +171,35 @@ def check_writable(path: str | Path, *, what: str) -> None:
     target = Path(path)
     where = f"{what} {target}"
     if str(path) == "" or target.name in ("", ".", ".."):
-        raise ConfigError.single(where, "this is not a file name", "give a path to a file, e.g. out/plan.json")
+        raise ConfigError.single(
+            where, "this is not a file name", "give a path to a file, e.g. out/plan.json"
+        )
     if target.is_dir():
-        raise ConfigError.single(where, "this is a directory, not a file", f"name a file inside it, e.g. {target / 'out.json'}")
+        raise ConfigError.single(
+            where,
+            "this is a directory, not a file",
+            f"name a file inside it, e.g. {target / 'out.json'}",
+        )
     parent = target.parent
     if not parent.exists():
         raise ConfigError.single(
-            where, f"the directory {parent} does not exist", f"create it first (mkdir -p {parent}), or write somewhere else"
+            where,
+            f"the directory {parent} does not exist",
+            f"create it first (mkdir -p {parent}), or write somewhere else",
         )
     if not parent.is_dir():
-        raise ConfigError.single(where, f"{parent} is not a directory", "write the file into an existing directory")
+        raise ConfigError.single(
+            where, f"{parent} is not a directory", "write the file into an existing directory"
+        )
     probe = parent / f".{target.name[:64]}.{os.getpid()}.{secrets.token_hex(4)}.probe"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError.single(
-            where, f"a file cannot be created in {parent}: {reason}", "write to a directory you can write to"
+            where,
+            f"a file cannot be created in {parent}: {reason}",
+            "write to a directory you can write to",
         ) from None
     os.close(fd)
     with contextlib.suppress(OSError):

@@ -58,7 +58,9 @@ class Reservation:
 
     def __post_init__(self) -> None:
         if not isinstance(self.bytes, int) or isinstance(self.bytes, bool) or self.bytes < 0:
-            raise ValueError(f"reservation {self.purpose!r} bytes must be a non-negative int, got {self.bytes!r}")
+            raise ValueError(
+                f"reservation {self.purpose!r} bytes must be a non-negative int, got {self.bytes!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +69,9 @@ class Reservation:
 def load_and_steady(reservations: Iterable[Reservation]) -> tuple[int, int]:
     """``(load path, steady state)`` bytes of one holder's reservations."""
     rs = list(reservations)
-    load = sum(r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load))
+    load = sum(
+        r.bytes for r in rs if r.lifetime == "load" or (r.lifetime == "session" and r.at_load)
+    )
     steady = sum(r.bytes for r in rs if r.lifetime != "load")
     return load, steady
 
@@ -125,7 +129,9 @@ class Ledger:
     held: dict[str, list[Reservation]] = field(default_factory=dict)
 
     # -- pools ---------------------------------------------------------------
-    def add_pool(self, pool_id: str, capacity: int, parent: str | None = None, note: str = "") -> None:
+    def add_pool(
+        self, pool_id: str, capacity: int, parent: str | None = None, note: str = ""
+    ) -> None:
         if parent is not None and parent not in self.pools:
             raise KeyError(f"parent pool {parent!r} of {pool_id!r} is not defined")
         self.pools[pool_id] = Pool(pool_id, capacity, parent, note)
@@ -143,11 +149,17 @@ class Ledger:
     def _counts_in(self, reservation_pool: str, pool_id: str) -> bool:
         return reservation_pool in self.pools and pool_id in self.chain(reservation_pool)
 
-    def holder_profile(self, holder: str, pool_id: str, extra: Iterable[Reservation] = ()) -> tuple[int, int]:
+    def holder_profile(
+        self, holder: str, pool_id: str, extra: Iterable[Reservation] = ()
+    ) -> tuple[int, int]:
         """``(load_path, steady)`` bytes of one holder on ``pool_id`` (children included)."""
-        return load_and_steady(r for r in [*self.held.get(holder, []), *extra] if self._counts_in(r.pool, pool_id))
+        return load_and_steady(
+            r for r in [*self.held.get(holder, []), *extra] if self._counts_in(r.pool, pool_id)
+        )
 
-    def peak(self, pool_id: str, extra: dict[str, list[Reservation]] | None = None) -> tuple[int, dict[str, int]]:
+    def peak(
+        self, pool_id: str, extra: dict[str, list[Reservation]] | None = None
+    ) -> tuple[int, dict[str, int]]:
         """The pool's peak and each holder's share of it.
 
         A holder's share is its steady state, plus — for the holder whose
@@ -218,12 +230,17 @@ class Ledger:
         pools = []
         for pool_id, pool in self.pools.items():
             peak, shares = self.peak(pool_id)
-            pools.append({
-                "id": pool_id,
-                "capacity_bytes": pool.capacity,
-                "parent": pool.parent,
-                "peak_bytes": peak,
-                "held_bytes": self.held_bytes(pool_id),
-                "contributors": shares,
-            })
-        return {"pools": pools, "holders": {h: [r.to_dict() for r in rs] for h, rs in self.held.items()}}
+            pools.append(
+                {
+                    "id": pool_id,
+                    "capacity_bytes": pool.capacity,
+                    "parent": pool.parent,
+                    "peak_bytes": peak,
+                    "held_bytes": self.held_bytes(pool_id),
+                    "contributors": shares,
+                }
+            )
+        return {
+            "pools": pools,
+            "holders": {h: [r.to_dict() for r in rs] for h, rs in self.held.items()},
+        }

@@ -77,8 +77,13 @@ class RssMeter:
     busy period on its own).
     """
 
-    def __init__(self, pid: int | Iterable[int] | None = None, *, children: bool = False,
-                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        pid: int | Iterable[int] | None = None,
+        *,
+        children: bool = False,
+        interval_s: float = SAMPLE_INTERVAL_S,
+    ) -> None:
         if pid is None:
             self.pids: tuple[int, ...] = (psutil.Process().pid,)
         elif isinstance(pid, int):

@@ -42,7 +42,11 @@ def is_package_location(location: str) -> bool:
 
 def split_package_location(location: str) -> tuple[str, str]:
     """``package://a.b/dir/file`` → ``("a.b", "dir/file")``; ``ValueError`` when a part is missing."""
-    package, _, inner = location[len(PACKAGE_SCHEME):].partition("/") if is_package_location(location) else ("", "", "")
+    package, _, inner = (
+        location[len(PACKAGE_SCHEME) :].partition("/")
+        if is_package_location(location)
+        else ("", "", "")
+    )
     if not package or not inner:
         raise ValueError(f"write package://<importable_package>/<path>, got {location!r}")
     return package, inner
@@ -53,7 +57,9 @@ def resolve_package_location(location: str) -> Path:
     try:
         package, inner = split_package_location(location)
     except ValueError as exc:
-        raise ConfigError.single(location, str(exc), "name an importable package and a path inside it") from None
+        raise ConfigError.single(
+            location, str(exc), "name an importable package and a path inside it"
+        ) from None
     parts = package.split(".")
     spec = importlib.util.find_spec(parts[0]) if parts[0] else None
     for part in parts[1:]:
@@ -61,9 +67,17 @@ def resolve_package_location(location: str) -> Path:
             break
         spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
     if spec is None:
-        raise ConfigError.single(location, f"the package {package!r} is not installed in this interpreter", f"pip install the distribution that provides {package!r}")
+        raise ConfigError.single(
+            location,
+            f"the package {package!r} is not installed in this interpreter",
+            f"pip install the distribution that provides {package!r}",
+        )
     if not spec.submodule_search_locations:
-        raise ConfigError.single(location, f"{package!r} is a module, not a package", "name the package directory that holds the file")
+        raise ConfigError.single(
+            location,
+            f"{package!r} is a module, not a package",
+            "name the package directory that holds the file",
+        )
     roots = [Path(r).resolve() for r in spec.submodule_search_locations]
     for root in roots:
         candidate = (root / inner).resolve()
@@ -79,7 +93,8 @@ def _confined(location: str, path: Path, root: Path) -> Path:
         path.relative_to(root)
     except ValueError:
         raise ConfigError.single(
-            location, f"resolves to {path}, outside the package directory {root} (a symlink?)",
+            location,
+            f"resolves to {path}, outside the package directory {root} (a symlink?)",
             "ship the file inside the package instead of linking to it",
         ) from None
     return path
@@ -119,7 +134,9 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def installed_ort_flavours(version_of: Callable[[str], str | None] | None = None) -> list[tuple[str, str]]:
+def installed_ort_flavours(
+    version_of: Callable[[str], str | None] | None = None,
+) -> list[tuple[str, str]]:
     """``(distribution, version)`` of every installed ONNX Runtime build that provides
     the ``onnxruntime`` module (plugin EP packages are not counted), read from package
     metadata without importing anything. ``version_of`` looks one distribution up

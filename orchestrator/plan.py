@@ -14,11 +14,28 @@ from orchestrator.errors import RefusalCode
 from orchestrator.ledger import Reservation, holder_peak
 
 PLAN_FORMAT = "omni-edge.plan/1"
-STAGE_FIELDS = frozenset({
-    "name", "kind", "admitted", "device", "backend", "route", "inputs", "final_output", "final_output_type",
-    "budget_bytes", "reservations", "refusals", "engine_kwargs", "artifact", "verification", "calibration",
-    "cpu_threads", "cpu_threads_from",
-})
+STAGE_FIELDS = frozenset(
+    {
+        "name",
+        "kind",
+        "admitted",
+        "device",
+        "backend",
+        "route",
+        "inputs",
+        "final_output",
+        "final_output_type",
+        "budget_bytes",
+        "reservations",
+        "refusals",
+        "engine_kwargs",
+        "artifact",
+        "verification",
+        "calibration",
+        "cpu_threads",
+        "cpu_threads_from",
+    }
+)
 """The keys of a stage in the plan JSON that are the plan's own; any other key is
 one of the kind's ``details``."""
 
@@ -94,7 +111,9 @@ class StagePlan:
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & STAGE_FIELDS)
         if clash:
-            raise ValueError(f"stage {self.name!r}: kind-specific plan fields {clash} clash with the plan's own")
+            raise ValueError(
+                f"stage {self.name!r}: kind-specific plan fields {clash} clash with the plan's own"
+            )
 
     @property
     def pool(self) -> str | None:

@@ -60,8 +60,10 @@ EXTERNAL_RESERVE_HOST = 512 * MiB
 capacity is already what is *available*, so this covers drift, not the OS."""
 SAFETY_MARGIN_BYTES = 512 * MiB
 """Fragmentation and allocator slack per top-level pool."""
-ESTIMATES_NOTE = ("activations, workspaces, transients and margins are estimates (E); the runtime records "
-                  "measured peaks (M) against them")
+ESTIMATES_NOTE = (
+    "activations, workspaces, transients and margins are estimates (E); the runtime records "
+    "measured peaks (M) against them"
+)
 RAY_RUNTIME_BYTES = int(0.9 * GiB)
 SERVER_BYTES = 384 * MiB
 """The ``serve`` process itself (the HTTP app, the Ray driver, the planner's imports):
@@ -149,7 +151,11 @@ def parse_mask(values: Iterable[str], profile: HardwareProfile | None = None) ->
     if profile is not None:
         have = [d.id for d in profile.devices]
         # a cluster: a node's name masks the node; an unqualified id masks it on every node
-        known = {*have, *profile.node_names, *(d.local_id for d in profile.devices if profile.nodes)}
+        known = {
+            *have,
+            *profile.node_names,
+            *(d.local_id for d in profile.devices if profile.nodes),
+        }
         nodes = f"; its nodes: {', '.join(profile.node_names)}" if profile.nodes else ""
         problems = [
             errors.Problem(
@@ -170,11 +176,17 @@ def _masked(device_id: str, mask: frozenset[str]) -> bool:
     """By id, by kind, and in a cluster also by node (``laptop``) and by the id on any
     node (``gpu:0`` masks every node's gpu:0)."""
     node, _, local = device_id.rpartition("/")
-    return device_id in mask or local in mask or local.split(":")[0] in mask or (bool(node) and node in mask)
+    return (
+        device_id in mask
+        or local in mask
+        or local.split(":")[0] in mask
+        or (bool(node) and node in mask)
+    )
 
 
-def build_ledger(profile: HardwareProfile, *, runtime: bool = True,
-                 server: bool = False) -> tuple[Ledger, list[Reservation]]:
+def build_ledger(
+    profile: HardwareProfile, *, runtime: bool = True, server: bool = False
+) -> tuple[Ledger, list[Reservation]]:
     """Pools from the profile, with the pipeline's own reservations admitted
     (``server``: the ``serve`` process too, on the driver's host RAM)."""
     ledger = Ledger()
@@ -184,16 +196,55 @@ def build_ledger(profile: HardwareProfile, *, runtime: bool = True,
     for pool in list(ledger.pools.values()):
         if pool.parent is not None:
             continue
-        reserve = EXTERNAL_RESERVE_VRAM if pool.id.rpartition("/")[2].startswith("vram:") else EXTERNAL_RESERVE_HOST
-        shared.append(Reservation(pool.id, "external_reserve", reserve, "session", "E", "memory this pipeline does not control"))
-        shared.append(Reservation(pool.id, "safety_margin", SAFETY_MARGIN_BYTES, "session", "E", "fragmentation and allocator slack"))
+        reserve = (
+            EXTERNAL_RESERVE_VRAM
+            if pool.id.rpartition("/")[2].startswith("vram:")
+            else EXTERNAL_RESERVE_HOST
+        )
+        shared.append(
+            Reservation(
+                pool.id,
+                "external_reserve",
+                reserve,
+                "session",
+                "E",
+                "memory this pipeline does not control",
+            )
+        )
+        shared.append(
+            Reservation(
+                pool.id,
+                "safety_margin",
+                SAFETY_MARGIN_BYTES,
+                "session",
+                "E",
+                "fragmentation and allocator slack",
+            )
+        )
     if runtime:  # in a cluster: Ray's daemons on every node
-        shared.extend(Reservation(pool, "ray_runtime", RAY_RUNTIME_BYTES, "session", "E", "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)")
-                      for pool in host_ram_pools(profile))
+        shared.extend(
+            Reservation(
+                pool,
+                "ray_runtime",
+                RAY_RUNTIME_BYTES,
+                "session",
+                "E",
+                "local Ray cluster and actors (~0.9 GiB measured on a 2-core machine)",
+            )
+            for pool in host_ram_pools(profile)
+        )
     if server and host_ram_pools(profile):  # the driver runs on the first node (the one that plans)
-        shared.append(Reservation(host_ram_pools(profile)[0], "server", SERVER_BYTES, "session", "E",
-                                  "the serve process itself (HTTP app, Ray driver): stated figure SERVER_BYTES "
-                                  "until a server run measures it"))
+        shared.append(
+            Reservation(
+                host_ram_pools(profile)[0],
+                "server",
+                SERVER_BYTES,
+                "session",
+                "E",
+                "the serve process itself (HTTP app, Ray driver): stated figure SERVER_BYTES "
+                "until a server run measures it",
+            )
+        )
     ledger.held[PIPELINE_HOLDER] = list(shared)
     return ledger, shared
 
@@ -232,12 +283,17 @@ def plan_pipeline(
     Raises ``ConfigError`` only for unreadable input (a missing checkpoint,
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
-    calibrating = _Calibrating(calibration, config.name, profile) if calibration is not None else None
+    calibrating = (
+        _Calibrating(calibration, config.name, profile) if calibration is not None else None
+    )
     ledger, shared = build_ledger(profile, runtime=runtime, server=server)
     if calibrating is not None:
         shared = _calibrated_shared(shared, calibrating)
         ledger.held[PIPELINE_HOLDER] = list(shared)
-    states = [_stage_state(stage, profile, mask, ledger, refused or {}, calibrating) for stage in config.topological()]
+    states = [
+        _stage_state(stage, profile, mask, ledger, refused or {}, calibrating)
+        for stage in config.topological()
+    ]
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
@@ -250,35 +306,58 @@ def plan_pipeline(
         admission = ledger.admit(name, list(option.reservations))
         assert admission.ok, "the search found this assignment fitting"
     stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
-    stage_plans, thread_notes = _with_cpu_threads(stage_plans, {s.stage.name: s for s in states}, profile, plan_threads)
+    stage_plans, thread_notes = _with_cpu_threads(
+        stage_plans, {s.stage.name: s for s in states}, profile, plan_threads
+    )
     pools = []
     for pool_id, pool in ledger.pools.items():
         peak, shares = ledger.peak(pool_id)
         pools.append(PoolPlan(pool_id, pool.capacity, peak, shares, pool.parent, pool.note))
     admitted = all(s.admitted for s in stage_plans)
     notes = []
-    if any(s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted):
-        notes.append("exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`")
-    calibrated = _calibration_notes(stage_plans, shared, calibrating) if calibrating is not None else []
+    if any(
+        s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted
+    ):
+        notes.append(
+            "exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`"
+        )
+    calibrated = (
+        _calibration_notes(stage_plans, shared, calibrating) if calibrating is not None else []
+    )
     if not any(s.calibration for s in stage_plans):
         notes.append(ESTIMATES_NOTE)
     notes += calibrated
     notes += thread_notes
     if profile.nodes:
         stage_plans, crossing = _with_nodes(stage_plans)
-        notes.append(f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
-                     + (", ".join(crossing) or "none")
-                     + ("; their transfer cost (items, bytes per item) is measured at run time: the run "
-                        "record's edges[]" if crossing else ""))
+        notes.append(
+            f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
+            + (", ".join(crossing) or "none")
+            + (
+                "; their transfer cost (items, bytes per item) is measured at run time: the run "
+                "record's edges[]"
+                if crossing
+                else ""
+            )
+        )
     return PipelinePlan(
-        pipeline=config.name, admitted=admitted, profile=profile.name, stages=stage_plans,
-        pools=tuple(pools), shared_reservations=tuple(shared), config_path=config.source,
+        pipeline=config.name,
+        admitted=admitted,
+        profile=profile.name,
+        stages=stage_plans,
+        pools=tuple(pools),
+        shared_reservations=tuple(shared),
+        config_path=config.source,
         notes=tuple(notes),
     )
 
 
 def stage_candidates(
-    stage: StageConfig, kind: StageKind, info: ArtifactInfo, profile: HardwareProfile, mask: frozenset[str],
+    stage: StageConfig,
+    kind: StageKind,
+    info: ArtifactInfo,
+    profile: HardwareProfile,
+    mask: frozenset[str],
 ) -> list[Candidate | Excluded]:
     """Every device of the stage's list, in its order: the candidates it yields (one
     per backend, in the stage's or else the device's order) or why it yields none.
@@ -300,9 +379,13 @@ def stage_candidates(
             continue
         wanted = stage.backends or list(device.backends)
         backends = [b for b in wanted if b in device.backends and b in kind.stage_backends(stage)]
-        named = [Excluded(stage.name, dev_id, "unavailable", b, why) for b in stage.backends or ()
-                 if b not in device.backends and b in kind.stage_backends(stage)
-                 and (why := backend_unavailable(profile, device, b))]
+        named = [
+            Excluded(stage.name, dev_id, "unavailable", b, why)
+            for b in stage.backends or ()
+            if b not in device.backends
+            and b in kind.stage_backends(stage)
+            and (why := backend_unavailable(profile, device, b))
+        ]
         out.extend(named)
         if not backends:
             if not named:
@@ -316,8 +399,12 @@ def stage_candidates(
 
 
 def _stage_state(
-    stage: StageConfig, profile: HardwareProfile, mask: frozenset[str], base: Ledger,
-    refused: Mapping[tuple[str, str, str], Sequence[Refusal]], calibrating: _Calibrating | None = None,
+    stage: StageConfig,
+    profile: HardwareProfile,
+    mask: frozenset[str],
+    base: Ledger,
+    refused: Mapping[tuple[str, str, str], Sequence[Refusal]],
+    calibrating: _Calibrating | None = None,
 ) -> _StageState:
     """The stage's artifact described, each candidate tried alone against ``base``:
     the options that fit, and a refusal for every other device and backend."""
@@ -338,13 +425,21 @@ def _stage_state(
     return state
 
 
-def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile: HardwareProfile) -> Refusal:
+def _exclusion(
+    excluded: Excluded, stage: StageConfig, kind: StageKind, profile: HardwareProfile
+) -> Refusal:
     dev_id = excluded.device
     if excluded.why == "masked":
-        return Refusal(RefusalCode.NO_RUNNABLE_DEVICE, dev_id, f"{dev_id} is excluded by --mask", "drop it from --mask to consider it")
+        return Refusal(
+            RefusalCode.NO_RUNNABLE_DEVICE,
+            dev_id,
+            f"{dev_id} is excluded by --mask",
+            "drop it from --mask to consider it",
+        )
     if excluded.why == "absent" and profile.nodes:
         return Refusal(
-            RefusalCode.NO_RUNNABLE_DEVICE, dev_id,
+            RefusalCode.NO_RUNNABLE_DEVICE,
+            dev_id,
             f"no node of the cluster ({profile.name}) has {dev_id} (its devices: {', '.join(d.id for d in profile.devices)})",
             "remove it from the stage's devices, name a device one node has (NODE/ID, or ID for any node's), "
             "or plan with --profile for a cluster that has it",
@@ -352,18 +447,23 @@ def _exclusion(excluded: Excluded, stage: StageConfig, kind: StageKind, profile:
     if excluded.why == "absent":
         have = ", ".join(d.id for d in profile.devices)
         return Refusal(
-            RefusalCode.NO_RUNNABLE_DEVICE, dev_id, f"this machine ({profile.name}) has no {dev_id} (it has {have})",
+            RefusalCode.NO_RUNNABLE_DEVICE,
+            dev_id,
+            f"this machine ({profile.name}) has no {dev_id} (it has {have})",
             "remove it from the stage's devices, or plan with --profile for a machine that has it",
         )
     if excluded.why == "unavailable":
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, dev_id, f"{dev_id} ({excluded.backend}): {excluded.reason}",
+            RefusalCode.DEVICE_UNREACHABLE,
+            dev_id,
+            f"{dev_id} ({excluded.backend}): {excluded.reason}",
             unavailable_remedy(excluded.backend, stage.name),
         )
     device = profile.device(dev_id)
     assert device is not None
     return Refusal(
-        RefusalCode.NO_RUNNABLE_DEVICE, dev_id,
+        RefusalCode.NO_RUNNABLE_DEVICE,
+        dev_id,
         f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
         f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
     )
@@ -381,29 +481,48 @@ def unavailable_remedy(backend: str, stage: str | None = None) -> str:
     """What to do about a llama.cpp build that cannot drive the device."""
     backends = f"stages.{stage}.backends" if stage else "the stage's backends"
     if backend == llamacpp.LLAMACPP_VULKAN:
-        return ("install a llama-cpp-python built with Vulkan (CMAKE_ARGS=-DGGML_VULKAN=ON) in that interpreter, "
-                f"or list llamacpp-cpu in {backends} to run on the CPU")
-    return ("rebuild llama-cpp-python for this CPU (scripts/bootstrap.sh builds it with GGML_NATIVE=OFF and only the "
-            f"extensions this CPU has), or list vllm-cpu in {backends}")
+        return (
+            "install a llama-cpp-python built with Vulkan (CMAKE_ARGS=-DGGML_VULKAN=ON) in that interpreter, "
+            f"or list llamacpp-cpu in {backends} to run on the CPU"
+        )
+    return (
+        "rebuild llama-cpp-python for this CPU (scripts/bootstrap.sh builds it with GGML_NATIVE=OFF and only the "
+        f"extensions this CPU has), or list vllm-cpu in {backends}"
+    )
 
 
-def _llamacpp_route_refusal(profile: HardwareProfile, device: Device, backend: str, route: Route) -> Refusal | None:
+def _llamacpp_route_refusal(
+    profile: HardwareProfile, device: Device, backend: str, route: Route
+) -> Refusal | None:
     """For a profile that describes this machine: the llama.cpp build installed in the route's
     interpreter (its probe, remembered per interpreter) must drive ``device`` with ``backend``
     — a recorded iGPU profile lists llamacpp-vulkan, and this machine's build may have no GPU
     offload, or none may be installed."""
     report = probe_route(route, cached=True)
     build = report.llama_cpp_build()
-    where = f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
+    where = (
+        f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
+    )
     if build is None:
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where} has no llama-cpp-python installed",
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
+            f"{where} has no llama-cpp-python installed",
             "install it there (scripts/bootstrap.sh builds llama-cpp-python), or list a vLLM backend in the stage's backends",
         )
-    problem = llamacpp.cpu_problem(build, device) if backend == llamacpp.LLAMACPP_CPU else llamacpp.vulkan_problem(build)
+    problem = (
+        llamacpp.cpu_problem(build, device)
+        if backend == llamacpp.LLAMACPP_CPU
+        else llamacpp.vulkan_problem(build)
+    )
     if problem is None:
         return None
-    return Refusal(RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where}: {problem}", unavailable_remedy(backend))
+    return Refusal(
+        RefusalCode.DEVICE_UNREACHABLE,
+        device.id,
+        f"{where}: {problem}",
+        unavailable_remedy(backend),
+    )
 
 
 def _where(device: Device, backend: str) -> str:
@@ -433,23 +552,32 @@ def verification_refusals(results: Iterable[Any]) -> dict[tuple[str, str, str], 
     return out
 
 
-def route_refusal(profile: HardwareProfile, device: Device, backend: str, route: Route) -> Refusal | None:
+def route_refusal(
+    profile: HardwareProfile, device: Device, backend: str, route: Route
+) -> Refusal | None:
     """Why ``route`` cannot drive ``device`` with ``backend``, from what is known without
     starting anything, or None. A refused route is never chosen: the planner takes the
     next candidate, or refuses the stage."""
     where = _where(device, backend)
     if not route.reachable:
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where} exists but route {route.name!r} cannot reach it from this process: {route.reason or 'unreachable'}",
-            route.remedy or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
+            route.remedy
+            or "run omni-edge where the route is reachable, or declare a route (venv or host process) that can drive it",
         )
     if route.kind == "interpreter" and describes_this_machine(profile):
         python = resolve(route).python
         if not python or not os.path.isfile(python) or not os.access(python, os.X_OK):
-            state = "is not set" if not python else ("is not executable" if os.path.isfile(python) else "does not exist")
+            state = (
+                "is not set"
+                if not python
+                else ("is not executable" if os.path.isfile(python) else "does not exist")
+            )
             return Refusal(
-                RefusalCode.DEVICE_UNREACHABLE, device.id,
+                RefusalCode.DEVICE_UNREACHABLE,
+                device.id,
                 f"{where}: route {route.name!r} runs through the interpreter {python or '(none)'}, which {state} on this machine",
                 f"create that environment (python -m venv {os.path.dirname(os.path.dirname(python)) if python else 'DIR'}, "
                 "then install the execution provider's onnxruntime build in it), or correct routes[].python in the profile "
@@ -462,8 +590,13 @@ def route_refusal(profile: HardwareProfile, device: Device, backend: str, route:
     return None
 
 
-def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: HardwareProfile,
-         calibrating: _Calibrating | None = None) -> _Option | None:
+def _try(
+    candidate: Candidate,
+    base: Ledger,
+    refusals: list[Refusal],
+    profile: HardwareProfile,
+    calibrating: _Calibrating | None = None,
+) -> _Option | None:
     if candidate.device.node and profile.nodes:
         return _try_on_node(candidate, refusals, profile)
     stage, kind, info = candidate.stage, candidate.kind, candidate.info
@@ -488,13 +621,16 @@ def _try(candidate: Candidate, base: Ledger, refusals: list[Refusal], profile: H
         sf = shortfalls[0]
         own = sf.contributors.get(stage.name, 0)
         available = sf.capacity - (sf.peak - own)
-        refusals.append(Refusal(
-            RefusalCode.BUDGET_EXCEEDS_DEVICE, device.id,
-            f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({_breakdown(reservations, sf.pool)}) and "
-            f"{fmt_bytes(available)} of {fmt_bytes(sf.capacity)} is left after the pipeline's own reservations "
-            f"({fmt_bytes(sf.over_by)} short)",
-            kind.remedy_for_budget(stage, info, device, backend, sf.pool, available),
-        ))
+        refusals.append(
+            Refusal(
+                RefusalCode.BUDGET_EXCEEDS_DEVICE,
+                device.id,
+                f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({_breakdown(reservations, sf.pool)}) and "
+                f"{fmt_bytes(available)} of {fmt_bytes(sf.capacity)} is left after the pipeline's own reservations "
+                f"({fmt_bytes(sf.over_by)} short)",
+                kind.remedy_for_budget(stage, info, device, backend, sf.pool, available),
+            )
+        )
         return None
     return _Option(device, backend, route, tuple(reservations), verification, metadata, calibration)
 
@@ -514,7 +650,9 @@ def _verdict(gates: list[GateSpec], route: Route) -> tuple[Verification | None, 
 
 
 def _breakdown(reservations: Iterable[Reservation], pool: str) -> str:
-    return " + ".join(f"{r.purpose} {fmt_bytes(r.bytes)}" for r in reservations if r.pool == pool and r.bytes)
+    return " + ".join(
+        f"{r.purpose} {fmt_bytes(r.bytes)}" for r in reservations if r.pool == pool and r.bytes
+    )
 
 
 def _search(states: list[_StageState], ledger: Ledger) -> list[_Option] | None:
@@ -557,14 +695,17 @@ def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
         if s.stage.name not in names:
             continue
         dev = s.options[0].device.id
-        s.refusals.append(Refusal(
-            RefusalCode.BUDGET_EXCEEDS_DEVICE, dev,
-            f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
-            f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
-            f"and every other allowed placement overflows too",
-            f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(names)} "
-            "(shorter max_model_len, a smaller precision build), allow a device with its own memory, or run fewer stages",
-        ))
+        s.refusals.append(
+            Refusal(
+                RefusalCode.BUDGET_EXCEEDS_DEVICE,
+                dev,
+                f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
+                f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
+                f"and every other allowed placement overflows too",
+                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(names)} "
+                "(shorter max_model_len, a smaller precision build), allow a device with its own memory, or run fewer stages",
+            )
+        )
         s.options = []
 
 
@@ -577,7 +718,10 @@ def _device_of(states: list[_StageState], holder: str) -> str | None:
 
 def _artifact(info: ArtifactInfo) -> dict[str, Any]:
     return {
-        "kind": info.kind, "path": info.path, "weight_bytes": info.weight_bytes, "weight_format": info.weight_format,
+        "kind": info.kind,
+        "path": info.path,
+        "weight_bytes": info.weight_bytes,
+        "weight_format": info.weight_format,
         **info.details,
     }
 
@@ -586,38 +730,79 @@ def _capacity(profile: HardwareProfile, device: Device) -> int:
     if device.node and device.node in profile.nodes:
         node = profile.nodes[device.node].profile
         return _capacity(node, node.device(device.local_id) or device)
-    return profile.host_ram_capacity if device.pool == HOST_RAM else (device.memory_bytes or device.shared_memory_bytes or 0)
+    return (
+        profile.host_ram_capacity
+        if device.pool == HOST_RAM
+        else (device.memory_bytes or device.shared_memory_bytes or 0)
+    )
 
 
 def _stage_plan(state: _StageState, option: _Option | None, profile: HardwareProfile) -> StagePlan:
     stage, kind, info = state.stage, state.kind, state.info
     artifact = _artifact(info)
     common: dict[str, Any] = {
-        "name": stage.name, "kind": stage.kind, "artifact": artifact, "details": kind.plan_details(stage, info),
-        "inputs": tuple(stage.inputs), "final_output": stage.final_output, "final_output_type": stage.final_output_type,
+        "name": stage.name,
+        "kind": stage.kind,
+        "artifact": artifact,
+        "details": kind.plan_details(stage, info),
+        "inputs": tuple(stage.inputs),
+        "final_output": stage.final_output,
+        "final_output_type": stage.final_output_type,
     }
     if option is None:
-        refusals = tuple(state.refusals) or (Refusal(RefusalCode.NO_RUNNABLE_DEVICE, "-", "no device was considered", "list devices for the stage"),)
-        return StagePlan(admitted=False, device=None, backend=None, route=None, reservations=(),
-                         refusals=refusals, engine_kwargs={}, verification=None, **common)
+        refusals = tuple(state.refusals) or (
+            Refusal(
+                RefusalCode.NO_RUNNABLE_DEVICE,
+                "-",
+                "no device was considered",
+                "list devices for the stage",
+            ),
+        )
+        return StagePlan(
+            admitted=False,
+            device=None,
+            backend=None,
+            route=None,
+            reservations=(),
+            refusals=refusals,
+            engine_kwargs={},
+            verification=None,
+            **common,
+        )
     capacity = _capacity(profile, option.device)
     # the engine is configured from the kind's own reservations: calibration predicts
     # what it will hold, it never changes what it is asked to allocate
-    kwargs = kind.engine_kwargs(stage, info, _local_device(profile, option.device), option.backend,
-                                list(option.metadata_reservations or option.reservations), capacity)
+    kwargs = kind.engine_kwargs(
+        stage,
+        info,
+        _local_device(profile, option.device),
+        option.backend,
+        list(option.metadata_reservations or option.reservations),
+        capacity,
+    )
     return StagePlan(
-        admitted=True, device=option.device.id, backend=option.backend, route=option.route.name,
-        reservations=option.reservations, refusals=tuple(state.refusals), engine_kwargs=kwargs,
+        admitted=True,
+        device=option.device.id,
+        backend=option.backend,
+        route=option.route.name,
+        reservations=option.reservations,
+        refusals=tuple(state.refusals),
+        engine_kwargs=kwargs,
         verification=option.verification,
-        calibration=option.calibration.to_dict() if option.calibration is not None else None, **common,
+        calibration=option.calibration.to_dict() if option.calibration is not None else None,
+        **common,
     )
 
 
 # -- CPU threads: each CPU stage's share of the host's cores (orchestrator/cpu_threads.py) ---
 
 
-def _with_cpu_threads(stage_plans: tuple[StagePlan, ...], states: Mapping[str, _StageState],
-                      profile: HardwareProfile, plan_threads: bool) -> tuple[tuple[StagePlan, ...], list[str]]:
+def _with_cpu_threads(
+    stage_plans: tuple[StagePlan, ...],
+    states: Mapping[str, _StageState],
+    profile: HardwareProfile,
+    plan_threads: bool,
+) -> tuple[tuple[StagePlan, ...], list[str]]:
     """Each admitted stage on a CPU device with its ``cpu_threads`` (and where they came from),
     and the notes that explain the split.
 
@@ -636,8 +821,10 @@ def _with_cpu_threads(stage_plans: tuple[StagePlan, ...], states: Mapping[str, _
         for s in members:
             shared = states[s.name].kind.cpu_thread_pool(s)
             pools.setdefault(f"{shared} pool" if shared else s.name, []).append(s)
-        overrides = {key: {n for s in group if (n := states[s.name].stage.cpu_threads) is not None}
-                     for key, group in pools.items()}
+        overrides = {
+            key: {n for s in group if (n := states[s.name].stage.cpu_threads) is not None}
+            for key, group in pools.items()
+        }
         for key, given in overrides.items():
             if len(given) > 1:
                 names = ", ".join(s.name for s in pools[key])
@@ -645,33 +832,61 @@ def _with_cpu_threads(stage_plans: tuple[StagePlan, ...], states: Mapping[str, _
                     f"stages.{pools[key][0].name}.cpu_threads",
                     f"{names} share one {key} in {device_id}'s actor (one thread count per process), and their "
                     f"configs give it {', '.join(map(str, sorted(given)))} threads",
-                    "give them the same cpu_threads, or set it on one of them only")
+                    "give them the same cpu_threads, or set it on one of them only",
+                )
         cores = _host_of(profile, device_id).cpu_cores
         if not plan_threads or cores is None:
             for key, group in pools.items():
                 if overrides[key]:
                     threads.update({s.name: (next(iter(overrides[key])), "config") for s in group})
-            notes.append(f"{device_id}: " + ("CPU thread budgets are off" if not plan_threads else
-                         "the profile does not say how many cores the host has (host.cpu_cores; `omni-edge probe` "
-                         "records it)") + ": engines placed there pick their own thread counts"
-                         + (" except where the config sets cpu_threads" if threads else ""))
+            notes.append(
+                f"{device_id}: "
+                + (
+                    "CPU thread budgets are off"
+                    if not plan_threads
+                    else "the profile does not say how many cores the host has (host.cpu_cores; `omni-edge probe` "
+                    "records it)"
+                )
+                + ": engines placed there pick their own thread counts"
+                + (" except where the config sets cpu_threads" if threads else "")
+            )
             continue
         keys = list(pools)
-        split = cpu_threads.split_cores(cores, [
-            cpu_threads.Pool(max(_thread_weight(s) for s in pools[k]), next(iter(overrides[k]), None)) for k in keys])
+        split = cpu_threads.split_cores(
+            cores,
+            [
+                cpu_threads.Pool(
+                    max(_thread_weight(s) for s in pools[k]), next(iter(overrides[k]), None)
+                )
+                for k in keys
+            ],
+        )
         for key, n in zip(keys, split.threads, strict=True):
-            threads.update({s.name: (n, "config" if overrides[key] else "plan") for s in pools[key]})
-        shares = ", ".join(f"{'+'.join(s.name for s in pools[k])} {n}" for k, n in zip(keys, split.threads, strict=True))
-        line = (f"{device_id}: {cores} logical CPUs, {split.usable} shared by its stages ("
-                + ("one left to Ray and the OS; " if split.usable < cores else "")
-                + f"decode weighted {cpu_threads.DECODE_WEIGHT}:{cpu_threads.OTHER_WEIGHT}): threads {shares}")
+            threads.update(
+                {s.name: (n, "config" if overrides[key] else "plan") for s in pools[key]}
+            )
+        shares = ", ".join(
+            f"{'+'.join(s.name for s in pools[k])} {n}"
+            for k, n in zip(keys, split.threads, strict=True)
+        )
+        line = (
+            f"{device_id}: {cores} logical CPUs, {split.usable} shared by its stages ("
+            + ("one left to Ray and the OS; " if split.usable < cores else "")
+            + f"decode weighted {cpu_threads.DECODE_WEIGHT}:{cpu_threads.OTHER_WEIGHT}): threads {shares}"
+        )
         if split.oversubscribed:
-            line += (f"; {sum(split.threads)} threads on {split.usable} cores: oversubscribed, the stages take "
-                     "turns on the cores (fewer CPU stages, a machine with more cores, or smaller cpu_threads "
-                     "overrides end it)")
+            line += (
+                f"; {sum(split.threads)} threads on {split.usable} cores: oversubscribed, the stages take "
+                "turns on the cores (fewer CPU stages, a machine with more cores, or smaller cpu_threads "
+                "overrides end it)"
+            )
         notes.append(line)
-    out = tuple(replace(s, cpu_threads=threads[s.name][0], cpu_threads_from=threads[s.name][1])
-                if s.name in threads else s for s in stage_plans)
+    out = tuple(
+        replace(s, cpu_threads=threads[s.name][0], cpu_threads_from=threads[s.name][1])
+        if s.name in threads
+        else s
+        for s in stage_plans
+    )
     return out, notes
 
 
@@ -688,18 +903,33 @@ def _host_of(profile: HardwareProfile, device_id: str) -> Host:
 # -- calibration: reservations from measured peaks (orchestrator/calibration.py) ------------
 
 
-def candidate_key(candidate: Candidate, metadata: Sequence[Reservation], profile: HardwareProfile,
-                  pipeline: str) -> cal.Key:
+def candidate_key(
+    candidate: Candidate, metadata: Sequence[Reservation], profile: HardwareProfile, pipeline: str
+) -> cal.Key:
     """The measurement store's key of a candidate: what the runtime files its peaks under."""
     stage, kind, info, device = candidate.stage, candidate.kind, candidate.info, candidate.device
-    kwargs = kind.engine_kwargs(stage, info, device, candidate.backend, list(metadata), _capacity(profile, device))
-    return cal.stage_key(pipeline=pipeline, stage=stage.name, kind=stage.kind, artifact=_artifact(info),
-                         device=device.id, backend=candidate.backend, route=candidate.route.name,
-                         engine_kwargs=kwargs, profile=profile)
+    kwargs = kind.engine_kwargs(
+        stage, info, device, candidate.backend, list(metadata), _capacity(profile, device)
+    )
+    return cal.stage_key(
+        pipeline=pipeline,
+        stage=stage.name,
+        kind=stage.kind,
+        artifact=_artifact(info),
+        device=device.id,
+        backend=candidate.backend,
+        route=candidate.route.name,
+        engine_kwargs=kwargs,
+        profile=profile,
+    )
 
 
-def _calibrated(candidate: Candidate, metadata: tuple[Reservation, ...], profile: HardwareProfile,
-                calibrating: _Calibrating | None) -> tuple[tuple[Reservation, ...], cal.Calibration | None]:
+def _calibrated(
+    candidate: Candidate,
+    metadata: tuple[Reservation, ...],
+    profile: HardwareProfile,
+    calibrating: _Calibrating | None,
+) -> tuple[tuple[Reservation, ...], cal.Calibration | None]:
     """The candidate's reservations from the measurement store when it holds a match
     (exact: evidence M; near: E from M), else the kind's own, unchanged."""
     if calibrating is None or not metadata or len({r.pool for r in metadata}) != 1:
@@ -718,30 +948,42 @@ def _calibrated_shared(shared: list[Reservation], calibrating: _Calibrating) -> 
         if r.purpose == "ray_runtime":
             r = cal.calibrated_shared(calibrating.store, cal.ray_key(calibrating.profile), r) or r
         elif r.purpose == "server":
-            r = cal.calibrated_shared(calibrating.store, cal.server_key(calibrating.profile), r) or r
+            r = (
+                cal.calibrated_shared(calibrating.store, cal.server_key(calibrating.profile), r)
+                or r
+            )
         out.append(r)
     return out
 
 
-def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reservation],
-                       calibrating: _Calibrating) -> list[str]:
+def _calibration_notes(
+    stage_plans: Sequence[StagePlan], shared: Sequence[Reservation], calibrating: _Calibrating
+) -> list[str]:
     used = [s for s in stage_plans if s.calibration is not None]
     notes = list(calibrating.store.problems)
     ray = any(r.purpose == "ray_runtime" and r.evidence == "M" for r in shared)
     server = any(r.purpose == "server" and r.evidence == "M" for r in shared)
     if used or ray or server:
-        parts = [f"{s.name} {fmt_bytes(s.calibration['before_bytes'])} → {fmt_bytes(s.calibration['after_bytes'])} "
-                 f"({s.calibration['match']})" for s in used if s.calibration is not None]
+        parts = [
+            f"{s.name} {fmt_bytes(s.calibration['before_bytes'])} → {fmt_bytes(s.calibration['after_bytes'])} "
+            f"({s.calibration['match']})"
+            for s in used
+            if s.calibration is not None
+        ]
         if ray:
             parts.append("ray_runtime (M)")
         if server:
             parts.append("server (M)")
-        notes.append(f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
-                     "`--no-calibration` plans from metadata alone")
+        notes.append(
+            f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
+            "`--no-calibration` plans from metadata alone"
+        )
     uncalibrated = [s.name for s in stage_plans if s.admitted and s.calibration is None]
     if used and uncalibrated:
-        notes.append(f"{', '.join(uncalibrated)}: no measurement yet, so activations, workspaces, transients and "
-                     "margins are estimates (E); a run records measured peaks (M) for the next plan")
+        notes.append(
+            f"{', '.join(uncalibrated)}: no measurement yet, so activations, workspaces, transients and "
+            "margins are estimates (E); a run records measured peaks (M) for the next plan"
+        )
     return notes
 
 
@@ -749,14 +991,22 @@ def _calibration_notes(stage_plans: Sequence[StagePlan], shared: Sequence[Reserv
 
 
 def _cluster_candidates(
-    stage: StageConfig, kind: StageKind, info: ArtifactInfo, profile: HardwareProfile, mask: frozenset[str],
+    stage: StageConfig,
+    kind: StageKind,
+    info: ArtifactInfo,
+    profile: HardwareProfile,
+    mask: frozenset[str],
 ) -> list[Candidate | Excluded]:
     """``stage_candidates`` for a cluster profile: ``desktop/gpu:0`` names one node's
     device; ``gpu:0`` means every node's gpu:0, in the profile's node order (the
     first node's first). A masked node or device is excluded by its qualified id."""
     out: list[Candidate | Excluded] = []
     for entry in stage.devices:
-        matching = [d for d in profile.devices if d.id == entry or ("/" not in entry and d.local_id == entry)]
+        matching = [
+            d
+            for d in profile.devices
+            if d.id == entry or ("/" not in entry and d.local_id == entry)
+        ]
         if not matching:
             out.append(Excluded(stage.name, entry, "masked" if _masked(entry, mask) else "absent"))
             continue
@@ -765,7 +1015,9 @@ def _cluster_candidates(
                 out.append(Excluded(stage.name, device.id, "masked"))
                 continue
             wanted = stage.backends or list(device.backends)
-            backends = [b for b in wanted if b in device.backends and b in kind.stage_backends(stage)]
+            backends = [
+                b for b in wanted if b in device.backends and b in kind.stage_backends(stage)
+            ]
             if not backends:
                 out.append(Excluded(stage.name, device.id, "no_backend"))
                 continue
@@ -783,7 +1035,9 @@ def _local_device(profile: HardwareProfile, device: Device) -> Device:
     return device
 
 
-def _try_on_node(candidate: Candidate, refusals: list[Refusal], profile: HardwareProfile) -> _Option | None:
+def _try_on_node(
+    candidate: Candidate, refusals: list[Refusal], profile: HardwareProfile
+) -> _Option | None:
     """A candidate on one node of a cluster: the same checks as on that machine alone
     (route, kind, gates, memory against the node's own pools and the pipeline's
     reservations there), then pools and devices named for the node. The refusals
@@ -793,30 +1047,57 @@ def _try_on_node(candidate: Candidate, refusals: list[Refusal], profile: Hardwar
     node = profile.nodes[node_name].profile
     device = node.device(candidate.device.local_id)
     route = node.route(candidate.route.name.split("/", 1)[1])
-    assert device is not None and route is not None  # the cluster was built from this node's profile
+    assert (
+        device is not None and route is not None
+    )  # the cluster was built from this node's profile
     base, _ = build_ledger(node)
     found: list[Refusal] = []
     option = _try(replace(candidate, device=device, route=route), base, found, node)
-    refusals.extend(replace(r, device=node_pool(node_name, r.device) if r.device not in ("", "-") else r.device,
-                            message=f"on {node_name}: {r.message}") for r in found)
+    refusals.extend(
+        replace(
+            r,
+            device=node_pool(node_name, r.device) if r.device not in ("", "-") else r.device,
+            message=f"on {node_name}: {r.message}",
+        )
+        for r in found
+    )
     if option is None:
         return None
     verification = option.verification
-    if verification is not None and verification.status == "verified" and not describes_this_machine(node):
+    if (
+        verification is not None
+        and verification.status == "verified"
+        and not describes_this_machine(node)
+    ):
         # the evidence cache holds this machine's measurements: another machine's node is not verified by them
-        verification = Verification("unverified", "", {
-            "reason": f"the evidence was measured on this machine; node {node_name} is another machine",
-            "hint": f"run `omni-edge verify` on {node_name}"})
-    return replace(option, device=candidate.device, route=candidate.route, verification=verification,
-                   reservations=tuple(replace(r, pool=node_pool(node_name, r.pool)) for r in option.reservations),
-                   metadata_reservations=tuple(replace(r, pool=node_pool(node_name, r.pool))
-                                               for r in option.metadata_reservations))
+        verification = Verification(
+            "unverified",
+            "",
+            {
+                "reason": f"the evidence was measured on this machine; node {node_name} is another machine",
+                "hint": f"run `omni-edge verify` on {node_name}",
+            },
+        )
+    return replace(
+        option,
+        device=candidate.device,
+        route=candidate.route,
+        verification=verification,
+        reservations=tuple(
+            replace(r, pool=node_pool(node_name, r.pool)) for r in option.reservations
+        ),
+        metadata_reservations=tuple(
+            replace(r, pool=node_pool(node_name, r.pool)) for r in option.metadata_reservations
+        ),
+    )
 
 
 def _with_nodes(stage_plans: tuple[StagePlan, ...]) -> tuple[tuple[StagePlan, ...], list[str]]:
     """Each placed stage's ``node``, and ``inputs_across_nodes`` (its inputs from stages
     on another node) in the plan JSON; the crossing edges as ``a → b (n1 → n2)``."""
-    node_of = {s.name: s.device.split("/", 1)[0] for s in stage_plans if s.device and "/" in s.device}
+    node_of = {
+        s.name: s.device.split("/", 1)[0] for s in stage_plans if s.device and "/" in s.device
+    }
     out, crossing = [], []
     for s in stage_plans:
         if s.name not in node_of:
@@ -824,5 +1105,9 @@ def _with_nodes(stage_plans: tuple[StagePlan, ...]) -> tuple[tuple[StagePlan, ..
             continue
         across = [i for i in s.inputs if i in node_of and node_of[i] != node_of[s.name]]
         crossing += [f"{i} → {s.name} ({node_of[i]} → {node_of[s.name]})" for i in across]
-        out.append(replace(s, details={**s.details, "node": node_of[s.name], "inputs_across_nodes": across}))
+        out.append(
+            replace(
+                s, details={**s.details, "node": node_of[s.name], "inputs_across_nodes": across}
+            )
+        )
     return tuple(out), crossing

@@ -33,8 +33,14 @@ CLUSTER_FORMAT = "omni-edge.cluster/1"
 """A cluster profile: one profile per node, each named (docs/cluster.md)."""
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
-CheckpointBackendName = Literal["llamacpp-cpu", "llamacpp-vulkan", "vllm-cuda", "vllm-cpu", "transformers-cuda",
-                                "transformers-cpu"]
+CheckpointBackendName = Literal[
+    "llamacpp-cpu",
+    "llamacpp-vulkan",
+    "vllm-cuda",
+    "vllm-cpu",
+    "transformers-cuda",
+    "transformers-cpu",
+]
 Backend = Literal[CheckpointBackendName, OrtBackendName]
 """A backend name a device may list: llama.cpp's, vLLM's and transformers' for checkpoints, and the ONNX
 Runtime backends of ``orchestrator.ort.backends`` (their one table) for exported graphs."""
@@ -67,18 +73,29 @@ Label = Annotated[str, AfterValidator(lambda v: printable(v, MAX_LABEL))]
 
 
 class Host(_Strict):
-    os: Literal["linux", "windows", "macos"] = Field(description="Operating system of this process.")
+    os: Literal["linux", "windows", "macos"] = Field(
+        description="Operating system of this process."
+    )
     wsl: bool = Field(False, description="True when this process runs inside WSL2.")
     cpu_name: Label = Field("", description="CPU model string, informational.")
-    ram_total_bytes: int = Field(ge=0, le=MAX_MEMORY_BYTES, description="Physical RAM visible to this process.")
+    ram_total_bytes: int = Field(
+        ge=0, le=MAX_MEMORY_BYTES, description="Physical RAM visible to this process."
+    )
     ram_available_bytes: int = Field(
-        ge=0, le=MAX_MEMORY_BYTES, description="RAM available now (not total): what plans on host_ram draw from."
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        description="RAM available now (not total): what plans on host_ram draw from.",
     )
     ram_limit_bytes: int | None = Field(
-        None, ge=0, le=MAX_MEMORY_BYTES, description="A cgroup or WSL memory limit below physical RAM, or null."
+        None,
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        description="A cgroup or WSL memory limit below physical RAM, or null.",
     )
     cpu_cores: int | None = Field(
-        None, ge=1, le=MAX_CPU_CORES,
+        None,
+        ge=1,
+        le=MAX_CPU_CORES,
         description="Logical CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota "
         "(what the planner splits among CPU stages as threads); null when not known (profiles recorded before "
         "it was probed): engines then pick their own thread counts.",
@@ -104,15 +121,23 @@ class Device(_Strict):
     name: Label = Field(description="Marketing name, e.g. 'NVIDIA GeForce RTX 5090 Laptop GPU'.")
     vendor: Label = Field("", description="nvidia, amd, intel, qualcomm, ...")
     memory_bytes: int | None = Field(
-        None, ge=0, le=MAX_MEMORY_BYTES, description="A discrete GPU's own VRAM; null for devices on host RAM."
+        None,
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        description="A discrete GPU's own VRAM; null for devices on host RAM.",
     )
     shared_memory_bytes: int | None = Field(
-        None, ge=0, le=MAX_MEMORY_BYTES, description="An iGPU's cap on how much host RAM it may map; null when uncapped."
+        None,
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        description="An iGPU's cap on how much host RAM it may map; null when uncapped.",
     )
     compute_capability: str | None = Field(
         None, pattern=r"^\d+\.\d+$", description="NVIDIA compute capability, e.g. '12.0'."
     )
-    isa: list[str] = Field(default_factory=list, description="CPU ISA extensions (avx2, avx512f, amx, ...).")
+    isa: list[str] = Field(
+        default_factory=list, description="CPU ISA extensions (avx2, avx512f, amx, ...)."
+    )
     backends: list[Backend] = Field(
         default_factory=list, description="Backends that can drive this device, best first."
     )
@@ -122,6 +147,7 @@ class Device(_Strict):
         description="Route per backend where it differs from `route` (e.g. ort-openvino through a venv that has onnxruntime-openvino).",
     )
     source: str = Field("", description="Where these figures come from (a spec sheet, a probe).")
+
     @property
     def node(self) -> str | None:
         """The node of a cluster profile this device is on (its id's prefix); None on one machine."""
@@ -155,10 +181,18 @@ class EpDevice(_Strict):
     ep_vendor: str = Field("", description="Who made the EP.")
     device_type: str = Field(description="The hardware device's type: CPU, GPU or NPU.")
     vendor: str = Field("", description="The device's vendor as ONNX Runtime names it.")
-    vendor_id: int = Field(0, ge=0, description="PCI-style vendor id (0x8086 Intel, 0x1002 AMD, ...).")
+    vendor_id: int = Field(
+        0, ge=0, description="PCI-style vendor id (0x8086 Intel, 0x1002 AMD, ...)."
+    )
     device_id: int = Field(0, ge=0, description="The vendor's device id.")
-    ep_metadata: dict[str, str] = Field(default_factory=dict, description="The EP's own key/values for the device (OpenVINO: ov_device).")
-    device_metadata: dict[str, str] = Field(default_factory=dict, description="The device's key/values (Windows: Description, DxgiAdapterNumber, ...).")
+    ep_metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description="The EP's own key/values for the device (OpenVINO: ov_device).",
+    )
+    device_metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description="The device's key/values (Windows: Description, DxgiAdapterNumber, ...).",
+    )
 
 
 class PluginEpStatus(_Strict):
@@ -170,7 +204,8 @@ class PluginEpStatus(_Strict):
     version: str | None = Field(None, description="Its installed version.")
     library: str | None = Field(None, description="The library registered.")
     status: Literal["registered", "not installed", "not a plugin", "unsupported", "failed"] = Field(
-        description="registered; not installed; not a plugin (a version that is a full build); unsupported (onnxruntime < 1.22); failed.")
+        description="registered; not installed; not a plugin (a version that is a full build); unsupported (onnxruntime < 1.22); failed."
+    )
     error: str | None = Field(None, description="Why it is not registered.")
     devices: int = Field(0, ge=0, description="How many get_ep_devices() entries name its EP.")
 
@@ -179,14 +214,26 @@ class LlamaCppBuild(_Strict):
     """The llama.cpp build (llama-cpp-python) a route's interpreter has, as probing it found."""
 
     version: str | None = Field(None, description="llama-cpp-python's version.")
-    system_info: str = Field("", description="What llama_print_system_info() printed: the build's backends and CPU features.")
-    gpu_offload: bool = Field(False, description="llama_supports_gpu_offload(): the build drives a GPU (Vulkan, CUDA, Metal).")
-    error: str | None = Field(None, description="Why it cannot run here (killed by SIGILL, an import error), or null.")
+    system_info: str = Field(
+        "",
+        description="What llama_print_system_info() printed: the build's backends and CPU features.",
+    )
+    gpu_offload: bool = Field(
+        False,
+        description="llama_supports_gpu_offload(): the build drives a GPU (Vulkan, CUDA, Metal).",
+    )
+    error: str | None = Field(
+        None, description="Why it cannot run here (killed by SIGILL, an import error), or null."
+    )
 
     @property
     def features(self) -> list[str]:
         """The features ``system_info`` reports on (``NAME = 1``), in its order: SSE3, AVX2, AVX512, OPENMP, ..."""
-        return [name for name, value in re.findall(r"([A-Za-z0-9_]+) = (\d+)", self.system_info) if value != "0"]
+        return [
+            name
+            for name, value in re.findall(r"([A-Za-z0-9_]+) = (\d+)", self.system_info)
+            if value != "0"
+        ]
 
     @property
     def label(self) -> str:
@@ -202,7 +249,8 @@ class Route(_Strict):
         description="this-process; another interpreter/venv on this OS; or a process across a boundary (WSL→Windows).",
     )
     python: str | None = Field(
-        None, description="Interpreter path for 'interpreter'/'host-process' routes; relative to the profile file."
+        None,
+        description="Interpreter path for 'interpreter'/'host-process' routes; relative to the profile file.",
     )
     reachable: bool = Field(True, description="Whether this process can drive the route's devices.")
     reason: str = Field("", description="Why the route is unreachable, or how it was established.")
@@ -210,15 +258,20 @@ class Route(_Strict):
     providers: list[str] | None = Field(
         None, description="ONNX Runtime execution providers the route offers, when probed."
     )
-    ort_version: str | None = Field(None, description="onnxruntime version in the route, when probed.")
+    ort_version: str | None = Field(
+        None, description="onnxruntime version in the route, when probed."
+    )
     ep_devices: list[EpDevice] | None = Field(
-        None, description="What onnxruntime.get_ep_devices() listed in the route (after registering plugin EPs), when probed.",
+        None,
+        description="What onnxruntime.get_ep_devices() listed in the route (after registering plugin EPs), when probed.",
     )
     plugin_eps: list[PluginEpStatus] | None = Field(
-        None, description="The plugin EP packages installed in the route and what registering each gave, when probed.",
+        None,
+        description="The plugin EP packages installed in the route and what registering each gave, when probed.",
     )
     llama_cpp: LlamaCppBuild | None = Field(
-        None, description="The llama.cpp build (llama-cpp-python) in the route's interpreter, when probed and installed.",
+        None,
+        description="The llama.cpp build (llama-cpp-python) in the route's interpreter, when probed and installed.",
     )
 
 
@@ -234,9 +287,13 @@ class ClusterNode:
 
 
 class HardwareProfile(_Strict):
-    format: Literal["omni-edge.profile/1"] = Field(description="Format tag; must be omni-edge.profile/1.")
+    format: Literal["omni-edge.profile/1"] = Field(
+        description="Format tag; must be omni-edge.profile/1."
+    )
     name: Label = Field(description="Human name of the machine.")
-    source: str = Field("", description="Where the figures come from: 'probe <date>' or references.")
+    source: str = Field(
+        "", description="Where the figures come from: 'probe <date>' or references."
+    )
     host: Host = Field(description="The host OS and its RAM.")
     devices: list[Device] = Field(min_length=1, description="Every compute device, cpu first.")
     routes: list[Route] = Field(
@@ -261,7 +318,9 @@ class HardwareProfile(_Strict):
             if d.kind == "gpu" and d.memory_bytes is None:
                 raise ValueError(f"device {d.id} is a discrete GPU and needs memory_bytes")
             if d.local_id.split(":")[0] != d.kind:
-                raise ValueError(f"device {d.id} has kind {d.kind!r}; the id prefix must match the kind")
+                raise ValueError(
+                    f"device {d.id} has kind {d.kind!r}; the id prefix must match the kind"
+                )
         return self
 
     _nodes: dict[str, ClusterNode] = PrivateAttr(default_factory=dict)
@@ -328,9 +387,16 @@ def profile_pools(profile: HardwareProfile) -> list[PoolSpec]:
     discrete GPU, and ``shared:igpu:N`` as a child of ``host_ram`` for an iGPU
     with a shared-memory cap. The one derivation the planner and the probe share."""
     if profile.nodes:  # a cluster: each node's pools, named for it; nothing is shared between nodes
-        return [PoolSpec(node_pool(n.name, p.id), p.capacity, node_pool(n.name, p.parent) if p.parent else None,
-                         f"{p.note} on {n.name}")
-                for n in profile.nodes.values() for p in profile_pools(n.profile)]
+        return [
+            PoolSpec(
+                node_pool(n.name, p.id),
+                p.capacity,
+                node_pool(n.name, p.parent) if p.parent else None,
+                f"{p.note} on {n.name}",
+            )
+            for n in profile.nodes.values()
+            for p in profile_pools(n.profile)
+        ]
     host = profile.host
     note = "available host RAM"
     if host.ram_limit_bytes is not None and host.ram_limit_bytes < host.ram_available_bytes:
@@ -340,7 +406,9 @@ def profile_pools(profile: HardwareProfile) -> list[PoolSpec]:
         if d.kind == "gpu" and d.memory_bytes is not None:
             out.append(PoolSpec(d.pool, d.memory_bytes, None, f"{d.name} VRAM"))
         elif d.pool != HOST_RAM and d.shared_memory_bytes is not None:
-            out.append(PoolSpec(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.name} shared-memory cap"))
+            out.append(
+                PoolSpec(d.pool, d.shared_memory_bytes, HOST_RAM, f"{d.name} shared-memory cap")
+            )
     return out
 
 
@@ -350,17 +418,33 @@ def load_profile(path: str | Path) -> HardwareProfile:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError.single(str(p), "profile file not found", "check the path, or run `omni-edge probe --save FILE`") from None
+        raise ConfigError.single(
+            str(p), "profile file not found", "check the path, or run `omni-edge probe --save FILE`"
+        ) from None
     except IsADirectoryError:
-        raise ConfigError.single(str(p), "this is a directory, not a profile file", "pass the profile's JSON file (omni-edge probe --save FILE writes one)") from None
+        raise ConfigError.single(
+            str(p),
+            "this is a directory, not a profile file",
+            "pass the profile's JSON file (omni-edge probe --save FILE writes one)",
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError.single(
-            f"{p}: byte {exc.start}", "the file is not UTF-8 text (a profile is JSON)", "pass the JSON file omni-edge probe --save wrote"
+            f"{p}: byte {exc.start}",
+            "the file is not UTF-8 text (a profile is JSON)",
+            "pass the JSON file omni-edge probe --save wrote",
         ) from None
     except OSError as exc:
-        raise ConfigError.single(str(p), f"cannot read the profile: {exc.strerror or exc}", "make the file readable, or pass another profile") from None
+        raise ConfigError.single(
+            str(p),
+            f"cannot read the profile: {exc.strerror or exc}",
+            "make the file readable, or pass another profile",
+        ) from None
     except RecursionError:
-        raise ConfigError.single(str(p), "the JSON is nested too deeply to be a profile", "pass the JSON file omni-edge probe --save wrote") from None
+        raise ConfigError.single(
+            str(p),
+            "the JSON is nested too deeply to be a profile",
+            "pass the JSON file omni-edge probe --save wrote",
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError.single(
             f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"
@@ -382,7 +466,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
 def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:
     if not isinstance(data, dict):
         raise ConfigError.single(
-            where, f"a profile is a JSON object, this file holds a {type(data).__name__}",
+            where,
+            f"a profile is a JSON object, this file holds a {type(data).__name__}",
             "pass the JSON file omni-edge probe --save wrote (see docs/profile-format.md)",
         )
     if isinstance(data, dict) and data.get("format") not in (None, PROFILE_FORMAT, CLUSTER_FORMAT):
@@ -401,19 +486,30 @@ def parse_profile(data: object, *, where: str = "<profile>") -> HardwareProfile:
 
 
 class ClusterNodeEntry(_Strict):
-    name: str = Field(pattern=r"^" + NODE_NAME_PATTERN + r"$",
-                      description="The node's name: the prefix of its devices, pools and routes (desktop/gpu:0).")
+    name: str = Field(
+        pattern=r"^" + NODE_NAME_PATTERN + r"$",
+        description="The node's name: the prefix of its devices, pools and routes (desktop/gpu:0).",
+    )
     profile: str | dict[str, Any] = Field(
-        description="The node's omni-edge.profile/1: a path (relative to this file) or the profile itself.")
-    address: str = Field("", description="The node's address in the Ray cluster, when known (informational).")
-    ray_node_id: str = Field("", description="The node's Ray node id when the profile was gathered live.")
+        description="The node's omni-edge.profile/1: a path (relative to this file) or the profile itself."
+    )
+    address: str = Field(
+        "", description="The node's address in the Ray cluster, when known (informational)."
+    )
+    ray_node_id: str = Field(
+        "", description="The node's Ray node id when the profile was gathered live."
+    )
 
 
 class ClusterFile(_Strict):
-    format: Literal["omni-edge.cluster/1"] = Field(description="Format tag; must be omni-edge.cluster/1.")
+    format: Literal["omni-edge.cluster/1"] = Field(
+        description="Format tag; must be omni-edge.cluster/1."
+    )
     name: str = Field(description="Human name of the cluster.")
     source: str = Field("", description="Where the node profiles come from.")
-    nodes: list[ClusterNodeEntry] = Field(min_length=1, description="The nodes, in preference order (the head first).")
+    nodes: list[ClusterNodeEntry] = Field(
+        min_length=1, description="The nodes, in preference order (the head first)."
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> ClusterFile:
@@ -424,7 +520,9 @@ class ClusterFile(_Strict):
         return self
 
 
-def parse_cluster(data: object, *, where: str = "<cluster profile>", base: Path | None = None) -> HardwareProfile:
+def parse_cluster(
+    data: object, *, where: str = "<cluster profile>", base: Path | None = None
+) -> HardwareProfile:
     """A cluster file → one profile whose devices, routes and pools are qualified by node."""
     try:
         doc = ClusterFile.model_validate(data)
@@ -438,8 +536,11 @@ def parse_cluster(data: object, *, where: str = "<cluster profile>", base: Path 
                 path = base / path
             prof = load_profile(path)
             if prof.nodes:
-                raise ConfigError.single(f"{where}: nodes[{i}].profile", f"{path} is itself a cluster profile",
-                                         "name one machine's profile (omni-edge probe --save FILE) per node")
+                raise ConfigError.single(
+                    f"{where}: nodes[{i}].profile",
+                    f"{path} is itself a cluster profile",
+                    "name one machine's profile (omni-edge probe --save FILE) per node",
+                )
         else:
             prof = parse_profile(entry.profile, where=f"{where}: nodes[{i}].profile")
         nodes.append(ClusterNode(entry.name, prof, entry.address, entry.ray_node_id))
@@ -452,21 +553,31 @@ def build_cluster(name: str, nodes: list[ClusterNode], *, source: str = "") -> H
     ``desktop/host_ram``); the first node's host stands for ``host``. What is per node
     (RAM, routes, reachability) stays in ``nodes``."""
     if not nodes:
-        raise ConfigError.single(name, "a cluster profile needs at least one node", "list the nodes' profiles")
+        raise ConfigError.single(
+            name, "a cluster profile needs at least one node", "list the nodes' profiles"
+        )
     devices: list[Device] = []
     routes: list[Route] = []
     for n in nodes:
         q = f"{n.name}/"
         for d in n.profile.devices:
-            devices.append(d.model_copy(update={
-                "id": q + d.id, "route": q + d.route,
-                "backend_routes": {b: q + r for b, r in d.backend_routes.items()},
-            }))
+            devices.append(
+                d.model_copy(
+                    update={
+                        "id": q + d.id,
+                        "route": q + d.route,
+                        "backend_routes": {b: q + r for b, r in d.backend_routes.items()},
+                    }
+                )
+            )
         routes.extend(r.model_copy(update={"name": q + r.name}) for r in n.profile.routes)
     merged = HardwareProfile(
-        format="omni-edge.profile/1", name=name,
+        format="omni-edge.profile/1",
+        name=name,
         source=source or "; ".join(f"{n.name}: {n.profile.name}" for n in nodes),
-        host=nodes[0].profile.host, devices=devices, routes=routes,
+        host=nodes[0].profile.host,
+        devices=devices,
+        routes=routes,
     )
     merged._nodes = {n.name: n for n in nodes}
     return merged
@@ -475,6 +586,17 @@ def build_cluster(name: str, nodes: list[ClusterNode], *, source: str = "") -> H
 def cluster_document(profile: HardwareProfile) -> dict[str, Any]:
     """A cluster profile as an ``omni-edge.cluster/1`` file (each node's profile inline),
     which ``load_profile`` reads back."""
-    return {"format": CLUSTER_FORMAT, "name": profile.name, "source": profile.source,
-            "nodes": [{"name": n.name, "profile": n.profile.model_dump(mode="json"), "address": n.address,
-                       "ray_node_id": n.ray_node_id} for n in profile.nodes.values()]}
+    return {
+        "format": CLUSTER_FORMAT,
+        "name": profile.name,
+        "source": profile.source,
+        "nodes": [
+            {
+                "name": n.name,
+                "profile": n.profile.model_dump(mode="json"),
+                "address": n.address,
+                "ray_node_id": n.ray_node_id,
+            }
+            for n in profile.nodes.values()
+        ],
+    }

@@ -170,20 +170,29 @@ class Sheet:
                 # but not below a readable measure unless the cells are short
                 # anyway (footnote markers).
                 cells = texts[1:] or [""]
-                total += max(max(_longest_word(t) for t in texts), min(FREE_TEXT_MIN, max(_longest_line(t) for t in cells)))
+                total += max(
+                    max(_longest_word(t) for t in texts),
+                    min(FREE_TEXT_MIN, max(_longest_line(t) for t in cells)),
+                )
             else:
                 total += max(_longest_line(t) for t in texts)
         return total
 
     def _table(self, wide: bool, gap: int) -> Table:
         table = Table(
-            header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+            header_style="bold",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
             padding=(0, gap - 1, 0, 0),
         )
         for col in self.columns:
             table.add_column(
-                col.header, justify=col.justify,  # type: ignore[arg-type]
-                no_wrap=not col.wrap, overflow="fold", style=col.style or None,
+                col.header,
+                justify=col.justify,  # type: ignore[arg-type]
+                no_wrap=not col.wrap,
+                overflow="fold",
+                style=col.style or None,
             )
         for row in self.rows:
             table.add_row(*(_plain(cell, wide) for cell in row))
@@ -246,7 +255,9 @@ def labelled(label: str, text: str | Text, *, style: str = "", indent: int = 0) 
     return grid
 
 
-def problem(code: str, where: str, message: str, remedy: str = "", *, style: str = "bold red") -> Group:
+def problem(
+    code: str, where: str, message: str, remedy: str = "", *, style: str = "bold red"
+) -> Group:
     """A refusal as a user reads it: the code and where, then why, then what to do.
 
     ::
@@ -326,21 +337,31 @@ def verification_cell(stage: StagePlan, notes: Notes) -> Cell:
         return "-"
     if v.evidence:
         # The footnote repeats the wide layout's words, naming the stage.
-        return notes.note(v.evidence, label=v.status, footnote=f"{stage.name}: {v.status} ({v.evidence})")
+        return notes.note(
+            v.evidence, label=v.status, footnote=f"{stage.name}: {v.status} ({v.evidence})"
+        )
     return v.status
 
 
 STAGE_COLUMNS = (
-    Col("stage"), Col("kind"), Col("device"), Col("backend"),
-    Col("budget", "right"), Col("KV/token", "right"), Col("verification"),
+    Col("stage"),
+    Col("kind"),
+    Col("device"),
+    Col("backend"),
+    Col("budget", "right"),
+    Col("KV/token", "right"),
+    Col("verification"),
 )
 
 
 def threads_line(plan: PipelinePlan) -> Table | None:
     """``CPU threads  thinker 1, voice 1 (config)``: each CPU stage's thread budget, one line
     under the stages table (a column would push it past 80 columns); None when no stage has one."""
-    shown = [f"{s.name} {s.cpu_threads}" + (" (config)" if s.cpu_threads_from == "config" else "")
-             for s in plan.stages if s.cpu_threads is not None]
+    shown = [
+        f"{s.name} {s.cpu_threads}" + (" (config)" if s.cpu_threads_from == "config" else "")
+        for s in plan.stages
+        if s.cpu_threads is not None
+    ]
     return labelled("CPU threads:", ", ".join(shown), style="bold") if shown else None
 
 
@@ -350,8 +371,11 @@ def end_of_turn_line(plan: PipelinePlan) -> Table | None:
     for s in plan.stages:
         segments = s.engine_kwargs.get("segments") if s.kind == "vad" else None
         if isinstance(segments, dict) and "min_silence_ms" in segments:
-            return labelled("End of turn:", f"{segments['min_silence_ms']} ms of silence ({s.name} min_silence_ms)",
-                            style="bold")
+            return labelled(
+                "End of turn:",
+                f"{segments['min_silence_ms']} ms of silence ({s.name} min_silence_ms)",
+                style="bold",
+            )
     return None
 
 
@@ -361,9 +385,13 @@ def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> She
         kv_cache = s.details.get("kv_cache")
         kv = fmt_bytes(kv_cache["bytes_per_token"]) if kv_cache else "-"
         sheet.add_row(
-            s.name, s.kind,
-            s.device or Text("refused", style="bold red"), s.backend or "-",
-            fmt_bytes(s.budget_bytes()) if s.admitted else "-", kv, verification_cell(s, notes),
+            s.name,
+            s.kind,
+            s.device or Text("refused", style="bold red"),
+            s.backend or "-",
+            fmt_bytes(s.budget_bytes()) if s.admitted else "-",
+            kv,
+            verification_cell(s, notes),
         )
     return sheet
 
@@ -374,16 +402,30 @@ def calibration_sheet(plan: PipelinePlan) -> Sheet | None:
     rows = [s for s in plan.stages if s.admitted and s.calibration]
     if not rows:
         return None
-    sheet = Sheet("calibration (budget from metadata → from measured peaks)", (
-        Col("stage"), Col("before", "right"), Col("after", "right"), Col("match"), Col("runs", "right"),
-        Col("largest peak", "right"), Col("margin", "right"),
-    ))
+    sheet = Sheet(
+        "calibration (budget from metadata → from measured peaks)",
+        (
+            Col("stage"),
+            Col("before", "right"),
+            Col("after", "right"),
+            Col("match"),
+            Col("runs", "right"),
+            Col("largest peak", "right"),
+            Col("margin", "right"),
+        ),
+    )
     for s in rows:
         c = s.calibration or {}
         match = {"exact": "M", "near": "E from M"}.get(c.get("match", ""), c.get("match", "-"))
-        sheet.add_row(s.name, fmt_bytes(c["before_bytes"]), fmt_bytes(c["after_bytes"]), match,
-                      str(c.get("provenance", {}).get("samples", "-")), fmt_bytes(c["largest_peak_bytes"]),
-                      fmt_bytes(c["margin"]["bytes"]))
+        sheet.add_row(
+            s.name,
+            fmt_bytes(c["before_bytes"]),
+            fmt_bytes(c["after_bytes"]),
+            match,
+            str(c.get("provenance", {}).get("samples", "-")),
+            fmt_bytes(c["largest_peak_bytes"]),
+            fmt_bytes(c["margin"]["bytes"]),
+        )
     return sheet
 
 
@@ -394,38 +436,77 @@ def _lifetime(lifetime: str, at_load: bool) -> str:
 
 
 def reservations_sheet(plan: PipelinePlan, notes: Notes) -> Sheet:
-    sheet = Sheet("reservations", (
-        Col("stage"), Col("pool"), Col("purpose"), Col("bytes", "right"),
-        Col("lifetime"), Col("ev"), Col("note", wrap=True),
-    ))
+    sheet = Sheet(
+        "reservations",
+        (
+            Col("stage"),
+            Col("pool"),
+            Col("purpose"),
+            Col("bytes", "right"),
+            Col("lifetime"),
+            Col("ev"),
+            Col("note", wrap=True),
+        ),
+    )
     for s in plan.stages:
         for r in s.reservations:
-            sheet.add_row(s.name, r.pool, r.purpose, fmt_bytes(r.bytes), _lifetime(r.lifetime, r.at_load),
-                          r.evidence, notes.note(r.note) if r.note else "")
+            sheet.add_row(
+                s.name,
+                r.pool,
+                r.purpose,
+                fmt_bytes(r.bytes),
+                _lifetime(r.lifetime, r.at_load),
+                r.evidence,
+                notes.note(r.note) if r.note else "",
+            )
     for r in plan.shared_reservations:
-        sheet.add_row(PIPELINE_HOLDER, r.pool, r.purpose, fmt_bytes(r.bytes), r.lifetime, r.evidence,
-                      notes.note(r.note) if r.note else "")
+        sheet.add_row(
+            PIPELINE_HOLDER,
+            r.pool,
+            r.purpose,
+            fmt_bytes(r.bytes),
+            r.lifetime,
+            r.evidence,
+            notes.note(r.note) if r.note else "",
+        )
     return sheet
 
 
 def pools_sheet(plan: PipelinePlan) -> Sheet:
-    sheet = Sheet("pools", (
-        Col("pool"), Col("peak", "right"), Col("capacity", "right"), Col("use", "right"), Col("contributors"),
-    ))
+    sheet = Sheet(
+        "pools",
+        (
+            Col("pool"),
+            Col("peak", "right"),
+            Col("capacity", "right"),
+            Col("use", "right"),
+            Col("contributors"),
+        ),
+    )
     for p in plan.pools:
         use = p.peak_bytes / p.capacity_bytes if p.capacity_bytes else 0.0
         # One contributor per line: "thinker 1.50 GiB" never splits between
         # the name and its bytes.
-        contributors = "\n".join(f"{h} {fmt_bytes(b)}" for h, b in sorted(p.contributors.items(), key=lambda kv: -kv[1]))
-        sheet.add_row(p.id, fmt_bytes(p.peak_bytes), fmt_bytes(p.capacity_bytes),
-                      Text(f"{use:.0%}", style="bold red" if use > 1 else ""), contributors or "-")
+        contributors = "\n".join(
+            f"{h} {fmt_bytes(b)}" for h, b in sorted(p.contributors.items(), key=lambda kv: -kv[1])
+        )
+        sheet.add_row(
+            p.id,
+            fmt_bytes(p.peak_bytes),
+            fmt_bytes(p.capacity_bytes),
+            Text(f"{use:.0%}", style="bold red" if use > 1 else ""),
+            contributors or "-",
+        )
     return sheet
 
 
 def engine_block(stage: StagePlan) -> Group:
     """The arguments the stage's engine will be built with, one ``key=value`` a line."""
     lines: list[RenderableType] = [Text(f"{stage.name} engine ({stage.backend}):", style="bold")]
-    lines += [labelled("", line, indent=4) for line in key_values({k: v for k, v in stage.engine_kwargs.items() if k != "model"})]
+    lines += [
+        labelled("", line, indent=4)
+        for line in key_values({k: v for k, v in stage.engine_kwargs.items() if k != "model"})
+    ]
     return Group(*lines)
 
 
@@ -433,27 +514,45 @@ def plan_table(plan: PipelinePlan) -> Group:
     """The whole plan as a user reads it; lays itself out for the console it is printed on."""
     notes = Notes()
     head = labelled(
-        "ADMITTED" if plan.admitted else "REFUSED", f"pipeline {plan.pipeline!r} on {plan.profile}",
+        "ADMITTED" if plan.admitted else "REFUSED",
+        f"pipeline {plan.pipeline!r} on {plan.profile}",
         style="bold green" if plan.admitted else "bold red",
     )
 
     under = [line for line in (threads_line(plan), end_of_turn_line(plan)) if line is not None]
-    stages: RenderableType = stages_sheet(plan, notes) if not under else Group(stages_sheet(plan, notes), *under)
-    parts: list[RenderableType | None] = [head, stages, calibration_sheet(plan),
-                                          reservations_sheet(plan, notes), pools_sheet(plan)]
+    stages: RenderableType = (
+        stages_sheet(plan, notes) if not under else Group(stages_sheet(plan, notes), *under)
+    )
+    parts: list[RenderableType | None] = [
+        head,
+        stages,
+        calibration_sheet(plan),
+        reservations_sheet(plan, notes),
+        pools_sheet(plan),
+    ]
     skipped = [(s.name, r) for s in plan.stages if s.admitted for r in s.refusals]
     if skipped:
-        parts.append(Group(
-            Text("devices not used", style="bold"),
-            *(problem(r.code, f"{name} on {r.device}", r.message, r.remedy, style="yellow") for name, r in skipped),
-        ))
+        parts.append(
+            Group(
+                Text("devices not used", style="bold"),
+                *(
+                    problem(r.code, f"{name} on {r.device}", r.message, r.remedy, style="yellow")
+                    for name, r in skipped
+                ),
+            )
+        )
     for s in plan.stages:
         if s.admitted:
             continue
-        parts.append(Group(
-            Text(f"stage {s.name!r} refused:", style="bold red"),
-            *(problem(r.code, f"{s.name} on {r.device}", r.message, r.remedy) for r in s.refusals),
-        ))
+        parts.append(
+            Group(
+                Text(f"stage {s.name!r} refused:", style="bold red"),
+                *(
+                    problem(r.code, f"{s.name} on {r.device}", r.message, r.remedy)
+                    for r in s.refusals
+                ),
+            )
+        )
     parts += [engine_block(s) for s in plan.stages if s.admitted and s.engine_kwargs]
     if plan.notes:
         parts.append(Group(*(labelled("note:", note, style="dim") for note in plan.notes)))
@@ -481,20 +580,30 @@ class StartDisplay:
         self._pipeline = pipeline
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
-        self._rows: dict[str, dict[str, Any]] = {n: {"device": d, "state": "waiting", "since": None, "seconds": None,
-                                                     "cause": None} for n, d in stages}
+        self._rows: dict[str, dict[str, Any]] = {
+            n: {"device": d, "state": "waiting", "since": None, "seconds": None, "cause": None}
+            for n, d in stages
+        }
         self._live: Any = None
         if self._console.is_terminal:
             from rich.live import Live
 
-            self._live = Live(get_renderable=self._render, console=self._console, refresh_per_second=4,
-                              transient=False)
+            self._live = Live(
+                get_renderable=self._render,
+                console=self._console,
+                refresh_per_second=4,
+                transient=False,
+            )
             self._live.start()
 
     def __call__(self, event: StageProgress) -> None:
         with self._lock:
-            row = self._rows.setdefault(event.stage, {"device": event.device, "since": None, "cause": None})
-            row.update(state=event.state, seconds=event.seconds, cause=event.cause, device=event.device)
+            row = self._rows.setdefault(
+                event.stage, {"device": event.device, "since": None, "cause": None}
+            )
+            row.update(
+                state=event.state, seconds=event.seconds, cause=event.cause, device=event.device
+            )
             if event.state == "loading":
                 row["since"] = time.perf_counter()
         if self._live is None and event.state != "waiting":
@@ -504,7 +613,9 @@ class StartDisplay:
         state, device = row["state"], row["device"]
         if state == "loading":
             since = row["since"] or time.perf_counter()
-            text = f"loading on {device}" + (f"  {time.perf_counter() - since:.0f} s" if self._live else "")
+            text = f"loading on {device}" + (
+                f"  {time.perf_counter() - since:.0f} s" if self._live else ""
+            )
         elif state == "loaded":
             text = f"loaded on {device} in {row['seconds']:.1f} s"
         elif state == "failed":
@@ -513,14 +624,19 @@ class StartDisplay:
             text = f"waiting (on {device})"
         line = f"{START_MARKS.get(state, ' ')} {name}: {text}"
         width = self._console.width
-        return line if len(line) <= width else line[:width - 1] + "…"
+        return line if len(line) <= width else line[: width - 1] + "…"
 
     def _render(self) -> Any:
         with self._lock:
             lines = [self._line(n, row) for n, row in self._rows.items()]
         states = {row["state"] for row in self._rows.values()}
-        phase = ("Ray and the device actors" if states == {"waiting"} else
-                 "loading stages" if states & {"waiting", "loading"} else "every stage loaded")
+        phase = (
+            "Ray and the device actors"
+            if states == {"waiting"}
+            else "loading stages"
+            if states & {"waiting", "loading"}
+            else "every stage loaded"
+        )
         head = f"starting {self._pipeline}: {phase}  {time.perf_counter() - self._t0:.0f} s"
         return Text("\n".join([head, *("  " + line for line in lines)]))
 
@@ -547,8 +663,12 @@ class ProgressBars:
             )
 
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=make_console(stderr=True), transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=make_console(stderr=True),
+                transient=False,
             )
             self._progress.start()
         task = self._progress.add_task(description, total=total or 1)

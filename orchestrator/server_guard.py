@@ -51,8 +51,10 @@ LOOPBACK_NAMES = frozenset({"localhost"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods whose body the app reads as JSON: each must say ``Content-Type: application/json``."""
 JSON_TYPE = "application/json"
-CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                           "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 """What the page (orchestrator/web) loads: app.js and style.css from this server, ``fetch`` to this
 server, no inline script or style attribute, no frame, no form post (the form is sent by app.js);
 the audio plays through an AudioContext, which CSP does not govern."""
@@ -107,7 +109,11 @@ class RequestGuard:
 
     def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None = ()) -> None:
         self.app = app
-        self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]") for h in allowed_hosts)
+        self.allowed_hosts = (
+            None
+            if allowed_hosts is None
+            else frozenset(h.lower().strip("[]") for h in allowed_hosts)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -120,14 +126,25 @@ class RequestGuard:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 present = {k.lower() for k, _ in message.get("headers", [])}
-                message = {**message, "headers": [*message.get("headers", []),
-                                                    *((k, v) for k, v in SECURITY_HEADERS if k not in present)]}
+                message = {
+                    **message,
+                    "headers": [
+                        *message.get("headers", []),
+                        *((k, v) for k, v in SECURITY_HEADERS if k not in present),
+                    ],
+                }
             await send(message)
 
         refusal = self.refusal(scope)
         if refusal is not None:
             status, code, param, text = refusal
-            log.info("refused %s %s from %s: %s", scope.get("method"), scope.get("path"), scope.get("client"), text)
+            log.info(
+                "refused %s %s from %s: %s",
+                scope.get("method"),
+                scope.get("path"),
+                scope.get("client"),
+                text,
+            )
             await _send_error(send_with_headers, status, text, code, param)
             return
         await self.app(scope, receive, send_with_headers)
@@ -141,7 +158,9 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         status, code, param, text = refusal
-        log.info("refused a WebSocket to %s from %s: %s", scope.get("path"), scope.get("client"), text)
+        log.info(
+            "refused a WebSocket to %s from %s: %s", scope.get("path"), scope.get("client"), text
+        )
         await deny_websocket(scope, send, status, text, "invalid_request_error", code, param)
 
     def refusal(self, scope: Scope) -> tuple[int, str, str, str] | None:
@@ -152,23 +171,40 @@ class RequestGuard:
         host = headers.get(b"host", b"").decode("latin-1")
         split = split_host(host)
         if split is None:
-            return 400, "bad_host", "Host", f"Host header {host[:80]!r} is missing or malformed: send the server's address"
+            return (
+                400,
+                "bad_host",
+                "Host",
+                f"Host header {host[:80]!r} is missing or malformed: send the server's address",
+            )
         if not self.host_allowed(split[0]):
-            return (403, "host_not_allowed", "Host",
-                    f"Host {host[:80]!r} is not this server's name: only loopback names"
-                    f"{' and ' + ', '.join(sorted(self.allowed_hosts)) if self.allowed_hosts else ''} are served "
-                    "(serve --allowed-host NAME adds one)")
+            return (
+                403,
+                "host_not_allowed",
+                "Host",
+                f"Host {host[:80]!r} is not this server's name: only loopback names"
+                f"{' and ' + ', '.join(sorted(self.allowed_hosts)) if self.allowed_hosts else ''} are served "
+                "(serve --allowed-host NAME adds one)",
+            )
         origin = headers.get(b"origin")
         if origin is not None and not _same_origin(origin.decode("latin-1"), host):
-            return (403, "origin_not_allowed", "Origin",
-                    f"Origin {origin.decode('latin-1')[:80]!r} is another site: this server answers its own page "
-                    "and clients that send no Origin (curl, the openai client)")
+            return (
+                403,
+                "origin_not_allowed",
+                "Origin",
+                f"Origin {origin.decode('latin-1')[:80]!r} is another site: this server answers its own page "
+                "and clients that send no Origin (curl, the openai client)",
+            )
         if scope.get("method") in BODY_METHODS:
             ctype = headers.get(b"content-type", b"").decode("latin-1")
             if ctype.partition(";")[0].strip().lower() != JSON_TYPE:
-                return (415, "unsupported_media_type", "Content-Type",
-                        f"Content-Type {ctype[:80]!r} is not {JSON_TYPE}: send the body as JSON with "
-                        f"'Content-Type: {JSON_TYPE}'")
+                return (
+                    415,
+                    "unsupported_media_type",
+                    "Content-Type",
+                    f"Content-Type {ctype[:80]!r} is not {JSON_TYPE}: send the body as JSON with "
+                    f"'Content-Type: {JSON_TYPE}'",
+                )
         return None
 
     def host_allowed(self, name: str) -> bool:
@@ -183,30 +219,71 @@ def _same_origin(origin: str, host: str) -> bool:
     except ValueError:
         return False
     split = split_host(host)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or split is None:
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path
+        or parts.query
+        or split is None
+    ):
         return False
     default = 443 if parts.scheme == "https" else 80
     return parts.hostname == split[0] and (port or default) == (split[1] or default)
 
 
-async def deny_websocket(scope: Scope, send: Send, status: int, message: str, type_: str, code: str,
-                         param: str | None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def deny_websocket(
+    scope: Scope,
+    send: Send,
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    param: str | None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     """Refuse a WebSocket handshake: an HTTP response in OpenAI's error shape where the server
     offers ASGI's ``websocket.http.response`` extension (uvicorn's websockets protocols do),
     else a close before accepting (the client sees a 403)."""
     if "websocket.http.response" in (scope.get("extensions") or {}):
-        body = json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                *SECURITY_HEADERS, *(headers or [])]})
+        body = json.dumps(
+            {"error": {"message": message, "type": type_, "param": param, "code": code}}
+        ).encode()
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *SECURITY_HEADERS,
+                    *(headers or []),
+                ],
+            }
+        )
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008, "reason": f"{code}: {message}"[:120]})
 
 
 async def _send_error(send: Send, status: int, message: str, code: str, param: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                 "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": code,
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -69,7 +69,9 @@ class Trace:
         elif isinstance(event, AudioChunk) and self.first_audio is None:
             self.first_audio = event.t
         elif isinstance(event, StageEvent):
-            entry = self.stages.setdefault(event.stage, {"time_to_first_output_s": None, "done_s": None})
+            entry = self.stages.setdefault(
+                event.stage, {"time_to_first_output_s": None, "done_s": None}
+            )
             if event.kind == "first_output":
                 entry["time_to_first_output_s"] = round(event.t, 4)
             else:
@@ -78,18 +80,31 @@ class Trace:
 
     def usage(self) -> dict[str, int] | None:
         """OpenAI's ``usage`` from the decode stages' figures, when a stage counted tokens."""
-        counted = [s["stats"] for s in self.stages.values() if "prompt_tokens" in s.get("stats", {})]
+        counted = [
+            s["stats"] for s in self.stages.values() if "prompt_tokens" in s.get("stats", {})
+        ]
         if not counted:
             return None
         prompt = sum(int(s.get("prompt_tokens") or 0) for s in counted)
         completion = sum(int(s.get("tokens") or 0) for s in counted)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
 
     def summary(self, total_s: float) -> dict[str, Any]:
-        return {"request_id": self.request_id, "endpoint": self.endpoint,
-                "time_to_first_token_s": _r(self.first_token), "time_to_first_audio_s": _r(self.first_audio),
-                "total_s": _r(total_s),
-                "stages": {name: {k: v for k, v in s.items() if k != "stats"} for name, s in self.stages.items()}}
+        return {
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "time_to_first_token_s": _r(self.first_token),
+            "time_to_first_audio_s": _r(self.first_audio),
+            "total_s": _r(total_s),
+            "stages": {
+                name: {k: v for k, v in s.items() if k != "stats"}
+                for name, s in self.stages.items()
+            },
+        }
 
 
 class ServerMetrics:
@@ -109,58 +124,139 @@ class ServerMetrics:
         """The serve process's own memory and its reservation (``Pipeline.server_memory``)."""
         self._over: set[str] = set()
         r, b = self.registry, LATENCY_BUCKETS
-        self.requests = Counter(f"{PREFIX}requests", "Requests answered, by endpoint and HTTP status",
-                                ["endpoint", "code"], registry=r)
-        self.refused_total = Counter(f"{PREFIX}requests_refused", "Requests refused (400, 429, 503), by status",
-                                     ["code"], registry=r)
-        self.request_s = Histogram(f"{PREFIX}request_seconds", "Request duration", ["endpoint"], buckets=b, registry=r)
-        self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Submission to the first text delta",
-                              buckets=b, registry=r)
-        self.ttfa = Histogram(f"{PREFIX}time_to_first_audio_seconds", "Submission to the first audio chunk",
-                              buckets=b, registry=r)
-        self.stage_first = Histogram(f"{PREFIX}stage_first_output_seconds", "Submission to a stage's first output",
-                                     ["stage"], buckets=b, registry=r)
-        self.stage_done = Histogram(f"{PREFIX}stage_done_seconds", "Submission to a stage's end", ["stage"],
-                                    buckets=b, registry=r)
-        self.tokens_per_s = Gauge(f"{PREFIX}decode_tokens_per_second", "Decode rate of a stage's last request",
-                                  ["stage"], registry=r)
-        self.tokens = Counter(f"{PREFIX}generated_tokens", "Tokens generated", ["stage"], registry=r)
+        self.requests = Counter(
+            f"{PREFIX}requests",
+            "Requests answered, by endpoint and HTTP status",
+            ["endpoint", "code"],
+            registry=r,
+        )
+        self.refused_total = Counter(
+            f"{PREFIX}requests_refused",
+            "Requests refused (400, 429, 503), by status",
+            ["code"],
+            registry=r,
+        )
+        self.request_s = Histogram(
+            f"{PREFIX}request_seconds", "Request duration", ["endpoint"], buckets=b, registry=r
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}time_to_first_token_seconds",
+            "Submission to the first text delta",
+            buckets=b,
+            registry=r,
+        )
+        self.ttfa = Histogram(
+            f"{PREFIX}time_to_first_audio_seconds",
+            "Submission to the first audio chunk",
+            buckets=b,
+            registry=r,
+        )
+        self.stage_first = Histogram(
+            f"{PREFIX}stage_first_output_seconds",
+            "Submission to a stage's first output",
+            ["stage"],
+            buckets=b,
+            registry=r,
+        )
+        self.stage_done = Histogram(
+            f"{PREFIX}stage_done_seconds",
+            "Submission to a stage's end",
+            ["stage"],
+            buckets=b,
+            registry=r,
+        )
+        self.tokens_per_s = Gauge(
+            f"{PREFIX}decode_tokens_per_second",
+            "Decode rate of a stage's last request",
+            ["stage"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            f"{PREFIX}generated_tokens", "Tokens generated", ["stage"], registry=r
+        )
         self.in_flight = Gauge(f"{PREFIX}requests_in_flight", "Requests holding a slot", registry=r)
         self.waiting = Gauge(f"{PREFIX}requests_waiting", "Requests waiting for a slot", registry=r)
         self.in_flight_limit = Gauge(f"{PREFIX}requests_in_flight_limit", "Slots", registry=r)
-        self.pool_held = Gauge(f"{PREFIX}ledger_held_bytes", "Bytes the ledger holds in a pool", ["pool"], registry=r)
-        self.pool_capacity = Gauge(f"{PREFIX}pool_capacity_bytes", "A pool's capacity", ["pool"], registry=r)
-        self.pool_budget = Gauge(f"{PREFIX}pool_budget_bytes", "A pool's planned peak", ["pool"], registry=r)
-        self.stage_peak = Gauge(f"{PREFIX}stage_measured_peak_bytes", "A stage's measured peak", ["stage", "pool"],
-                                registry=r)
-        self.stage_budget = Gauge(f"{PREFIX}stage_budget_bytes", "A stage's planned peak", ["stage", "pool"],
-                                  registry=r)
-        self.stage_alive = Gauge(f"{PREFIX}stage_alive", "1 when a stage's device actor is alive", ["stage", "device"],
-                                 registry=r)
-        self.over_budget = Gauge(f"{PREFIX}stage_over_budget",
-                                 "1 when a stage's measured peak is above its (calibrated) budget", ["stage"],
-                                 registry=r)
-        self.overruns = Counter(f"{PREFIX}stage_budget_overruns",
-                                "Times a stage's measured peak went above its budget", ["stage"], registry=r)
-        self.ratio = Gauge(f"{PREFIX}stage_budget_over_measured", "A stage's budget over its measured peak",
-                           ["stage"], registry=r)
-        self.calibrated = Gauge(f"{PREFIX}stage_calibrated", "1 when a stage's budget came from measured peaks",
-                                ["stage"], registry=r)
-        self.recordings = Counter(f"{PREFIX}calibration_recordings",
-                                  "Times the measured peaks were written to the measurement store", registry=r)
-        self.server_bytes = Gauge(f"{PREFIX}server_memory_bytes",
-                                  "The serve process's own memory (PSS, else RSS)", registry=r)
-        self.server_budget = Gauge(f"{PREFIX}server_budget_bytes",
-                                   "The serve process's shared reservation in the plan", ["evidence"], registry=r)
+        self.pool_held = Gauge(
+            f"{PREFIX}ledger_held_bytes", "Bytes the ledger holds in a pool", ["pool"], registry=r
+        )
+        self.pool_capacity = Gauge(
+            f"{PREFIX}pool_capacity_bytes", "A pool's capacity", ["pool"], registry=r
+        )
+        self.pool_budget = Gauge(
+            f"{PREFIX}pool_budget_bytes", "A pool's planned peak", ["pool"], registry=r
+        )
+        self.stage_peak = Gauge(
+            f"{PREFIX}stage_measured_peak_bytes",
+            "A stage's measured peak",
+            ["stage", "pool"],
+            registry=r,
+        )
+        self.stage_budget = Gauge(
+            f"{PREFIX}stage_budget_bytes", "A stage's planned peak", ["stage", "pool"], registry=r
+        )
+        self.stage_alive = Gauge(
+            f"{PREFIX}stage_alive",
+            "1 when a stage's device actor is alive",
+            ["stage", "device"],
+            registry=r,
+        )
+        self.over_budget = Gauge(
+            f"{PREFIX}stage_over_budget",
+            "1 when a stage's measured peak is above its (calibrated) budget",
+            ["stage"],
+            registry=r,
+        )
+        self.overruns = Counter(
+            f"{PREFIX}stage_budget_overruns",
+            "Times a stage's measured peak went above its budget",
+            ["stage"],
+            registry=r,
+        )
+        self.ratio = Gauge(
+            f"{PREFIX}stage_budget_over_measured",
+            "A stage's budget over its measured peak",
+            ["stage"],
+            registry=r,
+        )
+        self.calibrated = Gauge(
+            f"{PREFIX}stage_calibrated",
+            "1 when a stage's budget came from measured peaks",
+            ["stage"],
+            registry=r,
+        )
+        self.recordings = Counter(
+            f"{PREFIX}calibration_recordings",
+            "Times the measured peaks were written to the measurement store",
+            registry=r,
+        )
+        self.server_bytes = Gauge(
+            f"{PREFIX}server_memory_bytes",
+            "The serve process's own memory (PSS, else RSS)",
+            registry=r,
+        )
+        self.server_budget = Gauge(
+            f"{PREFIX}server_budget_bytes",
+            "The serve process's shared reservation in the plan",
+            ["evidence"],
+            registry=r,
+        )
         self.early_responses = Counter(
             f"{PREFIX}realtime_early_responses",
             "Realtime replies started in a pause before it closed the turn, by outcome: adopted (the pause was "
             "the turn's end), dropped (speech went on, or the turn ended otherwise), failed (e.g. no free slot)",
-            ["outcome"], registry=r)
-        self.voice_to_voice = Histogram(f"{PREFIX}realtime_voice_to_voice_seconds",
-                                        "Realtime: the end of the user's speech to the reply's first audio sent",
-                                        buckets=b, registry=r)
-        self.ledger_up = Gauge(f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r)
+            ["outcome"],
+            registry=r,
+        )
+        self.voice_to_voice = Histogram(
+            f"{PREFIX}realtime_voice_to_voice_seconds",
+            "Realtime: the end of the user's speech to the reply's first audio sent",
+            buckets=b,
+            registry=r,
+        )
+        self.ledger_up = Gauge(
+            f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r
+        )
         self.in_flight_limit.set(runtime.admission.limit)
         for s in runtime.stages:
             self.stage_budget.labels(s.name, s.pool or "?").set(s.budget_bytes())
@@ -233,7 +329,9 @@ class ServerMetrics:
             self.over_budget.labels(name).set(int(over))
             if over and name not in self._over:
                 self.overruns.labels(name).inc()
-                log.warning("stage %s measured %s bytes, above its budget of %s bytes", name, peak, budget)
+                log.warning(
+                    "stage %s measured %s bytes, above its budget of %s bytes", name, peak, budget
+                )
             if over:
                 self._over.add(name)
             else:
@@ -262,7 +360,9 @@ class ServerMetrics:
         self.waiting.set(admission.waiting)
         for s in self.runtime.stages:
             dev = self.runtime.devices.get(s.device or "?")
-            self.stage_alive.labels(s.name, s.device or "?").set(int(dev is not None and not dev.dead))
+            self.stage_alive.labels(s.name, s.device or "?").set(
+                int(dev is not None and not dev.dead)
+            )
         snapshot = await self.ledger()
         self.ledger_up.set(int(snapshot is not None))
         for p in (snapshot or {}).get("pools", []):
@@ -272,8 +372,12 @@ class ServerMetrics:
             self.pool_budget.labels(p.id).set(p.peak_bytes)
         for name, m in (await self.measured_now()).items():
             if m.get("measured_peak_bytes") is not None:
-                self.stage_peak.labels(name, self.runtime.plan.stage(name).pool or "?").set(m["measured_peak_bytes"])
-        server = await asyncio.to_thread(self.server_memory) if self.server_memory is not None else None
+                self.stage_peak.labels(name, self.runtime.plan.stage(name).pool or "?").set(
+                    m["measured_peak_bytes"]
+                )
+        server = (
+            await asyncio.to_thread(self.server_memory) if self.server_memory is not None else None
+        )
         if server is not None:
             self.server_bytes.set(server["measured_bytes"])
             self.server_budget.labels(server["evidence"]).set(server["budget_bytes"])

@@ -73,8 +73,11 @@ class TransportLimits:
 
     def uvicorn_kwargs(self, base: type[asyncio.Protocol]) -> dict[str, Any]:
         """What ``uvicorn.Config`` takes for these limits, on uvicorn's HTTP protocol ``base``."""
-        return {"http": protocol_class(self, base), "limit_concurrency": self.max_connections + 1,
-                "timeout_keep_alive": self.keep_alive_s}
+        return {
+            "http": protocol_class(self, base),
+            "limit_concurrency": self.max_connections + 1,
+            "timeout_keep_alive": self.keep_alive_s,
+        }
 
 
 def protocol_class(limits: TransportLimits, base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
@@ -123,14 +126,18 @@ class _Bounded:
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
         super().data_received(data)  # type: ignore[misc]
-        if self._phase == "headers" and self.cycle is not self._seen:  # a request's headers are complete
+        if (
+            self._phase == "headers" and self.cycle is not self._seen
+        ):  # a request's headers are complete
             self._read_body()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
         if self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request runs now
+        if (
+            self.cycle is not None and not self.cycle.response_complete
+        ):  # a pipelined request runs now
             self._seen, self._phase = self.cycle, "app"
             self.waiting.pop(self, None)
             self._cancel()
@@ -154,7 +161,9 @@ class _Bounded:
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_stalled)
+            self._write_timer = self.loop.call_later(
+                self.limits.write_timeout_s, self._write_stalled
+            )
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
@@ -190,7 +199,9 @@ class _Bounded:
             return
         if self._phase == "headers":
             if self.cycle is self._seen:
-                self._close(f"no complete request headers within {self.limits.header_timeout_s:g} s")
+                self._close(
+                    f"no complete request headers within {self.limits.header_timeout_s:g} s"
+                )
             else:  # completed by the last bytes
                 self._read_body()
             return
@@ -210,9 +221,12 @@ class _Bounded:
     def _write_stalled(self) -> None:
         self._write_timer = None
         if not self.transport.is_closing():
-            log.warning("closed the connection of %s: it stopped reading its response (the send buffer stayed "
-                        "full for %g s: serve --write-timeout); its request is cancelled", _peer(self.client),
-                        self.limits.write_timeout_s)
+            log.warning(
+                "closed the connection of %s: it stopped reading its response (the send buffer stayed "
+                "full for %g s: serve --write-timeout); its request is cancelled",
+                _peer(self.client),
+                self.limits.write_timeout_s,
+            )
             self._abort()  # close() would wait to flush what it never reads
 
     def _close(self, why: str) -> None:
@@ -229,11 +243,17 @@ class _Bounded:
     def _make_room(self) -> None:
         oldest = next((c for c in self.waiting if c is not self), None)
         if oldest is not None:
-            oldest._close(f"{self.limits.max_connections} connections are open (serve --max-connections), "
-                          "and it had waited longest for a request")
+            oldest._close(
+                f"{self.limits.max_connections} connections are open (serve --max-connections), "
+                "and it had waited longest for a request"
+            )
         else:
-            log.warning("refused a connection from %s: %d connections are open, each with a request in "
-                        "progress (serve --max-connections)", _peer(self.client), len(self.connections) - 1)
+            log.warning(
+                "refused a connection from %s: %d connections are open, each with a request in "
+                "progress (serve --max-connections)",
+                _peer(self.client),
+                len(self.connections) - 1,
+            )
             self._abort()
 
 

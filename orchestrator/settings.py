@@ -44,7 +44,9 @@ def cache_root() -> Path:
 
 
 def default_cache_root(
-    platform: str | None = None, environ: Mapping[str, str] | None = None, home: Path | None = None,
+    platform: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
 ) -> Path:
     """The platform's convention for a per-user cache, with ``omni-edge`` under it:
 
@@ -121,7 +123,9 @@ def require_cache_dir(directory: Path, what: str) -> Path:
     reason = _unwritable(directory)
     if reason is not None:
         raise ConfigError.single(
-            str(directory), f"the omni-edge cache directory for {what} cannot be written: {reason}", _fix(directory),
+            str(directory),
+            f"the omni-edge cache directory for {what} cannot be written: {reason}",
+            _fix(directory),
         )
     return directory
 
@@ -139,5 +143,8 @@ def cache_write_failed(directory: Path, what: str, exc: OSError) -> None:
     _warned.add(key)
     log.warning(
         "cannot cache %s in %s (%s); continuing without caching. To cache: %s",
-        what, directory, exc.strerror or exc, _fix(directory),
+        what,
+        directory,
+        exc.strerror or exc,
+        _fix(directory),
     )

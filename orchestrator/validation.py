@@ -50,7 +50,11 @@ def shown(value: str, limit: int = 40) -> str:
     """``value`` for an error message: ``repr`` (control characters escaped), cut in the middle
     past ``limit`` characters, with its length when cut."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 12]}…{text[-8:]} ({len(value)} characters)"
+    return (
+        text
+        if len(text) <= limit
+        else f"{text[: limit - 12]}…{text[-8:]} ({len(value)} characters)"
+    )
 
 
 def unique(values: Sequence[str], what: str) -> None:
@@ -58,8 +62,10 @@ def unique(values: Sequence[str], what: str) -> None:
     seen: set[str] = set()
     for v in values:
         if v in seen:
-            raise refusal(f"{v} is listed more than once ({', '.join(values)})",
-                          f"list each {what} once, in preference order")
+            raise refusal(
+                f"{v} is listed more than once ({', '.join(values)})",
+                f"list each {what} once, in preference order",
+            )
         seen.add(v)
 
 
@@ -67,11 +73,15 @@ def printable(value: str, max_length: int) -> str:
     """``value`` when it holds no control character and at most ``max_length`` characters;
     else a ``refusal`` (names are printed in tables and messages, on terminals)."""
     if CONTROL_CHARACTERS.search(value):
-        raise refusal(f"{shown(value)} holds a control character, and names are printed on terminals",
-                      "remove the control characters (escape sequences, newlines, tabs)")
+        raise refusal(
+            f"{shown(value)} holds a control character, and names are printed on terminals",
+            "remove the control characters (escape sequences, newlines, tabs)",
+        )
     if len(value) > max_length:
-        raise refusal(f"{shown(value)} is longer than {max_length} characters, and names are printed in every table",
-                      f"shorten it to at most {max_length} characters")
+        raise refusal(
+            f"{shown(value)} is longer than {max_length} characters, and names are printed in every table",
+            f"shorten it to at most {max_length} characters",
+        )
     return value
 
 
@@ -83,20 +93,30 @@ def read_document(path: str | Path) -> Any:
     except FileNotFoundError:
         raise ConfigError.single(str(p), "file not found", "check the path") from None
     except IsADirectoryError:
-        raise ConfigError.single(str(p), "this is a directory, not a file", "pass the YAML or JSON file itself") from None
+        raise ConfigError.single(
+            str(p), "this is a directory, not a file", "pass the YAML or JSON file itself"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError.single(
             f"{p}: byte {exc.start}", "the file is not UTF-8 text", "save it as UTF-8 YAML or JSON"
         ) from None
     except OSError as exc:
-        raise ConfigError.single(str(p), f"cannot read: {exc.strerror or exc}", "make the file readable, or pass another one") from None
+        raise ConfigError.single(
+            str(p),
+            f"cannot read: {exc.strerror or exc}",
+            "make the file readable, or pass another one",
+        ) from None
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError.single(f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax") from None
+            raise ConfigError.single(
+                f"{p}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}", "fix the JSON syntax"
+            ) from None
         except RecursionError:
-            raise ConfigError.single(str(p), "the JSON is nested too deeply", "flatten the document") from None
+            raise ConfigError.single(
+                str(p), "the JSON is nested too deeply", "flatten the document"
+            ) from None
     try:
         # libyaml's loader when PyYAML was built with it (the PyPI wheels are): the
         # pure-Python one took most of a warm re-plan's time on the 40-line default config.
@@ -105,9 +125,13 @@ def read_document(path: str | Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         what = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError.single(where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)") from None
+        raise ConfigError.single(
+            where, f"not valid YAML: {what}", "fix the YAML syntax (indentation, colons, quotes)"
+        ) from None
     except RecursionError:
-        raise ConfigError.single(str(p), "the YAML is nested too deeply", "flatten the document") from None
+        raise ConfigError.single(
+            str(p), "the YAML is nested too deeply", "flatten the document"
+        ) from None
 
 
 def _loc(parts: tuple[object, ...]) -> str:
@@ -145,13 +169,17 @@ def problems_from_validation(
             problems.append(Problem(place, "required field is missing", "add it"))
         elif kind == REFUSAL:
             ctx = err.get("ctx") or {}
-            problems.append(Problem(place, str(ctx.get("what", err["msg"])), str(ctx.get("fix", ""))))
+            problems.append(
+                Problem(place, str(ctx.get("what", err["msg"])), str(ctx.get("fix", "")))
+            )
         else:
             msg = err["msg"]
             if kind == "value_error" and msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+                msg = msg[len("Value error, ") :]
             given = err.get("input")
-            if kind not in ("value_error", "assertion_error") and not isinstance(given, (dict, list)):
+            if kind not in ("value_error", "assertion_error") and not isinstance(
+                given, (dict, list)
+            ):
                 shown = repr(given)
                 msg = f"{msg} (got {shown if len(shown) <= 80 else shown[:60] + '…' + shown[-8:]})"
             problems.append(Problem(place, msg, _fix_for(kind, err)))
@@ -168,7 +196,9 @@ def _fix_for(kind: str, err: Any) -> str:
         return f"match the pattern {ctx.get('pattern', '')}"
     if kind in ("value_error", "assertion_error"):
         return "change the values the message names"
-    if kind.startswith(("int_", "float_", "bool_", "string_", "list_", "dict_", "model_", "literal_")):
+    if kind.startswith(
+        ("int_", "float_", "bool_", "string_", "list_", "dict_", "model_", "literal_")
+    ):
         return "give the field a value of the type and form the format documents"
     return "correct this value (see the format's documentation)"
 

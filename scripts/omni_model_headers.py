@@ -27,8 +27,10 @@ from pathlib import Path
 SHARD_CAP_BYTES = 5 * 10**9
 """transformers' ``save_pretrained`` default ``max_shard_size`` ("5GB") before version 5."""
 DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
-NOTE = ("header only: tensor names, dtypes and shapes for planning, no weights (scripts/omni_model_headers.py "
-        "from config.json with transformers {version})")
+NOTE = (
+    "header only: tensor names, dtypes and shapes for planning, no weights (scripts/omni_model_headers.py "
+    "from config.json with transformers {version})"
+)
 
 
 def tensors(config: dict) -> list[tuple[str, list[int]]]:
@@ -64,7 +66,12 @@ def write(directory: Path) -> dict:
     weight_map, total = {}, 0
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        header: dict = {"__metadata__": {"format": "pt", "omni_edge": NOTE.format(version=transformers.__version__)}}
+        header: dict = {
+            "__metadata__": {
+                "format": "pt",
+                "omni_edge": NOTE.format(version=transformers.__version__),
+            }
+        }
         offset = 0
         for name, shape, n in shard:
             header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
@@ -74,18 +81,30 @@ def write(directory: Path) -> dict:
         body = json.dumps(header, separators=(",", ":")).encode()
         body += b" " * (-len(body) % 8)
         (directory / fname).write_bytes(struct.pack("<Q", len(body)) + body)
-    index = {"metadata": {"total_size": total, "omni_edge_header_only": NOTE.format(version=transformers.__version__)},
-             "weight_map": dict(sorted(weight_map.items()))}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    index = {
+        "metadata": {
+            "total_size": total,
+            "omni_edge_header_only": NOTE.format(version=transformers.__version__),
+        },
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps(index, indent=2) + "\n", encoding="utf-8"
+    )
     return {"shards": len(shards), "tensors": len(weight_map), "total_size": total}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", type=Path, help="a directory holding the checkpoint's config.json")
+    parser.add_argument(
+        "directory", type=Path, help="a directory holding the checkpoint's config.json"
+    )
     args = parser.parse_args(argv)
     if not (args.directory / "config.json").is_file():
-        print(f"{args.directory}: no config.json; put the checkpoint's config.json there first", file=sys.stderr)
+        print(
+            f"{args.directory}: no config.json; put the checkpoint's config.json there first",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(write(args.directory)))
     return 0

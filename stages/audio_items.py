@@ -27,8 +27,10 @@ def mono_audio(item: Any, taker: str) -> tuple[np.ndarray, int]:
     """(float32 samples, sample rate) of an audio item; ``ValueError`` naming what is
     wrong otherwise. ``taker`` names who takes it, e.g. ``"an asr stage"``."""
     if not isinstance(item, dict) or "audio" not in item or "sample_rate" not in item:
-        raise ValueError(f"{taker} takes audio items {{'audio': samples, 'sample_rate': rate}}, "
-                         f"got {type(item).__name__}")
+        raise ValueError(
+            f"{taker} takes audio items {{'audio': samples, 'sample_rate': rate}}, "
+            f"got {type(item).__name__}"
+        )
     samples = np.asarray(item["audio"], dtype=np.float32)
     rate = item["sample_rate"]
     if samples.ndim != 1:
@@ -39,8 +41,9 @@ def mono_audio(item: Any, taker: str) -> tuple[np.ndarray, int]:
     return samples, rate
 
 
-def resample_blocks(samples: np.ndarray, from_rate: int, to_rate: int,
-                    cancel: threading.Event | None = None) -> Iterator[np.ndarray]:
+def resample_blocks(
+    samples: np.ndarray, from_rate: int, to_rate: int, cancel: threading.Event | None = None
+) -> Iterator[np.ndarray]:
     """``samples`` at ``from_rate`` as ``to_rate``, block by block (soxr's streaming
     resampler, so the blocks join without seams; its high quality, as ``soxr.resample``).
     Between blocks a set ``cancel`` raises ``Cancelled``: the thread this runs in stops
@@ -57,7 +60,9 @@ def resample_blocks(samples: np.ndarray, from_rate: int, to_rate: int,
         yield stream.resample_chunk(a[start:end], last=end >= a.size)
 
 
-def resample(samples: np.ndarray, from_rate: int, to_rate: int, cancel: threading.Event | None = None) -> np.ndarray:
+def resample(
+    samples: np.ndarray, from_rate: int, to_rate: int, cancel: threading.Event | None = None
+) -> np.ndarray:
     """The whole of :func:`resample_blocks`, joined (the output is bounded by the input's
     length and the rate range, ``stages.payloads.MAX_SAMPLE_RATE``)."""
     blocks = list(resample_blocks(samples, from_rate, to_rate, cancel))

@@ -98,9 +98,13 @@ class StageConfig(Strict):
     its own fields (its ``config_model``), so a third-party kind is validated as
     strictly as a built-in one."""
 
-    name: str = Field(description=f"Unique stage name: a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters.")
+    name: str = Field(
+        description=f"Unique stage name: a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters."
+    )
     kind: str = Field(description="Registered stage kind, e.g. ar_decode or exported_graph.")
-    stage_id: int | None = Field(None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id).")
+    stage_id: int | None = Field(
+        None, ge=0, description="Optional numeric id (vLLM-Omni's stage_id)."
+    )
     inputs: list[str] = Field(
         default_factory=lambda: [REQUEST],
         description="Where this stage's input comes from: 'request', other stage names (every item they "
@@ -114,7 +118,9 @@ class StageConfig(Strict):
         None,
         description="Backends to try on each device, in preference order (e.g. [ort-openvino, ort-cpu]); default: the device's own order.",
     )
-    final_output: bool = Field(False, description="Whether this stage's output is returned to the caller.")
+    final_output: bool = Field(
+        False, description="Whether this stage's output is returned to the caller."
+    )
     join: Join | None = Field(
         None,
         description="With several inputs: zip (the i-th item of each), all (each input's whole output, once all "
@@ -122,10 +128,13 @@ class StageConfig(Strict):
         "Required when inputs has more than one entry, and only for a kind that takes a join.",
     )
     final_output_type: PayloadKind | None = Field(
-        None, description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true."
+        None,
+        description="What the final output is (text, token_ids, audio, tensor, event), when final_output is true.",
     )
     cpu_threads: int | None = Field(
-        None, ge=1, le=MAX_CPU_THREADS,
+        None,
+        ge=1,
+        le=MAX_CPU_THREADS,
         description="Threads of this stage's engine when it is placed on the CPU (vLLM's OpenMP threads, llama.cpp's "
         "n_threads, torch's, ONNX Runtime's intra-op threads); default: the planner's share of the host's cores "
         "(docs/runtime.md, 'CPU threads'). Ignored on other devices.",
@@ -135,8 +144,10 @@ class StageConfig(Strict):
     @classmethod
     def _name(cls, value: str) -> str:
         if not STAGE_NAME_PATTERN.fullmatch(value) or len(value) > MAX_STAGE_NAME:
-            raise refusal(f"{shown(value)} is not a usable stage name",
-                          f"use a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters")
+            raise refusal(
+                f"{shown(value)} is not a usable stage name",
+                f"use a letter, then letters, digits, '_' or '-', at most {MAX_STAGE_NAME} characters",
+            )
         return value
 
     @field_validator("devices")
@@ -296,7 +307,9 @@ class StageKind(ABC):
         """Read the stage's artifact metadata. Called once per plan."""
 
     @abstractmethod
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+    def check(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
         """Refusals that rule ``device`` out for this stage whatever the memory."""
 
     @abstractmethod
@@ -306,20 +319,29 @@ class StageKind(ABC):
         """Every byte this stage will hold on ``pool`` while it runs on ``device``."""
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         """Backend settings derived from the plan (vLLM engine args, ORT options)."""
         return {}
 
-    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+    def gate_spec(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> GateSpec | None:
         """What the gates must measure for this placement (plain data), or None when
         it needs none. Called while planning and by ``omni-edge verify``, only for a
         candidate ``check`` accepted; reads nothing but ``info`` and the stage.
         Kinds with ``needs_gates`` false return None (the default)."""
         return None
 
-    def gate_specs(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[GateSpec]:
+    def gate_specs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[GateSpec]:
         """Every session's gates for this placement, for kinds that run several graphs
         (asr: an encoder and a decoder); the planner trusts the placement only when
         all pass. Default: ``gate_spec``'s one, or none."""
@@ -334,8 +356,13 @@ class StageKind(ABC):
         return {}
 
     def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        pool: str, available: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> str:
         """The remedy text when this stage alone does not fit ``available`` bytes."""
         return "use a smaller or more compressed artifact, or a device with a larger memory pool"
@@ -365,7 +392,9 @@ class StageKind(ABC):
         that share a pool one thread budget. Default: None."""
         return None
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         """Create the runtime object for an admitted placement (inside a device actor).
 
         ``route`` is the profile's route for the placement (which interpreter or

@@ -68,13 +68,16 @@ def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRout
     """
     if route is not None:
         return resolve(route)
-    recorded = (stage_plan.verification.details.get("route") if stage_plan.verification else None) or {}
+    recorded = (
+        stage_plan.verification.details.get("route") if stage_plan.verification else None
+    ) or {}
     if recorded.get("kind"):
         return ResolvedRoute(recorded["name"], recorded["kind"], recorded.get("python"))
     if stage_plan.route in (None, THIS_PROCESS):
         return ResolvedRoute(THIS_PROCESS, THIS_PROCESS, None)
     raise StageFailed(
-        stage_plan.name, stage_plan.device or "?",
+        stage_plan.name,
+        stage_plan.device or "?",
         f"the plan names route {stage_plan.route!r} but not its interpreter; pass route= from the profile",
     )
 
@@ -108,7 +111,9 @@ class OrtRunner(StageRunner):
 
     def _failed(self, exc: BaseException, context: str = "") -> StageFailed:
         """``exc`` as this stage's ``StageFailed``: ``context`` (e.g. ``"request r1: "``), then its type and message."""
-        return StageFailed(self.plan.name, self.plan.device or "?", f"{context}{type(exc).__name__}: {exc}")
+        return StageFailed(
+            self.plan.name, self.plan.device or "?", f"{context}{type(exc).__name__}: {exc}"
+        )
 
     @contextlib.contextmanager
     def _loading(self, context: str = "") -> Iterator[None]:
@@ -142,7 +147,9 @@ class OrtRunner(StageRunner):
         self._host = open_sessions(self.route)
         opened = {}
         for graph, spec in specs.items():
-            opened[graph] = self._host.open(with_cpu_threads(spec, self.plan.cpu_threads), record=True)
+            opened[graph] = self._host.open(
+                with_cpu_threads(spec, self.plan.cpu_threads), record=True
+            )
             self._handles[graph] = opened[graph]["handle"]
         return opened
 
@@ -151,7 +158,11 @@ class OrtRunner(StageRunner):
         one call a calibrated plan measured; the limit goes to ``load_info``. Nothing in this process,
         nor at an estimate when the kind says not to (``recycles_at_estimate``)."""
         host = self._host
-        if host is None or host.in_process or (not self.recycles_at_estimate and self.plan.calibration is None):
+        if (
+            host is None
+            or host.in_process
+            or (not self.recycles_at_estimate and self.plan.calibration is None)
+        ):
             return
         host.recycle_limit = recycle_limit(self.plan.budget_bytes())
         rise = (self.plan.calibration or {}).get("call_rise_bytes")
@@ -178,9 +189,14 @@ class OrtRunner(StageRunner):
         host = self._host
         if host is None or host.in_process or host.recycle_limit is None:
             return None
-        return {"recycle_limit_bytes": int(host.recycle_limit), "call_rise_bytes": max(0, host.largest_rise),
-                "worker_recycles": host.recycles, "worker_calls": host.calls,
-                "retained_bytes": max(0, host.retained_bytes), "fresh_bytes": host.fresh_bytes}
+        return {
+            "recycle_limit_bytes": int(host.recycle_limit),
+            "call_rise_bytes": max(0, host.largest_rise),
+            "worker_recycles": host.recycles,
+            "worker_calls": host.calls,
+            "retained_bytes": max(0, host.retained_bytes),
+            "fresh_bytes": host.fresh_bytes,
+        }
 
     def _worker_figures(self) -> dict[str, Any]:
         """``worker_recycles`` (how many times the route worker was replaced since the load), for

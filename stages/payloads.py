@@ -66,13 +66,18 @@ def request_payload(prompt: object) -> str | None:
         if prompt and all(isinstance(k, str) and _is_array(v) for k, v in prompt.items()):
             return "tensor"
         return None
-    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt)
+    ):
         return "token_ids"
     return None
 
 
 def _is_array(value: object) -> bool:
     return hasattr(value, "dtype") and hasattr(value, "shape") and hasattr(value, "tolist")
+
 
 _SPEC = re.compile(
     r"^(?P<kind>[a-z_]+)"
@@ -119,10 +124,14 @@ def parse_payload(spec: str) -> PayloadType:
     """``spec`` (see the module docstring) as a :class:`PayloadType`; ``PayloadSpecError`` otherwise."""
     m = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
     if m is None:
-        raise PayloadSpecError(f"{spec!r} is not a payload type (e.g. text, audio@16000, tensor<float32>[seq,896])")
+        raise PayloadSpecError(
+            f"{spec!r} is not a payload type (e.g. text, audio@16000, tensor<float32>[seq,896])"
+        )
     kind = m["kind"]
     if kind not in PAYLOAD_KINDS:
-        raise PayloadSpecError(f"{kind!r} is not a payload kind; the kinds are {', '.join(PAYLOAD_KINDS)}")
+        raise PayloadSpecError(
+            f"{kind!r} is not a payload kind; the kinds are {', '.join(PAYLOAD_KINDS)}"
+        )
     if m["rate"] and kind != "audio":
         raise PayloadSpecError(f"{spec!r}: only audio has a sample rate")
     if (m["dtype"] or m["shape"] is not None) and kind != "tensor":
@@ -135,7 +144,9 @@ def parse_payload(spec: str) -> PayloadType:
         bad = [d for d in shape if not _DIM.match(d)]
         if bad:
             raise PayloadSpecError(f"{spec!r}: axis {bad[0]!r} is neither a size nor a name")
-    return PayloadType(cast(PayloadKind, kind), m["role"], m["dtype"], int(m["rate"]) if m["rate"] else None, shape)
+    return PayloadType(
+        cast(PayloadKind, kind), m["role"], m["dtype"], int(m["rate"]) if m["rate"] else None, shape
+    )
 
 
 def parse_payloads(specs: tuple[str, ...] | list[str]) -> tuple[PayloadType, ...]:
@@ -149,7 +160,11 @@ def mismatch(produced: PayloadType, consumed: PayloadType) -> str | None:
         return f"{produced.kind} is not {consumed.kind}"
     if produced.role and consumed.role and produced.role != consumed.role:
         return f"{produced.kind} {produced.role!r} is not {consumed.role!r}"
-    if produced.sample_rate and consumed.sample_rate and produced.sample_rate != consumed.sample_rate:
+    if (
+        produced.sample_rate
+        and consumed.sample_rate
+        and produced.sample_rate != consumed.sample_rate
+    ):
         return f"audio at {produced.sample_rate} Hz is not audio at {consumed.sample_rate} Hz"
     if produced.dtype and consumed.dtype and produced.dtype != consumed.dtype:
         return f"{produced.dtype} is not {consumed.dtype}"
@@ -162,7 +177,9 @@ def mismatch(produced: PayloadType, consumed: PayloadType) -> str | None:
     return None
 
 
-def edge_mismatch(produces: tuple[PayloadType, ...], consumes: tuple[PayloadType, ...]) -> str | None:
+def edge_mismatch(
+    produces: tuple[PayloadType, ...], consumes: tuple[PayloadType, ...]
+) -> str | None:
     """None when some produced type feeds some consumed type; otherwise the closest miss in words
     (a pair of the same kind when there is one, so a sample-rate or shape difference is what is named)."""
     reasons = []
@@ -225,7 +242,12 @@ def on_port(port: str, item: object) -> dict[str, object]:
 
 def untag(item: object) -> tuple[str | None, object]:
     """``(port, item)`` for an item tagged by :func:`on_port`; ``(None, item)`` for any other."""
-    if isinstance(item, dict) and len(item) == 2 and "item" in item and isinstance(item.get(PORT_KEY), str):
+    if (
+        isinstance(item, dict)
+        and len(item) == 2
+        and "item" in item
+        and isinstance(item.get(PORT_KEY), str)
+    ):
         return item[PORT_KEY], item["item"]
     return None, item
 

@@ -73,12 +73,19 @@ class PluginFailure:
     """The exception in one line: ``Type: message``."""
 
     def what(self) -> str:
-        return (f"the plugin {self.group}:{self.name} = {self.target} (from {self.distribution}) "
-                f"failed to load: {self.error}")
+        return (
+            f"the plugin {self.group}:{self.name} = {self.target} (from {self.distribution}) "
+            f"failed to load: {self.error}"
+        )
 
     def to_dict(self) -> dict[str, str]:
-        return {"group": self.group, "name": self.name, "target": self.target,
-                "distribution": self.distribution, "error": self.error}
+        return {
+            "group": self.group,
+            "name": self.name,
+            "target": self.target,
+            "distribution": self.distribution,
+            "error": self.error,
+        }
 
 
 _failures: dict[tuple[str, str], PluginFailure] = {}
@@ -111,8 +118,13 @@ def load_entry_point(ep: EntryPoint, group: str) -> Any:
     key = (group, ep.name)
     if key in _failures:
         raise _failure_error(_failures[key])
-    log.info("loading %s %r from %s (%s)", "stage kind" if group == ENTRY_POINT_GROUP else "hook",
-             ep.name, ep.value, dist)
+    log.info(
+        "loading %s %r from %s (%s)",
+        "stage kind" if group == ENTRY_POINT_GROUP else "hook",
+        ep.name,
+        ep.value,
+        dist,
+    )
     try:
         return ep.load()
     except Exception as exc:
@@ -180,8 +192,12 @@ def get_kind(name: str) -> StageKind:
     if not offered:
         raise KeyError(name)
     if len(offered) > 1:
-        log.warning("stage kind %r is offered by %s; using %s's", name,
-                    " and ".join(_distribution(ep) for ep in offered), _distribution(offered[0]))
+        log.warning(
+            "stage kind %r is offered by %s; using %s's",
+            name,
+            " and ".join(_distribution(ep) for ep in offered),
+            _distribution(offered[0]),
+        )
     _kinds[name] = _load_plugin(offered[0])
     return _kinds[name]
 

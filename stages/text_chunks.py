@@ -75,24 +75,122 @@ FIRST_MIN_CUT_CHARS = 8
 """The shortest first fragment (``first_max_chars``): two or three short words — "Sure, the" is
 not cut off as "Sure," alone when a later mark or space leaves more."""
 
-_ABBREVIATIONS = frozenset([
-    # English
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "fig", "al",
-    "inc", "ltd", "co", "mt", "ft", "cf", "viz", "dept", "est", "jan", "feb", "mar", "apr", "aug", "sep", "sept",
-    "oct", "nov", "dec",
-    # German
-    "z.b", "zb", "d.h", "u.a", "u.u", "o.ä", "s.o", "s.u", "ca", "bzw", "usw", "nr", "vgl", "ggf", "evtl", "inkl",
-    "exkl", "sog", "bspw", "str", "hr", "fr", "jh", "jhd", "mio", "mrd", "tel", "abs", "bd", "ebd", "allg",
-    "bzgl", "gegr", "max", "min", "od", "rd", "urspr", "zz", "zzt",
-])
+_ABBREVIATIONS = frozenset(
+    [
+        # English
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "approx",
+        "no",
+        "fig",
+        "al",
+        "inc",
+        "ltd",
+        "co",
+        "mt",
+        "ft",
+        "cf",
+        "viz",
+        "dept",
+        "est",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        # German
+        "z.b",
+        "zb",
+        "d.h",
+        "u.a",
+        "u.u",
+        "o.ä",
+        "s.o",
+        "s.u",
+        "ca",
+        "bzw",
+        "usw",
+        "nr",
+        "vgl",
+        "ggf",
+        "evtl",
+        "inkl",
+        "exkl",
+        "sog",
+        "bspw",
+        "str",
+        "hr",
+        "fr",
+        "jh",
+        "jhd",
+        "mio",
+        "mrd",
+        "tel",
+        "abs",
+        "bd",
+        "ebd",
+        "allg",
+        "bzgl",
+        "gegr",
+        "max",
+        "min",
+        "od",
+        "rd",
+        "urspr",
+        "zz",
+        "zzt",
+    ]
+)
 _LOWER_INITIALS = "diosuvz"
 """Single lowercase letters that open German abbreviations written with spaces:
 ``z. B.``, ``d. h.``, ``u. a.``, ``s. o.``, ``v. a.``, ``i. d. R.``, ``o. ä.`` (``3 m.`` still ends)."""
-_ORDINAL_NOUNS = frozenset([
-    "januar", "jänner", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober",
-    "november", "dezember", "jahrhundert", "jh", "jahrtausend", "platz", "stock", "klasse", "mal", "auflage",
-    "geburtstag", "jahrestag", "kapitel", "runde", "spieltag", "januars", "jahrhunderts",
-])
+_ORDINAL_NOUNS = frozenset(
+    [
+        "januar",
+        "jänner",
+        "februar",
+        "märz",
+        "april",
+        "mai",
+        "juni",
+        "juli",
+        "august",
+        "september",
+        "oktober",
+        "november",
+        "dezember",
+        "jahrhundert",
+        "jh",
+        "jahrtausend",
+        "platz",
+        "stock",
+        "klasse",
+        "mal",
+        "auflage",
+        "geburtstag",
+        "jahrestag",
+        "kapitel",
+        "runde",
+        "spieltag",
+        "januars",
+        "jahrhunderts",
+    ]
+)
 """Words after ``<number>.`` that make the number an ordinal (German): ``am 3. Mai``."""
 _TERMINATORS = ".!?…"
 _CJK_TERMINATORS = "。！？｡"
@@ -108,19 +206,31 @@ _NUMBER_BEFORE = re.compile(r"(?:^|(?<=\s))(\d{1,4})\.$")
 def _is_cjk(c: str) -> bool:
     """Han, kana, hangul and CJK punctuation: a script written without spaces."""
     o = ord(c)
-    return (0x3000 <= o <= 0x30FF or 0x3400 <= o <= 0x4DBF or 0x4E00 <= o <= 0x9FFF or 0xAC00 <= o <= 0xD7AF
-            or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF)
+    return (
+        0x3000 <= o <= 0x30FF
+        or 0x3400 <= o <= 0x4DBF
+        or 0x4E00 <= o <= 0x9FFF
+        or 0xAC00 <= o <= 0xD7AF
+        or 0xF900 <= o <= 0xFAFF
+        or 0xFF00 <= o <= 0xFFEF
+    )
 
 
 class SentenceChunker:
     """The synchronous core: ``feed`` deltas, collect chunks; ``flush`` at the end."""
 
-    def __init__(self, max_chars: int = MAX_CHARS, min_cut_chars: int = MIN_CUT_CHARS,
-                 first_max_chars: int | None = None) -> None:
+    def __init__(
+        self,
+        max_chars: int = MAX_CHARS,
+        min_cut_chars: int = MIN_CUT_CHARS,
+        first_max_chars: int | None = None,
+    ) -> None:
         if max_chars <= min_cut_chars:
             raise ValueError(f"max_chars ({max_chars}) must exceed min_cut_chars ({min_cut_chars})")
         if first_max_chars is not None and first_max_chars <= FIRST_MIN_CUT_CHARS:
-            raise ValueError(f"first_max_chars ({first_max_chars}) must exceed {FIRST_MIN_CUT_CHARS}")
+            raise ValueError(
+                f"first_max_chars ({first_max_chars}) must exceed {FIRST_MIN_CUT_CHARS}"
+            )
         self.max_chars = max_chars
         self.min_cut_chars = min_cut_chars
         self.first_max_chars = first_max_chars
@@ -134,8 +244,12 @@ class SentenceChunker:
         out: list[str] = []
         while True:
             cut = self._sentence_end()
-            if cut is None and self._first and self.first_max_chars is not None \
-                    and len(self._buf) > self.first_max_chars:
+            if (
+                cut is None
+                and self._first
+                and self.first_max_chars is not None
+                and len(self._buf) > self.first_max_chars
+            ):
                 cut = self._forced_cut(self.first_max_chars, FIRST_MIN_CUT_CHARS)
             if cut is None and len(self._buf) > self.max_chars:
                 cut = self._forced_cut(self.max_chars, self.min_cut_chars)
@@ -183,7 +297,9 @@ class SentenceChunker:
             if c not in _TERMINATORS and c not in _CJK_TERMINATORS:
                 continue
             j = i + 1
-            while j < len(buf) and (buf[j] in _CLOSERS or buf[j] in _TERMINATORS or buf[j] in _CJK_TERMINATORS):
+            while j < len(buf) and (
+                buf[j] in _CLOSERS or buf[j] in _TERMINATORS or buf[j] in _CJK_TERMINATORS
+            ):
                 j += 1
             if j >= len(buf):
                 return None  # the next character decides

@@ -63,8 +63,9 @@ def _module_calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 
 
 @pytest.fixture(autouse=True)
-def private_calibration(_module_calibration: Path, request: pytest.FixtureRequest,
-                        monkeypatch: pytest.MonkeyPatch) -> Path:
+def private_calibration(
+    _module_calibration: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """This test's own empty measurement store (created only when something records)."""
     root = _module_calibration / f"t{abs(hash(request.node.nodeid)):x}"
     monkeypatch.setenv("OMNI_EDGE_CALIBRATION_DIR", str(root))

@@ -26,7 +26,9 @@ def figures(bench: ModuleType, http_ttfa: float | None) -> dict[str, Any]:
     api = [row(0.057, 0.700, 0.98)]
     out: dict[str, Any] = {"server_cold_start_s": 12.5, "server_exit": 0}
     for name, rows in (("http", http), ("http_raw", http), ("in_process", api)):
-        out[name] = {k: bench.med(rows, k) for k in ("ttft", "ttfa", "total", "ttft_added", "ttfa_added")}
+        out[name] = {
+            k: bench.med(rows, k) for k in ("ttft", "ttfa", "total", "ttft_added", "ttfa_added")
+        }
         out[name]["rows"] = rows
     for name, rps in (("serial", 1.0), ("concurrent", 1.5)):
         out[name] = {"throughput_rps": rps, "ttfa_p50": 0.8, "ttfa_p95": 1.2, "answered": 8}
@@ -36,7 +38,9 @@ def figures(bench: ModuleType, http_ttfa: float | None) -> dict[str, Any]:
 ARGS = argparse.Namespace(repeat=1, clients=8, tokens=32)
 
 
-def test_deltas_are_judged_against_the_targets(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+def test_deltas_are_judged_against_the_targets(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     bench.report(figures(bench, 0.750), ARGS)
     out = capsys.readouterr().out
     assert "time to first token       60.0ms    57.0ms     3.0ms      +5ms  met" in out
@@ -45,9 +49,13 @@ def test_deltas_are_judged_against_the_targets(bench: ModuleType, capsys: pytest
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
-def test_no_audio_is_na_and_not_judged(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_audio_is_na_and_not_judged(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     bench.report(figures(bench, None), ARGS)
-    line = next(x for x in capsys.readouterr().out.splitlines() if "time to first audio" in x and "ms" in x)
+    line = next(
+        x for x in capsys.readouterr().out.splitlines() if "time to first audio" in x and "ms" in x
+    )
     assert "n/a" in line and "met" not in line and "MISSED" not in line
 
 

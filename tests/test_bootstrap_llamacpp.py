@@ -12,15 +12,23 @@ from tests.helpers import REPO
 
 ZEN3 = "fpu sse sse2 sse4_1 sse4_2 avx avx2 fma f16c bmi2"
 """An AMD Zen 3's vector flags: AVX2, no AVX-512."""
-SAPPHIRE_RAPIDS = (ZEN3 + " avx_vnni avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16"
-                   " amx_tile amx_int8 amx_bf16")
+SAPPHIRE_RAPIDS = (
+    ZEN3
+    + " avx_vnni avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16"
+    " amx_tile amx_int8 amx_bf16"
+)
 """An Intel Xeon with AVX-512 and AMX (the CPU whose native build segfaulted)."""
 
 
 def _dry_run(flags: str) -> dict[str, str]:
-    out = subprocess.run(["bash", "scripts/bootstrap.sh", "--dry-run"], cwd=REPO, capture_output=True, text=True,
-                         check=True, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
-                                          "OMNI_EDGE_CPU_FLAGS": flags}).stdout
+    out = subprocess.run(
+        ["bash", "scripts/bootstrap.sh", "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "OMNI_EDGE_CPU_FLAGS": flags},
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("llama.cpp:"))
     args = next(x for x in out.splitlines() if x.strip().startswith("CMAKE_ARGS="))
     opts = dict(a[2:].split("=", 1) for a in args.split("=", 1)[1].split())
@@ -31,7 +39,11 @@ def _dry_run(flags: str) -> dict[str, str]:
 def test_never_native_and_never_amx(flags: str) -> None:
     opts = _dry_run(flags)
     assert opts["GGML_NATIVE"] == "OFF"
-    assert (opts["GGML_AMX_TILE"], opts["GGML_AMX_INT8"], opts["GGML_AMX_BF16"]) == ("OFF", "OFF", "OFF")
+    assert (opts["GGML_AMX_TILE"], opts["GGML_AMX_INT8"], opts["GGML_AMX_BF16"]) == (
+        "OFF",
+        "OFF",
+        "OFF",
+    )
 
 
 def test_an_avx2_cpu_gets_an_avx2_build_without_avx512() -> None:
@@ -43,7 +55,13 @@ def test_an_avx2_cpu_gets_an_avx2_build_without_avx512() -> None:
 
 def test_an_avx512_cpu_gets_avx512_and_its_extensions() -> None:
     opts = _dry_run(SAPPHIRE_RAPIDS)
-    assert opts["GGML_AVX512"] == opts["GGML_AVX512_VNNI"] == opts["GGML_AVX512_BF16"] == opts["GGML_AVX_VNNI"] == "ON"
+    assert (
+        opts["GGML_AVX512"]
+        == opts["GGML_AVX512_VNNI"]
+        == opts["GGML_AVX512_BF16"]
+        == opts["GGML_AVX_VNNI"]
+        == "ON"
+    )
     assert "-avx512-avx512-vbmi-avx512-vnni-avx512-bf16 " in opts["line"]
 
 

@@ -47,5 +47,9 @@ def test_the_venvs_it_makes_are_the_ones_the_wsl_profile_starts() -> None:
     routes = {r["name"]: r for r in PROFILE["routes"]}
     directml = translate(routes["windows-directml"]["python"], distro="unused")
     ryzen = translate(routes["windows-ryzen-ai"]["python"], distro="unused")
-    assert directml == prefix.group(1) + "\\venv-directml\\Scripts\\python.exe"  # "venv-$Flavour", Scripts\python.exe
-    assert ryzen == prefix.group(1) + "\\ryzen-ai\\python.exe"  # the junction -Flavour vitisai makes
+    assert (
+        directml == prefix.group(1) + "\\venv-directml\\Scripts\\python.exe"
+    )  # "venv-$Flavour", Scripts\python.exe
+    assert (
+        ryzen == prefix.group(1) + "\\ryzen-ai\\python.exe"
+    )  # the junction -Flavour vitisai makes

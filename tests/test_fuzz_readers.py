@@ -24,8 +24,13 @@ from stages.ar_decode.checkpoint import read_gguf, read_safetensors_header
 from stages.exported_graph.artifact import load_artifact
 from tests.test_bad_inputs import MANIFEST_OK, gguf
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 _counter = itertools.count()
 
 
@@ -36,10 +41,13 @@ def _private_cache(private_cache: Path) -> Path:
 
 def damaged(valid: bytes) -> st.SearchStrategy[bytes]:
     """``valid`` with bytes flipped, cut short, or with random bytes spliced in; or raw bytes."""
-    flip = st.lists(st.tuples(st.integers(0, max(len(valid) - 1, 0)), st.integers(0, 255)), max_size=8).map(
-        lambda edits: bytes(_apply(valid, edits)))
+    flip = st.lists(
+        st.tuples(st.integers(0, max(len(valid) - 1, 0)), st.integers(0, 255)), max_size=8
+    ).map(lambda edits: bytes(_apply(valid, edits)))
     cut = st.integers(0, len(valid)).map(lambda n: valid[:n])
-    splice = st.tuples(st.integers(0, len(valid)), st.binary(max_size=64)).map(lambda t: valid[: t[0]] + t[1] + valid[t[0]:])
+    splice = st.tuples(st.integers(0, len(valid)), st.binary(max_size=64)).map(
+        lambda t: valid[: t[0]] + t[1] + valid[t[0] :]
+    )
     return st.one_of(flip, cut, splice, st.binary(max_size=512))
 
 
@@ -55,15 +63,28 @@ def _fresh(tmp_path: Path, suffix: str) -> Path:
     return tmp_path / f"case{next(_counter)}{suffix}"
 
 
-SAFETENSORS_OK = (lambda body: struct.pack("<Q", len(body)) + body)(json.dumps({
-    "__metadata__": {"format": "pt"},
-    "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
-    "b": {"dtype": "F32", "shape": [4], "data_offsets": [12, 28]},
-}).encode())
+SAFETENSORS_OK = (lambda body: struct.pack("<Q", len(body)) + body)(
+    json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [12, 28]},
+        }
+    ).encode()
+)
 
 _json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "x"]), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["dtype", "shape", "data_offsets", "x"]), inner, max_size=4
+        )
+    ),
     max_leaves=12,
 )
 
@@ -91,7 +112,9 @@ def test_safetensors_header_reader_never_raises_anything_else(tmp_path: Path, da
 
 @FUZZ
 @given(header=st.dictionaries(st.text(max_size=6), _json_values, max_size=4))
-def test_safetensors_headers_of_any_json_shape_are_read_or_refused(tmp_path: Path, header: dict[str, Any]) -> None:
+def test_safetensors_headers_of_any_json_shape_are_read_or_refused(
+    tmp_path: Path, header: dict[str, Any]
+) -> None:
     body = json.dumps(header).encode()
     path = _fresh(tmp_path, ".safetensors")
     path.write_bytes(struct.pack("<Q", len(body)) + body)
@@ -120,11 +143,36 @@ def test_manifest_loader_never_raises_anything_else(tmp_path: Path, data: bytes)
 
 
 _config_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["name", "stages", "kind", "model", "devices", "inputs", "max_model_len", "artifact",
-                         "stage_args", "engine_args", "engine_input_source", "stage_id", "final_output", "x"]),
-        inner, max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "name",
+                    "stages",
+                    "kind",
+                    "model",
+                    "devices",
+                    "inputs",
+                    "max_model_len",
+                    "artifact",
+                    "stage_args",
+                    "engine_args",
+                    "engine_input_source",
+                    "stage_id",
+                    "final_output",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
     max_leaves=16,
 )
 

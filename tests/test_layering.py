@@ -78,8 +78,14 @@ def function_level_imports() -> list[tuple[str, int, str]]:
             def walk(node: ast.AST, in_function: bool, module: str = module) -> None:
                 for child in ast.iter_child_nodes(node):
                     if in_function and isinstance(child, ast.Import | ast.ImportFrom):
-                        found.extend((module, child.lineno, name) for name in _imported_names(child, module))
-                    walk(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+                        found.extend(
+                            (module, child.lineno, name) for name in _imported_names(child, module)
+                        )
+                    walk(
+                        child,
+                        in_function
+                        or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda),
+                    )
 
             walk(ast.parse(path.read_text(), str(path)), False)
     return found
@@ -146,16 +152,22 @@ def import_cycles() -> list[list[str]]:
 
 def test_no_import_cycle_among_the_projects_modules() -> None:
     cycles = import_cycles()
-    assert not cycles, "import cycles (each a chain of direct imports, type-checking ones included):\n" + "\n".join(
-        "  " + " -> ".join(c) for c in cycles
+    assert not cycles, (
+        "import cycles (each a chain of direct imports, type-checking ones included):\n"
+        + "\n".join("  " + " -> ".join(c) for c in cycles)
     )
 
 
 def test_function_level_imports_are_for_heavy_packages_only() -> None:
-    bad = [f"{m}:{line}: {imported}" for m, line, imported in function_level_imports() if not _allowed(m, imported)]
+    bad = [
+        f"{m}:{line}: {imported}"
+        for m, line, imported in function_level_imports()
+        if not _allowed(m, imported)
+    ]
     assert not bad, (
         f"{len(bad)} imports inside functions of modules the allow-list does not name "
-        "(tests/test_layering.py LAZY_IMPORTS_ALLOWED; move them to the top of the module):\n  " + "\n  ".join(bad)
+        "(tests/test_layering.py LAZY_IMPORTS_ALLOWED; move them to the top of the module):\n  "
+        + "\n  ".join(bad)
     )
 
 
@@ -189,9 +201,12 @@ def test_every_module_sits_in_a_layer() -> None:
     placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
     graph = grimp.build_graph("orchestrator", "stages")
     unplaced = sorted(
-        m for m in graph.modules
+        m
+        for m in graph.modules
         if m not in ("orchestrator", "stages")
         and not any(m == p or m.startswith(p + ".") for p in placed)
         and not any(p.startswith(m + ".") for p in placed)  # a package whose children are placed
     )
-    assert not unplaced, "modules in no layer of the layers contract (pyproject.toml): " + ", ".join(unplaced)
+    assert not unplaced, (
+        "modules in no layer of the layers contract (pyproject.toml): " + ", ".join(unplaced)
+    )

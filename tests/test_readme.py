@@ -42,8 +42,13 @@ EXCLUDED = {
     "scripts/test.sh": "runs lint, types and the whole test suite, this test included: it would run itself",
 }
 """Blocks not run, by a line they contain, with the reason."""
-STARTS_PIPELINE = ("scripts/demo.sh", "omni-edge run", "omni-edge serve", "Pipeline.from_config",
-                   "Pipeline.open")
+STARTS_PIPELINE = (
+    "scripts/demo.sh",
+    "omni-edge run",
+    "omni-edge serve",
+    "Pipeline.from_config",
+    "Pipeline.open",
+)
 RUNS_A_REQUEST_WITH_RECORD = ("scripts/demo.sh", "omni-edge run", "pipeline.run(")
 NOT_MIRRORED = {".git", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache", "__pycache__"}
 
@@ -87,22 +92,36 @@ BLOCKS = blocks(README.read_text())
 
 
 def _param(b: Block) -> object:
-    marks = [pytest.mark.slow, pytest.mark.ray, pytest.mark.vllm] if any(s in b.code for s in STARTS_PIPELINE) else []
+    marks = (
+        [pytest.mark.slow, pytest.mark.ray, pytest.mark.vllm]
+        if any(s in b.code for s in STARTS_PIPELINE)
+        else []
+    )
     return pytest.param(b, id=f"{b.lang}-line{b.line}", marks=marks)
 
 
 def test_every_block_is_one_this_test_knows_how_to_check() -> None:
     assert BLOCKS
     for b in BLOCKS:
-        assert b.lang in ("bash", "python", "yaml"), f"README.md:{b.line}: a ```{b.lang} block: run it here or drop it"
-        assert b.lang != "yaml" or b.title, f'README.md:{b.line}: a yaml block without title="PATH" cannot be checked'
+        assert b.lang in ("bash", "python", "yaml"), (
+            f"README.md:{b.line}: a ```{b.lang} block: run it here or drop it"
+        )
+        assert b.lang != "yaml" or b.title, (
+            f'README.md:{b.line}: a yaml block without title="PATH" cannot be checked'
+        )
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "yaml"], ids=lambda b: f"yaml-line{b.line}")
+@pytest.mark.parametrize(
+    "block", [b for b in BLOCKS if b.lang == "yaml"], ids=lambda b: f"yaml-line{b.line}"
+)
 def test_yaml_block_is_a_valid_pipeline_config(block: Block) -> None:
     assert block.title is not None
     where = REPO / block.title
-    config = parse_config(yaml.safe_load(block.code), where=f"README.md:{block.line} ({block.title})", base_dir=where.parent)
+    config = parse_config(
+        yaml.safe_load(block.code),
+        where=f"README.md:{block.line} ({block.title})",
+        base_dir=where.parent,
+    )
     assert config.stages
 
 
@@ -121,7 +140,9 @@ def bootstrapped() -> None:
     """What ``scripts/demo.sh`` would install, installed in the checkout itself: its
     bootstrap is then a no-op in the sandbox, which must never become the
     location of an editable install."""
-    proc = subprocess.run(["scripts/bootstrap.sh"], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        ["scripts/bootstrap.sh"], cwd=REPO, capture_output=True, text=True, timeout=3600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -131,7 +152,9 @@ def _python() -> str:
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS if b.lang in ("bash", "python")])
-def test_block_runs_as_written(block: Block, sandbox: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_block_runs_as_written(
+    block: Block, sandbox: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     excluded = next((why for line, why in EXCLUDED.items() if line in block.code), None)
     if excluded:
         pytest.skip(f"README.md:{block.line}: {excluded}")
@@ -146,18 +169,26 @@ def test_block_runs_as_written(block: Block, sandbox: Path, tmp_path: Path, requ
         script = tmp_path / f"readme_line{block.line}.py"
         script.write_text(block.code)
         cmd = [_python(), str(script)]
-    proc = subprocess.run(cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"README.md:{block.line} exited {proc.returncode}:\n{output[-4000:]}"
+    assert proc.returncode == 0, (
+        f"README.md:{block.line} exited {proc.returncode}:\n{output[-4000:]}"
+    )
     assert "Traceback (most recent call last)" not in output, output[-4000:]
 
     records = re.findall(r"^record: (\S+)\s*$", output, flags=re.MULTILINE)
     if any(s in block.code for s in RUNS_A_REQUEST_WITH_RECORD):
-        assert records, f"README.md:{block.line} ran a request but printed no 'record: PATH' line:\n{output[-2000:]}"
+        assert records, (
+            f"README.md:{block.line} ran a request but printed no 'record: PATH' line:\n{output[-2000:]}"
+        )
     for path in records:
         doc = json.loads((sandbox / path).read_text())
         assert doc["format"] == "omni-edge.run/1"
-        assert (sandbox / path).resolve().is_relative_to(sandbox.resolve())  # inside the sandbox: cwd-relative
+        assert (
+            (sandbox / path).resolve().is_relative_to(sandbox.resolve())
+        )  # inside the sandbox: cwd-relative
     for path, seconds in re.findall(r"^audio: (\S+) \((\d+\.\d+) s\b", output, flags=re.MULTILINE):
         audio, rate = read_wav(sandbox / path)
         assert audio.size / rate == pytest.approx(float(seconds), abs=0.006)

@@ -17,7 +17,8 @@ from orchestrator.units import GiB
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE: dict[str, Any] = {
-    "format": "omni-edge.profile/1", "name": "refusal box",
+    "format": "omni-edge.profile/1",
+    "name": "refusal box",
     "host": {"os": "linux", "ram_total_bytes": 32 * GiB, "ram_available_bytes": 16 * GiB},
     "devices": [{"id": "cpu", "kind": "cpu", "name": "cpu", "backends": ["vllm-cpu", "ort-cpu"]}],
 }
@@ -29,7 +30,12 @@ def _private_cache(private_cache: Path) -> Path:
     return private_cache
 
 
-def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], stage: str, profile: dict[str, Any] = PROFILE) -> tuple[int, dict[str, Any]]:
+def plan_json(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    stage: str,
+    profile: dict[str, Any] = PROFILE,
+) -> tuple[int, dict[str, Any]]:
     cfg = tmp_path / "p.yaml"
     cfg.write_text(f"name: refused\nstages:\n  - {stage}\n")
     prof = tmp_path / "profile.json"
@@ -41,21 +47,35 @@ def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], stage: str, pr
 # ---- a context the model cannot have -------------------------------------------
 
 
-def test_a_context_longer_than_the_gguf_model_has_is_refused_at_plan_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, doc = plan_json(tmp_path, capsys, f"{{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], max_model_len: 65536, final_output: true}}")
+def test_a_context_longer_than_the_gguf_model_has_is_refused_at_plan_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = plan_json(
+        tmp_path,
+        capsys,
+        f"{{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], max_model_len: 65536, final_output: true}}",
+    )
     assert code == 3 and doc["admitted"] is False
     (refusal,) = doc["stages"][0]["refusals"]
     assert refusal["code"] == "context_exceeds_model"
-    assert "65536" in refusal["message"] and "8192" in refusal["message"] and "context_length" in refusal["message"]
+    assert (
+        "65536" in refusal["message"]
+        and "8192" in refusal["message"]
+        and "context_length" in refusal["message"]
+    )
     assert "max_model_len to 8192 or less" in refusal["remedy"]
 
 
 def test_a_context_longer_than_max_position_embeddings_is_refused_and_the_human_output_says_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ckpt = write_checkpoint(tmp_path / "m", llama_config(), {"w": ("BF16", [64, 64])})  # 4096 positions
+    ckpt = write_checkpoint(
+        tmp_path / "m", llama_config(), {"w": ("BF16", [64, 64])}
+    )  # 4096 positions
     cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"name: refused\nstages:\n  - {{name: thinker, kind: ar_decode, model: {ckpt}, devices: [cpu], max_model_len: 8192, final_output: true}}\n")
+    cfg.write_text(
+        f"name: refused\nstages:\n  - {{name: thinker, kind: ar_decode, model: {ckpt}, devices: [cpu], max_model_len: 8192, final_output: true}}\n"
+    )
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps(PROFILE))
     assert main(["plan", str(cfg), "--profile", str(prof)]) == 3
@@ -63,8 +83,12 @@ def test_a_context_longer_than_max_position_embeddings_is_refused_and_the_human_
     assert "context_exceeds_model" in out and "8192" in out and "4096" in out
 
 
-def test_yarn_rope_scaling_extends_the_limit_as_vllm_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = llama_config(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})
+def test_yarn_rope_scaling_extends_the_limit_as_vllm_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = llama_config(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    )
     ckpt = write_checkpoint(tmp_path / "m", config, {"w": ("BF16", [64, 64])})
     stage = "{name: thinker, kind: ar_decode, model: %s, devices: [cpu], max_model_len: %d, final_output: true}"
     code, _ = plan_json(tmp_path, capsys, stage % (ckpt, 16384))
@@ -78,7 +102,9 @@ def test_the_memory_remedy_never_suggests_more_than_the_model_has(tmp_path: Path
     from stages.registry import get_kind
 
     cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"name: r\nstages:\n  - {{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], max_model_len: 524288, final_output: true}}\n")
+    cfg.write_text(
+        f"name: r\nstages:\n  - {{name: thinker, kind: ar_decode, model: '{SMOLLM2}', devices: [cpu], max_model_len: 524288, final_output: true}}\n"
+    )
     stage = load_config(cfg).stages[0]
     kind = get_kind("ar_decode")
     info = kind.describe(stage)
@@ -131,7 +157,10 @@ def test_a_route_whose_interpreter_does_not_exist_is_refused_and_the_next_candid
     assert (voice["device"], voice["backend"]) == ("cpu", "ort-cpu")
     (refusal,) = voice["refusals"]
     assert refusal["code"] == "device_unreachable_from_this_process"
-    assert str(tmp_path / "no-such-venv" / "bin" / "python") in refusal["message"] and "does not exist" in refusal["message"]
+    assert (
+        str(tmp_path / "no-such-venv" / "bin" / "python") in refusal["message"]
+        and "does not exist" in refusal["message"]
+    )
     assert "python -m venv" in refusal["remedy"]
 
 
@@ -151,8 +180,20 @@ def test_when_the_only_route_cannot_run_the_plan_is_refused_and_run_starts_nothi
         raise AssertionError("the runtime was started for a refused plan")
 
     monkeypatch.setattr(api.Pipeline, "__init__", nothing_may_start)
-    code = main(["run", str(cfg), "--profile", str(prof), "--prompt", "hi", "--out", str(tmp_path / "reply.wav"),
-                 "--record", str(tmp_path / "runs")])
+    code = main(
+        [
+            "run",
+            str(cfg),
+            "--profile",
+            str(prof),
+            "--prompt",
+            "hi",
+            "--out",
+            str(tmp_path / "reply.wav"),
+            "--record",
+            str(tmp_path / "runs"),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 3, out.err
     assert "device_unreachable_from_this_process" in out.out + out.err
@@ -195,7 +236,10 @@ def test_what_verify_refused_is_never_run_even_without_an_evidence_file(tmp_path
 
     config = load_config(_voice_config(tmp_path, "ort-openvino, ort-cpu"))
     before = plan_pipeline(config, profile).stage("voice")
-    assert (before.backend, before.verification and before.verification.status) == ("ort-openvino", "unverified")
+    assert (before.backend, before.verification and before.verification.status) == (
+        "ort-openvino",
+        "unverified",
+    )
     after = verify_then_replan(config, profile, frozenset()).stage("voice")
     assert after.backend == "ort-cpu"
     assert [r.code for r in after.refusals] == ["device_unreachable_from_this_process"]
@@ -204,4 +248,6 @@ def test_what_verify_refused_is_never_run_even_without_an_evidence_file(tmp_path
     only = load_config(_voice_config(tmp_path, "ort-openvino"))
     plan = verify_then_replan(only, profile, frozenset())
     assert not plan.admitted
-    assert [r.code for r in plan.stage("voice").refusals] == ["device_unreachable_from_this_process"]
+    assert [r.code for r in plan.stage("voice").refusals] == [
+        "device_unreachable_from_this_process"
+    ]

@@ -36,7 +36,11 @@ def test_the_reply_is_spoken_and_embedded(ray_cluster: Any, tmp_path: Path) -> N
     pipeline = Pipeline.from_config(CONFIG, record=tmp_path)
     try:
         embed = pipeline.plan.stage("embed")
-        assert embed.admitted and embed.verification is not None and embed.verification.status == "verified"
+        assert (
+            embed.admitted
+            and embed.verification is not None
+            and embed.verification.status == "verified"
+        )
 
         async def main() -> list[Any]:
             return [e async for e in pipeline.stream("Tell me one fact about the Moon.")]

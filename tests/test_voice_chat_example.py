@@ -43,9 +43,25 @@ def test_a_spoken_question_is_heard_answered_and_spoken(tmp_path: Path) -> None:
     question = write_wav(tmp_path / "q.wav", np.concatenate([before, said, after]), rate)
     reply = tmp_path / "reply.wav"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(CONFIG), "--audio", str(question),
-         "--out", str(reply), "--record", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=540, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            str(CONFIG),
+            "--audio",
+            str(question),
+            "--out",
+            str(reply),
+            "--record",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)

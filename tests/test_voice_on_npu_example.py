@@ -29,7 +29,9 @@ DEFAULT = REPO / "configs/voice-assistant.yaml"
 HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
 CPU_ONLY = REPO / "configs/profiles/cpu-only-linux.json"
 
-needs_int8_voice = pytest.mark.skipif(int8_voice_refused() is not None, reason=str(int8_voice_refused()))
+needs_int8_voice = pytest.mark.skipif(
+    int8_voice_refused() is not None, reason=str(int8_voice_refused())
+)
 """Skips only where this machine's build measured the int8 voice over the exporter's
 ceiling (tests/helpers/generated.py); an artifact never built fails the test."""
 
@@ -55,10 +57,20 @@ def test_the_thinker_on_the_gpu_and_the_voice_on_the_npu_through_the_host_proces
     code, stages = _plan(EXAMPLE, HOSTPROC)
     assert code == 0
     thinker, voice = stages["thinker"], stages["voice"]
-    assert (thinker["device"], thinker["backend"], thinker["route"]) == ("gpu:0", "vllm-cuda", "this-process")
-    assert (voice["device"], voice["backend"], voice["route"]) == ("npu:0", "ort-vitisai", "windows-ryzen-ai")
+    assert (thinker["device"], thinker["backend"], thinker["route"]) == (
+        "gpu:0",
+        "vllm-cuda",
+        "this-process",
+    )
+    assert (voice["device"], voice["backend"], voice["route"]) == (
+        "npu:0",
+        "ort-vitisai",
+        "windows-ryzen-ai",
+    )
     assert voice["engine_kwargs"]["precision"] == "int8"
-    assert voice["engine_kwargs"]["session"]["graph"].endswith("piper-en-us-joe-medium-int8/int8.onnx")
+    assert voice["engine_kwargs"]["session"]["graph"].endswith(
+        "piper-en-us-joe-medium-int8/int8.onnx"
+    )
     route = _routes(HOSTPROC)["windows-ryzen-ai"]
     assert route["kind"] == "host-process" and route["python"].endswith("python.exe")
     # never verified here: the gates decide on the laptop
@@ -71,12 +83,18 @@ def test_the_default_pipeline_keeps_its_fp32_voice() -> None:
     code, stages = _plan(DEFAULT, HOSTPROC)
     assert code == 0
     voice = stages["voice"]
-    assert (voice["device"], voice["backend"], voice["route"]) == ("igpu:0", "ort-dml", "windows-directml")
+    assert (voice["device"], voice["backend"], voice["route"]) == (
+        "igpu:0",
+        "ort-dml",
+        "windows-directml",
+    )
     assert voice["engine_kwargs"]["precision"] == "fp32"
     npu = [r for r in voice["refusals"] if r["device"] == "npu:0"]
     assert npu and "fp32" in npu[0]["message"] and "int8" in npu[0]["message"]
     _, here = _plan(DEFAULT, CPU_ONLY)
-    assert here["voice"]["device"] == "cpu" and here["voice"]["engine_kwargs"]["precision"] == "fp32"
+    assert (
+        here["voice"]["device"] == "cpu" and here["voice"]["engine_kwargs"]["precision"] == "fp32"
+    )
     assert "piper-en-us-joe-medium-int8" not in json.dumps(here)
 
 

@@ -30,17 +30,30 @@ NAME_WIDTH = 28
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", metavar="DIR",
-                   help="the measurement store (default: $OMNI_EDGE_CALIBRATION_DIR, else "
-                        "~/.cache/omni-edge/calibration)")
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        help="the measurement store (default: $OMNI_EDGE_CALIBRATION_DIR, else "
+        "~/.cache/omni-edge/calibration)",
+    )
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    show = sub.add_parser("show", help="list the entries, or one stage's budget history",
-                          description="List the store's entries; with STAGE, each run's budget and what it measured.")
-    show.add_argument("stage", nargs="?", metavar="STAGE", help="PIPELINE/STAGE (or a stage name) as listed")
+    show = sub.add_parser(
+        "show",
+        help="list the entries, or one stage's budget history",
+        description="List the store's entries; with STAGE, each run's budget and what it measured.",
+    )
+    show.add_argument(
+        "stage", nargs="?", metavar="STAGE", help="PIPELINE/STAGE (or a stage name) as listed"
+    )
     show.add_argument("--json", action="store_true", help=f"print JSON (format {STORE_FORMAT})")
-    reset = sub.add_parser("reset", help="forget a stage's measurements (or all): its next plan budgets from metadata",
-                           description="Remove a stage's entries (or --all), so its next plan budgets from metadata.")
-    reset.add_argument("stage", nargs="?", metavar="STAGE", help="PIPELINE/STAGE (or a stage name) as listed")
+    reset = sub.add_parser(
+        "reset",
+        help="forget a stage's measurements (or all): its next plan budgets from metadata",
+        description="Remove a stage's entries (or --all), so its next plan budgets from metadata.",
+    )
+    reset.add_argument(
+        "stage", nargs="?", metavar="STAGE", help="PIPELINE/STAGE (or a stage name) as listed"
+    )
     reset.add_argument("--all", action="store_true", help="remove every entry in the store")
     reset.add_argument("--json", action="store_true", help="print what was removed as JSON")
 
@@ -62,17 +75,23 @@ def select(entries: list[Entry], stage: str, *, where: str, store: Path) -> list
     pipelines = sorted({e.pipeline for e in by_stage})
     if len(pipelines) > 1:
         raise ConfigError.single(
-            where, f"{len(pipelines)} pipelines have a stage {stage!r}: "
+            where,
+            f"{len(pipelines)} pipelines have a stage {stage!r}: "
             + ", ".join(f"{p}/{stage}" for p in pipelines),
             "name one as PIPELINE/STAGE",
         )
     if by_stage:
         return by_stage
     names = sorted({name_of(e) for e in entries})
-    held = f"it holds {', '.join(names[:8])}{' …' if len(names) > 8 else ''}" if names else "it is empty"
+    held = (
+        f"it holds {', '.join(names[:8])}{' …' if len(names) > 8 else ''}"
+        if names
+        else "it is empty"
+    )
     shown = stage if len(stage) <= 80 else stage[:77] + "..."
     raise ConfigError.single(
-        where, f"no entry in the measurement store {store} is for {shown!r}; {held}",
+        where,
+        f"no entry in the measurement store {store} is for {shown!r}; {held}",
         "name a stage as `omni-edge calibration show` lists it (PIPELINE/STAGE), or use --store for another store",
     )
 
@@ -83,18 +102,27 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "reset" and bool(args.stage) == bool(args.all):
         raise ConfigError.single(
-            "calibration reset", "give a STAGE or --all, not both" if args.stage else "give a STAGE or --all",
+            "calibration reset",
+            "give a STAGE or --all, not both" if args.stage else "give a STAGE or --all",
             "omni-edge calibration reset PIPELINE/STAGE, or omni-edge calibration reset --all",
         )
     root = Path(args.store).expanduser() if args.store else None
     if root is not None and root.exists() and not root.is_dir():
-        raise ConfigError.single(f"--store {args.store}", "this is a file, not a directory",
-                                 "name the measurement store's directory")
+        raise ConfigError.single(
+            f"--store {args.store}",
+            "this is a file, not a directory",
+            "name the measurement store's directory",
+        )
     store = CalibrationStore(root)
     entries, ignored = store.entries()
     if args.action == "show":
-        chosen = entries if not args.stage else select(entries, args.stage, where=f"calibration show {_cut(args.stage)}",
-                                                      store=store.root)
+        chosen = (
+            entries
+            if not args.stage
+            else select(
+                entries, args.stage, where=f"calibration show {_cut(args.stage)}", store=store.root
+            )
+        )
         doc = _doc(store, chosen, ignored if not args.stage else [])
         if args.json:
             json.dump(doc, sys.stdout, indent=2)
@@ -104,16 +132,33 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_list(store, chosen, ignored)
         return EXIT_OK
-    targets = ([e.path for e in entries] + [p for p, _ in ignored]) if args.all else \
-        [e.path for e in select(entries, args.stage, where=f"calibration reset {_cut(args.stage)}", store=store.root)]
+    targets = (
+        ([e.path for e in entries] + [p for p, _ in ignored])
+        if args.all
+        else [
+            e.path
+            for e in select(
+                entries, args.stage, where=f"calibration reset {_cut(args.stage)}", store=store.root
+            )
+        ]
+    )
     removed = store.remove_paths(targets) if targets else []
     if args.json:
-        json.dump({"format": STORE_FORMAT, "store": str(store.root), "removed": [str(p) for p in removed]},
-                  sys.stdout, indent=2)
+        json.dump(
+            {
+                "format": STORE_FORMAT,
+                "store": str(store.root),
+                "removed": [str(p) for p in removed],
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
     else:
         what = "every entry" if args.all else args.stage
-        print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} ({what}) from {store.root}")
+        print(
+            f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} ({what}) from {store.root}"
+        )
         for p in removed:
             print(f"  {p.name}")
         if removed:
@@ -125,16 +170,27 @@ def _cut(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _doc(store: CalibrationStore, entries: list[Entry], ignored: list[tuple[Path, str]]) -> dict[str, Any]:
+def _doc(
+    store: CalibrationStore, entries: list[Entry], ignored: list[tuple[Path, str]]
+) -> dict[str, Any]:
     return {
         "format": STORE_FORMAT,
         "store": str(store.root),
-        "entries": [{
-            "name": name_of(e), "pipeline": e.pipeline or None, "stage": e.stage or None, "label": e.label,
-            "file": str(e.path), "subject": e.key.get("subject"),
-            "device": e.key.get("parts", {}).get("device"), "backend": e.key.get("parts", {}).get("backend"),
-            "scaling": e.key.get("scaling", {}), "samples": list(e.samples),
-        } for e in entries],
+        "entries": [
+            {
+                "name": name_of(e),
+                "pipeline": e.pipeline or None,
+                "stage": e.stage or None,
+                "label": e.label,
+                "file": str(e.path),
+                "subject": e.key.get("subject"),
+                "device": e.key.get("parts", {}).get("device"),
+                "backend": e.key.get("parts", {}).get("backend"),
+                "scaling": e.key.get("scaling", {}),
+                "samples": list(e.samples),
+            }
+            for e in entries
+        ],
         "ignored": [{"file": str(p), "problem": why} for p, why in ignored],
     }
 
@@ -145,7 +201,9 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else fmt_bytes(int(n))
 
 
-def _print_list(store: CalibrationStore, entries: list[Entry], ignored: list[tuple[Path, str]]) -> None:
+def _print_list(
+    store: CalibrationStore, entries: list[Entry], ignored: list[tuple[Path, str]]
+) -> None:
     print(f"measurement store: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in")
     print(f"  {store.root}")
     if entries:
@@ -157,9 +215,11 @@ def _print_list(store: CalibrationStore, entries: list[Entry], ignored: list[tup
             last = e.samples[-1]
             trusted = e.trusted()
             peak = max((s["peak_bytes"] for s in trusted), default=None)
-            print(f"{_cut(name_of(e), NAME_WIDTH):<{NAME_WIDTH}} {_cut(str(parts.get('device') or '-'), 8):<8} "
-                  f"{_cut(str(parts.get('backend') or '-'), 13):<13} {len(e.samples):>4} "
-                  f"{_mib(last.get('budget_bytes')):>10} {_mib(peak):>10}")
+            print(
+                f"{_cut(name_of(e), NAME_WIDTH):<{NAME_WIDTH}} {_cut(str(parts.get('device') or '-'), 8):<8} "
+                f"{_cut(str(parts.get('backend') or '-'), 13):<13} {len(e.samples):>4} "
+                f"{_mib(last.get('budget_bytes')):>10} {_mib(peak):>10}"
+            )
         print("budget: the last run's; peak: the largest measured (upper bounds left out)")
         print("a budget's history: omni-edge calibration show STAGE")
         print("forget a stage's:   omni-edge calibration reset STAGE")
@@ -178,12 +238,21 @@ def _print_history(entries: list[Entry]) -> None:
         print(head)
         print("─" * 78)
         for n, s in enumerate(e.samples, 1):
-            flags = [f for f, on in (("cal", s["calibrated"]), ("OVER", s["over_budget"]),
-                                     ("bound", s["upper_bound"])) if on]
+            flags = [
+                f
+                for f, on in (
+                    ("cal", s["calibrated"]),
+                    ("OVER", s["over_budget"]),
+                    ("bound", s["upper_bound"]),
+                )
+                if on
+            ]
             recycles = s.get("worker_recycles")
-            print(f"{n:>3} {str(s['when'])[:16].replace('T', ' '):<16} {_mib(s.get('budget_bytes')):>10} "
-                  f"{_mib(s['peak_bytes']):>10} {_mib(s.get('resident_bytes')):>10} {_mib(s.get('call_rise_bytes')):>9} "
-                  f"{'-' if recycles is None else recycles:>4}  {' '.join(flags)}".rstrip())
+            print(
+                f"{n:>3} {str(s['when'])[:16].replace('T', ' '):<16} {_mib(s.get('budget_bytes')):>10} "
+                f"{_mib(s['peak_bytes']):>10} {_mib(s.get('resident_bytes')):>10} {_mib(s.get('call_rise_bytes')):>9} "
+                f"{'-' if recycles is None else recycles:>4}  {' '.join(flags)}".rstrip()
+            )
     print("budget: what the run was planned with; rise: the largest rise of one call;")
     print("rcyc: worker recycles; cal: a calibrated budget; OVER: measured above it;")
     print("bound: an upper bound (another load counted too), never used")

@@ -96,30 +96,74 @@ class Fatal(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="pipeline config (YAML or JSON) to start here; or give --url")
-    p.add_argument("--url", help="drive a running `omni-edge serve` instead, e.g. http://127.0.0.1:8000")
-    p.add_argument("--api-key", metavar="KEY", help="with --url: the server's API key (Authorization: Bearer KEY); "
-                   f"shows in ps: prefer ${API_KEY_ENV} or --api-key-file")
-    p.add_argument("--api-key-file", metavar="PATH", type=Path,
-                   help=f"with --url: read the server's API key from this file's first line (default: ${API_KEY_ENV})")
-    p.add_argument("--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing")
-    p.add_argument("--mask", action="append", default=[], metavar="DEVICES",
-                   help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
-    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one")
-    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
-    p.add_argument("--skip-verify", action="store_true",
-                   help="run exported placements that have no gate evidence yet (default: verify them first)")
+    p.add_argument(
+        "config", nargs="?", help="pipeline config (YAML or JSON) to start here; or give --url"
+    )
+    p.add_argument(
+        "--url", help="drive a running `omni-edge serve` instead, e.g. http://127.0.0.1:8000"
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="with --url: the server's API key (Authorization: Bearer KEY); "
+        f"shows in ps: prefer ${API_KEY_ENV} or --api-key-file",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        type=Path,
+        help=f"with --url: read the server's API key from this file's first line (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--profile", metavar="FILE", help="plan for a recorded hardware profile instead of probing"
+    )
+    p.add_argument(
+        "--mask",
+        action="append",
+        default=[],
+        metavar="DEVICES",
+        help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="join an existing Ray cluster instead of starting a local one",
+    )
+    p.add_argument(
+        "--ray-logs",
+        action="store_true",
+        help="show the actors' logs (vLLM, ONNX Runtime) on stderr",
+    )
+    p.add_argument(
+        "--skip-verify",
+        action="store_true",
+        help="run exported placements that have no gate evidence yet (default: verify them first)",
+    )
     add_request_options(p)
-    p.add_argument("--out-dir", metavar="DIR", help="write each reply's audio here as reply-NNN.wav")
+    p.add_argument(
+        "--out-dir", metavar="DIR", help="write each reply's audio here as reply-NNN.wav"
+    )
     spoken = p.add_argument_group("a spoken conversation over --url's /v1/realtime (WebSocket)")
-    spoken.add_argument("--audio-in", metavar="WAV",
-                        help="stream this recording to --url's /v1/realtime at the pace of the audio; print each "
-                             "turn's transcript, reply and latency")
-    spoken.add_argument("--audio-speed", type=float, default=1.0, metavar="N",
-                        help="with --audio-in: stream N times faster than real time (default 1.0; the latency is "
-                             "then not the real-time figure)")
-    spoken.add_argument("--out", metavar="WAV", help="with --audio-in: write the replies' audio here (24 kHz)")
-    spoken.add_argument("--json", action="store_true", help="with --audio-in: one JSON object per turn on stdout")
+    spoken.add_argument(
+        "--audio-in",
+        metavar="WAV",
+        help="stream this recording to --url's /v1/realtime at the pace of the audio; print each "
+        "turn's transcript, reply and latency",
+    )
+    spoken.add_argument(
+        "--audio-speed",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="with --audio-in: stream N times faster than real time (default 1.0; the latency is "
+        "then not the real-time figure)",
+    )
+    spoken.add_argument(
+        "--out", metavar="WAV", help="with --audio-in: write the replies' audio here (24 kHz)"
+    )
+    spoken.add_argument(
+        "--json", action="store_true", help="with --audio-in: one JSON object per turn on stdout"
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -130,18 +174,39 @@ def check_args(args: argparse.Namespace) -> None:
     from orchestrator.cli import check_number
     from orchestrator.errors import ConfigError, Problem
 
-    check_number("--temperature", args.temperature, fix="give a temperature such as 0.7 (0: greedy)")
+    check_number(
+        "--temperature", args.temperature, fix="give a temperature such as 0.7 (0: greedy)"
+    )
 
     problems = []
     if args.config and args.url:
-        problems.append(Problem("CONFIG and --url", f"both given ({args.config}, {args.url}): chat starts a pipeline "
-                                "or drives a running server, not both", "drop one of them"))
+        problems.append(
+            Problem(
+                "CONFIG and --url",
+                f"both given ({args.config}, {args.url}): chat starts a pipeline "
+                "or drives a running server, not both",
+                "drop one of them",
+            )
+        )
     elif not args.config and not args.url:
-        problems.append(Problem("CONFIG", "missing", "give a pipeline config, or --url of a running omni-edge serve"))
-    schemes = ("http://", "https://", "ws://", "wss://") if args.audio_in else ("http://", "https://")
-    if args.url and not (args.url.lower().startswith(schemes) and len(args.url.split("://", 1)[1].strip("/")) > 0):
-        problems.append(Problem("--url", f"{args.url!r} is not an {'http(s) or ws(s)' if args.audio_in else 'http(s)'} "
-                                "URL", "e.g. --url http://127.0.0.1:8000"))
+        problems.append(
+            Problem(
+                "CONFIG", "missing", "give a pipeline config, or --url of a running omni-edge serve"
+            )
+        )
+    schemes = (
+        ("http://", "https://", "ws://", "wss://") if args.audio_in else ("http://", "https://")
+    )
+    if args.url and not (
+        args.url.lower().startswith(schemes) and len(args.url.split("://", 1)[1].strip("/")) > 0
+    ):
+        problems.append(
+            Problem(
+                "--url",
+                f"{args.url!r} is not an {'http(s) or ws(s)' if args.audio_in else 'http(s)'} URL",
+                "e.g. --url http://127.0.0.1:8000",
+            )
+        )
     for flag, given in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file)):
         if given is not None and not args.url:
             problems.append(Problem(flag, "only used with --url", "drop it, or give --url"))
@@ -150,13 +215,25 @@ def check_args(args: argparse.Namespace) -> None:
     if args.audio_in:
         problems += audio_in_problems(args)
     else:
-        problems += [Problem(flag, "only used with --audio-in", "drop it, or give --audio-in FILE.wav")
-                     for flag, given in (("--out", args.out), ("--json", args.json),
-                                         ("--audio-speed", args.audio_speed != 1.0)) if given]
+        problems += [
+            Problem(flag, "only used with --audio-in", "drop it, or give --audio-in FILE.wav")
+            for flag, given in (
+                ("--out", args.out),
+                ("--json", args.json),
+                ("--audio-speed", args.audio_speed != 1.0),
+            )
+            if given
+        ]
     if args.url:
-        problems += [Problem(flag, "only used with CONFIG (a pipeline started here)", "drop it")
-                     for flag, given in (("--profile", args.profile), ("--mask", args.mask),
-                                         ("--address", args.address)) if given]
+        problems += [
+            Problem(flag, "only used with CONFIG (a pipeline started here)", "drop it")
+            for flag, given in (
+                ("--profile", args.profile),
+                ("--mask", args.mask),
+                ("--address", args.address),
+            )
+            if given
+        ]
     if problems:
         raise ConfigError(problems)
 
@@ -168,17 +245,35 @@ def audio_in_problems(args: argparse.Namespace) -> list[Any]:
 
     problems = []
     if not args.url and args.config:
-        problems.append(Problem("--audio-in", "streams to a running server's /v1/realtime, not to CONFIG",
-                                "start `omni-edge serve CONFIG` and give --url http://127.0.0.1:8000"))
-    problems += [Problem(flag, "not used with --audio-in (the server's pipeline samples as its config says)",
-                         "drop it") for flag, given in (("--temperature", args.temperature),
-                                                        ("--max-tokens", args.max_tokens)) if given is not None]
+        problems.append(
+            Problem(
+                "--audio-in",
+                "streams to a running server's /v1/realtime, not to CONFIG",
+                "start `omni-edge serve CONFIG` and give --url http://127.0.0.1:8000",
+            )
+        )
+    problems += [
+        Problem(
+            flag,
+            "not used with --audio-in (the server's pipeline samples as its config says)",
+            "drop it",
+        )
+        for flag, given in (("--temperature", args.temperature), ("--max-tokens", args.max_tokens))
+        if given is not None
+    ]
     if args.out_dir:
-        problems.append(Problem("--out-dir", "not used with --audio-in", "give --out reply.wav instead"))
+        problems.append(
+            Problem("--out-dir", "not used with --audio-in", "give --out reply.wav instead")
+        )
     speed = args.audio_speed
     if not (math.isfinite(speed) and 0 < speed <= MAX_AUDIO_SPEED):
-        problems.append(Problem("--audio-speed", f"{speed:g} is not a number above 0 and at most {MAX_AUDIO_SPEED:g}",
-                                "give 1.0 (real time, the default) or e.g. 4 to stream four times faster"))
+        problems.append(
+            Problem(
+                "--audio-speed",
+                f"{speed:g} is not a number above 0 and at most {MAX_AUDIO_SPEED:g}",
+                "give 1.0 (real time, the default) or e.g. 4 to stream four times faster",
+            )
+        )
     return problems
 
 
@@ -197,17 +292,25 @@ def key_of(args: argparse.Namespace) -> str | None:
             with open(args.api_key_file, "rb") as f:
                 data = f.read(API_KEY_FILE_MAX_BYTES + 1)
         except OSError as exc:
-            raise ConfigError.single(where, f"cannot be read ({exc.strerror or exc})",
-                                     "give a readable file holding the key on its first line") from None
+            raise ConfigError.single(
+                where,
+                f"cannot be read ({exc.strerror or exc})",
+                "give a readable file holding the key on its first line",
+            ) from None
         if len(data) > API_KEY_FILE_MAX_BYTES:
-            raise ConfigError.single(where, f"is over {API_KEY_FILE_MAX_BYTES} bytes", "give a file holding only the key")
+            raise ConfigError.single(
+                where, f"is over {API_KEY_FILE_MAX_BYTES} bytes", "give a file holding only the key"
+            )
         lines = data.decode("utf-8", errors="replace").splitlines()
         key = lines[0].strip() if lines else ""
     else:
         key, where = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}"
     if key is not None and (not key.strip() or not key.isprintable() or not key.isascii()):
-        raise ConfigError.single(where, "is empty or not printable ASCII (an HTTP header cannot carry it)",
-                                 "give the key the server was started with")
+        raise ConfigError.single(
+            where,
+            "is empty or not printable ASCII (an HTTP header cannot carry it)",
+            "give the key the server was started with",
+        )
     return key
 
 
@@ -220,8 +323,11 @@ def prepare_out_dir(path: str) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError.single(f"--out-dir {path}", f"cannot be created ({exc.strerror or exc})",
-                                 "name a directory you can write to") from None
+        raise ConfigError.single(
+            f"--out-dir {path}",
+            f"cannot be created ({exc.strerror or exc})",
+            "name a directory you can write to",
+        ) from None
     check_writable(out / "reply-001.wav", what="--out-dir")
     return out
 
@@ -256,7 +362,10 @@ def run(args: argparse.Namespace) -> int:
         if pipeline is not None:
             held = f"; ledger holds {pipeline.close().get('held_bytes', 0)} bytes"
             pipeline = None
-        print(f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline{held}", file=sys.stderr)
+        print(
+            f"interrupted by {signal.Signals(exc.signum).name}: closed the pipeline{held}",
+            file=sys.stderr,
+        )
         return 128 + exc.signum
     except Fatal as exc:
         from orchestrator.errors import terminal_text
@@ -276,7 +385,9 @@ Replier = Callable[[dict[str, Any], str, "Path | None"], str]
 """(request, the user's message, where to write the reply's WAV) → the reply's text; raises Refused."""
 
 
-def chat_loop(reply: Replier, args: argparse.Namespace, console: Console, out_dir: Path | None) -> int:
+def chat_loop(
+    reply: Replier, args: argparse.Namespace, console: Console, out_dir: Path | None
+) -> int:
     """Read messages, answer each with the history; the exit code (see the module docstring)."""
     from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK
     from orchestrator.console import plain
@@ -287,7 +398,9 @@ def chat_loop(reply: Replier, args: argparse.Namespace, console: Console, out_di
     replies = 0
     interactive = sys.stdin.isatty()
     if interactive:
-        console.print("[dim]chat: /reset forgets the history, /history prints it, /exit (or Ctrl-D) ends[/]")
+        console.print(
+            "[dim]chat: /reset forgets the history, /history prints it, /exit (or Ctrl-D) ends[/]"
+        )
     for line in _messages(interactive):
         if line in ("/exit", "/quit"):
             break
@@ -350,9 +463,16 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     check_sampling(load_config(args.config), sampling_of(args), where=args.config)
     console.print("[dim]starting the pipeline (Ray, one actor per device) …[/]")
     try:
-        pipeline = Pipeline.from_config(args.config, profile=args.profile, mask=args.mask, address=args.address,
-                                        record=None, progress=True, log_to_driver=args.ray_logs,
-                                        verify=not args.skip_verify)
+        pipeline = Pipeline.from_config(
+            args.config,
+            profile=args.profile,
+            mask=args.mask,
+            address=args.address,
+            record=None,
+            progress=True,
+            log_to_driver=args.ray_logs,
+            verify=not args.skip_verify,
+        )
     except PlanRefused as exc:
         from orchestrator.render import print_plan
 
@@ -371,7 +491,9 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
         wav_out = WavOut(wav) if wav else None
         try:
             pipeline.validate(request)
-            result = asyncio.run(stream_reply(pipeline, request, line, make_stdout_console(), wav_out))
+            result = asyncio.run(
+                stream_reply(pipeline, request, line, make_stdout_console(), wav_out)
+            )
         except (BadRequest, PipelineBusy) as exc:
             _discard(wav_out)
             raise Refused(str(exc)) from None
@@ -386,9 +508,13 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
         if wav_out is not None and result.audio is not None and result.sample_rate:
             kept: list[Problem] = []
             path = wav_out.finish(result, kept)
-            console.print(f"[dim]audio: {plain(path)} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True)
+            console.print(
+                f"[dim]audio: {plain(path)} ({result.audio_seconds:.2f} s)[/]", soft_wrap=True
+            )
             for problem in kept:
-                console.print(f"[yellow]{plain(problem.where)}: {plain(problem.what)}[/]", soft_wrap=True)
+                console.print(
+                    f"[yellow]{plain(problem.where)}: {plain(problem.what)}[/]", soft_wrap=True
+                )
         return result.text
 
     return reply
@@ -412,15 +538,25 @@ def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
     from orchestrator.console import plain
 
     base = url.rstrip("/")
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    headers = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+    }
     model = _model_of(base, headers)
     console.print(f"[dim]chatting with {plain(repr(model))} at {plain(base)}[/]")
 
     def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
-        body: dict[str, Any] = {"model": model, "messages": request["messages"], "stream": True,
-                                **request.get("sampling", {})}
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": request["messages"],
+            "stream": True,
+            **request.get("sampling", {}),
+        }
         if wav is not None:
-            body |= {"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+            body |= {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "default", "format": "pcm16"},
+            }
         return _stream_http(f"{base}/v1/chat/completions", body, headers, wav, console)
 
     return reply
@@ -432,7 +568,11 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+    return (
+        scheme,
+        (parts.hostname or "").lower(),
+        parts.port or {"http": 80, "https": 443}.get(scheme),
+    )
 
 
 def _opener() -> Any:
@@ -446,7 +586,9 @@ def _opener() -> Any:
     import urllib.request
 
     class KeyStaysHome(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        def redirect_request(
+            self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+        ) -> Any:
             new = super().redirect_request(req, fp, code, msg, headers, newurl)
             if new is not None and _origin(newurl) != _origin(req.full_url):
                 new.remove_header("Authorization")
@@ -460,15 +602,27 @@ def _model_of(base: str, headers: dict[str, str]) -> str:
     import urllib.request
 
     try:
-        with _opener().open(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=30) as resp:
+        with _opener().open(
+            urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=30
+        ) as resp:
             data = json.load(resp).get("data") or [{}]
     except urllib.error.HTTPError as exc:
-        raise Fatal(f"--url {base}: {_http_error(exc)}" + (f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)"
-                                                           if exc.code == 401 else ""), 2) from None
+        raise Fatal(
+            f"--url {base}: {_http_error(exc)}"
+            + (
+                f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)"
+                if exc.code == 401
+                else ""
+            ),
+            2,
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise Fatal(f"--url {base}: cannot reach an omni-edge server there ({reason}); start one with "
-                    "`omni-edge serve CONFIG` or fix the URL", 2) from None
+        raise Fatal(
+            f"--url {base}: cannot reach an omni-edge server there ({reason}); start one with "
+            "`omni-edge serve CONFIG` or fix the URL",
+            2,
+        ) from None
     return str(data[0].get("id") or "omni-edge")
 
 
@@ -479,12 +633,16 @@ def _http_error(exc: Any) -> str:
         return f"HTTP {exc.code} {exc.reason}"
 
 
-def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: Path | None, console: Console) -> str:
+def _stream_http(
+    url: str, body: dict[str, Any], headers: dict[str, str], wav: Path | None, console: Console
+) -> str:
     """POST ``body``, print the streamed reply, write its audio to ``wav``; the reply's text."""
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
     printer = ReplyPrinter(make_stdout_console())
     parts: list[str] = []
     writer = PcmWav(wav) if wav is not None else None
@@ -511,7 +669,11 @@ def _stream_http(url: str, body: dict[str, Any], headers: dict[str, str], wav: P
         if exc.code == 503:
             raise Fatal(message, 4) from None
         if exc.code == 401:
-            raise Fatal(message + f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)", 2) from None
+            raise Fatal(
+                message
+                + f" (give the server's key: ${API_KEY_ENV}, --api-key-file PATH or --api-key)",
+                2,
+            ) from None
         raise Refused(message) from None
     except (Refused, KeyboardInterrupt, OSError) as exc:
         printer.close()
@@ -577,7 +739,7 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
             continue
-        payload = line[len("data:"):].strip()
+        payload = line[len("data:") :].strip()
         if payload == "[DONE]":
             return
         yield json.loads(payload)

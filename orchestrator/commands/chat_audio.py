@@ -29,8 +29,13 @@ from orchestrator.errors import terminal_text
 
 WIDTH = 80
 """Human output's width (the project's: reads well in 80 columns)."""
-STEPS = (("end_of_turn", "end of turn"), ("transcript", "transcript"), ("first_token", "first token"),
-         ("first_sentence", "first sentence"), ("first_audio", "first audio"))
+STEPS = (
+    ("end_of_turn", "end of turn"),
+    ("transcript", "transcript"),
+    ("first_token", "first token"),
+    ("first_sentence", "first sentence"),
+    ("first_audio", "first audio"),
+)
 
 
 class TurnPrinter:
@@ -47,8 +52,14 @@ class TurnPrinter:
             return
         if kind == "transcript":
             self._end_reply()
-            print(textwrap.fill(terminal_text(f"turn {turn.index}  you: {text.strip() or '(nothing heard)'}"),
-                                WIDTH, subsequent_indent=" " * 8), flush=True)
+            print(
+                textwrap.fill(
+                    terminal_text(f"turn {turn.index}  you: {text.strip() or '(nothing heard)'}"),
+                    WIDTH,
+                    subsequent_indent=" " * 8,
+                ),
+                flush=True,
+            )
         elif kind == "delta":
             if self.in_reply is not turn:
                 self._end_reply()
@@ -69,25 +80,42 @@ class TurnPrinter:
 
 def latency_text(turn: Turn) -> str:
     """``  latency 0.93 s: end of turn 0.45 + transcript 0.20 + …`` wrapped in 80 columns."""
-    status = "" if turn.status == "completed" else f" (reply {turn.status}{f': {turn.reason}' if turn.reason else ''})"
+    status = (
+        ""
+        if turn.status == "completed"
+        else f" (reply {turn.status}{f': {turn.reason}' if turn.reason else ''})"
+    )
     latency = turn.latency_s
     if latency is None:
         return f"  turn {turn.index}: no reply audio{status}"
     steps = turn.breakdown_s()
     parts = [f"{label} {steps[name]:.2f}" for name, label in STEPS if steps.get(name) is not None]
-    text = f"  latency {latency:.2f} s (end of speech → first reply audio){status}: " + " + ".join(parts)
+    text = f"  latency {latency:.2f} s (end of speech → first reply audio){status}: " + " + ".join(
+        parts
+    )
     lines = textwrap.fill(text, WIDTH, subsequent_indent="    ")
     server = server_text(turn.server_timing)
-    return lines + ("\n" + textwrap.fill(server, WIDTH, initial_indent="    ", subsequent_indent="    ") if server else "")
+    return lines + (
+        "\n" + textwrap.fill(server, WIDTH, initial_indent="    ", subsequent_indent="    ")
+        if server
+        else ""
+    )
 
 
-SERVER_MARKS = (("turn_end_ms", "turn end"), ("transcript_ms", "transcript"), ("first_token_ms", "first token"),
-                ("first_sentence_ms", "first sentence"), ("first_audio_ms", "first audio"))
+SERVER_MARKS = (
+    ("turn_end_ms", "turn end"),
+    ("transcript_ms", "transcript"),
+    ("first_token_ms", "first token"),
+    ("first_sentence_ms", "first sentence"),
+    ("first_audio_ms", "first audio"),
+)
 
 
 def server_text(timing: dict[str, Any]) -> str:
     """The server's own marks (``response.done``'s ``timing``), ms after the end of speech."""
-    marks = [f"{label} {timing[key]}" for key, label in SERVER_MARKS if isinstance(timing.get(key), int)]
+    marks = [
+        f"{label} {timing[key]}" for key, label in SERVER_MARKS if isinstance(timing.get(key), int)
+    ]
     if not marks:
         return ""
     early = " (started early, in the pause)" if timing.get("early_start") else ""
@@ -104,23 +132,35 @@ def run_audio_in(args: argparse.Namespace, api_key: str | None) -> int:
     if out is not None:
         check_writable(out, what="--out")
     printer = TurnPrinter(args.json)
-    session = VoiceSession(args.url, api_key=api_key, speed=args.audio_speed, out=out, on_event=printer)
+    session = VoiceSession(
+        args.url, api_key=api_key, speed=args.audio_speed, out=out, on_event=printer
+    )
     written: list[Path | None] = []
     try:
-        asyncio.run(_talk(session, request["audio"], int(request["sample_rate"]), args.system, written))
+        asyncio.run(
+            _talk(session, request["audio"], int(request["sample_rate"]), args.system, written)
+        )
     except SessionError as exc:
         printer._end_reply()
         print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         printer._end_reply()
-        print("interrupted: the session closed" + (f", nothing written to {out}" if out else ""), file=sys.stderr)
+        print(
+            "interrupted: the session closed" + (f", nothing written to {out}" if out else ""),
+            file=sys.stderr,
+        )
         return 130
     return _summary(session, args, written[0] if written else None)
 
 
-async def _talk(session: VoiceSession, audio: Any, rate: int, instructions: str | None,
-                written: list[Path | None]) -> None:
+async def _talk(
+    session: VoiceSession,
+    audio: Any,
+    rate: int,
+    instructions: str | None,
+    written: list[Path | None],
+) -> None:
     ok = False
     try:
         await session.connect()
@@ -134,8 +174,11 @@ async def _talk(session: VoiceSession, audio: Any, rate: int, instructions: str 
 def _summary(session: VoiceSession, args: argparse.Namespace, written: Path | None) -> int:
     answered = [t for t in session.turns if t.status is not None]
     if not answered:
-        print(f"error: the server heard no speech in {terminal_text(args.audio_in)} (no turn was detected); "
-              "give a recording with speech, louder than the noise around it", file=sys.stderr)
+        print(
+            f"error: the server heard no speech in {terminal_text(args.audio_in)} (no turn was detected); "
+            "give a recording with speech, louder than the noise around it",
+            file=sys.stderr,
+        )
         return 1
     latencies = sorted(t.latency_s for t in answered if t.latency_s is not None)
     line = f"{len(answered)} turn{'s' * (len(answered) != 1)} answered"
@@ -143,9 +186,16 @@ def _summary(session: VoiceSession, args: argparse.Namespace, written: Path | No
         line += f"; latency median {latencies[len(latencies) // 2]:.2f} s"
     print(line, file=sys.stderr)
     if args.audio_speed != 1.0:
-        print(f"note: streamed at {args.audio_speed:g}× real time: the end-of-turn pause passed that much faster, "
-              "so the latency is not the real-time figure", file=sys.stderr)
+        print(
+            f"note: streamed at {args.audio_speed:g}× real time: the end-of-turn pause passed that much faster, "
+            "so the latency is not the real-time figure",
+            file=sys.stderr,
+        )
     if written is not None and session.writer is not None:
-        print(terminal_text(f"audio: {written} ({session.writer.seconds:.2f} s at {session.out_rate} Hz)"),
-              file=sys.stderr)
+        print(
+            terminal_text(
+                f"audio: {written} ({session.writer.seconds:.2f} s at {session.out_rate} Hz)"
+            ),
+            file=sys.stderr,
+        )
     return 0

@@ -24,37 +24,108 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(onnx.checker, a CPU session, each precision through the gates on the CPU EP) before it is "
         "renamed into place; a failure leaves nothing behind."
     )
-    p.add_argument("--from", dest="source", required=True, choices=["torch", "transformers", "onnx"],
-                   help="what SOURCE is")
-    p.add_argument("location", metavar="SOURCE",
-                   help="torch: pkg.module:factory; transformers: a model directory or package://pkg/dir; onnx: FILE.onnx")
-    p.add_argument("-o", "--out", metavar="DIR", required=True, help="the artifact directory to write (must not exist)")
-    p.add_argument("--precision", default="fp32", metavar="LIST",
-                   help="comma-separated, from fp32,fp16,int8 (fp32 is required; default: fp32)")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset for torch/transformers (13-20, default 17)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        choices=["torch", "transformers", "onnx"],
+        help="what SOURCE is",
+    )
+    p.add_argument(
+        "location",
+        metavar="SOURCE",
+        help="torch: pkg.module:factory; transformers: a model directory or package://pkg/dir; onnx: FILE.onnx",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        metavar="DIR",
+        required=True,
+        help="the artifact directory to write (must not exist)",
+    )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        metavar="LIST",
+        help="comma-separated, from fp32,fp16,int8 (fp32 is required; default: fp32)",
+    )
+    p.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset for torch/transformers (13-20, default 17)",
+    )
     p.add_argument("--name", help="artifact name (default: the directory's name)")
-    p.add_argument("--version", dest="artifact_version", default="1.0.0", metavar="VERSION",
-                   help="artifact version (default 1.0.0)")
+    p.add_argument(
+        "--version",
+        dest="artifact_version",
+        default="1.0.0",
+        metavar="VERSION",
+        help="artifact version (default 1.0.0)",
+    )
     p.add_argument("--description", default="", help="free text for the manifest")
     p.add_argument("--license", default="unknown", help="license of the weights (SPDX id)")
     p.add_argument("--origin", help="where the weights come from (default: the source)")
-    p.add_argument("--preprocess", metavar="MODULE:FN", help="preprocess hook (exports package or omni_edge.hooks)")
+    p.add_argument(
+        "--preprocess",
+        metavar="MODULE:FN",
+        help="preprocess hook (exports package or omni_edge.hooks)",
+    )
     p.add_argument("--postprocess", metavar="MODULE:FN", help="postprocess hook (likewise)")
-    p.add_argument("--consumes", metavar="TYPES", help="payload types an input item may be, comma-separated (e.g. text)")
-    p.add_argument("--produces", metavar="TYPES", help="payload types an output item may be (e.g. 'tensor<float32>[384]')")
-    p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="a manifest metadata entry (repeatable)")
-    p.add_argument("--inputs", metavar="NPZ", help="onnx: the reference inputs (one array per graph input)")
-    p.add_argument("--calibration", action="append", default=[], metavar="NPZ",
-                   help="onnx: more calibration inputs, one .npz each (repeatable)")
-    p.add_argument("--calibration-text", metavar="FILE",
-                   help="transformers: calibration sentences, one per line (the first is the reference input)")
-    p.add_argument("--int8-activations", choices=["uint8", "uint16"], default=None,
-                   help="int8: the activations' type (default uint8; uint16 keeps more of their range)")
-    p.add_argument("--int8-nodes", metavar="PREFIXES",
-                   help="int8: quantize only the nodes whose names start with these comma-separated prefixes "
-                        "(e.g. /dec/), leaving the rest fp32 (default: every node the quantizer takes)")
-    p.add_argument("--force", action="store_true", help="replace DIR once the new artifact is complete and validated")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON (format omni-edge.export-result/1)")
+    p.add_argument(
+        "--consumes",
+        metavar="TYPES",
+        help="payload types an input item may be, comma-separated (e.g. text)",
+    )
+    p.add_argument(
+        "--produces",
+        metavar="TYPES",
+        help="payload types an output item may be (e.g. 'tensor<float32>[384]')",
+    )
+    p.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a manifest metadata entry (repeatable)",
+    )
+    p.add_argument(
+        "--inputs", metavar="NPZ", help="onnx: the reference inputs (one array per graph input)"
+    )
+    p.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        metavar="NPZ",
+        help="onnx: more calibration inputs, one .npz each (repeatable)",
+    )
+    p.add_argument(
+        "--calibration-text",
+        metavar="FILE",
+        help="transformers: calibration sentences, one per line (the first is the reference input)",
+    )
+    p.add_argument(
+        "--int8-activations",
+        choices=["uint8", "uint16"],
+        default=None,
+        help="int8: the activations' type (default uint8; uint16 keeps more of their range)",
+    )
+    p.add_argument(
+        "--int8-nodes",
+        metavar="PREFIXES",
+        help="int8: quantize only the nodes whose names start with these comma-separated prefixes "
+        "(e.g. /dec/), leaving the rest fp32 (default: every node the quantizer takes)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DIR once the new artifact is complete and validated",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as JSON (format omni-edge.export-result/1)",
+    )
 
 
 def _list(value: str | None) -> list[str] | None:
@@ -66,9 +137,13 @@ def _metadata(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError.single(f"--metadata {item}", "not KEY=VALUE", "write e.g. --metadata language=en")
+            raise ConfigError.single(
+                f"--metadata {item}", "not KEY=VALUE", "write e.g. --metadata language=en"
+            )
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""  # 384 is a number, en a string
+            out[key.strip()] = (
+                yaml.safe_load(value) if value.strip() else ""
+            )  # 384 is a number, en a string
         except yaml.YAMLError:
             out[key.strip()] = value
     return out
@@ -118,29 +193,53 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.units import fmt_bytes
 
     if args.opset is not None and args.source == "onnx":
-        raise ConfigError.single("--opset", "an ONNX source keeps its own opset", "leave --opset out")
-    if args.opset is not None:  # before the model is loaded (--opset 0 was the default opset, silently)
+        raise ConfigError.single(
+            "--opset", "an ONNX source keeps its own opset", "leave --opset out"
+        )
+    if (
+        args.opset is not None
+    ):  # before the model is loaded (--opset 0 was the default opset, silently)
         check_opset(args.opset, where="--opset", highest=TORCH_MAX_OPSET)
     precisions = tuple(_list(args.precision) or ())
     scheme = Int8Scheme()
     if args.int8_activations or args.int8_nodes:
         if "int8" not in precisions:
             flag = "--int8-activations" if args.int8_activations else "--int8-nodes"
-            raise ConfigError.single(flag, "only shapes the int8 graph, and --precision has no int8",
-                                     "add int8 to --precision (e.g. --precision fp32,int8) or leave the flag out")
+            raise ConfigError.single(
+                flag,
+                "only shapes the int8 graph, and --precision has no int8",
+                "add int8 to --precision (e.g. --precision fp32,int8) or leave the flag out",
+            )
         nodes = tuple(_list(args.int8_nodes) or ())
         if args.int8_nodes is not None and not nodes:
-            raise ConfigError.single("--int8-nodes", "names no prefix", "give e.g. --int8-nodes /dec/")
+            raise ConfigError.single(
+                "--int8-nodes", "names no prefix", "give e.g. --int8-nodes /dec/"
+            )
         scheme = Int8Scheme(activations=args.int8_activations or "uint8", nodes=nodes)
     req = ExportRequest(
-        source=args.source, location=args.location, out=Path(args.out),
-        precisions=precisions, opset=DEFAULT_OPSET if args.opset is None else args.opset,
-        name=args.name, version=args.artifact_version, description=args.description, license=args.license,
-        origin=args.origin, preprocess=args.preprocess, postprocess=args.postprocess,
-        consumes=_list(args.consumes), produces=_list(args.produces), metadata=_metadata(args.metadata),
-        inputs_npz=args.inputs, calibration_npz=list(args.calibration), calibration_text=args.calibration_text,
-        force=args.force, int8=scheme,
-        command=shlex.join(["omni-edge", "export", *sys.argv[2:]]) if sys.argv[1:2] == ["export"] else "",
+        source=args.source,
+        location=args.location,
+        out=Path(args.out),
+        precisions=precisions,
+        opset=DEFAULT_OPSET if args.opset is None else args.opset,
+        name=args.name,
+        version=args.artifact_version,
+        description=args.description,
+        license=args.license,
+        origin=args.origin,
+        preprocess=args.preprocess,
+        postprocess=args.postprocess,
+        consumes=_list(args.consumes),
+        produces=_list(args.produces),
+        metadata=_metadata(args.metadata),
+        inputs_npz=args.inputs,
+        calibration_npz=list(args.calibration),
+        calibration_text=args.calibration_text,
+        force=args.force,
+        int8=scheme,
+        command=shlex.join(["omni-edge", "export", *sys.argv[2:]])
+        if sys.argv[1:2] == ["export"]
+        else "",
     )
     steps = _Steps(quiet=args.json)
     ok = False
@@ -167,11 +266,19 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col == "precision" else "right")
     for p, m in result.precisions.items():
         s = m["suggested"]
-        table.add_row(p, fmt_bytes(m["bytes"]), f"{m['rel_l2']:.2g}", f"{m['max_abs']:.2g}", f"{m['cosine']:.6f}",
-                      f"{s['rel_l2']:g}/{s['max_abs']:g}/{s['cosine_min']:g}")
+        table.add_row(
+            p,
+            fmt_bytes(m["bytes"]),
+            f"{m['rel_l2']:.2g}",
+            f"{m['max_abs']:.2g}",
+            f"{m['cosine']:.6f}",
+            f"{s['rel_l2']:g}/{s['max_abs']:g}/{s['cosine_min']:g}",
+        )
     console.print(table)
     t = result.tolerance
-    console.print(f"manifest tolerance (the loosest): rel_l2 {t['rel_l2']:g}, max_abs {t['max_abs']:g}, "
-                  f"cosine_min {t['cosine_min']:g}")
+    console.print(
+        f"manifest tolerance (the loosest): rel_l2 {t['rel_l2']:g}, max_abs {t['max_abs']:g}, "
+        f"cosine_min {t['cosine_min']:g}"
+    )
     console.print("validated: onnx.checker, manifest, hooks, every precision's gates (CPU EP)")
     return EXIT_OK

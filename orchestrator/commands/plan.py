@@ -19,14 +19,23 @@ def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> Non
     """CONFIG, --profile and --mask: what every command that plans takes."""
     p.add_argument("config", help="pipeline config (YAML or JSON)")
     p.add_argument("--profile", metavar="FILE", help=profile_help)
-    p.add_argument("--mask", action="append", default=[], metavar="DEVICES", help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)")
+    p.add_argument(
+        "--mask",
+        action="append",
+        default=[],
+        metavar="DEVICES",
+        help="exclude devices or kinds, e.g. --mask npu,gpu:0 (repeatable)",
+    )
 
 
 def add_calibration_flag(p: argparse.ArgumentParser) -> None:
     """--no-calibration: what ``plan``, ``run`` and ``serve`` take."""
-    p.add_argument("--no-calibration", action="store_true",
-                   help="plan from metadata alone, ignoring the peaks measured on this machine "
-                        "(the measurement store, docs/calibration.md); run/serve then record none")
+    p.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="plan from metadata alone, ignoring the peaks measured on this machine "
+        "(the measurement store, docs/calibration.md); run/serve then record none",
+    )
 
 
 def calibration_store(args: argparse.Namespace) -> CalibrationStore | None:
@@ -37,9 +46,13 @@ def calibration_store(args: argparse.Namespace) -> CalibrationStore | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of this machine")
+    add_pipeline_inputs(
+        p, profile_help="plan for a recorded hardware profile instead of this machine"
+    )
     add_calibration_flag(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)")
+    p.add_argument(
+        "--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)"
+    )
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
 
 
@@ -52,9 +65,15 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, what="--out")
         for given, what in ((args.config, "CONFIG"), (args.profile, "--profile")):
-            if given and os.path.exists(given) and os.path.exists(args.out) and os.path.samefile(given, args.out):
+            if (
+                given
+                and os.path.exists(given)
+                and os.path.exists(args.out)
+                and os.path.samefile(given, args.out)
+            ):
                 raise ConfigError.single(
-                    f"--out {args.out}", f"this is the {what} file: writing the plan there would replace it",
+                    f"--out {args.out}",
+                    f"this is the {what} file: writing the plan there would replace it",
                     "write the plan to another file",
                 )
     config = load_config(args.config)

@@ -79,8 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.probe import probe_profile
     from orchestrator.probe.host import running_in_wsl
 
-    check_number("--timeout", args.timeout, above=0,
-                 fix=f"give the seconds each interpreter may take to answer, e.g. --timeout {PROBE_TIMEOUT_S:g}")
+    check_number(
+        "--timeout",
+        args.timeout,
+        above=0,
+        fix=f"give the seconds each interpreter may take to answer, e.g. --timeout {PROBE_TIMEOUT_S:g}",
+    )
     routes = []
     wsl = running_in_wsl()
     for i, text in enumerate(args.route):
@@ -112,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         profile = gather_at(args.address)
         text = json.dumps(cluster_document(profile), indent=2) + "\n"
     else:
-        profile = probe_profile(routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout)
+        profile = probe_profile(
+            routes, use_default_routes=not args.no_default_routes, timeout_s=args.timeout
+        )
         text = profile.model_dump_json(indent=2) + "\n"
 
     if args.json:
@@ -170,11 +176,18 @@ def profile_view(profile: HardwareProfile) -> Group:
     head.add_column(overflow="fold")
     head.add_row("profile", Text(profile.name, style="bold"))
     head.add_row("host", Text(f"{h.os}{' (WSL2)' if h.wsl else ''}, {h.cpu_name}"))
-    head.add_row("RAM", Text(f"total {fmt_bytes(h.ram_total_bytes)}, available {fmt_bytes(h.ram_available_bytes)}, limit {limit}"))
+    head.add_row(
+        "RAM",
+        Text(
+            f"total {fmt_bytes(h.ram_total_bytes)}, available {fmt_bytes(h.ram_available_bytes)}, limit {limit}"
+        ),
+    )
 
     devices = Sheet("devices", (Col("id"), Col("memory"), Col("name", wrap=True)))
     for d in profile.devices:
-        memory = fmt_bytes(d.memory_bytes) if d.memory_bytes is not None else f"host RAM\n({d.pool})"
+        memory = (
+            fmt_bytes(d.memory_bytes) if d.memory_bytes is not None else f"host RAM\n({d.pool})"
+        )
         devices.add_row(d.id, memory, d.name)
 
     # One row per device and backend: which interpreter runs that backend
@@ -186,22 +199,42 @@ def profile_view(profile: HardwareProfile) -> Group:
         for b in d.backends:
             backends.add_row(d.id, b, d.route_for(b))
 
-    pools = Sheet("pools", (Col("pool"), Col("capacity", "right"), Col("inside"), Col("note", wrap=True)))
+    pools = Sheet(
+        "pools", (Col("pool"), Col("capacity", "right"), Col("inside"), Col("note", wrap=True))
+    )
     for p in pools_of(profile):
         pools.add_row(p.id, fmt_bytes(p.capacity_bytes), p.parent or "-", p.note or "-")
 
-    routes_t = Sheet("routes", (
-        Col("route"), Col("kind"), Col("reachable"), Col("providers"), Col("why", wrap=True),
-    ))
+    routes_t = Sheet(
+        "routes",
+        (
+            Col("route"),
+            Col("kind"),
+            Col("reachable"),
+            Col("providers"),
+            Col("why", wrap=True),
+        ),
+    )
     for r in profile.routes:
         why = r.reason + (f"\nremedy: {r.remedy}" if r.remedy else "")
         routes_t.add_row(
-            r.name, r.kind,
+            r.name,
+            r.kind,
             Text("yes") if r.reachable else Text("no", style="bold red"),
             "\n".join(r.providers or []) or "-",
             notes.note(why, footnote=f"{r.name}: {why}") if why else "-",
         )
-    return spaced([head, devices, backends, pools, routes_t, *llamacpp_sheets(profile), *ep_device_sheets(profile)])
+    return spaced(
+        [
+            head,
+            devices,
+            backends,
+            pools,
+            routes_t,
+            *llamacpp_sheets(profile),
+            *ep_device_sheets(profile),
+        ]
+    )
 
 
 def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
@@ -212,14 +245,20 @@ def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
     from orchestrator.probe import llamacpp
     from orchestrator.render import Col, Sheet
 
-    sheet = Sheet("llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True)))
+    sheet = Sheet(
+        "llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True))
+    )
     cpu = next((d for d in profile.devices if d.kind == "cpu"), None)
     for r in profile.routes:
         build = r.llama_cpp
         if build is None:
             continue
         problem = build.error or (llamacpp.isa_problem(build, cpu) if cpu is not None else None)
-        sheet.add_row(r.name, build.label, Text(f"no: {problem}", style="bold red") if problem else "yes (llamacpp-cpu)")
+        sheet.add_row(
+            r.name,
+            build.label,
+            Text(f"no: {problem}", style="bold red") if problem else "yes (llamacpp-cpu)",
+        )
     return [sheet] if sheet.rows else []
 
 
@@ -228,15 +267,27 @@ def ep_device_sheets(profile: HardwareProfile) -> list[Sheet]:
     plugin EPs installed there), and those plugin packages with what registering gave."""
     from orchestrator.render import Col, Sheet
 
-    found = Sheet("EP devices (onnxruntime.get_ep_devices())", (
-        Col("route"), Col("EP"), Col("type"), Col("vendor", wrap=True), Col("device"),
-    ))
+    found = Sheet(
+        "EP devices (onnxruntime.get_ep_devices())",
+        (
+            Col("route"),
+            Col("EP"),
+            Col("type"),
+            Col("vendor", wrap=True),
+            Col("device"),
+        ),
+    )
     plugins = Sheet("plugin EPs", (Col("route"), Col("package"), Col("status", wrap=True)))
     for r in profile.routes:
         for e in r.ep_devices or []:
             detail = e.ep_metadata.get("ov_device") or f"0x{e.device_id:04x}"
-            found.add_row(r.name, e.ep_name.removesuffix("ExecutionProvider"), e.device_type,
-                          f"{e.vendor} (0x{e.vendor_id:04x})", detail)
+            found.add_row(
+                r.name,
+                e.ep_name.removesuffix("ExecutionProvider"),
+                e.device_type,
+                f"{e.vendor} (0x{e.vendor_id:04x})",
+                detail,
+            )
         for p in r.plugin_eps or []:
             status = f"{p.status}, {p.devices} device{'s' if p.devices != 1 else ''}"
             if p.error:

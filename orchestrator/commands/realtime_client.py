@@ -145,14 +145,22 @@ class Turn:
         """Each step's share of the latency, from the previous step the client saw (they add up to
         it). A step that came after the first audio is None: the voice may start on the reply's
         first words, before its first sentence is complete."""
-        steps = [("end_of_turn", self.stopped_at), ("transcript", self.transcript_at),
-                 ("first_token", self.first_token_at), ("first_sentence", self.first_sentence_at),
-                 ("first_audio", self.first_audio_at)]
+        steps = [
+            ("end_of_turn", self.stopped_at),
+            ("transcript", self.transcript_at),
+            ("first_token", self.first_token_at),
+            ("first_sentence", self.first_sentence_at),
+            ("first_audio", self.first_audio_at),
+        ]
         out: dict[str, float | None] = {}
         last = self.speech_end_at
         end = self.first_audio_at
         for name, at in steps:
-            if at is None or last is None or (end is not None and name != "first_audio" and at > end):
+            if (
+                at is None
+                or last is None
+                or (end is not None and name != "first_audio" and at > end)
+            ):
                 out[name] = None
                 continue
             out[name] = round(at - last, 4)
@@ -161,21 +169,37 @@ class Turn:
 
     def as_json(self, out_rate: int) -> dict[str, Any]:
         latency = self.latency_s
-        return {"turn": self.index, "item_id": self.item_id, "response_id": self.response_id,
-                "status": self.status, "reason": self.reason, "transcript": self.transcript,
-                "reply": "".join(self.reply), "speech_start_ms": self.speech_start_ms,
-                "speech_end_ms": self.speech_end_ms,
-                "latency_s": None if latency is None else round(latency, 4),
-                "breakdown_s": self.breakdown_s(), "server_timing_ms": self.server_timing,
-                "reply_audio_s": round(self.audio_samples / out_rate, 3), "usage": self.usage}
+        return {
+            "turn": self.index,
+            "item_id": self.item_id,
+            "response_id": self.response_id,
+            "status": self.status,
+            "reason": self.reason,
+            "transcript": self.transcript,
+            "reply": "".join(self.reply),
+            "speech_start_ms": self.speech_start_ms,
+            "speech_end_ms": self.speech_end_ms,
+            "latency_s": None if latency is None else round(latency, 4),
+            "breakdown_s": self.breakdown_s(),
+            "server_timing_ms": self.server_timing,
+            "reply_audio_s": round(self.audio_samples / out_rate, 3),
+            "usage": self.usage,
+        }
 
 
 class VoiceSession:
     """One ``/v1/realtime`` session (see the module docstring). ``on_event(name, turn)`` is told
     ``transcript``, ``delta`` (with the text), ``done`` as they happen, for printing."""
 
-    def __init__(self, url: str, *, api_key: str | None = None, speed: float = 1.0, out: Path | None = None,
-                 on_event: Callable[[str, Turn, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        speed: float = 1.0,
+        out: Path | None = None,
+        on_event: Callable[[str, Turn, str], None] | None = None,
+    ) -> None:
         self.url = realtime_url(url)
         self.api_key, self.speed, self.out = api_key, speed, out
         self.on_event = on_event or (lambda kind, turn, text: None)
@@ -216,21 +240,35 @@ class VoiceSession:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         where = f"--url {self.url}"
         try:
-            self.ws = await NoRedirects(self.url, additional_headers=headers, proxy=None, compression=None,
-                                        open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_MESSAGE_BYTES,
-                                        ping_interval=None)
+            self.ws = await NoRedirects(
+                self.url,
+                additional_headers=headers,
+                proxy=None,
+                compression=None,
+                open_timeout=CONNECT_TIMEOUT_S,
+                max_size=MAX_MESSAGE_BYTES,
+                ping_interval=None,
+            )
         except InvalidStatus as exc:
             raise SessionError(*_refusal(where, exc.response)) from None
         except (OSError, TimeoutError, InvalidHandshake) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-            raise SessionError(f"{where}: cannot connect ({reason}); start a server there with `omni-edge serve "
-                               "configs/examples/voice-chat.yaml`, or fix the URL") from None
+            reason = (
+                exc.strerror
+                if isinstance(exc, OSError) and exc.strerror
+                else str(exc) or type(exc).__name__
+            )
+            raise SessionError(
+                f"{where}: cannot connect ({reason}); start a server there with `omni-edge serve "
+                "configs/examples/voice-chat.yaml`, or fix the URL"
+            ) from None
         first = await self._next_event()
         if first.get("type") == "error":
             raise SessionError(f"{where}: the server refused the session: {_error_text(first)}")
         if first.get("type") != "session.created":
-            raise SessionError(f"{where}: expected session.created, got {str(first.get('type'))[:60]!r}: "
-                               "is this an OpenAI Realtime endpoint?")
+            raise SessionError(
+                f"{where}: expected session.created, got {str(first.get('type'))[:60]!r}: "
+                "is this an OpenAI Realtime endpoint?"
+            )
         self.session = dict(first.get("session") or {})
 
     async def _next_event(self) -> dict[str, Any]:
@@ -239,16 +277,26 @@ class VoiceSession:
         try:
             raw = await asyncio.wait_for(self.ws.recv(), CONNECT_TIMEOUT_S)
         except (ConnectionClosed, TimeoutError) as exc:
-            raise SessionError(f"--url {self.url}: the session ended before it began ({_closed(exc)})") from None
+            raise SessionError(
+                f"--url {self.url}: the session ended before it began ({_closed(exc)})"
+            ) from None
         return _parse(raw)
 
     async def configure(self, instructions: str | None = None) -> None:
         """``session.update``: pcm16 both ways at :data:`INPUT_RATE`/:data:`OUTPUT_RATE`, server VAD
         with the server's own settings, text and audio; waits for ``session.updated``."""
         session: dict[str, Any] = {
-            "modalities": ["text", "audio"], "input_audio_format": "pcm16", "output_audio_format": "pcm16",
-            "input_audio_sample_rate": INPUT_RATE, "output_audio_sample_rate": OUTPUT_RATE,
-            "turn_detection": {"type": "server_vad", "create_response": True, "interrupt_response": True}}
+            "modalities": ["text", "audio"],
+            "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16",
+            "input_audio_sample_rate": INPUT_RATE,
+            "output_audio_sample_rate": OUTPUT_RATE,
+            "turn_detection": {
+                "type": "server_vad",
+                "create_response": True,
+                "interrupt_response": True,
+            },
+        }
         if instructions is not None:
             session["instructions"] = instructions
         await self._send({"type": "session.update", "session": session})
@@ -275,22 +323,31 @@ class VoiceSession:
         try:
             await self.ws.send(json.dumps(doc))
         except ConnectionClosed as exc:
-            raise SessionError(self.error.args[0] if self.error else
-                               f"the server closed the session ({_closed(exc)})") from None
+            raise SessionError(
+                self.error.args[0]
+                if self.error
+                else f"the server closed the session ({_closed(exc)})"
+            ) from None
 
-    async def speak(self, audio: np.ndarray, rate: int, *, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    async def speak(
+        self, audio: np.ndarray, rate: int, *, reply_timeout_s: float = REPLY_TIMEOUT_S
+    ) -> None:
         """``audio`` (float mono at ``rate``) streamed at the session's pace, then silence until
         every turn heard is answered (see the module docstring); ``SessionError`` on a server
         ``error`` event, a lost connection or no reply within ``reply_timeout_s``."""
         await self._stream(resample(audio, rate, self.in_rate))
         pause_ms = float(self.turn_detection.get("silence_duration_ms") or 500)
-        await self._stream(np.zeros(int(self.in_rate * max(TAIL_SILENCE_S, 2 * pause_ms / 1000)), np.float32))
+        await self._stream(
+            np.zeros(int(self.in_rate * max(TAIL_SILENCE_S, 2 * pause_ms / 1000)), np.float32)
+        )
         await self._sync()  # every append so far has been scored: speech_started/stopped are in
         deadline = time.perf_counter() + reply_timeout_s
         chunk = np.zeros(self.in_rate * CHUNK_MS // 1000, np.float32)
         while not self.idle:
             if time.perf_counter() > deadline:
-                raise SessionError(f"no reply within {reply_timeout_s:g} s of the end of the recording")
+                raise SessionError(
+                    f"no reply within {reply_timeout_s:g} s of the end of the recording"
+                )
             await self._stream(chunk)  # the microphone stays open while the reply comes
         self._check()
 
@@ -305,13 +362,17 @@ class VoiceSession:
             self.t0 = time.perf_counter()
         for i in range(0, samples.size, n):
             self._check()
-            part = samples[i:i + n]
+            part = samples[i : i + n]
             due = self.t0 + (self.sent_samples + part.size) / self.in_rate / self.speed
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)  # a chunk leaves once its audio was "captured"
-            await self._send({"type": "input_audio_buffer.append",
-                              "audio": base64.b64encode(pcm16_bytes(part)).decode("ascii")})
+            await self._send(
+                {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(pcm16_bytes(part)).decode("ascii"),
+                }
+            )
             self.sent_at.append(time.perf_counter())
             self.sent_samples += part.size
             self.sent_end.append(self.sent_samples)
@@ -328,14 +389,20 @@ class VoiceSession:
                 return
             self._changed.clear()  # no await between the check and this: nothing is missed
             try:
-                await asyncio.wait_for(self._changed.wait(), max(deadline - time.perf_counter(), 0.01))
+                await asyncio.wait_for(
+                    self._changed.wait(), max(deadline - time.perf_counter(), 0.01)
+                )
             except TimeoutError:
                 raise SessionError("the server stopped answering (no session.updated)") from None
 
     def _check(self) -> None:
         if self.error is not None:
             raise self.error
-        if self._receiver is not None and self._receiver.done() and self._receiver.exception() is None:
+        if (
+            self._receiver is not None
+            and self._receiver.done()
+            and self._receiver.exception() is None
+        ):
             raise SessionError("the server closed the session")
 
     def sent_time(self, ms: float) -> float | None:
@@ -405,7 +472,9 @@ class VoiceSession:
             if replying is not None and doc.get("delta"):
                 replying.first_token_at = replying.first_token_at or now
                 replying.reply.append(str(doc["delta"]))
-                if replying.first_sentence_at is None and SENTENCE_END.search("".join(replying.reply)):
+                if replying.first_sentence_at is None and SENTENCE_END.search(
+                    "".join(replying.reply)
+                ):
                     replying.first_sentence_at = now
                 self.on_event("delta", replying, str(doc["delta"]))
         elif kind == "response.audio.delta":
@@ -415,7 +484,10 @@ class VoiceSession:
                 speaking.first_audio_at = speaking.first_audio_at or now
                 speaking.audio_samples += len(pcm) // 2
                 if self.writer is not None:
-                    self.writer.write(np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], "<i2").astype(np.float32) / 32768.0)
+                    self.writer.write(
+                        np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], "<i2").astype(np.float32)
+                        / 32768.0
+                    )
         elif kind == "response.done":
             response = doc.get("response") or {}
             done = self.by_response.get(str(response.get("id")))
@@ -453,17 +525,26 @@ def _refusal(where: str, response: Any) -> tuple[str, int]:
         message = json.loads(bytes(response.body or b""))["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = str(response.reason_phrase or "")
-    text = f"{where}: the server refused the WebSocket upgrade: HTTP {status}" + (f": {message}" if message else "")
+    text = f"{where}: the server refused the WebSocket upgrade: HTTP {status}" + (
+        f": {message}" if message else ""
+    )
     if status in (401, 403):
-        fix = ("give the server's key ($OMNI_EDGE_API_KEY, --api-key-file PATH)" if status == 401
-               else "connect to the address the server was started with")
+        fix = (
+            "give the server's key ($OMNI_EDGE_API_KEY, --api-key-file PATH)"
+            if status == 401
+            else "connect to the address the server was started with"
+        )
         return terminal_text(f"{text} ({fix})"), 2
     if 300 <= status < 400:
         location = response.headers.get("Location", "?")
-        return terminal_text(f"{text}: a redirect to {location}, not followed (the key stays with the URL given); "
-                             "give the final URL"), 1
+        return terminal_text(
+            f"{text}: a redirect to {location}, not followed (the key stays with the URL given); "
+            "give the final URL"
+        ), 1
     if status == 404:
-        return terminal_text(f"{text} (no {REALTIME_PATH} there: an omni-edge serve of a version without it?)"), 1
+        return terminal_text(
+            f"{text} (no {REALTIME_PATH} there: an omni-edge serve of a version without it?)"
+        ), 1
     return terminal_text(text), 1
 
 

@@ -71,32 +71,64 @@ if TYPE_CHECKING:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_calibration_flag, add_pipeline_inputs
 
-    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
+    add_pipeline_inputs(
+        p, profile_help="plan for a recorded hardware profile instead of probing this machine"
+    )
     said = p.add_mutually_exclusive_group(required=True)
-    said.add_argument("--prompt", help="the request: what to say to the pipeline ('-': read it from stdin)")
-    said.add_argument("--audio", metavar="WAV",
-                      help="the request as a recording: a 16-bit PCM WAV file (mono or stereo), for a pipeline whose "
-                           "entry stage takes audio")
-    said.add_argument("--input", action="append", metavar="NAME=NPY",
-                      help="the request as arrays, for a pipeline whose entry stage consumes a tensor (an exported "
-                           "graph): NAME=FILE.npy feeds the graph's input NAME (repeat for each input); FILE.npy alone "
-                           "feeds a graph of one input")
+    said.add_argument(
+        "--prompt", help="the request: what to say to the pipeline ('-': read it from stdin)"
+    )
+    said.add_argument(
+        "--audio",
+        metavar="WAV",
+        help="the request as a recording: a 16-bit PCM WAV file (mono or stereo), for a pipeline whose "
+        "entry stage takes audio",
+    )
+    said.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME=NPY",
+        help="the request as arrays, for a pipeline whose entry stage consumes a tensor (an exported "
+        "graph): NAME=FILE.npy feeds the graph's input NAME (repeat for each input); FILE.npy alone "
+        "feeds a graph of one input",
+    )
     add_request_options(p)
     p.add_argument("--out", metavar="WAV", help="write the audio output here (16-bit PCM WAV)")
-    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
-                   "(without --profile: plan on its nodes, each probed where it runs)")
-    p.add_argument("--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (human output goes to stderr)")
-    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
-    p.add_argument("--skip-verify", action="store_true",
-                   help="run exported placements that have no gate evidence yet (default: run `verify` for them first)")
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="join an existing Ray cluster instead of starting a local one "
+        "(without --profile: plan on its nodes, each probed where it runs)",
+    )
+    p.add_argument(
+        "--record", metavar="PATH", help="run record: a .json file, or a directory (default: runs/)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout (human output goes to stderr)",
+    )
+    p.add_argument(
+        "--ray-logs",
+        action="store_true",
+        help="show the actors' logs (vLLM, ONNX Runtime) on stderr",
+    )
+    p.add_argument(
+        "--skip-verify",
+        action="store_true",
+        help="run exported placements that have no gate evidence yet (default: run `verify` for them first)",
+    )
     add_calibration_flag(p)
 
 
 def add_request_options(p: argparse.ArgumentParser) -> None:
     """--system, --temperature, --max-tokens: what ``run`` and ``chat`` take for a request."""
-    p.add_argument("--system", metavar="TEXT", help="system prompt for this request (replaces the config's)")
-    p.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
+    p.add_argument(
+        "--system", metavar="TEXT", help="system prompt for this request (replaces the config's)"
+    )
+    p.add_argument(
+        "--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)"
+    )
     p.add_argument("--max-tokens", type=int, metavar="N", help="most tokens in the reply")
 
 
@@ -105,7 +137,9 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
 
 def sampling_of(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling overrides the user gave (none: the config's own)."""
-    return {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
+    return {
+        key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None
+    }
 
 
 def read_prompt(value: str, stdin: TextIO | None = None) -> str:
@@ -116,9 +150,12 @@ def read_prompt(value: str, stdin: TextIO | None = None) -> str:
         return value
     text = (stdin or sys.stdin).read()
     if not text.strip():
-        raise ConfigError.single("--prompt -", "stdin was empty: there is no prompt",
-                                 "pipe the prompt in, e.g. echo 'Tell me one fact about the Moon.' | "
-                                 "omni-edge run CONFIG --prompt -")
+        raise ConfigError.single(
+            "--prompt -",
+            "stdin was empty: there is no prompt",
+            "pipe the prompt in, e.g. echo 'Tell me one fact about the Moon.' | "
+            "omni-edge run CONFIG --prompt -",
+        )
     return text.strip()
 
 
@@ -135,13 +172,22 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
     problems: list[Problem] = []
     temperature = sampling.get("temperature")
     if temperature is not None and not math.isfinite(temperature):
-        raise ConfigError.single("--temperature", f"{temperature} is not a finite number",
-                                 "give a temperature such as 0.7 (0: greedy)")
+        raise ConfigError.single(
+            "--temperature",
+            f"{temperature} is not a finite number",
+            "give a temperature such as 0.7 (0: greedy)",
+        )
     for stage in (s for s in config.stages if s.inputs[0] == REQUEST):
         base = getattr(stage, "sampling", None)
         if base is None:
-            problems += [Problem(SAMPLING_FLAGS[k], f"stage {stage.name!r} (kind {stage.kind}) takes no sampling "
-                                 "settings", "leave it out for this pipeline") for k in sampling]
+            problems += [
+                Problem(
+                    SAMPLING_FLAGS[k],
+                    f"stage {stage.name!r} (kind {stage.kind}) takes no sampling settings",
+                    "leave it out for this pipeline",
+                )
+                for k in sampling
+            ]
             continue
         try:
             type(base)(**{**base.model_dump(), **sampling})
@@ -149,23 +195,38 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
             err = exc.errors()[0]
             key = str(err.get("loc", ("",))[0])
             flag = SAMPLING_FLAGS.get(key, f"sampling.{key}")
-            problems.append(Problem(flag, f"{sampling.get(key, getattr(base, key, '?'))!r} for stage {stage.name!r}: "
-                                    f"{err.get('msg')}", f"pick a value in the range of {where}'s stage sampling"))
+            problems.append(
+                Problem(
+                    flag,
+                    f"{sampling.get(key, getattr(base, key, '?'))!r} for stage {stage.name!r}: "
+                    f"{err.get('msg')}",
+                    f"pick a value in the range of {where}'s stage sampling",
+                )
+            )
             continue
         limit = getattr(stage, "max_model_len", None)
         wanted = sampling.get("max_tokens")
         if limit and wanted is not None and wanted >= limit:
-            problems.append(Problem("--max-tokens", f"{wanted} is not below stage {stage.name!r}'s max_model_len of "
-                                    f"{limit} tokens in {where} (the prompt needs room too)",
-                                    f"use at most {limit - 1}, or raise max_model_len in {where}"))
+            problems.append(
+                Problem(
+                    "--max-tokens",
+                    f"{wanted} is not below stage {stage.name!r}'s max_model_len of "
+                    f"{limit} tokens in {where} (the prompt needs room too)",
+                    f"use at most {limit - 1}, or raise max_model_len in {where}",
+                )
+            )
     if problems:
         raise ConfigError(problems)
 
 
-def request_of(messages: list[dict[str, str]], system: str | None, sampling: dict[str, Any]) -> dict[str, Any]:
+def request_of(
+    messages: list[dict[str, str]], system: str | None, sampling: dict[str, Any]
+) -> dict[str, Any]:
     """The decode stage's request: ``{"messages": [...], "sampling": {...}}`` with
     ``system`` (when given) as the first message, replacing the config's."""
-    request: dict[str, Any] = {"messages": ([{"role": "system", "content": system}] if system else []) + messages}
+    request: dict[str, Any] = {
+        "messages": ([{"role": "system", "content": system}] if system else []) + messages
+    }
     if sampling:
         request["sampling"] = sampling
     return request
@@ -217,13 +278,19 @@ def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[s
 
     if not audio_entry_stages(config):
         entries = ", ".join(f"{s.name} ({s.kind})" for s in config.stages if REQUEST in s.inputs)
-        raise ConfigError.single("--audio", f"pipeline {config.name!r} has no entry stage that takes audio "
-                                 f"(the request goes to {entries or 'no stage'})",
-                                 "use --prompt with this pipeline, or a pipeline whose first stage is a vad or asr stage "
-                                 "(configs/examples/voice-chat.yaml)")
+        raise ConfigError.single(
+            "--audio",
+            f"pipeline {config.name!r} has no entry stage that takes audio "
+            f"(the request goes to {entries or 'no stage'})",
+            "use --prompt with this pipeline, or a pipeline whose first stage is a vad or asr stage "
+            "(configs/examples/voice-chat.yaml)",
+        )
     if args.system:
-        raise ConfigError.single("--system", "a recording goes to the audio entry stage, which takes no system prompt",
-                                 "leave --system out with --audio (the config's system_prompt applies downstream)")
+        raise ConfigError.single(
+            "--system",
+            "a recording goes to the audio entry stage, which takes no system prompt",
+            "leave --system out with --audio (the config's system_prompt applies downstream)",
+        )
     return audio_request(args.audio, where=f"--audio {args.audio}")
 
 
@@ -239,14 +306,20 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
 
     if not tensor_entry_stages(config):
         entries = ", ".join(f"{s.name} ({s.kind})" for s in config.stages if REQUEST in s.inputs)
-        raise ConfigError.single("--input", f"pipeline {config.name!r} has no entry stage that consumes a tensor "
-                                 f"(the request goes to {entries or 'no stage'})",
-                                 "use --prompt with this pipeline, or one whose entry stage is an exported graph "
-                                 "taking arrays (docs/pipelines.md#request-payloads)")
+        raise ConfigError.single(
+            "--input",
+            f"pipeline {config.name!r} has no entry stage that consumes a tensor "
+            f"(the request goes to {entries or 'no stage'})",
+            "use --prompt with this pipeline, or one whose entry stage is an exported graph "
+            "taking arrays (docs/pipelines.md#request-payloads)",
+        )
     for flag in ("system", "temperature", "max_tokens"):
         if getattr(args, flag, None) is not None:
-            raise ConfigError.single(f"--{flag.replace('_', '-')}", "arrays go to the tensor entry stage, which takes no "
-                                     "system prompt or sampling", "leave it out with --input (the config's applies)")
+            raise ConfigError.single(
+                f"--{flag.replace('_', '-')}",
+                "arrays go to the tensor entry stage, which takes no system prompt or sampling",
+                "leave it out with --input (the config's applies)",
+            )
     named: dict[str, Any] = {}
     bare: list[str] = []
     for value in args.input:
@@ -255,11 +328,16 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
             bare.append(value)
             continue
         if name in named:
-            raise ConfigError.single(f"--input {value}", f"input {name!r} is given twice", "give each input once")
+            raise ConfigError.single(
+                f"--input {value}", f"input {name!r} is given twice", "give each input once"
+            )
         named[name] = tensor_request(path, where=f"--input {value}", max_bytes=None)
     if bare and (named or len(bare) > 1):
-        raise ConfigError.single(f"--input {bare[0]}", "names no input, and more than one array is given",
-                                 "name each array by the graph's input it feeds: --input NAME=FILE.npy")
+        raise ConfigError.single(
+            f"--input {bare[0]}",
+            "names no input, and more than one array is given",
+            "name each array by the graph's input it feeds: --input NAME=FILE.npy",
+        )
     return tensor_request(bare[0], where=f"--input {bare[0]}", max_bytes=None) if bare else named
 
 
@@ -281,7 +359,9 @@ def cluster_profile(address: str, console: Console) -> HardwareProfile:
     from orchestrator.console import plain
     from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 
-    console.print(f"[dim]no --profile: probing each node of the Ray cluster at {plain(address)} …[/]")
+    console.print(
+        f"[dim]no --profile: probing each node of the Ray cluster at {plain(address)} …[/]"
+    )
     profile = gather_at(address)
     console.print(f"planning on the cluster at {address}: {nodes_found(profile)}", markup=False)
     return profile
@@ -291,9 +371,13 @@ def run(args: argparse.Namespace) -> int:
     old_handlers = _install_signal_handlers()
     try:
         return _run(args)
-    except Interrupted as exc:  # before the pipeline existed (planning, verifying, preparing weights)
-        print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
-              file=sys.stderr)
+    except (
+        Interrupted
+    ) as exc:  # before the pipeline existed (planning, verifying, preparing weights)
+        print(
+            f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
+            file=sys.stderr,
+        )
         return 128 + exc.signum
     finally:
         _restore_signal_handlers(old_handlers)
@@ -325,8 +409,15 @@ def _run(args: argparse.Namespace) -> int:
 
     from orchestrator.api import Pipeline
 
-    pipeline = Pipeline(plan, config, profile=profile, address=args.address, record=None, log_to_driver=args.ray_logs,
-                        calibration=store)
+    pipeline = Pipeline(
+        plan,
+        config,
+        profile=profile,
+        address=args.address,
+        record=None,
+        log_to_driver=args.ray_logs,
+        calibration=store,
+    )
     # The request is checked before anything starts (BadRequest, exit 2, nothing
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
@@ -338,7 +429,10 @@ def _run(args: argparse.Namespace) -> int:
     doc, path = _record(pipeline, args, run, console)
     if isinstance(run.failure, KeyboardInterrupt):
         signum = run.failure.signum if isinstance(run.failure, Interrupted) else 2
-        print(f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}", file=sys.stderr)
+        print(
+            f"interrupted by {signal.Signals(signum).name}: closed the pipeline; record: {path}",
+            file=sys.stderr,
+        )
         return 128 + signum
     if run.failure is not None:
         console.print(f"record: {path}", soft_wrap=True, markup=False)
@@ -366,8 +460,11 @@ def _request(args: argparse.Namespace, config: Any, prompt: str) -> tuple[Any, s
         request = audio_request_of(args, config)
         return request, f"{args.audio} {prompt_label(request)}"
     # Without --system or sampling the prompt goes as it is (any first stage takes text).
-    request = request_of([{"role": "user", "content": prompt}], args.system, sampling) \
-        if args.system or sampling else prompt
+    request = (
+        request_of([{"role": "user", "content": prompt}], args.system, sampling)
+        if args.system or sampling
+        else prompt
+    )
     return request, prompt
 
 
@@ -379,21 +476,33 @@ def _admitted_plan(args: argparse.Namespace, config: Any, console: Any) -> tuple
     from orchestrator.planner import parse_mask, plan_pipeline
     from orchestrator.probe import resolve_profile
 
-    profile = resolve_profile(args.profile) if args.profile or not args.address else cluster_profile(args.address, console)
+    profile = (
+        resolve_profile(args.profile)
+        if args.profile or not args.address
+        else cluster_profile(args.address, console)
+    )
     mask = parse_mask(args.mask, profile)
     store = calibration_store(args)
     plan = plan_pipeline(config, profile, mask=mask, calibration=store)
     pending = unverified_stages(plan)
     if pending and args.skip_verify:
-        console.print(f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
-                      "node coverage and numerics are unchecked[/]")
+        console.print(
+            f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
+            "node coverage and numerics are unchecked[/]"
+        )
     elif pending:
         from orchestrator.commands.verify import _run_with_progress
 
-        console.print(f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]")
-        plan = verify_then_replan(config, profile, mask,
-                                  run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
-                                  calibration=store)
+        console.print(
+            f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]"
+        )
+        plan = verify_then_replan(
+            config,
+            profile,
+            mask,
+            run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
+            calibration=store,
+        )
     return plan, profile, store
 
 
@@ -411,8 +520,14 @@ class _Outcome:
     outputs: dict[str, list[Any]] = field(default_factory=dict)
 
 
-def _execute(pipeline: Pipeline, request: Any, prompt: str, console: Any, args: argparse.Namespace,
-             run: _Outcome) -> None:
+def _execute(
+    pipeline: Pipeline,
+    request: Any,
+    prompt: str,
+    console: Any,
+    args: argparse.Namespace,
+    run: _Outcome,
+) -> None:
     """Start the pipeline, stream the reply (and the WAV), measure the peaks; a failure or a
     signal is kept in ``run``, and nothing half-written is left at --out."""
     wav_out = WavOut(args.out) if args.out else None
@@ -421,8 +536,9 @@ def _execute(pipeline: Pipeline, request: Any, prompt: str, console: Any, args: 
         t0 = time.perf_counter()
         pipeline.start(progress=True)
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
-        run.result = result = asyncio.run(stream_reply(pipeline, request, prompt, console, wav_out, run.texts,
-                                                       run.outputs))
+        run.result = result = asyncio.run(
+            stream_reply(pipeline, request, prompt, console, wav_out, run.texts, run.outputs)
+        )
         if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
@@ -440,7 +556,9 @@ def _execute(pipeline: Pipeline, request: Any, prompt: str, console: Any, args: 
         wav_out.discard()  # nothing half-written at --out
 
 
-def _record(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, console: Any) -> tuple[dict[str, Any], Path]:
+def _record(
+    pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, console: Any
+) -> tuple[dict[str, Any], Path]:
     """Close the pipeline and write the run record, whatever happened: after close, so its ledger
     is the one left behind (a leak shows), and a failure is in it."""
     from orchestrator.errors import LedgerLost, StageFailed
@@ -451,43 +569,87 @@ def _record(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, console
     except (Exception, KeyboardInterrupt) as exc:  # a second signal while closing
         run.failure = run.failure or exc
         final = {}
-    if pipeline.runtime.ledger_lost and not isinstance(run.failure, (StageFailed, KeyboardInterrupt)):
+    if pipeline.runtime.ledger_lost and not isinstance(
+        run.failure, (StageFailed, KeyboardInterrupt)
+    ):
         run.failure = LedgerLost(pipeline.runtime.ledger_lost)
-    error = None if run.failure is None else {"type": type(run.failure).__name__, "message": _one_line(run.failure)}
+    error = (
+        None
+        if run.failure is None
+        else {"type": type(run.failure).__name__, "message": _one_line(run.failure)}
+    )
     result = run.result
-    doc = rec.build(pipeline.runtime, [result] if result is not None else [], measured=run.measured, ledger=final,
-                    extra={"prepare_s": round(pipeline.prepare_s, 3),
-                           "output": {"wav": str(run.wav) if run.wav else None, "texts": run.texts,
-                                      "outputs": run.outputs},
-                           "error": error, "ledger_lost": pipeline.runtime.ledger_lost})
-    path = _write_record_or_keep(doc, args.record, result.request_id if result is not None else "run", run.kept)
+    doc = rec.build(
+        pipeline.runtime,
+        [result] if result is not None else [],
+        measured=run.measured,
+        ledger=final,
+        extra={
+            "prepare_s": round(pipeline.prepare_s, 3),
+            "output": {
+                "wav": str(run.wav) if run.wav else None,
+                "texts": run.texts,
+                "outputs": run.outputs,
+            },
+            "error": error,
+            "ledger_lost": pipeline.runtime.ledger_lost,
+        },
+    )
+    path = _write_record_or_keep(
+        doc, args.record, result.request_id if result is not None else "run", run.kept
+    )
     if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
-        console.print(f"[red]ledger still holds {pipeline.final_ledger['held_bytes']} bytes after close[/]")
+        console.print(
+            f"[red]ledger still holds {pipeline.final_ledger['held_bytes']} bytes after close[/]"
+        )
     return doc, path
 
 
-def _report(pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, doc: dict[str, Any], path: Path,
-            console: Any) -> None:
+def _report(
+    pipeline: Pipeline,
+    args: argparse.Namespace,
+    run: _Outcome,
+    doc: dict[str, Any],
+    path: Path,
+    console: Any,
+) -> None:
     """A run that went well: the stage table, the outputs, the WAV and the record (and --json)."""
     result, wav = run.result, run.wav
     assert result is not None
     print_stage_table(doc["stages"], console)
     for stage, items in run.outputs.items():
-        console.print(f"{stage}: {len(items)} items ({next(s.final_output_type for s in pipeline.runtime.stages if s.name == stage)})"
-                      + (" — in --json's outputs" if not args.json else ""))
+        console.print(
+            f"{stage}: {len(items)} items ({next(s.final_output_type for s in pipeline.runtime.stages if s.name == stage)})"
+            + (" — in --json's outputs" if not args.json else "")
+        )
     if wav:
-        console.print(f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)", soft_wrap=True,
-                      markup=False)
+        console.print(
+            f"audio: {wav} ({result.audio_seconds:.2f} s at {result.sample_rate} Hz)",
+            soft_wrap=True,
+            markup=False,
+        )
     # Paths are printed whole (soft_wrap: the terminal wraps them, no
     # newline is inserted), so they can be copied and pasted.
     console.print(f"record: {path}", soft_wrap=True, markup=False)
     if args.json:
-        json.dump({"admitted": True, "text": result.text, "texts": run.texts, "outputs": run.outputs,
-                   "wav": str(wav) if wav else None, "record": str(path),
-                   "stages": [{k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]],
-                   "time_to_first_token_s": result.time_to_first_token_s,
-                   "time_to_first_audio_s": result.time_to_first_audio_s, "total_s": result.total_s},
-                  sys.stdout, indent=2)
+        json.dump(
+            {
+                "admitted": True,
+                "text": result.text,
+                "texts": run.texts,
+                "outputs": run.outputs,
+                "wav": str(wav) if wav else None,
+                "record": str(path),
+                "stages": [
+                    {k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]
+                ],
+                "time_to_first_token_s": result.time_to_first_token_s,
+                "time_to_first_audio_s": result.time_to_first_audio_s,
+                "total_s": result.total_s,
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
 
 
@@ -501,7 +663,9 @@ def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace
     except BadRequest as exc:
         if not getattr(args, "input", None):
             raise
-        raise BadRequest([Problem(f"--input: {p.where}", p.what, p.fix) for p in exc.problems]) from None
+        raise BadRequest(
+            [Problem(f"--input: {p.where}", p.what, p.fix) for p in exc.problems]
+        ) from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -538,7 +702,9 @@ class WavOut:
     def add(self, chunk: AudioChunk) -> None:
         from orchestrator.runtime.audio import WavStreamWriter
 
-        if self.error is not None or (self.writer is not None and chunk.sample_rate != self.writer.sample_rate):
+        if self.error is not None or (
+            self.writer is not None and chunk.sample_rate != self.writer.sample_rate
+        ):
             return
         try:
             if self.writer is None:
@@ -559,9 +725,16 @@ class WavOut:
                 self.error = exc
                 self.discard()
         spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
-        reason = self.error.strerror or self.error if self.error is not None else "no audio reached it"
-        kept.append(Problem(f"--out {self.target}", f"could not be written ({reason}); "
-                            f"the audio is kept in {spare}", "copy it from there; the record names it too"))
+        reason = (
+            self.error.strerror or self.error if self.error is not None else "no audio reached it"
+        )
+        kept.append(
+            Problem(
+                f"--out {self.target}",
+                f"could not be written ({reason}); the audio is kept in {spare}",
+                "copy it from there; the record names it too",
+            )
+        )
         return spare
 
     def discard(self) -> None:
@@ -569,21 +742,35 @@ class WavOut:
             self.writer.discard()
 
 
-def _write_record_or_keep(doc: dict[str, Any], target: str | None, request_id: str, kept: list[Problem]) -> Path:
+def _write_record_or_keep(
+    doc: dict[str, Any], target: str | None, request_id: str, kept: list[Problem]
+) -> Path:
     from orchestrator.runtime import record as rec
 
     try:
         return rec.write(doc, target, request_id=request_id)
     except OSError as exc:
         spare = rec.write(doc, _fallback(f"{request_id}.json"), request_id=request_id)
-        kept.append(Problem(f"--record {target or rec.DEFAULT_DIR}", f"could not be written at the end "
-                            f"({exc.strerror or exc}); the record is kept in {spare}", "copy it from there"))
+        kept.append(
+            Problem(
+                f"--record {target or rec.DEFAULT_DIR}",
+                f"could not be written at the end "
+                f"({exc.strerror or exc}); the record is kept in {spare}",
+                "copy it from there",
+            )
+        )
         return spare
 
 
-async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: Console,
-                       wav_out: WavOut | None = None, texts: dict[str, str] | None = None,
-                       outputs: dict[str, list[Any]] | None = None) -> Result:
+async def stream_reply(
+    pipeline: Pipeline,
+    request: Any,
+    prompt: str,
+    console: Console,
+    wav_out: WavOut | None = None,
+    texts: dict[str, str] | None = None,
+    outputs: dict[str, list[Any]] | None = None,
+) -> Result:
     """Send ``request``; write the reply's text to the console as it is generated
     (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``. When
     several stages return text (a transcript, then the reply), each stage's text
@@ -595,7 +782,10 @@ async def stream_reply(pipeline: Pipeline, request: Any, prompt: str, console: C
     events = []
     t0 = time.perf_counter()
     printer = ReplyPrinter(console)
-    labelled = sum(1 for s in pipeline.runtime.stages if s.final_output and s.final_output_type == "text") > 1
+    labelled = (
+        sum(1 for s in pipeline.runtime.stages if s.final_output and s.final_output_type == "text")
+        > 1
+    )
     speaking: str | None = None
     try:
         async for event in pipeline.stream(request):
@@ -644,7 +834,9 @@ class ReplyPrinter:
         self._clean = terminal_text
         self.out: TextIO = sys.stderr if console.stderr else sys.stdout
         self.out.write("\n")
-        self.text: WordWrap | TextIO = WordWrap(self.out, console.width) if console.is_terminal else self.out
+        self.text: WordWrap | TextIO = (
+            WordWrap(self.out, console.width) if console.is_terminal else self.out
+        )
 
     def write(self, text: str) -> None:
         self.text.write(self._clean(text))
@@ -715,7 +907,11 @@ class WordWrap:
 def print_summary(plan: PipelinePlan, console: Console) -> None:
     from orchestrator.render import Notes, labelled, stages_sheet
 
-    console.print(stages_sheet(plan, Notes(), title=f"plan: pipeline {plan.pipeline!r} on {plan.profile} (admitted)"))
+    console.print(
+        stages_sheet(
+            plan, Notes(), title=f"plan: pipeline {plan.pipeline!r} on {plan.profile} (admitted)"
+        )
+    )
     for note in plan.notes:
         console.print(labelled("note:", note, style="dim"))
 
@@ -727,12 +923,25 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
     from orchestrator.units import fmt_bytes
 
     # Two tables, time then memory: one with all eight columns is ~90 wide.
-    timing = Sheet("stages", (
-        Col("stage"), Col("device"), Col("backend"), Col("first output", "right"), Col("throughput", "right"),
-    ))
-    memory = Sheet("memory (budgeted vs measured peak)", (
-        Col("stage"), Col("budget", "right"), Col("measured", "right"), Col("budget/measured", "right"),
-    ))
+    timing = Sheet(
+        "stages",
+        (
+            Col("stage"),
+            Col("device"),
+            Col("backend"),
+            Col("first output", "right"),
+            Col("throughput", "right"),
+        ),
+    )
+    memory = Sheet(
+        "memory (budgeted vs measured peak)",
+        (
+            Col("stage"),
+            Col("budget", "right"),
+            Col("measured", "right"),
+            Col("budget/measured", "right"),
+        ),
+    )
     for r in rows:
         first = r.get("time_to_first_output_s")
         tp = r.get("throughput") or {}
@@ -740,15 +949,28 @@ def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
         ratio = r.get("budget_over_measured")
         over = ratio is not None and r.get("within_budget") is False
         timing.add_row(
-            r["stage"], r.get("device") or "-", r.get("backend") or "-",
+            r["stage"],
+            r.get("device") or "-",
+            r.get("backend") or "-",
             f"{first * 1000:.0f} ms" if first is not None else "-",
             f"{tp['value']:g} {tp['unit']}" if tp else "-",
         )
         memory.add_row(
-            r["stage"], fmt_bytes(r["budget_bytes"]),
+            r["stage"],
+            fmt_bytes(r["budget_bytes"]),
             fmt_bytes(peak) if peak is not None else "-",
-            Text(f"{ratio:.2f}" + (" OVER" if over else " (bound)" if r.get("upper_bound") and
-                                   r.get("within_budget") is None else ""),
-                 style="bold red" if over else "") if ratio is not None else "-",
+            Text(
+                f"{ratio:.2f}"
+                + (
+                    " OVER"
+                    if over
+                    else " (bound)"
+                    if r.get("upper_bound") and r.get("within_budget") is None
+                    else ""
+                ),
+                style="bold red" if over else "",
+            )
+            if ratio is not None
+            else "-",
         )
     console.print(spaced([timing, memory]))

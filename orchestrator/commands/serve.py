@@ -56,7 +56,9 @@ DRAIN_TIMEOUT_S = 30.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_calibration_flag, add_pipeline_inputs
 
-    add_pipeline_inputs(p, profile_help="plan for a recorded hardware profile instead of probing this machine")
+    add_pipeline_inputs(
+        p, profile_help="plan for a recorded hardware profile instead of probing this machine"
+    )
     from orchestrator.server_transport import (
         HEADER_TIMEOUT_S,
         KEEP_ALIVE_S,
@@ -65,41 +67,108 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         WRITE_TIMEOUT_S,
     )
 
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; any non-loopback address needs an API key)")
-    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
-    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
-                   help="a Host name clients use besides the loopback ones (repeatable; requests naming any other "
-                        "host are refused, against DNS rebinding; a non-loopback --host without it takes any name)")
-    p.add_argument("--api-key", metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on every API request; other users see it in ps: "
-                        f"prefer ${API_KEY_ENV} or --api-key-file")
-    p.add_argument("--api-key-file", metavar="PATH", type=Path,
-                   help=f"read the API key from this file's first line (default: ${API_KEY_ENV}, if set)")
-    p.add_argument("--address", metavar="ADDR", help="join an existing Ray cluster instead of starting a local one "
-                   "(without --profile: plan on its nodes, each probed where it runs)")
-    p.add_argument("--ray-logs", action="store_true", help="show the actors' logs (vLLM, ONNX Runtime) on stderr")
-    p.add_argument("--skip-verify", action="store_true",
-                   help="run exported placements that have no gate evidence yet (default: verify them first)")
-    p.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S, metavar="S",
-                   help=f"on SIGINT/SIGTERM, seconds requests in flight may take to finish (default {DRAIN_TIMEOUT_S:g})")
-    p.add_argument("--max-waiting", type=int, metavar="N",
-                   help="requests that may wait for a slot beyond those in flight; more are answered 429 "
-                        "(default: as many as may be in flight)")
-    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
-                   help=f"open connections at most; one more closes the one idle longest (default {MAX_CONNECTIONS})")
-    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
-                   help=f"seconds a request's line and headers may take to arrive (default {HEADER_TIMEOUT_S:g})")
-    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="S",
-                   help=f"seconds a request body may stall (default {READ_TIMEOUT_S:g})")
-    p.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="S",
-                   help="seconds a client may read nothing of its response; then its connection is closed and its "
-                        f"request cancelled (default {WRITE_TIMEOUT_S:g})")
-    p.add_argument("--keep-alive-timeout", type=int, default=KEEP_ALIVE_S, metavar="S",
-                   help=f"whole seconds an idle connection is kept between requests (default {KEEP_ALIVE_S})")
-    p.add_argument("--realtime-idle-timeout", type=float, default=None, metavar="S",
-                   help="seconds a /v1/realtime session may send nothing while no reply runs before it is closed "
-                        "(default 60)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; any non-loopback address needs an API key)",
+    )
+    p.add_argument(
+        "--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)"
+    )
+    p.add_argument(
+        "--allowed-host",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a Host name clients use besides the loopback ones (repeatable; requests naming any other "
+        "host are refused, against DNS rebinding; a non-loopback --host without it takes any name)",
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every API request; other users see it in ps: "
+        f"prefer ${API_KEY_ENV} or --api-key-file",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        type=Path,
+        help=f"read the API key from this file's first line (default: ${API_KEY_ENV}, if set)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="join an existing Ray cluster instead of starting a local one "
+        "(without --profile: plan on its nodes, each probed where it runs)",
+    )
+    p.add_argument(
+        "--ray-logs",
+        action="store_true",
+        help="show the actors' logs (vLLM, ONNX Runtime) on stderr",
+    )
+    p.add_argument(
+        "--skip-verify",
+        action="store_true",
+        help="run exported placements that have no gate evidence yet (default: verify them first)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DRAIN_TIMEOUT_S,
+        metavar="S",
+        help=f"on SIGINT/SIGTERM, seconds requests in flight may take to finish (default {DRAIN_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        metavar="N",
+        help="requests that may wait for a slot beyond those in flight; more are answered 429 "
+        "(default: as many as may be in flight)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"open connections at most; one more closes the one idle longest (default {MAX_CONNECTIONS})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds a request's line and headers may take to arrive (default {HEADER_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=READ_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds a request body may stall (default {READ_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=WRITE_TIMEOUT_S,
+        metavar="S",
+        help="seconds a client may read nothing of its response; then its connection is closed and its "
+        f"request cancelled (default {WRITE_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=KEEP_ALIVE_S,
+        metavar="S",
+        help=f"whole seconds an idle connection is kept between requests (default {KEEP_ALIVE_S})",
+    )
+    p.add_argument(
+        "--realtime-idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a /v1/realtime session may send nothing while no reply runs before it is closed "
+        "(default 60)",
+    )
     add_limit_arguments(p)
     add_calibration_flag(p)
 
@@ -110,22 +179,59 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.units import MiB
 
     d = ServerLimits()
-    g = p.add_argument_group("request limits (each named, with its value, in the 400/413 that refuses a request)")
-    g.add_argument("--max-body-mib", type=float, metavar="MIB", default=d.max_body_bytes / MiB,
-                   help=f"largest request body (default {d.max_body_bytes / MiB:g} MiB; 413 over it)")
-    g.add_argument("--max-messages", type=int, metavar="N", default=d.max_messages,
-                   help=f"messages per chat request (default {d.max_messages})")
-    g.add_argument("--max-content-chars", type=int, metavar="N", default=d.max_content_chars,
-                   help=f"characters of text in a chat request's messages (default {d.max_content_chars})")
-    g.add_argument("--max-speech-chars", type=int, metavar="N", default=d.max_speech_chars,
-                   help=f"characters of /v1/audio/speech input (default {d.max_speech_chars}, OpenAI's)")
-    g.add_argument("--max-audio-mib", type=float, metavar="MIB", default=d.max_audio_bytes / MiB,
-                   help=f"a recording's WAV size (default {d.max_audio_bytes / MiB:g} MiB)")
-    g.add_argument("--max-audio-seconds", type=float, metavar="S", default=d.max_audio_seconds,
-                   help=f"a recording's duration (default {d.max_audio_seconds:g} s)")
-    g.add_argument("--max-tensor-mib", type=float, metavar="MIB", default=d.max_tensor_bytes / MiB,
-                   help=f"a request's arrays (input_tensor parts' .npy bytes, together; default "
-                        f"{d.max_tensor_bytes / MiB:g} MiB)")
+    g = p.add_argument_group(
+        "request limits (each named, with its value, in the 400/413 that refuses a request)"
+    )
+    g.add_argument(
+        "--max-body-mib",
+        type=float,
+        metavar="MIB",
+        default=d.max_body_bytes / MiB,
+        help=f"largest request body (default {d.max_body_bytes / MiB:g} MiB; 413 over it)",
+    )
+    g.add_argument(
+        "--max-messages",
+        type=int,
+        metavar="N",
+        default=d.max_messages,
+        help=f"messages per chat request (default {d.max_messages})",
+    )
+    g.add_argument(
+        "--max-content-chars",
+        type=int,
+        metavar="N",
+        default=d.max_content_chars,
+        help=f"characters of text in a chat request's messages (default {d.max_content_chars})",
+    )
+    g.add_argument(
+        "--max-speech-chars",
+        type=int,
+        metavar="N",
+        default=d.max_speech_chars,
+        help=f"characters of /v1/audio/speech input (default {d.max_speech_chars}, OpenAI's)",
+    )
+    g.add_argument(
+        "--max-audio-mib",
+        type=float,
+        metavar="MIB",
+        default=d.max_audio_bytes / MiB,
+        help=f"a recording's WAV size (default {d.max_audio_bytes / MiB:g} MiB)",
+    )
+    g.add_argument(
+        "--max-audio-seconds",
+        type=float,
+        metavar="S",
+        default=d.max_audio_seconds,
+        help=f"a recording's duration (default {d.max_audio_seconds:g} s)",
+    )
+    g.add_argument(
+        "--max-tensor-mib",
+        type=float,
+        metavar="MIB",
+        default=d.max_tensor_bytes / MiB,
+        help=f"a request's arrays (input_tensor parts' .npy bytes, together; default "
+        f"{d.max_tensor_bytes / MiB:g} MiB)",
+    )
 
 
 def limits_of(args: argparse.Namespace) -> ServerLimits:
@@ -136,21 +242,39 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
     from orchestrator.server.protocol import ServerLimits
     from orchestrator.units import MiB
 
-    given = {"--max-body-mib": args.max_body_mib, "--max-messages": args.max_messages,
-             "--max-content-chars": args.max_content_chars, "--max-speech-chars": args.max_speech_chars,
-             "--max-audio-mib": args.max_audio_mib, "--max-audio-seconds": args.max_audio_seconds,
-             "--max-tensor-mib": args.max_tensor_mib}
-    problems = [Problem(flag, f"{value!r} is not a positive number", "give a number above 0")
-                for flag, value in given.items() if not (math.isfinite(value) and value > 0)]
+    given = {
+        "--max-body-mib": args.max_body_mib,
+        "--max-messages": args.max_messages,
+        "--max-content-chars": args.max_content_chars,
+        "--max-speech-chars": args.max_speech_chars,
+        "--max-audio-mib": args.max_audio_mib,
+        "--max-audio-seconds": args.max_audio_seconds,
+        "--max-tensor-mib": args.max_tensor_mib,
+    }
+    problems = [
+        Problem(flag, f"{value!r} is not a positive number", "give a number above 0")
+        for flag, value in given.items()
+        if not (math.isfinite(value) and value > 0)
+    ]
     if args.max_body_mib * MiB < 1 or args.max_audio_mib * MiB < 1 or args.max_tensor_mib * MiB < 1:
-        problems.append(Problem("--max-body-mib/--max-audio-mib/--max-tensor-mib", "is less than a byte",
-                                "give at least 0.001 MiB"))
+        problems.append(
+            Problem(
+                "--max-body-mib/--max-audio-mib/--max-tensor-mib",
+                "is less than a byte",
+                "give at least 0.001 MiB",
+            )
+        )
     if problems:
         raise ConfigError(problems)
-    return ServerLimits(max_body_bytes=int(args.max_body_mib * MiB), max_messages=args.max_messages,
-                        max_content_chars=args.max_content_chars, max_speech_chars=args.max_speech_chars,
-                        max_audio_bytes=int(args.max_audio_mib * MiB), max_audio_seconds=float(args.max_audio_seconds),
-                        max_tensor_bytes=int(args.max_tensor_mib * MiB))
+    return ServerLimits(
+        max_body_bytes=int(args.max_body_mib * MiB),
+        max_messages=args.max_messages,
+        max_content_chars=args.max_content_chars,
+        max_speech_chars=args.max_speech_chars,
+        max_audio_bytes=int(args.max_audio_mib * MiB),
+        max_audio_seconds=float(args.max_audio_seconds),
+        max_tensor_bytes=int(args.max_tensor_mib * MiB),
+    )
 
 
 def realtime_limits(args: argparse.Namespace) -> Any:
@@ -164,43 +288,74 @@ def realtime_limits(args: argparse.Namespace) -> Any:
     if idle is None:
         return RealtimeLimits()
     if not (math.isfinite(idle) and idle > 0):
-        raise ConfigError.single("--realtime-idle-timeout", f"{idle!r} is not a positive number of seconds", "e.g. 60")
+        raise ConfigError.single(
+            "--realtime-idle-timeout", f"{idle!r} is not a positive number of seconds", "e.g. 60"
+        )
     return RealtimeLimits(idle_timeout_s=float(idle))
 
 
-def check_bind(host: str, port: int, api_key: str | None, *, drain_timeout: float = DRAIN_TIMEOUT_S,
-               max_waiting: int | None = None, limits: Any = None, allowed_hosts: list[str] | None = None) -> None:
+def check_bind(
+    host: str,
+    port: int,
+    api_key: str | None,
+    *,
+    drain_timeout: float = DRAIN_TIMEOUT_S,
+    max_waiting: int | None = None,
+    limits: Any = None,
+    allowed_hosts: list[str] | None = None,
+) -> None:
     """``ConfigError`` (exit 2) for a bind or a bound that must not be, before anything starts
     (``limits``: a ``server_transport.TransportLimits``)."""
     from orchestrator.errors import ConfigError
     from orchestrator.server_guard import is_loopback, split_host
 
     if not 0 <= port <= 65535:
-        raise ConfigError.single("--port", f"{port} is not a port", "use 1-65535, or 0 for a free one")
+        raise ConfigError.single(
+            "--port", f"{port} is not a port", "use 1-65535, or 0 for a free one"
+        )
     if drain_timeout < 0:
-        raise ConfigError.single("--drain-timeout", f"{drain_timeout:g} is negative", "use 0 or more seconds")
+        raise ConfigError.single(
+            "--drain-timeout", f"{drain_timeout:g} is negative", "use 0 or more seconds"
+        )
     if max_waiting is not None and max_waiting < 0:
-        raise ConfigError.single("--max-waiting", f"{max_waiting} is negative", "use 0 (refuse at once) or more")
+        raise ConfigError.single(
+            "--max-waiting", f"{max_waiting} is negative", "use 0 (refuse at once) or more"
+        )
     if limits is not None:
         if limits.max_connections < 1:
-            raise ConfigError.single("--max-connections", f"{limits.max_connections} is below 1",
-                                     "use 1 or more (the default is enough for any real load)")
-        for flag, value in (("--header-timeout", limits.header_timeout_s), ("--read-timeout", limits.read_timeout_s),
-                            ("--write-timeout", limits.write_timeout_s)):
+            raise ConfigError.single(
+                "--max-connections",
+                f"{limits.max_connections} is below 1",
+                "use 1 or more (the default is enough for any real load)",
+            )
+        for flag, value in (
+            ("--header-timeout", limits.header_timeout_s),
+            ("--read-timeout", limits.read_timeout_s),
+            ("--write-timeout", limits.write_timeout_s),
+        ):
             if not 0 < value < float("inf"):
-                raise ConfigError.single(flag, f"{value:g} is not a positive number of seconds", "e.g. 10")
+                raise ConfigError.single(
+                    flag, f"{value:g} is not a positive number of seconds", "e.g. 10"
+                )
         if limits.keep_alive_s < 0:
-            raise ConfigError.single("--keep-alive-timeout", f"{limits.keep_alive_s} is negative", "use 0 or more")
+            raise ConfigError.single(
+                "--keep-alive-timeout", f"{limits.keep_alive_s} is negative", "use 0 or more"
+            )
     for name in allowed_hosts or []:
         split = split_host(name)
         if split is None or split[1] is not None or not name.strip() or name.strip() in ("*", "."):
-            raise ConfigError.single("--allowed-host", f"{name!r} is not a host name",
-                                     "give the name (or address) clients use, without a port: e.g. myhost.lan")
+            raise ConfigError.single(
+                "--allowed-host",
+                f"{name!r} is not a host name",
+                "give the name (or address) clients use, without a port: e.g. myhost.lan",
+            )
     if not is_loopback(host) and not api_key:
         raise ConfigError.single(
-            "--host", f"{host} is not a loopback address, and no API key is set: anyone who can reach it "
+            "--host",
+            f"{host} is not a loopback address, and no API key is set: anyone who can reach it "
             "could drive the pipeline",
-            f"bind 127.0.0.1 (the default), or set ${API_KEY_ENV} (or --api-key-file PATH)")
+            f"bind 127.0.0.1 (the default), or set ${API_KEY_ENV} (or --api-key-file PATH)",
+        )
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -214,8 +369,11 @@ def api_key(args: argparse.Namespace) -> str | None:
         raise ConfigError.single("--api-key", "is given with --api-key-file", "give one of them")
     key: str | None
     if args.api_key is not None:
-        print(f"warning: --api-key is visible to every user of this machine (ps, /proc); "
-              f"prefer ${API_KEY_ENV} or --api-key-file", file=sys.stderr)
+        print(
+            f"warning: --api-key is visible to every user of this machine (ps, /proc); "
+            f"prefer ${API_KEY_ENV} or --api-key-file",
+            file=sys.stderr,
+        )
         key, where = args.api_key, "--api-key"
     elif args.api_key_file is not None:
         where = "--api-key-file"
@@ -223,21 +381,32 @@ def api_key(args: argparse.Namespace) -> str | None:
             with open(args.api_key_file, "rb") as f:
                 data = f.read(API_KEY_FILE_MAX_BYTES + 1)
         except OSError as exc:
-            raise ConfigError.single(where, f"cannot read {args.api_key_file}: {exc.strerror or exc}",
-                                     "give a readable file holding the key on its first line") from None
+            raise ConfigError.single(
+                where,
+                f"cannot read {args.api_key_file}: {exc.strerror or exc}",
+                "give a readable file holding the key on its first line",
+            ) from None
         if len(data) > API_KEY_FILE_MAX_BYTES:
-            raise ConfigError.single(where, f"{args.api_key_file} is over {API_KEY_FILE_MAX_BYTES} bytes",
-                                     "give a file holding only the key") from None
+            raise ConfigError.single(
+                where,
+                f"{args.api_key_file} is over {API_KEY_FILE_MAX_BYTES} bytes",
+                "give a file holding only the key",
+            ) from None
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError:
-            raise ConfigError.single(where, f"{args.api_key_file} is not text", "write the key as text") from None
+            raise ConfigError.single(
+                where, f"{args.api_key_file} is not text", "write the key as text"
+            ) from None
         key = lines[0].strip() if lines else ""
     else:
         key, where = from_env, f"${API_KEY_ENV}"
     if key is not None and (not key.strip() or not key.isprintable() or not key.isascii()):
-        raise ConfigError.single(where, "is empty or not printable ASCII (an HTTP header cannot carry it)",
-                                 "use a key of visible ASCII characters, e.g. from `openssl rand -hex 32`")
+        raise ConfigError.single(
+            where,
+            "is empty or not printable ASCII (an HTTP header cannot carry it)",
+            "use a key of visible ASCII characters, e.g. from `openssl rand -hex 32`",
+        )
     return key
 
 
@@ -245,9 +414,13 @@ def transport_limits(args: argparse.Namespace) -> Any:
     """The flags' ``server_transport.TransportLimits``."""
     from orchestrator.server_transport import TransportLimits
 
-    return TransportLimits(max_connections=args.max_connections, keep_alive_s=args.keep_alive_timeout,
-                           header_timeout_s=args.header_timeout, read_timeout_s=args.read_timeout,
-                           write_timeout_s=args.write_timeout)
+    return TransportLimits(
+        max_connections=args.max_connections,
+        keep_alive_s=args.keep_alive_timeout,
+        header_timeout_s=args.header_timeout,
+        read_timeout_s=args.read_timeout,
+        write_timeout_s=args.write_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,8 +432,15 @@ def run(args: argparse.Namespace) -> int:
 
     key = api_key(args)
     transport = transport_limits(args)
-    check_bind(args.host, args.port, key, drain_timeout=args.drain_timeout, max_waiting=args.max_waiting,
-               limits=transport, allowed_hosts=args.allowed_host)
+    check_bind(
+        args.host,
+        args.port,
+        key,
+        drain_timeout=args.drain_timeout,
+        max_waiting=args.max_waiting,
+        limits=transport,
+        allowed_hosts=args.allowed_host,
+    )
     limits = limits_of(args)
     realtime = realtime_limits(args)
     sock = bind(args.host, args.port)
@@ -268,7 +448,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _serve(args, sock, key, transport, limits, realtime)
     except Interrupted as exc:  # before serving (planning, verifying, starting)
-        print(f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started", file=sys.stderr)
+        print(
+            f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
+            file=sys.stderr,
+        )
         return 128 + exc.signum
     finally:
         _restore_signal_handlers(old)
@@ -292,8 +475,10 @@ def raise_fd_limit(max_connections: int) -> str | None:
         except (ValueError, OSError):
             pass
     if soft != resource.RLIM_INFINITY and soft < need:
-        return (f"warning: this process may open {soft} files (ulimit -n), fewer than --max-connections "
-                f"{max_connections} plus {FD_RESERVE} for Ray: lower --max-connections or raise the limit")
+        return (
+            f"warning: this process may open {soft} files (ulimit -n), fewer than --max-connections "
+            f"{max_connections} plus {FD_RESERVE} for Ray: lower --max-connections or raise the limit"
+        )
     return None
 
 
@@ -309,13 +494,22 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError.single("--host/--port", f"cannot bind {host}:{port}: {exc.strerror or exc}",
-                                 "pick another --port (0: any free one), or stop what holds it") from None
+        raise ConfigError.single(
+            "--host/--port",
+            f"cannot bind {host}:{port}: {exc.strerror or exc}",
+            "pick another --port (0: any free one), or stop what holds it",
+        ) from None
     return sock
 
 
-def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, transport: Any,
-           limits: ServerLimits, realtime: Any = None) -> int:
+def _serve(
+    args: argparse.Namespace,
+    sock: socket.socket,
+    key: str | None,
+    transport: Any,
+    limits: ServerLimits,
+    realtime: Any = None,
+) -> int:
     import uvicorn
 
     try:
@@ -340,31 +534,55 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
         from orchestrator.commands.run import cluster_profile
 
         profile = cluster_profile(args.address, console)
-    pipeline = Pipeline.from_config(args.config, profile=profile, mask=args.mask, address=args.address,
-                                    record=None, progress=True, log_to_driver=args.ray_logs,
-                                    verify=not args.skip_verify, max_waiting=args.max_waiting,
-                                    calibration=not args.no_calibration, server=True)
+    pipeline = Pipeline.from_config(
+        args.config,
+        profile=profile,
+        mask=args.mask,
+        address=args.address,
+        record=None,
+        progress=True,
+        log_to_driver=args.ray_logs,
+        verify=not args.skip_verify,
+        max_waiting=args.max_waiting,
+        calibration=not args.no_calibration,
+        server=True,
+    )
     stopped_by: list[int] = []
     app = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # a non-loopback bind (which has a key) without --allowed-host takes any Host name
-        allowed = None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host
-        app = create_app(pipeline, api_key=key, limits=limits, allowed_hosts=allowed, realtime=realtime)
-        config = uvicorn.Config(app,
-                                host=args.host, port=args.port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=args.drain_timeout, **transport.uvicorn_kwargs(Protocol))
+        allowed = (
+            None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host
+        )
+        app = create_app(
+            pipeline, api_key=key, limits=limits, allowed_hosts=allowed, realtime=realtime
+        )
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=args.drain_timeout,
+            **transport.uvicorn_kwargs(Protocol),
+        )
         server = uvicorn.Server(config)
         port = sock.getsockname()[1]
         names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
         host = f"[{args.host}]" if ":" in args.host else args.host
-        console.print(f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
-                      f"{'(API key required)' if key else ''}— Ctrl-C to stop", soft_wrap=True)
+        console.print(
+            f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
+            f"{'(API key required)' if key else ''}— Ctrl-C to stop",
+            soft_wrap=True,
+        )
         turn = end_of_turn(pipeline.config)
         if turn is not None:
-            console.print(f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
-                          f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
-                          soft_wrap=True)
+            console.print(
+                f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
+                f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
+                soft_wrap=True,
+            )
         # uvicorn re-raises the signal that stopped it once it has shut down; what it
         # finds then is this recorder, so the pipeline is closed below, not skipped.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -379,7 +597,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket, key: str | None, trans
             signal.signal(sig, handler)
     held = (final or {}).get("held_bytes")
     why = f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else "stopped"
-    console.print(f"{why}: closed the pipeline in {time.perf_counter() - t0:.1f} s; ledger holds {held or 0} bytes")
+    console.print(
+        f"{why}: closed the pipeline in {time.perf_counter() - t0:.1f} s; ledger holds {held or 0} bytes"
+    )
     for pool in (final or {}).get("pools", []):
-        console.print(f"  {pool['id']}: {pool['held_bytes']} bytes held of {pool['capacity_bytes']}")
+        console.print(
+            f"  {pool['id']}: {pool['held_bytes']} bytes held of {pool['capacity_bytes']}"
+        )
     return EXIT_OK

@@ -39,11 +39,21 @@ MAX_DEPTH = 4
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help=f"print the listing as JSON (format {STAGES_FORMAT})")
-    p.add_argument("--path", action="append", default=[], metavar="DIR",
-                   help="also look for exported artifacts (directories holding manifest.yaml) under DIR; repeatable")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 2 when a plugin failed to load or an artifact cannot be read")
+    p.add_argument(
+        "--json", action="store_true", help=f"print the listing as JSON (format {STAGES_FORMAT})"
+    )
+    p.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also look for exported artifacts (directories holding manifest.yaml) under DIR; repeatable",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 2 when a plugin failed to load or an artifact cannot be read",
+    )
 
 
 @dataclass
@@ -112,16 +122,34 @@ def find_artifacts(extra: list[Path]) -> list[ArtifactRow]:
             except ConfigError as exc:
                 p = exc.problems[0]
                 more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-                rows.append(ArtifactRow(shown, found_in, False, name=str(doc.get("name", "")),
-                                        error=f"{p.where}: {p.what}{more}"))
+                rows.append(
+                    ArtifactRow(
+                        shown,
+                        found_in,
+                        False,
+                        name=str(doc.get("name", "")),
+                        error=f"{p.where}: {p.what}{more}",
+                    )
+                )
                 continue
             m = art.manifest
-            rows.append(ArtifactRow(
-                shown, found_in, True, name=m.name, version=m.version, origin=m.source.origin,
-                license=m.source.license, precisions={str(k): v for k, v in m.precisions.items()},
-                inputs=[t.model_dump() for t in m.inputs], outputs=[t.model_dump() for t in m.outputs],
-                consumes=m.consumes, produces=m.produces, not_exported=m.not_exported is not None,
-            ))
+            rows.append(
+                ArtifactRow(
+                    shown,
+                    found_in,
+                    True,
+                    name=m.name,
+                    version=m.version,
+                    origin=m.source.origin,
+                    license=m.source.license,
+                    precisions={str(k): v for k, v in m.precisions.items()},
+                    inputs=[t.model_dump() for t in m.inputs],
+                    outputs=[t.model_dump() for t in m.outputs],
+                    consumes=m.consumes,
+                    produces=m.produces,
+                    not_exported=m.not_exported is not None,
+                )
+            )
     return rows
 
 
@@ -132,19 +160,26 @@ def listing(found: Survey, artifacts: list[ArtifactRow]) -> dict[str, Any]:
     kinds = []
     for name, kind in sorted(found.kinds.items()):
         where = registry.origin(name)
-        kinds.append({
-            "name": name,
-            "source": where.source if where else "registered",
-            "target": where.target if where else "",
-            "distribution": where.distribution if where else None,
-            "consumes": list(kind.consumes), "produces": list(kind.produces),
-            "backends": list(kind.backends), "needs_gates": kind.needs_gates,
-        })
+        kinds.append(
+            {
+                "name": name,
+                "source": where.source if where else "registered",
+                "target": where.target if where else "",
+                "distribution": where.distribution if where else None,
+                "consumes": list(kind.consumes),
+                "produces": list(kind.produces),
+                "backends": list(kind.backends),
+                "needs_gates": kind.needs_gates,
+            }
+        )
     return {
         "format": STAGES_FORMAT,
         "kinds": kinds,
         "artifacts": [a.to_dict() for a in artifacts],
-        "hooks": [{"name": h.name, "target": h.target, "distribution": h.distribution} for h in found.hooks],
+        "hooks": [
+            {"name": h.name, "target": h.target, "distribution": h.distribution}
+            for h in found.hooks
+        ],
         "broken_plugins": [f.to_dict() for f in found.failures],
     }
 
@@ -156,8 +191,11 @@ def run(args: argparse.Namespace) -> int:
     for i, given in enumerate(args.path):
         p = Path(given)
         if not p.is_dir():
-            raise ConfigError.single(f"--path #{i + 1} {given}", "not a directory",
-                                     "pass a directory that holds artifact directories (each with manifest.yaml)")
+            raise ConfigError.single(
+                f"--path #{i + 1} {given}",
+                "not a directory",
+                "pass a directory that holds artifact directories (each with manifest.yaml)",
+            )
         extra.append(p.absolute())
     found = survey()
     artifacts = find_artifacts(extra)
@@ -183,35 +221,62 @@ def stages_view(doc: dict[str, Any]) -> Group:
 
     from orchestrator.render import Col, Sheet, spaced
 
-    kinds = Sheet("stage kinds", (Col("kind"), Col("from", wrap=True), Col("consumes", wrap=True),
-                                 Col("produces", wrap=True)))
+    kinds = Sheet(
+        "stage kinds",
+        (
+            Col("kind"),
+            Col("from", wrap=True),
+            Col("consumes", wrap=True),
+            Col("produces", wrap=True),
+        ),
+    )
     for k in doc["kinds"]:
         source = f"{k['distribution']}\n(entry point)" if k["distribution"] else k["source"]
         kinds.add_row(k["name"], source, ", ".join(k["consumes"]), ", ".join(k["produces"]))
 
-    arts = Sheet("exported artifacts", (Col("artifact"), Col("precisions"), Col("where / from", wrap=True)))
-    ports = Sheet("artifact ports", (Col("artifact"), Col("inputs", wrap=True), Col("outputs", wrap=True)))
+    arts = Sheet(
+        "exported artifacts", (Col("artifact"), Col("precisions"), Col("where / from", wrap=True))
+    )
+    ports = Sheet(
+        "artifact ports", (Col("artifact"), Col("inputs", wrap=True), Col("outputs", wrap=True))
+    )
     for a in doc["artifacts"]:
         if not a["ok"]:
-            arts.add_row(Text(a["name"] or "?", style="bold red"), Text("BROKEN", style="bold red"),
-                         f"{a['dir']} ({a['found_in']}): {a['error']}")
+            arts.add_row(
+                Text(a["name"] or "?", style="bold red"),
+                Text("BROKEN", style="bold red"),
+                f"{a['dir']} ({a['found_in']}): {a['error']}",
+            )
             continue
         precisions = ", ".join(a["precisions"]) + (" (not exported)" if a["not_exported"] else "")
-        arts.add_row(a["name"], precisions, f"{a['dir']} ({a['found_in']}, version {a['version']}); {a['origin']}")
+        arts.add_row(
+            a["name"],
+            precisions,
+            f"{a['dir']} ({a['found_in']}, version {a['version']}); {a['origin']}",
+        )
         ports.add_row(a["name"], _ports(a["inputs"]), _ports(a["outputs"]))
 
     parts: list[Any] = [kinds, arts, ports if ports.rows else None]
     if doc["hooks"]:
-        hooks = Sheet("hooks (omni_edge.hooks)", (Col("hook"), Col("target", wrap=True), Col("from", wrap=True)))
+        hooks = Sheet(
+            "hooks (omni_edge.hooks)",
+            (Col("hook"), Col("target", wrap=True), Col("from", wrap=True)),
+        )
         for h in doc["hooks"]:
             hooks.add_row(h["name"], h["target"], h["distribution"])
         parts.append(hooks)
     if doc["broken_plugins"]:
-        broken = Sheet("BROKEN plugins (failed to load; exit 2 with --strict)",
-                       (Col("plugin"), Col("group"), Col("from", wrap=True), Col("error", wrap=True)))
+        broken = Sheet(
+            "BROKEN plugins (failed to load; exit 2 with --strict)",
+            (Col("plugin"), Col("group"), Col("from", wrap=True), Col("error", wrap=True)),
+        )
         for f in doc["broken_plugins"]:
             group = "kind" if f["group"].endswith("stage_kinds") else "hook"
-            broken.add_row(Text(f["name"], style="bold red"), group, f["distribution"],
-                           f"{f['target']}: {f['error']}")
+            broken.add_row(
+                Text(f["name"], style="bold red"),
+                group,
+                f["distribution"],
+                f"{f['target']}: {f['error']}",
+            )
         parts.append(broken)
     return spaced(parts)

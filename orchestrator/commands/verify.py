@@ -28,9 +28,18 @@ if TYPE_CHECKING:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan import add_pipeline_inputs
 
-    add_pipeline_inputs(p, profile_help="verify against a recorded hardware profile's routes instead of probing this machine")
-    p.add_argument("--json", action="store_true", help="print the results as JSON (format omni-edge.verify/1)")
-    p.add_argument("--force", action="store_true", help="measure again even where evidence for the same key exists")
+    add_pipeline_inputs(
+        p,
+        profile_help="verify against a recorded hardware profile's routes instead of probing this machine",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON (format omni-edge.verify/1)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="measure again even where evidence for the same key exists",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_REFUSED if report.refused else EXIT_OK
 
 
-def _run_with_progress(config: Any, profile: Any, mask: frozenset[str], force: bool, console: Console) -> VerifyReport:
+def _run_with_progress(
+    config: Any, profile: Any, mask: frozenset[str], force: bool, console: Console
+) -> VerifyReport:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -77,23 +88,38 @@ def _run_with_progress(config: Any, profile: Any, mask: frozenset[str], force: b
     # which takes what is left and ends in "…" on a narrow terminal. Not
     # markup: a step such as "gates on … [fp32]" would lose its "[fp32]".
     with Progress(
-        SpinnerColumn(), MofNCompleteColumn(), BarColumn(bar_width=10), TimeElapsedColumn(),
-        TextColumn("{task.description}", markup=False,
-                   table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
-        console=console, transient=True, disable=not console.is_terminal, expand=True,
+        SpinnerColumn(),
+        MofNCompleteColumn(),
+        BarColumn(bar_width=10),
+        TimeElapsedColumn(),
+        TextColumn(
+            "{task.description}",
+            markup=False,
+            table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+        ),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+        expand=True,
     ) as progress:
         task = progress.add_task("verifying", total=total)
 
         def on_step(c: Any, what: str) -> None:
-            progress.update(task, description=f"{c.stage.name} · {c.device.id} · {c.backend}: {what}")
+            progress.update(
+                task, description=f"{c.stage.name} · {c.device.id} · {c.backend}: {what}"
+            )
 
         def on_done(result: PlacementResult) -> None:
             progress.advance(task)
 
-        return verify_pipeline(config, profile, mask=mask, force=force, on_step=on_step, on_done=on_done)
+        return verify_pipeline(
+            config, profile, mask=mask, force=force, on_step=on_step, on_done=on_done
+        )
 
 
-def _replan(config: Any, profile: Any, mask: frozenset[str], report: VerifyReport) -> dict[str, Any]:
+def _replan(
+    config: Any, profile: Any, mask: frozenset[str], report: VerifyReport
+) -> dict[str, Any]:
     """What ``omni-edge plan`` now decides for each stage, with the fresh evidence
     and what this verification refused."""
     from orchestrator.planner import plan_pipeline, verification_refusals
@@ -103,7 +129,8 @@ def _replan(config: Any, profile: Any, mask: frozenset[str], report: VerifyRepor
         "admitted": plan.admitted,
         "stages": {
             s.name: {
-                "device": s.device, "backend": s.backend,
+                "device": s.device,
+                "backend": s.backend,
                 "verification": s.verification.status if s.verification else None,
             }
             for s in plan.stages
@@ -137,7 +164,9 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
 
     from orchestrator.render import labelled, spaced
 
-    sections: list[Any] = [labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")]
+    sections: list[Any] = [
+        labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")
+    ]
     if report.results:
         sections += _tables(report)
     else:
@@ -153,14 +182,29 @@ def _tables(report: VerifyReport) -> list[Any]:
     """The gates table and the numerics table, one row per placement, keyed by ``#``."""
     from orchestrator.render import Col, Sheet
 
-    gates = Sheet("gates", (
-        Col("#", "right"), Col("stage"), Col("device"), Col("backend"), Col("prec"),
-        Col("EP nodes", "right"), Col("parts", "right"), Col("verdict"),
-    ))
-    numerics = Sheet("numerics (worst output against the CPU fp32 reference)", (
-        Col("#", "right"), Col("rel L2", "right"), Col("max abs", "right"), Col("cosine", "right"),
-        Col("left to CPU", wrap=True),
-    ))
+    gates = Sheet(
+        "gates",
+        (
+            Col("#", "right"),
+            Col("stage"),
+            Col("device"),
+            Col("backend"),
+            Col("prec"),
+            Col("EP nodes", "right"),
+            Col("parts", "right"),
+            Col("verdict"),
+        ),
+    )
+    numerics = Sheet(
+        "numerics (worst output against the CPU fp32 reference)",
+        (
+            Col("#", "right"),
+            Col("rel L2", "right"),
+            Col("max abs", "right"),
+            Col("cosine", "right"),
+            Col("left to CPU", wrap=True),
+        ),
+    )
     for n, r in enumerate(report.results, 1):
         rec = r.record or {}
         cov = rec.get("coverage") or {}
@@ -168,12 +212,27 @@ def _tables(report: VerifyReport) -> list[Any]:
         rel = max((m.get("rel_l2", 0.0) for m in outs), default=None)
         mab = max((m.get("max_abs", 0.0) for m in outs), default=None)
         cos = min((m.get("cosine", 1.0) for m in outs), default=None)
-        left = ", ".join(f"{op}×{k}" for op, k in list((cov.get("fallback_op_types") or {}).items())[:4])
+        left = ", ".join(
+            f"{op}×{k}" for op, k in list((cov.get("fallback_op_types") or {}).items())[:4]
+        )
         parts = cov.get("partitions")
-        gates.add_row(str(n), r.stage, r.device, r.backend, r.precision or "-", _ep_nodes(cov),
-                      "-" if parts is None else str(parts), _verdict(r))
-        numerics.add_row(str(n), _fmt(rel, ".1e"), _fmt(mab, ".1e"), _fmt(cos, ".6f"),
-                         left or ("-" if not cov else "none"))
+        gates.add_row(
+            str(n),
+            r.stage,
+            r.device,
+            r.backend,
+            r.precision or "-",
+            _ep_nodes(cov),
+            "-" if parts is None else str(parts),
+            _verdict(r),
+        )
+        numerics.add_row(
+            str(n),
+            _fmt(rel, ".1e"),
+            _fmt(mab, ".1e"),
+            _fmt(cos, ".6f"),
+            left or ("-" if not cov else "none"),
+        )
     return [gates, numerics]
 
 
@@ -225,16 +284,20 @@ def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
     ]
     timed = [r for r in report.results if r.verify_s is not None and not r.cached]
     if timed:
-        notes.append(labelled(
-            "gate time:",
-            "; ".join(f"{r.stage} · {r.device} · {r.backend} {r.verify_s:.1f} s" for r in timed)
-            + " (excluding interpreter start)",
-            style="dim",
-        ))
+        notes.append(
+            labelled(
+                "gate time:",
+                "; ".join(f"{r.stage} · {r.device} · {r.backend} {r.verify_s:.1f} s" for r in timed)
+                + " (excluding interpreter start)",
+                style="dim",
+            )
+        )
     notes.append(labelled("evidence:", report.evidence_dir, style="dim"))
     for name, s in plan_summary["stages"].items():
         if s["device"]:
-            now = f"{name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}"
+            now = (
+                f"{name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}"
+            )
         else:
             now = f"{name} refused (see omni-edge plan)"
         notes.append(labelled("plan now:", now, style="dim"))

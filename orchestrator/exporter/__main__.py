@@ -28,11 +28,19 @@ EXIT_OK, EXIT_INPUT = 0, 2
 def request_from_json(doc: Any, where: str) -> ExportRequest:
     """An :class:`ExportRequest` from its JSON form; unknown or missing fields are a ``ConfigError``."""
     if not isinstance(doc, dict):
-        raise ConfigError.single(where, "the request is not a JSON object", "write {\"source\": ..., \"location\": ..., \"out\": ...}")
+        raise ConfigError.single(
+            where,
+            "the request is not a JSON object",
+            'write {"source": ..., "location": ..., "out": ...}',
+        )
     fields = {f.name for f in dataclasses.fields(ExportRequest)}
     unknown = sorted(set(doc) - fields)
     if unknown:
-        raise ConfigError.single(where, f"unknown request field(s): {', '.join(unknown)}", f"use {', '.join(sorted(fields))}")
+        raise ConfigError.single(
+            where,
+            f"unknown request field(s): {', '.join(unknown)}",
+            f"use {', '.join(sorted(fields))}",
+        )
     values = dict(doc)
     try:
         values["out"] = Path(values["out"])
@@ -40,11 +48,16 @@ def request_from_json(doc: Any, where: str) -> ExportRequest:
             values["precisions"] = tuple(values["precisions"])
         if "int8" in values:
             int8 = values["int8"]
-            values["int8"] = Int8Scheme(activations=int8.get("activations", "uint8"), nodes=tuple(int8.get("nodes", ())))
+            values["int8"] = Int8Scheme(
+                activations=int8.get("activations", "uint8"), nodes=tuple(int8.get("nodes", ()))
+            )
         return ExportRequest(**values)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError.single(where, f"not an export request: {type(exc).__name__}: {exc}",
-                                 "give source, location and out, and the other fields as ExportRequest names them") from None
+        raise ConfigError.single(
+            where,
+            f"not an export request: {type(exc).__name__}: {exc}",
+            "give source, location and out, and the other fields as ExportRequest names them",
+        ) from None
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +76,9 @@ def main(argv: list[str]) -> int:
         try:
             doc = json.loads(Path(argv[0]).read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError.single(argv[0], f"cannot read the request: {exc}", "write the request as a JSON file") from None
+            raise ConfigError.single(
+                argv[0], f"cannot read the request: {exc}", "write the request as a JSON file"
+            ) from None
         result = export(request_from_json(doc, argv[0]), step)
     except ConfigError as exc:
         print("error: the input cannot be used:", file=sys.stderr)

@@ -111,9 +111,15 @@ class Int8Scheme:
     nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        where = f"the nodes under {', '.join(self.nodes)} (the rest fp32)" if self.nodes else "every node it takes"
-        return (f"int8 as QDQ static quantization of {where}: per-channel int8 weights, {self.activations} "
-                "activations, MinMax over {n} calibration input(s)")
+        where = (
+            f"the nodes under {', '.join(self.nodes)} (the rest fp32)"
+            if self.nodes
+            else "every node it takes"
+        )
+        return (
+            f"int8 as QDQ static quantization of {where}: per-channel int8 weights, {self.activations} "
+            "activations, MinMax over {n} calibration input(s)"
+        )
 
 
 @dataclass
@@ -163,9 +169,15 @@ class ExportResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": "omni-edge.export-result/1", "artifact": str(self.out), "name": self.name,
-            "precisions": self.precisions, "tolerance": self.tolerance, "inputs": self.inputs,
-            "outputs": self.outputs, "sha256": self.files, "seconds": round(self.seconds, 2),
+            "format": "omni-edge.export-result/1",
+            "artifact": str(self.out),
+            "name": self.name,
+            "precisions": self.precisions,
+            "tolerance": self.tolerance,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "sha256": self.files,
+            "seconds": round(self.seconds, 2),
         }
 
 
@@ -177,40 +189,92 @@ def check_request(req: ExportRequest) -> None:
     """Refuse what can be refused before any work (exit 2, nothing written)."""
     problems: list[Problem] = []
     if req.source not in ("torch", "transformers", "onnx"):
-        problems.append(Problem("--from", f"unknown source {req.source!r}", "use torch, transformers or onnx"))
+        problems.append(
+            Problem("--from", f"unknown source {req.source!r}", "use torch, transformers or onnx")
+        )
     bad = [p for p in req.precisions if p not in EXPORT_PRECISIONS]
     if bad or not req.precisions:
-        problems.append(Problem("--precision", f"cannot export {', '.join(bad) or 'nothing'}",
-                                f"choose from {', '.join(EXPORT_PRECISIONS)} (comma-separated)"))
+        problems.append(
+            Problem(
+                "--precision",
+                f"cannot export {', '.join(bad) or 'nothing'}",
+                f"choose from {', '.join(EXPORT_PRECISIONS)} (comma-separated)",
+            )
+        )
     elif "fp32" not in req.precisions:
-        problems.append(Problem("--precision", "fp32 is missing: the other precisions are made and measured from it",
-                                "add fp32 (e.g. --precision fp32,int8)"))
+        problems.append(
+            Problem(
+                "--precision",
+                "fp32 is missing: the other precisions are made and measured from it",
+                "add fp32 (e.g. --precision fp32,int8)",
+            )
+        )
     if req.int8.activations not in INT8_ACTIVATIONS:
-        problems.append(Problem("int8 activations", f"{req.int8.activations!r} is not an activation type the exporter writes",
-                                f"choose {' or '.join(INT8_ACTIVATIONS)}"))
+        problems.append(
+            Problem(
+                "int8 activations",
+                f"{req.int8.activations!r} is not an activation type the exporter writes",
+                f"choose {' or '.join(INT8_ACTIVATIONS)}",
+            )
+        )
     if req.out.exists() and not req.force:
-        problems.append(Problem(f"-o {req.out}", "it exists", "choose another directory, or pass --force to replace it "
-                                "(only once the new artifact is complete and validated)"))
+        problems.append(
+            Problem(
+                f"-o {req.out}",
+                "it exists",
+                "choose another directory, or pass --force to replace it "
+                "(only once the new artifact is complete and validated)",
+            )
+        )
     if req.out.exists() and not req.out.is_dir():
-        problems.append(Problem(f"-o {req.out}", "it is a file, not an artifact directory", "choose a directory path"))
+        problems.append(
+            Problem(
+                f"-o {req.out}",
+                "it is a file, not an artifact directory",
+                "choose a directory path",
+            )
+        )
     name = req.name or req.out.name
     if not ARTIFACT_NAME.match(name):
-        problems.append(Problem("--name" if req.name else f"-o {req.out}", f"{name!r} is not an artifact name",
-                                "letters, digits, '_', '.' and '-', starting with a letter or digit (or pass --name)"))
+        problems.append(
+            Problem(
+                "--name" if req.name else f"-o {req.out}",
+                f"{name!r} is not an artifact name",
+                "letters, digits, '_', '.' and '-', starting with a letter or digit (or pass --name)",
+            )
+        )
     parent = req.out.resolve().parent
     if not parent.is_dir():
-        problems.append(Problem(f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"))
-    for flag, given, source in (("--inputs", req.inputs_npz, "onnx"), ("--calibration", req.calibration_npz, "onnx"),
-                                ("--calibration-text", req.calibration_text, "transformers")):
+        problems.append(
+            Problem(
+                f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"
+            )
+        )
+    for flag, given, source in (
+        ("--inputs", req.inputs_npz, "onnx"),
+        ("--calibration", req.calibration_npz, "onnx"),
+        ("--calibration-text", req.calibration_text, "transformers"),
+    ):
         if given and req.source != source:
-            problems.append(Problem(flag, f"only a --from {source} source reads it",
-                                    "leave it out (a torch factory returns its own 'calibration')"))
+            problems.append(
+                Problem(
+                    flag,
+                    f"only a --from {source} source reads it",
+                    "leave it out (a torch factory returns its own 'calibration')",
+                )
+            )
     for flag, value in (("--consumes", req.consumes), ("--produces", req.produces)):
         if value:
             try:
                 parse_payloads(value)
             except ValueError as exc:
-                problems.append(Problem(flag, str(exc), "spell payload types as in docs/pipelines.md (text, audio@16000, tensor<float32>[384])"))
+                problems.append(
+                    Problem(
+                        flag,
+                        str(exc),
+                        "spell payload types as in docs/pipelines.md (text, audio@16000, tensor<float32>[384])",
+                    )
+                )
     if problems:
         raise ConfigError(problems)
 
@@ -239,7 +303,9 @@ def export(req: ExportRequest, step: Step = _no_step) -> ExportResult:
 def _replace(work: Path, target: Path, *, force: bool) -> None:
     if target.exists():
         if not force:
-            raise ConfigError.single(f"-o {target}", "it appeared while exporting", "choose another directory or --force")
+            raise ConfigError.single(
+                f"-o {target}", "it appeared while exporting", "choose another directory or --force"
+            )
         old = target.with_name(f".{target.name}.replaced-{work.name}")
         target.rename(old)
         work.rename(target)
@@ -252,9 +318,17 @@ def _source(req: ExportRequest, work: Path, step: Step) -> sources.Exported:
     if req.source == "torch":
         return sources.from_torch(req.location, work, opset=req.opset, step=step)
     if req.source == "transformers":
-        sentences = sources.read_sentences(req.calibration_text) if req.calibration_text else sources.CALIBRATION_SENTENCES
-        return sources.from_transformers(req.location, work, opset=req.opset, sentences=sentences, step=step)
-    return sources.from_onnx(req.location, work, inputs=req.inputs_npz, calibration=req.calibration_npz, step=step)
+        sentences = (
+            sources.read_sentences(req.calibration_text)
+            if req.calibration_text
+            else sources.CALIBRATION_SENTENCES
+        )
+        return sources.from_transformers(
+            req.location, work, opset=req.opset, sentences=sentences, step=step
+        )
+    return sources.from_onnx(
+        req.location, work, inputs=req.inputs_npz, calibration=req.calibration_npz, step=step
+    )
 
 
 def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
@@ -263,9 +337,18 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
     _checker(exported.graph, "fp32")
     cpu = _CpuRunner()
     fp32_outputs = [cpu.run(exported.graph, feeds, "fp32") for feeds in exported.calibration]
-    reference_outputs = exported.framework_outputs if exported.framework_outputs is not None else fp32_outputs[0]
-    _refuse_non_finite(reference_outputs, "the reference outputs" + (
-        " (the exporting framework's)" if exported.framework_outputs is not None else " (the CPU EP's, fp32)"))
+    reference_outputs = (
+        exported.framework_outputs if exported.framework_outputs is not None else fp32_outputs[0]
+    )
+    _refuse_non_finite(
+        reference_outputs,
+        "the reference outputs"
+        + (
+            " (the exporting framework's)"
+            if exported.framework_outputs is not None
+            else " (the CPU EP's, fp32)"
+        ),
+    )
     _refuse_non_finite(fp32_outputs[0], "the fp32 graph's outputs on the CPU EP")
     graphs = {"fp32": exported.graph}
     if "fp16" in req.precisions:
@@ -273,13 +356,17 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
         graphs["fp16"] = _to_fp16(exported.graph, work / "fp16.onnx")
     if "int8" in req.precisions:
         step(f"quantizing to int8 QDQ ({len(exported.calibration)} calibration inputs)")
-        graphs["int8"] = _to_int8(exported.graph, work / "int8.onnx", exported.calibration, work, req.int8)
+        graphs["int8"] = _to_int8(
+            exported.graph, work / "int8.onnx", exported.calibration, work, req.int8
+        )
     measured: dict[str, dict[str, Any]] = {}
     for precision, graph in graphs.items():
         step(f"measuring {precision} on the CPU EP ({len(exported.calibration)} inputs)")
         if precision != "fp32":
             _checker(graph, precision)
-        measured[precision] = _measure(cpu, graph, precision, exported, fp32_outputs, reference_outputs)
+        measured[precision] = _measure(
+            cpu, graph, precision, exported, fp32_outputs, reference_outputs
+        )
     suggestions = {p: _suggest(p, m) for p, m in measured.items()}
     tolerance = Tolerance(
         rel_l2=max(s.rel_l2 for s in suggestions.values()),
@@ -295,15 +382,32 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
         files[ref] = file_sha256(work / ref)
     name = req.name or req.out.name
     manifest = _manifest(req, name, exported, stats, tolerance, measured, suggestions, files)
-    text = _header(req) + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    text = _header(req) + yaml.dump(
+        manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100
+    )
     (work / MANIFEST_NAME).write_text(text)
     step("validating: manifest, hooks, gates on the CPU EP")
     _validate(work, graphs, stats)
-    precisions = {p: {"graph": f"{p}.onnx", "bytes": stats[p].file_bytes, "nodes": stats[p].node_count,
-                      **{k: measured[p][k] for k in ("rel_l2", "max_abs", "cosine")},
-                      "suggested": suggestions[p].model_dump()} for p in graphs}
-    return ExportResult(out=req.out, name=name, precisions=precisions, tolerance=tolerance.model_dump(),
-                        inputs=stats["fp32"].inputs, outputs=stats["fp32"].outputs, files=files, seconds=0.0)
+    precisions = {
+        p: {
+            "graph": f"{p}.onnx",
+            "bytes": stats[p].file_bytes,
+            "nodes": stats[p].node_count,
+            **{k: measured[p][k] for k in ("rel_l2", "max_abs", "cosine")},
+            "suggested": suggestions[p].model_dump(),
+        }
+        for p in graphs
+    }
+    return ExportResult(
+        out=req.out,
+        name=name,
+        precisions=precisions,
+        tolerance=tolerance.model_dump(),
+        inputs=stats["fp32"].inputs,
+        outputs=stats["fp32"].outputs,
+        files=files,
+        seconds=0.0,
+    )
 
 
 # ---- graphs ------------------------------------------------------------------------------
@@ -315,8 +419,11 @@ def _checker(graph: Path, precision: str) -> None:
     try:
         onnx.checker.check_model(str(graph), full_check=True)
     except Exception as exc:
-        raise ConfigError.single(f"{precision} graph", f"onnx.checker refused it: {str(exc).strip()[:600]}",
-                                 "fix the source model (or its export settings) so the graph is valid ONNX") from None
+        raise ConfigError.single(
+            f"{precision} graph",
+            f"onnx.checker refused it: {str(exc).strip()[:600]}",
+            "fix the source model (or its export settings) so the graph is valid ONNX",
+        ) from None
 
 
 def _to_fp16(fp32: Path, out: Path) -> Path:
@@ -343,8 +450,13 @@ class _Calibration:
         pass
 
 
-def _to_int8(fp32: Path, out: Path, calibration: list[dict[str, Any]], work: Path,
-             scheme: Int8Scheme | None = None) -> Path:
+def _to_int8(
+    fp32: Path,
+    out: Path,
+    calibration: list[dict[str, Any]],
+    work: Path,
+    scheme: Int8Scheme | None = None,
+) -> Path:
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -358,23 +470,38 @@ def _to_int8(fp32: Path, out: Path, calibration: list[dict[str, Any]], work: Pat
         shutil.copyfile(fp32, pre)  # pre-processing is an optimisation; quantize the graph as it is
     selected = None
     if scheme.nodes:
-        selected = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node
-                    if n.name.startswith(scheme.nodes)]
+        selected = [
+            n.name
+            for n in onnx.load(str(pre), load_external_data=False).graph.node
+            if n.name.startswith(scheme.nodes)
+        ]
         if not selected:
             logging.disable(logging.NOTSET)
             pre.unlink(missing_ok=True)
-            raise ConfigError.single("int8 nodes", f"no node name starts with {', '.join(scheme.nodes)}",
-                                     "name prefixes of the graph's nodes (e.g. '/dec/'), as onnx shows them")
+            raise ConfigError.single(
+                "int8 nodes",
+                f"no node name starts with {', '.join(scheme.nodes)}",
+                "name prefixes of the graph's nodes (e.g. '/dec/'), as onnx shows them",
+            )
     activations = QuantType.QUInt16 if scheme.activations == "uint16" else QuantType.QUInt8
     try:
         quantize_static(
-            str(pre), str(out), _Calibration(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
-            activation_type=activations, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            str(pre),
+            str(out),
+            _Calibration(calibration),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=activations,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
             nodes_to_quantize=selected,
         )
     except Exception as exc:
-        raise ConfigError.single("--precision int8", f"quantize_static failed: {type(exc).__name__}: {str(exc)[:600]}",
-                                 "export fp32 (and fp16) only, or simplify the ops the quantizer rejected") from None
+        raise ConfigError.single(
+            "--precision int8",
+            f"quantize_static failed: {type(exc).__name__}: {str(exc)[:600]}",
+            "export fp32 (and fp16) only, or simplify the ops the quantizer rejected",
+        ) from None
     finally:
         logging.disable(logging.NOTSET)
         pre.unlink(missing_ok=True)
@@ -396,32 +523,48 @@ class _CpuRunner:
             try:
                 self._sessions[graph] = ort.InferenceSession(str(graph), providers=[CPU_EP])
             except Exception as exc:
-                raise ConfigError.single(f"{precision} graph", f"the CPU EP cannot open it: {str(exc).strip()[:600]}",
-                                         "ONNX Runtime here must run the graph: check the opset and custom ops") from None
+                raise ConfigError.single(
+                    f"{precision} graph",
+                    f"the CPU EP cannot open it: {str(exc).strip()[:600]}",
+                    "ONNX Runtime here must run the graph: check the opset and custom ops",
+                ) from None
         session = self._sessions[graph]
         try:
             names = [o.name for o in session.get_outputs()]
             return dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:
-            raise ConfigError.single(f"{precision} graph", f"the CPU EP failed on the inputs: {str(exc).strip()[:600]}",
-                                     "the example/calibration inputs must match the graph's inputs") from None
+            raise ConfigError.single(
+                f"{precision} graph",
+                f"the CPU EP failed on the inputs: {str(exc).strip()[:600]}",
+                "the example/calibration inputs must match the graph's inputs",
+            ) from None
 
 
 def _refuse_non_finite(outputs: dict[str, Any], what: str) -> None:
     import numpy as np
 
-    bad = {n: int(np.size(v) - np.count_nonzero(np.isfinite(v))) for n, v in outputs.items()
-           if np.asarray(v).dtype.kind == "f" and not np.all(np.isfinite(v))}
+    bad = {
+        n: int(np.size(v) - np.count_nonzero(np.isfinite(v)))
+        for n, v in outputs.items()
+        if np.asarray(v).dtype.kind == "f" and not np.all(np.isfinite(v))
+    }
     if bad:
         listed = ", ".join(f"{n!r}: {k} of {np.size(outputs[n])}" for n, k in bad.items())
         raise ConfigError.single(
-            "reference outputs", f"{what} are not finite (NaN/Inf values: {listed}); no gate can compare against them",
+            "reference outputs",
+            f"{what} are not finite (NaN/Inf values: {listed}); no gate can compare against them",
             "fix the model or choose example inputs where it is finite (look for log/div/sqrt of zero or overflow)",
         )
 
 
-def _measure(cpu: _CpuRunner, graph: Path, precision: str, exported: sources.Exported,
-             fp32_outputs: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+def _measure(
+    cpu: _CpuRunner,
+    graph: Path,
+    precision: str,
+    exported: sources.Exported,
+    fp32_outputs: list[dict[str, Any]],
+    reference: dict[str, Any],
+) -> dict[str, Any]:
     """The worst error of ``graph`` against fp32 over the calibration set and against the reference."""
     worst = {"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0}
     outs = [cpu.run(graph, feeds, precision) for feeds in exported.calibration]
@@ -433,7 +576,11 @@ def _measure(cpu: _CpuRunner, graph: Path, precision: str, exported: sources.Exp
             worst["max_abs"] = max(worst["max_abs"], m["max_abs"])
             worst["cosine"] = min(worst["cosine"], m["cosine"])
     max_rel, min_cos = CEILINGS[precision]
-    if not all(math.isfinite(v) for v in worst.values()) or worst["rel_l2"] > max_rel or worst["cosine"] < min_cos:
+    if (
+        not all(math.isfinite(v) for v in worst.values())
+        or worst["rel_l2"] > max_rel
+        or worst["cosine"] < min_cos
+    ):
         raise ConfigError.single(
             f"--precision {precision}",
             f"the {precision} graph loses too much: worst rel L2 {worst['rel_l2']:.3g} (at most {max_rel:g}) and "
@@ -458,7 +605,9 @@ def _suggest(precision: str, m: dict[str, Any]) -> Tolerance:
     return Tolerance(
         rel_l2=float(f"{max(floor.rel_l2, _round_up(HEADROOM * m['rel_l2'])):.2g}"),
         max_abs=float(f"{max(floor.max_abs, _round_up(HEADROOM * m['max_abs'])):.2g}"),
-        cosine_min=float(f"{min(floor.cosine_min, 1 - _round_up(HEADROOM * (1 - m['cosine']))):.6g}"),
+        cosine_min=float(
+            f"{min(floor.cosine_min, 1 - _round_up(HEADROOM * (1 - m['cosine']))):.6g}"
+        ),
     )
 
 
@@ -478,7 +627,9 @@ _Dumper.add_representer(list, _flow_scalars)
 
 
 def _header(req: ExportRequest) -> str:
-    lines = ["# Written by omni-edge export (docs/export.md); contract: docs/exported-artifacts.md."]
+    lines = [
+        "# Written by omni-edge export (docs/export.md); contract: docs/exported-artifacts.md."
+    ]
     if req.command:
         lines.append(f"# Regenerate: {req.command}")
     return "\n".join(lines) + "\n"
@@ -488,24 +639,45 @@ def _tensors(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"name": v["name"], "dtype": v["dtype"], "shape": v["shape"]} for v in values]
 
 
-def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: dict[str, Any], tolerance: Tolerance,
-              measured: dict[str, dict[str, Any]], suggestions: dict[str, Tolerance], files: dict[str, str]) -> dict[str, Any]:
+def _manifest(
+    req: ExportRequest,
+    name: str,
+    exported: sources.Exported,
+    stats: dict[str, Any],
+    tolerance: Tolerance,
+    measured: dict[str, dict[str, Any]],
+    suggestions: dict[str, Tolerance],
+    files: dict[str, str],
+) -> dict[str, Any]:
     fp32 = stats["fp32"]
     notes = [f"opset {exported.opset}; precisions {', '.join(stats)}."]
-    raised = {p: st.opset.get("ai.onnx") for p, st in stats.items() if st.opset.get("ai.onnx") not in (None, exported.opset)}
+    raised = {
+        p: st.opset.get("ai.onnx")
+        for p, st in stats.items()
+        if st.opset.get("ai.onnx") not in (None, exported.opset)
+    }
     if raised:  # onnxruntime's quantizer raises the opset for 16-bit QuantizeLinear (21)
-        notes.append("; ".join(f"{p} graph: opset {o}" for p, o in raised.items()) + " (raised by its converter).")
+        notes.append(
+            "; ".join(f"{p} graph: opset {o}" for p, o in raised.items())
+            + " (raised by its converter)."
+        )
     if "fp16" in stats:
         notes.append("fp16 by onnxruntime's float16 converter (float32 inputs and outputs kept).")
     if "int8" in stats:
         notes.append(req.int8.describe().format(n=len(exported.calibration)) + ".")
     notes.extend(exported.notes)
     manifest: dict[str, Any] = {
-        "format": EXPORT_FORMAT, "name": name, "version": req.version,
+        "format": EXPORT_FORMAT,
+        "name": name,
+        "version": req.version,
     }
     if req.description:
         manifest["description"] = req.description
-    manifest["source"] = {"origin": req.origin or exported.origin, "license": req.license, "notes": " ".join(notes)}
+    manifest["source"] = {
+        "origin": req.origin or exported.origin,
+        "license": req.license,
+        "notes": " ".join(notes),
+    }
     manifest["precisions"] = {p: f"{p}.onnx" for p in stats}
     manifest["inputs"] = _tensors(fp32.inputs)
     manifest["outputs"] = _tensors(fp32.outputs)
@@ -513,19 +685,31 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
     manifest["tolerance"] = tolerance.model_dump()
     if len(stats) > 1:  # each precision judged by its own suggestion, not the loosest
         manifest["tolerances"] = {p: suggestions[p].model_dump() for p in stats}
-    for key in ("consumes", "produces", "preprocess", "postprocess", "activation_bytes", "activation_note"):
+    for key in (
+        "consumes",
+        "produces",
+        "preprocess",
+        "postprocess",
+        "activation_bytes",
+        "activation_note",
+    ):
         if getattr(req, key):
             manifest[key] = getattr(req, key)
     manifest["metadata"] = {
         **req.metadata,
         "export": {
-            "reference": "the exporting framework's outputs" if exported.framework_outputs is not None
+            "reference": "the exporting framework's outputs"
+            if exported.framework_outputs is not None
             else "the CPU EP's outputs of the fp32 graph",
             "headroom": HEADROOM,
             "precisions": {
-                p: {"measured_on_cpu_ep": {k: round(v, 8) if k == "cosine" else float(f"{v:.3g}")
-                                           for k, v in measured[p].items()},
-                    "suggested_tolerance": suggestions[p].model_dump()}
+                p: {
+                    "measured_on_cpu_ep": {
+                        k: round(v, 8) if k == "cosine" else float(f"{v:.3g}")
+                        for k, v in measured[p].items()
+                    },
+                    "suggested_tolerance": suggestions[p].model_dump(),
+                }
                 for p in stats
             },
             "sha256": files,
@@ -537,19 +721,34 @@ def _manifest(req: ExportRequest, name: str, exported: sources.Exported, stats: 
 def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any]) -> None:
     """The artifact as ``plan`` and ``verify`` will read it; every precision through the gates on the CPU EP."""
     artifact = load_artifact(work)
-    problems = [p for precision in graphs for p in check_against_graph(artifact, precision, stats[precision])]
+    problems = [
+        p
+        for precision in graphs
+        for p in check_against_graph(artifact, precision, stats[precision])
+    ]
     if problems:
         raise ConfigError(problems)
     sessions = open_sessions(this_process())
     try:
         for precision, graph in graphs.items():
             spec = SessionSpec(str(graph), [CPU_EP], [{}], {}, {})
-            record = measure(sessions, artifact, precision, spec, reference_graph=str(graphs["fp32"]))
-            verdict = judge(record, artifact_name=artifact.name, device_id="cpu",
-                            min_coverage=artifact.manifest.min_ep_coverage,
-                            tolerance=artifact.manifest.tolerance_for(precision),
-                            precisions=tuple(graphs))
+            record = measure(
+                sessions, artifact, precision, spec, reference_graph=str(graphs["fp32"])
+            )
+            verdict = judge(
+                record,
+                artifact_name=artifact.name,
+                device_id="cpu",
+                min_coverage=artifact.manifest.min_ep_coverage,
+                tolerance=artifact.manifest.tolerance_for(precision),
+                precisions=tuple(graphs),
+            )
             if not verdict.passed:
-                raise ConfigError([Problem(f"{precision} graph on the CPU EP", r.message, r.remedy) for r in verdict.refusals])
+                raise ConfigError(
+                    [
+                        Problem(f"{precision} graph on the CPU EP", r.message, r.remedy)
+                        for r in verdict.refusals
+                    ]
+                )
     finally:
         sessions.shutdown()

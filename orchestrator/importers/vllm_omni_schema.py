@@ -55,31 +55,57 @@ class Topology:
 
 
 _OMNI_STAGES = (
-    TopologyStage(0, "thinker", "ar_decode", ("request",), "the request (text)", "text", hands_on="text"),
-    TopologyStage(1, "talker", "ar_decode", ("thinker.hidden_states", "thinker.text"),
-                  "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)",
-                  hands_on="token_ids"),
-    TopologyStage(2, "code2wav", "exported_graph", ("talker",), "the talker's codec codes", "audio", hands_on="audio"),
+    TopologyStage(
+        0, "thinker", "ar_decode", ("request",), "the request (text)", "text", hands_on="text"
+    ),
+    TopologyStage(
+        1,
+        "talker",
+        "ar_decode",
+        ("thinker.hidden_states", "thinker.text"),
+        "the thinker's hidden states and its text, two ports joined (vLLM-Omni's thinker2talker)",
+        hands_on="token_ids",
+    ),
+    TopologyStage(
+        2,
+        "code2wav",
+        "exported_graph",
+        ("talker",),
+        "the talker's codec codes",
+        "audio",
+        hands_on="audio",
+    ),
 )
 _QWEN2_5_ARCHS = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration")
 TOPOLOGIES: tuple[Topology, ...] = (
     Topology(
-        "qwen2.5-omni", _QWEN2_5_ARCHS,
+        "qwen2.5-omni",
+        _QWEN2_5_ARCHS,
         "Qwen2.5-Omni: thinker (text, hidden states) → talker (codec codes) → code2wav (token2wav: DiT + BigVGAN, audio)",
-        _OMNI_STAGES, pipelines=("qwen2_5_omni",), streaming_talker=True,
+        _OMNI_STAGES,
+        pipelines=("qwen2_5_omni",),
+        streaming_talker=True,
     ),
     Topology(
-        "qwen3-omni-moe", ("Qwen3OmniMoeForConditionalGeneration",),
+        "qwen3-omni-moe",
+        ("Qwen3OmniMoeForConditionalGeneration",),
         "Qwen3-Omni-MoE: thinker (text, hidden states) → talker (RVQ codec codes) → code2wav (audio)",
-        _OMNI_STAGES, pipelines=("qwen3_omni_moe",), chunked_code2wav=True,
+        _OMNI_STAGES,
+        pipelines=("qwen3_omni_moe",),
+        chunked_code2wav=True,
     ),
     Topology(
-        "qwen2.5-omni-thinker-only", _QWEN2_5_ARCHS,
-        "Qwen2.5-Omni's thinker alone (text)", _OMNI_STAGES[:1], pipelines=("qwen2_5_omni_thinker_only",),
+        "qwen2.5-omni-thinker-only",
+        _QWEN2_5_ARCHS,
+        "Qwen2.5-Omni's thinker alone (text)",
+        _OMNI_STAGES[:1],
+        pipelines=("qwen2_5_omni_thinker_only",),
     ),
     Topology(
-        "qwen3-omni-moe-thinker-only", ("Qwen3OmniMoeForConditionalGeneration",),
-        "Qwen3-Omni-MoE's thinker alone (text): a checkpoint without audio output", _OMNI_STAGES[:1],
+        "qwen3-omni-moe-thinker-only",
+        ("Qwen3OmniMoeForConditionalGeneration",),
+        "Qwen3-Omni-MoE's thinker alone (text): a checkpoint without audio output",
+        _OMNI_STAGES[:1],
     ),
 )
 """vLLM-Omni's pipeline definitions for the models whose configs this importer reads,
@@ -90,16 +116,65 @@ and what feeds what follow vLLM-Omni's pipelines for these models
 ``qwen3_omni/pipeline.py``: stage 0 thinker, 1 talker, 2 code2wav; 0 → 1 → 2)."""
 
 UPSTREAM_PIPELINES = (
-    "aura_omni", "qwen2_5_omni", "qwen2_5_omni_thinker_only", "personaplex", "nemotron_voicechat",
-    "nemotron_labs_voicechat", "qwen3_omni_moe", "qwen3_tts", "step_audio_2", "step_audio_2_asr", "covo_audio",
-    "bagel", "bagel_think", "bagel_single_stage", "lance", "dreamzero", "Gr00tN1d7", "pi0", "gepard", "glm_image",
-    "hunyuan_image_3_moe", "hunyuan_image3_ar", "hunyuan_image3_dit", "hunyuan_video_15", "wan2_2_ti2v", "voxcpm2",
-    "dots_tts", "cosyvoice3", "audex_tts", "audex_tta", "audex_thinker_only", "audex_s2s", "nemotron_labs_audex",
-    "mimo_audio", "ming_tts", "ming_tts_moe", "voxtral_tts", "glm_tts", "fish_qwen3_omni", "ming_flash_omni",
-    "ming_flash_omni_tts", "ming_flash_omni_thinker_only", "ming_flash_omni_image", "moss_tts_nano", "omnivoice",
-    "mammoth_moda2", "mammoth_moda2_ar", "moss_tts_delay", "moss_tts_realtime", "moss_tts_local", "minicpmo_4_5",
-    "minimax_music3", "higgs_audio_v2", "higgs_multimodal_qwen3", "dynin_omni", "indextts2", "indextts2_5",
-    "soulxsinger_svc", "soulxsinger_svs",
+    "aura_omni",
+    "qwen2_5_omni",
+    "qwen2_5_omni_thinker_only",
+    "personaplex",
+    "nemotron_voicechat",
+    "nemotron_labs_voicechat",
+    "qwen3_omni_moe",
+    "qwen3_tts",
+    "step_audio_2",
+    "step_audio_2_asr",
+    "covo_audio",
+    "bagel",
+    "bagel_think",
+    "bagel_single_stage",
+    "lance",
+    "dreamzero",
+    "Gr00tN1d7",
+    "pi0",
+    "gepard",
+    "glm_image",
+    "hunyuan_image_3_moe",
+    "hunyuan_image3_ar",
+    "hunyuan_image3_dit",
+    "hunyuan_video_15",
+    "wan2_2_ti2v",
+    "voxcpm2",
+    "dots_tts",
+    "cosyvoice3",
+    "audex_tts",
+    "audex_tta",
+    "audex_thinker_only",
+    "audex_s2s",
+    "nemotron_labs_audex",
+    "mimo_audio",
+    "ming_tts",
+    "ming_tts_moe",
+    "voxtral_tts",
+    "glm_tts",
+    "fish_qwen3_omni",
+    "ming_flash_omni",
+    "ming_flash_omni_tts",
+    "ming_flash_omni_thinker_only",
+    "ming_flash_omni_image",
+    "moss_tts_nano",
+    "omnivoice",
+    "mammoth_moda2",
+    "mammoth_moda2_ar",
+    "moss_tts_delay",
+    "moss_tts_realtime",
+    "moss_tts_local",
+    "minicpmo_4_5",
+    "minimax_music3",
+    "higgs_audio_v2",
+    "higgs_multimodal_qwen3",
+    "dynin_omni",
+    "indextts2",
+    "indextts2_5",
+    "soulxsinger_svc",
+    "soulxsinger_svs",
 )
 """vLLM-Omni's pipeline registry keys (``OMNI_PIPELINES`` in
 ``vllm_omni/config/pipeline_registry.py``, upstream main of 2026-08-22): how a deploy
@@ -144,11 +219,11 @@ NO_EQUIVALENT: dict[str, str] = {
     "worker_cls": "vLLM-Omni's worker class; an omni-edge stage kind brings its own runner",
     "scheduler_cls": "vLLM-Omni's scheduler class; the engine's own scheduler runs each stage",
     "custom_process_input_func": "Python code that turns the previous stage's output into this stage's input; "
-                                 "edges here carry typed payloads (docs/pipelines.md) and no user code runs between stages",
+    "edges here carry typed payloads (docs/pipelines.md) and no user code runs between stages",
     "custom_process_next_stage_input_func": "Python code run between stages; edges here carry typed payloads and no user code",
     "trust_remote_code": "omni-edge never runs a checkpoint's own Python code",
     "gpu_memory_utilization": "omni-edge computes each stage's budget from its reservations (weights, KV cache, "
-                              "activations) and sets the engine's fraction itself (the plan's engine_kwargs)",
+    "activations) and sets the engine's fraction itself (the plan's engine_kwargs)",
     "distributed_executor_backend": "each device is one Ray actor process; there is no executor to choose",
     "tensor_parallel_size": "a stage is placed on one device; tensor parallelism is not planned",
     "pipeline_parallel_size": "a stage is placed on one device; pipeline parallelism is not planned",
@@ -174,20 +249,22 @@ NO_EQUIVALENT: dict[str, str] = {
     "enabled": "a pipeline config always runs its stages",
     "defaults": "per-edge streaming windows do not exist here",
 }
-NO_EQUIVALENT.update({
-    "num_replicas": "a stage is placed once, on one device; replicas of a stage are not planned yet, so one "
-                    "instance serves it (max_num_seqs at once)",
-    "session_mode": "vLLM-Omni's full-duplex sessions (a realtime conversation kept open); omni-edge serves "
-                    "requests, one reply each",
-    "duplex_session": "the lifetimes and buffers of full-duplex sessions, which omni-edge does not have",
-    "enable_prefix_caching": "prefix caching is always off here",
-    "async_scheduling": "vLLM's asynchronous scheduler switch; omni-edge leaves the engine's default",
-    "mm_processor_cache_gb": "the multimodal processor's cache; the thinker here takes text",
-    "enable_flashinfer_autotune": "a CUDA kernel autotuning switch; omni-edge leaves the engine's default",
-    "env": "environment variables for the stage's process; a device's Ray actor has the orchestrator's",
-    "subtalker_sampling_params": "the code predictor's sampling; the talker's runner samples as the model's "
-                                 "own generate() does",
-})
+NO_EQUIVALENT.update(
+    {
+        "num_replicas": "a stage is placed once, on one device; replicas of a stage are not planned yet, so one "
+        "instance serves it (max_num_seqs at once)",
+        "session_mode": "vLLM-Omni's full-duplex sessions (a realtime conversation kept open); omni-edge serves "
+        "requests, one reply each",
+        "duplex_session": "the lifetimes and buffers of full-duplex sessions, which omni-edge does not have",
+        "enable_prefix_caching": "prefix caching is always off here",
+        "async_scheduling": "vLLM's asynchronous scheduler switch; omni-edge leaves the engine's default",
+        "mm_processor_cache_gb": "the multimodal processor's cache; the thinker here takes text",
+        "enable_flashinfer_autotune": "a CUDA kernel autotuning switch; omni-edge leaves the engine's default",
+        "env": "environment variables for the stage's process; a device's Ray actor has the orchestrator's",
+        "subtalker_sampling_params": "the code predictor's sampling; the talker's runner samples as the model's "
+        "own generate() does",
+    }
+)
 DEFAULT_WHY = "no equivalent in omni-edge; this importer does not know the key"
 CONNECTOR_WHY = "transport between stages: payloads travel as Ray objects here"
 PLATFORM_WHY = {
@@ -196,6 +273,11 @@ PLATFORM_WHY = {
 """Why a platform's overrides are not applied, where there is more to say than for any platform."""
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty")
-ENGINE_KEYS = {"max_num_batched_tokens": "max_num_batched_tokens", "enforce_eager": "enforce_eager",
-               "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs", "dtype": "dtype"}
+ENGINE_KEYS = {
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "enforce_eager": "enforce_eager",
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "dtype": "dtype",
+}
 DTYPES = ("auto", "bfloat16", "float16", "float32")

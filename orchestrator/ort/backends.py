@@ -123,9 +123,13 @@ class PluginEp:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "package": self.package, "module": self.module, "library": self.library,
-            "registration": self.registration, "min_version": self.min_version,
-            "option_paths": dict(self.option_paths), "select_by": dict(self.select_by),
+            "package": self.package,
+            "module": self.module,
+            "library": self.library,
+            "registration": self.registration,
+            "min_version": self.min_version,
+            "option_paths": dict(self.option_paths),
+            "select_by": dict(self.select_by),
             "device_type": self.device_type,
         }
 
@@ -186,11 +190,25 @@ _TABLE: tuple[OrtBackend, ...] = (
             }
         },
         precisions=(
-            PrecisionRule("int8", True, "the XDNA NPU compiles QDQ int8 graphs (A8W8/A16W8 from AMD Quark)"),
+            PrecisionRule(
+                "int8", True, "the XDNA NPU compiles QDQ int8 graphs (A8W8/A16W8 from AMD Quark)"
+            ),
             PrecisionRule("bf16", True, "XDNA 2 NPUs (Strix/Krackan) compile bf16 graphs"),
-            PrecisionRule("fp32", False, "the XDNA NPU has no fp32 datapath: fp32 nodes stay on the CPU (quantize to QDQ int8 with Quark, or export bf16)"),
-            PrecisionRule("fp16", False, "the VitisAI EP does not compile fp16 graphs for the NPU (export QDQ int8 or bf16)"),
-            PrecisionRule("int4", False, "weight-only int4 runs through AMD's LLM flow, not the VitisAI EP's graph compiler"),
+            PrecisionRule(
+                "fp32",
+                False,
+                "the XDNA NPU has no fp32 datapath: fp32 nodes stay on the CPU (quantize to QDQ int8 with Quark, or export bf16)",
+            ),
+            PrecisionRule(
+                "fp16",
+                False,
+                "the VitisAI EP does not compile fp16 graphs for the NPU (export QDQ int8 or bf16)",
+            ),
+            PrecisionRule(
+                "int4",
+                False,
+                "weight-only int4 runs through AMD's LLM flow, not the VitisAI EP's graph compiler",
+            ),
         ),
         cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
         workspace_fixed=256 * MiB,
@@ -219,11 +237,23 @@ _TABLE: tuple[OrtBackend, ...] = (
             "fp32": {"enable_htp_fp16_precision": "1"},
         },
         precisions=(
-            PrecisionRule("int8", True, "HTP runs QDQ graphs (uint8/uint16 activations, int8 weights) natively"),
+            PrecisionRule(
+                "int8",
+                True,
+                "HTP runs QDQ graphs (uint8/uint16 activations, int8 weights) natively",
+            ),
             PrecisionRule("fp16", True, "HTP v73+ (Snapdragon X Elite) runs fp16"),
-            PrecisionRule("fp32", True, "HTP runs an fp32 graph in fp16 (enable_htp_fp16_precision=1); the numeric gate decides whether that is close enough"),
+            PrecisionRule(
+                "fp32",
+                True,
+                "HTP runs an fp32 graph in fp16 (enable_htp_fp16_precision=1); the numeric gate decides whether that is close enough",
+            ),
             PrecisionRule("bf16", False, "HTP has no bf16 datapath"),
-            PrecisionRule("int4", False, "MatMulNBits (weight-only int4) is a contrib op the QNN EP does not take; use QDQ int8/int16"),
+            PrecisionRule(
+                "int4",
+                False,
+                "MatMulNBits (weight-only int4) is a contrib op the QNN EP does not take; use QDQ int8/int16",
+            ),
         ),
         workspace_fixed=128 * MiB,
         workspace_weight_copies=1.0,
@@ -233,8 +263,12 @@ _TABLE: tuple[OrtBackend, ...] = (
         ),
         plugins=(
             PluginEp(
-                package="onnxruntime-qnn", module="onnxruntime_qnn", library="onnxruntime_providers_qnn",
-                registration="onnxruntime-qnn", min_version=2, device_type="NPU",
+                package="onnxruntime-qnn",
+                module="onnxruntime_qnn",
+                library="onnxruntime_providers_qnn",
+                registration="onnxruntime-qnn",
+                min_version=2,
+                device_type="NPU",
                 option_paths={"backend_path": "get_qnn_htp_path"},
             ),
         ),
@@ -256,8 +290,14 @@ _TABLE: tuple[OrtBackend, ...] = (
         precisions=(
             PrecisionRule("fp32", True, "DirectML runs fp32 on any D3D12 GPU"),
             PrecisionRule("fp16", True, "DirectML runs fp16 natively; the usual choice on iGPUs"),
-            PrecisionRule("int8", True, "DirectML has QuantizeLinear/DequantizeLinear and QLinear operators"),
-            PrecisionRule("int4", True, "MatMulNBits has a DirectML kernel (the int4 LLM path of onnxruntime-genai)"),
+            PrecisionRule(
+                "int8", True, "DirectML has QuantizeLinear/DequantizeLinear and QLinear operators"
+            ),
+            PrecisionRule(
+                "int4",
+                True,
+                "MatMulNBits has a DirectML kernel (the int4 LLM path of onnxruntime-genai)",
+            ),
             PrecisionRule("bf16", False, "DirectML has no bf16 tensor type"),
         ),
         # The DirectML EP documents both as required: it does not support memory
@@ -295,7 +335,8 @@ _TABLE: tuple[OrtBackend, ...] = (
             # `precision` provider option ("set it via the load_config as
             # INFERENCE_PRECISION_HINT"), the built-in EP (>= 1.23) reads both, and the
             # ONNX Runtime docs deprecate `precision` in favour of load_config.
-            option="load_config", property="INFERENCE_PRECISION_HINT",
+            option="load_config",
+            property="INFERENCE_PRECISION_HINT",
             values={
                 # A QDQ int8 (or int4) graph computes what it does not quantize in fp32,
                 # as the CPU EP's reference does.
@@ -305,13 +346,33 @@ _TABLE: tuple[OrtBackend, ...] = (
             },
         ),
         precisions=(
-            PrecisionRule("fp32", True, "the CPU and GPU plugins run fp32 when asked to (INFERENCE_PRECISION_HINT f32 in load_config; unasked, the CPU plugin computes in bf16 on a CPU with AMX-BF16 and the GPU plugin in f16)", ("cpu", "gpu", "igpu")),
-            PrecisionRule("fp32", True, "the NPU plugin computes fp32 graphs in fp16, its only precision (asked for: INFERENCE_PRECISION_HINT f16); the numeric gate decides whether that is close enough", ("npu",)),
-            PrecisionRule("fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"),
+            PrecisionRule(
+                "fp32",
+                True,
+                "the CPU and GPU plugins run fp32 when asked to (INFERENCE_PRECISION_HINT f32 in load_config; unasked, the CPU plugin computes in bf16 on a CPU with AMX-BF16 and the GPU plugin in f16)",
+                ("cpu", "gpu", "igpu"),
+            ),
+            PrecisionRule(
+                "fp32",
+                True,
+                "the NPU plugin computes fp32 graphs in fp16, its only precision (asked for: INFERENCE_PRECISION_HINT f16); the numeric gate decides whether that is close enough",
+                ("npu",),
+            ),
+            PrecisionRule(
+                "fp16", True, "OpenVINO runs fp16 graphs on every device (upconverted on the CPU)"
+            ),
             PrecisionRule("int8", True, "OpenVINO turns QDQ int8 into its low-precision kernels"),
-            PrecisionRule("bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)),
-            PrecisionRule("bf16", False, "the GPU and NPU plugins have no bf16 path", ("gpu", "igpu", "npu")),
-            PrecisionRule("int4", False, "MatMulNBits is not taken by the OpenVINO EP's graph partitioner in general; export QDQ int8"),
+            PrecisionRule(
+                "bf16", True, "the CPU plugin runs bf16 (native with AMX/AVX512-BF16)", ("cpu",)
+            ),
+            PrecisionRule(
+                "bf16", False, "the GPU and NPU plugins have no bf16 path", ("gpu", "igpu", "npu")
+            ),
+            PrecisionRule(
+                "int4",
+                False,
+                "MatMulNBits is not taken by the OpenVINO EP's graph partitioner in general; export QDQ int8",
+            ),
         ),
         cache_options=("cache_dir",),
         workspace_fixed=320 * MiB,
@@ -323,8 +384,10 @@ _TABLE: tuple[OrtBackend, ...] = (
         ),
         plugins=(
             PluginEp(
-                package="onnxruntime-ep-openvino", module="onnxruntime_ep_openvino",
-                library="onnxruntime_providers_openvino_plugin", registration="onnxruntime-ep-openvino",
+                package="onnxruntime-ep-openvino",
+                module="onnxruntime_ep_openvino",
+                library="onnxruntime_providers_openvino_plugin",
+                registration="onnxruntime-ep-openvino",
                 select_by={"device_type": "ov_device"},
             ),
         ),
@@ -356,8 +419,16 @@ _TABLE: tuple[OrtBackend, ...] = (
         provider_options={"*": {}},
         precisions=(
             PrecisionRule("fp32", True, "MLAS kernels cover the whole ONNX opset in fp32"),
-            PrecisionRule("fp16", True, "the CPU EP has fp16 kernels for the common ops; an op without one fails session creation, which the coverage gate reports"),
-            PrecisionRule("bf16", True, "the CPU EP runs bf16 graphs where it has kernels (AVX512-BF16/AMX fast, otherwise emulated)"),
+            PrecisionRule(
+                "fp16",
+                True,
+                "the CPU EP has fp16 kernels for the common ops; an op without one fails session creation, which the coverage gate reports",
+            ),
+            PrecisionRule(
+                "bf16",
+                True,
+                "the CPU EP runs bf16 graphs where it has kernels (AVX512-BF16/AMX fast, otherwise emulated)",
+            ),
             PrecisionRule("int8", True, "QDQ and QOperator int8 run through MLAS int8 GEMMs"),
             PrecisionRule("int4", True, "weight-only int4 (MatMulNBits) has a CPU kernel"),
         ),
@@ -372,12 +443,16 @@ _TABLE: tuple[OrtBackend, ...] = (
 BACKENDS: dict[str, OrtBackend] = {row.backend: row for row in _TABLE}
 """The table, by backend name, in :data:`OrtBackendName`'s order."""
 if tuple(BACKENDS) != get_args(OrtBackendName):  # pragma: no cover - a table edit gone wrong
-    raise AssertionError(f"the rows {tuple(BACKENDS)} do not match OrtBackendName {get_args(OrtBackendName)}")
+    raise AssertionError(
+        f"the rows {tuple(BACKENDS)} do not match OrtBackendName {get_args(OrtBackendName)}"
+    )
 
 EP_BACKENDS: dict[str, OrtBackendName] = {row.ep: row.backend for row in _TABLE}
 """Execution provider name → backend name."""
 
-PLUGIN_EPS: tuple[tuple[str, PluginEp], ...] = tuple((row.ep, p) for row in _TABLE for p in row.plugins)
+PLUGIN_EPS: tuple[tuple[str, PluginEp], ...] = tuple(
+    (row.ep, p) for row in _TABLE for p in row.plugins
+)
 """(EP name, plugin package) for every plugin EP the table knows."""
 
 
@@ -393,7 +468,9 @@ def backend(name: str) -> OrtBackend:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise KeyError(f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})") from None
+        raise KeyError(
+            f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})"
+        ) from None
 
 
 def backends_for_device(kind: str, vendor: str, eps: list[str] | tuple[str, ...]) -> list[str]:
@@ -410,7 +487,9 @@ def backends_for_device(kind: str, vendor: str, eps: list[str] | tuple[str, ...]
 def precision_rule(backend_name: str, device_kind: str, precision: str) -> PrecisionRule | None:
     """The rule for one backend × device kind × precision, or None when the table is silent."""
     for rule in backend(backend_name).precisions:
-        if rule.precision == precision and (not rule.device_kinds or device_kind in rule.device_kinds):
+        if rule.precision == precision and (
+            not rule.device_kinds or device_kind in rule.device_kinds
+        ):
             return rule
     return None
 
@@ -419,7 +498,11 @@ def runnable_precisions(backend_name: str, device_kind: str) -> list[str]:
     """Precisions this backend runs on this kind of device, in table order."""
     out: list[str] = []
     for rule in backend(backend_name).precisions:
-        if rule.supported and (not rule.device_kinds or device_kind in rule.device_kinds) and rule.precision not in out:
+        if (
+            rule.supported
+            and (not rule.device_kinds or device_kind in rule.device_kinds)
+            and rule.precision not in out
+        ):
             out.append(rule.precision)
     return out
 
@@ -460,7 +543,10 @@ class SessionSpec:
 
     def with_config(self, **entries: str) -> SessionSpec:
         return SessionSpec(
-            self.graph, self.providers, self.provider_options, self.session_options,
+            self.graph,
+            self.providers,
+            self.provider_options,
+            self.session_options,
             {**self.session_config, **entries},
         )
 
@@ -482,9 +568,13 @@ def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any
     options = {**out.session_options, "intra_op_num_threads": threads, "inter_op_num_threads": 1}
     provider_options = [dict(o) for o in out.provider_options]
     for i, ep in enumerate(out.providers):
-        if ep == "OpenVINOExecutionProvider" and provider_options[i].get("device_type", "").upper().startswith("CPU"):
+        if ep == "OpenVINOExecutionProvider" and provider_options[i].get(
+            "device_type", ""
+        ).upper().startswith("CPU"):
             provider_options[i][OPENVINO_THREADS_OPTION] = str(threads)
-    return SessionSpec(out.graph, out.providers, provider_options, options, out.session_config).to_dict()
+    return SessionSpec(
+        out.graph, out.providers, provider_options, options, out.session_config
+    ).to_dict()
 
 
 def session_spec(
@@ -516,7 +606,9 @@ def session_spec(
     options.update(row.precision_options.get(precision, {}))
     options.update({k: _option_str(v) for k, v in (overrides or {}).items()})
     if row.precision_hint is not None:
-        device_name = options.get("device_type") or ORT_DEVICE_TYPES.get(device_kind, device_kind.upper())
+        device_name = options.get("device_type") or ORT_DEVICE_TYPES.get(
+            device_kind, device_kind.upper()
+        )
         _add_precision_hint(options, row, device_name, device_kind, precision)
     providers = [row.ep]
     provider_options = [options]
@@ -547,7 +639,9 @@ def keyed_options(backend_name: str, spec: SessionSpec) -> dict[str, Any]:
     }
 
 
-def _add_precision_hint(options: dict[str, str], row: OrtBackend, device_name: str, device_kind: str, precision: str) -> None:
+def _add_precision_hint(
+    options: dict[str, str], row: OrtBackend, device_name: str, device_kind: str, precision: str
+) -> None:
     """Put ``row``'s precision hint for ``precision`` on ``device_name`` into ``options``,
     beside what a user's own value of that option holds (theirs wins for the property)."""
     hint = row.precision_hint

@@ -54,7 +54,11 @@ def route_kind_for(python: str, *, wsl: bool) -> str:
 
 
 def translate(
-    path: str, *, distro: str, share: str = DEFAULT_SHARE, automount_root: str = DEFAULT_AUTOMOUNT_ROOT,
+    path: str,
+    *,
+    distro: str,
+    share: str = DEFAULT_SHARE,
+    automount_root: str = DEFAULT_AUTOMOUNT_ROOT,
 ) -> str:
     """``path`` (absolute, on the WSL side) as ``wslpath -w`` spells it, without running it.
 

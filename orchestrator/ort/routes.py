@@ -133,10 +133,15 @@ class RouteReport:
     def from_dict(cls, d: dict[str, Any]) -> RouteReport:
         known = set(cls.__dataclass_fields__)
         d = {k: v for k, v in d.items() if k in known}
-        return cls(**{**d, "providers": tuple(d.get("providers") or ()),
-                      "vllm_distributions": tuple(d.get("vllm_distributions") or ()),
-                      "ep_devices": tuple(d.get("ep_devices") or ()),
-                      "plugin_eps": tuple(d.get("plugin_eps") or ())})
+        return cls(
+            **{
+                **d,
+                "providers": tuple(d.get("providers") or ()),
+                "vllm_distributions": tuple(d.get("vllm_distributions") or ()),
+                "ep_devices": tuple(d.get("ep_devices") or ()),
+                "plugin_eps": tuple(d.get("plugin_eps") or ()),
+            }
+        )
 
     def installed_plugins(self) -> list[dict[str, Any]]:
         """The plugin EP packages found there (any status but ``not installed``)."""
@@ -150,8 +155,13 @@ class RouteReport:
         """
         where = self.python or sys.executable
         lcpp = self.llama_cpp_build()
-        found = ", ".join([*([f"onnxruntime {self.ort_version}"] if self.providers else []), *self.vllm_distributions,
-                           *([f"llama-cpp-python {lcpp.version}"] if lcpp is not None else [])])
+        found = ", ".join(
+            [
+                *([f"onnxruntime {self.ort_version}"] if self.providers else []),
+                *self.vllm_distributions,
+                *([f"llama-cpp-python {lcpp.version}"] if lcpp is not None else []),
+            ]
+        )
         if self.kind == THIS_PROCESS:
             if self.providers:
                 reason = f"probed {where}: {found}"
@@ -159,17 +169,32 @@ class RouteReport:
                 reason = f"probed {where}: {self.reason}" + (f"; {found}" if found else "")
             else:
                 reason = f"probing {where} failed: {self.reason}"
-            return Route(name=self.name, kind=THIS_PROCESS, reachable=True, reason=reason,
-                         providers=list(self.providers) or None, ort_version=self.ort_version,
-                         llama_cpp=lcpp, **self._ep_fields())
-        reachable = self.reachable or bool(self.vllm_distributions) or (lcpp is not None and lcpp.error is None)
+            return Route(
+                name=self.name,
+                kind=THIS_PROCESS,
+                reachable=True,
+                reason=reason,
+                providers=list(self.providers) or None,
+                ort_version=self.ort_version,
+                llama_cpp=lcpp,
+                **self._ep_fields(),
+            )
+        reachable = (
+            self.reachable
+            or bool(self.vllm_distributions)
+            or (lcpp is not None and lcpp.error is None)
+        )
         return Route(
-            name=self.name, kind=self.kind, python=self.python,
+            name=self.name,
+            kind=self.kind,
+            python=self.python,
             reachable=reachable,
             reason=f"probed {where}: {found or 'no onnxruntime'}" if reachable else self.reason,
             remedy="" if reachable else self.remedy,
-            providers=list(self.providers) or None, ort_version=self.ort_version,
-            llama_cpp=lcpp, **self._ep_fields(),
+            providers=list(self.providers) or None,
+            ort_version=self.ort_version,
+            llama_cpp=lcpp,
+            **self._ep_fields(),
         )
 
     def llama_cpp_build(self) -> LlamaCppBuild | None:
@@ -190,7 +215,11 @@ class RouteReport:
 
 
 def probe_route(
-    route: Route, *, base_dir: Path | None = None, timeout: float | None = None, cached: bool = False,
+    route: Route,
+    *,
+    base_dir: Path | None = None,
+    timeout: float | None = None,
+    cached: bool = False,
 ) -> RouteReport:
     """Start the route worker in the route (with a timeout) and report what it offers.
 
@@ -227,11 +256,16 @@ def probe_route(
 def _probe(asked: ResolvedRoute, timeout: float) -> RouteReport:
     base: dict[str, Any] = {"name": asked.name, "kind": asked.kind, "python": asked.python}
     if not asked.python:
-        return RouteReport(**base, reachable=False, reason=f"route {asked.name!r} names no interpreter",
-                           remedy="set routes[].python to the interpreter of the environment that has the EP")
+        return RouteReport(
+            **base,
+            reachable=False,
+            reason=f"route {asked.name!r} names no interpreter",
+            remedy="set routes[].python to the interpreter of the environment that has the EP",
+        )
     if not os.path.exists(asked.python):
         return RouteReport(
-            **base, reachable=False,
+            **base,
+            reachable=False,
             reason=f"the interpreter {asked.python} does not exist",
             remedy=f"create that environment (python -m venv {_env_dir(asked.python)}) and pip install numpy and the onnxruntime build with the EP you need, or fix routes[].python",
         )
@@ -248,7 +282,11 @@ def _probe(asked: ResolvedRoute, timeout: float) -> RouteReport:
 
 def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteReport:
     """A ``RouteReport`` from the route worker's ``probe`` answer."""
-    base: dict[str, Any] = {"name": resolved.name, "kind": resolved.kind, "python": resolved.python or info.get("python")}
+    base: dict[str, Any] = {
+        "name": resolved.name,
+        "kind": resolved.kind,
+        "python": resolved.python or info.get("python"),
+    }
     common: dict[str, Any] = {
         "ort_distribution": info.get("ort_distribution"),
         "numpy_version": info.get("numpy_version"),
@@ -261,23 +299,31 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
     if len(builds) > 1:
         where = base["python"] or "this interpreter"
         return RouteReport(
-            **base, **common, reachable=False,
+            **base,
+            **common,
+            reachable=False,
             reason=f"{len(builds)} ONNX Runtime builds are installed in {where}: {', '.join(builds)}; they share "
-                   "the 'onnxruntime' module, so the last one installed overwrote the others' files",
+            "the 'onnxruntime' module, so the last one installed overwrote the others' files",
             remedy=f"{where} -m pip uninstall -y {' '.join(b.split('==')[0] for b in builds)}, then install the "
-                   "one build this route is for (docs/install.md: one flavour per environment)",
+            "one build this route is for (docs/install.md: one flavour per environment)",
         )
     if info.get("error"):
         return RouteReport(
-            **base, **common, reachable=False,
+            **base,
+            **common,
+            reachable=False,
             reason=f"onnxruntime cannot be imported there: {info['error']}",
             remedy=f"install an onnxruntime build into that interpreter ({base['python'] or 'this one'} -m pip install onnxruntime, or the build with your EP)",
         )
     return RouteReport(
-        **base, **common, reachable=True,
-        ort_version=info.get("ort_version"), providers=tuple(info.get("providers", ())),
+        **base,
+        **common,
+        reachable=True,
+        ort_version=info.get("ort_version"),
+        providers=tuple(info.get("providers", ())),
         assignment_api=bool(info.get("assignment_api")),
-        ep_devices=tuple(info.get("ep_devices") or ()), plugin_eps=tuple(info.get("plugin_eps") or ()),
+        ep_devices=tuple(info.get("ep_devices") or ()),
+        plugin_eps=tuple(info.get("plugin_eps") or ()),
     )
 
 
@@ -300,7 +346,9 @@ def _interpreter_stamp(python: str) -> str | None:
         exe = Path(python).absolute()
         stamps = [str(exe), str(exe.resolve().stat().st_mtime_ns)]
         prefix = exe.parent.parent
-        for site in sorted(prefix.glob("lib/python3*/site-packages")) + sorted(prefix.glob("Lib/site-packages")):
+        for site in sorted(prefix.glob("lib/python3*/site-packages")) + sorted(
+            prefix.glob("Lib/site-packages")
+        ):
             stamps.append(f"{site}:{site.stat().st_mtime_ns}")
     except OSError:
         return None
@@ -313,7 +361,12 @@ def _memory_path(kind: str, python: str) -> Path:
 
 
 def _remember(kind: str, python: str, stamp: str | None, report: RouteReport) -> None:
-    record = {"version": ROUTE_MEMORY_VERSION, "python": python, "stamp": stamp, "report": report.to_dict()}
+    record = {
+        "version": ROUTE_MEMORY_VERSION,
+        "python": python,
+        "stamp": stamp,
+        "report": report.to_dict(),
+    }
     try:
         write_json_atomic(_memory_path(kind, python), record, indent=1)
     except OSError as exc:
@@ -342,13 +395,15 @@ def probe_refusal(report: RouteReport, device: Device, backend_name: str) -> Ref
     where = f"{device.id} ({device.name}) with {backend_name}"
     if not report.reachable:
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where}: route {report.name!r} is unreachable: {report.reason}",
             report.remedy or row.install,
         )
     if row.ep not in report.providers:
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where}: route {report.name!r} ({report.python or sys.executable}; {report.runtime}) "
             f"offers {', '.join(report.providers) or 'no EP'}, not {row.ep}"
             + plugin_finding(row.ep, report.installed_plugins(), report.ep_devices),
@@ -358,7 +413,9 @@ def probe_refusal(report: RouteReport, device: Device, backend_name: str) -> Ref
     return None
 
 
-def plugin_finding(ep: str, plugins: Sequence[Mapping[str, Any]], devices: Sequence[Mapping[str, Any]]) -> str:
+def plugin_finding(
+    ep: str, plugins: Sequence[Mapping[str, Any]], devices: Sequence[Mapping[str, Any]]
+) -> str:
     """``; <package> <version> is registered there but get_ep_devices() lists no <ep>
     device (it lists …)`` — why an installed plugin EP still does not offer its EP;
     empty when no plugin package of ``ep`` is installed there."""
@@ -368,9 +425,13 @@ def plugin_finding(ep: str, plugins: Sequence[Mapping[str, Any]], devices: Seque
             continue
         name = f"{p.get('package')} {p.get('version') or ''}".strip()
         if p.get("status") == "registered":
-            listed = ", ".join(f"{d.get('ep_name')} on {d.get('device_type')} ({d.get('vendor')})" for d in devices)
-            parts.append(f"{name} is registered there but get_ep_devices() lists no {ep} device "
-                         f"(it lists: {listed or 'nothing'})")
+            listed = ", ".join(
+                f"{d.get('ep_name')} on {d.get('device_type')} ({d.get('vendor')})" for d in devices
+            )
+            parts.append(
+                f"{name} is registered there but get_ep_devices() lists no {ep} device "
+                f"(it lists: {listed or 'nothing'})"
+            )
         else:
             parts.append(f"{name} is installed there but {p.get('status')}: {p.get('error')}")
     return "".join(f"; {part}" for part in parts)
@@ -383,10 +444,16 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
     route = profile.route(name)
     where = f"{device.id} ({device.name}) with {backend_name}"
     if route is None:
-        return Refusal(RefusalCode.DEVICE_UNREACHABLE, device.id, f"{where}: the profile defines no route {name!r}", "add it to routes[]")
+        return Refusal(
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
+            f"{where}: the profile defines no route {name!r}",
+            "add it to routes[]",
+        )
     if profile.host.wsl and device.kind == "npu" and route.kind != "host-process":
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where}: this process runs inside WSL2, where no NPU is exposed (Intel and AMD alike); "
             f"route {name!r} is a {route.kind} route on the Linux side",
             f"declare a host-process route whose python is a Windows-side python.exe with the EP "
@@ -394,15 +461,20 @@ def static_refusal(profile: HardwareProfile, device: Device, backend_name: str) 
         )
     if not route.reachable:
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where}: route {name!r} is unreachable: {route.reason or 'marked unreachable in the profile'}",
             route.remedy or row.install,
         )
     if route.providers is not None and row.ep not in route.providers:
         finding = plugin_finding(
-            row.ep, [p.model_dump() for p in route.plugin_eps or []], [d.model_dump() for d in route.ep_devices or []])
+            row.ep,
+            [p.model_dump() for p in route.plugin_eps or []],
+            [d.model_dump() for d in route.ep_devices or []],
+        )
         return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE, device.id,
+            RefusalCode.DEVICE_UNREACHABLE,
+            device.id,
             f"{where}: route {name!r} (onnxruntime {route.ort_version or '?'}) offers "
             f"{', '.join(route.providers) or 'no EP'}, not {row.ep}{finding}",
             f"{row.install}; then name that interpreter as the route of {backend_name} on {device.id}",
@@ -451,7 +523,7 @@ def _dist_info_identity(python: str) -> str | None:
                     normal = dist.replace("-", "_")
                     hits = sorted(glob.glob(os.path.join(site, f"{normal}-*.dist-info")))
                     if hits:
-                        version = Path(hits[-1]).name[len(normal) + 1: -len(".dist-info")]
+                        version = Path(hits[-1]).name[len(normal) + 1 : -len(".dist-info")]
                         if is_plugin_release(dist, version):
                             continue  # onnxruntime-qnn 2.x: a plugin next to the build
                         return f"{dist}=={version}"

@@ -83,7 +83,10 @@ class ResolvedRoute:
             try:
                 return windows_path(str(path))
             except PathTranslationError as exc:
-                raise RouteError(str(exc), "run omni-edge inside WSL2 (where wslpath exists) to use a host-process route") from None
+                raise RouteError(
+                    str(exc),
+                    "run omni-edge inside WSL2 (where wslpath exists) to use a host-process route",
+                ) from None
         return str(path)
 
 
@@ -125,11 +128,15 @@ class InProcessSessions:
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("probe", {"plugins": plugin_wire()})
 
-    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> OpenedSession:
+    def open(
+        self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None
+    ) -> OpenedSession:
         result: OpenedSession = self._call("open", {"spec": with_plugins(spec), "record": record})
         return result
 
-    def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    def run(
+        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         return self._call("run", {"handle": handle, "feeds": feeds})
 
     def close(self, handle: int) -> None:
@@ -204,20 +211,35 @@ class WorkerSessions:
             isolated = route.kind != THIS_PROCESS
             self._proc = subprocess.Popen(
                 [route.python, *(["-I"] if isolated else []), "-c", route_worker.BOOTSTRAP],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env=_worker_env() if isolated else None,
             )
         except OSError as exc:
             raise RouteError(
-                f"cannot start {route.python}: {exc}", launch_remedy(route.kind, route.python),
+                f"cannot start {route.python}: {exc}",
+                launch_remedy(route.kind, route.python),
             ) from None
-        assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
+        assert (
+            self._proc.stdin is not None
+            and self._proc.stdout is not None
+            and self._proc.stderr is not None
+        )
         # each worker has its own reader threads and queue: an old worker's end of
         # output never reaches the replies of the one that replaced it
-        threading.Thread(target=self._read_replies, args=(self._proc, self._replies), daemon=True,
-                         name=f"route-{route.name}-out").start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(self._proc, self._stderr),
-                                               daemon=True, name=f"route-{route.name}-err")
+        threading.Thread(
+            target=self._read_replies,
+            args=(self._proc, self._replies),
+            daemon=True,
+            name=f"route-{route.name}-out",
+        ).start()
+        self._stderr_reader = threading.Thread(
+            target=self._read_stderr,
+            args=(self._proc, self._stderr),
+            daemon=True,
+            name=f"route-{route.name}-err",
+        )
         self._stderr_reader.start()
         try:
             self._proc.stdin.write(f"{len(source)}\n".encode() + source)
@@ -229,23 +251,36 @@ class WorkerSessions:
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("probe", {"plugins": plugin_wire()}, timeout or settings.PROBE_TIMEOUT_S)
 
-    def open(self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None) -> OpenedSession:
+    def open(
+        self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None
+    ) -> OpenedSession:
         """Open a session; local paths in the spec are spelled the way the route reads them.
         A malformed spec is refused here, by the key, before the worker is asked."""
         route_worker.check_spec(spec)
         options = [
-            {k: (self.path(v) if k in PATH_OPTIONS and os.path.isabs(v) else v) for k, v in o.items()}
+            {
+                k: (self.path(v) if k in PATH_OPTIONS and os.path.isabs(v) else v)
+                for k, v in o.items()
+            }
             for o in spec["provider_options"]
         ]
-        spec = {**with_plugins(spec), "graph": self.path(spec["graph"]), "provider_options": options}
+        spec = {
+            **with_plugins(spec),
+            "graph": self.path(spec["graph"]),
+            "provider_options": options,
+        }
         args: dict[str, Any] = {"spec": spec, "record": record}
         with self._lock:
-            result: OpenedSession = self._call_locked("open", args, timeout or settings.OPEN_TIMEOUT_S)
+            result: OpenedSession = self._call_locked(
+                "open", args, timeout or settings.OPEN_TIMEOUT_S
+            )
             handle = result["handle"]
             self._opened[handle], self._handles[handle] = (args, result), handle
         return result
 
-    def run(self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    def run(
+        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Run a session; between calls, first replace the worker when it holds more than ``recycle_limit``.
 
         OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose
@@ -266,8 +301,11 @@ class WorkerSessions:
             pid = self._proc.pid
             before = rss_of(pid) if measuring else 0
             peak_known = measuring and reset_peak_rss(pid)
-            result = self._call_locked("run", {"handle": self._handles.get(handle, handle), "feeds": feeds},
-                                       timeout or settings.RUN_TIMEOUT_S)
+            result = self._call_locked(
+                "run",
+                {"handle": self._handles.get(handle, handle), "feeds": feeds},
+                timeout or settings.RUN_TIMEOUT_S,
+            )
             self._calls_since_start += 1
             self.calls += 1
             if measuring:
@@ -322,7 +360,9 @@ class WorkerSessions:
     def close(self, handle: int) -> None:
         with contextlib.suppress(RouteError), self._lock:
             self._opened.pop(handle, None)
-            self._call_locked("close", {"handle": self._handles.pop(handle, handle)}, settings.RUN_TIMEOUT_S)
+            self._call_locked(
+                "close", {"handle": self._handles.pop(handle, handle)}, settings.RUN_TIMEOUT_S
+            )
 
     def path(self, p: str | Path) -> str:
         return self.route.path_for_route(p)
@@ -334,8 +374,13 @@ class WorkerSessions:
     # -- recycling -------------------------------------------------------------
     def _maybe_recycle(self) -> None:
         limit = self.recycle_limit
-        if (limit is None or self._units or self._broken is not None or not self._calls_since_start
-                or self._proc.poll() is not None):
+        if (
+            limit is None
+            or self._units
+            or self._broken is not None
+            or not self._calls_since_start
+            or self._proc.poll() is not None
+        ):
             return
         rss = rss_of(self._proc.pid)
         if rss + self._largest_rise <= limit:
@@ -347,10 +392,15 @@ class WorkerSessions:
             handles = {}
             for handle, (args, first) in self._opened.items():
                 again = self._call_locked("open", args, settings.OPEN_TIMEOUT_S)
-                changed = [k for k in ("providers", "assignment", "plugin") if again.get(k) != first.get(k)]
+                changed = [
+                    k for k in ("providers", "assignment", "plugin") if again.get(k) != first.get(k)
+                ]
                 if changed:
-                    raise RemoteError("open", "EvidenceChanged",
-                                      f"the reopened session's {', '.join(changed)} differ from the first open's")
+                    raise RemoteError(
+                        "open",
+                        "EvidenceChanged",
+                        f"the reopened session's {', '.join(changed)} differ from the first open's",
+                    )
                 handles[handle] = again["handle"]
         except (RouteError, RemoteError) as exc:
             _stop(self._proc, 5.0)
@@ -364,13 +414,24 @@ class WorkerSessions:
         self.recycles += 1
         log.warning(
             "route %s: recycled the worker (pid %d -> %d): it held %d MiB (+%d MiB, the largest rise of one call), "
-            "over its limit of %d MiB; recycle %d", self.route.name, old_pid, self._proc.pid, _mib(rss),
-            _mib(self._largest_rise), _mib(limit), self.recycles,
+            "over its limit of %d MiB; recycle %d",
+            self.route.name,
+            old_pid,
+            self._proc.pid,
+            _mib(rss),
+            _mib(self._largest_rise),
+            _mib(limit),
+            self.recycles,
         )
         fresh = self.fresh_bytes = rss_of(self._proc.pid)
         if fresh + self._largest_rise > limit:
-            log.warning("route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
-                        "recycled before every call; raise the stage's budget", self.route.name, _mib(fresh), _mib(limit))
+            log.warning(
+                "route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
+                "recycled before every call; raise the stage's budget",
+                self.route.name,
+                _mib(fresh),
+                _mib(limit),
+            )
 
     @property
     def pid(self) -> int:
@@ -396,7 +457,9 @@ class WorkerSessions:
             reply = self._replies.get(timeout=timeout)
         except queue.Empty:
             self._proc.kill()
-            self._fail(f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False)
+            self._fail(
+                f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False
+            )
         if reply is _EOF or isinstance(reply, BaseException):
             detail = f" ({reply})" if isinstance(reply, BaseException) else ""
             self._fail(f"during {op!r}{detail}")
@@ -404,7 +467,9 @@ class WorkerSessions:
             self._fail(f"protocol error: reply {reply.get('id')} to request {message_id}")
         if not reply.get("ok"):
             err = reply.get("error", {})
-            raise RemoteError(op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""))
+            raise RemoteError(
+                op, err.get("type", "Error"), err.get("message", ""), err.get("traceback", "")
+            )
         return reply.get("result")
 
     def _fail(self, what: str, *, exited: bool = True) -> Any:
@@ -510,6 +575,13 @@ def open_sessions(route: ResolvedRoute) -> Sessions:
 
 
 __all__ = [
-    "InProcessSessions", "RecycleFailed", "RemoteError", "ResolvedRoute", "RouteError", "Sessions", "WorkerSessions",
-    "open_sessions", "this_process",
+    "InProcessSessions",
+    "RecycleFailed",
+    "RemoteError",
+    "ResolvedRoute",
+    "RouteError",
+    "Sessions",
+    "WorkerSessions",
+    "open_sessions",
+    "this_process",
 ]

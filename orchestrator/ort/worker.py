@@ -116,13 +116,17 @@ def _array_to_wire(obj: Any) -> tuple[dict[str, Any], bytes]:
         items = arr.ravel(order="C").tolist()
         bad = next((type(v).__name__ for v in items if not isinstance(v, str)), None)
         if bad is not None:
-            raise TypeError(f"an object array can cross a route only when it holds str (a string tensor), not {bad}")
+            raise TypeError(
+                f"an object array can cross a route only when it holds str (a string tensor), not {bad}"
+            )
         encoded = [v.encode("utf-8") for v in items]
         meta.update(dtype="|O", utf8_lengths=[len(b) for b in encoded])
         return meta, b"".join(encoded)
     if arr.dtype.kind == "V":
         # Structured and opaque dtypes (ml_dtypes' bfloat16 is '<V2') would arrive as bare bytes.
-        raise TypeError(f"dtype {arr.dtype} cannot cross a route: send a numpy numeric, bool or string array")
+        raise TypeError(
+            f"dtype {arr.dtype} cannot cross a route: send a numpy numeric, bool or string array"
+        )
     meta["dtype"] = arr.dtype.str
     return meta, arr.tobytes(order="C")
 
@@ -137,11 +141,13 @@ def _array_from_wire(meta: dict[str, Any], data: bytes) -> Any:
     if "utf8_lengths" in meta:
         lengths = meta["utf8_lengths"]
         if len(lengths) != count or sum(lengths) != len(data):
-            raise ValueError(f"protocol error: {len(lengths)} strings in {len(data)} bytes for shape {list(shape)}")
+            raise ValueError(
+                f"protocol error: {len(lengths)} strings in {len(data)} bytes for shape {list(shape)}"
+            )
         arr = np.empty(count, dtype=object)
         pos = 0
         for i, n in enumerate(lengths):
-            arr[i] = data[pos:pos + n].decode("utf-8")
+            arr[i] = data[pos : pos + n].decode("utf-8")
             pos += n
         arr = arr.reshape(shape)
     else:
@@ -274,19 +280,32 @@ def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
     if key in _registered:
         return _registered[key]
     out: dict[str, Any] = {
-        "package": plugin["package"], "ep": plugin["ep"], "registration": key,
-        "version": None, "library": None, "status": "not installed", "error": None,
+        "package": plugin["package"],
+        "ep": plugin["ep"],
+        "registration": key,
+        "version": None,
+        "library": None,
+        "status": "not installed",
+        "error": None,
     }
     with contextlib.suppress(metadata.PackageNotFoundError):
         out["version"] = metadata.version(plugin["package"])
     if importlib.util.find_spec(plugin["module"]) is None:
         return out  # not remembered: it may be installed later in a long-lived worker
-    if out["version"] and plugin.get("min_version") and not is_plugin_release_of(out["version"], plugin["min_version"]):
+    if (
+        out["version"]
+        and plugin.get("min_version")
+        and not is_plugin_release_of(out["version"], plugin["min_version"])
+    ):
         out["status"] = "not a plugin"
-        out["error"] = f"{plugin['package']} {out['version']} is an onnxruntime build, not a plugin (plugins are >= {plugin['min_version']})"
+        out["error"] = (
+            f"{plugin['package']} {out['version']} is an onnxruntime build, not a plugin (plugins are >= {plugin['min_version']})"
+        )
     elif not hasattr(ort, "register_execution_provider_library"):
         out["status"] = "unsupported"
-        out["error"] = f"onnxruntime {ort.__version__} has no register_execution_provider_library (plugin EPs need >= 1.22)"
+        out["error"] = (
+            f"onnxruntime {ort.__version__} has no register_execution_provider_library (plugin EPs need >= 1.22)"
+        )
     else:
         try:
             module = importlib.import_module(plugin["module"])
@@ -312,21 +331,25 @@ def ep_devices(ort: Any) -> list[dict[str, Any]]:
     out = []
     for d in ort.get_ep_devices():
         hw = d.device
-        out.append({
-            "ep_name": d.ep_name,
-            "ep_vendor": d.ep_vendor,
-            "device_type": str(hw.type).rsplit(".", 1)[-1],
-            "vendor": hw.vendor,
-            "vendor_id": int(hw.vendor_id),
-            "device_id": int(hw.device_id),
-            "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
-            "device_metadata": {str(k): str(v) for k, v in dict(hw.metadata).items()},
-        })
+        out.append(
+            {
+                "ep_name": d.ep_name,
+                "ep_vendor": d.ep_vendor,
+                "device_type": str(hw.type).rsplit(".", 1)[-1],
+                "vendor": hw.vendor,
+                "vendor_id": int(hw.vendor_id),
+                "device_id": int(hw.device_id),
+                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+                "device_metadata": {str(k): str(v) for k, v in dict(hw.metadata).items()},
+            }
+        )
     return out
 
 
 def select_ep_devices(
-    ort: Any, plugin: dict[str, Any], options: dict[str, str],
+    ort: Any,
+    plugin: dict[str, Any],
+    options: dict[str, str],
 ) -> tuple[list[Any], dict[str, str], str]:
     """The plugin EP's devices a session takes, the options the EP gets, and what was
     looked for (for the error when nothing matches).
@@ -340,17 +363,28 @@ def select_ep_devices(
     wanted = [d for d in ort.get_ep_devices() if d.ep_name == plugin["ep"]]
     looked_for = [f"ep {plugin['ep']}"]
     if plugin.get("device_type"):
-        wanted = [d for d in wanted if str(d.device.type).rsplit(".", 1)[-1] == plugin["device_type"]]
+        wanted = [
+            d for d in wanted if str(d.device.type).rsplit(".", 1)[-1] == plugin["device_type"]
+        ]
         looked_for.append(f"device type {plugin['device_type']}")
     for option, key in plugin.get("select_by", {}).items():
         if option in options:
             prefix = str(options.pop(option)).lower()
-            wanted = [d for d in wanted if str(dict(d.ep_metadata).get(key, "")).lower().startswith(prefix)]
+            wanted = [
+                d
+                for d in wanted
+                if str(dict(d.ep_metadata).get(key, "")).lower().startswith(prefix)
+            ]
             looked_for.append(f"ep_metadata {key} starting with {prefix!r}")
     module = sys.modules.get(plugin["module"])
     for option, fn in plugin.get("option_paths", {}).items():
         given = options.get(option)
-        if module is not None and given and os.path.basename(given) == given and callable(getattr(module, fn, None)):
+        if (
+            module is not None
+            and given
+            and os.path.basename(given) == given
+            and callable(getattr(module, fn, None))
+        ):
             options[option] = str(getattr(module, fn)())
     return wanted[:1], options, ", ".join(looked_for)
 
@@ -398,10 +432,21 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
         version: str | None = metadata.version(LLAMA_CPP_DISTRIBUTION)
     except metadata.PackageNotFoundError:
         version = None
-    out: dict[str, Any] = {"version": version, "system_info": "", "gpu_offload": False, "error": None}
+    out: dict[str, Any] = {
+        "version": version,
+        "system_info": "",
+        "gpu_offload": False,
+        "error": None,
+    }
     try:
-        proc = subprocess.run([sys.executable, "-c", LLAMA_CPP_PROBE], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", LLAMA_CPP_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {**out, "error": f"importing llama_cpp did not finish in {timeout:.0f} s"}
     except OSError as exc:
@@ -411,8 +456,11 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = f"signal {-proc.returncode}"
-        why = (": the build uses an instruction this CPU does not have" if name == "SIGILL" else "")
-        return {**out, "error": f"importing llama_cpp and starting its backend was killed by {name}{why}"}
+        why = ": the build uses an instruction this CPU does not have" if name == "SIGILL" else ""
+        return {
+            **out,
+            "error": f"importing llama_cpp and starting its backend was killed by {name}{why}",
+        }
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -421,8 +469,12 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
         found = json.loads(lines[-1])
     except ValueError:
         return {**out, "error": f"llama_cpp's probe printed no report: {lines[-1][:200]}"}
-    return {**out, "version": version or found.get("version"), "system_info": str(found.get("system_info") or ""),
-            "gpu_offload": bool(found.get("gpu_offload"))}
+    return {
+        **out,
+        "version": version or found.get("version"),
+        "system_info": str(found.get("system_info") or ""),
+        "gpu_offload": bool(found.get("gpu_offload")),
+    }
 
 
 # ---- records that cross the process boundary -----------------------------------
@@ -477,17 +529,25 @@ def check_spec(spec: Any) -> SpecRecord:
         raise ValueError(f"the session spec is a {type(spec).__name__}, not a mapping ({SPEC_FIX})")
     missing = [k for k in _SpecKeys.__annotations__ if k not in spec]
     if missing:
-        raise ValueError(f"the session spec has no {', '.join(repr(k) for k in missing)} ({SPEC_FIX})")
+        raise ValueError(
+            f"the session spec has no {', '.join(repr(k) for k in missing)} ({SPEC_FIX})"
+        )
     wrong = []
     if not isinstance(spec["graph"], str):
         wrong.append(f"'graph' is a {type(spec['graph']).__name__}, not a path")
     providers, options = spec["providers"], spec["provider_options"]
-    if not isinstance(providers, list) or not providers or not all(isinstance(p, str) for p in providers):
+    if (
+        not isinstance(providers, list)
+        or not providers
+        or not all(isinstance(p, str) for p in providers)
+    ):
         wrong.append(f"'providers' is {providers!r}, not a non-empty list of EP names")
     if not isinstance(options, list) or not all(isinstance(o, dict) for o in options):
         wrong.append(f"'provider_options' is {options!r}, not a list of mappings")
     elif isinstance(providers, list) and len(options) != len(providers):
-        wrong.append(f"'provider_options' has {len(options)} entries for {len(providers)} providers")
+        wrong.append(
+            f"'provider_options' has {len(options)} entries for {len(providers)} providers"
+        )
     for key in ("session_options", "session_config"):
         if not isinstance(spec.get(key, {}), dict):
             wrong.append(f"{key!r} is a {type(spec[key]).__name__}, not a mapping")
@@ -506,7 +566,12 @@ class Sessions:
         self._next = 1
 
     def dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        ops: dict[str, Callable[..., Any]] = {"probe": self.probe, "open": self.open, "run": self.run, "close": self.close}
+        ops: dict[str, Callable[..., Any]] = {
+            "probe": self.probe,
+            "open": self.open,
+            "run": self.run,
+            "close": self.close,
+        }
         fn = ops.get(op)
         if fn is None:
             raise ValueError(f"unknown op {op!r}")
@@ -538,7 +603,9 @@ class Sessions:
 
             out["ort_version"] = ort.__version__
             out["providers"] = list(ort.get_available_providers())
-            out["assignment_api"] = hasattr(ort.InferenceSession, "get_provider_graph_assignment_info")
+            out["assignment_api"] = hasattr(
+                ort.InferenceSession, "get_provider_graph_assignment_info"
+            )
         except Exception as exc:  # ImportError, or a broken native library
             out["error"] = f"{type(exc).__name__}: {exc}"
             return out
@@ -573,7 +640,9 @@ class Sessions:
             session = ort.InferenceSession(spec["graph"], sess_options=so)
         else:
             session = ort.InferenceSession(
-                spec["graph"], sess_options=so, providers=spec["providers"],
+                spec["graph"],
+                sess_options=so,
+                providers=spec["providers"],
                 provider_options=spec["provider_options"],
             )
         load_s = time.perf_counter() - t0
@@ -591,7 +660,10 @@ class Sessions:
         return {
             "handle": handle,
             "providers": list(session.get_providers()),
-            "ep_options": {"given": dict(given), "reported": _reported_options(session, spec["providers"][0])},
+            "ep_options": {
+                "given": dict(given),
+                "reported": _reported_options(session, spec["providers"][0]),
+            },
             "assignment": assignment,
             "assignment_api": api,
             "load_s": load_s,
@@ -601,7 +673,9 @@ class Sessions:
             "plugin": None if plugin is None else _plugin_reply(plugin, plugin_devices),
         }
 
-    def run(self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
+    def run(
+        self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None
+    ) -> dict[str, Any]:
         import numpy as np
 
         session = self._sessions[handle]
@@ -641,8 +715,10 @@ def _by_name(session: Any, feeds: Any) -> dict[str, Any]:
     names = [i.name for i in session.get_inputs()]
     if isinstance(feeds, (np.ndarray, np.generic)) and len(names) == 1:
         return {names[0]: feeds}
-    raise TypeError(f"the feeds must be a mapping of input name to array (the graph takes {', '.join(names)}), "
-                    f"or one array for a graph of one input; got {type(feeds).__name__}")
+    raise TypeError(
+        f"the feeds must be a mapping of input name to array (the graph takes {', '.join(names)}), "
+        f"or one array for a graph of one input; got {type(feeds).__name__}"
+    )
 
 
 def _native_byte_order(value: Any) -> Any:
@@ -661,7 +737,11 @@ def _native_byte_order(value: Any) -> Any:
 
 
 def _meta(arg: Any) -> dict[str, Any]:
-    return {"name": arg.name, "type": arg.type, "shape": [d if isinstance(d, (int, str)) else None for d in arg.shape]}
+    return {
+        "name": arg.name,
+        "type": arg.type,
+        "shape": [d if isinstance(d, (int, str)) else None for d in arg.shape],
+    }
 
 
 def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
@@ -670,7 +750,9 @@ def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
     env = os.environ.get("XLNX_ONNX_EP_REPORT_FILE")
     for opts in spec.get("provider_options", []):
         if "cache_dir" in opts and "cache_key" in opts:
-            candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], "vitisai_ep_report.json"))
+            candidates.append(
+                os.path.join(opts["cache_dir"], opts["cache_key"], "vitisai_ep_report.json")
+            )
             if env:
                 candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], env))
     if env:
@@ -695,7 +777,10 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
 
 # ---- main loop --------------------------------------------------------------------
 
-def _providers(ort: Any, spec: SpecRecord) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
+
+def _providers(
+    ort: Any, spec: SpecRecord
+) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
     """The spec's providers, checked against this build: ``(plugin, its devices, its options)``
     when the target EP comes from a plugin package, ``(None, [], {})`` when every provider is
     built in; ``ProviderUnavailable`` otherwise.
@@ -712,14 +797,22 @@ def _providers(ort: Any, spec: SpecRecord) -> tuple[dict[str, Any] | None, list[
         for plugin in spec["plugins"]:
             reg = register_plugin(ort, plugin)
             if reg["status"] != "registered":
-                tried.append(f"{plugin['package']}: {reg['status']}{' (' + reg['error'] + ')' if reg['error'] else ''}")
+                tried.append(
+                    f"{plugin['package']}: {reg['status']}{' (' + reg['error'] + ')' if reg['error'] else ''}"
+                )
                 continue
-            devices, options, looked_for = select_ep_devices(ort, plugin, spec["provider_options"][0])
+            devices, options, looked_for = select_ep_devices(
+                ort, plugin, spec["provider_options"][0]
+            )
             if devices:
                 return reg, devices, options
-            listed = "; ".join(f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in ep_devices(ort))
-            tried.append(f"{plugin['package']} {reg['version']} registered, but get_ep_devices() lists no device "
-                         f"for {looked_for} (it lists: {listed or 'nothing'})")
+            listed = "; ".join(
+                f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in ep_devices(ort)
+            )
+            tried.append(
+                f"{plugin['package']} {reg['version']} registered, but get_ep_devices() lists no device "
+                f"for {looked_for} (it lists: {listed or 'nothing'})"
+            )
         raise ProviderUnavailable(
             f"{missing[0]} is not built into this onnxruntime {ort.__version__} "
             f"(it offers {', '.join(sorted(available))}) and no plugin gives it a device: {'; '.join(tried)}"
@@ -759,11 +852,18 @@ def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int
 def _plugin_reply(plugin: dict[str, Any], devices: list[Any]) -> dict[str, Any]:
     """The plugin a session's EP came from, and the devices it was given, as the reply carries them."""
     return {
-        "package": plugin["package"], "version": plugin["version"], "library": plugin["library"],
-        "devices": [{"device_type": str(d.device.type).rsplit(".", 1)[-1], "vendor": d.device.vendor,
-                     "device_id": int(d.device.device_id),
-                     "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()}}
-                    for d in devices],
+        "package": plugin["package"],
+        "version": plugin["version"],
+        "library": plugin["library"],
+        "devices": [
+            {
+                "device_type": str(d.device.type).rsplit(".", 1)[-1],
+                "vendor": d.device.vendor,
+                "device_id": int(d.device.device_id),
+                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+            }
+            for d in devices
+        ],
     }
 
 
@@ -791,16 +891,28 @@ def main() -> None:
             reply["ok"] = True
         except Exception as exc:
             reply["ok"] = False
-            reply["error"] = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+            reply["error"] = {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            }
         try:
             frame = encode(reply)
         except TypeError as exc:  # an output that cannot cross (a dtype the wire refuses)
-            frame = encode({"id": reply["id"], "ok": False, "error": {
-                "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}})
+            frame = encode(
+                {
+                    "id": reply["id"],
+                    "ok": False,
+                    "error": {
+                        "type": type(exc).__name__,
+                        "message": str(exc),
+                        "traceback": traceback.format_exc(),
+                    },
+                }
+            )
         proto_out.write(frame)
         proto_out.flush()
 
 
 if __name__ == "__main__":
     main()
-

@@ -98,13 +98,19 @@ def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwarePro
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
     """Interpreter routes that exist on this machine, looked for under the
     current directory and the repository this package lives in."""
-    dirs = list(search_dirs) if search_dirs is not None else [Path.cwd(), Path(__file__).resolve().parents[2]]
+    dirs = (
+        list(search_dirs)
+        if search_dirs is not None
+        else [Path.cwd(), Path(__file__).resolve().parents[2]]
+    )
     routes: list[Route] = []
     for name, rel in DEFAULT_ROUTE_CANDIDATES:
         for d in dirs:
             candidate = d / rel
             if candidate.exists():
-                routes.append(Route(name=name, kind="interpreter", python=str(candidate.absolute())))
+                routes.append(
+                    Route(name=name, kind="interpreter", python=str(candidate.absolute()))
+                )
                 break
     return routes
 
@@ -134,7 +140,9 @@ def probe_profile(
         routes_in += [r for r in default_routes() if r.name not in given]
     # Every route at once: each is a cold `import onnxruntime`, seconds apiece.
     with ThreadPoolExecutor(max_workers=len(routes_in)) as pool:
-        futures = [pool.submit(probe_route, r, timeout=timeout_s, cached=cached_routes) for r in routes_in]
+        futures = [
+            pool.submit(probe_route, r, timeout=timeout_s, cached=cached_routes) for r in routes_in
+        ]
         host = this_host()
         cpu_name, isa = cpu_model()
         gpus = nvidia_gpus()
@@ -142,17 +150,39 @@ def probe_profile(
         reports = [f.result() for f in futures]
 
     devices = [
-        Device(id="cpu", kind="cpu", name=cpu_name, vendor=cpu_vendor(cpu_name), isa=isa,
-               source=f"{PROC_CPUINFO}; {host.cpu_cores} logical CPUs usable (affinity, cgroup quota)"),
-        *(Device(id=f"gpu:{i}", kind="gpu", name=g.name, vendor="nvidia", memory_bytes=g.memory_bytes,
-                 compute_capability=g.compute_capability, source=g.source) for i, g in enumerate(gpus)),
-        *(Device(id=f"npu:{i}", kind="npu", name=n.name, vendor=n.vendor, source=n.source)
-          for i, n in enumerate(npus)),
+        Device(
+            id="cpu",
+            kind="cpu",
+            name=cpu_name,
+            vendor=cpu_vendor(cpu_name),
+            isa=isa,
+            source=f"{PROC_CPUINFO}; {host.cpu_cores} logical CPUs usable (affinity, cgroup quota)",
+        ),
+        *(
+            Device(
+                id=f"gpu:{i}",
+                kind="gpu",
+                name=g.name,
+                vendor="nvidia",
+                memory_bytes=g.memory_bytes,
+                compute_capability=g.compute_capability,
+                source=g.source,
+            )
+            for i, g in enumerate(gpus)
+        ),
+        *(
+            Device(id=f"npu:{i}", kind="npu", name=n.name, vendor=n.vendor, source=n.source)
+            for i, n in enumerate(npus)
+        ),
     ]
     devices += ep_discovered_devices(reports, devices)
     hostname = socket.gethostname()
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    notes = ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"] if host.wsl else []
+    notes = (
+        ["WSL2 detected: RAM is the WSL VM's (its .wslconfig quota is not visible inside)"]
+        if host.wsl
+        else []
+    )
     return HardwareProfile(
         format=PROFILE_FORMAT,
         name=hostname,
@@ -176,7 +206,14 @@ def _with_llamacpp_verdict(route: Route, cpu: Device) -> Route:
     return route.model_copy(update={"llama_cpp": build.model_copy(update={"error": why})})
 
 
-VENDOR_IDS = {0x8086: "intel", 0x1002: "amd", 0x1022: "amd", 0x10DE: "nvidia", 0x17CB: "qualcomm", 0x4D4F4351: "qualcomm"}
+VENDOR_IDS = {
+    0x8086: "intel",
+    0x1002: "amd",
+    0x1022: "amd",
+    0x10DE: "nvidia",
+    0x17CB: "qualcomm",
+    0x4D4F4351: "qualcomm",
+}
 """PCI vendor ids (and Qualcomm's ACPI 'QCOM') → the profile's vendor names."""
 
 
@@ -187,7 +224,9 @@ def ep_vendor(vendor: str, vendor_id: int) -> str:
     words = vendor.lower().replace(",", " ").split()
     if not words:
         return ""
-    return {"advanced": "amd", "qualcomm(r)": "qualcomm", "qcom": "qualcomm"}.get(words[0], words[0])
+    return {"advanced": "amd", "qualcomm(r)": "qualcomm", "qcom": "qualcomm"}.get(
+        words[0], words[0]
+    )
 
 
 def ep_discovered_devices(reports: list[RouteReport], known: list[Device]) -> list[Device]:
@@ -208,17 +247,29 @@ def ep_discovered_devices(reports: list[RouteReport], known: list[Device]) -> li
         for e in report.ep_devices:
             kind = {"NPU": "npu", "GPU": "igpu"}.get(str(e.get("device_type")))
             vendor = ep_vendor(str(e.get("vendor", "")), int(e.get("vendor_id", 0)))
-            key = (str(e.get("device_type")), int(e.get("vendor_id", 0)), int(e.get("device_id", 0)))
+            key = (
+                str(e.get("device_type")),
+                int(e.get("vendor_id", 0)),
+                int(e.get("device_id", 0)),
+            )
             if kind is None or vendor == "nvidia" or key in keys or (kind, vendor) in seen:
                 continue
             keys.add(key)
             meta = e.get("device_metadata") or {}
-            name = str(meta.get("Description") or f"{e.get('vendor') or vendor} {e.get('device_type')} 0x{key[2]:04x}")
-            out.append(Device(
-                id=f"{kind}:{counts[kind]}", kind=kind, name=name, vendor=vendor,
-                source=f"onnxruntime.get_ep_devices() in route {report.name!r}: {e.get('ep_name')} on "
-                       f"{e.get('device_type')} (vendor 0x{key[1]:04x}, device 0x{key[2]:04x})",
-            ))
+            name = str(
+                meta.get("Description")
+                or f"{e.get('vendor') or vendor} {e.get('device_type')} 0x{key[2]:04x}"
+            )
+            out.append(
+                Device(
+                    id=f"{kind}:{counts[kind]}",
+                    kind=kind,
+                    name=name,
+                    vendor=vendor,
+                    source=f"onnxruntime.get_ep_devices() in route {report.name!r}: {e.get('ep_name')} on "
+                    f"{e.get('device_type')} (vendor 0x{key[1]:04x}, device 0x{key[2]:04x})",
+                )
+            )
             counts[kind] += 1
     return out
 
@@ -233,7 +284,9 @@ def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
     return out
 
 
-def _llamacpp_offered(device: Device, reports: list[RouteReport]) -> tuple[list[Backend], dict[str, str]]:
+def _llamacpp_offered(
+    device: Device, reports: list[RouteReport]
+) -> tuple[list[Backend], dict[str, str]]:
     """``llamacpp-cpu`` on the CPU through the first route whose llama.cpp build runs on it (its
     import survived, and it was built for no instruction this CPU lacks: ``llamacpp.cpu_problem``),
     with that route when it is not this process. ``llamacpp-vulkan`` is never probed here: no
@@ -243,7 +296,9 @@ def _llamacpp_offered(device: Device, reports: list[RouteReport]) -> tuple[list[
     for report in reports:
         build = report.llama_cpp_build()
         if build is not None and llamacpp.cpu_problem(build, device) is None:
-            return ["llamacpp-cpu"], ({} if report.name == THIS_PROCESS else {"llamacpp-cpu": report.name})
+            return ["llamacpp-cpu"], (
+                {} if report.name == THIS_PROCESS else {"llamacpp-cpu": report.name}
+            )
     return [], {}
 
 
@@ -255,13 +310,21 @@ def _with_backends(device: Device, reports: list[RouteReport]) -> Device:
     backends, via = _llamacpp_offered(device, reports)
     for report in reports:
         for backend, kind, vendors in _offered(report):
-            if kind == device.kind and (not vendors or device.vendor in vendors) and backend not in backends:
+            if (
+                kind == device.kind
+                and (not vendors or device.vendor in vendors)
+                and backend not in backends
+            ):
                 backends.append(backend)
                 if report.name != THIS_PROCESS:
                     via[backend] = report.name
     # transformers in this process, after every route's (the order among different kinds'
     # backends changes no plan: each kind tries only its own)
     for backend, kind, vendors in transformers_offered():
-        if kind == device.kind and (not vendors or device.vendor in vendors) and backend not in backends:
+        if (
+            kind == device.kind
+            and (not vendors or device.vendor in vendors)
+            and backend not in backends
+        ):
             backends.append(backend)
     return device.model_copy(update={"backends": backends, "backend_routes": via})

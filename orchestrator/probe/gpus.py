@@ -100,7 +100,14 @@ def _from_nvml() -> list[GPU] | None:
                 cc: str | None = f"{major}.{minor}"
             except Exception:
                 cc = None
-            gpus.append(GPU(str(name), mem, cc, "NVML (nvmlDeviceGetMemoryInfo.total, nvmlDeviceGetCudaComputeCapability)"))
+            gpus.append(
+                GPU(
+                    str(name),
+                    mem,
+                    cc,
+                    "NVML (nvmlDeviceGetMemoryInfo.total, nvmlDeviceGetCudaComputeCapability)",
+                )
+            )
     except Exception as exc:
         log.warning("NVML query failed after %d GPU(s): %s", len(gpus), exc)
     finally:
@@ -143,8 +150,13 @@ def parse_nvidia_smi(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> list[GP
 
 def _run_smi(fields: tuple[str, ...], exe: str) -> subprocess.CompletedProcess[str] | None:
     try:
-        return subprocess.run([exe, *smi_command(fields)[1:]], capture_output=True, text=True,
-                              timeout=SMI_TIMEOUT_S, check=False)
+        return subprocess.run(
+            [exe, *smi_command(fields)[1:]],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.info("nvidia-smi did not answer (%s): trying torch", exc)
         return None
@@ -161,7 +173,12 @@ def _from_nvidia_smi() -> list[GPU] | None:
             return None
         if done.returncode == 0:
             return parse_nvidia_smi(done.stdout, fields)
-        log.debug("nvidia-smi %s exited %d: %s", ",".join(fields), done.returncode, done.stderr.strip()[:200])
+        log.debug(
+            "nvidia-smi %s exited %d: %s",
+            ",".join(fields),
+            done.returncode,
+            done.stderr.strip()[:200],
+        )
     return None
 
 
@@ -193,8 +210,13 @@ def _from_torch() -> list[GPU] | None:
         log.debug("torch %s is a CPU build: no GPU through torch", version)
         return None
     try:
-        done = subprocess.run([sys.executable, "-c", _TORCH_SCRIPT], capture_output=True, text=True,
-                              timeout=TORCH_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", _TORCH_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=TORCH_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.info("torch did not answer (%s): no NVIDIA GPUs listed", exc)
         return None

@@ -42,7 +42,10 @@ ABSURD_LIMIT_BYTES = 2**60
 
 CGROUP_CPU_FILES = (
     (Path("/sys/fs/cgroup/cpu.max"), None),  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-    (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")),  # cgroup v1
+    (
+        Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+        Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    ),  # cgroup v1
 )
 
 PROC_VERSION = Path("/proc/version")

@@ -59,8 +59,10 @@ def isa_problem(build: LlamaCppBuild, device: Device) -> str | None:
     if not lacking:
         return None
     flags = ", ".join(LLAMACPP_ISA[f] for f in lacking)
-    return (f"built with {', '.join(lacking)} (llama_print_system_info), and this CPU ({device.name}) lacks "
-            f"{flags}: its first kernel would die of SIGILL")
+    return (
+        f"built with {', '.join(lacking)} (llama_print_system_info), and this CPU ({device.name}) lacks "
+        f"{flags}: its first kernel would die of SIGILL"
+    )
 
 
 def cpu_problem(build: LlamaCppBuild, device: Device) -> str | None:
@@ -78,7 +80,9 @@ def vulkan_problem(build: LlamaCppBuild) -> str | None:
     return None
 
 
-def route_build(profile: HardwareProfile, device: Device, backend: str) -> tuple[Route | None, LlamaCppBuild | None]:
+def route_build(
+    profile: HardwareProfile, device: Device, backend: str
+) -> tuple[Route | None, LlamaCppBuild | None]:
     """The route that drives ``device`` with ``backend`` and the llama.cpp build it recorded."""
     route = profile.route(device.route_for(backend))
     return route, (route.llama_cpp if route is not None else None)
@@ -92,4 +96,8 @@ def unavailable(profile: HardwareProfile, device: Device, backend: str) -> str |
     if route is None or build is None:
         return None
     problem = cpu_problem(build, device) if backend == LLAMACPP_CPU else vulkan_problem(build)
-    return f"route {route.name!r} ({route.python or 'this interpreter'}): {problem}" if problem else None
+    return (
+        f"route {route.name!r} ({route.python or 'this interpreter'}): {problem}"
+        if problem
+        else None
+    )

@@ -37,7 +37,9 @@ WAIT_TIMEOUT_S = 60.0
 """How long a request may wait for a slot before it is refused as busy."""
 
 
-def calls_per_request(devices: Mapping[str, str], feeders: Mapping[str, str | None]) -> dict[str, int]:
+def calls_per_request(
+    devices: Mapping[str, str], feeders: Mapping[str, str | None]
+) -> dict[str, int]:
     """Actor calls one request holds at once on each device.
 
     ``devices``: stage → device; ``feeders``: stage → the stage feeding it
@@ -66,7 +68,9 @@ def in_flight_limit(calls: Mapping[str, int], max_concurrency: int) -> int:
 class Admission:
     """At most ``limit`` requests in flight and ``max_waiting`` waiting (see the module docstring)."""
 
-    def __init__(self, limit: int, *, max_waiting: int | None = None, wait_timeout_s: float = WAIT_TIMEOUT_S) -> None:
+    def __init__(
+        self, limit: int, *, max_waiting: int | None = None, wait_timeout_s: float = WAIT_TIMEOUT_S
+    ) -> None:
         self.limit = max(1, int(limit))
         self.max_waiting = self.limit if max_waiting is None else max(0, int(max_waiting))
         self.wait_timeout_s = wait_timeout_s

@@ -40,9 +40,15 @@ def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
     rate = int(sample_rate)
     data = _UNKNOWN if data_bytes is None else int(data_bytes)
     riff = _UNKNOWN if data_bytes is None else 36 + data
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", data))
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data)
+    )
 
 
 def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
@@ -51,7 +57,9 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     a = np.asarray(audio, dtype=np.float32).reshape(-1)
     if int(from_rate) == int(to_rate) or a.size == 0:
         return a
-    return np.asarray(soxr.resample(a, int(from_rate), int(to_rate), quality="HQ"), dtype=np.float32)
+    return np.asarray(
+        soxr.resample(a, int(from_rate), int(to_rate), quality="HQ"), dtype=np.float32
+    )
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
@@ -71,7 +79,9 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     """(float32 samples in [-1, 1], sample rate) of a 16-bit mono WAV."""
     with wave.open(str(path), "rb") as w:
         if w.getsampwidth() != 2 or w.getnchannels() != 1:
-            raise ValueError(f"{path}: expected 16-bit mono PCM, got {w.getsampwidth() * 8}-bit × {w.getnchannels()} channels")
+            raise ValueError(
+                f"{path}: expected 16-bit mono PCM, got {w.getsampwidth() * 8}-bit × {w.getnchannels()} channels"
+            )
         data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
         return data.astype(np.float32) / 32767.0, w.getframerate()
 
@@ -134,8 +144,12 @@ class WavStreamWriter:
     def __enter__(self) -> WavStreamWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -146,11 +146,13 @@ def auth_problem(addresses: Iterable[str], env: dict[str, str] | None = None) ->
     exposed = sorted({a for a in addresses if a and not is_loopback(a)})
     if not exposed or env.get("RAY_AUTH_MODE", "").lower() == "token":
         return None
-    return (f"the Ray cluster is reachable from other hosts (nodes at {', '.join(exposed)}) and this process "
-            f"does not use Ray's token authentication (RAY_AUTH_MODE={env.get('RAY_AUTH_MODE') or 'unset'}); "
-            "start every node and this process with RAY_AUTH_MODE=token and the cluster's token "
-            "(RAY_AUTH_TOKEN_PATH=FILE with the token, readable by you only, or RAY_AUTH_TOKEN), "
-            "as docs/cluster.md shows")
+    return (
+        f"the Ray cluster is reachable from other hosts (nodes at {', '.join(exposed)}) and this process "
+        f"does not use Ray's token authentication (RAY_AUTH_MODE={env.get('RAY_AUTH_MODE') or 'unset'}); "
+        "start every node and this process with RAY_AUTH_MODE=token and the cluster's token "
+        "(RAY_AUTH_TOKEN_PATH=FILE with the token, readable by you only, or RAY_AUTH_TOKEN), "
+        "as docs/cluster.md shows"
+    )
 
 
 @dataclass
@@ -190,7 +192,9 @@ _cluster: Cluster | None = None
 _users = 0
 
 
-def connect(devices: Iterable[str], *, address: str | None = None, log_to_driver: bool = False) -> Cluster:
+def connect(
+    devices: Iterable[str], *, address: str | None = None, log_to_driver: bool = False
+) -> Cluster:
     """Start (or join) Ray for this process; count one more user of it.
 
     ``devices`` are declared as custom resources when a local cluster is
@@ -220,8 +224,14 @@ def _connect(devices: Iterable[str], address: str | None, log_to_driver: bool) -
 
     if ray.is_initialized():
         # Someone else (a test fixture, the application) connected this process.
-        return Cluster(address=ray.get_runtime_context().gcs_address, owned=False, connected_here=False,
-                       started_s=0.0, driver_growth_bytes=0, resources=ray.cluster_resources())
+        return Cluster(
+            address=ray.get_runtime_context().gcs_address,
+            owned=False,
+            connected_here=False,
+            started_s=0.0,
+            driver_growth_bytes=0,
+            resources=ray.cluster_resources(),
+        )
     rss0 = psutil.Process().memory_info().rss
     before = set(descendants(os.getpid()))
     t0 = time.perf_counter()
@@ -249,7 +259,12 @@ def _connect(devices: Iterable[str], address: str | None, log_to_driver: bool) -
         listening=listening,
         temp_dir=temp_dir,
     )
-    log.info("ray %s at %s in %.1f s", "started" if cluster.owned else "joined", cluster.address, cluster.started_s)
+    log.info(
+        "ray %s at %s in %.1f s",
+        "started" if cluster.owned else "joined",
+        cluster.address,
+        cluster.started_s,
+    )
     return cluster
 
 
@@ -294,7 +309,9 @@ def _prepare_process_for_ray(address: str | None) -> dict[str, str | None] | Non
     return auth_saved
 
 
-def _ray_init(devices: Iterable[str], address: str | None, log_to_driver: bool, temp_dir: str | None) -> None:
+def _ray_init(
+    devices: Iterable[str], address: str | None, log_to_driver: bool, temp_dir: str | None
+) -> None:
     """``ray.init``: join ``address``, or start a local cluster (bounded object store,
     one resource per device, Ray's files under the private ``temp_dir``).
 
@@ -377,7 +394,11 @@ def node_names() -> dict[str, str]:
     for n in ray.nodes():
         if not n.get("Alive"):
             continue
-        names = [k[len(NODE_RESOURCE_PREFIX):] for k in n.get("Resources", {}) if k.startswith(NODE_RESOURCE_PREFIX)]
+        names = [
+            k[len(NODE_RESOURCE_PREFIX) :]
+            for k in n.get("Resources", {})
+            if k.startswith(NODE_RESOURCE_PREFIX)
+        ]
         if names:
             out[n["NodeID"]] = names[0]
     return out

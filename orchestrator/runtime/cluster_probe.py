@@ -54,28 +54,47 @@ def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
     alive = [n for n in ray.nodes() if n.get("Alive")]
     unnamed = [n.get("NodeManagerAddress", "?") for n in alive if n["NodeID"] not in names]
     if unnamed:
-        log.warning("nodes without an %s<name> resource are left out of the plan: %s",
-                    NODE_RESOURCE_PREFIX, ", ".join(unnamed))
+        log.warning(
+            "nodes without an %s<name> resource are left out of the plan: %s",
+            NODE_RESOURCE_PREFIX,
+            ", ".join(unnamed),
+        )
     if not names:
         raise ConfigError.single(
-            "--address", f"no node of the Ray cluster carries an {NODE_RESOURCE_PREFIX}<name> resource",
+            "--address",
+            f"no node of the Ray cluster carries an {NODE_RESOURCE_PREFIX}<name> resource",
             f"start each node with ray start ... --resources '{{\"{NODE_RESOURCE_PREFIX}laptop\": 1, ...}}' "
-            "(docs/cluster.md), or plan with --profile CLUSTER.json")
+            "(docs/cluster.md), or plan with --profile CLUSTER.json",
+        )
     head = {n["NodeID"] for n in alive if "node:__internal_head__" in n.get("Resources", {})}
     order = sorted(names, key=lambda nid: (nid not in head, names[nid]))
     address = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in alive}
     probe = ray.remote(num_cpus=0, max_retries=0)(_probe_here)
-    refs = {nid: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
-            for nid in order}
+    refs = {
+        nid: probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)
+        ).remote()
+        for nid in order
+    }
     nodes = []
     for nid in order:
         try:
             doc = ray.get(refs[nid], timeout=PROBE_TIMEOUT_S)
         except Exception as exc:
-            raise ConfigError.single(f"node {names[nid]}", f"its probe failed: {type(exc).__name__}: "
-                                     f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
-                                     "check that the node runs this project's environment, or plan with --profile") from None
-        nodes.append(ClusterNode(names[nid], parse_profile(doc, where=f"node {names[nid]}"), address.get(nid, ""), nid))
+            raise ConfigError.single(
+                f"node {names[nid]}",
+                f"its probe failed: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
+                "check that the node runs this project's environment, or plan with --profile",
+            ) from None
+        nodes.append(
+            ClusterNode(
+                names[nid],
+                parse_profile(doc, where=f"node {names[nid]}"),
+                address.get(nid, ""),
+                nid,
+            )
+        )
     return build_cluster(name, nodes, source="probed live on each node through Ray")
 
 
@@ -87,9 +106,12 @@ def gather_at(address: str, name: str | None = None) -> HardwareProfile:
     try:
         cluster.connect([], address=address)
     except Exception as exc:
-        raise ConfigError.single("--address", f"could not join the Ray cluster at {address}: {exc}",
-                                 "check the address (ray status on the head) and the auth settings "
-                                 "(docs/cluster.md), or plan with --profile CLUSTER.json") from None
+        raise ConfigError.single(
+            "--address",
+            f"could not join the Ray cluster at {address}: {exc}",
+            "check the address (ray status on the head) and the auth settings "
+            "(docs/cluster.md), or plan with --profile CLUSTER.json",
+        ) from None
     try:
         return gather_profile(name or f"Ray cluster at {address}")
     finally:
@@ -129,9 +151,14 @@ def _ray_memory_here() -> dict[str, Any]:
         except psutil.Error:
             continue
     total, kind = tree_memory(pids)
-    return {"bytes": total, "processes": len(pids), "names": sorted(names), "session_dir": session,
-            "measure": f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
-                       "(GCS on the head, raylet, agents, workers)"}
+    return {
+        "bytes": total,
+        "processes": len(pids),
+        "names": sorted(names),
+        "session_dir": session,
+        "measure": f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
+        "(GCS on the head, raylet, agents, workers)",
+    }
 
 
 def node_ray_memory() -> dict[str, dict[str, Any]]:
@@ -145,8 +172,12 @@ def node_ray_memory() -> dict[str, dict[str, Any]]:
 
     names = node_names()
     task = ray.remote(num_cpus=0, max_retries=0)(_ray_memory_here)
-    refs = {nid: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
-            for nid in names}
+    refs = {
+        nid: task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)
+        ).remote()
+        for nid in names
+    }
     out = {}
     for nid, ref in refs.items():
         try:

@@ -153,23 +153,41 @@ class DeviceActor:
         except Exception as exc:
             head = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             self.ledger_error = self.ledger_error or f"{type(exc).__name__}: {head}"
-            log.warning("the ledger actor did not take %s(%s): %s", method, args[0] if args else "", self.ledger_error)
+            log.warning(
+                "the ledger actor did not take %s(%s): %s",
+                method,
+                args[0] if args else "",
+                self.ledger_error,
+            )
             return None
 
     async def ready(self) -> dict[str, Any]:
         import ray
 
-        return {"device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "rss_bytes": rss_of(os.getpid()), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+        return {
+            "device": self.device,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "rss_bytes": rss_of(os.getpid()),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        }
 
     # -- loading ---------------------------------------------------------------
-    async def load_stage(self, plan_doc: dict[str, Any], stage_config: Any, kind: Any, route: Any = None,
-                         admitted: bool = False) -> dict[str, Any]:
+    async def load_stage(
+        self,
+        plan_doc: dict[str, Any],
+        stage_config: Any,
+        kind: Any,
+        route: Any = None,
+        admitted: bool = False,
+    ) -> dict[str, Any]:
         plan = StagePlan.from_dict(plan_doc)
         name = plan.name
         if not admitted:
-            admission = await self.ledger.admit.remote(name, [r.to_dict() for r in plan.reservations])
+            admission = await self.ledger.admit.remote(
+                name, [r.to_dict() for r in plan.reservations]
+            )
             if not admission["ok"]:
                 raise StageFailed(name, self.device, refusal(admission["shortfalls"][0]))
         before = set(descendants(os.getpid()))
@@ -182,7 +200,11 @@ class DeviceActor:
             params = inspect.signature(kind.runner).parameters
 
             def make() -> Any:
-                return kind.runner(plan, stage_config, route=route) if "route" in params else kind.runner(plan, stage_config)
+                return (
+                    kind.runner(plan, stage_config, route=route)
+                    if "route" in params
+                    else kind.runner(plan, stage_config)
+                )
 
             # the runner is made and loaded as a load: whatever either imports, the imports of
             # the loads running beside it never interleave with them (load_imports)
@@ -206,13 +228,24 @@ class DeviceActor:
         meter.stop()
         overlapped_with = self._loading.pop(name, set())
         overlapped = bool(overlapped_with) or overlapped
-        hosted = _Hosted(plan, runner, load_s, _summarize(runner.load_info),
-                         meter.peak_growth, meter.growth, overlapped_with=set(overlapped_with))
+        hosted = _Hosted(
+            plan,
+            runner,
+            load_s,
+            _summarize(runner.load_info),
+            meter.peak_growth,
+            meter.growth,
+            overlapped_with=set(overlapped_with),
+        )
         if runner.measured_peak_bytes() is None:
             known = _runner_processes(runner)
-            own = [p for p in descendants(os.getpid()) if p not in before] if known is None else known
+            own = (
+                [p for p in descendants(os.getpid()) if p not in before] if known is None else known
+            )
             hosted.in_process = not own
-            request_meter = _RunnerMeter(own, runner) if known else RssMeter(own or os.getpid(), children=False)
+            request_meter = (
+                _RunnerMeter(own, runner) if known else RssMeter(own or os.getpid(), children=False)
+            )
             hosted.request_meter = request_meter.start(sampling=False)
             if known and overlapped:
                 # the processes the runner says are its own (its route worker): their whole RSS,
@@ -220,15 +253,22 @@ class DeviceActor:
                 hosted.tree_load_peak = sum(meter.pid_peak.get(p, 0) for p in own)
                 hosted.tree_resident = sum(rss_of(p) for p in own)
                 hosted.tree_load_peak = max(hosted.tree_load_peak, hosted.tree_resident)
-                hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
-                                    "over the processes the runner started")
+                hosted.load_note = (
+                    "another stage loaded in this actor at the same time: the load is measured "
+                    "over the processes the runner started"
+                )
             elif overlapped and own:
                 hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
-                hosted.load_note = ("another stage loaded in this actor at the same time: the load is measured "
-                                    "over the processes started during it")
+                hosted.load_note = (
+                    "another stage loaded in this actor at the same time: the load is measured "
+                    "over the processes started during it"
+                )
             elif overlapped:
                 # in this process: its growth only, not the workers other loads started meanwhile
-                hosted.tree_load_peak, hosted.tree_resident = meter.root_peak_growth, meter.root_growth
+                hosted.tree_load_peak, hosted.tree_resident = (
+                    meter.root_peak_growth,
+                    meter.root_growth,
+                )
         else:
             hosted.in_process = bool(hosted.load_info.get("in_process", True))
         self.stages[name] = hosted
@@ -236,15 +276,23 @@ class DeviceActor:
         await self.ledger.release.remote(name, "load")
         hosted.measured = self._measure(hosted)
         await self.ledger.report.remote(name, hosted.measured)
-        return {"stage": name, "device": self.device, "load_s": round(load_s, 3), "overlapped": overlapped,
-                "load_info": hosted.load_info, "measured": hosted.measured}
+        return {
+            "stage": name,
+            "device": self.device,
+            "load_s": round(load_s, 3),
+            "overlapped": overlapped,
+            "load_info": hosted.load_info,
+            "measured": hosted.measured,
+        }
 
     async def _import_first(self, kind: Any) -> None:
         """Import the kind's ``runner_imports`` not imported yet, one stage at a time."""
         async with self._importing:
             missing = [m for m in getattr(kind, "runner_imports", ()) if m not in sys.modules]
             if missing:
-                await asyncio.to_thread(call_loading, lambda: [importlib.import_module(m) for m in missing])
+                await asyncio.to_thread(
+                    call_loading, lambda: [importlib.import_module(m) for m in missing]
+                )
 
     def _begin_load(self, name: str) -> bool:
         """Note a load in flight; every load running now (this one too) overlapped
@@ -262,11 +310,17 @@ class DeviceActor:
         processes it started, or beside loads that ran in theirs, is its own)."""
         if not h.in_process or not h.overlapped_with:
             return None
-        in_process = [o for o in sorted(h.overlapped_with) if o not in self.stages or self.stages[o].in_process]
+        in_process = [
+            o
+            for o in sorted(h.overlapped_with)
+            if o not in self.stages or self.stages[o].in_process
+        ]
         if not in_process:
             return None
-        return (f"{', '.join(in_process)} loaded in this process at the same time and is counted too: "
-                "an upper bound")
+        return (
+            f"{', '.join(in_process)} loaded in this process at the same time and is counted too: "
+            "an upper bound"
+        )
 
     def _measure(self, h: _Hosted) -> dict[str, Any]:
         own = h.runner.measured_peak_bytes()
@@ -274,7 +328,10 @@ class DeviceActor:
         steady: int | None
         if own is not None:
             peak, method = int(own), f"{type(h.runner).__name__}.measured_peak_bytes()"
-            lp, rg = h.load_info.get("load_peak_growth_bytes"), h.load_info.get("resident_growth_bytes")
+            lp, rg = (
+                h.load_info.get("load_peak_growth_bytes"),
+                h.load_info.get("resident_growth_bytes"),
+            )
             load = min(int(lp), peak) if isinstance(lp, int) else None
             steady = peak if load is not None and peak > load else None
             resident = min(int(rg), peak) if isinstance(rg, int) else None
@@ -289,10 +346,12 @@ class DeviceActor:
             load, steady = h.tree_load_peak, h.tree_resident + growth
             peak = max(load, steady)
             resident = min(h.tree_resident, peak)
-            method = ("RSS growth of the device actor's process tree: max(peak during load, resident after "
-                      "load + the highest RSS above it while this stage had requests in flight, sampled every "
-                      "10 ms in the processes its load started (memory they kept between requests counts), "
-                      "else the largest rise of one busy period in the actor's own process)")
+            method = (
+                "RSS growth of the device actor's process tree: max(peak during load, resident after "
+                "load + the highest RSS above it while this stage had requests in flight, sampled every "
+                "10 ms in the processes its load started (memory they kept between requests counts), "
+                "else the largest rise of one busy period in the actor's own process)"
+            )
         bound = self._upper_bound(h)
         for note in (h.load_note, bound):
             if note:
@@ -366,15 +425,22 @@ class DeviceActor:
                 return
             yield item
 
-    async def stream(self, stage: str, request_id: str, initial: list[Any] | None = None) -> AsyncIterator[tuple[str, Any]]:
+    async def stream(
+        self, stage: str, request_id: str, initial: list[Any] | None = None
+    ) -> AsyncIterator[tuple[str, Any]]:
         h = self._hosted(stage)
         task = asyncio.current_task()
         if task is not None:
             self.tasks.setdefault(request_id, set()).add(task)
         waited = [0.0, 0.0, 0.0]
         latencies: list[float] = []
-        emitted: list[float] = []  # when each output left the runner (time.perf_counter): the trace's stamps
-        inputs = _timed(_from_list(initial) if initial is not None else self._from_queue(stage, request_id), waited)
+        emitted: list[
+            float
+        ] = []  # when each output left the runner (time.perf_counter): the trace's stamps
+        inputs = _timed(
+            _from_list(initial) if initial is not None else self._from_queue(stage, request_id),
+            waited,
+        )
         t0 = time.perf_counter()
         first: float | None = None
         n, chars, audio_s = 0, 0, 0.0
@@ -406,7 +472,9 @@ class DeviceActor:
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            raise StageFailed(stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}") from None
+            raise StageFailed(
+                stage, self.device, f"request {request_id}: {type(exc).__name__}: {exc}"
+            ) from None
         finally:
             h.in_flight -= 1
             await agen.aclose()
@@ -414,7 +482,9 @@ class DeviceActor:
                 h.busy -= 1
                 if h.busy == 0:
                     h.request_meter.stop()
-                    h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
+                    h.tree_request_growth = max(
+                        h.tree_request_growth, h.request_meter.window_growth
+                    )
             self.inputs.pop((stage, request_id), None)
             fed = self.first_fed.pop((stage, request_id), None)
             self._end((stage, request_id))
@@ -423,8 +493,12 @@ class DeviceActor:
                 if not self.tasks.get(request_id):
                     self.tasks.pop(request_id, None)
         duration = time.perf_counter() - t0
-        stats: dict[str, Any] = {"items": n, "first_output_s": _r(first), "duration_s": _r(duration),
-                                 "busy_s": _r(max(0.0, duration - waited[0]))}
+        stats: dict[str, Any] = {
+            "items": n,
+            "first_output_s": _r(first),
+            "duration_s": _r(duration),
+            "busy_s": _r(max(0.0, duration - waited[0])),
+        }
         if chars:
             stats["chars"] = chars
         if latencies and initial is None:
@@ -439,8 +513,12 @@ class DeviceActor:
         stats.update(figures)
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
-        stamps: Stamps = {"emitted": emitted, "first_fed": fed, "first_taken": waited[2] or None,
-                          "runner": runner_stamps}
+        stamps: Stamps = {
+            "emitted": emitted,
+            "first_fed": fed,
+            "first_taken": waited[2] or None,
+            "runner": runner_stamps,
+        }
         yield ("stats", StageStats(stats, stamps))
 
     async def cancel(self, request_id: str) -> int:
@@ -495,8 +573,10 @@ def refusal(shortfall: dict[str, Any]) -> str:
     """The cause of a ``StageFailed`` for a load the ledger refused: the pool, its figures, who holds what."""
     s = shortfall
     who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
-    return (f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
-            f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})")
+    return (
+        f"the ledger refused the load: pool {s['pool']} would peak at {s['peak'] / 2**20:.0f} MiB "
+        f"of {s['capacity'] / 2**20:.0f} MiB (over by {s['over_by'] / 2**20:.0f} MiB; {who})"
+    )
 
 
 class _LoadMeter(RssMeter):
@@ -594,7 +674,9 @@ def _summarize(info: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in info.items():
         if key == "assignment" and isinstance(value, list):
-            out["nodes_per_ep"] = {a.get("ep", "?"): len(a.get("nodes", [])) for a in value if isinstance(a, dict)}
+            out["nodes_per_ep"] = {
+                a.get("ep", "?"): len(a.get("nodes", [])) for a in value if isinstance(a, dict)
+            }
         elif isinstance(value, (str, int, float, bool)) or value is None:
             out[key] = value
         elif isinstance(value, (list, tuple)) and len(str(value)) <= 400:
@@ -602,11 +684,18 @@ def _summarize(info: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, dict) and len(str(value)) <= 400:
             out[key] = value
         else:
-            out[key] = f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"
+            out[key] = (
+                f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"
+            )
     return out
 
 
-ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 64}
+ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0,
+    "max_restarts": 0,
+    "max_task_retries": 0,
+    "max_concurrency": 64,
+}
 """No CPU reservation (placement is by the device resource; Ray's CPU count would
 only block a small machine), no restarts (a dead actor is reported, not hidden),
 up to 64 concurrent calls (requests × stages, plus feeds)."""

@@ -104,7 +104,9 @@ class Result:
         nothing speakable in it (no letter or digit) reaches no TTS, and an
         empty file would pass for a recording."""
         if self.audio is None or not self.sample_rate:
-            raise ValueError(f"request {self.request_id} produced no audio (reply text: {self.text!r}); nothing to write to {path}")
+            raise ValueError(
+                f"request {self.request_id} produced no audio (reply text: {self.text!r}); nothing to write to {path}"
+            )
         return write_wav(path, self.audio, self.sample_rate)
 
     def summary(self) -> dict[str, Any]:
@@ -127,7 +129,11 @@ def collect(request_id: str, prompt: str, events: list[Event], total_s: float) -
     """Fold a request's events into a :class:`Result`."""
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     audio_events = [e for e in events if isinstance(e, AudioChunk)]
-    audio = np.concatenate([np.asarray(e.audio, dtype=np.float32).reshape(-1) for e in audio_events]) if audio_events else None
+    audio = (
+        np.concatenate([np.asarray(e.audio, dtype=np.float32).reshape(-1) for e in audio_events])
+        if audio_events
+        else None
+    )
     rate = audio_events[0].sample_rate if audio_events else None
     stages = {e.stage: e.stats for e in events if isinstance(e, StageEvent) and e.kind == "done"}
     first_text = next((e.t for e in events if isinstance(e, TextDelta)), None)
@@ -137,7 +143,19 @@ def collect(request_id: str, prompt: str, events: list[Event], total_s: float) -
     for e in events:
         if isinstance(e, OutputItem):
             outputs.setdefault(e.stage, []).append(e.value)
-    return Result(request_id, prompt, text, audio, rate, stages, first_text, first_audio, total_s, chunks, outputs)
+    return Result(
+        request_id,
+        prompt,
+        text,
+        audio,
+        rate,
+        stages,
+        first_text,
+        first_audio,
+        total_s,
+        chunks,
+        outputs,
+    )
 
 
 def _r(x: float | None) -> float | None:

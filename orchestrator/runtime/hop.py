@@ -41,7 +41,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-RUNNER_STEPS = ("dispatch", "preprocess", "session_bridge", "session_run", "postprocess", "to_yield")
+RUNNER_STEPS = (
+    "dispatch",
+    "preprocess",
+    "session_bridge",
+    "session_run",
+    "postprocess",
+    "to_yield",
+)
 STEPS = ("to_driver", "held", "chunk", "feed", "queued", *RUNNER_STEPS, "to_driver_audio")
 """The hop's steps in order (the module docstring says what each is)."""
 
@@ -80,16 +87,27 @@ class EdgeTrace:
         total = self._ends[-1][1] if self._ends else 0
         self._ends.append((index, total + len(text)))
 
-    def released(self, pending_chars: int, arrived: list[float], *, at_end: bool = False) -> FirstChunk:
+    def released(
+        self, pending_chars: int, arrived: list[float], *, at_end: bool = False
+    ) -> FirstChunk:
         """The chunker just released the first chunk, ``pending_chars`` left in it after the
         cut; ``arrived``: when each producer output reached the driver. Returns the record."""
         now = time.perf_counter()
         total = self._ends[-1][1] if self._ends else 0
         cut = total - pending_chars  # just past the sentence's last character
-        token = next((i for i, end in self._ends if end >= cut), self._ends[-1][0] if self._ends else 0)
+        token = next(
+            (i for i, end in self._ends if end >= cut), self._ends[-1][0] if self._ends else 0
+        )
         release = None if at_end or not self._ends else self._ends[-1][0]
-        self.first = FirstChunk(self.producer, token, release, arrived[token] if token < len(arrived) else now,
-                                arrived[release] if release is not None else now, now, at_end=at_end)
+        self.first = FirstChunk(
+            self.producer,
+            token,
+            release,
+            arrived[token] if token < len(arrived) else now,
+            arrived[release] if release is not None else now,
+            now,
+            at_end=at_end,
+        )
         self._ends = []
         return self.first
 
@@ -100,7 +118,9 @@ def same_clock(producer_device: str | None, consumer_device: str | None) -> bool
     return (producer_device or "").rpartition("/")[0] == (consumer_device or "").rpartition("/")[0]
 
 
-def first_chunk_hop(first: FirstChunk, stamps: Mapping[str, Any], voice_arrived: float, t0: float) -> dict[str, Any] | None:
+def first_chunk_hop(
+    first: FirstChunk, stamps: Mapping[str, Any], voice_arrived: float, t0: float
+) -> dict[str, Any] | None:
     """``first_chunk_hop``: the steps (``STEPS``) from the producer's first sentence to the
     consumer's first output reaching the driver, and where they sit on the request's clock
     (``t0``: when it was submitted). None when a stamp is missing (the consumer yielded
@@ -121,14 +141,16 @@ def first_chunk_hop(first: FirstChunk, stamps: Mapping[str, Any], voice_arrived:
     runner = stamps.get("runner") or {}
     if all(k in runner for k in ("dispatched", "started", "preprocessed", "ran", "postprocessed")):
         run_s = float(runner.get("run_s") or 0.0)
-        steps.update({
-            "dispatch": runner["started"] - taken,
-            "preprocess": runner["preprocessed"] - runner["started"],
-            "session_bridge": runner["ran"] - runner["preprocessed"] - run_s,
-            "session_run": run_s,
-            "postprocess": runner["postprocessed"] - runner["ran"],
-            "to_yield": out - runner["postprocessed"],
-        })
+        steps.update(
+            {
+                "dispatch": runner["started"] - taken,
+                "preprocess": runner["preprocessed"] - runner["started"],
+                "session_bridge": runner["ran"] - runner["preprocessed"] - run_s,
+                "session_run": run_s,
+                "postprocess": runner["postprocessed"] - runner["ran"],
+                "to_yield": out - runner["postprocessed"],
+            }
+        )
     else:
         steps["in_stage"] = out - taken
     steps["to_driver_audio"] = voice_arrived - out

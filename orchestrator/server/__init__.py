@@ -83,5 +83,16 @@ from orchestrator.server.protocol import (
     speech_request,
 )
 
-__all__ = ["WEB_DIR", "ServerLimits", "audio_format", "chat_request", "close_app", "create_app", "error_for",
-           "error_response", "is_loopback", "pcm24k", "speech_request"]
+__all__ = [
+    "WEB_DIR",
+    "ServerLimits",
+    "audio_format",
+    "chat_request",
+    "close_app",
+    "create_app",
+    "error_for",
+    "error_response",
+    "is_loopback",
+    "pcm24k",
+    "speech_request",
+]

@@ -55,15 +55,24 @@ def error_for(exc: BaseException) -> JSONResponse:
     """An exception of a request as OpenAI's error shape and status."""
     if isinstance(exc, BadRequest):
         where = _openai_param(exc.problems[0].where) if exc.problems else None
-        return error_response(400, str(exc), "invalid_request_error", param=where, code="bad_request")
+        return error_response(
+            400, str(exc), "invalid_request_error", param=where, code="bad_request"
+        )
     if isinstance(exc, PipelineBusy):
-        return error_response(429, str(exc), "rate_limit_error", code="pipeline_busy",
-                              headers={"Retry-After": str(RETRY_AFTER_S)})
+        return error_response(
+            429,
+            str(exc),
+            "rate_limit_error",
+            code="pipeline_busy",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     if isinstance(exc, StageFailed):
         # the cause may hold interpreter paths and a worker's stderr: the log has it, the client
         # gets the stage, the device and the code
         log.warning("request failed: %s", exc)
-        return error_response(503, exc.public_message(), "server_error", param=exc.stage, code="stage_failed")
+        return error_response(
+            503, exc.public_message(), "server_error", param=exc.stage, code="stage_failed"
+        )
     raise exc
 
 
@@ -149,12 +158,21 @@ class _Run:
     """One pipeline request as the app drives it: its events, seen by its trace,
     and recorded in the metrics once (whatever way it ends)."""
 
-    def __init__(self, app: _App, prompt: Any, endpoint: str, entry: str | None = None,
-                 context: dict[str, list[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        app: _App,
+        prompt: Any,
+        endpoint: str,
+        entry: str | None = None,
+        context: dict[str, list[Any]] | None = None,
+    ) -> None:
         self.app, self.rid = app, uuid.uuid4().hex[:12]
         self.trace = Trace(self.rid, endpoint)
-        self.events = (app.pipeline.stream(prompt, request_id=self.rid, entry=entry, context=context) if context
-                       else app.pipeline.stream(prompt, request_id=self.rid, entry=entry))
+        self.events = (
+            app.pipeline.stream(prompt, request_id=self.rid, entry=entry, context=context)
+            if context
+            else app.pipeline.stream(prompt, request_id=self.rid, entry=entry)
+        )
         self.buffered: list[Event] = []
         self.status = 200
         self._finished = False
@@ -219,24 +237,42 @@ class _App:
         self.model = pipeline.plan.pipeline
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.runtime)
-        if getattr(pipeline, "calibration", None) is not None:  # measured peaks feed the next plan, while serving
+        if (
+            getattr(pipeline, "calibration", None) is not None
+        ):  # measured peaks feed the next plan, while serving
             self.metrics.recorder = pipeline.record_calibration
-        self.metrics.server_memory = getattr(pipeline, "server_memory", None)  # the serve process's own memory
+        self.metrics.server_memory = getattr(
+            pipeline, "server_memory", None
+        )  # the serve process's own memory
         stages = self.runtime.stages
-        self.text_stages = {s.name for s in stages if s.final_output and s.final_output_type == "text"}
+        self.text_stages = {
+            s.name for s in stages if s.final_output and s.final_output_type == "text"
+        }
         self.audio_entry = bool(audio_entry_stages(pipeline.config))
         if self.audio_entry:
             # the reply is the text of the text stages downstream of another one (the thinker's,
             # not the transcript the asr stage returns too)
-            replies = {n for n in self.text_stages
-                       if any(n in {s.name for s in self.runtime.downstream(t)} - {t} for t in self.text_stages)}
+            replies = {
+                n
+                for n in self.text_stages
+                if any(
+                    n in {s.name for s in self.runtime.downstream(t)} - {t}
+                    for t in self.text_stages
+                )
+            }
             self.text_stages = replies or self.text_stages
-        self.audio_stages = {s.name for s in stages if s.final_output and s.final_output_type == "audio"}
-        self.tensor_stages = {s.name for s in stages if s.final_output and s.final_output_type == "tensor"}
+        self.audio_stages = {
+            s.name for s in stages if s.final_output and s.final_output_type == "audio"
+        }
+        self.tensor_stages = {
+            s.name for s in stages if s.final_output and s.final_output_type == "tensor"
+        }
         """Their items go in the reply as ``outputs`` (base64 .npy): OpenAI's shape has no place for arrays."""
         self.tensor_entry = bool(tensor_entry_stages(pipeline.config))
         takes_text = set(self.runtime.entry_stages())
-        self.speech_stage = next((s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None)
+        self.speech_stage = next(
+            (s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None
+        )
 
     # -- helpers -------------------------------------------------------------------
     def is_text(self, event: Event) -> TypeGuard[TextDelta]:
@@ -252,20 +288,32 @@ class _App:
             return None
         value = event.value
         if isinstance(value, dict):
-            return {"stage": event.stage, "tensors": {str(k): _b64(npy_bytes(v)) for k, v in value.items()}}
+            return {
+                "stage": event.stage,
+                "tensors": {str(k): _b64(npy_bytes(v)) for k, v in value.items()},
+            }
         return {"stage": event.stage, "tensor": _b64(npy_bytes(value))}
 
     def read_chat(self, raw: bytes) -> ChatCall:
         """A chat body checked (off the event loop); a request of arrays also against the entry
         stage (``Pipeline.validate``: names, dtype, shape), its problem named by the part sent."""
-        call = read_chat(raw, audio_entry=self.audio_entry, has_audio=bool(self.audio_stages), limits=self.limits,
-                         tensor_entry=self.tensor_entry)
+        call = read_chat(
+            raw,
+            audio_entry=self.audio_entry,
+            has_audio=bool(self.audio_stages),
+            limits=self.limits,
+            tensor_entry=self.tensor_entry,
+        )
         if call.tensor_at:
             try:
                 self.pipeline.validate(call.prompt)
             except BadRequest as exc:
-                raise BadRequest([Problem(_part_of(p.where, call.tensor_at), f"{p.where}: {p.what}", p.fix)
-                                  for p in exc.problems]) from None
+                raise BadRequest(
+                    [
+                        Problem(_part_of(p.where, call.tensor_at), f"{p.where}: {p.what}", p.fix)
+                        for p in exc.problems
+                    ]
+                ) from None
         return call
 
     def refuse(self, endpoint: str, exc: BaseException) -> JSONResponse:
@@ -281,14 +329,21 @@ class _App:
             return await asyncio.to_thread(read, raw)
         except BodyTooLarge as exc:
             self.metrics.refused(endpoint, 413)
-            return error_response(413, body_too_large(self.limits, exc.size), "invalid_request_error", param="body",
-                                  code="body_too_large")
+            return error_response(
+                413,
+                body_too_large(self.limits, exc.size),
+                "invalid_request_error",
+                param="body",
+                code="body_too_large",
+            )
         except ClientDisconnect:
             return Response(status_code=499)
         except BadRequest as exc:
             return self.refuse(endpoint, exc)
 
-    def stage_states(self, failures: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def stage_states(
+        self, failures: dict[str, dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
         """Each stage's device, backend and state; ``failures`` (``Runtime.stage_failures``):
         the stages whose engine stopped though their actor lives, with a code."""
         out = []
@@ -296,11 +351,19 @@ class _App:
             dev = self.runtime.devices.get(s.device or "?")
             failed = (failures or {}).get(s.name)
             alive = dev is not None and not dev.dead and not self.runtime._closed and not failed
-            out.append({"name": s.name, "kind": s.kind, "device": s.device, "backend": s.backend,
-                        "loaded": s.name in self.runtime.load_results and alive, "alive": alive,
-                        "final_output_type": s.final_output_type if s.final_output else None,
-                        **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
-                        **({"code": failed["code"], "error": failed["message"]} if failed else {})})
+            out.append(
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "device": s.device,
+                    "backend": s.backend,
+                    "loaded": s.name in self.runtime.load_results and alive,
+                    "alive": alive,
+                    "final_output_type": s.final_output_type if s.final_output else None,
+                    **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
+                    **({"code": failed["code"], "error": failed["message"]} if failed else {}),
+                }
+            )
         return out
 
     def no_speech_stage(self) -> BadRequest:
@@ -308,33 +371,73 @@ class _App:
         takes instead of text (an Omni pipeline's code2wav takes the talker's codes, and the
         talker needs the thinker's hand-over, so text can only enter at the thinker, whose
         reply — not the input — would be spoken)."""
-        takes = [f"{name} ({self.runtime.plan.stage(name).kind}) takes "
-                 f"{spell(self.runtime.kinds[name].ports(self.pipeline.config.stage(name)).consumes)}"
-                 for name in sorted(self.audio_stages)]
+        takes = [
+            f"{name} ({self.runtime.plan.stage(name).kind}) takes "
+            f"{spell(self.runtime.kinds[name].ports(self.pipeline.config.stage(name)).consumes)}"
+            for name in sorted(self.audio_stages)
+        ]
         if not takes:
-            return BadRequest([Problem("model", f"pipeline {self.model!r} has no speech stage: no stage's final output "
-                                       "is audio", "serve a pipeline with a voice stage (configs/voice-assistant.yaml)")])
-        fix = ("ask /v1/chat/completions with modalities ['text', 'audio'] for the pipeline's spoken reply, "
-               "or serve a pipeline with a voice stage that takes text (configs/voice-assistant.yaml)")
-        return BadRequest([Problem("model", f"pipeline {self.model!r} has no speech stage (an audio output stage that "
-                                   f"takes text, to speak the input as it is): {'; '.join(takes)}", fix)])
+            return BadRequest(
+                [
+                    Problem(
+                        "model",
+                        f"pipeline {self.model!r} has no speech stage: no stage's final output "
+                        "is audio",
+                        "serve a pipeline with a voice stage (configs/voice-assistant.yaml)",
+                    )
+                ]
+            )
+        fix = (
+            "ask /v1/chat/completions with modalities ['text', 'audio'] for the pipeline's spoken reply, "
+            "or serve a pipeline with a voice stage that takes text (configs/voice-assistant.yaml)"
+        )
+        return BadRequest(
+            [
+                Problem(
+                    "model",
+                    f"pipeline {self.model!r} has no speech stage (an audio output stage that "
+                    f"takes text, to speak the input as it is): {'; '.join(takes)}",
+                    fix,
+                )
+            ]
+        )
 
     # -- endpoints -------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": self.created, "owned_by": "omni-edge",
-             "stages": [s.name for s in self.runtime.stages]}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "omni-edge",
+                        "stages": [s.name for s in self.runtime.stages],
+                    }
+                ],
+            }
+        )
 
     async def health(self, request: Request) -> Response:
         """200 while every stage can serve; 503 naming each one that cannot (stage, device,
         code): a dead device actor, or an engine that stopped inside a living one."""
-        failures = await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
+        failures = (
+            await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
+        )
         stages = self.stage_states(failures)
         ok = all(s["alive"] for s in stages)
-        doc: dict[str, Any] = {"status": "ok" if ok else "unavailable", "pipeline": self.model, "stages": stages}
+        doc: dict[str, Any] = {
+            "status": "ok" if ok else "unavailable",
+            "pipeline": self.model,
+            "stages": stages,
+        }
         if not ok:
-            doc["failed"] = [{"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
-                             for s in stages if not s["alive"]]
+            doc["failed"] = [
+                {"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
+                for s in stages
+                if not s["alive"]
+            ]
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     async def plan(self, request: Request) -> Response:
@@ -342,13 +445,19 @@ class _App:
         measured = await self.metrics.measured_now()
         for s in doc["stages"]:
             m = measured.get(s["name"]) or {}
-            s["measured"] = {"pool": self.pipeline.plan.stage(s["name"]).pool,
-                             "measured_peak_bytes": m.get("measured_peak_bytes"),
-                             "budget_bytes": m.get("budget_bytes", self.pipeline.plan.stage(s["name"]).budget_bytes()),
-                             "within_budget": m.get("within_budget")}
+            s["measured"] = {
+                "pool": self.pipeline.plan.stage(s["name"]).pool,
+                "measured_peak_bytes": m.get("measured_peak_bytes"),
+                "budget_bytes": m.get(
+                    "budget_bytes", self.pipeline.plan.stage(s["name"]).budget_bytes()
+                ),
+                "within_budget": m.get("within_budget"),
+            }
         # the serve process's own memory against its shared reservation (``server``)
         server_memory = getattr(self.pipeline, "server_memory", None)
-        doc["server"] = await asyncio.to_thread(server_memory) if server_memory is not None else None
+        doc["server"] = (
+            await asyncio.to_thread(server_memory) if server_memory is not None else None
+        )
         return JSONResponse(doc)
 
     async def status(self, request: Request) -> Response:
@@ -357,21 +466,59 @@ class _App:
         held = {p["id"]: p["held_bytes"] for p in ledger.get("pools", [])}
         pools = []
         for p in self.pipeline.plan.pools:
-            peaks = [m["measured_peak_bytes"] for name, m in measured.items()
-                     if self.pipeline.plan.stage(name).pool == p.id and m.get("measured_peak_bytes") is not None]
-            pools.append({"id": p.id, "capacity_bytes": p.capacity_bytes, "budget_bytes": p.peak_bytes,
-                          "reserved_bytes": held.get(p.id), "measured_peak_bytes": sum(peaks) if peaks else None})
-        failures = await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
-        stages = [{k: s[k] for k in ("name", "kind", "device", "backend", "alive", "loaded", "final_output_type")}
-                  for s in self.stage_states(failures)]
+            peaks = [
+                m["measured_peak_bytes"]
+                for name, m in measured.items()
+                if self.pipeline.plan.stage(name).pool == p.id
+                and m.get("measured_peak_bytes") is not None
+            ]
+            pools.append(
+                {
+                    "id": p.id,
+                    "capacity_bytes": p.capacity_bytes,
+                    "budget_bytes": p.peak_bytes,
+                    "reserved_bytes": held.get(p.id),
+                    "measured_peak_bytes": sum(peaks) if peaks else None,
+                }
+            )
+        failures = (
+            await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
+        )
+        stages = [
+            {
+                k: s[k]
+                for k in (
+                    "name",
+                    "kind",
+                    "device",
+                    "backend",
+                    "alive",
+                    "loaded",
+                    "final_output_type",
+                )
+            }
+            for s in self.stage_states(failures)
+        ]
         admission = self.runtime.admission
-        return JSONResponse({"pipeline": self.model, "stages": stages, "pools": pools,
-                             "queue": {"in_flight": admission.in_flight, "waiting": admission.waiting,
-                                       "limit": admission.limit, "max_waiting": admission.max_waiting},
-                             "recent": list(self.metrics.recent)})
+        return JSONResponse(
+            {
+                "pipeline": self.model,
+                "stages": stages,
+                "pools": pools,
+                "queue": {
+                    "in_flight": admission.in_flight,
+                    "waiting": admission.waiting,
+                    "limit": admission.limit,
+                    "max_waiting": admission.max_waiting,
+                },
+                "recent": list(self.metrics.recent),
+            }
+        )
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(await self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            await self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     async def chat(self, request: Request) -> Response:
         call = await self._body(request, "chat", self.read_chat)
@@ -380,10 +527,14 @@ class _App:
         run = _Run(self, call.prompt, "chat")
         base = {"id": f"chatcmpl-{run.rid}", "created": int(time.time()), "model": self.model}
         if call.stream:
-            return await self._chat_stream(run, base, call.audio_format, call.include_usage, request)
+            return await self._chat_stream(
+                run, base, call.audio_format, call.include_usage, request
+            )
         return await self._chat_whole(run, base, call.audio_format, request)
 
-    async def _chat_whole(self, run: _Run, base: dict[str, Any], fmt: str | None, request: Request) -> Response:
+    async def _chat_whole(
+        self, run: _Run, base: dict[str, Any], fmt: str | None, request: Request
+    ) -> Response:
         try:
             if not await run.until(lambda e: False, request):
                 return Response(status_code=499)
@@ -398,13 +549,25 @@ class _App:
         outputs = [o for o in map(self.output_of, events) if o is not None]
         if fmt is not None:
             chunks = [e for e in events if self.is_audio(e)]
-            message = {"role": "assistant", "content": None, "audio": {
-                "id": f"audio-{run.rid}", "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
-                "data": _b64(self._whole_audio(chunks, fmt)), "transcript": text}}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "audio": {
+                    "id": f"audio-{run.rid}",
+                    "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
+                    "data": _b64(self._whole_audio(chunks, fmt)),
+                    "transcript": text,
+                },
+            }
         if outputs:
             message["outputs"] = outputs
-        doc: dict[str, Any] = {**base, "object": "chat.completion", "choices": [
-            {"index": 0, "message": message, "finish_reason": self._finish_reason(run)}]}
+        doc: dict[str, Any] = {
+            **base,
+            "object": "chat.completion",
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": self._finish_reason(run)}
+            ],
+        }
         usage = run.trace.usage()
         if usage:
             doc["usage"] = usage
@@ -419,12 +582,21 @@ class _App:
         return wav_header(rate, len(pcm)) + pcm
 
     def _finish_reason(self, run: _Run) -> str:
-        reasons = [s.get("stats", {}).get("finish_reason") for name, s in run.trace.stages.items()
-                   if name in self.text_stages]
+        reasons = [
+            s.get("stats", {}).get("finish_reason")
+            for name, s in run.trace.stages.items()
+            if name in self.text_stages
+        ]
         return "length" if "length" in reasons else "stop"
 
-    async def _chat_stream(self, run: _Run, base: dict[str, Any], fmt: str | None, include_usage: bool,
-                           request: Request) -> Response:
+    async def _chat_stream(
+        self,
+        run: _Run,
+        base: dict[str, Any],
+        fmt: str | None,
+        include_usage: bool,
+        request: Request,
+    ) -> Response:
         # The first event is awaited before the response starts, so a request refused
         # up front (bad, busy, a dead stage) gets its HTTP status, not a broken stream.
         try:
@@ -437,13 +609,20 @@ class _App:
         audio_id = f"audio-{run.rid}"
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            doc = {**base, "object": "chat.completion.chunk",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            doc = {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return f"data: {json.dumps(doc)}\n\n"
 
         def delta_of(event: Event) -> dict[str, Any] | None:
             if self.is_text(event):
-                return {"audio": {"id": audio_id, "transcript": event.text}} if fmt else {"content": event.text}
+                return (
+                    {"audio": {"id": audio_id, "transcript": event.text}}
+                    if fmt
+                    else {"content": event.text}
+                )
             if fmt and self.is_audio(event):
                 return {"audio": {"id": audio_id, "data": _b64(pcm24k(event))}}
             output = self.output_of(event)
@@ -481,7 +660,9 @@ class _App:
             return self.refuse("speech", self.no_speech_stage())
         run = _Run(self, text, "speech", entry=self.speech_stage)
         try:
-            if not await run.until(self.is_audio, request):  # the WAV header needs the voice's sample rate
+            if not await run.until(
+                self.is_audio, request
+            ):  # the WAV header needs the voice's sample rate
                 return Response(status_code=499)
         except REQUEST_ERRORS as exc:
             response = error_for(exc)
@@ -490,8 +671,13 @@ class _App:
         first = next((e for e in run.buffered if self.is_audio(e)), None)
         if first is None:
             await run.close(400)
-            return error_response(400, f"input {text[:60]!r} has nothing to speak (no letter or digit)",
-                                  "invalid_request_error", param="input", code="bad_request")
+            return error_response(
+                400,
+                f"input {text[:60]!r} has nothing to speak (no letter or digit)",
+                "invalid_request_error",
+                param="input",
+                code="bad_request",
+            )
         rate = first.sample_rate if fmt == "wav" else OPENAI_PCM_RATE
 
         async def body() -> AsyncIterator[bytes]:
@@ -509,8 +695,11 @@ class _App:
             finally:
                 await run.close(status)
 
-        return _Stream(body(), media_type="audio/wav" if fmt == "wav" else "audio/pcm",
-                       headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"})
+        return _Stream(
+            body(),
+            media_type="audio/wav" if fmt == "wav" else "audio/pcm",
+            headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-cache"},
+        )
 
 
 def close_app(app: ASGIApp) -> None:
@@ -524,26 +713,34 @@ def close_app(app: ASGIApp) -> None:
         live.close()
 
 
-def create_app(pipeline: Pipeline, *, api_key: str | None = None, limits: ServerLimits | None = None,
-               allowed_hosts: Iterable[str] | None = (), realtime: RealtimeLimits | None = None) -> ASGIApp:
+def create_app(
+    pipeline: Pipeline,
+    *,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    allowed_hosts: Iterable[str] | None = (),
+    realtime: RealtimeLimits | None = None,
+) -> ASGIApp:
     """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind
     ``server_guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any);
     ``limits``: what one request may carry (default ``ServerLimits()``); ``realtime``: what one
     ``/v1/realtime`` session may do (default ``RealtimeLimits()``)."""
     app = _App(pipeline, limits or ServerLimits())
     live = Realtime(app, realtime or RealtimeLimits(), _Run)
-    starlette = Starlette(routes=[
-        WebSocketRoute("/v1/realtime", live.endpoint),
-        Route("/v1/chat/completions", app.chat, methods=["POST"]),
-        Route("/v1/audio/speech", app.speech, methods=["POST"]),
-        Route("/v1/models", app.models, methods=["GET"]),
-        Route("/v1/plan", app.plan, methods=["GET"]),
-        Route("/v1/status", app.status, methods=["GET"]),
-        Route("/health", app.health, methods=["GET"]),
-        Route("/metrics", app.metrics_text, methods=["GET"]),
-        Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
-        Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
-    ])
+    starlette = Starlette(
+        routes=[
+            WebSocketRoute("/v1/realtime", live.endpoint),
+            Route("/v1/chat/completions", app.chat, methods=["POST"]),
+            Route("/v1/audio/speech", app.speech, methods=["POST"]),
+            Route("/v1/models", app.models, methods=["GET"]),
+            Route("/v1/plan", app.plan, methods=["GET"]),
+            Route("/v1/status", app.status, methods=["GET"]),
+            Route("/health", app.health, methods=["GET"]),
+            Route("/metrics", app.metrics_text, methods=["GET"]),
+            Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
+            Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
+        ]
+    )
     starlette.state.omni_edge = app  # for tests and embedding: the metrics, the pipeline
     starlette.state.realtime = live
     served: ASGIApp = starlette

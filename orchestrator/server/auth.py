@@ -26,15 +26,25 @@ def websocket_key(scope: Scope) -> bytes | None:
         return given.strip()
     for proto in scope.get("subprotocols") or []:
         if proto.startswith(KEY_SUBPROTOCOL):
-            return proto[len(KEY_SUBPROTOCOL):].encode()
+            return proto[len(KEY_SUBPROTOCOL) :].encode()
     return None
 
 
-def error_response(status: int, message: str, type_: str, *, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        status_code=status,
+        headers=headers,
+    )
 
 
 class BearerAuth:
@@ -51,21 +61,35 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        public = scope.get("method") in ("GET", "HEAD") and (path == "/" or path.startswith("/static/"))
+        public = scope.get("method") in ("GET", "HEAD") and (
+            path == "/" or path.startswith("/static/")
+        )
         if scope["type"] == "websocket":
             given_key = websocket_key(scope)
             if given_key is None or not hmac.compare_digest(given_key, self.key):
-                await deny_websocket(scope, send, 401, "a valid API key is required: Authorization: Bearer KEY, or "
-                                     f"the subprotocol {KEY_SUBPROTOCOL}KEY from a browser", "invalid_request_error",
-                                     "invalid_api_key", None, [(b"www-authenticate", b"Bearer")])
+                await deny_websocket(
+                    scope,
+                    send,
+                    401,
+                    "a valid API key is required: Authorization: Bearer KEY, or "
+                    f"the subprotocol {KEY_SUBPROTOCOL}KEY from a browser",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                    None,
+                    [(b"www-authenticate", b"Bearer")],
+                )
                 return
         if scope["type"] == "http" and not public:
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, given = header.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                response = error_response(401, "a valid API key is required: Authorization: Bearer KEY",
-                                          "invalid_request_error", code="invalid_api_key",
-                                          headers={"WWW-Authenticate": "Bearer"})
+                response = error_response(
+                    401,
+                    "a valid API key is required: Authorization: Bearer KEY",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

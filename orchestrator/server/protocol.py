@@ -45,8 +45,15 @@ from orchestrator.errors import BadRequest, Problem
 from orchestrator.units import MiB
 from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
 
-SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
-                   "top_p": "top_p", "seed": "seed", "min_tokens": "min_tokens", "top_k": "top_k"}
+SAMPLING_FIELDS = {
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "min_tokens": "min_tokens",
+    "top_k": "top_k",
+}
 """OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
 ``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")
@@ -80,13 +87,24 @@ class ServerLimits:
     def __post_init__(self) -> None:
         for name in FLAGS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not value > 0
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"ServerLimits.{name} must be a positive number, got {value!r}")
 
 
-FLAGS = {"max_body_bytes": "--max-body-mib", "max_messages": "--max-messages", "max_content_chars": "--max-content-chars",
-         "max_speech_chars": "--max-speech-chars", "max_audio_bytes": "--max-audio-mib",
-         "max_audio_seconds": "--max-audio-seconds", "max_tensor_bytes": "--max-tensor-mib"}
+FLAGS = {
+    "max_body_bytes": "--max-body-mib",
+    "max_messages": "--max-messages",
+    "max_content_chars": "--max-content-chars",
+    "max_speech_chars": "--max-speech-chars",
+    "max_audio_bytes": "--max-audio-mib",
+    "max_audio_seconds": "--max-audio-seconds",
+    "max_tensor_bytes": "--max-tensor-mib",
+}
 """Each limit's ``omni-edge serve`` flag, as the 400 that names it says."""
 
 
@@ -96,8 +114,10 @@ def _unicode(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}) at character {exc.start}, "
-                         "which is not text") from None
+        raise ValueError(
+            f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}) at character {exc.start}, "
+            "which is not text"
+        ) from None
     return value
 
 
@@ -142,26 +162,38 @@ class TensorPart(_Body):
 
 def _part_type(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return {"text": "~text", "input_audio": "~input_audio", "input_tensor": "~input_tensor"}.get(kind) \
-        if isinstance(kind, str) else None
+    return (
+        {"text": "~text", "input_audio": "~input_audio", "input_tensor": "~input_tensor"}.get(kind)
+        if isinstance(kind, str)
+        else None
+    )
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("~text")] | Annotated[AudioPart, Tag("~input_audio")]
+    Annotated[TextPart, Tag("~text")]
+    | Annotated[AudioPart, Tag("~input_audio")]
     | Annotated[TensorPart, Tag("~input_tensor")],
-    Discriminator(_part_type, custom_error_type="content_part",
-                  custom_error_message="only text, input_audio and input_tensor content parts are served"),
+    Discriminator(
+        _part_type,
+        custom_error_type="content_part",
+        custom_error_message="only text, input_audio and input_tensor content parts are served",
+    ),
 ]
 
 
 def _content_kind(value: Any) -> str | None:
-    return "~str" if isinstance(value, str) else "~parts" if isinstance(value, list | tuple) else None
+    return (
+        "~str" if isinstance(value, str) else "~parts" if isinstance(value, list | tuple) else None
+    )
 
 
 Content = Annotated[
     Annotated[Text, Tag("~str")] | Annotated[list[ContentPart], Tag("~parts")],
-    Discriminator(_content_kind, custom_error_type="content",
-                  custom_error_message="must be text or a list of content parts"),
+    Discriminator(
+        _content_kind,
+        custom_error_type="content",
+        custom_error_message="must be text or a list of content parts",
+    ),
 ]
 
 
@@ -246,8 +278,11 @@ def parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except RecursionError:
-        raise _bad("body", "nests arrays or objects deeper than the JSON reader goes",
-                   "send OpenAI's request shape: it nests a few levels") from None
+        raise _bad(
+            "body",
+            "nests arrays or objects deeper than the JSON reader goes",
+            "send OpenAI's request shape: it nests a few levels",
+        ) from None
     except UnicodeDecodeError:
         raise _bad("body", "is not UTF-8 text", "send the JSON body encoded as UTF-8") from None
     except ValueError as exc:  # JSONDecodeError, and numbers too long for int()
@@ -289,12 +324,18 @@ def where_of(loc: list[Any]) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=repr) if not isinstance(value, BaseModel) else repr(value)
+    text = (
+        json.dumps(value, ensure_ascii=True, default=repr)
+        if not isinstance(value, BaseModel)
+        else repr(value)
+    )
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _json_type(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
 
 
 def _bad(where: str, what: str, fix: str = "") -> BadRequest:
@@ -303,9 +344,15 @@ def _bad(where: str, what: str, fix: str = "") -> BadRequest:
 
 def _over(limits: ServerLimits, name: str, shown: str) -> str:
     cap = getattr(limits, name)
-    unit = {"max_body_bytes": " bytes", "max_audio_bytes": " bytes", "max_audio_seconds": " s",
-            "max_content_chars": " characters", "max_speech_chars": " characters", "max_messages": " messages",
-            "max_tensor_bytes": " bytes"}[name]
+    unit = {
+        "max_body_bytes": " bytes",
+        "max_audio_bytes": " bytes",
+        "max_audio_seconds": " s",
+        "max_content_chars": " characters",
+        "max_speech_chars": " characters",
+        "max_messages": " messages",
+        "max_tensor_bytes": " bytes",
+    }[name]
     value = f"{cap:g}" if isinstance(cap, float) else str(cap)
     return f"{shown}: over the cap of {value}{unit} per request ({FLAGS[name]})"
 
@@ -324,21 +371,37 @@ class ChatCall:
     (``messages[0].content[1]``), so the entry stage's check names the field that was sent."""
 
 
-def read_chat(raw: bytes, *, audio_entry: bool, has_audio: bool, limits: ServerLimits,
-              tensor_entry: bool = False) -> ChatCall:
+def read_chat(
+    raw: bytes,
+    *,
+    audio_entry: bool,
+    has_audio: bool,
+    limits: ServerLimits,
+    tensor_entry: bool = False,
+) -> ChatCall:
     """A chat request's body bytes, parsed, validated and checked (run it off the event loop:
     it parses JSON and may decode a recording or arrays)."""
     chat = _chat_body(parse_json(raw), limits)
     prompt, tensor_at = _chat_prompt(chat, audio_entry, limits, tensor_entry)
-    return ChatCall(prompt, audio_format(chat, has_audio=has_audio), bool(chat.stream),
-                    bool(chat.stream_options and chat.stream_options.include_usage), tensor_at)
+    return ChatCall(
+        prompt,
+        audio_format(chat, has_audio=has_audio),
+        bool(chat.stream),
+        bool(chat.stream_options and chat.stream_options.include_usage),
+        tensor_at,
+    )
 
 
 CHAT_EXAMPLE = "{'model': ..., 'messages': [{'role': 'user', 'content': 'Hi'}]}"
 
 
-def chat_request(body: Any, *, audio_entry: bool = False, limits: ServerLimits | None = None,
-                 tensor_entry: bool = False) -> Any:
+def chat_request(
+    body: Any,
+    *,
+    audio_entry: bool = False,
+    limits: ServerLimits | None = None,
+    tensor_entry: bool = False,
+) -> Any:
     """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
 
     With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
@@ -350,24 +413,35 @@ def chat_request(body: Any, *, audio_entry: bool = False, limits: ServerLimits |
 
 
 def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
-    if isinstance(body, dict) and isinstance(body.get("messages"), list) and len(body["messages"]) > limits.max_messages:
-        raise _bad("messages", _over(limits, "max_messages", f"{len(body['messages'])} messages"),
-                   f"send fewer (drop the oldest turns), or raise {FLAGS['max_messages']}")
+    if (
+        isinstance(body, dict)
+        and isinstance(body.get("messages"), list)
+        and len(body["messages"]) > limits.max_messages
+    ):
+        raise _bad(
+            "messages",
+            _over(limits, "max_messages", f"{len(body['messages'])} messages"),
+            f"send fewer (drop the oldest turns), or raise {FLAGS['max_messages']}",
+        )
     chat: ChatBody = validated(ChatBody, body, CHAT_EXAMPLE)
     _check_text(chat, limits)
     return chat
 
 
-def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits,
-                 tensor_entry: bool = False) -> tuple[Any, dict[str, str]]:
+def _chat_prompt(
+    chat: ChatBody, audio_entry: bool, limits: ServerLimits, tensor_entry: bool = False
+) -> tuple[Any, dict[str, str]]:
     if chat.n not in (None, 1):
         raise _bad("n", f"{chat.n}: one choice per request is served", FIXES["n"])
     tensors = _input_tensors(chat.messages, tensor_entry, limits)
     heard = _input_audio(chat.messages, audio_entry, limits)
     if tensors is not None:
         if heard is not None:
-            raise _bad(heard[0], "a request carries arrays or a recording, not both",
-                       "send the input_tensor parts alone, or the recording alone")
+            raise _bad(
+                heard[0],
+                "a request carries arrays or a recording, not both",
+                "send the input_tensor parts alone, or the recording alone",
+            )
         return _alone(chat, tensors[0], next(iter(tensors[1].values())), "arrays"), tensors[1]
     if heard is not None:
         return _audio_only(chat, heard), {}
@@ -382,7 +456,9 @@ def _chat_prompt(chat: ChatBody, audio_entry: bool, limits: ServerLimits,
             raise _bad(f"messages[{i}].content", "is missing", FIXES["content"])
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
-        raise _bad("messages", "has no user message with text", "add {'role': 'user', 'content': '...'}")
+        raise _bad(
+            "messages", "has no user message with text", "add {'role': 'user', 'content': '...'}"
+        )
     sampling = _sampling(chat)
     request: dict[str, Any] = {"messages": out}
     if sampling:
@@ -405,7 +481,11 @@ def _texts(chat: ChatBody) -> list[tuple[str, str]]:
         if isinstance(m.content, str):
             out.append((f"messages[{i}].content", m.content))
         elif isinstance(m.content, list):
-            out += [(f"messages[{i}].content[{j}].text", p.text) for j, p in enumerate(m.content) if isinstance(p, TextPart)]
+            out += [
+                (f"messages[{i}].content[{j}].text", p.text)
+                for j, p in enumerate(m.content)
+                if isinstance(p, TextPart)
+            ]
     return out
 
 
@@ -414,85 +494,153 @@ def _check_text(chat: ChatBody, limits: ServerLimits) -> None:
     for where, text in _texts(chat):
         total += len(text)
         if total > limits.max_content_chars:
-            raise _bad(where, _over(limits, "max_content_chars", f"the messages' text reaches {total} characters here"),
-                       f"send less text (drop the oldest turns), or raise {FLAGS['max_content_chars']}")
+            raise _bad(
+                where,
+                _over(
+                    limits,
+                    "max_content_chars",
+                    f"the messages' text reaches {total} characters here",
+                ),
+                f"send less text (drop the oldest turns), or raise {FLAGS['max_content_chars']}",
+            )
 
 
-def _input_audio(messages: list[Message], audio_entry: bool, limits: ServerLimits) -> tuple[str, dict[str, Any]] | None:
+def _input_audio(
+    messages: list[Message], audio_entry: bool, limits: ServerLimits
+) -> tuple[str, dict[str, Any]] | None:
     """(where, the decoded recording) of the one ``input_audio`` part, or None when there is none."""
-    found = [(i, j, p) for i, m in enumerate(messages) if isinstance(m.content, list)
-             for j, p in enumerate(m.content) if isinstance(p, AudioPart)]
+    found = [
+        (i, j, p)
+        for i, m in enumerate(messages)
+        if isinstance(m.content, list)
+        for j, p in enumerate(m.content)
+        if isinstance(p, AudioPart)
+    ]
     if not found:
         return None
     i, j, part = found[0]
     where = f"messages[{i}].content[{j}]"
     if not audio_entry:
-        raise _bad(where, "this pipeline has no entry stage that takes audio",
-                   "send the message as text, or serve a pipeline whose first stage is a vad or asr stage "
-                   "(configs/examples/voice-chat.yaml)")
+        raise _bad(
+            where,
+            "this pipeline has no entry stage that takes audio",
+            "send the message as text, or serve a pipeline whose first stage is a vad or asr stage "
+            "(configs/examples/voice-chat.yaml)",
+        )
     if len(found) > 1:
-        raise _bad(f"messages[{found[1][0]}].content[{found[1][1]}]", "a request carries one recording",
-                   "send one input_audio part per request")
+        raise _bad(
+            f"messages[{found[1][0]}].content[{found[1][1]}]",
+            "a request carries one recording",
+            "send one input_audio part per request",
+        )
     if messages[i].role != "user":
-        raise _bad(f"messages[{i}].role", f"{messages[i].role!r}: audio is heard from the user only",
-                   "put the input_audio part in a user message")
+        raise _bad(
+            f"messages[{i}].role",
+            f"{messages[i].role!r}: audio is heard from the user only",
+            "put the input_audio part in a user message",
+        )
     fmt = part.input_audio.format
     if fmt not in AUDIO_INPUT_FORMATS:
-        raise _bad(f"{where}.input_audio.format", f"{fmt!r} is not read", "send a 16-bit PCM WAV file, format 'wav'")
+        raise _bad(
+            f"{where}.input_audio.format",
+            f"{fmt!r} is not read",
+            "send a 16-bit PCM WAV file, format 'wav'",
+        )
     data = part.input_audio.data
-    if len(data) > 4 * math.ceil(limits.max_audio_bytes / 3) + 4:  # before decoding: the cap in base64 characters
-        raise _bad(f"{where}.input_audio.data",
-                   _over(limits, "max_audio_bytes", f"{len(data) * 3 // 4} bytes of audio ({len(data)} base64 characters)"),
-                   f"send a shorter recording (or 16 kHz mono), or raise {FLAGS['max_audio_bytes']}")
+    if (
+        len(data) > 4 * math.ceil(limits.max_audio_bytes / 3) + 4
+    ):  # before decoding: the cap in base64 characters
+        raise _bad(
+            f"{where}.input_audio.data",
+            _over(
+                limits,
+                "max_audio_bytes",
+                f"{len(data) * 3 // 4} bytes of audio ({len(data)} base64 characters)",
+            ),
+            f"send a shorter recording (or 16 kHz mono), or raise {FLAGS['max_audio_bytes']}",
+        )
     try:
         wav = base64.b64decode(data, validate=True)
     except (ValueError, binascii.Error):
-        raise _bad(f"{where}.input_audio.data", "is not base64", "base64-encode the WAV file's bytes") from None
-    return where, audio_request(wav, where=f"{where}.input_audio.data", max_seconds=limits.max_audio_seconds,
-                                seconds_flag=FLAGS["max_audio_seconds"])
+        raise _bad(
+            f"{where}.input_audio.data", "is not base64", "base64-encode the WAV file's bytes"
+        ) from None
+    return where, audio_request(
+        wav,
+        where=f"{where}.input_audio.data",
+        max_seconds=limits.max_audio_seconds,
+        seconds_flag=FLAGS["max_audio_seconds"],
+    )
 
 
-def _input_tensors(messages: list[Message], tensor_entry: bool,
-                   limits: ServerLimits) -> tuple[Any, dict[str, str]] | None:
+def _input_tensors(
+    messages: list[Message], tensor_entry: bool, limits: ServerLimits
+) -> tuple[Any, dict[str, str]] | None:
     """(the request's arrays: one bare array or a mapping by input name, each name → its part's
     place) of the ``input_tensor`` parts, or None when there is none. Each ``.npy`` is read
     without unpickling (``api.tensor_request``), under ``max_tensor_bytes`` for them all."""
-    found = [(f"messages[{i}].content[{j}]", m, p) for i, m in enumerate(messages) if isinstance(m.content, list)
-             for j, p in enumerate(m.content) if isinstance(p, TensorPart)]
+    found = [
+        (f"messages[{i}].content[{j}]", m, p)
+        for i, m in enumerate(messages)
+        if isinstance(m.content, list)
+        for j, p in enumerate(m.content)
+        if isinstance(p, TensorPart)
+    ]
     if not found:
         return None
     where = found[0][0]
     if not tensor_entry:
-        raise _bad(where, "this pipeline has no entry stage that consumes a tensor",
-                   "send the message as text, or serve a pipeline whose entry stage is an exported graph taking "
-                   "arrays (docs/pipelines.md#request-payloads)")
+        raise _bad(
+            where,
+            "this pipeline has no entry stage that consumes a tensor",
+            "send the message as text, or serve a pipeline whose entry stage is an exported graph taking "
+            "arrays (docs/pipelines.md#request-payloads)",
+        )
     total = 0
     arrays: dict[str, Any] = {}
     at: dict[str, str] = {}
     for where, message, part in found:
         if message.role != "user":
-            raise _bad(f"{where.partition('.')[0]}.role", f"{message.role!r}: arrays come from the user only",
-                       "put the input_tensor parts in a user message")
+            raise _bad(
+                f"{where.partition('.')[0]}.role",
+                f"{message.role!r}: arrays come from the user only",
+                "put the input_tensor parts in a user message",
+            )
         name = part.input_tensor.name or ""
         if name in at:
-            raise _bad(f"{where}.input_tensor.name", f"{name or '(none)'!r}: input given twice (first in {at[name]})",
-                       "name each part by the graph input it feeds, once" if name else
-                       "name each part (input_tensor.name) when a request carries several")
+            raise _bad(
+                f"{where}.input_tensor.name",
+                f"{name or '(none)'!r}: input given twice (first in {at[name]})",
+                "name each part by the graph input it feeds, once"
+                if name
+                else "name each part (input_tensor.name) when a request carries several",
+            )
         if "" in at or (not name and arrays):
-            raise _bad(f"{where}.input_tensor.name", "is missing, and the request carries several arrays",
-                       "name each part by the graph input it feeds")
+            raise _bad(
+                f"{where}.input_tensor.name",
+                "is missing, and the request carries several arrays",
+                "name each part by the graph input it feeds",
+            )
         data = part.input_tensor.data
         total += len(data) * 3 // 4
         if total > limits.max_tensor_bytes + 3:  # before decoding: the cap in base64 characters
-            raise _bad(f"{where}.input_tensor.data",
-                       _over(limits, "max_tensor_bytes", f"the arrays reach {total} bytes here"),
-                       f"send smaller arrays, or raise {FLAGS['max_tensor_bytes']}")
+            raise _bad(
+                f"{where}.input_tensor.data",
+                _over(limits, "max_tensor_bytes", f"the arrays reach {total} bytes here"),
+                f"send smaller arrays, or raise {FLAGS['max_tensor_bytes']}",
+            )
         try:
             raw = base64.b64decode(data, validate=True)
         except (ValueError, binascii.Error):
-            raise _bad(f"{where}.input_tensor.data", "is not base64", "base64-encode the .npy file's bytes") from None
-        arrays[name] = tensor_request(raw, where=f"{where}.input_tensor.data", max_bytes=limits.max_tensor_bytes,
-                                      bytes_flag=FLAGS["max_tensor_bytes"])
+            raise _bad(
+                f"{where}.input_tensor.data", "is not base64", "base64-encode the .npy file's bytes"
+            ) from None
+        arrays[name] = tensor_request(
+            raw,
+            where=f"{where}.input_tensor.data",
+            max_bytes=limits.max_tensor_bytes,
+            bytes_flag=FLAGS["max_tensor_bytes"],
+        )
         at[name] = where
     return arrays.get("", arrays), at
 
@@ -501,17 +649,28 @@ def _alone(chat: ChatBody, request: Any, where: str, what: str) -> Any:
     """``request`` (a recording, arrays) as the whole request, once nothing else in the body
     would be silently dropped: no text beside it, no sampling fields."""
     for i, m in enumerate(chat.messages):
-        parts: list[Any] = m.content if isinstance(m.content, list) else [TextPart(type="text", text=m.content or "")]
+        parts: list[Any] = (
+            m.content
+            if isinstance(m.content, list)
+            else [TextPart(type="text", text=m.content or "")]
+        )
         for j, p in enumerate(parts):
             if isinstance(p, TextPart) and p.text.strip():
                 at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
-                raise _bad(at, f"text next to the {what} in {where}: only the {what} reach the pipeline's "
-                           "entry stage, so this text would be ignored",
-                           f"send the {what} alone (the config's system prompt applies downstream), or text alone")
+                raise _bad(
+                    at,
+                    f"text next to the {what} in {where}: only the {what} reach the pipeline's "
+                    "entry stage, so this text would be ignored",
+                    f"send the {what} alone (the config's system prompt applies downstream), or text alone",
+                )
     for field_name in SAMPLING_FIELDS:
         if getattr(chat, field_name) is not None:
-            raise _bad(field_name, f"sampling goes to the stage that takes the request, and with {what} that stage "
-                       "takes none", f"leave it out with the {what} (the config's sampling applies)")
+            raise _bad(
+                field_name,
+                f"sampling goes to the stage that takes the request, and with {what} that stage "
+                "takes none",
+                f"leave it out with the {what} (the config's sampling applies)",
+            )
     return request
 
 
@@ -519,17 +678,27 @@ def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, 
     """The recording as the request, once nothing else in the body would be silently dropped."""
     where, audio = heard
     for i, m in enumerate(chat.messages):
-        parts: list[Any] = m.content if isinstance(m.content, list) else [TextPart(type="text", text=m.content or "")]
+        parts: list[Any] = (
+            m.content
+            if isinstance(m.content, list)
+            else [TextPart(type="text", text=m.content or "")]
+        )
         for j, p in enumerate(parts):
             if isinstance(p, TextPart) and p.text.strip():
                 at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
-                raise _bad(at, f"text next to the recording in {where}: only the audio reaches the pipeline's "
-                           "audio entry stage, so this text would be ignored",
-                           "send the recording alone (the config's system prompt applies downstream), or text alone")
+                raise _bad(
+                    at,
+                    f"text next to the recording in {where}: only the audio reaches the pipeline's "
+                    "audio entry stage, so this text would be ignored",
+                    "send the recording alone (the config's system prompt applies downstream), or text alone",
+                )
     for name in SAMPLING_FIELDS:
         if getattr(chat, name) is not None:
-            raise _bad(name, "sampling goes to the stage that takes the request, and with audio that stage takes none",
-                       "leave it out with input_audio (the config's sampling applies)")
+            raise _bad(
+                name,
+                "sampling goes to the stage that takes the request, and with audio that stage takes none",
+                "leave it out with input_audio (the config's sampling applies)",
+            )
     return audio
 
 
@@ -542,9 +711,15 @@ def audio_format(body: ChatBody | Any, *, has_audio: bool) -> str | None:
         raise _bad("modalities", "this pipeline has no audio output stage", "ask for ['text'] only")
     fmt = chat.audio.format if chat.audio is not None else None
     if fmt not in CHAT_AUDIO_FORMATS:
-        raise _bad("audio.format", f"{fmt!r} is not served", f"use one of {', '.join(CHAT_AUDIO_FORMATS)}")
+        raise _bad(
+            "audio.format", f"{fmt!r} is not served", f"use one of {', '.join(CHAT_AUDIO_FORMATS)}"
+        )
     if chat.stream and fmt != "pcm16":
-        raise _bad("audio.format", f"{fmt!r} cannot be streamed", "use 'pcm16' with stream: true (as OpenAI does)")
+        raise _bad(
+            "audio.format",
+            f"{fmt!r} cannot be streamed",
+            "use 'pcm16' with stream: true (as OpenAI does)",
+        )
     return str(fmt)
 
 
@@ -561,11 +736,16 @@ def speech_request(body: Any, *, limits: ServerLimits | None = None) -> tuple[st
     if not speech.input.strip():
         raise _bad("input", "must be text that is not blank", "send the text to speak")
     if len(speech.input) > limits.max_speech_chars:
-        raise _bad("input", _over(limits, "max_speech_chars", f"{len(speech.input)} characters"),
-                   f"send the text in parts, or raise {FLAGS['max_speech_chars']}")
+        raise _bad(
+            "input",
+            _over(limits, "max_speech_chars", f"{len(speech.input)} characters"),
+            f"send the text in parts, or raise {FLAGS['max_speech_chars']}",
+        )
     fmt = speech.response_format or "wav"
     if fmt not in SPEECH_FORMATS:
-        raise _bad("response_format", f"{fmt!r} is not served", f"use one of {', '.join(SPEECH_FORMATS)}")
+        raise _bad(
+            "response_format", f"{fmt!r} is not served", f"use one of {', '.join(SPEECH_FORMATS)}"
+        )
     if speech.speed not in (None, 1.0):
         raise _bad("speed", f"{speech.speed!r}: the voice speaks at its own speed", FIXES["speed"])
     return speech.input, fmt
@@ -573,6 +753,11 @@ def speech_request(body: Any, *, limits: ServerLimits | None = None) -> tuple[st
 
 def body_too_large(limits: ServerLimits, size: int | None) -> str:
     """The 413's message: the cap, and the body's size where it is known."""
-    shown = f"the request body is {size} bytes" if size is not None else "the request body is larger"
-    return (_over(limits, "max_body_bytes", shown) + f"; send less (a shorter recording), or raise {FLAGS['max_body_bytes']} "
-            f"(now {limits.max_body_bytes / MiB:g})")
+    shown = (
+        f"the request body is {size} bytes" if size is not None else "the request body is larger"
+    )
+    return (
+        _over(limits, "max_body_bytes", shown)
+        + f"; send less (a shorter recording), or raise {FLAGS['max_body_bytes']} "
+        f"(now {limits.max_body_bytes / MiB:g})"
+    )

@@ -196,7 +196,9 @@ def validated(model: type[_Body], doc: dict[str, Any], example: str) -> Any:
         return _validated(model, doc, example)
     except BadRequest as exc:
         p = exc.problems[0]
-        raise BadRequest([Problem(p.where, p.what, FIXES.get(p.where.rpartition(".")[2], ""))]) from None
+        raise BadRequest(
+            [Problem(p.where, p.what, FIXES.get(p.where.rpartition(".")[2], ""))]
+        ) from None
 
 
 def _pcm16(data: str, where: str) -> np.ndarray:
@@ -205,8 +207,11 @@ def _pcm16(data: str, where: str) -> np.ndarray:
     except (ValueError, binascii.Error):
         raise BadRequest.single(where, "is not base64", "base64-encode the pcm16 bytes") from None
     if len(raw) % 2:
-        raise BadRequest.single(where, f"{len(raw)} bytes: pcm16 is two bytes a sample",
-                                "send whole 16-bit little-endian samples")
+        raise BadRequest.single(
+            where,
+            f"{len(raw)} bytes: pcm16 is two bytes a sample",
+            "send whole 16-bit little-endian samples",
+        )
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
@@ -231,11 +236,15 @@ class Realtime:
         self.vad_stage = turn[0] if turn else None
         self.audio_entry = bool(entries)
         self.reply_stages: set[str] = set(app.text_stages)
-        self.transcript_stages = {s.name for s in runtime.stages if s.final_output and s.final_output_type == "text"
-                                  } - self.reply_stages
+        self.transcript_stages = {
+            s.name for s in runtime.stages if s.final_output and s.final_output_type == "text"
+        } - self.reply_stages
         self.audio_stages: set[str] = set(app.audio_stages)
-        self.decode_stages = [s.name for s in runtime.stages if s.kind == "ar_decode" and REQUEST not in s.inputs
-                              and s.name not in runtime.joins]
+        self.decode_stages = [
+            s.name
+            for s in runtime.stages
+            if s.kind == "ar_decode" and REQUEST not in s.inputs and s.name not in runtime.joins
+        ]
         """The stages the conversation so far is passed to (``context``): decode stages fed by another stage."""
         voice = next((s.name for s in runtime.stages if s.name in self.audio_stages), None)
         self.chunker = (lambda: runtime._sentence_chunker(voice)) if voice else None
@@ -251,9 +260,14 @@ class Realtime:
         if self.vad_stage is None:
             return None
         stage = self.app.pipeline.config.stage(self.vad_stage)
-        return {"type": "server_vad", "threshold": float(stage.threshold),
-                "prefix_padding_ms": int(stage.speech_pad_ms), "silence_duration_ms": int(stage.min_silence_ms),
-                "create_response": True, "interrupt_response": True}
+        return {
+            "type": "server_vad",
+            "threshold": float(stage.threshold),
+            "prefix_padding_ms": int(stage.speech_pad_ms),
+            "silence_duration_ms": int(stage.min_silence_ms),
+            "create_response": True,
+            "interrupt_response": True,
+        }
 
     def _after_vad(self, runtime: Any) -> str | None:
         if self.vad_stage is None or self.app.pipeline.config.stage(self.vad_stage).final_output:
@@ -274,10 +288,16 @@ class Realtime:
                 assert self.vad_stage is not None
                 name = self.vad_stage
                 kind = self.app.runtime.kinds[name]
-                runner = kind.runner(self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name))
+                runner = kind.runner(
+                    self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name)
+                )
                 t0 = time.perf_counter()
                 await asyncio.to_thread(runner.load)
-                log.info("realtime: the %s stage's graph opened in the server in %.2f s", name, time.perf_counter() - t0)
+                log.info(
+                    "realtime: the %s stage's graph opened in the server in %.2f s",
+                    name,
+                    time.perf_counter() - t0,
+                )
                 self._vad = runner
             return self._vad
 
@@ -332,8 +352,12 @@ class _Response:
 
     def timing(self) -> dict[str, Any]:
         """``response.done``'s ``timing``: each mark in ms after the end of speech (None: did not happen)."""
-        doc: dict[str, Any] = {f"{k}_ms": (round(1000 * (self.marks[k] - self.speech_end)) if k in self.marks else None)
-                               for k in TIMING_MARKS}
+        doc: dict[str, Any] = {
+            f"{k}_ms": (
+                round(1000 * (self.marks[k] - self.speech_end)) if k in self.marks else None
+            )
+            for k in TIMING_MARKS
+        }
         doc["early_start"] = self.span is not None
         return doc
 
@@ -376,19 +400,47 @@ class Session:
         async with self.send_lock:
             await self.ws.send_text(json.dumps(doc))
 
-    async def error(self, message: str, *, type_: str = "invalid_request_error", code: str | None = None,
-                    param: str | None = None, event_id: str | None = None) -> None:
-        await self.send("error", error={"type": type_, "code": code, "message": message, "param": param,
-                                        "event_id": event_id})
+    async def error(
+        self,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        event_id: str | None = None,
+    ) -> None:
+        await self.send(
+            "error",
+            error={
+                "type": type_,
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        )
 
     def session_doc(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "realtime.session", "model": self.rt.app.model,
-                "modalities": self.modalities, "instructions": self.instructions, "voice": self.voice,
-                "input_audio_format": "pcm16", "output_audio_format": "pcm16",
-                "input_audio_sample_rate": self.in_rate, "output_audio_sample_rate": self.out_rate,
-                "input_audio_transcription": ({"model": sorted(self.rt.transcript_stages)[0]}
-                                              if self.rt.transcript_stages else None),
-                "turn_detection": self.turn, "tools": [], "tool_choice": "none"}
+        return {
+            "id": self.id,
+            "object": "realtime.session",
+            "model": self.rt.app.model,
+            "modalities": self.modalities,
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16",
+            "input_audio_sample_rate": self.in_rate,
+            "output_audio_sample_rate": self.out_rate,
+            "input_audio_transcription": (
+                {"model": sorted(self.rt.transcript_stages)[0]}
+                if self.rt.transcript_stages
+                else None
+            ),
+            "turn_detection": self.turn,
+            "tools": [],
+            "tool_choice": "none",
+        }
 
     # -- the loop --------------------------------------------------------------------
     async def run(self) -> None:
@@ -396,14 +448,21 @@ class Session:
         await self.ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         try:
             if not self.rt.audio_entry:
-                await self.error(f"pipeline {self.rt.app.model!r} has no entry stage that takes audio: a realtime "
-                                 "session is spoken (serve configs/examples/voice-chat.yaml)",
-                                 code="no_audio_entry", param="model")
+                await self.error(
+                    f"pipeline {self.rt.app.model!r} has no entry stage that takes audio: a realtime "
+                    "session is spoken (serve configs/examples/voice-chat.yaml)",
+                    code="no_audio_entry",
+                    param="model",
+                )
                 await self.ws.close(1008, "this pipeline takes no audio")
                 return
             await self.send("session.created", session=self.session_doc())
             await self._loop()
-        except (WebSocketDisconnect, OSError, RuntimeError) as exc:  # the client went away (a send to a closed socket)
+        except (
+            WebSocketDisconnect,
+            OSError,
+            RuntimeError,
+        ) as exc:  # the client went away (a send to a closed socket)
             log.debug("realtime session %s ended: %s", self.id, exc)
         finally:
             await self._end()
@@ -416,7 +475,9 @@ class Session:
             except TimeoutError:
                 if self.response is not None:
                     continue  # a reply is running: the client is listening, not idle
-                await self.ws.close(1000, f"idle: no event for {idle:g} s (serve --realtime-idle-timeout)")
+                await self.ws.close(
+                    1000, f"idle: no event for {idle:g} s (serve --realtime-idle-timeout)"
+                )
                 return
             if message["type"] == "websocket.disconnect":
                 return
@@ -441,32 +502,55 @@ class Session:
 
     async def handle(self, raw: str | bytes) -> None:
         if len(raw) > self.rt.limits.max_event_bytes:
-            await self.error(f"the event is {len(raw)} bytes: over the cap of {self.rt.limits.max_event_bytes} bytes "
-                             "per event; send the audio in smaller appends", code="event_too_large")
+            await self.error(
+                f"the event is {len(raw)} bytes: over the cap of {self.rt.limits.max_event_bytes} bytes "
+                "per event; send the audio in smaller appends",
+                code="event_too_large",
+            )
             return
         try:
             doc = json.loads(raw)
         except (ValueError, RecursionError):
-            await self.error("the event is not JSON: send one JSON object per message", code="invalid_json")
+            await self.error(
+                "the event is not JSON: send one JSON object per message", code="invalid_json"
+            )
             return
-        event_id = doc.get("event_id") if isinstance(doc, dict) and isinstance(doc.get("event_id"), str) else None
+        event_id = (
+            doc.get("event_id")
+            if isinstance(doc, dict) and isinstance(doc.get("event_id"), str)
+            else None
+        )
         kind = doc.get("type") if isinstance(doc, dict) else None
         handler = HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            what = "is missing" if kind is None else f"{str(kind)[:60]!r} is not a client event this server takes"
-            await self.error(f"type: {what}; one of {', '.join(HANDLERS)}", code="invalid_event", param="type",
-                             event_id=event_id)
+            what = (
+                "is missing"
+                if kind is None
+                else f"{str(kind)[:60]!r} is not a client event this server takes"
+            )
+            await self.error(
+                f"type: {what}; one of {', '.join(HANDLERS)}",
+                code="invalid_event",
+                param="type",
+                event_id=event_id,
+            )
             return
         try:
             await handler(self, doc)
         except BadRequest as exc:
             p = exc.problems[0] if exc.problems else Problem("event", str(exc))
-            await self.error(f"{p.where}: {p.what}" + (f" ({p.fix})" if p.fix else ""), code="invalid_value",
-                             param=p.where, event_id=event_id)
+            await self.error(
+                f"{p.where}: {p.what}" + (f" ({p.fix})" if p.fix else ""),
+                code="invalid_value",
+                param=p.where,
+                event_id=event_id,
+            )
 
     # -- client events ---------------------------------------------------------------
     async def on_session_update(self, doc: dict[str, Any]) -> None:
-        fields: SessionFields = validated(SessionUpdate, doc, "{'type': 'session.update', 'session': {...}}").session
+        fields: SessionFields = validated(
+            SessionUpdate, doc, "{'type': 'session.update', 'session': {...}}"
+        ).session
         given = fields.model_fields_set
         turn = self.turn
         if "turn_detection" in given:
@@ -474,8 +558,11 @@ class Session:
                 turn = None
             else:
                 if self.rt.defaults is None:
-                    raise BadRequest.single("session.turn_detection", "this pipeline has no vad stage to detect turns",
-                                            "send turn_detection: null and commit the audio yourself")
+                    raise BadRequest.single(
+                        "session.turn_detection",
+                        "this pipeline has no vad stage to detect turns",
+                        "send turn_detection: null and commit the audio yourself",
+                    )
                 set_ = fields.turn_detection.model_dump(exclude_none=True)
                 turn = {**self.rt.defaults, **set_}
                 if turn["prefix_padding_ms"] > turn["silence_duration_ms"]:
@@ -483,7 +570,8 @@ class Session:
                         "session.turn_detection.prefix_padding_ms",
                         f"{turn['prefix_padding_ms']} ms is longer than silence_duration_ms ({turn['silence_duration_ms']} ms): "
                         "the padding after speech is cut from the pause that ends it",
-                        "make prefix_padding_ms at most silence_duration_ms")
+                        "make prefix_padding_ms at most silence_duration_ms",
+                    )
         in_rate = fields.input_audio_sample_rate or self.in_rate
         if turn != self.turn or in_rate != self.in_rate:
             self._reset_buffer()
@@ -498,7 +586,9 @@ class Session:
         await self.send("session.updated", session=self.session_doc())
 
     async def on_append(self, doc: dict[str, Any]) -> None:
-        event: AppendEvent = validated(AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}")
+        event: AppendEvent = validated(
+            AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}"
+        )
         arrived = time.monotonic()
         samples = await asyncio.to_thread(_pcm16, event.audio, "audio")
         if not samples.size:
@@ -508,9 +598,12 @@ class Session:
         if self.turn is None:
             limit = int(self.rt.limits.max_buffer_s * self.in_rate)
             if self.buffered + samples.size > limit:
-                raise BadRequest.single("audio", f"the buffer would hold {(self.buffered + samples.size) / self.in_rate:.1f} s: "
-                                        f"over the cap of {self.rt.limits.max_buffer_s:g} s of uncommitted audio",
-                                        "commit (input_audio_buffer.commit) or clear the buffer first")
+                raise BadRequest.single(
+                    "audio",
+                    f"the buffer would hold {(self.buffered + samples.size) / self.in_rate:.1f} s: "
+                    f"over the cap of {self.rt.limits.max_buffer_s:g} s of uncommitted audio",
+                    "commit (input_audio_buffer.commit) or clear the buffer first",
+                )
             self.buffer.append(samples)
             self.buffered += samples.size
             return
@@ -530,10 +623,16 @@ class Session:
         per_ms = runner.rate // 1000
         base = runner.rules
         threshold = float(self.turn["threshold"])
-        return SegmentRules(window=base.window, threshold=threshold,
-                            neg_threshold=base.neg_threshold if threshold == self.rt.defaults["threshold"] else None,  # type: ignore[index]
-                            min_speech=base.min_speech, min_silence=int(self.turn["silence_duration_ms"]) * per_ms,
-                            pad=int(self.turn["prefix_padding_ms"]) * per_ms, max_segment=base.max_segment)
+        default_threshold = self.rt.defaults["threshold"]  # type: ignore[index]
+        return SegmentRules(
+            window=base.window,
+            threshold=threshold,
+            neg_threshold=base.neg_threshold if threshold == default_threshold else None,
+            min_speech=base.min_speech,
+            min_silence=int(self.turn["silence_duration_ms"]) * per_ms,
+            pad=int(self.turn["prefix_padding_ms"]) * per_ms,
+            max_segment=base.max_segment,
+        )
 
     def _ms(self, cutter: Cutter, graph_index: int) -> int:
         return round(self.cutter_ms + 1000.0 * graph_index / cutter.runner.rate)
@@ -543,23 +642,35 @@ class Session:
         (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter
         min_speech = seg.rules.min_speech or SPEECH_STARTED_MIN_MS * (cutter.runner.rate // 1000)
-        spans = cutter.spans[len(cutter.spans) - len(segments):]
+        spans = cutter.spans[len(cutter.spans) - len(segments) :]
         for segment, span in zip(segments, spans, strict=True):
             end_ms = self._ms(cutter, span[1])
             if not self.speaking:
-                await self._speech_started(end_ms - int(1000 * segment["audio"].size / segment["sample_rate"]))
+                await self._speech_started(
+                    end_ms - int(1000 * segment["audio"].size / segment["sample_rate"])
+                )
             self.speaking = False
-            await self.send("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self._next_item())
+            await self.send(
+                "input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self._next_item()
+            )
             speech_end = self._speech_end_at(cutter, max(span[1] - seg.rules.pad, span[0]), arrived)
-            await self._commit(segment["audio"], int(segment["sample_rate"]), early=await self._confirmed(span),
-                               speech_end=speech_end)
+            await self._commit(
+                segment["audio"],
+                int(segment["sample_rate"]),
+                early=await self._confirmed(span),
+                speech_end=speech_end,
+            )
         if not self.speaking and seg.open_speech >= min_speech and seg.open_start is not None:
             await self._speech_started(self._ms(cutter, seg.open_start))
 
     async def _speech_started(self, at_ms: int) -> None:
         self.speaking = True
         self._upcoming = _id("item")
-        await self.send("input_audio_buffer.speech_started", audio_start_ms=max(at_ms, 0), item_id=self._upcoming)
+        await self.send(
+            "input_audio_buffer.speech_started",
+            audio_start_ms=max(at_ms, 0),
+            item_id=self._upcoming,
+        )
         if self.response is not None and (self.turn or {}).get("interrupt_response", True):
             await self._cancel("turn_detected")
 
@@ -581,30 +692,55 @@ class Session:
                 early, self.early = self.early, None
                 await self._drop(early)
             parts = await asyncio.to_thread(cutter.finish) if cutter is not None else []
-            audio = np.concatenate([p["audio"] for p in parts]) if parts else np.zeros(0, dtype=np.float32)
+            audio = (
+                np.concatenate([p["audio"] for p in parts])
+                if parts
+                else np.zeros(0, dtype=np.float32)
+            )
             rate = int(parts[0]["sample_rate"]) if parts else self.in_rate
             if parts and self.speaking:
-                await self.send("input_audio_buffer.speech_stopped", audio_end_ms=int(self.heard_ms),
-                                item_id=self._next_item())
+                await self.send(
+                    "input_audio_buffer.speech_stopped",
+                    audio_end_ms=int(self.heard_ms),
+                    item_id=self._next_item(),
+                )
             self.speaking = False
         if not audio.size:
-            raise BadRequest.single("input_audio_buffer", "holds no speech to commit" if self.turn else "is empty",
-                                    "append audio with speech first")
-        await self._commit(audio, rate, auto=self.turn is not None and self.turn.get("create_response", True))
+            raise BadRequest.single(
+                "input_audio_buffer",
+                "holds no speech to commit" if self.turn else "is empty",
+                "append audio with speech first",
+            )
+        await self._commit(
+            audio, rate, auto=self.turn is not None and self.turn.get("create_response", True)
+        )
 
-    async def _commit(self, audio: np.ndarray, rate: int, auto: bool | None = None, early: _Response | None = None,
-                      speech_end: float | None = None) -> None:
+    async def _commit(
+        self,
+        audio: np.ndarray,
+        rate: int,
+        auto: bool | None = None,
+        early: _Response | None = None,
+        speech_end: float | None = None,
+    ) -> None:
         item = self._next_item()
         self._upcoming = None
-        await self.send("input_audio_buffer.committed", item_id=item, previous_item_id=self.last_item)
+        await self.send(
+            "input_audio_buffer.committed", item_id=item, previous_item_id=self.last_item
+        )
         self.last_item = item
         if auto is None:
             auto = self._auto_response()
         if early is not None and auto:
             await self._adopt(early)
             return
-        self.pending = (item, audio, rate, time.monotonic() if speech_end is None else speech_end,
-                        self.rt.entry if self.turn is not None else None)
+        self.pending = (
+            item,
+            audio,
+            rate,
+            time.monotonic() if speech_end is None else speech_end,
+            self.rt.entry if self.turn is not None else None,
+        )
         if auto:
             await self._respond()
 
@@ -626,17 +762,26 @@ class Session:
 
     async def on_response_create(self, doc: dict[str, Any]) -> None:
         if self.response is not None:
-            raise BadRequest.single("response", f"response {self.response.id} is still in progress",
-                                    "wait for its response.done, or send response.cancel first")
+            raise BadRequest.single(
+                "response",
+                f"response {self.response.id} is still in progress",
+                "wait for its response.done, or send response.cancel first",
+            )
         if self.pending is None:
-            raise BadRequest.single("input_audio_buffer", "no committed audio is waiting for a response",
-                                    "append audio and send input_audio_buffer.commit first")
+            raise BadRequest.single(
+                "input_audio_buffer",
+                "no committed audio is waiting for a response",
+                "append audio and send input_audio_buffer.commit first",
+            )
         await self._respond()
 
     async def on_response_cancel(self, doc: dict[str, Any]) -> None:
         if self.response is None:
-            await self.error("no response is in progress to cancel", code="response_cancel_not_active",
-                             event_id=doc.get("event_id") if isinstance(doc.get("event_id"), str) else None)
+            await self.error(
+                "no response is in progress to cancel",
+                code="response_cancel_not_active",
+                event_id=doc.get("event_id") if isinstance(doc.get("event_id"), str) else None,
+            )
             return
         await self._cancel("client_cancelled")
 
@@ -650,8 +795,9 @@ class Session:
         response = _Response(_id("resp"), _id("item"), item, speech_end=speech_end)
         response.mark("turn_end")
         self.response = response
-        response.task = asyncio.create_task(self._run_response(response, audio, rate, entry),
-                                            name=f"realtime:{response.id}")
+        response.task = asyncio.create_task(
+            self._run_response(response, audio, rate, entry), name=f"realtime:{response.id}"
+        )
 
     async def _cancel(self, reason: str) -> None:
         response = self.response
@@ -675,14 +821,27 @@ class Session:
         if early is not None and (pending is None or pending[0] != early.span):
             self.early = None
             await self._drop(early)
-        if self.early is not None or self.response is not None or pending is None or not self._auto_response():
+        if (
+            self.early is not None
+            or self.response is not None
+            or pending is None
+            or not self._auto_response()
+        ):
             return
         span, item = pending
-        r = _Response(_id("resp"), _id("item"), self._next_item(), held=[], span=span,
-                      speech_end=self._speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived))
+        r = _Response(
+            _id("resp"),
+            _id("item"),
+            self._next_item(),
+            held=[],
+            span=span,
+            speech_end=self._speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived),
+        )
         self.early = r
-        r.task = asyncio.create_task(self._run_response(r, item["audio"], int(item["sample_rate"]), self.rt.entry),
-                                     name=f"realtime:{r.id}:early")
+        r.task = asyncio.create_task(
+            self._run_response(r, item["audio"], int(item["sample_rate"]), self.rt.entry),
+            name=f"realtime:{r.id}:early",
+        )
 
     async def _drop(self, r: _Response) -> None:
         if not r.failed_early:
@@ -731,7 +890,10 @@ class Session:
     def _note_pause(self, cutter: Cutter, arrived: float) -> None:
         index = cutter.segmenter.pause_start
         if index is not None and (self._pause_at is None or self._pause_at[0] != index):
-            self._pause_at = (index, arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate)
+            self._pause_at = (
+                index,
+                arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate,
+            )
 
     # -- one response ------------------------------------------------------------------
     async def _emit(self, r: _Response, type_: str, **fields: Any) -> None:
@@ -743,7 +905,9 @@ class Session:
     async def _out(self, r: _Response, type_: str, fields: dict[str, Any]) -> None:
         if type_ == "response.audio.delta" and "first_audio" not in r.marks:
             r.mark("first_audio")
-            self.rt.app.metrics.voice_to_voice.observe(max(r.marks["first_audio"] - r.speech_end, 0.0))
+            self.rt.app.metrics.voice_to_voice.observe(
+                max(r.marks["first_audio"] - r.speech_end, 0.0)
+            )
         elif type_ == "response.done":
             fields["response"]["timing"] = r.timing()
         await self.send(type_, **fields)
@@ -762,49 +926,105 @@ class Session:
             return None
         return {name: [{"messages": messages}] for name in self.rt.decode_stages}
 
-    def _response_doc(self, r: _Response, status: str, details: dict[str, Any] | None, transcript: str,
-                      usage: dict[str, int] | None) -> dict[str, Any]:
-        content = {"type": "audio" if "audio" in self.modalities else "text",
-                   "transcript" if "audio" in self.modalities else "text": transcript}
+    def _response_doc(
+        self,
+        r: _Response,
+        status: str,
+        details: dict[str, Any] | None,
+        transcript: str,
+        usage: dict[str, int] | None,
+    ) -> dict[str, Any]:
+        content = {
+            "type": "audio" if "audio" in self.modalities else "text",
+            "transcript" if "audio" in self.modalities else "text": transcript,
+        }
         u = usage or {}
-        return {"id": r.id, "object": "realtime.response", "status": status, "status_details": details,
-                "modalities": self.modalities, "output_audio_format": "pcm16", "voice": self.voice,
-                "output": [{"id": r.item_id, "object": "realtime.item", "type": "message", "role": "assistant",
-                            "status": "completed" if status == "completed" else "incomplete", "content": [content]}],
-                "usage": {"total_tokens": u.get("total_tokens", 0), "input_tokens": u.get("prompt_tokens", 0),
-                          "output_tokens": u.get("completion_tokens", 0)}}
+        return {
+            "id": r.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "modalities": self.modalities,
+            "output_audio_format": "pcm16",
+            "voice": self.voice,
+            "output": [
+                {
+                    "id": r.item_id,
+                    "object": "realtime.item",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed" if status == "completed" else "incomplete",
+                    "content": [content],
+                }
+            ],
+            "usage": {
+                "total_tokens": u.get("total_tokens", 0),
+                "input_tokens": u.get("prompt_tokens", 0),
+                "output_tokens": u.get("completion_tokens", 0),
+            },
+        }
 
-    async def _run_response(self, r: _Response, audio: np.ndarray, rate: int, entry: str | None) -> None:
+    async def _run_response(
+        self, r: _Response, audio: np.ndarray, rate: int, entry: str | None
+    ) -> None:
         """One turn's reply: the segment through the pipeline, its events as the session's
         (held while the response is early), then :meth:`_finish`."""
         rt = self.rt
         r.mark("request")
-        run = rt.make_run(rt.app, {"audio": audio, "sample_rate": rate}, "realtime", entry=entry,
-                          context=self._context())
+        run = rt.make_run(
+            rt.app,
+            {"audio": audio, "sample_rate": rate},
+            "realtime",
+            entry=entry,
+            context=self._context(),
+        )
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: dict[str, Any] | None = None
         wants_audio = "audio" in self.modalities
         seconds = round(audio.size / float(rate), 3)
         try:
-            await self._emit(r, "response.created", response={
-                "id": r.id, "object": "realtime.response", "status": "in_progress", "status_details": None,
-                "output": [], "modalities": self.modalities, "voice": self.voice, "usage": None})
+            await self._emit(
+                r,
+                "response.created",
+                response={
+                    "id": r.id,
+                    "object": "realtime.response",
+                    "status": "in_progress",
+                    "status_details": None,
+                    "output": [],
+                    "modalities": self.modalities,
+                    "voice": self.voice,
+                    "usage": None,
+                },
+            )
             async for event in run.rest():
                 await self._on_event(r, event, chunker, wants_audio, seconds)
             await self._tell_user(r, seconds)
             if wants_audio and r.audio_chunks:
-                await self._emit(r, "response.audio.done", response_id=r.id, item_id=r.item_id, output_index=0,
-                                 content_index=0)
+                await self._emit(
+                    r,
+                    "response.audio.done",
+                    response_id=r.id,
+                    item_id=r.item_id,
+                    output_index=0,
+                    content_index=0,
+                )
             http = 200
         except asyncio.CancelledError:
-            status, details, http = "cancelled", {"type": "cancelled", "reason": r.reason or "client_cancelled"}, 499
+            status, details, http = (
+                "cancelled",
+                {"type": "cancelled", "reason": r.reason or "client_cancelled"},
+                499,
+            )
         except (WebSocketDisconnect, OSError):  # the client went away mid-reply: nobody to tell
             r.quiet = True
         except Exception as exc:
             status, http, err = self._failure(exc)
             details = {"type": "failed", "error": dict(err)}
-            if r.held is not None:  # early: the confirmed turn gets a response of its own, which tells
+            if (
+                r.held is not None
+            ):  # early: the confirmed turn gets a response of its own, which tells
                 r.failed_early = r.quiet = True
             elif not r.quiet:
                 await self.error(err["message"], type_=err["type"], code=err["code"])
@@ -826,21 +1046,52 @@ class Session:
         """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error."""
         if isinstance(exc, BadRequest):
             p = exc.problems[0] if exc.problems else Problem("request", str(exc))
-            return "failed", 400, {"type": "invalid_request_error", "code": "bad_request", "message": f"{p.where}: {p.what}"}
+            return (
+                "failed",
+                400,
+                {
+                    "type": "invalid_request_error",
+                    "code": "bad_request",
+                    "message": f"{p.where}: {p.what}",
+                },
+            )
         if isinstance(exc, PipelineBusy):
-            return "failed", 429, {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)}
+            return (
+                "failed",
+                429,
+                {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)},
+            )
         if isinstance(exc, StageFailed):
             log.warning("realtime response failed: %s", exc)
-            return "failed", 503, {"type": "server_error", "code": "stage_failed", "message": exc.public_message()}
-        log.error("realtime response failed", exc_info=exc)  # a fault of this server: the session goes on
-        return "failed", 500, {"type": "server_error", "code": "internal_error",
-                               "message": f"{type(exc).__name__} (the log has it)"}
+            return (
+                "failed",
+                503,
+                {"type": "server_error", "code": "stage_failed", "message": exc.public_message()},
+            )
+        log.error(
+            "realtime response failed", exc_info=exc
+        )  # a fault of this server: the session goes on
+        return (
+            "failed",
+            500,
+            {
+                "type": "server_error",
+                "code": "internal_error",
+                "message": f"{type(exc).__name__} (the log has it)",
+            },
+        )
 
-    async def _on_event(self, r: _Response, event: Any, chunker: Any, wants_audio: bool, seconds: float) -> None:
+    async def _on_event(
+        self, r: _Response, event: Any, chunker: Any, wants_audio: bool, seconds: float
+    ) -> None:
         rt = self.rt
         if isinstance(event, TextDelta) and event.stage in rt.transcript_stages:
             r.transcript.append(event.text)
-        elif isinstance(event, StageEvent) and event.kind == "done" and event.stage in rt.transcript_stages:
+        elif (
+            isinstance(event, StageEvent)
+            and event.kind == "done"
+            and event.stage in rt.transcript_stages
+        ):
             await self._tell_user(r, seconds)
         elif isinstance(event, TextDelta) and event.stage in rt.reply_stages:
             await self._tell_user(r, seconds)
@@ -851,13 +1102,27 @@ class Session:
                 if cut:
                     r.mark("first_sentence")
                 r.chunks += cut
-            await self._emit(r, "response.audio_transcript.delta" if wants_audio else "response.text.delta",
-                             response_id=r.id, item_id=r.item_id, output_index=0, content_index=0, delta=event.text)
+            await self._emit(
+                r,
+                "response.audio_transcript.delta" if wants_audio else "response.text.delta",
+                response_id=r.id,
+                item_id=r.item_id,
+                output_index=0,
+                content_index=0,
+                delta=event.text,
+            )
         elif isinstance(event, AudioChunk) and event.stage in rt.audio_stages and wants_audio:
             await self._tell_user(r, seconds)
             pcm = pcm16_bytes(resample(event.audio, event.sample_rate, self.out_rate))
-            await self._emit(r, "response.audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
-                             content_index=0, delta=base64.b64encode(pcm).decode("ascii"))
+            await self._emit(
+                r,
+                "response.audio.delta",
+                response_id=r.id,
+                item_id=r.item_id,
+                output_index=0,
+                content_index=0,
+                delta=base64.b64encode(pcm).decode("ascii"),
+            )
             r.audio_chunks += 1
             r.audio_ms += 1000.0 * (len(pcm) // 2) / self.out_rate
 
@@ -868,23 +1133,54 @@ class Session:
         r.told_user = True
         r.mark("transcript")
         text = " ".join(t.strip() for t in r.transcript if t.strip())
-        await self._emit(r, "conversation.item.created", previous_item_id=None, item={
-            "id": r.user_item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed", "content": [{"type": "input_audio", "transcript": text}]})
-        await self._emit(r, "conversation.item.input_audio_transcription.completed", item_id=r.user_item_id,
-                         content_index=0, transcript=text, usage={"type": "duration", "seconds": seconds})
+        await self._emit(
+            r,
+            "conversation.item.created",
+            previous_item_id=None,
+            item={
+                "id": r.user_item_id,
+                "object": "realtime.item",
+                "type": "message",
+                "role": "user",
+                "status": "completed",
+                "content": [{"type": "input_audio", "transcript": text}],
+            },
+        )
+        await self._emit(
+            r,
+            "conversation.item.input_audio_transcription.completed",
+            item_id=r.user_item_id,
+            content_index=0,
+            transcript=text,
+            usage={"type": "duration", "seconds": seconds},
+        )
 
-    async def _finish(self, r: _Response, status: str, details: dict[str, Any] | None, chunker: Any,
-                      wants_audio: bool, usage: dict[str, int] | None) -> None:
+    async def _finish(
+        self,
+        r: _Response,
+        status: str,
+        details: dict[str, Any] | None,
+        chunker: Any,
+        wants_audio: bool,
+        usage: dict[str, int] | None,
+    ) -> None:
         """The reply is over: what was heard of it, the conversation, ``response.done``."""
         if chunker is not None:
             r.chunks += chunker.flush()
         text = "".join(r.text)
-        heard = text if status == "completed" or not wants_audio or chunker is None else " ".join(
-            c.strip() for c in r.chunks[:r.audio_chunks])
+        heard = (
+            text
+            if status == "completed" or not wants_audio or chunker is None
+            else " ".join(c.strip() for c in r.chunks[: r.audio_chunks])
+        )
         if status == "cancelled" and wants_audio:
-            await self._emit(r, "conversation.item.truncated", item_id=r.item_id, content_index=0,
-                             audio_end_ms=int(r.audio_ms))
+            await self._emit(
+                r,
+                "conversation.item.truncated",
+                item_id=r.item_id,
+                content_index=0,
+                audio_end_ms=int(r.audio_ms),
+            )
         said = " ".join(t.strip() for t in r.transcript if t.strip())
         if said and status != "failed":
             r.history = [{"role": "user", "content": said}]
@@ -892,7 +1188,9 @@ class Session:
                 r.history.append({"role": "assistant", "content": heard.strip()})
         if r.held is None:  # held: added when the turn is confirmed (_adopt)
             self.history += r.history
-        await self._emit(r, "response.done", response=self._response_doc(r, status, details, heard, usage))
+        await self._emit(
+            r, "response.done", response=self._response_doc(r, status, details, heard, usage)
+        )
 
 
 HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {

@@ -63,7 +63,10 @@ class EvidenceKey:
         return cached
 
     def filename(self) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{self.artifact}-{self.precision}-{self.backend}-{self.device_id}")
+        safe = "".join(
+            c if c.isalnum() or c in "-_." else "-"
+            for c in f"{self.artifact}-{self.precision}-{self.backend}-{self.device_id}"
+        )
         return f"{safe}-{self.digest()[:16]}.json"
 
 
@@ -110,7 +113,8 @@ class EvidenceStore:
         if problem is not None:
             log.warning(
                 "ignoring evidence %s: %s; it is treated as no evidence (`omni-edge verify CONFIG` measures again)",
-                path, problem,
+                path,
+                problem,
             )
             return None, problem
         return record, None
@@ -166,19 +170,34 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
             return "a session_error coverage must name the error and have taken 0"
     else:
         taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
-        if not isinstance(taken, int) or not isinstance(total, int) or not _is_count(taken) or not _is_count(total):
+        if (
+            not isinstance(taken, int)
+            or not isinstance(total, int)
+            or not _is_count(taken)
+            or not _is_count(total)
+        ):
             return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
         if taken > total:
             return f"coverage.taken {taken} exceeds coverage.total {total}"
         if total == 0:
             return "coverage.total is 0: no node was counted"
-        if not isinstance(fraction, int | float) or not _is_number(fraction) or abs(float(fraction) - taken / total) > 1e-9:
+        if (
+            not isinstance(fraction, int | float)
+            or not _is_number(fraction)
+            or abs(float(fraction) - taken / total) > 1e-9
+        ):
             return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
         by_ep = cov.get("by_ep")
-        if by_ep and (
-            not isinstance(by_ep, dict) or not all(_is_count(v) for v in by_ep.values())
-            or sum(by_ep.values()) != total or by_ep.get(cov["ep"], 0) != taken
-        ) and not str(cov.get("source", "")).startswith("vitisai"):
+        if (
+            by_ep
+            and (
+                not isinstance(by_ep, dict)
+                or not all(_is_count(v) for v in by_ep.values())
+                or sum(by_ep.values()) != total
+                or by_ep.get(cov["ep"], 0) != taken
+            )
+            and not str(cov.get("source", "")).startswith("vitisai")
+        ):
             return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
     num = record.get("numeric")
     if not isinstance(num, dict):
@@ -207,7 +226,9 @@ def _is_count(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    )  # not NaN
 
 
 def _jsonable(value: Any) -> Any:

@@ -142,21 +142,35 @@ def compare(target: Any, reference: Any) -> OutputComparison:
     import numpy as np
 
     t, r = np.asarray(target), np.asarray(reference)
-    out: OutputComparison = {"shape": list(t.shape), "reference_shape": list(r.shape), "dtype": str(t.dtype)}
+    out: OutputComparison = {
+        "shape": list(t.shape),
+        "reference_shape": list(r.shape),
+        "dtype": str(t.dtype),
+    }
     if t.shape != r.shape:
-        out.update({"shape_match": False, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0})
+        out.update(
+            {"shape_match": False, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0}
+        )
         return out
     out["shape_match"] = True
     if t.dtype.kind in "OSUb" or r.dtype.kind in "OSUb":
         same = bool(np.array_equal(t, r))
-        out.update({"rel_l2": 0.0 if same else float("inf"), "max_abs": 0.0 if same else float("inf"), "cosine": 1.0 if same else 0.0})
+        out.update(
+            {
+                "rel_l2": 0.0 if same else float("inf"),
+                "max_abs": 0.0 if same else float("inf"),
+                "cosine": 1.0 if same else 0.0,
+            }
+        )
         return out
     tf, rf = t.astype(np.float64).ravel(), r.astype(np.float64).ravel()
     if tf.size == 0:
         out.update({"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0})
         return out
     if not np.all(np.isfinite(tf)) and not np.array_equal(np.isfinite(tf), np.isfinite(rf)):
-        out.update({"rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "non_finite": True})
+        out.update(
+            {"rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "non_finite": True}
+        )
         return out
     diff = tf - rf
     rn, tn, dn = float(np.linalg.norm(rf)), float(np.linalg.norm(tf)), float(np.linalg.norm(diff))
@@ -173,7 +187,8 @@ def _bit_identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
     import numpy as np
 
     return set(a) == set(b) and all(
-        np.asarray(a[k]).shape == np.asarray(b[k]).shape and np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes()
+        np.asarray(a[k]).shape == np.asarray(b[k]).shape
+        and np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes()
         for k in a
     )
 
@@ -207,21 +222,38 @@ def measure(
     # The CPU EP on the fp32 graph: the reference when no outputs are recorded, and
     # always the yardstick for "bit-identical to the CPU".
     same_as_target = (
-        target.ep == CPU_EP and precision == "fp32" and not spec.session_options
-        and target.outputs is not None and reference_graph == spec.graph
+        target.ep == CPU_EP
+        and precision == "fp32"
+        and not spec.session_options
+        and target.outputs is not None
+        and reference_graph == spec.graph
     )
-    cpu_outputs = target.outputs if same_as_target else _run_cpu_reference(
-        sessions, reference_graph, feeds, target, failed_to_open=target.coverage.get("source") == "session_error",
+    cpu_outputs = (
+        target.outputs
+        if same_as_target
+        else _run_cpu_reference(
+            sessions,
+            reference_graph,
+            feeds,
+            target,
+            failed_to_open=target.coverage.get("source") == "session_error",
+        )
     )
-    numeric = _numeric(target, cpu_outputs, artifact.reference_outputs(), same_as_target=same_as_target)
+    numeric = _numeric(
+        target, cpu_outputs, artifact.reference_outputs(), same_as_target=same_as_target
+    )
     target.timings["total_s"] = time.perf_counter() - t0
     return {
-        "ep": target.ep, "precision": precision, "graph": spec.graph,
+        "ep": target.ep,
+        "precision": precision,
+        "graph": spec.graph,
         **({"session_providers": target.providers} if target.providers is not None else {}),
         "coverage": target.coverage,
         "numeric": numeric,
         "suspicious": bool(
-            target.ep != CPU_EP and target.coverage.get("taken", 0) > 0 and numeric["bit_identical_to_cpu"]
+            target.ep != CPU_EP
+            and target.coverage.get("taken", 0) > 0
+            and numeric["bit_identical_to_cpu"]
         ),
         "timings": target.timings,
         "target_outputs": target.outputs,  # dropped before saving; handy for callers
@@ -252,23 +284,40 @@ def _run_target(sessions: Sessions, spec: SessionSpec, feeds: dict[str, Any]) ->
     try:
         info = sessions.open(spec.to_dict(), record=True)
         handle = info["handle"]
-        target = _Target(target_ep, _coverage(info, target_ep), providers=info["providers"],
-                         timings={"open_target_s": info["load_s"]})
+        target = _Target(
+            target_ep,
+            _coverage(info, target_ep),
+            providers=info["providers"],
+            timings={"open_target_s": info["load_s"]},
+        )
         try:
             ran = sessions.run(handle, feeds)
             target.outputs = ran["outputs"]
             target.timings["run_target_s"] = ran["run_s"]
         except RemoteError as exc:
-            target.error = f"the target session failed on the reference inputs: {exc.type_name}: {exc.message}"
+            target.error = (
+                f"the target session failed on the reference inputs: {exc.type_name}: {exc.message}"
+            )
         return target
     except RemoteError as exc:
         if exc.type_name == "ProviderUnavailable":
             raise
         error = f"{exc.type_name}: {exc.message}"
-        return _Target(target_ep, {
-            "ep": target_ep, "taken": 0, "total": None, "fraction": 0.0, "partitions": 0,
-            "by_ep": {}, "fallback_op_types": {}, "source": "session_error", "session_error": error,
-        }, error=error)
+        return _Target(
+            target_ep,
+            {
+                "ep": target_ep,
+                "taken": 0,
+                "total": None,
+                "fraction": 0.0,
+                "partitions": 0,
+                "by_ep": {},
+                "fallback_op_types": {},
+                "source": "session_error",
+                "session_error": error,
+            },
+            error=error,
+        )
     finally:
         if handle is not None:
             sessions.close(handle)
@@ -289,7 +338,12 @@ def _coverage(info: OpenedSession, target_ep: str) -> Coverage:
 
 
 def _run_cpu_reference(
-    sessions: Sessions, reference_graph: str | None, feeds: dict[str, Any], target: _Target, *, failed_to_open: bool,
+    sessions: Sessions,
+    reference_graph: str | None,
+    feeds: dict[str, Any],
+    target: _Target,
+    *,
+    failed_to_open: bool,
 ) -> dict[str, Any] | None:
     """The CPU EP's outputs on the fp32 graph, or None without one.
 
@@ -317,25 +371,37 @@ def _run_cpu_reference(
 
 
 def _numeric(
-    target: _Target, cpu_outputs: dict[str, Any] | None, recorded: dict[str, Any] | None, *, same_as_target: bool,
+    target: _Target,
+    cpu_outputs: dict[str, Any] | None,
+    recorded: dict[str, Any] | None,
+    *,
+    same_as_target: bool,
 ) -> Numeric:
     """Each output against the reference (the recorded outputs, else the CPU EP's)."""
     reference = recorded if recorded is not None else cpu_outputs
     failed_to_open = target.coverage.get("source") == "session_error"
     numeric: Numeric = {
-        "reference": "recorded outputs" if recorded is not None else (
-            "CPU EP, fp32 graph (the target itself)" if same_as_target else "CPU EP, fp32 graph"
-        ),
+        "reference": "recorded outputs"
+        if recorded is not None
+        else ("CPU EP, fp32 graph (the target itself)" if same_as_target else "CPU EP, fp32 graph"),
         "outputs": {},
         "error": None if failed_to_open else target.error,
         "bit_identical_to_cpu": None,
     }
     if reference is None:
-        numeric["error"] = "no reference: the artifact has neither recorded outputs nor an fp32 graph"
+        numeric["error"] = (
+            "no reference: the artifact has neither recorded outputs nor an fp32 graph"
+        )
     elif target.outputs is not None:
         for name, ref_value in reference.items():
             if name not in target.outputs:
-                numeric["outputs"][name] = {"missing": True, "rel_l2": float("inf"), "max_abs": float("inf"), "cosine": 0.0, "shape_match": False}
+                numeric["outputs"][name] = {
+                    "missing": True,
+                    "rel_l2": float("inf"),
+                    "max_abs": float("inf"),
+                    "cosine": 0.0,
+                    "shape_match": False,
+                }
                 continue
             numeric["outputs"][name] = compare(target.outputs[name], ref_value)
         if cpu_outputs is not None and target.ep != CPU_EP:
@@ -377,7 +443,9 @@ def judge(
     ep = cov.get("ep", record.get("ep", "?"))
     precision = record.get("precision", "?")
     what = _What(
-        device_id, ep, f"{artifact_name} [{precision}] on {device_id}",
+        device_id,
+        ep,
+        f"{artifact_name} [{precision}] on {device_id}",
         f"this refuses {artifact_name} at {precision} on {ep} only, not the model and not {precision} in general",
         _elsewhere(ep, precision, precisions),
     )
@@ -407,7 +475,9 @@ class _What:
     elsewhere: str
 
 
-def _coverage_refusals(cov: Coverage, w: _What, min_coverage: float, target_only: bool) -> list[Refusal]:
+def _coverage_refusals(
+    cov: Coverage, w: _What, min_coverage: float, target_only: bool
+) -> list[Refusal]:
     """A session the EP could not build, or fewer nodes taken than ``min_coverage``."""
     if cov.get("source") == "session_error":
         if target_only:
@@ -422,31 +492,41 @@ def _coverage_refusals(cov: Coverage, w: _What, min_coverage: float, target_only
                 f"{w.scope}. The EP claimed part of the graph and failed to compile it (the error names the construct): "
                 f"export a graph without that construct, or {w.elsewhere}"
             )
-        return [Refusal(
-            RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, w.device,
-            f"{w.ep} could not build a session for {w.graph}: {brief_error(str(cov.get('session_error')))}",
-            remedy,
-        )]
+        return [
+            Refusal(
+                RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH,
+                w.device,
+                f"{w.ep} could not build a session for {w.graph}: {brief_error(str(cov.get('session_error')))}",
+                remedy,
+            )
+        ]
     # The verdict follows the counts, never a recorded fraction: a record saying
     # "taken 0 of 2685, fraction 1.0" is judged as 0 %.
     taken, total = _count(cov.get("taken")), _count(cov.get("total"))
     frac = min(taken, total) / total if total else 0.0
     if frac >= min_coverage and total != 0:
         return []
-    left = ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8]) or "none listed"
+    left = (
+        ", ".join(f"{op}×{n}" for op, n in list(cov.get("fallback_op_types", {}).items())[:8])
+        or "none listed"
+    )
     parts = cov.get("partitions")
     parts_txt = f" in {parts} partition(s)" if parts is not None else ""
     lower = (
         f"lower min_ep_coverage for this stage (now {min_coverage:g}) if a partial offload is what you want, "
-        if taken else ""  # with no node taken there is no partial offload to admit
+        if taken
+        else ""  # with no node taken there is no partial offload to admit
     )
-    return [Refusal(
-        RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH, w.device,
-        f"{w.ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {w.graph}; the minimum is "
-        f"{min_coverage:.0%}. Left to the CPU EP: {left}",
-        f"{w.scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
-        f"{lower}or {w.elsewhere}",
-    )]
+    return [
+        Refusal(
+            RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH,
+            w.device,
+            f"{w.ep} took {taken} of {total} nodes ({frac:.1%}){parts_txt} of {w.graph}; the minimum is "
+            f"{min_coverage:.0%}. Left to the CPU EP: {left}",
+            f"{w.scope}. Export a graph whose ops the EP compiles (the ones left to the CPU above), "
+            f"{lower}or {w.elsewhere}",
+        )
+    ]
 
 
 def _numeric_refusals(num: Numeric, w: _What, tolerance: Tolerance) -> list[Refusal]:
@@ -455,19 +535,26 @@ def _numeric_refusals(num: Numeric, w: _What, tolerance: Tolerance) -> list[Refu
     out: list[Refusal] = []
     elsewhere = f"{w.elsewhere[0].upper()}{w.elsewhere[1:]}"
     if num.get("error"):
-        out.append(Refusal(
-            RefusalCode.NUMERIC_GATE_FAILED, w.device, f"{w.ep} on {w.graph}: {brief_error(str(num['error']))}",
-            f"{w.scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
-            f"dtypes with the graph's inputs (the error names the one it refused), or {w.elsewhere}",
-        ))
+        out.append(
+            Refusal(
+                RefusalCode.NUMERIC_GATE_FAILED,
+                w.device,
+                f"{w.ep} on {w.graph}: {brief_error(str(num['error']))}",
+                f"{w.scope}. The EP built the session but failed on the reference inputs: compare their shapes and "
+                f"dtypes with the graph's inputs (the error names the one it refused), or {w.elsewhere}",
+            )
+        )
     for name, m in (num.get("outputs") or {}).items():
         if not m.get("shape_match", False):
-            out.append(Refusal(
-                RefusalCode.NUMERIC_GATE_FAILED, w.device,
-                f"{w.ep} output {name!r} of {w.graph} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
-                + (" (missing from the outputs)" if m.get("missing") else ""),
-                f"{w.scope}. {elsewhere}",
-            ))
+            out.append(
+                Refusal(
+                    RefusalCode.NUMERIC_GATE_FAILED,
+                    w.device,
+                    f"{w.ep} output {name!r} of {w.graph} has shape {m.get('shape')} but the reference ({num.get('reference')}) has {m.get('reference_shape')}"
+                    + (" (missing from the outputs)" if m.get("missing") else ""),
+                    f"{w.scope}. {elsewhere}",
+                )
+            )
             continue
         bad = []
         if not m["rel_l2"] <= tolerance.rel_l2:
@@ -477,15 +564,18 @@ def _numeric_refusals(num: Numeric, w: _What, tolerance: Tolerance) -> list[Refu
         if not m["cosine"] >= tolerance.cosine_min:
             bad.append("cosine")
         if bad:
-            out.append(Refusal(
-                RefusalCode.NUMERIC_GATE_FAILED, w.device,
-                f"{w.ep} output {name!r} of {w.graph} differs from the reference ({num.get('reference')}): "
-                f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
-                f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "
-                f"out of tolerance: {', '.join(bad)}",
-                f"{w.scope}. {elsewhere}; "
-                f"widen `tolerance` in the stage config only if this difference is acceptable for {name!r}",
-            ))
+            out.append(
+                Refusal(
+                    RefusalCode.NUMERIC_GATE_FAILED,
+                    w.device,
+                    f"{w.ep} output {name!r} of {w.graph} differs from the reference ({num.get('reference')}): "
+                    f"rel L2 {m['rel_l2']:.3g} (max {tolerance.rel_l2:g}), max abs {m['max_abs']:.3g} "
+                    f"(max {tolerance.max_abs:g}), cosine {m['cosine']:.6f} (min {tolerance.cosine_min:g}); "
+                    f"out of tolerance: {', '.join(bad)}",
+                    f"{w.scope}. {elsewhere}; "
+                    f"widen `tolerance` in the stage config only if this difference is acceptable for {name!r}",
+                )
+            )
     return out
 
 
@@ -498,8 +588,11 @@ def _elsewhere(ep: str, precision: str, precisions: tuple[str, ...]) -> str:
     """The alternatives that exist: the artifact's other precisions, other EPs or devices."""
     others = [p for p in precisions if p != precision]
     parts = [f"use another precision of this artifact ({', '.join(others)})"] if others else []
-    parts.append("place the stage on another backend or device" if ep == CPU_EP
-                 else "place the stage on another backend or device (e.g. the CPU EP, ort-cpu)")
+    parts.append(
+        "place the stage on another backend or device"
+        if ep == CPU_EP
+        else "place the stage on another backend or device (e.g. the CPU EP, ort-cpu)"
+    )
     return " or ".join(parts)
 
 

@@ -96,9 +96,16 @@ class Placement:
             return None
         g = self.gate
         return EvidenceKey(
-            artifact=g.artifact_name, graph_sha256=g.graph_sha256, reference_sha256=g.reference_sha256,
-            precision=g.precision, backend=g.backend, ep=g.ep, runtime=self.runtime,
-            device_id=g.device_id, device_name=g.device_name, options=g.options,
+            artifact=g.artifact_name,
+            graph_sha256=g.graph_sha256,
+            reference_sha256=g.reference_sha256,
+            precision=g.precision,
+            backend=g.backend,
+            ep=g.ep,
+            runtime=self.runtime,
+            device_id=g.device_id,
+            device_name=g.device_name,
+            options=g.options,
         )
 
     def with_runtime(self, runtime: str | None) -> Placement:
@@ -106,7 +113,9 @@ class Placement:
         return replace(self, runtime=runtime) if runtime else self
 
 
-def placement_for(gate: GateSpec, route: Route, *, base_dir: Path | None = None, runtime: str | None = None) -> Placement:
+def placement_for(
+    gate: GateSpec, route: Route, *, base_dir: Path | None = None, runtime: str | None = None
+) -> Placement:
     """``gate`` in the profile's ``route``. ``runtime`` (from a probe of the route)
     wins over the plan-time lookup of the route's onnxruntime build."""
     return Placement(gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir))
@@ -175,29 +184,40 @@ def verify_placement(
     """
     store = store or EvidenceStore()
     base: dict[str, Any] = {
-        "stage": placement.stage, "device": placement.device_id, "backend": placement.backend,
-        "route": placement.route.name, "precision": placement.precision,
+        "stage": placement.stage,
+        "device": placement.device_id,
+        "backend": placement.backend,
+        "route": placement.route.name,
+        "precision": placement.precision,
     }
     if placement.key is not None and not force:
         cached = store.load(placement.key)
         if cached is not None:
             verdict = _judge(placement, cached)
             return PlacementResult(
-                **base, status="passed" if verdict.passed else "refused", cached=True,
-                refusals=verdict.refusals, warnings=verdict.warnings, record=cached,
+                **base,
+                status="passed" if verdict.passed else "refused",
+                cached=True,
+                refusals=verdict.refusals,
+                warnings=verdict.warnings,
+                record=cached,
                 evidence_path=str(store.path(placement.key)),
                 verify_s=(cached.get("timings") or {}).get("total_s"),
             )
     t0 = time.perf_counter()
     try:
         measurement = measure(
-            host, placement.artifact, placement.precision, placement.spec,
+            host,
+            placement.artifact,
+            placement.precision,
+            placement.spec,
             reference_graph=placement.reference_graph,
         )
     except RemoteError as exc:
         if exc.type_name == "ProviderUnavailable":
             refusal = Refusal(
-                RefusalCode.DEVICE_UNREACHABLE, placement.device_id,
+                RefusalCode.DEVICE_UNREACHABLE,
+                placement.device_id,
                 f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
                 "install the EP's onnxruntime build in that route, or name a route that has it",
             )
@@ -207,7 +227,11 @@ def verify_placement(
         return PlacementResult(**base, status="error", error=str(exc))
     elapsed = time.perf_counter() - t0
     measurement.pop("target_outputs", None)
-    measurement["route"] = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
+    measurement["route"] = {
+        "name": placement.route.name,
+        "kind": placement.route.kind,
+        "python": placement.route.python,
+    }
     measurement["thresholds_at_measurement"] = {
         "min_ep_coverage": placement.min_coverage,
         "tolerance": placement.tolerance.model_dump(),
@@ -220,43 +244,74 @@ def verify_placement(
         record = store.load(placement.key) or measurement
     verdict = _judge(placement, record)
     return PlacementResult(
-        **base, status="passed" if verdict.passed else "refused", refusals=verdict.refusals,
-        warnings=verdict.warnings, record=record, evidence_path=path, verify_s=elapsed,
+        **base,
+        status="passed" if verdict.passed else "refused",
+        refusals=verdict.refusals,
+        warnings=verdict.warnings,
+        record=record,
+        evidence_path=path,
+        verify_s=elapsed,
     )
 
 
 def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
     return judge(
-        record, artifact_name=placement.gate.artifact_name, device_id=placement.device_id,
-        min_coverage=placement.min_coverage, tolerance=placement.tolerance,
-        target_only=placement.target_only, precisions=placement.gate.artifact_precisions,
+        record,
+        artifact_name=placement.gate.artifact_name,
+        device_id=placement.device_id,
+        min_coverage=placement.min_coverage,
+        tolerance=placement.tolerance,
+        target_only=placement.target_only,
+        precisions=placement.gate.artifact_precisions,
     )
 
 
-def cached_verdict(gate: GateSpec, route: Route, store: EvidenceStore | None = None) -> tuple[Verification, list[Refusal]]:
+def cached_verdict(
+    gate: GateSpec, route: Route, store: EvidenceStore | None = None
+) -> tuple[Verification, list[Refusal]]:
     """Plan time: the evidence recorded for ``gate`` in ``route``, judged against the
     current thresholds; never opens a session. Returns the plan's verification
     record and the refusals a failed gate implies."""
     placement = placement_for(gate, route)
-    recorded_route = {"name": placement.route.name, "kind": placement.route.kind, "python": placement.route.python}
+    recorded_route = {
+        "name": placement.route.name,
+        "kind": placement.route.kind,
+        "python": placement.route.python,
+    }
     if placement.key is None:
-        return Verification("unverified", "", {
-            "reason": f"the onnxruntime build of route {placement.route.name!r} is unknown without running it",
-            "hint": "run `omni-edge verify CONFIG`", "route": recorded_route,
-        }), []
+        return Verification(
+            "unverified",
+            "",
+            {
+                "reason": f"the onnxruntime build of route {placement.route.name!r} is unknown without running it",
+                "hint": "run `omni-edge verify CONFIG`",
+                "route": recorded_route,
+            },
+        ), []
     store = store or EvidenceStore()
     record, problem = store.load_checked(placement.key)
     if problem is not None:
-        return Verification("unverified", "", {
-            "reason": f"the evidence file {store.path(placement.key)} was rejected ({problem}); it counts as no evidence",
-            "hint": "run `omni-edge verify CONFIG` to measure again (it replaces the file)",
-            "key": placement.key.digest()[:16], "route": recorded_route,
-        }), []
+        return Verification(
+            "unverified",
+            "",
+            {
+                "reason": f"the evidence file {store.path(placement.key)} was rejected ({problem}); it counts as no evidence",
+                "hint": "run `omni-edge verify CONFIG` to measure again (it replaces the file)",
+                "key": placement.key.digest()[:16],
+                "route": recorded_route,
+            },
+        ), []
     if record is None:
-        return Verification("unverified", "", {
-            "reason": "no evidence for this artifact digest, precision, EP, runtime, device and options",
-            "hint": "run `omni-edge verify CONFIG`", "key": placement.key.digest()[:16], "route": recorded_route,
-        }), []
+        return Verification(
+            "unverified",
+            "",
+            {
+                "reason": "no evidence for this artifact digest, precision, EP, runtime, device and options",
+                "hint": "run `omni-edge verify CONFIG`",
+                "key": placement.key.digest()[:16],
+                "route": recorded_route,
+            },
+        ), []
     verdict = _judge(placement, record)
     cov = record.get("coverage") or {}
     machine = (record.get("machine") or {}).get("hostname", "?")

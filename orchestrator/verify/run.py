@@ -72,7 +72,9 @@ class VerifyReport:
 
 
 def candidates(
-    config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str] = frozenset(),
+    config: PipelineConfig,
+    profile: HardwareProfile,
+    mask: frozenset[str] = frozenset(),
 ) -> tuple[list[Candidate], list[dict[str, str]]]:
     """(candidates, skipped): what the planner would try for the stages that need gates."""
     out: list[Candidate] = []
@@ -83,7 +85,13 @@ def candidates(
             continue
         for found in stage_candidates(stage, kind, kind.describe(stage), profile, mask):
             if isinstance(found, Excluded):
-                skipped.append({"stage": stage.name, "device": found.device, "why": _skip_reason(found, profile)})
+                skipped.append(
+                    {
+                        "stage": stage.name,
+                        "device": found.device,
+                        "why": _skip_reason(found, profile),
+                    }
+                )
             else:
                 out.append(found)
     return out, skipped
@@ -107,7 +115,8 @@ def require_this_machine(profile: HardwareProfile) -> None:
     foreign = foreign_profile(profile)
     if foreign:
         raise ConfigError.single(
-            f"profile {profile.name!r}", foreign,
+            f"profile {profile.name!r}",
+            foreign,
             "verification measures the devices it runs on: run omni-edge verify on that machine, "
             "or pass a profile of this one (omni-edge probe --save FILE)",
         )
@@ -129,7 +138,9 @@ def foreign_profile(profile: HardwareProfile) -> str | None:
     if profile.host.cpu_name:
         here = cpu_model()[0]
         if here and profile.host.cpu_name.strip() != here.strip():
-            return f"it describes a machine with CPU {profile.host.cpu_name!r}; this one has {here!r}"
+            return (
+                f"it describes a machine with CPU {profile.host.cpu_name!r}; this one has {here!r}"
+            )
     return None
 
 
@@ -163,7 +174,17 @@ def verify_pipeline(
             on_done(result)
 
     def refuse(c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
-        done(PlacementResult(c.stage.name, c.device.id, c.backend, c.route.name, precision, "refused", refusals=[refusal]))
+        done(
+            PlacementResult(
+                c.stage.name,
+                c.device.id,
+                c.backend,
+                c.route.name,
+                precision,
+                "refused",
+                refusals=[refusal],
+            )
+        )
 
     try:
         for c in found:
@@ -185,7 +206,12 @@ def verify_pipeline(
                     hosts[c.route.name] = host
                 except RouteError as exc:
                     report.routes[c.route.name] = RouteReport(
-                        c.route.name, c.route.kind, resolved.python, False, str(exc), exc.remedy,
+                        c.route.name,
+                        c.route.kind,
+                        resolved.python,
+                        False,
+                        str(exc),
+                        exc.remedy,
                     )
                 report.route_start_s[c.route.name] = time.perf_counter() - t0
             route_report = report.routes[c.route.name]
@@ -196,7 +222,9 @@ def verify_pipeline(
             gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
             assert gates  # check() found a runnable precision
             for gate in gates:  # one per session the stage opens (asr: encoder, decoder)
-                placement = placement_for(gate, c.route, base_dir=base_dir, runtime=route_report.runtime)
+                placement = placement_for(
+                    gate, c.route, base_dir=base_dir, runtime=route_report.runtime
+                )
                 step(c, f"gates on {placement.ep} [{placement.precision}]")
                 done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
     finally:

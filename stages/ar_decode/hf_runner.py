@@ -123,24 +123,39 @@ class TransformersRunner(StageRunner):
             transformers.logging.set_verbosity_error()
             threads = self.plan.cpu_threads  # None off the CPU
             if threads is not None:
-                torch.set_num_threads(threads)  # the plan's share of the cores (orchestrator.cpu_threads)
+                torch.set_num_threads(
+                    threads
+                )  # the plan's share of the cores (orchestrator.cpu_threads)
             self._torch_device = str(kwargs.get("torch_device") or "cpu")
             dtype = getattr(torch, TORCH_DTYPES.get(str(kwargs.get("dtype")), "float32"))
-            model_dir = resolve_model(kwargs["model"], dtype=str(kwargs.get("dtype")) if kwargs.get("dtype") else None)
+            model_dir = resolve_model(
+                kwargs["model"], dtype=str(kwargs.get("dtype")) if kwargs.get("dtype") else None
+            )
             t_import = time.perf_counter()
             if self.model_stage == "talker":
-                self._talker = omni.load_talker(Path(model_dir), dtype=dtype, device=self._torch_device,
-                                                speaker=getattr(self.stage, "speaker", None))
+                self._talker = omni.load_talker(
+                    Path(model_dir),
+                    dtype=dtype,
+                    device=self._torch_device,
+                    speaker=getattr(self.stage, "speaker", None),
+                )
             else:
                 self._model, self._handover = omni.load_text_model(
-                    Path(model_dir), model_stage=self.model_stage, dtype=dtype, device=self._torch_device)
+                    Path(model_dir),
+                    model_stage=self.model_stage,
+                    dtype=dtype,
+                    device=self._torch_device,
+                )
                 self._tokenizer = omni.tokenizer_for(str(model_dir))
             t_loaded = time.perf_counter()
         except Exception as exc:
             self._meter.stop()
             self._model = self._talker = None
-            raise StageFailed(self.plan.name, self.device,
-                              f"transformers could not load {kwargs.get('model')}: {type(exc).__name__}: {exc}") from exc
+            raise StageFailed(
+                self.plan.name,
+                self.device,
+                f"transformers could not load {kwargs.get('model')}: {type(exc).__name__}: {exc}",
+            ) from exc
         self._meter.stop()
         self.load_info = {
             "model_dir": str(model_dir),
@@ -172,13 +187,17 @@ class TransformersRunner(StageRunner):
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """Text deltas (and hidden states) for a prompt; codec codes for a talker's joined input."""
         if self._model is None and self._talker is None:
-            raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
+            raise StageFailed(
+                self.plan.name, self.device, "stream() before load() or after close()"
+            )
         req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
         feeding: asyncio.Task[None] | None = None
         if self._talker is not None and getattr(self.stage, "join", None) == "latest":
             # the talker starts on the thinker's first steps, each joined item bringing the next
             feed = omni.HandoverFeed(f"{self.plan.name}: thinker.hidden_states")
-            job = self._talker_stream_job(req, feed, request_parts(self.stage, [{"prompt": "-"}])[1])
+            job = self._talker_stream_job(
+                req, feed, request_parts(self.stage, [{"prompt": "-"}])[1]
+            )
             feeding = asyncio.create_task(self._feed(req, feed, inputs))
         else:
             items = [item async for item in inputs]
@@ -186,7 +205,9 @@ class TransformersRunner(StageRunner):
                 job = self._talker_job(req, items, request_parts(self.stage, [{"prompt": "-"}])[1])
             else:
                 job = self._text_job(req, items)
-        worker = threading.Thread(target=self._run, args=(req, job), name=f"hf-{self.plan.name}", daemon=True)
+        worker = threading.Thread(
+            target=self._run, args=(req, job), name=f"hf-{self.plan.name}", daemon=True
+        )
         worker.start()
         finished = False
         try:
@@ -207,11 +228,15 @@ class TransformersRunner(StageRunner):
                 feeding.cancel()
             self._done[request_id] = self._stats(req)
 
-    async def _feed(self, req: _Request, feed: omni.HandoverFeed, inputs: AsyncIterator[Any]) -> None:
+    async def _feed(
+        self, req: _Request, feed: omni.HandoverFeed, inputs: AsyncIterator[Any]
+    ) -> None:
         """Hand the joined items' hidden states to ``feed`` as they arrive; a malformed one fails the request."""
         try:
             async for joined in inputs:
-                if isinstance(joined, dict) and not any(split_input(str(k))[1] == "hidden_states" for k in joined):
+                if isinstance(joined, dict) and not any(
+                    split_input(str(k))[1] == "hidden_states" for k in joined
+                ):
                     continue  # latest: the text arrived before any hidden state
                 feed.add(joined[omni.hidden_key(self.stage, joined)])
                 if req.first_input is None:
@@ -219,7 +244,9 @@ class TransformersRunner(StageRunner):
         except asyncio.CancelledError:
             req.cancel.set()
             raise
-        except Exception as exc:  # handed to the request, which raises it (a BadRequest names the item)
+        except (
+            Exception
+        ) as exc:  # handed to the request, which raises it (a BadRequest names the item)
             req.cancel.set()
             req.put(exc)
         finally:
@@ -238,7 +265,13 @@ class TransformersRunner(StageRunner):
                 job()
             except BaseException as exc:  # handed to the request, which raises it in its own task
                 log.exception("%s: generation failed", self.plan.name)
-                req.put(StageFailed(self.plan.name, self.device, f"generation failed: {type(exc).__name__}: {exc}"))
+                req.put(
+                    StageFailed(
+                        self.plan.name,
+                        self.device,
+                        f"generation failed: {type(exc).__name__}: {exc}",
+                    )
+                )
                 return
             finally:
                 self._busy_growth = max(self._busy_growth, self._meter.window_growth)
@@ -276,8 +309,15 @@ class TransformersRunner(StageRunner):
                     req.put(delta)
 
             req.finish_reason = omni.generate_text(
-                model, spec, prompt_ids, sampling, on_token=on_token, on_step=on_step if spec else None,
-                cancel=req.cancel, device=self._torch_device)
+                model,
+                spec,
+                prompt_ids,
+                sampling,
+                on_token=on_token,
+                on_step=on_step if spec else None,
+                cancel=req.cancel,
+                device=self._torch_device,
+            )
             tail = detok.flush()
             if tail:
                 req.put(tail)
@@ -299,18 +339,28 @@ class TransformersRunner(StageRunner):
 
             req.prompt_tokens = handover.prompt_tokens
             req.extra["hidden_states"] = {
-                "steps": len(handover.hidden), "tokens": sum(h.shape[0] for h in handover.hidden),
-                "width": int(handover.hidden[0].shape[1]), "dtype": str(handover.hidden[0].dtype),
-                "layer": handover.layer}
-            req.finish_reason = talker.generate(handover, sampling, on_codes=on_codes, cancel=req.cancel)
+                "steps": len(handover.hidden),
+                "tokens": sum(h.shape[0] for h in handover.hidden),
+                "width": int(handover.hidden[0].shape[1]),
+                "dtype": str(handover.hidden[0].dtype),
+                "layer": handover.layer,
+            }
+            req.finish_reason = talker.generate(
+                handover, sampling, on_codes=on_codes, cancel=req.cancel
+            )
 
         return job
 
-    def _talker_stream_job(self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]) -> Any:
+    def _talker_stream_job(
+        self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]
+    ) -> Any:
         talker = self._talker
         if not isinstance(talker, omni.Qwen25Talker):
-            raise BadRequest.single(f"stages.{self.plan.name}.join", "latest: this talker starts on its whole "
-                                    "hand-over only", "use join: all")
+            raise BadRequest.single(
+                f"stages.{self.plan.name}.join",
+                "latest: this talker starts on its whole hand-over only",
+                "use join: all",
+            )
 
         def job() -> None:
             def on_codes(codes: list[int]) -> None:
@@ -319,22 +369,34 @@ class TransformersRunner(StageRunner):
                 req.tokens += 1
                 req.put(codes)
 
-            req.finish_reason = talker.generate_streaming(feed, sampling, on_codes=on_codes, cancel=req.cancel)
+            req.finish_reason = talker.generate_streaming(
+                feed, sampling, on_codes=on_codes, cancel=req.cancel
+            )
             req.prompt_tokens = len(feed.steps[0]["token_ids"]) if feed.steps else 0
             if feed.steps:
                 req.extra["hidden_states"] = {
-                    "steps": len(feed.steps), "tokens": sum(int(s["hidden"].shape[0]) for s in feed.steps),
-                    "width": int(feed.steps[0]["hidden"].shape[1]), "dtype": str(feed.steps[0]["hidden"].dtype),
-                    "layer": int(feed.steps[0]["layer"].reshape(-1)[0]), "streamed": True}
+                    "steps": len(feed.steps),
+                    "tokens": sum(int(s["hidden"].shape[0]) for s in feed.steps),
+                    "width": int(feed.steps[0]["hidden"].shape[1]),
+                    "dtype": str(feed.steps[0]["hidden"].dtype),
+                    "layer": int(feed.steps[0]["layer"].reshape(-1)[0]),
+                    "streamed": True,
+                }
             if req.first_input is not None and req.first_token is not None:
-                req.extra["first_code_after_first_step_s"] = round(req.first_token - req.first_input, 4)
+                req.extra["first_code_after_first_step_s"] = round(
+                    req.first_token - req.first_input, 4
+                )
 
         return job
 
     def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens, "finish_reason": req.finish_reason,
-                               "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
-                               **req.extra}
+        out: dict[str, Any] = {
+            "prompt_tokens": req.prompt_tokens,
+            "tokens": req.tokens,
+            "finish_reason": req.finish_reason,
+            "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
+            **req.extra,
+        }
         if req.first_token is not None:
             out["ttft_s"] = round(req.first_token - req.submitted, 4)
             end = req.finished or time.perf_counter()

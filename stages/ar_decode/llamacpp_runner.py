@@ -77,8 +77,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KV_CACHE_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "f32": "GGML_TYPE_F32",
-                  "bf16": "GGML_TYPE_BF16"}
+KV_CACHE_TYPES = {
+    "f16": "GGML_TYPE_F16",
+    "q8_0": "GGML_TYPE_Q8_0",
+    "f32": "GGML_TYPE_F32",
+    "bf16": "GGML_TYPE_BF16",
+}
 """``type_k``/``type_v`` names of the plan → llama.cpp's ``GGML_TYPE_*`` constants. The planner
 writes ``f16`` or ``q8_0`` (DESIGN: from ``kv_cache_dtype``); ``f32``/``bf16`` are llama.cpp's
 other unquantized cache types."""
@@ -90,8 +94,10 @@ ALL_GPU_LAYERS = 0x7FFFFFFF
 (llama-cpp-python passes the same value)."""
 UNSEEDED = 0xFFFFFFFF
 """``LLAMA_DEFAULT_SEED``: llama.cpp draws a random seed for a ``dist`` sampler given it."""
-ENGINE_STOPPED = ("its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
-                  "in the server's log); restart the server")
+ENGINE_STOPPED = (
+    "its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
+    "in the server's log); restart the server"
+)
 BUSY_SAMPLE_INTERVAL_S = 0.1
 """RSS read between steps at most this often while busy: llama.cpp allocates its KV cache and
 compute buffers when the context is created, so a busy window grows by Python objects only;
@@ -157,27 +163,50 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class _Slot:
     """One running sequence: its llama.cpp sequence id, prompt progress and sampler chain."""
 
-    __slots__ = ("bias", "chain", "fed", "generated", "last", "max_tokens", "min_tokens", "out", "pos",
-                 "prompt", "req", "seq", "text")
+    __slots__ = (
+        "bias",
+        "chain",
+        "fed",
+        "generated",
+        "last",
+        "max_tokens",
+        "min_tokens",
+        "out",
+        "pos",
+        "prompt",
+        "req",
+        "seq",
+        "text",
+    )
 
-    def __init__(self, seq: int, req: _Request, prompt: list[int], chain: Any, bias: bool,
-                 max_tokens: int, min_tokens: int) -> None:
+    def __init__(
+        self,
+        seq: int,
+        req: _Request,
+        prompt: list[int],
+        chain: Any,
+        bias: bool,
+        max_tokens: int,
+        min_tokens: int,
+    ) -> None:
         self.seq = seq
         self.req = req
         self.prompt = prompt
-        self.fed = 0          # prompt tokens in the KV cache
-        self.pos = 0          # next position to write
+        self.fed = 0  # prompt tokens in the KV cache
+        self.pos = 0  # next position to write
         self.chain = chain
-        self.bias = bias      # the min_tokens bias still heads the chain
-        self.last = -1        # the sampled token still to be fed
+        self.bias = bias  # the min_tokens bias still heads the chain
+        self.last = -1  # the sampled token still to be fed
         self.generated = 0
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.text = Utf8Deltas()
-        self.out = -1         # this step's batch row with logits, -1 when none
+        self.out = -1  # this step's batch row with logits, -1 when none
 
 
-def _context_settings(kw: dict[str, Any], lc: Any) -> tuple[int, int, int, int, str, str, int, bool]:
+def _context_settings(
+    kw: dict[str, Any], lc: Any
+) -> tuple[int, int, int, int, str, str, int, bool]:
     """The context's settings from the plan's engine kwargs, checked against this build:
     sequences, context cells, batch and micro-batch sizes, the KV cache types, GPU layers, and
     flash attention (needed by a quantized V cache)."""
@@ -191,8 +220,10 @@ def _context_settings(kw: dict[str, Any], lc: Any) -> tuple[int, int, int, int, 
             raise ValueError(f"KV cache type {name!r} is not one of {', '.join(KV_CACHE_TYPES)}")
     gpu_layers = int(kw.get("n_gpu_layers") or 0)
     if gpu_layers and not lc.llama_supports_gpu_offload():
-        raise ValueError(f"n_gpu_layers {gpu_layers}: this llama.cpp build has no GPU offload "
-                         f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu")
+        raise ValueError(
+            f"n_gpu_layers {gpu_layers}: this llama.cpp build has no GPU offload "
+            f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu"
+        )
     flash = bool(kw.get("flash_attn")) or type_v in QUANTIZED_KV_TYPES
     return n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash
 
@@ -222,7 +253,9 @@ class LlamaCppRunner(StageRunner):
         self._lock = threading.Lock()
         self._seq_limit = 0
         self._n_batch = 0
-        self._free_slots = 0  # read by tests: sequences not serving a request (engine thread writes)
+        self._free_slots = (
+            0  # read by tests: sequences not serving a request (engine thread writes)
+        )
 
     # -- lifecycle ---------------------------------------------------------------
     def load(self) -> None:
@@ -234,7 +267,9 @@ class LlamaCppRunner(StageRunner):
             lc = self._lc = llama_cpp_module()
             t_import = time.perf_counter()
             path = gguf_path(kw["model"])
-            n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash = _context_settings(kw, lc)
+            n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash = _context_settings(
+                kw, lc
+            )
 
             mparams = lc.llama_model_default_params()
             mparams.n_gpu_layers = ALL_GPU_LAYERS if gpu_layers < 0 else gpu_layers
@@ -248,13 +283,17 @@ class LlamaCppRunner(StageRunner):
             cparams.n_threads = cparams.n_threads_batch = self.threads
             cparams.type_k = getattr(lc, KV_CACHE_TYPES[type_k])
             cparams.type_v = getattr(lc, KV_CACHE_TYPES[type_v])
-            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cparams.flash_attn_type = (
+                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
             cparams.kv_unified = False
             cparams.no_perf = True
             self._ctx = lc.llama_init_from_model(self._model, cparams)
             if not self._ctx:
-                raise ValueError(f"llama.cpp could not create a context (n_ctx {n_ctx}, n_seq_max {n_seq}, "
-                                 f"n_batch {n_batch}; its log above says why)")
+                raise ValueError(
+                    f"llama.cpp could not create a context (n_ctx {n_ctx}, n_seq_max {n_seq}, "
+                    f"n_batch {n_batch}; its log above says why)"
+                )
             self._vocab = GgufVocab(self._model)
             self._batch = lc.llama_batch_init(n_batch, 0, 1)
             n_ctx_seq = int(lc.llama_n_ctx_seq(self._ctx))
@@ -264,9 +303,12 @@ class LlamaCppRunner(StageRunner):
         except Exception as exc:
             self._meter.stop()
             self._free()
-            raise StageFailed(self.plan.name, self.device,
-                              f"llama.cpp did not start: {type(exc).__name__}: {exc}") from exc
-        self._thread = threading.Thread(target=self._loop, name=f"llamacpp-{self.plan.name}", daemon=True)
+            raise StageFailed(
+                self.plan.name, self.device, f"llama.cpp did not start: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._thread = threading.Thread(
+            target=self._loop, name=f"llamacpp-{self.plan.name}", daemon=True
+        )
         self._thread.start()
         self._meter.stop()
         self._resident = self._meter.growth
@@ -292,8 +334,15 @@ class LlamaCppRunner(StageRunner):
             "load_peak_growth_bytes": self._meter.peak_growth,
             "resident_growth_bytes": self._resident,
         }
-        log.info("%s: llama.cpp loaded %s in %.2f s (%d thread(s), %d sequence(s) of %d tokens)",
-                 self.plan.name, path, t_ctx - t0, self.threads, n_seq, n_ctx_seq)
+        log.info(
+            "%s: llama.cpp loaded %s in %.2f s (%d thread(s), %d sequence(s) of %d tokens)",
+            self.plan.name,
+            path,
+            t_ctx - t0,
+            self.threads,
+            n_seq,
+            n_ctx_seq,
+        )
 
     def close(self) -> None:
         """Stop the engine thread, fail what is still in flight, free the context and the model."""
@@ -334,7 +383,9 @@ class LlamaCppRunner(StageRunner):
         """Text deltas for the prompt read from ``inputs`` (a string, or a dict with ``prompt``
         or ``messages`` and optional ``sampling`` overrides, as :class:`VllmRunner` takes them)."""
         if self._ctx is None or self._vocab is None:
-            raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
+            raise StageFailed(
+                self.plan.name, self.device, "stream() before load() or after close()"
+            )
         if self._failed is not None:
             raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
         items = [item async for item in inputs]
@@ -342,13 +393,19 @@ class LlamaCppRunner(StageRunner):
         prompt_ids = _encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))
-        req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), len(prompt_ids))
+        req = _Request(
+            asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), len(prompt_ids)
+        )
         with self._lock:
             if request_id in self._requests:
-                raise StageFailed(self.plan.name, self.device, f"request id {request_id!r} is already in flight")
+                raise StageFailed(
+                    self.plan.name, self.device, f"request id {request_id!r} is already in flight"
+                )
             self._requests[request_id] = req
         self._commands.put(("add", req, prompt_ids, sampling))
-        if self._failed is not None:  # the thread stopped after the check above: nobody takes the command
+        if (
+            self._failed is not None
+        ):  # the thread stopped after the check above: nobody takes the command
             req.put(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
         finished = False
         try:
@@ -374,8 +431,11 @@ class LlamaCppRunner(StageRunner):
         that :func:`check_length` applied: a prompt needs room for one token of reply."""
         if prompt_tokens >= self._seq_limit:
             raise BadRequest.single(
-                "prompt", f"is {prompt_tokens} tokens with the chat template, the whole context of "
-                f"{self._seq_limit} tokens a sequence has", "shorten the prompt or raise max_model_len in the config")
+                "prompt",
+                f"is {prompt_tokens} tokens with the chat template, the whole context of "
+                f"{self._seq_limit} tokens a sequence has",
+                "shorten the prompt or raise max_model_len in the config",
+            )
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """Tokens and timings of a finished request (popped: asked once)."""
@@ -389,9 +449,13 @@ class LlamaCppRunner(StageRunner):
         return {"code": ENGINE_FAILED_CODE, "message": ENGINE_STOPPED}
 
     def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens,
-                               "finish_reason": req.finish_reason, "waited_for_slot": req.waited_for_slot,
-                               "reused_prompt_tokens": req.reused_tokens}
+        out: dict[str, Any] = {
+            "prompt_tokens": req.prompt_tokens,
+            "tokens": req.tokens,
+            "finish_reason": req.finish_reason,
+            "waited_for_slot": req.waited_for_slot,
+            "reused_prompt_tokens": req.reused_tokens,
+        }
         if req.first_token is not None:
             out["ttft_s"] = round(req.first_token - req.submitted, 4)
             end = req.finished or time.perf_counter()
@@ -424,7 +488,10 @@ class LlamaCppRunner(StageRunner):
             add(chain, lc.llama_sampler_init_logit_bias(vocab.n_vocab, len(eog), biases))
         penalty = float(sampling.get("repetition_penalty") or 1.0)
         if penalty != 1.0:
-            add(chain, lc.llama_sampler_init_penalties(vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0))
+            add(
+                chain,
+                lc.llama_sampler_init_penalties(vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0),
+            )
             for token in prompt:  # vLLM's repetition penalty counts the prompt's tokens too
                 lc.llama_sampler_accept(chain, token)
         temperature = float(sampling.get("temperature", 1.0))
@@ -454,7 +521,9 @@ class LlamaCppRunner(StageRunner):
         except BaseException as exc:  # the thread's end: nothing may escape it unreported
             self._failed = exc
             log.exception("%s: the llama.cpp engine thread stopped", self.plan.name)
-            self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+            self._fail_all(
+                StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
+            )
 
 
 class _Engine:
@@ -475,10 +544,18 @@ class _Engine:
         self.batch, self.n_batch = r._batch, r._n_batch
         self.mem = self.lc.llama_get_memory(self.ctx)
         batch, n_batch = self.batch, self.n_batch
-        self.tokens: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.token.contents))
-        self.positions: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.pos.contents))
-        self.wants: Any = (ctypes.c_int8 * n_batch).from_address(ctypes.addressof(batch.logits.contents))
-        n_seq_ids: Any = (ctypes.c_int32 * n_batch).from_address(ctypes.addressof(batch.n_seq_id.contents))
+        self.tokens: Any = (ctypes.c_int32 * n_batch).from_address(
+            ctypes.addressof(batch.token.contents)
+        )
+        self.positions: Any = (ctypes.c_int32 * n_batch).from_address(
+            ctypes.addressof(batch.pos.contents)
+        )
+        self.wants: Any = (ctypes.c_int8 * n_batch).from_address(
+            ctypes.addressof(batch.logits.contents)
+        )
+        n_seq_ids: Any = (ctypes.c_int32 * n_batch).from_address(
+            ctypes.addressof(batch.n_seq_id.contents)
+        )
         n_seq_ids[:] = [1] * n_batch
         self.seq_rows = [batch.seq_id[i] for i in range(n_batch)]
         self.pieces: dict[int, bytes] = {}
@@ -518,7 +595,7 @@ class _Engine:
         the template's head: PREFIX_REUSE), the reply's are freed."""
         lc, mem = self.lc, self.mem
         if PREFIX_REUSE and lc.llama_memory_seq_rm(mem, slot.seq, slot.fed, -1):
-            self.cached[slot.seq] = slot.prompt[:slot.fed]
+            self.cached[slot.seq] = slot.prompt[: slot.fed]
         else:
             lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
             self.cached.pop(slot.seq, None)
@@ -548,7 +625,9 @@ class _Engine:
                     self.finish(slot, None)
                 return False
             if cmd[0] == "add":
-                cmd[1].waited_for_slot = not self.free or bool(self.waiting)  # aborts before it have freed theirs
+                cmd[1].waited_for_slot = not self.free or bool(
+                    self.waiting
+                )  # aborts before it have freed theirs
                 self.waiting.append(cmd[1:])
             else:
                 self._abort(cmd[1])
@@ -577,11 +656,18 @@ class _Engine:
             try:
                 chain, bias = r._chain(sampling, prompt)
             except Exception as exc:
-                req.put(StageFailed(r.plan.name, r.device,
-                                    f"llama.cpp refused the request's sampling: {type(exc).__name__}: {exc}"))
+                req.put(
+                    StageFailed(
+                        r.plan.name,
+                        r.device,
+                        f"llama.cpp refused the request's sampling: {type(exc).__name__}: {exc}",
+                    )
+                )
                 continue
-            seq, reuse = max(((q, _common_prefix(self.cached.get(q, ()), prompt)) for q in self.free),
-                             key=lambda qr: qr[1])
+            seq, reuse = max(
+                ((q, _common_prefix(self.cached.get(q, ()), prompt)) for q in self.free),
+                key=lambda qr: qr[1],
+            )
             self.free.remove(seq)
             r._free_slots = len(self.free)
             reuse = min(reuse, len(prompt) - 1) if PREFIX_REUSE else 0
@@ -589,8 +675,15 @@ class _Engine:
                 lc.llama_memory_seq_rm(mem, seq, -1, -1)
                 reuse = 0
             self.cached.pop(seq, None)
-            slot = _Slot(seq, req, prompt, chain, bias, int(sampling.get("max_tokens") or 16),
-                         int(sampling.get("min_tokens") or 0))
+            slot = _Slot(
+                seq,
+                req,
+                prompt,
+                chain,
+                bias,
+                int(sampling.get("max_tokens") or 16),
+                int(sampling.get("min_tokens") or 0),
+            )
             slot.fed = slot.pos = req.reused_tokens = reuse
             self.running.append(slot)
 
@@ -612,7 +705,7 @@ class _Engine:
                 continue
             take = min(len(slot.prompt) - slot.fed, self.n_batch - n)
             end = n + take
-            tokens[n:end] = slot.prompt[slot.fed:slot.fed + take]
+            tokens[n:end] = slot.prompt[slot.fed : slot.fed + take]
             positions[n:end] = range(slot.pos, slot.pos + take)
             wants[n:end] = bytes(take)
             for i in range(n, end):
@@ -639,14 +732,24 @@ class _Engine:
             return "ok"
         if rc < 0 or rc == 2:
             r._failed = RuntimeError(f"llama_decode returned {rc}")
-            log.error("%s: llama_decode returned %d (batch of %d tokens); the engine stops", r.plan.name, rc, n)
+            log.error(
+                "%s: llama_decode returned %d (batch of %d tokens); the engine stops",
+                r.plan.name,
+                rc,
+                n,
+            )
             r._fail_all(StageFailed(r.plan.name, r.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
             for slot in list(self.running):
                 self.finish(slot, None)
             return "stop"
         for slot in list(self.running):
-            slot.req.put(StageFailed(r.plan.name, r.device,
-                                     "llama.cpp found no KV cache cells for the request (llama_decode 1)"))
+            slot.req.put(
+                StageFailed(
+                    r.plan.name,
+                    r.device,
+                    "llama.cpp found no KV cache cells for the request (llama_decode 1)",
+                )
+            )
             self.finish(slot, None)
         return "skip"
 

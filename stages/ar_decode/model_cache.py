@@ -71,7 +71,9 @@ def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def resolve_model(model: str | Path, *, dtype: str | None = None, progress: Progress | None = None) -> Path:
+def resolve_model(
+    model: str | Path, *, dtype: str | None = None, progress: Progress | None = None
+) -> Path:
     """A directory vLLM can load for ``model``.
 
     A Hugging Face checkpoint directory is returned as it is; a ``.gguf`` file
@@ -101,7 +103,11 @@ def lookup(gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = N
 
 
 def ensure_checkpoint(
-    gguf: str | Path, *, dtype: str = DEFAULT_DTYPE, name: str | None = None, progress: Progress | None = None
+    gguf: str | Path,
+    *,
+    dtype: str = DEFAULT_DTYPE,
+    name: str | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Convert ``gguf`` into a safetensors checkpoint once; return its directory.
     A conversion reports its steps to ``progress`` when given.
@@ -127,12 +133,18 @@ def ensure_checkpoint(
             return target
         if target.exists():
             aside = target.with_name(f".stale-{target.name}-{uuid.uuid4().hex[:8]}")
-            log.warning("cached checkpoint %s is unusable (%s); rebuilding it from %s", target, problem, gguf)
+            log.warning(
+                "cached checkpoint %s is unusable (%s); rebuilding it from %s",
+                target,
+                problem,
+                gguf,
+            )
             try:
                 target.rename(aside)
             except OSError as exc:
                 raise ConfigError.single(
-                    str(target), f"the cached checkpoint is unusable ({problem}) and cannot be moved aside: {exc}",
+                    str(target),
+                    f"the cached checkpoint is unusable ({problem}) and cannot be moved aside: {exc}",
                     f"remove it (rm -rf '{target}') and run again",
                 ) from None
             shutil.rmtree(aside, ignore_errors=True)
@@ -150,7 +162,6 @@ def ensure_checkpoint(
 
 
 # ---- validity -------------------------------------------------------------------
-
 
 
 def _valid(target: Path, gguf: Path, dtype: str) -> bool:
@@ -213,12 +224,18 @@ def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
     meta: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "dtype": dtype,
-        "source": {"path": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(gguf)},
+        "source": {
+            "path": str(gguf),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": file_sha256(gguf),
+        },
         "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "convert_seconds": round(seconds, 2),
         "files": {
             p.name: {"size": p.stat().st_size, "edge_sha256": _edge_sha256(p)}
-            for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MARKER
+            for p in sorted(tmp.iterdir())
+            if p.is_file() and p.name != MARKER
         },
     }
     with contextlib.suppress(ImportError):
@@ -226,7 +243,6 @@ def _write_marker(tmp: Path, gguf: Path, dtype: str, *, seconds: float) -> None:
 
         meta["transformers"] = transformers.__version__
     (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-
 
 
 # ---- conversion -----------------------------------------------------------------
@@ -254,10 +270,14 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: Progress | None) -> No
     step()
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     with _track_tensors(gguf_utils, bar):
-        loaded = gguf_utils.load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+        loaded = gguf_utils.load_gguf_checkpoint(
+            str(gguf), return_tensors=True, model_to_load=model
+        )
     tensors = {k: v.to(torch_dtype) for k, v in loaded["tensors"].items()}
     result = model.load_state_dict(tensors, strict=False)
-    missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    missing = [
+        k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)
+    ]
     if missing or result.unexpected_keys:
         raise ValueError(
             f"{gguf.name}: GGUF tensors do not match the {type(model).__name__} layout "

@@ -47,8 +47,14 @@ from stages.payloads import split_input
 log = logging.getLogger(__name__)
 
 OMNI_MODEL_TYPES = {
-    "qwen2_5_omni": ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniTalkerForConditionalGeneration"),
-    "qwen3_omni_moe": ("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeTalkerForConditionalGeneration"),
+    "qwen2_5_omni": (
+        "Qwen2_5OmniForConditionalGeneration",
+        "Qwen2_5OmniTalkerForConditionalGeneration",
+    ),
+    "qwen3_omni_moe": (
+        "Qwen3OmniMoeForConditionalGeneration",
+        "Qwen3OmniMoeTalkerForConditionalGeneration",
+    ),
 }
 """``model_type`` of an Omni checkpoint → (its whole model class, its talker class) in transformers."""
 HANDOVER_KEYS = ("step", "token_ids", "embeds", "hidden", "next_token", "eos_token_ids", "layer")
@@ -61,7 +67,9 @@ QWEN25_TALKER_EOS = ("tts_codec_pad_token_id", "tts_codec_end_token_id")
 
 def model_type(model_dir: Path) -> str | None:
     try:
-        return str(json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type"))
+        return str(
+            json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+        )
     except (OSError, ValueError):
         return None
 
@@ -81,7 +89,9 @@ class HandoverSpec:
     eos_token_ids: tuple[int, ...]
 
 
-def load_text_model(model_dir: Path, *, model_stage: str | None, dtype: Any, device: str) -> tuple[Any, HandoverSpec | None]:
+def load_text_model(
+    model_dir: Path, *, model_stage: str | None, dtype: Any, device: str
+) -> tuple[Any, HandoverSpec | None]:
     """The model ``generate()`` runs for a text stage, and the hand-over a thinker makes (else None)."""
     import transformers
 
@@ -90,11 +100,19 @@ def load_text_model(model_dir: Path, *, model_stage: str | None, dtype: Any, dev
         if model_stage not in (None, "thinker"):
             raise ValueError(f"model_stage {model_stage!r} of {mtype} is not a text stage")
         config = transformers.AutoConfig.from_pretrained(model_dir)
-        config.enable_audio_output = False  # the thinker only: the talker's and vocoder's weights stay on disk
-        whole = getattr(transformers, OMNI_MODEL_TYPES[mtype][0]).from_pretrained(model_dir, config=config, dtype=dtype)
+        config.enable_audio_output = (
+            False  # the thinker only: the talker's and vocoder's weights stay on disk
+        )
+        whole = getattr(transformers, OMNI_MODEL_TYPES[mtype][0]).from_pretrained(
+            model_dir, config=config, dtype=dtype
+        )
         whole.eval().to(device)
         eos = whole.generation_config.eos_token_id
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])) if eos is not None else ()
+        eos_ids = (
+            tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+            if eos is not None
+            else ()
+        )
         layer = int(config.talker_config.accept_hidden_layer) if mtype == "qwen3_omni_moe" else -1
         return whole.thinker, HandoverSpec(layer, eos_ids)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -110,7 +128,9 @@ class _Cancel:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+        return torch.full(
+            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 class _Streamer:
@@ -137,7 +157,10 @@ class _Streamer:
 def _sampling_kwargs(sampling: dict[str, Any]) -> dict[str, Any]:
     """``generate()`` arguments for the stage's sampling (vLLM's names)."""
     temperature = float(sampling.get("temperature", 1.0))
-    kwargs: dict[str, Any] = {"max_new_tokens": int(sampling.get("max_tokens", 16)), "do_sample": temperature > 0}
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": int(sampling.get("max_tokens", 16)),
+        "do_sample": temperature > 0,
+    }
     if int(sampling.get("min_tokens") or 0):
         kwargs["min_new_tokens"] = int(sampling["min_tokens"])
     if temperature > 0:
@@ -158,7 +181,9 @@ def _seed(sampling: dict[str, Any]) -> None:
         torch.manual_seed(int(sampling["seed"]))
 
 
-def _finish(cancel: threading.Event, last: int | None, eos: set[int], produced: int, max_new: int) -> str:
+def _finish(
+    cancel: threading.Event, last: int | None, eos: set[int], produced: int, max_new: int
+) -> str:
     if cancel.is_set():
         return "abort"
     if last is not None and last in eos:
@@ -166,9 +191,17 @@ def _finish(cancel: threading.Event, last: int | None, eos: set[int], produced: 
     return "length" if produced >= max_new else "stop"
 
 
-def generate_text(model: Any, spec: HandoverSpec | None, prompt_ids: list[int], sampling: dict[str, Any], *,
-                  on_token: Callable[[int], None], on_step: Callable[[Any, Any, Any], None] | None,
-                  cancel: threading.Event, device: str) -> str:
+def generate_text(
+    model: Any,
+    spec: HandoverSpec | None,
+    prompt_ids: list[int],
+    sampling: dict[str, Any],
+    *,
+    on_token: Callable[[int], None],
+    on_step: Callable[[Any, Any, Any], None] | None,
+    cancel: threading.Event,
+    device: str,
+) -> str:
     """Run ``model.generate`` on one prompt; ``on_token`` per sampled token, ``on_step(fed, embeds,
     hidden)`` per forward step (a thinker's hand-over). Returns the finish reason."""
     import torch
@@ -184,22 +217,34 @@ def generate_text(model: Any, spec: HandoverSpec | None, prompt_ids: list[int], 
     streamer = _Streamer(token)
     kwargs = _sampling_kwargs(sampling)
     if spec is not None:
-        kwargs.update(eos_token_id=list(spec.eos_token_ids) or None, output_hidden_states=True,
-                      return_dict_in_generate=True, use_audio_in_video=False)
+        kwargs.update(
+            eos_token_id=list(spec.eos_token_ids) or None,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+            use_audio_in_video=False,
+        )
     hook = None
     if on_step is not None and spec is not None:
         layer = spec.layer
 
         def capture(module: Any, args: Any, output: Any) -> None:
             states = output.hidden_states
-            on_step(fed[-1], states[0][0].detach().float().cpu().numpy(), states[layer][0].detach().float().cpu().numpy())
+            on_step(
+                fed[-1],
+                states[0][0].detach().float().cpu().numpy(),
+                states[layer][0].detach().float().cpu().numpy(),
+            )
 
         hook = model.register_forward_hook(capture)
     _seed(sampling)
     try:
         with torch.no_grad():
-            model.generate(input_ids=ids, streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
-                           **kwargs)
+            model.generate(
+                input_ids=ids,
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
+                **kwargs,
+            )
     finally:
         if hook is not None:
             hook.remove()
@@ -241,16 +286,17 @@ class Detokenizer:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta
 
     def flush(self) -> str:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta
 
 
 # ---- the talker's side ---------------------------------------------------------------------
+
 
 @dataclass
 class Handover:
@@ -274,10 +320,16 @@ HOW_TO_FEED = "feed the talker from its thinker: inputs [thinker.hidden_states, 
 
 def hidden_key(stage: Any, joined: Any) -> str:
     """The key of a joined item that holds the thinker's hidden states (``BadRequest`` when none)."""
-    keys = [k for k in joined if split_input(str(k))[1] == "hidden_states"] if isinstance(joined, dict) else []
+    keys = (
+        [k for k in joined if split_input(str(k))[1] == "hidden_states"]
+        if isinstance(joined, dict)
+        else []
+    )
     if len(keys) != 1:
         got = sorted(joined) if isinstance(joined, dict) else type(joined).__name__
-        raise BadRequest.single(f"stages.{stage.name}.inputs", f"no thinker hidden_states among {got}", HOW_TO_FEED)
+        raise BadRequest.single(
+            f"stages.{stage.name}.inputs", f"no thinker hidden_states among {got}", HOW_TO_FEED
+        )
     return str(keys[0])
 
 
@@ -287,11 +339,26 @@ def check_step(step: Any, where: str, width: int | None) -> tuple[Any, Any, Any]
 
     if not isinstance(step, dict) or set(step) != set(HANDOVER_KEYS):
         got = sorted(step) if isinstance(step, dict) else type(step).__name__
-        raise BadRequest.single(where, f"is {got}, not the thinker's hand-over {list(HANDOVER_KEYS)}", HOW_TO_FEED)
-    e, h, t = np.asarray(step["embeds"]), np.asarray(step["hidden"]), np.asarray(step["token_ids"]).reshape(-1)
-    if e.ndim != 2 or h.shape != e.shape or e.shape[0] != t.shape[0] or (width is not None and e.shape[1] != width):
-        raise BadRequest.single(where, f"embeds {e.shape} / hidden {h.shape} / token_ids {t.shape} do not agree: "
-                                f"each must be [tokens, {width or 'hidden'}]", HOW_TO_FEED)
+        raise BadRequest.single(
+            where, f"is {got}, not the thinker's hand-over {list(HANDOVER_KEYS)}", HOW_TO_FEED
+        )
+    e, h, t = (
+        np.asarray(step["embeds"]),
+        np.asarray(step["hidden"]),
+        np.asarray(step["token_ids"]).reshape(-1),
+    )
+    if (
+        e.ndim != 2
+        or h.shape != e.shape
+        or e.shape[0] != t.shape[0]
+        or (width is not None and e.shape[1] != width)
+    ):
+        raise BadRequest.single(
+            where,
+            f"embeds {e.shape} / hidden {h.shape} / token_ids {t.shape} do not agree: "
+            f"each must be [tokens, {width or 'hidden'}]",
+            HOW_TO_FEED,
+        )
     return e, h, t
 
 
@@ -317,8 +384,11 @@ class HandoverFeed:
             if index < len(self.steps):
                 return
             if index != len(self.steps):
-                raise BadRequest.single(f"{self.key}[{len(self.steps)}]", f"is step {index}, not {len(self.steps)}",
-                                        "the thinker's steps must arrive in order (join: latest or all)")
+                raise BadRequest.single(
+                    f"{self.key}[{len(self.steps)}]",
+                    f"is step {index}, not {len(self.steps)}",
+                    "the thinker's steps must arrive in order (join: latest or all)",
+                )
             self.steps.append({k: np.asarray(v) for k, v in step.items()})
             self._cond.notify_all()
 
@@ -342,12 +412,18 @@ def joined_handover(stage: Any, items: list[Any]) -> Handover:
 
     how = HOW_TO_FEED
     if len(items) != 1 or not isinstance(items[0], dict):
-        raise BadRequest.single(f"stages.{stage.name}.inputs", "the talker takes one joined item (its thinker's whole hand-over)", how)
+        raise BadRequest.single(
+            f"stages.{stage.name}.inputs",
+            "the talker takes one joined item (its thinker's whole hand-over)",
+            how,
+        )
     joined = items[0]
     key = hidden_key(stage, joined)
     steps = joined[key]
     if not isinstance(steps, list) or not steps:
-        raise BadRequest.single(key, "the thinker handed over no hidden states (did it generate a token?)", how)
+        raise BadRequest.single(
+            key, "the thinker handed over no hidden states (did it generate a token?)", how
+        )
     embeds, hidden, prompt, generated = [], [], [], []
     eos: list[int] = []
     layer = -1
@@ -379,7 +455,9 @@ def _load_prefixed(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, Any]
     return out
 
 
-_EXPERT = re.compile(r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(
+    r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 def _fuse_experts(state: dict[str, Any]) -> dict[str, Any]:
@@ -400,7 +478,8 @@ def _fuse_experts(state: dict[str, Any]) -> dict[str, Any]:
     for base, by_expert in experts.items():
         order = sorted(by_expert)
         out[f"{base}.gate_up_proj"] = torch.stack(
-            [torch.cat([by_expert[e]["gate_proj"], by_expert[e]["up_proj"]], dim=0) for e in order])
+            [torch.cat([by_expert[e]["gate_proj"], by_expert[e]["up_proj"]], dim=0) for e in order]
+        )
         out[f"{base}.down_proj"] = torch.stack([by_expert[e]["down_proj"] for e in order])
     return out
 
@@ -408,7 +487,9 @@ def _fuse_experts(state: dict[str, Any]) -> dict[str, Any]:
 class Talker:
     """An Omni talker with the thinker's token embeddings; ``generate`` streams codec codes."""
 
-    def __init__(self, config: Any, talker: Any, embed_tokens: Any, speaker: str, device: str) -> None:
+    def __init__(
+        self, config: Any, talker: Any, embed_tokens: Any, speaker: str, device: str
+    ) -> None:
         self.config = config
         self.talker = talker
         self.embed_tokens = embed_tokens
@@ -422,12 +503,21 @@ class Talker:
     def check(self, handover: Handover) -> None:
         width = handover.embeds[0].shape[1]
         if width != self.thinker_width:
-            raise BadRequest.single("thinker.hidden_states", f"hidden states are {width} wide; this talker reads "
-                                    f"{self.thinker_width} (its thinker's hidden size)",
-                                    "feed the talker from the thinker of the same checkpoint")
+            raise BadRequest.single(
+                "thinker.hidden_states",
+                f"hidden states are {width} wide; this talker reads "
+                f"{self.thinker_width} (its thinker's hidden size)",
+                "feed the talker from the thinker of the same checkpoint",
+            )
 
-    def generate(self, handover: Handover, sampling: dict[str, Any], *, on_codes: Callable[[list[int]], None],
-                 cancel: threading.Event) -> str:
+    def generate(
+        self,
+        handover: Handover,
+        sampling: dict[str, Any],
+        *,
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
         raise NotImplementedError
 
     def _tensor(self, array: Any) -> Any:
@@ -442,15 +532,23 @@ class Qwen25Talker(Talker):
     def __init__(self, *args: Any, speakers: dict[str, Any]) -> None:
         super().__init__(*args)
         if self.speaker not in speakers:
-            raise ValueError(f"speaker {self.speaker!r} is not in spk_dict.pt ({', '.join(speakers)})")
+            raise ValueError(
+                f"speaker {self.speaker!r} is not in spk_dict.pt ({', '.join(speakers)})"
+            )
         self.speaker_params = speakers[self.speaker]
 
     @property
     def thinker_width(self) -> int:
         return int(self.config.talker_config.embedding_size)
 
-    def generate(self, handover: Handover, sampling: dict[str, Any], *, on_codes: Callable[[list[int]], None],
-                 cancel: threading.Event) -> str:
+    def generate(
+        self,
+        handover: Handover,
+        sampling: dict[str, Any],
+        *,
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
         import torch
         from transformers import StoppingCriteriaList
 
@@ -461,12 +559,18 @@ class Qwen25Talker(Talker):
         token_embeds = [self._tensor(e) for e in handover.embeds]
         hidden = [self._tensor(h) for h in handover.hidden]
         bos = int(self.speaker_params["bos_token"])
-        text_ids = torch.cat([input_ids, torch.full((1, 1), bos, dtype=torch.long, device=dev), gen_ids[:, :1]], dim=-1)
-        codec_ids = torch.cat([
-            torch.full_like(input_ids, fill_value=talker.codec_mask_token),
-            torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
-            torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
-        ], dim=1)
+        text_ids = torch.cat(
+            [input_ids, torch.full((1, 1), bos, dtype=torch.long, device=dev), gen_ids[:, :1]],
+            dim=-1,
+        )
+        codec_ids = torch.cat(
+            [
+                torch.full_like(input_ids, fill_value=talker.codec_mask_token),
+                torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
+                torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
+            ],
+            dim=1,
+        )
         width = token_embeds[0].shape[-1]
         if len(hidden) > 1:
             reply = torch.cat(hidden[1:], dim=1) + torch.cat(token_embeds[1:], dim=1)
@@ -475,8 +579,12 @@ class Qwen25Talker(Talker):
         embeds = hidden[0] + token_embeds[0]
         bos_embed = self.embed_tokens(torch.full((1, 1), bos, dtype=torch.long, device=dev))
         embeds = torch.cat([embeds, bos_embed, reply[:, :1, :]], dim=1)
-        eos_embed = self.embed_tokens(torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev))
-        pad_embed = self.embed_tokens(torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev))
+        eos_embed = self.embed_tokens(
+            torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev)
+        )
+        pad_embed = self.embed_tokens(
+            torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev)
+        )
         reply = torch.cat([reply[:, 1:, :], eos_embed, pad_embed], dim=1)
         if handover.eos_token_ids:
             eos_ids = torch.as_tensor(handover.eos_token_ids, device=dev).flatten()
@@ -485,22 +593,41 @@ class Qwen25Talker(Talker):
             positions = torch.arange(n, device=dev)
             first = torch.where(is_eos, positions, n).min(dim=-1).values.clamp(min=1, max=n - 1)
             reply_positions = torch.arange(reply.shape[1], device=dev).unsqueeze(0)
-            reply = torch.where((reply_positions >= first.unsqueeze(1)).unsqueeze(-1), pad_embed, reply)
-            reply = torch.where((reply_positions == (first - 1).unsqueeze(1)).unsqueeze(-1), eos_embed, reply)
+            reply = torch.where(
+                (reply_positions >= first.unsqueeze(1)).unsqueeze(-1), pad_embed, reply
+            )
+            reply = torch.where(
+                (reply_positions == (first - 1).unsqueeze(1)).unsqueeze(-1), eos_embed, reply
+            )
         stop = [int(getattr(self.config.talker_config, k)) for k in QWEN25_TALKER_EOS]
         kwargs = _sampling_kwargs(sampling)
         streamer = _Streamer(lambda t: None if t in stop else on_codes([t]))
         _seed(sampling)
         with torch.no_grad():
-            talker.generate(input_ids=codec_ids, input_text_ids=text_ids, thinker_reply_part=reply,
-                            inputs_embeds=embeds, attention_mask=None, suppress_tokens=[talker.codec_bos_token],
-                            eos_token_id=stop, pad_token_id=talker.codec_pad_token, use_audio_in_video=False,
-                            streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]), **kwargs)
+            talker.generate(
+                input_ids=codec_ids,
+                input_text_ids=text_ids,
+                thinker_reply_part=reply,
+                inputs_embeds=embeds,
+                attention_mask=None,
+                suppress_tokens=[talker.codec_bos_token],
+                eos_token_id=stop,
+                pad_token_id=talker.codec_pad_token,
+                use_audio_in_video=False,
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
+                **kwargs,
+            )
         return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
 
-
-    def generate_streaming(self, feed: HandoverFeed, sampling: dict[str, Any], *,
-                           on_codes: Callable[[list[int]], None], cancel: threading.Event) -> str:
+    def generate_streaming(
+        self,
+        feed: HandoverFeed,
+        sampling: dict[str, Any],
+        *,
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
         """The same talker started on the thinker's first two steps (vLLM-Omni's ``async_chunk``):
         the prefill reads the prompt's step and the first generated token's; each later step reads
         the next entry of what ``generate`` would have built whole (the next fed token's hidden
@@ -512,34 +639,53 @@ class Qwen25Talker(Talker):
         if not feed.wait(0, cancel):
             if cancel.is_set():
                 return "abort"
-            raise BadRequest.single(feed.key, "the thinker handed over no hidden states (did it generate a token?)",
-                                    HOW_TO_FEED)
+            raise BadRequest.single(
+                feed.key,
+                "the thinker handed over no hidden states (did it generate a token?)",
+                HOW_TO_FEED,
+            )
         feed.wait(1, cancel)
         talker, dev = self.talker, self.device
         first = feed.steps[0]
         width = int(first["embeds"].shape[1])
         if width != self.thinker_width:
-            raise BadRequest.single("thinker.hidden_states", f"hidden states are {width} wide; this talker reads "
-                                    f"{self.thinker_width} (its thinker's hidden size)",
-                                    "feed the talker from the thinker of the same checkpoint")
-        input_ids = torch.tensor([[int(t) for t in first["token_ids"]]], dtype=torch.long, device=dev)
+            raise BadRequest.single(
+                "thinker.hidden_states",
+                f"hidden states are {width} wide; this talker reads "
+                f"{self.thinker_width} (its thinker's hidden size)",
+                "feed the talker from the thinker of the same checkpoint",
+            )
+        input_ids = torch.tensor(
+            [[int(t) for t in first["token_ids"]]], dtype=torch.long, device=dev
+        )
         gen0 = int(first["next_token"].reshape(-1)[0])
         bos = int(self.speaker_params["bos_token"])
-        text_ids = torch.cat([input_ids, torch.tensor([[bos, gen0]], dtype=torch.long, device=dev)], dim=-1)
-        codec_ids = torch.cat([
-            torch.full_like(input_ids, fill_value=talker.codec_mask_token),
-            torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
-            torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
-        ], dim=1)
+        text_ids = torch.cat(
+            [input_ids, torch.tensor([[bos, gen0]], dtype=torch.long, device=dev)], dim=-1
+        )
+        codec_ids = torch.cat(
+            [
+                torch.full_like(input_ids, fill_value=talker.codec_mask_token),
+                torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
+                torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
+            ],
+            dim=1,
+        )
 
         def entry(i: int) -> Any:  # a step's hidden state + embedding, as generate() adds them
             step = feed.steps[i]
             return self._tensor(step["hidden"]) + self._tensor(step["embeds"])
 
         bos_embed = self.embed_tokens(torch.full((1, 1), bos, dtype=torch.long, device=dev))
-        embeds = torch.cat([entry(0), bos_embed, *([entry(1)] if len(feed.steps) > 1 else [])], dim=1)
-        eos_embed = self.embed_tokens(torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev))
-        pad_embed = self.embed_tokens(torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev))
+        embeds = torch.cat(
+            [entry(0), bos_embed, *([entry(1)] if len(feed.steps) > 1 else [])], dim=1
+        )
+        eos_embed = self.embed_tokens(
+            torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev)
+        )
+        pad_embed = self.embed_tokens(
+            torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev)
+        )
         decoded = [0]
 
         def remaining(j: int) -> Any:
@@ -550,7 +696,9 @@ class Qwen25Talker(Talker):
             return eos_embed if j == max(len(feed.steps) - 2, 0) else pad_embed
 
         def before(module: Any, args: Any, kwargs: Any) -> Any:
-            if kwargs.get("inputs_embeds") is None:  # a decode step: it reads thinker_reply_part's first entry
+            if (
+                kwargs.get("inputs_embeds") is None
+            ):  # a decode step: it reads thinker_reply_part's first entry
                 kwargs["thinker_reply_part"] = torch.cat([remaining(decoded[0]), pad_embed], dim=1)
                 decoded[0] += 1
             return args, kwargs
@@ -562,11 +710,20 @@ class Qwen25Talker(Talker):
         _seed(sampling)
         try:
             with torch.no_grad():
-                talker.generate(input_ids=codec_ids, input_text_ids=text_ids,
-                                thinker_reply_part=torch.cat([pad_embed, pad_embed], dim=1),
-                                inputs_embeds=embeds, attention_mask=None, suppress_tokens=[talker.codec_bos_token],
-                                eos_token_id=stop, pad_token_id=talker.codec_pad_token, use_audio_in_video=False,
-                                streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]), **kwargs)
+                talker.generate(
+                    input_ids=codec_ids,
+                    input_text_ids=text_ids,
+                    thinker_reply_part=torch.cat([pad_embed, pad_embed], dim=1),
+                    inputs_embeds=embeds,
+                    attention_mask=None,
+                    suppress_tokens=[talker.codec_bos_token],
+                    eos_token_id=stop,
+                    pad_token_id=talker.codec_pad_token,
+                    use_audio_in_video=False,
+                    streamer=streamer,
+                    stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
+                    **kwargs,
+                )
         finally:
             hook.remove()
         return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
@@ -588,8 +745,14 @@ class Qwen3Talker(Talker):
     def thinker_width(self) -> int:
         return int(self.config.talker_config.thinker_hidden_size)
 
-    def generate(self, handover: Handover, sampling: dict[str, Any], *, on_codes: Callable[[list[int]], None],
-                 cancel: threading.Event) -> str:
+    def generate(
+        self,
+        handover: Handover,
+        sampling: dict[str, Any],
+        *,
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
         import torch
         import transformers
         from transformers import StoppingCriteriaList
@@ -602,37 +765,71 @@ class Qwen3Talker(Talker):
         if speaker_id is None:
             raise ValueError(f"speaker {self.speaker!r} is not one of {', '.join(tcfg.speaker_id)}")
         input_ids = torch.tensor([handover.prompt_ids], dtype=torch.long, device=dev)
-        sequences = torch.tensor([handover.prompt_ids + handover.generated_ids], dtype=torch.long, device=dev)
+        sequences = torch.tensor(
+            [handover.prompt_ids + handover.generated_ids], dtype=torch.long, device=dev
+        )
         thinker_embed = torch.cat([self._tensor(e) for e in handover.embeds], dim=1)
         thinker_hidden = torch.cat([self._tensor(h) for h in handover.hidden], dim=1)
         th = cfg.thinker_config
-        multimodal_mask = (sequences == th.audio_token_id) | (sequences == th.image_token_id) | (sequences == th.video_token_id)
+        multimodal_mask = (
+            (sequences == th.audio_token_id)
+            | (sequences == th.image_token_id)
+            | (sequences == th.video_token_id)
+        )
         attention = input_ids.new_ones(input_ids.shape)
         length = input_ids.shape[1]
         positions = torch.arange(length, device=dev).unsqueeze(0).expand_as(input_ids)
-        im_start = torch.where(input_ids == cfg.im_start_token_id, positions, positions.new_full((), -1))
+        im_start = torch.where(
+            input_ids == cfg.im_start_token_id, positions, positions.new_full((), -1)
+        )
         previous = torch.cummax(im_start, dim=-1).values.clamp_min(0)
         roles = input_ids.gather(1, (previous + 1).clamp_max(length - 1))
         user_mask = (roles == cfg.user_token_id) & attention.bool()
         user_lengths = user_mask.sum(dim=-1)
         max_user = int(user_lengths.max().item())
-        user_indices = torch.where(user_mask, length + positions, positions).argsort(dim=-1)[:, -max_user:]
-        full_user = whole._get_talker_user_parts(shim, 0, length, multimodal_mask, thinker_hidden, thinker_embed)
-        user_embeds = full_user.gather(1, user_indices.unsqueeze(-1).expand(-1, -1, full_user.shape[-1]))
+        user_indices = torch.where(user_mask, length + positions, positions).argsort(dim=-1)[
+            :, -max_user:
+        ]
+        full_user = whole._get_talker_user_parts(
+            shim, 0, length, multimodal_mask, thinker_hidden, thinker_embed
+        )
+        user_embeds = full_user.gather(
+            1, user_indices.unsqueeze(-1).expand(-1, -1, full_user.shape[-1])
+        )
         user_ids = sequences[:, :length].gather(1, user_indices)
-        user_attention = (torch.arange(max_user, device=dev).unsqueeze(0)
-                          >= (max_user - user_lengths).unsqueeze(1)).to(attention.dtype)
-        starts = (input_ids[:, :-1] == cfg.im_start_token_id) & (input_ids[:, 1:] == cfg.assistant_token_id)
+        user_attention = (
+            torch.arange(max_user, device=dev).unsqueeze(0)
+            >= (max_user - user_lengths).unsqueeze(1)
+        ).to(attention.dtype)
+        starts = (input_ids[:, :-1] == cfg.im_start_token_id) & (
+            input_ids[:, 1:] == cfg.assistant_token_id
+        )
         found = torch.nonzero(starts[0], as_tuple=False).flatten()
         if found.numel() == 0:
-            raise BadRequest.single("thinker.hidden_states", "the thinker's prompt has no assistant turn",
-                                    "the thinker must apply its chat template with the generation prompt")
+            raise BadRequest.single(
+                "thinker.hidden_states",
+                "the thinker's prompt has no assistant turn",
+                "the thinker must apply its chat template with the generation prompt",
+            )
         assistant_start = int(found[-1].item())
-        special = torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]],
-                               device=dev, dtype=input_ids.dtype)
-        tts_bos, tts_eos, tts_pad = self.talker.text_projection(self.embed_tokens(special)).chunk(3, dim=1)
+        special = torch.tensor(
+            [[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]],
+            device=dev,
+            dtype=input_ids.dtype,
+        )
+        tts_bos, tts_eos, tts_pad = self.talker.text_projection(self.embed_tokens(special)).chunk(
+            3, dim=1
+        )
         assistant_embeds, assistant_ids, trailing = whole._get_talker_assistant_parts(
-            shim, assistant_start, sequences.shape[-1], speaker_id, thinker_embed, tts_pad, tts_bos, tts_eos)
+            shim,
+            assistant_start,
+            sequences.shape[-1],
+            speaker_id,
+            thinker_embed,
+            tts_pad,
+            tts_bos,
+            tts_eos,
+        )
         if handover.eos_token_ids:
             gen = sequences[:, length:]
             eos_ids = torch.as_tensor(handover.eos_token_ids, device=dev).flatten()
@@ -640,11 +837,21 @@ class Qwen3Talker(Talker):
             n = gen.shape[1]
             first = torch.where(is_eos, torch.arange(n, device=dev), n).min(dim=-1).values
             trailing_positions = torch.arange(trailing.shape[1], device=dev).unsqueeze(0)
-            trailing = torch.where((trailing_positions > first.unsqueeze(1)).unsqueeze(-1), tts_pad.to(trailing.dtype), trailing)
-            trailing = torch.where((trailing_positions == first.unsqueeze(1)).unsqueeze(-1), tts_eos.to(trailing.dtype), trailing)
+            trailing = torch.where(
+                (trailing_positions > first.unsqueeze(1)).unsqueeze(-1),
+                tts_pad.to(trailing.dtype),
+                trailing,
+            )
+            trailing = torch.where(
+                (trailing_positions == first.unsqueeze(1)).unsqueeze(-1),
+                tts_eos.to(trailing.dtype),
+                trailing,
+            )
         embeds = torch.cat((user_embeds, assistant_embeds), dim=1)
         ids = torch.cat((user_ids, assistant_ids), dim=1)
-        mask = torch.cat((user_attention, attention.new_ones((1, assistant_embeds.shape[1]))), dim=1)
+        mask = torch.cat(
+            (user_attention, attention.new_ones((1, assistant_embeds.shape[1]))), dim=1
+        )
         vocab = int(tcfg.text_config.vocab_size)
         suppressed = [i for i in range(vocab - 1024, vocab) if i != tcfg.codec_eos_token_id]
         kwargs = _sampling_kwargs(sampling)
@@ -660,13 +867,28 @@ class Qwen3Talker(Talker):
         try:
             with torch.no_grad():
                 self.talker.generate(
-                    inputs_embeds=embeds, trailing_text_hidden=trailing, tts_pad_embed=tts_pad,
-                    talker_input_ids=ids, attention_mask=mask, eos_token_id=tcfg.codec_eos_token_id,
-                    suppress_tokens=suppressed, output_hidden_states=True, return_dict_in_generate=True,
-                    streamer=streamer, stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]), **kwargs)
+                    inputs_embeds=embeds,
+                    trailing_text_hidden=trailing,
+                    tts_pad_embed=tts_pad,
+                    talker_input_ids=ids,
+                    attention_mask=mask,
+                    eos_token_id=tcfg.codec_eos_token_id,
+                    suppress_tokens=suppressed,
+                    output_hidden_states=True,
+                    return_dict_in_generate=True,
+                    streamer=streamer,
+                    stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
+                    **kwargs,
+                )
         finally:
             hook.remove()
-        return _finish(cancel, streamer.last, {int(tcfg.codec_eos_token_id)}, streamer.count, kwargs["max_new_tokens"])
+        return _finish(
+            cancel,
+            streamer.last,
+            {int(tcfg.codec_eos_token_id)},
+            streamer.count,
+            kwargs["max_new_tokens"],
+        )
 
 
 def load_talker(model_dir: Path, *, dtype: Any, device: str, speaker: str | None) -> Talker:
@@ -677,22 +899,30 @@ def load_talker(model_dir: Path, *, dtype: Any, device: str, speaker: str | None
 
     mtype = model_type(model_dir)
     if mtype not in OMNI_MODEL_TYPES:
-        raise ValueError(f"{model_dir} is a {mtype!r} checkpoint; a talker needs one of {', '.join(OMNI_MODEL_TYPES)}")
+        raise ValueError(
+            f"{model_dir} is a {mtype!r} checkpoint; a talker needs one of {', '.join(OMNI_MODEL_TYPES)}"
+        )
     config = transformers.AutoConfig.from_pretrained(model_dir)
     talker_cls = getattr(transformers, OMNI_MODEL_TYPES[mtype][1])
     embed_name = "thinker.model.embed_tokens.weight"
     tensors = _load_prefixed(model_dir, ("talker.", embed_name))
     if embed_name not in tensors:
-        raise ValueError(f"{model_dir} has no {embed_name} (the thinker's token embeddings the talker reads)")
+        raise ValueError(
+            f"{model_dir} has no {embed_name} (the thinker's token embeddings the talker reads)"
+        )
     embed = torch.nn.Embedding.from_pretrained(tensors.pop(embed_name).to(dtype), freeze=True)
     talker = talker_cls._from_config(config.talker_config, dtype=dtype)
-    state = {name[len("talker."):]: t for name, t in tensors.items()}
-    if any(k.endswith("experts.gate_up_proj") for k in talker.state_dict()):  # transformers >= 5 fuses experts
+    state = {name[len("talker.") :]: t for name, t in tensors.items()}
+    if any(
+        k.endswith("experts.gate_up_proj") for k in talker.state_dict()
+    ):  # transformers >= 5 fuses experts
         state = _fuse_experts(state)
     missing, unexpected = talker.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"the checkpoint's talker.* tensors do not match {talker_cls.__name__}: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"the checkpoint's talker.* tensors do not match {talker_cls.__name__}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     talker.eval().to(device)
     embed.to(device)
     chosen = speaker or DEFAULT_SPEAKER[mtype]

@@ -66,15 +66,27 @@ CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 planner's share of the host's cores (``orchestrator.cpu_threads``)."""
 NO_TELEMETRY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 """vLLM's usage statistics off, on every backend: nothing leaves the machine."""
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1", "TOKENIZERS_PARALLELISM": "false",
-             **NO_TELEMETRY_ENV}
+QUIET_ENV = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_CONFIGURE_LOGGING": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    **NO_TELEMETRY_ENV,
+}
 """vLLM logs every engine setting at INFO; the run's own report says what matters.
 The tokenizer's own thread pool stays off (it warns and deadlocks across forks).
 Usage statistics off (``NO_TELEMETRY_ENV``)."""
 LLAMACPP_PREFIX = "llamacpp-"
 """Backends whose requests are counted with the GGUF's own vocabulary (``llamacpp-cpu``,
 ``llamacpp-vulkan``: stages.ar_decode.llamacpp_runner)."""
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "repetition_penalty")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "min_tokens",
+    "seed",
+    "repetition_penalty",
+)
 _END = object()
 
 
@@ -92,8 +104,10 @@ class _Request:
 
 
 ENGINE_FAILED_CODE = "engine_failed"
-ENGINE_STOPPED = ("its vLLM engine stopped after a failed step (code engine_failed; the cause is in the "
-                  "server's log); restart the server")
+ENGINE_STOPPED = (
+    "its vLLM engine stopped after a failed step (code engine_failed; the cause is in the "
+    "server's log); restart the server"
+)
 
 
 class VllmRunner(StageRunner):
@@ -124,7 +138,9 @@ class VllmRunner(StageRunner):
         try:
             threads = self.plan.cpu_threads if self.plan.backend == "vllm-cpu" else None
             if threads is not None and "torch" not in sys.modules:
-                os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # OpenMP reads it when torch loads
+                os.environ.setdefault(
+                    "OMP_NUM_THREADS", str(threads)
+                )  # OpenMP reads it when torch loads
             os.environ.update(CPU_ENGINE_ENV)
             for key, value in QUIET_ENV.items():
                 os.environ.setdefault(key, value)
@@ -142,7 +158,9 @@ class VllmRunner(StageRunner):
             t_import = time.perf_counter()
             kwargs = dict(self.plan.engine_kwargs)
             dtype = kwargs.get("dtype")
-            kwargs["model"] = str(resolve_model(kwargs["model"], dtype=dtype if dtype not in (None, "auto") else None))
+            kwargs["model"] = str(
+                resolve_model(kwargs["model"], dtype=dtype if dtype not in (None, "auto") else None)
+            )
             kwargs.setdefault("disable_log_stats", True)
             t_model = time.perf_counter()
             self._engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
@@ -152,8 +170,14 @@ class VllmRunner(StageRunner):
             self._meter.stop()
             self._engine = None
             _cleanup_vllm()
-            raise StageFailed(self.plan.name, self.device, f"vLLM engine did not start: {type(exc).__name__}: {exc}") from exc
-        self._thread = threading.Thread(target=self._loop, name=f"vllm-{self.plan.name}", daemon=True)
+            raise StageFailed(
+                self.plan.name,
+                self.device,
+                f"vLLM engine did not start: {type(exc).__name__}: {exc}",
+            ) from exc
+        self._thread = threading.Thread(
+            target=self._loop, name=f"vllm-{self.plan.name}", daemon=True
+        )
         self._thread.start()
         self._meter.stop()
         self._resident = self._meter.growth
@@ -169,7 +193,12 @@ class VllmRunner(StageRunner):
             "load_peak_growth_bytes": self._meter.peak_growth,
             "resident_growth_bytes": self._resident,
         }
-        log.info("%s: vLLM engine started in %.1f s (%s)", self.plan.name, t_engine - t_model, kwargs["model"])
+        log.info(
+            "%s: vLLM engine started in %.1f s (%s)",
+            self.plan.name,
+            t_engine - t_model,
+            kwargs["model"],
+        )
 
     def close(self) -> None:
         """Stop the step thread, fail what is still in flight, and shut the engine down."""
@@ -211,7 +240,9 @@ class VllmRunner(StageRunner):
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[str]:
         """Text deltas for the prompt read from ``inputs`` (see the module docstring)."""
         if self._engine is None:
-            raise StageFailed(self.plan.name, self.device, "stream() before load() or after close()")
+            raise StageFailed(
+                self.plan.name, self.device, "stream() before load() or after close()"
+            )
         if self._failed is not None:
             raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
         items = [item async for item in inputs]
@@ -220,7 +251,9 @@ class VllmRunner(StageRunner):
         req = _Request(loop, asyncio.Queue(), time.perf_counter(), len(prompt_ids))
         with self._lock:
             if request_id in self._requests:
-                raise StageFailed(self.plan.name, self.device, f"request id {request_id!r} is already in flight")
+                raise StageFailed(
+                    self.plan.name, self.device, f"request id {request_id!r} is already in flight"
+                )
             self._requests[request_id] = req
         self._commands.put(("add", request_id, prompt_ids, params))
         finished = False
@@ -273,7 +306,11 @@ class VllmRunner(StageRunner):
         return list(prompt_ids), params
 
     def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "tokens": req.tokens, "finish_reason": req.finish_reason}
+        out: dict[str, Any] = {
+            "prompt_tokens": req.prompt_tokens,
+            "tokens": req.tokens,
+            "finish_reason": req.finish_reason,
+        }
         if req.first_token is not None:
             out["ttft_s"] = round(req.first_token - req.submitted, 4)
             end = req.finished or time.perf_counter()
@@ -301,7 +338,14 @@ class VllmRunner(StageRunner):
                         engine.abort_request([cmd[1]])
                 except Exception as exc:
                     if cmd[0] == "add":
-                        self._deliver(cmd[1], StageFailed(self.plan.name, self.device, f"vLLM refused request {cmd[1]}: {type(exc).__name__}: {exc}"))
+                        self._deliver(
+                            cmd[1],
+                            StageFailed(
+                                self.plan.name,
+                                self.device,
+                                f"vLLM refused request {cmd[1]}: {type(exc).__name__}: {exc}",
+                            ),
+                        )
                     else:  # pragma: no cover
                         log.debug("abort of %s raised", cmd[1], exc_info=True)
                 try:
@@ -321,7 +365,9 @@ class VllmRunner(StageRunner):
             except Exception as exc:
                 self._failed = exc
                 log.exception("%s: engine step failed", self.plan.name)
-                self._fail_all(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+                self._fail_all(
+                    StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
+                )
                 return
             self._meter.sample()
             now = time.perf_counter()
@@ -389,29 +435,44 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], d
             if "messages" in item:
                 msgs = item["messages"]
                 if not isinstance(msgs, list) or not all(
-                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                        for m in msgs):
-                    raise BadRequest.single("request.messages", "must be a list of {role, content} with text content",
-                                            "e.g. [{'role': 'user', 'content': 'Hello'}]")
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                    for m in msgs
+                ):
+                    raise BadRequest.single(
+                        "request.messages",
+                        "must be a list of {role, content} with text content",
+                        "e.g. [{'role': 'user', 'content': 'Hello'}]",
+                    )
                 messages.extend({"role": m["role"], "content": m["content"]} for m in msgs)
             if "prompt" in item:
                 texts.append(_text(item["prompt"], "request.prompt", how))
             sampling = item.get("sampling") or {}
             if not isinstance(sampling, dict):
-                raise BadRequest.single("request.sampling", f"a {type(sampling).__name__} is not a mapping",
-                                        "e.g. {'max_tokens': 64, 'temperature': 0.3}")
+                raise BadRequest.single(
+                    "request.sampling",
+                    f"a {type(sampling).__name__} is not a mapping",
+                    "e.g. {'max_tokens': 64, 'temperature': 0.3}",
+                )
             unknown = sorted(set(sampling) - set(_SAMPLING_KEYS))
             if unknown:
-                raise BadRequest.single(f"request.sampling.{unknown[0]}", "is not a sampling setting",
-                                        f"use one of {', '.join(_SAMPLING_KEYS)}")
+                raise BadRequest.single(
+                    f"request.sampling.{unknown[0]}",
+                    "is not a sampling setting",
+                    f"use one of {', '.join(_SAMPLING_KEYS)}",
+                )
             overrides.update(sampling)
         else:
             texts.append(_text(item, "prompt", how))
     if texts:
         messages.append({"role": "user", "content": " ".join(t.strip() for t in texts)})
     if not messages or not any(m["content"].strip() for m in messages if m["role"] != "system"):
-        raise BadRequest.single("prompt", "is empty or only whitespace: the model would answer its system prompt",
-                                "say something, e.g. --prompt 'Tell me one fact about the Moon.'")
+        raise BadRequest.single(
+            "prompt",
+            "is empty or only whitespace: the model would answer its system prompt",
+            "say something, e.g. --prompt 'Tell me one fact about the Moon.'",
+        )
     merged = {**base, **overrides}
     if overrides:
         merged = _checked_sampling(stage, merged, base)
@@ -439,19 +500,25 @@ def _checked_sampling(stage: Any, merged: dict[str, Any], base: dict[str, Any]) 
         err = exc.errors()[0]
         field_name = ".".join(str(x) for x in err.get("loc", ())) or "sampling"
         shown = repr(merged.get(field_name))
-        raise BadRequest.single(f"request.sampling.{field_name}",
-                                f"{shown if len(shown) <= 40 else shown[:37] + '...'}: {err.get('msg')}",
-                                "use a value in the range the stage's sampling allows (docs/plan-format.md)") from None
+        raise BadRequest.single(
+            f"request.sampling.{field_name}",
+            f"{shown if len(shown) <= 40 else shown[:37] + '...'}: {err.get('msg')}",
+            "use a value in the range the stage's sampling allows (docs/plan-format.md)",
+        ) from None
     cap = base.get("max_tokens")
     if isinstance(cap, int) and checked["max_tokens"] > cap:
-        raise BadRequest.single("request.sampling.max_tokens",
-                                f"{checked['max_tokens']} is over the config's sampling.max_tokens of {cap}, "
-                                "the most a request may ask for",
-                                f"ask for at most {cap}, or raise sampling.max_tokens in the stage's config")
+        raise BadRequest.single(
+            "request.sampling.max_tokens",
+            f"{checked['max_tokens']} is over the config's sampling.max_tokens of {cap}, "
+            "the most a request may ask for",
+            f"ask for at most {cap}, or raise sampling.max_tokens in the stage's config",
+        )
     if checked["min_tokens"] > checked["max_tokens"]:
-        raise BadRequest.single("request.sampling.min_tokens",
-                                f"{checked['min_tokens']} is more than max_tokens {checked['max_tokens']}",
-                                "lower min_tokens or raise max_tokens")
+        raise BadRequest.single(
+            "request.sampling.min_tokens",
+            f"{checked['min_tokens']} is more than max_tokens {checked['max_tokens']}",
+            "lower min_tokens or raise max_tokens",
+        )
     return checked
 
 
@@ -469,7 +536,11 @@ def check_length(stage: Any, prompt_tokens: int, sampling: dict[str, Any]) -> No
     max_tokens = int(sampling.get("max_tokens") or 0)
     default = getattr(getattr(stage, "sampling", None), "max_tokens", None)
     room = limit - prompt_tokens
-    if prompt_tokens + max_tokens > limit and max_tokens == default and room >= max(1, int(sampling.get("min_tokens") or 0)):
+    if (
+        prompt_tokens + max_tokens > limit
+        and max_tokens == default
+        and room >= max(1, int(sampling.get("min_tokens") or 0))
+    ):
         sampling["max_tokens"] = room
         return
     if prompt_tokens + max_tokens > limit:
@@ -479,7 +550,8 @@ def check_length(stage: Any, prompt_tokens: int, sampling: dict[str, Any]) -> No
             f"is {prompt_tokens} tokens with the chat template; with max_tokens {max_tokens} for the reply that is "
             f"{prompt_tokens + max_tokens}, over the stage's max_model_len of {limit} tokens",
             f"shorten the prompt to at most {room} tokens (about {room * 3} characters of English), "
-            "or raise max_model_len in the config")
+            "or raise max_model_len in the config",
+        )
 
 
 def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -63,13 +63,21 @@ class AsrConfig(GraphStageConfig):
     """A speech-recognition stage in a pipeline config."""
 
     kind: Literal["asr"] = Field(description="Always asr for this kind.")
-    encoder: str = Field(description="The encoder's artifact directory, relative to the config file, or package://<package>/<dir>.")
-    decoder: str = Field(description="The decoder step's artifact directory (KV cache in and out), same rules.")
-    max_new_tokens: int = Field(224, ge=1, le=224, description="Most tokens decoded per 30 s window (Whisper's cap: 224).")
+    encoder: str = Field(
+        description="The encoder's artifact directory, relative to the config file, or package://<package>/<dir>."
+    )
+    decoder: str = Field(
+        description="The decoder step's artifact directory (KV cache in and out), same rules."
+    )
+    max_new_tokens: int = Field(
+        224, ge=1, le=224, description="Most tokens decoded per 30 s window (Whisper's cap: 224)."
+    )
     audio_context: AudioContext = Field(
-        "full", description="Encoder input length: full (30 s windows, as Whisper was trained) or fit (the segment "
-                            "rounded up to whole seconds plus a margin: faster on short segments, some accuracy lost; "
-                            "needs an encoder built with variable frames).")
+        "full",
+        description="Encoder input length: full (30 s windows, as Whisper was trained) or fit (the segment "
+        "rounded up to whole seconds plus a margin: faster on short segments, some accuracy lost; "
+        "needs an encoder built with variable frames).",
+    )
 
 
 def graph_config(stage: AsrConfig, graph: Graph) -> ExportedGraphConfig:
@@ -95,18 +103,29 @@ class AsrKind(GraphsKind):
         info = super().describe(stage)
         cfg = _cfg(stage)
         if cfg.audio_context == "fit":
-            problem = fit_problem(cfg, self.artifacts(stage)["encoder"], graph_info(info, "encoder"))
+            problem = fit_problem(
+                cfg, self.artifacts(stage)["encoder"], graph_info(info, "encoder")
+            )
             if problem is not None:
                 raise ConfigError([problem])
         return info
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         kwargs = super().engine_kwargs(stage, info, device, backend, reservations, pool_capacity)
         cfg = _cfg(stage)
-        return {**kwargs, "max_new_tokens": cfg.max_new_tokens, "audio_context": cfg.audio_context} if kwargs else {}
+        return (
+            {**kwargs, "max_new_tokens": cfg.max_new_tokens, "audio_context": cfg.audio_context}
+            if kwargs
+            else {}
+        )
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
         """A request entering at this stage is one audio item: ``{"audio": mono samples,
@@ -117,29 +136,47 @@ class AsrKind(GraphsKind):
         where = f"request (stage {stage.name}, kind asr)"
         if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
             got = "text" if isinstance(prompt, str) else type(prompt).__name__
-            raise BadRequest.single(where, f"the stage takes audio, got {got}",
-                                    'send {"audio": float32 mono samples, "sample_rate": Hz}')
+            raise BadRequest.single(
+                where,
+                f"the stage takes audio, got {got}",
+                'send {"audio": float32 mono samples, "sample_rate": Hz}',
+            )
         rate = prompt["sample_rate"]
         problem = sample_rate_problem(rate)
         if problem is not None:
-            raise BadRequest.single(f"{where}: sample_rate", problem, "resample the recording to 16000 Hz")
+            raise BadRequest.single(
+                f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
+            )
         try:
             samples = np.asarray(prompt["audio"], dtype=np.float32)
         except (TypeError, ValueError) as exc:
-            raise BadRequest.single(f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]") from None
+            raise BadRequest.single(
+                f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"
+            ) from None
         if samples.ndim != 1 or samples.size == 0:
-            raise BadRequest.single(f"{where}: audio", f"shape {samples.shape}: one channel of at least one sample is needed",
-                                    "average the channels into one (mono), and send a non-empty recording")
+            raise BadRequest.single(
+                f"{where}: audio",
+                f"shape {samples.shape}: one channel of at least one sample is needed",
+                "average the channels into one (mono), and send a non-empty recording",
+            )
 
     # -- runtime -------------------------------------------------------------
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         """The runner for an admitted placement; both sessions in the route ``route_for`` finds."""
-        module = import_module("stages.asr.runner")  # numpy and soxr at its top: never while planning
-        runner: StageRunner = module.AsrRunner(stage_plan, self.artifacts(stage), module.route_for(stage_plan, route))
+        module = import_module(
+            "stages.asr.runner"
+        )  # numpy and soxr at its top: never while planning
+        runner: StageRunner = module.AsrRunner(
+            stage_plan, self.artifacts(stage), module.route_for(stage_plan, route)
+        )
         return runner
 
 
-def fit_problem(stage: AsrConfig, artifact: ExportedArtifact, encoder: ArtifactInfo) -> Problem | None:
+def fit_problem(
+    stage: AsrConfig, artifact: ExportedArtifact, encoder: ArtifactInfo
+) -> Problem | None:
     """Why ``audio_context: fit`` cannot run on this encoder, or None: its manifest must declare
     ``metadata.variable_frames: true`` and every graph of it must take a dynamic frame axis (a
     graph built before the manifest said so — version 1.0, 3000 frames — is stale)."""
@@ -147,16 +184,26 @@ def fit_problem(stage: AsrConfig, artifact: ExportedArtifact, encoder: ArtifactI
     fix = "rebuild the graphs: python -m exports.whisper_asr build; or set audio_context: full (30 s windows)"
     name = f"{artifact.name} {artifact.manifest.version}"
     if artifact.metadata.get("variable_frames") is not True:
-        return Problem(where, f"fit needs an encoder that takes fewer than 30 s of frames; {name} "
-                              f"({artifact.dir / 'manifest.yaml'}) does not declare metadata.variable_frames: true", fix)
+        return Problem(
+            where,
+            f"fit needs an encoder that takes fewer than 30 s of frames; {name} "
+            f"({artifact.dir / 'manifest.yaml'}) does not declare metadata.variable_frames: true",
+            fix,
+        )
     for precision, g in (encoder.details.get("precisions") or {}).items():
         stats = describe_graph(g["graph"])
-        fixed = [(i["name"], i["shape"][-1]) for i in stats.inputs if isinstance(i["shape"][-1], int)]
+        fixed = [
+            (i["name"], i["shape"][-1]) for i in stats.inputs if isinstance(i["shape"][-1], int)
+        ]
         if fixed:
             (tensor, frames), *_ = fixed
-            return Problem(where, f"fit needs a dynamic frame axis, but the {precision} graph {g['graph']} takes "
-                                  f"{tensor!r} with {frames} frames only (built before {name} declared "
-                                  "variable_frames: stale)", fix)
+            return Problem(
+                where,
+                f"fit needs a dynamic frame axis, but the {precision} graph {g['graph']} takes "
+                f"{tensor!r} with {frames} frames only (built before {name} declared "
+                "variable_frames: stale)",
+                fix,
+            )
     return None
 
 

@@ -80,8 +80,15 @@ features are ``(max(log10 mel, peak - 8) + 4) / 4``, so the floor is ``peak / 4 
 tail computed at each window's own floor and at this one (docs/asr.md)."""
 
 
-def fit_frames(samples: int, rate: int, frames_per_second: int, min_frames: int, max_frames: int,
-               margin_s: float = FIT_MARGIN_S, min_s: float = FIT_MIN_S) -> int:
+def fit_frames(
+    samples: int,
+    rate: int,
+    frames_per_second: int,
+    min_frames: int,
+    max_frames: int,
+    margin_s: float = FIT_MARGIN_S,
+    min_s: float = FIT_MIN_S,
+) -> int:
     """The encoder frames ``fit`` runs for a window of ``samples`` at ``rate`` Hz: its length
     plus ``margin_s``, rounded up to whole seconds (so at most 30 different shapes ever reach
     the EP), at least ``min_s`` seconds and ``min_frames``, at most ``max_frames``; even (the
@@ -103,13 +110,17 @@ class AsrRunner(OrtRunner):
     calibrated budget counts the window's rise (``call_rise_bytes``), so the worker is recycled
     at that one only."""
 
-    def __init__(self, stage_plan: StagePlan, artifacts: dict[str, ExportedArtifact], route: ResolvedRoute) -> None:
+    def __init__(
+        self, stage_plan: StagePlan, artifacts: dict[str, ExportedArtifact], route: ResolvedRoute
+    ) -> None:
         super().__init__(stage_plan, route)
         self.encoder, self.decoder = artifacts["encoder"], artifacts["decoder"]
         pre, text = self.encoder.hook("preprocess"), self.decoder.hook("postprocess")
         if pre is None or text is None:
-            self._fail("the encoder's manifest needs a preprocess hook (audio → features) and the decoder's a "
-                       "postprocess hook (token ids → text)")
+            self._fail(
+                "the encoder's manifest needs a preprocess hook (audio → features) and the decoder's a "
+                "postprocess hook (token ids → text)"
+            )
         self._pre: Callable[..., Any] = pre
         self._text: Callable[..., Any] = text
         meta = self.decoder.metadata
@@ -118,8 +129,10 @@ class AsrRunner(OrtRunner):
             self.end = int(meta["end_of_text"])
             suppress, begin = list(meta["suppress_tokens"]), list(meta["begin_suppress_tokens"])
         except (KeyError, TypeError, ValueError) as exc:
-            self._fail(f"{self.decoder.dir}/manifest.yaml: metadata needs prompt, end_of_text, suppress_tokens and "
-                       f"begin_suppress_tokens ({type(exc).__name__}: {exc})")
+            self._fail(
+                f"{self.decoder.dir}/manifest.yaml: metadata needs prompt, end_of_text, suppress_tokens and "
+                f"begin_suppress_tokens ({type(exc).__name__}: {exc})"
+            )
         self.rate = int(self.encoder.metadata.get("sample_rate", 16000))
         self.window = int(self.encoder.metadata.get("window_seconds", 30)) * self.rate
         self.max_new_tokens = int(stage_plan.engine_kwargs.get("max_new_tokens", 224))
@@ -131,9 +144,13 @@ class AsrRunner(OrtRunner):
         whisper.cpp's audio_ctx; bench/asr_context.py --no-silent-tail measures it)."""
         if self.audio_context == "fit":
             enc = self.encoder.metadata
-            if enc.get("variable_frames") is not True:  # planning refuses this first (stages.asr.kind.fit_problem)
-                self._fail(f"audio_context fit: {self.encoder.dir}/manifest.yaml does not declare "
-                           "metadata.variable_frames: true; rebuild: python -m exports.whisper_asr build")
+            if (
+                enc.get("variable_frames") is not True
+            ):  # planning refuses this first (stages.asr.kind.fit_problem)
+                self._fail(
+                    f"audio_context fit: {self.encoder.dir}/manifest.yaml does not declare "
+                    "metadata.variable_frames: true; rebuild: python -m exports.whisper_asr build"
+                )
             self.frames_per_second = int(enc.get("frames_per_second", 100))
             self.frame_bounds = (int(enc.get("min_frames", 2)), int(enc.get("max_frames", 3000)))
             self.features = self.encoder.manifest.inputs[0].name
@@ -144,7 +161,9 @@ class AsrRunner(OrtRunner):
         self.suppress[suppress] = True
         self.begin_suppress = begin
         past = next(i for i in self.decoder.manifest.inputs if i.name == "past_key")
-        self.empty_cache_shape = tuple(d if isinstance(d, int) else (1 if d == "batch" else 0) for d in past.shape)
+        self.empty_cache_shape = tuple(
+            d if isinstance(d, int) else (1 if d == "batch" else 0) for d in past.shape
+        )
 
     def load(self) -> None:
         """Open the encoder's then the decoder's session in the route; load the tokenizer and
@@ -153,11 +172,22 @@ class AsrRunner(OrtRunner):
         specs = self._session_specs("encoder", "decoder")
         with self._loading():
             self.load_info = self._open(specs)
-            self._detokenize([])  # the tokenizer and the feature extractor load now, not on the first request
-            self._pre({"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate}, self.encoder)
-            if self.audio_context == "fit":  # the silent window's cross keys/values, spliced after every cut
-                silent = np.full((1, self.mel_bins, self.frame_bounds[1]), SILENCE_LEVEL, dtype=np.float32)
-                self.silence = self._host.run(self._handles["encoder"], {self.features: silent})["outputs"]
+            self._detokenize(
+                []
+            )  # the tokenizer and the feature extractor load now, not on the first request
+            self._pre(
+                {"audio": np.zeros(self.rate // 10, dtype=np.float32), "sample_rate": self.rate},
+                self.encoder,
+            )
+            if (
+                self.audio_context == "fit"
+            ):  # the silent window's cross keys/values, spliced after every cut
+                silent = np.full(
+                    (1, self.mel_bins, self.frame_bounds[1]), SILENCE_LEVEL, dtype=np.float32
+                )
+                self.silence = self._host.run(self._handles["encoder"], {self.features: silent})[
+                    "outputs"
+                ]
         self._recycle_at_budget()
 
     def transcribe(self, item: Any, cancel: threading.Event | None = None) -> str:
@@ -186,8 +216,14 @@ class AsrRunner(OrtRunner):
         ``full`` (the preprocess hook's 30 s window as it is)."""
         if self.audio_context != "fit":
             return None
-        return fit_frames(samples, self.rate, self.frames_per_second, *self.frame_bounds,
-                          margin_s=self.fit_margin_s, min_s=self.fit_min_s)
+        return fit_frames(
+            samples,
+            self.rate,
+            self.frames_per_second,
+            *self.frame_bounds,
+            margin_s=self.fit_margin_s,
+            min_s=self.fit_min_s,
+        )
 
     def _window(self, samples: Any) -> str:
         """One window's text: its encoder run and decoding loop in one route worker (``_unit``)."""
@@ -201,19 +237,28 @@ class AsrRunner(OrtRunner):
             encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
             return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
         features = feeds[self.features]
-        feeds[self.features] = np.ascontiguousarray(features[..., :frames] + (SILENCE_LEVEL - features.min()))
+        feeds[self.features] = np.ascontiguousarray(
+            features[..., :frames] + (SILENCE_LEVEL - features.min())
+        )
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
         if not self.silent_tail:
             return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
-        key, value = (np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
-                      for n in ("cross_key", "cross_value"))
+        key, value = (
+            np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
+            for n in ("cross_key", "cross_value")
+        )
         return self._detokenize(self._greedy(key, value))
 
     def _greedy(self, cross_key: Any, cross_value: Any) -> list[int]:
         """Greedy token ids after the prompt, without the end token."""
         empty = np.zeros(self.empty_cache_shape, dtype=np.float32)
-        feeds = {"input_ids": np.array([self.prompt], dtype=np.int64), "cross_key": cross_key,
-                 "cross_value": cross_value, "past_key": empty, "past_value": empty}
+        feeds = {
+            "input_ids": np.array([self.prompt], dtype=np.int64),
+            "cross_key": cross_key,
+            "cross_value": cross_value,
+            "past_key": empty,
+            "past_value": empty,
+        }
         tokens: list[int] = []
         while len(tokens) < self.max_new_tokens:
             out = self._host.run(self._handles["decoder"], feeds)["outputs"]
@@ -224,8 +269,11 @@ class AsrRunner(OrtRunner):
             if token == self.end:
                 break
             tokens.append(token)
-            feeds.update(input_ids=np.array([[token]], dtype=np.int64),
-                         past_key=out["present_key"], past_value=out["present_value"])
+            feeds.update(
+                input_ids=np.array([[token]], dtype=np.int64),
+                past_key=out["present_key"],
+                past_value=out["present_value"],
+            )
         return tokens
 
     def _detokenize(self, tokens: list[int]) -> str:

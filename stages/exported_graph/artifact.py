@@ -54,8 +54,20 @@ PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4")
 int4 (MatMulNBits). The vocabulary grows compatibly; a name never changes meaning."""
 
 TensorDType = Literal[
-    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-    "uint64", "uint32", "uint16", "uint8", "bool", "string",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+    "string",
 ]
 
 DEFAULT_MIN_EP_COVERAGE = 0.5
@@ -70,9 +82,13 @@ _ENTRY_POINT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-
 class Source(Strict):
     """Where the graph came from, so a user can judge and reproduce it."""
 
-    origin: str = Field(description="Where the graph was obtained: a URL, a PyPI package and version, or an export script.")
+    origin: str = Field(
+        description="Where the graph was obtained: a URL, a PyPI package and version, or an export script."
+    )
     license: str = Field(description="License of the weights/graph (SPDX id where there is one).")
-    notes: str = Field("", description="Anything else a user should know: training data, who exported it and how.")
+    notes: str = Field(
+        "", description="Anything else a user should know: training data, who exported it and how."
+    )
 
 
 class TensorSpec(Strict):
@@ -88,7 +104,9 @@ class TensorSpec(Strict):
 class Reference(Strict):
     """The data the numeric gate runs."""
 
-    inputs: str = Field(description="An .npz file in the artifact directory, one array per graph input name.")
+    inputs: str = Field(
+        description="An .npz file in the artifact directory, one array per graph input name."
+    )
     outputs: str | None = Field(
         None,
         description="Optional .npz of expected outputs (e.g. from the exporting framework). When present it is the reference; otherwise the CPU EP running the fp32 graph is.",
@@ -98,19 +116,39 @@ class Reference(Strict):
 class Tolerance(Strict):
     """How close the target's outputs must be to the reference (all three must hold)."""
 
-    rel_l2: float = Field(1e-3, ge=0, description="Largest allowed ||target − ref||₂ / ||ref||₂ per output.")
-    max_abs: float = Field(1e-3, ge=0, description="Largest allowed |target − ref| for any element.")
-    cosine_min: float = Field(0.999, ge=-1, le=1, description="Smallest allowed cosine similarity between target and reference, per output.")
+    rel_l2: float = Field(
+        1e-3, ge=0, description="Largest allowed ||target − ref||₂ / ||ref||₂ per output."
+    )
+    max_abs: float = Field(
+        1e-3, ge=0, description="Largest allowed |target − ref| for any element."
+    )
+    cosine_min: float = Field(
+        0.999,
+        ge=-1,
+        le=1,
+        description="Smallest allowed cosine similarity between target and reference, per output.",
+    )
 
 
 class PrecisionTolerance(Strict):
     """One precision's own tolerance: each field it gives replaces ``tolerance``'s for that
     precision's graph; a field it leaves out is ``tolerance``'s."""
 
-    rel_l2: float | None = Field(None, ge=0, description="This precision's largest allowed rel L2 (default: tolerance.rel_l2).")
-    max_abs: float | None = Field(None, ge=0, description="This precision's largest allowed |target − ref| (default: tolerance.max_abs).")
+    rel_l2: float | None = Field(
+        None,
+        ge=0,
+        description="This precision's largest allowed rel L2 (default: tolerance.rel_l2).",
+    )
+    max_abs: float | None = Field(
+        None,
+        ge=0,
+        description="This precision's largest allowed |target − ref| (default: tolerance.max_abs).",
+    )
     cosine_min: float | None = Field(
-        None, ge=-1, le=1, description="This precision's smallest allowed cosine (default: tolerance.cosine_min).",
+        None,
+        ge=-1,
+        le=1,
+        description="This precision's smallest allowed cosine (default: tolerance.cosine_min).",
     )
 
 
@@ -118,8 +156,12 @@ class NotExported(Strict):
     """A graph that is not here yet: its sizes come from metadata, so the stage is planned
     (weights shown) and refused on every device with ``no_exported_graph`` until exported."""
 
-    weight_bytes: int = Field(ge=0, description="Bytes of the weights the graph will hold, from metadata.")
-    evidence: Literal["D", "E"] = Field(description="D: read from a file (an index, headers); E: computed.")
+    weight_bytes: int = Field(
+        ge=0, description="Bytes of the weights the graph will hold, from metadata."
+    )
+    evidence: Literal["D", "E"] = Field(
+        description="D: read from a file (an index, headers); E: computed."
+    )
     note: str = Field(min_length=1, description="Where weight_bytes comes from.")
     remedy: str = Field(min_length=1, description="How to export the graph.")
 
@@ -127,8 +169,13 @@ class NotExported(Strict):
 class ExportManifest(Strict):
     """``manifest.yaml`` of an exported artifact (contract ``omni-edge.export/1``)."""
 
-    format: Literal["omni-edge.export/1"] = Field(description="Format tag; must be omni-edge.export/1.")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="Artifact name, shown in plans and evidence.")
+    format: Literal["omni-edge.export/1"] = Field(
+        description="Format tag; must be omni-edge.export/1."
+    )
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        description="Artifact name, shown in plans and evidence.",
+    )
     version: str = Field(min_length=1, description="Version of this artifact (not of the format).")
     description: str = Field("", description="Free text for humans.")
     source: Source = Field(description="Where the graph came from and under which license.")
@@ -136,11 +183,18 @@ class ExportManifest(Strict):
         min_length=1,
         description="Precision → ONNX file: a path relative to the artifact directory, or package://<importable_package>/<path> inside an installed package.",
     )
-    inputs: list[TensorSpec] = Field(min_length=1, description="Graph inputs, in the graph's order.")
-    outputs: list[TensorSpec] = Field(min_length=1, description="Graph outputs, in the graph's order.")
-    reference: Reference = Field(description="Reference inputs (and optionally outputs) for the numeric gate.")
+    inputs: list[TensorSpec] = Field(
+        min_length=1, description="Graph inputs, in the graph's order."
+    )
+    outputs: list[TensorSpec] = Field(
+        min_length=1, description="Graph outputs, in the graph's order."
+    )
+    reference: Reference = Field(
+        description="Reference inputs (and optionally outputs) for the numeric gate."
+    )
     tolerance: Tolerance = Field(
-        default_factory=Tolerance, description="Numeric gate tolerance of every precision without its own in tolerances.",
+        default_factory=Tolerance,
+        description="Numeric gate tolerance of every precision without its own in tolerances.",
     )
     tolerances: dict[Precision, PrecisionTolerance] = Field(
         default_factory=dict,
@@ -148,36 +202,48 @@ class ExportManifest(Strict):
         "each key must be a precision this manifest lists.",
     )
     min_ep_coverage: float = Field(
-        DEFAULT_MIN_EP_COVERAGE, ge=0, le=1,
+        DEFAULT_MIN_EP_COVERAGE,
+        ge=0,
+        le=1,
         description="Fraction of the graph's nodes the target EP must take (after ORT's graph optimizations). Default 0.5: below it the CPU does most of the work.",
     )
     preprocess: str | None = Field(
-        None, pattern=_ENTRY_POINT,
+        None,
+        pattern=_ENTRY_POINT,
         description="module:function turning one input item into the graph's input arrays; called as fn(item, artifact).",
     )
     postprocess: str | None = Field(
-        None, pattern=_ENTRY_POINT,
+        None,
+        pattern=_ENTRY_POINT,
         description="module:function turning the graph's outputs (name → array) into one output item; called as fn(outputs, artifact).",
     )
     metadata: dict[str, Any] = Field(
-        default_factory=dict, description="Free map for the hooks and for humans (sample_rate, voice config, ...)."
+        default_factory=dict,
+        description="Free map for the hooks and for humans (sample_rate, voice config, ...).",
     )
     activation_bytes: int | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="Peak bytes of one inference's intermediate tensors for the largest item the preprocess hook "
         "produces, as measured by the artifact's author (e.g. '320MiB'); default max(64 MiB, half the weights).",
     )
-    activation_note: str = Field("", description="Where activation_bytes comes from (what was measured, on what input).")
+    activation_note: str = Field(
+        "", description="Where activation_bytes comes from (what was measured, on what input)."
+    )
     not_exported: NotExported | None = Field(
-        None, description="Set when the graph is not exported yet: precisions and reference name the files it will "
+        None,
+        description="Set when the graph is not exported yet: precisions and reference name the files it will "
         "have, which need not exist; the stage is planned from these sizes and refused with no_exported_graph.",
     )
     consumes: list[str] | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="Payload types one input item may be (stages.payloads: text, audio@16000, tensor<float32>[seq,896], ...); default: any.",
     )
     produces: list[str] | None = Field(
-        None, min_length=1, description="Payload types one output item may be (same spelling); default: any.",
+        None,
+        min_length=1,
+        description="Payload types one output item may be (same spelling); default: any.",
     )
 
     @field_validator("consumes", "produces")
@@ -203,11 +269,15 @@ class ExportManifest(Strict):
     def _check(self) -> ExportManifest:
         _check_location(self.reference.inputs, "reference.inputs", package_ok=False)
         if not self.reference.inputs.endswith(".npz"):
-            raise ValueError(f"reference.inputs must be an .npz file, got {self.reference.inputs!r}")
+            raise ValueError(
+                f"reference.inputs must be an .npz file, got {self.reference.inputs!r}"
+            )
         if self.reference.outputs is not None:
             _check_location(self.reference.outputs, "reference.outputs", package_ok=False)
             if not self.reference.outputs.endswith(".npz"):
-                raise ValueError(f"reference.outputs must be an .npz file, got {self.reference.outputs!r}")
+                raise ValueError(
+                    f"reference.outputs must be an .npz file, got {self.reference.outputs!r}"
+                )
         if "fp32" not in self.precisions and self.reference.outputs is None:
             raise ValueError(
                 "the numeric gate needs a reference: add an fp32 graph to precisions "
@@ -232,14 +302,18 @@ class ExportManifest(Strict):
         own = self.tolerances.get(precision)  # type: ignore[call-overload]
         if own is None:
             return self.tolerance
-        return self.tolerance.model_copy(update={k: v for k, v in own.model_dump().items() if v is not None})
+        return self.tolerance.model_copy(
+            update={k: v for k, v in own.model_dump().items() if v is not None}
+        )
 
 
 def _check_location(location: str, field_name: str, *, package_ok: bool = True) -> None:
     """A location stays inside the artifact: relative, no ``..``; or package://pkg/path."""
     if location.startswith(PACKAGE_SCHEME):
         if not package_ok:
-            raise ValueError(f"{field_name}: package:// locations are only allowed for graphs, got {location!r}")
+            raise ValueError(
+                f"{field_name}: package:// locations are only allowed for graphs, got {location!r}"
+            )
         try:
             _package, inner = split_package_location(location)
         except ValueError as exc:
@@ -252,7 +326,9 @@ def _check_location(location: str, field_name: str, *, package_ok: bool = True) 
 def check_relative(path: str, field_name: str) -> None:
     p = Path(path)
     if p.is_absolute() or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
-        raise ValueError(f"{field_name}: {path!r} is absolute; locations are relative to the artifact directory")
+        raise ValueError(
+            f"{field_name}: {path!r} is absolute; locations are relative to the artifact directory"
+        )
     if ".." in p.parts or ".." in Path(path.replace("\\", "/")).parts:
         raise ValueError(f"{field_name}: {path!r} climbs out of the artifact directory with '..'")
 
@@ -326,8 +402,10 @@ class ExportedArtifact:
         for t in parse_payloads(m.consumes):
             what = None
             if t.kind != "tensor":
-                what = (f"{t} items cannot feed the graph as they are (it takes {names}), and there is no preprocess "
-                        "hook: without one an item is the graph's feeds, a numpy array or a mapping of arrays")
+                what = (
+                    f"{t} items cannot feed the graph as they are (it takes {names}), and there is no preprocess "
+                    "hook: without one an item is the graph's feeds, a numpy array or a mapping of arrays"
+                )
                 fix = "add a preprocess hook that turns the item into the graph's inputs, or consume tensors"
             elif (t.dtype is not None or t.shape is not None) and len(m.inputs) != 1:
                 what = f"{t} is one array and the graph takes {len(m.inputs)} inputs ({names}): a bare array feeds a graph of one input"
@@ -359,7 +437,9 @@ class ExportedArtifact:
 def _fits(axes: tuple[str, ...], shape: list[int | str]) -> bool:
     """A payload's axes against a graph input's: the same rank, the same size wherever both are fixed."""
     return len(axes) == len(shape) and all(
-        not (a.isdigit() and isinstance(b, int)) or int(a) == b for a, b in zip(axes, shape, strict=True))
+        not (a.isdigit() and isinstance(b, int)) or int(a) == b
+        for a, b in zip(axes, shape, strict=True)
+    )
 
 
 def load_artifact(path: str | Path) -> ExportedArtifact:
@@ -374,13 +454,25 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
     d = d.resolve()
     manifest_path = d / MANIFEST_NAME
     if not d.is_dir():
-        raise ConfigError.single(str(d), "the artifact directory does not exist", f"point `artifact` at a directory holding {MANIFEST_NAME}")
+        raise ConfigError.single(
+            str(d),
+            "the artifact directory does not exist",
+            f"point `artifact` at a directory holding {MANIFEST_NAME}",
+        )
     if not manifest_path.is_file():
-        raise ConfigError.single(str(d), f"no {MANIFEST_NAME} in the artifact directory", f"add {MANIFEST_NAME} (see docs/exported-artifacts.md)")
+        raise ConfigError.single(
+            str(d),
+            f"no {MANIFEST_NAME} in the artifact directory",
+            f"add {MANIFEST_NAME} (see docs/exported-artifacts.md)",
+        )
     data = read_document(manifest_path)
     where = str(manifest_path)
     if isinstance(data, dict) and data.get("format") not in (None, EXPORT_FORMAT):
-        raise ConfigError.single(f"{where}: format", f"unknown export format {data.get('format')!r}", f"this version reads {EXPORT_FORMAT!r}")
+        raise ConfigError.single(
+            f"{where}: format",
+            f"unknown export format {data.get('format')!r}",
+            f"this version reads {EXPORT_FORMAT!r}",
+        )
     try:
         manifest = ExportManifest.model_validate(data)
     except ValidationError as exc:
@@ -393,16 +485,26 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
         try:
             p = artifact.resolve(location)
         except ConfigError as exc:
-            problems.extend(Problem(f"{where}: precisions.{precision}", q.what, q.fix) for q in exc.problems)
+            problems.extend(
+                Problem(f"{where}: precisions.{precision}", q.what, q.fix) for q in exc.problems
+            )
             continue
         if not p.is_file():
-            problems.append(Problem(f"{where}: precisions.{precision}", f"{location} does not exist (looked at {p})", "export the graph there or fix the path"))
+            problems.append(
+                Problem(
+                    f"{where}: precisions.{precision}",
+                    f"{location} does not exist (looked at {p})",
+                    "export the graph there or fix the path",
+                )
+            )
         elif not location.startswith(PACKAGE_SCHEME) and not inside(p, d):
-            problems.append(Problem(
-                f"{where}: precisions.{precision}",
-                f"{location} resolves to {p}, outside the artifact directory {d} (a symlink?)",
-                "copy the graph into the artifact directory instead of linking to it",
-            ))
+            problems.append(
+                Problem(
+                    f"{where}: precisions.{precision}",
+                    f"{location} resolves to {p}, outside the artifact directory {d} (a symlink?)",
+                    "copy the graph into the artifact directory instead of linking to it",
+                )
+            )
     for which in ("preprocess", "postprocess"):
         target = getattr(manifest, which)
         if target is not None:
@@ -410,16 +512,31 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
                 resolve_hook(target, f"{where}: {which}")
             except ConfigError as exc:
                 problems.extend(exc.problems)
-    references = (("reference.inputs", manifest.reference.inputs), ("reference.outputs", manifest.reference.outputs))
+    references = (
+        ("reference.inputs", manifest.reference.inputs),
+        ("reference.outputs", manifest.reference.outputs),
+    )
     for field_name, ref_location in references:
         if ref_location is None:
             continue
         location = ref_location
         p = artifact.resolve(location)
         if not p.is_file():
-            problems.append(Problem(f"{where}: {field_name}", f"{location} does not exist (looked at {p})", "write the .npz there (see docs/exported-artifacts.md) or fix the path"))
+            problems.append(
+                Problem(
+                    f"{where}: {field_name}",
+                    f"{location} does not exist (looked at {p})",
+                    "write the .npz there (see docs/exported-artifacts.md) or fix the path",
+                )
+            )
         elif not inside(p, d):
-            problems.append(Problem(f"{where}: {field_name}", f"{location} resolves to {p}, outside the artifact directory (a symlink?)", "keep reference files inside the artifact directory"))
+            problems.append(
+                Problem(
+                    f"{where}: {field_name}",
+                    f"{location} resolves to {p}, outside the artifact directory (a symlink?)",
+                    "keep reference files inside the artifact directory",
+                )
+            )
     if problems:
         raise ConfigError(problems)
     return artifact
@@ -455,7 +572,10 @@ def artifact_hook(fn: _Fn) -> _Fn:
 
 def declared_hooks(module: Any) -> list[str]:
     """The names of the functions ``module`` declares as hooks (:func:`artifact_hook`)."""
-    return sorted(name for name, value in vars(module).items() if getattr(value, HOOK_MARK, None) is True)
+    return sorted(
+        name for name, value in vars(module).items() if getattr(value, HOOK_MARK, None) is True
+    )
+
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -480,7 +600,9 @@ def _hook_origin(target: str) -> str:
     for ep in entry_points(group=HOOKS_ENTRY_POINT_GROUP):
         if ep.value.replace(" ", "") == target:
             dist = getattr(ep, "dist", None)
-            return f"entry point {HOOKS_ENTRY_POINT_GROUP}:{ep.name}" + (f" of {dist.name} {dist.version}" if dist else "")
+            return f"entry point {HOOKS_ENTRY_POINT_GROUP}:{ep.name}" + (
+                f" of {dist.name} {dist.version}" if dist else ""
+            )
     return f"the {SHIPPED_HOOKS_PACKAGE!r} package"
 
 
@@ -494,23 +616,27 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
             f"the hook {target!r} is not allowed: hooks come from the {SHIPPED_HOOKS_PACKAGE!r} package "
             f"or from an entry point registered under {HOOKS_ENTRY_POINT_GROUP!r}",
             f"move the function into {SHIPPED_HOOKS_PACKAGE}/<module>.py, or register it in the distribution that "
-            f"provides it: [project.entry-points.\"{HOOKS_ENTRY_POINT_GROUP}\"] <name> = \"{target}\" "
+            f'provides it: [project.entry-points."{HOOKS_ENTRY_POINT_GROUP}"] <name> = "{target}" '
             "(see docs/exported-artifacts.md)",
         )
     origin = _hook_origin(target)
     log.debug("loading hook %s from %s", target, origin)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # not only ImportError: a module that raises while importing is reported too
+    except (
+        Exception
+    ) as exc:  # not only ImportError: a module that raises while importing is reported too
         message = " ".join(str(exc).split())
         raise ConfigError.single(
-            where, f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {message} (from {origin})",
+            where,
+            f"the hook {target!r} cannot be loaded: {type(exc).__name__}: {message} (from {origin})",
             "install what it needs, fix or uninstall the package that provides it, or fix the module:function name",
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:
         raise ConfigError.single(
-            where, f"the hook {target!r} cannot be loaded: module {module_name!r} has no {attr!r}",
+            where,
+            f"the hook {target!r} cannot be loaded: module {module_name!r} has no {attr!r}",
             "fix the function name after the ':'",
         )
     if not callable(fn):
@@ -553,8 +679,11 @@ def save_npz(path: str | Path, arrays: dict[str, Any], *, deflate: bool = True) 
         for name in sorted(arrays):
             buf = io.BytesIO()
             np.lib.format.write_array(buf, np.asarray(arrays[name], order="C"), allow_pickle=False)
-            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue(),
-                        compress_type=method)
+            zf.writestr(
+                zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)),
+                buf.getvalue(),
+                compress_type=method,
+            )
     return out
 
 

@@ -73,7 +73,9 @@ class FrameChunker:
             )
         block = block.astype(np.int64).reshape(block.shape[0], -1)  # [codebooks, n]
         if self._codes is not None and block.shape[0] != self._codes.shape[0]:
-            raise ChunkInputError(f"a frame of {block.shape[0]} codes after frames of {self._codes.shape[0]}")
+            raise ChunkInputError(
+                f"a frame of {block.shape[0]} codes after frames of {self._codes.shape[0]}"
+            )
         self._codes = block if self._codes is None else np.concatenate([self._codes, block], axis=1)
         out = []
         while (size := self._next_size()) is not None and self.received - self._done >= size:
@@ -95,7 +97,7 @@ class FrameChunker:
     def _window(self, new: int) -> Window:
         context = min(self.left_context, self._done)
         start = self._done - context
-        window = Window(self._codes[:, start:self._done + new], context, new)
+        window = Window(self._codes[:, start : self._done + new], context, new)
         self._done += new
         return window
 

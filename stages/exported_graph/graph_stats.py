@@ -66,12 +66,42 @@ class GraphStats:
 
 
 _ELEM = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    8: "string",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
 }
 _ELEM_BYTES = {
-    1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2,
-    17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 1, 23: 1,
+    1: 4,
+    2: 1,
+    3: 1,
+    4: 2,
+    5: 2,
+    6: 4,
+    7: 8,
+    9: 1,
+    10: 2,
+    11: 8,
+    12: 4,
+    13: 8,
+    16: 2,
+    17: 1,
+    18: 1,
+    19: 1,
+    20: 1,
+    21: 1,
+    22: 1,
+    23: 1,
 }
 
 
@@ -87,7 +117,9 @@ def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
     """
     p = Path(path).resolve()
     if not p.is_file():
-        raise ConfigError.single(str(p), "the ONNX graph does not exist", "check the artifact's precisions")
+        raise ConfigError.single(
+            str(p), "the ONNX graph does not exist", "check the artifact's precisions"
+        )
     memo = _memo_path(p)
     if use_cache:
         cached = _read_memo(memo, p)
@@ -104,11 +136,15 @@ def _read_graph(p: Path) -> GraphStats:
     try:
         import onnx
     except ImportError:  # pragma: no cover - the onnx extra is missing
-        raise ConfigError.single(str(p), "reading ONNX graphs needs the onnx package", "pip install 'omni-edge[onnx]'") from None
+        raise ConfigError.single(
+            str(p), "reading ONNX graphs needs the onnx package", "pip install 'omni-edge[onnx]'"
+        ) from None
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as exc:
-        raise ConfigError.single(str(p), f"not a readable ONNX graph: {type(exc).__name__}: {exc}", "re-export the graph") from None
+        raise ConfigError.single(
+            str(p), f"not a readable ONNX graph: {type(exc).__name__}: {exc}", "re-export the graph"
+        ) from None
     graph = model.graph
     histogram: dict[str, int] = {}
     for node in graph.node:
@@ -123,14 +159,32 @@ def _read_graph(p: Path) -> GraphStats:
             try:
                 check_relative(location, "external data location")
             except ValueError as exc:
-                problems.append(Problem(f"{p}: initializer {tensor.name}", str(exc), "re-save the graph with its external data beside it (onnx.save(..., location='<name>.data'))"))
+                problems.append(
+                    Problem(
+                        f"{p}: initializer {tensor.name}",
+                        str(exc),
+                        "re-save the graph with its external data beside it (onnx.save(..., location='<name>.data'))",
+                    )
+                )
                 continue
             target = (p.parent / location).resolve()
             if not inside(target, p.parent.resolve()):
-                problems.append(Problem(f"{p}: initializer {tensor.name}", f"external data {location!r} resolves to {target}, outside {p.parent}", "keep external data files inside the artifact directory"))
+                problems.append(
+                    Problem(
+                        f"{p}: initializer {tensor.name}",
+                        f"external data {location!r} resolves to {target}, outside {p.parent}",
+                        "keep external data files inside the artifact directory",
+                    )
+                )
                 continue
             if not target.is_file():
-                problems.append(Problem(f"{p}: initializer {tensor.name}", f"external data file {location!r} does not exist", "copy the .data file next to the graph"))
+                problems.append(
+                    Problem(
+                        f"{p}: initializer {tensor.name}",
+                        f"external data file {location!r} does not exist",
+                        "copy the .data file next to the graph",
+                    )
+                )
                 continue
             length = int(info["length"]) if "length" in info else _tensor_nbytes(tensor)
             external[location] = external.get(location, 0) + length
@@ -153,7 +207,9 @@ def _read_graph(p: Path) -> GraphStats:
         external_data=sorted(external),
         opset={(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import},
         ir_version=int(model.ir_version),
-        inputs=[_value_info(v) for v in graph.input if v.name not in {t.name for t in graph.initializer}],
+        inputs=[
+            _value_info(v) for v in graph.input if v.name not in {t.name for t in graph.initializer}
+        ],
         outputs=[_value_info(v) for v in graph.output],
     )
 
@@ -209,7 +265,9 @@ def _value_info(v: Any) -> dict[str, Any]:
     return {"name": v.name, "dtype": _ELEM.get(t.elem_type, f"onnx:{t.elem_type}"), "shape": shape}
 
 
-def check_against_graph(artifact: ExportedArtifact, precision: str, stats: GraphStats) -> list[Problem]:
+def check_against_graph(
+    artifact: ExportedArtifact, precision: str, stats: GraphStats
+) -> list[Problem]:
     """Differences between what the manifest promises and what the graph declares."""
     where = f"{artifact.dir / MANIFEST_NAME}"
     problems: list[Problem] = []
@@ -218,29 +276,36 @@ def check_against_graph(artifact: ExportedArtifact, precision: str, stats: Graph
         promised = [t.name for t in specs]
         actual = [v["name"] for v in declared]
         if promised != actual:
-            problems.append(Problem(
-                f"{where}: {group}",
-                f"the manifest lists {promised} but the {precision} graph's {group} are {actual}",
-                f"make manifest {group} match the graph ({stats.path})",
-            ))
+            problems.append(
+                Problem(
+                    f"{where}: {group}",
+                    f"the manifest lists {promised} but the {precision} graph's {group} are {actual}",
+                    f"make manifest {group} match the graph ({stats.path})",
+                )
+            )
             continue
         for i, (spec, graph_value) in enumerate(zip(specs, declared, strict=True)):
             if precision == "fp32" and spec.dtype != graph_value["dtype"]:
-                problems.append(Problem(
-                    f"{where}: {group}[{i}].dtype",
-                    f"{spec.name!r} is {graph_value['dtype']} in the {precision} graph, not {spec.dtype}",
-                    "write the graph's dtype in the manifest",
-                ))
+                problems.append(
+                    Problem(
+                        f"{where}: {group}[{i}].dtype",
+                        f"{spec.name!r} is {graph_value['dtype']} in the {precision} graph, not {spec.dtype}",
+                        "write the graph's dtype in the manifest",
+                    )
+                )
             shape = graph_value["shape"]
             clash = len(spec.shape) != len(shape) or any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(spec.shape, shape, strict=True)
+                isinstance(a, int) and isinstance(b, int) and a != b
+                for a, b in zip(spec.shape, shape, strict=True)
             )
             if clash:
-                problems.append(Problem(
-                    f"{where}: {group}[{i}].shape",
-                    f"{spec.name!r} has shape {shape} in the {precision} graph; the manifest says {spec.shape}",
-                    "match the rank and the fixed dimensions (strings name dynamic axes)",
-                ))
+                problems.append(
+                    Problem(
+                        f"{where}: {group}[{i}].shape",
+                        f"{spec.name!r} has shape {shape} in the {precision} graph; the manifest says {spec.shape}",
+                        "match the rank and the fixed dimensions (strings name dynamic axes)",
+                    )
+                )
     return problems
 
 
@@ -270,8 +335,10 @@ allowance is implausible (an edited memo would shrink a reservation)."""
 def memo_problem(stats: GraphStats, stamps: dict[str, list[int]], p: Path) -> str | None:
     """Why memoised statistics cannot be right for the files they were stamped from, or None."""
     counts = {
-        "file_bytes": stats.file_bytes, "node_count": stats.node_count,
-        "subgraph_node_count": stats.subgraph_node_count, "initializer_bytes": stats.initializer_bytes,
+        "file_bytes": stats.file_bytes,
+        "node_count": stats.node_count,
+        "subgraph_node_count": stats.subgraph_node_count,
+        "initializer_bytes": stats.initializer_bytes,
         "ir_version": stats.ir_version,
     }
     for name, value in counts.items():
@@ -279,16 +346,27 @@ def memo_problem(stats: GraphStats, stamps: dict[str, list[int]], p: Path) -> st
             return f"{name} is {value!r}, not a non-negative integer"
     if stats.path != str(p):
         return f"it describes {stats.path}, not {p}"
-    if not isinstance(stats.sha256, str) or len(stats.sha256) != 64 or any(c not in "0123456789abcdef" for c in stats.sha256):
+    if (
+        not isinstance(stats.sha256, str)
+        or len(stats.sha256) != 64
+        or any(c not in "0123456789abcdef" for c in stats.sha256)
+    ):
         return "sha256 is not a hex digest"
-    if not isinstance(stats.op_histogram, dict) or sum(stats.op_histogram.values()) != stats.node_count:
+    if (
+        not isinstance(stats.op_histogram, dict)
+        or sum(stats.op_histogram.values()) != stats.node_count
+    ):
         return f"the op histogram does not add up to node_count {stats.node_count}"
     on_disk = sum(stamp[0] for stamp in stamps.values())
     if stats.file_bytes != on_disk:
         return f"file_bytes {stats.file_bytes} is not the {on_disk} bytes the files hold"
     if stats.initializer_bytes > stats.file_bytes:
-        return f"initializer_bytes {stats.initializer_bytes} exceeds the file bytes {stats.file_bytes}"
-    allowance = NON_WEIGHT_BYTES_BASE + NON_WEIGHT_BYTES_PER_NODE * (stats.node_count + stats.subgraph_node_count)
+        return (
+            f"initializer_bytes {stats.initializer_bytes} exceeds the file bytes {stats.file_bytes}"
+        )
+    allowance = NON_WEIGHT_BYTES_BASE + NON_WEIGHT_BYTES_PER_NODE * (
+        stats.node_count + stats.subgraph_node_count
+    )
     if stats.file_bytes - stats.initializer_bytes > allowance:
         return (
             f"initializer_bytes {stats.initializer_bytes} leaves {stats.file_bytes - stats.initializer_bytes} of "
@@ -312,14 +390,25 @@ def _read_memo(memo: Path, p: Path) -> GraphStats | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("ignoring the graph statistics memo %s for %s (%s: %s); reading the graph again", memo, p, type(exc).__name__, exc)
+        log.warning(
+            "ignoring the graph statistics memo %s for %s (%s: %s); reading the graph again",
+            memo,
+            p,
+            type(exc).__name__,
+            exc,
+        )
         return None
     try:
         problem = memo_problem(stats, stamps, p)
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     if problem is not None:
-        log.warning("ignoring the graph statistics memo %s for %s: %s; reading the graph again", memo, p, problem)
+        log.warning(
+            "ignoring the graph statistics memo %s for %s: %s; reading the graph again",
+            memo,
+            p,
+            problem,
+        )
         return None
     return stats
 

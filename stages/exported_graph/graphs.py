@@ -71,7 +71,9 @@ class GraphsKind(StageKind):
         update: dict[str, Any] = {}
         for graph in cls.graph_names:
             assert isinstance(stage, GraphStageConfig)
-            resolved = ExportedGraphKind.resolve_paths(as_graph_stage(stage, getattr(stage, graph)), base_dir)
+            resolved = ExportedGraphKind.resolve_paths(
+                as_graph_stage(stage, getattr(stage, graph)), base_dir
+            )
             assert isinstance(resolved, ExportedGraphConfig)
             update[graph] = resolved.artifact
         return stage.model_copy(update=update)
@@ -88,65 +90,129 @@ class GraphsKind(StageKind):
             try:
                 infos[graph] = self.graphs.describe(self.graph_config(stage, graph))
             except ConfigError as exc:
-                raise ConfigError([*exc.problems, Problem(f"stages.{stage.name}.{graph}",
-                                                          f"a graph of the {self.kind} stage cannot be read",
-                                                          self.build_hint)]) from None
+                raise ConfigError(
+                    [
+                        *exc.problems,
+                        Problem(
+                            f"stages.{stage.name}.{graph}",
+                            f"a graph of the {self.kind} stage cannot be read",
+                            self.build_hint,
+                        ),
+                    ]
+                ) from None
         first = infos[self.graph_names[0]]
         formats = sorted({i.weight_format for i in infos.values()})
         return ArtifactInfo(
-            kind="exported", path=first.path, weight_bytes=sum(i.weight_bytes for i in infos.values()),
-            weight_format=formats[0] if len(formats) == 1 else "+".join(i.weight_format for i in infos.values()),
-            details={g: {"path": i.path, "weight_bytes": i.weight_bytes, **i.details} for g, i in infos.items()},
+            kind="exported",
+            path=first.path,
+            weight_bytes=sum(i.weight_bytes for i in infos.values()),
+            weight_format=formats[0]
+            if len(formats) == 1
+            else "+".join(i.weight_format for i in infos.values()),
+            details={
+                g: {"path": i.path, "weight_bytes": i.weight_bytes, **i.details}
+                for g, i in infos.items()
+            },
             internal={"graphs": infos},
         )
 
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
-        return [r for g in self.graph_names
-                for r in self.graphs.check(self.graph_config(stage, g), graph_info(info, g), device, backend)]
+    def check(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
+        return [
+            r
+            for g in self.graph_names
+            for r in self.graphs.check(
+                self.graph_config(stage, g), graph_info(info, g), device, backend
+            )
+        ]
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str
+    ) -> list[Reservation]:
         """Every graph's session memory (weights, EP workspace), the largest activation figure,
         and the largest load transient (the sessions are opened one after the other)."""
-        per_graph = {g: self.graphs.reservations(self.graph_config(stage, g), graph_info(info, g), device, backend, pool)
-                     for g in self.graph_names}
+        per_graph = {
+            g: self.graphs.reservations(
+                self.graph_config(stage, g), graph_info(info, g), device, backend, pool
+            )
+            for g in self.graph_names
+        }
         if not all(per_graph.values()):
             return []
-        held = [renamed(r, f"{g}_{r.purpose}") for g in self.graph_names for r in per_graph[g]
-                if r.purpose in ("weights", "ep_workspace")]
-        for purpose, why in (("activations", "one graph's intermediates are freed before the next one runs"),
-                             ("load_transient", "the sessions are opened one after the other")):
-            largest = max((r for g in self.graph_names for r in per_graph[g] if r.purpose == purpose), key=lambda r: r.bytes)
+        held = [
+            renamed(r, f"{g}_{r.purpose}")
+            for g in self.graph_names
+            for r in per_graph[g]
+            if r.purpose in ("weights", "ep_workspace")
+        ]
+        for purpose, why in (
+            ("activations", "one graph's intermediates are freed before the next one runs"),
+            ("load_transient", "the sessions are opened one after the other"),
+        ):
+            largest = max(
+                (r for g in self.graph_names for r in per_graph[g] if r.purpose == purpose),
+                key=lambda r: r.bytes,
+            )
             n = len(self.graph_names)
             which = "the larger of the two graphs'" if n == 2 else f"the largest of the {n} graphs'"
             held.append(renamed(largest, purpose, f"{largest.note}; {which} ({why})"))
         return held
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         graphs: dict[str, dict[str, Any]] = {
-            g: self.graphs.engine_kwargs(self.graph_config(stage, g), graph_info(info, g), device, backend, [], pool_capacity)
-            for g in self.graph_names}
+            g: self.graphs.engine_kwargs(
+                self.graph_config(stage, g), graph_info(info, g), device, backend, [], pool_capacity
+            )
+            for g in self.graph_names
+        }
         if not all(graphs.values()):
             return {}
         return {**graphs, "ep": graphs[self.primary]["ep"]}
 
-    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+    def gate_spec(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> GateSpec | None:
         """The primary graph's gate; ``gate_specs`` has every graph's."""
-        return self.graphs.gate_spec(self.graph_config(stage, self.primary), graph_info(info, self.primary), device, backend)
+        return self.graphs.gate_spec(
+            self.graph_config(stage, self.primary), graph_info(info, self.primary), device, backend
+        )
 
-    def gate_specs(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[GateSpec]:
+    def gate_specs(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[GateSpec]:
         """Every graph's gate, in ``graph_names`` order; none when a graph has no runnable precision."""
-        specs = [self.graphs.gate_spec(self.graph_config(stage, g), graph_info(info, g), device, backend)
-                 for g in self.graph_names]
+        specs = [
+            self.graphs.gate_spec(self.graph_config(stage, g), graph_info(info, g), device, backend)
+            for g in self.graph_names
+        ]
         return [s for s in specs if s is not None] if all(specs) else []
 
     def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> str:
-        return self.graphs.remedy_for_budget(self.graph_config(stage, self.primary), graph_info(info, self.primary),
-                                             device, backend, pool, available)
+        return self.graphs.remedy_for_budget(
+            self.graph_config(stage, self.primary),
+            graph_info(info, self.primary),
+            device,
+            backend,
+            pool,
+            available,
+        )
 
 
 def graph_info(info: ArtifactInfo, graph: str) -> ArtifactInfo:
@@ -156,4 +222,12 @@ def graph_info(info: ArtifactInfo, graph: str) -> ArtifactInfo:
 
 
 def renamed(r: Reservation, purpose: str, note: str | None = None) -> Reservation:
-    return Reservation(r.pool, purpose, r.bytes, r.lifetime, r.evidence, r.note if note is None else note, r.at_load)
+    return Reservation(
+        r.pool,
+        purpose,
+        r.bytes,
+        r.lifetime,
+        r.evidence,
+        r.note if note is None else note,
+        r.at_load,
+    )

@@ -72,9 +72,15 @@ and calibration keeps this growth in the budget on top of what the worker needs
 class ToleranceOverride(Strict):
     """Per-stage tightening or loosening of the manifest's numeric tolerance."""
 
-    rel_l2: float | None = Field(None, ge=0, description="Overrides the manifest's tolerance.rel_l2.")
-    max_abs: float | None = Field(None, ge=0, description="Overrides the manifest's tolerance.max_abs.")
-    cosine_min: float | None = Field(None, ge=-1, le=1, description="Overrides the manifest's tolerance.cosine_min.")
+    rel_l2: float | None = Field(
+        None, ge=0, description="Overrides the manifest's tolerance.rel_l2."
+    )
+    max_abs: float | None = Field(
+        None, ge=0, description="Overrides the manifest's tolerance.max_abs."
+    )
+    cosine_min: float | None = Field(
+        None, ge=-1, le=1, description="Overrides the manifest's tolerance.cosine_min."
+    )
 
 
 class GraphStageConfig(StageConfig):
@@ -82,19 +88,25 @@ class GraphStageConfig(StageConfig):
     kinds that run their graphs through it: ``asr``, ``vad``); each kind subclasses it."""
 
     precision: list[Precision] = Field(
-        default_factory=lambda: ["fp32"], min_length=1,  # type: ignore[arg-type]
+        default_factory=lambda: ["fp32"],  # type: ignore[arg-type]
+        min_length=1,
         description="Precisions to use, in preference order; each graph takes the first one it has and the backend runs.",
     )
     min_ep_coverage: float | None = Field(
-        None, ge=0, le=1, description="Overrides the manifest's (each graph's) minimum fraction of nodes the target EP must take.",
+        None,
+        ge=0,
+        le=1,
+        description="Overrides the manifest's (each graph's) minimum fraction of nodes the target EP must take.",
     )
     target_only: bool = Field(
         False,
         description="Run on the target EP alone: sets session.disable_cpu_ep_fallback=1, so a node the EP declines fails the session instead of running on the CPU.",
     )
-    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = Field(
-        default_factory=dict,
-        description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
+    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = (
+        Field(
+            default_factory=dict,
+            description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
+        )
     )
 
     @field_validator("precision")
@@ -113,17 +125,22 @@ class ChunkConfig(Strict):
     The defaults are vLLM-Omni's for Qwen3-Omni (its deploy file's connector extras)."""
 
     frames: int | None = Field(
-        25, ge=1,
+        25,
+        ge=1,
         description="New frames per call (vLLM-Omni's codec_chunk_frames); null: the whole input in one "
-                    "call once it has ended (vLLM-Omni without async_chunk).",
+        "call once it has ended (vLLM-Omni without async_chunk).",
     )
     left_context: int = Field(
-        25, ge=1, description="Frames already decoded that each later call takes again before its new ones "
-                              "(codec_left_context_frames); their samples are not kept.",
+        25,
+        ge=1,
+        description="Frames already decoded that each later call takes again before its new ones "
+        "(codec_left_context_frames); their samples are not kept.",
     )
     first_frames: int = Field(
-        4, ge=0, description="New frames in the first call (initial_codec_chunk_frames), so audio starts "
-                             "early; 0: the first call takes `frames` too.",
+        4,
+        ge=0,
+        description="New frames in the first call (initial_codec_chunk_frames), so audio starts "
+        "early; 0: the first call takes `frames` too.",
     )
 
 
@@ -134,22 +151,26 @@ class ExportedGraphConfig(GraphStageConfig):
     artifact: str = Field(
         description="Artifact directory (holding manifest.yaml), relative to the config file, or package://<package>/<dir>.",
     )
-    tolerance: ToleranceOverride | None = Field(None, description="Overrides fields of the manifest's numeric tolerance.")
+    tolerance: ToleranceOverride | None = Field(
+        None, description="Overrides fields of the manifest's numeric tolerance."
+    )
     chunk: ChunkConfig | None = Field(
         None,
         description="Run the graph on windows of frames (items are frames of codes) instead of item by item; "
-                    "the artifact's metadata must give samples_per_frame.",
+        "the artifact's metadata must give samples_per_frame.",
     )
     first_chunk_chars: int | None = Field(
-        None, gt=FIRST_MIN_CUT_CHARS, le=MAX_CHARS,
+        None,
+        gt=FIRST_MIN_CUT_CHARS,
+        le=MAX_CHARS,
         description="A voice fed text: cut the reply's first chunk at a clause mark or a space once it runs past "
-                    "this many characters, so speech starts on a few words while the first sentence is still being "
-                    "decoded (later chunks are whole sentences); null: every chunk is a sentence.",
+        "this many characters, so speech starts on a few words while the first sentence is still being "
+        "decoded (later chunks are whole sentences); null: every chunk is a sentence.",
     )
     warmup: bool = Field(
         True,
         description="Run once at load (a short text through the hooks for a voice, else the reference inputs), "
-                    "so the first request does not pay the first run's one-off costs; false: a faster load.",
+        "so the first request does not pay the first run's one-off costs; false: a faster load.",
     )
 
 
@@ -157,9 +178,15 @@ def as_graph_stage(stage: GraphStageConfig, artifact: str) -> ExportedGraphConfi
     """The ``exported_graph`` stage that ``artifact`` would be with ``stage``'s devices and
     EP settings — for kinds that run their graphs through this one (asr, vad)."""
     return ExportedGraphConfig(
-        name=stage.name, kind="exported_graph", devices=stage.devices, backends=stage.backends,
-        artifact=artifact, precision=stage.precision, min_ep_coverage=stage.min_ep_coverage,
-        target_only=stage.target_only, provider_options=stage.provider_options,
+        name=stage.name,
+        kind="exported_graph",
+        devices=stage.devices,
+        backends=stage.backends,
+        artifact=artifact,
+        precision=stage.precision,
+        min_ep_coverage=stage.min_ep_coverage,
+        target_only=stage.target_only,
+        provider_options=stage.provider_options,
     )
 
 
@@ -214,12 +241,21 @@ class ExportedGraphKind(StageKind):
         cfg = _cfg(stage)
         art = self.artifact(cfg)
         missing = art.manifest.not_exported
-        if missing is not None:  # refused (no_exported_graph) before any question about the graph, chunk's too
+        if (
+            missing is not None
+        ):  # refused (no_exported_graph) before any question about the graph, chunk's too
             return ArtifactInfo(
-                kind="exported", path=str(art.dir), weight_bytes=missing.weight_bytes, weight_format="not exported",
+                kind="exported",
+                path=str(art.dir),
+                weight_bytes=missing.weight_bytes,
+                weight_format="not exported",
                 details={
-                    "name": art.name, "version": art.manifest.version, "available_precisions": [], "precisions": {},
-                    "not_exported": missing.model_dump(), "source": art.manifest.source.model_dump(),
+                    "name": art.name,
+                    "version": art.manifest.version,
+                    "available_precisions": [],
+                    "precisions": {},
+                    "not_exported": missing.model_dump(),
+                    "source": art.manifest.source.model_dump(),
                 },
             )
         if cfg.chunk is not None:
@@ -266,7 +302,9 @@ class ExportedGraphKind(StageKind):
             },
         )
 
-    def choose_precision(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> str | None:
+    def choose_precision(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> str | None:
         """The first preferred precision the artifact has and the backend runs on this device."""
         runnable = ort_backends.runnable_precisions(backend, device.kind)
         for p in _cfg(stage).precision:
@@ -274,15 +312,20 @@ class ExportedGraphKind(StageKind):
                 return p
         return None
 
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+    def check(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
         missing = info.details.get("not_exported")
         if missing is not None:
-            return [Refusal(
-                RefusalCode.NO_EXPORTED_GRAPH, device.id,
-                f"{info.details['name']} is not exported: no graph to run on {device.id}; its weights would be "
-                f"{fmt_bytes(missing['weight_bytes'])} (evidence {missing['evidence']}: {missing['note']})",
-                missing["remedy"],
-            )]
+            return [
+                Refusal(
+                    RefusalCode.NO_EXPORTED_GRAPH,
+                    device.id,
+                    f"{info.details['name']} is not exported: no graph to run on {device.id}; its weights would be "
+                    f"{fmt_bytes(missing['weight_bytes'])} (evidence {missing['evidence']}: {missing['note']})",
+                    missing["remedy"],
+                )
+            ]
         if self.choose_precision(stage, info, device, backend) is not None:
             return []
         cfg = _cfg(stage)
@@ -293,27 +336,45 @@ class ExportedGraphKind(StageKind):
             if rule is not None and not rule.supported:
                 why.append(f"{p}: {rule.reason}")
         runnable = ort_backends.runnable_precisions(backend, device.kind)
-        return [Refusal(
-            RefusalCode.NO_EXPORTED_GRAPH, device.id,
-            f"{info.details['name']} has {', '.join(has)} graph(s) and the stage prefers {', '.join(cfg.precision)}, "
-            f"but {backend} on {device.id} ({device.kind}) runs {', '.join(runnable)}"
-            + (f" — {'; '.join(why)}" if why else ""),
-            f"export a {' or '.join(p for p in runnable if p not in has) or runnable[0]} graph of this artifact "
-            f"and add it to the manifest's precisions (and to the stage's precision list), or place the stage on another device",
-        )]
+        return [
+            Refusal(
+                RefusalCode.NO_EXPORTED_GRAPH,
+                device.id,
+                f"{info.details['name']} has {', '.join(has)} graph(s) and the stage prefers {', '.join(cfg.precision)}, "
+                f"but {backend} on {device.id} ({device.kind}) runs {', '.join(runnable)}"
+                + (f" — {'; '.join(why)}" if why else ""),
+                f"export a {' or '.join(p for p in runnable if p not in has) or runnable[0]} graph of this artifact "
+                f"and add it to the manifest's precisions (and to the stage's precision list), or place the stage on another device",
+            )
+        ]
 
     @staticmethod
     def _activations(pool: str, info: ArtifactInfo, weights: int) -> Reservation:
         declared = info.details.get("activation_bytes")
         if declared is not None:
             note = info.details.get("activation_note") or "declared by the artifact's manifest"
-            return Reservation(pool, "activations", int(declared), "request", "E", f"manifest activation_bytes: {note}", at_load=False)
+            return Reservation(
+                pool,
+                "activations",
+                int(declared),
+                "request",
+                "E",
+                f"manifest activation_bytes: {note}",
+                at_load=False,
+            )
         return Reservation(
-            pool, "activations", max(ACTIVATION_FLOOR, int(ACTIVATION_WEIGHT_FRACTION * weights)), "request", "E",
-            "one inference's intermediate tensors (ACTIVATION_FLOOR / ACTIVATION_WEIGHT_FRACTION)", at_load=False,
+            pool,
+            "activations",
+            max(ACTIVATION_FLOOR, int(ACTIVATION_WEIGHT_FRACTION * weights)),
+            "request",
+            "E",
+            "one inference's intermediate tensors (ACTIVATION_FLOOR / ACTIVATION_WEIGHT_FRACTION)",
+            at_load=False,
         )
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str
+    ) -> list[Reservation]:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
             return []
@@ -322,14 +383,29 @@ class ExportedGraphKind(StageKind):
         row = ort_backends.backend(backend)
         name = info.details["name"]
         out = [
-            Reservation(pool, "weights", weights, "session", "D", f"initializers of {name} [{precision}], read from the graph"),
+            Reservation(
+                pool,
+                "weights",
+                weights,
+                "session",
+                "D",
+                f"initializers of {name} [{precision}], read from the graph",
+            ),
             self._activations(pool, info, weights),
             Reservation(
-                pool, "ep_workspace", ort_backends.workspace_bytes(backend, weights), "session", "E",
+                pool,
+                "ep_workspace",
+                ort_backends.workspace_bytes(backend, weights),
+                "session",
+                "E",
                 f"{row.ep}: {row.workspace_reason}",
             ),
             Reservation(
-                pool, "load_transient", int(g["file_bytes"]), "load", "E",
+                pool,
+                "load_transient",
+                int(g["file_bytes"]),
+                "load",
+                "E",
                 "ONNX Runtime holds the parsed model proto while it builds the session",
             ),
         ]
@@ -338,28 +414,45 @@ class ExportedGraphKind(StageKind):
             # Requests in flight do not multiply the activations: a route worker (and an
             # in-process session) runs one call at a time (orchestrator/ort/sessions.py), so
             # concurrent requests queue. What grows is the plugin's memory per new shape.
-            out.append(Reservation(
-                pool, RETAINED_GROWTH, OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON, "request", "E",
-                f"OpenVINO keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
-                f"the data: {fmt_bytes(OPENVINO_RETAINED_PER_ITEM)} an item (OPENVINO_RETAINED_PER_ITEM, measured) "
-                f"x {OPENVINO_ITEM_HORIZON} items (OPENVINO_ITEM_HORIZON); it keeps growing beyond, measure to calibrate",
-                at_load=False,
-            ))
+            out.append(
+                Reservation(
+                    pool,
+                    RETAINED_GROWTH,
+                    OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON,
+                    "request",
+                    "E",
+                    f"OpenVINO keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
+                    f"the data: {fmt_bytes(OPENVINO_RETAINED_PER_ITEM)} an item (OPENVINO_RETAINED_PER_ITEM, measured) "
+                    f"x {OPENVINO_ITEM_HORIZON} items (OPENVINO_ITEM_HORIZON); it keeps growing beyond, measure to calibrate",
+                    at_load=False,
+                )
+            )
         return out
 
-    def session_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, precision: str) -> ort_backends.SessionSpec:
+    def session_spec(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, precision: str
+    ) -> ort_backends.SessionSpec:
         cfg = _cfg(stage)
         g = info.details["precisions"][precision]
         return ort_backends.session_spec(
-            backend, graph=g["graph"], device_kind=device.kind, device_id=device.id, precision=precision,
+            backend,
+            graph=g["graph"],
+            device_kind=device.kind,
+            device_id=device.id,
+            precision=precision,
             cache_key=f"{info.details['name']}-{precision}-{g['sha256'][:12]}",
             overrides=cfg.provider_options.get(backend),  # type: ignore[call-overload]
             target_only=cfg.target_only,
         )
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
@@ -375,7 +468,9 @@ class ExportedGraphKind(StageKind):
             **({"chunk": chunk.model_dump()} if (chunk := _cfg(stage).chunk) is not None else {}),
         }
 
-    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+    def gate_spec(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> GateSpec | None:
         """The coverage and numeric gates of the precision ``check`` chose on this
         device, or None when none runs there. Read from ``info`` alone."""
         precision = self.choose_precision(stage, info, device, backend)
@@ -384,21 +479,39 @@ class ExportedGraphKind(StageKind):
         spec = self.session_spec(stage, info, device, backend, precision)
         graphs = info.details["precisions"]
         return GateSpec(
-            stage=stage.name, artifact=info.path, artifact_name=info.details["name"],
+            stage=stage.name,
+            artifact=info.path,
+            artifact_name=info.details["name"],
             artifact_precisions=tuple(info.details["available_precisions"]),
-            precision=precision, backend=backend, device_id=device.id, device_name=device.name,
-            session=spec.to_dict(), graph_sha256=graphs[precision]["sha256"],
+            precision=precision,
+            backend=backend,
+            device_id=device.id,
+            device_name=device.name,
+            session=spec.to_dict(),
+            graph_sha256=graphs[precision]["sha256"],
             reference_sha256=info.details["reference_sha256"],
             reference_graph=graphs.get("fp32", {}).get("graph"),
             options=ort_backends.keyed_options(backend, spec),
             min_coverage=float(info.details["min_ep_coverage"]),
-            tolerance=dict(info.details.get("tolerances", {}).get(precision, info.details["tolerance"])),
+            tolerance=dict(
+                info.details.get("tolerances", {}).get(precision, info.details["tolerance"])
+            ),
         )
 
     def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> str:
-        smaller = [p for p in ("int8", "int4", "fp16", "bf16") if p in ort_backends.runnable_precisions(backend, device.kind)]
+        smaller = [
+            p
+            for p in ("int8", "int4", "fp16", "bf16")
+            if p in ort_backends.runnable_precisions(backend, device.kind)
+        ]
         return (
             f"{info.details['name']} needs more than the {fmt_bytes(available)} left in {pool} on {backend}: "
             f"export a smaller precision ({', '.join(smaller) or 'none runs on this backend'}) and list it in the "
@@ -406,18 +519,26 @@ class ExportedGraphKind(StageKind):
         )
 
     def _min_coverage(self, cfg: ExportedGraphConfig, art: ExportedArtifact) -> float:
-        return cfg.min_ep_coverage if cfg.min_ep_coverage is not None else art.manifest.min_ep_coverage
+        return (
+            cfg.min_ep_coverage if cfg.min_ep_coverage is not None else art.manifest.min_ep_coverage
+        )
 
-    def _tolerance(self, cfg: ExportedGraphConfig, art: ExportedArtifact, precision: str | None = None) -> Tolerance:
+    def _tolerance(
+        self, cfg: ExportedGraphConfig, art: ExportedArtifact, precision: str | None = None
+    ) -> Tolerance:
         """The manifest's tolerance (``precision``'s own when given: ``tolerances`` over
         ``tolerance``), with the stage's ``tolerance`` fields over it."""
-        base = art.manifest.tolerance if precision is None else art.manifest.tolerance_for(precision)
+        base = (
+            art.manifest.tolerance if precision is None else art.manifest.tolerance_for(precision)
+        )
         if cfg.tolerance is None:
             return base
         update = {k: v for k, v in cfg.tolerance.model_dump().items() if v is not None}
         return base.model_copy(update=update)
 
-    def _tolerances(self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]) -> dict[str, Any]:
+    def _tolerances(
+        self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]
+    ) -> dict[str, Any]:
         """``{"tolerances": {precision: tolerance}}`` for the described graphs when the manifest
         gives any precision its own tolerance; nothing otherwise (a plan of an artifact
         without ``tolerances`` is what it was)."""
@@ -434,19 +555,35 @@ class ExportedGraphKind(StageKind):
         naming the stage and the input). A hook, or a chunked stage, takes what it takes."""
         cfg = _cfg(stage)
         art = self.artifact(cfg)
-        if art.manifest.preprocess is not None or cfg.chunk is not None or art.manifest.not_exported is not None:
+        if (
+            art.manifest.preprocess is not None
+            or cfg.chunk is not None
+            or art.manifest.not_exported is not None
+        ):
             return
-        feeds_for(prompt, manifest_inputs(art), f"request (stage {stage_plan.name}, kind {stage_plan.kind})")
+        feeds_for(
+            prompt,
+            manifest_inputs(art),
+            f"request (stage {stage_plan.name}, kind {stage_plan.kind})",
+        )
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         """The runner for an admitted placement, in the route ``route_for`` finds."""
         cfg = _cfg(stage)
         art = self.artifact(stage)
         chunk = None
         if cfg.chunk is not None:
-            chunk = ChunkSettings(cfg.chunk.frames, cfg.chunk.left_context, cfg.chunk.first_frames,
-                                  samples_per_frame(art, where=f"stages.{cfg.name}.chunk"))
-        return ExportedGraphRunner(stage_plan, art, route_for(stage_plan, route), chunk=chunk, warmup=cfg.warmup)
+            chunk = ChunkSettings(
+                cfg.chunk.frames,
+                cfg.chunk.left_context,
+                cfg.chunk.first_frames,
+                samples_per_frame(art, where=f"stages.{cfg.name}.chunk"),
+            )
+        return ExportedGraphRunner(
+            stage_plan, art, route_for(stage_plan, route), chunk=chunk, warmup=cfg.warmup
+        )
 
 
 def samples_per_frame(art: ExportedArtifact, *, where: str) -> int:
@@ -454,8 +591,9 @@ def samples_per_frame(art: ExportedArtifact, *, where: str) -> int:
     value = art.metadata.get(SAMPLES_PER_FRAME_KEY)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError.single(
-            where, f"{art.name}'s manifest gives no metadata.{SAMPLES_PER_FRAME_KEY} (got {value!r}): "
-                   "a chunked stage keeps each call's new samples by it",
+            where,
+            f"{art.name}'s manifest gives no metadata.{SAMPLES_PER_FRAME_KEY} (got {value!r}): "
+            "a chunked stage keeps each call's new samples by it",
             f"add metadata.{SAMPLES_PER_FRAME_KEY} (waveform samples per input frame) to {art.dir}/manifest.yaml, "
             "or remove `chunk` from the stage",
         )
@@ -465,7 +603,9 @@ def samples_per_frame(art: ExportedArtifact, *, where: str) -> int:
 def _data_dependent_dims(art: ExportedArtifact) -> list[str]:
     """Named output dimensions that no input has: the graph computes them from the data."""
     given = {d for t in art.manifest.inputs for d in t.shape if isinstance(d, str)}
-    return sorted({d for t in art.manifest.outputs for d in t.shape if isinstance(d, str) and d not in given})
+    return sorted(
+        {d for t in art.manifest.outputs for d in t.shape if isinstance(d, str) and d not in given}
+    )
 
 
 def _cfg(stage: StageConfig) -> ExportedGraphConfig:

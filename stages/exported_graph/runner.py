@@ -53,8 +53,14 @@ if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
 
 __all__ = [
-    "RECYCLE_HEADROOM_FRACTION", "RECYCLE_HEADROOM_MIN", "ChunkSettings", "ExportedGraphRunner", "feeds_for",
-    "manifest_inputs", "recycle_limit", "route_for",
+    "RECYCLE_HEADROOM_FRACTION",
+    "RECYCLE_HEADROOM_MIN",
+    "ChunkSettings",
+    "ExportedGraphRunner",
+    "feeds_for",
+    "manifest_inputs",
+    "recycle_limit",
+    "route_for",
 ]
 
 WARMUP_TEXT = "Hello."
@@ -87,8 +93,15 @@ class ExportedGraphRunner(OrtRunner):
     numpy and its onnxruntime build.
     """
 
-    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute,
-                 *, chunk: ChunkSettings | None = None, warmup: bool = True) -> None:
+    def __init__(
+        self,
+        stage_plan: StagePlan,
+        artifact: ExportedArtifact,
+        route: ResolvedRoute,
+        *,
+        chunk: ChunkSettings | None = None,
+        warmup: bool = True,
+    ) -> None:
         super().__init__(stage_plan, route)
         self.chunk = chunk
         self.warmup = warmup
@@ -117,7 +130,11 @@ class ExportedGraphRunner(OrtRunner):
         any other runs the artifact's reference inputs through the session. Before the recycle
         limit is set, so it is the load's memory, and no request's. Returns what ran and how long."""
         t0 = time.perf_counter()
-        if self._pre is not None and self.chunk is None and any(t.kind == "text" for t in parse_payloads(self.artifact.manifest.consumes or [])):
+        if (
+            self._pre is not None
+            and self.chunk is None
+            and any(t.kind == "text" for t in parse_payloads(self.artifact.manifest.consumes or []))
+        ):
             self.run_one(WARMUP_TEXT)
             item = "text"
         else:
@@ -143,8 +160,15 @@ class ExportedGraphRunner(OrtRunner):
             self._fail("run before load()")
         if stamps is not None:
             stamps["started"] = time.perf_counter()
-        feeds = self._pre(item, self.artifact) if self._pre else feeds_for(
-            item, self.load_info.get("inputs") or [], f"request (stage {self.plan.name}, kind {self.plan.kind})")
+        feeds = (
+            self._pre(item, self.artifact)
+            if self._pre
+            else feeds_for(
+                item,
+                self.load_info.get("inputs") or [],
+                f"request (stage {self.plan.name}, kind {self.plan.kind})",
+            )
+        )
         if stamps is not None:
             stamps["preprocessed"] = time.perf_counter()
         result = self._host.run(self._handle, feeds)
@@ -162,21 +186,29 @@ class ExportedGraphRunner(OrtRunner):
         if self._handle is None or self.chunk is None:
             self._fail("run before load(), or not a chunked stage")
         codes = window.codes  # [codebooks, context + new]
-        feeds = self._pre(codes, self.artifact) if self._pre else {self.artifact.manifest.inputs[0].name: codes[None]}
+        feeds = (
+            self._pre(codes, self.artifact)
+            if self._pre
+            else {self.artifact.manifest.inputs[0].name: codes[None]}
+        )
         outputs = dict(self._host.run(self._handle, feeds)["outputs"])
         first = self.artifact.manifest.outputs[0].name
         start, end = new_samples(outputs[first], window, self.chunk.samples_per_frame)
         outputs[first] = outputs[first][..., start:end]
         return self._post(outputs, self.artifact) if self._post else outputs
 
-    async def _stream_chunked(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def _stream_chunked(
+        self, request_id: str, inputs: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
         assert self.chunk is not None
         chunker = FrameChunker(self.chunk.frames, self.chunk.left_context, self.chunk.first_frames)
         async for item in inputs:
             try:
                 windows = chunker.add(item)
             except ChunkInputError as exc:
-                self._fail(f"request {request_id}: an item after {chunker.received} frame(s) of codes: {exc}")
+                self._fail(
+                    f"request {request_id}: an item after {chunker.received} frame(s) of codes: {exc}"
+                )
             for window in windows:
                 yield await self._decode(request_id, window)
         for window in chunker.finish():
@@ -221,10 +253,19 @@ class ExportedGraphRunner(OrtRunner):
 
 
 ORT_TENSOR_DTYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8",
-    "tensor(uint64)": "uint64", "tensor(uint32)": "uint32", "tensor(uint16)": "uint16", "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool", "tensor(string)": "object",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint64)": "uint64",
+    "tensor(uint32)": "uint32",
+    "tensor(uint16)": "uint16",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+    "tensor(string)": "object",
 }
 """ONNX Runtime's input type names (``NodeArg.type``) as numpy dtypes; a type not here
 (bfloat16, float8) is not checked before the session sees it."""
@@ -235,8 +276,14 @@ def manifest_inputs(artifact: ExportedArtifact) -> list[dict[str, Any]]:
     session reports at load: ONNX Runtime's type names, a named axis as None), so a request
     is checked in the caller's process before any session exists."""
     types = {dtype: ort for ort, dtype in ORT_TENSOR_DTYPES.items() if dtype != "object"}
-    return [{"name": t.name, "type": types.get(t.dtype, f"tensor({t.dtype})"),
-             "shape": [d if isinstance(d, int) else None for d in t.shape]} for t in artifact.manifest.inputs]
+    return [
+        {
+            "name": t.name,
+            "type": types.get(t.dtype, f"tensor({t.dtype})"),
+            "shape": [d if isinstance(d, int) else None for d in t.shape],
+        }
+        for t in artifact.manifest.inputs
+    ]
 
 
 def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, Any]:
@@ -257,10 +304,12 @@ def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, 
     if isinstance(item, (np.ndarray, np.generic)):
         if len(names) != 1:
             raise BadRequest.single(
-                where, f"a bare {_described(item)} array came, and the graph takes {len(names)} inputs ({wanted}): "
+                where,
+                f"a bare {_described(item)} array came, and the graph takes {len(names)} inputs ({wanted}): "
                 "a bare array feeds a graph of one input",
                 f"send a mapping {{{', '.join(names)}}} of arrays, or give the artifact a preprocess hook "
-                "that makes the graph's inputs from the item (docs/exported-artifacts.md)")
+                "that makes the graph's inputs from the item (docs/exported-artifacts.md)",
+            )
         feeds = {names[0]: item}
     elif isinstance(item, Mapping):
         got = [str(k) for k in item]
@@ -268,22 +317,29 @@ def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, 
         extra = [k for k in got if k not in names]
         if missing or extra:
             raise BadRequest.single(
-                where, f"a mapping of {', '.join(got) or 'nothing'} came, and the graph takes {wanted}"
-                + (f"; missing: {', '.join(missing)}" if missing else "") + (f"; unknown: {', '.join(extra)}" if extra else ""),
+                where,
+                f"a mapping of {', '.join(got) or 'nothing'} came, and the graph takes {wanted}"
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + (f"; unknown: {', '.join(extra)}" if extra else ""),
                 "name the arrays as the graph's inputs are named (the manifest's inputs), or give the artifact "
-                "a preprocess hook that makes them from the item")
+                "a preprocess hook that makes them from the item",
+            )
         feeds = {str(k): v for k, v in item.items()}
     else:
         raise BadRequest.single(
-            where, f"a {type(item).__name__} came, and the graph takes arrays ({wanted})",
+            where,
+            f"a {type(item).__name__} came, and the graph takes arrays ({wanted})",
             "feed the stage from one that produces tensors, or give the artifact a preprocess hook that turns "
-            f"a {type(item).__name__} into the graph's inputs")
+            f"a {type(item).__name__} into the graph's inputs",
+        )
     for spec in inputs:
         problem = _feed_problem(feeds[str(spec["name"])], spec)
         if problem:
             raise BadRequest.single(
-                f"{where}: {spec['name']}", f"{problem}; the graph takes {_spelled(spec)}",
-                "produce arrays of the graph's dtype and shape upstream, or convert them in a preprocess hook")
+                f"{where}: {spec['name']}",
+                f"{problem}; the graph takes {_spelled(spec)}",
+                "produce arrays of the graph's dtype and shape upstream, or convert them in a preprocess hook",
+            )
     return feeds
 
 
@@ -293,11 +349,20 @@ def _feed_problem(value: Any, spec: dict[str, Any]) -> str | None:
     if not isinstance(value, (np.ndarray, np.generic)):
         return f"a {type(value).__name__} came, not a numpy array"
     dtype = ORT_TENSOR_DTYPES.get(str(spec.get("type")))
-    if dtype is not None and value.dtype != np.dtype(dtype) and not (dtype == "object" and value.dtype.kind in "OU"):
+    if (
+        dtype is not None
+        and value.dtype != np.dtype(dtype)
+        and not (dtype == "object" and value.dtype.kind in "OU")
+    ):
         return f"a {_described(value)} array came"
     shape = spec.get("shape")
-    if shape is not None and (value.ndim != len(shape) or any(
-            isinstance(d, int) and d >= 0 and d != n for d, n in zip(shape, value.shape, strict=True))):
+    if shape is not None and (
+        value.ndim != len(shape)
+        or any(
+            isinstance(d, int) and d >= 0 and d != n
+            for d, n in zip(shape, value.shape, strict=True)
+        )
+    ):
         return f"a {_described(value)} array came"
     return None
 

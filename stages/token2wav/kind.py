@@ -50,18 +50,35 @@ class Token2WavConfig(GraphStageConfig):
     """A Qwen2.5-Omni token2wav stage in a pipeline config."""
 
     kind: Literal["token2wav"] = Field(description="Always token2wav for this kind.")
-    dit: str = Field(description="The DiT step's artifact directory (with the voices), relative to the config file, or package://<package>/<dir>.")
+    dit: str = Field(
+        description="The DiT step's artifact directory (with the voices), relative to the config file, or package://<package>/<dir>."
+    )
     vocoder: str = Field(description="The vocoder's (BigVGAN's) artifact directory, same rules.")
-    voice: str | None = Field(None, min_length=1, description="The speaker (a name in the DiT artifact's voices.npz); default: the first one.")
-    steps: int | None = Field(None, ge=2, le=64, description="Time points of the RK4 solver (default: the DiT manifest's num_steps, transformers' 10).")
-    seed: int = Field(0, ge=0, description="Seed of the initial noise (numpy's default generator), the same for every request.")
+    voice: str | None = Field(
+        None,
+        min_length=1,
+        description="The speaker (a name in the DiT artifact's voices.npz); default: the first one.",
+    )
+    steps: int | None = Field(
+        None,
+        ge=2,
+        le=64,
+        description="Time points of the RK4 solver (default: the DiT manifest's num_steps, transformers' 10).",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the initial noise (numpy's default generator), the same for every request.",
+    )
 
 
 def voice_names(dit_dir: str | Path) -> list[str]:
     """The speakers in ``dit_dir``'s ``voices.npz``, in file order, from the zip's directory."""
     with zipfile.ZipFile(Path(dit_dir) / VOICES) as z:
         names = [n.removesuffix(".npy") for n in z.namelist()]
-    return list(dict.fromkeys(n.rsplit(".", 1)[0] for n in names if n.endswith((".cond", ".ref_mel"))))
+    return list(
+        dict.fromkeys(n.rsplit(".", 1)[0] for n in names if n.endswith((".cond", ".ref_mel")))
+    )
 
 
 class Token2WavKind(GraphsKind):
@@ -93,20 +110,40 @@ class Token2WavKind(GraphsKind):
         try:
             names = voice_names(cfg.dit)
         except (OSError, zipfile.BadZipFile) as exc:
-            raise ConfigError.single(f"stages.{cfg.name}.dit", f"the DiT artifact has no readable {VOICES} ({exc})", BUILD_HINT) from None
+            raise ConfigError.single(
+                f"stages.{cfg.name}.dit",
+                f"the DiT artifact has no readable {VOICES} ({exc})",
+                BUILD_HINT,
+            ) from None
         if not names:
-            raise ConfigError.single(f"stages.{cfg.name}.dit", f"{VOICES} holds no voice (<speaker>.cond, <speaker>.ref_mel)", BUILD_HINT)
+            raise ConfigError.single(
+                f"stages.{cfg.name}.dit",
+                f"{VOICES} holds no voice (<speaker>.cond, <speaker>.ref_mel)",
+                BUILD_HINT,
+            )
         if cfg.voice is not None and cfg.voice not in names:
-            raise ConfigError.single(where, f"no voice {cfg.voice!r} in {cfg.dit}/{VOICES}", f"use one of: {', '.join(names)}")
+            raise ConfigError.single(
+                where,
+                f"no voice {cfg.voice!r} in {cfg.dit}/{VOICES}",
+                f"use one of: {', '.join(names)}",
+            )
         info.details["voice"] = cfg.voice or names[0]
         return info
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         """The runner for an admitted placement; both sessions in the route ``route_for`` finds."""
         module = import_module("stages.token2wav.runner")  # numpy at its top: never while planning
         cfg = _cfg(stage)
-        runner: StageRunner = module.Token2WavRunner(stage_plan, self.artifacts(stage), module.route_for(stage_plan, route),
-                                                     voice=cfg.voice, steps=cfg.steps, seed=cfg.seed)
+        runner: StageRunner = module.Token2WavRunner(
+            stage_plan,
+            self.artifacts(stage),
+            module.route_for(stage_plan, route),
+            voice=cfg.voice,
+            steps=cfg.steps,
+            seed=cfg.seed,
+        )
         return runner
 
 

@@ -46,7 +46,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Token2WavRunner", "route_for", "solve", "time_points"]
 
-DEFAULTS = {"num_steps": 10, "guidance_scale": 0.5, "sway_coefficient": -1.0, "repeats": 2, "sample_rate": 24000}
+DEFAULTS = {
+    "num_steps": 10,
+    "guidance_scale": 0.5,
+    "sway_coefficient": -1.0,
+    "repeats": 2,
+    "sample_rate": 24000,
+}
 """``Qwen2_5OmniToken2WavModel.forward``'s defaults (10 time points, guidance 0.5, sway -1),
 the DiT config's ``repeats`` (2 mel frames per code) and BigVGAN's 24 kHz: used where a
 manifest's metadata does not say."""
@@ -78,8 +84,16 @@ def solve(velocity: Any, initial: Any, times: Any) -> Any:
 class Token2WavRunner(OrtRunner):
     """DiT step + vocoder sessions in the placement's route; the solver loop here."""
 
-    def __init__(self, stage_plan: StagePlan, artifacts: dict[str, ExportedArtifact], route: ResolvedRoute, *,
-                 voice: str | None = None, steps: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        stage_plan: StagePlan,
+        artifacts: dict[str, ExportedArtifact],
+        route: ResolvedRoute,
+        *,
+        voice: str | None = None,
+        steps: int | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__(stage_plan, route)
         self.dit, self.vocoder = artifacts["dit"], artifacts["vocoder"]
         meta = {**DEFAULTS, **self.vocoder.metadata, **self.dit.metadata}
@@ -95,7 +109,9 @@ class Token2WavRunner(OrtRunner):
             self._fail(f"{self.dit.dir}/manifest.yaml: metadata {type(exc).__name__}: {exc}")
         x = next((i for i in self.dit.manifest.inputs if i.name == "x"), None)
         if x is None or not isinstance(x.shape[-1], int):
-            self._fail(f"{self.dit.dir}/manifest.yaml: the DiT step needs an input x of shape [1, frames, mel_dim]")
+            self._fail(
+                f"{self.dit.dir}/manifest.yaml: the DiT step needs an input x of shape [1, frames, mel_dim]"
+            )
         self.mel_dim = int(x.shape[-1])
         self.voice_name = voice
         self.seed = seed
@@ -111,10 +127,14 @@ class Token2WavRunner(OrtRunner):
             names = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in voices))
             name = self.voice_name or names[0]
             if f"{name}.cond" not in voices or f"{name}.ref_mel" not in voices:
-                raise ValueError(f"no voice {name!r} in {self.dit.dir}/{VOICES} (it has {', '.join(names)})")
+                raise ValueError(
+                    f"no voice {name!r} in {self.dit.dir}/{VOICES} (it has {', '.join(names)})"
+                )
             self.voice_name = name
             self.cond = np.asarray(voices[f"{name}.cond"], dtype=np.float32).reshape(1, 1, -1)
-            self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(1, -1, self.mel_dim)
+            self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(
+                1, -1, self.mel_dim
+            )
             self.load_info = self._open(specs)
 
     def codes_of(self, items: list[Any]) -> Any:
@@ -125,10 +145,14 @@ class Token2WavRunner(OrtRunner):
         if codes.size and codes.dtype.kind not in "iu":
             raise ValueError(f"token2wav takes integer codes, got {codes.dtype}")
         codes = codes.astype(np.int64)
-        bad = np.nonzero((codes < 0) | ((codes >= self.num_embeds) if self.num_embeds else False))[0]
+        bad = np.nonzero((codes < 0) | ((codes >= self.num_embeds) if self.num_embeds else False))[
+            0
+        ]
         if bad.size:
             i = int(bad[0])
-            raise ValueError(f"code {int(codes[i])} at position {i} is outside the DiT's codes [0, {self.num_embeds})")
+            raise ValueError(
+                f"code {int(codes[i])} at position {i} is outside the DiT's codes [0, {self.num_embeds})"
+            )
         return codes[None]
 
     def noise(self, codes: int) -> Any:
@@ -137,7 +161,9 @@ class Token2WavRunner(OrtRunner):
         rng = np.random.default_rng(self.seed)
         return rng.standard_normal((1, codes * self.repeats, self.mel_dim), dtype=np.float32)
 
-    def synthesize(self, codes: Any, noise: Any = None, cancel: threading.Event | None = None) -> Any:
+    def synthesize(
+        self, codes: Any, noise: Any = None, cancel: threading.Event | None = None
+    ) -> Any:
         """The waveform (float32 ``[samples]``) of ``codes`` (int64 ``[1, n]``), from ``noise``
         (default :meth:`noise`). A set ``cancel`` stops it at the next velocity evaluation (``Cancelled``)."""
         if not self._handles:
@@ -154,14 +180,22 @@ class Token2WavRunner(OrtRunner):
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"cancelled after {evaluations} velocity evaluations")
             evaluations += 1
-            out = self._host.run(self._handles["dit"], {**feeds, "x": state, "t": np.asarray(t, dtype=np.float32)})
-            both = out["outputs"][self.dit.manifest.outputs[0].name]  # [2, frames, mel]: conditioned, code dropped
+            out = self._host.run(
+                self._handles["dit"], {**feeds, "x": state, "t": np.asarray(t, dtype=np.float32)}
+            )
+            both = out["outputs"][
+                self.dit.manifest.outputs[0].name
+            ]  # [2, frames, mel]: conditioned, code dropped
             guided, null = both[0:1], both[1:2]
             return guided + (guided - null) * guidance
 
         mel = solve(velocity, x, time_points(self.steps, self.sway))
-        out = self._host.run(self._handles["vocoder"], {"mel": np.ascontiguousarray(mel.transpose(0, 2, 1))})
-        return np.asarray(out["outputs"][self.vocoder.manifest.outputs[0].name], dtype=np.float32).reshape(-1)
+        out = self._host.run(
+            self._handles["vocoder"], {"mel": np.ascontiguousarray(mel.transpose(0, 2, 1))}
+        )
+        return np.asarray(
+            out["outputs"][self.vocoder.manifest.outputs[0].name], dtype=np.float32
+        ).reshape(-1)
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """One audio item when the codes end: ``{"audio": float32 [samples], "sample_rate": int}``

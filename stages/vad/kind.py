@@ -62,37 +62,55 @@ class VadConfig(GraphStageConfig):
     kind: Literal["vad"] = Field(description="Always vad for this kind.")
     artifact: str = Field(
         description="The Silero VAD artifact directory (exports/silero-vad, or exports/silero-vad-op18 for "
-                    "OpenVINO), relative to the config file, or package://<package>/<dir>.",
+        "OpenVINO), relative to the config file, or package://<package>/<dir>.",
     )
-    threshold: float = Field(0.5, gt=0, lt=1, description="A window at this speech probability or above is speech.")
+    threshold: float = Field(
+        0.5, gt=0, lt=1, description="A window at this speech probability or above is speech."
+    )
     neg_threshold: float | None = Field(
-        None, ge=0, lt=1,
+        None,
+        ge=0,
+        lt=1,
         description="Once speech started, a window below this is silence (default: threshold - 0.15).",
     )
-    min_speech_ms: int = Field(250, ge=0, le=10_000, description="Shorter speech (before padding) is dropped.")
+    min_speech_ms: int = Field(
+        250, ge=0, le=10_000, description="Shorter speech (before padding) is dropped."
+    )
     min_silence_ms: int = Field(
-        400, ge=32, le=10_000, description="A pause this long ends a segment (shorter ones stay inside it).",
+        400,
+        ge=32,
+        le=10_000,
+        description="A pause this long ends a segment (shorter ones stay inside it).",
     )
     speech_pad_ms: int = Field(
-        100, ge=0, le=2_000, description="Kept before and after each segment's speech (at most min_silence_ms).",
+        100,
+        ge=0,
+        le=2_000,
+        description="Kept before and after each segment's speech (at most min_silence_ms).",
     )
     no_speech: Literal["refuse", "nothing"] = Field(
         "refuse",
         description="A request whose audio holds no speech: refuse it (a BadRequest naming the seconds heard and the "
-                    "highest speech probability, so nothing downstream answers an empty prompt), or yield nothing.",
+        "highest speech probability, so nothing downstream answers an empty prompt), or yield nothing.",
     )
     max_segment_s: float = Field(
-        30.0, ge=1, le=600,
+        30.0,
+        ge=1,
+        le=600,
         description="Longest segment, padding included; longer speech is cut there (30: one Whisper window).",
     )
 
     @model_validator(mode="after")
     def _pad_within_pause(self) -> VadConfig:
         if self.speech_pad_ms > self.min_silence_ms:
-            raise ValueError(f"speech_pad_ms ({self.speech_pad_ms}) must not exceed min_silence_ms "
-                             f"({self.min_silence_ms}): the end pad is cut from the pause that ends a segment")
+            raise ValueError(
+                f"speech_pad_ms ({self.speech_pad_ms}) must not exceed min_silence_ms "
+                f"({self.min_silence_ms}): the end pad is cut from the pause that ends a segment"
+            )
         if self.neg_threshold is not None and self.neg_threshold > self.threshold:
-            raise ValueError(f"neg_threshold ({self.neg_threshold}) must not exceed threshold ({self.threshold})")
+            raise ValueError(
+                f"neg_threshold ({self.neg_threshold}) must not exceed threshold ({self.threshold})"
+            )
         return self
 
 
@@ -136,45 +154,85 @@ class VadKind(StageKind):
         problems = []
         missing = [k for k in METADATA_KEYS if not isinstance(manifest.metadata.get(k), int)]
         if missing:
-            problems.append(Problem(f"{cfg.artifact}/manifest.yaml: metadata", f"{', '.join(missing)} missing or not whole "
-                                    "numbers: the window loop needs them", "e.g. sample_rate: 16000, chunk_samples: 512, "
-                                    "context_samples: 64 (exports/silero-vad-op18)"))
+            problems.append(
+                Problem(
+                    f"{cfg.artifact}/manifest.yaml: metadata",
+                    f"{', '.join(missing)} missing or not whole "
+                    "numbers: the window loop needs them",
+                    "e.g. sample_rate: 16000, chunk_samples: 512, "
+                    "context_samples: 64 (exports/silero-vad-op18)",
+                )
+            )
         names_in, names_out = {i.name for i in manifest.inputs}, {o.name for o in manifest.outputs}
         if not set(INPUTS) <= names_in or not set(OUTPUTS) <= names_out:
-            problems.append(Problem(f"{cfg.artifact}/manifest.yaml", f"inputs {sorted(names_in)}, outputs "
-                                    f"{sorted(names_out)}: a vad stage feeds {', '.join(INPUTS)} and reads "
-                                    f"{', '.join(OUTPUTS)}", "name a Silero VAD artifact (exports/silero-vad)"))
+            problems.append(
+                Problem(
+                    f"{cfg.artifact}/manifest.yaml",
+                    f"inputs {sorted(names_in)}, outputs "
+                    f"{sorted(names_out)}: a vad stage feeds {', '.join(INPUTS)} and reads "
+                    f"{', '.join(OUTPUTS)}",
+                    "name a Silero VAD artifact (exports/silero-vad)",
+                )
+            )
         if problems:
             raise ConfigError(problems)
         return info
 
-    def check(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> list[Refusal]:
+    def check(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> list[Refusal]:
         return self.graph.check(graph_config(_cfg(stage)), info, device, backend)
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str) -> list[Reservation]:
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str
+    ) -> list[Reservation]:
         return self.graph.reservations(graph_config(_cfg(stage)), info, device, backend, pool)
 
     def engine_kwargs(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str,
-        reservations: list[Reservation], pool_capacity: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        reservations: list[Reservation],
+        pool_capacity: int,
     ) -> dict[str, Any]:
         cfg = _cfg(stage)
-        kwargs = self.graph.engine_kwargs(graph_config(cfg), info, device, backend, reservations, pool_capacity)
+        kwargs = self.graph.engine_kwargs(
+            graph_config(cfg), info, device, backend, reservations, pool_capacity
+        )
         if not kwargs:
             return {}
-        return {**kwargs, "segments": {
-            "threshold": cfg.threshold, "neg_threshold": cfg.neg_threshold, "min_speech_ms": cfg.min_speech_ms,
-            "min_silence_ms": cfg.min_silence_ms, "speech_pad_ms": cfg.speech_pad_ms, "max_segment_s": cfg.max_segment_s,
-            "no_speech": cfg.no_speech,
-        }}
+        return {
+            **kwargs,
+            "segments": {
+                "threshold": cfg.threshold,
+                "neg_threshold": cfg.neg_threshold,
+                "min_speech_ms": cfg.min_speech_ms,
+                "min_silence_ms": cfg.min_silence_ms,
+                "speech_pad_ms": cfg.speech_pad_ms,
+                "max_segment_s": cfg.max_segment_s,
+                "no_speech": cfg.no_speech,
+            },
+        }
 
-    def gate_spec(self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str) -> GateSpec | None:
+    def gate_spec(
+        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
+    ) -> GateSpec | None:
         return self.graph.gate_spec(graph_config(_cfg(stage)), info, device, backend)
 
     def remedy_for_budget(
-        self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str, pool: str, available: int,
+        self,
+        stage: StageConfig,
+        info: ArtifactInfo,
+        device: Device,
+        backend: str,
+        pool: str,
+        available: int,
     ) -> str:
-        return self.graph.remedy_for_budget(graph_config(_cfg(stage)), info, device, backend, pool, available)
+        return self.graph.remedy_for_budget(
+            graph_config(_cfg(stage)), info, device, backend, pool, available
+        )
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
         """A request entering here is one audio item ``{"audio": mono samples, "sample_rate":
@@ -183,10 +241,16 @@ class VadKind(StageKind):
         check_audio_request(prompt, f"request (stage {stage.name}, kind vad)")
 
     # -- runtime -------------------------------------------------------------
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         """The runner for an admitted placement, its session in the route ``route_for`` finds."""
-        module = import_module("stages.vad.runner")  # numpy and soxr at its top: never while planning
-        runner: StageRunner = module.VadRunner(stage_plan, self.artifact(stage), module.route_for(stage_plan, route))
+        module = import_module(
+            "stages.vad.runner"
+        )  # numpy and soxr at its top: never while planning
+        runner: StageRunner = module.VadRunner(
+            stage_plan, self.artifact(stage), module.route_for(stage_plan, route)
+        )
         return runner
 
 
@@ -195,21 +259,37 @@ def check_audio_request(prompt: Any, where: str) -> None:
     import numpy as np
 
     if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
-        got = "text" if isinstance(prompt, str) else "a chat request" if isinstance(prompt, dict) else type(prompt).__name__
-        raise BadRequest.single(where, f"the stage takes audio, got {got}",
-                                'send {"audio": float32 mono samples, "sample_rate": Hz} '
-                                "(omni-edge run --audio FILE.wav; an input_audio content part on the server)")
+        got = (
+            "text"
+            if isinstance(prompt, str)
+            else "a chat request"
+            if isinstance(prompt, dict)
+            else type(prompt).__name__
+        )
+        raise BadRequest.single(
+            where,
+            f"the stage takes audio, got {got}",
+            'send {"audio": float32 mono samples, "sample_rate": Hz} '
+            "(omni-edge run --audio FILE.wav; an input_audio content part on the server)",
+        )
     rate = prompt["sample_rate"]
     problem = sample_rate_problem(rate)
     if problem is not None:
-        raise BadRequest.single(f"{where}: sample_rate", problem, "resample the recording to 16000 Hz")
+        raise BadRequest.single(
+            f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
+        )
     try:
         samples = np.asarray(prompt["audio"], dtype=np.float32)
     except (TypeError, ValueError) as exc:
-        raise BadRequest.single(f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]") from None
+        raise BadRequest.single(
+            f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"
+        ) from None
     if samples.ndim != 1 or samples.size == 0:
-        raise BadRequest.single(f"{where}: audio", f"shape {samples.shape}: one channel of at least one sample is needed",
-                                "average the channels into one (mono), and send a non-empty recording")
+        raise BadRequest.single(
+            f"{where}: audio",
+            f"shape {samples.shape}: one channel of at least one sample is needed",
+            "average the channels into one (mono), and send a non-empty recording",
+        )
 
 
 def _cfg(stage: StageConfig) -> VadConfig:

@@ -56,7 +56,9 @@ __all__ = ["VadRunner", "route_for"]
 class VadRunner(OrtRunner):
     """Silero VAD window by window with its state; segments cut at pauses."""
 
-    def __init__(self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute) -> None:
+    def __init__(
+        self, stage_plan: StagePlan, artifact: ExportedArtifact, route: ResolvedRoute
+    ) -> None:
         super().__init__(stage_plan, route)
         self.artifact = artifact
         meta = artifact.metadata
@@ -65,8 +67,10 @@ class VadRunner(OrtRunner):
             self.window = int(meta["chunk_samples"])
             self.context = int(meta["context_samples"])
         except (KeyError, TypeError, ValueError) as exc:
-            self._fail(f"{artifact.dir}/manifest.yaml: metadata needs sample_rate, chunk_samples and context_samples "
-                       f"({type(exc).__name__}: {exc})")
+            self._fail(
+                f"{artifact.dir}/manifest.yaml: metadata needs sample_rate, chunk_samples and context_samples "
+                f"({type(exc).__name__}: {exc})"
+            )
         state = next((i for i in artifact.manifest.inputs if i.name == "state"), None)
         if state is None:
             self._fail(f"{artifact.dir}/manifest.yaml: no 'state' input")
@@ -74,9 +78,13 @@ class VadRunner(OrtRunner):
         s = dict(stage_plan.engine_kwargs.get("segments") or {})
         ms = self.rate // 1000
         self.rules = SegmentRules(
-            window=self.window, threshold=float(s.get("threshold", 0.5)), neg_threshold=s.get("neg_threshold"),
-            min_speech=int(s.get("min_speech_ms", 250)) * ms, min_silence=int(s.get("min_silence_ms", 400)) * ms,
-            pad=int(s.get("speech_pad_ms", 100)) * ms, max_segment=int(float(s.get("max_segment_s", 30.0)) * self.rate),
+            window=self.window,
+            threshold=float(s.get("threshold", 0.5)),
+            neg_threshold=s.get("neg_threshold"),
+            min_speech=int(s.get("min_speech_ms", 250)) * ms,
+            min_silence=int(s.get("min_silence_ms", 400)) * ms,
+            pad=int(s.get("speech_pad_ms", 100)) * ms,
+            max_segment=int(float(s.get("max_segment_s", 30.0)) * self.rate),
         )
         self.no_speech = str(s.get("no_speech", "refuse"))
         self._handle: int | None = None
@@ -96,8 +104,13 @@ class VadRunner(OrtRunner):
         """One call of the graph: (speech probability, next state)."""
         if self._handle is None:
             self._fail("run before load()")
-        feeds = {"input": np.concatenate([context, window])[np.newaxis, :].astype(np.float32, copy=False),
-                 "sr": np.array(self.rate, dtype=np.int64), "state": state}
+        feeds = {
+            "input": np.concatenate([context, window])[np.newaxis, :].astype(
+                np.float32, copy=False
+            ),
+            "sr": np.array(self.rate, dtype=np.int64),
+            "state": state,
+        }
         out = self._host.run(self._handle, feeds)["outputs"]
         return float(np.asarray(out["output"]).reshape(-1)[0]), out["stateN"]
 
@@ -128,7 +141,9 @@ class VadRunner(OrtRunner):
                 "record the question again, closer to the microphone; or lower the stage's threshold",
             )
 
-    def _in_unit(self, work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dict[str, Any]]:
+    def _in_unit(
+        self, work: Callable[..., list[dict[str, Any]]], *args: Any
+    ) -> list[dict[str, Any]]:
         """One item's windows in one route worker: recycled before or after them, never between."""
         with self._unit():
             return work(*args)
@@ -144,7 +159,9 @@ class VadRunner(OrtRunner):
         except ValueError as exc:
             self._fail(str(exc))
         if rate_so_far is not None and rate != rate_so_far:
-            self._fail(f"the items of one request are one recording: {rate} Hz after {rate_so_far} Hz")
+            self._fail(
+                f"the items of one request are one recording: {rate} Hz after {rate_so_far} Hz"
+            )
         return samples, rate
 
     def close(self) -> None:
@@ -164,7 +181,7 @@ class Windows:
 
     def score(self, window: Any) -> float:
         prob, self.state = self.runner.run_window(window, self.context, self.state)
-        self.context = window[-self.runner.context:] if self.runner.context else self.context
+        self.context = window[-self.runner.context :] if self.runner.context else self.context
         self.count += 1
         return prob
 
@@ -173,8 +190,8 @@ class Windows:
         w = self.runner.window
         self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
         whole = len(self.pending) // w
-        probs = [self.score(self.pending[i * w:(i + 1) * w]) for i in range(whole)]
-        self.pending = self.pending[whole * w:]
+        probs = [self.score(self.pending[i * w : (i + 1) * w]) for i in range(whole)]
+        self.pending = self.pending[whole * w :]
         return probs
 
     def flush(self) -> list[float]:
@@ -182,7 +199,7 @@ class Windows:
         if not len(self.pending):
             return []
         window = np.zeros(self.runner.window, dtype=np.float32)
-        window[:len(self.pending)] = self.pending
+        window[: len(self.pending)] = self.pending
         self.pending = np.zeros(0, dtype=np.float32)
         return [self.score(window)]
 
@@ -225,16 +242,20 @@ class Cutter:
         for start in range(0, len(samples), RESAMPLE_BLOCK_SAMPLES):
             if self.cancel.is_set():
                 raise Cancelled(f"cancelled after {self.received} samples")
-            block = samples[start:start + RESAMPLE_BLOCK_SAMPLES]
+            block = samples[start : start + RESAMPLE_BLOCK_SAMPLES]
             self.kept = np.concatenate([self.kept, block])
             self.received += len(block)
-            out += self._score(self.resampler.resample_chunk(block) if self.resampler is not None else block)
+            out += self._score(
+                self.resampler.resample_chunk(block) if self.resampler is not None else block
+            )
         return out
 
     def finish(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.resampler is not None:
-            out += self._score(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+            out += self._score(
+                self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            )
         for prob in self.windows.flush():
             self.top = max(self.top, prob)
             out += self._cut(self.segmenter.push(prob))
@@ -267,7 +288,7 @@ class Cutter:
 
     def _item(self, start: int, end: int) -> dict[str, Any] | None:
         a, b = self._at_source(start) - self.kept_from, self._at_source(end) - self.kept_from
-        audio = self.kept[max(a, 0):max(b, 0)].copy()
+        audio = self.kept[max(a, 0) : max(b, 0)].copy()
         return {"audio": audio, "sample_rate": self.source_rate} if audio.size else None
 
     def pending(self) -> tuple[tuple[int, int], dict[str, Any]] | None:
@@ -283,7 +304,11 @@ class Cutter:
         """Forget the samples no segment can start before: before the open segment, or
         (no speech open) before one pad's length behind the last window scored."""
         seg = self.segmenter
-        keep_from = seg.open_start if seg.open_start is not None else max(seg.heard - seg.rules.pad, seg.last_end)
+        keep_from = (
+            seg.open_start
+            if seg.open_start is not None
+            else max(seg.heard - seg.rules.pad, seg.last_end)
+        )
         drop = self._at_source(keep_from) - self.kept_from
         if drop > 0:
             self.kept = self.kept[drop:]
@@ -291,5 +316,9 @@ class Cutter:
 
     def stats(self) -> dict[str, Any]:
         heard = self.received / float(self.source_rate) if self.source_rate else 0.0
-        return {"heard_s": round(heard, 3), "windows": self.windows.count, "segments": len(self.segments),
-                "speech_s": round(sum(self.segments), 3)}
+        return {
+            "heard_s": round(heard, 3),
+            "windows": self.windows.count,
+            "segments": len(self.segments),
+            "speech_s": round(sum(self.segments), 3),
+        }

@@ -51,15 +51,23 @@ class SegmentRules:
         if not 0.0 <= self.low <= self.threshold:
             raise ValueError(f"neg_threshold must lie in [0, threshold], got {self.low}")
         if self.pad > self.min_silence:
-            raise ValueError(f"the pad ({self.pad} samples) must not exceed min_silence ({self.min_silence}): "
-                             "the end pad is cut from the pause that closes a segment")
+            raise ValueError(
+                f"the pad ({self.pad} samples) must not exceed min_silence ({self.min_silence}): "
+                "the end pad is cut from the pause that closes a segment"
+            )
         if self.max_segment is not None and self.max_segment < 2 * self.window + 2 * self.pad:
-            raise ValueError(f"max_segment ({self.max_segment} samples) must hold two windows and both pads")
+            raise ValueError(
+                f"max_segment ({self.max_segment} samples) must hold two windows and both pads"
+            )
 
     @property
     def low(self) -> float:
         """The probability below which a window counts as silence once speech started."""
-        return self.neg_threshold if self.neg_threshold is not None else max(self.threshold - 0.15, 0.01)
+        return (
+            self.neg_threshold
+            if self.neg_threshold is not None
+            else max(self.threshold - 0.15, 0.01)
+        )
 
 
 class Segmenter:
@@ -138,9 +146,18 @@ class Segmenter:
                 self._pause = pos
             if self.heard - self._pause >= r.min_silence:
                 out += self._close(self._pause)
-        if self._start is not None and r.max_segment is not None and self.heard - self._start >= r.max_segment:
+        if (
+            self._start is not None
+            and r.max_segment is not None
+            and self.heard - self._start >= r.max_segment
+        ):
             # too long, in a pause not yet long enough: end at the pause (or here), padded within the bound
-            out += self._close(min(self._pause if self._pause is not None else self.heard, self._start + r.max_segment))
+            out += self._close(
+                min(
+                    self._pause if self._pause is not None else self.heard,
+                    self._start + r.max_segment,
+                )
+            )
         return out
 
     def finish(self, total: int | None = None) -> list[tuple[int, int]]:

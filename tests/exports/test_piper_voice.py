@@ -53,13 +53,18 @@ def test_the_shipped_artifact_matches_its_graph_and_its_reference_is_determinist
     art = load_artifact(ARTIFACT)
     assert art.graph_path("fp32").name == "en_US-joe-medium.onnx"
     info = ExportedGraphKind().describe(
-        ExportedGraphConfig(name="voice", kind="exported_graph", devices=["cpu"], artifact=str(ARTIFACT))
+        ExportedGraphConfig(
+            name="voice", kind="exported_graph", devices=["cpu"], artifact=str(ARTIFACT)
+        )
     )
     g = info.details["precisions"]["fp32"]
     assert g["node_count"] == 2755 and g["initializer_bytes"] == 62_602_544
     ref = art.reference_inputs()
     assert ref["scales"].tolist() == [0.0, 1.0, 0.0]  # noise off: the output is deterministic
-    assert ref["input"][0].tolist() == piper_voice.preprocess(piper_voice.REFERENCE_TEXT)["input"][0].tolist()
+    assert (
+        ref["input"][0].tolist()
+        == piper_voice.preprocess(piper_voice.REFERENCE_TEXT)["input"][0].tolist()
+    )
 
 
 async def _items(*values: Any) -> AsyncIterator[Any]:
@@ -75,11 +80,17 @@ async def _collect(stream: AsyncIterator[Any]) -> list[Any]:
 def test_the_voice_synthesizes_non_silent_audio_on_ort_cpu() -> None:
     config = load_config(REPO / "configs" / "voice-assistant.yaml")
     # the default pipeline's voice stage, alone and pinned to the CPU EP in this interpreter
-    voice = config.stage("voice").model_copy(update={"backends": ["ort-cpu"], "inputs": ["request"]})
+    voice = config.stage("voice").model_copy(
+        update={"backends": ["ort-cpu"], "inputs": ["request"]}
+    )
     config = config.model_copy(update={"stages": [voice]})
     plan = plan_pipeline(config, machine_profile(), runtime=False)
     stage_plan = plan.stage("voice")
-    assert (stage_plan.device, stage_plan.backend, stage_plan.route) == ("cpu", "ort-cpu", "this-process")
+    assert (stage_plan.device, stage_plan.backend, stage_plan.route) == (
+        "cpu",
+        "ort-cpu",
+        "this-process",
+    )
     runner = ExportedGraphKind().runner(stage_plan, voice)
     runner.load()
     try:
@@ -115,5 +126,7 @@ def test_the_first_phonemizations_racing_in_threads_all_succeed() -> None:
         "print(len(errors), errors[:1])\n"
     )
     for _ in range(3):  # a fresh process each time: the race is on first use
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout
         assert out.startswith("0 "), out

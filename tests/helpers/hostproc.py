@@ -71,7 +71,9 @@ def standin_python(tmp_path: Path) -> tuple[Path, Path]:
     exe.parent.mkdir(parents=True)
     dist, version = worker.runtime_identity()
     assert dist and version
-    (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(parents=True)
+    (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(
+        parents=True
+    )
     exe.write_text(STANDIN.format(python=sys.executable, log=str(log), distro=DISTRO))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return exe, log
@@ -84,13 +86,36 @@ def log_lines(log: Path) -> list[dict[str, Any]]:
 def standin_profile(path: Path, exe: Path) -> Path:
     """A WSL2 profile (written to ``path``) whose CPU runs ort-cpu through the stand-in
     host-process route ``windows-standin``."""
-    path.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "WSL2 box with a stand-in Windows interpreter",
-        "host": {"os": "linux", "wsl": True, "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"],
-                     "backend_routes": {"ort-cpu": "windows-standin"}}],
-        "routes": [{"name": "this-process"},
-                   {"name": "windows-standin", "kind": "host-process", "python": str(exe),
-                    "providers": ["CPUExecutionProvider"]}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "omni-edge.profile/1",
+                "name": "WSL2 box with a stand-in Windows interpreter",
+                "host": {
+                    "os": "linux",
+                    "wsl": True,
+                    "ram_total_bytes": 2**34,
+                    "ram_available_bytes": 2**33,
+                },
+                "devices": [
+                    {
+                        "id": "cpu",
+                        "kind": "cpu",
+                        "name": "test CPU",
+                        "backends": ["ort-cpu"],
+                        "backend_routes": {"ort-cpu": "windows-standin"},
+                    }
+                ],
+                "routes": [
+                    {"name": "this-process"},
+                    {
+                        "name": "windows-standin",
+                        "kind": "host-process",
+                        "python": str(exe),
+                        "providers": ["CPUExecutionProvider"],
+                    },
+                ],
+            }
+        )
+    )
     return path

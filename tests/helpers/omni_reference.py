@@ -41,14 +41,22 @@ def seeded_noise(seed: int) -> Any:
     import torch
 
     def randn(*size: Any, dtype: Any = None, device: Any = None, **_: Any) -> Any:
-        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
-        draw = np.random.default_rng(seed).standard_normal(tuple(int(d) for d in shape), dtype=np.float32)
+        shape = (
+            tuple(size[0])
+            if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size))
+            else size
+        )
+        draw = np.random.default_rng(seed).standard_normal(
+            tuple(int(d) for d in shape), dtype=np.float32
+        )
         return torch.from_numpy(draw).to(dtype=dtype or torch.float32, device=device)
 
     return randn
 
 
-def token2wav_reference(model_dir: Path, codes: list[int], *, seed: int, steps: int, speaker: str = "Chelsie") -> Any:
+def token2wav_reference(
+    model_dir: Path, codes: list[int], *, seed: int, steps: int, speaker: str = "Chelsie"
+) -> Any:
     """transformers' own ``model.token2wav`` (``Qwen2_5OmniForConditionalGeneration.from_pretrained``,
     its speakers read by ``load_speakers`` from ``spk_dict.pt``) on ``codes``, its noise from
     :func:`seeded_noise`: the waveform, float32, mono."""
@@ -57,11 +65,17 @@ def token2wav_reference(model_dir: Path, codes: list[int], *, seed: int, steps: 
     import torch
     import transformers
 
-    model = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32
+    ).eval()
     voice = model.speaker_map[speaker]
     with mock.patch("torch.randn", seeded_noise(seed)), torch.no_grad():
-        wav = model.token2wav(torch.tensor([codes]), conditioning=voice["cond"].float(),
-                              reference_mel=voice["ref_mel"].float(), num_steps=steps)
+        wav = model.token2wav(
+            torch.tensor([codes]),
+            conditioning=voice["cond"].float(),
+            reference_mel=voice["ref_mel"].float(),
+            num_steps=steps,
+        )
     return wav.float().reshape(-1).numpy()
 
 
@@ -69,12 +83,23 @@ def prompt_ids(model_dir: Path, prompt: str) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int, talker_min: int = 0,
-              repetition_penalty: float = 1.05, token2wav_seed: int = 0, token2wav_steps: int = 10) -> Reference:
+def reference(
+    model_dir: Path,
+    prompt: str,
+    *,
+    thinker_max: int,
+    talker_max: int,
+    talker_min: int = 0,
+    repetition_penalty: float = 1.05,
+    token2wav_seed: int = 0,
+    token2wav_steps: int = 10,
+) -> Reference:
     """Qwen2.5-Omni's token2wav starts from ``torch.randn``: here from :func:`seeded_noise`
     (``token2wav_seed``), with ``token2wav_steps`` solver time points."""
     from unittest import mock
@@ -87,13 +112,20 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
     input_ids = torch.tensor([ids])
     config = transformers.AutoConfig.from_pretrained(model_dir)
     captured: dict[str, Any] = {}
-    common = {"thinker_max_new_tokens": thinker_max, "thinker_do_sample": False, "thinker_eos_token_id": THINKER_EOS,
-              "talker_max_new_tokens": talker_max, "talker_do_sample": False,
-              "talker_repetition_penalty": repetition_penalty}
+    common = {
+        "thinker_max_new_tokens": thinker_max,
+        "thinker_do_sample": False,
+        "thinker_eos_token_id": THINKER_EOS,
+        "talker_max_new_tokens": talker_max,
+        "talker_do_sample": False,
+        "talker_repetition_penalty": repetition_penalty,
+    }
     if talker_min:
         common["talker_min_new_tokens"] = talker_min
     if config.model_type == "qwen2_5_omni":
-        model = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(
+            model_dir, dtype=torch.float32
+        ).eval()
         original = model.talker.generate
 
         def spy_talker(*args: Any, **kwargs: Any) -> Any:
@@ -102,16 +134,22 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
             return out
 
         model.talker.generate = spy_talker
-        stop = [model.talker.codec_pad_token, model.talker.codec_eos_token]  # generate's [8292, 8294], tiny ids
+        stop = [
+            model.talker.codec_pad_token,
+            model.talker.codec_eos_token,
+        ]  # generate's [8292, 8294], tiny ids
         with mock.patch("torch.randn", seeded_noise(token2wav_seed)):
-            sequences, wav = model.generate(input_ids, talker_eos_token_id=stop, token2wav_num_steps=token2wav_steps,
-                                            **common)
-        generated = captured["talker"][0, captured["prompt"]:].tolist()
+            sequences, wav = model.generate(
+                input_ids, talker_eos_token_id=stop, token2wav_num_steps=token2wav_steps, **common
+            )
+        generated = captured["talker"][0, captured["prompt"] :].tolist()
         cut = next((i for i, c in enumerate(generated) if c in stop), len(generated))
         codes = [[c] for c in generated[:cut]]
         waveform = wav.detach().float().reshape(-1).numpy()
     else:
-        model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+            model_dir, dtype=torch.float32
+        ).eval()
         decode = model.code2wav.chunked_decode
 
         def spy_code2wav(codes: Any, *args: Any, **kwargs: Any) -> Any:
@@ -122,6 +160,6 @@ def reference(model_dir: Path, prompt: str, *, thinker_max: int, talker_max: int
         sequences, wav = model.generate(input_ids, **common)
         codes = captured["codes"][0].transpose(0, 1).tolist()  # [groups, frames] → per frame
         waveform = wav.detach().float().reshape(-1).numpy()
-    tokens = sequences[0, len(ids):].tolist()
+    tokens = sequences[0, len(ids) :].tolist()
     text = AutoTokenizer.from_pretrained(model_dir).decode(tokens, skip_special_tokens=True)
     return Reference(ids, tokens, text, codes, waveform)

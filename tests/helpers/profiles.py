@@ -8,14 +8,24 @@ from orchestrator.profile import HardwareProfile, parse_profile
 from orchestrator.units import GiB
 
 
-def make_profile(*devices: dict[str, Any], ram_available: int = 16 * GiB, ram_total: int = 32 * GiB,
-                 ram_limit: int | None = None, routes: list[dict[str, Any]] | None = None,
-                 name: str = "test machine") -> HardwareProfile:
+def make_profile(
+    *devices: dict[str, Any],
+    ram_available: int = 16 * GiB,
+    ram_total: int = 32 * GiB,
+    ram_limit: int | None = None,
+    routes: list[dict[str, Any]] | None = None,
+    name: str = "test machine",
+) -> HardwareProfile:
     cpu = {"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["vllm-cpu", "ort-cpu"]}
     doc = {
         "format": "omni-edge.profile/1",
         "name": name,
-        "host": {"os": "linux", "ram_total_bytes": ram_total, "ram_available_bytes": ram_available, "ram_limit_bytes": ram_limit},
+        "host": {
+            "os": "linux",
+            "ram_total_bytes": ram_total,
+            "ram_available_bytes": ram_available,
+            "ram_limit_bytes": ram_limit,
+        },
         "devices": [cpu, *devices],
         "routes": routes or [{"name": "this-process"}],
     }

@@ -16,6 +16,7 @@ WORKER = ResolvedRoute("worker", "interpreter", sys.executable)
 
 def stream(runner: Any, rid: str, *items: Any) -> list[Any]:
     """Every output of one request of ``items``."""
+
     async def inputs() -> AsyncIterator[Any]:
         for item in items:
             yield item
@@ -32,6 +33,8 @@ def assert_limited_to_its_budget(runner: Any) -> None:
     budget = runner.plan.budget_bytes()
     host = runner._host
     assert host is not None and not host.in_process
-    assert host.recycle_limit == budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget))
+    assert host.recycle_limit == budget - max(
+        RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget)
+    )
     assert 0 < runner.load_info["worker_recycle_limit_bytes"] == host.recycle_limit < budget
     assert runner.process_ids()[0] == host.pid

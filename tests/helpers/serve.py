@@ -22,15 +22,26 @@ SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)/v1")
 
 
 class ServeProcess:
-    def __init__(self, config: str | Path, *args: str, cwd: Path, start_timeout_s: float = 300.0,
-                 env: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: str | Path,
+        *args: str,
+        cwd: Path,
+        start_timeout_s: float = 300.0,
+        env: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         import httpx
 
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "serve", str(config), "--port", "0", *args],
-            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         deadline = time.monotonic() + start_timeout_s
@@ -39,12 +50,17 @@ class ServeProcess:
             if self.proc.poll() is not None:
                 self._reader.join(5)
                 raise AssertionError(f"serve exited {self.proc.returncode}:\n{self.output()}")
-            assert time.monotonic() < deadline, f"serve did not answer /health in {start_timeout_s:g} s:\n{self.output()}"
+            assert time.monotonic() < deadline, (
+                f"serve did not answer /health in {start_timeout_s:g} s:\n{self.output()}"
+            )
             port = next((m.group(1) for m in map(SERVING.search, list(self.lines)) if m), None)
             if port is not None:
                 self.url = f"http://127.0.0.1:{port}"
                 try:
-                    if httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
+                    if (
+                        httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code
+                        == 200
+                    ):
                         return
                 except httpx.HTTPError:
                     pass
@@ -67,7 +83,9 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"serve did not exit within {timeout_s:g} s of {signal.Signals(sig).name}:\n"
-                                 f"{self.output()}") from None
+            raise AssertionError(
+                f"serve did not exit within {timeout_s:g} s of {signal.Signals(sig).name}:\n"
+                f"{self.output()}"
+            ) from None
         self._reader.join(5)
         return rc

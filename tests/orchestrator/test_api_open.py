@@ -21,14 +21,17 @@ LOAD_S = 3.0
 """The echo voice's load time: long enough that a blocked event loop shows."""
 
 
-def write(tmp_path: Path, voice: str = f", load_s: {LOAD_S}", ram: int = 8 * GiB) -> tuple[Path, Path]:
+def write(
+    tmp_path: Path, voice: str = f", load_s: {LOAD_S}", ram: int = 8 * GiB
+) -> tuple[Path, Path]:
     cfg = tmp_path / "echo.yaml"
     cfg.write_text(
         "name: echo-open\n"
         "stages:\n"
         "  - {name: thinker, kind: echo, mode: words, devices: [cpu], final_output: true, final_output_type: text}\n"
         "  - {name: voice, kind: echo, mode: tone, inputs: [thinker], devices: [cpu], final_output: true,"
-        f" final_output_type: audio{voice}}}\n")
+        f" final_output_type: audio{voice}}}\n"
+    )
     prof = tmp_path / "profile.json"
     prof.write_text(make_profile(ram_available=ram).model_dump_json())
     return cfg, prof
@@ -57,7 +60,9 @@ async def _ticking(work: Any) -> tuple[Any, float, float]:
 
 
 @pytest.mark.ray
-def test_the_loop_keeps_running_while_the_pipeline_starts_and_async_with_closes_it(ray_cluster: Any, tmp_path: Path) -> None:
+def test_the_loop_keeps_running_while_the_pipeline_starts_and_async_with_closes_it(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     cfg, prof = write(tmp_path)
 
     async def main() -> tuple[float, float, str, Pipeline]:
@@ -71,7 +76,9 @@ def test_the_loop_keeps_running_while_the_pipeline_starts_and_async_with_closes_
 
     took, longest_gap, text, pipeline = asyncio.run(main())
     assert took >= LOAD_S  # the start really waited for the slow load ...
-    assert longest_gap < 1.0, f"the event loop stood still for {longest_gap:.2f} s while the pipeline started"  # ... off the loop
+    assert longest_gap < 1.0, (
+        f"the event loop stood still for {longest_gap:.2f} s while the pipeline started"
+    )  # ... off the loop
     assert text.startswith("You said hello.")
     assert pipeline.final_ledger is not None and pipeline.final_ledger["held_bytes"] == 0
 

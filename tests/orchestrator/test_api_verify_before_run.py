@@ -16,7 +16,9 @@ from tests.helpers import REPO
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 
 
-def test_unverified_placements_are_verified_then_replanned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unverified_placements_are_verified_then_replanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path))  # no evidence yet
     config = load_config(REPO / "configs/voice-assistant.yaml")
     profile = probe_profile()
@@ -30,5 +32,8 @@ def test_unverified_placements_are_verified_then_replanned(tmp_path: Path, monke
     assert after.admitted and unverified_stages(after) == []
     assert voice.verification.status == "verified"
     assert voice.verification.evidence.startswith("M")
-    assert (voice.device, voice.backend) == (before.stage("voice").device, before.stage("voice").backend)
+    assert (voice.device, voice.backend) == (
+        before.stage("voice").device,
+        before.stage("voice").backend,
+    )
     assert list((tmp_path / "evidence").glob("*.json"))  # the evidence was written

@@ -56,11 +56,26 @@ def long_run(run: str, budget: int, calibrated: bool, calls: int = 150) -> dict[
         largest = max(largest, RISE)
         rss += KEPT
         ran += 1
-    s = cal.sample(run=run, peak=peak, budget=budget, calibrated=calibrated, load=RESIDENT, steady=peak,
-                   resident=RESIDENT, requests=calls, where="test:cpu")
+    s = cal.sample(
+        run=run,
+        peak=peak,
+        budget=budget,
+        calibrated=calibrated,
+        load=RESIDENT,
+        steady=peak,
+        resident=RESIDENT,
+        requests=calls,
+        where="test:cpu",
+    )
     # what the runner's worker_stats() reports, as the device actor records it
-    return s | {"recycle_limit_bytes": limit, "call_rise_bytes": RISE, "worker_recycles": recycles,
-                "worker_calls": calls, "retained_bytes": calls * KEPT, "fresh_bytes": RESIDENT}
+    return s | {
+        "recycle_limit_bytes": limit,
+        "call_rise_bytes": RISE,
+        "worker_recycles": recycles,
+        "worker_calls": calls,
+        "retained_bytes": calls * KEPT,
+        "fresh_bytes": RESIDENT,
+    }
 
 
 def test_a_recycled_workers_budget_stops_growing_over_long_runs(tmp_path: Path) -> None:
@@ -78,17 +93,27 @@ def test_a_recycled_workers_budget_stops_growing_over_long_runs(tmp_path: Path) 
         budgets.append(budget)
     # before: 1.68, 1.77, 1.86, ... GiB, one margin more with every long run; now the same
     # budget from the first calibrated plan on (narrower once five runs stayed within it)
-    assert all(later <= earlier for earlier, later in itertools.pairwise(budgets)), [b // MiB for b in budgets]
+    assert all(later <= earlier for earlier, later in itertools.pairwise(budgets)), [
+        b // MiB for b in budgets
+    ]
     assert budgets[1] == budgets[2] == budgets[3]
-    assert all(s["peak_bytes"] <= s["budget_bytes"] for s in samples), "a run measured above its budget"
+    assert all(s["peak_bytes"] <= s["budget_bytes"] for s in samples), (
+        "a run measured above its budget"
+    )
     assert all(s["worker_recycles"] > 0 for s in samples[1:])
     need = found[1].to_dict()["need"]
-    assert (need["resident_bytes"], need["call_rise_bytes"], need["growth_bytes"]) == (RESIDENT, RISE, 768 * MiB)
+    assert (need["resident_bytes"], need["call_rise_bytes"], need["growth_bytes"]) == (
+        RESIDENT,
+        RISE,
+        768 * MiB,
+    )
     assert budgets[-1] == RESIDENT + RISE + 768 * MiB + found[1].margin_bytes
     assert "not evidence of need" in found[1].note
 
 
-def test_without_a_growth_reservation_the_measured_growth_rate_sets_the_allowance(tmp_path: Path) -> None:
+def test_without_a_growth_reservation_the_measured_growth_rate_sets_the_allowance(
+    tmp_path: Path,
+) -> None:
     store = cal.CalibrationStore(tmp_path / "cal")
     key = cal.Key("stage", {"kind": "exported_graph", "backend": "ort-cpu"}, label="net")
     plain = [r for r in voice_reservations() if r.purpose != RETAINED_GROWTH]
@@ -119,7 +144,9 @@ def test_rays_reservation_converges_over_mixed_runs(tmp_path: Path) -> None:
         for i in range(25):
             peak = rng.randint(525, 932) * MiB
             peaks.append(peak)
-            store.record(key, cal.sample(run=f"s{seed}-{i}", peak=peak, budget=budget, calibrated=calibrated))
+            store.record(
+                key, cal.sample(run=f"s{seed}-{i}", peak=peak, budget=budget, calibrated=calibrated)
+            )
             planned = cal.calibrated_shared(store, key, estimate)
             assert planned is not None and planned.evidence == "M"
             budget, calibrated = planned.bytes, True
@@ -136,5 +163,7 @@ def test_the_spread_counts_from_the_mean(peaks: list[int]) -> None:
     import statistics
 
     assert max(peaks) + m.bytes >= mean + cal.SPREAD_K * statistics.pstdev(peaks)
-    assert m.bytes == max(round(cal.FLOOR_FRACTION * max(peaks)),
-                          round(mean + cal.SPREAD_K * statistics.pstdev(peaks) - max(peaks)))
+    assert m.bytes == max(
+        round(cal.FLOOR_FRACTION * max(peaks)),
+        round(mean + cal.SPREAD_K * statistics.pstdev(peaks) - max(peaks)),
+    )

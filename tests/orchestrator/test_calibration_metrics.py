@@ -20,17 +20,28 @@ MiB = 2**20
 
 
 def stage(name: str, calibrated: bool) -> StagePlan:
-    return StagePlan(name=name, kind="echo", admitted=True, device="cpu", backend="ort-cpu", route="this-process",
-                     reservations=(Reservation("host_ram", "weights", 100 * MiB, "session", "D"),),
-                     refusals=(), engine_kwargs={}, artifact={},
-                     calibration={"match": "exact"} if calibrated else None)
+    return StagePlan(
+        name=name,
+        kind="echo",
+        admitted=True,
+        device="cpu",
+        backend="ort-cpu",
+        route="this-process",
+        reservations=(Reservation("host_ram", "weights", 100 * MiB, "session", "D"),),
+        refusals=(),
+        engine_kwargs={},
+        artifact={},
+        calibration={"match": "exact"} if calibrated else None,
+    )
 
 
 class StubRuntime:
     def __init__(self) -> None:
         self.stages = [stage("thinker", True), stage("vad", False)]
         self.admission = SimpleNamespace(limit=4, in_flight=0, waiting=0)
-        self.plan = SimpleNamespace(pools=[], stage=lambda n: next(s for s in self.stages if s.name == n))
+        self.plan = SimpleNamespace(
+            pools=[], stage=lambda n: next(s for s in self.stages if s.name == n)
+        )
         self.devices: dict[str, Any] = {}
         self._closed = False
         self.figures: dict[str, dict[str, Any]] = {}
@@ -41,25 +52,37 @@ class StubRuntime:
 
 def value(metrics: ServerMetrics, line_start: str) -> float:
     text = generate_latest(metrics.registry).decode()
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(line_start)))
+    return float(
+        next(line.split()[-1] for line in text.splitlines() if line.startswith(line_start))
+    )
 
 
 def test_drift_is_flagged_and_counted_once_per_excursion_and_upper_bounds_are_not(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rt = StubRuntime()
     metrics = ServerMetrics(rt)  # type: ignore[arg-type]
     recorded: list[int] = []
     metrics.recorder = lambda: recorded.append(1)
     over = {"measured_peak_bytes": 120 * MiB, "budget_bytes": 100 * MiB, "within_budget": False}
-    bound = {"measured_peak_bytes": 231 * MiB, "budget_bytes": 98 * MiB, "within_budget": None, "upper_bound": True}
+    bound = {
+        "measured_peak_bytes": 231 * MiB,
+        "budget_bytes": 98 * MiB,
+        "within_budget": None,
+        "upper_bound": True,
+    }
     rt.figures = {"thinker": over, "vad": bound}
     asyncio.run(metrics._measure())
     asyncio.run(metrics._measure())  # still over: the same excursion
     assert value(metrics, 'omni_edge_stage_over_budget{stage="thinker"}') == 1
     assert value(metrics, 'omni_edge_stage_budget_overruns_total{stage="thinker"}') == 1
-    assert value(metrics, 'omni_edge_stage_over_budget{stage="vad"}') == 0  # an upper bound: not judged
+    assert (
+        value(metrics, 'omni_edge_stage_over_budget{stage="vad"}') == 0
+    )  # an upper bound: not judged
     assert value(metrics, 'omni_edge_stage_calibrated{stage="thinker"}') == 1
-    assert value(metrics, 'omni_edge_stage_budget_over_measured{stage="thinker"}') == pytest.approx(100 / 120, 1e-3)
+    assert value(metrics, 'omni_edge_stage_budget_over_measured{stage="thinker"}') == pytest.approx(
+        100 / 120, 1e-3
+    )
     assert not recorded  # not yet: at most every RECORD_EVERY_S
     monkeypatch.setattr(server_metrics, "RECORD_EVERY_S", 0.0)
     rt.figures = {"thinker": {**over, "measured_peak_bytes": 90 * MiB, "within_budget": True}}

@@ -53,19 +53,34 @@ def record_measurements(store: cal.CalibrationStore, profile: HardwareProfile) -
     stage = config.stage("thinker")
     kind = get_kind(stage.kind)
     info = kind.describe(stage)
-    cand = next(c for c in stage_candidates(stage, kind, info, profile, frozenset())
-                if isinstance(c, Candidate) and c.device.id == "cpu")
+    cand = next(
+        c
+        for c in stage_candidates(stage, kind, info, profile, frozenset())
+        if isinstance(c, Candidate) and c.device.id == "cpu"
+    )
     metadata = kind.reservations(stage, info, cand.device, cand.backend, cand.device.pool)
     key = candidate_key(cand, metadata, profile, config.name)
-    store.record(key, cal.sample(run="recorded", peak=THINKER_PEAK, budget=1_611_801_856, calibrated=False,
-                                 where="vm:cpu"), metadata)
+    store.record(
+        key,
+        cal.sample(
+            run="recorded",
+            peak=THINKER_PEAK,
+            budget=1_611_801_856,
+            calibrated=False,
+            where="vm:cpu",
+        ),
+        metadata,
+    )
     ray = cal.ray_key(profile)
-    store.record(ray, cal.sample(run="recorded", peak=RAY_PEAK, budget=966_367_641, calibrated=False))
+    store.record(
+        ray, cal.sample(run="recorded", peak=RAY_PEAK, budget=966_367_641, calibrated=False)
+    )
     return [key, ray]
 
 
 def test_refused_from_estimates_admitted_from_measurements_refused_again_without(
-        profile: HardwareProfile, store: cal.CalibrationStore) -> None:
+    profile: HardwareProfile, store: cal.CalibrationStore
+) -> None:
     estimated = plan(profile, store)  # the store is empty: metadata alone
     assert not estimated.admitted
     assert "budget_exceeds_device" in estimated.refusal_codes
@@ -77,7 +92,9 @@ def test_refused_from_estimates_admitted_from_measurements_refused_again_without
     c = thinker.calibration
     assert c is not None and c["match"] == "exact" and c["evidence"] == "M"
     assert c["before_bytes"] == 1_611_801_856
-    assert c["after_bytes"] == thinker.budget_bytes() > THINKER_PEAK  # never below the measured peak
+    assert (
+        c["after_bytes"] == thinker.budget_bytes() > THINKER_PEAK
+    )  # never below the measured peak
     assert c["after_bytes"] <= THINKER_PEAK * 1.15
     ray = next(r for r in measured.shared_reservations if r.purpose == "ray_runtime")
     assert ray.evidence == "M" and RAY_PEAK < ray.bytes < 0.9 * 2**30
@@ -99,7 +116,8 @@ def test_refused_from_estimates_admitted_from_measurements_refused_again_without
 
 
 def test_a_corrupt_entry_is_ignored_with_a_warning_in_the_log_and_the_plan(
-        profile: HardwareProfile, store: cal.CalibrationStore, caplog: pytest.LogCaptureFixture) -> None:
+    profile: HardwareProfile, store: cal.CalibrationStore, caplog: pytest.LogCaptureFixture
+) -> None:
     thinker_key, _ = record_measurements(store, profile)
     path = store.path(thinker_key)
     doc = json.loads(path.read_text())
@@ -112,8 +130,12 @@ def test_a_corrupt_entry_is_ignored_with_a_warning_in_the_log_and_the_plan(
     assert any("ignored" in n and str(path) in n for n in p.notes)
 
 
-def test_plan_no_calibration_flag(profile: HardwareProfile, store: cal.CalibrationStore,
-                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_no_calibration_flag(
+    profile: HardwareProfile,
+    store: cal.CalibrationStore,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     record_measurements(store, profile)
     monkeypatch.setenv(cal.CALIBRATION_ENV, str(store.root))
     assert main(["plan", str(CONFIG), "--profile", str(PROFILE)]) == 0

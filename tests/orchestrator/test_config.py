@@ -36,8 +36,12 @@ def test_loads_and_resolves_model_path_relative_to_config(tmp_path):
 
 
 def test_json_loads_through_the_same_path(tmp_path):
-    p = write(tmp_path, '{"name": "p", "stages": [{"name": "t", "kind": "ar_decode", "model": "m", '
-              '"devices": ["cpu"], "max_model_len": 512, "final_output": true}]}', "p.json")
+    p = write(
+        tmp_path,
+        '{"name": "p", "stages": [{"name": "t", "kind": "ar_decode", "model": "m", '
+        '"devices": ["cpu"], "max_model_len": 512, "final_output": true}]}',
+        "p.json",
+    )
     assert load_config(p).stages[0].max_model_len == 512
 
 
@@ -78,12 +82,18 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("  - name: tts\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n    inputs: [nobody]\n",
-         "unknown input 'nobody'"),
-        ("  - name: thinker\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
-         "stage name 'thinker' is used more than once"),
-        ("  - name: x\n    kind: ar_decode\n    model: m\n    devices: [tpu:0]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
-         "'tpu:0' is not a device id"),
+        (
+            "  - name: tts\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n    inputs: [nobody]\n",
+            "unknown input 'nobody'",
+        ),
+        (
+            "  - name: thinker\n    kind: ar_decode\n    model: m\n    devices: [cpu]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
+            "stage name 'thinker' is used more than once",
+        ),
+        (
+            "  - name: x\n    kind: ar_decode\n    model: m\n    devices: [tpu:0]\n    max_model_len: 64\n    sampling: {max_tokens: 8}\n",
+            "'tpu:0' is not a device id",
+        ),
     ],
 )
 def test_graph_errors(tmp_path, extra, message):
@@ -107,14 +117,26 @@ stages:
 
 def test_max_tokens_must_leave_room_for_the_prompt(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {max_tokens: 4096}\n"))
+        load_config(
+            write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {max_tokens: 4096}\n")
+        )
     assert "sampling.max_tokens (4096) must be smaller than max_model_len (1024)" in str(exc.value)
 
 
 def test_min_tokens_may_not_exceed_max_tokens(tmp_path):
-    assert load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 8, max_tokens: 8}\n"))
+    assert load_config(
+        write(
+            tmp_path,
+            "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 8, max_tokens: 8}\n",
+        )
+    )
     with pytest.raises(ConfigError) as exc:
-        load_config(write(tmp_path, "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 9, max_tokens: 8}\n"))
+        load_config(
+            write(
+                tmp_path,
+                "name: p\nstages:" + THINKER + "    sampling: {min_tokens: 9, max_tokens: 8}\n",
+            )
+        )
     assert "sampling.min_tokens (9) must not exceed sampling.max_tokens (8)" in str(exc.value)
 
 
@@ -151,22 +173,33 @@ stage_args:
 
 
 def test_deploy_shaped_stages_without_kind_are_refused_naming_the_importer(tmp_path):
-    doc = "name: omni\nstages:\n  - {stage_id: 0, engine_args: {max_model_len: 2048}}\n" \
-          "  - {stage_id: 1, engine_input_source: [0], gpu_memory_utilization: 0.5}\n"
+    doc = (
+        "name: omni\nstages:\n  - {stage_id: 0, engine_args: {max_model_len: 2048}}\n"
+        "  - {stage_id: 1, engine_input_source: [0], gpu_memory_utilization: 0.5}\n"
+    )
     path = write(tmp_path, doc)
     with pytest.raises(ConfigError) as exc:
         load_config(path)
     [problem] = exc.value.problems
     assert problem.where == str(path)
-    assert "this is a vLLM-Omni stage config" in problem.what and "omni-edge import vllm-omni" in problem.fix
+    assert (
+        "this is a vLLM-Omni stage config" in problem.what
+        and "omni-edge import vllm-omni" in problem.fix
+    )
 
 
 def test_every_config_field_has_a_description():
     from orchestrator import config, profile
     from stages.registry import get_kind
 
-    models: list[type[BaseModel]] = [config.PipelineConfig, config.StageConfig, profile.HardwareProfile,
-                                     profile.Host, profile.Device, profile.Route]
+    models: list[type[BaseModel]] = [
+        config.PipelineConfig,
+        config.StageConfig,
+        profile.HardwareProfile,
+        profile.Host,
+        profile.Device,
+        profile.Route,
+    ]
     for name in ("ar_decode", "exported_graph"):
         models.append(get_kind(name).config_model)
     seen = set()

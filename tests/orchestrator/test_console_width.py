@@ -38,8 +38,12 @@ from tests.helpers.generated import int8_voice_refused
 
 NARROW = 80
 REFERENCE = 1000
-CONFIGS = sorted([REPO / "configs/voice-assistant.yaml", *(REPO / "configs/examples").glob("*.yaml")])
-if int8_voice_refused():  # measured over the exporter's ceiling on this CPU (tests/helpers/generated.py)
+CONFIGS = sorted(
+    [REPO / "configs/voice-assistant.yaml", *(REPO / "configs/examples").glob("*.yaml")]
+)
+if (
+    int8_voice_refused()
+):  # measured over the exporter's ceiling on this CPU (tests/helpers/generated.py)
     CONFIGS.remove(REPO / "configs/examples/voice-on-npu.yaml")
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
 CASES = [(c, p) for c in CONFIGS for p in PROFILES]
@@ -53,7 +57,12 @@ def empty_evidence_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def cli(args: list[str], columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+def cli(
+    args: list[str],
+    columns: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
     monkeypatch.setenv("COLUMNS", str(columns))
     code = main(args)
     out = capsys.readouterr().out
@@ -78,7 +87,9 @@ def words(text: str) -> set[str]:
     return out
 
 
-def assert_reads_whole(narrow: str, reference: str, identifiers: Iterable[str], width: int = NARROW) -> None:
+def assert_reads_whole(
+    narrow: str, reference: str, identifiers: Iterable[str], width: int = NARROW
+) -> None:
     lines = narrow.splitlines()
     too_wide = [line for line in lines if cell_len(line) > width]
     assert not too_wide, "\n".join(too_wide)
@@ -89,7 +100,9 @@ def assert_reads_whole(narrow: str, reference: str, identifiers: Iterable[str], 
 
     vocabulary = words(reference)
     unfittable = [w for w in vocabulary if len(w) > width - 8]
-    strays = sorted(w for w in words(narrow) - vocabulary if not any(w in long for long in unfittable))
+    strays = sorted(
+        w for w in words(narrow) - vocabulary if not any(w in long for long in unfittable)
+    )
     assert not strays, f"words broken across lines: {strays}\n{narrow}"
 
 
@@ -116,16 +129,23 @@ def plan_of(config: Path, profile: Path) -> PipelinePlan:
 
 
 @pytest.mark.parametrize(("config", "profile"), CASES, ids=[f"{c.stem}@{p.stem}" for c, p in CASES])
-def test_plan_screen_fits_80_columns(config: Path, profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_screen_fits_80_columns(
+    config: Path, profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["plan", str(config), "--profile", str(profile)]
     narrow = cli(args, NARROW, monkeypatch, capsys)
     reference = cli(args, REFERENCE, monkeypatch, capsys)
     assert_reads_whole(narrow, reference, plan_identifiers(plan_of(config, profile)))
 
 
-def test_plan_screen_keeps_codes_numbers_and_remedies(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_screen_keeps_codes_numbers_and_remedies(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The 80-column layout moves text around; it must not drop any of it."""
-    config, profile = REPO / "configs/examples/qwen2_5-omni-3b.yaml", REPO / "configs/profiles/strix-point-rtx5090-wsl.json"
+    config, profile = (
+        REPO / "configs/examples/qwen2_5-omni-3b.yaml",
+        REPO / "configs/profiles/strix-point-rtx5090-wsl.json",
+    )
     plan = plan_of(config, profile)
     out = cli(["plan", str(config), "--profile", str(profile)], NARROW, monkeypatch, capsys)
     flat = " ".join(out.split())
@@ -142,7 +162,9 @@ def test_plan_screen_keeps_codes_numbers_and_remedies(monkeypatch: pytest.Monkey
     assert "session.providers=CPUExecutionProvider" in out
 
 
-def test_refused_plans_fit_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_refused_plans_fit_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = REPO / "configs/voice-assistant.yaml"
     tiny = json.loads((REPO / "configs/profiles/cpu-only-linux.json").read_text())
     tiny["host"]["ram_available_bytes"] = 2**31  # 2 GiB: the thinker's budget does not fit
@@ -151,7 +173,10 @@ def test_refused_plans_fit_80_columns(tmp_path: Path, monkeypatch: pytest.Monkey
     cpu_profile = REPO / "configs/profiles/cpu-only-linux.json"
     for args, code in (
         (["plan", str(config), "--profile", str(tiny_profile)], None),
-        (["plan", str(config), "--profile", str(cpu_profile), "--mask", "cpu"], "no_runnable_device"),
+        (
+            ["plan", str(config), "--profile", str(cpu_profile), "--mask", "cpu"],
+            "no_runnable_device",
+        ),
     ):
         narrow = cli(args, NARROW, monkeypatch, capsys)
         reference = cli(args, REFERENCE, monkeypatch, capsys)
@@ -166,16 +191,25 @@ def test_refused_plans_fit_80_columns(tmp_path: Path, monkeypatch: pytest.Monkey
         assert_reads_whole(narrow, reference, plan_identifiers(plan))
 
 
-def test_verified_stage_and_a_long_stage_name(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verified_stage_and_a_long_stage_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Evidence moves to a footnote at 80 columns; a name too long for the
     table makes it fall back to one block per stage rather than cut anything."""
     from orchestrator.render import plan_table
 
-    plan = plan_of(REPO / "configs/voice-assistant.yaml", REPO / "configs/profiles/cpu-only-linux.json")
-    voice = dataclasses.replace(plan.stage("voice"), verification=Verification("verified", "M vm 2026-11-30T11:32"))
+    plan = plan_of(
+        REPO / "configs/voice-assistant.yaml", REPO / "configs/profiles/cpu-only-linux.json"
+    )
+    voice = dataclasses.replace(
+        plan.stage("voice"), verification=Verification("verified", "M vm 2026-11-30T11:32")
+    )
     long_name = "a_rather_long_stage_name_for_the_voice"
     renamed = dataclasses.replace(voice, name=long_name)
-    for stages, name in (((plan.stage("thinker"), voice), "voice"), ((plan.stage("thinker"), renamed), long_name)):
+    for stages, name in (
+        ((plan.stage("thinker"), voice), "voice"),
+        ((plan.stage("thinker"), renamed), long_name),
+    ):
         edited = dataclasses.replace(plan, stages=stages)
         narrow = printed(plan_table(edited), NARROW, capsys)
         reference = printed(plan_table(edited), REFERENCE, capsys)
@@ -191,7 +225,9 @@ def test_plan_on_this_machine_fits_80_columns(capsys: pytest.CaptureFixture[str]
     from orchestrator.render import plan_table
 
     # One probe, rendered twice: the free RAM changes between two probes.
-    plan = plan_pipeline(load_config(REPO / "configs/voice-assistant.yaml"), probe_profile(cached_routes=True))
+    plan = plan_pipeline(
+        load_config(REPO / "configs/voice-assistant.yaml"), probe_profile(cached_routes=True)
+    )
     narrow = printed(plan_table(plan), NARROW, capsys)
     assert_reads_whole(narrow, printed(plan_table(plan), REFERENCE, capsys), plan_identifiers(plan))
 
@@ -221,7 +257,9 @@ def test_profile_screen_fits_80_columns(profile: Path, capsys: pytest.CaptureFix
             assert "remedy: " + " ".join(route.remedy.split()) in flat
 
 
-def test_probe_of_this_machine_fits_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_probe_of_this_machine_fits_80_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.commands.probe import profile_view
     from orchestrator.probe import probe_profile
 
@@ -239,14 +277,26 @@ def test_probe_of_this_machine_fits_80_columns(monkeypatch: pytest.MonkeyPatch, 
 def _result(status: str, backend: str, **kw: Any) -> Any:
     from orchestrator.verify.placement import PlacementResult
 
-    return PlacementResult(stage="voice", device=kw.pop("device", "cpu"), backend=backend, route="this-process",
-                           precision="fp32", status=status, **kw)
+    return PlacementResult(
+        stage="voice",
+        device=kw.pop("device", "cpu"),
+        backend=backend,
+        route="this-process",
+        precision="fp32",
+        status=status,
+        **kw,
+    )
 
 
 def _record(taken: int, total: int, fallback: dict[str, int], rel: float) -> dict[str, Any]:
     return {
-        "coverage": {"taken": taken, "total": total, "fraction": taken / total, "partitions": 1,
-                     "fallback_op_types": fallback},
+        "coverage": {
+            "taken": taken,
+            "total": total,
+            "fraction": taken / total,
+            "partitions": 1,
+            "fallback_op_types": fallback,
+        },
         "numeric": {"outputs": {"audio": {"rel_l2": rel, "max_abs": rel * 3, "cosine": 1 - rel}}},
     }
 
@@ -255,29 +305,69 @@ def verify_report() -> Any:
     from orchestrator.verify.run import VerifyReport
 
     declined = Refusal(
-        "execution_provider_declined_graph", "cpu",
+        "execution_provider_declined_graph",
+        "cpu",
         "OpenVINOExecutionProvider took 0 of 2685 nodes (0.0%) in 0 partition(s) of piper-en-us-joe-medium [fp32] "
         "on cpu; the minimum is 50%. Left to the CPU EP: ConvTranspose×12, LeakyRelu×40",
         "this refuses piper-en-us-joe-medium at fp32 on OpenVINOExecutionProvider only; place the stage on "
         "another backend or device (e.g. the CPU EP, ort-cpu)",
     )
     unreachable = Refusal(
-        "device_unreachable_from_this_process", "npu:0",
+        "device_unreachable_from_this_process",
+        "npu:0",
         "route 'wsl-no-npu' offers CPUExecutionProvider, not VitisAIExecutionProvider",
         "pip install onnxruntime-vitisai in a Windows-side Python and pass it with --route",
     )
-    numeric = Refusal("numeric_gate_failed", "igpu:0", "rel L2 3.1e-01 > tolerance 1.0e-02 on output audio",
-                      "export the graph at fp32 or loosen the manifest's tolerance")
+    numeric = Refusal(
+        "numeric_gate_failed",
+        "igpu:0",
+        "rel L2 3.1e-01 > tolerance 1.0e-02 on output audio",
+        "export the graph at fp32 or loosen the manifest's tolerance",
+    )
     return VerifyReport(
-        pipeline="voice-assistant", profile="vm",
+        pipeline="voice-assistant",
+        profile="vm",
         results=[
-            _result("passed", "ort-openvino", cached=True, record={**_record(2685, 2685, {}, 3.4e-5), "suspicious": False}),
-            _result("passed", "ort-cpu", verify_s=1.4, record={**_record(2681, 2681, {}, 0.0), "suspicious": True},
-                    warnings=["outputs are bit-identical to the CPU EP's while OpenVINOExecutionProvider claims nodes"]),
-            _result("refused", "ort-openvino", refusals=[declined], record=_record(0, 2685, {"ConvTranspose": 12, "LeakyRelu": 40, "Conv": 30, "Add": 9, "Mul": 4}, 0.0)),
+            _result(
+                "passed",
+                "ort-openvino",
+                cached=True,
+                record={**_record(2685, 2685, {}, 3.4e-5), "suspicious": False},
+            ),
+            _result(
+                "passed",
+                "ort-cpu",
+                verify_s=1.4,
+                record={**_record(2681, 2681, {}, 0.0), "suspicious": True},
+                warnings=[
+                    "outputs are bit-identical to the CPU EP's while OpenVINOExecutionProvider claims nodes"
+                ],
+            ),
+            _result(
+                "refused",
+                "ort-openvino",
+                refusals=[declined],
+                record=_record(
+                    0,
+                    2685,
+                    {"ConvTranspose": 12, "LeakyRelu": 40, "Conv": 30, "Add": 9, "Mul": 4},
+                    0.0,
+                ),
+            ),
             _result("refused", "ort-vitisai", device="npu:0", refusals=[unreachable]),
-            _result("refused", "ort-dml", device="igpu:0", refusals=[numeric], record=_record(2685, 2685, {}, 0.31)),
-            _result("error", "ort-qnn", device="npu:0", error="the artifact does not load on the CPU EP: INVALID_GRAPH"),
+            _result(
+                "refused",
+                "ort-dml",
+                device="igpu:0",
+                refusals=[numeric],
+                record=_record(2685, 2685, {}, 0.31),
+            ),
+            _result(
+                "error",
+                "ort-qnn",
+                device="npu:0",
+                error="the artifact does not load on the CPU EP: INVALID_GRAPH",
+            ),
         ],
         skipped=[{"stage": "voice", "device": "gpu:0", "why": "excluded by --mask"}],
         evidence_dir="/root/.cache/omni-edge/evidence",
@@ -288,19 +378,29 @@ def test_verify_screen_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> No
     from orchestrator.commands.verify import report_view
 
     report = verify_report()
-    summary = {"admitted": True, "stages": {
-        "thinker": {"device": "cpu", "backend": "vllm-cpu", "verification": None},
-        "voice": {"device": "cpu", "backend": "ort-cpu", "verification": "verified"},
-    }}
+    summary = {
+        "admitted": True,
+        "stages": {
+            "thinker": {"device": "cpu", "backend": "vllm-cpu", "verification": None},
+            "voice": {"device": "cpu", "backend": "ort-cpu", "verification": "verified"},
+        },
+    }
     narrow = printed(report_view(report, summary), NARROW, capsys)
     reference = printed(report_view(report, summary), REFERENCE, capsys)
     codes = {r.code for result in report.results for r in result.refusals}
     backends = {r.backend for r in report.results}
-    assert_reads_whole(narrow, reference, codes | backends | {"npu:0", "igpu:0", "ConvTranspose×12,", "pass (cached)"})
+    assert_reads_whole(
+        narrow,
+        reference,
+        codes | backends | {"npu:0", "igpu:0", "ConvTranspose×12,", "pass (cached)"},
+    )
     flat = " ".join(narrow.split())
     for n, result in enumerate(report.results, 1):
         for refusal in result.refusals:
-            assert f"[{refusal.code}] #{n} {result.stage} · {result.device} · {result.backend} [fp32]" in flat
+            assert (
+                f"[{refusal.code}] #{n} {result.stage} · {result.device} · {result.backend} [fp32]"
+                in flat
+            )
             assert " ".join(refusal.remedy.split()) in flat
     assert "3.4e-05" in narrow and "2685/2685 100%" in narrow and "pass, SUSPICIOUS" in narrow
 
@@ -309,19 +409,38 @@ def test_verify_screen_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> No
 
 
 RUN_ROWS = [
-    {"stage": "thinker", "device": "cpu", "backend": "vllm-cpu", "time_to_first_output_s": 0.074,
-     "throughput": {"value": 26.54, "unit": "tok/s"}, "budget_bytes": 1610612736, "measured_peak_bytes": 1320000000,
-     "budget_over_measured": 1.22, "within_budget": True},
-    {"stage": "voice", "device": "cpu", "backend": "ort-openvino", "time_to_first_output_s": 0.347,
-     "throughput": {"value": 5.05, "unit": "audio s/s"}, "budget_bytes": 796000000, "measured_peak_bytes": 900000000,
-     "budget_over_measured": 0.88, "within_budget": False},
+    {
+        "stage": "thinker",
+        "device": "cpu",
+        "backend": "vllm-cpu",
+        "time_to_first_output_s": 0.074,
+        "throughput": {"value": 26.54, "unit": "tok/s"},
+        "budget_bytes": 1610612736,
+        "measured_peak_bytes": 1320000000,
+        "budget_over_measured": 1.22,
+        "within_budget": True,
+    },
+    {
+        "stage": "voice",
+        "device": "cpu",
+        "backend": "ort-openvino",
+        "time_to_first_output_s": 0.347,
+        "throughput": {"value": 5.05, "unit": "audio s/s"},
+        "budget_bytes": 796000000,
+        "measured_peak_bytes": 900000000,
+        "budget_over_measured": 0.88,
+        "within_budget": False,
+    },
 ]
 
 
 def test_run_screens_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.commands.run import print_stage_table, print_summary
 
-    plan = plan_of(REPO / "configs/voice-assistant.yaml", REPO / "configs/profiles/strix-point-rtx5090-wsl.json")
+    plan = plan_of(
+        REPO / "configs/voice-assistant.yaml",
+        REPO / "configs/profiles/strix-point-rtx5090-wsl.json",
+    )
     screens = []
     for width in (NARROW, REFERENCE):
         console = make_console(width=width)
@@ -329,9 +448,24 @@ def test_run_screens_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
         print_stage_table(RUN_ROWS, console)
         screens.append(capsys.readouterr().out)
     narrow, reference = screens
-    assert_reads_whole(narrow, reference, {"thinker", "voice", "vllm-cpu", "ort-openvino", "26.54 tok/s", "5.05 audio s/s", "0.88 OVER"})
+    assert_reads_whole(
+        narrow,
+        reference,
+        {
+            "thinker",
+            "voice",
+            "vllm-cpu",
+            "ort-openvino",
+            "26.54 tok/s",
+            "5.05 audio s/s",
+            "0.88 OVER",
+        },
+    )
     # the figures stay in tables at 80 columns (not the one-block-per-row fallback)
-    assert any(line.split() == ["thinker", "1.50", "GiB", "1.23", "GiB", "1.22"] for line in narrow.splitlines())
+    assert any(
+        line.split() == ["thinker", "1.50", "GiB", "1.23", "GiB", "1.22"]
+        for line in narrow.splitlines()
+    )
 
 
 def test_the_streamed_reply_wraps_between_words() -> None:
@@ -339,13 +473,15 @@ def test_the_streamed_reply_wraps_between_words() -> None:
 
     from orchestrator.commands.run import WordWrap
 
-    reply = ("The Moon is about 384,400 km away from Earth, and it always shows the same face to us because "
-             "its rotation is tidally locked.\nIt orbits every 27.3 days.")
+    reply = (
+        "The Moon is about 384,400 km away from Earth, and it always shows the same face to us because "
+        "its rotation is tidally locked.\nIt orbits every 27.3 days."
+    )
     for width in (20, 33, 80):
         out = io.StringIO()
         wrap = WordWrap(out, width)
         for i in range(0, len(reply), 3):  # tokens that end inside words
-            wrap.write(reply[i:i + 3])
+            wrap.write(reply[i : i + 3])
         wrap.close()
         lines = out.getvalue().splitlines()
         assert all(len(line) <= width for line in lines), lines
@@ -356,7 +492,9 @@ def test_the_streamed_reply_wraps_between_words() -> None:
 # ---- the console itself ------------------------------------------------------------
 
 
-def test_console_width_follows_columns_then_the_terminal_then_80(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_console_width_follows_columns_then_the_terminal_then_80(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("COLUMNS", "132")
     assert make_console().width == 132 and make_console(stderr=True).width == 132
     for bad in ("", "0", "wide", "-5"):
@@ -370,26 +508,49 @@ def test_console_width_follows_columns_then_the_terminal_then_80(monkeypatch: py
 def run_cli(*args: str, columns: str | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")
+    }
     if columns:
         env["COLUMNS"] = columns
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_piped_output_is_plain_and_80_wide_unless_columns_says_otherwise(tmp_path: Path) -> None:
-    args = ("plan", "configs/examples/qwen2_5-omni-3b.yaml", "--profile", "configs/profiles/strix-point-rtx5090-wsl.json")
+    args = (
+        "plan",
+        "configs/examples/qwen2_5-omni-3b.yaml",
+        "--profile",
+        "configs/profiles/strix-point-rtx5090-wsl.json",
+    )
     piped = run_cli(*args)
     assert piped.returncode == 0, piped.stderr
     assert "\x1b" not in piped.stdout
     assert max(cell_len(line) for line in piped.stdout.splitlines()) == 80
-    assert not [line for line in piped.stdout.splitlines() if line != line.rstrip()], "trailing blanks in a pipe"
+    assert not [line for line in piped.stdout.splitlines() if line != line.rstrip()], (
+        "trailing blanks in a pipe"
+    )
     wide = run_cli(*args, columns="200")
     assert max(cell_len(line) for line in wide.stdout.splitlines()) > 120
     assert max(cell_len(line) for line in wide.stdout.splitlines()) <= 200
 
 
-def test_json_output_does_not_depend_on_the_width(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", str(REPO / "configs/voice-assistant.yaml"), "--profile", str(REPO / "configs/profiles/strix-point-rtx5090-wsl.json"), "--json"]
+def test_json_output_does_not_depend_on_the_width(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "plan",
+        str(REPO / "configs/voice-assistant.yaml"),
+        "--profile",
+        str(REPO / "configs/profiles/strix-point-rtx5090-wsl.json"),
+        "--json",
+    ]
     assert cli(args, 40, monkeypatch, capsys) == cli(args, REFERENCE, monkeypatch, capsys)
 
 
@@ -398,8 +559,14 @@ def test_json_output_does_not_depend_on_the_width(monkeypatch: pytest.MonkeyPatc
 
 def test_verbose_is_accepted_before_and_after_the_subcommand() -> None:
     parser = build_parser()
-    for argv, level in ((["plan", "-v", "c.yaml"], 1), (["plan", "c.yaml", "-vv"], 2), (["-v", "plan", "-v", "c.yaml"], 2),
-                        (["-vv", "probe"], 2), (["verify", "--verbose", "c.yaml"], 1), (["run", "c.yaml", "--prompt", "x"], 0)):
+    for argv, level in (
+        (["plan", "-v", "c.yaml"], 1),
+        (["plan", "c.yaml", "-vv"], 2),
+        (["-v", "plan", "-v", "c.yaml"], 2),
+        (["-vv", "probe"], 2),
+        (["verify", "--verbose", "c.yaml"], 1),
+        (["run", "c.yaml", "--prompt", "x"], 0),
+    ):
         args = parser.parse_args(argv)
         assert args.verbose + args.verbose_after == level, argv
 

@@ -57,13 +57,16 @@ def test_an_override_is_taken_as_it_is_and_the_others_share_the_rest() -> None:
 @pytest.mark.parametrize("cores", range(1, 65))
 @pytest.mark.parametrize("weights", [(2, 1), (2, 1, 1), (1,), (2, 2, 1, 1, 1)])
 def test_the_split_never_exceeds_the_cores_unless_there_are_more_pools_than_cores(
-        cores: int, weights: tuple[int, ...]) -> None:
+    cores: int, weights: tuple[int, ...]
+) -> None:
     split = split_cores(cores, [Pool(w) for w in weights])
     assert min(split.threads) >= 1
     if len(weights) <= split.usable:
         assert sum(split.threads) == split.usable and not split.oversubscribed
         decoder, *rest = split.threads
-        assert all(decoder >= t for t in rest)  # the decode stage (weight 2, listed first) is never behind
+        assert all(
+            decoder >= t for t in rest
+        )  # the decode stage (weight 2, listed first) is never behind
     else:
         assert split.threads == (1,) * len(weights) and split.oversubscribed
 
@@ -78,9 +81,13 @@ def _cores(profile: HardwareProfile, n: int | None) -> HardwareProfile:
 def test_the_default_pipeline_on_a_recorded_two_core_profile_plans_one_thread_each() -> None:
     plan = plan_pipeline(load_config(DEFAULT), load_profile(TWO_CORES))
     assert [(s.name, s.device, s.cpu_threads, s.cpu_threads_from) for s in plan.stages] == [
-        ("thinker", "cpu", 1, "plan"), ("voice", "cpu", 1, "plan")]
-    assert any(n.startswith("cpu: 2 logical CPUs, 2 shared by its stages") and "thinker 1, voice 1" in n
-               for n in plan.notes)
+        ("thinker", "cpu", 1, "plan"),
+        ("voice", "cpu", 1, "plan"),
+    ]
+    assert any(
+        n.startswith("cpu: 2 logical CPUs, 2 shared by its stages") and "thinker 1, voice 1" in n
+        for n in plan.notes
+    )
 
 
 def test_the_default_pipeline_on_eight_cores_gives_the_decoder_the_larger_share() -> None:
@@ -89,18 +96,32 @@ def test_the_default_pipeline_on_eight_cores_gives_the_decoder_the_larger_share(
 
 
 def test_a_stage_off_the_cpu_has_no_thread_budget() -> None:
-    plan = plan_pipeline(load_config(DEFAULT), load_profile(REPO / "configs/profiles/strix-point-rtx5090-wsl.json"))
+    plan = plan_pipeline(
+        load_config(DEFAULT), load_profile(REPO / "configs/profiles/strix-point-rtx5090-wsl.json")
+    )
     thinker = plan.stage("thinker")
-    assert thinker.device == "gpu:0" and thinker.cpu_threads is None and thinker.cpu_threads_from is None
+    assert (
+        thinker.device == "gpu:0"
+        and thinker.cpu_threads is None
+        and thinker.cpu_threads_from is None
+    )
 
 
-def test_a_config_override_is_respected_and_the_plan_says_it_came_from_the_config(tmp_path: Path) -> None:
+def test_a_config_override_is_respected_and_the_plan_says_it_came_from_the_config(
+    tmp_path: Path,
+) -> None:
     raw = yaml.safe_load(DEFAULT.read_text())
     raw["stages"][0]["cpu_threads"] = 3
     config = parse_config(raw, where="t.yaml", base_dir=DEFAULT.parent)
     plan = plan_pipeline(config, _cores(load_profile(TWO_CORES), 8))
-    assert (plan.stage("thinker").cpu_threads, plan.stage("thinker").cpu_threads_from) == (3, "config")
-    assert (plan.stage("voice").cpu_threads, plan.stage("voice").cpu_threads_from) == (4, "plan")  # 7 usable − 3
+    assert (plan.stage("thinker").cpu_threads, plan.stage("thinker").cpu_threads_from) == (
+        3,
+        "config",
+    )
+    assert (plan.stage("voice").cpu_threads, plan.stage("voice").cpu_threads_from) == (
+        4,
+        "plan",
+    )  # 7 usable − 3
     console = make_console(width=80)
     with console.capture() as shown:
         console.print(plan_table(plan))
@@ -108,12 +129,23 @@ def test_a_config_override_is_respected_and_the_plan_says_it_came_from_the_confi
 
 
 def test_a_cpu_threads_of_zero_is_refused_where_it_is_written(tmp_path: Path) -> None:
-    raw = {"name": "p", "stages": [{"name": "voice", "kind": "exported_graph",
-                                    "artifact": str(REPO / "exports/piper-en-us-joe-medium"),
-                                    "devices": ["cpu"], "cpu_threads": 0}]}
+    raw = {
+        "name": "p",
+        "stages": [
+            {
+                "name": "voice",
+                "kind": "exported_graph",
+                "artifact": str(REPO / "exports/piper-en-us-joe-medium"),
+                "devices": ["cpu"],
+                "cpu_threads": 0,
+            }
+        ],
+    }
     with pytest.raises(errors.ConfigError) as e:
         parse_config(raw, where="t.yaml", base_dir=tmp_path)
-    assert "t.yaml: stages[0].cpu_threads" in str(e.value) and "greater than or equal to 1" in str(e.value)
+    assert "t.yaml: stages[0].cpu_threads" in str(e.value) and "greater than or equal to 1" in str(
+        e.value
+    )
 
 
 def test_a_profile_without_cores_leaves_threads_to_the_engines_and_says_so() -> None:
@@ -132,9 +164,15 @@ def test_the_plan_json_carries_cpu_threads_and_an_older_plan_without_them_loads(
     plan = plan_pipeline(load_config(DEFAULT), load_profile(TWO_CORES))
     doc = json.loads(json.dumps(plan.to_json()))
     assert doc["format"] == "omni-edge.plan/1"
-    assert [(s["cpu_threads"], s["cpu_threads_from"]) for s in doc["stages"]] == [(1, "plan"), (1, "plan")]
+    assert [(s["cpu_threads"], s["cpu_threads_from"]) for s in doc["stages"]] == [
+        (1, "plan"),
+        (1, "plan"),
+    ]
     assert PipelinePlan.from_json(doc).stage("thinker").cpu_threads == 1
     for s in doc["stages"]:
         del s["cpu_threads"], s["cpu_threads_from"]
     older = PipelinePlan.from_json(doc)
-    assert older.stage("thinker").cpu_threads is None and "cpu_threads" not in older.stage("thinker").details
+    assert (
+        older.stage("thinker").cpu_threads is None
+        and "cpu_threads" not in older.stage("thinker").details
+    )

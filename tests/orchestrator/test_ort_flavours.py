@@ -25,14 +25,21 @@ def fake(installed: dict[str, str]) -> Callable[[str], str | None]:
 
 
 def test_two_builds_are_both_found() -> None:
-    found = installed_ort_flavours(fake({"onnxruntime": "1.32.0", "onnxruntime-directml": "1.24.4", "numpy": "2.3"}))
+    found = installed_ort_flavours(
+        fake({"onnxruntime": "1.32.0", "onnxruntime-directml": "1.24.4", "numpy": "2.3"})
+    )
     assert found == [("onnxruntime", "1.32.0"), ("onnxruntime-directml", "1.24.4")]
 
 
 def test_qnn_2_is_a_plugin_beside_onnxruntime_but_qnn_1_is_a_build() -> None:
-    assert installed_ort_flavours(fake({"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.7.0"})) == [("onnxruntime", "1.32.0")]
+    assert installed_ort_flavours(fake({"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.7.0"})) == [
+        ("onnxruntime", "1.32.0")
+    ]
     require_one_ort_flavour(fake({"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.7.0"}))  # no error
-    assert len(installed_ort_flavours(fake({"onnxruntime": "1.32.0", "onnxruntime-qnn": "1.24.4"}))) == 2
+    assert (
+        len(installed_ort_flavours(fake({"onnxruntime": "1.32.0", "onnxruntime-qnn": "1.24.4"})))
+        == 2
+    )
 
 
 def test_one_build_or_none_is_fine() -> None:
@@ -50,8 +57,14 @@ def test_two_builds_are_refused_naming_both_and_what_to_uninstall() -> None:
     assert "omni-edge[cpu]" in problem.fix and "omni-edge[openvino]" in problem.fix
 
 
-def test_probe_exits_2_before_probing_anything(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(packages, "_installed_version", fake({"onnxruntime-gpu": "1.31.1", "onnxruntime-directml": "1.24.4"}))
+def test_probe_exits_2_before_probing_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        packages,
+        "_installed_version",
+        fake({"onnxruntime-gpu": "1.31.1", "onnxruntime-directml": "1.24.4"}),
+    )
     started: list[object] = []
     monkeypatch.setattr("orchestrator.probe.probe_route", lambda *a, **k: started.append(a))
     assert main(["probe", "--json", "--no-default-routes"]) == 2
@@ -84,7 +97,9 @@ def test_a_route_with_two_builds_is_unreachable_naming_both(tmp_path: Path) -> N
     site_dir = tmp_path / "site"
     info = site_dir / "onnxruntime_openvino-1.24.1.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-openvino\nVersion: 1.24.1\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: onnxruntime-openvino\nVersion: 1.24.1\n"
+    )
     python = tmp_path / "bin" / "python"
     python.parent.mkdir()
     python.write_text(ROUTE_WITH_A_SECOND_BUILD.format(python=sys.executable, site=str(site_dir)))

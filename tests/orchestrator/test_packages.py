@@ -31,7 +31,9 @@ def test_a_dotted_package_resolves_without_importing_it_or_its_parent() -> None:
         "p = r('package://xml.dom/minidom.py'); "
         "print(p.is_file(), p.is_absolute(), 'xml' in sys.modules, 'xml.dom' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["True", "True", "False", "False"]
 
 

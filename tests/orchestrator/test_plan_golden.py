@@ -27,8 +27,14 @@ from orchestrator.cli import main
 from tests.helpers import REPO
 
 GOLDEN = Path(__file__).parent / "golden_plans"
-GENERATED_GRAPHS = {"asr-only.yaml", "voice-chat.yaml", "voice-and-embed.yaml", "voice-on-npu.yaml",
-                    "qwen2_5-omni-tiny.yaml", "qwen3-omni-tiny.yaml"}
+GENERATED_GRAPHS = {
+    "asr-only.yaml",
+    "voice-chat.yaml",
+    "voice-and-embed.yaml",
+    "voice-on-npu.yaml",
+    "qwen2_5-omni-tiny.yaml",
+    "qwen3-omni-tiny.yaml",
+}
 """Configs whose graphs are generated on the machine (python -m exports.whisper_asr build,
 python -m exports.sentence_encoder build, python -m exports.piper_voice build), so their
 digests are no committed fact (the int8 voice's quantization scales come from this CPU's
@@ -36,12 +42,18 @@ arithmetic): tests/stages/asr/test_kind.py, tests/test_voice_and_embed_example.p
 tests/test_voice_on_npu_example.py plan them instead. The tiny Omni checkpoints
 (python -m exports.omni_tiny build) are made at set-up too: tests/stages/ar_decode/
 test_transformers_backend.py plans them."""
-CONFIGS = sorted([REPO / "configs/voice-assistant.yaml",
-                  *(c for c in (REPO / "configs/examples").glob("*.yaml") if c.name not in GENERATED_GRAPHS)])
+CONFIGS = sorted(
+    [
+        REPO / "configs/voice-assistant.yaml",
+        *(c for c in (REPO / "configs/examples").glob("*.yaml") if c.name not in GENERATED_GRAPHS),
+    ]
+)
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
 CLUSTERS = sorted((REPO / "configs/profiles/clusters").glob("*.json"))
 """Cluster profiles (omni-edge.cluster/1): the default pipeline only, goldens in golden_plans/clusters/."""
-CASES = [(c, p) for c in CONFIGS for p in PROFILES] + [(REPO / "configs/voice-assistant.yaml", p) for p in CLUSTERS]
+CASES = [(c, p) for c in CONFIGS for p in PROFILES] + [
+    (REPO / "configs/voice-assistant.yaml", p) for p in CLUSTERS
+]
 
 
 def golden_name(config: Path, profile: Path) -> str:
@@ -52,7 +64,9 @@ def golden_name(config: Path, profile: Path) -> str:
 def normalise(text: str) -> str:
     site = sysconfig.get_paths()["purelib"]
     cache = os.environ["OMNI_EDGE_CACHE_DIR"]
-    return text.replace(cache, "<cache>").replace(site, "<site-packages>").replace(str(REPO), "<repo>")
+    return (
+        text.replace(cache, "<cache>").replace(site, "<site-packages>").replace(str(REPO), "<repo>")
+    )
 
 
 def plan_json(config: Path, profile: Path) -> tuple[int, str]:
@@ -67,7 +81,9 @@ def empty_evidence_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize(("config", "profile"), CASES, ids=[golden_name(c, p)[:-5] for c, p in CASES])
+@pytest.mark.parametrize(
+    ("config", "profile"), CASES, ids=[golden_name(c, p)[:-5] for c, p in CASES]
+)
 def test_plan_json_is_unchanged(config: Path, profile: Path) -> None:
     code, text = plan_json(config, profile)
     expected = json.loads((GOLDEN / golden_name(config, profile)).read_text())
@@ -83,7 +99,9 @@ def regenerate() -> None:
             code, text = plan_json(config, profile)
             doc = {"exit_code": code, "plan": json.loads(text)}
             (GOLDEN / golden_name(config, profile)).parent.mkdir(exist_ok=True)
-            (GOLDEN / golden_name(config, profile)).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            (GOLDEN / golden_name(config, profile)).write_text(
+                json.dumps(doc, indent=1, sort_keys=True) + "\n"
+            )
             print(golden_name(config, profile), "exit", code)
 
 

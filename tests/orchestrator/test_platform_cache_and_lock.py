@@ -29,24 +29,40 @@ HOME = Path("/home/me")
 
 def test_linux_follows_xdg_cache_home_when_absolute() -> None:
     assert default_cache_root("linux", {}, HOME) == HOME / ".cache" / "omni-edge"
-    assert default_cache_root("linux", {"XDG_CACHE_HOME": "/var/cache/me"}, HOME) == Path("/var/cache/me/omni-edge")
+    assert default_cache_root("linux", {"XDG_CACHE_HOME": "/var/cache/me"}, HOME) == Path(
+        "/var/cache/me/omni-edge"
+    )
     # the XDG spec: a relative value is invalid and ignored
-    assert default_cache_root("linux", {"XDG_CACHE_HOME": "rel/cache"}, HOME) == HOME / ".cache" / "omni-edge"
+    assert (
+        default_cache_root("linux", {"XDG_CACHE_HOME": "rel/cache"}, HOME)
+        == HOME / ".cache" / "omni-edge"
+    )
 
 
 def test_windows_uses_localappdata_and_macos_library_caches() -> None:
     win = default_cache_root("win32", {"LOCALAPPDATA": r"C:\Users\me\AppData\Local"}, HOME)
-    assert win.parts[-2:] == ("omni-edge", "cache") and str(win).startswith(r"C:\Users\me\AppData\Local")
-    assert default_cache_root("win32", {}, HOME) == HOME / "AppData" / "Local" / "omni-edge" / "cache"
-    assert default_cache_root("darwin", {"XDG_CACHE_HOME": "/x"}, HOME) == HOME / "Library" / "Caches" / "omni-edge"
+    assert win.parts[-2:] == ("omni-edge", "cache") and str(win).startswith(
+        r"C:\Users\me\AppData\Local"
+    )
+    assert (
+        default_cache_root("win32", {}, HOME) == HOME / "AppData" / "Local" / "omni-edge" / "cache"
+    )
+    assert (
+        default_cache_root("darwin", {"XDG_CACHE_HOME": "/x"}, HOME)
+        == HOME / "Library" / "Caches" / "omni-edge"
+    )
 
 
-def test_the_env_override_wins_and_the_default_is_this_platforms(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_env_override_wins_and_the_default_is_this_platforms(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "c"))
     assert cache_root() == tmp_path / "c"
     monkeypatch.delenv(settings.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    expected = tmp_path / "xdg" / "omni-edge" if sys.platform.startswith("linux") else default_cache_root()
+    expected = (
+        tmp_path / "xdg" / "omni-edge" if sys.platform.startswith("linux") else default_cache_root()
+    )
     assert cache_root() == expected
 
 
@@ -80,7 +96,9 @@ class FakeMsvcrt:
                 raise AssertionError(f"mode {mode} not expected")
 
 
-def test_windows_branch_waits_for_the_holder_and_unlocks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_windows_branch_waits_for_the_holder_and_unlocks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = FakeMsvcrt()
     monkeypatch.setattr(fileio, "fcntl", None)
     monkeypatch.setattr(fileio, "msvcrt", fake)

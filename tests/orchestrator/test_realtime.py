@@ -55,8 +55,15 @@ LEAD_S = 0.6
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     if not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file():
         pytest.skip("Whisper's graphs are not built: python -m exports.whisper_asr build")
-    s = ServeProcess(CONFIG, "--realtime-idle-timeout", str(IDLE_S), "--max-waiting", "0", cwd=tmp_path_factory.mktemp("serve-realtime"),
-                     start_timeout_s=600)
+    s = ServeProcess(
+        CONFIG,
+        "--realtime-idle-timeout",
+        str(IDLE_S),
+        "--max-waiting",
+        "0",
+        cwd=tmp_path_factory.mktemp("serve-realtime"),
+        start_timeout_s=600,
+    )
     yield s
     rc = s.stop()
     assert rc == 0, s.output()
@@ -74,7 +81,9 @@ def speech() -> dict[str, np.ndarray]:
 
 
 def _b64(samples: np.ndarray) -> str:
-    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode("ascii")
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode(
+        "ascii"
+    )
 
 
 def _pcm(delta: str) -> np.ndarray:
@@ -125,7 +134,7 @@ class Talk:
             if clip is None and self.clips:
                 (clip, pace), pos = self.clips.pop(0), 0
             if clip is not None:
-                chunk = clip[pos:pos + self.chunk]
+                chunk = clip[pos : pos + self.chunk]
                 pos += self.chunk
                 if pos >= clip.size:
                     clip = None
@@ -139,7 +148,9 @@ class Talk:
                 pos = 0
             await asyncio.sleep(self.chunk / RATE / pace)
 
-    async def until(self, found: Callable[[Any], bool], after: int = 0, timeout: float = REPLY_TIMEOUT_S) -> int:
+    async def until(
+        self, found: Callable[[Any], bool], after: int = 0, timeout: float = REPLY_TIMEOUT_S
+    ) -> int:
         """Index of the first event from ``after`` on that is ``found``."""
         deadline = time.monotonic() + timeout
         i = after
@@ -149,7 +160,9 @@ class Talk:
                     return i
                 i += 1
             left = deadline - time.monotonic()
-            assert left > 0, f"no such event within {timeout:g} s; got {[e.type for e in self.events[after:]]}"
+            assert left > 0, (
+                f"no such event within {timeout:g} s; got {[e.type for e in self.events[after:]]}"
+            )
             self._new.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._new.wait(), min(left, 1.0))
@@ -160,8 +173,9 @@ class Talk:
 
 def _client(serve: ServeProcess) -> Any:
     ws = serve.url.replace("http://", "ws://")
-    return openai.AsyncOpenAI(base_url=f"{serve.url}/v1", websocket_base_url=f"{ws}/v1", api_key="unused",
-                              max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=f"{serve.url}/v1", websocket_base_url=f"{ws}/v1", api_key="unused", max_retries=0
+    )
 
 
 def _is(kind: str) -> Callable[[Any], bool]:
@@ -170,21 +184,33 @@ def _is(kind: str) -> Callable[[Any], bool]:
 
 def _sent_ms(events: list[Any], rid: str) -> int:
     """Milliseconds of a reply's audio in its deltas (24 kHz, the session's default output rate)."""
-    return int(sum(_pcm(e.delta).size for e in events if e.type == "response.audio.delta" and e.response_id == rid)
-               * 1000 / RATE)
+    return int(
+        sum(
+            _pcm(e.delta).size
+            for e in events
+            if e.type == "response.audio.delta" and e.response_id == rid
+        )
+        * 1000
+        / RATE
+    )
 
 
 def _done(e: Any) -> bool:
     return bool(e.type == "response.done")
 
 
-def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: ServeProcess,
-                                                                        speech: dict[str, np.ndarray]) -> None:
+def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     async def main() -> None:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, \
-                Talk(conn, chunk_s=0.04, pace=1.0) as talk:
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn, chunk_s=0.04, pace=1.0) as talk,
+        ):
             first = await talk.until(lambda e: e.type == "session.created", timeout=30)
-            assert talk.events[first].session.turn_detection.silence_duration_ms == 400  # the vad stage's
+            assert (
+                talk.events[first].session.turn_detection.silence_duration_ms == 400
+            )  # the vad stage's
             await conn.session.update(session={"output_audio_sample_rate": 16000})
             updated = talk.events[await talk.until(_is("session.updated"), timeout=30)]
             assert updated.session.model_extra["output_audio_sample_rate"] == 16000
@@ -192,15 +218,27 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: Se
             talk.say(speech[QUESTION])
             done = await talk.until(_done)
             order = [e.type for e in talk.events]
-            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                         "input_audio_buffer.committed", "conversation.item.created",
-                         "conversation.item.input_audio_transcription.completed", "response.created",
-                         "response.audio_transcript.delta", "response.audio.delta", "response.audio.done",
-                         "response.done"):
+            for kind in (
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "conversation.item.created",
+                "conversation.item.input_audio_transcription.completed",
+                "response.created",
+                "response.audio_transcript.delta",
+                "response.audio.delta",
+                "response.audio.done",
+                "response.done",
+            ):
                 assert kind in order, f"no {kind}: {order}"
-            assert order.index("input_audio_buffer.speech_started") < order.index(
-                "input_audio_buffer.speech_stopped") < order.index("input_audio_buffer.committed") < order.index(
-                "response.created") < order.index("response.audio.delta") < order.index("response.done")
+            assert (
+                order.index("input_audio_buffer.speech_started")
+                < order.index("input_audio_buffer.speech_stopped")
+                < order.index("input_audio_buffer.committed")
+                < order.index("response.created")
+                < order.index("response.audio.delta")
+                < order.index("response.done")
+            )
             started = talk.of("input_audio_buffer.speech_started")[0]
             stopped = talk.of("input_audio_buffer.speech_stopped")[0]
             committed = talk.of("input_audio_buffer.committed")[0]
@@ -216,7 +254,9 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: Se
             assert user.content[0].transcript == transcript.transcript
             response = talk.events[done].response
             assert response.status == "completed"
-            assert response.usage.output_tokens >= 12 and response.usage.input_tokens > 0  # min_tokens: 12
+            assert (
+                response.usage.output_tokens >= 12 and response.usage.input_tokens > 0
+            )  # min_tokens: 12
             deltas = talk.of("response.audio_transcript.delta")
             assert "".join(d.delta for d in deltas).strip()
             audio = np.concatenate([_pcm(d.delta) for d in talk.of("response.audio.delta")])
@@ -226,16 +266,32 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: Se
             # the server's own breakdown, in ms after the end of speech: the reply started in the
             # pause (early) but nothing of it went out before the pause closed the turn
             timing = response.model_extra["timing"]
-            assert set(timing) == {"request_ms", "turn_end_ms", "transcript_ms", "first_token_ms",
-                                   "first_sentence_ms", "first_audio_ms", "early_start"}, timing
+            assert set(timing) == {
+                "request_ms",
+                "turn_end_ms",
+                "transcript_ms",
+                "first_token_ms",
+                "first_sentence_ms",
+                "first_audio_ms",
+                "early_start",
+            }, timing
             assert timing["early_start"] is True
             assert 0 <= timing["request_ms"] < timing["turn_end_ms"] <= timing["first_audio_ms"]
-            assert timing["request_ms"] <= timing["transcript_ms"] <= timing["first_token_ms"] <= timing["first_audio_ms"]
-            assert talk.times[order.index("input_audio_buffer.speech_stopped")] <= talk.times[
-                order.index("response.created")]
+            assert (
+                timing["request_ms"]
+                <= timing["transcript_ms"]
+                <= timing["first_token_ms"]
+                <= timing["first_audio_ms"]
+            )
+            assert (
+                talk.times[order.index("input_audio_buffer.speech_stopped")]
+                <= talk.times[order.index("response.created")]
+            )
             first_audio = talk.times[order.index("response.audio.delta")]
-            print(f"\nvoice-to-voice (end of the streamed question → first reply audio): "
-                  f"{first_audio - talk.spoken_at[1]:.2f} s, reply {audio.size / 16000:.2f} s of audio")
+            print(
+                f"\nvoice-to-voice (end of the streamed question → first reply audio): "
+                f"{first_audio - talk.spoken_at[1]:.2f} s, reply {audio.size / 16000:.2f} s of audio"
+            )
 
     asyncio.run(main())
 
@@ -243,7 +299,7 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(serve: Se
 def _trimmed(samples: np.ndarray, floor: float = 0.01) -> np.ndarray:
     """The clip without Piper's own leading and trailing quiet."""
     loud = np.flatnonzero(np.abs(samples) > floor)
-    return samples[loud[0]:loud[-1] + 1]
+    return samples[loud[0] : loud[-1] + 1]
 
 
 def _metric(serve: ServeProcess, name: str, **labels: str) -> float:
@@ -256,8 +312,9 @@ def _metric(serve: ServeProcess, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_a_short_pause_inside_a_turn_drops_the_early_reply_unseen(serve: ServeProcess,
-                                                                  speech: dict[str, np.ndarray]) -> None:
+def test_a_short_pause_inside_a_turn_drops_the_early_reply_unseen(
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     """Two questions with 300 ms of silence between them are one turn (the VAD hears a pause of
     about 200 ms: its probability falls a few windows after the sound stops and rises with the
     next word; under the 400 ms that ends a turn, over the 100 ms pad after which a reply starts
@@ -266,34 +323,62 @@ def test_a_short_pause_inside_a_turn_drops_the_early_reply_unseen(serve: ServePr
     pause at that grain."""
     one, two = _trimmed(speech[QUESTION]), _trimmed(speech[SECOND])
     gap_s = 0.3
-    dropped, adopted = (_metric(serve, "omni_edge_realtime_early_responses_total", outcome=o)
-                        for o in ("dropped", "adopted"))
+    dropped, adopted = (
+        _metric(serve, "omni_edge_realtime_early_responses_total", outcome=o)
+        for o in ("dropped", "adopted")
+    )
 
     async def main() -> None:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, \
-                Talk(conn, chunk_s=0.02) as talk:
-            talk.say(np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), one,
-                                     np.zeros(int(gap_s * RATE), np.float32), two]))
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn, chunk_s=0.02) as talk,
+        ):
+            talk.say(
+                np.concatenate(
+                    [
+                        np.zeros(int(LEAD_S * RATE), np.float32),
+                        one,
+                        np.zeros(int(gap_s * RATE), np.float32),
+                        two,
+                    ]
+                )
+            )
             done = await talk.until(_done)
             assert talk.events[done].response.status == "completed"
             await asyncio.sleep(1.0)  # anything else would arrive now
-            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", "response.created",
-                         "conversation.item.input_audio_transcription.completed", "response.done"):
+            for kind in (
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.committed",
+                "response.created",
+                "conversation.item.input_audio_transcription.completed",
+                "response.done",
+            ):
                 assert len(talk.of(kind)) == 1, f"{kind}: {[e.type for e in talk.events]}"
             started = talk.of("input_audio_buffer.speech_started")[0]
             stopped = talk.of("input_audio_buffer.speech_stopped")[0]
             heard_ms = stopped.audio_end_ms - started.audio_start_ms
-            assert heard_ms > 1000 * (one.size + two.size) / RATE, heard_ms  # both questions, one turn
+            assert heard_ms > 1000 * (one.size + two.size) / RATE, (
+                heard_ms
+            )  # both questions, one turn
             assert talk.events[done].response.model_extra["timing"]["early_start"] is True
 
     asyncio.run(main())
-    assert _metric(serve, "omni_edge_realtime_early_responses_total", outcome="dropped") >= dropped + 1
-    assert _metric(serve, "omni_edge_realtime_early_responses_total", outcome="adopted") == adopted + 1
+    assert (
+        _metric(serve, "omni_edge_realtime_early_responses_total", outcome="dropped") >= dropped + 1
+    )
+    assert (
+        _metric(serve, "omni_edge_realtime_early_responses_total", outcome="adopted") == adopted + 1
+    )
 
 
-def test_response_cancel_stops_the_reply(serve: ServeProcess, speech: dict[str, np.ndarray]) -> None:
+def test_response_cancel_stops_the_reply(
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     async def main() -> None:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, Talk(conn) as talk:
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn) as talk,
+        ):
             talk.say(speech[QUESTION])
             # cancelled once its text streams: its audio goes out faster than real time here, so
             # waiting for the first audio would race the reply's end
@@ -306,16 +391,24 @@ def test_response_cancel_stops_the_reply(serve: ServeProcess, speech: dict[str, 
             truncated = talk.of("conversation.item.truncated", after=first)
             assert truncated and truncated[0].audio_end_ms == _sent_ms(talk.events[:done], rid)
             await asyncio.sleep(2.0)  # anything still coming would arrive now
-            late = [e for e in talk.events[done + 1:] if e.type == "response.audio.delta" and e.response_id == rid]
+            late = [
+                e
+                for e in talk.events[done + 1 :]
+                if e.type == "response.audio.delta" and e.response_id == rid
+            ]
             assert not late, f"{len(late)} audio deltas after response.done"
 
     asyncio.run(main())
 
 
-def test_barge_in_cancels_the_reply_and_the_new_turn_is_answered(serve: ServeProcess,
-                                                                 speech: dict[str, np.ndarray]) -> None:
+def test_barge_in_cancels_the_reply_and_the_new_turn_is_answered(
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     async def main() -> None:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, Talk(conn) as talk:
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn) as talk,
+        ):
             talk.say(speech[QUESTION])
             # speaking over the reply once its text streams, the speech sent in a burst (20x real
             # time): the VAD hears it within milliseconds, long before any pipeline has answered
@@ -333,9 +426,18 @@ def test_barge_in_cancels_the_reply_and_the_new_turn_is_answered(serve: ServePro
             assert truncated and truncated[0].audio_end_ms == _sent_ms(talk.events[:done], rid)
             second = await talk.until(lambda e: _done(e) and e.response.id != rid, after=done)
             assert talk.events[second].response.status == "completed"
-            assert any(e.type == "response.audio.delta" and e.response_id != rid for e in talk.events[done:second])
-            late = [e for e in talk.events[done + 1:] if e.type == "response.audio.delta" and e.response_id == rid]
-            assert not late, f"{len(late)} audio deltas of the cancelled reply after its response.done"
+            assert any(
+                e.type == "response.audio.delta" and e.response_id != rid
+                for e in talk.events[done:second]
+            )
+            late = [
+                e
+                for e in talk.events[done + 1 :]
+                if e.type == "response.audio.delta" and e.response_id == rid
+            ]
+            assert not late, (
+                f"{len(late)} audio deltas of the cancelled reply after its response.done"
+            )
             turns = talk.of("conversation.item.input_audio_transcription.completed")
             assert len(turns) == 2 and all(t.transcript.strip() for t in turns)
 
@@ -343,20 +445,46 @@ def test_barge_in_cancels_the_reply_and_the_new_turn_is_answered(serve: ServePro
 
 
 def test_a_malformed_event_is_an_error_and_the_session_goes_on_with_its_history(
-        serve: ServeProcess, speech: dict[str, np.ndarray]) -> None:
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     async def main() -> None:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, Talk(conn) as talk:
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn) as talk,
+        ):
             talk.say(speech[QUESTION])
             one = await talk.until(_done)
             assert talk.events[one].response.status == "completed"
             talk.silent = True  # nothing but the bad events while they are answered
             bad: list[tuple[dict[str, Any], str]] = [
-                ({"type": "input_audio_buffer.append", "audio": 12345, "event_id": "evt_bad1"}, "audio"),
-                ({"type": "input_audio_buffer.append", "audio": "not base64!", "event_id": "evt_bad2"}, "audio"),
-                ({"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": "soon"}},
-                  "event_id": "evt_bad3"}, "session.turn_detection.silence_duration_ms"),
-                ({"type": "session.update", "session": {"input_audio_sample_rate": 8000}, "event_id": "evt_bad4"},
-                 "session.input_audio_sample_rate"),
+                (
+                    {"type": "input_audio_buffer.append", "audio": 12345, "event_id": "evt_bad1"},
+                    "audio",
+                ),
+                (
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": "not base64!",
+                        "event_id": "evt_bad2",
+                    },
+                    "audio",
+                ),
+                (
+                    {
+                        "type": "session.update",
+                        "session": {"turn_detection": {"silence_duration_ms": "soon"}},
+                        "event_id": "evt_bad3",
+                    },
+                    "session.turn_detection.silence_duration_ms",
+                ),
+                (
+                    {
+                        "type": "session.update",
+                        "session": {"input_audio_sample_rate": 8000},
+                        "event_id": "evt_bad4",
+                    },
+                    "session.input_audio_sample_rate",
+                ),
                 ({"type": "no.such.event", "event_id": "evt_bad5"}, "type"),
             ]
             for event, param in bad:
@@ -392,13 +520,17 @@ def test_a_session_that_sends_nothing_is_closed_after_the_idle_timeout(serve: Se
             waited = time.monotonic() - t0
             assert IDLE_S - 0.1 <= waited < IDLE_S + 5, f"closed after {waited:.2f} s"
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
-            assert "idle" in closed.value.rcvd.reason and "--realtime-idle-timeout" in closed.value.rcvd.reason
+            assert (
+                "idle" in closed.value.rcvd.reason
+                and "--realtime-idle-timeout" in closed.value.rcvd.reason
+            )
 
     asyncio.run(main())
 
 
 def test_eight_concurrent_sessions_are_each_answered_or_refused_as_busy(
-        serve: ServeProcess, speech: dict[str, np.ndarray]) -> None:
+    serve: ServeProcess, speech: dict[str, np.ndarray]
+) -> None:
     """Eight sessions (two more than the pipeline's in-flight limit where that is 8 or more, up
     to 16, so that some are refused) say the same question at once: each turn is answered, or
     refused at once as busy (``--max-waiting 0``) — at least the sessions beyond the limit,
@@ -409,8 +541,10 @@ def test_eight_concurrent_sessions_are_each_answered_or_refused_as_busy(
     sessions = min(max(8, limit + 2), MAX_SESSIONS)
 
     async def one(i: int) -> tuple[str, list[str]]:
-        async with _client(serve).beta.realtime.connect(model="voice-chat") as conn, \
-                Talk(conn, chunk_s=0.1, pace=1.0) as talk:
+        async with (
+            _client(serve).beta.realtime.connect(model="voice-chat") as conn,
+            Talk(conn, chunk_s=0.1, pace=1.0) as talk,
+        ):
             talk.say(speech[QUESTION])
             done = talk.events[await talk.until(_done, timeout=400)]
             codes = [e.error.code for e in talk.of("error")]
@@ -423,7 +557,9 @@ def test_eight_concurrent_sessions_are_each_answered_or_refused_as_busy(
     statuses = [status for status, _ in results]
     print(f"\n{sessions} sessions, {limit} in flight at most: {statuses}")
     for status, codes in results:
-        assert (status == "completed" and not codes) or (status == "failed" and codes == ["pipeline_busy"]), results
+        assert (status == "completed" and not codes) or (
+            status == "failed" and codes == ["pipeline_busy"]
+        ), results
     assert statuses.count("completed") >= 1
     if limit < sessions:
         assert statuses.count("failed") >= 1, f"no session refused with {limit} slots: {results}"
@@ -438,7 +574,22 @@ def test_a_bad_idle_timeout_is_exit_2_before_anything_starts(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", str(CONFIG), "--port", "0",
-                           "--realtime-idle-timeout", "0"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "serve",
+            str(CONFIG),
+            "--port",
+            "0",
+            "--realtime-idle-timeout",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--realtime-idle-timeout" in proc.stderr and "Traceback" not in proc.stderr

@@ -41,8 +41,10 @@ def _headers(host: str = "127.0.0.1:8000", **more: str) -> dict[str, str]:
 
 
 def _denied(client: TestClient, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
-    with pytest.raises(WebSocketDenialResponse) as caught, \
-            client.websocket_connect("/v1/realtime", headers=headers or _headers(), **kwargs):
+    with (
+        pytest.raises(WebSocketDenialResponse) as caught,
+        client.websocket_connect("/v1/realtime", headers=headers or _headers(), **kwargs),
+    ):
         pass
     return caught.value
 
@@ -54,7 +56,9 @@ def test_another_sites_origin_is_refused_before_the_handshake() -> None:
     assert denied.json()["error"]["code"] == "origin_not_allowed"
     assert denied.json()["error"]["param"] == "Origin"
     assert denied.headers["x-frame-options"] == "DENY"
-    with client.websocket_connect("/v1/realtime", headers=_headers(origin="http://127.0.0.1:8000")) as ws:
+    with client.websocket_connect(
+        "/v1/realtime", headers=_headers(origin="http://127.0.0.1:8000")
+    ) as ws:
         assert ws.receive_text() == "hello"  # the page's own origin
 
 
@@ -71,9 +75,18 @@ def test_the_key_is_required_as_a_bearer_header_or_openais_subprotocol() -> None
     assert denied.json()["error"]["code"] == "invalid_api_key"
     assert "openai-insecure-api-key." in denied.json()["error"]["message"]
     assert _denied(client, _headers(authorization="Bearer wrong")).status_code == 401
-    assert _denied(client, subprotocols=["realtime", "openai-insecure-api-key.wrong"]).status_code == 401
-    with client.websocket_connect("/v1/realtime", headers=_headers(authorization=f"Bearer {KEY}")) as ws:
+    assert (
+        _denied(client, subprotocols=["realtime", "openai-insecure-api-key.wrong"]).status_code
+        == 401
+    )
+    with client.websocket_connect(
+        "/v1/realtime", headers=_headers(authorization=f"Bearer {KEY}")
+    ) as ws:
         assert ws.receive_text() == "hello"
-    with client.websocket_connect("/v1/realtime", headers=_headers(), subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
+    with client.websocket_connect(
+        "/v1/realtime",
+        headers=_headers(),
+        subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"],
+    ) as ws:
         assert ws.accepted_subprotocol == "realtime"  # the key is never echoed back
         assert ws.receive_text() == "hello"

@@ -53,8 +53,12 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", f"{self.url}/v1/chat/completions", timeout=60, json={
-                    "messages": [{"role": "user", "content": LONG}], "stream": True}) as r:
+            with httpx.stream(
+                "POST",
+                f"{self.url}/v1/chat/completions",
+                timeout=60,
+                json={"messages": [{"role": "user", "content": LONG}], "stream": True},
+            ) as r:
                 for line in r.iter_lines():
                     if line:
                         self.lines.append(line)
@@ -68,7 +72,9 @@ class _Reader(threading.Thread):
     @property
     def text(self) -> str:
         docs = [json.loads(x.removeprefix("data: ")) for x in self.lines if x.startswith("data: {")]
-        return "".join(d["choices"][0]["delta"].get("content") or "" for d in docs if d.get("choices"))
+        return "".join(
+            d["choices"][0]["delta"].get("content") or "" for d in docs if d.get("choices")
+        )
 
 
 def _refused(url: str) -> bool:
@@ -81,7 +87,9 @@ def _refused(url: str) -> bool:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sigterm_lets_the_request_in_flight_finish_then_closes_with_the_ledger_at_zero(tmp_path: Path) -> None:
+def test_sigterm_lets_the_request_in_flight_finish_then_closes_with_the_ledger_at_zero(
+    tmp_path: Path,
+) -> None:
     serve = _serve(tmp_path)
     try:
         reader = _Reader(serve.url)
@@ -93,7 +101,9 @@ def test_sigterm_lets_the_request_in_flight_finish_then_closes_with_the_ledger_a
         while not _refused(serve.url) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _refused(serve.url), "serve still accepted connections after SIGTERM"
-        assert reader.is_alive(), "the request in flight ended before the test could see serve stop accepting"
+        assert reader.is_alive(), (
+            "the request in flight ended before the test could see serve stop accepting"
+        )
         reader.join(60)
         rc = serve.stop(timeout_s=60)
         stopped_s = time.monotonic() - signalled
@@ -126,14 +136,30 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path) -> None:
     assert rc == 0, serve.output()
     assert "data: [DONE]" not in reader.lines  # cut at the bound, not run to its end
     assert "ledger holds 0 bytes" in serve.output()
-    assert stopped_s < 0.5 + 15, f"stopping took {stopped_s:.1f} s"  # the bound, then closing Ray and the actors
+    assert stopped_s < 0.5 + 15, (
+        f"stopping took {stopped_s:.1f} s"
+    )  # the bound, then closing Ray and the actors
     print(f"SIGTERM with --drain-timeout 0.5 → exit 0 in {stopped_s:.2f} s")
 
 
 def test_a_non_loopback_bind_without_a_key_is_refused_by_the_command(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMNI_EDGE_API_KEY"}
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", str(REPO / "configs/voice-assistant.yaml"),
-                           "--host", "0.0.0.0"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "serve",
+            str(REPO / "configs/voice-assistant.yaml"),
+            "--host",
+            "0.0.0.0",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "0.0.0.0 is not a loopback address" in done.stderr and "--api-key" in done.stderr
     assert "Traceback" not in done.stderr
@@ -146,10 +172,20 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve",
-                               str(REPO / "configs/voice-assistant.yaml"), "--port", str(port)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "serve",
+                str(REPO / "configs/voice-assistant.yaml"),
+                "--port",
+                str(port),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 2, done.stderr
     assert f"cannot bind 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
-
-

@@ -39,7 +39,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 CONFIG = REPO / "configs/voice-assistant.yaml"
 VOICE_RATE = 22050  # en_US-joe-medium.onnx.json
 PCM_RATE = 24000
-SPEECH = "The Moon is the only natural satellite of the Earth. It takes about a month to go around us."
+SPEECH = (
+    "The Moon is the only natural satellite of the Earth. It takes about a month to go around us."
+)
 FRAME_S = 0.02
 SPEAKING_DBFS = -50.0
 """A 20 ms frame quieter than this is silence (Piper's pauses sit far below; its vowels far above)."""
@@ -55,7 +57,9 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 
 def _client(serve: ServeProcess, timeout: float = 120) -> Any:
-    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+    return openai.OpenAI(
+        base_url=f"{serve.url}/v1", api_key="unused", max_retries=0, timeout=timeout
+    )
 
 
 def _ask(text: str) -> list[dict[str, str]]:
@@ -83,12 +87,27 @@ def _sentences(text: str) -> int:
 
 def test_chat_whole_and_streamed(serve: ServeProcess) -> None:
     client = _client(serve)
-    whole = client.chat.completions.create(model="voice-assistant", messages=_ask("Name a planet."), max_tokens=24,
-                                           extra_body={"min_tokens": 4})
+    whole = client.chat.completions.create(
+        model="voice-assistant",
+        messages=_ask("Name a planet."),
+        max_tokens=24,
+        extra_body={"min_tokens": 4},
+    )
     assert whole.object == "chat.completion" and whole.choices[0].message.content
-    assert whole.usage is not None and 4 <= whole.usage.completion_tokens <= 24 and whole.usage.prompt_tokens > 0
-    chunks = list(client.chat.completions.create(model="voice-assistant", messages=_ask("Name a star."),
-                                                 max_tokens=24, stream=True, extra_body={"min_tokens": 4}))
+    assert (
+        whole.usage is not None
+        and 4 <= whole.usage.completion_tokens <= 24
+        and whole.usage.prompt_tokens > 0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="voice-assistant",
+            messages=_ask("Name a star."),
+            max_tokens=24,
+            stream=True,
+            extra_body={"min_tokens": 4},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
@@ -96,7 +115,9 @@ def test_chat_whole_and_streamed(serve: ServeProcess) -> None:
 
 def test_a_prompt_beyond_the_context_is_a_400_naming_both_numbers(serve: ServeProcess) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        _client(serve).chat.completions.create(model="voice-assistant", messages=_ask("word " * 2100), max_tokens=64)
+        _client(serve).chat.completions.create(
+            model="voice-assistant", messages=_ask("word " * 2100), max_tokens=64
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "messages" and body["code"] == "bad_request"
     assert "max_tokens 64" in body["message"] and "max_model_len of 2048" in body["message"]
@@ -104,8 +125,13 @@ def test_a_prompt_beyond_the_context_is_a_400_naming_both_numbers(serve: ServePr
 
 def test_streamed_audio_is_speech_sent_as_it_is_made(serve: ServeProcess) -> None:
     stream = _client(serve).chat.completions.create(
-        model="voice-assistant", messages=_ask("Tell me two facts about the Moon."), modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "pcm16"}, stream=True, extra_body={"min_tokens": 32})
+        model="voice-assistant",
+        messages=_ask("Tell me two facts about the Moon."),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+        extra_body={"min_tokens": 32},
+    )
     transcript, audio = [], []
     for chunk in stream:
         delta = chunk.choices[0].delta.audio if chunk.choices else None
@@ -124,9 +150,18 @@ def test_streamed_audio_is_speech_sent_as_it_is_made(serve: ServeProcess) -> Non
 
 
 def test_whole_audio_is_a_wav_at_the_voices_rate(serve: ServeProcess) -> None:
-    message = _client(serve).chat.completions.create(
-        model="voice-assistant", messages=_ask("Say something about the sea."), modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "wav"}, extra_body={"min_tokens": 16}).choices[0].message
+    message = (
+        _client(serve)
+        .chat.completions.create(
+            model="voice-assistant",
+            messages=_ask("Say something about the sea."),
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"},
+            extra_body={"min_tokens": 16},
+        )
+        .choices[0]
+        .message
+    )
     assert message.audio is not None and message.audio.transcript
     with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
         assert w.getframerate() == VOICE_RATE
@@ -137,24 +172,37 @@ def test_whole_audio_is_a_wav_at_the_voices_rate(serve: ServeProcess) -> None:
 def test_history_reaches_the_chat_template(serve: ServeProcess) -> None:
     client = _client(serve)
     last = {"role": "user", "content": "And the second one?"}
-    earlier = [{"role": "user", "content": "Name two oceans, please, the largest first."},
-               {"role": "assistant", "content": "The Pacific Ocean and the Atlantic Ocean."}]
-    alone = client.chat.completions.create(model="voice-assistant", messages=[last], max_tokens=4).usage
-    with_history = client.chat.completions.create(model="voice-assistant", messages=[*earlier, last],
-                                                  max_tokens=4).usage
+    earlier = [
+        {"role": "user", "content": "Name two oceans, please, the largest first."},
+        {"role": "assistant", "content": "The Pacific Ocean and the Atlantic Ocean."},
+    ]
+    alone = client.chat.completions.create(
+        model="voice-assistant", messages=[last], max_tokens=4
+    ).usage
+    with_history = client.chat.completions.create(
+        model="voice-assistant", messages=[*earlier, last], max_tokens=4
+    ).usage
     own_system = client.chat.completions.create(
-        model="voice-assistant", messages=[{"role": "system", "content": "Be brief."}, last], max_tokens=4).usage
+        model="voice-assistant",
+        messages=[{"role": "system", "content": "Be brief."}, last],
+        max_tokens=4,
+    ).usage
     assert alone is not None and with_history is not None and own_system is not None
     added_words = sum(len(m["content"].split()) for m in earlier)
-    assert with_history.prompt_tokens >= alone.prompt_tokens + added_words  # every word is at least one token
-    assert own_system.prompt_tokens < alone.prompt_tokens  # "Be brief." replaced the config's longer system prompt
+    assert (
+        with_history.prompt_tokens >= alone.prompt_tokens + added_words
+    )  # every word is at least one token
+    assert (
+        own_system.prompt_tokens < alone.prompt_tokens
+    )  # "Be brief." replaced the config's longer system prompt
 
 
 @pytest.mark.parametrize(("fmt", "rate"), [("wav", VOICE_RATE), ("pcm", PCM_RATE)])
 def test_speech_is_the_voice_speaking_the_input(serve: ServeProcess, fmt: str, rate: int) -> None:
     t0 = time.perf_counter()
     with _client(serve).audio.speech.with_streaming_response.create(
-            model="voice-assistant", voice="alloy", input=SPEECH, response_format=fmt) as response:  # type: ignore[arg-type]
+        model="voice-assistant", voice="alloy", input=SPEECH, response_format=fmt
+    ) as response:  # type: ignore[arg-type]
         first: float | None = None
         data = b""
         for piece in response.iter_bytes():
@@ -177,8 +225,11 @@ def test_eight_concurrent_clients_are_all_answered(serve: ServeProcess) -> None:
     def ask(i: int) -> None:
         try:
             replies[i] = _client(serve, timeout=300).chat.completions.create(
-                model="voice-assistant", messages=_ask(f"Give me fact number {i + 1} about rain."), max_tokens=24,
-                extra_body={"min_tokens": 4})
+                model="voice-assistant",
+                messages=_ask(f"Give me fact number {i + 1} about rain."),
+                max_tokens=24,
+                extra_body={"min_tokens": 4},
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -200,9 +251,13 @@ def test_a_full_queue_is_429_and_clients_that_leave_free_their_slots(serve: Serv
 
     async def main() -> tuple[httpx.Response, float]:
         async with httpx.AsyncClient(base_url=serve.url, timeout=120) as held:
+
             async def hold() -> None:
-                async with held.stream("POST", "/v1/audio/speech", json={"model": "m", "voice": "v",
-                                                                         "input": SPEECH * 4}) as r:
+                async with held.stream(
+                    "POST",
+                    "/v1/audio/speech",
+                    json={"model": "m", "voice": "v", "input": SPEECH * 4},
+                ) as r:
                     async for _ in r.aiter_bytes():
                         await asyncio.sleep(3600)  # keep the slot: read nothing more
 
@@ -212,7 +267,9 @@ def test_a_full_queue_is_429_and_clients_that_leave_free_their_slots(serve: Serv
                 assert time.monotonic() < deadline, "the holders never took every slot"
                 await asyncio.sleep(0.05)
             async with httpx.AsyncClient(base_url=serve.url, timeout=30) as other:
-                refused = await other.post("/v1/audio/speech", json={"model": "m", "voice": "v", "input": "Hello."})
+                refused = await other.post(
+                    "/v1/audio/speech", json={"model": "m", "voice": "v", "input": "Hello."}
+                )
             for h in holders:
                 h.cancel()
             await asyncio.gather(*holders, return_exceptions=True)
@@ -226,16 +283,28 @@ def test_a_full_queue_is_429_and_clients_that_leave_free_their_slots(serve: Serv
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["code"] == "pipeline_busy"
     t0 = time.perf_counter()
-    reply = _client(serve).chat.completions.create(model="voice-assistant", messages=_ask("Hi."), max_tokens=4)
+    reply = _client(serve).chat.completions.create(
+        model="voice-assistant", messages=_ask("Hi."), max_tokens=4
+    )
     assert reply.choices[0].message.content is not None
-    print(f"{limit} clients left → every slot free in {freed_ms:.0f} ms; the next request answered in "
-          f"{time.perf_counter() - t0:.2f} s")
+    print(
+        f"{limit} clients left → every slot free in {freed_ms:.0f} ms; the next request answered in "
+        f"{time.perf_counter() - t0:.2f} s"
+    )
 
 
 def test_a_streamed_reply_whose_client_leaves_is_cancelled_at_once(serve: ServeProcess) -> None:
     client = httpx.Client(timeout=120)
-    with client.stream("POST", f"{serve.url}/v1/chat/completions", json={
-            "messages": _ask("Tell me a long story."), "stream": True, "max_tokens": 96, "min_tokens": 96}) as r:
+    with client.stream(
+        "POST",
+        f"{serve.url}/v1/chat/completions",
+        json={
+            "messages": _ask("Tell me a long story."),
+            "stream": True,
+            "max_tokens": 96,
+            "min_tokens": 96,
+        },
+    ) as r:
         lines = r.iter_lines()
         for _ in range(4):
             next(lines)
@@ -247,17 +316,27 @@ def test_a_streamed_reply_whose_client_leaves_is_cancelled_at_once(serve: ServeP
         time.sleep(0.005)
     freed_ms = (time.perf_counter() - gone) * 1000
     t0 = time.perf_counter()
-    first = next(iter(_client(serve).chat.completions.create(model="voice-assistant", messages=_ask("Hi."),
-                                                             max_tokens=8, stream=True)))
+    first = next(
+        iter(
+            _client(serve).chat.completions.create(
+                model="voice-assistant", messages=_ask("Hi."), max_tokens=8, stream=True
+            )
+        )
+    )
     assert first.choices[0].delta.role == "assistant"
-    print(f"disconnect mid-stream → slot free in {freed_ms:.0f} ms; next first chunk in "
-          f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+    print(
+        f"disconnect mid-stream → slot free in {freed_ms:.0f} ms; next first chunk in "
+        f"{(time.perf_counter() - t0) * 1000:.0f} ms"
+    )
 
 
 def test_metrics_plan_and_status_after_requests(serve: ServeProcess) -> None:
     text = httpx.get(f"{serve.url}/metrics").text
-    samples = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-               for line in text.splitlines() if line and not line.startswith("#")}
+    samples = {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
     assert samples["omni_edge_time_to_first_token_seconds_count"] >= 1
     assert samples["omni_edge_time_to_first_audio_seconds_count"] >= 1
     assert samples['omni_edge_requests_refused_total{code="429"}'] >= 1
@@ -269,18 +348,30 @@ def test_metrics_plan_and_status_after_requests(serve: ServeProcess) -> None:
         assert m["measured_peak_bytes"] > 0 and m["budget_bytes"] > 0, s["name"]
     status = httpx.get(f"{serve.url}/v1/status").json()
     firsts = [r["time_to_first_audio_s"] for r in status["recent"] if r["time_to_first_audio_s"]]
-    print(f"median time to first audio over {len(firsts)} recent requests: {statistics.median(firsts):.3f} s; "
-          f"peaks {[(s['name'], s['measured']['measured_peak_bytes']) for s in plan['stages']]}")
+    print(
+        f"median time to first audio over {len(firsts)} recent requests: {statistics.median(firsts):.3f} s; "
+        f"peaks {[(s['name'], s['measured']['measured_peak_bytes']) for s in plan['stages']]}"
+    )
 
 
 def test_sigterm_with_a_request_in_flight_finishes_it_then_exits_0_with_the_ledger_at_zero(
-        serve: ServeProcess) -> None:
+    serve: ServeProcess,
+) -> None:
     lines: list[str] = []
     started = threading.Event()
 
     def read() -> None:
-        with httpx.stream("POST", f"{serve.url}/v1/chat/completions", timeout=120, json={
-                "messages": _ask("Tell me about the Sun."), "stream": True, "max_tokens": 64, "min_tokens": 64}) as r:
+        with httpx.stream(
+            "POST",
+            f"{serve.url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "messages": _ask("Tell me about the Sun."),
+                "stream": True,
+                "max_tokens": 64,
+                "min_tokens": 64,
+            },
+        ) as r:
             for line in r.iter_lines():
                 if line:
                     lines.append(line)
@@ -295,7 +386,9 @@ def test_sigterm_with_a_request_in_flight_finishes_it_then_exits_0_with_the_ledg
     reader.join(10)
     assert lines[-1] == "data: [DONE]", lines[-3:]
     docs = [json.loads(x.removeprefix("data: ")) for x in lines if x.startswith("data: {")]
-    assert docs[-1]["choices"][0]["finish_reason"] == "length"  # all 64 tokens were generated and sent
+    assert (
+        docs[-1]["choices"][0]["finish_reason"] == "length"
+    )  # all 64 tokens were generated and sent
     assert rc == 0, serve.output()
     assert "stopped by SIGTERM" in serve.output() and "ledger holds 0 bytes" in serve.output()
     print(f"SIGTERM mid-reply → reply finished, pipeline closed, exit 0 in {stopped_s:.1f} s")
@@ -304,5 +397,3 @@ def test_sigterm_with_a_request_in_flight_finishes_it_then_exits_0_with_the_ledg
 async def _queue(serve: ServeProcess) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=serve.url, timeout=10) as c:
         return dict((await c.get("/v1/status")).json()["queue"])
-
-

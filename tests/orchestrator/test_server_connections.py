@@ -22,7 +22,9 @@ from orchestrator.server_transport import TransportLimits
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-LIMITS = TransportLimits(max_connections=20, header_timeout_s=1.0, read_timeout_s=1.0, write_timeout_s=1.0)
+LIMITS = TransportLimits(
+    max_connections=20, header_timeout_s=1.0, read_timeout_s=1.0, write_timeout_s=1.0
+)
 CHUNK = b"x" * 65536
 
 
@@ -66,13 +68,25 @@ class _Server:
             while True:
                 await websocket.send_text(await websocket.receive_text())
 
-        app = Starlette(routes=[Route("/health", health), Route("/stream", stream), WebSocketRoute("/ws", echo)])
+        app = Starlette(
+            routes=[Route("/health", health), Route("/stream", stream), WebSocketRoute("/ws", echo)]
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off", **LIMITS.uvicorn_kwargs(base)))
-        self.thread = threading.Thread(target=self.server.run, name="transport-test-uvicorn", daemon=True)
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan="off",
+                **LIMITS.uvicorn_kwargs(base),
+            )
+        )
+        self.thread = threading.Thread(
+            target=self.server.run, name="transport-test-uvicorn", daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:
@@ -105,7 +119,9 @@ def _closed_within(sock: socket.socket, seconds: float) -> float | None:
     return None
 
 
-def test_the_connection_cap_closes_the_longest_waiting_and_lets_a_request_in(server: _Server) -> None:
+def test_the_connection_cap_closes_the_longest_waiting_and_lets_a_request_in(
+    server: _Server,
+) -> None:
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
     try:
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
@@ -122,10 +138,14 @@ def test_a_half_sent_request_is_closed_at_the_header_timeout(server: _Server) ->
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         took = _closed_within(s, LIMITS.header_timeout_s + 10)
-    assert took is not None and LIMITS.header_timeout_s - 0.3 < took < LIMITS.header_timeout_s + 5, took
+    assert (
+        took is not None and LIMITS.header_timeout_s - 0.3 < took < LIMITS.header_timeout_s + 5
+    ), took
 
 
-def test_a_response_nobody_reads_is_aborted_and_the_app_sees_the_client_gone(server: _Server) -> None:
+def test_a_response_nobody_reads_is_aborted_and_the_app_sees_the_client_gone(
+    server: _Server,
+) -> None:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
@@ -134,7 +154,9 @@ def test_a_response_nobody_reads_is_aborted_and_the_app_sees_the_client_gone(ser
         s.settimeout(10)
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         t0 = time.monotonic()  # this client reads no more; the stream is endless
-        assert server.stream_ended.wait(LIMITS.write_timeout_s + 15), "the endless stream still runs"
+        assert server.stream_ended.wait(LIMITS.write_timeout_s + 15), (
+            "the endless stream still runs"
+        )
         took = time.monotonic() - t0
     finally:
         s.close()

@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def served(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, _Served]]:
+def served(
+    ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, _Served]]:
     yield from _serve(tmp_path_factory, "vllm-cpu")
 
 
@@ -37,7 +39,9 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[t
     from orchestrator.server import create_app
 
     tmp: Path = tmp_path_factory.mktemp("health")
-    (tmp / "thinker.yaml").write_text(THINKER.replace("    devices: [cpu]\n", f"    devices: [cpu]\n    backends: [{backend}]\n"))
+    (tmp / "thinker.yaml").write_text(
+        THINKER.replace("    devices: [cpu]\n", f"    devices: [cpu]\n    backends: [{backend}]\n")
+    )
     pipeline = Pipeline.from_config(tmp / "thinker.yaml", record=None)
     assert pipeline.plan.stage("thinker").backend == backend
     server = _Served(create_app(pipeline))
@@ -46,14 +50,18 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[t
     pipeline.close()
 
 
-def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_code(served: tuple[Any, _Served]) -> None:
+def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_code(
+    served: tuple[Any, _Served],
+) -> None:
     import ray
 
     pipeline, server = served
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
     device = pipeline.plan.stage("thinker").device
 
-    def poison(actor: Any) -> None:  # runs in the device actor: the engine thread gets what no check would pass
+    def poison(
+        actor: Any,
+    ) -> None:  # runs in the device actor: the engine thread gets what no check would pass
         from vllm import SamplingParams
 
         runner = actor.stages["thinker"].runner
@@ -62,23 +70,37 @@ def test_a_stage_whose_engine_stopped_makes_health_503_naming_stage_device_and_c
     ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(poison))
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     deadline = time.monotonic() + 60
-    while (asked := httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)).status_code == 200:
-        assert time.monotonic() < deadline, "the engine did not stop on a seed above int64 (vLLM may now check it)"
+    while (
+        asked := httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    ).status_code == 200:
+        assert time.monotonic() < deadline, (
+            "the engine did not stop on a seed above int64 (vLLM may now check it)"
+        )
         time.sleep(0.2)
-    assert asked.status_code == 503 and asked.json()["error"]["param"] == "thinker", asked.text  # the engine stopped
+    assert asked.status_code == 503 and asked.json()["error"]["param"] == "thinker", (
+        asked.text
+    )  # the engine stopped
     health = httpx.get(f"{server.url}/health", timeout=10)
     assert health.status_code == 503, health.text
     doc = health.json()
     assert doc["status"] == "unavailable"
     assert doc["failed"] == [{"stage": "thinker", "device": device, "code": "engine_failed"}]
     stage = next(s for s in doc["stages"] if s["name"] == "thinker")
-    assert stage["alive"] is False and stage["code"] == "engine_failed" and "restart the server" in stage["error"]
-    assert "Overflow" not in health.text and "Traceback" not in health.text  # the cause is in the log, not here
+    assert (
+        stage["alive"] is False
+        and stage["code"] == "engine_failed"
+        and "restart the server" in stage["error"]
+    )
+    assert (
+        "Overflow" not in health.text and "Traceback" not in health.text
+    )  # the cause is in the log, not here
     assert "engine_failed" in asked.json()["error"]["message"] and "Overflow" not in asked.text
 
 
 @pytest.fixture(scope="module")
-def served_llamacpp(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, _Served]]:
+def served_llamacpp(
+    ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, _Served]]:
     yield from _serve(tmp_path_factory, "llamacpp-cpu")
 
 
@@ -91,17 +113,25 @@ def test_a_llamacpp_engine_thread_that_stops_makes_health_503_and_refuses_what_f
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
     device = pipeline.plan.stage("thinker").device
 
-    def poison(actor: Any) -> None:  # runs in the device actor: the engine thread gets a command it cannot take
+    def poison(
+        actor: Any,
+    ) -> None:  # runs in the device actor: the engine thread gets a command it cannot take
         actor.stages["thinker"].runner._commands.put(("add", "not a request", [1, 2, 3], {}))
 
     ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(poison))
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     deadline = time.monotonic() + 60
-    while (asked := httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)).status_code == 200:
-        assert time.monotonic() < deadline, "the engine thread did not stop on a command it cannot take"
+    while (
+        asked := httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    ).status_code == 200:
+        assert time.monotonic() < deadline, (
+            "the engine thread did not stop on a command it cannot take"
+        )
         time.sleep(0.2)
     assert asked.status_code == 503 and asked.json()["error"]["param"] == "thinker", asked.text
     assert "engine_failed" in asked.json()["error"]["message"] and "Traceback" not in asked.text
     health = httpx.get(f"{server.url}/health", timeout=10)
     assert health.status_code == 503, health.text
-    assert health.json()["failed"] == [{"stage": "thinker", "device": device, "code": "engine_failed"}]
+    assert health.json()["failed"] == [
+        {"stage": "thinker", "device": device, "code": "engine_failed"}
+    ]

@@ -18,8 +18,20 @@ from tests.helpers.profiles import make_profile
 
 onnx = pytest.importorskip("onnx")
 
-IGPU = {"id": "igpu:0", "kind": "igpu", "name": "Intel Arc 140V", "vendor": "intel", "backends": ["ort-openvino"]}
-NPU = {"id": "npu:0", "kind": "npu", "name": "Intel NPU 4", "vendor": "intel", "backends": ["ort-openvino"]}
+IGPU = {
+    "id": "igpu:0",
+    "kind": "igpu",
+    "name": "Intel Arc 140V",
+    "vendor": "intel",
+    "backends": ["ort-openvino"],
+}
+NPU = {
+    "id": "npu:0",
+    "kind": "npu",
+    "name": "Intel NPU 4",
+    "vendor": "intel",
+    "backends": ["ort-openvino"],
+}
 
 
 def exported_artifact(directory: Path, floats: int) -> Path:
@@ -27,26 +39,42 @@ def exported_artifact(directory: Path, floats: int) -> Path:
     from onnx import TensorProto, helper
 
     directory.mkdir(parents=True)
-    w = helper.make_tensor("W", TensorProto.FLOAT, [floats], np.zeros(floats, np.float32).tobytes(), raw=True)
+    w = helper.make_tensor(
+        "W", TensorProto.FLOAT, [floats], np.zeros(floats, np.float32).tobytes(), raw=True
+    )
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [floats])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [floats])
     graph = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "g", [x], [y], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), directory / "fp32.onnx")
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+        directory / "fp32.onnx",
+    )
     np.savez(directory / "ref.npz", x=np.ones(floats, np.float32))
-    (directory / "manifest.yaml").write_text(yaml.safe_dump({
-        "format": "omni-edge.export/1", "name": directory.name, "version": "1",
-        "source": {"origin": "built by this test", "license": "Apache-2.0"},
-        "precisions": {"fp32": "fp32.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": [floats]}],
-        "outputs": [{"name": "y", "dtype": "float32", "shape": [floats]}],
-        "reference": {"inputs": "ref.npz"},
-        "tolerance": {"rel_l2": 1e-4, "max_abs": 1e-4, "cosine_min": 0.9999},
-    }))
+    (directory / "manifest.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "format": "omni-edge.export/1",
+                "name": directory.name,
+                "version": "1",
+                "source": {"origin": "built by this test", "license": "Apache-2.0"},
+                "precisions": {"fp32": "fp32.onnx"},
+                "inputs": [{"name": "x", "dtype": "float32", "shape": [floats]}],
+                "outputs": [{"name": "y", "dtype": "float32", "shape": [floats]}],
+                "reference": {"inputs": "ref.npz"},
+                "tolerance": {"rel_l2": 1e-4, "max_abs": 1e-4, "cosine_min": 0.9999},
+            }
+        )
+    )
     return directory
 
 
 def pipeline(tmp_path: Path) -> Path:
-    ckpt = write_checkpoint(tmp_path / "llm", llama_config(), {f"w{i}": ("BF16", [1024, 1024]) for i in range(256)}, files=4)
+    ckpt = write_checkpoint(
+        tmp_path / "llm",
+        llama_config(),
+        {f"w{i}": ("BF16", [1024, 1024]) for i in range(256)},
+        files=4,
+    )
     asr = exported_artifact(tmp_path / "asr", 16 * 2**20)
     vocoder = exported_artifact(tmp_path / "vocoder", 24 * 2**20)
     cfg = tmp_path / "p.yaml"
@@ -64,7 +92,11 @@ def test_three_stages_that_fit_alone_are_refused_together(tmp_path, monkeypatch)
     cfg = load_config(pipeline(tmp_path))
     roomy = plan_pipeline(cfg, make_profile(IGPU, NPU, ram_available=64 * GiB, ram_total=96 * GiB))
     assert roomy.admitted
-    assert {s.name: s.device for s in roomy.stages} == {"asr": "npu:0", "thinker": "cpu", "vocoder": "igpu:0"}
+    assert {s.name: s.device for s in roomy.stages} == {
+        "asr": "npu:0",
+        "thinker": "cpu",
+        "vocoder": "igpu:0",
+    }
     host = next(p for p in roomy.pools if p.id == "host_ram")
     shares = {name: host.contributors[name] for name in ("asr", "thinker", "vocoder")}
     assert all(b > 64 * MiB for b in shares.values())
@@ -72,8 +104,18 @@ def test_three_stages_that_fit_alone_are_refused_together(tmp_path, monkeypatch)
     # one MiB less than all three need together: any one (or two) would fit
     tight = make_profile(IGPU, NPU, ram_available=host.peak_bytes - MiB, ram_total=96 * GiB)
     for name in shares:
-        alone = plan_pipeline(cfg.model_copy(update={"stages": [s.model_copy(update={"inputs": ["request"], "final_output": True})
-                                                                 for s in cfg.stages if s.name == name]}), tight)
+        alone = plan_pipeline(
+            cfg.model_copy(
+                update={
+                    "stages": [
+                        s.model_copy(update={"inputs": ["request"], "final_output": True})
+                        for s in cfg.stages
+                        if s.name == name
+                    ]
+                }
+            ),
+            tight,
+        )
         assert alone.admitted, name
 
     plan = plan_pipeline(cfg, tight)

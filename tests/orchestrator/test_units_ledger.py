@@ -8,7 +8,14 @@ from orchestrator.units import GiB, MiB, fmt_bytes, parse_bytes
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("16GiB", 16 * GiB), ("512 MiB", 512 * MiB), ("8GB", 8 * 10**9), ("1.5GiB", int(1.5 * GiB)), ("1024", 1024), (7, 7)],
+    [
+        ("16GiB", 16 * GiB),
+        ("512 MiB", 512 * MiB),
+        ("8GB", 8 * 10**9),
+        ("1.5GiB", int(1.5 * GiB)),
+        ("1024", 1024),
+        (7, 7),
+    ],
 )
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
@@ -83,7 +90,9 @@ def test_child_pool_counts_against_parent():
     ledger2 = Ledger()
     ledger2.add_pool("host_ram", 100 * GiB)
     ledger2.add_pool("shared:igpu:0", 4 * GiB, parent="host_ram")
-    assert [s.pool for s in ledger2.admit("v", [r("shared:igpu:0", "weights", 5 * GiB)]).shortfalls] == ["shared:igpu:0"]
+    assert [
+        s.pool for s in ledger2.admit("v", [r("shared:igpu:0", "weights", 5 * GiB)]).shortfalls
+    ] == ["shared:igpu:0"]
 
 
 def test_an_admission_is_asked_whether_it_is_ok_never_for_its_truth():

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 CORPUS: list[tuple[str, list[str]]] = [
     # -- English ------------------------------------------------------------------
-    ("en", ["The Moon is about 384,400 km away.", "It has no atmosphere!", "Would you like to know more?"]),
+    (
+        "en",
+        [
+            "The Moon is about 384,400 km away.",
+            "It has no atmosphere!",
+            "Would you like to know more?",
+        ],
+    ),
     ("en", ["Dr. Smith measured it at 3.14 m.", "Mr. Jones disagreed."]),
     ("en", ["Fruit, e.g. apples and pears, keeps well.", "Store it cold, i.e. below 4 degrees."]),
     ("en", ["J. R. R. Tolkien wrote it in 1937.", "It sold well."]),
@@ -46,7 +53,10 @@ CORPUS: list[tuple[str, list[str]]] = [
     ("zh", ["我喜欢Python!", "你呢?"]),
     ("zh", ["第一，准备材料；第二，开始制作。", "很简单。"]),
     # -- Japanese -----------------------------------------------------------------
-    ("ja", ["月は地球から約38万キロ離れています。", "大気はありません！", "もっと知りたいですか？"]),
+    (
+        "ja",
+        ["月は地球から約38万キロ離れています。", "大気はありません！", "もっと知りたいですか？"],
+    ),
     ("ja", ["彼は「こんにちは。」と言った。", "そして帰った。"]),
     ("ja", ["今日は晴れです。", "散歩しましょう。"]),
     ("ja", ["『ありがとう。』", "彼女は笑った。"]),

@@ -21,7 +21,9 @@ from stages.registry import ENTRY_POINT_GROUP, get_kind, known_kinds, register
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile
 
-pytest.importorskip("omni_edge_testkinds", reason="the test kinds' plugin is missing: run scripts/bootstrap.sh")
+pytest.importorskip(
+    "omni_edge_testkinds", reason="the test kinds' plugin is missing: run scripts/bootstrap.sh"
+)
 
 
 def test_the_echo_kind_is_offered_by_the_test_plugins_entry_point() -> None:
@@ -40,22 +42,43 @@ def test_a_fresh_interpreter_loads_the_echo_kind_from_the_entry_point_and_logs_i
         "kind = get_kind('echo')\n"
         "print(json.dumps({'cls': f'{type(kind).__module__}:{type(kind).__name__}', 'known': known_kinds()}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["cls"] == "omni_edge_testkinds.echo:EchoKind"
     assert "echo" in out["known"]
-    assert "stages.registry: loading stage kind 'echo' from omni_edge_testkinds.echo:EchoKind" in done.stderr
+    assert (
+        "stages.registry: loading stage kind 'echo' from omni_edge_testkinds.echo:EchoKind"
+        in done.stderr
+    )
 
 
-def test_a_config_naming_the_plugin_kind_is_validated_by_its_model_and_planned(tmp_path: Path) -> None:
+def test_a_config_naming_the_plugin_kind_is_validated_by_its_model_and_planned(
+    tmp_path: Path,
+) -> None:
     doc = {
         "name": "echo-plan",
         "stages": [
-            {"name": "thinker", "kind": "echo", "mode": "words", "hold_bytes": 32 * MiB, "devices": ["npu:0", "cpu"],
-             "final_output": True, "final_output_type": "text"},
-            {"name": "voice", "kind": "echo", "mode": "tone", "inputs": ["thinker"], "devices": ["cpu"],
-             "final_output": True, "final_output_type": "audio"},
+            {
+                "name": "thinker",
+                "kind": "echo",
+                "mode": "words",
+                "hold_bytes": 32 * MiB,
+                "devices": ["npu:0", "cpu"],
+                "final_output": True,
+                "final_output_type": "text",
+            },
+            {
+                "name": "voice",
+                "kind": "echo",
+                "mode": "tone",
+                "inputs": ["thinker"],
+                "devices": ["cpu"],
+                "final_output": True,
+                "final_output_type": "audio",
+            },
         ],
     }
     config = parse_config(doc, where=str(tmp_path / "echo.yaml"), base_dir=tmp_path)
@@ -75,7 +98,9 @@ def test_register_puts_a_kind_instance_under_its_name(monkeypatch: pytest.Monkey
     class Registered(EchoKind):
         kind = "echo_registered_by_hand"
 
-    monkeypatch.setattr(registry, "_kinds", dict(registry._kinds))  # leave the process's registry as it was
+    monkeypatch.setattr(
+        registry, "_kinds", dict(registry._kinds)
+    )  # leave the process's registry as it was
     instance = Registered()
     register(instance)
     assert get_kind("echo_registered_by_hand") is instance
@@ -91,11 +116,15 @@ def _broken_installed() -> bool:
     return any(ep.name == "broken_import" for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-needs_broken = pytest.mark.skipif(not _broken_installed(), reason="the broken test plugin is missing: run scripts/bootstrap.sh")
+needs_broken = pytest.mark.skipif(
+    not _broken_installed(), reason="the broken test plugin is missing: run scripts/bootstrap.sh"
+)
 
 
 @needs_broken
-def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_asked_for(tmp_path: Path) -> None:
+def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_asked_for(
+    tmp_path: Path,
+) -> None:
     """In a fresh interpreter: the config names the broken kind; the error names the entry
     point, the distribution and the exception; the load and the failure are logged."""
     code = (
@@ -112,7 +141,9 @@ def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_aske
         "    print(json.dumps({'problems': [[p.where, p.what, p.fix] for p in exc.problems],\n"
         "                      'failures': [f.to_dict() for f in plugin_failures()]}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     ((where, what, fix),) = out["problems"]
@@ -122,8 +153,10 @@ def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_aske
     assert "ModuleNotFoundError: No module named 'omni_edge_no_such_dependency'" in what
     assert "pip uninstall omni-edge-brokenplugin" in fix
     assert [f["name"] for f in out["failures"]] == ["broken_import"]  # echo and the rest untouched
-    assert ("stages.registry: loading stage kind 'broken_import' from "
-            "omni_edge_brokenplugin.needs_missing:BrokenKind (omni-edge-brokenplugin 0.1.0)") in done.stderr
+    assert (
+        "stages.registry: loading stage kind 'broken_import' from "
+        "omni_edge_brokenplugin.needs_missing:BrokenKind (omni-edge-brokenplugin 0.1.0)"
+    ) in done.stderr
 
 
 @needs_broken
@@ -134,7 +167,9 @@ def test_a_broken_plugin_does_not_stop_another_plugins_kind_from_loading() -> No
         "kind = get_kind('echo')\n"
         "print(json.dumps({'kind': kind.kind, 'failures': len(plugin_failures())}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"kind": "echo", "failures": 0}
 
@@ -144,10 +179,15 @@ def test_survey_lists_every_kind_and_each_broken_entry_point_with_its_error() ->
     found = registry.survey()
     assert {"ar_decode", "exported_graph", "asr", "vad", "echo", "join_echo"} <= set(found.kinds)
     by_name = {f.name: f for f in found.failures}
-    assert by_name["broken_import"].error.startswith("ModuleNotFoundError: No module named 'omni_edge_no_such_dependency'")
+    assert by_name["broken_import"].error.startswith(
+        "ModuleNotFoundError: No module named 'omni_edge_no_such_dependency'"
+    )
     assert by_name["not_a_kind"].error == "TypeError: it is a NotAKind, not a stages.base.StageKind"
     assert by_name["broken_hook"].group == "omni_edge.hooks"
-    assert by_name["broken_hook"].error == "RuntimeError: the broken hook's module raises on import, on purpose"
+    assert (
+        by_name["broken_hook"].error
+        == "RuntimeError: the broken hook's module raises on import, on purpose"
+    )
     assert all(f.distribution == "omni-edge-brokenplugin 0.1.0" for f in found.failures)
     echo = registry.origin("echo")
     assert echo is not None and echo.describe() == "omni-edge-testkinds 0.1.0 (entry point)"
@@ -158,20 +198,29 @@ def test_survey_lists_every_kind_and_each_broken_entry_point_with_its_error() ->
 
 
 @needs_broken
-def test_a_hook_whose_module_raises_on_import_is_reported_by_name_not_as_a_traceback(tmp_path: Path) -> None:
+def test_a_hook_whose_module_raises_on_import_is_reported_by_name_not_as_a_traceback(
+    tmp_path: Path,
+) -> None:
     import shutil
 
     from stages.exported_graph.artifact import load_artifact
 
     shutil.copytree(REPO / "exports" / "silero-vad-op18", tmp_path / "a")
     manifest = tmp_path / "a" / "manifest.yaml"
-    manifest.write_text(manifest.read_text().replace(
-        "\nprecisions:", '\npreprocess: "omni_edge_brokenplugin.broken_hook:preprocess"\nprecisions:', 1))
+    manifest.write_text(
+        manifest.read_text().replace(
+            "\nprecisions:",
+            '\npreprocess: "omni_edge_brokenplugin.broken_hook:preprocess"\nprecisions:',
+            1,
+        )
+    )
     with pytest.raises(ConfigError) as caught:
         load_artifact(tmp_path / "a")
     ((where, what, fix),) = [(p.where, p.what, p.fix) for p in caught.value.problems]
     assert where == f"{manifest}: preprocess"
-    assert what == ("the hook 'omni_edge_brokenplugin.broken_hook:preprocess' cannot be loaded: RuntimeError: the "
-                    "broken hook's module raises on import, on purpose (from entry point omni_edge.hooks:broken_hook "
-                    "of omni-edge-brokenplugin 0.1.0)")
+    assert what == (
+        "the hook 'omni_edge_brokenplugin.broken_hook:preprocess' cannot be loaded: RuntimeError: the "
+        "broken hook's module raises on import, on purpose (from entry point omni_edge.hooks:broken_hook "
+        "of omni-edge-brokenplugin 0.1.0)"
+    )
     assert "uninstall the package" in fix

@@ -9,8 +9,10 @@ import pytest
 from stages.text_chunks import FIRST_MIN_CUT_CHARS, SentenceChunker, chunk_text, split_text
 from tests.stages.sentence_corpus import CORPUS, text_of
 
-REPLY = ("The Moon is about 384,400 km away. It has no atmosphere! Dr. Smith said e.g. pi is 3.14, "
-         "and J. R. R. Tolkien agreed... Really? \"Yes.\"\n- one\n- two")
+REPLY = (
+    "The Moon is about 384,400 km away. It has no atmosphere! Dr. Smith said e.g. pi is 3.14, "
+    'and J. R. R. Tolkien agreed... Really? "Yes."\n- one\n- two'
+)
 EXPECTED = [
     "The Moon is about 384,400 km away.",
     "It has no atmosphere!",
@@ -31,7 +33,7 @@ def test_the_cut_does_not_depend_on_how_the_text_is_split_into_deltas(size: int)
     c = SentenceChunker()
     out = []
     for i in range(0, len(REPLY), size):
-        out += c.feed(REPLY[i:i + size])
+        out += c.feed(REPLY[i : i + size])
     assert out + c.flush() == EXPECTED
 
 
@@ -73,10 +75,13 @@ def test_async_chunking_yields_while_the_stream_is_still_open() -> None:
     assert asyncio.run(main()) == [(2, "One."), (3, "Two."), (4, "Three")]
 
 
-@pytest.mark.parametrize(("language", "sentences"), CORPUS, ids=[f"{lang}{i}" for i, (lang, _) in enumerate(CORPUS)])
+@pytest.mark.parametrize(
+    ("language", "sentences"), CORPUS, ids=[f"{lang}{i}" for i, (lang, _) in enumerate(CORPUS)]
+)
 @pytest.mark.parametrize("size", [1, 3, 1000])
 def test_english_german_chinese_and_japanese_replies_are_cut_where_their_sentences_end(
-        language: str, sentences: list[str], size: int) -> None:
+    language: str, sentences: list[str], size: int
+) -> None:
     """Abbreviations (z.B., z. B., ca., Dr., e.g.), decimals, ordinals (am 3. Mai),
     quotes after the terminator, CJK terminators without a space: the corpus's
     hand-made splits, whatever the delta size."""
@@ -84,7 +89,7 @@ def test_english_german_chinese_and_japanese_replies_are_cut_where_their_sentenc
     c = SentenceChunker()
     out = []
     for i in range(0, len(text), size):
-        out += c.feed(text[i:i + size])
+        out += c.feed(text[i : i + size])
     assert out + c.flush() == sentences
 
 
@@ -127,16 +132,24 @@ def test_a_long_cjk_clause_is_cut_at_a_full_width_comma() -> None:
 def test_first_max_chars_cuts_only_the_first_chunk_at_a_clause_mark_or_space() -> None:
     text = "Well, the Moon is Earth's only natural satellite. It has no air at all, and no water either."
     chunker = SentenceChunker(first_max_chars=24)
-    chunks = [c for i in range(0, len(text), 3) for c in chunker.feed(text[i:i + 3])] + chunker.flush()
+    chunks = [
+        c for i in range(0, len(text), 3) for c in chunker.feed(text[i : i + 3])
+    ] + chunker.flush()
     # past 24 characters with no sentence end: cut at the last space within them ("Well," alone
     # would be shorter than FIRST_MIN_CUT_CHARS); every later chunk is a whole sentence
-    assert chunks == ["Well, the Moon is", "Earth's only natural satellite.", "It has no air at all, and no water either."]
+    assert chunks == [
+        "Well, the Moon is",
+        "Earth's only natural satellite.",
+        "It has no air at all, and no water either.",
+    ]
     assert " ".join(chunks) == text
 
 
 def test_first_max_chars_leaves_a_first_sentence_shorter_than_it_whole() -> None:
     chunker = SentenceChunker(first_max_chars=40)
-    chunks = [c for d in ["Sure", "!", " The", " Moon", " is", " bright", "."] for c in chunker.feed(d)] + chunker.flush()
+    chunks = [
+        c for d in ["Sure", "!", " The", " Moon", " is", " bright", "."] for c in chunker.feed(d)
+    ] + chunker.flush()
     assert chunks == ["Sure!", "The Moon is bright."]
 
 

@@ -49,14 +49,23 @@ def _assert_the_conversation(out: str) -> None:
     for said in ("hello there", "second message", "third"):
         assert _reply(said) in out
     first, after_reset = _history_blocks(out)
-    assert first == ["system: Be brief.", "user: hello there", f"assistant: {_reply('hello there')}",
-                     "user: second message", f"assistant: {_reply('second message')}", "(4 messages)"]
+    assert first == [
+        "system: Be brief.",
+        "user: hello there",
+        f"assistant: {_reply('hello there')}",
+        "user: second message",
+        f"assistant: {_reply('second message')}",
+        "(4 messages)",
+    ]
     assert after_reset == ["system: Be brief.", "(0 messages)"]
 
 
 @pytest.mark.ray
 def test_chat_in_process_keeps_the_history_and_sends_it_with_each_message(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from orchestrator.api import Pipeline
 
@@ -70,14 +79,32 @@ def test_chat_in_process_keeps_the_history_and_sends_it_with_each_message(
     monkeypatch.setattr(Pipeline, "stream", recording_stream)
     monkeypatch.setattr(sys, "stdin", io.StringIO(LINES))
     cfg, prof = write(tmp_path)
-    rc = main(["chat", str(cfg), "--profile", str(prof), "--system", "Be brief.", "--out-dir", str(tmp_path / "out")])
+    rc = main(
+        [
+            "chat",
+            str(cfg),
+            "--profile",
+            str(prof),
+            "--system",
+            "Be brief.",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     _assert_the_conversation(captured.out)
-    assert [len(r["messages"]) for r in sent] == [2, 4, 2]  # system + history + the new message; reset before the 3rd
+    assert [len(r["messages"]) for r in sent] == [
+        2,
+        4,
+        2,
+    ]  # system + history + the new message; reset before the 3rd
     assert sent[1]["messages"] == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"},
-        {"role": "assistant", "content": _reply("hello there")}, {"role": "user", "content": "second message"}]
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": _reply("hello there")},
+        {"role": "user", "content": "second message"},
+    ]
     wavs = sorted((tmp_path / "out").glob("*.wav"))
     assert [w.name for w in wavs] == ["reply-001.wav", "reply-002.wav", "reply-003.wav"]
     audio, rate = read_wav(wavs[0])
@@ -97,16 +124,37 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("chat-serve")
     cfg, prof = write(tmp)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", str(cfg), "--profile", str(prof),
-                             "--port", str(port), "--api-key", KEY], cwd=tmp, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "serve",
+            str(cfg),
+            "--profile",
+            str(prof),
+            "--port",
+            str(port),
+            "--api-key",
+            KEY,
+        ],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][
+                -3000:
+            ]
             try:
-                req = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {KEY}"})
+                req = urllib.request.Request(
+                    f"{url}/health", headers={"Authorization": f"Bearer {KEY}"}
+                )
                 with urllib.request.urlopen(req, timeout=5) as resp:
                     if resp.status == 200:
                         break
@@ -127,7 +175,19 @@ def test_chat_over_url_keeps_the_history_and_writes_each_replys_audio(
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO(LINES))
-    rc = main(["chat", "--url", server, "--api-key", KEY, "--system", "Be brief.", "--out-dir", str(tmp_path)])
+    rc = main(
+        [
+            "chat",
+            "--url",
+            server,
+            "--api-key",
+            KEY,
+            "--system",
+            "Be brief.",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     _assert_the_conversation(captured.out)
@@ -152,7 +212,9 @@ def test_audio_that_cannot_be_written_is_named_and_the_chat_goes_on(
     rc = main(["chat", "--url", server, "--api-key", KEY, "--out-dir", str(tmp_path)])
     captured = capsys.readouterr()
     assert rc == 0 and _reply("two") in captured.out
-    assert captured.err.count("the reply's audio could not be written (No space left on device)") == 2
+    assert (
+        captured.err.count("the reply's audio could not be written (No space left on device)") == 2
+    )
     assert list(tmp_path.iterdir()) == []  # nothing half-written, no temporary file
 
 
@@ -178,23 +240,40 @@ def test_a_server_with_a_key_refuses_a_chat_without_it(
     assert rc == 2 and "HTTP 401" in err and "--api-key" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["chat", "cfg.yaml", "--url", "http://127.0.0.1:8000"], ["CONFIG and --url", "drop one of them"]),
-    (["chat"], ["CONFIG: missing", "--url"]),
-    (["chat", "--url", "127.0.0.1:8000"], ["--url", "is not an http(s) URL"]),
-    (["chat", "cfg.yaml", "--api-key", "k"], ["--api-key", "only used with --url"]),
-    (["chat", "--url", "http://127.0.0.1:8000", "--profile", "p.json"], ["--profile", "only used with CONFIG"]),
-])
-def test_bad_arguments_exit_2_naming_them(argv: list[str], words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["chat", "cfg.yaml", "--url", "http://127.0.0.1:8000"],
+            ["CONFIG and --url", "drop one of them"],
+        ),
+        (["chat"], ["CONFIG: missing", "--url"]),
+        (["chat", "--url", "127.0.0.1:8000"], ["--url", "is not an http(s) URL"]),
+        (["chat", "cfg.yaml", "--api-key", "k"], ["--api-key", "only used with --url"]),
+        (
+            ["chat", "--url", "http://127.0.0.1:8000", "--profile", "p.json"],
+            ["--profile", "only used with CONFIG"],
+        ),
+    ],
+)
+def test_bad_arguments_exit_2_naming_them(
+    argv: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2 and all(w in err for w in words), err
 
 
-def test_an_unreachable_server_exits_2_saying_how_to_start_one(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_server_exits_2_saying_how_to_start_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rc = main(["chat", "--url", f"http://127.0.0.1:{_free_port()}"])
     err = capsys.readouterr().err
-    assert rc == 2 and "cannot reach an omni-edge server there" in err and "omni-edge serve CONFIG" in err
+    assert (
+        rc == 2
+        and "cannot reach an omni-edge server there" in err
+        and "omni-edge serve CONFIG" in err
+    )
 
 
 LONG_WORDS = 1000
@@ -210,9 +289,14 @@ def _chat_process(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     through a pipe; returns once its first reply (to ``LONG_MESSAGE``) has started
     streaming, at least five minutes before it could end."""
     cfg, prof = write(tmp_path, thinker=", delay_s: 0.3")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "chat", str(cfg), "--profile", str(prof)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "chat", str(cfg), "--profile", str(prof)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(LONG_MESSAGE + "\n")
     proc.stdin.flush()
@@ -236,7 +320,9 @@ def test_ctrl_c_while_a_reply_streams_stops_that_reply_and_the_chat_goes_on(tmp_
     assert "not answered: stopped (Ctrl-C)" in err and "Traceback" not in err
     assert _reply("second") in out
     assert "lastword" not in seen + out  # the first reply stopped before it had echoed the message
-    assert "chat ended: 1 replies, 2 messages in the history" in err  # the stopped reply is not in it
+    assert (
+        "chat ended: 1 replies, 2 messages in the history" in err
+    )  # the stopped reply is not in it
 
 
 @pytest.mark.ray
@@ -245,4 +331,7 @@ def test_sigterm_while_a_reply_streams_closes_the_pipeline_and_exits_143(tmp_pat
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "interrupted by SIGTERM: closed the pipeline; ledger holds 0 bytes" in err and "Traceback" not in err
+    assert (
+        "interrupted by SIGTERM: closed the pipeline; ledger holds 0 bytes" in err
+        and "Traceback" not in err
+    )

@@ -13,7 +13,8 @@ from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE = {
-    "format": "omni-edge.profile/1", "name": "cli box",
+    "format": "omni-edge.profile/1",
+    "name": "cli box",
     "host": {"os": "linux", "ram_total_bytes": 32 * GiB, "ram_available_bytes": 16 * GiB},
     "devices": [{"id": "cpu", "kind": "cpu", "name": "cpu", "backends": ["vllm-cpu", "ort-cpu"]}],
 }
@@ -22,9 +23,13 @@ PROFILE = {
 def setup(tmp_path: Path, max_model_len: int = 1024, ram: int = 16 * GiB) -> tuple[Path, Path]:
     ckpt = write_checkpoint(tmp_path / "m", llama_config(), {"w": ("BF16", [64, 64])})
     cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"name: cli\nstages:\n  - {{name: thinker, kind: ar_decode, model: {ckpt}, devices: [cpu], max_model_len: {max_model_len}, final_output: true}}\n")
+    cfg.write_text(
+        f"name: cli\nstages:\n  - {{name: thinker, kind: ar_decode, model: {ckpt}, devices: [cpu], max_model_len: {max_model_len}, final_output: true}}\n"
+    )
     prof = tmp_path / "profile.json"
-    prof.write_text(json.dumps({**PROFILE, "host": {**PROFILE["host"], "ram_available_bytes": ram}}))
+    prof.write_text(
+        json.dumps({**PROFILE, "host": {**PROFILE["host"], "ram_available_bytes": ram}})
+    )
     return cfg, prof
 
 
@@ -34,9 +39,32 @@ def test_admitted_plan_exits_0_and_json_is_the_contract(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == "omni-edge.plan/1" and doc["admitted"] is True
     stage = doc["stages"][0]
-    assert {"name", "kind", "admitted", "device", "backend", "reservations", "refusals", "engine_kwargs", "kv_cache"} <= set(stage)
-    assert set(stage["reservations"][0]) >= {"pool", "purpose", "bytes", "lifetime", "evidence", "note"}
-    assert set(stage["kv_cache"]) >= {"bytes_per_token", "bytes_total", "bytes_total_flat", "full_attention_layers", "sliding_window_layers"}
+    assert {
+        "name",
+        "kind",
+        "admitted",
+        "device",
+        "backend",
+        "reservations",
+        "refusals",
+        "engine_kwargs",
+        "kv_cache",
+    } <= set(stage)
+    assert set(stage["reservations"][0]) >= {
+        "pool",
+        "purpose",
+        "bytes",
+        "lifetime",
+        "evidence",
+        "note",
+    }
+    assert set(stage["kv_cache"]) >= {
+        "bytes_per_token",
+        "bytes_total",
+        "bytes_total_flat",
+        "full_attention_layers",
+        "sliding_window_layers",
+    }
     assert set(doc["pools"][0]) >= {"id", "capacity_bytes", "peak_bytes", "contributors"}
 
 
@@ -50,11 +78,18 @@ def test_refused_plan_exits_3_and_prints_code_and_remedy(tmp_path, capsys):
 def test_bad_input_exits_2_without_traceback(tmp_path):
     cfg, prof = setup(tmp_path)
     cfg.write_text(cfg.read_text().replace("max_model_len", "max_modle_len"))
-    run = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", str(cfg), "--profile", str(prof)],
-                         capture_output=True, text=True, cwd=REPO)
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", str(cfg), "--profile", str(prof)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
-    assert "unknown key 'max_modle_len'" in run.stderr and "how to fix: did you mean 'max_model_len'" in run.stderr
+    assert (
+        "unknown key 'max_modle_len'" in run.stderr
+        and "how to fix: did you mean 'max_model_len'" in run.stderr
+    )
 
 
 def test_missing_checkpoint_and_bad_profile_exit_2(tmp_path, capsys):
@@ -64,8 +99,13 @@ def test_missing_checkpoint_and_bad_profile_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "profile.json: name" in err and "host" in err
     cfg2 = tmp_path / "q.yaml"
-    cfg2.write_text("name: q\nstages:\n  - {name: t, kind: ar_decode, model: nowhere, devices: [cpu], max_model_len: 64, sampling: {max_tokens: 8}, final_output: true}\n")
-    assert main(["plan", str(cfg2), "--profile", str(REPO / "configs/profiles/cpu-only-linux.json")]) == 2
+    cfg2.write_text(
+        "name: q\nstages:\n  - {name: t, kind: ar_decode, model: nowhere, devices: [cpu], max_model_len: 64, sampling: {max_tokens: 8}, final_output: true}\n"
+    )
+    assert (
+        main(["plan", str(cfg2), "--profile", str(REPO / "configs/profiles/cpu-only-linux.json")])
+        == 2
+    )
     assert "checkpoint directory not found" in capsys.readouterr().err
 
 

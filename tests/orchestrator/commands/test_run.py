@@ -26,7 +26,9 @@ stages:
 """
 
 
-def write(tmp_path: Path, thinker: str = "", voice: str = "", ram: int = 8 * GiB) -> tuple[Path, Path]:
+def write(
+    tmp_path: Path, thinker: str = "", voice: str = "", ram: int = 8 * GiB
+) -> tuple[Path, Path]:
     cfg = tmp_path / "echo.yaml"
     cfg.write_text(ECHO.format(thinker=thinker, voice=voice))
     prof = tmp_path / "profile.json"
@@ -40,7 +42,20 @@ def test_run_streams_text_writes_the_wav_and_the_record_and_prints_the_stage_tab
 ) -> None:
     cfg, prof = write(tmp_path)
     wav, rec = tmp_path / "reply.wav", tmp_path / "record.json"
-    rc = main(["run", str(cfg), "--prompt", "hi there", "--out", str(wav), "--profile", str(prof), "--record", str(rec)])
+    rc = main(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "hi there",
+            "--out",
+            str(wav),
+            "--profile",
+            str(prof),
+            "--record",
+            str(rec),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "You said hi there. First sentence is here." in out
@@ -50,11 +65,15 @@ def test_run_streams_text_writes_the_wav_and_the_record_and_prints_the_stage_tab
     audio, rate = read_wav(wav)
     assert rate == 16000 and audio.size > 0 and rms_dbfs(audio) > -20
     doc = json.loads(rec.read_text())
-    assert doc["format"] == "omni-edge.run/1" and doc["requests"][0]["text"].startswith("You said hi there.")
+    assert doc["format"] == "omni-edge.run/1" and doc["requests"][0]["text"].startswith(
+        "You said hi there."
+    )
     assert doc["ledger"]["pools"] and doc["versions"]["ray"]
 
 
-def test_a_refused_plan_exits_3_with_the_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_plan_exits_3_with_the_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, prof = write(tmp_path, thinker=", hold_bytes: 4000000000", ram=2 * GiB)
     rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof)])
     out = capsys.readouterr().out
@@ -67,7 +86,9 @@ def test_a_stage_that_fails_exits_4_naming_stage_device_and_cause(
     ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg, prof = write(tmp_path, voice=", fail_load: true")
-    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(tmp_path)])
+    rc = main(
+        ["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert rc == 4
     assert "stage 'voice' on cpu failed" in err and "told to fail its load" in err
@@ -81,9 +102,25 @@ def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
     wav = tmp_path / "reply.wav"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(REPO / "configs/voice-assistant.yaml"),
-         "--prompt", "Tell me one fact about the Moon.", "--out", str(wav), "--record", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            str(REPO / "configs/voice-assistant.yaml"),
+            "--prompt",
+            "Tell me one fact about the Moon.",
+            "--out",
+            str(wav),
+            "--record",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
@@ -96,7 +133,9 @@ def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
         assert doc["wav"] == str(wav)
         audio, rate = read_wav(wav)
         assert audio.size / rate == pytest.approx(record["audio_seconds"], abs=1e-3)
-        assert re.search(rf"audio:\s+{re.escape(str(wav))}\s+\(\d+\.\d\d\s+s\s+at\s+{rate}\s+Hz\)", proc.stderr)
+        assert re.search(
+            rf"audio:\s+{re.escape(str(wav))}\s+\(\d+\.\d\d\s+s\s+at\s+{rate}\s+Hz\)", proc.stderr
+        )
     else:
         assert doc["wav"] is None and not wav.exists() and "nothing written to --out" in proc.stderr
     assert "plan: pipeline 'voice-assistant'" in proc.stderr and "budget/measured" in proc.stderr
@@ -105,13 +144,28 @@ def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 def test_the_prompt_from_stdin_with_a_system_prompt_goes_as_messages(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg, prof = write(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO("piped words\n"))
     rec = tmp_path / "record.json"
-    rc = main(["run", str(cfg), "--prompt", "-", "--system", "Answer in one word.", "--profile", str(prof),
-               "--record", str(rec)])
+    rc = main(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "-",
+            "--system",
+            "Answer in one word.",
+            "--profile",
+            str(prof),
+            "--record",
+            str(rec),
+        ]
+    )
     assert rc == 0
     # the echo thinker answers the last user message of a {"messages": [...]} request
     assert "You said piped words. First sentence is here." in capsys.readouterr().out
@@ -128,17 +182,26 @@ def test_an_empty_stdin_is_bad_input_before_anything_starts(
     assert rc == 2 and "--prompt -" in err and "stdin was empty" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("flags", "where", "what"), [
-    (["--max-tokens", "5000"], "--max-tokens", "max_model_len of 2048"),
-    (["--max-tokens", "0"], "--max-tokens", "greater than or equal to 1"),
-    (["--temperature", "-1"], "--temperature", "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    ("flags", "where", "what"),
+    [
+        (["--max-tokens", "5000"], "--max-tokens", "max_model_len of 2048"),
+        (["--max-tokens", "0"], "--max-tokens", "greater than or equal to 1"),
+        (["--temperature", "-1"], "--temperature", "greater than or equal to 0"),
+    ],
+)
 def test_sampling_beyond_the_configs_limits_is_refused_before_planning(
-    flags: list[str], where: str, what: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    flags: list[str],
+    where: str,
+    what: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import orchestrator.planner as planner
 
-    monkeypatch.setattr(planner, "plan_pipeline", lambda *a, **k: pytest.fail("planned despite bad sampling"))
+    monkeypatch.setattr(
+        planner, "plan_pipeline", lambda *a, **k: pytest.fail("planned despite bad sampling")
+    )
     rc = main(["run", str(REPO / "configs/voice-assistant.yaml"), "--prompt", "hi", *flags])
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -151,4 +214,8 @@ def test_sampling_for_a_stage_without_sampling_settings_is_refused(
     cfg, prof = write(tmp_path)
     rc = main(["run", str(cfg), "--prompt", "hi", "--temperature", "0.2", "--profile", str(prof)])
     err = capsys.readouterr().err
-    assert rc == 2 and "--temperature" in err and "stage 'thinker' (kind echo) takes no sampling settings" in err
+    assert (
+        rc == 2
+        and "--temperature" in err
+        and "stage 'thinker' (kind echo) takes no sampling settings" in err
+    )

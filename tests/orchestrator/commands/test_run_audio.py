@@ -30,39 +30,76 @@ def _wav(tmp_path: Path, seconds: float = 0.5) -> Path:
     return write_wav(tmp_path / "q.wav", np.zeros(int(16000 * seconds), np.float32), 16000)
 
 
-@pytest.mark.parametrize(("make", "what"), [
-    (lambda d: d / "missing.wav", "no such file"),
-    (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "not a readable WAV file"),
-    (lambda d: d, "is a directory"),
-])
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda d: d / "missing.wav", "no such file"),
+        (
+            lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt",
+            "not a readable WAV file",
+        ),
+        (lambda d: d, "is a directory"),
+    ],
+)
 def test_a_file_that_cannot_be_read_is_exit_2_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, what: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: object,
+    what: str,
 ) -> None:
     path = make(tmp_path)  # type: ignore[operator]
-    assert main(["run", str(VOICE_CHAT), "--audio", str(path), "--profile", str(_profile(tmp_path))]) == 2
+    assert (
+        main(["run", str(VOICE_CHAT), "--audio", str(path), "--profile", str(_profile(tmp_path))])
+        == 2
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert f"--audio {path}" in err and what in err and "Traceback" not in err
 
 
 def test_a_pipeline_without_an_audio_entry_is_exit_2_naming_its_entry(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["run", str(REPO / "configs/voice-assistant.yaml"), "--audio", str(_wav(tmp_path)),
-                 "--profile", str(_profile(tmp_path))])
+    code = main(
+        [
+            "run",
+            str(REPO / "configs/voice-assistant.yaml"),
+            "--audio",
+            str(_wav(tmp_path)),
+            "--profile",
+            str(_profile(tmp_path)),
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
     assert "has no entry stage that takes audio (the request goes to thinker (ar_decode))" in err
     assert "voice-chat.yaml" in err
 
 
-@pytest.mark.parametrize(("extra", "where"), [
-    (["--system", "Be brief."], "--system"),
-    (["--temperature", "0.2"], "--temperature"),
-])
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        (["--system", "Be brief."], "--system"),
+        (["--temperature", "0.2"], "--temperature"),
+    ],
+)
 def test_text_only_options_next_to_a_recording_are_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], where: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    where: str,
 ) -> None:
-    code = main(["run", str(VOICE_CHAT), "--audio", str(_wav(tmp_path)), *extra, "--profile", str(_profile(tmp_path))])
+    code = main(
+        [
+            "run",
+            str(VOICE_CHAT),
+            "--audio",
+            str(_wav(tmp_path)),
+            *extra,
+            "--profile",
+            str(_profile(tmp_path)),
+        ]
+    )
     assert code == 2
     assert where in capsys.readouterr().err
 
@@ -94,12 +131,29 @@ def test_audio_request_reads_16_bit_mono_and_stereo_and_refuses_the_rest(tmp_pat
         audio_request(tmp_path / "none.wav", where="--audio none.wav")
 
 
-@pytest.mark.skipif(not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file(),
-                    reason="Whisper's graphs are not built")
+@pytest.mark.skipif(
+    not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file(),
+    reason="Whisper's graphs are not built",
+)
 def test_text_to_a_pipeline_that_hears_is_exit_2_before_it_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["run", str(VOICE_CHAT), "--prompt", "hello", "--skip-verify", "--profile", str(_profile(tmp_path))])
+    code = main(
+        [
+            "run",
+            str(VOICE_CHAT),
+            "--prompt",
+            "hello",
+            "--skip-verify",
+            "--profile",
+            str(_profile(tmp_path)),
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2, err
-    assert "request (stage vad, kind vad)" in err and "the stage takes audio, got text" in err and "--audio" in err
+    assert (
+        "request (stage vad, kind vad)" in err
+        and "the stage takes audio, got text" in err
+        and "--audio" in err
+    )

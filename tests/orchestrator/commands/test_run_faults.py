@@ -32,8 +32,14 @@ def _run_until_text(args: list[str]) -> tuple[subprocess.Popen[str], list[str], 
     started streaming, with the lines read so far and the run's child processes
     (Ray's) at that moment."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert p.stdout is not None
     seen = ""
     deadline = time.monotonic() + 120
@@ -51,7 +57,11 @@ def _run_until_text(args: list[str]) -> tuple[subprocess.Popen[str], list[str], 
 def _gone(pids: list[int], within: float) -> list[int]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            pid
+            for pid in pids
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return []
         time.sleep(0.2)
@@ -59,15 +69,22 @@ def _gone(pids: list[int], within: float) -> list[int]:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("sig", [
-    pytest.param(signal.SIGTERM, id="SIGTERM"),
-    pytest.param(signal.SIGHUP, id="SIGHUP", marks=pytest.mark.slow),
-])
-def test_a_signal_mid_request_closes_writes_the_record_and_exits_128_plus_n(tmp_path: Path, sig: int) -> None:
+@pytest.mark.parametrize(
+    "sig",
+    [
+        pytest.param(signal.SIGTERM, id="SIGTERM"),
+        pytest.param(signal.SIGHUP, id="SIGHUP", marks=pytest.mark.slow),
+    ],
+)
+def test_a_signal_mid_request_closes_writes_the_record_and_exits_128_plus_n(
+    tmp_path: Path, sig: int
+) -> None:
     # One word a second: the request is still running when the signal comes.
     cfg, prof = write(tmp_path, thinker=", delay_s: 1.0")
     rec = tmp_path / "record.json"
-    p, lines, children = _run_until_text(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(rec)])
+    p, lines, children = _run_until_text(
+        ["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(rec)]
+    )
     assert children, "the run started a local Ray cluster"
     p.send_signal(sig)
     rest, _ = p.communicate(timeout=90)
@@ -83,7 +100,10 @@ def test_a_signal_mid_request_closes_writes_the_record_and_exits_128_plus_n(tmp_
 
 @pytest.mark.ray
 def test_a_dead_ledger_is_named_and_the_record_is_still_written(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import ray
 
@@ -126,12 +146,18 @@ def test_out_and_record_paths_that_cannot_be_written_are_refused_before_any_work
         err = capsys.readouterr().err
         assert rc == 2, (extra, err)
         assert expected in err and "how to fix" in err and "Traceback" not in err
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["echo.yaml", "profile.json"]  # nothing written
+    assert sorted(x.name for x in tmp_path.iterdir()) == [
+        "echo.yaml",
+        "profile.json",
+    ]  # nothing written
 
 
 @pytest.mark.ray
 def test_audio_that_cannot_be_written_is_kept_and_named(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     target = tmp_path / "reply.wav"
 
@@ -141,10 +167,27 @@ def test_audio_that_cannot_be_written_is_kept_and_named(
     monkeypatch.setattr(audio_mod.WavStreamWriter, "write", disk_full)
     cfg, prof = write(tmp_path)
     rec = tmp_path / "record.json"
-    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--out", str(target), "--record", str(rec)])
+    rc = main(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "hi",
+            "--profile",
+            str(prof),
+            "--out",
+            str(target),
+            "--record",
+            str(rec),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
-    assert f"--out {target}" in err and "No space left on device" in err and "the audio is kept in" in err
+    assert (
+        f"--out {target}" in err
+        and "No space left on device" in err
+        and "the audio is kept in" in err
+    )
     kept = Path(err.split("the audio is kept in ")[1].split()[0])
     assert kept.exists() and audio_mod.read_wav(kept)[0].size > 0
     assert not target.exists() and list(tmp_path.glob("*.partial")) == []
@@ -158,11 +201,24 @@ def test_a_signal_before_the_pipeline_starts_exits_128_plus_n_in_one_line(
     from orchestrator.commands.run import Interrupted
 
     def terminated(*a: Any, **k: Any) -> None:
-        raise Interrupted(signal.SIGTERM)  # what the handler raises when SIGTERM lands while weights are prepared
+        raise Interrupted(
+            signal.SIGTERM
+        )  # what the handler raises when SIGTERM lands while weights are prepared
 
     monkeypatch.setattr("orchestrator.api.prepare_models", terminated)
     cfg, prof = write(tmp_path)
-    rc = main(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--record", str(tmp_path / "r.json")])
+    rc = main(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "hi",
+            "--profile",
+            str(prof),
+            "--record",
+            str(tmp_path / "r.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 143
     assert "interrupted by SIGTERM before the pipeline started" in err and "Traceback" not in err
@@ -176,8 +232,20 @@ def test_a_signal_while_the_wav_is_being_written_leaves_nothing_at_out(tmp_path:
     cfg, prof = write(tmp_path, thinker=", delay_s: 0.5")
     wav = tmp_path / "reply.wav"
     partial = tmp_path / ".reply.wav.partial"
-    p, lines, _ = _run_until_text(["run", str(cfg), "--prompt", "hi", "--profile", str(prof), "--out", str(wav),
-                                   "--record", str(tmp_path / "record.json")])
+    p, lines, _ = _run_until_text(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "hi",
+            "--profile",
+            str(prof),
+            "--out",
+            str(wav),
+            "--record",
+            str(tmp_path / "record.json"),
+        ]
+    )
     deadline = time.monotonic() + 60
     while not partial.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -36,7 +36,13 @@ C1_CSI = "\x9b31m"
 
 
 def _no_controls(text: str) -> None:
-    bad = sorted({f"{ord(c):#04x}" for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f})
+    bad = sorted(
+        {
+            f"{ord(c):#04x}"
+            for c in text
+            if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F
+        }
+    )
     assert not bad, f"control characters reached the output: {bad}"
 
 
@@ -45,17 +51,42 @@ def _no_controls(text: str) -> None:
 
 @pytest.mark.ray
 def test_a_reply_holding_escape_sequences_reaches_the_terminal_without_them(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    ray_cluster: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg, prof = write(tmp_path)
     prompt = f"copy {OSC52}this{CLEAR} now{C1_CSI} [red]please[/]"
-    assert main(["run", str(cfg), "--prompt", prompt, "--profile", str(prof), "--record", str(tmp_path)]) == 0
+    assert (
+        main(
+            ["run", str(cfg), "--prompt", prompt, "--profile", str(prof), "--record", str(tmp_path)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     _no_controls(out)
-    assert "You said copy ]52;c;b3duZWQ=this[2J now31m [red]please[/]." in out  # the rest of the text kept, verbatim
+    assert (
+        "You said copy ]52;c;b3duZWQ=this[2J now31m [red]please[/]." in out
+    )  # the rest of the text kept, verbatim
 
     # --json keeps the exact text (JSON escapes it); the human output goes to stderr, cleaned
-    assert main(["run", str(cfg), "--prompt", prompt, "--profile", str(prof), "--record", str(tmp_path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(cfg),
+                "--prompt",
+                prompt,
+                "--profile",
+                str(prof),
+                "--record",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out)["text"].startswith(f"You said {prompt}.")
     _no_controls(captured.err)
@@ -129,34 +160,57 @@ def _models(name: str) -> tuple[int, dict[str, str], bytes]:
 
 
 def test_chat_url_keeps_the_key_within_the_servers_origin_and_drops_it_on_a_redirect_elsewhere(
-    servers: tuple[Recorder, Recorder], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    servers: tuple[Recorder, Recorder],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home, elsewhere = servers
     home.routes = {
-        ("GET", "/v1/models"): (302, {"Location": "/v1/models-here"}, b""),  # same origin: the key goes along
-        ("GET", "/v1/models-here"): (302, {"Location": f"{elsewhere.url}/v1/models"}, b""),  # another port
-        ("POST", "/v1/chat/completions"): (303, {"Location": f"{elsewhere.url}/v1/chat/completions"}, b""),
+        ("GET", "/v1/models"): (
+            302,
+            {"Location": "/v1/models-here"},
+            b"",
+        ),  # same origin: the key goes along
+        ("GET", "/v1/models-here"): (
+            302,
+            {"Location": f"{elsewhere.url}/v1/models"},
+            b"",
+        ),  # another port
+        ("POST", "/v1/chat/completions"): (
+            303,
+            {"Location": f"{elsewhere.url}/v1/chat/completions"},
+            b"",
+        ),
     }
     elsewhere.routes = {
         ("GET", "/v1/models"): _models("elsewhere"),
-        ("GET", "/v1/chat/completions"): _sse({"choices": [{"delta": {"content": "redirected reply"}}]}),
+        ("GET", "/v1/chat/completions"): _sse(
+            {"choices": [{"delta": {"content": "redirected reply"}}]}
+        ),
     }
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     assert main(["chat", "--url", home.url, "--api-key", KEY]) == 0
     assert "redirected reply" in capsys.readouterr().out
     bearer = f"Bearer {KEY}"
-    assert home.seen == [("GET", "/v1/models", bearer), ("GET", "/v1/models-here", bearer),
-                         ("POST", "/v1/chat/completions", bearer)]
+    assert home.seen == [
+        ("GET", "/v1/models", bearer),
+        ("GET", "/v1/models-here", bearer),
+        ("POST", "/v1/chat/completions", bearer),
+    ]
     assert elsewhere.seen == [("GET", "/v1/models", None), ("GET", "/v1/chat/completions", None)]
 
 
 def test_a_servers_reply_and_error_reach_the_terminal_without_controls_and_with_markup_shown(
-    servers: tuple[Recorder, Recorder], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    servers: tuple[Recorder, Recorder],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home, _ = servers
     home.routes = {
         ("GET", "/v1/models"): _models(f"model{OSC52}[bold]x[/]"),
-        ("POST", "/v1/chat/completions"): _sse({"choices": [{"delta": {"content": f"reply {OSC52}{CLEAR}text"}}]}),
+        ("POST", "/v1/chat/completions"): _sse(
+            {"choices": [{"delta": {"content": f"reply {OSC52}{CLEAR}text"}}]}
+        ),
     }
     monkeypatch.setattr(sys, "stdin", io.StringIO("first\n"))
     assert main(["chat", "--url", home.url]) == 0
@@ -167,24 +221,35 @@ def test_a_servers_reply_and_error_reach_the_terminal_without_controls_and_with_
 
     message = f"[red]refused[/] {OSC52}because"
     home.routes[("POST", "/v1/chat/completions")] = (
-        400, {"Content-Type": "application/json"}, json.dumps({"error": {"message": message}}).encode())
+        400,
+        {"Content-Type": "application/json"},
+        json.dumps({"error": {"message": message}}).encode(),
+    )
     monkeypatch.setattr(sys, "stdin", io.StringIO("second\n"))
     assert main(["chat", "--url", home.url]) == 2  # a refused message
     captured = capsys.readouterr()
     _no_controls(captured.out + captured.err)
-    assert "not answered: HTTP 400: [red]refused[/] ]52;c;b3duZWQ=because" in " ".join(captured.err.split())
+    assert "not answered: HTTP 400: [red]refused[/] ]52;c;b3duZWQ=because" in " ".join(
+        captured.err.split()
+    )
 
 
 # ---- what a file says, in a table ----------------------------------------------------------------
 
 
 def test_a_manifests_text_reaches_the_stages_table_without_controls(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from tests.helpers.graphs import write_artifact
 
-    write_artifact(tmp_path / "arts" / "tiny", "relu", manifest={
-        "source": {"origin": f"a download {OSC52}{CLEAR}page [red]x[/]", "license": "MIT"}})
+    write_artifact(
+        tmp_path / "arts" / "tiny",
+        "relu",
+        manifest={
+            "source": {"origin": f"a download {OSC52}{CLEAR}page [red]x[/]", "license": "MIT"}
+        },
+    )
     assert main(["stages", "--path", str(tmp_path / "arts")]) == 0
     out = capsys.readouterr().out
     _no_controls(out)

@@ -15,25 +15,59 @@ from tests.helpers.graphs import OV_PYTHON, write_artifact
 pytestmark = [pytest.mark.openvino, pytest.mark.ort]
 
 
-def _write(tmp_path: Path, graph: str, *, ov_route: str | None = "openvino", backends: tuple[str, ...] = ("ort-openvino", "ort-cpu"), stage: dict[str, Any] | None = None) -> tuple[Path, Path]:
+def _write(
+    tmp_path: Path,
+    graph: str,
+    *,
+    ov_route: str | None = "openvino",
+    backends: tuple[str, ...] = ("ort-openvino", "ort-cpu"),
+    stage: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
     if not OV_PYTHON.exists():
         pytest.skip("no OpenVINO route")
     write_artifact(tmp_path / "art", graph)
     config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"name": "tiny", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu", "npu:0"],
-        "backends": list(backends), "final_output": True, **(stage or {}),
-    }]}))
-    device: dict[str, Any] = {"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-openvino", "ort-cpu"]}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "stages": [
+                    {
+                        "name": "net",
+                        "kind": "exported_graph",
+                        "artifact": "art",
+                        "devices": ["cpu", "npu:0"],
+                        "backends": list(backends),
+                        "final_output": True,
+                        **(stage or {}),
+                    }
+                ],
+            }
+        )
+    )
+    device: dict[str, Any] = {
+        "id": "cpu",
+        "kind": "cpu",
+        "name": "test CPU",
+        "backends": ["ort-openvino", "ort-cpu"],
+    }
     if ov_route:
         device["backend_routes"] = {"ort-openvino": ov_route}
     profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "test box",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [device],
-        "routes": [{"name": "this-process"}, {"name": "openvino", "kind": "interpreter", "python": str(OV_PYTHON)}],
-    }))
+    profile.write_text(
+        json.dumps(
+            {
+                "format": "omni-edge.profile/1",
+                "name": "test box",
+                "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+                "devices": [device],
+                "routes": [
+                    {"name": "this-process"},
+                    {"name": "openvino", "kind": "interpreter", "python": str(OV_PYTHON)},
+                ],
+            }
+        )
+    )
     return config, profile
 
 
@@ -42,39 +76,75 @@ def _row(out: str, backend: str) -> list[str]:
     return next(line.split() for line in out.splitlines() if f" {backend} " in line)
 
 
-def test_all_placements_pass_exit_0_and_the_plan_reads_the_evidence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_all_placements_pass_exit_0_and_the_plan_reads_the_evidence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, profile = _write(tmp_path, "full")
     assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == "omni-edge.verify/1"
-    assert [(r["backend"], r["status"]) for r in doc["results"]] == [("ort-openvino", "passed"), ("ort-cpu", "passed")]
+    assert [(r["backend"], r["status"]) for r in doc["results"]] == [
+        ("ort-openvino", "passed"),
+        ("ort-cpu", "passed"),
+    ]
     ov = doc["results"][0]
     assert (ov["coverage"]["taken"], ov["coverage"]["total"]) == (2, 2)
     assert ov["runtime"].startswith("onnxruntime-openvino==")
     assert Path(ov["evidence"]).is_file()
     assert doc["skipped"] == [{"stage": "net", "device": "npu:0", "why": "test box has no npu:0"}]
-    assert doc["plan"]["stages"]["net"] == {"device": "cpu", "backend": "ort-openvino", "verification": "verified"}
+    assert doc["plan"]["stages"]["net"] == {
+        "device": "cpu",
+        "backend": "ort-openvino",
+        "verification": "verified",
+    }
     # second run: the evidence is reused, and the table says so
     assert main(["verify", str(config), "--profile", str(profile)]) == 0
     out = capsys.readouterr().out
-    assert _row(out, "ort-openvino") == ["1", "net", "cpu", "ort-openvino", "fp32", "2/2", "100%", "1", "pass", "(cached)"]
+    assert _row(out, "ort-openvino") == [
+        "1",
+        "net",
+        "cpu",
+        "ort-openvino",
+        "fp32",
+        "2/2",
+        "100%",
+        "1",
+        "pass",
+        "(cached)",
+    ]
     assert "plan now: net → cpu (ort-openvino), verified" in out
 
 
-def test_a_declined_graph_exits_3_with_the_counts_and_the_remedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_declined_graph_exits_3_with_the_counts_and_the_remedy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, profile = _write(tmp_path, "fp64_only", backends=("ort-openvino",))
     assert main(["verify", str(config), "--profile", str(profile)]) == 3
     out = capsys.readouterr().out
-    assert _row(out, "ort-openvino") == ["1", "net", "cpu", "ort-openvino", "fp32", "0/2", "0%", "0", "refused"]
+    assert _row(out, "ort-openvino") == [
+        "1",
+        "net",
+        "cpu",
+        "ort-openvino",
+        "fp32",
+        "0/2",
+        "0%",
+        "0",
+        "refused",
+    ]
     # the refusal block wraps at the terminal's width: compare the words
-    assert ("[execution_provider_declined_graph] #1 net · cpu · ort-openvino [fp32] "
-            "OpenVINOExecutionProvider took 0 of 2 nodes (0.0%)") in " ".join(out.split())
+    assert (
+        "[execution_provider_declined_graph] #1 net · cpu · ort-openvino [fp32] "
+        "OpenVINOExecutionProvider took 0 of 2 nodes (0.0%)"
+    ) in " ".join(out.split())
     assert "Abs×1, Neg×1" in out
     assert "remedy:" in out and "ort-cpu" in out
     assert "min_ep_coverage" not in out  # 0 nodes taken: no partial offload to admit
 
 
-def test_a_route_without_the_ep_exits_3_as_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_route_without_the_ep_exits_3_as_unreachable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, profile = _write(tmp_path, "full", ov_route=None, backends=("ort-openvino",))
     assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 3
     (result,) = json.loads(capsys.readouterr().out)["results"]
@@ -84,20 +154,27 @@ def test_a_route_without_the_ep_exits_3_as_unreachable(tmp_path: Path, capsys: p
     assert "pip install onnxruntime-openvino" in refusal["remedy"]
 
 
-def test_bad_input_exits_2_with_where_and_how_to_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_exits_2_with_where_and_how_to_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, profile = _write(tmp_path, "full", stage={"min_ep_coverage": 1.5})
     assert main(["verify", str(config), "--profile", str(profile)]) == 2
     err = capsys.readouterr().err
     assert "stages[0].min_ep_coverage" in err and "less than or equal to 1" in err
 
 
-def test_a_profile_of_another_machine_is_refused_as_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_profile_of_another_machine_is_refused_as_bad_input(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Evidence is keyed by the profile's device names: measuring here under a
     Windows laptop's names would record a result that laptop never produced."""
     from tests.helpers.graphs import REPO
 
     profile = REPO / "configs" / "profiles" / "strix-point-rtx5090-windows.json"
-    assert main(["verify", str(REPO / "configs" / "voice-assistant.yaml"), "--profile", str(profile)]) == 2
+    assert (
+        main(["verify", str(REPO / "configs" / "voice-assistant.yaml"), "--profile", str(profile)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "it describes a windows host; this process runs on linux" in err
     assert "run omni-edge verify on that machine" in err

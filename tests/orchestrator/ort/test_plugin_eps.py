@@ -56,10 +56,20 @@ class _DeviceType:
 
 
 def _ep_device(rec: dict[str, Any]) -> types.SimpleNamespace:
-    hw = types.SimpleNamespace(type=_DeviceType(rec["device_type"]), vendor=rec["vendor"], vendor_id=rec["vendor_id"],
-                               device_id=rec["device_id"], metadata=dict(rec["device_metadata"]))
-    return types.SimpleNamespace(ep_name=rec["ep_name"], ep_vendor=rec["ep_vendor"], device=hw,
-                                 ep_metadata=dict(rec["ep_metadata"]), ep_options={})
+    hw = types.SimpleNamespace(
+        type=_DeviceType(rec["device_type"]),
+        vendor=rec["vendor"],
+        vendor_id=rec["vendor_id"],
+        device_id=rec["device_id"],
+        metadata=dict(rec["device_metadata"]),
+    )
+    return types.SimpleNamespace(
+        ep_name=rec["ep_name"],
+        ep_vendor=rec["ep_vendor"],
+        device=hw,
+        ep_metadata=dict(rec["ep_metadata"]),
+        ep_options={},
+    )
 
 
 def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleType:
@@ -98,15 +108,22 @@ def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleT
             self.for_devices.append((list(eps), dict(options)))
 
     class InferenceSession:
-        def __init__(self, graph: str, sess_options: SessionOptions | None = None,
-                     providers: list[str] | None = None, provider_options: list[dict[str, str]] | None = None) -> None:
+        def __init__(
+            self,
+            graph: str,
+            sess_options: SessionOptions | None = None,
+            providers: list[str] | None = None,
+            provider_options: list[dict[str, str]] | None = None,
+        ) -> None:
             self.graph, self.options = graph, sess_options
             if providers is None:
                 assert sess_options is not None and sess_options.for_devices, "no EP was given"
                 providers = [sess_options.for_devices[0][0][0].ep_name, "CPUExecutionProvider"]
             else:
                 # as onnxruntime 1.32 does: a plugin EP named in providers= is dropped without a word
-                providers = [p for p in providers if p in recording["built_in_providers"]] or ["CPUExecutionProvider"]
+                providers = [p for p in providers if p in recording["built_in_providers"]] or [
+                    "CPUExecutionProvider"
+                ]
             self.providers = providers
             ort.sessions.append(self)
 
@@ -115,7 +132,11 @@ def fake_ort(recording: dict[str, Any], *, expose: bool = True) -> types.ModuleT
 
         def get_provider_options(self) -> dict[str, dict[str, str]]:
             """As the OpenVINO plugin answers it: a plugin EP reports the options it was given."""
-            given = dict(self.options.for_devices[0][1]) if self.options and self.options.for_devices else {}
+            given = (
+                dict(self.options.for_devices[0][1])
+                if self.options and self.options.for_devices
+                else {}
+            )
             return {self.providers[0]: given, "CPUExecutionProvider": {}}
 
         def get_inputs(self) -> list[Any]:
@@ -148,7 +169,9 @@ def install_fake_openvino_plugin(site: Path, version: str = "1.8.1") -> Path:
     )
     info = site / f"onnxruntime_ep_openvino-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-ep-openvino\nVersion: {version}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: onnxruntime-ep-openvino\nVersion: {version}\n"
+    )
     return pkg
 
 
@@ -166,7 +189,9 @@ def install_fake_qnn(site: Path, version: str = "2.5.0") -> Path:
     )
     info = site / f"onnxruntime_qnn-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: {version}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: {version}\n"
+    )
     return pkg
 
 
@@ -195,22 +220,38 @@ def _cpu() -> Device:
 
 def _profile(devices: list[Device], routes: list[Route]) -> HardwareProfile:
     host = Host(os="windows", ram_total_bytes=32 * GiB, ram_available_bytes=16 * GiB)
-    profile = HardwareProfile(format="omni-edge.profile/1", name="recorded", host=host, devices=devices, routes=routes)
-    return parse_profile(json.loads(profile.model_dump_json()))  # what probe --save writes reads back
+    profile = HardwareProfile(
+        format="omni-edge.profile/1", name="recorded", host=host, devices=devices, routes=routes
+    )
+    return parse_profile(
+        json.loads(profile.model_dump_json())
+    )  # what probe --save writes reads back
 
 
 def _voice_config(tmp_path: Path, devices: list[str], backends: list[str]) -> Any:
-    doc = {"name": "voice", "stages": [{
-        "name": "voice", "kind": "exported_graph", "artifact": str(REPO / "exports" / "piper-en-us-joe-medium"),
-        "devices": devices, "backends": backends, "final_output": True, "final_output_type": "audio",
-    }]}
+    doc = {
+        "name": "voice",
+        "stages": [
+            {
+                "name": "voice",
+                "kind": "exported_graph",
+                "artifact": str(REPO / "exports" / "piper-en-us-joe-medium"),
+                "devices": devices,
+                "backends": backends,
+                "final_output": True,
+                "final_output_type": "audio",
+            }
+        ],
+    }
     return parse_config(doc, where=str(tmp_path / "voice.yaml"), base_dir=tmp_path)
 
 
 # ---- the tests -------------------------------------------------------------------------
 
 
-def test_a_qnn_npu_from_the_plugin_package_is_found_planned_and_opened_on_its_device(recorded, tmp_path: Path) -> None:
+def test_a_qnn_npu_from_the_plugin_package_is_found_planned_and_opened_on_its_device(
+    recorded, tmp_path: Path
+) -> None:
     ort = recorded("snapdragon-x-elite-qnn.json", qnn_version="2.5.0")
     info = worker.Sessions().probe(plugins=plugin_wire())
 
@@ -220,21 +261,35 @@ def test_a_qnn_npu_from_the_plugin_package_is_found_planned_and_opened_on_its_de
     assert qnn["library"].endswith("onnxruntime_providers_qnn.dll")
     assert ort.registered == {"onnxruntime-qnn": qnn["library"]}
     assert "QNNExecutionProvider" in info["providers"]
-    assert info["ort_distribution"] == "onnxruntime"  # onnxruntime-qnn 2.x is a plugin, not the build
+    assert (
+        info["ort_distribution"] == "onnxruntime"
+    )  # onnxruntime-qnn 2.x is a plugin, not the build
     npu_records = [d for d in info["ep_devices"] if d["device_type"] == "NPU"]
-    assert [(d["ep_name"], d["vendor"]) for d in npu_records] == [("QNNExecutionProvider", "Qualcomm")]
+    assert [(d["ep_name"], d["vendor"]) for d in npu_records] == [
+        ("QNNExecutionProvider", "Qualcomm")
+    ]
 
     # the profile: the NPU is a device (probe could not see it otherwise), driven by ort-qnn
     report = report_from_probe(HERE, info)
     cpu = _cpu()
     found = ep_discovered_devices([report], [cpu])
     assert [(d.id, d.kind, d.vendor, d.name) for d in found] == [
-        ("npu:0", "npu", "qualcomm", "Snapdragon(R) X Elite - X1E78100 - Qualcomm(R) Hexagon(TM) NPU")]
-    assert "get_ep_devices() in route 'this-process': QNNExecutionProvider on NPU" in found[0].source
+        (
+            "npu:0",
+            "npu",
+            "qualcomm",
+            "Snapdragon(R) X Elite - X1E78100 - Qualcomm(R) Hexagon(TM) NPU",
+        )
+    ]
+    assert (
+        "get_ep_devices() in route 'this-process': QNNExecutionProvider on NPU" in found[0].source
+    )
     npu = _with_backends(found[0], [report])
     assert npu.backends == ["ort-qnn"] and npu.route_for("ort-qnn") == THIS_PROCESS
     route = report.to_route()
-    assert route.plugin_eps is not None and [p.package for p in route.plugin_eps] == ["onnxruntime-qnn"]
+    assert route.plugin_eps is not None and [p.package for p in route.plugin_eps] == [
+        "onnxruntime-qnn"
+    ]
     assert route.ep_devices is not None and any(d.device_type == "NPU" for d in route.ep_devices)
     profile = _profile([cpu, npu], [route])
     assert static_refusal(profile, npu, "ort-qnn") is None
@@ -268,7 +323,9 @@ def test_a_qnn_npu_from_the_plugin_package_is_found_planned_and_opened_on_its_de
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
-def test_an_installed_plugin_that_exposes_no_device_is_named_in_the_refusal_and_the_open_error(recorded) -> None:
+def test_an_installed_plugin_that_exposes_no_device_is_named_in_the_refusal_and_the_open_error(
+    recorded,
+) -> None:
     """As the OpenVINO plugin behaves on this AMD machine: registered, no device."""
     recorded("snapdragon-x-elite-qnn.json", expose=False, qnn_version="2.5.0")
     info = worker.Sessions().probe(plugins=plugin_wire())
@@ -277,21 +334,37 @@ def test_an_installed_plugin_that_exposes_no_device_is_named_in_the_refusal_and_
     npu = Device(id="npu:0", kind="npu", name="Hexagon", vendor="qualcomm", backends=["ort-qnn"])
     refusal = probe_refusal(report, npu, "ort-qnn")
     assert refusal is not None and refusal.code == "device_unreachable_from_this_process"
-    assert ("onnxruntime-qnn 2.5.0 is registered there but get_ep_devices() lists no QNNExecutionProvider "
-            "device (it lists: CPUExecutionProvider on CPU (Qualcomm))") in refusal.message
+    assert (
+        "onnxruntime-qnn 2.5.0 is registered there but get_ep_devices() lists no QNNExecutionProvider "
+        "device (it lists: CPUExecutionProvider on CPU (Qualcomm))"
+    ) in refusal.message
     assert "pip install onnxruntime onnxruntime-qnn numpy" in refusal.remedy
     assert "omni-edge probe" in refusal.remedy
     # the same from the saved profile, without starting anything
     profile = _profile([_cpu(), npu], [report.to_route()])
     static = static_refusal(profile, npu, "ort-qnn")
-    assert static is not None and "is registered there but get_ep_devices() lists no" in static.message
-    spec = session_spec("ort-qnn", graph="g.onnx", device_kind="npu", device_id="npu:0", precision="int8", cache_key="k")
-    with pytest.raises(worker.ProviderUnavailable, match=r"no plugin gives it a device: onnxruntime-qnn 2.5.0 registered"):
+    assert (
+        static is not None and "is registered there but get_ep_devices() lists no" in static.message
+    )
+    spec = session_spec(
+        "ort-qnn",
+        graph="g.onnx",
+        device_kind="npu",
+        device_id="npu:0",
+        precision="int8",
+        cache_key="k",
+    )
+    with pytest.raises(
+        worker.ProviderUnavailable,
+        match=r"no plugin gives it a device: onnxruntime-qnn 2.5.0 registered",
+    ):
         worker.Sessions().open(with_plugins(spec.to_dict()))
 
 
 def test_the_openvino_plugin_session_is_asked_for_the_planned_precision(
-    recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    recorded,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plugin EP ignores the `precision` option, and on a CPU with AMX-BF16 computes an
     fp32 graph in bf16 unless asked otherwise: the session it opens gets the plan's
@@ -304,26 +377,36 @@ def test_the_openvino_plugin_session_is_asked_for_the_planned_precision(
     info = worker.Sessions().probe(plugins=plugin_wire())
     assert "OpenVINOExecutionProvider" in info["providers"]
     report = report_from_probe(HERE, info)
-    cpu = _with_backends(Device(id="cpu", kind="cpu", name="Intel(R) Xeon(R) Processor", vendor="intel"), [report])
+    cpu = _with_backends(
+        Device(id="cpu", kind="cpu", name="Intel(R) Xeon(R) Processor", vendor="intel"), [report]
+    )
     assert "ort-openvino" in cpu.backends
-    plan = plan_pipeline(_voice_config(tmp_path, ["cpu"], ["ort-openvino"]), _profile([cpu], [report.to_route()]))
+    plan = plan_pipeline(
+        _voice_config(tmp_path, ["cpu"], ["ort-openvino"]), _profile([cpu], [report.to_route()])
+    )
     voice = plan.stage("voice")
     assert (voice.device, voice.backend) == ("cpu", "ort-openvino")
     hint = {"fp32": "f32", "fp16": "f16", "int8": "f32"}[voice.engine_kwargs["precision"]]
     wanted = {"CPU": {"INFERENCE_PRECISION_HINT": hint}}
-    assert json.loads(voice.engine_kwargs["session"]["provider_options"][0]["load_config"]) == wanted  # the plan shows it
+    assert (
+        json.loads(voice.engine_kwargs["session"]["provider_options"][0]["load_config"]) == wanted
+    )  # the plan shows it
 
     opened = worker.Sessions().open(with_plugins(voice.engine_kwargs["session"]))
     assert opened["plugin"]["package"] == "onnxruntime-ep-openvino"
     ((eps, options),) = ort.sessions[-1].options.for_devices
     assert [str(d.device.type) for d in eps] == ["OrtHardwareDeviceType.CPU"]
-    assert json.loads(options["load_config"]) == wanted and "device_type" not in options  # the selection, not an option
+    assert (
+        json.loads(options["load_config"]) == wanted and "device_type" not in options
+    )  # the selection, not an option
     assert json.loads(opened["ep_options"]["reported"]["load_config"]) == wanted
     assert json.loads(opened["ep_options"]["given"]["load_config"]) == wanted
     sys.modules.pop("onnxruntime_ep_openvino", None)
 
 
-def test_a_second_session_in_a_worker_that_registered_the_plugin_still_gets_the_plugin_ep(recorded) -> None:
+def test_a_second_session_in_a_worker_that_registered_the_plugin_still_gets_the_plugin_ep(
+    recorded,
+) -> None:
     """Once a plugin library is registered (by the probe, or the first open) onnxruntime lists
     its EP among the available providers, but a session naming it in providers= runs on the
     CPU EP alone, silently: every open takes a plugin EP through its devices (the ASR opens
@@ -332,8 +415,16 @@ def test_a_second_session_in_a_worker_that_registered_the_plugin_still_gets_the_
     sessions = worker.Sessions()
     sessions.probe(plugins=plugin_wire())  # registers the library
     assert "QNNExecutionProvider" in ort.get_available_providers()
-    spec = with_plugins(session_spec("ort-qnn", graph="g.onnx", device_kind="npu", device_id="npu:0",
-                                     precision="int8", cache_key="k").to_dict())
+    spec = with_plugins(
+        session_spec(
+            "ort-qnn",
+            graph="g.onnx",
+            device_kind="npu",
+            device_id="npu:0",
+            precision="int8",
+            cache_key="k",
+        ).to_dict()
+    )
     first, second = sessions.open(spec), sessions.open(spec)
     for opened in (first, second):
         assert opened["providers"][0] == "QNNExecutionProvider"
@@ -343,10 +434,19 @@ def test_a_second_session_in_a_worker_that_registered_the_plugin_still_gets_the_
 
 def test_onnxruntime_qnn_1x_is_a_build_not_a_plugin(recorded) -> None:
     recorded("snapdragon-x-elite-qnn.json", qnn_version="1.24.4")
-    (qnn,) = [p for p in worker.Sessions().probe(plugins=plugin_wire())["plugin_eps"] if p["package"] == "onnxruntime-qnn"]
+    (qnn,) = [
+        p
+        for p in worker.Sessions().probe(plugins=plugin_wire())["plugin_eps"]
+        if p["package"] == "onnxruntime-qnn"
+    ]
     assert qnn["status"] == "not a plugin"
-    assert qnn["error"] == "onnxruntime-qnn 1.24.4 is an onnxruntime build, not a plugin (plugins are >= 2)"
-    assert worker.is_plugin_release("onnxruntime-qnn", "2.5.0") and not worker.is_plugin_release("onnxruntime-qnn", "1.24.4")
+    assert (
+        qnn["error"]
+        == "onnxruntime-qnn 1.24.4 is an onnxruntime build, not a plugin (plugins are >= 2)"
+    )
+    assert worker.is_plugin_release("onnxruntime-qnn", "2.5.0") and not worker.is_plugin_release(
+        "onnxruntime-qnn", "1.24.4"
+    )
 
 
 def test_a_ryzen_ai_npu_listed_by_the_built_in_vitisai_ep_becomes_a_device(recorded) -> None:
@@ -368,7 +468,11 @@ def test_a_ryzen_ai_npu_listed_by_the_built_in_vitisai_ep_becomes_a_device(recor
 def test_the_qnn_remedy_names_the_package_and_the_step_that_makes_the_ep_appear() -> None:
     install = backend("ort-qnn").install
     assert "pip install onnxruntime onnxruntime-qnn numpy" in install
-    assert "registers its library" in install and "omni-edge probe" in install and "QNNExecutionProvider NPU" in install
+    assert (
+        "registers its library" in install
+        and "omni-edge probe" in install
+        and "QNNExecutionProvider NPU" in install
+    )
     assert "onnxruntime-ep-openvino" in backend("ort-openvino").install
 
 
@@ -378,27 +482,42 @@ def test_the_qnn_remedy_names_the_package_and_the_step_that_makes_the_ep_appear(
 def _openvino_plugin_python() -> str | None:
     """An interpreter with onnxruntime-ep-openvino: $OMNI_EDGE_EP_OPENVINO_PYTHON,
     .venvs/ep-openvino, or this one."""
-    for candidate in (os.environ.get("OMNI_EDGE_EP_OPENVINO_PYTHON"), str(REPO / ".venvs/ep-openvino/bin/python"), sys.executable):
+    for candidate in (
+        os.environ.get("OMNI_EDGE_EP_OPENVINO_PYTHON"),
+        str(REPO / ".venvs/ep-openvino/bin/python"),
+        sys.executable,
+    ):
         if not candidate or not os.path.exists(candidate):
             continue
-        done = subprocess.run([candidate, "-c", "import onnxruntime_ep_openvino"], capture_output=True, timeout=60)
+        done = subprocess.run(
+            [candidate, "-c", "import onnxruntime_ep_openvino"], capture_output=True, timeout=60
+        )
         if done.returncode == 0:
             return candidate
     return None
 
 
-def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_exposes_a_device() -> None:
+def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_exposes_a_device() -> (
+    None
+):
     """Both routes stay tested: .venvs/openvino (onnxruntime-openvino, the EP built in) in
     tests/orchestrator/verify, and this one (plain onnxruntime + the plugin package)."""
     python = _openvino_plugin_python()
     if python is None:
-        why = ("onnxruntime-ep-openvino is not installed: set OMNI_EDGE_EP_OPENVINO_PYTHON or make "
-               ".venvs/ep-openvino (scripts/bootstrap.sh does; docs/plugin-eps.md)")
-        if os.environ.get("CI") == "true":  # the bootstrap CI runs makes it: missing is a broken set-up
+        why = (
+            "onnxruntime-ep-openvino is not installed: set OMNI_EDGE_EP_OPENVINO_PYTHON or make "
+            ".venvs/ep-openvino (scripts/bootstrap.sh does; docs/plugin-eps.md)"
+        )
+        if (
+            os.environ.get("CI") == "true"
+        ):  # the bootstrap CI runs makes it: missing is a broken set-up
             pytest.fail(why)
         pytest.skip(why)
-    route = Route(name="ep-openvino", kind=THIS_PROCESS if python == sys.executable else "interpreter",
-                  python=None if python == sys.executable else python)
+    route = Route(
+        name="ep-openvino",
+        kind=THIS_PROCESS if python == sys.executable else "interpreter",
+        python=None if python == sys.executable else python,
+    )
     report = probe_route(route, timeout=120)
     assert report.reachable, report.reason
     (plugin,) = [p for p in report.plugin_eps if p["package"] == "onnxruntime-ep-openvino"]
@@ -407,9 +526,13 @@ def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_expos
     if not ov:
         from orchestrator.probe.host import cpu_model
 
-        listed = "; ".join(f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in report.ep_devices)
-        pytest.skip(f"onnxruntime-ep-openvino {plugin['version']} exposes no device on this machine "
-                    f"({cpu_model()[0]}): get_ep_devices() lists only {listed} (docs/plugin-eps.md)")
+        listed = "; ".join(
+            f"{d['ep_name']} on {d['device_type']} {d['vendor']}" for d in report.ep_devices
+        )
+        pytest.skip(
+            f"onnxruntime-ep-openvino {plugin['version']} exposes no device on this machine "
+            f"({cpu_model()[0]}): get_ep_devices() lists only {listed} (docs/plugin-eps.md)"
+        )
     # A device: verify a placement through it with the gates (coverage and numerics).
     from orchestrator.ort.sessions import open_sessions
     from orchestrator.verify.gates import judge, measure
@@ -418,8 +541,17 @@ def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_expos
     assert "OpenVINOExecutionProvider" in report.providers
     artifact = load_artifact(REPO / "exports" / "silero-vad-op18")
     graph = str(artifact.resolve(artifact.manifest.precisions["fp32"]))
-    kind = "cpu" if any(d["device_type"] == "CPU" for d in ov) else str(ov[0]["device_type"]).lower()
-    spec = session_spec("ort-openvino", graph=graph, device_kind=kind, device_id=kind, precision="fp32", cache_key="t")
+    kind = (
+        "cpu" if any(d["device_type"] == "CPU" for d in ov) else str(ov[0]["device_type"]).lower()
+    )
+    spec = session_spec(
+        "ort-openvino",
+        graph=graph,
+        device_kind=kind,
+        device_id=kind,
+        precision="fp32",
+        cache_key="t",
+    )
     sessions = open_sessions(resolve(route))
     try:
         record = measure(sessions, artifact, "fp32", spec, reference_graph=graph)
@@ -431,14 +563,23 @@ def test_the_openvino_plugin_package_registers_and_places_a_graph_where_it_expos
         sessions.shutdown()
     hint = "f16" if kind == "npu" else "f32"
     assert opened["plugin"] is not None and opened["ep_options"]["reported"] is not None
-    assert json.loads(opened["ep_options"]["reported"]["load_config"]) == {kind.upper(): {"INFERENCE_PRECISION_HINT": hint}}
-    verdict = judge(record, artifact_name=artifact.manifest.name, device_id=kind,
-                    min_coverage=artifact.manifest.min_ep_coverage, tolerance=artifact.manifest.tolerance)
+    assert json.loads(opened["ep_options"]["reported"]["load_config"]) == {
+        kind.upper(): {"INFERENCE_PRECISION_HINT": hint}
+    }
+    verdict = judge(
+        record,
+        artifact_name=artifact.manifest.name,
+        device_id=kind,
+        min_coverage=artifact.manifest.min_ep_coverage,
+        tolerance=artifact.manifest.tolerance,
+    )
     assert record["ep"] == "OpenVINOExecutionProvider"
     assert verdict.passed, verdict.refusals
 
 
-def test_the_probe_of_this_interpreter_reports_its_ep_devices_and_omni_edge_probe_shows_them() -> None:
+def test_the_probe_of_this_interpreter_reports_its_ep_devices_and_omni_edge_probe_shows_them() -> (
+    None
+):
     """Real: this interpreter's onnxruntime lists at least the CPU EP on the CPU (>= 1.22)."""
     report = probe_route(Route(name=THIS_PROCESS), timeout=120)
     assert report.reachable, report.reason
@@ -450,9 +591,19 @@ def test_the_probe_of_this_interpreter_reports_its_ep_devices_and_omni_edge_prob
     route = report.to_route()
     assert route.ep_devices is not None and route.ep_devices[0].ep_name == "CPUExecutionProvider"
     assert route.plugin_eps is not None
-    assert all(p.status != "not installed" for p in route.plugin_eps)  # only what is installed is kept
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "probe", "--json", "--no-default-routes"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert all(
+        p.status != "not installed" for p in route.plugin_eps
+    )  # only what is installed is kept
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "probe", "--json", "--no-default-routes"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     (here,) = json.loads(done.stdout)["routes"]
-    assert any(d["ep_name"] == "CPUExecutionProvider" and d["device_type"] == "CPU" for d in here["ep_devices"])
+    assert any(
+        d["ep_name"] == "CPUExecutionProvider" and d["device_type"] == "CPU"
+        for d in here["ep_devices"]
+    )

@@ -57,7 +57,9 @@ def test_the_openvino_route_offers_its_ep_and_the_plan_time_identity_matches_the
     assert report.assignment_api
     # Evidence keys are made at plan time without starting the route; they must
     # name the same build the probe (and therefore the gates) saw.
-    assert runtime_identity(route) == report.runtime == f"onnxruntime-openvino=={report.ort_version}"
+    assert (
+        runtime_identity(route) == report.runtime == f"onnxruntime-openvino=={report.ort_version}"
+    )
 
 
 def test_missing_interpreter_is_unreachable_with_the_venv_to_create(tmp_path: Path) -> None:
@@ -74,13 +76,20 @@ def test_missing_interpreter_is_unreachable_with_the_venv_to_create(tmp_path: Pa
     assert "route 'npu-env' is unreachable" in refusal.message
 
 
-def test_interpreter_that_cannot_run_the_worker_is_unreachable_with_its_own_words(tmp_path: Path) -> None:
-    exe = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'numpy'\" >&2; exit 1")
+def test_interpreter_that_cannot_run_the_worker_is_unreachable_with_its_own_words(
+    tmp_path: Path,
+) -> None:
+    exe = _fake_python(
+        tmp_path, "echo \"ModuleNotFoundError: No module named 'numpy'\" >&2; exit 1"
+    )
     report = probe_route(Route(name="bare", kind="interpreter", python=str(exe)))
     assert not report.reachable
     assert "exited with code 1" in report.reason
     assert "No module named 'numpy'" in report.reason
-    assert report.remedy == f"{exe} -m pip install numpy (the route worker needs numpy and onnxruntime)"
+    assert (
+        report.remedy
+        == f"{exe} -m pip install numpy (the route worker needs numpy and onnxruntime)"
+    )
 
 
 def test_a_hung_interpreter_is_cut_off_by_the_timeout(tmp_path: Path) -> None:
@@ -105,8 +114,13 @@ def test_npu_from_inside_wsl2_is_unreachable_without_a_host_process_route() -> N
 
 def test_a_declared_host_process_route_is_how_wsl_reaches_the_npu() -> None:
     doc = load_profile(REPO / "configs/profiles/strix-point-rtx5090-wsl.json").model_dump()
-    doc["routes"].append({"name": "windows-ryzen-ai", "kind": "host-process",
-                          "python": "/mnt/c/Users/me/ryzen-ai/python.exe"})
+    doc["routes"].append(
+        {
+            "name": "windows-ryzen-ai",
+            "kind": "host-process",
+            "python": "/mnt/c/Users/me/ryzen-ai/python.exe",
+        }
+    )
     for d in doc["devices"]:
         if d["id"] == "npu:0":
             d["route"] = "windows-ryzen-ai"
@@ -121,8 +135,16 @@ def test_runtime_identity_reads_dist_info_without_running_the_interpreter(tmp_pa
     exe = _fake_python(tmp_path, "exit 99")  # would fail if it were run
     site = tmp_path / "lib" / "python3.12" / "site-packages"
     (site / "onnxruntime_directml-1.23.0.dist-info").mkdir(parents=True)
-    assert runtime_identity(Route(name="dml", kind="interpreter", python=str(exe))) == "onnxruntime-directml==1.23.0"
-    assert runtime_identity(Route(name="none", kind="interpreter", python=str(tmp_path / "nope" / "python"))) is None
+    assert (
+        runtime_identity(Route(name="dml", kind="interpreter", python=str(exe)))
+        == "onnxruntime-directml==1.23.0"
+    )
+    assert (
+        runtime_identity(
+            Route(name="none", kind="interpreter", python=str(tmp_path / "nope" / "python"))
+        )
+        is None
+    )
 
 
 def test_relative_route_paths_resolve_against_the_given_base(tmp_path: Path) -> None:

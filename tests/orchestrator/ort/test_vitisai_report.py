@@ -37,18 +37,25 @@ def test_the_report_in_cache_dir_slash_cache_key_is_read_and_summarised(tmp_path
     assert summary is not None
     assert summary["device_stat"] == {"all": 10, "CPU": 1, "VITIS_EP_CPU": 6, "NPU": 3}
     assert summary["cpu_op_types"] == {"Conv": 6, "Softmax": 1}
-    assert _vitisai_report({"provider_options": [{"cache_dir": str(tmp_path), "cache_key": "other"}]}) is None
+    assert (
+        _vitisai_report({"provider_options": [{"cache_dir": str(tmp_path), "cache_key": "other"}]})
+        is None
+    )
 
 
 def test_the_reports_npu_count_is_the_coverage_not_what_ort_assigned(tmp_path: Path) -> None:
     (tmp_path / "k").mkdir()
     (tmp_path / "k" / "vitisai_ep_report.json").write_text(json.dumps(REPORT))
-    summary = _vitisai_report({"provider_options": [{"cache_dir": str(tmp_path), "cache_key": "k"}]})
+    summary = _vitisai_report(
+        {"provider_options": [{"cache_dir": str(tmp_path), "cache_key": "k"}]}
+    )
     assert summary is not None
     # ORT saw the VitisAI EP take 9 of 10 nodes in one partition ...
     ort = coverage_from_assignment(
-        [{"ep": "VitisAIExecutionProvider", "nodes": [["Conv", ""]] * 6 + [["Relu", ""]] * 3},
-         {"ep": "CPUExecutionProvider", "nodes": [["Softmax", ""]]}],
+        [
+            {"ep": "VitisAIExecutionProvider", "nodes": [["Conv", ""]] * 6 + [["Relu", ""]] * 3},
+            {"ep": "CPUExecutionProvider", "nodes": [["Softmax", ""]]},
+        ],
         "VitisAIExecutionProvider",
     )
     assert (ort["taken"], ort["total"], ort["partitions"]) == (9, 10, 1)
@@ -56,9 +63,22 @@ def test_the_reports_npu_count_is_the_coverage_not_what_ort_assigned(tmp_path: P
     cov = coverage_from_vitisai(summary, ort)
     assert (cov["taken"], cov["total"]) == (3, 10)
     assert cov["source"].startswith("vitisai_ep_report")
-    verdict = judge({"ep": "VitisAIExecutionProvider", "precision": "int8", "coverage": cov, "numeric": {"outputs": {}}},
-                    artifact_name="voice", device_id="npu:0", min_coverage=0.5, tolerance=Tolerance())
+    verdict = judge(
+        {
+            "ep": "VitisAIExecutionProvider",
+            "precision": "int8",
+            "coverage": cov,
+            "numeric": {"outputs": {}},
+        },
+        artifact_name="voice",
+        device_id="npu:0",
+        min_coverage=0.5,
+        tolerance=Tolerance(),
+    )
     (refusal,) = verdict.refusals
     assert refusal.code == "execution_provider_declined_graph"
-    assert "VitisAIExecutionProvider took 3 of 10 nodes (30.0%) in 1 partition(s) of voice [int8] on npu:0" in refusal.message
+    assert (
+        "VitisAIExecutionProvider took 3 of 10 nodes (30.0%) in 1 partition(s) of voice [int8] on npu:0"
+        in refusal.message
+    )
     assert "Conv×6" in refusal.message

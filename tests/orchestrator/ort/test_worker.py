@@ -88,7 +88,9 @@ def test_a_numpy_scalar_stays_a_numpy_scalar_of_its_dtype(name: str) -> None:
 
 def test_arrays_nested_in_lists_and_beside_plain_values_keep_their_places() -> None:
     a, b = np.array(1, dtype=np.int64), np.zeros((2, 0), dtype=np.float16)
-    got = _roundtrip({"id": 7, "ok": True, "result": {"outputs": [a, {"b": b}], "run_s": 0.5, "name": "x"}})
+    got = _roundtrip(
+        {"id": 7, "ok": True, "result": {"outputs": [a, {"b": b}], "run_s": 0.5, "name": "x"}}
+    )
     assert got["id"] == 7 and got["result"]["run_s"] == 0.5 and got["result"]["name"] == "x"
     _assert_same(got["result"]["outputs"][0], a)
     _assert_same(got["result"]["outputs"][1]["b"], b)
@@ -119,10 +121,17 @@ def _identity_graph(path: Path) -> list[str]:
     from onnx import helper as h
     from onnx import save
 
-    specs = [("sr", T.INT64, []), ("empty", T.FLOAT, [0, 3]), ("flags", T.BOOL, [2]),
-             ("half", T.FLOAT16, [4]), ("strided", T.INT64, [2, 2]), ("big", T.INT32, [5])]
+    specs = [
+        ("sr", T.INT64, []),
+        ("empty", T.FLOAT, [0, 3]),
+        ("flags", T.BOOL, [2]),
+        ("half", T.FLOAT16, [4]),
+        ("strided", T.INT64, [2, 2]),
+        ("big", T.INT32, [5]),
+    ]
     graph = h.make_graph(
-        [h.make_node("Identity", [n], [f"{n}_out"]) for n, _, _ in specs], "identity",
+        [h.make_node("Identity", [n], [f"{n}_out"]) for n, _, _ in specs],
+        "identity",
         [h.make_tensor_value_info(n, t, s) for n, t, s in specs],
         [h.make_tensor_value_info(f"{n}_out", t, s) for n, t, s in specs],
     )
@@ -133,8 +142,12 @@ def _identity_graph(path: Path) -> list[str]:
 
 
 @pytest.mark.openvino
-@pytest.mark.parametrize("providers", [["OpenVINOExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]])
-def test_feeds_reach_onnx_runtime_in_the_openvino_venv_unchanged(tmp_path: Path, providers: list[str], ov_host: Any) -> None:
+@pytest.mark.parametrize(
+    "providers", [["OpenVINOExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]]
+)
+def test_feeds_reach_onnx_runtime_in_the_openvino_venv_unchanged(
+    tmp_path: Path, providers: list[str], ov_host: Any
+) -> None:
     pytest.importorskip("onnx")
     graph = tmp_path / "identity.onnx"
     names = _identity_graph(graph)
@@ -146,8 +159,15 @@ def test_feeds_reach_onnx_runtime_in_the_openvino_venv_unchanged(tmp_path: Path,
         "strided": np.arange(8, dtype=np.int64).reshape(2, 4)[:, ::2],
         "big": np.arange(5, dtype=">i4"),
     }
-    opened = ov_host.open({"graph": str(graph), "providers": providers, "provider_options": [{} for _ in providers],
-                           "session_options": {}, "session_config": {}})
+    opened = ov_host.open(
+        {
+            "graph": str(graph),
+            "providers": providers,
+            "provider_options": [{} for _ in providers],
+            "session_options": {},
+            "session_config": {},
+        }
+    )
     try:
         outputs = ov_host.run(opened["handle"], feeds)["outputs"]
     finally:
@@ -171,11 +191,23 @@ def test_this_process_and_a_worker_see_the_same_big_endian_values(tmp_path: Path
     graph = tmp_path / "identity.onnx"
     _identity_graph(graph)
     host = open_sessions(this_process())
-    opened = host.open({"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}],
-                        "session_options": {}, "session_config": {}})
-    feeds = {"sr": np.array(8000, dtype=">i8"), "empty": np.zeros((0, 3), dtype=">f4"),
-             "flags": np.array([False, True]), "half": np.ones(4, dtype=">f2"),
-             "strided": np.zeros((2, 2), dtype=np.int64), "big": np.arange(5, dtype=">i4")}
+    opened = host.open(
+        {
+            "graph": str(graph),
+            "providers": ["CPUExecutionProvider"],
+            "provider_options": [{}],
+            "session_options": {},
+            "session_config": {},
+        }
+    )
+    feeds = {
+        "sr": np.array(8000, dtype=">i8"),
+        "empty": np.zeros((0, 3), dtype=">f4"),
+        "flags": np.array([False, True]),
+        "half": np.ones(4, dtype=">f2"),
+        "strided": np.zeros((2, 2), dtype=np.int64),
+        "big": np.arange(5, dtype=">i4"),
+    }
     out = host.run(opened["handle"], feeds)["outputs"]
     assert out["big_out"].tolist() == [0, 1, 2, 3, 4]
     assert int(out["sr_out"]) == 8000 and out["half_out"].tolist() == [1.0] * 4
@@ -195,11 +227,26 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
 
     artifact = load_artifact(REPO / "exports" / "silero-vad-op18")
     graph = str(artifact.resolve(artifact.manifest.precisions["fp32"]))
-    spec = session_spec("ort-openvino", graph=graph, device_kind="cpu", device_id="cpu", precision="fp32", cache_key="t")
+    spec = session_spec(
+        "ort-openvino",
+        graph=graph,
+        device_kind="cpu",
+        device_id="cpu",
+        precision="fp32",
+        cache_key="t",
+    )
     feeds = artifact.reference_inputs()
     opened = ov_host.open(spec.to_dict())
-    reference = ov_host.open({"graph": graph, "providers": ["CPUExecutionProvider"], "provider_options": [{}],
-                              "session_options": {}, "session_config": {}}, record=False)
+    reference = ov_host.open(
+        {
+            "graph": graph,
+            "providers": ["CPUExecutionProvider"],
+            "provider_options": [{}],
+            "session_options": {},
+            "session_config": {},
+        },
+        record=False,
+    )
     try:
         got = ov_host.run(opened["handle"], feeds)["outputs"]
         want = ov_host.run(reference["handle"], feeds)["outputs"]
@@ -207,7 +254,9 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
         ov_host.close(opened["handle"])
         ov_host.close(reference["handle"])
     assert opened["providers"][0] == "OpenVINOExecutionProvider" and opened["plugin"] is None
-    assert json.loads(opened["ep_options"]["given"]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
+    assert json.loads(opened["ep_options"]["given"]["load_config"]) == {
+        "CPU": {"INFERENCE_PRECISION_HINT": "f32"}
+    }
     for name, value in want.items():
         rel = float(np.linalg.norm(got[name] - value) / (np.linalg.norm(value) or 1.0))
         assert rel < 1e-5, (name, rel)  # f32 (bf16 measured 6.2e-2 on a CPU with AMX-BF16)
@@ -216,16 +265,38 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
 # ---- the session spec at the process boundary ---------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ({"providers": ["CPUExecutionProvider"], "provider_options": [{}]}, "'graph'"),
-    ({"graph": "g.onnx", "provider_options": [{}]}, "'providers'"),
-    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"]}, "'provider_options'"),
-    ({"graph": "g.onnx", "providers": "CPUExecutionProvider", "provider_options": [{}]}, "'providers' is"),
-    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"], "provider_options": [{}, {}]}, "2 entries for 1"),
-    ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"], "provider_options": [{}], "session_options": []},
-     "'session_options' is a list"),
-])
-def test_a_malformed_session_spec_is_refused_by_the_key_it_lacks(spec: dict[str, Any], named: str) -> None:
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ({"providers": ["CPUExecutionProvider"], "provider_options": [{}]}, "'graph'"),
+        ({"graph": "g.onnx", "provider_options": [{}]}, "'providers'"),
+        ({"graph": "g.onnx", "providers": ["CPUExecutionProvider"]}, "'provider_options'"),
+        (
+            {"graph": "g.onnx", "providers": "CPUExecutionProvider", "provider_options": [{}]},
+            "'providers' is",
+        ),
+        (
+            {
+                "graph": "g.onnx",
+                "providers": ["CPUExecutionProvider"],
+                "provider_options": [{}, {}],
+            },
+            "2 entries for 1",
+        ),
+        (
+            {
+                "graph": "g.onnx",
+                "providers": ["CPUExecutionProvider"],
+                "provider_options": [{}],
+                "session_options": [],
+            },
+            "'session_options' is a list",
+        ),
+    ],
+)
+def test_a_malformed_session_spec_is_refused_by_the_key_it_lacks(
+    spec: dict[str, Any], named: str
+) -> None:
     """Where the route receives a spec, a missing or mistyped key is a ValueError that names it
     (it was a bare ``KeyError: 'providers'`` from deep inside ``open``), before onnxruntime loads."""
     from orchestrator.ort.worker import Sessions
@@ -248,7 +319,9 @@ def test_a_malformed_spec_through_a_session_host_is_a_remote_error_naming_the_ke
     assert "'providers'" in caught.value.message and "session spec" in caught.value.message
 
 
-def test_a_worker_session_host_refuses_a_malformed_spec_before_asking_the_route(tmp_path: Path) -> None:
+def test_a_worker_session_host_refuses_a_malformed_spec_before_asking_the_route(
+    tmp_path: Path,
+) -> None:
     """The worker-process client checks the spec before spelling its paths for the route
     (it was a ``KeyError: 'provider_options'`` on the client side); the worker is untouched."""
     import sys

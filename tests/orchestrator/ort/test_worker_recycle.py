@@ -35,15 +35,22 @@ def _matmul_graph(path: Path) -> Path:
     from onnx import helper as h
     from onnx import numpy_helper, save
 
-    starts, ends = numpy_helper.from_array(np.array([0, 0], np.int64), "starts"), \
-        numpy_helper.from_array(np.array([4, 4], np.int64), "ends")
+    starts, ends = (
+        numpy_helper.from_array(np.array([0, 0], np.int64), "starts"),
+        numpy_helper.from_array(np.array([4, 4], np.int64), "ends"),
+    )
     graph = h.make_graph(
-        [h.make_node("MatMul", ["x", "x"], ["y"]),
-         h.make_node("Slice", ["x", "starts", "ends"], ["corner"]),
-         h.make_node("MatMul", ["corner", "w"], ["z"])],
+        [
+            h.make_node("MatMul", ["x", "x"], ["y"]),
+            h.make_node("Slice", ["x", "starts", "ends"], ["corner"]),
+            h.make_node("MatMul", ["corner", "w"], ["z"]),
+        ],
         "square",
         [h.make_tensor_value_info("x", T.FLOAT, ["n", "n"])],
-        [h.make_tensor_value_info("y", T.FLOAT, ["n", "n"]), h.make_tensor_value_info("z", T.FLOAT, [4, 4])],
+        [
+            h.make_tensor_value_info("y", T.FLOAT, ["n", "n"]),
+            h.make_tensor_value_info("z", T.FLOAT, [4, 4]),
+        ],
         initializer=[numpy_helper.from_array(WEIGHT, "w"), starts, ends],
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
@@ -53,8 +60,13 @@ def _matmul_graph(path: Path) -> Path:
 
 
 def _spec(graph: Path) -> dict[str, Any]:
-    return {"graph": str(graph), "providers": ["CPUExecutionProvider"], "provider_options": [{}],
-            "session_options": {}, "session_config": {}}
+    return {
+        "graph": str(graph),
+        "providers": ["CPUExecutionProvider"],
+        "provider_options": [{}],
+        "session_options": {},
+        "session_config": {},
+    }
 
 
 @pytest.fixture
@@ -64,7 +76,9 @@ def host(tmp_path: Path) -> Any:
     h.shutdown()
 
 
-def test_a_worker_over_its_limit_is_replaced_between_calls_with_the_same_sessions(tmp_path: Path, host: Any) -> None:
+def test_a_worker_over_its_limit_is_replaced_between_calls_with_the_same_sessions(
+    tmp_path: Path, host: Any
+) -> None:
     graph = _matmul_graph(tmp_path / "square.onnx")
     opened = host.open(_spec(graph))
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
@@ -85,7 +99,9 @@ def test_a_worker_over_its_limit_is_replaced_between_calls_with_the_same_session
     assert not psutil.pid_exists(pid0) or psutil.Process(pid0).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(tmp_path: Path, host: Any) -> None:
+def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(
+    tmp_path: Path, host: Any
+) -> None:
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     small = np.eye(4, dtype=np.float32)
@@ -103,10 +119,14 @@ def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(tmp_pa
     a = threading.Thread(target=slow)
     a.start()
     deadline = time.monotonic() + 30
-    while host.recycles < 1 and time.monotonic() < deadline:  # A recycled and now runs in the new worker
+    while (
+        host.recycles < 1 and time.monotonic() < deadline
+    ):  # A recycled and now runs in the new worker
         time.sleep(0.005)
     pid_a = host.pid
-    assert host._lock.locked(), "the big call finished before the next one was issued: make it bigger"
+    assert host._lock.locked(), (
+        "the big call finished before the next one was issued: make it bigger"
+    )
     out_b = host.run(handle, {"x": small})["outputs"]  # waits for A, then recycles again
     a.join(60)
     assert "error" not in got
@@ -115,7 +135,9 @@ def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(tmp_pa
     np.testing.assert_allclose(out_b["z"], small @ WEIGHT, rtol=1e-6)
 
 
-def test_a_recycle_whose_reopen_fails_raises_recycle_failed_now_and_after(tmp_path: Path, host: Any) -> None:
+def test_a_recycle_whose_reopen_fails_raises_recycle_failed_now_and_after(
+    tmp_path: Path, host: Any
+) -> None:
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     x = np.eye(4, dtype=np.float32)
@@ -140,13 +162,30 @@ def _runner(tmp_path: Path) -> Any:
     from tests.helpers.graphs import machine_profile, write_artifact
 
     artifact = write_artifact(tmp_path / "full", "full")
-    config = parse_config({"name": "p", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
-    }]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(artifact),
+                    "devices": ["cpu"],
+                    "backends": ["ort-cpu"],
+                    "final_output": True,
+                    "final_output_type": "tensor",
+                }
+            ],
+        },
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     plan = plan_pipeline(config, machine_profile(), runtime=False)
-    runner = ExportedGraphRunner(plan.stage("net"), ExportedGraphKind().artifact(config.stage("net")),
-                                 ResolvedRoute("worker", "interpreter", sys.executable))
+    runner = ExportedGraphRunner(
+        plan.stage("net"),
+        ExportedGraphKind().artifact(config.stage("net")),
+        ResolvedRoute("worker", "interpreter", sys.executable),
+    )
     runner.load()
     return runner
 
@@ -172,14 +211,23 @@ def test_the_runner_limits_its_worker_to_the_stage_budget_and_reports_recycles_a
     try:
         budget = runner.plan.budget_bytes()
         # recycled before it could pass the budget: the limit sits the headroom below it
-        assert runner._host.recycle_limit == budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget))
-        assert 0 < runner.load_info["worker_recycle_limit_bytes"] == runner._host.recycle_limit < budget
+        assert runner._host.recycle_limit == budget - max(
+            RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget)
+        )
+        assert (
+            0
+            < runner.load_info["worker_recycle_limit_bytes"]
+            == runner._host.recycle_limit
+            < budget
+        )
         _one(runner, "r0")
         pids = runner.process_ids()
         assert pids[0] == runner._host.pid
         assert runner.request_stats("r0")["worker_recycles"] == 0
         runner._host.recycle_limit = 1
-        assert len(_one(runner, "r1")) == 1  # the worker has run a call and is over the limit: recycled first
+        assert (
+            len(_one(runner, "r1")) == 1
+        )  # the worker has run a call and is over the limit: recycled first
         assert runner.request_stats("r1")["worker_recycles"] == 1
         assert runner.process_ids()[0] == runner._host.pid != pids[0]
         graph = tmp_path / "full" / "fp32.onnx"
@@ -187,12 +235,16 @@ def test_the_runner_limits_its_worker_to_the_stage_budget_and_reports_recycles_a
         with pytest.raises(StageFailed) as info:
             _one(runner, "r2")
         assert (info.value.stage, info.value.device) == ("net", "cpu")
-        assert "request r2: RecycleFailed" in info.value.cause and "did not reopen" in info.value.cause
+        assert (
+            "request r2: RecycleFailed" in info.value.cause and "did not reopen" in info.value.cause
+        )
     finally:
         runner.close()
 
 
-def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(tmp_path: Path, host: Any) -> None:
+def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
+    tmp_path: Path, host: Any
+) -> None:
     """What a call allocates and frees before it returns (here its 16 MiB reply, encoded and sent)
     counts in the rise the recycle rule adds to the RSS: judged by what the call left behind, a
     worker at its limit ran past it (1238 MB measured against a 1229 MB budget, issue 19)."""
@@ -212,7 +264,9 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
     assert host.calls == 2 and host.recycles == 0
 
 
-def test_a_unit_is_recycled_before_it_never_between_its_calls_and_rises_as_one_call(tmp_path: Path, host: Any) -> None:
+def test_a_unit_is_recycled_before_it_never_between_its_calls_and_rises_as_one_call(
+    tmp_path: Path, host: Any
+) -> None:
     """``WorkerSessions.unit()``: calls that carry state from one to the next (a decoder's cache)
     run in one worker; a worker over its limit is replaced before the unit, and what the whole
     unit rose (here three 16 MiB replies, each freed before the next call) is one call's rise."""

@@ -50,22 +50,33 @@ def test_cgroup_limit_skips_max_and_reads_the_next_file(tmp_path):
     assert host.cgroup_memory_limit([v2, v1]) is None
 
 
-@pytest.mark.parametrize(("quota", "period", "expected"), [
-    ("max 100000\n", None, None),            # cgroup v2, no limit
-    ("150000 100000\n", None, 1.5),          # v2: one and a half CPUs
-    ("200000 100000", None, 2.0),
-    ("-1\n", "100000\n", None),              # v1, no limit
-    ("50000\n", "100000\n", 0.5),            # v1: half a CPU
-    ("garbage", None, None),
-    ("0 100000", None, None),
-])
+@pytest.mark.parametrize(
+    ("quota", "period", "expected"),
+    [
+        ("max 100000\n", None, None),  # cgroup v2, no limit
+        ("150000 100000\n", None, 1.5),  # v2: one and a half CPUs
+        ("200000 100000", None, 2.0),
+        ("-1\n", "100000\n", None),  # v1, no limit
+        ("50000\n", "100000\n", 0.5),  # v1: half a CPU
+        ("garbage", None, None),
+        ("0 100000", None, None),
+    ],
+)
 def test_parse_cpu_quota(quota, period, expected):
     assert host.parse_cpu_quota(quota, period) == expected
 
 
-@pytest.mark.parametrize(("affinity", "quota", "expected"), [
-    (8, None, 8), (8, 2.0, 2), (8, 1.5, 1), (8, 0.5, 1), (2, 16.0, 2), (0, None, 1),
-])
+@pytest.mark.parametrize(
+    ("affinity", "quota", "expected"),
+    [
+        (8, None, 8),
+        (8, 2.0, 2),
+        (8, 1.5, 1),
+        (8, 0.5, 1),
+        (2, 16.0, 2),
+        (0, None, 1),
+    ],
+)
 def test_usable_cpus_is_the_affinity_capped_by_the_quota_rounded_down(affinity, quota, expected):
     assert host.usable_cpus(affinity, quota) == expected
 
@@ -133,8 +144,15 @@ def test_a_cached_probe_is_reused_until_the_interpreter_changes(tmp_path, monkey
 
     def fake_probe(resolved, timeout):
         asked.append(resolved.python)
-        return RouteReport(resolved.name, resolved.kind, resolved.python, True, ort_version="1.0",
-                           providers=("CPUExecutionProvider",), python_version="3.11.7")
+        return RouteReport(
+            resolved.name,
+            resolved.kind,
+            resolved.python,
+            True,
+            ort_version="1.0",
+            providers=("CPUExecutionProvider",),
+            python_version="3.11.7",
+        )
 
     monkeypatch.setattr(routes, "_probe", fake_probe)
     route = Route(name="v", kind="interpreter", python=str(python))
@@ -195,15 +213,29 @@ def test_probe_this_process_route_lists_what_onnxruntime_offers(here):
 def test_extra_route_eps_become_backend_routes(monkeypatch):
     def fake_probe(route, **kw):
         if route.name == "fake-ov":
-            return RouteReport(route.name, route.kind, route.python, True, ort_version="9.9",
-                               providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
-                               python_version="3.11.7")
-        return RouteReport(route.name, route.kind, None, True, ort_version="1.0",
-                           providers=("CPUExecutionProvider",), python_version="3.11.7")
+            return RouteReport(
+                route.name,
+                route.kind,
+                route.python,
+                True,
+                ort_version="9.9",
+                providers=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+                python_version="3.11.7",
+            )
+        return RouteReport(
+            route.name,
+            route.kind,
+            None,
+            True,
+            ort_version="1.0",
+            providers=("CPUExecutionProvider",),
+            python_version="3.11.7",
+        )
 
     monkeypatch.setattr(orchestrator.probe, "probe_route", fake_probe)
     p = probe_profile(
-        [Route(name="fake-ov", kind="interpreter", python="/opt/ov/bin/python")], use_default_routes=False
+        [Route(name="fake-ov", kind="interpreter", python="/opt/ov/bin/python")],
+        use_default_routes=False,
     )
     cpu = p.device("cpu")
     assert cpu.backends[:2] == ["ort-cpu", "ort-openvino"]

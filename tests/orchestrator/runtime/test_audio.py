@@ -30,7 +30,10 @@ def test_pcm16_clips_and_is_little_endian() -> None:
 def test_wav_header_known_and_streaming_lengths() -> None:
     known = wav_header(22050, 1000)
     assert len(known) == 44 and known[:4] == b"RIFF" and known[8:16] == b"WAVEfmt "
-    assert int.from_bytes(known[4:8], "little") == 1036 and int.from_bytes(known[40:44], "little") == 1000
+    assert (
+        int.from_bytes(known[4:8], "little") == 1036
+        and int.from_bytes(known[40:44], "little") == 1000
+    )
     assert int.from_bytes(known[24:28], "little") == 22050
     streaming = wav_header(24000)
     assert streaming[4:8] == b"\xff\xff\xff\xff" and streaming[40:44] == b"\xff\xff\xff\xff"
@@ -42,7 +45,9 @@ def test_resample_keeps_duration_and_pitch() -> None:
     assert out.dtype == np.float32 and abs(out.size - OPENAI_PCM_RATE) <= 2
     spectrum = np.abs(np.fft.rfft(out))
     assert abs(np.argmax(spectrum) * OPENAI_PCM_RATE / out.size - 440.0) < 2.0
-    assert resample(tone, 22050, 22050) is not None and resample(tone, 22050, 22050).size == tone.size
+    assert (
+        resample(tone, 22050, 22050) is not None and resample(tone, 22050, 22050).size == tone.size
+    )
 
 
 def test_stream_writer_is_a_valid_wav_after_every_chunk(tmp_path) -> None:

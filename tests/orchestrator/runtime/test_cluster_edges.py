@@ -26,7 +26,10 @@ def test_payload_bytes_of_text_arrays_and_containers() -> None:
     audio = np.zeros(88200, dtype=np.float32)
     assert payload_bytes(audio) == 352800
     # an audio chunk as the voice yields it: keys and values
-    assert payload_bytes({"audio": audio, "sample_rate": 22050}) == len("audio") + 352800 + len("sample_rate") + 8
+    assert (
+        payload_bytes({"audio": audio, "sample_rate": 22050})
+        == len("audio") + 352800 + len("sample_rate") + 8
+    )
     assert payload_bytes([b"ab", (1.5, None)]) == 2 + 8 + 1
 
 
@@ -35,7 +38,10 @@ def test_counts_per_consumer_for_one_request() -> None:
     for chunk in ("The Moon is far. ", "It has no air."):
         _count_item(sent, "voice", chunk)
     _count_item(sent, "embed", "x")
-    assert edge_counts(sent) == {"voice": {"items": 2, "bytes": 31}, "embed": {"items": 1, "bytes": 1}}
+    assert edge_counts(sent) == {
+        "voice": {"items": 2, "bytes": 31},
+        "embed": {"items": 1, "bytes": 1},
+    }
 
 
 def _result(stages: dict[str, dict[str, Any]]) -> Result:
@@ -44,24 +50,50 @@ def _result(stages: dict[str, dict[str, Any]]) -> Result:
 
 def _runtime(devices: dict[str, str]) -> Any:
     stages = [SimpleNamespace(name=n, device=d) for n, d in devices.items()]
-    return SimpleNamespace(stages=stages, consumers={"thinker": ["voice"], "voice": []},
-                           plan=SimpleNamespace(stage=lambda n: next(s for s in stages if s.name == n)))
+    return SimpleNamespace(
+        stages=stages,
+        consumers={"thinker": ["voice"], "voice": []},
+        plan=SimpleNamespace(stage=lambda n: next(s for s in stages if s.name == n)),
+    )
 
 
 def test_the_record_says_which_edges_cross_nodes_and_what_they_carried() -> None:
     runtime = _runtime({"thinker": "desktop/gpu:0", "voice": "laptop/npu:0"})
-    results = [_result({"thinker": {"edges_out": {"voice": {"items": 2, "bytes": 31}}}, "voice": {}}),
-               _result({"thinker": {"edges_out": {"voice": {"items": 1, "bytes": 9}}}, "voice": {}}),
-               _result({"voice": {}})]  # entered at the voice: the edge did not run
-    assert edge_rows(runtime, results) == [{
-        "from": "thinker", "to": "voice", "from_node": "desktop", "to_node": "laptop", "crosses_nodes": True,
-        "requests": 2, "items": 3, "bytes": 40, "bytes_per_item": 13.3}]
+    results = [
+        _result({"thinker": {"edges_out": {"voice": {"items": 2, "bytes": 31}}}, "voice": {}}),
+        _result({"thinker": {"edges_out": {"voice": {"items": 1, "bytes": 9}}}, "voice": {}}),
+        _result({"voice": {}}),
+    ]  # entered at the voice: the edge did not run
+    assert edge_rows(runtime, results) == [
+        {
+            "from": "thinker",
+            "to": "voice",
+            "from_node": "desktop",
+            "to_node": "laptop",
+            "crosses_nodes": True,
+            "requests": 2,
+            "items": 3,
+            "bytes": 40,
+            "bytes_per_item": 13.3,
+        }
+    ]
 
 
 def test_on_one_machine_no_edge_crosses_and_an_idle_edge_has_no_per_item_cost() -> None:
     rows = edge_rows(_runtime({"thinker": "cpu", "voice": "npu:0"}), [_result({"voice": {}})])
-    assert rows == [{"from": "thinker", "to": "voice", "from_node": "", "to_node": "", "crosses_nodes": False,
-                     "requests": 0, "items": 0, "bytes": 0, "bytes_per_item": None}]
+    assert rows == [
+        {
+            "from": "thinker",
+            "to": "voice",
+            "from_node": "",
+            "to_node": "",
+            "crosses_nodes": False,
+            "requests": 0,
+            "items": 0,
+            "bytes": 0,
+            "bytes_per_item": None,
+        }
+    ]
 
 
 @pytest.mark.ray
@@ -72,11 +104,26 @@ def test_a_run_counts_what_went_over_each_edge(ray_cluster: Any, tmp_path: Path)
     record's row says so."""
     from tests.orchestrator.runtime.test_graph_runtime import graph_pipeline, run
 
-    plan, config = graph_pipeline(tmp_path, [
-        {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"], "final_output": True},
-        {"name": "voice", "kind": "echo", "mode": "tone", "inputs": ["thinker"], "devices": ["cpu"],
-         "final_output": True},
-    ])
+    plan, config = graph_pipeline(
+        tmp_path,
+        [
+            {
+                "name": "thinker",
+                "kind": "echo",
+                "mode": "words",
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+            {
+                "name": "voice",
+                "kind": "echo",
+                "mode": "tone",
+                "inputs": ["thinker"],
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+        ],
+    )
     rt = Runtime(plan, config)
     rt.start()
     try:
@@ -89,5 +136,15 @@ def test_a_run_counts_what_went_over_each_edge(ray_cluster: Any, tmp_path: Path)
     sent = {"items": 3, "bytes": sum(len(s.encode()) for s in sentences)}
     assert done["thinker"]["edges_out"] == {"voice": sent} and done["voice"]["edges_out"] == {}
     row = edge_rows(rt, [collect("r", "p", events, 1.0)])
-    assert row == [{"from": "thinker", "to": "voice", "from_node": "", "to_node": "", "crosses_nodes": False,
-                    "requests": 1, **sent, "bytes_per_item": round(sent["bytes"] / 3, 1)}]
+    assert row == [
+        {
+            "from": "thinker",
+            "to": "voice",
+            "from_node": "",
+            "to_node": "",
+            "crosses_nodes": False,
+            "requests": 1,
+            **sent,
+            "bytes_per_item": round(sent["bytes"] / 3, 1),
+        }
+    ]

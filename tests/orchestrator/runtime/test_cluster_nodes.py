@@ -60,7 +60,9 @@ def _wait_for(log: Path, proc: subprocess.Popen[bytes], what: str) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{text[-3000:]}")
         time.sleep(0.5)
-    raise RuntimeError(f"{what} did not start in {START_TIMEOUT_S:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+    raise RuntimeError(
+        f"{what} did not start in {START_TIMEOUT_S:.0f} s:\n{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 def _kill_node(proc: subprocess.Popen[bytes], temp_dir: Path) -> None:
@@ -73,7 +75,8 @@ def _kill_node(proc: subprocess.Popen[bytes], temp_dir: Path) -> None:
     for p in psutil.process_iter(["cmdline"]):
         with _suppress():
             mine = str(temp_dir) in " ".join(p.info["cmdline"] or []) or any(
-                f.path.startswith(str(temp_dir)) for f in p.open_files())
+                f.path.startswith(str(temp_dir)) for f in p.open_files()
+            )
             if mine and p.pid != os.getpid():
                 p.kill()
 
@@ -88,33 +91,56 @@ class _suppress:
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[dict[str, Any]]:
-    base = Path(tempfile.mkdtemp(prefix="oe-2n-", dir="/tmp"))  # short: Ray's socket paths are bounded
+    base = Path(
+        tempfile.mkdtemp(prefix="oe-2n-", dir="/tmp")
+    )  # short: Ray's socket paths are bounded
     token = base / "auth" / "token"
     token.parent.mkdir(mode=0o700)
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
-               RAY_enable_metrics_collection="0")
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_enable_metrics_collection="0",
+    )
     port = _free_port()
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(name: str, head: bool) -> subprocess.Popen[bytes]:
         temp = base / name
         log = base / f"{name}.log"
-        args = [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                f"--resources={json.dumps(node_start_resources(name, ['cpu']))}", f"--temp-dir={temp}",
-                "--object-store-memory=150000000", "--disable-usage-stats",
-                f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-                f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+        args = [
+            RAY,
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            f"--resources={json.dumps(node_start_resources(name, ['cpu']))}",
+            f"--temp-dir={temp}",
+            "--object-store-memory=150000000",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+        ]
         if head:
-            args += ["--head", f"--port={port}", "--include-dashboard=false",
-                     f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
+            args += [
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={_free_port()}",
+                f"--dashboard-port={_free_port()}",
+            ]
         else:
             args += [f"--address=127.0.0.1:{port}"]
         with log.open("wb") as out:
-            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         procs.append((proc, temp))
         _wait_for(log, proc, f"the {name} node")
         return proc
@@ -122,8 +148,13 @@ def two_nodes() -> Iterator[dict[str, Any]]:
     try:
         start("head", True)
         second = start("second", False)
-        yield {"address": f"127.0.0.1:{port}", "env": env, "second_pgid": second.pid,
-               "second_temp": str(base / "second"), "base": base}
+        yield {
+            "address": f"127.0.0.1:{port}",
+            "env": env,
+            "second_pgid": second.pid,
+            "second_temp": str(base / "second"),
+            "base": base,
+        }
     finally:
         for proc, temp in reversed(procs):
             _kill_node(proc, temp)
@@ -134,16 +165,41 @@ def test_probe_saves_the_live_cluster_profile_that_plan_reads(two_nodes: dict[st
     """Runs before the second node is killed (the report fixture below kills it)."""
     saved = two_nodes["base"] / "cluster.json"
     cli = str(Path(sys.executable).parent / "omni-edge")
-    probe = subprocess.run([cli, "probe", "--address", two_nodes["address"], "--save", str(saved)],
-                           env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [cli, "probe", "--address", two_nodes["address"], "--save", str(saved)],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-4000:]
     doc = json.loads(saved.read_text())
-    assert doc["format"] == "omni-edge.cluster/1" and [n["name"] for n in doc["nodes"]] == ["head", "second"]
-    plan = subprocess.run([cli, "plan", str(REPO / "configs/voice-assistant.yaml"), "--profile", str(saved),
-                           "--json"], env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert doc["format"] == "omni-edge.cluster/1" and [n["name"] for n in doc["nodes"]] == [
+        "head",
+        "second",
+    ]
+    plan = subprocess.run(
+        [
+            cli,
+            "plan",
+            str(REPO / "configs/voice-assistant.yaml"),
+            "--profile",
+            str(saved),
+            "--json",
+        ],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     stages = {s["name"]: s for s in json.loads(plan.stdout)["stages"]}
     assert plan.returncode == 0 and stages["thinker"]["device"] == "head/cpu", plan.stdout[-2000:]
-    assert {p["id"] for p in json.loads(plan.stdout)["pools"]} >= {"head/host_ram", "second/host_ram"}
+    assert {p["id"] for p in json.loads(plan.stdout)["pools"]} >= {
+        "head/host_ram",
+        "second/host_ram",
+    }
 
 
 VOICE_ONLY = """\
@@ -160,7 +216,9 @@ stages:
 """
 
 
-def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(two_nodes: dict[str, Any]) -> None:
+def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(
+    two_nodes: dict[str, Any],
+) -> None:
     """``omni-edge run --address`` without ``--profile``: the probe runs on each node, the
     nodes found are said, and the plan is the cluster's (a stage on ``second/cpu`` runs
     there; a one-machine profile has no such device). Runs before the second node is killed."""
@@ -169,9 +227,27 @@ def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(two_n
     config.write_text(VOICE_ONLY.format(repo=REPO))
     record = base / "voice-only-run.json"
     cli = str(Path(sys.executable).parent / "omni-edge")
-    done = subprocess.run([cli, "run", str(config), "--address", two_nodes["address"], "--prompt",
-                           "Hello from the second node.", "--skip-verify", "--no-calibration", "--record", str(record),
-                           "--json"], env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            cli,
+            "run",
+            str(config),
+            "--address",
+            two_nodes["address"],
+            "--prompt",
+            "Hello from the second node.",
+            "--skip-verify",
+            "--no-calibration",
+            "--record",
+            str(record),
+            "--json",
+        ],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     said = " ".join(done.stderr.split())
     assert f"planning on the cluster at {two_nodes['address']}: 2 nodes: head" in said, said[-2000:]
@@ -185,12 +261,29 @@ def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(two_n
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"
-    code = ("import sys; from tests.orchestrator.runtime.test_cluster_nodes import drive; "
-            "drive(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])")
-    done = subprocess.run([sys.executable, "-c", code, two_nodes["address"], str(two_nodes["second_pgid"]),
-                           two_nodes["second_temp"], str(out)],
-                          env=two_nodes["env"], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert out.exists(), f"the driver wrote no report (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    code = (
+        "import sys; from tests.orchestrator.runtime.test_cluster_nodes import drive; "
+        "drive(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            two_nodes["address"],
+            str(two_nodes["second_pgid"]),
+            two_nodes["second_temp"],
+            str(out),
+        ],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.exists(), (
+        f"the driver wrote no report (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    )
     return dict(json.loads(out.read_text()))
 
 
@@ -237,64 +330,111 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     cfg.write_text(text)
     config = load_config(cfg)
     plan = plan_pipeline(config, profile)
-    doc["plan"] = {s.name: {"device": s.device, "node": s.details.get("node"),
-                            "across": s.details.get("inputs_across_nodes"), "admitted": s.admitted,
-                            "refusals": [r.message for r in s.refusals]} for s in plan.stages}
+    doc["plan"] = {
+        s.name: {
+            "device": s.device,
+            "node": s.details.get("node"),
+            "across": s.details.get("inputs_across_nodes"),
+            "admitted": s.admitted,
+            "refusals": [r.message for r in s.refusals],
+        }
+        for s in plan.stages
+    }
     doc["pools"] = [p.id for p in plan.pools]
     save()
     pipeline = Pipeline(plan, config, profile=profile, address=address, record=None)
     try:
         pipeline.start()
-        r = pipeline.run({"prompt": "Tell me one fact about the Moon.", "sampling": {"min_tokens": 16}}, record=False)
-        doc["reply"] = {"text": bool(r.text.strip()), "chunks": len(r.chunks), "stages": sorted(r.stages),
-                        "voice_items": r.stages["voice"].get("items"), "sample_rate": r.sample_rate,
-                        "audio_samples": int(r.audio.size) if r.audio is not None else 0,
-                        "devices": {k: v.get("device") for k, v in r.stages.items()},
-                        "listens_on": pipeline.runtime.startup.get("cluster_listens_on"),
-                        "chunk_bytes": sum(len(c.encode()) for c in r.chunks)}
-        doc["edges"] = pipeline.build_record([r])["edges"]  # the run record's transfer cost per edge
+        r = pipeline.run(
+            {"prompt": "Tell me one fact about the Moon.", "sampling": {"min_tokens": 16}},
+            record=False,
+        )
+        doc["reply"] = {
+            "text": bool(r.text.strip()),
+            "chunks": len(r.chunks),
+            "stages": sorted(r.stages),
+            "voice_items": r.stages["voice"].get("items"),
+            "sample_rate": r.sample_rate,
+            "audio_samples": int(r.audio.size) if r.audio is not None else 0,
+            "devices": {k: v.get("device") for k, v in r.stages.items()},
+            "listens_on": pipeline.runtime.startup.get("cluster_listens_on"),
+            "chunk_bytes": sum(len(c.encode()) for c in r.chunks),
+        }
+        doc["edges"] = pipeline.build_record([r])[
+            "edges"
+        ]  # the run record's transfer cost per edge
         save()
 
         async def killed_mid_request() -> dict[str, Any]:
             seen: dict[str, Any] = {"deltas_before_kill": 0}
             t0 = 0.0
             try:
-                async for e in pipeline.stream({"prompt": "Tell me a long story about the sea.",
-                                                "sampling": {"min_tokens": KILLED_REQUEST_TOKENS}}):
+                async for e in pipeline.stream(
+                    {
+                        "prompt": "Tell me a long story about the sea.",
+                        "sampling": {"min_tokens": KILLED_REQUEST_TOKENS},
+                    }
+                ):
                     if isinstance(e, TextDelta) and e.stage == "thinker" and not t0:
                         seen["deltas_before_kill"] += 1
-                        os.killpg(second_pgid, signal.SIGKILL)  # the second node leaves: raylet, workers, all
+                        os.killpg(
+                            second_pgid, signal.SIGKILL
+                        )  # the second node leaves: raylet, workers, all
                         t0 = time.perf_counter()
                 seen["error"] = None
             except StageFailed as exc:
-                seen.update(error="StageFailed", stage=exc.stage, device=exc.device, cause=exc.cause,
-                            noticed_s=round(time.perf_counter() - t0, 2))
+                seen.update(
+                    error="StageFailed",
+                    stage=exc.stage,
+                    device=exc.device,
+                    cause=exc.cause,
+                    noticed_s=round(time.perf_counter() - t0, 2),
+                )
             except Exception as exc:
                 seen.update(error=type(exc).__name__, cause=str(exc)[:500])
             return seen
 
         lp = pipeline.runtime.ledger_pid
-        doc["placement"] = {"driver_node": ray.get_runtime_context().get_node_id(), "names": cluster.node_names(),
-                            "ledger_pid": lp, "ledger_pgid": os.getpgid(lp) if psutil.pid_exists(lp) else None,
-                            "second_pgid": second_pgid,
-                            "actor_nodes": {a.get("ActorClassName"): (a.get("Address") or {}).get("NodeID")
-                                            for a in ray._private.state.actors().values()},
-                            "actors": {d: (dev.info.get("node_id"), dev.info.get("pid"))
-                                       for d, dev in pipeline.runtime.devices.items()}}
+        doc["placement"] = {
+            "driver_node": ray.get_runtime_context().get_node_id(),
+            "names": cluster.node_names(),
+            "ledger_pid": lp,
+            "ledger_pgid": os.getpgid(lp) if psutil.pid_exists(lp) else None,
+            "second_pgid": second_pgid,
+            "actor_nodes": {
+                a.get("ActorClassName"): (a.get("Address") or {}).get("NodeID")
+                for a in ray._private.state.actors().values()
+            },
+            "actors": {
+                d: (dev.info.get("node_id"), dev.info.get("pid"))
+                for d, dev in pipeline.runtime.devices.items()
+            },
+        }
         save()
         doc["kill"] = asyncio.run(killed_mid_request())
         save()
         time.sleep(1.0)  # the released reservations reach the ledger actor
         snap = pipeline.ledger_snapshot()
-        doc["ledger_after_kill"] = {p["id"]: sorted(p.get("contributors", {})) for p in snap.get("pools", [])} \
-            if isinstance(snap.get("pools"), list) else snap
+        doc["ledger_after_kill"] = (
+            {p["id"]: sorted(p.get("contributors", {})) for p in snap.get("pools", [])}
+            if isinstance(snap.get("pools"), list)
+            else snap
+        )
         doc["dead"] = {d: dev.dead for d, dev in pipeline.runtime.devices.items()}
-        doc["health"] = [{"name": s.name, "device": s.device,
-                          "alive": not pipeline.runtime.devices[s.device or "?"].dead,
-                          "error": pipeline.runtime.devices[s.device or "?"].dead} for s in pipeline.runtime.stages]
+        doc["health"] = [
+            {
+                "name": s.name,
+                "device": s.device,
+                "alive": not pipeline.runtime.devices[s.device or "?"].dead,
+                "error": pipeline.runtime.devices[s.device or "?"].dead,
+            }
+            for s in pipeline.runtime.stages
+        ]
         spoken = pipeline.run("The first node still speaks.", entry="voice", record=False)
-        doc["after_kill_voice"] = {"audio_samples": int(spoken.audio.size) if spoken.audio is not None else 0,
-                                   "sample_rate": spoken.sample_rate}
+        doc["after_kill_voice"] = {
+            "audio_samples": int(spoken.audio.size) if spoken.audio is not None else 0,
+            "sample_rate": spoken.sample_rate,
+        }
         save()
     except BaseException as exc:
         import traceback
@@ -321,7 +461,9 @@ def test_ray_s_memory_is_measured_on_each_node(report: dict[str, Any]) -> None:
     m = report["ray_memory"]
     print("Ray per node:", {n: (v["bytes"], v["processes"], v["names"]) for n, v in m.items()})
     assert set(m) == {"head", "second"}
-    assert "gcs_server" in m["head"]["names"] and "gcs_server" not in m["second"]["names"]  # the GCS is the head's
+    assert (
+        "gcs_server" in m["head"]["names"] and "gcs_server" not in m["second"]["names"]
+    )  # the GCS is the head's
     assert all("raylet" in v["names"] and v["bytes"] > 20 * 2**20 for v in m.values()), m
     assert m["head"]["session_dir"] != m["second"]["session_dir"]
 
@@ -333,12 +475,23 @@ def test_the_reply_across_nodes_has_the_single_node_form(report: dict[str, Any])
     assert reply["text"] and reply["chunks"] >= 1
     assert reply["voice_items"] == reply["chunks"]
     assert reply["sample_rate"] == VOICE_RATE and reply["audio_samples"] > 0
-    assert reply["listens_on"] == report["listening"]  # where the joined cluster listens, in the run's record
+    assert (
+        reply["listens_on"] == report["listening"]
+    )  # where the joined cluster listens, in the run's record
     # the edge between the nodes and its transfer cost: each sentence handed to the voice, in UTF-8 bytes
-    assert report["edges"] == [{"from": "thinker", "to": "voice", "from_node": "second", "to_node": "head",
-                                "crosses_nodes": True, "requests": 1, "items": reply["chunks"],
-                                "bytes": reply["chunk_bytes"],
-                                "bytes_per_item": round(reply["chunk_bytes"] / reply["chunks"], 1)}]
+    assert report["edges"] == [
+        {
+            "from": "thinker",
+            "to": "voice",
+            "from_node": "second",
+            "to_node": "head",
+            "crosses_nodes": True,
+            "requests": 1,
+            "items": reply["chunks"],
+            "bytes": reply["chunk_bytes"],
+            "bytes_per_item": round(reply["chunk_bytes"] / reply["chunks"], 1),
+        }
+    ]
 
 
 def test_the_second_node_leaving_fails_the_request_naming_it(report: dict[str, Any]) -> None:

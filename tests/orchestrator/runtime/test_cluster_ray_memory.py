@@ -20,4 +20,11 @@ def test_the_node_s_ray_processes_are_found_by_its_session_and_measured(ray_clus
     # the session started for the tests: one node, the head, so its GCS too
     assert {"raylet", "gcs_server"} <= set(m["names"]), m
     assert m["processes"] >= 3 and m["bytes"] > 20 * 2**20, m
-    print("Ray on this node:", m["bytes"], "bytes in", m["processes"], "processes:", ", ".join(m["names"]))
+    print(
+        "Ray on this node:",
+        m["bytes"],
+        "bytes in",
+        m["processes"],
+        "processes:",
+        ", ".join(m["names"]),
+    )

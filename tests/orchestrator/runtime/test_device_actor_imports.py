@@ -38,7 +38,9 @@ def test_runner_imports_run_one_stage_at_a_time() -> None:
         await asyncio.gather(actor._import_first(_KindA()), actor._import_first(_KindB()))
 
     asyncio.run(both())
-    assert {"tests.helpers.slow_imports.mod_a", "tests.helpers.slow_imports.mod_b"} <= set(sys.modules)
+    assert {"tests.helpers.slow_imports.mod_a", "tests.helpers.slow_imports.mod_b"} <= set(
+        sys.modules
+    )
     spans = sorted((start, end) for _, start, end in SPANS)
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], f"the two imports overlapped: {spans}"
 
@@ -53,7 +55,9 @@ CROSSING = "tests.helpers.slow_imports.crossing"
 
 
 @pytest.mark.ray
-def test_two_loads_whose_imports_cross_both_load_in_one_actor(ray_cluster: Any, tmp_path: Path) -> None:
+def test_two_loads_whose_imports_cross_both_load_in_one_actor(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     """Two real loads in one device actor, whose imports cross by construction (one imports a
     package that imports its submodule, the other the submodule, which takes a name from the
     package: tests/helpers/slow_imports/marks.py); each alone works. Before the load-import
@@ -62,12 +66,17 @@ def test_two_loads_whose_imports_cross_both_load_in_one_actor(ray_cluster: Any, 
     from orchestrator.runtime.runtime import Runtime
     from tests.helpers.echo import echo_pipeline
 
-    plan, config = echo_pipeline(tmp_path, thinker={"load_imports": [CROSSING]},
-                                 voice={"load_imports": ["tests.helpers.slow_imports.crossing_b"]})
+    plan, config = echo_pipeline(
+        tmp_path,
+        thinker={"load_imports": [CROSSING]},
+        voice={"load_imports": ["tests.helpers.slow_imports.crossing_b"]},
+    )
     rt = Runtime(plan, config)
     try:
         rt.start()  # raises StageFailed naming the stage whose import failed
-        assert rt.startup["load_waves"] == [["thinker", "voice"]]  # one wave, one actor (both on cpu)
+        assert rt.startup["load_waves"] == [
+            ["thinker", "voice"]
+        ]  # one wave, one actor (both on cpu)
         assert rt.load_results["thinker"]["overlapped"] and rt.load_results["voice"]["overlapped"]
     finally:
         rt.close()
@@ -80,7 +89,11 @@ def test_the_crossing_imports_work_from_either_end_in_one_thread() -> None:
     import subprocess
 
     for first, second in ((CROSSING, f"{CROSSING}.sub"), (f"{CROSSING}.sub", CROSSING)):
-        code = ("import importlib; from tests.helpers.slow_imports import marks; marks.TIMEOUT_S = 0; "
-                f"importlib.import_module({first!r}); m = importlib.import_module({second!r}); print(m.thing)")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        code = (
+            "import importlib; from tests.helpers.slow_imports import marks; marks.TIMEOUT_S = 0; "
+            f"importlib.import_module({first!r}); m = importlib.import_module({second!r}); print(m.thing)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
         assert done.stdout.strip() == "helper and thing", done.stderr[-2000:]

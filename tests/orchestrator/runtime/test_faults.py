@@ -17,7 +17,9 @@ from tests.helpers.echo import echo_pipeline
 pytestmark = pytest.mark.ray
 
 
-def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_before(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_before(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     plan, config = echo_pipeline(tmp_path, voice={"load_s": 30.0}, voice_device="igpu:0")
     rt = Runtime(plan, config)
     failure: list[BaseException] = []
@@ -33,9 +35,13 @@ def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_befor
 
     threading.Thread(target=start, daemon=True).start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(label == "before load voice" for label, _ in rt.ledger_history):
+    while time.monotonic() < deadline and not any(
+        label == "before load voice" for label, _ in rt.ledger_history
+    ):
         time.sleep(0.05)
-    assert any(label == "before load voice" for label, _ in rt.ledger_history), "the voice stage never began to load"
+    assert any(label == "before load voice" for label, _ in rt.ledger_history), (
+        "the voice stage never began to load"
+    )
     time.sleep(0.5)  # inside load(): the stage holds its reservations, load transient included
     rt.kill_device("igpu:0")
     killed = time.monotonic()
@@ -58,10 +64,24 @@ def test_an_onnx_session_that_fails_to_open_is_named_and_the_ledger_is_as_before
     from tests.helpers.graphs import machine_profile, write_artifact
 
     artifact = write_artifact(tmp_path / "full", "full")
-    config = parse_config({"name": "p", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
-    }]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(artifact),
+                    "devices": ["cpu"],
+                    "backends": ["ort-cpu"],
+                    "final_output": True,
+                    "final_output_type": "tensor",
+                }
+            ],
+        },
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     plan = plan_pipeline(config, machine_profile(), runtime=False)
     assert plan.admitted
     # The graph is damaged between the plan and the run (a partial copy, a bad disk).
@@ -92,14 +112,31 @@ def _worker_runner(tmp_path: Path) -> Any:
     from tests.helpers.graphs import machine_profile, write_artifact
 
     artifact = write_artifact(tmp_path / "full", "full")
-    config = parse_config({"name": "p", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
-    }]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(artifact),
+                    "devices": ["cpu"],
+                    "backends": ["ort-cpu"],
+                    "final_output": True,
+                    "final_output_type": "tensor",
+                }
+            ],
+        },
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     plan = plan_pipeline(config, machine_profile(), runtime=False)
     kind = ExportedGraphKind()
-    runner = ExportedGraphRunner(plan.stage("net"), kind.artifact(config.stage("net")),
-                                 ResolvedRoute("worker", "interpreter", sys.executable))
+    runner = ExportedGraphRunner(
+        plan.stage("net"),
+        kind.artifact(config.stage("net")),
+        ResolvedRoute("worker", "interpreter", sys.executable),
+    )
     runner.load()
     return runner
 
@@ -168,7 +205,9 @@ def test_a_route_worker_that_hangs_is_killed_after_its_timeout_and_named(
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(ray_cluster: Any) -> None:
+def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(
+    ray_cluster: Any,
+) -> None:
     import dataclasses
 
     from orchestrator.config import load_config
@@ -181,15 +220,24 @@ def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(
     plan = plan_pipeline(config, make_profile())
     assert plan.admitted
     sp = plan.stage("thinker")
-    bad = StagePlan.from_dict({**sp.to_dict(), "engine_kwargs": {**sp.engine_kwargs, "kv_cache_memory_bytes": 4096}})
-    plan = dataclasses.replace(plan, stages=tuple(bad if s.name == "thinker" else s for s in plan.stages))
+    bad = StagePlan.from_dict(
+        {**sp.to_dict(), "engine_kwargs": {**sp.engine_kwargs, "kv_cache_memory_bytes": 4096}}
+    )
+    plan = dataclasses.replace(
+        plan, stages=tuple(bad if s.name == "thinker" else s for s in plan.stages)
+    )
     rt = Runtime(plan, config)
     t0 = time.monotonic()
     with pytest.raises(StageFailed) as info:
         rt.start()
     assert time.monotonic() - t0 < 180
     e = info.value
-    assert (e.stage, e.device) == ("thinker", "cpu") and "load failed: vLLM engine did not start" in e.cause
+    assert (e.stage, e.device) == (
+        "thinker",
+        "cpu",
+    ) and "load failed: vLLM engine did not start" in e.cause
     history = dict(rt.ledger_history)
-    assert history["after failed load thinker"]["holders"] == history["before load thinker"]["holders"]
+    assert (
+        history["after failed load thinker"]["holders"] == history["before load thinker"]["holders"]
+    )
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0

@@ -30,36 +30,81 @@ from orchestrator.units import GiB, MiB
 # ---- plans by hand -----------------------------------------------------------------
 
 
-def graph_pipeline(tmp_path: Path, stages: list[dict[str, Any]]) -> tuple[PipelinePlan, PipelineConfig]:
+def graph_pipeline(
+    tmp_path: Path, stages: list[dict[str, Any]]
+) -> tuple[PipelinePlan, PipelineConfig]:
     """``stages`` (config rows) as a config and a hand-written plan: every stage admitted on its first device."""
-    config = parse_config({"name": "graph", "stages": stages}, where=str(tmp_path / "graph.yaml"), base_dir=tmp_path)
+    config = parse_config(
+        {"name": "graph", "stages": stages}, where=str(tmp_path / "graph.yaml"), base_dir=tmp_path
+    )
     plans = []
     for s in config.stages:
         rs = (Reservation("host_ram", "weights", 1 * MiB, "session", "D", "test stage"),)
-        plans.append(StagePlan(name=s.name, kind=s.kind, admitted=True, device=s.devices[0], backend="ort-cpu",
-                               route="this-process", reservations=rs, refusals=(), engine_kwargs={}, artifact={},
-                               inputs=tuple(s.inputs), final_output=s.final_output,
-                               final_output_type=s.final_output_type))
-    shared = (Reservation("host_ram", "ray_runtime", 900 * MiB, "session", "E", "estimate the runtime replaces"),)
-    plan = PipelinePlan(pipeline="graph", admitted=True, profile="test", stages=tuple(plans),
-                        pools=(PoolPlan("host_ram", 8 * GiB, 0, {}),), shared_reservations=shared)
+        plans.append(
+            StagePlan(
+                name=s.name,
+                kind=s.kind,
+                admitted=True,
+                device=s.devices[0],
+                backend="ort-cpu",
+                route="this-process",
+                reservations=rs,
+                refusals=(),
+                engine_kwargs={},
+                artifact={},
+                inputs=tuple(s.inputs),
+                final_output=s.final_output,
+                final_output_type=s.final_output_type,
+            )
+        )
+    shared = (
+        Reservation(
+            "host_ram", "ray_runtime", 900 * MiB, "session", "E", "estimate the runtime replaces"
+        ),
+    )
+    plan = PipelinePlan(
+        pipeline="graph",
+        admitted=True,
+        profile="test",
+        stages=tuple(plans),
+        pools=(PoolPlan("host_ram", 8 * GiB, 0, {}),),
+        shared_reservations=shared,
+    )
     return plan, config
 
 
 def source(name: str, count: int, delay_s: float = 0.0, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "kind": "join_echo", "mode": "count", "count": count, "delay_s": delay_s,
-            "devices": ["cpu"], "final_output": True, **extra}
+    return {
+        "name": name,
+        "kind": "join_echo",
+        "mode": "count",
+        "count": count,
+        "delay_s": delay_s,
+        "devices": ["cpu"],
+        "final_output": True,
+        **extra,
+    }
 
 
 def sink(inputs: list[str], join: str, **extra: Any) -> dict[str, Any]:
-    return {"name": "sink", "kind": "join_echo", "mode": "report", "inputs": inputs, "join": join,
-            "devices": ["cpu"], "final_output": True, **extra}
+    return {
+        "name": "sink",
+        "kind": "join_echo",
+        "mode": "report",
+        "inputs": inputs,
+        "join": join,
+        "devices": ["cpu"],
+        "final_output": True,
+        **extra,
+    }
 
 
 # ---- the join alone (no Ray) -----------------------------------------------------------
 
 
-async def _drive(joiner: Joiner, feeds: dict[str, list[Any]], gaps: dict[str, float] | None = None) -> list[Any]:
+async def _drive(
+    joiner: Joiner, feeds: dict[str, list[Any]], gaps: dict[str, float] | None = None
+) -> list[Any]:
     async def produce(src: str) -> None:
         for item in feeds[src]:
             await asyncio.sleep((gaps or {}).get(src, 0.0))
@@ -117,22 +162,41 @@ def test_latest_emits_on_every_item_with_absent_inputs_left_out() -> None:
 
 def test_a_kind_that_takes_no_join_is_refused_at_load_with_where_what_fix(tmp_path: Path) -> None:
     p = tmp_path / "p.yaml"
-    p.write_text("name: p\nstages:\n"
-                 "  - {name: a, kind: echo, devices: [cpu], final_output: true}\n"
-                 "  - {name: b, kind: echo, mode: tone, inputs: [request, a], join: zip, devices: [cpu], final_output: true}\n")
+    p.write_text(
+        "name: p\nstages:\n"
+        "  - {name: a, kind: echo, devices: [cpu], final_output: true}\n"
+        "  - {name: b, kind: echo, mode: tone, inputs: [request, a], join: zip, devices: [cpu], final_output: true}\n"
+    )
     with pytest.raises(ConfigError) as exc:
         load_config(p)
     (problem,) = exc.value.problems
     assert problem.where == f"{p}: stages.b.inputs"
-    assert problem.what == ("b (echo) has 2 inputs (request, a), and the echo kind does not take joined items "
-                            "(one dict keyed by source per item)")
-    assert problem.fix == "give b one input, or put a stage of a kind that takes a join in front of it"
+    assert problem.what == (
+        "b (echo) has 2 inputs (request, a), and the echo kind does not take joined items "
+        "(one dict keyed by source per item)"
+    )
+    assert (
+        problem.fix == "give b one input, or put a stage of a kind that takes a join in front of it"
+    )
 
 
 def test_the_runtime_takes_fan_in_counts_its_calls_and_keeps_entries_sound(tmp_path: Path) -> None:
-    plan, config = graph_pipeline(tmp_path, [source("a", 2), source("b", 2), sink(["a", "b"], "zip"),
-                                             {"name": "voice", "kind": "echo", "mode": "tone", "inputs": ["request"],
-                                              "devices": ["igpu:0"], "final_output": True}])
+    plan, config = graph_pipeline(
+        tmp_path,
+        [
+            source("a", 2),
+            source("b", 2),
+            sink(["a", "b"], "zip"),
+            {
+                "name": "voice",
+                "kind": "echo",
+                "mode": "tone",
+                "inputs": ["request"],
+                "devices": ["igpu:0"],
+                "final_output": True,
+            },
+        ],
+    )
     rt = Runtime(plan, config)
     assert rt.consumers == {"a": ["sink"], "b": ["sink"], "sink": [], "voice": []}
     assert rt.joins == {"sink": "zip"}
@@ -145,7 +209,9 @@ def test_the_runtime_takes_fan_in_counts_its_calls_and_keeps_entries_sound(tmp_p
 def test_the_runtime_guard_refuses_fan_in_on_a_kind_that_takes_no_join(tmp_path: Path) -> None:
     """A plan handed to the runtime directly, whose fan-in stage is of a kind without a join."""
     plan, config = graph_pipeline(tmp_path, [source("a", 2), sink(["request", "a"], "all")])
-    plan = dataclasses.replace(plan, stages=(plan.stage("a"), dataclasses.replace(plan.stage("sink"), kind="echo")))
+    plan = dataclasses.replace(
+        plan, stages=(plan.stage("a"), dataclasses.replace(plan.stage("sink"), kind="echo"))
+    )
     with pytest.raises(ConfigError) as exc:
         Runtime(plan, config)
     assert "stages.sink.inputs" in str(exc.value) and "does not take joined items" in str(exc.value)
@@ -157,6 +223,7 @@ def test_the_runtime_guard_refuses_fan_in_on_a_kind_that_takes_no_join(tmp_path:
 def run(rt: Runtime, prompt: Any) -> list[Any]:
     async def main() -> list[Any]:
         return [e async for e in rt.stream(prompt)]
+
     return asyncio.run(main())
 
 
@@ -174,14 +241,39 @@ def started(ray_cluster: Any, tmp_path: Path, stages: list[dict[str, Any]]) -> R
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fan_out_feeds_two_final_consumers_in_order_and_a_slow_one_holds_the_producer_back(
-        ray_cluster: Any, tmp_path: Path) -> None:
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     sentences = [f"Sentence number {i} is here." for i in range(30)]
-    rt = started(ray_cluster, tmp_path, [
-        {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"], "final_output": True},
-        {"name": "fast", "kind": "echo", "mode": "tone", "inputs": ["thinker"], "devices": ["cpu"], "final_output": True},
-        {"name": "slow", "kind": "echo", "mode": "tone", "delay_s": 0.08, "inputs": ["thinker"], "devices": ["igpu:0"],
-         "final_output": True},
-    ])
+    rt = started(
+        ray_cluster,
+        tmp_path,
+        [
+            {
+                "name": "thinker",
+                "kind": "echo",
+                "mode": "words",
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+            {
+                "name": "fast",
+                "kind": "echo",
+                "mode": "tone",
+                "inputs": ["thinker"],
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+            {
+                "name": "slow",
+                "kind": "echo",
+                "mode": "tone",
+                "delay_s": 0.08,
+                "inputs": ["thinker"],
+                "devices": ["igpu:0"],
+                "final_output": True,
+            },
+        ],
+    )
     try:
         events = run(rt, {"script": [s + " " for s in sentences]})
     finally:
@@ -191,7 +283,9 @@ def test_fan_out_feeds_two_final_consumers_in_order_and_a_slow_one_holds_the_pro
         assert [c.index for c in chunks] == list(range(30))
     done = {e.stage: e.stats for e in events if isinstance(e, StageEvent) and e.kind == "done"}
     assert done["fast"]["chunks_in"] == sentences == done["slow"]["chunks_in"]
-    assert "".join(e.text for e in events if isinstance(e, TextDelta)).strip() == " ".join(sentences)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)).strip() == " ".join(
+        sentences
+    )
     # Back-pressure: when the slow voice has spoken k + 1 sentences, the producer has been read
     # at most k + 1 + one in the voice's hands + its queue (INPUT_QUEUE_ITEMS) + one feed
     # waiting + the delta that completes a sentence, + 2 for the driver reading the voice's
@@ -203,24 +297,38 @@ def test_fan_out_feeds_two_final_consumers_in_order_and_a_slow_one_holds_the_pro
         if isinstance(e, TextDelta) and e.stage == "thinker":
             deltas += 1
         elif isinstance(e, AudioChunk) and e.stage == "slow":
-            assert deltas <= k + 1 + bound, f"{deltas} sentences read when the slow voice had spoken {k + 1}"
+            assert deltas <= k + 1 + bound, (
+                f"{deltas} sentences read when the slow voice had spoken {k + 1}"
+            )
             k += 1
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_zip_pairs_by_sequence_end_to_end_and_bounds_the_input_running_ahead(ray_cluster: Any, tmp_path: Path) -> None:
-    rt = started(ray_cluster, tmp_path, [source("a", 60), source("b", 10, 0.05), sink(["a", "b"], "zip")])
+def test_zip_pairs_by_sequence_end_to_end_and_bounds_the_input_running_ahead(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    rt = started(
+        ray_cluster, tmp_path, [source("a", 60), source("b", 10, 0.05), sink(["a", "b"], "zip")]
+    )
     try:
         events = run(rt, "go")
     finally:
         rt.close()
     got = [o["got"] for o in outputs(events, "sink")]
     assert [(g["a"]["i"], g["b"]["i"]) for g in got] == [(i, i) for i in range(10)]
-    assert [o["i"] for o in outputs(events, "a")] == list(range(60))  # a's rest still reaches the caller
-    stats = next(e.stats for e in events if isinstance(e, StageEvent) and e.stage == "sink" and e.kind == "done")
+    assert [o["i"] for o in outputs(events, "a")] == list(
+        range(60)
+    )  # a's rest still reaches the caller
+    stats = next(
+        e.stats
+        for e in events
+        if isinstance(e, StageEvent) and e.stage == "sink" and e.kind == "done"
+    )
     assert stats["join"]["joined"] == 10 and stats["join"]["ahead_max"]["a"] <= JOIN_BUFFER_ITEMS
-    assert 0 < stats["join"]["unpaired"]["a"] <= 50  # counted up to the sink's end; a drains on after it
+    assert (
+        0 < stats["join"]["unpaired"]["a"] <= 50
+    )  # counted up to the sink's end; a drains on after it
     # a running ahead is bounded: by the time b produced item k, a had produced at most
     # k + 1 + the join's buffer + Ray's unread generator items + what its pump and the
     # generator hold in hand (before back-pressure, all 60 would be out at once).
@@ -233,31 +341,52 @@ def test_zip_pairs_by_sequence_end_to_end_and_bounds_the_input_running_ahead(ray
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_all_and_latest_end_to_end_and_a_failed_input_names_its_stage(ray_cluster: Any, tmp_path: Path) -> None:
-    rt = started(ray_cluster, tmp_path / "all", [source("a", 5, 0.01), source("b", 3, 0.015),
-                                                 sink(["request", "a", "b"], "all")])
+def test_all_and_latest_end_to_end_and_a_failed_input_names_its_stage(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    rt = started(
+        ray_cluster,
+        tmp_path / "all",
+        [source("a", 5, 0.01), source("b", 3, 0.015), sink(["request", "a", "b"], "all")],
+    )
     try:
         events = run(rt, "go")
         (only,) = [o["got"] for o in outputs(events, "sink")]
         assert list(only) == ["request", "a", "b"]
         assert only["request"] == ["go"]
-        assert [x["i"] for x in only["a"]] == [0, 1, 2, 3, 4] and [x["i"] for x in only["b"]] == [0, 1, 2]
+        assert [x["i"] for x in only["a"]] == [0, 1, 2, 3, 4] and [x["i"] for x in only["b"]] == [
+            0,
+            1,
+            2,
+        ]
     finally:
         rt.close()
 
-    rt = started(ray_cluster, tmp_path / "latest", [source("a", 5, 0.02), source("b", 3, 0.033),
-                                                    sink(["request", "a", "b"], "latest"),
-                                                    source("c", 4, 0.01, fail_at=2, final_output=False),
-                                                    sink(["a", "c"], "zip", name="failing")])
+    rt = started(
+        ray_cluster,
+        tmp_path / "latest",
+        [
+            source("a", 5, 0.02),
+            source("b", 3, 0.033),
+            sink(["request", "a", "b"], "latest"),
+            source("c", 4, 0.01, fail_at=2, final_output=False),
+            sink(["a", "c"], "zip", name="failing"),
+        ],
+    )
     try:
-        with pytest.raises(StageFailed) as exc:  # the graph with the failing input: the request fails naming c
+        with pytest.raises(
+            StageFailed
+        ) as exc:  # the graph with the failing input: the request fails naming c
             run(rt, "go")
         assert exc.value.stage == "c" and "told to fail at item 2" in str(exc.value)
     finally:
         rt.close()
 
-    rt = started(ray_cluster, tmp_path / "latest2", [source("a", 5, 0.02), source("b", 3, 0.033),
-                                                     sink(["request", "a", "b"], "latest")])
+    rt = started(
+        ray_cluster,
+        tmp_path / "latest2",
+        [source("a", 5, 0.02), source("b", 3, 0.033), sink(["request", "a", "b"], "latest")],
+    )
     try:
         events = run(rt, "go")
     finally:
@@ -268,13 +397,17 @@ def test_all_and_latest_end_to_end_and_a_failed_input_names_its_stage(ray_cluste
     assert {k: v["i"] for k, v in got[-1].items() if k != "request"} == {"a": 4, "b": 2}
     for before, after in itertools.pairwise(got):
         changed = [k for k in after if before.get(k) != after[k]]
-        assert len(changed) == 1 and after[changed[0]]["i"] == (before[changed[0]]["i"] + 1 if changed[0] in before else 0)
+        assert len(changed) == 1 and after[changed[0]]["i"] == (
+            before[changed[0]]["i"] + 1 if changed[0] in before else 0
+        )
 
 
 @pytest.mark.ray
 @pytest.mark.ort
 @pytest.mark.slow
-def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     """The default pipeline's Piper voice (ONNX Runtime) fed by a scripted text source; a
     join_echo stage zips the source's sentences with the voice's audio chunks."""
     pytest.importorskip("onnxruntime")
@@ -286,18 +419,33 @@ def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_clust
     from tests.helpers.profiles import make_profile
 
     doc = yaml.safe_load((REPO / "configs/voice-assistant.yaml").read_text())
-    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "devices": ["cpu"],
-                        "final_output": True, "final_output_type": "text"}
+    doc["stages"][0] = {
+        "name": "thinker",
+        "kind": "echo",
+        "mode": "words",
+        "devices": ["cpu"],
+        "final_output": True,
+        "final_output_type": "text",
+    }
     doc["stages"].append(sink(["thinker", "voice"], "zip", name="pairs"))
-    config = parse_config(doc, where="voice-assistant.yaml (scripted, with a fan-in)", base_dir=REPO / "configs")
+    config = parse_config(
+        doc, where="voice-assistant.yaml (scripted, with a fan-in)", base_dir=REPO / "configs"
+    )
     profile = make_profile()
     plan = plan_pipeline(config, profile)
     assert plan.admitted, [s.refusals for s in plan.stages]
     p = Pipeline(plan, config, profile=profile, record=tmp_path / "runs")
     p.start()
     try:
+
         async def main() -> list[Any]:
-            return [e async for e in p.stream({"script": ["One sentence here.", " A second one.", " And a third."]})]
+            return [
+                e
+                async for e in p.stream(
+                    {"script": ["One sentence here.", " A second one.", " And a third."]}
+                )
+            ]
+
         events = asyncio.run(main())
     finally:
         p.close()
@@ -308,7 +456,9 @@ def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_clust
     assert len(voice) == 3  # the voice is still a final output of its own
     for x, chunk in zip(pairs, voice, strict=True):
         assert x["voice"]["sample_rate"] == chunk.sample_rate > 0
-        assert len(x["voice"]["audio"]) == len(chunk.audio) > 0  # the i-th sentence's audio, paired with it
+        assert (
+            len(x["voice"]["audio"]) == len(chunk.audio) > 0
+        )  # the i-th sentence's audio, paired with it
 
 
 # ---- output ports: a producer of two ports, each consumer gets only its port -----------------
@@ -317,17 +467,40 @@ def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(ray_clust
 def ports_graph(count: int = 4, *, hiddens: bool = True, **src: Any) -> list[dict[str, Any]]:
     """A ``port_echo`` source (text and hidden states, each item tagged with its port) feeding a
     join of both ports, a consumer of each port alone, and a plain consumer that takes text only."""
+
     def report(name: str, inputs: list[str], **extra: Any) -> dict[str, Any]:
-        return {"name": name, "kind": "port_echo", "mode": "report", "inputs": inputs, "devices": ["cpu"],
-                "final_output": True, **extra}
+        return {
+            "name": name,
+            "kind": "port_echo",
+            "mode": "report",
+            "inputs": inputs,
+            "devices": ["cpu"],
+            "final_output": True,
+            **extra,
+        }
+
     return [
-        {"name": "src", "kind": "port_echo", "mode": "source", "count": count, "devices": ["cpu"],
-         "final_output": True, "final_output_type": "text", **src},
+        {
+            "name": "src",
+            "kind": "port_echo",
+            "mode": "source",
+            "count": count,
+            "devices": ["cpu"],
+            "final_output": True,
+            "final_output_type": "text",
+            **src,
+        },
         report("both", ["src.hidden_states", "src.text"], join="zip"),
         report("texts", ["src.text"]),
         *([report("hiddens", ["src.hidden_states"], devices=["igpu:0"])] if hiddens else []),
-        {"name": "plain", "kind": "join_echo", "mode": "report", "inputs": ["src"], "devices": ["igpu:0"],
-         "final_output": True},
+        {
+            "name": "plain",
+            "kind": "join_echo",
+            "mode": "report",
+            "inputs": ["src"],
+            "devices": ["igpu:0"],
+            "final_output": True,
+        },
     ]
 
 
@@ -336,15 +509,25 @@ def test_the_runtime_routes_each_consumer_input_to_its_ports(tmp_path: Path) -> 
     rt = Runtime(plan, config)
     assert rt.consumers["src"] == ["both", "texts", "hiddens", "plain"]
     routes = {(c, entry): ports for c, entry, ports in rt.routes_out["src"]}
-    assert routes == {("both", "src.hidden_states"): {"hidden_states"}, ("both", "src.text"): {"text"},
-                      ("texts", "src.text"): {"text"}, ("hiddens", "src.hidden_states"): {"hidden_states"},
-                      ("plain", "src"): {"text"}}  # a plain input: the ports whose types join_echo consumes
+    assert routes == {
+        ("both", "src.hidden_states"): {"hidden_states"},
+        ("both", "src.text"): {"text"},
+        ("texts", "src.text"): {"text"},
+        ("hiddens", "src.hidden_states"): {"hidden_states"},
+        ("plain", "src"): {"text"},
+    }  # a plain input: the ports whose types join_echo consumes
     assert rt.joins == {"both": "zip"}
     # an item's port: its tag; untagged, a str is on the text port, anything else on no known port
     src = plan.stage("src")
     assert rt._item_port(src, {"__port__": "hidden_states", "item": 1}) == ("hidden_states", 1)
-    assert rt._item_port(src, "Hi.") == ("text", "Hi.") and rt._item_port(src, {"x": 1}) == (None, {"x": 1})
-    assert rt._item_port(plan.stage("both"), {"x": 1}) == ("event", {"x": 1})  # a single port: every item
+    assert rt._item_port(src, "Hi.") == ("text", "Hi.") and rt._item_port(src, {"x": 1}) == (
+        None,
+        {"x": 1},
+    )
+    assert rt._item_port(plan.stage("both"), {"x": 1}) == (
+        "event",
+        {"x": 1},
+    )  # a single port: every item
     # one stream per stage; one feeder per device: src's feeds, and on cpu also the join's task for both
     assert rt.calls_per_request == {"cpu": 3 + 2, "igpu:0": 2 + 1}
 
@@ -352,7 +535,8 @@ def test_the_runtime_routes_each_consumer_input_to_its_ports(tmp_path: Path) -> 
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_two_port_producer_feeds_a_join_of_both_and_each_consumer_only_its_port(
-        ray_cluster: Any, tmp_path: Path) -> None:
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     rt = started(ray_cluster, tmp_path / "ok", ports_graph(count=4, hiddens=False))
     try:
         events = run(rt, "go")
@@ -362,14 +546,28 @@ def test_a_two_port_producer_feeds_a_join_of_both_and_each_consumer_only_its_por
     hidden = [{"array": [[float(i)] * 4], "dtype": "float32"} for i in range(4)]
     got = {name: [o["got"] for o in outputs(events, name)] for name in ("both", "texts", "plain")}
     # the join: the i-th hidden states with the i-th sentence, in order, keyed by the input as listed
-    assert got["both"] == [{"src.hidden_states": h, "src.text": t} for h, t in zip(hidden, sentences, strict=True)]
+    assert got["both"] == [
+        {"src.hidden_states": h, "src.text": t} for h, t in zip(hidden, sentences, strict=True)
+    ]
     assert got["texts"] == sentences  # the text port only
-    assert got["plain"] == sentences  # a plain input: the port its kind consumes (text), not the tensors
+    assert (
+        got["plain"] == sentences
+    )  # a plain input: the port its kind consumes (text), not the tensors
     # the caller gets src's text (final_output_type: text), untagged; its tensors are no output
-    assert "".join(e.text for e in events if isinstance(e, TextDelta) and e.stage == "src") == " ".join(sentences) + " "
+    assert (
+        "".join(e.text for e in events if isinstance(e, TextDelta) and e.stage == "src")
+        == " ".join(sentences) + " "
+    )
     assert outputs(events, "src") == []
-    stats = next(e.stats for e in events if isinstance(e, StageEvent) and e.stage == "both" and e.kind == "done")
-    assert stats["join"]["received"] == {"src.hidden_states": 4, "src.text": 4} and stats["join"]["joined"] == 4
+    stats = next(
+        e.stats
+        for e in events
+        if isinstance(e, StageEvent) and e.stage == "both" and e.kind == "done"
+    )
+    assert (
+        stats["join"]["received"] == {"src.hidden_states": 4, "src.text": 4}
+        and stats["join"]["joined"] == 4
+    )
 
     rt = started(ray_cluster, tmp_path / "bad", ports_graph(count=2, hiddens=False, bad_port=True))
     try:
@@ -383,30 +581,50 @@ def test_a_two_port_producer_feeds_a_join_of_both_and_each_consumer_only_its_por
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_consumer_of_the_tensor_port_alone_gets_the_arrays(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_consumer_of_the_tensor_port_alone_gets_the_arrays(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     rt = started(ray_cluster, tmp_path, ports_graph(count=3))
     try:
         events = run(rt, "go")
     finally:
         rt.close()
     assert [o["got"] for o in outputs(events, "hiddens")] == [
-        {"array": [[float(i)] * 4], "dtype": "float32"} for i in range(3)]
+        {"array": [[float(i)] * 4], "dtype": "float32"} for i in range(3)
+    ]
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_refused(
-        ray_cluster: Any, tmp_path: Path) -> None:
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     """``stream(context=)``: items fed to a stage before its producer's (a realtime session's
     history to the decode stage). The echo ``words`` kind counts the words of every item it
     was given as its ``prompt_tokens``: the context's three words are counted on top of its
     producer's reply, and nowhere else. A context naming a stage the request does not reach
     that way is a ``BadRequest`` before anything runs."""
-    rt = started(ray_cluster, tmp_path, [
-        {"name": "first", "kind": "echo", "mode": "words", "devices": ["cpu"], "final_output": True},
-        {"name": "second", "kind": "echo", "mode": "words", "inputs": ["first"], "devices": ["cpu"],
-         "final_output": True},
-    ])
+    rt = started(
+        ray_cluster,
+        tmp_path,
+        [
+            {
+                "name": "first",
+                "kind": "echo",
+                "mode": "words",
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+            {
+                "name": "second",
+                "kind": "echo",
+                "mode": "words",
+                "inputs": ["first"],
+                "devices": ["cpu"],
+                "final_output": True,
+            },
+        ],
+    )
 
     async def main(context: Any) -> list[Any]:
         return [e async for e in rt.stream("hello there", context=context)]
@@ -415,7 +633,10 @@ def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_r
         plain = asyncio.run(main(None))
         history = {"second": [{"messages": [{"role": "user", "content": "one two three"}]}]}
         given = asyncio.run(main(history))
-        for context, where in (({"first": [{"messages": []}]}, "context.first"), ({"nope": ["x"]}, "context.nope")):
+        for context, where in (
+            ({"first": [{"messages": []}]}, "context.first"),
+            ({"nope": ["x"]}, "context.nope"),
+        ):
             with pytest.raises(ConfigError) as refused:
                 asyncio.run(main(context))
             assert refused.value.problems[0].where == where
@@ -423,8 +644,11 @@ def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_r
         rt.close()
 
     def prompt_tokens(events: list[Any], stage: str) -> int:
-        return next(int(e.stats["prompt_tokens"]) for e in events if isinstance(e, StageEvent) and e.kind == "done"
-                    and e.stage == stage)
+        return next(
+            int(e.stats["prompt_tokens"])
+            for e in events
+            if isinstance(e, StageEvent) and e.kind == "done" and e.stage == stage
+        )
 
     first_reply = "".join(e.text for e in plain if isinstance(e, TextDelta) and e.stage == "first")
     assert prompt_tokens(plain, "second") == len(first_reply.split())

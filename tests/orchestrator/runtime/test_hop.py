@@ -44,7 +44,10 @@ def test_the_sentence_is_traced_to_the_token_that_ended_it_and_the_one_that_rele
 def test_a_terminator_inside_a_token_is_found_in_that_token() -> None:
     first, chunks = _release(["The sky is blue. It", " scatters", " light."])
     assert chunks[0] == "The sky is blue."
-    assert (first.token_index, first.release_index) == (0, 0)  # ended and released by the same output
+    assert (first.token_index, first.release_index) == (
+        0,
+        0,
+    )  # ended and released by the same output
 
 
 def test_a_reply_of_one_sentence_is_released_by_the_end_of_the_stream() -> None:
@@ -54,25 +57,44 @@ def test_a_reply_of_one_sentence_is_released_by_the_end_of_the_stream() -> None:
 
 
 def _stamps(**runner: float) -> dict[str, Any]:
-    return {"first_fed": 15.6, "first_taken": 15.7, "emitted": [16.9, 18.0], "runner": runner or None}
+    return {
+        "first_fed": 15.6,
+        "first_taken": 15.7,
+        "emitted": [16.9, 18.0],
+        "runner": runner or None,
+    }
 
 
 def test_the_steps_add_up_to_the_whole_hop() -> None:
     first, _ = _release(TOKENS)
     first.token_emitted = 13.9
     first.released = 15.5
-    runner = {"dispatched": 15.7, "started": 15.75, "preprocessed": 15.8, "ran": 16.8, "run_s": 0.9,
-              "postprocessed": 16.85}
+    runner = {
+        "dispatched": 15.7,
+        "started": 15.75,
+        "preprocessed": 15.8,
+        "ran": 16.8,
+        "run_s": 0.9,
+        "postprocessed": 16.85,
+    }
     hop = first_chunk_hop(first, _stamps(**runner), voice_arrived=17.0, t0=9.0)
     assert hop is not None and list(hop["steps_s"]) == list(STEPS)
     steps = hop["steps_s"]
     assert steps["to_driver"] == pytest.approx(0.1) and steps["held"] == pytest.approx(1.0)
     assert steps["chunk"] == pytest.approx(0.5) and steps["feed"] == pytest.approx(0.1)
-    assert steps["session_run"] == pytest.approx(0.9) and steps["session_bridge"] == pytest.approx(0.1)
+    assert steps["session_run"] == pytest.approx(0.9) and steps["session_bridge"] == pytest.approx(
+        0.1
+    )
     assert steps["to_driver_audio"] == pytest.approx(0.1)
-    assert sum(steps.values()) == pytest.approx(hop["total_s"]) and hop["total_s"] == pytest.approx(17.0 - 13.9)
+    assert sum(steps.values()) == pytest.approx(hop["total_s"]) and hop["total_s"] == pytest.approx(
+        17.0 - 13.9
+    )
     assert hop["released_by"] == "output 5" and hop["token_index"] == 4
-    assert (hop["sentence_token_s"], hop["first_sentence_s"], hop["first_output_s"]) == pytest.approx((5.0, 6.5, 8.0))
+    assert (
+        hop["sentence_token_s"],
+        hop["first_sentence_s"],
+        hop["first_output_s"],
+    ) == pytest.approx((5.0, 6.5, 8.0))
 
 
 def test_a_consumer_without_runner_stamps_gets_one_in_stage_step() -> None:
@@ -86,7 +108,9 @@ def test_a_consumer_without_runner_stamps_gets_one_in_stage_step() -> None:
 
 def test_no_hop_without_the_stamps_it_needs() -> None:
     first, _ = _release(TOKENS)
-    assert first_chunk_hop(first, _stamps(), 17.0, 9.0) is None  # the producer's emit stamp never came
+    assert (
+        first_chunk_hop(first, _stamps(), 17.0, 9.0) is None
+    )  # the producer's emit stamp never came
     first.token_emitted = 13.9
     assert first_chunk_hop(first, {**_stamps(), "first_fed": None}, 17.0, 9.0) is None
     assert first_chunk_hop(first, {**_stamps(), "emitted": []}, 17.0, 9.0) is None

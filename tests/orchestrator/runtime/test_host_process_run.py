@@ -40,7 +40,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ort]
 
 
 def test_a_pipeline_runs_on_ray_through_the_host_process_route(
-    ray_cluster: Any, tmp_path: Path, private_cache: Path, monkeypatch: pytest.MonkeyPatch,
+    ray_cluster: Any,
+    tmp_path: Path,
+    private_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # this process (plan, verify): inside WSL2 as translation sees it — a distribution, no wslpath
     monkeypatch.setenv("WSL_DISTRO_NAME", DISTRO)
@@ -49,22 +52,43 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
     monkeypatch.setattr("orchestrator.planner.running_in_wsl", lambda: True)
     # the device actor's process: the same distribution, through the product's actor environment
     kind_env = ExportedGraphKind.actor_env
-    monkeypatch.setattr(ExportedGraphKind, "actor_env",
-                        lambda self, sp: {**kind_env(self, sp), "WSL_DISTRO_NAME": DISTRO})
+    monkeypatch.setattr(
+        ExportedGraphKind,
+        "actor_env",
+        lambda self, sp: {**kind_env(self, sp), "WSL_DISTRO_NAME": DISTRO},
+    )
 
     exe, log = standin_python(tmp_path)
     graph = write_artifact(tmp_path / "art", "full") / "fp32.onnx"
     config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"name": "tiny-hostproc", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
-    }]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny-hostproc",
+                "stages": [
+                    {
+                        "name": "net",
+                        "kind": "exported_graph",
+                        "artifact": "art",
+                        "devices": ["cpu"],
+                        "backends": ["ort-cpu"],
+                        "final_output": True,
+                        "final_output_type": "tensor",
+                    }
+                ],
+            }
+        )
+    )
     profile = standin_profile(tmp_path / "profile.json", exe)
 
-    pipeline = Pipeline.from_config(config, profile=profile, record=None, calibration=False, start=False)
+    pipeline = Pipeline.from_config(
+        config, profile=profile, record=None, calibration=False, start=False
+    )
     net = pipeline.plan.stage("net")
     assert (net.device, net.backend, net.route) == ("cpu", "ort-cpu", "windows-standin")
-    assert net.verification is not None and net.verification.status == "verified"  # the gates ran through it
+    assert (
+        net.verification is not None and net.verification.status == "verified"
+    )  # the gates ran through it
     assert pipeline.runtime.actor_envs["cpu"]["WSL_DISTRO_NAME"] == DISTRO
     log.write_text("")  # what follows is the run's alone: the route worker the device actor starts
 
@@ -73,7 +97,11 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
     other = {"x": np.random.RandomState(7).randn(3, feeds["x"].shape[1]).astype(np.float32)}
 
     async def outputs(prompt: dict[str, Any]) -> list[Any]:
-        return [e.value async for e in pipeline.stream(prompt) if isinstance(e, OutputItem) and e.stage == "net"]
+        return [
+            e.value
+            async for e in pipeline.stream(prompt)
+            if isinstance(e, OutputItem) and e.stage == "net"
+        ]
 
     try:
         pipeline.start()
@@ -92,8 +120,14 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
     assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
     opened = [line["graph"] for line in lines if "graph" in line]
     # the device actor handed the worker the Windows spelling of the graph, as wslpath -w writes it
-    assert opened and set(opened) == {f"\\\\wsl.localhost\\{DISTRO}" + str(graph).replace("/", "\\")}
+    assert opened and set(opened) == {
+        f"\\\\wsl.localhost\\{DISTRO}" + str(graph).replace("/", "\\")
+    }
 
     record = json.loads((tmp_path / "run.json").read_text())
     rows = {r["stage"]: r for r in record["stages"]}
-    assert (rows["net"]["device"], rows["net"]["backend"], rows["net"]["route"]) == ("cpu", "ort-cpu", "windows-standin")
+    assert (rows["net"]["device"], rows["net"]["backend"], rows["net"]["route"]) == (
+        "cpu",
+        "ort-cpu",
+        "windows-standin",
+    )

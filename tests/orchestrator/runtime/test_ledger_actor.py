@@ -7,23 +7,34 @@ from orchestrator.runtime.ledger_actor import LedgerService
 from orchestrator.units import MiB
 
 
-def r(purpose: str, n: int, lifetime: str = "session", pool: str = "host_ram", evidence: str = "E") -> dict:
+def r(
+    purpose: str, n: int, lifetime: str = "session", pool: str = "host_ram", evidence: str = "E"
+) -> dict:
     return Reservation(pool, purpose, n * MiB, lifetime, evidence).to_dict()  # type: ignore[arg-type]
 
 
 def service() -> LedgerService:
-    return LedgerService([{"id": "shared:igpu:0", "capacity_bytes": 300 * MiB, "parent": "host_ram"},
-                          {"id": "host_ram", "capacity_bytes": 1000 * MiB, "parent": None}])
+    return LedgerService(
+        [
+            {"id": "shared:igpu:0", "capacity_bytes": 300 * MiB, "parent": "host_ram"},
+            {"id": "host_ram", "capacity_bytes": 1000 * MiB, "parent": None},
+        ]
+    )
 
 
 def test_admit_is_all_or_nothing_and_names_the_shortfall() -> None:
     s = service()
-    assert s.admit("a", [r("weights", 600), r("load_transient", 100, "load")]) == {"ok": True, "shortfalls": []}
+    assert s.admit("a", [r("weights", 600), r("load_transient", 100, "load")]) == {
+        "ok": True,
+        "shortfalls": [],
+    }
     answer = s.admit("b", [r("weights", 300), r("kv", 200)])
     assert not answer["ok"]
     refused = answer["shortfalls"]
     assert refused and refused[0]["pool"] == "host_ram"
-    assert refused[0]["over_by"] == (700 + 500 - 1000) * MiB  # a's 600 + 100 excess over steady, b's 500
+    assert (
+        refused[0]["over_by"] == (700 + 500 - 1000) * MiB
+    )  # a's 600 + 100 excess over steady, b's 500
     assert refused[0]["contributors"] == {"a": 700 * MiB, "b": 500 * MiB}
     assert s.holders() == ["a"]  # b holds nothing
 

@@ -32,10 +32,14 @@ STALL_BOUND_S = 60.0
 
 def test_the_limit_counts_every_call_a_request_holds_on_each_device() -> None:
     # words → tone on one device: two streams and one feed at a time
-    calls = calls_per_request({"thinker": "cpu", "voice": "cpu"}, {"thinker": None, "voice": "thinker"})
+    calls = calls_per_request(
+        {"thinker": "cpu", "voice": "cpu"}, {"thinker": None, "voice": "thinker"}
+    )
     assert calls == {"cpu": 3}
     assert in_flight_limit(calls, 64) == (64 - CONTROL_CALLS) // 3
-    split = calls_per_request({"thinker": "cpu", "voice": "igpu:0"}, {"thinker": None, "voice": "thinker"})
+    split = calls_per_request(
+        {"thinker": "cpu", "voice": "igpu:0"}, {"thinker": None, "voice": "thinker"}
+    )
     assert split == {"cpu": 1, "igpu:0": 2}
     assert in_flight_limit(split, 64) == (64 - CONTROL_CALLS) // 2
 
@@ -88,6 +92,7 @@ def test_slots_pass_between_event_loops_in_threads() -> None:
             await asyncio.sleep(0.01)
             done.append(i)
             adm.release()
+
         asyncio.run(main())
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
@@ -101,7 +106,9 @@ def test_slots_pass_between_event_loops_in_threads() -> None:
 @pytest.fixture(scope="module")
 def one_device(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     # Both stages on one device actor: the case that stalled at 33 requests.
-    plan, config = echo_pipeline(tmp_path_factory.mktemp("load"), thinker={"delay_s": 0.002}, voice={"delay_s": 0.002})
+    plan, config = echo_pipeline(
+        tmp_path_factory.mktemp("load"), thinker={"delay_s": 0.002}, voice={"delay_s": 0.002}
+    )
     rt = Runtime(plan, config)
     rt.start()
     yield rt
@@ -109,9 +116,14 @@ def one_device(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.mark.ray
-def test_64_concurrent_requests_all_complete_or_are_refused_as_busy_never_stall(one_device: Runtime) -> None:
+def test_64_concurrent_requests_all_complete_or_are_refused_as_busy_never_stall(
+    one_device: Runtime,
+) -> None:
     rt = one_device
-    assert rt.admission.limit * rt.calls_per_request["cpu"] + CONTROL_CALLS <= ACTOR_OPTIONS["max_concurrency"]
+    assert (
+        rt.admission.limit * rt.calls_per_request["cpu"] + CONTROL_CALLS
+        <= ACTOR_OPTIONS["max_concurrency"]
+    )
 
     async def one(i: int) -> Any:
         try:
@@ -152,8 +164,6 @@ def test_requests_admitted_one_after_another_never_need_a_busy_answer(one_device
         return n
 
     assert asyncio.run(main()) == 3
-
-
 
 
 def test_the_api_passes_the_queue_bound_to_the_runtime(tmp_path: Any) -> None:

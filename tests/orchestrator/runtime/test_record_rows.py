@@ -14,20 +14,33 @@ from orchestrator.units import MiB
 
 
 def _stage(name: str, budget: int) -> StagePlan:
-    return StagePlan(name=name, kind="exported_graph", admitted=True, device="cpu", backend="ort-openvino",
-                     route="openvino-venv", reservations=(Reservation("host_ram", "weights", budget, "session", "D"),),
-                     refusals=(), engine_kwargs={}, artifact={})
+    return StagePlan(
+        name=name,
+        kind="exported_graph",
+        admitted=True,
+        device="cpu",
+        backend="ort-openvino",
+        route="openvino-venv",
+        reservations=(Reservation("host_ram", "weights", budget, "session", "D"),),
+        refusals=(),
+        engine_kwargs={},
+        artifact={},
+    )
 
 
 def _rows(stats: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    runtime = SimpleNamespace(stages=[_stage("voice", 1000 * MiB)], load_results={"voice": {"load_s": 1.5}})
+    runtime = SimpleNamespace(
+        stages=[_stage("voice", 1000 * MiB)], load_results={"voice": {"load_s": 1.5}}
+    )
     results = [SimpleNamespace(stages={"voice": stats})]
     return stage_rows(runtime, results, {"voice": measured})[0]
 
 
 def test_a_route_workers_recycles_reach_the_record() -> None:
-    row = _rows({"worker_recycles": 2, "throughput": {"audio_s_per_s": 12.0}},
-                {"measured_peak_bytes": 900 * MiB, "method": "route worker RSS"})
+    row = _rows(
+        {"worker_recycles": 2, "throughput": {"audio_s_per_s": 12.0}},
+        {"measured_peak_bytes": 900 * MiB, "method": "route worker RSS"},
+    )
     assert row["worker_recycles"] == 2
     assert row["within_budget"] is True and row["budget_over_measured"] == round(1000 / 900, 3)
 

@@ -45,27 +45,59 @@ def feeds(call: int) -> dict[str, Any]:
     return {"x": np.full((1, STEP * (4 + call)), 0.5, np.float32)}
 
 
-def test_a_recycled_stages_budget_stops_growing_over_long_runs(ray_cluster: Any, tmp_path: Path,
-                                                                 private_cache: Path) -> None:
+def test_a_recycled_stages_budget_stops_growing_over_long_runs(
+    ray_cluster: Any, tmp_path: Path, private_cache: Path
+) -> None:
     write_artifact(tmp_path / "art", "growing")
     config = tmp_path / "grow.yaml"
-    config.write_text(yaml.safe_dump({"name": "grow", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": "art", "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": "tensor",
-    }]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "grow",
+                "stages": [
+                    {
+                        "name": "net",
+                        "kind": "exported_graph",
+                        "artifact": "art",
+                        "devices": ["cpu"],
+                        "backends": ["ort-cpu"],
+                        "final_output": True,
+                        "final_output_type": "tensor",
+                    }
+                ],
+            }
+        )
+    )
     profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "this machine, ort-cpu in a route worker",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"],
-                     "backend_routes": {"ort-cpu": "worker"}}],
-        "routes": [{"name": "this-process"}, {"name": "worker", "kind": "interpreter", "python": sys.executable}],
-    }))
+    profile.write_text(
+        json.dumps(
+            {
+                "format": "omni-edge.profile/1",
+                "name": "this machine, ort-cpu in a route worker",
+                "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+                "devices": [
+                    {
+                        "id": "cpu",
+                        "kind": "cpu",
+                        "name": "test CPU",
+                        "backends": ["ort-cpu"],
+                        "backend_routes": {"ort-cpu": "worker"},
+                    }
+                ],
+                "routes": [
+                    {"name": "this-process"},
+                    {"name": "worker", "kind": "interpreter", "python": sys.executable},
+                ],
+            }
+        )
+    )
     root = tmp_path / "calibration"
     budgets: list[int] = []
     rows: list[dict[str, Any]] = []
     for _ in range(RUNS):
-        pipeline = Pipeline.from_config(config, profile=profile, record=None, calibration=cal.CalibrationStore(root))
+        pipeline = Pipeline.from_config(
+            config, profile=profile, record=None, calibration=cal.CalibrationStore(root)
+        )
         net = pipeline.plan.stage("net")
         assert net.route == "worker"
         budgets.append(net.budget_bytes())
@@ -75,13 +107,21 @@ def test_a_recycled_stages_budget_stops_growing_over_long_runs(ray_cluster: Any,
             rows.append(next(r for r in pipeline.build_record()["stages"] if r["stage"] == "net"))
         finally:
             pipeline.close()
-    figures = [(b // MiB, r["measured_peak_bytes"] // MiB, (r.get("worker") or {}).get("worker_recycles"))
-               for b, r in zip(budgets, rows, strict=True)]  # (budget, peak, recycles) per run, MiB
+    figures = [
+        (b // MiB, r["measured_peak_bytes"] // MiB, (r.get("worker") or {}).get("worker_recycles"))
+        for b, r in zip(budgets, rows, strict=True)
+    ]  # (budget, peak, recycles) per run, MiB
     # here: (96, 207, 38), then (321, 268, 2) three times; on dd3d46b (96, 207, 37), (217, 235, 12),
     # (278, 278, 2), (396, 336, 0): the next budget was the last peak + a margin
     assert budgets[1] != budgets[0]  # the first calibrated plan
     assert max(budgets[1:]) - budgets[1] <= NOISE, figures  # and it stops growing
-    assert all(r["measured_peak_bytes"] <= r["budget_bytes"] for r in rows[1:]), figures  # each run within it
-    assert all(r["worker"]["worker_recycles"] > 0 for r in rows), figures  # every run was long enough to recycle
+    assert all(r["measured_peak_bytes"] <= r["budget_bytes"] for r in rows[1:]), (
+        figures
+    )  # each run within it
+    assert all(r["worker"]["worker_recycles"] > 0 for r in rows), (
+        figures
+    )  # every run was long enough to recycle
     c = pipeline.plan.stage("net").calibration
-    assert c is not None and c["need"]["call_rise_bytes"] > 0 and "not evidence of need" in c["note"]
+    assert (
+        c is not None and c["need"]["call_rise_bytes"] > 0 and "not evidence of need" in c["note"]
+    )

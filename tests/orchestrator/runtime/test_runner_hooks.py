@@ -42,9 +42,21 @@ class InProcess(OrtRunner, Bare):
 
 def test_an_onnx_runtime_runner_in_this_process_says_its_work_runs_here() -> None:
     pytest.importorskip("onnxruntime")
-    runner = InProcess(StagePlan(name="s", kind="exported_graph", admitted=True, device="cpu", backend="ort-cpu",
-                                route="this-process", reservations=(), refusals=(), engine_kwargs={}, artifact={}),
-                      this_process())
+    runner = InProcess(
+        StagePlan(
+            name="s",
+            kind="exported_graph",
+            admitted=True,
+            device="cpu",
+            backend="ort-cpu",
+            route="this-process",
+            reservations=(),
+            refusals=(),
+            engine_kwargs={},
+            artifact={},
+        ),
+        this_process(),
+    )
     runner.load()
     try:
         assert runner._host.in_process

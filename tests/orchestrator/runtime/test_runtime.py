@@ -29,6 +29,7 @@ def run(rt: Runtime, prompt: str, rid: str | None = None) -> Any:
         t0 = time.perf_counter()
         events = [e async for e in rt.stream(prompt, request_id=rid)]
         return collect(rid or "r", prompt, events, time.perf_counter() - t0), events
+
     return asyncio.run(main())
 
 
@@ -41,8 +42,12 @@ def _env_of_kind(env: dict[str, str]) -> Any:
 
 @pytest.fixture(scope="module")
 def runtime(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
-    plan, config = echo_pipeline(tmp_path_factory.mktemp("echo"), thinker={"delay_s": WORD_DELAY, "hold_bytes": 48 * MiB},
-                                 voice={"delay_s": 0.02}, voice_device="igpu:0")
+    plan, config = echo_pipeline(
+        tmp_path_factory.mktemp("echo"),
+        thinker={"delay_s": WORD_DELAY, "hold_bytes": 48 * MiB},
+        voice={"delay_s": 0.02},
+        voice_device="igpu:0",
+    )
     patch = _env_of_kind({"OMP_NUM_THREADS": "1"})
     try:
         rt = Runtime(plan, config)  # the actors' environments are decided here, before Ray starts
@@ -57,7 +62,9 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     assert set(runtime.devices) == {"cpu", "igpu:0"}
     pids = {d.info["pid"] for d in runtime.devices.values()}
     assert len(pids) == 2
-    assert all(d.info["omp_num_threads"] == "1" for d in runtime.devices.values())  # what the kind asked for
+    assert all(
+        d.info["omp_num_threads"] == "1" for d in runtime.devices.values()
+    )  # what the kind asked for
     assert runtime.cluster is not None
     assert runtime.cluster.resources.get("omni_edge_device_igpu_0") == 1.0
     assert "NPU" not in runtime.cluster.resources
@@ -66,12 +73,21 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
 def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime) -> None:
     result, events = run(runtime, "hello")
     assert result.text == f"You said hello. {REPLY}"
-    assert result.chunks == ["You said hello.", "First sentence is here.", "The second one follows, a little longer!", "Is this the third?"]
+    assert result.chunks == [
+        "You said hello.",
+        "First sentence is here.",
+        "The second one follows, a little longer!",
+        "Is this the third?",
+    ]
     audio = [e for e in events if isinstance(e, AudioChunk)]
     assert [a.index for a in audio] == [0, 1, 2, 3]  # order kept
-    assert result.audio_seconds == pytest.approx(sum(len(c) for c in result.chunks) * 0.02, rel=1e-6)
+    assert result.audio_seconds == pytest.approx(
+        sum(len(c) for c in result.chunks) * 0.02, rel=1e-6
+    )
     # Streaming overlaps: the first audio arrives while the text is still being produced.
-    thinker_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done")
+    thinker_done = next(
+        e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done"
+    )
     assert audio[0].t < thinker_done.t
     assert result.time_to_first_audio_s < result.total_s / 2
     voice = result.stages["voice"]
@@ -110,7 +126,9 @@ def test_stages_hold_their_reservations_and_report_measured_peaks(runtime: Runti
         purposes = {r["purpose"] for r in snap["holders"][stage]}
         assert purposes == {"weights"}  # the load transient is gone once the stage is loaded
         m = snap["measured"][stage]
-        assert m["evidence"] == "M" and m["budget_bytes"] == runtime.plan.stage(stage).budget_bytes()
+        assert (
+            m["evidence"] == "M" and m["budget_bytes"] == runtime.plan.stage(stage).budget_bytes()
+        )
     held = snap["measured"]["thinker"]["measured_peak_bytes"]
     assert 48 * MiB <= held <= 48 * MiB * 1.5  # the echo stage really allocated and touched 48 MiB
     ray_rt = next(r for r in snap["holders"][PIPELINE_HOLDER] if r["purpose"] == "ray_runtime")
@@ -124,14 +142,26 @@ def test_each_actor_gets_the_environment_its_stages_kinds_ask_for_merged(tmp_pat
         envs = Runtime(plan, config).actor_envs
     finally:
         patch.undo()
-    assert envs == {"cpu": {"OMP_NUM_THREADS": "1", "ECHO": "yes"}, "igpu:0": {"OMP_NUM_THREADS": "1", "ECHO": "yes"}}
-    assert Runtime(*echo_pipeline(tmp_path, voice_device="igpu:0")).actor_envs == {"cpu": {}, "igpu:0": {}}
+    assert envs == {
+        "cpu": {"OMP_NUM_THREADS": "1", "ECHO": "yes"},
+        "igpu:0": {"OMP_NUM_THREADS": "1", "ECHO": "yes"},
+    }
+    assert Runtime(*echo_pipeline(tmp_path, voice_device="igpu:0")).actor_envs == {
+        "cpu": {},
+        "igpu:0": {},
+    }
 
 
-def test_two_stages_on_one_device_that_want_different_environments_are_refused(tmp_path: Path) -> None:
+def test_two_stages_on_one_device_that_want_different_environments_are_refused(
+    tmp_path: Path,
+) -> None:
     plan, config = echo_pipeline(tmp_path)  # both on cpu
     patch = pytest.MonkeyPatch()
-    patch.setattr(type(get_kind("echo")), "actor_env", lambda self, sp: {"OMP_NUM_THREADS": "1" if sp.name == "thinker" else "2"})
+    patch.setattr(
+        type(get_kind("echo")),
+        "actor_env",
+        lambda self, sp: {"OMP_NUM_THREADS": "1" if sp.name == "thinker" else "2"},
+    )
     try:
         with pytest.raises(ConfigError) as info:
             Runtime(plan, config)
@@ -154,7 +184,9 @@ def test_a_stage_fed_a_payload_its_kind_does_not_consume_is_refused(tmp_path: Pa
     assert "voice (echo) takes audio, and thinker (echo) yields text" in str(info.value)
 
 
-def test_a_stage_that_fails_to_load_is_named_and_leaves_the_ledger_unchanged(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_stage_that_fails_to_load_is_named_and_leaves_the_ledger_unchanged(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     plan, config = echo_pipeline(tmp_path, voice={"fail_load": True}, voice_device="igpu:0")
     rt = Runtime(plan, config)
     with pytest.raises(StageFailed) as info:
@@ -165,30 +197,43 @@ def test_a_stage_that_fails_to_load_is_named_and_leaves_the_ledger_unchanged(ray
     before = dict(rt.ledger_history)["before load voice"]
     after = dict(rt.ledger_history)["after failed load voice"]
     assert after["holders"] == before["holders"] and "voice" not in after["holders"]
-    assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0  # torn down, all released
+    assert (
+        rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
+    )  # torn down, all released
 
 
-def test_a_stage_the_ledger_cannot_hold_is_refused_before_it_loads(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_stage_the_ledger_cannot_hold_is_refused_before_it_loads(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     plan, config = echo_pipeline(tmp_path, thinker={"hold_bytes": 3000 * MiB}, host_ram=3000 * MiB)
-    rt = Runtime(plan, config)  # the hand-written plan claims admission; the runtime's ledger checks again
+    rt = Runtime(
+        plan, config
+    )  # the hand-written plan claims admission; the runtime's ledger checks again
     with pytest.raises(StageFailed) as info:
         rt.start()
     assert info.value.stage == "thinker" and "the ledger refused the load" in info.value.cause
     assert "host_ram" in info.value.cause
 
 
-def test_a_device_no_node_offers_is_named_with_its_resource(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_device_no_node_offers_is_named_with_its_resource(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     plan, config = echo_pipeline(tmp_path, voice_device="npu:3")
     with pytest.raises(StageFailed) as info:
         Runtime(plan, config).start()
     assert info.value.device == "npu:3" and "omni_edge_device_npu_3" in info.value.cause
 
 
-def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(ray_cluster: Any, tmp_path: Path) -> None:
-    plan, config = echo_pipeline(tmp_path, thinker={"delay_s": 0.05}, voice={"delay_s": 0.05}, voice_device="igpu:0")
+def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    plan, config = echo_pipeline(
+        tmp_path, thinker={"delay_s": 0.05}, voice={"delay_s": 0.05}, voice_device="igpu:0"
+    )
     rt = Runtime(plan, config)
     rt.start()
     try:
+
         async def main() -> tuple[float, BaseException | None]:
             killed_at = 0.0
             try:
@@ -205,7 +250,9 @@ def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(r
         assert (exc.stage, exc.device) == ("voice", "igpu:0") and "died" in exc.cause
         assert waited < 5.0
         snap = rt.ledger_snapshot()
-        assert "voice" not in snap["holders"] and "thinker" in snap["holders"]  # only the dead device's stage
+        assert (
+            "voice" not in snap["holders"] and "thinker" in snap["holders"]
+        )  # only the dead device's stage
         with pytest.raises(StageFailed, match="died earlier"):
             run(rt, "again")
     finally:

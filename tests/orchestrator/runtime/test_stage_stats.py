@@ -28,10 +28,22 @@ class Echo(StageRunner):
 
 
 def _actor() -> DeviceActor:
-    plan = StagePlan(name="s", kind="exported_graph", admitted=True, device="cpu", backend="ort-cpu",
-                     route="this-process", reservations=(), refusals=(), engine_kwargs={}, artifact={})
+    plan = StagePlan(
+        name="s",
+        kind="exported_graph",
+        admitted=True,
+        device="cpu",
+        backend="ort-cpu",
+        route="this-process",
+        reservations=(),
+        refusals=(),
+        engine_kwargs={},
+        artifact={},
+    )
     actor = DeviceActor("cpu", ledger=None)
-    actor.stages["s"] = _Hosted(plan=plan, runner=Echo(), load_s=0.0, load_info={}, tree_load_peak=0, tree_resident=0)
+    actor.stages["s"] = _Hosted(
+        plan=plan, runner=Echo(), load_s=0.0, load_info={}, tree_load_peak=0, tree_resident=0
+    )
     return actor
 
 

@@ -32,7 +32,10 @@ def r(purpose: str, n: int, lifetime: str = "session") -> dict[str, Any]:
 # -- the ledger's answer, without Ray --------------------------------------------------
 def test_loads_are_admitted_together_only_when_their_peaks_fit_at_once() -> None:
     s = LedgerService([{"id": "host_ram", "capacity_bytes": 1000 * MiB, "parent": None}])
-    stage = [r("weights", 100), r("load_transient", 300, "load")]  # peak 400 while loading, 100 after
+    stage = [
+        r("weights", 100),
+        r("load_transient", 300, "load"),
+    ]  # peak 400 while loading, 100 after
     # one at a time they fit (100 + 100 + one 300 transient = 500); at once they need 800
     assert s.admit_together([("a", stage), ("b", stage)])["admitted"] == ["a", "b"]
     assert s.held_bytes() == 800 * MiB
@@ -43,7 +46,10 @@ def test_a_batch_that_does_not_fit_at_once_is_admitted_one_stage_at_a_time() -> 
     stage = [r("weights", 100), r("load_transient", 300, "load")]
     answer = s.admit_together([("a", stage), ("b", stage)])
     assert answer["admitted"] == ["a"]  # 800 at once > 700, a alone fits
-    assert answer["shortfalls"][0]["pool"] == "host_ram" and answer["shortfalls"][0]["over_by"] == 100 * MiB
+    assert (
+        answer["shortfalls"][0]["pool"] == "host_ram"
+        and answer["shortfalls"][0]["over_by"] == 100 * MiB
+    )
     s.release("a", "load")
     assert s.admit_together([("b", stage)])["admitted"] == ["b"]  # 100 + 400 after a's load
 
@@ -59,9 +65,16 @@ def test_a_first_stage_that_does_not_fit_alone_admits_nothing() -> None:
 def _with_transients(plan: PipelinePlan, transient: int) -> PipelinePlan:
     """Each stage's load transient set to ``transient`` bytes (the echo kind allocates
     none of it: only the ledger's arithmetic changes)."""
-    stages = tuple(dataclasses.replace(s, reservations=tuple(
-        dataclasses.replace(x, bytes=transient) if x.lifetime == "load" else x for x in s.reservations))
-        for s in plan.stages)
+    stages = tuple(
+        dataclasses.replace(
+            s,
+            reservations=tuple(
+                dataclasses.replace(x, bytes=transient) if x.lifetime == "load" else x
+                for x in s.reservations
+            ),
+        )
+        for s in plan.stages
+    )
     return dataclasses.replace(plan, stages=stages)
 
 
@@ -72,8 +85,12 @@ def _start(plan: PipelinePlan, config: Any) -> tuple[Runtime, list[StageProgress
     return rt, seen
 
 
-def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(ray_cluster: Any, tmp_path: Path) -> None:
-    plan, config = echo_pipeline(tmp_path, thinker={"load_s": 0.3}, voice={"load_s": 0.3}, voice_device="igpu:0")
+def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    plan, config = echo_pipeline(
+        tmp_path, thinker={"load_s": 0.3}, voice={"load_s": 0.3}, voice_device="igpu:0"
+    )
     rt, _ = _start(_with_transients(plan, 1 * GiB), config)  # 2 GiB at once, in 8 GiB
     try:
         assert rt.startup["load_waves"] == [["thinker", "voice"]]
@@ -89,8 +106,12 @@ def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(ray_cluster
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
 
 
-def test_two_stages_on_one_device_load_together_in_its_actor(ray_cluster: Any, tmp_path: Path) -> None:
-    plan, config = echo_pipeline(tmp_path, thinker={"load_s": 0.5}, voice={"load_s": 0.5})  # both on cpu
+def test_two_stages_on_one_device_load_together_in_its_actor(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    plan, config = echo_pipeline(
+        tmp_path, thinker={"load_s": 0.5}, voice={"load_s": 0.5}
+    )  # both on cpu
     rt, _ = _start(plan, config)
     try:
         assert rt.startup["load_waves"] == [["thinker", "voice"]]
@@ -102,7 +123,9 @@ def test_two_stages_on_one_device_load_together_in_its_actor(ray_cluster: Any, t
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
 
 
-def test_loads_the_ledger_would_not_hold_at_once_go_one_after_another(ray_cluster: Any, tmp_path: Path) -> None:
+def test_loads_the_ledger_would_not_hold_at_once_go_one_after_another(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     # Each stage's load transient is 4.5 GiB in 8 GiB: one at a time fits (beside Ray's
     # measured memory and the margin), two at once cannot.
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
@@ -111,20 +134,38 @@ def test_loads_the_ledger_would_not_hold_at_once_go_one_after_another(ray_cluste
         assert rt.startup["load_waves"] == [["thinker"], ["voice"]]
         assert rt.startup["loads_parallel"] is False
         history = dict(rt.ledger_history)
-        assert "thinker" in history["before load voice"]["holders"]  # the voice waited for the thinker
-        assert not rt.load_results["thinker"]["overlapped"] and not rt.load_results["voice"]["overlapped"]
-        events = [e["holder"] for e in rt.ledger_snapshot()["events"] if e["event"] in ("admit", "release:load")]
+        assert (
+            "thinker" in history["before load voice"]["holders"]
+        )  # the voice waited for the thinker
+        assert (
+            not rt.load_results["thinker"]["overlapped"]
+            and not rt.load_results["voice"]["overlapped"]
+        )
+        events = [
+            e["holder"]
+            for e in rt.ledger_snapshot()["events"]
+            if e["event"] in ("admit", "release:load")
+        ]
         assert events == [PIPELINE_HOLDER, "thinker", "thinker", "voice", "voice"]
     finally:
         rt.close()
     assert [(e.stage, e.state) for e in seen if e.state != "waiting"] == [
-        ("thinker", "loading"), ("thinker", "loaded"), ("voice", "loading"), ("voice", "loaded")]
+        ("thinker", "loading"),
+        ("thinker", "loaded"),
+        ("voice", "loading"),
+        ("voice", "loaded"),
+    ]
 
 
 def test_a_failed_load_in_a_parallel_wave_is_named_and_leaves_the_ledger_at_zero(
-        ray_cluster: Any, tmp_path: Path) -> None:
-    plan, config = echo_pipeline(tmp_path, thinker={"load_s": 0.5}, voice={"fail_load": True, "load_s": 0.1},
-                                 voice_device="igpu:0")
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    plan, config = echo_pipeline(
+        tmp_path,
+        thinker={"load_s": 0.5},
+        voice={"fail_load": True, "load_s": 0.1},
+        voice_device="igpu:0",
+    )
     rt = Runtime(plan, config)
     seen: list[StageProgress] = []
     with pytest.raises(StageFailed) as info:
@@ -135,7 +176,9 @@ def test_a_failed_load_in_a_parallel_wave_is_named_and_leaves_the_ledger_at_zero
     history = dict(rt.ledger_history)
     after = history["after failed load voice"]
     assert "voice" not in after["holders"]
-    assert after["holders"] == history["before load voice"]["holders"]  # the thinker, loaded beside it, closed
+    assert (
+        after["holders"] == history["before load voice"]["holders"]
+    )  # the thinker, loaded beside it, closed
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
     states = {(p.stage, p.state) for p in seen}
     assert ("voice", "failed") in states and ("thinker", "loaded") in states
@@ -143,7 +186,9 @@ def test_a_failed_load_in_a_parallel_wave_is_named_and_leaves_the_ledger_at_zero
     assert failed.cause is not None and "told to fail its load" in failed.cause
 
 
-def test_the_progress_callback_sees_every_stage_waiting_loading_then_loaded(ray_cluster: Any, tmp_path: Path) -> None:
+def test_the_progress_callback_sees_every_stage_waiting_loading_then_loaded(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
     rt, seen = _start(plan, config)
     rt.close()
@@ -155,7 +200,8 @@ def test_the_progress_callback_sees_every_stage_waiting_loading_then_loaded(ray_
 
 
 def test_pipeline_start_with_progress_prints_one_plain_line_per_change_off_a_terminal(
-        ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.api import Pipeline
 
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
@@ -169,7 +215,8 @@ def test_pipeline_start_with_progress_prints_one_plain_line_per_change_off_a_ter
 
 
 def test_pipeline_start_without_progress_prints_nothing(
-        ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.api import Pipeline
 
     plan, config = echo_pipeline(tmp_path)

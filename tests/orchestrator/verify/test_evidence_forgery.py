@@ -23,13 +23,37 @@ EP = "CPUExecutionProvider"
 def honest() -> dict[str, Any]:
     """A measurement as ``gates.measure`` writes it: 2 of 2 nodes on the CPU EP, exact outputs."""
     return {
-        "ep": EP, "precision": "fp32", "graph": "fp32.onnx",
-        "coverage": {"ep": EP, "taken": 2, "total": 2, "fraction": 1.0, "partitions": None,
-                     "by_ep": {EP: 2}, "fallback_op_types": {}, "source": "ort_assignment_info"},
-        "numeric": {"reference": "CPU EP, fp32 graph", "error": None, "bit_identical_to_cpu": None, "outputs": {
-            "y": {"shape": [1, 4], "reference_shape": [1, 4], "dtype": "float32", "shape_match": True,
-                  "rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0}}},
-        "suspicious": False, "timings": {"total_s": 0.1},
+        "ep": EP,
+        "precision": "fp32",
+        "graph": "fp32.onnx",
+        "coverage": {
+            "ep": EP,
+            "taken": 2,
+            "total": 2,
+            "fraction": 1.0,
+            "partitions": None,
+            "by_ep": {EP: 2},
+            "fallback_op_types": {},
+            "source": "ort_assignment_info",
+        },
+        "numeric": {
+            "reference": "CPU EP, fp32 graph",
+            "error": None,
+            "bit_identical_to_cpu": None,
+            "outputs": {
+                "y": {
+                    "shape": [1, 4],
+                    "reference_shape": [1, 4],
+                    "dtype": "float32",
+                    "shape_match": True,
+                    "rel_l2": 0.0,
+                    "max_abs": 0.0,
+                    "cosine": 1.0,
+                }
+            },
+        },
+        "suspicious": False,
+        "timings": {"total_s": 0.1},
     }
 
 
@@ -52,7 +76,9 @@ def forge(store: EvidenceStore, p: Placement, edit: Any) -> Path:
     return path
 
 
-def test_an_honest_record_is_verified(store: EvidenceStore, placed: tuple[Placement, Route]) -> None:
+def test_an_honest_record_is_verified(
+    store: EvidenceStore, placed: tuple[Placement, Route]
+) -> None:
     p, route = placed
     forge(store, p, lambda r: None)
     verification, refusals = cached_verdict(p.gate, route, store)
@@ -60,7 +86,9 @@ def test_an_honest_record_is_verified(store: EvidenceStore, placed: tuple[Placem
 
 
 def test_a_fraction_contradicting_the_counts_is_never_verified(
-    store: EvidenceStore, placed: tuple[Placement, Route], caplog: pytest.LogCaptureFixture,
+    store: EvidenceStore,
+    placed: tuple[Placement, Route],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     p, route = placed
 
@@ -71,21 +99,30 @@ def test_a_fraction_contradicting_the_counts_is_never_verified(
     with caplog.at_level(logging.WARNING):
         verification, _ = cached_verdict(p.gate, route, store)
     assert verification.status == "unverified"
-    assert str(path) in verification.details["reason"] and "fraction 1.0 is not taken/total = 0/2685" in verification.details["reason"]
+    assert (
+        str(path) in verification.details["reason"]
+        and "fraction 1.0 is not taken/total = 0/2685" in verification.details["reason"]
+    )
     assert any(str(path) in m and "treated as no evidence" in m for m in caplog.messages)
     # and the judge itself reads the counts, not the fraction
     record = honest()
     record["coverage"].update(taken=0, total=2685, fraction=1.0)
-    (refusal,) = judge(record, artifact_name="a", device_id="cpu", min_coverage=0.5, tolerance=Tolerance()).refusals
+    (refusal,) = judge(
+        record, artifact_name="a", device_id="cpu", min_coverage=0.5, tolerance=Tolerance()
+    ).refusals
     assert refusal.code == "execution_provider_declined_graph"
     assert "took 0 of 2685 nodes (0.0%)" in refusal.message
 
 
 def test_a_record_holding_only_its_key_and_a_fraction_is_no_evidence(
-    store: EvidenceStore, placed: tuple[Placement, Route], caplog: pytest.LogCaptureFixture,
+    store: EvidenceStore,
+    placed: tuple[Placement, Route],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     p, route = placed
-    path = forge(store, p, lambda r: {k: r[k] for k in ("format", "key_digest", "key")} | {"fraction": 1})
+    path = forge(
+        store, p, lambda r: {k: r[k] for k in ("format", "key_digest", "key")} | {"fraction": 1}
+    )
     with caplog.at_level(logging.WARNING):
         verification, refusals = cached_verdict(p.gate, route, store)
     assert verification.status == "unverified" and refusals == []
@@ -94,27 +131,40 @@ def test_a_record_holding_only_its_key_and_a_fraction_is_no_evidence(
     assert store.load(p.key) is None  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("edit", "why"), [
-    (lambda r: r["coverage"].update(taken=3, fraction=1.5), "exceeds coverage.total"),
-    (lambda r: r["coverage"].update(taken=-2, total=-2, fraction=1.0), "non-negative integers"),
-    (lambda r: r["coverage"].update(taken="2"), "non-negative integers"),
-    (lambda r: r["coverage"].update(taken=2.0), "non-negative integers"),
-    (lambda r: r["coverage"].update(total=0, taken=0, fraction=1.0), "total is 0"),
-    (lambda r: r["coverage"].pop("fraction"), "fraction None is not taken/total"),
-    (lambda r: r["coverage"].update(by_ep={EP: 1, "X": 1}), "by_ep"),
-    (lambda r: r.pop("numeric"), "numeric is missing"),
-    (lambda r: r["numeric"].update(outputs={}), "nothing was compared"),
-    (lambda r: r["numeric"]["outputs"]["y"].update(rel_l2=-1.0), "impossible values"),
-    (lambda r: r["numeric"]["outputs"]["y"].update(cosine="1"), "cosine is missing or not a number"),
-    (lambda r: r["numeric"]["outputs"]["y"].pop("shape_match"), "shape_match is missing"),
-    (lambda r: r["key"].update(graph_sha256="0" * 64), "is not the one it is filed under"),
-    (lambda r: r.update(evidence="D"), "evidence is not 'M'"),
-    (lambda r: (r.update(ep="X"), r["coverage"].update(ep="X")), "ep 'X' is not the key's 'CPUExecutionProvider'"),
-    (lambda r: r.update(precision="int8"), "precision 'int8' is not the key's 'fp32'"),
-    (lambda r: r.pop("measured_at"), "measured_at is missing"),
-])
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda r: r["coverage"].update(taken=3, fraction=1.5), "exceeds coverage.total"),
+        (lambda r: r["coverage"].update(taken=-2, total=-2, fraction=1.0), "non-negative integers"),
+        (lambda r: r["coverage"].update(taken="2"), "non-negative integers"),
+        (lambda r: r["coverage"].update(taken=2.0), "non-negative integers"),
+        (lambda r: r["coverage"].update(total=0, taken=0, fraction=1.0), "total is 0"),
+        (lambda r: r["coverage"].pop("fraction"), "fraction None is not taken/total"),
+        (lambda r: r["coverage"].update(by_ep={EP: 1, "X": 1}), "by_ep"),
+        (lambda r: r.pop("numeric"), "numeric is missing"),
+        (lambda r: r["numeric"].update(outputs={}), "nothing was compared"),
+        (lambda r: r["numeric"]["outputs"]["y"].update(rel_l2=-1.0), "impossible values"),
+        (
+            lambda r: r["numeric"]["outputs"]["y"].update(cosine="1"),
+            "cosine is missing or not a number",
+        ),
+        (lambda r: r["numeric"]["outputs"]["y"].pop("shape_match"), "shape_match is missing"),
+        (lambda r: r["key"].update(graph_sha256="0" * 64), "is not the one it is filed under"),
+        (lambda r: r.update(evidence="D"), "evidence is not 'M'"),
+        (
+            lambda r: (r.update(ep="X"), r["coverage"].update(ep="X")),
+            "ep 'X' is not the key's 'CPUExecutionProvider'",
+        ),
+        (lambda r: r.update(precision="int8"), "precision 'int8' is not the key's 'fp32'"),
+        (lambda r: r.pop("measured_at"), "measured_at is missing"),
+    ],
+)
 def test_an_inconsistent_record_is_rejected_naming_the_file(
-    store: EvidenceStore, placed: tuple[Placement, Route], caplog: pytest.LogCaptureFixture, edit: Any, why: str,
+    store: EvidenceStore,
+    placed: tuple[Placement, Route],
+    caplog: pytest.LogCaptureFixture,
+    edit: Any,
+    why: str,
 ) -> None:
     p, route = placed
     path = forge(store, p, edit)
@@ -138,7 +188,9 @@ def test_evidence_is_bound_to_the_graphs_content(store: EvidenceStore, tmp_path:
 
 
 def test_verify_measures_again_over_a_forged_record_and_replaces_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from orchestrator.cli import main
     from tests.orchestrator.verify.test_cache_dir import _argv

@@ -21,7 +21,8 @@ OV_COMPILE_ERROR = (
     "Fail: [ONNXRuntimeError] : 1 : FAIL : Exception during initialization: "
     "/onnxruntime/onnxruntime/core/providers/openvino/backends/basic_backend.cc:136 "
     "onnxruntime::openvino_ep::BasicBackend::BasicBackend(std::unique_ptr<onnx::ModelProto>&, "
-    + "onnxruntime::openvino_ep::SessionContext&, " * 20
+    + "onnxruntime::openvino_ep::SessionContext&, "
+    * 20
     + ") [OpenVINO-EP] Exception while Loading Network for graph OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0: "
     "Exception from src/inference/src/cpp/core.cpp:114:\n"
     "Exception from src/inference/src/dev/plugin.cpp:53:\n"
@@ -32,14 +33,25 @@ OV_COMPILE_ERROR = (
 
 
 def _session_error_record() -> dict[str, Any]:
-    return {"ep": OV, "precision": "fp32",
-            "coverage": {"ep": OV, "taken": 0, "total": None, "fraction": 0.0, "source": "session_error",
-                         "session_error": OV_COMPILE_ERROR},
-            "numeric": {"outputs": {}, "error": None}}
+    return {
+        "ep": OV,
+        "precision": "fp32",
+        "coverage": {
+            "ep": OV,
+            "taken": 0,
+            "total": None,
+            "fraction": 0.0,
+            "source": "session_error",
+            "session_error": OV_COMPILE_ERROR,
+        },
+        "numeric": {"outputs": {}, "error": None},
+    }
 
 
 def _judge(record: dict[str, Any], **kw: Any) -> Any:
-    return judge(record, artifact_name="vad", device_id="cpu", min_coverage=0.5, tolerance=Tolerance(), **kw)
+    return judge(
+        record, artifact_name="vad", device_id="cpu", min_coverage=0.5, tolerance=Tolerance(), **kw
+    )
 
 
 def test_a_failed_compile_without_target_only_does_not_mention_target_only() -> None:
@@ -65,44 +77,78 @@ def test_a_failed_session_under_target_only_offers_to_allow_cpu_fallback() -> No
 
 
 def test_a_target_that_fails_on_the_reference_inputs_points_at_the_inputs() -> None:
-    record = {"ep": OV, "precision": "fp32",
-              "coverage": {"ep": OV, "taken": 4, "total": 4, "fraction": 1.0, "partitions": 1},
-              "numeric": {"outputs": {}, "error": "the target session failed on the reference inputs: Fail: "
-                          "Can't set the input tensor with index: 1, because the model input (shape=[]) and "
-                          "the tensor (shape=(1)) are incompatible"}}
+    record = {
+        "ep": OV,
+        "precision": "fp32",
+        "coverage": {"ep": OV, "taken": 4, "total": 4, "fraction": 1.0, "partitions": 1},
+        "numeric": {
+            "outputs": {},
+            "error": "the target session failed on the reference inputs: Fail: "
+            "Can't set the input tensor with index: 1, because the model input (shape=[]) and "
+            "the tensor (shape=(1)) are incompatible",
+        },
+    }
     (refusal,) = _judge(record).refusals
     assert refusal.code == "numeric_gate_failed"
     assert "(shape=[]) and the tensor (shape=(1)) are incompatible" in refusal.message
     assert "compare their shapes and dtypes with the graph's inputs" in refusal.remedy
-    assert "target_only" not in refusal.remedy and "precision of this artifact" not in refusal.remedy
+    assert (
+        "target_only" not in refusal.remedy and "precision of this artifact" not in refusal.remedy
+    )
 
 
 def _out_of_tolerance(precision: str) -> dict[str, Any]:
-    return {"ep": OV, "precision": precision,
-            "coverage": {"ep": OV, "taken": 4, "total": 4, "fraction": 1.0, "partitions": 1},
-            "numeric": {"reference": "CPU EP, fp32 graph", "outputs": {"y": compare([1.0, 2.0], [1.0, 2.5])}}}
+    return {
+        "ep": OV,
+        "precision": precision,
+        "coverage": {"ep": OV, "taken": 4, "total": 4, "fraction": 1.0, "partitions": 1},
+        "numeric": {
+            "reference": "CPU EP, fp32 graph",
+            "outputs": {"y": compare([1.0, 2.0], [1.0, 2.5])},
+        },
+    }
 
 
 def test_another_precision_is_offered_only_when_the_artifact_has_one() -> None:
     (alone,) = _judge(_out_of_tolerance("fp32"), precisions=("fp32",)).refusals
     assert "precision of this artifact" not in alone.remedy
-    assert alone.remedy.split(". ", 1)[1].startswith("Place the stage on another backend or device (e.g. the CPU EP, ort-cpu)")
-    assert "widen `tolerance` in the stage config only if this difference is acceptable for 'y'" in alone.remedy
+    assert alone.remedy.split(". ", 1)[1].startswith(
+        "Place the stage on another backend or device (e.g. the CPU EP, ort-cpu)"
+    )
+    assert (
+        "widen `tolerance` in the stage config only if this difference is acceptable for 'y'"
+        in alone.remedy
+    )
     (two,) = _judge(_out_of_tolerance("int8"), precisions=("fp32", "int8")).refusals
-    assert "Use another precision of this artifact (fp32) or place the stage on another backend" in two.remedy
+    assert (
+        "Use another precision of this artifact (fp32) or place the stage on another backend"
+        in two.remedy
+    )
 
 
 def test_lowering_the_minimum_is_offered_only_for_a_partial_offload() -> None:
     def record(taken: int) -> dict[str, Any]:
-        return {"ep": OV, "precision": "fp32",
-                "coverage": {"ep": OV, "taken": taken, "total": 4, "fraction": taken / 4, "partitions": 1 if taken else 0,
-                             "fallback_op_types": {"Det": 4 - taken}},
-                "numeric": {"outputs": {}}}
+        return {
+            "ep": OV,
+            "precision": "fp32",
+            "coverage": {
+                "ep": OV,
+                "taken": taken,
+                "total": 4,
+                "fraction": taken / 4,
+                "partitions": 1 if taken else 0,
+                "fallback_op_types": {"Det": 4 - taken},
+            },
+            "numeric": {"outputs": {}},
+        }
 
     (none,) = _judge(record(0)).refusals
     assert "min_ep_coverage" not in none.remedy
     (some,) = _judge(record(1)).refusals
-    assert "lower min_ep_coverage for this stage (now 0.5) if a partial offload is what you want" in some.remedy
+    assert (
+        "lower min_ep_coverage for this stage (now 0.5) if a partial offload is what you want"
+        in some.remedy
+    )
 
 
 def test_short_errors_are_quoted_whole() -> None:

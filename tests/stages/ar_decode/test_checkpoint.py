@@ -50,9 +50,10 @@ def gguf_bytes(*, layers: int = 2, tokens: list[str] | None = None) -> bytes:
         ("tokenizer.ggml.merges", ARRAY, (STRING, ["▁ t", "h e"])),
         ("general.quantization_version", U64, 2),
     ]
-    tensors = [("token_embd.weight", [64, len(tokens)], 1), *(
-        (f"blk.{i}.attn_q.weight", [64, 64], 3) for i in range(layers)
-    )]
+    tensors = [
+        ("token_embd.weight", [64, len(tokens)], 1),
+        *((f"blk.{i}.attn_q.weight", [64, 64], 3) for i in range(layers)),
+    ]
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta)))
     for key, vtype, value in meta:
         out += _str(key) + struct.pack("<I", vtype)
@@ -104,10 +105,16 @@ def test_the_header_walk_reads_every_fact_and_finds_the_tensor_table(tmp_path: P
     assert meta["tokenizer.ggml.token_type"] == ("array", 5)
     assert meta["tokenizer.ggml.merges"] == ("array", 2)
     assert meta["general.quantization_version"] == 2  # the key after the arrays: offsets held
-    assert tensors == [("token_embd.weight", 320, 1), ("blk.0.attn_q.weight", 4096, 3), ("blk.1.attn_q.weight", 4096, 3)]
+    assert tensors == [
+        ("token_embd.weight", 320, 1),
+        ("blk.0.attn_q.weight", 4096, 3),
+        ("blk.1.attn_q.weight", 4096, 3),
+    ]
 
 
-def test_a_second_read_is_served_from_memory_and_a_fresh_process_from_the_cache(tmp_path: Path, cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_read_is_served_from_memory_and_a_fresh_process_from_the_cache(
+    tmp_path: Path, cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = tmp_path / "tiny.gguf"
     p.write_bytes(gguf_bytes())
     first = gguf_header(p)
@@ -120,19 +127,27 @@ def test_a_second_read_is_served_from_memory_and_a_fresh_process_from_the_cache(
     assert read_gguf(p).config["num_hidden_layers"] == 2 and len(parses) == 1
 
 
-def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(tmp_path: Path, cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(
+    tmp_path: Path, cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = tmp_path / "tiny.gguf"
     p.write_bytes(gguf_bytes(layers=2))
     assert read_gguf(p).config["num_hidden_layers"] == 2
     before = p.stat()
-    changed = gguf_bytes(layers=2).replace(struct.pack("<I", 2) + _str("llama.embedding_length"),
-                                           struct.pack("<I", 7) + _str("llama.embedding_length"))
+    changed = gguf_bytes(layers=2).replace(
+        struct.pack("<I", 2) + _str("llama.embedding_length"),
+        struct.pack("<I", 7) + _str("llama.embedding_length"),
+    )
     assert len(changed) == before.st_size and changed != p.read_bytes()
     with p.open("r+b") as f:  # in place: same inode, same size
         f.write(changed)
     os.utime(p, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = p.stat()
-    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
     if after.st_ctime_ns == before.st_ctime_ns:
         pytest.skip("this file system's ctime did not move between two writes")
     for fresh_process in (False, True):
@@ -142,7 +157,9 @@ def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(tmp_path: Path, cac
     assert len(parses) == 2  # re-read once, then memoised again under the new stamp
 
 
-def test_a_replaced_file_with_the_same_size_and_mtime_is_seen(tmp_path: Path, cache: Path, parses: list[Path]) -> None:
+def test_a_replaced_file_with_the_same_size_and_mtime_is_seen(
+    tmp_path: Path, cache: Path, parses: list[Path]
+) -> None:
     p = tmp_path / "tiny.gguf"
     p.write_bytes(gguf_bytes(tokens=["a", "b"]))
     assert read_gguf(p).config["vocab_size"] == 2
@@ -156,7 +173,13 @@ def test_a_replaced_file_with_the_same_size_and_mtime_is_seen(tmp_path: Path, ca
     assert len(parses) == 2
 
 
-def test_an_unwritable_or_corrupt_cache_costs_speed_not_correctness(tmp_path: Path, cache: Path, parses: list[Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unwritable_or_corrupt_cache_costs_speed_not_correctness(
+    tmp_path: Path,
+    cache: Path,
+    parses: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     p = tmp_path / "tiny.gguf"
     p.write_bytes(gguf_bytes())
     cache.mkdir(parents=True)
@@ -199,8 +222,17 @@ plan = plan_pipeline(load_config("configs/voice-assistant.yaml"), load_profile("
 print(plan.admitted, sorted(m for m in ("numpy", "onnxruntime", "onnx", "torch", "ray", "rich") if m in sys.modules))
 """
     env = {**os.environ, "OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
-            for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
     assert runs[0].split()[0] == "True"
     assert runs[1].split() == ["True", "[]"]
 
@@ -211,17 +243,26 @@ def _safetensors(path: Path, n: int, *, with_data: bool) -> None:
 
 
 @pytest.mark.parametrize("with_data", [True, False])
-def test_a_safetensors_file_holding_its_header_only_is_named_in_the_manifest(tmp_path: Path, with_data: bool) -> None:
+def test_a_safetensors_file_holding_its_header_only_is_named_in_the_manifest(
+    tmp_path: Path, with_data: bool
+) -> None:
     """A metadata-only checkpoint (configs/models/qwen3-omni-30b-a3b: headers, no weights) plans from its
     headers, and its manifest says no engine can load it; a whole file says nothing of the kind."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"})
+    )
     _safetensors(tmp_path / "model.safetensors", 1000, with_data=with_data)
     m = manifests.read_checkpoint(tmp_path)
     assert m.source == "safetensors" and m.weight_bytes == 2000
     said = [n for n in m.notes if "hold less than their headers list" in n]
-    assert said == ([] if with_data else [
-        "weights not present: 1 of 1 safetensors file(s) hold less than their headers list (header-only metadata, "
-        "or a download cut short); sizes from the headers, no engine can load them"])
+    assert said == (
+        []
+        if with_data
+        else [
+            "weights not present: 1 of 1 safetensors file(s) hold less than their headers list (header-only metadata, "
+            "or a download cut short); sizes from the headers, no engine can load them"
+        ]
+    )
 
 
 def test_the_shipped_qwen3_omni_headers_are_the_real_sizes() -> None:
@@ -230,24 +271,37 @@ def test_the_shipped_qwen3_omni_headers_are_the_real_sizes() -> None:
     m = manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")
     assert m.source == "safetensors" and len(m.files) == 15 and m.weight_format == "bf16"
     assert any("15 of 15 safetensors file(s) hold less" in n for n in m.notes)
-    code2wav = sum(e - s for f in m.files for k, v in manifests.read_safetensors_header(
-        REPO / "configs/models/qwen3-omni-30b-a3b" / f).items() if k.startswith("code2wav.")
-        for s, e in [v["data_offsets"]])
+    code2wav = sum(
+        e - s
+        for f in m.files
+        for k, v in manifests.read_safetensors_header(
+            REPO / "configs/models/qwen3-omni-30b-a3b" / f
+        ).items()
+        if k.startswith("code2wav.")
+        for s, e in [v["data_offsets"]]
+    )
     assert code2wav == 216_016_577 * 2
 
 
 def test_weights_missing_names_an_index_alone_and_header_only_files(tmp_path: Path) -> None:
-    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen2.5-omni-3b")) == (
-        "no *.safetensors files, only model.safetensors.index.json (it lists 3 of them)")
-    assert manifests.weights_missing(manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")) == (
-        "15 of 15 safetensors file(s) hold less than their headers list (header-only metadata, or a download cut short)")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    assert manifests.weights_missing(
+        manifests.read_checkpoint(REPO / "configs/models/qwen2.5-omni-3b")
+    ) == ("no *.safetensors files, only model.safetensors.index.json (it lists 3 of them)")
+    assert manifests.weights_missing(
+        manifests.read_checkpoint(REPO / "configs/models/qwen3-omni-30b-a3b")
+    ) == (
+        "15 of 15 safetensors file(s) hold less than their headers list (header-only metadata, or a download cut short)"
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"})
+    )
     _safetensors(tmp_path / "model.safetensors", 10, with_data=True)
     assert manifests.weights_missing(manifests.read_checkpoint(tmp_path)) is None
 
 
 def test_running_a_metadata_only_checkpoint_is_refused_before_anything_starts(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """configs/examples/qwen2_5-omni.yaml plans on the CPU-only profile (its thinker and talker fit), but its
     checkpoint directory is metadata only: `run` says so by name, exit 2, before Ray or a load starts —
     before, the plan went on to start Ray and the load failed inside the device actor."""
@@ -255,12 +309,25 @@ def test_running_a_metadata_only_checkpoint_is_refused_before_anything_starts(
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("orchestrator.runtime.cluster.connect",
-                        lambda *a, **k: pytest.fail("Ray was started for a checkpoint without weights"))
-    code = main(["run", str(REPO / "configs/examples/qwen2_5-omni.yaml"), "--profile",
-                 str(REPO / "configs/profiles/cpu-only-linux.json"), "--prompt", "Hello"])
+    monkeypatch.setattr(
+        "orchestrator.runtime.cluster.connect",
+        lambda *a, **k: pytest.fail("Ray was started for a checkpoint without weights"),
+    )
+    code = main(
+        [
+            "run",
+            str(REPO / "configs/examples/qwen2_5-omni.yaml"),
+            "--profile",
+            str(REPO / "configs/profiles/cpu-only-linux.json"),
+            "--prompt",
+            "Hello",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "stages.thinker.model" in err and "holds no weights to load" in err
-    assert "only model.safetensors.index.json" in err and "a metadata-only directory plans, it does not run" in err
+    assert (
+        "only model.safetensors.index.json" in err
+        and "a metadata-only directory plans, it does not run" in err
+    )
     assert "Traceback" not in err and not (tmp_path / "runs").exists()

@@ -47,29 +47,70 @@ def test_gemma3_sliding_layers_hold_only_their_window():
 
 
 def test_layer_types_list_wins_and_qwen_max_window_layers():
-    cfg = {"num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-           "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}
+    cfg = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "sliding_window": 16,
+        "layer_types": [
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+    }
     assert layer_kinds(cfg) == ["sliding_attention", "full_attention"] * 2
-    qwen = {"num_hidden_layers": 4, "num_attention_heads": 2, "head_dim": 8, "sliding_window": 16,
-            "use_sliding_window": True, "max_window_layers": 2}
-    assert layer_kinds(qwen) == ["full_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    qwen = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "head_dim": 8,
+        "sliding_window": 16,
+        "use_sliding_window": True,
+        "max_window_layers": 2,
+    }
+    assert layer_kinds(qwen) == [
+        "full_attention",
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+    ]
     # use_sliding_window false (Qwen3-4B): all full, whatever max_window_layers says
     assert set(layer_kinds(load("qwen3-4b"))) == {"full_attention"}
 
 
 def test_mla_latent_is_one_vector_per_token():
-    cfg = {"num_hidden_layers": 3, "num_attention_heads": 16, "hidden_size": 2048,
-           "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    cfg = {
+        "num_hidden_layers": 3,
+        "num_attention_heads": 16,
+        "hidden_size": 2048,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+    }
     kv = kv_budget(cfg, max_model_len=100)
     assert kv.mla
     assert kv.bytes_per_token == 3 * (512 + 64) * 2
 
 
 def test_linear_attention_layers_hold_a_fixed_state():
-    cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-           "hidden_size": 512, "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-           "linear_num_value_heads": 8, "linear_num_key_heads": 4, "linear_key_head_dim": 32,
-           "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
+    cfg = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_size": 512,
+        "layer_types": [
+            "linear_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention",
+        ],
+        "linear_num_value_heads": 8,
+        "linear_num_key_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+    }
     kv = kv_budget(cfg, max_model_len=1000, max_num_seqs=3)
     state = (8 * 32 * 32 + 3 * (2 * 4 * 32 + 8 * 32)) * 2
     assert kv.recurrent_layers == 3
@@ -81,7 +122,10 @@ def test_linear_attention_layers_hold_a_fixed_state():
 
 def test_fp8_cache_halves_bf16_and_unknown_dtype_is_refused():
     cfg = load("llama-3.2-1b-instruct")
-    assert kv_budget(cfg, max_model_len=10, kv_dtype="fp8").bytes_per_token * 2 == kv_budget(cfg, max_model_len=10).bytes_per_token
+    assert (
+        kv_budget(cfg, max_model_len=10, kv_dtype="fp8").bytes_per_token * 2
+        == kv_budget(cfg, max_model_len=10).bytes_per_token
+    )
     with pytest.raises(ValueError, match="unknown KV cache dtype 'int3'"):
         kv_budget(cfg, max_model_len=10, kv_dtype="int3")
 

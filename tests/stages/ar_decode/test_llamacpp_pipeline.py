@@ -21,8 +21,12 @@ from orchestrator.profile import HardwareProfile, parse_profile
 from orchestrator.runtime.events import StageEvent, TextDelta
 from orchestrator.units import GiB
 
-pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                                  reason="llama-cpp-python is not installed")]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+    ),
+]
 
 CONFIG = """\
 name: lcpp-thinker
@@ -44,11 +48,27 @@ stages:
 
 def _profile() -> HardwareProfile:
     """A CPU that offers llama.cpp (tests.helpers.profiles.make_profile's offers vLLM and ONNX Runtime)."""
-    return parse_profile({
-        "format": "omni-edge.profile/1", "name": "test machine",
-        "host": {"os": "linux", "ram_total_bytes": 32 * GiB, "ram_available_bytes": 16 * GiB, "ram_limit_bytes": None},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["llamacpp-cpu", "vllm-cpu", "ort-cpu"]}],
-        "routes": [{"name": "this-process"}]})
+    return parse_profile(
+        {
+            "format": "omni-edge.profile/1",
+            "name": "test machine",
+            "host": {
+                "os": "linux",
+                "ram_total_bytes": 32 * GiB,
+                "ram_available_bytes": 16 * GiB,
+                "ram_limit_bytes": None,
+            },
+            "devices": [
+                {
+                    "id": "cpu",
+                    "kind": "cpu",
+                    "name": "test CPU",
+                    "backends": ["llamacpp-cpu", "vllm-cpu", "ort-cpu"],
+                }
+            ],
+            "routes": [{"name": "this-process"}],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +91,7 @@ def _fixed(prompt: str, n: int, **sampling: Any) -> dict[str, Any]:
 
 def _run(pipeline: Pipeline, prompt: Any) -> tuple[str, dict[str, Any]]:
     """The streamed text and the decode stage's figures from its ``done`` event."""
+
     async def main() -> tuple[str, dict[str, Any]]:
         text, stats = [], {}
         async for e in pipeline.stream(prompt):
@@ -86,7 +107,10 @@ def _run(pipeline: Pipeline, prompt: Any) -> tuple[str, dict[str, Any]]:
 def test_streams_and_holds_to_min_tokens_with_the_seed(pipeline: Pipeline) -> None:
     request = _fixed("Reply with the single word: yes.", 24, seed=11)
     streamed, stats = _run(pipeline, request)
-    assert (stats["tokens"], stats["finish_reason"]) == (24, "length")  # end-of-generation held back
+    assert (stats["tokens"], stats["finish_reason"]) == (
+        24,
+        "length",
+    )  # end-of-generation held back
     assert stats["prompt_tokens"] > 10 and streamed
     # the same seed, the same text: the deltas of one request make the other's whole text
     result = pipeline.run(request, record=False)
@@ -99,7 +123,9 @@ def _engine_state(pipeline: Pipeline) -> tuple[int, list[dict[str, Any]]]:
 
     def look(actor: Any) -> tuple[int, list[dict[str, Any]]]:
         runner = actor.stages["thinker"].runner
-        return runner._free_slots, [s for s in runner._done.values() if s.get("finish_reason") == "abort"]
+        return runner._free_slots, [
+            s for s in runner._done.values() if s.get("finish_reason") == "abort"
+        ]
 
     device = pipeline.plan.stage("thinker").device
     return ray.get(pipeline.runtime.devices[device].actor.__ray_call__.remote(look))  # type: ignore[no-any-return]
@@ -119,10 +145,16 @@ def test_a_closed_stream_gives_its_sequence_back(pipeline: Pipeline) -> None:
     while (state := _engine_state(pipeline))[0] != 1 or not state[1]:
         assert time.monotonic() < deadline, f"the closed request was never aborted: {state}"
         time.sleep(0.05)
-    assert all(s["tokens"] < 400 for s in state[1])  # it stopped early, it did not run out its 400 tokens
+    assert all(
+        s["tokens"] < 400 for s in state[1]
+    )  # it stopped early, it did not run out its 400 tokens
     _, stats = _run(pipeline, _fixed("Hi.", 5))
     # the only sequence was free when this request reached the engine: the closed one left it
-    assert (stats["tokens"], stats["finish_reason"], stats["waited_for_slot"]) == (5, "length", False)
+    assert (stats["tokens"], stats["finish_reason"], stats["waited_for_slot"]) == (
+        5,
+        "length",
+        False,
+    )
 
 
 def test_a_prompt_beyond_the_context_is_refused_before_the_stage(pipeline: Pipeline) -> None:

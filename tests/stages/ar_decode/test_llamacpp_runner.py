@@ -28,18 +28,21 @@ N_BATCH = 16
 """Small on purpose: the ~40-token chat prompts are read in several chunks, and a second
 request's prefill shares steps with the first one's decoding."""
 
-needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                     reason="llama-cpp-python is not installed (scripts/bootstrap.sh builds it)")
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (scripts/bootstrap.sh builds it)",
+)
 
 
 # ---- incremental UTF-8, without a model ---------------------------------------------------
+
 
 def test_a_character_split_across_tokens_is_sent_once_it_is_whole() -> None:
     text = "Grüße, 東京 🌙!"
     data = text.encode("utf-8")
     # every split of the bytes into one-byte pieces: each multi-byte character is cut
     deltas = Utf8Deltas()
-    out = [deltas.add(data[i:i + 1]) for i in range(len(data))] + [deltas.flush()]
+    out = [deltas.add(data[i : i + 1]) for i in range(len(data))] + [deltas.flush()]
     assert "".join(out) == text
     assert "\ufffd" not in "".join(out)
     assert all(len(d) <= 1 for d in out)  # nothing half-sent: a character or nothing
@@ -57,20 +60,45 @@ def test_bytes_that_never_make_a_character_become_the_replacement_mark() -> None
 
 # ---- the runner on the real model -----------------------------------------------------------
 
+
 def _plan(n_seq: int = 2, **kwargs: Any) -> StagePlan:
     path = str(resolve_package_location(MODEL))
-    engine = {"model": path, "n_ctx": MAX_MODEL_LEN * n_seq, "n_seq_max": n_seq, "max_model_len": MAX_MODEL_LEN,
-              "n_batch": N_BATCH, "n_ubatch": N_BATCH, "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0,
-              "flash_attn": False, **kwargs}
-    return StagePlan(name="thinker", kind="ar_decode", admitted=True, device="cpu", backend="llamacpp-cpu",
-                     route=None, reservations=(), refusals=(), engine_kwargs=engine, artifact={})
+    engine = {
+        "model": path,
+        "n_ctx": MAX_MODEL_LEN * n_seq,
+        "n_seq_max": n_seq,
+        "max_model_len": MAX_MODEL_LEN,
+        "n_batch": N_BATCH,
+        "n_ubatch": N_BATCH,
+        "type_k": "f16",
+        "type_v": "f16",
+        "n_gpu_layers": 0,
+        "flash_attn": False,
+        **kwargs,
+    }
+    return StagePlan(
+        name="thinker",
+        kind="ar_decode",
+        admitted=True,
+        device="cpu",
+        backend="llamacpp-cpu",
+        route=None,
+        reservations=(),
+        refusals=(),
+        engine_kwargs=engine,
+        artifact={},
+    )
 
 
 def _stage() -> Any:
     stage = load_config(REPO / "configs/voice-assistant.yaml").stage("thinker")
     # requests up to 450 tokens (the config caps them at 96)
-    return stage.model_copy(update={"max_model_len": MAX_MODEL_LEN,
-                                    "sampling": stage.sampling.model_copy(update={"max_tokens": 450})})
+    return stage.model_copy(
+        update={
+            "max_model_len": MAX_MODEL_LEN,
+            "sampling": stage.sampling.model_copy(update={"max_tokens": 450}),
+        }
+    )
 
 
 async def _prompt(prompt: Any) -> AsyncIterator[Any]:
@@ -91,7 +119,9 @@ def _greedy(prompt: str, n: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[LlamaCppRunner]:
-    if importlib.util.find_spec("llama_cpp") is None:  # not importorskip: the runner must be the one to import it
+    if (
+        importlib.util.find_spec("llama_cpp") is None
+    ):  # not importorskip: the runner must be the one to import it
         pytest.skip("llama-cpp-python is not installed (scripts/bootstrap.sh builds it)")
     r = LlamaCppRunner(_plan(), _stage())
     r.load()
@@ -116,8 +146,17 @@ def _kv_positions(runner: LlamaCppRunner) -> list[int]:
 def test_load_creates_one_context_from_the_plans_kwargs(runner: LlamaCppRunner) -> None:
     info = runner.load_info
     assert info["in_process"] and info["model_path"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert (info["n_seq_max"], info["n_ctx_seq"], info["n_ctx"]) == (2, MAX_MODEL_LEN, 2 * MAX_MODEL_LEN)
-    assert (info["n_batch"], info["n_ubatch"], info["type_k"], info["type_v"]) == (N_BATCH, N_BATCH, "f16", "f16")
+    assert (info["n_seq_max"], info["n_ctx_seq"], info["n_ctx"]) == (
+        2,
+        MAX_MODEL_LEN,
+        2 * MAX_MODEL_LEN,
+    )
+    assert (info["n_batch"], info["n_ubatch"], info["type_k"], info["type_v"]) == (
+        N_BATCH,
+        N_BATCH,
+        "f16",
+        "f16",
+    )
     assert info["n_threads"] == 1  # no cpu_threads on this plan: one thread
     assert info["chat_template"] and not info["flash_attn"]
     peak = runner.measured_peak_bytes()
@@ -142,7 +181,9 @@ def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) 
 @needs_llama_cpp
 def test_min_tokens_holds_back_the_end_of_generation(runner: LlamaCppRunner) -> None:
     # End to end: a prompt asking for one word, held to 12 tokens.
-    asyncio.run(_collect(runner, "short", _fixed("Reply with the single word: yes.", 12, temperature=0.0)))
+    asyncio.run(
+        _collect(runner, "short", _fixed("Reply with the single word: yes.", 12, temperature=0.0))
+    )
     short = runner.request_stats("short")
     assert (short["tokens"], short["finish_reason"]) == (12, "length")
     # The mechanism, on logits where an end-of-generation token is the clear winner: the chain a
@@ -151,7 +192,9 @@ def test_min_tokens_holds_back_the_end_of_generation(runner: LlamaCppRunner) -> 
     lc, vocab = runner._lc, runner._vocab
     assert vocab is not None
     eos = min(vocab.eog_ids)
-    chain, biased = runner._chain({"temperature": 0.0, "min_tokens": 3, "repetition_penalty": 1.0}, [])
+    chain, biased = runner._chain(
+        {"temperature": 0.0, "min_tokens": 3, "repetition_penalty": 1.0}, []
+    )
     assert biased
 
     def pick() -> int:
@@ -173,9 +216,18 @@ def test_min_tokens_holds_back_the_end_of_generation(runner: LlamaCppRunner) -> 
 @needs_llama_cpp
 def test_the_same_seed_decodes_the_same_text(runner: LlamaCppRunner) -> None:
     sampled = {"temperature": 1.0, "top_p": 0.95, "seed": 1234, "max_tokens": 32}
-    texts = [''.join(asyncio.run(_collect(runner, f"s{i}", {"prompt": "Name a colour.", "sampling": sampled})))
-             for i in range(2)]
-    greedy = [''.join(asyncio.run(_collect(runner, f"g{i}", _greedy("Name a colour.", 32)))) for i in range(2)]
+    texts = [
+        "".join(
+            asyncio.run(
+                _collect(runner, f"s{i}", {"prompt": "Name a colour.", "sampling": sampled})
+            )
+        )
+        for i in range(2)
+    ]
+    greedy = [
+        "".join(asyncio.run(_collect(runner, f"g{i}", _greedy("Name a colour.", 32))))
+        for i in range(2)
+    ]
     assert texts[0] == texts[1] and texts[0]
     assert greedy[0] == greedy[1] and greedy[0]
 
@@ -183,7 +235,10 @@ def test_the_same_seed_decodes_the_same_text(runner: LlamaCppRunner) -> None:
 @needs_llama_cpp
 def test_two_concurrent_requests_each_decode_as_they_would_alone(runner: LlamaCppRunner) -> None:
     a, b = _greedy("Name three colours.", 40), _greedy("What is two plus two? Explain briefly.", 40)
-    alone = ["".join(asyncio.run(_collect(runner, "a0", a))), "".join(asyncio.run(_collect(runner, "b0", b)))]
+    alone = [
+        "".join(asyncio.run(_collect(runner, "a0", a))),
+        "".join(asyncio.run(_collect(runner, "b0", b))),
+    ]
 
     async def together() -> list[list[str]]:
         return list(await asyncio.gather(_collect(runner, "a", a), _collect(runner, "b", b)))
@@ -214,9 +269,15 @@ def test_closing_the_stream_frees_the_slot_and_its_kv_cells(runner: LlamaCppRunn
 
     asyncio.run(main())
     _wait_all_free(runner)
-    gone, third, keep = runner.request_stats("gone"), runner.request_stats("third"), runner.request_stats("keep")
+    gone, third, keep = (
+        runner.request_stats("gone"),
+        runner.request_stats("third"),
+        runner.request_stats("keep"),
+    )
     assert gone["finish_reason"] == "abort" and gone["tokens"] < 400
-    assert (third["tokens"], third["finish_reason"]) == (5, "length") and not third["waited_for_slot"]
+    assert (third["tokens"], third["finish_reason"]) == (5, "length") and not third[
+        "waited_for_slot"
+    ]
     assert keep["finish_reason"] == "abort" and keep["tokens"] < 400
     # every reply's cells are cleared; a sequence keeps at most its prompt's (prefix reuse)
     prompt_tokens = max(gone["prompt_tokens"], keep["prompt_tokens"], third["prompt_tokens"])
@@ -224,7 +285,9 @@ def test_closing_the_stream_frees_the_slot_and_its_kv_cells(runner: LlamaCppRunn
 
 
 @needs_llama_cpp
-def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(runner: LlamaCppRunner) -> None:
+def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(
+    runner: LlamaCppRunner,
+) -> None:
     _wait_all_free(runner)
     question = _fixed("Name a colour of the rainbow.", 6)
     asyncio.run(_collect(runner, "r1", question))
@@ -242,7 +305,9 @@ def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(ru
 
 
 @needs_llama_cpp
-def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(runner: LlamaCppRunner) -> None:
+def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
+    runner: LlamaCppRunner,
+) -> None:
     from stages.ar_decode.runner import validate_request
 
     prompt = {"prompt": "word " * 450, "sampling": {"max_tokens": 96}}
@@ -252,7 +317,9 @@ def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(runner: 
     # the request check before a device actor counts the same way, from the GGUF alone
     with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
         validate_request(runner.plan, _stage(), prompt)
-    validate_request(runner.plan, _stage(), {"prompt": "word " * 10, "sampling": {"max_tokens": 96}})
+    validate_request(
+        runner.plan, _stage(), {"prompt": "word " * 10, "sampling": {"max_tokens": 96}}
+    )
 
 
 @needs_llama_cpp
@@ -263,15 +330,19 @@ def test_the_request_check_reads_the_ggufs_own_vocabulary() -> None:
     vocab = request_tokenizer(_plan())
     assert isinstance(vocab, GgufVocab) and vocab.chat_template and vocab.eog_ids
     assert request_tokenizer(_plan()) is vocab  # once per process
-    assert vocab.apply_chat_template([{"role": "user", "content": "Hi"}])[-1] != vocab.encode("Hi")[-1]
+    assert (
+        vocab.apply_chat_template([{"role": "user", "content": "Hi"}])[-1] != vocab.encode("Hi")[-1]
+    )
 
 
 @needs_llama_cpp
 def test_what_llama_cpp_cannot_start_is_a_stage_failure() -> None:
     import llama_cpp
 
-    cases: list[tuple[dict[str, Any], str]] = [({"model": "/nonexistent/model.gguf"}, "could not load"),
-                                               ({"type_k": "q5_k"}, "KV cache type 'q5_k'")]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"model": "/nonexistent/model.gguf"}, "could not load"),
+        ({"type_k": "q5_k"}, "KV cache type 'q5_k'"),
+    ]
     if not llama_cpp.llama_supports_gpu_offload():  # this build (CPU only) cannot run a Vulkan plan
         cases.append(({"n_gpu_layers": -1}, "no GPU offload"))
     for kwargs, expected in cases:

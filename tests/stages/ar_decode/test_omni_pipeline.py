@@ -42,7 +42,12 @@ def tiny_checkpoints() -> None:
 def _config(tmp_path: Path, name: str, **talker_sampling: Any) -> Path:
     doc = yaml.safe_load((REPO / f"configs/examples/{name}.yaml").read_text())
     for stage in doc["stages"]:
-        for key in ("model", "artifact", "dit", "vocoder"):  # paths relative to the example's directory
+        for key in (
+            "model",
+            "artifact",
+            "dit",
+            "vocoder",
+        ):  # paths relative to the example's directory
             if key in stage:
                 stage[key] = str((REPO / "configs/examples" / stage[key]).resolve())
         if stage["name"] == "talker":
@@ -53,7 +58,8 @@ def _config(tmp_path: Path, name: str, **talker_sampling: Any) -> Path:
 
 
 def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_frees_every_stage(
-        ray_cluster: Any, tmp_path: Path) -> None:
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     import numpy as np
 
     from exports import qwen2_5_omni_token2wav
@@ -61,12 +67,16 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
     from orchestrator.runtime.events import AudioChunk, OutputItem, StageEvent, TextDelta
 
     qwen2_5_omni_token2wav.ensure_built()  # bootstrap builds it; again if the checkpoint changed since
-    config = _config(tmp_path, "qwen2_5-omni-tiny", min_tokens=TALKER_CODES, max_tokens=TALKER_CODES)
+    config = _config(
+        tmp_path, "qwen2_5-omni-tiny", min_tokens=TALKER_CODES, max_tokens=TALKER_CODES
+    )
     pipeline = Pipeline.from_config(config, record=tmp_path / "runs", calibration=False)
     try:
-        assert {s.name: s.backend for s in pipeline.plan.stages} == {"thinker": "transformers-cpu",
-                                                                        "talker": "transformers-cpu",
-                                                                        "token2wav": "ort-cpu"}
+        assert {s.name: s.backend for s in pipeline.plan.stages} == {
+            "thinker": "transformers-cpu",
+            "talker": "transformers-cpu",
+            "token2wav": "ort-cpu",
+        }
 
         async def whole() -> list[Any]:
             return [e async for e in pipeline.stream(PROMPT)]
@@ -79,7 +89,9 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
             await stream.aclose()
             left = time.perf_counter()
             while pipeline.runtime.admission.in_flight:
-                assert time.perf_counter() - left < 10, "the request still held its slot 10 s after it was cancelled"
+                assert time.perf_counter() - left < 10, (
+                    "the request still held its slot 10 s after it was cancelled"
+                )
                 await asyncio.sleep(0.01)
             return time.perf_counter() - left
 
@@ -90,36 +102,61 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
         pipeline.close()
     assert pipeline.final_ledger is not None and not pipeline.final_ledger.get("held_bytes")
     # generate()'s own token2wav from the noise the stage draws (seed 0, the config's), 10 time points
-    ref = reference(omni_tiny.QWEN2_5_OMNI_DIR, PROMPT, thinker_max=24, talker_max=TALKER_CODES,
-                    talker_min=TALKER_CODES, token2wav_seed=0, token2wav_steps=10)
+    ref = reference(
+        omni_tiny.QWEN2_5_OMNI_DIR,
+        PROMPT,
+        thinker_max=24,
+        talker_max=TALKER_CODES,
+        talker_min=TALKER_CODES,
+        token2wav_seed=0,
+        token2wav_steps=10,
+    )
     text = "".join(e.text for e in events if isinstance(e, TextDelta) and e.stage == "thinker")
     codes = [list(e.value) for e in events if isinstance(e, OutputItem) and e.stage == "talker"]
     assert text == ref.text and codes == ref.codes and len(codes) == TALKER_CODES
     # the audio: one 24 kHz item of 2 mel frames a code, 240 samples a frame, within the graphs' gate
     (audio,) = [e for e in events if isinstance(e, AudioChunk) and e.stage == "token2wav"]
-    assert audio.sample_rate == 24000 and audio.audio.shape[-1] == TALKER_CODES * 2 * 240 == len(ref.waveform)
+    assert audio.sample_rate == 24000 and audio.audio.shape[-1] == TALKER_CODES * 2 * 240 == len(
+        ref.waveform
+    )
     got, want = np.asarray(audio.audio, dtype=np.float32).reshape(-1), ref.waveform
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     assert float(np.abs(want).max()) > 0 and rel <= 1e-3, rel
     print(f"token2wav on Ray vs generate(): {len(got)} samples, rel L2 {rel:.2e}")
     done = {e.stage: e.stats for e in events if isinstance(e, StageEvent) and e.kind == "done"}
     # the hand-over crossed Ray: one item per thinker step, [tokens, 64] float32, joined whole
-    assert done["talker"]["hidden_states"] == {"steps": len(ref.tokens), "tokens": len(ref.prompt_ids) + len(ref.tokens) - 1,
-                                               "width": 64, "dtype": "float32", "layer": -1}
-    assert done["talker"]["join"]["received"] == {"thinker.hidden_states": len(ref.tokens), "thinker.text": 1}
-    assert done["thinker"]["edges_out"]["talker"]["items"] == len(ref.tokens) + 1  # + the text, whole
+    assert done["talker"]["hidden_states"] == {
+        "steps": len(ref.tokens),
+        "tokens": len(ref.prompt_ids) + len(ref.tokens) - 1,
+        "width": 64,
+        "dtype": "float32",
+        "layer": -1,
+    }
+    assert done["talker"]["join"]["received"] == {
+        "thinker.hidden_states": len(ref.tokens),
+        "thinker.text": 1,
+    }
+    assert (
+        done["thinker"]["edges_out"]["talker"]["items"] == len(ref.tokens) + 1
+    )  # + the text, whole
     # after the cancel: the next request ran every stage, and its talker did not wait for the cancelled one
     stats = {e.stage: e.stats for e in after if isinstance(e, StageEvent) and e.kind == "done"}
     assert set(stats) == {"thinker", "talker", "token2wav"}
     assert stats["talker"]["waited_for_previous"] is False
     assert stats["talker"]["aborted_before"]["requests"] == 1
     assert stats["talker"]["aborted_before"]["last_tokens"] < TALKER_CODES
-    assert [list(e.value) for e in after if isinstance(e, OutputItem) and e.stage == "talker"] == ref.codes
-    print(f"cancelled mid-talker after {stats['talker']['aborted_before']['last_tokens']} of {TALKER_CODES} codes; "
-          f"slot free {freed_s * 1000:.0f} ms after the cancel")
+    assert [
+        list(e.value) for e in after if isinstance(e, OutputItem) and e.stage == "talker"
+    ] == ref.codes
+    print(
+        f"cancelled mid-talker after {stats['talker']['aborted_before']['last_tokens']} of {TALKER_CODES} codes; "
+        f"slot free {freed_s * 1000:.0f} ms after the cancel"
+    )
 
 
-def test_qwen3_omni_through_omni_edge_run_matches_transformers(ray_cluster: Any, tmp_path: Path) -> None:
+def test_qwen3_omni_through_omni_edge_run_matches_transformers(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     """Text, codes and audio: thinker → talker → the exported code2wav, chunked, against
     transformers' ``generate()`` (which runs the checkpoint's own code2wav on the same codes)."""
     import wave
@@ -133,18 +170,43 @@ def test_qwen3_omni_through_omni_edge_run_matches_transformers(ray_cluster: Any,
     config = REPO / "configs/examples/qwen3-omni-tiny.yaml"
     out_wav = tmp_path / "reply.wav"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(config), "--prompt", PROMPT, "--json",
-         "--record", str(tmp_path / "run.json"), "--no-calibration", "--out", str(out_wav)],
-        capture_output=True, text=True, timeout=600, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            str(config),
+            "--prompt",
+            PROMPT,
+            "--json",
+            "--record",
+            str(tmp_path / "run.json"),
+            "--no-calibration",
+            "--out",
+            str(out_wav),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     stages = yaml.safe_load(config.read_text())["stages"]
-    ref = reference(omni_tiny.QWEN3_OMNI_DIR, PROMPT, thinker_max=stages[0]["sampling"]["max_tokens"],
-                    talker_max=stages[1]["sampling"]["max_tokens"])
+    ref = reference(
+        omni_tiny.QWEN3_OMNI_DIR,
+        PROMPT,
+        thinker_max=stages[0]["sampling"]["max_tokens"],
+        talker_max=stages[1]["sampling"]["max_tokens"],
+    )
     assert out["texts"]["thinker"] == ref.text
     assert out["outputs"]["talker"] == ref.codes  # one frame per item: every codebook's code
     assert {len(frame) for frame in out["outputs"]["talker"]} == {omni_tiny.Q3_CODE_GROUPS}
-    assert [s["backend"] for s in out["stages"]] == ["transformers-cpu", "transformers-cpu", "ort-cpu"]
+    assert [s["backend"] for s in out["stages"]] == [
+        "transformers-cpu",
+        "transformers-cpu",
+        "ort-cpu",
+    ]
     # the audio: 16-bit PCM of code2wav's chunks, against transformers' float waveform — within the
     # artifact's gate tolerance plus half a 16-bit step of rounding
     with wave.open(str(out_wav)) as w:

@@ -37,7 +37,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 CONFIG = REPO / "configs/examples/qwen3-omni-tiny.yaml"
 PROMPT = "Hello there"
-RATE = 24000  # code2wav's output rate (the artifact's produces: audio@24000), and OpenAI's pcm16 rate
+RATE = (
+    24000  # code2wav's output rate (the artifact's produces: audio@24000), and OpenAI's pcm16 rate
+)
 TALKER_CODES = 280
 """The talker's min_tokens = max_tokens: long by construction, so a request dropped at its first
 audio chunk (code2wav's first window: 4 frames) is dropped mid-talker whatever the CPU's speed.
@@ -54,8 +56,13 @@ TOLERANCE = 1e-3 + 1 / 32767
 def ref() -> Reference:
     omni_tiny.ensure_built()
     stages = yaml.safe_load(CONFIG.read_text())["stages"]
-    return reference(omni_tiny.QWEN3_OMNI_DIR, PROMPT, thinker_max=stages[0]["sampling"]["max_tokens"],
-                     talker_max=TALKER_CODES, talker_min=TALKER_CODES)
+    return reference(
+        omni_tiny.QWEN3_OMNI_DIR,
+        PROMPT,
+        thinker_max=stages[0]["sampling"]["max_tokens"],
+        talker_max=TALKER_CODES,
+        talker_min=TALKER_CODES,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +108,18 @@ def _assert_audio(pcm: np.ndarray, ref: Reference) -> None:
     assert float(np.max(np.abs(pcm - want))) <= TOLERANCE
 
 
-def test_chat_with_audio_gives_the_thinkers_text_and_code2wavs_audio(serve: ServeProcess, ref: Reference) -> None:
+def test_chat_with_audio_gives_the_thinkers_text_and_code2wavs_audio(
+    serve: ServeProcess, ref: Reference
+) -> None:
     client = _client(serve)
     text_only = client.chat.completions.create(model="qwen3-omni-tiny", messages=_ask())
     assert text_only.choices[0].message.content == ref.text
-    whole = client.chat.completions.create(model="qwen3-omni-tiny", messages=_ask(), modalities=["text", "audio"],
-                                           audio={"voice": "alloy", "format": "wav"})
+    whole = client.chat.completions.create(
+        model="qwen3-omni-tiny",
+        messages=_ask(),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+    )
     message = whole.choices[0].message
     assert message.content is None and message.audio is not None
     assert message.audio.transcript == ref.text
@@ -114,13 +127,21 @@ def test_chat_with_audio_gives_the_thinkers_text_and_code2wavs_audio(serve: Serv
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (RATE, 1, 2)
         pcm = _pcm(w.readframes(w.getnframes()))
     _assert_audio(pcm, ref)
-    print(f"{len(ref.codes)} frames of codes, {pcm.size / RATE:.2f} s of audio, as transformers' generate() makes them")
+    print(
+        f"{len(ref.codes)} frames of codes, {pcm.size / RATE:.2f} s of audio, as transformers' generate() makes them"
+    )
 
 
-def test_streamed_audio_comes_in_code2wavs_windows_with_the_transcript(serve: ServeProcess, ref: Reference) -> None:
+def test_streamed_audio_comes_in_code2wavs_windows_with_the_transcript(
+    serve: ServeProcess, ref: Reference
+) -> None:
     stream = _client(serve).chat.completions.create(
-        model="qwen3-omni-tiny", messages=_ask(), modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "pcm16"}, stream=True)
+        model="qwen3-omni-tiny",
+        messages=_ask(),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+    )
     transcript, audio = [], []
     for chunk in stream:
         delta = chunk.choices[0].delta.audio if chunk.choices else None
@@ -134,7 +155,9 @@ def test_streamed_audio_comes_in_code2wavs_windows_with_the_transcript(serve: Se
     # every window but the last (the codes' end) brings 25 frames' samples, sent as it is decoded
     from exports import qwen3_omni_code2wav
 
-    spf = yaml.safe_load((qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").read_text())["metadata"]["samples_per_frame"]
+    spf = yaml.safe_load((qwen3_omni_code2wav.ARTIFACT_DIR / "manifest.yaml").read_text())[
+        "metadata"
+    ]["samples_per_frame"]
     assert {a.size for a in audio[1:-1]} == {25 * spf}
     print(f"streamed: {len(audio)} audio chunks for {len(ref.codes)} frames")
     _assert_audio(np.concatenate(audio), ref)
@@ -143,25 +166,36 @@ def test_streamed_audio_comes_in_code2wavs_windows_with_the_transcript(serve: Se
 def test_speech_on_an_omni_pipeline_is_a_400_naming_why(serve: ServeProcess) -> None:
     """Before: code2wav was taken for the speech stage (the exported_graph kind takes any payload;
     its manifest takes token_ids), and the request failed in it: a 503."""
-    r = httpx.post(f"{serve.url}/v1/audio/speech", json={"model": "qwen3-omni-tiny", "input": "Hi.", "voice": "a"},
-                   timeout=60)
+    r = httpx.post(
+        f"{serve.url}/v1/audio/speech",
+        json={"model": "qwen3-omni-tiny", "input": "Hi.", "voice": "a"},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "model" and err["code"] == "bad_request"
-    assert ("pipeline 'qwen3-omni-tiny' has no speech stage (an audio output stage that takes text, to speak the "
-            "input as it is): code2wav (exported_graph) takes token_ids") in err["message"], err
+    assert (
+        "pipeline 'qwen3-omni-tiny' has no speech stage (an audio output stage that takes text, to speak the "
+        "input as it is): code2wav (exported_graph) takes token_ids"
+    ) in err["message"], err
     assert "modalities ['text', 'audio']" in err["message"]
 
 
-def test_a_request_dropped_mid_talker_frees_every_stage(serve: ServeProcess, ref: Reference) -> None:
+def test_a_request_dropped_mid_talker_frees_every_stage(
+    serve: ServeProcess, ref: Reference
+) -> None:
     client = _client(serve)
     with client.chat.completions.with_streaming_response.create(
-            model="qwen3-omni-tiny", messages=_ask(), modalities=["text", "audio"],
-            audio={"voice": "alloy", "format": "pcm16"}, stream=True) as response:
+        model="qwen3-omni-tiny",
+        messages=_ask(),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+    ) as response:
         rid = None
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                rid = rid or json.loads(line[len("data: "):])["id"].removeprefix("chatcmpl-")
+                rid = rid or json.loads(line[len("data: ") :])["id"].removeprefix("chatcmpl-")
             if '"data": "' in line:  # the first audio chunk: code2wav's first window of 4 frames
                 break
     assert rid is not None
@@ -171,18 +205,36 @@ def test_a_request_dropped_mid_talker_frees_every_stage(serve: ServeProcess, ref
         mine = [r for r in status["recent"] if r["request_id"] == rid]
         if status["queue"]["in_flight"] == 0 and mine:
             break
-        assert time.perf_counter() - left < 30, f"the request still held its slot 30 s after it was dropped: {status}"
+        assert time.perf_counter() - left < 30, (
+            f"the request still held its slot 30 s after it was dropped: {status}"
+        )
         time.sleep(0.05)
     dropped = mine[0]["stages"]
-    assert dropped["talker"]["time_to_first_output_s"] is not None and dropped["talker"]["done_s"] is None, \
-        f"dropped mid-talker: {dropped}"
+    assert (
+        dropped["talker"]["time_to_first_output_s"] is not None
+        and dropped["talker"]["done_s"] is None
+    ), f"dropped mid-talker: {dropped}"
     metrics = httpx.get(f"{serve.url}/metrics", timeout=30).text.splitlines()
-    assert any(line.startswith("omni_edge_requests_total{") and 'code="499"' in line and 'endpoint="chat"' in line
-               for line in metrics), [line for line in metrics if "requests_total" in line]
-    print(f"dropped after the first audio chunk: slot free {time.perf_counter() - left:.2f} s later; {dropped}")
+    assert any(
+        line.startswith("omni_edge_requests_total{")
+        and 'code="499"' in line
+        and 'endpoint="chat"' in line
+        for line in metrics
+    ), [line for line in metrics if "requests_total" in line]
+    print(
+        f"dropped after the first audio chunk: slot free {time.perf_counter() - left:.2f} s later; {dropped}"
+    )
     # the next request runs every stage, as if nothing had been dropped
-    after = client.chat.completions.create(model="qwen3-omni-tiny", messages=_ask(), modalities=["text", "audio"],
-                                           audio={"voice": "alloy", "format": "wav"}).choices[0].message
+    after = (
+        client.chat.completions.create(
+            model="qwen3-omni-tiny",
+            messages=_ask(),
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"},
+        )
+        .choices[0]
+        .message
+    )
     assert after.audio is not None and after.audio.transcript == ref.text
     with wave.open(io.BytesIO(base64.b64decode(after.audio.data))) as w:
         _assert_audio(_pcm(w.readframes(w.getnframes())), ref)

@@ -39,7 +39,9 @@ async def _collect(runner: Any, rid: str, text: Any) -> tuple[str, float]:
 
 @pytest.fixture(scope="module")
 def thinker() -> Iterator[tuple[Any, StagePlan]]:
-    if importlib.util.find_spec("vllm") is None:  # not importorskip: the runner must be the one to import it
+    if (
+        importlib.util.find_spec("vllm") is None
+    ):  # not importorskip: the runner must be the one to import it
         pytest.skip("vllm is not installed")
     config = load_config(REPO / "configs/voice-assistant.yaml")
     plan = plan_pipeline(config, make_profile(), runtime=False)
@@ -53,7 +55,9 @@ def thinker() -> Iterator[tuple[Any, StagePlan]]:
     runner.close()
 
 
-def test_load_runs_the_engine_in_process_with_the_plans_kwargs(thinker: tuple[Any, StagePlan]) -> None:
+def test_load_runs_the_engine_in_process_with_the_plans_kwargs(
+    thinker: tuple[Any, StagePlan],
+) -> None:
     runner, sp = thinker
     info = runner.load_info
     assert info["in_process"] and info["model_dir"].endswith("SmolLM2-135M-Instruct.Q4_1-bfloat16")
@@ -63,7 +67,9 @@ def test_load_runs_the_engine_in_process_with_the_plans_kwargs(thinker: tuple[An
     assert cfg.scheduler_config.max_num_seqs == sp.engine_kwargs["max_num_seqs"]
 
 
-def test_streams_text_deltas_with_the_chat_template_and_sampling(thinker: tuple[Any, StagePlan]) -> None:
+def test_streams_text_deltas_with_the_chat_template_and_sampling(
+    thinker: tuple[Any, StagePlan],
+) -> None:
     runner, _ = thinker
     asyncio.run(_collect(runner, "one", "Tell me one fact about the Moon."))
     stats = runner.request_stats("one")
@@ -73,7 +79,11 @@ def test_streams_text_deltas_with_the_chat_template_and_sampling(thinker: tuple[
     assert stats["prompt_tokens"] > 30  # system prompt + user turn through the chat template
     # A request's own sampling overrides the config's: min_tokens = max_tokens fixes
     # the length, so there is a decode rate to read whatever the model says.
-    _, first = asyncio.run(_collect(runner, "fixed", {"prompt": "Hi.", "sampling": {"min_tokens": 20, "max_tokens": 20}}))
+    _, first = asyncio.run(
+        _collect(
+            runner, "fixed", {"prompt": "Hi.", "sampling": {"min_tokens": 20, "max_tokens": 20}}
+        )
+    )
     fixed = runner.request_stats("fixed")
     assert (fixed["tokens"], fixed["finish_reason"]) == (20, "length")
     assert first < 2.0 and fixed["decode_tokens_per_s"] > 3
@@ -86,8 +96,10 @@ def test_concurrent_requests_and_an_early_abort(thinker: tuple[Any, StagePlan]) 
         return {"prompt": prompt, "sampling": {"min_tokens": n, "max_tokens": n}}
 
     async def main() -> bool:
-        await asyncio.gather(_collect(runner, "a", fixed("Name three colors.", 10)),
-                             _collect(runner, "b", fixed("What is two plus two?", 30)))
+        await asyncio.gather(
+            _collect(runner, "a", fixed("Name three colors.", 10)),
+            _collect(runner, "b", fixed("What is two plus two?", 30)),
+        )
         # Without the abort this request would run to exactly 96 tokens.
         gen = runner.stream("c", _prompt(fixed("Count from one to one hundred.", 96)))
         async for _ in gen:
@@ -114,11 +126,16 @@ def test_measured_peak_is_within_the_plans_budget(thinker: tuple[Any, StagePlan]
 def test_an_engine_vllm_refuses_is_a_stage_failure(thinker: tuple[Any, StagePlan]) -> None:
     _, sp = thinker
     config = load_config(REPO / "configs/voice-assistant.yaml")
-    bad = StagePlan.from_dict({**sp.to_dict(), "engine_kwargs": {**sp.engine_kwargs, "kv_cache_memory_bytes": 4096}})
+    bad = StagePlan.from_dict(
+        {**sp.to_dict(), "engine_kwargs": {**sp.engine_kwargs, "kv_cache_memory_bytes": 4096}}
+    )
     runner = get_kind("ar_decode").runner(bad, config.stage("thinker"))
     with pytest.raises(StageFailed) as info:
         runner.load()
-    assert info.value.stage == "thinker" and "vLLM engine did not start: ValueError" in info.value.cause
+    assert (
+        info.value.stage == "thinker"
+        and "vLLM engine did not start: ValueError" in info.value.cause
+    )
     runner.close()
 
 

@@ -35,8 +35,13 @@ def test_talker_kv_comes_from_talker_config() -> None:
 
 def test_talker_weights_from_its_decoder_shape() -> None:
     hidden, heads, kv_heads, hd, inter, vocab, emb, layers = 896, 14, 2, 64, 4864, 8448, 2048, 24
-    per_layer = (hidden * heads * hd + heads * hd) + 2 * (hidden * kv_heads * hd + kv_heads * hd) \
-        + heads * hd * hidden + 3 * hidden * inter + 2 * hidden
+    per_layer = (
+        (hidden * heads * hd + heads * hd)
+        + 2 * (hidden * kv_heads * hd + kv_heads * hd)
+        + heads * hd * hidden
+        + 3 * hidden * inter
+        + 2 * hidden
+    )
     by_hand = vocab * emb + (emb * hidden + hidden) + layers * per_layer + hidden + hidden * vocab
     assert decoder_weight_params(talker_cfg()) == by_hand == 384_604_928
 
@@ -53,27 +58,49 @@ THINKER = f"""  - {{name: thinker, kind: ar_decode, model: {MODEL}, model_stage:
 
 
 def test_the_talker_takes_the_thinkers_hidden_states_and_yields_codec_codes(tmp_path: Path) -> None:
-    cfg = load_config(write(tmp_path, THINKER + f"""  - {{name: talker, kind: ar_decode, model: {MODEL}, model_stage: talker,
+    cfg = load_config(
+        write(
+            tmp_path,
+            THINKER
+            + f"""  - {{name: talker, kind: ar_decode, model: {MODEL}, model_stage: talker,
      inputs: [thinker], devices: [gpu:0], max_model_len: 4096, final_output: true, final_output_type: token_ids}}
-"""))
+""",
+        )
+    )
     ports = get_kind("ar_decode").ports(cfg.stage("talker"))
     assert [str(t) for t in ports.consumes] == ["tensor:hidden_states", "text"]
     assert [str(t) for t in ports.produces] == ["token_ids"]
-    assert [str(t) for t in get_kind("ar_decode").ports(cfg.stage("thinker")).produces] == ["text", "tensor:hidden_states"]
+    assert [str(t) for t in get_kind("ar_decode").ports(cfg.stage("thinker")).produces] == [
+        "text",
+        "tensor:hidden_states",
+    ]
 
 
 def test_codec_codes_do_not_feed_a_text_stage(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
-        load_config(write(tmp_path, THINKER + f"""  - {{name: talker, kind: ar_decode, model: {MODEL}, model_stage: talker,
+        load_config(
+            write(
+                tmp_path,
+                THINKER
+                + f"""  - {{name: talker, kind: ar_decode, model: {MODEL}, model_stage: talker,
      inputs: [thinker], devices: [gpu:0], max_model_len: 4096}}
   - {{name: echo, kind: ar_decode, model: {MODEL}, inputs: [talker], devices: [gpu:0], max_model_len: 4096,
      final_output: true}}
-"""))
-    assert "talker (ar_decode) produces token_ids, and echo (ar_decode) consumes text: token_ids is not text" in str(exc.value)
+""",
+            )
+        )
+    assert (
+        "talker (ar_decode) produces token_ids, and echo (ar_decode) consumes text: token_ids is not text"
+        in str(exc.value)
+    )
 
 
-def test_the_one_gpu_import_places_thinker_and_talker_on_the_rtx_5090_and_refuses_code2wav() -> None:
-    plan = plan_pipeline(load_config(REPO / "configs/examples/qwen2_5-omni-3b-one-gpu.yaml"), load_profile(WSL))
+def test_the_one_gpu_import_places_thinker_and_talker_on_the_rtx_5090_and_refuses_code2wav() -> (
+    None
+):
+    plan = plan_pipeline(
+        load_config(REPO / "configs/examples/qwen2_5-omni-3b-one-gpu.yaml"), load_profile(WSL)
+    )
     doc = plan.to_json()
     stages = {s["name"]: s for s in doc["stages"]}
     assert stages["thinker"]["admitted"] and stages["talker"]["admitted"]
@@ -84,11 +111,15 @@ def test_the_one_gpu_import_places_thinker_and_talker_on_the_rtx_5090_and_refuse
     assert not plan.admitted and not stages["code2wav"]["admitted"]
     refusal = stages["code2wav"]["refusals"][0]
     assert refusal["code"] == "no_exported_graph"
-    assert "1.67 GiB" in refusal["message"] and "export Qwen2.5-Omni's token2wav" in refusal["remedy"]
+    assert (
+        "1.67 GiB" in refusal["message"] and "export Qwen2.5-Omni's token2wav" in refusal["remedy"]
+    )
 
 
 def test_the_faithful_import_refuses_the_talker_on_a_second_gpu_no_profile_has() -> None:
-    plan = plan_pipeline(load_config(REPO / "configs/examples/qwen2_5-omni-3b-vllm-omni.yaml"), load_profile(WSL))
+    plan = plan_pipeline(
+        load_config(REPO / "configs/examples/qwen2_5-omni-3b-vllm-omni.yaml"), load_profile(WSL)
+    )
     assert not plan.admitted
     doc = json.dumps(plan.to_json())
     assert "no_runnable_device" in doc and "has no gpu:1" in doc

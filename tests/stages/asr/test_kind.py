@@ -28,7 +28,8 @@ from tests.stages.asr.conftest import GRAPHS, shipped_dir
 
 EXAMPLE = REPO / "configs/examples/asr-only.yaml"
 PROFILE: dict[str, Any] = {
-    "format": "omni-edge.profile/1", "name": "test box",
+    "format": "omni-edge.profile/1",
+    "name": "test box",
     "host": {"os": "linux", "ram_total_bytes": 16 * GiB, "ram_available_bytes": 8 * GiB},
     "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
     "routes": [{"name": "this-process"}],
@@ -40,8 +41,17 @@ def profile(ram: int = 8 * GiB) -> HardwareProfile:
 
 
 def asr_stage(graphs: dict[str, Path], **extra: Any) -> dict[str, Any]:
-    return {"name": "asr", "kind": "asr", "encoder": str(graphs["encoder"]), "decoder": str(graphs["decoder"]),
-            "devices": ["cpu"], "backends": ["ort-cpu"], "final_output": True, "final_output_type": "text", **extra}
+    return {
+        "name": "asr",
+        "kind": "asr",
+        "encoder": str(graphs["encoder"]),
+        "decoder": str(graphs["decoder"]),
+        "devices": ["cpu"],
+        "backends": ["ort-cpu"],
+        "final_output": True,
+        "final_output_type": "text",
+        **extra,
+    }
 
 
 def test_asr_is_a_built_in_kind_that_takes_audio_and_yields_text() -> None:
@@ -51,9 +61,12 @@ def test_asr_is_a_built_in_kind_that_takes_audio_and_yields_text() -> None:
 
 
 def test_the_plan_holds_both_graphs_and_the_manifests_activation_figure(
-    whisper_graphs: dict[str, Path], tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path
+    )
     plan = plan_pipeline(config, profile(), runtime=False)
     assert plan.admitted
     stage = plan.stage("asr")
@@ -61,14 +74,22 @@ def test_the_plan_holds_both_graphs_and_the_manifests_activation_figure(
     stats = {g: describe_graph(whisper_graphs[g] / "fp32.onnx") for g in GRAPHS}
     for g in GRAPHS:
         assert held[f"{g}_weights"].bytes == stats[g].initializer_bytes
-        assert held[f"{g}_ep_workspace"].bytes == ort_backends.workspace_bytes("ort-cpu", stats[g].initializer_bytes)
+        assert held[f"{g}_ep_workspace"].bytes == ort_backends.workspace_bytes(
+            "ort-cpu", stats[g].initializer_bytes
+        )
     assert 37_000_000 < held["encoder_weights"].bytes < 38_000_000
     assert 113_000_000 < held["decoder_weights"].bytes < 114_000_000
     declared = load_artifact(whisper_graphs["encoder"]).manifest.activation_bytes
     assert declared == 320 * 2**20 and held["activations"].bytes == declared
     assert held["load_transient"].bytes == max(s.file_bytes for s in stats.values())
-    assert sorted(held) == ["activations", "decoder_ep_workspace", "decoder_weights", "encoder_ep_workspace",
-                            "encoder_weights", "load_transient"]
+    assert sorted(held) == [
+        "activations",
+        "decoder_ep_workspace",
+        "decoder_weights",
+        "encoder_ep_workspace",
+        "encoder_weights",
+        "load_transient",
+    ]
     kwargs = stage.engine_kwargs
     for g in GRAPHS:
         assert kwargs[g]["session"]["graph"] == str(whisper_graphs[g] / "fp32.onnx")
@@ -77,20 +98,27 @@ def test_the_plan_holds_both_graphs_and_the_manifests_activation_figure(
 
 
 def test_each_graph_has_its_gate(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path
+    )
     kind, stage = get_kind("asr"), config.stage("asr")
     info = kind.describe(stage)
     device = profile().device("cpu")
     assert device is not None
     gates = kind.gate_specs(stage, info, device, "ort-cpu")
     assert [(g.stage, g.artifact_name, g.precision) for g in gates] == [
-        ("asr", "whisper-tiny-en-encoder", "fp32"), ("asr", "whisper-tiny-en-decoder", "fp32")]
-    assert [g.session["graph"] for g in gates] == [str(whisper_graphs[g] / "fp32.onnx") for g in GRAPHS]
+        ("asr", "whisper-tiny-en-encoder", "fp32"),
+        ("asr", "whisper-tiny-en-decoder", "fp32"),
+    ]
+    assert [g.session["graph"] for g in gates] == [
+        str(whisper_graphs[g] / "fp32.onnx") for g in GRAPHS
+    ]
 
 
 @pytest.mark.ort
 def test_the_plan_trusts_the_stage_only_when_both_gates_passed(
-    whisper_graphs: dict[str, Path], tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
     """No evidence: unverified. Evidence for the decoder alone: still unverified, naming the
     encoder's gate. Both measured (omni-edge verify's path): verified."""
@@ -98,7 +126,9 @@ def test_the_plan_trusts_the_stage_only_when_both_gates_passed(
     from orchestrator.verify.placement import placement_for, verify_placement
     from orchestrator.verify.run import verify_pipeline
 
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path
+    )
     prof = profile()
 
     def verification() -> Any:
@@ -120,7 +150,10 @@ def test_the_plan_trusts_the_stage_only_when_both_gates_passed(
         host.shutdown()
     half = verification()
     assert half.status == "unverified"
-    assert half.details["gates"] == {"whisper-tiny-en-encoder": "unverified", "whisper-tiny-en-decoder": "verified"}
+    assert half.details["gates"] == {
+        "whisper-tiny-en-encoder": "unverified",
+        "whisper-tiny-en-decoder": "verified",
+    }
     report = verify_pipeline(config, prof)
     assert [r.status for r in report.results] == ["passed", "passed"]
     both = verification()
@@ -129,13 +162,18 @@ def test_the_plan_trusts_the_stage_only_when_both_gates_passed(
 
 
 def test_a_pool_too_small_for_both_graphs_is_refused_with_the_numbers(
-    whisper_graphs: dict[str, Path], tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
     """A pool 1 MiB short of the admitted plan's peak: the refusal names both graphs' weights."""
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path
+    )
     fits = plan_pipeline(config, profile(), runtime=False)
     (pool,) = fits.pools
-    overhead = 8 * GiB - pool.capacity_bytes  # what the profile's RAM holds besides the pool, if anything
+    overhead = (
+        8 * GiB - pool.capacity_bytes
+    )  # what the profile's RAM holds besides the pool, if anything
     short = profile(ram=pool.peak_bytes - 2**20 + overhead)
     plan = plan_pipeline(config, short, runtime=False)
     assert not plan.admitted
@@ -145,11 +183,18 @@ def test_a_pool_too_small_for_both_graphs_is_refused_with_the_numbers(
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
 
 
-def test_omni_edge_plan_takes_the_example_config(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
+def test_omni_edge_plan_takes_the_example_config(
+    whisper_graphs: dict[str, Path], tmp_path: Path
+) -> None:
     """The example as shipped (its graphs pointed at the built ones when exports/ has none)."""
     data = yaml.safe_load(EXAMPLE.read_text())
     for g in GRAPHS:
@@ -163,7 +208,12 @@ def test_omni_edge_plan_takes_the_example_config(whisper_graphs: dict[str, Path]
     plan = json.loads(done.stdout)
     assert plan["admitted"] is True
     (stage,) = plan["stages"]
-    assert (stage["name"], stage["kind"], stage["device"], stage["backend"]) == ("asr", "asr", "cpu", "ort-cpu")
+    assert (stage["name"], stage["kind"], stage["device"], stage["backend"]) == (
+        "asr",
+        "asr",
+        "cpu",
+        "ort-cpu",
+    )
 
 
 def test_a_missing_graph_is_exit_2_naming_the_build_command(tmp_path: Path) -> None:
@@ -194,22 +244,47 @@ def test_bad_stage_fields_are_refused_where_they_are(tmp_path: Path, bad: dict[s
     assert [p.where for p in err.value.problems] == [f"t.yaml: stages[0].{next(iter(bad))}"]
 
 
-@pytest.mark.parametrize(("prompt", "where", "what"), [
-    ("hello", "request (stage asr, kind asr)", "takes audio, got text"),
-    ({"audio": [0.0, 0.1]}, "request (stage asr, kind asr)", "takes audio, got dict"),
-    ({"audio": [0.0, 0.1], "sample_rate": 0}, "request (stage asr, kind asr): sample_rate", "0 Hz: outside the 8000-192000 Hz that is read"),
-    ({"audio": [0.0, 0.1], "sample_rate": True}, "request (stage asr, kind asr): sample_rate", "True is not a whole number of Hz"),
-    ({"audio": [[0.0, 0.1], [0.2, 0.3]], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (2, 2)"),
-    ({"audio": [], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (0,)"),
-    ({"audio": ["a", "b"], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "not numbers"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "where", "what"),
+    [
+        ("hello", "request (stage asr, kind asr)", "takes audio, got text"),
+        ({"audio": [0.0, 0.1]}, "request (stage asr, kind asr)", "takes audio, got dict"),
+        (
+            {"audio": [0.0, 0.1], "sample_rate": 0},
+            "request (stage asr, kind asr): sample_rate",
+            "0 Hz: outside the 8000-192000 Hz that is read",
+        ),
+        (
+            {"audio": [0.0, 0.1], "sample_rate": True},
+            "request (stage asr, kind asr): sample_rate",
+            "True is not a whole number of Hz",
+        ),
+        (
+            {"audio": [[0.0, 0.1], [0.2, 0.3]], "sample_rate": 16000},
+            "request (stage asr, kind asr): audio",
+            "shape (2, 2)",
+        ),
+        ({"audio": [], "sample_rate": 16000}, "request (stage asr, kind asr): audio", "shape (0,)"),
+        (
+            {"audio": ["a", "b"], "sample_rate": 16000},
+            "request (stage asr, kind asr): audio",
+            "not numbers",
+        ),
+    ],
+)
 def test_a_request_that_is_not_one_audio_item_is_refused_before_the_actor(
-    tmp_path: Path, prompt: Any, where: str, what: str,
+    tmp_path: Path,
+    prompt: Any,
+    where: str,
+    what: str,
 ) -> None:
     from orchestrator.errors import BadRequest
 
-    config = parse_config({"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
-                          where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     with pytest.raises(BadRequest) as err:
         get_kind("asr").validate_request(None, config.stage("asr"), prompt)  # type: ignore[attr-defined]
     (problem,) = err.value.problems
@@ -217,6 +292,11 @@ def test_a_request_that_is_not_one_audio_item_is_refused_before_the_actor(
 
 
 def test_one_audio_item_is_a_good_request(tmp_path: Path) -> None:
-    config = parse_config({"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
-                          where="t.yaml", base_dir=tmp_path)
-    get_kind("asr").validate_request(None, config.stage("asr"), {"audio": [0.0] * 160, "sample_rate": 8000})  # type: ignore[attr-defined]
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
+    get_kind("asr").validate_request(
+        None, config.stage("asr"), {"audio": [0.0] * 160, "sample_rate": 8000}
+    )  # type: ignore[attr-defined]

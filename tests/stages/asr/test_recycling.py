@@ -34,7 +34,9 @@ CALIBRATED = {"match": "exact", "evidence": "M", "provenance": "this test"}
 def test_the_asrs_worker_is_recycled_at_a_calibrated_budget_between_windows_never_mid_decode(
     whisper_graphs: dict[str, Path], tmp_path: Path
 ) -> None:
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=tmp_path
+    )
     estimated = plan_pipeline(config, profile(), runtime=False).stage("asr")
     artifacts = get_kind("asr").artifacts(config.stage("asr"))  # type: ignore[attr-defined]
     at_estimate = AsrRunner(estimated, artifacts, WORKER)
@@ -61,7 +63,9 @@ def test_the_asrs_worker_is_recycled_at_a_calibrated_budget_between_windows_neve
         again = stream(runner, "r1", *items)
         # one recycle before each item's one window, none between its decoder steps
         assert runner.request_stats("r1")["worker_recycles"] == 2
-        assert runner._host.calls - calls >= 2 * 5  # an encoder run and at least four steps a sentence
+        assert (
+            runner._host.calls - calls >= 2 * 5
+        )  # an encoder run and at least four steps a sentence
         assert runner.process_ids()[0] == runner._host.pid != pid0
         assert again == first  # the cache went on from step to step in one worker: the same tokens
     finally:

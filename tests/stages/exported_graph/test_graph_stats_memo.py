@@ -24,7 +24,8 @@ def big_graph(path: Path, seed: int = 0) -> Path:
 
     w = np.random.RandomState(seed).randn(1024, 512).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "big",
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "big",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1024])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])],
         [numpy_helper.from_array(w, "W")],
@@ -55,18 +56,24 @@ def _edit_memo(graph: Path, **stats: Any) -> Path:
     return memo
 
 
-@pytest.mark.parametrize(("edit", "why"), [
-    ({"initializer_bytes": 1}, "initializer_bytes 1 leaves"),
-    ({"initializer_bytes": 10 * MIB}, "exceeds the file bytes"),
-    ({"initializer_bytes": -5}, "not a non-negative integer"),
-    ({"initializer_bytes": "2MiB"}, "not a non-negative integer"),
-    ({"file_bytes": 100}, "file_bytes 100 is not the"),
-    ({"node_count": 7}, "op histogram does not add up"),
-    ({"sha256": "0" * 10}, "sha256 is not a hex digest"),
-    ({"bogus": 1}, "TypeError"),
-])
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"initializer_bytes": 1}, "initializer_bytes 1 leaves"),
+        ({"initializer_bytes": 10 * MIB}, "exceeds the file bytes"),
+        ({"initializer_bytes": -5}, "not a non-negative integer"),
+        ({"initializer_bytes": "2MiB"}, "not a non-negative integer"),
+        ({"file_bytes": 100}, "file_bytes 100 is not the"),
+        ({"node_count": 7}, "op histogram does not add up"),
+        ({"sha256": "0" * 10}, "sha256 is not a hex digest"),
+        ({"bogus": 1}, "TypeError"),
+    ],
+)
 def test_an_edited_memo_is_recomputed_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: dict[str, Any], why: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    edit: dict[str, Any],
+    why: str,
 ) -> None:
     graph = big_graph(tmp_path / "g.onnx")
     truth = describe_graph(graph)
@@ -75,7 +82,10 @@ def test_an_edited_memo_is_recomputed_with_a_warning(
     with caplog.at_level(logging.WARNING):
         again = describe_graph(graph)
     assert again == truth
-    assert any(str(memo) in m and str(graph) in m and why in m and "reading the graph again" in m for m in caplog.messages)
+    assert any(
+        str(memo) in m and str(graph) in m and why in m and "reading the graph again" in m
+        for m in caplog.messages
+    )
     # and the memo is rewritten with the true numbers
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -84,7 +94,8 @@ def test_an_edited_memo_is_recomputed_with_a_warning(
 
 
 def test_a_real_graph_beyond_the_plausibility_bound_is_read_again_not_flagged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Megabytes of metadata and no weights: true numbers the memo check would call
     implausible are never memoised, so no warning accuses them of being edited."""
@@ -92,7 +103,8 @@ def test_a_real_graph_beyond_the_plausibility_bound_is_read_again_not_flagged(
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "meta",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "meta",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
     )

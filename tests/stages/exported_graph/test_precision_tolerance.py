@@ -39,16 +39,27 @@ class _Feeds:
         return next(self._it, None)
 
 
-def _artifact(directory: Path, *, tolerance: dict[str, float], tolerances: dict[str, Any] | None) -> Path:
+def _artifact(
+    directory: Path, *, tolerance: dict[str, float], tolerances: dict[str, Any] | None
+) -> Path:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     write_artifact(directory, "full")
     with np.load(directory / "reference_inputs.npz") as data:
         feeds = {k: data[k] for k in data.files}
-    quantize_static(str(directory / "fp32.onnx"), str(directory / "int8.onnx"), _Feeds([feeds]),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        str(directory / "fp32.onnx"),
+        str(directory / "int8.onnx"),
+        _Feeds([feeds]),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     outs = cpu_outputs(directory / "fp32.onnx", feeds)
-    np.savez(directory / "reference_outputs.npz", **{k: v * np.float32(1 + 3e-6) for k, v in outs.items()})
+    np.savez(
+        directory / "reference_outputs.npz",
+        **{k: v * np.float32(1 + 3e-6) for k, v in outs.items()},
+    )
     doc = yaml.safe_load((directory / "manifest.yaml").read_text())
     doc["precisions"] = {"fp32": "fp32.onnx", "int8": "int8.onnx"}
     doc["reference"]["outputs"] = "reference_outputs.npz"
@@ -71,10 +82,17 @@ def test_fp32_is_judged_by_its_own_tighter_tolerance(tmp_path: Path, store: Evid
     p, result = _gate(art, "fp32", store)
     assert p.tolerance == Tolerance(**TIGHT)
     assert result.status == "refused"
-    assert any(r.code == "numeric_gate_failed" and "(max 1e-07)" in r.message for r in result.refusals), result.refusals
+    assert any(
+        r.code == "numeric_gate_failed" and "(max 1e-07)" in r.message for r in result.refusals
+    ), result.refusals
     # the same measurement judged by the loosest tolerance would have passed
-    assert judge(result.record, artifact_name="full", device_id="cpu", min_coverage=0.5,
-                 tolerance=Tolerance(**LOOSE)).passed
+    assert judge(
+        result.record,
+        artifact_name="full",
+        device_id="cpu",
+        min_coverage=0.5,
+        tolerance=Tolerance(**LOOSE),
+    ).passed
     # int8 has no entry: it falls back to `tolerance` and passes
     p8, result8 = _gate(art, "int8", store)
     assert p8.tolerance == Tolerance(**LOOSE) and result8.status == "passed", result8.refusals
@@ -82,13 +100,22 @@ def test_fp32_is_judged_by_its_own_tighter_tolerance(tmp_path: Path, store: Evid
 
 def test_int8_is_judged_by_its_own_looser_tolerance(tmp_path: Path, store: EvidenceStore) -> None:
     """The converse: the fallback is tight, int8's own entry admits what int8 costs."""
-    art = _artifact(tmp_path / "a", tolerance=TIGHT | {"rel_l2": 1e-4, "max_abs": 1e-4}, tolerances={"int8": LOOSE})
+    art = _artifact(
+        tmp_path / "a",
+        tolerance=TIGHT | {"rel_l2": 1e-4, "max_abs": 1e-4},
+        tolerances={"int8": LOOSE},
+    )
     p, result = _gate(art, "int8", store)
     assert p.tolerance == Tolerance(**LOOSE)
     assert result.status == "passed", result.refusals
     # judged by the fallback instead, the same measurement is refused
-    assert not judge(result.record, artifact_name="full", device_id="cpu", min_coverage=0.5,
-                     tolerance=Tolerance(rel_l2=1e-4, max_abs=1e-4, cosine_min=0.9999)).passed
+    assert not judge(
+        result.record,
+        artifact_name="full",
+        device_id="cpu",
+        min_coverage=0.5,
+        tolerance=Tolerance(rel_l2=1e-4, max_abs=1e-4, cosine_min=0.9999),
+    ).passed
     _, result32 = _gate(art, "fp32", store)  # no entry: `tolerance` (1e-4 holds 3e-6)
     assert result32.status == "passed", result32.refusals
 
@@ -100,8 +127,14 @@ def test_an_entry_falls_back_field_by_field_and_the_stage_overrides_it(tmp_path:
     assert m.tolerance_for("fp32") == Tolerance(**LOOSE)
     # a stage's `tolerance` field applies over every precision's own
     kind = ExportedGraphKind()
-    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(art),
-                              precision=["int8"], tolerance={"max_abs": 0.25})
+    cfg = ExportedGraphConfig(
+        name="s",
+        kind="exported_graph",
+        devices=["cpu"],
+        artifact=str(art),
+        precision=["int8"],
+        tolerance={"max_abs": 0.25},
+    )
     info = kind.describe(cfg)
     device = machine_profile().device("cpu")
     assert device is not None
@@ -114,7 +147,9 @@ def test_a_manifest_without_tolerances_means_what_it_meant(tmp_path: Path) -> No
     """Old manifests: one tolerance for every graph, and nothing new in the plan's details."""
     art = _artifact(tmp_path / "a", tolerance=LOOSE, tolerances=None)
     kind = ExportedGraphKind()
-    cfg = ExportedGraphConfig(name="s", kind="exported_graph", devices=["cpu"], artifact=str(art), precision=["int8"])
+    cfg = ExportedGraphConfig(
+        name="s", kind="exported_graph", devices=["cpu"], artifact=str(art), precision=["int8"]
+    )
     info = kind.describe(cfg)
     assert "tolerances" not in info.details and info.details["tolerance"] == LOOSE
     device = machine_profile().device("cpu")

@@ -32,13 +32,29 @@ async def _collect(stream: AsyncIterator[Any]) -> list[Any]:
 def _config(artifact: Path, tmp_path: Path, backends: list[str]) -> Any:
     from orchestrator.config import parse_config
 
-    return parse_config({"name": "p", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": backends, "final_output": True, "final_output_type": "tensor",
-    }]}, where="t.yaml", base_dir=tmp_path)
+    return parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(artifact),
+                    "devices": ["cpu"],
+                    "backends": backends,
+                    "final_output": True,
+                    "final_output_type": "tensor",
+                }
+            ],
+        },
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
 
 
-def test_a_stage_verified_in_the_openvino_route_runs_there_and_matches_the_cpu(tmp_path: Path) -> None:
+def test_a_stage_verified_in_the_openvino_route_runs_there_and_matches_the_cpu(
+    tmp_path: Path,
+) -> None:
     if not OV_PYTHON.exists():
         pytest.skip("no OpenVINO route")
     artifact = write_artifact(tmp_path / "full", "full")
@@ -49,7 +65,11 @@ def test_a_stage_verified_in_the_openvino_route_runs_there_and_matches_the_cpu(t
 
     plan = plan_pipeline(config, profile, runtime=False)
     stage_plan = plan.stage("net")
-    assert (stage_plan.device, stage_plan.backend, stage_plan.route) == ("cpu", "ort-openvino", "openvino")
+    assert (stage_plan.device, stage_plan.backend, stage_plan.route) == (
+        "cpu",
+        "ort-openvino",
+        "openvino",
+    )
     assert stage_plan.verification is not None and stage_plan.verification.status == "verified"
 
     runner = ExportedGraphKind().runner(stage_plan, config.stage("net"))
@@ -58,7 +78,9 @@ def test_a_stage_verified_in_the_openvino_route_runs_there_and_matches_the_cpu(t
         host = runner._host  # the worker of the route
         assert host.pid != os.getpid()
         assert runner.load_info["providers"][0] == "OpenVINOExecutionProvider"
-        inputs = [{"x": np.random.RandomState(i).randn(3 + i, K).astype(np.float32)} for i in range(3)]
+        inputs = [
+            {"x": np.random.RandomState(i).randn(3 + i, K).astype(np.float32)} for i in range(3)
+        ]
         outputs = asyncio.run(_collect(runner.stream("r1", _items(*inputs))))
     finally:
         runner.close()

@@ -16,11 +16,17 @@ from tests.helpers import REPO
 MiB = 2**20
 
 
-def reservations(backend: str, config: str = "configs/voice-assistant.yaml", stage: str = "voice") -> dict[str, int]:
+def reservations(
+    backend: str, config: str = "configs/voice-assistant.yaml", stage: str = "voice"
+) -> dict[str, int]:
     kind = ExportedGraphKind()
     cfg = kind.resolve_paths(load_config(str(REPO / config)).stage(stage), REPO)
     info = kind.describe(cfg)
-    cpu = next(d for d in load_profile(str(REPO / "configs/profiles/cpu-only-linux.json")).devices if d.id == "cpu")
+    cpu = next(
+        d
+        for d in load_profile(str(REPO / "configs/profiles/cpu-only-linux.json")).devices
+        if d.id == "cpu"
+    )
     return {r.purpose: r.bytes for r in kind.reservations(cfg, info, cpu, backend, "host_ram")}
 
 
@@ -28,5 +34,7 @@ def test_the_voice_on_openvino_reserves_what_the_plugin_keeps_per_item() -> None
     ov = reservations("ort-openvino")
     assert ov["shape_memory"] == OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON == 768 * MiB
     # the whole estimate covers what its route worker measured at concurrency 4 (1.19-1.27 GiB)
-    assert sum(ov[p] for p in ("weights", "activations", "ep_workspace", "shape_memory")) > int(1.3 * 1024 * MiB)
+    assert sum(ov[p] for p in ("weights", "activations", "ep_workspace", "shape_memory")) > int(
+        1.3 * 1024 * MiB
+    )
     assert "shape_memory" not in reservations("ort-cpu")  # the CPU EP does not grow

@@ -29,18 +29,37 @@ VOICE = REPO / "exports/piper-en-us-joe-medium"
 
 
 def _plan(tmp_path: Path, artifact: Path, out: str, **extra: Any) -> tuple[Any, Any]:
-    config = parse_config({"name": "p", "stages": [{
-        "name": "net", "kind": "exported_graph", "artifact": str(artifact), "devices": ["cpu"],
-        "backends": ["ort-cpu"], "final_output": True, "final_output_type": out, **extra,
-    }]}, where="t.yaml", base_dir=tmp_path)
+    config = parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "name": "net",
+                    "kind": "exported_graph",
+                    "artifact": str(artifact),
+                    "devices": ["cpu"],
+                    "backends": ["ort-cpu"],
+                    "final_output": True,
+                    "final_output_type": out,
+                    **extra,
+                }
+            ],
+        },
+        where="t.yaml",
+        base_dir=tmp_path,
+    )
     plan = plan_pipeline(config, machine_profile(), runtime=False)
     assert plan.admitted, plan.stage("net").refusals
     return plan.stage("net"), config.stage("net")
 
 
 def _worker_runner(stage_plan: Any, stage: Any, **kw: Any) -> ExportedGraphRunner:
-    return ExportedGraphRunner(stage_plan, ExportedGraphKind().artifact(stage),
-                               ResolvedRoute("worker", "interpreter", sys.executable), **kw)
+    return ExportedGraphRunner(
+        stage_plan,
+        ExportedGraphKind().artifact(stage),
+        ResolvedRoute("worker", "interpreter", sys.executable),
+        **kw,
+    )
 
 
 def _request(runner: ExportedGraphRunner, rid: str, *items: Any) -> list[Any]:
@@ -54,7 +73,9 @@ def _request(runner: ExportedGraphRunner, rid: str, *items: Any) -> list[Any]:
     return asyncio.run(main())
 
 
-def test_a_graph_runs_its_reference_inputs_once_at_load_and_the_first_request_is_its_own(tmp_path: Path) -> None:
+def test_a_graph_runs_its_reference_inputs_once_at_load_and_the_first_request_is_its_own(
+    tmp_path: Path,
+) -> None:
     stage_plan, stage = _plan(tmp_path, write_artifact(tmp_path / "full", "full"), "tensor")
     runner = _worker_runner(stage_plan, stage)
     runner.load()
@@ -62,12 +83,23 @@ def test_a_graph_runs_its_reference_inputs_once_at_load_and_the_first_request_is
         host = runner._host
         assert host.calls == 1  # the warm-up, and only it
         assert runner.load_info["warmup"]["item"] == "reference inputs"
-        assert runner.request_stats("warm") == {"worker_recycles": 0}  # the warm-up left no request behind
-        out = _request(runner, "r1", {"x": np.ones((2, K), np.float32)}, {"x": np.ones((3, K), np.float32)})
+        assert runner.request_stats("warm") == {
+            "worker_recycles": 0
+        }  # the warm-up left no request behind
+        out = _request(
+            runner, "r1", {"x": np.ones((2, K), np.float32)}, {"x": np.ones((3, K), np.float32)}
+        )
         assert len(out) == 2 and host.calls == 3
         stats = runner.request_stats("r1")
         # the first item of the request (not the warm-up) went through each step
-        assert set(stats["stamps"]) == {"dispatched", "started", "preprocessed", "ran", "run_s", "postprocessed"}
+        assert set(stats["stamps"]) == {
+            "dispatched",
+            "started",
+            "preprocessed",
+            "ran",
+            "run_s",
+            "postprocessed",
+        }
         assert stats["stamps"]["run_s"] > 0
         assert "stamps" not in runner.request_stats("r1")  # handed over once
     finally:
@@ -75,8 +107,12 @@ def test_a_graph_runs_its_reference_inputs_once_at_load_and_the_first_request_is
 
 
 def test_warmup_false_loads_without_a_run(tmp_path: Path) -> None:
-    stage_plan, stage = _plan(tmp_path, write_artifact(tmp_path / "full", "full"), "tensor", warmup=False)
-    runner = ExportedGraphKind().runner(stage_plan, stage)  # the config reaches the runner through the kind
+    stage_plan, stage = _plan(
+        tmp_path, write_artifact(tmp_path / "full", "full"), "tensor", warmup=False
+    )
+    runner = ExportedGraphKind().runner(
+        stage_plan, stage
+    )  # the config reaches the runner through the kind
     assert isinstance(runner, ExportedGraphRunner) and runner.warmup is False
     worker = _worker_runner(stage_plan, stage, warmup=runner.warmup)
     worker.load()
@@ -97,4 +133,6 @@ def test_the_voice_speaks_a_short_text_through_its_hooks_at_load(tmp_path: Path)
         assert len(out) == 1 and out[0]["audio"].size > 0 and runner._host.calls == 2
     finally:
         runner.close()
-    assert WARMUP_TEXT.strip() and any(c.isalpha() for c in WARMUP_TEXT)  # something the voice can say
+    assert WARMUP_TEXT.strip() and any(
+        c.isalpha() for c in WARMUP_TEXT
+    )  # something the voice can say

@@ -28,7 +28,8 @@ from tests.helpers.graphs import OV_PYTHON, REPO
 PLAIN = REPO / "exports" / "silero-vad"
 OP18 = REPO / "exports" / "silero-vad-op18"
 PROFILE: dict[str, Any] = {
-    "format": "omni-edge.profile/1", "name": "test box",
+    "format": "omni-edge.profile/1",
+    "name": "test box",
     "host": {"os": "linux", "ram_total_bytes": 16 * GiB, "ram_available_bytes": 8 * GiB},
     "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-cpu"]}],
     "routes": [{"name": "this-process"}],
@@ -45,12 +46,22 @@ def profile() -> HardwareProfile:
 
 
 def vad_stage(artifact: Path = PLAIN, **extra: Any) -> dict[str, Any]:
-    return {"name": "vad", "kind": "vad", "artifact": str(artifact), "devices": ["cpu"], "backends": ["ort-cpu"],
-            "final_output": True, "final_output_type": "audio", **extra}
+    return {
+        "name": "vad",
+        "kind": "vad",
+        "artifact": str(artifact),
+        "devices": ["cpu"],
+        "backends": ["ort-cpu"],
+        "final_output": True,
+        "final_output_type": "audio",
+        **extra,
+    }
 
 
 def config_of(tmp_path: Path, **extra: Any) -> Any:
-    return parse_config({"name": "p", "stages": [vad_stage(**extra)]}, where="t.yaml", base_dir=tmp_path)
+    return parse_config(
+        {"name": "p", "stages": [vad_stage(**extra)]}, where="t.yaml", base_dir=tmp_path
+    )
 
 
 def test_vad_is_a_built_in_kind_that_takes_audio_and_yields_audio() -> None:
@@ -72,14 +83,22 @@ def test_the_plan_holds_the_graphs_weights_its_subgraphs_included(tmp_path: Path
     assert stats.path.endswith("silero_vad/data/silero_vad.onnx")
     assert held["weights"].bytes == stats.initializer_bytes
     assert 2_100_000 < stats.initializer_bytes < 2_300_000 and stats.subgraph_node_count > 0
-    assert held["ep_workspace"].bytes == ort_backends.workspace_bytes("ort-cpu", stats.initializer_bytes)
+    assert held["ep_workspace"].bytes == ort_backends.workspace_bytes(
+        "ort-cpu", stats.initializer_bytes
+    )
     assert held["load_transient"].bytes == stats.file_bytes
     assert sorted(held) == ["activations", "ep_workspace", "load_transient", "weights"]
     kwargs = stage.engine_kwargs
     assert kwargs["session"]["providers"] == ["CPUExecutionProvider"]
-    assert kwargs["segments"] == {"threshold": 0.5, "neg_threshold": None, "min_speech_ms": 250,
-                                  "min_silence_ms": 400, "speech_pad_ms": 100, "max_segment_s": 30.0,
-                                  "no_speech": "refuse"}
+    assert kwargs["segments"] == {
+        "threshold": 0.5,
+        "neg_threshold": None,
+        "min_speech_ms": 250,
+        "min_silence_ms": 400,
+        "speech_pad_ms": 100,
+        "max_segment_s": 30.0,
+        "no_speech": "refuse",
+    }
 
 
 @needs_silero
@@ -89,18 +108,36 @@ def test_its_gate_is_the_exported_graphs(tmp_path: Path) -> None:
     device = profile().device("cpu")
     assert device is not None
     (gate,) = kind.gate_specs(stage, kind.describe(stage), device, "ort-cpu")
-    assert (gate.stage, gate.artifact_name, gate.precision, gate.backend) == ("vad", "silero-vad-op18", "fp32", "ort-cpu")
+    assert (gate.stage, gate.artifact_name, gate.precision, gate.backend) == (
+        "vad",
+        "silero-vad-op18",
+        "fp32",
+        "ort-cpu",
+    )
     assert gate.session["graph"].endswith("silero_vad_op18_ifless.onnx")
 
 
-@pytest.mark.parametrize(("extra", "where", "what"), [
-    ({"speech_pad_ms": 500, "min_silence_ms": 400}, "stages[0]", "speech_pad_ms (500) must not exceed min_silence_ms (400)"),
-    ({"threshold": 1.5}, "stages[0].threshold", "less than 1"),
-    ({"neg_threshold": 0.6}, "stages[0]", "neg_threshold (0.6) must not exceed threshold (0.5)"),
-    ({"min_silence_ms": 10}, "stages[0].min_silence_ms", "greater than or equal to 32"),
-    ({"window": 512}, "stages[0].window", ""),
-])
-def test_bad_settings_are_refused_where_they_are(tmp_path: Path, extra: dict[str, Any], where: str, what: str) -> None:
+@pytest.mark.parametrize(
+    ("extra", "where", "what"),
+    [
+        (
+            {"speech_pad_ms": 500, "min_silence_ms": 400},
+            "stages[0]",
+            "speech_pad_ms (500) must not exceed min_silence_ms (400)",
+        ),
+        ({"threshold": 1.5}, "stages[0].threshold", "less than 1"),
+        (
+            {"neg_threshold": 0.6},
+            "stages[0]",
+            "neg_threshold (0.6) must not exceed threshold (0.5)",
+        ),
+        ({"min_silence_ms": 10}, "stages[0].min_silence_ms", "greater than or equal to 32"),
+        ({"window": 512}, "stages[0].window", ""),
+    ],
+)
+def test_bad_settings_are_refused_where_they_are(
+    tmp_path: Path, extra: dict[str, Any], where: str, what: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         config_of(tmp_path, **extra)
     text = str(err.value)
@@ -117,19 +154,38 @@ def test_an_artifact_that_is_not_a_vad_is_refused_naming_what_it_lacks(tmp_path:
     assert "a vad stage feeds input, sr, state and reads output, stateN" in text
 
 
-@pytest.mark.parametrize(("prompt", "what"), [
-    ("hello", "the stage takes audio, got text"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "the stage takes audio, got a chat request"),
-    ({"audio": np.zeros(10, np.float32), "sample_rate": 0}, "0 Hz: outside the 8000-192000 Hz that is read"),
-    ({"audio": np.zeros((2, 10), np.float32), "sample_rate": 16000}, "one channel of at least one sample"),
-    ({"audio": np.zeros(0, np.float32), "sample_rate": 16000}, "one channel of at least one sample"),
-])
-def test_a_request_that_is_not_one_audio_item_is_refused_before_any_actor(tmp_path: Path, prompt: Any, what: str) -> None:
+@pytest.mark.parametrize(
+    ("prompt", "what"),
+    [
+        ("hello", "the stage takes audio, got text"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            "the stage takes audio, got a chat request",
+        ),
+        (
+            {"audio": np.zeros(10, np.float32), "sample_rate": 0},
+            "0 Hz: outside the 8000-192000 Hz that is read",
+        ),
+        (
+            {"audio": np.zeros((2, 10), np.float32), "sample_rate": 16000},
+            "one channel of at least one sample",
+        ),
+        (
+            {"audio": np.zeros(0, np.float32), "sample_rate": 16000},
+            "one channel of at least one sample",
+        ),
+    ],
+)
+def test_a_request_that_is_not_one_audio_item_is_refused_before_any_actor(
+    tmp_path: Path, prompt: Any, what: str
+) -> None:
     config = config_of(tmp_path)
     with pytest.raises(BadRequest) as err:
         get_kind("vad").validate_request(None, config.stage("vad"), prompt)  # type: ignore[arg-type]
     assert what in str(err.value) and "(stage vad, kind vad)" in str(err.value)
-    get_kind("vad").validate_request(None, config.stage("vad"), {"audio": np.ones(5, np.float32), "sample_rate": 8000})  # type: ignore[arg-type]
+    get_kind("vad").validate_request(
+        None, config.stage("vad"), {"audio": np.ones(5, np.float32), "sample_rate": 8000}
+    )  # type: ignore[arg-type]
 
 
 # -- OpenVINO: the plain graph refused by name, the CPU EP next; op18 chosen deliberately ----
@@ -139,16 +195,37 @@ def _ov_config(tmp_path: Path, artifact: Path) -> tuple[Path, Path]:
     import yaml
 
     config = tmp_path / "vad.yaml"
-    config.write_text(yaml.safe_dump({"name": "vad-only", "stages": [
-        {**vad_stage(artifact), "backends": ["ort-openvino", "ort-cpu"]}]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "vad-only",
+                "stages": [{**vad_stage(artifact), "backends": ["ort-openvino", "ort-cpu"]}],
+            }
+        )
+    )
     prof = tmp_path / "profile.json"
-    prof.write_text(json.dumps({
-        "format": "omni-edge.profile/1", "name": "test box",
-        "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
-        "devices": [{"id": "cpu", "kind": "cpu", "name": "test CPU", "backends": ["ort-openvino", "ort-cpu"],
-                     "backend_routes": {"ort-openvino": "openvino"}}],
-        "routes": [{"name": "this-process"}, {"name": "openvino", "kind": "interpreter", "python": str(OV_PYTHON)}],
-    }))
+    prof.write_text(
+        json.dumps(
+            {
+                "format": "omni-edge.profile/1",
+                "name": "test box",
+                "host": {"os": "linux", "ram_total_bytes": 2**34, "ram_available_bytes": 2**33},
+                "devices": [
+                    {
+                        "id": "cpu",
+                        "kind": "cpu",
+                        "name": "test CPU",
+                        "backends": ["ort-openvino", "ort-cpu"],
+                        "backend_routes": {"ort-openvino": "openvino"},
+                    }
+                ],
+                "routes": [
+                    {"name": "this-process"},
+                    {"name": "openvino", "kind": "interpreter", "python": str(OV_PYTHON)},
+                ],
+            }
+        )
+    )
     return config, prof
 
 
@@ -156,7 +233,8 @@ def _ov_config(tmp_path: Path, artifact: Path) -> tuple[Path, Path]:
 @pytest.mark.openvino
 @pytest.mark.ort
 def test_on_openvino_the_plain_graph_is_a_named_refusal_and_the_cpu_ep_runs_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     config, prof = _ov_config(tmp_path, PLAIN)
     code = main(["verify", str(config), "--profile", str(prof), "--json"])
@@ -170,7 +248,11 @@ def test_on_openvino_the_plain_graph_is_a_named_refusal_and_the_cpu_ep_runs_it(
     assert "dynamic rank" in refusal["message"]
     assert "failed to compile" in refusal["remedy"] and "ort-cpu" in refusal["remedy"]
     assert results["ort-cpu"]["status"] == "passed"
-    assert doc["plan"]["stages"]["vad"] == {"device": "cpu", "backend": "ort-cpu", "verification": "verified"}
+    assert doc["plan"]["stages"]["vad"] == {
+        "device": "cpu",
+        "backend": "ort-cpu",
+        "verification": "verified",
+    }
     assert code == 3  # verify's contract: at least one placement was refused
     # the refusal is evidence the planner reads back: the next plan takes the CPU EP at once
     assert main(["plan", str(config), "--profile", str(prof), "--json"]) == 0
@@ -183,20 +265,31 @@ def test_on_openvino_the_plain_graph_is_a_named_refusal_and_the_cpu_ep_runs_it(
 @pytest.mark.openvino
 @pytest.mark.ort
 def test_on_openvino_the_op18_graph_chosen_deliberately_verifies(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     config, prof = _ov_config(tmp_path, OP18)
     assert main(["verify", str(config), "--profile", str(prof), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["plan"]["stages"]["vad"] == {"device": "cpu", "backend": "ort-openvino", "verification": "verified"}
+    assert doc["plan"]["stages"]["vad"] == {
+        "device": "cpu",
+        "backend": "ort-openvino",
+        "verification": "verified",
+    }
 
 
 def test_the_example_pipeline_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """configs/examples/voice-chat.yaml plans on a CPU-only box (vad, asr, thinker, voice)
     when Whisper's graphs are built; without them, exit 2 names the build command."""
     prof = tmp_path / "profile.json"
-    prof.write_text(json.dumps({**PROFILE, "devices": [{**PROFILE["devices"][0], "backends": ["ort-cpu", "vllm-cpu"]}]}))
-    code = main(["plan", str(REPO / "configs/examples/voice-chat.yaml"), "--profile", str(prof), "--json"])
+    prof.write_text(
+        json.dumps(
+            {**PROFILE, "devices": [{**PROFILE["devices"][0], "backends": ["ort-cpu", "vllm-cpu"]}]}
+        )
+    )
+    code = main(
+        ["plan", str(REPO / "configs/examples/voice-chat.yaml"), "--profile", str(prof), "--json"]
+    )
     captured = capsys.readouterr()
     if not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file():
         assert code == 2 and "python -m exports.whisper_asr build" in captured.err
@@ -204,15 +297,24 @@ def test_the_example_pipeline_plans(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 0, captured.err
     doc = json.loads(captured.out)
     assert [(s["name"], s["kind"], s["backend"]) for s in doc["stages"]] == [
-        ("vad", "vad", "ort-cpu"), ("asr", "asr", "ort-cpu"), ("thinker", "ar_decode", "vllm-cpu"),
-        ("voice", "exported_graph", "ort-cpu")]
+        ("vad", "vad", "ort-cpu"),
+        ("asr", "asr", "ort-cpu"),
+        ("thinker", "ar_decode", "vllm-cpu"),
+        ("voice", "exported_graph", "ort-cpu"),
+    ]
 
 
-def test_the_plan_shows_the_end_of_turn_delay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_plan_shows_the_end_of_turn_delay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The silence that ends a spoken turn (the vad stage's min_silence_ms: what a /v1/realtime
     session waits before it answers) is a line under the stages table."""
     config = tmp_path / "p.yaml"
-    config.write_text(json.dumps({"name": "p", "stages": [vad_stage(PLAIN, min_silence_ms=550, speech_pad_ms=80)]}))
+    config.write_text(
+        json.dumps(
+            {"name": "p", "stages": [vad_stage(PLAIN, min_silence_ms=550, speech_pad_ms=80)]}
+        )
+    )
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps(PROFILE))
     assert main(["plan", str(config), "--profile", str(prof)]) == 0

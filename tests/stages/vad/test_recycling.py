@@ -24,20 +24,29 @@ from tests.stages.vad.test_kind import PLAIN, profile, vad_stage
 
 pytestmark = [
     pytest.mark.ort,
-    pytest.mark.skipif(importlib.util.find_spec("silero_vad") is None, reason="silero-vad is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("silero_vad") is None, reason="silero-vad is not installed"
+    ),
 ]
 
 SENTENCES = ("Please turn off the lights in the kitchen.", "The weather is nice today.")
 
 
-def test_the_vads_worker_is_recycled_at_its_budget_between_items_with_the_same_cuts(tmp_path: Path) -> None:
-    config = parse_config({"name": "p", "stages": [vad_stage(PLAIN)]}, where="t.yaml", base_dir=tmp_path)
+def test_the_vads_worker_is_recycled_at_its_budget_between_items_with_the_same_cuts(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(
+        {"name": "p", "stages": [vad_stage(PLAIN)]}, where="t.yaml", base_dir=tmp_path
+    )
     plan = plan_pipeline(config, profile(), runtime=False)
     runner = VadRunner(plan.stage("vad"), get_kind("vad").artifact(config.stage("vad")), WORKER)  # type: ignore[attr-defined]
     said = [speak(s) for s in SENTENCES]
     rate = said[0][1]
     gap = np.zeros(rate, dtype=np.float32)
-    item = {"audio": np.concatenate([gap, said[0][0], gap, said[1][0], gap]).astype(np.float32), "sample_rate": rate}
+    item = {
+        "audio": np.concatenate([gap, said[0][0], gap, said[1][0], gap]).astype(np.float32),
+        "sample_rate": rate,
+    }
     runner.load()
     try:
         assert_limited_to_its_budget(runner)
@@ -53,6 +62,8 @@ def test_the_vads_worker_is_recycled_at_its_budget_between_items_with_the_same_c
         assert runner.process_ids()[0] == runner._host.pid != pid0
         # the state went on from window to window in one worker: the same cuts
         assert len(again) == len(first) == 2
-        assert all(np.array_equal(a["audio"], b["audio"]) for a, b in zip(again, first, strict=True))
+        assert all(
+            np.array_equal(a["audio"], b["audio"]) for a, b in zip(again, first, strict=True)
+        )
     finally:
         runner.close()

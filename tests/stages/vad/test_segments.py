@@ -23,8 +23,14 @@ def run(probs: list[float], rules: SegmentRules) -> list[tuple[int, int]]:
 
 
 def rules(**kw: int | float | None) -> SegmentRules:
-    base: dict[str, int | float | None] = {"window": W, "threshold": 0.5, "min_speech": 30, "min_silence": 40,
-                                           "pad": 10, "max_segment": None}
+    base: dict[str, int | float | None] = {
+        "window": W,
+        "threshold": 0.5,
+        "min_speech": 30,
+        "min_silence": 40,
+        "pad": 10,
+        "max_segment": None,
+    }
     base.update(kw)
     return SegmentRules(**base)  # type: ignore[arg-type]
 
@@ -75,22 +81,34 @@ def test_long_speech_is_cut_at_max_segment_contiguously() -> None:
     assert [a for a, _ in out[1:]] == [b for _, b in out[:-1]]
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    ({"pad": 50, "min_silence": 40}, "must not exceed min_silence"),
-    ({"threshold": 1.0}, "strictly between 0 and 1"),
-    ({"neg_threshold": 0.7}, r"neg_threshold must lie in \[0, threshold\]"),
-    ({"max_segment": 30}, "two windows and both pads"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"pad": 50, "min_silence": 40}, "must not exceed min_silence"),
+        ({"threshold": 1.0}, "strictly between 0 and 1"),
+        ({"neg_threshold": 0.7}, r"neg_threshold must lie in \[0, threshold\]"),
+        ({"max_segment": 30}, "two windows and both pads"),
+    ],
+)
 def test_impossible_rules_are_refused(kw: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         rules(**kw)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0, 1), max_size=120), st.integers(0, 4), st.integers(1, 6), st.integers(0, 4),
-       st.one_of(st.none(), st.integers(4, 20)))
+@given(
+    st.lists(st.floats(0, 1), max_size=120),
+    st.integers(0, 4),
+    st.integers(1, 6),
+    st.integers(0, 4),
+    st.one_of(st.none(), st.integers(4, 20)),
+)
 def test_segments_are_ordered_disjoint_bounded_and_within_what_was_heard(
-    probs: list[float], pad_w: int, silence_w: int, speech_w: int, max_w: int | None,
+    probs: list[float],
+    pad_w: int,
+    silence_w: int,
+    speech_w: int,
+    max_w: int | None,
 ) -> None:
     pad = min(pad_w, silence_w) * W
     max_segment = None if max_w is None else max(max_w * W, 2 * W + 2 * pad)
@@ -127,9 +145,14 @@ def test_nothing_is_pending_for_speech_too_short_to_keep() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(0, 1), max_size=120), st.integers(0, 4), st.integers(1, 6), st.integers(0, 4))
+@given(
+    st.lists(st.floats(0, 1), max_size=120), st.integers(0, 4), st.integers(1, 6), st.integers(0, 4)
+)
 def test_a_pending_segment_is_exactly_the_segment_its_pause_closes(
-    probs: list[float], pad_w: int, silence_w: int, speech_w: int,
+    probs: list[float],
+    pad_w: int,
+    silence_w: int,
+    speech_w: int,
 ) -> None:
     """What a realtime session's early response answers is the turn that closes, when it closes."""
     pad = min(pad_w, silence_w) * W

@@ -53,7 +53,9 @@ class EchoConfig(StageConfig):
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
-    load_imports: list[str] = Field(default_factory=list, description="Modules load() imports, in order.")
+    load_imports: list[str] = Field(
+        default_factory=list, description="Modules load() imports, in order."
+    )
 
 
 class EchoRunner(StageRunner):
@@ -93,7 +95,11 @@ class EchoRunner(StageRunner):
             await asyncio.sleep(self.cfg.delay_s)
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
-            yield {"audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), "sample_rate": SAMPLE_RATE, "text": str(chunk)}
+            yield {
+                "audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
+                "sample_rate": SAMPLE_RATE,
+                "text": str(chunk),
+            }
 
     async def _scripted(self, prompt: dict[str, Any]) -> AsyncIterator[str]:
         script = [str(d) for d in prompt["script"]]
@@ -120,7 +126,11 @@ def _words_in(items: list[Any]) -> int:
     n = 0
     for item in items:
         if isinstance(item, dict) and "messages" in item:
-            n += sum(len(str(m.get("content", "")).split()) for m in item["messages"] if isinstance(m, dict))
+            n += sum(
+                len(str(m.get("content", "")).split())
+                for m in item["messages"]
+                if isinstance(m, dict)
+            )
         else:
             n += len(_prompt_text(item).split())
     return n
@@ -131,7 +141,11 @@ def _prompt_text(item: Any) -> str:
     if isinstance(item, dict) and ("prompt" in item or "messages" in item):
         if "prompt" in item:
             return str(item["prompt"])
-        users = [m.get("content", "") for m in item["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+        users = [
+            m.get("content", "")
+            for m in item["messages"]
+            if isinstance(m, dict) and m.get("role") == "user"
+        ]
         return str(users[-1]) if users else ""
     return str(item)
 
@@ -147,11 +161,24 @@ class EchoKind(StageKind):
     def check(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str) -> list[Any]:
         return []
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str) -> list[Reservation]:
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str
+    ) -> list[Reservation]:
         assert isinstance(stage, EchoConfig)
-        return [Reservation(pool, "weights", max(stage.hold_bytes, 1 * MiB), "session", "D", "what the echo stage holds"),
-                Reservation(pool, "load_transient", 16 * MiB, "load", "E", "freed after load")]
+        return [
+            Reservation(
+                pool,
+                "weights",
+                max(stage.hold_bytes, 1 * MiB),
+                "session",
+                "D",
+                "what the echo stage holds",
+            ),
+            Reservation(pool, "load_transient", 16 * MiB, "load", "E", "freed after load"),
+        ]
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         assert isinstance(stage, EchoConfig)
         return EchoRunner(stage_plan, stage)

@@ -34,10 +34,14 @@ class JoinEchoConfig(StageConfig):
     """A weightless source or sink for fan-in tests."""
 
     kind: Literal["join_echo"] = Field(description="Always 'join_echo'.")
-    mode: Literal["count", "report"] = Field("report", description="count: a source of numbered events; report: a sink.")
+    mode: Literal["count", "report"] = Field(
+        "report", description="count: a source of numbered events; report: a sink."
+    )
     count: int = Field(4, ge=0, description="Events a count stage yields.")
     delay_s: float = Field(0.0, ge=0, description="Pause before each output item.")
-    fail_at: int | None = Field(None, ge=0, description="A count stage raises instead of yielding item fail_at.")
+    fail_at: int | None = Field(
+        None, ge=0, description="A count stage raises instead of yielding item fail_at."
+    )
 
 
 class JoinEchoRunner(StageRunner):
@@ -76,9 +80,15 @@ class JoinEchoKind(StageKind):
     def check(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str) -> list[Any]:
         return []
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str) -> list[Reservation]:
-        return [Reservation(pool, "weights", 1 * MiB, "session", "D", "what the join_echo stage holds")]
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str
+    ) -> list[Reservation]:
+        return [
+            Reservation(pool, "weights", 1 * MiB, "session", "D", "what the join_echo stage holds")
+        ]
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         assert isinstance(stage, JoinEchoConfig)
         return JoinEchoRunner(stage_plan, stage)

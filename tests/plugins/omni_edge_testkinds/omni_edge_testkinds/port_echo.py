@@ -39,10 +39,18 @@ class PortEchoConfig(StageConfig):
     """A weightless two-port source, or a sink of both ports."""
 
     kind: Literal["port_echo"] = Field(description="Always 'port_echo'.")
-    mode: Literal["source", "report"] = Field("report", description="source: text and hidden states; report: a sink.")
-    count: int = Field(3, ge=0, description="Steps a source yields (one item on each port per step).")
-    delay_s: float = Field(0.0, ge=0, description="Pause before each step (source) or item (report).")
-    bad_port: bool = Field(False, description="A source tags its first item with a port it does not have.")
+    mode: Literal["source", "report"] = Field(
+        "report", description="source: text and hidden states; report: a sink."
+    )
+    count: int = Field(
+        3, ge=0, description="Steps a source yields (one item on each port per step)."
+    )
+    delay_s: float = Field(
+        0.0, ge=0, description="Pause before each step (source) or item (report)."
+    )
+    bad_port: bool = Field(
+        False, description="A source tags its first item with a port it does not have."
+    )
 
 
 def plain(item: Any) -> Any:
@@ -90,7 +98,9 @@ class PortEchoKind(StageKind):
         """A source: text in, its two ports out; a sink: both ports in, events out."""
         assert isinstance(stage, PortEchoConfig)
         if stage.mode == "source":
-            return Ports(parse_payloads(("text",)), parse_payloads(("text", "tensor:hidden_states<float32>")))
+            return Ports(
+                parse_payloads(("text",)), parse_payloads(("text", "tensor:hidden_states<float32>"))
+            )
         return Ports(parse_payloads(self.consumes), parse_payloads(("event",)))
 
     def describe(self, stage: StageConfig) -> ArtifactInfo:
@@ -99,9 +109,15 @@ class PortEchoKind(StageKind):
     def check(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str) -> list[Any]:
         return []
 
-    def reservations(self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str) -> list[Reservation]:
-        return [Reservation(pool, "weights", 1 * MiB, "session", "D", "what the port_echo stage holds")]
+    def reservations(
+        self, stage: StageConfig, info: ArtifactInfo, device: Any, backend: str, pool: str
+    ) -> list[Reservation]:
+        return [
+            Reservation(pool, "weights", 1 * MiB, "session", "D", "what the port_echo stage holds")
+        ]
 
-    def runner(self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None) -> StageRunner:
+    def runner(
+        self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
+    ) -> StageRunner:
         assert isinstance(stage, PortEchoConfig)
         return PortEchoRunner(stage)
