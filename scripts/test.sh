@@ -6,6 +6,7 @@ scripts/bootstrap.sh
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
 echo "== ruff"; ruff check orchestrator stages exports tests bench
+echo "== ruff format (the formatter owns layout and line length)"; ruff format --check orchestrator stages exports tests bench scripts
 echo "== mypy"; mypy
 echo "== lint-imports (layering contracts in pyproject.toml)"; lint-imports --no-logo
 echo "== pytest"; python -m pytest "$@"
