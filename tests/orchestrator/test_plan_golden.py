@@ -64,9 +64,11 @@ def golden_name(config: Path, profile: Path) -> str:
 def normalise(text: str) -> str:
     site = sysconfig.get_paths()["purelib"]
     cache = os.environ["OMNI_EDGE_CACHE_DIR"]
-    return (
-        text.replace(cache, "<cache>").replace(site, "<site-packages>").replace(str(REPO), "<repo>")
-    )
+    # A venv reached through a symlink (a git worktree sharing one) reports the link's path;
+    # artifacts resolve to the target's. Both spellings are the same site-packages.
+    for spelling in sorted({site, os.path.realpath(site)}, key=len, reverse=True):
+        text = text.replace(spelling, "<site-packages>")
+    return text.replace(cache, "<cache>").replace(str(REPO), "<repo>")
 
 
 def plan_json(config: Path, profile: Path) -> tuple[int, str]:
