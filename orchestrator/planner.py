@@ -294,6 +294,32 @@ def plan_pipeline(
         _stage_state(stage, profile, mask, ledger, refused or {}, calibrating)
         for stage in config.topological()
     ]
+    chosen = _choose(states, ledger)
+    stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
+    stage_plans, thread_notes = _with_cpu_threads(
+        stage_plans, {s.stage.name: s for s in states}, profile, plan_threads
+    )
+    pools = _pool_plans(ledger)
+    admitted = all(s.admitted for s in stage_plans)
+    notes = _evidence_notes(stage_plans, shared, calibrating) + thread_notes
+    if profile.nodes:
+        stage_plans, cluster_note = _on_nodes(stage_plans, profile)
+        notes.append(cluster_note)
+    return PipelinePlan(
+        pipeline=config.name,
+        admitted=admitted,
+        profile=profile.name,
+        stages=stage_plans,
+        pools=pools,
+        shared_reservations=tuple(shared),
+        config_path=config.source,
+        notes=tuple(notes),
+    )
+
+
+def _choose(states: list[_StageState], ledger: Ledger) -> dict[str, _Option]:
+    """The jointly fitting option per stage (none when no assignment fits), admitted
+    to ``ledger``; when none fits, ``_explain_joint_failure`` says why on the states."""
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
@@ -305,15 +331,24 @@ def plan_pipeline(
     for name, option in chosen.items():
         admission = ledger.admit(name, list(option.reservations))
         assert admission.ok, "the search found this assignment fitting"
-    stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
-    stage_plans, thread_notes = _with_cpu_threads(
-        stage_plans, {s.stage.name: s for s in states}, profile, plan_threads
-    )
+    return chosen
+
+
+def _pool_plans(ledger: Ledger) -> tuple[PoolPlan, ...]:
+    """Each pool's capacity beside the peak the admitted reservations reach in it."""
     pools = []
     for pool_id, pool in ledger.pools.items():
         peak, shares = ledger.peak(pool_id)
         pools.append(PoolPlan(pool_id, pool.capacity, peak, shares, pool.parent, pool.note))
-    admitted = all(s.admitted for s in stage_plans)
+    return tuple(pools)
+
+
+def _evidence_notes(
+    stage_plans: tuple[StagePlan, ...],
+    shared: list[Reservation],
+    calibrating: _Calibrating | None,
+) -> list[str]:
+    """The plan's notes on its evidence: unverified placements, estimates or calibration."""
     notes = []
     if any(
         s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted
@@ -326,30 +361,26 @@ def plan_pipeline(
     )
     if not any(s.calibration for s in stage_plans):
         notes.append(ESTIMATES_NOTE)
-    notes += calibrated
-    notes += thread_notes
-    if profile.nodes:
-        stage_plans, crossing = _with_nodes(stage_plans)
-        notes.append(
-            f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
-            + (", ".join(crossing) or "none")
-            + (
-                "; their transfer cost (items, bytes per item) is measured at run time: the run "
-                "record's edges[]"
-                if crossing
-                else ""
-            )
+    return notes + calibrated
+
+
+def _on_nodes(
+    stage_plans: tuple[StagePlan, ...], profile: HardwareProfile
+) -> tuple[tuple[StagePlan, ...], str]:
+    """On a cluster profile: the stage plans with their nodes, and the note naming the
+    edges that cross between nodes."""
+    stage_plans, crossing = _with_nodes(stage_plans)
+    note = (
+        f"cluster of {len(profile.nodes)} nodes ({', '.join(profile.node_names)}); edges between nodes: "
+        + (", ".join(crossing) or "none")
+        + (
+            "; their transfer cost (items, bytes per item) is measured at run time: the run "
+            "record's edges[]"
+            if crossing
+            else ""
         )
-    return PipelinePlan(
-        pipeline=config.name,
-        admitted=admitted,
-        profile=profile.name,
-        stages=stage_plans,
-        pools=tuple(pools),
-        shared_reservations=tuple(shared),
-        config_path=config.source,
-        notes=tuple(notes),
     )
+    return stage_plans, note
 
 
 def stage_candidates(

@@ -123,6 +123,22 @@ class ServerMetrics:
         self.server_memory: Callable[[], dict[str, Any] | None] | None = None
         """The serve process's own memory and its reservation (``Pipeline.server_memory``)."""
         self._over: set[str] = set()
+        # Declared in this order, which is the order of the exposition.
+        self._declare_request_metrics()
+        self._declare_admission_metrics()
+        self._declare_memory_metrics()
+        self._declare_drift_metrics()
+        self._declare_server_metrics()
+        self._declare_realtime_metrics()
+        self.ledger_up = Gauge(
+            f"{PREFIX}ledger_up",
+            "1 when the ledger actor answered the last scrape",
+            registry=self.registry,
+        )
+        self._seed_from_plan()
+
+    def _declare_request_metrics(self) -> None:
+        """Per request, fed by :meth:`finish`: counts, latencies, decode rates."""
         r, b = self.registry, LATENCY_BUCKETS
         self.requests = Counter(
             f"{PREFIX}requests",
@@ -174,9 +190,17 @@ class ServerMetrics:
         self.tokens = Counter(
             f"{PREFIX}generated_tokens", "Tokens generated", ["stage"], registry=r
         )
+
+    def _declare_admission_metrics(self) -> None:
+        """The runtime's admission, read at scrape time: slots held, waiting, the limit."""
+        r = self.registry
         self.in_flight = Gauge(f"{PREFIX}requests_in_flight", "Requests holding a slot", registry=r)
         self.waiting = Gauge(f"{PREFIX}requests_waiting", "Requests waiting for a slot", registry=r)
         self.in_flight_limit = Gauge(f"{PREFIX}requests_in_flight_limit", "Slots", registry=r)
+
+    def _declare_memory_metrics(self) -> None:
+        """Bytes per pool and per stage (held, capacity, planned, measured), and stage liveness."""
+        r = self.registry
         self.pool_held = Gauge(
             f"{PREFIX}ledger_held_bytes", "Bytes the ledger holds in a pool", ["pool"], registry=r
         )
@@ -201,6 +225,10 @@ class ServerMetrics:
             ["stage", "device"],
             registry=r,
         )
+
+    def _declare_drift_metrics(self) -> None:
+        """Drift (docs/calibration.md): measured peaks judged against the budgets."""
+        r = self.registry
         self.over_budget = Gauge(
             f"{PREFIX}stage_over_budget",
             "1 when a stage's measured peak is above its (calibrated) budget",
@@ -230,6 +258,10 @@ class ServerMetrics:
             "Times the measured peaks were written to the measurement store",
             registry=r,
         )
+
+    def _declare_server_metrics(self) -> None:
+        """The serve process's own memory beside its reservation in the plan."""
+        r = self.registry
         self.server_bytes = Gauge(
             f"{PREFIX}server_memory_bytes",
             "The serve process's own memory (PSS, else RSS)",
@@ -241,6 +273,10 @@ class ServerMetrics:
             ["evidence"],
             registry=r,
         )
+
+    def _declare_realtime_metrics(self) -> None:
+        """The realtime endpoint's turns: early replies and voice-to-voice latency."""
+        r, b = self.registry, LATENCY_BUCKETS
         self.early_responses = Counter(
             f"{PREFIX}realtime_early_responses",
             "Realtime replies started in a pause before it closed the turn, by outcome: adopted (the pause was "
@@ -254,11 +290,11 @@ class ServerMetrics:
             buckets=b,
             registry=r,
         )
-        self.ledger_up = Gauge(
-            f"{PREFIX}ledger_up", "1 when the ledger actor answered the last scrape", registry=r
-        )
-        self.in_flight_limit.set(runtime.admission.limit)
-        for s in runtime.stages:
+
+    def _seed_from_plan(self) -> None:
+        """Set what the plan fixes: the slot limit, each stage's budget and calibration."""
+        self.in_flight_limit.set(self.runtime.admission.limit)
+        for s in self.runtime.stages:
             self.stage_budget.labels(s.name, s.pool or "?").set(s.budget_bytes())
             self.calibrated.labels(s.name).set(int(s.calibration is not None))
             self.over_budget.labels(s.name).set(0)
