@@ -107,6 +107,9 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 
 def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
+    """A pipeline config from a parsed document (``where`` names it in errors; relative
+    paths resolve against ``base_dir``): every stage and top-level problem at once as a
+    ``ConfigError``, then the graph checked (``check_graph``)."""
     if not isinstance(data, dict):
         got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
         raise ConfigError.single(
@@ -120,48 +123,64 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     stages: list[StageConfig] = []
     if isinstance(raw_stages, list):
         for i, raw in enumerate(raw_stages):
-            loc = f"{where}: stages[{i}]"
-            if not isinstance(raw, dict):
-                problems.append(
-                    Problem(loc, "a stage must be a mapping", "write name:, kind:, devices: ...")
-                )
-                continue
-            kind_name = raw.get("kind")
-            if kind_name is None:
-                problems.append(
-                    Problem(
-                        f"{loc}.kind",
-                        "required field is missing",
-                        f"add kind: one of {', '.join(known_kinds())}",
-                    )
-                )
-                continue
-            try:
-                kind = get_kind(str(kind_name))
-            except KeyError:
-                problems.append(
-                    Problem(
-                        f"{loc}.kind",
-                        f"unknown stage kind {kind_name!r}",
-                        f"use one of {', '.join(known_kinds())}, or install the plugin that provides it",
-                    )
-                )
-                continue
-            try:
-                stage = kind.config_model.model_validate(raw, context={"base_dir": base_dir})
-            except ValidationError as exc:
-                problems.extend(problems_from_validation(exc, loc, kind.config_model))
-                continue
-            if (
-                len(stage.inputs) > 1
-                and stage.join is None
-                and (join := kind.default_join(stage)) is not None
-            ):
-                stage = stage.model_copy(
-                    update={"join": join}
-                )  # the kind's own default (StageKind.default_join)
-            stages.append(kind.resolve_paths(stage, base_dir))
+            stage, found = _parse_stage(raw, f"{where}: stages[{i}]", base_dir)
+            problems += found
+            if stage is not None:
+                stages.append(stage)
     top = {k: v for k, v in data.items() if k != "stages"}
+    problems += _top_level_problems(top, raw_stages, where)
+    problems = [_readable_name_problem(problem, where) for problem in problems]
+    if problems:
+        raise ConfigError(problems)
+    config = PipelineConfig.model_construct(
+        name=top["name"], description=top.get("description", ""), stages=stages, source=where
+    )
+    check_graph(config, where)
+    return config
+
+
+def _parse_stage(raw: Any, loc: str, base_dir: Path) -> tuple[StageConfig | None, list[Problem]]:
+    """One ``stages[i]`` entry validated by its kind's model, its paths resolved (None and
+    the problems when it cannot be)."""
+    if not isinstance(raw, dict):
+        return None, [Problem(loc, "a stage must be a mapping", "write name:, kind:, devices: ...")]
+    kind_name = raw.get("kind")
+    if kind_name is None:
+        return None, [
+            Problem(
+                f"{loc}.kind",
+                "required field is missing",
+                f"add kind: one of {', '.join(known_kinds())}",
+            )
+        ]
+    try:
+        kind = get_kind(str(kind_name))
+    except KeyError:
+        return None, [
+            Problem(
+                f"{loc}.kind",
+                f"unknown stage kind {kind_name!r}",
+                f"use one of {', '.join(known_kinds())}, or install the plugin that provides it",
+            )
+        ]
+    try:
+        stage = kind.config_model.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        return None, problems_from_validation(exc, loc, kind.config_model)
+    if (
+        len(stage.inputs) > 1
+        and stage.join is None
+        and (join := kind.default_join(stage)) is not None
+    ):
+        stage = stage.model_copy(
+            update={"join": join}
+        )  # the kind's own default (StageKind.default_join)
+    return kind.resolve_paths(stage, base_dir), []
+
+
+def _top_level_problems(top: dict[str, Any], raw_stages: Any, where: str) -> list[Problem]:
+    """What is wrong outside the stages: the top-level fields, a missing or empty ``stages``."""
+    problems: list[Problem] = []
     try:
         _TopLevel.model_validate(
             {**top, "stages": raw_stages if isinstance(raw_stages, list) else []}
@@ -176,20 +195,18 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
         problems.append(
             Problem(f"{where}: stages", "must be a non-empty list", "add at least one stage")
         )
-    for i, problem in enumerate(problems):
-        if problem.where == f"{where}: name" and "pattern" in problem.what:
-            problems[i] = Problem(
-                problem.where,
-                f"{problem.what.split(' (got ', 1)[-1].removesuffix(')')} is not a usable pipeline name: it becomes part of file names",
-                "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 64 characters",
-            )
-    if problems:
-        raise ConfigError(problems)
-    config = PipelineConfig.model_construct(
-        name=top["name"], description=top.get("description", ""), stages=stages, source=where
-    )
-    check_graph(config, where)
-    return config
+    return problems
+
+
+def _readable_name_problem(problem: Problem, where: str) -> Problem:
+    """A ``name`` that fails its pattern, said in words (pydantic quotes the regex)."""
+    if problem.where == f"{where}: name" and "pattern" in problem.what:
+        return Problem(
+            problem.where,
+            f"{problem.what.split(' (got ', 1)[-1].removesuffix(')')} is not a usable pipeline name: it becomes part of file names",
+            "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 64 characters",
+        )
+    return problem
 
 
 def check_graph(config: PipelineConfig, where: str) -> None:

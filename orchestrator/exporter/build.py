@@ -187,6 +187,13 @@ def _no_step(_: str) -> None:
 
 def check_request(req: ExportRequest) -> None:
     """Refuse what can be refused before any work (exit 2, nothing written)."""
+    problems = _what_problems(req) + _where_problems(req) + _flag_problems(req)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _what_problems(req: ExportRequest) -> list[Problem]:
+    """What to export: the source, the precisions, the int8 activation type."""
     problems: list[Problem] = []
     if req.source not in ("torch", "transformers", "onnx"):
         problems.append(
@@ -217,6 +224,12 @@ def check_request(req: ExportRequest) -> None:
                 f"choose {' or '.join(INT8_ACTIVATIONS)}",
             )
         )
+    return problems
+
+
+def _where_problems(req: ExportRequest) -> list[Problem]:
+    """Where it goes: ``-o`` free (or ``--force``), a directory, a usable name, an existing parent."""
+    problems: list[Problem] = []
     if req.out.exists() and not req.force:
         problems.append(
             Problem(
@@ -250,6 +263,12 @@ def check_request(req: ExportRequest) -> None:
                 f"-o {req.out}", f"the parent directory {parent} does not exist", "create it first"
             )
         )
+    return problems
+
+
+def _flag_problems(req: ExportRequest) -> list[Problem]:
+    """Flags that do not fit: one only another source reads, payload types that do not parse."""
+    problems: list[Problem] = []
     for flag, given, source in (
         ("--inputs", req.inputs_npz, "onnx"),
         ("--calibration", req.calibration_npz, "onnx"),
@@ -275,8 +294,7 @@ def check_request(req: ExportRequest) -> None:
                         "spell payload types as in docs/pipelines.md (text, audio@16000, tensor<float32>[384])",
                     )
                 )
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def export(req: ExportRequest, step: Step = _no_step) -> ExportResult:
