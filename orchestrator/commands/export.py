@@ -9,11 +9,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchestrator.exporter.build import ExportRequest, ExportResult, Int8Scheme
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +27,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(onnx.checker, a CPU session, each precision through the gates on the CPU EP) before it is "
         "renamed into place; a failure leaves nothing behind."
     )
+    _add_source_arguments(p)
+    _add_manifest_arguments(p)
+    _add_sample_arguments(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DIR once the new artifact is complete and validated",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as JSON (format omni-edge.export-result/1)",
+    )
+
+
+def _add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """What to export, where to, in which precisions and opset."""
     p.add_argument(
         "--from",
         dest="source",
@@ -55,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="ONNX opset for torch/transformers (13-20, default 17)",
     )
+
+
+def _add_manifest_arguments(p: argparse.ArgumentParser) -> None:
+    """What the manifest says: name, version, provenance, hooks, payload types, metadata."""
     p.add_argument("--name", help="artifact name (default: the directory's name)")
     p.add_argument(
         "--version",
@@ -89,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a manifest metadata entry (repeatable)",
     )
+
+
+def _add_sample_arguments(p: argparse.ArgumentParser) -> None:
+    """The reference and calibration inputs, and how the int8 graph is quantized."""
     p.add_argument(
         "--inputs", metavar="NPZ", help="onnx: the reference inputs (one array per graph input)"
     )
@@ -115,16 +143,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PREFIXES",
         help="int8: quantize only the nodes whose names start with these comma-separated prefixes "
         "(e.g. /dec/), leaving the rest fp32 (default: every node the quantizer takes)",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace DIR once the new artifact is complete and validated",
-    )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print the summary as JSON (format omni-edge.export-result/1)",
     )
 
 
@@ -187,10 +205,29 @@ class _Steps:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK
-    from orchestrator.console import make_console
-    from orchestrator.exporter.build import ExportRequest, Int8Scheme, export
+    from orchestrator.exporter.build import export
+
+    req = _request(args)
+    steps = _Steps(quiet=args.json)
+    ok = False
+    try:
+        result = export(req, steps)
+        ok = True
+    finally:
+        steps.close(ok)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    _print_result(result)
+    return EXIT_OK
+
+
+def _request(args: argparse.Namespace) -> ExportRequest:
+    """The export the flags ask for; a ``ConfigError`` for flags that do not fit together,
+    before the model is loaded."""
+    from orchestrator.exporter.build import ExportRequest
     from orchestrator.exporter.sources import DEFAULT_OPSET, TORCH_MAX_OPSET, check_opset
-    from orchestrator.units import fmt_bytes
 
     if args.opset is not None and args.source == "onnx":
         raise ConfigError.single(
@@ -201,22 +238,8 @@ def run(args: argparse.Namespace) -> int:
     ):  # before the model is loaded (--opset 0 was the default opset, silently)
         check_opset(args.opset, where="--opset", highest=TORCH_MAX_OPSET)
     precisions = tuple(_list(args.precision) or ())
-    scheme = Int8Scheme()
-    if args.int8_activations or args.int8_nodes:
-        if "int8" not in precisions:
-            flag = "--int8-activations" if args.int8_activations else "--int8-nodes"
-            raise ConfigError.single(
-                flag,
-                "only shapes the int8 graph, and --precision has no int8",
-                "add int8 to --precision (e.g. --precision fp32,int8) or leave the flag out",
-            )
-        nodes = tuple(_list(args.int8_nodes) or ())
-        if args.int8_nodes is not None and not nodes:
-            raise ConfigError.single(
-                "--int8-nodes", "names no prefix", "give e.g. --int8-nodes /dec/"
-            )
-        scheme = Int8Scheme(activations=args.int8_activations or "uint8", nodes=nodes)
-    req = ExportRequest(
+    scheme = _int8_scheme(args, precisions)
+    return ExportRequest(
         source=args.source,
         location=args.location,
         out=Path(args.out),
@@ -241,25 +264,41 @@ def run(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["export"]
         else "",
     )
-    steps = _Steps(quiet=args.json)
-    ok = False
-    try:
-        result = export(req, steps)
-        ok = True
-    finally:
-        steps.close(ok)
-    if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return EXIT_OK
+
+
+def _int8_scheme(args: argparse.Namespace, precisions: tuple[str, ...]) -> Int8Scheme:
+    """How the int8 graph is quantized (``--int8-activations``, ``--int8-nodes``); the
+    flags are refused when ``--precision`` has no int8."""
+    from orchestrator.exporter.build import Int8Scheme
+
+    if not (args.int8_activations or args.int8_nodes):
+        return Int8Scheme()
+    if "int8" not in precisions:
+        flag = "--int8-activations" if args.int8_activations else "--int8-nodes"
+        raise ConfigError.single(
+            flag,
+            "only shapes the int8 graph, and --precision has no int8",
+            "add int8 to --precision (e.g. --precision fp32,int8) or leave the flag out",
+        )
+    nodes = tuple(_list(args.int8_nodes) or ())
+    if args.int8_nodes is not None and not nodes:
+        raise ConfigError.single("--int8-nodes", "names no prefix", "give e.g. --int8-nodes /dec/")
+    return Int8Scheme(activations=args.int8_activations or "uint8", nodes=nodes)
+
+
+def _print_result(result: ExportResult) -> None:
+    """The human summary: the artifact's tensors, each precision's error and the tolerance."""
+    from rich.table import Table
+
+    from orchestrator.console import make_console
+    from orchestrator.units import fmt_bytes
+
     console = make_console()
     console.print(f"wrote {result.out} ({result.name}) in {result.seconds:.1f} s")
     for group, tensors in (("input", result.inputs), ("output", result.outputs)):
         for t in tensors:
             shape = ", ".join(str(d) for d in t["shape"])
             console.print(f"  {group:<6} {t['name']:<18} {t['dtype']:<8} [{shape}]", markup=False)
-    from rich.table import Table
-
     console.print("each precision on the CPU EP: worst error vs fp32 and the reference")
     table = Table(box=None, pad_edge=False)
     for col in ("precision", "size", "rel L2", "max abs", "cosine", "suggested L2/abs/cos"):
@@ -281,4 +320,3 @@ def run(args: argparse.Namespace) -> int:
         f"cosine_min {t['cosine_min']:g}"
     )
     console.print("validated: onnx.checker, manifest, hooks, every precision's gates (CPU EP)")
-    return EXIT_OK
