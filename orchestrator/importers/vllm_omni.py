@@ -729,73 +729,101 @@ def _async_chunk(
     said = f"async_chunk: {str(value).lower()}" + (
         "" if given else " (absent: vLLM-Omni's default)"
     )
-    used: set[str] = set()
     if talker is not None and len(talker.get("inputs", [])) > 1:
-        if value and topo.streaming_talker:
-            talker["join"] = "latest"
-            report.notes[:] = [
-                n for n in report.notes if not n.startswith("stages.talker.join: all")
-            ]
-            report.map("async_chunk", "stages.talker.join", "latest")
-            report.notes.append(
-                f"stages.talker.join: latest ({said}): the talker starts on the thinker's first steps "
-                "and gives the same codes as with its whole hand-over (docs/omni.md, streaming); "
-                "vLLM-Omni itself refuses async_chunk for this pipeline (it has no async producer)"
-            )
-        elif value:
-            report.notes.append(
-                f"stages.talker.join: all ({said}): this model's talker takes the thinker's whole "
-                "hand-over here (it refuses join: latest: docs/omni.md), so only code2wav streams"
-            )
-        else:
-            report.map("async_chunk", "stages.talker.join", "all")
+        _talker_join(talker, value, said, topo, report)
     if code2wav is not None:
-        if topo.chunked_code2wav:
-            if value:
-                edge = _connector_extra(data, entries, 1, 2)
-                extra = edge[1] if edge else {}
-                chunk: dict[str, Any] = {}
-                for up, mine, default in CHUNK_KEYS:
-                    v = extra.get(up, default)
-                    if edge and up in extra:
-                        used.add(f"connectors.{edge[0]}.extra.{up}")
-                        report.map(
-                            f"connectors.{edge[0]}.extra.{up}", f"stages.code2wav.chunk.{mine}", v
-                        )
-                    chunk[mine] = (
-                        int(v) if isinstance(v, int) and not isinstance(v, bool) else default
-                    )
-                code2wav["chunk"] = chunk
-                report.map("async_chunk", "stages.code2wav.chunk", chunk)
-                report.notes.append(
-                    f"stages.code2wav.chunk: {chunk} ({said}): the talker's codes decoded in windows "
-                    "with left context as they come, so audio starts before the talker ends"
-                    + (
-                        ""
-                        if edge
-                        else "; the file names no connector on the talker → code2wav edge, so "
-                        "vLLM-Omni's defaults"
-                    )
-                )
-                report.notes.append(
-                    f"stages.code2wav.artifact: {code2wav.get('artifact')} is where the checkpoint's "
-                    "code2wav, exported with metadata.samples_per_frame, goes (docs/export.md, "
-                    "Qwen3-Omni's code2wav); a manifest marked not_exported there is refused by name "
-                    "(no_exported_graph)"
-                )
-            else:
-                code2wav["chunk"] = {"frames": None}
-                report.map("async_chunk", "stages.code2wav.chunk", {"frames": None})
-                report.notes.append(
-                    f"stages.code2wav.chunk: frames null ({said}): the talker's whole code sequence "
-                    "in one call once it has ended (vLLM-Omni's talker2code2wav_full_payload)"
-                )
-        elif value:
+        return _code2wav_chunk(code2wav, value, said, data, topo, entries, report)
+    return set()
+
+
+def _talker_join(
+    talker: dict[str, Any], value: bool, said: str, topo: Topology, report: ImportReport
+) -> None:
+    """The talker's ``join`` over its several inputs: ``latest`` (it starts on the thinker's
+    first steps) where ``async_chunk`` is on and the topology's talker streams, else ``all``."""
+    if value and topo.streaming_talker:
+        talker["join"] = "latest"
+        report.notes[:] = [n for n in report.notes if not n.startswith("stages.talker.join: all")]
+        report.map("async_chunk", "stages.talker.join", "latest")
+        report.notes.append(
+            f"stages.talker.join: latest ({said}): the talker starts on the thinker's first steps "
+            "and gives the same codes as with its whole hand-over (docs/omni.md, streaming); "
+            "vLLM-Omni itself refuses async_chunk for this pipeline (it has no async producer)"
+        )
+    elif value:
+        report.notes.append(
+            f"stages.talker.join: all ({said}): this model's talker takes the thinker's whole "
+            "hand-over here (it refuses join: latest: docs/omni.md), so only code2wav streams"
+        )
+    else:
+        report.map("async_chunk", "stages.talker.join", "all")
+
+
+def _code2wav_chunk(
+    code2wav: dict[str, Any],
+    value: bool,
+    said: str,
+    data: dict[str, Any],
+    topo: Topology,
+    entries: list[dict[str, Any]],
+    report: ImportReport,
+) -> set[str]:
+    """code2wav's ``chunk:``: windows of the talker's codes where ``async_chunk`` is on and
+    the topology's code2wav decodes in chunks, the whole sequence at once where it is off.
+    Returns the connector extras it mapped."""
+    if not topo.chunked_code2wav:
+        if value:
             report.notes.append(
                 f"stages.code2wav ({said}): no chunk: this model's code2wav has no chunked "
                 "decode here (docs/omni.md, code2wav)"
             )
+        return set()
+    if not value:
+        code2wav["chunk"] = {"frames": None}
+        report.map("async_chunk", "stages.code2wav.chunk", {"frames": None})
+        report.notes.append(
+            f"stages.code2wav.chunk: frames null ({said}): the talker's whole code sequence "
+            "in one call once it has ended (vLLM-Omni's talker2code2wav_full_payload)"
+        )
+        return set()
+    edge = _connector_extra(data, entries, 1, 2)
+    chunk, used = _chunk_fields(edge, report)
+    code2wav["chunk"] = chunk
+    report.map("async_chunk", "stages.code2wav.chunk", chunk)
+    report.notes.append(
+        f"stages.code2wav.chunk: {chunk} ({said}): the talker's codes decoded in windows "
+        "with left context as they come, so audio starts before the talker ends"
+        + (
+            ""
+            if edge
+            else "; the file names no connector on the talker → code2wav edge, so "
+            "vLLM-Omni's defaults"
+        )
+    )
+    report.notes.append(
+        f"stages.code2wav.artifact: {code2wav.get('artifact')} is where the checkpoint's "
+        "code2wav, exported with metadata.samples_per_frame, goes (docs/export.md, "
+        "Qwen3-Omni's code2wav); a manifest marked not_exported there is refused by name "
+        "(no_exported_graph)"
+    )
     return used
+
+
+def _chunk_fields(
+    edge: tuple[str, dict[str, Any]] | None, report: ImportReport
+) -> tuple[dict[str, Any], set[str]]:
+    """The ``chunk:`` fields from the talker → code2wav connector's extras (``CHUNK_KEYS``,
+    upstream's defaults where absent or not an integer), and the extras it mapped."""
+    extra = edge[1] if edge else {}
+    chunk: dict[str, Any] = {}
+    used: set[str] = set()
+    for up, mine, default in CHUNK_KEYS:
+        v = extra.get(up, default)
+        if edge and up in extra:
+            used.add(f"connectors.{edge[0]}.extra.{up}")
+            report.map(f"connectors.{edge[0]}.extra.{up}", f"stages.code2wav.chunk.{mine}", v)
+        chunk[mine] = int(v) if isinstance(v, int) and not isinstance(v, bool) else default
+    return chunk, used
 
 
 @dataclass(frozen=True)
