@@ -13,7 +13,7 @@ their weights (the decode stage first, :data:`DECODE_WEIGHT`), every pool at
 least one thread, the total never above the usable cores unless there are more
 pools than cores (then one thread each, and the split says it oversubscribes).
 A pool whose stage's config names ``cpu_threads`` gets exactly that many and the
-others share what is left. The planner (``orchestrator.planner``) decides which
+others share what is left. The planner (``orchestrator.planner_threads``) decides which
 stages are pools and writes the result in each ``StagePlan.cpu_threads``.
 """
 
