@@ -57,7 +57,8 @@ def test_without_verify_the_unverified_stages_are_told_and_no_gate_runs(
     )
     assert admission.admitted and admission.calibration is None
     assert steps.said == [("unverified", ["voice"])]
-    assert admission.plan.stage("voice").verification.status == "unverified"
+    verification = admission.plan.stage("voice").verification
+    assert verification is not None and verification.status == "unverified"
 
 
 @pytest.mark.openvino
@@ -69,7 +70,8 @@ def test_with_verify_the_gates_run_through_the_progress_and_the_plan_is_made_aga
     steps = Steps()
     admission = admit_plan(CONFIG, PipelineOptions(profile=probe_profile()), steps)
     assert steps.said == [("verifying", ["voice"]), ("gates", [])]
-    assert admission.plan.stage("voice").verification.status == "verified"
+    verification = admission.plan.stage("voice").verification
+    assert verification is not None and verification.status == "verified"
 
 
 def test_a_mask_that_names_no_device_is_refused_before_planning() -> None:
