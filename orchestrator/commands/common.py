@@ -122,7 +122,10 @@ def pipeline_options(args: argparse.Namespace, **more: Any) -> PipelineOptions:
 def console_admit_progress(console: Console, *, gates: bool = True) -> AdmitProgress:
     """``api.admit_plan``'s steps said on ``console``: the cluster probed (without --profile),
     and — with ``gates`` — the placements run unverified (--skip-verify) or verified, the
-    gates with a progress bar."""
+    gates with a progress bar. (``serve`` passes ``gates=False``: it says only the probe, as
+    it always did.)"""
+    # The class is made here, not at module level: its base lives in orchestrator.api, which
+    # this module (imported by the CLI parser, via every command) must not import at load.
     from orchestrator.api import AdmitProgress
 
     class ConsoleAdmitProgress(AdmitProgress):
@@ -165,6 +168,9 @@ def console_admit_progress(console: Console, *, gates: bool = True) -> AdmitProg
 def verify_with_progress(
     config: Any, profile: Any, mask: frozenset[str], force: bool, console: Console
 ) -> VerifyReport:
+    """The gates for ``config``'s placements on this machine (``verify_pipeline``), with a
+    progress bar on ``console`` when it is a terminal: ``verify``'s report, and ``run``'s
+    gates before it plans again."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

@@ -1,7 +1,7 @@
 """``omni-edge serve CONFIG``: one long-lived pipeline behind an OpenAI-compatible API.
 
-Plans, verifies and starts the pipeline once (``Pipeline.from_config``, the path
-``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
+Plans, verifies and starts the pipeline once (``Pipeline.from_config``, through
+``api.admit_plan``, the path ``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
 SIGINT or SIGTERM. Stopping drains: uvicorn stops accepting connections at
 once, requests in flight get up to ``--drain-timeout`` seconds to finish (then
 they are cancelled, which cancels them on every stage), and only then is the
