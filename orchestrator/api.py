@@ -22,9 +22,15 @@ Guarantees:
   so the event loop keeps running meanwhile. Await it for the started
   pipeline, or use it with ``async with`` (closed on the way out). A
   cancelled ``open`` closes whatever the thread had started once it finishes.
-* ``from_config`` plans first (``orchestrator.planner.plan_pipeline``) and
-  raises ``PlanRefused`` — carrying the plan and its refusals — before Ray or
-  any engine starts when the plan is not admitted.
+* ``from_config`` plans first (``admit_plan``: the plan, verified and planned
+  again where exported placements lack gate evidence) and raises ``PlanRefused``
+  — carrying the plan and its refusals — before Ray or any engine starts when
+  the plan is not admitted. ``admit_plan`` is the one way to an admitted plan:
+  the CLI's ``run``, ``chat`` and ``serve`` take it too, telling its steps to an
+  ``AdmitProgress``.
+* ``from_config`` and ``open`` take a ``PipelineOptions`` (profile, mask,
+  address, record, progress, verify, calibration, ...) or its fields as keyword
+  arguments.
 * Weights a stage needs in another form are prepared in this process before
   the actors start, with a progress bar when asked: each admitted stage's
   kind ``prepare``-s its placement (the decode stage's GGUF is converted once
@@ -75,6 +81,7 @@ import time
 import uuid
 import wave
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -319,14 +326,19 @@ def prompt_label(prompt: Any) -> str:
 
 
 def plan_profile(
-    profile: str | Path | HardwareProfile | None, address: str | None
+    profile: str | Path | HardwareProfile | None,
+    address: str | None,
+    progress: AdmitProgress | None = None,
 ) -> HardwareProfile:
     """What to plan on: ``profile`` (a file or a profile) when given; else, with an
     ``address``, the cluster there gathered live (the probe on each node,
-    ``cluster_probe.gather_at``; the nodes it found are logged); else this machine."""
+    ``cluster_probe.gather_at``; the nodes it found are told to ``progress``, by default
+    logged); else this machine."""
     if profile is None and address:
+        progress = progress or AdmitProgress()
+        progress.probing_cluster(address)
         prof = gather_at(address)
-        log.info("planning on the Ray cluster at %s: %s", address, nodes_found(prof))
+        progress.probed_cluster(address, prof)
         return prof
     return resolve_profile(profile)
 
@@ -367,6 +379,124 @@ def verify_then_replan(
         calibration=calibration,
         server=server,
     )
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How ``Pipeline.from_config`` and ``Pipeline.open`` plan and start a pipeline (each
+    field is also a keyword argument of both, which overrides the options given).
+
+    ``profile``: a profile file, a profile, or None — the cluster at ``address`` or this
+    machine, probed (``plan_profile``). ``mask``: devices or kinds to exclude (each must
+    name one of the profile's). ``record``: where ``run()`` writes its records (None: none).
+    ``progress``: weights' progress bars and the start's display on stderr.
+    ``log_to_driver``: the actors' logs on stderr. ``verify``: run the gates for exported
+    placements without evidence, then plan again (False: run them unverified).
+    ``max_waiting``: requests that may wait for a slot beyond those in flight (None: as many
+    as may be in flight; 0 refuses at once). ``calibration``: read (and after the run,
+    write) the measurement store (True), a store of your own, or False for metadata alone.
+    ``server``: plan the serving process's own memory too (``omni-edge serve``)."""
+
+    profile: str | Path | HardwareProfile | None = None
+    mask: tuple[str, ...] = ()
+    address: str | None = None
+    record: str | Path | None = _DEFAULT_RECORD
+    progress: bool = False
+    log_to_driver: bool = False
+    verify: bool = True
+    max_waiting: int | None = None
+    calibration: bool | cal.CalibrationStore | None = True
+    server: bool = False
+
+    def __post_init__(self) -> None:
+        # any iterable of strings is taken; kept as a tuple, so the options stay frozen
+        object.__setattr__(self, "mask", tuple(self.mask))
+
+    @classmethod
+    def of(cls, options: PipelineOptions | None, overrides: Mapping[str, Any]) -> PipelineOptions:
+        """``options`` (default: the defaults) with the keyword arguments given beside them;
+        ``TypeError`` naming one that is no option, as a misspelt keyword always was."""
+        base = options if options is not None else cls()
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        return replace(base, **overrides) if overrides else base
+
+
+class AdmitProgress:
+    """What ``admit_plan`` says while it works: each hook is called at its step. This base
+    says what the API always said — a log line for a cluster it probed, nothing else — and
+    runs the gates silently; the CLI's (``commands.common.ConsoleAdmitProgress``) says it on
+    the console, with a progress bar for the gates."""
+
+    def probing_cluster(self, address: str) -> None:
+        """No profile was given: the cluster at ``address`` is about to be probed, node by node."""
+
+    def probed_cluster(self, address: str, profile: HardwareProfile) -> None:
+        log.info("planning on the Ray cluster at %s: %s", address, nodes_found(profile))
+
+    def verifying(self, stages: list[str]) -> None:
+        """The gates are about to run for these stages' exported placements."""
+
+    def unverified(self, stages: list[str]) -> None:
+        """These stages run without gate evidence (``verify=False``)."""
+
+    def run_gates(
+        self, config: PipelineConfig, profile: HardwareProfile, mask: frozenset[str]
+    ) -> Any:
+        """The gates' report (``verify_pipeline``'s), for ``verify_then_replan``."""
+        return verify_pipeline(config, profile, mask=mask)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``admit_plan`` decided: the plan (admitted or refused, with its refusals), the
+    config and profile it was made for, and the measurement store it read."""
+
+    plan: PipelinePlan
+    config: PipelineConfig
+    profile: HardwareProfile
+    calibration: cal.CalibrationStore | None
+
+    @property
+    def admitted(self) -> bool:
+        return self.plan.admitted
+
+
+def admit_plan(
+    config: str | Path | PipelineConfig,
+    options: PipelineOptions | None = None,
+    progress: AdmitProgress | None = None,
+) -> Admission:
+    """The one way to a plan that may run (``run``, ``chat``, ``serve``, ``from_config``):
+    the config read (a path) and checked, the profile resolved (``options.profile``, else
+    the cluster at ``options.address`` probed, else this machine), the mask checked against
+    it, the plan made; then, when exported placements lack gate evidence and
+    ``options.verify``, the gates run and the plan is made again with what they measured
+    (``verify_then_replan``). Returns the plan whether admitted or refused: the caller
+    says the refusal its own way (``from_config`` raises ``PlanRefused``). ``progress``
+    hears each step (default: silent, a log line for a probed cluster)."""
+    options = options or PipelineOptions()
+    progress = progress or AdmitProgress()
+    config = config if isinstance(config, PipelineConfig) else load_config(config)
+    profile = plan_profile(options.profile, options.address, progress)
+    mask = parse_mask(options.mask, profile)
+    store = calibration_store(options.calibration)
+    plan = plan_pipeline(config, profile, mask=mask, calibration=store, server=options.server)
+    pending = unverified_stages(plan)
+    if pending and not options.verify:
+        progress.unverified(pending)
+    elif pending:
+        progress.verifying(pending)
+        plan = verify_then_replan(
+            config,
+            profile,
+            mask,
+            run_gates=progress.run_gates,
+            calibration=store,
+            server=options.server,
+        )
+    return Admission(plan, config, profile, store)
 
 
 class Pipeline:
@@ -412,88 +542,60 @@ class Pipeline:
     def from_config(
         cls,
         path: str | Path,
+        options: PipelineOptions | None = None,
         *,
-        profile: str | Path | HardwareProfile | None = None,
-        mask: Iterable[str] = (),
-        address: str | None = None,
-        record: str | Path | None = _DEFAULT_RECORD,
-        progress: bool = False,
-        log_to_driver: bool = False,
         start: bool = True,
-        verify: bool = True,
-        max_waiting: int | None = None,
-        calibration: bool | cal.CalibrationStore = True,
-        server: bool = False,
+        admitting: AdmitProgress | None = None,
+        **overrides: Any,
     ) -> Pipeline:
-        """Load ``path``, plan it for ``profile`` (a file, a profile, or — none
-        given — the cluster at ``address`` or this machine, probed:
-        ``plan_profile``), verify the exported placements that have no evidence
-        yet (unless ``verify=False``) and re-plan with the evidence, and start
-        it. ``max_waiting``: requests that may wait for a slot beyond those in
-        flight (default: as many as may be in flight; 0 refuses at once). Raises
-        ``ConfigError`` for bad input,
-        ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage
-        cannot start. ``calibration``: read (and after the run, write) the measurement
-        store (default), a store of your own, or False for metadata alone."""
-        if record is not None:
-            rec.check_target(record, what="record")  # before any work, not after the run
-        config = load_config(path)
-        prof = plan_profile(profile, address)
-        store = calibration_store(calibration)
-        plan = plan_pipeline(config, prof, mask=parse_mask(mask), calibration=store, server=server)
-        if verify and unverified_stages(plan):
-            plan = verify_then_replan(
-                config, prof, parse_mask(mask), calibration=store, server=server
-            )
-        if not plan.admitted:
-            raise PlanRefused(plan)
-        pipeline = cls(
-            plan,
-            config,
-            profile=prof,
-            address=address,
-            record=record,
-            log_to_driver=log_to_driver,
-            max_waiting=max_waiting,
-            calibration=store,
-        )
+        """Load ``path``, plan it, verify the exported placements that have no evidence
+        yet (unless ``verify=False``) and re-plan with the evidence (``admit_plan``), and
+        start it (unless ``start=False``). ``options`` (``PipelineOptions``) says how; any
+        of its fields may be given as a keyword argument instead, or beside it to override
+        it (``from_config(path, profile=..., record=None)``). ``admitting`` hears the
+        admission's steps (``AdmitProgress``). Raises ``ConfigError`` for bad input,
+        ``PlanRefused`` when the plan is refused, ``StageFailed`` when a stage cannot
+        start."""
+        opts = PipelineOptions.of(options, overrides)
+        if opts.record is not None:
+            rec.check_target(opts.record, what="record")  # before any work, not after the run
+        admission = admit_plan(path, opts, admitting)
+        if not admission.admitted:
+            raise PlanRefused(admission.plan)
+        pipeline = cls.of_admission(admission, opts)
         if start:
-            pipeline.start(progress=progress)
+            pipeline.start(progress=opts.progress)
         return pipeline
+
+    @classmethod
+    def of_admission(cls, admission: Admission, options: PipelineOptions) -> Pipeline:
+        """The pipeline of an admitted plan (``admit_plan``), not started yet; ``options``
+        give its address, record, logs, waiting room (``PlanRefused`` for a refused plan)."""
+        return cls(
+            admission.plan,
+            admission.config,
+            profile=admission.profile,
+            address=options.address,
+            record=options.record,
+            log_to_driver=options.log_to_driver,
+            max_waiting=options.max_waiting,
+            calibration=admission.calibration,
+        )
 
     @classmethod
     def open(
         cls,
         path: str | Path,
+        options: PipelineOptions | None = None,
         *,
-        profile: str | Path | HardwareProfile | None = None,
-        mask: Iterable[str] = (),
-        address: str | None = None,
-        record: str | Path | None = _DEFAULT_RECORD,
-        progress: bool = False,
-        log_to_driver: bool = False,
-        verify: bool = True,
-        max_waiting: int | None = None,
-        calibration: bool | cal.CalibrationStore = True,
+        admitting: AdmitProgress | None = None,
+        **overrides: Any,
     ) -> Opening:
         """``from_config`` without blocking the event loop: ``await Pipeline.open(...)``
         for the started pipeline, or ``async with Pipeline.open(...) as pipeline:``
-        to have it closed on the way out. Raises what ``from_config`` raises."""
-        mask = tuple(mask)
-        return Opening(
-            lambda: cls.from_config(
-                path,
-                profile=profile,
-                mask=mask,
-                address=address,
-                record=record,
-                progress=progress,
-                log_to_driver=log_to_driver,
-                verify=verify,
-                max_waiting=max_waiting,
-                calibration=calibration,
-            )
-        )
+        to have it closed on the way out. Takes and raises what ``from_config`` does."""
+        opts = PipelineOptions.of(options, overrides)
+        return Opening(lambda: cls.from_config(path, opts, admitting=admitting))
 
     def prepare(self, *, progress: bool = False) -> Pipeline:
         """Prepare weights (progress bar when ``progress``); once."""
@@ -660,7 +762,15 @@ class Pipeline:
             for p in (prompts if prompts is not None else (r.prompt for r in self.results))
             if isinstance(p, str)
         ]
-        longest = max((len(t) for t in texts), default=None)
+        out = self._record_stage_peaks(max((len(t) for t in texts), default=None))
+        out += [row for row in (self._record_ray_peak(), self._record_server_peak()) if row]
+        self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
+        return out
+
+    def _record_stage_peaks(self, longest_prompt: int | None) -> list[dict[str, Any]]:
+        """One sample per admitted, placed stage that measured a peak, keyed by what sets its
+        memory (pipeline, stage, kind, artifact, device, backend, route, engine, profile)."""
+        assert self.calibration is not None and self.profile is not None
         measured = self.runtime.measure()
         out: list[dict[str, Any]] = []
         for s in self.runtime.stages:
@@ -696,7 +806,7 @@ class Pipeline:
                 resident=m.get("resident_bytes"),
                 requests=int(m.get("requests") or 0),
                 max_in_flight=int(m.get("max_in_flight") or 0),
-                max_prompt_chars=longest,
+                max_prompt_chars=longest_prompt,
                 where=str(m.get("where") or ""),
                 method=str(m.get("method") or ""),
                 pool=s.pool or "host_ram",
@@ -706,67 +816,48 @@ class Pipeline:
             basis = s.reservations if s.calibration is None else ()
             path = self.calibration.record(key, sample, basis)
             out.append(
-                {
-                    "stage": s.name,
-                    "entry": str(path),
-                    "peak_bytes": peak,
-                    "budget_bytes": s.budget_bytes(),
-                    "upper_bound": sample["upper_bound"],
-                    "over_budget": sample["over_budget"],
-                    "calibrated": sample["calibrated"],
-                }
+                _recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
             )
-        ray_bytes = self.runtime.ray_memory.get("bytes")
-        if isinstance(ray_bytes, int) and ray_bytes > 0:
-            planned = next(
-                (r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None
-            )
-            key = cal.ray_key(
-                self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True))
-            )
-            sample = cal.sample(
-                run=self.run_id,
-                peak=ray_bytes,
-                budget=planned.bytes if planned else None,
-                calibrated=planned is not None and planned.evidence == "M",
-                method=str(self.runtime.ray_memory.get("measure") or ""),
-            )
-            path = self.calibration.record(key, sample)
-            out.append(
-                {
-                    "stage": "(ray_runtime)",
-                    "entry": str(path),
-                    "peak_bytes": ray_bytes,
-                    "budget_bytes": sample["budget_bytes"],
-                    "upper_bound": False,
-                    "over_budget": sample["over_budget"],
-                    "calibrated": sample["calibrated"],
-                }
-            )
-        server = self.server_memory()
-        if server is not None and server["measured_bytes"]:
-            key = cal.server_key(self.profile)
-            sample = cal.sample(
-                run=self.run_id,
-                peak=server["measured_bytes"],
-                budget=server["budget_bytes"],
-                calibrated=server["evidence"] == "M",
-                method=server["measure"],
-            )
-            path = self.calibration.record(key, sample)
-            out.append(
-                {
-                    "stage": "(server)",
-                    "entry": str(path),
-                    "peak_bytes": server["measured_bytes"],
-                    "budget_bytes": sample["budget_bytes"],
-                    "upper_bound": False,
-                    "over_budget": sample["over_budget"],
-                    "calibrated": sample["calibrated"],
-                }
-            )
-        self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
+
+    def _record_ray_peak(self) -> dict[str, Any] | None:
+        """The Ray runtime's measured memory (its processes beside the actors), keyed by the
+        profile and whether this run owns the cluster; None when it was not measured."""
+        assert self.calibration is not None and self.profile is not None
+        ray_bytes = self.runtime.ray_memory.get("bytes")
+        if not isinstance(ray_bytes, int) or ray_bytes <= 0:
+            return None
+        planned = next(
+            (r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None
+        )
+        key = cal.ray_key(self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True)))
+        sample = cal.sample(
+            run=self.run_id,
+            peak=ray_bytes,
+            budget=planned.bytes if planned else None,
+            calibrated=planned is not None and planned.evidence == "M",
+            method=str(self.runtime.ray_memory.get("measure") or ""),
+        )
+        path = self.calibration.record(key, sample)
+        return _recorded("(ray_runtime)", path, ray_bytes, sample["budget_bytes"], sample)
+
+    def _record_server_peak(self) -> dict[str, Any] | None:
+        """The serving process's own measured memory (``server_memory``); None when the plan
+        has no server reservation or nothing was measured."""
+        assert self.calibration is not None and self.profile is not None
+        server = self.server_memory()
+        if server is None or not server["measured_bytes"]:
+            return None
+        key = cal.server_key(self.profile)
+        sample = cal.sample(
+            run=self.run_id,
+            peak=server["measured_bytes"],
+            budget=server["budget_bytes"],
+            calibrated=server["evidence"] == "M",
+            method=server["measure"],
+        )
+        path = self.calibration.record(key, sample)
+        return _recorded("(server)", path, server["measured_bytes"], sample["budget_bytes"], sample)
 
     def server_memory(self) -> dict[str, Any] | None:
         """The serving process's own memory against its plan (None when the plan has no
@@ -809,6 +900,26 @@ class Pipeline:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
+
+
+def _recorded(
+    stage: str,
+    entry: Path,
+    peak: int,
+    budget: int | None,
+    sample: Mapping[str, Any],
+    upper_bound: bool = False,
+) -> dict[str, Any]:
+    """One row of ``record_calibration``'s answer: what was recorded where."""
+    return {
+        "stage": stage,
+        "entry": str(entry),
+        "peak_bytes": peak,
+        "budget_bytes": budget,
+        "upper_bound": upper_bound,
+        "over_budget": sample["over_budget"],
+        "calibrated": sample["calibrated"],
+    }
 
 
 class Opening:

@@ -50,15 +50,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands.run import (
+from orchestrator.commands.common import (
     Interrupted,
     ReplyPrinter,
     WavOut,
-    _install_signal_handlers,
-    _restore_signal_handlers,
     add_request_options,
+    check_sampling,
+    pipeline_options,
     request_of,
     sampling_of,
+    signals_handled,
+    stream_reply,
 )
 
 if TYPE_CHECKING:
@@ -342,7 +344,13 @@ def run(args: argparse.Namespace) -> int:
         return run_audio_in(args, key_of(args))
     out_dir = prepare_out_dir(args.out_dir) if args.out_dir else None
     console = make_console(stderr=True)
-    old = _install_signal_handlers()
+    with signals_handled():
+        return _chat(args, console, out_dir)
+
+
+def _chat(args: argparse.Namespace, console: Console, out_dir: Path | None) -> int:
+    """The chat, against a server (--url) or a pipeline started here and closed at the end
+    (a signal closes it too: 128 + the signal number)."""
     pipeline: Pipeline | None = None
     try:
         if args.url:
@@ -377,7 +385,6 @@ def run(args: argparse.Namespace) -> int:
             final = pipeline.close()
             if final.get("held_bytes"):
                 console.print(f"[red]ledger still holds {final['held_bytes']} bytes after close[/]")
-        _restore_signal_handlers(old)
 
 
 # -- the loop -------------------------------------------------------------------------------
@@ -456,7 +463,6 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     """Plan, verify and start CONFIG (sampling checked against it first); None
     when the plan is refused (printed)."""
     from orchestrator.api import Pipeline
-    from orchestrator.commands.run import check_sampling
     from orchestrator.config import load_config
     from orchestrator.errors import PlanRefused
 
@@ -464,14 +470,7 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     console.print("[dim]starting the pipeline (Ray, one actor per device) …[/]")
     try:
         pipeline = Pipeline.from_config(
-            args.config,
-            profile=args.profile,
-            mask=args.mask,
-            address=args.address,
-            record=None,
-            progress=True,
-            log_to_driver=args.ray_logs,
-            verify=not args.skip_verify,
+            args.config, pipeline_options(args, record=None, progress=True)
         )
     except PlanRefused as exc:
         from orchestrator.render import print_plan
@@ -483,7 +482,6 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
 
 
 def local_replier(pipeline: Pipeline, console: Console) -> Replier:
-    from orchestrator.commands.run import stream_reply
     from orchestrator.console import plain
     from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
 

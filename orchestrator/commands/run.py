@@ -45,14 +45,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import re
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.commands.common import (
+    Interrupted,
+    WavOut,
+    add_request_options,
+    check_sampling,
+    console_admit_progress,
+    interrupted_before_start,
+    pipeline_options,
+    request_of,
+    sampling_of,
+    signals_handled,
+    stream_reply,
+    write_record_or_keep,
+)
 from orchestrator.errors import Problem
 
 if TYPE_CHECKING:
@@ -63,9 +75,7 @@ if TYPE_CHECKING:
     from orchestrator.api import Pipeline
     from orchestrator.config import PipelineConfig
     from orchestrator.plan import PipelinePlan
-    from orchestrator.profile import HardwareProfile
-    from orchestrator.runtime.audio import WavStreamWriter
-    from orchestrator.runtime.events import AudioChunk, Result
+    from orchestrator.runtime.events import Result
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,27 +131,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_calibration_flag(p)
 
 
-def add_request_options(p: argparse.ArgumentParser) -> None:
-    """--system, --temperature, --max-tokens: what ``run`` and ``chat`` take for a request."""
-    p.add_argument(
-        "--system", metavar="TEXT", help="system prompt for this request (replaces the config's)"
-    )
-    p.add_argument(
-        "--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)"
-    )
-    p.add_argument("--max-tokens", type=int, metavar="N", help="most tokens in the reply")
-
-
-SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
-
-
-def sampling_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The sampling overrides the user gave (none: the config's own)."""
-    return {
-        key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None
-    }
-
-
 def read_prompt(value: str, stdin: TextIO | None = None) -> str:
     """``--prompt``'s text; ``-`` reads stdin whole (``ConfigError`` when it is empty)."""
     from orchestrator.errors import ConfigError
@@ -157,116 +146,6 @@ def read_prompt(value: str, stdin: TextIO | None = None) -> str:
             "omni-edge run CONFIG --prompt -",
         )
     return text.strip()
-
-
-def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str = "CONFIG") -> None:
-    """The sampling overrides against the config, before anything is planned or
-    started: every stage that takes the request must have sampling settings, the
-    values in their ranges, and ``max_tokens`` below the stage's ``max_model_len``
-    (the prompt needs room too). ``ConfigError`` naming the flag (exit 2)."""
-    from pydantic import ValidationError
-
-    from orchestrator.errors import ConfigError
-    from stages.base import REQUEST
-
-    problems: list[Problem] = []
-    temperature = sampling.get("temperature")
-    if temperature is not None and not math.isfinite(temperature):
-        raise ConfigError.single(
-            "--temperature",
-            f"{temperature} is not a finite number",
-            "give a temperature such as 0.7 (0: greedy)",
-        )
-    for stage in (s for s in config.stages if s.inputs[0] == REQUEST):
-        base = getattr(stage, "sampling", None)
-        if base is None:
-            problems += [
-                Problem(
-                    SAMPLING_FLAGS[k],
-                    f"stage {stage.name!r} (kind {stage.kind}) takes no sampling settings",
-                    "leave it out for this pipeline",
-                )
-                for k in sampling
-            ]
-            continue
-        try:
-            type(base)(**{**base.model_dump(), **sampling})
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            key = str(err.get("loc", ("",))[0])
-            flag = SAMPLING_FLAGS.get(key, f"sampling.{key}")
-            problems.append(
-                Problem(
-                    flag,
-                    f"{sampling.get(key, getattr(base, key, '?'))!r} for stage {stage.name!r}: "
-                    f"{err.get('msg')}",
-                    f"pick a value in the range of {where}'s stage sampling",
-                )
-            )
-            continue
-        limit = getattr(stage, "max_model_len", None)
-        wanted = sampling.get("max_tokens")
-        if limit and wanted is not None and wanted >= limit:
-            problems.append(
-                Problem(
-                    "--max-tokens",
-                    f"{wanted} is not below stage {stage.name!r}'s max_model_len of "
-                    f"{limit} tokens in {where} (the prompt needs room too)",
-                    f"use at most {limit - 1}, or raise max_model_len in {where}",
-                )
-            )
-    if problems:
-        raise ConfigError(problems)
-
-
-def request_of(
-    messages: list[dict[str, str]], system: str | None, sampling: dict[str, Any]
-) -> dict[str, Any]:
-    """The decode stage's request: ``{"messages": [...], "sampling": {...}}`` with
-    ``system`` (when given) as the first message, replacing the config's."""
-    request: dict[str, Any] = {
-        "messages": ([{"role": "system", "content": system}] if system else []) + messages
-    }
-    if sampling:
-        request["sampling"] = sampling
-    return request
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, handled like Ctrl-C (SIGINT): the run stops, the pipeline
-    closes, the record is written, and the command exits 128 + the signal number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-HANDLED_SIGNALS = ("SIGTERM", "SIGHUP")
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
-
-
-def _install_signal_handlers() -> dict[int, Any]:
-    """SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (as SIGINT raises
-    KeyboardInterrupt); returns the handlers they replace. ``cluster.connect``
-    puts a Python handler back after ``ray.init`` replaces it."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    old = {}
-    for name in HANDLED_SIGNALS:
-        num = getattr(signal, name, None)
-        if num is not None:
-            old[num] = signal.signal(num, _raise_interrupted)
-    return old
-
-
-def _restore_signal_handlers(old: dict[int, Any]) -> None:
-    for num, handler in old.items():
-        signal.signal(num, handler)
 
 
 def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
@@ -353,39 +232,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_target(args.record, what="--record")
 
 
-def cluster_profile(address: str, console: Console) -> HardwareProfile:
-    """``--address`` without ``--profile``: the cluster there, gathered live (the probe on
-    each node), and which nodes were found, said on ``console``."""
-    from orchestrator.console import plain
-    from orchestrator.runtime.cluster_probe import gather_at, nodes_found
-
-    console.print(
-        f"[dim]no --profile: probing each node of the Ray cluster at {plain(address)} …[/]"
-    )
-    profile = gather_at(address)
-    console.print(f"planning on the cluster at {address}: {nodes_found(profile)}", markup=False)
-    return profile
-
-
 def run(args: argparse.Namespace) -> int:
-    old_handlers = _install_signal_handlers()
-    try:
-        return _run(args)
-    except (
-        Interrupted
-    ) as exc:  # before the pipeline existed (planning, verifying, preparing weights)
-        print(
-            f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
-            file=sys.stderr,
-        )
-        return 128 + exc.signum
-    finally:
-        _restore_signal_handlers(old_handlers)
+    with signals_handled():
+        try:
+            return _run(args)
+        # a signal before the pipeline existed (planning, verifying, preparing weights)
+        except Interrupted as exc:
+            return interrupted_before_start(exc)
 
 
 def _run(args: argparse.Namespace) -> int:
     """The command: the request read and checked, an admitted plan (planned, verified where gate
     evidence is missing, re-planned), the pipeline run, its record written, the result printed."""
+    from orchestrator.api import Pipeline, admit_plan
     from orchestrator.cli import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.console import make_console
@@ -396,7 +255,9 @@ def _run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt) if args.prompt is not None else ""
     config = load_config(args.config)
     request, prompt = _request(args, config, prompt)
-    plan, profile, store = _admitted_plan(args, config, console)
+    options = pipeline_options(args, record=None)
+    admission = admit_plan(config, options, console_admit_progress(console))
+    plan = admission.plan
     if not plan.admitted:
         from orchestrator.render import print_plan
 
@@ -406,18 +267,7 @@ def _run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         return EXIT_REFUSED
     print_summary(plan, console)
-
-    from orchestrator.api import Pipeline
-
-    pipeline = Pipeline(
-        plan,
-        config,
-        profile=profile,
-        address=args.address,
-        record=None,
-        log_to_driver=args.ray_logs,
-        calibration=store,
-    )
+    pipeline = Pipeline.of_admission(admission, options)
     # The request is checked before anything starts (BadRequest, exit 2, nothing
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
@@ -466,44 +316,6 @@ def _request(args: argparse.Namespace, config: Any, prompt: str) -> tuple[Any, s
         else prompt
     )
     return request, prompt
-
-
-def _admitted_plan(args: argparse.Namespace, config: Any, console: Any) -> tuple[Any, Any, Any]:
-    """The plan, after verifying the placements that lack gate evidence (unless --skip-verify)
-    and planning again with what was measured; with the profile and the calibration store."""
-    from orchestrator.api import unverified_stages, verify_then_replan
-    from orchestrator.commands.plan import calibration_store
-    from orchestrator.planner import parse_mask, plan_pipeline
-    from orchestrator.probe import resolve_profile
-
-    profile = (
-        resolve_profile(args.profile)
-        if args.profile or not args.address
-        else cluster_profile(args.address, console)
-    )
-    mask = parse_mask(args.mask, profile)
-    store = calibration_store(args)
-    plan = plan_pipeline(config, profile, mask=mask, calibration=store)
-    pending = unverified_stages(plan)
-    if pending and args.skip_verify:
-        console.print(
-            f"[yellow]running {', '.join(pending)} without gate evidence (--skip-verify): "
-            "node coverage and numerics are unchecked[/]"
-        )
-    elif pending:
-        from orchestrator.commands.verify import _run_with_progress
-
-        console.print(
-            f"[dim]verifying the exported placements of {', '.join(pending)} (coverage and numeric gates) …[/]"
-        )
-        plan = verify_then_replan(
-            config,
-            profile,
-            mask,
-            run_gates=lambda c, p, m: _run_with_progress(c, p, m, False, console),
-            calibration=store,
-        )
-    return plan, profile, store
 
 
 @dataclass
@@ -595,7 +407,7 @@ def _record(
             "ledger_lost": pipeline.runtime.ledger_lost,
         },
     )
-    path = _write_record_or_keep(
+    path = write_record_or_keep(
         doc, args.record, result.request_id if result is not None else "run", run.kept
     )
     if pipeline.final_ledger and pipeline.final_ledger.get("held_bytes"):
@@ -675,233 +487,6 @@ def _one_line(exc: BaseException) -> str:
         return "interrupted by SIGINT"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _fallback(name: str) -> Path:
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp(prefix="omni-edge-kept-")) / name
-
-
-class WavOut:
-    """The reply's audio written to ``target`` as it is generated (``WavStreamWriter``:
-    a valid WAV under a temporary name after every chunk, renamed on ``finish``).
-
-    Chunks at another sample rate than the first are left out, as ``Result.audio``
-    leaves them. A write that fails (the directory went away, the disk filled)
-    stops the streaming; ``finish`` then writes the whole audio to the temp dir and
-    notes where in ``kept``. ``discard`` (a failure, a signal) removes the
-    temporary file: nothing is left at ``target``."""
-
-    def __init__(self, target: str | Path) -> None:
-        self.target = target
-        self.writer: WavStreamWriter | None = None
-        self.error: OSError | None = None
-
-    def add(self, chunk: AudioChunk) -> None:
-        from orchestrator.runtime.audio import WavStreamWriter
-
-        if self.error is not None or (
-            self.writer is not None and chunk.sample_rate != self.writer.sample_rate
-        ):
-            return
-        try:
-            if self.writer is None:
-                self.writer = WavStreamWriter(self.target, chunk.sample_rate)
-            self.writer.write(chunk.audio)
-        except OSError as exc:
-            self.error = exc
-            self.discard()
-
-    def finish(self, result: Result, kept: list[Problem]) -> Path:
-        from orchestrator.runtime.audio import write_wav
-
-        assert result.audio is not None and result.sample_rate
-        if self.error is None and self.writer is not None:
-            try:
-                return self.writer.close()
-            except OSError as exc:
-                self.error = exc
-                self.discard()
-        spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
-        reason = (
-            self.error.strerror or self.error if self.error is not None else "no audio reached it"
-        )
-        kept.append(
-            Problem(
-                f"--out {self.target}",
-                f"could not be written ({reason}); the audio is kept in {spare}",
-                "copy it from there; the record names it too",
-            )
-        )
-        return spare
-
-    def discard(self) -> None:
-        if self.writer is not None:
-            self.writer.discard()
-
-
-def _write_record_or_keep(
-    doc: dict[str, Any], target: str | None, request_id: str, kept: list[Problem]
-) -> Path:
-    from orchestrator.runtime import record as rec
-
-    try:
-        return rec.write(doc, target, request_id=request_id)
-    except OSError as exc:
-        spare = rec.write(doc, _fallback(f"{request_id}.json"), request_id=request_id)
-        kept.append(
-            Problem(
-                f"--record {target or rec.DEFAULT_DIR}",
-                f"could not be written at the end "
-                f"({exc.strerror or exc}); the record is kept in {spare}",
-                "copy it from there",
-            )
-        )
-        return spare
-
-
-async def stream_reply(
-    pipeline: Pipeline,
-    request: Any,
-    prompt: str,
-    console: Console,
-    wav_out: WavOut | None = None,
-    texts: dict[str, str] | None = None,
-    outputs: dict[str, list[Any]] | None = None,
-) -> Result:
-    """Send ``request``; write the reply's text to the console as it is generated
-    (and its audio to ``wav_out``); the request's ``Result``, for ``prompt``. When
-    several stages return text (a transcript, then the reply), each stage's text
-    starts on a line of its own after its name, and ``texts`` (when given) receives
-    each stage's whole text, and ``outputs`` (when given) every other final output per stage, as
-    plain data (numpy arrays as lists)."""
-    from orchestrator.runtime.events import AudioChunk, OutputItem, TextDelta, collect
-
-    events = []
-    t0 = time.perf_counter()
-    printer = ReplyPrinter(console)
-    labelled = (
-        sum(1 for s in pipeline.runtime.stages if s.final_output and s.final_output_type == "text")
-        > 1
-    )
-    speaking: str | None = None
-    try:
-        async for event in pipeline.stream(request):
-            events.append(event)
-            if isinstance(event, TextDelta):
-                if texts is not None:
-                    texts[event.stage] = texts.get(event.stage, "") + event.text
-                if labelled and event.stage != speaking:
-                    printer.write(("\n" if speaking is not None else "") + f"{event.stage}: ")
-                    speaking = event.stage
-                printer.write(event.text)
-            elif isinstance(event, AudioChunk) and wav_out is not None:
-                wav_out.add(event)
-            elif isinstance(event, OutputItem) and outputs is not None:
-                outputs.setdefault(event.stage, []).append(_plain(event.value))
-    finally:
-        printer.close()
-    rid = events[0].request_id if events else "run"
-    return collect(rid, prompt, events, time.perf_counter() - t0)
-
-
-def _plain(value: Any) -> Any:
-    """A final output as JSON-able data: arrays as (nested) lists, mappings and lists walked."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-class ReplyPrinter:
-    """A reply's text as it streams, on the console's stream, set off by blank lines.
-
-    On a terminal the reply wraps between words; into a pipe or a file it is
-    written unwrapped (a reader or viewer wraps it as it likes, and grep finds the
-    reply as generated). Either way its control characters but newline and tab
-    are removed (``terminal_text``): a model's reply is text from elsewhere, and an
-    escape sequence in it (OSC 52 sets the clipboard) must not reach a terminal,
-    now or when the file is shown; ``--json`` and the run record keep it exact."""
-
-    def __init__(self, console: Console) -> None:
-        from orchestrator.errors import terminal_text
-
-        self._clean = terminal_text
-        self.out: TextIO = sys.stderr if console.stderr else sys.stdout
-        self.out.write("\n")
-        self.text: WordWrap | TextIO = (
-            WordWrap(self.out, console.width) if console.is_terminal else self.out
-        )
-
-    def write(self, text: str) -> None:
-        self.text.write(self._clean(text))
-        self.text.flush()
-
-    def close(self) -> None:
-        if isinstance(self.text, WordWrap):
-            self.text.close()
-        self.out.write("\n\n")
-        self.out.flush()
-
-
-class WordWrap:
-    """Streamed text, wrapped between words at ``width`` columns.
-
-    The reply arrives token by token and a token may end inside a word, so
-    the text after the last blank is held back until the word is complete:
-    the terminal then never splits a word across lines, at the cost of one
-    token of delay on screen.
-    """
-
-    def __init__(self, out: TextIO, width: int) -> None:
-        self.out = out
-        self.width = max(width, 1)
-        self.column = 0
-        self.pending = ""
-
-    def write(self, text: str) -> None:
-        self.pending += text
-        *words, self.pending = re.split(r"(\s)", self.pending)
-        for piece in words:
-            self._put(piece)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    def close(self) -> None:
-        self._put(self.pending)
-        self.pending = ""
-        self.out.flush()
-
-    def _put(self, piece: str) -> None:
-        from rich.cells import cell_len
-
-        if not piece:
-            return
-        if piece == "\n":
-            self.out.write("\n")
-            self.column = 0
-        elif piece.isspace():
-            # A blank that would end exactly at the margin starts the next
-            # line instead (the terminal would wrap there anyway).
-            if self.column + 1 >= self.width:
-                self.out.write("\n")
-                self.column = 0
-            elif self.column:
-                self.out.write(" ")
-                self.column += 1
-        else:
-            n = cell_len(piece)
-            if self.column and self.column + n > self.width:
-                self.out.write("\n")
-                self.column = 0
-            self.out.write(piece)
-            self.column += n
 
 
 def print_summary(plan: PipelinePlan, console: Console) -> None:

@@ -1,7 +1,7 @@
 """``omni-edge serve CONFIG``: one long-lived pipeline behind an OpenAI-compatible API.
 
-Plans, verifies and starts the pipeline once (``Pipeline.from_config``, the path
-``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
+Plans, verifies and starts the pipeline once (``Pipeline.from_config``, through
+``api.admit_plan``, the path ``run`` takes), then serves ``orchestrator.server``'s app with uvicorn until
 SIGINT or SIGTERM. Stopping drains: uvicorn stops accepting connections at
 once, requests in flight get up to ``--drain-timeout`` seconds to finish (then
 they are cancelled, which cancels them on every stage), and only then is the
@@ -59,14 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_pipeline_inputs(
         p, profile_help="plan for a recorded hardware profile instead of probing this machine"
     )
-    from orchestrator.server_transport import (
-        HEADER_TIMEOUT_S,
-        KEEP_ALIVE_S,
-        MAX_CONNECTIONS,
-        READ_TIMEOUT_S,
-        WRITE_TIMEOUT_S,
-    )
+    add_bind_arguments(p)
+    add_start_arguments(p)
+    add_transport_arguments(p)
+    add_limit_arguments(p)
+    add_calibration_flag(p)
 
+
+def add_bind_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the server listens and who may call it: --host, --port, --allowed-host, the key."""
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -95,6 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help=f"read the API key from this file's first line (default: ${API_KEY_ENV}, if set)",
     )
+
+
+def add_start_arguments(p: argparse.ArgumentParser) -> None:
+    """How the pipeline starts and stops: --address, --ray-logs, --skip-verify, the drain,
+    the waiting room."""
     p.add_argument(
         "--address",
         metavar="ADDR",
@@ -125,6 +131,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests that may wait for a slot beyond those in flight; more are answered 429 "
         "(default: as many as may be in flight)",
     )
+
+
+def add_transport_arguments(p: argparse.ArgumentParser) -> None:
+    """What one connection may hold (``server_transport.TransportLimits``) and a realtime
+    session's idle timeout."""
+    from orchestrator.server_transport import (
+        HEADER_TIMEOUT_S,
+        KEEP_ALIVE_S,
+        MAX_CONNECTIONS,
+        READ_TIMEOUT_S,
+        WRITE_TIMEOUT_S,
+    )
+
     p.add_argument(
         "--max-connections",
         type=int,
@@ -169,8 +188,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a /v1/realtime session may send nothing while no reply runs before it is closed "
         "(default 60)",
     )
-    add_limit_arguments(p)
-    add_calibration_flag(p)
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:
@@ -424,10 +441,10 @@ def transport_limits(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.commands.run import (
+    from orchestrator.commands.common import (
         Interrupted,
-        _install_signal_handlers,
-        _restore_signal_handlers,
+        interrupted_before_start,
+        signals_handled,
     )
 
     key = api_key(args)
@@ -444,17 +461,13 @@ def run(args: argparse.Namespace) -> int:
     limits = limits_of(args)
     realtime = realtime_limits(args)
     sock = bind(args.host, args.port)
-    old = _install_signal_handlers()
     try:
-        return _serve(args, sock, key, transport, limits, realtime)
-    except Interrupted as exc:  # before serving (planning, verifying, starting)
-        print(
-            f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
-            file=sys.stderr,
-        )
-        return 128 + exc.signum
+        with signals_handled():
+            try:
+                return _serve(args, sock, key, transport, limits, realtime)
+            except Interrupted as exc:  # before serving (planning, verifying, starting)
+                return interrupted_before_start(exc)
     finally:
-        _restore_signal_handlers(old)
         sock.close()
 
 
@@ -510,43 +523,18 @@ def _serve(
     limits: ServerLimits,
     realtime: Any = None,
 ) -> int:
-    import uvicorn
-
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
-    except ImportError:  # httptools is optional: uvicorn falls back to h11 then, and so does this
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol  # type: ignore[assignment]
-
-    from orchestrator.api import Pipeline
+    """Start the pipeline, serve it on ``sock`` until a signal stops uvicorn, then close the
+    app and the pipeline (whatever happened) and say what the ledger holds."""
     from orchestrator.cli import EXIT_OK
     from orchestrator.console import make_console
     from orchestrator.server import close_app, create_app
-    from orchestrator.server.realtime import end_of_turn
     from orchestrator.server_guard import is_loopback
 
     console = make_console(stderr=True)
     fd_warning = raise_fd_limit(transport.max_connections)
     if fd_warning:
         console.print(fd_warning, markup=False, soft_wrap=True)
-    console.print("[dim]planning, verifying and starting the pipeline …[/]")
-    profile = args.profile
-    if args.address and not profile:
-        from orchestrator.commands.run import cluster_profile
-
-        profile = cluster_profile(args.address, console)
-    pipeline = Pipeline.from_config(
-        args.config,
-        profile=profile,
-        mask=args.mask,
-        address=args.address,
-        record=None,
-        progress=True,
-        log_to_driver=args.ray_logs,
-        verify=not args.skip_verify,
-        max_waiting=args.max_waiting,
-        calibration=not args.no_calibration,
-        server=True,
-    )
+    pipeline = _start_pipeline(args, console)
     stopped_by: list[int] = []
     app = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -558,31 +546,8 @@ def _serve(
         app = create_app(
             pipeline, api_key=key, limits=limits, allowed_hosts=allowed, realtime=realtime
         )
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=args.drain_timeout,
-            **transport.uvicorn_kwargs(Protocol),
-        )
-        server = uvicorn.Server(config)
-        port = sock.getsockname()[1]
-        names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        console.print(
-            f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
-            f"{'(API key required)' if key else ''}— Ctrl-C to stop",
-            soft_wrap=True,
-        )
-        turn = end_of_turn(pipeline.config)
-        if turn is not None:
-            console.print(
-                f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
-                f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
-                soft_wrap=True,
-            )
+        server = _uvicorn_server(args, app, transport)
+        _announce(args, pipeline, sock.getsockname()[1], key, console)
         # uvicorn re-raises the signal that stopped it once it has shut down; what it
         # finds then is this recorder, so the pipeline is closed below, not skipped.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -595,13 +560,77 @@ def _serve(
         final = pipeline.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    _report_close(final, stopped_by, time.perf_counter() - t0, console)
+    return EXIT_OK
+
+
+def _start_pipeline(args: argparse.Namespace, console: Any) -> Any:
+    """The pipeline ``serve`` runs: admitted (``api.admit_plan``, the cluster's probe said on
+    ``console``), planned with the server's own memory, started with its progress."""
+    from orchestrator.api import Pipeline
+    from orchestrator.commands.common import console_admit_progress, pipeline_options
+
+    console.print("[dim]planning, verifying and starting the pipeline …[/]")
+    return Pipeline.from_config(
+        args.config,
+        pipeline_options(
+            args, record=None, progress=True, max_waiting=args.max_waiting, server=True
+        ),
+        admitting=console_admit_progress(console, gates=False),
+    )
+
+
+def _uvicorn_server(args: argparse.Namespace, app: Any, transport: Any) -> Any:
+    """uvicorn's server for ``app``, bounded by ``transport``, draining for --drain-timeout."""
+    import uvicorn
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    except ImportError:  # httptools is optional: uvicorn falls back to h11 then, and so does this
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol  # type: ignore[assignment]
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=args.drain_timeout,
+        **transport.uvicorn_kwargs(Protocol),
+    )
+    return uvicorn.Server(config)
+
+
+def _announce(
+    args: argparse.Namespace, pipeline: Any, port: int, key: str | None, console: Any
+) -> None:
+    """Where the API (and the realtime socket, when the pipeline has a voice turn) listens."""
+    from orchestrator.server.realtime import end_of_turn
+
+    names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    console.print(
+        f"serving {pipeline.plan.pipeline!r} ({names}) on http://{host}:{port}/v1 "
+        f"{'(API key required)' if key else ''}— Ctrl-C to stop",
+        soft_wrap=True,
+    )
+    turn = end_of_turn(pipeline.config)
+    if turn is not None:
+        console.print(
+            f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
+            f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
+            soft_wrap=True,
+        )
+
+
+def _report_close(
+    final: dict[str, Any] | None, stopped_by: list[int], close_s: float, console: Any
+) -> None:
+    """What stopped the server, how long the close took, and what each pool still holds."""
     held = (final or {}).get("held_bytes")
     why = f"stopped by {signal.Signals(stopped_by[0]).name}" if stopped_by else "stopped"
-    console.print(
-        f"{why}: closed the pipeline in {time.perf_counter() - t0:.1f} s; ledger holds {held or 0} bytes"
-    )
+    console.print(f"{why}: closed the pipeline in {close_s:.1f} s; ledger holds {held or 0} bytes")
     for pool in (final or {}).get("pools", []):
         console.print(
             f"  {pool['id']}: {pool['held_bytes']} bytes held of {pool['capacity_bytes']}"
         )
-    return EXIT_OK

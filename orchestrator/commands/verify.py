@@ -17,6 +17,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.commands.common import verify_with_progress
+
 if TYPE_CHECKING:
     from rich.console import Console, Group
     from rich.text import Text
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     profile = resolve_profile(args.profile)
     mask = parse_mask(args.mask, profile)
     err = make_console(stderr=True)
-    report = _run_with_progress(config, profile, mask, args.force, err)
+    report = verify_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask, report)
     if args.json:
         doc = report.to_json()
@@ -65,56 +67,6 @@ def run(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_BAD_INPUT
     return EXIT_REFUSED if report.refused else EXIT_OK
-
-
-def _run_with_progress(
-    config: Any, profile: Any, mask: frozenset[str], force: bool, console: Console
-) -> VerifyReport:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-    from rich.table import Column
-
-    from orchestrator.verify.run import candidates, require_this_machine, verify_pipeline
-
-    require_this_machine(profile)
-    total = len(candidates(config, profile, mask)[0])
-    # One line that never wraps: the fixed-width parts first, then the step,
-    # which takes what is left and ends in "…" on a narrow terminal. Not
-    # markup: a step such as "gates on … [fp32]" would lose its "[fp32]".
-    with Progress(
-        SpinnerColumn(),
-        MofNCompleteColumn(),
-        BarColumn(bar_width=10),
-        TimeElapsedColumn(),
-        TextColumn(
-            "{task.description}",
-            markup=False,
-            table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
-        ),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-        expand=True,
-    ) as progress:
-        task = progress.add_task("verifying", total=total)
-
-        def on_step(c: Any, what: str) -> None:
-            progress.update(
-                task, description=f"{c.stage.name} · {c.device.id} · {c.backend}: {what}"
-            )
-
-        def on_done(result: PlacementResult) -> None:
-            progress.advance(task)
-
-        return verify_pipeline(
-            config, profile, mask=mask, force=force, on_step=on_step, on_done=on_done
-        )
 
 
 def _replan(

@@ -471,7 +471,7 @@ def test_run_screens_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_streamed_reply_wraps_between_words() -> None:
     import io
 
-    from orchestrator.commands.run import WordWrap
+    from orchestrator.commands.common import WordWrap
 
     reply = (
         "The Moon is about 384,400 km away from Earth, and it always shows the same face to us because "
