@@ -145,6 +145,11 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     """
     if not isinstance(record, dict):
         return f"not a JSON object but {type(record).__name__}"
+    return _header_problem(record, key) or _coverage_problem(record) or _numeric_problem(record)
+
+
+def _header_problem(record: dict[str, Any], key: EvidenceKey) -> str | None:
+    """The record's format, key, evidence kind and the strings that name what it measured."""
     if record.get("format") != EVIDENCE_FORMAT:
         return f"format is {record.get('format')!r}, not {EVIDENCE_FORMAT!r}"
     if record.get("key_digest") != key.digest():
@@ -160,6 +165,11 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
         return f"ep {record['ep']!r} is not the key's {key.ep!r}"
     if record["precision"] != key.precision:
         return f"precision {record['precision']!r} is not the key's {key.precision!r}"
+    return None
+
+
+def _coverage_problem(record: dict[str, Any]) -> str | None:
+    """The coverage counts: present, non-negative, and agreeing with each other."""
     cov = record.get("coverage")
     if not isinstance(cov, dict):
         return "coverage is missing"
@@ -168,44 +178,50 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     if cov.get("source") == "session_error":
         if not isinstance(cov.get("session_error"), str) or cov.get("taken") != 0:
             return "a session_error coverage must name the error and have taken 0"
-    else:
-        taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
-        if (
-            not isinstance(taken, int)
-            or not isinstance(total, int)
-            or not _is_count(taken)
-            or not _is_count(total)
-        ):
-            return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
-        if taken > total:
-            return f"coverage.taken {taken} exceeds coverage.total {total}"
-        if total == 0:
-            return "coverage.total is 0: no node was counted"
-        if (
-            not isinstance(fraction, int | float)
-            or not _is_number(fraction)
-            or abs(float(fraction) - taken / total) > 1e-9
-        ):
-            return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
-        by_ep = cov.get("by_ep")
-        if (
-            by_ep
-            and (
-                not isinstance(by_ep, dict)
-                or not all(_is_count(v) for v in by_ep.values())
-                or sum(by_ep.values()) != total
-                or by_ep.get(cov["ep"], 0) != taken
-            )
-            and not str(cov.get("source", "")).startswith("vitisai")
-        ):
-            return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
+        return None
+    taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
+    if (
+        not isinstance(taken, int)
+        or not isinstance(total, int)
+        or not _is_count(taken)
+        or not _is_count(total)
+    ):
+        return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
+    if taken > total:
+        return f"coverage.taken {taken} exceeds coverage.total {total}"
+    if total == 0:
+        return "coverage.total is 0: no node was counted"
+    if (
+        not isinstance(fraction, int | float)
+        or not _is_number(fraction)
+        or abs(float(fraction) - taken / total) > 1e-9
+    ):
+        return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
+    by_ep = cov.get("by_ep")
+    if (
+        by_ep
+        and (
+            not isinstance(by_ep, dict)
+            or not all(_is_count(v) for v in by_ep.values())
+            or sum(by_ep.values()) != total
+            or by_ep.get(cov["ep"], 0) != taken
+        )
+        and not str(cov.get("source", "")).startswith("vitisai")
+    ):
+        return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
+    return None
+
+
+def _numeric_problem(record: dict[str, Any]) -> str | None:
+    """The numeric comparison: each output's metrics present and possible."""
     num = record.get("numeric")
     if not isinstance(num, dict):
         return "numeric is missing"
     outputs = num.get("outputs")
     if not isinstance(outputs, dict):
         return "numeric.outputs is missing"
-    if not outputs and not num.get("error") and cov.get("source") != "session_error":
+    source = record["coverage"].get("source")
+    if not outputs and not num.get("error") and source != "session_error":
         # (a session that failed to open is the measurement: nothing could be compared)
         return "numeric has neither outputs nor an error: nothing was compared"
     for name, m in outputs.items():

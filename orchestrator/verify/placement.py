@@ -191,19 +191,9 @@ def verify_placement(
         "precision": placement.precision,
     }
     if placement.key is not None and not force:
-        cached = store.load(placement.key)
+        cached = _cached_result(placement, store, base)
         if cached is not None:
-            verdict = _judge(placement, cached)
-            return PlacementResult(
-                **base,
-                status="passed" if verdict.passed else "refused",
-                cached=True,
-                refusals=verdict.refusals,
-                warnings=verdict.warnings,
-                record=cached,
-                evidence_path=str(store.path(placement.key)),
-                verify_s=(cached.get("timings") or {}).get("total_s"),
-            )
+            return cached
     t0 = time.perf_counter()
     try:
         measurement = measure(
@@ -214,18 +204,57 @@ def verify_placement(
             reference_graph=placement.reference_graph,
         )
     except RemoteError as exc:
-        if exc.type_name == "ProviderUnavailable":
-            refusal = Refusal(
-                RefusalCode.DEVICE_UNREACHABLE,
-                placement.device_id,
-                f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
-                "install the EP's onnxruntime build in that route, or name a route that has it",
-            )
-            return PlacementResult(**base, status="refused", refusals=[refusal])
-        return PlacementResult(**base, status="error", error=str(exc))
+        return _route_failure(placement, base, exc)
     except VerificationError as exc:
         return PlacementResult(**base, status="error", error=str(exc))
     elapsed = time.perf_counter() - t0
+    return _save_and_judge(placement, store, base, measurement, elapsed)
+
+
+def _cached_result(
+    placement: Placement, store: EvidenceStore, base: dict[str, Any]
+) -> PlacementResult | None:
+    """The placement judged from the evidence already cached for its key, or None."""
+    assert placement.key is not None
+    cached = store.load(placement.key)
+    if cached is None:
+        return None
+    verdict = _judge(placement, cached)
+    return PlacementResult(
+        **base,
+        status="passed" if verdict.passed else "refused",
+        cached=True,
+        refusals=verdict.refusals,
+        warnings=verdict.warnings,
+        record=cached,
+        evidence_path=str(store.path(placement.key)),
+        verify_s=(cached.get("timings") or {}).get("total_s"),
+    )
+
+
+def _route_failure(placement: Placement, base: dict[str, Any], exc: RemoteError) -> PlacementResult:
+    """A route that lacks the EP is a refusal (the device is unreachable this way);
+    anything else the route raised is an error."""
+    if exc.type_name == "ProviderUnavailable":
+        refusal = Refusal(
+            RefusalCode.DEVICE_UNREACHABLE,
+            placement.device_id,
+            f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
+            "install the EP's onnxruntime build in that route, or name a route that has it",
+        )
+        return PlacementResult(**base, status="refused", refusals=[refusal])
+    return PlacementResult(**base, status="error", error=str(exc))
+
+
+def _save_and_judge(
+    placement: Placement,
+    store: EvidenceStore,
+    base: dict[str, Any],
+    measurement: dict[str, Any],
+    elapsed: float,
+) -> PlacementResult:
+    """Record where and against which thresholds it was measured, save it under the
+    placement's key (when known), and judge what was saved."""
     measurement.pop("target_outputs", None)
     measurement["route"] = {
         "name": placement.route.name,

@@ -162,19 +162,95 @@ def verify_pipeline(
     settings.require_cache_dir(store.root, "gate evidence")
     found, skipped = candidates(config, profile, mask)
     report = VerifyReport(config.name, profile.name, skipped=skipped, evidence_dir=str(store.root))
-    hosts: dict[str, Any] = {}
+    _Run(profile, report, store, force, base_dir, on_step, on_done).verify(found)
+    return report
 
-    def step(c: Candidate, what: str) -> None:
-        if on_step:
-            on_step(c, what)
 
-    def done(result: PlacementResult) -> None:
-        report.results.append(result)
-        if on_done:
-            on_done(result)
+@dataclass
+class _Run:
+    """One verification in this process: the report it fills, and the route hosts it
+    started (one per route, each started once and shut down at the end)."""
 
-    def refuse(c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
-        done(
+    profile: HardwareProfile
+    report: VerifyReport
+    store: EvidenceStore
+    force: bool = False
+    base_dir: Path | None = None
+    on_step: Step | None = None
+    on_done: Callable[[PlacementResult], None] | None = None
+    hosts: dict[str, Any] = field(default_factory=dict)
+
+    def verify(self, found: list[Candidate]) -> None:
+        try:
+            for c in found:
+                self.candidate(c)
+        finally:
+            for host in self.hosts.values():
+                host.shutdown()
+
+    def candidate(self, c: Candidate) -> None:
+        """Refuse ``c`` from the profile, its precision or its route's probe, or run
+        its gates: one per session the stage opens (asr: encoder, decoder)."""
+        static = static_refusal(self.profile, c.device, c.backend)
+        if static is not None:
+            self.refuse(c, static)
+            return
+        precision_refusals = c.kind.check(c.stage, c.info, c.device, c.backend)
+        if precision_refusals:
+            self.refuse(c, precision_refusals[0])
+            return
+        route_report = self.route(c)
+        unreachable = probe_refusal(route_report, c.device, c.backend)
+        if unreachable is not None:
+            self.refuse(c, unreachable)
+            return
+        gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
+        assert gates  # check() found a runnable precision
+        for gate in gates:
+            placement = placement_for(
+                gate, c.route, base_dir=self.base_dir, runtime=route_report.runtime
+            )
+            self.step(c, f"gates on {placement.ep} [{placement.precision}]")
+            self.done(
+                verify_placement(
+                    placement, self.hosts[c.route.name], store=self.store, force=self.force
+                )
+            )
+
+    def route(self, c: Candidate) -> RouteReport:
+        """The probe of ``c``'s route, starting its host the first time it is needed."""
+        report = self.report
+        if c.route.name not in report.routes:
+            resolved = resolve(c.route, self.base_dir)
+            self.step(c, f"starting route {c.route.name}")
+            t0 = time.perf_counter()
+            try:
+                host = open_sessions(resolved)
+                report.routes[c.route.name] = report_from_probe(resolved, host.probe())
+                self.hosts[c.route.name] = host
+            except RouteError as exc:
+                report.routes[c.route.name] = RouteReport(
+                    c.route.name,
+                    c.route.kind,
+                    resolved.python,
+                    False,
+                    str(exc),
+                    exc.remedy,
+                )
+            report.route_start_s[c.route.name] = time.perf_counter() - t0
+        return report.routes[c.route.name]
+
+    def step(self, c: Candidate, what: str) -> None:
+        if self.on_step:
+            self.on_step(c, what)
+
+    def done(self, result: PlacementResult) -> None:
+        self.report.results.append(result)
+        if self.on_done:
+            self.on_done(result)
+
+    def refuse(self, c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
+        self.done(
             PlacementResult(
                 c.stage.name,
                 c.device.id,
@@ -185,49 +261,3 @@ def verify_pipeline(
                 refusals=[refusal],
             )
         )
-
-    try:
-        for c in found:
-            static = static_refusal(profile, c.device, c.backend)
-            if static is not None:
-                refuse(c, static)
-                continue
-            precision_refusals = c.kind.check(c.stage, c.info, c.device, c.backend)
-            if precision_refusals:
-                refuse(c, precision_refusals[0])
-                continue
-            resolved = resolve(c.route, base_dir)
-            if c.route.name not in report.routes:
-                step(c, f"starting route {c.route.name}")
-                t0 = time.perf_counter()
-                try:
-                    host = open_sessions(resolved)
-                    report.routes[c.route.name] = report_from_probe(resolved, host.probe())
-                    hosts[c.route.name] = host
-                except RouteError as exc:
-                    report.routes[c.route.name] = RouteReport(
-                        c.route.name,
-                        c.route.kind,
-                        resolved.python,
-                        False,
-                        str(exc),
-                        exc.remedy,
-                    )
-                report.route_start_s[c.route.name] = time.perf_counter() - t0
-            route_report = report.routes[c.route.name]
-            unreachable = probe_refusal(route_report, c.device, c.backend)
-            if unreachable is not None:
-                refuse(c, unreachable)
-                continue
-            gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
-            assert gates  # check() found a runnable precision
-            for gate in gates:  # one per session the stage opens (asr: encoder, decoder)
-                placement = placement_for(
-                    gate, c.route, base_dir=base_dir, runtime=route_report.runtime
-                )
-                step(c, f"gates on {placement.ep} [{placement.precision}]")
-                done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
-    finally:
-        for host in hosts.values():
-            host.shutdown()
-    return report
