@@ -22,8 +22,8 @@ from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
 from orchestrator.ort.routes import resolve, runtime_identity
 from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
 from orchestrator.plan import Refusal, Verification
-from orchestrator.profile import Route
-from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
+from orchestrator.profile import Host, Route
+from orchestrator.verify.evidence import EvidenceKey, EvidenceStore, machine_identity
 from orchestrator.verify.gates import Judgement, judge, measure
 from stages.base import GateSpec
 from stages.exported_graph.artifact import ExportedArtifact, Tolerance, load_artifact
@@ -37,6 +37,9 @@ class Placement:
     route: ResolvedRoute
     runtime: str | None
     """The route's onnxruntime build (``distribution==version``); None when unknown."""
+    machine: str = ""
+    """The cluster node's machine (``evidence.machine_identity``) when the placement is
+    measured on a node by ``verify --address`` or looked up for one; empty for this machine."""
 
     @property
     def stage(self) -> str:
@@ -106,6 +109,7 @@ class Placement:
             device_id=g.device_id,
             device_name=g.device_name,
             options=g.options,
+            machine=self.machine,
         )
 
     def with_runtime(self, runtime: str | None) -> Placement:
@@ -114,11 +118,19 @@ class Placement:
 
 
 def placement_for(
-    gate: GateSpec, route: Route, *, base_dir: Path | None = None, runtime: str | None = None
+    gate: GateSpec,
+    route: Route,
+    *,
+    base_dir: Path | None = None,
+    runtime: str | None = None,
+    machine: str = "",
 ) -> Placement:
     """``gate`` in the profile's ``route``. ``runtime`` (from a probe of the route)
-    wins over the plan-time lookup of the route's onnxruntime build."""
-    return Placement(gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir))
+    wins over the plan-time lookup of the route's onnxruntime build; ``machine``
+    keys it by a cluster node's machine."""
+    return Placement(
+        gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir), machine
+    )
 
 
 @dataclass
@@ -296,12 +308,13 @@ def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
 
 
 def cached_verdict(
-    gate: GateSpec, route: Route, store: EvidenceStore | None = None
+    gate: GateSpec, route: Route, store: EvidenceStore | None = None, *, machine: str = ""
 ) -> tuple[Verification, list[Refusal]]:
     """Plan time: the evidence recorded for ``gate`` in ``route``, judged against the
     current thresholds; never opens a session. Returns the plan's verification
-    record and the refusals a failed gate implies."""
-    placement = placement_for(gate, route)
+    record and the refusals a failed gate implies. ``machine``: the evidence a
+    cluster node measured (``verify --address``), keyed by its machine."""
+    placement = placement_for(gate, route, machine=machine)
     recorded_route = {
         "name": placement.route.name,
         "kind": placement.route.kind,
@@ -360,6 +373,58 @@ def cached_verdict(
         f"M {machine} {str(record.get('measured_at', '?'))[:16]}",
         details,
     ), verdict.refusals
+
+
+NODE_EVIDENCE_HINT = "run `omni-edge verify CONFIG --address RAY_ADDRESS`: it measures on {node}"
+"""What a placement on a cluster node without that node's evidence is told to do."""
+
+
+def node_verification(
+    local: Verification | None,
+    gates: list[GateSpec],
+    route: Route,
+    node: str,
+    host: Host,
+    *,
+    this_machine: bool,
+    store: EvidenceStore | None = None,
+) -> tuple[Verification | None, list[Refusal]]:
+    """Plan time, a placement on cluster node ``node`` (``route`` and the gates as that
+    node sees them, ``host`` its profile's): the evidence measured on that node
+    (``verify --address``, keyed by its machine) when there is any, judged like
+    any other; else ``local`` — this machine's evidence — which counts only when
+    the node is this machine (``this_machine``). None without gates."""
+    if local is None or not gates:
+        return local, []
+    machine = machine_identity(host)
+    verdicts = [cached_verdict(gate, route, store, machine=machine) for gate in gates]
+    verification, failed = min(verdicts, key=lambda vf: (not vf[1], vf[0].status == "verified"))
+    if failed or verification.status == "verified":
+        if len(verdicts) > 1:
+            statuses = {
+                g.artifact_name: v.status for g, (v, _) in zip(gates, verdicts, strict=True)
+            }
+            verification = replace(
+                verification, details={**verification.details, "gates": statuses}
+            )
+        return replace(verification, details={**verification.details, "node": node}), failed
+    reason = str(verification.details.get("reason", ""))
+    if "rejected" in reason:
+        pass  # a forged or foreign record for the node: said, and never counted
+    elif local.status == "verified" and not this_machine:
+        reason = f"the evidence was measured on this machine; node {node} is another machine"
+    else:
+        return local, []
+    return Verification(
+        "unverified",
+        "",
+        {
+            "reason": reason,
+            "hint": NODE_EVIDENCE_HINT.format(node=node),
+            "node": node,
+            "machine": machine,
+        },
+    ), []
 
 
 def _worst(numeric: dict[str, Any]) -> dict[str, Any]:
