@@ -146,6 +146,13 @@ def _verify_on_cluster(
     from orchestrator.runtime.cluster_verify import verify_on_cluster
 
     given = resolve_profile(args.profile) if args.profile else None
+    if given is not None and not given.nodes:  # before joining anything
+        raise ConfigError.single(
+            f"--profile {args.profile}",
+            f"the profile {given.name!r} is one machine's, not a cluster's",
+            "leave out --profile (the cluster is probed live), or pass a cluster profile "
+            "(omni-edge probe --address ADDRESS --save cluster.json)",
+        )
     try:
         cluster.connect([], address=args.address)
     except Exception as exc:
