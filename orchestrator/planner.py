@@ -46,7 +46,7 @@ from orchestrator.profile import (
     profile_pools,
 )
 from orchestrator.units import GiB, MiB, fmt_bytes
-from orchestrator.verify.placement import cached_verdict
+from orchestrator.verify.placement import cached_verdict, node_verification
 from stages.base import ArtifactInfo, GateSpec, StageKind
 from stages.registry import get_kind
 
@@ -978,6 +978,18 @@ def _try_on_node(
     base, _ = build_ledger(node)
     found: list[Refusal] = []
     option = _try(replace(candidate, device=device, route=route), base, found, node)
+    verification: Verification | None = None
+    failed: list[Refusal] = []
+    if option is not None and option.verification is not None:
+        # the node's own evidence (verify --address); this machine's counts only if it is one
+        gates = candidate.kind.gate_specs(
+            candidate.stage, candidate.info, device, candidate.backend
+        )
+        this_machine = describes_this_machine(node)
+        verification, failed = node_verification(
+            option.verification, gates, route, node_name, node.host, this_machine=this_machine
+        )
+        found.extend(failed)
     refusals.extend(
         replace(
             r,
@@ -986,23 +998,8 @@ def _try_on_node(
         )
         for r in found
     )
-    if option is None:
+    if option is None or failed:
         return None
-    verification = option.verification
-    if (
-        verification is not None
-        and verification.status == "verified"
-        and not describes_this_machine(node)
-    ):
-        # the evidence cache holds this machine's measurements: another machine's node is not verified by them
-        verification = Verification(
-            "unverified",
-            "",
-            {
-                "reason": f"the evidence was measured on this machine; node {node_name} is another machine",
-                "hint": f"run `omni-edge verify` on {node_name}",
-            },
-        )
     return replace(
         option,
         device=candidate.device,

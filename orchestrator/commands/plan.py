@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print the plan as JSON (format omni-edge.plan/1)"
     )
     p.add_argument("--out", metavar="FILE", help="also write the plan JSON to FILE")
+    p.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="without --profile: plan on the Ray cluster at this address, probed live on each "
+        "node (docs/cluster.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
                     "write the plan to another file",
                 )
     config = load_config(args.config)
-    profile = resolve_profile(args.profile)
+    if args.address and not args.profile:
+        from orchestrator.runtime.cluster_probe import gather_at
+
+        profile = gather_at(args.address)
+    else:
+        profile = resolve_profile(args.profile)
     store = calibration_store(args)
     plan = plan_pipeline(config, profile, mask=parse_mask(args.mask, profile), calibration=store)
     doc = plan.to_json()

@@ -6,6 +6,11 @@ artifact's reference inputs against the CPU fp32 reference, prints a table (or
 ``--json``) and writes the evidence that ``omni-edge plan`` then reads.
 Evidence that already matches its key is reused unless ``--force``.
 
+With ``--address`` the placements on each node of a Ray cluster are verified
+on that node (a Ray task pinned to it: ``orchestrator.runtime.cluster_verify``),
+with its own routes; the evidence is keyed by that node's machine and kept here,
+where ``plan`` reads it.
+
 Exit codes: 0 every placement passed, 3 at least one was refused, 2 bad input
 (including an artifact that does not even load on the CPU EP).
 """
@@ -18,6 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands.common import verify_with_progress
+from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -42,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure again even where evidence for the same key exists",
     )
+    p.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="verify on the nodes of the Ray cluster at this address, each placement on its "
+        "own node (without --profile the cluster is probed live; docs/cluster.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,10 +64,14 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.probe import resolve_profile
 
     config = load_config(args.config)
-    profile = resolve_profile(args.profile)
-    mask = parse_mask(args.mask, profile)
     err = make_console(stderr=True)
-    report = verify_with_progress(config, profile, mask, args.force, err)
+    if args.address:
+        profile, report = _verify_on_cluster(args, config, err)
+        mask = parse_mask(args.mask, profile)
+    else:
+        profile = resolve_profile(args.profile)
+        mask = parse_mask(args.mask, profile)
+        report = verify_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask, report)
     if args.json:
         doc = report.to_json()
@@ -67,6 +83,51 @@ def run(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_BAD_INPUT
     return EXIT_REFUSED if report.refused else EXIT_OK
+
+
+def _verify_on_cluster(
+    args: argparse.Namespace, config: Any, console: Console
+) -> tuple[Any, VerifyReport]:
+    """``--address``: join the cluster, take its profile (``--profile``, or probed live),
+    verify each node's placements on that node, leave."""
+    from orchestrator.planner import parse_mask
+    from orchestrator.probe import resolve_profile
+    from orchestrator.runtime import cluster
+    from orchestrator.runtime.cluster_probe import gather_profile, nodes_found
+    from orchestrator.runtime.cluster_verify import verify_on_cluster
+
+    given = resolve_profile(args.profile) if args.profile else None
+    if given is not None and not given.nodes:  # before joining anything
+        raise ConfigError.single(
+            f"--profile {args.profile}",
+            f"the profile {given.name!r} is one machine's, not a cluster's",
+            "leave out --profile (the cluster is probed live), or pass a cluster profile "
+            "(omni-edge probe --address ADDRESS --save cluster.json)",
+        )
+    try:
+        cluster.connect([], address=args.address)
+    except Exception as exc:
+        raise ConfigError.single(
+            "--address",
+            f"could not join the Ray cluster at {args.address}: {exc}",
+            "check the address (ray status on the head) and the auth settings (docs/cluster.md)",
+        ) from None
+    try:
+        profile = given or gather_profile(f"Ray cluster at {args.address}")
+        mask = parse_mask(args.mask, profile)
+        console.print(
+            f"verifying on the cluster at {args.address}: {nodes_found(profile)}", markup=False
+        )
+
+        def on_node(name: str, placements: int) -> None:
+            console.print(
+                f"  {name}: {placements} placement(s), verified on that node", markup=False
+            )
+
+        report = verify_on_cluster(config, profile, mask, force=args.force, on_node=on_node)
+    finally:
+        cluster.release()
+    return profile, report
 
 
 def _replan(
@@ -244,6 +305,8 @@ def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
                 style="dim",
             )
         )
+    for node, ray_node in report.nodes.items():
+        notes.append(labelled("on node:", f"{node} (Ray node {ray_node[:12]}…)", style="dim"))
     notes.append(labelled("evidence:", report.evidence_dir, style="dim"))
     for name, s in plan_summary["stages"].items():
         if s["device"]:

@@ -8,6 +8,14 @@ the provider/session options (minus options that only say where compiled
 blobs go). Change any of them and the lookup misses, so the placement is
 unverified until ``omni-edge verify`` measures again.
 
+Evidence measured on a node of a Ray cluster (``omni-edge verify --address``:
+the gates run in a task on that node) is keyed by that node's machine too
+(:func:`machine_identity`: OS, CPU model, physical RAM, read on the node when
+the record is written), and the record names the machine that measured it: a
+record whose measuring machine is not the one its key names is rejected. A
+local ``verify`` leaves the machine out of the key (its records and digests are
+as before).
+
 Records hold measurements, not verdicts: the verdict is recomputed against the
 current thresholds (``judge``), so loosening a tolerance needs no re-run, and
 tightening one cannot be dodged by an old "pass".
@@ -27,6 +35,8 @@ from typing import Any
 
 from orchestrator import settings
 from orchestrator.fileio import write_json_atomic
+from orchestrator.probe.host import this_host
+from orchestrator.profile import Host
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +59,16 @@ class EvidenceKey:
     device_name: str
     options: dict[str, Any] = field(default_factory=dict)
     gates_version: int = GATES_VERSION
+    machine: str = ""
+    """The machine that measured it (:func:`machine_identity`) for evidence measured on a
+    cluster node by ``verify --address``; empty for a local ``verify`` (left out of the
+    key, so those records and digests are as they were)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.machine:
+            del out["machine"]
+        return out
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of every part (computed once per key)."""
@@ -77,6 +94,17 @@ def machine() -> dict[str, str]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
     }
+
+
+def machine_identity(host: Host) -> str:
+    """A machine as evidence is keyed by it: OS (and WSL), CPU model, physical RAM —
+    what a profile's ``host`` says (the same parts as the calibration store's machine)."""
+    return f"{host.os}{'/wsl' if host.wsl else ''}|{host.cpu_name.strip()}|{host.ram_total_bytes}"
+
+
+def machine_identity_here() -> str:
+    """This machine's :func:`machine_identity`, read now."""
+    return machine_identity(this_host())
 
 
 def now() -> str:
@@ -121,12 +149,19 @@ class EvidenceStore:
 
     def save(self, key: EvidenceKey, measurement: dict[str, Any]) -> Path:
         """Write a record atomically; returns its path."""
+        where = machine()
+        if key.machine:
+            where["identity"] = machine_identity_here()
+            if where["identity"] != key.machine:
+                raise ValueError(
+                    f"evidence keyed by machine {key.machine!r} cannot be measured on {where['identity']!r}"
+                )
         record = {
             "format": EVIDENCE_FORMAT,
             "key_digest": key.digest(),
             "key": key.to_dict(),
             "evidence": "M",
-            "machine": machine(),
+            "machine": where,
             "measured_at": now(),
             **measurement,
         }
@@ -145,6 +180,11 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     """
     if not isinstance(record, dict):
         return f"not a JSON object but {type(record).__name__}"
+    return _header_problem(record, key) or _coverage_problem(record) or _numeric_problem(record)
+
+
+def _header_problem(record: dict[str, Any], key: EvidenceKey) -> str | None:
+    """The record's format, key, evidence kind and the strings that name what it measured."""
     if record.get("format") != EVIDENCE_FORMAT:
         return f"format is {record.get('format')!r}, not {EVIDENCE_FORMAT!r}"
     if record.get("key_digest") != key.digest():
@@ -153,6 +193,11 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
         return "its key (graph digest, runtime, device, options) is not the one it is filed under"
     if record.get("evidence") != "M":
         return "evidence is not 'M' (a measurement)"
+    if key.machine:
+        where = record.get("machine")
+        measured_on = where.get("identity") if isinstance(where, dict) else None
+        if measured_on != key.machine:
+            return f"it was measured on machine {measured_on!r}, not on {key.machine!r}, the node's machine it is keyed by"
     for name in ("measured_at", "ep", "precision"):
         if not isinstance(record.get(name), str):
             return f"{name} is missing or not a string"
@@ -160,6 +205,11 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
         return f"ep {record['ep']!r} is not the key's {key.ep!r}"
     if record["precision"] != key.precision:
         return f"precision {record['precision']!r} is not the key's {key.precision!r}"
+    return None
+
+
+def _coverage_problem(record: dict[str, Any]) -> str | None:
+    """The coverage counts: present, non-negative, and agreeing with each other."""
     cov = record.get("coverage")
     if not isinstance(cov, dict):
         return "coverage is missing"
@@ -168,44 +218,50 @@ def record_problem(record: Any, key: EvidenceKey) -> str | None:
     if cov.get("source") == "session_error":
         if not isinstance(cov.get("session_error"), str) or cov.get("taken") != 0:
             return "a session_error coverage must name the error and have taken 0"
-    else:
-        taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
-        if (
-            not isinstance(taken, int)
-            or not isinstance(total, int)
-            or not _is_count(taken)
-            or not _is_count(total)
-        ):
-            return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
-        if taken > total:
-            return f"coverage.taken {taken} exceeds coverage.total {total}"
-        if total == 0:
-            return "coverage.total is 0: no node was counted"
-        if (
-            not isinstance(fraction, int | float)
-            or not _is_number(fraction)
-            or abs(float(fraction) - taken / total) > 1e-9
-        ):
-            return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
-        by_ep = cov.get("by_ep")
-        if (
-            by_ep
-            and (
-                not isinstance(by_ep, dict)
-                or not all(_is_count(v) for v in by_ep.values())
-                or sum(by_ep.values()) != total
-                or by_ep.get(cov["ep"], 0) != taken
-            )
-            and not str(cov.get("source", "")).startswith("vitisai")
-        ):
-            return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
+        return None
+    taken, total, fraction = cov.get("taken"), cov.get("total"), cov.get("fraction")
+    if (
+        not isinstance(taken, int)
+        or not isinstance(total, int)
+        or not _is_count(taken)
+        or not _is_count(total)
+    ):
+        return f"coverage.taken and coverage.total must be non-negative integers (got {taken!r}, {total!r})"
+    if taken > total:
+        return f"coverage.taken {taken} exceeds coverage.total {total}"
+    if total == 0:
+        return "coverage.total is 0: no node was counted"
+    if (
+        not isinstance(fraction, int | float)
+        or not _is_number(fraction)
+        or abs(float(fraction) - taken / total) > 1e-9
+    ):
+        return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
+    by_ep = cov.get("by_ep")
+    if (
+        by_ep
+        and (
+            not isinstance(by_ep, dict)
+            or not all(_is_count(v) for v in by_ep.values())
+            or sum(by_ep.values()) != total
+            or by_ep.get(cov["ep"], 0) != taken
+        )
+        and not str(cov.get("source", "")).startswith("vitisai")
+    ):
+        return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
+    return None
+
+
+def _numeric_problem(record: dict[str, Any]) -> str | None:
+    """The numeric comparison: each output's metrics present and possible."""
     num = record.get("numeric")
     if not isinstance(num, dict):
         return "numeric is missing"
     outputs = num.get("outputs")
     if not isinstance(outputs, dict):
         return "numeric.outputs is missing"
-    if not outputs and not num.get("error") and cov.get("source") != "session_error":
+    source = record["coverage"].get("source")
+    if not outputs and not num.get("error") and source != "session_error":
         # (a session that failed to open is the measurement: nothing could be compared)
         return "numeric has neither outputs nor an error: nothing was compared"
     for name, m in outputs.items():

@@ -22,8 +22,8 @@ from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
 from orchestrator.ort.routes import resolve, runtime_identity
 from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
 from orchestrator.plan import Refusal, Verification
-from orchestrator.profile import Route
-from orchestrator.verify.evidence import EvidenceKey, EvidenceStore
+from orchestrator.profile import Host, Route
+from orchestrator.verify.evidence import EvidenceKey, EvidenceStore, machine_identity
 from orchestrator.verify.gates import Judgement, judge, measure
 from stages.base import GateSpec
 from stages.exported_graph.artifact import ExportedArtifact, Tolerance, load_artifact
@@ -37,6 +37,9 @@ class Placement:
     route: ResolvedRoute
     runtime: str | None
     """The route's onnxruntime build (``distribution==version``); None when unknown."""
+    machine: str = ""
+    """The cluster node's machine (``evidence.machine_identity``) when the placement is
+    measured on a node by ``verify --address`` or looked up for one; empty for this machine."""
 
     @property
     def stage(self) -> str:
@@ -106,6 +109,7 @@ class Placement:
             device_id=g.device_id,
             device_name=g.device_name,
             options=g.options,
+            machine=self.machine,
         )
 
     def with_runtime(self, runtime: str | None) -> Placement:
@@ -114,11 +118,19 @@ class Placement:
 
 
 def placement_for(
-    gate: GateSpec, route: Route, *, base_dir: Path | None = None, runtime: str | None = None
+    gate: GateSpec,
+    route: Route,
+    *,
+    base_dir: Path | None = None,
+    runtime: str | None = None,
+    machine: str = "",
 ) -> Placement:
     """``gate`` in the profile's ``route``. ``runtime`` (from a probe of the route)
-    wins over the plan-time lookup of the route's onnxruntime build."""
-    return Placement(gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir))
+    wins over the plan-time lookup of the route's onnxruntime build; ``machine``
+    keys it by a cluster node's machine."""
+    return Placement(
+        gate, resolve(route, base_dir), runtime or runtime_identity(route, base_dir), machine
+    )
 
 
 @dataclass
@@ -191,19 +203,9 @@ def verify_placement(
         "precision": placement.precision,
     }
     if placement.key is not None and not force:
-        cached = store.load(placement.key)
+        cached = _cached_result(placement, store, base)
         if cached is not None:
-            verdict = _judge(placement, cached)
-            return PlacementResult(
-                **base,
-                status="passed" if verdict.passed else "refused",
-                cached=True,
-                refusals=verdict.refusals,
-                warnings=verdict.warnings,
-                record=cached,
-                evidence_path=str(store.path(placement.key)),
-                verify_s=(cached.get("timings") or {}).get("total_s"),
-            )
+            return cached
     t0 = time.perf_counter()
     try:
         measurement = measure(
@@ -214,18 +216,57 @@ def verify_placement(
             reference_graph=placement.reference_graph,
         )
     except RemoteError as exc:
-        if exc.type_name == "ProviderUnavailable":
-            refusal = Refusal(
-                RefusalCode.DEVICE_UNREACHABLE,
-                placement.device_id,
-                f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
-                "install the EP's onnxruntime build in that route, or name a route that has it",
-            )
-            return PlacementResult(**base, status="refused", refusals=[refusal])
-        return PlacementResult(**base, status="error", error=str(exc))
+        return _route_failure(placement, base, exc)
     except VerificationError as exc:
         return PlacementResult(**base, status="error", error=str(exc))
     elapsed = time.perf_counter() - t0
+    return _save_and_judge(placement, store, base, measurement, elapsed)
+
+
+def _cached_result(
+    placement: Placement, store: EvidenceStore, base: dict[str, Any]
+) -> PlacementResult | None:
+    """The placement judged from the evidence already cached for its key, or None."""
+    assert placement.key is not None
+    cached = store.load(placement.key)
+    if cached is None:
+        return None
+    verdict = _judge(placement, cached)
+    return PlacementResult(
+        **base,
+        status="passed" if verdict.passed else "refused",
+        cached=True,
+        refusals=verdict.refusals,
+        warnings=verdict.warnings,
+        record=cached,
+        evidence_path=str(store.path(placement.key)),
+        verify_s=(cached.get("timings") or {}).get("total_s"),
+    )
+
+
+def _route_failure(placement: Placement, base: dict[str, Any], exc: RemoteError) -> PlacementResult:
+    """A route that lacks the EP is a refusal (the device is unreachable this way);
+    anything else the route raised is an error."""
+    if exc.type_name == "ProviderUnavailable":
+        refusal = Refusal(
+            RefusalCode.DEVICE_UNREACHABLE,
+            placement.device_id,
+            f"{placement.device_id} with {placement.backend}: route {placement.route.name!r}: {exc.message}",
+            "install the EP's onnxruntime build in that route, or name a route that has it",
+        )
+        return PlacementResult(**base, status="refused", refusals=[refusal])
+    return PlacementResult(**base, status="error", error=str(exc))
+
+
+def _save_and_judge(
+    placement: Placement,
+    store: EvidenceStore,
+    base: dict[str, Any],
+    measurement: dict[str, Any],
+    elapsed: float,
+) -> PlacementResult:
+    """Record where and against which thresholds it was measured, save it under the
+    placement's key (when known), and judge what was saved."""
     measurement.pop("target_outputs", None)
     measurement["route"] = {
         "name": placement.route.name,
@@ -267,12 +308,13 @@ def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
 
 
 def cached_verdict(
-    gate: GateSpec, route: Route, store: EvidenceStore | None = None
+    gate: GateSpec, route: Route, store: EvidenceStore | None = None, *, machine: str = ""
 ) -> tuple[Verification, list[Refusal]]:
     """Plan time: the evidence recorded for ``gate`` in ``route``, judged against the
     current thresholds; never opens a session. Returns the plan's verification
-    record and the refusals a failed gate implies."""
-    placement = placement_for(gate, route)
+    record and the refusals a failed gate implies. ``machine``: the evidence a
+    cluster node measured (``verify --address``), keyed by its machine."""
+    placement = placement_for(gate, route, machine=machine)
     recorded_route = {
         "name": placement.route.name,
         "kind": placement.route.kind,
@@ -331,6 +373,58 @@ def cached_verdict(
         f"M {machine} {str(record.get('measured_at', '?'))[:16]}",
         details,
     ), verdict.refusals
+
+
+NODE_EVIDENCE_HINT = "run `omni-edge verify CONFIG --address RAY_ADDRESS`: it measures on {node}"
+"""What a placement on a cluster node without that node's evidence is told to do."""
+
+
+def node_verification(
+    local: Verification | None,
+    gates: list[GateSpec],
+    route: Route,
+    node: str,
+    host: Host,
+    *,
+    this_machine: bool,
+    store: EvidenceStore | None = None,
+) -> tuple[Verification | None, list[Refusal]]:
+    """Plan time, a placement on cluster node ``node`` (``route`` and the gates as that
+    node sees them, ``host`` its profile's): the evidence measured on that node
+    (``verify --address``, keyed by its machine) when there is any, judged like
+    any other; else ``local`` — this machine's evidence — which counts only when
+    the node is this machine (``this_machine``). None without gates."""
+    if local is None or not gates:
+        return local, []
+    machine = machine_identity(host)
+    verdicts = [cached_verdict(gate, route, store, machine=machine) for gate in gates]
+    verification, failed = min(verdicts, key=lambda vf: (not vf[1], vf[0].status == "verified"))
+    if failed or verification.status == "verified":
+        if len(verdicts) > 1:
+            statuses = {
+                g.artifact_name: v.status for g, (v, _) in zip(gates, verdicts, strict=True)
+            }
+            verification = replace(
+                verification, details={**verification.details, "gates": statuses}
+            )
+        return replace(verification, details={**verification.details, "node": node}), failed
+    reason = str(verification.details.get("reason", ""))
+    if "rejected" in reason:
+        pass  # a forged or foreign record for the node: said, and never counted
+    elif local.status == "verified" and not this_machine:
+        reason = f"the evidence was measured on this machine; node {node} is another machine"
+    else:
+        return local, []
+    return Verification(
+        "unverified",
+        "",
+        {
+            "reason": reason,
+            "hint": NODE_EVIDENCE_HINT.format(node=node),
+            "node": node,
+            "machine": machine,
+        },
+    ), []
 
 
 def _worst(numeric: dict[str, Any]) -> dict[str, Any]:

@@ -8,19 +8,29 @@ unreachable, or that the kind's ``check`` refuses (no runnable precision), is
 refused without starting anything; the rest are measured, from the kind's
 ``gate_spec``, in one host per route (the interpreter starts once, and its
 probe answer supplies the runtime part of the evidence key).
+
+On a cluster (``verify --address``), :func:`verify_on_node` is what a Ray task
+pinned to one node runs there: the cluster's candidates on that node, in that
+node's own routes, each record keyed by the node's machine
+(``evidence.machine_identity``); :func:`keep_node_evidence` is the driver's
+half: each record the node returns checked as a cached one is, then written to
+this machine's evidence store, where ``plan`` looks.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
 from orchestrator.config import PipelineConfig
 from orchestrator.errors import ConfigError
+from orchestrator.fileio import write_json_atomic
 from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
@@ -33,7 +43,13 @@ from orchestrator.plan import Refusal
 from orchestrator.planner import Candidate, Excluded, stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.profile import HardwareProfile
-from orchestrator.verify.evidence import EvidenceStore
+from orchestrator.verify.evidence import (
+    EvidenceKey,
+    EvidenceStore,
+    machine_identity,
+    machine_identity_here,
+    record_problem,
+)
 from orchestrator.verify.placement import PlacementResult, placement_for, verify_placement
 from stages.registry import get_kind
 
@@ -50,6 +66,8 @@ class VerifyReport:
     evidence_dir: str = ""
     route_start_s: dict[str, float] = field(default_factory=dict)
     """Seconds each route took to start and answer its probe (not part of verify_s)."""
+    nodes: dict[str, str] = field(default_factory=dict)
+    """``verify --address``: each node verified → the Ray node id its task ran on."""
 
     @property
     def refused(self) -> bool:
@@ -68,6 +86,7 @@ class VerifyReport:
             "results": [r.to_dict() for r in self.results],
             "skipped": self.skipped,
             "routes": {k: v.to_dict() for k, v in self.routes.items()},
+            **({"nodes": dict(self.nodes)} if self.nodes else {}),
         }
 
 
@@ -162,19 +181,101 @@ def verify_pipeline(
     settings.require_cache_dir(store.root, "gate evidence")
     found, skipped = candidates(config, profile, mask)
     report = VerifyReport(config.name, profile.name, skipped=skipped, evidence_dir=str(store.root))
-    hosts: dict[str, Any] = {}
+    _Run(profile, report, store, force, base_dir, on_step, on_done).verify(found)
+    return report
 
-    def step(c: Candidate, what: str) -> None:
-        if on_step:
-            on_step(c, what)
 
-    def done(result: PlacementResult) -> None:
-        report.results.append(result)
-        if on_done:
-            on_done(result)
+@dataclass
+class _Run:
+    """One verification in this process: the report it fills, and the route hosts it
+    started (one per route, each started once and shut down at the end)."""
 
-    def refuse(c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
-        done(
+    profile: HardwareProfile
+    report: VerifyReport
+    store: EvidenceStore
+    force: bool = False
+    base_dir: Path | None = None
+    on_step: Step | None = None
+    on_done: Callable[[PlacementResult], None] | None = None
+    machine: str = ""
+    """The cluster node's machine the evidence is keyed by (``verify_on_node``); empty here."""
+    hosts: dict[str, Any] = field(default_factory=dict)
+
+    def verify(self, found: list[Candidate]) -> None:
+        try:
+            for c in found:
+                self.candidate(c)
+        finally:
+            for host in self.hosts.values():
+                host.shutdown()
+
+    def candidate(self, c: Candidate) -> None:
+        """Refuse ``c`` from the profile, its precision or its route's probe, or run
+        its gates: one per session the stage opens (asr: encoder, decoder)."""
+        static = static_refusal(self.profile, c.device, c.backend)
+        if static is not None:
+            self.refuse(c, static)
+            return
+        precision_refusals = c.kind.check(c.stage, c.info, c.device, c.backend)
+        if precision_refusals:
+            self.refuse(c, precision_refusals[0])
+            return
+        route_report = self.route(c)
+        unreachable = probe_refusal(route_report, c.device, c.backend)
+        if unreachable is not None:
+            self.refuse(c, unreachable)
+            return
+        gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
+        assert gates  # check() found a runnable precision
+        for gate in gates:
+            placement = placement_for(
+                gate,
+                c.route,
+                base_dir=self.base_dir,
+                runtime=route_report.runtime,
+                machine=self.machine,
+            )
+            self.step(c, f"gates on {placement.ep} [{placement.precision}]")
+            self.done(
+                verify_placement(
+                    placement, self.hosts[c.route.name], store=self.store, force=self.force
+                )
+            )
+
+    def route(self, c: Candidate) -> RouteReport:
+        """The probe of ``c``'s route, starting its host the first time it is needed."""
+        report = self.report
+        if c.route.name not in report.routes:
+            resolved = resolve(c.route, self.base_dir)
+            self.step(c, f"starting route {c.route.name}")
+            t0 = time.perf_counter()
+            try:
+                host = open_sessions(resolved)
+                report.routes[c.route.name] = report_from_probe(resolved, host.probe())
+                self.hosts[c.route.name] = host
+            except RouteError as exc:
+                report.routes[c.route.name] = RouteReport(
+                    c.route.name,
+                    c.route.kind,
+                    resolved.python,
+                    False,
+                    str(exc),
+                    exc.remedy,
+                )
+            report.route_start_s[c.route.name] = time.perf_counter() - t0
+        return report.routes[c.route.name]
+
+    def step(self, c: Candidate, what: str) -> None:
+        if self.on_step:
+            self.on_step(c, what)
+
+    def done(self, result: PlacementResult) -> None:
+        self.report.results.append(result)
+        if self.on_done:
+            self.on_done(result)
+
+    def refuse(self, c: Candidate, refusal: Refusal, precision: str | None = None) -> None:
+        self.done(
             PlacementResult(
                 c.stage.name,
                 c.device.id,
@@ -186,48 +287,94 @@ def verify_pipeline(
             )
         )
 
-    try:
-        for c in found:
-            static = static_refusal(profile, c.device, c.backend)
-            if static is not None:
-                refuse(c, static)
-                continue
-            precision_refusals = c.kind.check(c.stage, c.info, c.device, c.backend)
-            if precision_refusals:
-                refuse(c, precision_refusals[0])
-                continue
-            resolved = resolve(c.route, base_dir)
-            if c.route.name not in report.routes:
-                step(c, f"starting route {c.route.name}")
-                t0 = time.perf_counter()
-                try:
-                    host = open_sessions(resolved)
-                    report.routes[c.route.name] = report_from_probe(resolved, host.probe())
-                    hosts[c.route.name] = host
-                except RouteError as exc:
-                    report.routes[c.route.name] = RouteReport(
-                        c.route.name,
-                        c.route.kind,
-                        resolved.python,
-                        False,
-                        str(exc),
-                        exc.remedy,
-                    )
-                report.route_start_s[c.route.name] = time.perf_counter() - t0
-            route_report = report.routes[c.route.name]
-            unreachable = probe_refusal(route_report, c.device, c.backend)
-            if unreachable is not None:
-                refuse(c, unreachable)
-                continue
-            gates = c.kind.gate_specs(c.stage, c.info, c.device, c.backend)
-            assert gates  # check() found a runnable precision
-            for gate in gates:  # one per session the stage opens (asr: encoder, decoder)
-                placement = placement_for(
-                    gate, c.route, base_dir=base_dir, runtime=route_report.runtime
-                )
-                step(c, f"gates on {placement.ep} [{placement.precision}]")
-                done(verify_placement(placement, hosts[c.route.name], store=store, force=force))
-    finally:
-        for host in hosts.values():
-            host.shutdown()
+
+def verify_on_node(
+    config: PipelineConfig,
+    cluster: HardwareProfile,
+    node: str,
+    mask: frozenset[str] = frozenset(),
+    *,
+    force: bool = False,
+    seed: dict[str, dict[str, Any]] | None = None,
+) -> VerifyReport:
+    """Runs on cluster node ``node`` (a Ray task pinned to it): the gates of the
+    cluster's candidates on that node, in the node's own routes (its profile's, as
+    its probe found them), each record keyed by this machine's identity, read here.
+
+    ``ConfigError`` when the node's profile is not the machine this runs on. The
+    records go to a temporary store here, seeded with ``seed`` (file name → record:
+    the driver's records for this machine, reused unless ``force``); they come back
+    in the results' ``record`` for the driver to check and keep."""
+    local = cluster.nodes[node].profile
+    require_this_machine(local)
+    machine = machine_identity_here()
+    found, _ = candidates(config, cluster, mask)
+    mine = [_on_node(c, local) for c in found if c.device.node == node]
+    with tempfile.TemporaryDirectory(prefix="omni-edge-evidence-") as tmp:
+        store = EvidenceStore(Path(tmp))
+        for name, record in (seed or {}).items():
+            write_json_atomic(store.root / Path(name).name, record, indent=1)
+        report = VerifyReport(config.name, f"node {node} of {cluster.name}", evidence_dir=tmp)
+        _Run(local, report, store, force, machine=machine).verify(mine)
+    return report
+
+
+def _on_node(c: Candidate, node: HardwareProfile) -> Candidate:
+    """A cluster candidate as its node sees it: the node's own device and route."""
+    device = node.device(c.device.local_id)
+    route = node.route(c.route.name.split("/", 1)[1])
+    assert device is not None and route is not None  # the cluster was built from this node
+    return replace(c, device=device, route=route)
+
+
+def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, dict[str, Any]]:
+    """The records in ``store`` keyed by ``node``'s machine (file name → record), which
+    :func:`verify_on_node` reuses as cached evidence (and checks as it reads them)."""
+    machine = machine_identity(node.host)
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(store.root.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        key = record.get("key") if isinstance(record, dict) else None
+        if isinstance(key, dict) and key.get("machine") == machine:
+            out[path.name] = record
+    return out
+
+
+def keep_node_evidence(report: VerifyReport, node: str, store: EvidenceStore) -> VerifyReport:
+    """The driver's half of :func:`verify_on_node`: each record the node returned is
+    checked (``record_problem``, against the key it carries, which must name a
+    machine) and written to ``store`` under that key; one that fails turns its result
+    into an error. Devices, routes and refusals are named for the node."""
+    for r in report.results:
+        r.device, r.route = f"{node}/{r.device}", f"{node}/{r.route}"
+        r.refusals = [replace(f, device=f"{node}/{f.device}") for f in r.refusals]
+        r.evidence_path = None
+        record = r.record
+        if not record or "key" not in record:
+            continue  # nothing was measured, or the route's runtime was unknown (no key)
+        try:
+            key = EvidenceKey(**record["key"])
+        except TypeError as exc:
+            problem: str | None = f"its key is not an evidence key: {exc}"
+        else:
+            problem = record_problem(record, key) or (
+                None if key.machine else "its key names no machine"
+            )
+        if problem is not None:
+            r.status, r.error = (
+                "error",
+                f"node {node} returned evidence that was rejected: {problem}",
+            )
+            continue
+        path = store.path(key)
+        write_json_atomic(path, record, indent=1)
+        r.evidence_path = str(path)
+    report.routes = {
+        f"{node}/{name}": replace(route, name=f"{node}/{name}")
+        for name, route in report.routes.items()
+    }
+    report.route_start_s = {f"{node}/{k}": v for k, v in report.route_start_s.items()}
     return report

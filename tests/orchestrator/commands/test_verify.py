@@ -178,3 +178,19 @@ def test_a_profile_of_another_machine_is_refused_as_bad_input(
     err = capsys.readouterr().err
     assert "it describes a windows host; this process runs on linux" in err
     assert "run omni-edge verify on that machine" in err
+
+
+def test_an_address_with_one_machine_s_profile_is_bad_input_before_joining(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--address`` verifies on a cluster's nodes: a one-machine profile is exit 2, and no
+    cluster is joined (the address here answers nothing: joining it would hang for minutes)."""
+    from tests.helpers.graphs import REPO
+
+    profile = REPO / "configs" / "profiles" / "cpu-only-linux.json"
+    config = REPO / "configs" / "voice-assistant.yaml"
+    argv = ["verify", str(config), "--address", "127.0.0.1:1", "--profile", str(profile)]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is one machine's, not a cluster's" in err
+    assert "omni-edge probe --address ADDRESS --save cluster.json" in err

@@ -258,6 +258,88 @@ def test_run_with_an_address_and_no_profile_plans_on_the_nodes_probed_live(
     assert doc["requests"][0]["audio_seconds"] > 0
 
 
+VOICE_ON_SECOND = """\
+name: voice-on-second
+stages:
+  - name: voice
+    kind: exported_graph
+    artifact: {repo}/exports/piper-en-us-joe-medium
+    inputs: [request]
+    devices: [second/cpu]
+    backends: [ort-cpu]
+    final_output: true
+    final_output_type: audio
+"""
+
+
+def test_verify_with_an_address_verifies_the_placement_on_the_second_node_there(
+    two_nodes: dict[str, Any], tmp_path: Path
+) -> None:
+    """``plan --address``: the voice on ``second/cpu`` is unverified (a fresh evidence
+    cache); ``verify --address`` runs its gates in a task on the second node (the Ray node
+    id it ran on is the second node's), keeps the record keyed by that node's machine in
+    this cache; ``plan --address`` then counts it as verified. Runs before the second node
+    is killed."""
+    config = tmp_path / "voice-on-second.yaml"
+    config.write_text(VOICE_ON_SECOND.format(repo=REPO))
+    env = {**two_nodes["env"], "OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache")}
+    cli = str(Path(sys.executable).parent / "omni-edge")
+
+    def omni_edge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [cli, *args, str(config), "--address", two_nodes["address"]],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    def voice(plan: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-4000:]
+        (stage,) = json.loads(plan.stdout)["stages"]
+        assert stage["device"] == "second/cpu", stage
+        return dict(stage["verification"])
+
+    print(omni_edge("plan").stdout)  # the human form before, for the report
+    before = voice(omni_edge("plan", "--json"))
+    assert before["status"] == "unverified", before
+    done = omni_edge("verify", "--json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    doc = json.loads(done.stdout)
+    said = " ".join(done.stderr.split())
+    assert "second: 1 placement(s), verified on that node" in said, said[-2000:]
+    (result,) = doc["results"]
+    assert (result["device"], result["backend"], result["status"]) == (
+        "second/cpu",
+        "ort-cpu",
+        "passed",
+    ), result
+    assert result["route"] == "second/this-process" and not result["cached"]
+    probed = subprocess.run(
+        [cli, "probe", "--address", two_nodes["address"], "--json"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ids = {n["name"]: n["ray_node_id"] for n in json.loads(probed.stdout)["nodes"]}
+    assert doc["nodes"] == {"second": ids["second"]} and ids["second"] != ids["head"], doc["nodes"]
+    evidence = json.loads(Path(result["evidence"]).read_text())
+    assert Path(result["evidence"]).parent == tmp_path / "cache" / "evidence"
+    assert (
+        evidence["key"]["machine"] and evidence["machine"]["identity"] == evidence["key"]["machine"]
+    )
+    assert doc["plan"]["stages"]["voice"]["verification"] == "verified", doc["plan"]
+    after = voice(omni_edge("plan", "--json"))
+    assert after["status"] == "verified", after
+    assert after["details"]["node"] == "second"
+    assert after["details"]["evidence_file"] == result["evidence"]
+    # the human forms after, for docs/cluster.md: verify again (cached), the plan
+    print(done.stderr, omni_edge("verify").stdout, omni_edge("plan").stdout, sep="\n")
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"
