@@ -46,7 +46,7 @@ from orchestrator.errors import StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
-from orchestrator.runtime import ledger_actor
+from orchestrator.runtime import ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
 
 if TYPE_CHECKING:
@@ -217,23 +217,40 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
     import ray
 
     deadline = time.monotonic() + ACTOR_READY_TIMEOUT_S
-    failures: dict[str, str] = {}
+    failures: dict[str, tuple[Any, BaseException]] = {}
     for device, (actor, ready) in pending.items():
         try:
             info = ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:
-            failures[device] = cause(exc)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+            failures[device] = (actor, exc)
             continue
         rt.devices[device] = Device(
             device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device]
         )
     if failures:
-        device, why = next(iter(failures.items()))
-        raise StageFailed(
-            first_stage_on(rt, device), device, f"the device actor did not start: {why}"
+        device, (actor, error) = next(iter(failures.items()))
+        stage = first_stage_on(rt, device)
+        # said before the actors are killed, while Ray's actor table still says where it ran
+        why = _not_started(stage, device, actor, error)
+        for other, _ in failures.values():
+            with contextlib.suppress(Exception):
+                ray.kill(other)
+        raise StageFailed(stage, device, why, code="device_actor_not_started")
+
+
+def _not_started(stage: str, device: str, actor: Any, exc: BaseException) -> str:
+    """Why ``device``'s actor did not answer ``ready()``: no answer in time, or it died
+    before it was ready (and, on a cluster's node, whether that node died: ``node_death``)."""
+    from ray import exceptions as rex
+
+    if isinstance(exc, rex.GetTimeoutError):
+        return (
+            f"the device actor did not start: no answer within {ACTOR_READY_TIMEOUT_S:.0f} s "
+            f"({cause(exc)})"
         )
+    if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError)):
+        return node_death.said_before_ready(stage, device, actor, cause(exc))
+    return f"the device actor did not start: {cause(exc)}"
 
 
 def _charge_ray(rt: Any) -> None:
@@ -342,7 +359,7 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
         try:
             rt.load_results[s.name] = ray.get(done[0])
         except BaseException as exc:
-            failures[s.name] = failure = rt._map(exc, s.name, dev)
+            failures[s.name] = failure = rt._map(exc, s.name, dev, f"loading stage {s.name}")
             tell(
                 StageProgress(
                     s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))
