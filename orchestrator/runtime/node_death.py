@@ -9,8 +9,10 @@ first often comes before Ray has decided whether the actor's *node* died:
 
 So the node's fate is asked of Ray, and waited for within a bound
 (:func:`verdict`): the node is *dead* when Ray lists it dead (or no longer
-lists it); *up* when its raylet still accepts a connection (the actor died
-alone: a crash, an OOM kill); otherwise the driver waits, polling, until Ray's
+lists it) or its raylet refuses connections (the raylet is gone: Ray will mark
+the node dead for it); *up* when its raylet still accepts a connection (the
+actor died alone: a crash, an OOM kill); when the raylet does not answer at all
+(the machine or the network is down) the driver waits, polling, until Ray's
 health checks must have decided (:meth:`HealthCheck.bound_s`), and past that
 says the node does not answer though Ray still lists it.
 
@@ -51,6 +53,8 @@ NOTICE_MARGIN_S = 2.0
 """After the GCS marks a node dead: publishing it, every actor on it marked dead, the
 driver's call failed and :func:`verdict`'s next poll — well under a second on this
 machine (docs/cluster.md has the figures); 2 s leaves room for a loaded one."""
+RAYLET_GONE = "its raylet refuses connections (Ray's health checks have yet to mark it dead)"
+"""Said for a node whose raylet port refuses connections before Ray lists it dead."""
 POLL_S = 0.25
 """How often :func:`verdict` asks Ray about the node while it waits."""
 RAYLET_CONNECT_S = 0.5
@@ -152,22 +156,31 @@ def verdict(name: str, node_id: str, bound_s: float) -> NodeState:
         if node is None or not node.get("Alive"):
             why = str((node or {}).get("DeathReasonMessage") or "")
             return NodeState(name, node_id, address, True, waited, why)
-        if _raylet_answers(node):
+        raylet = _raylet(node)
+        if raylet == "up":
             return NodeState(name, node_id, address, False, waited)
+        if raylet == "refused":
+            return NodeState(name, node_id, address, True, waited, RAYLET_GONE)
         if waited >= bound_s:
             return NodeState(name, node_id, address, None, waited)
         time.sleep(POLL_S)
 
 
-def _raylet_answers(node: dict[str, Any]) -> bool:
+def _raylet(node: dict[str, Any]) -> str:
+    """``up`` (the node's raylet accepts a connection), ``refused`` (its machine answers
+    that nothing listens there: the raylet is gone, and a node is its raylet — Ray
+    marks the node dead for it) or ``silent`` (no answer: the machine or the network
+    is down, or slow; only Ray's health checks can tell)."""
     host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
     if not host or not port:
-        return False
+        return "silent"
     try:
         with socket.create_connection((str(host), int(port)), timeout=RAYLET_CONNECT_S):
-            return True
+            return "up"
+    except ConnectionRefusedError:
+        return "refused"
     except OSError:
-        return False
+        return "silent"
 
 
 def actor_node(actor: Any) -> str | None:
@@ -211,12 +224,16 @@ def death_problem(
         )
     named = f"node {node.name} (Ray node {node.node_id[:12]} at {node.address})"
     if node.dead:
-        said = f"; Ray: {node.ray_says}" if node.ray_says else ""
+        how = (
+            f"{RAYLET_GONE}, {node.waited_s:.1f} s after"
+            if node.ray_says == RAYLET_GONE
+            else f"Ray marked the node dead {node.waited_s:.1f} s after"
+        )
+        said = f"; Ray: {node.ray_says}" if node.ray_says and node.ray_says != RAYLET_GONE else ""
         return Problem(
             where,
-            f"{named} died and {actor} died with it, {phase}: Ray marked the node dead "
-            f"{node.waited_s:.1f} s after the actor's failure reached the driver "
-            f"({ray_says}{said})",
+            f"{named} died and {actor} died with it, {phase}: {how} the actor's failure "
+            f"reached the driver ({ray_says}{said})",
             f"start node {node.name} again (`ray start --address ...` with its resources, "
             f"docs/cluster.md) and then the pipeline, or plan without it (`--mask {node.name}`)",
         )

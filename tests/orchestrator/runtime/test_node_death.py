@@ -107,3 +107,25 @@ def test_an_actor_that_dies_before_it_is_ready_did_not_start(ray_cluster: Any) -
     why = startup._not_started("voice", "igpu:0", actor, died.value)
     assert why.startswith("the device actor for igpu:0 died before it was ready (it did not start)")
     assert "how to fix:" in why
+
+
+def test_a_raylet_that_refuses_connections_is_a_dead_node_said_at_once() -> None:
+    """A node's raylet port that refuses connections (nothing listens: the raylet is gone)
+    is the node's death, said without waiting for Ray's health checks; a port that
+    accepts is a node that is up."""
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        up = {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}
+        assert node_death._raylet(up) == "up"
+    assert node_death._raylet(up) == "refused"  # closed: the kernel answers with a reset
+    node = NodeState("laptop", NODE, f"127.0.0.1:{port}", True, 0.1, node_death.RAYLET_GONE)
+    p = death_problem("voice", "laptop/cpu", "while serving request r", "X", node, RECOMMENDED)
+    assert p.what.startswith(
+        f"node laptop (Ray node a1b2c3d4e5f6 at 127.0.0.1:{port}) died and the device actor "
+        "for laptop/cpu died with it, while serving request r: its raylet refuses connections"
+    )
+    assert "Ray marked" not in p.what
