@@ -6,7 +6,10 @@
   at once and awaited together (``ready()``), so the start pays for the
   slowest actor, not for their sum. A device no node offers, or an actor that
   cannot start, is a ``StageFailed`` naming the first stage placed there (the
-  first such device in plan order); the other actors are stopped.
+  first such device in plan order); the other actors are stopped. One that
+  died before its ``ready()`` says so (code ``device_actor_not_started``; on a
+  cluster's node, with Ray's verdict on the node: ``node_death``), distinct from
+  one that died later, while loading (``_map``'s ``loading stage X``) or serving.
 * **Loads in waves the ledger decides.** Before loading, the runtime asks the
   ledger actor to admit the not-yet-loaded stages together
   (``LedgerService.admit_together``): the longest prefix, in graph order,
