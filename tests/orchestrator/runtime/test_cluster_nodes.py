@@ -11,7 +11,9 @@ connection per process, and this test process may hold the session's local
 cluster): it gathers the cluster profile live (the probe on each node), plans
 the default pipeline with the thinker on the second node and the voice on the
 head, runs a request end to end, kills the second node in the middle of the
-next request, and reports what it saw as JSON. Nothing depends on the words the
+next request, and reports what it saw as JSON. Both nodes and the driver run with
+the health-check settings docs/cluster.md gives (``node_death.RECOMMENDED``), so
+the node's death is known within their stated bound. Nothing depends on the words the
 model says.
 """
 
