@@ -71,6 +71,7 @@ from orchestrator.errors import BadRequest, ConfigError, LedgerLost, PlanRefused
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
+from orchestrator.runtime import node_death
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
@@ -619,7 +620,10 @@ class Runtime:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            raise self._map(exc, s.name, self.devices[s.device or "?"]) from None
+            dev = self.devices[s.device or "?"]
+            raise await asyncio.to_thread(
+                self._map, exc, s.name, dev, f"serving request {rid}"
+            ) from None
         await pump.end()
         end = time.perf_counter() - t0
         events.put_nowait(StageEvent(s.name, "done", rid, end, pump.done_stats(end)))
@@ -634,7 +638,9 @@ class Runtime:
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise self._map(exc, c.name, dev) from None
+            raise await asyncio.to_thread(
+                self._map, exc, c.name, dev, f"serving request {rid}"
+            ) from None
 
     @staticmethod
     def _event(s: StagePlan, payload: Any, rid: str, t: float, index: int) -> Event:
@@ -652,11 +658,13 @@ class Runtime:
         return OutputItem(s.name, payload, rid, t)
 
     # -- failures ------------------------------------------------------------------
-    def _map(self, exc: BaseException, stage: str, dev: _Device) -> BaseException:
-        """A Ray error → ``StageFailed`` (stage, device, cause); an actor death also
-        releases the stages that actor hosted. A ``StageFailed`` raised in an actor
-        arrives as the cause of a ``RayTaskError`` (which Ray makes an instance of
-        the cause's class too, with its own ``cause``), so that is looked at first."""
+    def _map(self, exc: BaseException, stage: str, dev: _Device, doing: str = "") -> BaseException:
+        """A Ray error → ``StageFailed`` (stage, device, cause); an actor death (``doing``:
+        what the actor was doing) is said by ``node_death`` — which may wait for Ray's
+        verdict on its node, so an event loop calls this in a thread — and releases the
+        stages that actor hosted. A ``StageFailed`` raised in an actor arrives as the
+        cause of a ``RayTaskError`` (which Ray makes an instance of the cause's class
+        too, with its own ``cause``), so that is looked at first."""
         from ray import exceptions as rex
 
         if isinstance(exc, rex.RayTaskError):
@@ -668,9 +676,9 @@ class Runtime:
         if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError)) or (
             isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, rex.RayActorError)
         ):
-            reason = _cause(exc)
-            self._device_died(dev, _node_left(dev, reason))
-            return StageFailed(stage, dev.id, f"the device actor for {dev.id} died: {dev.dead}")
+            if not dev.dead:
+                self._device_died(dev, node_death.said(stage, dev, doing, _cause(exc)))
+            return StageFailed(stage, dev.id, dev.dead or "", code="device_actor_died")
         if isinstance(exc, rex.GetTimeoutError):
             return StageFailed(stage, dev.id, f"no answer in time: {exc}")
         if isinstance(exc, StageFailed):
@@ -793,24 +801,6 @@ class Runtime:
             cluster_mod.release()
             self.cluster = None
         return self.final_ledger or {}
-
-
-def _node_left(dev: _Device, reason: str) -> str:
-    """``reason`` with the node named, for a device of a cluster's node: whether that node
-    has left the cluster (Ray reports it dead, or no longer lists it) or is still up."""
-    node = dev.id.rpartition("/")[0]
-    if not node:
-        return reason
-    import ray
-
-    node_id = dev.info.get("node_id")
-    try:
-        state = {n["NodeID"]: bool(n.get("Alive")) for n in ray.nodes()}
-    except Exception:  # the GCS is what is gone: say what is known
-        return f"node {node}: {reason}"
-    if node_id and not state.get(node_id, False):
-        return f"node {node} left the cluster (Ray node {node_id[:12]}): {reason}"
-    return f"node {node} (Ray still lists it as alive): {reason}"
 
 
 async def _awaitable(ref: Any) -> Any:

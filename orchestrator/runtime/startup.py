@@ -6,7 +6,10 @@
   at once and awaited together (``ready()``), so the start pays for the
   slowest actor, not for their sum. A device no node offers, or an actor that
   cannot start, is a ``StageFailed`` naming the first stage placed there (the
-  first such device in plan order); the other actors are stopped.
+  first such device in plan order); the other actors are stopped. One that
+  died before its ``ready()`` says so (code ``device_actor_not_started``; on a
+  cluster's node, with Ray's verdict on the node: ``node_death``), distinct from
+  one that died later, while loading (``_map``'s ``loading stage X``) or serving.
 * **Loads in waves the ledger decides.** Before loading, the runtime asks the
   ledger actor to admit the not-yet-loaded stages together
   (``LedgerService.admit_together``): the longest prefix, in graph order,
@@ -46,7 +49,7 @@ from orchestrator.errors import StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
-from orchestrator.runtime import ledger_actor
+from orchestrator.runtime import ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
 
 if TYPE_CHECKING:
@@ -217,23 +220,40 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
     import ray
 
     deadline = time.monotonic() + ACTOR_READY_TIMEOUT_S
-    failures: dict[str, str] = {}
+    failures: dict[str, tuple[Any, BaseException]] = {}
     for device, (actor, ready) in pending.items():
         try:
             info = ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:
-            failures[device] = cause(exc)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+            failures[device] = (actor, exc)
             continue
         rt.devices[device] = Device(
             device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device]
         )
     if failures:
-        device, why = next(iter(failures.items()))
-        raise StageFailed(
-            first_stage_on(rt, device), device, f"the device actor did not start: {why}"
+        device, (actor, error) = next(iter(failures.items()))
+        stage = first_stage_on(rt, device)
+        # said before the actors are killed, while Ray's actor table still says where it ran
+        why = _not_started(stage, device, actor, error)
+        for other, _ in failures.values():
+            with contextlib.suppress(Exception):
+                ray.kill(other)
+        raise StageFailed(stage, device, why, code="device_actor_not_started")
+
+
+def _not_started(stage: str, device: str, actor: Any, exc: BaseException) -> str:
+    """Why ``device``'s actor did not answer ``ready()``: no answer in time, or it died
+    before it was ready (and, on a cluster's node, whether that node died: ``node_death``)."""
+    from ray import exceptions as rex
+
+    if isinstance(exc, rex.GetTimeoutError):
+        return (
+            f"the device actor did not start: no answer within {ACTOR_READY_TIMEOUT_S:.0f} s "
+            f"({cause(exc)})"
         )
+    if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError)):
+        return node_death.said_before_ready(stage, device, actor, cause(exc))
+    return f"the device actor did not start: {cause(exc)}"
 
 
 def _charge_ray(rt: Any) -> None:
@@ -342,7 +362,7 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
         try:
             rt.load_results[s.name] = ray.get(done[0])
         except BaseException as exc:
-            failures[s.name] = failure = rt._map(exc, s.name, dev)
+            failures[s.name] = failure = rt._map(exc, s.name, dev, f"loading stage {s.name}")
             tell(
                 StageProgress(
                     s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))

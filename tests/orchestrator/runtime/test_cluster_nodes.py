@@ -11,7 +11,9 @@ connection per process, and this test process may hold the session's local
 cluster): it gathers the cluster profile live (the probe on each node), plans
 the default pipeline with the thinker on the second node and the voice on the
 head, runs a request end to end, kills the second node in the middle of the
-next request, and reports what it saw as JSON. Nothing depends on the words the
+next request, and reports what it saw as JSON. Both nodes and the driver run with
+the health-check settings docs/cluster.md gives (``node_death.RECOMMENDED``), so
+the node's death is known within their stated bound. Nothing depends on the words the
 model says.
 """
 
@@ -36,6 +38,7 @@ import psutil
 import pytest
 
 from orchestrator.runtime.cluster import auth_problem, node_start_resources
+from orchestrator.runtime.node_death import RECOMMENDED
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -106,6 +109,7 @@ def two_nodes() -> Iterator[dict[str, Any]]:
         RAY_USAGE_STATS_ENABLED="0",
         RAY_enable_metrics_collection="0",
     )
+    env.update(RECOMMENDED.env())  # the health checks docs/cluster.md starts every node with
     port = _free_port()
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
@@ -383,6 +387,7 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     from orchestrator.runtime import cluster
     from orchestrator.runtime.cluster_probe import gather_profile, node_ray_memory
     from orchestrator.runtime.events import TextDelta
+    from orchestrator.runtime.node_death import health_check
 
     doc: dict[str, Any] = {}
 
@@ -470,7 +475,9 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
                     stage=exc.stage,
                     device=exc.device,
                     cause=exc.cause,
+                    code=exc.code,
                     noticed_s=round(time.perf_counter() - t0, 2),
+                    bound_s=health_check().bound_s(),  # the driver's, from its environment
                 )
             except Exception as exc:
                 seen.update(error=type(exc).__name__, cause=str(exc)[:500])
@@ -602,3 +609,23 @@ def test_a_cluster_reachable_from_other_hosts_needs_token_auth() -> None:
     problem = auth_problem(["127.0.0.1", "192.0.2.2"], {})
     assert problem is not None and "192.0.2.2" in problem and "RAY_AUTH_MODE=token" in problem
     assert "RAY_AUTH_TOKEN_PATH" in problem
+
+
+def test_the_second_node_s_death_is_said_truly_and_within_the_health_check_bound(
+    report: dict[str, Any],
+) -> None:
+    """The request the second node's death interrupts fails naming what happened: the node
+    (its name and Ray node id) died, and the thinker's actor with it while serving the
+    request — not "did not start" — with a remedy; and the driver knows it within the
+    bound docs/cluster.md states for the health-check settings every node runs with."""
+    kill = report["kill"]
+    second_id, _pid = report["placement"]["actors"]["second/cpu"]  # the node ready() said
+    assert kill["error"] == "StageFailed" and kill["code"] == "device_actor_died", kill
+    assert (kill["stage"], kill["device"]) == ("thinker", "second/cpu"), kill
+    cause = kill["cause"]
+    assert f"node second (Ray node {second_id[:12]} at " in cause, cause
+    assert "died and the device actor for second/cpu died with it" in cause, cause
+    assert "while serving request " in cause and "did not start" not in cause, cause
+    assert "how to fix: start node second again" in cause and "--mask second" in cause, cause
+    assert kill["bound_s"] == RECOMMENDED.bound_s() == 3 * (1.0 + 2.0) + 2.0
+    assert kill["noticed_s"] <= kill["bound_s"], kill
