@@ -81,9 +81,10 @@ from pydantic import Field
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orchestrator.api import audio_entry_stages
-from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+from orchestrator.errors import BadRequest, Problem
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
+from orchestrator.server.failures import failure, internal_failure
 from orchestrator.server.protocol import Text, _Body
 from orchestrator.server.protocol import validated as _validated
 from orchestrator.units import MiB
@@ -112,7 +113,6 @@ SAMPLE_RATES = (16000, 24000)
 SPEECH_STARTED_MIN_MS = 250
 """Speech must last this long before ``speech_started`` is sent when the vad stage names no
 ``min_speech_ms``: a click or a cough must not interrupt a reply."""
-REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
 
 
 @dataclass(frozen=True)
@@ -1043,43 +1043,11 @@ class Session:
 
     @staticmethod
     def _failure(exc: Exception) -> tuple[str, int, dict[str, str]]:
-        """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error."""
-        if isinstance(exc, BadRequest):
-            p = exc.problems[0] if exc.problems else Problem("request", str(exc))
-            return (
-                "failed",
-                400,
-                {
-                    "type": "invalid_request_error",
-                    "code": "bad_request",
-                    "message": f"{p.where}: {p.what}",
-                },
-            )
-        if isinstance(exc, PipelineBusy):
-            return (
-                "failed",
-                429,
-                {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)},
-            )
-        if isinstance(exc, StageFailed):
-            log.warning("realtime response failed: %s", exc)
-            return (
-                "failed",
-                503,
-                {"type": "server_error", "code": "stage_failed", "message": exc.public_message()},
-            )
-        log.error(
-            "realtime response failed", exc_info=exc
-        )  # a fault of this server: the session goes on
-        return (
-            "failed",
-            500,
-            {
-                "type": "server_error",
-                "code": "internal_error",
-                "message": f"{type(exc).__name__} (the log has it)",
-            },
-        )
+        """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error
+        (``failures.failure``; a fault of this server is logged, and the session goes on)."""
+        what = "realtime response"
+        f = failure(exc, what) or internal_failure(exc, what)
+        return "failed", f.status, {"type": f.type, "code": f.code, "message": f.line}
 
     async def _on_event(
         self, r: _Response, event: Any, chunker: Any, wants_audio: bool, seconds: float
