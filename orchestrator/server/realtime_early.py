@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.server.realtime_events import new_id
+from orchestrator.server_metrics import ServerMetrics
 from stages.vad.runner import Cutter
 
 TIMING_MARKS = ("request", "turn_end", "transcript", "first_token", "first_sentence", "first_audio")
@@ -81,7 +82,7 @@ class EarlyReply:
     ``metrics`` is the app's ``ServerMetrics``: each early response's outcome is counted in its
     ``early_responses``."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
         self.response: Response | None = None
         """The response started in the current pause, not yet confirmed."""
