@@ -675,7 +675,8 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
 
-    # -- early responses: started in the pause, sent once the pause closes the turn ---------
+    # -- early responses: started in the pause, sent once the pause closes the turn
+    # (their state: realtime_early.EarlyReply) ----------------------------------------
     def _auto_response(self) -> bool:
         return self.turn is not None and bool(self.turn.get("create_response", True))
 
