@@ -185,15 +185,57 @@ class DeviceActor:
         plan = StagePlan.from_dict(plan_doc)
         name = plan.name
         if not admitted:
-            admission = await self.ledger.admit.remote(
-                name, [r.to_dict() for r in plan.reservations]
-            )
-            if not admission["ok"]:
-                raise StageFailed(name, self.device, refusal(admission["shortfalls"][0]))
+            await self._admit(plan)
         before = set(descendants(os.getpid()))
         meter = _LoadMeter(before)
         meter.start()
         overlapped = self._begin_load(name)
+        runner, load_s = await self._make_and_load(plan, stage_config, kind, route, meter)
+        meter.stop()
+        overlapped_with = self._loading.pop(name, set())
+        overlapped = bool(overlapped_with) or overlapped
+        hosted = _Hosted(
+            plan,
+            runner,
+            load_s,
+            _summarize(runner.load_info),
+            meter.peak_growth,
+            meter.growth,
+            overlapped_with=set(overlapped_with),
+        )
+        if runner.measured_peak_bytes() is None:
+            _meter_requests(hosted, meter, before, overlapped)
+        else:
+            hosted.in_process = bool(hosted.load_info.get("in_process", True))
+        self.stages[name] = hosted
+        self.order.append(name)
+        await self.ledger.release.remote(name, "load")
+        hosted.measured = self._measure(hosted)
+        await self.ledger.report.remote(name, hosted.measured)
+        return {
+            "stage": name,
+            "device": self.device,
+            "load_s": round(load_s, 3),
+            "overlapped": overlapped,
+            "load_info": hosted.load_info,
+            "measured": hosted.measured,
+        }
+
+    async def _admit(self, plan: StagePlan) -> None:
+        """All of the plan's reservations from the ledger, or ``StageFailed`` naming the shortfall."""
+        admission = await self.ledger.admit.remote(
+            plan.name, [r.to_dict() for r in plan.reservations]
+        )
+        if not admission["ok"]:
+            raise StageFailed(plan.name, self.device, refusal(admission["shortfalls"][0]))
+
+    async def _make_and_load(
+        self, plan: StagePlan, stage_config: Any, kind: Any, route: Any, meter: _LoadMeter
+    ) -> tuple[StageRunner, float]:
+        """The kind's runner, made and ``load()``-ed in worker threads, and the seconds its load
+        took. A failure stops ``meter``, releases everything the stage held (the ledger is as
+        before, and the load counts in no other load's figure) and raises ``StageFailed``."""
+        name = plan.name
         runner = None
         try:
             await self._import_first(kind)
@@ -211,7 +253,7 @@ class DeviceActor:
             runner = await asyncio.to_thread(call_loading, make)
             t0 = time.perf_counter()
             await asyncio.to_thread(call_loading, runner.load)
-            load_s = time.perf_counter() - t0
+            return runner, time.perf_counter() - t0
         except BaseException as exc:
             meter.stop()
             self._loading.pop(name, None)
@@ -225,65 +267,6 @@ class DeviceActor:
             await self.ledger.release.remote(name)
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
-        meter.stop()
-        overlapped_with = self._loading.pop(name, set())
-        overlapped = bool(overlapped_with) or overlapped
-        hosted = _Hosted(
-            plan,
-            runner,
-            load_s,
-            _summarize(runner.load_info),
-            meter.peak_growth,
-            meter.growth,
-            overlapped_with=set(overlapped_with),
-        )
-        if runner.measured_peak_bytes() is None:
-            known = _runner_processes(runner)
-            own = (
-                [p for p in descendants(os.getpid()) if p not in before] if known is None else known
-            )
-            hosted.in_process = not own
-            request_meter = (
-                _RunnerMeter(own, runner) if known else RssMeter(own or os.getpid(), children=False)
-            )
-            hosted.request_meter = request_meter.start(sampling=False)
-            if known and overlapped:
-                # the processes the runner says are its own (its route worker): their whole RSS,
-                # never another load's worker started meanwhile
-                hosted.tree_load_peak = sum(meter.pid_peak.get(p, 0) for p in own)
-                hosted.tree_resident = sum(rss_of(p) for p in own)
-                hosted.tree_load_peak = max(hosted.tree_load_peak, hosted.tree_resident)
-                hosted.load_note = (
-                    "another stage loaded in this actor at the same time: the load is measured "
-                    "over the processes the runner started"
-                )
-            elif overlapped and own:
-                hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
-                hosted.load_note = (
-                    "another stage loaded in this actor at the same time: the load is measured "
-                    "over the processes started during it"
-                )
-            elif overlapped:
-                # in this process: its growth only, not the workers other loads started meanwhile
-                hosted.tree_load_peak, hosted.tree_resident = (
-                    meter.root_peak_growth,
-                    meter.root_growth,
-                )
-        else:
-            hosted.in_process = bool(hosted.load_info.get("in_process", True))
-        self.stages[name] = hosted
-        self.order.append(name)
-        await self.ledger.release.remote(name, "load")
-        hosted.measured = self._measure(hosted)
-        await self.ledger.report.remote(name, hosted.measured)
-        return {
-            "stage": name,
-            "device": self.device,
-            "load_s": round(load_s, 3),
-            "overlapped": overlapped,
-            "load_info": hosted.load_info,
-            "measured": hosted.measured,
-        }
 
     async def _import_first(self, kind: Any) -> None:
         """Import the kind's ``runner_imports`` not imported yet, one stage at a time."""
@@ -432,40 +415,17 @@ class DeviceActor:
         task = asyncio.current_task()
         if task is not None:
             self.tasks.setdefault(request_id, set()).add(task)
-        waited = [0.0, 0.0, 0.0]
-        latencies: list[float] = []
-        emitted: list[
-            float
-        ] = []  # when each output left the runner (time.perf_counter): the trace's stamps
+        tally = _Tally()
         inputs = _timed(
             _from_list(initial) if initial is not None else self._from_queue(stage, request_id),
-            waited,
+            tally.waited,
         )
         t0 = time.perf_counter()
-        first: float | None = None
-        n, chars, audio_s = 0, 0, 0.0
-        h.requests += 1
-        h.in_flight += 1
-        h.max_in_flight = max(h.max_in_flight, h.in_flight)
-        if h.request_meter is not None:
-            if h.busy == 0:
-                h.request_meter.rebase()
-                h.request_meter.resume()
-            h.busy += 1
+        _begin_request(h)
         agen: Any = h.runner.stream(request_id, inputs)  # an async generator: closed below
         try:
             async for item in agen:
-                now = time.perf_counter()
-                emitted.append(now)
-                if first is None:
-                    first = now - t0
-                if waited[1]:
-                    latencies.append(now - waited[1])
-                n += 1
-                if isinstance(item, str):
-                    chars += len(item)
-                elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
-                    audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
+                tally.count(item, t0)
                 yield ("out", item)
         except (StageFailed, ConfigError):  # a failed stage, or a request it refused (BadRequest)
             raise
@@ -478,48 +438,40 @@ class DeviceActor:
         finally:
             h.in_flight -= 1
             await agen.aclose()
-            if h.request_meter is not None:
-                h.busy -= 1
-                if h.busy == 0:
-                    h.request_meter.stop()
-                    h.tree_request_growth = max(
-                        h.tree_request_growth, h.request_meter.window_growth
-                    )
-            self.inputs.pop((stage, request_id), None)
-            fed = self.first_fed.pop((stage, request_id), None)
-            self._end((stage, request_id))
-            if task is not None:
-                self.tasks.get(request_id, set()).discard(task)
-                if not self.tasks.get(request_id):
-                    self.tasks.pop(request_id, None)
-        duration = time.perf_counter() - t0
-        stats: dict[str, Any] = {
-            "items": n,
-            "first_output_s": _r(first),
-            "duration_s": _r(duration),
-            "busy_s": _r(max(0.0, duration - waited[0])),
-        }
-        if chars:
-            stats["chars"] = chars
-        if latencies and initial is None:
-            # Per output: seconds from its input being handed over to the output
-            # (for a 1:1 stage such as a TTS, the time it took to speak that chunk).
-            stats["item_latency_s"] = [round(x, 4) for x in latencies]
-        if audio_s:
-            stats["audio_s"] = round(audio_s, 3)
-            stats["real_time_factor"] = round(max(0.0, duration - waited[0]) / audio_s, 4)
+            fed = self._end_request(h, stage, request_id, task)
+        stats = tally.figures(time.perf_counter() - t0, fed_items=initial is None)
         figures = dict(h.runner.request_stats(request_id) or {})
         runner_stamps = figures.pop("stamps", None)
         stats.update(figures)
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
         stamps: Stamps = {
-            "emitted": emitted,
+            "emitted": tally.emitted,
             "first_fed": fed,
-            "first_taken": waited[2] or None,
+            "first_taken": tally.waited[2] or None,
             "runner": runner_stamps,
         }
         yield ("stats", StageStats(stats, stamps))
+
+    def _end_request(
+        self, h: _Hosted, stage: str, request_id: str, task: asyncio.Task[Any] | None
+    ) -> float | None:
+        """A request's stream on ``stage`` is over (its runner's generator closed): the busy
+        period's memory figure, its input and its task forgotten. Returns when its first
+        input was fed (None: it took ``initial``)."""
+        if h.request_meter is not None:
+            h.busy -= 1
+            if h.busy == 0:
+                h.request_meter.stop()
+                h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
+        self.inputs.pop((stage, request_id), None)
+        fed = self.first_fed.pop((stage, request_id), None)
+        self._end((stage, request_id))
+        if task is not None:
+            self.tasks.get(request_id, set()).discard(task)
+            if not self.tasks.get(request_id):
+                self.tasks.pop(request_id, None)
+        return fed
 
     async def cancel(self, request_id: str) -> int:
         """Stop every stage's work on ``request_id`` here; returns how many were running."""
@@ -639,6 +591,103 @@ def _runner_processes(runner: StageRunner) -> list[int] | None:
     Runtime route worker and its children; ``[]`` in this process); None when unknown."""
     ids = runner.process_ids()
     return None if ids is None else [int(p) for p in ids]
+
+
+def _meter_requests(hosted: _Hosted, meter: _LoadMeter, before: set[int], overlapped: bool) -> None:
+    """For a runner that does not measure itself: the meter its requests are sampled with (the
+    processes its load started, else this actor's process), and, when its load overlapped
+    another in this actor, its load figures from the processes that are its own alone."""
+    runner = hosted.runner
+    known = _runner_processes(runner)
+    own = [p for p in descendants(os.getpid()) if p not in before] if known is None else known
+    hosted.in_process = not own
+    request_meter = (
+        _RunnerMeter(own, runner) if known else RssMeter(own or os.getpid(), children=False)
+    )
+    hosted.request_meter = request_meter.start(sampling=False)
+    if known and overlapped:
+        # the processes the runner says are its own (its route worker): their whole RSS,
+        # never another load's worker started meanwhile
+        hosted.tree_load_peak = sum(meter.pid_peak.get(p, 0) for p in own)
+        hosted.tree_resident = sum(rss_of(p) for p in own)
+        hosted.tree_load_peak = max(hosted.tree_load_peak, hosted.tree_resident)
+        hosted.load_note = (
+            "another stage loaded in this actor at the same time: the load is measured "
+            "over the processes the runner started"
+        )
+    elif overlapped and own:
+        hosted.tree_load_peak, hosted.tree_resident = meter.new_peak, meter.new_now
+        hosted.load_note = (
+            "another stage loaded in this actor at the same time: the load is measured "
+            "over the processes started during it"
+        )
+    elif overlapped:
+        # in this process: its growth only, not the workers other loads started meanwhile
+        hosted.tree_load_peak, hosted.tree_resident = (
+            meter.root_peak_growth,
+            meter.root_growth,
+        )
+
+
+def _begin_request(h: _Hosted) -> None:
+    """Count a request in on ``h``; the first of a busy period starts sampling its memory."""
+    h.requests += 1
+    h.in_flight += 1
+    h.max_in_flight = max(h.max_in_flight, h.in_flight)
+    if h.request_meter is not None:
+        if h.busy == 0:
+            h.request_meter.rebase()
+            h.request_meter.resume()
+        h.busy += 1
+
+
+@dataclass
+class _Tally:
+    """What one request's stream on a stage counts as its outputs leave the runner."""
+
+    waited: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    """Filled by ``_timed``: seconds spent waiting for inputs, when the last and the first
+    input were handed over."""
+    emitted: list[float] = field(default_factory=list)
+    """When each output left the runner (``time.perf_counter``): the trace's stamps."""
+    latencies: list[float] = field(default_factory=list)
+    first: float | None = None
+    items: int = 0
+    chars: int = 0
+    audio_s: float = 0.0
+
+    def count(self, item: Any, t0: float) -> None:
+        now = time.perf_counter()
+        self.emitted.append(now)
+        if self.first is None:
+            self.first = now - t0
+        if self.waited[1]:
+            self.latencies.append(now - self.waited[1])
+        self.items += 1
+        if isinstance(item, str):
+            self.chars += len(item)
+        elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
+            self.audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
+
+    def figures(self, duration: float, fed_items: bool) -> dict[str, Any]:
+        """The request's figures on the stage (``StageStats.figures``, before the runner's own);
+        ``fed_items``: its inputs were fed one by one (not the request's ``initial``)."""
+        stats: dict[str, Any] = {
+            "items": self.items,
+            "first_output_s": _r(self.first),
+            "duration_s": _r(duration),
+            "busy_s": _r(max(0.0, duration - self.waited[0])),
+        }
+        if self.chars:
+            stats["chars"] = self.chars
+        if self.latencies and fed_items:
+            # Per output: seconds from its input being handed over to the output
+            # (for a 1:1 stage such as a TTS, the time it took to speak that chunk).
+            stats["item_latency_s"] = [round(x, 4) for x in self.latencies]
+        if self.audio_s:
+            stats["audio_s"] = round(self.audio_s, 3)
+            stats["real_time_factor"] = round(max(0.0, duration - self.waited[0]) / self.audio_s, 4)
+        return stats
 
 
 async def _timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:

@@ -468,6 +468,9 @@ class Runtime:
         entry: str | None = None,
         context: Mapping[str, Sequence[Any]] | None = None,
     ) -> AsyncGenerator[Event, None]:
+        """One request's events: every stage's stream opened, the context fed, a pump per stage
+        (and a feeder per join, and for a fed entry stage), the events relayed as they come
+        until the last one or a failure (``_watch``), then the request wound down."""
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
@@ -477,29 +480,10 @@ class Runtime:
             for s in stages
             if s.name in self.joins
         }
-        gens = {}
-        for s in stages:
-            dev = self.devices[s.device or "?"]
-            alone = list(s.inputs) == [REQUEST]
-            if s.name == entry:
-                # fed by the runtime below, unless it takes the request (then: no feed call is counted for it)
-                initial = self._cut(entry, prompt, chunks_in) if alone else None
-            else:
-                initial = [prompt] if alone else None
-            gens[s.name] = dev.actor.stream.options(
-                num_returns="streaming",
-                _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
-            ).remote(s.name, rid, initial)
-        try:  # context first: fed before the stages that produce for it have started their pumps
-            for name, items in (context or {}).items():
-                for item in items:
-                    await self._feed(self.plan.stage(name), rid, item)
-        except BaseException:
-            self._cancel_everywhere(rid)
-            raise
-        firsts: dict[
-            str, FirstChunk
-        ] = {}  # sentence consumer -> its first chunk, as its producer's pump saw it
+        gens = self._open_streams(stages, prompt, rid, entry, chunks_in)
+        await self._feed_context(context, rid)
+        # sentence consumer -> its first chunk, as its producer's pump saw it
+        firsts: dict[str, FirstChunk] = {}
         tasks = [
             asyncio.create_task(
                 self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
@@ -535,14 +519,60 @@ class Runtime:
                     raise item
                 yield item
         finally:
-            if not done or any(not t.done() for t in tasks):
-                for t in tasks:
-                    t.cancel()
-                self._cancel_everywhere(rid)
-            finished.cancel()
+            await self._wind_down(rid, tasks, finished, clean=done)
+
+    def _open_streams(
+        self,
+        stages: list[StagePlan],
+        prompt: Any,
+        rid: str,
+        entry: str | None,
+        chunks_in: dict[str, list[str]],
+    ) -> dict[str, Any]:
+        """Each stage's output stream for request ``rid`` (a Ray streaming generator per stage,
+        opened at once): a stage that takes the request alone gets it as its ``initial`` input
+        (an entry stage: cut as its kind takes text); the others are fed."""
+        gens = {}
+        for s in stages:
+            dev = self.devices[s.device or "?"]
+            alone = list(s.inputs) == [REQUEST]
+            if s.name == entry:
+                # fed by the runtime (_feed_entry), unless it takes the request (then: no feed call
+                # is counted for it)
+                initial = self._cut(entry, prompt, chunks_in) if alone else None
+            else:
+                initial = [prompt] if alone else None
+            gens[s.name] = dev.actor.stream.options(
+                num_returns="streaming",
+                _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
+            ).remote(s.name, rid, initial)
+        return gens
+
+    async def _feed_context(self, context: Mapping[str, Sequence[Any]] | None, rid: str) -> None:
+        """Feed each named stage its context items, before the stages that produce for it have
+        started their pumps; a failure cancels the request everywhere."""
+        try:
+            for name, items in (context or {}).items():
+                for item in items:
+                    await self._feed(self.plan.stage(name), rid, item)
+        except BaseException:
+            self._cancel_everywhere(rid)
+            raise
+
+    async def _wind_down(
+        self, rid: str, tasks: list[asyncio.Task[Any]], finished: asyncio.Task[Any], clean: bool
+    ) -> None:
+        """The request's stream is over: unless it ended ``clean`` (its last event read) with
+        every task done, its tasks and its work on every actor are cancelled; then its tasks
+        are awaited."""
+        if not clean or any(not t.done() for t in tasks):
             for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
+                t.cancel()
+            self._cancel_everywhere(rid)
+        finished.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
 
     def _sentence_chunker(self, consumer: str) -> SentenceChunker:
         """The chunker for text fed to ``consumer``: sentences, its first chunk cut early when its

@@ -21,10 +21,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.api import Pipeline, audio_entry_stages, tensor_entry_stages
-from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+from orchestrator.errors import BadRequest, Problem
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.server.auth import BearerAuth, error_response
+from orchestrator.server.failures import REQUEST_ERRORS, failure
 from orchestrator.server.protocol import (
     ChatCall,
     ServerLimits,
@@ -39,50 +40,23 @@ from stages.payloads import spell
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 1
-"""What a 429 asks a client to wait: requests finish in seconds, and the queue frees a slot as each does."""
 AUDIO_EXPIRES_S = 3600
 """``message.audio.expires_at``: nothing is kept server-side; the hour is OpenAI's own figure."""
 HEALTH_TIMEOUT_S = 2.0
 """How long ``/health`` waits for a device actor to say how its stages are: an actor
 answers in milliseconds; one that does not within this is reported, not waited for."""
-REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
 WEB_DIR = Path(__file__).parent.parent / "web"
 """The page at ``/`` (index.html, app.js, style.css): package data served as it is, no build step."""
 
 
 def error_for(exc: BaseException) -> JSONResponse:
-    """An exception of a request as OpenAI's error shape and status."""
-    if isinstance(exc, BadRequest):
-        where = _openai_param(exc.problems[0].where) if exc.problems else None
-        return error_response(
-            400, str(exc), "invalid_request_error", param=where, code="bad_request"
-        )
-    if isinstance(exc, PipelineBusy):
-        return error_response(
-            429,
-            str(exc),
-            "rate_limit_error",
-            code="pipeline_busy",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
-    if isinstance(exc, StageFailed):
-        # the cause may hold interpreter paths and a worker's stderr: the log has it, the client
-        # gets the stage, the device and the code
-        log.warning("request failed: %s", exc)
-        return error_response(
-            503, exc.public_message(), "server_error", param=exc.stage, code="stage_failed"
-        )
-    raise exc
-
-
-def _openai_param(where: str) -> str:
-    """The request field a stage's ``BadRequest`` names, in the OpenAI request's terms."""
-    if where.startswith("request.sampling."):
-        return where.removeprefix("request.sampling.")
-    if where in ("prompt", "request.prompt", "request.messages"):
-        return "messages"
-    return where
+    """An exception of a request as OpenAI's error shape and status (``failures.failure``);
+    any other exception is raised again."""
+    f = failure(exc)
+    if f is None:
+        raise exc
+    headers = None if f.retry_after_s is None else {"Retry-After": str(f.retry_after_s)}
+    return error_response(f.status, f.message, f.type, param=f.param, code=f.code, headers=headers)
 
 
 class BodyTooLarge(Exception):

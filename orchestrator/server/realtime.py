@@ -32,7 +32,10 @@ first tokens, first audio under way while the session waits for the rest of
 with that same segment, ``speech_stopped`` and ``committed`` go out and then
 the held events. Speech resuming drops it unseen (the pause was inside the
 turn). ``response.done`` carries the server's ``timing``: each step in ms
-after the end of speech, and ``early_start``.
+after the end of speech, and ``early_start``. The early reply's state (the
+response, the pause it answers, adopt and drop) is
+``orchestrator.server.realtime_early``; the client events' models are
+``orchestrator.server.realtime_events``.
 
 **A response** holds one admission slot while it runs, not the session: a
 pipeline that is full answers an ``error`` event (code ``pipeline_busy``) and
@@ -67,25 +70,30 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orchestrator.api import audio_entry_stages
-from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+from orchestrator.errors import BadRequest, Problem
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
-from orchestrator.server.protocol import Text, _Body
-from orchestrator.server.protocol import validated as _validated
+from orchestrator.server.failures import failure, internal_failure
+from orchestrator.server.realtime_early import EarlyReply, Response
+from orchestrator.server.realtime_events import (
+    AppendEvent,
+    SessionFields,
+    SessionUpdate,
+    new_id,
+    pcm16,
+    validated,
+)
 from orchestrator.units import MiB
 from stages.base import REQUEST
 from stages.vad.runner import Cutter, VadRunner
@@ -112,7 +120,6 @@ SAMPLE_RATES = (16000, 24000)
 SPEECH_STARTED_MIN_MS = 250
 """Speech must last this long before ``speech_started`` is sent when the vad stage names no
 ``min_speech_ms``: a click or a cough must not interrupt a reply."""
-REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
 
 
 @dataclass(frozen=True)
@@ -138,85 +145,6 @@ def end_of_turn(config: Any) -> tuple[str, int] | None:
         if stage.kind == "vad":
             return name, int(stage.min_silence_ms)
     return None
-
-
-# -- the client events' fields ---------------------------------------------------------
-class TurnDetection(_Body):
-    type: Literal["server_vad"] = "server_vad"
-    threshold: float | None = Field(None, gt=0.0, lt=1.0, allow_inf_nan=False)
-    prefix_padding_ms: int | None = Field(None, ge=0, le=10_000)
-    silence_duration_ms: int | None = Field(None, ge=32, le=10_000)
-    create_response: bool | None = None
-    interrupt_response: bool | None = None
-
-
-class SessionFields(_Body):
-    instructions: Text | None = None
-    voice: str | None = None
-    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
-    input_audio_format: Literal["pcm16"] | None = None
-    output_audio_format: Literal["pcm16"] | None = None
-    input_audio_sample_rate: Literal[16000, 24000] | None = None
-    output_audio_sample_rate: Literal[16000, 24000] | None = None
-    turn_detection: TurnDetection | None = None
-
-
-class SessionUpdate(_Body):
-    session: SessionFields
-
-
-class AppendEvent(_Body):
-    audio: str
-
-
-FIXES = {
-    "audio": "base64 of 16-bit little-endian mono pcm at the session's input_audio_sample_rate",
-    "session": "e.g. {'type': 'session.update', 'session': {'turn_detection': {'silence_duration_ms': 500}}}",
-    "instructions": "a string: the system message of every turn",
-    "voice": "a string (the pipeline has one voice; the name is kept, not used)",
-    "modalities": "['text', 'audio'] or ['text']",
-    "input_audio_format": "'pcm16'",
-    "output_audio_format": "'pcm16'",
-    "input_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
-    "output_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
-    "turn_detection": "null (commit yourself) or {'type': 'server_vad', 'silence_duration_ms': 500, ...}",
-    "type": "'server_vad'",
-    "threshold": "a number between 0 and 1, e.g. 0.5",
-    "prefix_padding_ms": "whole milliseconds from 0 to 10000, at most silence_duration_ms",
-    "silence_duration_ms": "whole milliseconds from 32 to 10000, e.g. 500",
-    "create_response": "true or false",
-    "interrupt_response": "true or false",
-}
-"""How to fix each field of a client event, for the ``error`` event that names it."""
-
-
-def validated(model: type[_Body], doc: dict[str, Any], example: str) -> Any:
-    """``doc`` as ``model``; ``BadRequest`` naming the field, with this endpoint's own fix."""
-    try:
-        return _validated(model, doc, example)
-    except BadRequest as exc:
-        p = exc.problems[0]
-        raise BadRequest(
-            [Problem(p.where, p.what, FIXES.get(p.where.rpartition(".")[2], ""))]
-        ) from None
-
-
-def _pcm16(data: str, where: str) -> np.ndarray:
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (ValueError, binascii.Error):
-        raise BadRequest.single(where, "is not base64", "base64-encode the pcm16 bytes") from None
-    if len(raw) % 2:
-        raise BadRequest.single(
-            where,
-            f"{len(raw)} bytes: pcm16 is two bytes a sample",
-            "send whole 16-bit little-endian samples",
-        )
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
 # -- the endpoint ----------------------------------------------------------------------
@@ -310,64 +238,12 @@ class Realtime:
         await Session(self, websocket).run()
 
 
-TIMING_MARKS = ("request", "turn_end", "transcript", "first_token", "first_sentence", "first_audio")
-"""What ``response.done``'s ``timing`` stamps, each in ms after the end of the user's speech: the
-pipeline request started (before ``turn_end`` when the response started early), the pause closed
-the turn (``speech_stopped``), the transcript was final, the first reply token, the first
-sentence cut for the voice, the first reply audio sent."""
-
-
-@dataclass
-class _Response:
-    id: str
-    item_id: str
-    user_item_id: str
-    task: asyncio.Task[None] | None = None
-    reason: str | None = None
-    """Why it was cancelled (``turn_detected``, ``client_cancelled``), once it was."""
-    quiet: bool = False
-    """Cancelled because the session ended, or an early start the turn did not confirm: nothing more is sent."""
-    text: list[str] = field(default_factory=list)
-    chunks: list[str] = field(default_factory=list)
-    audio_chunks: int = 0
-    audio_ms: float = 0.0
-    transcript: list[str] = field(default_factory=list)
-    told_user: bool = False
-    held: list[tuple[str, dict[str, Any]]] | None = None
-    """Events of an early response (started in the pause, before the turn closed), kept until the
-    turn is confirmed; None once they go straight out."""
-    span: tuple[int, int] | None = None
-    """An early response's segment bounds (the VAD's samples): the closed turn must be the same."""
-    failed_early: bool = False
-    """An early response that failed (e.g. ``pipeline_busy``) before its turn was confirmed: the
-    confirmed turn starts a response of its own, which reports whatever happens then."""
-    history: list[dict[str, str]] = field(default_factory=list)
-    """What it adds to the conversation, once it is over (applied when it goes out)."""
-    speech_end: float = 0.0
-    """When the user's speech ended (``time.monotonic``): the zero of ``marks``."""
-    marks: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, name: str, at: float | None = None) -> None:
-        self.marks.setdefault(name, time.monotonic() if at is None else at)
-
-    def timing(self) -> dict[str, Any]:
-        """``response.done``'s ``timing``: each mark in ms after the end of speech (None: did not happen)."""
-        doc: dict[str, Any] = {
-            f"{k}_ms": (
-                round(1000 * (self.marks[k] - self.speech_end)) if k in self.marks else None
-            )
-            for k in TIMING_MARKS
-        }
-        doc["early_start"] = self.span is not None
-        return doc
-
-
 class Session:
     """One WebSocket's conversation (see the module docstring)."""
 
     def __init__(self, rt: Realtime, ws: WebSocket) -> None:
         self.rt, self.ws = rt, ws
-        self.id = _id("sess")
+        self.id = new_id("sess")
         self.instructions: str | None = None
         self.voice = "default"
         self.modalities: list[str] = ["text", "audio"]
@@ -386,17 +262,15 @@ class Session:
         """A committed turn waiting for its response: item id, audio, rate, when its speech ended,
         the stage it enters at (``Realtime.entry`` for a segment the VAD cut; None: the client's
         own buffer, which the vad stage trims)."""
-        self.response: _Response | None = None
-        self.early: _Response | None = None
+        self.response: Response | None = None
+        self.early = EarlyReply(rt.app.metrics)
         """The response started in the current pause, not yet confirmed (``_early_start``)."""
-        self._pause_at: tuple[int, float] | None = None
-        """The current pause's start (the VAD's sample) and when that audio arrived (``time.monotonic``)."""
         self.last_item: str | None = None
         self.send_lock = asyncio.Lock()
 
     # -- sending ---------------------------------------------------------------------
     async def send(self, type_: str, **fields: Any) -> None:
-        doc = {"event_id": _id("event"), "type": type_, **fields}
+        doc = {"event_id": new_id("event"), "type": type_, **fields}
         async with self.send_lock:
             await self.ws.send_text(json.dumps(doc))
 
@@ -489,9 +363,7 @@ class Session:
             await self.handle(raw)
 
     async def _end(self) -> None:
-        if self.early is not None:
-            early, self.early = self.early, None
-            await self._drop(early)
+        await self.early.drop_current()
         response = self.response
         if response is not None and response.task is not None:
             response.quiet = True
@@ -590,7 +462,7 @@ class Session:
             AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}"
         )
         arrived = time.monotonic()
-        samples = await asyncio.to_thread(_pcm16, event.audio, "audio")
+        samples = await asyncio.to_thread(pcm16, event.audio, "audio")
         if not samples.size:
             return
         start_ms = self.heard_ms
@@ -613,7 +485,7 @@ class Session:
             self.cutter_ms = start_ms
         cutter = self.cutter
         segments = await asyncio.to_thread(cutter.feed, samples, self.in_rate)
-        self._note_pause(cutter, arrived)
+        self.early.note_pause(cutter, arrived)
         await self._turns(cutter, segments, arrived)
         if self.cutter is cutter:
             await self._early_start(cutter, arrived)
@@ -653,11 +525,13 @@ class Session:
             await self.send(
                 "input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self._next_item()
             )
-            speech_end = self._speech_end_at(cutter, max(span[1] - seg.rules.pad, span[0]), arrived)
+            speech_end = self.early.speech_end_at(
+                cutter, max(span[1] - seg.rules.pad, span[0]), arrived
+            )
             await self._commit(
                 segment["audio"],
                 int(segment["sample_rate"]),
-                early=await self._confirmed(span),
+                early=await self.early.confirmed(span),
                 speech_end=speech_end,
             )
         if not self.speaking and seg.open_speech >= min_speech and seg.open_start is not None:
@@ -665,7 +539,7 @@ class Session:
 
     async def _speech_started(self, at_ms: int) -> None:
         self.speaking = True
-        self._upcoming = _id("item")
+        self._upcoming = new_id("item")
         await self.send(
             "input_audio_buffer.speech_started",
             audio_start_ms=max(at_ms, 0),
@@ -678,7 +552,7 @@ class Session:
 
     def _next_item(self) -> str:
         if self._upcoming is None:
-            self._upcoming = _id("item")
+            self._upcoming = new_id("item")
         return self._upcoming
 
     async def on_commit(self, doc: dict[str, Any]) -> None:
@@ -688,9 +562,8 @@ class Session:
             rate = self.in_rate
         else:
             cutter, self.cutter = self.cutter, None
-            if self.early is not None:  # the client ends the turn itself: answered from all of it
-                early, self.early = self.early, None
-                await self._drop(early)
+            # the client ends the turn itself: answered from all of it
+            await self.early.drop_current()
             parts = await asyncio.to_thread(cutter.finish) if cutter is not None else []
             audio = (
                 np.concatenate([p["audio"] for p in parts])
@@ -720,7 +593,7 @@ class Session:
         audio: np.ndarray,
         rate: int,
         auto: bool | None = None,
-        early: _Response | None = None,
+        early: Response | None = None,
         speech_end: float | None = None,
     ) -> None:
         item = self._next_item()
@@ -751,13 +624,8 @@ class Session:
     def _reset_buffer(self) -> None:
         if self.cutter is not None:
             self.cutter.cancel.set()
-        if self.early is not None:  # its segment is gone with the buffer
-            early, self.early = self.early, None
-            self.rt.app.metrics.early_responses.labels("dropped").inc()
-            early.quiet = True
-            if early.task is not None:
-                early.task.cancel()
-        self.cutter, self.speaking, self._pause_at = None, False, None
+        self.early.discard()  # its segment is gone with the buffer, and so is the pause
+        self.cutter, self.speaking = None, False
         self.buffer, self.buffered = [], 0
 
     async def on_response_create(self, doc: dict[str, Any]) -> None:
@@ -792,7 +660,7 @@ class Session:
         assert self.pending is not None
         item, audio, rate, speech_end, entry = self.pending
         self.pending = None
-        response = _Response(_id("resp"), _id("item"), item, speech_end=speech_end)
+        response = Response(new_id("resp"), new_id("item"), item, speech_end=speech_end)
         response.mark("turn_end")
         self.response = response
         response.task = asyncio.create_task(
@@ -807,7 +675,8 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
 
-    # -- early responses: started in the pause, sent once the pause closes the turn ---------
+    # -- early responses: started in the pause, sent once the pause closes the turn
+    # (their state: realtime_early.EarlyReply) ----------------------------------------
     def _auto_response(self) -> bool:
         return self.turn is not None and bool(self.turn.get("create_response", True))
 
@@ -816,59 +685,28 @@ class Session:
         ``silence_duration_ms``: its transcript, first tokens and first audio are under way while
         the session waits for the rest of the pause. Its events are held; speech resuming (the
         pause was not the turn's end) drops it unseen."""
-        early = self.early
         pending = cutter.pending()
-        if early is not None and (pending is None or pending[0] != early.span):
-            self.early = None
-            await self._drop(early)
+        await self.early.drop_stale(pending)
         if (
-            self.early is not None
+            self.early.response is not None
             or self.response is not None
             or pending is None
             or not self._auto_response()
         ):
             return
         span, item = pending
-        r = _Response(
-            _id("resp"),
-            _id("item"),
-            self._next_item(),
-            held=[],
-            span=span,
-            speech_end=self._speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived),
-        )
-        self.early = r
+        speech_end = self.early.speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived)
+        r = self.early.start(span, self._next_item(), speech_end)
         r.task = asyncio.create_task(
             self._run_response(r, item["audio"], int(item["sample_rate"]), self.rt.entry),
             name=f"realtime:{r.id}:early",
         )
 
-    async def _drop(self, r: _Response) -> None:
-        if not r.failed_early:
-            self.rt.app.metrics.early_responses.labels("dropped").inc()
-        r.quiet = True
-        if r.task is not None:
-            r.task.cancel()
-            await asyncio.gather(r.task, return_exceptions=True)
-
-    async def _confirmed(self, span: tuple[int, int]) -> _Response | None:
-        """The early response, if it answers exactly the turn just closed (dropped otherwise)."""
-        r, self.early = self.early, None
-        if r is None:
-            return None
-        if r.span == span and not r.failed_early:
-            return r
-        if r.failed_early:
-            self.rt.app.metrics.early_responses.labels("failed").inc()
-        await self._drop(r)
-        return None
-
-    async def _adopt(self, r: _Response) -> None:
+    async def _adopt(self, r: Response) -> None:
         """The turn is confirmed: the early response becomes the session's and its held events go out."""
         if self.response is not None:
             await self._cancel("turn_detected")
-        r.mark("turn_end")
-        self.rt.app.metrics.early_responses.labels("adopted").inc()
+        self.early.adopted(r)
         assert r.task is not None and r.held is not None
         if not r.task.done():
             self.response = r
@@ -879,30 +717,14 @@ class Session:
         if r.task.done():  # it ended while held: what it adds to the conversation was kept for now
             self.history += r.history
 
-    def _speech_end_at(self, cutter: Cutter, index: int, arrived: float) -> float:
-        """When the speech that ended at the VAD's sample ``index`` ended, as this server heard it:
-        the time the append holding the pause's start arrived, less the audio after it in that
-        append (a client streaming faster than real time makes the figures look longer)."""
-        if self._pause_at is not None and self._pause_at[0] == index:
-            return self._pause_at[1]
-        return arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate
-
-    def _note_pause(self, cutter: Cutter, arrived: float) -> None:
-        index = cutter.segmenter.pause_start
-        if index is not None and (self._pause_at is None or self._pause_at[0] != index):
-            self._pause_at = (
-                index,
-                arrived - max(cutter.graph_samples - index, 0) / cutter.runner.rate,
-            )
-
     # -- one response ------------------------------------------------------------------
-    async def _emit(self, r: _Response, type_: str, **fields: Any) -> None:
+    async def _emit(self, r: Response, type_: str, **fields: Any) -> None:
         if r.held is not None:
             r.held.append((type_, fields))
         else:
             await self._out(r, type_, fields)
 
-    async def _out(self, r: _Response, type_: str, fields: dict[str, Any]) -> None:
+    async def _out(self, r: Response, type_: str, fields: dict[str, Any]) -> None:
         if type_ == "response.audio.delta" and "first_audio" not in r.marks:
             r.mark("first_audio")
             self.rt.app.metrics.voice_to_voice.observe(
@@ -928,7 +750,7 @@ class Session:
 
     def _response_doc(
         self,
-        r: _Response,
+        r: Response,
         status: str,
         details: dict[str, Any] | None,
         transcript: str,
@@ -965,7 +787,7 @@ class Session:
         }
 
     async def _run_response(
-        self, r: _Response, audio: np.ndarray, rate: int, entry: str | None
+        self, r: Response, audio: np.ndarray, rate: int, entry: str | None
     ) -> None:
         """One turn's reply: the segment through the pipeline, its events as the session's
         (held while the response is early), then :meth:`_finish`."""
@@ -1043,46 +865,14 @@ class Session:
 
     @staticmethod
     def _failure(exc: Exception) -> tuple[str, int, dict[str, str]]:
-        """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error."""
-        if isinstance(exc, BadRequest):
-            p = exc.problems[0] if exc.problems else Problem("request", str(exc))
-            return (
-                "failed",
-                400,
-                {
-                    "type": "invalid_request_error",
-                    "code": "bad_request",
-                    "message": f"{p.where}: {p.what}",
-                },
-            )
-        if isinstance(exc, PipelineBusy):
-            return (
-                "failed",
-                429,
-                {"type": "rate_limit_error", "code": "pipeline_busy", "message": str(exc)},
-            )
-        if isinstance(exc, StageFailed):
-            log.warning("realtime response failed: %s", exc)
-            return (
-                "failed",
-                503,
-                {"type": "server_error", "code": "stage_failed", "message": exc.public_message()},
-            )
-        log.error(
-            "realtime response failed", exc_info=exc
-        )  # a fault of this server: the session goes on
-        return (
-            "failed",
-            500,
-            {
-                "type": "server_error",
-                "code": "internal_error",
-                "message": f"{type(exc).__name__} (the log has it)",
-            },
-        )
+        """A failed response's status, HTTP status (for the metrics) and OpenAI-shaped error
+        (``failures.failure``; a fault of this server is logged, and the session goes on)."""
+        what = "realtime response"
+        f = failure(exc, what) or internal_failure(exc, what)
+        return "failed", f.status, {"type": f.type, "code": f.code, "message": f.line}
 
     async def _on_event(
-        self, r: _Response, event: Any, chunker: Any, wants_audio: bool, seconds: float
+        self, r: Response, event: Any, chunker: Any, wants_audio: bool, seconds: float
     ) -> None:
         rt = self.rt
         if isinstance(event, TextDelta) and event.stage in rt.transcript_stages:
@@ -1126,7 +916,7 @@ class Session:
             r.audio_chunks += 1
             r.audio_ms += 1000.0 * (len(pcm) // 2) / self.out_rate
 
-    async def _tell_user(self, r: _Response, seconds: float) -> None:
+    async def _tell_user(self, r: Response, seconds: float) -> None:
         """The user's turn as the conversation's item, with its transcript (once per response)."""
         if r.told_user:
             return
@@ -1157,7 +947,7 @@ class Session:
 
     async def _finish(
         self,
-        r: _Response,
+        r: Response,
         status: str,
         details: dict[str, Any] | None,
         chunker: Any,

@@ -1,0 +1,91 @@
+"""A request's exception as the client reads it: one mapping for every endpoint.
+
+The HTTP endpoints answer it as OpenAI's error body and status (``app.error_for``); a realtime
+session as an ``error`` event and a failed ``response.done`` (``realtime.Session._failure``).
+Both read the same :class:`Failure`: the error's ``type`` and ``code``, the HTTP status, the
+message. A ``StageFailed``'s cause (interpreter paths, a worker's stderr tail) goes to the log
+only; the client reads the stage, its device and the code (``StageFailed.public_message``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+"""What a 429 asks a client to wait: requests finish in seconds, and the queue frees a slot as each does."""
+REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
+"""The exceptions a request may end with that are the client's to read (:func:`failure`)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed request as a client reads it."""
+
+    status: int
+    """The HTTP status (a realtime session counts it in the metrics)."""
+    type: str
+    """OpenAI's error type: ``invalid_request_error``, ``rate_limit_error``, ``server_error``."""
+    code: str
+    message: str
+    """The whole message: every problem of a ``BadRequest``, each with its fix."""
+    line: str
+    """The message on one line (a realtime ``error`` event): a ``BadRequest``'s first problem,
+    ``where: what``; the same as ``message`` otherwise."""
+    param: str | None = None
+    """The request field at fault, in the OpenAI request's terms, or the failed stage."""
+    retry_after_s: int | None = None
+    """For a busy pipeline: how long to wait (``Retry-After``)."""
+
+
+def failure(exc: BaseException, what: str = "request") -> Failure | None:
+    """``exc`` as the client reads it, or None for an exception that is not one of a request
+    (``REQUEST_ERRORS``): a fault of the server. A ``StageFailed`` is logged (``what`` failed:
+    its cause), since the client does not read the cause."""
+    if isinstance(exc, BadRequest):
+        p = exc.problems[0] if exc.problems else Problem("request", str(exc))
+        return Failure(
+            400,
+            "invalid_request_error",
+            "bad_request",
+            str(exc),
+            f"{p.where}: {p.what}",
+            param=_openai_param(exc.problems[0].where) if exc.problems else None,
+        )
+    if isinstance(exc, PipelineBusy):
+        return Failure(
+            429,
+            "rate_limit_error",
+            "pipeline_busy",
+            str(exc),
+            str(exc),
+            retry_after_s=RETRY_AFTER_S,
+        )
+    if isinstance(exc, StageFailed):
+        # the cause may hold interpreter paths and a worker's stderr: the log has it, the client
+        # gets the stage, the device and the code
+        log.warning("%s failed: %s", what, exc)
+        message = exc.public_message()
+        return Failure(503, "server_error", "stage_failed", message, message, param=exc.stage)
+    return None
+
+
+def internal_failure(exc: BaseException, what: str) -> Failure:
+    """A fault of this server (no ``REQUEST_ERRORS``), where the session that met it goes on:
+    logged with its traceback; the client reads its type's name only."""
+    log.error("%s failed", what, exc_info=exc)
+    message = f"{type(exc).__name__} (the log has it)"
+    return Failure(500, "server_error", "internal_error", message, message)
+
+
+def _openai_param(where: str) -> str:
+    """The request field a stage's ``BadRequest`` names, in the OpenAI request's terms."""
+    if where.startswith("request.sampling."):
+        return where.removeprefix("request.sampling.")
+    if where in ("prompt", "request.prompt", "request.messages"):
+        return "messages"
+    return where

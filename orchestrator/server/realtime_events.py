@@ -1,0 +1,96 @@
+"""The client events of ``/v1/realtime`` (``orchestrator.server.realtime``): their fields as
+pydantic models, how to fix each field an ``error`` event names, the pcm16 audio they carry."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from orchestrator.errors import BadRequest, Problem
+from orchestrator.server.protocol import Text, _Body
+from orchestrator.server.protocol import validated as _validated
+
+
+class TurnDetection(_Body):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float | None = Field(None, gt=0.0, lt=1.0, allow_inf_nan=False)
+    prefix_padding_ms: int | None = Field(None, ge=0, le=10_000)
+    silence_duration_ms: int | None = Field(None, ge=32, le=10_000)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class SessionFields(_Body):
+    instructions: Text | None = None
+    voice: str | None = None
+    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    input_audio_format: Literal["pcm16"] | None = None
+    output_audio_format: Literal["pcm16"] | None = None
+    input_audio_sample_rate: Literal[16000, 24000] | None = None
+    output_audio_sample_rate: Literal[16000, 24000] | None = None
+    turn_detection: TurnDetection | None = None
+
+
+class SessionUpdate(_Body):
+    session: SessionFields
+
+
+class AppendEvent(_Body):
+    audio: str
+
+
+FIXES = {
+    "audio": "base64 of 16-bit little-endian mono pcm at the session's input_audio_sample_rate",
+    "session": "e.g. {'type': 'session.update', 'session': {'turn_detection': {'silence_duration_ms': 500}}}",
+    "instructions": "a string: the system message of every turn",
+    "voice": "a string (the pipeline has one voice; the name is kept, not used)",
+    "modalities": "['text', 'audio'] or ['text']",
+    "input_audio_format": "'pcm16'",
+    "output_audio_format": "'pcm16'",
+    "input_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
+    "output_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
+    "turn_detection": "null (commit yourself) or {'type': 'server_vad', 'silence_duration_ms': 500, ...}",
+    "type": "'server_vad'",
+    "threshold": "a number between 0 and 1, e.g. 0.5",
+    "prefix_padding_ms": "whole milliseconds from 0 to 10000, at most silence_duration_ms",
+    "silence_duration_ms": "whole milliseconds from 32 to 10000, e.g. 500",
+    "create_response": "true or false",
+    "interrupt_response": "true or false",
+}
+"""How to fix each field of a client event, for the ``error`` event that names it."""
+
+
+def validated(model: type[_Body], doc: dict[str, Any], example: str) -> Any:
+    """``doc`` as ``model``; ``BadRequest`` naming the field, with this endpoint's own fix."""
+    try:
+        return _validated(model, doc, example)
+    except BadRequest as exc:
+        p = exc.problems[0]
+        raise BadRequest(
+            [Problem(p.where, p.what, FIXES.get(p.where.rpartition(".")[2], ""))]
+        ) from None
+
+
+def pcm16(data: str, where: str) -> np.ndarray:
+    """A client's base64 pcm16 as float32 samples; ``BadRequest`` naming ``where`` otherwise."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (ValueError, binascii.Error):
+        raise BadRequest.single(where, "is not base64", "base64-encode the pcm16 bytes") from None
+    if len(raw) % 2:
+        raise BadRequest.single(
+            where,
+            f"{len(raw)} bytes: pcm16 is two bytes a sample",
+            "send whole 16-bit little-endian samples",
+        )
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def new_id(prefix: str) -> str:
+    """An id of OpenAI's shape: ``sess_…``, ``item_…``, ``resp_…``, ``event_…``."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
