@@ -93,6 +93,7 @@ from orchestrator.planner import parse_mask, plan_pipeline, verification_refusal
 from orchestrator.probe import resolve_profile
 from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
+from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
@@ -479,6 +480,8 @@ def admit_plan(
     options = options or PipelineOptions()
     progress = progress or AdmitProgress()
     config = config if isinstance(config, PipelineConfig) else load_config(config)
+    if options.address:  # nothing listening there is bad input, said before the gates run
+        check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)

@@ -105,6 +105,8 @@ def gather_at(address: str, name: str | None = None) -> HardwareProfile:
     cannot be joined (the reason: refused without token auth, nothing there)."""
     try:
         cluster.connect([], address=address)
+    except ConfigError:
+        raise
     except Exception as exc:
         raise ConfigError.single(
             "--address",

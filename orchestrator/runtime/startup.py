@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import ConfigError, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.profile import HOST_RAM
 from orchestrator.runtime import cluster as cluster_mod
@@ -107,6 +107,8 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         rt.cluster = cluster_mod.connect(
             devices, address=rt.address, log_to_driver=rt.log_to_driver
         )
+    except ConfigError:  # an --address where nothing listens: bad input, not a stage's failure
+        raise
     except Exception as exc:
         where = (
             f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
