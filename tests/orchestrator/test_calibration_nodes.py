@@ -11,6 +11,7 @@ The store is written by the test into its own directory; no Ray is started.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import MethodType, SimpleNamespace
 
@@ -18,6 +19,7 @@ import pytest
 
 from orchestrator import calibration as cal
 from orchestrator.api import Pipeline
+from orchestrator.cli import main
 from orchestrator.config import load_config
 from orchestrator.plan import PipelinePlan
 from orchestrator.planner import plan_pipeline
@@ -130,3 +132,26 @@ def test_a_node_s_key_is_its_own_machine_and_name() -> None:
     assert key.digest() != cal.pool_ray_key(cluster, "desktop/host_ram").digest()
     one = load_profile(REPO / "configs" / "profiles" / "lunar-lake-32gb.json")
     assert cal.pool_ray_key(one, "host_ram").digest() == cal.ray_key(one).digest()
+
+
+def test_calibration_show_and_reset_name_each_node_s_ray_entry(
+    cluster: HardwareProfile,
+    tmp_path: Path,
+    private_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = cal.CalibrationStore(tmp_path / "calibration")
+    _record(cluster, store, {"laptop": LAPTOP_RAY, "desktop": DESKTOP_RAY})
+    assert main(["calibration", "--store", str(store.root), "show"]) == 0
+    listed = [
+        line.split(" on ")[1].split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("(ray_runtime) on ")
+    ]
+    assert sorted(listed) == ["desktop", "laptop"]
+    root = str(store.root)
+    assert main(["calibration", "--store", root, "reset", "(ray_runtime) on laptop", "--json"]) == 0
+    (removed,) = json.loads(capsys.readouterr().out)["removed"]
+    assert "ray-runtime-laptop" in removed
+    planned = _ray(_plan(cluster, cal.CalibrationStore(store.root)))
+    assert planned["laptop/host_ram"][1] == "E" and planned["desktop/host_ram"][1] == "M"
