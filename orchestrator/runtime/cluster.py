@@ -24,7 +24,9 @@
   it), so no other user can reach its sockets or logs; it is removed when the
   cluster shuts down. A joined cluster's directories are its own business.
 * **Or an existing cluster** with ``address=``: nothing above is changed (a
-  multi-node cluster needs its real addresses and its own auth settings). Its
+  multi-node cluster needs its real addresses and its own auth settings). An
+  address where nothing accepts a TCP connection is a ``ConfigError`` naming
+  ``--address`` within seconds (:func:`check_address`), never a wait in Ray. Its
   nodes must declare the same resources (``ray start --resources
   '{"omni_edge_device_cpu": 1}'``); a device no node offers is reported by
   name before any actor is created. A cluster started with ``ray start`` uses
