@@ -91,8 +91,10 @@ from orchestrator.config import PipelineConfig, load_config
 from orchestrator.errors import BadRequest, ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
+from orchestrator.profile import HOST_RAM, node_pool
 from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
+from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.runtime import Runtime
@@ -479,6 +481,8 @@ def admit_plan(
     options = options or PipelineOptions()
     progress = progress or AdmitProgress()
     config = config if isinstance(config, PipelineConfig) else load_config(config)
+    if options.address:  # nothing listening there is bad input, said before the gates run
+        check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)
@@ -763,7 +767,8 @@ class Pipeline:
             if isinstance(p, str)
         ]
         out = self._record_stage_peaks(max((len(t) for t in texts), default=None))
-        out += [row for row in (self._record_ray_peak(), self._record_server_peak()) if row]
+        out += self._record_ray_peaks()
+        out += [row for row in (self._record_server_peak(),) if row]
         self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
 
@@ -820,26 +825,53 @@ class Pipeline:
             )
         return out
 
-    def _record_ray_peak(self) -> dict[str, Any] | None:
-        """The Ray runtime's measured memory (its processes beside the actors), keyed by the
-        profile and whether this run owns the cluster; None when it was not measured."""
+    def _record_ray_peaks(self) -> list[dict[str, Any]]:
+        """The Ray runtime's measured memory: on one machine one sample (its processes beside
+        the actors), keyed by the profile and whether this run owns the cluster; on a
+        cluster one sample per node, measured on that node, keyed by the node's own profile
+        and name (``cal.ray_key(..., node=)``). Nothing where nothing was measured."""
         assert self.calibration is not None and self.profile is not None
-        ray_bytes = self.runtime.ray_memory.get("bytes")
-        if not isinstance(ray_bytes, int) or ray_bytes <= 0:
-            return None
-        planned = next(
-            (r for r in self.plan.shared_reservations if r.purpose == "ray_runtime"), None
-        )
-        key = cal.ray_key(self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True)))
-        sample = cal.sample(
-            run=self.run_id,
-            peak=ray_bytes,
-            budget=planned.bytes if planned else None,
-            calibrated=planned is not None and planned.evidence == "M",
-            method=str(self.runtime.ray_memory.get("measure") or ""),
-        )
-        path = self.calibration.record(key, sample)
-        return _recorded("(ray_runtime)", path, ray_bytes, sample["budget_bytes"], sample)
+        memory = self.runtime.ray_memory
+        nodes = memory.get("nodes")
+        if isinstance(nodes, dict) and self.profile.nodes:
+            measured = {
+                name: (m.get("bytes"), str(m.get("measure") or ""), name)
+                for name, m in nodes.items()
+                if name in self.profile.nodes and isinstance(m, dict)
+            }
+        else:
+            measured = {"": (memory.get("bytes"), str(memory.get("measure") or ""), None)}
+        out = []
+        for name, (ray_bytes, how, node) in measured.items():
+            if not isinstance(ray_bytes, int) or ray_bytes <= 0:
+                continue
+            pool = node_pool(node, HOST_RAM)
+            planned = next(
+                (
+                    r
+                    for r in self.plan.shared_reservations
+                    if r.purpose == "ray_runtime" and r.pool == pool
+                ),
+                None,
+            )
+            key = (
+                cal.ray_key(self.profile.nodes[name].profile, node=name)
+                if node
+                else cal.ray_key(
+                    self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True))
+                )
+            )
+            sample = cal.sample(
+                run=self.run_id,
+                peak=ray_bytes,
+                budget=planned.bytes if planned else None,
+                calibrated=planned is not None and planned.evidence == "M",
+                method=how,
+            )
+            path = self.calibration.record(key, sample)
+            label = f"(ray_runtime) on {node}" if node else "(ray_runtime)"
+            out.append(_recorded(label, path, ray_bytes, sample["budget_bytes"], sample))
+        return out
 
     def _record_server_peak(self) -> dict[str, Any] | None:
         """The serving process's own measured memory (``server_memory``); None when the plan

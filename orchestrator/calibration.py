@@ -237,18 +237,37 @@ def stage_key(
     return Key("stage", parts, scaling, label=f"{pipeline}-{stage}", pipeline=pipeline, stage=stage)
 
 
-def ray_key(profile: HardwareProfile, owned: bool = True) -> Key:
-    """The key of the Ray runtime's own memory on this machine."""
+def ray_key(profile: HardwareProfile, owned: bool = True, node: str | None = None) -> Key:
+    """The key of the Ray runtime's own memory: on this machine (``profile`` is its own;
+    ``owned``: the cluster was started here, not joined), or on the node named ``node`` of
+    a cluster (``profile`` is that node's own profile, ``ClusterNode.profile``: its machine
+    is the node's). A node's figure is its whole Ray session measured on it
+    (``cluster_probe.node_ray_memory``: the GCS on the head, the raylet, agents, workers),
+    so it is kept apart from this machine's, and by node name: two nodes on one machine (a
+    head and a worker) hold different processes."""
+    parts = {
+        "machine": machine_id(profile),
+        "ray": _dist_version("ray"),
+        "cluster": "local" if owned else "joined",
+    }
+    if node is not None:
+        parts.update(cluster="node", node=node)
     return Key(
         "ray_runtime",
-        {
-            "machine": machine_id(profile),
-            "ray": _dist_version("ray"),
-            "cluster": "local" if owned else "joined",
-        },
-        label="ray-runtime",
+        parts,
+        label="ray-runtime" if node is None else f"ray-runtime-{node}",
         stage="(ray_runtime)",
     )
+
+
+def pool_ray_key(profile: HardwareProfile, pool: str) -> Key:
+    """The key of Ray's memory charged to the ``host_ram`` pool ``pool``: ``NODE/host_ram``
+    of a cluster profile → that node's own key (:func:`ray_key` with its profile and name);
+    this machine's ``host_ram`` → this machine's key, as a plan has always looked it up."""
+    node, _, _ = pool.rpartition("/")
+    if node and node in profile.nodes:
+        return ray_key(profile.nodes[node].profile, node=node)
+    return ray_key(profile)
 
 
 def server_key(profile: HardwareProfile) -> Key:

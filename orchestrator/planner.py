@@ -867,11 +867,14 @@ def _calibrated(
 
 
 def _calibrated_shared(shared: list[Reservation], calibrating: _Calibrating) -> list[Reservation]:
-    """The pipeline's own costs from their measurements (the Ray runtime), where there are some."""
+    """The pipeline's own costs from their measurements (the Ray runtime), where there are some.
+    Ray's on a cluster's node is looked up by that node's own key (``cal.pool_ray_key``: its
+    machine, its name), so each node's ``host_ram`` gets what was measured on that node."""
     out = []
     for r in shared:
         if r.purpose == "ray_runtime":
-            r = cal.calibrated_shared(calibrating.store, cal.ray_key(calibrating.profile), r) or r
+            key = cal.pool_ray_key(calibrating.profile, r.pool)
+            r = cal.calibrated_shared(calibrating.store, key, r) or r
         elif r.purpose == "server":
             r = (
                 cal.calibrated_shared(calibrating.store, cal.server_key(calibrating.profile), r)
@@ -886,7 +889,8 @@ def _calibration_notes(
 ) -> list[str]:
     used = [s for s in stage_plans if s.calibration is not None]
     notes = list(calibrating.store.problems)
-    ray = any(r.purpose == "ray_runtime" and r.evidence == "M" for r in shared)
+    ray = [r.pool for r in shared if r.purpose == "ray_runtime" and r.evidence == "M"]
+    on_nodes = [pool.rpartition("/")[0] for pool in ray if "/" in pool]
     server = any(r.purpose == "server" and r.evidence == "M" for r in shared)
     if used or ray or server:
         parts = [
@@ -896,7 +900,7 @@ def _calibration_notes(
             if s.calibration is not None
         ]
         if ray:
-            parts.append("ray_runtime (M)")
+            parts.append("ray_runtime (M)" + (f" on {', '.join(on_nodes)}" if on_nodes else ""))
         if server:
             parts.append("server (M)")
         notes.append(

@@ -59,9 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def name_of(entry: Entry) -> str:
-    """How ``show`` names an entry: PIPELINE/STAGE, the shared cost, else the file's label."""
+    """How ``show`` names an entry: PIPELINE/STAGE, the shared cost (Ray's on a cluster's
+    node: ``(ray_runtime) on NODE``), else the file's label."""
     if entry.pipeline and entry.stage:
         return f"{entry.pipeline}/{entry.stage}"
+    node = entry.key.get("parts", {}).get("node")
+    if entry.stage and isinstance(node, str):
+        return f"{entry.stage} on {node}"
     return entry.stage or entry.label or entry.path.stem
 
 

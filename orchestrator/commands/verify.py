@@ -106,6 +106,8 @@ def _verify_on_cluster(
         )
     try:
         cluster.connect([], address=args.address)
+    except ConfigError:  # nothing listens there (cluster.check_address): said as it is
+        raise
     except Exception as exc:
         raise ConfigError.single(
             "--address",

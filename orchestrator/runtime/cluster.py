@@ -24,7 +24,9 @@
   it), so no other user can reach its sockets or logs; it is removed when the
   cluster shuts down. A joined cluster's directories are its own business.
 * **Or an existing cluster** with ``address=``: nothing above is changed (a
-  multi-node cluster needs its real addresses and its own auth settings). Its
+  multi-node cluster needs its real addresses and its own auth settings). An
+  address where nothing accepts a TCP connection is a ``ConfigError`` naming
+  ``--address`` within seconds (:func:`check_address`), never a wait in Ray. Its
   nodes must declare the same resources (``ray start --resources
   '{"omni_edge_device_cpu": 1}'``); a device no node offers is reported by
   name before any actor is created. A cluster started with ``ray start`` uses
@@ -53,6 +55,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -62,6 +65,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.errors import ConfigError
 from orchestrator.memory import descendants, tree_memory
 
 log = logging.getLogger(__name__)
@@ -94,6 +98,11 @@ AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 one machine: a cluster started here gets a fresh token (:func:`_fresh_token`)
 unless the user set ``RAY_AUTH_MODE`` themselves."""
 INIT_TIMEOUT_S = 120.0
+ADDRESS_CHECK_TIMEOUT_S = 5.0
+"""How long ``--address``'s GCS port has to accept a TCP connection before Ray is asked to
+join it: a listening GCS accepts in milliseconds on a LAN (a refused port answers at once);
+5 s covers a slow link's SYN retransmit (the first one is sent after 1 s) without making a
+typo wait. Ray's own connect, given an address where nothing listens, waits for minutes."""
 UNIX_SOCKET_PATH_MAX = 107
 """Bytes of a Unix socket path: ``sun_path`` is 108 bytes on Linux, one for the NUL."""
 RAY_SOCKET_SUFFIX = len("/r/session_2026-12-01_15-20-00_123456_4194304/sockets/plasma_store")
@@ -205,14 +214,63 @@ def connect(
     (``_cluster``, counted by ``_users`` under ``_lock``): the first caller
     makes it (:func:`_connect`), later ones share it, and :func:`release`
     ends it when the last user goes.
+
+    An ``address`` where nothing accepts a connection is a ``ConfigError`` naming
+    ``--address`` within :data:`ADDRESS_CHECK_TIMEOUT_S` (:func:`check_address`), before
+    Ray is asked (whose connect would wait for minutes).
     """
     global _cluster, _users
     with _lock:
         if _cluster is None:
+            if address:
+                check_address(address)
             _cluster = _connect(devices, address, log_to_driver)
             _users = 0
         _users += 1
         return _cluster
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``ray://HOST:PORT``, ``[::1]:PORT``) → (host, port); None for
+    ``auto`` (Ray finds the cluster itself); ``ConfigError`` naming ``--address`` otherwise."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError.single(
+            "--address",
+            f"{address!r} is not HOST:PORT",
+            "give the head's address and GCS port, e.g. 192.168.1.10:6379 "
+            "(`ray status` on the head prints it; docs/cluster.md)",
+        )
+    return host, int(port)
+
+
+def check_address(address: str, timeout_s: float = ADDRESS_CHECK_TIMEOUT_S) -> None:
+    """``ConfigError`` naming ``--address`` unless something at ``address`` accepts a TCP
+    connection within ``timeout_s`` (:data:`ADDRESS_CHECK_TIMEOUT_S`): checked before
+    ``ray.init``, which waits for minutes where nothing listens."""
+    parsed = split_address(address)
+    if parsed is None:
+        return
+    host, port = parsed
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except TimeoutError:
+        what = f"no answer within {timeout_s:.0f} s"
+    except OSError as exc:
+        what = exc.strerror or type(exc).__name__
+    raise ConfigError.single(
+        "--address",
+        f"nothing accepts connections at {address}: {what} "
+        f"(after {time.monotonic() - t0:.1f} s; no Ray cluster was joined)",
+        f"start the cluster's head there (`ray start --head --port={port}`, docs/cluster.md), "
+        "or give the address `ray status` prints on the head",
+    )
 
 
 def _connect(devices: Iterable[str], address: str | None, log_to_driver: bool) -> Cluster:

@@ -17,6 +17,9 @@ pipeline joins again to run); :func:`nodes_found` says which nodes it found.
 
 :func:`node_ray_memory` measures Ray's own memory on each node the same way (a
 task pinned to it): the summed PSS of the processes of that node's Ray session.
+A pipeline's start charges each node's figure to that node's ``host_ram``
+(``startup._charge_ray_on_nodes``) and its close records one calibration sample
+per node (``calibration.ray_key(node_profile, node=NAME)``).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ def gather_at(address: str, name: str | None = None) -> HardwareProfile:
     cannot be joined (the reason: refused without token auth, nothing there)."""
     try:
         cluster.connect([], address=address)
+    except ConfigError:
+        raise
     except Exception as exc:
         raise ConfigError.single(
             "--address",

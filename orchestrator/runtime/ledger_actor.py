@@ -115,13 +115,14 @@ class LedgerService:
         return freed
 
     def replace(self, holder: str, purpose: str, reservation: dict[str, Any]) -> dict[str, Any]:
-        """Swap one held reservation (by purpose) for another — an estimate for
-        its measurement. Atomic: when not ``ok`` the old one stays. Answers like
-        ``admit``."""
-        old = [r for r in self.ledger.held.get(holder, []) if r.purpose == purpose]
-        keep = [r for r in self.ledger.held.get(holder, []) if r.purpose != purpose]
-        self.ledger.held[holder] = keep
+        """Swap one held reservation (by purpose, on the new one's pool) for another — an
+        estimate for its measurement; on a cluster, one node's pool at a time. Atomic:
+        when not ``ok`` the old one stays. Answers like ``admit``."""
         new = Reservation(**reservation)
+        held = self.ledger.held.get(holder, [])
+        old = [r for r in held if r.purpose == purpose and r.pool == new.pool]
+        keep = [r for r in held if not (r.purpose == purpose and r.pool == new.pool)]
+        self.ledger.held[holder] = keep
         admission = self.ledger.admit(holder, [new])
         if not admission.ok:
             self.ledger.held[holder] = keep + old

@@ -25,7 +25,8 @@
   as it was before the wave (``before load X``) — the failed stage holds
   nothing — and then everything that started is torn down.
 * **Ray's measured memory** replaces the plan's estimate before any stage
-  loads (evidence E → M).
+  loads (evidence E → M); on a cluster, each node's own, measured on that node,
+  in that node's ``host_ram``.
 * **Progress through a callback** (``progress``): one :class:`StageProgress`
   per change of a stage — ``waiting`` for all before Ray starts, ``loading``
   when its load is sent, then ``loaded`` or ``failed`` — called on the
@@ -45,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.errors import StageFailed
+from orchestrator.errors import ConfigError, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
-from orchestrator.profile import HOST_RAM
+from orchestrator.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
-from orchestrator.runtime import ledger_actor, node_death
+from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         rt.cluster = cluster_mod.connect(
             devices, address=rt.address, log_to_driver=rt.log_to_driver
         )
+    except ConfigError:  # an --address where nothing listens: bad input, not a stage's failure
+        raise
     except Exception as exc:
         where = (
             f"join the Ray cluster at {rt.address}" if rt.address else "start a local Ray cluster"
@@ -257,30 +260,65 @@ def _not_started(stage: str, device: str, actor: Any, exc: BaseException) -> str
 
 
 def _charge_ray(rt: Any) -> None:
-    """Ray's memory, measured now (before any stage loads), replaces its estimate."""
-    import ray
-
+    """Ray's memory, measured now (before any stage loads), replaces its estimate: on one
+    machine in ``host_ram``; on a cluster, each node's in that node's ``NODE/host_ram``
+    (:func:`_charge_ray_on_nodes`)."""
     pids = [d.info["pid"] for d in rt.devices.values()] + ([rt.ledger_pid] if rt.ledger_pid else [])
     rt.ray_memory = cluster_mod.ray_memory(rt.cluster, pids)
+    if any(p.id == HOST_RAM for p in rt.plan.pools):
+        _replace_ray(rt, HOST_RAM, int(rt.ray_memory["bytes"]), "M", rt.ray_memory["measure"])
+    elif any(r.purpose == "ray_runtime" for r in rt.plan.shared_reservations):
+        _charge_ray_on_nodes(rt)
+
+
+def _charge_ray_on_nodes(rt: Any) -> None:
+    """A cluster: Ray's memory measured on each node (``cluster_probe.node_ray_memory``: its
+    Ray session's processes, this pipeline's actors among them; the driver's growth from
+    joining added on the driver's node) charged to that node's ``host_ram`` and kept in
+    ``rt.ray_memory["nodes"]`` (what ``record_calibration`` records, one sample per node).
+    A node whose measurement failed keeps the plan's figure for it."""
+    import ray
+
+    measured = cluster_probe.node_ray_memory()
+    here = cluster_mod.node_names().get(ray.get_runtime_context().get_node_id())
+    growth = int(rt.cluster.driver_growth_bytes)
+    for name, m in measured.items():
+        if name == here and growth:
+            m["bytes"] = int(m["bytes"]) + growth
+            m["measure"] += " + the driver's RSS growth from joining"
+    rt.ray_memory["nodes"] = measured
+    for planned in rt.plan.shared_reservations:
+        if planned.purpose != "ray_runtime":
+            continue
+        found = measured.get(pool_node(planned.pool) or "")
+        if found is None:
+            _replace_ray(rt, planned.pool, planned.bytes, planned.evidence, planned.note)
+        else:
+            _replace_ray(rt, planned.pool, int(found["bytes"]), "M", found["measure"])
+
+
+def _replace_ray(rt: Any, pool: str, nbytes: int, evidence: str, note: str) -> None:
+    """Ray's reservation on ``pool`` in the ledger, replacing what it held there; a
+    ``StageFailed`` naming the pool when it does not fit."""
+    import ray
+
     reservation = {
-        "pool": HOST_RAM,
+        "pool": pool,
         "purpose": "ray_runtime",
-        "bytes": int(rt.ray_memory["bytes"]),
+        "bytes": nbytes,
         "lifetime": "session",
-        "evidence": "M",
-        "note": rt.ray_memory["measure"],
+        "evidence": evidence,
+        "note": note,
         "at_load": True,
     }
-    if not any(p.id == HOST_RAM for p in rt.plan.pools):
-        return
     admission = ray.get(rt.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
     if not admission["ok"]:
         s = admission["shortfalls"][0]
         raise StageFailed(
             PIPELINE_HOLDER,
-            HOST_RAM,
-            f"Ray's measured memory ({reservation['bytes']} bytes) "
-            f"does not fit host_ram (over by {s['over_by']} bytes)",
+            pool,
+            f"Ray's {'measured' if evidence == 'M' else 'estimated'} memory ({nbytes} bytes) "
+            f"does not fit {pool} (over by {s['over_by']} bytes)",
         )
 
 

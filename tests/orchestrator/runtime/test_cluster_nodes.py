@@ -344,6 +344,75 @@ def test_verify_with_an_address_verifies_the_placement_on_the_second_node_there(
     print(done.stderr, omni_edge("verify").stdout, omni_edge("plan").stdout, sep="\n")
 
 
+def test_a_run_records_ray_s_memory_once_per_node_and_the_next_plan_reserves_each_its_own(
+    two_nodes: dict[str, Any], tmp_path: Path
+) -> None:
+    """``run --address`` with a measurement store: Ray's memory measured on each node at the
+    start (``cluster_probe.node_ray_memory``) is one sample per node, keyed by that node's
+    machine and name; ``plan --address`` then reserves each node's ``host_ram`` from its own
+    sample (M). Runs before the second node is killed."""
+    config = tmp_path / "voice-only.yaml"
+    config.write_text(VOICE_ONLY.format(repo=REPO))
+    store = tmp_path / "calibration"
+    env = {**two_nodes["env"], "OMNI_EDGE_CALIBRATION_DIR": str(store)}
+    record = tmp_path / "run.json"
+    cli = str(Path(sys.executable).parent / "omni-edge")
+    address = ["--address", two_nodes["address"]]
+    done = subprocess.run(
+        [
+            cli,
+            "run",
+            str(config),
+            *address,
+            "--prompt",
+            "Hello.",
+            "--skip-verify",
+            "--record",
+            str(record),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    measured = json.loads(record.read_text())["runtime"]["ray"]["memory"]["nodes"]
+    entries = [json.loads(f.read_text()) for f in store.glob("*.json")]
+    ray = {e["key"]["parts"]["node"]: e for e in entries if e["key"]["subject"] == "ray_runtime"}
+    assert set(ray) == set(measured) == {"head", "second"}, (sorted(ray), measured)
+    peaks = {}
+    for name, entry in ray.items():
+        (sample,) = entry["samples"]
+        assert sample["peak_bytes"] == measured[name]["bytes"] > 20 * 2**20
+        assert entry["key"]["parts"]["cluster"] == "node" and entry["key"]["parts"]["machine"]
+        peaks[name] = sample["peak_bytes"]
+    plan = subprocess.run(
+        [cli, "plan", str(config), *address, "--json"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-4000:]
+    reserved = {
+        r["pool"]: r
+        for r in json.loads(plan.stdout)["shared_reservations"]
+        if r["purpose"] == "ray_runtime"
+    }
+    print(
+        "Ray per node, measured → reserved:",
+        {n: (peaks[n], reserved[f"{n}/host_ram"]["bytes"]) for n in peaks},
+    )
+    for name, peak in peaks.items():
+        r = reserved[f"{name}/host_ram"]
+        margin = max(
+            0.05 * peak, 8 * 2**20
+        )  # calibration's floor for one run (FLOOR_FRACTION, MIN_MARGIN_BYTES)
+        assert r["evidence"] == "M" and peak < r["bytes"] <= peak + margin + 1, (name, peak, r)
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"

@@ -67,3 +67,28 @@ def test_replace_swaps_an_estimate_for_a_measurement_atomically() -> None:
     assert not refused["ok"] and refused["shortfalls"][0]["pool"] == "host_ram"
     held = {x["purpose"]: x for x in s.snapshot()["holders"][PIPELINE_HOLDER]}
     assert held["ray_runtime"]["bytes"] == 500 * MiB  # the old one stays
+
+
+def test_replace_swaps_only_the_reservation_on_its_own_pool() -> None:
+    """On a cluster Ray is measured per node: each node's figure replaces that node's
+    estimate and leaves the other nodes' alone."""
+    s = LedgerService(
+        [
+            {"id": "head/host_ram", "capacity_bytes": 1000 * MiB, "parent": None},
+            {"id": "second/host_ram", "capacity_bytes": 1000 * MiB, "parent": None},
+        ]
+    )
+    s.admit(
+        PIPELINE_HOLDER,
+        [
+            r("ray_runtime", 900, pool="head/host_ram"),
+            r("ray_runtime", 900, pool="second/host_ram"),
+        ],
+    )
+    measured = r("ray_runtime", 300, pool="second/host_ram", evidence="M")
+    assert s.replace(PIPELINE_HOLDER, "ray_runtime", measured)["ok"]
+    held = {x["pool"]: x for x in s.snapshot()["holders"][PIPELINE_HOLDER]}
+    assert (
+        held["second/host_ram"]["bytes"] == 300 * MiB and held["second/host_ram"]["evidence"] == "M"
+    )
+    assert held["head/host_ram"]["bytes"] == 900 * MiB and held["head/host_ram"]["evidence"] == "E"
