@@ -37,6 +37,7 @@ from stages.ar_decode import formats as capabilities
 from stages.ar_decode import llamacpp_plan, model_cache
 from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
+    CheckpointManifest,
     read_checkpoint,
     read_gguf,
     read_safetensors_header,
@@ -318,6 +319,208 @@ def _sub_model_header_bytes(
     )
 
 
+def _checked_text_config(
+    stage: ArDecodeConfig, manifest: CheckpointManifest, path: Path, kind: str
+) -> dict[str, Any]:
+    """The text config of the stage's (sub-)model; ``ConfigError`` for a sub-model the checkpoint
+    lacks, a streaming join its talker cannot take, or numbers the engine could not run on."""
+    try:
+        tcfg = text_config(manifest.config, stage.model_stage)
+    except KeyError as exc:
+        raise errors.ConfigError.single(
+            f"stages.{stage.name}.model_stage",
+            f"{exc.args[0]} in {path}",
+            "use a sub-model the checkpoint has, or drop model_stage",
+        ) from None
+    if (
+        stage.model_stage == "talker"
+        and stage.join == "latest"
+        and manifest.config.get("model_type") not in STREAMING_TALKERS
+    ):
+        raise errors.ConfigError.single(
+            f"stages.{stage.name}.join",
+            f"latest: the {manifest.config.get('model_type')} talker here starts on its "
+            "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
+            f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)",
+        )
+    where = str(path) if kind == "gguf" else f"{path}/config.json"
+    problems = [
+        errors.Problem(
+            f"{where}: {key}",
+            f"the model's {key} {what}",
+            "use a decoder-only checkpoint (or set model_stage for multi-model configs)"
+            if what == "is missing"
+            else (
+                "re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged"
+                if kind == "gguf"
+                else "re-download the checkpoint's config.json: these numbers must be the model's real ones"
+            ),
+        )
+        for key, what in text_config_problems(tcfg)
+    ]
+    if problems:
+        raise errors.ConfigError(problems)
+    return tcfg
+
+
+def _context_refusal(stage: ArDecodeConfig, info: ArtifactInfo, device: Device) -> Refusal | None:
+    """A context longer than the model has positions: the engine would refuse it at load."""
+    limit = model_context_limit(info.internal["text_config"])
+    if limit is None or stage.max_model_len <= limit:
+        return None
+    source = (
+        "its GGUF header's context_length"
+        if info.kind == "gguf"
+        else "max_position_embeddings in its config.json"
+    )
+    return Refusal(
+        RefusalCode.CONTEXT_EXCEEDS_MODEL,
+        device.id,
+        f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
+        f"({source}: {info.path}); the engine would refuse it at load time",
+        f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
+        "omni-edge never shortens a context on its own — or use a model built for a longer context",
+    )
+
+
+def _vllm_model_stage_refusal(stage: ArDecodeConfig, device: Device, backend: str) -> Refusal:
+    """vLLM here yields text only: it can run neither Omni sub-model (``MODEL_STAGE_PORTS``)."""
+    what = (
+        (
+            "yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
+            "reading them would get none)"
+        )
+        if stage.model_stage == "thinker"
+        else (
+            "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes"
+        )
+    )
+    return Refusal(
+        RefusalCode.MODEL_STAGE_UNSUPPORTED,
+        device.id,
+        f"model_stage {stage.model_stage}: {backend} {what}",
+        f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
+        f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
+        + (
+            "; for the thinker's text alone on vLLM, drop model_stage"
+            if stage.model_stage == "thinker"
+            else ""
+        ),
+    )
+
+
+def _kv_block_refusal(stage: ArDecodeConfig, device: Device, backend: str) -> Refusal:
+    """A llama.cpp block type (q8_0) asked of a backend that has no such cache."""
+    return Refusal(
+        RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
+        device.id,
+        f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
+        "(it is llama.cpp's block type)",
+        f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
+        f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
+    )
+
+
+def _format_refusals(
+    stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str
+) -> list[Refusal]:
+    """A weight format the backend cannot execute on ``device``; on vLLM, an architecture it
+    refuses (mixed sliding and full attention layers)."""
+    out = []
+    reason = capabilities.format_refusal(backend, device, info.weight_format)
+    if reason:
+        usable = capabilities.supported_formats(backend, device)
+        out.append(
+            Refusal(
+                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
+                device.id,
+                f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
+                f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
+            )
+        )
+    tcfg = info.internal["text_config"]
+    arch = (
+        capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
+        if backend in VLLM_BACKENDS
+        else None
+    )
+    if arch:
+        out.append(
+            Refusal(
+                RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED,
+                device.id,
+                f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
+                "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
+            )
+        )
+    return out
+
+
+def _weights_reservation(info: ArtifactInfo, pool: str) -> Reservation:
+    """The weights as the manifest counts them (vLLM's and transformers' own loaders)."""
+    manifest = info.details["manifest"]
+    shards = max(int(manifest.get("shards", 1)), 1)
+    return Reservation(
+        pool,
+        "weights",
+        info.weight_bytes,
+        "session",
+        info.internal.get("weights_evidence", "D"),
+        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
+    )
+
+
+def _vllm_cuda_reservations(stage: ArDecodeConfig, pool: str) -> list[Reservation]:
+    """vLLM on CUDA also holds the graph pool (unless eager) and a host process in host RAM."""
+    out = []
+    if not stage.enforce_eager:
+        out.append(
+            Reservation(
+                pool,
+                "graph_capture",
+                GRAPH_CAPTURE_BYTES,
+                "session",
+                "E",
+                "CUDA graph pool (enforce_eager: false)",
+                at_load=False,
+            )
+        )
+    out.append(
+        Reservation(
+            HOST_RAM,
+            "host_process",
+            HOST_PROCESS_BYTES_FOR_GPU,
+            "session",
+            "E",
+            "the engine's host process: Python, torch, CUDA runtime, pinned buffers",
+        )
+    )
+    return out
+
+
+def _transformers_activations(
+    stage: ArDecodeConfig, info: ArtifactInfo, pool: str, length: int
+) -> Reservation:
+    """transformers' ``generate()`` prefills the whole prompt in one pass: the live [tokens,
+    hidden] tensors of ``length`` tokens and the logits its head computes."""
+    tcfg = info.internal["text_config"]
+    act_bytes = 4 if _effective_dtype(stage, info) == "float32" else 2
+    hidden, vocab = int(tcfg.get("hidden_size") or 0), int(tcfg.get("vocab_size") or 0)
+    omni_stage = stage.model_stage in MODEL_STAGE_PORTS
+    # The Omni models' forward runs their head over every prompt position (no logits_to_keep);
+    # a plain causal LM keeps the last position's only.
+    logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
+    return Reservation(
+        pool,
+        "activations",
+        length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits,
+        "request",
+        "E",
+        f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
+        + (f"logits over all {length} positions" if omni_stage else "the last position's logits"),
+    )
+
+
 class ArDecodeKind(StageKind):
     kind = "ar_decode"
     config_model = ArDecodeConfig
@@ -378,42 +581,7 @@ class ArDecodeKind(StageKind):
         else:
             manifest = read_checkpoint(path, digest=stage.digest)
             kind = "checkpoint"
-        try:
-            tcfg = text_config(manifest.config, stage.model_stage)
-        except KeyError as exc:
-            raise errors.ConfigError.single(
-                f"stages.{stage.name}.model_stage",
-                f"{exc.args[0]} in {path}",
-                "use a sub-model the checkpoint has, or drop model_stage",
-            ) from None
-        if (
-            stage.model_stage == "talker"
-            and stage.join == "latest"
-            and manifest.config.get("model_type") not in STREAMING_TALKERS
-        ):
-            raise errors.ConfigError.single(
-                f"stages.{stage.name}.join",
-                f"latest: the {manifest.config.get('model_type')} talker here starts on its "
-                "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
-                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)",
-            )
-        where = str(path) if kind == "gguf" else f"{path}/config.json"
-        problems = [
-            errors.Problem(
-                f"{where}: {key}",
-                f"the model's {key} {what}",
-                "use a decoder-only checkpoint (or set model_stage for multi-model configs)"
-                if what == "is missing"
-                else (
-                    "re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged"
-                    if kind == "gguf"
-                    else "re-download the checkpoint's config.json: these numbers must be the model's real ones"
-                ),
-            )
-            for key, what in text_config_problems(tcfg)
-        ]
-        if problems:
-            raise errors.ConfigError(problems)
+        tcfg = _checked_text_config(stage, manifest, path, kind)
         summary = manifest.summary()
         weight_bytes, evidence = manifest.weight_bytes, "D"
         sub = (
@@ -481,94 +649,20 @@ class ArDecodeKind(StageKind):
     def check(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
     ) -> list[Refusal]:
+        """The first reason this backend cannot run the stage on ``device``: a context longer than
+        the model's, an Omni sub-model on vLLM, llama.cpp's own (``llamacpp_plan.refusals``), a
+        cache type the backend lacks; else the weight format's and the architecture's."""
         assert isinstance(stage, ArDecodeConfig)
-        out = []
-        limit = model_context_limit(info.internal["text_config"])
-        if limit is not None and stage.max_model_len > limit:
-            source = (
-                "its GGUF header's context_length"
-                if info.kind == "gguf"
-                else "max_position_embeddings in its config.json"
-            )
-            out.append(
-                Refusal(
-                    RefusalCode.CONTEXT_EXCEEDS_MODEL,
-                    device.id,
-                    f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
-                    f"({source}: {info.path}); the engine would refuse it at load time",
-                    f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
-                    "omni-edge never shortens a context on its own — or use a model built for a longer context",
-                )
-            )
-            return out
+        too_long = _context_refusal(stage, info, device)
+        if too_long is not None:
+            return [too_long]
         if backend in VLLM_BACKENDS and stage.model_stage in MODEL_STAGE_PORTS:
-            what = (
-                (
-                    "yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
-                    "reading them would get none)"
-                )
-                if stage.model_stage == "thinker"
-                else (
-                    "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes"
-                )
-            )
-            out.append(
-                Refusal(
-                    RefusalCode.MODEL_STAGE_UNSUPPORTED,
-                    device.id,
-                    f"model_stage {stage.model_stage}: {backend} {what}",
-                    f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
-                    f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
-                    + (
-                        "; for the thinker's text alone on vLLM, drop model_stage"
-                        if stage.model_stage == "thinker"
-                        else ""
-                    ),
-                )
-            )
-            return out
+            return [_vllm_model_stage_refusal(stage, device, backend)]
         if backend in LLAMACPP_BACKENDS:
-            out.extend(llamacpp_plan.refusals(stage, info, device, backend))
-            return out
+            return llamacpp_plan.refusals(stage, info, device, backend)
         if stage.kv_cache_dtype in KV_BLOCK_TYPES:
-            out.append(
-                Refusal(
-                    RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
-                    device.id,
-                    f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
-                    "(it is llama.cpp's block type)",
-                    f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
-                    f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
-                )
-            )
-            return out
-        reason = capabilities.format_refusal(backend, device, info.weight_format)
-        if reason:
-            usable = capabilities.supported_formats(backend, device)
-            out.append(
-                Refusal(
-                    RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
-                    device.id,
-                    f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
-                    f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
-                )
-            )
-        tcfg = info.internal["text_config"]
-        arch = (
-            capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
-            if backend in VLLM_BACKENDS
-            else None
-        )
-        if arch:
-            out.append(
-                Refusal(
-                    RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED,
-                    device.id,
-                    f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
-                    "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
-                )
-            )
-        return out
+            return [_kv_block_refusal(stage, device, backend)]
+        return _format_refusals(stage, info, device, backend)
 
     def reservations(
         self,
@@ -587,6 +681,19 @@ class ArDecodeKind(StageKind):
             return llamacpp_plan.reservations(
                 stage, info, self.kv(stage, info, max_model_len, backend), pool, max_model_len
             )
+        return self._vllm_reservations(stage, info, backend, pool, max_model_len)
+
+    def _vllm_reservations(
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        backend: str,
+        pool: str,
+        max_model_len: int | None,
+    ) -> list[Reservation]:
+        """What a vLLM stage holds: its weights, the KV cache it allocates after the load, one
+        prefill chunk's activations and the sampler's logits, the engine's workspace and the load;
+        on CUDA the graph pool (unless eager) and the host process."""
         tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         dtype = _effective_dtype(stage, info)
@@ -597,14 +704,7 @@ class ArDecodeKind(StageKind):
         manifest = info.details["manifest"]
         shards = max(int(manifest.get("shards", 1)), 1)
         rs = [
-            Reservation(
-                pool,
-                "weights",
-                info.weight_bytes,
-                "session",
-                info.internal.get("weights_evidence", "D"),
-                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
-            ),
+            _weights_reservation(info, pool),
             Reservation(
                 pool,
                 "kv_cache",
@@ -648,28 +748,7 @@ class ArDecodeKind(StageKind):
             ),
         ]
         if backend == "vllm-cuda":
-            if not stage.enforce_eager:
-                rs.append(
-                    Reservation(
-                        pool,
-                        "graph_capture",
-                        GRAPH_CAPTURE_BYTES,
-                        "session",
-                        "E",
-                        "CUDA graph pool (enforce_eager: false)",
-                        at_load=False,
-                    )
-                )
-            rs.append(
-                Reservation(
-                    HOST_RAM,
-                    "host_process",
-                    HOST_PROCESS_BYTES_FOR_GPU,
-                    "session",
-                    "E",
-                    "the engine's host process: Python, torch, CUDA runtime, pinned buffers",
-                )
-            )
+            rs.extend(_vllm_cuda_reservations(stage, pool))
         return rs
 
     def _transformers_reservations(
@@ -683,17 +762,9 @@ class ArDecodeKind(StageKind):
         """What a transformers stage holds: its weights (a sub-model's own), the KV cache
         transformers' DynamicCache grows to (the same arithmetic as vLLM's), one prefill pass of
         the whole prompt (generate() does not chunk it), the interpreter, and the load."""
-        tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         length = max_model_len or stage.max_model_len
-        act_bytes = 4 if _effective_dtype(stage, info) == "float32" else 2
-        hidden, vocab = int(tcfg.get("hidden_size") or 0), int(tcfg.get("vocab_size") or 0)
-        manifest = info.details["manifest"]
-        shards = max(int(manifest.get("shards", 1)), 1)
-        omni_stage = stage.model_stage in MODEL_STAGE_PORTS
-        # The Omni models' forward runs their head over every prompt position (no logits_to_keep);
-        # a plain causal LM keeps the last position's only.
-        logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
+        shards = max(int(info.details["manifest"].get("shards", 1)), 1)
         talker = stage.model_stage == "talker"
         transient = (
             info.weight_bytes
@@ -701,14 +772,7 @@ class ArDecodeKind(StageKind):
             else int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards))
         )
         rs = [
-            Reservation(
-                pool,
-                "weights",
-                info.weight_bytes,
-                "session",
-                info.internal.get("weights_evidence", "D"),
-                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
-            ),
+            _weights_reservation(info, pool),
             Reservation(
                 pool,
                 "kv_cache",
@@ -719,19 +783,7 @@ class ArDecodeKind(StageKind):
                 "(transformers' DynamicCache grows to it)",
                 at_load=False,
             ),
-            Reservation(
-                pool,
-                "activations",
-                length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits,
-                "request",
-                "E",
-                f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
-                + (
-                    f"logits over all {length} positions"
-                    if omni_stage
-                    else "the last position's logits"
-                ),
-            ),
+            _transformers_activations(stage, info, pool, length),
             Reservation(
                 pool,
                 "backend_workspace",
