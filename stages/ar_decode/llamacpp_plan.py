@@ -192,7 +192,8 @@ def reservations(
     and compute buffers when the context is created): the GGUF's tensors as stored, the
     KV cache of ``n_ctx`` cells in its cache type (one part per sequence), the compute buffer for one
     ``n_ubatch``, and the interpreter with libllama. On an iGPU (Vulkan) the same bytes,
-    on the memory it shares with the host."""
+    on the memory it shares with the host. ``kv``: the kind's KV budget for this backend
+    (``ArDecodeKind.kv``, its cells from :func:`kv_cache`)."""
     tcfg = info.internal["text_config"]
     length = max_model_len or stage.max_model_len
     n_batch = min(stage.batched_tokens, length)
