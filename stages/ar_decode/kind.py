@@ -27,16 +27,17 @@ from pydantic import Field, model_validator
 
 from orchestrator import errors
 from orchestrator.errors import RefusalCode
-from orchestrator.ledger import Evidence, Reservation, holder_peak
+from orchestrator.ledger import Reservation, holder_peak
 from orchestrator.packages import is_package_location, resolve_package_location
 from orchestrator.plan import Refusal
 from orchestrator.profile import HOST_RAM
 from orchestrator.units import GiB, MiB, fmt_bytes
 from orchestrator.validation import Strict
 from stages.ar_decode import formats as capabilities
-from stages.ar_decode import model_cache
+from stages.ar_decode import llamacpp_plan, model_cache
 from stages.ar_decode.checkpoint import (
     FORMAT_DTYPE,
+    CheckpointManifest,
     read_checkpoint,
     read_gguf,
     read_safetensors_header,
@@ -53,6 +54,7 @@ from stages.ar_decode.kv import (
     text_config,
     text_config_problems,
 )
+from stages.ar_decode.llamacpp_plan import LLAMACPP_BACKENDS
 from stages.ar_decode.llamacpp_runner import LlamaCppRunner
 from stages.ar_decode.runner import (
     CPU_ENGINE_ENV,
@@ -92,72 +94,6 @@ torch, transformers and the Omni model classes in a fresh interpreter on the pro
 machine, with generate()'s buffers and the allocator's slack on top; on CUDA the same context
 and cuBLAS figure as vLLM's."""
 VLLM_BACKENDS = ("vllm-cuda", "vllm-cpu")
-LLAMACPP_BACKENDS = ("llamacpp-cpu", "llamacpp-vulkan")
-"""llama.cpp through llama-cpp-python (``stages.ar_decode.llamacpp_runner``): the CPU build, and
-Vulkan for iGPUs and GPUs (offered by recorded profiles; docs/design.md). A GGUF loads as it is."""
-LLAMACPP_UBATCH_MAX = 512
-"""llama.cpp's default physical batch (``n_ubatch``): the prefill chunk ``n_batch`` is split into
-pieces of at most this many tokens, and the compute buffer is sized for one piece."""
-LLAMACPP_LOGITS_EMBD_ROWS = 2
-"""[n_ubatch, n_embd] fp32 rows llama.cpp's CPU compute buffer holds beside the logits of a whole
-physical batch ([n_ubatch, n_vocab] fp32) at the graph's output end. Fitted to what llama-cpp-python
-0.3.36 prints at load ("sched_reserve: CPU compute buffer size") for SmolLM2-135M's Q4_1 GGUF
-(n_vocab 49152, n_embd 576, 9 heads), n_threads 1, f16 cache, flash attention off, on the
-project's 2-core Xeon: n_ubatch 512 → 98.25 MiB at n_ctx 512 and 99.38 MiB at n_ctx 2048 and
-4096; 256 → 49.13 MiB (n_ctx 512); 128 → 24.84 MiB (n_ctx 2048); 64 → 12.42 MiB (n_ctx 4096);
-32 → 6.14 MiB (n_ctx 512). 512 × (49152 + 2 × 576) × 4 B is exactly 98.25 MiB."""
-LLAMACPP_FLASH_EMBD_ROWS = 6
-"""The same rows with flash attention on (the q8_0 cache needs it): 1024-cell q8_0 caches measured
-102.67 MiB at n_ubatch 512, 51.35 MiB at 256, 24.84 MiB at 128; 99.38 MiB at n_ctx 2048 to 8192
-(n_ubatch 512) and 12.42 MiB at n_ubatch 64, n_ctx 8192. 512 × (49152 + 6 × 576) × 4 B = 102.75 MiB."""
-LLAMACPP_ATTENTION_EMBD_ROWS = 6
-"""Without flash attention the other end of the graph can be the wider one: the attention scores
-of one layer, [n_ctx, n_ubatch, n_head] fp32, and the mask beside them ([n_ctx, n_ubatch], one
-more head's worth), plus this many [n_ubatch, n_embd] fp32 rows (q, k, v, the attention output,
-the residual). Fitted to n_ctx 8192: 166.38 MiB at n_ubatch 512, 20.80 MiB at 64 (the formula:
-166.75 and 20.84)."""
-LLAMACPP_COMPUTE_OVERHEAD_BYTES = int(1.5 * MiB)
-"""Above the larger of the two ends: the 1.13 MiB n_ubatch 512 grew by from n_ctx 512 to
-2048 (the graph's inputs and node metadata), with room: the estimate is then 0.4-16 % above every
-point measured (24 % at n_ubatch 32, where the whole buffer is 6 MiB), never below."""
-LLAMACPP_RUNTIME_BYTES = 64 * MiB
-"""The interpreter with llama_cpp (libllama, libggml, OpenMP) imported and its backend started:
-44.3 MiB of RSS in a fresh ``python -c 'import llama_cpp; llama_cpp.llama_backend_init()'`` on
-the project's 2-core machine (13.3 MiB for the bare interpreter), with room for the runner's own
-objects and the OpenMP threads' stacks."""
-
-
-def llamacpp_compute_bytes(
-    n_ubatch: int, n_ctx: int, n_vocab: int, n_embd: int, n_head: int, *, flash_attn: bool
-) -> int:
-    """llama.cpp's CPU compute buffer for one physical batch of ``n_ubatch`` tokens: the wider end
-    of its graph — the logits of every token of the batch plus a few [n_ubatch, n_embd] rows, or
-    (without flash attention) one layer's attention scores over ``n_ctx`` cells — and the
-    overhead (constants above, fitted to what llama.cpp prints at load)."""
-    rows = LLAMACPP_FLASH_EMBD_ROWS if flash_attn else LLAMACPP_LOGITS_EMBD_ROWS
-    logits = n_ubatch * (n_vocab + rows * n_embd) * 4
-    scores = (
-        0
-        if flash_attn
-        else n_ubatch * (n_ctx * (n_head + 1) + LLAMACPP_ATTENTION_EMBD_ROWS * n_embd) * 4
-    )
-    return max(logits, scores) + LLAMACPP_COMPUTE_OVERHEAD_BYTES
-
-
-LLAMACPP_CELL_PAD = 256
-"""llama.cpp gives each sequence its own cache of ``n_ctx / n_seq_max`` cells rounded up to a
-multiple of this (the runner keeps sequences apart: ``kv_unified`` off), and raises ``n_ctx`` to
-match: llama-cpp-python 0.3.36 on SmolLM2 made n_ctx 1000 → 1024 cells, 1000 over 2 sequences →
-2 × 512, 300 over 3 → 3 × 256 (``llama_n_ctx_seq``)."""
-
-
-def llamacpp_cells_per_seq(max_model_len: int) -> int:
-    """The cache cells llama.cpp gives each sequence for ``max_model_len`` tokens (``LLAMACPP_CELL_PAD``)."""
-    return -(-max_model_len // LLAMACPP_CELL_PAD) * LLAMACPP_CELL_PAD
-
-
-LLAMACPP_KV_TYPES = {"auto": "f16", "float16": "f16", "q8_0": "q8_0"}
-"""``kv_cache_dtype`` → llama.cpp's ``type_k``/``type_v``: auto is f16 (llama.cpp's default cache type)."""
 TRANSFORMERS_BACKENDS = ("transformers-cuda", "transformers-cpu")
 TORCH_CPU_BACKENDS = ("vllm-cpu", "transformers-cpu")
 """Backends whose engine runs on torch's intra-op pool on the CPU: one thread count per process,
@@ -383,35 +319,206 @@ def _sub_model_header_bytes(
     )
 
 
-def llamacpp_engine_kwargs(
-    stage: ArDecodeConfig, info: ArtifactInfo, backend: str
+def _checked_text_config(
+    stage: ArDecodeConfig, manifest: CheckpointManifest, path: Path, kind: str
 ) -> dict[str, Any]:
-    """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
-    GGUF as it is; ``n_ctx`` the whole cache (``max_model_len`` per sequence × ``max_num_seqs``,
-    each sequence's part rounded up by llama.cpp: ``LLAMACPP_CELL_PAD``), the per-sequence limit the runner enforces, the prefill chunk and its
-    physical batch, the cache types, and every layer offloaded on Vulkan, none on the CPU.
-    Flash attention stays off but for a q8_0 cache, which llama.cpp loads only with it."""
-    n_batch = stage.batched_tokens
-    cache = LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype, "f16")
-    flash = _llamacpp_flash_attn(stage)
-    return {
-        "model": info.path,
-        "n_ctx": stage.max_model_len * stage.max_num_seqs,
-        "n_seq_max": stage.max_num_seqs,
-        "max_model_len": stage.max_model_len,
-        "n_batch": n_batch,
-        "n_ubatch": min(LLAMACPP_UBATCH_MAX, n_batch),
-        "type_k": cache,
-        "type_v": cache,
-        "n_gpu_layers": -1 if backend == "llamacpp-vulkan" else 0,
-        "flash_attn": flash,
-    }
+    """The text config of the stage's (sub-)model; ``ConfigError`` for a sub-model the checkpoint
+    lacks, a streaming join its talker cannot take, or numbers the engine could not run on."""
+    try:
+        tcfg = text_config(manifest.config, stage.model_stage)
+    except KeyError as exc:
+        raise errors.ConfigError.single(
+            f"stages.{stage.name}.model_stage",
+            f"{exc.args[0]} in {path}",
+            "use a sub-model the checkpoint has, or drop model_stage",
+        ) from None
+    if (
+        stage.model_stage == "talker"
+        and stage.join == "latest"
+        and manifest.config.get("model_type") not in STREAMING_TALKERS
+    ):
+        raise errors.ConfigError.single(
+            f"stages.{stage.name}.join",
+            f"latest: the {manifest.config.get('model_type')} talker here starts on its "
+            "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
+            f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)",
+        )
+    where = str(path) if kind == "gguf" else f"{path}/config.json"
+    problems = [
+        errors.Problem(
+            f"{where}: {key}",
+            f"the model's {key} {what}",
+            "use a decoder-only checkpoint (or set model_stage for multi-model configs)"
+            if what == "is missing"
+            else (
+                "re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged"
+                if kind == "gguf"
+                else "re-download the checkpoint's config.json: these numbers must be the model's real ones"
+            ),
+        )
+        for key, what in text_config_problems(tcfg)
+    ]
+    if problems:
+        raise errors.ConfigError(problems)
+    return tcfg
 
 
-def _llamacpp_flash_attn(stage: ArDecodeConfig) -> bool:
-    """Flash attention on for a q8_0 cache only: llama.cpp refuses a quantized V cache without it
-    ("quantized V cache requires flash_attn to be enabled", llama-cpp-python 0.3.36); off otherwise."""
-    return LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0"
+def _context_refusal(stage: ArDecodeConfig, info: ArtifactInfo, device: Device) -> Refusal | None:
+    """A context longer than the model has positions: the engine would refuse it at load."""
+    limit = model_context_limit(info.internal["text_config"])
+    if limit is None or stage.max_model_len <= limit:
+        return None
+    source = (
+        "its GGUF header's context_length"
+        if info.kind == "gguf"
+        else "max_position_embeddings in its config.json"
+    )
+    return Refusal(
+        RefusalCode.CONTEXT_EXCEEDS_MODEL,
+        device.id,
+        f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
+        f"({source}: {info.path}); the engine would refuse it at load time",
+        f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
+        "omni-edge never shortens a context on its own — or use a model built for a longer context",
+    )
+
+
+def _vllm_model_stage_refusal(stage: ArDecodeConfig, device: Device, backend: str) -> Refusal:
+    """vLLM here yields text only: it can run neither Omni sub-model (``MODEL_STAGE_PORTS``)."""
+    what = (
+        (
+            "yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
+            "reading them would get none)"
+        )
+        if stage.model_stage == "thinker"
+        else (
+            "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes"
+        )
+    )
+    return Refusal(
+        RefusalCode.MODEL_STAGE_UNSUPPORTED,
+        device.id,
+        f"model_stage {stage.model_stage}: {backend} {what}",
+        f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
+        f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
+        + (
+            "; for the thinker's text alone on vLLM, drop model_stage"
+            if stage.model_stage == "thinker"
+            else ""
+        ),
+    )
+
+
+def _kv_block_refusal(stage: ArDecodeConfig, device: Device, backend: str) -> Refusal:
+    """A llama.cpp block type (q8_0) asked of a backend that has no such cache."""
+    return Refusal(
+        RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
+        device.id,
+        f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
+        "(it is llama.cpp's block type)",
+        f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
+        f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
+    )
+
+
+def _format_refusals(
+    stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str
+) -> list[Refusal]:
+    """A weight format the backend cannot execute on ``device``; on vLLM, an architecture it
+    refuses (mixed sliding and full attention layers)."""
+    out = []
+    reason = capabilities.format_refusal(backend, device, info.weight_format)
+    if reason:
+        usable = capabilities.supported_formats(backend, device)
+        out.append(
+            Refusal(
+                RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
+                device.id,
+                f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
+                f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
+            )
+        )
+    tcfg = info.internal["text_config"]
+    arch = (
+        capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
+        if backend in VLLM_BACKENDS
+        else None
+    )
+    if arch:
+        out.append(
+            Refusal(
+                RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED,
+                device.id,
+                f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
+                "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
+            )
+        )
+    return out
+
+
+def _weights_reservation(info: ArtifactInfo, pool: str) -> Reservation:
+    """The weights as the manifest counts them (vLLM's and transformers' own loaders)."""
+    manifest = info.details["manifest"]
+    shards = max(int(manifest.get("shards", 1)), 1)
+    return Reservation(
+        pool,
+        "weights",
+        info.weight_bytes,
+        "session",
+        info.internal.get("weights_evidence", "D"),
+        f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
+    )
+
+
+def _vllm_cuda_reservations(stage: ArDecodeConfig, pool: str) -> list[Reservation]:
+    """vLLM on CUDA also holds the graph pool (unless eager) and a host process in host RAM."""
+    out = []
+    if not stage.enforce_eager:
+        out.append(
+            Reservation(
+                pool,
+                "graph_capture",
+                GRAPH_CAPTURE_BYTES,
+                "session",
+                "E",
+                "CUDA graph pool (enforce_eager: false)",
+                at_load=False,
+            )
+        )
+    out.append(
+        Reservation(
+            HOST_RAM,
+            "host_process",
+            HOST_PROCESS_BYTES_FOR_GPU,
+            "session",
+            "E",
+            "the engine's host process: Python, torch, CUDA runtime, pinned buffers",
+        )
+    )
+    return out
+
+
+def _transformers_activations(
+    stage: ArDecodeConfig, info: ArtifactInfo, pool: str, length: int
+) -> Reservation:
+    """transformers' ``generate()`` prefills the whole prompt in one pass: the live [tokens,
+    hidden] tensors of ``length`` tokens and the logits its head computes."""
+    tcfg = info.internal["text_config"]
+    act_bytes = 4 if _effective_dtype(stage, info) == "float32" else 2
+    hidden, vocab = int(tcfg.get("hidden_size") or 0), int(tcfg.get("vocab_size") or 0)
+    omni_stage = stage.model_stage in MODEL_STAGE_PORTS
+    # The Omni models' forward runs their head over every prompt position (no logits_to_keep);
+    # a plain causal LM keeps the last position's only.
+    logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
+    return Reservation(
+        pool,
+        "activations",
+        length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits,
+        "request",
+        "E",
+        f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
+        + (f"logits over all {length} positions" if omni_stage else "the last position's logits"),
+    )
 
 
 class ArDecodeKind(StageKind):
@@ -474,42 +581,7 @@ class ArDecodeKind(StageKind):
         else:
             manifest = read_checkpoint(path, digest=stage.digest)
             kind = "checkpoint"
-        try:
-            tcfg = text_config(manifest.config, stage.model_stage)
-        except KeyError as exc:
-            raise errors.ConfigError.single(
-                f"stages.{stage.name}.model_stage",
-                f"{exc.args[0]} in {path}",
-                "use a sub-model the checkpoint has, or drop model_stage",
-            ) from None
-        if (
-            stage.model_stage == "talker"
-            and stage.join == "latest"
-            and manifest.config.get("model_type") not in STREAMING_TALKERS
-        ):
-            raise errors.ConfigError.single(
-                f"stages.{stage.name}.join",
-                f"latest: the {manifest.config.get('model_type')} talker here starts on its "
-                "whole hand-over only (Qwen3-Omni's text projection runs over the assistant turn at once)",
-                f"use join: all (the streaming talker is {', '.join(STREAMING_TALKERS)}'s)",
-            )
-        where = str(path) if kind == "gguf" else f"{path}/config.json"
-        problems = [
-            errors.Problem(
-                f"{where}: {key}",
-                f"the model's {key} {what}",
-                "use a decoder-only checkpoint (or set model_stage for multi-model configs)"
-                if what == "is missing"
-                else (
-                    "re-convert the model with llama.cpp's current tools: the GGUF's metadata is damaged"
-                    if kind == "gguf"
-                    else "re-download the checkpoint's config.json: these numbers must be the model's real ones"
-                ),
-            )
-            for key, what in text_config_problems(tcfg)
-        ]
-        if problems:
-            raise errors.ConfigError(problems)
+        tcfg = _checked_text_config(stage, manifest, path, kind)
         summary = manifest.summary()
         weight_bytes, evidence = manifest.weight_bytes, "D"
         sub = (
@@ -556,10 +628,7 @@ class ArDecodeKind(StageKind):
         f16, q8_0 ggml's 34-byte blocks of 32 values."""
         length = max_model_len or stage.max_model_len
         if backend in LLAMACPP_BACKENDS:
-            kv_dtype = (
-                "q8_0" if LLAMACPP_KV_TYPES.get(stage.kv_cache_dtype) == "q8_0" else "float16"
-            )
-            length = llamacpp_cells_per_seq(length)
+            length, kv_dtype = llamacpp_plan.kv_cache(stage, length)
         elif stage.kv_cache_dtype in KV_BLOCK_TYPES:
             kv_dtype = _effective_dtype(
                 stage, info
@@ -580,133 +649,20 @@ class ArDecodeKind(StageKind):
     def check(
         self, stage: StageConfig, info: ArtifactInfo, device: Device, backend: str
     ) -> list[Refusal]:
+        """The first reason this backend cannot run the stage on ``device``: a context longer than
+        the model's, an Omni sub-model on vLLM, llama.cpp's own (``llamacpp_plan.refusals``), a
+        cache type the backend lacks; else the weight format's and the architecture's."""
         assert isinstance(stage, ArDecodeConfig)
-        out = []
-        limit = model_context_limit(info.internal["text_config"])
-        if limit is not None and stage.max_model_len > limit:
-            source = (
-                "its GGUF header's context_length"
-                if info.kind == "gguf"
-                else "max_position_embeddings in its config.json"
-            )
-            out.append(
-                Refusal(
-                    RefusalCode.CONTEXT_EXCEEDS_MODEL,
-                    device.id,
-                    f"max_model_len {stage.max_model_len} is longer than the {limit} positions the model has "
-                    f"({source}: {info.path}); the engine would refuse it at load time",
-                    f"set max_model_len to {limit} or less in the config (stages.{stage.name}.max_model_len) — "
-                    "omni-edge never shortens a context on its own — or use a model built for a longer context",
-                )
-            )
-            return out
+        too_long = _context_refusal(stage, info, device)
+        if too_long is not None:
+            return [too_long]
         if backend in VLLM_BACKENDS and stage.model_stage in MODEL_STAGE_PORTS:
-            what = (
-                (
-                    "yields a thinker's text only, not the hidden states its hidden_states port declares (a talker "
-                    "reading them would get none)"
-                )
-                if stage.model_stage == "thinker"
-                else (
-                    "runs no Omni talker: it cannot take the thinker's hidden states or yield codec codes"
-                )
-            )
-            out.append(
-                Refusal(
-                    RefusalCode.MODEL_STAGE_UNSUPPORTED,
-                    device.id,
-                    f"model_stage {stage.model_stage}: {backend} {what}",
-                    f"run it on transformers: list {'transformers-cuda' if backend == 'vllm-cuda' else 'transformers-cpu'} in "
-                    f"stages.{stage.name}.backends, or leave backends out so the planner tries it next"
-                    + (
-                        "; for the thinker's text alone on vLLM, drop model_stage"
-                        if stage.model_stage == "thinker"
-                        else ""
-                    ),
-                )
-            )
-            return out
+            return [_vllm_model_stage_refusal(stage, device, backend)]
         if backend in LLAMACPP_BACKENDS:
-            out.extend(self._llamacpp_refusals(stage, info, device, backend))
-            return out
+            return llamacpp_plan.refusals(stage, info, device, backend)
         if stage.kv_cache_dtype in KV_BLOCK_TYPES:
-            out.append(
-                Refusal(
-                    RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
-                    device.id,
-                    f"kv_cache_dtype {stage.kv_cache_dtype}: {backend} has no {stage.kv_cache_dtype} KV cache "
-                    "(it is llama.cpp's block type)",
-                    f"list llamacpp-cpu in stages.{stage.name}.backends for a {stage.kv_cache_dtype} cache, or set "
-                    f"stages.{stage.name}.kv_cache_dtype to auto (or fp8 on vLLM)",
-                )
-            )
-            return out
-        reason = capabilities.format_refusal(backend, device, info.weight_format)
-        if reason:
-            usable = capabilities.supported_formats(backend, device)
-            out.append(
-                Refusal(
-                    RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
-                    device.id,
-                    f"the checkpoint is {info.weight_format} and {device.id} ({device.name}) through {backend} cannot run it: {reason}",
-                    f"use a {' or '.join(usable)} build of this model on {device.id}, or let the stage run on a device whose backend executes {info.weight_format}",
-                )
-            )
-        tcfg = info.internal["text_config"]
-        arch = (
-            capabilities.architecture_refusal(tcfg, layer_kinds(tcfg))
-            if backend in VLLM_BACKENDS
-            else None
-        )
-        if arch:
-            out.append(
-                Refusal(
-                    RefusalCode.MODEL_ARCHITECTURE_UNSUPPORTED,
-                    device.id,
-                    f"{tcfg.get('model_type')} with mixed sliding/full attention layers: {arch}",
-                    "use a build with uniform attention (use_sliding_window: false), or a model family vLLM accepts with mixed layers (Llama, Gemma 3)",
-                )
-            )
-        return out
-
-    def _llamacpp_refusals(
-        self, stage: ArDecodeConfig, info: ArtifactInfo, device: Device, backend: str
-    ) -> list[Refusal]:
-        """Why llama.cpp cannot run this stage on ``device``: an Omni sub-model, a model that is not
-        a GGUF file, a cache type it does not hold here."""
-        if stage.model_stage:
-            return [
-                Refusal(
-                    RefusalCode.MODEL_STAGE_UNSUPPORTED,
-                    device.id,
-                    f"model_stage {stage.model_stage}: {backend} runs a plain decoder's text, not an Omni sub-model",
-                    f"list {'transformers-cpu' if device.kind == 'cpu' else 'transformers-cuda'} in stages.{stage.name}.backends, "
-                    "or leave backends out so the planner tries it next",
-                )
-            ]
-        weight_format = "gguf" if info.kind == "gguf" else info.weight_format
-        reason = capabilities.format_refusal(backend, device, weight_format)
-        if reason:
-            return [
-                Refusal(
-                    RefusalCode.WEIGHT_FORMAT_UNSUPPORTED,
-                    device.id,
-                    f"the checkpoint is {weight_format} ({info.path}) and {backend} cannot run it: {reason}",
-                    f"point stages.{stage.name}.model at a GGUF build of this model (a .gguf file), or list vllm-cpu "
-                    f"(vllm-cuda on an NVIDIA GPU) in stages.{stage.name}.backends to run this checkpoint",
-                )
-            ]
-        if stage.kv_cache_dtype not in LLAMACPP_KV_TYPES:
-            return [
-                Refusal(
-                    RefusalCode.KV_CACHE_DTYPE_UNSUPPORTED,
-                    device.id,
-                    f"kv_cache_dtype {stage.kv_cache_dtype}: {backend}'s KV cache here is f16 or q8_0",
-                    f"set stages.{stage.name}.kv_cache_dtype to auto (f16), float16 or q8_0, or list a vLLM backend "
-                    f"in stages.{stage.name}.backends for {stage.kv_cache_dtype}",
-                )
-            ]
-        return []
+            return [_kv_block_refusal(stage, device, backend)]
+        return _format_refusals(stage, info, device, backend)
 
     def reservations(
         self,
@@ -722,7 +678,22 @@ class ArDecodeKind(StageKind):
         if backend in TRANSFORMERS_BACKENDS:
             return self._transformers_reservations(stage, info, backend, pool, max_model_len)
         if backend in LLAMACPP_BACKENDS:
-            return self._llamacpp_reservations(stage, info, backend, pool, max_model_len)
+            return llamacpp_plan.reservations(
+                stage, info, self.kv(stage, info, max_model_len, backend), pool, max_model_len
+            )
+        return self._vllm_reservations(stage, info, backend, pool, max_model_len)
+
+    def _vllm_reservations(
+        self,
+        stage: ArDecodeConfig,
+        info: ArtifactInfo,
+        backend: str,
+        pool: str,
+        max_model_len: int | None,
+    ) -> list[Reservation]:
+        """What a vLLM stage holds: its weights, the KV cache it allocates after the load, one
+        prefill chunk's activations and the sampler's logits, the engine's workspace and the load;
+        on CUDA the graph pool (unless eager) and the host process."""
         tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         dtype = _effective_dtype(stage, info)
@@ -733,14 +704,7 @@ class ArDecodeKind(StageKind):
         manifest = info.details["manifest"]
         shards = max(int(manifest.get("shards", 1)), 1)
         rs = [
-            Reservation(
-                pool,
-                "weights",
-                info.weight_bytes,
-                "session",
-                info.internal.get("weights_evidence", "D"),
-                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
-            ),
+            _weights_reservation(info, pool),
             Reservation(
                 pool,
                 "kv_cache",
@@ -784,105 +748,8 @@ class ArDecodeKind(StageKind):
             ),
         ]
         if backend == "vllm-cuda":
-            if not stage.enforce_eager:
-                rs.append(
-                    Reservation(
-                        pool,
-                        "graph_capture",
-                        GRAPH_CAPTURE_BYTES,
-                        "session",
-                        "E",
-                        "CUDA graph pool (enforce_eager: false)",
-                        at_load=False,
-                    )
-                )
-            rs.append(
-                Reservation(
-                    HOST_RAM,
-                    "host_process",
-                    HOST_PROCESS_BYTES_FOR_GPU,
-                    "session",
-                    "E",
-                    "the engine's host process: Python, torch, CUDA runtime, pinned buffers",
-                )
-            )
+            rs.extend(_vllm_cuda_reservations(stage, pool))
         return rs
-
-    def _llamacpp_reservations(
-        self,
-        stage: ArDecodeConfig,
-        info: ArtifactInfo,
-        backend: str,
-        pool: str,
-        max_model_len: int | None,
-    ) -> list[Reservation]:
-        """What a llama.cpp stage holds, all of it from the load on (llama.cpp allocates its cache
-        and compute buffers when the context is created): the GGUF's tensors as stored, the
-        KV cache of ``n_ctx`` cells in its cache type (one part per sequence), the compute buffer for one
-        ``n_ubatch``, and the interpreter with libllama. On an iGPU (Vulkan) the same bytes,
-        on the memory it shares with the host."""
-        tcfg = info.internal["text_config"]
-        kv = self.kv(stage, info, max_model_len, backend)
-        length = max_model_len or stage.max_model_len
-        n_batch = min(stage.batched_tokens, length)
-        n_ubatch = min(LLAMACPP_UBATCH_MAX, n_batch)
-        vocab, hidden = int(tcfg.get("vocab_size") or 0), int(tcfg.get("hidden_size") or 0)
-        quant = info.details["manifest"].get("quantization") or {}
-        stored = quant.get("gguf_tensor_bytes")
-        types = ", ".join(
-            f"{t} ×{n}" for t, n in sorted((quant.get("gguf_tensor_types") or {}).items())
-        )
-        evidence: Evidence
-        if isinstance(stored, int):
-            weights, evidence = stored, "D"
-            what = f"the GGUF's {info.details['manifest'].get('tensor_count')} tensors as stored ({types})"
-        else:  # a ggml type without a known size: the file, header included, bounds its tensors
-            weights, evidence = int(quant.get("gguf_file_bytes") or info.weight_bytes), "E"
-            what = f"the GGUF file's size (a tensor type without a known block size among {types})"
-        cells = llamacpp_cells_per_seq(length) * stage.max_num_seqs
-        heads = int(tcfg.get("num_attention_heads") or 0)
-        flash = _llamacpp_flash_attn(stage)
-        compute = llamacpp_compute_bytes(n_ubatch, cells, vocab, hidden, heads, flash_attn=flash)
-        output = stage.max_num_seqs * vocab * 4
-        return [
-            Reservation(
-                pool,
-                "weights",
-                weights,
-                "session",
-                evidence,
-                f"{what}; llama.cpp maps the file (mmap) and computes on the blocks as they are: charged "
-                "to the pool as resident all the same, since every page is read in as the model runs",
-            ),
-            Reservation(
-                pool,
-                "kv_cache",
-                kv.bytes_total,
-                "session",
-                "E",
-                f"{kv.bytes_per_token} B/token ({kv.dtype}) × n_ctx {cells} "
-                f"({llamacpp_cells_per_seq(length)} cells × {stage.max_num_seqs} seq, one cache per "
-                f"sequence: {length} tokens rounded up to llama.cpp's {LLAMACPP_CELL_PAD})",
-            ),
-            Reservation(
-                pool,
-                "compute_buffer",
-                compute + output,
-                "session",
-                "E",
-                f"llama.cpp's compute buffer for n_ubatch {n_ubatch} over n_ctx {cells} (flash attention "
-                f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
-                f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)",
-            ),
-            Reservation(
-                pool,
-                "backend_workspace",
-                LLAMACPP_RUNTIME_BYTES,
-                "session",
-                "E",
-                "the interpreter with llama_cpp (libllama, libggml) imported",
-            ),
-        ]
 
     def _transformers_reservations(
         self,
@@ -895,17 +762,9 @@ class ArDecodeKind(StageKind):
         """What a transformers stage holds: its weights (a sub-model's own), the KV cache
         transformers' DynamicCache grows to (the same arithmetic as vLLM's), one prefill pass of
         the whole prompt (generate() does not chunk it), the interpreter, and the load."""
-        tcfg = info.internal["text_config"]
         kv = self.kv(stage, info, max_model_len)
         length = max_model_len or stage.max_model_len
-        act_bytes = 4 if _effective_dtype(stage, info) == "float32" else 2
-        hidden, vocab = int(tcfg.get("hidden_size") or 0), int(tcfg.get("vocab_size") or 0)
-        manifest = info.details["manifest"]
-        shards = max(int(manifest.get("shards", 1)), 1)
-        omni_stage = stage.model_stage in MODEL_STAGE_PORTS
-        # The Omni models' forward runs their head over every prompt position (no logits_to_keep);
-        # a plain causal LM keeps the last position's only.
-        logits = (length if omni_stage else 1) * vocab * act_bytes * stage.max_num_seqs
+        shards = max(int(info.details["manifest"].get("shards", 1)), 1)
         talker = stage.model_stage == "talker"
         transient = (
             info.weight_bytes
@@ -913,14 +772,7 @@ class ArDecodeKind(StageKind):
             else int(max(info.weight_bytes * LOAD_TRANSIENT_FRACTION, info.weight_bytes / shards))
         )
         rs = [
-            Reservation(
-                pool,
-                "weights",
-                info.weight_bytes,
-                "session",
-                info.internal.get("weights_evidence", "D"),
-                f"{info.weight_format}; {'; '.join(manifest.get('notes') or ()) or f'{shards} safetensors file(s)'}",
-            ),
+            _weights_reservation(info, pool),
             Reservation(
                 pool,
                 "kv_cache",
@@ -931,19 +783,7 @@ class ArDecodeKind(StageKind):
                 "(transformers' DynamicCache grows to it)",
                 at_load=False,
             ),
-            Reservation(
-                pool,
-                "activations",
-                length * hidden * act_bytes * ACTIVATION_LIVE_TENSORS + logits,
-                "request",
-                "E",
-                f"a {length}-token prefill in one pass × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + "
-                + (
-                    f"logits over all {length} positions"
-                    if omni_stage
-                    else "the last position's logits"
-                ),
-            ),
+            _transformers_activations(stage, info, pool, length),
             Reservation(
                 pool,
                 "backend_workspace",
@@ -1000,7 +840,7 @@ class ArDecodeKind(StageKind):
                 else "cpu",
             }
         if backend in LLAMACPP_BACKENDS:
-            return llamacpp_engine_kwargs(stage, info, backend)
+            return llamacpp_plan.engine_kwargs(stage, info, backend)
         budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
         # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM

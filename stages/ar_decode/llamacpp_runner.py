@@ -72,6 +72,8 @@ from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, r
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.plan import StagePlan
     from stages.base import StageConfig
 
@@ -204,9 +206,21 @@ class _Slot:
         self.out = -1  # this step's batch row with logits, -1 when none
 
 
-def _context_settings(
-    kw: dict[str, Any], lc: Any
-) -> tuple[int, int, int, int, str, str, int, bool]:
+@dataclass(frozen=True)
+class _ContextSettings:
+    """The context's settings from the plan's engine kwargs (:func:`_context_settings`)."""
+
+    n_seq: int
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    gpu_layers: int
+    flash: bool
+
+
+def _context_settings(kw: dict[str, Any], lc: Any) -> _ContextSettings:
     """The context's settings from the plan's engine kwargs, checked against this build:
     sequences, context cells, batch and micro-batch sizes, the KV cache types, GPU layers, and
     flash attention (needed by a quantized V cache)."""
@@ -225,7 +239,7 @@ def _context_settings(
             f"(llama_supports_gpu_offload() is false); plan the stage on llamacpp-cpu"
         )
     flash = bool(kw.get("flash_attn")) or type_v in QUANTIZED_KV_TYPES
-    return n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash
+    return _ContextSettings(n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash)
 
 
 class LlamaCppRunner(StageRunner):
@@ -267,38 +281,13 @@ class LlamaCppRunner(StageRunner):
             lc = self._lc = llama_cpp_module()
             t_import = time.perf_counter()
             path = gguf_path(kw["model"])
-            n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash = _context_settings(
-                kw, lc
-            )
-
-            mparams = lc.llama_model_default_params()
-            mparams.n_gpu_layers = ALL_GPU_LAYERS if gpu_layers < 0 else gpu_layers
-            self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-            if not self._model:
-                raise ValueError(f"llama.cpp could not load {path} (its log above says why)")
+            cs = _context_settings(kw, lc)
+            self._load_model(path, cs)
             t_model = time.perf_counter()
-            cparams = lc.llama_context_default_params()
-            cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
-            cparams.n_batch, cparams.n_ubatch = n_batch, n_ubatch
-            cparams.n_threads = cparams.n_threads_batch = self.threads
-            cparams.type_k = getattr(lc, KV_CACHE_TYPES[type_k])
-            cparams.type_v = getattr(lc, KV_CACHE_TYPES[type_v])
-            cparams.flash_attn_type = (
-                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-            cparams.kv_unified = False
-            cparams.no_perf = True
-            self._ctx = lc.llama_init_from_model(self._model, cparams)
-            if not self._ctx:
-                raise ValueError(
-                    f"llama.cpp could not create a context (n_ctx {n_ctx}, n_seq_max {n_seq}, "
-                    f"n_batch {n_batch}; its log above says why)"
-                )
-            self._vocab = GgufVocab(self._model)
-            self._batch = lc.llama_batch_init(n_batch, 0, 1)
+            self._create_context(cs)
             n_ctx_seq = int(lc.llama_n_ctx_seq(self._ctx))
             self._seq_limit = min(int(kw.get("max_model_len") or n_ctx_seq), n_ctx_seq)
-            self._n_batch = n_batch
+            self._n_batch = cs.n_batch
             t_ctx = time.perf_counter()
         except Exception as exc:
             self._meter.stop()
@@ -318,21 +307,7 @@ class LlamaCppRunner(StageRunner):
             "model_load_s": round(t_model - t_import, 3),
             "context_s": round(t_ctx - t_model, 3),
             "load_s": round(t_ctx - t0, 3),
-            "n_threads": self.threads,
-            "n_ctx": int(lc.llama_n_ctx(self._ctx)),
-            "n_ctx_seq": n_ctx_seq,
-            "n_seq_max": n_seq,
-            "n_batch": n_batch,
-            "n_ubatch": n_ubatch,
-            "type_k": type_k,
-            "type_v": type_v,
-            "flash_attn": flash,
-            "n_gpu_layers": gpu_layers,
-            "chat_template": self._vocab.chat_template is not None,
-            "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
-            "in_process": True,
-            "load_peak_growth_bytes": self._meter.peak_growth,
-            "resident_growth_bytes": self._resident,
+            **self._context_info(cs, n_ctx_seq),
         }
         log.info(
             "%s: llama.cpp loaded %s in %.2f s (%d thread(s), %d sequence(s) of %d tokens)",
@@ -340,9 +315,64 @@ class LlamaCppRunner(StageRunner):
             path,
             t_ctx - t0,
             self.threads,
-            n_seq,
+            cs.n_seq,
             n_ctx_seq,
         )
+
+    def _load_model(self, path: Path, cs: _ContextSettings) -> None:
+        """The GGUF's model, its layers offloaded as planned (``n_gpu_layers``; -1: all)."""
+        lc = self._lc
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = ALL_GPU_LAYERS if cs.gpu_layers < 0 else cs.gpu_layers
+        self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path} (its log above says why)")
+
+    def _create_context(self, cs: _ContextSettings) -> None:
+        """The context (one KV cache per sequence: ``kv_unified`` off), the vocabulary and the
+        batch the engine thread fills."""
+        lc = self._lc
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_seq_max = cs.n_ctx, cs.n_seq
+        cparams.n_batch, cparams.n_ubatch = cs.n_batch, cs.n_ubatch
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.type_k = getattr(lc, KV_CACHE_TYPES[cs.type_k])
+        cparams.type_v = getattr(lc, KV_CACHE_TYPES[cs.type_v])
+        cparams.flash_attn_type = (
+            lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if cs.flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise ValueError(
+                f"llama.cpp could not create a context (n_ctx {cs.n_ctx}, n_seq_max {cs.n_seq}, "
+                f"n_batch {cs.n_batch}; its log above says why)"
+            )
+        self._vocab = GgufVocab(self._model)
+        self._batch = lc.llama_batch_init(cs.n_batch, 0, 1)
+
+    def _context_info(self, cs: _ContextSettings, n_ctx_seq: int) -> dict[str, Any]:
+        """What ``load_info`` says of the context as llama.cpp made it, and of this build."""
+        lc = self._lc
+        assert self._vocab is not None
+        return {
+            "n_threads": self.threads,
+            "n_ctx": int(lc.llama_n_ctx(self._ctx)),
+            "n_ctx_seq": n_ctx_seq,
+            "n_seq_max": cs.n_seq,
+            "n_batch": cs.n_batch,
+            "n_ubatch": cs.n_ubatch,
+            "type_k": cs.type_k,
+            "type_v": cs.type_v,
+            "flash_attn": cs.flash,
+            "n_gpu_layers": cs.gpu_layers,
+            "chat_template": self._vocab.chat_template is not None,
+            "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+            "in_process": True,
+            "load_peak_growth_bytes": self._meter.peak_growth,
+            "resident_growth_bytes": self._resident,
+        }
 
     def close(self) -> None:
         """Stop the engine thread, fail what is still in flight, free the context and the model."""

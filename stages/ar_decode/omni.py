@@ -501,7 +501,10 @@ class Talker:
         raise NotImplementedError
 
     def check(self, handover: Handover) -> None:
-        width = handover.embeds[0].shape[1]
+        self._check_width(handover.embeds[0].shape[1])
+
+    def _check_width(self, width: int) -> None:
+        """``BadRequest`` unless the thinker's hidden states are as wide as this talker reads."""
         if width != self.thinker_width:
             raise BadRequest.single(
                 "thinker.hidden_states",
@@ -527,7 +530,12 @@ class Talker:
 
 
 class Qwen25Talker(Talker):
-    """Qwen2.5-Omni's talker: one codec code per step (``Qwen2_5OmniForConditionalGeneration.generate``)."""
+    """Qwen2.5-Omni's talker: one codec code per step (``Qwen2_5OmniForConditionalGeneration.generate``).
+
+    :meth:`generate` (the whole hand-over) and :meth:`generate_streaming` (the hand-over as it
+    arrives) build the same inputs from the same steps: the prompt ids (:meth:`_prompt_ids`), the
+    speaker's and the text end's embeddings (:meth:`_embed`), and run the talker the same way
+    (:meth:`_talk`)."""
 
     def __init__(self, *args: Any, speakers: dict[str, Any]) -> None:
         super().__init__(*args)
@@ -541,26 +549,24 @@ class Qwen25Talker(Talker):
     def thinker_width(self) -> int:
         return int(self.config.talker_config.embedding_size)
 
-    def generate(
-        self,
-        handover: Handover,
-        sampling: dict[str, Any],
-        *,
-        on_codes: Callable[[list[int]], None],
-        cancel: threading.Event,
-    ) -> str:
-        import torch
-        from transformers import StoppingCriteriaList
+    @property
+    def _bos(self) -> int:
+        return int(self.speaker_params["bos_token"])
 
-        self.check(handover)
+    def _embed(self, token: int) -> Any:
+        """The thinker's input embedding of one token id, [1, 1, H]."""
+        import torch
+
+        return self.embed_tokens(torch.full((1, 1), token, dtype=torch.long, device=self.device))
+
+    def _prompt_ids(self, input_ids: Any, first_reply: Any) -> tuple[Any, Any]:
+        """The talker's ``(input_text_ids, input_ids)``: the thinker's prompt, the speaker's bos and
+        the reply's first token; the codec ids mask the prompt, then pad and bos."""
+        import torch
+
         talker, dev = self.talker, self.device
-        input_ids = torch.tensor([handover.prompt_ids], dtype=torch.long, device=dev)
-        gen_ids = torch.tensor([handover.generated_ids], dtype=torch.long, device=dev)
-        token_embeds = [self._tensor(e) for e in handover.embeds]
-        hidden = [self._tensor(h) for h in handover.hidden]
-        bos = int(self.speaker_params["bos_token"])
         text_ids = torch.cat(
-            [input_ids, torch.full((1, 1), bos, dtype=torch.long, device=dev), gen_ids[:, :1]],
+            [input_ids, torch.full((1, 1), self._bos, dtype=torch.long, device=dev), first_reply],
             dim=-1,
         )
         codec_ids = torch.cat(
@@ -571,34 +577,43 @@ class Qwen25Talker(Talker):
             ],
             dim=1,
         )
-        width = token_embeds[0].shape[-1]
-        if len(hidden) > 1:
-            reply = torch.cat(hidden[1:], dim=1) + torch.cat(token_embeds[1:], dim=1)
-        else:
-            reply = token_embeds[0].new_zeros((1, 0, width))
-        embeds = hidden[0] + token_embeds[0]
-        bos_embed = self.embed_tokens(torch.full((1, 1), bos, dtype=torch.long, device=dev))
-        embeds = torch.cat([embeds, bos_embed, reply[:, :1, :]], dim=1)
-        eos_embed = self.embed_tokens(
-            torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev)
+        return text_ids, codec_ids
+
+    def _end_after_eos(
+        self, reply: Any, gen_ids: Any, eos_token_ids: list[int], eos_embed: Any, pad_embed: Any
+    ) -> Any:
+        """``reply`` ended where the thinker ended: the text end in place of the reply's entry
+        before its first end-of-sequence token, padding from there on."""
+        import torch
+
+        dev = self.device
+        eos_ids = torch.as_tensor(eos_token_ids, device=dev).flatten()
+        is_eos = (gen_ids.unsqueeze(-1) == eos_ids).any(dim=-1)
+        n = gen_ids.shape[1]
+        positions = torch.arange(n, device=dev)
+        first = torch.where(is_eos, positions, n).min(dim=-1).values.clamp(min=1, max=n - 1)
+        reply_positions = torch.arange(reply.shape[1], device=dev).unsqueeze(0)
+        reply = torch.where((reply_positions >= first.unsqueeze(1)).unsqueeze(-1), pad_embed, reply)
+        return torch.where(
+            (reply_positions == (first - 1).unsqueeze(1)).unsqueeze(-1), eos_embed, reply
         )
-        pad_embed = self.embed_tokens(
-            torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev)
-        )
-        reply = torch.cat([reply[:, 1:, :], eos_embed, pad_embed], dim=1)
-        if handover.eos_token_ids:
-            eos_ids = torch.as_tensor(handover.eos_token_ids, device=dev).flatten()
-            is_eos = (gen_ids.unsqueeze(-1) == eos_ids).any(dim=-1)
-            n = gen_ids.shape[1]
-            positions = torch.arange(n, device=dev)
-            first = torch.where(is_eos, positions, n).min(dim=-1).values.clamp(min=1, max=n - 1)
-            reply_positions = torch.arange(reply.shape[1], device=dev).unsqueeze(0)
-            reply = torch.where(
-                (reply_positions >= first.unsqueeze(1)).unsqueeze(-1), pad_embed, reply
-            )
-            reply = torch.where(
-                (reply_positions == (first - 1).unsqueeze(1)).unsqueeze(-1), eos_embed, reply
-            )
+
+    def _talk(
+        self,
+        ids: tuple[Any, Any],
+        embeds: Any,
+        reply: Any,
+        sampling: dict[str, Any],
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
+        """Run the talker's own ``generate()`` on the built inputs, streaming each code but the
+        stop ids to ``on_codes``; the finish reason."""
+        import torch
+        from transformers import StoppingCriteriaList
+
+        talker = self.talker
+        text_ids, codec_ids = ids
         stop = [int(getattr(self.config.talker_config, k)) for k in QWEN25_TALKER_EOS]
         kwargs = _sampling_kwargs(sampling)
         streamer = _Streamer(lambda t: None if t in stop else on_codes([t]))
@@ -620,6 +635,39 @@ class Qwen25Talker(Talker):
             )
         return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
 
+    def generate(
+        self,
+        handover: Handover,
+        sampling: dict[str, Any],
+        *,
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
+        import torch
+
+        self.check(handover)
+        dev = self.device
+        input_ids = torch.tensor([handover.prompt_ids], dtype=torch.long, device=dev)
+        gen_ids = torch.tensor([handover.generated_ids], dtype=torch.long, device=dev)
+        token_embeds = [self._tensor(e) for e in handover.embeds]
+        hidden = [self._tensor(h) for h in handover.hidden]
+        ids = self._prompt_ids(input_ids, gen_ids[:, :1])
+        width = token_embeds[0].shape[-1]
+        if len(hidden) > 1:
+            reply = torch.cat(hidden[1:], dim=1) + torch.cat(token_embeds[1:], dim=1)
+        else:
+            reply = token_embeds[0].new_zeros((1, 0, width))
+        embeds = hidden[0] + token_embeds[0]
+        embeds = torch.cat([embeds, self._embed(self._bos), reply[:, :1, :]], dim=1)
+        eos_embed = self._embed(self.talker.text_eos_token)
+        pad_embed = self._embed(self.talker.text_pad_token)
+        reply = torch.cat([reply[:, 1:, :], eos_embed, pad_embed], dim=1)
+        if handover.eos_token_ids:
+            reply = self._end_after_eos(
+                reply, gen_ids, handover.eos_token_ids, eos_embed, pad_embed
+            )
+        return self._talk(ids, embeds, reply, sampling, on_codes, cancel)
+
     def generate_streaming(
         self,
         feed: HandoverFeed,
@@ -634,7 +682,6 @@ class Qwen25Talker(Talker):
         state + embedding, then the text end, then padding), waiting for the thinker when it is
         behind. Codes are those of :meth:`generate` (the parity test runs both)."""
         import torch
-        from transformers import StoppingCriteriaList
 
         if not feed.wait(0, cancel):
             if cancel.is_set():
@@ -645,57 +692,54 @@ class Qwen25Talker(Talker):
                 HOW_TO_FEED,
             )
         feed.wait(1, cancel)
-        talker, dev = self.talker, self.device
+        dev = self.device
         first = feed.steps[0]
-        width = int(first["embeds"].shape[1])
-        if width != self.thinker_width:
-            raise BadRequest.single(
-                "thinker.hidden_states",
-                f"hidden states are {width} wide; this talker reads "
-                f"{self.thinker_width} (its thinker's hidden size)",
-                "feed the talker from the thinker of the same checkpoint",
-            )
+        self._check_width(int(first["embeds"].shape[1]))
         input_ids = torch.tensor(
             [[int(t) for t in first["token_ids"]]], dtype=torch.long, device=dev
         )
         gen0 = int(first["next_token"].reshape(-1)[0])
-        bos = int(self.speaker_params["bos_token"])
-        text_ids = torch.cat(
-            [input_ids, torch.tensor([[bos, gen0]], dtype=torch.long, device=dev)], dim=-1
-        )
-        codec_ids = torch.cat(
+        ids = self._prompt_ids(input_ids, torch.tensor([[gen0]], dtype=torch.long, device=dev))
+        entry = self._step_entry
+        embeds = torch.cat(
             [
-                torch.full_like(input_ids, fill_value=talker.codec_mask_token),
-                torch.full((1, 1), talker.codec_pad_token, dtype=torch.long, device=dev),
-                torch.full((1, 1), talker.codec_bos_token, dtype=torch.long, device=dev),
+                entry(feed.steps[0]),
+                self._embed(self._bos),
+                *([entry(feed.steps[1])] if len(feed.steps) > 1 else []),
             ],
             dim=1,
         )
+        eos_embed = self._embed(self.talker.text_eos_token)
+        pad_embed = self._embed(self.talker.text_pad_token)
+        before = self._reply_feeder(feed, cancel, eos_embed, pad_embed)
+        hook = self.talker.register_forward_pre_hook(before, with_kwargs=True)
+        try:
+            reply = torch.cat([pad_embed, pad_embed], dim=1)
+            return self._talk(ids, embeds, reply, sampling, on_codes, cancel)
+        finally:
+            hook.remove()
 
-        def entry(i: int) -> Any:  # a step's hidden state + embedding, as generate() adds them
-            step = feed.steps[i]
-            return self._tensor(step["hidden"]) + self._tensor(step["embeds"])
+    def _step_entry(self, step: dict[str, Any]) -> Any:
+        """A hand-over step's hidden state + embedding, as :meth:`generate` adds them."""
+        return self._tensor(step["hidden"]) + self._tensor(step["embeds"])
 
-        bos_embed = self.embed_tokens(torch.full((1, 1), bos, dtype=torch.long, device=dev))
-        embeds = torch.cat(
-            [entry(0), bos_embed, *([entry(1)] if len(feed.steps) > 1 else [])], dim=1
-        )
-        eos_embed = self.embed_tokens(
-            torch.full((1, 1), talker.text_eos_token, dtype=torch.long, device=dev)
-        )
-        pad_embed = self.embed_tokens(
-            torch.full((1, 1), talker.text_pad_token, dtype=torch.long, device=dev)
-        )
+    def _reply_feeder(
+        self, feed: HandoverFeed, cancel: threading.Event, eos_embed: Any, pad_embed: Any
+    ) -> Callable[[Any, Any, dict[str, Any]], Any]:
+        """A forward pre-hook that hands each decode step the next entry of ``thinker_reply_part``
+        as :meth:`generate` would have built it whole, waiting for the thinker when it is behind."""
+        import torch
+
         decoded = [0]
 
         def remaining(j: int) -> Any:
             # generate()'s thinker_reply_part after the prefill took its first entry: the steps
             # from the third on, the text end, then padding
             if feed.wait(j + 2, cancel):
-                return entry(j + 2)
+                return self._step_entry(feed.steps[j + 2])
             return eos_embed if j == max(len(feed.steps) - 2, 0) else pad_embed
 
-        def before(module: Any, args: Any, kwargs: Any) -> Any:
+        def before(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
             if (
                 kwargs.get("inputs_embeds") is None
             ):  # a decode step: it reads thinker_reply_part's first entry
@@ -703,30 +747,7 @@ class Qwen25Talker(Talker):
                 decoded[0] += 1
             return args, kwargs
 
-        stop = [int(getattr(self.config.talker_config, k)) for k in QWEN25_TALKER_EOS]
-        kwargs = _sampling_kwargs(sampling)
-        streamer = _Streamer(lambda t: None if t in stop else on_codes([t]))
-        hook = talker.register_forward_pre_hook(before, with_kwargs=True)
-        _seed(sampling)
-        try:
-            with torch.no_grad():
-                talker.generate(
-                    input_ids=codec_ids,
-                    input_text_ids=text_ids,
-                    thinker_reply_part=torch.cat([pad_embed, pad_embed], dim=1),
-                    inputs_embeds=embeds,
-                    attention_mask=None,
-                    suppress_tokens=[talker.codec_bos_token],
-                    eos_token_id=stop,
-                    pad_token_id=talker.codec_pad_token,
-                    use_audio_in_video=False,
-                    streamer=streamer,
-                    stopping_criteria=StoppingCriteriaList([_Cancel(cancel)]),
-                    **kwargs,
-                )
-        finally:
-            hook.remove()
-        return _finish(cancel, streamer.last, set(stop), streamer.count, kwargs["max_new_tokens"])
+        return before
 
 
 class _Qwen3Shim:
@@ -739,7 +760,11 @@ class _Qwen3Shim:
 
 class Qwen3Talker(Talker):
     """Qwen3-Omni's talker: per step one frame of ``num_code_groups`` codes — its own first codebook
-    and its code predictor's (MTP) residual codebooks (``Qwen3OmniMoeForConditionalGeneration.generate``)."""
+    and its code predictor's (MTP) residual codebooks (``Qwen3OmniMoeForConditionalGeneration.generate``).
+
+    :meth:`generate` builds the talker's inputs in the model's own order: the user turn
+    (:meth:`_user_part`), the assistant turn (:meth:`_assistant_part`) with its trailing text
+    ended where the thinker ended (:meth:`_end_after_eos`), then runs the talker (:meth:`_talk`)."""
 
     @property
     def thinker_width(self) -> int:
@@ -754,13 +779,9 @@ class Qwen3Talker(Talker):
         cancel: threading.Event,
     ) -> str:
         import torch
-        import transformers
-        from transformers import StoppingCriteriaList
 
         self.check(handover)
-        whole = transformers.Qwen3OmniMoeForConditionalGeneration
-        shim: Any = _Qwen3Shim(self.config, self.talker)  # read like the whole model's self
-        cfg, tcfg, dev = self.config, self.config.talker_config, self.device
+        tcfg, dev = self.config.talker_config, self.device
         speaker_id = tcfg.speaker_id.get(self.speaker.lower())
         if speaker_id is None:
             raise ValueError(f"speaker {self.speaker!r} is not one of {', '.join(tcfg.speaker_id)}")
@@ -770,6 +791,51 @@ class Qwen3Talker(Talker):
         )
         thinker_embed = torch.cat([self._tensor(e) for e in handover.embeds], dim=1)
         thinker_hidden = torch.cat([self._tensor(h) for h in handover.hidden], dim=1)
+        user_embeds, user_ids, user_attention = self._user_part(
+            input_ids, sequences, thinker_hidden, thinker_embed
+        )
+        assistant_embeds, assistant_ids, trailing, tts_pad, tts_eos = self._assistant_part(
+            input_ids, sequences, speaker_id, thinker_embed
+        )
+        if handover.eos_token_ids:
+            trailing = self._end_after_eos(
+                trailing,
+                sequences[:, input_ids.shape[1] :],
+                handover.eos_token_ids,
+                tts_pad,
+                tts_eos,
+            )
+        embeds = torch.cat((user_embeds, assistant_embeds), dim=1)
+        ids = torch.cat((user_ids, assistant_ids), dim=1)
+        mask = torch.cat(
+            (user_attention, user_attention.new_ones((1, assistant_embeds.shape[1]))), dim=1
+        )
+        inputs = {
+            "inputs_embeds": embeds,
+            "trailing_text_hidden": trailing,
+            "tts_pad_embed": tts_pad,
+            "talker_input_ids": ids,
+            "attention_mask": mask,
+        }
+        return self._talk(inputs, sampling, on_codes, cancel)
+
+    def _shim(self) -> Any:
+        """This talker read like the whole model's ``self``, and the whole model's class."""
+        import transformers
+
+        return transformers.Qwen3OmniMoeForConditionalGeneration, _Qwen3Shim(
+            self.config, self.talker
+        )
+
+    def _user_part(
+        self, input_ids: Any, sequences: Any, thinker_hidden: Any, thinker_embed: Any
+    ) -> tuple[Any, Any, Any]:
+        """The user turns' ``(embeds, ids, attention)`` as ``generate()`` builds them: the thinker's
+        states of every token whose turn starts with the user role, left-padded."""
+        import torch
+
+        whole, shim = self._shim()
+        cfg, dev = self.config, self.device
         th = cfg.thinker_config
         multimodal_mask = (
             (sequences == th.audio_token_id)
@@ -801,6 +867,18 @@ class Qwen3Talker(Talker):
             torch.arange(max_user, device=dev).unsqueeze(0)
             >= (max_user - user_lengths).unsqueeze(1)
         ).to(attention.dtype)
+        return user_embeds, user_ids, user_attention
+
+    def _assistant_part(
+        self, input_ids: Any, sequences: Any, speaker_id: int, thinker_embed: Any
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        """The last assistant turn's ``(embeds, ids, trailing text)`` as ``generate()`` builds them,
+        with the projected text pad and end embeddings (``BadRequest`` when the prompt has no
+        assistant turn)."""
+        import torch
+
+        whole, shim = self._shim()
+        cfg, dev = self.config, self.device
         starts = (input_ids[:, :-1] == cfg.im_start_token_id) & (
             input_ids[:, 1:] == cfg.assistant_token_id
         )
@@ -830,28 +908,45 @@ class Qwen3Talker(Talker):
             tts_bos,
             tts_eos,
         )
-        if handover.eos_token_ids:
-            gen = sequences[:, length:]
-            eos_ids = torch.as_tensor(handover.eos_token_ids, device=dev).flatten()
-            is_eos = (gen.unsqueeze(-1) == eos_ids).any(dim=-1)
-            n = gen.shape[1]
-            first = torch.where(is_eos, torch.arange(n, device=dev), n).min(dim=-1).values
-            trailing_positions = torch.arange(trailing.shape[1], device=dev).unsqueeze(0)
-            trailing = torch.where(
-                (trailing_positions > first.unsqueeze(1)).unsqueeze(-1),
-                tts_pad.to(trailing.dtype),
-                trailing,
-            )
-            trailing = torch.where(
-                (trailing_positions == first.unsqueeze(1)).unsqueeze(-1),
-                tts_eos.to(trailing.dtype),
-                trailing,
-            )
-        embeds = torch.cat((user_embeds, assistant_embeds), dim=1)
-        ids = torch.cat((user_ids, assistant_ids), dim=1)
-        mask = torch.cat(
-            (user_attention, attention.new_ones((1, assistant_embeds.shape[1]))), dim=1
+        return assistant_embeds, assistant_ids, trailing, tts_pad, tts_eos
+
+    def _end_after_eos(
+        self, trailing: Any, gen: Any, eos_token_ids: list[int], tts_pad: Any, tts_eos: Any
+    ) -> Any:
+        """``trailing`` ended where the thinker ended: the text end at its first end-of-sequence
+        token, padding after it."""
+        import torch
+
+        dev = self.device
+        eos_ids = torch.as_tensor(eos_token_ids, device=dev).flatten()
+        is_eos = (gen.unsqueeze(-1) == eos_ids).any(dim=-1)
+        n = gen.shape[1]
+        first = torch.where(is_eos, torch.arange(n, device=dev), n).min(dim=-1).values
+        trailing_positions = torch.arange(trailing.shape[1], device=dev).unsqueeze(0)
+        trailing = torch.where(
+            (trailing_positions > first.unsqueeze(1)).unsqueeze(-1),
+            tts_pad.to(trailing.dtype),
+            trailing,
         )
+        return torch.where(
+            (trailing_positions == first.unsqueeze(1)).unsqueeze(-1),
+            tts_eos.to(trailing.dtype),
+            trailing,
+        )
+
+    def _talk(
+        self,
+        inputs: dict[str, Any],
+        sampling: dict[str, Any],
+        on_codes: Callable[[list[int]], None],
+        cancel: threading.Event,
+    ) -> str:
+        """Run the talker's own ``generate()`` on the built inputs, handing each step's frame of
+        codes (its code predictor's output) to ``on_codes``; the finish reason."""
+        import torch
+        from transformers import StoppingCriteriaList
+
+        tcfg = self.config.talker_config
         vocab = int(tcfg.text_config.vocab_size)
         suppressed = [i for i in range(vocab - 1024, vocab) if i != tcfg.codec_eos_token_id]
         kwargs = _sampling_kwargs(sampling)
@@ -867,11 +962,7 @@ class Qwen3Talker(Talker):
         try:
             with torch.no_grad():
                 self.talker.generate(
-                    inputs_embeds=embeds,
-                    trailing_text_hidden=trailing,
-                    tts_pad_embed=tts_pad,
-                    talker_input_ids=ids,
-                    attention_mask=mask,
+                    **inputs,
                     eos_token_id=tcfg.codec_eos_token_id,
                     suppress_tokens=suppressed,
                     output_hidden_states=True,

@@ -448,23 +448,48 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
     Raises ``ConfigError`` naming the manifest field for unknown keys, bad
     values, locations that leave the directory, and files that do not exist.
     """
+    d = _artifact_dir(path)
+    manifest_path = d / MANIFEST_NAME
+    where = str(manifest_path)
+    manifest = _read_manifest(manifest_path)
+    artifact = ExportedArtifact(d, manifest)
+    if manifest.not_exported is not None:
+        return artifact  # the graph and its reference are not here, by declaration
+    problems = [
+        *_precision_problems(artifact, where),
+        *_hook_problems(manifest, where),
+        *_reference_problems(artifact, where),
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return artifact
+
+
+def _artifact_dir(path: str | Path) -> Path:
+    """The artifact directory ``path`` names (a ``package://`` location resolved);
+    ``ConfigError`` when it is no directory or holds no manifest."""
     d = Path(path)
     if str(path).startswith(PACKAGE_SCHEME):
         d = resolve_package_location(str(path))
     d = d.resolve()
-    manifest_path = d / MANIFEST_NAME
     if not d.is_dir():
         raise ConfigError.single(
             str(d),
             "the artifact directory does not exist",
             f"point `artifact` at a directory holding {MANIFEST_NAME}",
         )
-    if not manifest_path.is_file():
+    if not (d / MANIFEST_NAME).is_file():
         raise ConfigError.single(
             str(d),
             f"no {MANIFEST_NAME} in the artifact directory",
             f"add {MANIFEST_NAME} (see docs/exported-artifacts.md)",
         )
+    return d
+
+
+def _read_manifest(manifest_path: Path) -> ExportManifest:
+    """The manifest, validated; ``ConfigError`` naming the field for an unknown export format
+    or a value the schema refuses."""
     data = read_document(manifest_path)
     where = str(manifest_path)
     if isinstance(data, dict) and data.get("format") not in (None, EXPORT_FORMAT):
@@ -474,14 +499,17 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
             f"this version reads {EXPORT_FORMAT!r}",
         )
     try:
-        manifest = ExportManifest.model_validate(data)
+        return ExportManifest.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(problems_from_validation(exc, where, ExportManifest)) from None
-    artifact = ExportedArtifact(d, manifest)
-    if manifest.not_exported is not None:
-        return artifact  # the graph and its reference are not here, by declaration
+
+
+def _precision_problems(artifact: ExportedArtifact, where: str) -> list[Problem]:
+    """Each precision's graph: a location that resolves, to a file that exists inside the
+    artifact directory (a ``package://`` location may point into its package)."""
+    d = artifact.dir
     problems: list[Problem] = []
-    for precision, location in manifest.precisions.items():
+    for precision, location in artifact.manifest.precisions.items():
         try:
             p = artifact.resolve(location)
         except ConfigError as exc:
@@ -505,6 +533,12 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
                     "copy the graph into the artifact directory instead of linking to it",
                 )
             )
+    return problems
+
+
+def _hook_problems(manifest: ExportManifest, where: str) -> list[Problem]:
+    """The pre/post-processing hooks the manifest names, each one a hook it may import."""
+    problems: list[Problem] = []
     for which in ("preprocess", "postprocess"):
         target = getattr(manifest, which)
         if target is not None:
@@ -512,6 +546,13 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
                 resolve_hook(target, f"{where}: {which}")
             except ConfigError as exc:
                 problems.extend(exc.problems)
+    return problems
+
+
+def _reference_problems(artifact: ExportedArtifact, where: str) -> list[Problem]:
+    """The reference inputs and outputs: files that exist inside the artifact directory."""
+    d, manifest = artifact.dir, artifact.manifest
+    problems: list[Problem] = []
     references = (
         ("reference.inputs", manifest.reference.inputs),
         ("reference.outputs", manifest.reference.outputs),
@@ -537,9 +578,7 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
                     "keep reference files inside the artifact directory",
                 )
             )
-    if problems:
-        raise ConfigError(problems)
-    return artifact
+    return problems
 
 
 # ---- hooks ------------------------------------------------------------------------
