@@ -10,7 +10,12 @@ A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
 "gate_file": path}``, yields exactly those deltas instead; with a
 ``gate_file`` it holds the last delta back until that file exists (at most
 ``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
-the caller has seen X" true by construction rather than by timing. ``hold_bytes`` is memory
+the caller has seen X" true by construction rather than by timing. ``work_s`` is
+a fixed work time per output item, spent (asleep, no CPU) under a runner-wide
+semaphore of ``work_slots``: one runner then serves at most
+``work_slots / work_s`` items per second however many requests it holds, like
+an engine at its batch limit (what stage replicas are measured against).
+``hold_bytes`` is memory
 the runner really allocates at load (so measured peaks are real),
 ``fail_load`` makes ``load()`` raise, and ``load_imports`` are modules ``load()``
 imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py).
@@ -50,6 +55,18 @@ class EchoConfig(StageConfig):
     kind: Literal["echo"] = Field(description="Always 'echo'.")
     mode: Literal["words", "tone"] = Field("words", description="words: a decoder; tone: a TTS.")
     delay_s: float = Field(0.0, ge=0, description="Pause before each output item.")
+    work_s: float = Field(
+        0.0,
+        ge=0,
+        description="Work time of each output item, taken in one of the runner's work_slots: "
+        "a runner serves at most work_slots / work_s items per second (0: no work time).",
+    )
+    work_slots: int = Field(
+        1,
+        ge=1,
+        description="Output items the runner works on at once, over all its requests "
+        "(an engine's batch limit).",
+    )
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
@@ -64,6 +81,23 @@ class EchoRunner(StageRunner):
         self.held: np.ndarray | None = None
         self.load_info: dict[str, Any] = {}
         self.counted: dict[str, dict[str, int]] = {}
+        self.slots = asyncio.Semaphore(cfg.work_slots)
+        self.working = 0
+        self.work_peak = 0  # most items in work at once: at most work_slots
+        self.worked = 0  # items that took their work time
+
+    async def _work(self) -> None:
+        """Spend ``work_s`` on one output item in one of the runner's slots."""
+        if not self.cfg.work_s:
+            return
+        async with self.slots:
+            self.working += 1
+            self.work_peak = max(self.work_peak, self.working)
+            try:
+                await asyncio.sleep(self.cfg.work_s)
+            finally:
+                self.working -= 1
+            self.worked += 1
 
     def load(self) -> None:
         time.sleep(self.cfg.load_s)
@@ -88,11 +122,13 @@ class EchoRunner(StageRunner):
             self.counted[request_id] = counted
             for i, w in enumerate(words):
                 await asyncio.sleep(self.cfg.delay_s)
+                await self._work()
                 counted["tokens"] += 1
                 yield w if i == 0 else " " + w
             return
         async for chunk in inputs:
             await asyncio.sleep(self.cfg.delay_s)
+            await self._work()
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             yield {
@@ -106,6 +142,7 @@ class EchoRunner(StageRunner):
         gate = Path(prompt["gate_file"]) if prompt.get("gate_file") else None
         for i, delta in enumerate(script):
             await asyncio.sleep(self.cfg.delay_s)
+            await self._work()
             if gate is not None and i == len(script) - 1:
                 deadline = time.monotonic() + GATE_TIMEOUT_S
                 while not gate.exists() and time.monotonic() < deadline:
