@@ -1,23 +1,48 @@
-"""Per-item cost of an edge between nodes against the same edge within one node, in one run.
+"""Per-item cost of one edge between stages, three ways an item can cross, in one run.
 
-    python bench/cluster.py [--items 200] [--repeat 3] [--json FILE]
+    python bench/cluster.py [--nodes 2|3] [--items 200] [--repeat 3] [--json FILE]
 
-Starts its own two-node Ray cluster on this machine (a head and a second node,
-each ``ray start --block`` with its own temp directory, ``omni_edge_node_<name>``
-resources and token authentication), and stops it at the end, whatever happens.
-Both nodes share this machine, so what a cross-node edge costs here is Ray's
-serialization, object transfer between two object stores and scheduling, not
-a network: the figure is a floor for a real LAN.
+Starts its own Ray cluster on this machine (a head, a second node and with
+``--nodes 3`` a third, each ``ray start --block`` with its own temp directory,
+``omni_edge_node_<name>`` resources and token authentication), and stops it at
+the end, whatever happens. The nodes share this machine, so what a cross-node
+edge costs here is Ray's serialization, object transfer between object stores
+and scheduling, not a network: the figures are a floor for a real LAN.
 
-The edge is the runtime's own path (``orchestrator/runtime/runtime.py``): a
-producer actor's streaming generator (``num_returns="streaming"``, backpressure
-16) read by this driver, each item handed to a consumer actor with one call.
-The consumer is on the head (beside the driver) in both variants; the producer
-is on the head ("within one node") or on the second node ("across nodes"). Two
+An edge is a producer actor yielding items and a consumer actor taking each
+with one awaited ``feed`` call (both asyncio actors, as the runtime's device
+actors are: ``orchestrator/runtime/device_actor.py``), timed three ways:
+
+* ``relay``: the runtime's path today (``orchestrator/runtime/runtime.py``):
+  the producer's streaming generator (``num_returns="streaming"``,
+  backpressure 16) is read by this driver, which resolves each item and hands
+  it to the consumer (``consumer.feed.remote(item)``);
+* ``relay-ref``: the driver reads the generator but forwards each ObjectRef
+  unresolved (``consumer.feed.remote(ref)``), so a large item's bytes go from
+  the producer's object store to the consumer's without passing the driver;
+* ``direct``: the producer is given the consumer's actor handle and awaits
+  ``consumer.feed.remote(item)`` per item itself; the driver only awaits the
+  producer's end.
+
+Layouts: with two nodes, the consumer beside the driver on the head and the
+producer on the head ("within one node") or on the second node ("across
+nodes"); with three nodes, driver on the head, producer on the second,
+consumer on the third (the relay makes a crossing item cross twice). Two
 payloads: a text delta (a few bytes, inlined by Ray) and a voice's audio chunk
 (4 s of float32 at 22,050 Hz, 352,800 bytes, in the object store). Reported:
-median per-item milliseconds over ``--repeat`` interleaved repetitions (after
-one warm-up each), and their ratio.
+per-item milliseconds and the driver process's CPU milliseconds per item
+(``time.process_time()`` over the run, all its threads, Ray's included), each
+the median of ``--repeat`` interleaved repetitions (after one warm-up each),
+and their ratio to the relay's.
+
+Not measured: Ray's compiled graphs and ``ray.experimental.channel``, which
+cannot carry the runtime's graph (docs.ray.io, ray-core/compiled-graph, and
+``ray/dag/compiled_dag_node.py`` of Ray 2.60): a compiled graph is one static
+DAG with exactly one ``InputNode`` that yields one value per node per
+``execute()``, with no streaming generators, while a stage yields a variable
+number of items per request and a request may enter at any stage; a channel
+holds one value (no queue); and a failed task tears the whole graph down,
+where the runtime must keep the other stages serving.
 """
 
 from __future__ import annotations
@@ -44,8 +69,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 AUDIO_BYTES = 4 * 22050 * 4
+"""A voice's chunk: 4 s of float32 at 22,050 Hz (Piper's rate), in bytes."""
 TEXT = "The Moon is about 384,400 km away. "
 START_TIMEOUT_S = 120.0
+GENERATOR_BACKPRESSURE = 16
+"""Items a producer may run ahead of the driver: the runtime's own bound
+(``_generator_backpressure_num_objects`` in orchestrator/runtime/runtime.py)."""
+MODES = ("relay", "relay-ref", "direct")
+NODE_NAMES = ("head", "second", "third")
+LAYOUTS: dict[int, dict[str, tuple[str, str]]] = {
+    2: {"within one node": ("head", "head"), "across nodes": ("second", "head")},
+    3: {"across, via the driver's node": ("second", "third")},
+}
+"""Per node count: layout name → (producer's node, consumer's node); the driver is on the head."""
+PAYLOADS = {"text": "text delta (~40 B)", "audio": f"audio chunk ({AUDIO_BYTES:,} B)"}
 
 
 def _free_port() -> int:
@@ -54,13 +91,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class TwoNodes:
-    """A head and a second node on this machine (token auth, own temp dirs), stopped on exit."""
+class Nodes:
+    """A head and one or two more nodes on this machine (token auth, own temp dirs),
+    stopped on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
         from orchestrator.runtime.cluster import node_start_resources
 
-        self.base = Path(tempfile.mkdtemp(prefix="oe-bench-2n-", dir="/tmp"))
+        self.names = NODE_NAMES[:count]
+        self.base = Path(tempfile.mkdtemp(prefix=f"oe-bench-{count}n-", dir="/tmp"))
         token = self.base / "auth" / "token"
         token.parent.mkdir(mode=0o700)
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -78,7 +117,8 @@ class TwoNodes:
         self._resources = node_start_resources
 
     def start(self) -> str:
-        for name, head in (("head", True), ("second", False)):
+        for name in self.names:
+            head = name == "head"
             log = self.base / f"{name}.log"
             args = [
                 str(Path(sys.executable).parent / "ray"),
@@ -144,90 +184,172 @@ class TwoNodes:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def measure(items: int, repeat: int) -> dict[str, Any]:
+def measure(nodes: int, items: int, repeat: int) -> dict[str, Any]:
     import numpy as np
     import ray
 
     from orchestrator.runtime.cluster import node_resource
 
+    def item(kind: str, i: int, audio: Any) -> Any:
+        return {"audio": audio, "sample_rate": 22050} if kind == "audio" else f"{TEXT}{i}"
+
     @ray.remote(num_cpus=0)
     class Producer:
-        def stream(self, n: int, kind: str) -> Any:
+        async def stream(self, n: int, kind: str) -> Any:
             audio = np.zeros(AUDIO_BYTES // 4, np.float32)
             for i in range(n):
-                yield {"audio": audio, "sample_rate": 22050} if kind == "audio" else f"{TEXT}{i}"
+                yield item(kind, i, audio)
+
+        async def push(self, n: int, kind: str, consumer: Any) -> int:
+            audio = np.zeros(AUDIO_BYTES // 4, np.float32)
+            for i in range(n):
+                await consumer.feed.remote(item(kind, i, audio))
+            return n
 
     @ray.remote(num_cpus=0)
     class Consumer:
-        async def feed(self, item: Any) -> int:
-            return len(item) if isinstance(item, str) else int(item["audio"].nbytes)
+        async def feed(self, got: Any) -> int:
+            return len(got) if isinstance(got, str) else int(got["audio"].nbytes)
 
-    head, second = node_resource("head"), node_resource("second")
-    consumer = Consumer.options(resources={head: 0.001}).remote()  # type: ignore[attr-defined]
-    producers = {
-        "within one node": Producer.options(resources={head: 0.001}).remote(),  # type: ignore[attr-defined]
-        "across nodes": Producer.options(resources={second: 0.001}).remote(),
-    }  # type: ignore[attr-defined]
+    def on(node: str) -> dict[str, Any]:
+        return {"resources": {node_resource(node): 0.001}}
 
-    async def edge(producer: Any, n: int, kind: str) -> float:
-        t0 = time.perf_counter()
+    layouts = {
+        name: (Producer.options(**on(p)).remote(), Consumer.options(**on(c)).remote())  # type: ignore[attr-defined]
+        for name, (p, c) in LAYOUTS[nodes].items()
+    }
+
+    async def edge(producer: Any, consumer: Any, mode: str, n: int, kind: str) -> None:
+        if mode == "direct":
+            await producer.push.remote(n, kind, consumer)
+            return
         gen = producer.stream.options(
-            num_returns="streaming", _generator_backpressure_num_objects=16
+            num_returns="streaming", _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE
         ).remote(n, kind)
         async for ref in gen:
-            await consumer.feed.remote(await ref)
-        return (time.perf_counter() - t0) / n * 1000.0
+            await consumer.feed.remote(await ref if mode == "relay" else ref)
 
-    out: dict[str, Any] = {"items": items, "repeat": repeat, "audio_bytes": AUDIO_BYTES, "rows": {}}
-    for kind in ("text", "audio"):
-        per: dict[str, list[float]] = {k: [] for k in producers}
-        for p in producers.values():  # warm-up: workers, connections, first transfers
-            asyncio.run(edge(p, max(10, items // 10), kind))
+    def run(layout: str, mode: str, n: int, kind: str) -> tuple[float, float]:
+        """Per-item wall ms and driver CPU ms of one run of ``n`` items."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        asyncio.run(edge(*layouts[layout], mode, n, kind))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall / n * 1000.0, cpu / n * 1000.0
+
+    out: dict[str, Any] = {
+        "nodes": nodes,
+        "items": items,
+        "repeat": repeat,
+        "audio_bytes": AUDIO_BYTES,
+        "layouts": {
+            name: {"producer": p, "consumer": c} for name, (p, c) in LAYOUTS[nodes].items()
+        },
+        "results": {},
+    }
+    cases = [(layout, mode) for layout in layouts for mode in MODES]
+    for kind in PAYLOADS:
+        ms: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
+        cpu: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
+        for case in cases:  # warm-up: workers, connections, first transfers
+            run(*case, max(10, items // 10), kind)
         for _ in range(repeat):
-            for where, p in producers.items():
-                per[where].append(asyncio.run(edge(p, items, kind)))
-        within, across = (
-            statistics.median(per["within one node"]),
-            statistics.median(per["across nodes"]),
-        )
-        out["rows"][kind] = {
-            "within_ms": round(within, 3),
-            "across_ms": round(across, 3),
-            "ratio": round(across / within, 2),
-            "runs": per,
+            for case in cases:
+                wall_ms, cpu_ms = run(*case, items, kind)
+                ms[case].append(wall_ms)
+                cpu[case].append(cpu_ms)
+        for layout in layouts:
+            base_ms = statistics.median(ms[(layout, "relay")])
+            base_cpu = statistics.median(cpu[(layout, "relay")])
+            for mode in MODES:
+                m, c = statistics.median(ms[(layout, mode)]), statistics.median(cpu[(layout, mode)])
+                out["results"].setdefault(layout, {}).setdefault(kind, {})[mode] = {
+                    "ms_per_item": round(m, 3),
+                    "driver_cpu_ms_per_item": round(c, 3),
+                    "ms_vs_relay": round(m / base_ms, 2),
+                    "cpu_vs_relay": round(c / base_cpu, 2) if base_cpu else None,
+                    "runs_ms": [round(x, 3) for x in ms[(layout, mode)]],
+                    "runs_cpu_ms": [round(x, 3) for x in cpu[(layout, mode)]],
+                }
+    if nodes == 2:  # the relay within one node against across nodes (issue 14's figure)
+        res = out["results"]
+        out["rows"] = {
+            kind: {
+                "within_ms": res["within one node"][kind]["relay"]["ms_per_item"],
+                "across_ms": res["across nodes"][kind]["relay"]["ms_per_item"],
+                "ratio": round(
+                    res["across nodes"][kind]["relay"]["ms_per_item"]
+                    / res["within one node"][kind]["relay"]["ms_per_item"],
+                    2,
+                ),
+            }
+            for kind in PAYLOADS
         }
     return out
 
 
+def render(result: dict[str, Any]) -> str:
+    """The figures as text, 80 columns."""
+    lines = [
+        f"one edge, {result['items']} items x {result['repeat']} runs (medians), "
+        f"{result['nodes']} Ray nodes on this machine, driver on head"
+    ]
+    for layout, per_kind in result["results"].items():
+        where = result["layouts"][layout]
+        lines += [
+            "",
+            f"{layout}: producer on {where['producer']}, consumer on {where['consumer']}",
+            f"{'payload':<26}{'mode':<11}{'ms/item':>9}{'x relay':>9}"
+            f"{'driver CPU':>13}{'x relay':>9}",
+        ]
+        for kind, modes in per_kind.items():
+            for i, (mode, r) in enumerate(modes.items()):
+                label = PAYLOADS[kind] if i == 0 else ""
+                cpu_ratio = "-" if r["cpu_vs_relay"] is None else f"{r['cpu_vs_relay']:.2f}x"
+                lines.append(
+                    f"{label:<26}{mode:<11}{r['ms_per_item']:>9.3f}{r['ms_vs_relay']:>8.2f}x"
+                    f"{r['driver_cpu_ms_per_item']:>10.3f} ms{cpu_ratio:>9}"
+                )
+    if "rows" in result:
+        lines += ["", "relay: within one node against across nodes"]
+        lines.append(f"{'payload':<26}{'within one node':>17}{'across nodes':>14}{'ratio':>8}")
+        for kind, row in result["rows"].items():
+            lines.append(
+                f"{PAYLOADS[kind]:<26}{row['within_ms']:>14.3f} ms"
+                f"{row['across_ms']:>11.3f} ms{row['ratio']:>7.2f}x"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        choices=sorted(LAYOUTS),
+        default=2,
+        help="2: within one node against across nodes; 3: producer and consumer on two "
+        "nodes other than the driver's (default 2)",
+    )
     ap.add_argument("--items", type=int, default=200, help="items per timed run (default 200)")
     ap.add_argument(
         "--repeat", type=int, default=3, help="timed runs per variant, interleaved (default 3)"
     )
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
-    nodes = TwoNodes()
+    if args.items < 1 or args.repeat < 1:
+        ap.error(f"--items ({args.items}) and --repeat ({args.repeat}) must be at least 1")
+    nodes = Nodes(args.nodes)
     try:
         address = nodes.start()
         os.environ.update({k: v for k, v in nodes.env.items() if k.startswith("RAY_")})
         import ray
 
         ray.init(address=address, logging_level=logging.ERROR, include_dashboard=False)
-        result = measure(args.items, args.repeat)
+        result = measure(args.nodes, args.items, args.repeat)
         ray.shutdown()
     finally:
         nodes.stop()
-    print(
-        f"per-item cost of one edge, {args.items} items x {args.repeat} runs (medians), "
-        f"two Ray nodes on this machine"
-    )
-    print(f"{'payload':<26}{'within one node':>17}{'across nodes':>14}{'ratio':>8}")
-    for kind, row in result["rows"].items():
-        label = "text delta (~40 B)" if kind == "text" else f"audio chunk ({AUDIO_BYTES:,} B)"
-        print(
-            f"{label:<26}{row['within_ms']:>14.3f} ms{row['across_ms']:>11.3f} ms{row['ratio']:>7.2f}x"
-        )
+    print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
