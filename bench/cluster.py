@@ -236,6 +236,30 @@ def measure(nodes: int, items: int, repeat: int) -> dict[str, Any]:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return wall / n * 1000.0, cpu / n * 1000.0
 
+    ms: dict[tuple[str, str, str], list[float]] = {}
+    cpu: dict[tuple[str, str, str], list[float]] = {}
+    cases = [(layout, mode) for layout in layouts for mode in MODES]
+    for kind in PAYLOADS:
+        for case in cases:  # warm-up: workers, connections, first transfers
+            run(*case, max(10, items // 10), kind)
+        for _ in range(repeat):
+            for layout, mode in cases:
+                wall_ms, cpu_ms = run(layout, mode, items, kind)
+                ms.setdefault((layout, kind, mode), []).append(wall_ms)
+                cpu.setdefault((layout, kind, mode), []).append(cpu_ms)
+    return summarise(nodes, items, repeat, ms, cpu)
+
+
+def summarise(
+    nodes: int,
+    items: int,
+    repeat: int,
+    ms: dict[tuple[str, str, str], list[float]],
+    cpu: dict[tuple[str, str, str], list[float]],
+) -> dict[str, Any]:
+    """Medians and ratios to the relay of the runs' per-item ms and driver CPU ms, keyed
+    (layout, payload, mode); with two nodes also the relay within one node against across
+    nodes (``rows``, issue 14's figure)."""
     out: dict[str, Any] = {
         "nodes": nodes,
         "items": items,
@@ -246,52 +270,41 @@ def measure(nodes: int, items: int, repeat: int) -> dict[str, Any]:
         },
         "results": {},
     }
-    cases = [(layout, mode) for layout in layouts for mode in MODES]
-    for kind in PAYLOADS:
-        ms: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
-        cpu: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
-        for case in cases:  # warm-up: workers, connections, first transfers
-            run(*case, max(10, items // 10), kind)
-        for _ in range(repeat):
-            for case in cases:
-                wall_ms, cpu_ms = run(*case, items, kind)
-                ms[case].append(wall_ms)
-                cpu[case].append(cpu_ms)
-        for layout in layouts:
-            base_ms = statistics.median(ms[(layout, "relay")])
-            base_cpu = statistics.median(cpu[(layout, "relay")])
+    for layout in LAYOUTS[nodes]:
+        for kind in PAYLOADS:
+            base_ms = statistics.median(ms[(layout, kind, "relay")])
+            base_cpu = statistics.median(cpu[(layout, kind, "relay")])
             for mode in MODES:
-                m, c = statistics.median(ms[(layout, mode)]), statistics.median(cpu[(layout, mode)])
+                m = statistics.median(ms[(layout, kind, mode)])
+                c = statistics.median(cpu[(layout, kind, mode)])
                 out["results"].setdefault(layout, {}).setdefault(kind, {})[mode] = {
                     "ms_per_item": round(m, 3),
                     "driver_cpu_ms_per_item": round(c, 3),
                     "ms_vs_relay": round(m / base_ms, 2),
                     "cpu_vs_relay": round(c / base_cpu, 2) if base_cpu else None,
-                    "runs_ms": [round(x, 3) for x in ms[(layout, mode)]],
-                    "runs_cpu_ms": [round(x, 3) for x in cpu[(layout, mode)]],
+                    "runs_ms": [round(x, 3) for x in ms[(layout, kind, mode)]],
+                    "runs_cpu_ms": [round(x, 3) for x in cpu[(layout, kind, mode)]],
                 }
-    if nodes == 2:  # the relay within one node against across nodes (issue 14's figure)
+    if nodes == 2:
         res = out["results"]
-        out["rows"] = {
-            kind: {
-                "within_ms": res["within one node"][kind]["relay"]["ms_per_item"],
-                "across_ms": res["across nodes"][kind]["relay"]["ms_per_item"],
-                "ratio": round(
-                    res["across nodes"][kind]["relay"]["ms_per_item"]
-                    / res["within one node"][kind]["relay"]["ms_per_item"],
-                    2,
-                ),
+        out["rows"] = {}
+        for kind in PAYLOADS:
+            within = res["within one node"][kind]["relay"]["ms_per_item"]
+            across = res["across nodes"][kind]["relay"]["ms_per_item"]
+            out["rows"][kind] = {
+                "within_ms": within,
+                "across_ms": across,
+                "ratio": round(across / within, 2),
             }
-            for kind in PAYLOADS
-        }
     return out
 
 
 def render(result: dict[str, Any]) -> str:
     """The figures as text, 80 columns."""
     lines = [
-        f"one edge, {result['items']} items x {result['repeat']} runs (medians), "
-        f"{result['nodes']} Ray nodes on this machine, driver on head"
+        f"one edge, {result['items']} items x {result['repeat']} runs (medians); "
+        f"{result['nodes']} Ray nodes here",
+        "ms/item: wall time; driver CPU: the driver process's CPU ms per item",
     ]
     for layout, per_kind in result["results"].items():
         where = result["layouts"][layout]
