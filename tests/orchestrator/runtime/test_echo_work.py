@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from stages.registry import get_kind
-from tests.helpers.echo import EchoRunner, echo_pipeline
+from tests.helpers.echo import REPLY, EchoRunner, echo_pipeline
 
 WORK_S = 0.2
 ITEMS = 3  # output items per request
@@ -95,3 +95,35 @@ def test_bad_work_settings_are_refused_naming_the_field(
         echo_pipeline(tmp_path, thinker={field: value})
     text = str(err.value)
     assert f"stages[0].{field}: Input should be {rule} (got {value})" in text
+
+
+@pytest.mark.ray
+def test_the_slots_are_shared_by_every_request_of_a_stage_in_its_device_actor(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Through the runtime: one runner per stage in its device actor, so 4 concurrent
+    requests to a one-slot thinker take at least the sum of their items' work times."""
+    from orchestrator.runtime.events import collect
+    from orchestrator.runtime.runtime import Runtime
+
+    work_s = 0.05
+    plan, config = echo_pipeline(tmp_path, thinker={"work_s": work_s, "work_slots": 1})
+    prompts = [f"p{i}" for i in range(REQUESTS)]
+    words = sum(len(f"You said {p}. {REPLY}".split(" ")) for p in prompts)
+    rt = Runtime(plan, config)
+    rt.start()
+    try:
+
+        async def one(p: str) -> Any:
+            return collect(p, p, [e async for e in rt.stream(p)], 0.0)
+
+        async def main() -> tuple[float, list[Any]]:
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(one(p) for p in prompts))
+            return time.perf_counter() - t0, list(results)
+
+        elapsed, results = asyncio.run(main())
+    finally:
+        rt.close()
+    assert [r.text for r in results] == [f"You said {p}. {REPLY}" for p in prompts]
+    assert elapsed >= words * work_s  # a lower bound by construction
