@@ -795,6 +795,20 @@ def _refuse_unplaceable_replicas(states: list[_StageState], ledger: Ledger) -> N
         first.refusals.append(refusal)
 
 
+def _holders_on(placed: Iterable[tuple[str, str]]) -> str:
+    """``voice#0 on igpu:0, voice#1 on cpu``; three or more on one device as ``13 replicas
+    on cpu (voice#0 … voice#12)``."""
+    by_device: dict[str, list[str]] = {}
+    for holder, device in placed:
+        by_device.setdefault(device, []).append(holder)
+    return ", ".join(
+        f"{', '.join(hs)} on {d}"
+        if len(hs) < 3
+        else f"{len(hs)} replicas on {d} ({hs[0]} … {hs[-1]})"
+        for d, hs in by_device.items()
+    )
+
+
 def _replica_refusal(group: list[_StageState], ledger: Ledger) -> Refusal:
     """Why the stage's replicas do not all fit: replicas placed one by one in spread order
     until one fits on none of the stage's options; its shortfall on each device it tried."""
@@ -828,7 +842,7 @@ def _replica_refusal(group: list[_StageState], ledger: Ledger) -> Refusal:
     for s in group:
         ledger.release(s.holder)
     name, n, i = failing.stage.name, failing.replicas, failing.replica
-    beside = ", ".join(f"{g.holder} on {o.device.id}" for g, o in zip(group, placed, strict=False))
+    beside = _holders_on((g.holder, o.device.id) for g, o in zip(group, placed, strict=False))
     return Refusal(
         RefusalCode.BUDGET_EXCEEDS_DEVICE,
         placed[0].device.id if placed else failing.options[0].device.id,
@@ -849,17 +863,11 @@ def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
     assert found, "the most preferred assignment fits, so the search would have taken it"
     shortfall = found[0]
     peak, shares = shortfall.peak, shortfall.contributors
-    parts = " + ".join(
-        f"{h} {fmt_bytes(b)}" + (f" ({preferred[h].device.id})" if h in preferred else "")
-        for h, b in sorted(shares.items(), key=lambda kv: -kv[1])
-    )
-    names = [h for h in shares if h != PIPELINE_HOLDER]
-    refused = {s.stage.name for s in states if s.holder in names}
-    replicas = (
-        " (fewer replicas)"
-        if any(s.replicas > 1 for s in states if s.stage.name in refused)
-        else ""
-    )
+    stage_of = {s.holder: s.stage.name for s in states}
+    parts = _contributors(shares, stage_of, preferred)
+    refused = list(dict.fromkeys(stage_of[h] for h in shares if h in stage_of))
+    replicated = [s.stage.name for s in states if s.replica == 1 and s.stage.name in refused]
+    replicas = f", fewer replicas of {', '.join(replicated)}" if replicated else ""
     for s in states:
         if s.stage.name not in refused:
             continue
@@ -874,11 +882,33 @@ def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
                 f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
                 f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
                 f"and every other allowed placement overflows too",
-                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(names)} "
+                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(refused)} "
                 f"(shorter max_model_len, a smaller precision build){replicas}, allow a device with its own memory, "
                 "or run fewer stages",
             )
         )
+
+
+def _contributors(
+    shares: Mapping[str, int], stage_of: Mapping[str, str], preferred: Mapping[str, _Option]
+) -> str:
+    """``(pipeline) 1.90 GiB + thinker 1.50 GiB (cpu)``, largest first; replicas of one stage
+    with the same bytes on the same device as one term: ``13 replicas of voice 1.49 GiB each
+    (cpu)``."""
+    terms: dict[tuple[str, int, str], list[str]] = {}
+    for h, b in sorted(shares.items(), key=lambda kv: -kv[1]):
+        dev = preferred[h].device.id if h in preferred else ""
+        replica = h != stage_of.get(h, h)
+        terms.setdefault((stage_of[h] if replica else h, b, dev), []).append(h)
+    return " + ".join(
+        (
+            f"{len(hs)} replicas of {name} {fmt_bytes(b)} each"
+            if len(hs) > 1
+            else f"{hs[0]} {fmt_bytes(b)}"
+        )
+        + (f" ({dev})" if dev else "")
+        for (name, b, dev), hs in terms.items()
+    )
 
 
 def _preferred(states: list[_StageState]) -> dict[str, _Option]:

@@ -142,7 +142,7 @@ def test_replicas_that_do_not_all_fit_refuse_the_stage_naming_the_replica_and_th
     assert 1 < fit < MAX_REPLICAS
     (sf,) = ledger.check({f"voice#{fit}": reservations})
     own = sf.contributors[f"voice#{fit}"]
-    beside = ", ".join(f"voice#{i} on cpu" for i in range(fit))
+    beside = f"{fit} replicas on cpu (voice#0 … voice#{fit - 1})"
     assert refusal.message == (
         f"replica {fit + 1} of {MAX_REPLICAS} (voice#{fit}) fits on none of the stage's devices "
         f"beside {beside} and the pipeline's own reservations: on cpu it needs {fmt_bytes(own)} "
@@ -242,3 +242,25 @@ def test_plan_json_profile_for_the_example_is_unchanged_by_a_reload(tmp_path: Pa
     assert main(["plan", str(EXAMPLE), "--profile", str(CLUSTER), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert PipelinePlan.from_json(doc).to_json() == doc
+
+
+def test_replicas_that_fit_alone_but_not_beside_the_other_stages_are_counted_in_the_refusal() -> (
+    None
+):
+    only_openvino = {"backends": ["ort-openvino"]}
+    voice = _plan(TWO_CORES, replicas=None, **only_openvino).stage("voice")
+    ledger, _ = build_ledger(load_profile(TWO_CORES))
+    fit = 0  # replicas that fit beside the pipeline's own reservations
+    while ledger.admit(f"voice#{fit}", list(voice.reservations)).ok:
+        fit += 1
+    plan = _plan(TWO_CORES, replicas=fit, **only_openvino)  # the thinker's 1.5 GiB tips it over
+    assert not plan.admitted
+    for name in ("thinker", "voice"):
+        refusal = plan.stage(name).refusals[-1]
+        assert refusal.code == RefusalCode.BUDGET_EXCEEDS_DEVICE
+        assert refusal.message.startswith("host_ram cannot hold every stage placed on it: ")
+        assert f"+ {fit} replicas of voice {fmt_bytes(voice.budget_bytes())} each (cpu) = " in (
+            refusal.message
+        )
+        assert "shrink one of thinker, voice" in refusal.remedy
+        assert "fewer replicas of voice" in refusal.remedy
