@@ -796,15 +796,15 @@ def _refuse_unplaceable_replicas(states: list[_StageState], ledger: Ledger) -> N
 
 
 def _holders_on(placed: Iterable[tuple[str, str]]) -> str:
-    """``voice#0 on igpu:0, voice#1 on cpu``; three or more on one device as ``13 replicas
-    on cpu (voice#0 … voice#12)``."""
+    """``voice#0 on igpu:0, voice#1 on cpu``; more than three on one device counted:
+    ``13 replicas on cpu (voice#0, voice#1, …, voice#12)``."""
     by_device: dict[str, list[str]] = {}
     for holder, device in placed:
         by_device.setdefault(device, []).append(holder)
     return ", ".join(
         f"{', '.join(hs)} on {d}"
-        if len(hs) < 3
-        else f"{len(hs)} replicas on {d} ({hs[0]} … {hs[-1]})"
+        if len(hs) <= 3
+        else f"{len(hs)} replicas on {d} ({hs[0]}, {hs[1]}, …, {hs[-1]})"
         for d, hs in by_device.items()
     )
 

@@ -142,7 +142,7 @@ def test_replicas_that_do_not_all_fit_refuse_the_stage_naming_the_replica_and_th
     assert 1 < fit < MAX_REPLICAS
     (sf,) = ledger.check({f"voice#{fit}": reservations})
     own = sf.contributors[f"voice#{fit}"]
-    beside = f"{fit} replicas on cpu (voice#0 … voice#{fit - 1})"
+    beside = f"{fit} replicas on cpu (voice#0, voice#1, …, voice#{fit - 1})"
     assert refusal.message == (
         f"replica {fit + 1} of {MAX_REPLICAS} (voice#{fit}) fits on none of the stage's devices "
         f"beside {beside} and the pipeline's own reservations: on cpu it needs {fmt_bytes(own)} "
