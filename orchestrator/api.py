@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import calibration as cal
 from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
-from orchestrator.errors import BadRequest, ConfigError, PlanRefused
+from orchestrator.errors import BadRequest, ConfigError, PlanRefused, Problem
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.profile import HOST_RAM, node_pool
@@ -465,6 +465,26 @@ class Admission:
         return self.plan.admitted
 
 
+def refuse_replicas(config: PipelineConfig) -> None:
+    """A ``ConfigError`` (exit 2 on the CLI) naming each stage with ``replicas`` > 1: the
+    planner places and reserves every replica (``omni-edge plan`` shows them, ``verify``
+    checks their placements), but the runtime starts one instance per stage so far, so a
+    plan with several would run one of them while reserving all."""
+    problems = [
+        Problem(
+            f"{config.source or 'config'}: stages.{s.name}.replicas",
+            f"{s.name} has {s.replicas} replicas; the plan and each replica's reservations are "
+            "computed (`omni-edge plan` shows them), but the runtime starts one instance per "
+            "stage so far",
+            f"set replicas: 1 on {s.name} to run it (plan and verify take replicas as they are)",
+        )
+        for s in config.stages
+        if s.replicas > 1
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
 def admit_plan(
     config: str | Path | PipelineConfig,
     options: PipelineOptions | None = None,
@@ -481,6 +501,7 @@ def admit_plan(
     options = options or PipelineOptions()
     progress = progress or AdmitProgress()
     config = config if isinstance(config, PipelineConfig) else load_config(config)
+    refuse_replicas(config)  # before the cluster is probed, the gates run or anything loads
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)

@@ -34,6 +34,7 @@ STAGE_FIELDS = frozenset(
         "calibration",
         "cpu_threads",
         "cpu_threads_from",
+        "replicas",
     }
 )
 """The keys of a stage in the plan JSON that are the plan's own; any other key is
@@ -76,6 +77,74 @@ class Verification:
 
 
 @dataclass(frozen=True)
+class ReplicaPlan:
+    """One instance of a stage with ``replicas: N``: where it runs and what it holds. Its
+    ledger holder is ``name#index`` (``voice#1``); a stage of one instance has none in the
+    JSON, and ``StagePlan.placements()`` makes its one from the stage's own fields."""
+
+    index: int
+    holder: str
+    device: str | None
+    backend: str | None
+    route: str | None
+    reservations: tuple[Reservation, ...]
+    engine_kwargs: dict[str, Any]
+    verification: Verification | None = None
+    calibration: dict[str, Any] | None = None
+    cpu_threads: int | None = None
+    cpu_threads_from: str | None = None
+    node: str | None = None
+    """The cluster node it runs on (cluster plans only)."""
+
+    @property
+    def pool(self) -> str | None:
+        return self.reservations[0].pool if self.reservations else None
+
+    def budget_bytes(self) -> int:
+        """This replica's own peak on its device's pool: max(load path, steady state)."""
+        return holder_peak(self.reservations, self.pool)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "index": self.index,
+            "holder": self.holder,
+            "device": self.device,
+            "backend": self.backend,
+            "route": self.route,
+            "budget_bytes": self.budget_bytes(),
+            "reservations": [r.to_dict() for r in self.reservations],
+            "engine_kwargs": self.engine_kwargs,
+            "cpu_threads": self.cpu_threads,
+            "cpu_threads_from": self.cpu_threads_from,
+        }
+        if self.node is not None:
+            d["node"] = self.node
+        if self.verification is not None:
+            d["verification"] = self.verification.to_dict()
+        if self.calibration is not None:
+            d["calibration"] = self.calibration
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplicaPlan:
+        ver = d.get("verification")
+        return cls(
+            index=d["index"],
+            holder=d["holder"],
+            device=d.get("device"),
+            backend=d.get("backend"),
+            route=d.get("route"),
+            reservations=tuple(Reservation(**r) for r in d.get("reservations", [])),
+            engine_kwargs=dict(d.get("engine_kwargs", {})),
+            verification=Verification(**ver) if ver else None,
+            calibration=d.get("calibration"),
+            cpu_threads=d.get("cpu_threads"),
+            cpu_threads_from=d.get("cpu_threads_from"),
+            node=d.get("node"),
+        )
+
+
+@dataclass(frozen=True)
 class StagePlan:
     name: str
     kind: str
@@ -107,6 +176,9 @@ class StagePlan:
     the engine then picks its own."""
     cpu_threads_from: str | None = None
     """Where ``cpu_threads`` came from: ``plan`` (the split of the cores) or ``config``."""
+    replicas: tuple[ReplicaPlan, ...] = ()
+    """With ``replicas: N`` > 1 in the config, each instance in index order (the stage's own
+    ``device``, ``reservations``, ... are replica 0's); empty for a stage of one instance."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & STAGE_FIELDS)
@@ -122,6 +194,29 @@ class StagePlan:
     def budget_bytes(self) -> int:
         """This stage's own peak on its device's pool: max(load path, steady state)."""
         return holder_peak(self.reservations, self.pool)
+
+    def placements(self) -> tuple[ReplicaPlan, ...]:
+        """Every instance of the stage: its ``replicas``, or one made of its own fields (holder:
+        the stage's name) for a stage of one instance; none for a refused stage."""
+        if self.replicas or not self.admitted:
+            return self.replicas
+        node = self.details.get("node")
+        return (
+            ReplicaPlan(
+                index=0,
+                holder=self.name,
+                device=self.device,
+                backend=self.backend,
+                route=self.route,
+                reservations=self.reservations,
+                engine_kwargs=self.engine_kwargs,
+                verification=self.verification,
+                calibration=self.calibration,
+                cpu_threads=self.cpu_threads,
+                cpu_threads_from=self.cpu_threads_from,
+                node=node if isinstance(node, str) else None,
+            ),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -147,6 +242,10 @@ class StagePlan:
             d["verification"] = self.verification.to_dict()
         if self.calibration is not None:
             d["calibration"] = self.calibration
+        if (
+            self.replicas
+        ):  # only with replicas: N > 1, so plans of one instance per stage are unchanged
+            d["replicas"] = [r.to_dict() for r in self.replicas]
         return d
 
     @classmethod
@@ -171,6 +270,7 @@ class StagePlan:
             calibration=d.get("calibration"),
             cpu_threads=d.get("cpu_threads"),
             cpu_threads_from=d.get("cpu_threads_from"),
+            replicas=tuple(ReplicaPlan.from_dict(r) for r in d.get("replicas", ())),
         )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -32,7 +33,14 @@ from orchestrator.errors import RefusalCode
 from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
 from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
 from orchestrator.ort.routes import probe_route, resolve, static_refusal
-from orchestrator.plan import PipelinePlan, PoolPlan, Refusal, StagePlan, Verification
+from orchestrator.plan import (
+    PipelinePlan,
+    PoolPlan,
+    Refusal,
+    ReplicaPlan,
+    StagePlan,
+    Verification,
+)
 from orchestrator.planner_threads import with_cpu_threads
 from orchestrator.probe import llamacpp
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
@@ -129,11 +137,24 @@ class _Calibrating:
 
 @dataclass
 class _StageState:
+    """A stage to place, or one replica of it (``replicas: N`` > 1: N states sharing the
+    stage's options and refusals, holders ``name#0`` … ``name#N-1``)."""
+
     stage: StageConfig
     kind: StageKind
     info: ArtifactInfo
     options: list[_Option]
     refusals: list[Refusal]
+    holder: str = ""
+    """Its ledger holder: the stage's name, or ``name#i`` for replica i of several."""
+    replica: int = 0
+
+    def __post_init__(self) -> None:
+        self.holder = self.holder or self.stage.name
+
+    @property
+    def replicas(self) -> int:
+        return self.stage.replicas
 
 
 DEVICE_KINDS = ("cpu", "gpu", "igpu", "npu")
@@ -294,8 +315,13 @@ def plan_pipeline(
         _stage_state(stage, profile, mask, ledger, refused or {}, calibrating)
         for stage in config.topological()
     ]
-    chosen = _choose(states, ledger)
-    stage_plans = tuple(_stage_plan(s, chosen.get(s.stage.name), profile) for s in states)
+    placing = [r for s in states for r in _replica_states(s)]
+    _refuse_unplaceable_replicas(placing, ledger)
+    chosen = _choose(placing, ledger)
+    stage_plans = tuple(
+        _stage_plan(s, [chosen.get(r.holder) for r in _replica_states(s, placing)], profile)
+        for s in states
+    )
     stage_plans, thread_notes = with_cpu_threads(
         stage_plans, {s.stage.name: s for s in states}, profile, plan_threads
     )
@@ -318,13 +344,14 @@ def plan_pipeline(
 
 
 def _choose(states: list[_StageState], ledger: Ledger) -> dict[str, _Option]:
-    """The jointly fitting option per stage (none when no assignment fits), admitted
-    to ``ledger``; when none fits, ``_explain_joint_failure`` says why on the states."""
+    """The jointly fitting option per holder (a stage, or a replica of one; none when no
+    assignment fits), admitted to ``ledger``; when none fits, ``_explain_joint_failure``
+    says why on the states."""
     viable = [s for s in states if s.options]
     choice = _search(viable, ledger)
     chosen: dict[str, _Option] = {}
     if choice is not None:
-        chosen = {s.stage.name: o for s, o in zip(viable, choice, strict=True)}
+        chosen = {s.holder: o for s, o in zip(viable, choice, strict=True)}
     elif viable:
         _explain_joint_failure(viable, ledger)
     # the search left the ledger holding only the pipeline's own reservations
@@ -351,7 +378,9 @@ def _evidence_notes(
     """The plan's notes on its evidence: unverified placements, estimates or calibration."""
     notes = []
     if any(
-        s.verification and s.verification.status == "unverified" for s in stage_plans if s.admitted
+        p.verification and p.verification.status == "unverified"
+        for s in stage_plans
+        for p in s.placements()
     ):
         notes.append(
             "exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`"
@@ -687,45 +716,165 @@ def _breakdown(reservations: Iterable[Reservation], pool: str) -> str:
 
 
 def _search(states: list[_StageState], ledger: Ledger) -> list[_Option] | None:
-    """Depth-first over options in preference order; the first full fit wins."""
-    picked: list[_Option] = []
+    """Depth-first over options in preference order; the first full fit wins. A replica
+    tries its options in spread order (``_spread``); replicas are interchangeable, so each
+    distinct spread of a stage's replicas (a multiset of options) is tried once."""
+    picked: list[tuple[int, _Option]] = []
+    tried: dict[str, set[tuple[int, ...]]] = {}
 
     def go(i: int) -> bool:
         if i == len(states):
             return True
-        for option in states[i].options:
-            if not ledger.admit(states[i].stage.name, list(option.reservations)).ok:
+        state = states[i]
+        siblings = picked[i - state.replica : i]
+        if state.replica == 0:
+            tried[state.stage.name] = set()
+        for k, option in _spread(state.options, [o for _, o in siblings]):
+            if state.replicas > 1:
+                spread = tuple(sorted([j for j, _ in siblings] + [k]))
+                if spread in tried[state.stage.name]:
+                    continue  # the same replicas in another order: that subtree failed
+                tried[state.stage.name].add(spread)
+            if not ledger.admit(state.holder, list(option.reservations)).ok:
                 continue
-            picked.append(option)
+            picked.append((k, option))
             if go(i + 1):
                 return True
             picked.pop()
-            ledger.release(states[i].stage.name)
+            ledger.release(state.holder)
         return False
 
     found = go(0)
     for s in states:
-        ledger.release(s.stage.name)
-    return picked if found else None
+        ledger.release(s.holder)
+    return [o for _, o in picked] if found else None
+
+
+def _spread(options: list[_Option], siblings: Sequence[_Option]) -> list[tuple[int, _Option]]:
+    """A replica's options (with their index in the stage's preference order), least used
+    by its siblings first: fewest on the device, then fewest on its node, then the config's
+    order (stable, so replica 0 keeps the config's preference). A device another replica
+    uses comes only after every other."""
+    devices = Counter(o.device.id for o in siblings)
+    nodes = Counter(o.device.node for o in siblings if o.device.node)
+    return sorted(
+        enumerate(options),
+        key=lambda ko: (
+            devices[ko[1].device.id],
+            nodes[ko[1].device.node] if ko[1].device.node else 0,
+            ko[0],
+        ),
+    )
+
+
+def _replica_states(
+    state: _StageState, among: Sequence[_StageState] | None = None
+) -> list[_StageState]:
+    """The stage's states to place: itself for one instance; with ``replicas: N`` > 1, N
+    sharing its options and refusals (holders ``name#0`` …). ``among``: those already made."""
+    if among is not None:
+        return [s for s in among if s.stage.name == state.stage.name]
+    if state.replicas == 1:
+        return [state]
+    return [
+        replace(state, holder=f"{state.stage.name}#{i}", replica=i) for i in range(state.replicas)
+    ]
+
+
+def _refuse_unplaceable_replicas(states: list[_StageState], ledger: Ledger) -> None:
+    """All or none: a stage whose N replicas cannot all be placed beside the pipeline's own
+    reservations (``ledger`` holds only those) is refused whole, naming the first replica
+    that fits nowhere once the ones before it are placed, with the numbers."""
+    for first in [s for s in states if s.replica == 0 and s.replicas > 1 and s.options]:
+        group = _replica_states(first, states)
+        if _search(group, ledger) is not None:
+            continue
+        refusal = _replica_refusal(group, ledger)
+        for s in group:
+            s.options = []
+        first.refusals.append(refusal)
+
+
+def _holders_on(placed: Iterable[tuple[str, str]]) -> str:
+    """``voice#0 on igpu:0, voice#1 on cpu``; more than three on one device counted:
+    ``13 replicas on cpu (voice#0, voice#1, …, voice#12)``."""
+    by_device: dict[str, list[str]] = {}
+    for holder, device in placed:
+        by_device.setdefault(device, []).append(holder)
+    return ", ".join(
+        f"{', '.join(hs)} on {d}"
+        if len(hs) <= 3
+        else f"{len(hs)} replicas on {d} ({hs[0]}, {hs[1]}, …, {hs[-1]})"
+        for d, hs in by_device.items()
+    )
+
+
+def _replica_refusal(group: list[_StageState], ledger: Ledger) -> Refusal:
+    """Why the stage's replicas do not all fit: replicas placed one by one in spread order
+    until one fits on none of the stage's options; its shortfall on each device it tried."""
+    placed: list[_Option] = []
+    failing = group[-1]
+    for s in group:
+        fit = next(
+            (
+                o
+                for _, o in _spread(s.options, placed)
+                if ledger.admit(s.holder, list(o.reservations)).ok
+            ),
+            None,
+        )
+        if fit is None:
+            failing = s
+            break
+        placed.append(fit)
+    shortfalls, seen = [], set()
+    for _, option in _spread(failing.options, placed):
+        found = ledger.check({failing.holder: list(option.reservations)})
+        if found and option.device.id not in seen:
+            seen.add(option.device.id)
+            sf = found[0]
+            own = sf.contributors.get(failing.holder, 0)
+            shortfalls.append(
+                f"on {option.device.id} it needs {fmt_bytes(own)} of {sf.pool}, and "
+                f"{fmt_bytes(sf.capacity - (sf.peak - own))} of {fmt_bytes(sf.capacity)} is left "
+                f"({fmt_bytes(sf.over_by)} short)"
+            )
+    for s in group:
+        ledger.release(s.holder)
+    name, n, i = failing.stage.name, failing.replicas, failing.replica
+    beside = _holders_on((g.holder, o.device.id) for g, o in zip(group, placed, strict=False))
+    return Refusal(
+        RefusalCode.BUDGET_EXCEEDS_DEVICE,
+        placed[0].device.id if placed else failing.options[0].device.id,
+        f"replica {i + 1} of {n} ({failing.holder}) fits on none of the stage's devices"
+        + (f" beside {beside} and the pipeline's own reservations" if beside else "")
+        + ": "
+        + "; ".join(shortfalls),
+        f"lower replicas (stages.{name}.replicas: {i} fit here) or allow more devices "
+        f"(stages.{name}.devices)",
+    )
 
 
 def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
     """No assignment fits: refuse the stages on the first overflowing pool of the
-    most preferred assignment, naming every contributor and its bytes."""
-    extra = {s.stage.name: list(s.options[0].reservations) for s in states}
-    found = ledger.check(extra)
+    most preferred assignment (replicas spread), naming every contributor and its bytes."""
+    preferred = _preferred(states)
+    found = ledger.check({h: list(o.reservations) for h, o in preferred.items()})
     assert found, "the most preferred assignment fits, so the search would have taken it"
     shortfall = found[0]
     peak, shares = shortfall.peak, shortfall.contributors
-    parts = " + ".join(
-        f"{h} {fmt_bytes(b)}" + (f" ({_device_of(states, h)})" if _device_of(states, h) else "")
-        for h, b in sorted(shares.items(), key=lambda kv: -kv[1])
-    )
-    names = [h for h in shares if h != PIPELINE_HOLDER]
+    stage_of = {s.holder: s.stage.name for s in states}
+    parts = _contributors(shares, stage_of, preferred)
+    refused = list(dict.fromkeys(stage_of[h] for h in shares if h in stage_of))
+    replicated = [s.stage.name for s in states if s.replica == 1 and s.stage.name in refused]
+    replicas = f", fewer replicas of {', '.join(replicated)}" if replicated else ""
     for s in states:
-        if s.stage.name not in names:
+        if s.stage.name not in refused:
             continue
-        dev = s.options[0].device.id
+        dev = preferred[s.holder].device.id
+        s.options = []
+        if s.replica > 0:
+            continue  # the replicas of a stage share its refusals: one says it
         s.refusals.append(
             Refusal(
                 RefusalCode.BUDGET_EXCEEDS_DEVICE,
@@ -733,18 +882,43 @@ def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
                 f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
                 f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
                 f"and every other allowed placement overflows too",
-                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(names)} "
-                "(shorter max_model_len, a smaller precision build), allow a device with its own memory, or run fewer stages",
+                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(refused)} "
+                f"(shorter max_model_len, a smaller precision build){replicas}, allow a device with its own memory, "
+                "or run fewer stages",
             )
         )
-        s.options = []
 
 
-def _device_of(states: list[_StageState], holder: str) -> str | None:
-    for s in states:
-        if s.stage.name == holder and s.options:
-            return s.options[0].device.id
-    return None
+def _contributors(
+    shares: Mapping[str, int], stage_of: Mapping[str, str], preferred: Mapping[str, _Option]
+) -> str:
+    """``(pipeline) 1.90 GiB + thinker 1.50 GiB (cpu)``, largest first; replicas of one stage
+    with the same bytes on the same device as one term: ``13 replicas of voice 1.49 GiB each
+    (cpu)``."""
+    terms: dict[tuple[str, int, str], list[str]] = {}
+    for h, b in sorted(shares.items(), key=lambda kv: -kv[1]):
+        dev = preferred[h].device.id if h in preferred else ""
+        replica = h != stage_of.get(h, h)
+        terms.setdefault((stage_of[h] if replica else h, b, dev), []).append(h)
+    return " + ".join(
+        (
+            f"{len(hs)} replicas of {name} {fmt_bytes(b)} each"
+            if len(hs) > 1
+            else f"{hs[0]} {fmt_bytes(b)}"
+        )
+        + (f" ({dev})" if dev else "")
+        for (name, b, dev), hs in terms.items()
+    )
+
+
+def _preferred(states: list[_StageState]) -> dict[str, _Option]:
+    """Each holder's most preferred option: its first, or for a replica the first in spread
+    order beside its siblings' (what the search tries first)."""
+    out: dict[str, _Option] = {}
+    for i, s in enumerate(states):
+        siblings = [out[states[j].holder] for j in range(i - s.replica, i)]
+        out[s.holder] = _spread(s.options, siblings)[0][1]
+    return out
 
 
 def _artifact(info: ArtifactInfo) -> dict[str, Any]:
@@ -768,7 +942,12 @@ def _capacity(profile: HardwareProfile, device: Device) -> int:
     )
 
 
-def _stage_plan(state: _StageState, option: _Option | None, profile: HardwareProfile) -> StagePlan:
+def _stage_plan(
+    state: _StageState, options: Sequence[_Option | None], profile: HardwareProfile
+) -> StagePlan:
+    """The stage's plan from each instance's chosen option (one per replica, in order):
+    refused unless every one has one; replica 0's placement at the top level, and with
+    several replicas each one's in ``replicas``."""
     stage, kind, info = state.stage, state.kind, state.info
     artifact = _artifact(info)
     common: dict[str, Any] = {
@@ -780,7 +959,7 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
         "final_output": stage.final_output,
         "final_output_type": stage.final_output_type,
     }
-    if option is None:
+    if not options or any(o is None for o in options):
         refusals = tuple(state.refusals) or (
             Refusal(
                 RefusalCode.NO_RUNNABLE_DEVICE,
@@ -800,28 +979,51 @@ def _stage_plan(state: _StageState, option: _Option | None, profile: HardwarePro
             verification=None,
             **common,
         )
-    capacity = _capacity(profile, option.device)
+    placements = [
+        _replica_plan(state, i, option, profile)
+        for i, option in enumerate(options)
+        if option is not None
+    ]
+    first = placements[0]
+    return StagePlan(
+        admitted=True,
+        device=first.device,
+        backend=first.backend,
+        route=first.route,
+        reservations=first.reservations,
+        refusals=tuple(state.refusals),
+        engine_kwargs=first.engine_kwargs,
+        verification=first.verification,
+        calibration=first.calibration,
+        replicas=tuple(placements) if len(placements) > 1 else (),
+        **common,
+    )
+
+
+def _replica_plan(
+    state: _StageState, index: int, option: _Option, profile: HardwareProfile
+) -> ReplicaPlan:
+    """One instance's placement, its engine configured for its own device."""
     # the engine is configured from the kind's own reservations: calibration predicts
     # what it will hold, it never changes what it is asked to allocate
-    kwargs = kind.engine_kwargs(
-        stage,
-        info,
+    kwargs = state.kind.engine_kwargs(
+        state.stage,
+        state.info,
         _local_device(profile, option.device),
         option.backend,
         list(option.metadata_reservations or option.reservations),
-        capacity,
+        _capacity(profile, option.device),
     )
-    return StagePlan(
-        admitted=True,
+    return ReplicaPlan(
+        index=index,
+        holder=f"{state.stage.name}#{index}" if state.replicas > 1 else state.stage.name,
         device=option.device.id,
         backend=option.backend,
         route=option.route.name,
         reservations=option.reservations,
-        refusals=tuple(state.refusals),
         engine_kwargs=kwargs,
         verification=option.verification,
         calibration=option.calibration.to_dict() if option.calibration is not None else None,
-        **common,
     )
 
 
@@ -1019,21 +1221,32 @@ def _try_on_node(
 
 
 def _with_nodes(stage_plans: tuple[StagePlan, ...]) -> tuple[tuple[StagePlan, ...], list[str]]:
-    """Each placed stage's ``node``, and ``inputs_across_nodes`` (its inputs from stages
-    on another node) in the plan JSON; the crossing edges as ``a → b (n1 → n2)``."""
-    node_of = {
-        s.name: s.device.split("/", 1)[0] for s in stage_plans if s.device and "/" in s.device
+    """Each placed stage's ``node`` (and each replica's), and ``inputs_across_nodes`` (its
+    inputs from stages on another node: any replica of theirs to any of its) in the plan
+    JSON; the crossing edges as ``a → b (n1 → n2)``, by holder (``thinker → voice#1``)."""
+    nodes = {
+        s.name: [(p.holder, p.device.split("/", 1)[0]) for p in s.placements() if p.device]
+        for s in stage_plans
+        if s.device and "/" in s.device
     }
     out, crossing = [], []
     for s in stage_plans:
-        if s.name not in node_of:
+        mine = nodes.get(s.name)
+        if not mine:
             out.append(s)
             continue
-        across = [i for i in s.inputs if i in node_of and node_of[i] != node_of[s.name]]
-        crossing += [f"{i} → {s.name} ({node_of[i]} → {node_of[s.name]})" for i in across]
+        across = []
+        for i in s.inputs:
+            pairs = [(p, pn, h, n) for p, pn in nodes.get(i, []) for h, n in mine if pn != n]
+            across += [i] if pairs else []
+            crossing += [f"{p} → {h} ({pn} → {n})" for p, pn, h, n in pairs]
         out.append(
             replace(
-                s, details={**s.details, "node": node_of[s.name], "inputs_across_nodes": across}
+                s,
+                details={**s.details, "node": mine[0][1], "inputs_across_nodes": across},
+                replicas=tuple(
+                    replace(r, node=n) for r, (_, n) in zip(s.replicas, mine, strict=False)
+                ),
             )
         )
     return tuple(out), crossing

@@ -8,18 +8,26 @@ rule in ``orchestrator.cpu_threads`` (a config's ``cpu_threads`` taken as it
 is), writes each stage's count in ``StagePlan.cpu_threads`` and says how in the
 plan's notes. ``plan_pipeline`` calls it once the placements are chosen
 (``plan_threads=False`` leaves the counts to the engines but the config's).
+
+A stage with ``replicas: N`` is split per instance (``StagePlan.placements()``, keyed by
+holder, ``voice#1``): a second replica of a stage on one device runs in a process of its
+own, so it is a thread pool of its own, and the note says so.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
 from orchestrator import cpu_threads, errors
-from orchestrator.plan import StagePlan
+from orchestrator.plan import ReplicaPlan, StagePlan
 from orchestrator.profile import HardwareProfile, Host
 from stages.base import StageConfig, StageKind
+
+Member = tuple[StagePlan, ReplicaPlan]
+"""One instance placed on a CPU: its stage's plan and its placement."""
 
 
 class PlacedStage(Protocol):
@@ -50,59 +58,98 @@ def with_cpu_threads(
         if not plan_threads or cores is None:
             for key, group in pools.items():
                 if overrides[key]:
-                    threads.update({s.name: (next(iter(overrides[key])), "config") for s in group})
+                    threads.update(
+                        {r.holder: (next(iter(overrides[key])), "config") for _, r in group}
+                    )
             notes.append(_unplanned_threads_note(device_id, plan_threads, bool(threads)))
             continue
         planned, note = _split_threads(device_id, cores, pools, overrides)
         threads.update(planned)
-        notes.append(note)
-    out = tuple(
-        replace(s, cpu_threads=threads[s.name][0], cpu_threads_from=threads[s.name][1])
-        if s.name in threads
-        else s
-        for s in stage_plans
+        notes.append(note + _replicas_note(device_id, members))
+    return tuple(_with_threads(s, threads) for s in stage_plans), notes
+
+
+def _with_threads(s: StagePlan, threads: Mapping[str, tuple[int, str]]) -> StagePlan:
+    """The stage plan with its instances' thread counts (the stage's own: replica 0's)."""
+    if not s.replicas:
+        if s.name not in threads:
+            return s
+        return replace(s, cpu_threads=threads[s.name][0], cpu_threads_from=threads[s.name][1])
+    replicas = tuple(
+        replace(r, cpu_threads=threads[r.holder][0], cpu_threads_from=threads[r.holder][1])
+        if r.holder in threads
+        else r
+        for r in s.replicas
     )
-    return out, notes
+    first = replicas[0]
+    return replace(
+        s,
+        replicas=replicas,
+        cpu_threads=first.cpu_threads,
+        cpu_threads_from=first.cpu_threads_from,
+    )
+
+
+def _replicas_note(device_id: str, members: list[Member]) -> str:
+    """``; voice#0, voice#1 are replicas of voice on cpu: each its own process ...``, for
+    every stage with several instances on this CPU (else '')."""
+    holders: dict[str, list[str]] = {}
+    for s, r in members:
+        holders.setdefault(s.name, []).append(r.holder)
+    return "".join(
+        f"; {', '.join(h)} are replicas of {name} on {device_id}: each its own process with its "
+        "own threads, so they split the cores"
+        for name, h in holders.items()
+        if len(h) > 1
+    )
 
 
 def _stages_on_cpu(
     stage_plans: tuple[StagePlan, ...], profile: HardwareProfile
-) -> dict[str, list[StagePlan]]:
-    """The admitted stages placed on each CPU device, by device id."""
-    on_cpu: dict[str, list[StagePlan]] = {}
+) -> dict[str, list[Member]]:
+    """The admitted instances (stages, replicas of stages) placed on each CPU device, by
+    device id."""
+    on_cpu: dict[str, list[Member]] = {}
     for s in stage_plans:
-        device = profile.device(s.device) if s.admitted and s.device else None
-        if device is not None and device.kind == "cpu":
-            on_cpu.setdefault(device.id, []).append(s)
+        for r in s.placements():
+            device = profile.device(r.device) if r.device else None
+            if device is not None and device.kind == "cpu":
+                on_cpu.setdefault(device.id, []).append((s, r))
     return on_cpu
 
 
 def _thread_pools(
-    members: list[StagePlan], states: Mapping[str, PlacedStage]
-) -> dict[str, list[StagePlan]]:
-    """One device's stages grouped by the thread pool they use: a process-wide pool their
-    kinds name (``"torch pool"``), else the stage's own (keyed by its name)."""
-    pools: dict[str, list[StagePlan]] = {}
-    for s in members:
+    members: list[Member], states: Mapping[str, PlacedStage]
+) -> dict[str, list[Member]]:
+    """One device's instances grouped by the thread pool they use: a process-wide pool
+    their kinds name (``"torch pool"``; a second replica of a stage on the device is a
+    process of its own, ``"torch pool of cpu#1"``), else the instance's own (keyed by its
+    holder)."""
+    pools: dict[str, list[Member]] = {}
+    slots: Counter[str] = Counter()
+    for s, r in members:
+        slot = slots[s.name]
+        slots[s.name] += 1
         shared = states[s.name].kind.cpu_thread_pool(s)
-        pools.setdefault(f"{shared} pool" if shared else s.name, []).append(s)
+        process = f" of {r.device}#{slot}" if slot else ""
+        pools.setdefault(f"{shared} pool{process}" if shared else r.holder, []).append((s, r))
     return pools
 
 
 def _thread_overrides(
-    pools: dict[str, list[StagePlan]], states: Mapping[str, PlacedStage], device_id: str
+    pools: dict[str, list[Member]], states: Mapping[str, PlacedStage], device_id: str
 ) -> dict[str, set[int]]:
     """Each pool's ``cpu_threads`` from the configs (empty: none set); a ``ConfigError`` when
     the stages sharing one pool give it different counts."""
     overrides = {
-        key: {n for s in group if (n := states[s.name].stage.cpu_threads) is not None}
+        key: {n for s, _ in group if (n := states[s.name].stage.cpu_threads) is not None}
         for key, group in pools.items()
     }
     for key, given in overrides.items():
         if len(given) > 1:
-            names = ", ".join(s.name for s in pools[key])
+            names = ", ".join(r.holder for _, r in pools[key])
             raise errors.ConfigError.single(
-                f"stages.{pools[key][0].name}.cpu_threads",
+                f"stages.{pools[key][0][0].name}.cpu_threads",
                 f"{names} share one {key} in {device_id}'s actor (one thread count per process), and their "
                 f"configs give it {', '.join(map(str, sorted(given)))} threads",
                 "give them the same cpu_threads, or set it on one of them only",
@@ -129,7 +176,7 @@ def _unplanned_threads_note(device_id: str, plan_threads: bool, any_config: bool
 def _split_threads(
     device_id: str,
     cores: int,
-    pools: dict[str, list[StagePlan]],
+    pools: dict[str, list[Member]],
     overrides: dict[str, set[int]],
 ) -> tuple[dict[str, tuple[int, str]], str]:
     """One CPU device's cores split among its thread pools: each stage's count and where
@@ -139,16 +186,18 @@ def _split_threads(
         cores,
         [
             cpu_threads.Pool(
-                max(_thread_weight(s) for s in pools[k]), next(iter(overrides[k]), None)
+                max(_thread_weight(s) for s, _ in pools[k]), next(iter(overrides[k]), None)
             )
             for k in keys
         ],
     )
     threads: dict[str, tuple[int, str]] = {}
     for key, n in zip(keys, split.threads, strict=True):
-        threads.update({s.name: (n, "config" if overrides[key] else "plan") for s in pools[key]})
+        threads.update(
+            {r.holder: (n, "config" if overrides[key] else "plan") for _, r in pools[key]}
+        )
     shares = ", ".join(
-        f"{'+'.join(s.name for s in pools[k])} {n}"
+        f"{'+'.join(r.holder for _, r in pools[k])} {n}"
         for k, n in zip(keys, split.threads, strict=True)
     )
     line = (

@@ -37,7 +37,7 @@ from rich.text import Text
 from orchestrator.console import make_console
 from orchestrator.errors import terminal_text
 from orchestrator.ledger import PIPELINE_HOLDER
-from orchestrator.plan import PipelinePlan, StagePlan
+from orchestrator.plan import PipelinePlan, ReplicaPlan, StagePlan
 from orchestrator.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -358,11 +358,23 @@ def threads_line(plan: PipelinePlan) -> Table | None:
     """``CPU threads  thinker 1, voice 1 (config)``: each CPU stage's thread budget, one line
     under the stages table (a column would push it past 80 columns); None when no stage has one."""
     shown = [
-        f"{s.name} {s.cpu_threads}" + (" (config)" if s.cpu_threads_from == "config" else "")
+        f"{r.holder} {r.cpu_threads}" + (" (config)" if r.cpu_threads_from == "config" else "")
         for s in plan.stages
-        if s.cpu_threads is not None
+        for r in s.placements()
+        if r.cpu_threads is not None
     ]
     return labelled("CPU threads:", ", ".join(shown), style="bold") if shown else None
+
+
+def replicas_line(plan: PipelinePlan) -> Table | None:
+    """``Replicas:  voice ×2: igpu:0, cpu``: each stage of several instances and where each
+    runs (replica 0 first), one line under the stages table; None when there is none."""
+    shown = [
+        f"{s.name} ×{len(s.replicas)}: {', '.join(r.device or '-' for r in s.replicas)}"
+        for s in plan.stages
+        if s.replicas
+    ]
+    return labelled("Replicas:", "; ".join(shown), style="bold") if shown else None
 
 
 def end_of_turn_line(plan: PipelinePlan) -> Table | None:
@@ -385,7 +397,7 @@ def stages_sheet(plan: PipelinePlan, notes: Notes, title: str = "stages") -> She
         kv_cache = s.details.get("kv_cache")
         kv = fmt_bytes(kv_cache["bytes_per_token"]) if kv_cache else "-"
         sheet.add_row(
-            s.name,
+            f"{s.name} ×{len(s.replicas)}" if s.replicas else s.name,
             s.kind,
             s.device or Text("refused", style="bold red"),
             s.backend or "-",
@@ -449,9 +461,11 @@ def reservations_sheet(plan: PipelinePlan, notes: Notes) -> Sheet:
         ),
     )
     for s in plan.stages:
-        for r in s.reservations:
+        for holder, r in [(p.holder, r) for p in s.replicas for r in p.reservations] or [
+            (s.name, r) for r in s.reservations
+        ]:
             sheet.add_row(
-                s.name,
+                holder,
                 r.pool,
                 r.purpose,
                 fmt_bytes(r.bytes),
@@ -500,9 +514,11 @@ def pools_sheet(plan: PipelinePlan) -> Sheet:
     return sheet
 
 
-def engine_block(stage: StagePlan) -> Group:
-    """The arguments the stage's engine will be built with, one ``key=value`` a line."""
-    lines: list[RenderableType] = [Text(f"{stage.name} engine ({stage.backend}):", style="bold")]
+def engine_block(stage: StagePlan | ReplicaPlan) -> Group:
+    """The arguments the stage's engine (or one replica's) will be built with, one
+    ``key=value`` a line."""
+    name = stage.holder if isinstance(stage, ReplicaPlan) else stage.name
+    lines: list[RenderableType] = [Text(f"{name} engine ({stage.backend}):", style="bold")]
     lines += [
         labelled("", line, indent=4)
         for line in key_values({k: v for k, v in stage.engine_kwargs.items() if k != "model"})
@@ -519,7 +535,11 @@ def plan_table(plan: PipelinePlan) -> Group:
         style="bold green" if plan.admitted else "bold red",
     )
 
-    under = [line for line in (threads_line(plan), end_of_turn_line(plan)) if line is not None]
+    under = [
+        line
+        for line in (replicas_line(plan), threads_line(plan), end_of_turn_line(plan))
+        if line is not None
+    ]
     stages: RenderableType = (
         stages_sheet(plan, notes) if not under else Group(stages_sheet(plan, notes), *under)
     )
@@ -553,7 +573,13 @@ def plan_table(plan: PipelinePlan) -> Group:
                 ),
             )
         )
-    parts += [engine_block(s) for s in plan.stages if s.admitted and s.engine_kwargs]
+    parts += [
+        engine_block(p)
+        for s in plan.stages
+        if s.admitted
+        for p in (s.replicas or (s,))
+        if p.engine_kwargs
+    ]
     if plan.notes:
         parts.append(Group(*(labelled("note:", note, style="dim") for note in plan.notes)))
     return spaced(parts)

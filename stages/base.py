@@ -68,6 +68,12 @@ if TYPE_CHECKING:
 MAX_CPU_THREADS = 4096
 """As many threads as a profile may have logical CPUs (``orchestrator.profile.MAX_CPU_CORES``);
 more in a config is a typo."""
+MAX_REPLICAS = 16
+"""The most instances of one stage: more than the recorded cluster has devices (5) three times
+over, so more in a config is a typo. Each replica is a whole engine with its own reservations
+(on a device another replica of it uses, its own process), and the planner tries each distinct
+spread of the replicas over the stage's options once: at most C(options + N, N) partial spreads,
+4,845 for 16 replicas over 4 options."""
 REQUEST = "request"
 """The input name that means 'the user's request' rather than another stage."""
 
@@ -138,6 +144,14 @@ class StageConfig(Strict):
         description="Threads of this stage's engine when it is placed on the CPU (vLLM's OpenMP threads, llama.cpp's "
         "n_threads, torch's, ONNX Runtime's intra-op threads); default: the planner's share of the host's cores "
         "(docs/runtime.md, 'CPU threads'). Ignored on other devices.",
+    )
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=MAX_REPLICAS,
+        strict=True,
+        description="Instances of this stage, each placed and reserved on its own (a device of devices, a "
+        "different one first); requests are balanced to the least-loaded one.",
     )
 
     @field_validator("name")

@@ -382,6 +382,13 @@ case("config: max_num_seqs 0")(lambda c: (str(c.stage(", max_num_seqs: 0")), "ma
 case("config: a device that is no device id")(
     lambda c: (*_cfg(c, c.cfg.read_text().replace("devices: [cpu]", "devices: [tpu:0]")), "devices")
 )
+case("config: replicas 0")(lambda c: (str(c.stage(", replicas: 0")), "stages[0].replicas"))
+case("config: replicas 17")(
+    lambda c: (str(c.stage(", replicas: 17")), "stages[0].replicas", "less than or equal to 16")
+)
+case("config: replicas as a string")(
+    lambda c: (str(c.stage(", replicas: '2'")), "stages[0].replicas")
+)
 case("config: an input that is no stage")(lambda c: (str(c.stage(", inputs: [ghost]")), "ghost"))
 case("config: model directory missing")(
     lambda c: (c.stage(model=str(c.tmp / "nowhere")), str(c.tmp / "nowhere"), "not found")[1:]

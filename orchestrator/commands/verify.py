@@ -147,6 +147,21 @@ def _replan(
                 "device": s.device,
                 "backend": s.backend,
                 "verification": s.verification.status if s.verification else None,
+                # each replica's, only for a stage with several (issue 24)
+                **(
+                    {
+                        "replicas": [
+                            {
+                                "device": r.device,
+                                "backend": r.backend,
+                                "verification": r.verification.status if r.verification else None,
+                            }
+                            for r in s.replicas
+                        ]
+                    }
+                    if s.replicas
+                    else {}
+                ),
             }
             for s in plan.stages
         },
@@ -311,7 +326,12 @@ def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
         notes.append(labelled("on node:", f"{node} (Ray node {ray_node[:12]}…)", style="dim"))
     notes.append(labelled("evidence:", report.evidence_dir, style="dim"))
     for name, s in plan_summary["stages"].items():
-        if s["device"]:
+        if s.get("replicas"):
+            now = f"{name} ×{len(s['replicas'])} → " + ", ".join(
+                f"{r['device']} ({r['backend']}) {r['verification'] or 'no gates needed'}"
+                for r in s["replicas"]
+            )
+        elif s["device"]:
             now = (
                 f"{name} → {s['device']} ({s['backend']}), {s['verification'] or 'no gates needed'}"
             )

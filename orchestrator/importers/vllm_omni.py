@@ -59,6 +59,7 @@ from orchestrator.importers.vllm_omni_schema import (  # noqa: F401  (re-exporte
 )
 from orchestrator.validation import read_document
 from stages.ar_decode.kv import model_context_limit, text_config
+from stages.base import MAX_REPLICAS
 from stages.payloads import split_input
 from stages.registry import get_kind
 
@@ -967,10 +968,16 @@ class _Stage:
                 )
             return ["gpu:0"]
         report.map(f"{self.rloc}.devices", f"stages.{name}.devices", devices)
+        replicas = (self.flat if self.deploy else runtime).get("num_replicas")
         if len(devices) > 1:
             report.notes.append(
                 f"stages.{name}.devices: {runtime['devices']!r} lists {len(devices)} GPUs; here they are "
-                "candidates in preference order and the stage is placed on one of them"
+                + (
+                    f"candidates in preference order and its {replicas} replicas are spread over them "
+                    "(one a GPU while there are enough)"
+                    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1
+                    else "candidates in preference order and the stage is placed on one of them"
+                )
             )
         return devices
 
@@ -981,15 +988,10 @@ class _Stage:
         generates = ts.kind == "ar_decode"
         if generates:
             self._batch_and_context()
-        replicas = self.flat.get("num_replicas") if self.deploy else runtime.get("num_replicas")
-        if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1:
-            report.notes.append(
-                f"stages.{name}: num_replicas {replicas} in the file; one instance is planned here "
-                "(stage replicas are not planned yet), on one of its devices"
-            )
+        self._replicas()
         for k, v in self.engine_args.items():
             key = f"{self.eloc}.{k}"
-            if k == "model_stage":
+            if k == "model_stage" or (k == "num_replicas" and self.deploy):
                 continue
             if generates and k in ENGINE_KEYS and not (k == "dtype" and v not in DTYPES):
                 out[ENGINE_KEYS[k]] = v
@@ -1004,7 +1006,9 @@ class _Stage:
             else:
                 report.foreign(key)
         for k in runtime:
-            if k == "devices" or (k in ("max_batch_size", "max_num_seqs") and generates):
+            if k in ("devices", "num_replicas") or (
+                k in ("max_batch_size", "max_num_seqs") and generates
+            ):
                 continue
             report.foreign(
                 f"{self.rloc}.{k}",
@@ -1012,6 +1016,24 @@ class _Stage:
                 if k in ("max_batch_size", "max_num_seqs")
                 else None,
             )
+
+    def _replicas(self) -> None:
+        """vLLM-Omni's ``num_replicas`` (a deploy stage's flat field, a legacy stage's
+        ``runtime``) as the stage's ``replicas``: each instance placed and reserved on its
+        own, spread over the stage's devices."""
+        where = self.flat if self.deploy else self.runtime
+        if "num_replicas" not in where:
+            return
+        n, key = where["num_replicas"], f"{self.rloc}.num_replicas"
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_REPLICAS:
+            self.report.foreign(
+                key, f"{n!r} is not a number of instances from 1 to {MAX_REPLICAS}; one is planned"
+            )
+        elif n == 1:
+            self.report.map(key, f"stages.{self.name} (one instance, the default)", n)
+        else:
+            self.out["replicas"] = n
+            self.report.map(key, f"stages.{self.name}.replicas", n)
 
     def _batch_and_context(self) -> None:
         """A generation stage's ``max_num_seqs`` (the file's batch size) and ``max_model_len``
@@ -1206,6 +1228,7 @@ _ORDER = (
     "inputs",
     "join",
     "devices",
+    "replicas",
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",

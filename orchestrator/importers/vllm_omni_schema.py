@@ -251,8 +251,6 @@ NO_EQUIVALENT: dict[str, str] = {
 }
 NO_EQUIVALENT.update(
     {
-        "num_replicas": "a stage is placed once, on one device; replicas of a stage are not planned yet, so one "
-        "instance serves it (max_num_seqs at once)",
         "session_mode": "vLLM-Omni's full-duplex sessions (a realtime conversation kept open); omni-edge serves "
         "requests, one reply each",
         "duplex_session": "the lifetimes and buffers of full-duplex sessions, which omni-edge does not have",

@@ -425,20 +425,65 @@ def test_num_replicas_other_platforms_and_the_duplex_keys_are_listed_and_cuda_s_
     why = {f["key"]: f["why"] for f in report["no_equivalent"]}
     assert "full-duplex" in why["session_mode"] and "full-duplex" in why["duplex_session"]
     assert "active_stream_window" in why
-    assert "replicas of a stage are not planned yet" in why["stages[1].num_replicas"]
+    # num_replicas is the stage's replicas now (issue 24): mapped, no longer listed or noted
+    assert "stages[1].num_replicas" not in why
+    assert {
+        "key": "stages[1].num_replicas",
+        "to": "stages.talker.replicas",
+        "value": 2,
+    } in report["mapped"]
+    assert not any("num_replicas" in n for n in report["notes"])
     assert "no MUSA backend" in why["platforms.musa"]
     assert "platforms.cuda" not in why
-    assert any(
-        n.startswith("stages.talker: num_replicas 2 in the file; one instance is planned")
-        for n in report["notes"]
-    )
     talker = yaml.safe_load((tmp_path / "o.yaml").read_text())["stages"][1]
+    assert talker["replicas"] == 2
     assert (
         talker["max_num_seqs"],
         talker["sampling"]["max_tokens"],
         talker["sampling"]["top_k"],
     ) == (2, 1024, 50)
     assert "platforms.cuda.stages[0].max_num_seqs" in {m["key"] for m in report["mapped"]}
+
+
+def test_the_multi_replica_deploy_imports_its_replicas_and_plans_one_a_gpu(
+    tmp_path: Path, tiny_qwen3: tuple[Path, Path]
+) -> None:
+    """Upstream's Qwen3-Omni multi-replica deploy (talker and code2wav ``num_replicas: 2`` on
+    devices "1,2") imports as ``replicas: 2`` and plans each replica on its own GPU, on a
+    machine with three (the RTX 5090 laptop's profile with two more of its GPU)."""
+    out = tmp_path / "multi.yaml"
+    src = DEPLOY / "qwen3_omni_moe_multi_replicas.yaml"
+    code, report, stderr = import_json(src, out, "--model", str(tiny_qwen3[0]))
+    assert code == 0 and report["loads"] is True, stderr
+    for i, stage in ((1, "talker"), (2, "code2wav")):
+        row = {"key": f"stages[{i}].num_replicas", "to": f"stages.{stage}.replicas", "value": 2}
+        assert row in report["mapped"]
+    assert not any(f["key"].endswith("num_replicas") for f in report["no_equivalent"])
+    cfg = yaml.safe_load(out.read_text())
+    stages = {s["name"]: s for s in cfg["stages"]}
+    assert (stages["talker"]["replicas"], stages["talker"]["devices"]) == (2, ["gpu:1", "gpu:2"])
+    assert (stages["code2wav"]["replicas"], stages["code2wav"]["devices"]) == (
+        2,
+        ["gpu:1", "gpu:2"],
+    )
+    assert "replicas" not in stages["thinker"]
+    stages["code2wav"]["artifact"] = str(tiny_qwen3[1])  # the user's export
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    profile = json.loads(WSL.read_text())
+    gpu = next(d for d in profile["devices"] if d["id"] == "gpu:0")
+    profile["devices"] += [{**gpu, "id": f"gpu:{n}"} for n in (1, 2)]
+    three = tmp_path / "three-gpus.json"
+    three.write_text(json.dumps(profile))
+    code, plan = plan_json(out, three)
+    assert code == 0, [s["refusals"] for s in plan["stages"]]
+    by_name = {s["name"]: s for s in plan["stages"]}
+    assert by_name["thinker"]["device"] == "gpu:0" and "replicas" not in by_name["thinker"]
+    for stage in ("talker", "code2wav"):
+        placed = [(r["holder"], r["device"]) for r in by_name[stage]["replicas"]]
+        assert placed == [(f"{stage}#0", "gpu:1"), (f"{stage}#1", "gpu:2")]
+    pools = {p["id"]: p["contributors"] for p in plan["pools"]}
+    assert {"talker#0", "code2wav#0"} <= set(pools["vram:gpu:1"])
+    assert {"talker#1", "code2wav#1"} <= set(pools["vram:gpu:2"])
 
 
 def test_a_chunked_code2wav_that_is_not_exported_is_refused_by_name_not_a_config_error(

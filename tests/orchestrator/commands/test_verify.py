@@ -115,6 +115,28 @@ def test_all_placements_pass_exit_0_and_the_plan_reads_the_evidence(
     assert "plan now: net → cpu (ort-openvino), verified" in out
 
 
+def test_replicas_are_verified_once_per_placement_and_the_plan_now_names_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``verify`` takes ``replicas`` as it is (``run`` refuses them for now): the gates run once
+    per candidate, and the plan now places both replicas, each verified."""
+    config, profile = _write(tmp_path, "full", stage={"replicas": 2})
+    assert main(["verify", str(config), "--profile", str(profile), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["backend"], r["status"]) for r in doc["results"]] == [
+        ("ort-openvino", "passed"),
+        ("ort-cpu", "passed"),
+    ]
+    replica = {"device": "cpu", "backend": "ort-openvino", "verification": "verified"}
+    assert doc["plan"]["stages"]["net"]["replicas"] == [replica, replica]
+    assert main(["verify", str(config), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "plan now: net ×2 → cpu (ort-openvino) verified, cpu (ort-openvino) verified"
+        in " ".join(out.split())
+    )
+
+
 def test_a_declined_graph_exits_3_with_the_counts_and_the_remedy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
