@@ -541,6 +541,7 @@ class Pipeline:
     ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
+        refuse_replicas(config)  # a plan made elsewhere: the same refusal as admit_plan's
         self.plan = plan
         self.calibration = calibration
         """Where ``record_calibration`` writes measured peaks (None: nothing is recorded)."""

@@ -93,3 +93,22 @@ def test_replicas_of_one_are_not_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(AssertionError, match="planned a config"):
         api.admit_plan(one)
+
+
+def test_a_plan_made_elsewhere_is_refused_by_the_pipeline_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Pipeline(plan, config)`` from a plan made without ``admit_plan`` (a saved plan, a
+    program of its own) would start one instance while every replica is reserved: refused
+    the same way, before the runtime exists."""
+    from orchestrator.config import load_config
+    from orchestrator.planner import plan_pipeline
+    from orchestrator.profile import load_profile
+
+    monkeypatch.undo()  # this test plans for real
+    config = load_config(EXAMPLE)
+    plan = plan_pipeline(config, load_profile(REPO / "configs/profiles/cpu-only-linux.json"))
+    assert plan.admitted and len(plan.stage("voice").replicas) == 2
+    with pytest.raises(ConfigError) as e:
+        Pipeline(plan, config, record=None)
+    _said(str(e.value))
