@@ -76,12 +76,13 @@ from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
-from orchestrator.runtime.hop import FirstChunk
+from orchestrator.runtime.hop import FirstChunk, same_clock
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
+from orchestrator.runtime.router import Route, RouteTable
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
-from stages.payloads import Ports, edge_mismatch, request_payload, spell, split_input, untag
+from stages.payloads import Ports, edge_mismatch, request_payload, spell, split_input
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker
 
@@ -131,6 +132,8 @@ class Runtime:
             s.name: str(self.config.stage(s.name).join) for s in self.stages if len(s.inputs) > 1
         }
         """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
+        self.route_tables = {s.name: self.route_table(s.name) for s in self.stages}
+        """Stage → its ``router.RouteTable``: what a ``Router`` needs to hand its outputs on."""
         self.actor_envs = {
             d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)
         }
@@ -240,23 +243,47 @@ class Runtime:
                     )
         return out
 
-    def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
-        """``(port, payload)`` of an item ``s`` yielded: a tagged item's port (``stages.payloads.on_port``;
-        one the stage does not have fails it), else the stage's only port, else ``text`` for a ``str``."""
-        port, payload = untag(item)
-        names = self.stage_ports[s.name].port_names()
-        if port is not None:
-            if port not in names:
-                raise StageFailed(
-                    s.name,
-                    s.device or "?",
-                    f"it yielded an item on output port {port!r}, and its "
-                    f"ports are {', '.join(names) or 'none'}",
+    def route_table(self, producer: str) -> RouteTable:
+        """``producer``'s routes to its consumers and its final ports, built once (it pickles:
+        the direct mode hands it to the producer's actor, ``DeviceActor.connect``)."""
+        s = self.plan.stage(producer)
+        ports = self.stage_ports[producer]
+        final_ports = None
+        if s.final_output_type is not None:
+            final_ports = frozenset(
+                p
+                for p in ports.port_names()
+                if any(t.kind == s.final_output_type for t in ports.port(p))
+            )
+        routes = []
+        for c, entry, takes in self.routes_out[producer]:
+            cs = self.plan.stage(c)
+            sentences = self.kinds[c].text_input == "sentences"
+            cfg = next((x for x in self.config.stages if x.name == c), None)
+            routes.append(
+                Route(
+                    consumer=c,
+                    device=cs.device or "?",
+                    entry=entry,
+                    ports=takes,
+                    sentences=sentences,
+                    first_chunk_chars=getattr(cfg, "first_chunk_chars", None),
+                    join=c in self.joins,
+                    trace=sentences and c not in self.joins and same_clock(s.device, cs.device),
                 )
-            return port, payload
-        if len(names) == 1:
-            return names[0], payload
-        return ("text" if isinstance(payload, str) and "text" in names else None), payload
+            )
+        return RouteTable(
+            producer=producer,
+            device=s.device or "?",
+            port_names=tuple(ports.port_names()),
+            final_output=bool(s.final_output),
+            final_ports=final_ports,
+            routes=tuple(routes),
+        )
+
+    def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
+        """``(port, payload)`` of an item ``s`` yielded (``RouteTable.item_port``)."""
+        return self.route_tables[s.name].item_port(item)
 
     def _ports(self, name: str) -> Ports:
         """The stage's payload types as its config declares them (``StageKind.ports``)."""
