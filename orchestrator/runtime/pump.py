@@ -1,8 +1,10 @@
 """One stage's outputs for one request, read in the driver (``Runtime._pump``): emitted as
-events, and — in the relay (``runtime.STREAMING == "relay"``) — handed on to its consumers by a
-``router.Router`` run here, whose ``deliver`` is the driver's ``feed`` (a fan-in consumer
-through its ``Joiner``). ``payload_bytes``, ``edge_counts`` live in ``router.py`` and are
-re-exported here."""
+events. In the direct mode (``runtime.STREAMING == "direct"``) the stage's own actor hands its
+outputs to its consumers, and the driver reads only ``("first", _)``, its final outputs and its
+closing stats (which carry its edges, and what its input was handed: ``chunks_in``, the first
+chunk). In the relay (``"relay"``) every output comes here and a ``router.Router`` run here
+hands it on, its ``deliver`` the driver's ``feed`` (a fan-in consumer through its ``Joiner``).
+``payload_bytes``, ``edge_counts`` live in ``router.py`` and are re-exported here."""
 
 from __future__ import annotations
 
@@ -35,16 +37,24 @@ class _StagePump:
         chunks_in: dict[str, list[str]],
         joiners: dict[str, Joiner],
         firsts: dict[str, FirstChunk],
+        *,
+        direct: bool = False,
     ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
-        self.router = Router(
-            rt.route_tables[s.name], self._deliver, chunks_in=chunks_in, firsts=firsts
+        self.router = (
+            None
+            if direct
+            else Router(rt.route_tables[s.name], self._deliver, chunks_in=chunks_in, firsts=firsts)
         )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
+        """Seconds from the request's start to the stage's first output reaching the driver."""
+        self.first_arrived: float | None = None
         self.stats: dict[str, Any] = {}
         self.stamps: Stamps = NO_STAMPS
+        self.first_in: FirstChunk | None = None
+        """The direct mode: the first chunk of this stage's input, as its actor kept it."""
         self.index = 0
 
     async def _deliver(
@@ -71,43 +81,65 @@ class _StagePump:
             if kind == "stats":
                 closing: StageStats = item
                 self.stamps, self.stats = closing.stamps, closing.figures
+                self.first_in = closing.first
+                continue
+            if kind == "first":
+                self._first_output(time.perf_counter())
                 continue
             await self._output(item)
+
+    def _first_output(self, now: float) -> None:
+        if self.first is None:
+            self.first_arrived, self.first = now, now - self.t0
+            self.events.put_nowait(StageEvent(self.s.name, "first_output", self.rid, self.first))
 
     async def _output(self, item: Any) -> None:
         s = self.s
         self.arrived.append(time.perf_counter())
-        port, payload, final = self.router.take(item)
+        self.rt.driver_stats["items_read"] += 1
+        self._first_output(self.arrived[-1])
         now = self.arrived[-1] - self.t0
-        if self.first is None:
-            self.first = now
-            self.events.put_nowait(StageEvent(s.name, "first_output", self.rid, now))
+        if self.router is None:  # the direct mode: a final output's payload
+            self.events.put_nowait(self.rt._event(s, item, self.rid, now, self.index))
+            self.index += 1
+            return
+        port, payload, final = self.router.take(item)
         if final:
             self.events.put_nowait(self.rt._event(s, payload, self.rid, now, self.index))
             self.index += 1
         await self.router.route(port, payload)
 
     async def end(self) -> None:
-        """The stage is done: each route's text still held goes out, its consumers' input ends."""
-        await self.router.finish(self.stamps.get("emitted") or [])
+        """The stage is done: (relay) each route's text still held goes out, its consumers'
+        input ends; in the direct mode its actor did that."""
+        if self.router is not None:
+            await self.router.finish(self.stamps.get("emitted") or [])
 
     def done_stats(self, end: float) -> dict[str, Any]:
         s = self.s
+        figures = dict(self.stats)
+        # the direct mode: what the stage's actor counted (its edges, the sentences it was fed)
+        fed = figures.pop("chunks_in", [])
+        edges = figures.pop("edges_out", {})
+        join = figures.pop("join", None)
         stats = {
-            **self.stats,
+            **figures,
             "device": s.device,
             "backend": s.backend,
             "time_to_first_output_s": _r(self.first),
             "done_s": _r(end),
-            "chunks_in": self.chunks_in.get(s.name, []),
-            "edges_out": self.router.edges_out(),
+            "chunks_in": [*self.chunks_in.get(s.name, []), *fed],
+            "edges_out": edges if self.router is None else self.router.edges_out(),
         }
-        if s.name in self.firsts and self.arrived:
-            hop = first_chunk_hop(self.firsts[s.name], self.stamps, self.arrived[0], self.t0)
+        first = self.firsts.get(s.name) if self.router is not None else self.first_in
+        if first is not None and self.first_arrived is not None:
+            hop = first_chunk_hop(first, self.stamps, self.first_arrived, self.t0)
             if hop is not None:
                 stats["first_chunk_hop"] = hop
         if s.name in self.joiners:
             stats["join"] = self.joiners[s.name].stats()
+        elif join is not None:
+            stats["join"] = join
         stats["throughput"] = _throughput(stats)
         return stats
 
