@@ -21,12 +21,14 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
    started no process) is an upper bound: it says so (``upper_bound``), is
    not judged against the budget (``within_budget`` null, with the reason)
    and never calibrates a plan.
-3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
-   streaming generator (``num_returns="streaming"``) of ``("out", item)``
+3. Per request and stage, ``stream(stage, request_id, initial, route)`` is a
+   Ray streaming generator (``num_returns="streaming"``) of ``("out", item)``
    tuples, then one ``("stats", StageStats)``. Its input is ``initial`` (the
-   request) or the items the runtime sends with ``feed`` and closes with
-   ``end_input`` — a bounded queue per request, so a slow stage holds its
-   producer back.
+   request) or the items sent with ``feed`` and closed with ``end_input`` — a
+   bounded queue per request, so a slow stage holds its producer back. With a
+   ``route`` (the direct mode, after ``connect``), its outputs go through a
+   ``router.Router`` here that feeds the consumers' actors itself, and only
+   ``("first", None)`` and final outputs go to the driver.
 4. ``close()`` closes every stage (last loaded first) and releases its
    reservations.
 

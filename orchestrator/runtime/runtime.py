@@ -16,9 +16,13 @@
   replaces the plan's estimate for it. When a load fails, the runtime tears
   down what it started and raises ``StageFailed``; the failed stage holds
   nothing in the ledger.
-* **Requests stream stage to stage.** Each stage's outputs come back as a Ray
+* **Requests stream stage to stage.** Each stage's outputs are read as a Ray
   streaming generator (one item costs well under an actor call per item; figures
-  in docs/benchmarks.md); text reaches the next stage as its kind's
+  in docs/benchmarks.md). With ``STREAMING == "direct"`` the producer's actor
+  hands them to its consumers' actors itself (``router.Router``,
+  ``DeviceActor.stream`` with a route) and the driver reads only final outputs
+  and control events; a dead consumer's actor is named as such (``PeerLost``),
+  never its producer. Text reaches the next stage as its kind's
   ``text_input`` asks: cut into sentences (``stages.text_chunks``) and fed
   while decoding goes on, or whole once the producer is done.
   Backpressure: at most ``GENERATOR_BACKPRESSURE`` unread items per
