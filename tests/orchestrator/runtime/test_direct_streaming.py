@@ -15,10 +15,14 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import StageFailed
+from orchestrator.plan import StagePlan
 from orchestrator.runtime import record
 from orchestrator.runtime import runtime as runtime_mod
+from orchestrator.runtime.device_actor import DeviceActor, _Hosted
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta, collect
+from orchestrator.runtime.router import RouteTable
 from orchestrator.runtime.runtime import Runtime
+from stages.base import StageRunner
 from tests.helpers.echo import echo_pipeline
 from tests.orchestrator.runtime.test_graph_runtime import started
 
@@ -198,12 +202,14 @@ def test_cancel_ends_a_feed_waiting_on_a_full_queue(ray_cluster: Any, tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("second_device", ["cpu", "igpu:0"])
 def test_context_comes_before_the_items_of_a_producer_that_yields_at_once(
-    ray_cluster: Any, tmp_path: Path
+    ray_cluster: Any, tmp_path: Path, second_device: str
 ) -> None:
     """The echo ``words`` kind answers ``You said`` + its inputs in the order it took them:
     the context's words come first, though the first stage yields its reply at once and feeds
-    the second (on another actor) while the second's stream is being opened."""
+    the second — in the same actor (a local call, ahead of any call from the driver) or in
+    another — while the second's stream is being opened."""
     rt = started(
         ray_cluster,
         tmp_path,
@@ -214,7 +220,7 @@ def test_context_comes_before_the_items_of_a_producer_that_yields_at_once(
                 "kind": "echo",
                 "mode": "words",
                 "inputs": ["first"],
-                "devices": ["igpu:0"],
+                "devices": [second_device],
                 "final_output": True,
             },
         ],
@@ -236,3 +242,77 @@ def test_context_comes_before_the_items_of_a_producer_that_yields_at_once(
         rt.close()
     for text in texts:
         assert text.startswith("You said one two three You said hello there."), text
+
+
+class _Taken(StageRunner):
+    """Yields its inputs in the order it took them."""
+
+    def load(self) -> None:
+        pass
+
+    async def stream(self, request_id: str, inputs: Any) -> Any:
+        async for item in inputs:
+            yield item
+
+
+def test_items_fed_before_the_consumer_s_stream_opens_still_come_after_its_context() -> None:
+    """The race the direct mode has by construction: a producer's actor may feed the consumer
+    before the driver's ``stream`` call (which carries the context) reaches it. The consumer's
+    actor puts the context first whatever came before (no Ray: the actor's own methods)."""
+    plan = StagePlan(
+        name="second",
+        kind="echo",
+        admitted=True,
+        device="cpu",
+        backend="ort-cpu",
+        route="this-process",
+        reservations=(),
+        refusals=(),
+        engine_kwargs={},
+        artifact={},
+        inputs=("first",),
+    )
+    actor = DeviceActor("cpu", ledger=None)
+    actor.stages["second"] = _Hosted(
+        plan=plan, runner=_Taken(), load_s=0.0, load_info={}, tree_load_peak=0, tree_resident=0
+    )
+    table = RouteTable("second", "cpu", ("text",), True, None, ())
+
+    async def main() -> list[Any]:
+        await actor.connect({}, {"second": table}, {})
+        await actor.feed("second", "r", ["fed 1", "fed 2"], "first")  # the producer came first
+        await actor.end_input("second", "r", "first")
+        route = {"context": ["history"], "request_item": None}
+        return [m async for m in actor.stream("second", "r", None, route)]
+
+    messages = asyncio.run(main())
+    assert [item for kind, item in messages if kind == "out"] == ["history", "fed 1", "fed 2"]
+    assert [kind for kind, _ in messages] == ["first", "out", "out", "out", "stats"]
+
+
+def test_a_feed_that_found_its_consumer_s_actor_dead_is_said_as_the_consumer_s_death(
+    tmp_path: Path,
+) -> None:
+    """The producer's side of a dead consumer, as it reaches the driver: the thinker's stream
+    fails with ``PeerLost`` (its feed met the voice's dead actor). The request fails naming the
+    voice and its device, which is marked dead; the thinker's actor is not blamed. (The race
+    with the voice's own stream, which also fails, is the test above; this is the path when
+    the producer's failure comes first.)"""
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.errors import PeerLost
+    from orchestrator.runtime.startup import Device
+
+    plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
+    rt = Runtime(plan, config)
+    rt.devices = {
+        "cpu": Device("cpu", None, {}, ["thinker"]),
+        "igpu:0": Device("igpu:0", None, {}, ["voice"]),
+    }
+    lost = PeerLost("voice", "igpu:0", "igpu:0", "ActorDiedError: The actor died unexpectedly")
+    exc = RayTaskError("stream", "", lost).as_instanceof_cause()
+    failed = rt._map(exc, "thinker", rt.devices["cpu"], "serving request r1")
+    assert isinstance(failed, StageFailed)
+    assert (failed.stage, failed.device, failed.code) == ("voice", "igpu:0", "device_actor_died")
+    assert "serving request r1" in failed.cause and "ActorDiedError" in failed.cause
+    assert rt.devices["igpu:0"].dead and not rt.devices["cpu"].dead
