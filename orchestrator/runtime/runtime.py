@@ -534,8 +534,9 @@ class Runtime:
         entry: str | None = None,
         context: Mapping[str, Sequence[Any]] | None = None,
     ) -> AsyncGenerator[Event, None]:
-        """One request's events: every stage's stream opened, the context fed, a pump per stage
-        (and a feeder per join, and for a fed entry stage), the events relayed as they come
+        """One request's events: every stage's stream opened (direct: each with its route,
+        which carries its context), a pump per stage (relay: the context fed first, and a
+        feeder per join), a feeder for a fed entry stage, the events relayed as they come
         until the last one or a failure (``_watch``), then the request wound down."""
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()

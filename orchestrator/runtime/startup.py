@@ -52,6 +52,7 @@ from orchestrator.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
+from orchestrator.runtime.joins import JoinSpec
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -250,8 +251,6 @@ def _connect(rt: Any) -> None:
     producer's actor feeds its consumers' itself (``runtime.STREAMING == "direct"``); note the
     node this process runs on (the record's ``runtime.streaming``)."""
     import ray
-
-    from orchestrator.runtime.joins import JoinSpec
 
     rt.driver_node = ray.get_runtime_context().get_node_id()
     peers = {d: dev.actor for d, dev in rt.devices.items()}
