@@ -130,6 +130,19 @@ class StageFailed(OmniEdgeError):
         return (StageFailed, (self.stage, self.device, self.cause, self.code))
 
 
+class PeerLost(OmniEdgeError):
+    """A producer's actor could not hand items to its consumer's actor: that actor died (the
+    direct mode, ``DeviceActor._deliver``). Not a ``StageFailed``: the runtime says it as the
+    death of the consumer's actor (``stage``, ``device``, ``actor_key``), never the producer's."""
+
+    def __init__(self, stage: str, device: str, actor_key: str, cause: str) -> None:
+        super().__init__(f"the device actor of {stage!r} ({actor_key}) is gone: {cause}")
+        self.stage, self.device, self.actor_key, self.cause = stage, device, actor_key, cause
+
+    def __reduce__(self) -> tuple[type[PeerLost], tuple[str, str, str, str]]:
+        return (PeerLost, (self.stage, self.device, self.actor_key, self.cause))
+
+
 class PipelineBusy(OmniEdgeError):
     """A request refused because the pipeline already runs (and queues) all it can.
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from orchestrator.errors import PipelineBusy
 
@@ -38,20 +38,21 @@ WAIT_TIMEOUT_S = 60.0
 
 
 def calls_per_request(
-    devices: Mapping[str, str], feeders: Mapping[str, str | None]
+    devices: Mapping[str, str], feeders: Mapping[str, str | Sequence[str] | None]
 ) -> dict[str, int]:
     """Actor calls one request holds at once on each device.
 
-    ``devices``: stage → device; ``feeders``: stage → the stage feeding it
-    (None when it takes the request). One ``stream`` per stage, and one
-    ``feed``/``end_input`` per producing stage per consumer device (a producer
-    awaits its feeds one at a time)."""
+    ``devices``: stage → device; ``feeders``: stage → the stage(s) feeding it
+    (None or ``()`` when it takes the request alone; a fan-in: each of its
+    inputs' stages). One ``stream`` per stage, and one ``feed``/``end_input``
+    per producing stage per consumer device (a producer's actor awaits its
+    feeds one at a time)."""
     calls: dict[str, int] = {}
     for device in devices.values():
         calls[device] = calls.get(device, 0) + 1
     fed: set[tuple[str, str]] = set()
-    for stage, source in feeders.items():
-        if source is not None:
+    for stage, sources in feeders.items():
+        for source in (sources,) if isinstance(sources, str) else sources or ():
             fed.add((source, devices[stage]))
     for _source, device in fed:
         calls[device] = calls.get(device, 0) + 1

@@ -21,12 +21,14 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
    started no process) is an upper bound: it says so (``upper_bound``), is
    not judged against the budget (``within_budget`` null, with the reason)
    and never calibrates a plan.
-3. Per request and stage, ``stream(stage, request_id, initial)`` is a Ray
-   streaming generator (``num_returns="streaming"``) of ``("out", item)``
+3. Per request and stage, ``stream(stage, request_id, initial, route)`` is a
+   Ray streaming generator (``num_returns="streaming"``) of ``("out", item)``
    tuples, then one ``("stats", StageStats)``. Its input is ``initial`` (the
-   request) or the items the runtime sends with ``feed`` and closes with
-   ``end_input`` — a bounded queue per request, so a slow stage holds its
-   producer back.
+   request) or the items sent with ``feed`` and closed with ``end_input`` — a
+   bounded queue per request, so a slow stage holds its producer back. With a
+   ``route`` (the direct mode, after ``connect``), its outputs go through a
+   ``router.Router`` here that feeds the consumers' actors itself, and only
+   ``("first", None)`` and final outputs go to the driver.
 4. ``close()`` closes every stage (last loaded first) and releases its
    reservations.
 
@@ -49,10 +51,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from orchestrator.errors import ConfigError, LedgerLost, StageFailed
+from orchestrator.errors import ConfigError, LedgerLost, PeerLost, StageFailed
 from orchestrator.memory import RssMeter, descendants, rss_of
 from orchestrator.plan import StagePlan
+from orchestrator.runtime.hop import FirstChunk
+from orchestrator.runtime.joins import Joiner, JoinSpec
 from orchestrator.runtime.load_imports import call_loading
+from orchestrator.runtime.router import Route, Router, RouteTable
 
 if TYPE_CHECKING:
     from stages.base import StageRunner
@@ -96,6 +101,9 @@ class StageStats:
 
     figures: dict[str, Any]
     stamps: Stamps
+    first: FirstChunk | None = None
+    """The direct mode: the first chunk of this stage's sentence input, as its producer's
+    router released it (``feed(first=...)``), for the first-audio trace."""
 
 
 @dataclass
@@ -137,6 +145,16 @@ class DeviceActor:
         """(stage, request) → when its first fed item reached this actor (``time.perf_counter``),
         for the first-audio trace (``stamps`` in a stream's figures)."""
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        """Request → its ``stream``, ``feed`` and join tasks here: what ``cancel`` ends."""
+        self.peers: dict[str, Any] = {}
+        """The direct mode (``connect``): actor key → every device actor's handle."""
+        self.tables: dict[str, RouteTable] = {}
+        self.join_specs: dict[str, JoinSpec] = {}
+        self.sentence_stages: set[str] = set()
+        self.context: dict[tuple[str, str], list[Any]] = {}
+        self.chunks_in: dict[tuple[str, str], list[str]] = {}
+        self.firsts_in: dict[tuple[str, str], FirstChunk] = {}
+        self.joiners: dict[tuple[str, str], Joiner] = {}
         self._loading: dict[str, set[str]] = {}
         """Loads in flight: stage -> the other loads that ran beside it."""
         self._importing = asyncio.Lock()
@@ -384,16 +402,129 @@ class DeviceActor:
             q = self.inputs[key] = asyncio.Queue(maxsize=INPUT_QUEUE_ITEMS)
         return q
 
-    async def feed(self, stage: str, request_id: str, item: Any) -> None:
+    # -- the direct mode: items go producer → consumer -------------------------------
+    async def connect(
+        self,
+        peers: Mapping[str, Any],
+        tables: Mapping[str, RouteTable],
+        joins: Mapping[str, JoinSpec],
+    ) -> None:
+        """Every device actor's handle (actor key → handle), each stage's routes and each
+        fan-in's join: what a ``stream`` with a ``route`` needs to feed its consumers itself."""
+        self.peers, self.tables, self.join_specs = dict(peers), dict(tables), dict(joins)
+        self.sentence_stages = {
+            r.consumer for t in self.tables.values() for r in t.routes if r.sentences
+        }
+
+    async def feed(
+        self,
+        stage: str,
+        request_id: str,
+        items: list[Any],
+        entry: str | None = None,
+        first: FirstChunk | None = None,
+    ) -> None:
+        """Put ``items`` into ``stage``'s input for the request (bounded: a full queue holds
+        the caller back), or into its ``Joiner`` for a fan-in fed by a producer (``entry``:
+        the consumer's input that names it). The call is one of the request's tasks here, so
+        ``cancel`` ends a feed waiting on a full queue."""
+        if (stage, request_id) in self.ended:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.setdefault(request_id, set()).add(task)
+        try:
+            await self._feed_items(stage, request_id, items, entry, first)
+        finally:
+            if task is not None:
+                self._forget_task(request_id, task)
+
+    async def _feed_items(
+        self,
+        stage: str,
+        request_id: str,
+        items: list[Any],
+        entry: str | None,
+        first: FirstChunk | None,
+    ) -> None:
         key = (stage, request_id)
         if key in self.ended:
             return
-        self.first_fed.setdefault(key, time.perf_counter())
-        await self._queue(stage, request_id).put(item)
+        if first is not None:
+            self.firsts_in.setdefault(key, first)
+        if entry is not None and stage in self.sentence_stages:
+            self.chunks_in.setdefault(key, []).extend(i for i in items if isinstance(i, str))
+        if entry is not None and stage in self.join_specs:
+            joiner = self._joiner(stage, request_id)
+            for item in items:
+                await joiner.put(entry, item)
+            return
+        for item in items:
+            self.first_fed.setdefault(key, time.perf_counter())
+            await self._queue(stage, request_id).put(item)
 
-    async def end_input(self, stage: str, request_id: str) -> None:
+    async def end_input(self, stage: str, request_id: str, entry: str | None = None) -> None:
+        """``stage``'s input for the request has ended (a fan-in's: its input ``entry`` has)."""
+        if entry is not None and stage in self.join_specs:
+            if (stage, request_id) not in self.ended:
+                await self._joiner(stage, request_id).end(entry)
+            return
         if (stage, request_id) not in self.ended:
             await self._queue(stage, request_id).put(_END)
+
+    def _joiner(self, stage: str, request_id: str) -> Joiner:
+        """The fan-in's ``Joiner`` for the request, and the task that feeds its joined items
+        into the stage's input, then ends it (a task of the request: ``cancel`` ends it)."""
+        key = (stage, request_id)
+        joiner = self.joiners.get(key)
+        if joiner is None:
+            spec = self.join_specs[stage]
+            joiner = self.joiners[key] = Joiner(stage, self.device, spec.join, spec.inputs)
+
+            async def drain() -> None:
+                async for item in joiner.joined():
+                    await self._feed_items(stage, request_id, [item], None, None)
+                await self.end_input(stage, request_id)
+
+            task = asyncio.get_running_loop().create_task(drain())
+            self.tasks.setdefault(request_id, set()).add(task)
+            task.add_done_callback(lambda t: self._forget_task(request_id, t))
+        return joiner
+
+    def _forget_task(self, request_id: str, task: asyncio.Task[Any]) -> None:
+        self.tasks.get(request_id, set()).discard(task)
+        if not self.tasks.get(request_id):
+            self.tasks.pop(request_id, None)
+
+    async def _deliver(
+        self, request_id: str, r: Route, items: list[Any], end: bool, first: FirstChunk | None
+    ) -> None:
+        """A router step's items to ``r``'s consumer: in this actor, a local call (never a Ray
+        call to itself); else one ``feed`` on its actor. A consumer's actor that died is a
+        ``PeerLost`` naming it; a failure the consumer raised (a join past its bound) is
+        raised as it came."""
+        if r.device == self.device:
+            await self._feed_items(r.consumer, request_id, items, r.entry, first)
+            if end:
+                await self.end_input(r.consumer, request_id, r.entry)
+            return
+        from ray import exceptions as rex
+
+        peer = self.peers[r.device]
+        try:
+            if items or first is not None:
+                await peer.feed.remote(r.consumer, request_id, items, r.entry, first)
+            if end:
+                await peer.end_input.remote(r.consumer, request_id, r.entry)
+        except rex.RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, (StageFailed, ConfigError)):
+                raise cause from None
+            if isinstance(cause, rex.RayActorError):
+                raise PeerLost(r.consumer, r.device, r.device, _said(cause)) from None
+            raise
+        except (rex.RayActorError, rex.ActorUnavailableError) as exc:
+            raise PeerLost(r.consumer, r.device, r.device, _said(exc)) from None
 
     def _end(self, key: tuple[str, str]) -> None:
         self.ended[key] = None
@@ -401,6 +532,8 @@ class DeviceActor:
             del self.ended[next(iter(self.ended))]
 
     async def _from_queue(self, stage: str, request_id: str) -> AsyncIterator[Any]:
+        for item in self.context.pop((stage, request_id), []):
+            yield item  # context first: no producer's feed can overtake it
         q = self._queue(stage, request_id)
         while True:
             item = await q.get()
@@ -409,13 +542,23 @@ class DeviceActor:
             yield item
 
     async def stream(
-        self, stage: str, request_id: str, initial: list[Any] | None = None
+        self,
+        stage: str,
+        request_id: str,
+        initial: list[Any] | None = None,
+        route: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[tuple[str, Any]]:
+        """The request's outputs on ``stage``: without ``route``, every output as ``("out",
+        item)`` (the relay); with one (the direct mode), ``("first", None)`` once, then
+        ``("out", payload)`` for final outputs only, each output handed on to the consumers
+        by a ``Router`` after it is yielded. Then ``("stats", StageStats)``."""
         h = self._hosted(stage)
+        key = (stage, request_id)
         task = asyncio.current_task()
         if task is not None:
             self.tasks.setdefault(request_id, set()).add(task)
         tally = _Tally()
+        router = self._begin_route(stage, request_id, route, tally)
         inputs = _timed(
             _from_list(initial) if initial is not None else self._from_queue(stage, request_id),
             tally.waited,
@@ -423,11 +566,26 @@ class DeviceActor:
         t0 = time.perf_counter()
         _begin_request(h)
         agen: Any = h.runner.stream(request_id, inputs)  # an async generator: closed below
+        side: dict[str, Any] = {}
         try:
             async for item in agen:
                 tally.count(item, t0)
-                yield ("out", item)
-        except (StageFailed, ConfigError):  # a failed stage, or a request it refused (BadRequest)
+                if router is None:
+                    yield ("out", item)
+                    continue
+                port, payload, final = router.take(item)
+                if tally.items == 1:
+                    yield ("first", None)
+                if final:
+                    yield ("out", payload)
+                await router.route(port, payload)
+            if router is not None:
+                await router.finish()
+        except (
+            StageFailed,
+            ConfigError,
+            PeerLost,
+        ):  # a failed stage, a refused request, a lost peer
             raise
         except (asyncio.CancelledError, GeneratorExit):
             raise
@@ -438,11 +596,70 @@ class DeviceActor:
         finally:
             h.in_flight -= 1
             await agen.aclose()
+            side = self._consumer_side(key)
             fed = self._end_request(h, stage, request_id, task)
+        yield ("stats", self._closing(h, request_id, tally, t0, fed, initial, router, side))
+
+    def _begin_route(
+        self, stage: str, request_id: str, route: Mapping[str, Any] | None, tally: _Tally
+    ) -> Router | None:
+        """The direct mode's ``Router`` for this stream (None: the relay), its context put
+        first in its input, a fan-in's ``request`` input given its item."""
+        if route is None:
+            return None
+        key = (stage, request_id)
+        if route.get("context"):
+            self.context[key] = list(route["context"])
+        spec = self.join_specs.get(stage)
+        if spec is not None and "request" in spec.inputs:
+            joiner = self._joiner(stage, request_id)
+            request_item = route.get("request_item")
+
+            async def give() -> None:
+                await joiner.put("request", request_item)
+                await joiner.end("request")
+
+            task = asyncio.get_running_loop().create_task(give())
+            self.tasks.setdefault(request_id, set()).add(task)
+            task.add_done_callback(lambda t: self._forget_task(request_id, t))
+        return Router(
+            self.tables[stage],
+            lambda r, items, end, first: self._deliver(request_id, r, items, end, first),
+            emitted=tally.emitted,
+        )
+
+    def _consumer_side(self, key: tuple[str, str]) -> dict[str, Any]:
+        """What the direct mode kept here about the stage's input for one request: the sentences
+        fed to it, its first chunk and its join's figures (taken out: the request is over)."""
+        joiner = self.joiners.pop(key, None)
+        return {
+            "chunks_in": self.chunks_in.pop(key, None),
+            "first": self.firsts_in.pop(key, None),
+            "join": joiner.stats() if joiner is not None else None,
+        }
+
+    def _closing(
+        self,
+        h: _Hosted,
+        request_id: str,
+        tally: _Tally,
+        t0: float,
+        fed: float | None,
+        initial: list[Any] | None,
+        router: Router | None,
+        side: dict[str, Any],
+    ) -> StageStats:
+        """The stream's closing record: the tally's figures, the runner's, and in the direct
+        mode the edges its router counted and what its input was handed (``side``)."""
         stats = tally.figures(time.perf_counter() - t0, fed_items=initial is None)
         figures = dict(h.runner.request_stats(request_id) or {})
         runner_stamps = figures.pop("stamps", None)
         stats.update(figures)
+        if router is not None:
+            stats["edges_out"] = router.edges_out()
+            stats["chunks_in"] = side["chunks_in"] or []
+            if side["join"] is not None:
+                stats["join"] = side["join"]
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
         stamps: Stamps = {
@@ -451,7 +668,7 @@ class DeviceActor:
             "first_taken": tally.waited[2] or None,
             "runner": runner_stamps,
         }
-        yield ("stats", StageStats(stats, stamps))
+        return StageStats(stats, stamps, side["first"] if router is not None else None)
 
     def _end_request(
         self, h: _Hosted, stage: str, request_id: str, task: asyncio.Task[Any] | None
@@ -465,24 +682,33 @@ class DeviceActor:
                 h.request_meter.stop()
                 h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
         self.inputs.pop((stage, request_id), None)
+        self.context.pop((stage, request_id), None)
         fed = self.first_fed.pop((stage, request_id), None)
         self._end((stage, request_id))
         if task is not None:
-            self.tasks.get(request_id, set()).discard(task)
-            if not self.tasks.get(request_id):
-                self.tasks.pop(request_id, None)
+            self._forget_task(request_id, task)
         return fed
 
     async def cancel(self, request_id: str) -> int:
-        """Stop every stage's work on ``request_id`` here; returns how many were running."""
+        """Stop every stage's work on ``request_id`` here (its streams, the feeds waiting on a
+        full queue, its joins); returns how many tasks were running."""
         tasks = list(self.tasks.pop(request_id, set()))
         for t in tasks:
             t.cancel()
-        for key in [k for k in self.inputs if k[1] == request_id]:
+        keys = {k for k in (*self.inputs, *self.joiners, *self.context) if k[1] == request_id}
+        for key in keys:
             self._end(key)
             self.inputs.pop(key, None)
             self.first_fed.pop(key, None)
+            self.joiners.pop(key, None)
+            self.context.pop(key, None)
+            self.chunks_in.pop(key, None)
+            self.firsts_in.pop(key, None)
         return len(tasks)
+
+    async def pending(self, request_id: str) -> int:
+        """How many of the request's tasks (streams, feeds, joins) run here now."""
+        return len(self.tasks.get(request_id, ()))
 
     async def health(self) -> dict[str, dict[str, Any]]:
         """The hosted stages that can no longer serve though this actor lives (a runner's
@@ -519,6 +745,11 @@ class DeviceActor:
         if self.ledger_error:
             raise LedgerLost(self.ledger_error)
         return out
+
+
+def _said(exc: BaseException) -> str:
+    head = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+    return f"{type(exc).__name__}: {head}"
 
 
 def refusal(shortfall: dict[str, Any]) -> str:

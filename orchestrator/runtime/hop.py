@@ -14,7 +14,10 @@ not comparable and the hop is left out.
 The steps, in order (each in seconds; they add up to ``total_s``):
 
 * ``to_driver``: the producer's actor yielded the token that carries the
-  sentence's last character → the driver read it (Ray's streaming generator);
+  sentence's last character → the router read it: in the producer's own actor
+  in the direct mode (``runtime.STREAMING``, about 0), in the driver in the
+  relay (Ray's streaming generator); ``held``, ``chunk`` and ``feed`` are
+  stamped where the router runs;
 * ``held``: that token reached the driver → the one that let the chunker decide
   the sentence had ended arrived (the next token, ``stages.text_chunks``; the end
   of the stream for a reply of one sentence);

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import StageFailed
@@ -43,6 +44,16 @@ JOIN_ALL_ITEMS = 4096
 """Items ``all`` keeps per input before it fails the request (it must keep them all)."""
 
 _DONE = object()
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    """A fan-in stage's join, as its device actor builds a ``Joiner`` per request from it (the
+    direct mode: ``DeviceActor.connect``)."""
+
+    stage: str
+    join: str
+    inputs: tuple[str, ...]
 
 
 class Joiner:

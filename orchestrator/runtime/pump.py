@@ -1,53 +1,31 @@
 """One stage's outputs for one request, read in the driver (``Runtime._pump``): emitted as
-events, cut into sentences for a consumer that takes them, fed to the consumers (a fan-in
-consumer through its ``Joiner``), the first chunk's hop traced (``hop.py``), and the items and
-bytes handed to each consumer counted (``edge_counts``: what crosses between nodes when two
-stages are on different ones, docs/cluster.md)."""
+events. In the direct mode (``runtime.STREAMING == "direct"``) the stage's own actor hands its
+outputs to its consumers, and the driver reads only ``("first", _)``, its final outputs and its
+closing stats (which carry its edges, and what its input was handed: ``chunks_in``, the first
+chunk). In the relay (``"relay"``) every output comes here and a ``router.Router`` run here
+hands it on, its ``deliver`` the driver's ``feed`` (a fan-in consumer through its ``Joiner``).
+``payload_bytes``, ``edge_counts`` live in ``router.py`` and are re-exported here."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
 from orchestrator.plan import StagePlan
 from orchestrator.runtime.device_actor import NO_STAMPS, StageStats, Stamps
 from orchestrator.runtime.events import StageEvent
-from orchestrator.runtime.hop import EdgeTrace, FirstChunk, first_chunk_hop, same_clock
+from orchestrator.runtime.hop import FirstChunk, first_chunk_hop
 from orchestrator.runtime.joins import Joiner
-from stages.text_chunks import WholeText
+from orchestrator.runtime.router import Route, Router, _count_item, edge_counts, payload_bytes
 
-
-def payload_bytes(item: Any) -> int:
-    """What a payload weighs when it goes from one stage to another, estimated without
-    pickling: text as UTF-8, bytes as they are, an array (numpy, torch) its ``nbytes``,
-    a number 8, a dict its keys and values, a list or tuple its items; anything else
-    ``sys.getsizeof``. Ray's own framing (tens of bytes per object) is not counted."""
-    if isinstance(item, str):
-        return len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
-    if isinstance(item, (bytes, bytearray)):
-        return len(item)
-    nbytes = getattr(item, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    if isinstance(item, dict):
-        return sum(payload_bytes(k) + payload_bytes(v) for k, v in item.items())
-    if isinstance(item, (list, tuple)):
-        return sum(payload_bytes(v) for v in item)
-    if item is None or isinstance(item, bool):
-        return 1
-    if isinstance(item, (int, float)):
-        return 8
-    return sys.getsizeof(item)
+__all__ = ["_StagePump", "_count_item", "edge_counts", "payload_bytes"]
 
 
 class _StagePump:
-    """One stage's outputs for one request, as ``Runtime._pump`` reads them: the routes to its
-    consumers (each consumer input naming the stage, with the ports it takes), a chunker per
-    route (sentences for a consumer that takes them), the first-chunk traces of sentence edges,
-    the items and bytes handed to each consumer (``edge_counts``), and when each output arrived.
-    ``rt`` is the ``Runtime`` (typed Any: naming it here would make the two modules a cycle)."""
+    """One stage's outputs for one request, as ``Runtime._pump`` reads them: its events, when
+    each output arrived, and (relay) its router to the consumers. ``rt`` is the ``Runtime``
+    (typed Any: naming it here would make the two modules a cycle)."""
 
     def __init__(
         self,
@@ -59,42 +37,42 @@ class _StagePump:
         chunks_in: dict[str, list[str]],
         joiners: dict[str, Joiner],
         firsts: dict[str, FirstChunk],
+        *,
+        direct: bool = False,
     ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
-        self.sent: dict[
-            str, list[int]
-        ] = {}  # consumer -> [items, bytes] this request (``edge_counts``)
-        self.routes = [
-            (rt.plan.stage(c), entry, ports) for c, entry, ports in rt.routes_out[s.name]
-        ]
-        self.sentences = {
-            c.name for c, _, _ in self.routes if rt.kinds[c.name].text_input == "sentences"
-        }
-        self.chunkers = {
-            (c.name, entry): rt._sentence_chunker(c.name)
-            if c.name in self.sentences
-            else WholeText()
-            for c, entry, _ in self.routes
-        }
-        self.final_kinds = None if s.final_output_type is None else {s.final_output_type}
-        self.traces = {
-            c.name: EdgeTrace(s.name)
-            for c, _, _ in self.routes
-            if c.name in self.sentences and c.name not in joiners and same_clock(s.device, c.device)
-        }
+        self.router = (
+            None
+            if direct
+            else Router(rt.route_tables[s.name], self._deliver, chunks_in=chunks_in, firsts=firsts)
+        )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
+        """Seconds from the request's start to the stage's first output reaching the driver."""
+        self.first_arrived: float | None = None
         self.stats: dict[str, Any] = {}
         self.stamps: Stamps = NO_STAMPS
+        self.first_in: FirstChunk | None = None
+        """The direct mode: the first chunk of this stage's input, as its actor kept it."""
         self.index = 0
 
-    async def give(self, c: StagePlan, entry: str, item: Any) -> None:
-        _count_item(self.sent, c.name, item)
-        if c.name in self.joiners:
-            await self.joiners[c.name].put(entry, item)
-        else:
-            await self.rt._feed(c, self.rid, item)
+    async def _deliver(
+        self, r: Route, items: list[Any], end: bool, first: FirstChunk | None
+    ) -> None:
+        """The relay's hand-over: each item fed from here (a fan-in's through its joiner)."""
+        c = self.rt.plan.stage(r.consumer)
+        joiner = self.joiners.get(r.consumer) if r.join else None
+        for item in items:
+            if joiner is not None:
+                await joiner.put(r.entry, item)
+            else:
+                await self.rt._feed(c, self.rid, item)
+        if end:
+            if joiner is not None:
+                await joiner.end(r.entry)
+            else:
+                await self.rt._call(c, "end_input", self.rid)
 
     async def read(self, gen: Any) -> None:
         """Every output of the stage's stream, and its closing stats."""
@@ -103,106 +81,67 @@ class _StagePump:
             if kind == "stats":
                 closing: StageStats = item
                 self.stamps, self.stats = closing.stamps, closing.figures
+                self.first_in = closing.first
+                continue
+            if kind == "first":
+                self._first_output(time.perf_counter())
                 continue
             await self._output(item)
 
-    async def _output(self, item: Any) -> None:
-        s, rt = self.s, self.rt
-        self.arrived.append(time.perf_counter())
-        port, payload = rt._item_port(s, item)
-        now = self.arrived[-1] - self.t0
+    def _first_output(self, now: float) -> None:
         if self.first is None:
-            self.first = now
-            self.events.put_nowait(StageEvent(s.name, "first_output", self.rid, now))
-        if s.final_output and (
-            self.final_kinds is None
-            or port is None
-            or any(t.kind in self.final_kinds for t in rt.stage_ports[s.name].port(port))
-        ):
-            self.events.put_nowait(rt._event(s, payload, self.rid, now, self.index))
+            self.first_arrived, self.first = now, now - self.t0
+            self.events.put_nowait(StageEvent(self.s.name, "first_output", self.rid, self.first))
+
+    async def _output(self, item: Any) -> None:
+        s = self.s
+        self.arrived.append(time.perf_counter())
+        self.rt.driver_stats["items_read"] += 1
+        self._first_output(self.arrived[-1])
+        now = self.arrived[-1] - self.t0
+        if self.router is None:  # the direct mode: a final output's payload
+            self.events.put_nowait(self.rt._event(s, item, self.rid, now, self.index))
             self.index += 1
-        for c, entry, ports in self.routes:
-            if ports is not None and port not in ports and (port is not None or "." in entry):
-                continue  # not a port this input takes (a plain input takes an item of unknown port)
-            if not isinstance(payload, str):
-                await self.give(c, entry, payload)
-                continue
-            chunker = self.chunkers[(c.name, entry)]
-            trace = self.traces.get(c.name)
-            if trace is not None and trace.open:
-                trace.fed(len(self.arrived) - 1, payload)
-            cut = chunker.feed(payload)
-            if cut and trace is not None and trace.open:
-                self.firsts[c.name] = trace.released(chunker.pending_chars, self.arrived)
-            for chunk in cut:
-                if c.name in self.sentences:
-                    self.chunks_in[c.name].append(chunk)
-                await self.give(c, entry, chunk)
+            return
+        port, payload, final = self.router.take(item)
+        if final:
+            self.events.put_nowait(self.rt._event(s, payload, self.rid, now, self.index))
+            self.index += 1
+        await self.router.route(port, payload)
 
     async def end(self) -> None:
-        """The stage is done: each route's text still held goes out, its consumers' input ends."""
-        emitted = self.stamps.get("emitted") or []
-        for c, entry, ports in self.routes:
-            if ports is not None and "text" not in ports:
-                chunks: list[
-                    str
-                ] = []  # an input of a non-text port (thinker.hidden_states) gets no text
-            else:
-                chunks = self.chunkers[(c.name, entry)].flush()
-            trace = self.traces.get(c.name)
-            if chunks and trace is not None and trace.open:
-                self.firsts[c.name] = trace.released(0, self.arrived, at_end=True)
-            first = self.firsts.get(c.name)
-            if (
-                first is not None
-                and first.producer == self.s.name
-                and len(emitted) == len(self.arrived)
-            ):
-                first.token_emitted = emitted[first.token_index]
-            for chunk in chunks:
-                if c.name in self.sentences:
-                    self.chunks_in[c.name].append(chunk)
-                await self.give(c, entry, chunk)
-            if c.name in self.joiners:
-                await self.joiners[c.name].end(entry)
-        for name in dict.fromkeys(c.name for c, _, _ in self.routes):
-            if name not in self.joiners:
-                await self.rt._call(self.rt.plan.stage(name), "end_input", self.rid)
+        """The stage is done: (relay) each route's text still held goes out, its consumers'
+        input ends; in the direct mode its actor did that."""
+        if self.router is not None:
+            await self.router.finish(self.stamps.get("emitted") or [])
 
     def done_stats(self, end: float) -> dict[str, Any]:
         s = self.s
+        figures = dict(self.stats)
+        # the direct mode: what the stage's actor counted (its edges, the sentences it was fed)
+        fed = figures.pop("chunks_in", [])
+        edges = figures.pop("edges_out", {})
+        join = figures.pop("join", None)
         stats = {
-            **self.stats,
+            **figures,
             "device": s.device,
             "backend": s.backend,
             "time_to_first_output_s": _r(self.first),
             "done_s": _r(end),
-            "chunks_in": self.chunks_in.get(s.name, []),
-            "edges_out": edge_counts(self.sent),
+            "chunks_in": [*self.chunks_in.get(s.name, []), *fed],
+            "edges_out": edges if self.router is None else self.router.edges_out(),
         }
-        if s.name in self.firsts and self.arrived:
-            hop = first_chunk_hop(self.firsts[s.name], self.stamps, self.arrived[0], self.t0)
+        first = self.firsts.get(s.name) if self.router is not None else self.first_in
+        if first is not None and self.first_arrived is not None:
+            hop = first_chunk_hop(first, self.stamps, self.first_arrived, self.t0)
             if hop is not None:
                 stats["first_chunk_hop"] = hop
         if s.name in self.joiners:
             stats["join"] = self.joiners[s.name].stats()
+        elif join is not None:
+            stats["join"] = join
         stats["throughput"] = _throughput(stats)
         return stats
-
-
-def _count_item(sent: dict[str, list[int]], consumer: str, item: Any) -> None:
-    """One more item, and its bytes, on the edge to ``consumer``."""
-    count = sent.setdefault(consumer, [0, 0])
-    count[0] += 1
-    count[1] += payload_bytes(item)
-
-
-def edge_counts(sent: dict[str, list[int]]) -> dict[str, dict[str, int]]:
-    """A producer's edges for one request, as its ``done`` stats carry them (``edges_out``):
-    consumer → ``{"items", "bytes"}`` — what the runtime handed that consumer (after
-    cutting text into sentences), which is what crosses the network when the two stages
-    are on different nodes (docs/cluster.md, "What crosses between nodes")."""
-    return {c: {"items": n, "bytes": b} for c, (n, b) in sent.items()}
 
 
 def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,7 +18,9 @@ What it holds (docs/runtime.md documents every field):
   between nodes, and the items and bytes that went over it in the record's
   requests (its transfer cost, measured);
 * ``runtime`` — Ray start-up time, Ray's measured memory and how, the actor
-  start-up time;
+  start-up time; ``streaming``: the data path (direct or through the driver),
+  how many times each edge's items cross between nodes, and the driver's share
+  (outputs it read, feeds it sent, its CPU seconds);
 * ``ledger`` — the ledger actor's pools and holders when the record was made;
 * ``versions`` — vLLM, ONNX Runtime (this interpreter and each route's),
   Ray, torch, transformers, Python, omni-edge.
@@ -165,6 +167,7 @@ def build(
                 "memory": runtime.ray_memory,
             },
             "startup": runtime.startup,
+            "streaming": streaming(runtime, results),
         },
         "ledger": _ledger_summary(ledger or {}),
         "calibration": calibration_summary(runtime),
@@ -207,6 +210,41 @@ def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def streaming(runtime: Any, results: list[Any]) -> dict[str, Any]:
+    """``runtime.streaming``: ``mode`` (``direct``: producer → consumer; ``relay``: through the
+    driver), the Ray node the driver ran on, per edge the nodes its two stages' actors ran on
+    (their ``ready()`` node ids), its ``path`` and the node crossings of each item and of all
+    its items (direct: 1 when the two nodes differ; relay: producer → driver, then driver →
+    consumer), and ``driver``: outputs it read, ``feed`` calls it made, its CPU seconds."""
+    mode = getattr(runtime, "streaming", "relay")
+    here = getattr(runtime, "driver_node", "") or ""
+    devices = getattr(runtime, "devices", {})
+
+    def node(stage: Any) -> str:
+        dev = devices.get(stage.device or "?")
+        return str((dev.info or {}).get("node_id") or "") if dev is not None else ""
+
+    edges = []
+    for row in edge_rows(runtime, results):
+        a, b = node(runtime.plan.stage(row["from"])), node(runtime.plan.stage(row["to"]))
+        per_item = int(a != b) if mode == "direct" else int(a != here) + int(here != b)
+        edges.append(
+            {
+                "from": row["from"],
+                "to": row["to"],
+                "from_node": a,
+                "to_node": b,
+                "path": "direct" if mode == "direct" else "driver",
+                "crossings_per_item": per_item,
+                "node_crossings": per_item * row["items"],
+            }
+        )
+    driver = dict(getattr(runtime, "driver_stats", {}) or {})
+    if "cpu_s" in driver:
+        driver["cpu_s"] = round(float(driver["cpu_s"]), 4)
+    return {"mode": mode, "driver_node": here, "edges": edges, "driver": driver}
 
 
 def calibration_summary(runtime: Any) -> dict[str, Any]:

@@ -16,9 +16,13 @@
   replaces the plan's estimate for it. When a load fails, the runtime tears
   down what it started and raises ``StageFailed``; the failed stage holds
   nothing in the ledger.
-* **Requests stream stage to stage.** Each stage's outputs come back as a Ray
+* **Requests stream stage to stage.** Each stage's outputs are read as a Ray
   streaming generator (one item costs well under an actor call per item; figures
-  in docs/benchmarks.md); text reaches the next stage as its kind's
+  in docs/benchmarks.md). With ``STREAMING == "direct"`` the producer's actor
+  hands them to its consumers' actors itself (``router.Router``,
+  ``DeviceActor.stream`` with a route) and the driver reads only final outputs
+  and control events; a dead consumer's actor is named as such (``PeerLost``),
+  never its producer. Text reaches the next stage as its kind's
   ``text_input`` asks: cut into sentences (``stages.text_chunks``) and fed
   while decoding goes on, or whole once the producer is done.
   Backpressure: at most ``GENERATOR_BACKPRESSURE`` unread items per
@@ -59,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -67,7 +72,14 @@ from typing import Any
 import numpy as np
 
 from orchestrator.config import PipelineConfig, sources
-from orchestrator.errors import BadRequest, ConfigError, LedgerLost, PlanRefused, StageFailed
+from orchestrator.errors import (
+    BadRequest,
+    ConfigError,
+    LedgerLost,
+    PeerLost,
+    PlanRefused,
+    StageFailed,
+)
 from orchestrator.ledger import PIPELINE_HOLDER
 from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
@@ -76,18 +88,25 @@ from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
-from orchestrator.runtime.hop import FirstChunk
+from orchestrator.runtime.hop import FirstChunk, same_clock
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
+from orchestrator.runtime.router import Route, RouteTable
 from orchestrator.runtime.startup import Device as _Device
 from stages.base import REQUEST, StageKind
-from stages.payloads import Ports, edge_mismatch, request_payload, spell, split_input, untag
+from stages.payloads import Ports, edge_mismatch, request_payload, spell, split_input
 from stages.registry import get_kind
 from stages.text_chunks import SentenceChunker
 
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 60.0
+STREAMING = "direct"
+"""How items go from a stage to its consumers: ``"direct"``, the producer's device actor feeds
+the consumer's (``DeviceActor.stream`` with a route; the driver reads only final outputs and
+control events); ``"relay"``, every output comes to the driver, which feeds the consumers
+(what the runtime did before). Read when a ``Runtime`` is made; ``bench/streaming.py`` and a
+test set it to ``"relay"`` to compare the two (docs/runtime.md, "The data path")."""
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
 
@@ -131,10 +150,21 @@ class Runtime:
             s.name: str(self.config.stage(s.name).join) for s in self.stages if len(s.inputs) > 1
         }
         """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
+        self.route_tables = {s.name: self.route_table(s.name) for s in self.stages}
+        """Stage → its ``router.RouteTable``: what a ``Router`` needs to hand its outputs on."""
         self.actor_envs = {
             d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)
         }
         self.devices: dict[str, _Device] = {}
+        self.streaming = STREAMING
+        """This runtime's data path (``STREAMING`` when it was made)."""
+        self.driver_node = ""
+        """The Ray node this process runs on (set at start): the record's ``runtime.streaming``."""
+        self.driver_stats: dict[str, Any] = {"items_read": 0, "feeds_sent": 0, "cpu_s": 0.0}
+        """What this process did for the requests: outputs it read, ``feed`` calls it made, and
+        its CPU seconds (``time.process_time``, every thread) while requests were in flight."""
+        self._busy = [0, 0.0]  # requests in flight here, process_time when the first began
+        self._busy_lock = threading.Lock()
         self.cluster: cluster_mod.Cluster | None = None
         self.ledger: Any = None
         self.load_results: dict[str, dict[str, Any]] = {}
@@ -202,12 +232,12 @@ class Runtime:
                     )
 
     @staticmethod
-    def _feeder(s: StagePlan) -> str | None:
-        """Who calls ``feed`` on ``s`` (admission counts the calls): nobody when it takes the
-        request alone, its input's pump, or for a fan-in the one task that feeds it joined items."""
-        if len(s.inputs) > 1:
-            return f"{s.name}:join"
-        return None if s.inputs[0] == REQUEST else split_input(s.inputs[0])[0]
+    def _feeder(s: StagePlan) -> tuple[str, ...]:
+        """Who calls ``feed`` on ``s`` (admission counts the calls): each stage it takes an input
+        from (its actor feeds it directly; a fan-in's join runs in ``s``'s own actor)."""
+        return tuple(
+            dict.fromkeys(split_input(i)[0] for i in s.inputs if split_input(i)[0] != REQUEST)
+        )
 
     def _routes(self, producer: str) -> list[tuple[str, str, frozenset[str] | None]]:
         """``(consumer, input, ports)`` for each input of a consumer that names ``producer``:
@@ -240,23 +270,47 @@ class Runtime:
                     )
         return out
 
-    def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
-        """``(port, payload)`` of an item ``s`` yielded: a tagged item's port (``stages.payloads.on_port``;
-        one the stage does not have fails it), else the stage's only port, else ``text`` for a ``str``."""
-        port, payload = untag(item)
-        names = self.stage_ports[s.name].port_names()
-        if port is not None:
-            if port not in names:
-                raise StageFailed(
-                    s.name,
-                    s.device or "?",
-                    f"it yielded an item on output port {port!r}, and its "
-                    f"ports are {', '.join(names) or 'none'}",
+    def route_table(self, producer: str) -> RouteTable:
+        """``producer``'s routes to its consumers and its final ports, built once (it pickles:
+        the direct mode hands it to the producer's actor, ``DeviceActor.connect``)."""
+        s = self.plan.stage(producer)
+        ports = self.stage_ports[producer]
+        final_ports = None
+        if s.final_output_type is not None:
+            final_ports = frozenset(
+                p
+                for p in ports.port_names()
+                if any(t.kind == s.final_output_type for t in ports.port(p))
+            )
+        routes = []
+        for c, entry, takes in self.routes_out[producer]:
+            cs = self.plan.stage(c)
+            sentences = self.kinds[c].text_input == "sentences"
+            cfg = next((x for x in self.config.stages if x.name == c), None)
+            routes.append(
+                Route(
+                    consumer=c,
+                    device=cs.device or "?",
+                    entry=entry,
+                    ports=takes,
+                    sentences=sentences,
+                    first_chunk_chars=getattr(cfg, "first_chunk_chars", None),
+                    join=c in self.joins,
+                    trace=sentences and c not in self.joins and same_clock(s.device, cs.device),
                 )
-            return port, payload
-        if len(names) == 1:
-            return names[0], payload
-        return ("text" if isinstance(payload, str) and "text" in names else None), payload
+            )
+        return RouteTable(
+            producer=producer,
+            device=s.device or "?",
+            port_names=tuple(ports.port_names()),
+            final_output=bool(s.final_output),
+            final_ports=final_ports,
+            routes=tuple(routes),
+        )
+
+    def _item_port(self, s: StagePlan, item: Any) -> tuple[str | None, Any]:
+        """``(port, payload)`` of an item ``s`` yielded (``RouteTable.item_port``)."""
+        return self.route_tables[s.name].item_port(item)
 
     def _ports(self, name: str) -> Ports:
         """The stage's payload types as its config declares them (``StageKind.ports``)."""
@@ -322,6 +376,7 @@ class Runtime:
         self._check_alive(entry)
         await self.admission.acquire()
         agen = None
+        self._count_busy(+1)
         try:
             self._check_alive(entry)
             agen = self._stream(prompt, rid, entry, context)
@@ -332,7 +387,18 @@ class Runtime:
                 if agen is not None:
                     await agen.aclose()
             finally:
+                self._count_busy(-1)
                 self.admission.release()
+
+    def _count_busy(self, step: int) -> None:
+        """One request more (+1) or less (-1) in flight: the driver's CPU seconds are counted
+        from the first one's start to the last one's end (``driver_stats["cpu_s"]``)."""
+        with self._busy_lock:
+            if step > 0 and self._busy[0] == 0:
+                self._busy[1] = time.process_time()
+            self._busy[0] += step
+            if step < 0 and self._busy[0] == 0:
+                self.driver_stats["cpu_s"] += time.process_time() - self._busy[1]
 
     def entry_stages(self, payload: str = "text") -> list[str]:
         """The stages a request of ``payload`` (text, or audio) may enter at (``stream(entry=...)``):
@@ -468,25 +534,28 @@ class Runtime:
         entry: str | None = None,
         context: Mapping[str, Sequence[Any]] | None = None,
     ) -> AsyncGenerator[Event, None]:
-        """One request's events: every stage's stream opened, the context fed, a pump per stage
-        (and a feeder per join, and for a fed entry stage), the events relayed as they come
+        """One request's events: every stage's stream opened (direct: each with its route,
+        which carries its context), a pump per stage (relay: the context fed first, and a
+        feeder per join), a feeder for a fed entry stage, the events relayed as they come
         until the last one or a failure (``_watch``), then the request wound down."""
         t0 = time.perf_counter()
         events: asyncio.Queue[Any] = asyncio.Queue()
         chunks_in: dict[str, list[str]] = {c: [] for c in self.consumers}
         stages = self.downstream(entry)
-        joiners = {
+        direct = self.streaming == "direct"
+        joiners = {  # the relay joins in the driver; the direct mode in the fan-in's actor
             s.name: Joiner(s.name, s.device or "?", self.joins[s.name], s.inputs)
             for s in stages
-            if s.name in self.joins
+            if s.name in self.joins and not direct
         }
-        gens = self._open_streams(stages, prompt, rid, entry, chunks_in)
-        await self._feed_context(context, rid)
+        gens = self._open_streams(stages, prompt, rid, entry, chunks_in, context, direct)
+        if not direct:
+            await self._feed_context(context, rid)
         # sentence consumer -> its first chunk, as its producer's pump saw it
         firsts: dict[str, FirstChunk] = {}
         tasks = [
             asyncio.create_task(
-                self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts),
+                self._pump(s, gens[s.name], rid, t0, events, chunks_in, joiners, firsts, direct),
                 name=f"{rid}:{s.name}",
             )
             for s in stages
@@ -528,10 +597,14 @@ class Runtime:
         rid: str,
         entry: str | None,
         chunks_in: dict[str, list[str]],
+        context: Mapping[str, Sequence[Any]] | None = None,
+        direct: bool = False,
     ) -> dict[str, Any]:
         """Each stage's output stream for request ``rid`` (a Ray streaming generator per stage,
         opened at once): a stage that takes the request alone gets it as its ``initial`` input
-        (an entry stage: cut as its kind takes text); the others are fed."""
+        (an entry stage: cut as its kind takes text); the others are fed. ``direct``: each
+        stream gets its route (its context, first in its input; a fan-in's request item), and
+        its actor feeds its consumers itself."""
         gens = {}
         for s in stages:
             dev = self.devices[s.device or "?"]
@@ -542,10 +615,16 @@ class Runtime:
                 initial = self._cut(entry, prompt, chunks_in) if alone else None
             else:
                 initial = [prompt] if alone else None
+            route = None
+            if direct:
+                route = {
+                    "context": list((context or {}).get(s.name, [])),
+                    "request_item": prompt if entry is None else None,
+                }
             gens[s.name] = dev.actor.stream.options(
                 num_returns="streaming",
                 _generator_backpressure_num_objects=GENERATOR_BACKPRESSURE,
-            ).remote(s.name, rid, initial)
+            ).remote(s.name, rid, initial, route)
         return gens
 
     async def _feed_context(self, context: Mapping[str, Sequence[Any]] | None, rid: str) -> None:
@@ -636,6 +715,7 @@ class Runtime:
         chunks_in: dict[str, list[str]],
         joiners: dict[str, Joiner] | None = None,
         firsts: dict[str, FirstChunk] | None = None,
+        direct: bool = False,
     ) -> None:
         """Read one stage's outputs (a :class:`_StagePump`): emit its events, feed its consumers (a
         fan-in consumer through its ``Joiner``, which combines this input with its others), then
@@ -643,7 +723,15 @@ class Runtime:
         ``firsts``: the first-audio trace of each sentence edge (``orchestrator.runtime.hop``),
         filled by a producer's pump and read by its consumer's."""
         pump = _StagePump(
-            self, s, rid, t0, events, chunks_in, joiners or {}, {} if firsts is None else firsts
+            self,
+            s,
+            rid,
+            t0,
+            events,
+            chunks_in,
+            joiners or {},
+            {} if firsts is None else firsts,
+            direct=direct,
         )
         try:
             await pump.read(gen)
@@ -659,7 +747,8 @@ class Runtime:
         events.put_nowait(StageEvent(s.name, "done", rid, end, pump.done_stats(end)))
 
     async def _feed(self, c: StagePlan, rid: str, item: Any) -> None:
-        await self._call(c, "feed", rid, item)
+        self.driver_stats["feeds_sent"] += 1
+        await self._call(c, "feed", rid, [item])
 
     async def _call(self, c: StagePlan, method: str, rid: str, *args: Any) -> None:
         dev = self.devices[c.device or "?"]
@@ -697,6 +786,13 @@ class Runtime:
         too, with its own ``cause``), so that is looked at first."""
         from ray import exceptions as rex
 
+        if isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, PeerLost):
+            # the producer's actor could not feed its consumer's: that actor died (direct mode)
+            lost = exc.cause
+            peer = self.devices.get(lost.actor_key, dev)
+            if not peer.dead:
+                self._device_died(peer, node_death.said(lost.stage, peer, doing, lost.cause))
+            return StageFailed(lost.stage, peer.id, peer.dead or "", code="device_actor_died")
         if isinstance(exc, rex.RayTaskError):
             cause = exc.cause
             if isinstance(cause, (StageFailed, ConfigError)):

@@ -52,6 +52,7 @@ from orchestrator.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
+from orchestrator.runtime.joins import JoinSpec
 
 if TYPE_CHECKING:
     from orchestrator.plan import StagePlan
@@ -129,6 +130,7 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         pending = {d: _create_actor(rt, d) for d in devices}  # they start while the ledger answers
         _admit_pipeline(rt)
         _await_actors(rt, pending)
+        _connect(rt)
         rt.startup["actors_s"] = round(time.perf_counter() - t1, 3)
         _charge_ray(rt)
         t2 = time.perf_counter()
@@ -242,6 +244,24 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
             with contextlib.suppress(Exception):
                 ray.kill(other)
         raise StageFailed(stage, device, why, code="device_actor_not_started")
+
+
+def _connect(rt: Any) -> None:
+    """Hand every device actor the others' handles, the stages' routes and the joins, so a
+    producer's actor feeds its consumers' itself (``runtime.STREAMING == "direct"``); note the
+    node this process runs on (the record's ``runtime.streaming``)."""
+    import ray
+
+    rt.driver_node = ray.get_runtime_context().get_node_id()
+    peers = {d: dev.actor for d, dev in rt.devices.items()}
+    joins = {
+        name: JoinSpec(name, join, tuple(rt.plan.stage(name).inputs))
+        for name, join in rt.joins.items()
+    }
+    ray.get(
+        [dev.actor.connect.remote(peers, rt.route_tables, joins) for dev in rt.devices.values()],
+        timeout=ACTOR_READY_TIMEOUT_S,
+    )
 
 
 def _not_started(stage: str, device: str, actor: Any, exc: BaseException) -> str:

@@ -413,6 +413,67 @@ def test_a_run_records_ray_s_memory_once_per_node_and_the_next_plan_reserves_eac
         assert r["evidence"] == "M" and peak < r["bytes"] <= peak + margin + 1, (name, peak, r)
 
 
+def _streaming(two_nodes: dict[str, Any], thinker: str, voice: str) -> dict[str, Any]:
+    """bench/streaming.py on the two nodes (its driver in a process of its own, on the head):
+    the echo pipeline's figures under the relay and the direct mode."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.streaming",
+            "--address",
+            two_nodes["address"],
+            "--thinker",
+            thinker,
+            "--voice",
+            voice,
+            "--requests",
+            "2",
+            "--json",
+        ],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return {m["mode"]: m for m in json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def test_items_cross_nodes_once_and_the_driver_reads_only_final_outputs(
+    two_nodes: dict[str, Any],
+) -> None:
+    """Thinker and voice both on the second node, the driver on the head: in the direct mode
+    the sentences never leave the second node (0 crossings per item), in the relay each goes
+    to the head and back (2); the edge's items and bytes are the same. The thinker on the
+    second node and the voice on the head: 1 crossing either way. Runs before the second
+    node is killed."""
+    both = _streaming(two_nodes, "second/cpu", "second/cpu")
+    relay, direct = both["relay"], both["direct"]
+    (r_edge,), (d_edge,) = relay["streaming_edges"], direct["streaming_edges"]
+    assert d_edge["from_node"] == d_edge["to_node"] != direct["driver_node"]
+    assert (d_edge["path"], d_edge["crossings_per_item"]) == ("direct", 0)
+    assert (r_edge["path"], r_edge["crossings_per_item"]) == ("driver", 2)
+    items = relay["edges"][0]["items"]
+    assert items > 0 and r_edge["node_crossings"] == 2 * items and d_edge["node_crossings"] == 0
+    assert [(e["items"], e["bytes"]) for e in direct["edges"]] == [
+        (e["items"], e["bytes"]) for e in relay["edges"]
+    ]
+    assert direct["driver"]["feeds_sent"] == 0 and relay["driver"]["feeds_sent"] == items
+    print(
+        "driver CPU s per request, relay vs direct:",
+        relay["driver_cpu_s_per_request"],
+        direct["driver_cpu_s_per_request"],
+    )
+    split = _streaming(two_nodes, "second/cpu", "head/cpu")
+    for m in split.values():
+        (edge,) = m["streaming_edges"]
+        assert edge["from_node"] != edge["to_node"] == m["driver_node"]
+        assert edge["crossings_per_item"] == 1, m["mode"]
+    assert split["direct"]["edges"] == split["relay"]["edges"]  # byte for byte
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"

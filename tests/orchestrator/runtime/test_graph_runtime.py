@@ -200,8 +200,9 @@ def test_the_runtime_takes_fan_in_counts_its_calls_and_keeps_entries_sound(tmp_p
     rt = Runtime(plan, config)
     assert rt.consumers == {"a": ["sink"], "b": ["sink"], "sink": [], "voice": []}
     assert rt.joins == {"sink": "zip"}
-    # one stream per stage, and one feeder per fed stage: the join's task for the sink
-    assert rt.calls_per_request == {"cpu": 4, "igpu:0": 1}
+    # one stream per stage, and one feeder per (producer, device): a and b each feed the sink
+    # (its join runs in the sink's own actor)
+    assert rt.calls_per_request == {"cpu": 5, "igpu:0": 1}
     # a or b alone would leave the sink waiting for the other: neither is an entry; the sink neither
     assert rt.entry_stages() == ["voice"]
 
@@ -528,8 +529,8 @@ def test_the_runtime_routes_each_consumer_input_to_its_ports(tmp_path: Path) -> 
         "event",
         {"x": 1},
     )  # a single port: every item
-    # one stream per stage; one feeder per device: src's feeds, and on cpu also the join's task for both
-    assert rt.calls_per_request == {"cpu": 3 + 2, "igpu:0": 2 + 1}
+    # one stream per stage; one feeder per device: src's feeds (the join of both runs in its actor)
+    assert rt.calls_per_request == {"cpu": 3 + 1, "igpu:0": 2 + 1}
 
 
 @pytest.mark.ray
