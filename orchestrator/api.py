@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import calibration as cal
 from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
-from orchestrator.errors import BadRequest, ConfigError, PlanRefused, Problem
+from orchestrator.errors import BadRequest, ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
 from orchestrator.profile import HOST_RAM, node_pool
@@ -104,7 +104,7 @@ from stages.payloads import request_payload, sample_rate_problem
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
-    from orchestrator.plan import PipelinePlan
+    from orchestrator.plan import PipelinePlan, StagePlan
     from orchestrator.profile import HardwareProfile
 
 log = logging.getLogger(__name__)
@@ -465,26 +465,6 @@ class Admission:
         return self.plan.admitted
 
 
-def refuse_replicas(config: PipelineConfig) -> None:
-    """A ``ConfigError`` (exit 2 on the CLI) naming each stage with ``replicas`` > 1: the
-    planner places and reserves every replica (``omni-edge plan`` shows them, ``verify``
-    checks their placements), but the runtime starts one instance per stage so far, so a
-    plan with several would run one of them while reserving all."""
-    problems = [
-        Problem(
-            f"{config.source or 'config'}: stages.{s.name}.replicas",
-            f"{s.name} has {s.replicas} replicas; the plan and each replica's reservations are "
-            "computed (`omni-edge plan` shows them), but the runtime starts one instance per "
-            "stage so far",
-            f"set replicas: 1 on {s.name} to run it (plan and verify take replicas as they are)",
-        )
-        for s in config.stages
-        if s.replicas > 1
-    ]
-    if problems:
-        raise ConfigError(problems)
-
-
 def admit_plan(
     config: str | Path | PipelineConfig,
     options: PipelineOptions | None = None,
@@ -501,7 +481,6 @@ def admit_plan(
     options = options or PipelineOptions()
     progress = progress or AdmitProgress()
     config = config if isinstance(config, PipelineConfig) else load_config(config)
-    refuse_replicas(config)  # before the cluster is probed, the gates run or anything loads
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
@@ -541,7 +520,6 @@ class Pipeline:
     ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
-        refuse_replicas(config)  # a plan made elsewhere: the same refusal as admit_plan's
         self.plan = plan
         self.calibration = calibration
         """Where ``record_calibration`` writes measured peaks (None: nothing is recorded)."""
@@ -796,12 +774,13 @@ class Pipeline:
 
     def _record_stage_peaks(self, longest_prompt: int | None) -> list[dict[str, Any]]:
         """One sample per admitted, placed stage that measured a peak, keyed by what sets its
-        memory (pipeline, stage, kind, artifact, device, backend, route, engine, profile)."""
+        memory (pipeline, stage, kind, artifact, device, backend, route, engine, profile).
+        Replicas of one stage that share a key record one sample: the larger peak."""
         assert self.calibration is not None and self.profile is not None
         measured = self.runtime.measure()
-        out: list[dict[str, Any]] = []
-        for s in self.runtime.stages:
-            m = measured.get(s.name)
+        largest: dict[str, tuple[StagePlan, dict[str, Any], Any]] = {}
+        for holder, s in self.runtime.views.items():
+            m = measured.get(holder)
             if (
                 not s.admitted
                 or s.device is None
@@ -821,31 +800,38 @@ class Pipeline:
                 engine_kwargs=s.engine_kwargs,
                 profile=self.profile,
             )
-            peak = int(m["measured_peak_bytes"])
-            sample = cal.sample(
-                run=self.run_id,
-                peak=peak,
-                budget=s.budget_bytes(),
-                calibrated=s.calibration is not None,
-                upper_bound=bool(m.get("upper_bound")),
-                load=m.get("load_peak_bytes"),
-                steady=m.get("steady_peak_bytes"),
-                resident=m.get("resident_bytes"),
-                requests=int(m.get("requests") or 0),
-                max_in_flight=int(m.get("max_in_flight") or 0),
-                max_prompt_chars=longest_prompt,
-                where=str(m.get("where") or ""),
-                method=str(m.get("method") or ""),
-                pool=s.pool or "host_ram",
-                worker=m.get("worker"),
-            )
-            # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
-            basis = s.reservations if s.calibration is None else ()
-            path = self.calibration.record(key, sample, basis)
-            out.append(
-                _recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
-            )
-        return out
+            seen = largest.get(repr(key))
+            if seen is None or m["measured_peak_bytes"] > seen[1]["measured_peak_bytes"]:
+                largest[repr(key)] = (s, m, key)
+        return [self._record_stage(s, m, key, longest_prompt) for s, m, key in largest.values()]
+
+    def _record_stage(
+        self, s: StagePlan, m: dict[str, Any], key: Any, longest_prompt: int | None
+    ) -> dict[str, Any]:
+        """One stage's (or replica's) measured peak as a sample of the store, under ``key``."""
+        assert self.calibration is not None
+        peak = int(m["measured_peak_bytes"])
+        sample = cal.sample(
+            run=self.run_id,
+            peak=peak,
+            budget=s.budget_bytes(),
+            calibrated=s.calibration is not None,
+            upper_bound=bool(m.get("upper_bound")),
+            load=m.get("load_peak_bytes"),
+            steady=m.get("steady_peak_bytes"),
+            resident=m.get("resident_bytes"),
+            requests=int(m.get("requests") or 0),
+            max_in_flight=int(m.get("max_in_flight") or 0),
+            max_prompt_chars=longest_prompt,
+            where=str(m.get("where") or ""),
+            method=str(m.get("method") or ""),
+            pool=s.pool or "host_ram",
+            worker=m.get("worker"),
+        )
+        # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
+        basis = s.reservations if s.calibration is None else ()
+        path = self.calibration.record(key, sample, basis)
+        return _recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
 
     def _record_ray_peaks(self) -> list[dict[str, Any]]:
         """The Ray runtime's measured memory: on one machine one sample (its processes beside

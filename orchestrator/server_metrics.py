@@ -221,8 +221,14 @@ class ServerMetrics:
         )
         self.stage_alive = Gauge(
             f"{PREFIX}stage_alive",
-            "1 when a stage's device actor is alive",
+            "1 when a stage's device actor is alive (one of its replicas')",
             ["stage", "device"],
+            registry=r,
+        )
+        self.replica_alive = Gauge(
+            f"{PREFIX}replica_alive",
+            "1 when the device actor of a stage's replica is alive (stages with replicas: N > 1)",
+            ["stage", "replica", "device"],
             registry=r,
         )
 
@@ -395,10 +401,13 @@ class ServerMetrics:
         self.in_flight.set(admission.in_flight)
         self.waiting.set(admission.waiting)
         for s in self.runtime.stages:
-            dev = self.runtime.devices.get(s.device or "?")
-            self.stage_alive.labels(s.name, s.device or "?").set(
-                int(dev is not None and not dev.dead)
-            )
+            refs = self.runtime.replicas[s.name]
+            alive = {r.holder: _alive(self.runtime.devices.get(r.key)) for r in refs}
+            self.stage_alive.labels(s.name, s.device or "?").set(int(any(alive.values())))
+            for r in refs if len(refs) > 1 else ():
+                self.replica_alive.labels(s.name, str(r.index + 1), r.device).set(
+                    int(alive[r.holder])
+                )
         snapshot = await self.ledger()
         self.ledger_up.set(int(snapshot is not None))
         for p in (snapshot or {}).get("pools", []):
@@ -406,11 +415,10 @@ class ServerMetrics:
             self.pool_capacity.labels(p["id"]).set(p["capacity_bytes"])
         for p in self.runtime.plan.pools:
             self.pool_budget.labels(p.id).set(p.peak_bytes)
-        for name, m in (await self.measured_now()).items():
+        for holder, m in (await self.measured_now()).items():
             if m.get("measured_peak_bytes") is not None:
-                self.stage_peak.labels(name, self.runtime.plan.stage(name).pool or "?").set(
-                    m["measured_peak_bytes"]
-                )
+                view = self.runtime.views[holder]
+                self.stage_peak.labels(holder, view.pool or "?").set(m["measured_peak_bytes"])
         server = (
             await asyncio.to_thread(self.server_memory) if self.server_memory is not None else None
         )
@@ -418,6 +426,10 @@ class ServerMetrics:
             self.server_bytes.set(server["measured_bytes"])
             self.server_budget.labels(server["evidence"]).set(server["budget_bytes"])
         return generate_latest(self.registry)
+
+
+def _alive(dev: Any) -> bool:
+    return dev is not None and not dev.dead
 
 
 def _r(x: float | None) -> float | None:

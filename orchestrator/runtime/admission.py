@@ -66,6 +66,28 @@ def in_flight_limit(calls: Mapping[str, int], max_concurrency: int) -> int:
     return max(1, min((usable // max(1, n) for n in calls.values()), default=usable))
 
 
+def replica_caps(calls: Mapping[str, int], max_concurrency: int) -> dict[str, int]:
+    """Requests one replica may hold at once, per actor key: the actor's usable calls
+    (``max_concurrency`` − ``CONTROL_CALLS``) over the calls one request holds there
+    (``calls_per_request`` keyed by replica holder → actor key: as if a request used every
+    stage that actor hosts, which is conservative); at least 1."""
+    usable = max(1, max_concurrency - CONTROL_CALLS)
+    return {key: max(1, usable // max(1, n)) for key, n in calls.items()}
+
+
+def replicated_limit(
+    caps: Mapping[str, int], stage_keys: Mapping[str, Sequence[str]], dead: set[str] | None = None
+) -> int:
+    """Requests that may be in flight: over every stage, the sum of its live replicas' caps,
+    the least of them (at least 1). Each actor's calls stay within its concurrency (each
+    replica holds at most its cap), and with fewer requests in flight than this some replica
+    of every stage has room, so an admitted request always gets one per stage. With one
+    replica per stage it is ``in_flight_limit`` exactly."""
+    dead = dead or set()
+    sums = [sum(caps.get(k, 1) for k in keys if k not in dead) for keys in stage_keys.values()]
+    return max(1, min(sums, default=1))
+
+
 class Admission:
     """At most ``limit`` requests in flight and ``max_waiting`` waiting (see the module docstring)."""
 
@@ -114,10 +136,17 @@ class Admission:
                 raise self._busy(f"no slot came free within {self.wait_timeout_s:g} s") from None
             raise
 
-    def release(self) -> None:
-        """Give a slot back: to the first waiter in line, else to the pool."""
+    def set_limit(self, limit: int) -> None:
+        """A new limit (a replica died): slots already held are kept; none is handed out
+        while ``in_flight`` is at or above it."""
         with self._lock:
-            while self._waiters:
+            self.limit = max(1, int(limit))
+
+    def release(self) -> None:
+        """Give a slot back: to the first waiter in line (unless the limit was lowered below
+        what is in flight), else to the pool."""
+        with self._lock:
+            while self._waiters and self.in_flight <= self.limit:
                 loop, fut = self._waiters.popleft()
                 if loop.is_closed():
                     continue

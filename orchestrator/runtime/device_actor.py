@@ -122,6 +122,9 @@ class _Hosted:
     """Set when the load overlapped another in this actor: how it was measured then."""
     overlapped_with: set[str] = field(default_factory=set)
     """The stages whose loads ran in this actor while this one loaded."""
+    holder: str = ""
+    """Its ledger holder: the stage's name, or ``voice#1`` for a replica of a stage with
+    ``replicas: N`` > 1 (each replica runs in its own actor, so the stage's name is unique here)."""
     in_process: bool = True
     """Whether the load grew this actor's own process (False: it ran in processes it started)."""
     busy: int = 0
@@ -134,8 +137,11 @@ class _Hosted:
 class DeviceActor:
     """Hosts the stages placed on one device (see the module docstring)."""
 
-    def __init__(self, device: str, ledger: Any) -> None:
+    def __init__(self, device: str, ledger: Any, key: str | None = None) -> None:
         self.device = device
+        self.key = key or device
+        """This actor's key among its peers: the device id, or ``device#k`` for the k-th extra
+        replica of a stage on that device (its own process)."""
         self.ledger = ledger
         self.stages: dict[str, _Hosted] = {}
         self.order: list[str] = []
@@ -199,16 +205,18 @@ class DeviceActor:
         kind: Any,
         route: Any = None,
         admitted: bool = False,
+        holder: str | None = None,
     ) -> dict[str, Any]:
         plan = StagePlan.from_dict(plan_doc)
         name = plan.name
+        holder = holder or name
         if not admitted:
-            await self._admit(plan)
+            await self._admit(plan, holder)
         before = set(descendants(os.getpid()))
         meter = _LoadMeter(before)
         meter.start()
         overlapped = self._begin_load(name)
-        runner, load_s = await self._make_and_load(plan, stage_config, kind, route, meter)
+        runner, load_s = await self._make_and_load(plan, stage_config, kind, route, meter, holder)
         meter.stop()
         overlapped_with = self._loading.pop(name, set())
         overlapped = bool(overlapped_with) or overlapped
@@ -220,6 +228,7 @@ class DeviceActor:
             meter.peak_growth,
             meter.growth,
             overlapped_with=set(overlapped_with),
+            holder=holder,
         )
         if runner.measured_peak_bytes() is None:
             _meter_requests(hosted, meter, before, overlapped)
@@ -227,11 +236,12 @@ class DeviceActor:
             hosted.in_process = bool(hosted.load_info.get("in_process", True))
         self.stages[name] = hosted
         self.order.append(name)
-        await self.ledger.release.remote(name, "load")
+        await self.ledger.release.remote(holder, "load")
         hosted.measured = self._measure(hosted)
-        await self.ledger.report.remote(name, hosted.measured)
+        await self.ledger.report.remote(holder, hosted.measured)
         return {
             "stage": name,
+            "holder": holder,
             "device": self.device,
             "load_s": round(load_s, 3),
             "overlapped": overlapped,
@@ -239,16 +249,20 @@ class DeviceActor:
             "measured": hosted.measured,
         }
 
-    async def _admit(self, plan: StagePlan) -> None:
+    async def _admit(self, plan: StagePlan, holder: str) -> None:
         """All of the plan's reservations from the ledger, or ``StageFailed`` naming the shortfall."""
-        admission = await self.ledger.admit.remote(
-            plan.name, [r.to_dict() for r in plan.reservations]
-        )
+        admission = await self.ledger.admit.remote(holder, [r.to_dict() for r in plan.reservations])
         if not admission["ok"]:
             raise StageFailed(plan.name, self.device, refusal(admission["shortfalls"][0]))
 
     async def _make_and_load(
-        self, plan: StagePlan, stage_config: Any, kind: Any, route: Any, meter: _LoadMeter
+        self,
+        plan: StagePlan,
+        stage_config: Any,
+        kind: Any,
+        route: Any,
+        meter: _LoadMeter,
+        holder: str,
     ) -> tuple[StageRunner, float]:
         """The kind's runner, made and ``load()``-ed in worker threads, and the seconds its load
         took. A failure stops ``meter``, releases everything the stage held (the ledger is as
@@ -282,7 +296,7 @@ class DeviceActor:
                     await asyncio.to_thread(runner.close)
                 except Exception:
                     log.debug("close after a failed load raised", exc_info=True)
-            await self.ledger.release.remote(name)
+            await self.ledger.release.remote(holder)
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
 
@@ -385,7 +399,7 @@ class DeviceActor:
     async def measure(self, stage: str) -> dict[str, Any]:
         h = self._hosted(stage)
         h.measured = self._measure(h)
-        await self._tell_ledger("report", stage, h.measured)
+        await self._tell_ledger("report", h.holder, h.measured)
         return h.measured
 
     # -- requests ----------------------------------------------------------------
@@ -497,20 +511,28 @@ class DeviceActor:
             self.tasks.pop(request_id, None)
 
     async def _deliver(
-        self, request_id: str, r: Route, items: list[Any], end: bool, first: FirstChunk | None
+        self,
+        request_id: str,
+        r: Route,
+        items: list[Any],
+        end: bool,
+        first: FirstChunk | None,
+        to: Mapping[str, str] | None = None,
     ) -> None:
-        """A router step's items to ``r``'s consumer: in this actor, a local call (never a Ray
-        call to itself); else one ``feed`` on its actor. A consumer's actor that died is a
-        ``PeerLost`` naming it; a failure the consumer raised (a join past its bound) is
-        raised as it came."""
-        if r.device == self.device:
+        """A router step's items to ``r``'s consumer, on the actor the request's route names for
+        it (``to``: consumer → actor key, the replica picked for the request; else its device's):
+        in this actor, a local call (never a Ray call to itself); else one ``feed`` on its
+        actor. A consumer's actor that died is a ``PeerLost`` naming it; a failure the consumer
+        raised (a join past its bound) is raised as it came."""
+        key = (to or {}).get(r.consumer, r.device)
+        if key == self.key:
             await self._feed_items(r.consumer, request_id, items, r.entry, first)
             if end:
                 await self.end_input(r.consumer, request_id, r.entry)
             return
         from ray import exceptions as rex
 
-        peer = self.peers[r.device]
+        peer = self.peers[key]
         try:
             if items or first is not None:
                 await peer.feed.remote(r.consumer, request_id, items, r.entry, first)
@@ -521,10 +543,10 @@ class DeviceActor:
             if isinstance(cause, (StageFailed, ConfigError)):
                 raise cause from None
             if isinstance(cause, rex.RayActorError):
-                raise PeerLost(r.consumer, r.device, r.device, _said(cause)) from None
+                raise PeerLost(r.consumer, r.device, key, _said(cause)) from None
             raise
         except (rex.RayActorError, rex.ActorUnavailableError) as exc:
-            raise PeerLost(r.consumer, r.device, r.device, _said(exc)) from None
+            raise PeerLost(r.consumer, r.device, key, _said(exc)) from None
 
     def _end(self, key: tuple[str, str]) -> None:
         self.ended[key] = None
@@ -622,9 +644,10 @@ class DeviceActor:
             task = asyncio.get_running_loop().create_task(give())
             self.tasks.setdefault(request_id, set()).add(task)
             task.add_done_callback(lambda t: self._forget_task(request_id, t))
+        to = dict(route.get("to") or {})
         return Router(
             self.tables[stage],
-            lambda r, items, end, first: self._deliver(request_id, r, items, end, first),
+            lambda r, items, end, first: self._deliver(request_id, r, items, end, first, to),
             emitted=tally.emitted,
         )
 
@@ -729,11 +752,11 @@ class DeviceActor:
         if h.request_meter is not None:
             h.request_meter.stop()
         h.measured = self._measure(h)
-        await self._tell_ledger("report", stage, h.measured)
+        await self._tell_ledger("report", h.holder, h.measured)
         try:
             await asyncio.to_thread(h.runner.close)
         finally:
-            await self._tell_ledger("release", stage)
+            await self._tell_ledger("release", h.holder)
         return h.measured
 
     async def close(self) -> dict[str, Any]:

@@ -81,67 +81,83 @@ def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
 def stage_rows(
     runtime: Any, results: list[Any], measured: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """One row per stage: where it ran, how fast, and budget vs measured."""
+    """One row per stage: where it ran, how fast, and budget vs measured; a stage with
+    ``replicas: N`` > 1 has one row per replica, each with ``replica`` (1-based, as
+    ``replica 2 of 2`` says it), its ``holder`` and the ``requests`` it served."""
     rows = []
-    for s in runtime.stages:
-        load = runtime.load_results.get(s.name, {})
-        m = measured.get(s.name) or load.get("measured") or {}
-        per_request = [r.stages.get(s.name, {}) for r in results if s.name in r.stages]
-        last = per_request[-1] if per_request else {}
-        budget = s.budget_bytes()
-        peak = m.get("measured_peak_bytes")
-        upper_bound = bool(m.get("upper_bound"))
-        judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
-        if upper_bound and peak is not None and peak > budget:
-            judged = {
-                "within_budget": None,
-                "within_budget_reason": m.get("within_budget_reason")
-                or "not judged: the figure is an upper bound (another load in the same process is counted)",
-            }
-        drift = None
-        if s.calibration is not None and peak is not None and peak > budget and not upper_bound:
-            drift = {
-                "over_by_bytes": peak - budget,
-                "calibrated_budget_bytes": budget,
-                "match": s.calibration.get("match"),
-                "note": "measured above its calibrated budget: the next plan widens the margin",
-            }
-        rows.append(
-            {
-                "stage": s.name,
-                "kind": s.kind,
-                "device": s.device,
-                "backend": s.backend,
-                "route": s.route,
-                "load_s": load.get("load_s"),
-                "time_to_first_output_s": last.get("time_to_first_output_s"),
-                "throughput": last.get("throughput"),
-                "budget_bytes": budget,
-                "measured_peak_bytes": peak,
-                "budget_over_measured": round(budget / peak, 3) if peak else None,
-                **judged,
-                "upper_bound": upper_bound,
-                "load_peak_bytes": m.get("load_peak_bytes"),
-                "steady_peak_bytes": m.get("steady_peak_bytes"),
-                "resident_bytes": m.get("resident_bytes"),
-                "max_in_flight": m.get("max_in_flight"),
-                **(
-                    {"worker_recycles": last["worker_recycles"]}
-                    if "worker_recycles" in last
-                    else {}
-                ),
-                # a worker recycled at a limit: the limit, the largest rise of one call, what the calls left
-                # behind — what the next plan budgets it from (its peak the limit shaped; docs/calibration.md)
-                "worker": m.get("worker"),
-                "calibration": s.calibration,
-                "drift": drift,
-                "measured_by": m.get("method"),
-                "measured_where": m.get("where"),
-                "measured_when": m.get("when"),
-                "load_info": load.get("load_info", {}),
-            }
-        )
+    views = getattr(runtime, "views", {})
+    for stage in runtime.stages:
+        for ref in getattr(runtime, "replicas", {}).get(stage.name) or [None]:
+            holder = stage.name if ref is None else ref.holder
+            row = _stage_row(runtime, views.get(holder, stage), holder, results, measured)
+            if ref is not None and ref.of > 1:
+                m = measured.get(holder) or runtime.load_results.get(holder, {}).get("measured")
+                row = {
+                    "stage": stage.name,
+                    "replica": ref.index + 1,
+                    "holder": holder,
+                    "requests": (m or {}).get("requests"),
+                    **row,
+                }
+            rows.append(row)
     return rows
+
+
+def _stage_row(
+    runtime: Any, s: Any, holder: str, results: list[Any], measured: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The row of ``s`` (a stage, or one replica's view of it, ledger ``holder``)."""
+    load = runtime.load_results.get(holder, {})
+    m = measured.get(holder) or load.get("measured") or {}
+    per_request = [r.stages.get(s.name, {}) for r in results if s.name in r.stages]
+    last = per_request[-1] if per_request else {}
+    budget = s.budget_bytes()
+    peak = m.get("measured_peak_bytes")
+    upper_bound = bool(m.get("upper_bound"))
+    judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
+    if upper_bound and peak is not None and peak > budget:
+        judged = {
+            "within_budget": None,
+            "within_budget_reason": m.get("within_budget_reason")
+            or "not judged: the figure is an upper bound (another load in the same process is counted)",
+        }
+    drift = None
+    if s.calibration is not None and peak is not None and peak > budget and not upper_bound:
+        drift = {
+            "over_by_bytes": peak - budget,
+            "calibrated_budget_bytes": budget,
+            "match": s.calibration.get("match"),
+            "note": "measured above its calibrated budget: the next plan widens the margin",
+        }
+    return {
+        "stage": s.name,
+        "kind": s.kind,
+        "device": s.device,
+        "backend": s.backend,
+        "route": s.route,
+        "load_s": load.get("load_s"),
+        "time_to_first_output_s": last.get("time_to_first_output_s"),
+        "throughput": last.get("throughput"),
+        "budget_bytes": budget,
+        "measured_peak_bytes": peak,
+        "budget_over_measured": round(budget / peak, 3) if peak else None,
+        **judged,
+        "upper_bound": upper_bound,
+        "load_peak_bytes": m.get("load_peak_bytes"),
+        "steady_peak_bytes": m.get("steady_peak_bytes"),
+        "resident_bytes": m.get("resident_bytes"),
+        "max_in_flight": m.get("max_in_flight"),
+        **({"worker_recycles": last["worker_recycles"]} if "worker_recycles" in last else {}),
+        # a worker recycled at a limit: the limit, the largest rise of one call, what the calls left
+        # behind — what the next plan budgets it from (its peak the limit shaped; docs/calibration.md)
+        "worker": m.get("worker"),
+        "calibration": s.calibration,
+        "drift": drift,
+        "measured_by": m.get("method"),
+        "measured_where": m.get("where"),
+        "measured_when": m.get("when"),
+        "load_info": load.get("load_info", {}),
+    }
 
 
 def build(

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -85,7 +86,13 @@ from orchestrator.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import node_death
 from orchestrator.runtime import startup as startup_mod
-from orchestrator.runtime.admission import Admission, calls_per_request, in_flight_limit
+from orchestrator.runtime.admission import (
+    Admission,
+    calls_per_request,
+    replica_caps,
+    replicated_limit,
+)
+from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.hop import FirstChunk, same_clock
@@ -136,6 +143,18 @@ class Runtime:
             plan.stages, key=lambda s: order.index(s.name) if s.name in order else len(order)
         )
         self.kinds: dict[str, StageKind] = {s.name: get_kind(s.kind) for s in self.stages}
+        self.replicas: dict[str, list[ReplicaRef]] = replica_refs(self.stages)
+        """Stage → its instances (one for a stage of one instance), each with its actor key."""
+        self.refs: dict[str, ReplicaRef] = {
+            r.holder: r for rs in self.replicas.values() for r in rs
+        }
+        """Ledger holder → its instance."""
+        self.views: dict[str, StagePlan] = {
+            r.holder: replica_view(s, s.placements()[r.index])
+            for s in self.stages
+            for r in self.replicas[s.name]
+        }
+        """Ledger holder → the stage's plan as that instance runs it (its device, reservations)."""
         self._check_graph()
         self.consumers = {
             s.name: [c.name for c in self.stages if s.name in sources(c.inputs)]
@@ -152,9 +171,7 @@ class Runtime:
         """Fan-in stage → its join (``zip``, ``all`` or ``latest``)."""
         self.route_tables = {s.name: self.route_table(s.name) for s in self.stages}
         """Stage → its ``router.RouteTable``: what a ``Router`` needs to hand its outputs on."""
-        self.actor_envs = {
-            d: self._actor_env(d) for d in dict.fromkeys(s.device or "?" for s in self.stages)
-        }
+        self.actor_envs = {key: self._actor_env(key) for key in self.actor_keys()}
         self.devices: dict[str, _Device] = {}
         self.streaming = STREAMING
         """This runtime's data path (``STREAMING`` when it was made)."""
@@ -176,14 +193,26 @@ class Runtime:
         self.ledger_lost: str | None = None
         """Why the ledger actor stopped answering (it died), once something noticed."""
         self._closed = False
+        self._admit_by_replica(max_waiting)
+        self._picks: dict[str, dict[str, ReplicaRef]] = {}
+        """Request → the instance of each stage it runs on (``balance.Balancer.pick``)."""
+
+    def _admit_by_replica(self, max_waiting: int | None) -> None:
+        """Admission's limit from the replicas' caps (``admission``: one replica per stage
+        gives the per-device limit exactly) and the balancer that picks them."""
         self.calls_per_request = calls_per_request(
-            {s.name: s.device or "?" for s in self.stages},
-            {s.name: self._feeder(s) for s in self.stages},
+            {h: r.key for h, r in self.refs.items()},
+            {h: self._feeder(self.plan.stage(r.stage)) for h, r in self.refs.items()},
         )
+        """Actor key → the calls one request holds there at most (``admission``)."""
+        self.replica_caps = replica_caps(
+            self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])
+        )
+        self.stage_keys = {name: [r.key for r in rs] for name, rs in self.replicas.items()}
         self.admission = Admission(
-            in_flight_limit(self.calls_per_request, int(ACTOR_OPTIONS["max_concurrency"])),
-            max_waiting=max_waiting,
+            replicated_limit(self.replica_caps, self.stage_keys), max_waiting=max_waiting
         )
+        self.balancer = Balancer(self.replicas, self.replica_caps)
 
     # -- start ---------------------------------------------------------------------
     def _check_graph(self) -> None:
@@ -316,13 +345,27 @@ class Runtime:
         """The stage's payload types as its config declares them (``StageKind.ports``)."""
         return self.kinds[name].ports(self.config.stage(name))
 
-    def _actor_env(self, device: str) -> dict[str, str]:
-        """The environment of ``device``'s actor: what its stages' kinds ask for, merged."""
+    def actor_keys(self) -> list[str]:
+        """Every device actor's key, in plan order: a device id, or ``device#k`` for the k-th
+        extra replica of a stage on that device (its own process)."""
+        return list(dict.fromkeys(r.key for rs in self.replicas.values() for r in rs))
+
+    def actor_of(self, holder: str) -> _Device:
+        """The started device actor of a ledger holder (a stage, or one replica: ``voice#1``)."""
+        return self.devices[self.refs[holder].key]
+
+    def _dev_for(self, stage: str, rid: str) -> _Device:
+        """The actor serving ``stage`` for request ``rid``: its picked replica's (else the first)."""
+        ref = self._picks.get(rid, {}).get(stage) or self.replicas[stage][0]
+        return self.devices[ref.key]
+
+    def _actor_env(self, actor_key: str) -> dict[str, str]:
+        """The environment of an actor: what its stages' kinds ask for, merged."""
         env: dict[str, str] = {}
         wanted_by: dict[str, str] = {}
-        for s in self.stages:
-            if (s.device or "?") != device:
-                continue
+        hosted = [self.views[h] for h, r in self.refs.items() if r.key == actor_key]
+        device = hosted[0].device or "?"
+        for s in hosted:
             for key, value in self.kinds[s.name].actor_env(s).items():
                 if key in env and env[key] != value:
                     raise ConfigError.single(
@@ -379,6 +422,7 @@ class Runtime:
         self._count_busy(+1)
         try:
             self._check_alive(entry)
+            self._picks[rid] = self.balancer.pick(s.name for s in self.downstream(entry))
             agen = self._stream(prompt, rid, entry, context)
             async for event in agen:
                 yield event
@@ -387,6 +431,7 @@ class Runtime:
                 if agen is not None:
                     await agen.aclose()
             finally:
+                self.balancer.release(self._picks.pop(rid, {}))
                 self._count_busy(-1)
                 self.admission.release()
 
@@ -519,13 +564,23 @@ class Runtime:
                 )
 
     def _check_alive(self, entry: str | None = None) -> None:
-        """``StageFailed`` when a stage the request needs (``downstream(entry)``) sits on a dead actor."""
+        """``StageFailed`` when a stage the request needs (``downstream(entry)``) sits on a dead
+        actor — with replicas, when every replica's actor is dead."""
         if self._closed or self.ledger is None:
             raise RuntimeError("the runtime is not started (or already closed)")
         for s in self.downstream(entry):
-            dev = self.devices[s.device or "?"]
-            if dev.dead:
+            refs = self.replicas[s.name]
+            if any(not self.devices[r.key].dead for r in refs):
+                continue
+            dev = self.devices[refs[0].key]
+            if len(refs) == 1:
                 raise StageFailed(s.name, dev.id, f"its device actor died earlier: {dev.dead}")
+            raise StageFailed(
+                s.name,
+                dev.id,
+                f"the device actors of all {len(refs)} replicas died earlier "
+                f"({', '.join(self.devices[r.key].id for r in refs)}); the first: {dev.dead}",
+            )
 
     async def _stream(
         self,
@@ -606,8 +661,9 @@ class Runtime:
         stream gets its route (its context, first in its input; a fan-in's request item), and
         its actor feeds its consumers itself."""
         gens = {}
+        to = {name: ref.key for name, ref in self._picks.get(rid, {}).items()}
         for s in stages:
-            dev = self.devices[s.device or "?"]
+            dev = self._dev_for(s.name, rid)
             alone = list(s.inputs) == [REQUEST]
             if s.name == entry:
                 # fed by the runtime (_feed_entry), unless it takes the request (then: no feed call
@@ -618,6 +674,7 @@ class Runtime:
             route = None
             if direct:
                 route = {
+                    "to": to,
                     "context": list((context or {}).get(s.name, [])),
                     "request_item": prompt if entry is None else None,
                 }
@@ -738,7 +795,7 @@ class Runtime:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            dev = self.devices[s.device or "?"]
+            dev = self._dev_for(s.name, rid)
             raise await asyncio.to_thread(
                 self._map, exc, s.name, dev, f"serving request {rid}"
             ) from None
@@ -751,7 +808,7 @@ class Runtime:
         await self._call(c, "feed", rid, [item])
 
     async def _call(self, c: StagePlan, method: str, rid: str, *args: Any) -> None:
-        dev = self.devices[c.device or "?"]
+        dev = self._dev_for(c.name, rid)
         try:
             await getattr(dev.actor, method).remote(c.name, rid, *args)
         except BaseException as exc:
@@ -792,7 +849,7 @@ class Runtime:
             peer = self.devices.get(lost.actor_key, dev)
             if not peer.dead:
                 self._device_died(peer, node_death.said(lost.stage, peer, doing, lost.cause))
-            return StageFailed(lost.stage, peer.id, peer.dead or "", code="device_actor_died")
+            return self._died(lost.stage, peer)
         if isinstance(exc, rex.RayTaskError):
             cause = exc.cause
             if isinstance(cause, (StageFailed, ConfigError)):
@@ -804,22 +861,37 @@ class Runtime:
         ):
             if not dev.dead:
                 self._device_died(dev, node_death.said(stage, dev, doing, _cause(exc)))
-            return StageFailed(stage, dev.id, dev.dead or "", code="device_actor_died")
+            return self._died(stage, dev)
         if isinstance(exc, rex.GetTimeoutError):
             return StageFailed(stage, dev.id, f"no answer in time: {exc}")
         if isinstance(exc, StageFailed):
             return exc
         return StageFailed(stage, dev.id, f"{type(exc).__name__}: {exc}")
 
+    def _died(self, stage: str, dev: _Device) -> StageFailed:
+        """The ``StageFailed`` of a request whose ``stage`` ran on ``dev``, which died: for a
+        stage with replicas, its cause names the replica (``replica 2 of 2 (voice#1) on cpu``)."""
+        ref = next((r for r in self.replicas.get(stage, []) if r.key == dev.key), None)
+        said = ref.said() if ref is not None else ""
+        cause = f"{said} on {dev.id}: {dev.dead or ''}" if said else dev.dead or ""
+        return StageFailed(stage, dev.id, cause, code="device_actor_died")
+
     def _device_died(self, dev: _Device, reason: str) -> None:
+        """``dev``'s actor died: marked dead, the holders it hosted released (a replica's
+        siblings keep theirs), no request picks it again and admission's limit is lowered to
+        what the live replicas hold (slots already held are kept)."""
         if dev.dead:
             return
         dev.dead = reason
-        log.error("device actor %s died: %s", dev.id, reason)
-        for name in dev.stages:
+        log.error("device actor %s (%s) died: %s", dev.key, dev.id, reason)
+        for holder in dev.holders:
             if self.ledger is not None:
                 with contextlib.suppress(Exception):
-                    self.ledger.release.remote(name)
+                    self.ledger.release.remote(holder)
+        self.balancer.mark_dead(dev.key)
+        self.admission.set_limit(
+            replicated_limit(self.replica_caps, self.stage_keys, self.balancer.dead)
+        )
 
     async def stage_failures(self, timeout_s: float) -> dict[str, dict[str, Any]]:
         """Stages whose engine stopped inside a living device actor (``DeviceActor.health``):
@@ -850,6 +922,12 @@ class Runtime:
 
         ray.kill(self.devices[device].actor, no_restart=True)
 
+    def kill_replica(self, stage: str, index: int) -> None:
+        """Kill the actor of ``stage``'s replica ``index`` (0-based), as ``kill_device`` does."""
+        import ray
+
+        ray.kill(self.devices[self.replicas[stage][index].key].actor, no_restart=True)
+
     # -- inspection and closing ----------------------------------------------------
     def ledger_snapshot(self) -> dict[str, Any]:
         """The ledger actor's pools and holders now (after close: as it was at close).
@@ -867,17 +945,21 @@ class Runtime:
             raise LedgerLost(self.ledger_lost) from None
 
     def measure(self) -> dict[str, dict[str, Any]]:
-        """Each live stage's measured peak now (after its requests), next to its budget."""
+        """Each live stage's measured peak now (after its requests), next to its budget, by
+        ledger holder (the stage's name; ``voice#1`` for a replica)."""
         import ray
 
         out = {}
         for dev in self.devices.values():
             if dev.dead:
                 continue
-            for name in dev.stages:
-                if name in self.load_results:
+            for holder in dev.holders:
+                if holder in self.load_results:
+                    stage = self.refs[holder].stage
                     with contextlib.suppress(Exception):
-                        out[name] = ray.get(dev.actor.measure.remote(name), timeout=CLOSE_TIMEOUT_S)
+                        out[holder] = ray.get(
+                            dev.actor.measure.remote(stage), timeout=CLOSE_TIMEOUT_S
+                        )
         return out
 
     def close(self) -> dict[str, Any]:
@@ -907,7 +989,7 @@ class Runtime:
                 for (
                     dev
                 ) in self.devices.values():  # a dead actor's stages, in case its release raced
-                    for name in dev.stages:
+                    for name in dev.holders:
                         self.ledger.release.remote(name)
                 ray.get(self.ledger.release.remote(PIPELINE_HOLDER), timeout=CLOSE_TIMEOUT_S)
                 self.final_ledger = dict(
@@ -937,3 +1019,43 @@ def _cause(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     head = next((line for line in text if line.strip()), type(exc).__name__)
     return f"{type(exc).__name__}: {head[:300]}"
+
+
+def replica_refs(stages: Sequence[StagePlan]) -> dict[str, list[ReplicaRef]]:
+    """Each stage's instances (``StagePlan.placements()``) with their actor keys: the device id,
+    or ``device#k`` for the k-th extra replica of a stage on a device that already hosts one
+    (its own process: a second engine cannot share the first's process or its threads)."""
+    out: dict[str, list[ReplicaRef]] = {}
+    for s in stages:
+        placed = s.placements()
+        seen: dict[str, int] = {}
+        refs = []
+        for p in placed:
+            device = p.device or "?"
+            k = seen[device] = seen.get(device, -1) + 1
+            key = device if k == 0 else f"{device}#{k}"
+            refs.append(ReplicaRef(s.name, p.index, len(placed), p.holder, device, key))
+        out[s.name] = refs
+    return out
+
+
+def replica_view(s: StagePlan, p: Any) -> StagePlan:
+    """The stage's plan as replica ``p`` (a ``ReplicaPlan``) runs it: its device, backend,
+    reservations, engine kwargs and threads; ``s`` itself for a stage of one instance."""
+    if not s.replicas:
+        return s
+    node = {"node": p.node} if p.node else {}
+    return dataclasses.replace(
+        s,
+        device=p.device,
+        backend=p.backend,
+        route=p.route,
+        reservations=p.reservations,
+        engine_kwargs=dict(p.engine_kwargs),
+        verification=p.verification,
+        calibration=p.calibration,
+        cpu_threads=p.cpu_threads,
+        cpu_threads_from=p.cpu_threads_from,
+        replicas=(),
+        details={**s.details, **node},
+    )

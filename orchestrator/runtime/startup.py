@@ -44,7 +44,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from orchestrator.errors import ConfigError, StageFailed
 from orchestrator.ledger import PIPELINE_HOLDER
@@ -53,9 +53,6 @@ from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
 from orchestrator.runtime.joins import JoinSpec
-
-if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
 
 ACTOR_READY_TIMEOUT_S = 120.0
 """A device actor's worker start plus its imports: seconds when warm, tens of
@@ -95,6 +92,14 @@ class Device:
     info: dict[str, Any]
     stages: list[str] = field(default_factory=list)
     dead: str | None = None
+    key: str = ""
+    """Its actor key: ``id``, or ``id#k`` for the k-th extra replica of a stage on the device."""
+    holders: list[str] = field(default_factory=list)
+    """The ledger holders it hosts (the stages' names; ``voice#1`` for a replica)."""
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.id
+        self.holders = self.holders or list(self.stages)
 
 
 def start(rt: Any, progress: ProgressCallback | None = None) -> None:
@@ -104,7 +109,7 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     for s in rt.stages:
         tell(StageProgress(s.name, s.device or "?", "waiting"))
     t0 = time.perf_counter()
-    devices = list(dict.fromkeys(s.device or "?" for s in rt.stages))
+    devices = list(dict.fromkeys(r.device for r in rt.refs.values()))
     try:
         rt.cluster = cluster_mod.connect(
             devices, address=rt.address, log_to_driver=rt.log_to_driver
@@ -127,7 +132,9 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         _check_resources(rt, devices)
         t1 = time.perf_counter()
         rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools], **_on_this_node(rt))
-        pending = {d: _create_actor(rt, d) for d in devices}  # they start while the ledger answers
+        # one actor per key (a device; a stage's extra replica on it: its own), started while
+        # the ledger answers
+        pending = {k: _create_actor(rt, k) for k in rt.actor_keys()}
         _admit_pipeline(rt)
         _await_actors(rt, pending)
         _connect(rt)
@@ -143,7 +150,7 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
 
 
 def first_stage_on(rt: Any, device: str) -> str:
-    return next(s.name for s in rt.stages if (s.device or "?") == device)
+    return next(r.stage for r in rt.refs.values() if r.device == device)
 
 
 def _check_resources(rt: Any, devices: list[str]) -> None:
@@ -204,16 +211,18 @@ def _on_this_node(rt: Any) -> dict[str, Any]:
     }
 
 
-def _create_actor(rt: Any, device: str) -> tuple[Any, Any]:
-    """Create ``device``'s actor (not awaited); returns it and its ``ready()`` reference."""
+def _create_actor(rt: Any, key: str) -> tuple[Any, Any]:
+    """Create the actor of ``key`` (a device id, or ``device#k``: placed by its device's
+    resource; not awaited); returns it and its ``ready()`` reference."""
+    device = key.partition("#")[0]
     actor = (
         actor_class()
         .options(
             **ACTOR_OPTIONS,
             resources={cluster_mod.device_resource(device): cluster_mod.ACTOR_RESOURCE_UNITS},
-            runtime_env={"env_vars": dict(rt.actor_envs[device])},
+            runtime_env={"env_vars": dict(rt.actor_envs[key])},
         )
-        .remote(device, rt.ledger)
+        .remote(device, rt.ledger, key)
     )
     return actor, actor.ready.remote()
 
@@ -226,17 +235,24 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
 
     deadline = time.monotonic() + ACTOR_READY_TIMEOUT_S
     failures: dict[str, tuple[Any, BaseException]] = {}
-    for device, (actor, ready) in pending.items():
+    for key, (actor, ready) in pending.items():
         try:
             info = ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:
-            failures[device] = (actor, exc)
+            failures[key] = (actor, exc)
             continue
-        rt.devices[device] = Device(
-            device, actor, info, [s.name for s in rt.stages if (s.device or "?") == device]
+        hosted = [r for r in rt.refs.values() if r.key == key]
+        rt.devices[key] = Device(
+            hosted[0].device,
+            actor,
+            info,
+            list(dict.fromkeys(r.stage for r in hosted)),
+            key=key,
+            holders=[r.holder for r in hosted],
         )
     if failures:
-        device, (actor, error) = next(iter(failures.items()))
+        key, (actor, error) = next(iter(failures.items()))
+        device = key.partition("#")[0]
         stage = first_stage_on(rt, device)
         # said before the actors are killed, while Ray's actor table still says where it ran
         why = _not_started(stage, device, actor, error)
@@ -253,7 +269,7 @@ def _connect(rt: Any) -> None:
     import ray
 
     rt.driver_node = ray.get_runtime_context().get_node_id()
-    peers = {d: dev.actor for d, dev in rt.devices.items()}
+    peers = {key: dev.actor for key, dev in rt.devices.items()}
     joins = {
         name: JoinSpec(name, join, tuple(rt.plan.stage(name).inputs))
         for name, join in rt.joins.items()
@@ -346,51 +362,53 @@ def _load_all(rt: Any, tell: ProgressCallback) -> None:
     """Every stage loaded, wave by wave, as the ledger admits them together."""
     import ray
 
-    remaining: list[StagePlan] = list(rt.stages)
+    # one load per instance, by ledger holder (a stage, or one replica: voice#1)
+    remaining: list[str] = list(rt.views)
     rt.startup["stage_load_s"], rt.startup["load_waves"] = {}, []
     while remaining:
         batch = remaining if PARALLEL_LOADS else remaining[:1]
         snapshot = ray.get(rt.ledger.snapshot.remote())
         answer = ray.get(
             rt.ledger.admit_together.remote(
-                [(s.name, [r.to_dict() for r in s.reservations]) for s in batch]
+                [(h, [r.to_dict() for r in rt.views[h].reservations]) for h in batch]
             )
         )
         wave = remaining[: len(answer["admitted"])]
-        for s in wave or remaining[:1]:
-            rt.ledger_history.append((f"before load {s.name}", snapshot))
+        for h in wave or remaining[:1]:
+            rt.ledger_history.append((f"before load {h}", snapshot))
         if not wave:
-            s = remaining[0]
+            h, s = remaining[0], rt.views[remaining[0]]
             failure = StageFailed(s.name, s.device or "?", refusal(answer["shortfalls"][0]))
-            tell(StageProgress(s.name, s.device or "?", "failed", 0.0, failure.cause))
+            tell(StageProgress(h, s.device or "?", "failed", 0.0, failure.cause))
             rt.ledger_history.append(
-                (f"after failed load {s.name}", ray.get(rt.ledger.snapshot.remote()))
+                (f"after failed load {h}", ray.get(rt.ledger.snapshot.remote()))
             )
             raise failure
-        rt.startup["load_waves"].append([s.name for s in wave])
+        rt.startup["load_waves"].append(list(wave))
         _load_wave(rt, wave, tell)
         remaining = remaining[len(wave) :]
     rt.startup["loads_parallel"] = any(len(w) > 1 for w in rt.startup["load_waves"])
 
 
-def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
-    """Load ``wave`` (admitted together) in parallel; every load is awaited, and
-    when one failed, the others are closed before the failure is raised."""
+def _load_wave(rt: Any, wave: list[str], tell: ProgressCallback) -> None:
+    """Load ``wave`` (ledger holders admitted together) in parallel; every load is awaited,
+    and when one failed, the others are closed before the failure is raised."""
     import ray
 
     sent = time.perf_counter()
-    refs: dict[Any, StagePlan] = {}
-    for s in wave:
-        dev = rt.devices[s.device or "?"]
+    refs: dict[Any, str] = {}
+    for h in wave:
+        s, dev = rt.views[h], rt.actor_of(h)
         ref = dev.actor.load_stage.remote(
             s.to_dict(),
             rt.config.stage(s.name),
             rt.kinds[s.name],
             rt.routes.get(s.route or ""),
             admitted=True,
+            holder=h,
         )
-        refs[ref] = s
-        tell(StageProgress(s.name, dev.id, "loading"))
+        refs[ref] = h
+        tell(StageProgress(h, dev.id, "loading"))
     failures: dict[str, BaseException] = {}
     deadline = time.monotonic() + LOAD_TIMEOUT_S
     waiting = list(refs)
@@ -400,54 +418,50 @@ def _load_wave(rt: Any, wave: list[StagePlan], tell: ProgressCallback) -> None:
         )
         if not done:
             for ref in waiting:
-                s = refs[ref]
+                h, s = refs[ref], rt.views[refs[ref]]
                 late = StageFailed(
                     s.name,
                     s.device or "?",
                     f"no answer in time: the load took more than {LOAD_TIMEOUT_S:.0f} s",
                 )
-                failures[s.name] = late
-                tell(
-                    StageProgress(
-                        s.name, s.device or "?", "failed", time.perf_counter() - sent, late.cause
-                    )
-                )
+                failures[h] = late
+                seconds = time.perf_counter() - sent
+                tell(StageProgress(h, s.device or "?", "failed", seconds, late.cause))
             break
-        s = refs[done[0]]
-        dev = rt.devices[s.device or "?"]
+        h = refs[done[0]]
+        s, dev = rt.views[h], rt.actor_of(h)
         seconds = round(time.perf_counter() - sent, 3)
-        rt.startup["stage_load_s"][s.name] = seconds
+        rt.startup["stage_load_s"][h] = seconds
         try:
-            rt.load_results[s.name] = ray.get(done[0])
+            rt.load_results[h] = ray.get(done[0])
         except BaseException as exc:
-            failures[s.name] = failure = rt._map(exc, s.name, dev, f"loading stage {s.name}")
-            tell(
-                StageProgress(
-                    s.name, dev.id, "failed", seconds, getattr(failure, "cause", str(failure))
-                )
-            )
+            failures[h] = failure = rt._map(exc, s.name, dev, f"loading stage {h}")
+            why = getattr(failure, "cause", str(failure))
+            tell(StageProgress(h, dev.id, "failed", seconds, why))
             continue
-        tell(StageProgress(s.name, dev.id, "loaded", seconds))
+        tell(StageProgress(h, dev.id, "loaded", seconds))
     if failures:
         _undo_wave(rt, wave, failures)
 
 
-def _undo_wave(rt: Any, wave: list[StagePlan], failures: dict[str, BaseException]) -> None:
+def _undo_wave(rt: Any, wave: list[str], failures: dict[str, BaseException]) -> None:
     """Close the wave's loaded stages (the ledger as before the wave), note the
     ledger after each failure, raise the first failure in graph order."""
     import ray
 
-    for s in wave:
-        dev = rt.devices[s.device or "?"]
-        if s.name in rt.load_results and not dev.dead:
+    for h in wave:
+        dev = rt.actor_of(h)
+        if h in rt.load_results and not dev.dead:
             with contextlib.suppress(Exception):
-                ray.get(dev.actor.close_stage.remote(s.name), timeout=ACTOR_READY_TIMEOUT_S)
-            rt.load_results.pop(s.name, None)
+                ray.get(
+                    dev.actor.close_stage.remote(rt.views[h].name), timeout=ACTOR_READY_TIMEOUT_S
+                )
+            rt.load_results.pop(h, None)
     after = ray.get(rt.ledger.snapshot.remote())
-    for s in wave:
-        if s.name in failures:
-            rt.ledger_history.append((f"after failed load {s.name}", after))
-    first = next(s.name for s in wave if s.name in failures)
+    for h in wave:
+        if h in failures:
+            rt.ledger_history.append((f"after failed load {h}", after))
+    first = next(h for h in wave if h in failures)
     raise failures[first] from None
 
 

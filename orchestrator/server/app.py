@@ -319,26 +319,50 @@ class _App:
         self, failures: dict[str, dict[str, Any]] | None = None
     ) -> list[dict[str, Any]]:
         """Each stage's device, backend and state; ``failures`` (``Runtime.stage_failures``):
-        the stages whose engine stopped though their actor lives, with a code."""
+        the stages whose engine stopped though their actor lives, with a code. A stage is
+        alive while one of its replicas' actors is; a stage with ``replicas: N`` > 1 lists
+        each replica (``replica`` 1-based, its device, whether it is alive, its ``code``)."""
         out = []
         for s in self.runtime.stages:
-            dev = self.runtime.devices.get(s.device or "?")
+            replicas = self.replica_states(s.name)
             failed = (failures or {}).get(s.name)
-            alive = dev is not None and not dev.dead and not self.runtime._closed and not failed
+            alive = any(r["alive"] for r in replicas) and not failed
             out.append(
                 {
                     "name": s.name,
                     "kind": s.kind,
                     "device": s.device,
                     "backend": s.backend,
-                    "loaded": s.name in self.runtime.load_results and alive,
+                    "loaded": alive
+                    and any(h in self.runtime.load_results for h in self._holders(s.name)),
                     "alive": alive,
                     "final_output_type": s.final_output_type if s.final_output else None,
-                    **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
+                    **({"code": "device_actor_died"} if all("code" in r for r in replicas) else {}),
                     **({"code": failed["code"], "error": failed["message"]} if failed else {}),
+                    **({"replicas": replicas} if len(replicas) > 1 else {}),
                 }
             )
         return out
+
+    def _holders(self, stage: str) -> list[str]:
+        return [r.holder for r in self.runtime.replicas[stage]]
+
+    def replica_states(self, stage: str) -> list[dict[str, Any]]:
+        """``stage``'s replicas: each one's 1-based ``replica``, ``device``, ``alive`` and, for a
+        dead actor, ``code``."""
+        rows = []
+        for ref in self.runtime.replicas[stage]:
+            dev = self.runtime.devices.get(ref.key)
+            alive = dev is not None and not dev.dead and not self.runtime._closed
+            rows.append(
+                {
+                    "replica": ref.index + 1,
+                    "device": ref.device,
+                    "alive": alive,
+                    **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
+                }
+            )
+        return rows
 
     def no_speech_stage(self) -> BadRequest:
         """Why ``/v1/audio/speech`` has nothing to enter at: each audio output stage and what it
@@ -394,18 +418,29 @@ class _App:
         )
 
     async def health(self, request: Request) -> Response:
-        """200 while every stage can serve; 503 naming each one that cannot (stage, device,
-        code): a dead device actor, or an engine that stopped inside a living one."""
+        """200 while every stage can serve (``status: degraded`` naming each dead replica of a
+        stage whose other replicas serve); 503 naming each stage that cannot (stage, device,
+        code): a dead device actor (every replica's), or an engine that stopped inside a
+        living one."""
         failures = (
             await self.runtime.stage_failures(HEALTH_TIMEOUT_S) if not self.runtime._closed else {}
         )
         stages = self.stage_states(failures)
         ok = all(s["alive"] for s in stages)
+        degraded = [
+            {"stage": s["name"], "replica": r["replica"], "device": r["device"], "code": r["code"]}
+            for s in stages
+            if s["alive"]
+            for r in s.get("replicas", [])
+            if not r["alive"] and "code" in r
+        ]
         doc: dict[str, Any] = {
-            "status": "ok" if ok else "unavailable",
+            "status": ("degraded" if degraded else "ok") if ok else "unavailable",
             "pipeline": self.model,
             "stages": stages,
         }
+        if degraded:  # a dead replica whose siblings serve: still 200, named
+            doc["degraded"] = degraded
         if not ok:
             doc["failed"] = [
                 {"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
@@ -443,7 +478,7 @@ class _App:
             peaks = [
                 m["measured_peak_bytes"]
                 for name, m in measured.items()
-                if self.pipeline.plan.stage(name).pool == p.id
+                if self.runtime.views[name].pool == p.id
                 and m.get("measured_peak_bytes") is not None
             ]
             pools.append(

@@ -8,6 +8,7 @@ registers nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from omni_edge_testkinds.echo import (
 
 from orchestrator.config import PipelineConfig, parse_config
 from orchestrator.ledger import Reservation
-from orchestrator.plan import PipelinePlan, PoolPlan, StagePlan
+from orchestrator.plan import PipelinePlan, PoolPlan, ReplicaPlan, StagePlan
 from orchestrator.units import GiB, MiB
 
 __all__ = [
@@ -43,8 +44,11 @@ def echo_pipeline(
     voice: dict[str, Any] | None = None,
     voice_device: str = "cpu",
     host_ram: int = 8 * GiB,
+    voice_replicas: tuple[str, ...] = (),
 ) -> tuple[PipelinePlan, PipelineConfig]:
-    """A two-stage words → tone pipeline with its config and a hand-written plan."""
+    """A two-stage words → tone pipeline with its config and a hand-written plan;
+    ``voice_replicas``: the voice as that many replicas, one on each device named
+    (holders ``voice#0``, ``voice#1``, ...), as the planner writes them."""
     doc = {
         "name": "echo-pipeline",
         "stages": [
@@ -62,9 +66,10 @@ def echo_pipeline(
                 "kind": "echo",
                 "mode": "tone",
                 "inputs": ["thinker"],
-                "devices": [voice_device],
+                "devices": list(dict.fromkeys(voice_replicas)) or [voice_device],
                 "final_output": True,
                 "final_output_type": "audio",
+                **({"replicas": len(voice_replicas)} if voice_replicas else {}),
                 **(voice or {}),
             },
         ],
@@ -103,10 +108,26 @@ def echo_pipeline(
 
     t_held = (thinker or {}).get("hold_bytes", 0)
     v_held = (voice or {}).get("hold_bytes", 0)
-    stages = (
-        stage("thinker", "cpu", ("request",), t_held, "text"),
-        stage("voice", voice_device, ("thinker",), v_held, "audio"),
+    voice_plan = stage(
+        "voice", (voice_replicas or (voice_device,))[0], ("thinker",), v_held, "audio"
     )
+    if voice_replicas:
+        voice_plan = dataclasses.replace(
+            voice_plan,
+            replicas=tuple(
+                ReplicaPlan(
+                    index=i,
+                    holder=f"voice#{i}",
+                    device=device,
+                    backend=voice_plan.backend,
+                    route=voice_plan.route,
+                    reservations=voice_plan.reservations,
+                    engine_kwargs={},
+                )
+                for i, device in enumerate(voice_replicas)
+            ),
+        )
+    stages = (stage("thinker", "cpu", ("request",), t_held, "text"), voice_plan)
     shared = (
         Reservation("host_ram", "safety_margin", 64 * MiB, "session", "E", "test margin"),
         Reservation(

@@ -1,0 +1,99 @@
+"""Stage replicas: which instance of each stage serves a request.
+
+A stage with ``replicas: N`` > 1 runs N instances, each in its own device actor (its actor
+key: the device id, or ``device#k`` for the k-th extra replica of a stage on one device).
+:class:`Balancer` picks one live replica per stage when a request starts (after admission)
+and gives it back when the request winds down:
+
+* **least loaded**: the live replica with the fewest requests in flight (below its cap,
+  ``admission.replica_caps``), ties broken round-robin, so an idle pipeline alternates;
+* **one replica per request and stage**: every item of the request on that stage goes to the
+  one picked (its stream is opened there and every producer's route names it), so per-request
+  state (a talker's KV) never splits;
+* **a dead replica is skipped** (``mark_dead``); a stage whose replicas are all dead gets no
+  pick (the runtime refuses the request first, ``Runtime._check_alive``).
+
+Thread-safe like ``admission.Admission``: requests come from several event loops or threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaRef:
+    """One instance of a stage as the runtime placed it."""
+
+    stage: str
+    index: int
+    """0-based (``holder`` is ``stage#index`` for N > 1); said 1-based: ``replica 2 of 2``."""
+    of: int
+    """N, the stage's number of replicas."""
+    holder: str
+    """Its ledger holder: ``voice#1``, or the stage's name when N = 1."""
+    device: str
+    key: str
+    """Its device actor's key (``cpu``, ``cpu#1``)."""
+
+    def said(self) -> str:
+        """``replica 2 of 2 (voice#1)``; empty for a stage of one instance."""
+        return f"replica {self.index + 1} of {self.of} ({self.holder})" if self.of > 1 else ""
+
+
+class Balancer:
+    """Least-loaded live replica per stage per request (see the module docstring)."""
+
+    def __init__(
+        self, replicas: Mapping[str, Sequence[ReplicaRef]], caps: Mapping[str, int]
+    ) -> None:
+        self.replicas = {stage: tuple(refs) for stage, refs in replicas.items()}
+        self.caps = dict(caps)
+        """Actor key → requests a replica there may hold at once (``admission.replica_caps``)."""
+        self.in_flight: dict[str, int] = {r.holder: 0 for rs in self.replicas.values() for r in rs}
+        self.served: dict[str, int] = dict.fromkeys(self.in_flight, 0)
+        """Holder → requests it was picked for since the start."""
+        self.dead: set[str] = set()
+        """Actor keys whose actor died."""
+        self._next: dict[str, int] = dict.fromkeys(self.replicas, 0)
+        self._lock = threading.Lock()
+
+    def live(self, stage: str) -> list[ReplicaRef]:
+        return [r for r in self.replicas[stage] if r.key not in self.dead]
+
+    def pick(self, stages: Iterable[str]) -> dict[str, ReplicaRef]:
+        """One live replica per stage (a stage with none live is left out), counted in."""
+        out: dict[str, ReplicaRef] = {}
+        with self._lock:
+            for stage in stages:
+                chosen = self._choose(stage)
+                if chosen is not None:
+                    out[stage] = chosen
+                    self.in_flight[chosen.holder] += 1
+                    self.served[chosen.holder] += 1
+        return out
+
+    def _choose(self, stage: str) -> ReplicaRef | None:
+        refs = self.replicas[stage]
+        live = [r for r in refs if r.key not in self.dead]
+        if not live:
+            return None
+        roomy = [r for r in live if self.in_flight[r.holder] < self.caps.get(r.key, 1)] or live
+        least = min(self.in_flight[r.holder] for r in roomy)
+        tied = [r for r in roomy if self.in_flight[r.holder] == least]
+        start = self._next[stage]
+        chosen = min(tied, key=lambda r: (r.index - start) % len(refs))
+        self._next[stage] = (chosen.index + 1) % len(refs)
+        return chosen
+
+    def release(self, picks: Mapping[str, ReplicaRef]) -> None:
+        """The request is over: its replicas are counted out."""
+        with self._lock:
+            for ref in picks.values():
+                self.in_flight[ref.holder] = max(0, self.in_flight[ref.holder] - 1)
+
+    def mark_dead(self, key: str) -> None:
+        with self._lock:
+            self.dead.add(key)

@@ -1,0 +1,195 @@
+"""Stage replicas at run time (``replicas: N``, docs/runtime.md "Replicas"): each replica in
+its own device actor, requests balanced to the least-loaded live one, a dead replica taken
+out while its siblings serve. The voice is the echo kind with a fixed work time under one
+work slot (``work_s``, ``work_slots: 1``): one replica serves at most ``1 / WORK_S`` items a
+second whatever the machine, so the throughput bound holds by construction (sleeps, no CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import StageFailed
+from orchestrator.runtime import record
+from orchestrator.runtime.admission import CONTROL_CALLS
+from orchestrator.runtime.balance import Balancer, ReplicaRef
+from orchestrator.runtime.events import AudioChunk, collect
+from orchestrator.runtime.runtime import Runtime
+from tests.helpers.echo import echo_pipeline
+
+WORK_S = 0.1
+"""Seconds of work per voice item (one at a time per replica)."""
+TEXT = "One sentence here. Another one there. A third to speak. And the last."
+SENTENCES = 4
+CONCURRENT = 8
+USABLE = 64 - CONTROL_CALLS
+"""A device actor's calls left to requests (``ACTOR_OPTIONS["max_concurrency"]`` = 64)."""
+WAIT_S = 30.0
+"""The longest a test waits for a state it polls."""
+
+
+def _start(tmp_path: Path, replicas: tuple[str, ...], work_s: float = WORK_S) -> Runtime:
+    plan, config = echo_pipeline(
+        tmp_path, voice={"work_s": work_s, "work_slots": 1}, voice_replicas=replicas
+    )
+    rt = Runtime(plan, config)
+    rt.start()
+    return rt
+
+
+async def _one(rt: Runtime, rid: str) -> list[Any]:
+    return [e async for e in rt.stream(TEXT, request_id=rid, entry="voice")]
+
+
+async def _load(rt: Runtime, n: int = CONCURRENT) -> tuple[float, list[list[Any]]]:
+    """``n`` concurrent requests entering at the voice: seconds from first to last, events."""
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(_one(rt, f"r{i}") for i in range(n)))
+    return time.perf_counter() - t0, list(outs)
+
+
+def _audio(events: list[Any]) -> int:
+    return sum(isinstance(e, AudioChunk) for e in events)
+
+
+@pytest.mark.slow
+def test_two_replicas_serve_eight_concurrent_requests_at_least_1_8_times_as_fast(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    one = _start(tmp_path / "one", ())
+    try:
+        t1, outs1 = asyncio.run(_load(one))
+    finally:
+        one.close()
+    two = _start(tmp_path / "two", ("cpu", "igpu:0"))
+    try:
+        assert two.actor_keys() == ["cpu", "igpu:0"]
+        t2, outs2 = asyncio.run(_load(two))
+        results = [collect(f"r{i}", TEXT, o, 0.0) for i, o in enumerate(outs2)]
+        doc = record.build(two, results, measured=two.measure())
+        ledger = two.ledger_snapshot()
+    finally:
+        two.close()
+    assert [_audio(o) for o in outs1] == [SENTENCES] * CONCURRENT
+    assert [_audio(o) for o in outs2] == [SENTENCES] * CONCURRENT
+    # one replica: 32 items one at a time, at least 3.2 s by construction; two: half each
+    assert t1 >= CONCURRENT * SENTENCES * WORK_S
+    assert t2 <= t1 / 1.8, f"2 replicas {t2:.2f} s vs 1 replica {t1:.2f} s"
+    rows = [r for r in doc["stages"] if r["stage"] == "voice"]
+    assert [(r["replica"], r["holder"], r["device"]) for r in rows] == [
+        (1, "voice#0", "cpu"),
+        (2, "voice#1", "igpu:0"),
+    ]
+    assert all(r["requests"] > 0 for r in rows)  # both served
+    assert sum(r["requests"] for r in rows) == CONCURRENT
+    assert {"voice#0", "voice#1"} <= set(ledger["holders"])
+
+
+@pytest.mark.slow
+def test_a_dead_replica_fails_only_its_requests_and_the_others_keep_serving(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    # the voice alone on its devices, so its replicas set the admission limit: each actor
+    # holds one stream and the thinker's feed per request
+    rt = _start(tmp_path, ("igpu:0", "npu:0"), work_s=0.25)
+    try:
+        assert rt.admission.limit == 2 * (USABLE // 2)
+        routed, outs = asyncio.run(_kill_mid_load(rt))
+        failed = {rid for rid, o in outs.items() if isinstance(o, BaseException)}
+        assert routed["voice#1"] and routed["voice#0"]
+        assert failed == routed["voice#1"]  # exactly the requests routed to replica 2
+        for rid in failed:
+            e = outs[rid]
+            assert isinstance(e, StageFailed), e
+            assert (e.stage, e.device, e.code) == ("voice", "npu:0", "device_actor_died")
+            assert "replica 2 of 2 (voice#1) on npu:0" in e.cause
+        for rid in routed["voice#0"]:
+            assert _audio(outs[rid]) == SENTENCES
+        assert rt.admission.limit == USABLE // 2  # the live replica's cap
+        holders = _wait_for_holders(rt, lambda h: "voice#1" not in h)
+        assert {"voice#0", "thinker"} <= set(holders) and "voice#1" not in holders
+        later = asyncio.run(_one(rt, "later"))  # a later request goes to the live replica
+        assert _audio(later) == SENTENCES
+    finally:
+        rt.close()
+    assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
+
+
+async def _kill_mid_load(rt: Runtime) -> tuple[dict[str, set[str]], dict[str, Any]]:
+    """Eight requests; once every one is routed and an audio chunk came, replica 2's actor is
+    killed. Returns the requests routed to each replica and each one's events (or error)."""
+    first = asyncio.Event()
+
+    async def one(rid: str) -> list[Any]:
+        events = []
+        async for e in rt.stream(TEXT, request_id=rid, entry="voice"):
+            events.append(e)
+            if isinstance(e, AudioChunk):
+                first.set()
+        return events
+
+    rids = [f"r{i}" for i in range(CONCURRENT)]
+    tasks = [asyncio.create_task(one(rid)) for rid in rids]
+    deadline = time.monotonic() + WAIT_S
+    while len(rt._picks) < CONCURRENT and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    routed: dict[str, set[str]] = {"voice#0": set(), "voice#1": set()}
+    for rid in rids:
+        routed[rt._picks[rid]["voice"].holder].add(rid)
+    await asyncio.wait_for(first.wait(), WAIT_S)
+    rt.kill_replica("voice", 1)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    return routed, dict(zip(rids, results, strict=True))
+
+
+def _wait_for_holders(rt: Runtime, ok: Any) -> list[str]:
+    deadline = time.monotonic() + WAIT_S
+    holders = list(rt.ledger_snapshot()["holders"])
+    while not ok(holders) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        holders = list(rt.ledger_snapshot()["holders"])
+    return holders
+
+
+@pytest.mark.slow
+def test_every_replica_dead_refuses_the_request_naming_the_stage(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    rt = _start(tmp_path, ("igpu:0", "npu:0"), work_s=0.0)
+    try:
+        rt.kill_replica("voice", 0)
+        rt.kill_replica("voice", 1)
+        met = []
+        for i in (0, 1):  # each request meets one dead actor, which is then taken out
+            with pytest.raises(StageFailed) as info:
+                asyncio.run(_one(rt, f"k{i}"))
+            met.append((info.value.device, info.value.code))
+        assert sorted(met) == [("igpu:0", "device_actor_died"), ("npu:0", "device_actor_died")]
+        with pytest.raises(StageFailed) as info:
+            asyncio.run(_one(rt, "after"))
+        assert info.value.stage == "voice"
+        assert "the device actors of all 2 replicas died earlier (igpu:0, npu:0)" in (
+            info.value.cause
+        )
+    finally:
+        rt.close()
+
+
+def test_the_least_loaded_replica_is_picked_ties_in_turn_and_a_dead_one_never() -> None:
+    refs = [ReplicaRef("voice", i, 3, f"voice#{i}", d, d) for i, d in enumerate("abc")]
+    b = Balancer({"voice": refs}, {"a": 2, "b": 2, "c": 2})
+    picks = [b.pick(["voice"]) for _ in range(3)]
+    assert [p["voice"].holder for p in picks] == ["voice#0", "voice#1", "voice#2"]
+    b.release(picks[1])  # voice#1 is now the least loaded
+    assert b.pick(["voice"])["voice"].holder == "voice#1"
+    b.mark_dead("c")
+    held = [b.pick(["voice"])["voice"].holder for _ in range(2)]
+    assert "voice#2" not in held
+    assert b.in_flight == {"voice#0": 2, "voice#1": 2, "voice#2": 1}
+    b.mark_dead("a")
+    b.mark_dead("b")
+    assert b.pick(["voice"]) == {}  # none live: the runtime refuses the request first
