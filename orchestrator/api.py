@@ -662,6 +662,7 @@ class Pipeline:
         request_id: str | None = None,
         entry: str | None = None,
         context: Mapping[str, Sequence[Any]] | None = None,
+        conversation: str | None = None,
     ) -> AsyncIterator[Event]:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
         ``OutputItem``, ``StageEvent``); ``StageFailed`` when a stage fails.
@@ -669,8 +670,12 @@ class Pipeline:
         and the stages downstream of it run (e.g. the voice, to speak a text).
         ``prompt`` may be an audio item for a pipeline whose entry stage takes
         audio (``audio_request``). ``context``: items fed to a stage ahead of its
-        producers' (``Runtime.stream``), e.g. the conversation so far to the decode stage."""
-        events = self.runtime.stream(prompt, request_id=request_id, entry=entry, context=context)
+        producers' (``Runtime.stream``), e.g. the conversation so far to the decode stage.
+        ``conversation``: the conversation this request is a turn of, so a stage with replicas
+        that keeps state across turns serves every turn on one replica (``Runtime.stream``)."""
+        events = self.runtime.stream(
+            prompt, request_id=request_id, entry=entry, context=context, conversation=conversation
+        )
         try:
             async for event in events:
                 yield event
@@ -678,12 +683,23 @@ class Pipeline:
             await events.aclose()  # type: ignore[attr-defined]
 
     async def arun(
-        self, prompt: Any, *, request_id: str | None = None, entry: str | None = None
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        entry: str | None = None,
+        conversation: str | None = None,
     ) -> Result:
-        """One request to completion, inside a running event loop (``entry``: as in ``stream``)."""
+        """One request to completion, inside a running event loop (``entry``, ``conversation``:
+        as in ``stream``)."""
         rid = request_id or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
-        events = [e async for e in self.runtime.stream(prompt, request_id=rid, entry=entry)]
+        events = [
+            e
+            async for e in self.runtime.stream(
+                prompt, request_id=rid, entry=entry, conversation=conversation
+            )
+        ]
         result = collect(rid, prompt_label(prompt), events, time.perf_counter() - t0)
         self.results.append(result)
         return result

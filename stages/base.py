@@ -285,6 +285,14 @@ class StageKind(ABC):
         """Called by the loader: make relative paths absolute against the config file."""
         return stage
 
+    def replica_affinity(self, stage: StageConfig) -> Literal["request", "conversation"]:
+        """How the runtime keeps ``stage``'s requests on its replicas (``replicas: N`` > 1):
+        ``request`` (default), each request to the least-loaded one; ``conversation``, every
+        turn of one conversation (``Pipeline.stream(conversation=)``, a realtime session) to
+        the replica its first turn went to while that replica lives — a stage that keeps state
+        across turns (an Omni talker's KV)."""
+        return "request"
+
     def stage_takes_join(self, stage: StageConfig) -> bool:
         """Whether ``stage`` may have several inputs: the kind's ``takes_join`` (default), or
         narrower per stage (ar_decode: only an Omni talker takes its thinker's two ports)."""

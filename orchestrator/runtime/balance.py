@@ -11,7 +11,11 @@ and gives it back when the request winds down:
   one picked (its stream is opened there and every producer's route names it), so per-request
   state (a talker's KV) never splits;
 * **a dead replica is skipped** (``mark_dead``); a stage whose replicas are all dead gets no
-  pick (the runtime refuses the request first, ``Runtime._check_alive``).
+  pick (the runtime refuses the request first, ``Runtime._check_alive``);
+* **sticky conversations**: for a stage whose kind keeps state across turns
+  (``StageKind.replica_affinity`` = ``conversation``: an Omni talker), the first pick for a
+  conversation id is remembered (at most ``CONVERSATIONS`` ids, least recently used
+  forgotten) and every later turn of it goes there while that replica lives.
 
 Thread-safe like ``admission.Admission``: requests come from several event loops or threads.
 """
@@ -19,8 +23,13 @@ Thread-safe like ``admission.Admission``: requests come from several event loops
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+CONVERSATIONS = 4096
+"""Conversations whose replica is remembered per stage: far more than the requests a
+pipeline holds at once (``admission``: 60 at most per actor); the least recently used goes."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,10 @@ class Balancer:
     """Least-loaded live replica per stage per request (see the module docstring)."""
 
     def __init__(
-        self, replicas: Mapping[str, Sequence[ReplicaRef]], caps: Mapping[str, int]
+        self,
+        replicas: Mapping[str, Sequence[ReplicaRef]],
+        caps: Mapping[str, int],
+        sticky: Iterable[str] = (),
     ) -> None:
         self.replicas = {stage: tuple(refs) for stage, refs in replicas.items()}
         self.caps = dict(caps)
@@ -57,23 +69,38 @@ class Balancer:
         """Holder → requests it was picked for since the start."""
         self.dead: set[str] = set()
         """Actor keys whose actor died."""
+        self.sticky = frozenset(sticky)
+        """The stages whose conversations stay on one replica."""
+        self.conversations: OrderedDict[tuple[str, str], ReplicaRef] = OrderedDict()
         self._next: dict[str, int] = dict.fromkeys(self.replicas, 0)
         self._lock = threading.Lock()
 
     def live(self, stage: str) -> list[ReplicaRef]:
         return [r for r in self.replicas[stage] if r.key not in self.dead]
 
-    def pick(self, stages: Iterable[str]) -> dict[str, ReplicaRef]:
-        """One live replica per stage (a stage with none live is left out), counted in."""
+    def pick(self, stages: Iterable[str], conversation: str | None = None) -> dict[str, ReplicaRef]:
+        """One live replica per stage (a stage with none live is left out), counted in; a
+        sticky stage's ``conversation`` goes where it went before while that replica lives."""
         out: dict[str, ReplicaRef] = {}
         with self._lock:
             for stage in stages:
-                chosen = self._choose(stage)
+                chosen = self._remembered(stage, conversation) or self._choose(stage)
+                if chosen is not None and conversation is not None and stage in self.sticky:
+                    self.conversations[(stage, conversation)] = chosen
+                    self.conversations.move_to_end((stage, conversation))
+                    while len(self.conversations) > CONVERSATIONS:
+                        self.conversations.popitem(last=False)
                 if chosen is not None:
                     out[stage] = chosen
                     self.in_flight[chosen.holder] += 1
                     self.served[chosen.holder] += 1
         return out
+
+    def _remembered(self, stage: str, conversation: str | None) -> ReplicaRef | None:
+        if conversation is None or stage not in self.sticky:
+            return None
+        ref = self.conversations.get((stage, conversation))
+        return ref if ref is not None and ref.key not in self.dead else None
 
     def _choose(self, stage: str) -> ReplicaRef | None:
         refs = self.replicas[stage]

@@ -212,7 +212,12 @@ class Runtime:
         self.admission = Admission(
             replicated_limit(self.replica_caps, self.stage_keys), max_waiting=max_waiting
         )
-        self.balancer = Balancer(self.replicas, self.replica_caps)
+        sticky = [
+            s.name
+            for s in self.stages
+            if self.kinds[s.name].replica_affinity(self.config.stage(s.name)) == "conversation"
+        ]
+        self.balancer = Balancer(self.replicas, self.replica_caps, sticky)
 
     # -- start ---------------------------------------------------------------------
     def _check_graph(self) -> None:
@@ -395,8 +400,13 @@ class Runtime:
         request_id: str | None = None,
         entry: str | None = None,
         context: Mapping[str, Sequence[Any]] | None = None,
+        conversation: str | None = None,
     ) -> AsyncIterator[Event]:
         """Run one request; yield its events as they happen (see ``events``).
+
+        ``conversation``: the id of the conversation this request is a turn of (a realtime
+        session's): a stage with replicas whose kind keeps state across turns
+        (``StageKind.replica_affinity``) serves it on the replica its first turn used.
 
         ``entry``: the request enters the graph at that stage instead (its text is
         cut as the stage's kind takes text, and fed as a producer would feed it);
@@ -422,7 +432,9 @@ class Runtime:
         self._count_busy(+1)
         try:
             self._check_alive(entry)
-            self._picks[rid] = self.balancer.pick(s.name for s in self.downstream(entry))
+            self._picks[rid] = self.balancer.pick(
+                (s.name for s in self.downstream(entry)), conversation
+            )
             agen = self._stream(prompt, rid, entry, context)
             async for event in agen:
                 yield event

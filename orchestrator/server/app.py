@@ -139,14 +139,14 @@ class _Run:
         endpoint: str,
         entry: str | None = None,
         context: dict[str, list[Any]] | None = None,
+        conversation: str | None = None,
     ) -> None:
         self.app, self.rid = app, uuid.uuid4().hex[:12]
         self.trace = Trace(self.rid, endpoint)
-        self.events = (
-            app.pipeline.stream(prompt, request_id=self.rid, entry=entry, context=context)
-            if context
-            else app.pipeline.stream(prompt, request_id=self.rid, entry=entry)
-        )
+        extra: dict[str, Any] = {"context": context} if context else {}
+        if conversation is not None:  # a realtime session's turns: one replica of a talker
+            extra["conversation"] = conversation
+        self.events = app.pipeline.stream(prompt, request_id=self.rid, entry=entry, **extra)
         self.buffered: list[Event] = []
         self.status = 200
         self._finished = False

@@ -799,6 +799,7 @@ class Session:
             "realtime",
             entry=entry,
             context=self._context(),
+            conversation=self.id,
         )
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise

@@ -537,6 +537,10 @@ class ArDecodeKind(StageKind):
         """Only an Omni talker (``model_stage: talker``) takes joined items: its thinker's two ports."""
         return getattr(stage, "model_stage", None) == "talker"
 
+    def replica_affinity(self, stage: StageConfig) -> Literal["request", "conversation"]:
+        """An Omni talker keeps a conversation on one replica (its state across turns)."""
+        return "conversation" if getattr(stage, "model_stage", None) == "talker" else "request"
+
     def default_join(self, stage: StageConfig) -> Join | None:
         return TALKER_JOIN if self.stage_takes_join(stage) else None
 

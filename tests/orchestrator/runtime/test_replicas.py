@@ -193,3 +193,45 @@ def test_the_least_loaded_replica_is_picked_ties_in_turn_and_a_dead_one_never() 
     b.mark_dead("a")
     b.mark_dead("b")
     assert b.pick(["voice"]) == {}  # none live: the runtime refuses the request first
+
+
+def test_a_conversation_stays_on_its_replica_of_a_sticky_stage_while_it_lives() -> None:
+    refs = [ReplicaRef("talker", i, 2, f"talker#{i}", d, d) for i, d in enumerate("ab")]
+    b = Balancer({"talker": refs, "voice": refs}, {"a": 4, "b": 4}, sticky=["talker"])
+    first = b.pick(["talker"], "sess-1")["talker"]
+    b.release({"talker": first})
+    b.in_flight[first.holder] += 3  # three other requests on it: the busier one
+    for _ in range(3):  # the session stays anyway
+        turn = b.pick(["talker"], "sess-1")
+        assert turn["talker"] == first
+        b.release(turn)
+    b.mark_dead(first.key)  # its replica died: the next turn goes to a live one, and stays
+    moved = b.pick(["talker"], "sess-1")["talker"]
+    assert moved != first and b.pick(["talker"], "sess-1")["talker"] == moved
+
+
+def test_only_a_sticky_stage_keeps_a_conversation_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestrator.runtime import balance
+
+    monkeypatch.setattr(balance, "CONVERSATIONS", 3)
+    refs = [ReplicaRef("voice", i, 2, f"voice#{i}", d, d) for i, d in enumerate("ab")]
+    b = Balancer({"voice": refs}, {"a": 4, "b": 4})  # no sticky stage: every turn balanced
+    assert [b.pick(["voice"], "sess")["voice"].index for _ in range(2)] == [0, 1]
+    s = Balancer({"voice": refs}, {"a": 4, "b": 4}, sticky=["voice"])
+    for i in range(5):
+        s.pick(["voice"], f"sess-{i}")
+    assert [c for _, c in s.conversations] == ["sess-2", "sess-3", "sess-4"]
+
+
+def test_an_omni_talker_keeps_its_conversation_on_one_replica_and_other_stages_do_not() -> None:
+    from types import SimpleNamespace
+
+    from stages.registry import get_kind
+
+    kind = get_kind("ar_decode")
+    assert kind.replica_affinity(SimpleNamespace(model_stage="talker")) == "conversation"  # type: ignore[arg-type]
+    assert kind.replica_affinity(SimpleNamespace(model_stage="thinker")) == "request"  # type: ignore[arg-type]
+    assert kind.replica_affinity(SimpleNamespace(model_stage=None)) == "request"  # type: ignore[arg-type]
+    assert get_kind("echo").replica_affinity(SimpleNamespace()) == "request"  # type: ignore[arg-type]
