@@ -618,7 +618,8 @@ class Pipeline:
         self.prepare(progress=progress)
         display = (
             StartDisplay(
-                self.plan.pipeline, [(s.name, s.device or "?") for s in self.runtime.stages]
+                self.plan.pipeline,
+                [(h, s.device or "?") for h, s in self.runtime.views.items()],  # voice#1: a replica
             )
             if progress
             else None

@@ -106,8 +106,8 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     """Start ``rt`` (a ``Runtime``): see the module docstring. On any failure,
     ``rt.close()`` tears down what started before the error is raised."""
     tell = progress or (lambda _event: None)
-    for s in rt.stages:
-        tell(StageProgress(s.name, s.device or "?", "waiting"))
+    for holder, s in rt.views.items():  # a stage, or each of its replicas (voice#1)
+        tell(StageProgress(holder, s.device or "?", "waiting"))
     t0 = time.perf_counter()
     devices = list(dict.fromkeys(r.device for r in rt.refs.values()))
     try:

@@ -235,3 +235,46 @@ def test_an_omni_talker_keeps_its_conversation_on_one_replica_and_other_stages_d
     assert kind.replica_affinity(SimpleNamespace(model_stage="thinker")) == "request"  # type: ignore[arg-type]
     assert kind.replica_affinity(SimpleNamespace(model_stage=None)) == "request"  # type: ignore[arg-type]
     assert get_kind("echo").replica_affinity(SimpleNamespace()) == "request"  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Through ``Pipeline.from_config`` (the planner, ``admit_plan``): the echo kind runs on
+    the CPU only, so both replicas land there, the second in its own actor (``cpu#1``)."""
+    from orchestrator.api import Pipeline
+    from orchestrator.units import GiB
+    from tests.helpers.profiles import make_profile
+
+    (tmp_path / "voice.yaml").write_text(
+        "name: echo-replicas\n"
+        "stages:\n"
+        "  - {name: voice, kind: echo, mode: tone, inputs: [request], devices: [cpu],\n"
+        f"     replicas: 2, work_s: {WORK_S}, work_slots: 1,\n"
+        "     final_output: true, final_output_type: audio}\n"
+    )
+    (tmp_path / "profile.json").write_text(make_profile(ram_available=8 * GiB).model_dump_json())
+    p = Pipeline.from_config(
+        tmp_path / "voice.yaml", profile=tmp_path / "profile.json", record=None
+    )
+    try:
+        assert [(r.holder, r.device) for r in p.plan.stage("voice").placements()] == [
+            ("voice#0", "cpu"),
+            ("voice#1", "cpu"),
+        ]
+        p.start()
+        assert p.runtime.actor_keys() == ["cpu", "cpu#1"]
+        pids = {dev.info["pid"] for dev in p.runtime.devices.values()}
+        assert len(pids) == 2  # two processes
+
+        async def load() -> list[Any]:
+            return list(await asyncio.gather(*(p.arun(TEXT) for _ in range(4))))
+
+        results = asyncio.run(load())
+        assert all(r.audio is not None and r.audio.size for r in results)
+        assert p.runtime.balancer.served == {"voice#0": 2, "voice#1": 2}
+        assert {"voice#0", "voice#1"} <= set(p.ledger_snapshot()["holders"])
+    finally:
+        final = p.close()
+    assert not final.get("held_bytes")
