@@ -239,12 +239,14 @@ def test_an_omni_talker_keeps_its_conversation_on_one_replica_and_other_stages_d
 
 @pytest.mark.slow
 def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
-    ray_cluster: Any, tmp_path: Path
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through ``Pipeline.from_config`` (the planner, ``admit_plan``): the echo kind runs on
-    the CPU only, so both replicas land there, the second in its own actor (``cpu#1``)."""
+    the CPU only, so both replicas land there, the second in its own actor (``cpu#1``); their
+    one calibration key records the larger of their peaks."""
+    from orchestrator import calibration as cal
     from orchestrator.api import Pipeline
-    from orchestrator.units import GiB
+    from orchestrator.units import GiB, MiB
     from tests.helpers.profiles import make_profile
 
     (tmp_path / "voice.yaml").write_text(
@@ -255,8 +257,9 @@ def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
         "     final_output: true, final_output_type: audio}\n"
     )
     (tmp_path / "profile.json").write_text(make_profile(ram_available=8 * GiB).model_dump_json())
+    store = cal.CalibrationStore(tmp_path / "cal")
     p = Pipeline.from_config(
-        tmp_path / "voice.yaml", profile=tmp_path / "profile.json", record=None
+        tmp_path / "voice.yaml", profile=tmp_path / "profile.json", record=None, calibration=store
     )
     try:
         assert [(r.holder, r.device) for r in p.plan.stage("voice").placements()] == [
@@ -275,6 +278,15 @@ def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
         assert all(r.audio is not None and r.audio.size for r in results)
         assert p.runtime.balancer.served == {"voice#0": 2, "voice#1": 2}
         assert {"voice#0", "voice#1"} <= set(p.ledger_snapshot()["holders"])
+        # one calibration key (same device, backend, engine): one sample, the larger peak
+        measured = p.runtime.measure()
+        assert set(measured) == {"voice#0", "voice#1"}
+        peaks = {"voice#0": 100 * MiB, "voice#1": 150 * MiB}
+        fixed = {h: {**m, "measured_peak_bytes": peaks[h]} for h, m in measured.items()}
+        monkeypatch.setattr(p.runtime, "measure", lambda: fixed)
+        recorded = [r for r in p.record_calibration() if r["stage"] == "voice"]
+        assert [r["peak_bytes"] for r in recorded] == [150 * MiB]
     finally:
+        monkeypatch.undo()
         final = p.close()
     assert not final.get("held_bytes")
