@@ -907,7 +907,7 @@ class Runtime:
 
     async def stage_failures(self, timeout_s: float) -> dict[str, dict[str, Any]]:
         """Stages whose engine stopped inside a living device actor (``DeviceActor.health``):
-        stage → ``{"code", "message"}``. An actor that does not answer within ``timeout_s``
+        ledger holder (the stage's name; a replica's, ``voice#1``) → ``{"code", "message"}``. An actor that does not answer within ``timeout_s``
         is left out (a busy actor is not a failed one; a dead one is ``dev.dead``)."""
         live = [dev for dev in self.devices.values() if not dev.dead]
 
@@ -923,8 +923,10 @@ class Runtime:
                 return {}
 
         out: dict[str, dict[str, Any]] = {}
-        for found in await asyncio.gather(*(ask(dev) for dev in live)):
-            out.update(found)
+        for dev, found in zip(live, await asyncio.gather(*(ask(dev) for dev in live)), strict=True):
+            for stage, failure in found.items():
+                holder = next((h for h in dev.holders if self.refs[h].stage == stage), stage)
+                out[holder] = failure
         return out
 
     def kill_device(self, device: str) -> None:

@@ -324,9 +324,12 @@ class _App:
         each replica (``replica`` 1-based, its device, whether it is alive, its ``code``)."""
         out = []
         for s in self.runtime.stages:
-            replicas = self.replica_states(s.name)
-            failed = (failures or {}).get(s.name)
-            alive = any(r["alive"] for r in replicas) and not failed
+            replicas = self.replica_states(s.name, failures or {})
+            alive = any(r["alive"] for r in replicas)
+            failed = None
+            if not alive:  # an engine that stopped (the first replica's that did)
+                found = [(failures or {}).get(h) for h in self._holders(s.name)]
+                failed = next((f for f in found if f), None)
             out.append(
                 {
                     "name": s.name,
@@ -337,7 +340,11 @@ class _App:
                     and any(h in self.runtime.load_results for h in self._holders(s.name)),
                     "alive": alive,
                     "final_output_type": s.final_output_type if s.final_output else None,
-                    **({"code": "device_actor_died"} if all("code" in r for r in replicas) else {}),
+                    **(
+                        {"code": "device_actor_died"}
+                        if all(r.get("code") == "device_actor_died" for r in replicas)
+                        else {}
+                    ),
                     **({"code": failed["code"], "error": failed["message"]} if failed else {}),
                     **({"replicas": replicas} if len(replicas) > 1 else {}),
                 }
@@ -347,19 +354,25 @@ class _App:
     def _holders(self, stage: str) -> list[str]:
         return [r.holder for r in self.runtime.replicas[stage]]
 
-    def replica_states(self, stage: str) -> list[dict[str, Any]]:
-        """``stage``'s replicas: each one's 1-based ``replica``, ``device``, ``alive`` and, for a
-        dead actor, ``code``."""
+    def replica_states(
+        self, stage: str, failures: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """``stage``'s replicas: each one's 1-based ``replica``, ``device``, ``alive`` and, when
+        it cannot serve, ``code``: its actor died, or its engine stopped (``failures``, by
+        holder)."""
         rows = []
         for ref in self.runtime.replicas[stage]:
             dev = self.runtime.devices.get(ref.key)
-            alive = dev is not None and not dev.dead and not self.runtime._closed
+            failed = failures.get(ref.holder)
+            dead = dev is not None and bool(dev.dead)
+            alive = dev is not None and not dead and not self.runtime._closed and not failed
+            code = "device_actor_died" if dead else failed["code"] if failed else None
             rows.append(
                 {
                     "replica": ref.index + 1,
                     "device": ref.device,
                     "alive": alive,
-                    **({"code": "device_actor_died"} if dev is not None and dev.dead else {}),
+                    **({"code": code} if code else {}),
                 }
             )
         return rows
@@ -453,21 +466,28 @@ class _App:
         doc = self.pipeline.plan.to_json()
         measured = await self.metrics.measured_now()
         for s in doc["stages"]:
-            m = measured.get(s["name"]) or {}
-            s["measured"] = {
-                "pool": self.pipeline.plan.stage(s["name"]).pool,
-                "measured_peak_bytes": m.get("measured_peak_bytes"),
-                "budget_bytes": m.get(
-                    "budget_bytes", self.pipeline.plan.stage(s["name"]).budget_bytes()
-                ),
-                "within_budget": m.get("within_budget"),
-            }
+            holders = self._holders(s["name"]) if s["name"] in self.runtime.replicas else []
+            # a stage's own fields are its first replica's; each replica has its own figure
+            s["measured"] = self._measured(measured, holders[0] if holders else s["name"])
+            for r in s.get("replicas", []):
+                r["measured"] = self._measured(measured, r["holder"])
         # the serve process's own memory against its shared reservation (``server``)
         server_memory = getattr(self.pipeline, "server_memory", None)
         doc["server"] = (
             await asyncio.to_thread(server_memory) if server_memory is not None else None
         )
         return JSONResponse(doc)
+
+    def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
+        """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""
+        view = self.runtime.views.get(holder) or self.pipeline.plan.stage(holder)
+        m = measured.get(holder) or {}
+        return {
+            "pool": view.pool,
+            "measured_peak_bytes": m.get("measured_peak_bytes"),
+            "budget_bytes": m.get("budget_bytes", view.budget_bytes()),
+            "within_budget": m.get("within_budget"),
+        }
 
     async def status(self, request: Request) -> Response:
         measured = await self.metrics.measured_now()

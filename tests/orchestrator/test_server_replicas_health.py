@@ -51,6 +51,12 @@ def test_a_dead_replica_is_degraded_named_and_every_replica_dead_is_503(
             {"replica": 1, "device": "igpu:0", "alive": True},
             {"replica": 2, "device": "npu:0", "alive": True},
         ]
+        plan = httpx.get(f"{s.url}/v1/plan").json()
+        replicas = next(x for x in plan["stages"] if x["name"] == "voice")["replicas"]
+        assert [r["holder"] for r in replicas] == ["voice#0", "voice#1"]
+        for r in replicas:  # each replica's own measured peak beside its own budget
+            assert r["measured"]["measured_peak_bytes"] > 0
+            assert r["measured"]["budget_bytes"] == r["budget_bytes"]
         p.runtime.kill_replica("voice", 1)
         _speak_until_noticed(s.url, lambda r: r.status_code != 200)
         health = httpx.get(f"{s.url}/health")
@@ -88,3 +94,40 @@ def test_a_dead_replica_is_degraded_named_and_every_replica_dead_is_503(
         s.stop()
         final = p.close()
     assert not final.get("held_bytes")
+
+
+@pytest.mark.slow
+def test_a_replica_whose_engine_stopped_is_degraded_with_its_code(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """An engine that stopped inside a living actor (``StageRunner.health``, as the vLLM
+    runner says it) is said per replica: the stage serves on its sibling."""
+    import ray
+
+    from orchestrator.api import Pipeline
+    from orchestrator.server import create_app
+    from tests.helpers.echo import echo_pipeline
+
+    plan, config = echo_pipeline(tmp_path, voice_replicas=("igpu:0", "npu:0"))
+    p = Pipeline(plan, config, record=None).start()
+    s = _Served(create_app(p))
+
+    def stop_engine(actor: Any) -> None:  # runs in replica 2's device actor
+        actor.stages["voice"].runner.health = lambda: {
+            "code": "engine_failed",
+            "message": "the engine thread ended",
+        }
+
+    try:
+        ray.get(p.runtime.devices["npu:0"].actor.__ray_call__.remote(stop_engine))
+        health = httpx.get(f"{s.url}/health")
+        assert health.status_code == 200
+        doc = health.json()
+        assert doc["status"] == "degraded"
+        assert doc["degraded"] == [
+            {"stage": "voice", "replica": 2, "device": "npu:0", "code": "engine_failed"}
+        ]
+        assert doc["stages"][1]["alive"] is True
+    finally:
+        s.stop()
+        p.close()
