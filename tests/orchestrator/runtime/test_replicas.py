@@ -242,8 +242,9 @@ def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
     ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through ``Pipeline.from_config`` (the planner, ``admit_plan``): the echo kind runs on
-    the CPU only, so both replicas land there, the second in its own actor (``cpu#1``); their
-    one calibration key records the larger of their peaks."""
+    the CPU only, so both replicas land there, the second in its own actor (``cpu#1``); a
+    conversation's turns stay on one replica of a sticky stage; their one calibration key
+    records the larger of their peaks."""
     from orchestrator import calibration as cal
     from orchestrator.api import Pipeline
     from orchestrator.units import GiB, MiB
@@ -278,6 +279,18 @@ def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
         assert all(r.audio is not None and r.audio.size for r in results)
         assert p.runtime.balancer.served == {"voice#0": 2, "voice#1": 2}
         assert {"voice#0", "voice#1"} <= set(p.ledger_snapshot()["holders"])
+        # a stage that keeps state across turns (StageKind.replica_affinity "conversation",
+        # an Omni talker's) serves every turn of a conversation on one replica
+        monkeypatch.setattr(p.runtime.balancer, "sticky", frozenset({"voice"}))
+        before = dict(p.runtime.balancer.served)
+
+        async def turns(conversation: str) -> None:
+            for _ in range(3):
+                await p.arun(TEXT, conversation=conversation)
+
+        asyncio.run(turns("c1"))
+        took = {h: n - before[h] for h, n in p.runtime.balancer.served.items()}
+        assert sorted(took.values()) == [0, 3]  # all three turns on one replica
         # one calibration key (same device, backend, engine): one sample, the larger peak
         measured = p.runtime.measure()
         assert set(measured) == {"voice#0", "voice#1"}
