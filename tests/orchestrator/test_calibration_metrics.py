@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from orchestrator import server_metrics
 from orchestrator.ledger import Reservation
 from orchestrator.plan import StagePlan
+from orchestrator.runtime.runtime import replica_refs
 from orchestrator.server_metrics import ServerMetrics
 
 MiB = 2**20
@@ -38,6 +39,7 @@ def stage(name: str, calibrated: bool) -> StagePlan:
 class StubRuntime:
     def __init__(self) -> None:
         self.stages = [stage("thinker", True), stage("vad", False)]
+        self.replicas = replica_refs(self.stages)  # one instance per stage
         self.admission = SimpleNamespace(limit=4, in_flight=0, waiting=0)
         self.plan = SimpleNamespace(
             pools=[], stage=lambda n: next(s for s in self.stages if s.name == n)

@@ -59,6 +59,7 @@ def _record(
         _closed=False,
         load_results={"thinker": {}},
         stages=[],
+        views={},  # no stage measured: only the Ray rows
         measure=dict,
         ray_memory={
             "bytes": 300 * MiB,  # the driver-side figure of a joined cluster: not a node's

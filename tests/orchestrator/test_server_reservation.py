@@ -122,6 +122,7 @@ def test_recording_writes_the_server_entry_that_the_next_served_plan_reads(
         _closed=False,
         load_results={"thinker": {}},
         stages=[],
+        views={},  # no stage measured: only the server's row
         measure=dict,
         ray_memory={},
         cluster=None,

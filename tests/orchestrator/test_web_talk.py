@@ -529,7 +529,9 @@ def _talk_to_the_fake(
     # the voice-to-voice clock: from speech_stopped to the reply's first text, then its first audio
     # (0 ms is possible: a server that started the reply early sends it right after speech_stopped)
     assert 0 <= second["firstTextMs"] <= second["firstAudioMs"], second
-    assert page.locator("#first-audio").inner_text() == f"{round(second['firstAudioMs'])} ms"
+    # the page rounds with Math.round (halves up), not Python's round (halves to even)
+    shown = math.floor(second["firstAudioMs"] + 0.5)
+    assert page.locator("#first-audio").inner_text() == f"{shown} ms"
     audio = dict(page.evaluate("window.omniEdge.audio"))
     assert audio["bytes"] == first["audioBytes"] + second["audioBytes"]
     assert audio["contextState"] == "running" and audio["contextTime"] > audio["startedAt"], audio
