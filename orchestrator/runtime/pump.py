@@ -42,10 +42,18 @@ class _StagePump:
     ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
+        picks = rt._picks.get(rid, {})  # the replicas serving the request
         self.router = (
             None
             if direct
-            else Router(rt.route_tables[s.name], self._deliver, chunks_in=chunks_in, firsts=firsts)
+            else Router(
+                rt.route_tables[s.name],
+                self._deliver,
+                chunks_in=chunks_in,
+                firsts=firsts,
+                at=picks[s.name].key if s.name in picks else None,
+                to={name: ref.key for name, ref in picks.items()},
+            )
         )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
