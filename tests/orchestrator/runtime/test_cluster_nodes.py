@@ -540,6 +540,8 @@ def drive_replicas(address: str, config_path: str, out: str) -> None:
                 "samples": int(r.audio.size) if r.audio is not None else 0,
                 "sample_rate": r.sample_rate,
                 "seconds": round(r.total_s, 2),
+                "holder": r.stages["voice"].get("holder"),
+                "device": r.stages["voice"].get("device"),
             }
             for r in results
         ]
@@ -612,6 +614,11 @@ def test_the_real_voice_with_a_replica_on_each_node_answers_8_concurrent_request
     assert all(r["requests"] > 0 for r in rows), rows  # each replica served some
     assert sum(r["requests"] for r in rows) == REPLICA_REQUESTS
     assert doc["served"] == {r["holder"]: r["requests"] for r in rows}
+    # each request's figures name the replica that served it, on its node
+    assert {(r["holder"], r["device"]) for r in doc["results"]} == {
+        ("voice#0", "head/cpu"),
+        ("voice#1", "second/cpu"),
+    }
     # the ledger as a user reads it: each replica holds on its own node's memory
     assert {"voice#0", "voice#1"} <= set(doc["holders"])
     assert "voice#0" in doc["pools"]["head/host_ram"], doc["pools"]
