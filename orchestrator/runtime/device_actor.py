@@ -649,6 +649,8 @@ class DeviceActor:
             self.tables[stage],
             lambda r, items, end, first: self._deliver(request_id, r, items, end, first, to),
             emitted=tally.emitted,
+            at=self.key,
+            to=to,
         )
 
     def _consumer_side(self, key: tuple[str, str]) -> dict[str, Any]:

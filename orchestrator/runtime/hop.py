@@ -117,7 +117,8 @@ class EdgeTrace:
 
 def same_clock(producer_device: str | None, consumer_device: str | None) -> bool:
     """Whether two stages' stamps can be compared: both on this machine or on one node
-    (a cluster's device ids are ``node/device``)."""
+    (a cluster's device ids are ``node/device``). Takes device ids or actor keys (a replica's
+    ``node/device#k``): the node is what precedes the last ``/``."""
     return (producer_device or "").rpartition("/")[0] == (consumer_device or "").rpartition("/")[0]
 
 

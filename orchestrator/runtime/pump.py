@@ -42,10 +42,20 @@ class _StagePump:
     ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
+        picks = rt._picks.get(rid, {})  # the replicas serving the request
+        self.pick = picks.get(s.name)
+        """The replica of the stage serving the request (None: not balanced, a single instance)."""
         self.router = (
             None
             if direct
-            else Router(rt.route_tables[s.name], self._deliver, chunks_in=chunks_in, firsts=firsts)
+            else Router(
+                rt.route_tables[s.name],
+                self._deliver,
+                chunks_in=chunks_in,
+                firsts=firsts,
+                at=picks[s.name].key if s.name in picks else None,
+                to={name: ref.key for name, ref in picks.items()},
+            )
         )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)
         self.first: float | None = None
@@ -122,9 +132,12 @@ class _StagePump:
         fed = figures.pop("chunks_in", [])
         edges = figures.pop("edges_out", {})
         join = figures.pop("join", None)
+        replica = self.pick if self.pick is not None and self.pick.of > 1 else None
         stats = {
             **figures,
-            "device": s.device,
+            # a stage with replicas: the one that served the request, and its device
+            **({"holder": replica.holder} if replica is not None else {}),
+            "device": replica.device if replica is not None else s.device,
             "backend": s.backend,
             "time_to_first_output_s": _r(self.first),
             "done_s": _r(end),

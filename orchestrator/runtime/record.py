@@ -109,7 +109,11 @@ def _stage_row(
     """The row of ``s`` (a stage, or one replica's view of it, ledger ``holder``)."""
     load = runtime.load_results.get(holder, {})
     m = measured.get(holder) or load.get("measured") or {}
-    per_request = [r.stages.get(s.name, {}) for r in results if s.name in r.stages]
+    per_request = [  # a replica's row: the requests it served (``holder`` in their figures)
+        f
+        for r in results
+        if (f := r.stages.get(s.name)) is not None and f.get("holder", s.name) == holder
+    ]
     last = per_request[-1] if per_request else {}
     budget = s.budget_bytes()
     peak = m.get("measured_peak_bytes")

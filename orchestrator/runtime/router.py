@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import StageFailed
-from orchestrator.runtime.hop import EdgeTrace, FirstChunk
+from orchestrator.runtime.hop import EdgeTrace, FirstChunk, same_clock
 from stages.payloads import untag
 from stages.text_chunks import SentenceChunker, WholeText
 
@@ -41,7 +41,9 @@ class Route:
     join: bool
     """The consumer is a fan-in: its items go through its ``Joiner``."""
     trace: bool
-    """The first chunk's hop is traced (a sentence edge, no join, one clock: ``hop.same_clock``)."""
+    """The first chunk's hop may be traced (a sentence edge, no join); it is traced for a
+    request when the producer and the consumer's replica picked for it share a clock
+    (``hop.same_clock`` on their actor keys, ``Router``)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,10 @@ class Router:
     (its port and payload, whether it is final), then ``route`` it; ``finish`` at the end.
     ``chunks_in`` and ``firsts`` (consumer → its sentences, its first chunk), when given, are
     filled as the relay's driver keeps them; ``emitted``: when each output left the runner (in
-    the producer's actor), so a first chunk carries its token's stamp as it is released."""
+    the producer's actor), so a first chunk carries its token's stamp as it is released.
+    ``at``: the producer's actor key for this request, and ``to``: each consumer's (the
+    replicas picked for it; else the table's devices): a route's hop is traced only when the
+    two share a clock (one machine or one node), whichever replicas serve the request."""
 
     def __init__(
         self,
@@ -103,6 +108,8 @@ class Router:
         chunks_in: dict[str, list[str]] | None = None,
         firsts: dict[str, FirstChunk] | None = None,
         emitted: list[float] | None = None,
+        at: str | None = None,
+        to: Mapping[str, str] | None = None,
     ) -> None:
         self.table, self.deliver = table, deliver
         self.chunks_in, self.emitted = chunks_in, emitted
@@ -115,7 +122,12 @@ class Router:
             else WholeText()
             for r in table.routes
         }
-        self.traces = {r.consumer: EdgeTrace(table.producer) for r in table.routes if r.trace}
+        here, there = at or table.device, to or {}
+        self.traces = {
+            r.consumer: EdgeTrace(table.producer)
+            for r in table.routes
+            if r.trace and same_clock(here, there.get(r.consumer, r.device))
+        }
         self.arrived: list[float] = []
         """When each output reached the router (``time.perf_counter``)."""
 

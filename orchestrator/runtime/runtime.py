@@ -95,7 +95,7 @@ from orchestrator.runtime.admission import (
 from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
-from orchestrator.runtime.hop import FirstChunk, same_clock
+from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
 from orchestrator.runtime.router import Route, RouteTable
@@ -330,7 +330,7 @@ class Runtime:
                     sentences=sentences,
                     first_chunk_chars=getattr(cfg, "first_chunk_chars", None),
                     join=c in self.joins,
-                    trace=sentences and c not in self.joins and same_clock(s.device, cs.device),
+                    trace=sentences and c not in self.joins,  # the clocks: per request (Router)
                 )
             )
         return RouteTable(

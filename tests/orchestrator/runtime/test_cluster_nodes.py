@@ -474,6 +474,160 @@ def test_items_cross_nodes_once_and_the_driver_reads_only_final_outputs(
     assert split["direct"]["edges"] == split["relay"]["edges"]  # byte for byte
 
 
+VOICE_REPLICAS = """\
+name: voice-replicas-two-nodes
+stages:
+  - name: voice
+    kind: exported_graph
+    artifact: {repo}/exports/piper-en-us-joe-medium
+    inputs: [request]
+    devices: [head/cpu, second/cpu]
+    replicas: 2
+    backends: [ort-cpu]
+    final_output: true
+    final_output_type: audio
+"""
+REPLICA_REQUESTS = 8
+REPLICA_TEXT = "The first node speaks. The second node answers. Both of them share the load."
+
+
+def drive_replicas(address: str, config_path: str, out: str) -> None:
+    """The driver (in its own process): the real Piper voice with ``replicas: 2`` planned by
+    the real planner on the live cluster's profile, 8 concurrent requests entering at it."""
+    from orchestrator.api import Pipeline
+    from orchestrator.config import load_config
+    from orchestrator.planner import plan_pipeline
+    from orchestrator.runtime import cluster
+    from orchestrator.runtime.cluster_probe import gather_profile
+
+    cluster.connect([], address=address)
+    import ray
+
+    deadline = time.monotonic() + 60
+    while len([n for n in ray.nodes() if n.get("Alive")]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    profile = gather_profile("two nodes on loopback")
+    config = load_config(Path(config_path))
+    plan = plan_pipeline(config, profile)
+    doc: dict[str, Any] = {
+        "placements": [(r.holder, r.device, r.node) for r in plan.stage("voice").placements()]
+    }
+    pipeline = Pipeline(plan, config, profile=profile, address=address, record=None)
+    try:
+        pipeline.start()
+        doc["actor_keys"] = pipeline.runtime.actor_keys()
+        names = cluster.node_names()  # Ray node id → its name
+        doc["actor_nodes"] = {  # the node each replica's actor said it runs on
+            k: names.get(dev.info.get("node_id") or "")
+            for k, dev in pipeline.runtime.devices.items()
+        }
+
+        async def load() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        pipeline.arun(REPLICA_TEXT, request_id=f"r{i}", entry="voice")
+                        for i in range(REPLICA_REQUESTS)
+                    )
+                )
+            )
+
+        t0 = time.perf_counter()
+        results = asyncio.run(load())
+        doc["wall_s"] = round(time.perf_counter() - t0, 2)
+        doc["results"] = [
+            {
+                "samples": int(r.audio.size) if r.audio is not None else 0,
+                "sample_rate": r.sample_rate,
+                "seconds": round(r.total_s, 2),
+                "holder": r.stages["voice"].get("holder"),
+                "device": r.stages["voice"].get("device"),
+            }
+            for r in results
+        ]
+        doc["served"] = dict(pipeline.runtime.balancer.served)
+        record = pipeline.build_record(results)
+        doc["rows"] = [r for r in record["stages"] if r["stage"] == "voice"]
+        snap = pipeline.ledger_snapshot()
+        doc["holders"] = list(snap.get("holders", []))
+        doc["pools"] = {p["id"]: sorted(p.get("contributors", {})) for p in snap.get("pools", [])}
+    except BaseException as exc:
+        import traceback
+
+        doc["driver_error"] = "".join(traceback.format_exception(exc))[-4000:]
+        raise
+    finally:
+        doc["final_ledger"] = pipeline.close()
+        Path(out).write_text(json.dumps(doc, default=str))
+
+
+def test_the_real_voice_with_a_replica_on_each_node_answers_8_concurrent_requests(
+    two_nodes: dict[str, Any],
+) -> None:
+    """The Piper voice with ``replicas: 2`` over ``[head/cpu, second/cpu]``, planned by the
+    real planner on the live cluster: one replica on each node, 8 concurrent requests entering
+    at the voice all return audio, each replica serves some, the record's rows and the ledger
+    name each replica on its node. Nothing depends on the audio's content or the CPU's speed.
+    Runs before the second node is killed."""
+    base = two_nodes["base"]
+    config = base / "voice-replicas.yaml"
+    config.write_text(VOICE_REPLICAS.format(repo=REPO))
+    out = base / "replicas.json"
+    code = (
+        "import sys; from tests.orchestrator.runtime.test_cluster_nodes import drive_replicas; "
+        "drive_replicas(sys.argv[1], sys.argv[2], sys.argv[3])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, two_nodes["address"], str(config), str(out)],
+        env=two_nodes["env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.exists() and done.returncode == 0, (
+        f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    )
+    doc = json.loads(out.read_text())
+    print(
+        "replicas across nodes: 8 requests in",
+        doc["wall_s"],
+        "s; per request s:",
+        [r["seconds"] for r in doc["results"]],
+        "; served:",
+        {r["holder"]: (r["device"], r["requests"]) for r in doc["rows"]},
+    )
+    assert [tuple(p) for p in doc["placements"]] == [
+        ("voice#0", "head/cpu", "head"),
+        ("voice#1", "second/cpu", "second"),
+    ]
+    assert doc["actor_keys"] == ["head/cpu", "second/cpu"]
+    assert doc["actor_nodes"] == {"head/cpu": "head", "second/cpu": "second"}
+    assert len(doc["results"]) == REPLICA_REQUESTS
+    for r in doc["results"]:
+        assert r["samples"] > 0 and r["sample_rate"] == VOICE_RATE, r
+    rows = doc["rows"]
+    assert [(r["replica"], r["holder"], r["device"]) for r in rows] == [
+        (1, "voice#0", "head/cpu"),
+        (2, "voice#1", "second/cpu"),
+    ]
+    assert all(r["requests"] > 0 for r in rows), rows  # each replica served some
+    assert sum(r["requests"] for r in rows) == REPLICA_REQUESTS
+    assert doc["served"] == {r["holder"]: r["requests"] for r in rows}
+    # each request's figures name the replica that served it, on its node
+    assert {(r["holder"], r["device"]) for r in doc["results"]} == {
+        ("voice#0", "head/cpu"),
+        ("voice#1", "second/cpu"),
+    }
+    # the ledger as a user reads it: each replica holds on its own node's memory
+    assert {"voice#0", "voice#1"} <= set(doc["holders"])
+    assert "voice#0" in doc["pools"]["head/host_ram"], doc["pools"]
+    assert "voice#1" in doc["pools"]["second/host_ram"], doc["pools"]
+    assert "voice#1" not in doc["pools"]["head/host_ram"], doc["pools"]
+    pools = doc["final_ledger"].get("pools", [])
+    assert pools and all(p.get("held_bytes", 0) == 0 for p in pools), pools
+
+
 @pytest.fixture(scope="module")
 def report(two_nodes: dict[str, Any]) -> dict[str, Any]:
     out = two_nodes["base"] / "report.json"

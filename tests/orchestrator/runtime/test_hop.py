@@ -119,3 +119,56 @@ def test_no_hop_without_the_stamps_it_needs() -> None:
 def test_stamps_are_compared_only_on_one_clock() -> None:
     assert same_clock("cpu", "gpu:0") and same_clock("desk/cpu", "desk/gpu:0")
     assert not same_clock("desk/cpu", "laptop/cpu") and not same_clock("cpu", "laptop/cpu")
+
+
+def _firsts(rt: Any, at: str | None, to: dict[str, str]) -> list[Any]:
+    """The thinker's router for one request served by the actors ``at`` (the thinker's) and
+    ``to`` (its consumers'), fed ``TOKENS``: the first chunk handed with each delivery."""
+    import asyncio
+
+    from orchestrator.runtime.router import Router
+
+    handed: list[Any] = []
+
+    async def deliver(r: Any, items: list[Any], end: bool, first: Any) -> None:
+        handed.append(first)
+
+    async def go() -> None:
+        router = Router(rt.route_tables["thinker"], deliver, at=at, to=to)
+        for token in TOKENS:
+            port, payload, _final = router.take(token)
+            await router.route(port, payload)
+        await router.finish()
+
+    asyncio.run(go())
+    return [f for f in handed if f is not None]
+
+
+def test_the_hop_is_traced_only_when_the_request_s_consumer_replica_shares_the_clock(
+    tmp_path: Any,
+) -> None:
+    """The voice's replicas on two nodes (``head/cpu``, ``second/cpu``), the thinker on the
+    head: a request the second node's replica serves is not traced (its stamps are on another
+    clock), one the head's serves is; the thinker on the second node: the reverse. Which
+    replica is replica 0 does not decide it."""
+    import dataclasses
+
+    from orchestrator.runtime.runtime import Runtime
+    from tests.helpers.echo import echo_pipeline
+
+    def runtime(thinker: str) -> Runtime:
+        plan, config = echo_pipeline(tmp_path, voice_replicas=("head/cpu", "second/cpu"))
+        stages = tuple(
+            dataclasses.replace(s, device=thinker) if s.name == "thinker" else s
+            for s in plan.stages
+        )
+        return Runtime(dataclasses.replace(plan, stages=stages), config)
+
+    on_head = runtime("head/cpu")
+    assert _firsts(on_head, "head/cpu", {"voice": "second/cpu"}) == []
+    (first,) = _firsts(on_head, "head/cpu", {"voice": "head/cpu"})
+    assert first.producer == "thinker" and first.token_index == 4
+    assert len(_firsts(on_head, "head/cpu", {"voice": "head/cpu#1"})) == 1  # a 2nd actor there
+    on_second = runtime("second/cpu")
+    assert len(_firsts(on_second, "second/cpu", {"voice": "second/cpu"})) == 1
+    assert _firsts(on_second, "second/cpu", {"voice": "head/cpu"}) == []

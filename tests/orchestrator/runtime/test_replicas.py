@@ -87,6 +87,17 @@ def test_two_replicas_serve_eight_concurrent_requests_at_least_1_8_times_as_fast
     assert all(r["requests"] > 0 for r in rows)  # both served
     assert sum(r["requests"] for r in rows) == CONCURRENT
     assert {"voice#0", "voice#1"} <= set(ledger["holders"])
+    # each request's figures name the replica that served it and its device, and each row's
+    # figures come from its own replica's requests
+    by = {r.stages["voice"]["holder"]: r.stages["voice"]["device"] for r in results}
+    assert by == {"voice#0": "cpu", "voice#1": "igpu:0"}, by
+    served = [
+        sum(r.stages["voice"]["holder"] == h for r in results) for h in ("voice#0", "voice#1")
+    ]
+    assert served == [r["requests"] for r in rows]
+    for row in rows:
+        mine = [r.stages["voice"] for r in results if r.stages["voice"]["holder"] == row["holder"]]
+        assert row["time_to_first_output_s"] == mine[-1]["time_to_first_output_s"], row
 
 
 @pytest.mark.slow
