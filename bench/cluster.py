@@ -85,10 +85,14 @@ LAYOUTS: dict[int, dict[str, tuple[str, str]]] = {
 PAYLOADS = {"text": "text delta (~40 B)", "audio": f"audio chunk ({AUDIO_BYTES:,} B)"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket is held open until all are picked, so the
+    kernel cannot hand one port out twice (two services given one port fail ``ray start``)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 class Nodes:
@@ -112,7 +116,8 @@ class Nodes:
             RAY_USAGE_STATS_ENABLED="0",
             RAY_enable_metrics_collection="0",
         )
-        self.port = _free_port()
+        self._ports = iter(_free_ports(3 + 4 * count))  # the head: its port and 2 more; 4 per node
+        self.port = next(self._ports)
         self.procs: list[subprocess.Popen[bytes]] = []
         self._resources = node_start_resources
 
@@ -130,18 +135,18 @@ class Nodes:
                 f"--temp-dir={self.base / name}",
                 "--object-store-memory=150000000",
                 "--disable-usage-stats",
-                f"--dashboard-agent-listen-port={_free_port()}",
-                f"--dashboard-agent-grpc-port={_free_port()}",
-                f"--metrics-export-port={_free_port()}",
-                f"--runtime-env-agent-port={_free_port()}",
+                f"--dashboard-agent-listen-port={next(self._ports)}",
+                f"--dashboard-agent-grpc-port={next(self._ports)}",
+                f"--metrics-export-port={next(self._ports)}",
+                f"--runtime-env-agent-port={next(self._ports)}",
             ]
             args += (
                 [
                     "--head",
                     f"--port={self.port}",
                     "--include-dashboard=false",
-                    f"--ray-client-server-port={_free_port()}",
-                    f"--dashboard-port={_free_port()}",
+                    f"--ray-client-server-port={next(self._ports)}",
+                    f"--dashboard-port={next(self._ports)}",
                 ]
                 if head
                 else [f"--address=127.0.0.1:{self.port}"]

@@ -20,6 +20,7 @@ model says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -48,10 +49,15 @@ START_TIMEOUT_S = 120.0
 VOICE_RATE = 22050
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket is held open until all are picked, so the
+    kernel cannot hand one port out twice (two of a node's services given one port made
+    ``ray start`` fail)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _wait_for(log: Path, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -110,7 +116,8 @@ def two_nodes() -> Iterator[dict[str, Any]]:
         RAY_enable_metrics_collection="0",
     )
     env.update(RECOMMENDED.env())  # the health checks docs/cluster.md starts every node with
-    port = _free_port()
+    ports = iter(_free_ports(11))  # the head's port, 6 of the head's services, 4 of the second's
+    port = next(ports)
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(name: str, head: bool) -> subprocess.Popen[bytes]:
@@ -126,18 +133,18 @@ def two_nodes() -> Iterator[dict[str, Any]]:
             f"--temp-dir={temp}",
             "--object-store-memory=150000000",
             "--disable-usage-stats",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
+            f"--dashboard-agent-listen-port={next(ports)}",
+            f"--dashboard-agent-grpc-port={next(ports)}",
+            f"--metrics-export-port={next(ports)}",
+            f"--runtime-env-agent-port={next(ports)}",
         ]
         if head:
             args += [
                 "--head",
                 f"--port={port}",
                 "--include-dashboard=false",
-                f"--ray-client-server-port={_free_port()}",
-                f"--dashboard-port={_free_port()}",
+                f"--ray-client-server-port={next(ports)}",
+                f"--dashboard-port={next(ports)}",
             ]
         else:
             args += [f"--address=127.0.0.1:{port}"]
