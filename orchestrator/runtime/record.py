@@ -197,27 +197,43 @@ def build(
     }
 
 
-def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
-    """One row per edge of the graph (producer → consumer), in graph order: the nodes of
-    its two stages (``""`` on one machine), ``crosses_nodes``, and what went over it in
-    ``results`` — items, bytes (``pump.payload_bytes``: the payload's size, not Ray's
-    framing), bytes per item (null when nothing went over it, e.g. a request that
-    entered downstream of it), and how many requests ran it. Read from each producer's
-    ``done`` stats (``edges_out``)."""
+def _edge_groups(
+    runtime: Any, results: list[Any], producer: Any, consumer: Any
+) -> list[tuple[tuple[str, str, str, str], list[dict[str, Any]]]]:
+    """The edge's per-request counts (``edges_out``) grouped by the instances that ran it:
+    ``(producer holder, consumer holder, producer device, consumer device)`` → counts, in
+    the order first seen. One group for stages of one instance; a stage with replicas may
+    give one per pair of replicas a request was balanced to (their nodes may differ)."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        out = r.stages.get(producer.name, {})
+        if "edges_out" not in out:
+            continue
+        into = r.stages.get(consumer.name, {})
+        key = (
+            str(out.get("holder", producer.name)),
+            str(into.get("holder", consumer.name)),
+            str(out.get("device") or producer.device or ""),
+            str(into.get("device") or consumer.device or ""),
+        )
+        groups.setdefault(key, []).append(out["edges_out"].get(consumer.name, {}))
+    if not groups:  # nothing ran it: the plan's placement, no requests
+        key = (producer.name, consumer.name, producer.device or "", consumer.device or "")
+        return [(key, [])]
+    return list(groups.items())
+
+
+def _edges(runtime: Any, results: list[Any]) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+    """``edge_rows``' rows, each with the holders of the two instances it counts."""
     rows = []
     for s in runtime.stages:
         for consumer in runtime.consumers.get(s.name, []):
             c = runtime.plan.stage(consumer)
-            counts = [
-                r.stages[s.name]["edges_out"].get(consumer, {})
-                for r in results
-                if "edges_out" in r.stages.get(s.name, {})
-            ]
-            items = sum(int(x.get("items", 0)) for x in counts)
-            size = sum(int(x.get("bytes", 0)) for x in counts)
-            src, dst = (s.device or "").rpartition("/")[0], (c.device or "").rpartition("/")[0]
-            rows.append(
-                {
+            for (a, b, src_dev, dst_dev), counts in _edge_groups(runtime, results, s, c):
+                items = sum(int(x.get("items", 0)) for x in counts)
+                size = sum(int(x.get("bytes", 0)) for x in counts)
+                src, dst = src_dev.rpartition("/")[0], dst_dev.rpartition("/")[0]
+                row = {
                     "from": s.name,
                     "to": consumer,
                     "from_node": src,
@@ -228,27 +244,43 @@ def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
                     "bytes": size,
                     "bytes_per_item": round(size / items, 1) if items else None,
                 }
-            )
+                rows.append(((a, b), row))
     return rows
+
+
+def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
+    """One row per edge of the graph (producer → consumer), in graph order: the nodes of
+    its two stages (``""`` on one machine), ``crosses_nodes``, and what went over it in
+    ``results`` — items, bytes (``pump.payload_bytes``: the payload's size, not Ray's
+    framing), bytes per item (null when nothing went over it, e.g. a request that
+    entered downstream of it), and how many requests ran it. Read from each producer's
+    ``done`` stats (``edges_out``). An edge into or out of a stage with replicas has one
+    row per pair of instances its requests were balanced to, each with those instances'
+    nodes (a replica on another node is another crossing)."""
+    return [row for _, row in _edges(runtime, results)]
 
 
 def streaming(runtime: Any, results: list[Any]) -> dict[str, Any]:
     """``runtime.streaming``: ``mode`` (``direct``: producer → consumer; ``relay``: through the
-    driver), the Ray node the driver ran on, per edge the nodes its two stages' actors ran on
-    (their ``ready()`` node ids), its ``path`` and the node crossings of each item and of all
-    its items (direct: 1 when the two nodes differ; relay: producer → driver, then driver →
-    consumer), and ``driver``: outputs it read, ``feed`` calls it made, its CPU seconds."""
+    driver), the Ray node the driver ran on, per edge (per pair of instances, as
+    ``edge_rows``) the nodes its two actors ran on (their ``ready()`` node ids), its
+    ``path`` and the node crossings of each item and of all its items (direct: 1 when the
+    two nodes differ; relay: producer → driver, then driver → consumer), and ``driver``:
+    outputs it read, ``feed`` calls it made, its CPU seconds."""
     mode = getattr(runtime, "streaming", "relay")
     here = getattr(runtime, "driver_node", "") or ""
     devices = getattr(runtime, "devices", {})
+    refs = getattr(runtime, "refs", {})
 
-    def node(stage: Any) -> str:
-        dev = devices.get(stage.device or "?")
+    def node(holder: str, stage: str) -> str:
+        ref = refs.get(holder)
+        key = ref.key if ref is not None else (runtime.plan.stage(stage).device or "?")
+        dev = devices.get(key)
         return str((dev.info or {}).get("node_id") or "") if dev is not None else ""
 
     edges = []
-    for row in edge_rows(runtime, results):
-        a, b = node(runtime.plan.stage(row["from"])), node(runtime.plan.stage(row["to"]))
+    for (ha, hb), row in _edges(runtime, results):
+        a, b = node(ha, row["from"]), node(hb, row["to"])
         per_item = int(a != b) if mode == "direct" else int(a != here) + int(here != b)
         edges.append(
             {

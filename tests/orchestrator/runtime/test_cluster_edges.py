@@ -79,6 +79,47 @@ def test_the_record_says_which_edges_cross_nodes_and_what_they_carried() -> None
     ]
 
 
+def test_an_edge_into_replicas_on_two_nodes_has_a_row_per_replica_with_its_node() -> None:
+    """The voice has a replica on each node: the requests balanced to the one beside the
+    thinker did not cross, the others did, and each row says so with its own counts (one
+    row naming replica 0's node for all of them would hide the crossings)."""
+    from orchestrator.runtime.record import streaming
+
+    runtime = _runtime({"thinker": "desktop/cpu", "voice": "desktop/cpu"})
+    runtime.streaming = "direct"
+    runtime.driver_node = "N-desktop"
+    runtime.refs = {
+        "thinker": SimpleNamespace(key="desktop/cpu"),
+        "voice#0": SimpleNamespace(key="desktop/cpu#1"),
+        "voice#1": SimpleNamespace(key="laptop/cpu"),
+    }
+    runtime.devices = {
+        key: SimpleNamespace(info={"node_id": f"N-{key.split('/')[0]}"})
+        for key in ("desktop/cpu", "desktop/cpu#1", "laptop/cpu")
+    }
+
+    def ran(replica: int, items: int) -> Result:
+        device = ("desktop/cpu", "laptop/cpu")[replica]
+        return _result(
+            {
+                "thinker": {"edges_out": {"voice": {"items": items, "bytes": 10 * items}}},
+                "voice": {"holder": f"voice#{replica}", "device": device},
+            }
+        )
+
+    results = [ran(0, 2), ran(1, 3), ran(1, 1)]
+    rows = edge_rows(runtime, results)
+    assert [(r["to_node"], r["crosses_nodes"], r["requests"], r["items"]) for r in rows] == [
+        ("desktop", False, 1, 2),
+        ("laptop", True, 2, 4),
+    ]
+    edges = streaming(runtime, results)["edges"]
+    assert [(e["to_node"], e["crossings_per_item"], e["node_crossings"]) for e in edges] == [
+        ("N-desktop", 0, 0),
+        ("N-laptop", 1, 4),
+    ]
+
+
 def test_on_one_machine_no_edge_crosses_and_an_idle_edge_has_no_per_item_cost() -> None:
     rows = edge_rows(_runtime({"thinker": "cpu", "voice": "npu:0"}), [_result({"voice": {}})])
     assert rows == [
