@@ -564,7 +564,10 @@ def test_plan_status_and_metrics_describe_the_running_pipeline(served: _Served) 
     pool = status["pools"][0]
     assert (
         pool["id"] == "host_ram"
-        and pool["capacity_bytes"] >= pool["budget_bytes"] >= pool["reserved_bytes"] > 0
+        and pool["capacity_bytes"] >= pool["budget_bytes"] > 0
+        # what the ledger holds may pass the plan's budget: Ray's memory measured at start
+        # replaces its estimate (larger in a test session's long-lived Ray), within capacity
+        and pool["capacity_bytes"] >= pool["reserved_bytes"] > 0
     )
     last = status["recent"][-1]
     assert (
