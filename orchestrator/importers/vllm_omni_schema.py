@@ -227,7 +227,8 @@ NO_EQUIVALENT: dict[str, str] = {
     "distributed_executor_backend": "each device is one Ray actor process; there is no executor to choose",
     "tensor_parallel_size": "a stage is placed on one device; tensor parallelism is not planned",
     "pipeline_parallel_size": "a stage is placed on one device; pipeline parallelism is not planned",
-    "data_parallel_size": "a stage is placed once; data-parallel replicas are not planned",
+    "data_parallel_size": "an engine's own data parallelism is not planned; a stage's instances are its "
+    "replicas (docs/pipelines.md#replicas), which vLLM-Omni's num_replicas maps to",
     "engine_output_type": "what a stage yields is its kind's payload types (docs/pipelines.md), from the topology",
     "hf_config_name": "the sub-config a stage reads (thinker_config, talker_config) follows its model_stage here",
     "model_arch": "used to choose the topology; the stage's architecture is read from the checkpoint's config.json",
