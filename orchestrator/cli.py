@@ -35,6 +35,7 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
+from orchestrator.extras import missing_package, require
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -127,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    """The command's ``run(args)``, after the optional packages its ``needs(args)`` names
+    are found (``orchestrator.extras``: exit 2 naming the extra, before any slow work);
+    an optional package missing deeper in is said the same way, never as a traceback."""
+    needs = getattr(args._module, "needs", None)
+    if needs is not None:
+        require(args.command, tuple(needs(args)))
+    try:
+        return int(args._module.run(args))
+    except ModuleNotFoundError as exc:
+        error = missing_package(args.command, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -142,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omni-edge {args.command}: not available in this build", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return int(args._module.run(args))
+        return _run_command(args)
     except ConfigError as exc:
         print("error: the input cannot be used:", file=sys.stderr)
         for problem in exc.problems[:MAX_PROBLEMS_SHOWN]:

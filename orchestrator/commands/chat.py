@@ -334,6 +334,16 @@ def prepare_out_dir(path: str) -> Path:
     return out
 
 
+def needs(args: argparse.Namespace) -> tuple[str, ...]:
+    """A pipeline started here needs the ``run`` extra; ``--url`` alone needs nothing more
+    than the core, a spoken conversation over it the WebSocket client and the audio code."""
+    from orchestrator.extras import RUN_MODULES
+
+    if args.url:
+        return ("numpy", "websockets", "soxr") if args.audio_in else ()
+    return RUN_MODULES
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestrator.console import make_console
 

@@ -203,6 +203,19 @@ class _Steps:
             self._status.stop()
 
 
+EXPORT_NEEDS = {
+    "torch": ("torch", "onnx", "numpy", "onnxruntime"),
+    "transformers": ("torch", "transformers", "safetensors", "onnx", "numpy", "onnxruntime"),
+    "onnx": ("onnx", "numpy", "onnxruntime"),
+}
+"""What each source is read with; every artifact is validated in an ONNX Runtime session."""
+
+
+def needs(args: argparse.Namespace) -> tuple[str, ...]:
+    """The packages ``--from``'s source is read and validated with (``EXPORT_NEEDS``)."""
+    return EXPORT_NEEDS[args.source]
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestrator.cli import EXIT_OK
     from orchestrator.exporter.build import export

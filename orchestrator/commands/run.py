@@ -232,6 +232,13 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_target(args.record, what="--record")
 
 
+def needs(args: argparse.Namespace) -> tuple[str, ...]:
+    """Starting a pipeline needs the ``run`` extra (``orchestrator.extras``)."""
+    from orchestrator.extras import RUN_MODULES
+
+    return RUN_MODULES
+
+
 def run(args: argparse.Namespace) -> int:
     with signals_handled():
         try:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.server.protocol import ServerLimits
+    from orchestrator.server.limits import ServerLimits
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
 API_KEY_FILE_MAX_BYTES = 4096
@@ -192,7 +192,7 @@ def add_transport_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     """What one request may carry (``orchestrator.server.ServerLimits``; each named in the 413/400)."""
-    from orchestrator.server.protocol import ServerLimits
+    from orchestrator.server.limits import ServerLimits
     from orchestrator.units import MiB
 
     d = ServerLimits()
@@ -256,7 +256,7 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
     import math
 
     from orchestrator.errors import ConfigError, Problem
-    from orchestrator.server.protocol import ServerLimits
+    from orchestrator.server.limits import ServerLimits
     from orchestrator.units import MiB
 
     given = {
@@ -438,6 +438,13 @@ def transport_limits(args: argparse.Namespace) -> Any:
         read_timeout_s=args.read_timeout,
         write_timeout_s=args.write_timeout,
     )
+
+
+def needs(args: argparse.Namespace) -> tuple[str, ...]:
+    """Serving a pipeline needs the ``run`` extra (``orchestrator.extras``)."""
+    from orchestrator.extras import RUN_MODULES
+
+    return RUN_MODULES
 
 
 def run(args: argparse.Namespace) -> int:

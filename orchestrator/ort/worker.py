@@ -73,12 +73,13 @@ BOOTSTRAP = (
 
 def encode(message: dict[str, Any]) -> bytes:
     """One frame. numpy arrays and numpy scalars anywhere in ``message`` go as raw buffers."""
-    import numpy as np
-
+    # Not imported here: no message can hold an array before numpy is imported, and the
+    # control messages (probe, exit) are sent by a core install, where numpy is absent.
+    np = sys.modules.get("numpy")
     buffers: list[bytes] = []
 
     def walk(obj: Any) -> Any:
-        if isinstance(obj, (np.ndarray, np.generic)):
+        if np is not None and isinstance(obj, (np.ndarray, np.generic)):
             meta, data = _array_to_wire(obj)
             buffers.append(data)
             return {"__nd__": len(buffers) - 1, **meta}
@@ -582,14 +583,12 @@ class Sessions:
         package in ``plugins`` that is installed is registered first, and what
         ``get_ep_devices()`` then lists is reported (``ep_devices``), with the
         plugin EPs that expose a device added to ``providers``."""
-        import numpy as np
-
         dist, _version = runtime_identity()
         out: dict[str, Any] = {
             "python": sys.executable,
             "python_version": platform.python_version(),
             "platform": f"{platform.system()}-{platform.machine()}",
-            "numpy_version": np.__version__,
+            "numpy_version": None,
             "ort_distribution": dist,
             "ort_version": None,
             "providers": [],
@@ -599,6 +598,11 @@ class Sessions:
             "ort_builds": [f"{n}=={v}" for n, v in ort_builds()],
         }
         try:
+            # numpy first: a core install has neither, and the answer names what is missing
+            # (sessions are opened and run only on a route whose probe found both).
+            import numpy as np
+
+            out["numpy_version"] = np.__version__
             import onnxruntime as ort
 
             out["ort_version"] = ort.__version__
@@ -868,10 +872,6 @@ def _plugin_reply(plugin: dict[str, Any], devices: list[Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    # Fail at start, where sessions.py quotes the ImportError with its remedy, rather
-    # than as an error reply to the first call.
-    import numpy  # noqa: F401
-
     proto_in = sys.stdin.buffer
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else written to fd 1 (native libraries) goes to stderr

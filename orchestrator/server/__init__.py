@@ -74,25 +74,33 @@ request), ``auth`` (the API key, loopback addresses), ``app`` (the endpoints,
 ``create_app``), ``realtime`` (the WebSocket session).
 """
 
-from orchestrator.server.app import WEB_DIR, close_app, create_app, error_for, pcm24k
-from orchestrator.server.auth import error_response, is_loopback
-from orchestrator.server.protocol import (
-    ServerLimits,
-    audio_format,
-    chat_request,
-    speech_request,
-)
+from __future__ import annotations
 
-__all__ = [
-    "WEB_DIR",
-    "ServerLimits",
-    "audio_format",
-    "chat_request",
-    "close_app",
-    "create_app",
-    "error_for",
-    "error_response",
-    "is_loopback",
-    "pcm24k",
-    "speech_request",
-]
+from importlib import import_module
+from typing import Any
+
+# The names are looked up on first use (PEP 562), not imported here: the package's
+# lightest modules (``protocol``'s limits, ``auth``) are imported by the CLI's parser
+# on a core install, where ``app`` and its starlette (the ``run`` extra) are absent.
+_WHERE = {
+    "WEB_DIR": "app",
+    "close_app": "app",
+    "create_app": "app",
+    "error_for": "app",
+    "pcm24k": "app",
+    "error_response": "auth",
+    "is_loopback": "auth",
+    "ServerLimits": "protocol",
+    "audio_format": "protocol",
+    "chat_request": "protocol",
+    "speech_request": "protocol",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
