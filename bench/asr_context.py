@@ -44,9 +44,9 @@ from voice_latency import QUESTIONS, WARM_UP, speak  # noqa: E402  (bench/ is sy
 
 from exports.whisper_asr import DECODER_DIR, ENCODER_DIR, _words, word_error_rate  # noqa: E402
 from orchestrator.config import parse_config  # noqa: E402
+from orchestrator.core.profile import parse_profile  # noqa: E402
+from orchestrator.core.units import GiB  # noqa: E402
 from orchestrator.planner import plan_pipeline  # noqa: E402
-from orchestrator.profile import parse_profile  # noqa: E402
-from orchestrator.units import GiB  # noqa: E402
 from stages.asr import runner as asr_runner  # noqa: E402
 from stages.registry import get_kind  # noqa: E402
 

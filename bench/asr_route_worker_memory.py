@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.route_worker_memory import sentences
 from orchestrator.config import parse_config
-from orchestrator.memory import rss_of
+from orchestrator.core.memory import rss_of
+from orchestrator.core.profile import load_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
 from stages.registry import get_kind
 from tests.helpers.speech import speak
 

@@ -95,7 +95,7 @@ def thinker_stage() -> Any:
 
 
 def gguf() -> str:
-    from orchestrator.packages import resolve_package_location
+    from orchestrator.core.packages import resolve_package_location
 
     return str(resolve_package_location(MODEL))
 
@@ -173,7 +173,7 @@ class Runner:
     """The stage's runner with the default pipeline's context (``max_model_len`` × ``max_num_seqs``)."""
 
     def __init__(self, threads: int) -> None:
-        from orchestrator.plan import StagePlan
+        from orchestrator.core.plan import StagePlan
         from stages.ar_decode.llamacpp_runner import LlamaCppRunner
 
         stage = thinker_stage()

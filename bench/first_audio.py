@@ -356,8 +356,8 @@ def main() -> int:
 
     from orchestrator import api
     from orchestrator.config import parse_config
-    from orchestrator.errors import ConfigError
-    from orchestrator.fileio import check_writable
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.core.fileio import check_writable
     from orchestrator.planner import plan_pipeline
 
     if args.json:

@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.config import load_config  # noqa: E402
+from orchestrator.core.profile import load_profile  # noqa: E402
 from orchestrator.planner import plan_pipeline  # noqa: E402
-from orchestrator.profile import load_profile  # noqa: E402
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
 GPU_PROFILE = REPO / "configs/profiles/strix-point-rtx5090-wsl.json"

@@ -29,10 +29,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.config import parse_config
-from orchestrator.memory import rss_of
+from orchestrator.core.memory import rss_of
+from orchestrator.core.profile import load_profile
 from orchestrator.ort.sessions import WorkerSessions, open_sessions
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
 from stages.exported_graph.kind import ExportedGraphKind
 from stages.exported_graph.runner import route_for
 

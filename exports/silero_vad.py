@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import save_npz
 
 GRAPH = "package://silero_vad/data/silero_vad_op18_ifless.onnx"

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from exports import silero_vad, whisper_ct2
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.exported_graph.artifact import artifact_hook, save_npz
 
 EXPORTS = Path(__file__).resolve().parent

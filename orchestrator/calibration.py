@@ -41,11 +41,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
-from orchestrator.fileio import exclusive_lock, write_json_atomic
-from orchestrator.ledger import RETAINED_GROWTH, Evidence, Reservation, load_and_steady
-from orchestrator.profile import HardwareProfile
-from orchestrator.units import MiB, fmt_bytes
+from orchestrator.core import settings
+from orchestrator.core.fileio import exclusive_lock, write_json_atomic
+from orchestrator.core.ledger import RETAINED_GROWTH, Evidence, Reservation, load_and_steady
+from orchestrator.core.profile import HardwareProfile
+from orchestrator.core.units import MiB, fmt_bytes
 
 log = logging.getLogger(__name__)
 

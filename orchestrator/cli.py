@@ -14,14 +14,12 @@
 * **Errors.** :func:`main` turns what a command raises into a message on
   stderr and an exit code, never a traceback: a ``ConfigError`` prints each
   problem (where: what, how to fix; the first :data:`MAX_PROBLEMS_SHOWN`),
-  control characters removed from every message.
-  :func:`check_number` is the commands' check of a numeric flag (finite, in
-  range) before slow work starts.
-
-Exit codes: 0 success or admitted, 2 bad input (a ``ConfigError``, any other
-``OmniEdgeError``, no command), 3 refused (plan or verification, returned by
-the command), 4 a stage failed at run time (``StageFailed``), 130 interrupted
-(Ctrl-C).
+  control characters removed from every message. Before a command runs, the
+  optional packages its ``needs(args)`` names are looked for
+  (``orchestrator.core.extras``): a missing one is exit 2 naming the extra.
+* **Exit codes** and ``check_number`` (a numeric flag's check) live in
+  ``orchestrator.commands.exits``, which the commands import (importing ``cli``,
+  which loads them by name, would be a cycle).
 """
 
 from __future__ import annotations
@@ -29,20 +27,17 @@ from __future__ import annotations
 import argparse
 import keyword
 import logging
-import math
 import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from orchestrator.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
-from orchestrator.extras import missing_package, require
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_REFUSED = 3
-EXIT_STAGE_FAILED = 4
-MAX_PROBLEMS_SHOWN = 20
-"""A file with thousands of broken entries gets a readable error, not thousands of lines."""
+from orchestrator.commands.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_STAGE_FAILED,
+    MAX_PROBLEMS_SHOWN,
+)
+from orchestrator.core.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
+from orchestrator.core.extras import missing_package, require
 
 COMMANDS = {
     "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
@@ -56,31 +51,6 @@ COMMANDS = {
     "export": "Export a PyTorch module, a transformers model or an ONNX file as a validated artifact (docs/export.md).",
     "calibration": "Show the measured budgets this machine keeps for each stage (their history), or reset them.",
 }
-
-
-def check_number(
-    flag: str,
-    value: float | None,
-    *,
-    above: float | None = None,
-    at_least: float | None = None,
-    fix: str,
-) -> None:
-    """``ConfigError`` (exit 2) naming ``flag`` unless ``value`` is None (not given) or a finite
-    number greater than ``above`` / at least ``at_least``: argparse's ``type=float`` takes
-    ``-5``, ``nan`` and ``inf``, and each became a traceback or a silent misbehaviour
-    where the number was finally used. Commands call it before any slow work."""
-    if value is None:
-        return
-    if not math.isfinite(value):
-        what = f"{value} is not a finite number"
-    elif above is not None and not value > above:
-        what = f"{value:g} is not above {above:g}"
-    elif at_least is not None and not value >= at_least:
-        what = f"{value:g} is below {at_least:g}"
-    else:
-        return
-    raise ConfigError.single(flag, what, fix)
 
 
 def _version() -> str:
@@ -130,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_command(args: argparse.Namespace) -> int:
     """The command's ``run(args)``, after the optional packages its ``needs(args)`` names
-    are found (``orchestrator.extras``: exit 2 naming the extra, before any slow work);
+    are found (``orchestrator.core.extras``: exit 2 naming the extra, before any slow work);
     an optional package missing deeper in is said the same way, never as a traceback."""
     needs = getattr(args._module, "needs", None)
     if needs is not None:

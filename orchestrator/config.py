@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from orchestrator.errors import ConfigError, Problem
-from orchestrator.validation import Strict, problems_from_validation, read_document
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.validation import Strict, problems_from_validation, read_document
 from stages.base import REQUEST, StageConfig
 from stages.payloads import (
     REQUEST_PAYLOADS,

@@ -27,13 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from orchestrator import calibration as cal
-from orchestrator import errors
 from orchestrator.config import PipelineConfig, StageConfig
-from orchestrator.errors import RefusalCode
-from orchestrator.ledger import PIPELINE_HOLDER, Ledger, Reservation
-from orchestrator.ort.backends import BACKENDS as ORT_BACKENDS
-from orchestrator.ort.routes import probe_route, resolve, static_refusal
-from orchestrator.plan import (
+from orchestrator.core import errors
+from orchestrator.core.backends import BACKENDS as ORT_BACKENDS
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.ledger import PIPELINE_HOLDER, Ledger, Reservation
+from orchestrator.core.plan import (
     PipelinePlan,
     PoolPlan,
     Refusal,
@@ -41,10 +40,7 @@ from orchestrator.plan import (
     StagePlan,
     Verification,
 )
-from orchestrator.planner_threads import with_cpu_threads
-from orchestrator.probe import llamacpp
-from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
-from orchestrator.profile import (
+from orchestrator.core.profile import (
     HOST_RAM,
     Device,
     HardwareProfile,
@@ -53,7 +49,11 @@ from orchestrator.profile import (
     node_pool,
     profile_pools,
 )
-from orchestrator.units import GiB, MiB, fmt_bytes
+from orchestrator.core.units import GiB, MiB, fmt_bytes
+from orchestrator.ort.routes import probe_route, resolve, static_refusal
+from orchestrator.planner_threads import with_cpu_threads
+from orchestrator.probe import llamacpp
+from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.placement import cached_verdict, node_verification
 from stages.base import ArtifactInfo, GateSpec, StageKind
 from stages.registry import get_kind
@@ -297,7 +297,7 @@ def plan_pipeline(
     once a server run has measured it). ``plan`` and ``run`` leave it out.
 
     ``plan_threads``: give each stage placed on the CPU a thread budget, its share of
-    the host's cores (``orchestrator.cpu_threads``; a config's ``cpu_threads`` is taken
+    the host's cores (``orchestrator.core.cpu_threads``; a config's ``cpu_threads`` is taken
     as it is). False leaves every budget but the config's to the engines' own defaults
     (``bench/threads.py`` compares the two).
 

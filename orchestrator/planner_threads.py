@@ -4,7 +4,7 @@ One device actor hosts every stage the plan places on a device, so the stages
 placed on one CPU share its cores. :func:`with_cpu_threads` groups them into
 thread pools (a stage's own, or a process-wide pool its kind names:
 ``StageKind.cpu_thread_pool``), splits the host's cores among the pools by the
-rule in ``orchestrator.cpu_threads`` (a config's ``cpu_threads`` taken as it
+rule in ``orchestrator.core.cpu_threads`` (a config's ``cpu_threads`` taken as it
 is), writes each stage's count in ``StagePlan.cpu_threads`` and says how in the
 plan's notes. ``plan_pipeline`` calls it once the placements are chosen
 (``plan_threads=False`` leaves the counts to the engines but the config's).
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from orchestrator import cpu_threads, errors
-from orchestrator.plan import ReplicaPlan, StagePlan
-from orchestrator.profile import HardwareProfile, Host
+from orchestrator.core import cpu_threads, errors
+from orchestrator.core.plan import ReplicaPlan, StagePlan
+from orchestrator.core.profile import HardwareProfile, Host
 from stages.base import StageConfig, StageKind
 
 Member = tuple[StagePlan, ReplicaPlan]

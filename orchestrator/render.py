@@ -34,11 +34,11 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.console import make_console
-from orchestrator.errors import terminal_text
-from orchestrator.ledger import PIPELINE_HOLDER
-from orchestrator.plan import PipelinePlan, ReplicaPlan, StagePlan
-from orchestrator.units import fmt_bytes
+from orchestrator.core.console import make_console
+from orchestrator.core.errors import terminal_text
+from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.plan import PipelinePlan, ReplicaPlan, StagePlan
+from orchestrator.core.units import fmt_bytes
 
 if TYPE_CHECKING:
     from orchestrator.runtime.startup import StageProgress

@@ -107,7 +107,7 @@ if ($Flavour -eq "vitisai") {
 $ep = $expectedEp[$Flavour]
 $check = "import onnxruntime as o, sys; p = o.get_available_providers(); print(o.__version__, ' '.join(p)); sys.exit(0 if '$ep' in p else 3)"
 if ($Flavour -eq "qnn") {
-  # a plugin EP: registered the way omni-edge registers it (orchestrator/ort/backends.py), then listed by get_ep_devices()
+  # a plugin EP: registered the way omni-edge registers it (orchestrator/core/backends.py), then listed by get_ep_devices()
   $check = "import onnxruntime as o, onnxruntime_qnn as q, sys; o.register_execution_provider_library('onnxruntime-qnn', q.get_library_path()); d = [e.ep_name for e in o.get_ep_devices()]; print(o.__version__, ' '.join(d)); sys.exit(0 if '$ep' in d else 3)"
 }
 & $python -c $check

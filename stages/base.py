@@ -56,17 +56,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrator.ledger import Reservation
-from orchestrator.plan import Refusal
-from orchestrator.validation import Strict, refusal, shown, unique
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import Refusal
+from orchestrator.core.validation import Strict, refusal, shown, unique
 from stages.payloads import PAYLOAD_KINDS, PayloadKind, Ports, parse_payloads
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device, Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Device, Route
 
 MAX_CPU_THREADS = 4096
-"""As many threads as a profile may have logical CPUs (``orchestrator.profile.MAX_CPU_CORES``);
+"""As many threads as a profile may have logical CPUs (``orchestrator.core.profile.MAX_CPU_CORES``);
 more in a config is a typo."""
 MAX_REPLICAS = 16
 """The most instances of one stage: more than the recorded cluster has devices (5) three times
@@ -228,7 +228,7 @@ class GateSpec:
     device_id: str
     device_name: str
     session: dict[str, Any]
-    """The target session, as ``orchestrator.ort.backends.SessionSpec.to_dict()``."""
+    """The target session, as ``orchestrator.core.backends.SessionSpec.to_dict()``."""
     graph_sha256: str
     reference_sha256: str
     reference_graph: str | None
@@ -374,7 +374,7 @@ class StageKind(ABC):
         """Kind-specific fields of the stage's plan (``StagePlan.details``), written at
         the stage's top level in the plan JSON, e.g. ar_decode's ``kv_cache``. Called
         once per stage after ``describe``, whether the stage is admitted or not; the
-        names must not be the plan's own (``orchestrator.plan.STAGE_FIELDS``)."""
+        names must not be the plan's own (``orchestrator.core.plan.STAGE_FIELDS``)."""
         return {}
 
     def remedy_for_budget(

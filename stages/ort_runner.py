@@ -32,18 +32,18 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from orchestrator.errors import StageFailed
-from orchestrator.memory import descendants
-from orchestrator.ort.backends import with_cpu_threads
+from orchestrator.core.backends import with_cpu_threads
+from orchestrator.core.errors import StageFailed
+from orchestrator.core.memory import descendants
+from orchestrator.core.profile import THIS_PROCESS
+from orchestrator.core.units import MiB
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
-from orchestrator.profile import THIS_PROCESS
-from orchestrator.units import MiB
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Route
 
 RECYCLE_HEADROOM_FRACTION = 0.02
 """The recycle limit sits this far below the budget (and at least ``RECYCLE_HEADROOM_MIN``):

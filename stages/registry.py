@@ -23,7 +23,7 @@ from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.base import StageKind
 
 log = logging.getLogger(__name__)

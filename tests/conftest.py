@@ -82,9 +82,9 @@ def ov_host() -> Iterator[object]:
     """One worker in the OpenVINO venv, shared by a module's tests (one interpreter start)."""
     if not OV_PYTHON.exists():
         pytest.skip(f"the OpenVINO route is missing: {OV_PYTHON} (scripts/bootstrap.sh creates it)")
+    from orchestrator.core.profile import Route
     from orchestrator.ort.routes import resolve
     from orchestrator.ort.sessions import open_sessions
-    from orchestrator.profile import Route
 
     host = open_sessions(resolve(Route(name="openvino", kind="interpreter", python=str(OV_PYTHON))))
     yield host

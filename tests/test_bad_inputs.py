@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import check_writable
-from orchestrator.units import GiB
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import check_writable
+from orchestrator.core.units import GiB
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE: dict[str, Any] = {

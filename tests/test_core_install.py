@@ -5,7 +5,7 @@ docs/install.md promises that ``pip install omni-edge`` (pydantic, PyYAML, psuti
 exported graphs. Two kinds of check hold it to that:
 
 * **Fast, in every run**: this interpreter with every optional module of
-  ``orchestrator.extras.OPTIONAL_MODULES`` hidden (an import hook that refuses them, in a
+  ``orchestrator.core.extras.OPTIONAL_MODULES`` hidden (an import hook that refuses them, in a
   child process), so the suite notices at once when the parser or the planning path
   starts importing one: every ``--help``, ``plan`` against a recorded profile and
   ``probe``, each importing none of them; ``run``, ``serve``, ``chat`` and ``export``
@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from orchestrator.cli import COMMANDS
-from orchestrator.extras import OPTIONAL_MODULES
+from orchestrator.core.extras import OPTIONAL_MODULES
 from tests.helpers import REPO
 from tests.helpers.graphs import one_stage_cli_args, write_artifact
 from tests.test_install_resolution import NETWORK_TROUBLE
@@ -133,7 +133,7 @@ def test_a_command_that_needs_an_extra_names_it(
 def test_an_optional_package_missing_deeper_in_is_said_not_thrown() -> None:
     """The safety net behind ``needs``: a ModuleNotFoundError for an optional package
     that escapes a command is the same exit-2 error (``chat --url`` needs none up front)."""
-    from orchestrator.extras import missing_package
+    from orchestrator.core.extras import missing_package
 
     error = missing_package("chat", ModuleNotFoundError("No module named 'soxr'", name="soxr"))
     assert error is not None

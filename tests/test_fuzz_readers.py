@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.ar_decode.checkpoint import read_gguf, read_safetensors_header
 from stages.exported_graph.artifact import load_artifact
 from tests.test_bad_inputs import MANIFEST_OK, gguf
@@ -191,7 +191,7 @@ def test_pipeline_config_of_any_shape_is_parsed_or_refused(tmp_path: Path, data:
 @FUZZ
 @given(data=_config_values)
 def test_profile_of_any_shape_is_parsed_or_refused(data: Any) -> None:
-    from orchestrator.profile import parse_profile
+    from orchestrator.core.profile import parse_profile
 
     try:
         parse_profile(data, where="profile.json")

@@ -32,7 +32,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from orchestrator.packages import ORT_FLAVOURS, PLUGIN_SINCE
+from orchestrator.core.packages import ORT_FLAVOURS, PLUGIN_SINCE
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.index

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.units import GiB
+from orchestrator.core.units import GiB
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 PROFILE: dict[str, Any] = {
@@ -202,8 +202,8 @@ def test_when_the_only_route_cannot_run_the_plan_is_refused_and_run_starts_nothi
 
 def test_a_recorded_profile_of_another_machine_keeps_its_interpreter_routes(tmp_path: Path) -> None:
     """Planning for another machine cannot look at its disks: only this machine's routes are checked."""
+    from orchestrator.core.profile import load_profile
     from orchestrator.planner import route_refusal
-    from orchestrator.profile import load_profile
 
     doc = json.loads(_ov_profile(tmp_path).read_text())
     doc["host"]["os"] = "windows"
@@ -223,8 +223,8 @@ def test_what_verify_refused_is_never_run_even_without_an_evidence_file(tmp_path
 
     from orchestrator.api import verify_then_replan
     from orchestrator.config import load_config
+    from orchestrator.core.profile import load_profile
     from orchestrator.planner import plan_pipeline
-    from orchestrator.profile import load_profile
 
     prof = _ov_profile(tmp_path)
     doc = json.loads(prof.read_text())

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.calibration import CalibrationStore, Entry
@@ -102,7 +102,7 @@ def select(entries: list[Entry], stage: str, *, where: str, store: Path) -> list
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.calibration import CalibrationStore
-    from orchestrator.cli import EXIT_OK
+    from orchestrator.commands.exits import EXIT_OK
 
     if args.action == "reset" and bool(args.stage) == bool(args.all):
         raise ConfigError.single(
@@ -200,7 +200,7 @@ def _doc(
 
 
 def _mib(n: int | None) -> str:
-    from orchestrator.units import fmt_bytes
+    from orchestrator.core.units import fmt_bytes
 
     return "-" if n is None else fmt_bytes(int(n))
 

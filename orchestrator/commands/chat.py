@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrator.api import Pipeline
-    from orchestrator.errors import Problem
+    from orchestrator.core.errors import Problem
 
 Messages = list[dict[str, str]]
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
@@ -173,8 +173,8 @@ def check_args(args: argparse.Namespace) -> None:
     ``--temperature`` that is no finite number is refused here: over ``--url`` it would be
     sent as ``Infinity``/``NaN``, which is not JSON. Its range, and ``--max-tokens``'s, are
     the pipeline's config's, checked by it (started here) or by the server (a 400)."""
-    from orchestrator.cli import check_number
-    from orchestrator.errors import ConfigError, Problem
+    from orchestrator.commands.exits import check_number
+    from orchestrator.core.errors import ConfigError, Problem
 
     check_number(
         "--temperature", args.temperature, fix="give a temperature such as 0.7 (0: greedy)"
@@ -243,7 +243,7 @@ def check_args(args: argparse.Namespace) -> None:
 def audio_in_problems(args: argparse.Namespace) -> list[Any]:
     """What ``--audio-in`` refuses, before anything connects: it needs ``--url``; the realtime
     session takes no sampling settings and writes one ``--out`` WAV, not ``--out-dir``."""
-    from orchestrator.errors import Problem
+    from orchestrator.core.errors import Problem
 
     problems = []
     if not args.url and args.config:
@@ -284,7 +284,7 @@ def key_of(args: argparse.Namespace) -> str | None:
     (``ConfigError`` for a file that cannot be read, or a key no HTTP header can carry)."""
     import os
 
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     if args.api_key is not None:
         key, where = args.api_key, "--api-key"
@@ -318,8 +318,8 @@ def key_of(args: argparse.Namespace) -> str | None:
 
 def prepare_out_dir(path: str) -> Path:
     """``--out-dir``, created when missing, checked writable before anything starts."""
-    from orchestrator.errors import ConfigError
-    from orchestrator.fileio import check_writable
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.core.fileio import check_writable
 
     out = Path(path)
     try:
@@ -337,7 +337,7 @@ def prepare_out_dir(path: str) -> Path:
 def needs(args: argparse.Namespace) -> tuple[str, ...]:
     """A pipeline started here needs the ``run`` extra; ``--url`` alone needs nothing more
     than the core, a spoken conversation over it the WebSocket client and the audio code."""
-    from orchestrator.extras import RUN_MODULES
+    from orchestrator.core.extras import RUN_MODULES
 
     if args.url:
         return ("numpy", "websockets", "soxr") if args.audio_in else ()
@@ -345,7 +345,7 @@ def needs(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.console import make_console
+    from orchestrator.core.console import make_console
 
     check_args(args)
     if args.audio_in:
@@ -368,7 +368,7 @@ def _chat(args: argparse.Namespace, console: Console, out_dir: Path | None) -> i
         else:
             pipeline = start_local(args, console)
             if pipeline is None:
-                from orchestrator.cli import EXIT_REFUSED
+                from orchestrator.commands.exits import EXIT_REFUSED
 
                 return EXIT_REFUSED
             reply = local_replier(pipeline, console)
@@ -386,7 +386,7 @@ def _chat(args: argparse.Namespace, console: Console, out_dir: Path | None) -> i
         )
         return 128 + exc.signum
     except Fatal as exc:
-        from orchestrator.errors import terminal_text
+        from orchestrator.core.errors import terminal_text
 
         print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return exc.code
@@ -406,8 +406,8 @@ def chat_loop(
     reply: Replier, args: argparse.Namespace, console: Console, out_dir: Path | None
 ) -> int:
     """Read messages, answer each with the history; the exit code (see the module docstring)."""
-    from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK
-    from orchestrator.console import plain
+    from orchestrator.commands.exits import EXIT_BAD_INPUT, EXIT_OK
+    from orchestrator.core.console import plain
 
     history: Messages = []
     sampling = sampling_of(args)
@@ -461,7 +461,7 @@ def _messages(interactive: bool) -> Iterator[str]:
 
 
 def _print_history(history: Messages, system: str | None) -> None:
-    from orchestrator.errors import terminal_text
+    from orchestrator.core.errors import terminal_text
 
     for m in ([{"role": "system", "content": system}] if system else []) + history:
         print(terminal_text(f"{m['role']}: {m['content']}"))
@@ -474,7 +474,7 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     when the plan is refused (printed)."""
     from orchestrator.api import Pipeline
     from orchestrator.config import load_config
-    from orchestrator.errors import PlanRefused
+    from orchestrator.core.errors import PlanRefused
 
     check_sampling(load_config(args.config), sampling_of(args), where=args.config)
     console.print("[dim]starting the pipeline (Ray, one actor per device) …[/]")
@@ -492,8 +492,8 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
 
 
 def local_replier(pipeline: Pipeline, console: Console) -> Replier:
-    from orchestrator.console import plain
-    from orchestrator.errors import BadRequest, PipelineBusy, StageFailed
+    from orchestrator.core.console import plain
+    from orchestrator.core.errors import BadRequest, PipelineBusy, StageFailed
 
     def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
         wav_out = WavOut(wav) if wav else None
@@ -529,7 +529,7 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
 
 
 def make_stdout_console() -> Console:
-    from orchestrator.console import make_console
+    from orchestrator.core.console import make_console
 
     return make_console()
 
@@ -543,7 +543,7 @@ def _discard(wav_out: WavOut | None) -> None:
 def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
     """A ``Replier`` over ``url``'s OpenAI-compatible API; checks the server (and
     the key) at once with ``GET /v1/models`` (``Fatal``, exit 2)."""
-    from orchestrator.console import plain
+    from orchestrator.core.console import plain
 
     base = url.rstrip("/")
     headers = {
@@ -724,7 +724,7 @@ class PcmWav:
             self.discard()
 
     def finish(self) -> str:
-        from orchestrator.console import plain
+        from orchestrator.core.console import plain
 
         if self.error is None and self.writer is not None:
             try:

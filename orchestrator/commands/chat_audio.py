@@ -2,7 +2,7 @@
 
 The recording is checked first (``orchestrator.api.audio_request``: a 16-bit
 PCM WAV at 8-192 kHz; exit 2 before anything connects), then streamed by
-:class:`orchestrator.commands.realtime_client.VoiceSession` at the pace of the
+:class:`orchestrator.client.realtime.VoiceSession` at the pace of the
 audio (``--audio-speed``). Per turn, on stdout: the transcript, the reply's
 text as it streams, and the latency — end of the user's speech → first reply
 audio byte — with the steps the client saw; ``--json``: one JSON object per
@@ -24,8 +24,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from orchestrator.commands.realtime_client import SessionError, Turn, VoiceSession
-from orchestrator.errors import terminal_text
+from orchestrator.client.realtime import SessionError, Turn, VoiceSession
+from orchestrator.core.errors import terminal_text
 
 WIDTH = 80
 """Human output's width (the project's: reads well in 80 columns)."""
@@ -125,7 +125,7 @@ def server_text(timing: dict[str, Any]) -> str:
 def run_audio_in(args: argparse.Namespace, api_key: str | None) -> int:
     """The command (see the module docstring); ``ConfigError``/``BadRequest`` (exit 2) for bad input."""
     from orchestrator.api import audio_request
-    from orchestrator.fileio import check_writable
+    from orchestrator.core.fileio import check_writable
 
     request = audio_request(args.audio_in, where=f"--audio-in {args.audio_in}")
     out = Path(args.out) if args.out else None

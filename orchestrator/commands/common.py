@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.errors import Problem
+from orchestrator.core.errors import Problem
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from orchestrator.api import AdmitProgress, Pipeline, PipelineOptions
     from orchestrator.config import PipelineConfig
-    from orchestrator.profile import HardwareProfile
+    from orchestrator.core.profile import HardwareProfile
     from orchestrator.runtime.audio import WavStreamWriter
     from orchestrator.runtime.events import AudioChunk, Result
     from orchestrator.verify.placement import PlacementResult
@@ -130,7 +130,7 @@ def console_admit_progress(console: Console, *, gates: bool = True) -> AdmitProg
 
     class ConsoleAdmitProgress(AdmitProgress):
         def probing_cluster(self, address: str) -> None:
-            from orchestrator.console import plain
+            from orchestrator.core.console import plain
 
             console.print(
                 f"[dim]no --profile: probing each node of the Ray cluster at {plain(address)} …[/]"
@@ -247,7 +247,7 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
     (the prompt needs room too). ``ConfigError`` naming the flag (exit 2)."""
     from pydantic import ValidationError
 
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
     from stages.base import REQUEST
 
     problems: list[Problem] = []
@@ -381,7 +381,7 @@ class ReplyPrinter:
     now or when the file is shown; ``--json`` and the run record keep it exact."""
 
     def __init__(self, console: Console) -> None:
-        from orchestrator.errors import terminal_text
+        from orchestrator.core.errors import terminal_text
 
         self._clean = terminal_text
         self.out: TextIO = sys.stderr if console.stderr else sys.stdout

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.exporter.build import ExportRequest, ExportResult, Int8Scheme
@@ -171,7 +171,7 @@ class _Steps:
     """The export's phases on stderr: a spinner with the elapsed time on a terminal, a line each otherwise."""
 
     def __init__(self, quiet: bool) -> None:
-        from orchestrator.console import make_console
+        from orchestrator.core.console import make_console
 
         self._console = make_console(stderr=True)
         self._quiet = quiet
@@ -217,7 +217,7 @@ def needs(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli import EXIT_OK
+    from orchestrator.commands.exits import EXIT_OK
     from orchestrator.exporter.build import export
 
     req = _request(args)
@@ -303,8 +303,8 @@ def _print_result(result: ExportResult) -> None:
     """The human summary: the artifact's tensors, each precision's error and the tolerance."""
     from rich.table import Table
 
-    from orchestrator.console import make_console
-    from orchestrator.units import fmt_bytes
+    from orchestrator.core.console import make_console
+    from orchestrator.core.units import fmt_bytes
 
     console = make_console()
     console.print(f"wrote {result.out} ({result.name}) in {result.seconds:.1f} s")

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import check_writable, write_text_atomic
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import check_writable, write_text_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def render_yaml(config: dict, report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli import EXIT_OK
+    from orchestrator.commands.exits import EXIT_OK
     from orchestrator.importers.vllm_omni import check_imported, import_vllm_omni
 
     out = Path(args.out)

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import check_writable, write_json_atomic
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import check_writable, write_json_atomic
 
 if TYPE_CHECKING:
     from orchestrator.calibration import CalibrationStore
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli import EXIT_OK, EXIT_REFUSED
+    from orchestrator.commands.exits import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.planner import parse_mask, plan_pipeline
     from orchestrator.probe import resolve_profile

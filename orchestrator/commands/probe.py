@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import check_writable, write_text_atomic
-from orchestrator.profile import THIS_PROCESS, HardwareProfile, Route, cluster_document
-from orchestrator.settings import PROBE_TIMEOUT_S
-from orchestrator.units import fmt_bytes
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import check_writable, write_text_atomic
+from orchestrator.core.profile import THIS_PROCESS, HardwareProfile, Route, cluster_document
+from orchestrator.core.settings import PROBE_TIMEOUT_S
+from orchestrator.core.units import fmt_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -74,7 +74,7 @@ def parse_route_arg(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli import check_number
+    from orchestrator.commands.exits import check_number
     from orchestrator.ort.hostproc import route_kind_for
     from orchestrator.probe import probe_profile
     from orchestrator.probe.host import running_in_wsl
@@ -156,7 +156,7 @@ class PoolRow:
 
 def pools_of(profile: HardwareProfile) -> list[PoolRow]:
     """The memory pools a plan against ``profile`` draws on (see docs/profile-format.md)."""
-    from orchestrator.profile import profile_pools
+    from orchestrator.core.profile import profile_pools
 
     return [PoolRow(p.id, p.capacity, p.parent, p.note) for p in profile_pools(profile)]
 
@@ -297,6 +297,6 @@ def ep_device_sheets(profile: HardwareProfile) -> list[Sheet]:
 
 
 def print_profile(profile: HardwareProfile, console: Console | None = None) -> None:
-    from orchestrator.console import make_console
+    from orchestrator.core.console import make_console
 
     (console or make_console()).print(profile_view(profile))

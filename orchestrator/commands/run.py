@@ -65,7 +65,7 @@ from orchestrator.commands.common import (
     stream_reply,
     write_record_or_keep,
 )
-from orchestrator.errors import Problem
+from orchestrator.core.errors import Problem
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
     from orchestrator.api import Pipeline
     from orchestrator.config import PipelineConfig
-    from orchestrator.plan import PipelinePlan
+    from orchestrator.core.plan import PipelinePlan
     from orchestrator.runtime.events import Result
 
 
@@ -133,7 +133,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_prompt(value: str, stdin: TextIO | None = None) -> str:
     """``--prompt``'s text; ``-`` reads stdin whole (``ConfigError`` when it is empty)."""
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     if value != "-":
         return value
@@ -152,7 +152,7 @@ def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[s
     """``--audio``'s recording as the request, after checking the pipeline takes audio and
     that no text-only option was given (``ConfigError``/``BadRequest``, exit 2)."""
     from orchestrator.api import audio_entry_stages, audio_request
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
     from stages.base import REQUEST
 
     if not audio_entry_stages(config):
@@ -180,7 +180,7 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
     text-only option was given (``ConfigError``/``BadRequest``, exit 2). Whether the arrays
     fit the entry stage is checked next, by ``Pipeline.validate``."""
     from orchestrator.api import tensor_entry_stages, tensor_request
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
     from stages.base import REQUEST
 
     if not tensor_entry_stages(config):
@@ -222,7 +222,7 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Every path the user named is writable, before any work (``ConfigError``, exit 2)."""
-    from orchestrator.fileio import check_writable
+    from orchestrator.core.fileio import check_writable
 
     if args.out:
         check_writable(args.out, what="--out")
@@ -233,8 +233,8 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def needs(args: argparse.Namespace) -> tuple[str, ...]:
-    """Starting a pipeline needs the ``run`` extra (``orchestrator.extras``)."""
-    from orchestrator.extras import RUN_MODULES
+    """Starting a pipeline needs the ``run`` extra (``orchestrator.core.extras``)."""
+    from orchestrator.core.extras import RUN_MODULES
 
     return RUN_MODULES
 
@@ -252,9 +252,9 @@ def _run(args: argparse.Namespace) -> int:
     """The command: the request read and checked, an admitted plan (planned, verified where gate
     evidence is missing, re-planned), the pipeline run, its record written, the result printed."""
     from orchestrator.api import Pipeline, admit_plan
-    from orchestrator.cli import EXIT_OK, EXIT_REFUSED
+    from orchestrator.commands.exits import EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
-    from orchestrator.console import make_console
+    from orchestrator.core.console import make_console
 
     # With --json, stdout carries only the JSON; what a person reads goes to stderr.
     console = make_console(stderr=args.json)
@@ -295,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"record: {path}", soft_wrap=True, markup=False)
         raise run.failure
     if run.kept:
-        from orchestrator.errors import ConfigError
+        from orchestrator.core.errors import ConfigError
 
         raise ConfigError(list(run.kept))
     _report(pipeline, args, run, doc, path, console)
@@ -380,7 +380,7 @@ def _record(
 ) -> tuple[dict[str, Any], Path]:
     """Close the pipeline and write the run record, whatever happened: after close, so its ledger
     is the one left behind (a leak shows), and a failure is in it."""
-    from orchestrator.errors import LedgerLost, StageFailed
+    from orchestrator.core.errors import LedgerLost, StageFailed
     from orchestrator.runtime import record as rec
 
     try:
@@ -475,7 +475,7 @@ def _report(
 def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace) -> None:
     """``pipeline.validate(request)``; with ``--input``, each problem is named by the flag
     (``--input: request (stage proj, kind exported_graph): embedding``), exit 2."""
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
 
     try:
         pipeline.validate(request)
@@ -511,8 +511,8 @@ def print_summary(plan: PipelinePlan, console: Console) -> None:
 def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
     from rich.text import Text
 
+    from orchestrator.core.units import fmt_bytes
     from orchestrator.render import Col, Sheet, spaced
-    from orchestrator.units import fmt_bytes
 
     # Two tables, time then memory: one with all eight columns is ~90 wide.
     timing = Sheet(

@@ -24,9 +24,9 @@ files needs ``Authorization: Bearer KEY``. The key comes from
 ``$OMNI_EDGE_API_KEY``, ``--api-key-file`` or ``--api-key`` (which other users
 see in ``ps``: a warning says so); it is removed from this process's
 environment before anything starts, so no Ray worker or route worker inherits
-it. Every request passes ``server_guard`` (loopback or ``--allowed-host``
+it. Every request passes ``server.guard`` (loopback or ``--allowed-host``
 names, no other site's ``Origin``, JSON bodies) and every connection the bounds
-of ``server_transport`` (``--max-connections``, ``--header-timeout``,
+of ``server.transport`` (``--max-connections``, ``--header-timeout``,
 ``--read-timeout``, ``--write-timeout``, ``--keep-alive-timeout``). A signal
 before the pipeline started exits 128+N like ``run``; one while serving is the
 normal way to stop (exit 0 once closed).
@@ -134,9 +134,9 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_transport_arguments(p: argparse.ArgumentParser) -> None:
-    """What one connection may hold (``server_transport.TransportLimits``) and a realtime
+    """What one connection may hold (``server.transport.TransportLimits``) and a realtime
     session's idle timeout."""
-    from orchestrator.server_transport import (
+    from orchestrator.server.transport import (
         HEADER_TIMEOUT_S,
         KEEP_ALIVE_S,
         MAX_CONNECTIONS,
@@ -192,8 +192,8 @@ def add_transport_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     """What one request may carry (``orchestrator.server.ServerLimits``; each named in the 413/400)."""
+    from orchestrator.core.units import MiB
     from orchestrator.server.limits import ServerLimits
-    from orchestrator.units import MiB
 
     d = ServerLimits()
     g = p.add_argument_group(
@@ -255,9 +255,9 @@ def limits_of(args: argparse.Namespace) -> ServerLimits:
     """The flags as ``ServerLimits``; ``ConfigError`` (exit 2) for one that is not a positive number."""
     import math
 
-    from orchestrator.errors import ConfigError, Problem
+    from orchestrator.core.errors import ConfigError, Problem
+    from orchestrator.core.units import MiB
     from orchestrator.server.limits import ServerLimits
-    from orchestrator.units import MiB
 
     given = {
         "--max-body-mib": args.max_body_mib,
@@ -298,7 +298,7 @@ def realtime_limits(args: argparse.Namespace) -> Any:
     """``--realtime-idle-timeout`` as ``RealtimeLimits``; ``ConfigError`` (exit 2) unless a positive number."""
     import math
 
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
     from orchestrator.server.realtime import RealtimeLimits
 
     idle = getattr(args, "realtime_idle_timeout", None)
@@ -322,9 +322,9 @@ def check_bind(
     allowed_hosts: list[str] | None = None,
 ) -> None:
     """``ConfigError`` (exit 2) for a bind or a bound that must not be, before anything starts
-    (``limits``: a ``server_transport.TransportLimits``)."""
-    from orchestrator.errors import ConfigError
-    from orchestrator.server_guard import is_loopback, split_host
+    (``limits``: a ``server.transport.TransportLimits``)."""
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.server.guard import is_loopback, split_host
 
     if not 0 <= port <= 65535:
         raise ConfigError.single(
@@ -379,7 +379,7 @@ def api_key(args: argparse.Namespace) -> str | None:
     """The key of ``--api-key``, ``--api-key-file`` or ``$OMNI_EDGE_API_KEY`` (in that order;
     the first two together are an error), then removed from this process's environment, so that
     no process started from here (Ray's, the route workers) inherits it."""
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     from_env = os.environ.pop(API_KEY_ENV, None)
     if args.api_key is not None and args.api_key_file is not None:
@@ -428,8 +428,8 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def transport_limits(args: argparse.Namespace) -> Any:
-    """The flags' ``server_transport.TransportLimits``."""
-    from orchestrator.server_transport import TransportLimits
+    """The flags' ``server.transport.TransportLimits``."""
+    from orchestrator.server.transport import TransportLimits
 
     return TransportLimits(
         max_connections=args.max_connections,
@@ -441,8 +441,8 @@ def transport_limits(args: argparse.Namespace) -> Any:
 
 
 def needs(args: argparse.Namespace) -> tuple[str, ...]:
-    """Serving a pipeline needs the ``run`` extra (``orchestrator.extras``)."""
-    from orchestrator.extras import RUN_MODULES
+    """Serving a pipeline needs the ``run`` extra (``orchestrator.core.extras``)."""
+    from orchestrator.core.extras import RUN_MODULES
 
     return RUN_MODULES
 
@@ -480,10 +480,10 @@ def run(args: argparse.Namespace) -> int:
 
 def raise_fd_limit(max_connections: int) -> str | None:
     """Raise this process's soft descriptor limit to fit ``max_connections`` client sockets and
-    ``server_transport.FD_RESERVE`` more, as far as the hard limit allows; a warning when it cannot."""
+    ``server.transport.FD_RESERVE`` more, as far as the hard limit allows; a warning when it cannot."""
     import resource
 
-    from orchestrator.server_transport import FD_RESERVE
+    from orchestrator.server.transport import FD_RESERVE
 
     need = max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -505,7 +505,7 @@ def raise_fd_limit(max_connections: int) -> str | None:
 def bind(host: str, port: int) -> socket.socket:
     """The listening address, bound before anything starts (a port in use is exit 2
     at once, not after the pipeline's start); uvicorn listens on it."""
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -532,10 +532,10 @@ def _serve(
 ) -> int:
     """Start the pipeline, serve it on ``sock`` until a signal stops uvicorn, then close the
     app and the pipeline (whatever happened) and say what the ledger holds."""
-    from orchestrator.cli import EXIT_OK
-    from orchestrator.console import make_console
+    from orchestrator.commands.exits import EXIT_OK
+    from orchestrator.core.console import make_console
     from orchestrator.server import close_app, create_app
-    from orchestrator.server_guard import is_loopback
+    from orchestrator.server.guard import is_loopback
 
     console = make_console(stderr=True)
     fd_warning = raise_fd_limit(transport.max_connections)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -96,7 +96,7 @@ def _manifests(root: Path) -> list[Path]:
 
 def find_artifacts(extra: list[Path]) -> list[ArtifactRow]:
     """Every export manifest under the shipped directories and ``extra``, read and checked."""
-    from orchestrator.validation import read_document
+    from orchestrator.core.validation import read_document
     from stages.exported_graph.artifact import EXPORT_FORMAT, load_artifact
 
     roots = [*SHIPPED_DIRS, *(("path", d) for d in extra)]
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from orchestrator.console import make_console
+        from orchestrator.core.console import make_console
 
         make_console().print(stages_view(doc))
     broken = bool(doc["broken_plugins"]) or any(not a["ok"] for a in doc["artifacts"])

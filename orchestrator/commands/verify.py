@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands.common import verify_with_progress
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -57,9 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
+    from orchestrator.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
-    from orchestrator.console import make_console
+    from orchestrator.core.console import make_console
     from orchestrator.planner import parse_mask
     from orchestrator.probe import resolve_profile
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.exporter.build import ExportRequest, Int8Scheme, export
 
 EXIT_OK, EXIT_INPUT = 0, 2

@@ -46,10 +46,10 @@ from typing import Any
 
 import yaml
 
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.core.backends import CPU_EP, SessionSpec
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.fileio import file_sha256
 from orchestrator.exporter import sources
-from orchestrator.fileio import file_sha256
-from orchestrator.ort.backends import CPU_EP, SessionSpec
 from orchestrator.ort.sessions import open_sessions, this_process
 from orchestrator.verify.gates import compare, judge, measure
 from stages.exported_graph.artifact import (

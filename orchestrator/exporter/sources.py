@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
-from orchestrator.packages import is_package_location, resolve_package_location
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.packages import is_package_location, resolve_package_location
 
 MIN_OPSET = 13
 """The lowest opset written or accepted: int8 QDQ per-channel (QuantizeLinear's

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import parse_config, sources
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.validation import read_document
 from orchestrator.importers.vllm_omni_schema import (  # noqa: F401  (re-exported: the importer's vocabulary)
     CONNECTOR_WHY,
     DEFAULT_WHY,
@@ -57,7 +58,6 @@ from orchestrator.importers.vllm_omni_schema import (  # noqa: F401  (re-exporte
     topology_for,
     topology_for_pipeline,
 )
-from orchestrator.validation import read_document
 from stages.ar_decode.kv import model_context_limit, text_config
 from stages.base import MAX_REPLICAS
 from stages.payloads import split_input

@@ -1,6 +1,6 @@
 """Routes: which interpreter can drive a device, and proof that it can.
 
-A route (``orchestrator.profile.Route``) is this interpreter, another
+A route (``orchestrator.core.profile.Route``) is this interpreter, another
 interpreter or venv on this OS, or a host process across a boundary (from
 WSL2, a Windows-side ``python.exe`` reached through interop). Three levels of
 knowing, cheapest first:
@@ -36,15 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
-from orchestrator.errors import RefusalCode
-from orchestrator.fileio import write_json_atomic
-from orchestrator.ort.backends import backend as backend_row
-from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
-from orchestrator.ort.worker import ORT_DISTRIBUTIONS, is_plugin_release
-from orchestrator.ort.worker import runtime_identity as runtime_identity_here
-from orchestrator.plan import Refusal
-from orchestrator.profile import (
+from orchestrator.core import settings
+from orchestrator.core.backends import backend as backend_row
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.plan import Refusal
+from orchestrator.core.profile import (
     THIS_PROCESS,
     Device,
     EpDevice,
@@ -53,6 +50,9 @@ from orchestrator.profile import (
     PluginEpStatus,
     Route,
 )
+from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
+from orchestrator.ort.worker import ORT_DISTRIBUTIONS, is_plugin_release
+from orchestrator.ort.worker import runtime_identity as runtime_identity_here
 
 log = logging.getLogger(__name__)
 

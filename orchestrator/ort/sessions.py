@@ -33,11 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
-from orchestrator.errors import VerificationError
-from orchestrator.memory import peak_rss_of, reset_peak_rss, rss_of
+from orchestrator.core import settings
+from orchestrator.core.backends import plugin_wire
+from orchestrator.core.errors import VerificationError
+from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
+from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core.profile import THIS_PROCESS
 from orchestrator.ort import worker as route_worker
-from orchestrator.ort.backends import plugin_wire
 from orchestrator.ort.hostproc import (
     HOST_PROCESS,
     PathTranslationError,
@@ -46,8 +48,6 @@ from orchestrator.ort.hostproc import (
     windows_path,
 )
 from orchestrator.ort.worker import OpenedSession
-from orchestrator.packages import require_one_ort_flavour
-from orchestrator.profile import THIS_PROCESS
 
 log = logging.getLogger(__name__)
 

@@ -232,7 +232,7 @@ def ort_builds() -> list[tuple[str, str]]:
     """Every onnxruntime build installed here, ``(distribution, version)`` (plugin EP
     packages not counted). More than one is a broken environment: they share the
     ``onnxruntime`` module, and the last one installed overwrote the others' files
-    (``orchestrator.packages.require_one_ort_flavour`` refuses it in omni-edge's own
+    (``orchestrator.core.packages.require_one_ort_flavour`` refuses it in omni-edge's own
     environment; a route reports it through ``probe``)."""
     found = []
     for name in ORT_DISTRIBUTIONS:

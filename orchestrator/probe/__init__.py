@@ -28,14 +28,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from orchestrator.ort.backends import BACKENDS, EP_BACKENDS
-from orchestrator.ort.routes import RouteReport, probe_route
-from orchestrator.packages import require_one_ort_flavour
-from orchestrator.probe import llamacpp
-from orchestrator.probe.gpus import nvidia_gpus
-from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
-from orchestrator.probe.npus import linux_npus
-from orchestrator.profile import (
+from orchestrator.core.backends import BACKENDS, EP_BACKENDS
+from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core.profile import (
     PROFILE_FORMAT,
     THIS_PROCESS,
     Backend,
@@ -44,6 +39,11 @@ from orchestrator.profile import (
     Route,
     load_profile,
 )
+from orchestrator.ort.routes import RouteReport, probe_route
+from orchestrator.probe import llamacpp
+from orchestrator.probe.gpus import nvidia_gpus
+from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
+from orchestrator.probe.npus import linux_npus
 
 # The interpreter route that `probe` looks for by default: the OpenVINO EP
 # replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).

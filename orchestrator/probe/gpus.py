@@ -29,7 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from orchestrator.units import MiB
+from orchestrator.core.units import MiB
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Literal
 
 import psutil
 
-from orchestrator.profile import Host
+from orchestrator.core.profile import Host
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ functions over what the profile holds: tests feed any CPU's flags in.
 
 from __future__ import annotations
 
-from orchestrator.profile import Device, HardwareProfile, LlamaCppBuild, Route
+from orchestrator.core.profile import Device, HardwareProfile, LlamaCppBuild, Route
 
 LLAMACPP_ISA = {
     "SSE3": "sse3",

@@ -3,7 +3,7 @@
 ``/sys/class/accel/*/device/driver`` names the kernel driver of each
 accelerator; the ones omni-edge recognises (``intel_vpu``, ``amdxdna``) are
 listed with their vendor, and the backends that can drive them come from the
-ONNX Runtime backend table (``orchestrator.ort.backends``), not from here.
+ONNX Runtime backend table (``orchestrator.core.backends``), not from here.
 Windows NPUs are described in a recorded profile.
 """
 

@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from orchestrator.errors import PipelineBusy
+from orchestrator.core.errors import PipelineBusy
 
 CONTROL_CALLS = 4
 """Actor calls kept free of requests: ``cancel``, ``measure``, ``close``, ``ready``."""

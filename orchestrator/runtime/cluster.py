@@ -65,8 +65,8 @@ from typing import Any
 
 import psutil
 
-from orchestrator.errors import ConfigError
-from orchestrator.memory import descendants, tree_memory
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.memory import descendants, tree_memory
 
 log = logging.getLogger(__name__)
 

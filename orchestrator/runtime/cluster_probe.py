@@ -6,7 +6,7 @@ Each live node that carries an ``omni_edge_node_<name>`` resource (``ray start
 (``NodeAffinitySchedulingStrategy``, not soft: it runs there or fails), which
 runs ``orchestrator.probe.probe_profile`` in that node's worker — the same probe
 ``omni-edge probe`` runs, so the node's RAM, devices and routes are its own.
-The answers become one profile (``orchestrator.profile.build_cluster``): device
+The answers become one profile (``orchestrator.core.profile.build_cluster``): device
 ids, routes and pools qualified by node, the head node first, then the others
 by name. A node without the resource is not part of the plan (it is named in
 the log).
@@ -29,10 +29,10 @@ from typing import Any
 
 import psutil
 
-from orchestrator.errors import ConfigError
-from orchestrator.memory import descendants, tree_memory
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.memory import descendants, tree_memory
+from orchestrator.core.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
 from orchestrator.probe import probe_profile
-from orchestrator.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
 from orchestrator.runtime import cluster
 from orchestrator.runtime.cluster import NODE_RESOURCE_PREFIX, node_names
 

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import settings
 from orchestrator.config import PipelineConfig
-from orchestrator.errors import ConfigError
-from orchestrator.profile import HardwareProfile
+from orchestrator.core import settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.profile import HardwareProfile
 from orchestrator.runtime.cluster import node_names
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.run import (

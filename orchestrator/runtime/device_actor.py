@@ -32,7 +32,7 @@ runtime (``orchestrator.runtime.runtime.Runtime``):
 4. ``close()`` closes every stage (last loaded first) and releases its
    reservations.
 
-Errors leave this actor as ``orchestrator.errors.StageFailed`` (stage,
+Errors leave this actor as ``orchestrator.core.errors.StageFailed`` (stage,
 device, cause), which pickles with its three fields; Ray delivers it as the
 cause of a ``RayTaskError``.
 """
@@ -51,9 +51,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from orchestrator.errors import ConfigError, LedgerLost, PeerLost, StageFailed
-from orchestrator.memory import RssMeter, descendants, rss_of
-from orchestrator.plan import StagePlan
+from orchestrator.core.errors import ConfigError, LedgerLost, PeerLost, StageFailed
+from orchestrator.core.memory import RssMeter, descendants, rss_of
+from orchestrator.core.plan import StagePlan
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner, JoinSpec
 from orchestrator.runtime.load_imports import call_loading

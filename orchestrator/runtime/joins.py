@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 
 JOIN_BUFFER_ITEMS = 4
 """Unpaired items a ``zip`` keeps per input (and joined items waiting to be fed)."""

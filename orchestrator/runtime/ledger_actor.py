@@ -1,4 +1,4 @@
-"""The ledger actor: ``orchestrator.ledger.Ledger`` shared by every device actor.
+"""The ledger actor: ``orchestrator.core.ledger.Ledger`` shared by every device actor.
 
 :class:`LedgerService` is plain Python (tested without Ray); :func:`create`
 wraps it in a Ray actor with ``max_concurrency=1``, so each method runs alone
@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from orchestrator.ledger import Admission, Ledger, Reservation, holder_peak
+from orchestrator.core.ledger import Admission, Ledger, Reservation, holder_peak
 
 
 class LedgerService:
@@ -66,7 +66,7 @@ class LedgerService:
         return os.getpid()
 
     def admit(self, holder: str, reservations: list[dict[str, Any]]) -> dict[str, Any]:
-        """Check and reserve in one step; the :class:`~orchestrator.ledger.Admission`
+        """Check and reserve in one step; the :class:`~orchestrator.core.ledger.Admission`
         as plain data: ``{"ok": bool, "shortfalls": [...]}``."""
         rs = [Reservation(**r) for r in reservations]
         admission = self.ledger.admit(holder, rs)

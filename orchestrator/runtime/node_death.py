@@ -16,7 +16,7 @@ actor died alone: a crash, an OOM kill); when the raylet does not answer at all
 health checks must have decided (:meth:`HealthCheck.bound_s`), and past that
 says the node does not answer though Ray still lists it.
 
-What is said (:func:`death_problem`) is a :class:`~orchestrator.errors.Problem`:
+What is said (:func:`death_problem`) is a :class:`~orchestrator.core.errors.Problem`:
 *where* (the stage and device), *what* (the actor died before it was ready,
 while loading, or while serving a request; the node — its name, Ray node id
 and raylet address — died with it, or is up) and *how to fix* it.
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import Problem
+from orchestrator.core.errors import Problem
 
 RAY_HEALTH_CHECK_DEFAULTS = {
     "health_check_period_ms": 3000,

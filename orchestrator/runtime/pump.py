@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import Any
 
-from orchestrator.plan import StagePlan
+from orchestrator.core.plan import StagePlan
 from orchestrator.runtime.device_actor import NO_STAMPS, StageStats, Stamps
 from orchestrator.runtime.events import StageEvent
 from orchestrator.runtime.hop import FirstChunk, first_chunk_hop

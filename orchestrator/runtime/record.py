@@ -34,8 +34,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import check_writable, write_json_atomic
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import check_writable, write_json_atomic
 
 RUN_FORMAT = "omni-edge.run/1"
 DEFAULT_DIR = Path("runs")

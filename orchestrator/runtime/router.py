@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.hop import EdgeTrace, FirstChunk, same_clock
 from stages.payloads import untag
 from stages.text_chunks import SentenceChunker, WholeText

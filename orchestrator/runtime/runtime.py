@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.config import PipelineConfig, sources
-from orchestrator.errors import (
+from orchestrator.core.errors import (
     BadRequest,
     ConfigError,
     LedgerLost,
@@ -81,8 +81,8 @@ from orchestrator.errors import (
     PlanRefused,
     StageFailed,
 )
-from orchestrator.ledger import PIPELINE_HOLDER
-from orchestrator.plan import PipelinePlan, StagePlan
+from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.plan import PipelinePlan, StagePlan
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import node_death
 from orchestrator.runtime import startup as startup_mod

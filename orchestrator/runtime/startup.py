@@ -46,9 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.errors import ConfigError, StageFailed
-from orchestrator.ledger import PIPELINE_HOLDER
-from orchestrator.profile import HOST_RAM, pool_node
+from orchestrator.core.errors import ConfigError, StageFailed
+from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal

@@ -47,7 +47,7 @@ has every endpoint, shape and metric):
   one's stage, device and code), ``GET /v1/plan`` (the plan with each stage's
   measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
   last requests' latencies), ``GET /metrics`` (Prometheus text,
-  ``server_metrics``), ``GET /`` (the page: ``orchestrator/web``, its files
+  ``server.metrics``), ``GET /`` (the page: ``orchestrator/server/web``, its files
   under ``/static``).
 
 A client that goes away is cancelled all the way down, whenever it leaves:

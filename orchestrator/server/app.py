@@ -21,11 +21,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.api import Pipeline, audio_entry_stages, tensor_entry_stages
-from orchestrator.errors import BadRequest, Problem
+from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, wav_header
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.server.auth import BearerAuth, error_response
 from orchestrator.server.failures import REQUEST_ERRORS, failure
+from orchestrator.server.guard import RequestGuard
+from orchestrator.server.metrics import ServerMetrics, Trace
 from orchestrator.server.protocol import (
     ChatCall,
     ServerLimits,
@@ -34,8 +36,6 @@ from orchestrator.server.protocol import (
     read_speech,
 )
 from orchestrator.server.realtime import Realtime, RealtimeLimits
-from orchestrator.server_guard import RequestGuard
-from orchestrator.server_metrics import ServerMetrics, Trace
 from stages.payloads import spell
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ AUDIO_EXPIRES_S = 3600
 HEALTH_TIMEOUT_S = 2.0
 """How long ``/health`` waits for a device actor to say how its stages are: an actor
 answers in milliseconds; one that does not within this is reported, not waited for."""
-WEB_DIR = Path(__file__).parent.parent / "web"
+WEB_DIR = Path(__file__).parent / "web"
 """The page at ``/`` (index.html, app.js, style.css): package data served as it is, no build step."""
 
 
@@ -751,7 +751,7 @@ def create_app(
     realtime: RealtimeLimits | None = None,
 ) -> ASGIApp:
     """The ASGI app serving ``pipeline`` (started; closed by whoever started it), behind
-    ``server_guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any);
+    ``server.guard.RequestGuard`` (``allowed_hosts``: names served besides loopback ones, None: any);
     ``limits``: what one request may carry (default ``ServerLimits()``); ``realtime``: what one
     ``/v1/realtime`` session may do (default ``RealtimeLimits()``)."""
     app = _App(pipeline, limits or ServerLimits())

@@ -8,7 +8,7 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.server_guard import deny_websocket, is_loopback
+from orchestrator.server.guard import deny_websocket, is_loopback
 
 __all__ = ["BearerAuth", "error_response", "is_loopback", "websocket_key"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from orchestrator.errors import BadRequest, PipelineBusy, Problem, StageFailed
+from orchestrator.core.errors import BadRequest, PipelineBusy, Problem, StageFailed
 
 log = logging.getLogger(__name__)
 

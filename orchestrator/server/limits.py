@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from orchestrator.units import MiB
+from orchestrator.core.units import MiB
 
 
 @dataclass(frozen=True)

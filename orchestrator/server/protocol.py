@@ -41,9 +41,9 @@ from pydantic import (
 )
 
 from orchestrator.api import audio_request, tensor_request
-from orchestrator.errors import BadRequest, Problem
+from orchestrator.core.errors import BadRequest, Problem
+from orchestrator.core.units import MiB
 from orchestrator.server.limits import FLAGS, ServerLimits
-from orchestrator.units import MiB
 from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
 
 SAMPLING_FIELDS = {

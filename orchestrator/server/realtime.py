@@ -81,7 +81,8 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orchestrator.api import audio_entry_stages
-from orchestrator.errors import BadRequest, Problem
+from orchestrator.core.errors import BadRequest, Problem
+from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
 from orchestrator.server.failures import failure, internal_failure
@@ -94,7 +95,6 @@ from orchestrator.server.realtime_events import (
     pcm16,
     validated,
 )
-from orchestrator.units import MiB
 from stages.base import REQUEST
 from stages.vad.runner import Cutter, VadRunner
 from stages.vad.segments import SegmentRules

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.server.metrics import ServerMetrics
 from orchestrator.server.realtime_events import new_id
-from orchestrator.server_metrics import ServerMetrics
 from stages.vad.runner import Cutter
 
 TIMING_MARKS = ("request", "turn_end", "transcript", "first_token", "first_sentence", "first_audio")

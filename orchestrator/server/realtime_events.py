@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from orchestrator.errors import BadRequest, Problem
+from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.server.protocol import Text, _Body
 from orchestrator.server.protocol import validated as _validated
 

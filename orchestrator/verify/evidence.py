@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
-from orchestrator.fileio import write_json_atomic
+from orchestrator.core import settings
+from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.profile import Host
 from orchestrator.probe.host import this_host
-from orchestrator.profile import Host
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from orchestrator.errors import RefusalCode, VerificationError
-from orchestrator.ort.backends import CPU_EP, SessionSpec
+from orchestrator.core.backends import CPU_EP, SessionSpec
+from orchestrator.core.errors import RefusalCode, VerificationError
+from orchestrator.core.plan import Refusal
 from orchestrator.ort.sessions import RemoteError, Sessions
 from orchestrator.ort.worker import OpenedSession
-from orchestrator.plan import Refusal
 
 if TYPE_CHECKING:
     from stages.exported_graph.artifact import ExportedArtifact, Tolerance

@@ -17,12 +17,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import RefusalCode, VerificationError
-from orchestrator.ort.backends import DISABLE_CPU_FALLBACK, SessionSpec
+from orchestrator.core.backends import DISABLE_CPU_FALLBACK, SessionSpec
+from orchestrator.core.errors import RefusalCode, VerificationError
+from orchestrator.core.plan import Refusal, Verification
+from orchestrator.core.profile import Host, Route
 from orchestrator.ort.routes import resolve, runtime_identity
 from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
-from orchestrator.plan import Refusal, Verification
-from orchestrator.profile import Host, Route
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore, machine_identity
 from orchestrator.verify.gates import Judgement, judge, measure
 from stages.base import GateSpec

@@ -27,10 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
 from orchestrator.config import PipelineConfig
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import write_json_atomic
+from orchestrator.core import settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.plan import Refusal
+from orchestrator.core.profile import HardwareProfile
 from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
@@ -39,10 +41,8 @@ from orchestrator.ort.routes import (
     static_refusal,
 )
 from orchestrator.ort.sessions import RouteError, open_sessions
-from orchestrator.plan import Refusal
 from orchestrator.planner import Candidate, Excluded, stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
-from orchestrator.profile import HardwareProfile
 from orchestrator.verify.evidence import (
     EvidenceKey,
     EvidenceStore,

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError, Problem
-from orchestrator.fileio import write_json_atomic
-from orchestrator.settings import gguf_headers_dir
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.settings import gguf_headers_dir
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.profile import Device
+from orchestrator.core.profile import Device
 
 
 @dataclass(frozen=True)

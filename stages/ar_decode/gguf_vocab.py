@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from orchestrator.packages import is_package_location, resolve_package_location
+from orchestrator.core.packages import is_package_location, resolve_package_location
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.memory import RssMeter
+from orchestrator.core.errors import BadRequest, StageFailed
+from orchestrator.core.memory import RssMeter
 from stages.ar_decode import omni
 from stages.ar_decode.model_cache import resolve_model
 from stages.ar_decode.runner import QUIET_ENV, _encode, check_length, request_parts
@@ -56,7 +56,7 @@ from stages.base import StageRunner
 from stages.payloads import on_port, split_input
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
+    from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class TransformersRunner(StageRunner):
             if threads is not None:
                 torch.set_num_threads(
                     threads
-                )  # the plan's share of the cores (orchestrator.cpu_threads)
+                )  # the plan's share of the cores (orchestrator.core.cpu_threads)
             self._torch_device = str(kwargs.get("torch_device") or "cpu")
             dtype = getattr(torch, TORCH_DTYPES.get(str(kwargs.get("dtype")), "float32"))
             model_dir = resolve_model(

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from orchestrator import errors
-from orchestrator.errors import RefusalCode
-from orchestrator.ledger import Reservation, holder_peak
-from orchestrator.packages import is_package_location, resolve_package_location
-from orchestrator.plan import Refusal
-from orchestrator.profile import HOST_RAM
-from orchestrator.units import GiB, MiB, fmt_bytes
-from orchestrator.validation import Strict
+from orchestrator.core import errors
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.ledger import Reservation, holder_peak
+from orchestrator.core.packages import is_package_location, resolve_package_location
+from orchestrator.core.plan import Refusal
+from orchestrator.core.profile import HOST_RAM
+from orchestrator.core.units import GiB, MiB, fmt_bytes
+from orchestrator.core.validation import Strict
 from stages.ar_decode import formats as capabilities
 from stages.ar_decode import llamacpp_plan, model_cache
 from stages.ar_decode.checkpoint import (
@@ -68,8 +68,8 @@ from stages.base import ArtifactInfo, Join, Progress, StageConfig, StageKind
 from stages.payloads import Ports, parse_payloads
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device, Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Device, Route
 
 # ---- estimates (evidence E); each with where the number comes from ---------------
 ACTIVATION_LIVE_TENSORS = 12

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.errors import RefusalCode
-from orchestrator.ledger import Evidence, Reservation
-from orchestrator.plan import Refusal
-from orchestrator.units import MiB
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.ledger import Evidence, Reservation
+from orchestrator.core.plan import Refusal
+from orchestrator.core.units import MiB
 from stages.ar_decode import formats as capabilities
 from stages.ar_decode.kv import KVBudget
 from stages.base import ArtifactInfo
 
 if TYPE_CHECKING:
-    from orchestrator.profile import Device
+    from orchestrator.core.profile import Device
 
 
 class LlamaCppStage(Protocol):

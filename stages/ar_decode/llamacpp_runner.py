@@ -65,8 +65,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.memory import RssMeter
+from orchestrator.core.errors import BadRequest, StageFailed
+from orchestrator.core.memory import RssMeter
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
 from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, request_parts
 from stages.base import StageRunner
@@ -74,7 +74,7 @@ from stages.base import StageRunner
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from orchestrator.plan import StagePlan
+    from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
 
 log = logging.getLogger(__name__)

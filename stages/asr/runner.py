@@ -53,14 +53,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from stages.audio_items import Cancelled, mono_audio, resample
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.ort_runner import OrtRunner, route_for
 
 if TYPE_CHECKING:
+    from orchestrator.core.plan import StagePlan
     from orchestrator.ort.sessions import ResolvedRoute
-    from orchestrator.plan import StagePlan
 
 __all__ = ["AsrRunner", "fit_frames", "route_for"]
 

@@ -36,11 +36,15 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from orchestrator.errors import ConfigError, Problem
-from orchestrator.fileio import file_sha256
-from orchestrator.packages import PACKAGE_SCHEME, resolve_package_location, split_package_location
-from orchestrator.units import parse_bytes
-from orchestrator.validation import Strict, problems_from_validation, read_document
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.fileio import file_sha256
+from orchestrator.core.packages import (
+    PACKAGE_SCHEME,
+    resolve_package_location,
+    split_package_location,
+)
+from orchestrator.core.units import parse_bytes
+from orchestrator.core.validation import Strict, problems_from_validation, read_document
 from stages.payloads import parse_payloads
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError, Problem
-from orchestrator.fileio import write_json_atomic
-from orchestrator.settings import cache_write_failed, graph_stats_dir
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.settings import cache_write_failed, graph_stats_dir
 from stages.exported_graph.artifact import (
     MANIFEST_NAME,
     ExportedArtifact,

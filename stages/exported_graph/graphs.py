@@ -22,10 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator.errors import ConfigError, Problem
-from orchestrator.ledger import Reservation
-from orchestrator.ort import backends as ort_backends
-from orchestrator.plan import Refusal
+from orchestrator.core import backends as ort_backends
+from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import Refusal
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.kind import (
@@ -36,7 +36,7 @@ from stages.exported_graph.kind import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.profile import Device
+    from orchestrator.core.profile import Device
 
 
 class GraphsKind(StageKind):

@@ -1,7 +1,7 @@
 """``exported_graph``: an ONNX artifact run by ONNX Runtime with a chosen EP.
 
 Planning reads the artifact's manifest and graph statistics (never a session,
-never onnxruntime); the backend table (``orchestrator.ort.backends``)
+never onnxruntime); the backend table (``orchestrator.core.backends``)
 supplies providers, options and EP memory; ``gate_spec`` says what the
 coverage and numeric gates must measure, and the planner reads their verdict
 from the evidence cache. The runtime half is ``stages.exported_graph.runner``.
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrator.errors import ConfigError, RefusalCode
-from orchestrator.ledger import RETAINED_GROWTH, Reservation
-from orchestrator.ort import backends as ort_backends
-from orchestrator.packages import PACKAGE_SCHEME
-from orchestrator.plan import Refusal
-from orchestrator.units import MiB, fmt_bytes
-from orchestrator.validation import Strict, unique
+from orchestrator.core import backends as ort_backends
+from orchestrator.core.errors import ConfigError, RefusalCode
+from orchestrator.core.ledger import RETAINED_GROWTH, Reservation
+from orchestrator.core.packages import PACKAGE_SCHEME
+from orchestrator.core.plan import Refusal
+from orchestrator.core.units import MiB, fmt_bytes
+from orchestrator.core.validation import Strict, unique
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     ExportedArtifact,
@@ -40,8 +40,8 @@ from stages.payloads import Ports, parse_payloads
 from stages.text_chunks import FIRST_MIN_CUT_CHARS, MAX_CHARS
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device, Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Device, Route
 
 ACTIVATION_FLOOR = 64 * MiB
 """One inference's intermediate tensors, at least: above what the Piper voice was

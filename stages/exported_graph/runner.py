@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.core.errors import BadRequest, StageFailed
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.chunking import ChunkInputError, FrameChunker, Window, new_samples
 from stages.ort_runner import (
@@ -49,8 +49,8 @@ from stages.ort_runner import (
 from stages.payloads import parse_payloads
 
 if TYPE_CHECKING:
+    from orchestrator.core.plan import StagePlan
     from orchestrator.ort.sessions import ResolvedRoute
-    from orchestrator.plan import StagePlan
 
 __all__ = [
     "RECYCLE_HEADROOM_FRACTION",

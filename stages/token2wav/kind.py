@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.base import ArtifactInfo, StageConfig, StageRunner
 from stages.exported_graph.graphs import GraphsKind
 from stages.exported_graph.kind import GraphStageConfig
 from stages.payloads import Ports, parse_payloads
+from stages.token2wav import VOICES
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Route
 
-VOICES = "voices.npz"
 """The DiT artifact's voices: ``<speaker>.cond`` [enc_emb_dim] and ``<speaker>.ref_mel``
 [frames, mel_dim] float32 arrays (a Qwen2.5-Omni checkpoint's ``spk_dict.pt``, read at export)."""
 BUILD_HINT = "build the graphs: python -m exports.qwen2_5_omni_token2wav build (after python -m exports.omni_tiny build)"

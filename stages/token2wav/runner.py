@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from stages.audio_items import Cancelled
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.ort_runner import OrtRunner, route_for
-from stages.token2wav.kind import VOICES
+from stages.token2wav import VOICES
 
 if TYPE_CHECKING:
+    from orchestrator.core.plan import StagePlan
     from orchestrator.ort.sessions import ResolvedRoute
-    from orchestrator.plan import StagePlan
 
 __all__ = ["Token2WavRunner", "route_for", "solve", "time_points"]
 

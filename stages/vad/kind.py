@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from orchestrator.errors import BadRequest, ConfigError, Problem
-from orchestrator.ledger import Reservation
-from orchestrator.ort import backends as ort_backends
-from orchestrator.plan import Refusal
+from orchestrator.core import backends as ort_backends
+from orchestrator.core.errors import BadRequest, ConfigError, Problem
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import Refusal
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.kind import (
@@ -47,8 +47,8 @@ from stages.exported_graph.kind import (
 from stages.payloads import sample_rate_problem
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StagePlan
-    from orchestrator.profile import Device, Route
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.profile import Device, Route
 
 METADATA_KEYS = ("sample_rate", "chunk_samples", "context_samples")
 """What the runner reads from the artifact's manifest ``metadata``."""

@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import soxr
 
-from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.core.errors import BadRequest, StageFailed
 from stages.audio_items import RESAMPLE_BLOCK_SAMPLES, Cancelled, mono_audio
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.ort_runner import OrtRunner, route_for
 from stages.vad.segments import Segmenter, SegmentRules
 
 if TYPE_CHECKING:
+    from orchestrator.core.plan import StagePlan
     from orchestrator.ort.sessions import ResolvedRoute
-    from orchestrator.plan import StagePlan
 
 __all__ = ["VadRunner", "route_for"]
 

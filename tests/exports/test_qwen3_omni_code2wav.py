@@ -20,7 +20,7 @@ import yaml
 
 from exports import qwen3_omni_code2wav as c2w
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError, StageFailed
+from orchestrator.core.errors import ConfigError, StageFailed
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.chunking import FrameChunker, Window, new_samples

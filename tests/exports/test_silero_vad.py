@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from exports import silero_vad
-from orchestrator.errors import RefusalCode
+from orchestrator.core.errors import RefusalCode
 from orchestrator.ort.sessions import RemoteError
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from exports import whisper_asr, whisper_ct2
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from stages.exported_graph.artifact import load_artifact

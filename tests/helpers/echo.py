@@ -22,9 +22,9 @@ from omni_edge_testkinds.echo import (
 )
 
 from orchestrator.config import PipelineConfig, parse_config
-from orchestrator.ledger import Reservation
-from orchestrator.plan import PipelinePlan, PoolPlan, ReplicaPlan, StagePlan
-from orchestrator.units import GiB, MiB
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import PipelinePlan, PoolPlan, ReplicaPlan, StagePlan
+from orchestrator.core.units import GiB, MiB
 
 __all__ = [
     "GATE_TIMEOUT_S",

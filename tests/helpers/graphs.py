@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from orchestrator.profile import HardwareProfile, parse_profile
-from orchestrator.units import GiB
+from orchestrator.core.profile import HardwareProfile, parse_profile
+from orchestrator.core.units import GiB
 from orchestrator.verify.placement import Placement, placement_for
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.profile import HardwareProfile, parse_profile
-from orchestrator.units import GiB
+from orchestrator.core.profile import HardwareProfile, parse_profile
+from orchestrator.core.units import GiB
 
 
 def make_profile(

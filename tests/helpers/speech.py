@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from exports import piper_voice
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 
 
 def speak(text: str) -> tuple[Any, int]:

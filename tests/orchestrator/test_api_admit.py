@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.api import AdmitProgress, PipelineOptions, admit_plan
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.probe import probe_profile
 from tests.helpers import REPO
 

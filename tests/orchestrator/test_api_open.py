@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from orchestrator.api import Pipeline
-from orchestrator.errors import PlanRefused
-from orchestrator.units import GiB
+from orchestrator.core.errors import PlanRefused
+from orchestrator.core.units import GiB
 from tests.helpers.profiles import make_profile
 
 LOAD_S = 3.0

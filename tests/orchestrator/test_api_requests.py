@@ -16,10 +16,10 @@ import pytest
 from orchestrator.api import Pipeline
 from orchestrator.cli import main
 from orchestrator.config import load_config
-from orchestrator.errors import BadRequest, ConfigError
+from orchestrator.core.errors import BadRequest, ConfigError
+from orchestrator.core.units import GiB
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.runtime import Runtime
-from orchestrator.units import GiB
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import calibration as cal
-from orchestrator.ledger import RETAINED_GROWTH, Reservation, holder_peak
-from orchestrator.units import GiB, MiB
+from orchestrator.core.ledger import RETAINED_GROWTH, Reservation, holder_peak
+from orchestrator.core.units import GiB, MiB
 
 POOL = "host_ram"
 

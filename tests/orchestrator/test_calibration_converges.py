@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from orchestrator import calibration as cal
-from orchestrator.ledger import RETAINED_GROWTH, Reservation, holder_peak
-from orchestrator.units import MiB
+from orchestrator.core.ledger import RETAINED_GROWTH, Reservation, holder_peak
+from orchestrator.core.units import MiB
 from stages.exported_graph.runner import recycle_limit
 
 POOL = "host_ram"

@@ -1,4 +1,4 @@
-"""Drift on the server's /metrics (orchestrator/server_metrics.py), with a stub runtime:
+"""Drift on the server's /metrics (orchestrator/server/metrics.py), with a stub runtime:
 a stage measured above its budget is flagged and counted once per excursion, an upper
 bound is not judged, and the recorder writes the measurement store while serving."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from orchestrator import server_metrics
-from orchestrator.ledger import Reservation
-from orchestrator.plan import StagePlan
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import StagePlan
 from orchestrator.runtime.runtime import replica_refs
-from orchestrator.server_metrics import ServerMetrics
+from orchestrator.server import metrics as server_metrics
+from orchestrator.server.metrics import ServerMetrics
 
 MiB = 2**20
 

@@ -21,10 +21,10 @@ from orchestrator import calibration as cal
 from orchestrator.api import Pipeline
 from orchestrator.cli import main
 from orchestrator.config import load_config
-from orchestrator.plan import PipelinePlan
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.profile import HardwareProfile, load_profile
+from orchestrator.core.units import MiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import HardwareProfile, load_profile
-from orchestrator.units import MiB
 from tests.helpers import REPO
 
 CLUSTER = REPO / "configs" / "profiles" / "clusters" / "laptop-desktop.json"

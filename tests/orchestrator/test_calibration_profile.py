@@ -18,9 +18,9 @@ import pytest
 from orchestrator import calibration as cal
 from orchestrator.cli import main
 from orchestrator.config import load_config
-from orchestrator.plan import PipelinePlan
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.profile import HardwareProfile, load_profile
 from orchestrator.planner import Candidate, candidate_key, plan_pipeline, stage_candidates
-from orchestrator.profile import HardwareProfile, load_profile
 from stages.registry import get_kind
 from tests.helpers import REPO
 

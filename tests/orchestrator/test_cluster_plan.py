@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import errors
 from orchestrator.config import load_config
-from orchestrator.errors import RefusalCode
-from orchestrator.plan import PipelinePlan
-from orchestrator.planner import parse_mask, plan_pipeline
-from orchestrator.profile import (
+from orchestrator.core import errors
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.profile import (
     ClusterNode,
     Device,
     HardwareProfile,
@@ -23,6 +22,7 @@ from orchestrator.profile import (
     load_profile,
     profile_pools,
 )
+from orchestrator.planner import parse_mask, plan_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "configs" / "profiles" / "clusters" / "laptop-desktop.json"
@@ -233,7 +233,7 @@ def test_this_machines_evidence_does_not_verify_another_machines_node(
 ) -> None:
     """Evidence is this machine's: a node that is another machine stays unverified."""
     import orchestrator.planner as planner
-    from orchestrator.plan import Verification
+    from orchestrator.core.plan import Verification
 
     monkeypatch.setattr(
         planner, "cached_verdict", lambda gate, route: (Verification("verified", "M here"), [])

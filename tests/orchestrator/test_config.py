@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator.config import load_config
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
@@ -189,7 +189,8 @@ def test_deploy_shaped_stages_without_kind_are_refused_naming_the_importer(tmp_p
 
 
 def test_every_config_field_has_a_description():
-    from orchestrator import config, profile
+    from orchestrator import config
+    from orchestrator.core import profile
     from stages.registry import get_kind
 
     models: list[type[BaseModel]] = [

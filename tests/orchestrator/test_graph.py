@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config import load_config
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.runtime.runtime import Runtime
 from stages.registry import get_kind
 from tests.helpers.echo import echo_pipeline

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 from orchestrator.config import load_config
-from orchestrator.errors import RefusalCode
-from orchestrator.plan import PipelinePlan
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.units import GiB, MiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.units import GiB, MiB
 from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.profiles import make_profile

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import errors
 from orchestrator.cli import main
 from orchestrator.config import parse_config
-from orchestrator.console import make_console
-from orchestrator.errors import RefusalCode
-from orchestrator.plan import PipelinePlan
+from orchestrator.core import errors
+from orchestrator.core.console import make_console
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.profile import load_profile
+from orchestrator.core.units import fmt_bytes
 from orchestrator.planner import build_ledger, parse_mask, plan_pipeline
-from orchestrator.profile import load_profile
 from orchestrator.render import plan_table
-from orchestrator.units import fmt_bytes
 from stages.base import MAX_REPLICAS
 from tests.helpers import REPO
 

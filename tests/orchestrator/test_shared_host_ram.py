@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from orchestrator.config import load_config
-from orchestrator.errors import RefusalCode
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.units import GiB, MiB, fmt_bytes
 from orchestrator.planner import plan_pipeline
-from orchestrator.units import GiB, MiB, fmt_bytes
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.profiles import make_profile
 

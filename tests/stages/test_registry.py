@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import parse_config
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.units import MiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.units import MiB
 from stages import registry
 from stages.registry import ENTRY_POINT_GROUP, get_kind, known_kinds, register
 from tests.helpers import REPO
@@ -130,7 +130,7 @@ def test_a_plugin_that_fails_to_import_is_reported_by_name_when_its_kind_is_aske
     code = (
         "import json, logging, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(name)s: %(message)s')\n"
-        "from orchestrator.errors import ConfigError\n"
+        "from orchestrator.core.errors import ConfigError\n"
         "from orchestrator.config import parse_config\n"
         "from stages.registry import plugin_failures\n"
         "doc = {'name': 'b', 'stages': [{'name': 's', 'kind': 'broken_import', 'final_output': True,\n"

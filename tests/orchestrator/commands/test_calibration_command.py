@@ -14,8 +14,8 @@ import pytest
 
 from orchestrator import calibration as cal
 from orchestrator.cli import main
-from orchestrator.profile import HardwareProfile, load_profile
-from orchestrator.units import MiB
+from orchestrator.core.profile import HardwareProfile, load_profile
+from orchestrator.core.units import MiB
 from tests.orchestrator.test_calibration_profile import (
     PROFILE,
     THINKER_PEAK,

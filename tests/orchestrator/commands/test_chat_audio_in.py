@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.commands.realtime_client import realtime_url
+from orchestrator.client.realtime import realtime_url
 
 
 @pytest.fixture
@@ -294,7 +294,7 @@ def test_the_end_of_speech_is_timed_at_the_chunk_that_carried_it_after_a_short_c
     """The recording's last chunk is short (its length is no multiple of 20 ms) and the silence
     after it starts a new chunk: a sample's send time is found by where each chunk ended, not by
     counting 20 ms chunks (which would be off by the short chunk from there on)."""
-    from orchestrator.commands.realtime_client import VoiceSession
+    from orchestrator.client.realtime import VoiceSession
 
     session = VoiceSession("http://127.0.0.1:1")
     session.in_rate = 16000

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.cli import main
-from orchestrator.units import GiB
+from orchestrator.core.units import GiB
 from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 

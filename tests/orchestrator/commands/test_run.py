@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.core.units import GiB
 from orchestrator.runtime.audio import read_wav, rms_dbfs
-from orchestrator.units import GiB
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile
 

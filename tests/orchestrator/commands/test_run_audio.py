@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.api import audio_request
 from orchestrator.cli import main
-from orchestrator.errors import BadRequest
+from orchestrator.core.errors import BadRequest
 from orchestrator.runtime.audio import write_wav
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.errors import RefusalCode
-from orchestrator.ort.backends import keyed_options
-from orchestrator.profile import HardwareProfile, load_profile
+from orchestrator.core.backends import keyed_options
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.profile import HardwareProfile, load_profile
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import placement_for
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
@@ -209,7 +209,7 @@ def test_a_users_load_config_keeps_its_properties_and_gains_the_precision(artifa
 
 
 def test_a_load_config_that_is_no_json_object_is_refused_naming_it(artifact: Path) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     profile = load_profile(PROFILES / "lunar-lake-32gb.json")
     with pytest.raises(ConfigError) as err:
@@ -261,7 +261,7 @@ def test_target_only_drops_the_cpu_ep_and_sets_the_no_fallback_key(artifact: Pat
 def test_cache_locations_are_not_part_of_the_evidence_key(
     artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.ort.backends import SessionSpec
+    from orchestrator.core.backends import SessionSpec
 
     profile = load_profile(PROFILES / "lunar-lake-32gb.json")
     monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "a"))
@@ -389,8 +389,8 @@ def test_every_config_field_of_the_kind_has_a_description() -> None:
 def test_the_profile_the_stage_kind_and_the_probe_take_their_backend_names_from_the_table() -> None:
     from typing import get_args
 
-    from orchestrator.ort.backends import BACKENDS, EP_BACKENDS, OrtBackendName
-    from orchestrator.profile import Backend, CheckpointBackendName
+    from orchestrator.core.backends import BACKENDS, EP_BACKENDS, OrtBackendName
+    from orchestrator.core.profile import Backend, CheckpointBackendName
 
     assert tuple(BACKENDS) == get_args(OrtBackendName)
     assert set(get_args(Backend)) == set(get_args(CheckpointBackendName)) | set(BACKENDS)
@@ -399,7 +399,7 @@ def test_the_profile_the_stage_kind_and_the_probe_take_their_backend_names_from_
 
 
 def test_each_row_gives_options_only_for_the_devices_it_drives() -> None:
-    from orchestrator.ort.backends import BACKENDS
+    from orchestrator.core.backends import BACKENDS
 
     for name, row in BACKENDS.items():
         assert row.drives, name
@@ -409,7 +409,7 @@ def test_each_row_gives_options_only_for_the_devices_it_drives() -> None:
 
 
 def test_devices_map_to_backends_through_the_table() -> None:
-    from orchestrator.ort.backends import backends_for_device
+    from orchestrator.core.backends import backends_for_device
 
     eps = [
         "OpenVINOExecutionProvider",
@@ -430,7 +430,7 @@ def test_devices_map_to_backends_through_the_table() -> None:
 def test_recorded_profiles_list_only_backends_the_table_says_drive_the_device(
     profile_path: Path,
 ) -> None:
-    from orchestrator.ort.backends import BACKENDS
+    from orchestrator.core.backends import BACKENDS
 
     profile = load_profile(profile_path)
     wrong = [

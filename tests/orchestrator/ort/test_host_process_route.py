@@ -22,11 +22,11 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from orchestrator.core.profile import Route, load_profile
 from orchestrator.ort import hostproc, worker
 from orchestrator.ort.hostproc import PathTranslationError, route_kind_for, translate, windows_path
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
-from orchestrator.profile import Route, load_profile
 from tests.helpers import REPO
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
 from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python

@@ -24,8 +24,17 @@ from typing import Any
 import pytest
 
 from orchestrator.config import parse_config
+from orchestrator.core.backends import backend, plugin_wire, session_spec
+from orchestrator.core.profile import (
+    THIS_PROCESS,
+    Device,
+    HardwareProfile,
+    Host,
+    Route,
+    parse_profile,
+)
+from orchestrator.core.units import GiB
 from orchestrator.ort import worker
-from orchestrator.ort.backends import backend, plugin_wire, session_spec
 from orchestrator.ort.routes import (
     probe_refusal,
     probe_route,
@@ -36,8 +45,6 @@ from orchestrator.ort.routes import (
 from orchestrator.ort.sessions import ResolvedRoute, with_plugins
 from orchestrator.planner import plan_pipeline
 from orchestrator.probe import _with_backends, ep_discovered_devices
-from orchestrator.profile import THIS_PROCESS, Device, HardwareProfile, Host, Route, parse_profile
-from orchestrator.units import GiB
 from tests.helpers import REPO
 
 DATA = Path(__file__).parent / "ep_devices"

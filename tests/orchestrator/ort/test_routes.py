@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import RefusalCode
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.profile import Route, load_profile
 from orchestrator.ort.routes import (
     probe_refusal,
     probe_route,
     runtime_identity,
     static_refusal,
 )
-from orchestrator.profile import Route, load_profile
 from tests.helpers.graphs import OV_PYTHON, REPO, machine_profile
 
 
@@ -124,7 +124,7 @@ def test_a_declared_host_process_route_is_how_wsl_reaches_the_npu() -> None:
     for d in doc["devices"]:
         if d["id"] == "npu:0":
             d["route"] = "windows-ryzen-ai"
-    from orchestrator.profile import parse_profile
+    from orchestrator.core.profile import parse_profile
 
     profile = parse_profile(doc)
     npu = profile.device("npu:0")

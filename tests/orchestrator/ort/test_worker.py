@@ -221,7 +221,7 @@ def test_the_openvino_venvs_session_is_given_the_planned_precision(ov_host: Any)
     like the CPU EP."""
     import json
 
-    from orchestrator.ort.backends import session_spec
+    from orchestrator.core.backends import session_spec
     from stages.exported_graph.artifact import load_artifact
     from tests.helpers import REPO
 

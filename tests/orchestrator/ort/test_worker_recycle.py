@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from orchestrator.ort.sessions import RecycleFailed, ResolvedRoute, WorkerSessions
 from stages.exported_graph.runner import RECYCLE_HEADROOM_FRACTION, RECYCLE_HEADROOM_MIN
 
@@ -248,7 +248,7 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
     """What a call allocates and frees before it returns (here its 16 MiB reply, encoded and sent)
     counts in the rise the recycle rule adds to the RSS: judged by what the call left behind, a
     worker at its limit ran past it (1238 MB measured against a 1229 MB budget, issue 19)."""
-    from orchestrator.memory import peak_rss_of, rss_of
+    from orchestrator.core.memory import peak_rss_of, rss_of
 
     if peak_rss_of(host.pid) is None:
         pytest.skip("no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
@@ -270,7 +270,7 @@ def test_a_unit_is_recycled_before_it_never_between_its_calls_and_rises_as_one_c
     """``WorkerSessions.unit()``: calls that carry state from one to the next (a decoder's cache)
     run in one worker; a worker over its limit is replaced before the unit, and what the whole
     unit rose (here three 16 MiB replies, each freed before the next call) is one call's rise."""
-    from orchestrator.memory import peak_rss_of
+    from orchestrator.core.memory import peak_rss_of
 
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.profile import load_profile, profile_pools
+from orchestrator.core.units import MiB
 from orchestrator.probe import gpus, probe_profile
-from orchestrator.profile import load_profile, profile_pools
-from orchestrator.units import MiB
 
 DATA = Path(__file__).parent / "data" / "h200"
 H200_MIB = 143771  # nvidia-smi's memory.total on that machine

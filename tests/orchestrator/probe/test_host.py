@@ -13,9 +13,9 @@ import pytest
 import orchestrator.probe
 from orchestrator.cli import main
 from orchestrator.commands.probe import parse_route_arg
+from orchestrator.core.profile import Route, load_profile, parse_profile
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import host, probe_profile
-from orchestrator.profile import Route, load_profile, parse_profile
 from tests.helpers import REPO
 
 OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"

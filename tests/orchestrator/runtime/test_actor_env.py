@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.plan import StagePlan
+from orchestrator.core.plan import StagePlan
+from orchestrator.core.profile import load_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
 from orchestrator.runtime.runtime import Runtime
 from stages.registry import get_kind
 from tests.helpers import REPO

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import BadRequest
+from orchestrator.core.errors import BadRequest
 from orchestrator.runtime.runtime import Runtime
 from tests.helpers.graphs import REPO
 from tests.orchestrator.runtime.test_graph_runtime import graph_pipeline

@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator import calibration as cal
 from orchestrator.api import Pipeline
+from orchestrator.core.units import GiB, MiB
 from orchestrator.runtime import record as rec
-from orchestrator.units import GiB, MiB
 from tests.helpers.profiles import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

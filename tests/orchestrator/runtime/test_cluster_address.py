@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.runtime.cluster import ADDRESS_CHECK_TIMEOUT_S, check_address, split_address
 from tests.helpers import REPO
 

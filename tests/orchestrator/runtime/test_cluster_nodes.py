@@ -673,7 +673,7 @@ def drive(address: str, second_pgid: int, second_temp: str, out: str) -> None:
     """The driver (in its own process): plan on the live cluster, run, kill the second node mid-request."""
     from orchestrator.api import Pipeline
     from orchestrator.config import load_config
-    from orchestrator.errors import StageFailed
+    from orchestrator.core.errors import StageFailed
     from orchestrator.planner import plan_pipeline
     from orchestrator.runtime import cluster
     from orchestrator.runtime.cluster_probe import gather_profile, node_ray_memory

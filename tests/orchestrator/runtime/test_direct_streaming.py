@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import StageFailed
-from orchestrator.plan import StagePlan
+from orchestrator.core.errors import StageFailed
+from orchestrator.core.plan import StagePlan
 from orchestrator.runtime import record
 from orchestrator.runtime import runtime as runtime_mod
 from orchestrator.runtime.device_actor import DeviceActor, _Hosted
@@ -300,7 +300,7 @@ def test_a_feed_that_found_its_consumer_s_actor_dead_is_said_as_the_consumer_s_d
     the producer's failure comes first.)"""
     from ray.exceptions import RayTaskError
 
-    from orchestrator.errors import PeerLost
+    from orchestrator.core.errors import PeerLost
     from orchestrator.runtime.startup import Device
 
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.registry import get_kind
 from tests.helpers.echo import REPLY, EchoRunner, echo_pipeline
 

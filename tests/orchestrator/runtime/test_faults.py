@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.runtime import Runtime
 from tests.helpers.echo import echo_pipeline
 
@@ -188,7 +188,7 @@ def test_a_route_worker_that_hangs_is_killed_after_its_timeout_and_named(
     import os
     import signal
 
-    from orchestrator import settings
+    from orchestrator.core import settings
 
     runner = _worker_runner(tmp_path)
     try:
@@ -211,7 +211,7 @@ def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(
     import dataclasses
 
     from orchestrator.config import load_config
-    from orchestrator.plan import StagePlan
+    from orchestrator.core.plan import StagePlan
     from orchestrator.planner import plan_pipeline
     from tests.helpers import REPO
     from tests.helpers.profiles import make_profile

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from orchestrator.config import PipelineConfig, load_config, parse_config
-from orchestrator.errors import ConfigError, StageFailed
-from orchestrator.ledger import Reservation
-from orchestrator.plan import PipelinePlan, PoolPlan, StagePlan
+from orchestrator.core.errors import ConfigError, StageFailed
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import PipelinePlan, PoolPlan, StagePlan
+from orchestrator.core.units import GiB, MiB
 from orchestrator.runtime.device_actor import INPUT_QUEUE_ITEMS
 from orchestrator.runtime.events import AudioChunk, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.joins import JOIN_BUFFER_ITEMS, Joiner
 from orchestrator.runtime.runtime import GENERATOR_BACKPRESSURE, Runtime
-from orchestrator.units import GiB, MiB
 
 # ---- plans by hand -----------------------------------------------------------------
 

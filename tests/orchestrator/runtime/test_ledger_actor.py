@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.ledger import PIPELINE_HOLDER, Reservation
+from orchestrator.core.ledger import PIPELINE_HOLDER, Reservation
+from orchestrator.core.units import MiB
 from orchestrator.runtime.ledger_actor import LedgerService
-from orchestrator.units import MiB
 
 
 def r(

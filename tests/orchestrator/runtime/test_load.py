@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import PipelineBusy
+from orchestrator.core.errors import PipelineBusy
 from orchestrator.runtime.admission import (
     CONTROL_CALLS,
     Admission,

@@ -7,10 +7,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from orchestrator.ledger import Reservation
-from orchestrator.plan import StagePlan
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import StagePlan
+from orchestrator.core.units import MiB
 from orchestrator.runtime.record import stage_rows
-from orchestrator.units import MiB
 
 
 def _stage(name: str, budget: int) -> StagePlan:

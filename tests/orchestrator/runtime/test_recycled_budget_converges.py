@@ -26,7 +26,7 @@ import yaml
 
 from orchestrator import calibration as cal
 from orchestrator.api import Pipeline
-from orchestrator.units import MiB
+from orchestrator.core.units import MiB
 from tests.helpers.graphs import write_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ort]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from orchestrator.runtime import record
 from orchestrator.runtime.admission import CONTROL_CALLS
 from orchestrator.runtime.balance import Balancer, ReplicaRef
@@ -258,7 +258,7 @@ def test_a_config_with_replicas_plans_and_runs_two_processes_on_one_device(
     records the larger of their peaks."""
     from orchestrator import calibration as cal
     from orchestrator.api import Pipeline
-    from orchestrator.units import GiB, MiB
+    from orchestrator.core.units import GiB, MiB
     from tests.helpers.profiles import make_profile
 
     (tmp_path / "voice.yaml").write_text(

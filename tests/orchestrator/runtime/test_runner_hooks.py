@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.plan import StagePlan
 from orchestrator.ort.sessions import open_sessions, this_process
-from orchestrator.plan import StagePlan
 from orchestrator.runtime.device_actor import _runner_processes, _summarize, _worker_stats
 from stages.base import StageRunner
 from stages.ort_runner import OrtRunner

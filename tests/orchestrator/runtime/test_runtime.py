@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ConfigError, StageFailed
-from orchestrator.ledger import PIPELINE_HOLDER
+from orchestrator.core.errors import ConfigError, StageFailed
+from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.units import MiB
 from orchestrator.runtime.events import AudioChunk, StageEvent, collect
 from orchestrator.runtime.runtime import Runtime
-from orchestrator.units import MiB
 from stages.registry import get_kind
 from tests.helpers.echo import REPLY, echo_pipeline
 

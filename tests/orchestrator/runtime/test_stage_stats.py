@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from orchestrator.plan import StagePlan
+from orchestrator.core.plan import StagePlan
 from orchestrator.runtime.device_actor import NO_STAMPS, DeviceActor, StageStats, _Hosted
 from orchestrator.runtime.pump import _StagePump
 from stages.base import StageRunner

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import StageFailed
-from orchestrator.ledger import PIPELINE_HOLDER, Reservation
-from orchestrator.plan import PipelinePlan
+from orchestrator.core.errors import StageFailed
+from orchestrator.core.ledger import PIPELINE_HOLDER, Reservation
+from orchestrator.core.plan import PipelinePlan
+from orchestrator.core.units import GiB, MiB
 from orchestrator.runtime.ledger_actor import LedgerService
 from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import StageProgress
-from orchestrator.units import GiB, MiB
 from tests.helpers.echo import echo_pipeline
 
 pytestmark = pytest.mark.ray

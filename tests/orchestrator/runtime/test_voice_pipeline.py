@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from orchestrator.api import Pipeline
-from orchestrator.errors import StageFailed
-from orchestrator.ledger import PIPELINE_HOLDER
+from orchestrator.core.errors import StageFailed
+from orchestrator.core.ledger import PIPELINE_HOLDER
 from orchestrator.runtime.audio import read_wav
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
 from stages.text_chunks import SentenceChunker

@@ -177,7 +177,7 @@ def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_bus
 ) -> None:
     """Unbounded, 33 requests filled the device actor with ``stream`` calls and
     no ``feed`` ever reached the voice: none completed, and nothing said why."""
-    from orchestrator.errors import PipelineBusy
+    from orchestrator.core.errors import PipelineBusy
 
     async def one(i: int) -> Any:
         try:

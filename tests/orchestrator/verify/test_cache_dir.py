@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import settings
 from orchestrator.cli import main
+from orchestrator.core import settings
 from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
 

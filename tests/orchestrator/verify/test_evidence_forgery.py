@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.profile import Route
+from orchestrator.core.profile import Route
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.gates import judge
 from orchestrator.verify.placement import Placement, cached_verdict

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.errors import RefusalCode
+from orchestrator.core.errors import RefusalCode
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.placement import verify_placement
 from tests.helpers.graphs import cpu_outputs, ort_own_counts, placement, write_artifact

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from orchestrator.config import PipelineConfig, parse_config
+from orchestrator.core.profile import ClusterNode, HardwareProfile, Route, build_cluster
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import ClusterNode, HardwareProfile, Route, build_cluster
 from orchestrator.verify import evidence
 from orchestrator.verify.evidence import EvidenceStore, machine_identity
 from orchestrator.verify.placement import Placement, placement_for

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.packages import resolve_package_location
 from stages.ar_decode import checkpoint as manifests
 from stages.ar_decode.checkpoint import file_stamp, gguf_header, parse_gguf_header, read_gguf
 from tests.helpers import REPO
@@ -217,7 +217,7 @@ def test_a_warm_plan_of_the_default_pipeline_imports_no_numpy(tmp_path: Path) ->
 import sys
 from orchestrator.config import load_config
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
+from orchestrator.core.profile import load_profile
 plan = plan_pipeline(load_config("configs/voice-assistant.yaml"), load_profile("configs/profiles/cpu-only-linux.json"))
 print(plan.admitted, sorted(m for m in ("numpy", "onnxruntime", "onnx", "torch", "ray", "rich") if m in sys.modules))
 """

@@ -16,10 +16,10 @@ import pytest
 
 from orchestrator.api import Pipeline
 from orchestrator.config import load_config
+from orchestrator.core.profile import HardwareProfile, parse_profile
+from orchestrator.core.units import GiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import HardwareProfile, parse_profile
 from orchestrator.runtime.events import StageEvent, TextDelta
-from orchestrator.units import GiB
 
 pytestmark = [
     pytest.mark.ray,
@@ -158,7 +158,7 @@ def test_a_closed_stream_gives_its_sequence_back(pipeline: Pipeline) -> None:
 
 
 def test_a_prompt_beyond_the_context_is_refused_before_the_stage(pipeline: Pipeline) -> None:
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
 
     with pytest.raises(BadRequest, match="over the stage's max_model_len of 512"):
         pipeline.validate(_fixed("word " * 500, 24))

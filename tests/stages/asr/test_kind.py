@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.ort import backends as ort_backends
+from orchestrator.core import backends as ort_backends
+from orchestrator.core.profile import HardwareProfile, parse_profile
+from orchestrator.core.units import GiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import HardwareProfile, parse_profile
-from orchestrator.units import GiB
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.registry import get_kind, known_kinds
@@ -235,7 +235,7 @@ def test_a_missing_graph_is_exit_2_naming_the_build_command(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("bad", [{"max_new_tokens": 0}, {"max_new_tokens": 225}, {"decoder": None}])
 def test_bad_stage_fields_are_refused_where_they_are(tmp_path: Path, bad: dict[str, Any]) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     stage = {**asr_stage({g: shipped_dir(g) for g in GRAPHS}), **bad}
     stage = {k: v for k, v in stage.items() if v is not None}
@@ -278,7 +278,7 @@ def test_a_request_that_is_not_one_audio_item_is_refused_before_the_actor(
     where: str,
     what: str,
 ) -> None:
-    from orchestrator.errors import BadRequest
+    from orchestrator.core.errors import BadRequest
 
     config = parse_config(
         {"name": "p", "stages": [asr_stage({g: shipped_dir(g) for g in GRAPHS})]},

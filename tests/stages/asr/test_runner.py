@@ -20,7 +20,7 @@ import yaml
 
 from exports.whisper_asr import word_error_rate
 from orchestrator.config import parse_config
-from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind

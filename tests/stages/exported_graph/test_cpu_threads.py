@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from orchestrator.config import parse_config
-from orchestrator.ort.backends import with_cpu_threads
+from orchestrator.core.backends import with_cpu_threads
+from orchestrator.core.profile import Route
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import Route
 from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers.graphs import OV_PYTHON, machine_profile, write_artifact
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.ort.sessions import open_sessions, this_process
 from orchestrator.verify.evidence import EvidenceStore
 from orchestrator.verify.gates import judge

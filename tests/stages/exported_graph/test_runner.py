@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.errors import StageFailed
+from orchestrator.core.errors import StageFailed
 from orchestrator.planner import plan_pipeline
 from orchestrator.verify.run import verify_pipeline
 from stages.exported_graph.kind import ExportedGraphKind

@@ -5,7 +5,7 @@ items; the CPU EP and graphs whose output shapes follow their inputs do not get 
 from __future__ import annotations
 
 from orchestrator.config import load_config
-from orchestrator.profile import load_profile
+from orchestrator.core.profile import load_profile
 from stages.exported_graph.kind import (
     OPENVINO_ITEM_HORIZON,
     OPENVINO_RETAINED_PER_ITEM,

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.errors import BadRequest, ConfigError
+from orchestrator.core.errors import BadRequest, ConfigError
+from orchestrator.core.profile import parse_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import parse_profile
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers import REPO

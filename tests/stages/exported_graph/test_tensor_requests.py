@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.errors import BadRequest, ConfigError
+from orchestrator.core.errors import BadRequest, ConfigError
 from tests.helpers import REPO
 from tests.helpers.graphs import EMBEDDING, PROJECTED, cpu_outputs, write_artifact
 

@@ -19,7 +19,7 @@ import pytest
 
 from exports import omni_tiny
 from orchestrator.config import parse_config
-from orchestrator.errors import ConfigError, StageFailed
+from orchestrator.core.errors import ConfigError, StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind

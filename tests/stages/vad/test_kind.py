@@ -16,11 +16,11 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config import parse_config
-from orchestrator.errors import BadRequest, ConfigError, RefusalCode
-from orchestrator.ort import backends as ort_backends
+from orchestrator.core import backends as ort_backends
+from orchestrator.core.errors import BadRequest, ConfigError, RefusalCode
+from orchestrator.core.profile import HardwareProfile, parse_profile
+from orchestrator.core.units import GiB
 from orchestrator.planner import plan_pipeline
-from orchestrator.profile import HardwareProfile, parse_profile
-from orchestrator.units import GiB
 from stages.exported_graph.graph_stats import describe_graph
 from stages.registry import get_kind, known_kinds
 from tests.helpers.graphs import OV_PYTHON, REPO

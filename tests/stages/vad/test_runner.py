@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import parse_config
-from orchestrator.errors import BadRequest, StageFailed
+from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.planner import plan_pipeline
 from stages.base import StageRunner
 from stages.registry import get_kind

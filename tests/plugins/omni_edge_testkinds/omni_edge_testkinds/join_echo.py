@@ -23,10 +23,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from orchestrator.ledger import Reservation
-from orchestrator.plan import StagePlan
-from orchestrator.profile import Route
-from orchestrator.units import MiB
+from orchestrator.core.ledger import Reservation
+from orchestrator.core.plan import StagePlan
+from orchestrator.core.profile import Route
+from orchestrator.core.units import MiB
 from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
 
 
