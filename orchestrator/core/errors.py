@@ -132,7 +132,7 @@ class StageFailed(OmniEdgeError):
 
 class PeerLost(OmniEdgeError):
     """A producer's actor could not hand items to its consumer's actor: that actor died (the
-    direct mode, ``DeviceActor._deliver``). Not a ``StageFailed``: the runtime says it as the
+    direct mode, ``actor_inputs.StageInputs.deliver``). Not a ``StageFailed``: the runtime says it as the
     death of the consumer's actor (``stage``, ``device``, ``actor_key``), never the producer's."""
 
     def __init__(self, stage: str, device: str, actor_key: str, cause: str) -> None:

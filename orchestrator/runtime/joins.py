@@ -23,7 +23,7 @@ input's whole output (that is the join's meaning), at most ``all_items``
 items per input, past which the request fails naming the joined stage rather
 than growing without end. The joined items themselves wait in a queue of
 ``buffer_items`` before the runtime feeds them to the stage (whose own input
-queue is ``device_actor.INPUT_QUEUE_ITEMS``).
+queue is ``actor_inputs.INPUT_QUEUE_ITEMS``).
 
 Pure asyncio: no Ray, so the semantics are tested without a cluster.
 """

@@ -1,4 +1,4 @@
-"""One stage's outputs for one request, read in the driver (``Runtime._pump``): emitted as
+"""One stage's outputs for one request, read in the driver (``flow.RequestFlow``): emitted as
 events. In the direct mode (``runtime.STREAMING == "direct"``) the stage's own actor hands its
 outputs to its consumers, and the driver reads only ``("first", _)``, its final outputs and its
 closing stats (which carry its edges, and what its input was handed: ``chunks_in``, the first
@@ -13,18 +13,18 @@ import time
 from typing import Any
 
 from orchestrator.core.plan import StagePlan
-from orchestrator.runtime.device_actor import NO_STAMPS, StageStats, Stamps
 from orchestrator.runtime.events import StageEvent
 from orchestrator.runtime.hop import FirstChunk, first_chunk_hop
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.router import Route, Router, _count_item, edge_counts, payload_bytes
+from orchestrator.runtime.stage_stats import NO_STAMPS, StageStats, Stamps
 
 __all__ = ["_StagePump", "_count_item", "edge_counts", "payload_bytes"]
 
 
 class _StagePump:
-    """One stage's outputs for one request, as ``Runtime._pump`` reads them: its events, when
-    each output arrived, and (relay) its router to the consumers. ``rt`` is the ``Runtime``
+    """One stage's outputs for one request, as ``flow.RequestFlow`` reads them: its events, when
+    each output arrived, and (relay) its router to the consumers. ``rt`` is the request's flow
     (typed Any: naming it here would make the two modules a cycle)."""
 
     def __init__(
@@ -42,7 +42,7 @@ class _StagePump:
     ) -> None:
         self.rt, self.s, self.rid, self.t0, self.events = rt, s, rid, t0, events
         self.chunks_in, self.joiners, self.firsts = chunks_in, joiners, firsts
-        picks = rt._picks.get(rid, {})  # the replicas serving the request
+        picks = rt.picks  # the replicas serving the request
         self.pick = picks.get(s.name)
         """The replica of the stage serving the request (None: not balanced, a single instance)."""
         self.router = (
@@ -77,12 +77,12 @@ class _StagePump:
             if joiner is not None:
                 await joiner.put(r.entry, item)
             else:
-                await self.rt._feed(c, self.rid, item)
+                await self.rt.feed(c, self.rid, item)
         if end:
             if joiner is not None:
                 await joiner.end(r.entry)
             else:
-                await self.rt._call(c, "end_input", self.rid)
+                await self.rt.call(c, "end_input", self.rid)
 
     async def read(self, gen: Any) -> None:
         """Every output of the stage's stream, and its closing stats."""
@@ -110,12 +110,12 @@ class _StagePump:
         self._first_output(self.arrived[-1])
         now = self.arrived[-1] - self.t0
         if self.router is None:  # the direct mode: a final output's payload
-            self.events.put_nowait(self.rt._event(s, item, self.rid, now, self.index))
+            self.events.put_nowait(self.rt.event(s, item, self.rid, now, self.index))
             self.index += 1
             return
         port, payload, final = self.router.take(item)
         if final:
-            self.events.put_nowait(self.rt._event(s, payload, self.rid, now, self.index))
+            self.events.put_nowait(self.rt.event(s, payload, self.rid, now, self.index))
             self.index += 1
         await self.router.route(port, payload)
 

@@ -435,7 +435,7 @@ def _load_wave(rt: Any, wave: list[str], tell: ProgressCallback) -> None:
         try:
             rt.load_results[h] = ray.get(done[0])
         except BaseException as exc:
-            failures[h] = failure = rt._map(exc, s.name, dev, f"loading stage {h}")
+            failures[h] = failure = rt.map_failure(exc, s.name, dev, f"loading stage {h}")
             why = getattr(failure, "cause", str(failure))
             tell(StageProgress(h, dev.id, "failed", seconds, why))
             continue

@@ -18,8 +18,9 @@ from orchestrator.core.errors import StageFailed
 from orchestrator.core.plan import StagePlan
 from orchestrator.runtime import record
 from orchestrator.runtime import runtime as runtime_mod
-from orchestrator.runtime.device_actor import DeviceActor, _Hosted
+from orchestrator.runtime.device_actor import DeviceActor
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta, collect
+from orchestrator.runtime.metering import Hosted
 from orchestrator.runtime.router import RouteTable
 from orchestrator.runtime.runtime import Runtime
 from stages.base import StageRunner
@@ -273,7 +274,7 @@ def test_items_fed_before_the_consumer_s_stream_opens_still_come_after_its_conte
         inputs=("first",),
     )
     actor = DeviceActor("cpu", ledger=None)
-    actor.stages["second"] = _Hosted(
+    actor.stages["second"] = Hosted(
         plan=plan, runner=_Taken(), load_s=0.0, load_info={}, tree_load_peak=0, tree_resident=0
     )
     table = RouteTable("second", "cpu", ("text",), True, None, ())
@@ -311,7 +312,7 @@ def test_a_feed_that_found_its_consumer_s_actor_dead_is_said_as_the_consumer_s_d
     }
     lost = PeerLost("voice", "igpu:0", "igpu:0", "ActorDiedError: The actor died unexpectedly")
     exc = RayTaskError("stream", "", lost).as_instanceof_cause()
-    failed = rt._map(exc, "thinker", rt.devices["cpu"], "serving request r1")
+    failed = rt.map_failure(exc, "thinker", rt.devices["cpu"], "serving request r1")
     assert isinstance(failed, StageFailed)
     assert (failed.stage, failed.device, failed.code) == ("voice", "igpu:0", "device_actor_died")
     assert "serving request r1" in failed.cause and "ActorDiedError" in failed.cause

@@ -22,7 +22,7 @@ from orchestrator.core.errors import ConfigError, StageFailed
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import PipelinePlan, PoolPlan, StagePlan
 from orchestrator.core.units import GiB, MiB
-from orchestrator.runtime.device_actor import INPUT_QUEUE_ITEMS
+from orchestrator.runtime.actor_inputs import INPUT_QUEUE_ITEMS
 from orchestrator.runtime.events import AudioChunk, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.joins import JOIN_BUFFER_ITEMS, Joiner
 from orchestrator.runtime.runtime import GENERATOR_BACKPRESSURE, Runtime
@@ -520,12 +520,14 @@ def test_the_runtime_routes_each_consumer_input_to_its_ports(tmp_path: Path) -> 
     assert rt.joins == {"both": "zip"}
     # an item's port: its tag; untagged, a str is on the text port, anything else on no known port
     src = plan.stage("src")
-    assert rt._item_port(src, {"__port__": "hidden_states", "item": 1}) == ("hidden_states", 1)
-    assert rt._item_port(src, "Hi.") == ("text", "Hi.") and rt._item_port(src, {"x": 1}) == (
+    assert rt.graph.item_port(src, {"__port__": "hidden_states", "item": 1}) == ("hidden_states", 1)
+    assert rt.graph.item_port(src, "Hi.") == ("text", "Hi.") and rt.graph.item_port(
+        src, {"x": 1}
+    ) == (
         None,
         {"x": 1},
     )
-    assert rt._item_port(plan.stage("both"), {"x": 1}) == (
+    assert rt.graph.item_port(plan.stage("both"), {"x": 1}) == (
         "event",
         {"x": 1},
     )  # a single port: every item

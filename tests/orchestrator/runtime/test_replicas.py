@@ -146,11 +146,11 @@ async def _kill_mid_load(rt: Runtime) -> tuple[dict[str, set[str]], dict[str, An
     rids = [f"r{i}" for i in range(CONCURRENT)]
     tasks = [asyncio.create_task(one(rid)) for rid in rids]
     deadline = time.monotonic() + WAIT_S
-    while len(rt._picks) < CONCURRENT and time.monotonic() < deadline:
+    while len(rt.picks) < CONCURRENT and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     routed: dict[str, set[str]] = {"voice#0": set(), "voice#1": set()}
     for rid in rids:
-        routed[rt._picks[rid]["voice"].holder].add(rid)
+        routed[rt.picks[rid]["voice"].holder].add(rid)
     await asyncio.wait_for(first.wait(), WAIT_S)
     rt.kill_replica("voice", 1)
     results = await asyncio.gather(*tasks, return_exceptions=True)

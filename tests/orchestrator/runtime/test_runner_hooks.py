@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.core.plan import StagePlan
 from orchestrator.ort.sessions import open_sessions, this_process
-from orchestrator.runtime.device_actor import _runner_processes, _summarize, _worker_stats
+from orchestrator.runtime.metering import runner_processes, summarize, worker_stats
 from stages.base import StageRunner
 from stages.ort_runner import OrtRunner
 
@@ -29,10 +29,10 @@ class Bare(StageRunner):
 
 def test_a_runner_that_declares_nothing_gets_the_defaults() -> None:
     runner = Bare()
-    assert _runner_processes(runner) is None  # unknown: the actor measures what the load started
-    assert _worker_stats(runner) is None
+    assert runner_processes(runner) is None  # unknown: the actor measures what the load started
+    assert worker_stats(runner) is None
     assert runner.request_stats("r1") == {} and runner.health() is None
-    assert _summarize(runner.load_info) == {}
+    assert summarize(runner.load_info) == {}
 
 
 class InProcess(OrtRunner, Bare):
@@ -60,7 +60,7 @@ def test_an_onnx_runtime_runner_in_this_process_says_its_work_runs_here() -> Non
     runner.load()
     try:
         assert runner._host.in_process
-        assert _runner_processes(runner) == [] and _worker_stats(runner) is None
+        assert runner_processes(runner) == [] and worker_stats(runner) is None
         assert runner.request_stats("r1") == {} and runner.health() is None
     finally:
         runner.close()

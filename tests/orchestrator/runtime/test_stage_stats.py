@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.core.plan import StagePlan
-from orchestrator.runtime.device_actor import NO_STAMPS, DeviceActor, StageStats, _Hosted
+from orchestrator.runtime.device_actor import DeviceActor
+from orchestrator.runtime.metering import Hosted
 from orchestrator.runtime.pump import _StagePump
+from orchestrator.runtime.stage_stats import NO_STAMPS, StageStats
 from stages.base import StageRunner
 
 
@@ -41,7 +43,7 @@ def _actor() -> DeviceActor:
         artifact={},
     )
     actor = DeviceActor("cpu", ledger=None)
-    actor.stages["s"] = _Hosted(
+    actor.stages["s"] = Hosted(
         plan=plan, runner=Echo(), load_s=0.0, load_info={}, tree_load_peak=0, tree_resident=0
     )
     return actor

@@ -205,7 +205,9 @@ def test_pipeline_start_with_progress_prints_one_plain_line_per_change_off_a_ter
     from orchestrator.api import Pipeline
 
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
-    with Pipeline(plan, config, record=None).start(progress=True):
+    from orchestrator.commands.render import TerminalProgress
+
+    with Pipeline(plan, config, record=None).start(progress=TerminalProgress()):
         pass
     lines = capsys.readouterr().err.splitlines()
     assert "… thinker: loading on cpu" in lines and "… voice: loading on igpu:0" in lines
