@@ -302,6 +302,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from orchestrator.api import Pipeline, prepare_models
+    from orchestrator.commands.render import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile
@@ -324,7 +325,7 @@ def main() -> int:
     for s in plan.stages:
         for k, v in get_kind(s.kind).actor_env(s).items():
             os.environ.setdefault(k, v)
-    prepare_models(plan, progress=True)
+    prepare_models(plan, progress=ProgressBars())
     thinker_plan, voice_plan = plan.stages[0], plan.stages[1]
     routes = {r.name: r for r in profile.routes}
 

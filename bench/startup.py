@@ -210,6 +210,7 @@ def main() -> int:
     import ray  # noqa: F401  - imported once, outside every timing
 
     from orchestrator.api import prepare_models
+    from orchestrator.commands.render import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile
@@ -220,7 +221,7 @@ def main() -> int:
     if not plan.admitted:
         print("the plan was refused; run `omni-edge plan` to see why", file=sys.stderr)
         return 3
-    prepare_models(plan, progress=True)
+    prepare_models(plan, progress=ProgressBars())
     routes = {r.name: r for r in profile.routes}
     devices = list(dict.fromkeys(s.device or "?" for s in plan.stages))
     names = [s.name for s in plan.stages]

@@ -169,6 +169,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from orchestrator.api import prepare_models, unverified_stages, verify_then_replan
+    from orchestrator.commands.render import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile
@@ -190,7 +191,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 3
-    prepare_models(planned, progress=True)
+    prepare_models(planned, progress=ProgressBars())
 
     def prompt_of(text: str) -> Any:
         return (

@@ -72,259 +72,67 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import os
 import tempfile
 import threading
 import time
 import uuid
-import wave
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import calibration as cal
+from orchestrator.calibration_record import RunMeasurements, record_run
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.core import memory
-from orchestrator.core.errors import BadRequest, ConfigError, PlanRefused
-from orchestrator.core.profile import HOST_RAM, node_pool
+from orchestrator.core.errors import ConfigError, PlanRefused
 from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
 from orchestrator.probe import resolve_profile
-from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
+from orchestrator.runtime.requests import (
+    MAX_AUDIO_SECONDS,
+    MAX_TENSOR_BYTES,
+    audio_entry_stages,
+    audio_request,
+    prompt_label,
+    tensor_entry_stages,
+    tensor_request,
+)
 from orchestrator.runtime.runtime import Runtime
+from orchestrator.runtime.startup import ProgressCallback
 from orchestrator.verify.run import verify_pipeline
-from stages.base import REQUEST
-from stages.payloads import request_payload, sample_rate_problem
+from stages.base import Progress
 from stages.registry import get_kind
 
 if TYPE_CHECKING:
-    from orchestrator.core.plan import PipelinePlan, StagePlan
+    from orchestrator.core.plan import PipelinePlan
     from orchestrator.core.profile import HardwareProfile
+
+__all__ = [
+    "MAX_AUDIO_SECONDS",
+    "MAX_TENSOR_BYTES",
+    "Admission",
+    "AdmitProgress",
+    "Pipeline",
+    "PipelineOptions",
+    "StartProgress",
+    "admit_plan",
+    "audio_entry_stages",
+    "audio_request",
+    "prompt_label",
+    "tensor_entry_stages",
+    "tensor_request",
+]
+"""The Python API; the request readers are ``runtime.requests``'s, named here for users."""
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_RECORD = Path("runs")
-
-
-def audio_entry_stages(config: PipelineConfig) -> list[str]:
-    """The stages that take the request and consume audio: where an audio request goes."""
-    out = []
-    for stage in config.stages:
-        if REQUEST in stage.inputs and any(
-            t.kind == "audio" for t in get_kind(stage.kind).ports(stage).consumes
-        ):
-            out.append(stage.name)
-    return out
-
-
-def tensor_entry_stages(config: PipelineConfig) -> list[str]:
-    """The stages that take the request and consume a tensor (or token ids, as an array):
-    where an array request goes (``tensor_request``)."""
-    out = []
-    for stage in config.stages:
-        if REQUEST in stage.inputs and any(
-            t.kind in ("tensor", "token_ids") for t in get_kind(stage.kind).ports(stage).consumes
-        ):
-            out.append(stage.name)
-    return out
-
-
-MAX_AUDIO_SECONDS = 600.0
-"""The longest recording ``audio_request`` reads by default: a spoken request is seconds
-long; ten minutes is generous (``omni-edge serve --max-audio-seconds`` sets the server's)."""
-
-
-def audio_request(
-    source: str | Path | bytes,
-    *,
-    where: str | None = None,
-    max_seconds: float | None = MAX_AUDIO_SECONDS,
-    seconds_flag: str = "max_seconds",
-) -> dict[str, Any]:
-    """The audio request of a WAV file (a path) or of its bytes: ``{"audio": float32 mono
-    samples in [-1, 1), "sample_rate": int}``. 16-bit PCM, mono or stereo (the channels are
-    averaged), read with the stdlib, at 8-192 kHz (``stages.payloads.MIN_SAMPLE_RATE``..
-    ``MAX_SAMPLE_RATE``) and at most ``max_seconds`` long (None: any length; ``seconds_flag``
-    names the setting in the refusal). ``BadRequest`` naming ``where`` (default: the path)
-    for anything else — checked on the header, before the samples are read: no such file,
-    not a WAV, another sample width, a rate out of range, too long, no samples."""
-    import numpy as np
-
-    name = where or (str(source) if not isinstance(source, bytes) else "audio")
-    fix = "give a 16-bit PCM WAV file, mono or stereo (e.g. ffmpeg -i IN -ac 1 -c:a pcm_s16le OUT.wav)"
-    try:
-        handle: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
-        with wave.open(handle, "rb") as w:
-            width, channels, rate, frames = (
-                w.getsampwidth(),
-                w.getnchannels(),
-                w.getframerate(),
-                w.getnframes(),
-            )
-            _check_wav_header(name, fix, width, channels, rate, frames, max_seconds, seconds_flag)
-            data = w.readframes(frames)
-    except FileNotFoundError:
-        raise BadRequest.single(name, "no such file", "check the path") from None
-    except IsADirectoryError:
-        raise BadRequest.single(name, "is a directory, not a WAV file", fix) from None
-    except (OSError, EOFError, wave.Error) as exc:
-        raise BadRequest.single(name, f"not a readable WAV file ({exc})", fix) from None
-    samples = np.frombuffer(data[: len(data) - len(data) % (2 * channels)], dtype="<i2")
-    if samples.size == 0:
-        raise BadRequest.single(
-            name, "holds no samples", "record something: the file's data chunk is empty"
-        )
-    mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
-    return {"audio": mono.astype(np.float32), "sample_rate": int(rate)}
-
-
-def _check_wav_header(
-    name: str,
-    fix: str,
-    width: int,
-    channels: int,
-    rate: int,
-    frames: int,
-    max_seconds: float | None,
-    seconds_flag: str,
-) -> None:
-    if width != 2:
-        raise BadRequest.single(name, f"{8 * width}-bit samples: only 16-bit PCM is read", fix)
-    if channels < 1:
-        raise BadRequest.single(name, f"{channels} channel(s) at {rate} Hz", fix)
-    problem = sample_rate_problem(rate)
-    if problem is not None:
-        raise BadRequest.single(
-            name,
-            f"declares a sample rate of {problem}",
-            "resample it to 16000 Hz (ffmpeg -i IN -ar 16000 -ac 1 -c:a pcm_s16le OUT.wav)",
-        )
-    if max_seconds is not None and frames / rate > max_seconds:
-        raise BadRequest.single(
-            name,
-            f"{frames / rate:.1f} s of audio: over the cap of {max_seconds:g} s per "
-            f"recording ({seconds_flag})",
-            f"send a shorter recording, or raise {seconds_flag}",
-        )
-
-
-MAX_TENSOR_BYTES = 256 * 1024 * 1024
-"""The largest .npy ``tensor_request`` reads by default: an image or an embedding is
-kilobytes to a few MiB; 256 MiB (a 8192×8192 float32 image) is generous for one request
-(``omni-edge serve --max-tensor-mib`` sets the server's, far lower)."""
-
-
-NPY_MAGIC = b"\x93NUMPY"
-"""How every ``.npy`` file starts (numpy's format, ``numpy.lib.format.MAGIC_PREFIX``)."""
-
-
-def tensor_request(
-    source: str | Path | bytes,
-    *,
-    where: str | None = None,
-    max_bytes: int | None = MAX_TENSOR_BYTES,
-    bytes_flag: str = "max_bytes",
-) -> Any:
-    """The array of a ``.npy`` file (a path) or of its bytes, for a pipeline whose entry stage
-    consumes a tensor (``Pipeline.run(array)``, or a mapping ``{input name: array}``).
-
-    Read with ``numpy.load(allow_pickle=False)``: a file holding Python objects (an object
-    array, which only unpickling can make) is refused, never unpickled; so are an ``.npz``
-    archive (one ``.npy`` per input), a structured array, and a file over ``max_bytes``
-    (None: any size; ``bytes_flag`` names the setting). ``BadRequest`` naming ``where``
-    (default: the path) — before any stage sees it. Whether the array fits the entry stage
-    (dtype, shape, input names) is the stage's check (``Pipeline.validate``)."""
-    import numpy as np
-
-    name = where or (str(source) if not isinstance(source, bytes) else "tensor")
-    fix = "save it with numpy.save(path, array) from a numeric array (not an object array)"
-    try:
-        if isinstance(source, bytes):
-            data = source
-        else:
-            size = Path(source).stat().st_size
-            if max_bytes is not None and size > max_bytes:
-                raise BadRequest.single(
-                    name,
-                    f"{size} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
-                    f"send a smaller array, or raise {bytes_flag}",
-                )
-            data = Path(source).read_bytes()
-    except FileNotFoundError:
-        raise BadRequest.single(name, "no such file", "check the path") from None
-    except IsADirectoryError:
-        raise BadRequest.single(name, "is a directory, not a .npy file", fix) from None
-    except OSError as exc:
-        raise BadRequest.single(
-            name, f"cannot be read ({exc.strerror or exc})", "check the path"
-        ) from None
-    if max_bytes is not None and len(data) > max_bytes:
-        raise BadRequest.single(
-            name,
-            f"{len(data)} bytes: over the cap of {max_bytes} bytes per tensor ({bytes_flag})",
-            f"send a smaller array, or raise {bytes_flag}",
-        )
-    if data[:4] == b"PK\x03\x04":
-        raise BadRequest.single(
-            name,
-            "is an .npz archive, not one array",
-            "give one .npy file per input (numpy.save), each named by its input",
-        )
-    if data[:6] != NPY_MAGIC:
-        raise BadRequest.single(
-            name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix
-        )
-    try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
-            raise BadRequest.single(
-                name,
-                "holds Python objects (an object array, stored pickled): it is not loaded, "
-                "since unpickling runs code",
-                fix,
-            ) from None
-        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
-    except (OSError, EOFError) as exc:
-        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
-    if not isinstance(array, np.ndarray):
-        raise BadRequest.single(name, f"holds a {type(array).__name__}, not an array", fix)
-    if array.dtype.names is not None or array.dtype.kind not in "biufc":
-        raise BadRequest.single(
-            name,
-            f"holds a {array.dtype} array: only numbers (bool, integers, floats) are taken",
-            fix,
-        )
-    return array
-
-
-def prompt_label(prompt: Any) -> str:
-    """A request as the result and the run record name it: its text, what audio it was, or
-    the dtype and shape of its arrays."""
-    if isinstance(prompt, str):
-        return prompt
-    if request_payload(prompt) == "tensor":
-        arrays = prompt.items() if isinstance(prompt, dict) else [(None, prompt)]
-        return (
-            "(tensor: "
-            + ", ".join(f"{k + ' ' if k else ''}{a.dtype}{list(a.shape)}" for k, a in arrays)
-            + ")"
-        )
-    if isinstance(prompt, dict) and {"audio", "sample_rate"} <= set(prompt):
-        n = int(getattr(prompt["audio"], "size", 0) or len(prompt["audio"]))
-        rate = prompt["sample_rate"]
-        return (
-            f"(audio: {n / rate:.2f} s at {rate} Hz)"
-            if isinstance(rate, int) and rate > 0
-            else "(audio)"
-        )
-    return str(prompt)
 
 
 def plan_profile(
@@ -391,7 +199,8 @@ class PipelineOptions:
     ``profile``: a profile file, a profile, or None — the cluster at ``address`` or this
     machine, probed (``plan_profile``). ``mask``: devices or kinds to exclude (each must
     name one of the profile's). ``record``: where ``run()`` writes its records (None: none).
-    ``progress``: weights' progress bars and the start's display on stderr.
+    ``progress``: told each step of the start (``StartProgress``; the CLI's draws the
+    weights' progress bars and each stage's state on stderr; None: nothing is told).
     ``log_to_driver``: the actors' logs on stderr. ``verify``: run the gates for exported
     placements without evidence, then plan again (False: run them unverified).
     ``max_waiting``: requests that may wait for a slot beyond those in flight (None: as many
@@ -403,7 +212,7 @@ class PipelineOptions:
     mask: tuple[str, ...] = ()
     address: str | None = None
     record: str | Path | None = _DEFAULT_RECORD
-    progress: bool = False
+    progress: StartProgress | None = None
     log_to_driver: bool = False
     verify: bool = True
     max_waiting: int | None = None
@@ -423,6 +232,23 @@ class PipelineOptions:
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         return replace(base, **overrides) if overrides else base
+
+
+class StartProgress(Protocol):
+    """What a pipeline tells while it starts (``Pipeline.start``, ``PipelineOptions.progress``).
+    Without one nothing is told, so a library user's pipeline draws nothing; the CLI's
+    (``commands.render.TerminalProgress``) draws the weights' progress bars and a live line
+    per stage on stderr."""
+
+    def weights(self) -> Progress | None:
+        """Told the steps of preparing the weights (``StageKind.prepare``), or None."""
+
+    def starting(self, pipeline: str, stages: list[tuple[str, str]]) -> ProgressCallback | None:
+        """The runtime's start is about to begin for ``stages`` (ledger holder, device): the
+        callback told each stage's state (``startup.StageProgress``), or None."""
+
+    def close(self) -> None:
+        """The start is over (started or failed): stop drawing."""
 
 
 class AdmitProgress:
@@ -601,27 +427,26 @@ class Pipeline:
         opts = PipelineOptions.of(options, overrides)
         return Opening(lambda: cls.from_config(path, opts, admitting=admitting))
 
-    def prepare(self, *, progress: bool = False) -> Pipeline:
-        """Prepare weights (progress bar when ``progress``); once."""
+    def prepare(self, *, progress: StartProgress | None = None) -> Pipeline:
+        """Prepare weights (their steps told to ``progress``); once."""
         if not self._prepared:
             t0 = time.perf_counter()
-            prepare_models(self.plan, progress=progress)
+            prepare_models(self.plan, progress=progress.weights() if progress else None)
             self.prepare_s = time.perf_counter() - t0
             self._prepared = True
         return self
 
-    def start(self, *, progress: bool = False) -> Pipeline:
-        """Prepare weights, then start the runtime. With ``progress``, both are shown
-        on stderr: the weights' progress bars, then each stage's state while it
-        starts (waiting, loading on its device, loaded in N s, failed) — drawn live
-        on a terminal, one plain line per change otherwise."""
+    def start(self, *, progress: StartProgress | None = None) -> Pipeline:
+        """Prepare weights, then start the runtime. ``progress`` is told both: the weights'
+        steps, then each stage's state while it starts (waiting, loading on its device,
+        loaded in N s, failed); without one nothing is drawn or printed."""
         self.prepare(progress=progress)
         display = (
-            StartDisplay(
+            progress.starting(
                 self.plan.pipeline,
                 [(h, s.device or "?") for h, s in self.runtime.views.items()],  # voice#1: a replica
             )
-            if progress
+            if progress is not None
             else None
         )
         warming = threading.Thread(
@@ -631,8 +456,8 @@ class Pipeline:
         try:
             self.runtime.start(progress=display)
         finally:
-            if display is not None:
-                display.close()
+            if progress is not None:
+                progress.close()
             warming.join()
         return self
 
@@ -767,10 +592,9 @@ class Pipeline:
 
     # -- calibration -----------------------------------------------------------------
     def record_calibration(self, prompts: Iterable[Any] | None = None) -> list[dict[str, Any]]:
-        """Write each live stage's measured peaks (and the Ray runtime's) to the measurement
-        store for the next plan: one sample per stage for this pipeline's run, replaced by
-        each later call. Upper bounds are kept labelled and never calibrate. Returns what was
-        recorded (also in ``runtime.calibration_recorded`` for the run record)."""
+        """Write each live stage's measured peaks (and the Ray runtime's, and the serving
+        process's) to the measurement store for the next plan (``calibration_record``).
+        Returns what was recorded (also in ``runtime.calibration_recorded`` for the run record)."""
         if (
             self.calibration is None
             or self.profile is None
@@ -783,138 +607,20 @@ class Pipeline:
             for p in (prompts if prompts is not None else (r.prompt for r in self.results))
             if isinstance(p, str)
         ]
-        out = self._record_stage_peaks(max((len(t) for t in texts), default=None))
-        out += self._record_ray_peaks()
-        out += [row for row in (self._record_server_peak(),) if row]
+        run = RunMeasurements(
+            run_id=self.run_id,
+            plan=self.plan,
+            profile=self.profile,
+            views=self.runtime.views,
+            measured=self.runtime.measure(),
+            ray_memory=self.runtime.ray_memory,
+            owns_ray=bool(getattr(self.runtime.cluster, "owned", True)),
+            server=self.server_memory(),
+            longest_prompt=max((len(t) for t in texts), default=None),
+        )
+        out = record_run(self.calibration, run)
         self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
-
-    def _record_stage_peaks(self, longest_prompt: int | None) -> list[dict[str, Any]]:
-        """One sample per admitted, placed stage that measured a peak, keyed by what sets its
-        memory (pipeline, stage, kind, artifact, device, backend, route, engine, profile).
-        Replicas of one stage that share a key record one sample: the larger peak."""
-        assert self.calibration is not None and self.profile is not None
-        measured = self.runtime.measure()
-        largest: dict[str, tuple[StagePlan, dict[str, Any], Any]] = {}
-        for holder, s in self.runtime.views.items():
-            m = measured.get(holder)
-            if (
-                not s.admitted
-                or s.device is None
-                or s.backend is None
-                or not m
-                or not m.get("measured_peak_bytes")
-            ):
-                continue
-            key = cal.stage_key(
-                pipeline=self.plan.pipeline,
-                stage=s.name,
-                kind=s.kind,
-                artifact=s.artifact,
-                device=s.device,
-                backend=s.backend,
-                route=s.route,
-                engine_kwargs=s.engine_kwargs,
-                profile=self.profile,
-            )
-            seen = largest.get(repr(key))
-            if seen is None or m["measured_peak_bytes"] > seen[1]["measured_peak_bytes"]:
-                largest[repr(key)] = (s, m, key)
-        return [self._record_stage(s, m, key, longest_prompt) for s, m, key in largest.values()]
-
-    def _record_stage(
-        self, s: StagePlan, m: dict[str, Any], key: Any, longest_prompt: int | None
-    ) -> dict[str, Any]:
-        """One stage's (or replica's) measured peak as a sample of the store, under ``key``."""
-        assert self.calibration is not None
-        peak = int(m["measured_peak_bytes"])
-        sample = cal.sample(
-            run=self.run_id,
-            peak=peak,
-            budget=s.budget_bytes(),
-            calibrated=s.calibration is not None,
-            upper_bound=bool(m.get("upper_bound")),
-            load=m.get("load_peak_bytes"),
-            steady=m.get("steady_peak_bytes"),
-            resident=m.get("resident_bytes"),
-            requests=int(m.get("requests") or 0),
-            max_in_flight=int(m.get("max_in_flight") or 0),
-            max_prompt_chars=longest_prompt,
-            where=str(m.get("where") or ""),
-            method=str(m.get("method") or ""),
-            pool=s.pool or "host_ram",
-            worker=m.get("worker"),
-        )
-        # the kind's own reservations, for scaling a near match later (a calibrated plan no longer has them)
-        basis = s.reservations if s.calibration is None else ()
-        path = self.calibration.record(key, sample, basis)
-        return _recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
-
-    def _record_ray_peaks(self) -> list[dict[str, Any]]:
-        """The Ray runtime's measured memory: on one machine one sample (its processes beside
-        the actors), keyed by the profile and whether this run owns the cluster; on a
-        cluster one sample per node, measured on that node, keyed by the node's own profile
-        and name (``cal.ray_key(..., node=)``). Nothing where nothing was measured."""
-        assert self.calibration is not None and self.profile is not None
-        memory = self.runtime.ray_memory
-        nodes = memory.get("nodes")
-        if isinstance(nodes, dict) and self.profile.nodes:
-            measured = {
-                name: (m.get("bytes"), str(m.get("measure") or ""), name)
-                for name, m in nodes.items()
-                if name in self.profile.nodes and isinstance(m, dict)
-            }
-        else:
-            measured = {"": (memory.get("bytes"), str(memory.get("measure") or ""), None)}
-        out = []
-        for name, (ray_bytes, how, node) in measured.items():
-            if not isinstance(ray_bytes, int) or ray_bytes <= 0:
-                continue
-            pool = node_pool(node, HOST_RAM)
-            planned = next(
-                (
-                    r
-                    for r in self.plan.shared_reservations
-                    if r.purpose == "ray_runtime" and r.pool == pool
-                ),
-                None,
-            )
-            key = (
-                cal.ray_key(self.profile.nodes[name].profile, node=name)
-                if node
-                else cal.ray_key(
-                    self.profile, owned=bool(getattr(self.runtime.cluster, "owned", True))
-                )
-            )
-            sample = cal.sample(
-                run=self.run_id,
-                peak=ray_bytes,
-                budget=planned.bytes if planned else None,
-                calibrated=planned is not None and planned.evidence == "M",
-                method=how,
-            )
-            path = self.calibration.record(key, sample)
-            label = f"(ray_runtime) on {node}" if node else "(ray_runtime)"
-            out.append(_recorded(label, path, ray_bytes, sample["budget_bytes"], sample))
-        return out
-
-    def _record_server_peak(self) -> dict[str, Any] | None:
-        """The serving process's own measured memory (``server_memory``); None when the plan
-        has no server reservation or nothing was measured."""
-        assert self.calibration is not None and self.profile is not None
-        server = self.server_memory()
-        if server is None or not server["measured_bytes"]:
-            return None
-        key = cal.server_key(self.profile)
-        sample = cal.sample(
-            run=self.run_id,
-            peak=server["measured_bytes"],
-            budget=server["budget_bytes"],
-            calibrated=server["evidence"] == "M",
-            method=server["measure"],
-        )
-        path = self.calibration.record(key, sample)
-        return _recorded("(server)", path, server["measured_bytes"], sample["budget_bytes"], sample)
 
     def server_memory(self) -> dict[str, Any] | None:
         """The serving process's own memory against its plan (None when the plan has no
@@ -957,26 +663,6 @@ class Pipeline:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
-
-
-def _recorded(
-    stage: str,
-    entry: Path,
-    peak: int,
-    budget: int | None,
-    sample: Mapping[str, Any],
-    upper_bound: bool = False,
-) -> dict[str, Any]:
-    """One row of ``record_calibration``'s answer: what was recorded where."""
-    return {
-        "stage": stage,
-        "entry": str(entry),
-        "peak_bytes": peak,
-        "budget_bytes": budget,
-        "upper_bound": upper_bound,
-        "over_budget": sample["over_budget"],
-        "calibrated": sample["calibrated"],
-    }
 
 
 class Opening:
@@ -1050,23 +736,17 @@ def calibration_store(
     return cal.CalibrationStore() if calibration else None
 
 
-def prepare_models(plan: PipelinePlan, *, progress: bool = False) -> list[Path]:
-    """Let each admitted stage's kind prepare its weights (``StageKind.prepare``):
-    the decode stage's GGUF is converted once into a cached checkpoint.
+def prepare_models(plan: PipelinePlan, *, progress: Progress | None = None) -> list[Path]:
+    """Let each admitted stage's kind prepare its weights (``StageKind.prepare``), its steps
+    told to ``progress``: the decode stage's GGUF is converted once into a cached checkpoint.
 
-    Done here, in the caller's process, so a first run shows its progress bar
-    in the caller's terminal (on stderr, drawn only when a step starts).
+    Done here, in the caller's process, so a first run's progress is the caller's to show.
     Returns what the kinds prepared.
     """
-    bars = ProgressBars() if progress else None
     out = []
-    try:
-        for s in plan.stages:
-            if s.admitted:
-                prepared = get_kind(s.kind).prepare(s, bars)
-                if prepared is not None:
-                    out.append(prepared)
-    finally:
-        if bars is not None:
-            bars.close()
+    for s in plan.stages:
+        if s.admitted:
+            prepared = get_kind(s.kind).prepare(s, progress)
+            if prepared is not None:
+                out.append(prepared)
     return out

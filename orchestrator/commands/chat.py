@@ -473,6 +473,7 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     """Plan, verify and start CONFIG (sampling checked against it first); None
     when the plan is refused (printed)."""
     from orchestrator.api import Pipeline
+    from orchestrator.commands.render import TerminalProgress
     from orchestrator.config import load_config
     from orchestrator.core.errors import PlanRefused
 
@@ -480,10 +481,10 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     console.print("[dim]starting the pipeline (Ray, one actor per device) …[/]")
     try:
         pipeline = Pipeline.from_config(
-            args.config, pipeline_options(args, record=None, progress=True)
+            args.config, pipeline_options(args, record=None, progress=TerminalProgress())
         )
     except PlanRefused as exc:
-        from orchestrator.render import print_plan
+        from orchestrator.commands.render import print_plan
 
         print_plan(exc.plan, console)  # type: ignore[arg-type]
         return None

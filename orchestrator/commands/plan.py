@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from orchestrator.render import print_plan
+        from orchestrator.commands.render import print_plan
 
         print_plan(plan)
     return EXIT_OK if plan.admitted else EXIT_REFUSED

@@ -23,7 +23,7 @@ from orchestrator.core.units import fmt_bytes
 if TYPE_CHECKING:
     from rich.console import Console, Group
 
-    from orchestrator.render import Sheet
+    from orchestrator.commands.render import Sheet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,11 +162,11 @@ def pools_of(profile: HardwareProfile) -> list[PoolRow]:
 
 
 def profile_view(profile: HardwareProfile) -> Group:
-    """The profile as a user reads it (see orchestrator/render.py for the layout rules)."""
+    """The profile as a user reads it (see orchestrator/commands/render.py for the layout rules)."""
     from rich.table import Table
     from rich.text import Text
 
-    from orchestrator.render import Col, Notes, Sheet, spaced
+    from orchestrator.commands.render import Col, Notes, Sheet, spaced
 
     notes = Notes()
     h = profile.host
@@ -242,8 +242,8 @@ def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
     offload it was built with, and whether it runs here (or why not)."""
     from rich.text import Text
 
+    from orchestrator.commands.render import Col, Sheet
     from orchestrator.probe import llamacpp
-    from orchestrator.render import Col, Sheet
 
     sheet = Sheet(
         "llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True))
@@ -265,7 +265,7 @@ def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
 def ep_device_sheets(profile: HardwareProfile) -> list[Sheet]:
     """What ``onnxruntime.get_ep_devices()`` listed in each route (after registering the
     plugin EPs installed there), and those plugin packages with what registering gave."""
-    from orchestrator.render import Col, Sheet
+    from orchestrator.commands.render import Col, Sheet
 
     found = Sheet(
         "EP devices (onnxruntime.get_ep_devices())",

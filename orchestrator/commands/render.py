@@ -703,3 +703,33 @@ class ProgressBars:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class TerminalProgress:
+    """``api.StartProgress`` (structurally) for a person on stderr: the weights' progress bars
+    (:class:`ProgressBars`), then each stage's state while it starts (:class:`StartDisplay`)."""
+
+    def __init__(self) -> None:
+        self._bars: ProgressBars | None = None
+        self._display: StartDisplay | None = None
+
+    def weights(self) -> ProgressBars:
+        if self._bars is None:
+            self._bars = ProgressBars()
+        return self._bars
+
+    def starting(self, pipeline: str, stages: list[tuple[str, str]]) -> StartDisplay:
+        self._close_bars()
+        self._display = StartDisplay(pipeline, stages)
+        return self._display
+
+    def _close_bars(self) -> None:
+        if self._bars is not None:
+            self._bars.close()
+            self._bars = None
+
+    def close(self) -> None:
+        self._close_bars()
+        if self._display is not None:
+            self._display.close()
+            self._display = None

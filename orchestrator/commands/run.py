@@ -253,6 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     evidence is missing, re-planned), the pipeline run, its record written, the result printed."""
     from orchestrator.api import Pipeline, admit_plan
     from orchestrator.commands.exits import EXIT_OK, EXIT_REFUSED
+    from orchestrator.commands.render import TerminalProgress
     from orchestrator.config import load_config
     from orchestrator.core.console import make_console
 
@@ -266,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     admission = admit_plan(config, options, console_admit_progress(console))
     plan = admission.plan
     if not plan.admitted:
-        from orchestrator.render import print_plan
+        from orchestrator.commands.render import print_plan
 
         print_plan(plan, console)
         if args.json:
@@ -279,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
     # written): its shape first, then — once the weights are prepared — its length
     # with the decode stage's own tokenizer.
     validate_as_given(pipeline, request, args)
-    pipeline.prepare(progress=True)
+    pipeline.prepare(progress=TerminalProgress())
     pipeline.validate(request)
     run = _Outcome()
     _execute(pipeline, request, prompt, console, args, run)
@@ -349,11 +350,13 @@ def _execute(
 ) -> None:
     """Start the pipeline, stream the reply (and the WAV), measure the peaks; a failure or a
     signal is kept in ``run``, and nothing half-written is left at --out."""
+    from orchestrator.commands.render import TerminalProgress
+
     wav_out = WavOut(args.out) if args.out else None
     try:
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
-        pipeline.start(progress=True)
+        pipeline.start(progress=TerminalProgress())
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
         run.result = result = asyncio.run(
             stream_reply(pipeline, request, prompt, console, wav_out, run.texts, run.outputs)
@@ -497,7 +500,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def print_summary(plan: PipelinePlan, console: Console) -> None:
-    from orchestrator.render import Notes, labelled, stages_sheet
+    from orchestrator.commands.render import Notes, labelled, stages_sheet
 
     console.print(
         stages_sheet(
@@ -511,8 +514,8 @@ def print_summary(plan: PipelinePlan, console: Console) -> None:
 def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
     from rich.text import Text
 
+    from orchestrator.commands.render import Col, Sheet, spaced
     from orchestrator.core.units import fmt_bytes
-    from orchestrator.render import Col, Sheet, spaced
 
     # Two tables, time then memory: one with all eight columns is ~90 wide.
     timing = Sheet(

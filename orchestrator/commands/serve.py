@@ -576,12 +576,17 @@ def _start_pipeline(args: argparse.Namespace, console: Any) -> Any:
     ``console``), planned with the server's own memory, started with its progress."""
     from orchestrator.api import Pipeline
     from orchestrator.commands.common import console_admit_progress, pipeline_options
+    from orchestrator.commands.render import TerminalProgress
 
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
     return Pipeline.from_config(
         args.config,
         pipeline_options(
-            args, record=None, progress=True, max_waiting=args.max_waiting, server=True
+            args,
+            record=None,
+            progress=TerminalProgress(),
+            max_waiting=args.max_waiting,
+            server=True,
         ),
         admitting=console_admit_progress(console, gates=False),
     )

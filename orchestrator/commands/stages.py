@@ -219,7 +219,7 @@ def stages_view(doc: dict[str, Any]) -> Group:
     """The listing as a user reads it: kinds, artifacts, hooks, broken plugins."""
     from rich.text import Text
 
-    from orchestrator.render import Col, Sheet, spaced
+    from orchestrator.commands.render import Col, Sheet, spaced
 
     kinds = Sheet(
         "stage kinds",

@@ -192,7 +192,7 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
     from rich.console import Group
     from rich.text import Text
 
-    from orchestrator.render import labelled, spaced
+    from orchestrator.commands.render import labelled, spaced
 
     sections: list[Any] = [
         labelled("verification", f"of {report.pipeline!r} on {report.profile}", style="bold")
@@ -210,7 +210,7 @@ def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
 
 def _tables(report: VerifyReport) -> list[Any]:
     """The gates table and the numerics table, one row per placement, keyed by ``#``."""
-    from orchestrator.render import Col, Sheet
+    from orchestrator.commands.render import Col, Sheet
 
     gates = Sheet(
         "gates",
@@ -290,7 +290,7 @@ def _verdict(r: PlacementResult) -> Text:
 
 def _details(report: VerifyReport) -> list[Any]:
     """Each row's refusals, warnings and error, naming its ``#`` and placement."""
-    from orchestrator.render import labelled, problem
+    from orchestrator.commands.render import labelled, problem
 
     details: list[Any] = []
     for n, r in enumerate(report.results, 1):
@@ -306,7 +306,7 @@ def _details(report: VerifyReport) -> list[Any]:
 
 def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
     """The dim lines at the end: not considered, gate time, evidence, the plan now."""
-    from orchestrator.render import labelled
+    from orchestrator.commands.render import labelled
 
     notes: list[Any] = [
         labelled("not considered:", f"{s['stage']} · {s['device']}: {s['why']}", style="dim")

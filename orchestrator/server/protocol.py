@@ -40,9 +40,9 @@ from pydantic import (
     ValidationError,
 )
 
-from orchestrator.api import audio_request, tensor_request
 from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
+from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.limits import FLAGS, ServerLimits
 from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
 

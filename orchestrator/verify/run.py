@@ -41,7 +41,8 @@ from orchestrator.ort.routes import (
     static_refusal,
 )
 from orchestrator.ort.sessions import RouteError, open_sessions
-from orchestrator.planner import Candidate, Excluded, stage_candidates
+from orchestrator.planner_options import Candidate, Excluded
+from orchestrator.planner import stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.evidence import (
     EvidenceKey,

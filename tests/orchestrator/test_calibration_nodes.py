@@ -79,8 +79,6 @@ def _record(
         results=[],
         run_id="cluster-run-1",
     )
-    for name in ("_record_stage_peaks", "_record_ray_peaks", "_record_server_peak"):
-        setattr(pipeline, name, MethodType(getattr(Pipeline, name), pipeline))
     pipeline.server_memory = MethodType(Pipeline.server_memory, pipeline)
     return list(Pipeline.record_calibration(pipeline))  # type: ignore[arg-type]
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from orchestrator.commands.render import plan_table
 from orchestrator.config import parse_config
 from orchestrator.core import errors
 from orchestrator.core.console import make_console
@@ -21,7 +22,6 @@ from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.profile import load_profile
 from orchestrator.core.units import fmt_bytes
 from orchestrator.planner import build_ledger, parse_mask, plan_pipeline
-from orchestrator.render import plan_table
 from stages.base import MAX_REPLICAS
 from tests.helpers import REPO
 

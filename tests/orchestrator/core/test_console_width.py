@@ -196,7 +196,7 @@ def test_verified_stage_and_a_long_stage_name(
 ) -> None:
     """Evidence moves to a footnote at 80 columns; a name too long for the
     table makes it fall back to one block per stage rather than cut anything."""
-    from orchestrator.render import plan_table
+    from orchestrator.commands.render import plan_table
 
     plan = plan_of(
         REPO / "configs/voice-assistant.yaml", REPO / "configs/profiles/cpu-only-linux.json"
@@ -219,10 +219,10 @@ def test_verified_stage_and_a_long_stage_name(
 
 
 def test_plan_on_this_machine_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.commands.render import plan_table
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import probe_profile
-    from orchestrator.render import plan_table
 
     # One probe, rendered twice: the free RAM changes between two probes.
     plan = plan_pipeline(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.commands.render import plan_table
 from orchestrator.config import load_config, parse_config
 from orchestrator.core import errors
 from orchestrator.core.console import make_console
@@ -15,7 +16,6 @@ from orchestrator.core.cpu_threads import DECODE_WEIGHT, OTHER_WEIGHT, Pool, spl
 from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.profile import HardwareProfile, load_profile
 from orchestrator.planner import plan_pipeline
-from orchestrator.render import plan_table
 from tests.helpers import REPO
 
 DECODE, OTHER = Pool(DECODE_WEIGHT), Pool(OTHER_WEIGHT)

@@ -135,13 +135,7 @@ def test_recording_writes_the_server_entry_that_the_next_served_plan_reads(
         results=[],
         run_id="served-1",
     )
-    for name in (
-        "server_memory",
-        "_record_stage_peaks",
-        "_record_ray_peaks",
-        "_record_server_peak",
-    ):
-        setattr(pipeline, name, MethodType(getattr(Pipeline, name), pipeline))
+    pipeline.server_memory = MethodType(Pipeline.server_memory, pipeline)
     (row,) = Pipeline.record_calibration(pipeline)  # type: ignore[arg-type]
     assert (
         row["stage"] == "(server)" and row["budget_bytes"] == SERVER_BYTES and not row["calibrated"]
