@@ -51,8 +51,8 @@ has every endpoint, shape and metric):
   under ``/static``).
 
 A client that goes away is cancelled all the way down, whenever it leaves:
-before the response starts (a watcher on the connection, ``_Run.until``) or
-while it streams (the body generator is closed, ``_Stream``); either closes the
+before the response starts (a watcher on the connection, ``served.Run.until``) or
+while it streams (the body generator is closed, ``http.StreamResponse``); either closes the
 pipeline's stream, which cancels the request on every device actor (the vLLM
 request aborted, queued sentences dropped) and frees its admission slot.
 

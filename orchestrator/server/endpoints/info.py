@@ -1,0 +1,178 @@
+"""What a served pipeline says about itself: ``GET /health`` (every stage can serve, or which
+cannot and why), ``/v1/models``, ``/v1/plan`` (each stage's measured peak beside its budget),
+``/v1/status`` (stages, pools, the queue, the last requests) and ``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from orchestrator.server.served import Served
+
+HEALTH_TIMEOUT_S = 2.0
+"""How long ``/health`` waits for a device actor to say how its stages are: an actor
+answers in milliseconds; one that does not within this is reported, not waited for."""
+
+
+class Info:
+    """The endpoints that describe one served pipeline."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.served.model,
+                        "object": "model",
+                        "created": self.served.created,
+                        "owned_by": "omni-edge",
+                        "stages": [s.name for s in self.served.runtime.stages],
+                    }
+                ],
+            }
+        )
+
+    async def health(self, request: Request) -> Response:
+        """200 while every stage can serve (``status: degraded`` naming each dead replica of a
+        stage whose other replicas serve); 503 naming each stage that cannot (stage, device,
+        code): a dead device actor (every replica's), or an engine that stopped inside a
+        living one."""
+        failures = (
+            await self.served.runtime.stage_failures(HEALTH_TIMEOUT_S)
+            if not self.served.runtime._closed
+            else {}
+        )
+        stages = self.served.stage_states(failures)
+        ok = all(s["alive"] for s in stages)
+        degraded = [
+            {"stage": s["name"], "replica": r["replica"], "device": r["device"], "code": r["code"]}
+            for s in stages
+            if s["alive"]
+            for r in s.get("replicas", [])
+            if not r["alive"] and "code" in r
+        ]
+        doc: dict[str, Any] = {
+            "status": ("degraded" if degraded else "ok") if ok else "unavailable",
+            "pipeline": self.served.model,
+            "stages": stages,
+        }
+        if degraded:  # a dead replica whose siblings serve: still 200, named
+            doc["degraded"] = degraded
+        if not ok:
+            doc["failed"] = [
+                {"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
+                for s in stages
+                if not s["alive"]
+            ]
+        return JSONResponse(doc, status_code=200 if ok else 503)
+
+    async def plan(self, request: Request) -> Response:
+        doc = self.served.pipeline.plan.to_json()
+        measured = await self.served.metrics.measured_now()
+        for s in doc["stages"]:
+            holders = (
+                self.served.holders(s["name"]) if s["name"] in self.served.runtime.replicas else []
+            )
+            # a stage's own fields are its first replica's; each replica has its own figure
+            s["measured"] = self._measured(measured, holders[0] if holders else s["name"])
+            for r in s.get("replicas", []):
+                r["measured"] = self._measured(measured, r["holder"])
+        # the serve process's own memory against its shared reservation (``server``)
+        server_memory = getattr(self.served.pipeline, "server_memory", None)
+        doc["server"] = (
+            await asyncio.to_thread(server_memory) if server_memory is not None else None
+        )
+        return JSONResponse(doc)
+
+    def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
+        """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""
+        view = self.served.runtime.views.get(holder) or self.served.pipeline.plan.stage(holder)
+        m = measured.get(holder) or {}
+        return {
+            "pool": view.pool,
+            "measured_peak_bytes": m.get("measured_peak_bytes"),
+            "budget_bytes": m.get("budget_bytes", view.budget_bytes()),
+            "within_budget": m.get("within_budget"),
+        }
+
+    async def status(self, request: Request) -> Response:
+        measured = await self.served.metrics.measured_now()
+        ledger = await self.served.metrics.ledger() or {}
+        held = {p["id"]: p["held_bytes"] for p in ledger.get("pools", [])}
+        pools = []
+        for p in self.served.pipeline.plan.pools:
+            peaks = [
+                m["measured_peak_bytes"]
+                for name, m in measured.items()
+                if self.served.runtime.views[name].pool == p.id
+                and m.get("measured_peak_bytes") is not None
+            ]
+            pools.append(
+                {
+                    "id": p.id,
+                    "capacity_bytes": p.capacity_bytes,
+                    "budget_bytes": p.peak_bytes,
+                    "reserved_bytes": held.get(p.id),
+                    "measured_peak_bytes": sum(peaks) if peaks else None,
+                }
+            )
+        failures = (
+            await self.served.runtime.stage_failures(HEALTH_TIMEOUT_S)
+            if not self.served.runtime._closed
+            else {}
+        )
+        stages = [
+            {
+                k: s[k]
+                for k in (
+                    "name",
+                    "kind",
+                    "device",
+                    "backend",
+                    "alive",
+                    "loaded",
+                    "final_output_type",
+                )
+            }
+            for s in self.served.stage_states(failures)
+        ]
+        admission = self.served.runtime.admission
+        return JSONResponse(
+            {
+                "pipeline": self.served.model,
+                "stages": stages,
+                "pools": pools,
+                "queue": {
+                    "in_flight": admission.in_flight,
+                    "waiting": admission.waiting,
+                    "limit": admission.limit,
+                    "max_waiting": admission.max_waiting,
+                },
+                "recent": list(self.served.metrics.recent),
+            }
+        )
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(
+            await self.served.metrics.render(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
+
+
+def routes(served: Served) -> list[Route]:
+    info = Info(served)
+    return [
+        Route("/v1/models", info.models, methods=["GET"]),
+        Route("/v1/plan", info.plan, methods=["GET"]),
+        Route("/v1/status", info.status, methods=["GET"]),
+        Route("/health", info.health, methods=["GET"]),
+        Route("/metrics", info.metrics_text, methods=["GET"]),
+    ]
