@@ -428,6 +428,6 @@ def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:
         log.info("not memoising the statistics of %s: %s", p, problem)
         return
     try:
-        write_json_atomic(memo, record, indent=None)
+        write_json_atomic(memo, record, indent=None, durable=False)  # a cache: cheap to rebuild
     except OSError as exc:  # a read-only cache costs speed, never correctness
         cache_write_failed(memo.parent, "graph statistics", exc)
