@@ -15,9 +15,13 @@ own run's sample): the measured peak on the stage's pool, its load path and
 steady state where known, the budget it ran under, whether that budget was
 calibrated, whether the figure is only an upper bound (a load that overlapped
 another in one process), the requests, the most in flight at once, the longest
-prompt, when and where. Files are written atomically under a lock, carry a
-format version and are validated on read: an entry that is corrupt or
-inconsistent is ignored with a warning (and the plan says so), never trusted.
+prompt, when and where. Files are written atomically and durably under a lock,
+carry a format version and are validated on read: an entry that is corrupt or
+inconsistent is ignored with a warning (and the plan says so), never trusted —
+and never destroyed: before a run writes that key again the file is kept aside
+as ``NAME.corrupt-<time>`` (named in a warning), and an entry of a newer format
+is planned from as unknown and never written over. Temporary files a killed
+writer left are removed when the store is opened.
 
 :func:`calibrate` turns an entry into reservations (evidence M) with a margin
 from the observed spread; :func:`scaled` does the same from a near match by the
@@ -32,6 +36,7 @@ import logging
 import math
 import os
 import platform
+import re
 import socket
 import statistics
 import time
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
-from orchestrator.fileio import exclusive_lock, write_json_atomic
+from orchestrator.fileio import exclusive_lock, keep_aside, remove_orphans, write_json_atomic
 from orchestrator.ledger import RETAINED_GROWTH, Evidence, Reservation, load_and_steady
 from orchestrator.profile import HardwareProfile
 from orchestrator.units import MiB, fmt_bytes
@@ -50,6 +55,11 @@ from orchestrator.units import MiB, fmt_bytes
 log = logging.getLogger(__name__)
 
 CALIBRATION_FORMAT = "omni-edge.calibration/1"
+FORMAT_PREFIX, _, _FORMAT_VERSION = CALIBRATION_FORMAT.rpartition("/")
+ENTRY_NAME = re.compile(r"^[\w.-]{1,60}-[0-9a-f]{16}\.json$")
+"""The name of an entry (``Key.filename``): its label, then 16 hex digits of its key's digest."""
+FORMAT_MARK = re.compile(rb'^\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT_PREFIX.encode()) + rb"/")
+"""How an entry's file begins (``format`` is its first key), readable even when it was cut short."""
 CALIBRATION_ENV = "OMNI_EDGE_CALIBRATION_DIR"
 MEASURE_VERSION = 1
 """Bump when the way a peak is measured changes; older entries then stop matching."""
@@ -397,13 +407,56 @@ class Entry:
         return [s for s in self.samples if not s["upper_bound"]]
 
 
+@dataclass(frozen=True)
+class Unusable:
+    """An entry the store could not use: ``kind`` is ``unreadable`` (cut short, not JSON, a read
+    error), ``newer`` (a format this version does not know: never written over) or
+    ``untrusted`` (inconsistent); ``why`` says what is wrong with it."""
+
+    kind: str
+    why: str
+
+
+def newer_format(doc: Any) -> str | None:
+    """The format of ``doc`` when it is an entry of a later format version than this one reads."""
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if not isinstance(fmt, str) or not fmt.startswith(FORMAT_PREFIX + "/"):
+        return None
+    version = fmt[len(FORMAT_PREFIX) + 1 :]
+    return fmt if version.isdigit() and int(version) > int(_FORMAT_VERSION) else None
+
+
+def is_entry_file(path: Path) -> bool | None:
+    """Whether ``path`` is a calibration entry by name and format (its first bytes say it, so an
+    entry cut short still counts); None when it cannot be read to tell."""
+    if not ENTRY_NAME.match(path.name) or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    return FORMAT_MARK.match(head) is not None
+
+
 class CalibrationStore:
-    """Entries under one directory (default ``calibration_dir()``)."""
+    """Entries under one directory (default ``calibration_dir()``). Opening it removes the
+    temporary files that writers killed mid-write left (``fileio.remove_orphans``)."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else calibration_dir()
         self.problems: list[str] = []
         """What was ignored on read, for the plan's notes (one line per file)."""
+        self.unusable: dict[Path, Unusable] = {}
+        """Each entry file read but not used, and why (the plan says so for its stage)."""
+        self.orphans_removed = remove_orphans(self.root)
+        if self.orphans_removed:
+            log.info(
+                "removed %d temporary file(s) left by writers that are gone from %s: %s",
+                len(self.orphans_removed),
+                self.root,
+                ", ".join(p.name for p in self.orphans_removed),
+            )
 
     def path(self, key: Key) -> Path:
         return self.root / key.filename()
@@ -413,20 +466,34 @@ class CalibrationStore:
 
     def _checked(self, path: Path) -> tuple[Entry | None, str | None]:
         """The entry at ``path`` (None when there is none), or why it is not trusted."""
+        trouble: Unusable | None
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None, None
         except (OSError, ValueError) as exc:
-            problem: str | None = f"unreadable: {exc}"
+            trouble = Unusable("unreadable", f"unreadable: {exc}")
         else:
+            newer = newer_format(doc)
             problem = entry_problem(doc, path)
-        if problem is not None:
-            line = f"calibration entry {path} ignored: {problem}"
+            trouble = (
+                Unusable(
+                    "newer",
+                    f"it is of a newer format ({newer}) than this omni-edge reads "
+                    f"({CALIBRATION_FORMAT}): planned from metadata, and never written over",
+                )
+                if newer
+                else Unusable("untrusted", problem)
+                if problem is not None
+                else None
+            )
+        if trouble is not None:
+            self.unusable[path] = trouble
+            line = f"calibration entry {path} ignored: {trouble.why}"
             if line not in self.problems:
                 self.problems.append(line)
                 log.warning("%s; it is not trusted (plans use the metadata estimates)", line)
-            return None, problem
+            return None, trouble.why
         return Entry(
             path,
             doc["key"],
@@ -441,14 +508,17 @@ class CalibrationStore:
     def load(self, key: Key) -> Entry | None:
         return self._read(self.path(key))
 
+    def _entry_paths(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in sorted(self.root.glob("*.json")) if ENTRY_NAME.match(p.name)]
+
     def near(self, key: Key) -> Entry | None:
         """The entry with the most trusted samples that shares ``key``'s identity but not its
         scaling settings (another context length), or None."""
-        if not self.root.is_dir():
-            return None
         near, exact = key.near_digest(), key.digest()
         best: Entry | None = None
-        for path in sorted(self.root.glob("*.json")):
+        for path in self._entry_paths():
             if path.name.endswith(f"-{exact[:16]}.json"):
                 continue
             try:
@@ -467,51 +537,108 @@ class CalibrationStore:
                 best = entry
         return best
 
-    def record(self, key: Key, sample: dict[str, Any], basis: Iterable[Reservation] = ()) -> Path:
+    def record(
+        self, key: Key, sample: dict[str, Any], basis: Iterable[Reservation] = ()
+    ) -> Path | None:
         """Add ``sample`` to ``key``'s entry (replacing the sample of the same ``run``),
-        atomically under a lock; a corrupt entry is replaced (with a warning)."""
+        atomically and durably under a lock. An entry that cannot be used is never lost: one
+        of a newer format is left as it is (nothing is recorded: None, with a warning), any
+        other is kept aside as ``NAME.corrupt-<time>`` (with a warning naming it) and a new
+        entry starts with ``sample``."""
         problem = sample_problem(sample)
         if problem:
             raise ValueError(f"not a consistent sample: {problem}")
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
         with exclusive_lock(self.root / ".lock"):
-            entry = self._read(path)
-            samples = [s for s in (entry.samples if entry else ()) if s["run"] != sample["run"]]
-            samples.append(sample)
-            if len(samples) > MAX_SAMPLES:
-                largest = max(samples, key=lambda s: s["peak_bytes"])
-                keep = samples[-(MAX_SAMPLES - 1) :]
-                samples = keep if largest in keep else [largest, *keep]
-            doc = {
-                "format": CALIBRATION_FORMAT,
-                "key_digest": key.digest(),
-                "near_digest": key.near_digest(),
-                "key": key.to_dict(),
-                "label": key.label,
-                "pipeline": key.pipeline or (entry.pipeline if entry else ""),
-                "stage": key.stage or (entry.stage if entry else ""),
-                "basis": [r.to_dict() for r in basis]
-                or [r.to_dict() for r in (entry.basis if entry else ())],
-                "samples": samples,
-                "updated_at": now(),
-            }
+            entry, _ = self._checked(path)
+            trouble = self.unusable.get(path) if entry is None else None
+            if trouble is not None and trouble.kind == "newer":
+                log.warning(
+                    "not recording %s's measured peak: its entry %s %s",
+                    key.label or key.subject,
+                    path,
+                    trouble.why,
+                )
+                return None
+            if trouble is not None and path.exists():
+                self._keep_aside(path, trouble)
+            doc = self._doc(key, entry, sample, basis)
             write_json_atomic(path, doc, indent=1)
         return path
 
+    def _keep_aside(self, path: Path, trouble: Unusable) -> Path:
+        aside = keep_aside(path, "corrupt")
+        log.warning(
+            "calibration entry %s could not be used (%s); it is kept aside as %s and a new "
+            "entry starts with this run. Its measurements are in that file: repair it and move "
+            "it back over %s, or remove it once it is not wanted",
+            path,
+            trouble.why,
+            aside.name,
+            path.name,
+        )
+        return aside
+
+    def _doc(
+        self, key: Key, entry: Entry | None, sample: dict[str, Any], basis: Iterable[Reservation]
+    ) -> dict[str, Any]:
+        """The entry ``key`` holds once ``sample`` is added (the largest peak survives trimming)."""
+        samples = [s for s in (entry.samples if entry else ()) if s["run"] != sample["run"]]
+        samples.append(sample)
+        if len(samples) > MAX_SAMPLES:
+            largest = max(samples, key=lambda s: s["peak_bytes"])
+            keep = samples[-(MAX_SAMPLES - 1) :]
+            samples = keep if largest in keep else [largest, *keep]
+        return {
+            "format": CALIBRATION_FORMAT,
+            "key_digest": key.digest(),
+            "near_digest": key.near_digest(),
+            "key": key.to_dict(),
+            "label": key.label,
+            "pipeline": key.pipeline or (entry.pipeline if entry else ""),
+            "stage": key.stage or (entry.stage if entry else ""),
+            "basis": [r.to_dict() for r in basis]
+            or [r.to_dict() for r in (entry.basis if entry else ())],
+            "samples": samples,
+            "updated_at": now(),
+        }
+
     def entries(self) -> tuple[list[Entry], list[tuple[Path, str]]]:
-        """Every entry in the store, and every file that is not one (path, why), sorted by name."""
+        """Every entry in the store, and every file named as one that cannot be used (path, why),
+        sorted by name. Other files in the directory are not the store's, and not listed."""
         good: list[Entry] = []
         bad: list[tuple[Path, str]] = []
-        if not self.root.is_dir():
-            return good, bad
-        for path in sorted(self.root.glob("*.json")):
+        for path in self._entry_paths():
             entry, problem = self._checked(path)
             if entry is not None:
                 good.append(entry)
             elif problem is not None:
                 bad.append((path, problem))
         return good, bad
+
+    def removable(self) -> tuple[list[Path], list[tuple[Path, str]]]:
+        """What ``reset --all`` may remove — the files that are entries by name and by format
+        (one cut short too) — and the other files of the directory, each with why it stays."""
+        entries: list[Path] = []
+        others: list[tuple[Path, str]] = []
+        if not self.root.is_dir():
+            return entries, others
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") and not ENTRY_NAME.match(path.name):
+                continue  # the lock, temporary files: the store's own workings
+            verdict = is_entry_file(path)
+            if verdict:
+                entries.append(path)
+            elif verdict is None:
+                others.append((path, "cannot be read to tell"))
+            elif ".json.corrupt-" in path.name:
+                others.append((path, "a damaged entry kept aside"))
+            elif ENTRY_NAME.match(path.name) and path.is_file():
+                others.append((path, "an entry's name, not its format"))
+            else:
+                others.append((path, "not an entry"))
+        return entries, others
 
     def remove_paths(self, paths: Iterable[Path]) -> list[Path]:
         """Remove these entry files (under the lock); returns those that were there."""
