@@ -148,6 +148,22 @@ def fsync_directory(directory: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(directory: str | Path) -> None:
+    """Flush every file under ``directory`` and every directory's entries, deepest first (an
+    exported artifact before it is renamed into place). Symlinks are not followed."""
+    for root, _dirs, files in os.walk(directory, topdown=False):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(root)
+
+
 def make_directories(directory: str | Path, *, durable: bool = True) -> None:
     """``mkdir -p directory``; ``durable``: each directory it creates is fsynced into its parent."""
     d = Path(directory)
