@@ -2,10 +2,13 @@
 
 Prints the plan summary, streams the reply text as it is generated, writes
 the audio as it is generated (16-bit PCM WAV at the voice's sample rate: a
-valid WAV under a temporary name after every chunk, renamed to ``--out`` when
-the request is done; nothing at ``--out`` after a failure or a signal), writes
-the run record, and ends with a per-stage table: device, backend, time to
-first output, throughput, budgeted vs measured peak and their ratio.
+valid WAV under a temporary name of this run's own after every chunk, fsynced
+and renamed to ``--out`` when the request is done; nothing at ``--out`` after a
+failure or a signal; of two runs writing one ``--out``, the last to finish wins
+whole, and each record names the SHA-256 of what its run wrote), writes the
+run record (never over another one), and ends with a per-stage table: device,
+backend, time to first output, throughput, budgeted vs measured peak and their
+ratio.
 
 ``--input NAME=FILE.npy`` (repeatable; ``--input FILE.npy`` for a graph of one
 input) sends arrays instead, to a pipeline whose entry stage consumes a tensor

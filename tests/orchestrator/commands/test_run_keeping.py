@@ -169,8 +169,12 @@ def test_two_runs_stopped_while_loading_leave_two_records_each_naming_sigterm(
         Run(tmp_path, "one", "hi", loading, "--record", str(records)),
         Run(tmp_path, "two", "hi", loading, "--record", str(records)),
     ]
+    # the thinker loaded, the voice loading: the driver waits in Ray for the voice's load,
+    # where Ray's signal check used to turn the SIGTERM into a bare KeyboardInterrupt
     until(
-        "both runs loading their voice", lambda: all("voice: loading" in r.out for r in runs), runs
+        "both runs loading their voice after their thinker",
+        lambda: all("voice: loading" in r.out and "thinker: loaded" in r.out for r in runs),
+        runs,
     )
     for r in runs:  # both stopped at once: their records are named in the same second
         r.proc.send_signal(signal.SIGTERM)
