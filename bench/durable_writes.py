@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator import calibration as cal  # noqa: E402
-from orchestrator import fileio, settings  # noqa: E402
+from orchestrator import calibration_store, fileio, settings  # noqa: E402
 from orchestrator.runtime import record as rec  # noqa: E402
 from orchestrator.units import MiB  # noqa: E402
 
@@ -152,7 +152,7 @@ def row(times: list[float]) -> dict[str, float]:
 def run(writes: int, samples: int, directory: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, make, module in (
-        ("calibration store", lambda: store_writer(directory, samples), cal),
+        ("calibration store", lambda: store_writer(directory, samples), calibration_store),
         ("run record", lambda: record_writer(directory), rec),
     ):
         times = time_writes(make(), module, writes)

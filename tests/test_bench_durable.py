@@ -29,7 +29,7 @@ def test_durable_writes_fsync_and_the_others_do_not(
         real(fd)
 
     for name, make, module in (
-        ("store", lambda: bench.store_writer(tmp_path / "s", 3), bench.cal),
+        ("store", lambda: bench.store_writer(tmp_path / "s", 3), bench.calibration_store),
         ("record", lambda: bench.record_writer(tmp_path / "r"), bench.rec),
     ):
         write = make()
