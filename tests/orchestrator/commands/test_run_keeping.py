@@ -43,16 +43,20 @@ DEADLINE_S = 300.0
 class Run:
     """``omni-edge run`` in a fresh interpreter, its output read as it comes."""
 
-    def __init__(self, tmp_path: Path, name: str, prompt: str, voice: str, *extra: str) -> None:
+    def __init__(
+        self, tmp_path: Path, name: str, prompt: str, voice: str, *extra: str, command: str = "run"
+    ) -> None:
         cfg = tmp_path / f"{name}.yaml"
         cfg.write_text(CONFIG.format(voice=voice))
         prof = tmp_path / "profile.json"
         prof.write_text(make_profile(ram_available=8 * GiB).model_dump_json())
-        argv = ["run", str(cfg), "--prompt", prompt, "--profile", str(prof), *extra]
+        asked = ["--prompt", prompt] if command == "run" else []
+        argv = [command, str(cfg), *asked, "--profile", str(prof), *extra]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", *argv],
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -194,6 +198,21 @@ def test_two_runs_stopped_while_loading_leave_two_records_each_naming_sigterm(
             "message": "interrupted by SIGTERM",
             "signal": "SIGTERM",
         }
+
+
+@pytest.mark.parametrize(("command", "extra"), [("serve", ("--port", "0")), ("chat", ())])
+def test_serve_and_chat_stopped_while_loading_exit_143_naming_sigterm(
+    tmp_path: Path, command: str, extra: tuple[str, ...]
+) -> None:
+    r = Run(tmp_path, command, "", ", load_s: 600", *extra, command=command)
+    until(
+        f"{command} loading its voice after its thinker",
+        lambda: "voice: loading" in r.out and "thinker: loaded" in r.out,
+        [r],
+    )
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.finish() == 128 + signal.SIGTERM, r.out  # not 130: the signal that came
+    assert "interrupted by SIGTERM" in r.out and "Traceback" not in r.out
 
 
 def test_records_filed_in_one_second_under_one_name_never_replace_each_other(
