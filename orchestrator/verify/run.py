@@ -313,7 +313,7 @@ def verify_on_node(
     with tempfile.TemporaryDirectory(prefix="omni-edge-evidence-") as tmp:
         store = EvidenceStore(Path(tmp))
         for name, record in (seed or {}).items():
-            write_json_atomic(store.root / Path(name).name, record, indent=1)
+            write_json_atomic(store.root / Path(name).name, record, indent=1, durable=False)
         report = VerifyReport(config.name, f"node {node} of {cluster.name}", evidence_dir=tmp)
         _Run(local, report, store, force, machine=machine).verify(mine)
     return report
