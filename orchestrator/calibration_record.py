@@ -180,16 +180,18 @@ def _record_server_peak(store: cal.CalibrationStore, run: RunMeasurements) -> di
 
 def recorded(
     stage: str,
-    entry: Path,
+    entry: Path | None,
     peak: int,
     budget: int | None,
     sample: Mapping[str, Any],
     upper_bound: bool = False,
 ) -> dict[str, Any]:
-    """One row of ``record_run``'s answer: what was recorded where."""
+    """One row of ``record_run``'s answer: what was recorded where (``entry`` None: nothing,
+    its entry being of a newer format, which is never written over: ``not_recorded``)."""
     return {
         "stage": stage,
-        "entry": str(entry),
+        "entry": str(entry) if entry is not None else None,
+        **({} if entry is not None else {"not_recorded": "its entry is of a newer format"}),
         "peak_bytes": peak,
         "budget_bytes": budget,
         "upper_bound": upper_bound,

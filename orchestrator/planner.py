@@ -23,7 +23,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from orchestrator import calibration as cal
@@ -133,6 +133,8 @@ class _Calibrating:
     store: cal.CalibrationStore
     pipeline: str
     profile: HardwareProfile
+    unusable: dict[tuple[str, str, str], tuple[str, cal.Unusable]] = field(default_factory=dict)
+    """(stage, device, backend) → its entry's file and why the store could not use it."""
 
 
 @dataclass
@@ -1064,6 +1066,11 @@ def _calibrated(
     key = candidate_key(candidate, metadata, profile, calibrating.pipeline)
     found = cal.lookup(calibrating.store, key, list(metadata))
     if found is None:
+        path = calibrating.store.path(key)
+        trouble = calibrating.store.unusable.get(path)
+        if trouble is not None:
+            where = (candidate.stage.name, candidate.device.id, candidate.backend)
+            calibrating.unusable[where] = (path.name, trouble)
         return metadata, None
     return found
 
@@ -1109,13 +1116,36 @@ def _calibration_notes(
             f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
             "`--no-calibration` plans from metadata alone"
         )
-    uncalibrated = [s.name for s in stage_plans if s.admitted and s.calibration is None]
-    if used and uncalibrated:
+    unmeasured = []
+    for s in stage_plans:
+        if not s.admitted or s.calibration is not None:
+            continue
+        unusable = calibrating.unusable.get((s.name, s.device or "", s.backend or ""))
+        if unusable is None:
+            unmeasured.append(s.name)
+        else:
+            notes.append(_unusable_note(s.name, *unusable))
+    if used and unmeasured:
         notes.append(
-            f"{', '.join(uncalibrated)}: no measurement yet, so activations, workspaces, transients and "
+            f"{', '.join(unmeasured)}: no measurement yet, so activations, workspaces, transients and "
             "margins are estimates (E); a run records measured peaks (M) for the next plan"
         )
     return notes
+
+
+def _unusable_note(stage: str, name: str, trouble: cal.Unusable) -> str:
+    """What happened to a stage whose measurements are in an entry the store could not use."""
+    if trouble.kind == "newer":
+        return (
+            f"{stage}: its measurements ({name}) are of a newer format than this omni-edge "
+            "reads, so it is budgeted from metadata (E) as if unmeasured; runs of this version "
+            "leave that entry as it is (the newer omni-edge plans from it)"
+        )
+    return (
+        f"{stage}: its measurements ({name}) could not be used ({trouble.kind}, see above), so it "
+        f"is budgeted from metadata (E); the next run keeps that file aside as "
+        f"{name}.corrupt-<time> and starts a new entry"
+    )
 
 
 # -- a cluster profile: candidates on every node, each tried against its node alone -------

@@ -7,6 +7,11 @@ measured — the budget's history, so a budget that climbs from run to run shows
 backend and setting it was measured with), ``reset --all`` every entry, so the
 next plan of that stage budgets from metadata again. ``--json`` beside each.
 
+``reset --all`` removes only the files that are entries by name and by format
+(a mistyped ``--store`` holding other files loses none of them: each is named as
+left alone), and asks first, listing what will go; ``--yes`` removes without
+asking, and without a terminal to ask on it is required (exit 2, nothing removed).
+
 A STAGE is ``PIPELINE/STAGE`` as ``show`` lists it, or a stage name when one
 pipeline has it; ``(ray_runtime)`` and ``(server)`` name the shared costs.
 """
@@ -54,7 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     reset.add_argument(
         "stage", nargs="?", metavar="STAGE", help="PIPELINE/STAGE (or a stage name) as listed"
     )
-    reset.add_argument("--all", action="store_true", help="remove every entry in the store")
+    reset.add_argument(
+        "--all",
+        action="store_true",
+        help="remove every entry in the store (asks first, listing them; other files are left alone)",
+    )
+    reset.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="remove without asking (required with --all when stdin is not a terminal)",
+    )
     reset.add_argument("--json", action="store_true", help="print what was removed as JSON")
 
 
@@ -136,38 +151,93 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_list(store, chosen, ignored)
         return EXIT_OK
-    targets = (
-        ([e.path for e in entries] + [p for p, _ in ignored])
-        if args.all
-        else [
+    left: list[tuple[Path, str]] = []
+    if args.all:
+        targets, left = store.removable()
+        if targets and not args.yes and not _confirmed(store.root, targets, left):
+            print("nothing removed", file=sys.stderr)
+            return EXIT_OK
+    else:
+        targets = [
             e.path
             for e in select(
                 entries, args.stage, where=f"calibration reset {_cut(args.stage)}", store=store.root
             )
         ]
-    )
     removed = store.remove_paths(targets) if targets else []
+    _print_removed(store, args, removed, left)
+    return EXIT_OK
+
+
+def _confirmed(root: Path, targets: list[Path], left: list[tuple[Path, str]]) -> bool:
+    """Ask on the terminal before ``reset --all`` removes ``targets`` (listed, with what is left
+    alone); without a terminal, ``ConfigError`` (exit 2) naming ``--yes``."""
+    n = len(targets)
+    what = f"{n} entr{'y' if n == 1 else 'ies'}"
+    if not sys.stdin.isatty():
+        names = ", ".join(p.name for p in targets[:3]) + (" …" if n > 3 else "")
+        raise ConfigError.single(
+            "calibration reset --all",
+            f"would remove {what} from {root} ({names}), and stdin is not a terminal to ask on",
+            "pass --yes to remove them without asking (omni-edge calibration reset --all --yes), "
+            "or run it in a terminal",
+        )
+    print(f"this removes {what} from {root}:", file=sys.stderr)
+    for p in targets:
+        print(f"  {p.name}", file=sys.stderr)
+    for line in _left_lines(left):
+        print(line, file=sys.stderr)
+    print("remove them? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline()
+    except (OSError, KeyboardInterrupt):
+        answer = ""
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _print_removed(
+    store: CalibrationStore,
+    args: argparse.Namespace,
+    removed: list[Path],
+    left: list[tuple[Path, str]],
+) -> None:
     if args.json:
         json.dump(
             {
                 "format": STORE_FORMAT,
                 "store": str(store.root),
                 "removed": [str(p) for p in removed],
+                "left": [{"file": str(p), "why": why} for p, why in left],
             },
             sys.stdout,
             indent=2,
         )
         sys.stdout.write("\n")
-    else:
-        what = "every entry" if args.all else args.stage
-        print(
-            f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} ({what}) from {store.root}"
-        )
-        for p in removed:
-            print(f"  {p.name}")
-        if removed:
-            print("the next plan budgets these from metadata, until a run measures them again")
-    return EXIT_OK
+        return
+    what = "every entry" if args.all else args.stage
+    print(
+        f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} ({what}) from {store.root}"
+    )
+    for p in removed:
+        print(f"  {p.name}")
+    for line in _left_lines(left):
+        print(line)
+    if removed:
+        print("the next plan budgets these from metadata, until a run measures them again")
+
+
+LEFT_SHOWN = 10
+"""Files left alone that ``reset --all`` names one by one (a mistyped --store may hold thousands)."""
+
+
+def _left_lines(left: list[tuple[Path, str]]) -> list[str]:
+    if not left:
+        return []
+    lines = ["left alone (not removed):"]
+    lines += [f"  {_cut(p.name, 36)} ({why})" for p, why in left[:LEFT_SHOWN]]
+    if len(left) > LEFT_SHOWN:
+        lines.append(f"  … and {len(left) - LEFT_SHOWN} more")
+    return lines
 
 
 def _cut(text: str, width: int = 60) -> str:

@@ -55,7 +55,9 @@ from orchestrator.commands.common import (
     ReplyPrinter,
     WavOut,
     add_request_options,
+    as_received,
     check_sampling,
+    check_signalled,
     pipeline_options,
     request_of,
     sampling_of,
@@ -371,10 +373,15 @@ def _chat(args: argparse.Namespace, console: Console, out_dir: Path | None) -> i
                 from orchestrator.commands.exits import EXIT_REFUSED
 
                 return EXIT_REFUSED
+            check_signalled()  # one that came while it started, its exception swallowed
             reply = local_replier(pipeline, console)
         return chat_loop(reply, args, console, out_dir)
-    except Interrupted as exc:
+    except KeyboardInterrupt as raw:
         import signal
+
+        exc = as_received(raw)  # a SIGTERM Ray's signal check made a KeyboardInterrupt
+        if not isinstance(exc, Interrupted):
+            raise
 
         held = ""
         if pipeline is not None:

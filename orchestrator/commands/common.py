@@ -54,16 +54,57 @@ class Interrupted(KeyboardInterrupt):
 
 
 HANDLED_SIGNALS = ("SIGTERM", "SIGHUP")
+_received: list[int] = []
+"""The signals that came while ``signals_handled`` was in force, in order. Kept apart from the
+exception a handler raises, which does not always reach the command: Ray's signal check turns it
+into a bare ``KeyboardInterrupt`` (so a SIGTERM would read as SIGINT), and an import in progress
+(a Cython module's initialisation) swallows it with "Exception ignored" (so the run went on)."""
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def _sigint(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
+def received_signal() -> int | None:
+    """The latest signal that came while ``signals_handled`` was in force (None: none)."""
+    return _received[-1] if _received else None
+
+
+def as_received(exc: BaseException) -> BaseException:
+    """``exc``, or — for a ``KeyboardInterrupt`` that stands for another signal that came (Ray's
+    signal check raises a bare one whatever the handler raised) — ``Interrupted`` naming it."""
+    sig = received_signal()
+    if (
+        isinstance(exc, KeyboardInterrupt)
+        and not isinstance(exc, Interrupted)
+        and sig is not None
+        and sig != signal.SIGINT
+    ):
+        return Interrupted(sig)
+    return exc
+
+
+def check_signalled() -> None:
+    """Raise what a signal that came should have raised, if its exception was swallowed on the
+    way (a Cython module being imported when it came): called between a command's long steps,
+    so a signal during loading stops the command as one during a reply does."""
+    sig = received_signal()
+    if sig is not None:
+        raise Interrupted(sig) if sig != signal.SIGINT else KeyboardInterrupt
 
 
 @contextmanager
 def signals_handled() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise ``Interrupted`` in the main thread
-    (as SIGINT raises KeyboardInterrupt); the handlers they replaced are put back after."""
+    (as SIGINT raises KeyboardInterrupt), and every signal that comes is noted
+    (``received_signal``); the handlers they replaced are put back after."""
+    _received.clear()
     old = _install_signal_handlers()
     try:
         yield
@@ -71,20 +112,21 @@ def signals_handled() -> Iterator[None]:
         _restore_signal_handlers(old)
 
 
-def interrupted_before_start(exc: Interrupted) -> int:
+def interrupted_before_start(exc: KeyboardInterrupt) -> int:
     """A signal before the pipeline existed (planning, verifying, preparing weights): said on
     stderr; the exit code, 128 + the signal number."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
     print(
-        f"interrupted by {signal.Signals(exc.signum).name} before the pipeline started",
+        f"interrupted by {signal.Signals(signum).name} before the pipeline started",
         file=sys.stderr,
     )
-    return 128 + exc.signum
+    return 128 + signum
 
 
 def _install_signal_handlers() -> dict[int, Any]:
     """SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (as SIGINT raises
-    KeyboardInterrupt); returns the handlers they replace. ``cluster.connect``
-    puts a Python handler back after ``ray.init`` replaces it."""
+    KeyboardInterrupt), each noting the signal first; returns the handlers they replace.
+    ``cluster.connect`` puts a Python handler back after ``ray.init`` replaces it."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -94,6 +136,8 @@ def _install_signal_handlers() -> dict[int, Any]:
         num = getattr(signal, name, None)
         if num is not None:
             old[num] = signal.signal(num, _raise_interrupted)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _sigint)
     return old
 
 
@@ -504,6 +548,7 @@ class WavOut:
             except OSError as exc:
                 self.error = exc
                 self.discard()
+                self.writer = None
         spare = write_wav(_fallback(f"{result.request_id}.wav"), result.audio, result.sample_rate)
         reason = (
             self.error.strerror or self.error if self.error is not None else "no audio reached it"
@@ -520,6 +565,30 @@ class WavOut:
     def discard(self) -> None:
         if self.writer is not None:
             self.writer.discard()
+
+    def written(self) -> dict[str, Any]:
+        """What this run put at ``target`` (for its record): the SHA-256 and size of its file,
+        and the other writers of that target that were still writing when it finished."""
+        w = self.writer
+        if w is None or w.sha256 is None:
+            return {}
+        return {
+            "wav_sha256": w.sha256,
+            "wav_bytes": w.bytes,
+            "wav_others_writing": w.others_writing,
+        }
+
+    def warning(self) -> str | None:
+        """What to say when another process was still writing ``target`` as this run finished:
+        the one that finishes last replaces this run's audio."""
+        w = self.writer
+        if w is None or not w.others_writing:
+            return None
+        pids = ", ".join(str(p) for p in w.others_writing)
+        return (
+            f"--out {self.target}: another process (pid {pids}) is writing it too; the one that "
+            f"finishes last replaces this audio (this run wrote sha256 {w.sha256}, in its record)"
+        )
 
 
 def write_record_or_keep(

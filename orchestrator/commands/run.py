@@ -2,10 +2,13 @@
 
 Prints the plan summary, streams the reply text as it is generated, writes
 the audio as it is generated (16-bit PCM WAV at the voice's sample rate: a
-valid WAV under a temporary name after every chunk, renamed to ``--out`` when
-the request is done; nothing at ``--out`` after a failure or a signal), writes
-the run record, and ends with a per-stage table: device, backend, time to
-first output, throughput, budgeted vs measured peak and their ratio.
+valid WAV under a temporary name of this run's own after every chunk, fsynced
+and renamed to ``--out`` when the request is done; nothing at ``--out`` after a
+failure or a signal; of two runs writing one ``--out``, the last to finish wins
+whole, and each record names the SHA-256 of what its run wrote), writes the
+run record (never over another one), and ends with a per-stage table: device,
+backend, time to first output, throughput, budgeted vs measured peak and their
+ratio.
 
 ``--input NAME=FILE.npy`` (repeatable; ``--input FILE.npy`` for a graph of one
 input) sends arrays instead, to a pipeline whose entry stage consumes a tensor
@@ -55,7 +58,9 @@ from orchestrator.commands.common import (
     Interrupted,
     WavOut,
     add_request_options,
+    as_received,
     check_sampling,
+    check_signalled,
     console_admit_progress,
     interrupted_before_start,
     pipeline_options,
@@ -244,8 +249,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             return _run(args)
         # a signal before the pipeline existed (planning, verifying, preparing weights)
-        except Interrupted as exc:
-            return interrupted_before_start(exc)
+        except KeyboardInterrupt as exc:
+            received = as_received(exc)
+            assert isinstance(received, KeyboardInterrupt)
+            return interrupted_before_start(received)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -282,6 +289,7 @@ def _run(args: argparse.Namespace) -> int:
     validate_as_given(pipeline, request, args)
     pipeline.prepare(progress=TerminalProgress())
     pipeline.validate(request)
+    check_signalled()
     run = _Outcome()
     _execute(pipeline, request, prompt, console, args, run)
     doc, path = _record(pipeline, args, run, console)
@@ -338,6 +346,9 @@ class _Outcome:
     kept: list[Problem] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
+    wav_written: dict[str, Any] = field(default_factory=dict)
+    """What this run's file at --out holds (``WavOut.written``: its SHA-256 and size)."""
+    wav_warning: str | None = None
 
 
 def _execute(
@@ -357,18 +368,22 @@ def _execute(
         console.print("[dim]starting: Ray, one actor per device, stages under the ledger …[/]")
         t0 = time.perf_counter()
         pipeline.start(progress=TerminalProgress())
+        check_signalled()  # one that came while Ray or a stage was loading, its exception swallowed
         console.print(f"[dim]started in {time.perf_counter() - t0:.1f} s[/]")
         run.result = result = asyncio.run(
             stream_reply(pipeline, request, prompt, console, wav_out, run.texts, run.outputs)
         )
+        check_signalled()
         if wav_out is not None:
             if result.audio is None or not result.sample_rate:
                 console.print("[yellow]no stage produced audio; nothing written to --out[/]")
             else:
                 run.wav = wav_out.finish(result, run.kept)
+                run.wav_written = wav_out.written()
+                run.wav_warning = wav_out.warning()
         run.measured = pipeline.runtime.measure()
     except (Exception, KeyboardInterrupt) as exc:
-        run.failure = exc
+        run.failure = as_received(exc)  # the signal that came, not what Ray made of it
     except SystemExit as exc:
         # a SIGTERM inside ray.init, whose own handler exits with the signal number
         if exc.code != signal.SIGTERM:
@@ -389,7 +404,7 @@ def _record(
     try:
         final = pipeline.close()
     except (Exception, KeyboardInterrupt) as exc:  # a second signal while closing
-        run.failure = run.failure or exc
+        run.failure = run.failure or as_received(exc)
         final = {}
     if pipeline.runtime.ledger_lost and not isinstance(
         run.failure, (StageFailed, KeyboardInterrupt)
@@ -398,7 +413,11 @@ def _record(
     error = (
         None
         if run.failure is None
-        else {"type": type(run.failure).__name__, "message": _one_line(run.failure)}
+        else {
+            "type": type(run.failure).__name__,
+            "message": _one_line(run.failure),
+            **_signal_of(run.failure),
+        }
     )
     result = run.result
     doc = rec.build(
@@ -410,6 +429,7 @@ def _record(
             "prepare_s": round(pipeline.prepare_s, 3),
             "output": {
                 "wav": str(run.wav) if run.wav else None,
+                **run.wav_written,
                 "texts": run.texts,
                 "outputs": run.outputs,
             },
@@ -450,6 +470,8 @@ def _report(
             soft_wrap=True,
             markup=False,
         )
+    if run.wav_warning:
+        console.print(f"warning: {run.wav_warning}", style="yellow", soft_wrap=True, markup=False)
     # Paths are printed whole (soft_wrap: the terminal wraps them, no
     # newline is inserted), so they can be copied and pasted.
     console.print(f"record: {path}", soft_wrap=True, markup=False)
@@ -461,6 +483,7 @@ def _report(
                 "texts": run.texts,
                 "outputs": run.outputs,
                 "wav": str(wav) if wav else None,
+                **run.wav_written,
                 "record": str(path),
                 "stages": [
                     {k: v for k, v in row.items() if k != "load_info"} for row in doc["stages"]
@@ -488,6 +511,15 @@ def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace
         raise BadRequest(
             [Problem(f"--input: {p.where}", p.what, p.fix) for p in exc.problems]
         ) from None
+
+
+def _signal_of(exc: BaseException) -> dict[str, Any]:
+    """``{"signal": "SIGTERM"}`` for a run a signal stopped (the one that came), else nothing."""
+    if isinstance(exc, Interrupted):
+        return {"signal": signal.Signals(exc.signum).name}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"signal": "SIGINT"}
+    return {}
 
 
 def _one_line(exc: BaseException) -> str:

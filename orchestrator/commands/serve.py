@@ -450,6 +450,7 @@ def needs(args: argparse.Namespace) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from orchestrator.commands.common import (
         Interrupted,
+        as_received,
         interrupted_before_start,
         signals_handled,
     )
@@ -472,7 +473,10 @@ def run(args: argparse.Namespace) -> int:
         with signals_handled():
             try:
                 return _serve(args, sock, key, transport, limits, realtime)
-            except Interrupted as exc:  # before serving (planning, verifying, starting)
+            except KeyboardInterrupt as raw:  # before serving (planning, verifying, starting)
+                exc = as_received(raw)  # a SIGTERM Ray's signal check made a KeyboardInterrupt
+                if not isinstance(exc, Interrupted):
+                    raise
                 return interrupted_before_start(exc)
     finally:
         sock.close()
@@ -532,6 +536,7 @@ def _serve(
 ) -> int:
     """Start the pipeline, serve it on ``sock`` until a signal stops uvicorn, then close the
     app and the pipeline (whatever happened) and say what the ledger holds."""
+    from orchestrator.commands.common import check_signalled
     from orchestrator.commands.exits import EXIT_OK
     from orchestrator.core.console import make_console
     from orchestrator.server import close_app, create_app
@@ -546,6 +551,7 @@ def _serve(
     app = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        check_signalled()  # one that came while it started, its exception swallowed on the way
         # a non-loopback bind (which has a key) without --allowed-host takes any Host name
         allowed = (
             None if not is_loopback(args.host) and not args.allowed_host else args.allowed_host

@@ -21,8 +21,9 @@
    hooks included), the manifest against each graph, and each precision through
    the numeric and coverage gates on the CPU EP in this process
    (``orchestrator.verify.gates``) — the reference round trip;
-7. renames the directory into place (``--force`` replaces an existing one only
-   now). Any failure removes the temporary directory: nothing half-written.
+7. renames the directory into place, durably (``--force`` replaces an existing
+   one only now, and only an earlier artifact: ``orchestrator.exporter.place``).
+   Any failure removes the temporary directory: nothing half-written.
 
 With more than one precision, the manifest's ``tolerances`` gives each precision
 its own suggestion (the gate judges a graph by its precision's entry), and
@@ -37,7 +38,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +50,7 @@ from orchestrator.core.backends import CPU_EP, SessionSpec
 from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.core.fileio import file_sha256
 from orchestrator.exporter import sources
+from orchestrator.exporter.place import move_into_place, target_problem, work_directory
 from orchestrator.ort.sessions import open_sessions, this_process
 from orchestrator.verify.gates import compare, judge, measure
 from stages.exported_graph.artifact import (
@@ -230,15 +231,9 @@ def _what_problems(req: ExportRequest) -> list[Problem]:
 def _where_problems(req: ExportRequest) -> list[Problem]:
     """Where it goes: ``-o`` free (or ``--force``), a directory, a usable name, an existing parent."""
     problems: list[Problem] = []
-    if req.out.exists() and not req.force:
-        problems.append(
-            Problem(
-                f"-o {req.out}",
-                "it exists",
-                "choose another directory, or pass --force to replace it "
-                "(only once the new artifact is complete and validated)",
-            )
-        )
+    taken = target_problem(req.out, req.force)
+    if taken is not None:
+        problems.append(taken)
     if req.out.exists() and not req.out.is_dir():
         problems.append(
             Problem(
@@ -301,35 +296,16 @@ def export(req: ExportRequest, step: Step = _no_step) -> ExportResult:
     """Build the artifact ``req`` asks for; see the module docstring. ``step`` is told each phase."""
     check_request(req)
     t0 = time.perf_counter()
-    parent = req.out.resolve().parent
-    work = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.export-", dir=parent))
-    try:
+    with work_directory(req.out.resolve()) as work:
         result = _build(req, work, step)
         step("moving the artifact into place")
         umask = os.umask(0)
         os.umask(umask)
-        work.chmod(0o777 & ~umask)  # mkdtemp's 0700 is for the work in progress, not the artifact
-        _replace(work, req.out.resolve(), force=req.force)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        work.chmod(0o777 & ~umask)  # 0700 is for the work in progress, not the artifact
+        move_into_place(work, req.out.resolve(), force=req.force)
     result.out = req.out
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _replace(work: Path, target: Path, *, force: bool) -> None:
-    if target.exists():
-        if not force:
-            raise ConfigError.single(
-                f"-o {target}", "it appeared while exporting", "choose another directory or --force"
-            )
-        old = target.with_name(f".{target.name}.replaced-{work.name}")
-        target.rename(old)
-        work.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        work.rename(target)
 
 
 def _source(req: ExportRequest, work: Path, step: Step) -> sources.Exported:

@@ -368,7 +368,7 @@ def _remember(kind: str, python: str, stamp: str | None, report: RouteReport) ->
         "report": report.to_dict(),
     }
     try:
-        write_json_atomic(_memory_path(kind, python), record, indent=1)
+        write_json_atomic(_memory_path(kind, python), record, indent=1, durable=False)  # a cache
     except OSError as exc:
         log.info("cannot remember the probe of %s: %s", python, exc)
 

@@ -3,8 +3,12 @@
 * ``write_wav``/``read_wav``: a whole WAV file (stdlib ``wave``).
 * ``WavStreamWriter``: a WAV written while audio is still being made — the file
   is a valid WAV after every ``write`` (header sizes rewritten), under a
-  temporary name next to the target that is renamed on ``close``; a failure
-  (``discard``, or leaving the ``with`` block by an exception) leaves no target.
+  temporary name of its own next to the target (one per writer: two runs with
+  the same ``--out`` never write into one file) that is fsynced and renamed on
+  ``close``; a failure (``discard``, or leaving the ``with`` block by an
+  exception) leaves no target. Two writers of one target: the last to close
+  replaces the other's whole file (each knows the SHA-256 of what it wrote, and
+  is told at ``close`` when another is still writing).
 * ``pcm16_bytes``, ``wav_header``, ``resample``: the pieces an HTTP response
   streams (OpenAI's ``pcm`` audio is 24 kHz, 16-bit, mono, little-endian:
   ``OPENAI_PCM_RATE``).
@@ -12,6 +16,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import struct
 import wave
@@ -20,6 +26,17 @@ from types import TracebackType
 
 import numpy as np
 import soxr
+
+from orchestrator.core.fileio import (
+    ORPHAN_NAME,
+    fsync_directory,
+    make_directories,
+    open_exclusive,
+    remove_orphans,
+    temp_name,
+    write_bytes_atomic,
+    writer_gone,
+)
 
 OPENAI_PCM_RATE = 24000
 """The sample rate of OpenAI's ``pcm``/``pcm16`` audio (16-bit mono little-endian)."""
@@ -63,15 +80,16 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
-    """Write float audio in [-1, 1] as 16-bit mono PCM at ``sample_rate``; values
-    outside [-1, 1] are clipped. Returns the path."""
+    """Write float audio in [-1, 1] as 16-bit mono PCM at ``sample_rate``, atomically and
+    durably (``fileio.write_bytes_atomic``); values outside [-1, 1] are clipped. Returns the path."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(p), "wb") as w:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(int(sample_rate))
         w.writeframes(pcm16_bytes(audio))
+    write_bytes_atomic(p, buffer.getvalue())
     return p
 
 
@@ -98,21 +116,30 @@ def rms_dbfs(audio: np.ndarray) -> float:
 class WavStreamWriter:
     """A 16-bit mono WAV at ``path``, written chunk by chunk (see the module docstring).
 
-    The temporary file is ``.<name>.partial`` in the target's folder, so the rename
-    on ``close`` is atomic. ``samples``/``seconds``: what has been written so far.
-    """
+    The temporary file is ``.<name>.<pid>.<hex>.partial`` in the target's folder, made
+    with ``O_EXCL`` and ``O_NOFOLLOW`` (never another writer's file, never through a
+    planted symlink) and held locked while it is written, so the rename on ``close`` is
+    atomic and a partial file whose writer was killed is removed by the next writer of
+    that target (``fileio.remove_orphans``). ``samples``/``seconds``: what has been
+    written so far; after ``close``, ``sha256`` and ``bytes`` of the file it put at
+    ``path``, and ``others_writing``: the process ids of other writers of ``path``
+    still writing then (the last to close replaces this file)."""
 
     def __init__(self, path: str | Path, sample_rate: int) -> None:
         self.path = Path(path)
         self.sample_rate = int(sample_rate)
         if self.sample_rate <= 0:
             raise ValueError(f"sample rate must be positive, got {sample_rate}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.partial = self.path.with_name(f".{self.path.name}.partial")
-        self._file = open(self.partial, "wb")  # noqa: SIM115 - kept open across writes, closed in close()/discard()
+        make_directories(self.path.parent)
+        remove_orphans(self.path.parent, name=self.path.name)
+        self.partial = temp_name(self.path, "partial")
+        self._file = os.fdopen(open_exclusive(self.partial, readable=True), "w+b")
         self._file.write(wav_header(self.sample_rate, 0))
         self._file.flush()
         self.samples = 0
+        self.sha256: str | None = None
+        self.bytes = 0
+        self.others_writing: list[int] = []
 
     @property
     def seconds(self) -> float:
@@ -129,11 +156,32 @@ class WavStreamWriter:
         self._file.flush()
 
     def close(self) -> Path:
-        """Finish the file and move it to ``path``. Returns the path."""
+        """Finish the file and move it to ``path``, durably. Returns the path."""
         if not self._file.closed:
-            self._file.close()
-            os.replace(self.partial, self.path)
+            f = self._file
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            digest = hashlib.sha256()
+            while block := f.read(1 << 20):
+                digest.update(block)
+            self.sha256, self.bytes = digest.hexdigest(), f.tell()
+            self.others_writing = self._others()
+            try:
+                os.replace(self.partial, self.path)
+            finally:
+                f.close()  # the lock goes with it: after the rename, never before
+            fsync_directory(self.path.parent)
         return self.path
+
+    def _others(self) -> list[int]:
+        """The process ids of other writers of ``path`` whose partial file is there now."""
+        pids = []
+        for p in self.path.parent.glob(f".{self.path.name}.*.partial"):
+            m = ORPHAN_NAME.match(p.name)
+            if m and p != self.partial and m["name"] == self.path.name and not writer_gone(p):
+                pids.append(int(m["pid"]))
+        return sorted(set(pids))
 
     def discard(self) -> None:
         """Drop what was written: no file at ``path`` from this writer."""

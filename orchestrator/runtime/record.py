@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.fileio import check_writable, write_json_atomic
+from orchestrator.core.fileio import check_writable, remove_orphans, write_json_atomic
 
 RUN_FORMAT = "omni-edge.run/1"
 DEFAULT_DIR = Path("runs")
@@ -320,17 +320,31 @@ def default_path(directory: Path, pipeline: str, request_id: str) -> Path:
     return directory / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{request_id}.json"
 
 
+UNIQUE_TRIES = 1000
+"""Names tried for one record in a directory (``-2`` … on a clash) before giving up."""
+
+
 def write(doc: dict[str, Any], target: str | Path | None, *, request_id: str = "run") -> Path:
-    """Write ``doc`` to ``target``: a ``.json`` path as given, or a directory
-    (default ``runs/``) that receives ``<pipeline>-<time>-<request>.json``."""
+    """Write ``doc`` durably to ``target``: a ``.json`` path as given (replaced whole if it
+    exists: the user named it), or a directory (default ``runs/``) that receives
+    ``<pipeline>-<time>-<request>.json`` — never over a record already there: a name taken
+    (two runs stopped in the same second, both named ``run``) gets ``-2``, ``-3``, …, the
+    last step a hard link that fails on an existing name. Opening the directory removes
+    the temporary files of writers that are gone (``fileio.remove_orphans``)."""
     t = Path(target) if target is not None else DEFAULT_DIR
-    path = (
-        t
-        if t.suffix.lower() == ".json"
-        else default_path(t, doc.get("pipeline", "pipeline"), request_id)
-    )
-    write_json_atomic(path, doc)
-    return path
+    if t.suffix.lower() == ".json":
+        write_json_atomic(t, doc)
+        return t
+    remove_orphans(t)
+    first = default_path(t, doc.get("pipeline", "pipeline"), request_id)
+    for n in range(1, UNIQUE_TRIES + 1):
+        path = first if n == 1 else first.with_name(f"{first.stem}-{n}.json")
+        try:
+            write_json_atomic(path, doc, overwrite=False)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{first}: {UNIQUE_TRIES} records of that name exist")
 
 
 def check_target(target: str | Path | None, *, what: str = "--record") -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import settings
-from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.fileio import remove_orphans, write_json_atomic
 from orchestrator.core.profile import Host
 from orchestrator.probe.host import this_host
 
@@ -112,10 +112,12 @@ def now() -> str:
 
 
 class EvidenceStore:
-    """Evidence files under one directory (default: the omni-edge cache)."""
+    """Evidence files under one directory (default: the omni-edge cache), written durably;
+    opening it removes the temporary files writers killed mid-write left there."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else settings.evidence_dir()
+        remove_orphans(self.root)
 
     def path(self, key: EvidenceKey) -> Path:
         return self.root / key.filename()

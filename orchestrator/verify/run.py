@@ -41,8 +41,7 @@ from orchestrator.ort.routes import (
     static_refusal,
 )
 from orchestrator.ort.sessions import RouteError, open_sessions
-from orchestrator.planner_options import Candidate, Excluded
-from orchestrator.planner import stage_candidates
+from orchestrator.planner import Candidate, Excluded, stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.evidence import (
     EvidenceKey,
@@ -314,7 +313,7 @@ def verify_on_node(
     with tempfile.TemporaryDirectory(prefix="omni-edge-evidence-") as tmp:
         store = EvidenceStore(Path(tmp))
         for name, record in (seed or {}).items():
-            write_json_atomic(store.root / Path(name).name, record, indent=1)
+            write_json_atomic(store.root / Path(name).name, record, indent=1, durable=False)
         report = VerifyReport(config.name, f"node {node} of {cluster.name}", evidence_dir=tmp)
         _Run(local, report, store, force, machine=machine).verify(mine)
     return report

@@ -647,7 +647,7 @@ def _write_gguf_memo(p: Path, stamp: tuple[int, ...], header: GgufHeader) -> Non
         "tensors": tensors,
     }
     try:
-        write_json_atomic(memo, record, indent=None)
+        write_json_atomic(memo, record, indent=None, durable=False)  # a cache: cheap to rebuild
     except (OSError, ValueError) as exc:  # a read-only cache costs speed, never correctness
         log.info("cannot memoise the GGUF header of %s in %s: %s", p, memo, exc)
 

@@ -105,6 +105,10 @@ _ELEM_BYTES = {
 }
 
 
+READ_TRIES = 3
+"""Reads of a graph whose files change while it is read, before it is refused."""
+
+
 def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
     """Statistics of one ONNX graph file; never creates a session.
 
@@ -112,8 +116,12 @@ def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
     while every file (graph and external data) keeps its size, mtime, ctime,
     inode and device, and its numbers are consistent (:func:`memo_problem`);
     ``use_cache=False`` always reads and hashes (``omni-edge verify --force``).
-    Raises ``ConfigError`` for an unreadable graph or external data that
-    leaves the graph's directory.
+    Every file is stamped before it is read and stamped again after: a file
+    that changed in between is read again (``READ_TRIES`` times, then refused),
+    so statistics — and the digest evidence is keyed by — are never those of
+    another content than the stamps a memo keeps. Raises ``ConfigError`` for
+    an unreadable graph, external data that leaves the graph's directory, or
+    files that keep changing.
     """
     p = Path(path).resolve()
     if not p.is_file():
@@ -125,14 +133,33 @@ def describe_graph(path: str | Path, *, use_cache: bool = True) -> GraphStats:
         cached = _read_memo(memo, p)
         if cached is not None:
             return cached
-    before = _stamp(p)  # before reading: a change during the read must not be memoised as current
-    stats = _read_graph(p)
-    if use_cache and _stamp(p) == before:
-        _write_memo(memo, p, stats)
-    return stats
+    for _ in range(READ_TRIES):
+        stats, stamps = _read_graph(p)
+        if _unchanged(stamps):
+            if use_cache:
+                _write_memo(memo, p, stats, stamps)
+            return stats
+        log.info("%s changed while it was read; reading it again", p)
+    raise ConfigError.single(
+        str(p),
+        f"the graph or its external data changed while it was read, {READ_TRIES} times",
+        "read it once nothing is writing it (an export or a copy still running?)",
+    )
 
 
-def _read_graph(p: Path) -> GraphStats:
+def _unchanged(stamps: dict[str, list[int]]) -> bool:
+    """Whether every file still has the stamp it had before it was read."""
+    try:
+        return all(_stamp(Path(name)) == stamp for name, stamp in stamps.items())
+    except OSError:  # gone meanwhile
+        return False
+
+
+def _read_graph(p: Path) -> tuple[GraphStats, dict[str, list[int]]]:
+    """The statistics of ``p``, and the stamp of each file they were read from, each taken
+    before that file was read (the graph before it is parsed, its external data before it
+    is hashed)."""
+    stamps = {str(p): _stamp(p)}
     try:
         import onnx
     except ImportError:  # pragma: no cover - the onnx extra is missing
@@ -149,57 +176,16 @@ def _read_graph(p: Path) -> GraphStats:
     histogram: dict[str, int] = {}
     for node in graph.node:
         histogram[node.op_type] = histogram.get(node.op_type, 0) + 1
-    external: dict[str, int] = {}
-    embedded = 0
-    problems: list[Problem] = []
-    for tensor in _all_initializers(graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            info = {e.key: e.value for e in tensor.external_data}
-            location = info.get("location", "")
-            try:
-                check_relative(location, "external data location")
-            except ValueError as exc:
-                problems.append(
-                    Problem(
-                        f"{p}: initializer {tensor.name}",
-                        str(exc),
-                        "re-save the graph with its external data beside it (onnx.save(..., location='<name>.data'))",
-                    )
-                )
-                continue
-            target = (p.parent / location).resolve()
-            if not inside(target, p.parent.resolve()):
-                problems.append(
-                    Problem(
-                        f"{p}: initializer {tensor.name}",
-                        f"external data {location!r} resolves to {target}, outside {p.parent}",
-                        "keep external data files inside the artifact directory",
-                    )
-                )
-                continue
-            if not target.is_file():
-                problems.append(
-                    Problem(
-                        f"{p}: initializer {tensor.name}",
-                        f"external data file {location!r} does not exist",
-                        "copy the .data file next to the graph",
-                    )
-                )
-                continue
-            length = int(info["length"]) if "length" in info else _tensor_nbytes(tensor)
-            external[location] = external.get(location, 0) + length
-        else:
-            embedded += _embedded_nbytes(tensor)
-    if problems:
-        raise ConfigError(problems)
+    external, embedded = _initializer_bytes(graph, p, onnx)
     files = [p, *sorted((p.parent / loc).resolve() for loc in external)]
+    stamps.update({str(f): _stamp(f) for f in files[1:]})
     digest = hashlib.sha256()
     for f in files:
         digest.update(bytes.fromhex(file_sha256(f)))
-    return GraphStats(
+    stats = GraphStats(
         path=str(p),
         sha256=digest.hexdigest() if len(files) > 1 else file_sha256(p),
-        file_bytes=sum(f.stat().st_size for f in files),
+        file_bytes=sum(stamps[str(f)][0] for f in files),
         node_count=len(graph.node),
         subgraph_node_count=_subgraph_nodes(graph, onnx),
         op_histogram=dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -212,6 +198,57 @@ def _read_graph(p: Path) -> GraphStats:
         ],
         outputs=[_value_info(v) for v in graph.output],
     )
+    return stats, stamps
+
+
+def _initializer_bytes(graph: Any, p: Path, onnx: Any) -> tuple[dict[str, int], int]:
+    """The bytes of ``p``'s weights: per external data file (its location), and embedded.
+    ``ConfigError`` for external data that is not a file beside the graph."""
+    external: dict[str, int] = {}
+    embedded = 0
+    problems: list[Problem] = []
+    for tensor in _all_initializers(graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            embedded += _embedded_nbytes(tensor)
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        where = f"{p}: initializer {tensor.name}"
+        try:
+            check_relative(location, "external data location")
+        except ValueError as exc:
+            problems.append(
+                Problem(
+                    where,
+                    str(exc),
+                    "re-save the graph with its external data beside it (onnx.save(..., location='<name>.data'))",
+                )
+            )
+            continue
+        target = (p.parent / location).resolve()
+        if not inside(target, p.parent.resolve()):
+            problems.append(
+                Problem(
+                    where,
+                    f"external data {location!r} resolves to {target}, outside {p.parent}",
+                    "keep external data files inside the artifact directory",
+                )
+            )
+            continue
+        if not target.is_file():
+            problems.append(
+                Problem(
+                    where,
+                    f"external data file {location!r} does not exist",
+                    "copy the .data file next to the graph",
+                )
+            )
+            continue
+        length = int(info["length"]) if "length" in info else _tensor_nbytes(tensor)
+        external[location] = external.get(location, 0) + length
+    if problems:
+        raise ConfigError(problems)
+    return external, embedded
 
 
 def _all_initializers(graph: Any) -> list[Any]:
@@ -413,21 +450,22 @@ def _read_memo(memo: Path, p: Path) -> GraphStats | None:
     return stats
 
 
-def _write_memo(memo: Path, p: Path, stats: GraphStats) -> None:
-    files = [p, *((p.parent / loc).resolve() for loc in stats.external_data)]
+def _write_memo(memo: Path, p: Path, stats: GraphStats, stamps: dict[str, list[int]]) -> None:
+    """Memoise ``stats`` under the stamps the files had before they were read (and still had
+    after): never a stamp taken later, which could be a newer content's."""
     record = {
         "version": GRAPH_STATS_VERSION,
         "path": str(p),
-        "stamps": {str(f): _stamp(f) for f in files},
+        "stamps": stamps,
         "stats": stats.to_dict(),
     }
-    problem = memo_problem(stats, record["stamps"], p)  # type: ignore[arg-type]
+    problem = memo_problem(stats, stamps, p)
     if problem is not None:
         # A real graph outside the plausibility bounds (e.g. megabytes of metadata) is read
         # every time rather than memoised, so its memo is never flagged as edited.
         log.info("not memoising the statistics of %s: %s", p, problem)
         return
     try:
-        write_json_atomic(memo, record, indent=None)
+        write_json_atomic(memo, record, indent=None, durable=False)  # a cache: cheap to rebuild
     except OSError as exc:  # a read-only cache costs speed, never correctness
         cache_write_failed(memo.parent, "graph statistics", exc)

@@ -144,7 +144,7 @@ def test_reset_a_stage_makes_its_next_plan_budget_from_metadata(
     assert after.stage("thinker").calibration is None  # from metadata again
     names = {e.stage for e in cal.CalibrationStore(store.root).entries()[0]}
     assert names == {"voice", "(ray_runtime)"}  # the others are kept
-    code, out, _ = cli(capsys, "--store", str(store.root), "reset", "--all")
+    code, out, _ = cli(capsys, "--store", str(store.root), "reset", "--all", "--yes")
     assert code == 0 and out.startswith("removed 2 entries (every entry)")
     assert cal.CalibrationStore(store.root).entries() == ([], [])
 
@@ -152,10 +152,13 @@ def test_reset_a_stage_makes_its_next_plan_budget_from_metadata(
 def test_reset_all_also_removes_an_entry_that_is_not_trusted(
     store: cal.CalibrationStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (store.root / "broken-0123456789abcdef.json").write_text("{not json")
+    # an entry cut short (a crash before writes were durable): its name and its first bytes
+    # say what it is, so `reset --all` removes it with the others
+    whole = next(store.root.glob("voice-assistant-voice-*.json")).read_bytes()
+    (store.root / "broken-0123456789abcdef.json").write_bytes(whole[:300])
     code, out, _ = cli(capsys, "--store", str(store.root), "show")
     assert code == 0 and "ignored broken-0123456789abcdef.json: unreadable" in out
-    code, out, _ = cli(capsys, "--store", str(store.root), "reset", "--all", "--json")
+    code, out, _ = cli(capsys, "--store", str(store.root), "reset", "--all", "--json", "--yes")
     assert code == 0 and len(json.loads(out)["removed"]) == 4
     assert not list(store.root.glob("*.json"))
 

@@ -231,7 +231,6 @@ def test_a_signal_while_the_wav_is_being_written_leaves_nothing_at_out(tmp_path:
     then removes it: no half-written file at --out, no temporary file left."""
     cfg, prof = write(tmp_path, thinker=", delay_s: 0.5")
     wav = tmp_path / "reply.wav"
-    partial = tmp_path / ".reply.wav.partial"
     p, lines, _ = _run_until_text(
         [
             "run",
@@ -247,11 +246,15 @@ def test_a_signal_while_the_wav_is_being_written_leaves_nothing_at_out(tmp_path:
         ]
     )
     deadline = time.monotonic() + 60
-    while not partial.exists() and time.monotonic() < deadline:
+    partials: list[Path] = []
+    while not partials and time.monotonic() < deadline:
+        partials = list(tmp_path.glob(".reply.wav.*.partial"))  # this writer's own name
         time.sleep(0.05)
-    assert partial.exists(), "the first sentence's audio is written while the reply goes on"
+    assert partials, "the first sentence's audio is written while the reply goes on"
+    partial = partials[0]
     assert audio_mod.read_wav(partial)[0].size > 0  # a valid WAV already
     p.send_signal(signal.SIGTERM)
     rest, _ = p.communicate(timeout=90)
     assert p.returncode == 128 + signal.SIGTERM, "".join(lines) + rest
     assert not wav.exists() and not partial.exists()
+    assert list(tmp_path.glob(".reply.wav*")) == []

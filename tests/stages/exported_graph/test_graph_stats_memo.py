@@ -117,3 +117,62 @@ def test_a_real_graph_beyond_the_plausibility_bound_is_read_again_not_flagged(
         assert describe_graph(path) == first
     assert first.initializer_bytes == 0 and caplog.messages == []
     assert not _memo_path(path.resolve()).exists()
+
+
+def external_graph(directory: Path, seed: int = 0) -> tuple[Path, Path]:
+    """``big_graph`` with its 2 MiB of weights in an external data file beside it."""
+    import onnx
+
+    directory.mkdir(parents=True, exist_ok=True)
+    graph = big_graph(directory / "g.onnx", seed)
+    model = onnx.load(str(graph))
+    onnx.save(model, str(graph), save_as_external_data=True, location="g.data")
+    return graph, directory / "g.data"
+
+
+def test_external_data_changed_while_it_was_hashed_is_read_again_never_memoised_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stages.exported_graph import graph_stats
+
+    graph, data = external_graph(tmp_path)
+    new_weights = external_graph(tmp_path / "other", seed=1)[1].read_bytes()
+    assert len(new_weights) == data.stat().st_size and new_weights != data.read_bytes()
+    real = graph_stats.file_sha256
+    rewrites = []
+
+    def hash_then_rewrite(path: Any, *args: Any) -> str:
+        digest = real(path, *args)
+        if Path(path) == data.resolve() and not rewrites:  # new weights land right after the hash
+            data.write_bytes(new_weights)
+            rewrites.append(path)
+        return digest
+
+    monkeypatch.setattr(graph_stats, "file_sha256", hash_then_rewrite)
+    stats = describe_graph(graph)
+    monkeypatch.setattr(graph_stats, "file_sha256", real)
+    truth = describe_graph(graph, use_cache=False).sha256
+    assert rewrites and stats.sha256 == truth  # read again: the digest of what is there
+    assert describe_graph(graph).sha256 == truth  # and the memo holds that one
+
+
+def test_a_graph_whose_files_keep_changing_while_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.errors import ConfigError
+    from stages.exported_graph import graph_stats
+
+    graph, data = external_graph(tmp_path)
+    real = graph_stats.file_sha256
+
+    def hash_then_touch(path: Any, *args: Any) -> str:
+        digest = real(path, *args)
+        if Path(path) == data.resolve():  # a writer that never stops
+            data.write_bytes(data.read_bytes())
+        return digest
+
+    monkeypatch.setattr(graph_stats, "file_sha256", hash_then_touch)
+    with pytest.raises(ConfigError) as refused:
+        describe_graph(graph)
+    assert "changed while it was read, 3 times" in str(refused.value)
+    assert not _memo_path(graph.resolve()).exists()

@@ -19,6 +19,10 @@ an engine at its batch limit (what stage replicas are measured against).
 the runner really allocates at load (so measured peaks are real),
 ``fail_load`` makes ``load()`` raise, and ``load_imports`` are modules ``load()``
 imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py).
+A stage with a ``gate_file`` holds its last output item of every request until that
+file exists (at most ``gate_timeout_s``), creating ``waiting_file`` when it starts to
+wait: what a test of two real ``omni-edge run`` processes orders them by (both runs
+mid-reply, then one let finish, then the other).
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -73,6 +77,15 @@ class EchoConfig(StageConfig):
     load_imports: list[str] = Field(
         default_factory=list, description="Modules load() imports, in order."
     )
+    gate_file: str | None = Field(
+        None, description="Hold each request's last output item until this file exists."
+    )
+    waiting_file: str | None = Field(
+        None, description="Created when the stage starts waiting at gate_file."
+    )
+    gate_timeout_s: float = Field(
+        GATE_TIMEOUT_S, gt=0, description="The longest wait at gate_file; then the item goes."
+    )
 
 
 class EchoRunner(StageRunner):
@@ -124,18 +137,41 @@ class EchoRunner(StageRunner):
                 await asyncio.sleep(self.cfg.delay_s)
                 await self._work()
                 counted["tokens"] += 1
+                if i == len(words) - 1:
+                    await self._gate()
                 yield w if i == 0 else " " + w
             return
+        held: dict[str, Any] | None = None  # with a gate: each item goes once the next is made
         async for chunk in inputs:
             await asyncio.sleep(self.cfg.delay_s)
             await self._work()
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
-            yield {
+            item = {
                 "audio": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
                 "sample_rate": SAMPLE_RATE,
                 "text": str(chunk),
             }
+            if self.cfg.gate_file is None:
+                yield item
+                continue
+            if held is not None:
+                yield held
+            held = item
+        if held is not None:
+            await self._gate()
+            yield held
+
+    async def _gate(self) -> None:
+        """Wait for the config's ``gate_file`` (none: go on), saying so in ``waiting_file``."""
+        if self.cfg.gate_file is None:
+            return
+        if self.cfg.waiting_file is not None:
+            Path(self.cfg.waiting_file).touch()
+        gate = Path(self.cfg.gate_file)
+        deadline = time.monotonic() + self.cfg.gate_timeout_s
+        while not gate.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def _scripted(self, prompt: dict[str, Any]) -> AsyncIterator[str]:
         script = [str(d) for d in prompt["script"]]
