@@ -10,6 +10,11 @@
 * ``ov_host``: one worker in the OpenVINO venv, shared by a module's tests;
 * ``ray_cluster``: one local Ray cluster for the whole session.
 
+Ray's workers import what the tests pickle into actors (a test module's own stage kind,
+``tests.helpers...``) by name, and omni-edge never lets Ray put the working directory on
+their path (``orchestrator.runtime.cluster``): the repository's root goes on ``PYTHONPATH``
+here, before any Ray process starts, which is how the workers find the ``tests`` package.
+
 Helpers that are not fixtures are in ``tests/helpers/``: ``REPO`` in its
 ``__init__``, tiny checkpoints in ``checkpoints.py``, inline profiles in
 ``profiles.py``, graphs and artifacts in ``graphs.py``, the echo kind's
@@ -26,8 +31,14 @@ from typing import Any
 import pytest
 
 from orchestrator.verify.evidence import EvidenceStore
+from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.graphs import OV_PYTHON
+
+# Ray's workers (started from this process's environment) import the tests package from here
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+)
 
 TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
 """The devices the test cluster's node declares resources for."""
