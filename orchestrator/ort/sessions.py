@@ -40,7 +40,7 @@ from orchestrator import settings
 from orchestrator.errors import VerificationError
 from orchestrator.memory import peak_rss_of, reset_peak_rss, rss_of
 from orchestrator.ort import worker as route_worker
-from orchestrator.ort.backends import plugin_wire
+from orchestrator.ort.backends import PATH_OPTIONS, plugin_wire
 from orchestrator.ort.hostproc import (
     HOST_PROCESS,
     PathTranslationError,
@@ -55,8 +55,6 @@ from orchestrator.profile import THIS_PROCESS
 log = logging.getLogger(__name__)
 
 _EOF = object()
-PATH_OPTIONS = ("cache_dir", "config_file")
-"""Provider options whose values are local paths (translated for host-process routes)."""
 
 
 @dataclass(frozen=True)
