@@ -82,7 +82,8 @@ def _tokenizer(model: str = MODEL) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        resolve_package_location(model) if model.startswith("package://") else model
+        resolve_package_location(model) if model.startswith("package://") else model,
+        trust_remote_code=False,
     )
 
 

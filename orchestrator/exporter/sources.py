@@ -48,6 +48,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.packages import is_package_location, resolve_package_location
+from stages.ar_decode.remote_code import refuse_remote_code
 
 MIN_OPSET = 13
 """The lowest opset written or accepted: int8 QDQ per-channel (QuantizeLinear's
@@ -318,6 +319,7 @@ def resolve_model_dir(location: str) -> Path:
             f"{path} holds no config.json: not a transformers model directory",
             "point at the directory with config.json, the weights and the tokenizer files",
         )
+    refuse_remote_code(path)  # before torch or transformers are imported
     return path
 
 
@@ -340,9 +342,13 @@ def from_transformers(
 
     hf_logging.disable_progress_bar()  # the export's own phases are the progress display
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         model = AutoModel.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager"
+            model_dir,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            trust_remote_code=False,
+            use_safetensors=True,
         ).eval()
     except Exception as exc:
         raise ConfigError.single(
