@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.validation import read_document
+from orchestrator.validation import CONTROL_CHARACTERS, read_document
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +307,18 @@ def _read_settings(path: Path) -> UserSettings:
         raw_routes = {}
     for name, python in raw_routes.items():
         at = f"routes.{name}"
-        if not isinstance(name, str) or not name or name in RESERVED_ROUTE_NAMES:
+        if (
+            not isinstance(name, str)
+            or not name
+            or name in RESERVED_ROUTE_NAMES
+            or len(name) > 64
+            or CONTROL_CHARACTERS.search(name)
+        ):
             problems.append(
                 Problem(
                     f"{where}: {at}",
-                    f"{name!r} cannot name a route (this-process is omni-edge's own)",
+                    f"{name!r} cannot name a route (this-process is omni-edge's own; at most 64 "
+                    "printable characters)",
                     f"name it e.g. npu-env; {fix_shape}",
                 )
             )

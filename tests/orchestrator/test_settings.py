@@ -85,6 +85,7 @@ def test_settings_paths_are_read_against_the_files_own_directory(settings_file: 
         ("routes: [/x/python]", ": routes", "is not a mapping of name: interpreter"),
         ("routes: {this-process: /x/python}", ": routes.this-process", "cannot name a route"),
         ("routes: {a: 3}", ": routes.a", "3 is not a path"),
+        ('routes: {"a\\x1b[2J": /x/python}', ": routes.a\x1b[2J", "cannot name a route"),
         (
             "provider_options: {ort-qnn: backend_path}",
             ": provider_options.ort-qnn",
