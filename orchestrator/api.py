@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -89,8 +90,14 @@ from orchestrator import calibration as cal
 from orchestrator import memory
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.errors import BadRequest, ConfigError, PlanRefused
-from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
-from orchestrator.probe import resolve_profile
+from orchestrator.ort.routes import require_startable_routes
+from orchestrator.planner import (
+    describes_this_machine,
+    parse_mask,
+    plan_pipeline,
+    verification_refusals,
+)
+from orchestrator.probe import ask_llamacpp_routes, resolve_profile
 from orchestrator.profile import HOST_RAM, node_pool
 from orchestrator.render import ProgressBars, StartDisplay
 from orchestrator.runtime import record as rec
@@ -280,6 +287,7 @@ def tensor_request(
         raise BadRequest.single(
             name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix
         )
+    _check_npy_header(data, name, fix, max_bytes, bytes_flag)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as exc:
@@ -302,6 +310,46 @@ def tensor_request(
             fix,
         )
     return array
+
+
+def _check_npy_header(
+    data: bytes, name: str, fix: str, max_bytes: int | None, bytes_flag: str
+) -> None:
+    """What a ``.npy`` header declares, checked before numpy allocates for it: a tiny file
+    whose header claims a huge shape is a ``BadRequest`` naming the size (not a MemoryError),
+    as is one that declares more data than it holds."""
+    import numpy as np
+
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }
+        if version not in read:
+            raise ValueError(f"format version {version[0]}.{version[1]} (numpy.save writes 1.0)")
+        shape, _, dtype = read[version](buf)
+    except (ValueError, EOFError, OSError) as exc:
+        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
+    if dtype.hasobject:
+        return  # np.load refuses it without unpickling, and says why
+    declared = math.prod(shape) * dtype.itemsize
+    if max_bytes is not None and declared > max_bytes:
+        raise BadRequest.single(
+            name,
+            f"declares a {dtype} array of shape {list(shape)}: {declared} bytes, over the cap of "
+            f"{max_bytes} bytes per tensor ({bytes_flag})",
+            f"send a smaller array, or raise {bytes_flag}",
+        )
+    held = len(data) - buf.tell()
+    if declared > held:
+        raise BadRequest.single(
+            name,
+            f"declares {declared} bytes of data (a {dtype} array of shape {list(shape)}) but holds "
+            f"{held}: the file is cut short, or its header is wrong",
+            fix,
+        )
 
 
 def prompt_label(prompt: Any) -> str:
@@ -484,6 +532,12 @@ def admit_plan(
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
+    # running starts the routes' interpreters: a profile's may be started only when the user
+    # set them up (exit 2 otherwise), and their llama.cpp builds are asked before planning
+    named = options.profile if isinstance(options.profile, str | Path) else None
+    require_startable_routes(profile, None if named is None else str(named))
+    if describes_this_machine(profile):
+        ask_llamacpp_routes(profile)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)
     plan = plan_pipeline(config, profile, mask=mask, calibration=store, server=options.server)

@@ -26,6 +26,7 @@ from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, resample, w
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.server.auth import BearerAuth, error_response
 from orchestrator.server.failures import REQUEST_ERRORS, failure
+from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.protocol import (
     ChatCall,
     ServerLimits,
@@ -463,6 +464,14 @@ class _App:
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     async def plan(self, request: Request) -> Response:
+        """The plan with its measured peaks; absolute paths cut to their file names unless a
+        loopback client asks for them whole (``server.paths``)."""
+        asked, refused = paths_asked(request.query_params, request.client)
+        if refused is not None:
+            status, message, code = refused
+            return error_response(
+                status, message, "invalid_request_error", param=PATHS_PARAM, code=code
+            )
         doc = self.pipeline.plan.to_json()
         measured = await self.metrics.measured_now()
         for s in doc["stages"]:
@@ -476,7 +485,7 @@ class _App:
         doc["server"] = (
             await asyncio.to_thread(server_memory) if server_memory is not None else None
         )
-        return JSONResponse(doc)
+        return JSONResponse(doc if asked == FULL else redact_paths(doc))
 
     def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
         """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""

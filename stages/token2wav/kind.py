@@ -32,6 +32,7 @@ from pydantic import Field
 
 from orchestrator.errors import ConfigError
 from stages.base import ArtifactInfo, StageConfig, StageRunner
+from stages.exported_graph.artifact import confined_file
 from stages.exported_graph.graphs import GraphsKind
 from stages.exported_graph.kind import GraphStageConfig
 from stages.payloads import Ports, parse_payloads
@@ -72,9 +73,15 @@ class Token2WavConfig(GraphStageConfig):
     )
 
 
+def voices_file(dit_dir: str | Path) -> Path:
+    """``dit_dir``'s ``voices.npz``, which must lie inside it (a link out is a ``ConfigError``,
+    as for every file an artifact names: ``ExportedArtifact.file``)."""
+    return confined_file(Path(dit_dir).resolve(), VOICES, f"{dit_dir}/{VOICES}")
+
+
 def voice_names(dit_dir: str | Path) -> list[str]:
     """The speakers in ``dit_dir``'s ``voices.npz``, in file order, from the zip's directory."""
-    with zipfile.ZipFile(Path(dit_dir) / VOICES) as z:
+    with zipfile.ZipFile(voices_file(dit_dir)) as z:
         names = [n.removesuffix(".npy") for n in z.namelist()]
     return list(
         dict.fromkeys(n.rsplit(".", 1)[0] for n in names if n.endswith((".cond", ".ref_mel")))

@@ -565,7 +565,7 @@ def test_bad_serve_flags_exit_2_before_anything_starts(
 
 
 def test_a_key_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
-    done = _serve_fails(tmp_path, "--api-key", "visible-key", "--port", "99999")
+    done = _serve_fails(tmp_path, "--api-key", "visible-key-0123456789", "--port", "99999")
     assert done.returncode == 2 and "99999 is not a port" in done.stderr
     assert (
         "--api-key is visible to every user of this machine" in done.stderr
