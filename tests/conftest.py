@@ -29,6 +29,9 @@ from orchestrator.verify.evidence import EvidenceStore
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.graphs import OV_PYTHON
 
+pytest_plugins = ("tests.helpers.skips",)
+"""Skips classified, counted and, under ``--require-assets``, failed (tests/helpers/skips.py)."""
+
 TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
 """The devices the test cluster's node declares resources for."""
 
