@@ -42,6 +42,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
 )
 
+pytest_plugins = ("tests.helpers.skips",)
+"""Skips classified, counted and, under ``--require-assets``, failed (tests/helpers/skips.py)."""
+
 TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
 """The devices the test cluster's node declares resources for."""
 
