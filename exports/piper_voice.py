@@ -107,13 +107,19 @@ def _load_config(path: str) -> dict[str, Any]:
     return config
 
 
+METADATA_FILES = ("voice_config",)
+"""The manifest ``metadata`` keys these hooks read as files: kept inside the artifact (or a
+package) when the artifact is read (``stages.exported_graph.artifact.METADATA_FILES``)."""
+
+
 def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:
-    """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales)."""
+    """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales): the
+    manifest's ``metadata.voice_config``, confined to the artifact (``ExportedArtifact.file``)."""
     location = (artifact.metadata.get("voice_config") if artifact else None) or DEFAULT_VOICE_CONFIG
-    if location.startswith("package://"):
-        path = resolve_package_location(location)
+    if artifact is not None:
+        path = artifact.file(location, f"{artifact.dir}/manifest.yaml: metadata.voice_config")
     else:
-        path = (artifact.dir / location) if artifact else Path(location)
+        path = resolve_package_location(location)
     return _load_config(str(path))
 
 

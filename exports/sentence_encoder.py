@@ -77,12 +77,17 @@ def export_args(out: Path | str = ARTIFACT_DIR, *, precision: str = "fp32") -> l
     ]
 
 
+METADATA_FILES = ("model",)
+"""The manifest ``metadata`` key the hooks read as a location (the tokenizer's directory)."""
+
+
 @functools.cache
 def _tokenizer(model: str = MODEL) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        resolve_package_location(model) if model.startswith("package://") else model
+        resolve_package_location(model) if model.startswith("package://") else model,
+        trust_remote_code=False,
     )
 
 
@@ -94,6 +99,8 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
     if not isinstance(item, str):
         raise TypeError(f"the sentence encoder takes text items, got {type(item).__name__}")
     model = str((artifact.metadata if artifact is not None else {}).get("model", MODEL))
+    if artifact is not None:  # the tokenizer's directory, confined to the artifact or a package
+        model = str(artifact.file(model, f"{artifact.dir}/manifest.yaml: metadata.model"))
     enc = _tokenizer(model)([item], truncation=True, max_length=MAX_TOKENS, return_tensors="np")
     names = [t.name for t in artifact.manifest.inputs] if artifact is not None else list(enc.keys())
     return {n: np.asarray(enc[n], dtype=np.int64) for n in names}

@@ -136,7 +136,11 @@ def load_model(checkpoint: Path) -> Any:
     from transformers import WhisperForConditionalGeneration
 
     return WhisperForConditionalGeneration.from_pretrained(
-        checkpoint, dtype=torch.float32, attn_implementation="eager"
+        checkpoint,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        trust_remote_code=False,
+        use_safetensors=True,
     ).eval()
 
 
@@ -361,8 +365,8 @@ class WhisperOnnx:
         self.decoder = ort.InferenceSession(
             str(decoder or DECODER_DIR / "fp32.onnx"), providers=providers
         )
-        self.tokenizer = WhisperTokenizer.from_pretrained(checkpoint)
-        generation = GenerationConfig.from_pretrained(checkpoint)
+        self.tokenizer = WhisperTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+        generation = GenerationConfig.from_pretrained(checkpoint, trust_remote_code=False)
         self.suppress = np.zeros(whisper_ct2.TINY_EN_CONFIG["vocab_size"], dtype=bool)
         self.suppress[whisper_ct2.EOT + 1 :] = True  # special and timestamp tokens
         self.suppress[list(generation.suppress_tokens or [])] = True

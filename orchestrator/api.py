@@ -88,8 +88,14 @@ from orchestrator.calibration_record import RunMeasurements, record_run
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.core import memory
 from orchestrator.core.errors import ConfigError, PlanRefused
-from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
-from orchestrator.probe import resolve_profile
+from orchestrator.ort.routes import require_startable_routes
+from orchestrator.planner import (
+    describes_this_machine,
+    parse_mask,
+    plan_pipeline,
+    verification_refusals,
+)
+from orchestrator.probe import ask_llamacpp_routes, resolve_profile
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
@@ -310,6 +316,12 @@ def admit_plan(
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
+    # running starts the routes' interpreters: a profile's may be started only when the user
+    # set them up (exit 2 otherwise), and their llama.cpp builds are asked before planning
+    named = options.profile if isinstance(options.profile, str | Path) else None
+    require_startable_routes(profile, None if named is None else str(named))
+    if describes_this_machine(profile):
+        ask_llamacpp_routes(profile)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)
     plan = plan_pipeline(config, profile, mask=mask, calibration=store, server=options.server)

@@ -50,7 +50,7 @@ from orchestrator.core.profile import (
     profile_pools,
 )
 from orchestrator.core.units import GiB, MiB, fmt_bytes
-from orchestrator.ort.routes import probe_route, resolve, static_refusal
+from orchestrator.ort.routes import remembered_probe, resolve, static_refusal
 from orchestrator.planner_threads import with_cpu_threads
 from orchestrator.probe import llamacpp
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
@@ -556,15 +556,24 @@ def unavailable_remedy(backend: str, stage: str | None = None) -> str:
 def _llamacpp_route_refusal(
     profile: HardwareProfile, device: Device, backend: str, route: Route
 ) -> Refusal | None:
-    """For a profile that describes this machine: the llama.cpp build installed in the route's
-    interpreter (its probe, remembered per interpreter) must drive ``device`` with ``backend``
-    — a recorded iGPU profile lists llamacpp-vulkan, and this machine's build may have no GPU
-    offload, or none may be installed."""
-    report = probe_route(route, cached=True)
-    build = report.llama_cpp_build()
-    where = (
-        f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
-    )
+    """For a profile that describes this machine: the llama.cpp build of the route must drive
+    ``device`` with ``backend`` — a recorded iGPU profile lists llamacpp-vulkan, and this
+    machine's build may have no GPU offload, or none may be installed.
+
+    Planning starts no process: the build is the one the profile records for the route (what
+    ``omni-edge probe`` wrote), else the route's last probe on this machine while its
+    interpreter is unchanged (``routes.remembered_probe``: ``omni-edge probe``, a plan
+    without ``--profile``, or ``run`` asked it). Neither: it is not known here, so nothing
+    is refused (a warning says so); ``run`` asks the route before it plans."""
+    build = route.llama_cpp
+    python = "this interpreter"
+    if build is None:
+        report = remembered_probe(route)
+        if report is None:
+            _warn_unknown_build(route)
+            return None
+        build, python = report.llama_cpp_build(), report.python or python
+    where = f"{_where(device, backend)}: route {route.name!r} ({route.python or python})"
     if build is None:
         return Refusal(
             RefusalCode.DEVICE_UNREACHABLE,
@@ -584,6 +593,20 @@ def _llamacpp_route_refusal(
         device.id,
         f"{where}: {problem}",
         unavailable_remedy(backend),
+    )
+
+
+_unknown_builds: set[str] = set()
+
+
+def _warn_unknown_build(route: Route) -> None:
+    if route.name in _unknown_builds:
+        return
+    _unknown_builds.add(route.name)
+    log.warning(
+        "route %r: its llama.cpp build is neither recorded in the profile nor probed on this "
+        "machine, so it is not checked here (planning starts no process; `omni-edge probe` asks it)",
+        route.name,
     )
 
 

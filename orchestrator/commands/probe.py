@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-default-routes",
         action="store_true",
-        help="do not look for .venvs/openvino/bin/python on its own",
+        help="probe only this interpreter and each --route: not the route environments next to the "
+        "installation (.venvs/openvino, ...) or in your settings file (routes_dir, routes)",
     )
     parser.add_argument(
         "--address",

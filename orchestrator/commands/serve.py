@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
 API_KEY_FILE_MAX_BYTES = 4096
+API_KEY_MIN_CHARS = 16
+"""The shortest key ``serve`` starts with: 16 random hex characters are 64 bits; with wrong keys
+slowed per address (``server.auth.Lockout``: a minute apart at most), out of reach."""
 """A key is a line of text; a bigger file is not a key file (read no further)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long a stop waits for requests in flight: a long reply with its audio takes seconds."""
@@ -423,6 +426,13 @@ def api_key(args: argparse.Namespace) -> str | None:
             where,
             "is empty or not printable ASCII (an HTTP header cannot carry it)",
             "use a key of visible ASCII characters, e.g. from `openssl rand -hex 32`",
+        )
+    if key is not None and len(key) < API_KEY_MIN_CHARS:
+        raise ConfigError.single(
+            where,
+            f"is {len(key)} characters: a key shorter than {API_KEY_MIN_CHARS} can be guessed",
+            f"use a random key of at least {API_KEY_MIN_CHARS} characters, e.g. from "
+            "`openssl rand -hex 32`",
         )
     return key
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.core.console import make_console
+    from orchestrator.ort.routes import require_startable_routes
     from orchestrator.planner import parse_mask
     from orchestrator.probe import resolve_profile
 
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         mask = parse_mask(args.mask, profile)
     else:
         profile = resolve_profile(args.profile)
+        require_startable_routes(profile, args.profile)  # the gates start its interpreters
         mask = parse_mask(args.mask, profile)
         report = verify_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask, report)

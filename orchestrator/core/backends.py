@@ -26,7 +26,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from orchestrator.core import option_rules
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.option_rules import OptionKind
 from orchestrator.core.settings import ep_cache_dir
 from orchestrator.core.units import MiB
 
@@ -164,6 +166,9 @@ class OrtBackend:
     """Packages that ship this EP as a plugin library (besides any onnxruntime build that has it built in)."""
     precision_hint: PrecisionHint | None = None
     """How a session asks for the plan's precision (an EP that otherwise picks one per device)."""
+    options: dict[str, OptionKind] = field(default_factory=dict)
+    """The provider options a stage config (``provider_options.<backend>``) or the user's
+    settings may give, each with its kind (:data:`OptionKind`); every other one is refused."""
 
     def drives_device(self, kind: str, vendor: str) -> bool:
         """Whether this backend can drive a device of ``kind`` made by ``vendor``."""
@@ -211,6 +216,13 @@ _TABLE: tuple[OrtBackend, ...] = (
             ),
         ),
         cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
+        options={
+            "cache_dir": "cache_dir",
+            "cache_key": "value",
+            "enable_cache_file_io_in_mem": "value",
+            "config_file": "user_file",
+            "xclbin": "user_file",
+        },
         workspace_fixed=256 * MiB,
         workspace_weight_copies=1.0,
         workspace_reason=(
@@ -235,6 +247,17 @@ _TABLE: tuple[OrtBackend, ...] = (
         precision_options={
             # HTP has no fp32 datapath; with this flag an fp32 graph runs in fp16.
             "fp32": {"enable_htp_fp16_precision": "1"},
+        },
+        options={
+            "backend_path": "user_file",
+            "htp_performance_mode": "value",
+            "enable_htp_fp16_precision": "value",
+            "htp_graph_finalization_optimization_mode": "value",
+            "htp_arch": "value",
+            "soc_model": "value",
+            "device_id": "value",
+            "vtcm_mb": "value",
+            "qnn_context_priority": "value",
         },
         precisions=(
             PrecisionRule(
@@ -303,6 +326,7 @@ _TABLE: tuple[OrtBackend, ...] = (
         # The DirectML EP documents both as required: it does not support memory
         # patterns or parallel execution.
         session_options={"enable_mem_pattern": False, "execution_mode": "sequential"},
+        options={"device_filter": "value", "performance_preference": "value", "device_id": "value"},
         workspace_fixed=128 * MiB,
         workspace_weight_copies=1.0,
         workspace_reason=(
@@ -375,6 +399,18 @@ _TABLE: tuple[OrtBackend, ...] = (
             ),
         ),
         cache_options=("cache_dir",),
+        options={
+            "device_type": "value",
+            "precision": "value",
+            "num_of_threads": "value",
+            "num_streams": "value",
+            "model_priority": "value",
+            "enable_qdq_optimizer": "value",
+            "disable_dynamic_shapes": "value",
+            "enable_opencl_throttling": "value",
+            "cache_dir": "cache_dir",
+            "load_config": "ov_config",
+        },
         workspace_fixed=320 * MiB,
         workspace_weight_copies=1.0,
         workspace_reason=(
@@ -398,6 +434,16 @@ _TABLE: tuple[OrtBackend, ...] = (
         install="pip install onnxruntime-gpu numpy (with a CUDA 12 driver)",
         drives={"gpu": ("nvidia",)},
         provider_options={"*": {"device_id": "{device_index}"}},
+        options={
+            "device_id": "value",
+            "gpu_mem_limit": "value",
+            "arena_extend_strategy": "value",
+            "cudnn_conv_algo_search": "value",
+            "do_copy_in_default_stream": "value",
+            "enable_cuda_graph": "value",
+            "use_tf32": "value",
+            "prefer_nhwc": "value",
+        },
         precisions=(
             PrecisionRule("fp32", True, "cuDNN/cuBLAS fp32 (TF32 where allowed)"),
             PrecisionRule("fp16", True, "fp16 tensor-core kernels"),
@@ -471,6 +517,26 @@ def backend(name: str) -> OrtBackend:
         raise KeyError(
             f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})"
         ) from None
+
+
+def config_option_problem(backend_name: str, option: str, value: Any) -> tuple[str, str] | None:
+    """(what, how to fix) when a pipeline config may not give ``backend_name`` the provider
+    option ``option`` = ``value``, by its row's allow-list (``option_rules.config_problem``)."""
+    return option_rules.config_problem(backend(backend_name), option, value)
+
+
+def user_options(backend_name: str) -> dict[str, str]:
+    """The provider options the user's settings give ``backend_name`` (``option_rules.user_options``)."""
+    return option_rules.user_options(backend_name, BACKENDS)
+
+
+PATH_OPTIONS = frozenset(
+    name
+    for row in _TABLE
+    for name, kind in row.options.items()
+    if kind in ("cache_dir", "user_file")
+)
+"""Provider options whose values are local paths (translated for host-process routes)."""
 
 
 def backends_for_device(kind: str, vendor: str, eps: list[str] | tuple[str, ...]) -> list[str]:
@@ -594,7 +660,9 @@ def session_spec(
     The target EP comes first; the CPU EP follows unless the target *is* the CPU
     EP or ``target_only`` is set, in which case ``session.disable_cpu_ep_fallback``
     makes ORT fail rather than hand nodes to the CPU. ``overrides`` (the stage
-    config's ``provider_options`` for this backend) win over the table.
+    config's ``provider_options`` for this backend, checked against the row's allow-list
+    when the config was read: :func:`config_option_problem`) win over the table, and the
+    user's own settings (:func:`user_options`) over both.
     """
     row = backend(backend_name)
     template = row.provider_options.get(device_kind, row.provider_options.get("*", {}))
@@ -605,6 +673,7 @@ def session_spec(
     options = {k: v.format(**values) for k, v in template.items()}
     options.update(row.precision_options.get(precision, {}))
     options.update({k: _option_str(v) for k, v in (overrides or {}).items()})
+    options.update(user_options(backend_name))
     if row.precision_hint is not None:
         device_name = options.get("device_type") or ORT_DEVICE_TYPES.get(
             device_kind, device_kind.upper()

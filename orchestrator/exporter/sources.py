@@ -35,19 +35,21 @@ command's parser never pays for them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.packages import is_package_location, resolve_package_location
+from stages.ar_decode.remote_code import refuse_remote_code
 
 MIN_OPSET = 13
 """The lowest opset written or accepted: int8 QDQ per-channel (QuantizeLinear's
@@ -119,10 +121,6 @@ def load_factory(spec: str) -> Callable[[], Any]:
             "write pkg.module:factory (a module importable here and a function in it)",
         )
     module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(
-            0, str(Path.cwd())
-        )  # as `python -m` would: a module in the current directory
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -255,10 +253,33 @@ def _framework_outputs(
     return names, {n: v.detach().cpu().numpy() for n, v in zip(names, values, strict=True)}
 
 
+@contextlib.contextmanager
+def _cwd_importable() -> Iterator[None]:
+    """The working directory importable while a factory is loaded, called and exported (the
+    user's own module may live there, as ``python -m`` would find it) — but after every
+    installed package, so a ``numpy.py`` or ``torch.py`` there never replaces the real one,
+    and off ``sys.path`` again afterwards, for the rest of the process."""
+    here = str(Path.cwd())
+    added = "" not in sys.path and here not in sys.path
+    if added:
+        sys.path.append(here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
 def from_torch(
     spec: str, work: Path, *, opset: int = DEFAULT_OPSET, step: Step = _no_step
 ) -> Exported:
-    """Call the factory, export its module to ``work/fp32.onnx`` and record PyTorch's outputs."""
+    """Call the factory, export its module to ``work/fp32.onnx`` and record PyTorch's outputs
+    (the working directory importable meanwhile, last: :func:`_cwd_importable`)."""
+    with _cwd_importable():
+        return _from_torch(spec, work, opset=opset, step=step)
+
+
+def _from_torch(spec: str, work: Path, *, opset: int, step: Step) -> Exported:
     check_opset(opset, where="--opset", highest=TORCH_MAX_OPSET)
     factory = load_factory(spec)
     step("calling the factory")
@@ -318,6 +339,7 @@ def resolve_model_dir(location: str) -> Path:
             f"{path} holds no config.json: not a transformers model directory",
             "point at the directory with config.json, the weights and the tokenizer files",
         )
+    refuse_remote_code(path)  # before torch or transformers are imported
     return path
 
 
@@ -340,9 +362,13 @@ def from_transformers(
 
     hf_logging.disable_progress_bar()  # the export's own phases are the progress display
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         model = AutoModel.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager"
+            model_dir,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            trust_remote_code=False,
+            use_safetensors=True,
         ).eval()
     except Exception as exc:
         raise ConfigError.single(

@@ -38,7 +38,7 @@ from typing import Any
 
 from orchestrator.core import settings
 from orchestrator.core.backends import backend as backend_row
-from orchestrator.core.errors import RefusalCode
+from orchestrator.core.errors import ConfigError, Problem, RefusalCode
 from orchestrator.core.fileio import write_json_atomic
 from orchestrator.core.plan import Refusal
 from orchestrator.core.profile import (
@@ -76,6 +76,62 @@ def resolve(route: Route, base_dir: Path | None = None) -> ResolvedRoute:
 
 def _is_absolute_any(path: str) -> bool:
     return os.path.isabs(path) or bool(re.match(r"^[A-Za-z]:[\\/]", path))
+
+
+# ---- which interpreters may be started -------------------------------------------
+
+
+def untrusted_routes(profile: HardwareProfile, where: str | None = None) -> list[Problem]:
+    """The routes of ``profile`` (and of its nodes) whose interpreter exists here but is not one
+    omni-edge may start (``settings.untrusted_interpreter``: this environment's, a route
+    directory's, or the user's configured ``routes``) — each a problem naming the route, why,
+    and how the user trusts it. An interpreter that does not exist is left to the planner,
+    which refuses it by name (nothing can be started there)."""
+    label = where or f"profile {profile.name!r}"
+    problems = []
+    nodes = [("", profile), *((n.name, n.profile) for n in profile.nodes.values())]
+    for node_name, node in nodes:
+        for i, route in enumerate(node.routes):
+            if route.kind == THIS_PROCESS or not route.python:
+                continue
+            python = resolve(route).python
+            if not python or not os.path.exists(python):
+                continue
+            why = settings.untrusted_interpreter(python)
+            if why is not None:
+                at = f"nodes.{node_name}.routes[{i}]" if node_name else f"routes[{i}]"
+                problems.append(
+                    Problem(
+                        f"{label}: {at}.python",
+                        f"route {route.name!r}: {why}; a profile describes a machine, it does not "
+                        "choose what runs on this one",
+                        settings.trust_fix(route.name, python),
+                    )
+                )
+    return problems
+
+
+def require_startable_routes(profile: HardwareProfile, where: str | None = None) -> None:
+    """``ConfigError`` (exit 2) naming every route of ``profile`` whose interpreter omni-edge
+    may not start (:func:`untrusted_routes`): what ``verify`` and ``run`` check before they
+    start anything, since both start the routes' interpreters."""
+    problems = untrusted_routes(profile, where)
+    if problems:
+        raise ConfigError(problems)
+
+
+def remembered_probe(route: Route, base_dir: Path | None = None) -> RouteReport | None:
+    """The last probe of ``route``'s interpreter, while the interpreter and its site-packages
+    are as they were then; None when there is none. Starts nothing (what planning reads)."""
+    asked = resolve(route, base_dir)
+    python = sys.executable if asked.in_process else asked.python
+    if not python:
+        return None
+    stamp = _interpreter_stamp(python)
+    if stamp is None:
+        return None
+    hit = _recall(asked.kind, python, stamp)
+    return None if hit is None else RouteReport.from_dict({**hit.to_dict(), "name": asked.name})
 
 
 # ---- reports ---------------------------------------------------------------------

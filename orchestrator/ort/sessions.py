@@ -20,13 +20,16 @@ flight) — a device runs one inference at a time anyway.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
 import logging
 import os
 import queue
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import settings
-from orchestrator.core.backends import plugin_wire
+from orchestrator.core.backends import PATH_OPTIONS, plugin_wire
 from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
 from orchestrator.core.packages import require_one_ort_flavour
@@ -52,8 +55,6 @@ from orchestrator.ort.worker import OpenedSession
 log = logging.getLogger(__name__)
 
 _EOF = object()
-PATH_OPTIONS = ("cache_dir", "config_file")
-"""Provider options whose values are local paths (translated for host-process routes)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,12 @@ class WorkerSessions:
     site-packages must win. A this-process route given an interpreter (the
     route probe asks this interpreter in a subprocess, so a crashing
     onnxruntime build cannot take the caller down) keeps this process's
-    environment instead, so it sees what an in-process session would.
+    environment instead, so it sees what an in-process session would — but with
+    ``-P``: the working directory is never on its ``sys.path`` (a ``numpy.py`` in
+    the folder omni-edge runs in must not replace numpy). Every worker starts in
+    a private empty directory (:func:`private_cwd`), so nothing it or a library it
+    loads looks up by a relative name (a DLL, a config file) is taken from the
+    user's working directory.
     """
 
     in_process = False
@@ -209,12 +215,14 @@ class WorkerSessions:
         source = Path(route_worker.__file__).read_bytes()
         try:
             isolated = route.kind != THIS_PROCESS
+            flags = ["-I"] if isolated else route_worker.safe_path_flags()
             self._proc = subprocess.Popen(
-                [route.python, *(["-I"] if isolated else []), "-c", route_worker.BOOTSTRAP],
+                [route.python, *flags, "-c", route_worker.BOOTSTRAP],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=_worker_env() if isolated else None,
+                cwd=private_cwd(),
             )
         except OSError as exc:
             raise RouteError(
@@ -548,6 +556,21 @@ def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:
     if "No module named 'numpy'" in stderr_tail:
         return f"{route.python} -m pip install numpy (the route worker needs numpy and onnxruntime)"
     return f"run {route.python} -c 'import numpy, onnxruntime' to see what is missing, and install it there"
+
+
+_cwd: list[str] = []
+_cwd_lock = threading.Lock()
+
+
+def private_cwd() -> str:
+    """An empty directory only this user can enter (0700), made once per process (again if
+    something removed it) and removed when the process exits: where route workers start — not
+    the working directory omni-edge was started in, which may be a folder someone else made."""
+    with _cwd_lock:
+        if not _cwd or not os.path.isdir(_cwd[-1]):
+            _cwd.append(tempfile.mkdtemp(prefix="omni-edge-cwd-"))
+            atexit.register(shutil.rmtree, _cwd[-1], True)
+        return _cwd[-1]
 
 
 def _worker_env() -> dict[str, str]:

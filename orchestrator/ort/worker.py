@@ -60,12 +60,30 @@ ORT_DISTRIBUTIONS = (
 """Distributions that install the ``onnxruntime`` module, most specific first.
 Several builds share the module name; the distribution says which EPs it has."""
 
+SAFE_PATH_PRELUDE = "import sys;sys.path[:]=[p for p in sys.path if p not in ('', '.')];"
+"""The first statement of every program omni-edge hands a child interpreter with ``-c``: the
+working directory off ``sys.path`` before anything is imported. ``-I``/``-P`` already keep it
+off (:func:`safe_path_flags`); this covers Python 3.10, which has no ``-P``, and an empty
+``PYTHONPATH`` entry (which also means the working directory)."""
+
+
+def safe_path_flags() -> list[str]:
+    """The flags for a child of *this* interpreter that must not import the working directory:
+    ``-I`` when this interpreter runs isolated itself (a route worker), else ``-P`` (Python ≥ 3.11:
+    no unsafe path first on ``sys.path``, the environment kept — the child sees the packages this
+    process sees); on 3.10, none (its program starts with :data:`SAFE_PATH_PRELUDE`)."""
+    if sys.flags.isolated:
+        return ["-I"]
+    return ["-P"] if sys.version_info >= (3, 11) else []
+
+
 BOOTSTRAP = (
-    "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
+    SAFE_PATH_PRELUDE + "n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
     "g={'__name__':'omni_edge_route_worker'};"
     "exec(compile(src,'omni_edge_route_worker.py','exec'),g);g['main']()"
 )
-"""What ``python -I -c`` runs in the route: read this file's source from stdin, run it."""
+"""What ``python -I -c`` (``-P`` for this interpreter's own worker) runs in the route: the
+working directory off ``sys.path``, then this file's source read from stdin and run."""
 
 
 # ---- framing ----------------------------------------------------------------------
@@ -408,13 +426,16 @@ def vllm_distributions() -> list[str]:
     return found
 
 
-LLAMA_CPP_PROBE = """
+LLAMA_CPP_PROBE = (
+    SAFE_PATH_PRELUDE
+    + """
 import json, llama_cpp
 llama_cpp.llama_backend_init()
 print(json.dumps({"version": getattr(llama_cpp, "__version__", None),
                   "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace"),
                   "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}))
 """
+)
 """What :func:`llama_cpp_build` runs in a child of the route's interpreter: import llama_cpp, start
 ggml's backend, report its version, ``llama_print_system_info()`` (the build's CPU features) and
 whether it offloads to a GPU."""
@@ -441,7 +462,7 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
     }
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", LLAMA_CPP_PROBE],
+            [sys.executable, *safe_path_flags(), "-c", LLAMA_CPP_PROBE],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from orchestrator.core import settings
 from orchestrator.core.backends import BACKENDS, EP_BACKENDS
 from orchestrator.core.packages import require_one_ort_flavour
 from orchestrator.core.profile import (
@@ -39,19 +40,28 @@ from orchestrator.core.profile import (
     Route,
     load_profile,
 )
+from orchestrator.ort.hostproc import route_kind_for
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import llamacpp
 from orchestrator.probe.gpus import nvidia_gpus
-from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
+from orchestrator.probe.host import (
+    PROC_CPUINFO,
+    cpu_model,
+    cpu_vendor,
+    host_os,
+    running_in_wsl,
+    this_host,
+)
 from orchestrator.probe.npus import linux_npus
 
-# The interpreter route that `probe` looks for by default: the OpenVINO EP
-# replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).
-# .venvs/ep-openvino (the plain onnxruntime + the onnxruntime-ep-openvino plugin package,
-# docs/plugin-eps.md) is probed when someone made it.
+# The interpreter routes that `probe` looks for by default, inside each route directory
+# (settings.route_dirs: the user's routes_dir, then .venvs next to the installation; never the
+# working directory): the OpenVINO EP replaces the `onnxruntime` module, so it lives in its own
+# venv (docs/design.md, known facts). ep-openvino (the plain onnxruntime + the
+# onnxruntime-ep-openvino plugin package, docs/plugin-eps.md) is probed when someone made it.
 DEFAULT_ROUTE_CANDIDATES = (
-    ("openvino-venv", Path(".venvs/openvino/bin/python")),
-    ("ep-openvino", Path(".venvs/ep-openvino/bin/python")),
+    ("openvino-venv", Path("openvino/bin/python")),
+    ("ep-openvino", Path("ep-openvino/bin/python")),
 )
 
 # vLLM's builds, by distribution: the backend and the devices it drives
@@ -96,13 +106,12 @@ def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwarePro
 
 
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
-    """Interpreter routes that exist on this machine, looked for under the
-    current directory and the repository this package lives in."""
-    dirs = (
-        list(search_dirs)
-        if search_dirs is not None
-        else [Path.cwd(), Path(__file__).resolve().parents[2]]
-    )
+    """Interpreter routes that exist on this machine and that the user set up: each
+    :data:`DEFAULT_ROUTE_CANDIDATES` found in a route directory (``search_dirs``, default
+    ``settings.route_dirs()``: the user's ``routes_dir``, then ``.venvs`` next to the
+    installation), then the ``routes`` the user's settings name. Never the working
+    directory: a folder someone else made cannot put an interpreter here."""
+    dirs = list(search_dirs) if search_dirs is not None else settings.route_dirs()
     routes: list[Route] = []
     for name, rel in DEFAULT_ROUTE_CANDIDATES:
         for d in dirs:
@@ -112,7 +121,24 @@ def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
                     Route(name=name, kind="interpreter", python=str(candidate.absolute()))
                 )
                 break
+    wsl = running_in_wsl()
+    taken = {r.name for r in routes}
+    for name, python in settings.user_settings().routes.items():
+        if name not in taken:
+            routes.append(Route(name=name, kind=route_kind_for(python, wsl=wsl), python=python))
     return routes
+
+
+def ask_llamacpp_routes(profile: HardwareProfile) -> None:
+    """Probe (``cached``: nothing starts while an interpreter is unchanged) the routes through
+    which ``profile`` offers a llama.cpp backend and whose build it does not record, so that the
+    planner, which starts nothing, finds their build remembered. For a profile of this machine
+    about to be run (``api.admit_plan``), only interpreters omni-edge may start: call it after
+    ``routes.require_startable_routes``."""
+    names = {d.route_for(b) for d in profile.devices for b in d.backends if b in llamacpp.BACKENDS}
+    for route in profile.routes:
+        if route.name in names and route.llama_cpp is None:
+            probe_route(route, cached=True)
 
 
 def probe_profile(
@@ -129,9 +155,11 @@ def probe_profile(
     interpreter and its installed packages are unchanged (``omni-edge plan``
     uses this; ``omni-edge probe`` asks afresh and refreshes the cache).
 
-    ``extra_routes`` are interpreter routes to probe besides this interpreter.
-    Unless ``use_default_routes`` is False, ``.venvs/openvino/bin/python`` is
-    added when it exists and no route of that name was given.
+    ``extra_routes`` are interpreter routes to probe besides this interpreter (the
+    command line's ``--route``: the user's own choice). Unless ``use_default_routes`` is
+    False, :func:`default_routes` are added (the route environments next to the
+    installation or in the user's ``routes_dir``, and the user's configured ``routes``)
+    when no route of that name was given.
     """
     require_one_ort_flavour()  # two onnxruntime builds in this environment: exit 2, naming both
     routes_in = [Route(name=THIS_PROCESS), *(extra_routes or [])]

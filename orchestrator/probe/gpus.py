@@ -24,12 +24,13 @@ import csv
 import importlib.metadata
 import json
 import logging
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from orchestrator.core import settings
 from orchestrator.core.units import MiB
+from orchestrator.ort.worker import SAFE_PATH_PRELUDE, safe_path_flags
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def _run_smi(fields: tuple[str, ...], exe: str) -> subprocess.CompletedProcess[s
 
 
 def _from_nvidia_smi() -> list[GPU] | None:
-    exe = shutil.which("nvidia-smi")
+    exe = settings.find_program("nvidia-smi")
     if exe is None:
         log.debug("nvidia-smi not on PATH: trying torch")
         return None
@@ -211,7 +212,7 @@ def _from_torch() -> list[GPU] | None:
         return None
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _TORCH_SCRIPT],
+            [sys.executable, *safe_path_flags(), "-c", SAFE_PATH_PRELUDE + _TORCH_SCRIPT],
             capture_output=True,
             text=True,
             timeout=TORCH_TIMEOUT_S,

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import io
+import math
 import wave
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -196,6 +197,7 @@ def tensor_request(
         raise BadRequest.single(
             name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix
         )
+    _check_npy_header(data, name, fix, max_bytes, bytes_flag)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as exc:
@@ -218,6 +220,46 @@ def tensor_request(
             fix,
         )
     return array
+
+
+def _check_npy_header(
+    data: bytes, name: str, fix: str, max_bytes: int | None, bytes_flag: str
+) -> None:
+    """What a ``.npy`` header declares, checked before numpy allocates for it: a tiny file
+    whose header claims a huge shape is a ``BadRequest`` naming the size (not a MemoryError),
+    as is one that declares more data than it holds."""
+    import numpy as np
+
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }
+        if version not in read:
+            raise ValueError(f"format version {version[0]}.{version[1]} (numpy.save writes 1.0)")
+        shape, _, dtype = read[version](buf)
+    except (ValueError, EOFError, OSError) as exc:
+        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
+    if dtype.hasobject:
+        return  # np.load refuses it without unpickling, and says why
+    declared = math.prod(shape) * dtype.itemsize
+    if max_bytes is not None and declared > max_bytes:
+        raise BadRequest.single(
+            name,
+            f"declares a {dtype} array of shape {list(shape)}: {declared} bytes, over the cap of "
+            f"{max_bytes} bytes per tensor ({bytes_flag})",
+            f"send a smaller array, or raise {bytes_flag}",
+        )
+    held = len(data) - buf.tell()
+    if declared > held:
+        raise BadRequest.single(
+            name,
+            f"declares {declared} bytes of data (a {dtype} array of shape {list(shape)}) but holds "
+            f"{held}: the file is cut short, or its header is wrong",
+            fix,
+        )
 
 
 def prompt_label(prompt: Any) -> str:

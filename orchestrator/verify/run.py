@@ -37,6 +37,7 @@ from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
     report_from_probe,
+    require_startable_routes,
     resolve,
     static_refusal,
 )
@@ -176,6 +177,7 @@ def verify_pipeline(
 ) -> VerifyReport:
     """Run the gates for every candidate; write evidence; never raise for a refusal."""
     require_this_machine(profile)
+    require_startable_routes(profile)  # the gates start the routes' interpreters
     store = store or EvidenceStore()
     # Evidence is what verify is for: refuse before measuring when it cannot be kept.
     settings.require_cache_dir(store.root, "gate evidence")
@@ -307,6 +309,7 @@ def verify_on_node(
     in the results' ``record`` for the driver to check and keep."""
     local = cluster.nodes[node].profile
     require_this_machine(local)
+    require_startable_routes(local, f"node {node}")  # by this machine's own settings
     machine = machine_identity_here()
     found, _ = candidates(config, cluster, mask)
     mine = [_on_node(c, local) for c in found if c.device.node == node]

@@ -78,7 +78,7 @@ def model_type(model_dir: Path) -> str | None:
 def tokenizer_for(model_dir: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,12 @@ def load_text_model(
     if mtype in OMNI_MODEL_TYPES:
         if model_stage not in (None, "thinker"):
             raise ValueError(f"model_stage {model_stage!r} of {mtype} is not a text stage")
-        config = transformers.AutoConfig.from_pretrained(model_dir)
+        config = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
         config.enable_audio_output = (
             False  # the thinker only: the talker's and vocoder's weights stay on disk
         )
         whole = getattr(transformers, OMNI_MODEL_TYPES[mtype][0]).from_pretrained(
-            model_dir, config=config, dtype=dtype
+            model_dir, config=config, dtype=dtype, trust_remote_code=False, use_safetensors=True
         )
         whole.eval().to(device)
         eos = whole.generation_config.eos_token_id
@@ -115,7 +115,9 @@ def load_text_model(
         )
         layer = int(config.talker_config.accept_hidden_layer) if mtype == "qwen3_omni_moe" else -1
         return whole.thinker, HandoverSpec(layer, eos_ids)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, trust_remote_code=False, use_safetensors=True
+    )
     return model.eval().to(device), None
 
 
@@ -993,7 +995,7 @@ def load_talker(model_dir: Path, *, dtype: Any, device: str, speaker: str | None
         raise ValueError(
             f"{model_dir} is a {mtype!r} checkpoint; a talker needs one of {', '.join(OMNI_MODEL_TYPES)}"
         )
-    config = transformers.AutoConfig.from_pretrained(model_dir)
+    config = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     talker_cls = getattr(transformers, OMNI_MODEL_TYPES[mtype][1])
     embed_name = "thinker.model.embed_tokens.weight"
     tensors = _load_prefixed(model_dir, ("talker.", embed_name))

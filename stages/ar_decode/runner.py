@@ -162,6 +162,10 @@ class VllmRunner(StageRunner):
                 resolve_model(kwargs["model"], dtype=dtype if dtype not in (None, "auto") else None)
             )
             kwargs.setdefault("disable_log_stats", True)
+            # never a checkpoint's own Python code, never pickled weights (.bin): the plan read
+            # the safetensors headers, and config.json's auto_map was refused then
+            kwargs["trust_remote_code"] = False
+            kwargs.setdefault("load_format", "safetensors")
             t_model = time.perf_counter()
             self._engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
             self._tokenizer = self._engine.get_tokenizer()
@@ -569,7 +573,7 @@ def _tokenizer_for(model_dir: str) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
 
 
 def request_tokenizer(stage_plan: StagePlan) -> Any | None:

@@ -20,7 +20,7 @@ from orchestrator.core.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.core.packages import PACKAGE_SCHEME
 from orchestrator.core.plan import Refusal
 from orchestrator.core.units import MiB, fmt_bytes
-from orchestrator.core.validation import Strict, unique
+from orchestrator.core.validation import Strict, refusal, unique
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     ExportedArtifact,
@@ -113,6 +113,18 @@ class GraphStageConfig(StageConfig):
     @classmethod
     def _precisions(cls, value: list[str]) -> list[str]:
         unique(value, "precision")
+        return value
+
+    @field_validator("provider_options")
+    @classmethod
+    def _allowed_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Only the options each backend's row declares (``ort_backends.config_option_problem``):
+        a config cannot name a library to load or make an EP write outside omni-edge's cache."""
+        for backend_name, options in value.items():
+            for option, given in options.items():
+                problem = ort_backends.config_option_problem(backend_name, option, given)
+                if problem is not None:
+                    raise refusal(*problem)
         return value
 
 

@@ -38,7 +38,7 @@ from orchestrator.core.errors import StageFailed
 from stages.audio_items import Cancelled
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.ort_runner import OrtRunner, route_for
-from stages.token2wav import VOICES
+from stages.token2wav import VOICES, voices_file
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -122,7 +122,7 @@ class Token2WavRunner(OrtRunner):
         """Read the voice, then open the DiT's and the vocoder's sessions in the route."""
         specs = self._session_specs("dit", "vocoder", spelled="the DiT and the vocoder")
         with self._loading():
-            with np.load(self.dit.dir / VOICES) as data:
+            with np.load(voices_file(self.dit.dir)) as data:
                 voices = {k: data[k] for k in data.files}
             names = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in voices))
             name = self.voice_name or names[0]

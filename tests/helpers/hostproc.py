@@ -79,6 +79,16 @@ def standin_python(tmp_path: Path) -> tuple[Path, Path]:
     return exe, log
 
 
+def trust_standin(exe: Path, monkeypatch: Any) -> Path:
+    """The user's settings file (``OMNI_EDGE_SETTINGS``, for this test) naming the stand-in as the
+    route ``windows-standin``: what a user writes before omni-edge may start a host-process
+    route's interpreter that a profile names (``verify``, ``run``)."""
+    settings = exe.parent / "omni-edge-settings.yaml"
+    settings.write_text(json.dumps({"routes": {"windows-standin": str(exe)}}))
+    monkeypatch.setenv("OMNI_EDGE_SETTINGS", str(settings))
+    return settings
+
+
 def log_lines(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from orchestrator.server.auth import error_response
+from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.served import Served
 
 HEALTH_TIMEOUT_S = 2.0
@@ -75,6 +77,14 @@ class Info:
         return JSONResponse(doc, status_code=200 if ok else 503)
 
     async def plan(self, request: Request) -> Response:
+        """The plan with its measured peaks; absolute paths cut to their file names unless a
+        loopback client asks for them whole (``server.paths``)."""
+        asked, refused = paths_asked(request.query_params, request.client)
+        if refused is not None:
+            status, message, code = refused
+            return error_response(
+                status, message, "invalid_request_error", param=PATHS_PARAM, code=code
+            )
         doc = self.served.pipeline.plan.to_json()
         measured = await self.served.metrics.measured_now()
         for s in doc["stages"]:
@@ -90,7 +100,7 @@ class Info:
         doc["server"] = (
             await asyncio.to_thread(server_memory) if server_memory is not None else None
         )
-        return JSONResponse(doc)
+        return JSONResponse(doc if asked == FULL else redact_paths(doc))
 
     def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
         """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""

@@ -127,7 +127,7 @@ def test_windows_branch_waits_for_the_holder_and_unlocks(
 
 def test_posix_flock_excludes_another_process(tmp_path: Path) -> None:
     if fileio.fcntl is None:
-        pytest.skip("no fcntl on this platform")
+        pytest.skip("platform: no fcntl on this platform")
     lock = tmp_path / ".lock"
     code = (
         "import sys, time; from orchestrator.core.fileio import exclusive_lock\n"

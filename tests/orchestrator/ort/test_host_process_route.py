@@ -29,7 +29,13 @@ from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
 from tests.helpers import REPO
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
-from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
+from tests.helpers.hostproc import (
+    DISTRO,
+    log_lines,
+    standin_profile,
+    standin_python,
+    trust_standin,
+)
 
 RECORDED = json.loads((Path(__file__).parent / "wslpath_recorded.json").read_text())["pairs"]
 HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
@@ -188,6 +194,7 @@ def test_verify_goes_through_the_host_process_route(
         "orchestrator.verify.run.running_in_wsl", lambda: True
     )  # the stand-in's premise
     exe, log = standin_python(tmp_path)
+    trust_standin(exe, monkeypatch)  # the user's settings name it: verify may start it
     write_artifact(tmp_path / "art", "full")
     config = tmp_path / "pipeline.yaml"
     config.write_text(

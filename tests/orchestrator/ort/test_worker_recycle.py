@@ -251,7 +251,7 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
     from orchestrator.core.memory import peak_rss_of, rss_of
 
     if peak_rss_of(host.pid) is None:
-        pytest.skip("no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
+        pytest.skip("platform: no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     host.recycle_limit = 1 << 50  # measured, never reached

@@ -17,6 +17,7 @@ from orchestrator.core.profile import Route, load_profile, parse_profile
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import host, probe_profile
 from tests.helpers import REPO
+from tests.helpers.skips import needs_path
 
 OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"
 GiB = 2**30
@@ -260,7 +261,7 @@ def test_extra_route_that_does_not_exist_is_unreachable_with_remedy():
 
 
 @pytest.mark.openvino
-@pytest.mark.skipif(not OPENVINO_PY.exists(), reason="needs .venvs/openvino")
+@needs_path(OPENVINO_PY, "the OpenVINO route: scripts/bootstrap.sh creates .venvs/openvino")
 def test_openvino_venv_drives_the_cpu():
     p = probe_profile(
         [Route(name="openvino-venv", kind="interpreter", python=str(OPENVINO_PY))],

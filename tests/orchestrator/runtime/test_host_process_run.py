@@ -34,7 +34,13 @@ from orchestrator.ort import hostproc, worker
 from orchestrator.runtime.events import OutputItem
 from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
-from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
+from tests.helpers.hostproc import (
+    DISTRO,
+    log_lines,
+    standin_profile,
+    standin_python,
+    trust_standin,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ort]
 
@@ -59,6 +65,7 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
     )
 
     exe, log = standin_python(tmp_path)
+    trust_standin(exe, monkeypatch)  # the user's settings name it: run may start it
     graph = write_artifact(tmp_path / "art", "full") / "fp32.onnx"
     config = tmp_path / "pipeline.yaml"
     config.write_text(

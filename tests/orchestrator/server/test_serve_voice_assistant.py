@@ -4,7 +4,9 @@ it, a subprocess on a port it picks), stopped by SIGTERM with a request in fligh
 in the last test.
 
 Assertions are on what a client reads — status codes, headers, shapes, token
-counts, the audio's duration and loudness — never on the words the model picks.
+counts, the order of a stream's deltas, the audio's duration and loudness, and the
+words of ``/v1/audio/speech``'s input heard back by the suite's Whisper — never on
+the words the model picks.
 Replies are made long enough to speak with ``min_tokens`` (vLLM's extension of
 the request)."""
 
@@ -30,6 +32,7 @@ from orchestrator.runtime.audio import rms_dbfs
 from stages.text_chunks import SentenceChunker
 from tests.helpers import REPO
 from tests.helpers.serve import ServeProcess
+from tests.helpers.speech import heard, transcribe
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -124,23 +127,35 @@ def test_a_prompt_beyond_the_context_is_a_400_naming_both_numbers(serve: ServePr
 
 
 def test_streamed_audio_is_speech_sent_as_it_is_made(serve: ServeProcess) -> None:
+    """Sent as it is made, by the stream's own order: the reply is pinned at the config's 96
+    tokens and the voice's first chunk is cut by its ~40th character (``first_chunk_chars``),
+    so its audio is due while the model still has more than half the reply to write; a server
+    that held the audio back until the text was done would send it after the last text."""
     stream = _client(serve).chat.completions.create(
         model="voice-assistant",
         messages=_ask("Tell me two facts about the Moon."),
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "pcm16"},
         stream=True,
-        extra_body={"min_tokens": 32},
+        max_tokens=96,
+        extra_body={"min_tokens": 96},
     )
-    transcript, audio = [], []
+    transcript, audio, order = [], [], []
     for chunk in stream:
         delta = chunk.choices[0].delta.audio if chunk.choices else None
         if delta is not None and delta.transcript:
             transcript.append(delta.transcript)
+            order.append("text")
         if delta is not None and delta.data:
             audio.append(_pcm(base64.b64decode(delta.data)))
+            order.append("audio")
     text = "".join(transcript)
-    assert text and audio, "a 32-token reply is spoken"
+    assert text and audio, "a 96-token reply is spoken"
+    first_audio, last_text = order.index("audio"), len(order) - 1 - order[::-1].index("text")
+    assert first_audio < last_text, (
+        f"the first audio came after the last of {len(transcript)} text deltas: {order}"
+    )
+    print(f"first audio after text delta {order[:first_audio].count('text')} of {len(transcript)}")
     # one audio chunk per sentence the voice was fed (the runtime cut the text as it streamed;
     # cutting the whole text here can differ by a forced cut, hence the one spare)
     assert 1 <= len(audio) <= _sentences(text) + 1
@@ -213,6 +228,7 @@ def test_speech_is_the_voice_speaking_the_input(serve: ServeProcess, fmt: str, r
         assert data[:4] == b"RIFF" and struct.unpack("<I", data[24:28])[0] == VOICE_RATE
         data = data[44:]
     _assert_speech(_pcm(data), rate, 2)
+    heard(SPEECH, transcribe(_pcm(data), rate))  # the input's words, within the suite's WER bound
     recent = httpx.get(f"{serve.url}/v1/status").json()["recent"]
     assert recent[-1]["endpoint"] == "speech" and set(recent[-1]["stages"]) == {"voice"}
     print(f"speech ({fmt}): first bytes after {first:.3f} s, {len(data) / 2 / rate:.2f} s of audio")

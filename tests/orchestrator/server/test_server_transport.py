@@ -266,7 +266,7 @@ def test_2000_idle_connections_cannot_lock_out_health_and_are_closed(served: Ser
     need = IDLE_SOCKETS + 512
     if soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(f"this process may open {hard} files at most; the test needs {need}")
+            pytest.skip(f"capability: this process may open {hard} files at most; it needs {need}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     port = _port(served)
     idle: list[socket.socket] = []
@@ -464,7 +464,7 @@ def _check_key(serve: ServeProcess, key: str) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc for the children's environments"
+    not sys.platform.startswith("linux"), reason="platform: reads the children's /proc"
 )
 def test_the_api_key_from_the_environment_is_required_and_not_inherited(tmp_path: Path) -> None:
     key = "env-key-0123456789abcdef"
@@ -479,7 +479,7 @@ def test_the_api_key_from_the_environment_is_required_and_not_inherited(tmp_path
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc for the children's environments"
+    not sys.platform.startswith("linux"), reason="platform: reads the children's /proc"
 )
 def test_the_api_key_from_a_file_is_required(tmp_path: Path) -> None:
     key = "file-key-fedcba9876543210"
@@ -565,7 +565,7 @@ def test_bad_serve_flags_exit_2_before_anything_starts(
 
 
 def test_a_key_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
-    done = _serve_fails(tmp_path, "--api-key", "visible-key", "--port", "99999")
+    done = _serve_fails(tmp_path, "--api-key", "visible-key-0123456789", "--port", "99999")
     assert done.returncode == 2 and "99999 is not a port" in done.stderr
     assert (
         "--api-key is visible to every user of this machine" in done.stderr

@@ -149,7 +149,7 @@ def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(
         before.st_ino,
     )
     if after.st_ctime_ns == before.st_ctime_ns:
-        pytest.skip("this file system's ctime did not move between two writes")
+        pytest.skip("platform: this file system's ctime did not move between two writes")
     for fresh_process in (False, True):
         if fresh_process:
             monkeypatch.setattr(manifests, "_gguf_headers", {})

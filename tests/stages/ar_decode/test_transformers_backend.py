@@ -33,7 +33,7 @@ from stages.ar_decode.checkpoint import read_safetensors_header
 from stages.payloads import untag
 from stages.registry import get_kind
 from tests.helpers import REPO
-from tests.helpers.omni_reference import reference
+from tests.helpers.omni_reference import reference, torch_threads
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
 CONFIGS = {
@@ -271,6 +271,7 @@ def test_thinker_tokens_and_talker_codes_match_transformers_generate(
     ref = reference(
         DIRS[model],
         PROMPT,
+        threads=torch_threads([thinker.plan.to_dict(), talker.plan.to_dict()]),
         thinker_max=stages.stage("thinker").sampling.max_tokens,
         talker_max=stages.stage("talker").sampling.max_tokens,
         repetition_penalty=stages.stage("talker").sampling.repetition_penalty,
@@ -436,7 +437,8 @@ def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(
     assert stats["hidden_states"]["streamed"] is True and stats["hidden_states"]["steps"] == len(
         hidden
     )
-    ref = reference(DIRS["qwen2_5"], PROMPT, thinker_max=24, talker_max=64)
+    threads = torch_threads([thinker.plan.to_dict(), talker.plan.to_dict()])
+    ref = reference(DIRS["qwen2_5"], PROMPT, threads=threads, thinker_max=24, talker_max=64)
     assert streamed == ref.codes
 
 

@@ -24,6 +24,12 @@ file exists (at most ``gate_timeout_s``), creating ``waiting_file`` when it star
 wait: what a test of two real ``omni-edge run`` processes orders them by (both runs
 mid-reply, then one let finish, then the other).
 
+With ``load_stamps`` (a directory) ``load()`` writes when it began and ended there
+(``<stage>.start``, ``<stage>.end``: ``time.perf_counter()``, the machine's monotonic clock,
+comparable between processes on Linux); with ``load_meet`` it also waits, after its start,
+until each named stage's load has begun (at most ``GATE_TIMEOUT_S``, then it fails): two
+loads that meet can only both finish when they ran at the same time.
+
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
 """
@@ -86,6 +92,14 @@ class EchoConfig(StageConfig):
     gate_timeout_s: float = Field(
         GATE_TIMEOUT_S, gt=0, description="The longest wait at gate_file; then the item goes."
     )
+    load_stamps: str | None = Field(
+        None, description="A directory where load() writes its start and end stamps."
+    )
+    load_meet: list[str] = Field(
+        default_factory=list,
+        description="Stages whose loads this one waits to see begun (their start stamps in "
+        "load_stamps) before it ends; it fails if one has not begun within GATE_TIMEOUT_S.",
+    )
 
 
 class EchoRunner(StageRunner):
@@ -113,6 +127,26 @@ class EchoRunner(StageRunner):
             self.worked += 1
 
     def load(self) -> None:
+        stamps = Path(self.cfg.load_stamps) if self.cfg.load_stamps else None
+        if stamps is not None:
+            (stamps / f"{self.cfg.name}.start").write_text(repr(time.perf_counter()))
+            self._meet(stamps)
+        self._load()
+        if stamps is not None:
+            (stamps / f"{self.cfg.name}.end").write_text(repr(time.perf_counter()))
+
+    def _meet(self, stamps: Path) -> None:
+        deadline = time.monotonic() + GATE_TIMEOUT_S
+        for other in self.cfg.load_meet:
+            while not (stamps / f"{other}.start").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"echo stage {self.cfg.name!r}: {other!r}'s load did not begin while "
+                        f"this one waited {GATE_TIMEOUT_S:g} s"
+                    )
+                time.sleep(0.01)
+
+    def _load(self) -> None:
         time.sleep(self.cfg.load_s)
         for module in self.cfg.load_imports:
             importlib.import_module(module)
