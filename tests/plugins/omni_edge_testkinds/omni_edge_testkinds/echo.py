@@ -17,8 +17,10 @@ semaphore of ``work_slots``: one runner then serves at most
 an engine at its batch limit (what stage replicas are measured against).
 ``hold_bytes`` is memory
 the runner really allocates at load (so measured peaks are real),
-``fail_load`` makes ``load()`` raise, and ``load_imports`` are modules ``load()``
-imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py).
+``fail_load`` makes ``load()`` raise, ``load_imports`` are modules ``load()``
+imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py),
+and ``loading_file`` is a file ``load()`` creates as it begins (before its ``load_s``), so a
+test can see that a load is under way instead of guessing it from a sleep.
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -70,6 +72,9 @@ class EchoConfig(StageConfig):
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
+    loading_file: str | None = Field(
+        None, description="A file load() creates as it begins: a test's proof it is inside load()."
+    )
     load_imports: list[str] = Field(
         default_factory=list, description="Modules load() imports, in order."
     )
@@ -100,6 +105,8 @@ class EchoRunner(StageRunner):
             self.worked += 1
 
     def load(self) -> None:
+        if self.cfg.loading_file:
+            Path(self.cfg.loading_file).touch()
         time.sleep(self.cfg.load_s)
         for module in self.cfg.load_imports:
             importlib.import_module(module)
