@@ -19,8 +19,10 @@ an engine at its batch limit (what stage replicas are measured against).
 the runner really allocates at load (so measured peaks are real),
 ``fail_load`` makes ``load()`` raise, ``load_imports`` are modules ``load()``
 imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py),
-and ``loading_file`` is a file ``load()`` creates as it begins (before its ``load_s``), so a
-test can see that a load is under way instead of guessing it from a sleep.
+``loading_file`` is a file ``load()`` creates as it begins (before its ``load_s``), so a
+test can see that a load is under way instead of guessing it from a sleep, and with a
+``load_gate_file`` ``load()`` then waits for that file (at most ``GATE_TIMEOUT_S``; its
+``load_info["gate"]`` says "opened" or "timed out"), so a test decides when the load ends.
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -47,8 +49,8 @@ from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
 SAMPLE_RATE = 16000
 REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
 GATE_TIMEOUT_S = 30.0
-"""How long a scripted prompt's last delta waits for its gate file; past it the
-delta is sent anyway, so the test that opens the gate fails instead of hanging."""
+"""How long a scripted prompt's last delta (or a load) waits for its gate file; past it the
+delta is sent anyway (the load ends), so the test that opens the gate fails instead of hanging."""
 
 
 class EchoConfig(StageConfig):
@@ -74,6 +76,9 @@ class EchoConfig(StageConfig):
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
     loading_file: str | None = Field(
         None, description="A file load() creates as it begins: a test's proof it is inside load()."
+    )
+    load_gate_file: str | None = Field(
+        None, description="A file load() waits for (at most GATE_TIMEOUT_S) before it ends."
     )
     load_imports: list[str] = Field(
         default_factory=list, description="Modules load() imports, in order."
@@ -107,6 +112,14 @@ class EchoRunner(StageRunner):
     def load(self) -> None:
         if self.cfg.loading_file:
             Path(self.cfg.loading_file).touch()
+        gate = None
+        if self.cfg.load_gate_file:
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not (opened := Path(self.cfg.load_gate_file).exists()):
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+            gate = "opened" if opened else "timed out"
         time.sleep(self.cfg.load_s)
         for module in self.cfg.load_imports:
             importlib.import_module(module)
@@ -115,6 +128,8 @@ class EchoRunner(StageRunner):
         if self.cfg.hold_bytes:
             self.held = np.ones(self.cfg.hold_bytes, dtype=np.uint8)
         self.load_info = {"mode": self.cfg.mode, "held": self.cfg.hold_bytes}
+        if gate is not None:
+            self.load_info["gate"] = gate
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         if self.cfg.mode == "words":
