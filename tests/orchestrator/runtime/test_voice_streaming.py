@@ -131,7 +131,14 @@ def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(
     )  # one monotonic clock: each step in order
     assert sum(hop["steps_s"].values()) == pytest.approx(hop["total_s"], abs=1e-3)
     assert hop["sentence_token_s"] <= hop["first_sentence_s"] <= hop["first_output_s"]
-    assert hop["first_output_s"] == pytest.approx(result.time_to_first_audio_s, abs=0.05)
+    # the hop ends where the driver first heard from the voice (its actor's first output, or the
+    # notice of it), on the request's own clock: at or before the first audio chunk the request
+    # saw (stamps are rounded to 0.01 ms), whatever the time between the two
+    assert result.time_to_first_audio_s is not None
+    assert hop["first_output_s"] <= result.time_to_first_audio_s + 1e-5, (
+        hop,
+        result.time_to_first_audio_s,
+    )
     # the stamps the hop was made from stay out of the figures (and so out of the record)
     assert all("stamps" not in figures for figures in result.stages.values())
     assert "first_chunk_hop" not in result.stages["thinker"]
