@@ -27,6 +27,7 @@ from orchestrator.runtime.audio import read_wav
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
 from stages.text_chunks import SentenceChunker
 from tests.helpers import REPO
+from tests.helpers.waiting import NEVER_HANGS_S
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -222,7 +223,8 @@ def test_killing_the_device_actor_mid_request_is_a_named_error_and_a_consistent_
     assert (
         isinstance(exc, StageFailed) and exc.device == "cpu" and exc.stage in ("thinker", "voice")
     )
-    assert "died" in exc.cause and waited < 5.0
+    # named, not hung (a bound for hangs only: the actor is dead, nothing would come later)
+    assert "died" in exc.cause and waited < NEVER_HANGS_S
     snap = pipeline.ledger_snapshot()
     assert set(snap["holders"]) == {PIPELINE_HOLDER}  # both stages on the dead actor released
 
