@@ -10,7 +10,9 @@ A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
 "gate_file": path}``, yields exactly those deltas instead; with a
 ``gate_file`` it holds the last delta back until that file exists (at most
 ``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
-the caller has seen X" true by construction rather than by timing. ``work_s`` is
+the caller has seen X" true by construction rather than by timing; the stage's own
+``gate_file`` does the same for every reply's last word (for a test that can only send
+messages, through the server). ``work_s`` is
 a fixed work time per output item, spent (asleep, no CPU) under a runner-wide
 semaphore of ``work_slots``: one runner then serves at most
 ``work_slots / work_s`` items per second however many requests it holds, like
@@ -70,6 +72,11 @@ class EchoConfig(StageConfig):
         ge=1,
         description="Output items the runner works on at once, over all its requests "
         "(an engine's batch limit).",
+    )
+    gate_file: str | None = Field(
+        None,
+        description="words mode: every reply holds its last word until this file exists "
+        "(at most GATE_TIMEOUT_S).",
     )
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
@@ -145,6 +152,8 @@ class EchoRunner(StageRunner):
             for i, w in enumerate(words):
                 await asyncio.sleep(self.cfg.delay_s)
                 await self._work()
+                if self.cfg.gate_file and i == len(words) - 1:
+                    await _gate(Path(self.cfg.gate_file))
                 counted["tokens"] += 1
                 yield w if i == 0 else " " + w
             return
@@ -166,9 +175,7 @@ class EchoRunner(StageRunner):
             await asyncio.sleep(self.cfg.delay_s)
             await self._work()
             if gate is not None and i == len(script) - 1:
-                deadline = time.monotonic() + GATE_TIMEOUT_S
-                while not gate.exists() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
+                await _gate(gate)
             yield delta
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
@@ -178,6 +185,13 @@ class EchoRunner(StageRunner):
 
     def close(self) -> None:
         self.held = None
+
+
+async def _gate(gate: Path) -> None:
+    """Wait until ``gate`` exists, at most GATE_TIMEOUT_S."""
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while not gate.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def _words_in(items: list[Any]) -> int:
