@@ -1,7 +1,7 @@
 """``echo``: a weightless stage kind, the test suite's stand-in for a decoder and a voice.
 
-``mode: words`` answers a prompt word by word like a decoder (with ``delay_s``
-between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
+``mode: words`` answers a prompt word by word like a decoder (``reply``, when set, is
+the answer to every prompt; ``delay_s`` between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
 prompt or its last user message; its ``request_stats`` count words the way a
 decoder counts tokens: ``prompt_tokens`` over every message, ``tokens`` out);
 ``mode: tone`` turns each text chunk into a short sine wave like a TTS.
@@ -72,6 +72,9 @@ class EchoConfig(StageConfig):
         ge=1,
         description="Output items the runner works on at once, over all its requests "
         "(an engine's batch limit).",
+    )
+    reply: str | None = Field(
+        None, description="words mode: this reply instead of 'You said <prompt>. ' + REPLY."
     )
     gate_file: str | None = Field(
         None,
@@ -146,7 +149,8 @@ class EchoRunner(StageRunner):
                     yield delta
                 return
             prompt = " ".join(_prompt_text(i) for i in items)
-            words = f"You said {prompt}. {REPLY}".split(" ")
+            said = self.cfg.reply if self.cfg.reply is not None else f"You said {prompt}. {REPLY}"
+            words = said.split(" ")
             counted = {"prompt_tokens": _words_in(items), "tokens": 0}
             self.counted[request_id] = counted
             for i, w in enumerate(words):
