@@ -24,7 +24,9 @@ imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_a
 ``loading_file`` is a file ``load()`` creates as it begins (before its ``load_s``), so a
 test can see that a load is under way instead of guessing it from a sleep, and with a
 ``load_gate_file`` ``load()`` then waits for that file (at most ``GATE_TIMEOUT_S``; its
-``load_info["gate"]`` says "opened" or "timed out"), so a test decides when the load ends.
+``load_info["gate"]`` says "opened" or "timed out"), so a test decides when the load ends;
+``loaded_file`` is created as ``load()`` ends (its ``hold_bytes`` allocated): two stages'
+loads chained through these files overlap by construction.
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -90,6 +92,9 @@ class EchoConfig(StageConfig):
     load_gate_file: str | None = Field(
         None, description="A file load() waits for (at most GATE_TIMEOUT_S) before it ends."
     )
+    loaded_file: str | None = Field(
+        None, description="A file load() creates as it ends, its hold_bytes allocated."
+    )
     load_imports: list[str] = Field(
         default_factory=list, description="Modules load() imports, in order."
     )
@@ -140,6 +145,8 @@ class EchoRunner(StageRunner):
         self.load_info = {"mode": self.cfg.mode, "held": self.cfg.hold_bytes}
         if gate is not None:
             self.load_info["gate"] = gate
+        if self.cfg.loaded_file:
+            Path(self.cfg.loaded_file).touch()
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         if self.cfg.mode == "words":
