@@ -110,19 +110,24 @@ class EchoRunner(StageRunner):
         self.working = 0
         self.work_peak = 0  # most items in work at once: at most work_slots
         self.worked = 0  # items that took their work time
+        self.spans: dict[str, list[tuple[float, float]]] = {}
 
-    async def _work(self) -> None:
-        """Spend ``work_s`` on one output item in one of the runner's slots."""
+    async def _work(self, request_id: str | None = None) -> None:
+        """Spend ``work_s`` on one output item in one of the runner's slots; for ``request_id``,
+        its span (``time.perf_counter()`` at its start and end) goes to its ``request_stats``."""
         if not self.cfg.work_s:
             return
         async with self.slots:
             self.working += 1
             self.work_peak = max(self.work_peak, self.working)
+            start = time.perf_counter()
             try:
                 await asyncio.sleep(self.cfg.work_s)
             finally:
                 self.working -= 1
             self.worked += 1
+            if request_id is not None:
+                self.spans.setdefault(request_id, []).append((start, time.perf_counter()))
 
     def load(self) -> None:
         if self.cfg.loading_file:
@@ -170,7 +175,7 @@ class EchoRunner(StageRunner):
             return
         async for chunk in inputs:
             await asyncio.sleep(self.cfg.delay_s)
-            await self._work()
+            await self._work(request_id)
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             yield {
@@ -191,8 +196,13 @@ class EchoRunner(StageRunner):
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """A words stage's "tokens" (words, like a decoder's usage): every word of every
-        message in, words out (popped: asked once)."""
-        return self.counted.pop(request_id, {})
+        message in, words out; a tone stage's ``work_spans`` (each item's work time, on this
+        machine's monotonic clock), when it has a ``work_s``. Popped: asked once."""
+        stats = dict(self.counted.pop(request_id, {}))
+        spans = self.spans.pop(request_id, None)
+        if spans:
+            stats["work_spans"] = [list(span) for span in spans]
+        return stats
 
     def close(self) -> None:
         self.held = None
