@@ -333,7 +333,7 @@ def test_a_unit_rises_as_one_call(tmp_path: Path, host: Any) -> None:
     from orchestrator.memory import peak_rss_of
 
     if peak_rss_of(host.pid) is None:
-        pytest.skip("no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
+        pytest.skip("platform: no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     host.run(handle, {"x": np.ones((8, 8), np.float32)})
