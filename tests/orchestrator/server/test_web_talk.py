@@ -84,6 +84,8 @@ LONG_REPLY = 40
 SHORT_REPLY = 4
 """Reply pieces (0.4 s of audio each, one every 0.2 s): the first reply lasts 16 s, far past the second question."""
 PAGE_TIMEOUT_MS = 60_000
+PLAYING = "window.omniEdge.audio.contextTime > window.omniEdge.audio.startedAt"
+"""The page's audio clock has moved past the start of its playback: the audio is playing."""
 
 
 def _speech(text: str) -> np.ndarray:
@@ -468,12 +470,15 @@ def _talk_to_the_fake(
             timeout=PAGE_TIMEOUT_MS,
         )
         # the second question arrives while the first reply plays: it stops, the second is answered
+        # the barrier for "none of its later audio": the fake cancels the first reply and waits
+        # for it to end before it answers the second, the socket keeps order, and the page reads
+        # each event to its end before the next: every delta of the first came before this
         _wait_for(
             page,
             "window.omniEdge.talk.responses.some(r => r.status === 'completed')",
             timeout=PAGE_TIMEOUT_MS,
         )
-        page.wait_for_timeout(600)  # past any delta the server could have had in flight
+        _wait_for(page, PLAYING, timeout=PAGE_TIMEOUT_MS)
         talk = _talk(page)
     except AssertionError as exc:
         levels = [round(x, 3) for x in fake.levels[-400::10]]
@@ -627,7 +632,7 @@ def _talk_to_the_server(browser: Any, url: str, tmp_path: Path) -> None:
               && t.responses[t.responses.length - 1].status !== 'in_progress'); })()""",
             timeout=300_000,
         )
-        page.wait_for_timeout(1000)
+        _wait_for(page, PLAYING, timeout=PAGE_TIMEOUT_MS)
         talk = _talk(page)
         audio = dict(page.evaluate("window.omniEdge.audio"))
     finally:

@@ -1,7 +1,7 @@
 """``echo``: a weightless stage kind, the test suite's stand-in for a decoder and a voice.
 
-``mode: words`` answers a prompt word by word like a decoder (with ``delay_s``
-between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
+``mode: words`` answers a prompt word by word like a decoder (``reply``, when set, is
+the answer to every prompt; ``delay_s`` between words; a ``{"prompt"}`` or ``{"messages"}`` request is answered for its
 prompt or its last user message; its ``request_stats`` count words the way a
 decoder counts tokens: ``prompt_tokens`` over every message, ``tokens`` out);
 ``mode: tone`` turns each text chunk into a short sine wave like a TTS.
@@ -10,15 +10,22 @@ A ``words`` stage given a scripted prompt, ``{"script": [delta, ...],
 "gate_file": path}``, yields exactly those deltas instead; with a
 ``gate_file`` it holds the last delta back until that file exists (at most
 ``GATE_TIMEOUT_S``), so a test can make "the text is not finished before
-the caller has seen X" true by construction rather than by timing. ``work_s`` is
+the caller has seen X" true by construction rather than by timing; the stage's own
+``gate_file`` does the same for every reply's last output item (below). ``work_s`` is
 a fixed work time per output item, spent (asleep, no CPU) under a runner-wide
 semaphore of ``work_slots``: one runner then serves at most
 ``work_slots / work_s`` items per second however many requests it holds, like
 an engine at its batch limit (what stage replicas are measured against).
 ``hold_bytes`` is memory
 the runner really allocates at load (so measured peaks are real),
-``fail_load`` makes ``load()`` raise, and ``load_imports`` are modules ``load()``
-imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py).
+``fail_load`` makes ``load()`` raise, ``load_imports`` are modules ``load()``
+imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_actor_imports.py),
+``loading_file`` is a file ``load()`` creates as it begins (before its ``load_s``), so a
+test can see that a load is under way instead of guessing it from a sleep, and with a
+``load_gate_file`` ``load()`` then waits for that file (at most ``GATE_TIMEOUT_S``; its
+``load_info["gate"]`` says "opened" or "timed out"), so a test decides when the load ends;
+``loaded_file`` is created as ``load()`` ends (its ``hold_bytes`` allocated): two stages'
+loads chained through these files overlap by construction.
 A stage with a ``gate_file`` holds its last output item of every request until that
 file exists (at most ``gate_timeout_s``), creating ``waiting_file`` when it starts to
 wait: what a test of two real ``omni-edge run`` processes orders them by (both runs
@@ -55,8 +62,8 @@ from stages.base import ArtifactInfo, StageConfig, StageKind, StageRunner
 SAMPLE_RATE = 16000
 REPLY = "First sentence is here. The second one follows, a little longer! Is this the third?"
 GATE_TIMEOUT_S = 30.0
-"""How long a scripted prompt's last delta waits for its gate file; past it the
-delta is sent anyway, so the test that opens the gate fails instead of hanging."""
+"""How long a scripted prompt's last delta (or a load) waits for its gate file; past it the
+delta is sent anyway (the load ends), so the test that opens the gate fails instead of hanging."""
 
 
 class EchoConfig(StageConfig):
@@ -77,9 +84,21 @@ class EchoConfig(StageConfig):
         description="Output items the runner works on at once, over all its requests "
         "(an engine's batch limit).",
     )
+    reply: str | None = Field(
+        None, description="words mode: this reply instead of 'You said <prompt>. ' + REPLY."
+    )
     hold_bytes: int = Field(0, ge=0, description="Bytes allocated (and touched) at load.")
     fail_load: bool = Field(False, description="Make load() raise.")
     load_s: float = Field(0.0, ge=0, description="Seconds load() takes.")
+    loading_file: str | None = Field(
+        None, description="A file load() creates as it begins: a test's proof it is inside load()."
+    )
+    load_gate_file: str | None = Field(
+        None, description="A file load() waits for (at most GATE_TIMEOUT_S) before it ends."
+    )
+    loaded_file: str | None = Field(
+        None, description="A file load() creates as it ends, its hold_bytes allocated."
+    )
     load_imports: list[str] = Field(
         default_factory=list, description="Modules load() imports, in order."
     )
@@ -112,19 +131,24 @@ class EchoRunner(StageRunner):
         self.working = 0
         self.work_peak = 0  # most items in work at once: at most work_slots
         self.worked = 0  # items that took their work time
+        self.spans: dict[str, list[tuple[float, float]]] = {}
 
-    async def _work(self) -> None:
-        """Spend ``work_s`` on one output item in one of the runner's slots."""
+    async def _work(self, request_id: str | None = None) -> None:
+        """Spend ``work_s`` on one output item in one of the runner's slots; for ``request_id``,
+        its span (``time.perf_counter()`` at its start and end) goes to its ``request_stats``."""
         if not self.cfg.work_s:
             return
         async with self.slots:
             self.working += 1
             self.work_peak = max(self.work_peak, self.working)
+            start = time.perf_counter()
             try:
                 await asyncio.sleep(self.cfg.work_s)
             finally:
                 self.working -= 1
             self.worked += 1
+            if request_id is not None:
+                self.spans.setdefault(request_id, []).append((start, time.perf_counter()))
 
     def load(self) -> None:
         stamps = Path(self.cfg.load_stamps) if self.cfg.load_stamps else None
@@ -147,6 +171,16 @@ class EchoRunner(StageRunner):
                 time.sleep(0.01)
 
     def _load(self) -> None:
+        if self.cfg.loading_file:
+            Path(self.cfg.loading_file).touch()
+        gate = None
+        if self.cfg.load_gate_file:
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not (opened := Path(self.cfg.load_gate_file).exists()):
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+            gate = "opened" if opened else "timed out"
         time.sleep(self.cfg.load_s)
         for module in self.cfg.load_imports:
             importlib.import_module(module)
@@ -155,6 +189,10 @@ class EchoRunner(StageRunner):
         if self.cfg.hold_bytes:
             self.held = np.ones(self.cfg.hold_bytes, dtype=np.uint8)
         self.load_info = {"mode": self.cfg.mode, "held": self.cfg.hold_bytes}
+        if gate is not None:
+            self.load_info["gate"] = gate
+        if self.cfg.loaded_file:
+            Path(self.cfg.loaded_file).touch()
 
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         if self.cfg.mode == "words":
@@ -164,7 +202,8 @@ class EchoRunner(StageRunner):
                     yield delta
                 return
             prompt = " ".join(_prompt_text(i) for i in items)
-            words = f"You said {prompt}. {REPLY}".split(" ")
+            said = self.cfg.reply if self.cfg.reply is not None else f"You said {prompt}. {REPLY}"
+            words = said.split(" ")
             counted = {"prompt_tokens": _words_in(items), "tokens": 0}
             self.counted[request_id] = counted
             for i, w in enumerate(words):
@@ -178,7 +217,7 @@ class EchoRunner(StageRunner):
         held: dict[str, Any] | None = None  # with a gate: each item goes once the next is made
         async for chunk in inputs:
             await asyncio.sleep(self.cfg.delay_s)
-            await self._work()
+            await self._work(request_id)
             n = max(1, len(str(chunk))) * SAMPLE_RATE // 50  # 20 ms per character
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             item = {
@@ -221,8 +260,13 @@ class EchoRunner(StageRunner):
 
     def request_stats(self, request_id: str) -> dict[str, Any]:
         """A words stage's "tokens" (words, like a decoder's usage): every word of every
-        message in, words out (popped: asked once)."""
-        return self.counted.pop(request_id, {})
+        message in, words out; a tone stage's ``work_spans`` (each item's work time, on this
+        machine's monotonic clock), when it has a ``work_s``. Popped: asked once."""
+        stats = dict(self.counted.pop(request_id, {}))
+        spans = self.spans.pop(request_id, None)
+        if spans:
+            stats["work_spans"] = [list(span) for span in spans]
+        return stats
 
     def close(self) -> None:
         self.held = None
