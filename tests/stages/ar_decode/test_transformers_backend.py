@@ -26,7 +26,7 @@ from exports import omni_tiny
 from orchestrator.config import load_config
 from orchestrator.core import errors
 from orchestrator.core.errors import RefusalCode
-from orchestrator.core.profile import load_profile
+from orchestrator.core.profile import Device, load_profile
 from orchestrator.planner import plan_pipeline
 from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
@@ -195,9 +195,9 @@ def test_quantized_weights_are_refused_on_transformers() -> None:
 
 
 def test_the_probe_offers_transformers_on_this_cpu() -> None:
-    from orchestrator.probe import transformers_offered
+    from orchestrator.probe.engines import found_here
 
-    offered = {backend for backend, _, _ in transformers_offered()}
+    offered = set(found_here(Device(id="cpu", kind="cpu", name="this CPU")))
     assert "transformers-cpu" in offered
 
 
