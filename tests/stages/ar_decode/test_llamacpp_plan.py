@@ -452,11 +452,13 @@ def test_a_gguf_with_no_backends_named_offers_llamacpp_first_a_checkpoint_keeps_
     ckpt = ar.ArDecodeConfig(
         name="t", kind="ar_decode", model=str(tmp_path), devices=["cpu"], max_model_len=512
     )
-    assert kind.stage_backends(ckpt) == ar.VLLM_BACKENDS
+    assert kind.stage_backends(ckpt) == ("vllm-cuda", "vllm-cpu")
 
 
 def test_the_planners_llamacpp_names_are_the_kinds() -> None:
-    assert LLAMACPP.backend_names == ar.LLAMACPP_BACKENDS
+    kind = get_kind("ar_decode")
+    assert kind.engine("llamacpp-cpu").backends == LLAMACPP.backend_names
+    assert kind.backends[: len(LLAMACPP.backend_names)] == LLAMACPP.backend_names
 
 
 def test_ggml_block_sizes_are_ggufs_own() -> None:

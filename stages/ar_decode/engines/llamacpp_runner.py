@@ -67,8 +67,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.core.memory import RssMeter
+from stages.ar_decode.engines.vllm_runner import ENGINE_FAILED_CODE
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
-from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, request_parts
+from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
@@ -420,7 +421,7 @@ class LlamaCppRunner(StageRunner):
             raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
         items = [item async for item in inputs]
         messages, sampling = request_parts(self.stage, items)
-        prompt_ids = _encode(self._vocab, messages)
+        prompt_ids = encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))
         req = _Request(

@@ -50,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.core.memory import RssMeter
 from stages.ar_decode import omni
+from stages.ar_decode.engines.base import QUIET_ENV
 from stages.ar_decode.model_cache import resolve_model
-from stages.ar_decode.runner import QUIET_ENV, _encode, check_length, request_parts
+from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.base import StageRunner
 from stages.payloads import on_port, split_input
 
@@ -283,7 +284,7 @@ class TransformersRunner(StageRunner):
 
     def _text_job(self, req: _Request, items: list[Any]) -> Any:
         messages, sampling = request_parts(self.stage, items)
-        prompt_ids = _encode(self._tokenizer, messages)
+        prompt_ids = encode(self._tokenizer, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         req.prompt_tokens = len(prompt_ids)
         model, spec, tokenizer = self._model, self._handover, self._tokenizer
