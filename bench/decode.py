@@ -13,7 +13,7 @@ time, at each thread count:
   prompt's token ids, in a subprocess of its own, ``n_threads`` = ``n_threads_batch`` =
   the thread count (llama-cpp-python's own high-level path: what a user of the
   binding gets);
-* **llama.cpp runner** — :class:`stages.ar_decode.llamacpp_runner.LlamaCppRunner`
+* **llama.cpp runner** — :class:`stages.ar_decode.engines.llamacpp_runner.LlamaCppRunner`
   driven directly (no Ray), as the stage's device actor drives it, with the
   default pipeline's ``max_model_len`` and ``max_num_seqs`` (two sequences,
   one busy), through the same binding, in a subprocess of its own (one

@@ -146,6 +146,6 @@ text and the hidden states a talker reads — two output ports, ``thinker.text``
 ``thinker.hidden_states`` (``stages.payloads.port_name``); the talker reads both (its
 inputs name the two ports, joined: ``TALKER_JOIN``) and yields codec codes (token ids of
 the codec's vocabulary) for code2wav, whose exported stage consumes ``token_ids``.
-The transformers backend runs both (``stages.ar_decode.hf_runner``: a thinker's hand-over,
+The transformers backend runs both (``stages.ar_decode.engines.transformers_runner``: a thinker's hand-over,
 ``stages.ar_decode.omni``); vLLM here yields text only, so it refuses either sub-model
 (``model_stage_unsupported``)."""

@@ -41,6 +41,7 @@ from stages.ar_decode.checkpoint import FORMAT_DTYPE, read_checkpoint, weights_m
 from stages.ar_decode.config import ArDecodeConfig
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget
+from stages.ar_decode.prompt import checkpoint_tokenizer
 from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner
 
 if TYPE_CHECKING:
@@ -178,6 +179,23 @@ class DecodeEngine(ABC):
         return None
 
 
+class CheckpointEngine(DecodeEngine):
+    """An engine that loads a checkpoint directory with torch (vLLM, transformers): a GGUF is
+    converted once before the run (:func:`prepare_checkpoint`), a request is counted with the
+    checkpoint's own tokenizer (``prompt.checkpoint_tokenizer``), and on the CPU it computes on
+    torch's intra-op pool — one thread count per process, shared with every torch engine in
+    its actor."""
+
+    def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
+        return prepare_checkpoint(stage_plan, progress)
+
+    def cpu_thread_pool(self, stage_plan: StagePlan) -> str | None:
+        return "torch" if self.on_cpu(stage_plan.backend or "") else None
+
+    def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
+        return checkpoint_tokenizer(stage_plan)
+
+
 # ---- what the engines that load a checkpoint share ---------------------------------------
 def kv_layout(stage: ArDecodeConfig, info: ArtifactInfo, length: int) -> tuple[int, str]:
     """``(length, dtype)`` of a KV cache of ``length`` tokens per sequence in the stage's
@@ -219,6 +237,11 @@ def shard_transient(info: ArtifactInfo) -> int:
 def kv_reservation(pool: str, kv: KVBudget, note: str) -> Reservation:
     """The KV cache, allocated after the load (``note``: the arithmetic, as the plan says it)."""
     return Reservation(pool, "kv_cache", kv.bytes_total, "session", "E", note, at_load=False)
+
+
+def workspace_reservation(pool: str, nbytes: int, note: str) -> Reservation:
+    """The engine's own workspace for the session (``note``: what it is, the figure's source)."""
+    return Reservation(pool, "backend_workspace", nbytes, "session", "E", note)
 
 
 def host_process_reservation(note: str) -> Reservation:

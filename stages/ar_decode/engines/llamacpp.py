@@ -20,7 +20,7 @@ from orchestrator.core.ledger import Evidence, Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.units import MiB
 from stages.ar_decode.config import ArDecodeConfig
-from stages.ar_decode.engines.base import NO_TELEMETRY_ENV, DecodeEngine
+from stages.ar_decode.engines.base import NO_TELEMETRY_ENV, DecodeEngine, workspace_reservation
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.gguf_vocab import gguf_vocab
@@ -252,12 +252,9 @@ class LlamaCppEngine(DecodeEngine):
                 f"{'on' if flash else 'off'}; fitted to what it prints at load) and its output buffer "
                 f"({stage.max_num_seqs} × n_vocab {vocab} fp32 logits)",
             ),
-            Reservation(
+            workspace_reservation(
                 pool,
-                "backend_workspace",
                 LLAMACPP_RUNTIME_BYTES,
-                "session",
-                "E",
                 "the interpreter with llama_cpp (libllama, libggml) imported",
             ),
         ]

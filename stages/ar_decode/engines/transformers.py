@@ -12,7 +12,6 @@ shared with every torch engine in its actor (``cpu_thread_pool``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.ledger import Reservation
@@ -22,21 +21,20 @@ from stages.ar_decode.config import MODEL_STAGE_PORTS, ArDecodeConfig
 from stages.ar_decode.engines.base import (
     ACTIVATION_LIVE_TENSORS,
     QUIET_ENV,
-    DecodeEngine,
+    CheckpointEngine,
     effective_dtype,
     format_refusals,
     host_process_reservation,
     kv_block_refusal,
     kv_reservation,
-    prepare_checkpoint,
     shard_transient,
     weights_reservation,
+    workspace_reservation,
 )
 from stages.ar_decode.engines.transformers_runner import TransformersRunner
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget
-from stages.ar_decode.prompt import checkpoint_tokenizer
-from stages.base import ArtifactInfo, Progress, StageConfig
+from stages.base import ArtifactInfo, StageConfig
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -79,7 +77,7 @@ TRANSFORMERS_FORMATS: tuple[FormatRule, ...] = (
 )
 
 
-class TransformersEngine(DecodeEngine):
+class TransformersEngine(CheckpointEngine):
     """transformers (see the module docstring)."""
 
     name = "transformers"
@@ -117,12 +115,9 @@ class TransformersEngine(DecodeEngine):
                 "(transformers' DynamicCache grows to it)",
             ),
             _activations(stage, info, pool, length),
-            Reservation(
+            workspace_reservation(
                 pool,
-                "backend_workspace",
                 RUNTIME_BYTES[backend],
-                "session",
-                "E",
                 "interpreter with torch + transformers"
                 if self.on_cpu(backend)
                 else "CUDA context and cuBLAS scratch",
@@ -166,24 +161,12 @@ class TransformersEngine(DecodeEngine):
             else f"cuda:{device.local_id.split(':')[1]}",
         }
 
-    def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
-        """A GGUF converted once into a cached checkpoint, as for vLLM."""
-        return prepare_checkpoint(stage_plan, progress)
-
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
         """Quiet (its threads are set with torch.set_num_threads when it loads)."""
         return dict(QUIET_ENV)
 
-    def cpu_thread_pool(self, stage_plan: StagePlan) -> str | None:
-        """On the CPU, torch's intra-op pool: one thread count per process."""
-        return "torch" if self.on_cpu(stage_plan.backend or "") else None
-
     def runner(self, stage_plan: StagePlan, stage: StageConfig) -> TransformersRunner:
         return TransformersRunner(stage_plan, stage)
-
-    def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
-        """The checkpoint's tokenizer (a GGUF's cached conversion's)."""
-        return checkpoint_tokenizer(stage_plan)
 
 
 def _activations(stage: ArDecodeConfig, info: ArtifactInfo, pool: str, length: int) -> Reservation:

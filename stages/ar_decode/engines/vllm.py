@@ -13,7 +13,6 @@ process with the plan's threads as OpenMP's (``actor_env``), and the runner
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import RefusalCode
@@ -24,21 +23,20 @@ from stages.ar_decode.config import MODEL_STAGE_PORTS, ArDecodeConfig
 from stages.ar_decode.engines.base import (
     ACTIVATION_LIVE_TENSORS,
     QUIET_ENV,
-    DecodeEngine,
+    CheckpointEngine,
     effective_dtype,
     format_refusals,
     host_process_reservation,
     kv_block_refusal,
     kv_reservation,
-    prepare_checkpoint,
     shard_transient,
     weights_reservation,
+    workspace_reservation,
 )
 from stages.ar_decode.engines.vllm_runner import CPU_ENGINE_ENV, VllmRunner
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget, layer_kinds
-from stages.ar_decode.prompt import checkpoint_tokenizer
-from stages.base import ArtifactInfo, Progress, StageConfig
+from stages.base import ArtifactInfo, StageConfig
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -166,7 +164,7 @@ def architecture_refusal(text_config: dict[str, Any], layer_kinds: list[str]) ->
     return None
 
 
-class VllmEngine(DecodeEngine):
+class VllmEngine(CheckpointEngine):
     """vLLM (see the module docstring)."""
 
     name = "vllm"
@@ -234,12 +232,9 @@ class VllmEngine(DecodeEngine):
                 "E",
                 f"{batched}-token prefill chunk × {ACTIVATION_LIVE_TENSORS} live [tokens, hidden] tensors + fp32 logits",
             ),
-            Reservation(
+            workspace_reservation(
                 pool,
-                "backend_workspace",
                 RUNTIME_BYTES[backend],
-                "session",
-                "E",
                 "interpreter with torch + vLLM and the engine's buffers"
                 if self.on_cpu(backend)
                 else "CUDA context, cuBLAS and attention scratch",
@@ -286,10 +281,6 @@ class VllmEngine(DecodeEngine):
             kwargs["kv_cache_dtype"] = stage.kv_cache_dtype
         return kwargs
 
-    def prepare(self, stage_plan: StagePlan, progress: Progress | None = None) -> Path | None:
-        """A GGUF converted once into a cached checkpoint (vLLM's CPU backend loads no GGUF)."""
-        return prepare_checkpoint(stage_plan, progress)
-
     def actor_env(self, stage_plan: StagePlan) -> dict[str, str]:
         """vLLM in the actor's own process, with the plan's CPU threads as OpenMP's
         (``OMP_NUM_THREADS``, read once when torch loads; none planned: OpenMP's own
@@ -299,16 +290,8 @@ class VllmEngine(DecodeEngine):
             env["OMP_NUM_THREADS"] = str(stage_plan.cpu_threads)
         return env
 
-    def cpu_thread_pool(self, stage_plan: StagePlan) -> str | None:
-        """On the CPU, torch's intra-op pool: one thread count per process."""
-        return "torch" if self.on_cpu(stage_plan.backend or "") else None
-
     def runner(self, stage_plan: StagePlan, stage: StageConfig) -> VllmRunner:
         return VllmRunner(stage_plan, stage)
-
-    def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
-        """The checkpoint's tokenizer (a GGUF's cached conversion's)."""
-        return checkpoint_tokenizer(stage_plan)
 
 
 def _model_stage_refusal(stage: ArDecodeConfig, device: Device, backend: str) -> Refusal:
