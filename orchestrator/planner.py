@@ -50,9 +50,9 @@ from orchestrator.core.profile import (
     profile_pools,
 )
 from orchestrator.core.units import GiB, MiB, fmt_bytes
-from orchestrator.ort.routes import remembered_probe, resolve, static_refusal
+from orchestrator.ort.routes import resolve, static_refusal
 from orchestrator.planner_threads import with_cpu_threads
-from orchestrator.probe import llamacpp
+from orchestrator.probe import engines
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.placement import cached_verdict, node_verification
 from stages.base import ArtifactInfo, GateSpec, StageKind
@@ -446,7 +446,7 @@ def stage_candidates(
             for b in stage.backends or ()
             if b not in device.backends
             and b in kind.stage_backends(stage)
-            and (why := backend_unavailable(profile, device, b))
+            and (why := engines.unavailable(profile, device, b))
         ]
         out.extend(named)
         if not backends:
@@ -519,7 +519,7 @@ def _exclusion(
             RefusalCode.DEVICE_UNREACHABLE,
             dev_id,
             f"{dev_id} ({excluded.backend}): {excluded.reason}",
-            unavailable_remedy(excluded.backend, stage.name),
+            engines.remedy(excluded.backend, stage.name),
         )
     device = profile.device(dev_id)
     assert device is not None
@@ -528,85 +528,6 @@ def _exclusion(
         dev_id,
         f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
         f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
-    )
-
-
-def backend_unavailable(profile: HardwareProfile, device: Device, backend: str) -> str | None:
-    """Why ``device`` does not offer ``backend`` although its route has it, when the profile
-    says (a llama.cpp build that cannot run on this CPU, or has no GPU offload); else None."""
-    if backend in llamacpp.BACKENDS:
-        return llamacpp.unavailable(profile, device, backend)
-    return None
-
-
-def unavailable_remedy(backend: str, stage: str | None = None) -> str:
-    """What to do about a llama.cpp build that cannot drive the device."""
-    backends = f"stages.{stage}.backends" if stage else "the stage's backends"
-    if backend == llamacpp.LLAMACPP_VULKAN:
-        return (
-            "install a llama-cpp-python built with Vulkan (CMAKE_ARGS=-DGGML_VULKAN=ON) in that interpreter, "
-            f"or list llamacpp-cpu in {backends} to run on the CPU"
-        )
-    return (
-        "rebuild llama-cpp-python for this CPU (scripts/bootstrap.sh builds it with GGML_NATIVE=OFF and only the "
-        f"extensions this CPU has), or list vllm-cpu in {backends}"
-    )
-
-
-def _llamacpp_route_refusal(
-    profile: HardwareProfile, device: Device, backend: str, route: Route
-) -> Refusal | None:
-    """For a profile that describes this machine: the llama.cpp build of the route must drive
-    ``device`` with ``backend`` — a recorded iGPU profile lists llamacpp-vulkan, and this
-    machine's build may have no GPU offload, or none may be installed.
-
-    Planning starts no process: the build is the one the profile records for the route (what
-    ``omni-edge probe`` wrote), else the route's last probe on this machine while its
-    interpreter is unchanged (``routes.remembered_probe``: ``omni-edge probe``, a plan
-    without ``--profile``, or ``run`` asked it). Neither: it is not known here, so nothing
-    is refused (a warning says so); ``run`` asks the route before it plans."""
-    build = route.llama_cpp
-    python = "this interpreter"
-    if build is None:
-        report = remembered_probe(route)
-        if report is None:
-            _warn_unknown_build(route)
-            return None
-        build, python = report.llama_cpp_build(), report.python or python
-    where = f"{_where(device, backend)}: route {route.name!r} ({route.python or python})"
-    if build is None:
-        return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE,
-            device.id,
-            f"{where} has no llama-cpp-python installed",
-            "install it there (scripts/bootstrap.sh builds llama-cpp-python), or list a vLLM backend in the stage's backends",
-        )
-    problem = (
-        llamacpp.cpu_problem(build, device)
-        if backend == llamacpp.LLAMACPP_CPU
-        else llamacpp.vulkan_problem(build)
-    )
-    if problem is None:
-        return None
-    return Refusal(
-        RefusalCode.DEVICE_UNREACHABLE,
-        device.id,
-        f"{where}: {problem}",
-        unavailable_remedy(backend),
-    )
-
-
-_unknown_builds: set[str] = set()
-
-
-def _warn_unknown_build(route: Route) -> None:
-    if route.name in _unknown_builds:
-        return
-    _unknown_builds.add(route.name)
-    log.warning(
-        "route %r: its llama.cpp build is neither recorded in the profile nor probed on this "
-        "machine, so it is not checked here (planning starts no process; `omni-edge probe` asks it)",
-        route.name,
     )
 
 
@@ -670,8 +591,8 @@ def route_refusal(
             )
     if backend in ORT_BACKENDS:
         return static_refusal(profile, device, backend)
-    if backend in llamacpp.BACKENDS and describes_this_machine(profile):
-        return _llamacpp_route_refusal(profile, device, backend, route)
+    if engines.needs_build(backend) and describes_this_machine(profile):
+        return engines.route_refusal(device, backend, route)
     return None
 
 

@@ -232,33 +232,31 @@ def profile_view(profile: HardwareProfile) -> Group:
             backends,
             pools,
             routes_t,
-            *llamacpp_sheets(profile),
+            *build_sheets(profile),
             *ep_device_sheets(profile),
         ]
     )
 
 
-def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
-    """The llama.cpp build (llama-cpp-python) each route has: version, the CPU features and GPU
-    offload it was built with, and whether it runs here (or why not)."""
+def build_sheets(profile: HardwareProfile) -> list[Sheet]:
+    """The decode engine build each route recorded (llama-cpp-python): version, the CPU features
+    and GPU offload it was built with, and whether it runs here (or why not)."""
     from rich.text import Text
 
     from orchestrator.commands.render import Col, Sheet
-    from orchestrator.probe import llamacpp
+    from orchestrator.core import engines as engine_table
+    from orchestrator.probe import engines
 
+    titles = [r.title for r in engine_table.rows() if r.found == "build"]
     sheet = Sheet(
-        "llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True))
+        f"{' / '.join(titles)} builds",
+        (Col("route"), Col("build", wrap=True), Col("runs", wrap=True)),
     )
-    cpu = next((d for d in profile.devices if d.kind == "cpu"), None)
-    for r in profile.routes:
-        build = r.llama_cpp
-        if build is None:
-            continue
-        problem = build.error or (llamacpp.isa_problem(build, cpu) if cpu is not None else None)
+    for route, build, problem, cpu_backends in engines.build_rows(profile):
         sheet.add_row(
-            r.name,
+            route,
             build.label,
-            Text(f"no: {problem}", style="bold red") if problem else "yes (llamacpp-cpu)",
+            Text(f"no: {problem}", style="bold red") if problem else f"yes ({cpu_backends})",
         )
     return [sheet] if sheet.rows else []
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from orchestrator.core import settings
 from orchestrator.core.backends import PATH_OPTIONS, plugin_wire
+from orchestrator.core.engines import wire as engine_wire
 from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
 from orchestrator.core.packages import require_one_ort_flavour
@@ -127,7 +128,7 @@ class InProcessSessions:
         self._lock = threading.Lock()
 
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("probe", {"plugins": plugin_wire()})
+        return self._call("probe", {"plugins": plugin_wire(), "engines": engine_wire()})
 
     def open(
         self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None
@@ -257,7 +258,11 @@ class WorkerSessions:
 
     # -- calls ---------------------------------------------------------------
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("probe", {"plugins": plugin_wire()}, timeout or settings.PROBE_TIMEOUT_S)
+        return self._call(
+            "probe",
+            {"plugins": plugin_wire(), "engines": engine_wire()},
+            timeout or settings.PROBE_TIMEOUT_S,
+        )
 
     def open(
         self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None

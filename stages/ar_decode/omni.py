@@ -1,6 +1,6 @@
 """Omni sub-models on transformers: the thinker's hand-over, and the talker fed from it.
 
-Imported only by :mod:`stages.ar_decode.hf_runner` inside a device actor; torch and
+Imported only by :mod:`stages.ar_decode.engines.transformers_runner` inside a device actor; torch and
 transformers are imported inside the functions.
 
 The hand-over is what transformers' ``Qwen2_5OmniForConditionalGeneration.generate``

@@ -389,10 +389,11 @@ def test_the_profile_the_stage_kind_and_the_probe_take_their_backend_names_from_
     from typing import get_args
 
     from orchestrator.core.backends import BACKENDS, EP_BACKENDS, OrtBackendName
-    from orchestrator.core.profile import Backend, CheckpointBackendName
+    from orchestrator.core.engines import backend_names as engine_backend_names
+    from orchestrator.core.profile import backend_vocabulary
 
     assert tuple(BACKENDS) == get_args(OrtBackendName)
-    assert set(get_args(Backend)) == set(get_args(CheckpointBackendName)) | set(BACKENDS)
+    assert set(backend_vocabulary()) == set(engine_backend_names()) | set(BACKENDS)
     assert ExportedGraphKind.backends == tuple(BACKENDS)
     assert {row.ep: name for name, row in BACKENDS.items()} == EP_BACKENDS
 

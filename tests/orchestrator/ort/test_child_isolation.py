@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core import engines as engine_table
 from orchestrator.core.profile import Route
 from orchestrator.ort import worker
 from orchestrator.ort.routes import probe_route
@@ -25,6 +26,9 @@ MODULE = """import os
 open(os.path.join({folder!r}, "MARKER-{name}"), "a").write(str(os.getpid()) + "\\n")
 raise ImportError("{name}.py of the folder's owner")
 """
+
+LLAMACPP = engine_table.row("llamacpp")
+assert LLAMACPP is not None
 
 
 @pytest.fixture
@@ -79,7 +83,7 @@ def test_a_route_worker_starts_in_a_private_empty_directory(planted: Path) -> No
 def test_the_llama_cpp_check_child_imports_the_installed_build(planted: Path) -> None:
     """The child that imports llama_cpp (a build for instructions this CPU lacks dies of SIGILL
     there, not in the worker) imported the folder's llama_cpp.py, and json.py before it."""
-    found = worker.llama_cpp_build()
+    found = worker.engine_build(LLAMACPP.wire())
     assert found is not None and found["error"] is None, found
     assert found["system_info"]  # llama_print_system_info() of the installed build answered
     assert markers(planted) == []
@@ -93,5 +97,5 @@ def test_children_of_this_interpreter_are_started_without_the_unsafe_path() -> N
         assert flags == ["-P"]
     else:  # 3.10 has no -P: the program's first statement drops the working directory
         assert flags == []
-    for program in (worker.BOOTSTRAP, worker.LLAMA_CPP_PROBE):
+    for program in (worker.BOOTSTRAP, worker.engine_build_program(LLAMACPP.wire())):
         assert program.startswith(worker.SAFE_PATH_PRELUDE)

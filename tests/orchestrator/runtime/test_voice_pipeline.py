@@ -98,7 +98,7 @@ def test_any_reply_is_spoken_chunk_by_chunk_and_recorded(
     rows = {r["stage"]: r for r in doc["stages"]}
     assert rows["thinker"]["throughput"]["unit"] == "tok/s"
     assert all(r["measured_peak_bytes"] and r["budget_bytes"] for r in rows.values())
-    # The decode stage's kind asked for one OpenMP thread in its device actor (ArDecodeKind.actor_env).
+    # The decode stage's kind asked for one OpenMP thread in its device actor (its engine's actor_env: VllmEngine.actor_env).
     thinker_device = pipeline.plan.stage("thinker").device
     assert pipeline.runtime.devices[thinker_device].info["omp_num_threads"] == "1"
 

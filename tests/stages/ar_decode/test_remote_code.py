@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
-from stages.ar_decode import omni, runner
+from stages.ar_decode import omni, prompt
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.profiles import make_profile
 
@@ -95,7 +95,7 @@ def _unknown_model_with_remote_code(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "load", [runner._tokenizer_for, omni.tokenizer_for], ids=["vllm-runner", "transformers-runner"]
+    "load", [prompt._tokenizer_for, omni.tokenizer_for], ids=["vllm-runner", "transformers-runner"]
 )
 def test_a_tokenizer_load_never_runs_the_checkpoints_code_even_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load: Any

@@ -152,7 +152,7 @@ def test_a_reply_left_at_the_configs_max_tokens_takes_what_the_prompt_leaves() -
     from types import SimpleNamespace
 
     from orchestrator.core.errors import BadRequest
-    from stages.ar_decode.runner import check_length
+    from stages.ar_decode.prompt import check_length
 
     stage = SimpleNamespace(max_model_len=2048, sampling=SimpleNamespace(max_tokens=2047))
     sampling = {"max_tokens": 2047, "min_tokens": 0}

@@ -26,10 +26,10 @@ from exports import omni_tiny
 from orchestrator.config import load_config
 from orchestrator.core import errors
 from orchestrator.core.errors import RefusalCode
-from orchestrator.core.profile import load_profile
+from orchestrator.core.profile import Device, load_profile
 from orchestrator.planner import plan_pipeline
-from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
+from stages.ar_decode.engines import engine_for
 from stages.payloads import untag
 from stages.registry import get_kind
 from tests.helpers import REPO
@@ -189,15 +189,16 @@ def test_a_plain_decoder_stays_on_vllm_unless_its_config_names_transformers(tmp_
 def test_quantized_weights_are_refused_on_transformers() -> None:
     cpu = load_profile(CPU_PROFILE).device("cpu")
     assert cpu is not None
-    assert formats.format_refusal("transformers-cpu", cpu, "bf16") is None
-    why = formats.format_refusal("transformers-cpu", cpu, "awq-4bit")
+    transformers = engine_for("transformers-cpu")
+    assert transformers.format_refusal("transformers-cpu", cpu, "bf16") is None
+    why = transformers.format_refusal("transformers-cpu", cpu, "awq-4bit")
     assert why is not None and "unquantized weights (fp32, bf16, fp16) only" in why
 
 
 def test_the_probe_offers_transformers_on_this_cpu() -> None:
-    from orchestrator.probe import transformers_offered
+    from orchestrator.probe.engines import found_here
 
-    offered = {backend for backend, _, _ in transformers_offered()}
+    offered = set(found_here(Device(id="cpu", kind="cpu", name="this CPU")))
     assert "transformers-cpu" in offered
 
 
