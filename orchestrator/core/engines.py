@@ -98,7 +98,7 @@ class DecodeEngineRow:
 
     def wire(self) -> dict[str, Any]:
         """What the route worker is asked about this engine (it is stdlib-only and holds no
-        table: ``orchestrator.ort.worker.engines_found``)."""
+        table: ``orchestrator.ort.worker_probe.engines_found``)."""
         return {
             "engine": self.engine,
             "module": self.module,

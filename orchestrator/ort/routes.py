@@ -53,8 +53,8 @@ from orchestrator.core.profile import (
     Route,
 )
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
-from orchestrator.ort.worker import ORT_DISTRIBUTIONS, is_plugin_release
-from orchestrator.ort.worker import runtime_identity as runtime_identity_here
+from orchestrator.ort.worker_probe import ORT_DISTRIBUTIONS, is_plugin_release
+from orchestrator.ort.worker_probe import runtime_identity as runtime_identity_here
 
 log = logging.getLogger(__name__)
 

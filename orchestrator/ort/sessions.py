@@ -43,6 +43,7 @@ from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
 from orchestrator.core.packages import require_one_ort_flavour
 from orchestrator.core.profile import THIS_PROCESS
+from orchestrator.ort import wire, worker_probe
 from orchestrator.ort import worker as route_worker
 from orchestrator.ort.hostproc import (
     HOST_PROCESS,
@@ -213,12 +214,12 @@ class WorkerSessions:
         self._replies: queue.Queue[Any] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
         self._calls_since_start = 0
-        source = Path(route_worker.__file__).read_bytes()
+        source = route_program()
         try:
             isolated = route.kind != THIS_PROCESS
-            flags = ["-I"] if isolated else route_worker.safe_path_flags()
+            flags = ["-I"] if isolated else wire.safe_path_flags()
             self._proc = subprocess.Popen(
-                [route.python, *flags, "-c", route_worker.BOOTSTRAP],
+                [route.python, *flags, "-c", wire.BOOTSTRAP],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -462,7 +463,7 @@ class WorkerSessions:
         message_id = next(self._ids)
         try:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
+            self._proc.stdin.write(wire.encode({"id": message_id, "op": op, "args": args}))
             self._proc.stdin.flush()
         except OSError:
             self._fail(f"while receiving {op!r}")
@@ -508,7 +509,7 @@ class WorkerSessions:
         assert proc.stdout is not None
         try:
             while True:
-                message = route_worker.read_message(proc.stdout)
+                message = wire.read_message(proc.stdout)
                 if message is None:
                     break
                 replies.put(message)
@@ -536,7 +537,7 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is None:
         with contextlib.suppress(OSError, ValueError):
             assert proc.stdin is not None
-            proc.stdin.write(route_worker.encode({"id": 0, "op": "exit"}))
+            proc.stdin.write(wire.encode({"id": 0, "op": "exit"}))
             proc.stdin.close()
         try:
             proc.wait(timeout)
@@ -576,6 +577,23 @@ def private_cwd() -> str:
             _cwd.append(tempfile.mkdtemp(prefix="omni-edge-cwd-"))
             atexit.register(shutil.rmtree, _cwd[-1], True)
         return _cwd[-1]
+
+
+ROUTE_PROGRAM = (wire, worker_probe, route_worker)
+"""The modules the route program is made of, in order: each imports normally here, and a
+route's interpreter (which has no omni-edge) runs their sources concatenated, the later
+ones finding the earlier ones' names already defined (``worker.py``'s docstring)."""
+
+
+def route_program() -> bytes:
+    """The route program's source: one ``from __future__`` import, then each module of
+    :data:`ROUTE_PROGRAM` in order, its own ``__future__`` line left out (a future import
+    must be the program's first statement)."""
+    parts = [b"from __future__ import annotations\n"]
+    for module in ROUTE_PROGRAM:
+        source = Path(str(module.__file__)).read_bytes()
+        parts.append(source.replace(b"from __future__ import annotations\n", b"", 1))
+    return b"\n".join(parts)
 
 
 def _worker_env() -> dict[str, str]:

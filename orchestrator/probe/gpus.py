@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from orchestrator.core import settings
 from orchestrator.core.units import MiB
-from orchestrator.ort.worker import SAFE_PATH_PRELUDE, safe_path_flags
+from orchestrator.ort.wire import SAFE_PATH_PRELUDE, safe_path_flags
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A llama.cpp build is compiled for a set of CPU extensions (``GGML_NATIVE=OFF`` with AVX2, or
 AVX-512 where the building CPU had it): on a CPU without one of them its first kernel dies of
-SIGILL. The route probe (``orchestrator.ort.worker.engine_build``, running the engine row's
+SIGILL. The route probe (``orchestrator.ort.worker_probe.engine_build``, running the engine row's
 ``build_probe``) asks the build in a child process and the profile records what
 ``llama_print_system_info()`` says it was built with (``Route.llama_cpp``); here those features
 are compared with the CPU's own flags (``Device.isa``, from ``/proc/cpuinfo``). Pure functions

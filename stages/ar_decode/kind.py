@@ -65,7 +65,7 @@ thinker's end) while hidden states stream: that zip stalls (the config loader re
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 STREAMING_TALKERS = ("qwen2_5_omni",)
 """Omni checkpoints whose talker may start on the thinker's first steps (``join: latest``,
-vLLM-Omni's async_chunk; ``stages.ar_decode.omni.Qwen25Talker.generate_streaming``)."""
+vLLM-Omni's async_chunk; ``stages.ar_decode.omni_talker.Qwen25Talker.generate_streaming``)."""
 
 
 def _index_tensor_names(path: Path) -> list[str] | None:
@@ -100,7 +100,7 @@ def _sub_model_weights(
 
 SUB_MODEL_EXTRA_TENSORS = {"talker": ("thinker.model.embed_tokens.weight",)}
 """Tensors outside a sub-model's own prefix that its runner reads: a talker's text-side inputs go
-through the thinker's token embeddings (``stages.ar_decode.omni.load_talker``)."""
+through the thinker's token embeddings (``stages.ar_decode.omni_talker.load_talker``)."""
 
 
 def _sub_model_header_bytes(

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ort import worker
+from orchestrator.ort import worker_probe
 
 DISTRO = "Ubuntu-Standin"
 
@@ -69,7 +69,7 @@ def standin_python(tmp_path: Path) -> tuple[Path, Path]:
     venv = tmp_path / "Windows" / "omni-edge" / "venv-directml"
     exe = venv / "Scripts" / "python.exe"
     exe.parent.mkdir(parents=True)
-    dist, version = worker.runtime_identity()
+    dist, version = worker_probe.runtime_identity()
     assert dist and version
     (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(
         parents=True

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import BadRequest, StageFailed
-from stages.ar_decode import omni
+from stages.ar_decode import omni, omni_talker
 from stages.ar_decode.engines.base import QUIET_ENV
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.model_cache import resolve_model
@@ -88,7 +88,7 @@ class TransformersRunner(ThreadedEngineRunner):
         self.model_stage: str | None = getattr(stage, "model_stage", None)
         self._model: Any = None
         self._tokenizer: Any = None
-        self._talker: omni.Talker | None = None
+        self._talker: omni_talker.Talker | None = None
         self._handover: omni.HandoverSpec | None = None
         self._torch_device = "cpu"
         self._gen_lock = threading.Lock()
@@ -123,7 +123,7 @@ class TransformersRunner(ThreadedEngineRunner):
             )
             t_import = time.perf_counter()
             if self.model_stage == "talker":
-                self._talker = omni.load_talker(
+                self._talker = omni_talker.load_talker(
                     Path(model_dir),
                     dtype=dtype,
                     device=self._torch_device,
@@ -323,7 +323,7 @@ class TransformersRunner(ThreadedEngineRunner):
         self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]
     ) -> Job:
         talker = self._talker
-        if not isinstance(talker, omni.Qwen25Talker):
+        if not isinstance(talker, omni_talker.Qwen25Talker):
             raise BadRequest.single(
                 f"stages.{self.plan.name}.join",
                 "latest: this talker starts on its whole hand-over only",

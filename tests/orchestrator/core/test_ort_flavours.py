@@ -92,7 +92,7 @@ def test_a_route_with_two_builds_is_unreachable_naming_both(tmp_path: Path) -> N
     metadata, the real onnxruntime module): probe reports the route unreachable."""
     from orchestrator.core.profile import Route
     from orchestrator.ort.routes import probe_route
-    from orchestrator.ort.worker import runtime_identity
+    from orchestrator.ort.worker_probe import runtime_identity
 
     site_dir = tmp_path / "site"
     info = site_dir / "onnxruntime_openvino-1.24.1.dist-info"

@@ -1,6 +1,6 @@
 """Every child interpreter omni-edge starts keeps the working directory off its ``sys.path`` and
 starts somewhere private: the route worker of this interpreter (``-P``, its environment kept),
-another route's (``-I``) and the llama.cpp check each child starts (``worker.safe_path_flags``).
+another route's (``-I``) and the llama.cpp check each child starts (``wire.safe_path_flags``).
 
 Each test runs in a folder holding modules named like the ones those children import, each
 writing a marker when imported, and checks that the child answered as it should and that no
@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.core import engines as engine_table
 from orchestrator.core.profile import Route
-from orchestrator.ort import worker
+from orchestrator.ort import wire, worker_probe
 from orchestrator.ort.routes import probe_route
 from orchestrator.ort.sessions import ResolvedRoute, WorkerSessions, private_cwd
 
@@ -83,19 +83,19 @@ def test_a_route_worker_starts_in_a_private_empty_directory(planted: Path) -> No
 def test_the_llama_cpp_check_child_imports_the_installed_build(planted: Path) -> None:
     """The child that imports llama_cpp (a build for instructions this CPU lacks dies of SIGILL
     there, not in the worker) imported the folder's llama_cpp.py, and json.py before it."""
-    found = worker.engine_build(LLAMACPP.wire())
+    found = worker_probe.engine_build(LLAMACPP.wire())
     assert found is not None and found["error"] is None, found
     assert found["system_info"]  # llama_print_system_info() of the installed build answered
     assert markers(planted) == []
 
 
 def test_children_of_this_interpreter_are_started_without_the_unsafe_path() -> None:
-    flags = worker.safe_path_flags()
+    flags = wire.safe_path_flags()
     if sys.flags.isolated:
         assert flags == ["-I"]
     elif sys.version_info >= (3, 11):
         assert flags == ["-P"]
     else:  # 3.10 has no -P: the program's first statement drops the working directory
         assert flags == []
-    for program in (worker.BOOTSTRAP, worker.engine_build_program(LLAMACPP.wire())):
-        assert program.startswith(worker.SAFE_PATH_PRELUDE)
+    for program in (wire.BOOTSTRAP, worker_probe.engine_build_program(LLAMACPP.wire())):
+        assert program.startswith(wire.SAFE_PATH_PRELUDE)

@@ -23,7 +23,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.core.profile import Route, load_profile
-from orchestrator.ort import hostproc, worker
+from orchestrator.ort import hostproc, wire
 from orchestrator.ort.hostproc import PathTranslationError, route_kind_for, translate, windows_path
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
@@ -154,7 +154,7 @@ def test_a_session_opens_and_runs_through_the_stand_in_route(
     expected = cpu_outputs(graph, feeds)
     assert set(out) == set(expected) and all(np.array_equal(out[k], expected[k]) for k in expected)
     lines = log_lines(log)
-    assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
+    assert lines[0]["argv"] == ["-I", "-c", wire.BOOTSTRAP]  # started as every route worker is
     # the worker was handed the Windows spelling of the graph, as wslpath -w writes it
     assert lines[1]["graph"] == f"\\\\wsl.localhost\\{DISTRO}" + str(graph).replace("/", "\\")
 

@@ -34,7 +34,7 @@ from orchestrator.core.profile import (
     parse_profile,
 )
 from orchestrator.core.units import GiB
-from orchestrator.ort import worker
+from orchestrator.ort import worker, worker_probe
 from orchestrator.ort.routes import (
     probe_refusal,
     probe_route,
@@ -211,7 +211,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         recording = json.loads((DATA / name).read_text())
         ort = fake_ort(recording, expose=expose)
         monkeypatch.setitem(sys.modules, "onnxruntime", ort)
-        monkeypatch.setattr(worker, "_registered", {})
+        monkeypatch.setattr(worker_probe, "_registered", {})
         if qnn_version:
             install_fake_qnn(tmp_path / "site", qnn_version)
             monkeypatch.syspath_prepend(str(tmp_path / "site"))
@@ -363,7 +363,7 @@ def test_an_installed_plugin_that_exposes_no_device_is_named_in_the_refusal_and_
         cache_key="k",
     )
     with pytest.raises(
-        worker.ProviderUnavailable,
+        worker_probe.ProviderUnavailable,
         match=r"no plugin gives it a device: onnxruntime-qnn 2.5.0 registered",
     ):
         worker.Sessions().open(with_plugins(spec.to_dict()))
@@ -452,9 +452,9 @@ def test_onnxruntime_qnn_1x_is_a_build_not_a_plugin(recorded) -> None:
         qnn["error"]
         == "onnxruntime-qnn 1.24.4 is an onnxruntime build, not a plugin (plugins are >= 2)"
     )
-    assert worker.is_plugin_release("onnxruntime-qnn", "2.5.0") and not worker.is_plugin_release(
-        "onnxruntime-qnn", "1.24.4"
-    )
+    assert worker_probe.is_plugin_release(
+        "onnxruntime-qnn", "2.5.0"
+    ) and not worker_probe.is_plugin_release("onnxruntime-qnn", "1.24.4")
 
 
 def test_a_ryzen_ai_npu_listed_by_the_built_in_vitisai_ep_becomes_a_device(recorded) -> None:

@@ -16,7 +16,7 @@ from orchestrator.core import engines
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.profile import THIS_PROCESS, Device, Route
 from orchestrator.core.units import GiB
-from orchestrator.ort import worker
+from orchestrator.ort import worker_probe
 from orchestrator.ort.routes import probe_route
 from orchestrator.probe import _with_backends
 from orchestrator.runtime.record import versions
@@ -104,8 +104,8 @@ def test_the_route_worker_is_asked_about_every_row_and_the_probe_offers_what_it_
 
 def test_the_worker_holds_no_engine_of_its_own() -> None:
     """Asked about no engine, the route worker reports none, whatever is installed here."""
-    assert worker.engines_found([]) == {"engine_distributions": [], "builds": {}}
-    assert worker.engines_found([YAML_ENGINE.wire()])["engine_distributions"] == ["PyYAML"]
+    assert worker_probe.engines_found([]) == {"engine_distributions": [], "builds": {}}
+    assert worker_probe.engines_found([YAML_ENGINE.wire()])["engine_distributions"] == ["PyYAML"]
 
 
 def test_calibration_and_the_run_record_name_an_engine_by_its_rows_distribution(

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from orchestrator.api import Pipeline
-from orchestrator.ort import hostproc, worker
+from orchestrator.ort import hostproc, wire
 from orchestrator.runtime.events import OutputItem
 from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
@@ -124,7 +124,7 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
         assert np.array_equal(out[0]["y"], expected["y"])  # same build, same CPU: bit for bit
 
     lines = log_lines(log)
-    assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
+    assert lines[0]["argv"] == ["-I", "-c", wire.BOOTSTRAP]  # started as every route worker is
     opened = [line["graph"] for line in lines if "graph" in line]
     # the device actor handed the worker the Windows spelling of the graph, as wslpath -w writes it
     assert opened and set(opened) == {

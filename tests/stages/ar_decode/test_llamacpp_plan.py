@@ -7,6 +7,7 @@ subject; the probe's comparison of a build's features with a CPU's flags is fed 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -21,7 +22,7 @@ from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
 from orchestrator.core.profile import Device, LlamaCppBuild, Route, load_profile
 from orchestrator.core.units import GiB
-from orchestrator.ort import worker
+from orchestrator.ort import worker_probe
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import _with_backends, llamacpp, probe_profile
 from orchestrator.probe.engines import with_build_verdict
@@ -332,7 +333,7 @@ def test_llamacpp_vulkan_on_a_profile_of_this_machine_needs_a_build_with_gpu_off
     """A recorded iGPU profile made to describe this machine: the build installed here, as this
     machine's probe found it (remembered per interpreter: planning starts no process), and one
     without GPU offload is a route refusal naming it."""
-    report = worker.engine_build(LLAMACPP.wire())
+    report = worker_probe.engine_build(LLAMACPP.wire())
     if report is None or report["error"]:
         pytest.skip(f"missing: llama-cpp-python is not installed or fails here: {report}")
     if report["gpu_offload"]:  # a GPU build, as bootstrap installs where there is a GPU
@@ -421,10 +422,10 @@ def test_the_probe_offers_no_llamacpp_without_a_build_or_with_one_that_failed() 
 def test_a_build_killed_by_sigill_is_reported_as_such() -> None:
     """The route worker asks the build in a child process; a child that dies of SIGILL (what a
     build for instructions this CPU lacks does) is reported, and the worker lives on."""
-    if worker.importlib.util.find_spec("llama_cpp") is None:
+    if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed here")
     killed = {**LLAMACPP.wire(), "build": f"import os; os.kill(os.getpid(), {int(signal.SIGILL)})"}
-    found = worker.engine_build(killed)
+    found = worker_probe.engine_build(killed)
     assert found is not None and found["error"] is not None
     assert (
         "killed by SIGILL" in found["error"]
@@ -433,7 +434,7 @@ def test_a_build_killed_by_sigill_is_reported_as_such() -> None:
 
 
 def test_the_probe_reports_this_interpreters_build() -> None:
-    found = worker.engine_build(LLAMACPP.wire())
+    found = worker_probe.engine_build(LLAMACPP.wire())
     if found is None:
         pytest.skip("llama-cpp-python is not installed here")
     assert found["version"] and "CPU :" in found["system_info"]
