@@ -1,0 +1,87 @@
+"""The structure figures docs/architecture.md quotes, measured on this checkout.
+
+    python scripts/structure_report.py          # the table
+    python scripts/structure_report.py --json   # the same figures as JSON
+
+Counts, over the shipped packages (orchestrator/, stages/, exports/): modules over 800
+lines, classes over 400 lines and functions over 80 lines (orchestrator/ and stages/,
+measured with the AST after ``ruff format``, docstrings included), the ``dict[str, Any]``
+annotations, and the import cycles among the project's modules, modules loaded by name
+(``import_module``) included (``tests/test_layering.py``'s check, which CI runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = ("orchestrator", "stages", "exports")
+MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 800, 400, 80
+
+
+def _files(packages: tuple[str, ...]) -> list[Path]:
+    return sorted(p for pkg in packages for p in (REPO / pkg).rglob("*.py"))
+
+
+def measure() -> dict[str, object]:
+    modules, classes, functions = [], [], []
+    dicts = 0
+    for path in _files(SHIPPED):
+        text = path.read_text(encoding="utf-8")
+        rel = str(path.relative_to(REPO))
+        lines = text.count("\n")
+        dicts += len(re.findall(r"dict\[str, Any\]", text))
+        if lines > MODULE_LINES:
+            modules.append((rel, lines))
+        if not rel.startswith(("orchestrator/", "stages/")):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            size = (
+                (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
+            )
+            if isinstance(node, ast.ClassDef) and size > CLASS_LINES:
+                classes.append((f"{rel}:{node.name}", size))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and size > FUNCTION_LINES:
+                functions.append((f"{rel}:{node.name}", size))
+    sys.path.insert(0, str(REPO))
+    from tests.test_layering import import_cycles
+
+    return {
+        "modules_over_800_lines": sorted(modules, key=lambda m: -m[1]),
+        "classes_over_400_lines": sorted(classes, key=lambda c: -c[1]),
+        "functions_over_80_lines": sorted(functions, key=lambda f: -f[1]),
+        "dict_str_any": dicts,
+        "import_cycles": [" -> ".join(c) for c in import_cycles()],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    figures = measure()
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    for key in ("modules_over_800_lines", "classes_over_400_lines", "functions_over_80_lines"):
+        rows = figures[key]
+        assert isinstance(rows, list)
+        print(f"{key.replace('_', ' ')}: {len(rows)}")
+        for name, size in rows:
+            print(f"  {name} ({size})")
+    print(f"dict[str, Any] annotations: {figures['dict_str_any']}")
+    cycles = figures["import_cycles"]
+    assert isinstance(cycles, list)
+    print(f"import cycles (lazy ones included): {len(cycles)}")
+    for c in cycles:
+        print(f"  {c}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
