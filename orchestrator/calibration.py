@@ -75,7 +75,7 @@ WINDOW = 20
 GROWTH_HORIZON_CALLS = 64
 """For a recycled worker whose kind reserves no growth of its own: the calls, at the growth
 rate its runs measured, that the budget lets it grow over before it is recycled (the horizon
-of ``OPENVINO_ITEM_HORIZON`` in ``stages/exported_graph/kind.py``: a recycle costs a reopen,
+of ``OPENVINO_ITEM_HORIZON`` in ``orchestrator/core/backends.py``: a recycle costs a reopen,
 about 2.5 s for the voice, so at most one every 64 calls)…"""
 GROWTH_FRACTION = 0.5
 """…and at most half of what one call needs (resident + its rise) again: a fast-growing

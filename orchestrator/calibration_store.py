@@ -37,11 +37,10 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import engines, settings
+from orchestrator.core import engines, ort_builds, packages, settings
 from orchestrator.core.fileio import exclusive_lock, keep_aside, remove_orphans, write_json_atomic
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.profile import HardwareProfile
@@ -152,13 +151,10 @@ def artifact_digest(artifact: Mapping[str, Any]) -> str:
     return _sha({"artifact": dict(artifact), "file": extra})
 
 
-def _dist_version(*names: str) -> str:
-    for n in names:
-        try:
-            return f"{n}=={metadata.version(n)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+def _dist_version(name: str) -> str:
+    """``name==version`` of an installed distribution, ``unknown`` when it is not installed."""
+    version = packages.installed_version(name)
+    return f"{name}=={version}" if version is not None else "unknown"
 
 
 def backend_version(backend: str, route: str | None, profile: HardwareProfile) -> str:
@@ -173,13 +169,8 @@ def backend_version(backend: str, route: str | None, profile: HardwareProfile) -
         return engines.version_key(engine, build.version if build is not None else None)
     if r is not None and r.ort_version:
         return f"onnxruntime=={r.ort_version}"
-    return _dist_version(
-        "onnxruntime",
-        "onnxruntime-openvino",
-        "onnxruntime-gpu",
-        "onnxruntime-directml",
-        "onnxruntime-qnn",
-    )
+    ort = ort_builds.ort_build()  # this interpreter's, whichever of the table's builds it is
+    return f"{ort[0]}=={ort[1]}" if ort is not None else "unknown"
 
 
 def stage_key(

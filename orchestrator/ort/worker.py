@@ -85,11 +85,13 @@ class _SpecKeys(TypedDict):
 
 class SpecRecord(_SpecKeys, total=False):
     """A session spec as it crosses to a route (``backends.SessionSpec.to_dict()``, plus
-    the ``plugins`` that ``sessions.with_plugins`` adds)."""
+    what ``sessions.with_plugins`` adds from the target EP's row: its ``plugins`` and the
+    coverage ``report`` it writes)."""
 
     session_options: dict[str, Any]
     session_config: dict[str, str]
     plugins: list[dict[str, Any]]
+    report: dict[str, str]
 
 
 class EpOptions(TypedDict):
@@ -109,7 +111,8 @@ class OpenedSession(TypedDict):
     load_s: float
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
-    vitisai_report: dict[str, Any] | None
+    ep_report: dict[str, Any] | None
+    """The EP's own coverage report, summarised (:func:`ep_report`), where it wrote one."""
     plugin: dict[str, Any] | None
 
 
@@ -147,6 +150,9 @@ def check_spec(spec: Any) -> SpecRecord:
             wrong.append(f"{key!r} is a {type(spec[key]).__name__}, not a mapping")
     if not isinstance(spec.get("plugins", []), list):
         wrong.append(f"'plugins' is a {type(spec['plugins']).__name__}, not a list")
+    report = spec.get("report", {"file": ""})
+    if not isinstance(report, dict) or not isinstance(report.get("file"), str):
+        wrong.append(f"'report' is {report!r}, not a mapping with a 'file'")
     if wrong:
         raise ValueError(f"the session spec is malformed: {'; '.join(wrong)} ({SPEC_FIX})")
     return spec  # type: ignore[return-value]  # checked above, key by key
@@ -270,7 +276,7 @@ class Sessions:
             "load_s": load_s,
             "inputs": [_meta(i) for i in session.get_inputs()],
             "outputs": [_meta(o) for o in session.get_outputs()],
-            "vitisai_report": _vitisai_report(spec),
+            "ep_report": ep_report(spec),
             "plugin": None if plugin is None else _plugin_reply(plugin, plugin_devices),
         }
 
@@ -345,15 +351,19 @@ def _meta(arg: Any) -> dict[str, Any]:
     }
 
 
-def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
-    """The VitisAI EP's own assignment report, summarised, when it wrote one."""
+def ep_report(spec: SpecRecord) -> dict[str, Any] | None:
+    """The target EP's own assignment report, summarised, when its row names one (the spec's
+    ``report``: its ``file``, and the ``env`` variable the EP reads for another file name) and
+    the EP wrote it: under ``<cache_dir>/<cache_key>/`` of the session's provider options, or
+    where the variable points."""
+    report = spec.get("report")
+    if not report:
+        return None
     candidates = []
-    env = os.environ.get("XLNX_ONNX_EP_REPORT_FILE")
+    env = os.environ.get(report["env"]) if report.get("env") else None
     for opts in spec.get("provider_options", []):
         if "cache_dir" in opts and "cache_key" in opts:
-            candidates.append(
-                os.path.join(opts["cache_dir"], opts["cache_key"], "vitisai_ep_report.json")
-            )
+            candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], report["file"]))
             if env:
                 candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], env))
     if env:
@@ -361,11 +371,11 @@ def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
     for path in candidates:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
-                return summarise_vitisai_report(json.load(f), path)
+                return summarise_ep_report(json.load(f), path)
     return None
 
 
-def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any]:
+def summarise_ep_report(report: dict[str, Any], path: str) -> dict[str, Any]:
     """``deviceStat`` (per-device node counts) and the op types of nodes left on a CPU."""
     devices = {str(d.get("name")): int(d.get("nodeNum", 0)) for d in report.get("deviceStat", [])}
     cpu_ops: dict[str, int] = {}

@@ -27,9 +27,14 @@ ORT_DISTRIBUTIONS = (
     "onnxruntime-training",
     "onnxruntime",
     "ort-nightly",
+    "ort-nightly-gpu",
+    "ort-nightly-directml",
 )
 """Distributions that install the ``onnxruntime`` module, most specific first.
-Several builds share the module name; the distribution says which EPs it has."""
+Several builds share the module name; the distribution says which EPs it has.
+The route program holds no table, so this is a copy of the backend table's builds
+(``orchestrator.core.ort_builds.ort_flavours``), held equal to it by
+``tests/orchestrator/core/test_ort_flavours.py``: a new EP's build goes in both."""
 
 
 class ProviderUnavailable(RuntimeError):
@@ -38,18 +43,23 @@ class ProviderUnavailable(RuntimeError):
 
 PLUGIN_SINCE = {"onnxruntime-qnn": 2}
 """Distributions that were onnxruntime builds before this major version and are
-plugin EP packages (next to the plain ``onnxruntime``) from it on."""
+plugin EP packages (next to the plain ``onnxruntime``) from it on (a copy of
+``orchestrator.core.ort_builds.plugin_since``, held equal to it)."""
+
+
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed here, or None: the route program's
+    copy of ``orchestrator.core.packages.installed_version`` (held equal to it by
+    ``tests/orchestrator/core/test_versions.py``)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def runtime_identity() -> tuple[str | None, str | None]:
     """(distribution, version) of the onnxruntime build importable here, or (None, None)."""
-    for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if is_plugin_release(name, version):
-            continue  # a plugin EP package, not the build that provides the module
+    for name, version in ort_builds():
         return name, version
     return None, None
 
@@ -58,16 +68,13 @@ def ort_builds() -> list[tuple[str, str]]:
     """Every onnxruntime build installed here, ``(distribution, version)`` (plugin EP
     packages not counted). More than one is a broken environment: they share the
     ``onnxruntime`` module, and the last one installed overwrote the others' files
-    (``orchestrator.core.packages.require_one_ort_flavour`` refuses it in omni-edge's own
+    (``orchestrator.core.ort_builds.require_one_ort_flavour`` refuses it in omni-edge's own
     environment; a route reports it through ``probe``)."""
     found = []
     for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if not is_plugin_release(name, version):
-            found.append((name, version))
+        version = installed_version(name)
+        if version is not None and not is_plugin_release(name, version):
+            found.append((name, version))  # (a plugin EP package is not the module's build)
     return found
 
 
@@ -118,8 +125,7 @@ def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
         "status": "not installed",
         "error": None,
     }
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        out["version"] = metadata.version(plugin["package"])
+    out["version"] = installed_version(plugin["package"])
     if importlib.util.find_spec(plugin["module"]) is None:
         return out  # not remembered: it may be installed later in a long-lived worker
     if (
@@ -228,14 +234,7 @@ def installed_distributions(module: str | None, names: list[str]) -> list[str]:
     """
     if module and importlib.util.find_spec(module) is None:
         return []
-    found = []
-    for name in names:
-        try:
-            metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
+    return [name for name in names if installed_version(name) is not None]
 
 
 ENGINE_BUILD_TIMEOUT_S = 60.0
@@ -260,7 +259,7 @@ def engine_build(
         return None
     found_in = installed_distributions(None, list(engine.get("distributions") or ()))
     out: dict[str, Any] = {
-        "version": metadata.version(found_in[0]) if found_in else None,
+        "version": installed_version(found_in[0]) if found_in else None,
         "system_info": "",
         "gpu_offload": False,
         "error": None,

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import platform
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import engines
+from orchestrator.core import engines, ort_builds, packages
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import check_writable, remove_orphans, write_json_atomic
 
@@ -43,29 +42,14 @@ RUN_FORMAT = "omni-edge.run/1"
 DEFAULT_DIR = Path("runs")
 
 
-def _version(*dists: str) -> str | None:
-    for d in dists:
-        try:
-            return metadata.version(d)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions of what ran, read from package metadata (nothing is imported)."""
     out: dict[str, Any] = {
-        "omni_edge": _version("omni-edge"),
+        "omni_edge": packages.installed_version("omni-edge"),
         "python": platform.python_version(),
-        "onnxruntime": _version(
-            "onnxruntime",
-            "onnxruntime-openvino",
-            "onnxruntime-gpu",
-            "onnxruntime-directml",
-            "onnxruntime-qnn",
-        ),
-        "ray": _version("ray"),
-        "torch": _version("torch"),
+        "onnxruntime": ort[1] if (ort := ort_builds.ort_build()) else None,
+        "ray": packages.installed_version("ray"),
+        "torch": packages.installed_version("torch"),
     }
     for engine in engines.rows():  # each decode engine's, and which build where it has several
         out[engine.engine] = engines.installed_version(engine)

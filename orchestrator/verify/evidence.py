@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import settings
+from orchestrator.core.backends import row_for_ep
 from orchestrator.core.fileio import remove_orphans, write_json_atomic
 from orchestrator.core.profile import Host
 from orchestrator.probe.host import this_host
@@ -240,6 +241,9 @@ def _coverage_problem(record: dict[str, Any]) -> str | None:
     ):
         return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
     by_ep = cov.get("by_ep")
+    row = row_for_ep(str(cov["ep"]))
+    # an EP's own report counts by device, not by EP (its row's coverage_report)
+    own_report = row.coverage_report.source if row and row.coverage_report else None
     if (
         by_ep
         and (
@@ -248,7 +252,7 @@ def _coverage_problem(record: dict[str, Any]) -> str | None:
             or sum(by_ep.values()) != total
             or by_ep.get(cov["ep"], 0) != taken
         )
-        and not str(cov.get("source", "")).startswith("vitisai")
+        and not (own_report and str(cov.get("source", "")).startswith(own_report))
     ):
         return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
     return None

@@ -49,7 +49,7 @@ class GraphsKind(StageKind):
     kwargs, its gate in ``gate_spec``, its remedy when the pool is too small."""
     build_hint: ClassVar[str] = ""
     """The command that builds the graphs (the remedy when one cannot be read)."""
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
 

@@ -124,7 +124,7 @@ class VadKind(StageKind):
 
     kind = "vad"
     config_model = VadConfig
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
     consumes = ("audio",)
