@@ -25,12 +25,12 @@ per node (``calibration.ray_key(node_profile, node=NAME)``).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import psutil
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.memory import descendants, tree_memory
+from orchestrator.core.memory import NodeRayMemory, descendants, tree_memory
 from orchestrator.core.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
 from orchestrator.probe import probe_profile
 from orchestrator.runtime import cluster
@@ -42,8 +42,9 @@ PROBE_TIMEOUT_S = 180.0
 """One node's probe: its route interpreters are asked in subprocesses (cached after the first time)."""
 
 
-def _probe_here() -> dict[str, Any]:
-    """Runs on the node: this project's probe, as JSON."""
+def _probe_here() -> JsonObject:
+    """Runs on the node: this project's probe, as the JSON document ``omni-edge probe --json``
+    writes (read back with ``parse_profile`` on the driver, which names the node)."""
     return probe_profile(cached_routes=True).model_dump(mode="json")
 
 
@@ -133,7 +134,7 @@ def nodes_found(profile: HardwareProfile) -> str:
     return f"{len(parts)} node{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)
 
 
-def _ray_memory_here() -> dict[str, Any]:
+def _ray_memory_here() -> NodeRayMemory:
     """Runs on the node: the summed PSS of this node's Ray processes — those whose command
     line names its session directory (the GCS on the head, the raylet, its agents, the
     log monitor, workers) and the raylet's descendants (every worker, this task's too)."""
@@ -156,17 +157,17 @@ def _ray_memory_here() -> dict[str, Any]:
         except psutil.Error:
             continue
     total, kind = tree_memory(pids)
-    return {
-        "bytes": total,
-        "processes": len(pids),
-        "names": sorted(names),
-        "session_dir": session,
-        "measure": f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
+    return NodeRayMemory(
+        bytes=total,
+        processes=len(pids),
+        names=sorted(names),
+        session_dir=session,
+        measure=f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
         "(GCS on the head, raylet, agents, workers)",
-    }
+    )
 
 
-def node_ray_memory() -> dict[str, dict[str, Any]]:
+def node_ray_memory() -> dict[str, NodeRayMemory]:
     """Ray's own memory on each named node of the connected cluster, measured now
     (evidence M): node name → ``bytes``, ``processes``, ``names``, ``measure``. Every
     worker of the node counts, this project's device actors too: measured before any

@@ -50,7 +50,7 @@ class Turns:
         self.last_item: str | None = None
         self._upcoming: str | None = None
 
-    async def on_append(self, doc: dict[str, Any]) -> None:
+    async def on_append(self, doc: dict[str, object]) -> None:
         event: AppendEvent = validated(
             AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}"
         )
@@ -146,7 +146,7 @@ class Turns:
             self._upcoming = new_id("item")
         return self._upcoming
 
-    async def on_commit(self, doc: dict[str, Any]) -> None:
+    async def on_commit(self, doc: dict[str, object]) -> None:
         if self.s.turn is None:
             audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, dtype=np.float32)
             self.buffer, self.buffered = [], 0
@@ -208,7 +208,7 @@ class Turns:
         if auto:
             await self.s.respond()
 
-    async def on_clear(self, doc: dict[str, Any]) -> None:
+    async def on_clear(self, doc: dict[str, object]) -> None:
         self.reset_buffer()
         await self.s.send("input_audio_buffer.cleared")
 

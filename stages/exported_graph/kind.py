@@ -37,6 +37,7 @@ from stages.exported_graph.runner import (
     route_for,
 )
 from stages.payloads import Ports, parse_payloads
+from stages.requests import Request
 from stages.text_chunks import FIRST_MIN_CUT_CHARS, MAX_CHARS
 
 if TYPE_CHECKING:
@@ -559,7 +560,7 @@ class ExportedGraphKind(StageKind):
         return {"tolerances": {p: self._tolerance(cfg, art, p).model_dump() for p in precisions}}
 
     # -- runtime -------------------------------------------------------------
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request this stage takes (its inputs name ``request``), checked in the caller's
         process before anything reaches the session: without a preprocess hook, an array (or a
         mapping of arrays) must be what the graph's inputs are as the manifest declares them —
@@ -574,7 +575,7 @@ class ExportedGraphKind(StageKind):
         ):
             return
         feeds_for(
-            prompt,
+            request.item(),
             manifest_inputs(art),
             f"request (stage {stage_plan.name}, kind {stage_plan.kind})",
         )

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core.errors import StageFailed
 from orchestrator.core.memory import RssMeter
-from stages.base import StageRunner
+from stages.base import StageHealth, StageRunner
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -199,13 +199,13 @@ class ThreadedEngineRunner(StageRunner):
         """Tokens and timings of a finished request (popped: asked once)."""
         return self._done.pop(request_id, {})
 
-    def health(self) -> dict[str, str] | None:
+    def health(self) -> StageHealth | None:
         """None while the engine serves; ``{"code", "message"}`` once its thread stopped (every
         later request fails: only a restart brings it back). The exception itself is in the
         log, not here: its text is no client's business."""
         if self._failed is None:
             return None
-        return {"code": ENGINE_FAILED_CODE, "message": self.stopped}
+        return StageHealth(code=ENGINE_FAILED_CODE, message=self.stopped)
 
     # -- the engine thread's side --------------------------------------------------
     def _take(self, block: bool) -> Iterator[tuple[Any, ...]]:
