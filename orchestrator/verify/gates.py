@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.core.backends import CPU_EP, SessionSpec
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode, VerificationError
 from orchestrator.core.plan import Refusal
 from orchestrator.ort.sessions import RemoteError, Sessions
 from orchestrator.ort.worker import OpenedSession
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from stages.exported_graph.artifact import ExportedArtifact, Tolerance
 
 NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
@@ -81,6 +84,41 @@ class Numeric(TypedDict, total=False):
     outputs: dict[str, OutputComparison]
     error: str | None
     bit_identical_to_cpu: bool | None
+
+
+class RouteRecord(TypedDict):
+    """The route a measurement ran in: its name, kind and interpreter."""
+
+    name: str
+    kind: str
+    python: str | None
+
+
+class Measurement(TypedDict, total=False):
+    """What :func:`measure` answers: the EP and precision measured, the graph, the providers
+    the session took, its coverage and numeric comparison, whether the claim looks hollow
+    (``suspicious``), the timings, and the target's outputs (dropped before saving). Saved as
+    an evidence record (``evidence.EvidenceStore.save``), it also holds where and against which
+    thresholds it was measured, and the record's header (format, key, machine, time); read
+    back, ``evidence.record_problem`` checked it key by key first."""
+
+    ep: str
+    precision: str
+    graph: str
+    session_providers: list[str]
+    coverage: Coverage
+    numeric: Numeric
+    suspicious: bool
+    timings: dict[str, float]
+    target_outputs: dict[str, np.ndarray] | None
+    route: RouteRecord
+    thresholds_at_measurement: JsonObject
+    format: str
+    key_digest: str
+    key: JsonObject
+    evidence: str
+    machine: dict[str, str]
+    measured_at: str
 
 
 # ---- coverage ----------------------------------------------------------------------
@@ -207,7 +245,7 @@ def measure(
     spec: SessionSpec,
     *,
     reference_graph: str | None,
-) -> dict[str, Any]:
+) -> Measurement:
     """Open the target session (recording assignment), run the reference inputs,
     run the reference (recorded outputs, else the CPU EP on the fp32 graph) and
     compare. Returns the measurement part of an evidence record.
@@ -267,7 +305,7 @@ class _Target:
     ep: str
     coverage: Coverage
     providers: list[str] | None = None
-    outputs: dict[str, Any] | None = None
+    outputs: dict[str, np.ndarray] | None = None
     error: str | None = None
     """Why the session failed on the reference inputs (or to open: see ``coverage``)."""
     timings: dict[str, float] = field(default_factory=dict)
@@ -420,7 +458,7 @@ class Judgement:
 
 
 def judge(
-    record: dict[str, Any],
+    record: Measurement,
     *,
     artifact_name: str,
     device_id: str,
