@@ -56,7 +56,10 @@ Guarantees:
 * A request is text, ``{"messages": [...], "sampling": {...}}``, or — for a
   pipeline whose entry stage takes audio (``audio_entry_stages``: a ``vad`` or
   ``asr`` stage) — one audio item ``{"audio": float32 mono, "sample_rate": int}``;
-  ``audio_request`` makes one from a WAV file or its bytes::
+  or any of these as its typed record (``TextRequest``, ``ChatRequest``,
+  ``AudioRequest``, ``TensorRequest``, ``TokenIdsRequest``: ``stages.requests``),
+  which is what the runtime takes: what is passed is converted once, here
+  (``as_request``). ``audio_request`` makes an audio item from a WAV file or its bytes::
 
       with Pipeline.from_config("configs/examples/voice-chat.yaml") as pipeline:
           result = pipeline.run(audio_request("question.wav"))
@@ -87,6 +90,7 @@ from orchestrator import calibration as cal
 from orchestrator.calibration_record import RunMeasurements, ServerMemory, record_run
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.core import memory
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, PlanRefused
 from orchestrator.ort.routes import require_startable_routes
 from orchestrator.planner import (
@@ -588,7 +592,7 @@ class Pipeline:
         return result
 
     # -- reports ---------------------------------------------------------------------
-    def build_record(self, results: list[Result] | None = None, **extra: Any) -> dict[str, Any]:
+    def build_record(self, results: list[Result] | None = None, **extra: Any) -> JsonObject:
         results = self.results if results is None else results
         measured = self.runtime.measure() if not self.runtime._closed else {}
         ledger = self.runtime.ledger_snapshot()
@@ -627,7 +631,7 @@ class Pipeline:
         return self.runtime.final_ledger
 
     # -- calibration -----------------------------------------------------------------
-    def record_calibration(self, prompts: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+    def record_calibration(self, prompts: Iterable[object] | None = None) -> list[JsonObject]:
         """Write each live stage's measured peaks (and the Ray runtime's, and the serving
         process's) to the measurement store for the next plan (``calibration_record``).
         Returns what was recorded (also in ``runtime.calibration_recorded`` for the run record)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from orchestrator import calibration as cal
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.core.memory import RayMemory
 from orchestrator.core.plan import PipelinePlan, StagePlan
@@ -60,7 +61,7 @@ class RunMeasurements:
     """The longest text prompt of the run, in characters (None: no text prompt)."""
 
 
-def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
+def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
     """Every sample of ``run`` written to ``store``; one row per sample: what was recorded where."""
     out = _record_stage_peaks(store, run)
     out += _record_ray_peaks(store, run)
@@ -68,7 +69,7 @@ def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[s
     return out
 
 
-def _record_stage_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
+def _record_stage_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
     largest: dict[str, tuple[StagePlan, MeasuredPeak, Any]] = {}
     for holder, s in run.views.items():
         m = run.measured.get(holder)
@@ -103,7 +104,7 @@ def _record_stage(
     s: StagePlan,
     m: MeasuredPeak,
     key: Any,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One stage's (or replica's) measured peak as a sample of the store, under ``key``."""
     peak = int(m["measured_peak_bytes"])
     sample = cal.sample(
@@ -129,7 +130,7 @@ def _record_stage(
     return recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
 
 
-def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
+def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
     """The Ray runtime's measured memory: on one machine one sample (its processes beside
     the actors), keyed by the profile and whether this run owns the cluster; on a
     cluster one sample per node, measured on that node, keyed by the node's own profile
@@ -176,7 +177,7 @@ def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list
     return out
 
 
-def _record_server_peak(store: cal.CalibrationStore, run: RunMeasurements) -> dict[str, Any] | None:
+def _record_server_peak(store: cal.CalibrationStore, run: RunMeasurements) -> JsonObject | None:
     """The serving process's own measured memory; None when the plan has no server
     reservation or nothing was measured."""
     server = run.server
@@ -201,7 +202,7 @@ def recorded(
     budget: int | None,
     sample: Mapping[str, Any],
     upper_bound: bool = False,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One row of ``record_run``'s answer: what was recorded where (``entry`` None: nothing,
     its entry being of a newer format, which is never written over: ``not_recorded``)."""
     return {

@@ -68,7 +68,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
+from orchestrator.core.backends import SessionSpec
 from orchestrator.core.cpu_threads import OTHER_WEIGHT
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.validation import Strict, refusal, shown, unique
@@ -202,12 +204,13 @@ class ArtifactInfo:
     weight_bytes: int
     weight_format: str
     """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see stages.ar_decode.checkpoint)."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     """Kind-specific facts published in the plan's artifact summary (precisions,
-    digests, the checkpoint manifest ...)."""
+    digests, the checkpoint manifest ...): part of the plan document."""
     internal: dict[str, Any] = field(default_factory=dict)
     """Kind-specific facts the kind keeps for its own later hooks and does not
-    publish in the plan (e.g. ar_decode's whole text config)."""
+    publish in the plan (e.g. ar_decode's whole text config, as its config.json has it):
+    only the kind that put them there reads them."""
 
 
 @dataclass(frozen=True)
@@ -241,14 +244,15 @@ class GateSpec:
     backend: str
     device_id: str
     device_name: str
-    session: dict[str, Any]
-    """The target session, as ``orchestrator.core.backends.SessionSpec.to_dict()``."""
+    session: SessionSpec
+    """The target session."""
     graph_sha256: str
     reference_sha256: str
     reference_graph: str | None
     """The fp32 graph the CPU reference runs, or None when the artifact has none."""
-    options: dict[str, Any]
-    """The provider and session options that change what the gate measures."""
+    options: JsonObject
+    """The provider and session options that change what the gate measures (the evidence
+    key's ``options``, written in each evidence record)."""
     min_coverage: float
     """Fraction of the graph's nodes the target EP must take."""
     tolerance: dict[str, float]
@@ -256,7 +260,7 @@ class GateSpec:
 
     @property
     def ep(self) -> str:
-        return str(self.session["providers"][0])
+        return str(self.session.providers[0])
 
 
 @dataclass(frozen=True)
@@ -390,8 +394,9 @@ class StageKind(ABC):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
-        """Backend settings derived from the plan (vLLM engine args, ORT options)."""
+    ) -> JsonObject:
+        """Backend settings derived from the plan (vLLM engine args, ORT options): the stage's
+        ``engine_kwargs`` in the plan document, which only the backend's runner reads."""
         return {}
 
     def gate_spec(
@@ -412,7 +417,7 @@ class StageKind(ABC):
         spec = self.gate_spec(stage, info, device, backend)
         return [] if spec is None else [spec]
 
-    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> JsonObject:
         """Kind-specific fields of the stage's plan (``StagePlan.details``), written at
         the stage's top level in the plan JSON, e.g. ar_decode's ``kv_cache``. Called
         once per stage after ``describe``, whether the stage is admitted or not; the
@@ -524,7 +529,7 @@ class StageRunner(ABC):
         does not know: the device actor then measures the processes the load started."""
         return None
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """The runner's own figures of a finished request (merged into its stats; a ``stamps``
         entry is taken out for the runtime's first-audio trace). Asked once per request."""
         return {}

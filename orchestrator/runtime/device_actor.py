@@ -155,21 +155,17 @@ class DeviceActor:
         """Set when a report or release to the ledger actor failed (it died): closing
         goes on without it, and ``close`` then raises ``LedgerLost``."""
 
-    async def _tell_ledger(self, method: str, *args: Any) -> Any:
+    async def _tell_ledger(self, method: str, holder: str, *args: MeasuredPeak) -> None:
         """A report or release that must not stop a close: a dead ledger is noted
         (``ledger_error``), not raised here."""
         try:
-            return await getattr(self.ledger, method).remote(*args)
+            await getattr(self.ledger, method).remote(holder, *args)
         except Exception as exc:
             head = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             self.ledger_error = self.ledger_error or f"{type(exc).__name__}: {head}"
             log.warning(
-                "the ledger actor did not take %s(%s): %s",
-                method,
-                args[0] if args else "",
-                self.ledger_error,
+                "the ledger actor did not take %s(%s): %s", method, holder, self.ledger_error
             )
-            return None
 
     async def ready(self) -> ActorReady:
         import ray
@@ -394,7 +390,7 @@ class DeviceActor:
             "emitted": tally.emitted,
             "first_fed": fed,
             "first_taken": tally.waited[2] or None,
-            "runner": runner_stamps,
+            "runner": runner_stamps if isinstance(runner_stamps, dict) else None,
         }
         return StageStats(stats, stamps, side.first if router is not None else None)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from orchestrator.core.ledger import (
     AdmissionAnswer,
@@ -215,7 +215,7 @@ def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
     ]
 
 
-def create(pools: list[PoolDoc], **options: Any) -> ActorHandle:
+def create(pools: list[PoolDoc], **options: object) -> ActorHandle:
     """A ``LedgerService`` actor (one method at a time), placed anywhere, or as ``options``
     say (the runtime keeps it on the driver's node of a cluster: a node that leaves
     must not take the ledger with it)."""

@@ -18,7 +18,7 @@ import numpy as np
 from orchestrator.core.errors import BadRequest
 from orchestrator.server.realtime_early import EarlyReply, Response
 from orchestrator.server.realtime_events import AppendEvent, new_id, pcm16, validated
-from stages.vad.runner import Cutter, VadRunner
+from stages.vad.runner import Cutter, Segment, VadRunner
 from stages.vad.segments import SegmentRules
 
 SPEECH_STARTED_MIN_MS = 250
@@ -102,7 +102,7 @@ class Turns:
     def _ms(self, cutter: Cutter, graph_index: int) -> int:
         return round(self.cutter_ms + 1000.0 * graph_index / cutter.runner.rate)
 
-    async def _turns(self, cutter: Cutter, segments: list[dict[str, Any]], arrived: float) -> None:
+    async def _turns(self, cutter: Cutter, segments: list[Segment], arrived: float) -> None:
         """Events for what the VAD decided on the last append: speech started, speech stopped → a turn
         (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter

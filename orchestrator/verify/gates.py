@@ -26,7 +26,7 @@ from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode, VerificationError
 from orchestrator.core.plan import Refusal
 from orchestrator.ort.sessions import RemoteError, Sessions
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import AssignedNodes, OpenedSession, VitisaiReport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -124,7 +124,7 @@ class Measurement(TypedDict, total=False):
 # ---- coverage ----------------------------------------------------------------------
 
 
-def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> Coverage:
+def coverage_from_assignment(assignment: list[AssignedNodes], target_ep: str) -> Coverage:
     """Node counts per EP from ORT's assignment info (one entry per assigned subgraph).
 
     ``partitions`` is the number of subgraphs the target EP compiled; the CPU EP
@@ -155,7 +155,7 @@ def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -
     }
 
 
-def coverage_from_vitisai(report: dict[str, Any], ort_coverage: Coverage | None) -> Coverage:
+def coverage_from_vitisai(report: VitisaiReport, ort_coverage: Coverage | None) -> Coverage:
     stat = report.get("device_stat", {})
     total = int(stat.get("all", sum(stat.values())))
     taken = sum(int(v) for k, v in stat.items() if k.upper() in NPU_DEVICE_NAMES)

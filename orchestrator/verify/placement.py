@@ -77,7 +77,7 @@ class Placement:
 
     @cached_property
     def spec(self) -> SessionSpec:
-        return SessionSpec.from_dict(self.gate.session)
+        return self.gate.session
 
     @cached_property
     def tolerance(self) -> Tolerance:

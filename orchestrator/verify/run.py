@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core import settings
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import write_json_atomic
 from orchestrator.core.plan import Refusal
@@ -41,7 +41,7 @@ from orchestrator.ort.routes import (
     resolve,
     static_refusal,
 )
-from orchestrator.ort.sessions import RouteError, open_sessions
+from orchestrator.ort.sessions import RouteError, Sessions, open_sessions
 from orchestrator.planner import Candidate, Excluded, stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.evidence import (
@@ -78,7 +78,7 @@ class VerifyReport:
     def errors(self) -> bool:
         return any(r.status == "error" for r in self.results)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": "omni-edge.verify/1",
             "pipeline": self.pipeline,
@@ -201,7 +201,7 @@ class _Run:
     on_done: Callable[[PlacementResult], None] | None = None
     machine: str = ""
     """The cluster node's machine the evidence is keyed by (``verify_on_node``); empty here."""
-    hosts: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, Sessions] = field(default_factory=dict)
 
     def verify(self, found: list[Candidate]) -> None:
         try:
@@ -297,7 +297,7 @@ def verify_on_node(
     mask: frozenset[str] = frozenset(),
     *,
     force: bool = False,
-    seed: dict[str, dict[str, Any]] | None = None,
+    seed: dict[str, JsonObject] | None = None,
 ) -> VerifyReport:
     """Runs on cluster node ``node`` (a Ray task pinned to it): the gates of the
     cluster's candidates on that node, in the node's own routes (its profile's, as
@@ -330,11 +330,11 @@ def _on_node(c: Candidate, node: HardwareProfile) -> Candidate:
     return replace(c, device=device, route=route)
 
 
-def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, dict[str, Any]]:
+def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, JsonObject]:
     """The records in ``store`` keyed by ``node``'s machine (file name → record), which
     :func:`verify_on_node` reuses as cached evidence (and checks as it reads them)."""
     machine = machine_identity(node.host)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JsonObject] = {}
     for path in sorted(store.root.glob("*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))

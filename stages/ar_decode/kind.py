@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core import errors
 from orchestrator.core.cpu_threads import DECODE_WEIGHT
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 from orchestrator.core.packages import is_package_location, resolve_package_location
@@ -375,7 +376,7 @@ class ArDecodeKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         assert isinstance(stage, ArDecodeConfig)
         return self.engine(backend).engine_kwargs(
             stage, info, device, backend, reservations, pool_capacity

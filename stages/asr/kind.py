@@ -33,10 +33,11 @@ by name when a runner is made and planning never pays for either.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from stages.base import ArtifactInfo, StageConfig, StageRunner
@@ -119,7 +120,7 @@ class AsrKind(GraphsKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         kwargs = super().engine_kwargs(stage, info, device, backend, reservations, pool_capacity)
         cfg = _cfg(stage)
         return (

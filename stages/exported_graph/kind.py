@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, RefusalCode
 from orchestrator.core.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.core.packages import PACKAGE_SCHEME
@@ -466,7 +467,7 @@ class ExportedGraphKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
             return {}
@@ -500,7 +501,7 @@ class ExportedGraphKind(StageKind):
             backend=backend,
             device_id=device.id,
             device_name=device.name,
-            session=spec.to_dict(),
+            session=spec,
             graph_sha256=graphs[precision]["sha256"],
             reference_sha256=info.details["reference_sha256"],
             reference_graph=graphs.get("fp32", {}).get("graph"),
@@ -551,7 +552,7 @@ class ExportedGraphKind(StageKind):
 
     def _tolerances(
         self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``{"tolerances": {precision: tolerance}}`` for the described graphs when the manifest
         gives any precision its own tolerance; nothing otherwise (a plan of an artifact
         without ``tolerances`` is what it was)."""

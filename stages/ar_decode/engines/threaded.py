@@ -110,7 +110,7 @@ class ThreadedEngineRunner(StageRunner):
         self.plan = stage_plan
         self.stage = stage
         self.device = stage_plan.device or "?"
-        self.load_info: dict[str, Any] = {}
+        self.load_info: dict[str, object] = {}
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._requests: dict[str, EngineRequest] = {}
         self._done: dict[str, dict[str, Any]] = {}
@@ -195,7 +195,7 @@ class ThreadedEngineRunner(StageRunner):
             return None
         return max(self._meter.peak_growth, self._resident + self._busy_growth)
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """Tokens and timings of a finished request (popped: asked once)."""
         return self._done.pop(request_id, {})
 
@@ -284,11 +284,11 @@ class ThreadedEngineRunner(StageRunner):
             request_id, asyncio.get_running_loop(), time.perf_counter(), prompt_tokens
         )
 
-    def _figures(self, req: EngineRequest) -> dict[str, Any]:
+    def _figures(self, req: EngineRequest) -> dict[str, object]:
         """The engine's own figures in a request's stats (default: the request's ``extra``)."""
         return dict(req.extra)
 
-    def _stats(self, req: EngineRequest) -> dict[str, Any]:
+    def _stats(self, req: EngineRequest) -> dict[str, object]:
         out: dict[str, Any] = {
             "prompt_tokens": req.prompt_tokens,
             "tokens": req.tokens,

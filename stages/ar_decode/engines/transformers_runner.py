@@ -354,7 +354,7 @@ class TransformersRunner(ThreadedEngineRunner):
 
         return job
 
-    def _figures(self, req: EngineRequest) -> dict[str, Any]:
+    def _figures(self, req: EngineRequest) -> dict[str, object]:
         return {
             "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
             **req.extra,
