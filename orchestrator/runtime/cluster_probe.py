@@ -24,11 +24,11 @@ per node (``calibration.ray_key(node_profile, node=NAME)``).
 
 from __future__ import annotations
 
+import json
 import logging
 
 import psutil
 
-from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.memory import NodeRayMemory, descendants, tree_memory
 from orchestrator.core.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
@@ -42,10 +42,11 @@ PROBE_TIMEOUT_S = 180.0
 """One node's probe: its route interpreters are asked in subprocesses (cached after the first time)."""
 
 
-def _probe_here() -> JsonObject:
-    """Runs on the node: this project's probe, as the JSON document ``omni-edge probe --json``
-    writes (read back with ``parse_profile`` on the driver, which names the node)."""
-    return probe_profile(cached_routes=True).model_dump(mode="json")
+def _probe_here() -> str:
+    """Runs on the node: this project's probe, as the text of the JSON document ``omni-edge
+    probe --json`` writes (read back with ``parse_profile`` on the driver, which names the
+    node)."""
+    return json.dumps(probe_profile(cached_routes=True).model_dump(mode="json"))
 
 
 def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
@@ -83,7 +84,7 @@ def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
     nodes = []
     for nid in order:
         try:
-            doc = ray.get(refs[nid], timeout=PROBE_TIMEOUT_S)
+            doc = json.loads(ray.get(refs[nid], timeout=PROBE_TIMEOUT_S))
         except Exception as exc:
             raise ConfigError.single(
                 f"node {names[nid]}",

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core import settings
-from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.profile import HardwareProfile
 from orchestrator.runtime.cluster import node_names
@@ -48,7 +47,7 @@ def _verify_here(
     node: str,
     mask: frozenset[str],
     force: bool,
-    seed: dict[str, JsonObject],
+    seed: dict[str, str],
 ) -> tuple[str, VerifyReport]:
     """Runs on the node: ``verify_on_node``, and the Ray node id it ran on."""
     import ray

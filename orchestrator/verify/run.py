@@ -30,7 +30,7 @@ from orchestrator.config import PipelineConfig
 from orchestrator.core import settings
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.fileio import write_json_atomic, write_text_atomic
 from orchestrator.core.plan import Refusal
 from orchestrator.core.profile import HardwareProfile
 from orchestrator.ort.routes import (
@@ -297,14 +297,14 @@ def verify_on_node(
     mask: frozenset[str] = frozenset(),
     *,
     force: bool = False,
-    seed: dict[str, JsonObject] | None = None,
+    seed: dict[str, str] | None = None,
 ) -> VerifyReport:
     """Runs on cluster node ``node`` (a Ray task pinned to it): the gates of the
     cluster's candidates on that node, in the node's own routes (its profile's, as
     its probe found them), each record keyed by this machine's identity, read here.
 
     ``ConfigError`` when the node's profile is not the machine this runs on. The
-    records go to a temporary store here, seeded with ``seed`` (file name → record:
+    records go to a temporary store here, seeded with ``seed`` (file name → its text:
     the driver's records for this machine, reused unless ``force``); they come back
     in the results' ``record`` for the driver to check and keep."""
     local = cluster.nodes[node].profile
@@ -315,8 +315,8 @@ def verify_on_node(
     mine = [_on_node(c, local) for c in found if c.device.node == node]
     with tempfile.TemporaryDirectory(prefix="omni-edge-evidence-") as tmp:
         store = EvidenceStore(Path(tmp))
-        for name, record in (seed or {}).items():
-            write_json_atomic(store.root / Path(name).name, record, indent=1, durable=False)
+        for name, text in (seed or {}).items():
+            write_text_atomic(store.root / Path(name).name, text, durable=False)
         report = VerifyReport(config.name, f"node {node} of {cluster.name}", evidence_dir=tmp)
         _Run(local, report, store, force, machine=machine).verify(mine)
     return report
@@ -330,19 +330,20 @@ def _on_node(c: Candidate, node: HardwareProfile) -> Candidate:
     return replace(c, device=device, route=route)
 
 
-def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, JsonObject]:
-    """The records in ``store`` keyed by ``node``'s machine (file name → record), which
+def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, str]:
+    """The records in ``store`` keyed by ``node``'s machine (file name → the file's text), which
     :func:`verify_on_node` reuses as cached evidence (and checks as it reads them)."""
     machine = machine_identity(node.host)
-    out: dict[str, JsonObject] = {}
+    out: dict[str, str] = {}
     for path in sorted(store.root.glob("*.json")):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            record = json.loads(text)
         except (OSError, ValueError):
             continue
         key = record.get("key") if isinstance(record, dict) else None
         if isinstance(key, dict) and key.get("machine") == machine:
-            out[path.name] = record
+            out[path.name] = text
     return out
 
 
