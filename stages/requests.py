@@ -25,7 +25,7 @@ against its own config's ranges.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Literal, TypedDict, cast
 
 from stages.payloads import Array, AudioItem, Item, is_array
@@ -119,10 +119,11 @@ class ChatRequest:
         return str(self.item())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AudioRequest:
     """One recording: mono samples in [-1, 1) (a float32 array, or a list of floats) and
-    their rate, to a stage that takes audio (a VAD, a speech recogniser)."""
+    their rate, to a stage that takes audio (a VAD, a speech recogniser). Compared by
+    identity: an array's ``==`` answers element by element."""
 
     samples: Array | Sequence[float]
     sample_rate: int
@@ -138,7 +139,7 @@ class AudioRequest:
         return f"(audio: {n / rate:.2f} s at {rate} Hz)" if rate > 0 else "(audio)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TensorRequest:
     """Arrays, to a stage that consumes a tensor (an exported graph): one bare array (a graph
     of one input) or a mapping of the graph's input names to arrays."""
@@ -178,14 +179,14 @@ class TokenIdsRequest:
         return str(list(self.ids))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OtherRequest:
     """A value the Python API was given in a shape no payload names (an int, a dict of
     unknown keys, a chat request whose fields have the wrong types): kept as it came, for the
     stage that takes the request to judge — a built-in kind refuses it saying what is wrong,
     a plugin kind may take a shape of its own."""
 
-    value: object = field(compare=False)
+    value: object
     payload: ClassVar[None] = None
 
     @property
