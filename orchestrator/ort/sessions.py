@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import settings
 from orchestrator.core.backends import PATH_OPTIONS, plugin_wire, row_for_ep
@@ -52,7 +52,10 @@ from orchestrator.ort.hostproc import (
     launch_remedy,
     windows_path,
 )
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import OpenedSession, RunReply
+
+if TYPE_CHECKING:
+    from orchestrator.ort.worker import Feeds
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +141,12 @@ class InProcessSessions:
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         return self._call("run", {"handle": handle, "feeds": feeds})
 
     def close(self, handle: int) -> None:
@@ -293,8 +300,12 @@ class WorkerSessions:
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         """Run a session; between calls, first replace the worker when it holds more than ``recycle_limit``.
 
         OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose

@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.core.backends import CPU_EP, EP_BACKENDS, SessionSpec, row_for_ep
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode, VerificationError
 from orchestrator.core.plan import Refusal
 from orchestrator.ort.sessions import RemoteError, Sessions
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import AssignedNodes, EpReport, OpenedSession
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from stages.exported_graph.artifact import ExportedArtifact, Tolerance
 
 # ---- the records a measurement writes ---------------------------------------------
@@ -80,10 +83,45 @@ class Numeric(TypedDict, total=False):
     bit_identical_to_cpu: bool | None
 
 
+class RouteRecord(TypedDict):
+    """The route a measurement ran in: its name, kind and interpreter."""
+
+    name: str
+    kind: str
+    python: str | None
+
+
+class Measurement(TypedDict, total=False):
+    """What :func:`measure` answers: the EP and precision measured, the graph, the providers
+    the session took, its coverage and numeric comparison, whether the claim looks hollow
+    (``suspicious``), the timings, and the target's outputs (dropped before saving). Saved as
+    an evidence record (``evidence.EvidenceStore.save``), it also holds where and against which
+    thresholds it was measured, and the record's header (format, key, machine, time); read
+    back, ``evidence.record_problem`` checked it key by key first."""
+
+    ep: str
+    precision: str
+    graph: str
+    session_providers: list[str]
+    coverage: Coverage
+    numeric: Numeric
+    suspicious: bool
+    timings: dict[str, float]
+    target_outputs: dict[str, np.ndarray] | None
+    route: RouteRecord
+    thresholds_at_measurement: JsonObject
+    format: str
+    key_digest: str
+    key: JsonObject
+    evidence: str
+    machine: dict[str, str]
+    measured_at: str
+
+
 # ---- coverage ----------------------------------------------------------------------
 
 
-def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> Coverage:
+def coverage_from_assignment(assignment: list[AssignedNodes], target_ep: str) -> Coverage:
     """Node counts per EP from ORT's assignment info (one entry per assigned subgraph).
 
     ``partitions`` is the number of subgraphs the target EP compiled; the CPU EP
@@ -115,7 +153,7 @@ def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -
 
 
 def coverage_from_report(
-    report: dict[str, Any], ort_coverage: Coverage | None, target_ep: str
+    report: EpReport, ort_coverage: Coverage | None, target_ep: str
 ) -> Coverage:
     """Node counts from ``target_ep``'s own report (``orchestrator.ort.worker.ep_report``'s
     summary), as its row's ``coverage_report`` reads it: the nodes on the devices it names the
@@ -213,7 +251,7 @@ def measure(
     spec: SessionSpec,
     *,
     reference_graph: str | None,
-) -> dict[str, Any]:
+) -> Measurement:
     """Open the target session (recording assignment), run the reference inputs,
     run the reference (recorded outputs, else the CPU EP on the fp32 graph) and
     compare. Returns the measurement part of an evidence record.
@@ -273,7 +311,7 @@ class _Target:
     ep: str
     coverage: Coverage
     providers: list[str] | None = None
-    outputs: dict[str, Any] | None = None
+    outputs: dict[str, np.ndarray] | None = None
     error: str | None = None
     """Why the session failed on the reference inputs (or to open: see ``coverage``)."""
     timings: dict[str, float] = field(default_factory=dict)
@@ -427,7 +465,7 @@ class Judgement:
 
 
 def judge(
-    record: dict[str, Any],
+    record: Measurement,
     *,
     artifact_name: str,
     device_id: str,

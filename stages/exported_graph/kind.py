@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, RefusalCode
 from orchestrator.core.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.core.packages import PACKAGE_SCHEME
@@ -37,6 +38,7 @@ from stages.exported_graph.runner import (
     route_for,
 )
 from stages.payloads import Ports, parse_payloads
+from stages.requests import Request
 from stages.text_chunks import FIRST_MIN_CUT_CHARS, MAX_CHARS
 
 if TYPE_CHECKING:
@@ -446,7 +448,7 @@ class ExportedGraphKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
             return {}
@@ -480,7 +482,7 @@ class ExportedGraphKind(StageKind):
             backend=backend,
             device_id=device.id,
             device_name=device.name,
-            session=spec.to_dict(),
+            session=spec,
             graph_sha256=graphs[precision]["sha256"],
             reference_sha256=info.details["reference_sha256"],
             reference_graph=graphs.get("fp32", {}).get("graph"),
@@ -531,7 +533,7 @@ class ExportedGraphKind(StageKind):
 
     def _tolerances(
         self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``{"tolerances": {precision: tolerance}}`` for the described graphs when the manifest
         gives any precision its own tolerance; nothing otherwise (a plan of an artifact
         without ``tolerances`` is what it was)."""
@@ -540,7 +542,7 @@ class ExportedGraphKind(StageKind):
         return {"tolerances": {p: self._tolerance(cfg, art, p).model_dump() for p in precisions}}
 
     # -- runtime -------------------------------------------------------------
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request this stage takes (its inputs name ``request``), checked in the caller's
         process before anything reaches the session: without a preprocess hook, an array (or a
         mapping of arrays) must be what the graph's inputs are as the manifest declares them —
@@ -555,7 +557,7 @@ class ExportedGraphKind(StageKind):
         ):
             return
         feeds_for(
-            prompt,
+            request.item(),
             manifest_inputs(art),
             f"request (stage {stage_plan.name}, kind {stage_plan.kind})",
         )
