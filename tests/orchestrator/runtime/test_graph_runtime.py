@@ -34,7 +34,8 @@ from stages.requests import as_request
 def graph_pipeline(
     tmp_path: Path, stages: list[dict[str, Any]]
 ) -> tuple[PipelinePlan, PipelineConfig]:
-    """``stages`` (config rows) as a config and a hand-written plan: every stage admitted on its first device."""
+    """``stages`` (config rows) as a config and a hand-written plan: every stage admitted on its
+    first device, a decoder on llama.cpp's CPU backend and every other stage on ORT's."""
     config = parse_config(
         {"name": "graph", "stages": stages}, where=str(tmp_path / "graph.yaml"), base_dir=tmp_path
     )
@@ -47,7 +48,7 @@ def graph_pipeline(
                 kind=s.kind,
                 admitted=True,
                 device=s.devices[0],
-                backend="ort-cpu",
+                backend="llamacpp-cpu" if s.kind == "ar_decode" else "ort-cpu",
                 route="this-process",
                 reservations=rs,
                 refusals=(),
