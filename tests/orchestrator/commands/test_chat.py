@@ -73,7 +73,7 @@ def test_chat_in_process_keeps_the_history_and_sends_it_with_each_message(
     real_stream = Pipeline.stream
 
     def recording_stream(self: Any, request: Any, **kw: Any) -> Any:
-        sent.append(request)
+        sent.append(request.item())  # the ChatRequest as the decode stage reads it
         return real_stream(self, request, **kw)
 
     monkeypatch.setattr(Pipeline, "stream", recording_stream)
