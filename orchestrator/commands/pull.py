@@ -224,7 +224,8 @@ def _report(
             "dry_run": bool(args.dry_run),
             "cache_dir": str(hub_cache()),
             "models": done,
-            "downloaded_bytes": total,
+            "missing_bytes": sum(d["missing_bytes"] for d in done),
+            "downloaded_bytes": sum(d["downloaded_bytes"] for d in done),
         }
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -464,6 +464,12 @@ def hub_error(exc: Exception, ref: HubRef, where: str) -> ConfigError | None:
             f"{repo} has no such file at this revision: {exc}"[:300],
             "name a file the repository lists",
         )
+    if isinstance(exc, hf.SafetensorsParsingError | hf.NotASafetensorsRepoError):
+        return ConfigError.single(
+            where,
+            f"{repo}: a safetensors file's header cannot be read from the Hub: {exc}"[:400],
+            "name another revision or repository (this one's weights are damaged or not safetensors)",
+        )
     if isinstance(exc, hf.HfHubHTTPError) and _status(exc) in (401, 403):
         return ConfigError.single(
             where,

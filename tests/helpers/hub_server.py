@@ -9,9 +9,10 @@ token and 403 with one that has no access, ``RevisionNotFound`` and ``EntryNotFo
 
 A file is bytes, a file on disk (streamed), or *sparse*: a real header and then zeros up to its
 full size, so a 60 GB checkpoint's shards can be listed and their headers read by range without
-60 GB anywhere. Faults on demand: ``cut_once[path] = n`` sends the first ``GET`` of ``path`` with
-its whole ``Content-Length`` and closes after ``n`` bytes (an interrupted download); ``corrupt``
-serves other bytes than the listing's hash for a path. Every request is logged (method, path,
+60 GB anywhere. Faults on demand: ``cut_once[path] = n`` sends the first whole-file ``GET`` of
+``path`` (no ``Range``: a download, not a header read) with its whole ``Content-Length`` and
+closes after ``n`` bytes (an interrupted download); ``corrupt`` serves a path with its last byte
+changed (the header intact), so its content no longer has the listing's hash. Every request is logged (method, path,
 ``Range``, whether a token came, bytes of body sent) so a test can say what was fetched.
 """
 
@@ -273,11 +274,12 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             hub.record(Logged(self.command, where, wanted, self._token(), status, sent))
 
         def _body(self, entry: HubFile, file: str, start: int, end: int) -> int:
-            cut = hub.cut_once.pop(file, None) if self.command == "GET" else None
+            whole = self.command == "GET" and not self.headers.get("range")
+            cut = hub.cut_once.pop(file, None) if whole else None
             sent = 0
             for block in entry.chunks(start, end):
-                if file in hub.corrupt and sent == 0 and block:
-                    block = bytes([block[0] ^ 0xFF]) + block[1:]
+                if file in hub.corrupt and block and start + sent + len(block) == entry.size:
+                    block = block[:-1] + bytes([block[-1] ^ 0xFF])  # the last byte: not the header
                 if cut is not None and sent + len(block) > cut:
                     self.wfile.write(block[: cut - sent])
                     self.wfile.flush()
