@@ -7,6 +7,9 @@ downloaded makes ``run`` exit 2 naming ``pull`` without a request to the Hub."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,17 +184,33 @@ def test_pull_of_a_repository_that_cannot_be_read_is_exit_2_with_the_remedy(
 
 
 def test_pull_with_a_token_reaches_a_gated_repository_and_never_prints_it(
-    repos: dict[str, HubRepo],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    repos: dict[str, HubRepo], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with serving(repos, monkeypatch, tmp_path):
-        monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
-        assert main(["-vv", *pull("omni-edge-tests/gated-llama"), "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert json.loads(out)["downloaded_bytes"] > 0
-    assert TEST_TOKEN not in out + err
+    """In a fresh interpreter at -vv (every logger at DEBUG, huggingface_hub's and httpx's
+    included): the plan, the pull's JSON and every log line are free of the token."""
+    with serving(repos, monkeypatch, tmp_path) as hub:
+        env = {**os.environ, "HF_TOKEN": TEST_TOKEN}
+        outputs: list[tuple[str, str]] = []
+        for args in (
+            ["plan", "omni-edge-tests/gated-llama", "--profile", CPU_ONLY, "--json"],
+            [*pull("omni-edge-tests/gated-llama"), "--json"],
+        ):
+            proc = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "-vv", *args],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=env,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            outputs.append((proc.stdout, proc.stderr))
+    plan = json.loads(outputs[0][0])
+    assert plan["stages"][0]["artifact"]["hub"]["repo"] == "omni-edge-tests/gated-llama"
+    assert json.loads(outputs[1][0])["downloaded_bytes"] > 0
+    assert "DEBUG" in outputs[1][1]  # the logs were on
+    assert all(e.token for e in hub.log if "gated-llama" in e.path)  # the token was sent
+    for out, err in outputs:
+        assert TEST_TOKEN not in out + err
 
 
 def test_a_model_that_cannot_run_here_is_refused_before_any_weight_is_requested(
@@ -271,3 +290,60 @@ def test_run_of_a_model_not_downloaded_is_exit_2_naming_pull_without_asking_the_
     assert "a run never downloads" in err
     assert "how to fix: omni-edge pull qwen2.5-omni-3b" in err
     assert hub.log == []  # not even the metadata was asked for
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pulled_model_runs_offline_from_the_cache_and_the_record_names_its_commit(
+    repos: dict[str, HubRepo],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A user's config over the shipped voice assistant, its thinker named by Hub id and a
+    quantization tag: pulled from the Hub on loopback, then run in a fresh interpreter with the
+    Hub gone and HF_HUB_OFFLINE set — the model comes from the HF cache, and the run record's
+    plan names the repository, the commit and the file."""
+    config = tmp_path / "voice-from-the-hub.yaml"
+    config.write_text(
+        "extends: voice-assistant\nname: voice-from-the-hub\nstages:\n"
+        f"  - name: thinker\n    model: {GGUF_REPO}:Q4_1\n"
+    )
+    with serving(repos, monkeypatch, tmp_path):
+        assert main(["pull", str(config)]) == 0
+    capsys.readouterr()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    wav = tmp_path / "reply.wav"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            str(config),
+            "--prompt",
+            "Hello.",
+            "--out",
+            str(wav),
+            "--record",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
+    thinker = next(s for s in record["plan"]["stages"] if s["name"] == "thinker")
+    hub = thinker["artifact"]["hub"]
+    assert (hub["repo"], hub["commit"], hub["evidence"]) == (
+        GGUF_REPO,
+        repos[GGUF_REPO].commit,
+        "cache",
+    )
+    assert [f["path"] for f in hub["files"]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert thinker["artifact"]["path"].startswith(str(tmp_path / "hf-cache"))
+    assert thinker["backend"].startswith("llamacpp")
