@@ -166,19 +166,25 @@ def test_the_table_of_optional_modules_covers_every_extra() -> None:
 # ---- real environments ---------------------------------------------------------------
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without what points an interpreter at this checkout or this venv
+    (the suite puts the repository on PYTHONPATH for Ray's workers, and its egg-info would
+    make pip take omni-edge as installed already)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """pip, run from outside the repository and without the suite's ``PYTHONPATH`` (which
     tests/conftest.py points at the repository's root): with the checkout's own
     ``omni_edge.egg-info`` (an editable install's) on ``sys.path``, pip takes omni-edge as
     already installed, and a wheel's ``pip install`` installs its dependencies only."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     return subprocess.run(
         [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=tempfile.gettempdir(),
-        env=env,
+        env=_clean_env(),
     )
 
 
@@ -213,7 +219,7 @@ def _venv_with(wheel: Path, extras: str, root: Path) -> Path:
 
 
 def _omni_edge(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = _clean_env()
     return subprocess.run(
         [str(python.parent / "omni-edge"), *args],
         capture_output=True,
@@ -342,15 +348,14 @@ def test_an_installed_wheel_lists_plans_and_runs_the_shipped_voice_assistant(
             text=True,
             timeout=60,
             cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+            env=_clean_env(),
         )
         assert found.returncode == 0, (dist_name, found.stderr[-2000:])
     work = tmp_path / "elsewhere"
     work.mkdir()
 
     def omni_edge(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        env |= {"OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+        env = _clean_env() | {"OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
         return subprocess.run(
             [str(python.parent / "omni-edge"), *args],
             capture_output=True,

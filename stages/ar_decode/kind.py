@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core import errors, hub
+from orchestrator.core.cpu_threads import DECODE_WEIGHT
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.hub import HubRef, parse_hub_ref
 from orchestrator.core.ledger import Reservation, holder_peak
@@ -52,6 +54,7 @@ from stages.ar_decode.kv import (
 from stages.ar_decode.prompt import check_request
 from stages.base import ArtifactInfo, Join, Need, Progress, StageConfig, StageKind, StageRunner
 from stages.payloads import Ports, parse_payloads
+from stages.requests import Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -213,6 +216,11 @@ class ArDecodeKind(StageKind):
     consumes = ("text",)
     produces = ("text",)
     text_input = "whole"
+    cpu_thread_weight = DECODE_WEIGHT
+    """The stage users wait on (every sentence the voice speaks waits on it)."""
+    takes_conversation = True
+    """A realtime session's history reaches it as ``{"messages": [...]}`` ahead of the
+    transcript (``prompt.request_parts`` merges them)."""
 
     def __init__(self) -> None:
         self.engines: dict[str, DecodeEngine] = engine_registry.ENGINES
@@ -451,7 +459,7 @@ class ArDecodeKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         assert isinstance(stage, ArDecodeConfig)
         return self.engine(backend).engine_kwargs(
             stage, info, device, backend, reservations, pool_capacity
@@ -550,9 +558,12 @@ class ArDecodeKind(StageKind):
         process) now, so the first request does not pay for it."""
         self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request checked before it reaches the engine (``BadRequest``): a prompt that is text
         and not blank, sampling in range, and prompt + max_tokens within max_model_len by the
-        tokenizer the engine reads (``DecodeEngine.request_tokenizer``; ``prompt.check_request``)."""
+        tokenizer the engine reads (``DecodeEngine.request_tokenizer``; ``prompt.check_request``).
+        The request is read as the runner reads it, its item (an unrecognized value as it came,
+        so the refusal says which field is wrong)."""
         tokenizer = self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
-        check_request(stage, tokenizer, prompt)
+        value = request.item()
+        check_request(stage, tokenizer, value)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core import engines as engine_table
 from orchestrator.core import errors
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
@@ -144,7 +145,7 @@ class DecodeEngine(ABC):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """What its runner is handed: the plan's ``engine_kwargs``."""
 
     def format_refusal(self, backend: str, device: Device, weight_format: str) -> str | None:
