@@ -166,8 +166,8 @@ def parse_config(
 
 
 def _extended(
-    data: dict[str, Any], where: str, base_dir: Path, seen: tuple[Path, ...]
-) -> dict[str, Any]:
+    data: dict[str, object], where: str, base_dir: Path, seen: tuple[Path, ...]
+) -> dict[str, object]:
     """``extends: NAME``: the pipeline NAME names (a path relative to this file, else a shipped
     pipeline's name) loaded and checked as it stands, then this file's keys over it. A stage of
     this file whose ``name`` the base has is merged into the base's stage (its keys win; a
@@ -202,7 +202,7 @@ def _extended(
     return {"name": base.name, "description": base.description, **top, "stages": stages}
 
 
-def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def _merged(base: dict[str, object], override: dict[str, object]) -> dict[str, object]:
     out = dict(base)
     for key, value in override.items():
         old = out.get(key)

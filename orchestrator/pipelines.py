@@ -83,7 +83,7 @@ def locate(arg: str) -> Path | HubRef:
     )
 
 
-def model_pipeline(ref: HubRef) -> dict[str, Any]:
+def model_pipeline(ref: HubRef) -> dict[str, object]:
     """A pipeline of one decode stage for a model named by its Hub id on the command line: text
     in, text out, the GPU first, then the CPU, a context of :data:`MODEL_CONTEXT` tokens."""
     name = ref.repo.split("/", 1)[1][:64].rstrip(".-_") or "model"

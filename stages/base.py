@@ -208,7 +208,7 @@ class Need:
     """Whether it is on this machine (None: not known here)."""
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"what": self.what, "bytes": self.bytes, "present": self.present, "note": self.note}
 
 

@@ -16,8 +16,8 @@ import argparse
 import json
 import shutil
 import sys
-from typing import Any
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 
 PIPELINES_FORMAT = "omni-edge.pipelines/1"
@@ -34,12 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def describe_pipeline(name: str, path: str, online: bool) -> dict[str, Any]:
+def describe_pipeline(name: str, path: str, online: bool) -> JsonObject:
     """One shipped pipeline as the list shows it (see the module docstring)."""
     from orchestrator.config import load_config
     from stages.registry import get_kind
 
-    row: dict[str, Any] = {"name": name, "path": path, "description": "", "stages": []}
+    row: JsonObject = {"name": name, "path": path, "description": "", "stages": []}
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -93,7 +93,7 @@ def _size(n: int | None) -> str:
     return "?" if n is None else fmt_bytes(n)
 
 
-def _lines(row: dict[str, Any], width: int) -> list[str]:
+def _lines(row: JsonObject, width: int) -> list[str]:
     """A pipeline in the list: its name and description, then a line per thing it needs."""
     from orchestrator.core.hub import parse_hub_ref
 

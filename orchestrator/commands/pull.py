@@ -24,8 +24,9 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         _refused(args, plan)
         return EXIT_REFUSED
     _check_space(pulls)
-    done: list[dict[str, Any]] = []
+    done: list[JsonObject] = []
     for pull in pulls:
         done.append(_pull_one(args, pull))
     _report(args, config.name, plan, done)
@@ -145,7 +146,7 @@ def _check_space(pulls: list[Pull]) -> None:
         )
 
 
-def _pull_one(args: argparse.Namespace, pull: Pull) -> dict[str, Any]:
+def _pull_one(args: argparse.Namespace, pull: Pull) -> JsonObject:
     from orchestrator.core import hub
     from orchestrator.core.units import fmt_bytes
 
@@ -209,7 +210,7 @@ def _refused(args: argparse.Namespace, plan: PipelinePlan) -> None:
 
 
 def _report(
-    args: argparse.Namespace, name: str, plan: PipelinePlan, done: list[dict[str, Any]]
+    args: argparse.Namespace, name: str, plan: PipelinePlan, done: list[JsonObject]
 ) -> None:
     from orchestrator.core.hub import hub_cache
     from orchestrator.core.units import fmt_bytes

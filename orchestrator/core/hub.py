@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 from orchestrator.core.errors import ConfigError
 
@@ -97,6 +97,15 @@ def parse_hub_ref(text: str) -> HubRef | None:
     return HubRef(m["repo"], m["revision"], m["select"])
 
 
+class FileRecord(TypedDict, total=False):
+    """A repository's file as the plan, the run record and ``pull --json`` show it."""
+
+    path: Required[str]
+    size: Required[int]
+    sha256: str
+    blob_id: str
+
+
 @dataclass(frozen=True)
 class RepoFile:
     """One file of a repository at one commit, as the Hub lists it (or the cache holds it)."""
@@ -108,8 +117,8 @@ class RepoFile:
     blob_id: str | None = None
     """The git blob id of a file stored in git (SHA-1 of ``blob <size>\\0`` + content)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"path": self.path, "size": self.size}
+    def to_dict(self) -> FileRecord:
+        d: FileRecord = {"path": self.path, "size": self.size}
         if self.sha256:
             d["sha256"] = self.sha256
         elif self.blob_id:
@@ -319,7 +328,7 @@ def read_small(snapshot: Snapshot, path: str, where: str, limit: int = 16 << 20)
     return read_range(snapshot, path, 0, entry.size if entry else limit, where)
 
 
-def safetensors_header(snapshot: Snapshot, path: str, where: str) -> dict[str, Any]:
+def safetensors_header(snapshot: Snapshot, path: str, where: str) -> dict[str, object]:
     """One safetensors file's header as its JSON says it (tensor → dtype, shape, data_offsets),
     read by ``huggingface_hub``'s range request (``parse_safetensors_file_metadata``)."""
     _require_online(snapshot.ref, where)
@@ -327,7 +336,7 @@ def safetensors_header(snapshot: Snapshot, path: str, where: str) -> dict[str, A
         meta = _api().parse_safetensors_file_metadata(
             snapshot.ref.repo, path, revision=snapshot.commit
         )
-    header: dict[str, Any] = {}
+    header: dict[str, object] = {}
     if meta.metadata:
         header["__metadata__"] = dict(meta.metadata)
     for name, t in meta.tensors.items():

@@ -28,9 +28,9 @@ import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from orchestrator.core import hub
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.hub import HubRef, RepoFile, Snapshot
 from orchestrator.core.settings import cache_root
@@ -193,7 +193,7 @@ class HubModel:
     def download_bytes(self) -> int:
         return sum(f.size for f in self.missing)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonObject:
         """What the plan (and so the run record and ``/v1/plan``) says of it: the repository, the
         revision asked for and the commit it is pinned to, each file with its size and hash and
         whether it is here, what a run would download and the free space where it would go. No

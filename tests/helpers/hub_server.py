@@ -116,9 +116,9 @@ class HubRepo:
         sha, git = self.hashes(path)
         return sha if self.is_lfs(path) else git
 
-    def sibling(self, path: str) -> dict[str, Any]:
+    def sibling(self, path: str) -> dict[str, object]:
         sha, git = self.hashes(path)
-        row: dict[str, Any] = {"rfilename": path, "size": self.files[path].size, "blobId": git}
+        row: dict[str, object] = {"rfilename": path, "size": self.files[path].size, "blobId": git}
         if self.is_lfs(path):
             row["lfs"] = {"sha256": sha, "size": self.files[path].size, "pointerSize": 134}
         return row
