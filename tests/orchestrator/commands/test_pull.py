@@ -161,9 +161,14 @@ def test_a_file_whose_hash_does_not_match_is_removed_and_refused(
     ("model", "token", "said"),
     [
         ("omni-edge-tests/gated-llama", None, "is a gated repository and no token was sent"),
+        (
+            "omni-edge-tests/gated-llama",
+            "hf_notTheRightToken0123456789abcdef",
+            "is a gated repository and a token was sent and it has no access (HTTP 403)",
+        ),
         ("omni-edge-tests/no-such-model", None, "no repository omni-edge-tests/no-such-model"),
     ],
-    ids=["gated", "missing"],
+    ids=["gated", "gated-wrong-token", "missing"],
 )
 def test_pull_of_a_repository_that_cannot_be_read_is_exit_2_with_the_remedy(
     model: str,
@@ -175,11 +180,13 @@ def test_pull_of_a_repository_that_cannot_be_read_is_exit_2_with_the_remedy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with serving(repos, monkeypatch, tmp_path):
+        if token is not None:
+            monkeypatch.setenv("HF_TOKEN", token)
         assert main(pull(model)) == 2
     err = capsys.readouterr().err
     assert f"stages.llm.model: {model}" in err or said in err
     assert said in err and "how to fix:" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and (token is None or token not in err)
     assert cache_files(tmp_path) == []
 
 
@@ -251,6 +258,44 @@ def test_a_model_that_cannot_run_here_is_refused_before_any_weight_is_requested(
         assert get.range is not None and get.range.startswith(("bytes=0-", "bytes=8-"))
         assert get.sent <= 200_000
     assert sum(g.sent for g in weight_gets) < total / 10_000
+    assert not [f for f in cache_files(tmp_path) if f.endswith(".safetensors")]
+
+
+def test_the_plan_of_a_shipped_omni_pipeline_states_the_download_before_any_weight_byte(
+    repos: dict[str, HubRepo],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``omni-edge plan qwen3-omni-30b-a3b`` as a person reads it: each stage's model line names
+    the repository, the commit it resolved to and exactly what ``pull`` would fetch (the sum of
+    the files that stage reads, as the Hub lists them), the thinker is refused with its numbers,
+    and not one weight byte past the safetensors headers left the Hub."""
+    from orchestrator.core.units import fmt_bytes
+
+    served = repos[QWEN3_OMNI]
+    for extra in ("README.md", "pytorch_model.bin", "onnx/model.onnx"):  # read by no stage
+        served.files[extra] = HubFile(data=b"not read by any stage " * 64)
+    monkeypatch.setenv("COLUMNS", "400")  # one model line per stage, unwrapped
+    with serving(repos, monkeypatch, tmp_path) as hub:
+        assert main(["plan", "qwen3-omni-30b-a3b", "--profile", CPU_ONLY, "--json"]) == 3
+        plan = json.loads(capsys.readouterr().out)
+        assert main(["plan", "qwen3-omni-30b-a3b", "--profile", CPU_ONLY]) == 3
+        out = capsys.readouterr().out
+    for stage in plan["stages"]:
+        record = stage["artifact"]["hub"]
+        wanted = {f["path"] for f in record["files"]}
+        assert wanted and wanted < set(served.files)  # the stage's files, not the repository
+        exact = sum(served.files[p].size for p in wanted)
+        assert record["download_bytes"] == exact
+        line = (
+            f"{stage['name']}: {QWEN3_OMNI} @ {served.commit[:12]} (main), not downloaded: "
+            f"planned from the Hub's metadata; omni-edge pull fetches {fmt_bytes(exact)} into "
+        )
+        assert line in " ".join(out.split()), out
+    assert "[budget_exceeds_device] thinker on cpu" in out and "weights 59.08 GiB" in out
+    reads = hub.fetched(".safetensors")
+    assert reads and all(g.range is not None and g.sent <= 200_000 for g in reads)
     assert not [f for f in cache_files(tmp_path) if f.endswith(".safetensors")]
 
 
