@@ -20,7 +20,7 @@ at concurrency 4 moved by 12 % between two runs here, the length of the longest
 sentence deciding it).
 
 After every cell, each stage's measured peak so far (``Runtime.measure()``) is set
-against its budget. Targets (issue 12): in the calibrated run, every stage's
+against its budget. Targets (the calibration work): in the calibrated run, every stage's
 budget/measured over the whole run is between 1.00 and 1.15, and in no cell
 does a stage measure above its budget. (A stage of the calibration run measured
 above its *estimated* budget is reported as a finding: the estimates are what

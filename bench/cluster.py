@@ -264,7 +264,7 @@ def summarise(
 ) -> dict[str, Any]:
     """Medians and ratios to the relay of the runs' per-item ms and driver CPU ms, keyed
     (layout, payload, mode); with two nodes also the relay within one node against across
-    nodes (``rows``, issue 14's figure)."""
+    nodes (``rows``, the cluster work's first figure)."""
     out: dict[str, Any] = {
         "nodes": nodes,
         "items": items,

@@ -42,7 +42,7 @@ row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
   with ``cpu_threads`` = the thread count, planned on this machine and started
   through ``orchestrator.api.Pipeline`` (Ray, its device actor, the ledger),
   timed where the text deltas reach this process (:func:`pipeline_rows`).
-  Targets (issue 21): llama.cpp stage / raw llama.cpp ≥ 0.95, llama.cpp
+  Targets (the llama.cpp backend work): llama.cpp stage / raw llama.cpp ≥ 0.95, llama.cpp
   stage / vLLM stage ≥ 4.
 """
 
@@ -74,9 +74,9 @@ PROMPTS = (
 MAX_TOKENS_CAP = 1024
 """The most ``--max-tokens`` may be: half the thinker's ``max_model_len`` (2048), room left for the prompt."""
 TARGET_RAW = 0.95
-"""Issue 21: the pipeline's llama.cpp stage at least 0.95× raw llama.cpp."""
+"""The llama.cpp backend work's target: the pipeline's llama.cpp stage at least 0.95× raw llama.cpp."""
 TARGET_VLLM = 4.0
-"""Issue 21: the pipeline's llama.cpp stage at least 4× the vLLM-CPU stage on this model."""
+"""The llama.cpp backend work's target: the pipeline's llama.cpp stage at least 4× the vLLM-CPU stage on this model."""
 
 
 def med(values: list[float]) -> float | None:

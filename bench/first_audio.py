@@ -27,7 +27,7 @@ nothing is tuned to them.
 
 ``--compare`` runs the config three ways in one run, one after the other, and
 prints them side by side: the decode stage on ``vllm-cpu`` with the voice fed
-whole sentences (the pipeline before issue 21), on ``llamacpp-cpu`` with whole
+whole sentences (the pipeline before the llama.cpp backend), on ``llamacpp-cpu`` with whole
 sentences, and on ``llamacpp-cpu`` with the voice's first chunk cut early
 (``first_chunk_chars``).
 

@@ -16,7 +16,7 @@ Side by side, same plan, same prompt, same sampling seed:
 
 Reported (medians over --repeat requests after one warm-up each): time to
 first token, time to first audio, total time, and the ratios. Targets
-(issue 4): total (b)/(a) ≤ 1.10; time to first audio (b) ≤ first-sentence
+(the Ray runtime's first work): total (b)/(a) ≤ 1.10; time to first audio (b) ≤ first-sentence
 time + that sentence's TTS time (both measured in (a)) + 100 ms; for every
 stage, measured peak ≤ budget with budget/measured ≤ 1.5.
 

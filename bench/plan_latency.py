@@ -1,6 +1,6 @@
 """Planning latency: in-process plan time and cold CLI wall time, against targets.
 
-Targets (issue "The first hour of a new user"):
+Targets (the work on a new user's first hour):
 
 * in-process: load the default pipeline's config and plan it on the cpu-only
   profile in <= 3 ms (median of --repeat, after one warm-up);

@@ -14,7 +14,7 @@ records). Reported per run: the budget it was planned with (E: estimate, M:
 measured), the peak the device actor measured, the worker's recycles, the
 largest rise of one call, and whether the peak stayed within the budget.
 
-Issue 19 measured, from a fresh store, 2008 → 3345 → 3533 MiB over three such
+The work on recycled route workers measured, from a fresh store, 2008 → 3345 → 3533 MiB over three such
 runs (the first run's peak 1238 MB against a 1229 MB budget): the budget was
 the last peak plus a margin, and the peak was wherever the limit let the
 worker grow.

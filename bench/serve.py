@@ -13,7 +13,7 @@ In one run, side by side:
   by ``Pipeline.stream`` — the same messages and sampling, requests
   interleaved one at a time so the two never compete for the cores. Reported:
   median time to first token (first text piece) and to first audio (first
-  audio chunk), and HTTP minus in-process. Targets (issue 10): +5 ms and
+  audio chunk), and HTTP minus in-process. Targets (the serving work): +5 ms and
   +10 ms. The voice's output varies from run to run (Piper samples its noise),
   so the time to first audio of two runs of one prompt differs by tens of ms
   whatever carries it: the bench sets ``OMNI_EDGE_PIPER_DETERMINISTIC=1``

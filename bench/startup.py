@@ -19,7 +19,7 @@ cluster (started, then shut down) and the weights already prepared:
 
 Reported: medians over ``--repeat`` repetitions (after one warm-up start that
 is not counted), the ratio cold start / (Ray start + the slowest stage's load
-alone) against the target 1.15 (issue 10, part 3), the sequential start's
+alone) against the target 1.15 (the serving work's "start fast"), the sequential start's
 ratio, the same ratios per repetition (each against its own repetition's
 figures, so a busy minute weighs on both sides), the machine's load average
 around each repetition (other work on a small machine moves every figure),

@@ -28,7 +28,7 @@ from stages.requests import as_request
 
 PROMPT = "hello"
 REQUESTS = 20
-"""Requests per mode: the issue's measure (docs/benchmarks.md)."""
+"""Requests per mode: the measure the data-path work set (docs/benchmarks.md)."""
 
 
 def echo_plan(tmp: Path, thinker: str, voice: str, final: bool = True) -> tuple[Any, Any]:

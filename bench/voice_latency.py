@@ -32,7 +32,7 @@ previous one:
 Also per turn: where the VAD put the end of speech (``speech_stopped``'s
 ``audio_end_ms`` less the padding) against where it is in the clip
 (``vad_end_error_ms``). p50/p95 of each over the counted turns; target p50 ≤ 1.0 s on
-2 cores (issue 22).
+2 cores (the spoken-conversation work).
 
 The client's steps are event arrivals. A reply the server started early (in
 the pause, before it closed the turn; ``timing.early_start``) has its events
@@ -99,7 +99,7 @@ WARM_UP = "Hello, can you hear me?"
 LEAD_S = 0.5
 """Silence before each question: a microphone records before the user speaks."""
 TARGET_P50_S = 1.0
-"""Issue 22's target for the voice-to-voice p50 on the 2-core machine."""
+"""The spoken-conversation work's target for the voice-to-voice p50 on the 2-core machine."""
 SPEECH_DBFS = -45.0
 """A 10 ms frame of the clip louder than this is speech (Piper's pauses with noise off sit far below)."""
 READY_TIMEOUT_S = 600.0

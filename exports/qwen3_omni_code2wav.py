@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from stages.payloads import AudioItem
 
 TINY_SEED = 20
-"""The seed the tiny code2wav's weights are drawn under (issue 20)."""
+"""The seed the tiny code2wav's weights are drawn under (the Omni thinker → talker → code2wav work)."""
 TINY_CODEBOOKS = 4
 """Codebooks per frame: the tiny Qwen3-Omni talker's ``num_code_groups`` (real: 16)."""
 TINY_CODEBOOK_SIZE = 64

@@ -93,6 +93,7 @@ from orchestrator.core import memory
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, PlanRefused
 from orchestrator.ort.routes import require_startable_routes
+from orchestrator.pipelines import require_downloaded
 from orchestrator.planner import (
     describes_this_machine,
     parse_mask,
@@ -332,12 +333,14 @@ def admit_plan(
     the cluster at ``options.address`` probed, else this machine), the mask checked against
     it, the plan made; then, when exported placements lack gate evidence and
     ``options.verify``, the gates run and the plan is made again with what they measured
-    (``verify_then_replan``). Returns the plan whether admitted or refused: the caller
+    (``verify_then_replan``). A model named by Hub id that the HF cache lacks is a
+    ``ConfigError`` naming ``omni-edge pull`` before anything else (``require_downloaded``). Returns the plan whether admitted or refused: the caller
     says the refusal its own way (``from_config`` raises ``PlanRefused``). ``progress``
     hears each step (default: silent, a log line for a probed cluster)."""
     options = options or PipelineOptions()
     progress = progress or AdmitProgress()
     config = config if isinstance(config, PipelineConfig) else load_config(config)
+    require_downloaded(config, config.given_as)  # a run never downloads: exit 2 naming pull
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)

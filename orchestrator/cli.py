@@ -41,6 +41,8 @@ from orchestrator.core.packages import installed_version
 
 COMMANDS = {
     "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
+    "pipelines": "List the shipped pipelines, with what each needs (models, sizes, whether they are here).",
+    "pull": "Download the models a pipeline (or one model, by Hub id) reads into the HF cache, after planning it.",
     "probe": "Describe this machine as a hardware profile (devices, pools, routes).",
     "verify": "Run the coverage and numeric gates a plan needs; write the evidence.",
     "run": "Run a pipeline: plan, start the Ray runtime, stream a request through it.",

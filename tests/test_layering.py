@@ -45,6 +45,8 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "safetensors": "the Omni talker's own tensors, read when its stage loads (the run extra; planning reads headers itself)",
     "tokenizers": "the tiny Omni checkpoints' tokenizer, built once at set-up by exports/omni_tiny.py",
     "rich": "tables, progress bars and cell widths cost tens of ms to import; `plan --json` and the planning path draw none",
+    "huggingface_hub": "models named by Hub id only (orchestrator/core/hub.py): its HTTP client costs ~0.3 s to import,"
+    " and a plan of local files never talks to the Hub",
 }
 LAZY_IMPORTERS_ALLOWED: dict[str, str] = {
     # importing module (prefix): why its functions may import anything lazily

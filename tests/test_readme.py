@@ -1,4 +1,4 @@
-"""Every code block in README.md runs as written.
+"""Every code block in README.md and docs/guide.md (the README's details) runs as written.
 
 * ```` ```bash ```` blocks run in ``bash -euo pipefail``, ```` ```python ````
   blocks as a script with the main environment's interpreter; both from a
@@ -36,6 +36,8 @@ from orchestrator.runtime.audio import read_wav
 from tests.helpers import REPO
 
 README = REPO / "README.md"
+DOCUMENTS = (README, REPO / "docs" / "guide.md")
+"""The pages whose blocks run; a block's relative paths are the repository root's."""
 TIMEOUT_S = 600
 
 EXCLUDED = {
@@ -55,10 +57,16 @@ NOT_MIRRORED = {".git", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache", "
 
 @dataclass(frozen=True)
 class Block:
+    doc: str
+    """The page, relative to the repository (README.md, docs/guide.md)."""
     lang: str
     info: str
     code: str
     line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
 
     @property
     def title(self) -> str | None:
@@ -66,7 +74,7 @@ class Block:
         return m.group(1) if m else None
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, doc: str = "README.md") -> list[Block]:
     out: list[Block] = []
     lines = text.splitlines()
     i = 0
@@ -82,13 +90,18 @@ def blocks(text: str) -> list[Block]:
             body.append(lines[i])
             i += 1
         if i == len(lines):
-            raise AssertionError(f"README.md:{start + 1}: code block never closed")
-        out.append(Block(m.group(1), m.group(2), "\n".join(body) + "\n", start + 1))
+            raise AssertionError(f"{doc}:{start + 1}: code block never closed")
+        out.append(Block(doc, m.group(1), m.group(2), "\n".join(body) + "\n", start + 1))
         i += 1
     return out
 
 
-BLOCKS = blocks(README.read_text())
+BLOCKS = [b for d in DOCUMENTS for b in blocks(d.read_text(), str(d.relative_to(REPO)))]
+
+
+def _id(b: Block) -> str:
+    page = "" if b.doc == "README.md" else f"{Path(b.doc).stem}-"
+    return f"{page}{b.lang}-line{b.line}"
 
 
 def _param(b: Block) -> object:
@@ -97,29 +110,27 @@ def _param(b: Block) -> object:
         if any(s in b.code for s in STARTS_PIPELINE)
         else []
     )
-    return pytest.param(b, id=f"{b.lang}-line{b.line}", marks=marks)
+    return pytest.param(b, id=_id(b), marks=marks)
 
 
 def test_every_block_is_one_this_test_knows_how_to_check() -> None:
     assert BLOCKS
     for b in BLOCKS:
         assert b.lang in ("bash", "python", "yaml"), (
-            f"README.md:{b.line}: a ```{b.lang} block: run it here or drop it"
+            f"{b.where}: a ```{b.lang} block: run it here or drop it"
         )
         assert b.lang != "yaml" or b.title, (
-            f'README.md:{b.line}: a yaml block without title="PATH" cannot be checked'
+            f'{b.where}: a yaml block without title="PATH" cannot be checked'
         )
 
 
-@pytest.mark.parametrize(
-    "block", [b for b in BLOCKS if b.lang == "yaml"], ids=lambda b: f"yaml-line{b.line}"
-)
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "yaml"], ids=_id)
 def test_yaml_block_is_a_valid_pipeline_config(block: Block) -> None:
     assert block.title is not None
     where = REPO / block.title
     config = parse_config(
         yaml.safe_load(block.code),
-        where=f"README.md:{block.line} ({block.title})",
+        where=f"{block.where} ({block.title})",
         base_dir=where.parent,
     )
     assert config.stages
@@ -157,7 +168,7 @@ def test_block_runs_as_written(
 ) -> None:
     excluded = next((why for line, why in EXCLUDED.items() if line in block.code), None)
     if excluded:
-        pytest.skip(f"excluded: README.md:{block.line}: {excluded}")
+        pytest.skip(f"excluded: {block.where}: {excluded}")
     if "scripts/demo.sh" in block.code:
         request.getfixturevalue("bootstrapped")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -166,22 +177,20 @@ def test_block_runs_as_written(
     else:
         # Outside the sandbox: a script's own directory comes first on sys.path,
         # and the sandbox's symlinked packages must not shadow the installed ones.
-        script = tmp_path / f"readme_line{block.line}.py"
+        script = tmp_path / f"{_id(block)}.py"
         script.write_text(block.code)
         cmd = [_python(), str(script)]
     proc = subprocess.run(
         cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (
-        f"README.md:{block.line} exited {proc.returncode}:\n{output[-4000:]}"
-    )
+    assert proc.returncode == 0, f"{block.where} exited {proc.returncode}:\n{output[-4000:]}"
     assert "Traceback (most recent call last)" not in output, output[-4000:]
 
     records = re.findall(r"^record: (\S+)\s*$", output, flags=re.MULTILINE)
     if any(s in block.code for s in RUNS_A_REQUEST_WITH_RECORD):
         assert records, (
-            f"README.md:{block.line} ran a request but printed no 'record: PATH' line:\n{output[-2000:]}"
+            f"{block.where} ran a request but printed no 'record: PATH' line:\n{output[-2000:]}"
         )
     for path in records:
         doc = json.loads((sandbox / path).read_text())

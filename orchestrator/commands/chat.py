@@ -104,7 +104,10 @@ class Fatal(Exception):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "config", nargs="?", help="pipeline config (YAML or JSON) to start here; or give --url"
+        "config",
+        nargs="?",
+        help="pipeline config (YAML or JSON), a shipped pipeline's name or a model's Hugging Face id "
+        "to start here; or give --url",
     )
     p.add_argument(
         "--url", help="drive a running `omni-edge serve` instead, e.g. http://127.0.0.1:8000"

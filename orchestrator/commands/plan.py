@@ -1,4 +1,8 @@
-"""``omni-edge plan CONFIG``: decide placements without loading anything."""
+"""``omni-edge plan CONFIG``: decide placements without loading anything.
+
+CONFIG is a file, a shipped pipeline's name or a model's Hub id (``orchestrator.pipelines``);
+a model named by Hub id that is not downloaded is planned from the Hub's metadata, nothing
+downloaded (the plan's model lines and ``artifact.hub`` say what ``omni-edge pull`` would fetch)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,11 @@ if TYPE_CHECKING:
 
 def add_pipeline_inputs(p: argparse.ArgumentParser, *, profile_help: str) -> None:
     """CONFIG, --profile and --mask: what every command that plans takes."""
-    p.add_argument("config", help="pipeline config (YAML or JSON)")
+    p.add_argument(
+        "config",
+        help="a pipeline config (YAML or JSON), a shipped pipeline's name (omni-edge pipelines "
+        "lists them; a file of that name wins) or a model's Hugging Face id (one decode stage)",
+    )
     p.add_argument("--profile", metavar="FILE", help=profile_help)
     p.add_argument(
         "--mask",

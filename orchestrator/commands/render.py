@@ -549,6 +549,7 @@ def plan_table(plan: PipelinePlan) -> Group:
     parts: list[RenderableType | None] = [
         head,
         stages,
+        hub_sheet(plan),
         calibration_sheet(plan),
         reservations_sheet(plan, notes),
         pools_sheet(plan),
@@ -586,6 +587,28 @@ def plan_table(plan: PipelinePlan) -> Group:
     if plan.notes:
         parts.append(Group(*(labelled("note:", note, style="dim") for note in plan.notes)))
     return spaced(parts)
+
+
+def hub_sheet(plan: PipelinePlan) -> Group | None:
+    """The models named by Hub id: the commit each is pinned to, and whether it is in the HF
+    cache or what ``omni-edge pull`` would download (None when no stage names one)."""
+    lines = []
+    for s in plan.stages:
+        hub = s.artifact.get("hub")
+        if not isinstance(hub, dict):
+            continue
+        head = f"{s.name}: {hub['repo']} @ {hub['commit'][:12]} ({hub['revision']})"
+        if hub["downloaded"]:
+            text = f"{head}, in the HF cache"
+        else:
+            free = hub.get("disk_free_bytes")
+            text = (
+                f"{head}, not downloaded: planned from the Hub's metadata; omni-edge pull fetches "
+                f"{fmt_bytes(hub['download_bytes'])} into {hub['cache_dir']}"
+                + (f" ({fmt_bytes(free)} free)" if isinstance(free, int) else "")
+            )
+        lines.append(labelled("model:", text))
+    return Group(*lines) if lines else None
 
 
 def print_plan(plan: PipelinePlan, console: Console | None = None) -> None:

@@ -149,7 +149,7 @@ def _replan(config: Any, profile: Any, mask: frozenset[str], report: VerifyRepor
                 "device": s.device,
                 "backend": s.backend,
                 "verification": s.verification.status if s.verification else None,
-                # each replica's, only for a stage with several (issue 24)
+                # each replica's, only for a stage with several (stage replicas)
                 **(
                     {
                         "replicas": [

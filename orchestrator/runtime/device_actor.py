@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -272,9 +273,16 @@ class DeviceActor:
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
 
     async def _import_first(self, kind: StageKind) -> None:
-        """Import the kind's ``runner_imports`` not imported yet, one stage at a time."""
+        """Import the kind's ``runner_imports`` not imported yet, one stage at a time. One not
+        installed is left to the runner (ar_decode names torch for the engines that load a
+        checkpoint; a llama.cpp stage in an install without torch never imports it), so a
+        module the runner does need is said by its own import, naming the stage."""
         async with self._importing:
-            missing = [m for m in kind.runner_imports if m not in sys.modules]
+            missing = [
+                m
+                for m in kind.runner_imports
+                if m not in sys.modules and importlib.util.find_spec(m) is not None
+            ]
             if missing:
                 await asyncio.to_thread(
                     call_loading, lambda: [importlib.import_module(m) for m in missing]

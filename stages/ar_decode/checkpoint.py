@@ -715,14 +715,17 @@ def _gguf_config(
     return config
 
 
-def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> CheckpointManifest:
+def read_gguf(
+    path: str | Path, *, materialize_dtype: str = "bfloat16", file_bytes: int | None = None
+) -> CheckpointManifest:
     """Describe a GGUF file: architecture from its metadata, sizes from its tensor table.
 
     ``weight_bytes`` is what the checkpoint occupies once dequantized to
     ``materialize_dtype`` (the form vLLM loads here), computed exactly from
     the element counts (evidence D); the GGUF's own size is in ``notes``, and
     what its tensors occupy as stored (llama.cpp's weights: ``gguf_tensor_bytes``
-    in ``quantization``; None when a tensor's ggml type has no known size).
+    in ``quantization``; None when a tensor's ggml type has no known size). ``file_bytes``: the
+    whole file's size when ``path`` holds its header alone (planned from the Hub's metadata).
     """
     p = Path(path)
     meta, tensors = _readable_gguf_header(p)
@@ -737,7 +740,7 @@ def read_gguf(path: str | Path, *, materialize_dtype: str = "bfloat16") -> Check
     elements = sum(n for _, n, _ in tensors)
     per = {"bfloat16": 2, "float16": 2, "float32": 4}[materialize_dtype]
     kinds = Counter(_GGML_TYPES.get(t, str(t)) for _, _, t in tensors)
-    size = p.stat().st_size
+    size = p.stat().st_size if file_bytes is None else file_bytes
     stored, unknown = gguf_tensor_bytes(tensors)
     return CheckpointManifest(
         path=str(p),

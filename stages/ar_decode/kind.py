@@ -20,13 +20,15 @@ offered every engine's, and each refuses what it cannot serve by name (vLLM an O
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.core import errors
+from orchestrator.core import errors, hub
 from orchestrator.core.cpu_threads import DECODE_WEIGHT
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
+from orchestrator.core.hub import HubRef, parse_hub_ref
 from orchestrator.core.ledger import Reservation, holder_peak
 from orchestrator.core.packages import is_package_location, resolve_package_location
 from orchestrator.core.plan import Refusal
@@ -40,6 +42,7 @@ from stages.ar_decode.checkpoint import (
 )
 from stages.ar_decode.config import MODEL_STAGE_PORTS, ArDecodeConfig, Sampling, is_gguf
 from stages.ar_decode.engines.base import DecodeEngine, kv_layout
+from stages.ar_decode.hub_model import HubModel, cached_model, hub_model, local_need, wanted_files
 from stages.ar_decode.kv import (
     KVBudget,
     decoder_weight_params,
@@ -49,7 +52,7 @@ from stages.ar_decode.kv import (
     text_config_problems,
 )
 from stages.ar_decode.prompt import check_request
-from stages.base import ArtifactInfo, Join, Progress, StageConfig, StageKind, StageRunner
+from stages.base import ArtifactInfo, Join, Need, Progress, StageConfig, StageKind, StageRunner
 from stages.payloads import Ports, parse_payloads
 from stages.requests import Request
 
@@ -173,6 +176,12 @@ def _checked_text_config(
     return tcfg
 
 
+def hub_ref(stage: ArDecodeConfig) -> HubRef | None:
+    """The stage's model as a Hub reference, or None for a path or ``package://`` location (the
+    loader turned every relative path that exists into an absolute one)."""
+    return None if Path(stage.model).is_absolute() else parse_hub_ref(stage.model)
+
+
 def _context_refusal(stage: ArDecodeConfig, info: ArtifactInfo, device: Device) -> Refusal | None:
     """A context longer than the model has positions: the engine would refuse it at load."""
     limit = model_context_limit(info.internal["text_config"])
@@ -259,22 +268,96 @@ class ArDecodeKind(StageKind):
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
+        """A relative path made absolute against the config's directory; a ``package://``
+        location kept; a Hub id (``orchestrator.core.hub.parse_hub_ref``) kept when no path
+        of that name exists there (a path wins over an id)."""
         assert isinstance(stage, ArDecodeConfig)
         if is_package_location(stage.model):
             return stage
         path = Path(stage.model).expanduser()
         if not path.is_absolute():
+            if parse_hub_ref(stage.model) is not None and not (base_dir / path).exists():
+                return stage
             path = (base_dir / path).resolve()
         return stage.model_copy(update={"model": str(path)})
 
+    def not_downloaded(self, stage: StageConfig) -> list[str]:
+        """The stage's model when it is named by Hub id and the HF cache lacks a file it reads."""
+        assert isinstance(stage, ArDecodeConfig)
+        ref = hub_ref(stage)
+        where = f"stages.{stage.name}.model"
+        if ref is None or cached_model(ref, stage.model_stage, where) is not None:
+            return []
+        return [ref.text]
+
+    def needs(self, stage: StageConfig, *, online: bool = True) -> list[Need]:
+        """The model: named by Hub id, from the HF cache (here, its files' size) or, when
+        ``online``, the Hub's listing (its size, not here); a path, from its metadata (here
+        when its weights are, not for a metadata-only directory)."""
+        assert isinstance(stage, ArDecodeConfig)
+        ref = hub_ref(stage)
+        if ref is None:
+            return local_need(self._local_path(stage, None), stage.model)
+        where = f"stages.{stage.name}.model"
+        cached = cached_model(ref, stage.model_stage, where)
+        if cached is not None:
+            return [Need(ref.text, sum(f.size for f in cached.files), True, str(cached.run_path))]
+        if not online or hub.offline():
+            return [Need(ref.text, None, False, "not in the Hugging Face cache")]
+        try:
+            snapshot = hub.remote_snapshot(ref, where)
+            files = wanted_files(snapshot, stage.model_stage, where)
+        except errors.ConfigError as exc:
+            return [Need(ref.text, None, False, exc.problems[0].what)]
+        size = sum(f.size for f in files)
+        return [Need(ref.text, size, False, f"not downloaded ({snapshot.commit[:12]} on the Hub)")]
+
     # -- planning --------------------------------------------------------------
     def describe(self, stage: StageConfig) -> ArtifactInfo:
+        """What the model says of itself, read from its metadata: a checkpoint directory, a
+        GGUF, or a model named by Hub id (``stages.ar_decode.hub_model``: the HF cache's snapshot,
+        else the Hub's metadata — then ``details["hub"]`` says so, what a run downloads, and the
+        plan's path is where the run will find it once pulled)."""
         assert isinstance(stage, ArDecodeConfig)
+        ref = hub_ref(stage)
+        model = (
+            hub_model(ref, stage.model_stage, f"stages.{stage.name}.model")
+            if ref is not None
+            else None
+        )
+        header_only = model is not None and not model.present and model.snapshot.ref.select
+        info = self._describe_at(
+            stage,
+            self._local_path(stage, model),
+            file_bytes=model.files[0].size if model is not None and header_only else None,
+        )
+        if model is None:
+            return info
+        manifest = info.details["manifest"]
+        note = model.note()
+        if note:
+            manifest = {**manifest, "notes": [*(manifest.get("notes") or ()), note]}
+        return replace(
+            info,
+            path=str(model.run_path),
+            details={**info.details, "manifest": manifest, "hub": model.record()},
+        )
+
+    @staticmethod
+    def _local_path(stage: ArDecodeConfig, model: HubModel | None) -> Path:
+        if model is not None:
+            return model.read_path
         ref = stage.model
-        path = resolve_package_location(ref) if is_package_location(ref) else Path(ref)
+        return resolve_package_location(ref) if is_package_location(ref) else Path(ref)
+
+    def _describe_at(
+        self, stage: ArDecodeConfig, path: Path, file_bytes: int | None = None
+    ) -> ArtifactInfo:
+        """``describe`` of the model's files at ``path`` (``file_bytes``: a GGUF's whole size
+        when ``path`` holds its header alone)."""
         if path.suffix == ".gguf":
             materialize = stage.dtype if stage.dtype != "auto" else "bfloat16"
-            manifest = read_gguf(path, materialize_dtype=materialize)
+            manifest = read_gguf(path, materialize_dtype=materialize, file_bytes=file_bytes)
             kind = "gguf"
         else:
             manifest = read_checkpoint(path, digest=stage.digest)

@@ -1,4 +1,4 @@
-"""Calibration converges (issue 19, part 14): a budget learnt from runs that the budget itself
+"""Calibration converges: a budget learnt from runs that the budget itself
 shaped must not climb with every run.
 
 A route worker is recycled when its RSS plus the largest rise of one call would pass its

@@ -141,7 +141,7 @@ def test_min_tokens_may_not_exceed_max_tokens(tmp_path):
 
 
 def test_a_vllm_omni_stage_args_file_is_refused_naming_the_importer(tmp_path):
-    """config.py reads no vLLM-Omni spelling of its own (issue 23, part 4): a ``stage_args:``
+    """config.py reads no vLLM-Omni spelling of its own (the importer is its one reader): a ``stage_args:``
     file, even one whose stages carry omni-edge's kind, is one problem that names the
     importer, the one reader of that format."""
     doc = """name: omni

@@ -249,7 +249,7 @@ def test_planning_a_vllm_omni_file_directly_names_the_importer(name: str) -> Non
     assert stderr.count("how to fix") == 1
 
 
-# ---- today's upstream deploy schema (issue 20, part 8) ----------------------------
+# ---- today's upstream deploy schema (Qwen-Omni's current deploy files) ----------------------------
 
 
 @pytest.fixture(scope="module")
@@ -425,7 +425,7 @@ def test_num_replicas_other_platforms_and_the_duplex_keys_are_listed_and_cuda_s_
     why = {f["key"]: f["why"] for f in report["no_equivalent"]}
     assert "full-duplex" in why["session_mode"] and "full-duplex" in why["duplex_session"]
     assert "active_stream_window" in why
-    # num_replicas is the stage's replicas now (issue 24): mapped, no longer listed or noted
+    # num_replicas is the stage's replicas now (stage replicas): mapped, no longer listed or noted
     assert "stages[1].num_replicas" not in why
     assert {
         "key": "stages[1].num_replicas",

@@ -1,4 +1,4 @@
-"""`omni-edge calibration show|reset`: a budget's history and forgetting it (issue 19, part 14).
+"""`omni-edge calibration show|reset`: a budget's history and forgetting it (calibration that converges).
 
 The store is written by the test (what a run records, with the keys a plan of
 configs/voice-assistant.yaml looks up on the recorded laptop profile), so the

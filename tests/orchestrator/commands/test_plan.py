@@ -113,7 +113,7 @@ def test_plan_imports_no_heavy_module(tmp_path):
     cfg, prof = setup(tmp_path)
     code = (
         f"import sys; from orchestrator.cli import main; rc = main(['plan', {str(cfg)!r}, '--profile', {str(prof)!r}, '--json']);"
-        "heavy = sorted(m for m in ('torch', 'vllm', 'onnxruntime', 'ray', 'transformers') if m in sys.modules);"
+        "heavy = sorted(m for m in ('torch', 'vllm', 'onnxruntime', 'ray', 'transformers', 'huggingface_hub') if m in sys.modules);"
         "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

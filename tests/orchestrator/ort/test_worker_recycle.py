@@ -293,7 +293,7 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
 ) -> None:
     """What a call allocates and frees before it returns (here its 16 MiB reply, encoded and sent)
     counts in the rise the recycle rule adds to the RSS: judged by what the call left behind, a
-    worker at its limit ran past it (1238 MB measured against a 1229 MB budget, issue 19)."""
+    worker at its limit ran past it (1238 MB measured against a 1229 MB budget, in the work on recycled route workers)."""
     from orchestrator.core.memory import peak_rss_of, rss_of
 
     if peak_rss_of(host.pid) is None:

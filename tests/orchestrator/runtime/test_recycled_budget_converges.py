@@ -1,5 +1,5 @@
-"""A recycled stage's budget converges over repeated long runs, end to end on Ray (issue 19,
-part 14): plan from the store, run, close (which records), plan again — four times.
+"""A recycled stage's budget converges over repeated long runs, end to end on Ray
+(calibration that converges): plan from the store, run, close (which records), plan again — four times.
 
 The stage is a real ``exported_graph`` on the CPU EP in a real route worker (this venv's
 interpreter as an ``interpreter`` route), and its worker grows with every call by

@@ -1,4 +1,4 @@
-"""The serve process's own memory (issue 12 part 4): only a served pipeline plans a
+"""The serve process's own memory (the calibration work): only a served pipeline plans a
 ``server`` shared reservation — E from ``SERVER_BYTES`` until a server run measured it,
 M after — and the server exposes what it holds now against it (/v1/plan's ``server``,
 /metrics). ``plan`` and ``run`` plans (and their golden files) have none."""

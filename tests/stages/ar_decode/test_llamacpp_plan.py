@@ -1,4 +1,4 @@
-"""llama.cpp as a planned ar_decode backend (issue 21): what the plan charges, what it refuses,
+"""llama.cpp as a planned ar_decode backend: what the plan charges, what it refuses,
 and when the probe offers it.
 
 Everything a user reads is asserted through ``omni-edge plan --json`` where a plan is the

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.ort]
 ENCODER = REPO / "exports" / "all-minilm-l6-v2"
 ROUTE_WORKER = "worker"
 """The profiles' route for ort-cpu: this interpreter, started as a route worker, so an
-item crosses the worker's wire as it does on the route the issue saw fail."""
+item crosses the worker's wire as it does on the route where it was seen to fail."""
 
 
 def worker_profile() -> dict[str, Any]:
@@ -185,7 +185,7 @@ def test_an_item_the_graph_cannot_take_is_a_bad_request_naming_the_stage_and_the
 def test_the_route_worker_takes_a_bare_array_for_one_input_and_names_the_inputs_otherwise(
     tmp_path: Path,
 ) -> None:
-    """The wire itself (orchestrator.ort.worker.Sessions.run): the AttributeError the issue saw."""
+    """The wire itself (orchestrator.ort.worker.Sessions.run): the AttributeError once seen there."""
     from orchestrator.ort.worker import Sessions
 
     proj = write_artifact(tmp_path / "proj", "projection")
