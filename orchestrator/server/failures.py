@@ -1,7 +1,7 @@
 """A request's exception as the client reads it: one mapping for every endpoint.
 
 The HTTP endpoints answer it as OpenAI's error body and status (``app.error_for``); a realtime
-session as an ``error`` event and a failed ``response.done`` (``realtime.Session._failure``).
+session as an ``error`` event and a failed ``response.done`` (``realtime_reply.Replies._failure``).
 Both read the same :class:`Failure`: the error's ``type`` and ``code``, the HTTP status, the
 message. A ``StageFailed``'s cause (interpreter paths, a worker's stderr tail) goes to the log
 only; the client reads the stage, its device and the code (``StageFailed.public_message``).
