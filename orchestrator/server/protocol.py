@@ -439,8 +439,14 @@ def _chat_prompt(
 
 
 def _sampling(chat: ChatBody) -> Sampling:
-    values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
-    return cast(Sampling, {key: v for key, v in values.items() if v is not None})
+    # Two fields name max_tokens (max_tokens, max_completion_tokens): the one given wins, so
+    # a field left out (None) is skipped before it is keyed, never written over the other.
+    values = {
+        key: value
+        for name, key in SAMPLING_FIELDS.items()
+        if (value := getattr(chat, name)) is not None
+    }
+    return cast(Sampling, values)
 
 
 def _texts(chat: ChatBody) -> list[tuple[str, str]]:

@@ -210,6 +210,13 @@ def test_keys_openai_sends_that_are_not_served_are_ignored() -> None:
     assert call.stream and call.include_usage and call.audio_format == "pcm16"
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_either_name_of_max_tokens_reaches_the_sampling(field: str) -> None:
+    """Both OpenAI names map to one sampling key: the one given is kept, whichever it is."""
+    call = _chat({"model": "m", "messages": HI, field: 4})
+    assert call.prompt == {"messages": HI, "sampling": {"max_tokens": 4}}
+
+
 def test_the_models_are_openais_shapes() -> None:
     chat = ChatBody.model_validate(
         {
