@@ -37,7 +37,7 @@ from stages.ar_decode.checkpoint import (
     read_safetensors_header,
 )
 from stages.ar_decode.config import MODEL_STAGE_PORTS, ArDecodeConfig, Sampling, is_gguf
-from stages.ar_decode.engines.base import DecodeEngine, kv_layout
+from stages.ar_decode.engines.base import DecodeEngine, TurnScorer, kv_layout
 from stages.ar_decode.kv import (
     KVBudget,
     decoder_weight_params,
@@ -461,6 +461,10 @@ class ArDecodeKind(StageKind):
         self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
     ) -> StageRunner:
         return self.engine(stage_plan.backend or "").runner(stage_plan, stage)
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> TurnScorer | None:
+        """The placement's engine's scorer of a spoken utterance's end (``DecodeEngine.turn_scorer``)."""
+        return self.engine(stage_plan.backend or "").turn_scorer(stage_plan, stage)
 
     def warm_request_check(self, stage_plan: StagePlan) -> None:
         """Load what ``validate_request`` needs (the engine's tokenizer: seconds, once per

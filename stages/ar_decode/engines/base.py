@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator.core import engines as engine_table
 from orchestrator.core import errors
@@ -177,6 +177,24 @@ class DecodeEngine(ABC):
         """The tokenizer a request is counted with before it reaches the actor (the one the
         engine reads; loaded once per process), or None: the runner's own check stays."""
         return None
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> TurnScorer | None:
+        """A scorer of how complete a spoken utterance is, from this stage's own model, for a
+        realtime session's semantic turn detection (run in the server, not loaded yet); None
+        when the engine has none (the default)."""
+        return None
+
+
+class TurnScorer(Protocol):
+    """How complete an utterance is (``DecodeEngine.turn_scorer``): blocking calls, serialised."""
+
+    def load(self) -> None: ...
+
+    def complete(self, transcript: str) -> float:
+        """The probability that the user's message is over where ``transcript`` ends."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class CheckpointEngine(DecodeEngine):
