@@ -35,6 +35,11 @@ class LocalAgreement:
         """The tokens committed so far, each pass's forced head."""
         self._last: tuple[list[int], frozenset[int]] | None = None
 
+    @property
+    def last(self) -> list[int] | None:
+        """The last hypothesis, which the next one is compared with (None before the first)."""
+        return None if self._last is None else list(self._last[0])
+
     def update(self, tokens: Sequence[int], starts: frozenset[int]) -> list[int]:
         """One pass's tokens (the committed ones first) and the indices in them that begin a
         word; the tokens this pass commits (often none)."""

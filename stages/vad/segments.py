@@ -119,13 +119,20 @@ class Segmenter:
         keep. The bounds are exactly those :meth:`push` then emits (the pause's start plus the
         pad, within ``max_segment``), so work on the segment can start before the pause has
         lasted ``min_silence``: a realtime session's early response."""
+        span, pause = self.pause_span(), self._pause
+        if span is None or pause is None or self.heard - pause < self.rules.pad:
+            return None
+        return None if pause - self._speech_start < self.rules.min_speech else span
+
+    def pause_span(self) -> tuple[int, int] | None:
+        """The bounds of the segment the current pause would close (its start, the pause's start
+        plus the pad, within ``max_segment``), as soon as the pause begins; None with no pause.
+        What the session transcribes and judges while it waits (``pending`` adds the pad heard
+        and the speech long enough to keep)."""
         r = self.rules
-        if self._start is None or self._pause is None or self.heard - self._pause < r.pad:
+        if self._start is None or self._pause is None or self._pause <= self._start:
             return None
-        end = self._pause
-        if end - self._speech_start < r.min_speech or end <= self._start:
-            return None
-        stop = end + r.pad
+        stop = self._pause + r.pad
         if r.max_segment is not None:
             stop = min(stop, self._start + r.max_segment)
         return (self._start, stop)

@@ -232,3 +232,16 @@ def test_limited_pauses_keep_the_segments_in_order_and_within_the_heard(
     for a, b in out:
         assert 0 <= a < b <= seg.heard
         assert b - a >= r.min_speech
+
+
+def test_the_pause_span_is_known_when_the_pause_begins_and_is_what_it_closes() -> None:
+    seg = Segmenter(rules(pad=20))
+    for p in [0.9] * 5:
+        seg.push(p)
+    assert seg.pause_span() is None  # no pause
+    seg.push(0.0)  # the pause begins at 50: its pad not heard yet, nothing pending
+    assert seg.pause_span() == (0, 70) and seg.pending() is None
+    seg.push(0.0)
+    assert seg.pending() == seg.pause_span() == (0, 70)
+    assert [s for p in [0.0] * 2 for s in seg.push(p)] == [(0, 70)]
+    assert seg.pause_span() is None
