@@ -31,9 +31,9 @@ seconds after the end of speech as the server heard it): the turn closed (``eot`
 end-of-turn delay), the transcript was final (``asr``), the first token, the first chunk
 cut for the voice and the first audio sent. The client's own steps, the transcript deltas
 (``…input_audio_transcription.delta``: how many came before the turn ended) and the
-transcripts are in ``--json``. p50/p95 of each over the counted turns; targets (the issue
-"Talk at the speed of a person"): p50 ≤ 0.5 s, p95 ≤ 0.8 s on 2 cores, and no more turns
-cut mid-question than ``server_vad`` at 400 ms.
+transcripts are in ``--json``. p50/p95 of each over the counted turns; the targets (a person's
+pace, docs/benchmarks.md): p50 ≤ 0.5 s, p95 ≤ 0.8 s on 2 cores, and no more turns cut
+mid-question than ``server_vad`` at 400 ms.
 
 The client's steps are event arrivals. A reply the server started early (in the pause,
 before it closed the turn; ``timing.early_start``) has its events held until the turn is
@@ -120,7 +120,7 @@ WARM_UP = "Hello, can you hear me?"
 LEAD_S = 0.5
 """Silence before each question: a microphone records before the user speaks."""
 TARGET_P50_S, TARGET_P95_S = 0.5, 0.8
-"""The voice-to-voice targets on the 2-core machine (the issue "Talk at the speed of a person")."""
+"""The voice-to-voice targets on the 2-core machine: a person's pace (docs/benchmarks.md)."""
 SPEECH_DBFS = -45.0
 """A 10 ms frame of the clip louder than this is speech (Piper's pauses with noise off sit far below)."""
 READY_TIMEOUT_S = 600.0

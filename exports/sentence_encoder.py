@@ -27,10 +27,13 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import artifact_hook
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EXPORTS = Path(__file__).resolve().parent
 REPO = EXPORTS.parent
@@ -92,7 +95,7 @@ def _tokenizer(model: str = MODEL) -> Any:
 
 
 @artifact_hook
-def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
+def preprocess(item: Any, artifact: Any = None) -> dict[str, np.ndarray]:
     """A text item → ``{input name: int64 [1, tokens]}`` for the names the graph takes."""
     import numpy as np
 
@@ -107,7 +110,7 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
 
 
 @artifact_hook
-def postprocess(outputs: dict[str, Any], artifact: Any = None) -> Any:
+def postprocess(outputs: dict[str, np.ndarray], artifact: Any = None) -> Any:
     """``last_hidden_state`` → the unit-length mean over tokens, float32 ``[384]``."""
     import numpy as np
 

@@ -33,12 +33,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from orchestrator.core.backends import with_cpu_threads
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import StageFailed
 from orchestrator.core.memory import descendants
 from orchestrator.core.profile import THIS_PROCESS
 from orchestrator.core.units import MiB
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
+from orchestrator.ort.worker import OpenedSession
 from stages.base import StageRunner
 
 if TYPE_CHECKING:
@@ -103,7 +105,7 @@ class OrtRunner(StageRunner):
         self._host: Any = None
         self._handles: dict[str, int] = {}
         """The plan's graph name (``session`` for a one-graph stage) -> its session's handle."""
-        self.load_info: dict[str, Any] = {}
+        self.load_info: dict[str, object] = {}
         self._pids: list[int] = []
 
     def _fail(self, why: str) -> NoReturn:
@@ -124,7 +126,7 @@ class OrtRunner(StageRunner):
             self.close()
             raise self._failed(exc, context) from exc
 
-    def _session_specs(self, *graphs: str, spelled: str | None = None) -> dict[str, dict[str, Any]]:
+    def _session_specs(self, *graphs: str, spelled: str | None = None) -> dict[str, JsonObject]:
         """The plan's session spec of each graph (``engine_kwargs[graph]["session"]``), or with no
         graph named the stage's one (``engine_kwargs["session"]``, under the name ``session``).
         A spec missing is a ``StageFailed`` naming the graphs (``spelled``: how, when not by their
@@ -141,11 +143,12 @@ class OrtRunner(StageRunner):
             self._fail(f"the plan carries no session spec for {named} (was it admitted?)")
         return specs
 
-    def _open(self, specs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _open(self, specs: dict[str, JsonObject]) -> dict[str, OpenedSession]:
         """Start the route's session host and open each spec in order, with the plan's CPU threads;
-        each handle goes to ``_handles``. Returns each session's load record (the route's answer)."""
+        each handle goes to ``_handles``. Returns each session's load record (the route's answer),
+        which ``load_info`` keeps."""
         self._host = open_sessions(self.route)
-        opened = {}
+        opened: dict[str, OpenedSession] = {}
         for graph, spec in specs.items():
             opened[graph] = self._host.open(
                 with_cpu_threads(spec, self.plan.cpu_threads), record=True
@@ -198,7 +201,7 @@ class OrtRunner(StageRunner):
             "fresh_bytes": host.fresh_bytes,
         }
 
-    def _worker_figures(self) -> dict[str, Any]:
+    def _worker_figures(self) -> dict[str, object]:
         """``worker_recycles`` (how many times the route worker was replaced since the load), for
         ``request_stats``; nothing in this process."""
         host = self._host

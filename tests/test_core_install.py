@@ -165,12 +165,20 @@ def test_the_table_of_optional_modules_covers_every_extra() -> None:
 # ---- real environments ---------------------------------------------------------------
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without what points an interpreter at this checkout or this venv
+    (the suite puts the repository on PYTHONPATH for Ray's workers, and its egg-info would
+    make pip take omni-edge as installed already)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=_clean_env(),
     )
 
 
@@ -205,7 +213,7 @@ def _venv_with(wheel: Path, extras: str, root: Path) -> Path:
 
 
 def _omni_edge(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = _clean_env()
     return subprocess.run(
         [str(python.parent / "omni-edge"), *args],
         capture_output=True,

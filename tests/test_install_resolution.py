@@ -32,9 +32,12 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from orchestrator.core.packages import ORT_FLAVOURS, PLUGIN_SINCE
+from orchestrator.core.ort_builds import ort_flavours, plugin_since
 from tests.helpers import REPO
 from tests.helpers.skips import skip_missing
+
+ORT_FLAVOURS = ort_flavours()
+PLUGIN_SINCE = plugin_since()
 
 pytestmark = pytest.mark.index
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core.backends import rows as backend_rows
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import check_writable, write_text_atomic
 from orchestrator.core.profile import THIS_PROCESS, HardwareProfile, Route, cluster_document
@@ -68,9 +69,11 @@ def parse_route_arg(text: str) -> tuple[str, str]:
     """``NAME=PYTHON`` → (name, python). Raises ValueError with the accepted form."""
     name, sep, python = text.partition("=")
     if not sep or not name.strip() or not python.strip():
-        raise ValueError(
-            f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)"
+        # the example: the first route venv the backend table names
+        venv, directory = next(
+            (v for row in backend_rows() for v in row.route_venvs), ("my-venv", "my-venv")
         )
+        raise ValueError(f"{text!r} is not NAME=PYTHON (e.g. {venv}=.venvs/{directory}/bin/python)")
     return name.strip(), python.strip()
 
 

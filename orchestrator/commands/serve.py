@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from orchestrator.runtime.ledger_actor import ActorSnapshot
     from orchestrator.server.limits import ServerLimits
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
@@ -655,7 +656,7 @@ def _announce(
         f"{'(API key required)' if key else ''}— Ctrl-C to stop",
         soft_wrap=True,
     )
-    turn = end_of_turn_text(pipeline.config)
+    turn = end_of_turn_text(pipeline.config, pipeline.plan)
     if turn is not None:
         console.print(
             f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends {turn}", soft_wrap=True
@@ -663,7 +664,7 @@ def _announce(
 
 
 def _report_close(
-    final: dict[str, Any] | None, stopped_by: list[int], close_s: float, console: Any
+    final: ActorSnapshot | None, stopped_by: list[int], close_s: float, console: Any
 ) -> None:
     """What stopped the server, how long the close took, and what each pool still holds."""
     held = (final or {}).get("held_bytes")

@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Literal
+
+from orchestrator.core import packages
 
 Found = Literal["route", "build", "this-process", "recorded"]
 """How probing a machine finds an engine:
@@ -226,19 +227,14 @@ def wire_digest() -> str:
 
 def installed_distribution(names: tuple[str, ...]) -> str | None:
     """The first of ``names`` installed in this interpreter (read from its metadata), or None."""
-    for name in names:
-        try:
-            metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        return name
-    return None
+    found = packages.first_installed(names)
+    return found[0] if found is not None else None
 
 
 def installed_version(r: DecodeEngineRow) -> str | None:
     """The engine's version in this interpreter (its first installed distribution's), or None."""
-    found = installed_distribution(r.distributions)
-    return metadata.version(found) if found is not None else None
+    found = packages.first_installed(r.distributions)
+    return found[1] if found is not None else None
 
 
 def version_key(r: DecodeEngineRow, build_version: str | None = None) -> str:
@@ -247,8 +243,8 @@ def version_key(r: DecodeEngineRow, build_version: str | None = None) -> str:
     when neither is known."""
     if build_version and r.distributions:
         return f"{r.distributions[0]}=={build_version}"
-    found = installed_distribution(r.distributions)
-    return f"{found}=={metadata.version(found)}" if found is not None else "unknown"
+    found = packages.first_installed(r.distributions)
+    return f"{found[0]}=={found[1]}" if found is not None else "unknown"
 
 
 def offered_here(r: DecodeEngineRow) -> list[EngineBackend]:
@@ -257,9 +253,8 @@ def offered_here(r: DecodeEngineRow) -> list[EngineBackend]:
     ``needs``; only the CPU's where a needed distribution is a CPU-only build."""
     if installed_distribution(r.distributions) is None:
         return []
-    try:
-        needed = [metadata.version(name) for name in r.needs]
-    except metadata.PackageNotFoundError:
+    needed = [v for name in r.needs if (v := packages.installed_version(name)) is not None]
+    if len(needed) < len(r.needs):
         return []
     cpu_only = any(marker in v for v in needed for marker in r.cpu_only_builds)
     return [b for b in r.backends if b.probed and ("cpu" in b.drives or not cpu_only)]

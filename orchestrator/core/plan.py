@@ -2,7 +2,12 @@
 
 The planner returns a :class:`PipelinePlan`; the runtime carries it out and
 never re-decides. ``to_json()`` is the documented contract (docs/plan-format.md);
-``from_json()`` reads it back (the runtime's actors receive plans as JSON).
+``from_json()`` reads it back. A stage's kind- and backend-specific parts — its
+``engine_kwargs`` (the backend's own settings, which only that backend's runner
+reads), ``artifact`` summary, kind ``details``, gate ``verification.details`` and
+``calibration`` — are JSON objects of the plan document as docs/plan-format.md
+describes them (``JsonObject``): the plan carries them for the kind and the
+backend that wrote them, and every reader checks the keys it reads.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 
@@ -50,7 +56,7 @@ class Refusal:
     message: str
     remedy: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
@@ -70,9 +76,9 @@ class Verification:
     status: str
     evidence: str = ""
     """'M' with where and when, or '' when unverified."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -88,9 +94,9 @@ class ReplicaPlan:
     backend: str | None
     route: str | None
     reservations: tuple[Reservation, ...]
-    engine_kwargs: dict[str, Any]
+    engine_kwargs: JsonObject
     verification: Verification | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: JsonObject | None = None
     cpu_threads: int | None = None
     cpu_threads_from: str | None = None
     node: str | None = None
@@ -104,8 +110,8 @@ class ReplicaPlan:
         """This replica's own peak on its device's pool: max(load path, steady state)."""
         return holder_peak(self.reservations, self.pool)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "index": self.index,
             "holder": self.holder,
             "device": self.device,
@@ -154,17 +160,17 @@ class StagePlan:
     route: str | None
     reservations: tuple[Reservation, ...]
     refusals: tuple[Refusal, ...]
-    engine_kwargs: dict[str, Any]
-    artifact: dict[str, Any]
+    engine_kwargs: JsonObject
+    artifact: JsonObject
     """Summary of what describe() read: path, weight bytes/format, digest..."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     """Kind-specific plan fields (``StageKind.plan_details``, e.g. ar_decode's
     ``kv_cache``), written at the stage's top level in the JSON."""
     verification: Verification | None = None
     inputs: tuple[str, ...] = ()
     final_output: bool = False
     final_output_type: str | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: JsonObject | None = None
     """What the measurement store did to this stage's reservations (``match``,
     ``before_bytes``, ``after_bytes``, ``evidence``, ``margin``, ``provenance``);
     None when the stage was planned from metadata alone (docs/calibration.md)."""
@@ -218,8 +224,8 @@ class StagePlan:
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "name": self.name,
             "kind": self.kind,
             "admitted": self.admitted,
@@ -283,7 +289,7 @@ class PoolPlan:
     parent: str | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -306,7 +312,7 @@ class PipelinePlan:
     def refusal_codes(self) -> list[RefusalCode]:
         return [r.code for s in self.stages if not s.admitted for r in s.refusals]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": PLAN_FORMAT,
             "pipeline": self.pipeline,

@@ -18,12 +18,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from orchestrator.core.backends import OrtBackendName
+from orchestrator.core.backends import BACKENDS
 from orchestrator.core.engines import backend_names as engine_backend_names
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.units import fmt_bytes
@@ -40,7 +40,7 @@ DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
 def backend_vocabulary() -> tuple[str, ...]:
     """Every backend name a device may list, from the tables: the decode engines' backends
     (``orchestrator.core.engines``), then the ONNX Runtime backends (``orchestrator.core.backends``)."""
-    return (*engine_backend_names(), *get_args(OrtBackendName))
+    return (*engine_backend_names(), *BACKENDS)
 
 
 def _known_backend(name: str) -> str:

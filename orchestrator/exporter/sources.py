@@ -42,14 +42,18 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.packages import is_package_location, resolve_package_location
 from stages.ar_decode.remote_code import refuse_remote_code
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 MIN_OPSET = 13
 """The lowest opset written or accepted: int8 QDQ per-channel (QuantizeLinear's
@@ -81,10 +85,10 @@ class Exported:
     """The fp32 ONNX file in the work directory."""
     input_names: list[str]
     output_names: list[str]
-    reference_inputs: dict[str, Any]
-    calibration: list[dict[str, Any]]
+    reference_inputs: dict[str, np.ndarray]
+    calibration: list[dict[str, np.ndarray]]
     """Feed dicts; the first one is the reference inputs."""
-    framework_outputs: dict[str, Any] | None
+    framework_outputs: dict[str, np.ndarray] | None
     """The exporting framework's outputs on the reference inputs (None for an ONNX source)."""
     origin: str
     opset: int
@@ -196,7 +200,7 @@ def _forward_order(module: Any, names: list[str]) -> list[str]:
 
 def _torch_export(
     module: Any,
-    feeds: dict[str, Any],
+    feeds: dict[str, torch.Tensor],
     path: Path,
     outputs: list[str],
     axes: dict[str, dict[int, str]],
@@ -233,8 +237,8 @@ def _torch_export(
 
 
 def _framework_outputs(
-    module: Any, feeds: dict[str, Any], names: list[str] | None
-) -> tuple[list[str], dict[str, Any]]:
+    module: Any, feeds: dict[str, torch.Tensor], names: list[str] | None
+) -> tuple[list[str], dict[str, np.ndarray]]:
     import torch
 
     with torch.no_grad():
@@ -319,7 +323,7 @@ def _from_torch(spec: str, work: Path, *, opset: int, step: Step) -> Exported:
     )
 
 
-def _numpy(feeds: dict[str, Any]) -> dict[str, Any]:
+def _numpy(feeds: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() if hasattr(v, "detach") else v for k, v in feeds.items()}
 
 
@@ -393,7 +397,7 @@ def from_transformers(
     wrapper = LastHiddenState().eval()
     order = ["input_ids", "attention_mask", "token_type_ids"]
 
-    def feeds_of(text: str) -> dict[str, Any]:
+    def feeds_of(text: str) -> dict[str, torch.Tensor]:
         enc = tokenizer([text], return_tensors="pt")
         return {n: enc[n].to(torch.int64) for n in order if n in enc}
 
@@ -504,7 +508,7 @@ def from_onnx(
     )
 
 
-def _load_npz(path: str, names: list[str], flag: str) -> dict[str, Any]:
+def _load_npz(path: str, names: list[str], flag: str) -> dict[str, np.ndarray]:
     import numpy as np
 
     try:

@@ -34,14 +34,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import settings
-from orchestrator.core.backends import PATH_OPTIONS, plugin_wire
+from orchestrator.core.backends import PATH_OPTIONS, plugin_wire, row_for_ep
 from orchestrator.core.engines import wire as engine_wire
 from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
-from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core.ort_builds import require_one_ort_flavour
 from orchestrator.core.profile import THIS_PROCESS
 from orchestrator.ort import wire, worker_probe
 from orchestrator.ort import worker as route_worker
@@ -52,7 +52,10 @@ from orchestrator.ort.hostproc import (
     launch_remedy,
     windows_path,
 )
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import OpenedSession, RunReply
+
+if TYPE_CHECKING:
+    from orchestrator.ort.worker import Feeds
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +141,12 @@ class InProcessSessions:
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         return self._call("run", {"handle": handle, "feeds": feeds})
 
     def close(self, handle: int) -> None:
@@ -293,8 +300,12 @@ class WorkerSessions:
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         """Run a session; between calls, first replace the worker when it holds more than ``recycle_limit``.
 
         OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose
@@ -551,11 +562,18 @@ def _mib(n: int) -> int:
 
 
 def with_plugins(spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec`` with the plugin packages of its target EP (the backend table's), which
-    the worker registers and takes the EP from when the route's build lacks it."""
+    """``spec`` with what the worker needs of its target EP's row (it holds no table): the
+    plugin packages, which it registers and takes the EP from when the route's build lacks
+    it, and the coverage report the EP writes, which it reads after the session opened."""
     if "plugins" in spec or not spec.get("providers"):
         return spec
-    return {**spec, "plugins": plugin_wire(spec["providers"][0])}
+    row = row_for_ep(spec["providers"][0])
+    report = row.coverage_report if row is not None else None
+    return {
+        **spec,
+        "plugins": plugin_wire(spec["providers"][0]),
+        **({"report": report.wire()} if report is not None else {}),
+    }
 
 
 def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:

@@ -38,14 +38,27 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    JsonObject = dict[str, Any]
+    """A JSON object on its way out of this worker to the process that started it (this file
+    is stdlib-only and stands alone in a route: it has ``orchestrator.core.documents``'s alias
+    under the same name, for the type checker only)."""
+    Feeds = dict[str, np.ndarray | np.generic]
+    """A session's inputs by name: arrays, or numpy scalars for 0-d inputs."""
 
 # imported as a package here; in a route, the program's earlier parts (ROUTE_PROGRAM) already
 # defined these names and no orchestrator package need be importable
 with contextlib.suppress(ImportError):
     from orchestrator.ort.wire import encode, read_message
     from orchestrator.ort.worker_probe import (
+        EngineRecord,
+        PluginRecord,
         ProviderUnavailable,
+        Registration,
         engines_found,
         ep_devices,
         ort_builds,
@@ -85,16 +98,66 @@ class _SpecKeys(TypedDict):
 
 class SpecRecord(_SpecKeys, total=False):
     """A session spec as it crosses to a route (``backends.SessionSpec.to_dict()``, plus
-    the ``plugins`` that ``sessions.with_plugins`` adds)."""
+    what ``sessions.with_plugins`` adds from the target EP's row: its ``plugins`` and the
+    coverage ``report`` it writes)."""
 
-    session_options: dict[str, Any]
+    session_options: dict[str, str | int | float | bool]
     session_config: dict[str, str]
-    plugins: list[dict[str, Any]]
+    plugins: list[PluginRecord]
+    report: dict[str, str]
 
 
 class EpOptions(TypedDict):
     given: dict[str, str]
     reported: dict[str, str] | None
+
+
+class SessionIO(TypedDict):
+    """One input or output of an opened session: its name, ONNX Runtime's type name
+    (``tensor(float)``) and shape (a size, an axis's name, or None)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
+
+
+class AssignedNodes(TypedDict):
+    """One subgraph an EP took: the EP and its nodes (op type, node name)."""
+
+    ep: str
+    nodes: list[list[str]]
+
+
+class EpReport(TypedDict):
+    """An EP's own assignment report, summarised: where it was, node counts per device and
+    the op types left on a CPU."""
+
+    path: str
+    device_stat: dict[str, int]
+    cpu_op_types: dict[str, int]
+
+
+class PluginDevice(TypedDict):
+    device_type: str
+    vendor: str
+    device_id: int
+    ep_metadata: dict[str, str]
+
+
+class PluginReply(TypedDict):
+    """The plugin package a session's EP came from, and the devices it was given."""
+
+    package: str
+    version: str | None
+    library: str | None
+    devices: list[PluginDevice]
+
+
+class RunReply(TypedDict):
+    """What ``run`` answers: each output's array and the session's own run time."""
+
+    outputs: dict[str, np.ndarray]
+    run_s: float
 
 
 class OpenedSession(TypedDict):
@@ -104,13 +167,14 @@ class OpenedSession(TypedDict):
     handle: int
     providers: list[str]
     ep_options: EpOptions
-    assignment: list[dict[str, Any]] | None
+    assignment: list[AssignedNodes] | None
     assignment_api: bool
     load_s: float
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
-    vitisai_report: dict[str, Any] | None
-    plugin: dict[str, Any] | None
+    inputs: list[SessionIO]
+    outputs: list[SessionIO]
+    ep_report: EpReport | None
+    """The EP's own coverage report, summarised (:func:`ep_report`), where it wrote one."""
+    plugin: PluginReply | None
 
 
 SPEC_FIX = "a session spec is backends.SessionSpec.to_dict(): graph, providers, provider_options[, session_options, session_config]"
@@ -147,6 +211,9 @@ def check_spec(spec: Any) -> SpecRecord:
             wrong.append(f"{key!r} is a {type(spec[key]).__name__}, not a mapping")
     if not isinstance(spec.get("plugins", []), list):
         wrong.append(f"'plugins' is a {type(spec['plugins']).__name__}, not a list")
+    report = spec.get("report", {"file": ""})
+    if not isinstance(report, dict) or not isinstance(report.get("file"), str):
+        wrong.append(f"'report' is {report!r}, not a mapping with a 'file'")
     if wrong:
         raise ValueError(f"the session spec is malformed: {'; '.join(wrong)} ({SPEC_FIX})")
     return spec  # type: ignore[return-value]  # checked above, key by key
@@ -173,16 +240,16 @@ class Sessions:
 
     def probe(
         self,
-        plugins: list[dict[str, Any]] | None = None,
-        engines: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+        plugins: list[PluginRecord] | None = None,
+        engines: list[EngineRecord] | None = None,
+    ) -> JsonObject:
         """This interpreter's Python, numpy, onnxruntime and its EPs; every plugin EP
         package in ``plugins`` that is installed is registered first, and what
         ``get_ep_devices()`` then lists is reported (``ep_devices``), with the
         plugin EPs that expose a device added to ``providers``; of the decode ``engines`` asked
         about, what :func:`engines_found` finds."""
         dist, _version = runtime_identity()
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "python": sys.executable,
             "python_version": platform.python_version(),
             "platform": f"{platform.system()}-{platform.machine()}",
@@ -254,7 +321,7 @@ class Sessions:
         api = hasattr(session, "get_provider_graph_assignment_info")
         if record and api:
             assignment = [
-                {"ep": sg.ep_name, "nodes": [[n.op_type, n.name] for n in sg.get_nodes()]}
+                AssignedNodes(ep=sg.ep_name, nodes=[[n.op_type, n.name] for n in sg.get_nodes()])
                 for sg in session.get_provider_graph_assignment_info()
             ]
         given = plugin_options if plugin is not None else spec["provider_options"][0]
@@ -270,13 +337,16 @@ class Sessions:
             "load_s": load_s,
             "inputs": [_meta(i) for i in session.get_inputs()],
             "outputs": [_meta(o) for o in session.get_outputs()],
-            "vitisai_report": _vitisai_report(spec),
+            "ep_report": ep_report(spec),
             "plugin": None if plugin is None else _plugin_reply(plugin, plugin_devices),
         }
 
     def run(
-        self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        outputs: list[str] | None = None,
+    ) -> RunReply:
         import numpy as np
 
         session = self._sessions[handle]
@@ -287,7 +357,7 @@ class Sessions:
         run_s = time.perf_counter() - t0
         return {"outputs": {n: np.asarray(values[i]) for i, n in enumerate(names)}, "run_s": run_s}
 
-    def close(self, handle: int) -> dict[str, Any]:
+    def close(self, handle: int) -> dict[str, object]:
         self._sessions.pop(handle, None)
         return {}
 
@@ -305,7 +375,7 @@ def _reported_options(session: Any, ep: str) -> dict[str, str] | None:
         return None
 
 
-def _by_name(session: Any, feeds: Any) -> dict[str, Any]:
+def _by_name(session: Any, feeds: Any) -> Feeds:
     """``feeds`` as ``{input name: array}``: a mapping as it is, a bare array as the
     only input of a one-input graph; anything else is a ``TypeError`` naming the
     graph's inputs (it was an ``AttributeError`` on ``.items()``)."""
@@ -337,23 +407,27 @@ def _native_byte_order(value: Any) -> Any:
     return value
 
 
-def _meta(arg: Any) -> dict[str, Any]:
-    return {
-        "name": arg.name,
-        "type": arg.type,
-        "shape": [d if isinstance(d, (int, str)) else None for d in arg.shape],
-    }
+def _meta(arg: Any) -> SessionIO:
+    return SessionIO(
+        name=arg.name,
+        type=arg.type,
+        shape=[d if isinstance(d, (int, str)) else None for d in arg.shape],
+    )
 
 
-def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
-    """The VitisAI EP's own assignment report, summarised, when it wrote one."""
+def ep_report(spec: SpecRecord) -> EpReport | None:
+    """The target EP's own assignment report, summarised, when its row names one (the spec's
+    ``report``: its ``file``, and the ``env`` variable the EP reads for another file name) and
+    the EP wrote it: under ``<cache_dir>/<cache_key>/`` of the session's provider options, or
+    where the variable points."""
+    report = spec.get("report")
+    if not report:
+        return None
     candidates = []
-    env = os.environ.get("XLNX_ONNX_EP_REPORT_FILE")
+    env = os.environ.get(report["env"]) if report.get("env") else None
     for opts in spec.get("provider_options", []):
         if "cache_dir" in opts and "cache_key" in opts:
-            candidates.append(
-                os.path.join(opts["cache_dir"], opts["cache_key"], "vitisai_ep_report.json")
-            )
+            candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], report["file"]))
             if env:
                 candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], env))
     if env:
@@ -361,11 +435,11 @@ def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
     for path in candidates:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
-                return summarise_vitisai_report(json.load(f), path)
+                return summarise_ep_report(json.load(f), path)
     return None
 
 
-def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any]:
+def summarise_ep_report(report: dict[str, Any], path: str) -> EpReport:
     """``deviceStat`` (per-device node counts) and the op types of nodes left on a CPU."""
     devices = {str(d.get("name")): int(d.get("nodeNum", 0)) for d in report.get("deviceStat", [])}
     cpu_ops: dict[str, int] = {}
@@ -373,15 +447,13 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
         if "CPU" in str(node.get("device", "")).upper():
             op = str(node.get("opType", node.get("op_type", "?")))
             cpu_ops[op] = cpu_ops.get(op, 0) + 1
-    return {"path": path, "device_stat": devices, "cpu_op_types": cpu_ops}
+    return EpReport(path=path, device_stat=devices, cpu_op_types=cpu_ops)
 
 
 # ---- main loop --------------------------------------------------------------------
 
 
-def _providers(
-    ort: Any, spec: SpecRecord
-) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
+def _providers(ort: Any, spec: SpecRecord) -> tuple[Registration | None, list[Any], dict[str, str]]:
     """The spec's providers, checked against this build: ``(plugin, its devices, its options)``
     when the target EP comes from a plugin package, ``(None, [], {})`` when every provider is
     built in; ``ProviderUnavailable`` otherwise.
@@ -438,9 +510,9 @@ def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int
             so.execution_mode = {
                 "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
                 "parallel": ort.ExecutionMode.ORT_PARALLEL,
-            }[value]
+            }[str(value)]
         elif key == "graph_optimization_level":
-            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(value))
         else:
             setattr(so, key, value)
     for key, value in spec.get("session_config", {}).items():
@@ -450,22 +522,22 @@ def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int
     return so
 
 
-def _plugin_reply(plugin: dict[str, Any], devices: list[Any]) -> dict[str, Any]:
+def _plugin_reply(plugin: Registration, devices: list[Any]) -> PluginReply:
     """The plugin a session's EP came from, and the devices it was given, as the reply carries them."""
-    return {
-        "package": plugin["package"],
-        "version": plugin["version"],
-        "library": plugin["library"],
-        "devices": [
-            {
-                "device_type": str(d.device.type).rsplit(".", 1)[-1],
-                "vendor": d.device.vendor,
-                "device_id": int(d.device.device_id),
-                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
-            }
+    return PluginReply(
+        package=plugin["package"],
+        version=plugin["version"],
+        library=plugin["library"],
+        devices=[
+            PluginDevice(
+                device_type=str(d.device.type).rsplit(".", 1)[-1],
+                vendor=d.device.vendor,
+                device_id=int(d.device.device_id),
+                ep_metadata={str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+            )
             for d in devices
         ],
-    }
+    )
 
 
 def main() -> None:
@@ -482,7 +554,7 @@ def main() -> None:
             return
         if message is None or message.get("op") == "exit":
             return
-        reply: dict[str, Any] = {"id": message.get("id")}
+        reply: JsonObject = {"id": message.get("id")}
         try:
             reply["result"] = sessions.dispatch(message["op"], message.get("args", {}))
             reply["ok"] = True

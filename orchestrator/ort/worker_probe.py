@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from importlib import metadata
-from typing import Any
+from typing import Any, TypedDict
 
 # imported as a package here; in a route, the program's earlier parts (ROUTE_PROGRAM) already
 # defined these names and no orchestrator package need be importable
@@ -27,9 +27,14 @@ ORT_DISTRIBUTIONS = (
     "onnxruntime-training",
     "onnxruntime",
     "ort-nightly",
+    "ort-nightly-gpu",
+    "ort-nightly-directml",
 )
 """Distributions that install the ``onnxruntime`` module, most specific first.
-Several builds share the module name; the distribution says which EPs it has."""
+Several builds share the module name; the distribution says which EPs it has.
+The route program holds no table, so this is a copy of the backend table's builds
+(``orchestrator.core.ort_builds.ort_flavours``), held equal to it by
+``tests/orchestrator/core/test_ort_flavours.py``: a new EP's build goes in both."""
 
 
 class ProviderUnavailable(RuntimeError):
@@ -38,18 +43,23 @@ class ProviderUnavailable(RuntimeError):
 
 PLUGIN_SINCE = {"onnxruntime-qnn": 2}
 """Distributions that were onnxruntime builds before this major version and are
-plugin EP packages (next to the plain ``onnxruntime``) from it on."""
+plugin EP packages (next to the plain ``onnxruntime``) from it on (a copy of
+``orchestrator.core.ort_builds.plugin_since``, held equal to it)."""
+
+
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed here, or None: the route program's
+    copy of ``orchestrator.core.packages.installed_version`` (held equal to it by
+    ``tests/orchestrator/core/test_versions.py``)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def runtime_identity() -> tuple[str | None, str | None]:
     """(distribution, version) of the onnxruntime build importable here, or (None, None)."""
-    for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if is_plugin_release(name, version):
-            continue  # a plugin EP package, not the build that provides the module
+    for name, version in ort_builds():
         return name, version
     return None, None
 
@@ -58,16 +68,13 @@ def ort_builds() -> list[tuple[str, str]]:
     """Every onnxruntime build installed here, ``(distribution, version)`` (plugin EP
     packages not counted). More than one is a broken environment: they share the
     ``onnxruntime`` module, and the last one installed overwrote the others' files
-    (``orchestrator.core.packages.require_one_ort_flavour`` refuses it in omni-edge's own
+    (``orchestrator.core.ort_builds.require_one_ort_flavour`` refuses it in omni-edge's own
     environment; a route reports it through ``probe``)."""
     found = []
     for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if not is_plugin_release(name, version):
-            found.append((name, version))
+        version = installed_version(name)
+        if version is not None and not is_plugin_release(name, version):
+            found.append((name, version))  # (a plugin EP package is not the module's build)
     return found
 
 
@@ -78,7 +85,76 @@ def is_plugin_release(distribution: str, version: str) -> bool:
     return since is not None and major.isdigit() and int(major) >= since
 
 
-_registered: dict[str, dict[str, Any]] = {}
+class PluginRecord(TypedDict, total=False):
+    """A plugin EP package as the route worker takes it (``backends.plugin_wire``): its EP, its
+    distribution, module and library, the name it registers under, the first version that is
+    a plugin, and how a session picks its device (``device_type``, ``select_by``) and spells a
+    file option (``option_paths``)."""
+
+    ep: str
+    package: str
+    module: str
+    library: str
+    registration: str
+    min_version: int
+    device_type: str
+    select_by: dict[str, str]
+    option_paths: dict[str, str]
+
+
+class Registration(TypedDict):
+    """What registering a plugin EP package's library here gave (:func:`register_plugin`)."""
+
+    package: str
+    ep: str
+    registration: str
+    version: str | None
+    library: str | None
+    status: str
+    error: str | None
+
+
+class EpDevice(TypedDict):
+    """One entry of ``onnxruntime.get_ep_devices()`` as plain data."""
+
+    ep_name: str
+    ep_vendor: str
+    device_type: str
+    vendor: str
+    vendor_id: int
+    device_id: int
+    ep_metadata: dict[str, str]
+    device_metadata: dict[str, str]
+
+
+class EngineRecord(TypedDict, total=False):
+    """A decode engine as the route is asked about it (``orchestrator.core.engines.wire``): its
+    name, the module and distributions that mean it is installed, and the program that reports
+    its build (found by its build)."""
+
+    engine: str
+    module: str
+    distributions: list[str]
+    build: str
+
+
+class EngineBuild(TypedDict):
+    """A decode engine's build as a child process reported it (:func:`engine_build`)."""
+
+    version: str | None
+    system_info: str
+    gpu_offload: bool
+    error: str | None
+
+
+class EnginesFound(TypedDict):
+    """What the route has of the engines asked about (:func:`engines_found`)."""
+
+    engine_distributions: list[str]
+    builds: dict[str, EngineBuild]
+
+
+_registered: dict[str, Registration] = {}
 """Registration name → what registering it gave (a library is registered once per process)."""
 
 
@@ -87,7 +163,7 @@ def plugged_eps() -> set[str]:
     return {r["ep"] for r in _registered.values() if r["status"] == "registered"}
 
 
-def _plugin_library(plugin: dict[str, Any], module: Any) -> str:
+def _plugin_library(plugin: PluginRecord, module: Any) -> str:
     getter = getattr(module, "get_library_path", None)
     if callable(getter):
         return str(getter())
@@ -99,7 +175,7 @@ def _plugin_library(plugin: dict[str, Any], module: Any) -> str:
     return path
 
 
-def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
+def register_plugin(ort: Any, plugin: PluginRecord) -> Registration:
     """Register one plugin EP package's library here, once; never raises.
 
     ``status``: ``registered``; ``not installed`` (its module cannot be found);
@@ -109,17 +185,16 @@ def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
     key = plugin["registration"]
     if key in _registered:
         return _registered[key]
-    out: dict[str, Any] = {
-        "package": plugin["package"],
-        "ep": plugin["ep"],
-        "registration": key,
-        "version": None,
-        "library": None,
-        "status": "not installed",
-        "error": None,
-    }
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        out["version"] = metadata.version(plugin["package"])
+    out = Registration(
+        package=plugin["package"],
+        ep=plugin["ep"],
+        registration=key,
+        version=None,
+        library=None,
+        status="not installed",
+        error=None,
+    )
+    out["version"] = installed_version(plugin["package"])
     if importlib.util.find_spec(plugin["module"]) is None:
         return out  # not remembered: it may be installed later in a long-lived worker
     if (
@@ -154,7 +229,7 @@ def is_plugin_release_of(version: str, min_major: int) -> bool:
     return not major.isdigit() or int(major) >= min_major
 
 
-def ep_devices(ort: Any) -> list[dict[str, Any]]:
+def ep_devices(ort: Any) -> list[EpDevice]:
     """What ``onnxruntime.get_ep_devices()`` lists, as plain data ([] before 1.22)."""
     if not hasattr(ort, "get_ep_devices"):
         return []
@@ -162,23 +237,23 @@ def ep_devices(ort: Any) -> list[dict[str, Any]]:
     for d in ort.get_ep_devices():
         hw = d.device
         out.append(
-            {
-                "ep_name": d.ep_name,
-                "ep_vendor": d.ep_vendor,
-                "device_type": str(hw.type).rsplit(".", 1)[-1],
-                "vendor": hw.vendor,
-                "vendor_id": int(hw.vendor_id),
-                "device_id": int(hw.device_id),
-                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
-                "device_metadata": {str(k): str(v) for k, v in dict(hw.metadata).items()},
-            }
+            EpDevice(
+                ep_name=d.ep_name,
+                ep_vendor=d.ep_vendor,
+                device_type=str(hw.type).rsplit(".", 1)[-1],
+                vendor=hw.vendor,
+                vendor_id=int(hw.vendor_id),
+                device_id=int(hw.device_id),
+                ep_metadata={str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+                device_metadata={str(k): str(v) for k, v in dict(hw.metadata).items()},
+            )
         )
     return out
 
 
 def select_ep_devices(
     ort: Any,
-    plugin: dict[str, Any],
+    plugin: PluginRecord,
     options: dict[str, str],
 ) -> tuple[list[Any], dict[str, str], str]:
     """The plugin EP's devices a session takes, the options the EP gets, and what was
@@ -228,29 +303,22 @@ def installed_distributions(module: str | None, names: list[str]) -> list[str]:
     """
     if module and importlib.util.find_spec(module) is None:
         return []
-    found = []
-    for name in names:
-        try:
-            metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
+    return [name for name in names if installed_version(name) is not None]
 
 
 ENGINE_BUILD_TIMEOUT_S = 60.0
 """Importing llama_cpp and starting its backend takes about a second; a minute is a hung build."""
 
 
-def engine_build_program(engine: dict[str, Any]) -> str:
+def engine_build_program(engine: EngineRecord) -> str:
     """What :func:`engine_build` runs with ``-c`` in a child of this interpreter: the working
     directory off ``sys.path`` first (:data:`SAFE_PATH_PRELUDE`), then the row's ``build``."""
     return SAFE_PATH_PRELUDE + str(engine["build"])
 
 
 def engine_build(
-    engine: dict[str, Any], timeout: float = ENGINE_BUILD_TIMEOUT_S
-) -> dict[str, Any] | None:
+    engine: EngineRecord, timeout: float = ENGINE_BUILD_TIMEOUT_S
+) -> EngineBuild | None:
     """The build of a decode engine found by its build (``engine``: its row's wire form, whose
     ``build`` is the program to run), asked in a child process so that a build using
     instructions this CPU lacks (killed by SIGILL) or crashing cannot take the route worker
@@ -259,12 +327,12 @@ def engine_build(
     if importlib.util.find_spec(module) is None:
         return None
     found_in = installed_distributions(None, list(engine.get("distributions") or ()))
-    out: dict[str, Any] = {
-        "version": metadata.version(found_in[0]) if found_in else None,
-        "system_info": "",
-        "gpu_offload": False,
-        "error": None,
-    }
+    out = EngineBuild(
+        version=installed_version(found_in[0]) if found_in else None,
+        system_info="",
+        gpu_offload=False,
+        error=None,
+    )
     try:
         proc = subprocess.run(
             [sys.executable, *safe_path_flags(), "-c", engine_build_program(engine)],
@@ -304,12 +372,12 @@ def engine_build(
     }
 
 
-def engines_found(engines: list[dict[str, Any]]) -> dict[str, Any]:
+def engines_found(engines: list[EngineRecord]) -> EnginesFound:
     """What the route has of the decode engines it was asked about (the engine table's wire
     form, ``orchestrator.core.engines.wire``: this file holds no table): the installed
     distributions of those found by them, and the build of those found by their build."""
     distributions: list[str] = []
-    builds: dict[str, Any] = {}
+    builds: dict[str, EngineBuild] = {}
     for engine in engines:
         if engine.get("build"):
             build = engine_build(engine)
@@ -319,4 +387,4 @@ def engines_found(engines: list[dict[str, Any]]) -> dict[str, Any]:
             distributions += installed_distributions(
                 engine.get("module"), list(engine.get("distributions") or ())
             )
-    return {"engine_distributions": distributions, "builds": builds}
+    return EnginesFound(engine_distributions=distributions, builds=builds)

@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.core import settings
-from orchestrator.core.backends import BACKENDS, EP_BACKENDS
-from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core.backends import BACKENDS, EP_BACKENDS, rows
+from orchestrator.core.ort_builds import require_one_ort_flavour
 from orchestrator.core.profile import (
     PROFILE_FORMAT,
     THIS_PROCESS,
@@ -52,15 +52,20 @@ from orchestrator.probe.host import (
 )
 from orchestrator.probe.npus import linux_npus
 
-# The interpreter routes that `probe` looks for by default, inside each route directory
-# (settings.route_dirs: the user's routes_dir, then .venvs next to the installation; never the
-# working directory): the OpenVINO EP replaces the `onnxruntime` module, so it lives in its own
-# venv (docs/design.md, known facts). ep-openvino (the plain onnxruntime + the
-# onnxruntime-ep-openvino plugin package, docs/plugin-eps.md) is probed when someone made it.
-DEFAULT_ROUTE_CANDIDATES = (
-    ("openvino-venv", Path("openvino/bin/python")),
-    ("ep-openvino", Path("ep-openvino/bin/python")),
-)
+
+def default_route_candidates() -> tuple[tuple[str, Path], ...]:
+    """The interpreter routes that ``probe`` looks for by default, inside each route directory
+    (``settings.route_dirs``: the user's ``routes_dir``, then ``.venvs`` next to the
+    installation; never the working directory): each backend row's ``route_venvs``, as
+    ``(route name, <directory>/bin/python)``. An EP whose build replaces the ``onnxruntime``
+    module lives in a venv of its own (docs/design.md, known facts); a plugin EP's venv (the
+    plain onnxruntime and the plugin package, docs/plugin-eps.md) is probed when someone
+    made it."""
+    return tuple(
+        (name, Path(directory) / "bin" / "python")
+        for row in rows()
+        for name, directory in row.route_venvs
+    )
 
 
 def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
@@ -76,13 +81,13 @@ def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwarePro
 
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
     """Interpreter routes that exist on this machine and that the user set up: each
-    :data:`DEFAULT_ROUTE_CANDIDATES` found in a route directory (``search_dirs``, default
+    :func:`default_route_candidates` found in a route directory (``search_dirs``, default
     ``settings.route_dirs()``: the user's ``routes_dir``, then ``.venvs`` next to the
     installation), then the ``routes`` the user's settings name. Never the working
     directory: a folder someone else made cannot put an interpreter here."""
     dirs = list(search_dirs) if search_dirs is not None else settings.route_dirs()
     routes: list[Route] = []
-    for name, rel in DEFAULT_ROUTE_CANDIDATES:
+    for name, rel in default_route_candidates():
         for d in dirs:
             candidate = d / rel
             if candidate.exists():

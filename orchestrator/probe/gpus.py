@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib.metadata
 import json
 import logging
 import subprocess
@@ -29,6 +28,7 @@ import sys
 from dataclasses import dataclass
 
 from orchestrator.core import settings
+from orchestrator.core.packages import installed_version
 from orchestrator.core.units import MiB
 from orchestrator.ort.wire import SAFE_PATH_PRELUDE, safe_path_flags
 
@@ -203,9 +203,8 @@ def parse_torch_answer(text: str) -> list[GPU]:
 
 
 def _from_torch() -> list[GPU] | None:
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+    version = installed_version("torch")
+    if version is None:
         return None
     if not torch_is_cuda_build(version):
         log.debug("torch %s is a CPU build: no GPU through torch", version)

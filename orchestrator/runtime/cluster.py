@@ -74,7 +74,7 @@ from typing import Any
 import psutil
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.memory import descendants, tree_memory
+from orchestrator.core.memory import RayMemory, descendants, tree_memory
 
 log = logging.getLogger(__name__)
 
@@ -590,7 +590,7 @@ def _reload_auth() -> None:
         log.debug("this Ray has no token authentication to reload")
 
 
-def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
+def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> RayMemory:
     """Ray's own memory on this machine, measured now (evidence M).
 
     A cluster started here: the processes ``ray.init`` started (GCS, raylet,
@@ -606,9 +606,9 @@ def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
             pids.add(root)
             pids.update(descendants(root))
     total, kind = tree_memory(pids)
-    return {
-        "bytes": total + cluster.driver_growth_bytes,
-        "processes": len(pids),
-        "measure": f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
-        "cluster": "local (started here)" if cluster.owned else f"joined {cluster.address}",
-    }
+    return RayMemory(
+        bytes=total + cluster.driver_growth_bytes,
+        processes=len(pids),
+        measure=f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
+        cluster="local (started here)" if cluster.owned else f"joined {cluster.address}",
+    )

@@ -15,14 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.core.errors import ConfigError, PeerLost, StageFailed
 from orchestrator.runtime import node_death
 from orchestrator.runtime.admission import replicated_limit
+from stages.base import StageHealth
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from orchestrator.runtime.startup import Device
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +111,24 @@ def check_alive(rt: Any, entry: str | None = None) -> None:
         )
 
 
-async def stage_failures(rt: Any, timeout_s: float) -> dict[str, dict[str, Any]]:
+async def stage_failures(rt: Any, timeout_s: float) -> dict[str, StageHealth]:
     """Stages whose engine stopped inside a living device actor (``DeviceActor.health``):
-    ledger holder (the stage's name; a replica's, ``voice#1``) → ``{"code", "message"}``. An
+    ledger holder (the stage's name; a replica's, ``voice#1``) → why (``StageHealth``). An
     actor that does not answer within ``timeout_s`` is left out (a busy actor is not a failed
     one; a dead one is ``dev.dead``)."""
     live = [dev for dev in rt.devices.values() if not dev.dead]
 
-    async def ask(dev: Device) -> dict[str, dict[str, Any]]:
+    async def ask(dev: Device) -> dict[str, StageHealth]:
         try:
-            return dict(await asyncio.wait_for(_awaitable(dev.actor.health.remote()), timeout_s))
+            found: dict[str, StageHealth] = await asyncio.wait_for(
+                _awaitable(dev.actor.health.remote()), timeout_s
+            )
+            return dict(found)
         except Exception as exc:  # dead (noticed by the next request) or slow: not this call's
             log.debug("device actor %s did not report its health: %s", dev.id, exc)
             return {}
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, StageHealth] = {}
     for dev, found in zip(live, await asyncio.gather(*(ask(dev) for dev in live)), strict=True):
         for stage, failure in found.items():
             holder = next((h for h in dev.holders if rt.refs[h].stage == stage), stage)
@@ -128,7 +136,7 @@ async def stage_failures(rt: Any, timeout_s: float) -> dict[str, dict[str, Any]]
     return out
 
 
-async def _awaitable(ref: Any) -> Any:
+async def _awaitable(ref: ObjectRef[T]) -> T:
     return await ref
 
 

@@ -76,28 +76,37 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from orchestrator.config import PipelineConfig
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
+from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE
 from orchestrator.runtime.requests import audio_entry_stages
 from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import (
+    SemanticSettings,
     SemanticTurnDetection,
     SessionFields,
+    SessionTurn,
     SessionUpdate,
-    TurnDetection,
+    TurnSettings,
     new_id,
     validated,
 )
+from orchestrator.server.realtime_events import TurnDetection as ServerVadFields
 from orchestrator.server.realtime_reply import Replies
 from orchestrator.server.realtime_turn_end import TurnEnd, pauses, semantic_problem
 from orchestrator.server.realtime_turns import Turns
-from stages.base import REQUEST
-from stages.vad.runner import VadRunner
+from stages.base import REQUEST, SpeechTranscriber, TurnDetection, TurnScorer
+from stages.payloads import AudioItem, Item
+from stages.registry import get_kind
+from stages.requests import ChatItem, ChatMessage
+from stages.vad.runner import Segment, VadRunner
 
 log = logging.getLogger(__name__)
 
@@ -134,52 +143,52 @@ class RealtimeLimits:
                 raise ValueError(f"RealtimeLimits.{name} must be a positive number, got {value!r}")
 
 
-def semantic_turn(eagerness: str) -> dict[str, Any]:
+def semantic_turn(eagerness: str) -> SemanticSettings:
     """A session's ``semantic_vad`` turn detection, as ``session.created`` shows it."""
-    return {
-        "type": "semantic_vad",
-        "eagerness": eagerness,
-        "create_response": True,
-        "interrupt_response": True,
-    }
+    return SemanticSettings(
+        type="semantic_vad", eagerness=eagerness, create_response=True, interrupt_response=True
+    )
 
 
-def end_of_turn(config: Any) -> tuple[str, int] | None:
-    """(the vad stage, its ``min_silence_ms``): the silence that ends a spoken turn by default;
-    None for a pipeline with no vad stage at its audio entry."""
+def end_of_turn(config: PipelineConfig, plan: PipelinePlan) -> tuple[str, TurnDetection] | None:
+    """The stage at the pipeline's audio entry that cuts a spoken stream into turns (a vad
+    stage: ``StageKind.turn_detection``) and its turn detection (the silence that ends a
+    turn: its ``min_silence_ms``); None for a pipeline with none."""
     for name in audio_entry_stages(config):
-        stage = config.stage(name)
-        if stage.kind == "vad":
-            return name, int(stage.min_silence_ms)
+        found = get_kind(config.stage(name).kind).turn_detection(plan.stage(name))
+        if found is not None:
+            return name, found
     return None
 
 
-def end_of_turn_text(config: Any) -> str | None:
+def end_of_turn_text(config: PipelineConfig, plan: PipelinePlan) -> str | None:
     """How a session ends a spoken turn by default, in words (serve's start-up line)."""
-    turn = end_of_turn(config)
+    turn = end_of_turn(config, plan)
     if turn is None:
         return None
-    chosen = config.stage(turn[0]).turn_detection
-    if chosen.type == "semantic_vad":
-        p = pauses(chosen.eagerness)
+    name = turn[0]
+    eagerness = get_kind(config.stage(name).kind).semantic_eagerness(config.stage(name))
+    if eagerness is not None:
+        p = pauses(eagerness)
         return (
             f"after {p.complete_ms} ms of silence when the thinker's model judges the utterance "
-            f"complete, {p.incomplete_ms} ms when not ({turn[0]} turn_detection: semantic_vad, "
-            f"eagerness {chosen.eagerness}; a session's turn_detection)"
+            f"complete, {p.incomplete_ms} ms when not ({name} turn_detection: semantic_vad, "
+            f"eagerness {eagerness}; a session's turn_detection)"
         )
     return (
-        f"after {turn[1]} ms of silence ({turn[0]} min_silence_ms; a session's "
+        f"after {turn[1].silence_duration_ms} ms of silence ({name} min_silence_ms; a session's "
         "turn_detection.silence_duration_ms)"
     )
 
 
-def turn_detection_problem(config: Any) -> Problem | None:
-    """Why the vad stage's ``turn_detection`` cannot be served (before anything starts): a
-    ``semantic_vad`` whose stages cannot score a transcript (``realtime_turn_end``)."""
-    turn = end_of_turn(config)
-    if turn is None or config.stage(turn[0]).turn_detection.type != "semantic_vad":
-        return None
-    return semantic_problem(config, turn[0])
+def turn_detection_problem(config: PipelineConfig) -> Problem | None:
+    """Why a stage's ``turn_detection`` cannot be served, read from the config before anything
+    is planned: a ``semantic_vad`` whose stages cannot score a transcript (``realtime_turn_end``)."""
+    for name in audio_entry_stages(config):
+        stage = config.stage(name)
+        if get_kind(stage.kind).semantic_eagerness(stage) is not None:
+            return semantic_problem(config, name)
+    return None
 
 
 # -- the endpoint ----------------------------------------------------------------------
@@ -195,7 +204,7 @@ class Realtime:
         runtime = app.runtime
         config = app.pipeline.config
         entries = audio_entry_stages(config)
-        turn = end_of_turn(config)
+        turn = end_of_turn(config, app.pipeline.plan)
         self.vad_stage = turn[0] if turn else None
         self.audio_entry = bool(entries)
         self.reply_stages: set[str] = set(app.text_stages)
@@ -206,14 +215,18 @@ class Realtime:
         self.decode_stages = [
             s.name
             for s in runtime.stages
-            if s.kind == "ar_decode" and REQUEST not in s.inputs and s.name not in runtime.joins
+            if runtime.kinds[s.name].takes_conversation
+            and REQUEST not in s.inputs
+            and s.name not in runtime.joins
         ]
-        """The stages the conversation so far is passed to (``context``): decode stages fed by another stage."""
+        """The stages the conversation so far is passed to (``context``): those whose kind takes
+        it (``StageKind.takes_conversation``, a decoder's) fed by another stage."""
         voice = next((s.name for s in runtime.stages if s.name in self.audio_stages), None)
         self.chunker = (lambda: runtime.sentence_chunker(voice)) if voice else None
-        self.vad_settings = self._vad_settings()
+        self.vad_settings = _turn_defaults(turn[1]) if turn else None
         """The vad stage's own pause settings, in ``server_vad``'s terms (None: no vad stage)."""
-        self.defaults = self._turn_defaults()
+        self.defaults = self._session_default()
+        """The session's default turn detection: the vad stage's ``turn_detection``."""
         self.entry = self._after_vad(runtime)
         """Where a turn's segment enters the pipeline: the stage the vad stage feeds, when that
         one takes audio (the segment is already cut by the same graph); None: at the start."""
@@ -224,7 +237,7 @@ class Realtime:
         feeds); None: no streaming transcription, the segment enters at ``entry``."""
         self.streaming = self.text_entry is not None
         """Whether sessions transcribe while the user speaks (``realtime_transcribe``)."""
-        self._asr: Any = None
+        self._asr: SpeechTranscriber | None = None
         self._asr_lock = asyncio.Lock()
         self._asr_busy = threading.Lock()
         """Held by the thread running a pass: one Whisper, one pass at a time in the server."""
@@ -236,27 +249,16 @@ class Realtime:
             if problem is not None:
                 raise ConfigError([problem])
 
-    def _vad_settings(self) -> dict[str, Any] | None:
-        if self.vad_stage is None:
-            return None
-        stage = self.app.pipeline.config.stage(self.vad_stage)
-        return {
-            "type": "server_vad",
-            "threshold": float(stage.threshold),
-            "prefix_padding_ms": int(stage.speech_pad_ms),
-            "silence_duration_ms": int(stage.min_silence_ms),
-            "create_response": True,
-            "interrupt_response": True,
-        }
-
-    def _turn_defaults(self) -> dict[str, Any] | None:
-        """The session's default turn detection: the vad stage's ``turn_detection`` and settings."""
+    def _session_default(self) -> SessionTurn | None:
+        """The session's default turn detection: the vad stage's ``turn_detection``
+        (``StageKind.semantic_eagerness``), with its own settings for ``server_vad``."""
         if self.vad_settings is None or self.vad_stage is None:
             return None
-        chosen = self.app.pipeline.config.stage(self.vad_stage).turn_detection
-        if chosen.type == "semantic_vad":
-            return semantic_turn(chosen.eagerness)
-        return dict(self.vad_settings)
+        stage = self.app.pipeline.config.stage(self.vad_stage)
+        eagerness = get_kind(stage.kind).semantic_eagerness(stage)
+        if eagerness is not None:
+            return semantic_turn(eagerness)
+        return self.vad_settings.copy()
 
     def semantic_problem(self) -> Problem | None:
         """Why this pipeline's sessions cannot end turns semantically (None when they can)."""
@@ -277,22 +279,20 @@ class Realtime:
             )
         return problem
 
-    def _scorer(self) -> Any:
+    def _scorer(self) -> TurnScorer | None:
         """The thinker's engine's scorer (not loaded), or None."""
         if self.text_entry is None:
             return None
         name = self.text_entry
-        kind = self.app.runtime.kinds[name]
-        make = getattr(kind, "turn_scorer", None)
-        if make is None:
-            return None
-        return make(self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name))
+        return self.app.runtime.kinds[name].turn_scorer(
+            self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name)
+        )
 
     def _after_asr(self, runtime: Any) -> str | None:
         """The stage the asr stage (the one a VAD-cut turn enters at) feeds, when a text request
         may enter there: the session transcribes with that asr stage's Whisper and the turn
         enters there with its transcript."""
-        if self.entry is None or self.app.runtime.kinds[self.entry].kind != "asr":
+        if self.entry is None or not self.app.runtime.kinds[self.entry].transcribes_speech:
             return None
         consumers = list(runtime.consumers.get(self.entry, []))
         if len(consumers) != 1 or consumers[0] not in runtime.entry_stages("text"):
@@ -309,7 +309,7 @@ class Realtime:
 
     def end_of_turn_ms(self) -> int | None:
         """The default end-of-turn delay: the silence that closes a turn (the vad stage's ``min_silence_ms``)."""
-        return None if self.defaults is None else int(self.defaults["silence_duration_ms"])
+        return None if self.vad_settings is None else self.vad_settings["silence_duration_ms"]
 
     async def vad(self) -> VadRunner:
         """The vad stage's runner in this process (its graph opened once, on its plan's route)."""
@@ -354,15 +354,17 @@ class Realtime:
                 self.warm()
         return self._asr is not None
 
-    async def asr(self) -> Any:
-        """The asr stage's runner in this process (its graphs opened once, on its plan)."""
+    async def asr(self) -> SpeechTranscriber:
+        """The asr stage's transcriber in this process (``StageKind.transcriber``: its graphs
+        opened once, on its plan)."""
         async with self._asr_lock:
             if self._asr is None:
                 assert self.entry is not None
                 name = self.entry
-                runner = self.app.runtime.kinds[name].runner(
+                runner = self.app.runtime.kinds[name].transcriber(
                     self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name)
                 )
+                assert runner is not None  # _after_asr: the kind transcribes speech
                 t0 = time.perf_counter()
                 await asyncio.to_thread(runner.load)
                 log.info(
@@ -375,16 +377,19 @@ class Realtime:
             return self._asr
 
     def transcribe(
-        self, item: dict[str, Any], prefix: list[int], cancel: threading.Event
+        self, item: Segment, prefix: list[int], cancel: threading.Event
     ) -> tuple[list[int], frozenset[int]]:
-        """One transcript pass (blocking; one at a time in the server): the tokens, the first
-        ones ``prefix``, and where words begin in them."""
+        """One transcript pass (blocking; one at a time in the server; after ``asr``): the
+        tokens, the first ones ``prefix``, and where words begin in them."""
+        assert self._asr is not None
         with self._asr_busy:
-            tokens = self._asr.decode_tokens(item, prefix, cancel)
+            audio = AudioItem(audio=item["audio"], sample_rate=item["sample_rate"])
+            tokens = self._asr.decode_tokens(audio, prefix, cancel)
             return tokens, self._asr.word_starts(tokens)
 
     def text_of(self, tokens: list[int]) -> str:
-        return str(self._asr.text(tokens))
+        assert self._asr is not None
+        return self._asr.text(tokens)
 
     def idle(self) -> bool:
         """Whether the CPU is the session's to transcribe on: no pipeline request in flight (the
@@ -433,8 +438,8 @@ class Session:
         self.voice = "default"
         self.modalities: list[str] = ["text", "audio"]
         self.in_rate = self.out_rate = OPENAI_PCM_RATE
-        self.turn: dict[str, Any] | None = dict(rt.defaults) if rt.defaults else None
-        self.history: list[dict[str, str]] = []
+        self.turn: SessionTurn | None = rt.defaults.copy() if rt.defaults else None
+        self.history: list[ChatMessage] = []
         self.response: Response | None = None
         self.send_lock = asyncio.Lock()
         self.turns = Turns(self)
@@ -468,7 +473,7 @@ class Session:
             },
         )
 
-    def session_doc(self) -> dict[str, Any]:
+    def session_doc(self) -> JsonObject:
         return {
             "id": self.id,
             "object": "realtime.session",
@@ -593,7 +598,7 @@ class Session:
             )
 
     # -- client events ---------------------------------------------------------------
-    async def on_session_update(self, doc: dict[str, Any]) -> None:
+    async def on_session_update(self, doc: dict[str, object]) -> None:
         fields: SessionFields = validated(
             SessionUpdate, doc, "{'type': 'session.update', 'session': {...}}"
         ).session
@@ -614,7 +619,7 @@ class Session:
             self.modalities = list(dict.fromkeys(fields.modalities))
         await self.send("session.updated", session=self.session_doc())
 
-    def _turn(self, given: TurnDetection | SemanticTurnDetection) -> dict[str, Any]:
+    def _turn(self, given: ServerVadFields | SemanticTurnDetection) -> SessionTurn:
         """A ``session.update``'s turn detection as the session keeps it; ``BadRequest`` naming
         the field when this pipeline cannot do it."""
         if self.rt.vad_settings is None:
@@ -624,7 +629,7 @@ class Session:
                 "send turn_detection: null and commit the audio yourself",
             )
         set_ = given.model_dump(exclude_none=True)
-        if isinstance(given, TurnDetection) and set_.pop("eagerness", None) is not None:
+        if isinstance(given, ServerVadFields) and set_.pop("eagerness", None) is not None:
             raise BadRequest.single(
                 "session.turn_detection.eagerness",
                 "is semantic_vad's: server_vad ends a turn after silence_duration_ms",
@@ -634,8 +639,10 @@ class Session:
             problem = self.rt.semantic_problem()
             if problem is not None:
                 raise BadRequest.single("session.turn_detection.type", problem.what, problem.fix)
-            return {**semantic_turn(given.eagerness or "auto"), **set_}
-        turn = {**self.rt.vad_settings, **set_}
+            # the model checked each field the client set; the eagerness's own fill the rest
+            return cast(SemanticSettings, {**semantic_turn(given.eagerness or "auto"), **set_})
+        # the model checked each field the client set; the stage's own fill the rest
+        turn = cast(TurnSettings, {**self.rt.vad_settings, **set_})
         if turn["prefix_padding_ms"] > turn["silence_duration_ms"]:
             raise BadRequest.single(
                 "session.turn_detection.prefix_padding_ms",
@@ -645,7 +652,7 @@ class Session:
             )
         return turn
 
-    async def on_response_create(self, doc: dict[str, Any]) -> None:
+    async def on_response_create(self, doc: dict[str, object]) -> None:
         if self.response is not None:
             raise BadRequest.single(
                 "response",
@@ -660,12 +667,13 @@ class Session:
             )
         await self.respond()
 
-    async def on_response_cancel(self, doc: dict[str, Any]) -> None:
+    async def on_response_cancel(self, doc: dict[str, object]) -> None:
         if self.response is None:
+            event_id = doc.get("event_id")
             await self.error(
                 "no response is in progress to cancel",
                 code="response_cancel_not_active",
-                event_id=doc.get("event_id") if isinstance(doc.get("event_id"), str) else None,
+                event_id=event_id if isinstance(event_id, str) else None,
             )
             return
         await self.cancel("client_cancelled")
@@ -692,8 +700,8 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
 
-    def context(self) -> dict[str, list[Any]] | None:
-        messages: list[dict[str, str]] = []
+    def context(self) -> dict[str, list[Item]] | None:
+        messages: list[ChatMessage] = []
         total = 0
         for m in reversed(self.history):
             total += len(m["content"])
@@ -701,13 +709,25 @@ class Session:
                 break
             messages.insert(0, m)
         if self.instructions:
-            messages.insert(0, {"role": "system", "content": self.instructions})
+            messages.insert(0, ChatMessage(role="system", content=self.instructions))
         if not messages or not self.rt.decode_stages:
             return None
-        return {name: [{"messages": messages}] for name in self.rt.decode_stages}
+        return {name: [ChatItem(messages=messages)] for name in self.rt.decode_stages}
 
 
-HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {
+def _turn_defaults(turn: TurnDetection) -> TurnSettings:
+    """A session's ``turn_detection`` as OpenAI's server VAD spells it, from the stage's own."""
+    return TurnSettings(
+        type="server_vad",
+        threshold=float(turn.threshold),
+        prefix_padding_ms=int(turn.prefix_padding_ms),
+        silence_duration_ms=int(turn.silence_duration_ms),
+        create_response=True,
+        interrupt_response=True,
+    )
+
+
+HANDLERS: dict[str, Callable[[Session, dict[str, object]], Any]] = {
     "session.update": Session.on_session_update,
     "input_audio_buffer.append": lambda s, doc: s.turns.on_append(doc),
     "input_audio_buffer.commit": lambda s, doc: s.turns.on_commit(doc),

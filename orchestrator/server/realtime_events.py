@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 import numpy as np
 from pydantic import ConfigDict, Discriminator, Field, Tag
@@ -39,7 +39,7 @@ class SemanticTurnDetection(_Body):
     interrupt_response: bool | None = None
 
 
-def _turn_type(value: Any) -> str | None:
+def _turn_type(value: object) -> str | None:
     """``turn_detection``'s tag: its ``type`` (server_vad when it names none); ``~`` keeps the
     tag out of the field an error names (``protocol._problem``)."""
     kind = (
@@ -50,6 +50,33 @@ def _turn_type(value: Any) -> str | None:
         if isinstance(kind, str)
         else None
     )
+
+
+class TurnSettings(TypedDict):
+    """A session's ``server_vad`` turn detection as it holds and sends it
+    (``session.turn_detection``): OpenAI's server VAD fields, the vad stage's own settings
+    where the client set none."""
+
+    type: Literal["server_vad"]
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    create_response: bool
+    interrupt_response: bool
+
+
+class SemanticSettings(TypedDict):
+    """A session's ``semantic_vad`` turn detection as it holds and sends it: the pauses are the
+    eagerness's (``realtime_turn_end.EAGERNESS``)."""
+
+    type: Literal["semantic_vad"]
+    eagerness: str
+    create_response: bool
+    interrupt_response: bool
+
+
+SessionTurn = TurnSettings | SemanticSettings
+"""A session's turn detection (``Session.turn``); ``type`` tells which."""
 
 
 class SessionFields(_Body):
@@ -105,7 +132,7 @@ FIXES = {
 """How to fix each field of a client event, for the ``error`` event that names it."""
 
 
-def validated(model: type[_Body], doc: dict[str, Any], example: str) -> Any:
+def validated(model: type[_Body], doc: dict[str, object], example: str) -> Any:
     """``doc`` as ``model``; ``BadRequest`` naming the field, with this endpoint's own fix."""
     try:
         return _validated(model, doc, example)

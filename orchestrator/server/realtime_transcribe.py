@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.asr.streaming import LocalAgreement
-from stages.vad.runner import Cutter
+from stages.vad.runner import Cutter, Segment
 
 STEP_S = 0.5
 """Seconds of new speech between partial passes: whisper_streaming's step is 1 s; half that,
@@ -143,7 +143,7 @@ class Transcriber:
 
     async def _pass(
         self,
-        item: dict[str, Any],
+        item: Segment,
         end: int,
         key: tuple[int, int] | None,
         cancel: threading.Event,
@@ -162,7 +162,7 @@ class Transcriber:
         asyncio.get_running_loop().create_task(self.t.on_pass(key))
 
     # -- the turn's end ----------------------------------------------------------------
-    async def close(self, span: tuple[int, int], item: dict[str, Any]) -> Heard:
+    async def close(self, span: tuple[int, int], item: Segment) -> Heard:
         """The turn ``span`` closed: its transcript (``Heard.text``: the deltas joined). The last
         delta is kept for :meth:`flush`; the state is reset for the next segment."""
         if self._task is not None:

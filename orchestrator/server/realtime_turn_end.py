@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
+from orchestrator.config import PipelineConfig
 from orchestrator.core.errors import Problem
-from stages.ar_decode.engines.base import TurnScorer
+from stages.base import TurnScorer
+from stages.registry import get_kind
 
 
 @dataclass(frozen=True)
@@ -57,21 +58,26 @@ def pauses(eagerness: str) -> Pauses:
     return EAGERNESS[eagerness]
 
 
-def semantic_problem(config: Any, vad_stage: str) -> Problem | None:
+def semantic_problem(config: PipelineConfig, vad_stage: str) -> Problem | None:
     """Why ``vad_stage`` of ``config`` cannot end turns semantically (None when it can): it must
-    feed one ``asr`` stage (the session's own transcript is Whisper's, run in the server), which
-    feeds one ``ar_decode`` stage (the model that scores it)."""
+    feed one stage that transcribes speech (``StageKind.transcribes_speech``: the session's own
+    transcript, run in the server), which feeds one stage whose model may score it
+    (``StageKind.scores_turns``: the thinker). Read from the config: before anything is planned."""
     where = f"stages.{vad_stage}.turn_detection"
     fix = "use {type: server_vad}, or feed the vad stage to an asr stage and that to the thinker"
     asr = [s for s in config.stages if vad_stage in s.inputs]
-    if len(asr) != 1 or asr[0].kind != "asr" or len(asr[0].inputs) != 1:
+    if len(asr) != 1 or not get_kind(asr[0].kind).transcribes_speech or len(asr[0].inputs) != 1:
         return Problem(
             where,
             "semantic_vad needs the vad stage to feed one asr stage (the transcript it scores)",
             fix,
         )
     thinker = [s for s in config.stages if asr[0].name in s.inputs]
-    if len(thinker) != 1 or thinker[0].kind != "ar_decode" or len(thinker[0].inputs) != 1:
+    if (
+        len(thinker) != 1
+        or not get_kind(thinker[0].kind).scores_turns
+        or len(thinker[0].inputs) != 1
+    ):
         return Problem(
             where,
             f"semantic_vad needs the asr stage {asr[0].name!r} to feed one ar_decode stage (the model "

@@ -24,7 +24,7 @@ from orchestrator.server.realtime_early import EarlyReply, Response
 from orchestrator.server.realtime_events import AppendEvent, new_id, pcm16, validated
 from orchestrator.server.realtime_transcribe import Heard, Transcriber
 from orchestrator.server.realtime_turn_end import pauses
-from stages.vad.runner import Cutter, VadRunner
+from stages.vad.runner import Cutter, Segment, VadRunner
 from stages.vad.segments import SegmentRules
 
 SPEECH_STARTED_MIN_MS = 250
@@ -74,7 +74,7 @@ class Turns:
         """The transcript of the speech the cutter has open (``realtime_transcribe``), when the
         pipeline's asr stage follows the vad stage (``Realtime.streaming``)."""
 
-    async def on_append(self, doc: dict[str, Any]) -> None:
+    async def on_append(self, doc: dict[str, object]) -> None:
         event: AppendEvent = validated(
             AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}"
         )
@@ -171,7 +171,7 @@ class Turns:
     def _ms(self, cutter: Cutter, graph_index: int) -> int:
         return round(self.cutter_ms + 1000.0 * graph_index / cutter.runner.rate)
 
-    async def _turns(self, cutter: Cutter, segments: list[dict[str, Any]], arrived: float) -> None:
+    async def _turns(self, cutter: Cutter, segments: list[Segment], arrived: float) -> None:
         """Events for what the VAD decided on the last append: speech started, speech stopped → a turn
         (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter
@@ -222,7 +222,7 @@ class Turns:
         """The id the turn being spoken will be committed as (its transcript deltas name it)."""
         return self._next_item()
 
-    async def on_commit(self, doc: dict[str, Any]) -> None:
+    async def on_commit(self, doc: dict[str, object]) -> None:
         if self.s.turn is None:
             audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, dtype=np.float32)
             self.buffer, self.buffered = [], 0
@@ -290,7 +290,7 @@ class Turns:
         if auto:
             await self.s.respond()
 
-    async def on_clear(self, doc: dict[str, Any]) -> None:
+    async def on_clear(self, doc: dict[str, object]) -> None:
         self.reset_buffer()
         await self.s.send("input_audio_buffer.cleared")
 

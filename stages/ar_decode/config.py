@@ -13,15 +13,7 @@ from pydantic import Field, model_validator
 
 from orchestrator.core.validation import Strict
 from stages.base import StageConfig
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-"""``seed``'s range: vLLM's OpenAI server bounds it to ``torch.iinfo(torch.long)``; a larger
-one passes ``SamplingParams`` and overflows inside the engine step ("Overflow when
-unpacking long long"), which stops the engine for every later request."""
-INT32_MAX = 2**31 - 1
-"""The bound on token counts and ``top_k``: vLLM keeps them in C ints."""
-TEMPERATURE_MAX = 2.0
-"""OpenAI's documented range for ``temperature`` is 0 to 2 (vLLM's server takes it as is)."""
+from stages.requests import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
 
 
 class Sampling(Strict):

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core import errors
+from orchestrator.core.cpu_threads import DECODE_WEIGHT
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 from orchestrator.core.packages import is_package_location, resolve_package_location
@@ -37,7 +39,7 @@ from stages.ar_decode.checkpoint import (
     read_safetensors_header,
 )
 from stages.ar_decode.config import MODEL_STAGE_PORTS, ArDecodeConfig, Sampling, is_gguf
-from stages.ar_decode.engines.base import DecodeEngine, TurnScorer, kv_layout
+from stages.ar_decode.engines.base import DecodeEngine, kv_layout
 from stages.ar_decode.kv import (
     KVBudget,
     decoder_weight_params,
@@ -47,8 +49,17 @@ from stages.ar_decode.kv import (
     text_config_problems,
 )
 from stages.ar_decode.prompt import check_request
-from stages.base import ArtifactInfo, Join, Progress, StageConfig, StageKind, StageRunner
+from stages.base import (
+    ArtifactInfo,
+    Join,
+    Progress,
+    StageConfig,
+    StageKind,
+    StageRunner,
+    TurnScorer,
+)
 from stages.payloads import Ports, parse_payloads
+from stages.requests import Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -204,6 +215,12 @@ class ArDecodeKind(StageKind):
     consumes = ("text",)
     produces = ("text",)
     text_input = "whole"
+    cpu_thread_weight = DECODE_WEIGHT
+    """The stage users wait on (every sentence the voice speaks waits on it)."""
+    takes_conversation = True
+    scores_turns = True
+    """A realtime session's history reaches it as ``{"messages": [...]}`` ahead of the
+    transcript (``prompt.request_parts`` merges them)."""
 
     def __init__(self) -> None:
         self.engines: dict[str, DecodeEngine] = engine_registry.ENGINES
@@ -368,7 +385,7 @@ class ArDecodeKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         assert isinstance(stage, ArDecodeConfig)
         return self.engine(backend).engine_kwargs(
             stage, info, device, backend, reservations, pool_capacity
@@ -471,9 +488,12 @@ class ArDecodeKind(StageKind):
         process) now, so the first request does not pay for it."""
         self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request checked before it reaches the engine (``BadRequest``): a prompt that is text
         and not blank, sampling in range, and prompt + max_tokens within max_model_len by the
-        tokenizer the engine reads (``DecodeEngine.request_tokenizer``; ``prompt.check_request``)."""
+        tokenizer the engine reads (``DecodeEngine.request_tokenizer``; ``prompt.check_request``).
+        The request is read as the runner reads it, its item (an unrecognized value as it came,
+        so the refusal says which field is wrong)."""
         tokenizer = self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
-        check_request(stage, tokenizer, prompt)
+        value = request.item()
+        check_request(stage, tokenizer, value)

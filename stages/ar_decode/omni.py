@@ -38,10 +38,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.core.errors import BadRequest
 from stages.payloads import split_input
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +160,32 @@ class Streamer:
         pass
 
 
-def sampling_kwargs(sampling: dict[str, Any]) -> dict[str, Any]:
+class GenerateKwargs(TypedDict, total=False):
+    """transformers' ``generate()`` arguments a request's sampling sets (and, for a thinker
+    that hands over, what its hand-over needs)."""
+
+    max_new_tokens: int
+    do_sample: bool
+    min_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    repetition_penalty: float
+    eos_token_id: list[int] | None
+    output_hidden_states: bool
+    return_dict_in_generate: bool
+    use_audio_in_video: bool
+
+
+def sampling_kwargs(sampling: Sampling) -> GenerateKwargs:
     """``generate()`` arguments for the stage's sampling (vLLM's names)."""
     temperature = float(sampling.get("temperature", 1.0))
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": int(sampling.get("max_tokens", 16)),
-        "do_sample": temperature > 0,
-    }
-    if int(sampling.get("min_tokens") or 0):
-        kwargs["min_new_tokens"] = int(sampling["min_tokens"])
+    kwargs = GenerateKwargs(
+        max_new_tokens=int(sampling.get("max_tokens", 16)), do_sample=temperature > 0
+    )
+    min_tokens = int(sampling.get("min_tokens") or 0)
+    if min_tokens:
+        kwargs["min_new_tokens"] = min_tokens
     if temperature > 0:
         kwargs["temperature"] = temperature
         kwargs["top_p"] = float(sampling.get("top_p", 1.0))
@@ -175,11 +197,12 @@ def sampling_kwargs(sampling: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def seed_from(sampling: dict[str, Any]) -> None:
-    if sampling.get("seed") is not None:
+def seed_from(sampling: Sampling) -> None:
+    seed = sampling.get("seed")
+    if seed is not None:
         import torch
 
-        torch.manual_seed(int(sampling["seed"]))
+        torch.manual_seed(int(seed))
 
 
 def finish_reason_of(
@@ -196,7 +219,7 @@ def generate_text(
     model: Any,
     spec: HandoverSpec | None,
     prompt_ids: list[int],
-    sampling: dict[str, Any],
+    sampling: Sampling,
     *,
     on_token: Callable[[int], None],
     on_step: Callable[[Any, Any, Any], None] | None,
@@ -218,12 +241,10 @@ def generate_text(
     streamer = Streamer(token)
     kwargs = sampling_kwargs(sampling)
     if spec is not None:
-        kwargs.update(
-            eos_token_id=list(spec.eos_token_ids) or None,
-            output_hidden_states=True,
-            return_dict_in_generate=True,
-            use_audio_in_video=False,
-        )
+        kwargs["eos_token_id"] = list(spec.eos_token_ids) or None
+        kwargs["output_hidden_states"] = True
+        kwargs["return_dict_in_generate"] = True
+        kwargs["use_audio_in_video"] = False
     hook = None
     if on_step is not None and spec is not None:
         layer = spec.layer
@@ -259,7 +280,9 @@ def _as_list(value: Any) -> list[int]:
     return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
-def handover_item(spec: HandoverSpec, step: dict[str, Any], next_token: int) -> dict[str, Any]:
+def handover_item(
+    spec: HandoverSpec, step: dict[str, np.ndarray], next_token: int
+) -> dict[str, np.ndarray]:
     """One forward step of the thinker as its ``hidden_states`` item (the table in the module docstring)."""
     import numpy as np
 
@@ -369,7 +392,7 @@ class HandoverFeed:
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[dict[str, np.ndarray]] = []
         self.finished = False
         self._cond = threading.Condition()
 

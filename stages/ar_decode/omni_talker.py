@@ -6,7 +6,7 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.omni import (
@@ -24,13 +24,18 @@ from stages.ar_decode.omni import (
     seed_from,
 )
 
+if TYPE_CHECKING:
+    import torch
 
-def _load_prefixed(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    from stages.requests import Sampling
+
+
+def _load_prefixed(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint whose name starts with one of ``prefixes`` (read from the
     safetensors files; nothing else is read)."""
     from safetensors import safe_open
 
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
@@ -44,14 +49,14 @@ _EXPERT = re.compile(
 )
 
 
-def _fuse_experts(state: dict[str, Any]) -> dict[str, Any]:
+def _fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """MoE experts as the model holds them: the checkpoint stores one ``gate_proj``, ``up_proj`` and
     ``down_proj`` per expert; transformers' MoE layers hold ``experts.gate_up_proj`` [E, 2·I, H] (each
     expert's gate rows, then its up rows) and ``experts.down_proj`` [E, H, I], which its own loader
     builds when it loads the whole model (the same stacking, checked against it by the parity test)."""
     import torch
 
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[int, dict[str, Any]]] = {}
     for name, tensor in state.items():
         m = _EXPERT.match(name)
@@ -100,7 +105,7 @@ class Talker:
     def generate(
         self,
         handover: Handover,
-        sampling: dict[str, Any],
+        sampling: Sampling,
         *,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
@@ -187,7 +192,7 @@ class Qwen25Talker(Talker):
         ids: tuple[Any, Any],
         embeds: Any,
         reply: Any,
-        sampling: dict[str, Any],
+        sampling: Sampling,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
     ) -> str:
@@ -224,7 +229,7 @@ class Qwen25Talker(Talker):
     def generate(
         self,
         handover: Handover,
-        sampling: dict[str, Any],
+        sampling: Sampling,
         *,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
@@ -257,7 +262,7 @@ class Qwen25Talker(Talker):
     def generate_streaming(
         self,
         feed: HandoverFeed,
-        sampling: dict[str, Any],
+        sampling: Sampling,
         *,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
@@ -359,7 +364,7 @@ class Qwen3Talker(Talker):
     def generate(
         self,
         handover: Handover,
-        sampling: dict[str, Any],
+        sampling: Sampling,
         *,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
@@ -523,7 +528,7 @@ class Qwen3Talker(Talker):
     def _talk(
         self,
         inputs: dict[str, Any],
-        sampling: dict[str, Any],
+        sampling: Sampling,
         on_codes: Callable[[list[int]], None],
         cancel: threading.Event,
     ) -> str:

@@ -14,37 +14,28 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup
+from stages.requests import SAMPLING_KEYS, Sampling
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
 
 log = logging.getLogger(__name__)
 
-_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "min_tokens",
-    "seed",
-    "repetition_penalty",
-)
 
-
-def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], Sampling]:
     """The chat messages (the stage's system prompt first) and the sampling of a
     request made of ``items`` (strings, or dicts with ``prompt`` or ``messages`` and
     optional ``sampling`` overrides). ``BadRequest`` for anything the engine would
     misread: no prompt, a blank one, a prompt that is not text, an unknown or
     out-of-range sampling value."""
     base = stage.sampling.model_dump() if hasattr(stage, "sampling") else {}
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     messages: list[dict[str, str]] = []
     texts: list[str] = []
     how = "pass the prompt as a string, or as {'prompt': '...', 'sampling': {'max_tokens': 64}}"
@@ -76,12 +67,12 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], d
                     f"a {type(sampling).__name__} is not a mapping",
                     "e.g. {'max_tokens': 64, 'temperature': 0.3}",
                 )
-            unknown = sorted(set(sampling) - set(_SAMPLING_KEYS))
+            unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
             if unknown:
                 raise BadRequest.single(
                     f"request.sampling.{unknown[0]}",
                     "is not a sampling setting",
-                    f"use one of {', '.join(_SAMPLING_KEYS)}",
+                    f"use one of {', '.join(SAMPLING_KEYS)}",
                 )
             overrides.update(sampling)
         else:
@@ -94,13 +85,13 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], d
             "is empty or only whitespace: the model would answer its system prompt",
             "say something, e.g. --prompt 'Tell me one fact about the Moon.'",
         )
-    merged = {**base, **overrides}
-    if overrides:
-        merged = _checked_sampling(stage, merged, base)
+    merged: dict[str, object] = {**base, **overrides}
+    # the config's sampling is the stage's validated model; a request's overrides are checked
+    checked = _checked_sampling(stage, merged, base) if overrides else cast(Sampling, merged)
     system = getattr(stage, "system_prompt", None)
     if system and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system})
-    return messages, merged
+    return messages, checked
 
 
 def _text(value: Any, where: str, how: str) -> str:
@@ -110,7 +101,7 @@ def _text(value: Any, where: str, how: str) -> str:
     return value
 
 
-def _checked_sampling(stage: Any, merged: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _checked_sampling(stage: Any, merged: dict[str, object], base: dict[str, object]) -> Sampling:
     """A request's sampling within the bounds of the stage's own (its config's ``Sampling``:
     seed within int64, temperature finite and at most 2, ...); the config's ``max_tokens``
     is the most a request may ask for."""
@@ -143,7 +134,7 @@ def _checked_sampling(stage: Any, merged: dict[str, Any], base: dict[str, Any]) 
     return checked
 
 
-def check_length(stage: Any, prompt_tokens: int, sampling: dict[str, Any]) -> None:
+def check_length(stage: Any, prompt_tokens: int, sampling: Sampling) -> None:
     """``BadRequest`` when the prompt and the reply cannot fit the context (``max_model_len``).
 
     A reply left at the config's own ``max_tokens`` takes what the prompt leaves of the

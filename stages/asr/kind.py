@@ -33,18 +33,20 @@ by name when a runner is made and planning never pays for either.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
-from stages.base import ArtifactInfo, StageConfig, StageRunner
+from stages.base import ArtifactInfo, SpeechTranscriber, StageConfig, StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.graphs import GraphsKind, graph_info
 from stages.exported_graph.kind import ExportedGraphConfig, GraphStageConfig, as_graph_stage
 from stages.payloads import sample_rate_problem
+from stages.requests import AudioRequest, OtherRequest, Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -95,6 +97,7 @@ class AsrKind(GraphsKind):
     build_hint = BUILD_HINT
     consumes = ("audio",)
     produces = ("text",)
+    transcribes_speech = True
 
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         """Both graphs described (``GraphsKind.describe``); ``audio_context: fit`` on an encoder
@@ -118,7 +121,7 @@ class AsrKind(GraphsKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         kwargs = super().engine_kwargs(stage, info, device, backend, reservations, pool_capacity)
         cfg = _cfg(stage)
         return (
@@ -127,28 +130,32 @@ class AsrKind(GraphsKind):
             else {}
         )
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
-        """A request entering at this stage is one audio item: ``{"audio": mono samples,
-        "sample_rate": positive int}`` with at least one sample; anything else is a
-        ``BadRequest`` before it reaches the actor."""
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
+        """A request entering at this stage is one recording (``AudioRequest``): mono samples,
+        at least one, at a rate that is read; anything else is a ``BadRequest`` before it
+        reaches the actor."""
         import numpy as np
 
         where = f"request (stage {stage.name}, kind asr)"
-        if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
-            got = "text" if isinstance(prompt, str) else type(prompt).__name__
+        if not isinstance(request, AudioRequest):
+            got = (
+                type(request.value).__name__
+                if isinstance(request, OtherRequest)
+                else request.described
+            )
             raise BadRequest.single(
                 where,
                 f"the stage takes audio, got {got}",
                 'send {"audio": float32 mono samples, "sample_rate": Hz}',
             )
-        rate = prompt["sample_rate"]
+        rate = request.sample_rate
         problem = sample_rate_problem(rate)
         if problem is not None:
             raise BadRequest.single(
                 f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
             )
         try:
-            samples = np.asarray(prompt["audio"], dtype=np.float32)
+            samples = np.asarray(request.samples, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise BadRequest.single(
                 f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"
@@ -172,6 +179,15 @@ class AsrKind(GraphsKind):
             stage_plan, self.artifacts(stage), module.route_for(stage_plan, route)
         )
         return runner
+
+    def transcriber(self, stage_plan: StagePlan, stage: StageConfig) -> SpeechTranscriber:
+        """The placement's runner in this process (``AsrRunner.decode_tokens`` with a forced
+        head, ``word_starts``, ``text``): a realtime session's transcript while it speaks."""
+        module = import_module("stages.asr.runner")
+        transcriber: SpeechTranscriber = module.AsrRunner(
+            stage_plan, self.artifacts(stage), module.route_for(stage_plan, None)
+        )
+        return transcriber
 
 
 def fit_problem(

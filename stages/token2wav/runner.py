@@ -135,7 +135,7 @@ class Token2WavRunner(OrtRunner):
             self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(
                 1, -1, self.mel_dim
             )
-            self.load_info = self._open(specs)
+            self.load_info = dict(self._open(specs))
 
     def codes_of(self, items: list[Any]) -> Any:
         """The request's items (a code, or a sequence of codes each) as int64 ``[1, codes]``;

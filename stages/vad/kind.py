@@ -28,16 +28,24 @@ from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.validation import REFUSAL, Strict
-from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
+from stages.base import (
+    ArtifactInfo,
+    GateSpec,
+    StageConfig,
+    StageKind,
+    StageRunner,
+    TurnDetection,
+)
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.kind import (
     ExportedGraphConfig,
@@ -46,6 +54,7 @@ from stages.exported_graph.kind import (
     as_graph_stage,
 )
 from stages.payloads import sample_rate_problem
+from stages.requests import AudioRequest, OtherRequest, Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -60,7 +69,7 @@ OUTPUTS = ("output", "stateN")
 Eagerness = Literal["low", "medium", "high", "auto"]
 
 
-def _turn_type(value: Any) -> str | None:
+def _turn_type(value: object) -> str | None:
     """``turn_detection``'s ``type``, from a mapping (the config) or a model."""
     return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
 
@@ -171,7 +180,7 @@ class VadKind(StageKind):
 
     kind = "vad"
     config_model = VadConfig
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
     consumes = ("audio",)
@@ -243,7 +252,7 @@ class VadKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         cfg = _cfg(stage)
         kwargs = self.graph.engine_kwargs(
             graph_config(cfg), info, device, backend, reservations, pool_capacity
@@ -281,11 +290,29 @@ class VadKind(StageKind):
             graph_config(_cfg(stage)), info, device, backend, pool, available
         )
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
-        """A request entering here is one audio item ``{"audio": mono samples, "sample_rate":
-        positive int}`` with at least one sample; anything else is a ``BadRequest`` before it
-        reaches the actor."""
-        check_audio_request(prompt, f"request (stage {stage.name}, kind vad)")
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
+        """A request entering here is one recording (``AudioRequest``): mono samples, at least
+        one, at a rate that is read; anything else is a ``BadRequest`` before it reaches the
+        actor."""
+        check_audio_request(request, f"request (stage {stage.name}, kind vad)")
+
+    def turn_detection(self, stage_plan: StagePlan) -> TurnDetection | None:
+        """The planned segmentation as a spoken turn's end: its speech threshold, its padding
+        before speech and the silence that closes a segment (``min_silence_ms``)."""
+        segments = stage_plan.engine_kwargs.get("segments")
+        if not isinstance(segments, dict):
+            return None
+        return TurnDetection(
+            float(segments["threshold"]),
+            int(segments["speech_pad_ms"]),
+            int(segments["min_silence_ms"]),
+        )
+
+    def semantic_eagerness(self, stage: StageConfig) -> str | None:
+        """The eagerness of the stage's ``turn_detection: {type: semantic_vad}`` (None: a
+        turn ends after ``min_silence_ms``, ``server_vad``)."""
+        chosen = _cfg(stage).turn_detection
+        return chosen.eagerness if isinstance(chosen, SemanticVad) else None
 
     # -- runtime -------------------------------------------------------------
     def runner(
@@ -301,17 +328,15 @@ class VadKind(StageKind):
         return runner
 
 
-def check_audio_request(prompt: Any, where: str) -> None:
-    """``BadRequest`` unless ``prompt`` is one audio item: mono, a positive int rate, samples."""
+def check_audio_request(request: Request, where: str) -> None:
+    """``BadRequest`` unless ``request`` is one recording: mono, a rate that is read, samples."""
     import numpy as np
 
-    if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
+    if not isinstance(request, AudioRequest):
         got = (
-            "text"
-            if isinstance(prompt, str)
-            else "a chat request"
-            if isinstance(prompt, dict)
-            else type(prompt).__name__
+            "a chat request"
+            if isinstance(request, OtherRequest) and isinstance(request.value, dict)
+            else request.described
         )
         raise BadRequest.single(
             where,
@@ -319,14 +344,14 @@ def check_audio_request(prompt: Any, where: str) -> None:
             'send {"audio": float32 mono samples, "sample_rate": Hz} '
             "(omni-edge run --audio FILE.wav; an input_audio content part on the server)",
         )
-    rate = prompt["sample_rate"]
+    rate = request.sample_rate
     problem = sample_rate_problem(rate)
     if problem is not None:
         raise BadRequest.single(
             f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
         )
     try:
-        samples = np.asarray(prompt["audio"], dtype=np.float32)
+        samples = np.asarray(request.samples, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise BadRequest.single(
             f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"

@@ -5,12 +5,13 @@ cannot and why), ``/v1/models``, ``/v1/plan`` (each stage's measured peak beside
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from orchestrator.core.documents import JsonObject
+from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.server.auth import error_response
 from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.served import Served
@@ -61,7 +62,7 @@ class Info:
             for r in s.get("replicas", [])
             if not r["alive"] and "code" in r
         ]
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "status": ("degraded" if degraded else "ok") if ok else "unavailable",
             "pipeline": self.served.model,
             "stages": stages,
@@ -102,15 +103,15 @@ class Info:
         )
         return JSONResponse(doc if asked == FULL else redact_paths(doc))
 
-    def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
+    def _measured(self, measured: dict[str, MeasuredPeak], holder: str) -> JsonObject:
         """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""
         view = self.served.runtime.views.get(holder) or self.served.pipeline.plan.stage(holder)
-        m = measured.get(holder) or {}
+        m = measured.get(holder)
         return {
             "pool": view.pool,
-            "measured_peak_bytes": m.get("measured_peak_bytes"),
-            "budget_bytes": m.get("budget_bytes", view.budget_bytes()),
-            "within_budget": m.get("within_budget"),
+            "measured_peak_bytes": m["measured_peak_bytes"] if m else None,
+            "budget_bytes": m["budget_bytes"] if m else view.budget_bytes(),
+            "within_budget": m["within_budget"] if m else None,
         }
 
     async def status(self, request: Request) -> Response:

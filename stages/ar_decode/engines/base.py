@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core import engines as engine_table
 from orchestrator.core import errors
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
@@ -42,7 +43,7 @@ from stages.ar_decode.config import ArDecodeConfig
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget
 from stages.ar_decode.prompt import checkpoint_tokenizer
-from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner
+from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner, TurnScorer
 
 if TYPE_CHECKING:
     from orchestrator.core.engines import DecodeEngineRow
@@ -144,7 +145,7 @@ class DecodeEngine(ABC):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """What its runner is handed: the plan's ``engine_kwargs``."""
 
     def format_refusal(self, backend: str, device: Device, weight_format: str) -> str | None:
@@ -183,18 +184,6 @@ class DecodeEngine(ABC):
         realtime session's semantic turn detection (run in the server, not loaded yet); None
         when the engine has none (the default)."""
         return None
-
-
-class TurnScorer(Protocol):
-    """How complete an utterance is (``DecodeEngine.turn_scorer``): blocking calls, serialised."""
-
-    def load(self) -> None: ...
-
-    def complete(self, transcript: str) -> float:
-        """The probability that the user's message is over where ``transcript`` ends."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class CheckpointEngine(DecodeEngine):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Evidence, Reservation
 from orchestrator.core.plan import Refusal
@@ -268,7 +269,7 @@ class LlamaCppEngine(DecodeEngine):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """What a llama.cpp placement hands its runner (docs/design.md, the llama.cpp contract): the
         GGUF as it is; ``n_ctx`` the whole cache (``max_model_len`` per sequence × ``max_num_seqs``,
         each sequence's part rounded up by llama.cpp: ``LLAMACPP_CELL_PAD``), the per-sequence limit the runner enforces, the prefill chunk and its

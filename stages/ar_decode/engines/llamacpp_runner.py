@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 
     from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +385,7 @@ class LlamaCppRunner(ThreadedEngineRunner):
             )
 
     # -- sampling ------------------------------------------------------------------
-    def _chain(self, sampling: dict[str, Any], prompt: list[int]) -> tuple[Any, bool]:
+    def _chain(self, sampling: Sampling, prompt: list[int]) -> tuple[Any, bool]:
         """A sampler chain for one request (see the module docstring); True when it starts with
         the ``min_tokens`` bias."""
         lc, vocab = self._lc, self._vocab
@@ -467,7 +468,7 @@ class _Engine:
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
-        self.waiting: deque[tuple[EngineRequest, list[int], dict[str, Any]]] = deque()
+        self.waiting: deque[tuple[EngineRequest, list[int], Sampling]] = deque()
         self.running: list[_Slot] = []
         self.busy = False
         self.last_sample = 0.0

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core.errors import StageFailed
 from orchestrator.core.memory import RssMeter
-from stages.base import StageRunner
+from stages.base import StageHealth, StageRunner
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -110,7 +110,7 @@ class ThreadedEngineRunner(StageRunner):
         self.plan = stage_plan
         self.stage = stage
         self.device = stage_plan.device or "?"
-        self.load_info: dict[str, Any] = {}
+        self.load_info: dict[str, object] = {}
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._requests: dict[str, EngineRequest] = {}
         self._done: dict[str, dict[str, Any]] = {}
@@ -195,17 +195,17 @@ class ThreadedEngineRunner(StageRunner):
             return None
         return max(self._meter.peak_growth, self._resident + self._busy_growth)
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """Tokens and timings of a finished request (popped: asked once)."""
         return self._done.pop(request_id, {})
 
-    def health(self) -> dict[str, str] | None:
+    def health(self) -> StageHealth | None:
         """None while the engine serves; ``{"code", "message"}`` once its thread stopped (every
         later request fails: only a restart brings it back). The exception itself is in the
         log, not here: its text is no client's business."""
         if self._failed is None:
             return None
-        return {"code": ENGINE_FAILED_CODE, "message": self.stopped}
+        return StageHealth(code=ENGINE_FAILED_CODE, message=self.stopped)
 
     # -- the engine thread's side --------------------------------------------------
     def _take(self, block: bool) -> Iterator[tuple[Any, ...]]:
@@ -284,11 +284,11 @@ class ThreadedEngineRunner(StageRunner):
             request_id, asyncio.get_running_loop(), time.perf_counter(), prompt_tokens
         )
 
-    def _figures(self, req: EngineRequest) -> dict[str, Any]:
+    def _figures(self, req: EngineRequest) -> dict[str, object]:
         """The engine's own figures in a request's stats (default: the request's ``extra``)."""
         return dict(req.extra)
 
-    def _stats(self, req: EngineRequest) -> dict[str, Any]:
+    def _stats(self, req: EngineRequest) -> dict[str, object]:
         out: dict[str, Any] = {
             "prompt_tokens": req.prompt_tokens,
             "tokens": req.tokens,

@@ -12,8 +12,9 @@ shared with every torch engine in its actor (``cpu_thread_pool``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.units import MiB
@@ -149,7 +150,7 @@ class TransformersEngine(CheckpointEngine):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         return {
             "model": info.path,
             "dtype": effective_dtype(stage, info),

@@ -59,6 +59,7 @@ from stages.payloads import on_port, split_input
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class TransformersRunner(ThreadedEngineRunner):
 
         return job
 
-    def _talker_job(self, req: _Request, items: list[Any], sampling: dict[str, Any]) -> Job:
+    def _talker_job(self, req: _Request, items: list[Any], sampling: Sampling) -> Job:
         talker = self._talker
         assert talker is not None
         handover = omni.joined_handover(self.stage, items)
@@ -319,9 +320,7 @@ class TransformersRunner(ThreadedEngineRunner):
 
         return job
 
-    def _talker_stream_job(
-        self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]
-    ) -> Job:
+    def _talker_stream_job(self, req: _Request, feed: omni.HandoverFeed, sampling: Sampling) -> Job:
         talker = self._talker
         if not isinstance(talker, omni_talker.Qwen25Talker):
             raise BadRequest.single(
@@ -355,7 +354,7 @@ class TransformersRunner(ThreadedEngineRunner):
 
         return job
 
-    def _figures(self, req: EngineRequest) -> dict[str, Any]:
+    def _figures(self, req: EngineRequest) -> dict[str, object]:
         return {
             "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
             **req.extra,

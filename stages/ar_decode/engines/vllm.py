@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 from orchestrator.core.plan import Refusal
@@ -260,7 +261,7 @@ class VllmEngine(CheckpointEngine):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         budget = holder_peak(reservations, reservations[0].pool)
         kv = next(r.bytes for r in reservations if r.purpose == "kv_cache")
         # The flag is named for the GPU and is not GPU-only: on the CPU backend vLLM

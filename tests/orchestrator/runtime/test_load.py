@@ -26,6 +26,7 @@ from orchestrator.runtime.admission import (
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS
 from orchestrator.runtime.events import collect
 from orchestrator.runtime.runtime import Runtime
+from stages.requests import as_request
 from tests.helpers.echo import echo_pipeline
 from tests.helpers.waiting import await_until
 
@@ -137,7 +138,7 @@ def test_64_concurrent_requests_all_complete_or_are_refused_as_busy_never_stall(
 
     async def one(i: int) -> Any:
         try:
-            events = [e async for e in rt.stream(script(i), request_id=f"load-{i}")]
+            events = [e async for e in rt.stream(as_request(script(i)), request_id=f"load-{i}")]
         except PipelineBusy as exc:
             refused.append(exc)
             return exc
@@ -177,7 +178,7 @@ def test_64_concurrent_requests_all_complete_or_are_refused_as_busy_never_stall(
 
 
 async def main_one(rt: Runtime, prompt: str) -> Any:
-    events = [e async for e in rt.stream(prompt)]
+    events = [e async for e in rt.stream(as_request(prompt))]
     return collect("after", prompt, events, 0.0)
 
 
@@ -188,7 +189,7 @@ def test_requests_admitted_one_after_another_never_need_a_busy_answer(one_device
     async def main() -> int:
         n = 0
         for i in range(3):
-            n += len([e async for e in rt.stream(f"s{i}")]) > 0
+            n += len([e async for e in rt.stream(as_request(f"s{i}"))]) > 0
         return n
 
     assert asyncio.run(main()) == 3

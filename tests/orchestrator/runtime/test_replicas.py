@@ -19,6 +19,7 @@ from orchestrator.runtime.admission import CONTROL_CALLS
 from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.events import AudioChunk, collect
 from orchestrator.runtime.runtime import Runtime
+from stages.requests import as_request
 from tests.helpers.echo import echo_pipeline
 
 WORK_S = 0.1
@@ -42,7 +43,7 @@ def _start(tmp_path: Path, replicas: tuple[str, ...], work_s: float = WORK_S) ->
 
 
 async def _one(rt: Runtime, rid: str) -> list[Any]:
-    return [e async for e in rt.stream(TEXT, request_id=rid, entry="voice")]
+    return [e async for e in rt.stream(as_request(TEXT), request_id=rid, entry="voice")]
 
 
 async def _load(rt: Runtime, n: int = CONCURRENT) -> tuple[float, list[list[Any]]]:
@@ -147,7 +148,7 @@ async def _kill_mid_load(rt: Runtime) -> tuple[dict[str, set[str]], dict[str, An
 
     async def one(rid: str) -> list[Any]:
         events = []
-        async for e in rt.stream(TEXT, request_id=rid, entry="voice"):
+        async for e in rt.stream(as_request(TEXT), request_id=rid, entry="voice"):
             events.append(e)
             if isinstance(e, AudioChunk):
                 first.set()

@@ -17,6 +17,7 @@ from orchestrator.core.units import MiB
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta, collect
 from orchestrator.runtime.runtime import Runtime
 from stages.registry import get_kind
+from stages.requests import as_request
 from tests.helpers.echo import REPLY, echo_pipeline
 
 pytestmark = pytest.mark.ray
@@ -27,7 +28,7 @@ WORD_DELAY = 0.03
 def run(rt: Runtime, prompt: str, rid: str | None = None) -> Any:
     async def main() -> Any:
         t0 = time.perf_counter()
-        events = [e async for e in rt.stream(prompt, request_id=rid)]
+        events = [e async for e in rt.stream(as_request(prompt), request_id=rid)]
         return collect(rid or "r", prompt, events, time.perf_counter() - t0), events
 
     return asyncio.run(main())
@@ -42,7 +43,7 @@ def heard_then_open(rt: Runtime, prompt: Any, gate: Path) -> list[Any]:
 
     async def main() -> list[Any]:
         events = []
-        async for e in rt.stream(prompt):
+        async for e in rt.stream(as_request(prompt)):
             events.append(e)
             if isinstance(e, AudioChunk):
                 gate.touch()
@@ -125,7 +126,7 @@ def test_concurrent_requests_each_get_their_own_outputs_in_order(runtime: Runtim
 
     async def one(p: str) -> Any:
         events = []
-        async for e in runtime.stream(p):
+        async for e in runtime.stream(as_request(p)):
             spans.setdefault(p, []).append(time.perf_counter())
             events.append(e)
         return collect("x", p, events, 0.0)
@@ -266,7 +267,7 @@ def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(
         async def main() -> tuple[list[Any], BaseException | None]:
             seen: list[Any] = []
             try:
-                async for e in rt.stream(never):
+                async for e in rt.stream(as_request(never)):
                     seen.append(e)
                     if (
                         isinstance(e, AudioChunk)

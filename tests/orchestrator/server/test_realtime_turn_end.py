@@ -33,12 +33,19 @@ import numpy as np
 import pytest
 
 from orchestrator.config import parse_config
+from orchestrator.core.errors import ConfigError
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.audio import resample, rms_dbfs
 from orchestrator.runtime.events import AudioChunk, TextDelta
-from orchestrator.server.realtime import RealtimeLimits, Session, semantic_turn
+from orchestrator.server.realtime import (
+    RealtimeLimits,
+    Session,
+    semantic_turn,
+    turn_detection_problem,
+)
 from orchestrator.server.realtime_turn_end import TurnEnd, pauses
 from stages.registry import get_kind
+from stages.requests import TextRequest
 from tests.helpers.speech import speak
 from tests.helpers.waiting import NEVER_HANGS_S
 from tests.stages.vad.test_kind import PLAIN, profile, vad_stage
@@ -145,6 +152,7 @@ class FakeRun:
     """One reply through the "pipeline": a token and a chunk of audio, at once."""
 
     prompt: Any
+    """The request the reply ran (the session's own transcript: a ``TextRequest``)."""
     entry: str | None
     yielded_audio: bool = False
     closed: bool = False
@@ -343,7 +351,7 @@ def test_a_complete_question_ends_its_turn_after_the_short_pause(
         silent_ms = 1000 * (committed_at - end) / RATE
         assert p.complete_ms <= silent_ms < p.incomplete_ms - 200, silent_ms
         assert session.rt.scorer.asked[-1] == WHOLE
-        assert len(session.rt.runs) == 1 and session.rt.runs[0].prompt == WHOLE
+        assert len(session.rt.runs) == 1 and session.rt.runs[0].prompt == TextRequest(WHOLE)
         done = _of(events, "response.done")[0]["response"]
         assert done["status"] == "completed" and done["timing"]["early_start"] is True
         # the committed event follows the end of speech the server placed, once
@@ -384,13 +392,15 @@ def test_an_unfinished_question_waits_through_its_inner_pause_and_is_one_turn(
         assert session.rt.scorer.asked[0] == FIRST and session.rt.scorer.asked[-1] == WHOLE
         # the inner pause's reply ran to its audio, held, and was dropped
         spoken = session.rt.runs[0]
-        assert spoken.prompt == FIRST and spoken.yielded_audio and spoken.closed
+        assert spoken.prompt == TextRequest(FIRST) and spoken.yielded_audio and spoken.closed
         assert session.rt.metrics.early_responses.counts.get("dropped", 0) >= 1
         created = _of(events, "response.created")
         assert len(created) == 1
         rid = created[0]["response"]["id"]
         assert {e["response_id"] for e in _of(events, "response.audio.delta")} == {rid}
-        assert session.rt.runs[-1].prompt == WHOLE  # the reply the client got: all of it
+        assert session.rt.runs[-1].prompt == TextRequest(
+            WHOLE
+        )  # the reply the client got: all of it
         completed = _of(events, "conversation.item.input_audio_transcription.completed")
         assert [c["transcript"] for c in completed] == [WHOLE]
 
@@ -485,3 +495,74 @@ def test_a_pass_for_a_cleared_buffer_is_dropped(
         assert "input_audio_buffer.committed" not in after
 
     asyncio.run(main())
+
+
+# -- what cannot be served is refused by name ------------------------------------------------
+def test_a_turn_detection_of_no_known_type_is_refused_in_the_config(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {"name": "p", "stages": [vad_stage(PLAIN, turn_detection={"type": "pause"})]},
+            where="t.yaml",
+            base_dir=tmp_path,
+        )
+    text = str(err.value)
+    assert "stages[0].turn_detection" in text and "server_vad or semantic_vad" in text
+    assert "how to fix: {type: server_vad}" in text
+
+
+def test_semantic_vad_on_a_vad_stage_that_feeds_no_transcript_is_refused_before_planning(
+    tmp_path: Any,
+) -> None:
+    """``serve`` asks this before anything is planned (exit 2): the vad stage must feed one
+    stage that transcribes speech; with ``server_vad`` the same pipeline is fine."""
+
+    def config(turn: dict[str, str]) -> Any:
+        return parse_config(
+            {"name": "p", "stages": [vad_stage(PLAIN, turn_detection=turn)]},
+            where="t.yaml",
+            base_dir=tmp_path,
+        )
+
+    problem = turn_detection_problem(config({"type": "semantic_vad", "eagerness": "high"}))
+    assert problem is not None
+    assert problem.where == "stages.vad.turn_detection"
+    assert "feed one asr stage" in problem.what and "server_vad" in problem.fix
+    assert turn_detection_problem(config({"type": "server_vad"})) is None
+
+
+@pytest.mark.parametrize(
+    ("turn", "param", "says"),
+    [
+        ({"type": "server_vad", "eagerness": "high"}, "eagerness", "semantic_vad's"),
+        ({"type": "semantic_vad", "silence_duration_ms": 300}, "silence_duration_ms", "leave"),
+        ({"type": "semantic_vad", "eagerness": "soon"}, "eagerness", "'low', 'medium'"),
+        ({"type": "push_to_talk"}, "turn_detection", "'server_vad' or 'semantic_vad'"),
+    ],
+)
+def test_a_session_update_mixing_the_two_types_is_an_error_event_naming_the_field(
+    vad_runner: Any, clips: dict[str, np.ndarray], turn: dict[str, Any], param: str, says: str
+) -> None:
+    """An error event naming the field and how to fix it; the session's turn detection stays."""
+
+    async def main() -> None:
+        session = _session(vad_runner, [WHOLE], clips, dict(SERVER_VAD))
+        await session.handle(
+            json.dumps({"type": "session.update", "session": {"turn_detection": turn}})
+        )
+        errors = _of(session.ws.events, "error")
+        assert len(errors) == 1, session.ws.events
+        error = errors[0]["error"]
+        assert error["param"].startswith("session.turn_detection"), error
+        assert error["param"].endswith(param) and says in error["message"], error
+        assert session.turn == SERVER_VAD
+
+    asyncio.run(main())
+
+
+def test_a_session_update_to_semantic_vad_keeps_its_eagerness() -> None:
+    assert semantic_turn("high") == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
+    }

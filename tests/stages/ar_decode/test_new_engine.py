@@ -21,6 +21,7 @@ from orchestrator.runtime.events import collect
 from orchestrator.runtime.runtime import Runtime
 from stages.ar_decode import engines as registry
 from stages.registry import get_kind
+from stages.requests import as_request
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 
 pytestmark = pytest.mark.ray
@@ -107,7 +108,7 @@ def test_an_engine_added_through_the_table_plans_and_runs_on_ray(
     try:
 
         async def main() -> Any:
-            events = [e async for e in rt.stream(PROMPT, request_id="r1")]
+            events = [e async for e in rt.stream(as_request(PROMPT), request_id="r1")]
             return collect("r1", PROMPT, events, 0.0)
 
         result = asyncio.run(main())

@@ -23,6 +23,7 @@ from orchestrator.core.units import GiB
 from orchestrator.planner import plan_pipeline
 from stages.exported_graph.graph_stats import describe_graph
 from stages.registry import get_kind, known_kinds
+from stages.requests import as_request
 from tests.helpers.graphs import OV_PYTHON, REPO
 
 PLAIN = REPO / "exports" / "silero-vad"
@@ -181,10 +182,12 @@ def test_a_request_that_is_not_one_audio_item_is_refused_before_any_actor(
 ) -> None:
     config = config_of(tmp_path)
     with pytest.raises(BadRequest) as err:
-        get_kind("vad").validate_request(None, config.stage("vad"), prompt)  # type: ignore[arg-type]
+        get_kind("vad").validate_request(None, config.stage("vad"), as_request(prompt))  # type: ignore[arg-type]
     assert what in str(err.value) and "(stage vad, kind vad)" in str(err.value)
     get_kind("vad").validate_request(
-        None, config.stage("vad"), {"audio": np.ones(5, np.float32), "sample_rate": 8000}
+        None,
+        config.stage("vad"),
+        as_request({"audio": np.ones(5, np.float32), "sample_rate": 8000}),
     )  # type: ignore[arg-type]
 
 
