@@ -12,7 +12,9 @@ package:
   the audio);
 * ``configure``: ``session.update`` — pcm16 in at 16 kHz (what the speech
   models hear: the server resamples nothing) and out at 24 kHz (OpenAI's
-  rate), the server's own turn detection (or the one given);
+  rate), turn detection by the server — of the type the session was created
+  with (server VAD when it had none), the server's own settings — or the one
+  given;
 * ``speak``: the samples in 20 ms ``input_audio_buffer.append`` events at the
   pace of the audio (``speed`` 1.0: real time, as a microphone delivers them;
   resampled to the session's input rate first), then silence — at least
@@ -298,8 +300,10 @@ class VoiceSession:
         self, instructions: str | None = None, turn_detection: JsonObject | None = None
     ) -> None:
         """``session.update``: pcm16 both ways at :data:`INPUT_RATE`/:data:`OUTPUT_RATE`, text and
-        audio, the server's own turn detection (``turn_detection``: another one, e.g.
-        ``{"type": "semantic_vad"}``); waits for ``session.updated``."""
+        audio, turn detection by the server (of the type ``session.created`` showed, server VAD
+        when it showed none, with the server's own settings and a response for each turn;
+        ``turn_detection``: another one, e.g. ``{"type": "semantic_vad"}``); waits for
+        ``session.updated``."""
         session: JsonObject = {
             "modalities": ["text", "audio"],
             "input_audio_format": "pcm16",
@@ -307,8 +311,14 @@ class VoiceSession:
             "input_audio_sample_rate": INPUT_RATE,
             "output_audio_sample_rate": OUTPUT_RATE,
         }
-        if turn_detection is not None:
-            session["turn_detection"] = turn_detection
+        if turn_detection is None:
+            shown = self.turn_detection.get("type")
+            turn_detection = {
+                "type": shown if isinstance(shown, str) else "server_vad",
+                "create_response": True,
+                "interrupt_response": True,
+            }
+        session["turn_detection"] = turn_detection
         if instructions is not None:
             session["instructions"] = instructions
         await self._send({"type": "session.update", "session": session})
