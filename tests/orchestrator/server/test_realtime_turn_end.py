@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from orchestrator.config import parse_config
 from orchestrator.core.errors import ConfigError
@@ -46,6 +47,7 @@ from orchestrator.server.realtime import (
 from orchestrator.server.realtime_turn_end import TurnEnd, pauses
 from stages.registry import get_kind
 from stages.requests import TextRequest
+from tests.helpers import REPO
 from tests.helpers.speech import speak
 from tests.helpers.waiting import NEVER_HANGS_S
 from tests.stages.vad.test_kind import PLAIN, profile, vad_stage
@@ -566,3 +568,30 @@ def test_a_session_update_to_semantic_vad_keeps_its_eagerness() -> None:
         "create_response": True,
         "interrupt_response": True,
     }
+
+
+def _voice_chat(turn: dict[str, str], *, thinker: bool = True) -> Any:
+    """configs/examples/voice-chat.yaml with the vad stage's ``turn_detection`` set (and, with
+    ``thinker=False``, the voice fed by the asr stage directly)."""
+    path = REPO / "configs" / "examples" / "voice-chat.yaml"
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc["stages"][0]["turn_detection"] = turn
+    if not thinker:
+        doc["stages"] = [s for s in doc["stages"] if s["name"] != "thinker"]
+        doc["stages"][-1]["inputs"] = ["asr"]
+    return parse_config(doc, where=str(path), base_dir=path.parent)
+
+
+def test_semantic_vad_is_served_where_a_transcript_reaches_a_model_that_scores_it() -> None:
+    """vad → asr → thinker (ar_decode): the kinds say they transcribe and score; the same
+    pipeline with the voice fed by the asr stage has no model to score the transcript."""
+    semantic = {"type": "semantic_vad", "eagerness": "low"}
+    assert turn_detection_problem(_voice_chat(semantic)) is None
+    problem = turn_detection_problem(_voice_chat(semantic, thinker=False))
+    assert problem is not None and problem.where == "stages.vad.turn_detection"
+    assert "'asr' to feed one ar_decode stage" in problem.what
+    config = _voice_chat(semantic)
+    vad = config.stage("vad")
+    assert get_kind(vad.kind).semantic_eagerness(vad) == "low"
+    plain = _voice_chat({"type": "server_vad"}).stage("vad")
+    assert get_kind(plain.kind).semantic_eagerness(plain) is None
