@@ -111,7 +111,7 @@ def test_each_graph_has_its_gate(whisper_graphs: dict[str, Path], tmp_path: Path
         ("asr", "whisper-tiny-en-encoder", "fp32"),
         ("asr", "whisper-tiny-en-decoder", "fp32"),
     ]
-    assert [g.session["graph"] for g in gates] == [
+    assert [g.session.graph for g in gates] == [
         str(whisper_graphs[g] / "fp32.onnx") for g in GRAPHS
     ]
 

@@ -115,7 +115,7 @@ def test_its_gate_is_the_exported_graphs(tmp_path: Path) -> None:
         "fp32",
         "ort-cpu",
     )
-    assert gate.session["graph"].endswith("silero_vad_op18_ifless.onnx")
+    assert gate.session.graph.endswith("silero_vad_op18_ifless.onnx")
 
 
 @pytest.mark.parametrize(
