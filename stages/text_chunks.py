@@ -29,10 +29,12 @@ natural. Guarantees:
 * A clause that runs past ``max_chars`` without a sentence end is cut at its
   last clause mark (``, ; : — ，；：、``) or, failing that, its last space.
 * With ``first_max_chars`` (a TTS stage's ``first_chunk_chars``), the reply's
-  **first** chunk is cut the same way once it runs past that many characters
-  (at its last clause mark, else its last space, never shorter than
-  ``FIRST_MIN_CUT_CHARS``): the voice starts on a few words while the rest of
-  the first sentence is still being decoded. Later chunks are sentences.
+  **first** chunk is cut once it runs past that many characters, on a phrase
+  boundary (its last clause mark, else its last space; failing both, the first
+  space after them) of at least ``FIRST_MIN_WORDS`` words and
+  ``FIRST_MIN_CUT_CHARS`` characters, never inside a word: the voice starts on a
+  few words while the rest of the first sentence is still being decoded. Later
+  chunks are sentences.
 * At the end of the stream the rest is flushed.
 * Chunks with no letter or digit (a stray ``*`` or ``...``) are merged into
   the next chunk rather than spoken alone; a trailing one is dropped (there
@@ -74,6 +76,8 @@ MIN_CUT_CHARS = 24
 FIRST_MIN_CUT_CHARS = 8
 """The shortest first fragment (``first_max_chars``): two or three short words — "Sure, the" is
 not cut off as "Sure," alone when a later mark or space leaves more."""
+FIRST_MIN_WORDS = 2
+"""The fewest words of a first fragment: one word alone ("Certainly,") sounds cut off."""
 
 _ABBREVIATIONS = frozenset(
     [
@@ -250,7 +254,7 @@ class SentenceChunker:
                 and self.first_max_chars is not None
                 and len(self._buf) > self.first_max_chars
             ):
-                cut = self._forced_cut(self.first_max_chars, FIRST_MIN_CUT_CHARS)
+                cut = self._first_cut(self.first_max_chars)
             if cut is None and len(self._buf) > self.max_chars:
                 cut = self._forced_cut(self.max_chars, self.min_cut_chars)
             if cut is None:
@@ -359,6 +363,27 @@ class SentenceChunker:
         if len(word) == 1:
             return word.isupper() or word in _LOWER_INITIALS
         return word.lower() in _ABBREVIATIONS or word.lower().endswith("str")  # Hauptstr.
+
+    def _first_cut(self, max_chars: int) -> int | None:
+        """Where the first chunk ends when it runs past ``max_chars``: a phrase boundary of at
+        least ``FIRST_MIN_WORDS`` words and ``FIRST_MIN_CUT_CHARS`` characters — the last clause
+        mark, else the last space, within ``max_chars``; failing both, the first space after
+        them (a fragment never ends inside a word); None until one has come."""
+        buf = self._buf
+
+        def fits(end: int) -> bool:
+            head = buf[:end]
+            return end >= FIRST_MIN_CUT_CHARS and len(head.split()) >= FIRST_MIN_WORDS
+
+        window = buf[:max_chars]
+        for marks in (_CLAUSE_MARKS, " "):
+            pos = max(window.rfind(m) for m in marks)
+            if pos >= 0 and fits(pos + 1):
+                return pos + 1
+        for pos in range(max_chars, len(buf)):
+            if buf[pos] == " " and fits(pos + 1):
+                return pos + 1
+        return None
 
     def _forced_cut(self, max_chars: int, min_cut_chars: int) -> int | None:
         window = self._buf[:max_chars]

@@ -12,7 +12,9 @@ package:
   the audio);
 * ``configure``: ``session.update`` — pcm16 in at 16 kHz (what the speech
   models hear: the server resamples nothing) and out at 24 kHz (OpenAI's
-  rate), server VAD with the server's own defaults;
+  rate), turn detection by the server — of the type the session was created
+  with (server VAD when it had none), the server's own settings — or the one
+  given;
 * ``speak``: the samples in 20 ms ``input_audio_buffer.append`` events at the
   pace of the audio (``speed`` 1.0: real time, as a microphone delivers them;
   resampled to the session's input rate first), then silence — at least
@@ -86,6 +88,9 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest server event taken: one sentence's audio is ~0.3 MB of base64 at 24 kHz; 16 MiB
 is uvicorn's own frame cap (websockets' default of 1 MiB would drop a long sentence)."""
 SENTENCE_END = re.compile(r"[.!?](\s|$)")
+SEMANTIC_LONGEST_PAUSE_MS = 1200
+"""The longest pause ``semantic_vad`` waits (eagerness low, ``server.realtime_turn_end``): the
+silence after a recording is twice that, so the turn ends whatever the verdict."""
 
 
 class SessionError(Exception):
@@ -124,6 +129,9 @@ class Turn:
     stopped_at: float | None = None
     transcript: str | None = None
     transcript_at: float | None = None
+    transcript_deltas: list[tuple[float, str]] = field(default_factory=list)
+    """``…input_audio_transcription.delta`` events: when each came, its text (the words
+    committed while the user spoke, then the rest once the turn closed)."""
     response_id: str | None = None
     reply: list[str] = field(default_factory=list)
     first_token_at: float | None = None
@@ -179,6 +187,12 @@ class Turn:
             "status": self.status,
             "reason": self.reason,
             "transcript": self.transcript,
+            "transcript_deltas": [d for _, d in self.transcript_deltas],
+            "deltas_before_end": sum(
+                1
+                for at, _ in self.transcript_deltas
+                if self.stopped_at is None or at < self.stopped_at
+            ),
             "reply": "".join(self.reply),
             "speech_start_ms": self.speech_start_ms,
             "speech_end_ms": self.speech_end_ms,
@@ -282,21 +296,29 @@ class VoiceSession:
             ) from None
         return _parse(raw)
 
-    async def configure(self, instructions: str | None = None) -> None:
-        """``session.update``: pcm16 both ways at :data:`INPUT_RATE`/:data:`OUTPUT_RATE`, server VAD
-        with the server's own settings, text and audio; waits for ``session.updated``."""
+    async def configure(
+        self, instructions: str | None = None, turn_detection: JsonObject | None = None
+    ) -> None:
+        """``session.update``: pcm16 both ways at :data:`INPUT_RATE`/:data:`OUTPUT_RATE`, text and
+        audio, turn detection by the server (of the type ``session.created`` showed, server VAD
+        when it showed none, with the server's own settings and a response for each turn;
+        ``turn_detection``: another one, e.g. ``{"type": "semantic_vad"}``); waits for
+        ``session.updated``."""
         session: JsonObject = {
             "modalities": ["text", "audio"],
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
             "input_audio_sample_rate": INPUT_RATE,
             "output_audio_sample_rate": OUTPUT_RATE,
-            "turn_detection": {
-                "type": "server_vad",
+        }
+        if turn_detection is None:
+            shown = self.turn_detection.get("type")
+            turn_detection = {
+                "type": shown if isinstance(shown, str) else "server_vad",
                 "create_response": True,
                 "interrupt_response": True,
-            },
-        }
+            }
+        session["turn_detection"] = turn_detection
         if instructions is not None:
             session["instructions"] = instructions
         await self._send({"type": "session.update", "session": session})
@@ -337,7 +359,11 @@ class VoiceSession:
         every turn heard is answered (see the module docstring); ``SessionError`` on a server
         ``error`` event, a lost connection or no reply within ``reply_timeout_s``."""
         await self._stream(resample(audio, rate, self.in_rate))
-        pause_ms = _number(self.turn_detection.get("silence_duration_ms")) or 500.0
+        pause_ms = _number(self.turn_detection.get("silence_duration_ms")) or (
+            SEMANTIC_LONGEST_PAUSE_MS
+            if self.turn_detection.get("type") == "semantic_vad"
+            else 500.0
+        )
         await self._stream(
             np.zeros(int(self.in_rate * max(TAIL_SILENCE_S, 2 * pause_ms / 1000)), np.float32)
         )
@@ -457,6 +483,10 @@ class VoiceSession:
             turn = self._turn(str(doc.get("item_id")))
             self.awaiting.append(turn)
             self.unanswered += 1
+        elif kind == "conversation.item.input_audio_transcription.delta":
+            self._turn(str(doc.get("item_id"))).transcript_deltas.append(
+                (now, str(doc.get("delta") or ""))
+            )
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn = self._turn(str(doc.get("item_id")))
             turn.transcript, turn.transcript_at = str(doc.get("transcript") or ""), now

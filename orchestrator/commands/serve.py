@@ -557,6 +557,7 @@ def _serve(
     fd_warning = raise_fd_limit(transport.max_connections)
     if fd_warning:
         console.print(fd_warning, markup=False, soft_wrap=True)
+    _check_turn_detection(args.config)
     pipeline = _start_pipeline(args, console)
     stopped_by: list[int] = []
     app = None
@@ -586,6 +587,18 @@ def _serve(
             signal.signal(sig, handler)
     _report_close(final, stopped_by, time.perf_counter() - t0, console)
     return EXIT_OK
+
+
+def _check_turn_detection(path: str) -> None:
+    """A ``semantic_vad`` the pipeline's stages cannot serve is exit 2 before anything starts
+    (``realtime.turn_detection_problem``; the engine's scorer is checked once it is planned)."""
+    from orchestrator.config import load_config
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.server.realtime import turn_detection_problem
+
+    problem = turn_detection_problem(load_config(path))
+    if problem is not None:
+        raise ConfigError([problem])
 
 
 def _start_pipeline(args: argparse.Namespace, console: Any) -> Any:
@@ -634,7 +647,7 @@ def _announce(
     args: argparse.Namespace, pipeline: Any, port: int, key: str | None, console: Any
 ) -> None:
     """Where the API (and the realtime socket, when the pipeline has a voice turn) listens."""
-    from orchestrator.server.realtime import end_of_turn
+    from orchestrator.server.realtime import end_of_turn_text
 
     names = ", ".join(f"{s.name} on {s.device}" for s in pipeline.plan.stages)
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -643,13 +656,10 @@ def _announce(
         f"{'(API key required)' if key else ''}— Ctrl-C to stop",
         soft_wrap=True,
     )
-    turn = end_of_turn(pipeline.config, pipeline.plan)
+    turn = end_of_turn_text(pipeline.config, pipeline.plan)
     if turn is not None:
         console.print(
-            f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after "
-            f"{turn[1].silence_duration_ms} ms of "
-            f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
-            soft_wrap=True,
+            f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends {turn}", soft_wrap=True
         )
 
 

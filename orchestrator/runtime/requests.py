@@ -358,7 +358,9 @@ def _type_name(request: Request) -> str:
 def check_context(
     graph: PipelineGraph, context: Mapping[str, Sequence[Item]], entry: str | None
 ) -> None:
-    """Each stage ``context`` names runs for this request and is fed by one other stage."""
+    """Each stage ``context`` names runs for this request and is fed by one other stage — or is
+    the ``entry`` stage, fed the request's text as that stage would be (the context first: a
+    realtime turn entering at the thinker with the session's own transcript)."""
     runs = {s.name for s in graph.downstream(entry)}
     for name in context:
         if name not in runs:
@@ -368,7 +370,7 @@ def check_context(
                 f"name one of {', '.join(sorted(runs))}",
             )
         inputs = list(graph.plan.stage(name).inputs)
-        if REQUEST in inputs or name in graph.joins or name == entry:
+        if REQUEST in inputs or name in graph.joins:
             raise BadRequest.single(
                 f"context.{name}",
                 "takes the request itself or joins several inputs: "

@@ -3,7 +3,8 @@ them); each group lives in ``endpoints/`` with its routes, ``/v1/realtime`` in `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,13 @@ def create_app(
         Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
         Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
     ]
-    starlette = Starlette(routes=routes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        live.warm()  # sessions' Whisper (and scorer) open while the server starts
+        yield
+
+    starlette = Starlette(routes=routes, lifespan=lifespan)
     starlette.state.omni_edge = served  # for tests and embedding: the metrics, the pipeline
     starlette.state.realtime = live
     outer: ASGIApp = starlette

@@ -69,8 +69,10 @@ session that sends nothing while no response runs is closed after
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,26 +82,31 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core.documents import JsonObject
-from orchestrator.core.errors import BadRequest, Problem
+from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE
 from orchestrator.runtime.requests import audio_entry_stages
 from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import (
+    SemanticSettings,
+    SemanticTurnDetection,
     SessionFields,
+    SessionTurn,
     SessionUpdate,
     TurnSettings,
     new_id,
     validated,
 )
+from orchestrator.server.realtime_events import TurnDetection as ServerVadFields
 from orchestrator.server.realtime_reply import Replies
+from orchestrator.server.realtime_turn_end import TurnEnd, pauses, semantic_problem
 from orchestrator.server.realtime_turns import Turns
-from stages.base import REQUEST, TurnDetection
-from stages.payloads import Item
+from stages.base import REQUEST, SpeechTranscriber, TurnDetection, TurnScorer
+from stages.payloads import AudioItem, Item
 from stages.registry import get_kind
 from stages.requests import ChatItem, ChatMessage
-from stages.vad.runner import VadRunner
+from stages.vad.runner import Segment, VadRunner
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +143,13 @@ class RealtimeLimits:
                 raise ValueError(f"RealtimeLimits.{name} must be a positive number, got {value!r}")
 
 
+def semantic_turn(eagerness: str) -> SemanticSettings:
+    """A session's ``semantic_vad`` turn detection, as ``session.created`` shows it."""
+    return SemanticSettings(
+        type="semantic_vad", eagerness=eagerness, create_response=True, interrupt_response=True
+    )
+
+
 def end_of_turn(config: PipelineConfig, plan: PipelinePlan) -> tuple[str, TurnDetection] | None:
     """The stage at the pipeline's audio entry that cuts a spoken stream into turns (a vad
     stage: ``StageKind.turn_detection``) and its turn detection (the silence that ends a
@@ -144,6 +158,36 @@ def end_of_turn(config: PipelineConfig, plan: PipelinePlan) -> tuple[str, TurnDe
         found = get_kind(config.stage(name).kind).turn_detection(plan.stage(name))
         if found is not None:
             return name, found
+    return None
+
+
+def end_of_turn_text(config: PipelineConfig, plan: PipelinePlan) -> str | None:
+    """How a session ends a spoken turn by default, in words (serve's start-up line)."""
+    turn = end_of_turn(config, plan)
+    if turn is None:
+        return None
+    name = turn[0]
+    eagerness = get_kind(config.stage(name).kind).semantic_eagerness(config.stage(name))
+    if eagerness is not None:
+        p = pauses(eagerness)
+        return (
+            f"after {p.complete_ms} ms of silence when the thinker's model judges the utterance "
+            f"complete, {p.incomplete_ms} ms when not ({name} turn_detection: semantic_vad, "
+            f"eagerness {eagerness}; a session's turn_detection)"
+        )
+    return (
+        f"after {turn[1].silence_duration_ms} ms of silence ({name} min_silence_ms; a session's "
+        "turn_detection.silence_duration_ms)"
+    )
+
+
+def turn_detection_problem(config: PipelineConfig) -> Problem | None:
+    """Why a stage's ``turn_detection`` cannot be served, read from the config before anything
+    is planned: a ``semantic_vad`` whose stages cannot score a transcript (``realtime_turn_end``)."""
+    for name in audio_entry_stages(config):
+        stage = config.stage(name)
+        if get_kind(stage.kind).semantic_eagerness(stage) is not None:
+            return semantic_problem(config, name)
     return None
 
 
@@ -179,13 +223,81 @@ class Realtime:
         it (``StageKind.takes_conversation``, a decoder's) fed by another stage."""
         voice = next((s.name for s in runtime.stages if s.name in self.audio_stages), None)
         self.chunker = (lambda: runtime.sentence_chunker(voice)) if voice else None
-        self.defaults = _turn_defaults(turn[1]) if turn else None
-        """The session's default turn detection: the vad stage's own settings."""
+        self.vad_settings = _turn_defaults(turn[1]) if turn else None
+        """The vad stage's own pause settings, in ``server_vad``'s terms (None: no vad stage)."""
+        self.defaults = self._session_default()
+        """The session's default turn detection: the vad stage's ``turn_detection``."""
         self.entry = self._after_vad(runtime)
         """Where a turn's segment enters the pipeline: the stage the vad stage feeds, when that
         one takes audio (the segment is already cut by the same graph); None: at the start."""
         self._vad: VadRunner | None = None
         self._vad_lock = asyncio.Lock()
+        self.text_entry = self._after_asr(runtime)
+        """The stage a turn enters at with the session's own transcript (the one the asr stage
+        feeds); None: no streaming transcription, the segment enters at ``entry``."""
+        self.streaming = self.text_entry is not None
+        """Whether sessions transcribe while the user speaks (``realtime_transcribe``)."""
+        self._asr: SpeechTranscriber | None = None
+        self._asr_lock = asyncio.Lock()
+        self._asr_busy = threading.Lock()
+        """Held by the thread running a pass: one Whisper, one pass at a time in the server."""
+        self._turn_end: TurnEnd | None = None
+        self._scorer_lock = asyncio.Lock()
+        self._warming: asyncio.Task[None] | None = None
+        if self.defaults is not None and self.defaults["type"] == "semantic_vad":
+            problem = self.semantic_problem()
+            if problem is not None:
+                raise ConfigError([problem])
+
+    def _session_default(self) -> SessionTurn | None:
+        """The session's default turn detection: the vad stage's ``turn_detection``
+        (``StageKind.semantic_eagerness``), with its own settings for ``server_vad``."""
+        if self.vad_settings is None or self.vad_stage is None:
+            return None
+        stage = self.app.pipeline.config.stage(self.vad_stage)
+        eagerness = get_kind(stage.kind).semantic_eagerness(stage)
+        if eagerness is not None:
+            return semantic_turn(eagerness)
+        return self.vad_settings.copy()
+
+    def semantic_problem(self) -> Problem | None:
+        """Why this pipeline's sessions cannot end turns semantically (None when they can)."""
+        if self.vad_stage is None:
+            return Problem(
+                "session.turn_detection",
+                "this pipeline has no vad stage to detect turns",
+                "send turn_detection: null and commit the audio yourself",
+            )
+        problem = semantic_problem(self.app.pipeline.config, self.vad_stage)
+        if problem is None and (not self.streaming or self._scorer() is None):
+            thinker = self.text_entry or "the decode stage"
+            problem = Problem(
+                f"stages.{self.vad_stage}.turn_detection",
+                f"semantic_vad scores the transcript with the thinker's model, and {thinker}'s engine "
+                "offers no scorer (llama.cpp does)",
+                "use {type: server_vad}, or plan the thinker on llamacpp-cpu",
+            )
+        return problem
+
+    def _scorer(self) -> TurnScorer | None:
+        """The thinker's engine's scorer (not loaded), or None."""
+        if self.text_entry is None:
+            return None
+        name = self.text_entry
+        return self.app.runtime.kinds[name].turn_scorer(
+            self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name)
+        )
+
+    def _after_asr(self, runtime: Any) -> str | None:
+        """The stage the asr stage (the one a VAD-cut turn enters at) feeds, when a text request
+        may enter there: the session transcribes with that asr stage's Whisper and the turn
+        enters there with its transcript."""
+        if self.entry is None or not self.app.runtime.kinds[self.entry].transcribes_speech:
+            return None
+        consumers = list(runtime.consumers.get(self.entry, []))
+        if len(consumers) != 1 or consumers[0] not in runtime.entry_stages("text"):
+            return None
+        return str(consumers[0])
 
     def _after_vad(self, runtime: Any) -> str | None:
         if self.vad_stage is None or self.app.pipeline.config.stage(self.vad_stage).final_output:
@@ -197,7 +309,7 @@ class Realtime:
 
     def end_of_turn_ms(self) -> int | None:
         """The default end-of-turn delay: the silence that closes a turn (the vad stage's ``min_silence_ms``)."""
-        return None if self.defaults is None else int(self.defaults["silence_duration_ms"])
+        return None if self.vad_settings is None else self.vad_settings["silence_duration_ms"]
 
     async def vad(self) -> VadRunner:
         """The vad stage's runner in this process (its graph opened once, on its plan's route)."""
@@ -219,10 +331,98 @@ class Realtime:
                 self._vad = runner
             return self._vad
 
+    def warm(self) -> None:
+        """Open, in the background, what sessions will need that takes seconds: the asr stage's
+        Whisper (streaming transcription) and, when the pipeline's default is ``semantic_vad``,
+        the thinker's model (the app's start-up; a session never waits for them: until Whisper
+        is open its turns are transcribed by the pipeline's asr stage)."""
+        if self.streaming and self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            await self.asr()
+            if self.defaults is not None and self.defaults["type"] == "semantic_vad":
+                await self.turn_end()
+        except Exception:  # a session's transcript then comes from the pipeline's asr stage
+            log.exception("realtime: transcripts while the user speaks are off")
+
+    def asr_ready(self) -> bool:
+        """Whether the asr stage's Whisper is open here (``warm`` opens it once)."""
+        if self._asr is None and self._warming is None and self.streaming:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
+                self.warm()
+        return self._asr is not None
+
+    async def asr(self) -> SpeechTranscriber:
+        """The asr stage's transcriber in this process (``StageKind.transcriber``: its graphs
+        opened once, on its plan)."""
+        async with self._asr_lock:
+            if self._asr is None:
+                assert self.entry is not None
+                name = self.entry
+                runner = self.app.runtime.kinds[name].transcriber(
+                    self.app.pipeline.plan.stage(name), self.app.pipeline.config.stage(name)
+                )
+                assert runner is not None  # _after_asr: the kind transcribes speech
+                t0 = time.perf_counter()
+                await asyncio.to_thread(runner.load)
+                log.info(
+                    "realtime: the %s stage's Whisper opened in the server in %.2f s (transcripts "
+                    "while the user speaks)",
+                    name,
+                    time.perf_counter() - t0,
+                )
+                self._asr = runner
+            return self._asr
+
+    def transcribe(
+        self, item: Segment, prefix: list[int], cancel: threading.Event
+    ) -> tuple[list[int], frozenset[int]]:
+        """One transcript pass (blocking; one at a time in the server; after ``asr``): the
+        tokens, the first ones ``prefix``, and where words begin in them."""
+        assert self._asr is not None
+        with self._asr_busy:
+            audio = AudioItem(audio=item["audio"], sample_rate=item["sample_rate"])
+            tokens = self._asr.decode_tokens(audio, prefix, cancel)
+            return tokens, self._asr.word_starts(tokens)
+
+    def text_of(self, tokens: list[int]) -> str:
+        assert self._asr is not None
+        return self._asr.text(tokens)
+
+    def idle(self) -> bool:
+        """Whether the CPU is the session's to transcribe on: no pipeline request in flight (the
+        decoder's and the voice's cores are theirs while one runs) and no pass running."""
+        return self.app.runtime.admission.in_flight == 0 and not self._asr_busy.locked()
+
+    async def turn_end(self) -> TurnEnd:
+        """The thinker's model scoring transcripts in this process (loaded once)."""
+        async with self._scorer_lock:
+            if self._turn_end is None:
+                scorer = self._scorer()
+                assert scorer is not None  # semantic_problem() said so before a session chose it
+                t0 = time.perf_counter()
+                await asyncio.to_thread(scorer.load)
+                log.info(
+                    "realtime: the %s stage's model opened in the server in %.2f s (semantic turn "
+                    "detection)",
+                    self.text_entry,
+                    time.perf_counter() - t0,
+                )
+                self._turn_end = TurnEnd(scorer)
+            return self._turn_end
+
     def close(self) -> None:
         if self._vad is not None:
             self._vad.close()
             self._vad = None
+        if self._asr is not None:
+            self._asr.close()
+            self._asr = None
+        if self._turn_end is not None:
+            self._turn_end.scorer.close()
+            self._turn_end = None
 
     async def endpoint(self, websocket: WebSocket) -> None:
         await Session(self, websocket).run()
@@ -238,7 +438,7 @@ class Session:
         self.voice = "default"
         self.modalities: list[str] = ["text", "audio"]
         self.in_rate = self.out_rate = OPENAI_PCM_RATE
-        self.turn: TurnSettings | None = rt.defaults.copy() if rt.defaults else None
+        self.turn: SessionTurn | None = rt.defaults.copy() if rt.defaults else None
         self.history: list[ChatMessage] = []
         self.response: Response | None = None
         self.send_lock = asyncio.Lock()
@@ -405,25 +605,7 @@ class Session:
         given = fields.model_fields_set
         turn = self.turn
         if "turn_detection" in given:
-            if fields.turn_detection is None:
-                turn = None
-            else:
-                if self.rt.defaults is None:
-                    raise BadRequest.single(
-                        "session.turn_detection",
-                        "this pipeline has no vad stage to detect turns",
-                        "send turn_detection: null and commit the audio yourself",
-                    )
-                set_ = fields.turn_detection.model_dump(exclude_none=True)
-                # the model checked each field the client set; the stage's own fill the rest
-                turn = cast(TurnSettings, {**self.rt.defaults, **set_})
-                if turn["prefix_padding_ms"] > turn["silence_duration_ms"]:
-                    raise BadRequest.single(
-                        "session.turn_detection.prefix_padding_ms",
-                        f"{turn['prefix_padding_ms']} ms is longer than silence_duration_ms ({turn['silence_duration_ms']} ms): "
-                        "the padding after speech is cut from the pause that ends it",
-                        "make prefix_padding_ms at most silence_duration_ms",
-                    )
+            turn = None if fields.turn_detection is None else self._turn(fields.turn_detection)
         in_rate = fields.input_audio_sample_rate or self.in_rate
         if turn != self.turn or in_rate != self.in_rate:
             self.turns.reset_buffer()
@@ -436,6 +618,39 @@ class Session:
         if fields.modalities is not None:
             self.modalities = list(dict.fromkeys(fields.modalities))
         await self.send("session.updated", session=self.session_doc())
+
+    def _turn(self, given: ServerVadFields | SemanticTurnDetection) -> SessionTurn:
+        """A ``session.update``'s turn detection as the session keeps it; ``BadRequest`` naming
+        the field when this pipeline cannot do it."""
+        if self.rt.vad_settings is None:
+            raise BadRequest.single(
+                "session.turn_detection",
+                "this pipeline has no vad stage to detect turns",
+                "send turn_detection: null and commit the audio yourself",
+            )
+        set_ = given.model_dump(exclude_none=True)
+        if isinstance(given, ServerVadFields) and set_.pop("eagerness", None) is not None:
+            raise BadRequest.single(
+                "session.turn_detection.eagerness",
+                "is semantic_vad's: server_vad ends a turn after silence_duration_ms",
+                "send type: 'semantic_vad' with it, or leave it out",
+            )
+        if isinstance(given, SemanticTurnDetection):
+            problem = self.rt.semantic_problem()
+            if problem is not None:
+                raise BadRequest.single("session.turn_detection.type", problem.what, problem.fix)
+            # the model checked each field the client set; the eagerness's own fill the rest
+            return cast(SemanticSettings, {**semantic_turn(given.eagerness or "auto"), **set_})
+        # the model checked each field the client set; the stage's own fill the rest
+        turn = cast(TurnSettings, {**self.rt.vad_settings, **set_})
+        if turn["prefix_padding_ms"] > turn["silence_duration_ms"]:
+            raise BadRequest.single(
+                "session.turn_detection.prefix_padding_ms",
+                f"{turn['prefix_padding_ms']} ms is longer than silence_duration_ms ({turn['silence_duration_ms']} ms): "
+                "the padding after speech is cut from the pause that ends it",
+                "make prefix_padding_ms at most silence_duration_ms",
+            )
+        return turn
 
     async def on_response_create(self, doc: dict[str, object]) -> None:
         if self.response is not None:
@@ -468,13 +683,13 @@ class Session:
         if self.response is not None:
             await self.cancel("turn_detected")
         assert self.turns.pending is not None
-        item, audio, rate, speech_end, entry = self.turns.pending
-        self.turns.pending = None
-        response = Response(new_id("resp"), new_id("item"), item, speech_end=speech_end)
+        p, self.turns.pending = self.turns.pending, None
+        response = Response(new_id("resp"), new_id("item"), p.item, speech_end=p.speech_end)
         response.mark("turn_end")
         self.response = response
         response.task = asyncio.create_task(
-            self.replies.run(response, audio, rate, entry), name=f"realtime:{response.id}"
+            self.replies.run(response, p.audio, p.rate, p.entry, heard=p.heard),
+            name=f"realtime:{response.id}",
         )
 
     async def cancel(self, reason: str) -> None:

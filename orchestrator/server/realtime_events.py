@@ -6,10 +6,10 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import numpy as np
-from pydantic import Field
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.server.protocol import Text, _Body
@@ -23,18 +23,60 @@ class TurnDetection(_Body):
     silence_duration_ms: int | None = Field(None, ge=32, le=10_000)
     create_response: bool | None = None
     interrupt_response: bool | None = None
+    eagerness: str | None = None
+    """Refused (``Session._turn``): semantic_vad's, not this type's."""
+
+
+class SemanticTurnDetection(_Body):
+    """OpenAI's ``semantic_vad``: a pause as long as the utterance needs
+    (``orchestrator.server.realtime_turn_end``). Its fields only: server_vad's are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+def _turn_type(value: object) -> str | None:
+    """``turn_detection``'s tag: its ``type`` (server_vad when it names none); ``~`` keeps the
+    tag out of the field an error names (``protocol._problem``)."""
+    kind = (
+        value.get("type", "server_vad") if isinstance(value, dict) else getattr(value, "type", None)
+    )
+    return (
+        {"server_vad": "~server_vad", "semantic_vad": "~semantic_vad"}.get(kind)
+        if isinstance(kind, str)
+        else None
+    )
 
 
 class TurnSettings(TypedDict):
-    """A session's turn detection as it holds and sends it (``session.turn_detection``):
-    OpenAI's server VAD fields, the vad stage's own settings where the client set none."""
+    """A session's ``server_vad`` turn detection as it holds and sends it
+    (``session.turn_detection``): OpenAI's server VAD fields, the vad stage's own settings
+    where the client set none."""
 
-    type: str
+    type: Literal["server_vad"]
     threshold: float
     prefix_padding_ms: int
     silence_duration_ms: int
     create_response: bool
     interrupt_response: bool
+
+
+class SemanticSettings(TypedDict):
+    """A session's ``semantic_vad`` turn detection as it holds and sends it: the pauses are the
+    eagerness's (``realtime_turn_end.EAGERNESS``)."""
+
+    type: Literal["semantic_vad"]
+    eagerness: str
+    create_response: bool
+    interrupt_response: bool
+
+
+SessionTurn = TurnSettings | SemanticSettings
+"""A session's turn detection (``Session.turn``); ``type`` tells which."""
 
 
 class SessionFields(_Body):
@@ -45,7 +87,18 @@ class SessionFields(_Body):
     output_audio_format: Literal["pcm16"] | None = None
     input_audio_sample_rate: Literal[16000, 24000] | None = None
     output_audio_sample_rate: Literal[16000, 24000] | None = None
-    turn_detection: TurnDetection | None = None
+    turn_detection: (
+        Annotated[
+            Annotated[TurnDetection, Tag("~server_vad")]
+            | Annotated[SemanticTurnDetection, Tag("~semantic_vad")],
+            Discriminator(
+                _turn_type,
+                custom_error_type="turn_detection_type",
+                custom_error_message="type must be 'server_vad' or 'semantic_vad'",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class SessionUpdate(_Body):
@@ -66,8 +119,10 @@ FIXES = {
     "output_audio_format": "'pcm16'",
     "input_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
     "output_audio_sample_rate": "16000 or 24000 (OpenAI's pcm16 is 24000)",
-    "turn_detection": "null (commit yourself) or {'type': 'server_vad', 'silence_duration_ms': 500, ...}",
-    "type": "'server_vad'",
+    "turn_detection": "null (commit yourself), {'type': 'server_vad', 'silence_duration_ms': 500, ...} "
+    "or {'type': 'semantic_vad', 'eagerness': 'auto'}",
+    "type": "'server_vad' or 'semantic_vad'",
+    "eagerness": "'low', 'medium', 'high' or 'auto' (semantic_vad only)",
     "threshold": "a number between 0 and 1, e.g. 0.5",
     "prefix_padding_ms": "whole milliseconds from 0 to 10000, at most silence_duration_ms",
     "silence_duration_ms": "whole milliseconds from 32 to 10000, e.g. 500",
@@ -83,9 +138,13 @@ def validated(model: type[_Body], doc: dict[str, object], example: str) -> Any:
         return _validated(model, doc, example)
     except BadRequest as exc:
         p = exc.problems[0]
-        raise BadRequest(
-            [Problem(p.where, p.what, FIXES.get(p.where.rpartition(".")[2], ""))]
-        ) from None
+        name = p.where.rpartition(".")[2]
+        fix = FIXES.get(name, "")
+        if p.what.endswith(
+            "extra inputs are not permitted"
+        ):  # a server_vad field under semantic_vad
+            fix = f"leave {name} out: semantic_vad takes eagerness, create_response and interrupt_response"
+        raise BadRequest([Problem(p.where, p.what, fix)]) from None
 
 
 def pcm16(data: str, where: str) -> np.ndarray:

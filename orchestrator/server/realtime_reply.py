@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from orchestrator.runtime.audio import pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
 from orchestrator.server.failures import failure, internal_failure
 from orchestrator.server.realtime_early import Response
-from stages.requests import AudioRequest, ChatMessage
+from orchestrator.server.realtime_transcribe import Heard
+from stages.requests import AudioRequest, ChatMessage, TextRequest
 
 
 class Replies:
@@ -85,19 +87,20 @@ class Replies:
             },
         }
 
-    async def run(self, r: Response, audio: np.ndarray, rate: int, entry: str | None) -> None:
-        """One turn's reply: the segment through the pipeline, its events as the session's
-        (held while the response is early), then :meth:`_finish`."""
+    async def run(
+        self,
+        r: Response,
+        audio: np.ndarray,
+        rate: int,
+        entry: str | None,
+        heard: Heard | Awaitable[Heard] | None = None,
+    ) -> None:
+        """One turn's reply: the segment through the pipeline — or, with the session's own
+        transcript (``heard``: a closing pass of ``realtime_transcribe``, or one on its way), the
+        transcript from the stage after the asr stage (``Realtime.text_entry``) — its events as
+        the session's (held while the response is early), then :meth:`_finish`."""
         rt = self.s.rt
-        r.mark("request")
-        run = rt.make_run(
-            rt.app,
-            AudioRequest(audio, rate),
-            "realtime",
-            entry=entry,
-            context=self.s.context(),
-            conversation=self.s.id,
-        )
+        run = await self._request(r, audio, rate, entry, heard)
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: JsonObject | None = None
@@ -160,6 +163,35 @@ class Replies:
             self.s.response = None
         if not r.quiet:
             await self._finish(r, status, details, chunker, wants_audio, run.trace.usage())
+
+    async def _request(
+        self,
+        r: Response,
+        audio: np.ndarray,
+        rate: int,
+        entry: str | None,
+        heard: Heard | Awaitable[Heard] | None,
+    ) -> Any:
+        """The pipeline request of ``r`` (``served.Run``): the audio at ``entry``, or the
+        session's transcript at the stage after the asr stage. The response's work starts with
+        the transcript's pass (``request``), which ends at ``transcript``."""
+        rt = self.s.rt
+        r.mark("request")
+        transcript = None
+        if heard is not None:
+            found = heard if isinstance(heard, Heard) else await heard
+            r.marks["request"] = min(r.marks["request"], found.started)
+            r.mark("transcript", found.at)
+            transcript = found.text
+            r.transcript = [transcript]
+        return rt.make_run(
+            rt.app,
+            AudioRequest(audio, rate) if transcript is None else TextRequest(transcript),
+            "realtime",
+            entry=entry if transcript is None else rt.text_entry,
+            context=self.s.context(),
+            conversation=self.s.id,
+        )
 
     @staticmethod
     def _failure(exc: Exception) -> tuple[str, int, dict[str, str]]:

@@ -1,29 +1,50 @@
 """A realtime session's turns: its audio appended, cut into turns by the VAD graph (server
-turn detection) or committed by the client, each turn committed as a conversation item and
-answered; the early reply started in the pause and adopted when the pause ends the turn.
+turn detection: a fixed pause, or one as long as the utterance needs) or committed by the
+client, each turn committed as a conversation item and answered; the transcript streamed
+while the user speaks; the early reply started in the pause and adopted when the pause ends
+the turn.
 
 :class:`Turns` holds what one session's turn taking keeps (the buffer or the cutter, whether
-the user is speaking, the turn waiting for its response, the early reply) and speaks through
-its session (``realtime.Session``: its events, its response, its settings).
+the user is speaking, the turn waiting for its response, the early reply, the running
+transcript) and speaks through its session (``realtime.Session``: its events, its response,
+its settings). The cutter is touched under :attr:`Turns.lock` only: by each append, and by a
+transcript pass that ends (``on_pass``: a semantic verdict, an early reply).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from orchestrator.core.errors import BadRequest
 from orchestrator.server.realtime_early import EarlyReply, Response
 from orchestrator.server.realtime_events import AppendEvent, new_id, pcm16, validated
+from orchestrator.server.realtime_transcribe import Heard, Transcriber
+from orchestrator.server.realtime_turn_end import pauses
 from stages.vad.runner import Cutter, Segment, VadRunner
 from stages.vad.segments import SegmentRules
 
 SPEECH_STARTED_MIN_MS = 250
 """``speech_started`` once this much speech is heard, when the vad stage sets no
 ``min_speech_ms`` (a cough is not a turn)."""
+
+
+class Pending(NamedTuple):
+    """A committed turn waiting for its response."""
+
+    item: str
+    audio: np.ndarray
+    rate: int
+    speech_end: float
+    """When its speech ended (``time.monotonic``)."""
+    entry: str | None
+    """The stage it enters at (``Realtime.entry`` for a segment the VAD cut; None: the client's
+    own buffer, which the vad stage trims)."""
+    heard: Heard | None
+    """Its transcript, when the session has one (``realtime_transcribe``)."""
 
 
 class Turns:
@@ -41,14 +62,17 @@ class Turns:
         self.buffered = 0
         self.heard_ms = 0.0
         """Audio appended in this session (ms)."""
-        self.pending: tuple[str, np.ndarray, int, float, str | None] | None = None
-        """A committed turn waiting for its response: item id, audio, rate, when its speech ended,
-        the stage it enters at (``Realtime.entry`` for a segment the VAD cut; None: the client's
-        own buffer, which the vad stage trims)."""
+        self.pending: Pending | None = None
+        """A committed turn waiting for its response."""
         self.early = EarlyReply(session.rt.app.metrics)
         """The response started in the current pause, not yet confirmed (``_early_start``)."""
         self.last_item: str | None = None
         self._upcoming: str | None = None
+        self.lock = asyncio.Lock()
+        """Held while the cutter is fed or decided on (appends, a pass's verdict)."""
+        self.transcriber = Transcriber(self)
+        """The transcript of the speech the cutter has open (``realtime_transcribe``), when the
+        pipeline's asr stage follows the vad stage (``Realtime.streaming``)."""
 
     async def on_append(self, doc: dict[str, object]) -> None:
         event: AppendEvent = validated(
@@ -72,30 +96,75 @@ class Turns:
             self.buffer.append(samples)
             self.buffered += samples.size
             return
-        if self.cutter is None:
-            runner = await self.s.rt.vad()
-            self.cutter = Cutter(runner, self._rules(runner))
-            self.cutter_ms = start_ms
-        cutter = self.cutter
-        segments = await asyncio.to_thread(cutter.feed, samples, self.s.in_rate)
-        self.early.note_pause(cutter, arrived)
-        await self._turns(cutter, segments, arrived)
-        if self.cutter is cutter:
-            await self._early_start(cutter, arrived)
+        async with self.lock:
+            if self.cutter is None:
+                runner = await self.s.rt.vad()
+                self.cutter = Cutter(runner, self._rules(runner))
+                self.cutter_ms = start_ms
+            cutter = self.cutter
+            segments = await asyncio.to_thread(cutter.feed, samples, self.s.in_rate)
+            self.early.note_pause(cutter, arrived)
+            await self._turns(cutter, segments, arrived)
+            await self._next(cutter, arrived)
+
+    async def _next(self, cutter: Cutter, arrived: float) -> None:
+        """What the cutter's state calls for next: a transcript pass, an early reply."""
+        if self.cutter is not cutter:
+            return
+        if self._streaming():
+            self.transcriber.follow(cutter, self._min_speech(cutter))
+        await self._early_start(cutter, arrived)
+
+    async def on_pass(self, key: tuple[int, int] | None) -> None:
+        """A transcript pass ended (``key``: the segment its pause would close, for a closing
+        pass): under semantic turn detection a complete utterance's pause is limited to
+        ``complete_ms``, which may end the turn now; then the next pass, the early reply."""
+        heard = None if key is None else self.transcriber.heard(key)
+        turn = self.s.turn or {}
+        complete = False
+        if heard is not None and turn.get("type") == "semantic_vad":
+            judge = await self.s.rt.turn_end()
+            complete = await judge.complete(heard.text, turn["eagerness"])
+        async with self.lock:
+            cutter = self.cutter
+            if cutter is None:
+                return
+            if complete and cutter.segmenter.pause_span() == key:
+                per_ms = cutter.runner.rate // 1000
+                limit = pauses(turn["eagerness"]).complete_ms * per_ms
+                await self._turns(cutter, cutter.limit_pause(limit), time.monotonic())
+            await self._next(cutter, time.monotonic())
+
+    def _streaming(self) -> bool:
+        """Whether this session's turns are transcribed here while spoken (the pipeline allows
+        it and its Whisper is open: ``Realtime.asr_ready``)."""
+        return bool(self.s.rt.streaming) and bool(self.s.rt.asr_ready())
+
+    def _min_speech(self, cutter: Cutter) -> int:
+        """Speech (the VAD's samples) that makes a turn: ``speech_started``, passes."""
+        return cutter.segmenter.rules.min_speech or SPEECH_STARTED_MIN_MS * (
+            cutter.runner.rate // 1000
+        )
 
     def _rules(self, runner: VadRunner) -> SegmentRules:
         assert self.s.turn is not None
         per_ms = runner.rate // 1000
         base = runner.rules
-        threshold = float(self.s.turn["threshold"])
-        default_threshold = self.s.rt.defaults["threshold"]
+        turn, defaults = self.s.turn, self.s.rt.vad_settings
+        if turn.get("type") == "semantic_vad":
+            # the stage's own threshold and pad; the pause waits for a complete utterance
+            threshold, pad_ms = defaults["threshold"], defaults["prefix_padding_ms"]
+            silence_ms = pauses(turn["eagerness"]).incomplete_ms
+        else:
+            threshold = float(turn["threshold"])
+            pad_ms, silence_ms = turn["prefix_padding_ms"], turn["silence_duration_ms"]
         return SegmentRules(
             window=base.window,
             threshold=threshold,
-            neg_threshold=base.neg_threshold if threshold == default_threshold else None,
+            neg_threshold=base.neg_threshold if threshold == defaults["threshold"] else None,
             min_speech=base.min_speech,
-            min_silence=int(self.s.turn["silence_duration_ms"]) * per_ms,
-            pad=int(self.s.turn["prefix_padding_ms"]) * per_ms,
+            min_silence=int(silence_ms) * per_ms,
+            pad=min(int(pad_ms), int(silence_ms)) * per_ms,
             max_segment=base.max_segment,
         )
 
@@ -106,7 +175,7 @@ class Turns:
         """Events for what the VAD decided on the last append: speech started, speech stopped → a turn
         (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter
-        min_speech = seg.rules.min_speech or SPEECH_STARTED_MIN_MS * (cutter.runner.rate // 1000)
+        min_speech = self._min_speech(cutter)
         spans = cutter.spans[len(cutter.spans) - len(segments) :]
         for segment, span in zip(segments, spans, strict=True):
             end_ms = self._ms(cutter, span[1])
@@ -121,18 +190,21 @@ class Turns:
             speech_end = self.early.speech_end_at(
                 cutter, max(span[1] - seg.rules.pad, span[0]), arrived
             )
+            early = await self.early.confirmed(span)
+            heard = await self.transcriber.close(span, segment) if self._streaming() else None
             await self._commit(
                 segment["audio"],
                 int(segment["sample_rate"]),
-                early=await self.early.confirmed(span),
+                early=early,
                 speech_end=speech_end,
+                heard=heard,
             )
         if not self.speaking and seg.open_speech >= min_speech and seg.open_start is not None:
             await self._speech_started(self._ms(cutter, seg.open_start))
 
     async def _speech_started(self, at_ms: int) -> None:
         self.speaking = True
-        self._upcoming = new_id("item")
+        self._upcoming = self._upcoming or new_id("item")
         await self.s.send(
             "input_audio_buffer.speech_started",
             audio_start_ms=max(at_ms, 0),
@@ -146,14 +218,20 @@ class Turns:
             self._upcoming = new_id("item")
         return self._upcoming
 
+    def upcoming_item(self) -> str:
+        """The id the turn being spoken will be committed as (its transcript deltas name it)."""
+        return self._next_item()
+
     async def on_commit(self, doc: dict[str, object]) -> None:
         if self.s.turn is None:
             audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, dtype=np.float32)
             self.buffer, self.buffered = [], 0
             rate = self.s.in_rate
         else:
-            cutter, self.cutter = self.cutter, None
-            # the client ends the turn itself: answered from all of it
+            async with self.lock:
+                cutter, self.cutter = self.cutter, None
+            # the client ends the turn itself: answered from all of it, by the whole pipeline
+            self.transcriber.reset()
             await self.early.drop_current()
             parts = await asyncio.to_thread(cutter.finish) if cutter is not None else []
             audio = (
@@ -186,24 +264,28 @@ class Turns:
         auto: bool | None = None,
         early: Response | None = None,
         speech_end: float | None = None,
+        heard: Heard | None = None,
     ) -> None:
+        """``heard``: the turn's transcript (``realtime_transcribe``)."""
         item = self._next_item()
         self._upcoming = None
         await self.s.send(
             "input_audio_buffer.committed", item_id=item, previous_item_id=self.last_item
         )
+        await self.transcriber.flush(item)
         self.last_item = item
         if auto is None:
             auto = self._auto_response()
         if early is not None and auto:
             await self._adopt(early)
             return
-        self.pending = (
+        self.pending = Pending(
             item,
             audio,
             rate,
             time.monotonic() if speech_end is None else speech_end,
             self.s.rt.entry if self.s.turn is not None else None,
+            heard,
         )
         if auto:
             await self.s.respond()
@@ -215,6 +297,7 @@ class Turns:
     def reset_buffer(self) -> None:
         if self.cutter is not None:
             self.cutter.cancel.set()
+        self.transcriber.reset()
         self.early.discard()  # its segment is gone with the buffer, and so is the pause
         self.cutter, self.speaking = None, False
         self.buffer, self.buffered = [], 0
@@ -239,8 +322,12 @@ class Turns:
         span, item = pending
         speech_end = self.early.speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived)
         r = self.early.start(span, self._next_item(), speech_end)
+        # streaming: the transcript is the pause's closing pass, ready or on its way
+        heard = self.transcriber.later(span) if self._streaming() else None
         r.task = asyncio.create_task(
-            self.s.replies.run(r, item["audio"], int(item["sample_rate"]), self.s.rt.entry),
+            self.s.replies.run(
+                r, item["audio"], int(item["sample_rate"]), self.s.rt.entry, heard=heard
+            ),
             name=f"realtime:{r.id}:early",
         )
 

@@ -52,7 +52,16 @@ from stages.ar_decode.kv import (
     text_config_problems,
 )
 from stages.ar_decode.prompt import check_request
-from stages.base import ArtifactInfo, Join, Need, Progress, StageConfig, StageKind, StageRunner
+from stages.base import (
+    ArtifactInfo,
+    Join,
+    Need,
+    Progress,
+    StageConfig,
+    StageKind,
+    StageRunner,
+    TurnScorer,
+)
 from stages.payloads import Ports, parse_payloads
 from stages.requests import Request
 
@@ -219,6 +228,7 @@ class ArDecodeKind(StageKind):
     cpu_thread_weight = DECODE_WEIGHT
     """The stage users wait on (every sentence the voice speaks waits on it)."""
     takes_conversation = True
+    scores_turns = True
     """A realtime session's history reaches it as ``{"messages": [...]}`` ahead of the
     transcript (``prompt.request_parts`` merges them)."""
 
@@ -552,6 +562,10 @@ class ArDecodeKind(StageKind):
         self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
     ) -> StageRunner:
         return self.engine(stage_plan.backend or "").runner(stage_plan, stage)
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> TurnScorer | None:
+        """The placement's engine's scorer of a spoken utterance's end (``DecodeEngine.turn_scorer``)."""
+        return self.engine(stage_plan.backend or "").turn_scorer(stage_plan, stage)
 
     def warm_request_check(self, stage_plan: StagePlan) -> None:
         """Load what ``validate_request`` needs (the engine's tokenizer: seconds, once per

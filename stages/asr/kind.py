@@ -40,7 +40,7 @@ from pydantic import Field
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
-from stages.base import ArtifactInfo, StageConfig, StageRunner
+from stages.base import ArtifactInfo, SpeechTranscriber, StageConfig, StageRunner
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.graphs import GraphsKind, graph_info
@@ -97,6 +97,7 @@ class AsrKind(GraphsKind):
     build_hint = BUILD_HINT
     consumes = ("audio",)
     produces = ("text",)
+    transcribes_speech = True
 
     def describe(self, stage: StageConfig) -> ArtifactInfo:
         """Both graphs described (``GraphsKind.describe``); ``audio_context: fit`` on an encoder
@@ -178,6 +179,15 @@ class AsrKind(GraphsKind):
             stage_plan, self.artifacts(stage), module.route_for(stage_plan, route)
         )
         return runner
+
+    def transcriber(self, stage_plan: StagePlan, stage: StageConfig) -> SpeechTranscriber:
+        """The placement's runner in this process (``AsrRunner.decode_tokens`` with a forced
+        head, ``word_starts``, ``text``): a realtime session's transcript while it speaks."""
+        module = import_module("stages.asr.runner")
+        transcriber: SpeechTranscriber = module.AsrRunner(
+            stage_plan, self.artifacts(stage), module.route_for(stage_plan, None)
+        )
+        return transcriber
 
 
 def fit_problem(

@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -228,38 +228,76 @@ class AsrRunner(OrtRunner):
     def _window(self, samples: Any) -> str:
         """One window's text: its encoder run and decoding loop in one route worker (``_unit``)."""
         with self._unit():
-            return self._decode_window(samples)
+            return self._detokenize(self._decode_window(samples))
 
-    def _decode_window(self, samples: Any) -> str:
+    def decode_tokens(
+        self, item: Any, prefix: Sequence[int] = (), cancel: threading.Event | None = None
+    ) -> list[int]:
+        """The greedy token ids of one audio item of at most one window (a speech segment), the
+        first ones ``prefix`` (forced: what earlier passes on the same growing segment committed,
+        ``stages.asr.streaming``); ``text`` turns them into the transcript. ``StageFailed`` for a
+        bad item or one longer than a window; ``Cancelled`` once ``cancel`` is set."""
+        if not self._handles:
+            self._fail("run before load()")
+        samples, rate = self._samples(item)
+        samples = resample(samples, rate, self.rate, cancel)
+        if len(samples) > self.window:
+            self._fail(
+                f"{len(samples) / self.rate:.1f} s of audio: a pass decodes one window of "
+                f"{self.window // self.rate} s at most"
+            )
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled before the encoder")
+        with self._unit():
+            return self._decode_window(samples, prefix)
+
+    def text(self, tokens: Sequence[int]) -> str:
+        """The transcript of ``tokens`` (the decoder's postprocess hook: special tokens dropped,
+        stripped)."""
+        return self._detokenize(list(tokens))
+
+    def word_starts(self, tokens: Sequence[int]) -> frozenset[int]:
+        """The indices of the tokens that begin a word (the text of the tokens up to and with
+        one holds one more whitespace-separated word than without it)."""
+        starts, words = set(), 0
+        for k in range(1, len(tokens) + 1):
+            now = len(self._detokenize(list(tokens[:k])).split())
+            if now > words:
+                starts.add(k - 1)
+            words = now
+        return frozenset(starts)
+
+    def _decode_window(self, samples: Any, prefix: Sequence[int] = ()) -> list[int]:
         feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)
         frames = self.frames_for(len(samples))
         if frames is None or frames >= self.frame_bounds[1]:
             encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
-            return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
+            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix)
         features = feeds[self.features]
         feeds[self.features] = np.ascontiguousarray(
             features[..., :frames] + (SILENCE_LEVEL - features.min())
         )
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
         if not self.silent_tail:
-            return self._detokenize(self._greedy(encoded["cross_key"], encoded["cross_value"]))
+            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix)
         key, value = (
             np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
             for n in ("cross_key", "cross_value")
         )
-        return self._detokenize(self._greedy(key, value))
+        return self._greedy(key, value, prefix)
 
-    def _greedy(self, cross_key: Any, cross_value: Any) -> list[int]:
-        """Greedy token ids after the prompt, without the end token."""
+    def _greedy(self, cross_key: Any, cross_value: Any, prefix: Sequence[int] = ()) -> list[int]:
+        """Greedy token ids after the prompt, without the end token; the first ones are
+        ``prefix`` (forced: fed with the prompt in the first step, as if decoded)."""
         empty = np.zeros(self.empty_cache_shape, dtype=np.float32)
+        tokens: list[int] = [int(t) for t in prefix][: self.max_new_tokens]
         feeds = {
-            "input_ids": np.array([self.prompt], dtype=np.int64),
+            "input_ids": np.array([self.prompt + tokens], dtype=np.int64),
             "cross_key": cross_key,
             "cross_value": cross_value,
             "past_key": empty,
             "past_value": empty,
         }
-        tokens: list[int] = []
         while len(tokens) < self.max_new_tokens:
             out = self._host.run(self._handles["decoder"], feeds)["outputs"]
             scores = np.where(self.suppress, -np.inf, out["logits"][0])

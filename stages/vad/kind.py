@@ -28,15 +28,16 @@ from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from orchestrator.core import backends as ort_backends
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
+from orchestrator.core.validation import REFUSAL, Strict
 from stages.base import (
     ArtifactInfo,
     GateSpec,
@@ -63,6 +64,34 @@ METADATA_KEYS = ("sample_rate", "chunk_samples", "context_samples")
 """What the runner reads from the artifact's manifest ``metadata``."""
 INPUTS = ("input", "sr", "state")
 OUTPUTS = ("output", "stateN")
+
+
+Eagerness = Literal["low", "medium", "high", "auto"]
+
+
+def _turn_type(value: object) -> str | None:
+    """``turn_detection``'s ``type``, from a mapping (the config) or a model."""
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+class ServerVad(Strict):
+    """A turn ends after a fixed silence: the stage's ``min_silence_ms``."""
+
+    type: Literal["server_vad"] = Field(description="A turn ends after min_silence_ms of silence.")
+
+
+class SemanticVad(Strict):
+    """A turn ends after a pause as long as the utterance needs: short when the thinker's own
+    model judges it complete, long when not (``orchestrator.server.realtime_turn_end``)."""
+
+    type: Literal["semantic_vad"] = Field(
+        description="A turn ends after a short pause when the utterance is complete, a long one when not."
+    )
+    eagerness: Eagerness = Field(
+        "auto",
+        description="How soon a turn ends: high ends it soonest, low waits longest; auto is medium "
+        "(docs/serving.md has the pauses of each).",
+    )
 
 
 class VadConfig(GraphStageConfig):
@@ -101,6 +130,24 @@ class VadConfig(GraphStageConfig):
         "refuse",
         description="A request whose audio holds no speech: refuse it (a BadRequest naming the seconds heard and the "
         "highest speech probability, so nothing downstream answers an empty prompt), or yield nothing.",
+    )
+    turn_detection: Annotated[
+        Annotated[ServerVad, Tag("server_vad")] | Annotated[SemanticVad, Tag("semantic_vad")],
+        Discriminator(
+            _turn_type,
+            custom_error_type=REFUSAL,
+            custom_error_message="{what}",
+            custom_error_context={
+                "what": "type must be server_vad or semantic_vad",
+                "fix": "{type: server_vad} or {type: semantic_vad, eagerness: auto}",
+            },
+        ),
+    ] = Field(
+        default_factory=lambda: ServerVad(type="server_vad"),
+        description="How a realtime session (serve's /v1/realtime) ends a spoken turn by default: "
+        "{type: server_vad} after min_silence_ms of silence, or {type: semantic_vad, eagerness: "
+        "low|medium|high|auto} after a pause as long as the utterance needs (needs an asr stage "
+        "after this one and a llama.cpp thinker after it). A session may change it (session.update).",
     )
     max_segment_s: float = Field(
         30.0,
@@ -260,6 +307,12 @@ class VadKind(StageKind):
             int(segments["speech_pad_ms"]),
             int(segments["min_silence_ms"]),
         )
+
+    def semantic_eagerness(self, stage: StageConfig) -> str | None:
+        """The eagerness of the stage's ``turn_detection: {type: semantic_vad}`` (None: a
+        turn ends after ``min_silence_ms``, ``server_vad``)."""
+        chosen = _cfg(stage).turn_detection
+        return chosen.eagerness if isinstance(chosen, SemanticVad) else None
 
     # -- runtime -------------------------------------------------------------
     def runner(

@@ -306,6 +306,16 @@ class Cutter:
         audio = self.kept[max(a, 0) : max(b, 0)].copy()
         return Segment(audio=audio, sample_rate=int(self.source_rate or 0)) if audio.size else None
 
+    def limit_pause(self, samples: int) -> list[Segment]:
+        """The current pause closes the segment after ``samples`` (at the graph's rate) of
+        silence (``Segmenter.limit_pause``): the segment it closes now, cut, when it already has."""
+        return self._cut(self.segmenter.limit_pause(samples))
+
+    def audio(self, start: int, end: int) -> Segment | None:
+        """The samples heard between the graph's indices ``start`` and ``end``, at the input's
+        rate (None when none is kept): what a segment with these bounds would hold."""
+        return self._item(start, end)
+
     def pending(self) -> tuple[tuple[int, int], Segment] | None:
         """The segment the current pause will close if no speech resumes (``Segmenter.pending``):
         its bounds and its audio, cut exactly as the closed segment will be."""

@@ -20,7 +20,13 @@ made streaming:
   and the next segment starts where it was cut (no pad between the two: the
   samples are contiguous);
 * :meth:`finish` closes speech still open when the input ends, at the last
-  sample heard (or where its last pause began).
+  sample heard (or where its last pause began);
+* :meth:`limit_pause` gives the current pause a limit of its own (at least
+  ``pad``, at most ``min_silence``): a pause that lasted that long closes the
+  segment exactly as one of ``min_silence`` would (same bounds), at once when it
+  has already lasted that long; the limit ends with the pause (a window at
+  ``threshold`` or above, or the segment closing). Semantic turn detection
+  shortens the pause after an utterance it judged complete.
 
 Guarantees: segments come out in order, do not overlap, lie within the
 samples heard, and each is at most ``max_segment`` samples long.
@@ -86,6 +92,8 @@ class Segmenter:
         self._speech_start = 0
         self._pause: int | None = None
         """Where the current pause began, inside open speech."""
+        self._limit: int | None = None
+        """The current pause's own limit (``limit_pause``); None: ``min_silence``."""
 
     @property
     def open_start(self) -> int | None:
@@ -111,16 +119,40 @@ class Segmenter:
         keep. The bounds are exactly those :meth:`push` then emits (the pause's start plus the
         pad, within ``max_segment``), so work on the segment can start before the pause has
         lasted ``min_silence``: a realtime session's early response."""
+        span, pause = self.pause_span(), self._pause
+        if span is None or pause is None or self.heard - pause < self.rules.pad:
+            return None
+        return None if pause - self._speech_start < self.rules.min_speech else span
+
+    def pause_span(self) -> tuple[int, int] | None:
+        """The bounds of the segment the current pause would close (its start, the pause's start
+        plus the pad, within ``max_segment``), as soon as the pause begins; None with no pause.
+        What the session transcribes and judges while it waits (``pending`` adds the pad heard
+        and the speech long enough to keep)."""
         r = self.rules
-        if self._start is None or self._pause is None or self.heard - self._pause < r.pad:
+        if self._start is None or self._pause is None or self._pause <= self._start:
             return None
-        end = self._pause
-        if end - self._speech_start < r.min_speech or end <= self._start:
-            return None
-        stop = end + r.pad
+        stop = self._pause + r.pad
         if r.max_segment is not None:
             stop = min(stop, self._start + r.max_segment)
         return (self._start, stop)
+
+    @property
+    def pause_limit(self) -> int:
+        """Samples of silence that close the current pause: its own limit, else ``min_silence``."""
+        return self.rules.min_silence if self._limit is None else self._limit
+
+    def limit_pause(self, samples: int) -> list[tuple[int, int]]:
+        """The current pause closes the segment once it has lasted ``samples`` (clamped to
+        ``[pad, min_silence]``): the segment it closes now, when it already has; nothing when no
+        pause is open. The bounds are those a pause of ``min_silence`` would give."""
+        r = self.rules
+        if self._start is None or self._pause is None:
+            return []
+        self._limit = min(max(samples, r.pad), r.min_silence)
+        if self.heard - self._pause >= self._limit:
+            return self._close(self._pause)
+        return []
 
     def push(self, prob: float) -> list[tuple[int, int]]:
         """One window's speech probability; the segments this window closes."""
@@ -130,7 +162,7 @@ class Segmenter:
         self.heard = pos + r.window
         out: list[tuple[int, int]] = []
         if prob >= r.threshold:
-            self._pause = None
+            self._pause = self._limit = None
             if self._start is None:
                 self._speech_start = pos
                 self._start = max(pos - r.pad, self.last_end)
@@ -144,7 +176,7 @@ class Segmenter:
         if self._start is not None and prob < r.low:
             if self._pause is None:
                 self._pause = pos
-            if self.heard - self._pause >= r.min_silence:
+            if self.heard - self._pause >= self.pause_limit:
                 out += self._close(self._pause)
         if (
             self._start is not None
@@ -173,7 +205,7 @@ class Segmenter:
         r = self.rules
         assert self._start is not None
         start, speech = self._start, end - self._speech_start
-        self._start, self._pause = None, None
+        self._start, self._pause, self._limit = None, None, None
         if speech < r.min_speech or end <= start:
             return []
         stop = min(end + r.pad, self.heard)

@@ -156,3 +156,20 @@ def test_first_max_chars_leaves_a_first_sentence_shorter_than_it_whole() -> None
 def test_first_max_chars_must_leave_room_for_a_fragment() -> None:
     with pytest.raises(ValueError, match="first_max_chars"):
         SentenceChunker(first_max_chars=FIRST_MIN_CUT_CHARS)
+
+
+def test_the_first_chunk_is_at_least_two_words_and_never_ends_inside_a_word() -> None:
+    """A short ``first_max_chars``: "Certainly," alone (one word) is not a first chunk; the cut
+    waits for the boundary after a second word. A first word longer than the limit is not cut
+    inside: the first space after it that leaves two words ends the chunk."""
+    chunker = SentenceChunker(first_max_chars=12)
+    text = "Certainly, photosynthesis turns light into sugar. Plants need it."
+    chunks = [c for ch in text for c in chunker.feed(ch)] + chunker.flush()
+    assert chunks[0] == "Certainly, photosynthesis"
+    assert all(len(c.split()) >= 2 for c in chunks)
+    assert " ".join(chunks) == text
+    long = SentenceChunker(first_max_chars=9)
+    text = "Extraordinarily interesting question, really. Yes."
+    chunks = [c for ch in text for c in long.feed(ch)] + long.flush()
+    assert chunks[0] == "Extraordinarily interesting"
+    assert " ".join(chunks) == text

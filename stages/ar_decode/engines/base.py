@@ -43,7 +43,7 @@ from stages.ar_decode.config import ArDecodeConfig
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget
 from stages.ar_decode.prompt import checkpoint_tokenizer
-from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner
+from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner, TurnScorer
 
 if TYPE_CHECKING:
     from orchestrator.core.engines import DecodeEngineRow
@@ -177,6 +177,12 @@ class DecodeEngine(ABC):
     def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
         """The tokenizer a request is counted with before it reaches the actor (the one the
         engine reads; loaded once per process), or None: the runner's own check stays."""
+        return None
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> TurnScorer | None:
+        """A scorer of how complete a spoken utterance is, from this stage's own model, for a
+        realtime session's semantic turn detection (run in the server, not loaded yet); None
+        when the engine has none (the default)."""
         return None
 
 

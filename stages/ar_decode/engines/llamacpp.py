@@ -23,8 +23,9 @@ from orchestrator.core.units import MiB
 from stages.ar_decode.config import ArDecodeConfig
 from stages.ar_decode.engines.base import NO_TELEMETRY_ENV, DecodeEngine, workspace_reservation
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
+from stages.ar_decode.engines.llamacpp_turn import LlamaCppTurnScorer
 from stages.ar_decode.formats import FormatRule
-from stages.ar_decode.gguf_vocab import gguf_vocab
+from stages.ar_decode.gguf_vocab import gguf_path, gguf_vocab
 from stages.ar_decode.kv import KVBudget
 from stages.base import ArtifactInfo, StageConfig
 
@@ -297,6 +298,13 @@ class LlamaCppEngine(DecodeEngine):
 
     def runner(self, stage_plan: StagePlan, stage: StageConfig) -> LlamaCppRunner:
         return LlamaCppRunner(stage_plan, stage)
+
+    def turn_scorer(self, stage_plan: StagePlan, stage: StageConfig) -> LlamaCppTurnScorer | None:
+        """The stage's GGUF scoring a transcript's end (``llamacpp_turn``), one thread."""
+        model = stage_plan.engine_kwargs.get("model")
+        if not model:
+            return None
+        return LlamaCppTurnScorer(gguf_path(str(model)), getattr(stage, "system_prompt", None))
 
     def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
         """The GGUF's own vocabulary and chat template (no weights read; once per process)."""

@@ -631,13 +631,15 @@ def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_r
         ],
     )
 
-    async def main(context: Any) -> list[Any]:
-        return [e async for e in rt.stream(as_request("hello there"), context=context)]
+    async def main(context: Any, entry: str | None = None) -> list[Any]:
+        return [e async for e in rt.stream(as_request("hello there"), context=context, entry=entry)]
 
     try:
         plain = asyncio.run(main(None))
         history = {"second": [{"messages": [{"role": "user", "content": "one two three"}]}]}
         given = asyncio.run(main(history))
+        # entering at the stage the context names: the context first, then the request's text
+        entered = asyncio.run(main(history, entry="second"))
         for context, where in (
             ({"first": [{"messages": []}]}, "context.first"),
             ({"nope": ["x"]}, "context.nope"),
@@ -659,3 +661,6 @@ def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_r
     assert prompt_tokens(plain, "second") == len(first_reply.split())
     assert prompt_tokens(given, "second") == len(first_reply.split()) + 3
     assert prompt_tokens(given, "first") == prompt_tokens(plain, "first") == 2
+    assert prompt_tokens(entered, "second") == 2 + 3
+    said = "".join(e.text for e in entered if isinstance(e, TextDelta) and e.stage == "second")
+    assert said.startswith("You said one two three hello there"), said

@@ -164,3 +164,84 @@ def test_a_pending_segment_is_exactly_the_segment_its_pause_closes(
             assert closed == [pending]
         if closed:
             assert seg.pending() is None
+
+
+def test_a_pause_limited_shorter_closes_the_segment_with_the_same_bounds() -> None:
+    """An utterance judged complete: its pause limited to 2 windows closes it 2 windows after the
+    pause began, where a pause of ``min_silence`` would have closed it later with the same bounds."""
+    probs = [0.0] * 2 + [0.9] * 5 + [0.0] * 6
+    whole = run(probs, rules())
+    seg = Segmenter(rules())
+    out: list[tuple[int, int]] = []
+    for i, p in enumerate(probs):
+        out += seg.push(p)
+        if i == 7:  # one window into the pause (it began at window 7)
+            assert seg.limit_pause(2 * W) == []
+            assert seg.pause_limit == 2 * W
+        if out:
+            closed_at = i
+            break
+    assert out == whole == [(10, 80)]
+    assert closed_at == 8  # the pause's second window: 2 windows heard
+    # no pause is open now: a limit has nothing to apply to, and the next pause has min_silence
+    assert seg.limit_pause(W) == [] and seg.pause_limit == 40
+
+
+def test_a_limit_given_after_the_pause_lasted_longer_closes_at_once() -> None:
+    seg = Segmenter(rules())
+    for p in [0.9] * 5 + [0.0] * 3:  # a pause of 3 windows, under min_silence's 4
+        assert seg.push(p) == []
+    assert seg.limit_pause(2 * W) == [(0, 60)]
+    assert seg.finish() == []
+
+
+def test_a_pause_limit_ends_with_the_pause_and_is_clamped_to_pad_and_min_silence() -> None:
+    """Speech resuming ends the limited pause: the next pause waits ``min_silence`` again. A limit
+    below the pad is the pad (the end pad is cut from the pause), above ``min_silence`` it is that."""
+    seg = Segmenter(rules(pad=20))
+    for p in [0.9] * 5 + [0.0]:
+        seg.push(p)
+    assert seg.limit_pause(0) == [] and seg.pause_limit == 20  # the pad
+    assert seg.push(0.9) == []  # speech resumed before the pause lasted the pad
+    assert seg.pause_limit == 40
+    out = [s for p in [0.0] * 3 for s in seg.push(p)]
+    assert out == []  # 3 windows: under min_silence, the old limit is gone
+    assert seg.limit_pause(10_000) == [] and seg.pause_limit == 40
+    assert seg.push(0.0) == [(0, 90)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    probs=st.lists(st.sampled_from([0.0, 0.3, 0.45, 0.9]), min_size=1, max_size=60),
+    limits=st.lists(st.integers(min_value=0, max_value=60), min_size=60, max_size=60),
+)
+def test_limited_pauses_keep_the_segments_in_order_and_within_the_heard(
+    probs: list[float], limits: list[int]
+) -> None:
+    """Whatever limits are given and when, segments stay ordered, disjoint and within the
+    samples heard, and each holds at least min_speech of speech before its pads."""
+    r = rules()
+    seg = Segmenter(r)
+    out: list[tuple[int, int]] = []
+    for p, lim in zip(probs, limits, strict=False):
+        out += seg.push(p)
+        out += seg.limit_pause(lim)
+    out += seg.finish()
+    for (_, b), (c, _) in itertools.pairwise(out):
+        assert b <= c
+    for a, b in out:
+        assert 0 <= a < b <= seg.heard
+        assert b - a >= r.min_speech
+
+
+def test_the_pause_span_is_known_when_the_pause_begins_and_is_what_it_closes() -> None:
+    seg = Segmenter(rules(pad=20))
+    for p in [0.9] * 5:
+        seg.push(p)
+    assert seg.pause_span() is None  # no pause
+    seg.push(0.0)  # the pause begins at 50: its pad not heard yet, nothing pending
+    assert seg.pause_span() == (0, 70) and seg.pending() is None
+    seg.push(0.0)
+    assert seg.pending() == seg.pause_span() == (0, 70)
+    assert [s for p in [0.0] * 2 for s in seg.push(p)] == [(0, 70)]
+    assert seg.pause_span() is None

@@ -1,0 +1,217 @@
+"""A realtime session's transcript while the user speaks (streaming transcription).
+
+The pipeline's asr stage transcribes a turn once it is closed; here the server runs the same
+stage's Whisper (``Realtime.asr``: its runner opened in this process, as the VAD's graph is)
+on the segment the VAD has open, while it grows:
+
+* a **partial pass** every :data:`STEP_S` of new speech decodes the segment so far, and the
+  words two consecutive passes agree on are committed (``stages.asr.streaming.LocalAgreement``)
+  and sent as ``conversation.item.input_audio_transcription.delta`` events (OpenAI's shape);
+* a **closing pass** starts the moment the VAD hears a pause (before the pause has lasted
+  anything like the turn's end): the speech before it, decoded with the committed words
+  forced as its head. Its transcript is what the early reply answers and what semantic turn
+  detection judges (``realtime_turn_end``); speech resuming makes it one more partial pass;
+* when the pause closes the turn, the closing pass's words after the committed ones are the
+  last delta, sent after ``input_audio_buffer.committed``, and the transcript is the deltas
+  joined: ``…transcription.completed`` says exactly the text the deltas spelled.
+
+Scheduling: one pass at a time per session, and passes of all sessions one at a time in the
+server (one Whisper); a partial pass starts only while the pipeline has no request in flight
+— the decoder and the voice keep their cores while a reply runs (an early reply included) —
+and the closing pass always runs (the reply waits for it).
+
+Guarantees: deltas of a turn are sent in order, before its ``committed`` event or right after
+it, never after its ``…transcription.completed``; their concatenation is the final
+transcript; a pass's result for a segment that is gone (the buffer cleared, the session
+ended) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stages.asr.streaming import LocalAgreement
+from stages.vad.runner import Cutter, Segment
+
+STEP_S = 0.5
+"""Seconds of new speech between partial passes: whisper_streaming's step is 1 s; half that,
+since a 1-4 s question gives only a few passes, and Whisper tiny's pass on one is ~0.1 s."""
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A closing pass: the speech before one pause, transcribed."""
+
+    tokens: list[int]
+    text: str
+    """The transcript the turn will have if this pause ends it (the deltas joined)."""
+    started: float
+    """When its pass started (``time.monotonic``): a reply's work starts here."""
+    at: float
+    """When it was ready."""
+
+
+class Transcriber:
+    """The transcript of the segment one session's cutter has open (the module's guarantees).
+
+    ``turns`` is the session's ``realtime_turns.Turns``: its session sends the deltas, and it is
+    told when a closing pass is ready (``on_heard``)."""
+
+    def __init__(self, turns: Any) -> None:
+        self.t = turns
+        self.start: int | None = None
+        """The open segment's start (the VAD's sample) this transcript follows."""
+        self.agreement = LocalAgreement()
+        self.sent = ""
+        """The text of the deltas sent for this segment."""
+        self._sent_n = 0
+        """How many committed tokens ``sent`` spells."""
+        self.covered = 0
+        """Where the last pass's audio ended (the VAD's sample)."""
+        self.closing: dict[tuple[int, int], Heard] = {}
+        """Closing passes, by the bounds of the segment their pause would close."""
+        self.unsent = ""
+        """The last delta, computed when the turn closed, sent after its ``committed``."""
+        self._later: dict[tuple[int, int], asyncio.Future[Heard]] = {}
+        """Early replies waiting for the closing pass of their pause (``later``)."""
+        self._task: asyncio.Task[None] | None = None
+        self._cancel = threading.Event()
+
+    # -- following the segment -------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the segment (its turn closed, or the buffer was cleared): a running pass's
+        result is dropped."""
+        self._cancel.set()
+        self._cancel = threading.Event()
+        self._task = None
+        for waiting in self._later.values():
+            waiting.cancel()  # its reply is dropped with the segment
+        self._later = {}
+        self.start, self.covered = None, 0
+        self.agreement, self.sent, self._sent_n, self.closing = LocalAgreement(), "", 0, {}
+
+    def follow(self, cutter: Cutter, min_speech: int) -> None:
+        """After each append (under the session's turn lock): a pass started when one is due."""
+        seg = cutter.segmenter
+        if seg.open_start is None or seg.open_speech < min_speech:
+            return
+        if self.start != seg.open_start:
+            self.reset()
+            self.start = self.covered = seg.open_start
+        if self._task is not None and not self._task.done():
+            return
+        span = seg.pause_span()
+        if span is not None:
+            if span not in self.closing:
+                self._run(cutter, seg.open_start, seg.heard, span)
+        elif seg.heard - self.covered >= STEP_S * cutter.runner.rate and self.t.s.rt.idle():
+            self._run(cutter, seg.open_start, seg.heard, None)
+
+    def heard(self, span: tuple[int, int]) -> Heard | None:
+        """The closing pass for the pause that would close ``span``, when it is ready."""
+        return self.closing.get(span)
+
+    def later(self, span: tuple[int, int]) -> asyncio.Future[Heard]:
+        """The closing pass for the pause that would close ``span``, once it is ready: an early
+        reply starts in the pause and waits for its transcript (cancelled when the segment is
+        forgotten; a pause that ends otherwise drops the reply first)."""
+        found = self.closing.get(span)
+        waiting = self._later.get(span)
+        if waiting is None:
+            waiting = self._later[span] = asyncio.get_running_loop().create_future()
+            if found is not None:
+                waiting.set_result(found)
+        return waiting
+
+    def _ready(self, span: tuple[int, int], heard: Heard) -> None:
+        self.closing[span] = heard
+        waiting = self._later.get(span)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(heard)
+
+    def _run(self, cutter: Cutter, start: int, end: int, key: tuple[int, int] | None) -> None:
+        item = cutter.audio(start, end)
+        if item is None:
+            return
+        self._task = asyncio.create_task(
+            self._pass(item, end, key, self._cancel), name=f"realtime:{self.t.s.id}:asr"
+        )
+
+    async def _pass(
+        self,
+        item: Segment,
+        end: int,
+        key: tuple[int, int] | None,
+        cancel: threading.Event,
+    ) -> None:
+        prefix = list(self.agreement.committed)
+        started = time.monotonic()
+        tokens, starts = await asyncio.to_thread(self.t.s.rt.transcribe, item, prefix, cancel)
+        if cancel.is_set():  # the segment is gone
+            return
+        self.agreement.update(tokens, starts)
+        self.covered = max(self.covered, end)
+        await self._send(self._text_after(self.agreement.committed))
+        if key is not None:
+            self._ready(key, Heard(tokens, self._text_after(tokens), started, time.monotonic()))
+        # told in a task of its own: the turn's handler may be waiting for this pass
+        asyncio.get_running_loop().create_task(self.t.on_pass(key))
+
+    # -- the turn's end ----------------------------------------------------------------
+    async def close(self, span: tuple[int, int], item: Segment) -> Heard:
+        """The turn ``span`` closed: its transcript (``Heard.text``: the deltas joined). The last
+        delta is kept for :meth:`flush`; the state is reset for the next segment."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        found = self.closing.get(span)
+        if found is None:  # not closed by a pause heard here (cut at max_segment): decode it now
+            started = time.monotonic()
+            tokens, _ = await asyncio.to_thread(
+                self.t.s.rt.transcribe, item, list(self.agreement.committed), self._cancel
+            )
+            found = Heard(tokens, self._text_after(tokens), started, time.monotonic())
+            self._ready(span, found)
+        self.agreement.final(found.tokens)
+        self.unsent = found.text[len(self.sent) :]
+        self.reset()
+        return found
+
+    async def flush(self, item_id: str) -> None:
+        """Send the closed turn's last delta (after its ``committed``)."""
+        delta, self.unsent = self.unsent, ""
+        if delta:
+            await self.t.s.send(
+                "conversation.item.input_audio_transcription.delta",
+                item_id=item_id,
+                content_index=0,
+                delta=delta,
+            )
+
+    # -- text -----------------------------------------------------------------------------
+    def _text_after(self, tokens: list[int]) -> str:
+        """The deltas' text once ``tokens`` (the committed ones and more) are committed: what
+        was sent, then what the tokens' transcript adds to it."""
+        full = self.t.s.rt.text_of(tokens)
+        if full.startswith(self.sent):
+            return full
+        # the tokenizer spelled the head differently once more followed: what was sent stays,
+        # and the new tokens begin a word (LocalAgreement commits whole words)
+        rest = self.t.s.rt.text_of(tokens[self._sent_n :])
+        return f"{self.sent} {rest}" if self.sent and rest else self.sent + rest
+
+    async def _send(self, text: str) -> None:
+        delta = text[len(self.sent) :]
+        self._sent_n = len(self.agreement.committed)
+        if not delta:
+            return
+        self.sent = text
+        await self.t.s.send(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=self.t.upcoming_item(),
+            content_index=0,
+            delta=delta,
+        )
