@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator import calibration as cal  # noqa: E402
-from orchestrator import calibration_store, fileio, settings  # noqa: E402
+from orchestrator import calibration_store  # noqa: E402
+from orchestrator.core import fileio, settings  # noqa: E402
 from orchestrator.core.units import MiB  # noqa: E402
 from orchestrator.runtime import record as rec  # noqa: E402
 
