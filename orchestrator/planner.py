@@ -55,7 +55,7 @@ from orchestrator.planner_threads import with_cpu_threads
 from orchestrator.probe import llamacpp
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.placement import cached_verdict, node_verification
-from stages.base import ArtifactInfo, GateSpec, StageKind
+from stages.base import ArtifactInfo, GateSpec, RestartConfig, StageKind
 from stages.registry import get_kind
 
 log = logging.getLogger(__name__)
@@ -960,6 +960,8 @@ def _stage_plan(
         "inputs": tuple(stage.inputs),
         "final_output": stage.final_output,
         "final_output_type": stage.final_output_type,
+        "restart": _restart_of(stage),
+        "on_device_loss": stage.on_device_loss,
     }
     if not options or any(o is None for o in options):
         refusals = tuple(state.refusals) or (
@@ -1000,6 +1002,14 @@ def _stage_plan(
         replicas=tuple(placements) if len(placements) > 1 else (),
         **common,
     )
+
+
+def _restart_of(stage: StageConfig) -> dict[str, Any] | str | None:
+    """The stage's ``restart`` as the plan carries it: None for the default policy."""
+    policy = stage.restart_policy()
+    if policy is None:
+        return "never"
+    return None if policy == RestartConfig() else policy.model_dump()
 
 
 def _replica_plan(

@@ -73,7 +73,9 @@ def test_a_target_that_stops_being_an_artifact_while_exporting_is_not_replaced(
                     p.unlink()
             files.update(victim(target))
 
-    req = ExportRequest(source="torch", location="tests.orchestrator.exporter.tiny:mlp", out=target, force=True)
+    req = ExportRequest(
+        source="torch", location="tests.orchestrator.exporter.tiny:mlp", out=target, force=True
+    )
     with pytest.raises(ConfigError) as refused:
         export(req, step=meanwhile)
     assert "holds no exported artifact" in str(refused.value)
