@@ -378,9 +378,7 @@ class Session:
             event_id = check_event_id(doc)
         except BadRequest as exc:
             p = exc.problems[0]
-            await self.error(
-                f"{p.where}: {p.what} ({p.fix})", code="invalid_value", param=p.where
-            )
+            await self.error(f"{p.where}: {p.what} ({p.fix})", code="invalid_value", param=p.where)
             return
         kind = doc.get("type") if isinstance(doc, dict) else None
         handler = HANDLERS.get(kind) if isinstance(kind, str) else None
