@@ -94,6 +94,7 @@ from orchestrator.runtime import record as rec
 from orchestrator.runtime.cluster import check_address
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
+from orchestrator.runtime.fallback import replanner
 from orchestrator.runtime.requests import (
     MAX_AUDIO_SECONDS,
     MAX_TENSOR_BYTES,
@@ -285,6 +286,8 @@ class Admission:
     config: PipelineConfig
     profile: HardwareProfile
     calibration: cal.CalibrationStore | None
+    mask: frozenset[str] = frozenset()
+    """The devices the user masked: a stage that falls back (``on_device_loss``) never lands there."""
 
     @property
     def admitted(self) -> bool:
@@ -326,7 +329,7 @@ def admit_plan(
             calibration=store,
             server=options.server,
         )
-    return Admission(plan, config, profile, store)
+    return Admission(plan, config, profile, store, mask)
 
 
 class Pipeline:
@@ -343,10 +346,11 @@ class Pipeline:
         log_to_driver: bool = False,
         max_waiting: int | None = None,
         calibration: cal.CalibrationStore | None = None,
+        mask: frozenset[str] = frozenset(),
+        server: bool = False,
     ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
-        self.plan = plan
         self.calibration = calibration
         """Where ``record_calibration`` writes measured peaks (None: nothing is recorded)."""
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
@@ -361,6 +365,13 @@ class Pipeline:
             address=address,
             log_to_driver=log_to_driver,
             max_waiting=max_waiting,
+            # a stage whose device is gone for good is planned again on this profile
+            # (on_device_loss: fallback), as this plan was
+            replan=(
+                replanner(config, profile, mask, calibration, server)
+                if profile is not None
+                else None
+            ),
         )
         self.results: list[Result] = []
         self.records: list[Path] = []
@@ -410,6 +421,8 @@ class Pipeline:
             log_to_driver=options.log_to_driver,
             max_waiting=options.max_waiting,
             calibration=admission.calibration,
+            mask=admission.mask,
+            server=options.server,
         )
 
     @classmethod
@@ -426,6 +439,12 @@ class Pipeline:
         to have it closed on the way out. Takes and raises what ``from_config`` does."""
         opts = PipelineOptions.of(options, overrides)
         return Opening(lambda: cls.from_config(path, opts, admitting=admitting))
+
+    @property
+    def plan(self) -> PipelinePlan:
+        """The plan the pipeline runs by: as admitted, with each stage that moved since to its
+        next device (``on_device_loss: fallback``) where it runs now."""
+        return self.runtime.plan
 
     def prepare(self, *, progress: StartProgress | None = None) -> Pipeline:
         """Prepare weights (their steps told to ``progress``); once."""

@@ -561,8 +561,8 @@ class StageRunner(ABC):
 
     What the device actor reads besides, each with a default here: ``load_info``
     (what the load found, for the run record), ``process_ids()`` (the processes
-    the stage's work runs in), ``worker_stats()``, ``request_stats()`` and
-    ``health()``.
+    the stage's work runs in), ``worker_stats()``, ``worker_restarts()``, ``request_stats()``
+    and ``health()``.
     """
 
     load_info: Mapping[str, Any] = MappingProxyType({})
@@ -596,6 +596,12 @@ class StageRunner(ABC):
         """``{"code", "message"}`` when the stage can no longer serve though its actor lives (an
         engine that stopped); None (the default) while it can."""
         return None
+
+    def worker_restarts(self) -> int:
+        """How many times the stage's route worker was replaced after it died (a process the
+        stage's work runs in, restarted by the runner itself: ``ort_runner.OrtRunner``); 0 for
+        a runner with none. The runtime counts them as the stage's restarts."""
+        return 0
 
     def worker_stats(self) -> dict[str, int] | None:
         """For a stage whose processes the runtime recycles at a memory limit (a route worker):

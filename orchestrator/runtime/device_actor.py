@@ -95,6 +95,8 @@ class DeviceActor:
         self.ledger_error: str | None = None
         """Set when a report or release to the ledger actor failed (it died): closing
         goes on without it, and ``close`` then raises ``LedgerLost``."""
+        self._closed = asyncio.Event()
+        """Set by ``close``: the supervisor's ``watch`` call then returns."""
 
     async def _tell_ledger(self, method: str, *args: Any) -> Any:
         """A report or release that must not stop a close: a dead ledger is noted
@@ -386,14 +388,26 @@ class DeviceActor:
         return self.io.pending(request_id)
 
     async def health(self) -> dict[str, dict[str, Any]]:
-        """The hosted stages that can no longer serve though this actor lives (a runner's
-        ``health()``: an engine that stopped), each as ``{"code", "message"}``."""
-        out = {}
+        """How the hosted stages are, asked of each runner now: ``failed``, the stages that
+        cannot serve though this actor lives (a runner's ``health()``: an engine that stopped,
+        a route worker being replaced), each as ``{"code", "message"}``; ``workers``, each
+        stage whose route worker was replaced after it died: ``{"restarts": n}``."""
+        failed, workers = {}, {}
         for name, h in self.stages.items():
             state = h.runner.health()
             if state:
-                out[name] = dict(state)
-        return out
+                failed[name] = dict(state)
+            restarts = h.runner.worker_restarts()
+            if restarts:
+                workers[name] = {"restarts": int(restarts)}
+        return {"failed": failed, "workers": workers}
+
+    async def watch(self) -> str:
+        """Answers only when this actor closes: the supervisor holds one such call on every
+        device actor, so an actor's death reaches it at once, as this call's failure
+        (``runtime.supervisor``)."""
+        await self._closed.wait()
+        return "closed"
 
     # -- closing -----------------------------------------------------------------
     async def close_stage(self, stage: str) -> dict[str, Any]:
@@ -415,8 +429,11 @@ class DeviceActor:
         """Close every stage, last loaded first; every runner is closed even when the
         ledger actor is gone, and then ``LedgerLost`` names it."""
         out = {}
-        for stage in reversed(list(self.order)):
-            out[stage] = await self.close_stage(stage)
+        try:
+            for stage in reversed(list(self.order)):
+                out[stage] = await self.close_stage(stage)
+        finally:
+            self._closed.set()
         if self.ledger_error:
             raise LedgerLost(self.ledger_error)
         return out
@@ -439,8 +456,9 @@ ACTOR_OPTIONS: dict[str, Any] = {
     "max_concurrency": 64,
 }
 """No CPU reservation (placement is by the device resource; Ray's CPU count would
-only block a small machine), no restarts (a dead actor is reported, not hidden),
-up to 64 concurrent calls (requests × stages, plus feeds)."""
+only block a small machine), no restarts by Ray (a dead actor is reported, and brought back
+by the runtime's supervisor as its stages' ``restart`` says: ``runtime.supervisor``), up to 64
+concurrent calls (requests × stages, plus feeds, plus ``admission.CONTROL_CALLS``)."""
 
 
 def actor_class() -> Any:

@@ -41,16 +41,18 @@ class Info:
         )
 
     async def health(self, request: Request) -> Response:
-        """200 while every stage can serve (``status: degraded`` naming each dead replica of a
-        stage whose other replicas serve); 503 naming each stage that cannot (stage, device,
-        code): a dead device actor (every replica's), or an engine that stopped inside a
-        living one."""
-        failures = (
-            await self.served.runtime.stage_failures(HEALTH_TIMEOUT_S)
-            if not self.served.runtime._closed
-            else {}
-        )
+        """Asked of the actors now (``Runtime.stage_failures``: a dead one is noticed by this
+        call), within ``HEALTH_TIMEOUT_S``. 200 while every stage can serve: ``ok``, or
+        ``degraded`` naming each dead replica of a stage whose other replicas serve and each
+        stage moved to its fallback device (``moved``); 503 naming each stage that cannot
+        (stage, device, code): ``recovering`` while every one of them is coming back (a
+        restart under way or due: ``recovering`` names the stage, its attempt, when it died
+        and why; a route worker being replaced), else ``unavailable`` (a crash loop, a
+        device actor dead for good, an engine that stopped inside a living actor)."""
+        runtime = self.served.runtime
+        failures = await runtime.stage_failures(HEALTH_TIMEOUT_S) if not runtime._closed else {}
         stages = self.served.stage_states(failures)
+        recovering = self._recovering(failures)
         ok = all(s["alive"] for s in stages)
         degraded = [
             {"stage": s["name"], "replica": r["replica"], "device": r["device"], "code": r["code"]}
@@ -59,13 +61,19 @@ class Info:
             for r in s.get("replicas", [])
             if not r["alive"] and "code" in r
         ]
-        doc: dict[str, Any] = {
-            "status": ("degraded" if degraded else "ok") if ok else "unavailable",
-            "pipeline": self.served.model,
-            "stages": stages,
-        }
+        moved = list(runtime.supervisor.moves) if runtime.supervisor is not None else []
+        coming = {r["stage"] for r in recovering}
+        down = [s["name"] for s in stages if not s["alive"]]
+        status = "degraded" if degraded or moved else "ok"
+        if not ok:
+            status = "recovering" if all(name in coming for name in down) else "unavailable"
+        doc: dict[str, Any] = {"status": status, "pipeline": self.served.model, "stages": stages}
         if degraded:  # a dead replica whose siblings serve: still 200, named
             doc["degraded"] = degraded
+        if recovering:
+            doc["recovering"] = recovering
+        if moved:
+            doc["moved"] = [{k: m[k] for k in ("stage", "from", "to", "why", "at")} for m in moved]
         if not ok:
             doc["failed"] = [
                 {"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
@@ -73,6 +81,41 @@ class Info:
                 if not s["alive"]
             ]
         return JSONResponse(doc, status_code=200 if ok else 503)
+
+    def _recovering(self, failures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each stage instance coming back: its device actor restarting (``attempt``,
+        ``died_at``, ``cause``) or its stage moving to its fallback, or its route worker
+        being replaced (a runner's ``*_restarting`` code)."""
+        runtime = self.served.runtime
+        out: list[dict[str, Any]] = []
+        for s in runtime.stages:
+            for ref in runtime.replicas[s.name]:
+                replica: dict[str, Any] = {"replica": ref.index + 1} if ref.of > 1 else {}
+                status = runtime.supervisor.status(ref.holder) if runtime.supervisor else None
+                failed = failures.get(ref.holder) or {}
+                if status and (status["state"] == "recovering" or status.get("moving")):
+                    out.append(
+                        {
+                            "stage": s.name,
+                            **replica,
+                            "device": ref.device,
+                            "code": "stage_restarting",
+                            **{
+                                k: status[k] for k in ("attempt", "died_at", "cause") if k in status
+                            },
+                        }
+                    )
+                elif str(failed.get("code", "")).endswith("_restarting"):
+                    out.append(
+                        {
+                            "stage": s.name,
+                            **replica,
+                            "device": ref.device,
+                            "code": failed["code"],
+                            "cause": failed.get("message", ""),
+                        }
+                    )
+        return out
 
     async def plan(self, request: Request) -> Response:
         doc = self.served.pipeline.plan.to_json()
@@ -153,6 +196,8 @@ class Info:
                 "queue": {
                     "in_flight": admission.in_flight,
                     "waiting": admission.waiting,
+                    # waiting (holding no slot) for a stage that is coming back
+                    "waiting_for_restart": self.served.runtime.waiting_for_stages,
                     "limit": admission.limit,
                     "max_waiting": admission.max_waiting,
                 },

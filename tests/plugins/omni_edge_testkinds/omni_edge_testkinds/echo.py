@@ -22,7 +22,9 @@ imports (two loads whose imports cross: tests/orchestrator/runtime/test_device_a
 A stage with a ``gate_file`` holds its last output item of every request until that
 file exists (at most ``gate_timeout_s``), creating ``waiting_file`` when it starts to
 wait: what a test of two real ``omni-edge run`` processes orders them by (both runs
-mid-reply, then one let finish, then the other).
+mid-reply, then one let finish, then the other). ``load_waiting_file`` is written with the
+process id when ``load()`` begins (a test kills that process mid-load), and while
+``crash_file`` exists ``load()`` kills its own process (a crash loop, by construction).
 
 Registered by this distribution's entry point (``echo =
 "omni_edge_testkinds.echo:EchoKind"``), not by importing this module.
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -86,6 +90,16 @@ class EchoConfig(StageConfig):
     gate_timeout_s: float = Field(
         GATE_TIMEOUT_S, gt=0, description="The longest wait at gate_file; then the item goes."
     )
+    load_waiting_file: str | None = Field(
+        None,
+        description="Written with the process id when load() begins (a test kills the process "
+        "while it loads).",
+    )
+    crash_file: str | None = Field(
+        None,
+        description="While this file exists, load() kills its own process with SIGKILL (a driver "
+        "that crashes the process at every load: a crash loop).",
+    )
 
 
 class EchoRunner(StageRunner):
@@ -113,6 +127,10 @@ class EchoRunner(StageRunner):
             self.worked += 1
 
     def load(self) -> None:
+        if self.cfg.load_waiting_file is not None:
+            Path(self.cfg.load_waiting_file).write_text(str(os.getpid()))
+        if self.cfg.crash_file is not None and Path(self.cfg.crash_file).exists():
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self.cfg.load_s)
         for module in self.cfg.load_imports:
             importlib.import_module(module)

@@ -1,0 +1,257 @@
+"""A dead device actor comes back: restarted on its placement by the runtime's supervisor,
+bounded by its stage's ``restart``, the ledger exact after each (``runtime/supervisor.py``).
+
+Real Ray, real processes killed with SIGKILL (what the OOM killer sends). The echo pipeline's
+voice runs alone in its actor (``igpu:0``), so killing it leaves the thinker's untouched.
+Every step is ordered by construction: the voice's ``gate_file`` holds a request mid-reply, its
+``load_waiting_file`` says a load has begun (and in which process), its ``crash_file`` makes
+every load crash, and the supervisor's hooks run at a restart's steps. Waits poll for a state
+with generous deadlines; no wall-clock bound is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.core.errors import StageFailed
+from orchestrator.runtime.events import AudioChunk
+from orchestrator.runtime.runtime import Runtime
+from tests.helpers.echo import echo_pipeline
+
+pytestmark = pytest.mark.ray
+
+WAIT_S = 90.0
+"""The longest a restart may take here: a new actor's start and a load, on a loaded 2-core box."""
+FAST = {"backoff_s": 0.2, "backoff_max_s": 0.5}
+"""A short back-off: these tests wait for restarts, not for the default's seconds."""
+
+
+def _start(tmp_path: Path, **voice: Any) -> Runtime:
+    plan, config = echo_pipeline(
+        tmp_path,
+        voice={"restart": {"max": 5, "window_s": 600, **FAST}, **voice},
+        voice_device="igpu:0",
+    )
+    rt = Runtime(plan, config)
+    rt.start()
+    return rt
+
+
+def _until(what: str, ok: Any, wait_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + wait_s
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {wait_s:g} s: {what}"
+        time.sleep(0.02)
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _voice_pid(rt: Runtime) -> int:
+    return int(rt.devices["igpu:0"].info["pid"])
+
+
+def _state(rt: Runtime) -> Any:
+    assert rt.supervisor is not None
+    return rt.supervisor.states["igpu:0"]
+
+
+def _held(rt: Runtime) -> tuple[int, dict[str, int]]:
+    """The ledger's held bytes, and each holder's bytes."""
+    snap = rt.ledger_snapshot()
+    held = {h: sum(int(r["bytes"]) for r in rs) for h, rs in snap["holders"].items()}
+    return int(snap["held_bytes"]), held
+
+
+async def _events(rt: Runtime, prompt: str) -> list[Any]:
+    return [e async for e in rt.stream(prompt)]
+
+
+def _served_with_audio(rt: Runtime, prompt: str = "again") -> list[Any]:
+    events = asyncio.run(_events(rt, prompt))
+    assert any(isinstance(e, AudioChunk) for e in events), events
+    return events
+
+
+def test_an_idle_device_actor_killed_is_restarted_and_the_ledger_is_exact(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    rt = _start(tmp_path)
+    try:
+        _served_with_audio(rt, "first")
+        before = _held(rt)
+        old, thinker = _voice_pid(rt), int(rt.devices["cpu"].info["pid"])
+        _kill(old)
+        # noticed with no request: the supervisor's watch on the actor fails at once
+        _until("the death noticed", lambda: rt.devices["igpu:0"].dead is not None)
+        assert rt.devices["igpu:0"].code == "stage_restarting"
+        _until("restarted", lambda: _state(rt).state == "up" and _state(rt).revived == 1)
+        assert _voice_pid(rt) != old and int(rt.devices["cpu"].info["pid"]) == thinker
+        assert _held(rt) == before  # released once at the death, taken once again
+        events = _served_with_audio(rt)
+        done = {e.stage: e.stats for e in events if getattr(e, "kind", "") == "done"}
+        assert done["voice"]["restarted"]["restarts"] == 1 and "restarted" not in done["thinker"]
+        assert rt.supervisor is not None
+        assert dict(rt.supervisor.counts) == {("voice", "device_actor_died"): 1}
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
+
+
+def test_a_request_in_flight_on_the_dead_actor_ends_at_once_and_frees_its_slot(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    gate, waiting = tmp_path / "gate", tmp_path / "waiting"
+    rt = _start(tmp_path, gate_file=str(gate), waiting_file=str(waiting))
+    try:
+
+        async def doomed() -> BaseException | None:
+            try:
+                async for _ in rt.stream("doomed"):
+                    if waiting.exists() and not rt.devices["igpu:0"].dead:
+                        _kill(_voice_pid(rt))  # the voice holds its last chunk: mid-reply
+            except StageFailed as exc:
+                return exc
+            return None
+
+        exc = asyncio.run(doomed())
+        assert isinstance(exc, StageFailed), exc
+        assert (exc.stage, exc.device, exc.code) == ("voice", "igpu:0", "stage_restarting")
+        assert "is being restarted" in exc.cause
+        assert rt.admission.in_flight == 0 and not rt.picks  # its slot is free
+        gate.touch()
+        _served_with_audio(rt)  # waits for the voice to come back, then is served
+    finally:
+        rt.close()
+
+
+def test_a_request_waits_for_a_stage_coming_back_and_past_the_admission_wait_is_refused(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    rt = _start(tmp_path)
+    held = threading.Event()
+    release = threading.Event()
+    assert rt.supervisor is not None
+
+    def hold(key: str, info: dict[str, Any]) -> None:  # the restart waits here
+        held.set()
+        assert release.wait(WAIT_S)
+
+    rt.supervisor.hooks["actor_ready"] = hold
+    try:
+        _kill(_voice_pid(rt))
+        assert held.wait(WAIT_S), "the restart never began"
+        rt.admission.wait_timeout_s = 0.5
+        with pytest.raises(StageFailed) as info:  # no slot held; refused past the wait
+            asyncio.run(_events(rt, "too soon"))
+        assert info.value.code == "stage_restarting" and "not back within" in info.value.cause
+        rt.admission.wait_timeout_s = WAIT_S
+        done: list[Any] = []
+        waiter = threading.Thread(target=lambda: done.append(_served_with_audio(rt, "patient")))
+        waiter.start()
+        _until("the request waits for the voice", lambda: rt.waiting_for_stages == 1)
+        assert rt.admission.in_flight == 0  # it waits holding no slot
+        release.set()
+        waiter.join(WAIT_S)
+        assert done and rt.waiting_for_stages == 0
+    finally:
+        release.set()
+        rt.close()
+
+
+@pytest.mark.parametrize("step", ["actor_ready", "retaken"])
+def test_an_actor_killed_between_the_release_and_the_retake_is_held_exactly_once(
+    ray_cluster: Any, tmp_path: Path, step: str
+) -> None:
+    """The dead actor's holders were released at its death; the restart's new actor is killed
+    before the ledger takes them again (``actor_ready``) or right after (``retaken``). The
+    attempt gives back what it took, the next one takes it again: the ledger ends as before."""
+    rt = _start(tmp_path)
+    killed: list[int] = []
+    assert rt.supervisor is not None
+
+    def kill_once(key: str, info: dict[str, Any]) -> None:
+        if not killed:
+            killed.append(int(info["pid"]))
+            _kill(int(info["pid"]))
+
+    rt.supervisor.hooks[step] = kill_once
+    try:
+        before = _held(rt)
+        _kill(_voice_pid(rt))
+        _until("restarted after the failed attempt", lambda: _state(rt).revived == 1)
+        st = _state(rt)
+        assert killed and st.restarts == 2 and len(st.deaths) == 2
+        assert "restart attempt 1 failed" in st.cause
+        assert _held(rt) == before
+        # killed before the retake, the attempt never took it; killed after, it had, and gave
+        # it back: either way the next attempt's retake is the one that holds
+        events = [e["event"] for e in rt.ledger_snapshot()["events"] if e["holder"] == "voice"]
+        assert events.count("retake") == {"actor_ready": 1, "retaken": 2}[step], events
+        _served_with_audio(rt)
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
+
+
+def test_an_actor_killed_while_it_loads_again_is_restarted_once_more(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    loading = tmp_path / "loading"
+    rt = _start(tmp_path, load_s=3.0, load_waiting_file=str(loading))
+    try:
+        before = _held(rt)
+        loading.unlink()
+        _kill(_voice_pid(rt))
+        _until("the restart's load began", loading.exists)
+        _kill(int(loading.read_text()))  # the new actor, while it loads the voice again
+        _until("restarted on the second attempt", lambda: _state(rt).revived == 1)
+        st = _state(rt)
+        assert st.restarts == 2 and "restart attempt 1 failed" in st.cause
+        assert "died" in st.cause
+        assert _held(rt) == before
+        _served_with_audio(rt)
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
+
+
+def test_a_crash_loop_reaches_its_limit_and_stays_down_named(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    crash = tmp_path / "crash"
+    plan, config = echo_pipeline(
+        tmp_path,
+        voice={"restart": {"max": 2, "window_s": 600, **FAST}, "crash_file": str(crash)},
+        voice_device="igpu:0",
+    )
+    rt = Runtime(plan, config)
+    rt.start()
+    try:
+        thinker_held = _held(rt)[1]["thinker"]
+        crash.touch()  # from now on every load of the voice crashes its process
+        _kill(_voice_pid(rt))
+        _until("the crash loop", lambda: _state(rt).state == "crash_loop")
+        st = _state(rt)
+        assert st.restarts == 2 and len(st.deaths) == 3 and st.revived == 0
+        assert "restart attempt 2 failed" in st.cause
+        assert rt.supervisor is not None
+        assert dict(rt.supervisor.counts) == {("voice", "device_actor_died"): 2}
+        with pytest.raises(StageFailed) as info:  # at once: it is not coming back
+            asyncio.run(_events(rt, "anyone?"))
+        assert (info.value.stage, info.value.code) == ("voice", "crash_loop")
+        held = _held(rt)[1]
+        assert "voice" not in held and held["thinker"] == thinker_held
+        assert rt.waiting_for_stages == 0 and rt.admission.in_flight == 0
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
