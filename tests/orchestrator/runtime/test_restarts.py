@@ -255,3 +255,73 @@ def test_a_crash_loop_reaches_its_limit_and_stays_down_named(
     finally:
         final = rt.close()
     assert final["held_bytes"] == 0
+
+
+def _fallback(tmp_path: Path, devices: list[str], **voice: Any) -> Runtime:
+    """The voice on ``igpu:0`` with ``on_device_loss: fallback`` over ``devices``, and a
+    profile to plan it again on (this machine's CPU, as ``make_profile`` writes it)."""
+    from orchestrator.core.units import GiB
+    from orchestrator.runtime.fallback import replanner
+    from tests.helpers.profiles import make_profile
+
+    plan, config = echo_pipeline(
+        tmp_path,
+        voice={"devices": devices, "on_device_loss": "fallback", "restart": {**FAST}, **voice},
+        voice_device="igpu:0",
+    )
+    rt = Runtime(plan, config, replan=replanner(config, make_profile(ram_available=8 * GiB)))
+    rt.start()
+    return rt
+
+
+def test_a_device_masked_away_after_load_moves_its_stage_to_the_next_device(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """The voice runs on ``igpu:0``; then the device is gone (masked away, as a probe that no
+    longer finds it says) and its actor dies: the voice is planned again alone, onto ``cpu``,
+    the next device of its list, in an actor of its own, through the live ledger; said."""
+    rt = _fallback(tmp_path, ["igpu:0", "cpu"])
+    try:
+        _served_with_audio(rt, "first")
+        before = _held(rt)
+        rt.lose_device("igpu:0", "masked away: the probe no longer finds it")
+        _kill(_voice_pid(rt))
+        assert rt.supervisor is not None
+        _until("the move", lambda: len(rt.supervisor.moves) == 1)  # type: ignore[union-attr]
+        (moved,) = rt.supervisor.moves
+        assert (moved["stage"], moved["from"], moved["to"]) == ("voice", "igpu:0", "cpu")
+        assert "masked away" in moved["why"]
+        assert rt.plan.stage("voice").device == "cpu" and rt.refs["voice"].key == "cpu#1"
+        assert not rt.devices["cpu#1"].dead and rt.devices["igpu:0"].dead
+        assert _state(rt).state == "lost" and _state(rt).restarts == 0  # never restarted there
+        assert _held(rt) == before  # the same reservations, now on the CPU's actor
+        events = _served_with_audio(rt)
+        done = {e.stage: e.stats for e in events if getattr(e, "kind", "") == "done"}
+        assert done["voice"]["device"] == "cpu"
+        assert done["voice"]["restarted"]["moved_from"] == "igpu:0"
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
+
+
+def test_a_fallback_that_fits_nowhere_is_refused_named_and_holds_nothing(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """The next device of the list is one this machine does not have: the stage is refused
+    with the planner's code, stays down, and the ledger holds nothing of it."""
+    rt = _fallback(tmp_path, ["igpu:0", "npu:0"])
+    try:
+        rt.lose_device("igpu:0", "masked away")
+        _kill(_voice_pid(rt))
+        assert rt.supervisor is not None
+        _until("the fallback refused", lambda: "the fallback failed" in _state(rt).cause)
+        assert "no other device of its list takes it" in _state(rt).cause
+        assert "npu:0: no_runnable_device" in _state(rt).cause
+        assert not rt.supervisor.moves and not rt.supervisor.moving
+        with pytest.raises(StageFailed) as info:
+            asyncio.run(_events(rt, "anyone?"))
+        assert (info.value.stage, info.value.code) == ("voice", "device_actor_died")
+        assert "voice" not in _held(rt)[1]
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
