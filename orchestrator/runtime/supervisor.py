@@ -448,6 +448,17 @@ class Supervisor:
                     return True
         return False
 
+    def code_of(self, key: str) -> str:
+        """The code of ``key``'s dead actor now: ``stage_restarting`` (a restart due or under
+        way, or its stages moving), ``crash_loop``, else ``device_actor_died``."""
+        with self._lock:
+            st = self.states.get(key)
+            if st is None:
+                return "device_actor_died"
+            if st.state == "recovering" or any(h in self.moving for h in st.holders):
+                return "stage_restarting"
+            return "crash_loop" if st.state == "crash_loop" else "device_actor_died"
+
     def status(self, holder: str) -> dict[str, Any] | None:
         """The state of ``holder``'s actor as ``/health`` shows it, once it has died at least
         once (None while it never has): ``state``, ``device``, ``died_at``, ``cause``,

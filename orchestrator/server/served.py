@@ -277,7 +277,12 @@ class Served:
             failed = failures.get(ref.holder)
             dead = dev is not None and bool(dev.dead)
             alive = dev is not None and not dead and not self.runtime._closed and not failed
-            died = (dev.code or "device_actor_died") if dev is not None else "device_actor_died"
+            supervisor = self.runtime.supervisor
+            died = (
+                supervisor.code_of(ref.key)
+                if supervisor is not None
+                else (dev.code if dev is not None and dev.code else "device_actor_died")
+            )
             code = died if dead else failed["code"] if failed else None
             rows.append(
                 {
