@@ -183,7 +183,10 @@ class Info:
                     "alive",
                     "loaded",
                     "final_output_type",
+                    "code",  # when it cannot serve: stage_restarting (coming back), crash_loop...
+                    "restart",  # once its actor died: the supervisor's state, attempt, cause
                 )
+                if k in s
             }
             for s in self.served.stage_states(failures)
         ]
