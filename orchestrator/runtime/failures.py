@@ -172,14 +172,15 @@ async def stage_failures(rt: Any, timeout_s: float) -> dict[str, dict[str, Any]]
     supervisor = getattr(rt, "supervisor", None)
     for dev, found in zip(live, await asyncio.gather(*(ask(dev) for dev in live)), strict=True):
         for stage, failure in dict(found.get("failed") or {}).items():
-            out[_holder_of(rt, dev, stage)] = failure
+            out[holder_of(rt, dev, stage)] = failure
         for stage, workers in dict(found.get("workers") or {}).items():
             if supervisor is not None:
-                supervisor.worker_restarts(_holder_of(rt, dev, stage), dev, workers["restarts"])
+                supervisor.worker_restarts(holder_of(rt, dev, stage), dev, workers["restarts"])
     return out
 
 
-def _holder_of(rt: Any, dev: Device, stage: str) -> str:
+def holder_of(rt: Any, dev: Device, stage: str) -> str:
+    """The ledger holder of ``stage`` on ``dev`` (a replica's ``voice#1``, else the stage)."""
     return next((h for h in dev.holders if rt.refs[h].stage == stage), stage)
 
 

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 POLL_S = 0.2
 """How often the supervisor's thread looks up from its watches: deaths handed over by other
 threads, and restarts whose back-off has passed, start within this."""
+HEALTH_EVERY_S = 2.0
+"""How often the supervisor asks each live actor how its stages are (``DeviceActor.health``):
+the route worker restarts it reports are counted even when nobody scrapes ``/metrics``."""
 STOP_TIMEOUT_S = 30.0
 """How long ``stop`` waits for an attempt under way to give back what it took."""
 
@@ -152,6 +155,9 @@ class Supervisor:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watches: dict[Any, tuple[str, Device]] = {}
+        self._health: dict[Any, Device] = {}
+        """``health()`` calls asked and not answered yet."""
+        self._health_at = 0.0
         self._thread: threading.Thread | None = None
 
     # -- the thread ----------------------------------------------------------------
@@ -174,6 +180,7 @@ class Supervisor:
             try:
                 self._arm()
                 self._wait_watches()
+                self._ask_health()
                 for key in self._due():
                     self._attempt(key)
                 for key, holder in self._moves_due():
@@ -207,6 +214,32 @@ class Supervisor:
                     stage = dev.stages[0] if dev.stages else dev.id
                     why = node_death.said(stage, dev, "", failures.cause_of(exc))
                     failures.device_died(self.rt, dev, why)
+
+    def _ask_health(self) -> None:
+        """Every ``HEALTH_EVERY_S``, each live actor's ``health()``, read when it answers
+        (never waited on here): its route worker restarts counted (``worker_restarts``)."""
+        import ray
+
+        if self._health:
+            ready, _ = ray.wait(list(self._health), num_returns=len(self._health), timeout=0)
+            for ref in ready:
+                dev = self._health.pop(ref)
+                try:
+                    doc = dict(ray.get(ref))
+                except Exception:  # dead: its watch says so
+                    continue
+                for stage, workers in dict(doc.get("workers") or {}).items():
+                    holder = failures.holder_of(self.rt, dev, stage)
+                    self.worker_restarts(holder, dev, int(workers["restarts"]))
+        now = time.monotonic()
+        if self._health and now - self._health_at > STOP_TIMEOUT_S:
+            self._health.clear()  # a busy actor's answer is not waited for past this
+        if self._health or now - self._health_at < HEALTH_EVERY_S:
+            return
+        self._health_at = now
+        for dev in list(self.rt.devices.values()):
+            if not dev.dead:
+                self._health[dev.actor.health.remote()] = dev
 
     # -- deaths --------------------------------------------------------------------
     def died(self, dev: Device, reason: str) -> str:
