@@ -21,9 +21,10 @@ configs/examples/voice-chat.yaml), in one run:
 It prints, per config: requests served, failed with a named error (by code), failed
 otherwise, hung (no answer within ``--request-timeout``: must be 0), dropped by the client;
 the kills and the restarts ``/metrics`` counted, by cause; time to recover (median, max); the
-server tree's memory (the serve process, its Ray and every worker under it) at the start,
-the middle and the end, and its slope; admission slots leaked once the traffic stopped
-(requests in flight at idle: must be 0); the ledger's held bytes before and after (equal).
+server tree's memory (the serve process, its Ray and every worker under it; the serve
+process alone; its route workers) at the start, the middle and the end, and its slope;
+admission slots leaked once the traffic stopped (requests in flight at idle: must be 0); the
+ledger's held bytes before and after (equal).
 Exit 1 when a request hung, a slot leaked, the ledger differs or the server failed to stop
 cleanly; the figures are kept in docs/reliability.md.
 """
@@ -101,14 +102,30 @@ def _code(response: Any) -> str | None:
         return None
 
 
-def chat_client(url: str, tally: Tally, stop: threading.Event, timeout_s: float, n: int) -> None:
+def _content(text: str, wav: str | None) -> Any:
+    """A user message's content: the text, or (a pipeline that takes audio) the spoken WAV."""
+    if wav is None:
+        return text
+    return [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]
+
+
+def _back_off(stop: threading.Event, response: Any = None) -> None:
+    """After a failure, wait as a client should: its ``Retry-After``, else half a second."""
+    retry = response.headers.get("retry-after") if response is not None else None
+    stop.wait(float(retry) if retry and retry.isdigit() else 0.5)
+
+
+def chat_client(
+    url: str, tally: Tally, stop: threading.Event, timeout_s: float, n: int, wavs: list[str] | None
+) -> None:
     """HTTP chats with audio, one after another, until ``stop``."""
     import httpx
 
     i = n
     while not stop.is_set():
+        wav = wavs[i % len(wavs)] if wavs else None
         body = {
-            "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+            "messages": [{"role": "user", "content": _content(QUESTIONS[i % len(QUESTIONS)], wav)}],
             "modalities": ["text", "audio"],
             "audio": {"voice": "joe", "format": "pcm16"},
             "max_tokens": 24,
@@ -121,19 +138,24 @@ def chat_client(url: str, tally: Tally, stop: threading.Event, timeout_s: float,
             continue
         except httpx.HTTPError as exc:
             tally.failed(None, f"chat: {type(exc).__name__}: {exc}")
+            _back_off(stop)
             continue
         if r.status_code == 200 and r.json()["choices"][0]["message"]["audio"]["data"]:
             tally.ok("chat")
         else:
             tally.failed(_code(r), f"chat: {r.status_code} {r.text[:200]}")
+            _back_off(stop, r)
 
 
-def dropping_client(url: str, tally: Tally, stop: threading.Event, timeout_s: float) -> None:
+def dropping_client(
+    url: str, tally: Tally, stop: threading.Event, timeout_s: float, wavs: list[str] | None
+) -> None:
     """Streamed chats dropped (the connection closed) after their first audio chunk."""
     import httpx
 
+    text = "Tell me a long story about a dragon."
     body = {
-        "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+        "messages": [{"role": "user", "content": _content(text, wavs[0] if wavs else None)}],
         "modalities": ["text", "audio"],
         "audio": {"voice": "joe", "format": "pcm16"},
         "stream": True,
@@ -147,6 +169,7 @@ def dropping_client(url: str, tally: Tally, stop: threading.Event, timeout_s: fl
                 if r.status_code != 200:
                     r.read()
                     tally.failed(_code(r), f"stream: {r.status_code}")
+                    _back_off(stop, r)
                     continue
                 outcome = "served"
                 for line in r.iter_lines():
@@ -154,6 +177,7 @@ def dropping_client(url: str, tally: Tally, stop: threading.Event, timeout_s: fl
                         doc = json.loads(line.removeprefix("data: "))
                         tally.failed(str(doc["error"].get("code")), "stream: error event")
                         outcome = "failed"
+                        _back_off(stop)
                         break
                     if '"data"' in line and '"audio"' in line:
                         outcome = "dropped"
@@ -166,6 +190,7 @@ def dropping_client(url: str, tally: Tally, stop: threading.Event, timeout_s: fl
             tally.hang("stream")
         except httpx.HTTPError as exc:
             tally.failed(None, f"stream: {type(exc).__name__}: {exc}")
+            _back_off(stop)
 
 
 def realtime_client(
@@ -185,11 +210,13 @@ def realtime_client(
             continue
         except Exception as exc:
             tally.failed(None, f"realtime: {type(exc).__name__}: {exc}")
+            _back_off(stop)
             continue
         if outcome is None:
             tally.ok("realtime")
         else:
             tally.failed(outcome, "realtime")
+            _back_off(stop)
 
 
 def _barge_in_session(ws: Any, speech: list[str], silence: str, timeout_s: float) -> str | None:
@@ -286,8 +313,15 @@ def _held(url: str) -> int:
     )
 
 
-def _memory(serve: ServeProcess) -> int:
-    return tree_memory([serve.proc.pid, *(p.pid for p in serve._tree())])[0]
+def _memory(serve: ServeProcess) -> dict[str, int]:
+    """The server tree's memory (PSS, else RSS): all of it, the serve process alone, and its
+    route workers (which grow with the shapes they meet until recycled at their budget)."""
+    workers = serve.route_workers()
+    return {
+        "tree": tree_memory([serve.proc.pid, *(p.pid for p in serve._tree())])[0],
+        "serve": tree_memory([serve.proc.pid])[0],
+        "route_workers": tree_memory(workers)[0] if workers else 0,
+    }
 
 
 def _healthy(url: str, wait_s: float = 600.0) -> None:
@@ -300,7 +334,9 @@ def _healthy(url: str, wait_s: float = 600.0) -> None:
         time.sleep(HEALTH_POLL_S)
 
 
-def soak(config: str, args: argparse.Namespace, speech: list[str]) -> dict[str, Any]:
+def soak(
+    config: str, args: argparse.Namespace, speech: list[str], wavs: list[str]
+) -> dict[str, Any]:
     """One config's soak: the serve, the traffic and the faults, the figures."""
     import httpx
 
@@ -313,16 +349,25 @@ def soak(config: str, args: argparse.Namespace, speech: list[str]) -> dict[str, 
         takes_audio = _takes_audio(url)
         httpx.post(  # warm: the first request loads what a request needs
             f"{url}/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "Hello."}], "max_tokens": 8},
+            json={
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": _content("Hello.", wavs[0] if takes_audio else None),
+                    }
+                ],
+                "max_tokens": 8,
+            },
             timeout=args.request_timeout,
         )
         held_before, memory = _held(url), [_memory(serve)]
         tally, stop, kills = Tally(), threading.Event(), []
+        spoken = wavs if takes_audio else None  # a pipeline that takes audio is asked aloud
         clients: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-            (chat_client, (url, tally, stop, args.request_timeout, n))
+            (chat_client, (url, tally, stop, args.request_timeout, n, spoken))
             for n in range(args.chat_clients)
         ]
-        clients.append((dropping_client, (url, tally, stop, args.request_timeout)))
+        clients.append((dropping_client, (url, tally, stop, args.request_timeout, spoken)))
         if takes_audio:
             clients.append((realtime_client, (url, tally, stop, args.request_timeout, speech)))
         threads = [threading.Thread(target=f, args=a, daemon=True) for f, a in clients]
@@ -368,8 +413,10 @@ def soak(config: str, args: argparse.Namespace, speech: list[str]) -> dict[str, 
             "median": statistics.median(recovered) if recovered else None,
             "max": max(recovered) if recovered else None,
         },
-        "memory_mib": [round(m / 2**20) for m in memory],
-        "memory_slope_mib_per_min": round((memory[-1] - memory[0]) / 2**20 / (soaked / 60), 2),
+        "memory_mib": {k: [round(m[k] / 2**20) for m in memory] for k in memory[0]},
+        "memory_slope_mib_per_min": {
+            k: round((memory[-1][k] - memory[0][k]) / 2**20 / (soaked / 60), 2) for k in memory[0]
+        },
         "slots_leaked": int(queue["in_flight"]) + int(queue.get("waiting_for_restart", 0)),
         "ledger_held_bytes": [held_before, held_after],
         "serve_exit": rc,
@@ -384,27 +431,32 @@ def _takes_audio(url: str) -> bool:
         return bool(json.loads(ws.recv(timeout=60))["type"] == "session.created")
 
 
-def _speech() -> list[str]:
-    """The two spoken questions as base64 pcm16 at 24 kHz (the project's Piper voice)."""
+def _speech() -> tuple[list[str], list[str]]:
+    """The two spoken questions (the project's Piper voice): as base64 pcm16 at 24 kHz for a
+    realtime session, and as base64 16 kHz WAV files for a chat's ``input_audio``."""
     import numpy as np
 
-    from orchestrator.runtime.audio import resample
+    from orchestrator.runtime.audio import resample, wav_header
     from tests.helpers.speech import speak
 
-    out = []
+    pcm24, wavs = [], []
     for text in SPOKEN:
         samples, rate = speak(text)
-        pcm = (np.clip(resample(samples, rate, RATE), -1, 1) * 32767).astype("<i2").tobytes()
-        out.append(base64.b64encode(pcm).decode())
-    return out
+        for out, to in ((pcm24, RATE), (wavs, 16000)):
+            pcm = (np.clip(resample(samples, rate, to), -1, 1) * 32767).astype("<i2").tobytes()
+            data = pcm if to == RATE else wav_header(to, len(pcm)) + pcm
+            out.append(base64.b64encode(data).decode())
+    return pcm24, wavs
 
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = [
         "| pipeline | minutes | served | failed, named | failed, other | hung | dropped "
         "| kills | restarts | recover median / max (s) | memory start / mid / end (MiB) "
-        "| slope (MiB/min) | slots leaked | ledger held before / after |",
-        "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: | --- |",
+        "| serve process alone (MiB) | slope, tree / serve (MiB/min) | slots leaked "
+        "| ledger held before / after |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- "
+        "| ---: | --- |",
     ]
     for r in results:
         said = lambda d: ", ".join(f"{k} {v}" for k, v in d.items()) or "0"  # noqa: E731
@@ -413,7 +465,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {said(r['failed_named'])} | {len(r['failed_other'])} | {r['hung']} "
             f"| {r['dropped_by_client']} | {said(r['kills'])} | {said(r['restarts'])} "
             f"| {r['recover_s']['median']} / {r['recover_s']['max']} "
-            f"| {' / '.join(map(str, r['memory_mib']))} | {r['memory_slope_mib_per_min']} "
+            f"| {' / '.join(map(str, r['memory_mib']['tree']))} "
+            f"| {' / '.join(map(str, r['memory_mib']['serve']))} "
+            f"| {r['memory_slope_mib_per_min']['tree']} / {r['memory_slope_mib_per_min']['serve']} "
             f"| {r['slots_leaked']} | {r['ledger_held_bytes'][0]} / {r['ledger_held_bytes'][1]} |"
         )
     return "\n".join(rows)
@@ -443,11 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.kill_every[0] <= 0 or args.kill_every[1] < args.kill_every[0]:
         p.error("--minutes must be positive and --kill-every MIN MAX with 0 < MIN <= MAX")
-    speech = _speech()
+    speech, wavs = _speech()
     results = []
     for config in args.config or DEFAULT_CONFIGS:
         print(f"soaking {config} for {args.minutes:g} min", flush=True)
-        results.append(soak(config, args, speech))
+        results.append(soak(config, args, speech, wavs))
         print(json.dumps(results[-1]), flush=True)
     print(table(results))
     if args.json:

@@ -130,7 +130,83 @@ def policy_of(rt: Any, holders: Iterable[str]) -> RestartConfig | None:
     )
 
 
-class Supervisor:
+class _Said:
+    """What the runtime and the server read of a supervisor (``Supervisor``'s base: its
+    queries, apart from its thread's work); its attributes are ``Supervisor``'s."""
+
+    rt: Any
+    states: dict[str, ActorState]
+    counts: Counter[tuple[str, str]]
+    moves: list[dict[str, Any]]
+    moving: set[str]
+    _lock: threading.RLock
+    _workers: dict[tuple[str, str], int]
+
+    def coming_back(self, stage: str) -> bool:
+        """Whether some instance of ``stage`` is being brought back (restarting or moving)."""
+        with self._lock:
+            for ref in self.rt.replicas.get(stage, []):
+                st = self.states.get(ref.key)
+                if ref.holder in self.moving or (st is not None and st.state == "recovering"):
+                    return True
+        return False
+
+    def code_of(self, key: str) -> str:
+        """The code of ``key``'s dead actor now: ``stage_restarting`` (a restart due or under
+        way, or its stages moving), ``crash_loop``, else ``device_actor_died``."""
+        with self._lock:
+            st = self.states.get(key)
+            if st is None:
+                return "device_actor_died"
+            if st.state == "recovering" or any(h in self.moving for h in st.holders):
+                return "stage_restarting"
+            return "crash_loop" if st.state == "crash_loop" else "device_actor_died"
+
+    def status(self, holder: str) -> dict[str, Any] | None:
+        """The state of ``holder``'s actor as ``/health`` shows it, once it has died at least
+        once (None while it never has): ``state``, ``device``, ``died_at``, ``cause``,
+        ``attempt`` (recovering), ``restarts``; ``moving`` while its fallback is under way."""
+        ref = self.rt.refs.get(holder)
+        if ref is None:
+            return None
+        with self._lock:
+            st = self.states.get(ref.key)
+            if st is None or (st.died_at is None and holder not in self.moving):
+                return None
+            doc = st.said()
+            if holder in self.moving:
+                doc["moving"] = True
+            return doc
+
+    def served_by(self, holder: str) -> dict[str, Any] | None:
+        """For a request's stats: the actor serving ``holder`` was restarted (``restarts``,
+        ``last_died_at``) or the stage moved (``moved_from``); None otherwise."""
+        ref = self.rt.refs.get(holder)
+        with self._lock:
+            st = self.states.get(ref.key) if ref is not None else None
+            moved = next((m for m in reversed(self.moves) if m["holder"] == holder), None)
+            if (st is None or not st.revived) and moved is None:
+                return None
+            doc: dict[str, Any] = {}
+            if st is not None and st.revived:
+                doc["restarts"] = st.revived
+                doc["last_died_at"] = _iso(st.died_at) if st.died_at is not None else None
+            if moved is not None:
+                doc["moved_from"] = moved["from"]
+            return doc
+
+    def worker_restarts(self, holder: str, dev: Device, restarts: int) -> None:
+        """``dev`` reported ``restarts`` route worker restarts for ``holder`` since it loaded:
+        the ones not counted yet go to ``counts``."""
+        stage = self.rt.refs[holder].stage if holder in self.rt.refs else holder
+        with self._lock:
+            seen = self._workers.get((holder, f"{dev.key}@{id(dev)}"), 0)
+            if restarts > seen:
+                self.counts[(stage, "route_worker_died")] += restarts - seen
+                self._workers[(holder, f"{dev.key}@{id(dev)}")] = restarts
+
+
+class Supervisor(_Said):
     """Restarts, crash loops and moves of one runtime's device actors (the module's guarantees)."""
 
     def __init__(self, rt: Any) -> None:
@@ -341,9 +417,7 @@ class Supervisor:
             self._hook("actor_ready", key, info)
             dev = Device(old.id, actor, info, list(old.stages), key=key, holders=list(old.holders))
             startup_mod.connect_actors(rt, {key: actor})
-            self._retake(dev)
-            self._hook("retaken", key, info)
-            results = self._load(dev)
+            results = self._retake_and_load(dev, info)
         except Stopped:
             self._give_back(old, actor)
             raise
@@ -388,20 +462,35 @@ class Supervisor:
             _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=POLL_S)
         return [ray.get(r) for r in refs]
 
-    def _retake(self, dev: Device) -> None:
-        """The ledger's holders of ``dev`` taken again, replacing whatever they hold."""
-        rt = self.rt
-        batch = [(h, [r.to_dict() for r in rt.views[h].reservations]) for h in dev.holders]
-        answer = self._get([rt.ledger.retake.remote(batch)], ACTOR_READY_TIMEOUT_S, "retake")[0]
-        if not answer["ok"]:
-            first = rt.refs[dev.holders[0]].stage
-            raise StageFailed(first, dev.id, refusal(answer["shortfalls"][0]))
+    def _retake_and_load(self, dev: Device, info: dict[str, Any]) -> dict[str, Any]:
+        """``dev``'s holders taken again in the ledger and loaded: all at once when they fit
+        together at their peaks (as a start's wave), else one after another (as a start that
+        needed several waves), each taken just before its load."""
+        if self._retake(dev, dev.holders, strict=False):
+            self._hook("retaken", dev.key, info)
+            return self._load(dev, dev.holders)
+        results: dict[str, Any] = {}
+        for h in dev.holders:
+            self._retake(dev, [h], strict=True)
+            self._hook("retaken", dev.key, info)
+            results.update(self._load(dev, [h]))
+        return results
 
-    def _load(self, dev: Device) -> dict[str, Any]:
-        """Every stage of ``dev`` loaded in it, at once (the ledger took them together)."""
+    def _retake(self, dev: Device, holders: list[str], strict: bool) -> bool:
+        """``holders`` taken again in the ledger, replacing whatever they hold; False when they
+        do not fit together, or (``strict``) ``StageFailed`` naming the shortfall."""
+        rt = self.rt
+        batch = [(h, [r.to_dict() for r in rt.views[h].reservations]) for h in holders]
+        answer = self._get([rt.ledger.retake.remote(batch)], ACTOR_READY_TIMEOUT_S, "retake")[0]
+        if not answer["ok"] and strict:
+            raise StageFailed(rt.refs[holders[0]].stage, dev.id, refusal(answer["shortfalls"][0]))
+        return bool(answer["ok"])
+
+    def _load(self, dev: Device, holders: list[str]) -> dict[str, Any]:
+        """``holders``' stages loaded in ``dev``, at once (the ledger took them together)."""
         rt = self.rt
         refs = []
-        for h in dev.holders:
+        for h in holders:
             view = rt.views[h]
             refs.append(
                 dev.actor.load_stage.remote(
@@ -413,7 +502,7 @@ class Supervisor:
                     holder=h,
                 )
             )
-        return dict(zip(dev.holders, self._get(refs, LOAD_TIMEOUT_S, "load"), strict=True))
+        return dict(zip(holders, self._get(refs, LOAD_TIMEOUT_S, "load"), strict=True))
 
     def _give_back(self, old: Device, actor: Any) -> None:
         """A failed attempt: its holders released (taken or not: a release is idempotent), its
@@ -470,70 +559,6 @@ class Supervisor:
                 moved["key"], moved["to"], [holder], policy_of(self.rt, [holder])
             )
             self.moves.append(moved["said"])
-
-    # -- what the runtime and the server read -----------------------------------------
-    def coming_back(self, stage: str) -> bool:
-        """Whether some instance of ``stage`` is being brought back (restarting or moving)."""
-        with self._lock:
-            for ref in self.rt.replicas.get(stage, []):
-                st = self.states.get(ref.key)
-                if ref.holder in self.moving or (st is not None and st.state == "recovering"):
-                    return True
-        return False
-
-    def code_of(self, key: str) -> str:
-        """The code of ``key``'s dead actor now: ``stage_restarting`` (a restart due or under
-        way, or its stages moving), ``crash_loop``, else ``device_actor_died``."""
-        with self._lock:
-            st = self.states.get(key)
-            if st is None:
-                return "device_actor_died"
-            if st.state == "recovering" or any(h in self.moving for h in st.holders):
-                return "stage_restarting"
-            return "crash_loop" if st.state == "crash_loop" else "device_actor_died"
-
-    def status(self, holder: str) -> dict[str, Any] | None:
-        """The state of ``holder``'s actor as ``/health`` shows it, once it has died at least
-        once (None while it never has): ``state``, ``device``, ``died_at``, ``cause``,
-        ``attempt`` (recovering), ``restarts``; ``moving`` while its fallback is under way."""
-        ref = self.rt.refs.get(holder)
-        if ref is None:
-            return None
-        with self._lock:
-            st = self.states.get(ref.key)
-            if st is None or (st.died_at is None and holder not in self.moving):
-                return None
-            doc = st.said()
-            if holder in self.moving:
-                doc["moving"] = True
-            return doc
-
-    def served_by(self, holder: str) -> dict[str, Any] | None:
-        """For a request's stats: the actor serving ``holder`` was restarted (``restarts``,
-        ``last_died_at``) or the stage moved (``moved_from``); None otherwise."""
-        ref = self.rt.refs.get(holder)
-        with self._lock:
-            st = self.states.get(ref.key) if ref is not None else None
-            moved = next((m for m in reversed(self.moves) if m["holder"] == holder), None)
-            if (st is None or not st.revived) and moved is None:
-                return None
-            doc: dict[str, Any] = {}
-            if st is not None and st.revived:
-                doc["restarts"] = st.revived
-                doc["last_died_at"] = _iso(st.died_at) if st.died_at is not None else None
-            if moved is not None:
-                doc["moved_from"] = moved["from"]
-            return doc
-
-    def worker_restarts(self, holder: str, dev: Device, restarts: int) -> None:
-        """``dev`` reported ``restarts`` route worker restarts for ``holder`` since it loaded:
-        the ones not counted yet go to ``counts``."""
-        stage = self.rt.refs[holder].stage if holder in self.rt.refs else holder
-        with self._lock:
-            seen = self._workers.get((holder, f"{dev.key}@{id(dev)}"), 0)
-            if restarts > seen:
-                self.counts[(stage, "route_worker_died")] += restarts - seen
-                self._workers[(holder, f"{dev.key}@{id(dev)}")] = restarts
 
 
 def _iso(t: float) -> str:

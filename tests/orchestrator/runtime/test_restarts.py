@@ -325,3 +325,53 @@ def test_a_fallback_that_fits_nowhere_is_refused_named_and_holds_nothing(
     finally:
         final = rt.close()
     assert final["held_bytes"] == 0
+
+
+def test_stages_that_fit_again_only_one_at_a_time_are_taken_and_loaded_one_at_a_time(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Both stages on one actor; the pool is filled (a holder of the test's own) so that, once
+    they are released at the death, they fit again each at its load peak one after another but
+    not both at their load peaks at once. The restart takes and loads them in turn (as a
+    start that needed two waves), never refusing what fits."""
+    from orchestrator.core.units import MiB
+
+    plan, config = echo_pipeline(
+        tmp_path,
+        thinker={"restart": {"max": 5, "window_s": 600, **FAST}},
+        voice={"restart": {"max": 5, "window_s": 600, **FAST}},
+        voice_device="cpu",
+    )
+    rt = Runtime(plan, config)
+    rt.start()
+    try:
+        import ray
+
+        (pool,) = [p for p in rt.ledger_snapshot()["pools"] if p["id"] == "host_ram"]
+        # after the death both stages' steady bytes are free again; leave 24 MiB beyond them:
+        # one load transient (16 MiB) fits, two (32 MiB) do not
+        squat = pool["capacity_bytes"] - pool["peak_bytes"] - 24 * MiB
+        squatter = {"pool": "host_ram", "purpose": "test", "bytes": squat, "lifetime": "session"}
+        assert ray.get(rt.ledger.admit.remote("squatter", [{**squatter, "evidence": "E"}]))["ok"]
+        before = _held(rt)
+        _kill(int(rt.devices["cpu"].info["pid"]))
+        assert rt.supervisor is not None
+        _until("restarted", lambda: rt.supervisor.states["cpu"].revived == 1)  # type: ignore[union-attr]
+        assert rt.supervisor.states["cpu"].restarts == 1  # no failed attempt
+        events = [(e["event"], e["holder"]) for e in rt.ledger_snapshot()["events"]]
+        assert events[-8:] == [
+            ("release:all", "thinker"),  # the death
+            ("release:all", "voice"),
+            ("refuse", "thinker"),  # both at their load peaks: no
+            ("refuse", "voice"),
+            ("retake", "thinker"),  # one, loaded, its transient released
+            ("release:load", "thinker"),
+            ("retake", "voice"),  # then the other
+            ("release:load", "voice"),
+        ], events[-10:]
+        assert _held(rt) == before
+        _served_with_audio(rt)
+        ray.get(rt.ledger.release.remote("squatter"))
+    finally:
+        final = rt.close()
+    assert final["held_bytes"] == 0
