@@ -13,7 +13,7 @@ time, at each thread count:
   prompt's token ids, in a subprocess of its own, ``n_threads`` = ``n_threads_batch`` =
   the thread count (llama-cpp-python's own high-level path: what a user of the
   binding gets);
-* **llama.cpp runner** — :class:`stages.ar_decode.llamacpp_runner.LlamaCppRunner`
+* **llama.cpp runner** — :class:`stages.ar_decode.engines.llamacpp_runner.LlamaCppRunner`
   driven directly (no Ray), as the stage's device actor drives it, with the
   default pipeline's ``max_model_len`` and ``max_num_seqs`` (two sequences,
   one busy), through the same binding, in a subprocess of its own (one
@@ -103,10 +103,10 @@ def gguf() -> str:
 def prompt_ids(prompt: str) -> list[int]:
     """The prompt as the stage reads it: system prompt + user turn through the GGUF's template."""
     from stages.ar_decode.gguf_vocab import gguf_vocab
-    from stages.ar_decode.runner import _encode, request_parts
+    from stages.ar_decode.prompt import encode, request_parts
 
     messages, _ = request_parts(thinker_stage(), [prompt])
-    return _encode(gguf_vocab(gguf()), messages)
+    return encode(gguf_vocab(gguf()), messages)
 
 
 def rates(
@@ -174,7 +174,7 @@ class Runner:
 
     def __init__(self, threads: int) -> None:
         from orchestrator.core.plan import StagePlan
-        from stages.ar_decode.llamacpp_runner import LlamaCppRunner
+        from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
 
         stage = thinker_stage()
         n_batch = stage.batched_tokens
@@ -311,7 +311,7 @@ def worker(
 def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
     """Runs in its own interpreter (``--vllm-worker``): OMP_NUM_THREADS is set before torch loads."""
     from stages.ar_decode.model_cache import ensure_checkpoint
-    from stages.ar_decode.runner import _encode, request_parts
+    from stages.ar_decode.prompt import encode, request_parts
 
     ckpt = ensure_checkpoint(gguf(), dtype="bfloat16")
     import torch
@@ -347,7 +347,7 @@ def vllm_worker(threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
         nonlocal n
         n += 1
         messages, _ = request_parts(stage, [prompt])
-        ids = _encode(tokenizer, messages)
+        ids = encode(tokenizer, messages)
         cpu = time.process_time()
         sent = time.perf_counter()
         engine.add_request(f"r{n}", {"prompt_token_ids": ids}, params)

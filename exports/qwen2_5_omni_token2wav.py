@@ -28,13 +28,17 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from safetensors import safe_open
 
 from orchestrator.core.fileio import file_sha256
 from stages.exported_graph.artifact import save_npz
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 def dit_step(dit: Any) -> Any:
@@ -180,7 +184,7 @@ def load_token2wav(checkpoint: Path | str) -> Any:
         **json.loads((root / "config.json").read_text())["token2wav_config"]
     )
     model = Qwen2_5OmniToken2WavModel(config)
-    state: dict[str, Any] = {}
+    state: dict[str, torch.Tensor] = {}
     for shard in sorted(root.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
@@ -195,12 +199,12 @@ def load_token2wav(checkpoint: Path | str) -> Any:
     return model.eval()
 
 
-def voices(checkpoint: Path | str) -> dict[str, Any]:
+def voices(checkpoint: Path | str) -> dict[str, np.ndarray]:
     """The checkpoint's ``spk_dict.pt`` as numpy arrays: ``<speaker>.cond`` [enc_emb_dim],
     ``<speaker>.ref_mel`` [frames, mel_dim] (what ``generate()`` hands token2wav)."""
     import torch
 
-    out: dict[str, Any] = {}
+    out: dict[str, np.ndarray] = {}
     for name, params in torch.load(Path(checkpoint) / "spk_dict.pt", weights_only=True).items():
         out[f"{name}.cond"] = params["cond"].float().reshape(-1).numpy()
         out[f"{name}.ref_mel"] = (
@@ -209,7 +213,7 @@ def voices(checkpoint: Path | str) -> dict[str, Any]:
     return out
 
 
-def _dit_feeds(dit: Any, codes: int, seed: int, ref_mel: Any, cond: Any) -> dict[str, Any]:
+def _dit_feeds(dit: Any, codes: int, seed: int, ref_mel: Any, cond: Any) -> dict[str, torch.Tensor]:
     import torch
 
     g = torch.Generator().manual_seed(seed)

@@ -20,11 +20,16 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
 from stages.exported_graph.artifact import artifact_hook
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from stages.payloads import AudioItem
 
 TINY_SEED = 20
 """The seed the tiny code2wav's weights are drawn under (issue 20)."""
@@ -156,7 +161,7 @@ def load_code2wav(checkpoint: Path | str) -> Any:
     model = Qwen3OmniMoeCode2Wav(
         config
     )  # initialised, then overwritten: its buffers (RoPE, offsets) are computed
-    state: dict[str, Any] = {}
+    state: dict[str, torch.Tensor] = {}
     for shard in sorted(root.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
@@ -325,7 +330,7 @@ def export_args(out: Path | str = ARTIFACT_DIR) -> list[str]:
 
 
 @artifact_hook
-def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
+def preprocess(item: Any, artifact: Any = None) -> dict[str, np.ndarray]:
     """Codes → ``{"codes": int64 [1, codebooks, frames]}``.
 
     ``item``: one frame (``codebooks`` ints, as the talker streams them), or frames
@@ -361,7 +366,7 @@ def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
 
 
 @artifact_hook
-def postprocess(outputs: dict[str, Any], artifact: Any = None) -> dict[str, Any]:
+def postprocess(outputs: dict[str, np.ndarray], artifact: Any = None) -> AudioItem:
     """``waveform`` ``[1, 1, samples]`` → ``{"audio": float32 [samples], "sample_rate": 24000}``."""
     import numpy as np
 

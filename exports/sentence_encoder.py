@@ -27,10 +27,13 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import artifact_hook
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EXPORTS = Path(__file__).resolve().parent
 REPO = EXPORTS.parent
@@ -77,30 +80,37 @@ def export_args(out: Path | str = ARTIFACT_DIR, *, precision: str = "fp32") -> l
     ]
 
 
+METADATA_FILES = ("model",)
+"""The manifest ``metadata`` key the hooks read as a location (the tokenizer's directory)."""
+
+
 @functools.cache
 def _tokenizer(model: str = MODEL) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        resolve_package_location(model) if model.startswith("package://") else model
+        resolve_package_location(model) if model.startswith("package://") else model,
+        trust_remote_code=False,
     )
 
 
 @artifact_hook
-def preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
+def preprocess(item: Any, artifact: Any = None) -> dict[str, np.ndarray]:
     """A text item → ``{input name: int64 [1, tokens]}`` for the names the graph takes."""
     import numpy as np
 
     if not isinstance(item, str):
         raise TypeError(f"the sentence encoder takes text items, got {type(item).__name__}")
     model = str((artifact.metadata if artifact is not None else {}).get("model", MODEL))
+    if artifact is not None:  # the tokenizer's directory, confined to the artifact or a package
+        model = str(artifact.file(model, f"{artifact.dir}/manifest.yaml: metadata.model"))
     enc = _tokenizer(model)([item], truncation=True, max_length=MAX_TOKENS, return_tensors="np")
     names = [t.name for t in artifact.manifest.inputs] if artifact is not None else list(enc.keys())
     return {n: np.asarray(enc[n], dtype=np.int64) for n in names}
 
 
 @artifact_hook
-def postprocess(outputs: dict[str, Any], artifact: Any = None) -> Any:
+def postprocess(outputs: dict[str, np.ndarray], artifact: Any = None) -> Any:
     """``last_hidden_state`` → the unit-length mean over tokens, float32 ``[384]``."""
     import numpy as np
 

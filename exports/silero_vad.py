@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.core.packages import resolve_package_location
 from stages.exported_graph.artifact import save_npz
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GRAPH = "package://silero_vad/data/silero_vad_op18_ifless.onnx"
 SAMPLE_RATE = 16000
@@ -77,7 +80,7 @@ def synthetic_chunk() -> Any:
     return chunk.astype(np.float32)
 
 
-def reference_feeds() -> dict[str, Any]:
+def reference_feeds() -> dict[str, np.ndarray]:
     """The feed dict of the first call on ``synthetic_chunk()``: zero context, zero state."""
     import numpy as np
 
@@ -89,7 +92,7 @@ def reference_feeds() -> dict[str, Any]:
     }
 
 
-def cpu_outputs(graph: str | Path, feeds: dict[str, Any]) -> dict[str, Any]:
+def cpu_outputs(graph: str | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The graph's outputs on the CPU EP of this interpreter's onnxruntime."""
     import onnxruntime as ort
 

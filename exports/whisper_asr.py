@@ -37,11 +37,14 @@ import sys
 import warnings
 import wave
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exports import silero_vad, whisper_ct2
 from orchestrator.core.errors import ConfigError
 from stages.exported_graph.artifact import artifact_hook, save_npz
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EXPORTS = Path(__file__).resolve().parent
 ENCODER_DIR = EXPORTS / "whisper-tiny-en-encoder"
@@ -136,7 +139,11 @@ def load_model(checkpoint: Path) -> Any:
     from transformers import WhisperForConditionalGeneration
 
     return WhisperForConditionalGeneration.from_pretrained(
-        checkpoint, dtype=torch.float32, attn_implementation="eager"
+        checkpoint,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        trust_remote_code=False,
+        use_safetensors=True,
     ).eval()
 
 
@@ -297,7 +304,7 @@ def log_mel(samples: Any) -> Any:
 
 
 @artifact_hook
-def encoder_preprocess(item: Any, artifact: Any = None) -> dict[str, Any]:
+def encoder_preprocess(item: Any, artifact: Any = None) -> dict[str, np.ndarray]:
     """An audio item ``{"audio": float[T], "sample_rate": int}`` → the encoder's feed dict.
 
     The audio is resampled to 16 kHz; more than 30 s is a ``ValueError`` (cut it
@@ -323,7 +330,7 @@ def _tokenizer() -> Any:
 
 
 @artifact_hook
-def decoder_postprocess(outputs: dict[str, Any], artifact: Any = None) -> str:
+def decoder_postprocess(outputs: dict[str, np.ndarray], artifact: Any = None) -> str:
     """One window's greedy token ids ``{"tokens": int[N]}`` → its text (special tokens dropped).
 
     The decoder's postprocess hook: the ``asr`` stage kind calls it with the tokens it
@@ -361,8 +368,8 @@ class WhisperOnnx:
         self.decoder = ort.InferenceSession(
             str(decoder or DECODER_DIR / "fp32.onnx"), providers=providers
         )
-        self.tokenizer = WhisperTokenizer.from_pretrained(checkpoint)
-        generation = GenerationConfig.from_pretrained(checkpoint)
+        self.tokenizer = WhisperTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+        generation = GenerationConfig.from_pretrained(checkpoint, trust_remote_code=False)
         self.suppress = np.zeros(whisper_ct2.TINY_EN_CONFIG["vocab_size"], dtype=bool)
         self.suppress[whisper_ct2.EOT + 1 :] = True  # special and timestamp tokens
         self.suppress[list(generation.suppress_tokens or [])] = True
@@ -382,13 +389,13 @@ class WhisperOnnx:
             self.tokenizer.decode(self.decode(self.encode(samples)), skip_special_tokens=True)
         ).strip()
 
-    def encode(self, samples: Any) -> dict[str, Any]:
+    def encode(self, samples: Any) -> dict[str, np.ndarray]:
         """The encoder's outputs for one window."""
         names = [o.name for o in self.encoder.get_outputs()]
         values = self.encoder.run(names, {"input_features": log_mel(samples)})
         return dict(zip(names, values, strict=True))
 
-    def decode(self, encoded: dict[str, Any]) -> list[int]:
+    def decode(self, encoded: dict[str, np.ndarray]) -> list[int]:
         """Greedy token ids (without the prompt and the end token) for one window."""
         import numpy as np
 

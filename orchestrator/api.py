@@ -56,7 +56,10 @@ Guarantees:
 * A request is text, ``{"messages": [...], "sampling": {...}}``, or — for a
   pipeline whose entry stage takes audio (``audio_entry_stages``: a ``vad`` or
   ``asr`` stage) — one audio item ``{"audio": float32 mono, "sample_rate": int}``;
-  ``audio_request`` makes one from a WAV file or its bytes::
+  or any of these as its typed record (``TextRequest``, ``ChatRequest``,
+  ``AudioRequest``, ``TensorRequest``, ``TokenIdsRequest``: ``stages.requests``),
+  which is what the runtime takes: what is passed is converted once, here
+  (``as_request``). ``audio_request`` makes an audio item from a WAV file or its bytes::
 
       with Pipeline.from_config("configs/examples/voice-chat.yaml") as pipeline:
           result = pipeline.run(audio_request("question.wav"))
@@ -84,17 +87,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import calibration as cal
-from orchestrator.calibration_record import RunMeasurements, record_run
+from orchestrator.calibration_record import RunMeasurements, ServerMemory, record_run
 from orchestrator.config import PipelineConfig, load_config
 from orchestrator.core import memory
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, PlanRefused
-from orchestrator.planner import parse_mask, plan_pipeline, verification_refusals
-from orchestrator.probe import resolve_profile
+from orchestrator.ort.routes import require_startable_routes
+from orchestrator.planner import (
+    describes_this_machine,
+    parse_mask,
+    plan_pipeline,
+    verification_refusals,
+)
+from orchestrator.probe import ask_build_routes, resolve_profile
 from orchestrator.runtime import record as rec
-from orchestrator.runtime.cluster import check_address
+from orchestrator.runtime.cluster import check_address, quiet_ray_off_main_thread
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
 from orchestrator.runtime.fallback import replanner
+from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.requests import (
     MAX_AUDIO_SECONDS,
     MAX_TENSOR_BYTES,
@@ -108,7 +119,18 @@ from orchestrator.runtime.runtime import Runtime
 from orchestrator.runtime.startup import ProgressCallback
 from orchestrator.verify.run import verify_pipeline
 from stages.base import Progress
+from stages.payloads import Item
 from stages.registry import get_kind
+from stages.requests import (
+    AudioRequest,
+    ChatRequest,
+    Request,
+    RequestLike,
+    TensorRequest,
+    TextRequest,
+    TokenIdsRequest,
+    as_request,
+)
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import PipelinePlan
@@ -119,17 +141,26 @@ __all__ = [
     "MAX_TENSOR_BYTES",
     "Admission",
     "AdmitProgress",
+    "AudioRequest",
+    "ChatRequest",
     "Pipeline",
     "PipelineOptions",
+    "Request",
+    "RequestLike",
     "StartProgress",
+    "TensorRequest",
+    "TextRequest",
+    "TokenIdsRequest",
     "admit_plan",
+    "as_request",
     "audio_entry_stages",
     "audio_request",
     "prompt_label",
     "tensor_entry_stages",
     "tensor_request",
 ]
-"""The Python API; the request readers are ``runtime.requests``'s, named here for users."""
+"""The Python API; the request readers are ``runtime.requests``'s and the request records
+``stages.requests``'s, named here for users."""
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +344,12 @@ def admit_plan(
     if options.address:  # nothing listening there is bad input, said before the gates run
         check_address(options.address)
     profile = plan_profile(options.profile, options.address, progress)
+    # running starts the routes' interpreters: a profile's may be started only when the user
+    # set them up (exit 2 otherwise), and their llama.cpp builds are asked before planning
+    named = options.profile if isinstance(options.profile, str | Path) else None
+    require_startable_routes(profile, None if named is None else str(named))
+    if describes_this_machine(profile):
+        ask_build_routes(profile)
     mask = parse_mask(options.mask, profile)
     store = calibration_store(options.calibration)
     plan = plan_pipeline(config, profile, mask=mask, calibration=store, server=options.server)
@@ -367,11 +404,7 @@ class Pipeline:
             max_waiting=max_waiting,
             # a stage whose device is gone for good is planned again on this profile
             # (on_device_loss: fallback), as this plan was
-            replan=(
-                replanner(config, profile, mask, calibration, server)
-                if profile is not None
-                else None
-            ),
+            replan=replanner(config, profile, mask, calibration, server) if profile else None,
         )
         self.results: list[Result] = []
         self.records: list[Path] = []
@@ -481,32 +514,30 @@ class Pipeline:
         return self
 
     def _warm_request_checks(self) -> None:
-        """Load what each request-taking stage's check needs (``warm_request_check``
-        where a kind has one); a failure here only means the first request loads it."""
+        """Load what each stage's request check needs (``StageKind.warm_request_check``); a
+        failure here only means the first request loads it."""
         for s in self.runtime.stages:
-            hook = getattr(self.runtime.kinds[s.name], "warm_request_check", None)
-            if callable(hook):
-                try:
-                    hook(s)
-                except Exception as exc:
-                    log.debug("warming the request check of %s failed: %s", s.name, exc)
+            try:
+                self.runtime.kinds[s.name].warm_request_check(s)
+            except Exception as exc:
+                log.debug("warming the request check of %s failed: %s", s.name, exc)
 
-    def validate(self, prompt: Any, *, entry: str | None = None) -> None:
+    def validate(self, prompt: RequestLike, *, entry: str | None = None) -> None:
         """Check a request without running it: ``BadRequest`` (a ``ConfigError``) for
         a prompt that is not text or blank, sampling out of range, or a prompt that
         cannot fit the decode stage's context (by its own tokenizer, once its
         weights are prepared); with ``entry``, a stage that does not take text.
         ``stream``/``run`` check every request this way."""
-        self.runtime.validate_request(prompt, entry)
+        self.runtime.validate_request(as_request(prompt), entry)
 
     # -- requests --------------------------------------------------------------------
     async def stream(
         self,
-        prompt: Any,
+        prompt: RequestLike,
         *,
         request_id: str | None = None,
         entry: str | None = None,
-        context: Mapping[str, Sequence[Any]] | None = None,
+        context: Mapping[str, Sequence[Item]] | None = None,
         conversation: str | None = None,
     ) -> AsyncIterator[Event]:
         """Yield the request's events as they happen (``TextDelta``, ``AudioChunk``,
@@ -519,7 +550,11 @@ class Pipeline:
         ``conversation``: the conversation this request is a turn of, so a stage with replicas
         that keeps state across turns serves every turn on one replica (``Runtime.stream``)."""
         events = self.runtime.stream(
-            prompt, request_id=request_id, entry=entry, context=context, conversation=conversation
+            as_request(prompt),
+            request_id=request_id,
+            entry=entry,
+            context=context,
+            conversation=conversation,
         )
         try:
             async for event in events:
@@ -529,7 +564,7 @@ class Pipeline:
 
     async def arun(
         self,
-        prompt: Any,
+        prompt: RequestLike,
         *,
         request_id: str | None = None,
         entry: str | None = None,
@@ -538,20 +573,21 @@ class Pipeline:
         """One request to completion, inside a running event loop (``entry``, ``conversation``:
         as in ``stream``)."""
         rid = request_id or uuid.uuid4().hex[:12]
+        request = as_request(prompt)
         t0 = time.perf_counter()
         events = [
             e
             async for e in self.runtime.stream(
-                prompt, request_id=rid, entry=entry, conversation=conversation
+                request, request_id=rid, entry=entry, conversation=conversation
             )
         ]
-        result = collect(rid, prompt_label(prompt), events, time.perf_counter() - t0)
+        result = collect(rid, request.label(), events, time.perf_counter() - t0)
         self.results.append(result)
         return result
 
     def run(
         self,
-        prompt: Any,
+        prompt: RequestLike,
         *,
         request_id: str | None = None,
         record: str | Path | bool | None = True,
@@ -571,7 +607,7 @@ class Pipeline:
         return result
 
     # -- reports ---------------------------------------------------------------------
-    def build_record(self, results: list[Result] | None = None, **extra: Any) -> dict[str, Any]:
+    def build_record(self, results: list[Result] | None = None, **extra: Any) -> JsonObject:
         results = self.results if results is None else results
         measured = self.runtime.measure() if not self.runtime._closed else {}
         ledger = self.runtime.ledger_snapshot()
@@ -602,15 +638,15 @@ class Pipeline:
         self.records.append(path)
         return path
 
-    def ledger_snapshot(self) -> dict[str, Any]:
+    def ledger_snapshot(self) -> ActorSnapshot:
         return self.runtime.ledger_snapshot()
 
     @property
-    def final_ledger(self) -> dict[str, Any] | None:
+    def final_ledger(self) -> ActorSnapshot | None:
         return self.runtime.final_ledger
 
     # -- calibration -----------------------------------------------------------------
-    def record_calibration(self, prompts: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+    def record_calibration(self, prompts: Iterable[object] | None = None) -> list[JsonObject]:
         """Write each live stage's measured peaks (and the Ray runtime's, and the serving
         process's) to the measurement store for the next plan (``calibration_record``).
         Returns what was recorded (also in ``runtime.calibration_recorded`` for the run record)."""
@@ -641,7 +677,7 @@ class Pipeline:
         self.runtime.calibration_recorded = out  # type: ignore[attr-defined]
         return out
 
-    def server_memory(self) -> dict[str, Any] | None:
+    def server_memory(self) -> ServerMemory | None:
         """The serving process's own memory against its plan (None when the plan has no
         ``server`` reservation: ``plan``/``run``): PSS (RSS where PSS cannot be read)
         of this process now, and the reservation's bytes and evidence."""
@@ -649,17 +685,17 @@ class Pipeline:
         if planned is None:
             return None
         measured, how = memory.tree_memory([os.getpid()])
-        return {
-            "measured_bytes": measured,
-            "measure": f"{how} of the serve process (pid {os.getpid()})",
-            "budget_bytes": planned.bytes,
-            "evidence": planned.evidence,
-            "pool": planned.pool,
-            "within_budget": measured <= planned.bytes if measured else None,
-        }
+        return ServerMemory(
+            measured_bytes=measured,
+            measure=f"{how} of the serve process (pid {os.getpid()})",
+            budget_bytes=planned.bytes,
+            evidence=planned.evidence,
+            pool=planned.pool,
+            within_budget=measured <= planned.bytes if measured else None,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
-    def close(self) -> dict[str, Any]:
+    def close(self) -> ActorSnapshot:
         """Record the measured peaks for the next plan (``record_calibration``), then close
         every stage and release every reservation; returns the final ledger."""
         if self.calibration is not None and not self.runtime._closed:
@@ -722,7 +758,7 @@ class Opening:
             raise
 
     def _start_or_discard(self) -> Pipeline:
-        _quiet_ray_off_main_thread()
+        quiet_ray_off_main_thread()
         pipeline = self._start()
         with self._lock:
             if not self._abandoned:
@@ -730,20 +766,6 @@ class Opening:
                 return pipeline
         pipeline.close()
         return pipeline
-
-
-class _OffMainThreadNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
-def _quiet_ray_off_main_thread() -> None:
-    """Ray warns when it starts off the main thread that it leaves SIGTERM alone;
-    for ``Pipeline.open`` that is the point (the caller's process keeps its own
-    handlers), so the warning would only alarm."""
-    worker_log = logging.getLogger("ray._private.worker")
-    if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
-        worker_log.addFilter(_OffMainThreadNotice())
 
 
 def calibration_store(

@@ -16,7 +16,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from orchestrator.calibration_store import (  # noqa: F401 - the store's names are this module's too
     BUDGET_DERIVED,
@@ -33,6 +33,7 @@ from orchestrator.calibration_store import (  # noqa: F401 - the store's names a
     CalibrationStore,
     Entry,
     Key,
+    Sample,
     Unusable,
     artifact_digest,
     backend_version,
@@ -49,6 +50,7 @@ from orchestrator.calibration_store import (  # noqa: F401 - the store's names a
     server_key,
     stage_key,
 )
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import RETAINED_GROWTH, Evidence, Reservation, load_and_steady
 from orchestrator.core.units import MiB, fmt_bytes
 
@@ -75,7 +77,7 @@ WINDOW = 20
 GROWTH_HORIZON_CALLS = 64
 """For a recycled worker whose kind reserves no growth of its own: the calls, at the growth
 rate its runs measured, that the budget lets it grow over before it is recycled (the horizon
-of ``OPENVINO_ITEM_HORIZON`` in ``stages/exported_graph/kind.py``: a recycle costs a reopen,
+of ``OPENVINO_ITEM_HORIZON`` in ``orchestrator/core/backends.py``: a recycle costs a reopen,
 about 2.5 s for the voice, so at most one every 64 calls)…"""
 GROWTH_FRACTION = 0.5
 """…and at most half of what one call needs (resident + its rise) again: a fast-growing
@@ -142,15 +144,16 @@ class Calibration:
     margin_bytes: int
     margin_rule: str
     largest_peak_bytes: int
-    provenance: dict[str, Any]
+    provenance: Provenance
     note: str = ""
     entry: str = ""
-    need: dict[str, Any] | None = None
+    need: Need | None = None
     """For a recycled worker: what its budget is made of (``resident_bytes``, ``call_rise_bytes``,
     ``growth_bytes`` and ``growth_from``); None when the budget is the largest peak + margin."""
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> JsonObject:
+        """The plan's ``calibration`` field (docs/calibration.md)."""
+        out: JsonObject = {
             "match": self.match,
             "before_bytes": self.before_bytes,
             "after_bytes": self.after_bytes,
@@ -169,37 +172,88 @@ class Calibration:
         return out
 
 
-def _profile_of(samples: list[dict[str, Any]]) -> tuple[int, int, int]:
+class Provenance(TypedDict):
+    """Where a calibrated budget's measurements came from (the plan's
+    ``calibration.provenance``): how many samples and their span, where they were measured,
+    the peaks' range and spread, the recent overruns, the most requests in flight and the
+    longest prompt; ``scaled_from`` for a near match."""
+
+    samples: int
+    upper_bounds_ignored: int
+    first: str
+    last: str
+    where: list[str]
+    peak_min_bytes: int
+    peak_max_bytes: int
+    spread_bytes: int
+    overruns_recent: int
+    max_in_flight: int
+    max_prompt_chars: int | None
+    scaled_from: NotRequired[JsonObject]
+
+
+class Need(TypedDict):
+    """What a recycled worker needs (:func:`_need`): resident after a load, one call's rise,
+    the growth it may keep and where that came from, over how many runs; ``needs``,
+    ``overruns`` and ``load`` are taken out once the budget is made (:func:`_from_need`)."""
+
+    resident_bytes: int
+    call_rise_bytes: int
+    growth_bytes: int
+    growth_from: str
+    runs: int
+    needs: NotRequired[list[int]]
+    overruns: NotRequired[int]
+    load: NotRequired[int]
+
+
+def _or_peak(s: Sample, key: Literal["load_bytes", "steady_bytes"]) -> int:
+    """A sample's load path or steady state; an unknown part counts as the whole peak."""
+    value = s.get(key)
+    return s["peak_bytes"] if value is None else value
+
+
+def _n(s: Sample, key: WorkerFigure) -> int:
+    """A recycled worker's figure of ``s`` (0 where it has none)."""
+    return s.get(key) or 0
+
+
+WorkerFigure = Literal[
+    "resident_bytes",
+    "fresh_bytes",
+    "call_rise_bytes",
+    "worker_calls",
+    "retained_bytes",
+    "load_bytes",
+]
+
+
+def _profile_of(samples: list[Sample]) -> tuple[int, int, int]:
     """(largest peak, largest load path, largest steady state) of trusted samples; an
     unknown part counts as the whole peak."""
     peak = max(s["peak_bytes"] for s in samples)
-    load = max(
-        (s["load_bytes"] if s.get("load_bytes") is not None else s["peak_bytes"]) for s in samples
-    )
-    steady = max(
-        (s["steady_bytes"] if s.get("steady_bytes") is not None else s["peak_bytes"])
-        for s in samples
-    )
+    load = max(_or_peak(s, "load_bytes") for s in samples)
+    steady = max(_or_peak(s, "steady_bytes") for s in samples)
     return peak, min(load, peak), min(steady, peak)
 
 
-def provenance(entry: Entry) -> dict[str, Any]:
+def provenance(entry: Entry) -> Provenance:
     trusted = entry.trusted()
     peaks = [s["peak_bytes"] for s in trusted]
     recent = trusted[-WINDOW:]
-    return {
-        "samples": len(trusted),
-        "upper_bounds_ignored": len(entry.samples) - len(trusted),
-        "first": trusted[0]["when"],
-        "last": trusted[-1]["when"],
-        "where": sorted({s["where"] for s in trusted})[:3],
-        "peak_min_bytes": min(peaks),
-        "peak_max_bytes": max(peaks),
-        "spread_bytes": int(statistics.pstdev(peaks)) if len(peaks) > 1 else 0,
-        "overruns_recent": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
-        "max_in_flight": max((s.get("max_in_flight") or 0) for s in trusted),
-        "max_prompt_chars": max((s.get("max_prompt_chars") or 0) for s in trusted) or None,
-    }
+    return Provenance(
+        samples=len(trusted),
+        upper_bounds_ignored=len(entry.samples) - len(trusted),
+        first=trusted[0]["when"],
+        last=trusted[-1]["when"],
+        where=sorted({s["where"] for s in trusted})[:3],
+        peak_min_bytes=min(peaks),
+        peak_max_bytes=max(peaks),
+        spread_bytes=int(statistics.pstdev(peaks)) if len(peaks) > 1 else 0,
+        overruns_recent=sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
+        max_in_flight=max((s.get("max_in_flight") or 0) for s in trusted),
+        max_prompt_chars=max((s.get("max_prompt_chars") or 0) for s in trusted) or None,
+    )
 
 
 def _margin(entry: Entry) -> Margin:
@@ -209,10 +263,9 @@ def _margin(entry: Entry) -> Margin:
     settled = len(recent) >= SETTLED_RUNS and overruns == 0
     request_part = max(
         (
-            max(s["peak_bytes"] if s.get("steady_bytes") is None else s["steady_bytes"], 0)
-            - s["resident_bytes"]
+            max(_or_peak(s, "steady_bytes"), 0) - resident
             for s in recent
-            if s.get("resident_bytes") is not None
+            if (resident := s.get("resident_bytes")) is not None
         ),
         default=0,
     )
@@ -259,16 +312,12 @@ def _rebuild(
     return tuple(out)
 
 
-def _growth_floor(
-    reservations: list[Reservation], trusted: list[dict[str, Any]]
-) -> tuple[int, str]:
+def _growth_floor(reservations: list[Reservation], trusted: list[Sample]) -> tuple[int, str]:
     """The steady state a budget keeps at least when the kind reserves growth over more items
     than a run shows (``RETAINED_GROWTH``): what was resident after the load plus that growth,
     and the words for the note; (0, "") when it reserves none or no sample knows its resident."""
     growth = sum(r.bytes for r in reservations if r.purpose == RETAINED_GROWTH)
-    resident = max(
-        (s["resident_bytes"] for s in trusted if s.get("resident_bytes") is not None), default=None
-    )
+    resident = max((r for s in trusted if (r := s.get("resident_bytes")) is not None), default=None)
     if not growth or resident is None:
         return 0, ""
     return resident + growth, (
@@ -307,14 +356,16 @@ def calibrate(
     )
 
 
-def _limited(s: Mapping[str, Any]) -> bool:
+def _limited(s: Sample) -> bool:
     """Whether ``s`` is a run of a worker recycled at a limit, with the figures to budget it from."""
-    return all(
-        s.get(k) is not None for k in ("recycle_limit_bytes", "call_rise_bytes", "resident_bytes")
+    return (
+        s.get("recycle_limit_bytes") is not None
+        and s.get("call_rise_bytes") is not None
+        and s.get("resident_bytes") is not None
     )
 
 
-def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _need(reservations: list[Reservation], trusted: list[Sample]) -> Need | None:
     """What a recycled worker needs to do its work, when the latest run was one (else None):
     the most it held right after a load (or a reopen), the largest rise one call caused, and the
     growth it may keep before it is recycled — the kind's ``RETAINED_GROWTH`` reservation, else
@@ -323,11 +374,11 @@ def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dic
     if not _limited(trusted[-1]):
         return None
     recent = [s for s in trusted[-WINDOW:] if _limited(s)]
-    resident = max(max(s["resident_bytes"], s.get("fresh_bytes") or 0) for s in recent)
-    rise = max(s["call_rise_bytes"] for s in recent)
+    resident = max(max(_n(s, "resident_bytes"), _n(s, "fresh_bytes")) for s in recent)
+    rise = max(_n(s, "call_rise_bytes") for s in recent)
     kind_growth = sum(r.bytes for r in reservations if r.purpose == RETAINED_GROWTH)
-    calls = sum(s.get("worker_calls") or 0 for s in recent)
-    rate = sum(s.get("retained_bytes") or 0 for s in recent) / calls if calls else 0.0
+    calls = sum(_n(s, "worker_calls") for s in recent)
+    rate = sum(_n(s, "retained_bytes") for s in recent) / calls if calls else 0.0
     if kind_growth:
         growth, source = kind_growth, f"the kind's {RETAINED_GROWTH} reservation"
     else:
@@ -338,30 +389,31 @@ def _need(reservations: list[Reservation], trusted: list[dict[str, Any]]) -> dic
             f"{fmt_bytes(int(rate))} a call measured over {calls} call(s) x {GROWTH_HORIZON_CALLS} "
             f"(at most {GROWTH_FRACTION:.0%} of resident + rise)"
         )
-    return {
-        "resident_bytes": resident,
-        "call_rise_bytes": rise,
-        "growth_bytes": growth,
-        "growth_from": source,
-        "runs": len(recent),
-        "needs": [
-            max(s["resident_bytes"], s.get("fresh_bytes") or 0) + s["call_rise_bytes"]
+    return Need(
+        resident_bytes=resident,
+        call_rise_bytes=rise,
+        growth_bytes=growth,
+        growth_from=source,
+        runs=len(recent),
+        needs=[
+            max(_n(s, "resident_bytes"), _n(s, "fresh_bytes")) + _n(s, "call_rise_bytes")
             for s in recent
         ],
-        "overruns": sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
-        "load": max(
-            s["resident_bytes"] if s.get("load_bytes") is None else s["load_bytes"] for s in recent
+        overruns=sum(1 for s in recent if s["over_budget"] and s["calibrated"]),
+        load=max(
+            _n(s, "resident_bytes") if s.get("load_bytes") is None else _n(s, "load_bytes")
+            for s in recent
         ),
-    }
+    )
 
 
 def _from_need(
     reservations: list[Reservation],
     entry: Entry,
-    need: dict[str, Any],
+    need: Need,
     before: int,
     peak: int,
-    prov: dict[str, Any],
+    prov: Provenance,
 ) -> tuple[tuple[Reservation, ...], Calibration]:
     """A recycled worker's reservations: steady state = resident + one call's rise + growth + a
     margin from the spread of (resident + rise) over its runs; the load path as measured + margin.
@@ -433,7 +485,8 @@ def scaled(
         reservations, s_load + margin.bytes, max(s_steady + margin.bytes, floor), "E", note
     )
     after = max(load_and_steady(out))
-    prov = {**provenance(entry), "scaled_from": dict(old_scaling)}
+    prov = provenance(entry)
+    prov["scaled_from"] = dict(old_scaling)
     return out, Calibration(
         "near",
         before,

@@ -17,11 +17,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from orchestrator import calibration as cal
+from orchestrator.core.documents import JsonObject
+from orchestrator.core.ledger import MeasuredPeak
+from orchestrator.core.memory import RayMemory
 from orchestrator.core.plan import PipelinePlan, StagePlan
 from orchestrator.core.profile import HOST_RAM, HardwareProfile, node_pool
+
+
+class ServerMemory(TypedDict):
+    """The serving process's own memory against its plan (``Pipeline.server_memory``; the run
+    record's and ``/v1/plan``'s ``server``): PSS (RSS where PSS cannot be read) now, how and
+    where it was measured, and the ``server`` reservation's bytes, evidence and pool."""
+
+    measured_bytes: int
+    measure: str
+    budget_bytes: int
+    evidence: str
+    pool: str
+    within_budget: bool | None
 
 
 @dataclass(frozen=True)
@@ -33,19 +49,19 @@ class RunMeasurements:
     profile: HardwareProfile
     views: Mapping[str, StagePlan]
     """Ledger holder → the stage's plan as that instance runs it."""
-    measured: Mapping[str, Mapping[str, Any]]
+    measured: Mapping[str, MeasuredPeak]
     """Ledger holder → its measured peak (``DeviceActor.measure``'s figures)."""
-    ray_memory: Mapping[str, Any]
-    """The Ray runtime's measured memory (``{"bytes", "measure"}``, or ``{"nodes": ...}``)."""
+    ray_memory: RayMemory
+    """The Ray runtime's measured memory (its bytes and how, or each node's: ``nodes``)."""
     owns_ray: bool
     """Whether this run started the Ray cluster it ran on (part of the Ray runtime's key)."""
-    server: Mapping[str, Any] | None
+    server: ServerMemory | None
     """The serving process's memory against its plan (``Pipeline.server_memory``), or None."""
     longest_prompt: int | None
     """The longest text prompt of the run, in characters (None: no text prompt)."""
 
 
-def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
+def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
     """Every sample of ``run`` written to ``store``; one row per sample: what was recorded where."""
     out = _record_stage_peaks(store, run)
     out += _record_ray_peaks(store, run)
@@ -53,8 +69,8 @@ def record_run(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[s
     return out
 
 
-def _record_stage_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
-    largest: dict[str, tuple[StagePlan, Mapping[str, Any], Any]] = {}
+def _record_stage_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
+    largest: dict[str, tuple[StagePlan, MeasuredPeak, Any]] = {}
     for holder, s in run.views.items():
         m = run.measured.get(holder)
         if (
@@ -86,9 +102,9 @@ def _record_stage(
     store: cal.CalibrationStore,
     run: RunMeasurements,
     s: StagePlan,
-    m: Mapping[str, Any],
+    m: MeasuredPeak,
     key: Any,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One stage's (or replica's) measured peak as a sample of the store, under ``key``."""
     peak = int(m["measured_peak_bytes"])
     sample = cal.sample(
@@ -114,12 +130,13 @@ def _record_stage(
     return recorded(s.name, path, peak, s.budget_bytes(), sample, sample["upper_bound"])
 
 
-def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[dict[str, Any]]:
+def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list[JsonObject]:
     """The Ray runtime's measured memory: on one machine one sample (its processes beside
     the actors), keyed by the profile and whether this run owns the cluster; on a
     cluster one sample per node, measured on that node, keyed by the node's own profile
     and name (``cal.ray_key(..., node=)``)."""
     nodes = run.ray_memory.get("nodes")
+    measured: dict[str, tuple[int | None, str, str | None]]
     if isinstance(nodes, dict) and run.profile.nodes:
         measured = {
             name: (m.get("bytes"), str(m.get("measure") or ""), name)
@@ -160,7 +177,7 @@ def _record_ray_peaks(store: cal.CalibrationStore, run: RunMeasurements) -> list
     return out
 
 
-def _record_server_peak(store: cal.CalibrationStore, run: RunMeasurements) -> dict[str, Any] | None:
+def _record_server_peak(store: cal.CalibrationStore, run: RunMeasurements) -> JsonObject | None:
     """The serving process's own measured memory; None when the plan has no server
     reservation or nothing was measured."""
     server = run.server
@@ -185,7 +202,7 @@ def recorded(
     budget: int | None,
     sample: Mapping[str, Any],
     upper_bound: bool = False,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One row of ``record_run``'s answer: what was recorded where (``entry`` None: nothing,
     its entry being of a newer format, which is never written over: ``not_recorded``)."""
     return {

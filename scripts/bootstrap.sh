@@ -46,8 +46,8 @@ fi
 # Headless Chromium for the page test (tests/orchestrator/server/test_web_page.py):
 # Debian's package, which Playwright drives by its path; no browser is ever
 # downloaded at run time. Installed when missing, where apt-get is and we are
-# root (or sudo needs no password); elsewhere a note, and that test skips
-# (under CI=true it fails instead).
+# root (or sudo needs no password); elsewhere a note, and the browser tests skip as
+# missing, which scripts/test.sh makes a failure (docs/testing.md, Skips).
 chromium_version() { chromium --version 2>/dev/null | head -n1; }
 install_chromium() {
   local sudo=""
@@ -56,14 +56,14 @@ install_chromium() {
     return 0
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    log "chromium: not installed and no apt-get here; install Chromium to run the page test (it skips without it)"
+    log "chromium: not installed and no apt-get here; install Chromium for the browser tests (scripts/test.sh fails without it)"
     return 0
   fi
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
       sudo="sudo -n"
     else
-      log "chromium: not installed; as root: apt-get install -y --no-install-recommends chromium (the page test skips without it)"
+      log "chromium: not installed; as root: apt-get install -y --no-install-recommends chromium (scripts/test.sh fails without it)"
       return 0
     fi
   fi
@@ -72,7 +72,7 @@ install_chromium() {
      && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; then
     log "chromium: $(chromium_version)"
   else
-    log "chromium: apt-get could not install it; the page test skips without it (fails under CI=true)"
+    log "chromium: apt-get could not install it; the browser tests fail under scripts/test.sh without it"
   fi
 }
 

@@ -36,12 +36,24 @@ the kind declares; the runtime acts on them):
    actor is created: environment variables its process needs before anything
    is imported; the runtime merges those of every stage on the device.
 8. ``runner(stage_plan, stage, route)`` — inside the device actor: returns a
-   :class:`StageRunner` (it may import heavy modules).
+   :class:`StageRunner` (it may import heavy modules), after the actor imported
+   the kind's ``runner_imports`` one stage at a time.
+9. ``warm_request_check(stage_plan)`` — in the caller's process while the
+   pipeline starts: load what the request check needs (a tokenizer).
+10. ``validate_request(stage_plan, stage, request)`` — in the caller's process,
+    per request a stage of this kind takes, before anything reaches an actor:
+    ``BadRequest`` for a request (``stages.requests.Request``) it cannot take.
 
-Class data the config loader and the runtime read: ``consumes`` and
-``produces`` (payload types, ``stages.payloads``; ``ports(stage)`` narrows
-them per stage) and ``text_input`` (how a text stream is cut before it
-reaches this stage).
+Every hook has a default here; the runtime and the server call them without
+asking whether a kind has one, and never name a kind.
+
+Class data the config loader, the planner, the runtime and the server read:
+``consumes`` and ``produces`` (payload types, ``stages.payloads``;
+``ports(stage)`` narrows them per stage), ``text_input`` (how a text stream is
+cut before it reaches this stage), ``runner_imports``, ``cpu_thread_weight``
+(its share when a CPU's cores are split) and ``takes_conversation`` (whether a
+realtime session passes it the conversation so far); ``turn_detection(stage_plan)``
+says whether a stage cuts a spoken stream into turns.
 """
 
 from __future__ import annotations
@@ -52,14 +64,18 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from orchestrator.core.backends import SessionSpec
+from orchestrator.core.cpu_threads import OTHER_WEIGHT
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
 from orchestrator.core.validation import Strict, refusal, shown, unique
-from stages.payloads import PAYLOAD_KINDS, PayloadKind, Ports, parse_payloads
+from stages.payloads import PAYLOAD_KINDS, Item, PayloadKind, Ports, parse_payloads
+from stages.requests import Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -314,12 +330,13 @@ class ArtifactInfo:
     weight_bytes: int
     weight_format: str
     """bf16, fp16, fp32, int8, fp8, awq-4bit, gptq-4bit, gguf, ... (see stages.ar_decode.checkpoint)."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     """Kind-specific facts published in the plan's artifact summary (precisions,
-    digests, the checkpoint manifest ...)."""
+    digests, the checkpoint manifest ...): part of the plan document."""
     internal: dict[str, Any] = field(default_factory=dict)
     """Kind-specific facts the kind keeps for its own later hooks and does not
-    publish in the plan (e.g. ar_decode's whole text config)."""
+    publish in the plan (e.g. ar_decode's whole text config, as its config.json has it):
+    only the kind that put them there reads them."""
 
 
 @dataclass(frozen=True)
@@ -353,14 +370,15 @@ class GateSpec:
     backend: str
     device_id: str
     device_name: str
-    session: dict[str, Any]
-    """The target session, as ``orchestrator.core.backends.SessionSpec.to_dict()``."""
+    session: SessionSpec
+    """The target session."""
     graph_sha256: str
     reference_sha256: str
     reference_graph: str | None
     """The fp32 graph the CPU reference runs, or None when the artifact has none."""
-    options: dict[str, Any]
-    """The provider and session options that change what the gate measures."""
+    options: JsonObject
+    """The provider and session options that change what the gate measures (the evidence
+    key's ``options``, written in each evidence record)."""
     min_coverage: float
     """Fraction of the graph's nodes the target EP must take."""
     tolerance: dict[str, float]
@@ -368,7 +386,26 @@ class GateSpec:
 
     @property
     def ep(self) -> str:
-        return str(self.session["providers"][0])
+        return str(self.session.providers[0])
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """How a kind that cuts a spoken stream into turns (a VAD) ends a turn by default: the
+    speech probability that counts as speech, the audio kept before speech, and the silence
+    that closes a turn. A realtime session's ``turn_detection`` starts from it."""
+
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+
+
+class StageHealth(TypedDict):
+    """Why a stage can no longer serve though its actor lives (an engine that stopped): a
+    code a client reads and the message."""
+
+    code: str
+    message: str
 
 
 class StageKind(ABC):
@@ -405,6 +442,15 @@ class StageKind(ABC):
     where sentences end (``stages.text_chunks``) and fed while the producer is
     still writing, as a voice wants it; ``whole`` — the producer's whole text as
     one item once it is done, as a decoder wants its prompt."""
+    cpu_thread_weight: ClassVar[int] = OTHER_WEIGHT
+    """This kind's weight when the planner splits a CPU's cores among the stages placed on it
+    (``orchestrator.core.cpu_threads``): ``DECODE_WEIGHT`` for a decoder, the stage users wait
+    on; ``OTHER_WEIGHT`` for every other kind (the default)."""
+    takes_conversation: ClassVar[bool] = False
+    """Whether a stage of this kind reads the conversation so far as context: a realtime
+    session passes its history to such a stage that another stage feeds as one
+    ``{"messages": [...]}`` item ahead of its producer's (``Runtime.stream(context=)``), as a
+    decoder takes it. Default: false."""
 
     @classmethod
     def resolve_paths(cls, stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -474,8 +520,9 @@ class StageKind(ABC):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
-        """Backend settings derived from the plan (vLLM engine args, ORT options)."""
+    ) -> JsonObject:
+        """Backend settings derived from the plan (vLLM engine args, ORT options): the stage's
+        ``engine_kwargs`` in the plan document, which only the backend's runner reads."""
         return {}
 
     def gate_spec(
@@ -496,7 +543,7 @@ class StageKind(ABC):
         spec = self.gate_spec(stage, info, device, backend)
         return [] if spec is None else [spec]
 
-    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> dict[str, Any]:
+    def plan_details(self, stage: StageConfig, info: ArtifactInfo) -> JsonObject:
         """Kind-specific fields of the stage's plan (``StagePlan.details``), written at
         the stage's top level in the plan JSON, e.g. ar_decode's ``kv_cache``. Called
         once per stage after ``describe``, whether the stage is admitted or not; the
@@ -540,6 +587,12 @@ class StageKind(ABC):
         that share a pool one thread budget. Default: None."""
         return None
 
+    def turn_detection(self, stage_plan: StagePlan) -> TurnDetection | None:
+        """For a kind that cuts a spoken stream into turns (a VAD): the turn detection its
+        admitted placement plans — a realtime session's default, the end-of-turn delay the
+        CLI shows. None for every other kind (the default) and for a stage not admitted."""
+        return None
+
     def runner(
         self, stage_plan: StagePlan, stage: StageConfig, route: Route | None = None
     ) -> StageRunner:
@@ -549,6 +602,21 @@ class StageKind(ABC):
         host process drives the device); kinds that run in this process ignore it.
         """
         raise NotImplementedError(f"stage kind {self.kind!r} has no runtime yet")
+
+    def validate_request(  # noqa: B027 - optional hook
+        self, stage_plan: StagePlan, stage: StageConfig, request: Request
+    ) -> None:
+        """Check a request a stage of this kind takes (its inputs name ``request``, or the
+        request enters at it), in the caller's process before anything reaches an actor:
+        ``BadRequest`` (where, what, how to fix) for one it cannot take. Called per request,
+        off the event loop. The runtime checks first that the request's payload is one the
+        stage consumes, but leaves text and audio to the kind's words, and a value of no
+        payload's shape (``OtherRequest``) to the kind. Default: nothing more."""
+
+    def warm_request_check(self, stage_plan: StagePlan) -> None:  # noqa: B027 - optional hook
+        """Load what ``validate_request`` needs (a tokenizer: seconds, once per process) while
+        the pipeline starts, so the first request does not wait for it; a failure here only
+        means the first request loads it. Default: nothing to load."""
 
 
 class StageRunner(ABC):
@@ -565,7 +633,7 @@ class StageRunner(ABC):
     and ``health()``.
     """
 
-    load_info: Mapping[str, Any] = MappingProxyType({})
+    load_info: Mapping[str, object] = MappingProxyType({})
     """What the load found (the EP's node assignment, thread counts, a warm-up's time): set by
     ``load()``; the device actor keeps it, reduced to small values, in the run record."""
 
@@ -573,7 +641,7 @@ class StageRunner(ABC):
     def load(self) -> None: ...
 
     @abstractmethod
-    def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]: ...
+    def stream(self, request_id: str, inputs: AsyncIterator[Item]) -> AsyncIterator[Item]: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the stage's resources."""
@@ -587,14 +655,14 @@ class StageRunner(ABC):
         does not know: the device actor then measures the processes the load started."""
         return None
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """The runner's own figures of a finished request (merged into its stats; a ``stamps``
         entry is taken out for the runtime's first-audio trace). Asked once per request."""
         return {}
 
-    def health(self) -> dict[str, str] | None:
-        """``{"code", "message"}`` when the stage can no longer serve though its actor lives (an
-        engine that stopped); None (the default) while it can."""
+    def health(self) -> StageHealth | None:
+        """Why the stage can no longer serve though its actor lives (an engine that stopped);
+        None (the default) while it can."""
         return None
 
     def worker_restarts(self) -> int:

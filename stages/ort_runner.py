@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from orchestrator.core.backends import with_cpu_threads
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import StageFailed
 from orchestrator.core.memory import descendants
 from orchestrator.core.profile import THIS_PROCESS
@@ -45,7 +46,8 @@ from orchestrator.core.units import MiB
 from orchestrator.ort.revival import RestartPolicy
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
-from stages.base import RestartConfig, StageRunner
+from orchestrator.ort.worker import OpenedSession
+from stages.base import RestartConfig, StageHealth, StageRunner
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -70,13 +72,9 @@ def restart_policy(stage_plan: StagePlan) -> RestartPolicy | None:
     restart = stage_plan.restart
     if restart == "never":
         return None
-    if isinstance(restart, dict):
+    if restart is not None:
         return RestartPolicy(
-            **{
-                k: restart[k]
-                for k in ("max", "window_s", "backoff_s", "backoff_max_s")
-                if k in restart
-            }
+            restart["max"], restart["window_s"], restart["backoff_s"], restart["backoff_max_s"]
         )
     default = RestartConfig()
     return RestartPolicy(default.max, default.window_s, default.backoff_s, default.backoff_max_s)
@@ -127,7 +125,7 @@ class OrtRunner(StageRunner):
         self._host: Any = None
         self._handles: dict[str, int] = {}
         """The plan's graph name (``session`` for a one-graph stage) -> its session's handle."""
-        self.load_info: dict[str, Any] = {}
+        self.load_info: dict[str, object] = {}
         self._pids: list[int] = []
 
     def _fail(self, why: str) -> NoReturn:
@@ -148,7 +146,7 @@ class OrtRunner(StageRunner):
             self.close()
             raise self._failed(exc, context) from exc
 
-    def _session_specs(self, *graphs: str, spelled: str | None = None) -> dict[str, dict[str, Any]]:
+    def _session_specs(self, *graphs: str, spelled: str | None = None) -> dict[str, JsonObject]:
         """The plan's session spec of each graph (``engine_kwargs[graph]["session"]``), or with no
         graph named the stage's one (``engine_kwargs["session"]``, under the name ``session``).
         A spec missing is a ``StageFailed`` naming the graphs (``spelled``: how, when not by their
@@ -165,15 +163,15 @@ class OrtRunner(StageRunner):
             self._fail(f"the plan carries no session spec for {named} (was it admitted?)")
         return specs
 
-    def _open(self, specs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _open(self, specs: dict[str, JsonObject]) -> dict[str, OpenedSession]:
         """Start the route's session host and open each spec in order, with the plan's CPU threads;
-        each handle goes to ``_handles``. Returns each session's load record (the route's answer).
-        A route worker follows the stage's ``restart`` (``restart_policy``): one that dies is
-        replaced and its sessions reopened."""
+        each handle goes to ``_handles``. Returns each session's load record (the route's answer),
+        which ``load_info`` keeps. A route worker follows the stage's ``restart``
+        (``restart_policy``): one that dies is replaced and its sessions reopened."""
         self._host = open_sessions(self.route)
         if not self._host.in_process:
             self._host.revival.policy = restart_policy(self.plan)
-        opened = {}
+        opened: dict[str, OpenedSession] = {}
         for graph, spec in specs.items():
             opened[graph] = self._host.open(
                 with_cpu_threads(spec, self.plan.cpu_threads), record=True
@@ -203,7 +201,7 @@ class OrtRunner(StageRunner):
         host = self._host
         return host.unit() if host is not None else contextlib.nullcontext()
 
-    def health(self) -> dict[str, str] | None:
+    def health(self) -> StageHealth | None:
         """A route worker being replaced after it died (``route_worker_restarting``: the stage
         comes back by itself), or one that is not replaced any more (``route_worker_failed``: a
         crash loop, sessions that reopened differently, ``restart: never``)."""
@@ -213,13 +211,15 @@ class OrtRunner(StageRunner):
         revival = host.revival
         dead = host._proc.poll() is not None
         if host._broken is not None or (dead and revival.policy is None):
-            return {"code": "route_worker_failed", "message": str(host._broken or revival.last)}
+            return StageHealth(
+                code="route_worker_failed", message=str(host._broken or revival.last)
+            )
         if revival.restarting or dead:
-            return {
-                "code": "route_worker_restarting",
-                "message": f"route {self.route.name!r}: its worker died ({revival.last or 'just now'}); "
-                "a fresh one is reopening the sessions",
-            }
+            return StageHealth(
+                code="route_worker_restarting",
+                message=f"route {self.route.name!r}: its worker died "
+                f"({revival.last or 'just now'}); a fresh one is reopening the sessions",
+            )
         return None
 
     def worker_restarts(self) -> int:
@@ -250,7 +250,7 @@ class OrtRunner(StageRunner):
             "fresh_bytes": host.fresh_bytes,
         }
 
-    def _worker_figures(self) -> dict[str, Any]:
+    def _worker_figures(self) -> dict[str, object]:
         """``worker_recycles`` (how many times the route worker was replaced since the load) and,
         once one died, ``worker_restarts``, for ``request_stats``; nothing in this process."""
         host = self._host

@@ -10,6 +10,7 @@ spelling                                    what travels (one item)
 ``text``                                    a ``str`` delta or chunk
 ``token_ids``                               a sequence of ``int`` token ids
 ``audio`` / ``audio@16000``                 ``{"audio": float32 array, "sample_rate": int}``
+                                            (:class:`AudioItem`)
 ``tensor`` / ``tensor:hidden_states``       a numpy array (or a mapping of named arrays)
 ``tensor<float32>[seq,896]``                … with its dtype and shape (``*`` or a name:
                                             any size on that axis)
@@ -36,8 +37,9 @@ consumer never receives a pickled application object.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal, Protocol, TypedDict, TypeGuard, cast
 
 PayloadKind = Literal["text", "token_ids", "audio", "tensor", "event"]
 PAYLOAD_KINDS: tuple[PayloadKind, ...] = ("text", "token_ids", "audio", "tensor", "event")
@@ -46,36 +48,53 @@ PAYLOAD_KINDS: tuple[PayloadKind, ...] = ("text", "token_ids", "audio", "tensor"
 REQUEST_PAYLOADS: tuple[str, ...] = ("text", "audio", "tensor", "token_ids")
 """What a request may carry into an entry stage (a stage whose inputs name ``request``):
 every payload a stage consumes but ``event`` (what a stage says about a stream, as a VAD's
-segments, which no caller makes). Which one a request is: :func:`request_payload`."""
+segments, which no caller makes). Which one a request carries is its type
+(``stages.requests``)."""
 
 
-def request_payload(prompt: object) -> str | None:
-    """The payload kind a request carries, by its shape (numpy is not imported: duck-typed):
-    text (a ``str``, or ``{"messages": [...]}``), audio (``{"audio", "sample_rate"}``),
-    tensor (an array, or a mapping of input names to arrays), token_ids (a list of ints);
-    None for anything else."""
-    if isinstance(prompt, str):
-        return "text"
-    if _is_array(prompt):
-        return "tensor"
-    if isinstance(prompt, dict):
-        if "messages" in prompt:
-            return "text"
-        if {"audio", "sample_rate"} <= set(prompt) and isinstance(prompt.get("sample_rate"), int):
-            return "audio"
-        if prompt and all(isinstance(k, str) and _is_array(v) for k, v in prompt.items()):
-            return "tensor"
-        return None
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt)
-    ):
-        return "token_ids"
-    return None
+class DType(Protocol):
+    """An array's element type as a payload's check reads it (numpy's ``dtype``)."""
+
+    @property
+    def kind(self) -> str:
+        """numpy's one-letter class: ``b`` bool, ``i``/``u`` integers, ``f`` floats, ``c``, ..."""
+
+    @property
+    def name(self) -> str: ...
 
 
-def _is_array(value: object) -> bool:
+class Array(Protocol):
+    """An array as a payload carries it: a numpy ``ndarray``, named by its shape here so that
+    planning never imports numpy (every value a check reads is one of these)."""
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+class AudioItem(TypedDict):
+    """One audio item: float32 mono samples in [-1, 1) and their rate (Hz)."""
+
+    audio: Array | Sequence[float]
+    sample_rate: int
+
+
+Item = str | Sequence[int] | Array | Mapping[str, object]
+"""One item on an edge or into an entry stage: text, token ids, an array, or a mapping of
+plain data (an :class:`AudioItem`, a chat request's ``stages.requests.ChatItem``, arrays by
+input name, an event, a port-tagged item, a fan-in's joined item). It pickles: it is what
+crosses between actors."""
+
+
+def is_array(value: object) -> TypeGuard[Array]:
+    """Whether ``value`` is an array (duck-typed: numpy is not imported here)."""
     return hasattr(value, "dtype") and hasattr(value, "shape") and hasattr(value, "tolist")
 
 

@@ -8,7 +8,14 @@
   (OMNI_EDGE_CALIBRATION_DIR) per module and per test, so no plan depends on
   the peaks this machine measured before, nor on another test's run;
 * ``ov_host``: one worker in the OpenVINO venv, shared by a module's tests;
-* ``ray_cluster``: one local Ray cluster for the whole session.
+* ``ray_cluster``: one local Ray cluster for the whole session;
+* ``_no_user_settings`` (autouse): an absent settings file, so the machine's user's own
+  (``OMNI_EDGE_SETTINGS``) never changes a test.
+
+Ray's workers import what the tests pickle into actors (a test module's own stage kind,
+``tests.helpers...``) by name, and omni-edge never lets Ray put the working directory on
+their path (``orchestrator.runtime.cluster``): the repository's root goes on ``PYTHONPATH``
+here, before any Ray process starts, which is how the workers find the ``tests`` package.
 
 Helpers that are not fixtures are in ``tests/helpers/``: ``REPO`` in its
 ``__init__``, tiny checkpoints in ``checkpoints.py``, inline profiles in
@@ -26,11 +33,34 @@ from typing import Any
 import pytest
 
 from orchestrator.verify.evidence import EvidenceStore
+from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
 from tests.helpers.graphs import OV_PYTHON
 
+# Ray's workers (started from this process's environment) import the tests package from here
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+)
+
+pytest_plugins = ("tests.helpers.skips",)
+"""Skips classified, counted and, under ``--require-assets``, failed (tests/helpers/skips.py)."""
+
 TEST_DEVICES = ["cpu", "igpu:0", "npu:0", "gpu:0"]
 """The devices the test cluster's node declares resources for."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test reads the settings file of whoever runs the suite (``OMNI_EDGE_SETTINGS``: an
+    absent file of the session's own); a test that needs settings writes its own."""
+    path = tmp_path_factory.mktemp("user-settings") / "settings.yaml"
+    old = os.environ.get("OMNI_EDGE_SETTINGS")
+    os.environ["OMNI_EDGE_SETTINGS"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("OMNI_EDGE_SETTINGS", None)
+    else:
+        os.environ["OMNI_EDGE_SETTINGS"] = old
 
 
 @pytest.fixture

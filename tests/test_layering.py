@@ -255,7 +255,7 @@ def test_the_lazy_import_check_sees_what_it_should() -> None:
     found = {(m, imported) for m, _, imported in function_level_imports()}
     assert ("orchestrator.runtime.cluster", "ray") in found  # in a function
     assert all(m.split(".")[0] in PACKAGES for m, _ in found)
-    assert _allowed("stages.ar_decode.runner", "vllm.engine.arg_utils")
+    assert _allowed("stages.ar_decode.engines.vllm_runner", "vllm.engine.arg_utils")
     assert _allowed("orchestrator.commands.plan", "orchestrator.planner")
     assert not _allowed("orchestrator.api", "orchestrator.planner")
     tree = ast.parse("from .b import c\nfrom . import d\n")
@@ -265,7 +265,7 @@ def test_the_lazy_import_check_sees_what_it_should() -> None:
 
 def test_every_module_sits_in_a_layer() -> None:
     """A module is placed when it, or a package above it, is named in the layers contract."""
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = pytest.importorskip("tomllib", reason="platform: tomllib is Python 3.11+")
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     (layers,) = [c["layers"] for c in config["contracts"] if c["id"] == "layers"]
     placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}

@@ -157,7 +157,7 @@ def test_block_runs_as_written(
 ) -> None:
     excluded = next((why for line, why in EXCLUDED.items() if line in block.code), None)
     if excluded:
-        pytest.skip(f"README.md:{block.line}: {excluded}")
+        pytest.skip(f"excluded: README.md:{block.line}: {excluded}")
     if "scripts/demo.sh" in block.code:
         request.getfixturevalue("bootstrapped")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -60,6 +60,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import terminal_text
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, WavStreamWriter, pcm16_bytes, resample
 
@@ -132,8 +133,8 @@ class Turn:
     status: str | None = None
     """``response.done``'s status: completed, cancelled (barge-in), failed."""
     reason: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
-    server_timing: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, object] = field(default_factory=dict)
+    server_timing: dict[str, object] = field(default_factory=dict)
     """``response.done``'s ``timing``: the server's own marks, in ms after the end of speech."""
 
     @property
@@ -169,7 +170,7 @@ class Turn:
             last = at
         return out
 
-    def as_json(self, out_rate: int) -> dict[str, Any]:
+    def as_json(self, out_rate: int) -> JsonObject:
         latency = self.latency_s
         return {
             "turn": self.index,
@@ -206,7 +207,7 @@ class VoiceSession:
         self.api_key, self.speed, self.out = api_key, speed, out
         self.on_event = on_event or (lambda kind, turn, text: None)
         self.ws: Any = None
-        self.session: dict[str, Any] = {}
+        self.session: dict[str, object] = {}
         self.in_rate, self.out_rate = INPUT_RATE, OUTPUT_RATE
         self.turns: list[Turn] = []
         self.by_item: dict[str, Turn] = {}
@@ -269,9 +270,9 @@ class VoiceSession:
                 f"{where}: expected session.created, got {str(first.get('type'))[:60]!r}: "
                 "is this an OpenAI Realtime endpoint?"
             )
-        self.session = dict(first.get("session") or {})
+        self.session = _object(first.get("session"))
 
-    async def _next_event(self) -> dict[str, Any]:
+    async def _next_event(self) -> dict[str, object]:
 
         try:
             raw = await asyncio.wait_for(self.ws.recv(), CONNECT_TIMEOUT_S)
@@ -284,7 +285,7 @@ class VoiceSession:
     async def configure(self, instructions: str | None = None) -> None:
         """``session.update``: pcm16 both ways at :data:`INPUT_RATE`/:data:`OUTPUT_RATE`, server VAD
         with the server's own settings, text and audio; waits for ``session.updated``."""
-        session: dict[str, Any] = {
+        session: JsonObject = {
             "modalities": ["text", "audio"],
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
@@ -304,19 +305,21 @@ class VoiceSession:
             doc = await self._next_event()
         if doc["type"] == "error":
             raise SessionError(f"session.update refused: {_error_text(doc)}")
-        self.session = dict(doc.get("session") or {})
-        self.in_rate = int(self.session.get("input_audio_sample_rate") or OPENAI_PCM_RATE)
-        self.out_rate = int(self.session.get("output_audio_sample_rate") or OPENAI_PCM_RATE)
+        self.session = _object(doc.get("session"))
+        self.in_rate = int(_number(self.session.get("input_audio_sample_rate")) or OPENAI_PCM_RATE)
+        self.out_rate = int(
+            _number(self.session.get("output_audio_sample_rate")) or OPENAI_PCM_RATE
+        )
         if self.out is not None:
             self.writer = WavStreamWriter(self.out, self.out_rate)
         self._receiver = asyncio.create_task(self._receive(), name="realtime-client:receive")
 
     @property
-    def turn_detection(self) -> dict[str, Any]:
-        return dict(self.session.get("turn_detection") or {})
+    def turn_detection(self) -> dict[str, object]:
+        return _object(self.session.get("turn_detection"))
 
     # -- sending -------------------------------------------------------------------
-    async def _send(self, doc: dict[str, Any]) -> None:
+    async def _send(self, doc: JsonObject) -> None:
 
         try:
             await self.ws.send(json.dumps(doc))
@@ -334,7 +337,7 @@ class VoiceSession:
         every turn heard is answered (see the module docstring); ``SessionError`` on a server
         ``error`` event, a lost connection or no reply within ``reply_timeout_s``."""
         await self._stream(resample(audio, rate, self.in_rate))
-        pause_ms = float(self.turn_detection.get("silence_duration_ms") or 500)
+        pause_ms = _number(self.turn_detection.get("silence_duration_ms")) or 500.0
         await self._stream(
             np.zeros(int(self.in_rate * max(TAIL_SILENCE_S, 2 * pause_ms / 1000)), np.float32)
         )
@@ -431,7 +434,7 @@ class VoiceSession:
             self.by_item[item_id] = turn
         return turn
 
-    def _handle(self, doc: dict[str, Any], now: float) -> None:
+    def _handle(self, doc: dict[str, object], now: float) -> None:
         kind = doc.get("type")
         if kind == "error":
             self.error = SessionError(f"the server sent an error: {_error_text(doc)}")
@@ -459,7 +462,7 @@ class VoiceSession:
             turn.transcript, turn.transcript_at = str(doc.get("transcript") or ""), now
             self.on_event("transcript", turn, turn.transcript)
         elif kind == "response.created":
-            rid = str((doc.get("response") or {}).get("id"))
+            rid = str(_object(doc.get("response")).get("id"))
             turn = self.awaiting.pop(0) if self.awaiting else self._turn(f"(no item for {rid})")
             turn.response_id = rid
             self.by_response[rid] = turn
@@ -486,17 +489,16 @@ class VoiceSession:
                         / 32768.0
                     )
         elif kind == "response.done":
-            response = doc.get("response") or {}
+            response = _object(doc.get("response"))
             done = self.by_response.get(str(response.get("id")))
             self.open_responses = max(self.open_responses - 1, 0)
             self.unanswered = max(self.unanswered - 1, 0)
             if done is not None:
                 done.status = str(response.get("status"))
-                details = response.get("status_details") or {}
-                done.reason = details.get("reason") if isinstance(details, dict) else None
-                done.usage = dict(response.get("usage") or {})
-                timing = response.get("timing")
-                done.server_timing = dict(timing) if isinstance(timing, dict) else {}
+                reason = _object(response.get("status_details")).get("reason")
+                done.reason = reason if isinstance(reason, str) else None
+                done.usage = _object(response.get("usage"))
+                done.server_timing = _object(response.get("timing"))
                 self.on_event("done", done, "")
 
     # -- ending --------------------------------------------------------------------
@@ -545,7 +547,17 @@ def _refusal(where: str, response: Any) -> tuple[str, int]:
     return terminal_text(text), 1
 
 
-def _error_text(doc: dict[str, Any]) -> str:
+def _object(value: object) -> dict[str, object]:
+    """A JSON object the server sent, as a mapping (anything else: empty)."""
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _number(value: object) -> float:
+    """A number the server sent (anything else, or none: 0)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _error_text(doc: dict[str, object]) -> str:
     error = doc.get("error") or {}
     if not isinstance(error, dict):
         return terminal_text(str(error))
@@ -560,7 +572,7 @@ def _closed(exc: Any) -> str:
     return terminal_text(f"code {rcvd.code}" + (f": {rcvd.reason}" if rcvd.reason else ""))
 
 
-def _parse(raw: str | bytes) -> dict[str, Any]:
+def _parse(raw: str | bytes) -> dict[str, object]:
     try:
         doc = json.loads(raw)
     except ValueError:

@@ -22,12 +22,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.calibration import CalibrationStore, Entry
+    from orchestrator.core.documents import JsonObject
 
 STORE_FORMAT = "omni-edge.calibration-store/1"
 NAME_WIDTH = 28
@@ -246,7 +247,7 @@ def _cut(text: str, width: int = 60) -> str:
 
 def _doc(
     store: CalibrationStore, entries: list[Entry], ignored: list[tuple[Path, str]]
-) -> dict[str, Any]:
+) -> JsonObject:
     return {
         "format": STORE_FORMAT,
         "store": str(store.root),

@@ -64,14 +64,17 @@ from orchestrator.commands.common import (
     signals_handled,
     stream_reply,
 )
+from stages.requests import ChatMessage
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrator.api import Pipeline
+    from orchestrator.core.documents import JsonObject
     from orchestrator.core.errors import Problem
+    from stages.requests import ChatRequest
 
-Messages = list[dict[str, str]]
+Messages = list[ChatMessage]
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
 """Where ``--url``'s key is read when no flag gives it: ``serve``'s own variable."""
 API_KEY_FILE_MAX_BYTES = 4096
@@ -405,7 +408,7 @@ def _chat(args: argparse.Namespace, console: Console, out_dir: Path | None) -> i
 
 
 # -- the loop -------------------------------------------------------------------------------
-Replier = Callable[[dict[str, Any], str, "Path | None"], str]
+Replier = Callable[["ChatRequest", str, "Path | None"], str]
 """(request, the user's message, where to write the reply's WAV) → the reply's text; raises Refused."""
 
 
@@ -435,7 +438,7 @@ def chat_loop(
         if line == "/history":
             _print_history(history, args.system)
             continue
-        turn = [*history, {"role": "user", "content": line}]
+        turn = [*history, ChatMessage(role="user", content=line)]
         wav = out_dir / f"reply-{replies + 1:03d}.wav" if out_dir else None
         try:
             text = reply(request_of(turn, args.system, sampling), line, wav)
@@ -444,7 +447,7 @@ def chat_loop(
             console.print(f"[red]not answered:[/] {plain(exc)}", soft_wrap=True)
             continue
         replies += 1
-        history += [turn[-1], {"role": "assistant", "content": text}]
+        history += [turn[-1], ChatMessage(role="assistant", content=text)]
     console.print(f"[dim]chat ended: {replies} replies, {len(history)} messages in the history[/]")
     return EXIT_BAD_INPUT if refused else EXIT_OK
 
@@ -503,7 +506,7 @@ def local_replier(pipeline: Pipeline, console: Console) -> Replier:
     from orchestrator.core.console import plain
     from orchestrator.core.errors import BadRequest, PipelineBusy, StageFailed
 
-    def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
+    def reply(request: ChatRequest, line: str, wav: Path | None) -> str:
         wav_out = WavOut(wav) if wav else None
         try:
             pipeline.validate(request)
@@ -561,12 +564,12 @@ def http_replier(url: str, api_key: str | None, console: Console) -> Replier:
     model = _model_of(base, headers)
     console.print(f"[dim]chatting with {plain(repr(model))} at {plain(base)}[/]")
 
-    def reply(request: dict[str, Any], line: str, wav: Path | None) -> str:
-        body: dict[str, Any] = {
+    def reply(request: ChatRequest, line: str, wav: Path | None) -> str:
+        body: JsonObject = {
             "model": model,
-            "messages": request["messages"],
+            "messages": list(request.messages or ()),
             "stream": True,
-            **request.get("sampling", {}),
+            **(request.sampling or {}),
         }
         if wav is not None:
             body |= {
@@ -650,7 +653,7 @@ def _http_error(exc: Any) -> str:
 
 
 def _stream_http(
-    url: str, body: dict[str, Any], headers: dict[str, str], wav: Path | None, console: Console
+    url: str, body: JsonObject, headers: dict[str, str], wav: Path | None, console: Console
 ) -> str:
     """POST ``body``, print the streamed reply, write its audio to ``wav``; the reply's text."""
     import urllib.error

@@ -22,10 +22,13 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.client.realtime import SessionError, Turn, VoiceSession
 from orchestrator.core.errors import terminal_text
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 WIDTH = 80
 """Human output's width (the project's: reads well in 80 columns)."""
@@ -111,7 +114,7 @@ SERVER_MARKS = (
 )
 
 
-def server_text(timing: dict[str, Any]) -> str:
+def server_text(timing: Mapping[str, object]) -> str:
     """The server's own marks (``response.done``'s ``timing``), ms after the end of speech."""
     marks = [
         f"{label} {timing[key]}" for key, label in SERVER_MARKS if isinstance(timing.get(key), int)

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.core.errors import Problem
+from stages.requests import ChatMessage, ChatRequest, Request, Sampling
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from orchestrator.api import AdmitProgress, Pipeline, PipelineOptions
     from orchestrator.config import PipelineConfig
+    from orchestrator.core.documents import JsonObject
     from orchestrator.core.profile import HardwareProfile
     from orchestrator.runtime.audio import WavStreamWriter
     from orchestrator.runtime.events import AudioChunk, Result
@@ -277,14 +279,19 @@ def add_request_options(p: argparse.ArgumentParser) -> None:
 SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
 
 
-def sampling_of(args: argparse.Namespace) -> dict[str, Any]:
+def sampling_of(args: argparse.Namespace) -> Sampling:
     """The sampling overrides the user gave (none: the config's own)."""
-    return {
-        key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None
-    }
+    out = Sampling()
+    temperature = getattr(args, "temperature", None)
+    if temperature is not None:
+        out["temperature"] = temperature
+    max_tokens = getattr(args, "max_tokens", None)
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    return out
 
 
-def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str = "CONFIG") -> None:
+def check_sampling(config: PipelineConfig, sampling: Sampling, where: str = "CONFIG") -> None:
     """The sampling overrides against the config, before anything is planned or
     started: every stage that takes the request must have sampling settings, the
     values in their ranges, and ``max_tokens`` below the stage's ``max_model_len``
@@ -344,23 +351,17 @@ def check_sampling(config: PipelineConfig, sampling: dict[str, Any], where: str 
         raise ConfigError(problems)
 
 
-def request_of(
-    messages: list[dict[str, str]], system: str | None, sampling: dict[str, Any]
-) -> dict[str, Any]:
-    """The decode stage's request: ``{"messages": [...], "sampling": {...}}`` with
-    ``system`` (when given) as the first message, replacing the config's."""
-    request: dict[str, Any] = {
-        "messages": ([{"role": "system", "content": system}] if system else []) + messages
-    }
-    if sampling:
-        request["sampling"] = sampling
-    return request
+def request_of(messages: list[ChatMessage], system: str | None, sampling: Sampling) -> ChatRequest:
+    """The decode stage's request: the messages, with ``system`` (when given) as the first
+    one, replacing the config's, and the sampling overrides (none: the config's)."""
+    first = [ChatMessage(role="system", content=system)] if system else []
+    return ChatRequest(tuple(first + messages), sampling=sampling or None)
 
 
 # -- the reply, as it streams ---------------------------------------------------------------
 async def stream_reply(
     pipeline: Pipeline,
-    request: Any,
+    request: Request,
     prompt: str,
     console: Console,
     wav_out: WavOut | None = None,
@@ -566,7 +567,7 @@ class WavOut:
         if self.writer is not None:
             self.writer.discard()
 
-    def written(self) -> dict[str, Any]:
+    def written(self) -> JsonObject:
         """What this run put at ``target`` (for its record): the SHA-256 and size of its file,
         and the other writers of that target that were still writing when it finished."""
         w = self.writer
@@ -592,7 +593,7 @@ class WavOut:
 
 
 def write_record_or_keep(
-    doc: dict[str, Any], target: str | None, request_id: str, kept: list[Problem]
+    doc: JsonObject, target: str | None, request_id: str, kept: list[Problem]
 ) -> Path:
     from orchestrator.runtime import record as rec
 

@@ -16,6 +16,7 @@ import yaml
 from orchestrator.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from orchestrator.core.documents import JsonObject
     from orchestrator.exporter.build import ExportRequest, ExportResult, Int8Scheme
 
 
@@ -150,8 +151,8 @@ def _list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
-def _metadata(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _metadata(items: list[str]) -> JsonObject:
+    out: JsonObject = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -327,9 +328,9 @@ def _print_result(result: ExportResult) -> None:
             f"{s['rel_l2']:g}/{s['max_abs']:g}/{s['cosine_min']:g}",
         )
     console.print(table)
-    t = result.tolerance
+    tol = result.tolerance
     console.print(
-        f"manifest tolerance (the loosest): rel_l2 {t['rel_l2']:g}, max_abs {t['max_abs']:g}, "
-        f"cosine_min {t['cosine_min']:g}"
+        f"manifest tolerance (the loosest): rel_l2 {tol['rel_l2']:g}, max_abs {tol['max_abs']:g}, "
+        f"cosine_min {tol['cosine_min']:g}"
     )
     console.print("validated: onnx.checker, manifest, hooks, every precision's gates (CPU EP)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core.backends import rows as backend_rows
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import check_writable, write_text_atomic
 from orchestrator.core.profile import THIS_PROCESS, HardwareProfile, Route, cluster_document
@@ -46,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-default-routes",
         action="store_true",
-        help="do not look for .venvs/openvino/bin/python on its own",
+        help="probe only this interpreter and each --route: not the route environments next to the "
+        "installation (.venvs/openvino, ...) or in your settings file (routes_dir, routes)",
     )
     parser.add_argument(
         "--address",
@@ -67,9 +69,11 @@ def parse_route_arg(text: str) -> tuple[str, str]:
     """``NAME=PYTHON`` → (name, python). Raises ValueError with the accepted form."""
     name, sep, python = text.partition("=")
     if not sep or not name.strip() or not python.strip():
-        raise ValueError(
-            f"{text!r} is not NAME=PYTHON (e.g. openvino-venv=.venvs/openvino/bin/python)"
+        # the example: the first route venv the backend table names
+        venv, directory = next(
+            (v for row in backend_rows() for v in row.route_venvs), ("my-venv", "my-venv")
         )
+        raise ValueError(f"{text!r} is not NAME=PYTHON (e.g. {venv}=.venvs/{directory}/bin/python)")
     return name.strip(), python.strip()
 
 
@@ -231,33 +235,31 @@ def profile_view(profile: HardwareProfile) -> Group:
             backends,
             pools,
             routes_t,
-            *llamacpp_sheets(profile),
+            *build_sheets(profile),
             *ep_device_sheets(profile),
         ]
     )
 
 
-def llamacpp_sheets(profile: HardwareProfile) -> list[Sheet]:
-    """The llama.cpp build (llama-cpp-python) each route has: version, the CPU features and GPU
-    offload it was built with, and whether it runs here (or why not)."""
+def build_sheets(profile: HardwareProfile) -> list[Sheet]:
+    """The decode engine build each route recorded (llama-cpp-python): version, the CPU features
+    and GPU offload it was built with, and whether it runs here (or why not)."""
     from rich.text import Text
 
     from orchestrator.commands.render import Col, Sheet
-    from orchestrator.probe import llamacpp
+    from orchestrator.core import engines as engine_table
+    from orchestrator.probe import engines
 
+    titles = [r.title for r in engine_table.rows() if r.found == "build"]
     sheet = Sheet(
-        "llama.cpp builds", (Col("route"), Col("build", wrap=True), Col("runs", wrap=True))
+        f"{' / '.join(titles)} builds",
+        (Col("route"), Col("build", wrap=True), Col("runs", wrap=True)),
     )
-    cpu = next((d for d in profile.devices if d.kind == "cpu"), None)
-    for r in profile.routes:
-        build = r.llama_cpp
-        if build is None:
-            continue
-        problem = build.error or (llamacpp.isa_problem(build, cpu) if cpu is not None else None)
+    for route, build, problem, cpu_backends in engines.build_rows(profile):
         sheet.add_row(
-            r.name,
+            route,
             build.label,
-            Text(f"no: {problem}", style="bold red") if problem else "yes (llamacpp-cpu)",
+            Text(f"no: {problem}", style="bold red") if problem else f"yes ({cpu_backends})",
         )
     return [sheet] if sheet.rows else []
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from rich import box
 from rich.cells import cell_len
@@ -37,7 +37,7 @@ from rich.text import Text
 from orchestrator.core.console import make_console
 from orchestrator.core.errors import terminal_text
 from orchestrator.core.ledger import PIPELINE_HOLDER
-from orchestrator.core.plan import PipelinePlan, ReplicaPlan, StagePlan
+from orchestrator.core.plan import PipelinePlan, ReplicaPlan, RestartDoc, StagePlan
 from orchestrator.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -395,7 +395,7 @@ def restarts_line(plan: PipelinePlan) -> Table | None:
     return labelled("Restarts:", "; ".join(parts), style="bold")
 
 
-def restart_said(restart: dict[str, Any] | str | None) -> str:
+def restart_said(restart: RestartDoc | Literal["never"] | None) -> str:
     """A plan's ``restart`` in words: ``never restarted``, or the policy (the default's for None)."""
     from stages.base import RestartConfig
 
@@ -406,13 +406,16 @@ def restart_said(restart: dict[str, Any] | str | None) -> str:
 
 def end_of_turn_line(plan: PipelinePlan) -> Table | None:
     """``End of turn: 400 ms of silence (vad min_silence_ms)``: the delay a spoken turn waits
-    before it is answered (``serve``'s ``/v1/realtime``), for a plan with a vad stage."""
+    before it is answered (``serve``'s ``/v1/realtime``), for a plan with a stage that cuts
+    turns (``StageKind.turn_detection``: a vad stage)."""
+    from stages.registry import get_kind
+
     for s in plan.stages:
-        segments = s.engine_kwargs.get("segments") if s.kind == "vad" else None
-        if isinstance(segments, dict) and "min_silence_ms" in segments:
+        turn = get_kind(s.kind).turn_detection(s)
+        if turn is not None:
             return labelled(
                 "End of turn:",
-                f"{segments['min_silence_ms']} ms of silence ({s.name} min_silence_ms)",
+                f"{turn.silence_duration_ms} ms of silence ({s.name} min_silence_ms)",
                 style="bold",
             )
     return None
@@ -638,8 +641,8 @@ class StartDisplay:
         self._pipeline = pipeline
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
-        self._rows: dict[str, dict[str, Any]] = {
-            n: {"device": d, "state": "waiting", "since": None, "seconds": None, "cause": None}
+        self._rows: dict[str, _ProgressRow] = {
+            n: _ProgressRow(device=d, state="waiting", since=None, seconds=None, cause=None)
             for n, d in stages
         }
         self._live: Any = None
@@ -657,17 +660,19 @@ class StartDisplay:
     def __call__(self, event: StageProgress) -> None:
         with self._lock:
             row = self._rows.setdefault(
-                event.stage, {"device": event.device, "since": None, "cause": None}
+                event.stage,
+                _ProgressRow(
+                    device=event.device, state=event.state, since=None, seconds=None, cause=None
+                ),
             )
-            row.update(
-                state=event.state, seconds=event.seconds, cause=event.cause, device=event.device
-            )
+            row["state"], row["seconds"], row["cause"] = event.state, event.seconds, event.cause
+            row["device"] = event.device
             if event.state == "loading":
                 row["since"] = time.perf_counter()
         if self._live is None and event.state != "waiting":
             self._console.print(self._line(event.stage, row), markup=False, soft_wrap=False)
 
-    def _line(self, name: str, row: dict[str, Any]) -> str:
+    def _line(self, name: str, row: _ProgressRow) -> str:
         state, device = row["state"], row["device"]
         if state == "loading":
             since = row["since"] or time.perf_counter()
@@ -735,6 +740,17 @@ class ProgressBars:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class _ProgressRow(TypedDict):
+    """One stage's line while the pipeline starts: its device, state, when its load was sent
+    (``time.perf_counter``), its load's seconds and why it failed."""
+
+    device: str
+    state: str
+    since: float | None
+    seconds: float | None
+    cause: str | None
 
 
 class TerminalProgress:

@@ -71,6 +71,7 @@ from orchestrator.commands.common import (
     write_record_or_keep,
 )
 from orchestrator.core.errors import Problem
+from stages.requests import AudioRequest, ChatMessage, Request, TensorRequest, TextRequest
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -79,8 +80,11 @@ if TYPE_CHECKING:
 
     from orchestrator.api import Pipeline
     from orchestrator.config import PipelineConfig
+    from orchestrator.core.documents import JsonObject
+    from orchestrator.core.ledger import MeasuredPeak
     from orchestrator.core.plan import PipelinePlan
     from orchestrator.runtime.events import Result
+    from stages.payloads import Array
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -153,7 +157,7 @@ def read_prompt(value: str, stdin: TextIO | None = None) -> str:
     return text.strip()
 
 
-def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> AudioRequest:
     """``--audio``'s recording as the request, after checking the pipeline takes audio and
     that no text-only option was given (``ConfigError``/``BadRequest``, exit 2)."""
     from orchestrator.api import audio_entry_stages, audio_request
@@ -175,10 +179,11 @@ def audio_request_of(args: argparse.Namespace, config: PipelineConfig) -> dict[s
             "a recording goes to the audio entry stage, which takes no system prompt",
             "leave --system out with --audio (the config's system_prompt applies downstream)",
         )
-    return audio_request(args.audio, where=f"--audio {args.audio}")
+    recording = audio_request(args.audio, where=f"--audio {args.audio}")
+    return AudioRequest(recording["audio"], recording["sample_rate"])
 
 
-def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
+def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> TensorRequest:
     """``--input``'s arrays as the request: one bare array (``FILE.npy``) or a mapping of the
     graph's input names to arrays (``NAME=FILE.npy``, repeated), each file read without
     unpickling (``api.tensor_request``), after checking the pipeline takes a tensor and no
@@ -204,7 +209,7 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
                 "arrays go to the tensor entry stage, which takes no system prompt or sampling",
                 "leave it out with --input (the config's applies)",
             )
-    named: dict[str, Any] = {}
+    named: dict[str, Array] = {}
     bare: list[str] = []
     for value in args.input:
         name, sep, path = value.partition("=")
@@ -222,7 +227,9 @@ def tensor_request_of(args: argparse.Namespace, config: PipelineConfig) -> Any:
             "names no input, and more than one array is given",
             "name each array by the graph's input it feeds: --input NAME=FILE.npy",
         )
-    return tensor_request(bare[0], where=f"--input {bare[0]}", max_bytes=None) if bare else named
+    if bare:
+        return TensorRequest(tensor_request(bare[0], where=f"--input {bare[0]}", max_bytes=None))
+    return TensorRequest(named)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -311,25 +318,21 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _request(args: argparse.Namespace, config: Any, prompt: str) -> tuple[Any, str]:
+def _request(args: argparse.Namespace, config: Any, prompt: str) -> tuple[Request, str]:
     """The request the flags describe (text, audio or tensors) and the prompt's label for display."""
     sampling = sampling_of(args)
     check_sampling(config, sampling, where=args.config)
     if args.input:
-        from orchestrator.api import prompt_label
-
-        request = tensor_request_of(args, config)
-        return request, prompt_label(request)
+        tensors = tensor_request_of(args, config)
+        return tensors, tensors.label()
     if args.audio is not None:
-        from orchestrator.api import prompt_label
-
-        request = audio_request_of(args, config)
-        return request, f"{args.audio} {prompt_label(request)}"
+        recording = audio_request_of(args, config)
+        return recording, f"{args.audio} {recording.label()}"
     # Without --system or sampling the prompt goes as it is (any first stage takes text).
-    request = (
-        request_of([{"role": "user", "content": prompt}], args.system, sampling)
+    request: Request = (
+        request_of([ChatMessage(role="user", content=prompt)], args.system, sampling)
         if args.system or sampling
-        else prompt
+        else TextRequest(prompt)
     )
     return request, prompt
 
@@ -342,18 +345,18 @@ class _Outcome:
     result: Result | None = None
     wav: Path | None = None
     failure: BaseException | None = None
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, MeasuredPeak] = field(default_factory=dict)
     kept: list[Problem] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
-    wav_written: dict[str, Any] = field(default_factory=dict)
+    wav_written: JsonObject = field(default_factory=dict)
     """What this run's file at --out holds (``WavOut.written``: its SHA-256 and size)."""
     wav_warning: str | None = None
 
 
 def _execute(
     pipeline: Pipeline,
-    request: Any,
+    request: Request,
     prompt: str,
     console: Any,
     args: argparse.Namespace,
@@ -395,7 +398,7 @@ def _execute(
 
 def _record(
     pipeline: Pipeline, args: argparse.Namespace, run: _Outcome, console: Any
-) -> tuple[dict[str, Any], Path]:
+) -> tuple[JsonObject, Path]:
     """Close the pipeline and write the run record, whatever happened: after close, so its ledger
     is the one left behind (a leak shows), and a failure is in it."""
     from orchestrator.core.errors import LedgerLost, StageFailed
@@ -451,7 +454,7 @@ def _report(
     pipeline: Pipeline,
     args: argparse.Namespace,
     run: _Outcome,
-    doc: dict[str, Any],
+    doc: JsonObject,
     path: Path,
     console: Any,
 ) -> None:
@@ -498,7 +501,7 @@ def _report(
         sys.stdout.write("\n")
 
 
-def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace) -> None:
+def validate_as_given(pipeline: Pipeline, request: Request, args: argparse.Namespace) -> None:
     """``pipeline.validate(request)``; with ``--input``, each problem is named by the flag
     (``--input: request (stage proj, kind exported_graph): embedding``), exit 2."""
     from orchestrator.core.errors import BadRequest
@@ -513,7 +516,7 @@ def validate_as_given(pipeline: Pipeline, request: Any, args: argparse.Namespace
         ) from None
 
 
-def _signal_of(exc: BaseException) -> dict[str, Any]:
+def _signal_of(exc: BaseException) -> JsonObject:
     """``{"signal": "SIGTERM"}`` for a run a signal stopped (the one that came), else nothing."""
     if isinstance(exc, Interrupted):
         return {"signal": signal.Signals(exc.signum).name}
@@ -543,7 +546,7 @@ def print_summary(plan: PipelinePlan, console: Console) -> None:
         console.print(labelled("note:", note, style="dim"))
 
 
-def print_stage_table(rows: list[dict[str, Any]], console: Console) -> None:
+def print_stage_table(rows: list[JsonObject], console: Console) -> None:
     from rich.text import Text
 
     from orchestrator.commands.render import Col, Sheet, spaced

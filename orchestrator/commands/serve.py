@@ -44,10 +44,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from orchestrator.runtime.ledger_actor import ActorSnapshot
     from orchestrator.server.limits import ServerLimits
 
 API_KEY_ENV = "OMNI_EDGE_API_KEY"
 API_KEY_FILE_MAX_BYTES = 4096
+API_KEY_MIN_CHARS = 16
+"""The shortest key ``serve`` starts with: 16 random hex characters are 64 bits; with wrong keys
+slowed per address (``server.auth.Lockout``: a minute apart at most), out of reach."""
 """A key is a line of text; a bigger file is not a key file (read no further)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long a stop waits for requests in flight: a long reply with its audio takes seconds."""
@@ -424,6 +428,13 @@ def api_key(args: argparse.Namespace) -> str | None:
             "is empty or not printable ASCII (an HTTP header cannot carry it)",
             "use a key of visible ASCII characters, e.g. from `openssl rand -hex 32`",
         )
+    if key is not None and len(key) < API_KEY_MIN_CHARS:
+        raise ConfigError.single(
+            where,
+            f"is {len(key)} characters: a key shorter than {API_KEY_MIN_CHARS} can be guessed",
+            f"use a random key of at least {API_KEY_MIN_CHARS} characters, e.g. from "
+            "`openssl rand -hex 32`",
+        )
     return key
 
 
@@ -632,17 +643,18 @@ def _announce(
         f"{'(API key required)' if key else ''}— Ctrl-C to stop",
         soft_wrap=True,
     )
-    turn = end_of_turn(pipeline.config)
+    turn = end_of_turn(pipeline.config, pipeline.plan)
     if turn is not None:
         console.print(
-            f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after {turn[1]} ms of "
+            f"realtime: ws://{host}:{port}/v1/realtime — a spoken turn ends after "
+            f"{turn[1].silence_duration_ms} ms of "
             f"silence ({turn[0]} min_silence_ms; a session's turn_detection.silence_duration_ms)",
             soft_wrap=True,
         )
 
 
 def _report_close(
-    final: dict[str, Any] | None, stopped_by: list[int], close_s: float, console: Any
+    final: ActorSnapshot | None, stopped_by: list[int], close_s: float, console: Any
 ) -> None:
     """What stopped the server, how long the close took, and what each pool still holds."""
     held = (final or {}).get("held_bytes")

@@ -28,6 +28,7 @@ from orchestrator.core.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Group
 
+    from orchestrator.core.documents import JsonObject
     from stages.registry import Survey
 
 STAGES_FORMAT = "omni-edge.stages/1"
@@ -66,14 +67,14 @@ class ArtifactRow:
     origin: str = ""
     license: str = ""
     precisions: dict[str, str] = field(default_factory=dict)
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    outputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[JsonObject] = field(default_factory=list)
+    outputs: list[JsonObject] = field(default_factory=list)
     consumes: list[str] | None = None
     produces: list[str] | None = None
     not_exported: bool = False
     error: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = dict(self.__dict__)
         if self.ok:
             d.pop("error")
@@ -153,7 +154,7 @@ def find_artifacts(extra: list[Path]) -> list[ArtifactRow]:
     return rows
 
 
-def listing(found: Survey, artifacts: list[ArtifactRow]) -> dict[str, Any]:
+def listing(found: Survey, artifacts: list[ArtifactRow]) -> JsonObject:
     """The JSON document (``omni-edge.stages/1``)."""
     from stages import registry
 
@@ -211,11 +212,11 @@ def run(args: argparse.Namespace) -> int:
     return 2 if broken and args.strict else 0
 
 
-def _ports(tensors: list[dict[str, Any]]) -> str:
+def _ports(tensors: list[JsonObject]) -> str:
     return ", ".join(f"{t['name']}[{','.join(str(s) for s in t['shape'])}]" for t in tensors)
 
 
-def stages_view(doc: dict[str, Any]) -> Group:
+def stages_view(doc: JsonObject) -> Group:
     """The listing as a user reads it: kinds, artifacts, hooks, broken plugins."""
     from rich.text import Text
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from rich.console import Console, Group
     from rich.text import Text
 
+    from orchestrator.core.documents import JsonObject
+    from orchestrator.verify.gates import Coverage
     from orchestrator.verify.placement import PlacementResult
     from orchestrator.verify.run import VerifyReport
 
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
     from orchestrator.config import load_config
     from orchestrator.core.console import make_console
+    from orchestrator.ort.routes import require_startable_routes
     from orchestrator.planner import parse_mask
     from orchestrator.probe import resolve_profile
 
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         mask = parse_mask(args.mask, profile)
     else:
         profile = resolve_profile(args.profile)
+        require_startable_routes(profile, args.profile)  # the gates start its interpreters
         mask = parse_mask(args.mask, profile)
         report = verify_with_progress(config, profile, mask, args.force, err)
     plan_summary = _replan(config, profile, mask, report)
@@ -132,9 +136,7 @@ def _verify_on_cluster(
     return profile, report
 
 
-def _replan(
-    config: Any, profile: Any, mask: frozenset[str], report: VerifyReport
-) -> dict[str, Any]:
+def _replan(config: Any, profile: Any, mask: frozenset[str], report: VerifyReport) -> JsonObject:
     """What ``omni-edge plan`` now decides for each stage, with the fresh evidence
     and what this verification refused."""
     from orchestrator.planner import plan_pipeline, verification_refusals
@@ -181,7 +183,7 @@ def _placement(r: PlacementResult) -> str:
     return f"{r.stage} · {r.device} · {r.backend} [{r.precision or '-'}]"
 
 
-def report_view(report: VerifyReport, plan_summary: dict[str, Any]) -> Group:
+def report_view(report: VerifyReport, plan_summary: JsonObject) -> Group:
     """What ``omni-edge verify`` prints: two tables keyed by ``#``, then the details.
 
     One table with every figure is ~110 columns; split in two (the gates, then
@@ -266,7 +268,7 @@ def _tables(report: VerifyReport) -> list[Any]:
     return [gates, numerics]
 
 
-def _ep_nodes(cov: dict[str, Any]) -> str:
+def _ep_nodes(cov: Coverage) -> str:
     """The ``EP nodes`` cell: taken/total and the fraction, ``no session``, or ``-``."""
     if cov.get("total"):
         return f"{cov['taken']}/{cov['total']} {cov['fraction']:.0%}"
@@ -304,7 +306,7 @@ def _details(report: VerifyReport) -> list[Any]:
     return details
 
 
-def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
+def _notes(report: VerifyReport, plan_summary: JsonObject) -> list[Any]:
     """The dim lines at the end: not considered, gate time, evidence, the plan now."""
     from orchestrator.commands.render import labelled
 
@@ -341,5 +343,5 @@ def _notes(report: VerifyReport, plan_summary: dict[str, Any]) -> list[Any]:
     return notes
 
 
-def _print_report(report: VerifyReport, plan_summary: dict[str, Any], console: Console) -> None:
+def _print_report(report: VerifyReport, plan_summary: JsonObject, console: Console) -> None:
     console.print(report_view(report, plan_summary))

@@ -2,13 +2,19 @@
 
 Everything that differs between DirectML, VitisAI, QNN, OpenVINO, CUDA and the
 CPU EP lives in the table below (in the manner of Olive's ``ExecutionProvider``
-and ``DEVICE_TO_EXECUTION_PROVIDERS``): the backend's name, its EP, where the
-EP comes from, which devices it drives, the provider and session options a
-session gets on each kind of device, what the EP holds besides the weights,
-and which precisions it runs (each with its reason). The profile's backend
-names, the probe's EP → backend and device → backend mappings and the
-``exported_graph`` stage kind all derive from it; code elsewhere reads rows and
-never branches on a vendor.
+and ``DEVICE_TO_EXECUTION_PROVIDERS``; what a row holds is declared in
+``orchestrator.core.ep_rows``): the backend's name, its EP, where the EP comes
+from (the onnxruntime build that has it built in, the extra that installs it,
+the plugin packages that ship it, the route venvs it lives in), which devices
+it drives, the provider and session options a session gets on each kind of
+device, what the EP holds besides the weights and keeps per new shape, its own
+CPU threads, its own coverage report, and which precisions it runs (each with
+its reason). The profile's backend names, the probe's EP → backend and device →
+backend mappings, the ONNX Runtime stage kinds, the builds one environment may
+hold (``orchestrator.core.ort_builds``), the coverage gate and the run record
+all derive from it; code elsewhere reads rows and never branches on a vendor.
+An EP that lives outside this repository (or a test's) is one more row,
+added with :func:`register`.
 
 This module imports nothing heavier than the bottom layer (no onnxruntime):
 the planner and the profile read it.
@@ -23,17 +29,30 @@ stale compiled blob).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
+
+from orchestrator.core import option_rules
+from orchestrator.core.ep_rows import (
+    CoverageReport,
+    CpuThreads,
+    OrtBackend,
+    PluginEp,
+    PrecisionHint,
+    PrecisionRule,
+    ShapeMemory,
+)
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import ep_cache_dir
 from orchestrator.core.units import MiB
 
 OrtBackendName = Literal["ort-vitisai", "ort-qnn", "ort-dml", "ort-openvino", "ort-cuda", "ort-cpu"]
-"""The ONNX Runtime backends, in the order the table lists them (the NPU EPs
-first, the CPU EP last). A row of :data:`BACKENDS` exists for each, and only
-for these (checked below)."""
+"""The built-in ONNX Runtime backends, in the order the table lists them (the NPU EPs
+first, the CPU EP last). A row of :data:`BACKENDS` exists for each (checked below);
+a row :func:`register` adds later follows them."""
 
 CPU_EP = "CPUExecutionProvider"
 
@@ -44,137 +63,36 @@ DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 """Session config key: fail session creation instead of giving nodes to the CPU EP."""
 
 
-@dataclass(frozen=True)
-class PrecisionRule:
-    """Whether a backend runs graphs at ``precision`` (on ``device_kinds``), and why."""
-
-    precision: str
-    supported: bool
-    reason: str
-    device_kinds: tuple[str, ...] = ()
-    """Empty: any device kind the backend drives."""
-
-
 ORT_DEVICE_TYPES: dict[str, str] = {"cpu": "CPU", "gpu": "GPU", "igpu": "GPU", "npu": "NPU"}
 """Device kind → the ``OrtHardwareDeviceType`` name ``get_ep_devices()`` reports for it."""
 
 
-@dataclass(frozen=True)
-class PrecisionHint:
-    """How a session tells its EP the precision to compute at, so that no device default decides it.
-
-    OpenVINO picks an inference precision per device when it is told none: bf16
-    on a CPU with AMX-BF16, f16 on its GPU (and NPU) plugin. An fp32 graph then
-    runs at bf16 or f16 without a word: silero-vad-op18 at "fp32" through the
-    OpenVINO plugin EP measured rel L2 6.2e-2 against the CPU EP on a Xeon with
-    AMX-BF16, 2.5e-7 with the hint f32. The planned precision is a promise, so
-    every session of such a backend asks for it: :func:`session_spec` writes
-    ``{DEVICE: {property: value}}`` into the provider option ``option`` (JSON),
-    where the plan shows it. A user's own ``option`` in the stage config is
-    kept; the hint is added to it unless it names the property itself.
-    """
-
-    option: str
-    """The provider option that carries it (OpenVINO's ``load_config``: JSON, device name → properties)."""
-    property: str
-    """The property that sets the precision (OpenVINO's ``INFERENCE_PRECISION_HINT``)."""
-    values: dict[str, dict[str, str]]
-    """Device kind (``*``: any other) → the plan's precision → the property's value."""
-
-    def value(self, device_kind: str, precision: str) -> str | None:
-        for kind in (device_kind, "*"):
-            if precision in self.values.get(kind, {}):
-                return self.values[kind][precision]
-        return None
+OPENVINO_RETAINED_PER_ITEM = 12 * MiB
+"""What OpenVINO's CPU plugin keeps, per item, for a graph whose output shape is
+computed from the data (a dimension no input has: the Piper voice's ``samples``,
+set by durations it samples): every item brings shapes it has not seen, and the
+plugin keeps memory for each. Measured here (onnxruntime-openvino 1.24.1, the
+voice's route worker, one call at a time, 40-200 character sentences with the
+voice's own scales): 838 MiB after 6 items, 1.68 GiB after 60, 2.53 GiB after
+150 — about 12 MiB an item with no plateau; with fixed durations (scales 0, 1,
+0) the same worker stays at 838 MiB. The ONNX Runtime CPU EP does not grow."""
+OPENVINO_ITEM_HORIZON = 64
+"""Items the estimate covers (64 x 12 MiB = 768 MiB; the curve above puts 64 items of
+up to 200 characters at about 1.7 GiB, the estimate at 1.49 GiB for the voice):
+more than a calibration run of bench/calibration.py speaks (three prompts, each
+alone and four at once; its worker measured 1.19-1.27 GiB). Beyond it the route
+worker is recycled before it passes its budget (stages/exported_graph/runner.py),
+and calibration keeps this growth in the budget on top of what the worker needs
+(resident + one call's rise), never the peak the recycling produced
+(docs/calibration.md, "A worker recycled at its budget")."""
 
 
-@dataclass(frozen=True)
-class PluginEp:
-    """An EP that ships as a plugin library in a package of its own (ONNX Runtime >= 1.22).
-
-    Installing the package is not enough: the route that opens sessions must
-    register the library (``onnxruntime.register_execution_provider_library``)
-    before ``get_ep_devices()`` lists the EP's devices, and a session takes the
-    EP through ``SessionOptions.add_provider_for_devices`` — the EP never
-    appears in ``get_available_providers()``. The route worker does both
-    (``orchestrator/ort/worker.py``); this row says where the library is.
-    """
-
-    package: str
-    """The PyPI distribution (``pip install <package>`` next to the plain ``onnxruntime``)."""
-    module: str
-    """Its import name; ``module.get_library_path()`` names the library when it has one."""
-    library: str
-    """The library's file stem inside the package (``lib<stem>.so`` / ``<stem>.dll``),
-    looked for when the module has no ``get_library_path()``."""
-    registration: str
-    """The name the library is registered under (any name; one per process)."""
-    min_version: int = 0
-    """The first major version that is a plugin (``onnxruntime-qnn`` 1.x was a full build)."""
-    option_paths: dict[str, str] = field(default_factory=dict)
-    """Provider option → the module's function that returns a file inside the
-    package, used when the option names a bare file (``backend_path: QnnHtp.dll``)."""
-    device_type: str = ""
-    """``CPU``/``GPU``/``NPU``: the only type of device a session takes from it (empty: any)."""
-    select_by: dict[str, str] = field(default_factory=dict)
-    """Provider option → ``ep_metadata`` key: the option picks the EP device
-    (case-insensitive prefix of that metadata value) and is not passed to the EP,
-    whose device the selection already fixes (OpenVINO's ``device_type`` → ``ov_device``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "package": self.package,
-            "module": self.module,
-            "library": self.library,
-            "registration": self.registration,
-            "min_version": self.min_version,
-            "option_paths": dict(self.option_paths),
-            "select_by": dict(self.select_by),
-            "device_type": self.device_type,
-        }
-
-
-@dataclass(frozen=True)
-class OrtBackend:
-    """How one ``ort-*`` backend opens a session, and what it costs besides weights."""
-
-    backend: OrtBackendName
-    ep: str
-    """The execution provider's registered name."""
-    install: str
-    """How a user gets this EP into an interpreter (the remedy for an unreachable route)."""
-    drives: dict[str, tuple[str, ...]]
-    """The devices it drives: device kind (``cpu``, ``gpu``, ``igpu``, ``npu``) →
-    the vendors whose devices of that kind it drives (empty: any vendor)."""
-    provider_options: dict[str, dict[str, str]]
-    """Per device kind (``cpu``, ``gpu``, ``igpu``, ``npu``; ``*`` for any)."""
-    precisions: tuple[PrecisionRule, ...]
-    """Which precisions it runs on which kind of device, each with its reason."""
-    session_options: dict[str, Any] = field(default_factory=dict)
-    """Attributes set on ``onnxruntime.SessionOptions`` (``execution_mode`` by name)."""
-    precision_options: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Extra provider options when the graph is at a given precision."""
-    cache_options: tuple[str, ...] = ()
-    """Options that only say where compiled blobs go; left out of evidence keys."""
-    workspace_fixed: int = 0
-    workspace_weight_copies: float = 0.0
-    workspace_reason: str = ""
-    """Why the EP's own memory is ``fixed + copies × weights`` (evidence E)."""
-    plugins: tuple[PluginEp, ...] = ()
-    """Packages that ship this EP as a plugin library (besides any onnxruntime build that has it built in)."""
-    precision_hint: PrecisionHint | None = None
-    """How a session asks for the plan's precision (an EP that otherwise picks one per device)."""
-
-    def drives_device(self, kind: str, vendor: str) -> bool:
-        """Whether this backend can drive a device of ``kind`` made by ``vendor``."""
-        vendors = self.drives.get(kind)
-        return vendors is not None and (not vendors or vendor in vendors)
-
-
-_TABLE: tuple[OrtBackend, ...] = (
+_TABLE: list[OrtBackend] = [
     OrtBackend(
         backend="ort-vitisai",
         ep="VitisAIExecutionProvider",
+        distribution="onnxruntime-vitisai",
+        build_install="the Ryzen AI software's installer (Windows)",
         install=(
             "install AMD Ryzen AI Software (its environment carries the VitisAI EP build of "
             "onnxruntime; it is not on PyPI) and run natively on Windows or through its python.exe"
@@ -211,6 +129,20 @@ _TABLE: tuple[OrtBackend, ...] = (
             ),
         ),
         cache_options=("cache_dir", "cache_key", "enable_cache_file_io_in_mem"),
+        # The EP can claim nodes and run them on its own CPU path: its report's device split
+        # is the coverage (deviceStat names the accelerator NPU, DPU, IPU or AIE).
+        coverage_report=CoverageReport(
+            file="vitisai_ep_report.json",
+            accelerators=("NPU", "DPU", "IPU", "AIE"),
+            env="XLNX_ONNX_EP_REPORT_FILE",
+        ),
+        options={
+            "cache_dir": "cache_dir",
+            "cache_key": "value",
+            "enable_cache_file_io_in_mem": "value",
+            "config_file": "user_file",
+            "xclbin": "user_file",
+        },
         workspace_fixed=256 * MiB,
         workspace_weight_copies=1.0,
         workspace_reason=(
@@ -221,6 +153,9 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-qnn",
         ep="QNNExecutionProvider",
+        distribution="onnxruntime-qnn",
+        extra="qnn",
+        build_install="pip install 'omni-edge[qnn]' (Windows; 2.x is a plugin EP on top of onnxruntime)",
         install=(
             "pip install onnxruntime onnxruntime-qnn numpy (or 'omni-edge[qnn]'; Windows on Snapdragon, "
             "Python for ARM64) into the interpreter of the route that opens the sessions (this one, or a venv "
@@ -235,6 +170,17 @@ _TABLE: tuple[OrtBackend, ...] = (
         precision_options={
             # HTP has no fp32 datapath; with this flag an fp32 graph runs in fp16.
             "fp32": {"enable_htp_fp16_precision": "1"},
+        },
+        options={
+            "backend_path": "user_file",
+            "htp_performance_mode": "value",
+            "enable_htp_fp16_precision": "value",
+            "htp_graph_finalization_optimization_mode": "value",
+            "htp_arch": "value",
+            "soc_model": "value",
+            "device_id": "value",
+            "vtcm_mb": "value",
+            "qnn_context_priority": "value",
         },
         precisions=(
             PrecisionRule(
@@ -276,6 +222,9 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-dml",
         ep="DmlExecutionProvider",
+        distribution="onnxruntime-directml",
+        extra="directml",
+        build_install="pip install 'omni-edge[directml]' (Windows)",
         install="pip install onnxruntime-directml numpy (Windows only; run natively or through a Windows-side python.exe)",
         # Any D3D12 adapter: discrete and integrated GPUs of every vendor, and NPUs
         # that expose a compute-only adapter.
@@ -303,6 +252,7 @@ _TABLE: tuple[OrtBackend, ...] = (
         # The DirectML EP documents both as required: it does not support memory
         # patterns or parallel execution.
         session_options={"enable_mem_pattern": False, "execution_mode": "sequential"},
+        options={"device_filter": "value", "performance_preference": "value", "device_id": "value"},
         workspace_fixed=128 * MiB,
         workspace_weight_copies=1.0,
         workspace_reason=(
@@ -314,6 +264,10 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-openvino",
         ep="OpenVINOExecutionProvider",
+        distribution="onnxruntime-openvino",
+        extra="openvino",
+        # onnxruntime-openvino replaces the onnxruntime module: its own venv, found by name
+        route_venvs=(("openvino-venv", "openvino"), ("ep-openvino", "ep-openvino")),
         install=(
             "onnxruntime-openvino replaces the onnxruntime module, so give it its own "
             "environment: python -m venv .venvs/openvino && .venvs/openvino/bin/pip install "
@@ -375,8 +329,30 @@ _TABLE: tuple[OrtBackend, ...] = (
             ),
         ),
         cache_options=("cache_dir",),
+        options={
+            "device_type": "value",
+            "precision": "value",
+            "num_of_threads": "value",
+            "num_streams": "value",
+            "model_priority": "value",
+            "enable_qdq_optimizer": "value",
+            "disable_dynamic_shapes": "value",
+            "enable_opencl_throttling": "value",
+            "cache_dir": "cache_dir",
+            "load_config": "ov_config",
+        },
         workspace_fixed=320 * MiB,
         workspace_weight_copies=1.0,
+        shape_memory=ShapeMemory(
+            per_item=OPENVINO_RETAINED_PER_ITEM,
+            per_item_name="OPENVINO_RETAINED_PER_ITEM",
+            items=OPENVINO_ITEM_HORIZON,
+            items_name="OPENVINO_ITEM_HORIZON",
+            who="OpenVINO",
+        ),
+        # The CPU plugin runs its own threads: ONNX Runtime's intra-op threads only run the
+        # nodes left to the CPU EP.
+        cpu_threads=CpuThreads(option="num_of_threads", when=("device_type", "CPU")),
         workspace_reason=(
             "OpenVINO compiles the graph into its own plugin model with its own copy of the "
             "weights; opening the piper voice (60 MiB of weights) with device_type CPU added "
@@ -395,9 +371,21 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-cuda",
         ep="CUDAExecutionProvider",
+        distribution="onnxruntime-gpu",
+        extra="cuda",
         install="pip install onnxruntime-gpu numpy (with a CUDA 12 driver)",
         drives={"gpu": ("nvidia",)},
         provider_options={"*": {"device_id": "{device_index}"}},
+        options={
+            "device_id": "value",
+            "gpu_mem_limit": "value",
+            "arena_extend_strategy": "value",
+            "cudnn_conv_algo_search": "value",
+            "do_copy_in_default_stream": "value",
+            "enable_cuda_graph": "value",
+            "use_tf32": "value",
+            "prefer_nhwc": "value",
+        },
         precisions=(
             PrecisionRule("fp32", True, "cuDNN/cuBLAS fp32 (TF32 where allowed)"),
             PrecisionRule("fp16", True, "fp16 tensor-core kernels"),
@@ -414,6 +402,8 @@ _TABLE: tuple[OrtBackend, ...] = (
     OrtBackend(
         backend="ort-cpu",
         ep=CPU_EP,
+        distribution="onnxruntime",
+        extra="cpu",
         install="pip install onnxruntime numpy",
         drives={"cpu": ()},
         provider_options={"*": {}},
@@ -438,29 +428,111 @@ _TABLE: tuple[OrtBackend, ...] = (
             "~30 MiB over the weights when the piper voice was opened here"
         ),
     ),
-)
+]
 
-BACKENDS: dict[str, OrtBackend] = {row.backend: row for row in _TABLE}
-"""The table, by backend name, in :data:`OrtBackendName`'s order."""
+BACKENDS: dict[str, OrtBackend] = {}
+"""The table, by backend name, in its order (:data:`OrtBackendName`'s, then the rows
+:func:`register` added)."""
+EP_BACKENDS: dict[str, str] = {}
+"""Execution provider name → backend name."""
+PATH_OPTIONS: set[str] = set()
+"""Provider options whose values are local paths (translated for host-process routes)."""
+
+
+def _derive() -> None:
+    """Fill the views above from the table (in place: modules hold them by name)."""
+    BACKENDS.clear()
+    BACKENDS.update({row.backend: row for row in _TABLE})
+    EP_BACKENDS.clear()
+    EP_BACKENDS.update({row.ep: row.backend for row in _TABLE})
+    PATH_OPTIONS.clear()
+    PATH_OPTIONS.update(
+        name
+        for row in _TABLE
+        for name, kind in row.options.items()
+        if kind in ("cache_dir", "user_file")
+    )
+
+
+_derive()
 if tuple(BACKENDS) != get_args(OrtBackendName):  # pragma: no cover - a table edit gone wrong
     raise AssertionError(
         f"the rows {tuple(BACKENDS)} do not match OrtBackendName {get_args(OrtBackendName)}"
     )
 
-EP_BACKENDS: dict[str, OrtBackendName] = {row.ep: row.backend for row in _TABLE}
-"""Execution provider name → backend name."""
 
-PLUGIN_EPS: tuple[tuple[str, PluginEp], ...] = tuple(
-    (row.ep, p) for row in _TABLE for p in row.plugins
-)
-"""(EP name, plugin package) for every plugin EP the table knows."""
+def rows() -> tuple[OrtBackend, ...]:
+    """Every row, in table order."""
+    return tuple(_TABLE)
+
+
+def register(row: OrtBackend) -> None:
+    """Add an EP's row after the others (an EP that lives outside this repository, or a
+    test's); its backend name and its EP must be new. Every reader of the table follows it:
+    the backend names a profile may list, the probe's EP → backend mapping, the ONNX Runtime
+    stage kinds' backends, the builds an environment may hold (``ort_builds``)."""
+    clash = [
+        f"{what} {value!r} is already the table's"
+        for what, value, taken in (
+            ("backend", row.backend, BACKENDS),
+            ("EP", row.ep, EP_BACKENDS),
+        )
+        if value in taken
+    ]
+    if clash:
+        raise ValueError(f"ONNX Runtime backend {row.backend!r}: {'; '.join(clash)}")
+    _TABLE.append(row)
+    _derive()
+
+
+def unregister(name: str) -> None:
+    """Remove a registered row (a test's, when it is done); the built-in rows stay."""
+    if name in get_args(OrtBackendName):
+        raise ValueError(f"{name!r} is a built-in row")
+    _TABLE[:] = [r for r in _TABLE if r.backend != name]
+    _derive()
+
+
+def row_for_ep(ep: str) -> OrtBackend | None:
+    """The row of the execution provider ``ep`` (its registered name), or None."""
+    name = EP_BACKENDS.get(ep)
+    return BACKENDS[name] if name is not None else None
+
+
+def _known_backend(name: str) -> str:
+    """``name`` when it is a row's; else the error a closed set of names gives."""
+    if name not in BACKENDS:
+        shown = [repr(k) for k in BACKENDS]
+        raise PydanticCustomError(
+            "literal_error",
+            "Input should be {expected}",
+            {"expected": f"{', '.join(shown[:-1])} or {shown[-1]}"},
+        )
+    return name
+
+
+OrtBackendKey = Annotated[str, AfterValidator(_known_backend)]
+"""An ONNX Runtime backend's name in a config (a row's, registered ones included)."""
+
+
+class TableBackends:
+    """The table's backend names, read when asked: the ``backends`` of the ONNX Runtime stage
+    kinds (on the class or an instance), so that a row registered later is among them."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> tuple[str, ...]:
+        return tuple(BACKENDS)
 
 
 def plugin_wire(ep: str | None = None) -> list[dict[str, Any]]:
     """The plugin EPs (all, or those of ``ep``) as the route worker takes them: ``probe``
     registers every one installed, ``open`` the target EP's when the route's
     onnxruntime does not have it built in."""
-    return [{"ep": name, **p.to_dict()} for name, p in PLUGIN_EPS if ep is None or name == ep]
+    return [
+        {"ep": row.ep, **p.to_dict()}
+        for row in _TABLE
+        for p in row.plugins
+        if ep is None or row.ep == ep
+    ]
 
 
 def backend(name: str) -> OrtBackend:
@@ -471,6 +543,17 @@ def backend(name: str) -> OrtBackend:
         raise KeyError(
             f"{name!r} is not an ONNX Runtime backend (known: {', '.join(BACKENDS)})"
         ) from None
+
+
+def config_option_problem(backend_name: str, option: str, value: Any) -> tuple[str, str] | None:
+    """(what, how to fix) when a pipeline config may not give ``backend_name`` the provider
+    option ``option`` = ``value``, by its row's allow-list (``option_rules.config_problem``)."""
+    return option_rules.config_problem(backend(backend_name), option, value)
+
+
+def user_options(backend_name: str) -> dict[str, str]:
+    """The provider options the user's settings give ``backend_name`` (``option_rules.user_options``)."""
+    return option_rules.user_options(backend_name, BACKENDS)
 
 
 def backends_for_device(kind: str, vendor: str, eps: list[str] | tuple[str, ...]) -> list[str]:
@@ -551,16 +634,11 @@ class SessionSpec:
         )
 
 
-OPENVINO_THREADS_OPTION = "num_of_threads"
-"""The OpenVINO EP's provider option for its own CPU plugin's threads (ONNX Runtime's
-intra-op threads only run the nodes left to the CPU EP)."""
-
-
 def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any]:
     """A session spec (its wire form, ``SessionSpec.to_dict``) whose session runs ``threads``
     CPU threads: ONNX Runtime's ``intra_op_num_threads`` (the calling thread and threads − 1
-    workers), one inter-op thread, and the OpenVINO EP's own ``num_of_threads`` where it runs
-    on the CPU. ``threads`` None: the spec unchanged (ONNX Runtime's default: a thread per
+    workers), one inter-op thread, and an EP's own threads where its row says how
+    (``cpu_threads``: OpenVINO's ``num_of_threads`` where it runs on the CPU). ``threads`` None: the spec unchanged (ONNX Runtime's default: a thread per
     core). The spec passed in is not changed."""
     if threads is None:
         return spec
@@ -568,10 +646,12 @@ def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any
     options = {**out.session_options, "intra_op_num_threads": threads, "inter_op_num_threads": 1}
     provider_options = [dict(o) for o in out.provider_options]
     for i, ep in enumerate(out.providers):
-        if ep == "OpenVINOExecutionProvider" and provider_options[i].get(
-            "device_type", ""
-        ).upper().startswith("CPU"):
-            provider_options[i][OPENVINO_THREADS_OPTION] = str(threads)
+        row = row_for_ep(ep)
+        own = row.cpu_threads if row is not None else None
+        if own is not None:
+            option, prefix = own.when
+            if provider_options[i].get(option, "").upper().startswith(prefix.upper()):
+                provider_options[i][own.option] = str(threads)
     return SessionSpec(
         out.graph, out.providers, provider_options, options, out.session_config
     ).to_dict()
@@ -594,7 +674,9 @@ def session_spec(
     The target EP comes first; the CPU EP follows unless the target *is* the CPU
     EP or ``target_only`` is set, in which case ``session.disable_cpu_ep_fallback``
     makes ORT fail rather than hand nodes to the CPU. ``overrides`` (the stage
-    config's ``provider_options`` for this backend) win over the table.
+    config's ``provider_options`` for this backend, checked against the row's allow-list
+    when the config was read: :func:`config_option_problem`) win over the table, and the
+    user's own settings (:func:`user_options`) over both.
     """
     row = backend(backend_name)
     template = row.provider_options.get(device_kind, row.provider_options.get("*", {}))
@@ -605,6 +687,7 @@ def session_spec(
     options = {k: v.format(**values) for k, v in template.items()}
     options.update(row.precision_options.get(precision, {}))
     options.update({k: _option_str(v) for k, v in (overrides or {}).items()})
+    options.update(user_options(backend_name))
     if row.precision_hint is not None:
         device_name = options.get("device_type") or ORT_DEVICE_TYPES.get(
             device_kind, device_kind.upper()

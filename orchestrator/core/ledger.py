@@ -28,8 +28,8 @@ Rules (see docs/ledger.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal, NotRequired, TypedDict
 
 Lifetime = Literal["load", "session", "request"]
 Evidence = Literal["D", "E", "M"]
@@ -41,6 +41,18 @@ the measured resident state, so a short calibration run cannot budget the growth
 
 PIPELINE_HOLDER = "(pipeline)"
 """The holder of the pipeline's own reservations, beside one holder per stage."""
+
+
+class ReservationDoc(TypedDict):
+    """A reservation as plain data (the plan JSON, the ledger actor's calls)."""
+
+    pool: str
+    purpose: str
+    bytes: int
+    lifetime: Lifetime
+    evidence: Evidence
+    note: str
+    at_load: bool
 
 
 @dataclass(frozen=True)
@@ -62,8 +74,16 @@ class Reservation:
                 f"reservation {self.purpose!r} bytes must be a non-negative int, got {self.bytes!r}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> ReservationDoc:
+        return ReservationDoc(
+            pool=self.pool,
+            purpose=self.purpose,
+            bytes=self.bytes,
+            lifetime=self.lifetime,
+            evidence=self.evidence,
+            note=self.note,
+            at_load=self.at_load,
+        )
 
 
 def load_and_steady(reservations: Iterable[Reservation]) -> tuple[int, int]:
@@ -104,6 +124,16 @@ class Shortfall:
         return self.peak - self.capacity
 
 
+class ShortfallDoc(TypedDict):
+    """A :class:`Shortfall` as plain data (the ledger actor's answers)."""
+
+    pool: str
+    capacity: int
+    peak: int
+    contributors: dict[str, int]
+    over_by: int
+
+
 @dataclass(frozen=True)
 class Admission:
     """What ``Ledger.admit`` answers: admitted (``ok``, the reservations now held),
@@ -119,6 +149,85 @@ class Admission:
         # ``if ledger.admit(...)`` read as "admitted" when it used to mean "refused":
         # make the question explicit.
         raise TypeError("ask Admission.ok (or look at .shortfalls), not the admission's truth")
+
+    def answer(self) -> AdmissionAnswer:
+        """The admission as plain data, as the ledger actor answers ``admit``."""
+        return AdmissionAnswer(ok=self.ok, shortfalls=shortfall_docs(self.shortfalls))
+
+
+def shortfall_docs(shortfalls: Iterable[Shortfall]) -> list[ShortfallDoc]:
+    return [
+        ShortfallDoc(
+            pool=s.pool,
+            capacity=s.capacity,
+            peak=s.peak,
+            contributors=dict(s.contributors),
+            over_by=s.over_by,
+        )
+        for s in shortfalls
+    ]
+
+
+class AdmissionAnswer(TypedDict):
+    """The ledger actor's answer to ``admit`` and ``replace``: admitted (``ok``) or refused
+    with the pools that would overflow."""
+
+    ok: bool
+    shortfalls: list[ShortfallDoc]
+
+
+class TogetherAnswer(TypedDict):
+    """The ledger actor's answer to ``admit_together``: the holders admitted (a prefix of the
+    batch, in order) and why the next one could not join them (or why the first alone was
+    refused: then none is admitted)."""
+
+    admitted: list[str]
+    shortfalls: list[ShortfallDoc]
+
+
+class PoolRow(TypedDict):
+    """One pool in a ledger snapshot: its capacity, its peak now and who makes it up."""
+
+    id: str
+    capacity_bytes: int
+    parent: str | None
+    peak_bytes: int
+    held_bytes: int
+    contributors: dict[str, int]
+
+
+class LedgerSnapshot(TypedDict):
+    """The ledger as plain data for reports: its pools and what each holder holds."""
+
+    pools: list[PoolRow]
+    holders: dict[str, list[ReservationDoc]]
+
+
+class MeasuredPeak(TypedDict):
+    """A stage's measured peak next to its budget (evidence M), as its device actor reports it
+    to the ledger actor (``report``) and the runtime keeps it (the run record's ``measured``,
+    calibration's samples): the peak, the load's and the steady state's, what stays resident,
+    whether the figure is only an upper bound (another load in the same process), the budget
+    and the verdict (``within_budget``; null with ``within_budget_reason`` when not judged),
+    how and where it was measured, the requests it served, and a recycled route worker's
+    figures (``worker``)."""
+
+    measured_peak_bytes: int
+    load_peak_bytes: int | None
+    steady_peak_bytes: int | None
+    resident_bytes: int | None
+    upper_bound: bool
+    budget_bytes: int
+    budget_over_measured: float | None
+    within_budget: bool | None
+    within_budget_reason: NotRequired[str]
+    evidence: str
+    method: str
+    where: str
+    when: str
+    requests: int
+    max_in_flight: int
+    worker: dict[str, int] | None
 
 
 @dataclass
@@ -225,22 +334,21 @@ class Ledger:
             if pool_id is None or self._counts_in(r.pool, pool_id)
         )
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> LedgerSnapshot:
         """Plain data for reports: pools with capacity, peak and contributors."""
         pools = []
         for pool_id, pool in self.pools.items():
             peak, shares = self.peak(pool_id)
             pools.append(
-                {
-                    "id": pool_id,
-                    "capacity_bytes": pool.capacity,
-                    "parent": pool.parent,
-                    "peak_bytes": peak,
-                    "held_bytes": self.held_bytes(pool_id),
-                    "contributors": shares,
-                }
+                PoolRow(
+                    id=pool_id,
+                    capacity_bytes=pool.capacity,
+                    parent=pool.parent,
+                    peak_bytes=peak,
+                    held_bytes=self.held_bytes(pool_id),
+                    contributors=shares,
+                )
             )
-        return {
-            "pools": pools,
-            "holders": {h: [r.to_dict() for r in rs] for h, rs in self.held.items()},
-        }
+        return LedgerSnapshot(
+            pools=pools, holders={h: [r.to_dict() for r in rs] for h, rs in self.held.items()}
+        )

@@ -20,12 +20,36 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import NotRequired, TypedDict
 
 import psutil
 
 SAMPLE_INTERVAL_S = 0.01
 """10 ms: engine start and a session open take seconds, so a 10 ms sampler sees
 their peak; one sample is a /proc read of tens of microseconds."""
+
+
+class NodeRayMemory(TypedDict):
+    """Ray's own memory on one node of a cluster, measured there (``cluster_probe``): the
+    summed PSS of its Ray session's processes, how many and which, and how it was measured."""
+
+    bytes: int
+    processes: int
+    names: list[str]
+    session_dir: str
+    measure: str
+
+
+class RayMemory(TypedDict, total=False):
+    """Ray's own memory as the runtime measured it before any stage loaded (evidence M;
+    ``runtime.cluster.ray_memory``): the bytes, the processes counted, how, which cluster;
+    on a cluster, each node's own (``nodes``). Empty until it is measured."""
+
+    bytes: int
+    processes: int
+    measure: str
+    cluster: str
+    nodes: NotRequired[dict[str, NodeRayMemory]]
 
 
 def rss_of(pid: int, *, children: bool = False) -> int:

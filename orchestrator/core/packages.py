@@ -1,5 +1,5 @@
-"""``package://`` locations: files shipped inside an installed Python package; and
-which ONNX Runtime flavour is installed (:func:`require_one_ort_flavour`).
+"""``package://`` locations: files shipped inside an installed Python package; and the one
+helper that reads an installed package's version (:func:`installed_version`).
 
 ``package://<package>/<path>`` names ``<path>`` inside the directory of the
 importable package ``<package>`` (a dotted name such as ``a.b`` is a
@@ -26,8 +26,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.metadata
 import importlib.util
-import sys
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator.core.errors import ConfigError
@@ -100,79 +99,30 @@ def _confined(location: str, path: Path, root: Path) -> Path:
     return path
 
 
-# ---- ONNX Runtime flavours -----------------------------------------------------------
-
-ORT_FLAVOURS: dict[str, str] = {
-    "onnxruntime": "pip install 'omni-edge[cpu]'",
-    "onnxruntime-directml": "pip install 'omni-edge[directml]' (Windows)",
-    "onnxruntime-openvino": "pip install 'omni-edge[openvino]'",
-    "onnxruntime-gpu": "pip install 'omni-edge[cuda]'",
-    "onnxruntime-qnn": "pip install 'omni-edge[qnn]' (Windows; 2.x is a plugin EP on top of onnxruntime)",
-    "onnxruntime-vitisai": "the Ryzen AI software's installer (Windows)",
-    "onnxruntime-training": "pip install onnxruntime-training",
-    "ort-nightly": "pip install ort-nightly",
-    "ort-nightly-gpu": "pip install ort-nightly-gpu",
-    "ort-nightly-directml": "pip install ort-nightly-directml",
-}
-"""Distributions that install the ``onnxruntime`` module, and how each is installed.
-
-Several builds share that one module, so only one may live in an environment: a
-second one overwrites the first one's files, and which EPs remain depends on
-the order they were installed in. ``onnxruntime-qnn`` 2.x is not such a build
-but a plugin EP that depends on ``onnxruntime`` (it installs beside it); its
-1.x releases were a whole build. ``orchestrator/ort/worker.py`` (which must stay
-self-contained) keeps its own list of these names to say which build a route has."""
-
-PLUGIN_SINCE: dict[str, int] = {"onnxruntime-qnn": 2}
-"""Distributions that became plugin EPs at this major version (no longer an ``onnxruntime`` build)."""
+# ---- versions ---------------------------------------------------------------------------
 
 
-def _installed_version(name: str) -> str | None:
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed in this interpreter, read from its
+    metadata (nothing is imported); None when it is not installed.
+
+    The one place omni-edge reads a package's version: the run record, calibration's keys,
+    the decode engines' versions, the ONNX Runtime builds, the GPU probe and ``--version`` all
+    ask it. The route program (``orchestrator/ort/worker_probe.py``: stdlib-only, sent to
+    another interpreter) keeps a copy of these lines, which
+    ``tests/orchestrator/core/test_versions.py`` holds equal to this one.
+    """
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def installed_ort_flavours(
-    version_of: Callable[[str], str | None] | None = None,
-) -> list[tuple[str, str]]:
-    """``(distribution, version)`` of every installed ONNX Runtime build that provides
-    the ``onnxruntime`` module (plugin EP packages are not counted), read from package
-    metadata without importing anything. ``version_of`` looks one distribution up
-    (None: not installed); tests pass a fake one."""
-    lookup = version_of or _installed_version
-    found = []
-    for name in ORT_FLAVOURS:
-        version = lookup(name)
-        if version is None:
-            continue
-        major = version.split(".", 1)[0]
-        if name in PLUGIN_SINCE and major.isdigit() and int(major) >= PLUGIN_SINCE[name]:
-            continue
-        found.append((name, version))
-    return found
-
-
-def require_one_ort_flavour(version_of: Callable[[str], str | None] | None = None) -> None:
-    """Raise ``ConfigError`` (exit 2) when two ONNX Runtime builds share this environment.
-
-    Called where onnxruntime is first needed in this interpreter (``omni-edge
-    probe``, the probe behind ``plan`` without ``--profile``, a session opened in
-    this process). The message names both builds and which to uninstall: keep
-    the one whose EP you need (a later install overwrote the other's files, so it
-    is reinstalled too).
-    """
-    found = installed_ort_flavours(version_of)
-    if len(found) < 2:
-        return
-    names = [f"{n}=={v}" for n, v in found]
-    raise ConfigError.single(
-        f"this Python environment ({sys.prefix})",
-        f"{len(found)} ONNX Runtime builds are installed: {', '.join(names)}. Each provides the same "
-        "'onnxruntime' module, so the last one installed has overwritten the others' files and "
-        "which execution providers work is an accident of install order",
-        f"uninstall them all (pip uninstall -y {' '.join(n for n, _ in found)}), then install the "
-        f"one whose EP you need: {' or '.join(ORT_FLAVOURS[n] for n, _ in found)}. One flavour per "
-        "environment; another EP goes in a venv of its own, reached as an interpreter route (docs/install.md)",
-    )
+def first_installed(names: Iterable[str]) -> tuple[str, str] | None:
+    """``(name, version)`` of the first of ``names`` installed here (:func:`installed_version`),
+    or None when none is."""
+    for name in names:
+        version = installed_version(name)
+        if version is not None:
+            return name, version
+    return None

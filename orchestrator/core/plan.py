@@ -2,14 +2,20 @@
 
 The planner returns a :class:`PipelinePlan`; the runtime carries it out and
 never re-decides. ``to_json()`` is the documented contract (docs/plan-format.md);
-``from_json()`` reads it back (the runtime's actors receive plans as JSON).
+``from_json()`` reads it back. A stage's kind- and backend-specific parts — its
+``engine_kwargs`` (the backend's own settings, which only that backend's runner
+reads), ``artifact`` summary, kind ``details``, gate ``verification.details`` and
+``calibration`` — are JSON objects of the plan document as docs/plan-format.md
+describes them (``JsonObject``): the plan carries them for the kind and the
+backend that wrote them, and every reader checks the keys it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 
@@ -52,7 +58,7 @@ class Refusal:
     message: str
     remedy: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
@@ -72,9 +78,9 @@ class Verification:
     status: str
     evidence: str = ""
     """'M' with where and when, or '' when unverified."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -90,9 +96,9 @@ class ReplicaPlan:
     backend: str | None
     route: str | None
     reservations: tuple[Reservation, ...]
-    engine_kwargs: dict[str, Any]
+    engine_kwargs: JsonObject
     verification: Verification | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: JsonObject | None = None
     cpu_threads: int | None = None
     cpu_threads_from: str | None = None
     node: str | None = None
@@ -106,8 +112,8 @@ class ReplicaPlan:
         """This replica's own peak on its device's pool: max(load path, steady state)."""
         return holder_peak(self.reservations, self.pool)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "index": self.index,
             "holder": self.holder,
             "device": self.device,
@@ -146,6 +152,16 @@ class ReplicaPlan:
         )
 
 
+class RestartDoc(TypedDict):
+    """A stage's ``restart`` policy as a plan carries it: ``stages.base.RestartConfig``'s
+    fields."""
+
+    max: int
+    window_s: float
+    backoff_s: float
+    backoff_max_s: float
+
+
 @dataclass(frozen=True)
 class StagePlan:
     name: str
@@ -156,17 +172,17 @@ class StagePlan:
     route: str | None
     reservations: tuple[Reservation, ...]
     refusals: tuple[Refusal, ...]
-    engine_kwargs: dict[str, Any]
-    artifact: dict[str, Any]
+    engine_kwargs: JsonObject
+    artifact: JsonObject
     """Summary of what describe() read: path, weight bytes/format, digest..."""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     """Kind-specific plan fields (``StageKind.plan_details``, e.g. ar_decode's
     ``kv_cache``), written at the stage's top level in the JSON."""
     verification: Verification | None = None
     inputs: tuple[str, ...] = ()
     final_output: bool = False
     final_output_type: str | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: JsonObject | None = None
     """What the measurement store did to this stage's reservations (``match``,
     ``before_bytes``, ``after_bytes``, ``evidence``, ``margin``, ``provenance``);
     None when the stage was planned from metadata alone (docs/calibration.md)."""
@@ -181,7 +197,7 @@ class StagePlan:
     replicas: tuple[ReplicaPlan, ...] = ()
     """With ``replicas: N`` > 1 in the config, each instance in index order (the stage's own
     ``device``, ``reservations``, ... are replica 0's); empty for a stage of one instance."""
-    restart: dict[str, Any] | str | None = None
+    restart: RestartDoc | Literal["never"] | None = None
     """The config's ``restart`` when it is not the default: ``"never"``, or the policy's fields
     (``max``, ``window_s``, ``backoff_s``, ``backoff_max_s``); None: the default policy
     (``stages.base.RestartConfig``). In the JSON only when set, so plans of stages that keep
@@ -227,8 +243,8 @@ class StagePlan:
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "name": self.name,
             "kind": self.kind,
             "admitted": self.admitted,
@@ -298,7 +314,7 @@ class PoolPlan:
     parent: str | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -321,7 +337,7 @@ class PipelinePlan:
     def refusal_codes(self) -> list[RefusalCode]:
         return [r.code for s in self.stages if not s.admitted for r in s.refusals]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": PLAN_FORMAT,
             "pipeline": self.pipeline,

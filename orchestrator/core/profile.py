@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from orchestrator.core.backends import OrtBackendName
+from orchestrator.core.backends import BACKENDS
+from orchestrator.core.engines import backend_names as engine_backend_names
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.units import fmt_bytes
 from orchestrator.core.validation import Strict as _Strict
@@ -33,17 +35,32 @@ CLUSTER_FORMAT = "omni-edge.cluster/1"
 """A cluster profile: one profile per node, each named (docs/cluster.md)."""
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "npu"]
-CheckpointBackendName = Literal[
-    "llamacpp-cpu",
-    "llamacpp-vulkan",
-    "vllm-cuda",
-    "vllm-cpu",
-    "transformers-cuda",
-    "transformers-cpu",
-]
-Backend = Literal[CheckpointBackendName, OrtBackendName]
-"""A backend name a device may list: llama.cpp's, vLLM's and transformers' for checkpoints, and the ONNX
-Runtime backends of ``orchestrator.core.backends`` (their one table) for exported graphs."""
+
+
+def backend_vocabulary() -> tuple[str, ...]:
+    """Every backend name a device may list, from the tables: the decode engines' backends
+    (``orchestrator.core.engines``), then the ONNX Runtime backends (``orchestrator.core.backends``)."""
+    return (*engine_backend_names(), *BACKENDS)
+
+
+def _known_backend(name: str) -> str:
+    """``name`` when a table names it (:func:`backend_vocabulary`); else the error a closed set
+    of names gives."""
+    known = backend_vocabulary()
+    if name not in known:
+        shown = [repr(k) for k in known]
+        raise PydanticCustomError(
+            "literal_error",
+            "Input should be {expected}",
+            {"expected": f"{', '.join(shown[:-1])} or {shown[-1]}"},
+        )
+    return name
+
+
+Backend = Annotated[str, AfterValidator(_known_backend)]
+"""A backend name a device may list: a decode engine's (llama.cpp's, vLLM's, transformers': the
+rows of ``orchestrator.core.engines``) for checkpoints, and the ONNX Runtime backends of
+``orchestrator.core.backends`` (their one table) for exported graphs."""
 
 HOST_RAM = "host_ram"
 """The pool the CPU, iGPUs and NPUs draw on: this machine's RAM (in a cluster

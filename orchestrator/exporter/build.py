@@ -42,11 +42,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.core.backends import CPU_EP, SessionSpec
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.core.fileio import file_sha256
 from orchestrator.exporter import sources
@@ -60,8 +61,16 @@ from stages.exported_graph.artifact import (
     load_artifact,
     save_npz,
 )
-from stages.exported_graph.graph_stats import check_against_graph, describe_graph
+from stages.exported_graph.graph_stats import (
+    GraphStats,
+    ValueInfo,
+    check_against_graph,
+    describe_graph,
+)
 from stages.payloads import parse_payloads
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 """As the manifest's ``name`` (stages.exported_graph.artifact): checked before any work."""
@@ -142,7 +151,7 @@ class ExportRequest:
     postprocess: str | None = None
     consumes: list[str] | None = None
     produces: list[str] | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     inputs_npz: str | None = None
     calibration_npz: list[str] = field(default_factory=list)
     calibration_text: str | None = None
@@ -161,14 +170,14 @@ class ExportRequest:
 class ExportResult:
     out: Path
     name: str
-    precisions: dict[str, dict[str, Any]]
+    precisions: dict[str, JsonObject]
     tolerance: dict[str, float]
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
     files: dict[str, str]
     seconds: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": "omni-edge.export-result/1",
             "artifact": str(self.out),
@@ -353,7 +362,7 @@ def _build(req: ExportRequest, work: Path, step: Step) -> ExportResult:
         graphs["int8"] = _to_int8(
             exported.graph, work / "int8.onnx", exported.calibration, work, req.int8
         )
-    measured: dict[str, dict[str, Any]] = {}
+    measured: dict[str, dict[str, float]] = {}
     for precision, graph in graphs.items():
         step(f"measuring {precision} on the CPU EP ({len(exported.calibration)} inputs)")
         if precision != "fp32":
@@ -434,10 +443,10 @@ def _to_fp16(fp32: Path, out: Path) -> Path:
 class _Calibration:
     """``onnxruntime.quantization``'s CalibrationDataReader over a list of feed dicts."""
 
-    def __init__(self, feeds: list[dict[str, Any]]) -> None:
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
         self._it = iter(feeds)
 
-    def get_next(self) -> dict[str, Any] | None:
+    def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._it, None)
 
     def rewind(self) -> None:  # pragma: no cover - not used by MinMax
@@ -447,7 +456,7 @@ class _Calibration:
 def _to_int8(
     fp32: Path,
     out: Path,
-    calibration: list[dict[str, Any]],
+    calibration: list[dict[str, np.ndarray]],
     work: Path,
     scheme: Int8Scheme | None = None,
 ) -> Path:
@@ -510,7 +519,9 @@ class _CpuRunner:
     def __init__(self) -> None:
         self._sessions: dict[Path, Any] = {}
 
-    def run(self, graph: Path, feeds: dict[str, Any], precision: str) -> dict[str, Any]:
+    def run(
+        self, graph: Path, feeds: dict[str, np.ndarray], precision: str
+    ) -> dict[str, np.ndarray]:
         import onnxruntime as ort
 
         if graph not in self._sessions:
@@ -534,7 +545,7 @@ class _CpuRunner:
             ) from None
 
 
-def _refuse_non_finite(outputs: dict[str, Any], what: str) -> None:
+def _refuse_non_finite(outputs: dict[str, np.ndarray], what: str) -> None:
     import numpy as np
 
     bad = {
@@ -556,9 +567,9 @@ def _measure(
     graph: Path,
     precision: str,
     exported: sources.Exported,
-    fp32_outputs: list[dict[str, Any]],
-    reference: dict[str, Any],
-) -> dict[str, Any]:
+    fp32_outputs: list[dict[str, np.ndarray]],
+    reference: dict[str, np.ndarray],
+) -> dict[str, float]:
     """The worst error of ``graph`` against fp32 over the calibration set and against the reference."""
     worst = {"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0}
     outs = [cpu.run(graph, feeds, precision) for feeds in exported.calibration]
@@ -594,7 +605,7 @@ def _round_up(x: float) -> float:
     return math.ceil(x / 10**e) * 10**e
 
 
-def _suggest(precision: str, m: dict[str, Any]) -> Tolerance:
+def _suggest(precision: str, m: dict[str, float]) -> Tolerance:
     floor = FLOORS[precision]
     return Tolerance(
         rel_l2=float(f"{max(floor.rel_l2, _round_up(HEADROOM * m['rel_l2'])):.2g}"),
@@ -629,7 +640,7 @@ def _header(req: ExportRequest) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tensors(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tensors(values: list[ValueInfo]) -> list[ValueInfo]:
     return [{"name": v["name"], "dtype": v["dtype"], "shape": v["shape"]} for v in values]
 
 
@@ -637,12 +648,12 @@ def _manifest(
     req: ExportRequest,
     name: str,
     exported: sources.Exported,
-    stats: dict[str, Any],
+    stats: dict[str, GraphStats],
     tolerance: Tolerance,
-    measured: dict[str, dict[str, Any]],
+    measured: dict[str, dict[str, float]],
     suggestions: dict[str, Tolerance],
     files: dict[str, str],
-) -> dict[str, Any]:
+) -> JsonObject:
     fp32 = stats["fp32"]
     notes = [f"opset {exported.opset}; precisions {', '.join(stats)}."]
     raised = {
@@ -660,7 +671,7 @@ def _manifest(
     if "int8" in stats:
         notes.append(req.int8.describe().format(n=len(exported.calibration)) + ".")
     notes.extend(exported.notes)
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {
         "format": EXPORT_FORMAT,
         "name": name,
         "version": req.version,
@@ -712,7 +723,7 @@ def _manifest(
     return manifest
 
 
-def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, Any]) -> None:
+def _validate(work: Path, graphs: dict[str, Path], stats: dict[str, GraphStats]) -> None:
     """The artifact as ``plan`` and ``verify`` will read it; every precision through the gates on the CPU EP."""
     artifact = load_artifact(work)
     problems = [

@@ -35,19 +35,25 @@ command's parser never pays for them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.packages import is_package_location, resolve_package_location
+from stages.ar_decode.remote_code import refuse_remote_code
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 MIN_OPSET = 13
 """The lowest opset written or accepted: int8 QDQ per-channel (QuantizeLinear's
@@ -79,10 +85,10 @@ class Exported:
     """The fp32 ONNX file in the work directory."""
     input_names: list[str]
     output_names: list[str]
-    reference_inputs: dict[str, Any]
-    calibration: list[dict[str, Any]]
+    reference_inputs: dict[str, np.ndarray]
+    calibration: list[dict[str, np.ndarray]]
     """Feed dicts; the first one is the reference inputs."""
-    framework_outputs: dict[str, Any] | None
+    framework_outputs: dict[str, np.ndarray] | None
     """The exporting framework's outputs on the reference inputs (None for an ONNX source)."""
     origin: str
     opset: int
@@ -119,10 +125,6 @@ def load_factory(spec: str) -> Callable[[], Any]:
             "write pkg.module:factory (a module importable here and a function in it)",
         )
     module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(
-            0, str(Path.cwd())
-        )  # as `python -m` would: a module in the current directory
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -198,7 +200,7 @@ def _forward_order(module: Any, names: list[str]) -> list[str]:
 
 def _torch_export(
     module: Any,
-    feeds: dict[str, Any],
+    feeds: dict[str, torch.Tensor],
     path: Path,
     outputs: list[str],
     axes: dict[str, dict[int, str]],
@@ -235,8 +237,8 @@ def _torch_export(
 
 
 def _framework_outputs(
-    module: Any, feeds: dict[str, Any], names: list[str] | None
-) -> tuple[list[str], dict[str, Any]]:
+    module: Any, feeds: dict[str, torch.Tensor], names: list[str] | None
+) -> tuple[list[str], dict[str, np.ndarray]]:
     import torch
 
     with torch.no_grad():
@@ -255,10 +257,33 @@ def _framework_outputs(
     return names, {n: v.detach().cpu().numpy() for n, v in zip(names, values, strict=True)}
 
 
+@contextlib.contextmanager
+def _cwd_importable() -> Iterator[None]:
+    """The working directory importable while a factory is loaded, called and exported (the
+    user's own module may live there, as ``python -m`` would find it) — but after every
+    installed package, so a ``numpy.py`` or ``torch.py`` there never replaces the real one,
+    and off ``sys.path`` again afterwards, for the rest of the process."""
+    here = str(Path.cwd())
+    added = "" not in sys.path and here not in sys.path
+    if added:
+        sys.path.append(here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
 def from_torch(
     spec: str, work: Path, *, opset: int = DEFAULT_OPSET, step: Step = _no_step
 ) -> Exported:
-    """Call the factory, export its module to ``work/fp32.onnx`` and record PyTorch's outputs."""
+    """Call the factory, export its module to ``work/fp32.onnx`` and record PyTorch's outputs
+    (the working directory importable meanwhile, last: :func:`_cwd_importable`)."""
+    with _cwd_importable():
+        return _from_torch(spec, work, opset=opset, step=step)
+
+
+def _from_torch(spec: str, work: Path, *, opset: int, step: Step) -> Exported:
     check_opset(opset, where="--opset", highest=TORCH_MAX_OPSET)
     factory = load_factory(spec)
     step("calling the factory")
@@ -298,7 +323,7 @@ def from_torch(
     )
 
 
-def _numpy(feeds: dict[str, Any]) -> dict[str, Any]:
+def _numpy(feeds: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() if hasattr(v, "detach") else v for k, v in feeds.items()}
 
 
@@ -318,6 +343,7 @@ def resolve_model_dir(location: str) -> Path:
             f"{path} holds no config.json: not a transformers model directory",
             "point at the directory with config.json, the weights and the tokenizer files",
         )
+    refuse_remote_code(path)  # before torch or transformers are imported
     return path
 
 
@@ -340,9 +366,13 @@ def from_transformers(
 
     hf_logging.disable_progress_bar()  # the export's own phases are the progress display
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         model = AutoModel.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager"
+            model_dir,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            trust_remote_code=False,
+            use_safetensors=True,
         ).eval()
     except Exception as exc:
         raise ConfigError.single(
@@ -367,7 +397,7 @@ def from_transformers(
     wrapper = LastHiddenState().eval()
     order = ["input_ids", "attention_mask", "token_type_ids"]
 
-    def feeds_of(text: str) -> dict[str, Any]:
+    def feeds_of(text: str) -> dict[str, torch.Tensor]:
         enc = tokenizer([text], return_tensors="pt")
         return {n: enc[n].to(torch.int64) for n in order if n in enc}
 
@@ -478,7 +508,7 @@ def from_onnx(
     )
 
 
-def _load_npz(path: str, names: list[str], flag: str) -> dict[str, Any]:
+def _load_npz(path: str, names: list[str], flag: str) -> dict[str, np.ndarray]:
     import numpy as np
 
     try:

@@ -95,7 +95,9 @@ def windows_path(path: str, environ: Mapping[str, str] | None = None) -> str:
     """
     env = os.environ if environ is None else environ
     absolute = os.path.abspath(path)
-    exe = shutil.which("wslpath", path=env.get("PATH"))
+    # absolute PATH entries only: never a wslpath of the working directory (".", an empty entry)
+    search = os.pathsep.join(e for e in env.get("PATH", "").split(os.pathsep) if os.path.isabs(e))
+    exe = shutil.which("wslpath", path=search)
     if exe:
         try:
             return _wslpath(exe, absolute)

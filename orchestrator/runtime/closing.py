@@ -16,9 +16,10 @@ import logging
 from typing import Any
 
 from orchestrator.core.errors import LedgerLost
-from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.ledger import PIPELINE_HOLDER, MeasuredPeak
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime.failures import cause_of, device_died
+from orchestrator.runtime.ledger_actor import ActorSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +27,24 @@ CLOSE_TIMEOUT_S = 60.0
 """The longest one call of closing waits for an actor's answer."""
 
 
-def ledger_snapshot(rt: Any) -> dict[str, Any]:
+def ledger_snapshot(rt: Any) -> ActorSnapshot:
     """The ledger actor's pools and holders now (after close: as it was at close)."""
     import ray
 
     if rt.ledger is None:
         if rt.ledger_lost:
             raise LedgerLost(rt.ledger_lost)
-        return rt.final_ledger or {}
+        final: ActorSnapshot | None = rt.final_ledger
+        return final or ActorSnapshot()
     try:
-        return dict(ray.get(rt.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+        snapshot: ActorSnapshot = ray.get(rt.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S)
+        return snapshot
     except Exception as exc:
         rt.ledger_lost = rt.ledger_lost or cause_of(exc)
         raise LedgerLost(rt.ledger_lost) from None
 
 
-def measure(rt: Any) -> dict[str, dict[str, Any]]:
+def measure(rt: Any) -> dict[str, MeasuredPeak]:
     """Each live stage's measured peak now (after its requests), next to its budget, by
     ledger holder (the stage's name; ``voice#1`` for a replica)."""
     import ray
@@ -58,7 +61,7 @@ def measure(rt: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def close(rt: Any) -> dict[str, Any]:
+def close(rt: Any) -> ActorSnapshot:
     """Close the pipeline (the module's guarantees); the final ledger snapshot (every pool
     should hold zero bytes)."""
     import ray
@@ -82,7 +85,7 @@ def close(rt: Any) -> dict[str, Any]:
                 for name in dev.holders:
                     rt.ledger.release.remote(name)
             ray.get(rt.ledger.release.remote(PIPELINE_HOLDER), timeout=CLOSE_TIMEOUT_S)
-            rt.final_ledger = dict(ray.get(rt.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S))
+            rt.final_ledger = ray.get(rt.ledger.snapshot.remote(), timeout=CLOSE_TIMEOUT_S)
         except Exception as exc:
             rt.ledger_lost = rt.ledger_lost or cause_of(exc)
             log.warning("the ledger actor did not answer at close: %s", rt.ledger_lost)
@@ -96,4 +99,5 @@ def close(rt: Any) -> dict[str, Any]:
     if rt.cluster is not None:
         cluster_mod.release()
         rt.cluster = None
-    return rt.final_ledger or {}
+    final: ActorSnapshot | None = rt.final_ledger
+    return final or ActorSnapshot()

@@ -23,6 +23,14 @@
   (:func:`_private_temp_dir`; short, since Ray's Unix socket paths live under
   it), so no other user can reach its sockets or logs; it is removed when the
   cluster shuts down. A joined cluster's directories are its own business.
+* **Nothing of the working directory reaches a worker.** Ray ships the driver's
+  working directory to its workers and puts it first on their ``sys.path`` unless
+  the job names a ``working_dir`` (``ray._private.worker.connect``): every
+  connection made here names an empty private one (started or joined alike), so a
+  ``numpy.py`` or ``onnxruntime.py`` in the folder omni-edge runs in is never
+  imported by an actor, and each worker starts in that empty directory's copy.
+  Code a worker imports comes from installed packages only (a test suite that
+  pickles its own classes into actors puts its root on ``PYTHONPATH``).
 * **Or an existing cluster** with ``address=``: nothing above is changed (a
   multi-node cluster needs its real addresses and its own auth settings). An
   address where nothing accepts a TCP connection is a ``ConfigError`` naming
@@ -66,7 +74,7 @@ from typing import Any
 import psutil
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.memory import descendants, tree_memory
+from orchestrator.core.memory import RayMemory, descendants, tree_memory
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,8 @@ RAY_SOCKET_SUFFIX = len("/r/session_2026-12-01_15-20-00_123456_4194304/sockets/p
 ``_temp_dir`` inside it), the session directory (``session_`` + date to the
 microsecond + the driver's pid, up to 7 digits) and ``sockets/plasma_store``."""
 PRIVATE_TEMP_PREFIX = "oe-ray-"
+PRIVATE_WORKDIR_PREFIX = "omni-edge-workers-"
+"""The empty directory given to Ray as the job's ``working_dir`` (:func:`_ray_init`)."""
 
 
 def device_resource(device_id: str) -> str:
@@ -378,25 +388,35 @@ def _ray_init(
     CLI's: close, write the record, exit 143) is put back afterwards."""
     import ray
 
+    workers_dir = tempfile.mkdtemp(prefix=PRIVATE_WORKDIR_PREFIX)  # 0700, empty
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "logging_level": logging.WARNING,
         "log_to_driver": log_to_driver,
         "configure_logging": True,
+        # Ray ships the driver's working directory to its workers and puts it first on their
+        # sys.path unless the job names a working_dir: an empty private one, so a numpy.py or
+        # onnxruntime.py in the folder omni-edge was started in is never imported by an actor,
+        # and each worker starts in (a copy of) that empty directory.
+        "runtime_env": {"working_dir": workers_dir},
     }
     on_main = threading.current_thread() is threading.main_thread()
     term_handler = signal.getsignal(signal.SIGTERM) if on_main else None
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        assert temp_dir is not None
-        ray.init(
-            address="local",
-            object_store_memory=OBJECT_STORE_BYTES,
-            resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
-            _temp_dir=os.path.join(temp_dir, "r"),
-            **kwargs,
-        )
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            assert temp_dir is not None
+            ray.init(
+                address="local",
+                object_store_memory=OBJECT_STORE_BYTES,
+                resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
+                _temp_dir=os.path.join(temp_dir, "r"),
+                **kwargs,
+            )
+    finally:
+        # uploaded to the cluster as a package by ray.init; the workers unpack that copy
+        shutil.rmtree(workers_dir, ignore_errors=True)
     if on_main and callable(term_handler):
         signal.signal(signal.SIGTERM, term_handler)
 
@@ -570,7 +590,7 @@ def _reload_auth() -> None:
         log.debug("this Ray has no token authentication to reload")
 
 
-def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
+def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> RayMemory:
     """Ray's own memory on this machine, measured now (evidence M).
 
     A cluster started here: the processes ``ray.init`` started (GCS, raylet,
@@ -586,9 +606,23 @@ def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> dict[str, Any]:
             pids.add(root)
             pids.update(descendants(root))
     total, kind = tree_memory(pids)
-    return {
-        "bytes": total + cluster.driver_growth_bytes,
-        "processes": len(pids),
-        "measure": f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
-        "cluster": "local (started here)" if cluster.owned else f"joined {cluster.address}",
-    }
+    return RayMemory(
+        bytes=total + cluster.driver_growth_bytes,
+        processes=len(pids),
+        measure=f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
+        cluster="local (started here)" if cluster.owned else f"joined {cluster.address}",
+    )
+
+
+class _OffMainThreadNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def quiet_ray_off_main_thread() -> None:
+    """Ray warns when it starts off the main thread that it leaves SIGTERM alone;
+    for ``Pipeline.open`` (``api.Opening``) that is the point (the caller's process keeps its own
+    handlers), so the warning would only alarm."""
+    worker_log = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
+        worker_log.addFilter(_OffMainThreadNotice())

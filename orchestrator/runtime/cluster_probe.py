@@ -24,13 +24,13 @@ per node (``calibration.ray_key(node_profile, node=NAME)``).
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
 
 import psutil
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.memory import descendants, tree_memory
+from orchestrator.core.memory import NodeRayMemory, descendants, tree_memory
 from orchestrator.core.profile import ClusterNode, HardwareProfile, build_cluster, parse_profile
 from orchestrator.probe import probe_profile
 from orchestrator.runtime import cluster
@@ -42,9 +42,11 @@ PROBE_TIMEOUT_S = 180.0
 """One node's probe: its route interpreters are asked in subprocesses (cached after the first time)."""
 
 
-def _probe_here() -> dict[str, Any]:
-    """Runs on the node: this project's probe, as JSON."""
-    return probe_profile(cached_routes=True).model_dump(mode="json")
+def _probe_here() -> str:
+    """Runs on the node: this project's probe, as the text of the JSON document ``omni-edge
+    probe --json`` writes (read back with ``parse_profile`` on the driver, which names the
+    node)."""
+    return json.dumps(probe_profile(cached_routes=True).model_dump(mode="json"))
 
 
 def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
@@ -82,7 +84,7 @@ def gather_profile(name: str = "Ray cluster") -> HardwareProfile:
     nodes = []
     for nid in order:
         try:
-            doc = ray.get(refs[nid], timeout=PROBE_TIMEOUT_S)
+            doc = json.loads(ray.get(refs[nid], timeout=PROBE_TIMEOUT_S))
         except Exception as exc:
             raise ConfigError.single(
                 f"node {names[nid]}",
@@ -133,7 +135,7 @@ def nodes_found(profile: HardwareProfile) -> str:
     return f"{len(parts)} node{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)
 
 
-def _ray_memory_here() -> dict[str, Any]:
+def _ray_memory_here() -> NodeRayMemory:
     """Runs on the node: the summed PSS of this node's Ray processes — those whose command
     line names its session directory (the GCS on the head, the raylet, its agents, the
     log monitor, workers) and the raylet's descendants (every worker, this task's too)."""
@@ -156,17 +158,17 @@ def _ray_memory_here() -> dict[str, Any]:
         except psutil.Error:
             continue
     total, kind = tree_memory(pids)
-    return {
-        "bytes": total,
-        "processes": len(pids),
-        "names": sorted(names),
-        "session_dir": session,
-        "measure": f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
+    return NodeRayMemory(
+        bytes=total,
+        processes=len(pids),
+        names=sorted(names),
+        session_dir=session,
+        measure=f"sum of {kind.upper()} of the {len(pids)} processes of the node's Ray session "
         "(GCS on the head, raylet, agents, workers)",
-    }
+    )
 
 
-def node_ray_memory() -> dict[str, dict[str, Any]]:
+def node_ray_memory() -> dict[str, NodeRayMemory]:
     """Ray's own memory on each named node of the connected cluster, measured now
     (evidence M): node name → ``bytes``, ``processes``, ``names``, ``measure``. Every
     worker of the node counts, this project's device actors too: measured before any

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core import settings
@@ -31,6 +31,9 @@ from orchestrator.verify.run import (
     verify_on_node,
 )
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 log = logging.getLogger(__name__)
 
 NODE_VERIFY_TIMEOUT_S = 3600.0
@@ -38,11 +41,19 @@ NODE_VERIFY_TIMEOUT_S = 3600.0
 one session (NPU compiles, ``ort.sessions``), and a node may verify several."""
 
 
-def _verify_here(*args: Any, **kwargs: Any) -> tuple[str, VerifyReport]:
+def _verify_here(
+    config: PipelineConfig,
+    cluster: HardwareProfile,
+    node: str,
+    mask: frozenset[str],
+    force: bool,
+    seed: dict[str, str],
+) -> tuple[str, VerifyReport]:
     """Runs on the node: ``verify_on_node``, and the Ray node id it ran on."""
     import ray
 
-    return ray.get_runtime_context().get_node_id(), verify_on_node(*args, **kwargs)
+    report = verify_on_node(config, cluster, node, mask, force=force, seed=seed)
+    return ray.get_runtime_context().get_node_id(), report
 
 
 def verify_on_cluster(
@@ -82,14 +93,14 @@ def verify_on_cluster(
             "start the node (docs/cluster.md), or probe the cluster again",
         )
     task = ray.remote(num_cpus=0, max_retries=0)(_verify_here)
-    refs: dict[str, Any] = {}
+    refs: dict[str, ObjectRef[tuple[str, VerifyReport]]] = {}
     for name in nodes:
         if on_node:
             on_node(name, sum(1 for c in found if c.device.node == name))
         seed = {} if force else node_seed(store, profile.nodes[name].profile)
         refs[name] = task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(live[name], soft=False)
-        ).remote(config, profile, name, mask, force=force, seed=seed)
+        ).remote(config, profile, name, mask, force, seed)
     report = VerifyReport(config.name, profile.name, skipped=skipped, evidence_dir=str(store.root))
     for name in nodes:
         try:

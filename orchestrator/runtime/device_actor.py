@@ -48,12 +48,15 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from orchestrator.core.errors import ConfigError, LedgerLost, PeerLost, StageFailed
+from orchestrator.core.ledger import AdmissionAnswer, MeasuredPeak, ShortfallDoc
 from orchestrator.core.memory import descendants, rss_of
 from orchestrator.core.plan import StagePlan
-from orchestrator.runtime.actor_inputs import StageInputs
+from orchestrator.core.profile import Route
+from orchestrator.runtime.actor_inputs import NO_SIDE, ConsumerSide, StageInputs, StreamRoute
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import JoinSpec
 from orchestrator.runtime.load_imports import call_loading
@@ -68,17 +71,87 @@ from orchestrator.runtime.metering import (
 )
 from orchestrator.runtime.router import Router, RouteTable
 from orchestrator.runtime.stage_stats import StageStats, Stamps, Tally, from_list, timed
+from stages.base import StageConfig, StageHealth, StageKind
+from stages.payloads import Item
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
     from stages.base import StageRunner
 
 log = logging.getLogger(__name__)
 
 
+class ActorReady(TypedDict):
+    """What a device actor answers ``ready()`` with: where it runs and how it started."""
+
+    device: str
+    pid: int
+    host: str
+    node_id: str
+    rss_bytes: int
+    omp_num_threads: str | None
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """What the runtime sends a device actor to load one stage (``DeviceActor.load_stage``):
+    the placement's plan as this instance runs it, the stage's config and kind (the kind
+    object itself: a decode kind carries the engines registered in the caller's process), the
+    profile's route for the placement (None: this process drives the device), whether the
+    ledger already admitted its reservations with others (``admit_together``), and its ledger
+    holder (the stage's name; ``voice#1`` for a replica)."""
+
+    plan: StagePlan
+    config: StageConfig
+    kind: StageKind
+    route: Route | None = None
+    admitted: bool = False
+    holder: str | None = None
+
+
+class LoadReport(TypedDict):
+    """What ``DeviceActor.load_stage`` answers (``Runtime.load_results``, the run record's
+    stage rows): the stage, its holder and device, the load's seconds, whether it overlapped
+    another load in the actor, what the load found (``StageRunner.load_info``, reduced to
+    small values) and the measured peak."""
+
+    stage: str
+    holder: str
+    device: str
+    load_s: float
+    overlapped: bool
+    load_info: dict[str, object]
+    measured: MeasuredPeak
+
+
+class WorkerRestarts(TypedDict):
+    """A stage whose route worker was replaced after it died: how many times since its load."""
+
+    restarts: int
+
+
+class ActorHealth(TypedDict):
+    """What ``DeviceActor.health`` answers: the stages that cannot serve though the actor lives
+    (``failed``) and those whose route worker was replaced (``workers``), by stage."""
+
+    failed: dict[str, StageHealth]
+    workers: dict[str, WorkerRestarts]
+
+
+StreamMessage = (
+    tuple[Literal["out"], Item]
+    | tuple[Literal["first"], None]
+    | tuple[Literal["stats"], StageStats]
+)
+"""One message of ``DeviceActor.stream``: an output, the direct mode's first-output mark,
+then the closing stats."""
+
+
 class DeviceActor:
     """Hosts the stages placed on one device (see the module docstring)."""
 
-    def __init__(self, device: str, ledger: Any, key: str | None = None) -> None:
+    def __init__(self, device: str, ledger: ActorHandle, key: str | None = None) -> None:
         self.device = device
         self.key = key or device
         """This actor's key among its peers: the device id, or ``device#k`` for the k-th extra
@@ -98,54 +171,43 @@ class DeviceActor:
         self._closed = asyncio.Event()
         """Set by ``close``: the supervisor's ``watch`` call then returns."""
 
-    async def _tell_ledger(self, method: str, *args: Any) -> Any:
+    async def _tell_ledger(self, method: str, holder: str, *args: MeasuredPeak) -> None:
         """A report or release that must not stop a close: a dead ledger is noted
         (``ledger_error``), not raised here."""
         try:
-            return await getattr(self.ledger, method).remote(*args)
+            await getattr(self.ledger, method).remote(holder, *args)
         except Exception as exc:
             head = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             self.ledger_error = self.ledger_error or f"{type(exc).__name__}: {head}"
             log.warning(
-                "the ledger actor did not take %s(%s): %s",
-                method,
-                args[0] if args else "",
-                self.ledger_error,
+                "the ledger actor did not take %s(%s): %s", method, holder, self.ledger_error
             )
-            return None
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> ActorReady:
         import ray
 
-        return {
-            "device": self.device,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "rss_bytes": rss_of(os.getpid()),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        }
+        return ActorReady(
+            device=self.device,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            node_id=ray.get_runtime_context().get_node_id(),
+            rss_bytes=rss_of(os.getpid()),
+            omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        )
 
     # -- loading ---------------------------------------------------------------
-    async def load_stage(
-        self,
-        plan_doc: dict[str, Any],
-        stage_config: Any,
-        kind: Any,
-        route: Any = None,
-        admitted: bool = False,
-        holder: str | None = None,
-    ) -> dict[str, Any]:
-        plan = StagePlan.from_dict(plan_doc)
+    async def load_stage(self, load: StageLoad) -> LoadReport:
+        """Load one stage (the module docstring's step 2); the report of its load."""
+        plan = load.plan
         name = plan.name
-        holder = holder or name
-        if not admitted:
+        holder = load.holder or name
+        if not load.admitted:
             await self._admit(plan, holder)
         before = set(descendants(os.getpid()))
         meter = LoadMeter(before)
         meter.start()
         overlapped = self._begin_load(name)
-        runner, load_s = await self._make_and_load(plan, stage_config, kind, route, meter, holder)
+        runner, load_s = await self._make_and_load(load, meter, holder)
         meter.stop()
         overlapped_with = self._loading.pop(name, set())
         overlapped = bool(overlapped_with) or overlapped
@@ -168,45 +230,41 @@ class DeviceActor:
         await self.ledger.release.remote(holder, "load")
         hosted.measured = measure(hosted, self.stages, self.device)
         await self.ledger.report.remote(holder, hosted.measured)
-        return {
-            "stage": name,
-            "holder": holder,
-            "device": self.device,
-            "load_s": round(load_s, 3),
-            "overlapped": overlapped,
-            "load_info": hosted.load_info,
-            "measured": hosted.measured,
-        }
+        return LoadReport(
+            stage=name,
+            holder=holder,
+            device=self.device,
+            load_s=round(load_s, 3),
+            overlapped=overlapped,
+            load_info=hosted.load_info,
+            measured=hosted.measured,
+        )
 
     async def _admit(self, plan: StagePlan, holder: str) -> None:
         """All of the plan's reservations from the ledger, or ``StageFailed`` naming the shortfall."""
-        admission = await self.ledger.admit.remote(holder, [r.to_dict() for r in plan.reservations])
+        admission: AdmissionAnswer = await self.ledger.admit.remote(
+            holder, [r.to_dict() for r in plan.reservations]
+        )
         if not admission["ok"]:
             raise StageFailed(plan.name, self.device, refusal(admission["shortfalls"][0]))
 
     async def _make_and_load(
-        self,
-        plan: StagePlan,
-        stage_config: Any,
-        kind: Any,
-        route: Any,
-        meter: LoadMeter,
-        holder: str,
+        self, load: StageLoad, meter: LoadMeter, holder: str
     ) -> tuple[StageRunner, float]:
         """The kind's runner, made and ``load()``-ed in worker threads, and the seconds its load
         took. A failure stops ``meter``, releases everything the stage held (the ledger is as
         before, and the load counts in no other load's figure) and raises ``StageFailed``."""
-        name = plan.name
+        name, kind = load.plan.name, load.kind
         runner = None
         try:
             await self._import_first(kind)
             params = inspect.signature(kind.runner).parameters
 
-            def make() -> Any:
+            def make() -> StageRunner:
                 return (
-                    kind.runner(plan, stage_config, route=route)
+                    kind.runner(load.plan, load.config, route=load.route)
                     if "route" in params
-                    else kind.runner(plan, stage_config)
+                    else kind.runner(load.plan, load.config)
                 )
 
             # the runner is made and loaded as a load: whatever either imports, the imports of
@@ -229,10 +287,10 @@ class DeviceActor:
             cause = exc.cause if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
             raise StageFailed(name, self.device, f"load failed: {cause}") from None
 
-    async def _import_first(self, kind: Any) -> None:
+    async def _import_first(self, kind: StageKind) -> None:
         """Import the kind's ``runner_imports`` not imported yet, one stage at a time."""
         async with self._importing:
-            missing = [m for m in getattr(kind, "runner_imports", ()) if m not in sys.modules]
+            missing = [m for m in kind.runner_imports if m not in sys.modules]
             if missing:
                 await asyncio.to_thread(
                     call_loading, lambda: [importlib.import_module(m) for m in missing]
@@ -248,7 +306,7 @@ class DeviceActor:
                 self._loading[name].add(other)
         return bool(self._loading[name])
 
-    async def measure(self, stage: str) -> dict[str, Any]:
+    async def measure(self, stage: str) -> MeasuredPeak:
         h = self._hosted(stage)
         h.measured = measure(h, self.stages, self.device)
         await self._tell_ledger("report", h.holder, h.measured)
@@ -265,9 +323,9 @@ class DeviceActor:
         self,
         stage: str,
         request_id: str,
-        initial: list[Any] | None = None,
-        route: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[str, Any]]:
+        initial: list[Item] | None = None,
+        route: StreamRoute | None = None,
+    ) -> AsyncIterator[StreamMessage]:
         """The request's outputs on ``stage``: without ``route``, every output as ``("out",
         item)`` (the relay); with one (the direct mode), ``("first", None)`` once, then
         ``("out", payload)`` for final outputs only, each output handed on to the consumers
@@ -285,7 +343,7 @@ class DeviceActor:
         t0 = time.perf_counter()
         begin_request(h)
         agen: Any = h.runner.stream(request_id, inputs)  # an async generator: closed below
-        side: dict[str, Any] = {}
+        side = NO_SIDE
         try:
             async for item in agen:
                 tally.count(item, t0)
@@ -327,9 +385,9 @@ class DeviceActor:
         tally: Tally,
         t0: float,
         fed: float | None,
-        initial: list[Any] | None,
+        initial: list[Item] | None,
         router: Router | None,
-        side: dict[str, Any],
+        side: ConsumerSide,
     ) -> StageStats:
         """The stream's closing record: the tally's figures, the runner's, and in the direct
         mode the edges its router counted and what its input was handed (``side``)."""
@@ -339,23 +397,23 @@ class DeviceActor:
         stats.update(figures)
         if router is not None:
             stats["edges_out"] = router.edges_out()
-            stats["chunks_in"] = side["chunks_in"] or []
-            if side["join"] is not None:
-                stats["join"] = side["join"]
+            stats["chunks_in"] = side.chunks_in or []
+            if side.join is not None:
+                stats["join"] = side.join
         # absolute stamps on this machine's monotonic clock; the runtime reads them (the
         # first-audio trace) and takes them out before the figures reach a record
         stamps: Stamps = {
             "emitted": tally.emitted,
             "first_fed": fed,
             "first_taken": tally.waited[2] or None,
-            "runner": runner_stamps,
+            "runner": runner_stamps if isinstance(runner_stamps, dict) else None,
         }
-        return StageStats(stats, stamps, side["first"] if router is not None else None)
+        return StageStats(stats, stamps, side.first if router is not None else None)
 
     # -- inputs (``actor_inputs.StageInputs``): what other actors and the driver call ------
     async def connect(
         self,
-        peers: Mapping[str, Any],
+        peers: Mapping[str, ActorHandle],
         tables: Mapping[str, RouteTable],
         joins: Mapping[str, JoinSpec],
     ) -> None:
@@ -367,7 +425,7 @@ class DeviceActor:
         self,
         stage: str,
         request_id: str,
-        items: list[Any],
+        items: list[Item],
         entry: str | None = None,
         first: FirstChunk | None = None,
     ) -> None:
@@ -387,20 +445,21 @@ class DeviceActor:
         """How many of the request's tasks (streams, feeds, joins) run here now."""
         return self.io.pending(request_id)
 
-    async def health(self) -> dict[str, dict[str, Any]]:
+    async def health(self) -> ActorHealth:
         """How the hosted stages are, asked of each runner now: ``failed``, the stages that
         cannot serve though this actor lives (a runner's ``health()``: an engine that stopped,
-        a route worker being replaced), each as ``{"code", "message"}``; ``workers``, each
-        stage whose route worker was replaced after it died: ``{"restarts": n}``."""
-        failed, workers = {}, {}
+        a route worker being replaced); ``workers``, each stage whose route worker was replaced
+        after it died, with how many times."""
+        failed: dict[str, StageHealth] = {}
+        workers: dict[str, WorkerRestarts] = {}
         for name, h in self.stages.items():
             state = h.runner.health()
             if state:
-                failed[name] = dict(state)
+                failed[name] = StageHealth(code=state["code"], message=state["message"])
             restarts = h.runner.worker_restarts()
             if restarts:
-                workers[name] = {"restarts": int(restarts)}
-        return {"failed": failed, "workers": workers}
+                workers[name] = WorkerRestarts(restarts=int(restarts))
+        return ActorHealth(failed=failed, workers=workers)
 
     async def watch(self) -> str:
         """Answers only when this actor closes: the supervisor holds one such call on every
@@ -410,10 +469,10 @@ class DeviceActor:
         return "closed"
 
     # -- closing -----------------------------------------------------------------
-    async def close_stage(self, stage: str) -> dict[str, Any]:
+    async def close_stage(self, stage: str) -> MeasuredPeak | None:
         h = self.stages.pop(stage, None)
         if h is None:
-            return {}
+            return None
         self.order.remove(stage)
         if h.request_meter is not None:
             h.request_meter.stop()
@@ -425,13 +484,15 @@ class DeviceActor:
             await self._tell_ledger("release", h.holder)
         return h.measured
 
-    async def close(self) -> dict[str, Any]:
+    async def close(self) -> dict[str, MeasuredPeak]:
         """Close every stage, last loaded first; every runner is closed even when the
         ledger actor is gone, and then ``LedgerLost`` names it."""
         out = {}
         try:
             for stage in reversed(list(self.order)):
-                out[stage] = await self.close_stage(stage)
+                measured = await self.close_stage(stage)
+                if measured is not None:
+                    out[stage] = measured
         finally:
             self._closed.set()
         if self.ledger_error:
@@ -439,7 +500,7 @@ class DeviceActor:
         return out
 
 
-def refusal(shortfall: dict[str, Any]) -> str:
+def refusal(shortfall: ShortfallDoc) -> str:
     """The cause of a ``StageFailed`` for a load the ledger refused: the pool, its figures, who holds what."""
     s = shortfall
     who = ", ".join(f"{h} {b / 2**20:.0f} MiB" for h, b in s["contributors"].items())
@@ -449,12 +510,14 @@ def refusal(shortfall: dict[str, Any]) -> str:
     )
 
 
-ACTOR_OPTIONS: dict[str, Any] = {
-    "num_cpus": 0,
-    "max_restarts": 0,
-    "max_task_retries": 0,
-    "max_concurrency": 64,
-}
+class ActorOptions(TypedDict):
+    num_cpus: int
+    max_restarts: int
+    max_task_retries: int
+    max_concurrency: int
+
+
+ACTOR_OPTIONS = ActorOptions(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=64)
 """No CPU reservation (placement is by the device resource; Ray's CPU count would
 only block a small machine), no restarts by Ray (a dead actor is reported, and brought back
 by the runtime's supervisor as its stages' ``restart`` says: ``runtime.supervisor``), up to 64

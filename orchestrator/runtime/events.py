@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import write_wav
+from stages.payloads import Item
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class AudioChunk:
 @dataclass(frozen=True)
 class OutputItem:
     stage: str
-    value: Any
+    value: Item
     request_id: str
     t: float
 
@@ -62,7 +64,7 @@ class StageEvent:
     kind: Literal["first_output", "done"]
     request_id: str
     t: float
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, object] = field(default_factory=dict)
     """For ``done``: items, time to first output, duration, throughput and the
     stage's own figures (tokens and decode rate for a decode stage, seconds of
     audio and real-time factor for a TTS stage)."""
@@ -80,14 +82,14 @@ class Result:
     text: str
     audio: np.ndarray | None
     sample_rate: int | None
-    stages: dict[str, dict[str, Any]]
+    stages: dict[str, dict[str, object]]
     """stage → figures from its ``done`` event."""
     time_to_first_token_s: float | None
     time_to_first_audio_s: float | None
     total_s: float
     chunks: list[str] = field(default_factory=list)
     """The speakable chunks the text was cut into, in order."""
-    outputs: dict[str, list[Any]] = field(default_factory=dict)
+    outputs: dict[str, list[Item]] = field(default_factory=dict)
     """stage → the items it yielded that are neither text nor audio (``OutputItem``: a graph's
     arrays, an Omni talker's codes), in order."""
 
@@ -109,7 +111,7 @@ class Result:
             )
         return write_wav(path, self.audio, self.sample_rate)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """Plain data for the run record (no arrays)."""
         return {
             "request_id": self.request_id,
@@ -138,8 +140,8 @@ def collect(request_id: str, prompt: str, events: list[Event], total_s: float) -
     stages = {e.stage: e.stats for e in events if isinstance(e, StageEvent) and e.kind == "done"}
     first_text = next((e.t for e in events if isinstance(e, TextDelta)), None)
     first_audio = audio_events[0].t if audio_events else None
-    chunks = [c for s in stages.values() for c in s.get("chunks_in", [])]
-    outputs: dict[str, list[Any]] = {}
+    chunks = [str(c) for s in stages.values() for c in _list(s.get("chunks_in"))]
+    outputs: dict[str, list[Item]] = {}
     for e in events:
         if isinstance(e, OutputItem):
             outputs.setdefault(e.stage, []).append(e.value)
@@ -156,6 +158,10 @@ def collect(request_id: str, prompt: str, events: list[Event], total_s: float) -
         chunks,
         outputs,
     )
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
 
 
 def _r(x: float | None) -> float | None:

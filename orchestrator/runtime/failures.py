@@ -20,14 +20,20 @@ import asyncio
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.core.errors import ConfigError, PeerLost, StageFailed
 from orchestrator.runtime import node_death
 from orchestrator.runtime.admission import replicated_limit
+from stages.base import StageHealth
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from orchestrator.runtime.device_actor import ActorHealth
     from orchestrator.runtime.startup import Device
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +149,10 @@ def check_alive(rt: Any, entry: str | None = None) -> list[str]:
     return waiting
 
 
-async def stage_failures(rt: Any, timeout_s: float) -> dict[str, dict[str, Any]]:
+async def stage_failures(rt: Any, timeout_s: float) -> dict[str, StageHealth]:
     """Stages that cannot serve inside a living device actor (``DeviceActor.health``: an
     engine that stopped, a route worker being replaced): ledger holder (the stage's name; a
-    replica's, ``voice#1``) → ``{"code", "message"}``. An actor that does not answer within
+    replica's, ``voice#1``) → why (``StageHealth``). An actor that does not answer within
     ``timeout_s`` is left out (a busy actor is not a failed one); one whose call fails because
     it died is said dead now (:func:`device_died`, in a worker thread: on a cluster's node it
     waits for Ray's verdict). Each answer's route worker restarts go to the supervisor."""
@@ -154,26 +160,31 @@ async def stage_failures(rt: Any, timeout_s: float) -> dict[str, dict[str, Any]]
 
     live = [dev for dev in list(rt.devices.values()) if not dev.dead]
 
-    async def ask(dev: Device) -> dict[str, Any]:
+    async def ask(dev: Device) -> ActorHealth | None:
         try:
-            return dict(await asyncio.wait_for(_awaitable(dev.actor.health.remote()), timeout_s))
+            found: ActorHealth = await asyncio.wait_for(
+                _awaitable(dev.actor.health.remote()), timeout_s
+            )
+            return found
         except (rex.RayActorError, rex.ActorUnavailableError) as exc:
             stage = dev.stages[0] if dev.stages else dev.id
             ray_says = cause_of(exc)
             await asyncio.to_thread(
                 lambda: device_died(rt, dev, node_death.said(stage, dev, "", ray_says))
             )
-            return {}
+            return None
         except Exception as exc:  # slow: not this call's to judge
             log.debug("device actor %s did not report its health: %s", dev.id, exc)
-            return {}
+            return None
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, StageHealth] = {}
     supervisor = getattr(rt, "supervisor", None)
     for dev, found in zip(live, await asyncio.gather(*(ask(dev) for dev in live)), strict=True):
-        for stage, failure in dict(found.get("failed") or {}).items():
+        if found is None:
+            continue
+        for stage, failure in found["failed"].items():
             out[holder_of(rt, dev, stage)] = failure
-        for stage, workers in dict(found.get("workers") or {}).items():
+        for stage, workers in found["workers"].items():
             if supervisor is not None:
                 supervisor.worker_restarts(holder_of(rt, dev, stage), dev, workers["restarts"])
     return out
@@ -184,7 +195,7 @@ def holder_of(rt: Any, dev: Device, stage: str) -> str:
     return next((h for h in dev.holders if rt.refs[h].stage == stage), stage)
 
 
-async def _awaitable(ref: Any) -> Any:
+async def _awaitable(ref: ObjectRef[T]) -> T:
     return await ref
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core.errors import StageFailed
@@ -32,10 +32,13 @@ from orchestrator.planner import plan_pipeline, verification_refusals
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import calls_per_request, replica_caps, replicated_limit
 from orchestrator.runtime.balance import ReplicaRef
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
 from orchestrator.runtime.startup import ACTOR_READY_TIMEOUT_S, LOAD_TIMEOUT_S, Device
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +95,36 @@ def _alone(config: PipelineConfig, stage: str) -> PipelineConfig:
     )
 
 
-def move(
-    rt: Any, holder: str, from_device: str, why: str, get: Callable[..., list[Any]]
-) -> dict[str, Any]:
+Move = TypedDict(
+    "Move",
+    {
+        "stage": str,
+        "holder": str,
+        "from": str,
+        "to": str,
+        "why": str,
+        "at": str,
+        "seconds": float,
+    },
+)
+"""A stage moved to another device, as ``/health`` says it (``moved``): the stage and its ledger
+holder, the device it left and the one it runs on now, why, when (UTC) and the seconds the move
+took."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """What :func:`move` did: the new actor's key, its device and the move as said."""
+
+    key: str
+    to: str
+    said: Move
+
+
+def move(rt: Any, holder: str, from_device: str, why: str, get: Callable[..., list[Any]]) -> Moved:
     """Move ``holder`` off ``from_device`` (gone: ``why``) onto the next device of its stage's
     list (the module's guarantees); ``get(refs, timeout_s, what)`` waits on Ray as the
-    supervisor does (a stop ends it). Returns ``{"key", "to", "said"}``: the new actor's key,
-    its device, and the move as ``/health`` says it. ``StageFailed`` when it fits nowhere."""
+    supervisor does (a stop ends it). ``StageFailed`` when it fits nowhere."""
     ref: ReplicaRef = rt.refs[holder]
     stage = ref.stage
     replan: Replan | None = getattr(rt, "replan", None)
@@ -118,7 +144,7 @@ def move(
     try:
         info = get([ready], ACTOR_READY_TIMEOUT_S, "start")[0]
         startup_mod.connect_actors(rt, {key: actor})
-        load = actor.load_stage.remote(
+        load: ObjectRef[LoadReport] = actor.load_stage.remote(
             view.to_dict(),
             rt.config.stage(stage),
             kind,
@@ -133,15 +159,17 @@ def move(
     new = ReplicaRef(stage, ref.index, ref.of, holder, device, key)
     _publish(rt, new, view, Device(device, actor, info, [stage], key=key, holders=[holder]))
     rt.load_results = {**rt.load_results, holder: result}
-    said = {
-        "stage": stage,
-        "holder": holder,
-        "from": from_device,
-        "to": device,
-        "why": why,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(time.monotonic() - t0, 3),
-    }
+    said = Move(
+        {
+            "stage": stage,
+            "holder": holder,
+            "from": from_device,
+            "to": device,
+            "why": why,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+    )
     log.warning(
         "stage %s moved from %s to %s (on_device_loss: fallback): %s; loaded there in %.1f s",
         holder,
@@ -150,7 +178,7 @@ def move(
         why,
         said["seconds"],
     )
-    return {"key": key, "to": device, "said": said}
+    return Moved(key, device, said)
 
 
 def _free_key(rt: Any, device: str) -> str:

@@ -21,23 +21,37 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from orchestrator.core.plan import StagePlan
+from orchestrator.runtime.actor_inputs import StreamRoute
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
 from stages.base import REQUEST
+from stages.payloads import Item
+from stages.requests import Request, TextRequest
 
 if TYPE_CHECKING:
+    from ray import ObjectRefGenerator
+
     from orchestrator.runtime.balance import ReplicaRef
     from orchestrator.runtime.startup import Device
 
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
+
+
+class DriverStats(TypedDict):
+    """What the driver did for the requests (the run record's ``runtime.streaming.driver``):
+    outputs it read, ``feed`` calls it made, its CPU seconds while requests were in flight."""
+
+    items_read: int
+    feeds_sent: int
+    cpu_s: float
 
 
 class RequestFlow:
@@ -46,12 +60,14 @@ class RequestFlow:
     def __init__(
         self,
         rt: Any,
-        prompt: Any,
+        request: Request,
         rid: str,
         entry: str | None,
-        context: Mapping[str, Sequence[Any]] | None,
+        context: Mapping[str, Sequence[Item]] | None,
     ) -> None:
-        self.rt, self.prompt, self.rid, self.entry, self.context = rt, prompt, rid, entry, context
+        self.rt, self.request, self.rid, self.entry, self.context = rt, request, rid, entry, context
+        self.item: Item = request.item()
+        """The request as its entry stage receives it (plain data: it crosses to the actor)."""
         self.plan, self.route_tables, self.driver_stats = rt.plan, rt.route_tables, rt.driver_stats
         self.picks: dict[str, ReplicaRef] = rt.picks.get(rid, {})
         """The replica of each stage serving the request (``balance.Balancer.pick``)."""
@@ -86,10 +102,10 @@ class RequestFlow:
             for s in self.stages
         ]
         for name, joiner in joiners.items():
-            prompt = self.prompt if self.entry is None else None
+            item = self.item if self.entry is None else None
             tasks.append(
                 asyncio.create_task(
-                    self._feed_joined(self.plan.stage(name), joiner, prompt),
+                    self._feed_joined(self.plan.stage(name), joiner, item),
                     name=f"{self.rid}:{name}:join",
                 )
             )
@@ -112,26 +128,26 @@ class RequestFlow:
         finally:
             await self._wind_down(tasks, finished, clean=done)
 
-    def open_streams(self) -> dict[str, Any]:
+    def open_streams(self) -> dict[str, ObjectRefGenerator]:
         """Each stage's output stream (a Ray streaming generator per stage, opened at once): a
         stage that takes the request alone gets it as its ``initial`` input (an entry stage: cut
         as its kind takes text); the others are fed. Direct: each stream gets its route."""
-        gens = {}
+        gens: dict[str, ObjectRefGenerator] = {}
         to = {name: ref.key for name, ref in self.picks.items()}
         for s in self.stages:
             alone = list(s.inputs) == [REQUEST]
             if s.name == self.entry:
                 # fed by the flow (_feed_entry), unless it takes the request (no feed call then)
-                initial = self.rt.graph.cut(s.name, self.prompt, self.chunks_in) if alone else None
+                initial = self.entry_items(s) if alone else None
             else:
-                initial = [self.prompt] if alone else None
+                initial = [self.item] if alone else None
             route = None
             if self.direct:
-                route = {
-                    "to": to,
-                    "context": list((self.context or {}).get(s.name, [])),
-                    "request_item": self.prompt if self.entry is None else None,
-                }
+                route = StreamRoute(
+                    to=to,
+                    context=list((self.context or {}).get(s.name, [])),
+                    request_item=self.item if self.entry is None else None,
+                )
             gens[s.name] = (
                 self.device(s.name)
                 .actor.stream.options(
@@ -167,24 +183,25 @@ class RequestFlow:
             with contextlib.suppress(BaseException):
                 await t
 
+    def entry_items(self, s: StagePlan) -> list[Item]:
+        """The request as the entry stage ``s`` takes it, the way its producer would feed it:
+        text cut as its kind takes text (``graph.PipelineGraph.cut``), a recording whole."""
+        if isinstance(self.request, TextRequest):
+            return list(self.rt.graph.cut(s.name, self.request.text, self.chunks_in))
+        return [self.item]
+
     async def _feed_entry(self, s: StagePlan) -> None:
-        """Feed an entry stage its prompt the way its producer would: text chunk by chunk (an
-        audio item whole), then the end."""
-        prompt = self.prompt
-        chunks = (
-            self.rt.graph.cut(s.name, prompt, self.chunks_in)
-            if isinstance(prompt, str)
-            else [prompt]
-        )
-        for chunk in chunks:
+        """Feed an entry stage its request the way its producer would (``entry_items``), then
+        the end."""
+        for chunk in self.entry_items(s):
             await self.feed(s, self.rid, chunk)
         await self.call(s, "end_input", self.rid)
 
-    async def _feed_joined(self, s: StagePlan, joiner: Joiner, prompt: Any) -> None:
+    async def _feed_joined(self, s: StagePlan, joiner: Joiner, item: Item | None) -> None:
         """Feed a fan-in stage its joined items, then its end (once every input has ended).
-        A ``request`` input contributes the prompt as its one item."""
+        A ``request`` input contributes the request's item as its one item."""
         if REQUEST in s.inputs:
-            await joiner.put(REQUEST, prompt)
+            await joiner.put(REQUEST, item)
             await joiner.end(REQUEST)
         async for item in joiner.joined():
             await self.feed(s, self.rid, item)
@@ -241,7 +258,7 @@ class RequestFlow:
             self.rt.map_failure, exc, stage, dev, f"serving request {self.rid}"
         )
 
-    async def feed(self, c: StagePlan, rid: str, item: Any) -> None:
+    async def feed(self, c: StagePlan, rid: str, item: Item) -> None:
         self.driver_stats["feeds_sent"] += 1
         await self.call(c, "feed", rid, [item])
 
@@ -255,7 +272,7 @@ class RequestFlow:
             raise await self._failed(exc, c.name) from None
 
     @staticmethod
-    def event(s: StagePlan, payload: Any, rid: str, t: float, index: int) -> Event:
+    def event(s: StagePlan, payload: Item, rid: str, t: float, index: int) -> Event:
         if isinstance(payload, str):
             return TextDelta(s.name, payload, rid, t)
         if isinstance(payload, dict) and "audio" in payload:

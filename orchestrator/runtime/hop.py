@@ -40,9 +40,8 @@ A consumer whose runner reports no stamps (not an exported graph) gets
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 RUNNER_STEPS = (
     "dispatch",
@@ -122,9 +121,24 @@ def same_clock(producer_device: str | None, consumer_device: str | None) -> bool
     return (producer_device or "").rpartition("/")[0] == (consumer_device or "").rpartition("/")[0]
 
 
+class Stamps(TypedDict):
+    """Absolute stamps on the device's monotonic clock (``time.perf_counter``), for the
+    runtime's first-audio trace (``hop.first_chunk_hop``); they never reach a record."""
+
+    emitted: list[float]
+    """When each output left the runner."""
+    first_fed: float | None
+    """When the request's first input was handed to this stage (None: it took ``initial``)."""
+    first_taken: float | None
+    """When the runner first took an input (None: never)."""
+    runner: dict[str, float] | None
+    """The runner's own ``stamps`` entry of ``request_stats`` (when each step of the request's
+    first item ended), as it gave it."""
+
+
 def first_chunk_hop(
-    first: FirstChunk, stamps: Mapping[str, Any], voice_arrived: float, t0: float
-) -> dict[str, Any] | None:
+    first: FirstChunk, stamps: Stamps, voice_arrived: float, t0: float
+) -> dict[str, object] | None:
     """``first_chunk_hop``: the steps (``STEPS``) from the producer's first sentence to the
     consumer's first output reaching the driver, and where they sit on the request's clock
     (``t0``: when it was submitted). None when a stamp is missing (the consumer yielded

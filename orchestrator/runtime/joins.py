@@ -34,9 +34,10 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from orchestrator.core.errors import StageFailed
+from stages.payloads import Item
 
 JOIN_BUFFER_ITEMS = 4
 """Unpaired items a ``zip`` keeps per input (and joined items waiting to be fed)."""
@@ -54,6 +55,22 @@ class JoinSpec:
     stage: str
     join: str
     inputs: tuple[str, ...]
+
+
+class JoinStats(TypedDict):
+    """A join's figures for one request (a fan-in stage's ``join`` in its request stats): the
+    items each input handed over and the joined items; for ``zip``, the items of each input
+    left without a partner and the most each held unpaired at once."""
+
+    join: str
+    received: dict[str, int]
+    joined: int
+    unpaired: NotRequired[dict[str, int]]
+    ahead_max: NotRequired[dict[str, int]]
+
+
+Joined = dict[str, Item | list[Item | None] | None]
+"""One joined item: by source, its item (``zip``, ``latest``) or its whole output (``all``)."""
 
 
 class Joiner:
@@ -76,22 +93,22 @@ class Joiner:
         self.sources = list(sources)
         self.buffer_items = max(1, buffer_items)
         self.all_items = all_items
-        self.pending: dict[str, deque[Any]] = {s: deque() for s in self.sources}
+        self.pending: dict[str, deque[Item | None]] = {s: deque() for s in self.sources}
         self.ended: set[str] = set()
-        self.latest: dict[str, Any] = {}
+        self.latest: dict[str, Item | None] = {}
         self.received = dict.fromkeys(self.sources, 0)
         self.unpaired = dict.fromkeys(self.sources, 0)
         self.ahead_max = dict.fromkeys(self.sources, 0)
         """The most unpaired items each input held at once (``zip``): at most ``buffer_items``."""
         self.emitted = 0
         self.finished = False
-        self._out: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.buffer_items)
+        self._out: asyncio.Queue[Joined | object] = asyncio.Queue(maxsize=self.buffer_items)
         self._changed = asyncio.Condition()
         self._order = asyncio.Lock()
         """Held from taking items to handing the joined item on, so joined items keep their order."""
 
     # -- producers -------------------------------------------------------------
-    async def put(self, source: str, item: Any) -> None:
+    async def put(self, source: str, item: Item | None) -> None:
         """Hand over ``source``'s next item; waits while the join holds as many of
         that input's items as it may (see the module docstring)."""
         if source not in self.pending:
@@ -143,37 +160,34 @@ class Joiner:
             await self._finish()
 
     # -- the consumer ----------------------------------------------------------
-    async def joined(self) -> AsyncIterator[dict[str, Any]]:
+    async def joined(self) -> AsyncIterator[Joined]:
         """The joined items, in order, until the join ends."""
         while True:
             item = await self._out.get()
             if item is _DONE:
                 return
+            assert isinstance(item, dict)
             yield item
 
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "join": self.join,
-            "received": dict(self.received),
-            "joined": self.emitted,
-        }
+    def stats(self) -> JoinStats:
+        out = JoinStats(join=self.join, received=dict(self.received), joined=self.emitted)
         if self.join == "zip":
             out["unpaired"] = {s: n for s, n in self.unpaired.items() if n}
             out["ahead_max"] = dict(self.ahead_max)
         return out
 
     # -- inside ----------------------------------------------------------------
-    def _ordered(self, d: dict[str, Any]) -> list[tuple[str, Any]]:
+    def _ordered(self, d: dict[str, Item | None]) -> list[tuple[str, Item | None]]:
         return [(s, d[s]) for s in self.sources if s in d]
 
-    async def _emit(self, item: dict[str, Any]) -> None:
+    async def _emit(self, item: Joined) -> None:
         self.emitted += 1
         await self._out.put(item)
 
     async def _pair(self) -> None:
         async with self._order:
             while not self.finished and all(self.pending[s] for s in self.sources):
-                item = {s: self.pending[s].popleft() for s in self.sources}
+                item: Joined = {s: self.pending[s].popleft() for s in self.sources}
                 async with self._changed:
                     self._changed.notify_all()
                 await self._emit(item)

@@ -33,16 +33,61 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
-from orchestrator.core.ledger import Admission, Ledger, Reservation, holder_peak
+from orchestrator.core.ledger import (
+    Admission,
+    AdmissionAnswer,
+    Ledger,
+    MeasuredPeak,
+    PoolRow,
+    Reservation,
+    ReservationDoc,
+    TogetherAnswer,
+    holder_peak,
+    shortfall_docs,
+)
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+
+class PoolDoc(TypedDict):
+    """A pool the ledger actor is made with (``PoolPlan.to_dict()``: its other keys are left)."""
+
+    id: str
+    capacity_bytes: int
+    parent: str | None
+    note: str
+
+
+class LedgerEvent(TypedDict):
+    """One step in the ledger actor's log: when, what (admit, refuse, release:load, ...), who,
+    how many bytes."""
+
+    t: float
+    event: str
+    holder: str
+    bytes: int
+
+
+class ActorSnapshot(TypedDict, total=False):
+    """The ledger actor's snapshot (``snapshot()``; the run record's ``ledger``): the ledger's
+    pools and holders (``LedgerSnapshot``), each holder's measured peak, the bytes held now and
+    the last 200 events. Empty where there is no ledger to ask (a runtime closed before its
+    ledger started)."""
+
+    pools: list[PoolRow]
+    holders: dict[str, list[ReservationDoc]]
+    measured: dict[str, MeasuredPeak]
+    held_bytes: int
+    events: list[LedgerEvent]
 
 
 class LedgerService:
     """Pools and reservations, plus the measured peaks reported against them."""
 
-    def __init__(self, pools: list[dict[str, Any]]) -> None:
+    def __init__(self, pools: list[PoolDoc]) -> None:
         self.ledger = Ledger()
         # Parents first: a pool can only name a parent that already exists.
         pending = list(pools)
@@ -62,22 +107,22 @@ class LedgerService:
                 raise KeyError(
                     f"pools name parents that do not exist: {[p['id'] for p in pending]}"
                 )
-        self.measured: dict[str, dict[str, Any]] = {}
-        self.events: list[dict[str, Any]] = []
+        self.measured: dict[str, MeasuredPeak] = {}
+        self.events: list[LedgerEvent] = []
 
     def ready(self) -> int:
         """The actor's process id (its memory is Ray's, charged with the runtime)."""
         return os.getpid()
 
-    def admit(self, holder: str, reservations: list[dict[str, Any]]) -> dict[str, Any]:
+    def admit(self, holder: str, reservations: list[ReservationDoc]) -> AdmissionAnswer:
         """Check and reserve in one step; the :class:`~orchestrator.core.ledger.Admission`
-        as plain data: ``{"ok": bool, "shortfalls": [...]}``."""
+        as plain data (``Admission.answer``)."""
         rs = [Reservation(**r) for r in reservations]
         admission = self.ledger.admit(holder, rs)
         self._log("admit" if admission.ok else "refuse", holder, sum(r.bytes for r in rs))
-        return _plain(admission)
+        return admission.answer()
 
-    def admit_together(self, batch: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    def admit_together(self, batch: list[tuple[str, list[ReservationDoc]]]) -> TogetherAnswer:
         """Admit the longest prefix of ``batch`` (``(holder, reservations)`` in load
         order) whose holders may all load at once; one step, so nothing else is
         admitted in between.
@@ -86,11 +131,11 @@ class LedgerService:
         pool (``ledger.holder_peak``: its load path or its steady state, whichever
         is larger) all at the same time — the ledger's usual rule assumes loads one
         at a time and would let their transients overlap unseen. A prefix of one
-        is the usual ``admit``. Answers ``{"admitted": [holders], "shortfalls": [...]}``:
-        the shortfalls say why the first holder alone is refused (then nothing is
-        admitted), or why the next holder could not join the prefix."""
+        is the usual ``admit``. Answers the holders admitted and the shortfalls: why the first
+        holder alone is refused (then nothing is admitted), or why the next holder could not
+        join the prefix."""
         parsed = [(holder, [Reservation(**r) for r in rs]) for holder, rs in batch]
-        why_not: list[Any] = []
+        why_not = []
         for n in range(len(parsed), 1, -1):
             together = {h: _at_peak(rs) for h, rs in parsed[:n]}
             shortfalls = self.ledger.check(together)
@@ -101,19 +146,18 @@ class LedgerService:
                 # at their peaks together they fit, so each fits the usual rule too
                 self.ledger.held.setdefault(holder, []).extend(rs)
                 self._log("admit", holder, sum(r.bytes for r in rs))
-            return {
-                "admitted": [h for h, _ in parsed[:n]],
-                "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"],
-            }
+            return TogetherAnswer(
+                admitted=[h for h, _ in parsed[:n]], shortfalls=shortfall_docs(why_not)
+            )
         if not parsed:
-            return {"admitted": [], "shortfalls": []}
+            return TogetherAnswer(admitted=[], shortfalls=[])
         holder, rs = parsed[0]
         answer = self.admit(holder, [r.to_dict() for r in rs])
         if not answer["ok"]:
-            return {"admitted": [], "shortfalls": answer["shortfalls"]}
-        return {"admitted": [holder], "shortfalls": _plain(Admission(tuple(why_not)))["shortfalls"]}
+            return TogetherAnswer(admitted=[], shortfalls=answer["shortfalls"])
+        return TogetherAnswer(admitted=[holder], shortfalls=shortfall_docs(why_not))
 
-    def retake(self, batch: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    def retake(self, batch: list[tuple[str, list[ReservationDoc]]]) -> AdmissionAnswer:
         """Hold each holder's ``reservations`` in place of whatever it holds now (a restart's
         stages, loading again), all together at their peaks as ``admit_together`` checks a
         wave, or none: ``{"ok", "shortfalls"}``, and when not ``ok`` every holder keeps what it
@@ -130,18 +174,18 @@ class LedgerService:
                     self.ledger.held[h] = held
             for h, rs in parsed:
                 self._log("refuse", h, sum(r.bytes for r in rs))
-            return _plain(Admission(tuple(shortfalls)))
+            return Admission(tuple(shortfalls)).answer()
         for holder, rs in parsed:
             self.ledger.held[holder] = list(rs)
             self._log("retake", holder, sum(r.bytes for r in rs))
-        return _plain(Admission(()))
+        return Admission(()).answer()
 
     def release(self, holder: str, lifetime: str | None = None) -> int:
         freed = self.ledger.release(holder, lifetime)  # type: ignore[arg-type]
         self._log(f"release:{lifetime or 'all'}", holder, freed)
         return freed
 
-    def replace(self, holder: str, purpose: str, reservation: dict[str, Any]) -> dict[str, Any]:
+    def replace(self, holder: str, purpose: str, reservation: ReservationDoc) -> AdmissionAnswer:
         """Swap one held reservation (by purpose, on the new one's pool) for another — an
         estimate for its measurement; on a cluster, one node's pool at a time. Atomic:
         when not ``ok`` the old one stays. Answers like ``admit``."""
@@ -154,10 +198,13 @@ class LedgerService:
         if not admission.ok:
             self.ledger.held[holder] = keep + old
         self._log("replace" if admission.ok else "refuse", holder, new.bytes)
-        return _plain(admission)
+        return admission.answer()
 
-    def report(self, holder: str, measured: dict[str, Any]) -> None:
-        self.measured[holder] = {**self.measured.get(holder, {}), **measured}
+    def report(self, holder: str, measured: MeasuredPeak) -> None:
+        """The holder's measured peak, over what it reported before (a later report's keys win)."""
+        merged: dict[str, object] = dict(self.measured.get(holder, {}))
+        merged.update(measured)
+        self.measured[holder] = cast(MeasuredPeak, merged)
 
     def held_bytes(self, pool: str | None = None) -> int:
         return self.ledger.held_bytes(pool)
@@ -165,22 +212,18 @@ class LedgerService:
     def holders(self) -> list[str]:
         return sorted(self.ledger.held)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ActorSnapshot:
         snap = self.ledger.snapshot()
-        snap["measured"] = self.measured
-        snap["held_bytes"] = self.ledger.held_bytes()
-        snap["events"] = self.events[-200:]
-        return snap
+        return ActorSnapshot(
+            pools=snap["pools"],
+            holders=snap["holders"],
+            measured=self.measured,
+            held_bytes=self.ledger.held_bytes(),
+            events=self.events[-200:],
+        )
 
     def _log(self, what: str, holder: str, nbytes: int) -> None:
-        self.events.append({"t": time.time(), "event": what, "holder": holder, "bytes": nbytes})
-
-
-def _plain(admission: Admission) -> dict[str, Any]:
-    return {
-        "ok": admission.ok,
-        "shortfalls": [{**asdict(s), "over_by": s.over_by} for s in admission.shortfalls],
-    }
+        self.events.append(LedgerEvent(t=time.time(), event=what, holder=holder, bytes=nbytes))
 
 
 def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
@@ -200,14 +243,13 @@ def _at_peak(reservations: list[Reservation]) -> list[Reservation]:
     ]
 
 
-def create(pools: list[dict[str, Any]], **options: Any) -> Any:
+def create(pools: list[PoolDoc], **options: object) -> ActorHandle:
     """A ``LedgerService`` actor (one method at a time), placed anywhere, or as ``options``
     say (the runtime keeps it on the driver's node of a cluster: a node that leaves
     must not take the ledger with it)."""
     import ray
 
-    return (
-        ray.remote(LedgerService)
-        .options(num_cpus=0, max_concurrency=1, max_restarts=0, **options)
-        .remote(pools)
+    actor = ray.remote(LedgerService).options(
+        num_cpus=0, max_concurrency=1, max_restarts=0, **options
     )
+    return cast("ActorHandle", actor.remote(pools))

@@ -23,8 +23,9 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.core.memory import RssMeter, descendants, rss_of
 from orchestrator.core.plan import StagePlan
 
@@ -39,7 +40,7 @@ class Hosted:
     plan: StagePlan
     runner: StageRunner
     load_s: float
-    load_info: dict[str, Any]
+    load_info: dict[str, object]
     tree_load_peak: int
     tree_resident: int
     request_meter: RssMeter | None = None
@@ -59,7 +60,14 @@ class Hosted:
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: MeasuredPeak | None = None
+
+
+class Verdict(TypedDict):
+    """A measured peak judged against its budget: within it or not, or not judged (null) and why."""
+
+    within_budget: bool | None
+    within_budget_reason: NotRequired[str]
 
 
 def upper_bound(h: Hosted, stages: Mapping[str, Hosted]) -> str | None:
@@ -77,7 +85,7 @@ def upper_bound(h: Hosted, stages: Mapping[str, Hosted]) -> str | None:
     )
 
 
-def measure(h: Hosted, stages: Mapping[str, Hosted], device: str) -> dict[str, Any]:
+def measure(h: Hosted, stages: Mapping[str, Hosted], device: str) -> MeasuredPeak:
     """The stage's measured peak now, next to its budget: the runner's own figure when it
     measures itself, else the RSS growth of the actor's process tree (the load's peak, the
     resident after it, and the highest rise while it had requests in flight)."""
@@ -115,11 +123,11 @@ def measure(h: Hosted, stages: Mapping[str, Hosted], device: str) -> dict[str, A
         if note:
             method += f"; {note}"
     budget = h.plan.budget_bytes()
-    judged: dict[str, Any] = {"within_budget": peak <= budget}
+    verdict: Verdict = {"within_budget": peak <= budget}
     if bound and peak > budget:
         # not this stage's peak: another load in this process is in the figure (a bound
         # within the budget still shows the stage within it)
-        judged = {"within_budget": None, "within_budget_reason": f"not judged: {bound}"}
+        verdict = {"within_budget": None, "within_budget_reason": f"not judged: {bound}"}
     return {
         "measured_peak_bytes": peak,
         "load_peak_bytes": load,
@@ -128,7 +136,7 @@ def measure(h: Hosted, stages: Mapping[str, Hosted], device: str) -> dict[str, A
         "upper_bound": bound is not None,
         "budget_bytes": budget,
         "budget_over_measured": round(budget / peak, 3) if peak else None,
-        **judged,
+        **verdict,
         "evidence": "M",
         "method": method,
         "where": f"{socket.gethostname()}:{device} pid {os.getpid()}",
@@ -260,10 +268,10 @@ def end_request(h: Hosted) -> None:
             h.tree_request_growth = max(h.tree_request_growth, h.request_meter.window_growth)
 
 
-def summarize(info: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(info: Mapping[str, object]) -> dict[str, object]:
     """A runner's load_info, small enough for a run record: scalars kept, the EP
     node assignment reduced to nodes per EP, other large values to their size."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in info.items():
         if key == "assignment" and isinstance(value, list):
             out["nodes_per_ep"] = {

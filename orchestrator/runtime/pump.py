@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.core.plan import StagePlan
-from orchestrator.runtime.events import StageEvent
+from orchestrator.runtime.events import Event, StageEvent
 from orchestrator.runtime.hop import FirstChunk, first_chunk_hop
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.router import Route, Router, _count_item, edge_counts, payload_bytes
 from orchestrator.runtime.stage_stats import NO_STAMPS, StageStats, Stamps
+from stages.payloads import Item
+
+if TYPE_CHECKING:
+    from ray import ObjectRefGenerator
+
+    from orchestrator.runtime.device_actor import StreamMessage
 
 __all__ = ["_StagePump", "_count_item", "edge_counts", "payload_bytes"]
 
@@ -33,7 +39,7 @@ class _StagePump:
         s: StagePlan,
         rid: str,
         t0: float,
-        events: asyncio.Queue[Any],
+        events: asyncio.Queue[Event | BaseException | None],
         chunks_in: dict[str, list[str]],
         joiners: dict[str, Joiner],
         firsts: dict[str, FirstChunk],
@@ -61,14 +67,14 @@ class _StagePump:
         self.first: float | None = None
         """Seconds from the request's start to the stage's first output reaching the driver."""
         self.first_arrived: float | None = None
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, object] = {}
         self.stamps: Stamps = NO_STAMPS
         self.first_in: FirstChunk | None = None
         """The direct mode: the first chunk of this stage's input, as its actor kept it."""
         self.index = 0
 
     async def _deliver(
-        self, r: Route, items: list[Any], end: bool, first: FirstChunk | None
+        self, r: Route, items: list[Item], end: bool, first: FirstChunk | None
     ) -> None:
         """The relay's hand-over: each item fed from here (a fan-in's through its joiner)."""
         c = self.rt.plan.stage(r.consumer)
@@ -84,26 +90,27 @@ class _StagePump:
             else:
                 await self.rt.call(c, "end_input", self.rid)
 
-    async def read(self, gen: Any) -> None:
-        """Every output of the stage's stream, and its closing stats."""
+    async def read(self, gen: ObjectRefGenerator) -> None:
+        """Every output of the stage's stream (``DeviceActor.stream``'s messages), and its
+        closing stats."""
         async for ref in gen:
-            kind, item = await ref
-            if kind == "stats":
-                closing: StageStats = item
+            message: StreamMessage = await ref
+            if message[0] == "stats":
+                closing: StageStats = message[1]
                 self.stamps, self.stats = closing.stamps, closing.figures
                 self.first_in = closing.first
                 continue
-            if kind == "first":
+            if message[0] == "first":
                 self._first_output(time.perf_counter())
                 continue
-            await self._output(item)
+            await self._output(message[1])
 
     def _first_output(self, now: float) -> None:
         if self.first is None:
             self.first_arrived, self.first = now, now - self.t0
             self.events.put_nowait(StageEvent(self.s.name, "first_output", self.rid, self.first))
 
-    async def _output(self, item: Any) -> None:
+    async def _output(self, item: Item) -> None:
         s = self.s
         self.arrived.append(time.perf_counter())
         self.rt.driver_stats["items_read"] += 1
@@ -125,15 +132,15 @@ class _StagePump:
         if self.router is not None:
             await self.router.finish(self.stamps.get("emitted") or [])
 
-    def done_stats(self, end: float) -> dict[str, Any]:
+    def done_stats(self, end: float) -> dict[str, object]:
         s = self.s
         figures = dict(self.stats)
         # the direct mode: what the stage's actor counted (its edges, the sentences it was fed)
-        fed = figures.pop("chunks_in", [])
+        fed = figures.pop("chunks_in", None)
         edges = figures.pop("edges_out", {})
         join = figures.pop("join", None)
         replica = self.pick if self.pick is not None and self.pick.of > 1 else None
-        stats = {
+        stats: dict[str, object] = {
             **figures,
             # a stage with replicas: the one that served the request, and its device
             **({"holder": replica.holder} if replica is not None else {}),
@@ -141,7 +148,7 @@ class _StagePump:
             "backend": s.backend,
             "time_to_first_output_s": _r(self.first),
             "done_s": _r(end),
-            "chunks_in": [*self.chunks_in.get(s.name, []), *fed],
+            "chunks_in": [*self.chunks_in.get(s.name, []), *(fed if isinstance(fed, list) else [])],
             "edges_out": edges if self.router is None else self.router.edges_out(),
         }
         first = self.firsts.get(s.name) if self.router is not None else self.first_in
@@ -163,14 +170,27 @@ class _StagePump:
         return stats
 
 
-def _throughput(stats: dict[str, Any]) -> dict[str, Any] | None:
-    if stats.get("decode_tokens_per_s"):
-        return {"value": stats["decode_tokens_per_s"], "unit": "tok/s"}
-    if stats.get("audio_s") and stats.get("duration_s"):
-        busy = stats.get("busy_s") or stats["duration_s"]
-        return {"value": round(stats["audio_s"] / busy, 2), "unit": "audio s/s"}
-    if stats.get("items") and stats.get("duration_s"):
-        return {"value": round(stats["items"] / stats["duration_s"], 2), "unit": "items/s"}
+class Throughput(TypedDict):
+    """A stage's throughput in a request's stats: decode tokens, seconds of audio or items per
+    second of its work."""
+
+    value: float
+    unit: str
+
+
+def _throughput(stats: dict[str, object]) -> Throughput | None:
+    def figure(key: str) -> float:
+        value = stats.get(key)
+        return float(value) if isinstance(value, int | float) else 0.0
+
+    rate = stats.get("decode_tokens_per_s")
+    if isinstance(rate, int | float) and rate:
+        return Throughput(value=rate, unit="tok/s")
+    if figure("audio_s") and figure("duration_s"):
+        busy = figure("busy_s") or figure("duration_s")
+        return Throughput(value=round(figure("audio_s") / busy, 2), unit="audio s/s")
+    if figure("items") and figure("duration_s"):
+        return Throughput(value=round(figure("items") / figure("duration_s"), 2), unit="items/s")
     return None
 
 

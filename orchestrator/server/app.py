@@ -18,7 +18,9 @@ from orchestrator.server.auth import BearerAuth
 from orchestrator.server.endpoints import chat, info, speech
 from orchestrator.server.guard import RequestGuard
 from orchestrator.server.http import error_for, pcm24k
-from orchestrator.server.protocol import ServerLimits
+from orchestrator.server.protocol import (
+    ServerLimits,
+)
 from orchestrator.server.realtime import Realtime, RealtimeLimits
 from orchestrator.server.served import Run, Served
 

@@ -34,12 +34,16 @@ from collections import Counter as Counter_
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from orchestrator.calibration_record import ServerMemory
+from orchestrator.core.documents import JsonObject
+from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta
+from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,21 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 
 PREFIX = "omni_edge_"
 
 
+class StageTrace(TypedDict):
+    """One stage of a traced request: when its first output came and when it was done (seconds
+    since the request was submitted), and its figures once done."""
+
+    time_to_first_output_s: float | None
+    done_s: float | None
+    stats: NotRequired[dict[str, object]]
+    restarted: NotRequired[object]
+    """Set when a restarted (or moved) stage served it: what ``Supervisor.served_by`` said."""
+
+
+def _count(value: object) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
 @dataclass
 class Trace:
     """One request's timings, as its events arrive (seconds since it was submitted)."""
@@ -63,7 +82,7 @@ class Trace:
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     first_audio: float | None = None
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stages: dict[str, StageTrace] = field(default_factory=dict)
 
     def see(self, event: Event) -> None:
         if isinstance(event, TextDelta) and self.first_token is None:
@@ -72,15 +91,16 @@ class Trace:
             self.first_audio = event.t
         elif isinstance(event, StageEvent):
             entry = self.stages.setdefault(
-                event.stage, {"time_to_first_output_s": None, "done_s": None}
+                event.stage, StageTrace(time_to_first_output_s=None, done_s=None)
             )
             if event.kind == "first_output":
                 entry["time_to_first_output_s"] = round(event.t, 4)
             else:
                 entry["done_s"] = round(event.t, 4)
                 entry["stats"] = event.stats
-                if (event.stats or {}).get("restarted"):  # served by a restarted (or moved) stage
-                    entry["restarted"] = event.stats["restarted"]
+                restarted = (event.stats or {}).get("restarted")
+                if restarted:  # served by a restarted (or moved) stage
+                    entry["restarted"] = restarted
 
     def usage(self) -> dict[str, int] | None:
         """OpenAI's ``usage`` from the decode stages' figures, when a stage counted tokens."""
@@ -89,15 +109,15 @@ class Trace:
         ]
         if not counted:
             return None
-        prompt = sum(int(s.get("prompt_tokens") or 0) for s in counted)
-        completion = sum(int(s.get("tokens") or 0) for s in counted)
+        prompt = sum(_count(s.get("prompt_tokens")) for s in counted)
+        completion = sum(_count(s.get("tokens")) for s in counted)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
 
-    def summary(self, total_s: float) -> dict[str, Any]:
+    def summary(self, total_s: float) -> JsonObject:
         return {
             "request_id": self.request_id,
             "endpoint": self.endpoint,
@@ -117,14 +137,14 @@ class ServerMetrics:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.registry = CollectorRegistry()
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
-        self.measured: dict[str, dict[str, Any]] = {}
+        self.recent: deque[JsonObject] = deque(maxlen=RECENT)
+        self.measured: dict[str, MeasuredPeak] = {}
         self._measuring: asyncio.Task[None] | None = None
         self._measured_at = 0.0
         self.recorder: Callable[[], Any] | None = None
         """Writes the measured peaks to the measurement store (``Pipeline.record_calibration``)."""
         self._recorded_at = time.monotonic()
-        self.server_memory: Callable[[], dict[str, Any] | None] | None = None
+        self.server_memory: Callable[[], ServerMemory | None] | None = None
         """The serve process's own memory and its reservation (``Pipeline.server_memory``)."""
         self._over: set[str] = set()
         # Declared in this order, which is the order of the exposition.
@@ -330,10 +350,11 @@ class ServerMetrics:
             if s["done_s"] is not None:
                 self.stage_done.labels(name).observe(s["done_s"])
             stats = s.get("stats") or {}
-            if stats.get("decode_tokens_per_s"):
-                self.tokens_per_s.labels(name).set(stats["decode_tokens_per_s"])
-            if stats.get("tokens"):
-                self.tokens.labels(name).inc(int(stats["tokens"]))
+            rate = stats.get("decode_tokens_per_s")
+            if isinstance(rate, int | float) and rate:
+                self.tokens_per_s.labels(name).set(rate)
+            if _count(stats.get("tokens")):
+                self.tokens.labels(name).inc(_count(stats.get("tokens")))
         self.recent.append(trace.summary(total))
         self.refresh_measured()
 
@@ -366,7 +387,7 @@ class ServerMetrics:
             except Exception as exc:  # the next plan loses a sample; the server goes on
                 log.warning("recording the measured peaks failed: %s", exc)
 
-    def judge(self, measured: dict[str, dict[str, Any]]) -> None:
+    def judge(self, measured: dict[str, MeasuredPeak]) -> None:
         """Drift: flag each stage measured above its budget (upper bounds are not judged)."""
         for name, m in measured.items():
             peak, budget = m.get("measured_peak_bytes"), m.get("budget_bytes")
@@ -384,7 +405,7 @@ class ServerMetrics:
             else:
                 self._over.discard(name)
 
-    async def measured_now(self) -> dict[str, dict[str, Any]]:
+    async def measured_now(self) -> dict[str, MeasuredPeak]:
         """The cached peaks, measured first when nothing has been yet."""
         if not self.measured:
             self.refresh_measured(now=True)
@@ -392,7 +413,7 @@ class ServerMetrics:
                 await asyncio.shield(self._measuring)
         return self.measured
 
-    async def ledger(self) -> dict[str, Any] | None:
+    async def ledger(self) -> ActorSnapshot | None:
         """The ledger's snapshot (asked off the event loop); None when it cannot answer."""
         try:
             return await asyncio.to_thread(self.runtime.ledger_snapshot)
@@ -419,9 +440,9 @@ class ServerMetrics:
                 )
         snapshot = await self.ledger()
         self.ledger_up.set(int(snapshot is not None))
-        for p in (snapshot or {}).get("pools", []):
-            self.pool_held.labels(p["id"]).set(p["held_bytes"])
-            self.pool_capacity.labels(p["id"]).set(p["capacity_bytes"])
+        for row in (snapshot or {}).get("pools", []):
+            self.pool_held.labels(row["id"]).set(row["held_bytes"])
+            self.pool_capacity.labels(row["id"]).set(row["capacity_bytes"])
         for p in self.runtime.plan.pools:
             self.pool_budget.labels(p.id).set(p.peak_bytes)
         for holder, m in (await self.measured_now()).items():

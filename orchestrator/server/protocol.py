@@ -28,7 +28,7 @@ import binascii
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -44,7 +44,19 @@ from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.limits import FLAGS, ServerLimits
-from stages.ar_decode.kind import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
+from stages.payloads import Array, AudioItem, Item
+from stages.requests import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    TEMPERATURE_MAX,
+    AudioRequest,
+    ChatMessage,
+    ChatRequest,
+    Sampling,
+    TensorRequest,
+)
+from stages.requests import Request as PipelineRequest
 
 SAMPLING_FIELDS = {
     "max_tokens": "max_tokens",
@@ -316,13 +328,19 @@ def _over(limits: ServerLimits, name: str, shown: str) -> str:
 class ChatCall:
     """A chat body, checked: the pipeline's request and how to answer it."""
 
-    prompt: Any
+    request: PipelineRequest
+    """The request record: a chat request, a recording or arrays (``stages.requests``)."""
     audio_format: str | None
     stream: bool
     include_usage: bool
     tensor_at: dict[str, str] = field(default_factory=dict)
     """For a request of arrays: each input name ("" for a bare array) → its content part's place
     (``messages[0].content[1]``), so the entry stage's check names the field that was sent."""
+
+    @property
+    def prompt(self) -> Item:
+        """The request as its entry stage receives it (``Request.item``)."""
+        return self.request.item()
 
 
 def read_chat(
@@ -355,15 +373,16 @@ def chat_request(
     audio_entry: bool = False,
     limits: ServerLimits | None = None,
     tensor_entry: bool = False,
-) -> Any:
-    """The pipeline request of an OpenAI chat body; ``BadRequest`` for what it cannot take.
+) -> Item:
+    """The pipeline request of an OpenAI chat body, as its entry stage receives it (the record's
+    ``item()``: ``read_chat`` gives the record); ``BadRequest`` for what it cannot take.
 
     With an ``input_audio`` content part (and ``audio_entry``: the pipeline has an entry
     stage that takes audio) the request is the recording, ``{"audio", "sample_rate"}``; with
     ``input_tensor`` parts (and ``tensor_entry``) it is their arrays: one bare array, or a
-    mapping of input names to arrays."""
+    mapping of input names to arrays; else ``{"messages": [...], "sampling": {...}}``."""
     limits = limits or ServerLimits()
-    return _chat_prompt(_chat_body(body, limits), audio_entry, limits, tensor_entry)[0]
+    return _chat_prompt(_chat_body(body, limits), audio_entry, limits, tensor_entry)[0].item()
 
 
 def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
@@ -384,7 +403,7 @@ def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
 
 def _chat_prompt(
     chat: ChatBody, audio_entry: bool, limits: ServerLimits, tensor_entry: bool = False
-) -> tuple[Any, dict[str, str]]:
+) -> tuple[PipelineRequest, dict[str, str]]:
     if chat.n not in (None, 1):
         raise _bad("n", f"{chat.n}: one choice per request is served", FIXES["n"])
     tensors = _input_tensors(chat.messages, tensor_entry, limits)
@@ -396,10 +415,13 @@ def _chat_prompt(
                 "a request carries arrays or a recording, not both",
                 "send the input_tensor parts alone, or the recording alone",
             )
-        return _alone(chat, tensors[0], next(iter(tensors[1].values())), "arrays"), tensors[1]
+        _alone(chat, next(iter(tensors[1].values())), "arrays")
+        return TensorRequest(tensors[0]), tensors[1]
     if heard is not None:
-        return _audio_only(chat, heard), {}
-    out: list[dict[str, str]] = []
+        where, recording = heard
+        _audio_only(chat, where)
+        return AudioRequest(recording["audio"], recording["sample_rate"]), {}
+    out: list[ChatMessage] = []
     for i, m in enumerate(chat.messages):
         content = m.content
         if m.role == "assistant" and content is None and m.audio is not None:
@@ -408,25 +430,17 @@ def _chat_prompt(
             content = "".join(p.text for p in content if isinstance(p, TextPart))
         if content is None:
             raise _bad(f"messages[{i}].content", "is missing", FIXES["content"])
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        out.append(ChatMessage(role="system" if m.role == "developer" else m.role, content=content))
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise _bad(
             "messages", "has no user message with text", "add {'role': 'user', 'content': '...'}"
         )
-    sampling = _sampling(chat)
-    request: dict[str, Any] = {"messages": out}
-    if sampling:
-        request["sampling"] = sampling
-    return request, {}
+    return ChatRequest(tuple(out), sampling=_sampling(chat) or None), {}
 
 
-def _sampling(chat: ChatBody) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, key in SAMPLING_FIELDS.items():
-        value = getattr(chat, name)
-        if value is not None:
-            out[key] = value
-    return out
+def _sampling(chat: ChatBody) -> Sampling:
+    values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
+    return cast(Sampling, {key: v for key, v in values.items() if v is not None})
 
 
 def _texts(chat: ChatBody) -> list[tuple[str, str]]:
@@ -461,7 +475,7 @@ def _check_text(chat: ChatBody, limits: ServerLimits) -> None:
 
 def _input_audio(
     messages: list[Message], audio_entry: bool, limits: ServerLimits
-) -> tuple[str, dict[str, Any]] | None:
+) -> tuple[str, AudioItem] | None:
     """(where, the decoded recording) of the one ``input_audio`` part, or None when there is none."""
     found = [
         (i, j, p)
@@ -529,7 +543,7 @@ def _input_audio(
 
 def _input_tensors(
     messages: list[Message], tensor_entry: bool, limits: ServerLimits
-) -> tuple[Any, dict[str, str]] | None:
+) -> tuple[Array | dict[str, Array], dict[str, str]] | None:
     """(the request's arrays: one bare array or a mapping by input name, each name → its part's
     place) of the ``input_tensor`` parts, or None when there is none. Each ``.npy`` is read
     without unpickling (``api.tensor_request``), under ``max_tensor_bytes`` for them all."""
@@ -551,7 +565,7 @@ def _input_tensors(
             "arrays (docs/pipelines.md#request-payloads)",
         )
     total = 0
-    arrays: dict[str, Any] = {}
+    arrays: dict[str, Array] = {}
     at: dict[str, str] = {}
     for where, message, part in found:
         if message.role != "user":
@@ -599,9 +613,9 @@ def _input_tensors(
     return arrays.get("", arrays), at
 
 
-def _alone(chat: ChatBody, request: Any, where: str, what: str) -> Any:
-    """``request`` (a recording, arrays) as the whole request, once nothing else in the body
-    would be silently dropped: no text beside it, no sampling fields."""
+def _alone(chat: ChatBody, where: str, what: str) -> None:
+    """``BadRequest`` unless the arrays (``what``, first in ``where``) may be the whole request:
+    nothing else in the body would be silently dropped (no text beside them, no sampling)."""
     for i, m in enumerate(chat.messages):
         parts: list[Any] = (
             m.content
@@ -625,12 +639,11 @@ def _alone(chat: ChatBody, request: Any, where: str, what: str) -> Any:
                 "takes none",
                 f"leave it out with the {what} (the config's sampling applies)",
             )
-    return request
 
 
-def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    """The recording as the request, once nothing else in the body would be silently dropped."""
-    where, audio = heard
+def _audio_only(chat: ChatBody, where: str) -> None:
+    """``BadRequest`` unless the recording (in ``where``) may be the whole request: nothing
+    else in the body would be silently dropped."""
     for i, m in enumerate(chat.messages):
         parts: list[Any] = (
             m.content
@@ -653,7 +666,6 @@ def _audio_only(chat: ChatBody, heard: tuple[str, dict[str, Any]]) -> dict[str, 
                 "sampling goes to the stage that takes the request, and with audio that stage takes none",
                 "leave it out with input_audio (the config's sampling applies)",
             )
-    return audio
 
 
 def audio_format(body: ChatBody | Any, *, has_audio: bool) -> str | None:

@@ -77,11 +77,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from orchestrator.config import PipelineConfig
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, Problem
+from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE
 from orchestrator.runtime.requests import audio_entry_stages
@@ -90,6 +93,7 @@ from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import (
     SessionFields,
     SessionUpdate,
+    TurnSettings,
     check_event_id,
     check_instructions,
     new_id,
@@ -97,7 +101,10 @@ from orchestrator.server.realtime_events import (
 )
 from orchestrator.server.realtime_reply import Replies
 from orchestrator.server.realtime_turns import Turns
-from stages.base import REQUEST
+from stages.base import REQUEST, TurnDetection
+from stages.payloads import Item
+from stages.registry import get_kind
+from stages.requests import ChatItem, ChatMessage
 from stages.vad.runner import VadRunner
 
 log = logging.getLogger(__name__)
@@ -135,13 +142,14 @@ class RealtimeLimits:
                 raise ValueError(f"RealtimeLimits.{name} must be a positive number, got {value!r}")
 
 
-def end_of_turn(config: Any) -> tuple[str, int] | None:
-    """(the vad stage, its ``min_silence_ms``): the silence that ends a spoken turn by default;
-    None for a pipeline with no vad stage at its audio entry."""
+def end_of_turn(config: PipelineConfig, plan: PipelinePlan) -> tuple[str, TurnDetection] | None:
+    """The stage at the pipeline's audio entry that cuts a spoken stream into turns (a vad
+    stage: ``StageKind.turn_detection``) and its turn detection (the silence that ends a
+    turn: its ``min_silence_ms``); None for a pipeline with none."""
     for name in audio_entry_stages(config):
-        stage = config.stage(name)
-        if stage.kind == "vad":
-            return name, int(stage.min_silence_ms)
+        found = get_kind(config.stage(name).kind).turn_detection(plan.stage(name))
+        if found is not None:
+            return name, found
     return None
 
 
@@ -158,7 +166,7 @@ class Realtime:
         runtime = app.runtime
         config = app.pipeline.config
         entries = audio_entry_stages(config)
-        turn = end_of_turn(config)
+        turn = end_of_turn(config, app.pipeline.plan)
         self.vad_stage = turn[0] if turn else None
         self.audio_entry = bool(entries)
         self.reply_stages: set[str] = set(app.text_stages)
@@ -169,31 +177,21 @@ class Realtime:
         self.decode_stages = [
             s.name
             for s in runtime.stages
-            if s.kind == "ar_decode" and REQUEST not in s.inputs and s.name not in runtime.joins
+            if runtime.kinds[s.name].takes_conversation
+            and REQUEST not in s.inputs
+            and s.name not in runtime.joins
         ]
-        """The stages the conversation so far is passed to (``context``): decode stages fed by another stage."""
+        """The stages the conversation so far is passed to (``context``): those whose kind takes
+        it (``StageKind.takes_conversation``, a decoder's) fed by another stage."""
         voice = next((s.name for s in runtime.stages if s.name in self.audio_stages), None)
         self.chunker = (lambda: runtime.sentence_chunker(voice)) if voice else None
-        self.defaults = self._turn_defaults()
+        self.defaults = _turn_defaults(turn[1]) if turn else None
+        """The session's default turn detection: the vad stage's own settings."""
         self.entry = self._after_vad(runtime)
         """Where a turn's segment enters the pipeline: the stage the vad stage feeds, when that
         one takes audio (the segment is already cut by the same graph); None: at the start."""
         self._vad: VadRunner | None = None
         self._vad_lock = asyncio.Lock()
-
-    def _turn_defaults(self) -> dict[str, Any] | None:
-        """The session's default turn detection: the vad stage's own settings."""
-        if self.vad_stage is None:
-            return None
-        stage = self.app.pipeline.config.stage(self.vad_stage)
-        return {
-            "type": "server_vad",
-            "threshold": float(stage.threshold),
-            "prefix_padding_ms": int(stage.speech_pad_ms),
-            "silence_duration_ms": int(stage.min_silence_ms),
-            "create_response": True,
-            "interrupt_response": True,
-        }
 
     def _after_vad(self, runtime: Any) -> str | None:
         if self.vad_stage is None or self.app.pipeline.config.stage(self.vad_stage).final_output:
@@ -246,8 +244,8 @@ class Session:
         self.voice = "default"
         self.modalities: list[str] = ["text", "audio"]
         self.in_rate = self.out_rate = OPENAI_PCM_RATE
-        self.turn: dict[str, Any] | None = dict(rt.defaults) if rt.defaults else None
-        self.history: list[dict[str, str]] = []
+        self.turn: TurnSettings | None = rt.defaults.copy() if rt.defaults else None
+        self.history: list[ChatMessage] = []
         self.response: Response | None = None
         self.send_lock = asyncio.Lock()
         self.turns = Turns(self)
@@ -281,7 +279,7 @@ class Session:
             },
         )
 
-    def session_doc(self) -> dict[str, Any]:
+    def session_doc(self) -> JsonObject:
         return {
             "id": self.id,
             "object": "realtime.session",
@@ -407,7 +405,7 @@ class Session:
             )
 
     # -- client events ---------------------------------------------------------------
-    async def on_session_update(self, doc: dict[str, Any]) -> None:
+    async def on_session_update(self, doc: dict[str, object]) -> None:
         fields: SessionFields = validated(
             SessionUpdate, doc, "{'type': 'session.update', 'session': {...}}"
         ).session
@@ -429,7 +427,8 @@ class Session:
                         "send turn_detection: null and commit the audio yourself",
                     )
                 set_ = fields.turn_detection.model_dump(exclude_none=True)
-                turn = {**self.rt.defaults, **set_}
+                # the model checked each field the client set; the stage's own fill the rest
+                turn = cast(TurnSettings, {**self.rt.defaults, **set_})
                 if turn["prefix_padding_ms"] > turn["silence_duration_ms"]:
                     raise BadRequest.single(
                         "session.turn_detection.prefix_padding_ms",
@@ -450,7 +449,7 @@ class Session:
             self.modalities = list(dict.fromkeys(fields.modalities))
         await self.send("session.updated", session=self.session_doc())
 
-    async def on_response_create(self, doc: dict[str, Any]) -> None:
+    async def on_response_create(self, doc: dict[str, object]) -> None:
         if self.response is not None:
             raise BadRequest.single(
                 "response",
@@ -465,12 +464,13 @@ class Session:
             )
         await self.respond()
 
-    async def on_response_cancel(self, doc: dict[str, Any]) -> None:
+    async def on_response_cancel(self, doc: dict[str, object]) -> None:
         if self.response is None:
+            event_id = doc.get("event_id")
             await self.error(
                 "no response is in progress to cancel",
                 code="response_cancel_not_active",
-                event_id=doc.get("event_id") if isinstance(doc.get("event_id"), str) else None,
+                event_id=event_id if isinstance(event_id, str) else None,
             )
             return
         await self.cancel("client_cancelled")
@@ -497,8 +497,8 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
 
-    def context(self) -> dict[str, list[Any]] | None:
-        messages: list[dict[str, str]] = []
+    def context(self) -> dict[str, list[Item]] | None:
+        messages: list[ChatMessage] = []
         total = 0
         for m in reversed(self.history):
             total += len(m["content"])
@@ -506,13 +506,25 @@ class Session:
                 break
             messages.insert(0, m)
         if self.instructions:
-            messages.insert(0, {"role": "system", "content": self.instructions})
+            messages.insert(0, ChatMessage(role="system", content=self.instructions))
         if not messages or not self.rt.decode_stages:
             return None
-        return {name: [{"messages": messages}] for name in self.rt.decode_stages}
+        return {name: [ChatItem(messages=messages)] for name in self.rt.decode_stages}
 
 
-HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {
+def _turn_defaults(turn: TurnDetection) -> TurnSettings:
+    """A session's ``turn_detection`` as OpenAI's server VAD spells it, from the stage's own."""
+    return TurnSettings(
+        type="server_vad",
+        threshold=float(turn.threshold),
+        prefix_padding_ms=int(turn.prefix_padding_ms),
+        silence_duration_ms=int(turn.silence_duration_ms),
+        create_response=True,
+        interrupt_response=True,
+    )
+
+
+HANDLERS: dict[str, Callable[[Session, dict[str, object]], Any]] = {
     "session.update": Session.on_session_update,
     "input_audio_buffer.append": lambda s, doc: s.turns.on_append(doc),
     "input_audio_buffer.commit": lambda s, doc: s.turns.on_commit(doc),

@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.server.metrics import ServerMetrics
 from orchestrator.server.realtime_events import new_id
+from stages.requests import ChatMessage
 from stages.vad.runner import Cutter
 
 TIMING_MARKS = ("request", "turn_end", "transcript", "first_token", "first_sentence", "first_audio")
@@ -47,7 +49,7 @@ class Response:
     audio_ms: float = 0.0
     transcript: list[str] = field(default_factory=list)
     told_user: bool = False
-    held: list[tuple[str, dict[str, Any]]] | None = None
+    held: list[tuple[str, JsonObject]] | None = None
     """Events of an early response (started in the pause, before the turn closed), kept until the
     turn is confirmed; None once they go straight out."""
     span: tuple[int, int] | None = None
@@ -55,7 +57,7 @@ class Response:
     failed_early: bool = False
     """An early response that failed (e.g. ``pipeline_busy``) before its turn was confirmed: the
     confirmed turn starts a response of its own, which reports whatever happens then."""
-    history: list[dict[str, str]] = field(default_factory=list)
+    history: list[ChatMessage] = field(default_factory=list)
     """What it adds to the conversation, once it is over (applied when it goes out)."""
     speech_end: float = 0.0
     """When the user's speech ended (``time.monotonic``): the zero of ``marks``."""
@@ -64,9 +66,9 @@ class Response:
     def mark(self, name: str, at: float | None = None) -> None:
         self.marks.setdefault(name, time.monotonic() if at is None else at)
 
-    def timing(self) -> dict[str, Any]:
+    def timing(self) -> JsonObject:
         """``response.done``'s ``timing``: each mark in ms after the end of speech (None: did not happen)."""
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             f"{k}_ms": (
                 round(1000 * (self.marks[k] - self.speech_end)) if k in self.marks else None
             )

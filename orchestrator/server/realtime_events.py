@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 from pydantic import Field
@@ -23,6 +23,18 @@ class TurnDetection(_Body):
     silence_duration_ms: int | None = Field(None, ge=32, le=10_000)
     create_response: bool | None = None
     interrupt_response: bool | None = None
+
+
+class TurnSettings(TypedDict):
+    """A session's turn detection as it holds and sends it (``session.turn_detection``):
+    OpenAI's server VAD fields, the vad stage's own settings where the client set none."""
+
+    type: str
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    create_response: bool
+    interrupt_response: bool
 
 
 VOICE_CHARS = 256
@@ -75,7 +87,7 @@ FIXES = {
 """How to fix each field of a client event, for the ``error`` event that names it."""
 
 
-def validated(model: type[_Body], doc: dict[str, Any], example: str) -> Any:
+def validated(model: type[_Body], doc: dict[str, object], example: str) -> Any:
     """``doc`` as ``model``; ``BadRequest`` naming the field, with this endpoint's own fix."""
     try:
         return _validated(model, doc, example)

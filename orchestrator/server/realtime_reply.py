@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 from starlette.websockets import WebSocketDisconnect
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
 from orchestrator.server.failures import failure, internal_failure
 from orchestrator.server.realtime_early import Response
+from stages.requests import AudioRequest, ChatMessage
 
 
 class Replies:
@@ -35,7 +37,7 @@ class Replies:
         else:
             await self.out(r, type_, fields)
 
-    async def out(self, r: Response, type_: str, fields: dict[str, Any]) -> None:
+    async def out(self, r: Response, type_: str, fields: JsonObject) -> None:
         if type_ == "response.audio.delta" and "first_audio" not in r.marks:
             r.mark("first_audio")
             self.s.rt.app.metrics.voice_to_voice.observe(
@@ -49,10 +51,10 @@ class Replies:
         self,
         r: Response,
         status: str,
-        details: dict[str, Any] | None,
+        details: JsonObject | None,
         transcript: str,
         usage: dict[str, int] | None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         content = {
             "type": "audio" if "audio" in self.s.modalities else "text",
             "transcript" if "audio" in self.s.modalities else "text": transcript,
@@ -90,7 +92,7 @@ class Replies:
         r.mark("request")
         run = rt.make_run(
             rt.app,
-            {"audio": audio, "sample_rate": rate},
+            AudioRequest(audio, rate),
             "realtime",
             entry=entry,
             context=self.s.context(),
@@ -98,7 +100,7 @@ class Replies:
         )
         chunker = rt.chunker() if rt.chunker else None
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
-        details: dict[str, Any] | None = None
+        details: JsonObject | None = None
         wants_audio = "audio" in self.s.modalities
         seconds = round(audio.size / float(rate), 3)
         try:
@@ -245,7 +247,7 @@ class Replies:
         self,
         r: Response,
         status: str,
-        details: dict[str, Any] | None,
+        details: JsonObject | None,
         chunker: Any,
         wants_audio: bool,
         usage: dict[str, int] | None,
@@ -269,9 +271,9 @@ class Replies:
             )
         said = " ".join(t.strip() for t in r.transcript if t.strip())
         if said and status != "failed":
-            r.history = [{"role": "user", "content": said}]
+            r.history = [ChatMessage(role="user", content=said)]
             if heard.strip():
-                r.history.append({"role": "assistant", "content": heard.strip()})
+                r.history.append(ChatMessage(role="assistant", content=heard.strip()))
         if r.held is None:  # held: added when the turn is confirmed (_adopt)
             self.s.history += r.history
         await self._emit(

@@ -18,7 +18,7 @@ import numpy as np
 from orchestrator.core.errors import BadRequest
 from orchestrator.server.realtime_early import EarlyReply, Response
 from orchestrator.server.realtime_events import AppendEvent, new_id, pcm16, validated
-from stages.vad.runner import Cutter, VadRunner
+from stages.vad.runner import Cutter, Segment, VadRunner
 from stages.vad.segments import SegmentRules
 
 SPEECH_STARTED_MIN_MS = 250
@@ -50,7 +50,7 @@ class Turns:
         self.last_item: str | None = None
         self._upcoming: str | None = None
 
-    async def on_append(self, doc: dict[str, Any]) -> None:
+    async def on_append(self, doc: dict[str, object]) -> None:
         event: AppendEvent = validated(
             AppendEvent, doc, "{'type': 'input_audio_buffer.append', 'audio': base64 pcm16}"
         )
@@ -102,7 +102,7 @@ class Turns:
     def _ms(self, cutter: Cutter, graph_index: int) -> int:
         return round(self.cutter_ms + 1000.0 * graph_index / cutter.runner.rate)
 
-    async def _turns(self, cutter: Cutter, segments: list[dict[str, Any]], arrived: float) -> None:
+    async def _turns(self, cutter: Cutter, segments: list[Segment], arrived: float) -> None:
         """Events for what the VAD decided on the last append: speech started, speech stopped → a turn
         (answered by the early response when that one answers exactly this segment)."""
         seg = cutter.segmenter
@@ -146,7 +146,7 @@ class Turns:
             self._upcoming = new_id("item")
         return self._upcoming
 
-    async def on_commit(self, doc: dict[str, Any]) -> None:
+    async def on_commit(self, doc: dict[str, object]) -> None:
         if self.s.turn is None:
             audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, dtype=np.float32)
             self.buffer, self.buffered = [], 0
@@ -208,7 +208,7 @@ class Turns:
         if auto:
             await self.s.respond()
 
-    async def on_clear(self, doc: dict[str, Any]) -> None:
+    async def on_clear(self, doc: dict[str, object]) -> None:
         self.reset_buffer()
         await self.s.send("input_audio_buffer.cleared")
 

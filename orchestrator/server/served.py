@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from orchestrator.api import Pipeline
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.runtime.requests import audio_entry_stages, tensor_entry_stages
@@ -29,7 +30,9 @@ from orchestrator.server.http import (
 )
 from orchestrator.server.metrics import ServerMetrics, Trace
 from orchestrator.server.protocol import ChatCall, ServerLimits, body_too_large, read_chat
-from stages.payloads import spell
+from stages.base import StageHealth
+from stages.payloads import Item, spell
+from stages.requests import Request as PipelineRequest
 
 DEAD_CODES = frozenset({"device_actor_died", "stage_restarting", "crash_loop"})
 """The codes of a stage instance whose device actor died (``runtime.supervisor``: coming back,
@@ -43,18 +46,22 @@ class Run:
     def __init__(
         self,
         app: Served,
-        prompt: Any,
+        request: PipelineRequest,
         endpoint: str,
         entry: str | None = None,
-        context: dict[str, list[Any]] | None = None,
+        context: dict[str, list[Item]] | None = None,
         conversation: str | None = None,
     ) -> None:
         self.app, self.rid = app, uuid.uuid4().hex[:12]
         self.trace = Trace(self.rid, endpoint)
-        extra: dict[str, Any] = {"context": context} if context else {}
-        if conversation is not None:  # a realtime session's turns: one replica of a talker
-            extra["conversation"] = conversation
-        self.events = app.pipeline.stream(prompt, request_id=self.rid, entry=entry, **extra)
+        # conversation: a realtime session's turns, served by one replica of a talker
+        self.events = app.pipeline.stream(
+            request,
+            request_id=self.rid,
+            entry=entry,
+            context=context or None,
+            conversation=conversation,
+        )
         self.buffered: list[Event] = []
         self.status = 200
         self._finished = False
@@ -165,7 +172,7 @@ class Served:
     def is_audio(self, event: Event) -> TypeGuard[AudioChunk]:
         return isinstance(event, AudioChunk) and event.stage in self.audio_stages
 
-    def output_of(self, event: Event) -> dict[str, Any] | None:
+    def output_of(self, event: Event) -> JsonObject | None:
         """A tensor stage's item as the reply carries it: ``{"stage", "tensor": base64 .npy}``
         for an array, ``{"stage", "tensors": {name: base64 .npy}}`` for a mapping of them."""
         if not isinstance(event, OutputItem) or event.stage not in self.tensor_stages:
@@ -190,7 +197,7 @@ class Served:
         )
         if call.tensor_at:
             try:
-                self.pipeline.validate(call.prompt)
+                self.pipeline.validate(call.request)
             except BadRequest as exc:
                 raise BadRequest(
                     [
@@ -225,9 +232,7 @@ class Served:
         except BadRequest as exc:
             return self.refuse(endpoint, exc)
 
-    def stage_states(
-        self, failures: dict[str, dict[str, Any]] | None = None
-    ) -> list[dict[str, Any]]:
+    def stage_states(self, failures: dict[str, StageHealth] | None = None) -> list[JsonObject]:
         """Each stage's device, backend and state; ``failures`` (``Runtime.stage_failures``):
         the stages whose engine stopped though their actor lives, with a code. A stage is
         alive while one of its replicas' actors is; a stage with ``replicas: N`` > 1 lists
@@ -265,9 +270,7 @@ class Served:
     def holders(self, stage: str) -> list[str]:
         return [r.holder for r in self.runtime.replicas[stage]]
 
-    def replica_states(
-        self, stage: str, failures: dict[str, dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    def replica_states(self, stage: str, failures: dict[str, StageHealth]) -> list[JsonObject]:
         """``stage``'s replicas: each one's 1-based ``replica``, ``device``, ``alive`` and, when
         it cannot serve, ``code``: its actor died, or its engine stopped (``failures``, by
         holder)."""

@@ -29,11 +29,14 @@ import logging
 import platform
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from orchestrator.core import settings
+from orchestrator.core.backends import row_for_ep
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.fileio import remove_orphans, write_json_atomic
 from orchestrator.core.profile import Host
 from orchestrator.probe.host import this_host
@@ -57,14 +60,14 @@ class EvidenceKey:
     """The route's onnxruntime build, ``distribution==version``."""
     device_id: str
     device_name: str
-    options: dict[str, Any] = field(default_factory=dict)
+    options: JsonObject = field(default_factory=dict)
     gates_version: int = GATES_VERSION
     machine: str = ""
     """The machine that measured it (:func:`machine_identity`) for evidence measured on a
     cluster node by ``verify --address``; empty for a local ``verify`` (left out of the
     key, so those records and digests are as they were)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if not self.machine:
             del out["machine"]
@@ -122,12 +125,12 @@ class EvidenceStore:
     def path(self, key: EvidenceKey) -> Path:
         return self.root / key.filename()
 
-    def load(self, key: EvidenceKey) -> dict[str, Any] | None:
+    def load(self, key: EvidenceKey) -> dict[str, object] | None:
         """The record for exactly this key, or None (missing, unreadable, another key,
         or not a consistent measurement: see :func:`record_problem`)."""
         return self.load_checked(key)[0]
 
-    def load_checked(self, key: EvidenceKey) -> tuple[dict[str, Any] | None, str | None]:
+    def load_checked(self, key: EvidenceKey) -> tuple[dict[str, object] | None, str | None]:
         """``(record, None)``, or ``(None, why)`` when a file exists but cannot be trusted
         (logged as a warning naming the file); ``(None, None)`` when there is none."""
         path = self.path(key)
@@ -149,7 +152,7 @@ class EvidenceStore:
             return None, problem
         return record, None
 
-    def save(self, key: EvidenceKey, measurement: dict[str, Any]) -> Path:
+    def save(self, key: EvidenceKey, measurement: Mapping[str, object]) -> Path:
         """Write a record atomically; returns its path."""
         where = machine()
         if key.machine:
@@ -240,6 +243,9 @@ def _coverage_problem(record: dict[str, Any]) -> str | None:
     ):
         return f"coverage.fraction {fraction!r} is not taken/total = {taken}/{total}"
     by_ep = cov.get("by_ep")
+    row = row_for_ep(str(cov["ep"]))
+    # an EP's own report counts by device, not by EP (its row's coverage_report)
+    own_report = row.coverage_report.source if row and row.coverage_report else None
     if (
         by_ep
         and (
@@ -248,7 +254,7 @@ def _coverage_problem(record: dict[str, Any]) -> str | None:
             or sum(by_ep.values()) != total
             or by_ep.get(cov["ep"], 0) != taken
         )
-        and not str(cov.get("source", "")).startswith("vitisai")
+        and not (own_report and str(cov.get("source", "")).startswith(own_report))
     ):
         return f"coverage.by_ep {by_ep!r} does not add up to taken {taken} of total {total}"
     return None

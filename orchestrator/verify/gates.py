@@ -8,9 +8,10 @@ apart so cached evidence is judged exactly like fresh evidence.
 Coverage counts nodes per EP from ``get_provider_graph_assignment_info()`` —
 ONNX Runtime's own record of who took what, after its graph optimizations
 (fusions change the count: MatMul+Add becomes one Gemm). ``get_providers()``
-is never evidence: it lists an EP that took zero nodes. Where the VitisAI EP
-wrote ``vitisai_ep_report.json`` its device split is used instead, because
-that EP can claim nodes and run them on its own CPU path.
+is never evidence: it lists an EP that took zero nodes. Where the EP's row names a
+report of its own (``coverage_report``: VitisAI's ``vitisai_ep_report.json``) and
+the EP wrote it, its device split is used instead, because such an EP can claim
+nodes and run them on its own CPU path.
 """
 
 from __future__ import annotations
@@ -21,18 +22,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from orchestrator.core.backends import CPU_EP, SessionSpec
+from orchestrator.core.backends import CPU_EP, EP_BACKENDS, SessionSpec, row_for_ep
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode, VerificationError
 from orchestrator.core.plan import Refusal
 from orchestrator.ort.sessions import RemoteError, Sessions
-from orchestrator.ort.worker import OpenedSession
+from orchestrator.ort.worker import AssignedNodes, EpReport, OpenedSession
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from stages.exported_graph.artifact import ExportedArtifact, Tolerance
-
-NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
-"""Names VitisAI's report uses for the accelerator in ``deviceStat``."""
-
 
 # ---- the records a measurement writes ---------------------------------------------
 # Not total: :func:`judge` also reads records back from the evidence cache, which
@@ -42,7 +42,7 @@ NPU_DEVICE_NAMES = ("NPU", "DPU", "IPU", "AIE")
 
 class Coverage(TypedDict, total=False):
     """Who took which node: ``record["coverage"]`` of a measurement (:func:`coverage_from_assignment`,
-    :func:`coverage_from_vitisai`, or a session the EP could not build: ``source`` ``session_error``)."""
+    :func:`coverage_from_report`, or a session the EP could not build: ``source`` ``session_error``)."""
 
     ep: str
     taken: int
@@ -56,7 +56,7 @@ class Coverage(TypedDict, total=False):
     source: str
     session_error: str
     ort_assignment: Coverage | None
-    """VitisAI only: ONNX Runtime's own count beside the EP's report."""
+    """From an EP's own report only: ONNX Runtime's own count beside it."""
 
 
 class OutputComparison(TypedDict, total=False):
@@ -83,10 +83,45 @@ class Numeric(TypedDict, total=False):
     bit_identical_to_cpu: bool | None
 
 
+class RouteRecord(TypedDict):
+    """The route a measurement ran in: its name, kind and interpreter."""
+
+    name: str
+    kind: str
+    python: str | None
+
+
+class Measurement(TypedDict, total=False):
+    """What :func:`measure` answers: the EP and precision measured, the graph, the providers
+    the session took, its coverage and numeric comparison, whether the claim looks hollow
+    (``suspicious``), the timings, and the target's outputs (dropped before saving). Saved as
+    an evidence record (``evidence.EvidenceStore.save``), it also holds where and against which
+    thresholds it was measured, and the record's header (format, key, machine, time); read
+    back, ``evidence.record_problem`` checked it key by key first."""
+
+    ep: str
+    precision: str
+    graph: str
+    session_providers: list[str]
+    coverage: Coverage
+    numeric: Numeric
+    suspicious: bool
+    timings: dict[str, float]
+    target_outputs: dict[str, np.ndarray] | None
+    route: RouteRecord
+    thresholds_at_measurement: JsonObject
+    format: str
+    key_digest: str
+    key: JsonObject
+    evidence: str
+    machine: dict[str, str]
+    measured_at: str
+
+
 # ---- coverage ----------------------------------------------------------------------
 
 
-def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -> Coverage:
+def coverage_from_assignment(assignment: list[AssignedNodes], target_ep: str) -> Coverage:
     """Node counts per EP from ORT's assignment info (one entry per assigned subgraph).
 
     ``partitions`` is the number of subgraphs the target EP compiled; the CPU EP
@@ -117,19 +152,28 @@ def coverage_from_assignment(assignment: list[dict[str, Any]], target_ep: str) -
     }
 
 
-def coverage_from_vitisai(report: dict[str, Any], ort_coverage: Coverage | None) -> Coverage:
+def coverage_from_report(
+    report: EpReport, ort_coverage: Coverage | None, target_ep: str
+) -> Coverage:
+    """Node counts from ``target_ep``'s own report (``orchestrator.ort.worker.ep_report``'s
+    summary), as its row's ``coverage_report`` reads it: the nodes on the devices it names the
+    accelerators are the ones the EP took; ONNX Runtime's own count rides along."""
+    row = row_for_ep(target_ep)
+    spec = row.coverage_report if row is not None else None
+    if spec is None:
+        raise ValueError(f"{target_ep}'s row names no coverage report")
     stat = report.get("device_stat", {})
     total = int(stat.get("all", sum(stat.values())))
-    taken = sum(int(v) for k, v in stat.items() if k.upper() in NPU_DEVICE_NAMES)
+    taken = sum(int(v) for k, v in stat.items() if k.upper() in spec.accelerators)
     return {
-        "ep": "VitisAIExecutionProvider",
+        "ep": target_ep,
         "taken": taken,
         "total": total,
         "fraction": taken / total if total else 0.0,
         "partitions": (ort_coverage or {}).get("partitions"),
         "by_ep": {k: int(v) for k, v in stat.items() if k != "all"},
         "fallback_op_types": dict(report.get("cpu_op_types", {})),
-        "source": f"vitisai_ep_report ({report.get('path')})",
+        "source": f"{spec.source} ({report.get('path')})",
         "ort_assignment": ort_coverage,
     }
 
@@ -207,7 +251,7 @@ def measure(
     spec: SessionSpec,
     *,
     reference_graph: str | None,
-) -> dict[str, Any]:
+) -> Measurement:
     """Open the target session (recording assignment), run the reference inputs,
     run the reference (recorded outputs, else the CPU EP on the fp32 graph) and
     compare. Returns the measurement part of an evidence record.
@@ -267,7 +311,7 @@ class _Target:
     ep: str
     coverage: Coverage
     providers: list[str] | None = None
-    outputs: dict[str, Any] | None = None
+    outputs: dict[str, np.ndarray] | None = None
     error: str | None = None
     """Why the session failed on the reference inputs (or to open: see ``coverage``)."""
     timings: dict[str, float] = field(default_factory=dict)
@@ -324,11 +368,12 @@ def _run_target(sessions: Sessions, spec: SessionSpec, feeds: dict[str, Any]) ->
 
 
 def _coverage(info: OpenedSession, target_ep: str) -> Coverage:
-    """Coverage from an opened session: VitisAI's own report where it wrote one, else ORT's assignment."""
-    assignment, vitisai = info.get("assignment"), info.get("vitisai_report")
+    """Coverage from an opened session: the EP's own report where its row names one and it
+    wrote it, else ORT's assignment."""
+    assignment, report = info.get("assignment"), info.get("ep_report")
     coverage = coverage_from_assignment(assignment, target_ep) if assignment is not None else None
-    if vitisai:
-        coverage = coverage_from_vitisai(vitisai, coverage)
+    if report:
+        coverage = coverage_from_report(report, coverage, target_ep)
     if coverage is None:
         raise VerificationError(
             f"the route's onnxruntime has no get_provider_graph_assignment_info (added in 1.24), so "
@@ -420,7 +465,7 @@ class Judgement:
 
 
 def judge(
-    record: dict[str, Any],
+    record: Measurement,
     *,
     artifact_name: str,
     device_id: str,
@@ -591,7 +636,7 @@ def _elsewhere(ep: str, precision: str, precisions: tuple[str, ...]) -> str:
     parts.append(
         "place the stage on another backend or device"
         if ep == CPU_EP
-        else "place the stage on another backend or device (e.g. the CPU EP, ort-cpu)"
+        else f"place the stage on another backend or device (e.g. the CPU EP, {EP_BACKENDS[CPU_EP]})"
     )
     return " or ".join(parts)
 

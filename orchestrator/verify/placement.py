@@ -15,16 +15,17 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from orchestrator.core.backends import DISABLE_CPU_FALLBACK, SessionSpec
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode, VerificationError
 from orchestrator.core.plan import Refusal, Verification
 from orchestrator.core.profile import Host, Route
 from orchestrator.ort.routes import resolve, runtime_identity
 from orchestrator.ort.sessions import RemoteError, ResolvedRoute, Sessions
 from orchestrator.verify.evidence import EvidenceKey, EvidenceStore, machine_identity
-from orchestrator.verify.gates import Judgement, judge, measure
+from orchestrator.verify.gates import Coverage, Judgement, Measurement, Numeric, judge, measure
 from stages.base import GateSpec
 from stages.exported_graph.artifact import ExportedArtifact, Tolerance, load_artifact
 
@@ -76,7 +77,7 @@ class Placement:
 
     @cached_property
     def spec(self) -> SessionSpec:
-        return SessionSpec.from_dict(self.gate.session)
+        return self.gate.session
 
     @cached_property
     def tolerance(self) -> Tolerance:
@@ -133,6 +134,17 @@ def placement_for(
     )
 
 
+class _ResultBase(TypedDict):
+    """What every result of a placement names: the stage, its device, backend, route and
+    precision (a ``PlacementResult``'s first fields)."""
+
+    stage: str
+    device: str
+    backend: str
+    route: str
+    precision: str | None
+
+
 @dataclass
 class PlacementResult:
     """What ``omni-edge verify`` prints for one placement."""
@@ -147,13 +159,13 @@ class PlacementResult:
     cached: bool = False
     refusals: list[Refusal] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    record: dict[str, Any] | None = None
+    record: Measurement | None = None
     evidence_path: str | None = None
     error: str | None = None
     verify_s: float | None = None
     """Gate time in the route, excluding the interpreter's start."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         rec = self.record or {}
         return {
             "stage": self.stage,
@@ -176,7 +188,7 @@ class PlacementResult:
         }
 
 
-def _public_coverage(cov: dict[str, Any] | None) -> dict[str, Any] | None:
+def _public_coverage(cov: Coverage | None) -> JsonObject | None:
     if cov is None:
         return None
     return {k: v for k, v in cov.items() if k != "ort_assignment"}
@@ -195,7 +207,7 @@ def verify_placement(
     either, the route died — come back as ``status='error'`` with the message.
     """
     store = store or EvidenceStore()
-    base: dict[str, Any] = {
+    base: _ResultBase = {
         "stage": placement.stage,
         "device": placement.device_id,
         "backend": placement.backend,
@@ -224,11 +236,11 @@ def verify_placement(
 
 
 def _cached_result(
-    placement: Placement, store: EvidenceStore, base: dict[str, Any]
+    placement: Placement, store: EvidenceStore, base: _ResultBase
 ) -> PlacementResult | None:
     """The placement judged from the evidence already cached for its key, or None."""
     assert placement.key is not None
-    cached = store.load(placement.key)
+    cached = _checked(store.load(placement.key))
     if cached is None:
         return None
     verdict = _judge(placement, cached)
@@ -244,7 +256,7 @@ def _cached_result(
     )
 
 
-def _route_failure(placement: Placement, base: dict[str, Any], exc: RemoteError) -> PlacementResult:
+def _route_failure(placement: Placement, base: _ResultBase, exc: RemoteError) -> PlacementResult:
     """A route that lacks the EP is a refusal (the device is unreachable this way);
     anything else the route raised is an error."""
     if exc.type_name == "ProviderUnavailable":
@@ -261,8 +273,8 @@ def _route_failure(placement: Placement, base: dict[str, Any], exc: RemoteError)
 def _save_and_judge(
     placement: Placement,
     store: EvidenceStore,
-    base: dict[str, Any],
-    measurement: dict[str, Any],
+    base: _ResultBase,
+    measurement: Measurement,
     elapsed: float,
 ) -> PlacementResult:
     """Record where and against which thresholds it was measured, save it under the
@@ -282,7 +294,7 @@ def _save_and_judge(
     if placement.key is not None:
         saved = store.save(placement.key, measurement)
         path = str(saved)
-        record = store.load(placement.key) or measurement
+        record = _checked(store.load(placement.key)) or measurement
     verdict = _judge(placement, record)
     return PlacementResult(
         **base,
@@ -295,7 +307,13 @@ def _save_and_judge(
     )
 
 
-def _judge(placement: Placement, record: dict[str, Any]) -> Judgement:
+def _checked(record: dict[str, object] | None) -> Measurement | None:
+    """An evidence record as the measurement it holds: the store checked it key by key
+    (``evidence.record_problem``) before it answered it."""
+    return cast(Measurement, record)
+
+
+def _judge(placement: Placement, record: Measurement) -> Judgement:
     return judge(
         record,
         artifact_name=placement.gate.artifact_name,
@@ -331,7 +349,8 @@ def cached_verdict(
             },
         ), []
     store = store or EvidenceStore()
-    record, problem = store.load_checked(placement.key)
+    found, problem = store.load_checked(placement.key)
+    record = _checked(found)
     if problem is not None:
         return Verification(
             "unverified",
@@ -357,7 +376,7 @@ def cached_verdict(
     verdict = _judge(placement, record)
     cov = record.get("coverage") or {}
     machine = (record.get("machine") or {}).get("hostname", "?")
-    details: dict[str, Any] = {
+    details: JsonObject = {
         "coverage": {k: cov.get(k) for k in ("ep", "taken", "total", "fraction", "partitions")},
         "numeric": _worst(record.get("numeric") or {}),
         "suspicious": bool(record.get("suspicious")),
@@ -427,7 +446,7 @@ def node_verification(
     ), []
 
 
-def _worst(numeric: dict[str, Any]) -> dict[str, Any]:
+def _worst(numeric: Numeric) -> JsonObject:
     outs = numeric.get("outputs") or {}
     if not outs:
         return {"reference": numeric.get("reference"), "error": numeric.get("error")}

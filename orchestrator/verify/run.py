@@ -25,22 +25,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core import settings
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.fileio import write_json_atomic
+from orchestrator.core.fileio import write_json_atomic, write_text_atomic
 from orchestrator.core.plan import Refusal
 from orchestrator.core.profile import HardwareProfile
 from orchestrator.ort.routes import (
     RouteReport,
     probe_refusal,
     report_from_probe,
+    require_startable_routes,
     resolve,
     static_refusal,
 )
-from orchestrator.ort.sessions import RouteError, open_sessions
+from orchestrator.ort.sessions import RouteError, Sessions, open_sessions
 from orchestrator.planner import Candidate, Excluded, stage_candidates
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.evidence import (
@@ -77,7 +78,7 @@ class VerifyReport:
     def errors(self) -> bool:
         return any(r.status == "error" for r in self.results)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": "omni-edge.verify/1",
             "pipeline": self.pipeline,
@@ -176,6 +177,7 @@ def verify_pipeline(
 ) -> VerifyReport:
     """Run the gates for every candidate; write evidence; never raise for a refusal."""
     require_this_machine(profile)
+    require_startable_routes(profile)  # the gates start the routes' interpreters
     store = store or EvidenceStore()
     # Evidence is what verify is for: refuse before measuring when it cannot be kept.
     settings.require_cache_dir(store.root, "gate evidence")
@@ -199,7 +201,7 @@ class _Run:
     on_done: Callable[[PlacementResult], None] | None = None
     machine: str = ""
     """The cluster node's machine the evidence is keyed by (``verify_on_node``); empty here."""
-    hosts: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, Sessions] = field(default_factory=dict)
 
     def verify(self, found: list[Candidate]) -> None:
         try:
@@ -295,25 +297,26 @@ def verify_on_node(
     mask: frozenset[str] = frozenset(),
     *,
     force: bool = False,
-    seed: dict[str, dict[str, Any]] | None = None,
+    seed: dict[str, str] | None = None,
 ) -> VerifyReport:
     """Runs on cluster node ``node`` (a Ray task pinned to it): the gates of the
     cluster's candidates on that node, in the node's own routes (its profile's, as
     its probe found them), each record keyed by this machine's identity, read here.
 
     ``ConfigError`` when the node's profile is not the machine this runs on. The
-    records go to a temporary store here, seeded with ``seed`` (file name → record:
+    records go to a temporary store here, seeded with ``seed`` (file name → its text:
     the driver's records for this machine, reused unless ``force``); they come back
     in the results' ``record`` for the driver to check and keep."""
     local = cluster.nodes[node].profile
     require_this_machine(local)
+    require_startable_routes(local, f"node {node}")  # by this machine's own settings
     machine = machine_identity_here()
     found, _ = candidates(config, cluster, mask)
     mine = [_on_node(c, local) for c in found if c.device.node == node]
     with tempfile.TemporaryDirectory(prefix="omni-edge-evidence-") as tmp:
         store = EvidenceStore(Path(tmp))
-        for name, record in (seed or {}).items():
-            write_json_atomic(store.root / Path(name).name, record, indent=1, durable=False)
+        for name, text in (seed or {}).items():
+            write_text_atomic(store.root / Path(name).name, text, durable=False)
         report = VerifyReport(config.name, f"node {node} of {cluster.name}", evidence_dir=tmp)
         _Run(local, report, store, force, machine=machine).verify(mine)
     return report
@@ -327,19 +330,20 @@ def _on_node(c: Candidate, node: HardwareProfile) -> Candidate:
     return replace(c, device=device, route=route)
 
 
-def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, dict[str, Any]]:
-    """The records in ``store`` keyed by ``node``'s machine (file name → record), which
+def node_seed(store: EvidenceStore, node: HardwareProfile) -> dict[str, str]:
+    """The records in ``store`` keyed by ``node``'s machine (file name → the file's text), which
     :func:`verify_on_node` reuses as cached evidence (and checks as it reads them)."""
     machine = machine_identity(node.host)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, str] = {}
     for path in sorted(store.root.glob("*.json")):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            record = json.loads(text)
         except (OSError, ValueError):
             continue
         key = record.get("key") if isinstance(record, dict) else None
         if isinstance(key, dict) and key.get("machine") == machine:
-            out[path.name] = record
+            out[path.name] = text
     return out
 
 

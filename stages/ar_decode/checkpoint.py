@@ -26,6 +26,7 @@ from typing import Any
 from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.core.fileio import write_json_atomic
 from orchestrator.core.settings import gguf_headers_dir
+from stages.ar_decode.remote_code import refuse_remote_code
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +347,7 @@ def read_checkpoint(model_dir: str | Path, *, digest: bool = False) -> Checkpoin
             "point `model:` at a directory holding config.json (and the weights or model.safetensors.index.json)",
         )
     config = _read_config(d / "config.json")
+    refuse_remote_code(d)  # an auto_map: exit 2 naming the file, before anything loads
     quant = config.get("quantization_config")
     if quant is None and isinstance(config.get("thinker_config"), dict):
         quant = config["thinker_config"].get("quantization_config")

@@ -5,7 +5,7 @@ GGUF (``tokenizer.chat_template``), with the same calls llama-cpp-python makes
 for a chat completion: the template rendered by its ``Jinja2ChatFormatter``
 (the GGUF's BOS/EOS token texts passed in), the result tokenized with special
 tokens parsed and no BOS added (the template writes its own). It duck-types the
-two calls :func:`stages.ar_decode.runner._encode` makes on a Hugging Face
+two calls :func:`stages.ar_decode.prompt.encode` makes on a Hugging Face
 tokenizer (``chat_template``, ``apply_chat_template``, ``encode``), so a
 request is counted the same way whichever engine runs it.
 
@@ -145,7 +145,7 @@ class GgufVocab:
             n = int(lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False))
         return buf.raw[:n]
 
-    # -- the two calls runner._encode makes on a Hugging Face tokenizer ----------------
+    # -- the two calls prompt.encode makes on a Hugging Face tokenizer ----------------
     def apply_chat_template(
         self,
         messages: list[dict[str, str]],

@@ -265,8 +265,11 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: Progress | None) -> No
     hf_logging.disable_progress_bar()  # our bar shows the steps; theirs would interleave
     bar = _steps(progress)
     step = bar(None, "reading GGUF metadata")
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the GGUF's own metadata; never code of the directory it lies in (trust_remote_code)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, trust_remote_code=False
+    )
     step()
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     with _track_tensors(gguf_utils, bar):

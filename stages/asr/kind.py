@@ -33,10 +33,11 @@ by name when a runner is made and planning never pays for either.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from stages.base import ArtifactInfo, StageConfig, StageRunner
@@ -45,6 +46,7 @@ from stages.exported_graph.graph_stats import describe_graph
 from stages.exported_graph.graphs import GraphsKind, graph_info
 from stages.exported_graph.kind import ExportedGraphConfig, GraphStageConfig, as_graph_stage
 from stages.payloads import sample_rate_problem
+from stages.requests import AudioRequest, OtherRequest, Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -118,7 +120,7 @@ class AsrKind(GraphsKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         kwargs = super().engine_kwargs(stage, info, device, backend, reservations, pool_capacity)
         cfg = _cfg(stage)
         return (
@@ -127,28 +129,32 @@ class AsrKind(GraphsKind):
             else {}
         )
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
-        """A request entering at this stage is one audio item: ``{"audio": mono samples,
-        "sample_rate": positive int}`` with at least one sample; anything else is a
-        ``BadRequest`` before it reaches the actor."""
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
+        """A request entering at this stage is one recording (``AudioRequest``): mono samples,
+        at least one, at a rate that is read; anything else is a ``BadRequest`` before it
+        reaches the actor."""
         import numpy as np
 
         where = f"request (stage {stage.name}, kind asr)"
-        if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
-            got = "text" if isinstance(prompt, str) else type(prompt).__name__
+        if not isinstance(request, AudioRequest):
+            got = (
+                type(request.value).__name__
+                if isinstance(request, OtherRequest)
+                else request.described
+            )
             raise BadRequest.single(
                 where,
                 f"the stage takes audio, got {got}",
                 'send {"audio": float32 mono samples, "sample_rate": Hz}',
             )
-        rate = prompt["sample_rate"]
+        rate = request.sample_rate
         problem = sample_rate_problem(rate)
         if problem is not None:
             raise BadRequest.single(
                 f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
             )
         try:
-            samples = np.asarray(prompt["audio"], dtype=np.float32)
+            samples = np.asarray(request.samples, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise BadRequest.single(
                 f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"

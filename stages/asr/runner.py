@@ -171,7 +171,7 @@ class AsrRunner(OrtRunner):
         stage's budget."""
         specs = self._session_specs("encoder", "decoder")
         with self._loading():
-            self.load_info = self._open(specs)
+            self.load_info = dict(self._open(specs))
             self._detokenize(
                 []
             )  # the tokenizer and the feature extractor load now, not on the first request
@@ -298,6 +298,6 @@ class AsrRunner(OrtRunner):
         finally:  # cancelled or closed early: the thread still transcribing stops at its next block
             cancel.set()
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """``worker_recycles`` for a route worker (``OrtRunner``); nothing in this process."""
         return self._worker_figures()

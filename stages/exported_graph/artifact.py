@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import io
 import logging
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -361,6 +362,12 @@ class ExportedArtifact:
             return resolve_package_location(location)
         return (self.dir / location).resolve()
 
+    def file(self, location: Any, where: str) -> Path:
+        """A file (or directory) the manifest names besides its graphs and references — a
+        hook's ``metadata`` file (:data:`METADATA_FILES`) — confined as they are
+        (:func:`confined_file`); ``ConfigError`` at ``where``."""
+        return confined_file(self.dir, location, where)
+
     def graph_path(self, precision: str) -> Path:
         try:
             location = self.manifest.precisions[precision]  # type: ignore[index]
@@ -464,6 +471,7 @@ def load_artifact(path: str | Path) -> ExportedArtifact:
         *_hook_problems(manifest, where),
         *_reference_problems(artifact, where),
     ]
+    problems += [] if problems else _metadata_file_problems(artifact, where)
     if problems:
         raise ConfigError(problems)
     return artifact
@@ -553,6 +561,26 @@ def _hook_problems(manifest: ExportManifest, where: str) -> list[Problem]:
     return problems
 
 
+def _metadata_file_problems(artifact: ExportedArtifact, where: str) -> list[Problem]:
+    """The ``metadata`` keys the manifest's hook modules read as files (their
+    :data:`METADATA_FILES`): each confined to the artifact (``ExportedArtifact.file``) and there."""
+    keys: set[str] = set()
+    for target in (artifact.manifest.preprocess, artifact.manifest.postprocess):
+        module = sys.modules.get((target or "").partition(":")[0])
+        keys.update(getattr(module, METADATA_FILES, ()))
+    problems: list[Problem] = []
+    for key in sorted(k for k in keys if k in artifact.metadata):
+        at = f"{where}: metadata.{key}"
+        try:
+            path = artifact.file(artifact.metadata[key], at)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if not path.exists():
+            problems.append(Problem(at, f"{path} does not exist", _FILE_FIX))
+    return problems
+
+
 def _reference_problems(artifact: ExportedArtifact, where: str) -> list[Problem]:
     """The reference inputs and outputs: files that exist inside the artifact directory."""
     d, manifest = artifact.dir, artifact.manifest
@@ -595,6 +623,16 @@ HOOKS_ENTRY_POINT_GROUP = "omni_edge.hooks"
 SHIPPED_HOOKS_PACKAGE = "exports"
 """The package of the shipped artifacts; its hooks need no entry point, but each is
 declared by its module (:func:`artifact_hook`)."""
+
+METADATA_FILES = "METADATA_FILES"
+"""The attribute of a hook's module that names the ``metadata`` keys it reads as file locations
+(``exports.piper_voice``: ``("voice_config",)``): checked when the artifact is read, and read
+through ``ExportedArtifact.file``, so a manifest cannot point a hook outside its artifact."""
+
+_FILE_FIX = (
+    "keep the file inside the artifact directory and name it relative to it (no '..', no "
+    "absolute path, no link out), or as package://<package>/<path>"
+)
 
 HOOK_MARK = "__omni_edge_hook__"
 """The attribute :func:`artifact_hook` sets on a function it declares."""
@@ -698,6 +736,28 @@ def resolve_hook(target: str, where: str) -> Callable[..., Any]:
 
 
 # ---- files ------------------------------------------------------------------------
+
+
+def confined_file(root: Path, location: Any, where: str) -> Path:
+    """``location`` as a path: a ``package://`` location inside its package, else relative to
+    ``root``, without ``..``, resolving inside it (a symlink out is refused); ``ConfigError``
+    at ``where`` otherwise."""
+    if not isinstance(location, str) or not location:
+        raise ConfigError.single(where, f"{location!r} is not a file location", _FILE_FIX)
+    if location.startswith(PACKAGE_SCHEME):
+        return resolve_package_location(location)
+    try:
+        check_relative(location, "")
+    except ValueError as exc:
+        raise ConfigError.single(where, str(exc).removeprefix(": "), _FILE_FIX) from None
+    path = (root / location).resolve()
+    if not inside(path, root):
+        raise ConfigError.single(
+            where,
+            f"{location} resolves to {path}, outside the artifact directory {root} (a symlink?)",
+            _FILE_FIX,
+        )
+    return path
 
 
 def inside(path: Path, root: Path) -> bool:

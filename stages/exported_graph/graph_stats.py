@@ -20,8 +20,9 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.core.fileio import write_json_atomic
 from orchestrator.core.settings import cache_write_failed, graph_stats_dir
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 
 GRAPH_STATS_VERSION = 3
 """Bump when ``GraphStats`` changes so memoised statistics are recomputed."""
+
+
+class ValueInfo(TypedDict):
+    """One graph input or output as the graph declares it: its name, element type (numpy's
+    spelling; ``onnx:N`` for one numpy has not) and shape (a size, or an axis's name)."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
 
 
 @dataclass(frozen=True)
@@ -58,10 +68,11 @@ class GraphStats:
     external_data: list[str]
     opset: dict[str, int]
     ir_version: int
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        """The statistics as the graph cache file keeps them."""
         return asdict(self)
 
 
@@ -294,12 +305,12 @@ def _subgraph_nodes(graph: Any, onnx: Any) -> int:
     return count
 
 
-def _value_info(v: Any) -> dict[str, Any]:
+def _value_info(v: Any) -> ValueInfo:
     t = v.type.tensor_type
     shape: list[int | str] = []
     for d in t.shape.dim:
         shape.append(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?"))
-    return {"name": v.name, "dtype": _ELEM.get(t.elem_type, f"onnx:{t.elem_type}"), "shape": shape}
+    return ValueInfo(name=v.name, dtype=_ELEM.get(t.elem_type, f"onnx:{t.elem_type}"), shape=shape)
 
 
 def check_against_graph(

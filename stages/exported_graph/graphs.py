@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
@@ -49,7 +50,7 @@ class GraphsKind(StageKind):
     kwargs, its gate in ``gate_spec``, its remedy when the pool is too small."""
     build_hint: ClassVar[str] = ""
     """The command that builds the graphs (the remedy when one cannot be read)."""
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
 
@@ -167,7 +168,7 @@ class GraphsKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         graphs: dict[str, dict[str, Any]] = {
             g: self.graphs.engine_kwargs(
                 self.graph_config(stage, g), graph_info(info, g), device, backend, [], pool_capacity

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import ConfigError, RefusalCode
 from orchestrator.core.ledger import RETAINED_GROWTH, Reservation
 from orchestrator.core.packages import PACKAGE_SCHEME
 from orchestrator.core.plan import Refusal
 from orchestrator.core.units import MiB, fmt_bytes
-from orchestrator.core.validation import Strict, unique
+from orchestrator.core.validation import Strict, refusal, unique
 from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
 from stages.exported_graph.artifact import (
     ExportedArtifact,
@@ -37,6 +38,7 @@ from stages.exported_graph.runner import (
     route_for,
 )
 from stages.payloads import Ports, parse_payloads
+from stages.requests import Request
 from stages.text_chunks import FIRST_MIN_CUT_CHARS, MAX_CHARS
 
 if TYPE_CHECKING:
@@ -49,24 +51,6 @@ measured to add on a long sentence on the CPU EP (docs/benchmarks.md)."""
 ACTIVATION_WEIGHT_FRACTION = 0.5
 """…and at most half the weights again for larger graphs (conv vocoders and
 encoders keep activations well below their weight bytes at one item a call)."""
-OPENVINO_RETAINED_PER_ITEM = 12 * MiB
-"""What OpenVINO's CPU plugin keeps, per item, for a graph whose output shape is
-computed from the data (a dimension no input has: the Piper voice's ``samples``,
-set by durations it samples): every item brings shapes it has not seen, and the
-plugin keeps memory for each. Measured here (onnxruntime-openvino 1.24.1, the
-voice's route worker, one call at a time, 40-200 character sentences with the
-voice's own scales): 838 MiB after 6 items, 1.68 GiB after 60, 2.53 GiB after
-150 — about 12 MiB an item with no plateau; with fixed durations (scales 0, 1,
-0) the same worker stays at 838 MiB. The ONNX Runtime CPU EP does not grow."""
-OPENVINO_ITEM_HORIZON = 64
-"""Items the estimate covers (64 x 12 MiB = 768 MiB; the curve above puts 64 items of
-up to 200 characters at about 1.7 GiB, the estimate at 1.49 GiB for the voice):
-more than a calibration run of bench/calibration.py speaks (three prompts, each
-alone and four at once; its worker measured 1.19-1.27 GiB). Beyond it the route
-worker is recycled before it passes its budget (stages/exported_graph/runner.py),
-and calibration keeps this growth in the budget on top of what the worker needs
-(resident + one call's rise), never the peak the recycling produced
-(docs/calibration.md, "A worker recycled at its budget")."""
 
 
 class ToleranceOverride(Strict):
@@ -102,17 +86,27 @@ class GraphStageConfig(StageConfig):
         False,
         description="Run on the target EP alone: sets session.disable_cpu_ep_fallback=1, so a node the EP declines fails the session instead of running on the CPU.",
     )
-    provider_options: dict[ort_backends.OrtBackendName, dict[str, str | int | float | bool]] = (
-        Field(
-            default_factory=dict,
-            description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
-        )
+    provider_options: dict[ort_backends.OrtBackendKey, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="Per backend, provider options that override the backend table (e.g. ort-vitisai: {config_file: ...}).",
     )
 
     @field_validator("precision")
     @classmethod
     def _precisions(cls, value: list[str]) -> list[str]:
         unique(value, "precision")
+        return value
+
+    @field_validator("provider_options")
+    @classmethod
+    def _allowed_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Only the options each backend's row declares (``ort_backends.config_option_problem``):
+        a config cannot name a library to load or make an EP write outside omni-edge's cache."""
+        for backend_name, options in value.items():
+            for option, given in options.items():
+                problem = ort_backends.config_option_problem(backend_name, option, given)
+                if problem is not None:
+                    raise refusal(*problem)
         return value
 
 
@@ -195,7 +189,7 @@ class ExportedGraphKind(StageKind):
 
     kind = "exported_graph"
     config_model = ExportedGraphConfig
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
 
@@ -410,20 +404,21 @@ class ExportedGraphKind(StageKind):
             ),
         ]
         dims = _data_dependent_dims(self.artifact(stage))
-        if backend == "ort-openvino" and dims:
+        grows = row.shape_memory
+        if grows is not None and dims:
             # Requests in flight do not multiply the activations: a route worker (and an
             # in-process session) runs one call at a time (orchestrator/ort/sessions.py), so
-            # concurrent requests queue. What grows is the plugin's memory per new shape.
+            # concurrent requests queue. What grows is the EP's memory per new shape.
             out.append(
                 Reservation(
                     pool,
                     RETAINED_GROWTH,
-                    OPENVINO_RETAINED_PER_ITEM * OPENVINO_ITEM_HORIZON,
+                    grows.per_item * grows.items,
                     "request",
                     "E",
-                    f"OpenVINO keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
-                    f"the data: {fmt_bytes(OPENVINO_RETAINED_PER_ITEM)} an item (OPENVINO_RETAINED_PER_ITEM, measured) "
-                    f"x {OPENVINO_ITEM_HORIZON} items (OPENVINO_ITEM_HORIZON); it keeps growing beyond, measure to calibrate",
+                    f"{grows.who} keeps memory per new shape and {name}'s output dimension(s) {', '.join(dims)} come from "
+                    f"the data: {fmt_bytes(grows.per_item)} an item ({grows.per_item_name}, measured) "
+                    f"x {grows.items} items ({grows.items_name}); it keeps growing beyond, measure to calibrate",
                     at_load=False,
                 )
             )
@@ -441,7 +436,7 @@ class ExportedGraphKind(StageKind):
             device_id=device.id,
             precision=precision,
             cache_key=f"{info.details['name']}-{precision}-{g['sha256'][:12]}",
-            overrides=cfg.provider_options.get(backend),  # type: ignore[call-overload]
+            overrides=cfg.provider_options.get(backend),
             target_only=cfg.target_only,
         )
 
@@ -453,7 +448,7 @@ class ExportedGraphKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         precision = self.choose_precision(stage, info, device, backend)
         if precision is None:
             return {}
@@ -487,7 +482,7 @@ class ExportedGraphKind(StageKind):
             backend=backend,
             device_id=device.id,
             device_name=device.name,
-            session=spec.to_dict(),
+            session=spec,
             graph_sha256=graphs[precision]["sha256"],
             reference_sha256=info.details["reference_sha256"],
             reference_graph=graphs.get("fp32", {}).get("graph"),
@@ -538,7 +533,7 @@ class ExportedGraphKind(StageKind):
 
     def _tolerances(
         self, cfg: ExportedGraphConfig, art: ExportedArtifact, precisions: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``{"tolerances": {precision: tolerance}}`` for the described graphs when the manifest
         gives any precision its own tolerance; nothing otherwise (a plan of an artifact
         without ``tolerances`` is what it was)."""
@@ -547,7 +542,7 @@ class ExportedGraphKind(StageKind):
         return {"tolerances": {p: self._tolerance(cfg, art, p).model_dump() for p in precisions}}
 
     # -- runtime -------------------------------------------------------------
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request this stage takes (its inputs name ``request``), checked in the caller's
         process before anything reaches the session: without a preprocess hook, an array (or a
         mapping of arrays) must be what the graph's inputs are as the manifest declares them —
@@ -562,7 +557,7 @@ class ExportedGraphKind(StageKind):
         ):
             return
         feeds_for(
-            prompt,
+            request.item(),
             manifest_inputs(art),
             f"request (stage {stage_plan.name}, kind {stage_plan.kind})",
         )

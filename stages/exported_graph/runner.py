@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import BadRequest, StageFailed
+from orchestrator.ort.worker import SessionIO
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.chunking import ChunkInputError, FrameChunker, Window, new_samples
 from stages.ort_runner import (
@@ -49,6 +50,8 @@ from stages.ort_runner import (
 from stages.payloads import parse_payloads
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from orchestrator.core.plan import StagePlan
     from orchestrator.ort.sessions import ResolvedRoute
 
@@ -107,6 +110,8 @@ class ExportedGraphRunner(OrtRunner):
         self.warmup = warmup
         self.artifact = artifact
         self._handle: int | None = None
+        self._inputs: list[SessionIO] = []
+        """The session's inputs as the route reported them at load (what a request is fed by)."""
         self._pre = artifact.hook("preprocess")
         self._post = artifact.hook("postprocess")
         self._stamps: dict[str, dict[str, float]] = {}
@@ -116,8 +121,12 @@ class ExportedGraphRunner(OrtRunner):
     def load(self) -> None:
         specs = self._session_specs()
         with self._loading():
-            self.load_info = self._open(specs)["session"]
-        self._handle = self.load_info["handle"]
+            opened = self._open(specs)["session"]
+        self.load_info, self._handle, self._inputs = (
+            dict(opened),
+            opened["handle"],
+            opened["inputs"],
+        )
         if self.warmup:
             with self._loading("the warm-up run at load failed: "):
                 self.load_info = {**self.load_info, "warmup": self._warm()}
@@ -142,7 +151,7 @@ class ExportedGraphRunner(OrtRunner):
             item = "reference inputs"
         return {"item": item, "s": round(time.perf_counter() - t0, 4)}
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """``worker_recycles``: how many times the stage's route worker was replaced since the load;
         ``stamps``: when the request's first item went through each step (the device actor takes
         them out of the figures, for the runtime's first-audio trace)."""
@@ -165,7 +174,7 @@ class ExportedGraphRunner(OrtRunner):
             if self._pre
             else feeds_for(
                 item,
-                self.load_info.get("inputs") or [],
+                self._inputs,
                 f"request (stage {self.plan.name}, kind {self.plan.kind})",
             )
         )
@@ -271,7 +280,7 @@ ORT_TENSOR_DTYPES = {
 (bfloat16, float8) is not checked before the session sees it."""
 
 
-def manifest_inputs(artifact: ExportedArtifact) -> list[dict[str, Any]]:
+def manifest_inputs(artifact: ExportedArtifact) -> list[SessionIO]:
     """The graph's inputs as the manifest declares them, in ``feeds_for``'s shape (what a
     session reports at load: ONNX Runtime's type names, a named axis as None), so a request
     is checked in the caller's process before any session exists."""
@@ -286,7 +295,7 @@ def manifest_inputs(artifact: ExportedArtifact) -> list[dict[str, Any]]:
     ]
 
 
-def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, Any]:
+def feeds_for(item: Any, inputs: list[SessionIO], where: str) -> dict[str, np.ndarray | np.generic]:
     """The session's feeds for ``item`` when no preprocess hook makes them.
 
     ``inputs``: the session's inputs as the route reported them at load
@@ -343,7 +352,7 @@ def feeds_for(item: Any, inputs: list[dict[str, Any]], where: str) -> dict[str, 
     return feeds
 
 
-def _feed_problem(value: Any, spec: dict[str, Any]) -> str | None:
+def _feed_problem(value: Any, spec: SessionIO) -> str | None:
     import numpy as np
 
     if not isinstance(value, (np.ndarray, np.generic)):
@@ -371,7 +380,7 @@ def _described(value: Any) -> str:
     return f"{value.dtype}{list(value.shape)}"
 
 
-def _spelled(spec: dict[str, Any]) -> str:
+def _spelled(spec: SessionIO) -> str:
     dtype = ORT_TENSOR_DTYPES.get(str(spec.get("type")), str(spec.get("type")))
     shape = spec.get("shape")
     dims = "?" if shape is None else ",".join("*" if d is None else str(d) for d in shape)

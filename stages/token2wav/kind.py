@@ -35,7 +35,7 @@ from stages.base import ArtifactInfo, StageConfig, StageRunner
 from stages.exported_graph.graphs import GraphsKind
 from stages.exported_graph.kind import GraphStageConfig
 from stages.payloads import Ports, parse_payloads
-from stages.token2wav import VOICES
+from stages.token2wav import VOICES, voices_file
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -74,7 +74,7 @@ class Token2WavConfig(GraphStageConfig):
 
 def voice_names(dit_dir: str | Path) -> list[str]:
     """The speakers in ``dit_dir``'s ``voices.npz``, in file order, from the zip's directory."""
-    with zipfile.ZipFile(Path(dit_dir) / VOICES) as z:
+    with zipfile.ZipFile(voices_file(dit_dir)) as z:
         names = [n.removesuffix(".npy") for n in z.namelist()]
     return list(
         dict.fromkeys(n.rsplit(".", 1)[0] for n in names if n.endswith((".cond", ".ref_mel")))

@@ -38,7 +38,7 @@ from orchestrator.core.errors import StageFailed
 from stages.audio_items import Cancelled
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.ort_runner import OrtRunner, route_for
-from stages.token2wav import VOICES
+from stages.token2wav import VOICES, voices_file
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -122,7 +122,7 @@ class Token2WavRunner(OrtRunner):
         """Read the voice, then open the DiT's and the vocoder's sessions in the route."""
         specs = self._session_specs("dit", "vocoder", spelled="the DiT and the vocoder")
         with self._loading():
-            with np.load(self.dit.dir / VOICES) as data:
+            with np.load(voices_file(self.dit.dir)) as data:
                 voices = {k: data[k] for k in data.files}
             names = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in voices))
             name = self.voice_name or names[0]
@@ -135,7 +135,7 @@ class Token2WavRunner(OrtRunner):
             self.ref_mel = np.asarray(voices[f"{name}.ref_mel"], dtype=np.float32).reshape(
                 1, -1, self.mel_dim
             )
-            self.load_info = self._open(specs)
+            self.load_info = dict(self._open(specs))
 
     def codes_of(self, items: list[Any]) -> Any:
         """The request's items (a code, or a sequence of codes each) as int64 ``[1, codes]``;

@@ -28,15 +28,23 @@ from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from orchestrator.core import backends as ort_backends
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import BadRequest, ConfigError, Problem
 from orchestrator.core.ledger import Reservation
 from orchestrator.core.plan import Refusal
-from stages.base import ArtifactInfo, GateSpec, StageConfig, StageKind, StageRunner
+from stages.base import (
+    ArtifactInfo,
+    GateSpec,
+    StageConfig,
+    StageKind,
+    StageRunner,
+    TurnDetection,
+)
 from stages.exported_graph.artifact import ExportedArtifact
 from stages.exported_graph.kind import (
     ExportedGraphConfig,
@@ -45,6 +53,7 @@ from stages.exported_graph.kind import (
     as_graph_stage,
 )
 from stages.payloads import sample_rate_problem
+from stages.requests import AudioRequest, OtherRequest, Request
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -124,7 +133,7 @@ class VadKind(StageKind):
 
     kind = "vad"
     config_model = VadConfig
-    backends = tuple(ort_backends.BACKENDS)
+    backends = ort_backends.TableBackends()
     runner_imports = ("numpy", "onnxruntime")
     needs_gates = True
     consumes = ("audio",)
@@ -196,7 +205,7 @@ class VadKind(StageKind):
         backend: str,
         reservations: list[Reservation],
         pool_capacity: int,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         cfg = _cfg(stage)
         kwargs = self.graph.engine_kwargs(
             graph_config(cfg), info, device, backend, reservations, pool_capacity
@@ -234,11 +243,23 @@ class VadKind(StageKind):
             graph_config(_cfg(stage)), info, device, backend, pool, available
         )
 
-    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, prompt: Any) -> None:
-        """A request entering here is one audio item ``{"audio": mono samples, "sample_rate":
-        positive int}`` with at least one sample; anything else is a ``BadRequest`` before it
-        reaches the actor."""
-        check_audio_request(prompt, f"request (stage {stage.name}, kind vad)")
+    def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
+        """A request entering here is one recording (``AudioRequest``): mono samples, at least
+        one, at a rate that is read; anything else is a ``BadRequest`` before it reaches the
+        actor."""
+        check_audio_request(request, f"request (stage {stage.name}, kind vad)")
+
+    def turn_detection(self, stage_plan: StagePlan) -> TurnDetection | None:
+        """The planned segmentation as a spoken turn's end: its speech threshold, its padding
+        before speech and the silence that closes a segment (``min_silence_ms``)."""
+        segments = stage_plan.engine_kwargs.get("segments")
+        if not isinstance(segments, dict):
+            return None
+        return TurnDetection(
+            float(segments["threshold"]),
+            int(segments["speech_pad_ms"]),
+            int(segments["min_silence_ms"]),
+        )
 
     # -- runtime -------------------------------------------------------------
     def runner(
@@ -254,17 +275,15 @@ class VadKind(StageKind):
         return runner
 
 
-def check_audio_request(prompt: Any, where: str) -> None:
-    """``BadRequest`` unless ``prompt`` is one audio item: mono, a positive int rate, samples."""
+def check_audio_request(request: Request, where: str) -> None:
+    """``BadRequest`` unless ``request`` is one recording: mono, a rate that is read, samples."""
     import numpy as np
 
-    if not isinstance(prompt, dict) or not {"audio", "sample_rate"} <= set(prompt):
+    if not isinstance(request, AudioRequest):
         got = (
-            "text"
-            if isinstance(prompt, str)
-            else "a chat request"
-            if isinstance(prompt, dict)
-            else type(prompt).__name__
+            "a chat request"
+            if isinstance(request, OtherRequest) and isinstance(request.value, dict)
+            else request.described
         )
         raise BadRequest.single(
             where,
@@ -272,14 +291,14 @@ def check_audio_request(prompt: Any, where: str) -> None:
             'send {"audio": float32 mono samples, "sample_rate": Hz} '
             "(omni-edge run --audio FILE.wav; an input_audio content part on the server)",
         )
-    rate = prompt["sample_rate"]
+    rate = request.sample_rate
     problem = sample_rate_problem(rate)
     if problem is not None:
         raise BadRequest.single(
             f"{where}: sample_rate", problem, "resample the recording to 16000 Hz"
         )
     try:
-        samples = np.asarray(prompt["audio"], dtype=np.float32)
+        samples = np.asarray(request.samples, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise BadRequest.single(
             f"{where}: audio", f"not numbers ({exc})", "send float samples in [-1, 1]"

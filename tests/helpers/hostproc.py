@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ort import worker
+from orchestrator.ort import worker_probe
 
 DISTRO = "Ubuntu-Standin"
 
@@ -69,7 +69,7 @@ def standin_python(tmp_path: Path) -> tuple[Path, Path]:
     venv = tmp_path / "Windows" / "omni-edge" / "venv-directml"
     exe = venv / "Scripts" / "python.exe"
     exe.parent.mkdir(parents=True)
-    dist, version = worker.runtime_identity()
+    dist, version = worker_probe.runtime_identity()
     assert dist and version
     (venv / "Lib" / "site-packages" / f"{dist.replace('-', '_')}-{version}.dist-info").mkdir(
         parents=True
@@ -77,6 +77,16 @@ def standin_python(tmp_path: Path) -> tuple[Path, Path]:
     exe.write_text(STANDIN.format(python=sys.executable, log=str(log), distro=DISTRO))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return exe, log
+
+
+def trust_standin(exe: Path, monkeypatch: Any) -> Path:
+    """The user's settings file (``OMNI_EDGE_SETTINGS``, for this test) naming the stand-in as the
+    route ``windows-standin``: what a user writes before omni-edge may start a host-process
+    route's interpreter that a profile names (``verify``, ``run``)."""
+    settings = exe.parent / "omni-edge-settings.yaml"
+    settings.write_text(json.dumps({"routes": {"windows-standin": str(exe)}}))
+    monkeypatch.setenv("OMNI_EDGE_SETTINGS", str(settings))
+    return settings
 
 
 def log_lines(log: Path) -> list[dict[str, Any]]:

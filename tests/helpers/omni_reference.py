@@ -6,7 +6,13 @@ The models' ``generate()`` returns the text tokens and the waveform; the talker'
 read where the model itself hands them on: Qwen2.5-Omni's ``talker.generate`` result (cut at
 the first stop code, as ``generate`` cuts it for token2wav), Qwen3-Omni's codes as passed
 to ``code2wav.chunked_decode`` ([1, code groups, frames]). Both are observed by wrapping
-the model's own method, not reimplemented."""
+the model's own method, not reimplemented.
+
+The reference runs at the stages' own thread count (``threads``: what the plan gave the
+transformers stages, :func:`torch_threads`): the tokens and codes are compared for equality,
+and with seeded random weights a near-tie can flip a token when the matmuls' sums are split
+over another number of threads, as they would be between this process's default and the
+stage's pool."""
 
 from __future__ import annotations
 
@@ -79,6 +85,14 @@ def token2wav_reference(
     return wav.float().reshape(-1).numpy()
 
 
+def torch_threads(stages: list[dict[str, Any]]) -> int:
+    """The thread count the transformers stages of a plan (``omni-edge.plan/1``'s ``stages``)
+    ran torch at: ``cpu_threads``, one for all of them (torch's pool is one per process)."""
+    threads = {s["cpu_threads"] for s in stages if str(s["backend"]).startswith("transformers")}
+    assert len(threads) == 1 and None not in threads, threads
+    return int(threads.pop())
+
+
 def prompt_ids(model_dir: Path, prompt: str) -> list[int]:
     from transformers import AutoTokenizer
 
@@ -93,6 +107,7 @@ def reference(
     model_dir: Path,
     prompt: str,
     *,
+    threads: int,
     thinker_max: int,
     talker_max: int,
     talker_min: int = 0,
@@ -100,8 +115,39 @@ def reference(
     token2wav_seed: int = 0,
     token2wav_steps: int = 10,
 ) -> Reference:
-    """Qwen2.5-Omni's token2wav starts from ``torch.randn``: here from :func:`seeded_noise`
+    """``generate()``'s output, computed with torch at ``threads`` threads (the stages' own).
+    Qwen2.5-Omni's token2wav starts from ``torch.randn``: here from :func:`seeded_noise`
     (``token2wav_seed``), with ``token2wav_steps`` solver time points."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _generate(
+            model_dir,
+            prompt,
+            thinker_max=thinker_max,
+            talker_max=talker_max,
+            talker_min=talker_min,
+            repetition_penalty=repetition_penalty,
+            token2wav_seed=token2wav_seed,
+            token2wav_steps=token2wav_steps,
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+def _generate(
+    model_dir: Path,
+    prompt: str,
+    *,
+    thinker_max: int,
+    talker_max: int,
+    talker_min: int,
+    repetition_penalty: float,
+    token2wav_seed: int,
+    token2wav_steps: int,
+) -> Reference:
     from unittest import mock
 
     import torch

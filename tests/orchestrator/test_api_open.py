@@ -5,8 +5,6 @@ finished ``async with`` and a cancelled open each leave nothing started."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +14,10 @@ from orchestrator.api import Pipeline
 from orchestrator.core.errors import PlanRefused
 from orchestrator.core.units import GiB
 from tests.helpers.profiles import make_profile
-
-LOAD_S = 3.0
-"""The echo voice's load time: long enough that a blocked event loop shows."""
+from tests.helpers.waiting import await_until
 
 
-def write(
-    tmp_path: Path, voice: str = f", load_s: {LOAD_S}", ram: int = 8 * GiB
-) -> tuple[Path, Path]:
+def write(tmp_path: Path, voice: str = "", ram: int = 8 * GiB) -> tuple[Path, Path]:
     cfg = tmp_path / "echo.yaml"
     cfg.write_text(
         "name: echo-open\n"
@@ -37,55 +31,39 @@ def write(
     return cfg, prof
 
 
-async def _ticking(work: Any) -> tuple[Any, float, float]:
-    """Await ``work`` while a ticker runs on the same loop: (its result, seconds it
-    took, the longest the loop went without a tick)."""
-    ticks: list[float] = []
-
-    async def ticker() -> None:
-        while True:
-            ticks.append(time.perf_counter())
-            await asyncio.sleep(0.02)
-
-    task = asyncio.create_task(ticker())
-    t0 = time.perf_counter()
-    ticks.append(t0)
-    try:
-        result = await work
-    finally:
-        task.cancel()
-    took = time.perf_counter() - t0
-    ticks.append(time.perf_counter())
-    return result, took, max(b - a for a, b in itertools.pairwise(ticks))
-
-
 @pytest.mark.ray
 def test_the_loop_keeps_running_while_the_pipeline_starts_and_async_with_closes_it(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    cfg, prof = write(tmp_path)
+    # the voice's load() waits for ``gate``, which only this test's event loop opens once it
+    # sees the load under way: a start that blocked the loop would find it closed until the
+    # gate timed out (load_info["gate"] == "timed out"), however fast the machine
+    loading, gate = tmp_path / "voice-loading", tmp_path / "voice-may-finish"
+    cfg, prof = write(tmp_path, voice=f", loading_file: {loading}, load_gate_file: {gate}")
 
-    async def main() -> tuple[float, float, str, Pipeline]:
+    async def main() -> tuple[str, dict[str, Any], Pipeline]:
         opening = Pipeline.open(cfg, profile=prof, record=None)
-        (pipeline, took, longest_gap) = await _ticking(opening.__aenter__())
+        entering = asyncio.ensure_future(opening.__aenter__())
+        await await_until(loading.exists, "the voice's load() began")
+        assert not entering.done()  # the start is held inside the voice's load
+        gate.touch()
+        pipeline = await entering
         try:
             result = await pipeline.arun("hello")
+            load_info = pipeline.runtime.load_results["voice"]["load_info"]
         finally:
             await opening.__aexit__(None, None, None)
-        return took, longest_gap, result.text, pipeline
+        return result.text, load_info, pipeline
 
-    took, longest_gap, text, pipeline = asyncio.run(main())
-    assert took >= LOAD_S  # the start really waited for the slow load ...
-    assert longest_gap < 1.0, (
-        f"the event loop stood still for {longest_gap:.2f} s while the pipeline started"
-    )  # ... off the loop
+    text, load_info, pipeline = asyncio.run(main())
+    assert load_info["gate"] == "opened", load_info  # by the loop, while the start ran
     assert text.startswith("You said hello.")
     assert pipeline.final_ledger is not None and pipeline.final_ledger["held_bytes"] == 0
 
 
 @pytest.mark.ray
 def test_an_awaited_open_returns_a_started_pipeline(ray_cluster: Any, tmp_path: Path) -> None:
-    cfg, prof = write(tmp_path, voice="")
+    cfg, prof = write(tmp_path)
 
     async def main() -> str:
         pipeline = await Pipeline.open(cfg, profile=prof, record=None)
@@ -113,7 +91,8 @@ def test_a_refused_plan_raises_from_the_await_before_anything_starts(tmp_path: P
 def test_a_cancelled_open_closes_the_pipeline_once_its_start_finishes(
     ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg, prof = write(tmp_path)
+    loading, gate = tmp_path / "voice-loading", tmp_path / "voice-may-finish"
+    cfg, prof = write(tmp_path, voice=f", loading_file: {loading}, load_gate_file: {gate}")
     closed: list[dict[str, Any]] = []
     close = Pipeline.close
 
@@ -125,10 +104,13 @@ def test_a_cancelled_open_closes_the_pipeline_once_its_start_finishes(
 
     async def main() -> None:
         task = asyncio.create_task(Pipeline.open(cfg, profile=prof, record=None).__aenter__())
-        await asyncio.sleep(LOAD_S / 3)  # the start is under way: Ray joined, the voice loading
+        # the start is under way: Ray joined, the voice inside its load (held at the gate)
+        await await_until(loading.exists, "the voice's load() began")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert closed == []  # the start has not finished: nothing to close yet
+        gate.touch()  # now it may: the start thread, finishing last, closes what it started
 
     asyncio.run(main())  # returns once the start thread is done (asyncio.run joins it)
     assert len(closed) == 1 and closed[0]["held_bytes"] == 0

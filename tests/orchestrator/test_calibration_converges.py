@@ -152,7 +152,17 @@ def test_rays_reservation_converges_over_mixed_runs(tmp_path: Path) -> None:
             budget, calibrated = planned.bytes, True
             reserved.append(budget)
         assert max(reserved) <= 1.2 * max(peaks), (seed, max(reserved) // MiB, max(peaks) // MiB)
-        assert reserved[-1] <= max(reserved[:15])  # the last ten runs grew nothing
+        assert reserved[-1] <= max(reserved[:15])
+        # each of the last ten runs grew nothing of its own: its reservation is at most the
+        # highest one before it, unless its peak was the highest yet (new evidence, as seed 3's
+        # run 17 brings: 892 MiB over 845) — not only the last run checked
+        for i in range(15, 25):
+            assert reserved[i] <= max(reserved[:i]) or peaks[i] > max(peaks[:i]), (
+                seed,
+                i,
+                [r // MiB for r in reserved],
+                [p // MiB for p in peaks],
+            )
         store.path(key).unlink()
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, wav_header
 from orchestrator.runtime.events import AudioChunk, Event
 from orchestrator.server.failures import REQUEST_ERRORS
@@ -32,7 +32,7 @@ class Chat:
         call = await self.served.body(request, "chat", self.served.read_chat)
         if isinstance(call, Response):
             return call
-        run = Run(self.served, call.prompt, "chat")
+        run = Run(self.served, call.request, "chat")
         base = {
             "id": f"chatcmpl-{run.rid}",
             "created": int(time.time()),
@@ -45,7 +45,7 @@ class Chat:
         return await self._chat_whole(run, base, call.audio_format, request)
 
     async def _chat_whole(
-        self, run: Run, base: dict[str, Any], fmt: str | None, request: Request
+        self, run: Run, base: JsonObject, fmt: str | None, request: Request
     ) -> Response:
         try:
             if not await run.until(lambda e: False, request):
@@ -57,7 +57,7 @@ class Chat:
             return response
         await run.close(200)
         text = "".join(e.text for e in events if self.served.is_text(e))
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        message: JsonObject = {"role": "assistant", "content": text}
         outputs = [o for o in map(self.served.output_of, events) if o is not None]
         if fmt is not None:
             chunks = [e for e in events if self.served.is_audio(e)]
@@ -73,7 +73,7 @@ class Chat:
             }
         if outputs:
             message["outputs"] = outputs
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             **base,
             "object": "chat.completion",
             "choices": [
@@ -104,7 +104,7 @@ class Chat:
     async def _chat_stream(
         self,
         run: Run,
-        base: dict[str, Any],
+        base: JsonObject,
         fmt: str | None,
         include_usage: bool,
         request: Request,
@@ -120,7 +120,7 @@ class Chat:
             return response
         audio_id = f"audio-{run.rid}"
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        def chunk(delta: JsonObject, finish: str | None = None) -> str:
             doc = {
                 **base,
                 "object": "chat.completion.chunk",
@@ -128,7 +128,7 @@ class Chat:
             }
             return f"data: {json.dumps(doc)}\n\n"
 
-        def delta_of(event: Event) -> dict[str, Any] | None:
+        def delta_of(event: Event) -> JsonObject | None:
             if self.served.is_text(event):
                 return (
                     {"audio": {"id": audio_id, "transcript": event.text}}

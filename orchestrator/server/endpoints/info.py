@@ -5,13 +5,17 @@ cannot and why), ``/v1/models``, ``/v1/plan`` (each stage's measured peak beside
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from orchestrator.core.documents import JsonObject
+from orchestrator.core.ledger import MeasuredPeak
+from orchestrator.server.auth import error_response
+from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.served import Served
+from stages.base import StageHealth
 
 HEALTH_TIMEOUT_S = 2.0
 """How long ``/health`` waits for a device actor to say how its stages are: an actor
@@ -67,7 +71,7 @@ class Info:
         status = "degraded" if degraded or moved else "ok"
         if not ok:
             status = "recovering" if all(name in coming for name in down) else "unavailable"
-        doc: dict[str, Any] = {"status": status, "pipeline": self.served.model, "stages": stages}
+        doc: JsonObject = {"status": status, "pipeline": self.served.model, "stages": stages}
         if degraded:  # a dead replica whose siblings serve: still 200, named
             doc["degraded"] = degraded
         if recovering:
@@ -82,42 +86,50 @@ class Info:
             ]
         return JSONResponse(doc, status_code=200 if ok else 503)
 
-    def _recovering(self, failures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _recovering(self, failures: dict[str, StageHealth]) -> list[JsonObject]:
         """Each stage instance coming back: its device actor restarting (``attempt``,
         ``died_at``, ``cause``) or its stage moving to its fallback, or its route worker
         being replaced (a runner's ``*_restarting`` code)."""
         runtime = self.served.runtime
-        out: list[dict[str, Any]] = []
+        out: list[JsonObject] = []
         for s in runtime.stages:
             for ref in runtime.replicas[s.name]:
-                replica: dict[str, Any] = {"replica": ref.index + 1} if ref.of > 1 else {}
+                replica: JsonObject = {"replica": ref.index + 1} if ref.of > 1 else {}
                 status = runtime.supervisor.status(ref.holder) if runtime.supervisor else None
-                failed = failures.get(ref.holder) or {}
+                failed = failures.get(ref.holder)
                 if status and (status["state"] == "recovering" or status.get("moving")):
-                    out.append(
-                        {
-                            "stage": s.name,
-                            **replica,
-                            "device": ref.device,
-                            "code": "stage_restarting",
-                            **{
-                                k: status[k] for k in ("attempt", "died_at", "cause") if k in status
-                            },
-                        }
-                    )
-                elif str(failed.get("code", "")).endswith("_restarting"):
+                    doc: JsonObject = {
+                        "stage": s.name,
+                        **replica,
+                        "device": ref.device,
+                        "code": "stage_restarting",
+                    }
+                    if "attempt" in status:
+                        doc["attempt"] = status["attempt"]
+                    if "died_at" in status:
+                        doc["died_at"], doc["cause"] = status["died_at"], status.get("cause", "")
+                    out.append(doc)
+                elif failed is not None and failed["code"].endswith("_restarting"):
                     out.append(
                         {
                             "stage": s.name,
                             **replica,
                             "device": ref.device,
                             "code": failed["code"],
-                            "cause": failed.get("message", ""),
+                            "cause": failed["message"],
                         }
                     )
         return out
 
     async def plan(self, request: Request) -> Response:
+        """The plan with its measured peaks; absolute paths cut to their file names unless a
+        loopback client asks for them whole (``server.paths``)."""
+        asked, refused = paths_asked(request.query_params, request.client)
+        if refused is not None:
+            status, message, code = refused
+            return error_response(
+                status, message, "invalid_request_error", param=PATHS_PARAM, code=code
+            )
         doc = self.served.pipeline.plan.to_json()
         measured = await self.served.metrics.measured_now()
         for s in doc["stages"]:
@@ -133,17 +145,17 @@ class Info:
         doc["server"] = (
             await asyncio.to_thread(server_memory) if server_memory is not None else None
         )
-        return JSONResponse(doc)
+        return JSONResponse(doc if asked == FULL else redact_paths(doc))
 
-    def _measured(self, measured: dict[str, dict[str, Any]], holder: str) -> dict[str, Any]:
+    def _measured(self, measured: dict[str, MeasuredPeak], holder: str) -> JsonObject:
         """A stage's (or one replica's) measured peak next to its budget, for ``/v1/plan``."""
         view = self.served.runtime.views.get(holder) or self.served.pipeline.plan.stage(holder)
-        m = measured.get(holder) or {}
+        m = measured.get(holder)
         return {
             "pool": view.pool,
-            "measured_peak_bytes": m.get("measured_peak_bytes"),
-            "budget_bytes": m.get("budget_bytes", view.budget_bytes()),
-            "within_budget": m.get("within_budget"),
+            "measured_peak_bytes": m["measured_peak_bytes"] if m else None,
+            "budget_bytes": m["budget_bytes"] if m else view.budget_bytes(),
+            "within_budget": m["within_budget"] if m else None,
         }
 
     async def status(self, request: Request) -> Response:

@@ -16,6 +16,7 @@ from orchestrator.server.failures import REQUEST_ERRORS
 from orchestrator.server.http import StreamResponse, error_for, pcm24k
 from orchestrator.server.protocol import read_speech
 from orchestrator.server.served import Run, Served
+from stages.requests import TextRequest
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class Speech:
         text, fmt = read
         if self.served.speech_stage is None:
             return self.served.refuse("speech", self.served.no_speech_stage())
-        run = Run(self.served, text, "speech", entry=self.served.speech_stage)
+        run = Run(self.served, TextRequest(text), "speech", entry=self.served.speech_stage)
         try:
             if not await run.until(
                 self.served.is_audio, request

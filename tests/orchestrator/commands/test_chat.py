@@ -25,7 +25,7 @@ from orchestrator.runtime.audio import OPENAI_PCM_RATE, read_wav, rms_dbfs
 from tests.helpers.echo import REPLY
 from tests.orchestrator.commands.test_run import write
 
-KEY = "chat-test-key"
+KEY = "chat-test-key-0123456789"
 LINES = "hello there\n\n  second message  \n/history\n/reset\n/history\nthird\n"
 
 

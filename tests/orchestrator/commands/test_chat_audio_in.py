@@ -346,14 +346,16 @@ def test_a_spoken_question_gets_a_transcript_a_reply_a_latency_and_the_reply_aud
     import re
 
     from orchestrator.runtime.audio import read_wav, rms_dbfs
+    from tests.helpers.speech import heard
 
     url, wav = voice_chat
     out = tmp_path / "reply.wav"
     rc = main(["chat", "--url", url, "--audio-in", str(wav), "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    heard = re.search(r"^turn 1  you: (.+)$", captured.out, re.M)
-    assert heard and heard.group(1).strip() not in ("", "(nothing heard)"), captured.out
+    you = re.search(r"^turn 1  you: (.+)$", captured.out, re.M)
+    assert you, captured.out
+    heard(QUESTION, you.group(1))
     reply = re.search(r"^  reply \(turn 1\): (.+)$", captured.out, re.M)
     assert reply and reply.group(1).strip(), captured.out
     latency = re.search(
@@ -392,6 +394,8 @@ def test_json_prints_one_object_per_turn_with_the_latency_and_its_steps(
 ) -> None:
     import json
 
+    from tests.helpers.speech import heard
+
     url, wav = voice_chat
     rc = main(["chat", "--url", url, "--audio-in", str(wav), "--json", "--audio-speed", "2"])
     captured = capsys.readouterr()
@@ -399,9 +403,8 @@ def test_json_prints_one_object_per_turn_with_the_latency_and_its_steps(
     turns = [json.loads(line) for line in captured.out.splitlines()]
     assert len(turns) == 1, captured.out
     turn = turns[0]
-    assert turn["status"] == "completed" and turn["transcript"].strip() and turn["reply"].strip(), (
-        turn
-    )
+    assert turn["status"] == "completed" and turn["reply"].strip(), turn
+    heard(QUESTION, turn["transcript"])
     assert turn["latency_s"] > 0 and turn["reply_audio_s"] > 0.3, turn
     steps = turn["breakdown_s"]
     assert set(steps) == {

@@ -69,6 +69,40 @@ def test_run_streams_text_writes_the_wav_and_the_record_and_prints_the_stage_tab
         "You said hi there."
     )
     assert doc["ledger"]["pools"] and doc["versions"]["ray"]
+    # the WAV is the recorded reply's audio, and the run says where it went
+    assert doc["requests"][0]["chunks"]
+    assert audio.size / rate == pytest.approx(doc["requests"][0]["audio_seconds"], abs=1e-3)
+    assert re.search(
+        rf"audio:\s+{re.escape(str(wav))}\s+\(\d+\.\d\d\s+s\s+at\s+{rate}\s+Hz\)",
+        out.replace("\n", " "),
+    ), out
+
+
+@pytest.mark.ray
+def test_a_reply_with_nothing_to_say_writes_no_wav_and_says_so(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, prof = write(tmp_path, thinker=', reply: "... *"')  # no letter or digit: nothing to speak
+    wav, rec = tmp_path / "reply.wav", tmp_path / "record.json"
+    rc = main(
+        [
+            "run",
+            str(cfg),
+            "--prompt",
+            "hi",
+            "--out",
+            str(wav),
+            "--profile",
+            str(prof),
+            "--record",
+            str(rec),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    request = json.loads(rec.read_text())["requests"][0]
+    assert request["text"] == "... *" and request["chunks"] == []
+    assert not wav.exists() and "nothing written to --out" in out.replace("\n", " ")
 
 
 def test_a_refused_plan_exits_3_with_the_refusals(
@@ -129,15 +163,12 @@ def test_the_default_pipeline_from_the_command_line(tmp_path: Path) -> None:
     assert doc["text"] in proc.stderr, proc.stderr[-3000:]
     record = json.loads(Path(doc["record"]).read_text())["requests"][0]
     assert record["text"] == doc["text"]
-    if record["chunks"]:
-        assert doc["wav"] == str(wav)
-        audio, rate = read_wav(wav)
-        assert audio.size / rate == pytest.approx(record["audio_seconds"], abs=1e-3)
-        assert re.search(
-            rf"audio:\s+{re.escape(str(wav))}\s+\(\d+\.\d\d\s+s\s+at\s+{rate}\s+Hz\)", proc.stderr
-        )
-    else:
-        assert doc["wav"] is None and not wav.exists() and "nothing written to --out" in proc.stderr
+    # a WAV exactly when there was something to say (each case on its own, on fixed replies:
+    # the echo tests above); here, whichever the model's reply is, the two agree
+    spoke = bool(record["chunks"])
+    assert (doc["wav"] == str(wav)) is spoke and wav.exists() is spoke, (doc["wav"], record)
+    assert ("nothing written to --out" in proc.stderr) is not spoke
+    assert (read_wav(wav)[0].size > 0) if spoke else record["audio_seconds"] == 0
     assert "plan: pipeline 'voice-assistant'" in proc.stderr and "budget/measured" in proc.stderr
     assert {r["stage"] for r in doc["stages"]} == {"thinker", "voice"}
 

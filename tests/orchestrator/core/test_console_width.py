@@ -34,19 +34,30 @@ from orchestrator.cli import build_parser, main
 from orchestrator.core.console import WIDTH_WHEN_PIPED, make_console, output_width
 from orchestrator.core.plan import PipelinePlan, Refusal, Verification
 from tests.helpers import REPO
-from tests.helpers.generated import int8_voice_refused
+from tests.helpers.generated import int8_voice_skip
 
 NARROW = 80
 REFERENCE = 1000
 CONFIGS = sorted(
     [REPO / "configs/voice-assistant.yaml", *(REPO / "configs/examples").glob("*.yaml")]
 )
-if (
-    int8_voice_refused()
-):  # measured over the exporter's ceiling on this CPU (tests/helpers/generated.py)
-    CONFIGS.remove(REPO / "configs/examples/voice-on-npu.yaml")
 PROFILES = sorted((REPO / "configs/profiles").glob("*.json"))
-CASES = [(c, p) for c in CONFIGS for p in PROFILES]
+NEEDS_INT8_VOICE = REPO / "configs/examples/voice-on-npu.yaml"
+INT8_VOICE_SKIP = int8_voice_skip()
+CASES = [
+    pytest.param(
+        c,
+        p,
+        id=f"{c.stem}@{p.stem}",
+        marks=[pytest.mark.skip(reason=INT8_VOICE_SKIP)]
+        if c == NEEDS_INT8_VOICE and INT8_VOICE_SKIP
+        else [],
+    )
+    for c in CONFIGS
+    for p in PROFILES
+]
+"""Every config on every profile; the one that needs the int8 voice skips (counted, by its
+class) where the voice was not built here (tests/helpers/generated.py)."""
 MARKER = re.compile(r"\[\d+\]")
 EDGE_PUNCTUATION = ",;:.()[]'\"`"
 
@@ -128,7 +139,7 @@ def plan_of(config: Path, profile: Path) -> PipelinePlan:
 # ---- plan --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("config", "profile"), CASES, ids=[f"{c.stem}@{p.stem}" for c, p in CASES])
+@pytest.mark.parametrize(("config", "profile"), CASES)
 def test_plan_screen_fits_80_columns(
     config: Path, profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,11 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from orchestrator.cli import main
-from orchestrator.core import packages
+from orchestrator.core import backends, packages
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.packages import installed_ort_flavours, require_one_ort_flavour
+from orchestrator.core.ort_builds import (
+    installed_ort_flavours,
+    ort_build,
+    ort_flavours,
+    plugin_since,
+    require_one_ort_flavour,
+)
+from tests.helpers import REPO
 
 
 def fake(installed: dict[str, str]) -> Callable[[str], str | None]:
@@ -62,7 +72,7 @@ def test_probe_exits_2_before_probing_anything(
 ) -> None:
     monkeypatch.setattr(
         packages,
-        "_installed_version",
+        "installed_version",
         fake({"onnxruntime-gpu": "1.31.1", "onnxruntime-directml": "1.24.4"}),
     )
     started: list[object] = []
@@ -76,6 +86,44 @@ def test_probe_exits_2_before_probing_anything(
 
 def test_this_environment_has_exactly_one_build() -> None:
     assert len(installed_ort_flavours()) == 1
+
+
+def test_the_route_programs_builds_are_the_tables() -> None:
+    """The route program is stdlib-only and keeps its own list of the builds: the same
+    distributions as the backend table's (and the builds that bring no EP), the same
+    plugin releases."""
+    from orchestrator.ort import worker_probe
+
+    assert set(worker_probe.ORT_DISTRIBUTIONS) == set(ort_flavours())
+    assert len(worker_probe.ORT_DISTRIBUTIONS) == len(set(worker_probe.ORT_DISTRIBUTIONS))
+    assert worker_probe.PLUGIN_SINCE == plugin_since() == {"onnxruntime-qnn": 2}
+
+
+def test_each_rows_extra_installs_its_build() -> None:
+    """A row's ``extra`` is pyproject.toml's extra that requires its distribution, and the
+    refusal of two builds offers that extra's line."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    with_extra = [row for row in backends.rows() if row.extra]
+    assert {row.extra for row in with_extra} == {"cpu", "directml", "openvino", "cuda", "qnn"}
+    for row in with_extra:
+        assert row.extra is not None and row.distribution is not None
+        required = {canonicalize_name(Requirement(r).name) for r in extras[row.extra]}
+        assert row.distribution in required, (row.backend, row.extra, required)
+        assert f"pip install 'omni-edge[{row.extra}]'" in ort_flavours()[row.distribution]
+    without = {
+        row.backend: ort_flavours()[row.distribution]
+        for row in backends.rows()
+        if not row.extra and row.distribution
+    }
+    assert without == {"ort-vitisai": "the Ryzen AI software's installer (Windows)"}
+
+
+def test_this_interpreters_build_is_what_the_route_program_says() -> None:
+    from orchestrator.ort import worker_probe
+
+    assert ort_build() == worker_probe.runtime_identity() != (None, None)
 
 
 ROUTE_WITH_A_SECOND_BUILD = '''#!{python}
@@ -92,7 +140,7 @@ def test_a_route_with_two_builds_is_unreachable_naming_both(tmp_path: Path) -> N
     metadata, the real onnxruntime module): probe reports the route unreachable."""
     from orchestrator.core.profile import Route
     from orchestrator.ort.routes import probe_route
-    from orchestrator.ort.worker import runtime_identity
+    from orchestrator.ort.worker_probe import runtime_identity
 
     site_dir = tmp_path / "site"
     info = site_dir / "onnxruntime_openvino-1.24.1.dist-info"

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from orchestrator.core import fileio, settings
 from orchestrator.core.fileio import exclusive_lock
 from orchestrator.core.settings import cache_root, default_cache_root
+from tests.helpers.waiting import NEVER_HANGS_S, wait_until
 
 HOME = Path("/home/me")
 
@@ -111,35 +111,60 @@ def test_windows_branch_waits_for_the_holder_and_unlocks(
         with exclusive_lock(lock):
             events.append("a in")
             inside.set()
-            time.sleep(0.3)
+            # a holds on until b has been refused at least once: b tried while a held it
+            wait_until(lambda: fake.refusals >= 1, "b refused while a holds the lock")
             events.append("a out")
 
     t = threading.Thread(target=holder)
     t.start()
-    assert inside.wait(5)
+    assert inside.wait(NEVER_HANGS_S)
     with exclusive_lock(lock):
         events.append("b in")
-    t.join(5)
+    t.join(NEVER_HANGS_S)
     assert events == ["a in", "a out", "b in"]
     assert fake.refusals >= 1  # b was refused while a held it, and retried
     assert fake.held == {} and set(fake.offsets) == {0}
 
 
+def _blocked_on(path: Path, pid: int) -> bool:
+    """Whether process ``pid`` waits for a lock on ``path`` (a ``->`` line of /proc/locks)."""
+    inode = f":{path.stat().st_ino} "
+    return any(
+        line.split()[1] == "->" and line.split()[5] == str(pid) and inode in line
+        for line in Path("/proc/locks").read_text().splitlines()
+    )
+
+
 def test_posix_flock_excludes_another_process(tmp_path: Path) -> None:
     if fileio.fcntl is None:
-        pytest.skip("no fcntl on this platform")
-    lock = tmp_path / ".lock"
+        pytest.skip("platform: no fcntl on this platform")
+    if not Path("/proc/locks").is_file():
+        pytest.skip("platform: no /proc/locks on this platform (it shows the waiter blocked)")
+    lock, release, out = tmp_path / ".lock", tmp_path / "release", tmp_path / "child-out"
+    # the child holds the lock until ``release`` exists and notes ``out`` just before it lets go
     code = (
-        "import sys, time; from orchestrator.core.fileio import exclusive_lock\n"
+        "import pathlib, time; from orchestrator.core.fileio import exclusive_lock\n"
         f"with exclusive_lock({str(lock)!r}):\n"
-        "    print('in', flush=True); time.sleep(0.5)\n"
+        "    print('in', flush=True)\n"
+        f"    while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.01)\n"
+        f"    pathlib.Path({str(out)!r}).touch()\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    entered: list[bool] = []  # whether the child had let go when this process got in
+
+    def take() -> None:
+        with exclusive_lock(lock):
+            entered.append(out.exists())
+
+    taker = threading.Thread(target=take)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "in"
-        t0 = time.perf_counter()
-        with exclusive_lock(lock):
-            waited = time.perf_counter() - t0
+        taker.start()
+        wait_until(lambda: _blocked_on(lock, os.getpid()), "this process blocked on the lock")
+        assert entered == []  # blocked, not in
+        release.touch()
+        taker.join(NEVER_HANGS_S)
     finally:
-        child.wait(10)
-    assert waited > 0.2
+        release.touch()
+        child.wait(NEVER_HANGS_S)
+    assert entered == [True]  # in only once the child had let go

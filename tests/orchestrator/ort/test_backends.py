@@ -90,15 +90,14 @@ def test_vitisai_on_the_xdna_npu_gets_a_digest_keyed_compile_cache(
     assert (
         opts["enable_cache_file_io_in_mem"] == "0"
     )  # so vitisai_ep_report.json lands in cache_dir
-    # a config_file from the stage config is passed through
-    kw = kwargs_for(
-        profile,
-        artifact,
-        "npu:0",
-        "ort-vitisai",
-        precision=["int8"],
-        provider_options={"ort-vitisai": {"config_file": "C:/RyzenAI/vaip_config.json"}},
+    # a config_file from the user's own settings is passed through (a pipeline config may not
+    # name one: tests/orchestrator/ort/test_option_rules.py)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(
+        "provider_options: {ort-vitisai: {config_file: C:/RyzenAI/vaip_config.json}}"
     )
+    monkeypatch.setenv("OMNI_EDGE_SETTINGS", str(settings))
+    kw = kwargs_for(profile, artifact, "npu:0", "ort-vitisai", precision=["int8"])
     assert kw["session"]["provider_options"][0]["config_file"] == "C:/RyzenAI/vaip_config.json"
 
 
@@ -390,10 +389,11 @@ def test_the_profile_the_stage_kind_and_the_probe_take_their_backend_names_from_
     from typing import get_args
 
     from orchestrator.core.backends import BACKENDS, EP_BACKENDS, OrtBackendName
-    from orchestrator.core.profile import Backend, CheckpointBackendName
+    from orchestrator.core.engines import backend_names as engine_backend_names
+    from orchestrator.core.profile import backend_vocabulary
 
     assert tuple(BACKENDS) == get_args(OrtBackendName)
-    assert set(get_args(Backend)) == set(get_args(CheckpointBackendName)) | set(BACKENDS)
+    assert set(backend_vocabulary()) == set(engine_backend_names()) | set(BACKENDS)
     assert ExportedGraphKind.backends == tuple(BACKENDS)
     assert {row.ep: name for name, row in BACKENDS.items()} == EP_BACKENDS
 

@@ -23,13 +23,19 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.core.profile import Route, load_profile
-from orchestrator.ort import hostproc, worker
+from orchestrator.ort import hostproc, wire
 from orchestrator.ort.hostproc import PathTranslationError, route_kind_for, translate, windows_path
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, RouteError, open_sessions
 from tests.helpers import REPO
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
-from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
+from tests.helpers.hostproc import (
+    DISTRO,
+    log_lines,
+    standin_profile,
+    standin_python,
+    trust_standin,
+)
 
 RECORDED = json.loads((Path(__file__).parent / "wslpath_recorded.json").read_text())["pairs"]
 HOSTPROC = REPO / "configs/profiles/strix-point-rtx5090-wsl-hostproc.json"
@@ -148,7 +154,7 @@ def test_a_session_opens_and_runs_through_the_stand_in_route(
     expected = cpu_outputs(graph, feeds)
     assert set(out) == set(expected) and all(np.array_equal(out[k], expected[k]) for k in expected)
     lines = log_lines(log)
-    assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
+    assert lines[0]["argv"] == ["-I", "-c", wire.BOOTSTRAP]  # started as every route worker is
     # the worker was handed the Windows spelling of the graph, as wslpath -w writes it
     assert lines[1]["graph"] == f"\\\\wsl.localhost\\{DISTRO}" + str(graph).replace("/", "\\")
 
@@ -188,6 +194,7 @@ def test_verify_goes_through_the_host_process_route(
         "orchestrator.verify.run.running_in_wsl", lambda: True
     )  # the stand-in's premise
     exe, log = standin_python(tmp_path)
+    trust_standin(exe, monkeypatch)  # the user's settings name it: verify may start it
     write_artifact(tmp_path / "art", "full")
     config = tmp_path / "pipeline.yaml"
     config.write_text(

@@ -1,4 +1,6 @@
-"""VitisAI's own report (vitisai_ep_report.json) is read where the EP wrote it.
+"""VitisAI's own report (vitisai_ep_report.json) is read where the EP wrote it: its row's
+``coverage_report`` names the file, travels to the worker with the session spec
+(``sessions.with_plugins``) and says which devices are the accelerator.
 
 No VitisAI here: the report below has the shape AMD documents (``deviceStat``
 with per-device ``nodeNum``, ``nodeStat`` per node) and the numbers of a graph
@@ -9,9 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from orchestrator.ort.worker import _vitisai_report
-from orchestrator.verify.gates import coverage_from_assignment, coverage_from_vitisai, judge
+from orchestrator.ort.sessions import with_plugins
+from orchestrator.ort.worker import check_spec, ep_report
+from orchestrator.verify.gates import coverage_from_assignment, coverage_from_report, judge
 from stages.exported_graph.artifact import Tolerance
 
 REPORT = {
@@ -27,6 +31,15 @@ REPORT = {
         *({"name": f"n{i}", "opType": "Relu", "device": "NPU"} for i in range(3)),
     ],
 }
+
+
+def _vitisai_report(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """What the worker reads of a VitisAI session's spec, as the client sends it."""
+    providers = ["VitisAIExecutionProvider", "CPUExecutionProvider"]
+    sent = with_plugins(
+        {"graph": "g.onnx", "providers": providers[: len(spec["provider_options"])]} | spec
+    )
+    return ep_report(check_spec(sent))
 
 
 def test_the_report_in_cache_dir_slash_cache_key_is_read_and_summarised(tmp_path: Path) -> None:
@@ -60,7 +73,7 @@ def test_the_reports_npu_count_is_the_coverage_not_what_ort_assigned(tmp_path: P
     )
     assert (ort["taken"], ort["total"], ort["partitions"]) == (9, 10, 1)
     # ... but the NPU ran 3: the report is the evidence.
-    cov = coverage_from_vitisai(summary, ort)
+    cov = coverage_from_report(summary, ort, "VitisAIExecutionProvider")
     assert (cov["taken"], cov["total"]) == (3, 10)
     assert cov["source"].startswith("vitisai_ep_report")
     verdict = judge(

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.ort.worker import MAGIC, encode, read_message
+from orchestrator.ort.wire import MAGIC, encode, read_message
 
 
 def _f_order() -> np.ndarray:

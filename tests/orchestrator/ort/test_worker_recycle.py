@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from orchestrator.core.errors import StageFailed
 from orchestrator.ort.sessions import RecycleFailed, ResolvedRoute, WorkerSessions
 from stages.exported_graph.runner import RECYCLE_HEADROOM_FRACTION, RECYCLE_HEADROOM_MIN
+from tests.helpers.waiting import NEVER_HANGS_S, wait_until
 
 pytestmark = pytest.mark.ort
 
@@ -99,40 +99,86 @@ def test_a_worker_over_its_limit_is_replaced_between_calls_with_the_same_session
     assert not psutil.pid_exists(pid0) or psutil.Process(pid0).status() == psutil.STATUS_ZOMBIE
 
 
+class _SpyLock:
+    """The host's lock, noting which threads asked for it (to see a call wait its turn)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.asked: list[int] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.asked.append(threading.get_ident())
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def test_a_call_in_flight_is_not_cut_by_a_recycle_the_next_call_asked_for(
-    tmp_path: Path, host: Any
+    tmp_path: Path, host: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Call A is held in flight by construction: its worker is stopped (SIGSTOP) just before A
+    is sent, so A cannot end, on any CPU, until call B is waiting for the host; only then does
+    the worker continue. B asked for a recycle (the worker is over its limit) and must wait."""
+    import os
+    import signal
+
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     small = np.eye(4, dtype=np.float32)
     host.run(handle, {"x": small})
     host.recycle_limit = 1
-    big = np.random.default_rng(1).standard_normal((1200, 1200)).astype(np.float32)
+    a_x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    lock = _SpyLock()
+    host._lock = lock
+    sent_a = threading.Event()
+    order: list[str] = []
+    call_locked = host._call_locked
+
+    def holding_a(op: str, args: dict[str, Any], timeout: float) -> Any:
+        if op == "run" and args["feeds"]["x"].shape == a_x.shape:
+            os.kill(host.pid, signal.SIGSTOP)  # A's worker (the recycled one) answers nothing
+            sent_a.set()
+        return call_locked(op, args, timeout)
+
+    monkeypatch.setattr(host, "_call_locked", holding_a)
     got: dict[str, Any] = {}
 
-    def slow() -> None:
+    def call(name: str, x: Any) -> None:
         try:
-            got["big"] = host.run(handle, {"x": big})["outputs"]["y"]
+            got[name] = host.run(handle, {"x": x})["outputs"]
+            order.append(name)
         except Exception as exc:  # pragma: no cover - reported below
-            got["error"] = exc
+            got[f"{name} error"] = exc
 
-    a = threading.Thread(target=slow)
+    a = threading.Thread(target=call, args=("a", a_x))
     a.start()
-    deadline = time.monotonic() + 30
-    while (
-        host.recycles < 1 and time.monotonic() < deadline
-    ):  # A recycled and now runs in the new worker
-        time.sleep(0.005)
-    pid_a = host.pid
-    assert host._lock.locked(), (
-        "the big call finished before the next one was issued: make it bigger"
-    )
-    out_b = host.run(handle, {"x": small})["outputs"]  # waits for A, then recycles again
-    a.join(60)
-    assert "error" not in got
-    np.testing.assert_allclose(got["big"], big @ big, rtol=1e-3, atol=1e-2)
+    try:
+        assert sent_a.wait(NEVER_HANGS_S), "call A never reached its worker"
+        assert host.recycles == 1 and lock.locked()  # A recycled, and now runs in the new worker
+        pid_a = host.pid
+        b = threading.Thread(target=call, args=("b", small))
+        b.start()
+        wait_until(lambda: b.ident in lock.asked, "call B waiting for the host")
+        assert "a" not in got and "b" not in got  # both wait: A on its stopped worker, B on A
+    finally:
+        os.kill(host.pid, signal.SIGCONT)
+    a.join(NEVER_HANGS_S)
+    b.join(NEVER_HANGS_S)
+    assert not [k for k in got if k.endswith("error")], got
+    assert order == ["a", "b"]  # B's recycle came after A's answer, not through it
+    np.testing.assert_allclose(got["a"]["y"], a_x @ a_x, rtol=1e-4, atol=1e-4)
     assert host.recycles == 2 and host.pid != pid_a
-    np.testing.assert_allclose(out_b["z"], small @ WEIGHT, rtol=1e-6)
+    np.testing.assert_allclose(got["b"]["z"], small @ WEIGHT, rtol=1e-6)
 
 
 def test_a_recycle_whose_reopen_fails_raises_recycle_failed_now_and_after(
@@ -251,7 +297,7 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
     from orchestrator.core.memory import peak_rss_of, rss_of
 
     if peak_rss_of(host.pid) is None:
-        pytest.skip("no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
+        pytest.skip("platform: no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     host.recycle_limit = 1 << 50  # measured, never reached
@@ -264,14 +310,9 @@ def test_the_rise_of_a_call_is_its_peak_during_the_call_not_what_it_left_behind(
     assert host.calls == 2 and host.recycles == 0
 
 
-def test_a_unit_is_recycled_before_it_never_between_its_calls_and_rises_as_one_call(
-    tmp_path: Path, host: Any
-) -> None:
+def test_a_unit_is_recycled_before_it_never_between_its_calls(tmp_path: Path, host: Any) -> None:
     """``WorkerSessions.unit()``: calls that carry state from one to the next (a decoder's cache)
-    run in one worker; a worker over its limit is replaced before the unit, and what the whole
-    unit rose (here three 16 MiB replies, each freed before the next call) is one call's rise."""
-    from orchestrator.core.memory import peak_rss_of
-
+    run in one worker; a worker over its limit is replaced before the unit, not inside it."""
     graph = _matmul_graph(tmp_path / "square.onnx")
     handle = host.open(_spec(graph))["handle"]
     small = np.ones((8, 8), np.float32)
@@ -284,8 +325,18 @@ def test_a_unit_is_recycled_before_it_never_between_its_calls_and_rises_as_one_c
         assert host.recycles == 1 and host.pid == pid  # replaced once, before the unit
     host.run(handle, {"x": small})
     assert host.recycles == 2 and host.pid != pid  # and again at the next call outside it
+
+
+def test_a_unit_rises_as_one_call(tmp_path: Path, host: Any) -> None:
+    """What the whole unit rose (here three 16 MiB replies, each freed before the next call) is
+    one call's rise."""
+    from orchestrator.core.memory import peak_rss_of
+
     if peak_rss_of(host.pid) is None:
-        return
+        pytest.skip("platform: no peak RSS to read here (Linux's /proc/PID/status VmHWM)")
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    handle = host.open(_spec(graph))["handle"]
+    host.run(handle, {"x": np.ones((8, 8), np.float32)})
     host.recycle_limit = 1 << 50  # measured, never reached
     rise = host.largest_rise
     big = np.random.default_rng(3).standard_normal((2048, 2048)).astype(np.float32)  # y: 16 MiB

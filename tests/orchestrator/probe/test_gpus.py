@@ -4,7 +4,6 @@ PATH, so the whole path — subprocess, retry, parsing, profile — is the real 
 
 from __future__ import annotations
 
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -183,9 +182,15 @@ def test_bootstrap_on_a_cuda_host_installs_vllm_and_nvml(tmp_path: Path) -> None
     # llama.cpp is built on every machine, with flags named from its CPU (never -march=native, AMX off)
     assert cuda.splitlines()[1].startswith("llama.cpp: llama-cpp-python==")
     assert "-DGGML_NATIVE=OFF" in cuda and "-DGGML_AMX_TILE=OFF" in cuda
-    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
-        return  # a real GPU machine: the CPU-only branch cannot be shown here
-    env = {"PATH": f"{tmp_path / 'empty'}:/usr/bin:/bin"}  # no nvidia-smi
+    # no GPU: an nvidia-smi that finds none (as on a machine without the driver's devices),
+    # ahead of any real one, so a GPU machine shows this branch too
+    no_gpu = tmp_path / "no-gpu"
+    no_gpu.mkdir()
+    (no_gpu / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn't communicate' >&2\nexit 9\n"
+    )
+    (no_gpu / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{no_gpu}:/usr/bin:/bin"}
     cpu = subprocess.run(
         ["bash", "scripts/bootstrap.sh", "--dry-run"],
         cwd=REPO,

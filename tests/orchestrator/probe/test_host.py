@@ -17,6 +17,7 @@ from orchestrator.core.profile import Route, load_profile, parse_profile
 from orchestrator.ort.routes import RouteReport, probe_route
 from orchestrator.probe import host, probe_profile
 from tests.helpers import REPO
+from tests.helpers.skips import needs_path
 
 OPENVINO_PY = REPO / ".venvs" / "openvino" / "bin" / "python"
 GiB = 2**30
@@ -191,9 +192,19 @@ def test_probe_ram_matches_psutil(here):
     assert here.host.ram_total_bytes == vm.total
     assert 0 < here.host.ram_available_bytes <= here.host.ram_total_bytes
     assert abs(here.host.ram_available_bytes - vm.available) < 0.25 * vm.total
-    if here.host.ram_limit_bytes is not None:
-        assert here.host.ram_limit_bytes < here.host.ram_total_bytes
+    # a limit, where this machine has one, is below its RAM (both cases: the test below)
+    assert here.host.ram_limit_bytes is None or here.host.ram_limit_bytes < vm.total
     assert here.host_ram_capacity <= here.host.ram_available_bytes
+
+
+@pytest.mark.parametrize(("share", "kept"), [(0.5, True), (1.0, False), (2.0, False)])
+def test_a_cgroup_limit_is_kept_only_below_physical_ram(
+    monkeypatch: pytest.MonkeyPatch, share: float, kept: bool
+) -> None:
+    total = psutil.virtual_memory().total
+    monkeypatch.setattr(host, "cgroup_memory_limit", lambda: int(total * share))
+    limit = host.this_host().ram_limit_bytes
+    assert limit == (int(total * share) if kept else None)
 
 
 def test_probe_this_process_route_lists_what_onnxruntime_offers(here):
@@ -205,9 +216,9 @@ def test_probe_this_process_route_lists_what_onnxruntime_offers(here):
         has_ort = importlib.util.find_spec("onnxruntime") is not None
     except ValueError:
         has_ort = False
-    if has_ort:
-        assert r.providers and "CPUExecutionProvider" in r.providers
-        assert "ort-cpu" in here.device("cpu").backends
+    # with onnxruntime its CPU EP and the ort-cpu backend, without it neither
+    assert ("CPUExecutionProvider" in (r.providers or ())) is has_ort, r.providers
+    assert ("ort-cpu" in here.device("cpu").backends) is has_ort
 
 
 def test_extra_route_eps_become_backend_routes(monkeypatch):
@@ -260,7 +271,7 @@ def test_extra_route_that_does_not_exist_is_unreachable_with_remedy():
 
 
 @pytest.mark.openvino
-@pytest.mark.skipif(not OPENVINO_PY.exists(), reason="needs .venvs/openvino")
+@needs_path(OPENVINO_PY, "the OpenVINO route: scripts/bootstrap.sh creates .venvs/openvino")
 def test_openvino_venv_drives_the_cpu():
     p = probe_profile(
         [Route(name="openvino-venv", kind="interpreter", python=str(OPENVINO_PY))],

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.core.errors import BadRequest
 from orchestrator.runtime.runtime import Runtime
+from stages.requests import as_request
 from tests.helpers.graphs import REPO
 from tests.orchestrator.runtime.test_graph_runtime import graph_pipeline
 
@@ -60,14 +61,18 @@ def test_the_stages_audio_may_enter_at_are_those_that_take_audio(runtime: Runtim
 
 
 def test_an_audio_item_may_enter_at_the_asr_stage(runtime: Runtime) -> None:
-    runtime.validate_request({"audio": [0.0] * 1600, "sample_rate": 16000}, entry="asr")  # no error
+    runtime.validate_request(
+        as_request({"audio": [0.0] * 1600, "sample_rate": 16000}), entry="asr"
+    )  # no error
 
 
 def test_audio_at_a_stage_that_takes_text_is_refused_naming_the_stages_that_take_it(
     runtime: Runtime,
 ) -> None:
     with pytest.raises(BadRequest) as err:
-        runtime.validate_request({"audio": [0.0] * 1600, "sample_rate": 16000}, entry="thinker")
+        runtime.validate_request(
+            as_request({"audio": [0.0] * 1600, "sample_rate": 16000}), entry="thinker"
+        )
     (p,) = err.value.problems
     assert (p.where, p.what) == ("entry", "'thinker' (ar_decode) does not take audio")
     assert p.fix == "enter at a stage that takes audio: vad, asr"
@@ -75,6 +80,6 @@ def test_audio_at_a_stage_that_takes_text_is_refused_naming_the_stages_that_take
 
 def test_a_bad_audio_item_at_the_asr_stage_is_refused_by_the_stage_kind(runtime: Runtime) -> None:
     with pytest.raises(BadRequest) as err:
-        runtime.validate_request({"audio": [], "sample_rate": 16000}, entry="asr")
+        runtime.validate_request(as_request({"audio": [], "sample_rate": 16000}), entry="asr")
     (p,) = err.value.problems
     assert p.where == "request (stage asr, kind asr): audio" and "shape (0,)" in p.what

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import stat
 import subprocess
@@ -144,3 +145,55 @@ def test_a_joined_cluster_gets_no_private_directory_and_its_own_is_left_alone(
     assert seen["owned"] is False and seen["temp_dir"] is None, seen
     assert seen["private"] == ray_cluster.temp_dir, seen
     assert seen["session_after_close"] and os.path.isdir(ray_cluster.temp_dir), seen
+
+
+WHERE_AM_I = """
+import json, os, sys
+from orchestrator.runtime import cluster
+cluster.connect(["cpu"])
+import ray
+
+@ray.remote
+def where():
+    import numpy
+    return {"cwd": os.getcwd(), "path": sys.path, "numpy": numpy.__file__}
+
+print("WORKER", json.dumps(ray.get(where.remote())))
+cluster.release()
+"""
+
+NUMPY_MARKER = """import os
+open(os.path.join({folder!r}, "MARKER-numpy"), "a").write(str(os.getpid()))
+raise ImportError("numpy.py of the folder's owner")
+"""
+
+
+def test_ray_workers_never_see_the_drivers_working_directory(tmp_path: Any) -> None:
+    """A driver started in a folder holding numpy.py: Ray ships the working directory to its
+    workers and puts it first on their sys.path unless the job names a working_dir, so
+    ``connect`` names an empty private one. The worker starts elsewhere, has the folder
+    nowhere on its path, and imports the installed numpy."""
+    folder = tmp_path / "cloned"
+    folder.mkdir()
+    (folder / "numpy.py").write_text(NUMPY_MARKER.format(folder=str(folder)))
+    env = {
+        k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("RAY_AUTH")
+    }
+    # -I: the driver itself does not import the folder (what the omni-edge script does too)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", WHERE_AM_I],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("WORKER ")]
+    assert done.returncode == 0 and lines, done.stdout + done.stderr
+    seen = json.loads(lines[0].removeprefix("WORKER "))
+    here = os.path.realpath(folder)
+    assert os.path.realpath(seen["cwd"]) != here
+    assert here not in {os.path.realpath(p) for p in seen["path"] if p}, seen["path"]
+    assert "" not in seen["path"]
+    assert "site-packages" in seen["numpy"]
+    assert not (folder / "MARKER-numpy").exists()

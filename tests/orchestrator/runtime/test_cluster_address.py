@@ -37,13 +37,13 @@ def _unused_port() -> int:
 
 def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
     address = f"127.0.0.1:{_unused_port()}"
-    t0 = time.monotonic()
     with pytest.raises(ConfigError) as caught:
         check_address(address)
-    assert time.monotonic() - t0 < ADDRESS_CHECK_TIMEOUT_S + 1
     (problem,) = caught.value.problems
     assert problem.where == "--address"
     assert f"nothing accepts connections at {address}" in problem.what
+    # at once: the refusal itself, not the check's timeout running out
+    assert f"no answer within {ADDRESS_CHECK_TIMEOUT_S:.0f} s" not in problem.what, problem.what
     assert "ray start --head" in problem.fix
 
 

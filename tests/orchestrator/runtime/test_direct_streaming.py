@@ -18,12 +18,14 @@ from orchestrator.core.errors import StageFailed
 from orchestrator.core.plan import StagePlan
 from orchestrator.runtime import record
 from orchestrator.runtime import runtime as runtime_mod
+from orchestrator.runtime.actor_inputs import StreamRoute
 from orchestrator.runtime.device_actor import DeviceActor
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta, collect
 from orchestrator.runtime.metering import Hosted
 from orchestrator.runtime.router import RouteTable
 from orchestrator.runtime.runtime import Runtime
 from stages.base import StageRunner
+from stages.requests import as_request
 from tests.helpers.echo import echo_pipeline
 from tests.orchestrator.runtime.test_graph_runtime import started
 
@@ -51,7 +53,7 @@ def _start(tmp_path: Path, mode: str, *, thinker_final: bool = True, **kw: Any) 
 
 def _run(rt: Runtime, prompt: str = PROMPT) -> tuple[Any, list[Any]]:
     async def main() -> list[Any]:
-        return [e async for e in rt.stream(prompt, request_id="r1")]
+        return [e async for e in rt.stream(as_request(prompt), request_id="r1")]
 
     events = asyncio.run(main())
     return collect("r1", prompt, events, 0.0), events
@@ -145,7 +147,7 @@ def test_killing_the_consumer_s_actor_names_the_consumer_never_the_producer(
         async def main() -> BaseException | None:
             killed = False
             try:
-                async for e in rt.stream(PROMPT):
+                async for e in rt.stream(as_request(PROMPT)):
                     hit = (
                         isinstance(e, StageEvent)
                         and e.kind == "first_output"
@@ -183,7 +185,7 @@ def test_cancel_ends_a_feed_waiting_on_a_full_queue(ray_cluster: Any, tmp_path: 
 
     async def main() -> tuple[int, BaseException | None]:
         async def consume() -> None:
-            async for _ in rt.stream(prompt, request_id="full"):
+            async for _ in rt.stream(as_request(prompt), request_id="full"):
                 pass
 
         task = asyncio.create_task(consume())
@@ -234,7 +236,7 @@ def test_context_comes_before_the_items_of_a_producer_that_yields_at_once(
     history = {"second": [{"messages": [{"role": "user", "content": "one two three"}]}]}
 
     async def main() -> list[Any]:
-        return [e async for e in rt.stream("hello there", context=history)]
+        return [e async for e in rt.stream(as_request("hello there"), context=history)]
 
     try:
         assert rt.streaming == "direct"
@@ -288,7 +290,7 @@ def test_items_fed_before_the_consumer_s_stream_opens_still_come_after_its_conte
         await actor.connect({}, {"second": table}, {})
         await actor.feed("second", "r", ["fed 1", "fed 2"], "first")  # the producer came first
         await actor.end_input("second", "r", "first")
-        route = {"context": ["history"], "request_item": None}
+        route = StreamRoute(to={}, context=["history"], request_item=None)
         return [m async for m in actor.stream("second", "r", None, route)]
 
     messages = asyncio.run(main())

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.core.errors import ConfigError
 from stages.registry import get_kind
+from stages.requests import as_request
 from tests.helpers.echo import REPLY, EchoRunner, echo_pipeline
 
 WORK_S = 0.2
@@ -115,7 +116,7 @@ def test_the_slots_are_shared_by_every_request_of_a_stage_in_its_device_actor(
     try:
 
         async def one(p: str) -> Any:
-            return collect(p, p, [e async for e in rt.stream(p)], 0.0)
+            return collect(p, p, [e async for e in rt.stream(as_request(p))], 0.0)
 
         async def main() -> tuple[float, list[Any]]:
             t0 = time.perf_counter()

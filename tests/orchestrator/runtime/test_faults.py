@@ -13,14 +13,27 @@ import pytest
 from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.runtime import Runtime
 from tests.helpers.echo import echo_pipeline
+from tests.helpers.waiting import NEVER_HANGS_S, wait_until
 
 pytestmark = pytest.mark.ray
+
+LOAD_S = 10 * NEVER_HANGS_S
+"""A load no wait in these tests outlasts: a start that ends did not wait it out."""
 
 
 def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_before(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    plan, config = echo_pipeline(tmp_path, voice={"load_s": 30.0}, voice_device="igpu:0")
+    import ray
+
+    # load() creates ``loading`` as it begins, then takes LOAD_S: a start() that ends at all
+    # (within the never-hangs deadline) ended because of the kill, not because the load did
+    loading = tmp_path / "voice-is-inside-load"
+    plan, config = echo_pipeline(
+        tmp_path,
+        voice={"load_s": LOAD_S, "loading_file": str(loading)},
+        voice_device="igpu:0",
+    )
     rt = Runtime(plan, config)
     failure: list[BaseException] = []
     ended = threading.Event()
@@ -34,19 +47,14 @@ def test_a_device_actor_killed_while_loading_is_named_and_the_ledger_is_as_befor
             ended.set()
 
     threading.Thread(target=start, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(
-        label == "before load voice" for label, _ in rt.ledger_history
-    ):
-        time.sleep(0.05)
-    assert any(label == "before load voice" for label, _ in rt.ledger_history), (
-        "the voice stage never began to load"
-    )
-    time.sleep(0.5)  # inside load(): the stage holds its reservations, load transient included
+    wait_until(loading.exists, "the voice stage's load() began")
+    # inside load(): the stage holds its reservations, load transient included
+    held = ray.get(rt.ledger.snapshot.remote(), timeout=30)["holders"]
+    assert {r["purpose"] for r in held["voice"]} >= {"weights", "load_transient"}, held
     rt.kill_device("igpu:0")
-    killed = time.monotonic()
-    assert ended.wait(10), "start() did not end after its device actor was killed mid-load"
-    assert time.monotonic() - killed < 5.0
+    assert ended.wait(NEVER_HANGS_S), (
+        "start() did not end after its device actor was killed mid-load"
+    )
     assert len(failure) == 1 and isinstance(failure[0], StageFailed)
     e = failure[0]
     assert (e.stage, e.device) == ("voice", "igpu:0") and "died" in e.cause

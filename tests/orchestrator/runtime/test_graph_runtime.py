@@ -26,6 +26,7 @@ from orchestrator.runtime.actor_inputs import INPUT_QUEUE_ITEMS
 from orchestrator.runtime.events import AudioChunk, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.joins import JOIN_BUFFER_ITEMS, Joiner
 from orchestrator.runtime.runtime import GENERATOR_BACKPRESSURE, Runtime
+from stages.requests import as_request
 
 # ---- plans by hand -----------------------------------------------------------------
 
@@ -223,7 +224,7 @@ def test_the_runtime_guard_refuses_fan_in_on_a_kind_that_takes_no_join(tmp_path:
 
 def run(rt: Runtime, prompt: Any) -> list[Any]:
     async def main() -> list[Any]:
-        return [e async for e in rt.stream(prompt)]
+        return [e async for e in rt.stream(as_request(prompt))]
 
     return asyncio.run(main())
 
@@ -630,7 +631,7 @@ def test_context_reaches_a_stage_ahead_of_its_producers_items_and_a_bad_one_is_r
     )
 
     async def main(context: Any) -> list[Any]:
-        return [e async for e in rt.stream("hello there", context=context)]
+        return [e async for e in rt.stream(as_request("hello there"), context=context)]
 
     try:
         plain = asyncio.run(main(None))

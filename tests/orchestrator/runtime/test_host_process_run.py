@@ -30,11 +30,17 @@ import pytest
 import yaml
 
 from orchestrator.api import Pipeline
-from orchestrator.ort import hostproc, worker
+from orchestrator.ort import hostproc, wire
 from orchestrator.runtime.events import OutputItem
 from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers.graphs import GRAPHS, cpu_outputs, write_artifact
-from tests.helpers.hostproc import DISTRO, log_lines, standin_profile, standin_python
+from tests.helpers.hostproc import (
+    DISTRO,
+    log_lines,
+    standin_profile,
+    standin_python,
+    trust_standin,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ort]
 
@@ -59,6 +65,7 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
     )
 
     exe, log = standin_python(tmp_path)
+    trust_standin(exe, monkeypatch)  # the user's settings name it: run may start it
     graph = write_artifact(tmp_path / "art", "full") / "fp32.onnx"
     config = tmp_path / "pipeline.yaml"
     config.write_text(
@@ -117,7 +124,7 @@ def test_a_pipeline_runs_on_ray_through_the_host_process_route(
         assert np.array_equal(out[0]["y"], expected["y"])  # same build, same CPU: bit for bit
 
     lines = log_lines(log)
-    assert lines[0]["argv"] == ["-I", "-c", worker.BOOTSTRAP]  # started as every route worker is
+    assert lines[0]["argv"] == ["-I", "-c", wire.BOOTSTRAP]  # started as every route worker is
     opened = [line["graph"] for line in lines if "graph" in line]
     # the device actor handed the worker the Windows spelling of the graph, as wslpath -w writes it
     assert opened and set(opened) == {

@@ -50,6 +50,11 @@ def test_a_stage_without_a_worker_has_no_recycle_count() -> None:
     assert "worker_recycles" not in row
 
 
+def test_an_upper_bound_within_the_budget_is_within_it() -> None:
+    row = _rows({}, {"measured_peak_bytes": 900 * MiB, "upper_bound": True})
+    assert row["within_budget"] is True and not row.get("within_budget_reason")
+
+
 def test_an_upper_bound_above_the_budget_is_not_judged() -> None:
     row = _rows({}, {"measured_peak_bytes": 1200 * MiB, "upper_bound": True})
     assert row["within_budget"] is None and "upper bound" in row["within_budget_reason"]

@@ -14,9 +14,10 @@ import pytest
 from orchestrator.core.errors import ConfigError, StageFailed
 from orchestrator.core.ledger import PIPELINE_HOLDER
 from orchestrator.core.units import MiB
-from orchestrator.runtime.events import AudioChunk, StageEvent, collect
+from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta, collect
 from orchestrator.runtime.runtime import Runtime
 from stages.registry import get_kind
+from stages.requests import as_request
 from tests.helpers.echo import REPLY, echo_pipeline
 
 pytestmark = pytest.mark.ray
@@ -27,8 +28,26 @@ WORD_DELAY = 0.03
 def run(rt: Runtime, prompt: str, rid: str | None = None) -> Any:
     async def main() -> Any:
         t0 = time.perf_counter()
-        events = [e async for e in rt.stream(prompt, request_id=rid)]
+        events = [e async for e in rt.stream(as_request(prompt), request_id=rid)]
         return collect(rid or "r", prompt, events, time.perf_counter() - t0), events
+
+    return asyncio.run(main())
+
+
+SCRIPT = ["You said hello.", " First sentence is here.", " The last one."]
+"""A scripted reply: its second delta releases the first sentence to the voice."""
+
+
+def heard_then_open(rt: Runtime, prompt: Any, gate: Path) -> list[Any]:
+    """The request's events; ``gate`` is created when its first audio chunk arrives."""
+
+    async def main() -> list[Any]:
+        events = []
+        async for e in rt.stream(as_request(prompt)):
+            events.append(e)
+            if isinstance(e, AudioChunk):
+                gate.touch()
+        return events
 
     return asyncio.run(main())
 
@@ -70,7 +89,7 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     assert "NPU" not in runtime.cluster.resources
 
 
-def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime) -> None:
+def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime, tmp_path: Path) -> None:
     result, events = run(runtime, "hello")
     assert result.text == f"You said hello. {REPLY}"
     assert result.chunks == [
@@ -84,15 +103,22 @@ def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime) -> Non
     assert result.audio_seconds == pytest.approx(
         sum(len(c) for c in result.chunks) * 0.02, rel=1e-6
     )
-    # Streaming overlaps: the first audio arrives while the text is still being produced.
-    thinker_done = next(
-        e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done"
-    )
-    assert audio[0].t < thinker_done.t
-    assert result.time_to_first_audio_s < result.total_s / 2
     voice = result.stages["voice"]
     assert voice["device"] == "igpu:0" and voice["items"] == 4 and len(voice["item_latency_s"]) == 4
     assert result.stages["thinker"]["throughput"]["unit"] == "items/s"
+    # Streaming overlaps: the first audio arrives while the text is still being produced. The
+    # scripted thinker holds its last delta back until this test has heard audio, which then
+    # can only have come from a sentence fed to the voice before the text ended (without
+    # streaming the thinker waits out its gate and the last text comes first), at any speed.
+    gate = tmp_path / "first-audio-heard"
+    events = heard_then_open(runtime, {"script": SCRIPT, "gate_file": str(gate)}, gate)
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    audio = [e for e in events if isinstance(e, AudioChunk)]
+    thinker_done = next(
+        e for e in events if isinstance(e, StageEvent) and e.stage == "thinker" and e.kind == "done"
+    )
+    assert [t.text for t in texts] == SCRIPT and audio
+    assert audio[0].t < texts[-1].t <= thinker_done.t, (audio[0].t, texts[-1].t)
 
 
 def test_concurrent_requests_each_get_their_own_outputs_in_order(runtime: Runtime) -> None:
@@ -100,7 +126,7 @@ def test_concurrent_requests_each_get_their_own_outputs_in_order(runtime: Runtim
 
     async def one(p: str) -> Any:
         events = []
-        async for e in runtime.stream(p):
+        async for e in runtime.stream(as_request(p)):
             spans.setdefault(p, []).append(time.perf_counter())
             events.append(e)
         return collect("x", p, events, 0.0)
@@ -236,22 +262,31 @@ def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(
     rt = Runtime(plan, config)
     rt.start()
     try:
+        # the thinker holds its last delta until a gate nobody opens (GATE_TIMEOUT_S): a failure
+        # that arrives without that delta came while the text was still being produced, not
+        # after the request had run its course
+        never = {"script": SCRIPT, "gate_file": str(tmp_path / "never-opened")}
 
-        async def main() -> tuple[float, BaseException | None]:
-            killed_at = 0.0
+        async def main() -> tuple[list[Any], BaseException | None]:
+            seen: list[Any] = []
             try:
-                async for e in rt.stream("doomed"):
-                    if isinstance(e, AudioChunk) and not killed_at:
+                async for e in rt.stream(as_request(never)):
+                    seen.append(e)
+                    if (
+                        isinstance(e, AudioChunk)
+                        and sum(isinstance(x, AudioChunk) for x in seen) == 1
+                    ):
                         rt.kill_device("igpu:0")
-                        killed_at = time.perf_counter()
             except StageFailed as exc:
-                return time.perf_counter() - killed_at, exc
-            return 0.0, None
+                return seen, exc
+            return seen, None
 
-        waited, exc = asyncio.run(main())
+        seen, exc = asyncio.run(main())
         assert isinstance(exc, StageFailed)
         assert (exc.stage, exc.device) == ("voice", "igpu:0") and "died" in exc.cause
-        assert waited < 5.0
+        texts = [e.text for e in seen if isinstance(e, TextDelta)]
+        # failed fast: the thinker was still at its gate, its last delta never sent
+        assert texts == SCRIPT[: len(texts)] and len(texts) < len(SCRIPT), texts
         snap = rt.ledger_snapshot()
         assert (
             "voice" not in snap["holders"] and "thinker" in snap["holders"]

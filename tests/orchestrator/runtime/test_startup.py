@@ -3,7 +3,10 @@ loads together, one at a time otherwise; a failed load in a parallel wave leaves
 ledger at zero; the progress callback sees every stage through to loaded.
 
 Assertions are on what the runtime records (``runtime.startup``, ``ledger_history``,
-the ledger actor's events), never on timing."""
+the ledger actor's events) and on when each load ran by the loads' own stamps (the echo
+kind's ``load_stamps``: its start and end on the machine's monotonic clock): loads said to
+run together are made to meet (``load_meet``: each waits until the other has begun, so
+they can only finish if they overlapped), never a wall-clock bound."""
 
 from __future__ import annotations
 
@@ -78,6 +81,27 @@ def _with_transients(plan: PipelinePlan, transient: int) -> PipelinePlan:
     return dataclasses.replace(plan, stages=stages)
 
 
+def _meeting(stamps: Path, **load: Any) -> dict[str, dict[str, Any]]:
+    """The two echo stages' options: each load stamps itself in ``stamps`` and waits until the
+    other's has begun."""
+    stamps.mkdir(exist_ok=True)
+    return {
+        "thinker": {"load_stamps": str(stamps), "load_meet": ["voice"], **load},
+        "voice": {"load_stamps": str(stamps), "load_meet": ["thinker"], **load},
+    }
+
+
+def _intervals(stamps: Path) -> dict[str, tuple[float, float]]:
+    """Each stage's load, (start, end), from its own stamps."""
+    return {
+        name: (
+            float((stamps / f"{name}.start").read_text()),
+            float((stamps / f"{name}.end").read_text()),
+        )
+        for name in ("thinker", "voice")
+    }
+
+
 def _start(plan: PipelinePlan, config: Any) -> tuple[Runtime, list[StageProgress]]:
     seen: list[StageProgress] = []
     rt = Runtime(plan, config)
@@ -89,12 +113,15 @@ def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
     plan, config = echo_pipeline(
-        tmp_path, thinker={"load_s": 0.3}, voice={"load_s": 0.3}, voice_device="igpu:0"
+        tmp_path, **_meeting(tmp_path / "stamps", load_s=0.3), voice_device="igpu:0"
     )
     rt, _ = _start(_with_transients(plan, 1 * GiB), config)  # 2 GiB at once, in 8 GiB
     try:
         assert rt.startup["load_waves"] == [["thinker", "voice"]]
         assert rt.startup["loads_parallel"] is True
+        # the two device actors' loads overlapped: each began before the other ended (they met)
+        loads = _intervals(tmp_path / "stamps")
+        assert max(s for s, _ in loads.values()) < min(e for _, e in loads.values()), loads
         assert set(rt.startup["stage_load_s"]) == {"thinker", "voice"}
         # both admitted before either loaded: one snapshot before the wave, neither holding
         before = dict(rt.ledger_history)
@@ -109,12 +136,12 @@ def test_stages_the_ledger_admits_together_load_in_one_parallel_wave(
 def test_two_stages_on_one_device_load_together_in_its_actor(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    plan, config = echo_pipeline(
-        tmp_path, thinker={"load_s": 0.5}, voice={"load_s": 0.5}
-    )  # both on cpu
+    plan, config = echo_pipeline(tmp_path, **_meeting(tmp_path / "stamps", load_s=0.5))  # on cpu
     rt, _ = _start(plan, config)
     try:
         assert rt.startup["load_waves"] == [["thinker", "voice"]]
+        loads = _intervals(tmp_path / "stamps")
+        assert max(s for s, _ in loads.values()) < min(e for _, e in loads.values()), loads
         assert rt.load_results["thinker"]["overlapped"] and rt.load_results["voice"]["overlapped"]
         for name in ("thinker", "voice"):  # each measured, and the method says the loads overlapped
             assert "at the same time" in rt.load_results[name]["measured"]["method"]
@@ -128,11 +155,15 @@ def test_loads_the_ledger_would_not_hold_at_once_go_one_after_another(
 ) -> None:
     # Each stage's load transient is 4.5 GiB in 8 GiB: one at a time fits (beside Ray's
     # measured memory and the margin), two at once cannot.
-    plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
+    (tmp_path / "stamps").mkdir()
+    stamped = {"load_stamps": str(tmp_path / "stamps")}
+    plan, config = echo_pipeline(tmp_path, thinker=stamped, voice=stamped, voice_device="igpu:0")
     rt, seen = _start(_with_transients(plan, 4608 * MiB), config)
     try:
         assert rt.startup["load_waves"] == [["thinker"], ["voice"]]
         assert rt.startup["loads_parallel"] is False
+        loads = _intervals(tmp_path / "stamps")  # the voice's load began after the thinker's ended
+        assert loads["thinker"][1] < loads["voice"][0], loads
         history = dict(rt.ledger_history)
         assert (
             "thinker" in history["before load voice"]["holders"]

@@ -25,6 +25,7 @@ from orchestrator.runtime.audio import read_wav, rms_dbfs
 from orchestrator.runtime.events import AudioChunk, Event, StageEvent, TextDelta, collect
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile
+from tests.helpers.waiting import await_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.ort]
 
@@ -131,7 +132,14 @@ def test_the_voice_reports_the_hop_from_the_first_sentence_to_its_first_samples(
     )  # one monotonic clock: each step in order
     assert sum(hop["steps_s"].values()) == pytest.approx(hop["total_s"], abs=1e-3)
     assert hop["sentence_token_s"] <= hop["first_sentence_s"] <= hop["first_output_s"]
-    assert hop["first_output_s"] == pytest.approx(result.time_to_first_audio_s, abs=0.05)
+    # the hop ends where the driver first heard from the voice (its actor's first output, or the
+    # notice of it), on the request's own clock: at or before the first audio chunk the request
+    # saw (stamps are rounded to 0.01 ms), whatever the time between the two
+    assert result.time_to_first_audio_s is not None
+    assert hop["first_output_s"] <= result.time_to_first_audio_s + 1e-5, (
+        hop,
+        result.time_to_first_audio_s,
+    )
     # the stamps the hop was made from stay out of the figures (and so out of the record)
     assert all("stamps" not in figures for figures in result.stages.values())
     assert "first_chunk_hop" not in result.stages["thinker"]
@@ -173,25 +181,42 @@ def test_a_reply_with_nothing_to_say_reaches_no_voice_and_saves_no_wav(
 
 
 def test_64_concurrent_requests_to_the_real_voice_complete_or_are_refused_as_busy(
-    pipeline: Pipeline,
+    pipeline: Pipeline, tmp_path: Path
 ) -> None:
     """Unbounded, 33 requests filled the device actor with ``stream`` calls and
     no ``feed`` ever reached the voice: none completed, and nothing said why."""
     from orchestrator.core.errors import PipelineBusy
 
+    # each request's text waits for ``gate``, opened once all 64 are in flight, waiting or
+    # refused: none ends early and frees a slot for a later one, whatever the machine's speed
+    gate = tmp_path / "all-placed"
+    refused: list[PipelineBusy] = []
+    admission = pipeline.runtime.admission
+
     async def one(i: int) -> Any:
         try:
-            return [e async for e in pipeline.stream({"script": [f"Number {i}."]})]
+            prompt = {"script": [f"Number {i}."], "gate_file": str(gate)}
+            return [e async for e in pipeline.stream(prompt)]
         except PipelineBusy as exc:
+            refused.append(exc)
             return exc
 
+    async def open_when_placed() -> None:
+        await await_until(
+            lambda: admission.in_flight + admission.waiting + len(refused) == 64,
+            "every request in flight, waiting or refused",
+        )
+        gate.touch()
+
     async def main() -> list[Any]:
-        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), 240)
+        opener = asyncio.create_task(open_when_placed())
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), 240)
+        await opener
+        return results
 
     results = asyncio.run(main())
-    admission = pipeline.runtime.admission
     done = [r for r in results if not isinstance(r, PipelineBusy)]
-    assert len(done) == admission.limit + admission.max_waiting  # the rest were told at once
+    assert 0 < len(done) == admission.limit + admission.max_waiting < 64  # the rest told at once
     for events in done:
         assert sum(isinstance(e, AudioChunk) for e in events) == 1
     assert admission.in_flight == 0 and admission.waiting == 0

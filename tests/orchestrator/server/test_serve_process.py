@@ -20,19 +20,24 @@ from tests.helpers import REPO
 from tests.helpers.echo import REPLY
 from tests.helpers.profiles import make_profile
 from tests.helpers.serve import ServeProcess
+from tests.helpers.waiting import NEVER_HANGS_S, wait_until
 
 httpx = pytest.importorskip("httpx")
 
 WORD_DELAY_S = 0.005
+GATE = "last-word-may-go"
+"""In the serve process's working directory: every reply holds its last word until the test
+creates it (at most the echo kind's GATE_TIMEOUT_S), so a request is in flight for as long as
+the test needs, whatever the machine's speed."""
 ECHO = f"""name: echo-serve
 stages:
-  - {{name: thinker, kind: echo, mode: words, delay_s: {WORD_DELAY_S}, devices: [cpu], final_output: true,
-     final_output_type: text}}
+  - {{name: thinker, kind: echo, mode: words, delay_s: {WORD_DELAY_S}, gate_file: {GATE},
+     devices: [cpu], final_output: true, final_output_type: text}}
   - {{name: voice, kind: echo, mode: tone, inputs: [thinker], devices: [cpu], final_output: true,
      final_output_type: audio}}
 """
 LONG = " ".join(["word"] * 400)
-"""A message the echo thinker repeats word by word: ~2 s of reply at its 5 ms a word (more on a busy machine)."""
+"""A message the echo thinker repeats word by word (its last word held at the gate)."""
 
 
 def _serve(tmp_path: Path, *args: str) -> ServeProcess:
@@ -90,21 +95,18 @@ def _refused(url: str) -> bool:
 def test_sigterm_lets_the_request_in_flight_finish_then_closes_with_the_ledger_at_zero(
     tmp_path: Path,
 ) -> None:
-    serve = _serve(tmp_path)
+    serve = _serve(tmp_path, "--drain-timeout", str(2 * NEVER_HANGS_S))
     try:
         reader = _Reader(serve.url)
         reader.start()
-        assert reader.started.wait(30) and reader.error is None
+        assert reader.started.wait(NEVER_HANGS_S) and reader.error is None
         serve.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        deadline = signalled + 5
-        while not _refused(serve.url) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _refused(serve.url), "serve still accepted connections after SIGTERM"
-        assert reader.is_alive(), (
-            "the request in flight ended before the test could see serve stop accepting"
-        )
-        reader.join(60)
+        wait_until(lambda: _refused(serve.url), "serve refusing connections after SIGTERM")
+        # held at the gate, the request is still in flight by construction
+        assert reader.is_alive() and "data: [DONE]" not in reader.lines
+        (tmp_path / GATE).touch()  # now it may finish, inside the drain
+        reader.join(NEVER_HANGS_S)
         rc = serve.stop(timeout_s=60)
         stopped_s = time.monotonic() - signalled
     finally:
@@ -125,20 +127,20 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path) -> None:
     try:
         reader = _Reader(serve.url)
         reader.start()
-        assert reader.started.wait(30) and reader.error is None
+        assert reader.started.wait(NEVER_HANGS_S) and reader.error is None
         signalled = time.monotonic()
         serve.proc.send_signal(signal.SIGTERM)
         rc = serve.stop(timeout_s=60)
         stopped_s = time.monotonic() - signalled
-        reader.join(10)
+        reader.join(NEVER_HANGS_S)
     finally:
         serve.stop(signal.SIGKILL, timeout_s=30)
     assert rc == 0, serve.output()
-    assert "data: [DONE]" not in reader.lines  # cut at the bound, not run to its end
+    # cut at the bound, not run to its end: the gate was never opened, so the reply could only
+    # have ended by the gate timing out (GATE_TIMEOUT_S) had the drain waited for it
+    assert "data: [DONE]" not in reader.lines
+    assert not (tmp_path / GATE).exists()
     assert "ledger holds 0 bytes" in serve.output()
-    assert stopped_s < 0.5 + 15, (
-        f"stopping took {stopped_s:.1f} s"
-    )  # the bound, then closing Ray and the actors
     print(f"SIGTERM with --drain-timeout 0.5 → exit 0 in {stopped_s:.2f} s")
 
 

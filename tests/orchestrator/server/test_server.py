@@ -18,6 +18,7 @@ from orchestrator.cli import main
 from orchestrator.core.units import GiB
 from tests.helpers.echo import REPLY
 from tests.helpers.profiles import make_profile
+from tests.helpers.waiting import NEVER_HANGS_S, wait_until
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -118,10 +119,8 @@ def served_slow_voice(
 def one_slot(pipeline: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The module pipeline with one request in flight and none waiting."""
     admission = pipeline.runtime.admission
-    deadline = time.monotonic() + 5  # an earlier test's request may still be ending
-    while admission.in_flight and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert admission.in_flight == 0
+    # an earlier test's request may still be ending
+    wait_until(lambda: admission.in_flight == 0, "no request in flight")
     monkeypatch.setattr(admission, "limit", 1)
     monkeypatch.setattr(admission, "max_waiting", 0)
     return admission
@@ -602,8 +601,11 @@ def _samples(text: str) -> dict[str, float]:
 
 
 # -- queue, disconnects ---------------------------------------------------------------------------
-LONG = " ".join(["word"] * 600)
-"""A user message the echo thinker repeats word by word: ~3 s of reply at its 5 ms a word."""
+LONG_WORDS = int(2 * NEVER_HANGS_S / 0.005)
+LONG = " ".join(["word"] * LONG_WORDS)
+"""A user message the echo thinker repeats word by word: at its 5 ms a word (a sleep: a lower
+bound on any machine) the reply takes at least twice the never-hangs deadline, so a slot seen
+free within that deadline was freed by the client going away, not by the reply ending."""
 
 
 @pytest.mark.ray
@@ -648,16 +650,14 @@ def test_a_client_that_goes_away_frees_its_slot_and_its_work_at_once(
             next(lines)
         assert admission.in_flight == 1
         gone = time.perf_counter()
-        client.close()  # mid-stream: ~600 words still to come
-    while admission.in_flight and time.perf_counter() - gone < 5:
-        time.sleep(0.002)
+        client.close()  # mid-stream: ~LONG_WORDS words still to come
+    wait_until(lambda: admission.in_flight == 0, "the slot freed after the client went away")
     freed_ms = (time.perf_counter() - gone) * 1000
-    assert admission.in_flight == 0, "the slot was not freed within 5 s of the disconnect"
-    assert freed_ms < 1000, f"slot freed {freed_ms:.0f} ms after the disconnect"
     # nothing runs for it on the device actor any more (a cancel now finds no task)
     actor = pipeline.runtime.devices["cpu"].actor
-    assert ray.get(actor.cancel.remote(rid), timeout=10) == 0
+    assert ray.get(actor.cancel.remote(rid), timeout=NEVER_HANGS_S) == 0
     t0 = time.perf_counter()
+    # served, not refused: the one slot (no queue) is free for the next request
     first = next(
         iter(
             _client(served).chat.completions.create(
@@ -666,7 +666,7 @@ def test_a_client_that_goes_away_frees_its_slot_and_its_work_at_once(
         )
     )
     served_ms = (time.perf_counter() - t0) * 1000
-    assert first.choices[0].delta.role == "assistant" and served_ms < 2000
+    assert first.choices[0].delta.role == "assistant"
     print(
         f"disconnect → slot free in {freed_ms:.1f} ms; next request's first chunk in {served_ms:.1f} ms"
     )
@@ -684,12 +684,8 @@ def test_a_client_that_goes_away_before_its_reply_starts_frees_its_slot(
             f"{served.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.5)
         )
     gone = time.perf_counter()
-    while one_slot.in_flight and time.perf_counter() - gone < 5:
-        time.sleep(0.002)
+    wait_until(lambda: one_slot.in_flight == 0, "the slot freed after the client went away")
     freed_ms = (time.perf_counter() - gone) * 1000
-    assert one_slot.in_flight == 0 and freed_ms < 1000, (
-        f"slot freed {freed_ms:.0f} ms after the disconnect"
-    )
     reply = _client(served).chat.completions.create(model="echo-serve", messages=MESSAGES)
     assert reply.choices[0].message.content == EXPECTED
     print(f"disconnect before the reply → slot free in {freed_ms:.1f} ms")

@@ -21,8 +21,9 @@ the session's 16 kHz, 20 ms frames of pcm16) and streams it as
 * Against ``omni-edge serve configs/examples/voice-chat.yaml`` (slow): the same
   conversation with the real pipeline; never asserted: what the model says.
 
-Browser tests skip without chromium, except under ``CI=true``, where they fail
-(as tests/orchestrator/server/test_web_page.py's do).
+Browser tests skip as missing without chromium, which fails them under
+``--require-assets`` (scripts/test.sh; tests/helpers/skips.py), as
+tests/orchestrator/server/test_web_page.py's do.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import base64
 import contextlib
 import json
 import math
-import os
 import struct
 import threading
 import time
@@ -45,6 +45,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.skips import skip_missing
 from tests.orchestrator.server.test_web_page import (
     CHROMIUM_ARGS,
     _chromium,
@@ -83,6 +84,8 @@ LONG_REPLY = 40
 SHORT_REPLY = 4
 """Reply pieces (0.4 s of audio each, one every 0.2 s): the first reply lasts 16 s, far past the second question."""
 PAGE_TIMEOUT_MS = 60_000
+PLAYING = "window.omniEdge.audio.contextTime > window.omniEdge.audio.startedAt"
+"""The page's audio clock has moved past the start of its playback: the audio is playing."""
 
 
 def _speech(text: str) -> np.ndarray:
@@ -126,8 +129,8 @@ def _conversation(path: Path, gap_s: float, tail_s: float) -> tuple[Path, float,
 
 @contextlib.contextmanager
 def _mic_browser(wav: Path) -> Iterator[Any]:
-    """Headless Debian chromium whose microphone plays ``wav``; skipped without one outside CI,
-    failed in CI."""
+    """Headless Debian chromium whose microphone plays ``wav``; without one a missing-class
+    skip."""
     exe = _chromium()
     try:
         from playwright.sync_api import sync_playwright
@@ -141,9 +144,7 @@ def _mic_browser(wav: Path) -> Iterator[Any]:
         else None
     )
     if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the page test: {missing}")
-        pytest.skip(missing)
+        skip_missing(missing)
     args = [
         *CHROMIUM_ARGS,
         "--use-fake-ui-for-media-stream",
@@ -469,12 +470,15 @@ def _talk_to_the_fake(
             timeout=PAGE_TIMEOUT_MS,
         )
         # the second question arrives while the first reply plays: it stops, the second is answered
+        # the barrier for "none of its later audio": the fake cancels the first reply and waits
+        # for it to end before it answers the second, the socket keeps order, and the page reads
+        # each event to its end before the next: every delta of the first came before this
         _wait_for(
             page,
             "window.omniEdge.talk.responses.some(r => r.status === 'completed')",
             timeout=PAGE_TIMEOUT_MS,
         )
-        page.wait_for_timeout(600)  # past any delta the server could have had in flight
+        _wait_for(page, PLAYING, timeout=PAGE_TIMEOUT_MS)
         talk = _talk(page)
     except AssertionError as exc:
         levels = [round(x, 3) for x in fake.levels[-400::10]]
@@ -628,7 +632,7 @@ def _talk_to_the_server(browser: Any, url: str, tmp_path: Path) -> None:
               && t.responses[t.responses.length - 1].status !== 'in_progress'); })()""",
             timeout=300_000,
         )
-        page.wait_for_timeout(1000)
+        _wait_for(page, PLAYING, timeout=PAGE_TIMEOUT_MS)
         talk = _talk(page)
         audio = dict(page.evaluate("window.omniEdge.audio"))
     finally:

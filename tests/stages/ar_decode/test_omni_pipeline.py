@@ -24,7 +24,7 @@ import yaml
 
 from exports import omni_tiny
 from tests.helpers import REPO
-from tests.helpers.omni_reference import reference
+from tests.helpers.omni_reference import reference, torch_threads
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -105,6 +105,7 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
     ref = reference(
         omni_tiny.QWEN2_5_OMNI_DIR,
         PROMPT,
+        threads=torch_threads(pipeline.plan.to_json()["stages"]),
         thinker_max=24,
         talker_max=TALKER_CODES,
         talker_min=TALKER_CODES,
@@ -193,9 +194,11 @@ def test_qwen3_omni_through_omni_edge_run_matches_transformers(
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     stages = yaml.safe_load(config.read_text())["stages"]
+    record = json.loads((tmp_path / "run.json").read_text())
     ref = reference(
         omni_tiny.QWEN3_OMNI_DIR,
         PROMPT,
+        threads=torch_threads(record["plan"]["stages"]),
         thinker_max=stages[0]["sampling"]["max_tokens"],
         talker_max=stages[1]["sampling"]["max_tokens"],
     )
@@ -216,7 +219,6 @@ def test_qwen3_omni_through_omni_edge_run_matches_transformers(
     assert pcm.shape == want.shape and len(pcm) > 0
     assert float(np.max(np.abs(pcm - want))) <= 1e-3 + 1 / 32767
     assert float(np.linalg.norm(pcm - want) / np.linalg.norm(want)) <= 1e-3
-    record = json.loads((tmp_path / "run.json").read_text())
     assert record["output"]["outputs"]["talker"] == ref.codes
     talker = record["requests"][0]["stages"]["talker"]
     assert talker["hidden_states"]["width"] == 64 and talker["hidden_states"]["layer"] == 1

@@ -27,7 +27,7 @@ import yaml
 
 from exports import omni_tiny
 from tests.helpers import REPO
-from tests.helpers.omni_reference import Reference, reference
+from tests.helpers.omni_reference import Reference, reference, torch_threads
 from tests.helpers.serve import ServeProcess
 
 openai = pytest.importorskip("openai")
@@ -53,12 +53,14 @@ TOLERANCE = 1e-3 + 1 / 32767
 
 
 @pytest.fixture(scope="module")
-def ref() -> Reference:
+def ref(serve: ServeProcess) -> Reference:
+    """generate()'s output at the served stages' own thread count (the plan the server reports)."""
     omni_tiny.ensure_built()
     stages = yaml.safe_load(CONFIG.read_text())["stages"]
     return reference(
         omni_tiny.QWEN3_OMNI_DIR,
         PROMPT,
+        threads=torch_threads(httpx.get(f"{serve.url}/v1/plan", timeout=60).json()["stages"]),
         thinker_max=stages[0]["sampling"]["max_tokens"],
         talker_max=TALKER_CODES,
         talker_min=TALKER_CODES,

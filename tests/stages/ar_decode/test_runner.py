@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from orchestrator.planner import plan_pipeline
 from stages.registry import get_kind
 from tests.helpers import REPO
 from tests.helpers.profiles import make_profile
+from tests.helpers.waiting import await_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -27,14 +26,15 @@ async def _prompt(prompt: Any) -> AsyncIterator[Any]:
     yield prompt
 
 
-async def _collect(runner: Any, rid: str, text: Any) -> tuple[str, float]:
-    t0 = time.perf_counter()
-    first = None
+async def _collect(runner: Any, rid: str, text: Any) -> tuple[str, bool | None]:
+    """The reply, and whether the engine was still decoding it when its first delta came."""
+    decoding = None
     parts = []
     async for d in runner.stream(rid, _prompt(text)):
-        first = first if first is not None else time.perf_counter() - t0
+        if decoding is None:
+            decoding = runner._engine.has_unfinished_requests()
         parts.append(d)
-    return "".join(parts), first or 0.0
+    return "".join(parts), decoding
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,6 @@ def thinker() -> Iterator[tuple[Any, StagePlan]]:
     assert sp.admitted and sp.device == "cpu", sp.refusals
     prepare_models(plan)
     runner = get_kind("ar_decode").runner(sp, config.stage("thinker"))
-    runner.fresh_process = "torch" not in sys.modules  # type: ignore[attr-defined]
     runner.load()
     yield runner, sp
     runner.close()
@@ -79,14 +78,17 @@ def test_streams_text_deltas_with_the_chat_template_and_sampling(
     assert stats["prompt_tokens"] > 30  # system prompt + user turn through the chat template
     # A request's own sampling overrides the config's: min_tokens = max_tokens fixes
     # the length, so there is a decode rate to read whatever the model says.
-    _, first = asyncio.run(
+    _, decoding = asyncio.run(
         _collect(
             runner, "fixed", {"prompt": "Hi.", "sampling": {"min_tokens": 20, "max_tokens": 20}}
         )
     )
     fixed = runner.request_stats("fixed")
     assert (fixed["tokens"], fixed["finish_reason"]) == (20, "length")
-    assert first < 2.0 and fixed["decode_tokens_per_s"] > 3
+    # streamed: the first delta came while the engine still had 19 tokens to decode (an order,
+    # not a speed), and the rate is there to read
+    assert decoding is True
+    assert fixed["decode_tokens_per_s"] > 0
 
 
 def test_concurrent_requests_and_an_early_abort(thinker: tuple[Any, StagePlan]) -> None:
@@ -105,13 +107,15 @@ def test_concurrent_requests_and_an_early_abort(thinker: tuple[Any, StagePlan]) 
         async for _ in gen:
             break
         await gen.aclose()
-        await asyncio.sleep(0.3)
-        return runner._engine.has_unfinished_requests()
+        await await_until(
+            lambda: not runner._engine.has_unfinished_requests(), "the engine without requests"
+        )
+        return True
 
-    unfinished = asyncio.run(main())
+    assert asyncio.run(main())
     # Each request got its own length: the two ran as their own vLLM requests.
     assert runner.request_stats("a")["tokens"] == 10 and runner.request_stats("b")["tokens"] == 30
-    assert not unfinished  # the aborted request left the engine
+    # the aborted request left the engine before its end: min_tokens = 96 leaves it no other way
     assert runner.request_stats("c")["tokens"] < 96
 
 
@@ -119,8 +123,9 @@ def test_measured_peak_is_within_the_plans_budget(thinker: tuple[Any, StagePlan]
     runner, sp = thinker
     peak, budget = runner.measured_peak_bytes(), sp.budget_bytes()
     assert peak is not None and 0.25 * 2**30 < peak <= budget
-    if runner.fresh_process:  # torch imported by an earlier test is not this stage's memory
-        assert budget / peak <= 1.5
+    # That the budget is not loose (budget / peak <= 1.5) needs a process that had not imported
+    # torch before the load, which this module cannot promise (an earlier test may have): the
+    # device actor is one, and tests/orchestrator/runtime/test_voice_pipeline.py asserts it there.
 
 
 def test_an_engine_vllm_refuses_is_a_stage_failure(thinker: tuple[Any, StagePlan]) -> None:
@@ -147,7 +152,7 @@ def test_a_reply_left_at_the_configs_max_tokens_takes_what_the_prompt_leaves() -
     from types import SimpleNamespace
 
     from orchestrator.core.errors import BadRequest
-    from stages.ar_decode.runner import check_length
+    from stages.ar_decode.prompt import check_length
 
     stage = SimpleNamespace(max_model_len=2048, sampling=SimpleNamespace(max_tokens=2047))
     sampling = {"max_tokens": 2047, "min_tokens": 0}

@@ -26,14 +26,14 @@ from exports import omni_tiny
 from orchestrator.config import load_config
 from orchestrator.core import errors
 from orchestrator.core.errors import RefusalCode
-from orchestrator.core.profile import load_profile
+from orchestrator.core.profile import Device, load_profile
 from orchestrator.planner import plan_pipeline
-from stages.ar_decode import formats
 from stages.ar_decode.checkpoint import read_safetensors_header
+from stages.ar_decode.engines import engine_for
 from stages.payloads import untag
 from stages.registry import get_kind
 from tests.helpers import REPO
-from tests.helpers.omni_reference import reference
+from tests.helpers.omni_reference import reference, torch_threads
 
 CPU_PROFILE = REPO / "configs/profiles/cpu-only-linux.json"
 CONFIGS = {
@@ -189,15 +189,16 @@ def test_a_plain_decoder_stays_on_vllm_unless_its_config_names_transformers(tmp_
 def test_quantized_weights_are_refused_on_transformers() -> None:
     cpu = load_profile(CPU_PROFILE).device("cpu")
     assert cpu is not None
-    assert formats.format_refusal("transformers-cpu", cpu, "bf16") is None
-    why = formats.format_refusal("transformers-cpu", cpu, "awq-4bit")
+    transformers = engine_for("transformers-cpu")
+    assert transformers.format_refusal("transformers-cpu", cpu, "bf16") is None
+    why = transformers.format_refusal("transformers-cpu", cpu, "awq-4bit")
     assert why is not None and "unquantized weights (fp32, bf16, fp16) only" in why
 
 
 def test_the_probe_offers_transformers_on_this_cpu() -> None:
-    from orchestrator.probe import transformers_offered
+    from orchestrator.probe.engines import found_here
 
-    offered = {backend for backend, _, _ in transformers_offered()}
+    offered = set(found_here(Device(id="cpu", kind="cpu", name="this CPU")))
     assert "transformers-cpu" in offered
 
 
@@ -271,6 +272,7 @@ def test_thinker_tokens_and_talker_codes_match_transformers_generate(
     ref = reference(
         DIRS[model],
         PROMPT,
+        threads=torch_threads([thinker.plan.to_dict(), talker.plan.to_dict()]),
         thinker_max=stages.stage("thinker").sampling.max_tokens,
         talker_max=stages.stage("talker").sampling.max_tokens,
         repetition_penalty=stages.stage("talker").sampling.repetition_penalty,
@@ -436,7 +438,8 @@ def test_a_streaming_talker_starts_on_the_first_steps_and_gives_the_same_codes(
     assert stats["hidden_states"]["streamed"] is True and stats["hidden_states"]["steps"] == len(
         hidden
     )
-    ref = reference(DIRS["qwen2_5"], PROMPT, thinker_max=24, talker_max=64)
+    threads = torch_threads([thinker.plan.to_dict(), talker.plan.to_dict()])
+    ref = reference(DIRS["qwen2_5"], PROMPT, threads=threads, thinker_max=24, talker_max=64)
     assert streamed == ref.codes
 
 

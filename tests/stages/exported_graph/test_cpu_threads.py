@@ -59,7 +59,9 @@ def test_the_session_spec_carries_the_threads_and_the_original_is_unchanged() ->
     assert with_cpu_threads(spec, None) is spec  # no budget: ONNX Runtime's own default
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir(), reason="platform: counts threads in /proc"
+)
 def test_a_route_worker_opens_the_session_with_the_plans_intra_op_threads(tmp_path: Path) -> None:
     """ONNX Runtime's intra-op pool of k threads is the caller and k-1 workers it starts when
     the session opens: two route workers alike but for cpu_threads (1 and 4) differ by three

@@ -5,12 +5,9 @@ items; the CPU EP and graphs whose output shapes follow their inputs do not get 
 from __future__ import annotations
 
 from orchestrator.config import load_config
+from orchestrator.core.backends import OPENVINO_ITEM_HORIZON, OPENVINO_RETAINED_PER_ITEM
 from orchestrator.core.profile import load_profile
-from stages.exported_graph.kind import (
-    OPENVINO_ITEM_HORIZON,
-    OPENVINO_RETAINED_PER_ITEM,
-    ExportedGraphKind,
-)
+from stages.exported_graph.kind import ExportedGraphKind
 from tests.helpers import REPO
 
 MiB = 2**20

@@ -85,6 +85,15 @@ def _npy(array: np.ndarray, *, allow_pickle: bool = False) -> bytes:
     return out.getvalue()
 
 
+def _header_only(shape: list[int], dtype: str = "<f4") -> bytes:
+    """A ``.npy`` that is all header: it declares ``shape`` and holds no data."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+    )
+    return out.getvalue()
+
+
 def _vector(seed: int = 3) -> np.ndarray:
     return np.random.RandomState(seed).randn(EMBEDDING).astype(np.float32)
 
@@ -171,6 +180,34 @@ def test_tensor_request_reads_a_npy_and_never_unpickles(tmp_path: Path) -> None:
     with pytest.raises(BadRequest) as exc:
         tensor_request(_npy(vector), where="part", max_bytes=100, bytes_flag="--max-tensor-mib")
     assert "over the cap of 100 bytes per tensor (--max-tensor-mib)" in str(exc.value)
+
+
+def test_a_npy_header_is_checked_against_the_cap_and_the_file_before_anything_is_allocated() -> (
+    None
+):
+    """A 128-byte ``.npy`` whose header declares 4 TB of float32: numpy would try to allocate
+    that (a MemoryError, a 500 from the server); its declared size is checked first."""
+    from orchestrator.api import tensor_request
+    from orchestrator.server.protocol import chat_request
+
+    huge = _header_only([100_000, 100_000, 100])
+    assert len(huge) == 128
+    with pytest.raises(BadRequest) as exc:
+        chat_request({"messages": [{"role": "user", "content": [_part(huge)]}]}, tensor_entry=True)
+    ((problem,),) = [exc.value.problems]
+    assert problem.where == "messages[0].content[0].input_tensor.data"
+    assert problem.what.startswith(
+        "declares a float32 array of shape [100000, 100000, 100]: 4000000000000 bytes, over the "
+        "cap of"
+    ), problem
+    assert "--max-tensor-mib" in problem.fix
+    # with no cap (the Python API may lift it) the header still cannot promise more than it holds
+    with pytest.raises(BadRequest) as exc:
+        tensor_request(huge, where="part", max_bytes=None)
+    assert "declares 4000000000000 bytes of data" in str(exc.value) and "holds 0" in str(exc.value)
+    cut = _npy(_vector())[:-4]
+    with pytest.raises(BadRequest, match="holds 1532: the file is cut short"):
+        tensor_request(cut, where="part")
 
 
 def test_cli_input_of_the_wrong_dtype_or_a_pickled_npy_is_exit_2_before_anything_runs(
@@ -527,6 +564,11 @@ def test_an_input_tensor_part_through_serve_and_the_openai_client_equals_onnxrun
                 _part(_npy(_object_array(), allow_pickle=True)),
                 "messages[0].content[0].input_tensor.data",
                 OBJECT_NPY_MARK,
+            ),
+            (
+                _part(_header_only([100_000, 100_000, 100])),
+                "messages[0].content[0].input_tensor.data",
+                "declares a float32 array of shape [100000, 100000, 100]: 4000000000000 bytes",
             ),
         ]:
             with pytest.raises(openai.BadRequestError) as exc:

@@ -24,7 +24,9 @@ plan's thread count) or an NVIDIA GPU (``transformers-cuda``):
   frame of ``num_code_groups`` codes (the talker's first codebook, then its
   code predictor's) per item for Qwen3-Omni.
 
-Decoding is ``generate()`` itself, run in a thread, with a streamer for the
+Decoding is ``generate()`` itself, one job per request run on the engine thread of
+:class:`~stages.ar_decode.engines.threaded.ThreadedEngineRunner` (which owns the
+thread, the queues, cancellation, stats and health), with a streamer for the
 sampled tokens and a forward hook for each step's hidden states or codes:
 greedy when ``temperature`` is 0, else sampling with ``top_p``/``top_k``;
 ``min_tokens`` (``min_new_tokens``), ``repetition_penalty``, a ``seed``
@@ -37,72 +39,61 @@ consumer goes away (cancellation). Finish reasons are vLLM's: ``stop``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import BadRequest, StageFailed
-from orchestrator.core.memory import RssMeter
-from stages.ar_decode import omni
+from stages.ar_decode import omni, omni_talker
+from stages.ar_decode.engines.base import QUIET_ENV
+from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.model_cache import resolve_model
-from stages.ar_decode.runner import QUIET_ENV, _encode, check_length, request_parts
-from stages.base import StageRunner
+from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.payloads import on_port, split_input
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
-_END = object()
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+Job = Callable[[], None]
+"""One request's generation, run on the engine thread."""
 
 
-@dataclass
-class _Request:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any]
-    submitted: float
-    prompt_tokens: int = 0
-    cancel: threading.Event = field(default_factory=threading.Event)
-    first_token: float | None = None
-    finished: float | None = None
-    tokens: int = 0
-    finish_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+@dataclass(eq=False)
+class _Request(EngineRequest):
     first_input: float | None = None
-
-    def put(self, item: Any) -> None:
-        # RuntimeError: the request's event loop is gone, nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    """When a streaming talker's first hidden state arrived."""
 
 
-class TransformersRunner(StageRunner):
+class TransformersRunner(ThreadedEngineRunner):
     """An ``ar_decode`` stage on transformers, in this process (see the module docstring)."""
 
+    title = "transformers"
+    request_type = _Request
+    stopped = (
+        "its transformers engine stopped (code engine_failed; the cause is in the server's "
+        "log); restart the server"
+    )
+
     def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
-        self.plan = stage_plan
-        self.stage = stage
-        self.device = stage_plan.device or "?"
+        super().__init__(stage_plan, stage)
         self.model_stage: str | None = getattr(stage, "model_stage", None)
-        self.load_info: dict[str, Any] = {}
         self._model: Any = None
         self._tokenizer: Any = None
-        self._talker: omni.Talker | None = None
+        self._talker: omni_talker.Talker | None = None
         self._handover: omni.HandoverSpec | None = None
         self._torch_device = "cpu"
         self._gen_lock = threading.Lock()
-        self._done: dict[str, dict[str, Any]] = {}
-        self._meter = RssMeter()
-        self._busy_growth = 0
+        """Held while a generation runs (torch's threads are the process's: one at a time)."""
         self._aborted = 0
         self._aborted_tokens: int | None = None
 
@@ -133,7 +124,7 @@ class TransformersRunner(StageRunner):
             )
             t_import = time.perf_counter()
             if self.model_stage == "talker":
-                self._talker = omni.load_talker(
+                self._talker = omni_talker.load_talker(
                     Path(model_dir),
                     dtype=dtype,
                     device=self._torch_device,
@@ -156,7 +147,7 @@ class TransformersRunner(StageRunner):
                 self.device,
                 f"transformers could not load {kwargs.get('model')}: {type(exc).__name__}: {exc}",
             ) from exc
-        self._meter.stop()
+        self._started()
         self.load_info = {
             "model_dir": str(model_dir),
             "model_stage": self.model_stage,
@@ -166,67 +157,40 @@ class TransformersRunner(StageRunner):
             "torch_device": self._torch_device,
             "in_process": True,
             "load_peak_growth_bytes": self._meter.peak_growth,
-            "resident_growth_bytes": self._meter.growth,
+            "resident_growth_bytes": self._resident,
         }
         log.info("%s: transformers loaded %s in %.1f s", self.plan.name, model_dir, t_loaded - t0)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self._model = self._talker = self._tokenizer = None
 
-    def measured_peak_bytes(self) -> int | None:
-        """RSS growth of this process during ``load()`` and the busiest request (evidence M)."""
-        if not self.load_info:
-            return None
-        return max(self._meter.peak_growth, self._meter.growth + self._busy_growth)
-
-    def request_stats(self, request_id: str) -> dict[str, Any]:
-        """Tokens and timings of a finished request (popped: asked once)."""
-        return self._done.pop(request_id, {})
+    def _ready(self) -> bool:
+        return self._model is not None or self._talker is not None
 
     # -- requests ----------------------------------------------------------------
-    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """Text deltas (and hidden states) for a prompt; codec codes for a talker's joined input."""
-        if self._model is None and self._talker is None:
-            raise StageFailed(
-                self.plan.name, self.device, "stream() before load() or after close()"
-            )
-        req = _Request(asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
-        feeding: asyncio.Task[None] | None = None
+    async def _accept(
+        self, request_id: str, inputs: AsyncIterator[Any]
+    ) -> tuple[_Request, tuple[Any, ...]]:
+        """A prompt's generation job (text deltas, and a thinker's hidden states), or a talker's
+        on its joined input (codec codes); a streaming talker (``join: latest``) starts on the
+        thinker's first steps, each joined item bringing the next."""
+        req = self._new_request(request_id)
+        assert isinstance(req, _Request)
+        req.extra["waited_for_previous"] = self._gen_lock.locked()
         if self._talker is not None and getattr(self.stage, "join", None) == "latest":
-            # the talker starts on the thinker's first steps, each joined item bringing the next
             feed = omni.HandoverFeed(f"{self.plan.name}: thinker.hidden_states")
             job = self._talker_stream_job(
                 req, feed, request_parts(self.stage, [{"prompt": "-"}])[1]
             )
             feeding = asyncio.create_task(self._feed(req, feed, inputs))
+            req.on_close.append(feeding.cancel)  # a done task ignores it
+            return req, ("job", req, job)
+        items = [item async for item in inputs]
+        if self._talker is not None:
+            job = self._talker_job(req, items, request_parts(self.stage, [{"prompt": "-"}])[1])
         else:
-            items = [item async for item in inputs]
-            if self._talker is not None:
-                job = self._talker_job(req, items, request_parts(self.stage, [{"prompt": "-"}])[1])
-            else:
-                job = self._text_job(req, items)
-        worker = threading.Thread(
-            target=self._run, args=(req, job), name=f"hf-{self.plan.name}", daemon=True
-        )
-        worker.start()
-        finished = False
-        try:
-            while True:
-                item = await req.queue.get()
-                if item is _END:
-                    finished = True
-                    break
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-        finally:
-            if not finished:
-                req.cancel.set()
-                req.finish_reason = "abort"
-            if feeding is not None and not feeding.done():
-                feeding.cancel()
-            self._done[request_id] = self._stats(req)
+            job = self._text_job(req, items)
+        return req, ("job", req, job)
 
     async def _feed(
         self, req: _Request, feed: omni.HandoverFeed, inputs: AsyncIterator[Any]
@@ -252,15 +216,25 @@ class TransformersRunner(StageRunner):
         finally:
             feed.finish()
 
-    def _run(self, req: _Request, job: Any) -> None:
-        # One generate() at a time (torch's threads are the process's); a request arriving while
-        # another generates says so in its stats (waited_for_previous), cancelled ones are counted.
-        req.extra["waited_for_previous"] = self._gen_lock.locked()
+    # -- the engine thread ---------------------------------------------------------
+    def _serve_engine(self) -> None:
+        """One generation at a time, in the order the jobs came (an abort is the request's
+        ``cancel`` event, which the generation's stopping criterion reads)."""
+        while True:
+            for cmd in self._take(block=True):
+                if cmd[0] == "stop":
+                    return
+                if cmd[0] == "job":
+                    self._generate(cmd[1], cmd[2])
+
+    def _generate(self, req: _Request, job: Job) -> None:
+        # A request that arrived while another generated says so in its stats
+        # (waited_for_previous); cancelled ones are counted (aborted_before).
         with self._gen_lock:
             if req.cancel.is_set():
-                req.put(_END)
+                req.end(req.finish_reason)
                 return
-            self._meter.rebase()
+            self._busy()
             try:
                 job()
             except BaseException as exc:  # handed to the request, which raises it in its own task
@@ -274,16 +248,15 @@ class TransformersRunner(StageRunner):
                 )
                 return
             finally:
-                self._busy_growth = max(self._busy_growth, self._meter.window_growth)
+                self._idle()
                 if req.cancel.is_set():
                     self._aborted += 1
                     self._aborted_tokens = req.tokens
-            req.finished = time.perf_counter()
-            req.put(_END)
+            req.end(req.finish_reason)
 
-    def _text_job(self, req: _Request, items: list[Any]) -> Any:
+    def _text_job(self, req: _Request, items: list[Any]) -> Job:
         messages, sampling = request_parts(self.stage, items)
-        prompt_ids = _encode(self._tokenizer, messages)
+        prompt_ids = encode(self._tokenizer, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         req.prompt_tokens = len(prompt_ids)
         model, spec, tokenizer = self._model, self._handover, self._tokenizer
@@ -298,9 +271,7 @@ class TransformersRunner(StageRunner):
                 steps[0] += 1
 
             def on_token(token: int) -> None:
-                if req.first_token is None:
-                    req.first_token = time.perf_counter()
-                req.tokens += 1
+                req.produced()
                 if spec is not None and pending:
                     req.put(on_port("hidden_states", omni.handover_item(spec, pending, token)))
                     pending.clear()
@@ -324,7 +295,7 @@ class TransformersRunner(StageRunner):
 
         return job
 
-    def _talker_job(self, req: _Request, items: list[Any], sampling: dict[str, Any]) -> Any:
+    def _talker_job(self, req: _Request, items: list[Any], sampling: Sampling) -> Job:
         talker = self._talker
         assert talker is not None
         handover = omni.joined_handover(self.stage, items)
@@ -332,9 +303,7 @@ class TransformersRunner(StageRunner):
 
         def job() -> None:
             def on_codes(codes: list[int]) -> None:
-                if req.first_token is None:
-                    req.first_token = time.perf_counter()
-                req.tokens += 1
+                req.produced()
                 req.put(codes)
 
             req.prompt_tokens = handover.prompt_tokens
@@ -351,11 +320,9 @@ class TransformersRunner(StageRunner):
 
         return job
 
-    def _talker_stream_job(
-        self, req: _Request, feed: omni.HandoverFeed, sampling: dict[str, Any]
-    ) -> Any:
+    def _talker_stream_job(self, req: _Request, feed: omni.HandoverFeed, sampling: Sampling) -> Job:
         talker = self._talker
-        if not isinstance(talker, omni.Qwen25Talker):
+        if not isinstance(talker, omni_talker.Qwen25Talker):
             raise BadRequest.single(
                 f"stages.{self.plan.name}.join",
                 "latest: this talker starts on its whole hand-over only",
@@ -364,9 +331,7 @@ class TransformersRunner(StageRunner):
 
         def job() -> None:
             def on_codes(codes: list[int]) -> None:
-                if req.first_token is None:
-                    req.first_token = time.perf_counter()
-                req.tokens += 1
+                req.produced()
                 req.put(codes)
 
             req.finish_reason = talker.generate_streaming(
@@ -389,20 +354,11 @@ class TransformersRunner(StageRunner):
 
         return job
 
-    def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "prompt_tokens": req.prompt_tokens,
-            "tokens": req.tokens,
-            "finish_reason": req.finish_reason,
+    def _figures(self, req: EngineRequest) -> dict[str, object]:
+        return {
             "aborted_before": {"requests": self._aborted, "last_tokens": self._aborted_tokens},
             **req.extra,
         }
-        if req.first_token is not None:
-            out["ttft_s"] = round(req.first_token - req.submitted, 4)
-            end = req.finished or time.perf_counter()
-            if req.tokens > 1 and end > req.first_token:
-                out["decode_tokens_per_s"] = round((req.tokens - 1) / (end - req.first_token), 2)
-        return out
 
 
 def check_talker_input(stage: Any, items: list[Any]) -> None:

@@ -1,7 +1,7 @@
 """The ``ar_decode`` stage on llama.cpp (llama-cpp-python's low-level API), streaming text deltas.
 
 :class:`LlamaCppRunner` carries out an admitted ``llamacpp-*`` placement the way
-:class:`stages.ar_decode.runner.VllmRunner` carries out a vLLM one, with the
+:class:`stages.ar_decode.engines.vllm_runner.VllmRunner` carries out a vLLM one, with the
 same public behaviour (deltas, stats, errors, evidence M):
 
 * ``load()`` loads the GGUF as it is (no conversion) and creates **one**
@@ -16,7 +16,10 @@ same public behaviour (deltas, stats, errors, evidence M):
   over every running sequence's next token plus, in what room ``n_batch``
   leaves, the next chunk of prompts still being read (prefill in chunks of
   ``n_batch``). Requests and aborts reach the thread through a command queue;
-  each step's text goes to the request's asyncio queue on its own loop.
+  each step's text goes to the request's asyncio queue on its own loop (the
+  thread, the queues, cancellation, stats and health are
+  :class:`~stages.ar_decode.engines.threaded.ThreadedEngineRunner`'s; the batch
+  scheduler, :class:`_Engine`, is this module's own).
 * Each sequence samples with its own llama.cpp sampler chain:
   ``repetition_penalty`` (over the prompt and the reply, as vLLM counts it),
   ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
@@ -41,8 +44,8 @@ same public behaviour (deltas, stats, errors, evidence M):
 * The prompt is the GGUF's own chat template (``tokenizer.chat_template``)
   with the stage's ``system_prompt``, tokenized by the GGUF's vocabulary
   (:mod:`stages.ar_decode.gguf_vocab`); requests are checked with
-  :func:`stages.ar_decode.runner.request_parts` and
-  :func:`~stages.ar_decode.runner.check_length`, as on vLLM.
+  :func:`stages.ar_decode.prompt.request_parts` and
+  :func:`~stages.ar_decode.prompt.check_length`, as on vLLM.
 
 The per-step work in Python is a handful of ctypes writes into a batch
 allocated once, one ``llama_decode``, one ``llama_sampler_sample`` per
@@ -52,13 +55,9 @@ llama-cpp-python's own ``Llama.create_completion`` on the same threads.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
-import contextlib
 import ctypes
 import logging
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -66,16 +65,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
-from orchestrator.core.memory import RssMeter
+from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
-from stages.ar_decode.runner import ENGINE_FAILED_CODE, _encode, check_length, request_parts
-from stages.base import StageRunner
+from stages.ar_decode.prompt import check_length, encode, request_parts
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from orchestrator.core.plan import StagePlan
     from stages.base import StageConfig
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +95,10 @@ ALL_GPU_LAYERS = 0x7FFFFFFF
 (llama-cpp-python passes the same value)."""
 UNSEEDED = 0xFFFFFFFF
 """``LLAMA_DEFAULT_SEED``: llama.cpp draws a random seed for a ``dist`` sampler given it."""
-ENGINE_STOPPED = (
-    "its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
-    "in the server's log); restart the server"
-)
 BUSY_SAMPLE_INTERVAL_S = 0.1
 """RSS read between steps at most this often while busy: llama.cpp allocates its KV cache and
 compute buffers when the context is created, so a busy window grows by Python objects only;
 one read (psutil, tens of microseconds) every step would be ~0.5 % of a 10 ms step."""
-_END = object()
 
 
 class Utf8Deltas:
@@ -130,27 +124,6 @@ PREFIX_REUSE = True
 default pipeline's thinker the system prompt and the template's head are ~30 of the ~45 tokens of a
 short question; at one thread llama.cpp prefills SmolLM2's Q4_1 at ~180 tokens/s here, so reusing them
 takes ~170 ms off the first token (bench/first_audio.py)."""
-
-
-@dataclass
-class _Request:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any]
-    submitted: float
-    prompt_tokens: int
-    first_token: float | None = None
-    finished: float | None = None
-    tokens: int = 0
-    finish_reason: str | None = None
-    waited_for_slot: bool = False
-    """No sequence was free when the engine took the request: it waited for one to finish."""
-    reused_tokens: int = 0
-    """Prompt tokens whose KV cells a previous request on the same sequence left (PREFIX_REUSE)."""
-
-    def put(self, item: Any) -> None:
-        # RuntimeError: the request's event loop is gone, nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -184,7 +157,7 @@ class _Slot:
     def __init__(
         self,
         seq: int,
-        req: _Request,
+        req: EngineRequest,
         prompt: list[int],
         chain: Any,
         bias: bool,
@@ -242,29 +215,23 @@ def _context_settings(kw: dict[str, Any], lc: Any) -> _ContextSettings:
     return _ContextSettings(n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash)
 
 
-class LlamaCppRunner(StageRunner):
+class LlamaCppRunner(ThreadedEngineRunner):
     """An ``ar_decode`` stage on llama.cpp, in this process (see the module docstring)."""
 
+    title = "llama.cpp"
+    stopped = (
+        "its llama.cpp engine stopped after a failed decode (code engine_failed; the cause is "
+        "in the server's log); restart the server"
+    )
+
     def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
-        self.plan = stage_plan
-        self.stage = stage
-        self.device = stage_plan.device or "?"
-        self.load_info: dict[str, Any] = {}
+        super().__init__(stage_plan, stage)
         self.threads = int(stage_plan.cpu_threads or 1)
         self._lc: Any = None
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
         self._vocab: GgufVocab | None = None
-        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._requests: dict[str, _Request] = {}
-        self._done: dict[str, dict[str, Any]] = {}
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
-        self._meter = RssMeter()
-        self._resident = 0
-        self._busy_growth = 0
-        self._lock = threading.Lock()
         self._seq_limit = 0
         self._n_batch = 0
         self._free_slots = (
@@ -295,12 +262,7 @@ class LlamaCppRunner(StageRunner):
             raise StageFailed(
                 self.plan.name, self.device, f"llama.cpp did not start: {type(exc).__name__}: {exc}"
             ) from exc
-        self._thread = threading.Thread(
-            target=self._loop, name=f"llamacpp-{self.plan.name}", daemon=True
-        )
-        self._thread.start()
-        self._meter.stop()
-        self._resident = self._meter.growth
+        self._started()
         self.load_info = {
             "model_path": str(path),
             "import_s": round(t_import - t0, 3),
@@ -374,14 +336,12 @@ class LlamaCppRunner(StageRunner):
             "resident_growth_bytes": self._resident,
         }
 
-    def close(self) -> None:
-        """Stop the engine thread, fail what is still in flight, free the context and the model."""
-        if self._thread is not None:
-            self._commands.put(("stop",))
-            self._thread.join(timeout=30)
-            self._thread = None
-        self._fail_all(StageFailed(self.plan.name, self.device, "the stage was closed"))
+    def _release(self) -> None:
+        """Free the context and the model."""
         self._free()
+
+    def _ready(self) -> bool:
+        return self._ctx is not None and self._vocab is not None
 
     def _free(self) -> None:
         lc = self._lc
@@ -398,63 +358,20 @@ class LlamaCppRunner(StageRunner):
         self._model = None
         self._vocab = None
 
-    def measured_peak_bytes(self) -> int | None:
-        """RSS growth of this process attributable to the stage (evidence M):
-        ``max(load peak, resident + busiest request window)``, measured as
-        :meth:`VllmRunner.measured_peak_bytes <stages.ar_decode.runner.VllmRunner.measured_peak_bytes>`
-        does (the load: importing llama.cpp, mapping the GGUF, the KV cache and the
-        compute buffers; a window: from the engine going busy to idle again)."""
-        if not self.load_info:
-            return None
-        return max(self._meter.peak_growth, self._resident + self._busy_growth)
-
     # -- requests ----------------------------------------------------------------
-    async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[str]:
-        """Text deltas for the prompt read from ``inputs`` (a string, or a dict with ``prompt``
-        or ``messages`` and optional ``sampling`` overrides, as :class:`VllmRunner` takes them)."""
-        if self._ctx is None or self._vocab is None:
-            raise StageFailed(
-                self.plan.name, self.device, "stream() before load() or after close()"
-            )
-        if self._failed is not None:
-            raise StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
-        items = [item async for item in inputs]
-        messages, sampling = request_parts(self.stage, items)
-        prompt_ids = _encode(self._vocab, messages)
+    async def _accept(
+        self, request_id: str, inputs: AsyncIterator[Any]
+    ) -> tuple[EngineRequest, tuple[Any, ...]]:
+        """The prompt (a string, or a dict with ``prompt`` or ``messages`` and optional
+        ``sampling`` overrides, as vLLM's runner takes them) through the GGUF's chat template,
+        checked against the stage's ``max_model_len`` and a sequence's cells."""
+        messages, sampling = request_parts(self.stage, [item async for item in inputs])
+        prompt_ids = encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))
-        req = _Request(
-            asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), len(prompt_ids)
-        )
-        with self._lock:
-            if request_id in self._requests:
-                raise StageFailed(
-                    self.plan.name, self.device, f"request id {request_id!r} is already in flight"
-                )
-            self._requests[request_id] = req
-        self._commands.put(("add", req, prompt_ids, sampling))
-        if (
-            self._failed is not None
-        ):  # the thread stopped after the check above: nobody takes the command
-            req.put(StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
-        finished = False
-        try:
-            while True:
-                item = await req.queue.get()
-                if item is _END:
-                    finished = True
-                    break
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-        finally:
-            if not finished:
-                self._commands.put(("abort", req))
-                req.finish_reason = "abort"
-            with self._lock:
-                self._requests.pop(request_id, None)
-            self._done[request_id] = self._stats(req)
+        req = self._new_request(request_id, len(prompt_ids))
+        req.extra.update(waited_for_slot=False, reused_prompt_tokens=0)
+        return req, ("add", req, prompt_ids, sampling)
 
     def _check_fits(self, prompt_tokens: int) -> None:
         """The engine's own limit (a sequence's cells), beyond the stage's ``max_model_len``
@@ -467,40 +384,8 @@ class LlamaCppRunner(StageRunner):
                 "shorten the prompt or raise max_model_len in the config",
             )
 
-    def request_stats(self, request_id: str) -> dict[str, Any]:
-        """Tokens and timings of a finished request (popped: asked once)."""
-        return self._done.pop(request_id, {})
-
-    def health(self) -> dict[str, str] | None:
-        """None while the engine serves; ``{"code", "message"}`` once a decode failed and its
-        thread stopped (only a restart brings it back)."""
-        if self._failed is None:
-            return None
-        return {"code": ENGINE_FAILED_CODE, "message": ENGINE_STOPPED}
-
-    def _stats(self, req: _Request) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "prompt_tokens": req.prompt_tokens,
-            "tokens": req.tokens,
-            "finish_reason": req.finish_reason,
-            "waited_for_slot": req.waited_for_slot,
-            "reused_prompt_tokens": req.reused_tokens,
-        }
-        if req.first_token is not None:
-            out["ttft_s"] = round(req.first_token - req.submitted, 4)
-            end = req.finished or time.perf_counter()
-            if req.tokens > 1 and end > req.first_token:
-                out["decode_tokens_per_s"] = round((req.tokens - 1) / (end - req.first_token), 2)
-        return out
-
-    def _fail_all(self, error: BaseException) -> None:
-        with self._lock:
-            reqs = list(self._requests.values())
-        for req in reqs:
-            req.put(error)
-
     # -- sampling ------------------------------------------------------------------
-    def _chain(self, sampling: dict[str, Any], prompt: list[int]) -> tuple[Any, bool]:
+    def _chain(self, sampling: Sampling, prompt: list[int]) -> tuple[Any, bool]:
         """A sampler chain for one request (see the module docstring); True when it starts with
         the ``min_tokens`` bias."""
         lc, vocab = self._lc, self._vocab
@@ -542,18 +427,9 @@ class LlamaCppRunner(StageRunner):
         return chain, bias
 
     # -- the engine thread ---------------------------------------------------------
-    def _loop(self) -> None:
-        """The engine thread. Whatever stops it stops the stage in the open: the failure is kept
-        (``health()`` says ``engine_failed``), every request in flight gets it, and every later
-        one is refused with it — never a thread gone quiet with requests waiting on it."""
-        try:
-            _Engine(self).run()
-        except BaseException as exc:  # the thread's end: nothing may escape it unreported
-            self._failed = exc
-            log.exception("%s: the llama.cpp engine thread stopped", self.plan.name)
-            self._fail_all(
-                StageFailed(self.plan.name, self.device, ENGINE_STOPPED, ENGINE_FAILED_CODE)
-            )
+    def _serve_engine(self) -> None:
+        """The engine thread: the batch scheduler over the context (:class:`_Engine`)."""
+        _Engine(self).run()
 
 
 class _Engine:
@@ -592,7 +468,7 @@ class _Engine:
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
-        self.waiting: deque[tuple[_Request, list[int], dict[str, Any]]] = deque()
+        self.waiting: deque[tuple[EngineRequest, list[int], Sampling]] = deque()
         self.running: list[_Slot] = []
         self.busy = False
         self.last_sample = 0.0
@@ -607,11 +483,11 @@ class _Engine:
             if not self.running:
                 if self.busy:
                     self.busy = False
-                    r._busy_growth = max(r._busy_growth, r._meter.window_growth)
+                    r._idle()
                 continue
             if not self.busy:
                 self.busy = True
-                r._meter.rebase()
+                r._busy()
             n = self._schedule()
             outcome = self._decode(n)
             if outcome == "stop":
@@ -638,36 +514,24 @@ class _Engine:
             tail = slot.text.flush()
             if tail:
                 req.put(tail)
-            req.finished = time.perf_counter()
-            req.finish_reason = reason
-            req.put(_END)
+            req.end(reason)
 
     def _commands(self) -> bool:
         """Take the queued commands (waiting for one when idle): add, abort; False on stop."""
-        commands = self.runner._commands
-        try:
-            cmd: tuple[Any, ...] | None = commands.get(block=not self.running and not self.waiting)
-        except queue.Empty:
-            cmd = None
-        while cmd is not None:
+        for cmd in self.runner._take(block=not self.running and not self.waiting):
             if cmd[0] == "stop":
                 for slot in list(self.running):
                     self.finish(slot, None)
                 return False
             if cmd[0] == "add":
-                cmd[1].waited_for_slot = not self.free or bool(
-                    self.waiting
-                )  # aborts before it have freed theirs
+                # aborts before it have freed theirs
+                cmd[1].extra["waited_for_slot"] = not self.free or bool(self.waiting)
                 self.waiting.append(cmd[1:])
             else:
                 self._abort(cmd[1])
-            try:
-                cmd = commands.get_nowait()
-            except queue.Empty:
-                cmd = None
         return True
 
-    def _abort(self, target: _Request) -> None:
+    def _abort(self, target: EngineRequest) -> None:
         for item in self.waiting:
             if item[0] is target:
                 self.waiting.remove(item)
@@ -714,7 +578,7 @@ class _Engine:
                 int(sampling.get("max_tokens") or 16),
                 int(sampling.get("min_tokens") or 0),
             )
-            slot.fed = slot.pos = req.reused_tokens = reuse
+            slot.fed = slot.pos = req.extra["reused_prompt_tokens"] = reuse
             self.running.append(slot)
 
     def _schedule(self) -> int:
@@ -761,14 +625,13 @@ class _Engine:
                 self.last_sample = now
             return "ok"
         if rc < 0 or rc == 2:
-            r._failed = RuntimeError(f"llama_decode returned {rc}")
             log.error(
                 "%s: llama_decode returned %d (batch of %d tokens); the engine stops",
                 r.plan.name,
                 rc,
                 n,
             )
-            r._fail_all(StageFailed(r.plan.name, r.device, ENGINE_STOPPED, ENGINE_FAILED_CODE))
+            r._engine_stopped(RuntimeError(f"llama_decode returned {rc}"))
             for slot in list(self.running):
                 self.finish(slot, None)
             return "stop"
@@ -794,9 +657,7 @@ class _Engine:
                 slot.pos += 1
             token = lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
             req = slot.req
-            if req.first_token is None:
-                req.first_token = now
-            req.tokens += 1
+            req.produced(1, now)
             slot.generated += 1
             if slot.bias and slot.generated >= slot.min_tokens:
                 lc.llama_sampler_free(lc.llama_sampler_chain_remove(slot.chain, 0))
