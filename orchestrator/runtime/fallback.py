@@ -32,7 +32,7 @@ from orchestrator.planner import plan_pipeline, verification_refusals
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import calls_per_request, replica_caps, replicated_limit
 from orchestrator.runtime.balance import ReplicaRef
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
+from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport, StageLoad
 from orchestrator.runtime.startup import ACTOR_READY_TIMEOUT_S, LOAD_TIMEOUT_S, Device
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
@@ -145,12 +145,14 @@ def move(rt: Any, holder: str, from_device: str, why: str, get: Callable[..., li
         info = get([ready], ACTOR_READY_TIMEOUT_S, "start")[0]
         startup_mod.connect_actors(rt, {key: actor})
         load: ObjectRef[LoadReport] = actor.load_stage.remote(
-            view.to_dict(),
-            rt.config.stage(stage),
-            kind,
-            rt.routes.get(view.route or ""),
-            admitted=False,  # the live ledger admits it beside what the pipeline holds now
-            holder=holder,
+            StageLoad(
+                view,
+                rt.config.stage(stage),
+                kind,
+                rt.routes.get(view.route or ""),
+                admitted=False,  # the live ledger admits it beside what the pipeline holds now
+                holder=holder,
+            )
         )
         result = get([load], LOAD_TIMEOUT_S, "load")[0]
     except BaseException:

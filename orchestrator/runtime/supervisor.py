@@ -50,7 +50,13 @@ from orchestrator.runtime import failures, fallback, node_death
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import replicated_limit
 from orchestrator.runtime.cluster import device_resource
-from orchestrator.runtime.device_actor import ActorReady, LoadReport, refusal
+from orchestrator.runtime.device_actor import (
+    ActorHealth,
+    ActorReady,
+    LoadReport,
+    StageLoad,
+    refusal,
+)
 from orchestrator.runtime.startup import ACTOR_READY_TIMEOUT_S, LOAD_TIMEOUT_S, Device
 from stages.base import RestartConfig
 
@@ -329,12 +335,12 @@ class Supervisor(_Said):
             for ref in ready:
                 dev = self._health.pop(ref)
                 try:
-                    doc = dict(ray.get(ref))
+                    doc: ActorHealth = ray.get(ref)
                 except Exception:  # dead: its watch says so
                     continue
-                for stage, workers in dict(doc.get("workers") or {}).items():
+                for stage, workers in doc["workers"].items():
                     holder = failures.holder_of(self.rt, dev, stage)
-                    self.worker_restarts(holder, dev, int(workers["restarts"]))
+                    self.worker_restarts(holder, dev, workers["restarts"])
         now = time.monotonic()
         if self._health and now - self._health_at > STOP_TIMEOUT_S:
             self._health.clear()  # a busy actor's answer is not waited for past this
@@ -524,12 +530,14 @@ class Supervisor(_Said):
             view = rt.views[h]
             refs.append(
                 dev.actor.load_stage.remote(
-                    view.to_dict(),
-                    rt.config.stage(view.name),
-                    rt.kinds[view.name],
-                    rt.routes.get(view.route or ""),
-                    admitted=True,
-                    holder=h,
+                    StageLoad(
+                        view,
+                        rt.config.stage(view.name),
+                        rt.kinds[view.name],
+                        rt.routes.get(view.route or ""),
+                        admitted=True,
+                        holder=h,
+                    )
                 )
             )
         return dict(zip(holders, self._get(refs, LOAD_TIMEOUT_S, "load"), strict=True))
