@@ -24,6 +24,7 @@ import pytest
 from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.events import AudioChunk
 from orchestrator.runtime.runtime import Runtime
+from stages.requests import as_request
 from tests.helpers.echo import echo_pipeline
 
 pytestmark = pytest.mark.ray
@@ -73,7 +74,7 @@ def _held(rt: Runtime) -> tuple[int, dict[str, int]]:
 
 
 async def _events(rt: Runtime, prompt: str) -> list[Any]:
-    return [e async for e in rt.stream(prompt)]
+    return [e async for e in rt.stream(as_request(prompt))]
 
 
 def _served_with_audio(rt: Runtime, prompt: str = "again") -> list[Any]:
@@ -116,7 +117,7 @@ def test_a_request_in_flight_on_the_dead_actor_ends_at_once_and_frees_its_slot(
 
         async def doomed() -> BaseException | None:
             try:
-                async for _ in rt.stream("doomed"):
+                async for _ in rt.stream(as_request("doomed")):
                     if waiting.exists() and not rt.devices["igpu:0"].dead:
                         _kill(_voice_pid(rt))  # the voice holds its last chunk: mid-reply
             except StageFailed as exc:
