@@ -109,6 +109,12 @@ def _content(text: str, wav: str | None) -> Any:
     return [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]
 
 
+def _sampling(max_tokens: int, wav: str | None) -> dict[str, int]:
+    """``max_tokens`` for a chat asked in text; none with a recording (the server refuses
+    sampling beside ``input_audio``: the config's applies)."""
+    return {} if wav is not None else {"max_tokens": max_tokens}
+
+
 def _back_off(stop: threading.Event, response: Any = None) -> None:
     """After a failure, wait as a client should: its ``Retry-After``, else half a second."""
     retry = response.headers.get("retry-after") if response is not None else None
@@ -128,7 +134,7 @@ def chat_client(
             "messages": [{"role": "user", "content": _content(QUESTIONS[i % len(QUESTIONS)], wav)}],
             "modalities": ["text", "audio"],
             "audio": {"voice": "joe", "format": "pcm16"},
-            "max_tokens": 24,
+            **_sampling(24, wav),
         }
         i += 1
         try:
@@ -153,13 +159,13 @@ def dropping_client(
     """Streamed chats dropped (the connection closed) after their first audio chunk."""
     import httpx
 
-    text = "Tell me a long story about a dragon."
+    text, wav = "Tell me a long story about a dragon.", wavs[0] if wavs else None
     body = {
-        "messages": [{"role": "user", "content": _content(text, wavs[0] if wavs else None)}],
+        "messages": [{"role": "user", "content": _content(text, wav)}],
         "modalities": ["text", "audio"],
         "audio": {"voice": "joe", "format": "pcm16"},
         "stream": True,
-        "max_tokens": 64,
+        **_sampling(64, wav),
     }
     while not stop.is_set():
         try:
@@ -356,7 +362,7 @@ def soak(
                         "content": _content("Hello.", wavs[0] if takes_audio else None),
                     }
                 ],
-                "max_tokens": 8,
+                **_sampling(8, wavs[0] if takes_audio else None),
             },
             timeout=args.request_timeout,
         )
