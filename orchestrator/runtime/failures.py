@@ -74,6 +74,21 @@ def map_failure(
     return StageFailed(stage, dev.id, f"{type(exc).__name__}: {exc}")
 
 
+def doing_on(rt: Any, dev: Device) -> str:
+    """What ``dev`` was doing when a death was met by no request of its own (the supervisor's
+    watch, ``/health``): ``serving request R`` (``and N more``) for the requests in flight that
+    picked it, else "" (``running``). The cause then reads as a request meeting it would say."""
+    rids = [
+        rid
+        for rid, picks in list(getattr(rt, "picks", {}).items())
+        if any(ref.key == dev.key for ref in picks.values())
+    ]
+    if not rids:
+        return ""
+    more = f" and {len(rids) - 1} more" if len(rids) > 1 else ""
+    return f"serving request {rids[0]}{more}"
+
+
 def died(rt: Any, stage: str, dev: Device) -> StageFailed:
     """The ``StageFailed`` of a request whose ``stage`` ran on ``dev``, which died: for a
     stage with replicas, its cause names the replica (``replica 2 of 2 (voice#1) on cpu``);
@@ -169,8 +184,9 @@ async def stage_failures(rt: Any, timeout_s: float) -> dict[str, StageHealth]:
         except (rex.RayActorError, rex.ActorUnavailableError) as exc:
             stage = dev.stages[0] if dev.stages else dev.id
             ray_says = cause_of(exc)
+            doing = doing_on(rt, dev)
             await asyncio.to_thread(
-                lambda: device_died(rt, dev, node_death.said(stage, dev, "", ray_says))
+                lambda: device_died(rt, dev, node_death.said(stage, dev, doing, ray_says))
             )
             return None
         except Exception as exc:  # slow: not this call's to judge

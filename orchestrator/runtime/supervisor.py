@@ -322,7 +322,8 @@ class Supervisor(_Said):
             except Exception as exc:
                 if not dev.dead and not self._stop.is_set():
                     stage = dev.stages[0] if dev.stages else dev.id
-                    why = node_death.said(stage, dev, "", failures.cause_of(exc))
+                    doing = failures.doing_on(self.rt, dev)
+                    why = node_death.said(stage, dev, doing, failures.cause_of(exc))
                     failures.device_died(self.rt, dev, why)
 
     def _ask_health(self) -> None:
