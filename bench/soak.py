@@ -109,10 +109,19 @@ def _content(text: str, wav: str | None) -> Any:
     return [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]
 
 
-def _sampling(max_tokens: int, wav: str | None) -> dict[str, int]:
-    """``max_tokens`` for a chat asked in text; none with a recording (the server refuses
-    sampling beside ``input_audio``: the config's applies)."""
-    return {} if wav is not None else {"max_tokens": max_tokens}
+def chat_body(text: str, wav: str | None, max_tokens: int, **more: Any) -> dict[str, Any]:
+    """A chat the soak sends: ``text`` asked in words, or (``wav``: a base64 WAV) aloud, its
+    reply spoken. ``max_tokens`` only with text: the server refuses sampling beside
+    ``input_audio`` (the config's applies)."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": _content(text, wav)}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "joe", "format": "pcm16"},
+        **more,
+    }
+    if wav is None:
+        body["max_tokens"] = max_tokens
+    return body
 
 
 def _back_off(stop: threading.Event, response: Any = None) -> None:
@@ -130,12 +139,7 @@ def chat_client(
     i = n
     while not stop.is_set():
         wav = wavs[i % len(wavs)] if wavs else None
-        body = {
-            "messages": [{"role": "user", "content": _content(QUESTIONS[i % len(QUESTIONS)], wav)}],
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "joe", "format": "pcm16"},
-            **_sampling(24, wav),
-        }
+        body = chat_body(QUESTIONS[i % len(QUESTIONS)], wav, 24)
         i += 1
         try:
             r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
@@ -159,14 +163,8 @@ def dropping_client(
     """Streamed chats dropped (the connection closed) after their first audio chunk."""
     import httpx
 
-    text, wav = "Tell me a long story about a dragon.", wavs[0] if wavs else None
-    body = {
-        "messages": [{"role": "user", "content": _content(text, wav)}],
-        "modalities": ["text", "audio"],
-        "audio": {"voice": "joe", "format": "pcm16"},
-        "stream": True,
-        **_sampling(64, wav),
-    }
+    text = "Tell me a long story about a dragon."
+    body = chat_body(text, wavs[0] if wavs else None, 64, stream=True)
     while not stop.is_set():
         try:
             with httpx.stream(
@@ -355,15 +353,7 @@ def soak(
         takes_audio = _takes_audio(url)
         httpx.post(  # warm: the first request loads what a request needs
             f"{url}/v1/chat/completions",
-            json={
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": _content("Hello.", wavs[0] if takes_audio else None),
-                    }
-                ],
-                **_sampling(8, wavs[0] if takes_audio else None),
-            },
+            json=chat_body("Hello.", wavs[0] if takes_audio else None, 8),
             timeout=args.request_timeout,
         )
         held_before, memory = _held(url), [_memory(serve)]
