@@ -439,8 +439,14 @@ def _chat_prompt(
 
 
 def _sampling(chat: ChatBody) -> Sampling:
-    values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
-    return cast(Sampling, {key: v for key, v in values.items() if v is not None})
+    # two fields may name one key (max_tokens, max_completion_tokens): the one given counts,
+    # never a None of the other written over it
+    out: dict[str, object] = {}
+    for name, key in SAMPLING_FIELDS.items():
+        value = getattr(chat, name)
+        if value is not None:
+            out[key] = value
+    return cast(Sampling, out)
 
 
 def _texts(chat: ChatBody) -> list[tuple[str, str]]:
