@@ -102,9 +102,10 @@ from orchestrator.planner import (
 )
 from orchestrator.probe import ask_build_routes, resolve_profile
 from orchestrator.runtime import record as rec
-from orchestrator.runtime.cluster import check_address
+from orchestrator.runtime.cluster import check_address, quiet_ray_off_main_thread
 from orchestrator.runtime.cluster_probe import gather_at, nodes_found
 from orchestrator.runtime.events import Event, Result, collect
+from orchestrator.runtime.fallback import replanner
 from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.requests import (
     MAX_AUDIO_SECONDS,
@@ -317,6 +318,8 @@ class Admission:
     config: PipelineConfig
     profile: HardwareProfile
     calibration: cal.CalibrationStore | None
+    mask: frozenset[str] = frozenset()
+    """The devices the user masked: a stage that falls back (``on_device_loss``) never lands there."""
 
     @property
     def admitted(self) -> bool:
@@ -366,7 +369,7 @@ def admit_plan(
             calibration=store,
             server=options.server,
         )
-    return Admission(plan, config, profile, store)
+    return Admission(plan, config, profile, store, mask)
 
 
 class Pipeline:
@@ -383,10 +386,11 @@ class Pipeline:
         log_to_driver: bool = False,
         max_waiting: int | None = None,
         calibration: cal.CalibrationStore | None = None,
+        mask: frozenset[str] = frozenset(),
+        server: bool = False,
     ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
-        self.plan = plan
         self.calibration = calibration
         """Where ``record_calibration`` writes measured peaks (None: nothing is recorded)."""
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
@@ -401,6 +405,9 @@ class Pipeline:
             address=address,
             log_to_driver=log_to_driver,
             max_waiting=max_waiting,
+            # a stage whose device is gone for good is planned again on this profile
+            # (on_device_loss: fallback), as this plan was
+            replan=replanner(config, profile, mask, calibration, server) if profile else None,
         )
         self.results: list[Result] = []
         self.records: list[Path] = []
@@ -450,6 +457,8 @@ class Pipeline:
             log_to_driver=options.log_to_driver,
             max_waiting=options.max_waiting,
             calibration=admission.calibration,
+            mask=admission.mask,
+            server=options.server,
         )
 
     @classmethod
@@ -466,6 +475,12 @@ class Pipeline:
         to have it closed on the way out. Takes and raises what ``from_config`` does."""
         opts = PipelineOptions.of(options, overrides)
         return Opening(lambda: cls.from_config(path, opts, admitting=admitting))
+
+    @property
+    def plan(self) -> PipelinePlan:
+        """The plan the pipeline runs by: as admitted, with each stage that moved since to its
+        next device (``on_device_loss: fallback``) where it runs now."""
+        return self.runtime.plan
 
     def prepare(self, *, progress: StartProgress | None = None) -> Pipeline:
         """Prepare weights (their steps told to ``progress``); once."""
@@ -746,7 +761,7 @@ class Opening:
             raise
 
     def _start_or_discard(self) -> Pipeline:
-        _quiet_ray_off_main_thread()
+        quiet_ray_off_main_thread()
         pipeline = self._start()
         with self._lock:
             if not self._abandoned:
@@ -754,20 +769,6 @@ class Opening:
                 return pipeline
         pipeline.close()
         return pipeline
-
-
-class _OffMainThreadNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
-def _quiet_ray_off_main_thread() -> None:
-    """Ray warns when it starts off the main thread that it leaves SIGTERM alone;
-    for ``Pipeline.open`` that is the point (the caller's process keeps its own
-    handlers), so the warning would only alarm."""
-    worker_log = logging.getLogger("ray._private.worker")
-    if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
-        worker_log.addFilter(_OffMainThreadNotice())
 
 
 def calibration_store(

@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator import calibration as cal
 from orchestrator.config import PipelineConfig, StageConfig
@@ -35,6 +35,7 @@ from orchestrator.core.plan import (
     PoolPlan,
     Refusal,
     ReplicaPlan,
+    RestartDoc,
     StagePlan,
     Verification,
 )
@@ -72,7 +73,7 @@ from orchestrator.planner_threads import with_cpu_threads
 from orchestrator.probe import engines
 from orchestrator.probe.host import cpu_model, host_os, running_in_wsl
 from orchestrator.verify.placement import cached_verdict, node_verification
-from stages.base import ArtifactInfo, GateSpec, StageKind
+from stages.base import ArtifactInfo, GateSpec, RestartConfig, StageKind
 from stages.registry import get_kind
 
 __all__ = [
@@ -560,6 +561,8 @@ def _stage_plan(
         "inputs": tuple(stage.inputs),
         "final_output": stage.final_output,
         "final_output_type": stage.final_output_type,
+        "restart": _restart_of(stage),
+        "on_device_loss": stage.on_device_loss,
     }
     if not options or any(o is None for o in options):
         refusals = tuple(state.refusals) or (
@@ -599,6 +602,21 @@ def _stage_plan(
         calibration=first.calibration,
         replicas=tuple(placements) if len(placements) > 1 else (),
         **common,
+    )
+
+
+def _restart_of(stage: StageConfig) -> RestartDoc | Literal["never"] | None:
+    """The stage's ``restart`` as the plan carries it: None for the default policy."""
+    policy = stage.restart_policy()
+    if policy is None:
+        return "never"
+    if policy == RestartConfig():
+        return None
+    return RestartDoc(
+        max=policy.max,
+        window_s=policy.window_s,
+        backoff_s=policy.backoff_s,
+        backoff_max_s=policy.backoff_max_s,
     )
 
 

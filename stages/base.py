@@ -64,9 +64,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, TypedDict
 
-from pydantic import Field, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from orchestrator.core.backends import SessionSpec
 from orchestrator.core.cpu_threads import OTHER_WEIGHT
@@ -116,6 +116,93 @@ Progress = Callable[[int | None, str], Callable[..., None]]
 """A progress display handed to ``StageKind.prepare``: ``progress(total, description)``
 starts a step of ``total`` units (None: one unit of unknown length) and returns
 ``advance(n=1)``."""
+
+
+MAX_RESTARTS = 1000
+"""The most restarts a stage's ``restart.max`` may allow in its window: more is a typo (a stage
+that dies a thousand times in its window is in a crash loop by any measure)."""
+MAX_RESTART_WINDOW_S = 7 * 86400.0
+"""The longest ``restart.window_s``: a week; deaths further apart are not a loop."""
+MAX_BACKOFF_S = 3600.0
+"""The longest wait before a restart (``backoff_s``, ``backoff_max_s``): an hour."""
+
+
+class RestartConfig(Strict):
+    """How a stage whose device actor (or route worker) died is brought back: restarted on its
+    placement after a back-off (``backoff_s``, doubled after each death in the window, at most
+    ``backoff_max_s``), until ``max`` restarts within ``window_s`` seconds; one death more is a
+    crash loop, and the stage stays down (docs/reliability.md, "Restarts")."""
+
+    max: int = Field(
+        5,
+        ge=1,
+        le=MAX_RESTARTS,
+        strict=True,
+        description="Restarts allowed within window_s; one death more is a crash loop.",
+    )
+    window_s: float = Field(
+        600.0,
+        gt=0,
+        le=MAX_RESTART_WINDOW_S,
+        allow_inf_nan=False,
+        description="The window, in seconds, deaths are counted over.",
+    )
+    backoff_s: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_BACKOFF_S,
+        allow_inf_nan=False,
+        description="The wait before the first restart; doubled after each death in the window.",
+    )
+    backoff_max_s: float = Field(
+        30.0,
+        gt=0,
+        le=MAX_BACKOFF_S,
+        allow_inf_nan=False,
+        description="The longest wait before a restart.",
+    )
+
+    @model_validator(mode="after")
+    def _backoff(self) -> RestartConfig:
+        if self.backoff_max_s < self.backoff_s:
+            raise refusal(
+                f"backoff_max_s ({self.backoff_max_s:g} s) is shorter than backoff_s "
+                f"({self.backoff_s:g} s)",
+                "make backoff_max_s at least backoff_s",
+            )
+        return self
+
+    def backoff(self, deaths: int) -> float:
+        """Seconds to wait before the restart that follows the ``deaths``-th death in the window
+        (1-based): ``backoff_s`` × 2^(deaths − 1), at most ``backoff_max_s``."""
+        return float(min(self.backoff_max_s, self.backoff_s * 2 ** max(0, min(deaths - 1, 30))))
+
+    def said(self) -> str:
+        """The policy in words, as ``plan`` prints it."""
+        return (
+            f"up to {self.max} in {self.window_s:g} s, back-off {self.backoff_s:g}-"
+            f"{self.backoff_max_s:g} s"
+        )
+
+
+def _restart_tag(value: Any) -> str | None:
+    if value == "never":
+        return "~never"
+    if isinstance(value, dict | RestartConfig):
+        return "~policy"
+    return None
+
+
+Restart = Annotated[
+    Annotated[Literal["never"], Tag("~never")] | Annotated[RestartConfig, Tag("~policy")],
+    Discriminator(
+        _restart_tag,
+        custom_error_type="restart_policy",
+        custom_error_message="restart is 'never' or a mapping such as {max: 5, window_s: 600}",
+    ),
+]
+"""A stage's ``restart``: ``never`` (a dead stage stays down, as before restarts existed), or
+its policy (:class:`RestartConfig`)."""
 
 
 class StageConfig(Strict):
@@ -173,6 +260,31 @@ class StageConfig(Strict):
         "different one first); requests are balanced to the least-loaded one.",
     )
 
+    restart: Restart = Field(
+        default_factory=RestartConfig,
+        description="When the stage's device actor (or route worker) dies: 'never' (it stays down), or "
+        "{max, window_s, backoff_s, backoff_max_s}: restarted on its placement after a back-off, at most "
+        "max times within window_s seconds, then a crash loop (default: 5 in 600 s, back-off 1-30 s).",
+    )
+    on_device_loss: Literal["fail", "fallback"] = Field(
+        "fail",
+        description="When the stage's device is gone for good (its node left the cluster, the device is "
+        "no longer found, or its restarts reached the crash-loop limit): fail (the stage stays down) or "
+        "fallback (the stage alone is planned again onto the next device of its devices list, through the "
+        "ledger and the gates, and said: a log line, /health's moved, /v1/plan, a metric).",
+    )
+
+    @field_validator("restart", mode="before")
+    @classmethod
+    def _restart(cls, value: Any) -> Any:
+        if value == "never" or isinstance(value, dict | RestartConfig):
+            return value
+        raise refusal(
+            f"{shown(value) if isinstance(value, str) else repr(value)[:40]} is no restart "
+            "policy: restart is 'never' or a mapping",
+            "write restart: never, or restart: {max: 5, window_s: 600}",
+        )
+
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
@@ -195,6 +307,20 @@ class StageConfig(Strict):
         if value is not None:
             unique(value, "backend")
         return value
+
+    @model_validator(mode="after")
+    def _fallback_has_somewhere_to_go(self) -> StageConfig:
+        if self.on_device_loss == "fallback" and len(self.devices) < 2:
+            raise refusal(
+                f"on_device_loss: fallback needs a next device to fall back to, and devices lists "
+                f"only {self.devices[0]}",
+                "list another device after it (devices: [gpu:0, cpu]), or use on_device_loss: fail",
+            )
+        return self
+
+    def restart_policy(self) -> RestartConfig | None:
+        """The stage's restart policy; None for ``restart: never``."""
+        return None if self.restart == "never" else self.restart
 
 
 @dataclass(frozen=True)
@@ -606,8 +732,8 @@ class StageRunner(ABC):
 
     What the device actor reads besides, each with a default here: ``load_info``
     (what the load found, for the run record), ``process_ids()`` (the processes
-    the stage's work runs in), ``worker_stats()``, ``request_stats()`` and
-    ``health()``.
+    the stage's work runs in), ``worker_stats()``, ``worker_restarts()``, ``request_stats()``
+    and ``health()``.
     """
 
     load_info: Mapping[str, object] = MappingProxyType({})
@@ -641,6 +767,12 @@ class StageRunner(ABC):
         """Why the stage can no longer serve though its actor lives (an engine that stopped);
         None (the default) while it can."""
         return None
+
+    def worker_restarts(self) -> int:
+        """How many times the stage's route worker was replaced after it died (a process the
+        stage's work runs in, restarted by the runner itself: ``ort_runner.OrtRunner``); 0 for
+        a runner with none. The runtime counts them as the stage's restarts."""
+        return 0
 
     def worker_stats(self) -> dict[str, int] | None:
         """For a stage whose processes the runtime recycles at a memory limit (a route worker):

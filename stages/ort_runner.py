@@ -23,7 +23,12 @@ the handles of the sessions it opened, and does for each runner:
   after it, never between its calls, and the unit's rise counts as one call's;
 * ``process_ids`` (the current worker and its children, so the device actor
   follows it across recycles), ``worker_stats`` (what calibration budgets a
-  recycled worker from), ``worker_recycles`` for ``request_stats``; ``close``.
+  recycled worker from), ``worker_recycles`` for ``request_stats``; ``close``;
+* a route worker that dies is replaced and its sessions reopened, as the stage's ``restart``
+  says (``restart_policy``; ``sessions.WorkerSessions.run``: a call cut by the death is run
+  again once, since none of it was delivered); ``health`` says so while it happens
+  (``route_worker_restarting``) and when it will not (``route_worker_failed``), and
+  ``worker_restarts`` counts them.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ from orchestrator.core.errors import StageFailed
 from orchestrator.core.memory import descendants
 from orchestrator.core.profile import THIS_PROCESS
 from orchestrator.core.units import MiB
+from orchestrator.ort.revival import RestartPolicy
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.ort.worker import OpenedSession
-from stages.base import StageRunner
+from stages.base import RestartConfig, StageHealth, StageRunner
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -58,6 +64,20 @@ def recycle_limit(budget: int) -> int:
     """The RSS a route worker is recycled at (with the largest rise of one call on top): the
     stage's budget less the headroom, so the worker is replaced before it could pass the budget."""
     return max(1, budget - max(RECYCLE_HEADROOM_MIN, int(RECYCLE_HEADROOM_FRACTION * budget)))
+
+
+def restart_policy(stage_plan: StagePlan) -> RestartPolicy | None:
+    """The stage's ``restart`` (the plan carries it when not the default) for its route worker;
+    None for ``restart: never``."""
+    restart = stage_plan.restart
+    if restart == "never":
+        return None
+    if restart is not None:
+        return RestartPolicy(
+            restart["max"], restart["window_s"], restart["backoff_s"], restart["backoff_max_s"]
+        )
+    default = RestartConfig()
+    return RestartPolicy(default.max, default.window_s, default.backoff_s, default.backoff_max_s)
 
 
 def route_for(stage_plan: StagePlan, route: Route | None = None) -> ResolvedRoute:
@@ -146,8 +166,11 @@ class OrtRunner(StageRunner):
     def _open(self, specs: dict[str, JsonObject]) -> dict[str, OpenedSession]:
         """Start the route's session host and open each spec in order, with the plan's CPU threads;
         each handle goes to ``_handles``. Returns each session's load record (the route's answer),
-        which ``load_info`` keeps."""
+        which ``load_info`` keeps. A route worker follows the stage's ``restart``
+        (``restart_policy``): one that dies is replaced and its sessions reopened."""
         self._host = open_sessions(self.route)
+        if not self._host.in_process:
+            self._host.revival.policy = restart_policy(self.plan)
         opened: dict[str, OpenedSession] = {}
         for graph, spec in specs.items():
             opened[graph] = self._host.open(
@@ -178,6 +201,32 @@ class OrtRunner(StageRunner):
         host = self._host
         return host.unit() if host is not None else contextlib.nullcontext()
 
+    def health(self) -> StageHealth | None:
+        """A route worker being replaced after it died (``route_worker_restarting``: the stage
+        comes back by itself), or one that is not replaced any more (``route_worker_failed``: a
+        crash loop, sessions that reopened differently, ``restart: never``)."""
+        host = self._host
+        if host is None or host.in_process:
+            return None
+        revival = host.revival
+        dead = host._proc.poll() is not None
+        if host._broken is not None or (dead and revival.policy is None):
+            return StageHealth(
+                code="route_worker_failed", message=str(host._broken or revival.last)
+            )
+        if revival.restarting or dead:
+            return StageHealth(
+                code="route_worker_restarting",
+                message=f"route {self.route.name!r}: its worker died "
+                f"({revival.last or 'just now'}); a fresh one is reopening the sessions",
+            )
+        return None
+
+    def worker_restarts(self) -> int:
+        """Route workers started in place of one that died (``revival.Revival.restarts``)."""
+        host = self._host
+        return 0 if host is None or host.in_process else int(host.revival.restarts)
+
     def process_ids(self) -> list[int] | None:
         """The route worker's process (and its children), the current one after a recycle; [] in this process."""
         host = self._host
@@ -202,10 +251,16 @@ class OrtRunner(StageRunner):
         }
 
     def _worker_figures(self) -> dict[str, object]:
-        """``worker_recycles`` (how many times the route worker was replaced since the load), for
-        ``request_stats``; nothing in this process."""
+        """``worker_recycles`` (how many times the route worker was replaced since the load) and,
+        once one died, ``worker_restarts``, for ``request_stats``; nothing in this process."""
         host = self._host
-        return {} if host is None or host.in_process else {"worker_recycles": host.recycles}
+        if host is None or host.in_process:
+            return {}
+        restarts = int(host.revival.restarts)  # since the load: a request served after one says so
+        return {
+            "worker_recycles": host.recycles,
+            **({"worker_restarts": restarts} if restarts else {}),
+        }
 
     def close(self) -> None:
         if self._host is not None:

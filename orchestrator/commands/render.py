@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from rich import box
 from rich.cells import cell_len
@@ -37,7 +37,7 @@ from rich.text import Text
 from orchestrator.core.console import make_console
 from orchestrator.core.errors import terminal_text
 from orchestrator.core.ledger import PIPELINE_HOLDER
-from orchestrator.core.plan import PipelinePlan, ReplicaPlan, StagePlan
+from orchestrator.core.plan import PipelinePlan, ReplicaPlan, RestartDoc, StagePlan
 from orchestrator.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -377,6 +377,33 @@ def replicas_line(plan: PipelinePlan) -> Table | None:
     return labelled("Replicas:", "; ".join(shown), style="bold") if shown else None
 
 
+def restarts_line(plan: PipelinePlan) -> Table | None:
+    """``Restarts:  thinker, voice up to 5 in 600 s, back-off 1-30 s``: how each admitted stage
+    comes back when its device actor or route worker dies (its ``restart``), stages of one
+    policy together, and which stages fall back to their next device when theirs is gone
+    (``on_device_loss: fallback``); None for a plan with no admitted stage."""
+    by_policy: dict[str, list[str]] = {}
+    for s in plan.stages:
+        if s.admitted:
+            by_policy.setdefault(restart_said(s.restart), []).append(s.name)
+    if not by_policy:
+        return None
+    parts = [f"{', '.join(names)} {said}" for said, names in by_policy.items()]
+    moving = [s.name for s in plan.stages if s.admitted and s.on_device_loss == "fallback"]
+    if moving:
+        parts.append(f"on device loss {', '.join(moving)} fall back to the next device")
+    return labelled("Restarts:", "; ".join(parts), style="bold")
+
+
+def restart_said(restart: RestartDoc | Literal["never"] | None) -> str:
+    """A plan's ``restart`` in words: ``never restarted``, or the policy (the default's for None)."""
+    from stages.base import RestartConfig
+
+    if restart == "never":
+        return "never restarted"
+    return (RestartConfig(**restart) if isinstance(restart, dict) else RestartConfig()).said()
+
+
 def end_of_turn_line(plan: PipelinePlan) -> Table | None:
     """``End of turn: 400 ms of silence (vad min_silence_ms)``: the delay a spoken turn waits
     before it is answered (``serve``'s ``/v1/realtime``), for a plan with a stage that cuts
@@ -540,7 +567,12 @@ def plan_table(plan: PipelinePlan) -> Group:
 
     under = [
         line
-        for line in (replicas_line(plan), threads_line(plan), end_of_turn_line(plan))
+        for line in (
+            replicas_line(plan),
+            threads_line(plan),
+            restarts_line(plan),
+            end_of_turn_line(plan),
+        )
         if line is not None
     ]
     stages: RenderableType = (

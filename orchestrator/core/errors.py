@@ -122,6 +122,11 @@ class StageFailed(OmniEdgeError):
 
     def public_message(self) -> str:
         """What a client may read: the stage, its device and the code, never the cause."""
+        if self.code == "stage_restarting":
+            return (
+                f"stage {self.stage!r} on {self.device} is coming back after its process died "
+                f"(code {self.code}); retry shortly, the cause is in the server's log"
+            )
         return f"stage {self.stage!r} on {self.device} failed (code {self.code}); the cause is in the server's log"
 
     def __reduce__(self) -> tuple[type[StageFailed], tuple[str, str, str, str]]:

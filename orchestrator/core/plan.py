@@ -13,7 +13,7 @@ backend that wrote them, and every reader checks the keys it reads.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
@@ -41,6 +41,8 @@ STAGE_FIELDS = frozenset(
         "cpu_threads",
         "cpu_threads_from",
         "replicas",
+        "restart",
+        "on_device_loss",
     }
 )
 """The keys of a stage in the plan JSON that are the plan's own; any other key is
@@ -150,6 +152,16 @@ class ReplicaPlan:
         )
 
 
+class RestartDoc(TypedDict):
+    """A stage's ``restart`` policy as a plan carries it: ``stages.base.RestartConfig``'s
+    fields."""
+
+    max: int
+    window_s: float
+    backoff_s: float
+    backoff_max_s: float
+
+
 @dataclass(frozen=True)
 class StagePlan:
     name: str
@@ -185,6 +197,13 @@ class StagePlan:
     replicas: tuple[ReplicaPlan, ...] = ()
     """With ``replicas: N`` > 1 in the config, each instance in index order (the stage's own
     ``device``, ``reservations``, ... are replica 0's); empty for a stage of one instance."""
+    restart: RestartDoc | Literal["never"] | None = None
+    """The config's ``restart`` when it is not the default: ``"never"``, or the policy's fields
+    (``max``, ``window_s``, ``backoff_s``, ``backoff_max_s``); None: the default policy
+    (``stages.base.RestartConfig``). In the JSON only when set, so plans of stages that keep
+    the default are unchanged."""
+    on_device_loss: str = "fail"
+    """The config's ``on_device_loss``: ``fail`` (the default; not in the JSON) or ``fallback``."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & STAGE_FIELDS)
@@ -252,6 +271,10 @@ class StagePlan:
             self.replicas
         ):  # only with replicas: N > 1, so plans of one instance per stage are unchanged
             d["replicas"] = [r.to_dict() for r in self.replicas]
+        if self.restart is not None:  # only when the config sets it: the default is said nowhere
+            d["restart"] = self.restart
+        if self.on_device_loss != "fail":
+            d["on_device_loss"] = self.on_device_loss
         return d
 
     @classmethod
@@ -277,6 +300,8 @@ class StagePlan:
             cpu_threads=d.get("cpu_threads"),
             cpu_threads_from=d.get("cpu_threads_from"),
             replicas=tuple(ReplicaPlan.from_dict(r) for r in d.get("replicas", ())),
+            restart=d.get("restart"),
+            on_device_loss=str(d.get("on_device_loss", "fail")),
         )
 
 

@@ -135,8 +135,12 @@ def read_document(path: str | Path) -> Any:
 
 
 def _loc(parts: tuple[object, ...]) -> str:
+    """A pydantic location as a path (``stages[0].restart.max``); a union's tags (``~policy``:
+    which member was validated) are no part of the user's document and are left out."""
     out = ""
     for part in parts:
+        if isinstance(part, str) and part.startswith("~"):
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -207,7 +211,7 @@ def _known_fields(model: type[BaseModel] | None, loc: tuple[object, ...]) -> lis
     """Field names valid at ``loc`` inside ``model``, following nested models."""
     current: object = model
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or (isinstance(part, str) and part.startswith("~")):
             continue
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import settings
 from orchestrator.core.backends import PATH_OPTIONS, plugin_wire, row_for_ep
+from orchestrator.core.documents import JsonObject
 from orchestrator.core.engines import wire as engine_wire
 from orchestrator.core.errors import VerificationError
 from orchestrator.core.memory import peak_rss_of, reset_peak_rss, rss_of
@@ -52,6 +53,7 @@ from orchestrator.ort.hostproc import (
     launch_remedy,
     windows_path,
 )
+from orchestrator.ort.revival import RestartPolicy, Revival
 from orchestrator.ort.worker import OpenedSession, RunReply
 
 if TYPE_CHECKING:
@@ -170,7 +172,171 @@ class InProcessSessions:
                 raise RemoteError(op, type(exc).__name__, str(exc)) from exc
 
 
-class WorkerSessions:
+class _Renewal:
+    """How a ``WorkerSessions`` replaces its worker: recycled at its memory limit between calls
+    (``_maybe_recycle``), replaced when it died (``_replace``, with a restart policy), both by
+    a fresh worker that opens the same sessions the same way (``_reopen``). A base of its own,
+    so each of the two classes stays one subject; its attributes are ``WorkerSessions``'s."""
+
+    route: ResolvedRoute
+    recycle_limit: int | None
+    recycles: int
+    fresh_bytes: int
+    revival: Revival
+    _proc: subprocess.Popen[bytes]
+    _lock: threading.Lock
+    _opened: dict[int, tuple[JsonObject, OpenedSession]]
+    _handles: dict[int, int]
+    _broken: RouteError | None
+    _units: int
+    _calls_since_start: int
+    _largest_rise: int
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _call_locked(self, op: str, args: JsonObject, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def stderr_tail(self, lines: int = 6) -> str:
+        raise NotImplementedError
+
+    # -- a worker that died ------------------------------------------------------
+    def _exited(self, proc: subprocess.Popen[bytes]) -> None:
+        """``proc`` exited (its watch): when it is the current worker and no one stopped it (a
+        recycle or a replacement stops the old one while holding the lock), it died; with a
+        policy it is replaced now, not at the next call."""
+        with self._lock:
+            if proc is not self._proc or self._broken is not None or self.revival.policy is None:
+                return
+            try:
+                self._replace(f"it exited with code {proc.returncode} while idle")
+            except RouteError as exc:
+                log.error("route %s: %s", self.route.name, exc)
+
+    def _revive_locked(self, op: str) -> None:
+        """Before ``op``: a worker that is dead is replaced first (with a policy; without one,
+        the call says it exited, as before)."""
+        if (
+            self._proc.poll() is not None
+            and self._broken is None
+            and self.revival.policy is not None
+        ):
+            self._replace(f"it had exited with code {self._proc.returncode} before {op!r}")
+
+    def _replace(self, why: str) -> None:
+        """Replace the dead worker (the lock held): after the policy's back-off, a fresh worker
+        opens every session again, the same way (``_reopen``); a worker that dies again is
+        another death. Raises ``CrashLoop`` past the policy's limit (then on every later call),
+        ``RecycleFailed`` when the sessions come back differently, ``RouteError`` when shut
+        down meanwhile."""
+        old_pid = self._proc.pid
+        while True:
+            wait = self.revival.died(why)
+            if wait is None:
+                if self.revival.crash_loop is not None:
+                    self._broken = CrashLoop(
+                        f"route {self.route.name!r}: {self.revival.crash_loop}",
+                        _remedy_for(self.stderr_tail(), self.route),
+                    )
+                    raise self._broken
+                raise RouteError(f"route {self.route.name!r}: its worker is gone ({why})")
+            self.revival.restarting = True
+            try:
+                if not self.revival.wait(wait):
+                    raise RouteError(f"route {self.route.name!r}: shut down while replacing it")
+                _stop(self._proc, 1.0)
+                self._reopen(old_pid, why)
+            except WorkerDied as exc:  # the fresh one died too: another death
+                why = f"its replacement died: {exc}"
+                continue
+            finally:
+                self.revival.restarting = False
+            self.revival.restarts += 1
+            log.warning(
+                "route %s: its worker (pid %d) died (%s); replaced by pid %d, %d session(s) "
+                "reopened; restart %d",
+                self.route.name,
+                old_pid,
+                why,
+                self._proc.pid,
+                len(self._opened),
+                self.revival.restarts,
+            )
+            return
+
+    # -- recycling -------------------------------------------------------------
+    def _maybe_recycle(self) -> None:
+        limit = self.recycle_limit
+        if (
+            limit is None
+            or self._units
+            or self._broken is not None
+            or not self._calls_since_start
+            or self._proc.poll() is not None
+        ):
+            return
+        rss = rss_of(self._proc.pid)
+        if rss + self._largest_rise <= limit:
+            return
+        old_pid = self._proc.pid
+        _stop(self._proc, 5.0)
+        try:
+            self._reopen(old_pid, f"it held {_mib(rss)} MiB, over its limit of {_mib(limit)} MiB")
+        except (RouteError, RemoteError) as exc:
+            _stop(self._proc, 5.0)
+            self._broken = RecycleFailed(
+                f"route {self.route.name!r}: worker pid {old_pid} held {_mib(rss)} MiB, over its limit of "
+                f"{_mib(limit)} MiB; a fresh worker did not reopen its sessions: {exc}",
+                getattr(exc, "remedy", "") or _remedy_for(self.stderr_tail(), self.route),
+            )
+            raise self._broken from exc
+        self.recycles += 1
+        log.warning(
+            "route %s: recycled the worker (pid %d -> %d): it held %d MiB (+%d MiB, the largest rise of one call), "
+            "over its limit of %d MiB; recycle %d",
+            self.route.name,
+            old_pid,
+            self._proc.pid,
+            _mib(rss),
+            _mib(self._largest_rise),
+            _mib(limit),
+            self.recycles,
+        )
+        fresh = self.fresh_bytes = rss_of(self._proc.pid)
+        if fresh + self._largest_rise > limit:
+            log.warning(
+                "route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
+                "recycled before every call; raise the stage's budget",
+                self.route.name,
+                _mib(fresh),
+                _mib(limit),
+            )
+
+    def _reopen(self, old_pid: int, why: str) -> None:
+        """A fresh worker in place of ``old_pid`` (stopped or dead: ``why``), every session
+        opened again with the same arguments; the providers, node assignment and plugin must
+        come back the same (a ``RecycleFailed`` otherwise: the evidence would not hold)."""
+        self._start()
+        handles = {}
+        for handle, (args, first) in self._opened.items():
+            again = self._call_locked("open", args, settings.OPEN_TIMEOUT_S)
+            changed = [
+                k for k in ("providers", "assignment", "plugin") if again.get(k) != first.get(k)
+            ]
+            if changed:
+                self._broken = RecycleFailed(
+                    f"route {self.route.name!r}: a fresh worker in place of pid {old_pid} ({why}) "
+                    f"reopened its sessions differently: their {', '.join(changed)} differ from "
+                    "the first open's",
+                    _remedy_for(self.stderr_tail(), self.route),
+                )
+                raise self._broken
+            handles[handle] = again["handle"]
+        self._handles = handles
+
+
+class WorkerSessions(_Renewal):
     """Sessions in a worker subprocess started with the route's interpreter.
 
     The worker runs isolated (``python -I``, no ``PYTHONPATH``): the route's own
@@ -196,7 +362,7 @@ class WorkerSessions:
         """RSS (bytes) above which the worker is replaced between calls; None: never (see :meth:`run`)."""
         self.recycles = 0
         """How many times the worker was replaced."""
-        self._opened: dict[int, tuple[dict[str, Any], OpenedSession]] = {}
+        self._opened: dict[int, tuple[JsonObject, OpenedSession]] = {}
         """Handle given to the caller -> (the open call's arguments, its result): what a recycle reopens."""
         self._handles: dict[int, int] = {}
         """Handle given to the caller -> the current worker's handle (they differ after a recycle)."""
@@ -208,10 +374,15 @@ class WorkerSessions:
         """What the calls left behind: the sum of (RSS after - RSS before) over ``calls``."""
         self.fresh_bytes = 0
         """The RSS of the latest fresh worker once it had reopened its sessions (0: not recycled yet)."""
-        self._broken: RecycleFailed | None = None
+        self._broken: RouteError | None = None
         self._units = 0
         """Units (:meth:`unit`) open now, over every thread: no recycle while one is."""
         self._unit_peak_known = False
+        self.in_call: str | None = None
+        """The call whose reply is awaited now (``run``, ``open``...), None between calls."""
+        self.revival = Revival()
+        """Its worker's deaths and replacements (``revival.Revival``): with a ``policy`` (a stage's
+        runner sets its ``restart``), a worker that died is replaced and its sessions reopened."""
         self._start()
 
     def _start(self) -> None:
@@ -258,6 +429,7 @@ class WorkerSessions:
             name=f"route-{route.name}-err",
         )
         self._stderr_reader.start()
+        self.revival.watch(self._proc, self._exited, route.name)
         try:
             self._proc.stdin.write(f"{len(source)}\n".encode() + source)
             self._proc.stdin.flush()
@@ -266,11 +438,13 @@ class WorkerSessions:
 
     # -- calls ---------------------------------------------------------------
     def probe(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call(
-            "probe",
-            {"plugins": plugin_wire(), "engines": engine_wire()},
-            timeout or settings.PROBE_TIMEOUT_S,
-        )
+        with self._lock:
+            self._revive_locked("probe")
+            return self._call_locked(
+                "probe",
+                {"plugins": plugin_wire(), "engines": engine_wire()},
+                timeout or settings.PROBE_TIMEOUT_S,
+            )
 
     def open(
         self, spec: dict[str, Any], *, record: bool = True, timeout: float | None = None
@@ -292,6 +466,7 @@ class WorkerSessions:
         }
         args: dict[str, Any] = {"spec": spec, "record": record}
         with self._lock:
+            self._revive_locked("open")
             result: OpenedSession = self._call_locked(
                 "open", args, timeout or settings.OPEN_TIMEOUT_S
             )
@@ -319,18 +494,28 @@ class WorkerSessions:
         old worker is stopped before the new one starts, so the two never hold
         memory at once. A reopen that fails raises :class:`RecycleFailed`, now
         and on every later call.
+
+        With a restart policy (``revival``), a worker that died is replaced first, and a call
+        its worker died during is run again once on the fresh one: a call's outputs reach the
+        caller whole with its reply or not at all, so nothing of the first try was delivered
+        (at most once to the caller). A second death is the caller's error (``WorkerDied``).
         """
         with self._lock:
+            self._revive_locked("run")
             self._maybe_recycle()
             measuring = self.recycle_limit is not None and not self._units  # a unit measures itself
             pid = self._proc.pid
             before = rss_of(pid) if measuring else 0
             peak_known = measuring and reset_peak_rss(pid)
-            result = self._call_locked(
-                "run",
-                {"handle": self._handles.get(handle, handle), "feeds": feeds},
-                timeout or settings.RUN_TIMEOUT_S,
-            )
+            wait = timeout or settings.RUN_TIMEOUT_S
+            try:
+                result = self._run_locked(handle, feeds, wait)
+            except WorkerDied as exc:
+                if self.revival.policy is None:
+                    raise
+                self._replace(f"it died during 'run': {exc}")
+                result = self._run_locked(handle, feeds, wait)  # once: none of it was delivered
+                measuring = False  # another worker: its rise is not this call's
             self._calls_since_start += 1
             self.calls += 1
             if measuring:
@@ -339,6 +524,11 @@ class WorkerSessions:
                 self._largest_rise = max(self._largest_rise, peak - before)
                 self.retained_bytes += after - before
             return result
+
+    def _run_locked(self, handle: int, feeds: Feeds, timeout: float) -> RunReply:
+        return self._call_locked(
+            "run", {"handle": self._handles.get(handle, handle), "feeds": feeds}, timeout
+        )
 
     @contextlib.contextmanager
     def unit(self) -> Iterator[None]:
@@ -353,6 +543,7 @@ class WorkerSessions:
         the worker is recycled earlier, never later).
         """
         with self._lock:
+            self._revive_locked("unit")
             self._maybe_recycle()
             measuring = self.recycle_limit is not None
             pid = self._proc.pid
@@ -393,70 +584,9 @@ class WorkerSessions:
         return self.route.path_for_route(p)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Ask the worker to exit; kill it if it does not within ``timeout``."""
+        """Ask the worker to exit; kill it if it does not within ``timeout`` (never replaced)."""
+        self.revival.stopping.set()
         _stop(self._proc, timeout)
-
-    # -- recycling -------------------------------------------------------------
-    def _maybe_recycle(self) -> None:
-        limit = self.recycle_limit
-        if (
-            limit is None
-            or self._units
-            or self._broken is not None
-            or not self._calls_since_start
-            or self._proc.poll() is not None
-        ):
-            return
-        rss = rss_of(self._proc.pid)
-        if rss + self._largest_rise <= limit:
-            return
-        old_pid = self._proc.pid
-        _stop(self._proc, 5.0)
-        try:
-            self._start()
-            handles = {}
-            for handle, (args, first) in self._opened.items():
-                again = self._call_locked("open", args, settings.OPEN_TIMEOUT_S)
-                changed = [
-                    k for k in ("providers", "assignment", "plugin") if again.get(k) != first.get(k)
-                ]
-                if changed:
-                    raise RemoteError(
-                        "open",
-                        "EvidenceChanged",
-                        f"the reopened session's {', '.join(changed)} differ from the first open's",
-                    )
-                handles[handle] = again["handle"]
-        except (RouteError, RemoteError) as exc:
-            _stop(self._proc, 5.0)
-            self._broken = RecycleFailed(
-                f"route {self.route.name!r}: worker pid {old_pid} held {_mib(rss)} MiB, over its limit of "
-                f"{_mib(limit)} MiB; a fresh worker did not reopen its sessions: {exc}",
-                getattr(exc, "remedy", "") or _remedy_for(self.stderr_tail(), self.route),
-            )
-            raise self._broken from exc
-        self._handles = handles
-        self.recycles += 1
-        log.warning(
-            "route %s: recycled the worker (pid %d -> %d): it held %d MiB (+%d MiB, the largest rise of one call), "
-            "over its limit of %d MiB; recycle %d",
-            self.route.name,
-            old_pid,
-            self._proc.pid,
-            _mib(rss),
-            _mib(self._largest_rise),
-            _mib(limit),
-            self.recycles,
-        )
-        fresh = self.fresh_bytes = rss_of(self._proc.pid)
-        if fresh + self._largest_rise > limit:
-            log.warning(
-                "route %s: a fresh worker holds %d MiB, already near its limit of %d MiB: it will be "
-                "recycled before every call; raise the stage's budget",
-                self.route.name,
-                _mib(fresh),
-                _mib(limit),
-            )
 
     @property
     def pid(self) -> int:
@@ -466,12 +596,13 @@ class WorkerSessions:
         with self._lock:
             return self._call_locked(op, args, timeout)
 
-    def _call_locked(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+    def _call_locked(self, op: str, args: JsonObject, timeout: float) -> Any:
         if self._broken is not None:
             raise self._broken
         if self._proc.poll() is not None:
             self._fail(f"before {op!r}")
         message_id = next(self._ids)
+        self.in_call = op
         try:
             assert self._proc.stdin is not None
             self._proc.stdin.write(wire.encode({"id": message_id, "op": op, "args": args}))
@@ -485,6 +616,8 @@ class WorkerSessions:
             self._fail(
                 f"{op!r} did not answer within {timeout:g} s; the worker was killed", exited=False
             )
+        finally:
+            self.in_call = None
         if reply is _EOF or isinstance(reply, BaseException):
             detail = f" ({reply})" if isinstance(reply, BaseException) else ""
             self._fail(f"during {op!r}{detail}")
@@ -511,7 +644,7 @@ class WorkerSessions:
         message = f"route {self.route.name!r} ({self.route.python}): {what}"
         if tail:
             message += f"; its last output: {tail}"
-        raise RouteError(message, _remedy_for(tail, self.route))
+        raise (WorkerDied if exited else RouteError)(message, _remedy_for(tail, self.route))
 
     def stderr_tail(self, lines: int = 6) -> str:
         return " | ".join(list(self._stderr)[-lines:])
@@ -536,6 +669,16 @@ class WorkerSessions:
             if line:
                 lines.append(line)
                 log.debug("route %s: %s", self.route.name, line)
+
+
+class WorkerDied(RouteError):
+    """The route's worker process exited under a call (killed, crashed): with a restart policy
+    it is replaced (``WorkerSessions._replace``)."""
+
+
+class CrashLoop(RouteError):
+    """The route's worker died more often within its window than its restart policy allows:
+    it is not replaced again, and every later call says so."""
 
 
 class RecycleFailed(RouteError):
@@ -639,12 +782,15 @@ def open_sessions(route: ResolvedRoute) -> Sessions:
 
 
 __all__ = [
+    "CrashLoop",
     "InProcessSessions",
     "RecycleFailed",
     "RemoteError",
     "ResolvedRoute",
+    "RestartPolicy",
     "RouteError",
     "Sessions",
+    "WorkerDied",
     "WorkerSessions",
     "open_sessions",
     "this_process",

@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator.core.errors import PipelineBusy
 
-CONTROL_CALLS = 4
-"""Actor calls kept free of requests: ``cancel``, ``measure``, ``close``, ``ready``."""
+CONTROL_CALLS = 5
+"""Actor calls kept free of requests: ``cancel``, ``measure``, ``close``, ``ready``, and the
+supervisor's ``watch`` (held for the actor's whole life: ``runtime.supervisor``)."""
 WAIT_TIMEOUT_S = 60.0
 """How long a request may wait for a slot before it is refused as busy."""
 

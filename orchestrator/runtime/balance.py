@@ -124,3 +124,23 @@ class Balancer:
     def mark_dead(self, key: str) -> None:
         with self._lock:
             self.dead.add(key)
+
+    def revive(self, key: str) -> None:
+        """The actor of ``key`` was restarted: its replicas are picked again."""
+        with self._lock:
+            self.dead.discard(key)
+
+    def replace(self, new: ReplicaRef, cap: int) -> None:
+        """A replica moved to another actor (``runtime.fallback``): ``new`` (same stage and
+        holder, its new device and key, requests up to ``cap`` there) replaces it; the
+        conversations it held are forgotten (their state was in the actor that is gone)."""
+        with self._lock:
+            refs = self.replicas[new.stage]
+            self.replicas = {
+                **self.replicas,
+                new.stage: tuple(new if r.holder == new.holder else r for r in refs),
+            }
+            self.caps = {**self.caps, new.key: cap}
+            for k, ref in list(self.conversations.items()):
+                if ref.holder == new.holder:
+                    del self.conversations[k]

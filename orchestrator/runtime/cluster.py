@@ -612,3 +612,17 @@ def ray_memory(cluster: Cluster, actor_pids: Iterable[int]) -> RayMemory:
         measure=f"sum of {kind.upper()} of {len(pids)} Ray processes + driver RSS growth from ray.init",
         cluster="local (started here)" if cluster.owned else f"joined {cluster.address}",
     )
+
+
+class _OffMainThreadNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def quiet_ray_off_main_thread() -> None:
+    """Ray warns when it starts off the main thread that it leaves SIGTERM alone;
+    for ``Pipeline.open`` (``api.Opening``) that is the point (the caller's process keeps its own
+    handlers), so the warning would only alarm."""
+    worker_log = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _OffMainThreadNotice) for f in worker_log.filters):
+        worker_log.addFilter(_OffMainThreadNotice())

@@ -126,6 +126,20 @@ class LoadReport(TypedDict):
     measured: MeasuredPeak
 
 
+class WorkerRestarts(TypedDict):
+    """A stage whose route worker was replaced after it died: how many times since its load."""
+
+    restarts: int
+
+
+class ActorHealth(TypedDict):
+    """What ``DeviceActor.health`` answers: the stages that cannot serve though the actor lives
+    (``failed``) and those whose route worker was replaced (``workers``), by stage."""
+
+    failed: dict[str, StageHealth]
+    workers: dict[str, WorkerRestarts]
+
+
 StreamMessage = (
     tuple[Literal["out"], Item]
     | tuple[Literal["first"], None]
@@ -155,6 +169,8 @@ class DeviceActor:
         self.ledger_error: str | None = None
         """Set when a report or release to the ledger actor failed (it died): closing
         goes on without it, and ``close`` then raises ``LedgerLost``."""
+        self._closed = asyncio.Event()
+        """Set by ``close``: the supervisor's ``watch`` call then returns."""
 
     async def _tell_ledger(self, method: str, holder: str, *args: MeasuredPeak) -> None:
         """A report or release that must not stop a close: a dead ledger is noted
@@ -437,15 +453,28 @@ class DeviceActor:
         """How many of the request's tasks (streams, feeds, joins) run here now."""
         return self.io.pending(request_id)
 
-    async def health(self) -> dict[str, StageHealth]:
-        """The hosted stages that can no longer serve though this actor lives (a runner's
-        ``health()``: an engine that stopped), by stage."""
-        out = {}
+    async def health(self) -> ActorHealth:
+        """How the hosted stages are, asked of each runner now: ``failed``, the stages that
+        cannot serve though this actor lives (a runner's ``health()``: an engine that stopped,
+        a route worker being replaced); ``workers``, each stage whose route worker was replaced
+        after it died, with how many times."""
+        failed: dict[str, StageHealth] = {}
+        workers: dict[str, WorkerRestarts] = {}
         for name, h in self.stages.items():
             state = h.runner.health()
             if state:
-                out[name] = StageHealth(code=state["code"], message=state["message"])
-        return out
+                failed[name] = StageHealth(code=state["code"], message=state["message"])
+            restarts = h.runner.worker_restarts()
+            if restarts:
+                workers[name] = WorkerRestarts(restarts=int(restarts))
+        return ActorHealth(failed=failed, workers=workers)
+
+    async def watch(self) -> str:
+        """Answers only when this actor closes: the supervisor holds one such call on every
+        device actor, so an actor's death reaches it at once, as this call's failure
+        (``runtime.supervisor``)."""
+        await self._closed.wait()
+        return "closed"
 
     # -- closing -----------------------------------------------------------------
     async def close_stage(self, stage: str) -> MeasuredPeak | None:
@@ -467,10 +496,13 @@ class DeviceActor:
         """Close every stage, last loaded first; every runner is closed even when the
         ledger actor is gone, and then ``LedgerLost`` names it."""
         out = {}
-        for stage in reversed(list(self.order)):
-            measured = await self.close_stage(stage)
-            if measured is not None:
-                out[stage] = measured
+        try:
+            for stage in reversed(list(self.order)):
+                measured = await self.close_stage(stage)
+                if measured is not None:
+                    out[stage] = measured
+        finally:
+            self._closed.set()
         if self.ledger_error:
             raise LedgerLost(self.ledger_error)
         return out
@@ -495,8 +527,9 @@ class ActorOptions(TypedDict):
 
 ACTOR_OPTIONS = ActorOptions(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=64)
 """No CPU reservation (placement is by the device resource; Ray's CPU count would
-only block a small machine), no restarts (a dead actor is reported, not hidden),
-up to 64 concurrent calls (requests × stages, plus feeds)."""
+only block a small machine), no restarts by Ray (a dead actor is reported, and brought back
+by the runtime's supervisor as its stages' ``restart`` says: ``runtime.supervisor``), up to 64
+concurrent calls (requests × stages, plus feeds, plus ``admission.CONTROL_CALLS``)."""
 
 
 def actor_class() -> Any:

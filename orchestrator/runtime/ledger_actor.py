@@ -13,6 +13,10 @@ Protocol, per stage (the device actor drives it):
 3. ``report(stage, measured)`` after the load and again at close: the
    measured peak (evidence M) next to the plan's budget.
 4. ``release(stage)`` when the stage closes or its device actor dies.
+5. ``retake(batch)`` when a dead actor's stages load again (a restart): each holder's
+   reservations *replaced* by the plan's, all at once or none, so a restart takes them
+   exactly once however often it is tried (a release that raced it, or an attempt that
+   died after taking them, never counts them twice).
 
 To load several stages at once, the runtime asks ``admit_together(batch)``
 first: the longest prefix of the batch whose stages fit with every one of
@@ -32,6 +36,7 @@ import time
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from orchestrator.core.ledger import (
+    Admission,
     AdmissionAnswer,
     Ledger,
     MeasuredPeak,
@@ -151,6 +156,29 @@ class LedgerService:
         if not answer["ok"]:
             return TogetherAnswer(admitted=[], shortfalls=answer["shortfalls"])
         return TogetherAnswer(admitted=[holder], shortfalls=shortfall_docs(why_not))
+
+    def retake(self, batch: list[tuple[str, list[ReservationDoc]]]) -> AdmissionAnswer:
+        """Hold each holder's ``reservations`` in place of whatever it holds now (a restart's
+        stages, loading again), all together at their peaks as ``admit_together`` checks a
+        wave, or none: ``{"ok", "shortfalls"}``, and when not ``ok`` every holder keeps what it
+        held. One step, so a holder is never counted twice: taking it again after an attempt
+        that died with it held replaces, never adds."""
+        parsed = [(holder, [Reservation(**r) for r in rs]) for holder, rs in batch]
+        before = {h: self.ledger.held.pop(h, None) for h, _ in parsed}
+        # several at once: each at its own peak, as a wave loads; one: the usual rule
+        extra = {h: _at_peak(rs) for h, rs in parsed} if len(parsed) > 1 else dict(parsed)
+        shortfalls = self.ledger.check(extra)
+        if shortfalls:
+            for h, held in before.items():
+                if held is not None:
+                    self.ledger.held[h] = held
+            for h, rs in parsed:
+                self._log("refuse", h, sum(r.bytes for r in rs))
+            return Admission(tuple(shortfalls)).answer()
+        for holder, rs in parsed:
+            self.ledger.held[holder] = list(rs)
+            self._log("retake", holder, sum(r.bytes for r in rs))
+        return Admission(()).answer()
 
     def release(self, holder: str, lifetime: str | None = None) -> int:
         freed = self.ledger.release(holder, lifetime)  # type: ignore[arg-type]

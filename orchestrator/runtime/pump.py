@@ -161,6 +161,12 @@ class _StagePump:
         elif join is not None:
             stats["join"] = join
         stats["throughput"] = _throughput(stats)
+        supervisor = getattr(self.rt.rt, "supervisor", None)
+        served = (
+            supervisor.served_by(self.pick.holder if self.pick else s.name) if supervisor else None
+        )
+        if served:  # the stage's actor was restarted, or the stage moved, before this request
+            stats["restarted"] = served
         return stats
 
 

@@ -35,8 +35,15 @@
 * **Failures are named and prompt.** A device actor that dies fails every
   request in flight on it with ``StageFailed(stage, device, cause)`` as soon
   as Ray notices (milliseconds after a kill); the stages
-  it hosted are released from the ledger; later requests that need it fail at
-  once. No request waits on a dead actor.
+  it hosted are released from the ledger. No request waits on a dead actor.
+* **What died comes back, bounded and said** (``supervisor.py``): the dead actor is restarted
+  on its placement as its stages' ``restart`` allows, and requests in flight on it end with
+  the code ``stage_restarting``; a request that needs a stage coming back waits for it, at
+  most the admission's wait (``Admission.wait_timeout_s``), holding no slot, then fails with
+  ``stage_restarting``; one that needs a stage that will not come back (``restart: never``,
+  a crash loop, its device gone) fails at once. A stage whose device is gone for good moves
+  to its next device when its ``on_device_loss`` says ``fallback`` (``fallback.py``, with
+  ``replan``).
 
 * **Each device actor gets the environment its stages ask for**
   (``StageKind.actor_env``, merged; two stages wanting different values for
@@ -59,7 +66,8 @@ the inputs that take its port (``graph.PipelineGraph.routes_out``).
 
 ``Runtime`` is a front: the graph it reads per request is ``graph.py``, a request's checks
 ``requests.py``, its flow (streams, pumps, feeders, winding down) ``flow.py``, what failed
-``failures.py``, and reading the ledger and closing ``closing.py``; starting is ``startup.py``.
+``failures.py``, and reading the ledger and closing ``closing.py``; starting is ``startup.py``;
+restarts, crash loops and moves are ``supervisor.py`` and ``fallback.py``.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.config import PipelineConfig
-from orchestrator.core.errors import ConfigError, PlanRefused
+from orchestrator.core.errors import ConfigError, PlanRefused, StageFailed
 from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.core.memory import RayMemory
 from orchestrator.core.plan import PipelinePlan, ReplicaPlan, StagePlan
@@ -91,11 +99,13 @@ from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.closing import CLOSE_TIMEOUT_S
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
 from orchestrator.runtime.events import Event
+from orchestrator.runtime.fallback import Replan
 from orchestrator.runtime.flow import GENERATOR_BACKPRESSURE, DriverStats, RequestFlow
 from orchestrator.runtime.graph import PipelineGraph
 from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.startup import Device as _Device
 from orchestrator.runtime.startup import StartupTimings
+from orchestrator.runtime.supervisor import Supervisor
 from stages.base import StageHealth
 from stages.payloads import Item
 from stages.requests import Request
@@ -112,6 +122,9 @@ __all__ = [
     "replica_refs",
     "replica_view",
 ]
+
+RECOVERY_POLL_S = 0.1
+"""How often a request waiting for a stage that is coming back looks again (it holds no slot)."""
 
 STREAMING = "direct"
 """How items go from a stage to its consumers: ``"direct"``, the producer's device actor feeds
@@ -133,23 +146,18 @@ class Runtime:
         address: str | None = None,
         log_to_driver: bool = False,
         max_waiting: int | None = None,
+        replan: Replan | None = None,
     ) -> None:
         if not plan.admitted:
             raise PlanRefused(plan)
-        self.plan = plan
         self.config = config
         self.routes = routes or {}
         self.address = address
         self.log_to_driver = log_to_driver
-        self.graph = PipelineGraph(plan, config)
-        """The stages, their kinds and edges, read per request (``graph.py``)."""
-        self.stages: list[StagePlan] = self.graph.stages
-        self.kinds = self.graph.kinds
-        self.consumers = self.graph.consumers
-        self.stage_ports = self.graph.stage_ports
-        self.routes_out = self.graph.routes_out
-        self.joins = self.graph.joins
-        self.route_tables = self.graph.route_tables
+        self.replan = replan
+        """Plans one stage again with lost devices masked (``fallback.replanner``), for a stage
+        whose ``on_device_loss`` is ``fallback``; None: such a stage stays down."""
+        self.use_plan(plan)
         self.replicas: dict[str, list[ReplicaRef]] = replica_refs(self.stages)
         """Stage → its instances (one for a stage of one instance), each with its actor key."""
         self.refs: dict[str, ReplicaRef] = {
@@ -189,6 +197,26 @@ class Runtime:
         self._admit_by_replica(max_waiting)
         self.picks: dict[str, dict[str, ReplicaRef]] = {}
         """Request → the instance of each stage it runs on (``balance.Balancer.pick``)."""
+        self.supervisor: Supervisor | None = None
+        """Restarts what dies, once the pipeline has started (``supervisor.py``)."""
+        self.lost_devices: dict[str, str] = {}
+        """Device → why it is gone for good (``lose_device``): never restarted on."""
+        self.waiting_for_stages = 0
+        """Requests waiting, holding no slot, for a stage that is coming back (``/v1/status``)."""
+
+    def use_plan(self, plan: PipelinePlan) -> None:
+        """Run by ``plan`` from now on: its graph and the tables read per request (at the
+        start, and when a stage moved to another device: ``fallback.py``)."""
+        self.plan = plan
+        self.graph = PipelineGraph(plan, self.config)
+        """The stages, their kinds and edges, read per request (``graph.py``)."""
+        self.stages: list[StagePlan] = self.graph.stages
+        self.kinds = self.graph.kinds
+        self.consumers = self.graph.consumers
+        self.stage_ports = self.graph.stage_ports
+        self.routes_out = self.graph.routes_out
+        self.joins = self.graph.joins
+        self.route_tables = self.graph.route_tables
 
     def _admit_by_replica(self, max_waiting: int | None) -> None:
         """Admission's limit from the replicas' caps (``admission``: one replica per stage
@@ -247,8 +275,20 @@ class Runtime:
 
     def start(self, progress: startup_mod.ProgressCallback | None = None) -> None:
         """Start (or join) Ray, create the ledger and device actors, load every stage
-        (``orchestrator.runtime.startup``: its guarantees, and ``progress``)."""
+        (``orchestrator.runtime.startup``: its guarantees, and ``progress``); then the
+        supervisor watches them (``supervisor.py``). A started runtime is not started again
+        (its actors and supervisor stay the ones it has)."""
+        if self.ledger is not None and not self._closed:
+            return
         startup_mod.start(self, progress)
+        self.supervisor = Supervisor(self)
+        self.supervisor.start()
+
+    def lose_device(self, device: str, why: str) -> None:
+        """``device`` is gone for good (a driver reset the caller's own probe saw, a device
+        taken away): its actor, when it dies, is never restarted there; its stages whose
+        ``on_device_loss`` is ``fallback`` move to their next device (``supervisor.py``)."""
+        self.lost_devices = {**self.lost_devices, device: why}
 
     # -- requests ------------------------------------------------------------------
     async def stream(
@@ -283,7 +323,7 @@ class Runtime:
             requests.check_context(self.graph, context, entry)
         # a bad request is refused first
         await asyncio.to_thread(self.validate_request, request, entry)
-        self._check_alive(entry)
+        await self._until_alive(entry)
         await self.admission.acquire()
         agen = None
         self._count_busy(+1)
@@ -309,8 +349,43 @@ class Runtime:
             raise RuntimeError("the runtime is not started (or already closed)")
 
     def _check_alive(self, entry: str | None = None) -> None:
+        """Every stage the request needs serves now: ``StageFailed`` otherwise (a stage coming
+        back: ``stage_restarting``; one that will not: its code)."""
         self._check_started()
-        failures.check_alive(self, entry)
+        waiting = failures.check_alive(self, entry)
+        if waiting:
+            raise self._restarting(waiting[0], 0.0)
+
+    async def _until_alive(self, entry: str | None = None) -> None:
+        """Wait, holding no slot, while a stage the request needs is coming back (restarting,
+        moving), at most the admission's wait; then ``StageFailed`` (``stage_restarting``)."""
+        self._check_started()
+        t0 = time.monotonic()
+        if not failures.check_alive(self, entry):
+            return
+        with self._busy_lock:
+            self.waiting_for_stages += 1
+        try:
+            while waiting := failures.check_alive(self, entry):
+                waited = time.monotonic() - t0
+                if waited >= self.admission.wait_timeout_s:
+                    raise self._restarting(waiting[0], waited)
+                await asyncio.sleep(RECOVERY_POLL_S)
+                self._check_started()
+        finally:
+            with self._busy_lock:
+                self.waiting_for_stages -= 1
+
+    def _restarting(self, stage: str, waited: float) -> StageFailed:
+        ref = self.replicas[stage][0]
+        status = self.supervisor.status(ref.holder) if self.supervisor else None
+        attempt = status.get("attempt") if status else None
+        said = f"restart {attempt}" if attempt is not None else "moving"
+        died = status.get("cause", "?") if status else "?"
+        cause = f"the stage is coming back ({said}; it died: {died})"
+        if waited:
+            cause += f"; it was not back within {waited:.0f} s"
+        return StageFailed(stage, ref.device, cause, code="stage_restarting")
 
     def _count_busy(self, step: int) -> None:
         """One request more (+1) or less (-1) in flight: the driver's CPU seconds are counted
@@ -372,11 +447,13 @@ class Runtime:
         return closing.measure(self)
 
     def close(self) -> ActorSnapshot:
-        """Close every stage, release the pipeline, stop the actors and (when this process
-        started it) Ray: ``closing.close``. The final ledger snapshot."""
+        """Stop the supervisor, close every stage, release the pipeline, stop the actors and
+        (when this process started it) Ray: ``closing.close``. The final ledger snapshot."""
         if self._closed:
             return self.final_ledger or ActorSnapshot()
         self._closed = True
+        if self.supervisor is not None:
+            self.supervisor.stop()
         return closing.close(self)
 
 

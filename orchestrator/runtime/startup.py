@@ -128,6 +128,9 @@ class Device:
     """Its actor key: ``id``, or ``id#k`` for the k-th extra replica of a stage on the device."""
     holders: list[str] = field(default_factory=list)
     """The ledger holders it hosts (the stages' names; ``voice#1`` for a replica)."""
+    code: str = ""
+    """Once dead: the code a request it failed reads (``stage_restarting`` when the supervisor
+    brings it back, ``crash_loop``, else ``device_actor_died``): ``runtime.supervisor``."""
 
     def __post_init__(self) -> None:
         self.key = self.key or self.id
@@ -166,10 +169,10 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
         rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools], **_on_this_node(rt))
         # one actor per key (a device; a stage's extra replica on it: its own), started while
         # the ledger answers
-        pending = {k: _create_actor(rt, k) for k in rt.actor_keys()}
+        pending = {k: create_actor(rt, k) for k in rt.actor_keys()}
         _admit_pipeline(rt)
         _await_actors(rt, pending)
-        _connect(rt)
+        connect_actors(rt)
         rt.startup["actors_s"] = round(time.perf_counter() - t1, 3)
         _charge_ray(rt)
         t2 = time.perf_counter()
@@ -243,7 +246,7 @@ def _on_this_node(rt: Any) -> dict[str, object]:
     }
 
 
-def _create_actor(rt: Any, key: str) -> tuple[ActorHandle, ObjectRef[ActorReady]]:
+def create_actor(rt: Any, key: str) -> tuple[ActorHandle, ObjectRef[ActorReady]]:
     """Create the actor of ``key`` (a device id, or ``device#k``: placed by its device's
     resource; not awaited); returns it and its ``ready()`` reference."""
     device = key.partition("#")[0]
@@ -294,20 +297,23 @@ def _await_actors(rt: Any, pending: dict[str, tuple[ActorHandle, ObjectRef[Actor
         raise StageFailed(stage, device, why, code="device_actor_not_started")
 
 
-def _connect(rt: Any) -> None:
-    """Hand every device actor the others' handles, the stages' routes and the joins, so a
-    producer's actor feeds its consumers' itself (``runtime.STREAMING == "direct"``); note the
-    node this process runs on (the record's ``runtime.streaming``)."""
+def connect_actors(rt: Any, more: dict[str, ActorHandle] | None = None) -> None:
+    """Hand every live device actor (and ``more``: key → a new actor not yet among them, a
+    restarted one) the others' handles, the stages' routes and the joins, so a producer's
+    actor feeds its consumers' itself (``runtime.STREAMING == "direct"``); note the node this
+    process runs on (the record's ``runtime.streaming``). A restart calls it again: every
+    actor then feeds the new one."""
     import ray
 
     rt.driver_node = ray.get_runtime_context().get_node_id()
-    peers = {key: dev.actor for key, dev in rt.devices.items()}
+    peers = {key: dev.actor for key, dev in rt.devices.items() if not dev.dead}
+    peers.update(more or {})
     joins = {
         name: JoinSpec(name, join, tuple(rt.plan.stage(name).inputs))
         for name, join in rt.joins.items()
     }
     ray.get(
-        [dev.actor.connect.remote(peers, rt.route_tables, joins) for dev in rt.devices.values()],
+        [actor.connect.remote(peers, rt.route_tables, joins) for actor in peers.values()],
         timeout=ACTOR_READY_TIMEOUT_S,
     )
 

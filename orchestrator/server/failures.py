@@ -18,6 +18,12 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 """What a 429 asks a client to wait: requests finish in seconds, and the queue frees a slot as each does."""
+RESTART_RETRY_AFTER_S = 5
+"""What a 503 ``stage_restarting`` asks a client to wait: a device actor's restart is its
+back-off (1 s first) plus an actor's start and its stages' loads, seconds on a small machine."""
+PASSED_ON = frozenset({"stage_restarting", "crash_loop"})
+"""The ``StageFailed`` codes a client reads as they are (a stage coming back: retry; a crash
+loop: do not); every other is ``stage_failed``."""
 REQUEST_ERRORS = (BadRequest, PipelineBusy, StageFailed)
 """The exceptions a request may end with that are the client's to read (:func:`failure`)."""
 
@@ -70,7 +76,11 @@ def failure(exc: BaseException, what: str = "request") -> Failure | None:
         # gets the stage, the device and the code
         log.warning("%s failed: %s", what, exc)
         message = exc.public_message()
-        return Failure(503, "server_error", "stage_failed", message, message, param=exc.stage)
+        code = exc.code if exc.code in PASSED_ON else "stage_failed"
+        retry = RESTART_RETRY_AFTER_S if code == "stage_restarting" else None
+        return Failure(
+            503, "server_error", code, message, message, param=exc.stage, retry_after_s=retry
+        )
     return None
 
 

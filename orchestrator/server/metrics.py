@@ -30,12 +30,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter as Counter_
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from orchestrator.calibration_record import ServerMemory
 from orchestrator.core.documents import JsonObject
@@ -63,6 +65,8 @@ class StageTrace(TypedDict):
     time_to_first_output_s: float | None
     done_s: float | None
     stats: NotRequired[dict[str, object]]
+    restarted: NotRequired[object]
+    """Set when a restarted (or moved) stage served it: what ``Supervisor.served_by`` said."""
 
 
 def _count(value: object) -> int:
@@ -94,6 +98,9 @@ class Trace:
             else:
                 entry["done_s"] = round(event.t, 4)
                 entry["stats"] = event.stats
+                restarted = (event.stats or {}).get("restarted")
+                if restarted:  # served by a restarted (or moved) stage
+                    entry["restarted"] = restarted
 
     def usage(self) -> dict[str, int] | None:
         """OpenAI's ``usage`` from the decode stages' figures, when a stage counted tokens."""
@@ -153,6 +160,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._seed_from_plan()
+        self.registry.register(_Restarts(runtime))
 
     def _declare_request_metrics(self) -> None:
         """Per request, fed by :meth:`finish`: counts, latencies, decode rates."""
@@ -414,7 +422,11 @@ class ServerMetrics:
             return None
 
     async def render(self) -> bytes:
-        """The Prometheus text exposition, with the gauges read now."""
+        """The Prometheus text exposition, with the gauges read now (the actors asked how their
+        stages are, so a route worker's restart is counted)."""
+        if not self.runtime._closed:
+            with contextlib.suppress(Exception):  # a figure, never a reason to fail a scrape
+                await self.runtime.stage_failures(2.0)
         admission = self.runtime.admission
         self.in_flight.set(admission.in_flight)
         self.waiting.set(admission.waiting)
@@ -444,6 +456,36 @@ class ServerMetrics:
             self.server_bytes.set(server["measured_bytes"])
             self.server_budget.labels(server["evidence"]).set(server["budget_bytes"])
         return generate_latest(self.registry)
+
+
+class _Restarts:
+    """Read from the runtime's supervisor at scrape time (``runtime.supervisor``):
+    ``stage_restarts_total{stage,cause}`` — each restart of a stage's device actor
+    (``device_actor_died``) or route worker (``route_worker_died``) — and
+    ``stage_moves_total{stage,from_device,to_device}`` — each move to a fallback device."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> list[Metric]:
+        supervisor = getattr(self.runtime, "supervisor", None)
+        restarts = CounterMetricFamily(
+            f"{PREFIX}stage_restarts",
+            "Restarts of a stage's device actor or route worker after it died, by cause",
+            labels=["stage", "cause"],
+        )
+        moves = CounterMetricFamily(
+            f"{PREFIX}stage_moves",
+            "Stages moved to the next device of their list (on_device_loss: fallback)",
+            labels=["stage", "from_device", "to_device"],
+        )
+        if supervisor is not None:
+            for (stage, cause), n in sorted(dict(supervisor.counts).items()):
+                restarts.add_metric([stage, cause], n)
+            moved = Counter_((m["stage"], m["from"], m["to"]) for m in list(supervisor.moves))
+            for labels, n in sorted(moved.items()):
+                moves.add_metric(list(labels), n)
+        return [restarts, moves]
 
 
 def _alive(dev: Any) -> bool:

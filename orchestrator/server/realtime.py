@@ -61,7 +61,10 @@ audio went out) and passes it to the decode stage of the next turn as
 
 **Bad events** (not JSON, no ``type``, an unknown type, a field of the wrong
 type or range, audio that is not base64 pcm16) are ``error`` events naming the
-field (``param``) and the client's ``event_id``; the session continues. A
+field (``param``) and the client's ``event_id``; the session continues. Every free-text and
+list field a session takes is capped as HTTP's are, the cap named in the ``error``: ``instructions``
+(the system message of every turn) at ``serve --max-content-chars``, ``voice`` and ``event_id`` at
+256 characters, ``modalities`` at two; audio by the event's size and ``RealtimeLimits.max_buffer_s``. A
 session that sends nothing while no response runs is closed after
 ``RealtimeLimits.idle_timeout_s`` (close code 1000, the reason says why).
 """
@@ -87,6 +90,7 @@ from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE
 from orchestrator.runtime.requests import audio_entry_stages
+from orchestrator.server.limits import FLAGS
 from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import (
     SemanticSettings,
@@ -95,6 +99,8 @@ from orchestrator.server.realtime_events import (
     SessionTurn,
     SessionUpdate,
     TurnSettings,
+    check_event_id,
+    check_instructions,
     new_id,
     validated,
 )
@@ -566,11 +572,12 @@ class Session:
                 "the event is not JSON: send one JSON object per message", code="invalid_json"
             )
             return
-        event_id = (
-            doc.get("event_id")
-            if isinstance(doc, dict) and isinstance(doc.get("event_id"), str)
-            else None
-        )
+        try:
+            event_id = check_event_id(doc)
+        except BadRequest as exc:
+            p = exc.problems[0]
+            await self.error(f"{p.where}: {p.what} ({p.fix})", code="invalid_value", param=p.where)
+            return
         kind = doc.get("type") if isinstance(doc, dict) else None
         handler = HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
@@ -602,6 +609,11 @@ class Session:
         fields: SessionFields = validated(
             SessionUpdate, doc, "{'type': 'session.update', 'session': {...}}"
         ).session
+        check_instructions(
+            fields.instructions,
+            self.rt.app.limits.max_content_chars,
+            FLAGS["max_content_chars"],
+        )
         given = fields.model_fields_set
         turn = self.turn
         if "turn_detection" in given:

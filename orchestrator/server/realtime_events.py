@@ -79,10 +79,19 @@ SessionTurn = TurnSettings | SemanticSettings
 """A session's turn detection (``Session.turn``); ``type`` tells which."""
 
 
+VOICE_CHARS = 256
+"""A session's ``voice``: a name (kept, not used: the pipeline has one voice), as long as a chat
+message's ``name`` may be."""
+EVENT_ID_CHARS = 256
+"""A client event's ``event_id``: an id, echoed in the ``error`` event that answers the event."""
+
+
 class SessionFields(_Body):
     instructions: Text | None = None
-    voice: str | None = None
-    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    """Capped by ``ServerLimits.max_content_chars`` (``check_instructions``): it is the system
+    message of every turn, as a chat's messages are capped."""
+    voice: str | None = Field(None, max_length=VOICE_CHARS)
+    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1, max_length=2)
     input_audio_format: Literal["pcm16"] | None = None
     output_audio_format: Literal["pcm16"] | None = None
     input_audio_sample_rate: Literal[16000, 24000] | None = None
@@ -112,8 +121,9 @@ class AppendEvent(_Body):
 FIXES = {
     "audio": "base64 of 16-bit little-endian mono pcm at the session's input_audio_sample_rate",
     "session": "e.g. {'type': 'session.update', 'session': {'turn_detection': {'silence_duration_ms': 500}}}",
-    "instructions": "a string: the system message of every turn",
-    "voice": "a string (the pipeline has one voice; the name is kept, not used)",
+    "instructions": "a string: the system message of every turn (at most --max-content-chars)",
+    "voice": f"a name of at most {VOICE_CHARS} characters (the pipeline has one voice; the name "
+    "is kept, not used)",
     "modalities": "['text', 'audio'] or ['text']",
     "input_audio_format": "'pcm16'",
     "output_audio_format": "'pcm16'",
@@ -145,6 +155,34 @@ def validated(model: type[_Body], doc: dict[str, object], example: str) -> Any:
         ):  # a server_vad field under semantic_vad
             fix = f"leave {name} out: semantic_vad takes eagerness, create_response and interrupt_response"
         raise BadRequest([Problem(p.where, p.what, fix)]) from None
+
+
+def check_instructions(text: str | None, max_chars: int, flag: str) -> None:
+    """``BadRequest`` naming ``session.instructions`` and its cap (``max_chars``, the server's
+    ``flag``) when ``text`` is longer: the system message of every turn is capped as a chat's
+    messages are."""
+    if text is not None and len(text) > max_chars:
+        raise BadRequest.single(
+            "session.instructions",
+            f"{len(text)} characters: over the cap of {max_chars} characters ({flag}); it is "
+            "the system message of every turn",
+            f"send shorter instructions, or raise {flag}",
+        )
+
+
+def check_event_id(doc: Any) -> str | None:
+    """The event's ``event_id`` (None when it has none, or none that is a string); ``BadRequest``
+    naming it and its cap when it is longer than ``EVENT_ID_CHARS``."""
+    event_id = doc.get("event_id") if isinstance(doc, dict) else None
+    if not isinstance(event_id, str):
+        return None
+    if len(event_id) > EVENT_ID_CHARS:
+        raise BadRequest.single(
+            "event_id",
+            f"{len(event_id)} characters: over the cap of {EVENT_ID_CHARS} characters",
+            "send a short id of your own (evt_…), or none",
+        )
+    return event_id
 
 
 def pcm16(data: str, where: str) -> np.ndarray:

@@ -34,6 +34,10 @@ from stages.base import StageHealth
 from stages.payloads import Item, spell
 from stages.requests import Request as PipelineRequest
 
+DEAD_CODES = frozenset({"device_actor_died", "stage_restarting", "crash_loop"})
+"""The codes of a stage instance whose device actor died (``runtime.supervisor``: coming back,
+in a crash loop, or down for good)."""
+
 
 class Run:
     """One pipeline request as the app drives it: its events, seen by its trace,
@@ -234,6 +238,7 @@ class Served:
         alive while one of its replicas' actors is; a stage with ``replicas: N`` > 1 lists
         each replica (``replica`` 1-based, its device, whether it is alive, its ``code``)."""
         out = []
+        supervisor = self.runtime.supervisor
         for s in self.runtime.stages:
             replicas = self.replica_states(s.name, failures or {})
             alive = any(r["alive"] for r in replicas)
@@ -241,6 +246,8 @@ class Served:
             if not alive:  # an engine that stopped (the first replica's that did)
                 found = [(failures or {}).get(h) for h in self.holders(s.name)]
                 failed = next((f for f in found if f), None)
+            codes = [r.get("code") for r in replicas]
+            restart = supervisor.status(self.holders(s.name)[0]) if supervisor else None
             out.append(
                 {
                     "name": s.name,
@@ -251,13 +258,11 @@ class Served:
                     and any(h in self.runtime.load_results for h in self.holders(s.name)),
                     "alive": alive,
                     "final_output_type": s.final_output_type if s.final_output else None,
-                    **(
-                        {"code": "device_actor_died"}
-                        if all(r.get("code") == "device_actor_died" for r in replicas)
-                        else {}
-                    ),
+                    # every replica's actor dead: the first one's code (coming back or not)
+                    **({"code": codes[0]} if all(c in DEAD_CODES for c in codes) else {}),
                     **({"code": failed["code"], "error": failed["message"]} if failed else {}),
                     **({"replicas": replicas} if len(replicas) > 1 else {}),
+                    **({"restart": restart} if restart and len(replicas) == 1 else {}),
                 }
             )
         return out
@@ -275,7 +280,13 @@ class Served:
             failed = failures.get(ref.holder)
             dead = dev is not None and bool(dev.dead)
             alive = dev is not None and not dead and not self.runtime._closed and not failed
-            code = "device_actor_died" if dead else failed["code"] if failed else None
+            supervisor = self.runtime.supervisor
+            died = (
+                supervisor.code_of(ref.key)
+                if supervisor is not None
+                else (dev.code if dev is not None and dev.code else "device_actor_died")
+            )
+            code = died if dead else failed["code"] if failed else None
             rows.append(
                 {
                     "replica": ref.index + 1,

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)/v1")
 
@@ -71,6 +72,32 @@ class ServeProcess:
         for line in self.proc.stderr:
             self.lines.append(line.rstrip("\n"))
 
+    def device_actors(self) -> list[int]:
+        """The pids of the serve's device actors (Ray workers named ``ray::DeviceActor``, under
+        the Ray its process started), oldest first."""
+        return [p.pid for p in self._tree() if "DeviceActor" in _cmdline(p)]
+
+    def route_workers(self) -> list[int]:
+        """The pids of the route workers its device actors started (``python -I -c`` running
+        ``omni_edge_route_worker``), oldest first."""
+        return [p.pid for p in self._tree() if "omni_edge_route_worker" in _cmdline(p)]
+
+    def _tree(self) -> list[Any]:
+        import psutil
+
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append((p.create_time(), p))
+            except psutil.NoSuchProcess:
+                continue
+        return [p for _, p in sorted(alive, key=lambda tp: tp[0])]
+
     def output(self) -> str:
         return "\n".join(self.lines)[-4000:]
 
@@ -89,3 +116,10 @@ class ServeProcess:
             ) from None
         self._reader.join(5)
         return rc
+
+
+def _cmdline(p: Any) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:  # gone, or not ours to read
+        return ""

@@ -214,3 +214,83 @@ def test_every_config_field_has_a_description():
             ann = info.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 models.append(ann)
+
+
+RESTART_STAGE = """
+  - name: thinker
+    kind: ar_decode
+    model: ckpt
+    devices: [gpu:0, cpu]
+    max_model_len: 1024
+    final_output: true
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "where", "what", "fix"),
+    [
+        (
+            "restart: sometimes",
+            "stages[0].restart",
+            "'sometimes' is no restart policy",
+            "restart: never, or restart: {max: 5, window_s: 600}",
+        ),
+        ("restart: 5", "stages[0].restart", "5 is no restart policy", "restart: never"),
+        ("restart: {max: 0}", "stages[0].restart.max", "greater than or equal to 1", "limit"),
+        ("restart: {max: 1001}", "stages[0].restart.max", "less than or equal to 1000", "limit"),
+        ("restart: {max: true}", "stages[0].restart.max", "valid integer", "type"),
+        ("restart: {window_s: .nan}", "stages[0].restart.window_s", "finite number", "correct"),
+        ("restart: {maxx: 2}", "stages[0].restart.maxx", "unknown key", "did you mean 'max'"),
+        (
+            "restart: {backoff_s: 5, backoff_max_s: 1}",
+            "stages[0].restart",
+            "backoff_max_s (1 s) is shorter than backoff_s (5 s)",
+            "make backoff_max_s at least backoff_s",
+        ),
+        (
+            "on_device_loss: move",
+            "stages[0].on_device_loss",
+            "'fail' or 'fallback'",
+            "use one of",
+        ),
+    ],
+)
+def test_a_bad_restart_policy_is_refused_naming_the_field(tmp_path, extra, where, what, fix):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + RESTART_STAGE + f"    {extra}\n"))
+    (problem,) = exc.value.problems
+    assert problem.where.endswith(where) and what in problem.what and fix in problem.fix, problem
+
+
+def test_a_fallback_needs_a_next_device(tmp_path):
+    one = RESTART_STAGE.replace("devices: [gpu:0, cpu]", "devices: [cpu]")
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "name: p\nstages:" + one + "    on_device_loss: fallback\n"))
+    (problem,) = exc.value.problems
+    assert problem.where.endswith("stages[0]") and "needs a next device" in problem.what
+    assert "list another device after it" in problem.fix
+
+
+def test_restart_is_never_or_a_policy_with_the_defaults_filled_in(tmp_path):
+    from stages.base import RestartConfig
+
+    default = load_config(write(tmp_path, "name: p\nstages:" + RESTART_STAGE)).stage("thinker")
+    assert default.restart == RestartConfig() and default.on_device_loss == "fail"
+    assert (default.restart.max, default.restart.window_s) == (5, 600.0)
+    never = load_config(
+        write(tmp_path, "name: p\nstages:" + RESTART_STAGE + "    restart: never\n")
+    ).stage("thinker")
+    assert never.restart == "never" and never.restart_policy() is None
+    set_ = load_config(
+        write(
+            tmp_path,
+            "name: p\nstages:"
+            + RESTART_STAGE
+            + "    restart: {max: 2, window_s: 60}\n    on_device_loss: fallback\n",
+        )
+    ).stage("thinker")
+    policy = set_.restart_policy()
+    assert policy is not None and (policy.max, policy.window_s, policy.backoff_s) == (2, 60.0, 1.0)
+    assert set_.on_device_loss == "fallback"
+    # the back-off doubles after each death in the window, up to backoff_max_s
+    assert [policy.backoff(n) for n in (1, 2, 3, 6, 40)] == [1.0, 2.0, 4.0, 30.0, 30.0]

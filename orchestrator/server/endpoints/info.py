@@ -15,6 +15,7 @@ from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.server.auth import error_response
 from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.served import Served
+from stages.base import StageHealth
 
 HEALTH_TIMEOUT_S = 2.0
 """How long ``/health`` waits for a device actor to say how its stages are: an actor
@@ -44,16 +45,18 @@ class Info:
         )
 
     async def health(self, request: Request) -> Response:
-        """200 while every stage can serve (``status: degraded`` naming each dead replica of a
-        stage whose other replicas serve); 503 naming each stage that cannot (stage, device,
-        code): a dead device actor (every replica's), or an engine that stopped inside a
-        living one."""
-        failures = (
-            await self.served.runtime.stage_failures(HEALTH_TIMEOUT_S)
-            if not self.served.runtime._closed
-            else {}
-        )
+        """Asked of the actors now (``Runtime.stage_failures``: a dead one is noticed by this
+        call), within ``HEALTH_TIMEOUT_S``. 200 while every stage can serve: ``ok``, or
+        ``degraded`` naming each dead replica of a stage whose other replicas serve and each
+        stage moved to its fallback device (``moved``); 503 naming each stage that cannot
+        (stage, device, code): ``recovering`` while every one of them is coming back (a
+        restart under way or due: ``recovering`` names the stage, its attempt, when it died
+        and why; a route worker being replaced), else ``unavailable`` (a crash loop, a
+        device actor dead for good, an engine that stopped inside a living actor)."""
+        runtime = self.served.runtime
+        failures = await runtime.stage_failures(HEALTH_TIMEOUT_S) if not runtime._closed else {}
         stages = self.served.stage_states(failures)
+        recovering = self._recovering(failures)
         ok = all(s["alive"] for s in stages)
         degraded = [
             {"stage": s["name"], "replica": r["replica"], "device": r["device"], "code": r["code"]}
@@ -62,13 +65,19 @@ class Info:
             for r in s.get("replicas", [])
             if not r["alive"] and "code" in r
         ]
-        doc: JsonObject = {
-            "status": ("degraded" if degraded else "ok") if ok else "unavailable",
-            "pipeline": self.served.model,
-            "stages": stages,
-        }
+        moved = list(runtime.supervisor.moves) if runtime.supervisor is not None else []
+        coming = {r["stage"] for r in recovering}
+        down = [s["name"] for s in stages if not s["alive"]]
+        status = "degraded" if degraded or moved else "ok"
+        if not ok:
+            status = "recovering" if all(name in coming for name in down) else "unavailable"
+        doc: JsonObject = {"status": status, "pipeline": self.served.model, "stages": stages}
         if degraded:  # a dead replica whose siblings serve: still 200, named
             doc["degraded"] = degraded
+        if recovering:
+            doc["recovering"] = recovering
+        if moved:
+            doc["moved"] = [{k: m[k] for k in ("stage", "from", "to", "why", "at")} for m in moved]
         if not ok:
             doc["failed"] = [
                 {"stage": s["name"], "device": s["device"], "code": s.get("code", "unavailable")}
@@ -76,6 +85,41 @@ class Info:
                 if not s["alive"]
             ]
         return JSONResponse(doc, status_code=200 if ok else 503)
+
+    def _recovering(self, failures: dict[str, StageHealth]) -> list[JsonObject]:
+        """Each stage instance coming back: its device actor restarting (``attempt``,
+        ``died_at``, ``cause``) or its stage moving to its fallback, or its route worker
+        being replaced (a runner's ``*_restarting`` code)."""
+        runtime = self.served.runtime
+        out: list[JsonObject] = []
+        for s in runtime.stages:
+            for ref in runtime.replicas[s.name]:
+                replica: JsonObject = {"replica": ref.index + 1} if ref.of > 1 else {}
+                status = runtime.supervisor.status(ref.holder) if runtime.supervisor else None
+                failed = failures.get(ref.holder)
+                if status and (status["state"] == "recovering" or status.get("moving")):
+                    doc: JsonObject = {
+                        "stage": s.name,
+                        **replica,
+                        "device": ref.device,
+                        "code": "stage_restarting",
+                    }
+                    if "attempt" in status:
+                        doc["attempt"] = status["attempt"]
+                    if "died_at" in status:
+                        doc["died_at"], doc["cause"] = status["died_at"], status.get("cause", "")
+                    out.append(doc)
+                elif failed is not None and failed["code"].endswith("_restarting"):
+                    out.append(
+                        {
+                            "stage": s.name,
+                            **replica,
+                            "device": ref.device,
+                            "code": failed["code"],
+                            "cause": failed["message"],
+                        }
+                    )
+        return out
 
     async def plan(self, request: Request) -> Response:
         """The plan with its measured peaks; absolute paths cut to their file names unless a
@@ -151,7 +195,10 @@ class Info:
                     "alive",
                     "loaded",
                     "final_output_type",
+                    "code",  # when it cannot serve: stage_restarting (coming back), crash_loop...
+                    "restart",  # once its actor died: the supervisor's state, attempt, cause
                 )
+                if k in s
             }
             for s in self.served.stage_states(failures)
         ]
@@ -164,6 +211,8 @@ class Info:
                 "queue": {
                     "in_flight": admission.in_flight,
                     "waiting": admission.waiting,
+                    # waiting (holding no slot) for a stage that is coming back
+                    "waiting_for_restart": self.served.runtime.waiting_for_stages,
                     "limit": admission.limit,
                     "max_waiting": admission.max_waiting,
                 },

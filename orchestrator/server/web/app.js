@@ -315,12 +315,14 @@ const talk = {
   bargeIns: [],                   // {responseId, cutSeconds, running}
   stoppedAt: null,                // performance.now() when the last speech_stopped arrived
   error: null,
+  reconnecting: false,            // a reply was cut by a stage restarting: said until a reply completes
   closed: null,                   // {code, reason} once the socket closed
 };
 
 function talkSnapshot() {
   return {
-    state: talk.state, error: talk.error, closed: talk.closed, inRate: talk.inRate, outRate: talk.outRate,
+    state: talk.state, error: talk.error, reconnecting: talk.reconnecting, closed: talk.closed,
+    inRate: talk.inRate, outRate: talk.outRate,
     framesSent: talk.framesSent, bytesSent: talk.bytesSent, frameBytes: talk.frameBytes,
     micRate: talk.ctx ? talk.ctx.sampleRate : null, level: talk.level, events: { ...talk.events },
     timeline: talk.timeline.slice(),
@@ -339,6 +341,10 @@ function talkSay(text, bad = false) {
   $("talk-state").textContent = text;
   $("talk-state").classList.toggle("bad", bad);
 }
+
+const RECONNECTING = "reconnecting the voice…";
+/** Said while a stage is coming back after its process died (code stage_restarting, or a stage
+ * the status says is restarting): the session stays open and the next turn waits for it. */
 
 const TALK_WORDS = {
   connecting: "Connecting…", listening: "Listening — speak now", hearing: "Hearing you…",
@@ -543,6 +549,12 @@ function onServerEvent(doc) {
       break;
     case "error": {
       const e = doc.error || {};
+      if (e.code === "stage_restarting") {
+        // a stage's process died and is being restarted: the session stays, the next turn waits for it
+        talk.reconnecting = true;
+        talkSay(RECONNECTING);
+        break;
+      }
       talk.error = e.message || e.code || "the server reported an error";
       talkSay(`Error: ${talk.error}`, true);
       break;
@@ -617,11 +629,15 @@ function replyDone(response) {
     r.el.classList.add("interrupted");
     r.el.dataset.note = details.reason === "turn_detected" ? "interrupted" : "cancelled";
   } else if (r.status === "failed") {
-    r.error = (details.error && details.error.message) || "the reply failed";
+    const restarting = details.error && details.error.code === "stage_restarting";
+    r.error = restarting ? RECONNECTING : (details.error && details.error.message) || "the reply failed";
     r.el.classList.add("failed");
     r.el.textContent = r.text ? `${r.text}\n\n${r.error}` : r.error;
+  } else if (r.status === "completed") {
+    talk.reconnecting = false;
   }
   if (!["off", "closed", "error", "hearing"].includes(talk.state)) setTalk("listening");
+  if (talk.reconnecting && talk.state === "listening") talkSay(RECONNECTING);
 }
 
 function failTalk(message) {
@@ -681,7 +697,13 @@ function el(tag, className, text) {
   return e;
 }
 
+/** Whether a stage is coming back: its device actor restarting, or moving to its fallback. */
+function restarting(stage) {
+  return stage.code === "stage_restarting" || Boolean(stage.restart && stage.restart.state === "recovering");
+}
+
 function stageState(stage) {
+  if (stage.alive === false && restarting(stage)) return ["loading", "restarting"];
   if (stage.alive === false) return ["down", "down"];
   if (stage.loaded === false) return ["loading", "loading"];
   return ["up", stage.loaded === undefined ? "alive" : "loaded"];
@@ -803,10 +825,13 @@ function renderStatus() {
   renderQueue(s.queue);
   renderPools(s.pools);
   renderRecent(s.recent, (s.stages || []).map((st) => st.name));
-  const down = (s.stages || []).filter((st) => st.alive === false).map((st) => `${st.name} on ${st.device}`);
+  const gone = (s.stages || []).filter((st) => st.alive === false);
+  const down = gone.filter((st) => !restarting(st)).map((st) => `${st.name} on ${st.device}`);
+  const back = gone.filter(restarting).map((st) => st.name);
   $("server-state").textContent = page.statusError ? page.statusError
-    : down.length ? `unavailable: ${down.join(", ")} down` : "serving";
-  $("server-state").className = `server-state ${page.statusError || down.length ? "bad" : "good"}`;
+    : down.length ? `unavailable: ${down.join(", ")} down`
+      : back.length ? `${RECONNECTING} (${back.join(", ")} restarting)` : "serving";
+  $("server-state").className = `server-state ${page.statusError || down.length ? "bad" : back.length ? "wait" : "good"}`;
 }
 
 let statusPath = "v1/status";

@@ -127,3 +127,26 @@ def test_out_writes_the_plan_file(tmp_path, capsys):
     out.parent.mkdir()  # a missing directory is refused (tests/test_bad_inputs.py)
     assert main(["plan", str(cfg), "--profile", str(prof), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["pipeline"] == "cli"
+
+
+def test_plan_shows_each_stages_restart_policy_and_its_fallback(tmp_path, capsys):
+    """The default policy is said in the human plan and left out of the JSON (plans of stages
+    that keep it are unchanged); a policy the config sets, and a fallback, are in both."""
+    cfg, prof = setup(tmp_path)
+    assert main(["plan", str(cfg), "--profile", str(prof)]) == 0
+    assert "Restarts: thinker up to 5 in 600 s, back-off 1-30 s" in capsys.readouterr().out
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 0
+    stage = json.loads(capsys.readouterr().out)["stages"][0]
+    assert "restart" not in stage and "on_device_loss" not in stage
+    text = cfg.read_text().replace(
+        "final_output: true}", "final_output: true, restart: {max: 2, window_s: 60}}"
+    )
+    cfg.write_text(text)
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 0
+    stage = json.loads(capsys.readouterr().out)["stages"][0]
+    assert stage["restart"] == {"max": 2, "window_s": 60.0, "backoff_s": 1.0, "backoff_max_s": 30.0}
+    cfg.write_text(text.replace("restart: {max: 2, window_s: 60}", "restart: never"))
+    assert main(["plan", str(cfg), "--profile", str(prof)]) == 0
+    assert "Restarts: thinker never restarted" in capsys.readouterr().out
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stages"][0]["restart"] == "never"

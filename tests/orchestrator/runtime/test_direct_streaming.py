@@ -136,7 +136,12 @@ def test_killing_the_consumer_s_actor_names_the_consumer_never_the_producer(
 ) -> None:
     """Killed before the thinker has fed anything (its next feed meets a dead actor), or once
     audio flows (a feed may be in flight): either way the voice and its device are named."""
-    rt = _start(tmp_path, "direct", thinker={"delay_s": 0.05}, voice={"delay_s": 0.05})
+    rt = _start(
+        tmp_path,
+        "direct",
+        thinker={"delay_s": 0.05},
+        voice={"delay_s": 0.05, "restart": "never"},
+    )
     try:
 
         async def main() -> BaseException | None:

@@ -107,9 +107,10 @@ def test_an_onnx_session_that_fails_to_open_is_named_and_the_ledger_is_as_before
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
 
 
-def _worker_runner(tmp_path: Path) -> Any:
+def _worker_runner(tmp_path: Path, **stage: Any) -> Any:
     """An exported stage whose session runs in a route worker (this venv's python as
-    the route's interpreter), loaded."""
+    the route's interpreter), loaded; ``stage``: more fields of the stage's config (its
+    ``restart``)."""
     import sys
 
     from orchestrator.config import parse_config
@@ -132,6 +133,7 @@ def _worker_runner(tmp_path: Path) -> Any:
                     "backends": ["ort-cpu"],
                     "final_output": True,
                     "final_output_type": "tensor",
+                    **stage,
                 }
             ],
         },
@@ -169,10 +171,11 @@ def _one(runner: Any, rid: str) -> Any:
 def test_a_route_worker_that_exits_mid_run_is_named_and_the_next_request_refused_clearly(
     tmp_path: Path, private_cache: Path
 ) -> None:
+    """``restart: never``: today's rule, a dead route worker is said and stays dead."""
     import os
     import signal
 
-    runner = _worker_runner(tmp_path)
+    runner = _worker_runner(tmp_path, restart="never")
     try:
         assert len(_one(runner, "ok")) == 1  # works while the worker lives
         os.kill(runner._host.pid, signal.SIGKILL)  # what an OOM kill does
@@ -249,3 +252,106 @@ def test_a_vllm_engine_that_fails_to_start_is_named_and_the_ledger_is_as_before(
         history["after failed load thinker"]["holders"] == history["before load thinker"]["holders"]
     )
     assert rt.final_ledger is not None and rt.final_ledger["held_bytes"] == 0
+
+
+def _until(what: str, ok: Any, wait_s: float = 60.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {wait_s:g} s: {what}"
+        time.sleep(0.02)
+
+
+FAST = {"max": 5, "window_s": 600, "backoff_s": 0.1, "backoff_max_s": 0.2}
+
+
+@pytest.mark.ort
+def test_a_route_worker_killed_before_its_output_is_replaced_and_said_while_it_is(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    """Killed while idle (before the next call's output): the watch replaces it at once, its
+    session reopened from the artifact; while it is down the stage says so
+    (``route_worker_restarting``); the next call is served as before, and counted."""
+    import os
+    import signal
+
+    import numpy as np
+
+    runner = _worker_runner(tmp_path, restart=FAST)
+    host = runner._host
+    try:
+        (before,) = _one(runner, "ok")
+        old = host.pid
+        with host._lock:  # the replacement waits for this lock: the dead worker is seen first
+            os.kill(old, signal.SIGKILL)
+            _until("the worker's death", lambda: host._proc.poll() is not None)
+            said = runner.health()
+            assert said is not None and said["code"] == "route_worker_restarting", said
+        _until("replaced", lambda: host.revival.restarts == 1 and not host.revival.restarting)
+        assert host.pid != old and runner.health() is None and runner.worker_restarts() == 1
+        assert "exited with code -9 while idle" in host.revival.last
+        (after,) = _one(runner, "again")
+        for name in before:
+            np.testing.assert_allclose(after[name], before[name], rtol=1e-6)
+        assert runner.request_stats("again")["worker_restarts"] == 1  # its stats say so
+    finally:
+        runner.close()
+
+
+@pytest.mark.ort
+def test_a_call_cut_by_its_workers_death_is_run_once_more_and_delivered_once(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    """Killed mid-call (its request sent, no reply yet: the worker stopped with SIGSTOP, then
+    SIGKILL): nothing of that call reached the caller, so it runs again once on a fresh
+    worker, and its one output comes back once."""
+    import os
+    import signal
+    import threading
+
+    import numpy as np
+
+    runner = _worker_runner(tmp_path, restart=FAST)
+    host = runner._host
+    try:
+        (before,) = _one(runner, "ok")
+        os.kill(host.pid, signal.SIGSTOP)  # alive, answering nothing
+        out: list[Any] = []
+        caller = threading.Thread(target=lambda: out.append(_one(runner, "cut")))
+        caller.start()
+        _until("the call in flight", lambda: host.in_call == "run")
+        os.kill(host.pid, signal.SIGKILL)
+        caller.join(60)
+        assert not caller.is_alive() and len(out) == 1
+        (items,) = out
+        assert len(items) == 1  # one output: delivered once
+        for name in before:
+            np.testing.assert_allclose(items[0][name], before[name], rtol=1e-6)
+        assert host.revival.restarts == 1 and "died during 'run'" in host.revival.last
+    finally:
+        runner.close()
+
+
+@pytest.mark.ort
+def test_a_route_worker_that_keeps_dying_is_a_crash_loop_named_and_not_replaced(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    import os
+    import signal
+
+    runner = _worker_runner(tmp_path, restart={**FAST, "max": 1})
+    host = runner._host
+    try:
+        os.kill(host.pid, signal.SIGKILL)
+        _until("the first replacement", lambda: host.revival.restarts == 1)
+        os.kill(host.pid, signal.SIGKILL)  # a second death within the window: over max 1
+        _until("the crash loop", lambda: host.revival.crash_loop is not None)
+        with pytest.raises(StageFailed) as info:
+            _one(runner, "r1")
+        e = info.value
+        assert (e.stage, e.device) == ("net", "cpu") and "route 'worker'" in e.cause
+        assert "a crash loop" in e.cause and "died 2 times within 600 s (restart: max 1)" in e.cause
+        said = runner.health()
+        assert said is not None and said["code"] == "route_worker_failed"
+        assert host.revival.restarts == 1 and host._proc.poll() is not None
+    finally:
+        runner.close()

@@ -92,3 +92,32 @@ def test_replace_swaps_only_the_reservation_on_its_own_pool() -> None:
         held["second/host_ram"]["bytes"] == 300 * MiB and held["second/host_ram"]["evidence"] == "M"
     )
     assert held["head/host_ram"]["bytes"] == 900 * MiB and held["head/host_ram"]["evidence"] == "E"
+
+
+def test_retake_holds_a_restarted_stage_once_however_often_it_is_tried() -> None:
+    """A restart takes the dead actor's holders again: after a release, after none (an attempt
+    that died with them held), twice in a row: always the plan's reservations, never twice."""
+    s = service()
+    plan = [r("weights", 400), r("load_transient", 100, "load")]
+    s.admit("voice", plan)
+    s.release("voice", "load")
+    held = s.snapshot()["held_bytes"]
+    s.release("voice")  # its actor died
+    assert s.retake([("voice", plan)])["ok"]
+    assert s.snapshot()["held_bytes"] == held + 100 * MiB  # loading again: the transient too
+    assert s.retake([("voice", plan)])["ok"]  # an attempt that died holding it, tried again
+    assert s.snapshot()["held_bytes"] == held + 100 * MiB
+    s.release("voice", "load")
+    assert s.snapshot()["held_bytes"] == held and s.holders() == ["voice"]
+    assert [e["event"] for e in s.events if e["holder"] == "voice"].count("retake") == 2
+
+
+def test_retake_is_all_or_nothing_and_keeps_what_was_held_when_refused() -> None:
+    s = service()
+    s.admit("thinker", [r("weights", 500)])
+    s.admit("voice", [r("weights", 100)])
+    answer = s.retake([("voice", [r("weights", 300)]), ("asr", [r("weights", 300)])])
+    assert not answer["ok"] and answer["shortfalls"][0]["pool"] == "host_ram"
+    assert s.holders() == ["thinker", "voice"] and s.snapshot()["held_bytes"] == 600 * MiB
+    assert s.retake([("voice", [r("weights", 200)]), ("asr", [r("weights", 200)])])["ok"]
+    assert s.snapshot()["held_bytes"] == 900 * MiB

@@ -254,7 +254,10 @@ def test_killing_a_device_actor_mid_request_fails_fast_and_releases_its_stages(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
     plan, config = echo_pipeline(
-        tmp_path, thinker={"delay_s": 0.05}, voice={"delay_s": 0.05}, voice_device="igpu:0"
+        tmp_path,
+        thinker={"delay_s": 0.05},
+        voice={"delay_s": 0.05, "restart": "never"},  # today's rule: a dead stage stays down
+        voice_device="igpu:0",
     )
     rt = Runtime(plan, config)
     rt.start()

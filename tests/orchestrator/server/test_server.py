@@ -700,7 +700,7 @@ def test_a_dead_stage_fails_only_the_requests_that_need_it(
     from orchestrator.server import create_app
     from tests.helpers.echo import echo_pipeline
 
-    plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
+    plan, config = echo_pipeline(tmp_path, thinker={"restart": "never"}, voice_device="igpu:0")
     p = Pipeline(plan, config, record=None).start()
     s = _Served(create_app(p))
     try:

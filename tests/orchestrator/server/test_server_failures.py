@@ -44,3 +44,22 @@ def test_a_fault_of_the_server_is_raised_over_http_and_an_internal_error_in_a_se
         500,
         {"type": "server_error", "code": "internal_error", "message": "KeyError (the log has it)"},
     )
+
+
+def test_a_stage_coming_back_is_a_503_to_retry_and_a_crash_loop_one_not_to() -> None:
+    """``stage_restarting`` (its device actor is being restarted) asks the client to retry:
+    ``Retry-After``, and the same code in a realtime session's error; ``crash_loop`` names
+    itself with no retry; the cause (paths, a worker's output) stays in the log."""
+    restarting = StageFailed("voice", "cpu", "pid 4242 died: /opt/x", code="stage_restarting")
+    response = error_for(restarting)
+    body = json.loads(bytes(response.body))["error"]
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
+    assert body["code"] == "stage_restarting" and body["param"] == "voice"
+    assert "is coming back" in body["message"] and "/opt/x" not in body["message"]
+    assert Replies._failure(restarting)[2]["code"] == "stage_restarting"
+    loop = error_for(StageFailed("voice", "cpu", "crashed", code="crash_loop"))
+    assert loop.status_code == 503 and "retry-after" not in loop.headers
+    assert json.loads(bytes(loop.body))["error"]["code"] == "crash_loop"
+    # any other code of a stage's failure reads as stage_failed, as before
+    other = error_for(StageFailed("voice", "cpu", "x", code="device_actor_died"))
+    assert json.loads(bytes(other.body))["error"]["code"] == "stage_failed"

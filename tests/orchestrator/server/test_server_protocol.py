@@ -28,6 +28,7 @@ from orchestrator.server.protocol import (
     read_speech,
 )
 from stages.audio_items import RESAMPLE_BLOCK_SAMPLES, Cancelled, resample, resample_blocks
+from stages.requests import ChatRequest
 
 LIMITS = ServerLimits()
 HI = [{"role": "user", "content": "hi"}]
@@ -400,3 +401,13 @@ def test_a_limit_flag_that_is_not_positive_exits_2_before_anything_starts(
     rc = main(["serve", str(tmp_path / "never-read.yaml"), flag, value])
     err = capsys.readouterr().err
     assert rc == 2 and flag in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_chats_max_tokens_reaches_the_request_whichever_field_names_it(field: str) -> None:
+    """Both OpenAI fields name the decode stage's ``max_tokens``: the one sent counts, never
+    the other's absence written over it (an HTTP chat's ``max_tokens`` was dropped)."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], field: 24, "temperature": 0.5}
+    call = read_chat(json.dumps(body).encode(), audio_entry=False, has_audio=False, limits=LIMITS)
+    assert isinstance(call.request, ChatRequest)
+    assert call.request.sampling == {"max_tokens": 24, "temperature": 0.5}

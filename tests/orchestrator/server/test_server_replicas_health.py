@@ -40,7 +40,9 @@ def test_a_dead_replica_is_degraded_named_and_every_replica_dead_is_503(
     from orchestrator.server import create_app
     from tests.helpers.echo import echo_pipeline
 
-    plan, config = echo_pipeline(tmp_path, voice_replicas=("igpu:0", "npu:0"))
+    plan, config = echo_pipeline(
+        tmp_path, voice={"restart": "never"}, voice_replicas=("igpu:0", "npu:0")
+    )
     p = Pipeline(plan, config, record=None).start()
     s = _Served(create_app(p))
     try:

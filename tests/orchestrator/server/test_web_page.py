@@ -408,6 +408,61 @@ def test_a_refused_request_shows_the_servers_message(
     page.close()
 
 
+def test_a_stage_coming_back_shows_reconnecting_the_voice_not_silence(
+    browser: Any, contract_server: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """The status says the voice's process died and is being restarted: the page says
+    "reconnecting the voice…" and badges the stage "restarting" (not "down"); in Talk, an
+    ``error`` with code ``stage_restarting`` and the reply it failed say the same, and a
+    completed reply clears it."""
+    url, _ = contract_server
+    restarting = json.loads(json.dumps(STATUS))
+    voice = restarting["stages"][1]
+    voice.update(
+        alive=False,
+        loaded=False,
+        code="stage_restarting",
+        restart={"state": "recovering", "attempt": 1, "device": "igpu:0", "cause": "killed"},
+    )
+    page = browser.new_page()
+    page.route(
+        "**/v1/status",
+        lambda route: route.fulfill(
+            status=200, headers={"Content-Type": "application/json"}, body=json.dumps(restarting)
+        ),
+    )
+    page.goto(url + "/")
+    _wait_for(page, "document.getElementById('server-state').textContent.includes('voice')")
+    assert (
+        page.locator("#server-state").inner_text() == "reconnecting the voice… (voice restarting)"
+    )
+    assert page.locator("#stages li[data-stage=voice] .badge").inner_text() == "restarting"
+    said = page.evaluate("""() => {
+        onServerEvent({type: "response.created", response: {id: "resp_1"}});
+        onServerEvent({type: "error", error: {type: "server_error", code: "stage_restarting",
+                       message: "stage 'voice' on igpu:0 is coming back"}});
+        const during = document.getElementById('talk-state').textContent;
+        onServerEvent({type: "response.done", response: {id: "resp_1", status: "failed",
+            status_details: {type: "failed", error: {code: "stage_restarting", message: "x"}}}});
+        return {during, reconnecting: window.omniEdge.talk.reconnecting,
+                reply: window.omniEdge.talk.responses[0].error};
+    }""")
+    assert said == {
+        "during": "reconnecting the voice…",
+        "reconnecting": True,
+        "reply": "reconnecting the voice…",
+    }, said
+    assert (
+        page.evaluate("""() => {
+        onServerEvent({type: "response.created", response: {id: "resp_2"}});
+        onServerEvent({type: "response.done", response: {id: "resp_2", status: "completed"}});
+        return window.omniEdge.talk.reconnecting;
+    }""")
+        is False
+    )
+    page.close()
+
+
 # ---------------------------------------------------------------- the real server
 
 

@@ -29,7 +29,9 @@ loads chained through these files overlap by construction.
 A stage with a ``gate_file`` holds its last output item of every request until that
 file exists (at most ``gate_timeout_s``), creating ``waiting_file`` when it starts to
 wait: what a test of two real ``omni-edge run`` processes orders them by (both runs
-mid-reply, then one let finish, then the other).
+mid-reply, then one let finish, then the other). ``load_waiting_file`` is written with the
+process id when ``load()`` begins (a test kills that process mid-load), and while
+``crash_file`` exists ``load()`` kills its own process (a crash loop, by construction).
 
 With ``load_stamps`` (a directory) ``load()`` writes when it began and ended there
 (``<stage>.start``, ``<stage>.end``: ``time.perf_counter()``, the machine's monotonic clock,
@@ -45,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -111,6 +115,16 @@ class EchoConfig(StageConfig):
     gate_timeout_s: float = Field(
         GATE_TIMEOUT_S, gt=0, description="The longest wait at gate_file; then the item goes."
     )
+    load_waiting_file: str | None = Field(
+        None,
+        description="Written with the process id when load() begins (a test kills the process "
+        "while it loads).",
+    )
+    crash_file: str | None = Field(
+        None,
+        description="While this file exists, load() kills its own process with SIGKILL (a driver "
+        "that crashes the process at every load: a crash loop).",
+    )
     load_stamps: str | None = Field(
         None, description="A directory where load() writes its start and end stamps."
     )
@@ -151,6 +165,10 @@ class EchoRunner(StageRunner):
                 self.spans.setdefault(request_id, []).append((start, time.perf_counter()))
 
     def load(self) -> None:
+        if self.cfg.load_waiting_file is not None:
+            Path(self.cfg.load_waiting_file).write_text(str(os.getpid()))
+        if self.cfg.crash_file is not None and Path(self.cfg.crash_file).exists():
+            os.kill(os.getpid(), signal.SIGKILL)
         stamps = Path(self.cfg.load_stamps) if self.cfg.load_stamps else None
         if stamps is not None:
             (stamps / f"{self.cfg.name}.start").write_text(repr(time.perf_counter()))
