@@ -302,7 +302,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from orchestrator.api import Pipeline, prepare_models
-    from orchestrator.commands.render import ProgressBars
+    from orchestrator.commands.progress import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile

@@ -210,7 +210,7 @@ def main() -> int:
     import ray  # noqa: F401  - imported once, outside every timing
 
     from orchestrator.api import prepare_models
-    from orchestrator.commands.render import ProgressBars
+    from orchestrator.commands.progress import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile

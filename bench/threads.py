@@ -169,7 +169,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from orchestrator.api import prepare_models, unverified_stages, verify_then_replan
-    from orchestrator.commands.render import ProgressBars
+    from orchestrator.commands.progress import ProgressBars
     from orchestrator.config import load_config
     from orchestrator.planner import plan_pipeline
     from orchestrator.probe import resolve_profile

@@ -270,7 +270,7 @@ class PipelineOptions:
 class StartProgress(Protocol):
     """What a pipeline tells while it starts (``Pipeline.start``, ``PipelineOptions.progress``).
     Without one nothing is told, so a library user's pipeline draws nothing; the CLI's
-    (``commands.render.TerminalProgress``) draws the weights' progress bars and a live line
+    (``commands.progress.TerminalProgress``) draws the weights' progress bars and a live line
     per stage on stderr."""
 
     def weights(self) -> Progress | None:

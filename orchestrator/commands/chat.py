@@ -486,7 +486,7 @@ def start_local(args: argparse.Namespace, console: Console) -> Pipeline | None:
     """Plan, verify and start CONFIG (sampling checked against it first); None
     when the plan is refused (printed)."""
     from orchestrator.api import Pipeline
-    from orchestrator.commands.render import TerminalProgress
+    from orchestrator.commands.progress import TerminalProgress
     from orchestrator.config import load_config
     from orchestrator.core.errors import PlanRefused
 

@@ -267,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     evidence is missing, re-planned), the pipeline run, its record written, the result printed."""
     from orchestrator.api import Pipeline, admit_plan
     from orchestrator.commands.exits import EXIT_OK, EXIT_REFUSED
-    from orchestrator.commands.render import TerminalProgress
+    from orchestrator.commands.progress import TerminalProgress
     from orchestrator.config import load_config
     from orchestrator.core.console import make_console
 
@@ -364,7 +364,7 @@ def _execute(
 ) -> None:
     """Start the pipeline, stream the reply (and the WAV), measure the peaks; a failure or a
     signal is kept in ``run``, and nothing half-written is left at --out."""
-    from orchestrator.commands.render import TerminalProgress
+    from orchestrator.commands.progress import TerminalProgress
 
     wav_out = WavOut(args.out) if args.out else None
     try:

@@ -606,7 +606,7 @@ def _start_pipeline(args: argparse.Namespace, console: Any) -> Any:
     ``console``), planned with the server's own memory, started with its progress."""
     from orchestrator.api import Pipeline
     from orchestrator.commands.common import console_admit_progress, pipeline_options
-    from orchestrator.commands.render import TerminalProgress
+    from orchestrator.commands.progress import TerminalProgress
 
     console.print("[dim]planning, verifying and starting the pipeline …[/]")
     return Pipeline.from_config(

@@ -236,7 +236,7 @@ def test_pipeline_start_with_progress_prints_one_plain_line_per_change_off_a_ter
     from orchestrator.api import Pipeline
 
     plan, config = echo_pipeline(tmp_path, voice_device="igpu:0")
-    from orchestrator.commands.render import TerminalProgress
+    from orchestrator.commands.progress import TerminalProgress
 
     with Pipeline(plan, config, record=None).start(progress=TerminalProgress()):
         pass
