@@ -10,8 +10,10 @@ A body goes through four steps, each a 400 in OpenAI's error shape naming the fi
 3. validated against its model here (:class:`ChatBody`, :class:`SpeechBody`): types
    and OpenAI's own ranges, and vLLM's (``seed`` within int64, ``temperature``
    finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone
-   surrogate) is refused. Keys the models do not name are ignored, as OpenAI's
-   server ignores them;
+   surrogate) is refused. OpenAI's fields that would change the reply and are not
+   served (``tools``, ``logprobs``, ...) are refused by name
+   (:mod:`orchestrator.server.chat_fields` holds the table); keys the models do not
+   name are otherwise ignored, as OpenAI's server ignores them;
 4. checked against the server's limits (:class:`ServerLimits`: messages per
    request, characters of text, the speech input's length, the recording's bytes
    and seconds), each named with its ``omni-edge serve`` flag in the 400.
@@ -43,6 +45,7 @@ from pydantic import (
 from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
+from orchestrator.server.chat_fields import first_refused
 from orchestrator.server.limits import FLAGS, ServerLimits
 from stages.payloads import Array, AudioItem, Item
 from stages.requests import (
@@ -66,9 +69,10 @@ SAMPLING_FIELDS = {
     "seed": "seed",
     "min_tokens": "min_tokens",
     "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
 }
-"""OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
-``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
+"""OpenAI request fields → the decode stage's sampling keys (``min_tokens``, ``top_k`` and
+``repetition_penalty`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")
 SPEECH_FORMATS = ("wav", "pcm")
 AUDIO_INPUT_FORMATS = ("wav",)
@@ -199,6 +203,7 @@ class ChatBody(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
 
 
 class SpeechBody(_Body):
@@ -219,6 +224,7 @@ FIXES = {
     "max_tokens": "a whole number of at least 1, e.g. 64",
     "max_completion_tokens": "a whole number of at least 1, e.g. 64",
     "min_tokens": "a whole number of at least 0, e.g. 16",
+    "repetition_penalty": "a finite number above 0; 1.0 is none, e.g. 1.1",
     "n": "leave n unset or 1",
     "stream": "true or false",
     "stream_options": "e.g. {'include_usage': true}",
@@ -396,6 +402,10 @@ def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
             _over(limits, "max_messages", f"{len(body['messages'])} messages"),
             f"send fewer (drop the oldest turns), or raise {FLAGS['max_messages']}",
         )
+    refused = first_refused(body) if isinstance(body, dict) else None
+    if refused is not None:  # a field that would change the reply, which is not served
+        where, value, fix = refused
+        raise _bad(where, f"{_shown(value)}: is not served, and the reply would differ", fix)
     chat: ChatBody = validated(ChatBody, body, CHAT_EXAMPLE)
     _check_text(chat, limits)
     return chat
