@@ -30,6 +30,10 @@ HONOURED: dict[str, str] = {
     "temperature": "0 to 2",
     "top_p": "above 0, at most 1",
     "seed": "int64",
+    "stop": "a string or up to 4 (1 to 256 characters each); the reply ends before the "
+    "first one, which is not sent (finish_reason stop)",
+    "presence_penalty": "-2 to 2, over the reply's tokens",
+    "frequency_penalty": "-2 to 2, over the reply's tokens",
 }
 """OpenAI's fields the server acts on, with the bound or the meaning it gives them."""
 
@@ -72,9 +76,6 @@ REFUSED: dict[str, str] = {
     "verbosity": "leave verbosity out: the reply's length is set with max_tokens",
     "web_search_options": "leave web_search_options out: the pipeline has no web search",
     "moderation": "leave moderation out: no moderation pass runs on the input or the reply",
-    "stop": "leave stop out: stop sequences are not applied yet",
-    "presence_penalty": "leave presence_penalty out or 0",
-    "frequency_penalty": "leave frequency_penalty out or 0",
 }
 """OpenAI's fields the server does not honour and that would change what the caller gets:
 each, set to anything but its :data:`NEUTRAL` value, is a 400 naming it with this remedy."""
@@ -87,8 +88,6 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
 }
 """The values of a refused field that ask for nothing (as leaving it out or ``null`` does)."""
 

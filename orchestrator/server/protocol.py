@@ -38,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StringConstraints,
     Tag,
     ValidationError,
 )
@@ -52,6 +53,9 @@ from stages.requests import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    PENALTY_MAX,
+    STOP_MAX_CHARS,
+    STOPS_MAX,
     TEMPERATURE_MAX,
     AudioRequest,
     ChatMessage,
@@ -67,6 +71,9 @@ SAMPLING_FIELDS = {
     "temperature": "temperature",
     "top_p": "top_p",
     "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "stop": "stop",
     "min_tokens": "min_tokens",
     "top_k": "top_k",
     "repetition_penalty": "repetition_penalty",
@@ -92,6 +99,9 @@ def _unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
+StopString = Annotated[
+    str, AfterValidator(_unicode), StringConstraints(min_length=1, max_length=STOP_MAX_CHARS)
+]
 
 
 class _Body(BaseModel):
@@ -204,6 +214,13 @@ class ChatBody(_Body):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(
+        None, ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False
+    )
+    stop: StopString | list[StopString] | None = Field(None, max_length=STOPS_MAX)
 
 
 class SpeechBody(_Body):
@@ -225,6 +242,9 @@ FIXES = {
     "max_completion_tokens": "a whole number of at least 1, e.g. 64",
     "min_tokens": "a whole number of at least 0, e.g. 16",
     "repetition_penalty": "a finite number above 0; 1.0 is none, e.g. 1.1",
+    "presence_penalty": f"a number from -{PENALTY_MAX:g} to {PENALTY_MAX:g}, e.g. 0.5",
+    "frequency_penalty": f"a number from -{PENALTY_MAX:g} to {PENALTY_MAX:g}, e.g. 0.5",
+    "stop": f"a string or a list of up to {STOPS_MAX}, each 1 to {STOP_MAX_CHARS} characters",
     "n": "leave n unset or 1",
     "stream": "true or false",
     "stream_options": "e.g. {'include_usage': true}",
@@ -450,6 +470,8 @@ def _chat_prompt(
 
 def _sampling(chat: ChatBody) -> Sampling:
     values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
+    if isinstance(values["stop"], str):
+        values["stop"] = [values["stop"]]
     return cast(Sampling, {key: v for key, v in values.items() if v is not None})
 
 

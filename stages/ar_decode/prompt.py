@@ -206,11 +206,42 @@ def checkpoint_tokenizer(stage_plan: StagePlan) -> Any | None:
         return None
 
 
-def check_request(stage: Any, tokenizer: Any | None, prompt: Any) -> None:
+OFF_VALUES: dict[str, tuple[object, ...]] = {
+    "stop": ([], ()),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+}
+"""The values of a sampling key that ask for nothing (an engine that lacks the key serves them)."""
+
+
+def check_served(sampling: Sampling, unserved: dict[str, str], backend: str) -> None:
+    """``BadRequest`` naming the first key of ``sampling`` that asks for something the engine of
+    ``backend`` cannot do (``DecodeEngine.unserved_sampling``: key → remedy)."""
+    for key, fix in unserved.items():
+        value = sampling.get(key)
+        if value is not None and value not in OFF_VALUES.get(key, ()):
+            shown = repr(value)
+            raise BadRequest.single(
+                f"request.sampling.{key}",
+                f"{shown if len(shown) <= 40 else shown[:37] + '...'}: the stage's backend "
+                f"{backend} cannot apply it, and the reply would differ without it",
+                fix,
+            )
+
+
+def check_request(
+    stage: Any,
+    tokenizer: Any | None,
+    prompt: Any,
+    unserved: dict[str, str] | None = None,
+    backend: str = "",
+) -> None:
     """Check a request for this stage before it reaches a device actor: its shape and sampling
-    (:func:`request_parts`), then its length with ``tokenizer`` — the one its engine reads —
-    and the chat template (:func:`check_length`). Raises ``BadRequest``; with no tokenizer
-    (none yet) the length is left to the engine."""
+    (:func:`request_parts`; a key the engine cannot honour, :func:`check_served`), then its
+    length with ``tokenizer`` — the one its engine reads — and the chat template
+    (:func:`check_length`). Raises ``BadRequest``; with no tokenizer (none yet) the length is
+    left to the engine."""
     messages, sampling = request_parts(stage, [prompt])
+    check_served(sampling, unserved or {}, backend)
     if tokenizer is not None:
         check_length(stage, len(encode(tokenizer, messages)), sampling)

@@ -88,6 +88,10 @@ class DecodeEngine(ABC):
     is tried on this engine for, in table order; empty: only a stage that names it."""
     format_rules: ClassVar[tuple[FormatRule, ...]] = ()
     """The weight formats its backends execute, each with its reason (``stages.ar_decode.formats``)."""
+    unserved_sampling: ClassVar[dict[str, str]] = {}
+    """Sampling keys (``stages.requests.Sampling``) this engine cannot honour → the remedy. A
+    request whose sampling (its own, or the config's) asks for one is refused naming the key
+    and the backend (``prompt.check_served``), never decoded without it."""
 
     def __init__(self) -> None:
         row = engine_table.row(self.name)

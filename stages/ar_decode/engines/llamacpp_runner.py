@@ -22,13 +22,17 @@ same public behaviour (deltas, stats, errors, evidence M):
   scheduler, :class:`_Engine`, is this module's own).
 * Each sequence samples with its own llama.cpp sampler chain:
   ``repetition_penalty`` (over the prompt and the reply, as vLLM counts it),
-  ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
+  ``presence_penalty`` and ``frequency_penalty`` (over the reply only, as OpenAI and
+  vLLM count them), ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
   ``seed`` — greedy when ``temperature`` is 0. Temperature comes before
   ``top_p`` as in vLLM, so a nucleus is taken from the distribution that is
   sampled. ``min_tokens``: the end-of-generation tokens' logits are set to
   -inf (a logit-bias sampler at the head of the chain) until that many tokens
   were generated, then the bias is taken out of the chain.
-* Stop reasons are vLLM's: ``stop`` (an end-of-generation token), ``length``
+* ``stop`` strings: the reply's text is cut before the first one
+  (:class:`stages.ar_decode.stops.StopText`: a delta that may begin one is held back
+  until it is known), and the sequence ends there.
+* Stop reasons are vLLM's: ``stop`` (an end-of-generation token or a stop string), ``length``
   (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
   closed the stream: the sequence leaves the batch at the next step and the
   cells of its reply are cleared, so its slot serves the next request).
@@ -68,6 +72,7 @@ from orchestrator.core.errors import BadRequest, StageFailed
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
 from stages.ar_decode.prompt import check_length, encode, request_parts
+from stages.ar_decode.stops import StopText
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -151,6 +156,7 @@ class _Slot:
         "prompt",
         "req",
         "seq",
+        "stops",
         "text",
     )
 
@@ -163,6 +169,7 @@ class _Slot:
         bias: bool,
         max_tokens: int,
         min_tokens: int,
+        stops: Sequence[str] = (),
     ) -> None:
         self.seq = seq
         self.req = req
@@ -176,6 +183,7 @@ class _Slot:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.text = Utf8Deltas()
+        self.stops = StopText(stops)
         self.out = -1  # this step's batch row with logits, -1 when none
 
 
@@ -409,6 +417,15 @@ class LlamaCppRunner(ThreadedEngineRunner):
             )
             for token in prompt:  # vLLM's repetition penalty counts the prompt's tokens too
                 lc.llama_sampler_accept(chain, token)
+        frequency = float(sampling.get("frequency_penalty") or 0.0)
+        presence = float(sampling.get("presence_penalty") or 0.0)
+        if frequency or presence:  # added after the prompt was fed: they count the reply only
+            add(
+                chain,
+                lc.llama_sampler_init_penalties(
+                    vocab.n_vocab, self._seq_limit, 1.0, frequency, presence
+                ),
+            )
         temperature = float(sampling.get("temperature", 1.0))
         if temperature <= 0.0:
             add(chain, lc.llama_sampler_init_greedy())
@@ -511,7 +528,8 @@ class _Engine:
         self.runner._free_slots = len(self.free)
         req = slot.req
         if reason is not None:
-            tail = slot.text.flush()
+            tail = slot.stops.add(slot.text.flush())
+            tail += slot.stops.flush()
             if tail:
                 req.put(tail)
             req.end(reason)
@@ -577,6 +595,7 @@ class _Engine:
                 bias,
                 int(sampling.get("max_tokens") or 16),
                 int(sampling.get("min_tokens") or 0),
+                sampling.get("stop") or (),
             )
             slot.fed = slot.pos = req.extra["reused_prompt_tokens"] = reuse
             self.running.append(slot)
@@ -668,10 +687,12 @@ class _Engine:
             piece = self.pieces.get(token)
             if piece is None:
                 piece = self.pieces[token] = self.vocab.piece(token)
-            text = slot.text.add(piece)
+            text = slot.stops.add(slot.text.add(piece))
             if text:
                 req.put(text)
-            if slot.generated >= slot.max_tokens or slot.pos >= limit:
+            if slot.stops.stopped:
+                self.finish(slot, "stop")
+            elif slot.generated >= slot.max_tokens or slot.pos >= limit:
                 self.finish(slot, "length")
             else:
                 slot.last = token

@@ -51,9 +51,6 @@ ASKING: dict[str, Any] = {
     "verbosity": "low",
     "web_search_options": {},
     "moderation": {"model": "omni-moderation-latest"},
-    "stop": ["five"],
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
 }
 HARMLESS: dict[str, Any] = {
     # a value of each ignored field a client may send

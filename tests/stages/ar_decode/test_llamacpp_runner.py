@@ -459,3 +459,55 @@ def test_what_llama_cpp_cannot_start_is_a_stage_failure() -> None:
         assert info.value.stage == "thinker" and "llama.cpp did not start" in info.value.cause
         assert expected in info.value.cause, info.value.cause
         r.close()
+
+
+# ---- stop strings and the OpenAI penalties ------------------------------------------------
+
+
+@needs_llama_cpp
+def test_a_stop_string_cuts_the_reply_before_it_and_ends_the_sequence(
+    runner: LlamaCppRunner,
+) -> None:
+    # Greedy, 24 tokens: the same reply in this process each time. Its own middle is a stop
+    # string it is known to hold, so the cut reply is known exactly: what precedes the first
+    # occurrence, the string itself never sent.
+    ask = "Tell me three facts about the Moon."
+    whole = "".join(asyncio.run(_collect(runner, "whole", _fixed(ask, 24, temperature=0.0))))
+    assert runner.request_stats("whole")["tokens"] == 24
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 4]
+    deltas = asyncio.run(
+        _collect(runner, "cut", _fixed(ask, 24, temperature=0.0, stop=["\x00never", stop]))
+    )
+    assert "".join(deltas) == whole[: whole.find(stop)]
+    stats = runner.request_stats("cut")
+    assert stats["finish_reason"] == "stop" and stats["tokens"] < 24
+    # a stop string the reply never holds changes nothing, and is not held back at the end
+    kept = asyncio.run(_collect(runner, "kept", _fixed(ask, 24, temperature=0.0, stop=["\x00"])))
+    assert "".join(kept) == whole
+    _wait_all_free(runner)
+
+
+@needs_llama_cpp
+def test_presence_and_frequency_penalties_join_the_chain_after_the_prompt(
+    runner: LlamaCppRunner,
+) -> None:
+    lc = runner._lc
+
+    def names(sampling: dict[str, Any]) -> list[str]:
+        chain, _ = runner._chain(sampling, [1, 2, 3])
+        try:
+            return [
+                lc.llama_sampler_name(lc.llama_sampler_chain_get(chain, i)).decode()
+                for i in range(lc.llama_sampler_chain_n(chain))
+            ]
+        finally:
+            lc.llama_sampler_free(chain)
+
+    greedy = {"temperature": 0.0}
+    assert names(greedy) == ["greedy"]
+    assert names({**greedy, "presence_penalty": 0.5}) == ["penalties", "greedy"]
+    assert names({**greedy, "repetition_penalty": 1.1, "frequency_penalty": -0.5}) == [
+        "penalties",  # the repetition penalty, fed the prompt
+        "penalties",  # the OpenAI penalties, fed only the reply
+        "greedy",
+    ]
