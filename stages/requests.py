@@ -63,6 +63,22 @@ class Sampling(TypedDict, total=False):
 
 SAMPLING_KEYS: tuple[str, ...] = tuple(Sampling.__annotations__)
 """The keys a request's ``sampling`` may have, in the order refusals list them."""
+OFF_VALUES: dict[str, tuple[object, ...]] = {
+    "stop": ([], ()),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+}
+"""The keys that shape the reply's text beyond sampling a token (a stage that cannot apply one
+must refuse it), each with the values that ask for nothing."""
+
+
+def asked(sampling: Mapping[str, object], key: str) -> bool:
+    """Whether ``sampling`` asks for ``key`` (one of :data:`OFF_VALUES`' keys): set, and not to
+    a value that asks for nothing."""
+    value = sampling.get(key)
+    return value is not None and value not in OFF_VALUES.get(key, ())
+
+
 _FLOAT_KEYS = frozenset(
     {"temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 )

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup
-from stages.requests import SAMPLING_KEYS, Sampling
+from stages.requests import SAMPLING_KEYS, Sampling, asked
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -206,21 +206,12 @@ def checkpoint_tokenizer(stage_plan: StagePlan) -> Any | None:
         return None
 
 
-OFF_VALUES: dict[str, tuple[object, ...]] = {
-    "stop": ([], ()),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-}
-"""The values of a sampling key that ask for nothing (an engine that lacks the key serves them)."""
-
-
 def check_served(sampling: Sampling, unserved: dict[str, str], backend: str) -> None:
     """``BadRequest`` naming the first key of ``sampling`` that asks for something the engine of
     ``backend`` cannot do (``DecodeEngine.unserved_sampling``: key → remedy)."""
     for key, fix in unserved.items():
-        value = sampling.get(key)
-        if value is not None and value not in OFF_VALUES.get(key, ()):
-            shown = repr(value)
+        if asked(sampling, key):
+            shown = repr(sampling.get(key))
             raise BadRequest.single(
                 f"request.sampling.{key}",
                 f"{shown if len(shown) <= 40 else shown[:37] + '...'}: the stage's backend "

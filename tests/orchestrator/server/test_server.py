@@ -209,6 +209,8 @@ TOOLS_REQUIRED: dict[str, Any] = {
         # fields that would change the reply and are not served: never free text with a 200
         ({"messages": [{"role": "user", "content": "hi"}], **TOOLS_REQUIRED}, "tools"),
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+        # a stop string to a pipeline whose entry stage does not decode (the echo kind)
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": "said"}, "stop"),
     ],
 )
 def test_a_bad_request_is_a_400_in_openais_shape(
