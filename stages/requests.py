@@ -59,6 +59,9 @@ class Sampling(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     stop: list[str]
+    json_schema: dict[str, object]
+    """The reply must be JSON valid against this schema (OpenAI's ``response_format``;
+    ``json_object`` is ``{"type": "object"}``), enforced by constrained decoding."""
 
 
 SAMPLING_KEYS: tuple[str, ...] = tuple(Sampling.__annotations__)
@@ -67,6 +70,7 @@ OFF_VALUES: dict[str, tuple[object, ...]] = {
     "stop": ([], ()),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
+    "json_schema": (),
 }
 """The keys that shape the reply's text beyond sampling a token (a stage that cannot apply one
 must refuse it), each with the values that ask for nothing."""
@@ -315,6 +319,9 @@ def _sampling(value: object) -> Sampling | None:
             return None
         if key == "stop":
             if not (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)):
+                return None
+        elif key == "json_schema":
+            if not isinstance(v, Mapping):
                 return None
         elif key in _FLOAT_KEYS:
             if not isinstance(v, int | float):

@@ -32,6 +32,9 @@ HONOURED: dict[str, str] = {
     "seed": "int64",
     "stop": "a string or up to 4 (1 to 256 characters each); the reply ends before the "
     "first one, which is not sent (finish_reason stop)",
+    "response_format": "text, json_object or json_schema: the reply is JSON valid against the "
+    "schema by constrained decoding (llama.cpp); a backend that cannot constrain, or a schema "
+    "keyword the grammar would not enforce, is a 400 naming it",
     "presence_penalty": "-2 to 2, over the reply's tokens",
     "frequency_penalty": "-2 to 2, over the reply's tokens",
 }
@@ -61,8 +64,6 @@ IGNORED: dict[str, str] = {
 """OpenAI's fields accepted and ignored: none changes the reply's content."""
 
 REFUSED: dict[str, str] = {
-    "response_format": "leave it out (text) or send {'type': 'text'}: structured output is "
-    "not served by this pipeline's decode stage",
     "tools": "leave tools out: tool calls are not served yet, and a reply without the call "
     "would look like an answer",
     "tool_choice": "leave tool_choice out (no tools are served)",
@@ -81,7 +82,6 @@ REFUSED: dict[str, str] = {
 each, set to anything but its :data:`NEUTRAL` value, is a 400 naming it with this remedy."""
 
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "response_format": ({"type": "text"},),
     "logprobs": (False,),
     "top_logprobs": (0,),
     "logit_bias": ({},),

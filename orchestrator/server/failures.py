@@ -84,6 +84,12 @@ def internal_failure(exc: BaseException, what: str) -> Failure:
 
 def _openai_param(where: str) -> str:
     """The request field a stage's ``BadRequest`` names, in the OpenAI request's terms."""
+    if where == "request.sampling.json_schema":
+        return "response_format"
+    if where.startswith("request.sampling.json_schema."):
+        return "response_format.json_schema.schema" + where.removeprefix(
+            "request.sampling.json_schema"
+        )
     if where.startswith("request.sampling."):
         return where.removeprefix("request.sampling.")
     if where in ("prompt", "request.prompt", "request.messages"):

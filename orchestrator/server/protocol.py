@@ -196,6 +196,20 @@ class AudioOutput(_Body):
     voice: Any = None
 
 
+class JsonSchemaFormat(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatBody(_Body):
     """``POST /v1/chat/completions``."""
 
@@ -221,6 +235,7 @@ class ChatBody(_Body):
         None, ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False
     )
     stop: StopString | list[StopString] | None = Field(None, max_length=STOPS_MAX)
+    response_format: ResponseFormat | None = None
 
 
 class SpeechBody(_Body):
@@ -449,7 +464,7 @@ def _chat_prompt(
         return TensorRequest(tensors[0]), tensors[1]
     if heard is not None:
         where, recording = heard
-        _audio_only(chat, where)
+        _alone(chat, where, "recording")
         return AudioRequest(recording["audio"], recording["sample_rate"]), {}
     out: list[ChatMessage] = []
     for i, m in enumerate(chat.messages):
@@ -472,7 +487,26 @@ def _sampling(chat: ChatBody) -> Sampling:
     values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
     if isinstance(values["stop"], str):
         values["stop"] = [values["stop"]]
+    schema = json_schema(chat.response_format)
+    if schema is not None:
+        values["json_schema"] = schema
     return cast(Sampling, {key: v for key, v in values.items() if v is not None})
+
+
+def json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """The schema a ``response_format`` asks the reply to validate against (``json_object``:
+    any JSON object), or None for text; ``BadRequest`` for ``json_schema`` without one."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if fmt.json_schema is None:
+        raise _bad(
+            "response_format.json_schema",
+            "is required with type json_schema",
+            "e.g. {'name': 'answer', 'schema': {'type': 'object', ...}}",
+        )
+    return fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
 
 
 def _texts(chat: ChatBody) -> list[tuple[str, str]]:
@@ -646,8 +680,10 @@ def _input_tensors(
 
 
 def _alone(chat: ChatBody, where: str, what: str) -> None:
-    """``BadRequest`` unless the arrays (``what``, first in ``where``) may be the whole request:
-    nothing else in the body would be silently dropped (no text beside them, no sampling)."""
+    """``BadRequest`` unless the arrays or the recording (``what``, first in ``where``) may be
+    the whole request: nothing else in the body would be silently dropped (no text beside them,
+    no sampling, no response format)."""
+    audio = what == "recording"
     for i, m in enumerate(chat.messages):
         parts: list[Any] = (
             m.content
@@ -657,46 +693,24 @@ def _alone(chat: ChatBody, where: str, what: str) -> None:
         for j, p in enumerate(parts):
             if isinstance(p, TextPart) and p.text.strip():
                 at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
+                reach = (
+                    "only the audio reaches the pipeline's audio entry stage"
+                    if audio
+                    else f"only the {what} reach the pipeline's entry stage"
+                )
                 raise _bad(
                     at,
-                    f"text next to the {what} in {where}: only the {what} reach the pipeline's "
-                    "entry stage, so this text would be ignored",
+                    f"text next to the {what} in {where}: {reach}, so this text would be ignored",
                     f"send the {what} alone (the config's system prompt applies downstream), or text alone",
                 )
-    for field_name in SAMPLING_FIELDS:
-        if getattr(chat, field_name) is not None:
-            raise _bad(
-                field_name,
-                f"sampling goes to the stage that takes the request, and with {what} that stage "
-                "takes none",
-                f"leave it out with the {what} (the config's sampling applies)",
-            )
-
-
-def _audio_only(chat: ChatBody, where: str) -> None:
-    """``BadRequest`` unless the recording (in ``where``) may be the whole request: nothing
-    else in the body would be silently dropped."""
-    for i, m in enumerate(chat.messages):
-        parts: list[Any] = (
-            m.content
-            if isinstance(m.content, list)
-            else [TextPart(type="text", text=m.content or "")]
-        )
-        for j, p in enumerate(parts):
-            if isinstance(p, TextPart) and p.text.strip():
-                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
-                raise _bad(
-                    at,
-                    f"text next to the recording in {where}: only the audio reaches the pipeline's "
-                    "audio entry stage, so this text would be ignored",
-                    "send the recording alone (the config's system prompt applies downstream), or text alone",
-                )
-    for name in SAMPLING_FIELDS:
+    for name in (*SAMPLING_FIELDS, "response_format"):
         if getattr(chat, name) is not None:
             raise _bad(
                 name,
-                "sampling goes to the stage that takes the request, and with audio that stage takes none",
-                "leave it out with input_audio (the config's sampling applies)",
+                f"sampling goes to the stage that takes the request, and with "
+                f"{'audio' if audio else what} that stage takes none",
+                f"leave it out with {'input_audio' if audio else 'the ' + what} (the config's "
+                "sampling applies)",
             )
 
 

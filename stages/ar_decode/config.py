@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, JsonValue, StringConstraints, model_validator
 
 from orchestrator.core.validation import Strict
 from stages.base import StageConfig
@@ -84,6 +84,11 @@ class Sampling(Strict):
         max_length=STOPS_MAX,
         description=f"Up to {STOPS_MAX} strings that end the reply at the first one (it is not "
         f"sent), each 1 to {STOP_MAX_CHARS} characters.",
+    )
+    json_schema: dict[str, JsonValue] | None = Field(
+        None,
+        description="A JSON schema every reply must validate against, enforced by constrained "
+        "decoding (llama.cpp: a grammar); None: free text.",
     )
 
 

@@ -485,6 +485,5 @@ class ArDecodeKind(StageKind):
         engine = self.engine(stage_plan.backend or "")
         tokenizer = engine.request_tokenizer(stage_plan)
         value = request.item()
-        check_request(
-            stage, tokenizer, value, engine.unserved_sampling, stage_plan.backend or engine.name
-        )
+        backend = stage_plan.backend or engine.name
+        check_request(stage, tokenizer, value, lambda s: engine.check_sampling(s, backend))

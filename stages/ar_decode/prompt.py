@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -224,15 +225,15 @@ def check_request(
     stage: Any,
     tokenizer: Any | None,
     prompt: Any,
-    unserved: dict[str, str] | None = None,
-    backend: str = "",
+    check_sampling: Callable[[Sampling], object] | None = None,
 ) -> None:
     """Check a request for this stage before it reaches a device actor: its shape and sampling
-    (:func:`request_parts`; a key the engine cannot honour, :func:`check_served`), then its
-    length with ``tokenizer`` — the one its engine reads — and the chat template
-    (:func:`check_length`). Raises ``BadRequest``; with no tokenizer (none yet) the length is
-    left to the engine."""
+    (:func:`request_parts`; then ``check_sampling``, the engine's: a key it cannot honour, a
+    schema it cannot enforce), then its length with ``tokenizer`` — the one its engine reads —
+    and the chat template (:func:`check_length`). Raises ``BadRequest``; with no tokenizer
+    (none yet) the length is left to the engine."""
     messages, sampling = request_parts(stage, [prompt])
-    check_served(sampling, unserved or {}, backend)
+    if check_sampling is not None:
+        check_sampling(sampling)
     if tokenizer is not None:
         check_length(stage, len(encode(tokenizer, messages)), sampling)

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator.core.errors import BadRequest, StageFailed
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
+from stages.ar_decode.json_grammar import grammar_of
 from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.ar_decode.stops import StopText
 
@@ -374,12 +375,13 @@ class LlamaCppRunner(ThreadedEngineRunner):
         ``sampling`` overrides, as vLLM's runner takes them) through the GGUF's chat template,
         checked against the stage's ``max_model_len`` and a sequence's cells."""
         messages, sampling = request_parts(self.stage, [item async for item in inputs])
+        grammar = grammar_of(sampling)  # checked here too: a grammar asked with min_tokens aborts
         prompt_ids = encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))
         req = self._new_request(request_id, len(prompt_ids))
         req.extra.update(waited_for_slot=False, reused_prompt_tokens=0)
-        return req, ("add", req, prompt_ids, sampling)
+        return req, ("add", req, prompt_ids, sampling, grammar)
 
     def _check_fits(self, prompt_tokens: int) -> None:
         """The engine's own limit (a sequence's cells), beyond the stage's ``max_model_len``
@@ -393,9 +395,12 @@ class LlamaCppRunner(ThreadedEngineRunner):
             )
 
     # -- sampling ------------------------------------------------------------------
-    def _chain(self, sampling: Sampling, prompt: list[int]) -> tuple[Any, bool]:
+    def _chain(
+        self, sampling: Sampling, prompt: list[int], grammar: str | None = None
+    ) -> tuple[Any, bool]:
         """A sampler chain for one request (see the module docstring); True when it starts with
-        the ``min_tokens`` bias."""
+        the ``min_tokens`` bias. With a ``grammar`` (GBNF, ``json_grammar``) it comes first: every
+        token it cannot take is out before the rest sample."""
         lc, vocab = self._lc, self._vocab
         assert vocab is not None
         params = lc.llama_sampler_chain_default_params()
@@ -409,17 +414,25 @@ class LlamaCppRunner(ThreadedEngineRunner):
             for i, token in enumerate(eog):
                 biases[i].token, biases[i].bias = token, float("-inf")
             add(chain, lc.llama_sampler_init_logit_bias(vocab.n_vocab, len(eog), biases))
+        if grammar is not None:
+            constrained = lc.llama_sampler_init_grammar(vocab.vocab, grammar.encode(), b"root")
+            if not constrained:
+                lc.llama_sampler_free(chain)
+                raise ValueError("llama.cpp could not parse the schema's grammar")
+            add(chain, constrained)
         penalty = float(sampling.get("repetition_penalty") or 1.0)
         if penalty != 1.0:
-            add(
-                chain,
-                lc.llama_sampler_init_penalties(vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0),
+            repeats = lc.llama_sampler_init_penalties(
+                vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0
             )
-            for token in prompt:  # vLLM's repetition penalty counts the prompt's tokens too
-                lc.llama_sampler_accept(chain, token)
+            # vLLM's repetition penalty counts the prompt's tokens too; fed to this sampler
+            # alone (a grammar fed the prompt would take it for the reply's start)
+            for token in prompt:
+                lc.llama_sampler_accept(repeats, token)
+            add(chain, repeats)
         frequency = float(sampling.get("frequency_penalty") or 0.0)
         presence = float(sampling.get("presence_penalty") or 0.0)
-        if frequency or presence:  # added after the prompt was fed: they count the reply only
+        if frequency or presence:  # fed nothing of the prompt: they count the reply only
             add(
                 chain,
                 lc.llama_sampler_init_penalties(
@@ -485,7 +498,7 @@ class _Engine:
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
-        self.waiting: deque[tuple[EngineRequest, list[int], Sampling]] = deque()
+        self.waiting: deque[tuple[EngineRequest, list[int], Sampling, str | None]] = deque()
         self.running: list[_Slot] = []
         self.busy = False
         self.last_sample = 0.0
@@ -564,9 +577,9 @@ class _Engine:
         with the request's, its cells kept up to there (one token decoded at least)."""
         r, lc, mem = self.runner, self.lc, self.mem
         while self.waiting and self.free:
-            req, prompt, sampling = self.waiting.popleft()
+            req, prompt, sampling, grammar = self.waiting.popleft()
             try:
-                chain, bias = r._chain(sampling, prompt)
+                chain, bias = r._chain(sampling, prompt, grammar)
             except Exception as exc:
                 req.put(
                     StageFailed(

@@ -84,7 +84,7 @@ class TransformersEngine(CheckpointEngine):
     name = "transformers"
     unserved_sampling: ClassVar[dict[str, str]] = {
         key: "leave it out, or list llamacpp-cpu or a vllm backend first in the stage's backends"
-        for key in ("stop", "presence_penalty", "frequency_penalty")
+        for key in ("stop", "presence_penalty", "frequency_penalty", "json_schema")
     }
     format_rules = TRANSFORMERS_FORMATS
 

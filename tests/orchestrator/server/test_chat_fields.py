@@ -39,7 +39,6 @@ TOOL = {
 }
 ASKING: dict[str, Any] = {
     # a value of each refused field that asks for something the server does not do
-    "response_format": {"type": "json_object"},
     "tools": [TOOL],
     "tool_choice": "required",
     "functions": [TOOL["function"]],
@@ -171,8 +170,35 @@ def test_a_tool_result_message_is_refused_by_its_key_not_dropped() -> None:
 def test_the_off_value_of_a_refused_field_asks_for_nothing() -> None:
     for off in (
         {"logprobs": False},
-        {"response_format": {"type": "text"}},
+        {"response_format": {"type": "text"}},  # honoured: text is what text asks for
         {"logit_bias": {}},
         {"tool_choice": "none"},
     ):
         assert _chat({"messages": HI, **off}).prompt == {"messages": HI}, off
+
+
+def test_response_format_becomes_the_schema_the_decode_stage_enforces() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+
+    def sampling(fmt: dict[str, Any]) -> Any:
+        return _chat({"messages": HI, "response_format": fmt}).prompt.get("sampling")
+
+    assert sampling({"type": "text"}) is None
+    assert sampling({"type": "json_object"}) == {"json_schema": {"type": "object"}}
+    named = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    assert sampling(named) == {"json_schema": schema}
+    where, what, _ = _refused({"messages": HI, "response_format": {"type": "json_schema"}})
+    assert (where, what) == ("response_format.json_schema", "is required with type json_schema")
+    where, _, _ = _refused({"messages": HI, "response_format": {"type": "xml"}})
+    assert where == "response_format.type"
+
+
+def test_a_stages_refusal_of_a_schema_keyword_names_the_openai_field() -> None:
+    from orchestrator.server.failures import _openai_param
+
+    assert _openai_param("request.sampling.json_schema") == "response_format"
+    assert (
+        _openai_param("request.sampling.json_schema.properties.a.minimum")
+        == "response_format.json_schema.schema.properties.a.minimum"
+    )
+    assert _openai_param("request.sampling.stop") == "stop"

@@ -4,12 +4,13 @@ deltas it streams in; nothing of a stop string, nor after it, is ever sent."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.engines.transformers import TransformersEngine
-from stages.ar_decode.prompt import check_request
+from stages.ar_decode.prompt import check_request, check_served
 from stages.ar_decode.stops import StopText
 from tests.helpers import REPO
 
@@ -62,13 +63,15 @@ def _stage() -> object:
 def test_a_backend_that_cannot_apply_a_sampling_key_refuses_the_request_by_name(
     key: str, value: object
 ) -> None:
-    unserved = TransformersEngine.unserved_sampling
+    def check(s: Any) -> None:
+        check_served(s, TransformersEngine.unserved_sampling, "transformers-cpu")
+
     request = {"prompt": "Hi", "sampling": {key: value}}
     with pytest.raises(BadRequest) as err:
-        check_request(_stage(), None, request, unserved, "transformers-cpu")
+        check_request(_stage(), None, request, check)
     p = err.value.problems[0]
     assert p.where == f"request.sampling.{key}" and "transformers-cpu cannot apply it" in p.what
     assert "llamacpp-cpu" in p.fix
     # the off values ask for nothing: served as before
     off = {"stop": [], "presence_penalty": 0.0, "frequency_penalty": 0}[key]
-    check_request(_stage(), None, {"prompt": "Hi", "sampling": {key: off}}, unserved, "x")
+    check_request(_stage(), None, {"prompt": "Hi", "sampling": {key: off}}, check)
