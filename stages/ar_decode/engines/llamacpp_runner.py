@@ -32,6 +32,9 @@ same public behaviour (deltas, stats, errors, evidence M):
 * ``stop`` strings: the reply's text is cut before the first one
   (:class:`stages.ar_decode.stops.StopText`: a delta that may begin one is held back
   until it is known), and the sequence ends there.
+* ``json_schema`` (``response_format``): a grammar of the schema
+  (:mod:`stages.ar_decode.json_grammar`) checked against the chain's pick, and over the whole
+  vocabulary only when it refuses it (:mod:`~stages.ar_decode.engines.llamacpp_grammar`).
 * Stop reasons are vLLM's: ``stop`` (an end-of-generation token or a stop string), ``length``
   (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
   closed the stream: the sequence leaves the batch at the next step and the
@@ -69,6 +72,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
+from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
 from stages.ar_decode.json_grammar import grammar_of
@@ -149,6 +153,7 @@ class _Slot:
         "chain",
         "fed",
         "generated",
+        "grammar",
         "last",
         "max_tokens",
         "min_tokens",
@@ -185,6 +190,7 @@ class _Slot:
         self.min_tokens = min_tokens
         self.text = Utf8Deltas()
         self.stops = StopText(stops)
+        self.grammar: Any = None  # the json_schema's grammar sampler (llamacpp_grammar)
         self.out = -1  # this step's batch row with logits, -1 when none
 
 
@@ -395,12 +401,9 @@ class LlamaCppRunner(ThreadedEngineRunner):
             )
 
     # -- sampling ------------------------------------------------------------------
-    def _chain(
-        self, sampling: Sampling, prompt: list[int], grammar: str | None = None
-    ) -> tuple[Any, bool]:
+    def _chain(self, sampling: Sampling, prompt: list[int]) -> tuple[Any, bool]:
         """A sampler chain for one request (see the module docstring); True when it starts with
-        the ``min_tokens`` bias. With a ``grammar`` (GBNF, ``json_grammar``) it comes first: every
-        token it cannot take is out before the rest sample."""
+        the ``min_tokens`` bias."""
         lc, vocab = self._lc, self._vocab
         assert vocab is not None
         params = lc.llama_sampler_chain_default_params()
@@ -414,12 +417,6 @@ class LlamaCppRunner(ThreadedEngineRunner):
             for i, token in enumerate(eog):
                 biases[i].token, biases[i].bias = token, float("-inf")
             add(chain, lc.llama_sampler_init_logit_bias(vocab.n_vocab, len(eog), biases))
-        if grammar is not None:
-            constrained = lc.llama_sampler_init_grammar(vocab.vocab, grammar.encode(), b"root")
-            if not constrained:
-                lc.llama_sampler_free(chain)
-                raise ValueError("llama.cpp could not parse the schema's grammar")
-            add(chain, constrained)
         penalty = float(sampling.get("repetition_penalty") or 1.0)
         if penalty != 1.0:
             repeats = lc.llama_sampler_init_penalties(
@@ -495,6 +492,7 @@ class _Engine:
         n_seq_ids[:] = [1] * n_batch
         self.seq_rows = [batch.seq_id[i] for i in range(n_batch)]
         self.pieces: dict[int, bytes] = {}
+        self.grammars = GrammarSampling(self.lc, vocab.n_vocab)
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
@@ -536,6 +534,8 @@ class _Engine:
             lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
             self.cached.pop(slot.seq, None)
         lc.llama_sampler_free(slot.chain)
+        if slot.grammar is not None:
+            lc.llama_sampler_free(slot.grammar)
         self.running.remove(slot)
         self.free.append(slot.seq)
         self.runner._free_slots = len(self.free)
@@ -578,9 +578,14 @@ class _Engine:
         r, lc, mem = self.runner, self.lc, self.mem
         while self.waiting and self.free:
             req, prompt, sampling, grammar = self.waiting.popleft()
+            constrained = None
             try:
-                chain, bias = r._chain(sampling, prompt, grammar)
+                if grammar is not None:
+                    constrained = self.grammars.new(self.vocab.vocab, grammar)
+                chain, bias = r._chain(sampling, prompt)
             except Exception as exc:
+                if constrained is not None:
+                    lc.llama_sampler_free(constrained)
                 req.put(
                     StageFailed(
                         r.plan.name,
@@ -610,6 +615,7 @@ class _Engine:
                 int(sampling.get("min_tokens") or 0),
                 sampling.get("stop") or (),
             )
+            slot.grammar = constrained
             slot.fed = slot.pos = req.extra["reused_prompt_tokens"] = reuse
             self.running.append(slot)
 
@@ -687,7 +693,11 @@ class _Engine:
                 continue
             if slot.last >= 0:
                 slot.pos += 1
-            token = lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
+            token = (
+                lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
+                if slot.grammar is None
+                else self.grammars.sample(self.ctx, slot.out, slot.chain, slot.grammar)
+            )
             req = slot.req
             req.produced(1, now)
             slot.generated += 1
