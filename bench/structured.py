@@ -102,8 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     n = args.max_tokens
     modes = {
         "free": {"temperature": 0.0, "max_tokens": n, "min_tokens": n},
-        "schema": {"temperature": 0.0, "max_tokens": 400, "min_tokens": 0, "json_schema": HELD_IN_SCHEMAS[0]},
-        "json_object": {"temperature": 0.0, "max_tokens": n, "min_tokens": 0, "json_schema": {"type": "object"}},
+        "schema": {
+            "temperature": 0.0,
+            "max_tokens": 400,
+            "min_tokens": 0,
+            "json_schema": HELD_IN_SCHEMAS[0],
+        },
+        "json_object": {
+            "temperature": 0.0,
+            "max_tokens": n,
+            "min_tokens": 0,
+            "json_schema": {"type": "object"},
+        },
     }
     runner = _runner(args.threads)
     try:
@@ -127,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, ratio in ratios.items():
         print(f"{name} decode tokens/s: {ratio:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ratios": ratios, "threads": args.threads}, indent=2))
+        args.json.write_text(
+            json.dumps({"rows": rows, "ratios": ratios, "threads": args.threads}, indent=2)
+        )
     return 0
 
 
