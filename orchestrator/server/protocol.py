@@ -484,8 +484,11 @@ def _chat_prompt(
 
 
 def _sampling(chat: ChatBody) -> Sampling:
-    values = {key: getattr(chat, name) for name, key in SAMPLING_FIELDS.items()}
-    if isinstance(values["stop"], str):
+    values: dict[str, Any] = {}
+    for name, key in SAMPLING_FIELDS.items():  # two fields name max_tokens: the one set counts
+        if getattr(chat, name) is not None:
+            values[key] = getattr(chat, name)
+    if isinstance(values.get("stop"), str):
         values["stop"] = [values["stop"]]
     schema = json_schema(chat.response_format)
     if schema is not None:

@@ -202,3 +202,26 @@ def test_a_stages_refusal_of_a_schema_keyword_names_the_openai_field() -> None:
         == "response_format.json_schema.schema.properties.a.minimum"
     )
     assert _openai_param("request.sampling.stop") == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key"),
+    [
+        ("max_tokens", 8, "max_tokens"),
+        ("max_completion_tokens", 9, "max_tokens"),
+        ("temperature", 0.5, "temperature"),
+        ("top_p", 0.5, "top_p"),
+        ("seed", 3, "seed"),
+        ("presence_penalty", 1.5, "presence_penalty"),
+        ("frequency_penalty", -0.5, "frequency_penalty"),
+        ("stop", "five", "stop"),
+    ],
+)
+def test_each_honoured_sampling_field_reaches_the_decode_stage(
+    field: str, value: Any, key: str
+) -> None:
+    expected = [value] if field == "stop" else value  # one stop string is a list of one
+    assert _chat({"messages": HI, field: value}).prompt["sampling"] == {key: expected}
+    # beside another field, too (a field left unset never clears one that is set)
+    both = _chat({"messages": HI, field: value, "seed": 1}).prompt["sampling"]
+    assert both[key] == (expected if field != "seed" else 1)
