@@ -13,7 +13,11 @@ deltas come out:
   held-in schemas (nested objects, a bounded string, integer ranges): the grammar ends the
   reply where its document does;
 * **json_object** — the schema ``{"type": "object"}`` (any object: the widest grammar),
-  ``max_tokens`` at most.
+  ``max_tokens`` at most;
+* **schema, whole vocabulary** and **json_object, whole vocabulary** — the same with the
+  grammar applied to every candidate at every step
+  (``stages.ar_decode.engines.llamacpp_grammar.PICK_FIRST`` off), as a grammar heading the
+  sampler chain would be: what testing the chain's pick first saves.
 
 Reported per mode: the median over ``--repeat`` of **decode tokens/s** ((tokens - 1) /
 (last delta - first delta)) and **CPU ms/token** (this process's CPU time over the request
@@ -91,6 +95,7 @@ async def _one(runner: Any, rid: str, sampling: dict[str, Any]) -> dict[str, flo
 
 
 def main(argv: list[str] | None = None) -> int:
+    from stages.ar_decode.engines import llamacpp_grammar as grammar_module
     from tests.helpers.schemas import HELD_IN_SCHEMAS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -119,20 +124,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(_one(runner, "warm-up", modes["free"]))
         rows: dict[str, dict[str, float]] = {}
-        for mode, sampling in modes.items():
+        for mode, sampling in [
+            *modes.items(),
+            *((f"{m}, whole vocabulary", modes[m]) for m in ("schema", "json_object")),
+        ]:
+            grammar_module.PICK_FIRST = "whole" not in mode
             runs = [asyncio.run(_one(runner, f"{mode}-{i}", sampling)) for i in range(args.repeat)]
             rows[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     finally:
         runner.close()
-    print(f"{'mode':<12} {'tokens':>7} {'decode tok/s':>13} {'CPU ms/token':>13}")
+    print(f"{'mode':<30} {'tokens':>7} {'decode tok/s':>13} {'CPU ms/token':>13}")
     for mode, row in rows.items():
         print(
-            f"{mode:<12} {row['tokens']:>7.0f} {row['decode_tokens_per_s']:>13.1f} "
+            f"{mode:<30} {row['tokens']:>7.0f} {row['decode_tokens_per_s']:>13.1f} "
             f"{row['cpu_ms_per_token']:>13.2f}"
         )
     ratios = {
         f"{m} / free": rows[m]["decode_tokens_per_s"] / rows["free"]["decode_tokens_per_s"]
-        for m in ("schema", "json_object")
+        for m in (
+            "schema",
+            "json_object",
+            "schema, whole vocabulary",
+            "json_object, whole vocabulary",
+        )
     }
     for name, ratio in ratios.items():
         print(f"{name} decode tokens/s: {ratio:.2f}")

@@ -18,6 +18,11 @@ import ctypes
 import math
 from typing import Any
 
+PICK_FIRST = True
+"""Test the chain's pick against the grammar before the whole vocabulary (False: the grammar
+over every candidate at every step, as a grammar heading the chain would be;
+``bench/structured.py`` measures both)."""
+
 
 class GrammarSampling:
     """The candidates buffer of one context's vocabulary, reused by every constrained step."""
@@ -48,11 +53,14 @@ class GrammarSampling:
 
         lc = self.lc
         logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(self.n_vocab,))
-        token = self._pick(logits, chain, None)
-        self.one[0].id, self.one[0].logit, self.one[0].p = token, 0.0, 0.0
-        single = lc.llama_token_data_array(self.one, 1, -1, False)
-        lc.llama_sampler_apply(grammar, ctypes.byref(single))
-        if math.isinf(self.one[0].logit):  # refused: the grammar over every candidate first
+        refused = True
+        if PICK_FIRST:
+            token = self._pick(logits, chain, None)
+            self.one[0].id, self.one[0].logit, self.one[0].p = token, 0.0, 0.0
+            single = lc.llama_token_data_array(self.one, 1, -1, False)
+            lc.llama_sampler_apply(grammar, ctypes.byref(single))
+            refused = math.isinf(self.one[0].logit)
+        if refused:  # the grammar over every candidate first, then the chain again
             token = self._pick(logits, chain, grammar)
         lc.llama_sampler_accept(grammar, token)
         lc.llama_sampler_accept(chain, token)
