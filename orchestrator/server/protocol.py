@@ -48,6 +48,7 @@ from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.chat_fields import first_refused
 from orchestrator.server.limits import FLAGS, ServerLimits
+from stages.ar_decode.json_grammar import Schema
 from stages.payloads import Array, AudioItem, Item
 from stages.requests import (
     INT32_MAX,
@@ -198,7 +199,7 @@ class AudioOutput(_Body):
 
 class JsonSchemaFormat(_Body):
     name: str = Field(min_length=1, max_length=64)
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: Schema | None = Field(None, alias="schema")
     description: str | None = None
     strict: bool | None = None
 
@@ -496,7 +497,7 @@ def _sampling(chat: ChatBody) -> Sampling:
     return cast(Sampling, {key: v for key, v in values.items() if v is not None})
 
 
-def json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+def json_schema(fmt: ResponseFormat | None) -> Schema | None:
     """The schema a ``response_format`` asks the reply to validate against (``json_object``:
     any JSON object), or None for text; ``BadRequest`` for ``json_schema`` without one."""
     if fmt is None or fmt.type == "text":

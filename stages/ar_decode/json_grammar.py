@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 from orchestrator.core.errors import BadRequest, Problem
+
+Schema: TypeAlias = dict[str, Any]
+"""A JSON schema (or one of its subschemas) as parsed JSON: its keywords' values are any JSON."""
 
 MAX_SCHEMA_BYTES = 16 * 1024
 """The largest schema taken, as JSON: a grammar is built from it for each request."""
@@ -95,7 +98,7 @@ def schema_grammar(schema: object, where: str) -> str:
     return str(gbnf)
 
 
-def prepared(schema: object, where: str, depth: int = 0) -> dict[str, Any]:
+def prepared(schema: object, where: str, depth: int = 0) -> Schema:
     """``schema`` as the converter is given it: annotations dropped, objects with properties
     closed, integer ranges enumerated; ``BadRequest`` for a keyword it would not enforce."""
     if depth > MAX_DEPTH:
@@ -116,7 +119,7 @@ def prepared(schema: object, where: str, depth: int = 0) -> dict[str, Any]:
     return {**kept, **_node(rest, where, depth)}
 
 
-def _node(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+def _node(node: Schema, where: str, depth: int) -> Schema:
     """One schema's constraints (its definitions already taken out), checked and narrowed."""
     if "$ref" in node:
         ref = node["$ref"]
@@ -162,14 +165,14 @@ def _unenforced(key: str, kind: object) -> str:
     return f"is not enforced by the grammar{shown}, so a reply could break it"
 
 
-def _alone(node: dict[str, Any], key: str, where: str) -> None:
+def _alone(node: Schema, key: str, where: str) -> None:
     """``BadRequest`` for a keyword beside ``key`` that the converter would pass over."""
     for other in node:
         if other != key and not (other == "type" and key in ("enum", "const")):
             raise _bad(f"{where}.{other}", f"beside {key}: {_unenforced(other, None)}")
 
 
-def _constants(node: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+def _constants(node: Schema, key: str, where: str) -> Schema:
     _alone(node, key, where)
     values = node[key] if key == "enum" else [node[key]]
     if not isinstance(values, list) or not values:
@@ -191,7 +194,7 @@ def _of_type(value: object, kind: object) -> bool:
     return expected is not None and isinstance(value, expected)
 
 
-def _integer_range(node: dict[str, Any], where: str) -> dict[str, Any]:
+def _integer_range(node: Schema, where: str) -> Schema:
     """An integer between bounds as the ``enum`` of the range (the converter has no bounds)."""
     for key in node:
         if key not in ("type", *BOUNDS):
@@ -225,7 +228,7 @@ def _integer_range(node: dict[str, Any], where: str) -> dict[str, Any]:
     return {"enum": list(range(low, high + 1))}
 
 
-def _object(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+def _object(node: Schema, where: str, depth: int) -> Schema:
     for key in node:
         if key not in OBJECT_ONLY:
             raise _bad(f"{where}.{key}", _unenforced(key, "object"))
@@ -236,7 +239,7 @@ def _object(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise _bad(f"{where}.required", "must be a list of property names")
     extra = node.get("additionalProperties", True)
-    out: dict[str, Any] = {"type": "object"}
+    out: Schema = {"type": "object"}
     if props:
         for name in required:
             if name not in props:
@@ -258,7 +261,7 @@ def _object(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
     return out
 
 
-def _array(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+def _array(node: Schema, where: str, depth: int) -> Schema:
     for key in node:
         if key not in ("type", "items", "prefixItems", "minItems", "maxItems"):
             raise _bad(f"{where}.{key}", _unenforced(key, "array"))
@@ -276,7 +279,7 @@ def _array(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
                 prepared(s, f"{where}.{key}[{i}]", depth + 1) for i, s in enumerate(items)
             ],
         }
-    out: dict[str, Any] = {"type": "array", "items": prepared(items, f"{where}.{key}", depth + 1)}
+    out: Schema = {"type": "array", "items": prepared(items, f"{where}.{key}", depth + 1)}
     for bound in ("minItems", "maxItems"):
         if bound in node:
             if not (isinstance(node[bound], int) and node[bound] >= 0):
@@ -285,7 +288,7 @@ def _array(node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
     return out
 
 
-def _string(node: dict[str, Any], where: str) -> dict[str, Any]:
+def _string(node: Schema, where: str) -> Schema:
     for key in node:
         if key not in ("type", "minLength", "maxLength", "format"):
             raise _bad(f"{where}.{key}", _unenforced(key, "string"))
@@ -299,7 +302,7 @@ def _string(node: dict[str, Any], where: str) -> dict[str, Any]:
             if key in node:
                 raise _bad(f"{where}.{key}", "beside format: " + _unenforced(key, "string"))
         return {"type": "string", "format": node["format"]}
-    out: dict[str, Any] = {"type": "string"}
+    out: Schema = {"type": "string"}
     for key in ("minLength", "maxLength"):
         if key in node:
             if not (isinstance(node[key], int) and node[key] >= 0):
