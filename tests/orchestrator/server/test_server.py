@@ -211,6 +211,13 @@ TOOLS_REQUIRED: dict[str, Any] = {
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
         # a stop string to a pipeline whose entry stage does not decode (the echo kind)
         ({"messages": [{"role": "user", "content": "hi"}], "stop": "said"}, "stop"),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_object"},
+            },
+            "response_format",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_in_openais_shape(
