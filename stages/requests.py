@@ -38,6 +38,12 @@ INT32_MAX = 2**31 - 1
 """The bound on token counts and ``top_k``: vLLM keeps them in C ints."""
 TEMPERATURE_MAX = 2.0
 """OpenAI's documented range for ``temperature`` is 0 to 2 (vLLM's server takes it as is)."""
+PENALTY_MAX = 2.0
+"""OpenAI's range for ``presence_penalty`` and ``frequency_penalty``: -2 to 2."""
+STOPS_MAX = 4
+"""The most stop strings a request may give (OpenAI's "up to 4 sequences")."""
+STOP_MAX_CHARS = 256
+"""The longest stop string: each is matched against the reply's tail after every token."""
 
 
 class Sampling(TypedDict, total=False):
@@ -50,11 +56,36 @@ class Sampling(TypedDict, total=False):
     min_tokens: int
     seed: int | None
     repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    stop: list[str]
+    json_schema: dict[str, object]
+    """The reply must be JSON valid against this schema (OpenAI's ``response_format``;
+    ``json_object`` is ``{"type": "object"}``), enforced by constrained decoding."""
 
 
 SAMPLING_KEYS: tuple[str, ...] = tuple(Sampling.__annotations__)
 """The keys a request's ``sampling`` may have, in the order refusals list them."""
-_FLOAT_KEYS = frozenset({"temperature", "top_p", "repetition_penalty"})
+OFF_VALUES: dict[str, tuple[object, ...]] = {
+    "stop": ([], ()),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "json_schema": (),
+}
+"""The keys that shape the reply's text beyond sampling a token (a stage that cannot apply one
+must refuse it), each with the values that ask for nothing."""
+
+
+def asked(sampling: Mapping[str, object], key: str) -> bool:
+    """Whether ``sampling`` asks for ``key`` (one of :data:`OFF_VALUES`' keys): set, and not to
+    a value that asks for nothing."""
+    value = sampling.get(key)
+    return value is not None and value not in OFF_VALUES.get(key, ())
+
+
+_FLOAT_KEYS = frozenset(
+    {"temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+)
 
 
 class ChatMessage(TypedDict):
@@ -279,13 +310,20 @@ def _message(m: object) -> ChatMessage:
 
 def _sampling(value: object) -> Sampling | None:
     """``value`` as sampling overrides, or None when it is not a mapping of known keys to
-    numbers (a whole number where the key counts; a seed may be None)."""
+    numbers (a whole number where the key counts; a seed may be None) or, for ``stop``, to a
+    list of strings."""
     if not isinstance(value, Mapping):
         return None
     for key, v in value.items():
         if key not in SAMPLING_KEYS or isinstance(v, bool):
             return None
-        if key in _FLOAT_KEYS:
+        if key == "stop":
+            if not (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)):
+                return None
+        elif key == "json_schema":
+            if not isinstance(v, Mapping):
+                return None
+        elif key in _FLOAT_KEYS:
             if not isinstance(v, int | float):
                 return None
         elif not (isinstance(v, int) or (key == "seed" and v is None)):

@@ -28,12 +28,15 @@ from stages.base import REQUEST
 from stages.payloads import Array, AudioItem, Item, sample_rate_problem, spell
 from stages.registry import get_kind
 from stages.requests import (
+    OFF_VALUES,
     AudioRequest,
+    ChatRequest,
     Request,
     RequestLike,
     TensorRequest,
     TextRequest,
     as_request,
+    asked,
 )
 
 
@@ -305,9 +308,26 @@ def validate_request(graph: PipelineGraph, request: Request, entry: str | None =
         # the stages that take neither, are checked here
         if not fits and (carried in ("tensor", "token_ids") or not kinds & {"text", "audio"}):
             _refuse_payload(s.name, s.kind, request, spell(takes))
+        _check_shaping(s.name, s.kind, graph.config.stage(s.name), request)
         graph.kinds[s.name].validate_request(
             graph.plan.stage(s.name), graph.config.stage(s.name), request
         )
+
+
+def _check_shaping(stage: str, kind: str, config: object, request: Request) -> None:
+    """``BadRequest`` when a chat request asks for what shapes a decoded reply (a stop string, a
+    penalty: ``stages.requests.OFF_VALUES``) of a stage that does not decode (no ``sampling``
+    in its config), which would otherwise answer as if it had not been asked."""
+    if not isinstance(request, ChatRequest) or not request.sampling or hasattr(config, "sampling"):
+        return
+    for key in OFF_VALUES:
+        if asked(request.sampling, key):
+            raise BadRequest.single(
+                f"request.sampling.{key}",
+                f"{stage} ({kind}), which takes the request, does not decode text: it cannot "
+                "apply it, and the reply would differ",
+                "leave it out, or send it to a pipeline whose entry stage is an ar_decode stage",
+            )
 
 
 def _refuse_payload(stage: str, kind: str, request: Request, takes: str) -> None:

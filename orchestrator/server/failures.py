@@ -53,6 +53,9 @@ def failure(exc: BaseException, what: str = "request") -> Failure | None:
     (``REQUEST_ERRORS``): a fault of the server. A ``StageFailed`` is logged (``what`` failed:
     its cause), since the client does not read the cause."""
     if isinstance(exc, BadRequest):
+        if any(q.where.startswith(SCHEMA_WHERE) for q in exc.problems):
+            # the stage's name for a request's schema is no field the client sent: say theirs
+            exc = BadRequest([_as_sent(q) for q in exc.problems])
         p = exc.problems[0] if exc.problems else Problem("request", str(exc))
         return Failure(
             400,
@@ -92,8 +95,24 @@ def internal_failure(exc: BaseException, what: str) -> Failure:
     return Failure(500, "server_error", "internal_error", message, message)
 
 
+SCHEMA_WHERE = "request.sampling.json_schema"
+"""Where a decode stage names a request's schema: OpenAI's ``response_format`` on the wire."""
+
+
+def _as_sent(problem: Problem) -> Problem:
+    if not problem.where.startswith(SCHEMA_WHERE):
+        return problem
+    return Problem(_openai_param(problem.where), problem.what, problem.fix)
+
+
 def _openai_param(where: str) -> str:
     """The request field a stage's ``BadRequest`` names, in the OpenAI request's terms."""
+    if where == "request.sampling.json_schema":
+        return "response_format"
+    if where.startswith("request.sampling.json_schema."):
+        return "response_format.json_schema.schema" + where.removeprefix(
+            "request.sampling.json_schema"
+        )
     if where.startswith("request.sampling."):
         return where.removeprefix("request.sampling.")
     if where in ("prompt", "request.prompt", "request.messages"):

@@ -10,8 +10,10 @@ A body goes through four steps, each a 400 in OpenAI's error shape naming the fi
 3. validated against its model here (:class:`ChatBody`, :class:`SpeechBody`): types
    and OpenAI's own ranges, and vLLM's (``seed`` within int64, ``temperature``
    finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone
-   surrogate) is refused. Keys the models do not name are ignored, as OpenAI's
-   server ignores them;
+   surrogate) is refused. OpenAI's fields that would change the reply and are not
+   served (``tools``, ``logprobs``, ...) are refused by name
+   (:mod:`orchestrator.server.chat_fields` holds the table); keys the models do not
+   name are otherwise ignored, as OpenAI's server ignores them;
 4. checked against the server's limits (:class:`ServerLimits`: messages per
    request, characters of text, the speech input's length, the recording's bytes
    and seconds), each named with its ``omni-edge serve`` flag in the 400.
@@ -36,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StringConstraints,
     Tag,
     ValidationError,
 )
@@ -43,12 +46,17 @@ from pydantic import (
 from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
+from orchestrator.server.chat_fields import first_refused
 from orchestrator.server.limits import FLAGS, ServerLimits
+from stages.ar_decode.json_grammar import Schema
 from stages.payloads import Array, AudioItem, Item
 from stages.requests import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    PENALTY_MAX,
+    STOP_MAX_CHARS,
+    STOPS_MAX,
     TEMPERATURE_MAX,
     AudioRequest,
     ChatMessage,
@@ -64,11 +72,15 @@ SAMPLING_FIELDS = {
     "temperature": "temperature",
     "top_p": "top_p",
     "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "stop": "stop",
     "min_tokens": "min_tokens",
     "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
 }
-"""OpenAI request fields → the decode stage's sampling keys (``min_tokens`` and
-``top_k`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
+"""OpenAI request fields → the decode stage's sampling keys (``min_tokens``, ``top_k`` and
+``repetition_penalty`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")
 SPEECH_FORMATS = ("wav", "pcm")
 AUDIO_INPUT_FORMATS = ("wav",)
@@ -88,6 +100,9 @@ def _unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
+StopString = Annotated[
+    str, AfterValidator(_unicode), StringConstraints(min_length=1, max_length=STOP_MAX_CHARS)
+]
 
 
 class _Body(BaseModel):
@@ -182,6 +197,20 @@ class AudioOutput(_Body):
     voice: Any = None
 
 
+class JsonSchemaFormat(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    schema_: Schema | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatBody(_Body):
     """``POST /v1/chat/completions``."""
 
@@ -199,6 +228,15 @@ class ChatBody(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(
+        None, ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False
+    )
+    stop: StopString | list[StopString] | None = Field(None, max_length=STOPS_MAX)
+    response_format: ResponseFormat | None = None
 
 
 class SpeechBody(_Body):
@@ -219,6 +257,10 @@ FIXES = {
     "max_tokens": "a whole number of at least 1, e.g. 64",
     "max_completion_tokens": "a whole number of at least 1, e.g. 64",
     "min_tokens": "a whole number of at least 0, e.g. 16",
+    "repetition_penalty": "a finite number above 0; 1.0 is none, e.g. 1.1",
+    "presence_penalty": f"a number from -{PENALTY_MAX:g} to {PENALTY_MAX:g}, e.g. 0.5",
+    "frequency_penalty": f"a number from -{PENALTY_MAX:g} to {PENALTY_MAX:g}, e.g. 0.5",
+    "stop": f"a string or a list of up to {STOPS_MAX}, each 1 to {STOP_MAX_CHARS} characters",
     "n": "leave n unset or 1",
     "stream": "true or false",
     "stream_options": "e.g. {'include_usage': true}",
@@ -396,6 +438,10 @@ def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
             _over(limits, "max_messages", f"{len(body['messages'])} messages"),
             f"send fewer (drop the oldest turns), or raise {FLAGS['max_messages']}",
         )
+    refused = first_refused(body) if isinstance(body, dict) else None
+    if refused is not None:  # a field that would change the reply, which is not served
+        where, value, fix = refused
+        raise _bad(where, f"{_shown(value)}: is not served, and the reply would differ", fix)
     chat: ChatBody = validated(ChatBody, body, CHAT_EXAMPLE)
     _check_text(chat, limits)
     return chat
@@ -419,7 +465,7 @@ def _chat_prompt(
         return TensorRequest(tensors[0]), tensors[1]
     if heard is not None:
         where, recording = heard
-        _audio_only(chat, where)
+        _alone(chat, where, "recording")
         return AudioRequest(recording["audio"], recording["sample_rate"]), {}
     out: list[ChatMessage] = []
     for i, m in enumerate(chat.messages):
@@ -439,14 +485,32 @@ def _chat_prompt(
 
 
 def _sampling(chat: ChatBody) -> Sampling:
-    # Two fields name max_tokens (max_tokens, max_completion_tokens): the one given wins, so
-    # a field left out (None) is skipped before it is keyed, never written over the other.
-    values = {
-        key: value
-        for name, key in SAMPLING_FIELDS.items()
-        if (value := getattr(chat, name)) is not None
-    }
-    return cast(Sampling, values)
+    values: dict[str, Any] = {}
+    for name, key in SAMPLING_FIELDS.items():  # two fields name max_tokens: the one set counts
+        if getattr(chat, name) is not None:
+            values[key] = getattr(chat, name)
+    if isinstance(values.get("stop"), str):
+        values["stop"] = [values["stop"]]
+    schema = json_schema(chat.response_format)
+    if schema is not None:
+        values["json_schema"] = schema
+    return cast(Sampling, {key: v for key, v in values.items() if v is not None})
+
+
+def json_schema(fmt: ResponseFormat | None) -> Schema | None:
+    """The schema a ``response_format`` asks the reply to validate against (``json_object``:
+    any JSON object), or None for text; ``BadRequest`` for ``json_schema`` without one."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if fmt.json_schema is None:
+        raise _bad(
+            "response_format.json_schema",
+            "is required with type json_schema",
+            "e.g. {'name': 'answer', 'schema': {'type': 'object', ...}}",
+        )
+    return fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
 
 
 def _texts(chat: ChatBody) -> list[tuple[str, str]]:
@@ -620,8 +684,10 @@ def _input_tensors(
 
 
 def _alone(chat: ChatBody, where: str, what: str) -> None:
-    """``BadRequest`` unless the arrays (``what``, first in ``where``) may be the whole request:
-    nothing else in the body would be silently dropped (no text beside them, no sampling)."""
+    """``BadRequest`` unless the arrays or the recording (``what``, first in ``where``) may be
+    the whole request: nothing else in the body would be silently dropped (no text beside them,
+    no sampling, no response format)."""
+    audio = what == "recording"
     for i, m in enumerate(chat.messages):
         parts: list[Any] = (
             m.content
@@ -631,46 +697,24 @@ def _alone(chat: ChatBody, where: str, what: str) -> None:
         for j, p in enumerate(parts):
             if isinstance(p, TextPart) and p.text.strip():
                 at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
+                reach = (
+                    "only the audio reaches the pipeline's audio entry stage"
+                    if audio
+                    else f"only the {what} reach the pipeline's entry stage"
+                )
                 raise _bad(
                     at,
-                    f"text next to the {what} in {where}: only the {what} reach the pipeline's "
-                    "entry stage, so this text would be ignored",
+                    f"text next to the {what} in {where}: {reach}, so this text would be ignored",
                     f"send the {what} alone (the config's system prompt applies downstream), or text alone",
                 )
-    for field_name in SAMPLING_FIELDS:
-        if getattr(chat, field_name) is not None:
-            raise _bad(
-                field_name,
-                f"sampling goes to the stage that takes the request, and with {what} that stage "
-                "takes none",
-                f"leave it out with the {what} (the config's sampling applies)",
-            )
-
-
-def _audio_only(chat: ChatBody, where: str) -> None:
-    """``BadRequest`` unless the recording (in ``where``) may be the whole request: nothing
-    else in the body would be silently dropped."""
-    for i, m in enumerate(chat.messages):
-        parts: list[Any] = (
-            m.content
-            if isinstance(m.content, list)
-            else [TextPart(type="text", text=m.content or "")]
-        )
-        for j, p in enumerate(parts):
-            if isinstance(p, TextPart) and p.text.strip():
-                at = f"messages[{i}].content" + (f"[{j}]" if isinstance(m.content, list) else "")
-                raise _bad(
-                    at,
-                    f"text next to the recording in {where}: only the audio reaches the pipeline's "
-                    "audio entry stage, so this text would be ignored",
-                    "send the recording alone (the config's system prompt applies downstream), or text alone",
-                )
-    for name in SAMPLING_FIELDS:
+    for name in (*SAMPLING_FIELDS, "response_format"):
         if getattr(chat, name) is not None:
             raise _bad(
                 name,
-                "sampling goes to the stage that takes the request, and with audio that stage takes none",
-                "leave it out with input_audio (the config's sampling applies)",
+                f"sampling goes to the stage that takes the request, and with "
+                f"{'audio' if audio else what} that stage takes none",
+                f"leave it out with {'input_audio' if audio else 'the ' + what} (the config's "
+                "sampling applies)",
             )
 
 

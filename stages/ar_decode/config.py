@@ -7,14 +7,24 @@ imports nothing of theirs.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, StringConstraints, model_validator
 
 from orchestrator.core.hub import parse_hub_ref
 from orchestrator.core.validation import Strict
 from stages.base import StageConfig
-from stages.requests import INT32_MAX, INT64_MAX, INT64_MIN, TEMPERATURE_MAX
+from stages.requests import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    PENALTY_MAX,
+    STOP_MAX_CHARS,
+    STOPS_MAX,
+    TEMPERATURE_MAX,
+)
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=STOP_MAX_CHARS)]
 
 
 class Sampling(Strict):
@@ -53,6 +63,33 @@ class Sampling(Strict):
     )
     repetition_penalty: float = Field(
         1.0, gt=0.0, allow_inf_nan=False, description="Penalty on repeated tokens; 1.0 is none."
+    )
+    presence_penalty: float = Field(
+        0.0,
+        ge=-PENALTY_MAX,
+        le=PENALTY_MAX,
+        allow_inf_nan=False,
+        description="Subtracted once from the logit of each token the reply already holds "
+        "(OpenAI's, -2 to 2; 0 is none).",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        ge=-PENALTY_MAX,
+        le=PENALTY_MAX,
+        allow_inf_nan=False,
+        description="Subtracted from a token's logit once per time the reply holds it "
+        "(OpenAI's, -2 to 2; 0 is none).",
+    )
+    stop: list[StopString] = Field(
+        default_factory=list,
+        max_length=STOPS_MAX,
+        description=f"Up to {STOPS_MAX} strings that end the reply at the first one (it is not "
+        f"sent), each 1 to {STOP_MAX_CHARS} characters.",
+    )
+    json_schema: dict[str, JsonValue] | None = Field(
+        None,
+        description="A JSON schema every reply must validate against, enforced by constrained "
+        "decoding (llama.cpp: a grammar); None: free text.",
     )
 
 

@@ -574,10 +574,13 @@ class ArDecodeKind(StageKind):
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request checked before it reaches the engine (``BadRequest``): a prompt that is text
-        and not blank, sampling in range, and prompt + max_tokens within max_model_len by the
+        and not blank, sampling in range and honoured by the engine
+        (``DecodeEngine.unserved_sampling``), and prompt + max_tokens within max_model_len by the
         tokenizer the engine reads (``DecodeEngine.request_tokenizer``; ``prompt.check_request``).
         The request is read as the runner reads it, its item (an unrecognized value as it came,
         so the refusal says which field is wrong)."""
-        tokenizer = self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
+        engine = self.engine(stage_plan.backend or "")
+        tokenizer = engine.request_tokenizer(stage_plan)
         value = request.item()
-        check_request(stage, tokenizer, value)
+        backend = stage_plan.backend or engine.name
+        check_request(stage, tokenizer, value, lambda s: engine.check_sampling(s, backend))

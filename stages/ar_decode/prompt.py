@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup
-from stages.requests import SAMPLING_KEYS, Sampling
+from stages.requests import SAMPLING_KEYS, Sampling, asked
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
@@ -206,11 +207,33 @@ def checkpoint_tokenizer(stage_plan: StagePlan) -> Any | None:
         return None
 
 
-def check_request(stage: Any, tokenizer: Any | None, prompt: Any) -> None:
+def check_served(sampling: Sampling, unserved: dict[str, str], backend: str) -> None:
+    """``BadRequest`` naming the first key of ``sampling`` that asks for something the engine of
+    ``backend`` cannot do (``DecodeEngine.unserved_sampling``: key → remedy)."""
+    for key, fix in unserved.items():
+        if asked(sampling, key):
+            shown = repr(sampling.get(key))
+            raise BadRequest.single(
+                f"request.sampling.{key}",
+                f"{shown if len(shown) <= 40 else shown[:37] + '...'}: the stage's backend "
+                f"{backend} cannot apply it, and the reply would differ without it",
+                fix,
+            )
+
+
+def check_request(
+    stage: Any,
+    tokenizer: Any | None,
+    prompt: Any,
+    check_sampling: Callable[[Sampling], object] | None = None,
+) -> None:
     """Check a request for this stage before it reaches a device actor: its shape and sampling
-    (:func:`request_parts`), then its length with ``tokenizer`` — the one its engine reads —
+    (:func:`request_parts`; then ``check_sampling``, the engine's: a key it cannot honour, a
+    schema it cannot enforce), then its length with ``tokenizer`` — the one its engine reads —
     and the chat template (:func:`check_length`). Raises ``BadRequest``; with no tokenizer
     (none yet) the length is left to the engine."""
     messages, sampling = request_parts(stage, [prompt])
+    if check_sampling is not None:
+        check_sampling(sampling)
     if tokenizer is not None:
         check_length(stage, len(encode(tokenizer, messages)), sampling)

@@ -42,13 +42,14 @@ from stages.ar_decode.checkpoint import FORMAT_DTYPE, read_checkpoint, weights_m
 from stages.ar_decode.config import ArDecodeConfig
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget
-from stages.ar_decode.prompt import checkpoint_tokenizer
+from stages.ar_decode.prompt import check_served, checkpoint_tokenizer
 from stages.base import ArtifactInfo, Progress, StageConfig, StageRunner, TurnScorer
 
 if TYPE_CHECKING:
     from orchestrator.core.engines import DecodeEngineRow
     from orchestrator.core.plan import StagePlan
     from orchestrator.core.profile import Device
+    from stages.requests import Sampling
 
 NO_TELEMETRY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 """vLLM's usage statistics off, on every engine's actor: nothing leaves the machine."""
@@ -88,6 +89,10 @@ class DecodeEngine(ABC):
     is tried on this engine for, in table order; empty: only a stage that names it."""
     format_rules: ClassVar[tuple[FormatRule, ...]] = ()
     """The weight formats its backends execute, each with its reason (``stages.ar_decode.formats``)."""
+    unserved_sampling: ClassVar[dict[str, str]] = {}
+    """Sampling keys (``stages.requests.Sampling``) this engine cannot honour → the remedy. A
+    request whose sampling (its own, or the config's) asks for one is refused naming the key
+    and the backend (``prompt.check_served``), never decoded without it."""
 
     def __init__(self) -> None:
         row = engine_table.row(self.name)
@@ -173,6 +178,13 @@ class DecodeEngine(ABC):
     @abstractmethod
     def runner(self, stage_plan: StagePlan, stage: StageConfig) -> StageRunner:
         """The runtime object of an admitted placement (inside the device actor)."""
+
+    def check_sampling(self, sampling: Sampling, backend: str) -> str | None:
+        """``BadRequest`` for what of a request's ``sampling`` (the config's merged with its own)
+        this engine cannot honour on ``backend`` (``unserved_sampling``); what its runner is to
+        decode under (llama.cpp: the grammar of ``json_schema``), else None."""
+        check_served(sampling, self.unserved_sampling, backend)
+        return None
 
     def request_tokenizer(self, stage_plan: StagePlan) -> Any | None:
         """The tokenizer a request is counted with before it reaches the actor (the one the

@@ -26,12 +26,14 @@ from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
 from stages.ar_decode.engines.llamacpp_turn import LlamaCppTurnScorer
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.gguf_vocab import gguf_path, gguf_vocab
+from stages.ar_decode.json_grammar import grammar_of
 from stages.ar_decode.kv import KVBudget
 from stages.base import ArtifactInfo, StageConfig
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
     from orchestrator.core.profile import Device
+    from stages.requests import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,12 @@ class LlamaCppEngine(DecodeEngine):
     name = "llamacpp"
     default_for = ("gguf",)
     format_rules = LLAMACPP_FORMATS
+
+    def check_sampling(self, sampling: Sampling, backend: str) -> str | None:
+        """The grammar of the request's ``json_schema`` (``json_grammar.grammar_of``: a keyword it
+        would not enforce is refused by name), else None."""
+        super().check_sampling(sampling, backend)
+        return grammar_of(sampling)
 
     def kv_layout(self, stage: ArDecodeConfig, info: ArtifactInfo, length: int) -> tuple[int, str]:
         """``(cells per sequence, dtype)`` of llama.cpp's KV cache for ``length`` tokens: auto is

@@ -22,13 +22,20 @@ same public behaviour (deltas, stats, errors, evidence M):
   scheduler, :class:`_Engine`, is this module's own).
 * Each sequence samples with its own llama.cpp sampler chain:
   ``repetition_penalty`` (over the prompt and the reply, as vLLM counts it),
-  ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
+  ``presence_penalty`` and ``frequency_penalty`` (over the reply only, as OpenAI and
+  vLLM count them), ``top_k``, ``temperature``, ``top_p``, then a draw seeded with the request's
   ``seed`` — greedy when ``temperature`` is 0. Temperature comes before
   ``top_p`` as in vLLM, so a nucleus is taken from the distribution that is
   sampled. ``min_tokens``: the end-of-generation tokens' logits are set to
   -inf (a logit-bias sampler at the head of the chain) until that many tokens
   were generated, then the bias is taken out of the chain.
-* Stop reasons are vLLM's: ``stop`` (an end-of-generation token), ``length``
+* ``stop`` strings: the reply's text is cut before the first one
+  (:class:`stages.ar_decode.stops.StopText`: a delta that may begin one is held back
+  until it is known), and the sequence ends there.
+* ``json_schema`` (``response_format``): a grammar of the schema
+  (:mod:`stages.ar_decode.json_grammar`) checked against the chain's pick, and over the whole
+  vocabulary only when it refuses it (:mod:`~stages.ar_decode.engines.llamacpp_grammar`).
+* Stop reasons are vLLM's: ``stop`` (an end-of-generation token or a stop string), ``length``
   (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
   closed the stream: the sequence leaves the batch at the next step and the
   cells of its reply are cleared, so its slot serves the next request).
@@ -65,9 +72,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
+from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
+from stages.ar_decode.json_grammar import grammar_of
 from stages.ar_decode.prompt import check_length, encode, request_parts
+from stages.ar_decode.stops import StopText
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -143,6 +153,7 @@ class _Slot:
         "chain",
         "fed",
         "generated",
+        "grammar",
         "last",
         "max_tokens",
         "min_tokens",
@@ -151,6 +162,7 @@ class _Slot:
         "prompt",
         "req",
         "seq",
+        "stops",
         "text",
     )
 
@@ -163,6 +175,7 @@ class _Slot:
         bias: bool,
         max_tokens: int,
         min_tokens: int,
+        stops: Sequence[str] = (),
     ) -> None:
         self.seq = seq
         self.req = req
@@ -176,6 +189,8 @@ class _Slot:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.text = Utf8Deltas()
+        self.stops = StopText(stops)
+        self.grammar: Any = None  # the json_schema's grammar sampler (llamacpp_grammar)
         self.out = -1  # this step's batch row with logits, -1 when none
 
 
@@ -366,12 +381,13 @@ class LlamaCppRunner(ThreadedEngineRunner):
         ``sampling`` overrides, as vLLM's runner takes them) through the GGUF's chat template,
         checked against the stage's ``max_model_len`` and a sequence's cells."""
         messages, sampling = request_parts(self.stage, [item async for item in inputs])
+        grammar = grammar_of(sampling)  # checked here too: a grammar asked with min_tokens aborts
         prompt_ids = encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))
         req = self._new_request(request_id, len(prompt_ids))
         req.extra.update(waited_for_slot=False, reused_prompt_tokens=0)
-        return req, ("add", req, prompt_ids, sampling)
+        return req, ("add", req, prompt_ids, sampling, grammar)
 
     def _check_fits(self, prompt_tokens: int) -> None:
         """The engine's own limit (a sequence's cells), beyond the stage's ``max_model_len``
@@ -403,12 +419,23 @@ class LlamaCppRunner(ThreadedEngineRunner):
             add(chain, lc.llama_sampler_init_logit_bias(vocab.n_vocab, len(eog), biases))
         penalty = float(sampling.get("repetition_penalty") or 1.0)
         if penalty != 1.0:
+            repeats = lc.llama_sampler_init_penalties(
+                vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0
+            )
+            # vLLM's repetition penalty counts the prompt's tokens too; fed to this sampler
+            # alone (a grammar fed the prompt would take it for the reply's start)
+            for token in prompt:
+                lc.llama_sampler_accept(repeats, token)
+            add(chain, repeats)
+        frequency = float(sampling.get("frequency_penalty") or 0.0)
+        presence = float(sampling.get("presence_penalty") or 0.0)
+        if frequency or presence:  # fed nothing of the prompt: they count the reply only
             add(
                 chain,
-                lc.llama_sampler_init_penalties(vocab.n_vocab, self._seq_limit, penalty, 0.0, 0.0),
+                lc.llama_sampler_init_penalties(
+                    vocab.n_vocab, self._seq_limit, 1.0, frequency, presence
+                ),
             )
-            for token in prompt:  # vLLM's repetition penalty counts the prompt's tokens too
-                lc.llama_sampler_accept(chain, token)
         temperature = float(sampling.get("temperature", 1.0))
         if temperature <= 0.0:
             add(chain, lc.llama_sampler_init_greedy())
@@ -465,10 +492,11 @@ class _Engine:
         n_seq_ids[:] = [1] * n_batch
         self.seq_rows = [batch.seq_id[i] for i in range(n_batch)]
         self.pieces: dict[int, bytes] = {}
+        self.grammars = GrammarSampling(self.lc, vocab.n_vocab)
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
-        self.waiting: deque[tuple[EngineRequest, list[int], Sampling]] = deque()
+        self.waiting: deque[tuple[EngineRequest, list[int], Sampling, str | None]] = deque()
         self.running: list[_Slot] = []
         self.busy = False
         self.last_sample = 0.0
@@ -506,12 +534,15 @@ class _Engine:
             lc.llama_memory_seq_rm(mem, slot.seq, -1, -1)
             self.cached.pop(slot.seq, None)
         lc.llama_sampler_free(slot.chain)
+        if slot.grammar is not None:
+            lc.llama_sampler_free(slot.grammar)
         self.running.remove(slot)
         self.free.append(slot.seq)
         self.runner._free_slots = len(self.free)
         req = slot.req
         if reason is not None:
-            tail = slot.text.flush()
+            tail = slot.stops.add(slot.text.flush())
+            tail += slot.stops.flush()
             if tail:
                 req.put(tail)
             req.end(reason)
@@ -546,10 +577,15 @@ class _Engine:
         with the request's, its cells kept up to there (one token decoded at least)."""
         r, lc, mem = self.runner, self.lc, self.mem
         while self.waiting and self.free:
-            req, prompt, sampling = self.waiting.popleft()
+            req, prompt, sampling, grammar = self.waiting.popleft()
+            constrained = None
             try:
+                if grammar is not None:
+                    constrained = self.grammars.new(self.vocab.vocab, grammar)
                 chain, bias = r._chain(sampling, prompt)
             except Exception as exc:
+                if constrained is not None:
+                    lc.llama_sampler_free(constrained)
                 req.put(
                     StageFailed(
                         r.plan.name,
@@ -577,7 +613,9 @@ class _Engine:
                 bias,
                 int(sampling.get("max_tokens") or 16),
                 int(sampling.get("min_tokens") or 0),
+                sampling.get("stop") or (),
             )
+            slot.grammar = constrained
             slot.fed = slot.pos = req.extra["reused_prompt_tokens"] = reuse
             self.running.append(slot)
 
@@ -655,7 +693,11 @@ class _Engine:
                 continue
             if slot.last >= 0:
                 slot.pos += 1
-            token = lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
+            token = (
+                lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
+                if slot.grammar is None
+                else self.grammars.sample(self.ctx, slot.out, slot.chain, slot.grammar)
+            )
             req = slot.req
             req.produced(1, now)
             slot.generated += 1
@@ -668,10 +710,12 @@ class _Engine:
             piece = self.pieces.get(token)
             if piece is None:
                 piece = self.pieces[token] = self.vocab.piece(token)
-            text = slot.text.add(piece)
+            text = slot.stops.add(slot.text.add(piece))
             if text:
                 req.put(text)
-            if slot.generated >= slot.max_tokens or slot.pos >= limit:
+            if slot.stops.stopped:
+                self.finish(slot, "stop")
+            elif slot.generated >= slot.max_tokens or slot.pos >= limit:
                 self.finish(slot, "length")
             else:
                 slot.last = token

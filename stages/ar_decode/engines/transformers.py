@@ -12,7 +12,7 @@ shared with every torch engine in its actor (``cpu_thread_pool``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.ledger import Reservation
@@ -82,6 +82,10 @@ class TransformersEngine(CheckpointEngine):
     """transformers (see the module docstring)."""
 
     name = "transformers"
+    unserved_sampling: ClassVar[dict[str, str]] = {
+        key: "leave it out, or list llamacpp-cpu or a vllm backend first in the stage's backends"
+        for key in ("stop", "presence_penalty", "frequency_penalty", "json_schema")
+    }
     format_rules = TRANSFORMERS_FORMATS
 
     def check(

@@ -13,7 +13,7 @@ process with the plan's threads as OpenMP's (``actor_env``), and the runner
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.core.documents import JsonObject
 from orchestrator.core.errors import RefusalCode
@@ -169,6 +169,10 @@ class VllmEngine(CheckpointEngine):
     """vLLM (see the module docstring)."""
 
     name = "vllm"
+    unserved_sampling: ClassVar[dict[str, str]] = {
+        "json_schema": "leave response_format out, or list llamacpp-cpu first in the stage's "
+        "backends: structured output is constrained on llama.cpp (a grammar)",
+    }
     default_for = ("gguf", "checkpoint")
     format_rules = VLLM_FORMATS
 

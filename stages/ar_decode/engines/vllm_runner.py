@@ -172,6 +172,9 @@ class VllmRunner(ThreadedEngineRunner):
             min_tokens=sampling.get("min_tokens", 0),
             seed=sampling.get("seed"),
             repetition_penalty=sampling.get("repetition_penalty", 1.0),
+            presence_penalty=sampling.get("presence_penalty", 0.0),
+            frequency_penalty=sampling.get("frequency_penalty", 0.0),
+            stop=list(sampling.get("stop") or ()) or None,
             output_kind=RequestOutputKind.DELTA,
         )
         return list(prompt_ids), params

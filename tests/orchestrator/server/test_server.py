@@ -185,6 +185,20 @@ def test_health_names_every_stage_with_its_device(served: _Served) -> None:
     ]
 
 
+TOOLS_REQUIRED: dict[str, Any] = {
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ],
+    "tool_choice": "required",
+}
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -192,6 +206,18 @@ def test_health_names_every_stage_with_its_device(served: _Served) -> None:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        # fields that would change the reply and are not served: never free text with a 200
+        ({"messages": [{"role": "user", "content": "hi"}], **TOOLS_REQUIRED}, "tools"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+        # a stop string to a pipeline whose entry stage does not decode (the echo kind)
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": "said"}, "stop"),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_object"},
+            },
+            "response_format",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_in_openais_shape(

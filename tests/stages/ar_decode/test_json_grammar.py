@@ -1,0 +1,104 @@
+"""``stages.ar_decode.json_grammar``: a JSON schema becomes a grammar only where the grammar
+enforces all of it; a keyword it would pass over is a ``BadRequest`` naming the keyword and
+where it is. No model here: the decoding under the grammars is ``test_llamacpp_runner.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.core.errors import BadRequest
+from stages.ar_decode.json_grammar import MAX_ENUMERATED, grammar_of, prepared, schema_grammar
+from tests.helpers.schemas import HELD_IN_SCHEMAS
+
+pytest.importorskip("llama_cpp")
+
+W = "request.sampling.json_schema"
+OBJ = {"type": "object"}
+
+
+def _refused(schema: Any) -> tuple[str, str]:
+    with pytest.raises(BadRequest) as err:
+        schema_grammar(schema, W)
+    p = err.value.problems[0]
+    assert p.fix, "a refusal says what the grammar does enforce"
+    return p.where, p.what
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "number", "minimum": 0.5}, f"{W}.minimum"),
+        ({"type": "integer", "minimum": 0}, f"{W}.minimum"),  # one-sided: no range
+        ({"type": "integer", "minimum": 0, "maximum": MAX_ENUMERATED}, f"{W}.maximum"),
+        ({"type": "integer", "multipleOf": 2}, f"{W}.multipleOf"),
+        ({"not": OBJ}, f"{W}.not"),
+        ({"oneOf": [OBJ]}, f"{W}.oneOf"),
+        ({"allOf": [OBJ]}, f"{W}.allOf"),
+        ({"if": OBJ, "then": OBJ}, f"{W}.if"),
+        ({"type": "string", "pattern": "^a$"}, f"{W}.pattern"),
+        ({"type": "string", "format": "email"}, f"{W}.format"),
+        ({"type": "string", "format": "date", "maxLength": 3}, f"{W}.maxLength"),
+        ({"type": "array", "items": OBJ, "uniqueItems": True}, f"{W}.uniqueItems"),
+        ({"type": "object", "properties": {"a": OBJ}, "minProperties": 1}, f"{W}.minProperties"),
+        ({"type": "object", "properties": {"a": OBJ}, "required": ["b"]}, f"{W}.required"),
+        ({"type": "object", "patternProperties": {"a": OBJ}}, f"{W}.patternProperties"),
+        ({"properties": {"a": {"type": "integer", "maximum": 3}}}, f"{W}.properties.a.maximum"),
+        ({"$ref": "https://example.com/schema.json"}, f"{W}.$ref"),
+        ({"$ref": "#/$defs/a", "type": "object"}, f"{W}.type"),
+        ({"anyOf": [OBJ], "type": "object"}, f"{W}.type"),
+        ({"enum": [1, "a"], "type": "string"}, f"{W}.enum"),
+        ({"type": ["string", "null"], "maxLength": 3}, f"{W}.maxLength"),
+        ({"type": "bogus"}, f"{W}.type"),
+        ({"type": "array", "items": [OBJ, OBJ], "maxItems": 1}, f"{W}.minItems"),
+    ],
+)
+def test_a_keyword_the_grammar_would_pass_over_is_refused_by_name(schema: Any, where: str) -> None:
+    assert _refused(schema)[0] == where
+
+
+def test_what_the_grammar_may_only_narrow_is_narrowed_so_each_document_still_validates() -> None:
+    closed = prepared({"type": "object", "properties": {"a": OBJ}, "title": "T"}, W)
+    assert closed == {
+        "type": "object",
+        "properties": {"a": OBJ},
+        "required": [],
+        "additionalProperties": False,  # no undeclared key, no key twice
+    }
+    assert prepared({"type": "integer", "minimum": 2, "exclusiveMaximum": 5}, W) == {
+        "enum": [2, 3, 4]
+    }
+    # JSON forbids raw control characters in a string: the grammar's characters leave them out
+    grammar = schema_grammar({"type": "string", "maxLength": 4}, W)
+    assert "\\x00-\\x1F" in grammar
+
+
+@pytest.mark.parametrize("schema", HELD_IN_SCHEMAS)
+def test_the_held_in_schemas_become_grammars(schema: dict[str, Any]) -> None:
+    assert "root ::=" in schema_grammar(schema, W)
+
+
+def test_a_schema_beside_a_stop_string_or_min_tokens_is_refused() -> None:
+    for extra, where in (({"stop": ["}"]}, "stop"), ({"min_tokens": 3}, "min_tokens")):
+        with pytest.raises(BadRequest) as err:
+            grammar_of({"json_schema": OBJ, **extra})
+        assert err.value.problems[0].where == f"request.sampling.{where}"
+    assert grammar_of({"stop": ["x"], "min_tokens": 3}) is None  # no schema: free text
+    assert grammar_of({"json_schema": OBJ, "stop": [], "min_tokens": 0}) is not None
+
+
+@pytest.mark.parametrize(
+    ("engine", "backend"), [("vllm", "vllm-cpu"), ("transformers", "transformers-cpu")]
+)
+def test_an_engine_that_cannot_constrain_refuses_a_schema_by_name(
+    engine: str, backend: str
+) -> None:
+    from stages.ar_decode.engines import engine_for
+
+    with pytest.raises(BadRequest) as err:
+        engine_for(backend).check_sampling({"json_schema": OBJ}, backend)
+    p = err.value.problems[0]
+    assert p.where == "request.sampling.json_schema" and f"{backend} cannot apply it" in p.what
+    assert "llamacpp-cpu" in p.fix
+    assert engine_for("llamacpp-cpu").check_sampling({"json_schema": OBJ}, "llamacpp-cpu")
