@@ -47,7 +47,8 @@ def test_a_chat_asked_in_words_keeps_its_max_tokens(soak: ModuleType) -> None:
     body = soak.chat_body("Tell me one fact about the Moon.", None, 24)
     assert body["max_tokens"] == 24
     assert chat_request(body) == {
-        "messages": [{"role": "user", "content": "Tell me one fact about the Moon."}]
+        "messages": [{"role": "user", "content": "Tell me one fact about the Moon."}],
+        "sampling": {"max_tokens": 24},
     }
 
 
