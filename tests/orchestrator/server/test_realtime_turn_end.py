@@ -38,6 +38,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.planner import plan_pipeline
 from orchestrator.runtime.audio import resample, rms_dbfs
 from orchestrator.runtime.events import AudioChunk, TextDelta
+from orchestrator.server.limits import ServerLimits
 from orchestrator.server.realtime import (
     RealtimeLimits,
     Session,
@@ -210,7 +211,9 @@ class FakeRealtime:
         self.metrics = type("Metrics", (), {})()
         self.metrics.early_responses = Counter()
         self.metrics.voice_to_voice = type("H", (), {"observe": lambda self, v: None})()
-        self.app = type("App", (), {"metrics": self.metrics, "model": "voice-chat"})()
+        self.app = type(
+            "App", (), {"metrics": self.metrics, "model": "voice-chat", "limits": ServerLimits()}
+        )()
         self._turn_end = TurnEnd(self.scorer)
 
     async def vad(self) -> Any:
