@@ -359,6 +359,11 @@ TEST_TOKEN = "hf_omniEdgeTestToken0123456789abcdef"
 """The one token the served gated repository accepts (never a real one)."""
 
 
+FREE_BYTES = 1 << 50
+"""The free space ``serving`` reports for the HF cache's disk (a pebibyte: room for any
+test repository); a test of the refusal sets its own."""
+
+
 @contextmanager
 def serving(repos: dict[str, HubRepo], monkeypatch: Any, tmp_path: Path) -> Iterator[Hub]:
     """The Hub on loopback, with this process's environment pointed at it: ``HF_ENDPOINT``, an
@@ -372,6 +377,10 @@ def serving(repos: dict[str, HubRepo], monkeypatch: Any, tmp_path: Path) -> Iter
         monkeypatch.setenv("OMNI_EDGE_CACHE_DIR", str(tmp_path / "omni-edge-cache"))
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        # The disk's free space is the test's, not the machine's: a test repository's
+        # download (the Omni model's is 70 GB) would otherwise be refused, or not, by how
+        # full this machine's disk happens to be.
+        monkeypatch.setattr("orchestrator.core.hub.free_bytes", lambda directory=None: FREE_BYTES)
         yield hub
 
 

@@ -41,6 +41,22 @@ NEEDED = [
 ]
 
 
+def test_a_download_the_disk_cannot_hold_is_exit_2_before_any_byte_arrives(
+    repos: dict[str, HubRepo],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The disk's free space is set by the test: less than the download plus the margin."""
+    with serving(repos, monkeypatch, tmp_path):
+        monkeypatch.setattr("orchestrator.core.hub.free_bytes", lambda directory=None: 1024)
+        assert main(pull(TINY)) == 2
+    err = capsys.readouterr().err
+    assert "the download needs" in err and "is free there" in err
+    assert "how to fix: free space on that disk, or point HF_HUB_CACHE" in err
+    assert cache_files(tmp_path) == []
+
+
 @pytest.fixture
 def repos(tmp_path: Path) -> dict[str, HubRepo]:
     tiny = directory_repo(tiny_checkpoint(tmp_path / "src" / "tiny"))
