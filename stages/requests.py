@@ -62,6 +62,9 @@ class Sampling(TypedDict, total=False):
     json_schema: dict[str, object]
     """The reply must be JSON valid against this schema (OpenAI's ``response_format``;
     ``json_object`` is ``{"type": "object"}``), enforced by constrained decoding."""
+    tool_call: dict[str, object]
+    """The tools the reply may call and the choice (``stages.ar_decode.tool_grammar.ToolCall``:
+    OpenAI's ``tools`` and ``tool_choice``), a call's arguments enforced by constrained decoding."""
 
 
 SAMPLING_KEYS: tuple[str, ...] = tuple(Sampling.__annotations__)
@@ -71,6 +74,7 @@ OFF_VALUES: dict[str, tuple[object, ...]] = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "json_schema": (),
+    "tool_call": (),
 }
 """The keys that shape the reply's text beyond sampling a token (a stage that cannot apply one
 must refuse it), each with the values that ask for nothing."""
@@ -320,7 +324,7 @@ def _sampling(value: object) -> Sampling | None:
         if key == "stop":
             if not (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)):
                 return None
-        elif key == "json_schema":
+        elif key in ("json_schema", "tool_call"):
             if not isinstance(v, Mapping):
                 return None
         elif key in _FLOAT_KEYS:

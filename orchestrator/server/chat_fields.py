@@ -2,7 +2,7 @@
 accepted and ignored, or refused with a 400 naming it.
 
 The guarantee: a field that changes what the caller gets is honoured or refused, never
-silently dropped. A client that asks for tools, log-probabilities or a moderation pass
+silently dropped. A client that asks for log-probabilities, token biases or a moderation pass
 and would get plain text with a 200 could not tell; so such a field, set to anything but
 its "off" value (:data:`NEUTRAL`), is a 400 naming it and saying what to do instead
 (:func:`refusal`). Fields that leave the reply as it is (an end-user id, metadata,
@@ -35,6 +35,11 @@ HONOURED: dict[str, str] = {
     "response_format": "text, json_object or json_schema: the reply is JSON valid against the "
     "schema by constrained decoding (llama.cpp); a backend that cannot constrain, or a schema "
     "keyword the grammar would not enforce, is a 400 naming it",
+    "tools": "functions (at most 128): offered in the prompt (the chat template's convention); "
+    "a reply is text or one call, its arguments valid JSON for the tool's parameters by "
+    "constrained decoding (llama.cpp); a backend that cannot constrain is a 400 naming it",
+    "tool_choice": "auto, none (no tool offered), required, or a named function (the reply is "
+    "that call)",
     "presence_penalty": "-2 to 2, over the reply's tokens",
     "frequency_penalty": "-2 to 2, over the reply's tokens",
 }
@@ -58,17 +63,14 @@ IGNORED: dict[str, str] = {
     "a shared prompt head on their own",
     "prompt_cache_retention": "a routing hint for OpenAI's prompt cache",
     "prompt_cache_options": "breakpoints for OpenAI's prompt cache",
-    "parallel_tool_calls": "means something only with tools, which are refused",
+    "parallel_tool_calls": "a reply makes at most one call, which keeps either value",
     "prediction": "a speed hint (Predicted Outputs): the reply is the same without it",
 }
 """OpenAI's fields accepted and ignored: none changes the reply's content."""
 
 REFUSED: dict[str, str] = {
-    "tools": "leave tools out: tool calls are not served yet, and a reply without the call "
-    "would look like an answer",
-    "tool_choice": "leave tool_choice out (no tools are served)",
-    "functions": "leave functions out (function calls are not served)",
-    "function_call": "leave function_call out (function calls are not served)",
+    "functions": "send tools instead (the deprecated functions are not read)",
+    "function_call": "send tool_choice instead (the deprecated function_call is not read)",
     "logprobs": "leave logprobs out or false: log-probabilities are not returned",
     "top_logprobs": "leave top_logprobs out: log-probabilities are not returned",
     "logit_bias": "leave logit_bias out: token biases are not applied",
@@ -85,19 +87,23 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "logprobs": (False,),
     "top_logprobs": (0,),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
 }
 """The values of a refused field that ask for nothing (as leaving it out or ``null`` does)."""
 
-MESSAGE_REFUSED: dict[str, str] = {
-    "tool_calls": "send the assistant's earlier reply as text: tool calls are not served yet",
-    "function_call": "send the assistant's earlier reply as text: function calls are not served",
-    "tool_call_id": "tool results are not served yet: send the result as a user message",
+MESSAGE_HONOURED: dict[str, str] = {
+    "tool_calls": "an assistant's earlier calls, back into the prompt as the model wrote them",
+    "tool_call_id": "a tool message's: its result goes back in the order sent (a reply makes "
+    "one call)",
 }
-"""Keys of a message that carry a tool round trip, refused with a 400 naming the message's
-key (``messages[2].tool_calls``) rather than dropped from the conversation."""
+"""Keys of a message that carry a tool round trip (``orchestrator.server.chat_tools``)."""
+
+MESSAGE_REFUSED: dict[str, str] = {
+    "function_call": "send the earlier call as tool_calls (the deprecated function_call is "
+    "not read)",
+}
+"""Keys of a message refused with a 400 naming the message's key
+(``messages[2].function_call``) rather than dropped from the conversation."""
 
 MESSAGE_IGNORED: dict[str, str] = {
     "name": "a participant's name: the chat templates served have no place for it",

@@ -53,7 +53,7 @@ def failure(exc: BaseException, what: str = "request") -> Failure | None:
     (``REQUEST_ERRORS``): a fault of the server. A ``StageFailed`` is logged (``what`` failed:
     its cause), since the client does not read the cause."""
     if isinstance(exc, BadRequest):
-        if any(q.where.startswith(SCHEMA_WHERE) for q in exc.problems):
+        if any(q.where.startswith(SCHEMA_WHERES) for q in exc.problems):
             # the stage's name for a request's schema is no field the client sent: say theirs
             exc = BadRequest([_as_sent(q) for q in exc.problems])
         p = exc.problems[0] if exc.problems else Problem("request", str(exc))
@@ -97,10 +97,13 @@ def internal_failure(exc: BaseException, what: str) -> Failure:
 
 SCHEMA_WHERE = "request.sampling.json_schema"
 """Where a decode stage names a request's schema: OpenAI's ``response_format`` on the wire."""
+TOOLS_WHERE = "request.sampling.tool_call"
+"""Where a decode stage names a request's tools: OpenAI's ``tools`` and ``tool_choice``."""
+SCHEMA_WHERES = (SCHEMA_WHERE, TOOLS_WHERE)
 
 
 def _as_sent(problem: Problem) -> Problem:
-    if not problem.where.startswith(SCHEMA_WHERE):
+    if not problem.where.startswith(SCHEMA_WHERES):
         return problem
     return Problem(_openai_param(problem.where), problem.what, problem.fix)
 
@@ -113,8 +116,21 @@ def _openai_param(where: str) -> str:
         return "response_format.json_schema.schema" + where.removeprefix(
             "request.sampling.json_schema"
         )
+    if where.startswith(TOOLS_WHERE):
+        return _tools_param(where.removeprefix(TOOLS_WHERE))
     if where.startswith("request.sampling."):
         return where.removeprefix("request.sampling.")
     if where in ("prompt", "request.prompt", "request.messages"):
         return "messages"
     return where
+
+
+def _tools_param(rest: str) -> str:
+    """``.tools[1].parameters.x`` (a tool's schema, as the stage names it) as the request's
+    ``tools[1].function.parameters.x``; ``.name`` as ``tool_choice.function.name``."""
+    if rest.startswith(".tools[") and "].parameters" in rest:
+        head, tail = rest.split("].parameters", 1)
+        return f"{head.removeprefix('.')}].function.parameters{tail}"
+    if rest == ".name":
+        return "tool_choice.function.name"
+    return "tools"

@@ -11,7 +11,7 @@ A body goes through four steps, each a 400 in OpenAI's error shape naming the fi
    and OpenAI's own ranges, and vLLM's (``seed`` within int64, ``temperature``
    finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone
    surrogate) is refused. OpenAI's fields that would change the reply and are not
-   served (``tools``, ``logprobs``, ...) are refused by name
+   served (``logprobs``, ``logit_bias``, ...) are refused by name
    (:mod:`orchestrator.server.chat_fields` holds the table); keys the models do not
    name are otherwise ignored, as OpenAI's server ignores them;
 4. checked against the server's limits (:class:`ServerLimits`: messages per
@@ -47,6 +47,14 @@ from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.chat_fields import first_refused
+from orchestrator.server.chat_tools import (
+    MAX_TOOLS,
+    ToolCallItem,
+    ToolChoice,
+    ToolDef,
+    as_text,
+    tool_call_of,
+)
 from orchestrator.server.limits import FLAGS, ServerLimits
 from stages.ar_decode.json_grammar import Schema
 from stages.payloads import Array, AudioItem, Item
@@ -183,9 +191,11 @@ class AssistantAudio(_Body):
 
 
 class Message(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     audio: AssistantAudio | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(_Body):
@@ -237,6 +247,8 @@ class ChatBody(_Body):
     )
     stop: StopString | list[StopString] | None = Field(None, max_length=STOPS_MAX)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
 
 
 class SpeechBody(_Body):
@@ -268,7 +280,7 @@ FIXES = {
     "modalities": "e.g. ['text'] or ['text', 'audio']",
     "audio": "e.g. {'voice': 'alloy', 'format': 'pcm16'}",
     "messages": "e.g. [{'role': 'user', 'content': 'Hi'}]",
-    "role": "system, developer, user or assistant",
+    "role": "system, developer, user, assistant or tool",
     "content": "send the message's text as a string, or text and input_audio parts",
     "text": "send the text as a string of valid Unicode",
     "input_audio": "e.g. {'type': 'input_audio', 'input_audio': {'data': base64 WAV, 'format': 'wav'}}",
@@ -376,6 +388,8 @@ class ChatCall:
     stream: bool
     include_usage: bool
     tensor_at: dict[str, str] = field(default_factory=dict)
+    tools: bool = False
+    """Whether the reply may be a tool call (tools offered, ``tool_choice`` not ``none``)."""
     """For a request of arrays: each input name ("" for a bare array) → its content part's place
     (``messages[0].content[1]``), so the entry stage's check names the field that was sent."""
 
@@ -397,12 +411,14 @@ def read_chat(
     it parses JSON and may decode a recording or arrays)."""
     chat = _chat_body(parse_json(raw), limits)
     prompt, tensor_at = _chat_prompt(chat, audio_entry, limits, tensor_entry)
+    fmt = audio_format(chat, has_audio=has_audio)
     return ChatCall(
         prompt,
-        audio_format(chat, has_audio=has_audio),
+        fmt,
         bool(chat.stream),
         bool(chat.stream_options and chat.stream_options.include_usage),
         tensor_at,
+        tool_call_of(chat.tools, chat.tool_choice, audio_out=fmt is not None) is not None,
     )
 
 
@@ -474,6 +490,10 @@ def _chat_prompt(
             content = ""  # an earlier audio reply sent back by id: its words are not in the message
         if isinstance(content, list):
             content = "".join(p.text for p in content if isinstance(p, TextPart))
+        carried = as_text(i, m.role, content, m.tool_calls)  # a tool round trip's turn
+        if carried is not None:
+            out.append(ChatMessage(role=carried[0], content=carried[1]))
+            continue
         if content is None:
             raise _bad(f"messages[{i}].content", "is missing", FIXES["content"])
         out.append(ChatMessage(role="system" if m.role == "developer" else m.role, content=content))
@@ -494,6 +514,7 @@ def _sampling(chat: ChatBody) -> Sampling:
     schema = json_schema(chat.response_format)
     if schema is not None:
         values["json_schema"] = schema
+    values["tool_call"] = tool_call_of(chat.tools, chat.tool_choice, audio_out=False)
     return cast(Sampling, {key: v for key, v in values.items() if v is not None})
 
 
@@ -707,7 +728,7 @@ def _alone(chat: ChatBody, where: str, what: str) -> None:
                     f"text next to the {what} in {where}: {reach}, so this text would be ignored",
                     f"send the {what} alone (the config's system prompt applies downstream), or text alone",
                 )
-    for name in (*SAMPLING_FIELDS, "response_format"):
+    for name in (*SAMPLING_FIELDS, "response_format", "tools"):
         if getattr(chat, name) is not None:
             raise _bad(
                 name,

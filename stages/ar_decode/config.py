@@ -91,6 +91,11 @@ class Sampling(Strict):
         description="A JSON schema every reply must validate against, enforced by constrained "
         "decoding (llama.cpp: a grammar); None: free text.",
     )
+    tool_call: dict[str, JsonValue] | None = Field(
+        None,
+        description="The tools a reply may call and how (a request's own: OpenAI's tools and "
+        "tool_choice), each call's arguments enforced by constrained decoding; None: no tools.",
+    )
 
 
 class ArDecodeConfig(StageConfig):

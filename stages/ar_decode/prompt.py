@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup
+from stages.ar_decode.tool_grammar import as_call, tools_prompt
 from stages.requests import SAMPLING_KEYS, Sampling, asked
 
 if TYPE_CHECKING:
@@ -92,7 +93,22 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], S
     system = getattr(stage, "system_prompt", None)
     if system and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system})
-    return messages, checked
+    return _with_tools(messages, checked), checked
+
+
+def _with_tools(messages: list[dict[str, str]], sampling: Sampling) -> list[dict[str, str]]:
+    """``messages`` with the tools a request offers at the end of the system message (a system
+    message of them first when there is none): ``tool_grammar.tools_prompt``'s convention."""
+    call = sampling.get("tool_call")
+    if not call:
+        return messages
+    tools = tools_prompt(as_call(call))
+    if messages[0]["role"] == "system":
+        return [
+            {"role": "system", "content": f"{messages[0]['content']}\n\n{tools}"},
+            *messages[1:],
+        ]
+    return [{"role": "system", "content": tools}, *messages]
 
 
 def _text(value: Any, where: str, how: str) -> str:

@@ -14,6 +14,7 @@ from starlette.routing import Route
 from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, wav_header
 from orchestrator.runtime.events import AudioChunk, Event
+from orchestrator.server.chat_tools import CallWatch, looks_like_call, reply_call
 from orchestrator.server.failures import REQUEST_ERRORS
 from orchestrator.server.http import StreamResponse, b64, error_for, pcm24k
 from orchestrator.server.served import Run, Served
@@ -40,12 +41,12 @@ class Chat:
         }
         if call.stream:
             return await self._chat_stream(
-                run, base, call.audio_format, call.include_usage, request
+                run, base, call.audio_format, call.include_usage, request, CallWatch(call.tools)
             )
-        return await self._chat_whole(run, base, call.audio_format, request)
+        return await self._chat_whole(run, base, call.audio_format, request, call.tools)
 
     async def _chat_whole(
-        self, run: Run, base: JsonObject, fmt: str | None, request: Request
+        self, run: Run, base: JsonObject, fmt: str | None, request: Request, tools: bool
     ) -> Response:
         try:
             if not await run.until(lambda e: False, request):
@@ -58,6 +59,12 @@ class Chat:
         await run.close(200)
         text = "".join(e.text for e in events if self.served.is_text(e))
         message: JsonObject = {"role": "assistant", "content": text}
+        finish = self._finish_reason(run)
+        if tools and looks_like_call(text):  # a call, or one cut short (no content, no call)
+            calls = reply_call(text, run.rid)
+            message = {"role": "assistant", "content": None}
+            if calls is not None:
+                message["tool_calls"], finish = calls, "tool_calls"
         outputs = [o for o in map(self.served.output_of, events) if o is not None]
         if fmt is not None:
             chunks = [e for e in events if self.served.is_audio(e)]
@@ -76,9 +83,7 @@ class Chat:
         doc: JsonObject = {
             **base,
             "object": "chat.completion",
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": self._finish_reason(run)}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         }
         usage = run.trace.usage()
         if usage:
@@ -108,6 +113,7 @@ class Chat:
         fmt: str | None,
         include_usage: bool,
         request: Request,
+        watch: CallWatch,
     ) -> Response:
         # The first event is awaited before the response starts, so a request refused
         # up front (bad, busy, a dead stage) gets its HTTP status, not a broken stream.
@@ -130,11 +136,10 @@ class Chat:
 
         def delta_of(event: Event) -> JsonObject | None:
             if self.served.is_text(event):
-                return (
-                    {"audio": {"id": audio_id, "transcript": event.text}}
-                    if fmt
-                    else {"content": event.text}
-                )
+                if fmt:
+                    return {"audio": {"id": audio_id, "transcript": event.text}}
+                content = watch.text(event.text)  # held back while the reply is a call
+                return None if content is None else {"content": content}
             if fmt and self.served.is_audio(event):
                 return {"audio": {"id": audio_id, "data": b64(pcm24k(event))}}
             output = self.served.output_of(event)
@@ -148,7 +153,12 @@ class Chat:
                     delta = delta_of(event)
                     if delta is not None:
                         yield chunk(delta)
-                yield chunk({}, self._finish_reason(run))
+                finish = self._finish_reason(run)
+                calls = watch.calls(run.rid)
+                if calls is not None:
+                    yield chunk({"tool_calls": calls})
+                    finish = "tool_calls"
+                yield chunk({}, finish)
                 usage = run.trace.usage()
                 if include_usage and usage:
                     yield f"data: {json.dumps({**base, 'object': 'chat.completion.chunk', 'choices': [], 'usage': usage})}\n\n"

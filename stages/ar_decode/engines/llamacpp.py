@@ -26,8 +26,8 @@ from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
 from stages.ar_decode.engines.llamacpp_turn import LlamaCppTurnScorer
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.gguf_vocab import gguf_path, gguf_vocab
-from stages.ar_decode.json_grammar import grammar_of
 from stages.ar_decode.kv import KVBudget
+from stages.ar_decode.tool_grammar import decode_grammar
 from stages.base import ArtifactInfo, StageConfig
 
 if TYPE_CHECKING:
@@ -144,10 +144,10 @@ class LlamaCppEngine(DecodeEngine):
     format_rules = LLAMACPP_FORMATS
 
     def check_sampling(self, sampling: Sampling, backend: str) -> str | None:
-        """The grammar of the request's ``json_schema`` (``json_grammar.grammar_of``: a keyword it
-        would not enforce is refused by name), else None."""
+        """The grammar of the request's tools or ``json_schema`` (``tool_grammar.decode_grammar``:
+        a keyword it would not enforce is refused by name), else None."""
         super().check_sampling(sampling, backend)
-        return grammar_of(sampling)
+        return decode_grammar(sampling)
 
     def kv_layout(self, stage: ArDecodeConfig, info: ArtifactInfo, length: int) -> tuple[int, str]:
         """``(cells per sequence, dtype)`` of llama.cpp's KV cache for ``length`` tokens: auto is

@@ -34,7 +34,8 @@ same public behaviour (deltas, stats, errors, evidence M):
   until it is known), and the sequence ends there.
 * ``json_schema`` (``response_format``): a grammar of the schema
   (:mod:`stages.ar_decode.json_grammar`) checked against the chain's pick, and over the whole
-  vocabulary only when it refuses it (:mod:`~stages.ar_decode.engines.llamacpp_grammar`).
+  vocabulary only when it refuses it (:mod:`~stages.ar_decode.engines.llamacpp_grammar`);
+  ``tool_call`` (``tools``) the same, with the grammar of a call (:mod:`stages.ar_decode.tool_grammar`).
 * Stop reasons are vLLM's: ``stop`` (an end-of-generation token or a stop string), ``length``
   (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
   closed the stream: the sequence leaves the batch at the next step and the
@@ -75,9 +76,9 @@ from orchestrator.core.errors import BadRequest, StageFailed
 from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
-from stages.ar_decode.json_grammar import grammar_of
 from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.ar_decode.stops import StopText
+from stages.ar_decode.tool_grammar import decode_grammar
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -381,7 +382,9 @@ class LlamaCppRunner(ThreadedEngineRunner):
         ``sampling`` overrides, as vLLM's runner takes them) through the GGUF's chat template,
         checked against the stage's ``max_model_len`` and a sequence's cells."""
         messages, sampling = request_parts(self.stage, [item async for item in inputs])
-        grammar = grammar_of(sampling)  # checked here too: a grammar asked with min_tokens aborts
+        grammar = decode_grammar(
+            sampling
+        )  # checked here too: a grammar asked with min_tokens aborts
         prompt_ids = encode(self._vocab, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         self._check_fits(len(prompt_ids))

@@ -85,6 +85,9 @@ class TransformersEngine(CheckpointEngine):
     unserved_sampling: ClassVar[dict[str, str]] = {
         key: "leave it out, or list llamacpp-cpu or a vllm backend first in the stage's backends"
         for key in ("stop", "presence_penalty", "frequency_penalty", "json_schema")
+    } | {
+        "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
+        "call's arguments are constrained on llama.cpp (a grammar)"
     }
     format_rules = TRANSFORMERS_FORMATS
 

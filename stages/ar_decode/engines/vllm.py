@@ -172,6 +172,8 @@ class VllmEngine(CheckpointEngine):
     unserved_sampling: ClassVar[dict[str, str]] = {
         "json_schema": "leave response_format out, or list llamacpp-cpu first in the stage's "
         "backends: structured output is constrained on llama.cpp (a grammar)",
+        "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
+        "call's arguments are constrained on llama.cpp (a grammar)",
     }
     default_for = ("gguf", "checkpoint")
     format_rules = VLLM_FORMATS

@@ -18,11 +18,13 @@ from orchestrator.server.chat_fields import (
     EXTENSIONS,
     HONOURED,
     IGNORED,
+    MESSAGE_HONOURED,
     MESSAGE_IGNORED,
     MESSAGE_REFUSED,
     REFUSED,
     treatment,
 )
+from orchestrator.server.chat_tools import NO_PARAMETERS
 from orchestrator.server.protocol import ChatBody, Message, read_chat
 from tests.helpers import REPO
 
@@ -39,8 +41,6 @@ TOOL = {
 }
 ASKING: dict[str, Any] = {
     # a value of each refused field that asks for something the server does not do
-    "tools": [TOOL],
-    "tool_choice": "required",
     "functions": [TOOL["function"]],
     "function_call": {"name": "get_weather"},
     "logprobs": True,
@@ -121,7 +121,7 @@ def test_the_tables_hold_no_field_twice_and_the_docs_no_field_the_tables_lack() 
     names = [n for g in groups for n in g]
     assert len(names) == len(set(names))
     assert set(_documented()) - {
-        f"messages[].{k}" for k in (*MESSAGE_REFUSED, *MESSAGE_IGNORED)
+        f"messages[].{k}" for k in (*MESSAGE_REFUSED, *MESSAGE_IGNORED, *MESSAGE_HONOURED)
     } <= set(names)
     assert set(ASKING) == set(REFUSED) and set(HARMLESS) == set(IGNORED)
 
@@ -143,8 +143,7 @@ def _message_keys() -> list[str]:
 @pytest.mark.parametrize("key", _message_keys())
 def test_every_key_of_an_openai_message_is_read_ignored_or_refused(key: str) -> None:
     if key in MESSAGE_REFUSED:
-        value = {"tool_calls": [{"id": "c1", "type": "function", "function": TOOL["function"]}]}
-        message = {"role": "assistant", "content": "ok", key: value.get(key, "c1")}
+        message = {"role": "assistant", "content": "ok", key: {"name": "f", "arguments": "{}"}}
         where, what, fix = _refused({"messages": [*HI, message, *HI]})
         assert (
             where == f"messages[1].{key}"
@@ -157,14 +156,78 @@ def test_every_key_of_an_openai_message_is_read_ignored_or_refused(key: str) -> 
         prompt = _chat({"messages": [*HI, message]}).prompt
         assert prompt == {"messages": [*HI, {"role": "assistant", "content": "ok"}]}
         assert _documented().get(f"messages[].{key}") == "ignored"
+    elif key in MESSAGE_HONOURED:
+        assert key in Message.model_fields
+        assert _documented().get(f"messages[].{key}") == "honoured"
     else:
         assert key in Message.model_fields, f"messages[].{key}: no word on it"
 
 
-def test_a_tool_result_message_is_refused_by_its_key_not_dropped() -> None:
-    tool = {"role": "tool", "tool_call_id": "c1", "content": "12 degrees"}
-    where, _, fix = _refused({"messages": [*HI, tool]})
-    assert where == "messages[1].tool_call_id" and "user message" in fix
+CALLED = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+
+
+def _called(arguments: str) -> dict[str, Any]:
+    return {**CALLED, "function": {"name": "get_weather", "arguments": arguments}}
+
+
+def test_a_round_trips_call_and_result_go_back_into_the_prompt_as_the_model_writes_them() -> None:
+    said = {"role": "assistant", "content": None, "tool_calls": [_called('{"city": "Paris"}')]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "12 degrees"}
+    prompt = _chat({"messages": [*HI, said, result]}).prompt
+    assert prompt["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            "</tool_call>",
+        },
+        {"role": "user", "content": "<tool_response>\n12 degrees\n</tool_response>"},
+    ]
+    where, _, _ = _refused({"messages": [*HI, {**said, "tool_calls": [_called("{city")]}]})
+    assert where == "messages[1].tool_calls[0].function.arguments"
+    where, _, _ = _refused({"messages": [*HI, {"role": "tool", "tool_call_id": "call_1"}]})
+    assert where == "messages[1].content"
+
+
+def _tool_call(body: dict[str, Any]) -> Any:
+    return _chat({"messages": HI, **body}).prompt.get("sampling", {}).get("tool_call")
+
+
+def test_tools_reach_the_decode_stage_as_its_tool_call() -> None:
+    other = {"type": "function", "function": {"name": "noop", "description": "does nothing"}}
+    offered = [
+        {"name": "get_weather", "description": "", "parameters": TOOL["function"]["parameters"]},
+        {"name": "noop", "description": "does nothing", "parameters": NO_PARAMETERS},
+    ]
+    assert _tool_call({"tools": [TOOL, other]}) == {"tools": offered, "choice": "auto", "name": ""}
+    assert _tool_call({"tools": [TOOL, other], "tool_choice": "required"})["choice"] == "required"
+    named = {"type": "function", "function": {"name": "noop"}}
+    assert _tool_call({"tools": [TOOL, other], "tool_choice": named}) == {
+        "tools": offered,
+        "choice": "named",
+        "name": "noop",
+    }
+    assert _tool_call({"tools": [TOOL], "tool_choice": "none"}) is None  # text, nothing offered
+    assert _chat({"messages": HI, "tools": [TOOL]}).tools
+    assert not _chat({"messages": HI, "tools": [TOOL], "tool_choice": "none"}).tools
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice.function.name",
+        ),
+        ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+        ({"tools": [TOOL], "modalities": ["text", "audio"], "audio": {"format": "wav"}}, "tools"),
+    ],
+)
+def test_tools_the_server_cannot_keep_are_a_400_naming_the_field(
+    body: dict[str, Any], where: str
+) -> None:
+    assert _refused({"messages": HI, **body})[0] == where
 
 
 def test_the_off_value_of_a_refused_field_asks_for_nothing() -> None:
@@ -202,6 +265,12 @@ def test_a_stages_refusal_of_a_schema_keyword_names_the_openai_field() -> None:
         == "response_format.json_schema.schema.properties.a.minimum"
     )
     assert _openai_param("request.sampling.stop") == "stop"
+    assert _openai_param("request.sampling.tool_call") == "tools"
+    assert (
+        _openai_param("request.sampling.tool_call.tools[2].parameters.properties.a.minimum")
+        == "tools[2].function.parameters.properties.a.minimum"
+    )
+    assert _openai_param("request.sampling.tool_call.name") == "tool_choice.function.name"
 
 
 @pytest.mark.parametrize(

@@ -206,8 +206,10 @@ TOOLS_REQUIRED: dict[str, Any] = {
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
-        # fields that would change the reply and are not served: never free text with a 200
+        # tools to a pipeline whose entry stage does not decode (the echo kind): never free
+        # text with a 200
         ({"messages": [{"role": "user", "content": "hi"}], **TOOLS_REQUIRED}, "tools"),
+        # a field that would change the reply and is not served
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
         # a stop string to a pipeline whose entry stage does not decode (the echo kind)
         ({"messages": [{"role": "user", "content": "hi"}], "stop": "said"}, "stop"),

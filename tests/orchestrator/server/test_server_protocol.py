@@ -107,9 +107,9 @@ MALFORMED: list[tuple[bytes | dict[str, Any], str, str]] = [
         "is missing",
     ),
     (
-        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "function", "content": "x"}]},
         "messages[0].role",
-        "'system', 'developer', 'user' or 'assistant'",
+        "'system', 'developer', 'user', 'assistant' or 'tool'",
     ),
     (
         {"messages": [{"role": "user", "content": 5}]},
