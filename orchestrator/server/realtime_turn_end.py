@@ -49,8 +49,8 @@ EAGERNESS: dict[str, Pauses] = {
     "low": Pauses(complete_ms=300, incomplete_ms=1200, threshold=0.2),
 }
 """OpenAI's eagerness names: high ends a turn soonest, low waits longest; ``auto`` is medium.
-The thresholds sit between the scores of finished questions (0.3-0.9 on SmolLM2-135M) and of
-ones cut after a preposition or an article (below 0.01); docs/serving.md has the figures."""
+The thresholds sit between the scores of finished questions and of ones cut after a
+preposition or an article, as ``bench/turn_scores.py`` measures them (docs/benchmarks.md)."""
 EAGERNESS["auto"] = EAGERNESS["medium"]
 
 

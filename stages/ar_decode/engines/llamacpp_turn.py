@@ -15,9 +15,9 @@ message, ``<|im_end|>`` for ChatML) plus that of a sentence's end (``.``, ``?``,
 their CJK forms), with the transcript's trailing punctuation taken off first: Whisper closes
 almost every segment with a ``.`` or ``?``, whole or not, and the model would only echo it.
 
-On SmolLM2-135M-Instruct a question that is over scores 0.3-0.9 and one cut after a
-preposition or an article ("What is the boiling point of water at") below 0.01
-(docs/serving.md, semantic turn detection; ``bench/voice_latency.py`` measures the turns).
+``bench/turn_scores.py`` prints the scores of finished questions and of questions cut after a
+preposition or an article ("What is the name of the"); docs/benchmarks.md has its figures, and
+``bench/voice_latency.py`` measures the turns.
 
 Cost: the head of the prompt (the template and the system prompt) is kept in the context's
 cache between calls and a transcript that grew since the last call is read from where they
