@@ -505,17 +505,17 @@ def _chat_prompt(
 
 
 def _sampling(chat: ChatBody) -> Sampling:
-    values: dict[str, Any] = {}
-    for name, key in SAMPLING_FIELDS.items():  # two fields name max_tokens: the one set counts
-        if getattr(chat, name) is not None:
-            values[key] = getattr(chat, name)
+    # two fields name max_tokens: one left out (None) is skipped, never written over the other
+    values = {k: v for n, k in SAMPLING_FIELDS.items() if (v := getattr(chat, n)) is not None}
     if isinstance(values.get("stop"), str):
         values["stop"] = [values["stop"]]
-    schema = json_schema(chat.response_format)
-    if schema is not None:
-        values["json_schema"] = schema
-    values["tool_call"] = tool_call_of(chat.tools, chat.tool_choice, audio_out=False)
-    return cast(Sampling, {key: v for key, v in values.items() if v is not None})
+    for key, value in (
+        ("json_schema", json_schema(chat.response_format)),
+        ("tool_call", tool_call_of(chat.tools, chat.tool_choice, audio_out=False)),
+    ):
+        if value is not None:
+            values[key] = value
+    return cast(Sampling, values)
 
 
 def json_schema(fmt: ResponseFormat | None) -> Schema | None:
