@@ -55,6 +55,17 @@ def llama_cpp_module() -> Any:
     return llama_cpp
 
 
+def free_llama(lc: Any, batch: Any, ctx: Any, model: Any) -> None:
+    """Free what llama.cpp allocated for one context, in its order: the batch, the context,
+    then the model (each may be None or null: never made)."""
+    if batch is not None:
+        lc.llama_batch_free(batch)
+    if ctx:
+        lc.llama_free(ctx)
+    if model:
+        lc.llama_model_free(model)
+
+
 class GgufVocab:
     """Tokenizer and chat template of one GGUF (see the module docstring).
 

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator.core.errors import BadRequest, StageFailed
 from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
-from stages.ar_decode.gguf_vocab import GgufVocab, gguf_path, llama_cpp_module
+from stages.ar_decode.gguf_vocab import GgufVocab, free_llama, gguf_path, llama_cpp_module
 from stages.ar_decode.prompt import check_length, encode, request_parts
 from stages.ar_decode.stops import StopText
 from stages.ar_decode.tool_grammar import decode_grammar
@@ -360,18 +360,10 @@ class LlamaCppRunner(ThreadedEngineRunner):
         return self._ctx is not None and self._vocab is not None
 
     def _free(self) -> None:
-        lc = self._lc
-        if lc is None:
+        if self._lc is None:
             return
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-        self._ctx = None
-        if self._model:
-            lc.llama_model_free(self._model)
-        self._model = None
+        free_llama(self._lc, self._batch, self._ctx, self._model)
+        self._batch = self._ctx = self._model = None
         self._vocab = None
 
     # -- requests ----------------------------------------------------------------

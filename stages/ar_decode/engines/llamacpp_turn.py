@@ -33,7 +33,7 @@ import math
 import threading
 from typing import TYPE_CHECKING, Any
 
-from stages.ar_decode.gguf_vocab import GgufVocab, llama_cpp_module
+from stages.ar_decode.gguf_vocab import GgufVocab, free_llama, llama_cpp_module
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -162,16 +162,8 @@ class LlamaCppTurnScorer:
         return float(min(sum(math.exp(float(row[t]) - log_total) for t in self.ends), 1.0))
 
     def close(self) -> None:
-        lc = self._lc
-        if lc is None:
+        if self._lc is None:
             return
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            lc.llama_model_free(self._model)
-            self._model = None
+        free_llama(self._lc, self._batch, self._ctx, self._model)
+        self._batch = self._ctx = self._model = None
         self._vocab = None
