@@ -18,6 +18,7 @@ fed here, and (the direct mode) the routes its outputs take to the consumers' ac
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ INPUT_QUEUE_ITEMS = 4
 """Items waiting for a stage per request: a TTS stage that is 4 sentences behind
 holds the decode stage's chunks back (backpressure) instead of buffering them."""
 _END = ("__end__",)
+CANCEL_WAIT_S = 6.0
+"""How long ``cancel`` waits for the request's tasks here to end (a decode engine's stream
+waits up to ``threaded.RELEASE_WAIT_S`` for its engine to let go)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -302,12 +308,28 @@ class StageInputs:
             joiner.stats() if joiner is not None else None,
         )
 
-    def cancel(self, request_id: str) -> int:
+    async def cancel(self, request_id: str) -> int:
         """Stop every stage's work on ``request_id`` here (its streams, the feeds waiting on a
-        full queue, its joins); returns how many tasks were running."""
+        full queue, its joins) and wait, at most ``CANCEL_WAIT_S``, for them to end (a decode
+        engine's stream ends once the engine has let go of the request); returns how many tasks
+        were running."""
         tasks = list(self.tasks.pop(request_id, set()))
         for t in tasks:
             t.cancel()
+        self._forget(request_id)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+            if late:
+                log.warning(
+                    "%d task(s) of request %s still ran %.0f s after its cancel",
+                    len(late),
+                    request_id,
+                    CANCEL_WAIT_S,
+                )
+        return len(tasks)
+
+    def _forget(self, request_id: str) -> None:
+        """Drop what the inputs kept for ``request_id`` (its queues ended first)."""
         keys = {k for k in (*self.inputs, *self.joiners, *self.context) if k[1] == request_id}
         for key in keys:
             self.end(key)
@@ -317,7 +339,6 @@ class StageInputs:
             self.context.pop(key, None)
             self.chunks_in.pop(key, None)
             self.firsts_in.pop(key, None)
-        return len(tasks)
 
     def pending(self, request_id: str) -> int:
         """How many of the request's tasks (streams, feeds, joins) run here now."""

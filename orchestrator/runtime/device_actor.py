@@ -446,8 +446,9 @@ class DeviceActor:
 
     async def cancel(self, request_id: str) -> int:
         """Stop every stage's work on ``request_id`` here (its streams, the feeds waiting on a
-        full queue, its joins); returns how many tasks were running."""
-        return self.io.cancel(request_id)
+        full queue, its joins) and return once they ended (``StageInputs.cancel``); returns how
+        many tasks were running."""
+        return await self.io.cancel(request_id)
 
     async def pending(self, request_id: str) -> int:
         """How many of the request's tasks (streams, feeds, joins) run here now."""

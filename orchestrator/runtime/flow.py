@@ -13,6 +13,10 @@ A flow guarantees:
   ``cancel`` reaches every live actor, and the failure is raised as the stage's
   (``runtime.failures.map_failure``). A flow that ends early (its reader went away) is wound
   down the same way; one that ended clean leaves nothing to cancel.
+* **A cancelled request holds its slot until its work has stopped**: the wind-down waits (at
+  most ``CANCEL_ACK_S``) for every actor to answer its ``cancel``, which each gives once the
+  request's tasks there ended (a decode engine's once the engine let go of it), so the request
+  admitted next does not queue behind the cancelled one's last steps.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ if TYPE_CHECKING:
 
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
+CANCEL_ACK_S = 8.0
+"""How long a wind-down waits for the actors to answer ``cancel`` (each waits at most
+``actor_inputs.CANCEL_WAIT_S`` for its tasks): past it the slot is freed anyway."""
 
 
 class DriverStats(TypedDict):
@@ -174,14 +181,22 @@ class RequestFlow:
     ) -> None:
         """Unless the request ended ``clean`` (its last event read) with every task done, its
         tasks and its work on every actor are cancelled; then its tasks are awaited."""
+        cancels = []
         if not clean or any(not t.done() for t in tasks):
             for t in tasks:
                 t.cancel()
-            self.cancel_everywhere()
+            cancels = self.cancel_everywhere()
         finished.cancel()
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
+        # the request's slot is free only once every actor has stopped its work (a decode
+        # engine let go of it): the next request does not queue behind a cancelled one
+        if cancels:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    asyncio.gather(*cancels, return_exceptions=True), CANCEL_ACK_S
+                )
 
     def entry_items(self, s: StagePlan) -> list[Item]:
         """The request as the entry stage ``s`` takes it, the way its producer would feed it:
@@ -219,11 +234,15 @@ class RequestFlow:
                 return
         self.events.put_nowait(None)
 
-    def cancel_everywhere(self) -> None:
+    def cancel_everywhere(self) -> list[Any]:
+        """Cancel the request on every live actor; the calls' refs (awaitable; a dead actor's
+        raises)."""
+        refs = []
         for dev in self.rt.devices.values():
             if not dev.dead:
                 with contextlib.suppress(Exception):
-                    dev.actor.cancel.remote(self.rid)
+                    refs.append(dev.actor.cancel.remote(self.rid))
+        return refs
 
     async def _pump(
         self,

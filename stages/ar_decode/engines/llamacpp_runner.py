@@ -541,6 +541,7 @@ class _Engine:
             if tail:
                 req.put(tail)
             req.end(reason)
+        req.released.set()
 
     def _commands(self) -> bool:
         """Take the queued commands (waiting for one when idle): add, abort; False on stop."""
@@ -566,6 +567,7 @@ class _Engine:
             if slot.req is target:
                 self.finish(slot, None)
                 break
+        target.released.set()  # waiting or running, or already ended: the engine holds it no more
 
     def _admit(self) -> None:
         """Waiting requests onto free sequences: the one whose cached prompt shares the longest head

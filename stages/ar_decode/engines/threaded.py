@@ -10,7 +10,10 @@ The base owns what is the same for every engine:
   closed early; the engine's own commands besides), taken one at a time or, while the engine is
   busy, all that are queued (:meth:`ThreadedEngineRunner._take`);
 * the requests in flight and their cancellation: a stream closed before its end marks its
-  request aborted (``finish_reason`` ``abort``, its ``cancel`` event set) and tells the engine;
+  request aborted (``finish_reason`` ``abort``, its ``cancel`` event set), tells the engine and
+  waits (at most ``RELEASE_WAIT_S``) until the engine has let go of it (``released``): once the
+  stream is closed, the engine works on the request no more and the next one does not wait
+  behind it;
 * the finished requests' figures (``request_stats``: tokens, time to first token, decode rate,
   and what the engine adds), asked once each;
 * the engine's end: whatever escapes the thread stops the stage in the open — ``health()`` says
@@ -55,6 +58,10 @@ ENGINE_FAILED_CODE = "engine_failed"
 """``health()``'s code once the engine thread stopped (only a restart brings it back)."""
 JOIN_TIMEOUT_S = 30.0
 """How long ``close()`` waits for the engine thread to take its stop."""
+RELEASE_WAIT_S = 5.0
+"""How long a stream closed early waits for the engine to let go of its request (one step, or
+one generation's stopping check, in practice); past it the stream ends anyway and says so in the
+log."""
 
 
 @dataclass(eq=False)
@@ -76,6 +83,8 @@ class EngineRequest:
     """The engine's own figures for the request's stats."""
     on_close: list[Callable[[], object]] = field(default_factory=list)
     """Called when its stream ends, however it ends."""
+    released: threading.Event = field(default_factory=threading.Event)
+    """Set by the engine thread once it works on the request no more: ended, aborted, failed."""
 
     def put(self, item: Any) -> None:
         """Hand ``item`` to the stream (from any thread)."""
@@ -94,6 +103,7 @@ class EngineRequest:
         self.finished = now if now is not None else time.perf_counter()
         self.finish_reason = reason
         self.put(END)
+        self.released.set()
 
 
 class ThreadedEngineRunner(StageRunner):
@@ -235,6 +245,7 @@ class ThreadedEngineRunner(StageRunner):
             reqs = list(self._requests.values())
         for req in reqs:
             req.put(error)
+            req.released.set()
 
     # -- the stream's side ---------------------------------------------------------
     async def stream(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -272,11 +283,25 @@ class ThreadedEngineRunner(StageRunner):
                 req.cancel.set()
                 req.finish_reason = "abort"
                 self._commands.put(("abort", req))
+                await self._until_released(req)
             for callback in req.on_close:
                 callback()
             with self._lock:
                 self._requests.pop(request_id, None)
             self._done[request_id] = self._stats(req)
+
+    async def _until_released(self, req: EngineRequest) -> None:
+        """Wait (at most ``RELEASE_WAIT_S``) for the engine to let go of an aborted request; not
+        at all once the engine thread has stopped (nobody would let go)."""
+        if self._failed is not None or self._thread is None or req.released.is_set():
+            return
+        if not await asyncio.to_thread(req.released.wait, RELEASE_WAIT_S):
+            log.warning(
+                "%s: the engine still held request %s %.0f s after its abort",
+                self.plan.name,
+                req.rid,
+                RELEASE_WAIT_S,
+            )
 
     def _new_request(self, request_id: str, prompt_tokens: int = 0) -> EngineRequest:
         """A request submitted now, on this event loop."""

@@ -228,6 +228,12 @@ class TransformersRunner(ThreadedEngineRunner):
                     self._generate(cmd[1], cmd[2])
 
     def _generate(self, req: _Request, job: Job) -> None:
+        try:
+            self._generate_locked(req, job)
+        finally:
+            req.released.set()  # a stream closed early waits for this
+
+    def _generate_locked(self, req: _Request, job: Job) -> None:
         # A request that arrived while another generated says so in its stats
         # (waited_for_previous); cancelled ones are counted (aborted_before).
         with self._gen_lock:

@@ -210,9 +210,11 @@ class VllmRunner(ThreadedEngineRunner):
                 self._engine.add_request(rid, {"prompt_token_ids": prompt_ids}, params)
             elif cmd[0] == "abort":
                 self._engine.abort_request([cmd[1].rid])
+                cmd[1].released.set()
         except Exception as exc:
             if cmd[0] != "add":  # pragma: no cover
                 log.debug("abort of %s raised", cmd[1], exc_info=True)
+                cmd[1].released.set()
                 return
             req = self._requests.get(cmd[1])
             if req is not None:
