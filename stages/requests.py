@@ -116,6 +116,10 @@ class TextRequest:
     """Text, to the stage that takes the request (a decoder's prompt, a voice's words)."""
 
     text: str
+    whole: bool = False
+    """Entering at a stage (``Runtime.stream(entry=)``): the text reaches it as one item, not
+    cut into sentences as a producer's stream would be (``/v1/embeddings``: one vector per
+    input)."""
     payload: ClassVar[PayloadName] = "text"
     described: ClassVar[str] = "text"
 

@@ -200,8 +200,9 @@ class RequestFlow:
 
     def entry_items(self, s: StagePlan) -> list[Item]:
         """The request as the entry stage ``s`` takes it, the way its producer would feed it:
-        text cut as its kind takes text (``graph.PipelineGraph.cut``), a recording whole."""
-        if isinstance(self.request, TextRequest):
+        text cut as its kind takes text (``graph.PipelineGraph.cut``) unless the request asks for
+        it ``whole``, a recording whole."""
+        if isinstance(self.request, TextRequest) and not self.request.whole:
             return list(self.rt.graph.cut(s.name, self.request.text, self.chunks_in))
         return [self.item]
 

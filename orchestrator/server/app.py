@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from orchestrator.api import Pipeline
 from orchestrator.server.auth import BearerAuth
-from orchestrator.server.endpoints import chat, info, speech
+from orchestrator.server.endpoints import chat, embeddings, info, speech, transcriptions
 from orchestrator.server.guard import RequestGuard
 from orchestrator.server.http import error_for, pcm24k
 from orchestrator.server.protocol import (
@@ -60,6 +60,8 @@ def create_app(
         WebSocketRoute("/v1/realtime", live.endpoint),
         *chat.routes(served),
         *speech.routes(served),
+        *transcriptions.routes(served),
+        *embeddings.routes(served),
         *info.routes(served),
         Route("/", lambda request: FileResponse(WEB_DIR / "index.html"), methods=["GET"]),
         Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),

@@ -22,7 +22,9 @@ guard, on every HTTP request, before authentication and before the app:
   preflight, so no other origin has a use for it.
 * **Content-Type**: a ``POST``, ``PUT`` or ``PATCH`` must declare
   ``application/json`` (415 ``unsupported_media_type`` otherwise): a form or a
-  ``text/plain`` body is what a page can send without a preflight.
+  ``text/plain`` body is what a page can send without a preflight. The one
+  exception, ``/v1/audio/transcriptions`` (:data:`FORM_PATHS`), takes
+  ``multipart/form-data``, OpenAI's upload shape, guarded by Host and Origin alone.
 * **Security headers** on every response, the page's and the API's:
   :data:`SECURITY_HEADERS`.
 
@@ -51,6 +53,11 @@ LOOPBACK_NAMES = frozenset({"localhost"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods whose body the app reads as JSON: each must say ``Content-Type: application/json``."""
 JSON_TYPE = "application/json"
+FORM_TYPE = "multipart/form-data"
+FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
+"""The paths that take a multipart form instead (OpenAI's upload shape). A form is what a page
+can post without a preflight, so these stand on the Host and Origin checks above: another
+site's page sends its Origin (403), a rebinding page its own Host (403)."""
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -197,7 +204,8 @@ class RequestGuard:
             )
         if scope.get("method") in BODY_METHODS:
             ctype = headers.get(b"content-type", b"").decode("latin-1")
-            if ctype.partition(";")[0].strip().lower() != JSON_TYPE:
+            media = ctype.partition(";")[0].strip().lower()
+            if media != JSON_TYPE and not (media == FORM_TYPE and scope.get("path") in FORM_PATHS):
                 return (
                     415,
                     "unsupported_media_type",

@@ -164,6 +164,21 @@ class Served:
         self.speech_stage = next(
             (s.name for s in stages if s.name in self.audio_stages and s.name in takes_text), None
         )
+        takes_audio = set(self.runtime.entry_stages("audio"))
+        self.asr_stage = next(
+            (
+                s.name
+                for s in stages
+                if s.name in takes_audio and self.runtime.kinds[s.name].transcribes_speech
+            ),
+            None,
+        )
+        """Where ``/v1/audio/transcriptions`` enters: the first stage that transcribes speech and
+        may take a recording as the request."""
+        self.embed_stage = next(
+            (s.name for s in stages if s.name in self.tensor_stages and s.name in takes_text), None
+        )
+        """Where ``/v1/embeddings`` enters: the first tensor-out stage that may take text."""
 
     # -- what the endpoints share -------------------------------------------------------------------
     def is_text(self, event: Event) -> TypeGuard[TextDelta]:
@@ -296,6 +311,32 @@ class Served:
                 }
             )
         return rows
+
+    def asr_language(self) -> str | None:
+        """The language the asr stage transcribes, as its decoder's manifest says (Whisper
+        tiny.en: ``en``); None when it does not say."""
+        if self.asr_stage is None:
+            return None
+        artifacts = getattr(self.runtime.kinds[self.asr_stage], "artifacts", None)
+        if artifacts is None:
+            return None
+        graphs = artifacts(self.pipeline.config.stage(self.asr_stage))
+        language = graphs["decoder"].metadata.get("language") if "decoder" in graphs else None
+        return str(language) if language else None
+
+    def no_stage(self, endpoint: str, what: str, example: str) -> BadRequest:
+        """Why ``endpoint`` has nothing to enter at: this pipeline has no ``what``."""
+        return BadRequest(
+            [
+                Problem(
+                    "model",
+                    f"pipeline {self.model!r} has no {what}, so {endpoint} is not served "
+                    f"(its stages: {', '.join(s.name for s in self.runtime.stages)})",
+                    f"serve a pipeline with one ({example}); GET /v1/models lists the endpoints "
+                    "this one answers",
+                )
+            ]
+        )
 
     def no_speech_stage(self) -> BadRequest:
         """Why ``/v1/audio/speech`` has nothing to enter at: each audio output stage and what it

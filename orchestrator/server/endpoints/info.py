@@ -15,7 +15,7 @@ from orchestrator.core.ledger import MeasuredPeak
 from orchestrator.server.auth import error_response
 from orchestrator.server.paths import FULL, PATHS_PARAM, paths_asked, redact_paths
 from orchestrator.server.served import Served
-from stages.base import StageHealth
+from stages.base import REQUEST, StageHealth
 
 HEALTH_TIMEOUT_S = 2.0
 """How long ``/health`` waits for a device actor to say how its stages are: an actor
@@ -29,16 +29,48 @@ class Info:
         self.served = served
 
     async def models(self, request: Request) -> Response:
+        """OpenAI's list of one model, the pipeline, with what it takes and gives
+        (``modalities``) and the endpoints that answer for it (``endpoints``): ``chat`` when a
+        request may enter it (text, audio or arrays), ``speech`` with a stage that speaks text,
+        ``transcriptions`` with an asr stage taking the request's audio, ``embeddings`` with a
+        tensor-out stage taking text, ``realtime`` when it takes audio."""
+        served = self.served
+        text_entries = set(served.runtime.entry_stages("text"))
+        takes_text = any(  # a stage that takes the request itself as text (a thinker, a voice)
+            REQUEST in s.inputs and s.name in text_entries for s in served.runtime.stages
+        )
+        inputs = [m for m, yes in (("text", takes_text), ("audio", served.audio_entry)) if yes]
+        if served.tensor_entry:
+            inputs.append("tensor")
+        outputs = [
+            m
+            for m, stages in (
+                ("text", served.text_stages),
+                ("audio", served.audio_stages),
+                ("tensor", served.tensor_stages),
+            )
+            if stages
+        ]
+        endpoints = {
+            "chat": "/v1/chat/completions" if inputs else None,
+            "speech": "/v1/audio/speech" if served.speech_stage else None,
+            "transcriptions": "/v1/audio/transcriptions" if served.asr_stage else None,
+            "embeddings": "/v1/embeddings" if served.embed_stage else None,
+            "realtime": "/v1/realtime" if served.audio_entry else None,
+        }
         return JSONResponse(
             {
                 "object": "list",
                 "data": [
                     {
-                        "id": self.served.model,
+                        "id": served.model,
                         "object": "model",
-                        "created": self.served.created,
+                        "created": served.created,
                         "owned_by": "omni-edge",
-                        "stages": [s.name for s in self.served.runtime.stages],
+                        "stages": [s.name for s in served.runtime.stages],
+                        "modalities": {"input": inputs, "output": outputs},
+                        "endpoints": [name for name, path in endpoints.items() if path],
+                        "paths": {name: path for name, path in endpoints.items() if path},
                     }
                 ],
             }
