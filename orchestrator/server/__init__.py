@@ -42,7 +42,13 @@ has every endpoint, shape and metric):
   A pipeline with no such stage (an Omni pipeline: code2wav takes codes, and
   the talker needs the thinker's hand-over) answers 400 naming each audio
   stage and what it takes.
-* ``GET /v1/models``, ``GET /health`` (every stage: device, backend, loaded,
+* ``POST /v1/audio/transcriptions`` (OpenAI's multipart form): the WAV enters the graph at
+  the asr stage, in 30 s windows (one segment each), and each request ends once that stage
+  is done; ``POST /v1/embeddings``: each input enters the embedding stage (a tensor-out stage
+  that takes text) whole, one vector each. Their fields: ``media_protocol``; a pipeline with
+  no such stage answers 400 naming why.
+* ``GET /v1/models`` (the pipeline, its modalities and the endpoints that answer for it),
+  ``GET /health`` (every stage: device, backend, loaded,
   alive; 503 while one is dead or its engine has stopped, ``failed`` naming each
   one's stage, device and code), ``GET /v1/plan`` (the plan with each stage's
   measured peak next to its budget), ``GET /v1/status`` (stages, pools, the
