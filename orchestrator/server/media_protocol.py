@@ -30,6 +30,11 @@ READ_FIELDS = frozenset(
     | {"stream", "chunking_strategy"}
 )
 """The form fields a transcription request may carry (each one read, or refused by value)."""
+SINGLE_FIELDS = (
+    *("model", "language", "prompt", "response_format", "temperature", "user"),
+    *("stream", "chunking_strategy"),
+)
+"""The fields that take one value (the two ``[]`` ones take several)."""
 MAX_INPUTS = 2048
 """Inputs per embeddings request: OpenAI's own limit."""
 WAV_FIX = "send a 16-bit PCM WAV file (e.g. ffmpeg -i IN -ac 1 -ar 16000 -c:a pcm_s16le OUT.wav)"
@@ -78,6 +83,8 @@ def read_transcription(
             "is not a field of a transcription request this server reads",
             f"leave it out; the fields are {', '.join(sorted(READ_FIELDS - {'user'}))}",
         )
+    for name in SINGLE_FIELDS:  # each given once (a second value would be read by whom?)
+        _text(form, name)
     fmt = _text(form, "response_format") or "json"
     if fmt not in TRANSCRIPTION_FORMATS:
         raise _bad(

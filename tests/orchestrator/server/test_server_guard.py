@@ -156,3 +156,26 @@ def test_every_response_has_the_security_headers_once() -> None:
         assert r.headers["referrer-policy"] == "no-referrer"
         assert r.headers["content-security-policy"].startswith("default-src 'none'")
         assert len(r.headers.get_list("x-frame-options")) == 1
+
+
+def test_a_form_is_taken_on_the_transcription_path_only_and_never_from_another_site() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def size(request: Request) -> JSONResponse:
+        return JSONResponse({"bytes": len(await request.body())})
+
+    app = Starlette(
+        routes=[Route(p, size, methods=["POST"]) for p in ("/v1/audio/transcriptions", "/echo")]
+    )
+    client = testclient.TestClient(RequestGuard(app), base_url="http://127.0.0.1:8000")
+    form = {"files": {"file": ("q.wav", b"RIFF")}, "data": {"model": "m"}}
+    assert client.post("/v1/audio/transcriptions", **form).status_code == 200
+    r = client.post("/echo", **form)  # a form anywhere else: what a page posts unasked
+    assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type"
+    r = client.post(
+        "/v1/audio/transcriptions", **form, headers={"Origin": "http://attacker.example"}
+    )
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
