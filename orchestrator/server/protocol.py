@@ -418,7 +418,7 @@ def read_chat(
         bool(chat.stream),
         bool(chat.stream_options and chat.stream_options.include_usage),
         tensor_at,
-        tool_call_of(chat.tools, chat.tool_choice, audio_out=fmt is not None) is not None,
+        tool_call_of(chat.tools, chat.tool_choice) is not None,
     )
 
 
@@ -511,7 +511,7 @@ def _sampling(chat: ChatBody) -> Sampling:
         values["stop"] = [values["stop"]]
     for key, value in (
         ("json_schema", json_schema(chat.response_format)),
-        ("tool_call", tool_call_of(chat.tools, chat.tool_choice, audio_out=False)),
+        ("tool_call", tool_call_of(chat.tools, chat.tool_choice)),
     ):
         if value is not None:
             values[key] = value

@@ -60,13 +60,14 @@ class Chat:
         text = "".join(e.text for e in events if self.served.is_text(e))
         message: JsonObject = {"role": "assistant", "content": text}
         finish = self._finish_reason(run)
-        if tools and looks_like_call(text):  # a call, or one cut short (no content, no call)
+        called = tools and looks_like_call(text)  # a call, or one cut short
+        if called:  # no content, and no audio: the runtime cut no sentence of it for a voice
             calls = reply_call(text, run.rid)
             message = {"role": "assistant", "content": None}
             if calls is not None:
                 message["tool_calls"], finish = calls, "tool_calls"
         outputs = [o for o in map(self.served.output_of, events) if o is not None]
-        if fmt is not None:
+        if fmt is not None and not called:
             chunks = [e for e in events if self.served.is_audio(e)]
             message = {
                 "role": "assistant",
@@ -136,10 +137,10 @@ class Chat:
 
         def delta_of(event: Event) -> JsonObject | None:
             if self.served.is_text(event):
-                if fmt:
-                    return {"audio": {"id": audio_id, "transcript": event.text}}
-                content = watch.text(event.text)  # held back while the reply is a call
-                return None if content is None else {"content": content}
+                said = watch.text(event.text)  # held back while the reply is a call
+                if said is None:
+                    return None
+                return {"audio": {"id": audio_id, "transcript": said}} if fmt else {"content": said}
             if fmt and self.served.is_audio(event):
                 return {"audio": {"id": audio_id, "data": b64(pcm24k(event))}}
             output = self.served.output_of(event)

@@ -72,6 +72,9 @@ def _openai_fields() -> list[str]:
     return sorted(set(base) | set(streaming))
 
 
+WAV = {"audio": {"format": "wav"}}
+
+
 def _chat(body: dict[str, Any]) -> Any:
     return read_chat(
         json.dumps(body).encode(), audio_entry=False, has_audio=True, limits=ServerLimits()
@@ -209,6 +212,9 @@ def test_tools_reach_the_decode_stage_as_its_tool_call() -> None:
     assert _tool_call({"tools": [TOOL], "tool_choice": "none"}) is None  # text, nothing offered
     assert _chat({"messages": HI, "tools": [TOOL]}).tools
     assert not _chat({"messages": HI, "tools": [TOOL], "tool_choice": "none"}).tools
+    # with audio output too: the runtime speaks no call (test_serve_tools_voice.py)
+    spoken = _chat({"messages": HI, "tools": [TOOL], "modalities": ["text", "audio"], **WAV})
+    assert spoken.tools and spoken.audio_format == "wav"
 
 
 @pytest.mark.parametrize(
@@ -221,7 +227,6 @@ def test_tools_reach_the_decode_stage_as_its_tool_call() -> None:
         ),
         ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
-        ({"tools": [TOOL], "modalities": ["text", "audio"], "audio": {"format": "wav"}}, "tools"),
     ],
 )
 def test_tools_the_server_cannot_keep_are_a_400_naming_the_field(
