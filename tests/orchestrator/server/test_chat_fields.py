@@ -43,8 +43,6 @@ ASKING: dict[str, Any] = {
     # a value of each refused field that asks for something the server does not do
     "functions": [TOOL["function"]],
     "function_call": {"name": "get_weather"},
-    "logprobs": True,
-    "top_logprobs": 3,
     "logit_bias": {"50256": -100},
     "reasoning_effort": "low",
     "verbosity": "low",
@@ -243,6 +241,22 @@ def test_the_off_value_of_a_refused_field_asks_for_nothing() -> None:
         {"tool_choice": "none"},
     ):
         assert _chat({"messages": HI, **off}).prompt == {"messages": HI}, off
+
+
+def test_logprobs_reach_the_decode_stage_as_its_logprobs_sampling() -> None:
+    def sampling(body: dict[str, Any]) -> Any:
+        return _chat({"messages": HI, **body}).prompt.get("sampling")
+
+    assert sampling({"logprobs": True}) == {"logprobs": 0}
+    assert sampling({"logprobs": True, "top_logprobs": 20}) == {"logprobs": 20}
+    assert sampling({"logprobs": False, "top_logprobs": 0}) is None
+    where, what, fix = _refused({"messages": HI, "top_logprobs": 3})
+    assert (where, what) == ("top_logprobs", "3: is set, and logprobs is not true")
+    assert "logprobs: true" in fix
+    for bad in (21, -1, "3", 2.0):
+        where, _, fix = _refused({"messages": HI, "logprobs": True, "top_logprobs": bad})
+        assert where == "top_logprobs" and fix == "a whole number from 0 to 20, with logprobs: true"
+    assert _refused({"messages": HI, "logprobs": 1})[0] == "logprobs"
 
 
 def test_response_format_becomes_the_schema_the_decode_stage_enforces() -> None:
