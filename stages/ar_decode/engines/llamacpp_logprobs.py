@@ -30,29 +30,30 @@ class TokenLogprobs:
     def __init__(self, lc: Any, n_vocab: int, piece: Callable[[int], bytes]) -> None:
         self.lc, self.n_vocab, self.piece = lc, n_vocab, piece
 
-    def row(self, ctx: Any, row: int) -> Any:
-        """The log-softmax of batch row ``row``'s logits (float64: a copy, read before any
-        sampler of the step runs)."""
+    def row(self, ctx: Any, row: int) -> tuple[Any, float]:
+        """Batch row ``row``'s logits (a copy, read before any sampler of the step runs) and
+        their log-sum-exp: a token's log-probability is its logit less it."""
         import numpy as np
 
         logits = np.ctypeslib.as_array(
             self.lc.llama_get_logits_ith(ctx, row), shape=(self.n_vocab,)
         )
-        x = logits.astype(np.float64)
+        x = logits.copy()
         top = float(x.max())
-        return x - (top + float(np.log(np.exp(x - top).sum())))
+        return x, top + float(np.log(np.exp(x - top).sum(dtype=np.float64)))
 
-    def entry(self, logprobs: Any, token: int, top: int) -> TokenEntry:
-        """``token`` sampled from a step of ``logprobs`` (:meth:`row`), with the step's ``top``
-        most likely tokens."""
+    def entry(self, step: tuple[Any, float], token: int, top: int) -> TokenEntry:
+        """``token`` sampled from ``step`` (:meth:`row`), with the step's ``top`` most likely
+        tokens (the largest logits: the log-softmax keeps their order)."""
         import numpy as np
 
-        out = self._token(token, float(logprobs[token]))
+        logits, lse = step
+        out = self._token(token, float(logits[token]) - lse)
         alternatives: list[TokenEntry] = []
         if top > 0:
-            found = np.argpartition(-logprobs, top - 1)[:top]
-            ids = sorted((int(i) for i in found), key=lambda i: (-float(logprobs[i]), i))
-            alternatives = [self._token(i, float(logprobs[i])) for i in ids]
+            found = np.argpartition(logits, -top)[-top:]
+            ids = sorted((int(i) for i in found), key=lambda i: (-float(logits[i]), i))
+            alternatives = [self._token(i, float(logits[i]) - lse) for i in ids]
         out["top_logprobs"] = alternatives
         return out
 
