@@ -43,6 +43,8 @@ PENALTY_MAX = 2.0
 STOPS_MAX = 4
 """The most stop strings a request may give (OpenAI's "up to 4 sequences")."""
 STOP_MAX_CHARS = 256
+TOP_LOGPROBS_MAX = 20
+"""The most alternatives a token's log-probabilities carry (OpenAI's ``top_logprobs`` cap)."""
 """The longest stop string: each is matched against the reply's tail after every token."""
 
 
@@ -65,6 +67,10 @@ class Sampling(TypedDict, total=False):
     tool_call: dict[str, object]
     """The tools the reply may call and the choice (``stages.ar_decode.tool_grammar.ToolCall``:
     OpenAI's ``tools`` and ``tool_choice``), a call's arguments enforced by constrained decoding."""
+    logprobs: int
+    """Each reply token's log-probability, with this many most likely alternatives (OpenAI's
+    ``logprobs: true`` and ``top_logprobs``, 0 to :data:`TOP_LOGPROBS_MAX`), in the decode
+    stage's stats; left out: none."""
 
 
 SAMPLING_KEYS: tuple[str, ...] = tuple(Sampling.__annotations__)
@@ -75,9 +81,11 @@ OFF_VALUES: dict[str, tuple[object, ...]] = {
     "frequency_penalty": (0, 0.0),
     "json_schema": (),
     "tool_call": (),
+    "logprobs": (),
 }
-"""The keys that shape the reply's text beyond sampling a token (a stage that cannot apply one
-must refuse it), each with the values that ask for nothing."""
+"""The keys that shape the reply's text beyond sampling a token, or what comes with it
+(``logprobs``): a stage that cannot apply one must refuse it; each with the values that ask
+for nothing."""
 
 
 def asked(sampling: Mapping[str, object], key: str) -> bool:

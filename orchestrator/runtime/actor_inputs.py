@@ -53,11 +53,13 @@ class StreamRoute:
     """What a stream carries to its actor in the direct mode (``DeviceActor.stream``): the
     actor serving each stage of the request (stage → actor key: the replicas the request was
     given), the stage's context items (fed before anything its producers send), and, for a
-    fan-in that takes the request, the request's item."""
+    fan-in that takes the request, the request's item; ``tools``: the request decodes under a
+    tool grammar (``router.Router``: a call is cut into no sentences)."""
 
     to: Mapping[str, str]
     context: list[Item]
     request_item: Item | None = None
+    tools: bool = False
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,7 @@ class StageInputs:
             emitted=tally.emitted,
             at=self.key,
             to=to,
+            tools=route.tools,
         )
 
     def consumer_side(self, key: tuple[str, str]) -> ConsumerSide:

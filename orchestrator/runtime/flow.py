@@ -37,7 +37,7 @@ from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
 from stages.base import REQUEST
 from stages.payloads import Item
-from stages.requests import Request, TextRequest
+from stages.requests import ChatRequest, Request, TextRequest
 
 if TYPE_CHECKING:
     from ray import ObjectRefGenerator
@@ -81,6 +81,11 @@ class RequestFlow:
         self.direct = rt.streaming == "direct"
         self.stages = rt.downstream(entry)
         self.chunks_in: dict[str, list[str]] = {c: [] for c in rt.consumers}
+        self.tools = isinstance(request, ChatRequest) and bool(
+            (request.sampling or {}).get("tool_call")
+        )
+        """The request decodes under a tool grammar: a call's text is cut for no voice
+        (``router.Router``'s ``tools``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
 
     def device(self, stage: str) -> Device:
@@ -154,6 +159,7 @@ class RequestFlow:
                     to=to,
                     context=list((self.context or {}).get(s.name, [])),
                     request_item=self.item if self.entry is None else None,
+                    tools=self.tools,
                 )
             gens[s.name] = (
                 self.device(s.name)

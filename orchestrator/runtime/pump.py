@@ -61,6 +61,7 @@ class _StagePump:
                 firsts=firsts,
                 at=picks[s.name].key if s.name in picks else None,
                 to={name: ref.key for name, ref in picks.items()},
+                tools=rt.tools,
             )
         )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)

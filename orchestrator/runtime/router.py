@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.hop import EdgeTrace, FirstChunk, same_clock
+from stages.ar_decode.tool_grammar import CALL_OPEN
 from stages.payloads import untag
 from stages.text_chunks import SentenceChunker, WholeText
 
@@ -98,7 +99,11 @@ class Router:
     the producer's actor), so a first chunk carries its token's stamp as it is released.
     ``at``: the producer's actor key for this request, and ``to``: each consumer's (the
     replicas picked for it; else the table's devices): a route's hop is traced only when the
-    two share a clock (one machine or one node), whichever replicas serve the request."""
+    two share a clock (one machine or one node), whichever replicas serve the request.
+    ``tools``: the request decodes under a tool grammar (its sampling's ``tool_call``), whose
+    reply is a call exactly when its first character is :data:`CALL_OPEN`'s: a call is never
+    cut into sentences (a voice does not read it aloud), while text is, from its first piece on
+    (the first piece decides, so nothing is held back)."""
 
     def __init__(
         self,
@@ -110,8 +115,11 @@ class Router:
         emitted: list[float] | None = None,
         at: str | None = None,
         to: Mapping[str, str] | None = None,
+        tools: bool = False,
     ) -> None:
         self.table, self.deliver = table, deliver
+        self.call: bool | None = None if tools else False
+        """Whether the producer's text is a tool call (None: not known before its first piece)."""
         self.chunks_in, self.emitted = chunks_in, emitted
         self.firsts: dict[str, FirstChunk] = {} if firsts is None else firsts
         self.sent: dict[str, list[int]] = {}
@@ -138,13 +146,18 @@ class Router:
         return port, payload, self.table.is_final(port)
 
     async def route(self, port: str | None, payload: Any) -> None:
-        """Hand one output on to every input that takes its port (text as each one takes it)."""
+        """Hand one output on to every input that takes its port (text as each one takes it);
+        a tool call's text goes to no input that takes sentences."""
+        if self.call is None and isinstance(payload, str) and payload:
+            self.call = payload.startswith(CALL_OPEN[0])
         for r in self.table.routes:
             if r.ports is not None and port not in r.ports and (port is not None or "." in r.entry):
                 continue  # not a port this input takes (a plain input takes an item of unknown port)
             if not isinstance(payload, str):
                 await self._give(r, [payload])
                 continue
+            if r.sentences and self.call:
+                continue  # a call's JSON is no speech: its consumer gets none of it
             chunker = self.chunkers[(r.consumer, r.entry)]
             trace = self.traces.get(r.consumer)
             if trace is not None and trace.open:

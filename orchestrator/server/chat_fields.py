@@ -2,7 +2,7 @@
 accepted and ignored, or refused with a 400 naming it.
 
 The guarantee: a field that changes what the caller gets is honoured or refused, never
-silently dropped. A client that asks for log-probabilities, token biases or a moderation pass
+silently dropped. A client that asks for token biases, a reasoning effort or a moderation pass
 and would get plain text with a 200 could not tell; so such a field, set to anything but
 its "off" value (:data:`NEUTRAL`), is a 400 naming it and saying what to do instead
 (:func:`refusal`). Fields that leave the reply as it is (an end-user id, metadata,
@@ -42,6 +42,11 @@ HONOURED: dict[str, str] = {
     "that call)",
     "presence_penalty": "-2 to 2, over the reply's tokens",
     "frequency_penalty": "-2 to 2, over the reply's tokens",
+    "logprobs": "true: each reply token's log-probability under the model (llama.cpp; a backend "
+    "that cannot return them is a 400 naming logprobs and the backend), in choices[].logprobs; "
+    "streamed, in one chunk after the last content delta",
+    "top_logprobs": "0 to 20 most likely alternatives per token, with logprobs: true (else a 400 "
+    "naming it)",
 }
 """OpenAI's fields the server acts on, with the bound or the meaning it gives them."""
 
@@ -71,8 +76,6 @@ IGNORED: dict[str, str] = {
 REFUSED: dict[str, str] = {
     "functions": "send tools instead (the deprecated functions are not read)",
     "function_call": "send tool_choice instead (the deprecated function_call is not read)",
-    "logprobs": "leave logprobs out or false: log-probabilities are not returned",
-    "top_logprobs": "leave top_logprobs out: log-probabilities are not returned",
     "logit_bias": "leave logit_bias out: token biases are not applied",
     "reasoning_effort": "leave reasoning_effort out: the served model's reasoning is not "
     "controlled by the request",
@@ -84,8 +87,6 @@ REFUSED: dict[str, str] = {
 each, set to anything but its :data:`NEUTRAL` value, is a 400 naming it with this remedy."""
 
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "functions": ([],),
 }

@@ -8,9 +8,12 @@ The guarantees:
   arguments valid JSON for its tool's schema by construction
   (``stages.ar_decode.tool_grammar``); ``tool_choice`` ``none`` offers none and decodes text;
 * what the server cannot keep is a 400 naming the field before any work: a ``tool_choice``
-  without tools or naming none of them, two tools of one name, tools with audio output (the
-  voice would read the call aloud: a turn's words and its call are not yet told apart before
-  the voice stage), an earlier call whose ``arguments`` are not JSON;
+  without tools or naming none of them, two tools of one name, an earlier call whose
+  ``arguments`` are not JSON;
+* with audio output a call is spoken by no voice: the runtime cuts no sentences of a reply
+  that is a call (``orchestrator.runtime.router.Router``'s ``tools``: the first character
+  decides), so the turn has its ``tool_calls`` and no audio, and the answer after the tool's
+  result is spoken as any reply;
 * earlier calls and their results go back into the prompt in the template family's convention
   (:func:`as_text`), so a conversation round-trips;
 * a reply that is a whole call is returned as ``tool_calls`` with ``finish_reason``
@@ -81,7 +84,7 @@ def _bad(where: str, what: str, fix: str) -> BadRequest:
 
 
 def tool_call_of(
-    tools: list[ToolDef] | None, choice: ToolChoice | None, *, audio_out: bool
+    tools: list[ToolDef] | None, choice: ToolChoice | None
 ) -> dict[str, object] | None:
     """The decode stage's ``tool_call`` sampling of a request's ``tools`` and ``tool_choice``
     (None: no tools, or ``none``); ``BadRequest`` naming what cannot be kept."""
@@ -97,13 +100,6 @@ def tool_call_of(
             )
     if choice == "none":
         return None
-    if audio_out:
-        raise _bad(
-            "tools",
-            "with audio output: the voice would read a call aloud",
-            "ask for modalities ['text'] while tools may be called, and for audio for the "
-            "answer after the tool's result (sent without tools)",
-        )
     named = choice.function.name if isinstance(choice, NamedChoice) else ""
     if isinstance(choice, NamedChoice) and named not in names:
         raise _bad(

@@ -9,11 +9,10 @@ A body goes through four steps, each a 400 in OpenAI's error shape naming the fi
    parser goes);
 3. validated against its model here (:class:`ChatBody`, :class:`SpeechBody`): types
    and OpenAI's own ranges, and vLLM's (``seed`` within int64, ``temperature``
-   finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone
-   surrogate) is refused. OpenAI's fields that would change the reply and are not
-   served (``logprobs``, ``logit_bias``, ...) are refused by name
-   (:mod:`orchestrator.server.chat_fields` holds the table); keys the models do not
-   name are otherwise ignored, as OpenAI's server ignores them;
+   finite and within 0-2, ``top_p`` in (0, 1]); text that is not Unicode (a lone surrogate)
+   is refused. OpenAI's fields that would change the reply and are not served
+   (``logit_bias``, ...) are refused by name (:mod:`orchestrator.server.chat_fields` holds
+   the table); keys the models do not name are otherwise ignored, as OpenAI's server does;
 4. checked against the server's limits (:class:`ServerLimits`: messages per
    request, characters of text, the speech input's length, the recording's bytes
    and seconds), each named with its ``omni-edge serve`` flag in the 400.
@@ -47,6 +46,7 @@ from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.core.units import MiB
 from orchestrator.runtime.requests import audio_request, tensor_request
 from orchestrator.server.chat_fields import first_refused
+from orchestrator.server.chat_logprobs import LOGPROB_FIXES, LogprobFields, logprobs_of
 from orchestrator.server.chat_tools import (
     MAX_TOOLS,
     ToolCallItem,
@@ -87,11 +87,8 @@ SAMPLING_FIELDS = {
     "top_k": "top_k",
     "repetition_penalty": "repetition_penalty",
 }
-"""OpenAI request fields → the decode stage's sampling keys (``min_tokens``, ``top_k`` and
-``repetition_penalty`` are vLLM's own extensions of the request, sent as ``extra_body``)."""
-CHAT_AUDIO_FORMATS = ("wav", "pcm16")
-SPEECH_FORMATS = ("wav", "pcm")
-AUDIO_INPUT_FORMATS = ("wav",)
+"""OpenAI's request fields (and vLLM's extensions, sent as ``extra_body``) → sampling keys."""
+CHAT_AUDIO_FORMATS, SPEECH_FORMATS, AUDIO_INPUT_FORMATS = ("wav", "pcm16"), ("wav", "pcm"), ("wav",)
 
 
 # -- the models ----------------------------------------------------------------------
@@ -221,8 +218,8 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatBody(_Body):
-    """``POST /v1/chat/completions``."""
+class ChatBody(_Body, LogprobFields):
+    """``POST /v1/chat/completions`` (``logprobs`` and ``top_logprobs``: ``chat_logprobs``)."""
 
     messages: list[Message] = Field(min_length=1)
     model: str | None = None
@@ -289,6 +286,7 @@ FIXES = {
     "name": "the entry graph's input name, as its manifest names it",
     "input": "send the text to speak as a string of valid Unicode",
     "speed": "leave speed unset or 1.0",
+    **LOGPROB_FIXES,
 }
 
 
@@ -418,7 +416,7 @@ def read_chat(
         bool(chat.stream),
         bool(chat.stream_options and chat.stream_options.include_usage),
         tensor_at,
-        tool_call_of(chat.tools, chat.tool_choice, audio_out=fmt is not None) is not None,
+        tool_call_of(chat.tools, chat.tool_choice) is not None,
     )
 
 
@@ -511,7 +509,8 @@ def _sampling(chat: ChatBody) -> Sampling:
         values["stop"] = [values["stop"]]
     for key, value in (
         ("json_schema", json_schema(chat.response_format)),
-        ("tool_call", tool_call_of(chat.tools, chat.tool_choice, audio_out=False)),
+        ("tool_call", tool_call_of(chat.tools, chat.tool_choice)),
+        ("logprobs", logprobs_of(chat)),
     ):
         if value is not None:
             values[key] = value

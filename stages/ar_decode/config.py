@@ -22,6 +22,7 @@ from stages.requests import (
     STOP_MAX_CHARS,
     STOPS_MAX,
     TEMPERATURE_MAX,
+    TOP_LOGPROBS_MAX,
 )
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=STOP_MAX_CHARS)]
@@ -95,6 +96,14 @@ class Sampling(Strict):
         None,
         description="The tools a reply may call and how (a request's own: OpenAI's tools and "
         "tool_choice), each call's arguments enforced by constrained decoding; None: no tools.",
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=TOP_LOGPROBS_MAX,
+        description="Each reply token's log-probability with this many most likely "
+        f"alternatives (0 to {TOP_LOGPROBS_MAX}: OpenAI's logprobs and top_logprobs), in the "
+        "stage's stats (llama.cpp); None: none.",
     )
 
 

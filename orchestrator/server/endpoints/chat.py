@@ -14,6 +14,7 @@ from starlette.routing import Route
 from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import OPENAI_PCM_RATE, pcm16_bytes, wav_header
 from orchestrator.runtime.events import AudioChunk, Event
+from orchestrator.server.chat_logprobs import choice_logprobs
 from orchestrator.server.chat_tools import CallWatch, looks_like_call, reply_call
 from orchestrator.server.failures import REQUEST_ERRORS
 from orchestrator.server.http import StreamResponse, b64, error_for, pcm24k
@@ -60,13 +61,14 @@ class Chat:
         text = "".join(e.text for e in events if self.served.is_text(e))
         message: JsonObject = {"role": "assistant", "content": text}
         finish = self._finish_reason(run)
-        if tools and looks_like_call(text):  # a call, or one cut short (no content, no call)
+        called = tools and looks_like_call(text)  # a call, or one cut short
+        if called:  # no content, and no audio: the runtime cut no sentence of it for a voice
             calls = reply_call(text, run.rid)
             message = {"role": "assistant", "content": None}
             if calls is not None:
                 message["tool_calls"], finish = calls, "tool_calls"
         outputs = [o for o in map(self.served.output_of, events) if o is not None]
-        if fmt is not None:
+        if fmt is not None and not called:
             chunks = [e for e in events if self.served.is_audio(e)]
             message = {
                 "role": "assistant",
@@ -80,11 +82,11 @@ class Chat:
             }
         if outputs:
             message["outputs"] = outputs
-        doc: JsonObject = {
-            **base,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        }
+        choice: JsonObject = {"index": 0, "message": message, "finish_reason": finish}
+        logprobs = self._logprobs(run)
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        doc: JsonObject = {**base, "object": "chat.completion", "choices": [choice]}
         usage = run.trace.usage()
         if usage:
             doc["usage"] = usage
@@ -97,6 +99,16 @@ class Chat:
         pcm = b"".join(pcm16_bytes(c.audio) for c in chunks)
         rate = chunks[0].sample_rate if chunks else OPENAI_PCM_RATE
         return wav_header(rate, len(pcm)) + pcm
+
+    def _logprobs(self, run: Run) -> JsonObject | None:
+        """The choice's ``logprobs`` (``chat_logprobs``), when the decode stage computed them."""
+        return choice_logprobs(
+            {
+                n: s.get("stats", {})
+                for n, s in run.trace.stages.items()
+                if n in self.served.text_stages
+            }
+        )
 
     def _finish_reason(self, run: Run) -> str:
         reasons = [
@@ -126,20 +138,20 @@ class Chat:
             return response
         audio_id = f"audio-{run.rid}"
 
-        def chunk(delta: JsonObject, finish: str | None = None) -> str:
+        def chunk(delta: JsonObject, finish: str | None = None, **more: object) -> str:
             doc = {
                 **base,
                 "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **more}],
             }
             return f"data: {json.dumps(doc)}\n\n"
 
         def delta_of(event: Event) -> JsonObject | None:
             if self.served.is_text(event):
-                if fmt:
-                    return {"audio": {"id": audio_id, "transcript": event.text}}
-                content = watch.text(event.text)  # held back while the reply is a call
-                return None if content is None else {"content": content}
+                said = watch.text(event.text)  # held back while the reply is a call
+                if said is None:
+                    return None
+                return {"audio": {"id": audio_id, "transcript": said}} if fmt else {"content": said}
             if fmt and self.served.is_audio(event):
                 return {"audio": {"id": audio_id, "data": b64(pcm24k(event))}}
             output = self.served.output_of(event)
@@ -154,6 +166,9 @@ class Chat:
                     if delta is not None:
                         yield chunk(delta)
                 finish = self._finish_reason(run)
+                logprobs = self._logprobs(run)  # the stage's, with its closing figures
+                if logprobs is not None:
+                    yield chunk({}, logprobs=logprobs)
                 calls = watch.calls(run.rid)
                 if calls is not None:
                     yield chunk({"tool_calls": calls})

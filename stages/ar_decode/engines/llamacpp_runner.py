@@ -36,6 +36,9 @@ same public behaviour (deltas, stats, errors, evidence M):
   (:mod:`stages.ar_decode.json_grammar`) checked against the chain's pick, and over the whole
   vocabulary only when it refuses it (:mod:`~stages.ar_decode.engines.llamacpp_grammar`);
   ``tool_call`` (``tools``) the same, with the grammar of a call (:mod:`stages.ar_decode.tool_grammar`).
+* ``logprobs`` (OpenAI's ``logprobs`` with ``top_logprobs`` alternatives): each reply token's
+  log-probability under the model's logits at its step, read before sampling
+  (:mod:`~stages.ar_decode.engines.llamacpp_logprobs`), in the request's stats (``logprobs``).
 * Stop reasons are vLLM's: ``stop`` (an end-of-generation token or a stop string), ``length``
   (``max_tokens``, or the sequence's context is full), ``abort`` (the consumer
   closed the stream: the sequence leaves the batch at the next step and the
@@ -74,6 +77,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
 from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
+from stages.ar_decode.engines.llamacpp_logprobs import TokenLogprobs
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
 from stages.ar_decode.gguf_vocab import GgufVocab, free_llama, gguf_path, llama_cpp_module
 from stages.ar_decode.prompt import check_length, encode, request_parts
@@ -160,11 +164,13 @@ class _Slot:
         "min_tokens",
         "out",
         "pos",
+        "probs",
         "prompt",
         "req",
         "seq",
         "stops",
         "text",
+        "top",
     )
 
     def __init__(
@@ -193,6 +199,8 @@ class _Slot:
         self.stops = StopText(stops)
         self.grammar: Any = None  # the json_schema's grammar sampler (llamacpp_grammar)
         self.out = -1  # this step's batch row with logits, -1 when none
+        self.top: int | None = None  # the alternatives per token's logprobs (None: none asked)
+        self.probs: list[dict[str, Any]] = []  # each reply token's logprobs, when asked
 
 
 @dataclass(frozen=True)
@@ -488,6 +496,7 @@ class _Engine:
         self.seq_rows = [batch.seq_id[i] for i in range(n_batch)]
         self.pieces: dict[int, bytes] = {}
         self.grammars = GrammarSampling(self.lc, vocab.n_vocab)
+        self.logprobs = TokenLogprobs(self.lc, vocab.n_vocab, self._piece)
         self.free = list(range(int(self.lc.llama_n_seq_max(self.ctx)) - 1, -1, -1))
         self.cached: dict[int, list[int]] = {}  # a free sequence's prompt whose KV it still holds
         r._free_slots = len(self.free)
@@ -535,6 +544,8 @@ class _Engine:
         self.free.append(slot.seq)
         self.runner._free_slots = len(self.free)
         req = slot.req
+        if slot.top is not None:
+            req.extra["logprobs"] = slot.probs
         if reason is not None:
             tail = slot.stops.add(slot.text.flush())
             tail += slot.stops.flush()
@@ -613,6 +624,8 @@ class _Engine:
                 sampling.get("stop") or (),
             )
             slot.grammar = constrained
+            top = sampling.get("logprobs")
+            slot.top = None if top is None else int(top)
             slot.fed = slot.pos = req.extra["reused_prompt_tokens"] = reuse
             self.running.append(slot)
 
@@ -690,6 +703,7 @@ class _Engine:
                 continue
             if slot.last >= 0:
                 slot.pos += 1
+            step = None if slot.top is None else self.logprobs.row(self.ctx, slot.out)
             token = (
                 lc.llama_sampler_sample(slot.chain, self.ctx, slot.out)
                 if slot.grammar is None
@@ -704,10 +718,9 @@ class _Engine:
             if token in eog:
                 self.finish(slot, "stop")
                 continue
-            piece = self.pieces.get(token)
-            if piece is None:
-                piece = self.pieces[token] = self.vocab.piece(token)
-            text = slot.stops.add(slot.text.add(piece))
+            if step is not None and slot.top is not None:
+                slot.probs.append(self.logprobs.entry(step, token, slot.top))
+            text = slot.stops.add(slot.text.add(self._piece(token)))
             if text:
                 req.put(text)
             if slot.stops.stopped:
@@ -716,3 +729,10 @@ class _Engine:
                 self.finish(slot, "length")
             else:
                 slot.last = token
+
+    def _piece(self, token: int) -> bytes:
+        """The token's bytes (looked up once per token)."""
+        piece = self.pieces.get(token)
+        if piece is None:
+            piece = self.pieces[token] = self.vocab.piece(token)
+        return piece

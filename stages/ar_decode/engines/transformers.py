@@ -87,7 +87,9 @@ class TransformersEngine(CheckpointEngine):
         for key in ("stop", "presence_penalty", "frequency_penalty", "json_schema")
     } | {
         "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
-        "call's arguments are constrained on llama.cpp (a grammar)"
+        "call's arguments are constrained on llama.cpp (a grammar)",
+        "logprobs": "leave logprobs out, or list llamacpp-cpu first in the stage's backends: "
+        "log-probabilities are returned from llama.cpp",
     }
     format_rules = TRANSFORMERS_FORMATS
 

@@ -174,6 +174,8 @@ class VllmEngine(CheckpointEngine):
         "backends: structured output is constrained on llama.cpp (a grammar)",
         "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
         "call's arguments are constrained on llama.cpp (a grammar)",
+        "logprobs": "leave logprobs out, or list llamacpp-cpu first in the stage's backends: "
+        "log-probabilities are returned from llama.cpp",
     }
     default_for = ("gguf", "checkpoint")
     format_rules = VLLM_FORMATS

@@ -43,8 +43,6 @@ ASKING: dict[str, Any] = {
     # a value of each refused field that asks for something the server does not do
     "functions": [TOOL["function"]],
     "function_call": {"name": "get_weather"},
-    "logprobs": True,
-    "top_logprobs": 3,
     "logit_bias": {"50256": -100},
     "reasoning_effort": "low",
     "verbosity": "low",
@@ -70,6 +68,9 @@ def _openai_fields() -> list[str]:
     base = openai_params.CompletionCreateParamsBase.__annotations__
     streaming = openai_params.CompletionCreateParamsStreaming.__annotations__
     return sorted(set(base) | set(streaming))
+
+
+WAV = {"audio": {"format": "wav"}}
 
 
 def _chat(body: dict[str, Any]) -> Any:
@@ -209,6 +210,9 @@ def test_tools_reach_the_decode_stage_as_its_tool_call() -> None:
     assert _tool_call({"tools": [TOOL], "tool_choice": "none"}) is None  # text, nothing offered
     assert _chat({"messages": HI, "tools": [TOOL]}).tools
     assert not _chat({"messages": HI, "tools": [TOOL], "tool_choice": "none"}).tools
+    # with audio output too: the runtime speaks no call (test_serve_tools_voice.py)
+    spoken = _chat({"messages": HI, "tools": [TOOL], "modalities": ["text", "audio"], **WAV})
+    assert spoken.tools and spoken.audio_format == "wav"
 
 
 @pytest.mark.parametrize(
@@ -221,7 +225,6 @@ def test_tools_reach_the_decode_stage_as_its_tool_call() -> None:
         ),
         ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
-        ({"tools": [TOOL], "modalities": ["text", "audio"], "audio": {"format": "wav"}}, "tools"),
     ],
 )
 def test_tools_the_server_cannot_keep_are_a_400_naming_the_field(
@@ -238,6 +241,22 @@ def test_the_off_value_of_a_refused_field_asks_for_nothing() -> None:
         {"tool_choice": "none"},
     ):
         assert _chat({"messages": HI, **off}).prompt == {"messages": HI}, off
+
+
+def test_logprobs_reach_the_decode_stage_as_its_logprobs_sampling() -> None:
+    def sampling(body: dict[str, Any]) -> Any:
+        return _chat({"messages": HI, **body}).prompt.get("sampling")
+
+    assert sampling({"logprobs": True}) == {"logprobs": 0}
+    assert sampling({"logprobs": True, "top_logprobs": 20}) == {"logprobs": 20}
+    assert sampling({"logprobs": False, "top_logprobs": 0}) is None
+    where, what, fix = _refused({"messages": HI, "top_logprobs": 3})
+    assert (where, what) == ("top_logprobs", "3: is set, and logprobs is not true")
+    assert "logprobs: true" in fix
+    for bad in (21, -1, "3", 2.0):
+        where, _, fix = _refused({"messages": HI, "logprobs": True, "top_logprobs": bad})
+        assert where == "top_logprobs" and fix == "a whole number from 0 to 20, with logprobs: true"
+    assert _refused({"messages": HI, "logprobs": 1})[0] == "logprobs"
 
 
 def test_response_format_becomes_the_schema_the_decode_stage_enforces() -> None:

@@ -209,7 +209,7 @@ TOOLS_REQUIRED: dict[str, Any] = {
         # tools to a pipeline whose entry stage does not decode (the echo kind): never free
         # text with a 200
         ({"messages": [{"role": "user", "content": "hi"}], **TOOLS_REQUIRED}, "tools"),
-        # a field that would change the reply and is not served
+        # log-probabilities from a pipeline whose entry stage does not decode (the echo kind)
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
         # a stop string to a pipeline whose entry stage does not decode (the echo kind)
         ({"messages": [{"role": "user", "content": "hi"}], "stop": "said"}, "stop"),
