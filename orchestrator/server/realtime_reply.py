@@ -19,7 +19,7 @@ from starlette.websockets import WebSocketDisconnect
 from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
-from orchestrator.server.chat_tools import CallWatch
+from orchestrator.server.chat_tools import CallWatch, looks_like_call
 from orchestrator.server.failures import failure, internal_failure
 from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import new_id
@@ -383,8 +383,8 @@ class Replies:
                 audio_end_ms=int(r.audio_ms),
             )
         said = " ".join(t.strip() for t in r.transcript if t.strip())
-        if r.call is not None:
-            heard = ""  # a call: the conversation keeps its item, no words
+        if r.call is not None or (r.tool_call is not None and looks_like_call(text)):
+            heard = ""  # a call (its item is kept), or one cut short: no words of it
         if (said or r.typed) and status != "failed":
             r.history = [ChatMessage(role="user", content=said)] if said else []
             if heard.strip():
