@@ -1,6 +1,8 @@
-"""A realtime session's conversation items and tools on a real ``omni-edge serve
-configs/examples/voice-chat.yaml`` (its thinker on llama.cpp, which constrains a call: the plan
-picks llamacpp-cpu on a machine without a CUDA GPU), driven by the ``openai`` package's own
+"""A realtime session's conversation items and tools on a real ``omni-edge serve`` of
+``configs/examples/voice-chat.yaml`` (its thinker on llama.cpp, which constrains a call: the plan
+picks llamacpp-cpu on a machine without a CUDA GPU; ``max_tokens`` raised from 64 to 128, so
+the longest call the grammar allows — a city of at most 12 characters, a unit of two, one
+optional space per separator — ends well inside it), driven by the ``openai`` package's own
 realtime client (``AsyncOpenAI(websocket_base_url=...).beta.realtime.connect``).
 
 Nothing here is spoken by the client: each turn is typed (``conversation.item.create``) and
@@ -37,7 +39,7 @@ REPLY_TIMEOUT_S = 300.0
 WEATHER = {
     "type": "object",
     "properties": {
-        "city": {"type": "string", "maxLength": 16},
+        "city": {"type": "string", "maxLength": 12},
         "unit": {"enum": ["celsius", "fahrenheit"]},
     },
     "required": ["city", "unit"],
@@ -54,7 +56,11 @@ TOOL = {
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     if not (REPO / "exports/whisper-tiny-en-encoder/fp32.onnx").is_file():
         pytest.skip("Whisper's graphs are not built: python -m exports.whisper_asr build")
-    s = ServeProcess(CONFIG, cwd=tmp_path_factory.mktemp("serve-items"), start_timeout_s=600)
+    tmp = tmp_path_factory.mktemp("serve-items")
+    text = CONFIG.read_text().replace("../../exports/", f"{REPO}/exports/")
+    assert text.count("max_tokens: 64") == 1
+    (tmp / "voice-chat.yaml").write_text(text.replace("max_tokens: 64", "max_tokens: 128"))
+    s = ServeProcess(tmp / "voice-chat.yaml", cwd=tmp, start_timeout_s=600)
     yield s
     assert s.stop() == 0, s.output()
 
