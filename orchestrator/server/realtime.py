@@ -57,7 +57,9 @@ sends ``conversation.item.truncated`` (``audio_end_ms``: the audio sent) and
 assistant's replies as far as their audio was sent: the voice speaks one chunk
 per sentence as the runtime cuts them, so the text kept is the sentences whose
 audio went out) and passes it to the decode stage of the next turn as
-``{"messages": [...]}`` ahead of the transcript (``Pipeline.stream(context=)``).
+``{"messages": [...]}`` ahead of the transcript (``Pipeline.stream(context=)``). The conversation
+is items the client may add, read, delete and truncate, and a response with no committed audio
+answers them: typed turns, a tool's result after a call (``realtime_items``).
 
 **Bad events** (not JSON, no ``type``, an unknown type, a field of the wrong
 type or range, audio that is not base64 pcm16) are ``error`` events naming the
@@ -81,6 +83,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from orchestrator.config import PipelineConfig
@@ -90,9 +93,12 @@ from orchestrator.core.plan import PipelinePlan
 from orchestrator.core.units import MiB
 from orchestrator.runtime.audio import OPENAI_PCM_RATE
 from orchestrator.runtime.requests import audio_entry_stages
+from orchestrator.server import realtime_items as items
 from orchestrator.server.limits import FLAGS
 from orchestrator.server.realtime_early import Response
 from orchestrator.server.realtime_events import (
+    RealtimeTool,
+    RealtimeToolChoice,
     SemanticSettings,
     SemanticTurnDetection,
     SessionFields,
@@ -111,7 +117,7 @@ from orchestrator.server.realtime_turns import Turns
 from stages.base import REQUEST, SpeechTranscriber, TurnDetection, TurnScorer
 from stages.payloads import AudioItem, Item
 from stages.registry import get_kind
-from stages.requests import ChatItem, ChatMessage
+from stages.requests import ChatItem, ChatMessage, Sampling
 from stages.vad.runner import Segment, VadRunner
 
 log = logging.getLogger(__name__)
@@ -241,6 +247,10 @@ class Realtime:
         self.text_entry = self._after_asr(runtime)
         """The stage a turn enters at with the session's own transcript (the one the asr stage
         feeds); None: no streaming transcription, the segment enters at ``entry``."""
+        self.reply_entry = self.text_entry or next(
+            (n for n in self.decode_stages if n in runtime.entry_stages("text")), None
+        )
+        """The stage a response to the conversation's items enters at (the thinker); None: none."""
         self.streaming = self.text_entry is not None
         """Whether sessions transcribe while the user speaks (``realtime_transcribe``)."""
         self._asr: SpeechTranscriber | None = None
@@ -445,7 +455,12 @@ class Session:
         self.modalities: list[str] = ["text", "audio"]
         self.in_rate = self.out_rate = OPENAI_PCM_RATE
         self.turn: SessionTurn | None = rt.defaults.copy() if rt.defaults else None
-        self.history: list[ChatMessage] = []
+        self.items = items.Conversation()
+        """Its conversation, what each response sees (``realtime_items``)."""
+        self.tools: list[RealtimeTool] | None = None
+        self.tool_choice: RealtimeToolChoice = "auto"
+        self.tool_call: JsonObject | None = None
+        """The decode stage's ``tool_call`` of ``tools`` and ``tool_choice`` (None: text only)."""
         self.response: Response | None = None
         self.send_lock = asyncio.Lock()
         self.turns = Turns(self)
@@ -497,8 +512,8 @@ class Session:
                 else None
             ),
             "turn_detection": self.turn,
-            "tools": [],
-            "tool_choice": "none",
+            "tools": items.tools_doc(self.tools),
+            "tool_choice": items.choice_doc(self.tool_choice),
         }
 
     # -- the loop --------------------------------------------------------------------
@@ -615,6 +630,11 @@ class Session:
             FLAGS["max_content_chars"],
         )
         given = fields.model_fields_set
+        tools = fields.tools if "tools" in given else self.tools
+        choice = (fields.tool_choice or "auto") if "tool_choice" in given else self.tool_choice
+        if given & {"tools", "tool_choice"}:  # checked before anything changes
+            self.tool_call = await items.session_tool_call(self, tools, choice, "session")
+        self.tools, self.tool_choice = tools, choice
         turn = self.turn
         if "turn_detection" in given:
             turn = None if fields.turn_detection is None else self._turn(fields.turn_detection)
@@ -671,13 +691,10 @@ class Session:
                 f"response {self.response.id} is still in progress",
                 "wait for its response.done, or send response.cancel first",
             )
+        own, tool_call = await items.response_tools(self, doc)
         if self.turns.pending is None:
-            raise BadRequest.single(
-                "input_audio_buffer",
-                "no committed audio is waiting for a response",
-                "append audio and send input_audio_buffer.commit first",
-            )
-        await self.respond()
+            items.check_answerable(self)
+        await self.respond(own, tool_call)
 
     async def on_response_cancel(self, doc: dict[str, object]) -> None:
         if self.response is None:
@@ -691,17 +708,30 @@ class Session:
         await self.cancel("client_cancelled")
 
     # -- responses -------------------------------------------------------------------
-    async def respond(self) -> None:
+    async def respond(self, own: bool = False, tool_call: JsonObject | None = None) -> None:
+        """Answer the committed turn, or (none committed) the conversation's items; ``own``:
+        ``tool_call`` is the ``response.create``'s, not the session's."""
         if self.response is not None:
             await self.cancel("turn_detected")
-        assert self.turns.pending is not None
         p, self.turns.pending = self.turns.pending, None
-        response = Response(new_id("resp"), new_id("item"), p.item, speech_end=p.speech_end)
-        response.mark("turn_end")
-        self.response = response
-        response.task = asyncio.create_task(
-            self.replies.run(response, p.audio, p.rate, p.entry, heard=p.heard),
-            name=f"realtime:{response.id}",
+        r = Response(new_id("resp"), new_id("item"), p.item if p else "", own_tools=own)
+        r.speech_end, r.typed, r.tool_call = (
+            (p.speech_end if p else time.monotonic()),
+            not p,
+            tool_call,
+        )
+        r.mark("turn_end")
+        self.response = r
+        audio = p.audio if p else np.zeros(0, dtype=np.float32)
+        r.task = asyncio.create_task(
+            self.replies.run(
+                r,
+                audio,
+                p.rate if p else self.in_rate,
+                p.entry if p else None,
+                p.heard if p else None,
+            ),
+            name=f"realtime:{r.id}",
         )
 
     async def cancel(self, reason: str) -> None:
@@ -712,19 +742,26 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
 
-    def context(self) -> dict[str, list[Item]] | None:
+    def context(self, sampling: Sampling | None = None) -> dict[str, list[Item]] | None:
+        """The conversation so far (the newest ``HISTORY_CHARS`` of it) for each decode stage,
+        with ``sampling`` (a response's tools)."""
         messages: list[ChatMessage] = []
         total = 0
-        for m in reversed(self.history):
+        for m in reversed(self.items.messages()):
             total += len(m["content"])
-            if total > HISTORY_CHARS:
+            if total > HISTORY_CHARS and messages:  # the newest is kept whole: it is the turn
                 break
             messages.insert(0, m)
         if self.instructions:
             messages.insert(0, ChatMessage(role="system", content=self.instructions))
         if not messages or not self.rt.decode_stages:
             return None
-        return {name: [ChatItem(messages=messages)] for name in self.rt.decode_stages}
+        item = (
+            ChatItem(messages=messages)
+            if sampling is None
+            else ChatItem(messages=messages, sampling=sampling)
+        )
+        return {name: [item] for name in self.rt.decode_stages}
 
 
 def _turn_defaults(turn: TurnDetection) -> TurnSettings:
@@ -746,5 +783,9 @@ HANDLERS: dict[str, Callable[[Session, dict[str, object]], Any]] = {
     "input_audio_buffer.clear": lambda s, doc: s.turns.on_clear(doc),
     "response.create": Session.on_response_create,
     "response.cancel": Session.on_response_cancel,
+    "conversation.item.create": items.on_item_create,
+    "conversation.item.retrieve": items.on_item_retrieve,
+    "conversation.item.delete": items.on_item_delete,
+    "conversation.item.truncate": items.on_item_truncate,
 }
 """The client events a session takes, by ``type``."""

@@ -59,6 +59,17 @@ class Response:
     confirmed turn starts a response of its own, which reports whatever happens then."""
     history: list[ChatMessage] = field(default_factory=list)
     """What it adds to the conversation, once it is over (applied when it goes out)."""
+    typed: bool = False
+    """It answers the conversation's items (``response.create`` after ``conversation.item.create``),
+    not a spoken turn: no user item of its own."""
+    tool_call: JsonObject | None = None
+    """The tools it offers (the decode stage's ``tool_call`` sampling); None: it decodes text."""
+    own_tools: bool = False
+    """``tool_call`` is its ``response.create``'s own, not the session's."""
+    call: JsonObject | None = None
+    """Its ``function_call`` item, when its reply was a call."""
+    audio_ends: list[float] = field(default_factory=list)
+    """When each audio chunk sent ended (ms of its audio): a sentence each."""
     speech_end: float = 0.0
     """When the user's speech ended (``time.monotonic``): the zero of ``marks``."""
     marks: dict[str, float] = field(default_factory=dict)

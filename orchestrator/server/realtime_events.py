@@ -12,8 +12,10 @@ import numpy as np
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from orchestrator.core.errors import BadRequest, Problem
+from orchestrator.server.chat_tools import MAX_TOOLS
 from orchestrator.server.protocol import Text, _Body
 from orchestrator.server.protocol import validated as _validated
+from stages.ar_decode.json_grammar import Schema
 
 
 class TurnDetection(_Body):
@@ -86,7 +88,31 @@ EVENT_ID_CHARS = 256
 """A client event's ``event_id``: an id, echoed in the ``error`` event that answers the event."""
 
 
-class SessionFields(_Body):
+class RealtimeTool(_Body):
+    """One of ``session.tools``: OpenAI Realtime's flat function shape (``realtime_items``)."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: Schema | None = None
+
+
+class FunctionChoice(_Body):
+    type: Literal["function"]
+    name: str
+
+
+RealtimeToolChoice = Literal["auto", "none", "required"] | FunctionChoice
+
+
+class ToolFields(_Body):
+    """The tools a session (``session.update``) or one response (``response.create``) offers."""
+
+    tools: list[RealtimeTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: RealtimeToolChoice | None = None
+
+
+class SessionFields(ToolFields):
     instructions: Text | None = None
     """Capped by ``ServerLimits.max_content_chars`` (``check_instructions``): it is the system
     message of every turn, as a chat's messages are capped."""
@@ -138,6 +164,8 @@ FIXES = {
     "silence_duration_ms": "whole milliseconds from 32 to 10000, e.g. 500",
     "create_response": "true or false",
     "interrupt_response": "true or false",
+    "tools": "[{'type': 'function', 'name': 'get_weather', 'parameters': {...}}]",
+    "tool_choice": "'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
 }
 """How to fix each field of a client event, for the ``error`` event that names it."""
 

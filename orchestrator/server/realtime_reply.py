@@ -19,10 +19,13 @@ from starlette.websockets import WebSocketDisconnect
 from orchestrator.core.documents import JsonObject
 from orchestrator.runtime.audio import pcm16_bytes, resample
 from orchestrator.runtime.events import AudioChunk, StageEvent, TextDelta
+from orchestrator.server.chat_tools import CallWatch, looks_like_call
 from orchestrator.server.failures import failure, internal_failure
 from orchestrator.server.realtime_early import Response
+from orchestrator.server.realtime_events import new_id
 from orchestrator.server.realtime_transcribe import Heard
-from stages.requests import AudioRequest, ChatMessage, TextRequest
+from stages.ar_decode.tool_grammar import parse_call
+from stages.requests import AudioRequest, ChatMessage, Sampling, TextRequest
 
 
 class Replies:
@@ -62,6 +65,18 @@ class Replies:
             "transcript" if "audio" in self.s.modalities else "text": transcript,
         }
         u = usage or {}
+        output = [
+            r.call
+            if r.call is not None
+            else {
+                "id": r.item_id,
+                "object": "realtime.item",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed" if status == "completed" else "incomplete",
+                "content": [content],
+            }
+        ]
         return {
             "id": r.id,
             "object": "realtime.response",
@@ -70,16 +85,7 @@ class Replies:
             "modalities": self.s.modalities,
             "output_audio_format": "pcm16",
             "voice": self.s.voice,
-            "output": [
-                {
-                    "id": r.item_id,
-                    "object": "realtime.item",
-                    "type": "message",
-                    "role": "assistant",
-                    "status": "completed" if status == "completed" else "incomplete",
-                    "content": [content],
-                }
-            ],
+            "output": output,
             "usage": {
                 "total_tokens": u.get("total_tokens", 0),
                 "input_tokens": u.get("prompt_tokens", 0),
@@ -102,6 +108,7 @@ class Replies:
         rt = self.s.rt
         run = await self._request(r, audio, rate, entry, heard)
         chunker = rt.chunker() if rt.chunker else None
+        watch = CallWatch(r.tool_call is not None)
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: JsonObject | None = None
         wants_audio = "audio" in self.s.modalities
@@ -122,8 +129,11 @@ class Replies:
                 },
             )
             async for event in run.rest():
-                await self._on_event(r, event, chunker, wants_audio, seconds)
+                if await self._on_event(r, event, chunker, wants_audio, seconds, watch):
+                    break  # a call is whole: the voice's work on it is dropped (closed below)
             await self._tell_user(r, seconds)
+            if watch.is_call:
+                await self._tell_call(r, "".join(r.text))
             if wants_audio and r.audio_chunks:
                 await self._emit(
                     r,
@@ -177,6 +187,27 @@ class Replies:
         the transcript's pass (``request``), which ends at ``transcript``."""
         rt = self.s.rt
         r.mark("request")
+        if not r.own_tools:
+            r.tool_call = self.s.tool_call
+        sampling = (
+            None if r.tool_call is None else Sampling(tool_call=r.tool_call, min_tokens=0)
+        )  # a call ends where its JSON does: the config's min_tokens would hold it past
+        context = self.s.context(sampling)
+        if r.typed:  # the conversation's last user item is the request, at the stage that answers
+            r.told_user = True  # its user item is the client's own (conversation.item.create)
+            assert rt.reply_entry is not None and context is not None  # check_answerable
+            (item,) = context[rt.reply_entry]
+            msgs = item["messages"]
+            at = max((j for j, m in enumerate(msgs) if m["role"] == "user"), default=len(msgs) - 1)
+            context[rt.reply_entry] = [{**item, "messages": msgs[:at] + msgs[at + 1 :]}]
+            return rt.make_run(
+                rt.app,
+                TextRequest(msgs[at]["content"]),
+                "realtime",
+                entry=rt.reply_entry,
+                context=context,
+                conversation=self.s.id,
+            )
         transcript = None
         if heard is not None:
             found = heard if isinstance(heard, Heard) else await heard
@@ -189,7 +220,7 @@ class Replies:
             AudioRequest(audio, rate) if transcript is None else TextRequest(transcript),
             "realtime",
             entry=entry if transcript is None else rt.text_entry,
-            context=self.s.context(),
+            context=context,
             conversation=self.s.id,
         )
 
@@ -202,9 +233,25 @@ class Replies:
         return "failed", f.status, {"type": f.type, "code": f.code, "message": f.line}
 
     async def _on_event(
-        self, r: Response, event: Any, chunker: Any, wants_audio: bool, seconds: float
-    ) -> None:
+        self,
+        r: Response,
+        event: Any,
+        chunker: Any,
+        wants_audio: bool,
+        seconds: float,
+        watch: CallWatch,
+    ) -> bool:
+        """One event of the request told as the session's; True once the reply is a whole call
+        (its decode stage done: nothing more of the response is the client's)."""
         rt = self.s.rt
+        if watch.is_call:  # the voice speaks nothing of a call: its text is kept, not sent
+            if isinstance(event, TextDelta) and event.stage in rt.reply_stages:
+                r.text.append(event.text)
+            return (
+                isinstance(event, StageEvent)
+                and event.kind == "done"
+                and event.stage in rt.reply_stages
+            )
         if isinstance(event, TextDelta) and event.stage in rt.transcript_stages:
             r.transcript.append(event.text)
         elif (
@@ -217,6 +264,8 @@ class Replies:
             await self._tell_user(r, seconds)
             r.mark("first_token")
             r.text.append(event.text)
+            if watch.text(event.text) is None:
+                return False  # a call: told whole once its decode ends (_tell_call)
             if chunker is not None:
                 cut = chunker.feed(event.text)
                 if cut:
@@ -245,6 +294,38 @@ class Replies:
             )
             r.audio_chunks += 1
             r.audio_ms += 1000.0 * (len(pcm) // 2) / self.s.out_rate
+            r.audio_ends.append(r.audio_ms)
+        return False
+
+    async def _tell_call(self, r: Response, text: str) -> None:
+        """The reply is a call: its ``function_call`` item and its arguments, in OpenAI's events
+        (one ``delta`` of the whole arguments: they are JSON only once whole). A call cut short
+        (``max_tokens``) is no call: the response says nothing more, as a chat's says no content."""
+        found = parse_call(text)
+        if found is None:
+            return
+        name, arguments = found
+        item: JsonObject = {
+            "id": r.item_id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": new_id("call"),
+            "name": name,
+            "arguments": "",
+        }
+        ids = {"response_id": r.id, "item_id": r.item_id, "output_index": 0}
+        await self._emit(
+            r, "response.output_item.added", response_id=r.id, output_index=0, item=dict(item)
+        )
+        await self._emit(r, "conversation.item.created", previous_item_id=None, item=dict(item))
+        call = {**ids, "call_id": item["call_id"]}
+        await self._emit(r, "response.function_call_arguments.delta", **call, delta=arguments)
+        await self._emit(r, "response.function_call_arguments.done", **call, arguments=arguments)
+        r.call = {**item, "status": "completed", "arguments": arguments}
+        await self._emit(
+            r, "response.output_item.done", response_id=r.id, output_index=0, item=dict(r.call)
+        )
 
     async def _tell_user(self, r: Response, seconds: float) -> None:
         """The user's turn as the conversation's item, with its transcript (once per response)."""
@@ -302,12 +383,14 @@ class Replies:
                 audio_end_ms=int(r.audio_ms),
             )
         said = " ".join(t.strip() for t in r.transcript if t.strip())
-        if said and status != "failed":
-            r.history = [ChatMessage(role="user", content=said)]
+        if r.call is not None or (r.tool_call is not None and looks_like_call(text)):
+            heard = ""  # a call (its item is kept), or one cut short: no words of it
+        if (said or r.typed) and status != "failed":
+            r.history = [ChatMessage(role="user", content=said)] if said else []
             if heard.strip():
                 r.history.append(ChatMessage(role="assistant", content=heard.strip()))
         if r.held is None:  # held: added when the turn is confirmed (_adopt)
-            self.s.history += r.history
+            self.s.items.add_response(r)
         await self._emit(
             r, "response.done", response=self._response_doc(r, status, details, heard, usage)
         )

@@ -344,4 +344,4 @@ class Turns:
             await self.s.replies.out(r, type_, fields)
         r.held = None
         if r.task.done():  # it ended while held: what it adds to the conversation was kept for now
-            self.s.history += r.history
+            self.s.items.add_response(r)

@@ -362,6 +362,7 @@ function renderTalk() {
   $("talk").disabled = on || Boolean(controller);
   $("talk").setAttribute("aria-pressed", String(on));
   $("talk-stop").disabled = !on;
+  $("talk-text").disabled = $("talk-send").disabled = !talk.session;
   $("send").disabled = on || page.state === "waiting" || page.state === "streaming";
   $("mic-level").style.width = `${Math.min(100, Math.round(talk.level * 400))}%`;
 }
@@ -513,8 +514,9 @@ function onServerEvent(doc) {
       break;
     case "conversation.item.created":
       if (doc.item && doc.item.role === "user") {
-        const c = (doc.item.content || [])[0];
-        heard(doc.item.id, c && typeof c.transcript === "string" ? c.transcript : null);
+        const c = (doc.item.content || [])[0] || {};
+        heard(doc.item.id, typeof c.transcript === "string" ? c.transcript
+          : typeof c.text === "string" ? c.text : null);   // a typed turn's input_text
       }
       break;
     case "conversation.item.input_audio_transcription.completed":
@@ -575,6 +577,21 @@ function bargeIn() {
   r.interrupted = true;
   r.el.classList.add("interrupted");
   r.el.dataset.note = "interrupted";
+}
+
+/** A typed turn in Talk mode: the text as the conversation's user item, then its response
+ * (conversation.item.create + response.create); the reply is spoken as a spoken turn's is. */
+function typeTurn() {
+  const text = $("talk-text").value.trim();
+  if (!text || !talk.session) return;
+  $("talk-text").value = "";
+  if (talk.current) send({ type: "response.cancel" });   // typing over a reply ends it,
+  bargeIn();                                              // as speaking over it would
+  send({ type: "conversation.item.create",
+    item: { type: "message", role: "user", content: [{ type: "input_text", text }] } });
+  send({ type: "response.create" });
+  talk.stoppedAt = performance.now();
+  setTalk("thinking");
 }
 
 function userTurn(itemId) {
@@ -887,6 +904,10 @@ function start() {
   $("stop").addEventListener("click", () => controller && controller.abort());
   $("talk").addEventListener("click", () => startTalk());
   $("talk-stop").addEventListener("click", () => stopTalk());
+  $("talk-send").addEventListener("click", () => typeTurn());
+  $("talk-text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter") { event.preventDefault(); typeTurn(); }
+  });
   $("clear").addEventListener("click", () => {
     if (controller) controller.abort();
     page.history = [];

@@ -10,7 +10,10 @@ attack is an ``error`` event naming the field and its cap, at once, and the sess
 * a ``voice`` over 256 characters, ``modalities`` of three entries and an ``event_id`` over 256
   characters (which the ``error`` would echo) each name their cap;
 * an event over the 15 MiB event cap, and a burst of malformed events, are each answered, and
-  the session serves on; uncommitted audio past ``max_buffer_s`` names that cap.
+  the session serves on; uncommitted audio past ``max_buffer_s`` names that cap;
+* a typed item over ``--max-content-chars`` names the cap and nothing is added; tools, and a
+  response to typed items, on a pipeline with no decode stage are refused by name, and more
+  tools than OpenAI's 128 name that cap.
 
 The server is the Silero VAD alone (an audio entry, so a session opens; no model weights).
 """
@@ -167,3 +170,64 @@ def test_uncommitted_audio_past_the_buffer_cap_names_it(session: _Session) -> No
     assert err["param"] == "audio" and "over the cap of 60 s of uncommitted audio" in err["message"]
     session.send({"type": "input_audio_buffer.clear"})
     assert session.next()["type"] == "input_audio_buffer.cleared"
+
+
+def _item(text: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text}],
+        **fields,
+    }
+
+
+def test_a_typed_item_over_the_content_cap_names_it_and_nothing_is_added(
+    session: _Session,
+) -> None:
+    session.send(
+        {
+            "type": "conversation.item.create",
+            "item": _item("x" * (CONTENT_CAP + 1), id="item_big"),
+            "event_id": "e_big",
+        }
+    )
+    err = session.error()
+    assert (err["param"], err["event_id"]) == ("item.content", "e_big"), err
+    assert f"over the cap of {CONTENT_CAP} characters" in err["message"]
+    assert "--max-content-chars" in err["message"]
+    session.send({"type": "conversation.item.retrieve", "item_id": "item_big"})
+    assert session.error()["code"] == "item_not_found"
+    # at the cap it is taken
+    session.send({"type": "conversation.item.create", "item": _item("y" * CONTENT_CAP)})
+    created = session.next()
+    assert created["type"] == "conversation.item.created", created
+    assert created["item"]["content"] == [{"type": "input_text", "text": "y" * CONTENT_CAP}]
+
+
+def test_tools_and_a_typed_turn_on_a_pipeline_with_no_decode_stage_are_refused_by_name(
+    session: _Session,
+) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    session.send(
+        {
+            "type": "session.update",
+            "session": {"tools": [tool], "tool_choice": "required"},
+            "event_id": "e_tools",
+        }
+    )
+    err = session.error()
+    assert (err["param"], err["event_id"]) == ("session.tools", "e_tools"), err
+    assert "no decode stage" in err["message"]
+    held = session.updated()  # nothing of the refused update was kept
+    assert (held["tools"], held["tool_choice"]) == ([], "auto")
+    # more tools than OpenAI takes: named with the cap
+    session.send({"type": "session.update", "session": {"tools": [tool] * 129}})
+    err = session.error()
+    assert err["param"] == "session.tools" and "at most 128 items" in err["message"], err
+    # a typed turn is kept, but this pipeline has no stage to answer it
+    session.send({"type": "conversation.item.create", "item": _item("Hello")})
+    assert session.next()["type"] == "conversation.item.created"
+    session.send({"type": "response.create", "event_id": "e_answer"})
+    err = session.error()
+    assert (err["param"], err["event_id"]) == ("response", "e_answer"), err
+    assert "no decode stage" in err["message"]

@@ -182,6 +182,10 @@ class _FakeRealtime:
         self.sent: dict[str, list[int]] = {}
         """response id → the audio bytes sent for it, one entry per delta."""
         self.protocols: list[str] = []
+        self.typed: list[dict[str, Any]] = []
+        """The items of each ``conversation.item.create``, as the page sent them."""
+        self.creates = 0
+        """``response.create`` events received."""
         self.closed = threading.Event()
         self.key: str | None = None
         """When set, a session must offer it as ``openai-insecure-api-key.KEY`` (refused before the handshake)."""
@@ -225,30 +229,34 @@ class _FakeRealtime:
                 "turn_detection": {"type": "server_vad", "silence_duration_ms": 400},
             }
 
-        async def reply(n: int, item: str, seconds: float) -> None:
+        async def tell_user(item: str, text: str) -> None:
+            await send(
+                "conversation.item.created",
+                previous_item_id=None,
+                item={
+                    "id": item,
+                    "object": "realtime.item",
+                    "type": "message",
+                    "role": "user",
+                    "status": "completed",
+                    "content": [{"type": "input_audio", "transcript": text}],
+                },
+            )
+            await send(
+                "conversation.item.input_audio_transcription.completed",
+                item_id=item,
+                content_index=0,
+                transcript=text,
+            )
+
+        async def reply(n: int, item: str, seconds: float, typed: bool = False) -> None:
             rid = f"resp_{n}"
             self.sent[rid] = []
             sent_ms = 0.0
             try:
                 text = f"heard {seconds:.1f} s"
-                await send(
-                    "conversation.item.created",
-                    previous_item_id=None,
-                    item={
-                        "id": item,
-                        "object": "realtime.item",
-                        "type": "message",
-                        "role": "user",
-                        "status": "completed",
-                        "content": [{"type": "input_audio", "transcript": text}],
-                    },
-                )
-                await send(
-                    "conversation.item.input_audio_transcription.completed",
-                    item_id=item,
-                    content_index=0,
-                    transcript=text,
-                )
+                if not typed:  # a typed turn's user item was created when the page sent it
+                    await tell_user(item, text)
                 await send(
                     "response.created",
                     response={
@@ -319,7 +327,17 @@ class _FakeRealtime:
         try:
             while True:
                 doc = json.loads(await ws.receive_text())
-                if doc["type"] == "session.update":
+                if doc["type"] == "conversation.item.create":
+                    self.typed.append(doc["item"])
+                    item = {**doc["item"], "id": f"item_t{len(self.typed)}", "status": "completed"}
+                    await send("conversation.item.created", previous_item_id=None, item=item)
+                elif doc["type"] == "response.create":
+                    self.creates += 1
+                    state["n"] += 1
+                    state["task"] = asyncio.create_task(
+                        reply(state["n"], f"item_t{len(self.typed)}", 0.0, typed=True)
+                    )
+                elif doc["type"] == "session.update":
                     self.updates.append(doc["session"])
                     rate = doc["session"].get("input_audio_sample_rate", rate)
                     await send("session.updated", session=session())
@@ -555,6 +573,48 @@ def _talk_to_the_fake(
     _shot(page, tmp_path / "talk-narrow.png")
     assert not errors and not page.evaluate("window.omniEdge.cspViolations"), errors
     page.close()
+
+
+def test_a_turn_typed_in_talk_mode_is_an_item_and_a_response_spoken_back(
+    realtime_server: tuple[str, _FakeRealtime], tmp_path: Path
+) -> None:
+    url, fake = realtime_server
+    wav = tmp_path / "silence.wav"
+    _write_wav(wav, [np.zeros(int(3 * WAV_RATE), dtype=np.float32)])  # nobody speaks
+    with _mic_browser(wav) as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = _watch(page)
+        page.goto(url + "/")
+        box = page.get_by_label("Type to the session")
+        assert box.is_disabled()  # no session: nowhere to send it
+        page.get_by_role("button", name="Talk", exact=True).click()
+        _wait_for(page, "window.omniEdge.talk.state === 'listening'", timeout=20_000)
+        box.fill("What is the tallest mountain?")
+        box.press("Enter")
+        _wait_for(
+            page,
+            "window.omniEdge.talk.responses.some(r => r.status === 'completed') "
+            "&& window.omniEdge.audio.played",
+            timeout=PAGE_TIMEOUT_MS,
+        )
+        talk = _talk(page)
+        # the page sent OpenAI's user item of input_text, then response.create
+        assert fake.typed == [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the tallest mountain?"}],
+            }
+        ]
+        assert fake.creates == 1 and fake.turns == [] and box.input_value() == ""
+        turn = page.locator("#conversation .turn").last
+        assert turn.locator(".you").inner_text() == "What is the tallest mountain?"
+        (reply,) = talk["responses"]
+        assert reply["text"] == "".join(f"Reply 1 piece {i}. " for i in range(LONG_REPLY))
+        assert reply["audioBytes"] == sum(fake.sent[reply["id"]]) > 0, reply
+        assert turn.locator(".reply").inner_text() == reply["text"]
+        assert not errors and not page.evaluate("window.omniEdge.cspViolations"), errors
+        page.close()
 
 
 def test_talk_offers_the_key_as_openais_subprotocol_and_a_refused_session_asks_for_it(
