@@ -406,7 +406,7 @@ async def session_tool_call(
         else choice
     )
     try:
-        call = tool_call_of(defs, named, audio_out=False)
+        call = tool_call_of(defs, named)
     except BadRequest as exc:
         p = exc.problems[0]
         raise BadRequest.single(
