@@ -86,10 +86,10 @@ class TransformersEngine(CheckpointEngine):
         key: "leave it out, or list llamacpp-cpu or a vllm backend first in the stage's backends"
         for key in ("stop", "presence_penalty", "frequency_penalty", "json_schema")
     } | {
-        "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
-        "call's arguments are constrained on llama.cpp (a grammar)",
-        "logprobs": "leave logprobs out, or list llamacpp-cpu first in the stage's backends: "
-        "log-probabilities are returned from llama.cpp",
+        "tool_call": "leave tools out, or list llamacpp-cpu or a vllm backend first in the "
+        "stage's backends: a call's arguments are constrained there (a grammar)",
+        "logprobs": "leave logprobs out, or list llamacpp-cpu or a vllm backend first in the "
+        "stage's backends: log-probabilities are returned there",
     }
     format_rules = TRANSFORMERS_FORMATS
 

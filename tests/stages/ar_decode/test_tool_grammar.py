@@ -136,16 +136,29 @@ def test_a_call_is_read_back_from_its_text_and_a_cut_one_is_no_call() -> None:
     assert result_text("12 C") == "<tool_response>\n12 C\n</tool_response>"
 
 
-@pytest.mark.parametrize(
-    ("engine", "backend"), [("vllm", "vllm-cpu"), ("transformers", "transformers-cpu")]
-)
-def test_an_engine_that_cannot_constrain_refuses_tools_by_name(engine: str, backend: str) -> None:
+def test_an_engine_that_cannot_constrain_refuses_tools_by_name() -> None:
     from stages.ar_decode.engines import engine_for
 
+    backend = "transformers-cpu"
     sampling: Any = {"tool_call": _call("auto")}
     with pytest.raises(BadRequest) as err:
         engine_for(backend).check_sampling(sampling, backend)
     p = err.value.problems[0]
     assert p.where == W and f"{backend} cannot apply it" in p.what
-    assert "leave tools out" in p.fix and "llamacpp-cpu" in p.fix
-    assert engine_for("llamacpp-cpu").check_sampling(sampling, "llamacpp-cpu")
+    assert "leave tools out" in p.fix and "llamacpp-cpu" in p.fix and "vllm" in p.fix
+
+
+@pytest.mark.parametrize("backend", ["llamacpp-cpu", "vllm-cpu", "vllm-cuda"])
+def test_llamacpp_and_vllm_decode_a_call_under_the_same_grammar(backend: str) -> None:
+    """vLLM is handed the tool grammar llama.cpp decodes under (its structured outputs compile
+    it), so what either refuses beside tools is refused on both, by the same name."""
+    from stages.ar_decode.engines import engine_for
+
+    for choice, name in (("auto", ""), ("required", ""), ("named", "tool_1")):
+        sampling: Any = {"tool_call": _call(choice, name)}
+        want = tool_grammar(_call(choice, name))  # type: ignore[arg-type]
+        assert engine_for(backend).check_sampling(sampling, backend) == want
+    for beside in ({"stop": ["x"]}, {"min_tokens": 2}, {"json_schema": {}}):
+        with pytest.raises(BadRequest) as err:
+            engine_for(backend).check_sampling({"tool_call": _call("auto"), **beside}, backend)
+        assert err.value.problems[0].where == f"request.sampling.{next(iter(beside))}"
