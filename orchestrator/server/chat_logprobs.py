@@ -8,13 +8,13 @@ The guarantees:
   (:func:`logprobs_of`); ``top_logprobs`` above 0 without ``logprobs: true`` is a 400 naming
   it (as OpenAI's), never read as a request for nothing;
 * a stage whose backend cannot return them refuses the request with a 400 naming
-  ``logprobs``, the backend and the remedy (the engines' ``unserved_sampling``: vLLM and
-  transformers; llama.cpp returns them), never a reply without them;
+  ``logprobs``, the backend and the remedy (the engines' ``unserved_sampling``:
+  transformers; llama.cpp and vLLM return them), never a reply without them;
 * they come back in OpenAI's shape (:func:`choice_logprobs`: ``{"content": [{"token",
   "logprob", "bytes", "top_logprobs"}]}``), as the decode stage computed them
-  (``stages.ar_decode.engines.llamacpp_logprobs``: the model's own distribution at each
-  step); streamed, in one chunk after the reply's last content delta (the stage hands them
-  over with its closing figures).
+  (``stages.ar_decode.engines.llamacpp_logprobs``, ``vllm_logprobs``: the model's own
+  distribution at each step); streamed, in one chunk after the reply's last content delta
+  (the stage hands them over with its closing figures).
 """
 
 from __future__ import annotations

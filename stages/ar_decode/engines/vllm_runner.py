@@ -21,6 +21,12 @@
   Several requests may be in flight; each is its own vLLM request, batched by
   the engine up to ``max_num_seqs``. Closing the iterator early aborts the
   request in the engine.
+* ``json_schema`` (``response_format``) and ``tool_call`` (``tools``): the grammar the
+  llama.cpp runner decodes under (``tool_grammar.decode_grammar``), handed to vLLM's
+  structured outputs (xgrammar compiles it), so a reply that ends is a document, or a
+  call, valid for its schema. ``logprobs``: vLLM's own, each delta's tokens in the
+  request's stats (``logprobs``) in the llama.cpp runner's shape
+  (:mod:`~stages.ar_decode.engines.vllm_logprobs`), the end-of-generation token left out.
 * ``measured_peak_bytes()``: see :meth:`ThreadedEngineRunner.measured_peak_bytes
   <stages.ar_decode.engines.threaded.ThreadedEngineRunner.measured_peak_bytes>`.
 
