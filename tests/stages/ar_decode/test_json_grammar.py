@@ -114,3 +114,17 @@ def test_llamacpp_and_vllm_decode_a_schema_under_the_same_grammar(backend: str) 
         )
     assert err.value.problems[0].where == f"{W}.multipleOf"
     assert engine_for(backend).check_sampling({}, backend) is None  # free text
+
+
+def test_every_held_in_grammar_is_one_vllms_structured_outputs_compile() -> None:
+    """vLLM is handed these grammars as they are (``StructuredOutputsParams(grammar=...)``):
+    xgrammar, its structured-output backend, parses each — the schemas' and the tool calls'."""
+    xgr = pytest.importorskip("xgrammar")
+    from stages.ar_decode.tool_grammar import as_call, tool_grammar
+
+    grammars = [schema_grammar(s, W) for s in (OBJ, *HELD_IN_SCHEMAS)]
+    tools = [{"name": f"t{i}", "parameters": s} for i, s in enumerate(HELD_IN_SCHEMAS)]
+    for choice, name in (("auto", ""), ("required", ""), ("named", "t2")):
+        grammars.append(tool_grammar(as_call({"tools": tools, "choice": choice, "name": name})))
+    for grammar in grammars:
+        assert xgr.Grammar.from_ebnf(grammar, root_rule_name="root")
