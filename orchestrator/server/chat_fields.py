@@ -33,18 +33,19 @@ HONOURED: dict[str, str] = {
     "stop": "a string or up to 4 (1 to 256 characters each); the reply ends before the "
     "first one, which is not sent (finish_reason stop)",
     "response_format": "text, json_object or json_schema: the reply is JSON valid against the "
-    "schema by constrained decoding (llama.cpp); a backend that cannot constrain, or a schema "
-    "keyword the grammar would not enforce, is a 400 naming it",
+    "schema by constrained decoding (llama.cpp, vLLM); a backend that cannot constrain "
+    "(transformers), or a schema keyword the grammar would not enforce, is a 400 naming it",
     "tools": "functions (at most 128): offered in the prompt (the chat template's convention); "
     "a reply is text or one call, its arguments valid JSON for the tool's parameters by "
-    "constrained decoding (llama.cpp); a backend that cannot constrain is a 400 naming it",
+    "constrained decoding (llama.cpp, vLLM); a backend that cannot constrain (transformers) is "
+    "a 400 naming it",
     "tool_choice": "auto, none (no tool offered), required, or a named function (the reply is "
     "that call)",
     "presence_penalty": "-2 to 2, over the reply's tokens",
     "frequency_penalty": "-2 to 2, over the reply's tokens",
-    "logprobs": "true: each reply token's log-probability under the model (llama.cpp; a backend "
-    "that cannot return them is a 400 naming logprobs and the backend), in choices[].logprobs; "
-    "streamed, in one chunk after the last content delta",
+    "logprobs": "true: each reply token's log-probability under the model (llama.cpp, vLLM; a "
+    "backend that cannot return them, transformers, is a 400 naming logprobs and the backend), "
+    "in choices[].logprobs; streamed, in one chunk after the last content delta",
     "top_logprobs": "0 to 20 most likely alternatives per token, with logprobs: true (else a 400 "
     "naming it)",
 }

@@ -128,3 +128,32 @@ def test_every_held_in_grammar_is_one_vllms_structured_outputs_compile() -> None
         grammars.append(tool_grammar(as_call({"tools": tools, "choice": choice, "name": name})))
     for grammar in grammars:
         assert xgr.Grammar.from_ebnf(grammar, root_rule_name="root")
+
+
+@pytest.mark.parametrize(
+    ("sampling", "key", "field"),
+    [
+        ({"json_schema": OBJ}, "json_schema", "response_format"),
+        (
+            {"tool_call": {"tools": [{"name": "f", "parameters": OBJ}], "choice": "required"}},
+            "tool_call",
+            "tools",
+        ),
+    ],
+)
+def test_vllm_without_the_schema_converter_refuses_by_name(
+    monkeypatch: pytest.MonkeyPatch, sampling: dict[str, Any], key: str, field: str
+) -> None:
+    """vLLM's grammar is written by llama-cpp-python's converter: without it, a request that
+    needs a grammar is a ``BadRequest`` naming its key and the remedy, never decoded free."""
+    import sys
+
+    from stages.ar_decode.engines import engine_for
+
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_grammar", None)  # import: ImportError
+    with pytest.raises(BadRequest) as err:
+        engine_for("vllm-cpu").check_sampling(sampling, "vllm-cpu")  # type: ignore[arg-type]
+    p = err.value.problems[0]
+    assert p.where == f"request.sampling.{key}" and "llama-cpp-python" in p.what
+    assert "install llama-cpp-python" in p.fix and f"leave {field} out" in p.fix
+    assert engine_for("vllm-cpu").check_sampling({"logprobs": 3}, "vllm-cpu") is None
