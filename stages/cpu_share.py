@@ -18,8 +18,12 @@ Guarantees: what a stage borrows is never more than the threads the plan gave th
 own device that registered in this process (a stage in another process, a replica in its own,
 lends nothing), so the device's planned total is never exceeded for longer than one decode step
 (a stage that turns busy during a step takes its share back at the next). Unregistered, a stage
-lends nothing. ``OMNI_EDGE_CPU_SHARE=static`` (read when a borrower loads) keeps every stage on
-its planned share, the split as the plan printed it.
+lends nothing.
+
+Off unless ``OMNI_EDGE_CPU_SHARE=follow`` is in the borrower's environment when it loads: on the
+2-core machine it was measured on, with other processes on the cores, a decode on both cores
+stalled at llama.cpp's per-layer barriers whenever anything else ran, and the default pipeline's
+first audio came later, not earlier, in one of two runs (docs/benchmarks.md, "The CPU split").
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-STATIC_ENV = "OMNI_EDGE_CPU_SHARE"
-"""Set to ``static`` to keep every stage on its planned threads (the split does not follow the
-work); anything else, or unset, lets an idle stage's threads go to a decoder on its device."""
+SHARE_ENV = "OMNI_EDGE_CPU_SHARE"
+"""``follow``: an idle stage's threads go to a decoder on its device; unset or anything else
+(``static``): every stage stays on its planned threads, the split as the plan printed it."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,8 +55,8 @@ _lenders: dict[str, _Lender] = {}
 
 
 def follows_work() -> bool:
-    """Whether a borrower in this process follows the work (``OMNI_EDGE_CPU_SHARE`` not ``static``)."""
-    return os.environ.get(STATIC_ENV, "").strip().lower() != "static"
+    """Whether a borrower in this process follows the work (``OMNI_EDGE_CPU_SHARE=follow``)."""
+    return os.environ.get(SHARE_ENV, "").strip().lower() == "follow"
 
 
 def register(holder: str, device: str, threads: int | None) -> None:

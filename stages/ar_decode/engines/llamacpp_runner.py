@@ -9,10 +9,10 @@ same public behaviour (deltas, stats, errors, evidence M):
   cache: ``max_model_len`` per sequence), ``n_seq_max`` sequences, ``n_batch``
   and ``n_ubatch``, the KV cache types, ``n_gpu_layers``, ``flash_attn`` — with
   ``n_threads`` = ``n_threads_batch`` = the plan's ``cpu_threads`` (1 when
-  unset). While the other stages registered on its device in this process are idle (the
-  voice between two sentences: :mod:`stages.cpu_share`), each step runs on their planned
-  threads too (``llama_set_n_threads`` between two decode calls), and back on the plan's share
-  at the first step after one turns busy (``OMNI_EDGE_CPU_SHARE=static``: always the share).
+  unset). With ``OMNI_EDGE_CPU_SHARE=follow`` (off by default: :mod:`stages.cpu_share` says
+  why), while the other stages registered on its device in this process are idle (the voice
+  between two sentences), each step runs on their planned threads too (``llama_set_n_threads``
+  between two decode calls), and back on the plan's share at the first step after one turns busy.
   The KV cache is not unified: each sequence has its own
   ``n_ctx / n_seq_max`` cells, as vLLM gives each its ``max_model_len``.
 * **Continuous batching** on that context: one engine thread owns it (a

@@ -115,8 +115,9 @@ def test_the_registry_lends_the_idle_stages_threads_on_the_borrowers_device() ->
 
 
 def test_a_decode_takes_an_idle_stages_threads_and_gives_them_back_when_it_computes(
-    voice: str,
+    voice: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(cpu_share.SHARE_ENV, "follow")
     runner = _runner(threads=1)
     try:
         assert runner.load_info["threads_follow_work"] is True
@@ -128,8 +129,14 @@ def test_a_decode_takes_an_idle_stages_threads_and_gives_them_back_when_it_compu
         runner.close()
 
 
-def test_static_keeps_the_planned_share(voice: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_share.STATIC_ENV, "static")
+@pytest.mark.parametrize("setting", [None, "static"])
+def test_by_default_and_static_the_decoder_keeps_the_planned_share(
+    voice: str, setting: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if setting is None:
+        monkeypatch.delenv(cpu_share.SHARE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu_share.SHARE_ENV, setting)
     runner = _runner(threads=1)
     try:
         assert runner.load_info["threads_follow_work"] is False
