@@ -129,6 +129,15 @@ def test_a_pipeline_without_a_chunked_hand_over_has_no_chunked_ratios(bench: Mod
     assert max(len(x) for x in lines) <= 80
 
 
+def test_concurrency_without_one_is_refused_before_anything_loads(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--concurrency", "4"])
+    assert exit_.value.code == 2
+    assert "--concurrency" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_omni_runs_tiny_and_writes_its_figures(
     bench: ModuleType, ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
