@@ -105,9 +105,7 @@ class VllmRunner(ThreadedEngineRunner):
             if threads is not None:
                 # torch was imported before (another stage in this actor, or a test's process):
                 # its pool is sized already, so size it now; vLLM's CPU worker forbids it later
-                import torch
-
-                torch.set_num_threads(threads)
+                _set_torch_threads(threads)
 
             t_import = time.perf_counter()
             kwargs = dict(self.plan.engine_kwargs)
@@ -214,6 +212,13 @@ class VllmRunner(ThreadedEngineRunner):
         """Commands in (waiting for one while nothing is unfinished), then one ``step()`` and its
         outputs to their requests; a step that raises stops the engine (the base says so)."""
         engine = self._engine
+        if self.plan.backend == "vllm-cpu":
+            # OpenMP's thread count is per thread: this one steps the engine, so it gets torch's
+            # pool's count (the plan's, set at load) — else the kernels it runs and vLLM's CPU
+            # attention metadata disagree, and the step aborts
+            import torch
+
+            _set_torch_threads(self.plan.cpu_threads or torch.get_num_threads())
         busy = False
         while True:
             for cmd in self._take(block=not engine.has_unfinished_requests()):
@@ -283,6 +288,15 @@ def _ended_on_token(completion: Any) -> bool:
     stop token): vLLM keeps it in ``token_ids`` and leaves it out of the text; a stop string's
     end (``stop_reason`` the string) is a token of the reply."""
     return completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str)
+
+
+def _set_torch_threads(threads: int) -> None:
+    """torch's intra-op threads (and this thread's OpenMP count) set to ``threads``, through
+    torch's own binding: a vLLM CPU worker started earlier in this process (another stage, a
+    test) replaced ``torch.set_num_threads`` with a no-op."""
+    import torch
+
+    torch._C.set_num_threads(threads)
 
 
 def _cleanup_vllm() -> None:

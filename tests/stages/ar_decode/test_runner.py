@@ -37,6 +37,10 @@ async def _collect(runner: Any, rid: str, text: Any) -> tuple[str, bool | None]:
     return "".join(parts), decoding
 
 
+_threads_after_load: list[int] = []
+"""torch's threads once the module's runner had loaded."""
+
+
 @pytest.fixture(scope="module")
 def thinker() -> Iterator[tuple[Any, StagePlan]]:
     if (
@@ -49,9 +53,21 @@ def thinker() -> Iterator[tuple[Any, StagePlan]]:
     assert sp.admitted and sp.device == "cpu", sp.refusals
     prepare_models(plan)
     runner = get_kind("ar_decode").runner(sp, config.stage("thinker"))
-    runner.load()
+    import torch
+
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        # the process as earlier work in it may leave it: torch's pool (and this thread's
+        # OpenMP count) at 1, a new thread's OpenMP count at the machine's cores, and
+        # torch.set_num_threads a no-op (a vLLM CPU worker started before replaces it); seen
+        # aborting the engine's first step ("thread_num 2 vs. 1") on a 2-core machine
+        torch._C.set_num_threads(1)
+        mp.setattr(torch, "set_num_threads", lambda n: None)
+        runner.load()
+        _threads_after_load.append(torch.get_num_threads())
     yield runner, sp
     runner.close()
+    torch._C.set_num_threads(before)
 
 
 def test_load_runs_the_engine_in_process_with_the_plans_kwargs(
@@ -59,6 +75,8 @@ def test_load_runs_the_engine_in_process_with_the_plans_kwargs(
 ) -> None:
     runner, sp = thinker
     info = runner.load_info
+    # the plan's threads where it plans them, whatever the process had done to torch before
+    assert _threads_after_load == [sp.cpu_threads or 1]
     assert info["in_process"] and info["model_dir"].endswith("SmolLM2-135M-Instruct.Q4_1-bfloat16")
     cfg = runner._engine.vllm_config
     assert cfg.cache_config.kv_cache_memory_bytes == sp.engine_kwargs["kv_cache_memory_bytes"]
