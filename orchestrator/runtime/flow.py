@@ -13,10 +13,11 @@ A flow guarantees:
   ``cancel`` reaches every live actor, and the failure is raised as the stage's
   (``runtime.failures.map_failure``). A flow that ends early (its reader went away) is wound
   down the same way; one that ended clean leaves nothing to cancel.
-* **A cancelled request holds its slot until its work has stopped**: the wind-down waits (at
-  most ``CANCEL_ACK_S``) for every actor to answer its ``cancel``, which each gives once the
-  request's tasks there ended (a decode engine's once the engine let go of it), so the request
-  admitted next does not queue behind the cancelled one's last steps.
+* **A cancelled request holds its slot until its work has stopped**: the wind-down keeps its
+  ``cancel`` calls (``cancels``), and ``Runtime.stream`` frees the slot once every actor has
+  answered (at most ``CANCEL_ACK_S``; each answers once the request's tasks there ended, a
+  decode engine's once the engine let go of it), so the request admitted next does not queue
+  behind the cancelled one's last steps. The stream itself closes at once.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from stages.payloads import Item
 from stages.requests import ChatRequest, Request, TextRequest
 
 if TYPE_CHECKING:
-    from ray import ObjectRefGenerator
+    from ray import ObjectRef, ObjectRefGenerator
 
     from orchestrator.runtime.balance import ReplicaRef
     from orchestrator.runtime.startup import Device
@@ -87,6 +88,9 @@ class RequestFlow:
         """The request decodes under a tool grammar: a call's text is cut for no voice
         (``router.Router``'s ``tools``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.cancels: list[ObjectRef] = []
+        """The ``cancel`` calls its wind-down made (Ray refs): ``Runtime.stream`` holds the
+        request's slot until they answer (``release_after``)."""
 
     def device(self, stage: str) -> Device:
         """The actor serving ``stage`` for this request: its picked replica's (else the first)."""
@@ -187,22 +191,14 @@ class RequestFlow:
     ) -> None:
         """Unless the request ended ``clean`` (its last event read) with every task done, its
         tasks and its work on every actor are cancelled; then its tasks are awaited."""
-        cancels = []
         if not clean or any(not t.done() for t in tasks):
             for t in tasks:
                 t.cancel()
-            cancels = self.cancel_everywhere()
+            self.cancels = self.cancel_everywhere()
         finished.cancel()
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
-        # the request's slot is free only once every actor has stopped its work (a decode
-        # engine let go of it): the next request does not queue behind a cancelled one
-        if cancels:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    asyncio.gather(*cancels, return_exceptions=True), CANCEL_ACK_S
-                )
 
     def entry_items(self, s: StagePlan) -> list[Item]:
         """The request as the entry stage ``s`` takes it, the way its producer would feed it:
@@ -241,7 +237,7 @@ class RequestFlow:
                 return
         self.events.put_nowait(None)
 
-    def cancel_everywhere(self) -> list[Any]:
+    def cancel_everywhere(self) -> list[ObjectRef]:
         """Cancel the request on every live actor; the calls' refs (awaitable; a dead actor's
         raises)."""
         refs = []
