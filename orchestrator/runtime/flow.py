@@ -35,6 +35,7 @@ from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEven
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
+from orchestrator.runtime.router import tool_call_start
 from stages.base import REQUEST
 from stages.payloads import Item
 from stages.requests import ChatRequest, Request, TextRequest
@@ -81,11 +82,14 @@ class RequestFlow:
         self.direct = rt.streaming == "direct"
         self.stages = rt.downstream(entry)
         self.chunks_in: dict[str, list[str]] = {c: [] for c in rt.consumers}
-        self.tools = isinstance(request, ChatRequest) and bool(
-            (request.sampling or {}).get("tool_call")
+        call = (
+            (request.sampling or {}).get("tool_call") if isinstance(request, ChatRequest) else None
         )
+        self.tools = bool(call)
         """The request decodes under a tool grammar: a call's text is cut for no voice
         (``router.Router``'s ``tools``)."""
+        self.call_start = tool_call_start(call if isinstance(call, Mapping) else None)
+        """A call's first character in the request's tool syntax (``Router``'s ``call_start``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
 
     def device(self, stage: str) -> Device:
@@ -160,6 +164,7 @@ class RequestFlow:
                     context=list((self.context or {}).get(s.name, [])),
                     request_item=self.item if self.entry is None else None,
                     tools=self.tools,
+                    call_start=self.call_start,
                 )
             gens[s.name] = (
                 self.device(s.name)
