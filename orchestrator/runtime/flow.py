@@ -62,6 +62,21 @@ class DriverStats(TypedDict):
     cpu_s: float
 
 
+def call_start_of(rt: Any, stages: Sequence[StagePlan], entry: str | None, call: object) -> str:
+    """The first character of a call under a request's ``tool_call``: in the tool syntax it
+    names (the server names its own), else in the one its decode stage chooses from its chat
+    template (the first stage taking the request whose kind has a ``tool_family``:
+    ``ArDecodeKind.tool_family``, the choice the stage's prompt and grammar follow)."""
+    if not isinstance(call, Mapping):
+        return tool_call_start(None)
+    if "family" not in call:
+        for s in stages:
+            probe = getattr(rt.graph.kinds[s.name], "tool_family", None)
+            if probe is not None and (s.name == entry or REQUEST in s.inputs):
+                return tool_call_start({"family": probe(s)})
+    return tool_call_start(call)
+
+
 class RequestFlow:
     """One request's streams, pumps and feeders (the module's guarantees)."""
 
@@ -88,7 +103,7 @@ class RequestFlow:
         self.tools = bool(call)
         """The request decodes under a tool grammar: a call's text is cut for no voice
         (``router.Router``'s ``tools``)."""
-        self.call_start = tool_call_start(call if isinstance(call, Mapping) else None)
+        self.call_start = call_start_of(rt, self.stages, entry, call)
         """A call's first character in the request's tool syntax (``Router``'s ``call_start``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
 

@@ -80,3 +80,31 @@ def test_a_call_in_llama3s_syntax_is_cut_into_no_sentence(size: int) -> None:
     assert spoken["voice"] == ["It is sunny in Paris.", "Take a hat!", "It will be warm."]
     # read in ChatML's syntax, the same reply would be text, spoken
     assert _handed(_pieces(LLAMA3_CALL, size), tools=True)["voice"] != []
+
+
+def test_a_request_naming_no_syntax_is_read_in_its_decode_stages() -> None:
+    """A Python API request's ``tool_call`` without ``family``: the router reads a call in the
+    syntax the decode stage taking the request chooses (its kind's ``tool_family``)."""
+    from types import SimpleNamespace
+
+    from orchestrator.runtime.flow import call_start_of
+    from stages.base import REQUEST
+
+    asr = SimpleNamespace(name="asr", inputs=[REQUEST])
+    thinker = SimpleNamespace(name="thinker", inputs=["asr"])
+    voice = SimpleNamespace(name="voice", inputs=["thinker"])
+    kinds = {
+        "asr": SimpleNamespace(),
+        "thinker": SimpleNamespace(tool_family=lambda plan: "llama3_json"),
+        "voice": SimpleNamespace(),
+    }
+    rt = SimpleNamespace(graph=SimpleNamespace(kinds=kinds))
+    call = {"tools": [], "choice": "auto"}
+    stages: list[Any] = [asr, thinker, voice]
+    assert call_start_of(rt, stages, "thinker", call) == "{"  # entered at the thinker
+    assert call_start_of(rt, [thinker, voice], None, call) == "<"  # it does not take the request
+    thinker.inputs = [REQUEST]
+    assert call_start_of(rt, [thinker, voice], None, call) == "{"
+    named = {**call, "family": "chatml"}  # the syntax a request names is its own
+    assert call_start_of(rt, stages, "thinker", named) == "<"
+    assert call_start_of(rt, stages, "thinker", None) == "<"  # no tools
