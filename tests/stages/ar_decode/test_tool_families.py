@@ -233,6 +233,10 @@ def test_under_auto_the_first_character_decides() -> None:
     assert not _accepts(grammar, '{"name": "tool_0", "parameters": {}}')  # required keys
     forced = tool_grammar(_call("required"))
     assert not _accepts(forced, "It is sunny.")
+    good = call_text("tool_1", VALID[1], L3)  # a call opens with "{" itself, never a space
+    assert _accepts(forced, good) and not _accepts(forced, " " + good)
+    # under auto a space first makes it text, and it is read back as text: the first decides
+    assert _accepts(grammar, " " + good) and parse_call(" " + good, L3) is None
     chatml_call = call_text("tool_1", VALID[1])  # ChatML's call is text here, and read as text
     assert not _accepts(forced, chatml_call)
     assert _accepts(grammar, chatml_call) and parse_call(chatml_call, L3) is None
