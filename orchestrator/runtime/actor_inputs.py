@@ -60,6 +60,8 @@ class StreamRoute:
     context: list[Item]
     request_item: Item | None = None
     tools: bool = False
+    call_start: str = "<"
+    """A call's first character in the request's tool syntax (``Router``'s ``call_start``)."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,7 @@ class StageInputs:
             at=self.key,
             to=to,
             tools=route.tools,
+            call_start=route.call_start,
         )
 
     def consumer_side(self, key: tuple[str, str]) -> ConsumerSide:

@@ -36,6 +36,7 @@ from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEven
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner
 from orchestrator.runtime.pump import _StagePump
+from orchestrator.runtime.router import tool_call_start
 from stages.base import REQUEST
 from stages.payloads import Item
 from stages.requests import ChatRequest, Request, TextRequest
@@ -62,6 +63,21 @@ class DriverStats(TypedDict):
     cpu_s: float
 
 
+def call_start_of(rt: Any, stages: Sequence[StagePlan], entry: str | None, call: object) -> str:
+    """The first character of a call under a request's ``tool_call``: in the tool syntax it
+    names (the server names its own), else in the one its decode stage chooses from its chat
+    template (the first stage taking the request whose kind has a ``tool_family``:
+    ``ArDecodeKind.tool_family``, the choice the stage's prompt and grammar follow)."""
+    if not isinstance(call, Mapping):
+        return tool_call_start(None)
+    if "family" not in call:
+        for s in stages:
+            probe = getattr(rt.graph.kinds[s.name], "tool_family", None)
+            if probe is not None and (s.name == entry or REQUEST in s.inputs):
+                return tool_call_start({"family": probe(s)})
+    return tool_call_start(call)
+
+
 class RequestFlow:
     """One request's streams, pumps and feeders (the module's guarantees)."""
 
@@ -82,11 +98,14 @@ class RequestFlow:
         self.direct = rt.streaming == "direct"
         self.stages = rt.downstream(entry)
         self.chunks_in: dict[str, list[str]] = {c: [] for c in rt.consumers}
-        self.tools = isinstance(request, ChatRequest) and bool(
-            (request.sampling or {}).get("tool_call")
+        call = (
+            (request.sampling or {}).get("tool_call") if isinstance(request, ChatRequest) else None
         )
+        self.tools = bool(call)
         """The request decodes under a tool grammar: a call's text is cut for no voice
         (``router.Router``'s ``tools``)."""
+        self.call_start = call_start_of(rt, self.stages, entry, call)
+        """A call's first character in the request's tool syntax (``Router``'s ``call_start``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.cancels: list[ObjectRef] = []
         """The ``cancel`` calls its wind-down made (Ray refs): ``Runtime.stream`` holds the
@@ -164,6 +183,7 @@ class RequestFlow:
                     context=list((self.context or {}).get(s.name, [])),
                     request_item=self.item if self.entry is None else None,
                     tools=self.tools,
+                    call_start=self.call_start,
                 )
             gens[s.name] = (
                 self.device(s.name)

@@ -62,6 +62,7 @@ class _StagePump:
                 at=picks[s.name].key if s.name in picks else None,
                 to={name: ref.key for name, ref in picks.items()},
                 tools=rt.tools,
+                call_start=rt.call_start,
             )
         )
         self.arrived: list[float] = []  # when each output reached this process (time.perf_counter)

@@ -20,9 +20,15 @@ from typing import Any
 
 from orchestrator.core.errors import StageFailed
 from orchestrator.runtime.hop import EdgeTrace, FirstChunk, same_clock
-from stages.ar_decode.tool_grammar import CALL_OPEN
+from stages.ar_decode.tool_grammar import CALL_OPEN, call_start, family
 from stages.payloads import untag
 from stages.text_chunks import SentenceChunker, WholeText
+
+
+def tool_call_start(tool_call: Mapping[str, object] | None) -> str:
+    """The first character of a call under a request's ``tool_call`` (its tool syntax's:
+    ``tool_grammar.call_start``; ChatML's when it names none)."""
+    return call_start(family(tool_call or {}))
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,8 @@ class Router:
     replicas picked for it; else the table's devices): a route's hop is traced only when the
     two share a clock (one machine or one node), whichever replicas serve the request.
     ``tools``: the request decodes under a tool grammar (its sampling's ``tool_call``), whose
-    reply is a call exactly when its first character is :data:`CALL_OPEN`'s: a call is never
+    reply is a call exactly when its first character is ``call_start`` (:data:`CALL_OPEN`'s in
+    ChatML's tool syntax; :func:`tool_call_start` of the request's ``tool_call``): a call is never
     cut into sentences (a voice does not read it aloud), while text is, from its first piece on
     (the first piece decides, so nothing is held back)."""
 
@@ -116,8 +123,9 @@ class Router:
         at: str | None = None,
         to: Mapping[str, str] | None = None,
         tools: bool = False,
+        call_start: str = CALL_OPEN[0],
     ) -> None:
-        self.table, self.deliver = table, deliver
+        self.table, self.deliver, self.call_start = table, deliver, call_start
         self.call: bool | None = None if tools else False
         """Whether the producer's text is a tool call (None: not known before its first piece)."""
         self.chunks_in, self.emitted = chunks_in, emitted
@@ -149,7 +157,7 @@ class Router:
         """Hand one output on to every input that takes its port (text as each one takes it);
         a tool call's text goes to no input that takes sentences."""
         if self.call is None and isinstance(payload, str) and payload:
-            self.call = payload.startswith(CALL_OPEN[0])
+            self.call = payload.startswith(self.call_start)
         for r in self.table.routes:
             if r.ports is not None and port not in r.ports and (port is not None or "." in r.entry):
                 continue  # not a port this input takes (a plain input takes an item of unknown port)

@@ -14,8 +14,11 @@ The guarantees:
   that is a call (``orchestrator.runtime.router.Router``'s ``tools``: the first character
   decides), so the turn has its ``tool_calls`` and no audio, and the answer after the tool's
   result is spoken as any reply;
-* earlier calls and their results go back into the prompt in the template family's convention
-  (:func:`as_text`), so a conversation round-trips;
+* earlier calls and their results go back into the prompt in the tool syntax of the decode
+  stage's chat template (:func:`as_text`; ``tool_grammar.FAMILIES``: ChatML's
+  ``<tool_call>``/``<tool_response>``, Llama 3's JSON call and ``ipython`` result), so a
+  conversation round-trips; the server reads that stage's syntax once (:func:`served_family`)
+  with the function the stage itself applies (``tool_grammar.family_of``);
 * a reply that is a whole call is returned as ``tool_calls`` with ``finish_reason``
   ``tool_calls`` (:func:`reply_call`); a call cut short by ``max_tokens`` is no call: its
   ``finish_reason`` is ``length`` and it has no content (the half-written call is not text).
@@ -24,13 +27,20 @@ The guarantees:
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.errors import BadRequest, Problem
 from stages.ar_decode.json_grammar import Schema
-from stages.ar_decode.tool_grammar import call_text, parse_call, result_text
+from stages.ar_decode.tool_grammar import (
+    Family,
+    call_start,
+    call_text,
+    parse_call,
+    result_message,
+)
 
 MAX_TOOLS = 128
 """The most tools a request may offer (OpenAI's own cap)."""
@@ -83,6 +93,26 @@ def _bad(where: str, what: str, fix: str) -> BadRequest:
     return BadRequest([Problem(where, what, fix)])
 
 
+def served_family(kinds: Mapping[str, Any], plans: list[Any], entries: list[str]) -> Family:
+    """The tool syntax of the first decode stage a chat request may enter at (its kind's
+    ``tool_family``: the chat template its engine reads, by ``tool_grammar.family_of``, the
+    stage's own choice); ``chatml`` when none says."""
+    for plan in plans:
+        probe = getattr(kinds[plan.name], "tool_family", None)
+        if plan.name in entries and probe is not None:
+            return cast(Family, probe(plan))
+    return "chatml"
+
+
+def name_family(request: object, fam: Family) -> None:
+    """Name ``fam`` in a chat request's ``tool_call`` (the syntax its messages were written in),
+    so the decode stage and the router read the reply as the server does."""
+    sampling = getattr(request, "sampling", None)
+    call = sampling.get("tool_call") if isinstance(sampling, dict) else None
+    if isinstance(call, dict):
+        sampling["tool_call"] = {**call, "family": fam}  # type: ignore[index]
+
+
 def tool_call_of(
     tools: list[ToolDef] | None, choice: ToolChoice | None
 ) -> dict[str, object] | None:
@@ -124,15 +154,17 @@ def tool_call_of(
 
 
 def as_text(
-    i: int, role: str, content: str | None, calls: list[ToolCallItem] | None
+    i: int, role: str, content: str | None, calls: list[ToolCallItem] | None, fam: Family = "chatml"
 ) -> tuple[str, str] | None:
-    """(role, content) of message ``i`` as the prompt carries it, when it takes part in a tool
-    round trip (a ``tool`` result: a user turn around ``<tool_response>``; an assistant turn
-    with ``tool_calls``: its text, then each call as the model writes one); else None."""
+    """(role, content) of message ``i`` as the prompt carries it in ``fam``'s syntax, when it
+    takes part in a tool round trip (a ``tool`` result: ``tool_grammar.result_message``,
+    ChatML's user turn around ``<tool_response>`` or Llama 3's ``ipython`` message; an
+    assistant turn with ``tool_calls``: its text, then each call as the model writes one);
+    else None."""
     if role == "tool":
         if content is None:
             raise _bad(f"messages[{i}].content", "is missing", "send the tool's result as text")
-        return "user", result_text(content)
+        return result_message(content, fam)
     if role != "assistant" or not calls:
         return None
     texts = [content] if content else []
@@ -145,14 +177,14 @@ def as_text(
                 "is not JSON",
                 "send the arguments the call was given, as the JSON text it was returned in",
             ) from None
-        texts.append(call_text(call.function.name, arguments))
+        texts.append(call_text(call.function.name, arguments, fam))
     return "assistant", "\n".join(texts)
 
 
-def reply_call(text: str, rid: str) -> list[dict[str, object]] | None:
-    """The ``tool_calls`` of a reply that is a call (None: it is text): OpenAI's shape, one
-    call, its arguments a JSON string."""
-    call = parse_call(text)
+def reply_call(text: str, rid: str, fam: Family = "chatml") -> list[dict[str, object]] | None:
+    """The ``tool_calls`` of a reply that is a call in ``fam``'s syntax (None: it is text):
+    OpenAI's shape, one call, its arguments a JSON string."""
+    call = parse_call(text, fam)
     if call is None:
         return None
     name, arguments = call
@@ -165,10 +197,11 @@ def reply_call(text: str, rid: str) -> list[dict[str, object]] | None:
     ]
 
 
-def looks_like_call(text: str) -> bool:
+def looks_like_call(text: str, fam: Family = "chatml") -> bool:
     """Whether a reply decoded under a tool grammar is (or was becoming) a call: its first
-    character decides (``tool_grammar``: text under ``auto`` never starts with ``<``)."""
-    return text.startswith("<")
+    character decides (``tool_grammar``: text under ``auto`` never starts with a call's first
+    character, ``<`` in ChatML's syntax, ``{`` in Llama 3's)."""
+    return text.startswith(call_start(fam))
 
 
 class CallWatch:
@@ -176,8 +209,8 @@ class CallWatch:
     back whole once its first character makes it a call (sent as ``delta.tool_calls`` at the
     end: a call's arguments are JSON only once whole)."""
 
-    def __init__(self, tools: bool) -> None:
-        self.tools = tools
+    def __init__(self, tools: bool, fam: Family = "chatml") -> None:
+        self.tools, self.fam = tools, fam
         self.held: list[str] | None = None
         self.started = False
 
@@ -188,7 +221,7 @@ class CallWatch:
             return None
         if self.tools and not self.started and piece:
             self.started = True
-            if looks_like_call(piece):
+            if looks_like_call(piece, self.fam):
                 self.held = [piece]
                 return None
         return piece
@@ -198,7 +231,7 @@ class CallWatch:
         ``index``) once it ended; None for text, and for a call cut short."""
         if self.held is None:
             return None
-        calls = reply_call("".join(self.held), rid)
+        calls = reply_call("".join(self.held), rid, self.fam)
         return None if calls is None else [{"index": i, **c} for i, c in enumerate(calls)]
 
     @property

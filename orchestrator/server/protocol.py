@@ -49,6 +49,7 @@ from orchestrator.server.chat_fields import first_refused
 from orchestrator.server.chat_logprobs import LOGPROB_FIXES, LogprobFields, logprobs_of
 from orchestrator.server.chat_tools import (
     MAX_TOOLS,
+    Family,
     ToolCallItem,
     ToolChoice,
     ToolDef,
@@ -404,20 +405,16 @@ def read_chat(
     has_audio: bool,
     limits: ServerLimits,
     tensor_entry: bool = False,
+    family: Family = "chatml",
 ) -> ChatCall:
     """A chat request's body bytes, parsed, validated and checked (run it off the event loop:
     it parses JSON and may decode a recording or arrays)."""
     chat = _chat_body(parse_json(raw), limits)
-    prompt, tensor_at = _chat_prompt(chat, audio_entry, limits, tensor_entry)
+    prompt, tensor_at = _chat_prompt(chat, audio_entry, limits, tensor_entry, family)
     fmt = audio_format(chat, has_audio=has_audio)
-    return ChatCall(
-        prompt,
-        fmt,
-        bool(chat.stream),
-        bool(chat.stream_options and chat.stream_options.include_usage),
-        tensor_at,
-        tool_call_of(chat.tools, chat.tool_choice) is not None,
-    )
+    usage = bool(chat.stream_options and chat.stream_options.include_usage)
+    tools = tool_call_of(chat.tools, chat.tool_choice) is not None
+    return ChatCall(prompt, fmt, bool(chat.stream), usage, tensor_at, tools)
 
 
 CHAT_EXAMPLE = "{'model': ..., 'messages': [{'role': 'user', 'content': 'Hi'}]}"
@@ -438,7 +435,8 @@ def chat_request(
     ``input_tensor`` parts (and ``tensor_entry``) it is their arrays: one bare array, or a
     mapping of input names to arrays; else ``{"messages": [...], "sampling": {...}}``."""
     limits = limits or ServerLimits()
-    return _chat_prompt(_chat_body(body, limits), audio_entry, limits, tensor_entry)[0].item()
+    chat = _chat_body(body, limits)
+    return _chat_prompt(chat, audio_entry, limits, tensor_entry, "chatml")[0].item()
 
 
 def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
@@ -462,7 +460,7 @@ def _chat_body(body: Any, limits: ServerLimits) -> ChatBody:
 
 
 def _chat_prompt(
-    chat: ChatBody, audio_entry: bool, limits: ServerLimits, tensor_entry: bool = False
+    chat: ChatBody, audio_entry: bool, limits: ServerLimits, tensor_entry: bool, fam: Family
 ) -> tuple[PipelineRequest, dict[str, str]]:
     if chat.n not in (None, 1):
         raise _bad("n", f"{chat.n}: one choice per request is served", FIXES["n"])
@@ -488,7 +486,7 @@ def _chat_prompt(
             content = ""  # an earlier audio reply sent back by id: its words are not in the message
         if isinstance(content, list):
             content = "".join(p.text for p in content if isinstance(p, TextPart))
-        carried = as_text(i, m.role, content, m.tool_calls)  # a tool round trip's turn
+        carried = as_text(i, m.role, content, m.tool_calls, fam)  # a tool round trip's turn
         if carried is not None:
             out.append(ChatMessage(role=carried[0], content=carried[1]))
             continue

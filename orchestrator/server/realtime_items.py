@@ -414,6 +414,8 @@ async def session_tool_call(
         ) from None
     if call is None:
         return None
+    # a session's items are written in ChatML's tool syntax (``messages``), on every model
+    call["family"] = "chatml"
     stage = s.rt.reply_entry
     if stage is None:
         raise BadRequest.single(

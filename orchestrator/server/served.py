@@ -19,6 +19,7 @@ from orchestrator.core.errors import BadRequest, Problem
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, TextDelta
 from orchestrator.runtime.requests import audio_entry_stages, tensor_entry_stages
 from orchestrator.server.auth import error_response
+from orchestrator.server.chat_tools import name_family, served_family
 from orchestrator.server.http import (
     BodyTooLarge,
     b64,
@@ -179,6 +180,8 @@ class Served:
             (s.name for s in stages if s.name in self.tensor_stages and s.name in takes_text), None
         )
         """Where ``/v1/embeddings`` enters: the first tensor-out stage that may take text."""
+        self.tool_family = served_family(self.runtime.kinds, list(stages), list(takes_text))
+        """The tool syntax a chat's tools, calls and results are written in (``chat_tools``)."""
 
     # -- what the endpoints share -------------------------------------------------------------------
     def is_text(self, event: Event) -> TypeGuard[TextDelta]:
@@ -209,7 +212,9 @@ class Served:
             has_audio=bool(self.audio_stages),
             limits=self.limits,
             tensor_entry=self.tensor_entry,
+            family=self.tool_family,
         )
+        name_family(call.request, self.tool_family)
         if call.tensor_at:
             try:
                 self.pipeline.validate(call.request)

@@ -52,6 +52,7 @@ from stages.ar_decode.kv import (
     text_config_problems,
 )
 from stages.ar_decode.prompt import check_request
+from stages.ar_decode.tool_grammar import Family, family_of
 from stages.base import (
     ArtifactInfo,
     Join,
@@ -571,6 +572,13 @@ class ArDecodeKind(StageKind):
         """Load what ``validate_request`` needs (the engine's tokenizer: seconds, once per
         process) now, so the first request does not pay for it."""
         self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
+
+    def tool_family(self, stage_plan: StagePlan) -> Family:
+        """The tool syntax of the chat template the placement's engine reads (``tool_grammar.
+        family_of`` of its ``request_tokenizer``'s ``chat_template``; ``chatml`` without one):
+        what a request's tools, calls and results are written in, here and by the server."""
+        tokenizer = self.engine(stage_plan.backend or "").request_tokenizer(stage_plan)
+        return family_of(getattr(tokenizer, "chat_template", None))
 
     def validate_request(self, stage_plan: StagePlan, stage: StageConfig, request: Request) -> None:
         """A request checked before it reaches the engine (``BadRequest``): a prompt that is text

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import BadRequest
 from stages.ar_decode.model_cache import DEFAULT_DTYPE, lookup
-from stages.ar_decode.tool_grammar import as_call, tools_prompt
+from stages.ar_decode.tool_grammar import as_call, tools_messages, with_family
 from stages.requests import SAMPLING_KEYS, Sampling, asked
 
 if TYPE_CHECKING:
@@ -30,12 +30,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], Sampling]:
+def request_parts(
+    stage: Any, items: list[Any], template: str | None = None
+) -> tuple[list[dict[str, str]], Sampling]:
     """The chat messages (the stage's system prompt first) and the sampling of a
     request made of ``items`` (strings, or dicts with ``prompt`` or ``messages`` and
     optional ``sampling`` overrides). ``BadRequest`` for anything the engine would
     misread: no prompt, a blank one, a prompt that is not text, an unknown or
-    out-of-range sampling value."""
+    out-of-range sampling value. Tools are offered in the tool syntax of ``template`` (the
+    chat template the prompt is rendered with: ``tool_grammar.with_family``), which the
+    sampling's ``tool_call`` then names for the grammar."""
     base = stage.sampling.model_dump() if hasattr(stage, "sampling") else {}
     overrides: dict[str, object] = {}
     messages: list[dict[str, str]] = []
@@ -93,22 +97,9 @@ def request_parts(stage: Any, items: list[Any]) -> tuple[list[dict[str, str]], S
     system = getattr(stage, "system_prompt", None)
     if system and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system})
-    return _with_tools(messages, checked), checked
-
-
-def _with_tools(messages: list[dict[str, str]], sampling: Sampling) -> list[dict[str, str]]:
-    """``messages`` with the tools a request offers at the end of the system message (a system
-    message of them first when there is none): ``tool_grammar.tools_prompt``'s convention."""
-    call = sampling.get("tool_call")
-    if not call:
-        return messages
-    tools = tools_prompt(as_call(call))
-    if messages[0]["role"] == "system":
-        return [
-            {"role": "system", "content": f"{messages[0]['content']}\n\n{tools}"},
-            *messages[1:],
-        ]
-    return [{"role": "system", "content": tools}, *messages]
+    with_family(cast(dict[str, object], checked), template)
+    call = checked.get("tool_call")
+    return (tools_messages(messages, as_call(call)) if call else messages), checked
 
 
 def _text(value: Any, where: str, how: str) -> str:
@@ -248,7 +239,7 @@ def check_request(
     schema it cannot enforce), then its length with ``tokenizer`` — the one its engine reads —
     and the chat template (:func:`check_length`). Raises ``BadRequest``; with no tokenizer
     (none yet) the length is left to the engine."""
-    messages, sampling = request_parts(stage, [prompt])
+    messages, sampling = request_parts(stage, [prompt], getattr(tokenizer, "chat_template", None))
     if check_sampling is not None:
         check_sampling(sampling)
     if tokenizer is not None:

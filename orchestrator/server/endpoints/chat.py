@@ -42,7 +42,12 @@ class Chat:
         }
         if call.stream:
             return await self._chat_stream(
-                run, base, call.audio_format, call.include_usage, request, CallWatch(call.tools)
+                run,
+                base,
+                call.audio_format,
+                call.include_usage,
+                request,
+                CallWatch(call.tools, self.served.tool_family),
             )
         return await self._chat_whole(run, base, call.audio_format, request, call.tools)
 
@@ -61,9 +66,10 @@ class Chat:
         text = "".join(e.text for e in events if self.served.is_text(e))
         message: JsonObject = {"role": "assistant", "content": text}
         finish = self._finish_reason(run)
-        called = tools and looks_like_call(text)  # a call, or one cut short
+        fam = self.served.tool_family
+        called = tools and looks_like_call(text, fam)  # a call, or one cut short
         if called:  # no content, and no audio: the runtime cut no sentence of it for a voice
-            calls = reply_call(text, run.rid)
+            calls = reply_call(text, run.rid, fam)
             message = {"role": "assistant", "content": None}
             if calls is not None:
                 message["tool_calls"], finish = calls, "tool_calls"

@@ -391,7 +391,10 @@ class LlamaCppRunner(ThreadedEngineRunner):
         """The prompt (a string, or a dict with ``prompt`` or ``messages`` and optional
         ``sampling`` overrides, as vLLM's runner takes them) through the GGUF's chat template,
         checked against the stage's ``max_model_len`` and a sequence's cells."""
-        messages, sampling = request_parts(self.stage, [item async for item in inputs])
+        items = [item async for item in inputs]
+        messages, sampling = request_parts(
+            self.stage, items, getattr(self._vocab, "chat_template", None)
+        )
         grammar = decode_grammar(
             sampling
         )  # checked here too: a grammar asked with min_tokens aborts

@@ -186,7 +186,8 @@ class VllmRunner(ThreadedEngineRunner):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        messages, sampling = request_parts(self.stage, items)
+        template = getattr(self._tokenizer, "chat_template", None)
+        messages, sampling = request_parts(self.stage, items, template)
         prompt_ids = encode(self._tokenizer, messages)
         check_length(self.stage, len(prompt_ids), sampling)
         grammar = decode_grammar(sampling)  # checked here too: the actor's own request
