@@ -371,7 +371,12 @@ class Runtime:
             finally:
                 self.admission.release()
 
-        task = asyncio.get_running_loop().create_task(release())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs this close (a generator finalized late): free it now
+            self.admission.release()
+            return
+        task = loop.create_task(release())
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
