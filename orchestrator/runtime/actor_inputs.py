@@ -89,6 +89,8 @@ class StageInputs:
         for the first-audio trace (``stamps`` in a stream's figures)."""
         self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
         """Request → its ``stream``, ``feed`` and join tasks here: what ``cancel`` ends."""
+        self.stopping: dict[str, set[asyncio.Task[Any]]] = {}
+        """A cancelled request's tasks until they ended (``cancel`` waits for them)."""
         self.peers: dict[str, ActorHandle] = {}
         """The direct mode (``connect``): actor key → every device actor's handle."""
         self.tables: dict[str, RouteTable] = {}
@@ -324,7 +326,11 @@ class StageInputs:
             t.cancel()
         self._forget(request_id)
         if tasks:
-            _, late = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+            self.stopping[request_id] = set(tasks)
+            try:
+                _, late = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+            finally:
+                self.stopping.pop(request_id, None)
             if late:
                 log.warning(
                     "%d task(s) of request %s still ran %.0f s after its cancel",
@@ -347,8 +353,10 @@ class StageInputs:
             self.firsts_in.pop(key, None)
 
     def pending(self, request_id: str) -> int:
-        """How many of the request's tasks (streams, feeds, joins) run here now."""
-        return len(self.tasks.get(request_id, ()))
+        """How many of the request's tasks (streams, feeds, joins) run here now, those still
+        stopping after a ``cancel`` included."""
+        stopping = sum(1 for t in self.stopping.get(request_id, ()) if not t.done())
+        return len(self.tasks.get(request_id, ())) + stopping
 
 
 def said(exc: BaseException) -> str:

@@ -451,7 +451,8 @@ class DeviceActor:
         return await self.io.cancel(request_id)
 
     async def pending(self, request_id: str) -> int:
-        """How many of the request's tasks (streams, feeds, joins) run here now."""
+        """How many of the request's tasks (streams, feeds, joins) run here now, those still
+        stopping after a ``cancel`` included."""
         return self.io.pending(request_id)
 
     async def health(self) -> ActorHealth:

@@ -13,11 +13,6 @@ A flow guarantees:
   ``cancel`` reaches every live actor, and the failure is raised as the stage's
   (``runtime.failures.map_failure``). A flow that ends early (its reader went away) is wound
   down the same way; one that ended clean leaves nothing to cancel.
-* **A cancelled request holds its slot until its work has stopped**: the wind-down keeps its
-  ``cancel`` calls (``cancels``), and ``Runtime.stream`` frees the slot once every actor has
-  answered (at most ``CANCEL_ACK_S``; each answers once the request's tasks there ended, a
-  decode engine's once the engine let go of it), so the request admitted next does not queue
-  behind the cancelled one's last steps. The stream itself closes at once.
 """
 
 from __future__ import annotations
@@ -42,16 +37,13 @@ from stages.payloads import Item
 from stages.requests import ChatRequest, Request, TextRequest
 
 if TYPE_CHECKING:
-    from ray import ObjectRef, ObjectRefGenerator
+    from ray import ObjectRefGenerator
 
     from orchestrator.runtime.balance import ReplicaRef
     from orchestrator.runtime.startup import Device
 
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
-CANCEL_ACK_S = 8.0
-"""How long a wind-down waits for the actors to answer ``cancel`` (each waits at most
-``actor_inputs.CANCEL_WAIT_S`` for its tasks): past it the slot is freed anyway."""
 
 
 class DriverStats(TypedDict):
@@ -107,9 +99,6 @@ class RequestFlow:
         self.call_start = call_start_of(rt, self.stages, entry, call)
         """A call's first character in the request's tool syntax (``Router``'s ``call_start``)."""
         self.events: asyncio.Queue[Any] = asyncio.Queue()
-        self.cancels: list[ObjectRef] = []
-        """The ``cancel`` calls its wind-down made (Ray refs): ``Runtime.stream`` holds the
-        request's slot until they answer (``release_after``)."""
 
     def device(self, stage: str) -> Device:
         """The actor serving ``stage`` for this request: its picked replica's (else the first)."""
@@ -214,7 +203,7 @@ class RequestFlow:
         if not clean or any(not t.done() for t in tasks):
             for t in tasks:
                 t.cancel()
-            self.cancels = self.cancel_everywhere()
+            self.cancel_everywhere()
         finished.cancel()
         for t in tasks:
             with contextlib.suppress(BaseException):
@@ -257,15 +246,11 @@ class RequestFlow:
                 return
         self.events.put_nowait(None)
 
-    def cancel_everywhere(self) -> list[ObjectRef]:
-        """Cancel the request on every live actor; the calls' refs (awaitable; a dead actor's
-        raises)."""
-        refs = []
+    def cancel_everywhere(self) -> None:
         for dev in self.rt.devices.values():
             if not dev.dead:
                 with contextlib.suppress(Exception):
-                    refs.append(dev.actor.cancel.remote(self.rid))
-        return refs
+                    dev.actor.cancel.remote(self.rid)
 
     async def _pump(
         self,

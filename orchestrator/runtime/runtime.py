@@ -100,12 +100,7 @@ from orchestrator.runtime.closing import CLOSE_TIMEOUT_S
 from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
 from orchestrator.runtime.events import Event
 from orchestrator.runtime.fallback import Replan
-from orchestrator.runtime.flow import (
-    CANCEL_ACK_S,
-    GENERATOR_BACKPRESSURE,
-    DriverStats,
-    RequestFlow,
-)
+from orchestrator.runtime.flow import GENERATOR_BACKPRESSURE, DriverStats, RequestFlow
 from orchestrator.runtime.graph import PipelineGraph
 from orchestrator.runtime.ledger_actor import ActorSnapshot
 from orchestrator.runtime.startup import Device as _Device
@@ -117,7 +112,6 @@ from stages.requests import Request
 from stages.text_chunks import SentenceChunker
 
 if TYPE_CHECKING:
-    from ray import ObjectRef
     from ray.actor import ActorHandle
 
 __all__ = [
@@ -163,8 +157,6 @@ class Runtime:
         self.replan = replan
         """Plans one stage again with lost devices masked (``fallback.replanner``), for a stage
         whose ``on_device_loss`` is ``fallback``; None: such a stage stays down."""
-        self._releasing: set[asyncio.Task[None]] = set()
-        """The slots of cancelled requests, freed once their actors answered (``_release_after``)."""
         self.use_plan(plan)
         self.replicas: dict[str, list[ReplicaRef]] = replica_refs(self.stages)
         """Stage → its instances (one for a stage of one instance), each with its actor key."""
@@ -333,15 +325,14 @@ class Runtime:
         await asyncio.to_thread(self.validate_request, request, entry)
         await self._until_alive(entry)
         await self.admission.acquire()
-        agen = flow = None
+        agen = None
         self._count_busy(+1)
         try:
             self._check_alive(entry)
             self.picks[rid] = self.balancer.pick(
                 (s.name for s in self.downstream(entry)), conversation
             )
-            flow = RequestFlow(self, request, rid, entry, context)
-            agen = flow.run()
+            agen = RequestFlow(self, request, rid, entry, context).run()
             async for event in agen:
                 yield event
         finally:
@@ -351,34 +342,7 @@ class Runtime:
             finally:
                 self.balancer.release(self.picks.pop(rid, {}))
                 self._count_busy(-1)
-                self._release_after(flow.cancels if flow is not None else [])
-
-    def _release_after(self, cancels: list[ObjectRef]) -> None:
-        """Free the request's admission slot: now, or (a cancelled request) once every actor
-        answered its ``cancel`` — at most ``flow.CANCEL_ACK_S`` later, or when this event loop
-        ends first. The closing stream does not wait for it."""
-        if not cancels:
-            self.admission.release()
-            return
-
-        async def release() -> None:
-            try:
-                await asyncio.wait_for(
-                    asyncio.gather(*cancels, return_exceptions=True), CANCEL_ACK_S
-                )
-            except (Exception, asyncio.CancelledError):
-                pass  # a late or failed answer, or the loop ending: the slot is freed anyway
-            finally:
                 self.admission.release()
-
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop runs this close (a generator finalized late): free it now
-            self.admission.release()
-            return
-        task = loop.create_task(release())
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
 
     def _check_started(self) -> None:
         if self._closed or self.ledger is None:

@@ -25,6 +25,7 @@ import yaml
 from exports import omni_tiny
 from tests.helpers import REPO
 from tests.helpers.omni_reference import reference, torch_threads
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -61,6 +62,7 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
     ray_cluster: Any, tmp_path: Path
 ) -> None:
     import numpy as np
+    import ray
 
     from exports import qwen2_5_omni_token2wav
     from orchestrator.api import Pipeline
@@ -82,7 +84,7 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
             return [e async for e in pipeline.stream(PROMPT)]
 
         async def cancelled() -> float:
-            stream = pipeline.stream(PROMPT)
+            stream = pipeline.stream(PROMPT, request_id="cancelled")
             async for event in stream:
                 if isinstance(event, OutputItem) and event.stage == "talker":
                     break  # mid-talker: one code of 600
@@ -95,8 +97,15 @@ def test_qwen2_5_omni_through_the_python_api_matches_transformers_and_a_cancel_f
                 await asyncio.sleep(0.01)
             return time.perf_counter() - left
 
+        def stopped() -> bool:
+            """Every actor has ended the cancelled request's work (its talker's stream ends once
+            the generation let go of the model), so the next request cannot find it busy."""
+            actors = [d.actor for d in pipeline.runtime.devices.values()]
+            return not any(ray.get([a.pending.remote("cancelled") for a in actors]))
+
         events = asyncio.run(whole())
         freed_s = asyncio.run(cancelled())
+        wait_until(stopped, "the cancelled request's work stopped on every actor")
         after = asyncio.run(whole())
     finally:
         pipeline.close()
