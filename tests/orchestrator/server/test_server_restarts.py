@@ -127,18 +127,29 @@ def test_a_streamed_chat_cut_by_the_death_ends_with_an_sse_error_event(
 ) -> None:
     gate, waiting = tmp_path / "gate", tmp_path / "waiting"
     p, s = _serve(tmp_path, gate_file=str(gate), waiting_file=str(waiting))
+    killed = threading.Event()
+
+    def kill_when_held() -> None:
+        # The voice holds its last chunk (the gate is never opened before the kill), so the
+        # reply is mid-way when it dies; watched apart from the stream, which sends nothing
+        # while the chunk is held.
+        _until("the voice holding its last chunk", waiting.exists)
+        _kill_voice(p)
+        killed.set()
+
     try:
         events = []
+        watcher = threading.Thread(target=kill_when_held, daemon=True)
         with httpx.stream(
             "POST", f"{s.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=60
         ) as r:
             assert r.status_code == 200
+            watcher.start()
             for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line.removeprefix("data: "))
-                if waiting.exists() and not p.runtime.devices["igpu:0"].dead:
-                    _kill_voice(p)  # the voice holds its last chunk: the reply is mid-way
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+        watcher.join(WAIT_S)
+        assert killed.is_set()
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert error["code"] == "stage_restarting" and error["param"] == "voice"
