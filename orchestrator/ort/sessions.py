@@ -20,16 +20,13 @@ flight) — a device runs one inference at a time anyway.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import itertools
 import logging
 import os
 import queue
-import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,8 +50,10 @@ from orchestrator.ort.hostproc import (
     launch_remedy,
     windows_path,
 )
+from orchestrator.ort.idle_recycle import IdleRecycle
 from orchestrator.ort.revival import RestartPolicy, Revival
 from orchestrator.ort.worker import OpenedSession, RunReply
+from orchestrator.ort.worker_cwd import private_cwd
 
 if TYPE_CHECKING:
     from orchestrator.ort.worker import Feeds
@@ -267,6 +266,11 @@ class _Renewal:
 
     # -- recycling -------------------------------------------------------------
     def _maybe_recycle(self) -> None:
+        self.recycle_if_due(1, "before a call")
+
+    def due(self, ahead: int) -> bool:
+        """Whether the worker's RSS plus ``ahead`` times the largest rise of one call passes its
+        limit (1: the next call must not run in it; more: near it, ``idle_recycle``)."""
         limit = self.recycle_limit
         if (
             limit is None
@@ -275,10 +279,16 @@ class _Renewal:
             or not self._calls_since_start
             or self._proc.poll() is not None
         ):
+            return False
+        return rss_of(self._proc.pid) + ahead * self._largest_rise > limit
+
+    def recycle_if_due(self, ahead: int, when: str) -> None:
+        """Replace the worker (the lock held) when :meth:`due`; ``when`` is said in the log."""
+        if not self.due(ahead):
             return
+        limit = self.recycle_limit
+        assert limit is not None
         rss = rss_of(self._proc.pid)
-        if rss + self._largest_rise <= limit:
-            return
         old_pid = self._proc.pid
         _stop(self._proc, 5.0)
         try:
@@ -293,12 +303,14 @@ class _Renewal:
             raise self._broken from exc
         self.recycles += 1
         log.warning(
-            "route %s: recycled the worker (pid %d -> %d): it held %d MiB (+%d MiB, the largest rise of one call), "
-            "over its limit of %d MiB; recycle %d",
+            "route %s: recycled the worker %s (pid %d -> %d): it held %d MiB, and %d x %d MiB (the "
+            "largest rise of one call) more would pass its limit of %d MiB; recycle %d",
             self.route.name,
+            when,
             old_pid,
             self._proc.pid,
             _mib(rss),
+            ahead,
             _mib(self._largest_rise),
             _mib(limit),
             self.recycles,
@@ -380,6 +392,8 @@ class WorkerSessions(_Renewal):
         self._unit_peak_known = False
         self.in_call: str | None = None
         """The call whose reply is awaited now (``run``, ``open``...), None between calls."""
+        self.idle_recycle = IdleRecycle(self)
+        """Recycles a worker near its limit while no call comes (``idle_recycle``)."""
         self.revival = Revival()
         """Its worker's deaths and replacements (``revival.Revival``): with a ``policy`` (a stage's
         runner sets its ``restart``), a worker that died is replaced and its sessions reopened."""
@@ -493,7 +507,8 @@ class WorkerSessions(_Renewal):
         call runs there. Calls are serialised, so no call in flight is cut; the
         old worker is stopped before the new one starts, so the two never hold
         memory at once. A reopen that fails raises :class:`RecycleFailed`, now
-        and on every later call.
+        and on every later call. A worker left near the limit is recycled while idle
+        instead, when no call comes soon (``idle_recycle``).
 
         With a restart policy (``revival``), a worker that died is replaced first, and a call
         its worker died during is run again once on the fresh one: a call's outputs reach the
@@ -523,6 +538,7 @@ class WorkerSessions(_Renewal):
                 peak = max(after, (peak_rss_of(pid) or 0) if peak_known else 0)
                 self._largest_rise = max(self._largest_rise, peak - before)
                 self.retained_bytes += after - before
+            self.idle_recycle.after_call()
             return result
 
     def _run_locked(self, handle: int, feeds: Feeds, timeout: float) -> RunReply:
@@ -586,6 +602,7 @@ class WorkerSessions(_Renewal):
     def shutdown(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout`` (never replaced)."""
         self.revival.stopping.set()
+        self.idle_recycle.cancel()
         _stop(self._proc, timeout)
 
     @property
@@ -723,21 +740,6 @@ def _remedy_for(stderr_tail: str, route: ResolvedRoute) -> str:
     if "No module named 'numpy'" in stderr_tail:
         return f"{route.python} -m pip install numpy (the route worker needs numpy and onnxruntime)"
     return f"run {route.python} -c 'import numpy, onnxruntime' to see what is missing, and install it there"
-
-
-_cwd: list[str] = []
-_cwd_lock = threading.Lock()
-
-
-def private_cwd() -> str:
-    """An empty directory only this user can enter (0700), made once per process (again if
-    something removed it) and removed when the process exits: where route workers start — not
-    the working directory omni-edge was started in, which may be a folder someone else made."""
-    with _cwd_lock:
-        if not _cwd or not os.path.isdir(_cwd[-1]):
-            _cwd.append(tempfile.mkdtemp(prefix="omni-edge-cwd-"))
-            atexit.register(shutil.rmtree, _cwd[-1], True)
-        return _cwd[-1]
 
 
 ROUTE_PROGRAM = (wire, worker_probe, route_worker)

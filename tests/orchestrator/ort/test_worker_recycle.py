@@ -344,3 +344,61 @@ def test_a_unit_rises_as_one_call(tmp_path: Path, host: Any) -> None:
         for _ in range(3):
             host.run(handle, {"x": big})
     assert host.largest_rise >= max(rise, 12 * 2**20)
+
+
+RISE = 2**30
+"""A largest call rise the test sets (``expect_rise``): far above what its tiny calls move the
+RSS, so near and over the limit are decided by the limit the test picks, not by the calls."""
+
+
+def test_a_worker_near_its_limit_is_recycled_while_idle_and_the_next_call_does_not_wait(
+    tmp_path: Path, host: Any
+) -> None:
+    """The limit is put between the RSS plus one rise (the next call may still run here) and
+    the RSS plus two (near): the worker is recycled with no call in flight, and the next call
+    runs in the fresh worker without a recycle of its own."""
+    from orchestrator.core.memory import rss_of
+
+    graph = _matmul_graph(tmp_path / "square.onnx")
+    handle = host.open(_spec(graph))["handle"]
+    x = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
+    first = host.run(handle, {"x": x})["outputs"]
+    host.expect_rise(RISE)
+    host.recycle_limit = rss_of(host.pid) + RISE + RISE // 2
+    assert not host.due(1) and host.due(2)
+    pid0 = host.pid
+    host.run(handle, {"x": x})  # leaves it near its limit: a recycle waits for it to be idle
+    wait_until(lambda: host.pid != pid0, "the idle worker recycled")
+    wait_until(lambda: host.recycles == 1 and host.idle_recycle.done == 1, "the recycle counted")
+    again = host.run(handle, {"x": x})["outputs"]
+    assert host.recycles == 1  # the call found the fresh worker: nothing to wait for
+    assert np.array_equal(again["y"], first["y"]) and np.array_equal(again["z"], first["z"])
+    # a fresh worker is as near its limit as the old one was: no recycle for it while idle
+    assert not host.idle_recycle.armed
+
+
+def test_an_idle_recycle_is_skipped_when_a_call_came_since_it_was_armed(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.core.memory import rss_of
+    from orchestrator.ort.idle_recycle import IdleRecycle
+
+    host = WorkerSessions(ResolvedRoute("plain", "interpreter", sys.executable))
+    try:
+        host.idle_recycle = IdleRecycle(host, idle_s=NEVER_HANGS_S)  # armed, never fired here
+        handle = host.open(_spec(_matmul_graph(tmp_path / "square.onnx")))["handle"]
+        x = np.eye(4, dtype=np.float32)
+        host.run(handle, {"x": x})
+        host.expect_rise(RISE)
+        host.recycle_limit = rss_of(host.pid) + RISE + RISE // 2
+        host.run(handle, {"x": x})
+        assert host.idle_recycle.armed
+        armed_at = host.calls
+        host.run(handle, {"x": x})  # a call came: the timer armed before it is stale
+        host.idle_recycle._fire(armed_at)
+        assert host.recycles == 0 and host.idle_recycle.done == 0
+        host.idle_recycle._fire(host.calls)  # idle since the last call: recycled
+        assert host.recycles == 1 and host.idle_recycle.done == 1
+    finally:
+        host.shutdown()
+    assert not host.idle_recycle.armed  # shutting down cancels it
