@@ -29,6 +29,7 @@ stale compiled blob).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -634,12 +635,24 @@ class SessionSpec:
         )
 
 
+SPINNING_ENV = "OMNI_EDGE_ORT_SPINNING"
+"""Set to 1: sessions with planned threads keep ONNX Runtime's default, spinning thread pools
+(for a benchmark that compares the two; ``with_cpu_threads``)."""
+NOT_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+"""ONNX Runtime's thread pools spin (busy-wait) after each parallel section by default; where
+the planner split the cores among stages, that spinning takes the time of the stage beside it
+(a decoder whose next token waits). Off where threads are planned: on the 2-core machine the
+voice conversation's first audio came sooner without it (docs/benchmarks.md)."""
+
+
 def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any]:
     """A session spec (its wire form, ``SessionSpec.to_dict``) whose session runs ``threads``
     CPU threads: ONNX Runtime's ``intra_op_num_threads`` (the calling thread and threads − 1
-    workers), one inter-op thread, and an EP's own threads where its row says how
-    (``cpu_threads``: OpenVINO's ``num_of_threads`` where it runs on the CPU). ``threads`` None: the spec unchanged (ONNX Runtime's default: a thread per
-    core). The spec passed in is not changed."""
+    workers), one inter-op thread, thread pools that do not spin between calls
+    (:data:`NOT_SPINNING`, unless ``OMNI_EDGE_ORT_SPINNING=1``), and an EP's own threads where
+    its row says how (``cpu_threads``: OpenVINO's ``num_of_threads`` where it runs on the CPU).
+    ``threads`` None: the spec unchanged (ONNX Runtime's default: a thread per core). The spec
+    passed in is not changed."""
     if threads is None:
         return spec
     out = SessionSpec.from_dict(spec)
@@ -652,9 +665,9 @@ def with_cpu_threads(spec: dict[str, Any], threads: int | None) -> dict[str, Any
             option, prefix = own.when
             if provider_options[i].get(option, "").upper().startswith(prefix.upper()):
                 provider_options[i][own.option] = str(threads)
-    return SessionSpec(
-        out.graph, out.providers, provider_options, options, out.session_config
-    ).to_dict()
+    spinning = os.environ.get(SPINNING_ENV) == "1"
+    config = {**({} if spinning else NOT_SPINNING), **out.session_config}
+    return SessionSpec(out.graph, out.providers, provider_options, options, config).to_dict()
 
 
 def session_spec(

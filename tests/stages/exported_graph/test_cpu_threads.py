@@ -53,10 +53,35 @@ def test_the_session_spec_carries_the_threads_and_the_original_is_unchanged() ->
         "inter_op_num_threads": 1,
     }
     assert out["provider_options"] == [{"device_type": "CPU", "num_of_threads": "3"}, {}]
+    # the cores are shared: the thread pools sleep between calls instead of spinning
+    assert out["session_config"] == {
+        "session.intra_op.allow_spinning": "0",
+        "session.inter_op.allow_spinning": "0",
+    }
     assert spec["session_options"] == {"enable_mem_pattern": False} and spec["provider_options"][
         0
     ] == {"device_type": "CPU"}
+    assert spec["session_config"] == {}
     assert with_cpu_threads(spec, None) is spec  # no budget: ONNX Runtime's own default
+
+
+def test_spinning_is_kept_on_request_and_a_spec_s_own_entry_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = {
+        "graph": "g.onnx",
+        "providers": ["CPUExecutionProvider"],
+        "provider_options": [{}],
+        "session_options": {},
+        "session_config": {"session.intra_op.allow_spinning": "1"},
+    }
+    assert with_cpu_threads(spec, 2)["session_config"] == {
+        "session.intra_op.allow_spinning": "1",
+        "session.inter_op.allow_spinning": "0",
+    }
+    monkeypatch.setenv("OMNI_EDGE_ORT_SPINNING", "1")
+    spec["session_config"] = {}
+    assert with_cpu_threads(spec, 2)["session_config"] == {}
 
 
 @pytest.mark.skipif(
