@@ -48,7 +48,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
@@ -58,6 +58,7 @@ from orchestrator.core.memory import descendants, rss_of
 from orchestrator.core.plan import StagePlan
 from orchestrator.core.profile import Route
 from orchestrator.runtime.actor_inputs import NO_SIDE, ConsumerSide, StageInputs, StreamRoute
+from orchestrator.runtime.coalesce import routed_finals
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import JoinSpec
 from orchestrator.runtime.load_imports import call_loading
@@ -142,11 +143,13 @@ class ActorHealth(TypedDict):
 
 StreamMessage = (
     tuple[Literal["out"], Item]
+    | tuple[Literal["outs"], list[Item]]
     | tuple[Literal["first"], None]
     | tuple[Literal["stats"], StageStats]
 )
-"""One message of ``DeviceActor.stream``: an output, the direct mode's first-output mark,
-then the closing stats."""
+"""One message of ``DeviceActor.stream``: an output, several (the direct mode's final outputs
+that came together: ``coalesce.routed_finals``), the direct mode's first-output mark, then the
+closing stats."""
 
 
 class DeviceActor:
@@ -353,18 +356,20 @@ class DeviceActor:
         agen: Any = h.runner.stream(request_id, inputs)  # an async generator: closed below
         side = NO_SIDE
         try:
-            async for item in agen:
-                tally.count(item, t0)
-                if router is None:
+            if router is None:
+                async for item in agen:
+                    tally.count(item, t0)
                     yield ("out", item)
-                    continue
-                port, payload, final = router.take(item)
-                if tally.items == 1:
-                    yield ("first", None)
-                if final:
-                    yield ("out", payload)
-                await router.route(port, payload)
-            if router is not None:
+            else:
+                direct = router
+
+                def take(item: Item) -> tuple[bool, Item | None, Awaitable[None]]:
+                    tally.count(item, t0)
+                    port, payload, final = direct.take(item)
+                    return tally.items == 1, payload if final else None, direct.route(port, payload)
+
+                async for message in routed_finals(agen, take):
+                    yield message  # type: ignore[misc]
                 await router.finish()
         except (
             StageFailed,

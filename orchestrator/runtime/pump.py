@@ -105,6 +105,10 @@ class _StagePump:
             if message[0] == "first":
                 self._first_output(time.perf_counter())
                 continue
+            if message[0] == "outs":  # final outputs that came together (coalesce)
+                for item in message[1]:
+                    await self._output(item)
+                continue
             await self._output(message[1])
 
     def _first_output(self, now: float) -> None:
