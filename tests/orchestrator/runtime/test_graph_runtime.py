@@ -430,6 +430,7 @@ def test_a_fan_in_of_the_real_voice_pairs_each_sentence_with_its_audio(
         "final_output": True,
         "final_output_type": "text",
     }
+    doc["stages"][1]["first_chunk_chars"] = None  # a chunk per sentence: each is paired
     doc["stages"].append(sink(["thinker", "voice"], "zip", name="pairs"))
     config = parse_config(
         doc, where="voice-assistant.yaml (scripted, with a fan-in)", base_dir=REPO / "configs"

@@ -66,6 +66,8 @@ def pipeline(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "final_output": True,
         "final_output_type": "text",
     }
+    # whole sentences: the first chunk cut early has a test of its own (first_chunk_chars below)
+    doc["stages"][1]["first_chunk_chars"] = None
     config = parse_config(doc, where=f"{CONFIG} (thinker scripted)", base_dir=CONFIG.parent)
     profile = make_profile()  # the CPU only: ort-cpu in the device actor's own interpreter
     plan = plan_pipeline(config, profile)
