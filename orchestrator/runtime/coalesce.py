@@ -5,7 +5,7 @@ its consumers' actors itself (``router.Router``) and sends the driver only its f
 Each message of a Ray streaming generator costs CPU in both processes (a gRPC report from
 this actor, its receipt in the driver's core worker): about 2 ms of the driver's CPU per
 message on the project's 2-core VM, against a decoder's token every ~10 ms — time taken from
-the decoder's own threads when they use every core (docs/runtime.md, "The driver's share").
+the decoder's own threads when they use every core (docs/runtime.md, "The data path").
 So final outputs that come within :data:`FINAL_BATCH_S` of the last message sent wait for it
 to pass and go together (``("outs", [item, ...])``).
 
