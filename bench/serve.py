@@ -23,7 +23,10 @@ In one run, side by side:
   the pipeline for the very same request — the transport cost, unblurred.
 * **8 clients at once vs one by one** (HTTP): the same ``--clients`` requests
   sent one after another, then all at once. Reported: throughput
-  (requests/s) and its ratio, p50/p95 time to first audio of each.
+  (requests/s) and its ratio, p50/p95 time to first audio of each, and how
+  many cores the server's processes kept busy in each (their CPU time over the
+  wall time): one by one at B of N cores, at once cannot beat N / B × one by one
+  unless a request costs less CPU when batched.
 * **Cold start of the server**: launch of ``omni-edge serve`` to the first
   ``/health`` that answers 200 (planning, evidence read, Ray, actors, loads).
   ``bench/startup.py`` sets it against Ray's start plus the slowest stage's
@@ -221,6 +224,26 @@ async def in_process(pipeline: Any, prompt: str, tokens: int) -> dict[str, Any]:
     }
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the process ``pid`` and every process under it now (the
+    server, Ray's processes and the device actors it started)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def med(rows: list[dict[str, Any]], key: str) -> float | None:
     xs = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(xs) if xs else None
@@ -272,12 +295,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await raw.aclose()
             await asyncio.to_thread(pipeline.close)
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.clients)]
-        t0 = time.perf_counter()
+        cpu0, t0 = tree_cpu_s(proc.pid), time.perf_counter()
         serial = [await over_http(client, p, args.tokens) for p in prompts]
         serial_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        cpu1, t0 = tree_cpu_s(proc.pid), time.perf_counter()
         concurrent = await asyncio.gather(*(over_http(client, p, args.tokens) for p in prompts))
         concurrent_s = time.perf_counter() - t0
+        cpu2 = tree_cpu_s(proc.pid)
+        busy = {"serial": (cpu1 - cpu0) / serial_s, "concurrent": (cpu2 - cpu1) / concurrent_s}
     finally:
         out["server_exit"] = stop_server(proc)
     for name, rows in (("http", http_rows), ("http_raw", raw_rows), ("in_process", api_rows)):
@@ -294,7 +319,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "ttfa_p50": pct(ttfa, 0.5),
             "ttfa_p95": pct(ttfa, 0.95),
             "answered": sum(r["total"] is not None for r in rows),
+            "cores_busy": busy[name],
         }
+    out["cores"] = os.cpu_count()
     return out
 
 
@@ -334,6 +361,14 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
         )
     print(
         f"throughput ratio (at once / one by one): {c['throughput_rps'] / s['throughput_rps']:.2f}x"
+    )
+    cores = out["cores"] or 1
+    print(
+        f"cores busy (the server's processes' CPU time / wall time): one by one "
+        f"{s['cores_busy']:.2f}, at once {c['cores_busy']:.2f} of {cores}; at once can be at most "
+        f"{cores / s['cores_busy']:.2f}x one by one while each request costs the CPU it does one by one"
+        if s["cores_busy"]
+        else "cores busy: not measured"
     )
     print(
         f"\nserver cold start (launch → /health 200): {out['server_cold_start_s']:.1f} s; "
