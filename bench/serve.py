@@ -362,14 +362,15 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"throughput ratio (at once / one by one): {c['throughput_rps'] / s['throughput_rps']:.2f}x"
     )
-    cores = out["cores"] or 1
-    print(
-        f"cores busy (the server's processes' CPU time / wall time): one by one "
-        f"{s['cores_busy']:.2f}, at once {c['cores_busy']:.2f} of {cores}; at once can be at most "
-        f"{cores / s['cores_busy']:.2f}x one by one while each request costs the CPU it does one by one"
-        if s["cores_busy"]
-        else "cores busy: not measured"
-    )
+    cores, busy = out.get("cores"), s.get("cores_busy")
+    if cores and busy:
+        print(
+            f"cores busy (the server's CPU time / wall): one by one {busy:.2f}, "
+            f"at once {c.get('cores_busy', 0.0):.2f} of {cores}"
+        )
+        print(
+            f"at once, at most {cores} / {busy:.2f} = {cores / busy:.2f}x one by one (same CPU a request)"
+        )
     print(
         f"\nserver cold start (launch → /health 200): {out['server_cold_start_s']:.1f} s; "
         f"server exit on SIGTERM: {out['server_exit']}"

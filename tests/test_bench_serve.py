@@ -30,8 +30,15 @@ def figures(bench: ModuleType, http_ttfa: float | None) -> dict[str, Any]:
             k: bench.med(rows, k) for k in ("ttft", "ttfa", "total", "ttft_added", "ttfa_added")
         }
         out[name]["rows"] = rows
-    for name, rps in (("serial", 1.0), ("concurrent", 1.5)):
-        out[name] = {"throughput_rps": rps, "ttfa_p50": 0.8, "ttfa_p95": 1.2, "answered": 8}
+    for name, rps, busy in (("serial", 1.0, 1.25), ("concurrent", 1.5, 1.9)):
+        out[name] = {
+            "throughput_rps": rps,
+            "ttfa_p50": 0.8,
+            "ttfa_p95": 1.2,
+            "answered": 8,
+            "cores_busy": busy,
+        }
+    out["cores"] = 2
     return out
 
 
@@ -46,6 +53,8 @@ def test_deltas_are_judged_against_the_targets(
     assert "time to first token       60.0ms    57.0ms     3.0ms      +5ms  met" in out
     assert "time to first audio      750.0ms   700.0ms    50.0ms     +10ms  MISSED" in out
     assert "throughput ratio (at once / one by one): 1.50x" in out
+    assert "one by one 1.25, at once 1.90 of 2" in out
+    assert "at once, at most 2 / 1.25 = 1.60x one by one" in out  # the ceiling on 2 cores
     assert max(len(line) for line in out.splitlines()) <= 80
 
 

@@ -384,6 +384,9 @@ async def stream_reply(
         > 1
     )
     speaking: str | None = None
+    import asyncio
+
+    watcher = asyncio.create_task(_signal_not_lost(len(_received)), name="signal-watch")
     try:
         async for event in pipeline.stream(request):
             events.append(event)
@@ -399,9 +402,26 @@ async def stream_reply(
             elif isinstance(event, OutputItem) and outputs is not None:
                 outputs.setdefault(event.stage, []).append(_plain(event.value))
     finally:
+        watcher.cancel()
         printer.close()
     rid = events[0].request_id if events else "run"
     return collect(rid, prompt, events, time.perf_counter() - t0)
+
+
+SIGNAL_CHECK_S = 0.1
+"""How often a reply checks that a signal which came while it streamed was not lost."""
+
+
+async def _signal_not_lost(seen: int) -> None:
+    """Raise what a signal that came during the reply should have raised, in case its exception
+    was swallowed on the way: a handler's ``KeyboardInterrupt`` raised while the main thread ran
+    one of Ray's callbacks, which ignore exceptions, and the reply went on to its end. Raised in
+    a task, it ends the event loop as the handler's own would have."""
+    import asyncio
+
+    while len(_received) == seen:
+        await asyncio.sleep(SIGNAL_CHECK_S)
+    check_signalled()
 
 
 def _plain(value: Any) -> Any:
