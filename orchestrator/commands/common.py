@@ -414,9 +414,9 @@ SIGNAL_CHECK_S = 0.1
 
 async def _signal_not_lost(seen: int) -> None:
     """Raise what a signal that came during the reply should have raised, in case its exception
-    was swallowed on the way: a handler's ``KeyboardInterrupt`` raised while the main thread ran
-    one of Ray's callbacks, which ignore exceptions, and the reply went on to its end. Raised in
-    a task, it ends the event loop as the handler's own would have."""
+    was swallowed on the way (``_received``: e.g. raised while a Cython module was being
+    imported, "Exception ignored"), so the reply does not go on to its end. Raised in a task,
+    it ends the event loop as the handler's own would have."""
     import asyncio
 
     while len(_received) == seen:

@@ -296,6 +296,9 @@ def _chat_process(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # as a terminal starts it: a suite started in the background (`&` in a script) runs
+        # with SIGINT ignored, and a child would inherit that and never see the test's Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(LONG_MESSAGE + "\n")

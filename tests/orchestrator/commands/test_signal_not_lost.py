@@ -1,9 +1,9 @@
 """A signal whose exception was swallowed on the way still stops the reply (``stream_reply``).
 
-The handler's ``KeyboardInterrupt`` can be raised while the main thread runs one of Ray's
-callbacks, which ignore exceptions: the reply then went on to its end (seen once in the full
-suite as ``chat``'s Ctrl-C test waiting out its 120 s). Here the handler's work is done by hand
-— the signal noted, no exception raised — against a reply that never ends by construction."""
+A handler's exception can be swallowed on the way (``common._received``: raised while a
+Cython module was being imported, "Exception ignored"); the reply would then go on to its end.
+Here the handler's work is done by hand — the signal noted, no exception raised — against a
+reply that never ends by construction."""
 
 from __future__ import annotations
 
