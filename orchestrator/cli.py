@@ -38,6 +38,7 @@ from orchestrator.commands.exits import (
 from orchestrator.core.errors import ConfigError, OmniEdgeError, StageFailed, terminal_text
 from orchestrator.core.extras import missing_package, require
 from orchestrator.core.packages import installed_version
+from stages import cpu_share
 
 COMMANDS = {
     "plan": "Plan a pipeline for this machine (or a recorded profile) without loading anything.",
@@ -101,6 +102,7 @@ def _run_command(args: argparse.Namespace) -> int:
     """The command's ``run(args)``, after the optional packages its ``needs(args)`` names
     are found (``orchestrator.core.extras``: exit 2 naming the extra, before any slow work);
     an optional package missing deeper in is said the same way, never as a traceback."""
+    cpu_share.policy()  # a bad OMNI_EDGE_CPU_SHARE is refused here, not in a device actor
     needs = getattr(args._module, "needs", None)
     if needs is not None:
         require(args.command, tuple(needs(args)))

@@ -17,13 +17,24 @@ it is idle:
 Guarantees: what a stage borrows is never more than the threads the plan gave the stages of its
 own device that registered in this process (a stage in another process, a replica in its own,
 lends nothing), so the device's planned total is never exceeded for longer than one decode step
-(a stage that turns busy during a step takes its share back at the next). Unregistered, a stage
-lends nothing.
+(a stage that turns busy during a step takes its share back at the next), nor does the borrower
+ever run on more threads than the process's cores (:func:`cores`). Unregistered, a stage lends
+nothing.
 
-Off unless ``OMNI_EDGE_CPU_SHARE=follow`` is in the borrower's environment when it loads: on the
-2-core machine it was measured on, with other processes on the cores, a decode on both cores
-stalled at llama.cpp's per-layer barriers whenever anything else ran, and the default pipeline's
-first audio came later, not earlier, in one of two runs (docs/benchmarks.md, "The CPU split").
+Three policies, by ``OMNI_EDGE_CPU_SHARE`` in the borrower's environment when it loads
+(:func:`policy`):
+
+* ``prefill`` (the default): only a step that reads a prompt (``n_threads_batch``: llama.cpp
+  computes a batch of several tokens on it) borrows; a step of one token per sequence stays on
+  the plan's share. A prompt step is short, compute-bound and comes when a reply starts, while
+  the voice has nothing to speak yet: on the 2-core machine a spoken question's prompt was read
+  in 0.67x the time on two threads (docs/benchmarks.md, "The prompt on both cores");
+* ``follow``: every step borrows. Not the default: on the 2-core machine it was measured on,
+  with other processes on the cores, a decode on both cores stalled at llama.cpp's per-layer
+  barriers whenever anything else ran, and the default pipeline's first audio came later, not
+  earlier, in one of two runs (docs/benchmarks.md, "The CPU split");
+* ``static``: nothing is borrowed; every stage stays on its planned threads, the split as the
+  plan printed it.
 """
 
 from __future__ import annotations
@@ -35,9 +46,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from orchestrator.core.errors import ConfigError
+
 SHARE_ENV = "OMNI_EDGE_CPU_SHARE"
-"""``follow``: an idle stage's threads go to a decoder on its device; unset or anything else
-(``static``): every stage stays on its planned threads, the split as the plan printed it."""
+"""The policy (the module docstring): ``prefill`` (unset or empty), ``follow`` or ``static``."""
+POLICIES = ("prefill", "follow", "static")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,9 +67,23 @@ _lock = threading.Lock()
 _lenders: dict[str, _Lender] = {}
 
 
+def policy() -> str:
+    """The policy a borrower in this process follows (``OMNI_EDGE_CPU_SHARE``; unset or empty:
+    ``prefill``). ``ConfigError`` for another value, a typo included: the CLI checks it before
+    any work starts (exit 2)."""
+    value = os.environ.get(SHARE_ENV, "").strip().lower() or "prefill"
+    if value not in POLICIES:
+        raise ConfigError.single(
+            f"the environment's {SHARE_ENV}",
+            f"{os.environ.get(SHARE_ENV)!r} is not one of {', '.join(POLICIES)}",
+            f"unset it (the default, prefill) or set one of {', '.join(POLICIES)}",
+        )
+    return value
+
+
 def follows_work() -> bool:
-    """Whether a borrower in this process follows the work (``OMNI_EDGE_CPU_SHARE=follow``)."""
-    return os.environ.get(SHARE_ENV, "").strip().lower() == "follow"
+    """Whether every step of a borrower in this process follows the work (``follow``)."""
+    return policy() == "follow"
 
 
 def register(holder: str, device: str, threads: int | None) -> None:
@@ -108,3 +135,13 @@ def lent_threads(device: str, borrower: str) -> int:
             for holder, lender in _lenders.items()
             if holder != borrower and lender.device == device and not lender.busy
         )
+
+
+def cores() -> int:
+    """The cores this process may run on: a borrower never asks for more threads than these
+    (a config may give its stages more threads than the plan's split, as voice-chat.yaml gives
+    Whisper both cores)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not on Linux
+        return max(os.cpu_count() or 1, 1)

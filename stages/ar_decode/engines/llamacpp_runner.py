@@ -9,10 +9,12 @@ same public behaviour (deltas, stats, errors, evidence M):
   cache: ``max_model_len`` per sequence), ``n_seq_max`` sequences, ``n_batch``
   and ``n_ubatch``, the KV cache types, ``n_gpu_layers``, ``flash_attn`` — with
   ``n_threads`` = ``n_threads_batch`` = the plan's ``cpu_threads`` (1 when
-  unset). With ``OMNI_EDGE_CPU_SHARE=follow`` (off by default: :mod:`stages.cpu_share` says
-  why), while the other stages registered on its device in this process are idle (the voice
-  between two sentences), each step runs on their planned threads too (``llama_set_n_threads``
-  between two decode calls), and back on the plan's share at the first step after one turns busy.
+  unset). A step that reads a prompt also takes the planned threads of the other stages
+  registered on its device in this process that are idle now (the voice before the reply's
+  first sentence): llama.cpp computes a batch of several tokens on ``n_threads_batch``, set
+  between two decode calls (``llama_set_n_threads``) and back on the plan's share at the first
+  step after one turns busy. With ``OMNI_EDGE_CPU_SHARE=follow`` every step does
+  (``static``: none; :mod:`stages.cpu_share` says why ``prefill`` is the default).
   The KV cache is not unified: each sequence has its own
   ``n_ctx / n_seq_max`` cells, as vLLM gives each its ``max_model_len``.
 * **Continuous batching** on that context: one engine thread owns it (a
@@ -256,10 +258,16 @@ class LlamaCppRunner(ThreadedEngineRunner):
     def __init__(self, stage_plan: StagePlan, stage: StageConfig) -> None:
         super().__init__(stage_plan, stage)
         self.threads = int(stage_plan.cpu_threads or 1)
-        self.follows_work = cpu_share.follows_work()
-        """Whether a step takes the threads the idle stages on its device lend (read at creation)."""
+        self.share = cpu_share.policy()
+        """Which steps take the threads the idle stages on its device lend (read at creation):
+        ``prefill`` a step that reads a prompt, ``follow`` every step, ``static`` none."""
+        self.follows_work = self.share == "follow"
         self.threads_now = self.threads
         """The context's threads at its last step (the engine thread writes; tests read)."""
+        self.cores = cpu_share.cores()
+        """The most threads a step borrows up to (never fewer than the plan's own)."""
+        self.batch_threads_now = self.threads
+        """The context's threads for a batch of several tokens (a prompt) at its last step."""
         self._lc: Any = None
         self._model: Any = None
         self._ctx: Any = None
@@ -354,6 +362,7 @@ class LlamaCppRunner(ThreadedEngineRunner):
         return {
             "n_threads": self.threads,
             "threads_follow_work": self.follows_work,
+            "threads_share": self.share,
             "n_ctx": int(lc.llama_n_ctx(self._ctx)),
             "n_ctx_seq": n_ctx_seq,
             "n_seq_max": cs.n_seq,
@@ -516,6 +525,9 @@ class _Engine:
         self.waiting: deque[tuple[EngineRequest, list[int], Sampling, str | None]] = deque()
         self.running: list[_Slot] = []
         self.busy = False
+        self.decoding = 0
+        """Rows of the last scheduled step that decode one token of a sequence (the rest read a
+        prompt)."""
         self.last_sample = 0.0
 
     def run(self) -> None:
@@ -533,23 +545,28 @@ class _Engine:
             if not self.busy:
                 self.busy = True
                 r._busy()
-            if r.follows_work:
-                self._follow_work()
             n = self._schedule()
+            if r.share != "static":
+                self._follow_work(prompt=n > self.decoding)
             outcome = self._decode(n)
             if outcome == "stop":
                 return
             if outcome == "ok":
                 self._sample(time.perf_counter())
 
-    def _follow_work(self) -> None:
-        """The context's threads for the next step: the plan's share and what the idle stages on
-        the device lend now; set only when that changed (llama.cpp reads them at each decode)."""
+    def _follow_work(self, prompt: bool) -> None:
+        """The context's threads for the next step (``prompt``: it reads a prompt's tokens): the
+        plan's share, and what the idle stages on the device lend now for the steps the policy
+        lends to (``follow``: every one; ``prefill``: one that reads a prompt, on llama.cpp's
+        batch threads); set only when that changed (llama.cpp reads them at each decode)."""
         r = self.runner
-        want = r.threads + cpu_share.lent_threads(r.device, r.plan.name)
-        if want != r.threads_now:
-            self.lc.llama_set_n_threads(self.ctx, want, want)
-            r.threads_now = want
+        lends = r.follows_work or prompt
+        lent = cpu_share.lent_threads(r.device, r.plan.name) if lends else 0
+        want = max(min(r.threads + lent, r.cores), r.threads)
+        step, batch = (want, want) if r.follows_work else (r.threads, want)
+        if (step, batch) != (r.threads_now, r.batch_threads_now):
+            self.lc.llama_set_n_threads(self.ctx, step, batch)
+            r.threads_now, r.batch_threads_now = step, batch
 
     def finish(self, slot: _Slot, reason: str | None) -> None:
         """End a sequence: ``reason`` to its request (None: aborted, nobody reads the queue); the
@@ -666,6 +683,7 @@ class _Engine:
                 n += 1
             else:
                 slot.out = -1
+        self.decoding = n
         for slot in self.running:
             if slot.last >= 0 or n >= self.n_batch:
                 continue

@@ -150,3 +150,15 @@ def test_plan_shows_each_stages_restart_policy_and_its_fallback(tmp_path, capsys
     assert "Restarts: thinker never restarted" in capsys.readouterr().out
     assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stages"][0]["restart"] == "never"
+
+
+def test_a_cpu_share_that_is_no_policy_exits_2_before_any_work(tmp_path, capsys, monkeypatch):
+    """A typo in OMNI_EDGE_CPU_SHARE is refused by the command, naming the policies, not met
+    later in a device actor (nor taken silently for the default)."""
+    cfg, prof = setup(tmp_path)
+    monkeypatch.setenv("OMNI_EDGE_CPU_SHARE", "folow")
+    assert main(["plan", str(cfg), "--profile", str(prof), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert "OMNI_EDGE_CPU_SHARE" in err and "'folow'" in err
+    assert "prefill, follow, static" in err

@@ -1,7 +1,8 @@
 """The llama.cpp decoder's threads follow the work: the planned threads of the stages on its
-device that are idle are its own for the next step, and given back at the first step after one
-turns busy (``stages.cpu_share``). Real llama.cpp (the default pipeline's GGUF); nothing about
-what the model says, nor about speed: the context's own thread count is read back."""
+device that are idle are its own for the next step that reads a prompt (every step under
+``follow``), and given back at the first step after one turns busy (``stages.cpu_share``). Real
+llama.cpp (the default pipeline's GGUF); nothing about what the model says, nor about speed:
+the context's own thread counts are read back, at each decode call."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import load_config
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.plan import StagePlan
 from stages import cpu_share
 from stages.ar_decode.engines.llamacpp_runner import LlamaCppRunner
@@ -42,9 +44,28 @@ async def _one(item: Any) -> AsyncIterator[Any]:
     yield item
 
 
+def _steps(
+    runner: LlamaCppRunner, rid: str, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, int, int]]:
+    """One request of 3 tokens; each decode call's (tokens, n_threads, n_threads_batch), as
+    llama.cpp holds them when the call starts."""
+    lc, seen = runner._lc, []
+    decode = lc.llama_decode
+
+    def watched(ctx: Any, batch: Any) -> int:
+        seen.append((int(batch.n_tokens), lc.llama_n_threads(ctx), lc.llama_n_threads_batch(ctx)))
+        return int(decode(ctx, batch))
+
+    with monkeypatch.context() as m:
+        m.setattr(lc, "llama_decode", watched)
+        _decode(runner, rid)
+    return seen
+
+
 def _decode(runner: LlamaCppRunner, rid: str) -> int:
-    """One request of 3 tokens; the context's threads after it (as llama.cpp holds them)."""
-    request = {"prompt": "Hi", "sampling": {"min_tokens": 3, "max_tokens": 3}}
+    """One request of 3 tokens, its prompt the request's id (a prompt of its own: a reused one is
+    not read again); the context's threads after it (as llama.cpp holds them)."""
+    request = {"prompt": f"Say {rid}", "sampling": {"min_tokens": 3, "max_tokens": 3}}
 
     async def go() -> None:
         async for _ in runner.stream(rid, _one(request)):
@@ -55,8 +76,10 @@ def _decode(runner: LlamaCppRunner, rid: str) -> int:
 
 
 @pytest.fixture
-def voice() -> Iterator[str]:
-    """A stage on the same CPU with 1 planned thread, registered as the voice's runner does."""
+def voice(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A stage on the same CPU with 1 planned thread, registered as the voice's runner does; the
+    process has 8 cores, whatever this machine's."""
+    monkeypatch.setattr(cpu_share, "cores", lambda: 8)
     cpu_share.register("voice", "cpu", 1)
     yield "voice"
     cpu_share.unregister("voice")
@@ -108,8 +131,8 @@ def test_a_decode_takes_an_idle_stages_threads_and_gives_them_back_when_it_compu
         runner.close()
 
 
-@pytest.mark.parametrize("setting", [None, "static"])
-def test_by_default_and_static_the_decoder_keeps_the_planned_share(
+@pytest.mark.parametrize("setting", [None, "", "prefill"])
+def test_by_default_only_a_step_that_reads_a_prompt_takes_the_idle_stages_threads(
     voice: str, setting: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if setting is None:
@@ -118,7 +141,57 @@ def test_by_default_and_static_the_decoder_keeps_the_planned_share(
         monkeypatch.setenv(cpu_share.SHARE_ENV, setting)
     runner = _runner(threads=1)
     try:
+        assert runner.load_info["threads_share"] == "prefill"
         assert runner.load_info["threads_follow_work"] is False
-        assert _decode(runner, "static") == 1
+        steps = _steps(runner, "idle", monkeypatch)
+        # the prompt's new tokens (past the chat template's head) in one step, then 3 tokens
+        # (the last one sampled needs no step of its own)
+        assert steps[0][0] > 1 and [n for n, _, _ in steps[1:]] == [1, 1]
+        assert steps[0][1:] == (1, 2)  # the prompt on the voice's idle thread too
+        assert [t for _, t, _ in steps] == [1, 1, 1]  # a token per step on the plan's share
+        with cpu_share.busy(voice):
+            busy = _steps(runner, "busy", monkeypatch)
+        assert busy[0][0] > 1 and {(t, b) for _, t, b in busy} == {(1, 1)}
+        assert _steps(runner, "idle-again", monkeypatch)[0][1:] == (1, 2)
     finally:
         runner.close()
+
+
+def test_a_prompt_step_borrows_no_more_threads_than_the_process_has_cores(
+    voice: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """voice-chat.yaml gives Whisper both cores: idle, it and the voice lend 3 threads, but the
+    thinker's prompt runs on the 2 cores there are."""
+    monkeypatch.delenv(cpu_share.SHARE_ENV, raising=False)
+    monkeypatch.setattr(cpu_share, "cores", lambda: 2)
+    cpu_share.register("asr", "cpu", 2)
+    try:
+        runner = _runner(threads=1)
+        try:
+            assert cpu_share.lent_threads("cpu", runner.plan.name) == 3
+            assert _steps(runner, "capped", monkeypatch)[0][1:] == (1, 2)
+        finally:
+            runner.close()
+    finally:
+        cpu_share.unregister("asr")
+
+
+def test_static_keeps_the_planned_share(voice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_share.SHARE_ENV, "static")
+    runner = _runner(threads=1)
+    try:
+        assert runner.load_info["threads_share"] == "static"
+        assert {(t, b) for _, t, b in _steps(runner, "static", monkeypatch)} == {(1, 1)}
+    finally:
+        runner.close()
+
+
+def test_a_share_that_is_not_a_policy_is_refused_naming_the_policies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(cpu_share.SHARE_ENV, "folow")
+    with pytest.raises(ConfigError) as caught:
+        cpu_share.policy()
+    text = str(caught.value)
+    assert "OMNI_EDGE_CPU_SHARE" in text and "'folow'" in text
+    assert "prefill, follow, static" in text
