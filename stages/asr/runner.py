@@ -25,7 +25,8 @@ emitted either. The cache's empty shape comes from the ``past_key`` input.
 windows (3000 log-mel frames, the speech then padding), as Whisper was trained.
 ``fit`` runs the encoder on the same features cut to :func:`fit_frames` of the
 window — its length plus ``FIT_MARGIN_S``, rounded up to whole seconds, at least
-``FIT_MIN_S`` (whisper.cpp's ``audio_ctx``) — and hands the decoder the 1500
+``FIT_MIN_S`` (whisper.cpp's ``audio_ctx``; the hook is asked for those frames only, the
+item's ``frames``, and Whisper's computes no more) — and hands the decoder the 1500
 positions it was trained on: the encoder's outputs for the cut, then those of a
 silent 30 s window (computed once at ``load()``) for the rest. Fed the cut alone,
 the decoder repeats the transcript until ``max_new_tokens`` on most short
@@ -236,7 +237,8 @@ class AsrRunner(OrtRunner):
         """The greedy token ids of one audio item of at most one window (a speech segment), the
         first ones ``prefix`` (forced: what earlier passes on the same growing segment committed,
         ``stages.asr.streaming``); ``text`` turns them into the transcript. ``StageFailed`` for a
-        bad item or one longer than a window; ``Cancelled`` once ``cancel`` is set."""
+        bad item or one longer than a window; ``Cancelled`` once ``cancel`` is set (checked
+        before the encoder and before each decoder step)."""
         if not self._handles:
             self._fail("run before load()")
         samples, rate = self._samples(item)
@@ -249,7 +251,7 @@ class AsrRunner(OrtRunner):
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled before the encoder")
         with self._unit():
-            return self._decode_window(samples, prefix)
+            return self._decode_window(samples, prefix, cancel)
 
     def text(self, tokens: Sequence[int]) -> str:
         """The transcript of ``tokens`` (the decoder's postprocess hook: special tokens dropped,
@@ -267,28 +269,40 @@ class AsrRunner(OrtRunner):
             words = now
         return frozenset(starts)
 
-    def _decode_window(self, samples: Any, prefix: Sequence[int] = ()) -> list[int]:
-        feeds = self._pre({"audio": samples, "sample_rate": self.rate}, self.encoder)
+    def _decode_window(
+        self, samples: Any, prefix: Sequence[int] = (), cancel: threading.Event | None = None
+    ) -> list[int]:
         frames = self.frames_for(len(samples))
+        item = {"audio": samples, "sample_rate": self.rate}
+        if frames is not None and frames < self.frame_bounds[1]:
+            item["frames"] = frames  # a hook that reads it computes only these (the cut below)
+        feeds = self._pre(item, self.encoder)
         if frames is None or frames >= self.frame_bounds[1]:
             encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
-            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix)
+            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix, cancel)
         features = feeds[self.features]
         feeds[self.features] = np.ascontiguousarray(
             features[..., :frames] + (SILENCE_LEVEL - features.min())
         )
         encoded = self._host.run(self._handles["encoder"], feeds)["outputs"]
         if not self.silent_tail:
-            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix)
+            return self._greedy(encoded["cross_key"], encoded["cross_value"], prefix, cancel)
         key, value = (
             np.concatenate([encoded[n], self.silence[n][..., frames // 2 :, :]], axis=-2)
             for n in ("cross_key", "cross_value")
         )
-        return self._greedy(key, value, prefix)
+        return self._greedy(key, value, prefix, cancel)
 
-    def _greedy(self, cross_key: Any, cross_value: Any, prefix: Sequence[int] = ()) -> list[int]:
+    def _greedy(
+        self,
+        cross_key: Any,
+        cross_value: Any,
+        prefix: Sequence[int] = (),
+        cancel: threading.Event | None = None,
+    ) -> list[int]:
         """Greedy token ids after the prompt, without the end token; the first ones are
-        ``prefix`` (forced: fed with the prompt in the first step, as if decoded)."""
+        ``prefix`` (forced: fed with the prompt in the first step, as if decoded). A set
+        ``cancel`` stops it before the next step (``Cancelled``)."""
         empty = np.zeros(self.empty_cache_shape, dtype=np.float32)
         tokens: list[int] = [int(t) for t in prefix][: self.max_new_tokens]
         feeds = {
@@ -299,6 +313,8 @@ class AsrRunner(OrtRunner):
             "past_value": empty,
         }
         while len(tokens) < self.max_new_tokens:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"cancelled after {len(tokens)} tokens")
             out = self._host.run(self._handles["decoder"], feeds)["outputs"]
             scores = np.where(self.suppress, -np.inf, out["logits"][0])
             if not tokens:

@@ -146,6 +146,23 @@ def test_the_encoder_hook_takes_audio_items_of_at_most_30_seconds() -> None:
         whisper_asr.encoder_preprocess("hello")
 
 
+def test_the_hook_asked_for_a_windows_first_frames_gives_the_whole_windows_values() -> None:
+    """``audio_context: fit`` asks for the segment's frames only: the same features as the 30 s
+    window's first frames (the padding after the speech sits at the same floor), not a
+    recomputation with other values."""
+    rng = np.random.default_rng(3)
+    speech = (0.1 * rng.standard_normal(2 * 16000)).astype(np.float32)  # 2 s of "speech"
+    item = {"audio": speech, "sample_rate": 16000}
+    whole = whisper_asr.encoder_preprocess(item)["input_features"]
+    for frames in (250, 300):  # half a second of padding after it, and one second
+        cut = whisper_asr.encoder_preprocess({**item, "frames": frames})["input_features"]
+        assert cut.shape == (1, 80, frames) and cut.dtype == np.float32
+        # equal up to float32 rounding (a BLAS may block a matrix product by its width)
+        np.testing.assert_allclose(cut, whole[..., :frames], rtol=0, atol=1e-5)
+        # the floor fit offsets every window's features to
+        assert abs(float(cut.min()) - float(whole.min())) <= 1e-5
+
+
 def test_a_wav_file_is_read_as_mono_floats(tmp_path: Path) -> None:
     stereo = np.array([[16384, -16384], [32767, 32767]], dtype="<i2")
     with wave.open(str(tmp_path / "a.wav"), "wb") as w:
