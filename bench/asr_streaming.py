@@ -44,6 +44,8 @@ from asr_context import make_runner, pct  # noqa: E402  (bench/ is sys.path[0])
 from voice_latency import QUESTIONS, WARM_UP, espeak, espeak_problem, speak  # noqa: E402
 
 from exports.whisper_asr import DECODER_DIR, ENCODER_DIR, _words, word_error_rate  # noqa: E402
+from orchestrator.runtime.audio import rms_dbfs  # noqa: E402
+from orchestrator.server.realtime_transcribe import QUIET_DB, QUIET_FRAMES  # noqa: E402
 from stages.asr.streaming import LocalAgreement  # noqa: E402
 
 
@@ -65,16 +67,30 @@ def streamed(runner: Any, clip: np.ndarray, rate: int, step_s: float) -> dict[st
         agreement.update(tokens, runner.word_starts(tokens))
         passes += 1
     before = len(runner.text(agreement.committed).split())
+    cut = quiet_end(clip, rate)
+    quiet = runner.decode_tokens({"audio": clip[:cut], "sample_rate": rate}, agreement.committed)
     start = time.perf_counter()
     tokens = runner.decode_tokens({"audio": clip, "sample_rate": rate}, agreement.committed)
     closing = time.perf_counter() - start
     agreement.final(tokens)
     return {
         "text": runner.text(agreement.committed),
+        "quiet_text": runner.text(quiet),
+        "quiet_cut_s": round((clip.size - cut) / rate, 3),
         "closing_s": closing,
         "passes": passes + 1,
         "words_before_end": before,
     }
+
+
+def quiet_end(clip: np.ndarray, rate: int) -> int:
+    """Where the server's quiet pass would cut ``clip`` (``realtime_transcribe.Level``): after
+    the last 10 ms frame within QUIET_DB of the loudest, QUIET_FRAMES quiet frames on."""
+    frame = rate // 100
+    db = [rms_dbfs(clip[i : i + frame]) for i in range(0, clip.size - frame + 1, frame)]
+    peak = max(db)
+    last = max(i for i, d in enumerate(db) if d >= peak - QUIET_DB)
+    return min((last + 1 + QUIET_FRAMES) * frame, clip.size)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -102,6 +118,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                         row["streaming"] = {**s, "closing_s": round(s["closing_s"], 4)}
                 for side in ("whole", "streaming"):
                     row[side]["wer"] = round(word_error_rate(text, row[side]["text"]), 4)
+                row["streaming"]["quiet_wer"] = round(
+                    word_error_rate(text, row["streaming"]["quiet_text"]), 4
+                )
                 print(
                     f"  {voice:>9} {i + 1:>2}/{len(questions)} whole {row['whole']['s']:.3f} s  "
                     f"closing pass {row['streaming']['closing_s']:.3f} s  {text}",
@@ -129,6 +148,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         errors = sum(r[side]["wer"] * len(_words(r["question"])) for r in rows)
         out[f"wer_{side}"] = round(errors / words, 4)
         out[f"exact_{side}"] = sum(r[side]["wer"] == 0 for r in rows)
+    errors = sum(r["streaming"]["quiet_wer"] * len(_words(r["question"])) for r in rows)
+    out["wer_quiet"] = round(errors / words, 4)
+    out["exact_quiet"] = sum(r["streaming"]["quiet_wer"] == 0 for r in rows)
+    out["quiet_same"] = sum(r["streaming"]["quiet_text"] == r["streaming"]["text"] for r in rows)
+    cuts = [r["streaming"]["quiet_cut_s"] for r in rows]
+    out["quiet_cut_s"] = {"p50": round(pct(cuts, 50), 3), "p95": round(pct(cuts, 95), 3)}
     times = [r["whole"]["s"] for r in rows]
     closing = [r["streaming"]["closing_s"] for r in rows]
     out["whole_s"] = {"p50": round(pct(times, 50), 4), "p95": round(pct(times, 95), 4)}
@@ -154,6 +179,8 @@ def report(result: dict[str, Any]) -> None:
             f"{r['streaming']['closing_s']:7.3f} {r['streaming']['passes']:>6} {r['whole']['wer']:5.2f} "
             f"{r['streaming']['wer']:5.2f}  {r['question'][:30]}"
         )
+        if r["streaming"]["quiet_text"] != r["streaming"]["text"]:
+            print(f"{'':>12}quiet:     {r['streaming']['quiet_text'][:60]}")
         if r["whole"]["text"] != r["streaming"]["text"]:
             print(
                 f"{'':>12}whole:     {r['whole']['text'][:60]}\n{'':>12}streaming: {r['streaming']['text'][:60]}"
@@ -163,6 +190,12 @@ def report(result: dict[str, Any]) -> None:
     print(
         f"\nWER: whole {s['wer_whole']:.3f} ({s['exact_whole']}/{n} exact), streaming "
         f"{s['wer_streaming']:.3f} ({s['exact_streaming']}/{n} exact) over {s['reference_words']} words"
+    )
+    print(
+        f"the closing pass on the audio up to where it turned quiet (a quiet pass): WER "
+        f"{s['wer_quiet']:.3f} ({s['exact_quiet']}/{n} exact), the same words as the closing "
+        f"pass on all of it in {s['quiet_same']}/{n}; audio not heard p50 "
+        f"{s['quiet_cut_s']['p50']:.3f} s / p95 {s['quiet_cut_s']['p95']:.3f} s"
     )
     print(
         f"time after the end of speech: whole segment p50 {s['whole_s']['p50']:.3f} s / p95 "

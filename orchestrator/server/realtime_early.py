@@ -72,6 +72,9 @@ class Response:
     """When each audio chunk sent ended (ms of its audio): a sentence each."""
     speech_end: float = 0.0
     """When the user's speech ended (``time.monotonic``): the zero of ``marks``."""
+    seconds: float | None = None
+    """The user audio's length, when the audio the reply was given is not all of it yet (an
+    early reply's segment, its end pad on its way)."""
     marks: dict[str, float] = field(default_factory=dict)
 
     def mark(self, name: str, at: float | None = None) -> None:

@@ -112,7 +112,7 @@ class Replies:
         status, http = "completed", 499  # 499 (the client went away) unless it ends otherwise
         details: JsonObject | None = None
         wants_audio = "audio" in self.s.modalities
-        seconds = round(audio.size / float(rate), 3)
+        seconds = round(audio.size / float(rate) if r.seconds is None else r.seconds, 3)
         try:
             await self._emit(
                 r,

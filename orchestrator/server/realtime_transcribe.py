@@ -9,7 +9,8 @@ on the segment the VAD has open, while it grows:
   and sent as ``conversation.item.input_audio_transcription.delta`` events (OpenAI's shape);
 * a **closing pass** starts the moment the VAD hears a pause (before the pause has lasted
   anything like the turn's end): the speech before it, decoded with the committed words
-  forced as its head. Its transcript is what the early reply answers and what semantic turn
+  forced as its head. A partial pass still running then is stopped at its next decoder step
+  and dropped, so the closing pass does not wait for it. Its transcript is what the early reply answers and what semantic turn
   detection judges (``realtime_turn_end``); speech resuming makes it one more partial pass;
 * when the pause closes the turn, the closing pass's words after the committed ones are the
   last delta, sent after ``input_audio_buffer.committed``, and the transcript is the deltas
@@ -34,12 +35,65 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.runtime.audio import rms_dbfs
 from stages.asr.streaming import LocalAgreement
+from stages.audio_items import Cancelled
 from stages.vad.runner import Cutter, Segment
 
 STEP_S = 0.5
 """Seconds of new speech between partial passes: whisper_streaming's step is 1 s; half that,
 since a 1-4 s question gives only a few passes, and Whisper tiny's pass on one is ~0.1 s."""
+
+
+QUIET_DB = 35.0
+"""A 10 ms frame this far below the segment's loudest one is quiet."""
+QUIET_FRAMES = 3
+"""Quiet 10 ms frames in a row after speech that start a quiet pass (30 ms: the first appends
+after the last word, about 0.1 s before the VAD's probability falls far enough to open a
+pause)."""
+
+
+@dataclass
+class _Pass:
+    """One transcript pass on the open segment."""
+
+    kind: str
+    """``partial`` (every STEP_S of speech), ``quiet`` (where the audio turned quiet) or
+    ``closing`` (a pause heard)."""
+    end: int
+    """Where its audio ends (the VAD's sample)."""
+    stop: threading.Event
+    started: float
+    tokens: list[int] | None = None
+    """Its tokens, once it ended (not stopped)."""
+    at: float = 0.0
+
+
+class Level:
+    """The open segment's loudness, 10 ms at a time: where its last loud frame ends."""
+
+    def __init__(self, start: int) -> None:
+        self.scanned = start
+        """The VAD's sample up to which frames were measured."""
+        self.peak = float("-inf")
+        self.loud_until: int | None = None
+        """The end of the last frame within ``QUIET_DB`` of the loudest (None: none yet)."""
+
+    def update(self, cutter: Cutter) -> None:
+        frame = cutter.runner.rate // 100
+        while self.scanned + frame <= cutter.graph_samples:
+            item = cutter.audio(self.scanned, self.scanned + frame)
+            db = rms_dbfs(item["audio"]) if item is not None else float("-inf")
+            self.scanned += frame
+            self.peak = max(self.peak, db)
+            if db > float("-inf") and db >= self.peak - QUIET_DB:
+                self.loud_until = self.scanned
+
+    def quiet_since(self, rate: int) -> int:
+        """Quiet frames since the last loud one (0 before any)."""
+        if self.loud_until is None:
+            return 0
+        return (self.scanned - self.loud_until) // (rate // 100)
 
 
 @dataclass(frozen=True)
@@ -80,6 +134,12 @@ class Transcriber:
         """Early replies waiting for the closing pass of their pause (``later``)."""
         self._task: asyncio.Task[None] | None = None
         self._cancel = threading.Event()
+        """Set when the segment is forgotten: a pass on it stops."""
+        self._running: _Pass | None = None
+        """The pass running or last run on this segment."""
+        self._quiet: _Pass | None = None
+        """The last quiet pass on this segment (running or ended)."""
+        self.level: Level | None = None
 
     # -- following the segment -------------------------------------------------------
     def reset(self) -> None:
@@ -87,7 +147,9 @@ class Transcriber:
         result is dropped."""
         self._cancel.set()
         self._cancel = threading.Event()
-        self._task = None
+        if self._running is not None:
+            self._running.stop.set()
+        self._task, self._running, self._quiet, self.level = None, None, None, None
         for waiting in self._later.values():
             waiting.cancel()  # its reply is dropped with the segment
         self._later = {}
@@ -99,17 +161,62 @@ class Transcriber:
         seg = cutter.segmenter
         if seg.open_start is None or seg.open_speech < min_speech:
             return
-        if self.start != seg.open_start:
+        if self.start != seg.open_start or self.level is None:
             self.reset()
             self.start = self.covered = seg.open_start
-        if self._task is not None and not self._task.done():
-            return
+            self.level = Level(seg.open_start)
+        self.level.update(cutter)
+        rate = cutter.runner.rate
         span = seg.pause_span()
+        running = self._running if self._task is not None and not self._task.done() else None
         if span is not None:
-            if span not in self.closing:
-                self._run(cutter, seg.open_start, seg.heard, span)
-        elif seg.heard - self.covered >= STEP_S * cutter.runner.rate and self.t.s.rt.idle():
+            if span in self.closing or self._accept(span):
+                return
+            if running is not None:
+                if running.kind == "partial" or (
+                    running.kind == "quiet" and not self._holds(running)
+                ):
+                    running.stop.set()  # the pause's closing pass is what the reply waits for
+                return
+            self._run(cutter, seg.open_start, seg.heard, span)
+            return
+        quiet = self._quiet_due(rate)
+        if running is not None:
+            if quiet and (running.kind == "partial" or not self._holds(running)):
+                running.stop.set()  # a quiet pass may be the closing one: it goes first
+            return
+        if quiet and self.t.s.rt.idle():
+            self._run(cutter, seg.open_start, self.level.scanned, None, quiet=True)
+        elif (
+            seg.heard - self.covered >= STEP_S * rate
+            and self.t.s.rt.idle()
+            and (self._quiet is None or not self._holds(self._quiet))  # no new speech since
+        ):
             self._run(cutter, seg.open_start, seg.heard, None)
+
+    def _holds(self, p: _Pass) -> bool:
+        """Whether no speech came after ``p``'s audio: no loud frame past its end."""
+        loud = None if self.level is None else self.level.loud_until
+        return loud is not None and loud <= p.end
+
+    def _quiet_due(self, rate: int) -> bool:
+        """The audio turned quiet after speech, and no quiet pass covers the speech before."""
+        assert self.level is not None
+        if self.level.quiet_since(rate) < QUIET_FRAMES:
+            return False
+        return self._quiet is None or not self._holds(self._quiet)
+
+    def _accept(self, span: tuple[int, int]) -> bool:
+        """The pause that would close ``span`` began after a quiet pass that ended, was the
+        segment's last pass and heard every loud frame: that pass is its closing pass (the
+        audio it did not hear is quiet). Its transcript is ready as the pause is heard."""
+        q = self._quiet
+        if q is None or q.tokens is None or q is not self._running or not self._holds(q):
+            return False
+        now = time.monotonic()
+        self._ready(span, Heard(q.tokens, self._text_after(q.tokens), q.started, max(q.at, now)))
+        asyncio.get_running_loop().create_task(self.t.on_pass(span))
+        return True
 
     def heard(self, span: tuple[int, int]) -> Heard | None:
         """The closing pass for the pause that would close ``span``, when it is ready."""
@@ -133,31 +240,55 @@ class Transcriber:
         if waiting is not None and not waiting.done():
             waiting.set_result(heard)
 
-    def _run(self, cutter: Cutter, start: int, end: int, key: tuple[int, int] | None) -> None:
+    def _run(
+        self,
+        cutter: Cutter,
+        start: int,
+        end: int,
+        key: tuple[int, int] | None,
+        quiet: bool = False,
+    ) -> None:
         item = cutter.audio(start, end)
         if item is None:
             return
+        # a partial or quiet pass has a stop of its own; a closing pass stops with the segment
+        kind = "closing" if key is not None else "quiet" if quiet else "partial"
+        stop = self._cancel if key is not None else threading.Event()
+        p = self._running = _Pass(kind, end, stop, time.monotonic())
+        if quiet:
+            self._quiet = p
         self._task = asyncio.create_task(
-            self._pass(item, end, key, self._cancel), name=f"realtime:{self.t.s.id}:asr"
+            self._pass(item, p, key, self._cancel), name=f"realtime:{self.t.s.id}:asr"
         )
 
     async def _pass(
         self,
         item: Segment,
-        end: int,
+        p: _Pass,
         key: tuple[int, int] | None,
         cancel: threading.Event,
     ) -> None:
         prefix = list(self.agreement.committed)
-        started = time.monotonic()
-        tokens, starts = await asyncio.to_thread(self.t.s.rt.transcribe, item, prefix, cancel)
+        try:
+            tokens, starts = await asyncio.to_thread(self.t.s.rt.transcribe, item, prefix, p.stop)
+        except Cancelled:
+            tokens, starts = [], frozenset()
         if cancel.is_set():  # the segment is gone
             return
+        if p.stop.is_set():  # stopped for a pass that goes first: it starts now
+            asyncio.get_running_loop().create_task(self.t.on_pass(None))
+            return
+        p.tokens, p.at = tokens, time.monotonic()
+        if p.kind == "quiet":
+            # a candidate for the pause's closing pass only: the words committed while the user
+            # speaks come from the partial passes, every STEP_S, whatever the quiet passes say
+            asyncio.get_running_loop().create_task(self.t.on_pass(None))
+            return
         self.agreement.update(tokens, starts)
-        self.covered = max(self.covered, end)
+        self.covered = max(self.covered, p.end)
         await self._send(self._text_after(self.agreement.committed))
         if key is not None:
-            self._ready(key, Heard(tokens, self._text_after(tokens), started, time.monotonic()))
+            self._ready(key, Heard(tokens, self._text_after(tokens), p.started, time.monotonic()))
         # told in a task of its own: the turn's handler may be waiting for this pass
         asyncio.get_running_loop().create_task(self.t.on_pass(key))
 

@@ -92,8 +92,18 @@ class TurnEnd:
 
     def __init__(self, scorer: TurnScorer) -> None:
         self.scorer = scorer
+        self._warming: asyncio.Future[float] | None = None
 
     async def complete(self, transcript: str, eagerness: str) -> bool:
         """Whether ``transcript`` is a finished utterance at ``eagerness``'s threshold."""
         score = await asyncio.to_thread(self.scorer.complete, transcript)
         return score >= pauses(eagerness).threshold
+
+    def warm(self, words: str) -> None:
+        """Read ``words`` (a transcript's head: the words committed while the user speaks) in the
+        background, its score dropped: the scorer keeps what it read, so the verdict at the pause
+        reads only the words after them (the llama.cpp scorer reads a transcript from where it
+        parts from the last one). At most one at a time: a call while one runs does nothing."""
+        if not words.strip() or (self._warming is not None and not self._warming.done()):
+            return
+        self._warming = asyncio.ensure_future(asyncio.to_thread(self.scorer.complete, words))

@@ -125,6 +125,15 @@ class Turns:
         if heard is not None and turn.get("type") == "semantic_vad":
             judge = await self.s.rt.turn_end()
             complete = await judge.complete(heard.text, turn["eagerness"])
+        elif (
+            key is None
+            and turn.get("type") == "semantic_vad"
+            and self.s.rt.idle()
+            and (self.cutter is None or self.cutter.segmenter.pause_span() is None)
+        ):
+            # the words committed so far are read while the user speaks: the verdict at the
+            # pause reads only the last ones, beside the thinker reading the question
+            (await self.s.rt.turn_end()).warm(self.transcriber.sent)
         async with self.lock:
             cutter = self.cutter
             if cutter is None:
@@ -310,7 +319,10 @@ class Turns:
         ``silence_duration_ms``: its transcript, first tokens and first audio are under way while
         the session waits for the rest of the pause. Its events are held; speech resuming (the
         pause was not the turn's end) drops it unseen."""
-        pending = cutter.pending()
+        streaming = self._streaming()
+        # streaming: the reply answers the pause's closing pass, not the audio, so it starts as
+        # the pause begins; otherwise once the segment's end pad is heard (its audio whole)
+        pending = cutter.closing() if streaming else cutter.pending()
         await self.early.drop_stale(pending)
         if (
             self.early.response is not None
@@ -322,8 +334,9 @@ class Turns:
         span, item = pending
         speech_end = self.early.speech_end_at(cutter, span[1] - cutter.segmenter.rules.pad, arrived)
         r = self.early.start(span, self._next_item(), speech_end)
+        r.seconds = cutter.seconds(*span)
         # streaming: the transcript is the pause's closing pass, ready or on its way
-        heard = self.transcriber.later(span) if self._streaming() else None
+        heard = self.transcriber.later(span) if streaming else None
         r.task = asyncio.create_task(
             self.s.replies.run(
                 r, item["audio"], int(item["sample_rate"]), self.s.rt.entry, heard=heard

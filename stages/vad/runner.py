@@ -325,6 +325,23 @@ class Cutter:
         item = self._item(*span)
         return None if item is None else (span, item)
 
+    def closing(self) -> tuple[tuple[int, int], Segment] | None:
+        """The segment the current pause will close as soon as the pause begins
+        (``Segmenter.closing``): its bounds and the audio of it heard so far (its end pad may
+        still be on its way)."""
+        span = self.segmenter.closing()
+        if span is None:
+            return None
+        item = self._item(span[0], min(span[1], self.segmenter.heard))
+        return None if item is None else (span, item)
+
+    def seconds(self, start: int, end: int) -> float:
+        """The length, at the input's rate, of the segment between the graph's indices ``start``
+        and ``end`` once all of it is heard (what :meth:`audio` will then hold)."""
+        rate = self.source_rate or self.runner.rate
+        at = lambda i: round(i * rate / self.runner.rate)  # noqa: E731
+        return (at(end) - at(start)) / float(rate)
+
     def _trim(self) -> None:
         """Forget the samples no segment can start before: before the open segment, or
         (no speech open) before one pad's length behind the last window scored."""

@@ -119,10 +119,20 @@ class Segmenter:
         keep. The bounds are exactly those :meth:`push` then emits (the pause's start plus the
         pad, within ``max_segment``), so work on the segment can start before the pause has
         lasted ``min_silence``: a realtime session's early response."""
-        span, pause = self.pause_span(), self._pause
-        if span is None or pause is None or self.heard - pause < self.rules.pad:
+        span = self.closing()
+        if span is None or self._pause is None or self.heard - self._pause < self.rules.pad:
             return None
-        return None if pause - self._speech_start < self.rules.min_speech else span
+        return span
+
+    def closing(self) -> tuple[int, int] | None:
+        """The segment the current pause will close if no speech resumes, as soon as the pause
+        begins (:meth:`pending` before its end pad is heard: a session with its own transcript
+        of the speech needs no more of the audio); None with no pause, or when the speech is too
+        short to keep."""
+        span, pause = self.pause_span(), self._pause
+        if span is None or pause is None or pause - self._speech_start < self.rules.min_speech:
+            return None
+        return span
 
     def pause_span(self) -> tuple[int, int] | None:
         """The bounds of the segment the current pause would close (its start, the pause's start

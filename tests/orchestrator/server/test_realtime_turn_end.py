@@ -369,6 +369,24 @@ def test_a_complete_question_ends_its_turn_after_the_short_pause(
     asyncio.run(main())
 
 
+def test_the_scorer_reads_the_committed_words_while_the_user_speaks(
+    vad_runner: Any, clips: dict[str, np.ndarray]
+) -> None:
+    """Under semantic_vad each partial pass hands the words committed so far to the scorer (its
+    cache keeps them), so the verdict at the pause reads only the words after them: the scorer
+    was asked for a head of the question before it was asked for all of it."""
+
+    async def main() -> None:
+        session = _session(vad_runner, [WHOLE], clips, semantic_turn("medium"))
+        await talk(session, np.concatenate([silence(0.5), clips[WHOLE], silence(1.5)]))
+        asked = session.rt.scorer.asked
+        assert WHOLE in asked, asked
+        heads = asked[: asked.index(WHOLE)]
+        assert heads and all(WHOLE.startswith(h) and h != WHOLE for h in heads), asked
+
+    asyncio.run(main())
+
+
 def _inner_pause_audio(clips: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
     lead = silence(0.5)
     audio = np.concatenate(
@@ -394,7 +412,8 @@ def test_an_unfinished_question_waits_through_its_inner_pause_and_is_one_turn(
         kinds = [e["type"] for e in events]
         assert kinds.count("input_audio_buffer.committed") == 1, kinds
         assert at[kinds.index("input_audio_buffer.committed")] > end  # after the whole question
-        assert session.rt.scorer.asked[0] == FIRST and session.rt.scorer.asked[-1] == WHOLE
+        # judged at the inner pause (the heads read while the user spoke aside), then at the end
+        assert FIRST in session.rt.scorer.asked and session.rt.scorer.asked[-1] == WHOLE
         # the inner pause's reply ran to its audio, held, and was dropped
         spoken = session.rt.runs[0]
         assert spoken.prompt == TextRequest(FIRST) and spoken.yielded_audio and spoken.closed

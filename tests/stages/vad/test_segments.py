@@ -142,6 +142,20 @@ def test_nothing_is_pending_for_speech_too_short_to_keep() -> None:
     for p in [0.9] * 2 + [0.0] * 2:  # 20 samples of speech: under min_speech (30)
         seg.push(p)
     assert seg.pause_start == 20 and seg.pending() is None
+    assert seg.closing() is None
+
+
+def test_the_closing_segment_is_known_as_the_pause_begins_before_its_pad() -> None:
+    """What a session with its own transcript answers early: the same bounds ``pending`` gives
+    once the pad is heard, known a window sooner."""
+    seg = Segmenter(rules(pad=20, min_silence=40))
+    for p in [0.0] * 5 + [0.9] * 6:  # speech from sample 50 to 110
+        seg.push(p)
+    assert seg.closing() is None  # no pause yet
+    seg.push(0.0)  # the pause starts at 110; 10 of its 20 samples of pad heard
+    assert seg.closing() == (30, 130) and seg.pending() is None
+    seg.push(0.0)
+    assert seg.pending() == seg.closing() == (30, 130)
 
 
 @settings(max_examples=300, deadline=None)
