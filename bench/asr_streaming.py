@@ -18,6 +18,11 @@ setting) on the ONNX Runtime CPU EP, ``--threads`` threads.
   after the end of speech, less the VAD's own (a window or two) and any wait for a pass that
   was running.
 
+Beside the closing pass, the **quiet pass** a session runs where the audio turned quiet
+(``realtime_transcribe.QUIET_FRAMES`` frames ``QUIET_DB`` below the loudest, after the last loud
+one): the same pass on the question cut there, its words against the closing pass's (the
+server takes it for the closing pass when nothing loud follows).
+
 The two alternate which goes first per question. Per question: the passes, the words committed
 before the end, each side's time and word error rate (``exports.whisper_asr.word_error_rate``).
 Summary: the total WER of each, p50/p95 of the whole-segment time and of the closing pass, and
