@@ -2,7 +2,7 @@
 
     python bench/decode.py [--threads 1 2] [--max-tokens 128] [--repeat 2]
                            [--with-vllm | --no-with-vllm] [--with-pipeline | --no-with-pipeline]
-                           [--stage-env KEY=VALUE ...]
+                           [--stage-env KEY=VALUE ...] [--interleave]
                            [--json FILE]
 
 The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in
@@ -45,6 +45,9 @@ row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
   timed where the text deltas reach this process (:func:`pipeline_rows`).
   Targets (the llama.cpp backend work): llama.cpp stage / raw llama.cpp ≥ 0.95, llama.cpp
   stage / vLLM stage ≥ 4.
+* ``--interleave``: raw llama.cpp and the llama.cpp stage only, both started, each request sent
+  to one then to the other (the order swapped every request): on a machine whose speed drifts
+  over minutes (a VM's neighbours) the rows one after the other compare two different machines.
 * **llama.cpp stage, --stage-env** (``--stage-env KEY=VALUE``, repeatable) — the same stage
   again, right after the plain one, with those variables in its device actor's environment
   (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``: how OpenMP's threads wait between two parallel
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -62,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -411,14 +416,15 @@ stages:
 """The default pipeline's thinker alone, on one named backend and thread count (``cpu_threads``)."""
 
 
-def pipeline_rows(
-    backend: str, threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+@contextlib.contextmanager
+def stage_session(
+    backend: str, threads: int, max_tokens: int, env: dict[str, str] | None = None
+) -> Iterator[tuple[Callable[[str], dict[str, Any]] | None, Any]]:
     """The thinker alone as a one-stage pipeline on ``backend`` (``llamacpp-cpu``, ``vllm-cpu``),
     planned on this machine and started through ``orchestrator.api.Pipeline`` (Ray, the device
-    actor, the ledger) with ``cpu_threads: threads``: the rows "llama.cpp stage" and "vLLM
-    stage". Each request is timed where its text deltas reach this process; its token count is
-    the decode stage's own (its ``done`` event)."""
+    actor, the ledger) with ``cpu_threads: threads``: ``(run, plan)``, ``run(prompt)`` one
+    request timed where its text deltas reach this process (its token count the decode stage's
+    own: its ``done`` event); ``run`` is None when the plan refused the stage."""
     import tempfile
 
     from orchestrator.api import Pipeline
@@ -444,7 +450,8 @@ def pipeline_rows(
             actor_env.update(env or {})  # --stage-env: the device actor's environment
         sp = pipe.plan.stage("thinker")
         if not sp.admitted:
-            return {"error": "; ".join(f"{r.code}: {r.message}" for r in sp.refusals)[:600]}
+            yield None, sp
+            return
         pipe.start()
         try:
 
@@ -471,11 +478,83 @@ def pipeline_rows(
 
                 return asyncio.run(main())
 
-            run(PROMPTS[0])  # warm-up, not counted
-            runs = [{"prompt": p, **run(p)} for _ in range(repeat) for p in PROMPTS]
+            yield run, sp
         finally:
             pipe.close()
+
+
+def pipeline_rows(
+    backend: str, threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The rows "llama.cpp stage" and "vLLM stage": :func:`stage_session`'s requests, a warm-up
+    then every prompt ``repeat`` times."""
+    with stage_session(backend, threads, max_tokens, env) as (run, sp):
+        if run is None:
+            return {"error": "; ".join(f"{r.code}: {r.message}" for r in sp.refusals)[:600]}
+        run(PROMPTS[0])  # warm-up, not counted
+        runs = [{"prompt": p, **run(p)} for _ in range(repeat) for p in PROMPTS]
     return {"runs": runs, "cpu_threads": sp.cpu_threads}
+
+
+# ---- raw llama.cpp and the stage, request by request ----------------------------------------
+
+
+def raw_server(threads: int, max_tokens: int) -> None:
+    """Runs in its own interpreter (``--llama-serve``): raw llama.cpp answering one request per
+    line of standard input (a prompt as JSON) with one line of figures, until the input ends."""
+    stage = thinker_stage()
+    engine = RawLlama(threads, stage.max_model_len)
+    try:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            prompt = json.loads(line)
+            print(json.dumps({"prompt": prompt, **engine.run(prompt_ids(prompt), max_tokens)}))
+            sys.stdout.flush()
+    finally:
+        engine.close()
+
+
+def interleaved_rows(
+    threads: int, max_tokens: int, repeat: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``--interleave``: raw llama.cpp (a subprocess of its own, ``raw_server``) and the
+    llama.cpp stage (``stage_session``) both started, then each request sent to one and at once
+    to the other, the order swapped every request: a machine whose speed drifts over minutes (a
+    VM's neighbours) weighs on both alike. Each engine's warm-up first, not counted."""
+    cmd = [sys.executable, __file__, "--llama-serve", "--threads", str(threads)]
+    cmd += ["--max-tokens", str(max_tokens)]
+    raw = subprocess.Popen(
+        cmd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert raw.stdin is not None and raw.stdout is not None
+    try:
+        if not raw.stdout.readline():
+            raise SystemExit("the raw llama.cpp server did not start (its error is above)")
+
+        def ask_raw(prompt: str) -> dict[str, Any]:
+            assert raw.stdin is not None and raw.stdout is not None
+            raw.stdin.write(json.dumps(prompt) + "\n")
+            raw.stdin.flush()
+            return dict(json.loads(raw.stdout.readline()))
+
+        runs: dict[str, list[dict[str, Any]]] = {"raw_llamacpp": [], "llamacpp_stage": []}
+        with stage_session("llamacpp-cpu", threads, max_tokens, env) as (run, sp):
+            if run is None:
+                return {"runs": runs, "llamacpp_stage_error": str(sp.refusals)[:600]}
+            ask_raw(PROMPTS[0])
+            run(PROMPTS[0])  # warm-ups, not counted
+            sides = (("raw_llamacpp", ask_raw), ("llamacpp_stage", run))
+            for i, prompt in enumerate(p for _ in range(repeat) for p in PROMPTS):
+                for key, ask in sides if i % 2 == 0 else sides[::-1]:
+                    runs[key].append({"prompt": prompt, **ask(prompt)})
+        return {"runs": runs, "interleaved": True}
+    finally:
+        raw.stdin.close()
+        raw.wait(timeout=60)
 
 
 # ---- the report -----------------------------------------------------------------------------
@@ -570,6 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the llama.cpp stage with KEY=VALUE in its device actor's environment "
         "(e.g. OMP_WAIT_POLICY=PASSIVE), right after the plain stage: a row of its own",
     )
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="raw llama.cpp and the llama.cpp stage only, started together and sent each request "
+        "one after the other (the order swapped every request), so the machine's drift weighs "
+        "on both alike",
+    )
+    ap.add_argument("--llama-serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-worker", choices=("raw", "runner"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -581,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--stage-env {bad[0]!r}: expected KEY=VALUE, e.g. OMP_WAIT_POLICY=PASSIVE")
     stage_env = dict(e.split("=", 1) for e in args.stage_env)
+    if args.llama_serve:
+        raw_server(args.threads[0], args.max_tokens)
+        return 0
     if args.vllm_worker:
         print(json.dumps(vllm_worker(args.threads[0], args.max_tokens, args.repeat)))
         return 0
@@ -599,15 +689,18 @@ def main(argv: list[str] | None = None) -> int:
         "threads": {},
     }
     for threads in args.threads:
-        res = llama_rows(threads, args.max_tokens, args.repeat)
-        if args.with_vllm:
+        if args.interleave:
+            res = interleaved_rows(threads, args.max_tokens, args.repeat, stage_env)
+        else:
+            res = llama_rows(threads, args.max_tokens, args.repeat)
+        if args.with_vllm and not args.interleave:
             v = vllm_rows(threads, args.max_tokens, args.repeat)
             if "error" in v:
                 res["vllm_error"] = v["error"]
             else:
                 res["runs"].update(v["runs"])
                 res["vllm_torch_threads"] = v["torch_threads"]
-        if args.with_pipeline:
+        if args.with_pipeline and not args.interleave:
             for backend, key in (("llamacpp-cpu", "llamacpp_stage"), ("vllm-cpu", "vllm_stage")):
                 if backend == "vllm-cpu" and not args.with_vllm:
                     continue
@@ -624,16 +717,17 @@ def main(argv: list[str] | None = None) -> int:
         res["summary"] = {k: summarize(runs) for k, runs in res["runs"].items()}
         s = res["summary"]
         ratios = {}
-        if s["raw_llamacpp"]["decode_tps"] and s["llamacpp_runner"]["decode_tps"]:
+        runner = s.get("llamacpp_runner", {})
+        if s["raw_llamacpp"]["decode_tps"] and runner.get("decode_tps"):
             ratios["runner / raw llama.cpp"] = (
                 s["llamacpp_runner"]["decode_tps"] / s["raw_llamacpp"]["decode_tps"]
             )
-        if s["raw_llamacpp"]["cpu_ms_per_token"] and s["llamacpp_runner"]["cpu_ms_per_token"]:
+        if s["raw_llamacpp"]["cpu_ms_per_token"] and runner.get("cpu_ms_per_token"):
             # CPU time per token is what the runner adds; it holds when other work shares the cores
             ratios["raw / runner CPU per token"] = (
                 s["raw_llamacpp"]["cpu_ms_per_token"] / s["llamacpp_runner"]["cpu_ms_per_token"]
             )
-        if s.get("raw_vllm", {}).get("decode_tps") and s["llamacpp_runner"]["decode_tps"]:
+        if s.get("raw_vllm", {}).get("decode_tps") and runner.get("decode_tps"):
             ratios["runner / raw vLLM-CPU"] = (
                 s["llamacpp_runner"]["decode_tps"] / s["raw_vllm"]["decode_tps"]
             )

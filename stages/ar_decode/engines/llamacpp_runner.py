@@ -75,6 +75,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -246,6 +247,14 @@ def _context_settings(kw: dict[str, Any], lc: Any) -> _ContextSettings:
     return _ContextSettings(n_seq, n_ctx, n_batch, n_ubatch, type_k, type_v, gpu_layers, flash)
 
 
+GIL_SWITCH_S = 0.0002
+"""The interpreter's thread switch interval in a process that runs a llama.cpp engine (CPython's
+default is 5 ms): each token the engine thread's sampler and the event loop forwarding the last
+token both want the GIL. In an interleaved ``bench/decode.py --interleave`` run the stage at 1
+thread went from 0.88x raw llama.cpp to 0.98x and 1.10x with it (docs/benchmarks.md, decode
+speed); never raised above what the process already has."""
+
+
 class LlamaCppRunner(ThreadedEngineRunner):
     """An ``ar_decode`` stage on llama.cpp, in this process (see the module docstring)."""
 
@@ -283,6 +292,9 @@ class LlamaCppRunner(ThreadedEngineRunner):
     def load(self) -> None:
         """Load the GGUF and create the context. Raises ``StageFailed`` (stage, device, cause)."""
         t0 = time.perf_counter()
+        # the engine thread samples each token in Python and must get the GIL back from the
+        # event loop that forwards the last one; at CPython's 5 ms switch interval it waited
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self._meter.start()
         kw = dict(self.plan.engine_kwargs)
         try:
