@@ -5,7 +5,8 @@
 
 The plan splits the CPU's cores between the thinker (llama.cpp) and the voice (ONNX Runtime):
 one thread each on 2 cores. Two ``Pipeline``s of the config are started at once, the same plan
-in each: **static** (the default: every stage on its planned threads) and **follow**
+in each: **static** (every stage on its planned threads; the default, ``prefill``, lends the
+voice's thread to a step that reads a prompt only) and **follow**
 (``OMNI_EDGE_CPU_SHARE=follow`` in the device actor's environment: while the voice is idle, the
 decoder's steps also take its thread; ``stages.cpu_share``). Each round sends every prompt
 of ``PROMPTS`` (greedy: ``temperature`` 0, so both variants speak the same replies) to one

@@ -9,9 +9,10 @@ on the segment the VAD has open, while it grows:
   and sent as ``conversation.item.input_audio_transcription.delta`` events (OpenAI's shape);
 * a **closing pass** starts the moment the VAD hears a pause (before the pause has lasted
   anything like the turn's end): the speech before it, decoded with the committed words
-  forced as its head. A partial pass still running then is stopped at its next decoder step
-  and dropped, so the closing pass does not wait for it. Its transcript is what the early reply answers and what semantic turn
-  detection judges (``realtime_turn_end``); speech resuming makes it one more partial pass;
+  forced as its head (a partial pass still running then is stopped at its next decoder step
+  and dropped: the closing pass does not wait for it). Its transcript is what the early reply
+  answers and what semantic turn detection judges (``realtime_turn_end``); speech resuming
+  makes it one more partial pass;
 * when the pause closes the turn, the closing pass's words after the committed ones are the
   last delta, sent after ``input_audio_buffer.committed``, and the transcript is the deltas
   joined: ``…transcription.completed`` says exactly the text the deltas spelled.

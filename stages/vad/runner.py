@@ -339,8 +339,9 @@ class Cutter:
         """The length, at the input's rate, of the segment between the graph's indices ``start``
         and ``end`` once all of it is heard (what :meth:`audio` will then hold)."""
         rate = self.source_rate or self.runner.rate
-        at = lambda i: round(i * rate / self.runner.rate)  # noqa: E731
-        return (at(end) - at(start)) / float(rate)
+        return (
+            round(end * rate / self.runner.rate) - round(start * rate / self.runner.rate)
+        ) / float(rate)
 
     def _trim(self) -> None:
         """Forget the samples no segment can start before: before the open segment, or

@@ -289,7 +289,9 @@ def test_a_spoken_question_streamed_at_real_time_is_heard_and_answered(
                 "early_start",
             }, timing
             assert timing["early_start"] is True
-            assert 0 <= timing["request_ms"] < timing["turn_end_ms"] <= timing["first_audio_ms"]
+            # request_ms < 0 when a quiet pass transcribed the speech before the pause was heard
+            assert timing["request_ms"] < timing["turn_end_ms"] <= timing["first_audio_ms"]
+            assert timing["transcript_ms"] >= 0
             assert (
                 timing["request_ms"]
                 <= timing["transcript_ms"]
