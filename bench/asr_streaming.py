@@ -50,7 +50,7 @@ from voice_latency import QUESTIONS, WARM_UP, espeak, espeak_problem, speak  # n
 
 from exports.whisper_asr import DECODER_DIR, ENCODER_DIR, _words, word_error_rate  # noqa: E402
 from orchestrator.runtime.audio import rms_dbfs  # noqa: E402
-from orchestrator.server.realtime_transcribe import QUIET_DB, QUIET_FRAMES  # noqa: E402
+from orchestrator.server.realtime_transcribe import QUIET_FRAMES, Level  # noqa: E402
 from stages.asr.streaming import LocalAgreement  # noqa: E402
 
 
@@ -89,13 +89,13 @@ def streamed(runner: Any, clip: np.ndarray, rate: int, step_s: float) -> dict[st
 
 
 def quiet_end(clip: np.ndarray, rate: int) -> int:
-    """Where the server's quiet pass would cut ``clip`` (``realtime_transcribe.Level``): after
-    the last 10 ms frame within QUIET_DB of the loudest, QUIET_FRAMES quiet frames on."""
+    """Where the server's quiet pass cuts ``clip`` (``realtime_transcribe.Level``, the server's
+    own rule): QUIET_FRAMES quiet frames after its last loud 10 ms frame."""
     frame = rate // 100
-    db = [rms_dbfs(clip[i : i + frame]) for i in range(0, clip.size - frame + 1, frame)]
-    peak = max(db)
-    last = max(i for i, d in enumerate(db) if d >= peak - QUIET_DB)
-    return min((last + 1 + QUIET_FRAMES) * frame, clip.size)
+    level = Level(0, frame)
+    for i in range(0, clip.size - frame + 1, frame):
+        level.add(rms_dbfs(clip[i : i + frame]))
+    return min((level.loud_until or 0) + QUIET_FRAMES * frame, clip.size)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from orchestrator.core.cpu_threads import cpu_cores
 from orchestrator.core.errors import ConfigError
 
 SHARE_ENV = "OMNI_EDGE_CPU_SHARE"
@@ -138,10 +139,8 @@ def lent_threads(device: str, borrower: str) -> int:
 
 
 def cores() -> int:
-    """The cores this process may run on: a borrower never asks for more threads than these
-    (a config may give its stages more threads than the plan's split, as voice-chat.yaml gives
+    """The cores this process may run on (its affinity, capped by a cgroup CPU quota: what the
+    profile's ``host.cpu_cores`` says): a borrower never asks for more threads than these (a
+    config may give its stages more threads than the plan's split, as voice-chat.yaml gives
     Whisper both cores)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except (AttributeError, OSError):  # not on Linux
-        return max(os.cpu_count() or 1, 1)
+    return cpu_cores()

@@ -15,13 +15,22 @@ pools than cores (then one thread each, and the split says it oversubscribes).
 A pool whose stage's config names ``cpu_threads`` gets exactly that many and the
 others share what is left. The planner (``orchestrator.planner_threads``) decides which
 stages are pools and writes the result in each ``StagePlan.cpu_threads``.
+
+:func:`cpu_cores` reads the cores this process may use (its affinity, capped by a cgroup CPU
+quota): the probe's ``host.cpu_cores`` in a profile, and the cap a device actor's llama.cpp
+engine never borrows past (``stages.cpu_share``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 DECODE_WEIGHT = 2
 """A decode stage's (``ar_decode``) share of the cores against another stage's
@@ -98,3 +107,65 @@ def split_cores(cores: int, pools: Sequence[Pool]) -> Split:
     for i in order[: max(spare, 0)]:
         threads[i] += 1
     return Split(tuple(threads), usable, sum(threads) > usable)
+
+
+# ---- the cores this process may use (the probe's host.cpu_cores; a device actor's cap) ----
+
+CGROUP_CPU_FILES = (
+    (Path("/sys/fs/cgroup/cpu.max"), None),  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+    (
+        Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+        Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    ),  # cgroup v1
+)
+
+
+def parse_cpu_quota(quota: str, period: str | None = None) -> float | None:
+    """A cgroup CPU quota in CPUs: cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max PERIOD")
+    or v1's ``cpu.cfs_quota_us`` with ``period`` (``cpu.cfs_period_us``); None for no
+    limit ("max", -1) or garbage."""
+    fields = quota.split()
+    if period is not None:
+        fields = fields[:1] + period.split()[:1]
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        q, p = int(fields[0]), int(fields[1])
+    except ValueError:
+        return None
+    if q <= 0 or p <= 0:
+        return None
+    return q / p
+
+
+def usable_cpus(affinity: int, quota: float | None) -> int:
+    """Logical CPUs a process can keep busy: its affinity mask, capped by a CPU quota
+    rounded down (a 1.5-CPU quota throttles a second busy thread half the time), at least one."""
+    if quota is None:
+        return max(affinity, 1)
+    return max(1, min(affinity, math.floor(quota)))
+
+
+def cgroup_cpu_quota(files: Iterable[tuple[Path, Path | None]] = CGROUP_CPU_FILES) -> float | None:
+    """The first CPU quota among ``files`` (cgroup v2 first, then v1), in CPUs."""
+    for quota_path, period_path in files:
+        try:
+            quota = quota_path.read_text(encoding="utf-8")
+            period = period_path.read_text(encoding="utf-8") if period_path is not None else None
+        except OSError:
+            continue
+        found = parse_cpu_quota(quota, period)
+        if found is not None:
+            log.debug("cgroup CPU quota %.2f CPUs from %s", found, quota_path)
+            return found
+    return None
+
+
+def cpu_cores() -> int:
+    """Logical CPUs this process may run on: ``sched_getaffinity`` (``os.cpu_count`` where
+    there is none), capped by a cgroup CPU quota."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        affinity = os.cpu_count() or 1
+    return usable_cpus(affinity, cgroup_cpu_quota())

@@ -18,8 +18,6 @@ process or imports anything heavy.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import platform
 import sys
 from collections.abc import Iterable
@@ -28,6 +26,13 @@ from typing import Literal
 
 import psutil
 
+# the cores this process may use are read in orchestrator.core.cpu_threads (a device actor reads
+# them too, and stages may not import the probe); re-exported for the profile and its tests
+from orchestrator.core.cpu_threads import CGROUP_CPU_FILES as CGROUP_CPU_FILES
+from orchestrator.core.cpu_threads import cgroup_cpu_quota as cgroup_cpu_quota
+from orchestrator.core.cpu_threads import cpu_cores
+from orchestrator.core.cpu_threads import parse_cpu_quota as parse_cpu_quota
+from orchestrator.core.cpu_threads import usable_cpus as usable_cpus
 from orchestrator.core.profile import Host
 
 log = logging.getLogger(__name__)
@@ -39,14 +44,6 @@ CGROUP_LIMIT_FILES = (
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX (9223372036854771712);
 # anything at or above 2**60 bytes (1 EiB) is that sentinel, not a real limit.
 ABSURD_LIMIT_BYTES = 2**60
-
-CGROUP_CPU_FILES = (
-    (Path("/sys/fs/cgroup/cpu.max"), None),  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-    (
-        Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
-        Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
-    ),  # cgroup v1
-)
 
 PROC_VERSION = Path("/proc/version")
 PROC_CPUINFO = Path("/proc/cpuinfo")
@@ -98,32 +95,6 @@ def parse_cgroup_limit(text: str) -> int | None:
     if n <= 0 or n >= ABSURD_LIMIT_BYTES:
         return None
     return n
-
-
-def parse_cpu_quota(quota: str, period: str | None = None) -> float | None:
-    """A cgroup CPU quota in CPUs: cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max PERIOD")
-    or v1's ``cpu.cfs_quota_us`` with ``period`` (``cpu.cfs_period_us``); None for no
-    limit ("max", -1) or garbage."""
-    fields = quota.split()
-    if period is not None:
-        fields = fields[:1] + period.split()[:1]
-    if len(fields) != 2 or fields[0] == "max":
-        return None
-    try:
-        q, p = int(fields[0]), int(fields[1])
-    except ValueError:
-        return None
-    if q <= 0 or p <= 0:
-        return None
-    return q / p
-
-
-def usable_cpus(affinity: int, quota: float | None) -> int:
-    """Logical CPUs a process can keep busy: its affinity mask, capped by a CPU quota
-    rounded down (a 1.5-CPU quota throttles a second busy thread half the time), at least one."""
-    if quota is None:
-        return max(affinity, 1)
-    return max(1, min(affinity, math.floor(quota)))
 
 
 def is_wsl(proc_version: str) -> bool:
@@ -201,31 +172,6 @@ def cgroup_memory_limit(paths: Iterable[Path] = CGROUP_LIMIT_FILES) -> int | Non
             log.debug("cgroup memory limit %d bytes from %s", limit, p)
             return limit
     return None
-
-
-def cgroup_cpu_quota(files: Iterable[tuple[Path, Path | None]] = CGROUP_CPU_FILES) -> float | None:
-    """The first CPU quota among ``files`` (cgroup v2 first, then v1), in CPUs."""
-    for quota_path, period_path in files:
-        try:
-            quota = quota_path.read_text(encoding="utf-8")
-            period = period_path.read_text(encoding="utf-8") if period_path is not None else None
-        except OSError:
-            continue
-        found = parse_cpu_quota(quota, period)
-        if found is not None:
-            log.debug("cgroup CPU quota %.2f CPUs from %s", found, quota_path)
-            return found
-    return None
-
-
-def cpu_cores() -> int:
-    """Logical CPUs this process may run on: ``sched_getaffinity`` (``os.cpu_count`` where
-    there is none), capped by a cgroup CPU quota."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
-        affinity = os.cpu_count() or 1
-    return usable_cpus(affinity, cgroup_cpu_quota())
 
 
 def this_host() -> Host:

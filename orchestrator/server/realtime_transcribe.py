@@ -34,7 +34,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.runtime.audio import rms_dbfs
 from stages.asr.streaming import LocalAgreement
@@ -58,7 +58,7 @@ pause)."""
 class _Pass:
     """One transcript pass on the open segment."""
 
-    kind: str
+    kind: Literal["partial", "quiet", "closing"]
     """``partial`` (every STEP_S of speech), ``quiet`` (where the audio turned quiet) or
     ``closing`` (a pause heard)."""
     end: int
@@ -73,28 +73,33 @@ class _Pass:
 class Level:
     """The open segment's loudness, 10 ms at a time: where its last loud frame ends."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, frame: int) -> None:
+        self.frame = frame
+        """Samples in 10 ms (at the VAD's rate)."""
         self.scanned = start
         """The VAD's sample up to which frames were measured."""
         self.peak = float("-inf")
         self.loud_until: int | None = None
         """The end of the last frame within ``QUIET_DB`` of the loudest (None: none yet)."""
 
-    def update(self, cutter: Cutter) -> None:
-        frame = cutter.runner.rate // 100
-        while self.scanned + frame <= cutter.graph_samples:
-            item = cutter.audio(self.scanned, self.scanned + frame)
-            db = rms_dbfs(item["audio"]) if item is not None else float("-inf")
-            self.scanned += frame
-            self.peak = max(self.peak, db)
-            if db > float("-inf") and db >= self.peak - QUIET_DB:
-                self.loud_until = self.scanned
+    def add(self, db: float) -> None:
+        """The next frame's loudness (dBFS; -inf for digital silence)."""
+        self.scanned += self.frame
+        self.peak = max(self.peak, db)
+        if db > float("-inf") and db >= self.peak - QUIET_DB:
+            self.loud_until = self.scanned
 
-    def quiet_since(self, rate: int) -> int:
+    def update(self, cutter: Cutter) -> None:
+        """Every whole frame the cutter has heard since the last call."""
+        while self.scanned + self.frame <= cutter.graph_samples:
+            item = cutter.audio(self.scanned, self.scanned + self.frame)
+            self.add(rms_dbfs(item["audio"]) if item is not None else float("-inf"))
+
+    def quiet_since(self) -> int:
         """Quiet frames since the last loud one (0 before any)."""
         if self.loud_until is None:
             return 0
-        return (self.scanned - self.loud_until) // (rate // 100)
+        return (self.scanned - self.loud_until) // self.frame
 
 
 @dataclass(frozen=True)
@@ -162,12 +167,13 @@ class Transcriber:
         seg = cutter.segmenter
         if seg.open_start is None or seg.open_speech < min_speech:
             return
-        if self.start != seg.open_start or self.level is None:
+        rate = cutter.runner.rate
+        if self.start != seg.open_start:  # a new segment (``reset`` forgets the level too)
             self.reset()
             self.start = self.covered = seg.open_start
-            self.level = Level(seg.open_start)
+            self.level = Level(seg.open_start, rate // 100)
+        assert self.level is not None
         self.level.update(cutter)
-        rate = cutter.runner.rate
         span = seg.pause_span()
         running = self._running if self._task is not None and not self._task.done() else None
         if span is not None:
@@ -181,7 +187,7 @@ class Transcriber:
                 return
             self._run(cutter, seg.open_start, seg.heard, span)
             return
-        quiet = self._quiet_due(rate)
+        quiet = self._quiet_due()
         if running is not None:
             if quiet and (running.kind == "partial" or not self._holds(running)):
                 running.stop.set()  # a quiet pass may be the closing one: it goes first
@@ -200,10 +206,10 @@ class Transcriber:
         loud = None if self.level is None else self.level.loud_until
         return loud is not None and loud <= p.end
 
-    def _quiet_due(self, rate: int) -> bool:
+    def _quiet_due(self) -> bool:
         """The audio turned quiet after speech, and no quiet pass covers the speech before."""
         assert self.level is not None
-        if self.level.quiet_since(rate) < QUIET_FRAMES:
+        if self.level.quiet_since() < QUIET_FRAMES:
             return False
         return self._quiet is None or not self._holds(self._quiet)
 
@@ -253,7 +259,9 @@ class Transcriber:
         if item is None:
             return
         # a partial or quiet pass has a stop of its own; a closing pass stops with the segment
-        kind = "closing" if key is not None else "quiet" if quiet else "partial"
+        kind: Literal["partial", "quiet", "closing"] = (
+            "closing" if key is not None else "quiet" if quiet else "partial"
+        )
         stop = self._cancel if key is not None else threading.Event()
         p = self._running = _Pass(kind, end, stop, time.monotonic())
         if quiet:

@@ -23,12 +23,15 @@ speech resumed — is never limited by a verdict on it); with no verdict yet the
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from orchestrator.config import PipelineConfig
 from orchestrator.core.errors import Problem
 from stages.base import TurnScorer
 from stages.registry import get_kind
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,11 @@ class TurnEnd:
         if not words.strip() or (self._warming is not None and not self._warming.done()):
             return
         self._warming = asyncio.ensure_future(asyncio.to_thread(self.scorer.complete, words))
+        self._warming.add_done_callback(_warmed)
+
+
+def _warmed(done: asyncio.Future[float]) -> None:
+    """A warm-up's end: its score is dropped; a failure is logged (the verdict that follows will
+    meet it too), not left for the loop to report as never retrieved."""
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("the turn scorer failed reading a transcript's head: %s", done.exception())
