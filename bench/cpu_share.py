@@ -1,21 +1,23 @@
-"""The CPU split, static against following the work, side by side in one run: the default pipeline.
+"""The CPU split's policies side by side in one run: the default pipeline.
 
     python bench/cpu_share.py [--config configs/voice-assistant.yaml] [--repeat 2]
                               [--concurrency 1 4] [--json FILE]
 
 The plan splits the CPU's cores between the thinker (llama.cpp) and the voice (ONNX Runtime):
-one thread each on 2 cores. Two ``Pipeline``s of the config are started at once, the same plan
-in each: **static** (every stage on its planned threads; the default, ``prefill``, lends the
-voice's thread to a step that reads a prompt only) and **follow**
-(``OMNI_EDGE_CPU_SHARE=follow`` in the device actor's environment: while the voice is idle, the
-decoder's steps also take its thread; ``stages.cpu_share``). Each round sends every prompt
-of ``PROMPTS`` (greedy: ``temperature`` 0, so both variants speak the same replies) to one
-variant then the other, the order swapped every round so that the machine's other work weighs
-on both, at each ``--concurrency`` (1: one request at a time; N: N at once, the prompts in
+one thread each on 2 cores. Three ``Pipeline``s of the config are started at once, the same plan
+in each, ``OMNI_EDGE_CPU_SHARE`` set in its device actors' environment before they start
+(``stages.cpu_share``): **static** (every stage on its planned threads), **prefill** (the
+default: a step that reads a prompt also takes the idle stages' threads) and **follow** (while
+the voice is idle, every decoder step takes its thread). Each round sends every prompt of
+``PROMPTS`` (greedy: ``temperature`` 0, so the variants speak the same replies) to each variant
+in turn, the order rotated every round so that the machine's other work weighs on all, at each
+``--concurrency`` (1: one request at a time; N: N at once, the prompts in
 groups of N). Per request: time to first audio and to the last audio chunk from the request's
 submission, and the thinker's decode rate (its own ``decode_tokens_per_s``). Reported: medians
 per variant and concurrency after one warm-up round, throughput (requests over a group's wall
-time, summed), and the ratios follow / static. Progress goes to stderr.
+time, summed), and the ratios to static. Each actor's policy is read back from the stage's
+load report (``cpu_share``) before any request: a variant that did not take is an error, not a
+row. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ PROMPTS = (
     "What makes thunder so loud?",
 )
 """Held out: written for this benchmark, in no test and no other benchmark."""
-VARIANTS = ("static", "follow")
+VARIANTS = ("static", "prefill", "follow")
 FIGURES = (
     ("ttfa_s", "first audio s"),
     ("last_audio_s", "last audio s"),
@@ -74,13 +76,22 @@ async def group(pipe: Any, prompts: list[str], tag: str) -> tuple[list[dict[str,
     return list(rows), time.perf_counter() - t0
 
 
+def thinker_load(pipe: Any) -> list[dict[str, Any]]:
+    """The thinker's load report (each replica's): what its runner says it runs with."""
+    return [
+        dict(r["load_info"])
+        for h, r in pipe.runtime.load_results.items()
+        if h.split("#")[0] == "thinker"
+    ]
+
+
 def med(values: list[Any]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
 
 def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per concurrency and variant: the medians, the throughput; then follow / static."""
+    """Per concurrency and variant: the medians, the throughput; then each variant / static."""
     out: dict[str, Any] = {}
     for c, by_variant in runs.items():
         figs = {}
@@ -88,11 +99,13 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             rows, wall = by_variant[v]["rows"], by_variant[v]["wall_s"]
             figs[v] = {k: med([r[k] for r in rows]) for k, _ in FIGURES}
             figs[v]["requests_per_s"] = len(rows) / wall if wall else None
-        ratio = {}
-        for k in (*(k for k, _ in FIGURES), "requests_per_s"):
-            a, b = figs["static"][k], figs["follow"][k]
-            ratio[k] = b / a if a and b else None
-        out[c] = {"figures": figs, "follow_over_static": ratio}
+        ratios: dict[str, dict[str, float | None]] = {}
+        for v in VARIANTS[1:]:
+            ratios[v] = {}
+            for k in (*(k for k, _ in FIGURES), "requests_per_s"):
+                a, b = figs["static"][k], figs[v][k]
+                ratios[v][k] = b / a if a and b else None
+        out[c] = {"figures": figs, "over_static": ratios}
     return out
 
 
@@ -100,17 +113,19 @@ def report(summary: dict[str, Any], repeat: int) -> str:
     lines = [
         f"default pipeline, {len(PROMPTS)} prompts, greedy; medians of {repeat} round(s) after a warm-up",
         "",
-        f"{'concurrency':12}{'figure':16}{'static':>10}{'follow':>10}{'follow/static':>15}",
+        f"{'':5}{'figure':15}{'static':>9}{'prefill':>9}{'follow':>9}"
+        f"{'prefill/static':>16}{'follow/static':>15}",
     ]
+    f = lambda x, spec=".3f": "n/a" if x is None else f"{x:{spec}}"  # noqa: E731
     for c, s in summary.items():
+        lines.append(f"concurrency {c}")
         for k, label in (*FIGURES, ("requests_per_s", "requests/s")):
-            a, b, r = (
-                s["figures"]["static"][k],
-                s["figures"]["follow"][k],
-                s["follow_over_static"][k],
+            figs = "".join(f"{f(s['figures'][v][k]):>9}" for v in VARIANTS)
+            ratios = "".join(
+                f"{f(s['over_static'][v][k], '.2f'):>{w}}"
+                for v, w in zip(VARIANTS[1:], (16, 15), strict=True)
             )
-            f = lambda x, spec=".3f": "n/a" if x is None else f"{x:{spec}}"  # noqa: E731
-            lines.append(f"{c:12}{label:16}{f(a):>10}{f(b):>10}{f(r, '.2f'):>15}")
+            lines.append(f"{'':5}{label:15}{figs}{ratios}")
     return "\n".join(lines)
 
 
@@ -133,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     pipes: dict[str, Any] = {}
     try:
         for v in VARIANTS:
-            pipe = Pipeline.from_config(args.config)
+            # not started: the actors' environment is read when they are created
+            pipe = Pipeline.from_config(args.config, start=False)
             for env in pipe.runtime.actor_envs.values():
                 env[SHARE_ENV] = v
             t = time.perf_counter()
             pipes[v] = pipe.start()
             log(f"{v}: started in {time.perf_counter() - t:.1f} s")
+            took = {r.get("threads_share") for r in thinker_load(pipes[v])}
+            if took != {v}:
+                raise SystemExit(f"{v}: the thinker's actor runs policy {took}, not {v!r}")
         plan = pipes["follow"].plan
         log("CPU threads: " + ", ".join(f"{s.name} {s.cpu_threads}" for s in plan.stages))
 
@@ -147,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(c): {v: {"rows": [], "wall_s": 0.0} for v in VARIANTS} for c in args.concurrency
             }
             for i in range(args.repeat + 1):
-                order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
+                k = i % len(VARIANTS)
+                order = VARIANTS[k:] + VARIANTS[:k]
                 for c in args.concurrency:
                     for v in order:
                         for g in range(0, len(PROMPTS), c):

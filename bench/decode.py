@@ -2,7 +2,7 @@
 
     python bench/decode.py [--threads 1 2] [--max-tokens 128] [--repeat 2]
                            [--with-vllm | --no-with-vllm] [--with-pipeline | --no-with-pipeline]
-                           [--stage-env KEY=VALUE ...] [--interleave]
+                           [--stage-env KEY=VALUE ...] [--interleave] [--busy N]
                            [--json FILE]
 
 The default pipeline's model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in
@@ -48,10 +48,20 @@ row over ``PROMPTS`` × ``--repeat``, and the ratios runner / raw llama.cpp
 * ``--interleave``: raw llama.cpp and the llama.cpp stage only, both started, each request sent
   to one then to the other (the order swapped every request): on a machine whose speed drifts
   over minutes (a VM's neighbours) the rows one after the other compare two different machines.
+  Beside the ratio of the medians it reports the median of each request's own ratio (stage /
+  raw, the two sides of one prompt back to back), which drift between requests does not move,
+  and the same with the stage's engine timed in its actor (its ``decode_tokens_per_s``: where
+  raw llama.cpp is timed, without the trip to this process).
 * **llama.cpp stage, --stage-env** (``--stage-env KEY=VALUE``, repeatable) — the same stage
   again, right after the plain one, with those variables in its device actor's environment
   (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``: how OpenMP's threads wait between two parallel
   regions), so a setting is judged against the plain stage and raw llama.cpp in one run.
+  The variables are set before the pipeline starts (it is built with ``start=False``):
+  an actor's environment is fixed when Ray creates it.
+* ``--busy N``: N busy-loop processes run beside both sides the whole time, at the bench's own
+  priority: the programs a PC runs beside the stage. With ``--stage-env
+  RAY_worker_niceness=15`` the stage's actor runs at Ray's default worker priority instead of
+  the runtime's (``device_actor.ACTOR_NICENESS_ENV``).
 """
 
 from __future__ import annotations
@@ -445,7 +455,7 @@ def stage_session(
             ),
             encoding="utf-8",
         )
-        pipe = Pipeline.from_config(path)
+        pipe = Pipeline.from_config(path, start=False)
         for actor_env in pipe.runtime.actor_envs.values():
             actor_env.update(env or {})  # --stage-env: the device actor's environment
         sp = pipe.plan.stage("thinker")
@@ -474,6 +484,7 @@ def stage_session(
                             stats = e.stats
                     out = rates(int(stats.get("tokens") or 0), sent, first, last, 0.0)
                     out.pop("cpu_ms_per_token")  # the engine's CPU time is in its actor, not here
+                    out["engine_decode_tps"] = stats.get("decode_tokens_per_s")
                     return out
 
                 return asyncio.run(main())
@@ -656,6 +667,14 @@ def main(argv: list[str] | None = None) -> int:
         "one after the other (the order swapped every request), so the machine's drift weighs "
         "on both alike",
     )
+    ap.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy-loop processes at this process's priority run beside the engines for the "
+        "whole run: what other programs on a PC are to the stage",
+    )
     ap.add_argument("--llama-serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-worker", choices=("raw", "runner"), help=argparse.SUPPRESS)
@@ -681,8 +700,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
+    if args.busy < 0:
+        ap.error("--busy must be at least 0")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        return measure(args, stage_env)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def measure(args: argparse.Namespace, stage_env: dict[str, str]) -> int:
+    """The rows at each thread count, the ratios, the report (``main``'s arguments)."""
     results: dict[str, Any] = {
         "model": MODEL,
+        "busy_processes": args.busy,
         "max_tokens": args.max_tokens,
         "repeat": args.repeat,
         "prompts": list(PROMPTS),
@@ -737,6 +770,25 @@ def main(argv: list[str] | None = None) -> int:
         stage = s.get("llamacpp_stage", {}).get("decode_tps")
         if stage and s["raw_llamacpp"]["decode_tps"]:
             ratios["llama.cpp stage / raw llama.cpp"] = stage / s["raw_llamacpp"]["decode_tps"]
+        if res.get("interleaved"):
+            pairs = [
+                b["decode_tps"] / a["decode_tps"]
+                for a, b in zip(
+                    res["runs"]["raw_llamacpp"], res["runs"]["llamacpp_stage"], strict=True
+                )
+                if a.get("decode_tps") and b.get("decode_tps")
+            ]
+            if pairs:  # each request's two sides ran back to back: the drift between pairs cancels
+                ratios["stage / raw, median of pairs"] = statistics.median(pairs)
+            own = [
+                b["engine_decode_tps"] / a["decode_tps"]
+                for a, b in zip(
+                    res["runs"]["raw_llamacpp"], res["runs"]["llamacpp_stage"], strict=True
+                )
+                if a.get("decode_tps") and b.get("engine_decode_tps")
+            ]
+            if own:  # the stage's engine timed in its actor, as raw llama.cpp is timed: no delivery
+                ratios["stage's own timing / raw, pairs"] = statistics.median(own)
         if stage and s.get("vllm_stage", {}).get("decode_tps"):
             ratios["llama.cpp stage / vLLM stage"] = stage / s["vllm_stage"]["decode_tps"]
         res["ratios"] = ratios

@@ -14,7 +14,8 @@ yields them and as soon as it does (only the driver's copy waits); the first out
 ``("first", None)`` goes at once, before any output, and the first final output at once too
 (with any that came with it);
 no final output waits more than :data:`FINAL_BATCH_S` (a timer, not the next output, sends
-it); the stage's outputs keep their order; an error of the stage (or of routing) is raised
+it), and none waits once the stage's stream has ended (the reply's last words, its last
+audio, go as it ends); the stage's outputs keep their order; an error of the stage (or of routing) is raised
 here after the outputs before it were sent; cancelling the stream cancels the routing task,
 which closes the stage's generator.
 """
@@ -22,14 +23,18 @@ which closes the stage's generator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-FINAL_BATCH_S = 0.02
+FINAL_BATCH_S = 0.05
 """The least time between two messages of final outputs to the driver (the first goes at once):
-a decoder at 100 tokens/s sends two or three tokens a message, and a reader sees text at most
-20 ms later than it was made."""
+a decoder at 100 tokens/s sends about five tokens a message, and a reader sees text at most
+50 ms later than it was made (20 updates a second). For 578 tokens of the llama.cpp stage at 2
+threads, at 20 ms the driver spent 0.54–0.57 s of CPU and the actor's threads other than
+llama.cpp's 0.55–0.56 s; at 50 ms, 0.19–0.24 s and 0.22–0.26 s (docs/benchmarks.md, "Fewer
+messages to the driver, and the workers' priority")."""
 
 
 async def routed_finals(
@@ -45,6 +50,7 @@ async def routed_finals(
     first mark and the payload are the driver's before that wait)."""
     finals: list[Any] = []
     ready = asyncio.Event()
+    ended = asyncio.Event()  # what cuts a window's wait short: nothing more will come
     state: dict[str, Any] = {"first": False, "done": False, "error": None}
 
     async def route_all() -> None:
@@ -63,6 +69,7 @@ async def routed_finals(
         finally:
             state["done"] = True
             ready.set()
+            ended.set()
 
     task = asyncio.create_task(route_all(), name="direct-stream-routing")
     sent_first, last = False, -window_s
@@ -76,7 +83,8 @@ async def routed_finals(
             if finals:
                 wait = last + window_s - time.perf_counter()
                 if wait > 0 and not state["done"]:
-                    await asyncio.sleep(wait)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ended.wait(), wait)
                 batch = finals[:]
                 del finals[:]
                 last = time.perf_counter()

@@ -93,6 +93,8 @@ class ActorReady(TypedDict):
     node_id: str
     rss_bytes: int
     omp_num_threads: str | None
+    niceness: int
+    """The process's nice value (``ACTOR_NICENESS_ENV``: the node's raylet's, not Ray's +15)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class DeviceActor:
             node_id=ray.get_runtime_context().get_node_id(),
             rss_bytes=rss_of(os.getpid()),
             omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+            niceness=os.getpriority(os.PRIO_PROCESS, 0),
         )
 
     # -- loading ---------------------------------------------------------------
@@ -537,6 +540,13 @@ ACTOR_OPTIONS = ActorOptions(num_cpus=0, max_restarts=0, max_task_retries=0, max
 only block a small machine), no restarts by Ray (a dead actor is reported, and brought back
 by the runtime's supervisor as its stages' ``restart`` says: ``runtime.supervisor``), up to 64
 concurrent calls (requests × stages, plus feeds, plus ``admission.CONTROL_CALLS``)."""
+
+
+ACTOR_NICENESS_ENV = {"RAY_worker_niceness": "0"}
+"""In every device actor's environment. Ray adds 15 to a worker's nice value, so that its
+raylet comes first; a stage's engine at nice 15 gives way to every ordinary process on the
+machine (a browser, the server in front of it): on a PC, the stages run at the priority of the
+command that started them (the node's raylet's) instead. ``0`` is the increment Ray applies."""
 
 
 def actor_class() -> Any:

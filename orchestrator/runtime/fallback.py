@@ -32,7 +32,12 @@ from orchestrator.planner import plan_pipeline, verification_refusals
 from orchestrator.runtime import startup as startup_mod
 from orchestrator.runtime.admission import calls_per_request, replica_caps, replicated_limit
 from orchestrator.runtime.balance import ReplicaRef
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport, StageLoad
+from orchestrator.runtime.device_actor import (
+    ACTOR_NICENESS_ENV,
+    ACTOR_OPTIONS,
+    LoadReport,
+    StageLoad,
+)
 from orchestrator.runtime.startup import ACTOR_READY_TIMEOUT_S, LOAD_TIMEOUT_S, Device
 from orchestrator.verify.run import verify_pipeline
 from stages.base import REQUEST
@@ -195,7 +200,7 @@ def _free_key(rt: Any, device: str) -> str:
 
 
 def _actor_env(rt: Any, view: StagePlan) -> dict[str, str]:
-    env = dict(rt.kinds[view.name].actor_env(view))
+    env = {**ACTOR_NICENESS_ENV, **rt.kinds[view.name].actor_env(view)}
     local = (view.device or "").rpartition("/")[2]
     if local.startswith("gpu:"):  # placement is by our resource, not Ray's num_gpus
         env["CUDA_VISIBLE_DEVICES"] = local.split(":", 1)[1]

@@ -97,7 +97,7 @@ from orchestrator.runtime.admission import (
 )
 from orchestrator.runtime.balance import Balancer, ReplicaRef
 from orchestrator.runtime.closing import CLOSE_TIMEOUT_S
-from orchestrator.runtime.device_actor import ACTOR_OPTIONS, LoadReport
+from orchestrator.runtime.device_actor import ACTOR_NICENESS_ENV, ACTOR_OPTIONS, LoadReport
 from orchestrator.runtime.events import Event
 from orchestrator.runtime.fallback import Replan
 from orchestrator.runtime.flow import GENERATOR_BACKPRESSURE, DriverStats, RequestFlow
@@ -251,8 +251,9 @@ class Runtime:
         return self.devices[self.refs[holder].key]
 
     def _actor_env(self, actor_key: str) -> dict[str, str]:
-        """The environment of an actor: what its stages' kinds ask for, merged."""
-        env: dict[str, str] = {}
+        """The environment of an actor: what its stages' kinds ask for, merged, and the
+        priority of the command that started it (``device_actor.ACTOR_NICENESS_ENV``)."""
+        env: dict[str, str] = dict(ACTOR_NICENESS_ENV)
         wanted_by: dict[str, str] = {}
         hosted = [self.views[h] for h, r in self.refs.items() if r.key == actor_key]
         device = hosted[0].device or "?"

@@ -373,6 +373,35 @@ def test_final_outputs_that_come_together_go_together_and_none_waits_for_the_nex
     assert got[-1] == ("out", "D")  # sent though nothing followed it
 
 
+def test_the_last_outputs_go_as_the_stream_ends_not_when_the_window_would() -> None:
+    """Outputs made inside a window wait for it, except when the stage's stream ends first: then
+    they go at once. The window is 60 s and the test gives the stream 20 s: held for the window,
+    the last output would come 40 s after the deadline, on any machine."""
+    from orchestrator.runtime.coalesce import routed_finals
+
+    async def turns() -> None:  # the sender's turns on the loop: it sends or starts its wait
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def outputs() -> Any:
+        yield "a"
+        await turns()  # "a" goes at once, and its window starts
+        yield "b"  # inside that window: waits for it, or for the end
+        await turns()
+
+    async def nothing() -> None:
+        return None
+
+    async def main() -> list[Any]:
+        got: list[Any] = []
+        async for message in routed_finals(outputs(), lambda x: (x == "a", x, nothing()), 60.0):
+            got.append(message)
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 20.0))
+    assert got == [("first", None), ("out", "a"), ("out", "b")]
+
+
 def test_an_error_of_the_stage_comes_after_the_outputs_before_it() -> None:
     from orchestrator.runtime.coalesce import routed_finals
 

@@ -4,6 +4,7 @@ streaming, concurrency, and failures — fast enough to run on every change."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,9 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     assert all(
         d.info["omp_num_threads"] == "1" for d in runtime.devices.values()
     )  # what the kind asked for
+    # at this process's priority (the raylet it started inherits it), not Ray's worker nice +15
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert [d.info["niceness"] for d in runtime.devices.values()] == [mine, mine]
     assert runtime.cluster is not None
     assert runtime.cluster.resources.get("omni_edge_device_igpu_0") == 1.0
     assert "NPU" not in runtime.cluster.resources
@@ -168,13 +172,14 @@ def test_each_actor_gets_the_environment_its_stages_kinds_ask_for_merged(tmp_pat
         envs = Runtime(plan, config).actor_envs
     finally:
         patch.undo()
+    nice = {"RAY_worker_niceness": "0"}  # every actor: the priority of the command, not Ray's +15
     assert envs == {
-        "cpu": {"OMP_NUM_THREADS": "1", "ECHO": "yes"},
-        "igpu:0": {"OMP_NUM_THREADS": "1", "ECHO": "yes"},
+        "cpu": {"OMP_NUM_THREADS": "1", "ECHO": "yes", **nice},
+        "igpu:0": {"OMP_NUM_THREADS": "1", "ECHO": "yes", **nice},
     }
     assert Runtime(*echo_pipeline(tmp_path, voice_device="igpu:0")).actor_envs == {
-        "cpu": {},
-        "igpu:0": {},
+        "cpu": nice,
+        "igpu:0": nice,
     }
 
 
