@@ -29,10 +29,10 @@ Three policies, by ``OMNI_EDGE_CPU_SHARE`` in the borrower's environment when it
   the plan's share. A prompt step is short, compute-bound and comes when a reply starts, while
   the voice has nothing to speak yet: on the 2-core machine a spoken question's prompt was read
   in 0.67x the time on two threads (docs/benchmarks.md, "The prompt on both cores");
-* ``follow``: every step borrows. Not the default: on the 2-core machine it was measured on,
-  with other processes on the cores, a decode on both cores stalled at llama.cpp's per-layer
-  barriers whenever anything else ran, and the default pipeline's first audio came later, not
-  earlier, in one of two runs (docs/benchmarks.md, "The CPU split");
+* ``follow``: every step borrows. Not the default: with one request at a time the default
+  pipeline's first audio came 0.80-0.87x static's (``prefill``: 0.76-0.82x) and no more
+  requests were served; with four at once it served 8-12 % more than static, where ``prefill``
+  served 6-7 % less (docs/benchmarks.md, "The CPU split");
 * ``static``: nothing is borrowed; every stage stays on its planned threads, the split as the
   plan printed it.
 """
