@@ -15,8 +15,8 @@ yields them and as soon as it does (only the driver's copy waits); the first out
 (with any that came with it);
 no final output waits more than :data:`FINAL_BATCH_S` (a timer, not the next output, sends
 it), and none waits once the stage's stream has ended (the reply's last words, its last
-audio, go as it ends); the stage's outputs keep their order; an error of the stage (or of routing) is raised
-here after the outputs before it were sent; cancelling the stream cancels the routing task,
+audio, go as it ends); the stage's outputs keep their order; an error of the stage (or of
+routing) is raised here after the outputs before it were sent; cancelling the stream cancels the routing task,
 which closes the stage's generator.
 """
 

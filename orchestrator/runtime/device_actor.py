@@ -543,7 +543,7 @@ concurrent calls (requests × stages, plus feeds, plus ``admission.CONTROL_CALLS
 
 
 ACTOR_NICENESS_ENV = {"RAY_worker_niceness": "0"}
-"""In every device actor's environment. Ray adds 15 to a worker's nice value, so that its
+"""In every device actor's environment, and the ledger actor's. Ray adds 15 to a worker's nice value, so that its
 raylet comes first; a stage's engine at nice 15 gives way to every ordinary process on the
 machine (a browser, the server in front of it): on a PC, the stages run at the priority of the
 command that started them (the node's raylet's) instead. ``0`` is the increment Ray applies."""

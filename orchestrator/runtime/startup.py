@@ -58,6 +58,7 @@ from orchestrator.core.profile import HOST_RAM, pool_node
 from orchestrator.runtime import cluster as cluster_mod
 from orchestrator.runtime import cluster_probe, ledger_actor, node_death
 from orchestrator.runtime.device_actor import (
+    ACTOR_NICENESS_ENV,
     ACTOR_OPTIONS,
     ActorReady,
     StageLoad,
@@ -166,7 +167,11 @@ def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     try:
         _check_resources(rt, devices)
         t1 = time.perf_counter()
-        rt.ledger = ledger_actor.create([p.to_dict() for p in rt.plan.pools], **_on_this_node(rt))
+        rt.ledger = ledger_actor.create(
+            [p.to_dict() for p in rt.plan.pools],
+            runtime_env={"env_vars": dict(ACTOR_NICENESS_ENV)},  # loads wait on its answers
+            **_on_this_node(rt),
+        )
         # one actor per key (a device; a stage's extra replica on it: its own), started while
         # the ledger answers
         pending = {k: create_actor(rt, k) for k in rt.actor_keys()}

@@ -88,6 +88,7 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     # at this process's priority (the raylet it started inherits it), not Ray's worker nice +15
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert [d.info["niceness"] for d in runtime.devices.values()] == [mine, mine]
+    assert os.getpriority(os.PRIO_PROCESS, runtime.ledger_pid) == mine
     assert runtime.cluster is not None
     assert runtime.cluster.resources.get("omni_edge_device_igpu_0") == 1.0
     assert "NPU" not in runtime.cluster.resources
