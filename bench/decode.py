@@ -580,6 +580,17 @@ ROWS = (
 )
 
 
+def paired(raw: list[dict[str, Any]], stage: list[dict[str, Any]], key: str) -> float | None:
+    """The median over ``--interleave``'s requests of stage ``key`` / raw decode tokens/s."""
+    return med(
+        [
+            b[key] / a["decode_tps"]
+            for a, b in zip(raw, stage, strict=True)
+            if a.get("decode_tps") and b.get(key)
+        ]
+    )
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "decode_tps": med([r["decode_tps"] for r in runs if "decode_tps" in r]),
@@ -771,24 +782,15 @@ def measure(args: argparse.Namespace, stage_env: dict[str, str]) -> int:
         if stage and s["raw_llamacpp"]["decode_tps"]:
             ratios["llama.cpp stage / raw llama.cpp"] = stage / s["raw_llamacpp"]["decode_tps"]
         if res.get("interleaved"):
-            pairs = [
-                b["decode_tps"] / a["decode_tps"]
-                for a, b in zip(
-                    res["runs"]["raw_llamacpp"], res["runs"]["llamacpp_stage"], strict=True
-                )
-                if a.get("decode_tps") and b.get("decode_tps")
-            ]
-            if pairs:  # each request's two sides ran back to back: the drift between pairs cancels
-                ratios["stage / raw, median of pairs"] = statistics.median(pairs)
-            own = [
-                b["engine_decode_tps"] / a["decode_tps"]
-                for a, b in zip(
-                    res["runs"]["raw_llamacpp"], res["runs"]["llamacpp_stage"], strict=True
-                )
-                if a.get("decode_tps") and b.get("engine_decode_tps")
-            ]
-            if own:  # the stage's engine timed in its actor, as raw llama.cpp is timed: no delivery
-                ratios["stage's own timing / raw, pairs"] = statistics.median(own)
+            # each request's two sides ran back to back: the drift between requests cancels
+            for name, key in (
+                ("stage / raw, median of pairs", "decode_tps"),
+                # the stage's engine timed in its actor, as raw llama.cpp is: no delivery
+                ("stage's own timing / raw, pairs", "engine_decode_tps"),
+            ):
+                pair = paired(res["runs"]["raw_llamacpp"], res["runs"]["llamacpp_stage"], key)
+                if pair is not None:
+                    ratios[name] = pair
         if stage and s.get("vllm_stage", {}).get("decode_tps"):
             ratios["llama.cpp stage / vLLM stage"] = stage / s["vllm_stage"]["decode_tps"]
         res["ratios"] = ratios

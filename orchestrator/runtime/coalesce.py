@@ -33,7 +33,7 @@ FINAL_BATCH_S = 0.05
 a decoder at 100 tokens/s sends about five tokens a message, and a reader sees text at most
 50 ms later than it was made (20 updates a second). For 578 tokens of the llama.cpp stage at 2
 threads, at 20 ms the driver spent 0.54–0.57 s of CPU and the actor's threads other than
-llama.cpp's 0.55–0.56 s; at 50 ms, 0.19–0.24 s and 0.22–0.26 s (docs/benchmarks.md, "Fewer
+llama.cpp's 0.55–0.56 s; at 50 ms, 0.19–0.20 s and 0.22–0.26 s (docs/benchmarks.md, "Fewer
 messages to the driver, and the workers' priority")."""
 
 
@@ -50,8 +50,8 @@ async def routed_finals(
     first mark and the payload are the driver's before that wait)."""
     finals: list[Any] = []
     ready = asyncio.Event()
-    ended = asyncio.Event()  # what cuts a window's wait short: nothing more will come
-    state: dict[str, Any] = {"first": False, "done": False, "error": None}
+    ended = asyncio.Event()  # the stage's stream is over; it also cuts a window's wait short
+    state: dict[str, Any] = {"first": False, "error": None}
 
     async def route_all() -> None:
         try:
@@ -67,9 +67,8 @@ async def routed_finals(
         except BaseException as exc:  # the stream's own error, raised below; or its cancel
             state["error"] = exc
         finally:
-            state["done"] = True
-            ready.set()
             ended.set()
+            ready.set()
 
     task = asyncio.create_task(route_all(), name="direct-stream-routing")
     sent_first, last = False, -window_s
@@ -82,14 +81,14 @@ async def routed_finals(
                 yield ("first", None)
             if finals:
                 wait = last + window_s - time.perf_counter()
-                if wait > 0 and not state["done"]:
+                if wait > 0 and not ended.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(ended.wait(), wait)
                 batch = finals[:]
                 del finals[:]
                 last = time.perf_counter()
                 yield ("out", batch[0]) if len(batch) == 1 else ("outs", batch)
-            if state["done"] and not finals:
+            if ended.is_set() and not finals:
                 break
         if state["error"] is not None:
             raise state["error"]

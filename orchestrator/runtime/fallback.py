@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.config import PipelineConfig
@@ -144,7 +145,7 @@ def move(rt: Any, holder: str, from_device: str, why: str, get: Callable[..., li
         view, None
     )  # the weights in the form the new backend loads (a GGUF converted once)
     key = _free_key(rt, device)
-    rt.actor_envs = {**rt.actor_envs, key: _actor_env(rt, view)}
+    rt.actor_envs = {**rt.actor_envs, key: MappingProxyType(_actor_env(rt, view))}
     actor, ready = startup_mod.create_actor(rt, key)
     try:
         info = get([ready], ACTOR_READY_TIMEOUT_S, "start")[0]

@@ -170,7 +170,10 @@ class Runtime:
             for r in self.replicas[s.name]
         }
         """Ledger holder → the stage's plan as that instance runs it (its device, reservations)."""
-        self.actor_envs = {key: self._actor_env(key) for key in self.actor_keys()}
+        self.actor_envs: dict[str, Mapping[str, str]] = {
+            key: self._actor_env(key) for key in self.actor_keys()
+        }
+        """Each actor key's environment; read-only once the runtime starts (``startup.start``)."""
         self.devices: dict[str, _Device] = {}
         self.streaming = STREAMING
         """This runtime's data path (``STREAMING`` when it was made)."""
@@ -252,8 +255,9 @@ class Runtime:
 
     def _actor_env(self, actor_key: str) -> dict[str, str]:
         """The environment of an actor: what its stages' kinds ask for, merged, and the
-        priority of the command that started it (``device_actor.ACTOR_NICENESS_ENV``)."""
-        env: dict[str, str] = dict(ACTOR_NICENESS_ENV)
+        priority of the command that started it (``device_actor.ACTOR_NICENESS_ENV``; a kind's
+        own value would win)."""
+        env: dict[str, str] = {}
         wanted_by: dict[str, str] = {}
         hosted = [self.views[h] for h, r in self.refs.items() if r.key == actor_key]
         device = hosted[0].device or "?"
@@ -272,7 +276,7 @@ class Runtime:
             # Placement is by our own resource, not Ray's num_gpus, so Ray does not
             # pick the GPU for the actor: name it, so gpu:1's engine lands on GPU 1.
             env["CUDA_VISIBLE_DEVICES"] = local.split(":", 1)[1]
-        return env
+        return {**ACTOR_NICENESS_ENV, **env}
 
     def start(self, progress: startup_mod.ProgressCallback | None = None) -> None:
         """Start (or join) Ray, create the ledger and device actors, load every stage

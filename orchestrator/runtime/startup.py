@@ -44,6 +44,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from orchestrator.core.errors import ConfigError, StageFailed
@@ -140,7 +141,10 @@ class Device:
 
 def start(rt: Any, progress: ProgressCallback | None = None) -> None:
     """Start ``rt`` (a ``Runtime``): see the module docstring. On any failure,
-    ``rt.close()`` tears down what started before the error is raised."""
+    ``rt.close()`` tears down what started before the error is raised. The actors'
+    environments are read-only from here on: Ray fixes an actor's when it creates it, so a
+    change made later would be silently ignored."""
+    rt.actor_envs = {k: MappingProxyType(dict(v)) for k, v in rt.actor_envs.items()}
     tell = progress or (lambda _event: None)
     for holder, s in rt.views.items():  # a stage, or each of its replicas (voice#1)
         tell(StageProgress(holder, s.device or "?", "waiting"))

@@ -94,6 +94,13 @@ def test_one_actor_per_device_placed_by_our_own_resources(runtime: Runtime) -> N
     assert "NPU" not in runtime.cluster.resources
 
 
+def test_an_actor_environment_changed_after_the_start_is_refused(runtime: Runtime) -> None:
+    """Ray fixed each actor's environment when it created it: a later change would be ignored
+    in silence (two benches measured nothing that way), so it raises instead."""
+    with pytest.raises(TypeError):
+        runtime.actor_envs["cpu"]["OMNI_EDGE_CPU_SHARE"] = "follow"
+
+
 def test_a_request_streams_text_then_audio_per_sentence(runtime: Runtime, tmp_path: Path) -> None:
     result, events = run(runtime, "hello")
     assert result.text == f"You said hello. {REPLY}"
