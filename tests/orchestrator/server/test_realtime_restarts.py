@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,27 @@ def test_a_session_whose_reply_was_cut_stays_open_keeps_its_history_and_is_serve
             gate.unlink()
             waiting.unlink(missing_ok=True)
 
-            def kill_mid_reply(event: dict[str, Any]) -> None:
-                if waiting.exists() and not p.runtime.devices["cpu"].dead:
-                    os.kill(int(p.runtime.devices["cpu"].info["pid"]), signal.SIGKILL)
+            heard_audio = threading.Event()
 
-            second = _turn(ws, audio, kill_mid_reply)
+            def note_audio(event: dict[str, Any]) -> None:
+                if event["type"] == "response.audio.delta":
+                    heard_audio.set()
+
+            def kill_mid_reply() -> None:
+                # mid-reply by construction: the client has had audio and the voice holds the
+                # reply's last chunk at its gate (killing on any event once the voice waited
+                # could beat the first audio to the client)
+                deadline = time.monotonic() + REPLY_TIMEOUT_S
+                while not (heard_audio.is_set() and waiting.exists()):
+                    if time.monotonic() > deadline:
+                        return
+                    time.sleep(0.01)
+                os.kill(int(p.runtime.devices["cpu"].info["pid"]), signal.SIGKILL)
+
+            killer = threading.Thread(target=kill_mid_reply, daemon=True)
+            killer.start()
+            second = _turn(ws, audio, note_audio)
+            killer.join(timeout=REPLY_TIMEOUT_S)
             errors = [e["error"] for e in second if e["type"] == "error"]
             assert [e["code"] for e in errors] == ["stage_restarting"], second
             assert errors[0]["type"] == "server_error" and "is coming back" in errors[0]["message"]
