@@ -21,6 +21,12 @@ NEVER_HANGS_S = 60.0
 """The default deadline: long enough for a loaded 2-core machine to reach any state the
 suite waits for (they take milliseconds), short enough that a broken one fails the run."""
 
+LOOP_CLOCK_S = 0.001
+"""How early by ``time.monotonic()`` an event loop's deadline may fire: uvloop (what uvicorn
+runs on when it is installed) counts its timers in whole milliseconds of a clock it reads
+once per turn, so a 1 s deadline armed at 12.3459 s fires at 13.345 s. A test that a
+deadline did not fire early allows this much, and no more."""
+
 
 def wait_until(
     condition: Callable[[], T],
