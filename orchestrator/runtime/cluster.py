@@ -412,6 +412,10 @@ def _ray_init(
                 object_store_memory=OBJECT_STORE_BYTES,
                 resources={device_resource(d): NODE_RESOURCE_UNITS for d in sorted(set(devices))},
                 _temp_dir=os.path.join(temp_dir, "r"),
+                # Ray starts a worker per CPU for the first driver, in the job's environment: no
+                # actor here runs in them (each has its own), and each idle one held ~40 MiB
+                # (PSS) and took ~0.7 % of a core beside a decode (docs/benchmarks.md)
+                _system_config={"prestart_worker_first_driver": False},
                 **kwargs,
             )
     finally:

@@ -197,3 +197,46 @@ def test_ray_workers_never_see_the_drivers_working_directory(tmp_path: Any) -> N
     assert "" not in seen["path"]
     assert "site-packages" in seen["numpy"]
     assert not (folder / "MARKER-numpy").exists()
+
+
+IDLE_WORKERS = """
+import json, os
+import psutil
+from orchestrator.core.memory import descendants
+from orchestrator.runtime import cluster
+c = cluster.connect(["cpu"])
+import ray
+
+@ray.remote(num_cpus=0)
+class Stage:
+    def pid(self):
+        return os.getpid()
+
+stage = Stage.remote()
+actor = ray.get(stage.pid.remote(), timeout=120)  # the driver registered long before this
+others = []
+for pid in {p for root in c.node_pids for p in descendants(root)} - {actor}:
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        continue
+    agent = cmd and cmd[0].split()[0].endswith("Agent")  # ray::DashboardAgent, ::RuntimeEnvAgent
+    if cmd and not agent and (cmd[0].startswith("ray::") or any("default_worker.py" in a for a in cmd)):
+        others.append(" ".join(cmd)[:60])
+print("WORKERS", json.dumps({"actor": actor, "others": others}))
+cluster.release()
+"""
+
+
+def test_the_local_cluster_starts_no_worker_that_no_actor_uses() -> None:
+    """Ray starts a worker per CPU for the first driver, in the job's environment; no actor of
+    the project runs in them (each has its own), and each idle one held ~40 MiB (PSS) and took
+    CPU beside the stages. Once an actor is up (the driver registered long before), the actor's
+    is the cluster's only worker process."""
+    done = subprocess.run(
+        [sys.executable, "-c", IDLE_WORKERS], capture_output=True, text=True, timeout=300
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("WORKERS ")]
+    assert done.returncode == 0 and lines, done.stdout + done.stderr
+    seen = json.loads(lines[0].removeprefix("WORKERS "))
+    assert seen["actor"] > 0 and seen["others"] == [], seen
