@@ -12,16 +12,13 @@ A flow guarantees:
 * **The first failure ends the request everywhere** (``watch``): the other tasks are cancelled,
   ``cancel`` reaches every live actor, and the failure is raised as the stage's
   (``runtime.failures.map_failure``). A flow that ends early (its reader went away) is wound
-  down the same way; one that ended clean leaves nothing to cancel. A cancelled flow ends
-  once the actors have answered that its work there stopped: its slot never frees while
-  that work still runs.
+  down the same way; one that ended clean leaves nothing to cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -29,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from orchestrator.core.plan import StagePlan
-from orchestrator.runtime.actor_inputs import CANCEL_WAIT_S, StreamRoute
+from orchestrator.runtime.actor_inputs import StreamRoute
 from orchestrator.runtime.events import AudioChunk, Event, OutputItem, StageEvent, TextDelta
 from orchestrator.runtime.hop import FirstChunk
 from orchestrator.runtime.joins import Joiner
@@ -44,8 +41,6 @@ if TYPE_CHECKING:
 
     from orchestrator.runtime.balance import ReplicaRef
     from orchestrator.runtime.startup import Device
-
-log = logging.getLogger(__name__)
 
 GENERATOR_BACKPRESSURE = 16
 """Unread outputs a stage may run ahead of the runtime before Ray pauses it."""
@@ -204,18 +199,15 @@ class RequestFlow:
         self, tasks: list[asyncio.Task[Any]], finished: asyncio.Task[Any], clean: bool
     ) -> None:
         """Unless the request ended ``clean`` (its last event read) with every task done, its
-        tasks and its work on every actor are cancelled; then its tasks and the actors' answers
-        are awaited."""
-        cancels: list[Any] = []
+        tasks and its work on every actor are cancelled; then its tasks are awaited."""
         if not clean or any(not t.done() for t in tasks):
             for t in tasks:
                 t.cancel()
-            cancels = self.cancel_everywhere()
+            self.cancel_everywhere()
         finished.cancel()
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
-        await self._cancelled(cancels)
 
     def entry_items(self, s: StagePlan) -> list[Item]:
         """The request as the entry stage ``s`` takes it, the way its producer would feed it:
@@ -254,33 +246,11 @@ class RequestFlow:
                 return
         self.events.put_nowait(None)
 
-    def cancel_everywhere(self) -> list[Any]:
-        """Send ``cancel`` to every live actor; returns the refs of their answers (each comes
-        once the request's work there has ended, ``actor_inputs.CANCEL_WAIT_S`` at most)."""
-        refs = []
+    def cancel_everywhere(self) -> None:
         for dev in self.rt.devices.values():
             if not dev.dead:
                 with contextlib.suppress(Exception):
-                    refs.append(dev.actor.cancel.remote(self.rid))
-        return refs
-
-    async def _cancelled(self, refs: list[Any]) -> None:
-        """Wait for the actors' answers to ``cancel``: the request ends (its slot frees) once its
-        work has stopped everywhere, not while it still runs beside the next request. An actor
-        that has not answered after ``CANCEL_WAIT_S`` and a second (dead, or its loop stuck) is
-        left to the supervisor."""
-        if not refs:
-            return
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*refs, return_exceptions=True), CANCEL_WAIT_S + 1.0
-            )
-        except TimeoutError:
-            log.warning(
-                "request %s: an actor did not answer its cancel within %.0f s",
-                self.rid,
-                CANCEL_WAIT_S + 1.0,
-            )
+                    dev.actor.cancel.remote(self.rid)
 
     async def _pump(
         self,
